@@ -1,0 +1,12 @@
+/* cli.h — the verbs of the cinfer command line; each lives in its own file and returns the exit status
+ * (0 ok, 1 runtime error, 2 usage error). */
+#ifndef CI_CLI_H
+#define CI_CLI_H
+
+int cli_logits(int argc, char **argv);
+int cli_generate(int argc, char **argv);
+int cli_info(int argc, char **argv);
+int cli_synth(int argc, char **argv);
+int cli_bench(int argc, char **argv);
+
+#endif

@@ -1,0 +1,43 @@
+/* main.c — `cinfer VERB ...`: dispatches to the verb files. Only this layer exits the process. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cinfer.h"
+#include "cli/cli.h"
+
+typedef struct {
+    const char *name;
+    int (*fn)(int, char **);
+    const char *help;
+} verb;
+
+static const verb verbs[] = {
+    {"generate", cli_generate, "generate tokens from a prompt: -m DIR --tokens LIST -n N [--temp T --seed S] [--ids]"},
+    {"logits", cli_logits, "write the logits of every position: -m DIR --tokens LIST [--out FILE.npy]"},
+    {"info", cli_info, "architecture, layer map, parameter count, bytes by dtype: -m DIR"},
+    {"synth", cli_synth, "write a random-weight checkpoint of a real model's shape: --like NAME --out DIR"},
+    {"bench", cli_bench, "prefill and decode tokens/s with achieved GB/s: -m DIR"},
+};
+
+static void usage(FILE *f) {
+    fprintf(f, "cinfer %s — inference for Qwen3.5 / Qwen3.5-MoE / Qwen3-Next\n\nusage: cinfer VERB [options]\n\n",
+            CINFER_VERSION);
+    for (size_t i = 0; i < sizeof verbs / sizeof verbs[0]; i++) fprintf(f, "  %-10s %s\n", verbs[i].name, verbs[i].help);
+    fprintf(f, "\n`cinfer VERB --help` for a verb's options.\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
+        printf("cinfer %s\n", CINFER_VERSION);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof verbs / sizeof verbs[0]; i++)
+        if (!strcmp(argv[1], verbs[i].name)) return verbs[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "cinfer: unknown verb '%s'\n\n", argv[1]);
+    usage(stderr);
+    return 2;
+}
