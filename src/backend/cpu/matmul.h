@@ -1,0 +1,26 @@
+/* matmul.h — the CPU's one heavy kernel: y = x · Wᵀ with f32 activations and bf16/f16/f32 weights in
+ * HF [out, in] layout, threaded over output features. Every output element is reduced over K in one fixed
+ * order that depends only on K (not on M, N, the thread count or which other rows are present), so a
+ * row's result is bit-identical alone or in any batch. Dispatches at run time to AVX-512 (with
+ * AVX512-BF16 where present), AVX2+FMA, or portable C. */
+#ifndef CI_MATMUL_H
+#define CI_MATMUL_H
+
+#include <stddef.h>
+
+#include "util/threadpool.h"
+
+typedef enum { WT_F32 = 0, WT_BF16 = 1, WT_F16 = 2 } wtype;
+
+/* y[m*N + n] = Σ_k x[m*K + k] * W[n*K + k] for m < M, n < N.  x: [M, K] f32; W: [N, K] of type wt;
+ * y: [M, N] f32 (must not alias x). M may be 0. */
+void cpu_matmul(threadpool *tp, float *y, const float *x, const void *w, wtype wt, int M, int N, int K);
+
+/* The same product computed by the portable scalar path in the same reduction order (for tests). */
+void cpu_matmul_ref(float *y, const float *x, const void *w, wtype wt, int M, int N, int K);
+
+/* Which kernel family cpu_matmul uses on this machine: "avx512bf16", "avx512", "avx2", "scalar".
+ * CINFER_SIMD=scalar|avx2|avx512 in the environment caps it (for tests and comparisons). */
+const char *cpu_matmul_isa(void);
+
+#endif
