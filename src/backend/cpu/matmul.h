@@ -23,4 +23,9 @@ void cpu_matmul_ref(float *y, const float *x, const void *w, wtype wt, int M, in
  * CINFER_SIMD=scalar|avx2|avx512 in the environment caps it (for tests and comparisons). */
 const char *cpu_matmul_isa(void);
 
+/* Sets the kernel family for later calls, for tests and benchmarks: "scalar", "avx2", "avx512", or NULL
+ * to choose again from the machine and CINFER_SIMD. Returns 0, CINFER_EINVAL for an unknown name, or
+ * CINFER_EUNSUPPORTED when this CPU lacks it. Process-wide; not for use while other threads multiply. */
+int cpu_matmul_isa_force(const char *isa);
+
 #endif

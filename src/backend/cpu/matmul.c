@@ -1,0 +1,478 @@
+/* matmul.c — y = x · Wᵀ on the CPU: the reduction-order contract, the run-time ISA choice, the thread
+ * split over output features, and the AVX-512 / AVX2 / portable kernels that all honour the same order.
+ *
+ * The order (every path, every shape): output (m, n) owns 16 f32 lanes, all starting at +0. Lane l
+ * accumulates fma(x[k], w[k], lane) for k = l, l+16, l+32, ... in increasing k; the last partial block of
+ * 16 is padded with x = w = 0 (so it still performs fma(0, 0, lane), exactly like a masked vector load
+ * does). The 16 lanes are then folded by one fixed tree: s8[i] = a[i] + a[i+8], s4[i] = s8[i] + s8[i+4],
+ * s2[i] = s4[i] + s4[i+2], y = s2[0] + s2[1]. Only K shapes this order, so a row's bits do not depend on M,
+ * N, the other rows, the thread count, the blocking or the ISA (IEEE fma and add are exact-rounded and
+ * commutative, so a 16-lane zmm, two 8-lane ymm halves and a scalar fmaf loop give the same bits). */
+#include "backend/cpu/matmul.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cinfer.h"
+#include "util/bf16.h"
+#include "util/err.h"
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <immintrin.h>
+#endif
+
+enum { ISA_NONE = 0, ISA_SCALAR = 1, ISA_AVX2 = 2, ISA_AVX512 = 3 };
+
+#define MK_MAXR 4 /* most rows of x one kernel call handles */
+#define MK_MAXC 8 /* most columns of W one kernel call handles */
+
+/* Rows of x at or below which W is read in its own type straight from memory (decode: W streams from
+ * DRAM once, every row of x reuses each converted vector while it is in registers). Above it, columns of
+ * W are first converted to f32 into a per-thread panel that stays in L2 and serves all rows (prefill). */
+#define MM_DIRECT_MAX_M 8
+
+/* The converted panel: 256 KiB of f32, a quarter of a Zen 4/5 core's L2, leaving room for the rows of x
+ * streaming past it. Thread-local, so concurrent callers with their own pools never share it, and fixed,
+ * so nothing is allocated on the decode/prefill path. */
+#define PANEL_FLOATS (64 * 1024)
+static _Thread_local float tl_panel[PANEL_FLOATS] __attribute__((aligned(64)));
+
+/* A kernel computes y[r*ldy + c] for r < rv, c < cv (rv <= its R, cv <= its C) over the full K. Rows of x
+ * are ldx floats apart, columns of W ldw elements of W's type apart. Rows and columns past rv/cv are
+ * clamped to the last valid one (computed, not stored), so one kernel serves ragged edges. */
+typedef void (*mk_fn)(const float *x, long ldx, int rv, const void *w, long ldw, int cv, int K, float *y,
+                      long ldy);
+/* Converts K elements of one column of W to f32 at dst and zero-fills dst up to Kp (a multiple of 16). */
+typedef void (*cvt_fn)(float *dst, const void *src, wtype wt, int K, int Kp);
+
+typedef struct {
+    const char *name;
+    int R, C;                     /* rows and columns per kernel call */
+    mk_fn k[3][MK_MAXR + 1];      /* [weight type][rows in this call], C columns */
+    cvt_fn cvt;
+} mm_kernels;
+
+static size_t wt_size(wtype wt) { return wt == WT_F32 ? 4 : 2; }
+
+/* ---------------------------------------------------------------- portable C */
+
+static inline float load_w_scalar(const void *w, long k, wtype wt) {
+    if (wt == WT_F32) return ((const float *)w)[k];
+    if (wt == WT_BF16) return bf16_to_f32(((const uint16_t *)w)[k]);
+    return f16_to_f32(((const uint16_t *)w)[k]);
+}
+
+/* The contract, written out: 16 lanes, fmaf (one rounding, as the vector FMA), zero-padded last block,
+ * the fixed folding tree. */
+static float dot_scalar(const float *x, const void *w, wtype wt, int K) {
+    float a[16] = {0};
+    for (int kb = 0; kb < K; kb += 16)
+        for (int l = 0; l < 16; l++) {
+            int k = kb + l;
+            float xv = k < K ? x[k] : 0.0f, wv = k < K ? load_w_scalar(w, k, wt) : 0.0f;
+            a[l] = fmaf(xv, wv, a[l]);
+        }
+    for (int i = 0; i < 8; i++) a[i] = a[i] + a[i + 8];
+    for (int i = 0; i < 4; i++) a[i] = a[i] + a[i + 4];
+    for (int i = 0; i < 2; i++) a[i] = a[i] + a[i + 2];
+    return a[0] + a[1];
+}
+
+static void mk_scalar(const float *x, long ldx, int rv, const void *w, long ldw, int cv, int K, float *y,
+                      long ldy, wtype wt) {
+    size_t es = wt_size(wt);
+    for (int r = 0; r < rv; r++)
+        for (int c = 0; c < cv; c++)
+            y[(long)r * ldy + c] = dot_scalar(x + (long)r * ldx, (const char *)w + (size_t)c * (size_t)ldw * es, wt, K);
+}
+
+static void mk_scalar_f32(const float *x, long ldx, int rv, const void *w, long ldw, int cv, int K, float *y,
+                          long ldy) {
+    mk_scalar(x, ldx, rv, w, ldw, cv, K, y, ldy, WT_F32);
+}
+static void mk_scalar_bf16(const float *x, long ldx, int rv, const void *w, long ldw, int cv, int K, float *y,
+                           long ldy) {
+    mk_scalar(x, ldx, rv, w, ldw, cv, K, y, ldy, WT_BF16);
+}
+static void mk_scalar_f16(const float *x, long ldx, int rv, const void *w, long ldw, int cv, int K, float *y,
+                          long ldy) {
+    mk_scalar(x, ldx, rv, w, ldw, cv, K, y, ldy, WT_F16);
+}
+
+static void cvt_scalar(float *dst, const void *src, wtype wt, int K, int Kp) {
+    for (int k = 0; k < K; k++) dst[k] = load_w_scalar(src, k, wt);
+    for (int k = K; k < Kp; k++) dst[k] = 0.0f;
+}
+
+static const mm_kernels kern_scalar = {
+    "scalar", 1, 4,
+    {{NULL, mk_scalar_f32}, {NULL, mk_scalar_bf16}, {NULL, mk_scalar_f16}},
+    cvt_scalar,
+};
+
+#if defined(__x86_64__)
+
+/* ---------------------------------------------------------------- AVX-512 (F, BW, VL) + FMA + F16C */
+
+#define A512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c,avx2")))
+#define AINL __attribute__((always_inline)) inline
+
+static A512 AINL __m512 ld512(const void *p, long i, int wt) {
+    if (wt == WT_F32) return _mm512_loadu_ps((const float *)p + i);
+    __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i));
+    if (wt == WT_BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    return _mm512_cvtph_ps(h);
+}
+
+/* Masked-off lanes read as 0 and never touch memory: the zero padding of the contract. */
+static A512 AINL __m512 ld512_mask(const void *p, long i, int wt, __mmask16 m) {
+    if (wt == WT_F32) return _mm512_maskz_loadu_ps(m, (const float *)p + i);
+    __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)p + i);
+    if (wt == WT_BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    return _mm512_cvtph_ps(h);
+}
+
+/* The contract's folding tree: halves (i, i+8), then (i, i+4), (i, i+2), (0, 1). */
+static A512 AINL float hsum512(__m512 v) {
+    __m256 lo = _mm512_castps512_ps256(v);
+    __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+    __m256 s8 = _mm256_add_ps(lo, hi);
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    __m128 s1 = _mm_add_ss(s2, _mm_movehdup_ps(s2));
+    return _mm_cvtss_f32(s1);
+}
+
+static A512 AINL void mk512(const int R, const int C, const int wt, const float *x, long ldx, int rv,
+                            const void *w, long ldw, int cv, int K, float *y, long ldy) {
+    const float *xp[MK_MAXR];
+    const void *wp[MK_MAXC];
+    size_t es = wt_size((wtype)wt);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) xp[r] = x + (long)(r < rv ? r : rv - 1) * ldx;
+#pragma GCC unroll 8
+    for (int c = 0; c < C; c++) wp[c] = (const char *)w + (size_t)(c < cv ? c : cv - 1) * (size_t)ldw * es;
+    __m512 acc[MK_MAXR][MK_MAXC];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+        for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
+    long k = 0;
+    for (; k + 16 <= K; k += 16) {
+        __m512 wv[MK_MAXC];
+#pragma GCC unroll 8
+        for (int c = 0; c < C; c++) wv[c] = ld512(wp[c], k, wt);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            __m512 xv = _mm512_loadu_ps(xp[r] + k);
+#pragma GCC unroll 8
+            for (int c = 0; c < C; c++) acc[r][c] = _mm512_fmadd_ps(xv, wv[c], acc[r][c]);
+        }
+    }
+    if (k < K) {
+        __mmask16 m = (__mmask16)((1u << (K - k)) - 1u);
+        __m512 wv[MK_MAXC];
+#pragma GCC unroll 8
+        for (int c = 0; c < C; c++) wv[c] = ld512_mask(wp[c], k, wt, m);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            __m512 xv = _mm512_maskz_loadu_ps(m, xp[r] + k);
+#pragma GCC unroll 8
+            for (int c = 0; c < C; c++) acc[r][c] = _mm512_fmadd_ps(xv, wv[c], acc[r][c]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+        for (int c = 0; c < C; c++)
+            if (r < rv && c < cv) y[(long)r * ldy + c] = hsum512(acc[r][c]);
+}
+
+#define K512_C 6
+#define DEF512(WT, WN, R)                                                                                 \
+    static A512 void k512_##WN##_##R(const float *x, long ldx, int rv, const void *w, long ldw, int cv,   \
+                                     int K, float *y, long ldy) {                                          \
+        mk512(R, K512_C, WT, x, ldx, rv, w, ldw, cv, K, y, ldy);                                          \
+    }
+#define DEF512_ALL(WT, WN) DEF512(WT, WN, 1) DEF512(WT, WN, 2) DEF512(WT, WN, 3) DEF512(WT, WN, 4)
+DEF512_ALL(WT_F32, f32)
+DEF512_ALL(WT_BF16, bf16)
+DEF512_ALL(WT_F16, f16)
+
+static A512 void cvt512(float *dst, const void *src, wtype wt, int K, int Kp) {
+    long k = 0;
+    for (; k + 16 <= K; k += 16) _mm512_store_ps(dst + k, ld512(src, k, (int)wt));
+    if (k < K) {
+        _mm512_store_ps(dst + k, ld512_mask(src, k, (int)wt, (__mmask16)((1u << (K - k)) - 1u)));
+        k += 16;
+    }
+    for (; k < Kp; k += 16) _mm512_store_ps(dst + k, _mm512_setzero_ps());
+}
+
+static const mm_kernels kern_avx512 = {
+    "avx512", 4, K512_C,
+    {{NULL, k512_f32_1, k512_f32_2, k512_f32_3, k512_f32_4},
+     {NULL, k512_bf16_1, k512_bf16_2, k512_bf16_3, k512_bf16_4},
+     {NULL, k512_f16_1, k512_f16_2, k512_f16_3, k512_f16_4}},
+    cvt512,
+};
+
+/* ---------------------------------------------------------------- AVX2 + FMA + F16C */
+
+#define A256 __attribute__((target("avx2,fma,f16c")))
+
+static A256 AINL __m256 ld256(const void *p, long i, int wt) {
+    if (wt == WT_F32) return _mm256_loadu_ps((const float *)p + i);
+    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i));
+    if (wt == WT_BF16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    return _mm256_cvtph_ps(h);
+}
+
+/* The same tree as hsum512, entered with lanes 0-7 in lo and 8-15 in hi. */
+static A256 AINL float hsum256x2(__m256 lo, __m256 hi) {
+    __m256 s8 = _mm256_add_ps(lo, hi);
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    __m128 s1 = _mm_add_ss(s2, _mm_movehdup_ps(s2));
+    return _mm_cvtss_f32(s1);
+}
+
+static A256 AINL void mk256(const int R, const int C, const int wt, const float *x, long ldx, int rv,
+                            const void *w, long ldw, int cv, int K, float *y, long ldy) {
+    const float *xp[MK_MAXR];
+    const void *wp[MK_MAXC];
+    size_t es = wt_size((wtype)wt);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) xp[r] = x + (long)(r < rv ? r : rv - 1) * ldx;
+#pragma GCC unroll 8
+    for (int c = 0; c < C; c++) wp[c] = (const char *)w + (size_t)(c < cv ? c : cv - 1) * (size_t)ldw * es;
+    __m256 acc[MK_MAXR][MK_MAXC][2];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+        for (int c = 0; c < C; c++) acc[r][c][0] = acc[r][c][1] = _mm256_setzero_ps();
+    long k = 0;
+    for (; k + 16 <= K; k += 16) {
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            __m256 wv[MK_MAXC];
+#pragma GCC unroll 8
+            for (int c = 0; c < C; c++) wv[c] = ld256(wp[c], k + 8 * h, wt);
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) {
+                __m256 xv = _mm256_loadu_ps(xp[r] + k + 8 * h);
+#pragma GCC unroll 8
+                for (int c = 0; c < C; c++) acc[r][c][h] = _mm256_fmadd_ps(xv, wv[c], acc[r][c][h]);
+            }
+        }
+    }
+    if (k < K) {
+        /* AVX2 has no 16-bit masked load: copy the tail, zero-padded, and convert it exactly. */
+        float xt[MK_MAXR][16], wtl[MK_MAXC][16];
+        int rem = (int)(K - k);
+        for (int r = 0; r < R; r++)
+            for (int l = 0; l < 16; l++) xt[r][l] = l < rem ? xp[r][k + l] : 0.0f;
+        for (int c = 0; c < C; c++)
+            for (int l = 0; l < 16; l++) wtl[c][l] = l < rem ? load_w_scalar(wp[c], k + l, (wtype)wt) : 0.0f;
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++)
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) {
+                __m256 xv = _mm256_loadu_ps(xt[r] + 8 * h);
+#pragma GCC unroll 8
+                for (int c = 0; c < C; c++)
+                    acc[r][c][h] = _mm256_fmadd_ps(xv, _mm256_loadu_ps(wtl[c] + 8 * h), acc[r][c][h]);
+            }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+        for (int c = 0; c < C; c++)
+            if (r < rv && c < cv) y[(long)r * ldy + c] = hsum256x2(acc[r][c][0], acc[r][c][1]);
+}
+
+#define K256_C 2
+#define DEF256(WT, WN, R)                                                                                 \
+    static A256 void k256_##WN##_##R(const float *x, long ldx, int rv, const void *w, long ldw, int cv,   \
+                                     int K, float *y, long ldy) {                                          \
+        mk256(R, K256_C, WT, x, ldx, rv, w, ldw, cv, K, y, ldy);                                          \
+    }
+#define DEF256_ALL(WT, WN) DEF256(WT, WN, 1) DEF256(WT, WN, 2)
+DEF256_ALL(WT_F32, f32)
+DEF256_ALL(WT_BF16, bf16)
+DEF256_ALL(WT_F16, f16)
+
+static A256 void cvt256(float *dst, const void *src, wtype wt, int K, int Kp) {
+    long k = 0;
+    for (; k + 8 <= K; k += 8) _mm256_store_ps(dst + k, ld256(src, k, (int)wt));
+    for (; k < K; k++) dst[k] = load_w_scalar(src, k, wt);
+    for (; k < Kp; k++) dst[k] = 0.0f;
+}
+
+static const mm_kernels kern_avx2 = {
+    "avx2", 2, K256_C,
+    {{NULL, k256_f32_1, k256_f32_2}, {NULL, k256_bf16_1, k256_bf16_2}, {NULL, k256_f16_1, k256_f16_2}},
+    cvt256,
+};
+
+#endif /* __x86_64__ */
+
+/* ---------------------------------------------------------------- dispatch */
+
+static atomic_int g_isa; /* ISA_NONE until first use; then the family in force */
+
+static int isa_best(void) {
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    /* clang 14's __builtin_cpu_supports does not know "f16c": read CPUID leaf 1, ECX bit 29. */
+    unsigned a, b, c, d;
+    int f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") || !f16c) return ISA_SCALAR;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+        return ISA_AVX512;
+    return ISA_AVX2;
+#else
+    return ISA_SCALAR;
+#endif
+}
+
+static int isa_from_name(const char *s) {
+    if (!strcmp(s, "scalar")) return ISA_SCALAR;
+    if (!strcmp(s, "avx2")) return ISA_AVX2;
+    if (!strcmp(s, "avx512")) return ISA_AVX512;
+    return ISA_NONE;
+}
+
+static int isa_detect(void) {
+    int best = isa_best();
+    const char *cap = getenv("CINFER_SIMD");
+    if (cap && *cap) {
+        int c = isa_from_name(cap);
+        if (c != ISA_NONE && c < best) best = c; /* an unknown value leaves the machine's best */
+    }
+    return best;
+}
+
+static int isa_current(void) {
+    int isa = atomic_load_explicit(&g_isa, memory_order_relaxed);
+    if (isa == ISA_NONE) {
+        /* Racing first calls compute the same value; whichever store lands is the same choice. */
+        isa = isa_detect();
+        atomic_store_explicit(&g_isa, isa, memory_order_relaxed);
+    }
+    return isa;
+}
+
+static const mm_kernels *kernels_for(int isa) {
+#if defined(__x86_64__)
+    if (isa == ISA_AVX512) return &kern_avx512;
+    if (isa == ISA_AVX2) return &kern_avx2;
+#endif
+    (void)isa;
+    return &kern_scalar;
+}
+
+const char *cpu_matmul_isa(void) { return kernels_for(isa_current())->name; }
+
+int cpu_matmul_isa_force(const char *isa) {
+    if (!isa) {
+        atomic_store(&g_isa, isa_detect());
+        return 0;
+    }
+    int want = isa_from_name(isa);
+    if (want == ISA_NONE) return CINFER_EINVAL;
+    if (want > isa_best()) return CINFER_EUNSUPPORTED;
+    atomic_store(&g_isa, want);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- threading */
+
+typedef struct {
+    float *y;
+    const float *x;  /* [M, K] f32 */
+    const void *w;   /* [N, K] of type wt */
+    wtype wt;
+    int M, N, K;
+    const mm_kernels *kt;
+} mm_job;
+
+/* Thread ith takes a contiguous run of C-column groups (never a slice of K: see the contract above). */
+static void mm_thread(void *ctx, int ith, int nth) {
+    const mm_job *j = ctx;
+    const mm_kernels *kt = j->kt;
+    const int R = kt->R, C = kt->C, M = j->M, N = j->N, K = j->K;
+    long g0, g1;
+    tp_range((N + C - 1) / C, ith, nth, &g0, &g1);
+    long n0 = g0 * C, n1 = g1 * C < N ? g1 * C : N;
+    if (n0 >= n1) return;
+    const size_t es = wt_size(j->wt);
+    const char *w = j->w;
+    const long Kp = ((long)K + 15) / 16 * 16;
+
+    if (M <= MM_DIRECT_MAX_M || (j->wt != WT_F32 && (long)C * Kp > PANEL_FLOATS)) {
+        /* Decode: each group of C columns of W is read from memory once, in its own type, and stays in
+         * L1 while every row group of x passes over it. */
+        const mk_fn *k = kt->k[j->wt];
+        for (long n = n0; n < n1; n += C) {
+            int cv = (int)(n1 - n < C ? n1 - n : C);
+            for (int m = 0; m < M; m += R) {
+                int rv = M - m < R ? M - m : R;
+                k[rv](j->x + (long)m * K, K, rv, w + (size_t)n * (size_t)K * es, K, cv, K, j->y + (long)m * N + n,
+                      N);
+            }
+        }
+        return;
+    }
+
+    /* Prefill: a panel of columns, converted to f32 once (f32 weights are used in place), serves every
+     * row of x from L2; each row group of x (R rows, from L1) sweeps the panel's column groups. */
+    const float *panel;
+    long ldp, nc;
+    if (j->wt == WT_F32) {
+        ldp = K;
+        nc = PANEL_FLOATS / (K > 0 ? K : 1) / C * C;
+        if (nc < C) nc = C;
+    } else {
+        ldp = Kp;
+        nc = PANEL_FLOATS / (Kp > 0 ? Kp : 16) / C * C;
+    }
+    const mk_fn *kf = kt->k[WT_F32];
+    for (long p = n0; p < n1; p += nc) {
+        long pn = n1 - p < nc ? n1 - p : nc;
+        if (j->wt == WT_F32) {
+            panel = (const float *)j->w + (size_t)p * (size_t)K;
+        } else {
+            for (long c = 0; c < pn; c++) kt->cvt(tl_panel + c * Kp, w + (size_t)(p + c) * (size_t)K * es, j->wt, K, (int)Kp);
+            panel = tl_panel;
+        }
+        for (int m = 0; m < M; m += R) {
+            int rv = M - m < R ? M - m : R;
+            for (long n = 0; n < pn; n += C) {
+                int cv = (int)(pn - n < C ? pn - n : C);
+                kf[rv](j->x + (long)m * K, K, rv, panel + n * ldp, ldp, cv, K, j->y + (long)m * N + p + n, N);
+            }
+        }
+    }
+}
+
+void cpu_matmul(threadpool *tp, float *y, const float *x, const void *w, wtype wt, int M, int N, int K) {
+    CI_ASSERT(M >= 0 && N >= 0 && K >= 0);
+    CI_ASSERT(wt == WT_F32 || wt == WT_BF16 || wt == WT_F16);
+    if (M == 0 || N == 0) return;
+    mm_job j = {y, x, w, wt, M, N, K, kernels_for(isa_current())};
+    tp_run(tp, mm_thread, &j); /* one job per call: the split is inside mm_thread */
+}
+
+void cpu_matmul_ref(float *y, const float *x, const void *w, wtype wt, int M, int N, int K) {
+    CI_ASSERT(M >= 0 && N >= 0 && K >= 0);
+    const char *wb = w;
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++)
+            y[(long)m * N + n] = dot_scalar(x + (long)m * K, wb + (size_t)n * (size_t)K * wt_size(wt), wt, K);
+}

@@ -1,0 +1,243 @@
+/* test_matmul.c — cpu_matmul against a double-precision reference for f32/bf16/f16 weights, and the
+ * exactness contract: each row's bits equal the scalar reference's and do not change with M, the other
+ * rows, the thread count or the ISA. Every ISA this machine supports is exercised through
+ * cpu_matmul_isa_force. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/matmul.h"
+#include "cinfer.h"
+#include "test.h"
+#include "util/bf16.h"
+#include "util/threadpool.h"
+
+typedef struct {
+    uint64_t s;
+} rng;
+
+static uint64_t rng_next(rng *r) {
+    r->s ^= r->s << 13;
+    r->s ^= r->s >> 7;
+    r->s ^= r->s << 17;
+    return r->s;
+}
+
+/* Uniform in [-1, 1). */
+static float rng_unit(rng *r) { return (float)((double)(rng_next(r) >> 11) / 9007199254740992.0 * 2.0 - 1.0); }
+
+/* Weights of type wt with finite random values of mixed magnitude (f16: exponents 2^-6 .. 2^3, some
+ * subnormal-free, never inf/nan). */
+static void *make_w(rng *r, wtype wt, long n) {
+    if (wt == WT_F32) {
+        float *w = malloc((size_t)(n ? n : 1) * 4);
+        for (long i = 0; i < n; i++) w[i] = rng_unit(r) * (float)(1 + (rng_next(r) & 3));
+        return w;
+    }
+    uint16_t *w = malloc((size_t)(n ? n : 1) * 2);
+    for (long i = 0; i < n; i++) {
+        if (wt == WT_BF16) {
+            w[i] = f32_to_bf16(rng_unit(r) * 3.0f);
+        } else {
+            uint64_t b = rng_next(r);
+            uint16_t sign = (uint16_t)((b & 1) << 15), exp = (uint16_t)(9 + (b >> 1) % 10), man = (uint16_t)((b >> 8) & 0x3ff);
+            w[i] = (uint16_t)(sign | (exp << 10) | man);
+        }
+    }
+    return w;
+}
+
+static float *make_x(rng *r, long n) {
+    float *x = malloc((size_t)(n ? n : 1) * 4);
+    for (long i = 0; i < n; i++) x[i] = rng_unit(r);
+    return x;
+}
+
+static double w_at(const void *w, wtype wt, long i) {
+    if (wt == WT_F32) return ((const float *)w)[i];
+    if (wt == WT_BF16) return bf16_to_f32(((const uint16_t *)w)[i]);
+    return f16_to_f32(((const uint16_t *)w)[i]);
+}
+
+/* y (poisoned with NaN before the call, with a NaN guard after M*N that must survive) against the double
+ * product: |y - ref| <= 1e-5 * Σ|x||w| for every element. Returns the number of bad elements. */
+static int check_against_double(const float *y, const float *x, const void *w, wtype wt, int M, int N, int K) {
+    int bad = 0;
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
+            double s = 0, a = 0;
+            for (int k = 0; k < K; k++) {
+                double p = (double)x[(long)m * K + k] * w_at(w, wt, (long)n * K + k);
+                s += p;
+                a += fabs(p);
+            }
+            double v = y[(long)m * N + n];
+            if (!(fabs(v - s) <= 1e-5 * a)) {
+                if (bad < 3)
+                    test_fail(__FILE__, __LINE__, "wt=%d M=%d N=%d K=%d y[%d][%d]=%.9g ref=%.9g scale=%.3g", (int)wt, M,
+                              N, K, m, n, v, s, a);
+                bad++;
+            }
+        }
+    return bad;
+}
+
+static float *alloc_y(long n) {
+    float *y = malloc((size_t)(n + 1) * 4);
+    for (long i = 0; i <= n; i++) y[i] = NAN; /* y[n] is the guard: must stay NaN */
+    return y;
+}
+
+static const wtype all_wt[3] = {WT_F32, WT_BF16, WT_F16};
+static const char *all_isa[3] = {"scalar", "avx2", "avx512"};
+
+/* (M, N, K) with edges around 1, 15/16/17, odd sizes, more than one panel per thread (K=1024 → 60 columns
+ * per panel), and a K too long for the panel (direct path at large M). */
+static const int shapes[][3] = {
+    {1, 1, 1},     {1, 1, 15},   {1, 1, 16},    {1, 1, 17},    {1, 15, 16},  {1, 16, 17},  {1, 17, 15},
+    {2, 3, 5},     {3, 7, 31},   {4, 6, 32},    {5, 13, 33},   {7, 17, 100}, {8, 19, 47},  {9, 5, 16},
+    {9, 23, 1},    {15, 16, 17}, {16, 15, 16},  {17, 17, 17},  {13, 11, 129}, {37, 29, 65}, {12, 200, 1024},
+    {10, 130, 257}, {1, 301, 1031}, {9, 7, 11000}, {0, 5, 5},  {3, 0, 7},    {3, 5, 0},
+};
+
+static void run_shapes(threadpool *tp, const char *isa) {
+    rng r = {0x9e3779b97f4a7c15ull};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        int M = shapes[si][0], N = shapes[si][1], K = shapes[si][2];
+        for (int t = 0; t < 3; t++) {
+            wtype wt = all_wt[t];
+            float *x = make_x(&r, (long)M * K);
+            void *w = make_w(&r, wt, (long)N * K);
+            float *y = alloc_y((long)M * N), *yr = alloc_y((long)M * N);
+            cpu_matmul(tp, y, x, w, wt, M, N, K);
+            cpu_matmul_ref(yr, x, w, wt, M, N, K);
+            CHECK_MSG(isnan(y[(long)M * N]), "%s: wrote past y (M=%d N=%d K=%d)", isa, M, N, K);
+            CHECK_EQ_INT(check_against_double(y, x, w, wt, M, N, K), 0);
+            CHECK_MSG(!memcmp(y, yr, (size_t)M * N * 4), "%s wt=%d M=%d N=%d K=%d: bits differ from cpu_matmul_ref",
+                      isa, (int)wt, M, N, K);
+            free(x);
+            free(w);
+            free(y);
+            free(yr);
+        }
+    }
+}
+
+TEST(matmul_isa_names_and_force) {
+    const char *cur = cpu_matmul_isa();
+    CHECK(!strcmp(cur, "scalar") || !strcmp(cur, "avx2") || !strcmp(cur, "avx512") || !strcmp(cur, "avx512bf16"));
+    CHECK_EQ_INT(cpu_matmul_isa_force("sse9"), CINFER_EINVAL);
+    CHECK_EQ_INT(cpu_matmul_isa_force("scalar"), 0);
+    CHECK(!strcmp(cpu_matmul_isa(), "scalar"));
+    CHECK_EQ_INT(cpu_matmul_isa_force(NULL), 0);
+    CHECK(!strcmp(cpu_matmul_isa(), cur));
+}
+
+TEST(matmul_matches_double_and_ref_every_isa) {
+    threadpool *tp = tp_create(2);
+    int ran = 0;
+    for (int i = 0; i < 3; i++) {
+        if (cpu_matmul_isa_force(all_isa[i]) != 0) continue; /* this CPU lacks it */
+        CHECK(!strcmp(cpu_matmul_isa(), all_isa[i]));
+        run_shapes(tp, all_isa[i]);
+        ran++;
+    }
+    cpu_matmul_isa_force(NULL);
+    CHECK(ran >= 1);
+#if defined(__x86_64__)
+    CHECK(ran >= 2); /* every x86-64 that runs CI has AVX2 */
+#endif
+    tp_destroy(tp);
+}
+
+/* A row's bits alone (M=1), in one M=37 call with other rows, under 1, 2 and 3 threads and without a
+ * pool, for each ISA and weight type, with N and K off the kernels' multiples. */
+TEST(matmul_rows_bit_identical_across_batch_and_threads) {
+    const int M = 37, N = 83, K = 1041;
+    rng r = {12345};
+    threadpool *tps[3] = {tp_create(1), tp_create(2), tp_create(3)};
+    for (int i = 0; i < 3; i++) {
+        if (cpu_matmul_isa_force(all_isa[i]) != 0) continue;
+        for (int t = 0; t < 3; t++) {
+            wtype wt = all_wt[t];
+            float *x = make_x(&r, (long)M * K);
+            void *w = make_w(&r, wt, (long)N * K);
+            float *yb = alloc_y((long)M * N), *y1 = alloc_y(N);
+            cpu_matmul(tps[1], yb, x, w, wt, M, N, K);
+            CHECK(isnan(yb[M * N]));
+            for (int m = 0; m < M; m++) {
+                cpu_matmul(tps[m % 3], y1, x + (long)m * K, w, wt, 1, N, K);
+                CHECK_MSG(!memcmp(y1, yb + (long)m * N, (size_t)N * 4), "%s wt=%d row %d: M=1 differs from M=37",
+                          all_isa[i], (int)wt, m);
+            }
+            for (int ti = 0; ti < 4; ti++) {
+                float *yt = alloc_y((long)M * N);
+                cpu_matmul(ti < 3 ? tps[ti] : NULL, yt, x, w, wt, M, N, K);
+                CHECK_MSG(!memcmp(yt, yb, (size_t)M * N * 4), "%s wt=%d: %d threads differ from 2", all_isa[i],
+                          (int)wt, ti < 3 ? ti + 1 : 0);
+                free(yt);
+            }
+            /* Rows 5..14 as their own batch of 10 (a panel-path M) give the same bits as inside 37. */
+            float *ys = alloc_y(10L * N);
+            cpu_matmul(tps[2], ys, x + 5L * K, w, wt, 10, N, K);
+            CHECK(!memcmp(ys, yb + 5L * N, (size_t)10 * N * 4));
+            free(ys);
+            free(x);
+            free(w);
+            free(yb);
+            free(y1);
+        }
+    }
+    cpu_matmul_isa_force(NULL);
+    for (int i = 0; i < 3; i++) tp_destroy(tps[i]);
+}
+
+/* Every supported ISA produces the same bits as every other (they share the reduction order). */
+TEST(matmul_isas_agree_bitwise) {
+    const int M = 11, N = 45, K = 301;
+    rng r = {777};
+    for (int t = 0; t < 3; t++) {
+        wtype wt = all_wt[t];
+        float *x = make_x(&r, (long)M * K);
+        void *w = make_w(&r, wt, (long)N * K);
+        float *y0 = alloc_y((long)M * N), *y = alloc_y((long)M * N);
+        REQUIRE(cpu_matmul_isa_force("scalar") == 0);
+        cpu_matmul(NULL, y0, x, w, wt, M, N, K);
+        for (int i = 1; i < 3; i++) {
+            if (cpu_matmul_isa_force(all_isa[i]) != 0) continue;
+            cpu_matmul(NULL, y, x, w, wt, M, N, K);
+            CHECK_MSG(!memcmp(y, y0, (size_t)M * N * 4), "%s differs from scalar, wt=%d", all_isa[i], (int)wt);
+        }
+        free(x);
+        free(w);
+        free(y0);
+        free(y);
+    }
+    cpu_matmul_isa_force(NULL);
+}
+
+/* Exact small cases: K = 0 gives +0; integer-valued inputs give the exact sum; a NaN or inf in one row of x
+ * stays in that row. */
+TEST(matmul_exact_small_cases) {
+    for (int i = 0; i < 3; i++) {
+        if (cpu_matmul_isa_force(all_isa[i]) != 0) continue;
+        float y[6];
+        float x0[1] = {0};
+        uint16_t w0[2] = {0, 0};
+        for (int k = 0; k < 6; k++) y[k] = NAN;
+        cpu_matmul(NULL, y, x0, w0, WT_BF16, 2, 3, 0);
+        for (int k = 0; k < 6; k++) CHECK(y[k] == 0.0f && !signbit(y[k]));
+
+        /* x = 1..20, w row n = (n+1) everywhere: y = (n+1) * 210, exact in f32. */
+        float x[2 * 20];
+        uint16_t wb[3 * 20];
+        for (int k = 0; k < 20; k++) x[k] = (float)(k + 1);
+        for (int k = 0; k < 20; k++) x[20 + k] = k == 7 ? NAN : 1.0f;
+        for (int n = 0; n < 3; n++)
+            for (int k = 0; k < 20; k++) wb[n * 20 + k] = f32_to_bf16((float)(n + 1));
+        cpu_matmul(NULL, y, x, wb, WT_BF16, 2, 3, 20);
+        for (int n = 0; n < 3; n++) CHECK_NEAR(y[n], 210.0 * (n + 1), 0);
+        for (int n = 0; n < 3; n++) CHECK(isnan(y[3 + n]));
+    }
+    cpu_matmul_isa_force(NULL);
+}
