@@ -50,6 +50,11 @@ typedef struct cinfer_model_info {
     int64_t n_params_total; /* every tensor in the checkpoint */
     int64_t bytes_bf16, bytes_f16, bytes_f32, bytes_other; /* checkpoint bytes by dtype */
     const char *layer_map;  /* one char per layer: 'L' linear (DeltaNet), 'F' full attention */
+    int64_t bytes_per_token;/* weight bytes one decode step streams (active experts only, lm_head included) */
+    const int *eos_ids;     /* generation stops after any of these (generation_config.json, else config.json) */
+    int n_eos;
+    int has_mtp;            /* the checkpoint carries an MTP head (mtp.*) */
+    int n_visual_tensors;   /* model.visual.* tensors (vision tower, mapped, not used yet) */
 } cinfer_model_info;
 
 void cinfer_model_get_info(const cinfer_model *m, cinfer_model_info *out);

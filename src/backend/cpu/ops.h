@@ -1,0 +1,22 @@
+/* ops.h — the CPU's small f32 kernels (norms, activations, dot products) used by the forward pass.
+ * Reductions use a fixed 16-lane order so results depend only on the inputs, never on the batch. */
+#ifndef CI_OPS_H
+#define CI_OPS_H
+
+#include <math.h>
+
+/* Σ a[i]*b[i] over n, in 16 interleaved partial sums combined in a fixed tree. */
+float ops_dot(const float *a, const float *b, int n);
+/* y[i] += s * x[i] */
+void ops_axpy(float *y, float s, const float *x, int n);
+/* y[i] = x[i] * rsqrt(mean(x²) + eps) * w[i]  (w already holds 1 + w for zero-centred norms) */
+void ops_rmsnorm(float *y, const float *x, const float *w, int n, float eps);
+/* y[i] = x[i] * rsqrt(Σx² + eps)  (l2 normalisation, in place allowed) */
+void ops_l2norm(float *y, const float *x, int n, float eps);
+
+static inline float ops_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+static inline float ops_silu(float x) { return x / (1.0f + expf(-x)); }
+/* torch.nn.functional.softplus with beta 1, threshold 20 */
+static inline float ops_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+#endif

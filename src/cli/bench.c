@@ -1,0 +1,150 @@
+/* bench.c — `cinfer bench -m DIR [-p 512] [-n 32] [--threads N]`: prefill and decode speed of one
+ * sequence on random token ids, next to the machine's memory read bandwidth measured in the same run, so
+ * every figure comes with its fraction of the roofline: decode streams bytes_per_token of weights per
+ * token (bandwidth-bound), prefill runs 2 FLOPs per weight per token (compute-bound). */
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cinfer.h"
+#include "cli/args.h"
+#include "cli/cli.h"
+#include "util/threadpool.h"
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+typedef struct {
+    const uint64_t *buf;
+    size_t n;
+    uint64_t sink[64];
+} bw_job;
+
+static void bw_read(void *p, int ith, int nth) {
+    bw_job *j = p;
+    long b, e;
+    tp_range((long)j->n, ith, nth, &b, &e);
+    uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+    for (long i = b; i + 4 <= e; i += 4) {
+        a0 ^= j->buf[i];
+        a1 ^= j->buf[i + 1];
+        a2 ^= j->buf[i + 2];
+        a3 ^= j->buf[i + 3];
+    }
+    j->sink[ith & 63] = a0 ^ a1 ^ a2 ^ a3;
+}
+
+/* Read bandwidth over a 1 GiB buffer with all threads: the best of 5 passes. */
+static double measure_read_bw(threadpool *tp) {
+    size_t bytes = 1ull << 30, n = bytes / 8;
+    uint64_t *buf = malloc(bytes);
+    if (!buf) return 0;
+    for (size_t i = 0; i < n; i++) buf[i] = i * 0x9e3779b97f4a7c15ull;
+    bw_job j = {buf, n, {0}};
+    double best = 1e9;
+    for (int r = 0; r < 5; r++) {
+        double t0 = now_s();
+        tp_run(tp, bw_read, &j);
+        double t = now_s() - t0;
+        if (t < best) best = t;
+    }
+    free(buf);
+    return bytes / best / 1e9;
+}
+
+int cli_bench(int argc, char **argv) {
+    static const char *const vf[] = {"-m", "--model", "-p", "-n", "--threads", NULL};
+    static const char *const bf[] = {"--help", "-h", NULL};
+    if (arg_flag(argc, argv, "--help") || arg_flag(argc, argv, "-h")) {
+        printf("usage: cinfer bench -m DIR [-p PROMPT_TOKENS=512] [-n DECODE_TOKENS=32] [--threads N]\n");
+        return 0;
+    }
+    if (arg_check(argc, argv, vf, bf, "bench")) return 2;
+    const char *dir = arg_value(argc, argv, "-m", "--model"), *v;
+    if (!dir) {
+        fprintf(stderr, "cinfer bench: -m DIR is required\n");
+        return 2;
+    }
+    long P = 512, N = 32, nthreads = 0;
+    if ((v = arg_value(argc, argv, "-p", NULL)) && parse_int(v, "-p", 1, 1 << 20, &P)) return 2;
+    if ((v = arg_value(argc, argv, "-n", NULL)) && parse_int(v, "-n", 1, 1 << 20, &N)) return 2;
+    if ((v = arg_value(argc, argv, "--threads", NULL)) && parse_int(v, "--threads", 0, 1024, &nthreads)) return 2;
+    char err[1024];
+    cinfer_model *m = NULL;
+    cinfer_ctx *c = NULL;
+    int32_t *toks = NULL;
+    float *logits = NULL;
+    int rc = 1;
+    if (cinfer_model_open(dir, &m, err, sizeof err)) {
+        fprintf(stderr, "cinfer bench: %s\n", err);
+        goto done;
+    }
+    cinfer_model_info info;
+    cinfer_model_get_info(m, &info);
+    cinfer_ctx_params p = cinfer_ctx_default_params();
+    p.max_seqs = 1;
+    p.max_ctx = (int)(P + N + 1);
+    p.max_batch = P < 512 ? (int)P : 512;
+    p.n_threads = (int)nthreads;
+    if (cinfer_ctx_create(m, &p, &c, err, sizeof err)) {
+        fprintf(stderr, "cinfer bench: %s\n", err);
+        goto done;
+    }
+    threadpool *tp = tp_create((int)nthreads);
+    int nth = tp_size(tp);
+    double bw = measure_read_bw(tp);
+    tp_destroy(tp);
+    toks = malloc((size_t)(P + N) * sizeof *toks);
+    logits = malloc((size_t)info.vocab_size * sizeof(float));
+    if (!toks || !logits) goto done;
+    uint64_t x = 88172645463325252ull;
+    for (long i = 0; i < P + N; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        toks[i] = (int32_t)(x % (uint64_t)info.vocab_size);
+    }
+    int seq = cinfer_seq_open(c, err, sizeof err);
+    if (seq < 0) goto done;
+    double t0 = now_s();
+    for (long off = 0; off < P; off += p.max_batch) {
+        int cnt = (int)(P - off < p.max_batch ? P - off : p.max_batch);
+        cinfer_batch_entry e = {seq, toks + off, cnt, 0};
+        if (cinfer_forward(c, &e, 1, logits, err, sizeof err)) {
+            fprintf(stderr, "cinfer bench: %s\n", err);
+            goto done;
+        }
+    }
+    double tp_s = now_s() - t0;
+    t0 = now_s();
+    for (long i = 0; i < N; i++) {
+        cinfer_batch_entry e = {seq, toks + P + i, 1, 0};
+        if (cinfer_forward(c, &e, 1, logits, err, sizeof err)) {
+            fprintf(stderr, "cinfer bench: %s\n", err);
+            goto done;
+        }
+    }
+    double td_s = now_s() - t0;
+    double pf_tps = P / tp_s, dec_tps = N / td_s;
+    double gbs = info.bytes_per_token * dec_tps / 1e9;
+    /* prefill FLOPs: 2 per active weight element per token (bytes_per_token / 2 bf16 elements) */
+    double gflops = 2.0 * (info.bytes_per_token / 2.0) * pf_tps / 1e9;
+    printf("model            %s (%s, %d layers, %.2f GB decode bytes/token)\n", dir, info.arch, info.n_layers,
+           info.bytes_per_token / 1e9);
+    printf("threads          %d\n", nth);
+    printf("memory read      %.1f GB/s (1 GiB buffer, best of 5)\n", bw);
+    printf("prefill          %ld tokens: %.1f tok/s, %.1f GFLOP/s in matmuls\n", P, pf_tps, gflops);
+    printf("decode           %ld tokens: %.2f tok/s, %.1f GB/s of weights = %.0f%% of measured bandwidth "
+           "(roofline %.2f tok/s)\n",
+           N, dec_tps, gbs, bw > 0 ? 100.0 * gbs / bw : 0.0, bw * 1e9 / info.bytes_per_token);
+    rc = 0;
+done:
+    free(toks);
+    free(logits);
+    cinfer_ctx_destroy(c);
+    cinfer_model_close(m);
+    return rc;
+}

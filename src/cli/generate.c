@@ -1,0 +1,128 @@
+/* generate.c — `cinfer generate -m DIR --tokens LIST -n N [--temp T] [--seed S] [--ids]`: prefill the
+ * prompt, then decode N tokens one at a time (greedy unless --temp > 0). Stops after an EOS id as
+ * transformers' generate() does (the EOS id is part of the output). --ids prints the generated ids
+ * comma-separated on one line; otherwise one id per line. Timing goes to stderr. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cinfer.h"
+#include "cli/args.h"
+#include "cli/cli.h"
+#include "sample/sample.h"
+
+#define GEN_CHUNK 256
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+int cli_generate(int argc, char **argv) {
+    static const char *const vf[] = {"-m", "--model", "--tokens", "-n", "--temp", "--seed", "--threads", NULL};
+    static const char *const bf[] = {"--ids", "--ignore-eos", "--help", "-h", NULL};
+    if (arg_flag(argc, argv, "--help") || arg_flag(argc, argv, "-h")) {
+        printf("usage: cinfer generate -m DIR --tokens LIST -n N [--temp T] [--seed S] [--ids] [--ignore-eos] [--threads N]\n");
+        return 0;
+    }
+    if (arg_check(argc, argv, vf, bf, "generate")) return 2;
+    const char *dir = arg_value(argc, argv, "-m", "--model"), *toks = arg_value(argc, argv, "--tokens", NULL);
+    if (!dir || !toks) {
+        fprintf(stderr, "cinfer generate: -m DIR and --tokens LIST are required\n");
+        return 2;
+    }
+    long n_gen = 16, seed = 0, nthreads = 0;
+    double temp = 0.0;
+    const char *v;
+    if ((v = arg_value(argc, argv, "-n", NULL)) && parse_int(v, "-n", 0, 1 << 24, &n_gen)) return 2;
+    if ((v = arg_value(argc, argv, "--seed", NULL)) && parse_int(v, "--seed", 0, 0x7fffffffffffffffL, &seed)) return 2;
+    if ((v = arg_value(argc, argv, "--threads", NULL)) && parse_int(v, "--threads", 0, 1024, &nthreads)) return 2;
+    if ((v = arg_value(argc, argv, "--temp", NULL)) && parse_float(v, "--temp", &temp)) return 2;
+    if (temp < 0) {
+        fprintf(stderr, "cinfer generate: --temp must be >= 0\n");
+        return 2;
+    }
+    int print_ids = arg_flag(argc, argv, "--ids"), ignore_eos = arg_flag(argc, argv, "--ignore-eos");
+    int32_t *prompt;
+    int np;
+    if (parse_ids(toks, &prompt, &np)) return 2;
+    char err[1024];
+    cinfer_model *m = NULL;
+    cinfer_ctx *c = NULL;
+    float *logits = NULL, *work = NULL;
+    int32_t *out = NULL;
+    int rc = 1, n_out = 0;
+    if (cinfer_model_open(dir, &m, err, sizeof err)) {
+        fprintf(stderr, "cinfer generate: %s\n", err);
+        goto done;
+    }
+    cinfer_model_info info;
+    cinfer_model_get_info(m, &info);
+    cinfer_ctx_params p = cinfer_ctx_default_params();
+    p.max_seqs = 1;
+    p.max_ctx = np + (int)n_gen;
+    p.max_batch = np < GEN_CHUNK ? np : GEN_CHUNK;
+    p.n_threads = (int)nthreads;
+    if (cinfer_ctx_create(m, &p, &c, err, sizeof err)) {
+        fprintf(stderr, "cinfer generate: %s\n", err);
+        goto done;
+    }
+    int seq = cinfer_seq_open(c, err, sizeof err);
+    if (seq < 0) {
+        fprintf(stderr, "cinfer generate: %s\n", err);
+        goto done;
+    }
+    size_t V = (size_t)info.vocab_size;
+    logits = malloc(V * sizeof(float));
+    work = malloc(V * sizeof(float));
+    out = malloc(((size_t)n_gen + 1) * sizeof(int32_t));
+    if (!logits || !work || !out) {
+        fprintf(stderr, "cinfer generate: out of memory\n");
+        goto done;
+    }
+    rng r;
+    rng_seed(&r, (uint64_t)seed);
+    double t0 = now_s();
+    for (int off = 0; off < np; off += p.max_batch) {
+        int cnt = np - off < p.max_batch ? np - off : p.max_batch;
+        cinfer_batch_entry e = {seq, prompt + off, cnt, 0};
+        if (cinfer_forward(c, &e, 1, logits, err, sizeof err)) {
+            fprintf(stderr, "cinfer generate: %s\n", err);
+            goto done;
+        }
+    }
+    double t1 = now_s();
+    for (long i = 0; i < n_gen; i++) {
+        int32_t tok = sample_temperature(logits, (int)V, (float)temp, &r, work);
+        out[n_out++] = tok;
+        int is_eos = 0;
+        for (int k = 0; k < info.n_eos; k++) is_eos |= tok == info.eos_ids[k];
+        if ((is_eos && !ignore_eos) || i + 1 == n_gen) break;
+        cinfer_batch_entry e = {seq, &tok, 1, 0};
+        if (cinfer_forward(c, &e, 1, logits, err, sizeof err)) {
+            fprintf(stderr, "cinfer generate: %s\n", err);
+            goto done;
+        }
+    }
+    double t2 = now_s();
+    if (print_ids) {
+        for (int i = 0; i < n_out; i++) printf("%s%d", i ? "," : "", out[i]);
+        printf("\n");
+    } else {
+        for (int i = 0; i < n_out; i++) printf("%d\n", out[i]);
+    }
+    fprintf(stderr, "cinfer generate: prompt %d tokens in %.3f s (%.1f tok/s), %d generated in %.3f s (%.2f tok/s)\n", np,
+            t1 - t0, np / (t1 - t0 > 0 ? t1 - t0 : 1e-9), n_out, t2 - t1,
+            n_out > 1 ? (n_out - 1) / (t2 - t1 > 0 ? t2 - t1 : 1e-9) : 0.0);
+    rc = 0;
+done:
+    free(logits);
+    free(work);
+    free(out);
+    free(prompt);
+    cinfer_ctx_destroy(c);
+    cinfer_model_close(m);
+    return rc;
+}

@@ -1,0 +1,77 @@
+/* forward.h — one forward pass of a ragged batch on the CPU: each entry is a run of new tokens of one
+ * sequence (prefill chunk or a single decode token) with its own DeltaNet state slot and KV block table.
+ * Rows from all entries go through every matmul together (weights stream once per step); the per-sequence
+ * parts (conv window, DeltaNet recurrence, attention) run per entry. A row's result never depends on the
+ * other rows: the matmul reduces over K in a fixed order and nothing else mixes rows. */
+#ifndef CI_FORWARD_H
+#define CI_FORWARD_H
+
+#include <stdint.h>
+
+#include "model/qwen35.h"
+#include "runtime/kvcache.h"
+#include "runtime/state.h"
+#include "util/threadpool.h"
+
+#define GDN_CHUNK 64
+
+typedef struct fwd_entry {
+    int seq_len;           /* tokens the sequence held before this call = position of its first new token */
+    const int32_t *tokens; /* [n] */
+    int n;
+    int all_logits;        /* logits for every new token, else for the last one only */
+    int slot;              /* DeltaNet state slot */
+    const int *blocks;     /* KV block table covering positions [0, seq_len + n) */
+} fwd_entry;
+
+/* Scratch sized once for max_tokens rows per call and max_ctx positions per sequence. */
+typedef struct fwd_scratch {
+    int max_tokens, max_ctx, n_threads;
+    float *x;          /* [T, H] residual stream */
+    float *xn;         /* [T, H] normed input of a sub-layer */
+    float *out;        /* [T, H] sub-layer output before the residual add */
+    float *proj;       /* [T, Wp] first projection: qkv / qkvz / q+gate, Wp = max of those widths */
+    float *z;          /* [T, Hv*dv] DeltaNet output gate (also K|V rows of attention: [T, 2*Hkv*hd]) */
+    float *ba;         /* [T, 2*Hv] DeltaNet b then a (beta and g after activation) */
+    float *ba_raw;     /* [T, 2*Hv] Qwen3-Next fused ba before the split */
+    float *conv;       /* [T, C] conv + SiLU output (q | k | v) */
+    float *o;          /* [T, max(Hv*dv, Hq*hd)] DeltaNet / attention output */
+    float *ffn_g, *ffn_u; /* [T, max(I, Im, Is)] */
+    float *moe_logits; /* [T, E] */
+    int *moe_idx;      /* [T, k] */
+    float *moe_w;      /* [T, k] */
+    int *moe_rows;     /* [T] rows routed to the current expert */
+    float *moe_rw;     /* [T] their routing weights */
+    float *moe_x;      /* [T, H] gathered rows */
+    float *moe_y;      /* [T, H] expert output */
+    float *sh_gate;    /* [T] shared expert gate logits */
+    float *thr;        /* per-thread scratch: [n_threads][thr_floats] */
+    size_t thr_floats;
+    float *inv_freq;   /* [rope_dim/2] f32 */
+    int *row_pos;      /* [T] position of each row */
+    int *row_entry;    /* [T] entry of each row */
+    float *lrows;      /* [T, H] rows that need logits, normed */
+    int *ids;          /* [T] token ids of the rows */
+    int *entry_row0;   /* [T] first row of each entry */
+    void *block;       /* the one allocation all of the above live in */
+} fwd_scratch;
+
+int fwd_scratch_init(fwd_scratch *s, const model *m, int max_tokens, int max_ctx, int n_threads, char *err, size_t errlen);
+void fwd_scratch_free(fwd_scratch *s);
+
+/* Runs the batch and writes logits rows ([rows][V] f32, entry order). Entries must be valid: n >= 1,
+ * Σ n <= max_tokens, seq_len + n <= max_ctx, blocks allocated; the caller (ctx.c) checks. */
+void forward_cpu(const model *m, fwd_scratch *s, kv_pool *kv, state_pool *st, threadpool *tp, const fwd_entry *e,
+                 int n_entries, float *logits);
+
+/* The two DeltaNet forms, exposed for tests: per value head, state S [dk][dv] updated in place.
+ * q, k: rows of dk with stride qs/ks (q already l2-normalised and scaled, k l2-normalised); v: rows of dv
+ * with stride vs; g (log decay) and beta per token; o: rows of dv with stride os. */
+void gdn_recurrent(int n, const float *q, int qs, const float *k, int ks, const float *v, int vs, const float *g,
+                   int gs, const float *beta, int bs, float *S, int dk, int dv, float *o, int os);
+/* tmp: at least gdn_chunk_scratch_floats(dk, dv) floats */
+void gdn_chunked(int n, const float *q, int qs, const float *k, int ks, const float *v, int vs, const float *g, int gs,
+                 const float *beta, int bs, float *S, int dk, int dv, float *o, int os, float *tmp);
+size_t gdn_chunk_scratch_floats(int dk, int dv);
+
+#endif

@@ -1,0 +1,220 @@
+/* ctx.c — the public model and context API of cinfer.h on the CPU backend: a context owns the thread
+ * pool, the KV block pool, the DeltaNet state slots and the forward scratch, all sized at creation.
+ * cinfer_forward validates a ragged batch, gives sequences the KV blocks they need, and runs it. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cinfer.h"
+#include "model/forward.h"
+#include "model/qwen35.h"
+#include "util/alloc.h"
+#include "util/err.h"
+
+struct cinfer_model {
+    model *m;
+};
+
+typedef struct seq_rec {
+    int active;
+    int len;     /* tokens processed */
+    int slot;    /* DeltaNet state slot */
+    int *blocks; /* [blocks_per_seq] KV block ids; the first ceil(len / KV_BLOCK) are allocated */
+    int n_blocks;
+} seq_rec;
+
+struct cinfer_ctx {
+    model *m;
+    cinfer_ctx_params p;
+    threadpool *tp;
+    kv_pool kv;
+    state_pool st;
+    fwd_scratch s;
+    seq_rec *seqs;       /* [max_seqs] */
+    int blocks_per_seq;
+    int *block_store;    /* [max_seqs][blocks_per_seq] */
+    fwd_entry *fe;       /* [max_batch] */
+    unsigned char *seen; /* [max_seqs] per-call duplicate check */
+};
+
+int cinfer_model_open(const char *dir, cinfer_model **out, char *err, size_t errlen) {
+    if (!dir || !out) return ci_err(err, errlen, CINFER_EINVAL, "cinfer_model_open: dir and out are required");
+    model *m;
+    int rc = model_load(dir, &m, err, errlen);
+    if (rc) return rc;
+    cinfer_model *cm = xcalloc(1, sizeof *cm);
+    cm->m = m;
+    *out = cm;
+    return 0;
+}
+
+void cinfer_model_close(cinfer_model *cm) {
+    if (!cm) return;
+    model_free(cm->m);
+    free(cm);
+}
+
+void cinfer_model_get_info(const cinfer_model *cm, cinfer_model_info *o) {
+    const model *m = cm->m;
+    memset(o, 0, sizeof *o);
+    o->arch = m->arch_name;
+    o->n_layers = m->L;
+    o->n_linear_layers = m->n_lin;
+    o->n_full_layers = m->n_full;
+    o->hidden_size = m->H;
+    o->vocab_size = m->V;
+    o->n_experts = m->cfg.n_experts;
+    o->n_experts_per_tok = m->cfg.n_experts_per_tok;
+    o->n_params = m->n_params;
+    o->n_params_total = m->n_params_total;
+    o->bytes_bf16 = m->bytes_by_dtype[ST_BF16];
+    o->bytes_f16 = m->bytes_by_dtype[ST_F16];
+    o->bytes_f32 = m->bytes_by_dtype[ST_F32];
+    for (int d = 0; d < ST_N_DTYPES; d++)
+        if (d != ST_BF16 && d != ST_F16 && d != ST_F32) o->bytes_other += m->bytes_by_dtype[d];
+    o->layer_map = m->layer_map;
+    o->bytes_per_token = m->bytes_per_token;
+    o->eos_ids = m->eos_ids;
+    o->n_eos = m->n_eos;
+    o->has_mtp = m->mtp.present;
+    o->n_visual_tensors = m->n_visual;
+}
+
+cinfer_ctx_params cinfer_ctx_default_params(void) {
+    cinfer_ctx_params p = {.max_seqs = 4, .max_ctx = 4096, .max_batch = 512, .n_threads = 0};
+    return p;
+}
+
+void cinfer_ctx_destroy(cinfer_ctx *c) {
+    if (!c) return;
+    tp_destroy(c->tp);
+    kv_pool_free(&c->kv);
+    state_pool_free(&c->st);
+    fwd_scratch_free(&c->s);
+    free(c->seqs);
+    free(c->block_store);
+    free(c->fe);
+    free(c->seen);
+    free(c);
+}
+
+int cinfer_ctx_create(cinfer_model *cm, const cinfer_ctx_params *pp, cinfer_ctx **out, char *err, size_t errlen) {
+    if (!cm || !out) return ci_err(err, errlen, CINFER_EINVAL, "cinfer_ctx_create: model and out are required");
+    cinfer_ctx_params p = pp ? *pp : cinfer_ctx_default_params();
+    if (p.max_seqs < 1 || p.max_seqs > 65536) return ci_err(err, errlen, CINFER_EINVAL, "max_seqs %d: must be 1..65536", p.max_seqs);
+    if (p.max_ctx < 1 || p.max_ctx > (1 << 24)) return ci_err(err, errlen, CINFER_EINVAL, "max_ctx %d: must be 1..16777216", p.max_ctx);
+    if (p.max_batch < 1 || p.max_batch > (1 << 20)) return ci_err(err, errlen, CINFER_EINVAL, "max_batch %d: must be 1..1048576", p.max_batch);
+    model *m = cm->m;
+    if (m->dv > 1024 || m->K > 64 || m->K < 1)
+        return ci_err(err, errlen, CINFER_EUNSUPPORTED, "linear_value_head_dim %d / conv kernel %d: limits are 1024 / 64", m->dv, m->K);
+    cinfer_ctx *c = xcalloc(1, sizeof *c);
+    c->m = m;
+    c->p = p;
+    c->tp = tp_create(p.n_threads);
+    c->p.n_threads = tp_size(c->tp);
+    c->blocks_per_seq = (p.max_ctx + KV_BLOCK - 1) / KV_BLOCK;
+    int rc;
+    if ((rc = kv_pool_init(&c->kv, m->n_full, p.max_seqs * c->blocks_per_seq, m->Hkv * m->hd, err, errlen)) ||
+        (rc = state_pool_init(&c->st, p.max_seqs, m->n_lin, m->K - 1, m->C, m->Hv, m->dk, m->dv, err, errlen)) ||
+        (rc = fwd_scratch_init(&c->s, m, p.max_batch, p.max_ctx, c->p.n_threads, err, errlen))) {
+        cinfer_ctx_destroy(c);
+        return rc;
+    }
+    c->seqs = xcalloc((size_t)p.max_seqs, sizeof(seq_rec));
+    c->block_store = xmalloc((size_t)p.max_seqs * c->blocks_per_seq * sizeof(int));
+    for (int i = 0; i < p.max_seqs; i++) c->seqs[i].blocks = c->block_store + (size_t)i * c->blocks_per_seq;
+    c->fe = xmalloc((size_t)p.max_batch * sizeof(fwd_entry));
+    c->seen = xcalloc((size_t)p.max_seqs, 1);
+    *out = c;
+    return 0;
+}
+
+int cinfer_seq_open(cinfer_ctx *c, char *err, size_t errlen) {
+    for (int i = 0; i < c->p.max_seqs; i++) {
+        seq_rec *s = &c->seqs[i];
+        if (s->active) continue;
+        int slot = state_alloc_slot(&c->st);
+        if (slot < 0) break;
+        s->active = 1;
+        s->len = 0;
+        s->slot = slot;
+        s->n_blocks = 0;
+        return i;
+    }
+    return ci_err(err, errlen, CINFER_ERANGE, "all %d sequences are in use", c->p.max_seqs);
+}
+
+void cinfer_seq_close(cinfer_ctx *c, int id) {
+    if (!c || id < 0 || id >= c->p.max_seqs || !c->seqs[id].active) return;
+    seq_rec *s = &c->seqs[id];
+    for (int b = 0; b < s->n_blocks; b++) kv_free_block(&c->kv, s->blocks[b]);
+    state_free_slot(&c->st, s->slot);
+    memset(s, 0, sizeof *s);
+    s->blocks = c->block_store + (size_t)id * c->blocks_per_seq;
+}
+
+int cinfer_seq_len(const cinfer_ctx *c, int id) {
+    if (!c || id < 0 || id >= c->p.max_seqs || !c->seqs[id].active) return -1;
+    return c->seqs[id].len;
+}
+
+int cinfer_batch_logit_rows(const cinfer_batch_entry *e, int n) {
+    int rows = 0;
+    for (int i = 0; i < n; i++) rows += e[i].all_logits ? e[i].n_tokens : (e[i].n_tokens > 0 ? 1 : 0);
+    return rows;
+}
+
+int cinfer_forward(cinfer_ctx *c, const cinfer_batch_entry *e, int n, float *logits, char *err, size_t errlen) {
+    if (!c || (!e && n) || n < 0 || !logits) return ci_err(err, errlen, CINFER_EINVAL, "cinfer_forward: bad arguments");
+    if (n == 0) return 0;
+    const model *m = c->m;
+    long total = 0;
+    int rc = 0;
+    memset(c->seen, 0, (size_t)c->p.max_seqs);
+    for (int i = 0; i < n; i++) {
+        if (e[i].seq < 0 || e[i].seq >= c->p.max_seqs || !c->seqs[e[i].seq].active)
+            return ci_err(err, errlen, CINFER_EINVAL, "batch entry %d: sequence %d is not open", i, e[i].seq);
+        if (c->seen[e[i].seq]++)
+            return ci_err(err, errlen, CINFER_EINVAL, "batch entry %d: sequence %d appears twice in one batch", i, e[i].seq);
+        if (e[i].n_tokens < 1 || !e[i].tokens)
+            return ci_err(err, errlen, CINFER_EINVAL, "batch entry %d: no tokens", i);
+        const seq_rec *s = &c->seqs[e[i].seq];
+        if ((long)s->len + e[i].n_tokens > c->p.max_ctx)
+            return ci_err(err, errlen, CINFER_ERANGE, "sequence %d: %d + %d tokens exceed the context of %d", e[i].seq, s->len,
+                          e[i].n_tokens, c->p.max_ctx);
+        for (int t = 0; t < e[i].n_tokens; t++)
+            if (e[i].tokens[t] < 0 || e[i].tokens[t] >= m->V)
+                return ci_err(err, errlen, CINFER_EINVAL, "token id %d at position %d is outside the vocabulary [0, %d)",
+                              e[i].tokens[t], t, m->V);
+        total += e[i].n_tokens;
+    }
+    if (total > c->p.max_batch)
+        return ci_err(err, errlen, CINFER_ERANGE, "batch of %ld tokens exceeds max_batch %d", total, c->p.max_batch);
+    /* KV blocks: allocate what each sequence's new tokens need; on failure return the ones just taken */
+    for (int i = 0; i < n && !rc; i++) {
+        seq_rec *s = &c->seqs[e[i].seq];
+        int need = (s->len + e[i].n_tokens + KV_BLOCK - 1) / KV_BLOCK;
+        while (s->n_blocks < need) {
+            int b = kv_alloc_block(&c->kv);
+            if (b < 0) {
+                rc = ci_err(err, errlen, CINFER_ENOMEM, "KV pool exhausted (%d blocks)", c->kv.n_blocks);
+                break;
+            }
+            s->blocks[s->n_blocks++] = b;
+        }
+    }
+    if (rc) {
+        for (int i = 0; i < n; i++) {
+            seq_rec *s = &c->seqs[e[i].seq];
+            int keep = (s->len + KV_BLOCK - 1) / KV_BLOCK;
+            while (s->n_blocks > keep) kv_free_block(&c->kv, s->blocks[--s->n_blocks]);
+        }
+        return rc;
+    }
+    for (int i = 0; i < n; i++) {
+        const seq_rec *s = &c->seqs[e[i].seq];
+        c->fe[i] = (fwd_entry){s->len, e[i].tokens, e[i].n_tokens, e[i].all_logits, s->slot, s->blocks};
+    }
+    forward_cpu(m, &c->s, &c->kv, &c->st, c->tp, c->fe, n, logits);
+    for (int i = 0; i < n; i++) c->seqs[e[i].seq].len += e[i].n_tokens;
+    return 0;
+}
