@@ -242,7 +242,9 @@ static int parse_ffn(cfg_ctx *c, json_t *lvl, const char *tp, model_config *o) {
                       "%s: field \"%snum_experts_per_tok\" (%d) must not exceed num_experts (%d)", c->path,
                       tp, o->n_experts_per_tok, o->n_experts);
 
-    if (o->arch == ARCH_QWEN35_MOE) /* every layer MoE, always renormalised; the dense width is unused */
+    /* Qwen3.5-MoE: every layer MoE, top-k always renormalised. transformers dropped norm_topk_prob,
+     * decoder_sparse_step and mlp_only_layers for it, so such keys in a file are ignored, as there. */
+    if (o->arch == ARCH_QWEN35_MOE)
         return get_int(c, lvl, tp, "intermediate_size", 0, 0, CFG_MAX_DIM, 0, &o->intermediate_size);
 
     /* Qwen3-Next: the MoE/dense pattern comes from the file. */
