@@ -95,7 +95,7 @@ static const char *all_isa[3] = {"scalar", "avx2", "avx512"};
  * per panel), and a K too long for the panel (direct path at large M). */
 static const int shapes[][3] = {
     {1, 1, 1},     {1, 1, 15},   {1, 1, 16},    {1, 1, 17},    {1, 15, 16},  {1, 16, 17},  {1, 17, 15},
-    {2, 3, 5},     {3, 7, 31},   {4, 6, 32},    {5, 13, 33},   {7, 17, 100}, {8, 19, 47},  {9, 5, 16},
+    {2, 3, 5},     {3, 7, 31},   {6, 9, 48},   {4, 6, 32},    {5, 13, 33},   {7, 17, 100}, {8, 19, 47},  {9, 5, 16},
     {9, 23, 1},    {15, 16, 17}, {16, 15, 16},  {17, 17, 17},  {13, 11, 129}, {37, 29, 65}, {12, 200, 1024},
     {10, 130, 257}, {1, 301, 1031}, {9, 7, 11000}, {0, 5, 5},  {3, 0, 7},    {3, 5, 0},
 };
@@ -177,11 +177,18 @@ TEST(matmul_rows_bit_identical_across_batch_and_threads) {
                           (int)wt, ti < 3 ? ti + 1 : 0);
                 free(yt);
             }
-            /* Rows 5..14 as their own batch of 10 (a panel-path M) give the same bits as inside 37. */
-            float *ys = alloc_y(10L * N);
-            cpu_matmul(tps[2], ys, x + 5L * K, w, wt, 10, N, K);
-            CHECK(!memcmp(ys, yb + 5L * N, (size_t)10 * N * 4));
-            free(ys);
+            /* Sub-batches of every decode size and a few panel sizes, taken from the middle of the 37, give the
+             * same bits as inside it. */
+            static const int sub[] = {2, 3, 4, 5, 6, 7, 8, 9, 10, 16, 17};
+            for (size_t si = 0; si < sizeof sub / sizeof sub[0]; si++) {
+                int ms = sub[si], off = (int)(si * 3 % (M - ms));
+                float *ys = alloc_y((long)ms * N);
+                cpu_matmul(tps[si % 3], ys, x + (long)off * K, w, wt, ms, N, K);
+                CHECK(isnan(ys[(long)ms * N]));
+                CHECK_MSG(!memcmp(ys, yb + (long)off * N, (size_t)ms * N * 4), "%s wt=%d: rows %d..%d as M=%d differ",
+                          all_isa[i], (int)wt, off, off + ms - 1, ms);
+                free(ys);
+            }
             free(x);
             free(w);
             free(yb);

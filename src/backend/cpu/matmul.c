@@ -27,13 +27,8 @@
 
 enum { ISA_NONE = 0, ISA_SCALAR = 1, ISA_AVX2 = 2, ISA_AVX512 = 3 };
 
-#define MK_MAXR 4 /* most rows of x one kernel call handles */
+#define MK_MAXR 8 /* most rows of x one kernel call handles */
 #define MK_MAXC 8 /* most columns of W one kernel call handles */
-
-/* Rows of x at or below which W is read in its own type straight from memory (decode: W streams from
- * DRAM once, every row of x reuses each converted vector while it is in registers). Above it, columns of
- * W are first converted to f32 into a per-thread panel that stays in L2 and serves all rows (prefill). */
-#define MM_DIRECT_MAX_M 8
 
 /* The converted panel: 256 KiB of f32, a quarter of a Zen 4/5 core's L2, leaving room for the rows of x
  * streaming past it. Thread-local, so concurrent callers with their own pools never share it, and fixed,
@@ -49,10 +44,15 @@ typedef void (*mk_fn)(const float *x, long ldx, int rv, const void *w, long ldw,
 /* Converts K elements of one column of W to f32 at dst and zero-fills dst up to Kp (a multiple of 16). */
 typedef void (*cvt_fn)(float *dst, const void *src, wtype wt, int K, int Kp);
 
+#define DEC_MAXR 8 /* most rows of x a decode kernel handles: at or below it, one call covers all rows */
+
 typedef struct {
     const char *name;
-    int R, C;                     /* rows and columns per kernel call */
-    mk_fn k[3][MK_MAXR + 1];      /* [weight type][rows in this call], C columns */
+    int R, C;                    /* blocked kernels: rows and columns per call */
+    mk_fn blk[3][MK_MAXR + 1];   /* [weight type][rows in this call]; blk[WT_F32] also runs on the panel */
+    int dec_max;                 /* M up to this takes the decode kernels */
+    int dec_c[DEC_MAXR + 1];     /* columns per decode call for exactly r rows (as many as registers allow) */
+    mk_fn dec[3][DEC_MAXR + 1];  /* [weight type][r]: exactly r rows, dec_c[r] columns, prefetching W */
     cvt_fn cvt;
 } mm_kernels;
 
@@ -111,6 +111,8 @@ static void cvt_scalar(float *dst, const void *src, wtype wt, int K, int Kp) {
 static const mm_kernels kern_scalar = {
     "scalar", 1, 4,
     {{NULL, mk_scalar_f32}, {NULL, mk_scalar_bf16}, {NULL, mk_scalar_f16}},
+    1, {0, 4},
+    {{NULL, mk_scalar_f32}, {NULL, mk_scalar_bf16}, {NULL, mk_scalar_f16}},
     cvt_scalar,
 };
 
@@ -147,7 +149,10 @@ static A512 AINL float hsum512(__m512 v) {
     return _mm_cvtss_f32(s1);
 }
 
-static A512 AINL void mk512(const int R, const int C, const int wt, const float *x, long ldx, int rv,
+/* PF: prefetch, at each step, the same position of the next group of C columns of W (C*ldw elements on:
+ * the decode path walks W linearly, and short 2-7 KiB rows give the hardware prefetcher little to
+ * lock onto). */
+static A512 AINL void mk512(const int R, const int C, const int wt, const int PF, const float *x, long ldx, int rv,
                             const void *w, long ldw, int cv, int K, float *y, long ldy) {
     const float *xp[MK_MAXR];
     const void *wp[MK_MAXC];
@@ -161,9 +166,14 @@ static A512 AINL void mk512(const int R, const int C, const int wt, const float 
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 8
         for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
+    const size_t pfd = (size_t)C * (size_t)ldw * es;
     long k = 0;
     for (; k + 16 <= K; k += 16) {
         __m512 wv[MK_MAXC];
+        if (PF) {
+#pragma GCC unroll 8
+            for (int c = 0; c < C; c++) _mm_prefetch((const char *)wp[c] + (size_t)k * es + pfd, _MM_HINT_T0);
+        }
 #pragma GCC unroll 8
         for (int c = 0; c < C; c++) wv[c] = ld512(wp[c], k, wt);
 #pragma GCC unroll 8
@@ -196,12 +206,27 @@ static A512 AINL void mk512(const int R, const int C, const int wt, const float 
 #define DEF512(WT, WN, R)                                                                                 \
     static A512 void k512_##WN##_##R(const float *x, long ldx, int rv, const void *w, long ldw, int cv,   \
                                      int K, float *y, long ldy) {                                          \
-        mk512(R, K512_C, WT, x, ldx, rv, w, ldw, cv, K, y, ldy);                                          \
+        mk512(R, K512_C, WT, 0, x, ldx, rv, w, ldw, cv, K, y, ldy);                                       \
     }
 #define DEF512_ALL(WT, WN) DEF512(WT, WN, 1) DEF512(WT, WN, 2) DEF512(WT, WN, 3) DEF512(WT, WN, 4)
 DEF512_ALL(WT_F32, f32)
 DEF512_ALL(WT_BF16, bf16)
 DEF512_ALL(WT_F16, f16)
+
+/* Decode kernels: r rows x D512_C(r) columns, at most 24 accumulators + the columns + one x in 32 zmm. */
+#define D512_C(R) ((R) <= 2 ? 8 : (R) <= 4 ? 6 : (R) <= 6 ? 4 : 3)
+#define DEFD512(WT, WN, R)                                                                                \
+    static A512 void d512_##WN##_##R(const float *x, long ldx, int rv, const void *w, long ldw, int cv,   \
+                                     int K, float *y, long ldy) {                                          \
+        mk512(R, D512_C(R), WT, 1, x, ldx, rv, w, ldw, cv, K, y, ldy);                                    \
+    }
+#define DEFD512_ALL(WT, WN)                                                                               \
+    DEFD512(WT, WN, 1) DEFD512(WT, WN, 2) DEFD512(WT, WN, 3) DEFD512(WT, WN, 4) DEFD512(WT, WN, 5)          \
+        DEFD512(WT, WN, 6) DEFD512(WT, WN, 7) DEFD512(WT, WN, 8)
+DEFD512_ALL(WT_F32, f32)
+DEFD512_ALL(WT_BF16, bf16)
+DEFD512_ALL(WT_F16, f16)
+#define D512_ROW(WN) {NULL, d512_##WN##_1, d512_##WN##_2, d512_##WN##_3, d512_##WN##_4, d512_##WN##_5, d512_##WN##_6, d512_##WN##_7, d512_##WN##_8}
 
 static A512 void cvt512(float *dst, const void *src, wtype wt, int K, int Kp) {
     long k = 0;
@@ -218,6 +243,8 @@ static const mm_kernels kern_avx512 = {
     {{NULL, k512_f32_1, k512_f32_2, k512_f32_3, k512_f32_4},
      {NULL, k512_bf16_1, k512_bf16_2, k512_bf16_3, k512_bf16_4},
      {NULL, k512_f16_1, k512_f16_2, k512_f16_3, k512_f16_4}},
+    8, {0, D512_C(1), D512_C(2), D512_C(3), D512_C(4), D512_C(5), D512_C(6), D512_C(7), D512_C(8)},
+    {D512_ROW(f32), D512_ROW(bf16), D512_ROW(f16)},
     cvt512,
 };
 
@@ -316,6 +343,8 @@ static A256 void cvt256(float *dst, const void *src, wtype wt, int K, int Kp) {
 static const mm_kernels kern_avx2 = {
     "avx2", 2, K256_C,
     {{NULL, k256_f32_1, k256_f32_2}, {NULL, k256_bf16_1, k256_bf16_2}, {NULL, k256_f16_1, k256_f16_2}},
+    2, {0, K256_C, K256_C},
+    {{NULL, k256_f32_1, k256_f32_2}, {NULL, k256_bf16_1, k256_bf16_2}, {NULL, k256_f16_1, k256_f16_2}},
     cvt256,
 };
 
@@ -393,79 +422,117 @@ int cpu_matmul_isa_force(const char *isa) {
 
 /* ---------------------------------------------------------------- threading */
 
+enum { PATH_DEC, PATH_BLK, PATH_PANEL };
+
 typedef struct {
-    float *y;
-    const float *x;  /* [M, K] f32 */
-    const void *w;   /* [N, K] of type wt */
+    float *y;         /* [M, N] f32 */
+    const float *x;   /* [M, K] f32 */
+    const void *w;    /* [N, K] of type wt */
     wtype wt;
     int M, N, K;
     const mm_kernels *kt;
+    int path;
+    long chunk;       /* columns per work item; a multiple of the path's column group */
+    atomic_long next; /* first column of the next unclaimed work item */
 } mm_job;
 
-/* Thread ith takes a contiguous run of C-column groups (never a slice of K: see the contract above). */
-static void mm_thread(void *ctx, int ith, int nth) {
-    const mm_job *j = ctx;
+/* Columns [n0, n1) for every row, on the decode path: all rows of x in one kernel call, so each group of
+ * columns of W is read from memory once, in its own type, and each converted vector serves every row
+ * while it sits in a register. */
+static void run_dec(const mm_job *j, long n0, long n1) {
+    const mk_fn k = j->kt->dec[j->wt][j->M];
+    const int C = j->kt->dec_c[j->M], K = j->K;
+    const size_t es = wt_size(j->wt);
+    for (long n = n0; n < n1; n += C) {
+        int cv = (int)(n1 - n < C ? n1 - n : C);
+        k(j->x, K, j->M, (const char *)j->w + (size_t)n * (size_t)K * es, K, cv, K, j->y + n, j->N);
+    }
+}
+
+/* K too long for the panel: groups of C columns in their own type, held in L1/L2 while every row group of
+ * x passes over them. */
+static void run_blk(const mm_job *j, long n0, long n1) {
     const mm_kernels *kt = j->kt;
     const int R = kt->R, C = kt->C, M = j->M, N = j->N, K = j->K;
-    long g0, g1;
-    tp_range((N + C - 1) / C, ith, nth, &g0, &g1);
-    long n0 = g0 * C, n1 = g1 * C < N ? g1 * C : N;
-    if (n0 >= n1) return;
     const size_t es = wt_size(j->wt);
-    const char *w = j->w;
-    const long Kp = ((long)K + 15) / 16 * 16;
-
-    if (M <= MM_DIRECT_MAX_M || (j->wt != WT_F32 && (long)C * Kp > PANEL_FLOATS)) {
-        /* Decode: each group of C columns of W is read from memory once, in its own type, and stays in
-         * L1 while every row group of x passes over it. */
-        const mk_fn *k = kt->k[j->wt];
-        for (long n = n0; n < n1; n += C) {
-            int cv = (int)(n1 - n < C ? n1 - n : C);
-            for (int m = 0; m < M; m += R) {
-                int rv = M - m < R ? M - m : R;
-                k[rv](j->x + (long)m * K, K, rv, w + (size_t)n * (size_t)K * es, K, cv, K, j->y + (long)m * N + n,
-                      N);
-            }
-        }
-        return;
-    }
-
-    /* Prefill: a panel of columns, converted to f32 once (f32 weights are used in place), serves every
-     * row of x from L2; each row group of x (R rows, from L1) sweeps the panel's column groups. */
-    const float *panel;
-    long ldp, nc;
-    if (j->wt == WT_F32) {
-        ldp = K;
-        nc = PANEL_FLOATS / (K > 0 ? K : 1) / C * C;
-        if (nc < C) nc = C;
-    } else {
-        ldp = Kp;
-        nc = PANEL_FLOATS / (Kp > 0 ? Kp : 16) / C * C;
-    }
-    const mk_fn *kf = kt->k[WT_F32];
-    for (long p = n0; p < n1; p += nc) {
-        long pn = n1 - p < nc ? n1 - p : nc;
-        if (j->wt == WT_F32) {
-            panel = (const float *)j->w + (size_t)p * (size_t)K;
-        } else {
-            for (long c = 0; c < pn; c++) kt->cvt(tl_panel + c * Kp, w + (size_t)(p + c) * (size_t)K * es, j->wt, K, (int)Kp);
-            panel = tl_panel;
-        }
+    for (long n = n0; n < n1; n += C) {
+        int cv = (int)(n1 - n < C ? n1 - n : C);
         for (int m = 0; m < M; m += R) {
             int rv = M - m < R ? M - m : R;
-            for (long n = 0; n < pn; n += C) {
-                int cv = (int)(pn - n < C ? pn - n : C);
-                kf[rv](j->x + (long)m * K, K, rv, panel + n * ldp, ldp, cv, K, j->y + (long)m * N + p + n, N);
-            }
+            kt->blk[j->wt][rv](j->x + (long)m * K, K, rv, (const char *)j->w + (size_t)n * (size_t)K * es, K, cv, K,
+                               j->y + (long)m * N + n, N);
         }
     }
 }
+
+/* Prefill: the columns [n0, n1) (one panel), converted to f32 once (f32 weights are used in place), serve
+ * every row of x from L2; each row group of x (R rows, from L1) sweeps the panel's column groups. */
+static void run_panel(const mm_job *j, long n0, long n1) {
+    const mm_kernels *kt = j->kt;
+    const int R = kt->R, C = kt->C, M = j->M, N = j->N, K = j->K;
+    const long pn = n1 - n0;
+    const float *panel;
+    long ldp;
+    if (j->wt == WT_F32) {
+        panel = (const float *)j->w + (size_t)n0 * (size_t)K;
+        ldp = K;
+    } else {
+        const size_t es = wt_size(j->wt);
+        ldp = ((long)K + 15) / 16 * 16;
+        for (long c = 0; c < pn; c++)
+            kt->cvt(tl_panel + c * ldp, (const char *)j->w + (size_t)(n0 + c) * (size_t)K * es, j->wt, K, (int)ldp);
+        panel = tl_panel;
+    }
+    for (int m = 0; m < M; m += R) {
+        int rv = M - m < R ? M - m : R;
+        for (long n = 0; n < pn; n += C) {
+            int cv = (int)(pn - n < C ? pn - n : C);
+            kt->blk[WT_F32][rv](j->x + (long)m * K, K, rv, panel + n * ldp, ldp, cv, K, j->y + (long)m * N + n0 + n, N);
+        }
+    }
+}
+
+/* Threads claim work items (runs of whole columns, never a slice of K: see the contract above) from a
+ * shared counter. Which thread computes a column cannot change its bits, so the dynamic claim costs no
+ * reproducibility, and a thread that is descheduled for a while (shared or virtualised cores) no longer
+ * holds up the whole call the way a fixed half-and-half split does. */
+static void mm_thread(void *ctx, int ith, int nth) {
+    mm_job *j = ctx;
+    for (;;) {
+        long n0 = atomic_fetch_add_explicit(&j->next, j->chunk, memory_order_relaxed);
+        if (n0 >= j->N) return;
+        long n1 = n0 + j->chunk < j->N ? n0 + j->chunk : j->N;
+        if (j->path == PATH_DEC) run_dec(j, n0, n1);
+        else if (j->path == PATH_BLK) run_blk(j, n0, n1);
+        else run_panel(j, n0, n1);
+    }
+}
+
+static long round_up(long v, long m) { return (v + m - 1) / m * m; }
 
 void cpu_matmul(threadpool *tp, float *y, const float *x, const void *w, wtype wt, int M, int N, int K) {
     CI_ASSERT(M >= 0 && N >= 0 && K >= 0);
     CI_ASSERT(wt == WT_F32 || wt == WT_BF16 || wt == WT_F16);
     if (M == 0 || N == 0) return;
-    mm_job j = {y, x, w, wt, M, N, K, kernels_for(isa_current())};
+    const mm_kernels *kt = kernels_for(isa_current());
+    const long Kp = round_up(K, 16), nth = tp_size(tp);
+    mm_job j = {y, x, w, wt, M, N, K, kt, PATH_PANEL, 0, 0};
+    if (M <= kt->dec_max) {
+        /* ~128 KiB of W per item, and at least 8 items per thread for balance on small matrices. */
+        long c = (128L << 10) / ((long)(K > 0 ? K : 1) * (long)wt_size(wt));
+        long most = (N + 8 * nth - 1) / (8 * nth);
+        j.path = PATH_DEC;
+        j.chunk = round_up(c < most ? c : most, kt->dec_c[M]);
+    } else if (wt != WT_F32 && kt->C * Kp > PANEL_FLOATS) {
+        j.path = PATH_BLK;
+        j.chunk = round_up((N + 8 * nth - 1) / (8 * nth), kt->C);
+    } else {
+        /* One panel per item: as many columns as fit the panel, fewer when that would starve threads. */
+        long fit = PANEL_FLOATS / (wt == WT_F32 ? (K > 0 ? K : 1) : (Kp > 0 ? Kp : 16)) / kt->C * kt->C;
+        long most = round_up((N + 2 * nth - 1) / (2 * nth), kt->C);
+        j.chunk = fit < most ? fit : most;
+        if (j.chunk < kt->C) j.chunk = kt->C;
+    }
     tp_run(tp, mm_thread, &j); /* one job per call: the split is inside mm_thread */
 }
 

@@ -1,0 +1,229 @@
+/* bench/matmul.c — cpu_matmul against this machine's own roofline: measures the f32 FMA peak (register-only
+ * loop on every thread) and the memory read bandwidth (all threads streaming a 1 GiB buffer), then times
+ * the Qwen3.5 shapes and prints GB/s of weights, GFLOP/s, and the fraction of each measured ceiling.
+ *
+ * Build and run (bench/run_matmul.sh does exactly this):
+ *   make BUILD=build && cc -std=c11 -D_GNU_SOURCE -O2 -pthread -Iinclude -Isrc bench/matmul.c \
+ *       build/libcinfer.a -lm -lpthread -o build/matmul-bench && build/matmul-bench [threads] [filter]
+ * threads defaults to all online CPUs; filter keeps only the cases whose label contains it. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend/cpu/matmul.h"
+#include "util/bf16.h"
+#include "util/threadpool.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* ------------------------------------------------------------ FMA peak: 12 independent chains per thread
+ * (enough to cover FMA latency x pipes on current x86), nothing but FMAs in the loop. */
+#define PEAK_ITERS 20000000L
+
+#if defined(__x86_64__)
+__attribute__((target("avx512f,fma"))) static float fma_loop512(long iters) {
+    __m512 a[12], b = _mm512_set1_ps(0.999f), c = _mm512_set1_ps(0.001f);
+    for (int i = 0; i < 12; i++) a[i] = _mm512_set1_ps((float)i);
+    for (long it = 0; it < iters; it++) {
+#pragma GCC unroll 12
+        for (int i = 0; i < 12; i++) a[i] = _mm512_fmadd_ps(a[i], b, c);
+    }
+    __m512 s = a[0];
+    for (int i = 1; i < 12; i++) s = _mm512_add_ps(s, a[i]);
+    return _mm512_reduce_add_ps(s);
+}
+__attribute__((target("avx2,fma"))) static float fma_loop256(long iters) {
+    __m256 a[12], b = _mm256_set1_ps(0.999f), c = _mm256_set1_ps(0.001f);
+    for (int i = 0; i < 12; i++) a[i] = _mm256_set1_ps((float)i);
+    for (long it = 0; it < iters; it++) {
+#pragma GCC unroll 12
+        for (int i = 0; i < 12; i++) a[i] = _mm256_fmadd_ps(a[i], b, c);
+    }
+    __m256 s = a[0];
+    for (int i = 1; i < 12; i++) s = _mm256_add_ps(s, a[i]);
+    float f[8];
+    _mm256_storeu_ps(f, s);
+    return f[0] + f[7];
+}
+#endif
+
+typedef struct {
+    int width; /* floats per FMA: 16, 8 or 1 */
+    volatile float sink;
+} peak_job;
+
+static void peak_fn(void *ctx, int ith, int nth) {
+    peak_job *j = ctx;
+    float r = 0;
+#if defined(__x86_64__)
+    if (j->width == 16) r = fma_loop512(PEAK_ITERS);
+    else if (j->width == 8) r = fma_loop256(PEAK_ITERS);
+#endif
+    if (ith == 0) j->sink = r;
+}
+
+/* ------------------------------------------------------------ read bandwidth */
+typedef struct {
+    const uint64_t *buf;
+    size_t n; /* uint64 words */
+    volatile uint64_t sink;
+} bw_job;
+
+#if defined(__x86_64__)
+/* Vector loads, four lines in flight per iteration: a scalar loop does not saturate DRAM on its own. */
+__attribute__((target("avx2"))) static uint64_t bw_read256(const uint64_t *p, long n) {
+    __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
+    for (long i = 0; i < n; i += 32) {
+        s0 = _mm256_xor_si256(s0, _mm256_load_si256((const __m256i *)(p + i)));
+        s1 = _mm256_xor_si256(s1, _mm256_load_si256((const __m256i *)(p + i + 8)));
+        s2 = _mm256_xor_si256(s2, _mm256_load_si256((const __m256i *)(p + i + 16)));
+        s3 = _mm256_xor_si256(s3, _mm256_load_si256((const __m256i *)(p + i + 24)));
+        s0 = _mm256_xor_si256(s0, _mm256_load_si256((const __m256i *)(p + i + 4)));
+        s1 = _mm256_xor_si256(s1, _mm256_load_si256((const __m256i *)(p + i + 12)));
+        s2 = _mm256_xor_si256(s2, _mm256_load_si256((const __m256i *)(p + i + 20)));
+        s3 = _mm256_xor_si256(s3, _mm256_load_si256((const __m256i *)(p + i + 28)));
+    }
+    s0 = _mm256_xor_si256(_mm256_xor_si256(s0, s1), _mm256_xor_si256(s2, s3));
+    return (uint64_t)_mm256_extract_epi64(s0, 0);
+}
+#endif
+
+static void bw_fn(void *ctx, int ith, int nth) {
+    bw_job *j = ctx;
+    long b, e;
+    tp_range((long)(j->n / 32), ith, nth, &b, &e); /* 256-byte blocks */
+    uint64_t s = 0;
+#if defined(__x86_64__)
+    if (__builtin_cpu_supports("avx2")) {
+        s = bw_read256(j->buf + b * 32, (e - b) * 32);
+        if (ith == 0) j->sink = s;
+        return;
+    }
+#endif
+    for (long i = b * 32; i < e * 32; i += 8) s ^= j->buf[i] ^ j->buf[i + 4];
+    if (ith == 0) j->sink = s;
+}
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+int main(int argc, char **argv) {
+    int nthreads = argc > 1 ? atoi(argv[1]) : 0;
+    const char *filter = argc > 2 ? argv[2] : NULL;
+    threadpool *tp = tp_create(nthreads);
+    nthreads = tp_size(tp);
+    printf("cpu_matmul bench: %d threads, kernels %s\n", nthreads, cpu_matmul_isa());
+
+    /* Peak. */
+    int width = 1;
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f")) width = 16;
+    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) width = 8;
+#endif
+    double peak = 0;
+    if (width > 1) {
+        peak_job pj = {width, 0};
+        double best = 1e30;
+        for (int rep = 0; rep < 3; rep++) {
+            double t = now();
+            tp_run(tp, peak_fn, &pj);
+            t = now() - t;
+            if (t < best) best = t;
+        }
+        peak = (double)PEAK_ITERS * 12 * width * 2 * nthreads / best / 1e9;
+        printf("f32 FMA peak (%d-wide, register-only, %d threads): %.1f GFLOP/s\n", width, nthreads, peak);
+    }
+
+    /* Bandwidth. */
+    size_t bw_bytes = (size_t)1 << 30;
+    uint64_t *buf = aligned_alloc(64, bw_bytes);
+    if (!buf) return 1;
+    memset(buf, 1, bw_bytes);
+    bw_job bj = {buf, bw_bytes / 8, 0};
+    double bw = 0;
+    for (int rep = 0; rep < 5; rep++) {
+        double t = now();
+        tp_run(tp, bw_fn, &bj);
+        t = now() - t;
+        double g = (double)bw_bytes / t / 1e9;
+        if (g > bw) bw = g;
+    }
+    free(buf);
+    printf("memory read bandwidth (%d threads, 1 GiB): %.1f GB/s\n\n", nthreads, bw);
+
+    /* Cases: weights are bf16 unless said; several copies of W rotate so that W (not x or y) comes from DRAM
+     * on every call unless it is one huge matrix anyway. */
+    static const struct {
+        int M, N, K;
+        wtype wt;
+    } cases[] = {
+        {1, 248320, 1024, WT_BF16}, {8, 248320, 1024, WT_BF16}, {512, 6144, 1024, WT_BF16},
+        {1, 6144, 1024, WT_BF16},   {8, 6144, 1024, WT_BF16},   {64, 6144, 1024, WT_BF16},
+        {1, 2048, 1024, WT_BF16},   {1, 4096, 1024, WT_BF16},   {1, 3584, 1024, WT_BF16},
+        {1, 1024, 1024, WT_BF16},   {1, 1024, 3584, WT_BF16},   {512, 1024, 3584, WT_BF16},
+        {2048, 6144, 1024, WT_BF16}, {512, 6144, 1024, WT_F32}, {512, 6144, 1024, WT_F16},
+        {1, 6144, 1024, WT_F32},    {1, 6144, 1024, WT_F16},
+    };
+    printf("%-28s %9s %9s %7s %9s %7s\n", "case (M x N x K, type)", "ms", "GB/s W", "of bw", "GFLOP/s", "of peak");
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        int M = cases[ci].M, N = cases[ci].N, K = cases[ci].K;
+        wtype wt = cases[ci].wt;
+        const char *tn = wt == WT_BF16 ? "bf16" : wt == WT_F16 ? "f16" : "f32";
+        char label[64];
+        snprintf(label, sizeof label, "%d x %d x %d %s", M, N, K, tn);
+        if (filter && !strstr(label, filter)) continue;
+        size_t es = wt == WT_F32 ? 4 : 2, wbytes = (size_t)N * K * es;
+        int copies = (int)((256u << 20) / wbytes);
+        if (copies < 1) copies = 1;
+        if (copies > 64) copies = 64;
+        uint16_t *w = aligned_alloc(64, wbytes * copies);
+        float *x = aligned_alloc(64, (size_t)M * K * 4), *y = aligned_alloc(64, (size_t)M * N * 4);
+        if (!w || !x || !y) return 1;
+        uint32_t s = 2463534242u;
+        for (size_t i = 0; i < wbytes * copies / 2; i++) {
+            s ^= s << 13, s ^= s >> 17, s ^= s << 5;
+            float v = (float)(s >> 8) / 16777216.0f - 0.5f;
+            /* f32 weights: each pair of halves forms a finite float (the bf16 pattern below, repeated). */
+            w[i] = wt == WT_F16 ? (uint16_t)(0x3000 | (s & 0x83ff)) : wt == WT_F32 && (i & 1) == 0 ? 0 : f32_to_bf16(v);
+        }
+        for (size_t i = 0; i < (size_t)M * K; i++) x[i] = (float)((i * 7919) % 1000) / 1000.0f - 0.5f;
+        /* Enough calls for ~0.5 s of the slower of the two ceilings, at least 5. */
+        double flops = 2.0 * M * N * K;
+        double est = wbytes / (bw * 1e9) + (peak > 0 ? flops / (peak * 1e9) : flops / 1e9);
+        int reps = (int)(0.5 / est);
+        if (reps < 5) reps = 5;
+        if (reps > 2000) reps = 2000;
+        double *ts = malloc(sizeof(double) * reps);
+        cpu_matmul(tp, y, x, w, wt, M, N, K); /* warm-up: page faults, panel TLS */
+        for (int r = 0; r < reps; r++) {
+            const void *wr = (const char *)w + (size_t)(r % copies) * wbytes;
+            double t = now();
+            cpu_matmul(tp, y, x, wr, wt, M, N, K);
+            ts[r] = now() - t;
+        }
+        qsort(ts, reps, sizeof(double), cmp_d);
+        double t = ts[reps / 2], tmin = ts[0];
+        printf("%-28s %9.3f %9.1f %6.0f%% %9.1f %6.0f%%   (best %.3f ms: %.1f GB/s, %.1f GFLOP/s)\n", label, t * 1e3,
+               wbytes / t / 1e9, 100 * wbytes / t / 1e9 / bw, flops / t / 1e9, peak > 0 ? 100 * flops / t / 1e9 / peak : 0,
+               tmin * 1e3, wbytes / tmin / 1e9, flops / tmin / 1e9);
+        free(ts);
+        free(w);
+        free(x);
+        free(y);
+    }
+    tp_destroy(tp);
+    return 0;
+}
