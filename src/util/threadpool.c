@@ -10,7 +10,7 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
-#define CPU_RELAX() _mm_pause()
+#define CPU_RELAX() __asm__ volatile("" ::: "memory")
 #else
 #define CPU_RELAX() ((void)0)
 #endif
