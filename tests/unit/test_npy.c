@@ -2,6 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cinfer.h"
 #include "test.h"
 #include "util/file.h"
 #include "util/npy.h"
