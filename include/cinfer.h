@@ -24,6 +24,8 @@ enum {
     CINFER_ERANGE = -6,       /* a count or size beyond a limit (context length, pool size) */
     CINFER_ENOTFOUND = -7,    /* a named thing is missing (a tensor, a file, a field) */
     CINFER_ESTATE = -8,       /* a call that is wrong in the object's current state */
+    CINFER_EBUSY = -9,        /* the engine's queue is full: retry later (HTTP 429) */
+    CINFER_ECANCELLED = -10,  /* the request was cancelled */
 };
 
 /* A short static name for a code ("invalid argument", ...). */
@@ -94,6 +96,144 @@ int cinfer_forward(cinfer_ctx *c, const cinfer_batch_entry *entries, int n_entri
 
 /* Rows of logits that cinfer_forward will write for these entries. */
 int cinfer_batch_logit_rows(const cinfer_batch_entry *entries, int n_entries);
+
+/* ---- text: the model's tokenizer (tokenizer.json) and chat template (tokenizer_config.json) ---- */
+
+/* 1 when the model directory has a tokenizer.json that loaded. */
+int cinfer_model_has_tokenizer(const cinfer_model *m);
+/* Encodes UTF-8 text; *ids is allocated (free with free()). Added tokens written in the text are
+ * recognised; BOS/EOS and other template tokens only with add_special. */
+int cinfer_tokenize(const cinfer_model *m, const char *text, size_t len, int add_special, int32_t **ids, int *n_ids,
+                    char *err, size_t errlen);
+/* Decodes ids into a NUL-terminated string (free with free()). */
+int cinfer_detokenize(const cinfer_model *m, const int32_t *ids, int n_ids, int skip_special, char **text, char *err,
+                      size_t errlen);
+/* Renders the chat template. ctx_json is a JSON object: {"messages": [...], "tools": [...]?,
+ * "add_generation_prompt": bool, and any extra keyword arguments (enable_thinking, ...)}; the special
+ * tokens of tokenizer_config.json are added as transformers does. A template that raises returns
+ * CINFER_EINVAL with the template's own message. *out is allocated (free with free()). */
+int cinfer_apply_chat_template(const cinfer_model *m, const char *ctx_json, size_t len, char **out, char *err,
+                               size_t errlen);
+/* The template's text, or NULL when the model has none. */
+const char *cinfer_model_chat_template(const cinfer_model *m);
+
+/* ---- engine: continuous batching over many requests on a scheduler thread ---- */
+typedef struct cinfer_engine cinfer_engine;
+typedef struct cinfer_request cinfer_request;
+
+typedef struct cinfer_engine_params {
+    int max_seqs;      /* sequences running at once (DeltaNet state slots) */
+    int ctx_size;      /* tokens per sequence (prompt + output) */
+    int step_tokens;   /* token budget of one step: decode tokens + prefill chunks */
+    int queue_limit;   /* requests waiting beyond the running ones; one more gets CINFER_EBUSY */
+    int n_threads;     /* 0: all online CPUs */
+    int64_t kv_memory; /* bytes for the KV block pool; 0: enough for max_seqs x ctx_size */
+} cinfer_engine_params;
+
+cinfer_engine_params cinfer_engine_default_params(void);
+int cinfer_engine_create(cinfer_model *m, const cinfer_engine_params *p, cinfer_engine **out, char *err, size_t errlen);
+/* Stops the scheduler thread; requests still running end with CINFER_EV_DONE "cancelled". */
+void cinfer_engine_destroy(cinfer_engine *e);
+
+typedef struct cinfer_logit_bias {
+    int32_t token;
+    float bias;
+} cinfer_logit_bias;
+
+typedef struct cinfer_sampling {
+    float temperature;          /* 0: greedy */
+    int top_k;                  /* 0: off */
+    float top_p;                /* 1: off */
+    float min_p;                /* 0: off */
+    float xtc_probability, xtc_threshold;
+    float repetition_penalty;   /* 1: off */
+    int repeat_last_n;          /* window of the repetition penalty: -1 whole context, 0 off */
+    float presence_penalty, frequency_penalty;
+    const cinfer_logit_bias *logit_bias; /* copied at submit */
+    int n_logit_bias;
+    uint64_t seed;
+    int has_seed;               /* 0: a seed is drawn per request */
+    int n_logprobs;             /* -1: no logprobs; 0: the chosen token's; 1..20: also that many top alternatives */
+} cinfer_sampling;
+
+cinfer_sampling cinfer_sampling_default(void);
+
+typedef enum {
+    CINFER_TOOLS_NONE = 0,
+    CINFER_TOOLS_QWEN_XML = 1,    /* <tool_call><function=..><parameter=..> (Qwen3.5, Qwen3-Coder) */
+    CINFER_TOOLS_HERMES_JSON = 2, /* <tool_call>{"name":..,"arguments":..}</tool_call> (Qwen3) */
+} cinfer_tool_format;
+
+typedef struct cinfer_request_params {
+    const int32_t *prompt;      /* copied at submit */
+    int n_prompt;
+    int max_tokens;             /* clamped to the room left in the context (finish_reason "length") */
+    cinfer_sampling sampling;
+    const char *const *stop;    /* stop strings, copied at submit (at most 16) */
+    int n_stop;
+    int ignore_eos;
+    int skip_special_tokens;    /* in the text emitted (normally 1) */
+    int reasoning;              /* 0: no reasoning split; 1: output starts inside <think> (the prompt opened it);
+                                   2: split <think>...</think> if the model writes it */
+    cinfer_tool_format tool_format;
+    const char *tools_json;     /* the request's tools array (schemas type parameter values), copied */
+} cinfer_request_params;
+
+typedef enum {
+    CINFER_EV_CONTENT = 1,   /* text: a delta of the answer */
+    CINFER_EV_REASONING = 2, /* text: a delta of the reasoning */
+    CINFER_EV_TOOL_CALL = 3, /* tool_index, tool_id and tool_name on its first event; tool_args: arguments delta */
+    CINFER_EV_LOGPROB = 4,   /* one sampled token: token, token_text, logprob, top[] */
+    CINFER_EV_DONE = 5,      /* last event: finish_reason and usage */
+    CINFER_EV_ERROR = 6,     /* text: the message; last event */
+} cinfer_event_type;
+
+typedef struct cinfer_top_logprob {
+    int32_t token;
+    float logprob;
+    const char *text;        /* the token's bytes (may be part of a UTF-8 character) */
+    size_t len;
+} cinfer_top_logprob;
+
+typedef struct cinfer_event {
+    cinfer_event_type type;
+    const char *text;        /* CONTENT, REASONING, ERROR */
+    size_t len;
+    int tool_index;
+    const char *tool_id, *tool_name; /* non-NULL on a call's first event */
+    const char *tool_args;   /* arguments JSON delta */
+    size_t tool_args_len;
+    int32_t token;           /* LOGPROB */
+    const char *token_text;
+    size_t token_len;
+    float logprob;
+    const cinfer_top_logprob *top;
+    int n_top;
+    const char *finish_reason; /* DONE: "stop", "length", "tool_calls", "cancelled" */
+    const char *stop_string;   /* DONE: the stop string that matched, if any */
+    int prompt_tokens, completion_tokens, cached_tokens;
+} cinfer_event;
+
+/* Queues a request; CINFER_EBUSY when the queue is full, CINFER_ERANGE when the prompt does not fit the
+ * context (the message gives both counts). */
+int cinfer_engine_submit(cinfer_engine *e, const cinfer_request_params *p, cinfer_request **out, char *err, size_t errlen);
+/* Waits up to timeout_ms (-1: forever) for the next event: 1 with *ev filled (its pointers stay valid until
+ * the next call or cinfer_request_free), 0 on timeout, < 0 after the last event. */
+int cinfer_request_next(cinfer_request *r, cinfer_event *ev, int timeout_ms);
+/* Asks the scheduler to drop the request at its next step (a client went away). */
+void cinfer_request_cancel(cinfer_request *r);
+/* Cancels if still running and releases the request (after its DONE, or at once: the engine keeps what it
+ * still needs). */
+void cinfer_request_free(cinfer_request *r);
+
+typedef struct cinfer_engine_stats {
+    int running, waiting, max_seqs, queue_limit;
+    int kv_blocks_used, kv_blocks_total;
+    int slots_used, slots_total;
+    int64_t requests_total, prompt_tokens_total, generated_tokens_total, steps_total;
+} cinfer_engine_stats;
+
+void cinfer_engine_get_stats(cinfer_engine *e, cinfer_engine_stats *out);
 
 #ifdef __cplusplus
 }
