@@ -69,6 +69,7 @@ typedef struct cinfer_ctx_params {
     int max_ctx;     /* tokens per sequence */
     int max_batch;   /* tokens per forward call */
     int n_threads;   /* 0: all online CPUs */
+    int64_t kv_memory; /* bytes of the KV block pool; 0: max_seqs x max_ctx tokens (never runs out) */
 } cinfer_ctx_params;
 
 cinfer_ctx_params cinfer_ctx_default_params(void);

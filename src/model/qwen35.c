@@ -89,6 +89,10 @@ static int find_checked(binder *b, const char *name, int ndim, const int64_t *sh
         return ci_err(b->err, b->errlen, CINFER_EFORMAT, "tensor \"%s\": expected %s %s, got %s %s", name,
                       "BF16|F16|F32", dims_str(shape, ndim, e, sizeof e), st_dtype_name(t->dtype),
                       dims_str(t->shape, t->ndim, a, sizeof a));
+    /* a crafted file can place a span at an odd offset: the kernels read whole elements */
+    if ((uintptr_t)t->data % st_dtype_size(t->dtype))
+        return ci_err(b->err, b->errlen, CINFER_EFORMAT, "tensor \"%s\": data offset is not a multiple of its %zu-byte element",
+                      name, st_dtype_size(t->dtype));
     mark_used(b, t);
     *out = t;
     return 0;

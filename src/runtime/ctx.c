@@ -7,6 +7,7 @@
 #include "cinfer.h"
 #include "model/forward.h"
 #include "model/qwen35.h"
+#include "runtime/ctx_internal.h"
 #include "util/alloc.h"
 #include "util/err.h"
 
@@ -80,7 +81,7 @@ void cinfer_model_get_info(const cinfer_model *cm, cinfer_model_info *o) {
 }
 
 cinfer_ctx_params cinfer_ctx_default_params(void) {
-    cinfer_ctx_params p = {.max_seqs = 4, .max_ctx = 4096, .max_batch = 512, .n_threads = 0};
+    cinfer_ctx_params p = {.max_seqs = 4, .max_ctx = 4096, .max_batch = 512, .n_threads = 0, .kv_memory = 0};
     return p;
 }
 
@@ -113,7 +114,17 @@ int cinfer_ctx_create(cinfer_model *cm, const cinfer_ctx_params *pp, cinfer_ctx 
     c->p.n_threads = tp_size(c->tp);
     c->blocks_per_seq = (p.max_ctx + KV_BLOCK - 1) / KV_BLOCK;
     int rc;
-    if ((rc = kv_pool_init(&c->kv, m->n_full, p.max_seqs * c->blocks_per_seq, m->Hkv * m->hd, err, errlen)) ||
+    long n_blocks = (long)p.max_seqs * c->blocks_per_seq;
+    int64_t block_bytes = (int64_t)m->n_full * 2 * KV_BLOCK * m->Hkv * m->hd * (int64_t)sizeof(float);
+    if (p.kv_memory > 0 && block_bytes > 0 && p.kv_memory / block_bytes < n_blocks) {
+        n_blocks = (long)(p.kv_memory / block_bytes);
+        if (n_blocks < c->blocks_per_seq) {
+            cinfer_ctx_destroy(c);
+            return ci_err(err, errlen, CINFER_ENOMEM, "kv_memory %lld bytes holds %ld blocks; one sequence of %d tokens needs %d",
+                          (long long)p.kv_memory, n_blocks, p.max_ctx, c->blocks_per_seq);
+        }
+    }
+    if ((rc = kv_pool_init(&c->kv, m->n_full, (int)n_blocks, m->Hkv * m->hd, err, errlen)) ||
         (rc = state_pool_init(&c->st, p.max_seqs, m->n_lin, m->K - 1, m->C, m->Hv, m->dk, m->dv, err, errlen)) ||
         (rc = fwd_scratch_init(&c->s, m, p.max_batch, p.max_ctx, c->p.n_threads, err, errlen))) {
         cinfer_ctx_destroy(c);
@@ -218,3 +229,13 @@ int cinfer_forward(cinfer_ctx *c, const cinfer_batch_entry *e, int n, float *log
     for (int i = 0; i < n; i++) c->seqs[e[i].seq].len += e[i].n_tokens;
     return 0;
 }
+
+/* ---- for the engine (ctx_internal.h) ---- */
+int ctx_kv_free_blocks(const cinfer_ctx *c) { return c->kv.n_free; }
+int ctx_kv_total_blocks(const cinfer_ctx *c) { return c->kv.n_blocks; }
+int ctx_slots_used(const cinfer_ctx *c) {
+    int n = 0;
+    for (int i = 0; i < c->p.max_seqs; i++) n += c->seqs[i].active;
+    return n;
+}
+const model *cinfer_model_internal(const cinfer_model *m) { return m->m; }
