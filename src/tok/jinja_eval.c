@@ -180,6 +180,22 @@ static int u_isalnum(uint32_t cp) {
 }
 
 static void put_cp_case(jbuf *b, uint32_t cp, int upper) {
+    /* Python uses the full (SpecialCasing) mappings where one code point becomes several */
+    static const struct {
+        uint32_t cp;
+        const char *up;
+    } special_up[] = {{0xdf, "SS"},         {0x149, "\xca\xbcN"}, {0x1f0, "J\xcc\x8c"}, {0xfb00, "FF"}, {0xfb01, "FI"},
+                      {0xfb02, "FL"},       {0xfb03, "FFI"},        {0xfb04, "FFL"},        {0xfb05, "ST"}, {0xfb06, "ST"}};
+    if (upper) {
+        for (size_t i = 0; i < sizeof special_up / sizeof special_up[0]; i++)
+            if (special_up[i].cp == cp) {
+                jb_puts(b, special_up[i].up);
+                return;
+            }
+    } else if (cp == 0x130) {
+        jb_puts(b, "i\xcc\x87");
+        return;
+    }
     utf8proc_int32_t r = upper ? utf8proc_toupper((utf8proc_int32_t)cp) : utf8proc_tolower((utf8proc_int32_t)cp);
     u8_encode(b, (uint32_t)r);
 }
@@ -838,8 +854,7 @@ static jv split_impl(ctx *c, const node *at, jstr s, jv sepv, int64_t maxsplit, 
                 while (i < s.n && u_isspace(u8_decode(s.p + i, s.n - i, &adv))) i += adv;
                 if (i >= s.n) break;
                 if (maxsplit >= 0 && done >= maxsplit) {
-                    jv rest = str_strip((jstr){s.p + i, s.n - i}, NULL, 2);
-                    jl_push(c->a, l.u.l, rest);
+                    jl_push(c->a, l.u.l, jv_str(s.p + i, s.n - i)); /* the rest keeps its trailing spaces */
                     break;
                 }
                 size_t b = i;
@@ -851,13 +866,13 @@ static jv split_impl(ctx *c, const node *at, jstr s, jv sepv, int64_t maxsplit, 
         }
         /* rsplit(None): collect all words, then merge the leading ones if maxsplit is hit */
         jv all = split_impl(c, at, s, jv_none(), -1, 0);
-        if (maxsplit < 0 || (int64_t)all.u.l->n <= maxsplit + 1) return all;
+        if (maxsplit < 0 || (int64_t)all.u.l->n <= maxsplit) return all;
         size_t keep = (size_t)maxsplit;
         size_t first = all.u.l->n - keep;
         /* the head is the original text up to the end of word[first-1], left-stripped */
         jv last_head = all.u.l->v[first - 1];
         jstr head = {s.p, (size_t)(last_head.u.s.p + last_head.u.s.n - s.p)};
-        jl_push(c->a, l.u.l, str_strip(head, NULL, 1));
+        jl_push(c->a, l.u.l, jv_str(head.p, head.n)); /* the head keeps its leading spaces */
         for (size_t i = first; i < all.u.l->n; i++) jl_push(c->a, l.u.l, all.u.l->v[i]);
         return l;
     }

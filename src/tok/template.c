@@ -41,7 +41,7 @@ tmpl_opts tmpl_default_opts(void) {
     tmpl_opts o;
     o.max_output = 16u << 20;
     o.max_memory = 256u << 20;
-    o.max_depth = 200;
+    o.max_depth = 500;
     o.max_iters = 10000000;
     o.now = 0;
     return o;
@@ -95,6 +95,8 @@ int tmpl_render(const tmpl *t, const char *ctx_json, size_t len, char **out, cha
     return tmpl_render_opts(t, ctx_json, len, NULL, out, NULL, err, errlen);
 }
 
+static void add_special_tokens(json_t *ctx, json_t *cfg);
+
 static json_t *parse_json(const char *what, const char *s, char *err, size_t errlen, int *rc) {
     json_error_t je;
     json_t *j = json_loads(s, JSON_ALLOW_NUL, &je);
@@ -133,13 +135,7 @@ int tmpl_build_context(const char *messages_json, const char *tools_json, int ad
     }
     if (tokenizer_config_json) {
         if (!(cfg = parse_json("tokenizer_config.json", tokenizer_config_json, err, errlen, &rc))) goto done;
-        static const char *const names[] = {"bos_token", "eos_token", "unk_token", "sep_token",
-                                            "pad_token", "cls_token", "mask_token"};
-        for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
-            json_t *v = json_object_get(cfg, names[i]);
-            if (json_is_object(v)) v = json_object_get(v, "content"); /* AddedToken */
-            if (json_is_string(v)) json_object_set(ctx, names[i], v);
-        }
+        add_special_tokens(ctx, cfg);
     }
     if (kwargs_json) {
         if (!(kw = parse_json("kwargs", kwargs_json, err, errlen, &rc))) goto done;
@@ -161,6 +157,49 @@ done:
     if (tools) json_decref(tools);
     if (cfg) json_decref(cfg);
     if (kw) json_decref(kw);
+    return rc;
+}
+
+static void add_special_tokens(json_t *ctx, json_t *cfg) {
+    static const char *const names[] = {"bos_token", "eos_token", "unk_token", "sep_token",
+                                        "pad_token", "cls_token", "mask_token"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        json_t *v = json_object_get(cfg, names[i]);
+        if (json_is_object(v)) v = json_object_get(v, "content"); /* AddedToken */
+        if (json_is_string(v)) json_object_set(ctx, names[i], v);
+    }
+}
+
+int tmpl_context_merge(const char *ctx_json, size_t len, const char *tokenizer_config_json, char **out, char *err,
+                       size_t errlen) {
+    *out = NULL;
+    json_error_t je;
+    json_t *user = json_loadb(ctx_json ? ctx_json : "{}", ctx_json ? len : 2, JSON_ALLOW_NUL, &je);
+    if (!user) return ci_err(err, errlen, CINFER_EFORMAT, "template context: %d:%d: %s", je.line, je.column, je.text);
+    if (!json_is_object(user)) {
+        json_decref(user);
+        return ci_err(err, errlen, CINFER_EFORMAT, "template context: not a JSON object");
+    }
+    json_t *ctx = json_object();
+    int rc = 0;
+    if (tokenizer_config_json) {
+        json_t *cfg = json_loads(tokenizer_config_json, JSON_ALLOW_NUL, &je);
+        if (!cfg) {
+            rc = ci_err(err, errlen, CINFER_EFORMAT, "tokenizer_config.json: %d:%d: %s", je.line, je.column, je.text);
+            goto done;
+        }
+        add_special_tokens(ctx, cfg);
+        json_decref(cfg);
+    }
+    json_object_update(ctx, user);
+    if (!json_object_get(ctx, "tools")) json_object_set_new(ctx, "tools", json_null());
+    if (!json_object_get(ctx, "documents")) json_object_set_new(ctx, "documents", json_null());
+    if (!json_object_get(ctx, "add_generation_prompt")) json_object_set_new(ctx, "add_generation_prompt", json_false());
+    *out = json_dumps(ctx, JSON_COMPACT | JSON_ENCODE_ANY);
+    if (!*out) rc = ci_err(err, errlen, CINFER_ENOMEM, "context: cannot encode");
+done:
+    json_decref(ctx);
+    json_decref(user);
     return rc;
 }
 

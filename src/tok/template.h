@@ -18,7 +18,7 @@ void tmpl_free(tmpl *t);
 typedef struct tmpl_opts {
     size_t max_output;  /* bytes of rendered text (default 16 MiB) */
     size_t max_memory;  /* bytes the render may allocate (default 256 MiB) */
-    int max_depth;      /* nested evaluation, macro recursion included (default 200) */
+    int max_depth;      /* nested evaluation, macro recursion included (default 500) */
     uint64_t max_iters; /* loop iterations, all loops together (default 10 million) */
     int64_t now;        /* Unix time strftime_now() formats (local time); 0: the clock */
 } tmpl_opts;
@@ -40,6 +40,12 @@ int tmpl_render_opts(const tmpl *t, const char *ctx_json, size_t len, const tmpl
  * messages_json. *out is a malloc'd NUL-terminated JSON object. */
 int tmpl_build_context(const char *messages_json, const char *tools_json, int add_generation_prompt,
                        const char *tokenizer_config_json, const char *kwargs_json, char **out, char *err,
+                       size_t errlen);
+
+/* The same context from a caller's object (what cinfer_apply_chat_template receives): the special tokens of
+ * tokenizer_config_json (may be NULL) first, then every key of ctx_json over them, then "tools" and "documents"
+ * as null and "add_generation_prompt" as false where ctx_json lacks them. *out is malloc'd JSON. */
+int tmpl_context_merge(const char *ctx_json, size_t len, const char *tokenizer_config_json, char **out, char *err,
                        size_t errlen);
 
 /* Finds a model folder's chat template as transformers does: chat_template.jinja, else chat_template.json's
