@@ -119,6 +119,34 @@ static int cmp_d(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
+/* Best of 3 short runs: GFLOP/s of the register-only FMA loop on every thread of tp. */
+static double measure_peak(threadpool *tp, int width) {
+    if (width <= 1) return 0;
+    peak_job pj = {width, 0};
+    double best = 1e30;
+    for (int rep = 0; rep < 3; rep++) {
+        double t = now();
+        tp_run(tp, peak_fn, &pj);
+        t = now() - t;
+        if (t < best) best = t;
+    }
+    return (double)PEAK_ITERS * 12 * width * 2 * tp_size(tp) / best / 1e9;
+}
+
+/* Best of `reps` passes: GB/s reading buf (bytes long) with every thread of tp. */
+static double measure_bw(threadpool *tp, const uint64_t *buf, size_t bytes, int reps) {
+    bw_job bj = {buf, bytes / 8, 0};
+    double bw = 0;
+    for (int rep = 0; rep < reps; rep++) {
+        double t = now();
+        tp_run(tp, bw_fn, &bj);
+        t = now() - t;
+        double g = (double)bytes / t / 1e9;
+        if (g > bw) bw = g;
+    }
+    return bw;
+}
+
 int main(int argc, char **argv) {
     int nthreads = argc > 1 ? atoi(argv[1]) : 0;
     const char *filter = argc > 2 ? argv[2] : NULL;
@@ -133,36 +161,18 @@ int main(int argc, char **argv) {
     if (__builtin_cpu_supports("avx512f")) width = 16;
     else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) width = 8;
 #endif
-    double peak = 0;
-    if (width > 1) {
-        peak_job pj = {width, 0};
-        double best = 1e30;
-        for (int rep = 0; rep < 3; rep++) {
-            double t = now();
-            tp_run(tp, peak_fn, &pj);
-            t = now() - t;
-            if (t < best) best = t;
-        }
-        peak = (double)PEAK_ITERS * 12 * width * 2 * nthreads / best / 1e9;
-        printf("f32 FMA peak (%d-wide, register-only, %d threads): %.1f GFLOP/s\n", width, nthreads, peak);
-    }
+    double peak = measure_peak(tp, width);
+    if (peak > 0) printf("f32 FMA peak (%d-wide, register-only, %d threads): %.1f GFLOP/s\n", width, nthreads, peak);
 
     /* Bandwidth. */
     size_t bw_bytes = (size_t)1 << 30;
     uint64_t *buf = aligned_alloc(64, bw_bytes);
     if (!buf) return 1;
     memset(buf, 1, bw_bytes);
-    bw_job bj = {buf, bw_bytes / 8, 0};
-    double bw = 0;
-    for (int rep = 0; rep < 5; rep++) {
-        double t = now();
-        tp_run(tp, bw_fn, &bj);
-        t = now() - t;
-        double g = (double)bw_bytes / t / 1e9;
-        if (g > bw) bw = g;
-    }
-    free(buf);
-    printf("memory read bandwidth (%d threads, 1 GiB): %.1f GB/s\n\n", nthreads, bw);
+    double bw = measure_bw(tp, buf, bw_bytes, 5);
+    printf("memory read bandwidth (%d threads, 1 GiB): %.1f GB/s\n", nthreads, bw);
+    printf("(shared/virtual cores drift: each case's fractions use the peak and bandwidth re-measured just\n"
+           " before and after it, the higher of the two, shown at the end of its line)\n\n");
 
     /* Cases: weights are bf16 unless said; several copies of W rotate so that W (not x or y) comes from DRAM
      * on every call unless it is one huge matrix anyway. */
@@ -177,7 +187,8 @@ int main(int argc, char **argv) {
         {2048, 6144, 1024, WT_BF16}, {512, 6144, 1024, WT_F32}, {512, 6144, 1024, WT_F16},
         {1, 6144, 1024, WT_F32},    {1, 6144, 1024, WT_F16},
     };
-    printf("%-28s %9s %9s %7s %9s %7s\n", "case (M x N x K, type)", "ms", "GB/s W", "of bw", "GFLOP/s", "of peak");
+    printf("%-26s %8s %8s %6s %8s %7s  %s\n", "case (M x N x K, type)", "ms(med)", "GB/s W", "of bw", "GFLOP/s",
+           "of peak", "best ms | bw, peak around it");
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         int M = cases[ci].M, N = cases[ci].N, K = cases[ci].K;
         wtype wt = cases[ci].wt;
@@ -207,6 +218,7 @@ int main(int argc, char **argv) {
         if (reps < 5) reps = 5;
         if (reps > 2000) reps = 2000;
         double *ts = malloc(sizeof(double) * reps);
+        double pk = measure_peak(tp, width), bwc = measure_bw(tp, buf, bw_bytes, 2);
         cpu_matmul(tp, y, x, w, wt, M, N, K); /* warm-up: page faults, panel TLS */
         for (int r = 0; r < reps; r++) {
             const void *wr = (const char *)w + (size_t)(r % copies) * wbytes;
@@ -214,16 +226,19 @@ int main(int argc, char **argv) {
             cpu_matmul(tp, y, x, wr, wt, M, N, K);
             ts[r] = now() - t;
         }
+        double pk2 = measure_peak(tp, width), bw2 = measure_bw(tp, buf, bw_bytes, 2);
+        if (pk2 > pk) pk = pk2;
+        if (bw2 > bwc) bwc = bw2;
         qsort(ts, reps, sizeof(double), cmp_d);
         double t = ts[reps / 2], tmin = ts[0];
-        printf("%-28s %9.3f %9.1f %6.0f%% %9.1f %6.0f%%   (best %.3f ms: %.1f GB/s, %.1f GFLOP/s)\n", label, t * 1e3,
-               wbytes / t / 1e9, 100 * wbytes / t / 1e9 / bw, flops / t / 1e9, peak > 0 ? 100 * flops / t / 1e9 / peak : 0,
-               tmin * 1e3, wbytes / tmin / 1e9, flops / tmin / 1e9);
+        printf("%-26s %8.3f %8.1f %5.0f%% %8.1f %6.0f%%  %.3f | %.0f GB/s, %.0f GFLOP/s\n", label, t * 1e3, wbytes / t / 1e9,
+               100 * wbytes / t / 1e9 / bwc, flops / t / 1e9, pk > 0 ? 100 * flops / t / 1e9 / pk : 0, tmin * 1e3, bwc, pk);
         free(ts);
         free(w);
         free(x);
         free(y);
     }
+    free(buf);
     tp_destroy(tp);
     return 0;
 }
