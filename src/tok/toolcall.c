@@ -1026,6 +1026,7 @@ typedef struct {
 enum { P_TEXT, P_XML, P_JSON, P_CLOSE };
 enum { X_OPEN, X_NAME, X_BODY, X_PNAME, X_PVSTART, X_PVALUE };
 enum { J_OPEN, J_OBJ };
+enum { JS_UNDECIDED, JS_STREAM, JS_OTHER };
 enum { M_STREAM, M_BUFFER, M_DISCARD };
 enum { R_WAIT, R_CONT };
 
@@ -1065,6 +1066,8 @@ struct tc_parser {
     /* J_OBJ scan */
     size_t jstart;
     int jdepth, jstr, jesc;
+    int jshape;                     /* JS_*: whether the arguments stream */
+    size_t jargs_s, jargs_e, jemit; /* the arguments object [s, e) (e = 0 until closed); sent up to jemit */
 };
 
 static const char T_CALL[] = "<tool_call>", T_CALL_END[] = "</tool_call>",
@@ -1508,6 +1511,64 @@ static const char *json_call(const tc_parser *p, json_t *root, sb *args) {
     return ok ? json_string_value(name) : NULL;
 }
 
+/* The usual shape, {"name": "NAME", "arguments": {…}} (or "parameters"), lets a call stream: the name
+ * as soon as its string closes, then the arguments object's own text as it comes (what vLLM's hermes
+ * parser streams). Returns 0 (another shape), 1 (consistent so far), 2 (matched; *args_at = the
+ * arguments' '{'). *name_s and *name_e are set once the name string is closed. */
+static int hermes_shape(const sb *b, size_t i, size_t *name_s, size_t *name_e, size_t *args_at) {
+    const char *s = b->p;
+    size_t n = b->n;
+#define LIT(str)                                                                                             \
+    for (const char *l_ = (str); *l_; l_++, i++) {                                                           \
+        if (i >= n) return 1;                                                                                \
+        if (s[i] != *l_) return 0;                                                                           \
+    }
+#define BLANKS() i = skip_blank(b, i)
+    i++; /* '{' */
+    BLANKS();
+    LIT("\"name\"");
+    BLANKS();
+    LIT(":");
+    BLANKS();
+    LIT("\"");
+    size_t ns = i;
+    for (; i < n && s[i] != '"'; i++)
+        if (s[i] == '\\' || (unsigned char)s[i] < 0x20 || i - ns > NAME_MAX_LEN)
+            return 0; /* escapes: jansson decodes */
+    if (i >= n) return 1;
+    *name_s = ns;
+    *name_e = i++;
+    BLANKS();
+    LIT(",");
+    BLANKS();
+    LIT("\"");
+    if (i >= n) return 1;
+    if (s[i] == 'a') {
+        LIT("arguments\"");
+    } else {
+        LIT("parameters\"");
+    }
+    BLANKS();
+    LIT(":");
+    BLANKS();
+    if (i >= n) return 1;
+    if (s[i] != '{') return 0;
+    *args_at = i;
+    return 2;
+#undef LIT
+#undef BLANKS
+}
+
+/* A call that failed its final check after TC_EV_CALL_BEGIN: abort it, then treat its tag as content
+ * exactly as when it was never begun (so the result does not depend on when BEGIN went out). */
+static int json_reject(tc_parser *p, tc_event_cb cb, void *ud) {
+    if (p->begun && cb) {
+        tc_event e = {TC_EV_CALL_ABORT, p->index, p->id, p->name, NULL, 0};
+        cb(&e, ud);
+    }
+    return not_a_call(p, TLEN(T_CALL), cb, ud);
+}
+
 static int json_step(tc_parser *p, int final, tc_event_cb cb, void *ud) {
     sb *b = &p->buf;
     if (p->sub == J_OPEN) {
@@ -1516,7 +1577,23 @@ static int json_step(tc_parser *p, int final, tc_event_cb cb, void *ud) {
         if (b->p[q] != '{') return not_a_call(p, TLEN(T_CALL), cb, ud);
         p->jstart = p->pos = q;
         p->jdepth = p->jstr = p->jesc = 0;
+        p->jshape = JS_UNDECIDED;
+        p->jargs_s = p->jargs_e = 0;
         p->sub = J_OBJ;
+    }
+    if (p->jshape == JS_UNDECIDED) {
+        size_t ns = SIZE_MAX, ne = SIZE_MAX, at = 0;
+        int m = hermes_shape(b, p->jstart, &ns, &ne, &at);
+        if (ne != SIZE_MAX && !p->begun) {
+            if (ne == ns || (p->have_tools && !find_func(p, b->p + ns, ne - ns)))
+                return not_a_call(p, TLEN(T_CALL), cb, ud);
+            call_begin(p, b->p + ns, ne - ns, cb, ud);
+        }
+        if (m == 2) {
+            p->jshape = JS_STREAM;
+            p->jargs_s = p->jemit = at;
+        } else if (m == 0)
+            p->jshape = JS_OTHER;
     }
     /* the object's extent by bracket depth outside strings; jansson judges it afterwards */
     size_t i = p->pos;
@@ -1535,8 +1612,16 @@ static int json_step(tc_parser *p, int final, tc_event_cb cb, void *ud) {
             p->jstr = 1;
         else if (c == '{' || c == '[')
             p->jdepth++;
-        else if ((c == '}' || c == ']') && --p->jdepth == 0)
-            break;
+        else if (c == '}' || c == ']') {
+            p->jdepth--;
+            if (p->jshape == JS_STREAM && !p->jargs_e && p->jdepth == 1 && i > p->jargs_s) p->jargs_e = i + 1;
+            if (p->jdepth == 0) break;
+        }
+    }
+    if (p->jshape == JS_STREAM && p->begun) { /* the arguments' text so far, verbatim */
+        size_t upto = p->jargs_e ? p->jargs_e : i;
+        if (upto > p->jemit) ev_args(p, b->p + p->jemit, upto - p->jemit, cb, ud);
+        if (upto > p->jemit) p->jemit = upto;
     }
     if (i == b->n) {
         p->pos = i;
@@ -1545,26 +1630,35 @@ static int json_step(tc_parser *p, int final, tc_event_cb cb, void *ud) {
     size_t end = i + 1;
     json_t *root = json_loadb(b->p + p->jstart, end - p->jstart, 0, NULL);
     sb args = {0};
-    const char *name = root ? json_call(p, root, &args) : NULL;
-    int r;
-    if (!name) {
-        r = not_a_call(p, TLEN(T_CALL), cb, ud);
+    int ok;
+    if (p->jshape == JS_STREAM) {
+        /* what was streamed must be exactly the call's arguments, and the name the call's name */
+        json_t *name = json_object_get(root, "name");
+        json_t *a = json_object_get(root, "arguments");
+        if (!a) a = json_object_get(root, "parameters");
+        json_t *streamed =
+            p->jargs_e ? json_loadb(b->p + p->jargs_s, p->jargs_e - p->jargs_s, 0, NULL) : NULL;
+        ok = json_is_string(name) && !strcmp(json_string_value(name), p->name) && json_is_object(streamed) &&
+             json_equal(streamed, a);
+        json_decref(streamed);
     } else {
-        call_begin(p, name, strlen(name), cb, ud);
-        ev_args(p, args.p, args.n, cb, ud);
-        p->n_done++;
-        if (cb) {
-            tc_event e = {TC_EV_CALL_END, p->index, p->id, p->name, p->args.p, p->args.n};
-            cb(&e, ud);
-        }
-        call_reset(p);
-        consume(p, end);
-        p->state = P_CLOSE;
-        r = R_CONT;
+        const char *name = root ? json_call(p, root, &args) : NULL;
+        ok = name && (!p->begun || !strcmp(name, p->name));
+        if (ok && !p->begun) call_begin(p, name, strlen(name), cb, ud);
+        if (ok) ev_args(p, args.p, args.n, cb, ud);
     }
     sb_free(&args);
     json_decref(root);
-    return r;
+    if (!ok) return json_reject(p, cb, ud);
+    p->n_done++;
+    if (cb) {
+        tc_event e = {TC_EV_CALL_END, p->index, p->id, p->name, p->args.p, p->args.n};
+        cb(&e, ud);
+    }
+    call_reset(p);
+    consume(p, end);
+    p->state = P_CLOSE;
+    return R_CONT;
 }
 
 static void process(tc_parser *p, int final, tc_event_cb cb, void *ud) {

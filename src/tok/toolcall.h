@@ -15,7 +15,10 @@ typedef enum {
      * values typed by the tool's JSON schema. A bare <function=…>…</function> block (no <tool_call>
      * wrapper, which Qwen3.5 sometimes emits) is accepted too. */
     TC_FORMAT_QWEN_XML = 0,
-    /* <tool_call>\n{"name": NAME, "arguments": {...}}\n</tool_call> (Qwen3, Qwen3-Next, Hermes). */
+    /* <tool_call>\n{"name": NAME, "arguments": {...}}\n</tool_call> (Qwen3, Qwen3-Next, Hermes). In the
+     * usual key order the name goes out when its string closes and the arguments stream as the model's
+     * own JSON text (as vLLM streams them); in any other shape the call is sent when its object closes,
+     * with the arguments written as Python's json.dumps would (vLLM's non-streaming form). */
     TC_FORMAT_HERMES_JSON = 1,
 } tc_format;
 
@@ -25,8 +28,10 @@ typedef enum {
     TC_EV_CALL_ARGS = 2,  /* index, text, len: the next fragment of the call's arguments JSON */
     TC_EV_CALL_END = 3,   /* index, id, name, text, len: the call is complete; text = all its arguments
                            * (a JSON object, always equal to the concatenated ARGS fragments) */
-    TC_EV_CALL_ABORT = 4, /* index: a begun call never completed (the stream ended inside it); its raw
-                           * text follows as TC_EV_CONTENT. Only tc_finish emits it. */
+    TC_EV_CALL_ABORT = 4, /* index: a begun call turned out not to be one — the stream ended inside it,
+                           * or (JSON) its object was invalid once complete; its text follows as
+                           * TC_EV_CONTENT. A server that streamed it cannot take it back: it may send
+                           * the content after it, as vLLM does. */
 } tc_event_kind;
 
 typedef struct tc_event {

@@ -44,6 +44,8 @@ typedef struct {
 static void check_args(const char *s, size_t n) {
     json_error_t e;
     json_t *j = json_loadb(s, n, JSON_DECODE_INT_AS_REAL | JSON_ALLOW_NUL, &e);
+    /* jansson cannot hold a key with U+0000 (valid JSON, and what json.dumps writes for it) */
+    if (!j && strstr(e.text, "NUL byte in object key")) return;
     if (!json_is_object(j)) {
         fprintf(stderr, "arguments are not a JSON object: %.*s (%s)\n", (int)n, s, e.text);
         abort();
@@ -153,9 +155,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const char *nm = names[seed % 9];
     int r = tc_convert_value(props, nm, (const char *)t, n < 4096 ? n : 4096, out, cap);
     if (r >= 0) {
+        json_error_t e;
         json_t *j =
-            json_loadb(out, (size_t)r, JSON_DECODE_ANY | JSON_DECODE_INT_AS_REAL | JSON_ALLOW_NUL, NULL);
-        if (!j) {
+            json_loadb(out, (size_t)r, JSON_DECODE_ANY | JSON_DECODE_INT_AS_REAL | JSON_ALLOW_NUL, &e);
+        if (!j && !strstr(e.text, "NUL byte in object key")) {
             fprintf(stderr, "conversion of [%.*s] as %s is not JSON: %s\n", (int)n, t, nm, out);
             abort();
         }

@@ -352,8 +352,8 @@ TEST(tc_streams_before_the_end) {
 /* ---- Hermes JSON */
 
 TEST(tc_json_calls) {
-    /* hermes extract_tool_calls: arguments = json.dumps(arguments, ensure_ascii=False), content = the
-     * text before the first <tool_call>. */
+    /* hermes: content is the text before <tool_call>. In the usual key order the arguments are the
+     * model's own text (what vLLM's streaming path sends, brace-matched). */
     CHECK_TC(JSN, TOOLS,
              "Checking.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
              "{\"city\":\"Zürich\",\"scale\":1.50,"
@@ -361,32 +361,69 @@ TEST(tc_json_calls) {
              "tool_call>\n<tool_call>\n{\"name\":\"list_files\",\"arguments\":{}}\n"
              "</tool_call>",
              .content = "Checking.\n", .n = 2, .names = {"get_weather", "list_files"},
-             .args = {"{\"city\": \"Zürich\", \"scale\": 1.5, \"tags\": [\"a\", {\"b\": null}]}", "{}"});
+             .args = {"{\"city\":\"Zürich\",\"scale\":1.50,\"tags\":[\"a\",{\"b\":null}]}", "{}"});
     /* Braces inside strings do not end the object. */
     CHECK_TC(JSN, TOOLS,
              "<tool_call>{\"name\": \"write_file\", \"arguments\": {\"content\": \"} </tool_call> "
              "{\"}}</tool_call>",
              .content = "", .n = 1, .names = {"write_file"}, .args = {"{\"content\": \"} </tool_call> {\"}"});
-    /* Arguments given as a JSON string are unwrapped into the object OpenAI clients expect. */
+    /* Other shapes: json.dumps(arguments, ensure_ascii=False), vLLM's non-streaming form. Arguments given
+     * as a JSON string are unwrapped into the object OpenAI clients expect. */
     CHECK_TC(JSN, TOOLS,
              "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": \"{\\\"days\\\": 2}\"}\n</tool_call>",
              .content = "", .n = 1, .names = {"get_weather"}, .args = {"{\"days\": 2}"});
+    CHECK_TC(JSN, TOOLS,
+             "<tool_call>\n{\"arguments\": {\"city\":\"Z\\u00fcrich\",\"scale\":1.50}, \"name\": "
+             "\"get_weather\"}\n"
+             "</tool_call>",
+             .content = "", .n = 1, .names = {"get_weather"},
+             .args = {"{\"city\": \"Zürich\", \"scale\": 1.5}"});
+    CHECK_TC(JSN, TOOLS, "<tool_call>\n{\"name\": \"list_files\"}\n</tool_call>", .content = "", .n = 1,
+             .names = {"list_files"}, .args = {"{}"});
+}
+
+TEST(tc_json_streams_name_first) {
+    outcome o;
+    memset(&o, 0, sizeof o);
+    tc_parser *p;
+    REQUIRE(!tc_create(&p, JSN, TOOLS, strlen(TOOLS), NULL, 0));
+    const char *a = "<tool_call>\n{\"name\": \"write_file\", \"arguments\": {\"content\": \"long te";
+    tc_feed(p, a, strlen(a), on_ev, &o);
+    CHECK_EQ_INT(o.n_begun, 1);
+    CHECK(!strcmp(o.names[0], "write_file"));
+    CHECK(o.streamed[0].p && !strcmp(o.streamed[0].p, "{\"content\": \"long te"));
+    const char *b = "xt\"}}\n</tool_call>";
+    tc_feed(p, b, strlen(b), on_ev, &o);
+    CHECK_EQ_INT(o.n_done, 1);
+    CHECK(o.args[0].p && !strcmp(o.args[0].p, "{\"content\": \"long text\"}"));
+    tc_finish(p, on_ev, &o);
+    CHECK(!o.bad);
+    tc_free(p);
+    outcome_free(&o);
 }
 
 TEST(tc_json_malformed_degrades) {
-    /* vLLM: a json.loads failure makes the whole output content. */
+    /* vLLM: a json.loads failure makes the whole output content. A call already begun (name streamed)
+     * is aborted first. */
     const char *t1 =
         "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": Paris}}\n</tool_call>";
-    CHECK_TC(JSN, TOOLS, t1, .content = t1, .n = 0);
+    CHECK_TC(JSN, TOOLS, t1, .content = t1, .n = 0, .aborted = 1);
     const char *t2 = "<tool_call>\n{\"name\": \"nope\", \"arguments\": {}}\n</tool_call>";
     CHECK_TC(JSN, TOOLS, t2, .content = t2, .n = 0);
     const char *t3 = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Par";
-    CHECK_TC(JSN, TOOLS, t3, .content = t3, .n = 0);
+    CHECK_TC(JSN, TOOLS, t3, .content = t3, .n = 0, .aborted = 1);
     const char *t4 = "Use <tool_call> like this: <tool_call>[1]</tool_call>";
     CHECK_TC(JSN, TOOLS, t4, .content = t4, .n = 0);
     /* The XML form is not a call in the JSON format. */
     const char *t5 = "<function=get_weather>\n</function>";
     CHECK_TC(JSN, TOOLS, t5, .content = t5, .n = 0);
+    /* A second "name" that contradicts the streamed one. */
+    const char *t6 =
+        "<tool_call>{\"name\": \"list_files\", \"arguments\": {}, \"name\": \"write_file\"}</tool_call>";
+    CHECK_TC(JSN, TOOLS, t6, .content = t6, .n = 0, .aborted = 1);
+    /* A mismatched bracket inside the arguments. */
+    const char *t7 = "<tool_call>{\"name\": \"list_files\", \"arguments\": {\"a\": [}]}</tool_call>";
+    CHECK_TC(JSN, TOOLS, t7, .content = t7, .n = 0, .aborted = 1);
 }
 
 /* ---- value conversion, one by one */
