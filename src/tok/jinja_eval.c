@@ -1140,8 +1140,9 @@ static jv str_method(ctx *c, const node *at, jstr s, jstr name, args *A) {
                     if (auto_idx >= A->npos) fail(c, at, "Replacement index %d out of range for positional args tuple", auto_idx);
                     v = A->pos[auto_idx++];
                 } else if (isdigit((unsigned char)field.p[0])) {
-                    int k = atoi(field.p);
-                    if (k >= A->npos) fail(c, at, "Replacement index %d out of range for positional args tuple", k);
+                    long k = 0;
+                    for (size_t z = 0; z < field.n && isdigit((unsigned char)field.p[z]) && k <= A->npos; z++) k = k * 10 + (field.p[z] - '0');
+                    if (k >= A->npos) fail(c, at, "Replacement index %ld out of range for positional args tuple", k);
                     v = A->pos[k];
                 } else {
                     v = jv_undef();

@@ -540,7 +540,11 @@ static void repr_depth(jbuf *b, jv v, int depth) {
     case JV_MACRO: jb_puts(b, "<Macro>"); return;
     case JV_FUNC: jb_puts(b, "<function>"); return;
     case JV_METHOD: jb_puts(b, "<built-in method>"); return;
-    default: str_depth(b, v, depth); return;
+    case JV_NONE:
+    case JV_BOOL:
+    case JV_INT:
+    case JV_FLOAT: str_depth(b, v, depth); return;
+    default: CI_ASSERT(!"value of unknown type"); return;
     }
 }
 

@@ -511,6 +511,10 @@ TEST(template_errors_have_line_and_column) {
     /* raise_exception: exactly the message, no position, CINFER_EINVAL */
     got = render("x{% if true %}{{ raise_exception('Conversation roles must alternate user/assistant/...') }}{% endif %}", "{}");
     CHECK(!strcmp(got, "ERR:-1:Conversation roles must alternate user/assistant/..."));
+    /* a huge str.format index (found by the fuzzer) is an error, not a wild read */
+    got = render("{{ '{55555555555555555555555}'.format('y') }}", "{}");
+    CHECK_STR_CONTAINS(got, "ERR:-1:1:");
+    CHECK_STR_CONTAINS(got, "out of range");
     /* bad context JSON */
     got = render("{{ 1 }}", "[1, 2]");
     CHECK_STR_CONTAINS(got, "ERR:-4:");
