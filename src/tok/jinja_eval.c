@@ -509,6 +509,8 @@ static jv get_item(ctx *c, const node *at, jv obj, jv key) {
     return mk_undef(UND_ELEM, obj.t, kt.u.s.p, kt.u.s.n);
 }
 
+static jv percent_format(ctx *c, const node *at, jstr fmt, jv argv);
+
 /* ---- arithmetic and comparison ---- */
 static jv arith(ctx *c, const node *at, int op, jv x, jv y) {
     if (x.t == JV_UNDEF) fail_undef(c, at, x);
@@ -610,7 +612,7 @@ static jv arith(ctx *c, const node *at, int op, jv x, jv y) {
     if (op == '+' && x.t == JV_LIST)
         fail(c, at, "can only concatenate %s (not \"%s\") to %s", x.u.l->tuple ? "tuple" : "list",
              y.t == JV_LIST && y.u.l->tuple ? "tuple" : tname(y), x.u.l->tuple ? "tuple" : "list");
-    if (op == '%' && x.t == JV_STR) fail(c, at, "printf-style string formatting is not supported");
+    if (op == '%' && x.t == JV_STR) return percent_format(c, at, x.u.s, y);
     fail(c, at, "unsupported operand type(s) for %s: '%s' and '%s'", opname, tname(x), tname(y));
 }
 
@@ -1333,6 +1335,84 @@ static jv call_method(ctx *c, const node *at, jmethod *me, args *A) {
     fail(c, at, "'%s' object has no attribute '%.*s'", tname(self), (int)name.n, name.p);
 }
 
+/* Python's printf-style `fmt % args` for %s %r %d %i %f %F %e %E %g %G %x %X %o %c %%, with flags, width and
+ * precision; the `format` filter and the % operator on strings use it. */
+static jv percent_format(ctx *c, const node *at, jstr fmt, jv argv) {
+    jlist one = {1, 1, &argv, 1};
+    jlist *vals = argv.t == JV_LIST && argv.u.l->tuple ? argv.u.l : &one;
+    size_t k = 0;
+    jbuf b;
+    jb_init(&b, c->a, c->lim->max_output);
+    for (size_t i = 0; i < fmt.n; i++) {
+        if (fmt.p[i] != '%') {
+            jb_putc(&b, fmt.p[i]);
+            continue;
+        }
+        char spec[32];
+        size_t sn = 0;
+        spec[sn++] = '%';
+        i++;
+        while (i < fmt.n && strchr("-+ #0", fmt.p[i]) && sn < 8) spec[sn++] = fmt.p[i++];
+        while (i < fmt.n && isdigit((unsigned char)fmt.p[i]) && sn < 14) spec[sn++] = fmt.p[i++];
+        if (i < fmt.n && fmt.p[i] == '.') {
+            spec[sn++] = fmt.p[i++];
+            while (i < fmt.n && isdigit((unsigned char)fmt.p[i]) && sn < 20) spec[sn++] = fmt.p[i++];
+        }
+        if (i >= fmt.n) fail(c, at, "incomplete format");
+        char conv = fmt.p[i];
+        if (conv == '%') {
+            jb_putc(&b, '%');
+            continue;
+        }
+        if (k >= vals->n) fail(c, at, "not enough arguments for format string");
+        jv v = vals->v[k++];
+        char out[512];
+        if (conv == 's' || conv == 'r' || conv == 'a') {
+            jbuf sb;
+            jb_init(&sb, c->a, c->lim->max_output);
+            if (conv == 's') jv_str_into(&sb, v);
+            else jv_repr_into(&sb, v);
+            jstr t = jb_str(&sb);
+            spec[sn] = 0;
+            /* width/precision in code points are rare in templates; bytes are used */
+            int width = atoi(spec + 1 + (spec[1] == '-'));
+            int left = spec[1] == '-';
+            int pad = width > (int)t.n ? width - (int)t.n : 0;
+            if (pad > 4096) pad = 4096;
+            if (!left)
+                for (int z = 0; z < pad; z++) jb_putc(&b, ' ');
+            jb_put(&b, t.p, t.n);
+            if (left)
+                for (int z = 0; z < pad; z++) jb_putc(&b, ' ');
+            continue;
+        }
+        if (strchr("dicxXo", conv)) {
+            if (v.t == JV_FLOAT && conv != 'c' && conv != 'x' && conv != 'X' && conv != 'o') v = jv_int((int64_t)v.u.f);
+            if (v.t != JV_INT && v.t != JV_BOOL) fail(c, at, "%%%c format: a number is required, not %s", conv, tname(v));
+            if (conv == 'c') {
+                if (v.u.i < 0 || v.u.i > 0x10ffff) fail(c, at, "%%c arg not in range(0x110000)");
+                u8_encode(&b, (uint32_t)v.u.i);
+                continue;
+            }
+            spec[sn++] = 'l';
+            spec[sn++] = 'l';
+            spec[sn++] = conv == 'i' ? 'd' : conv;
+            spec[sn] = 0;
+            snprintf(out, sizeof out, spec, (long long)v.u.i);
+        } else if (strchr("fFeEgG", conv)) {
+            if (!jv_is_num(v)) fail(c, at, "must be real number, not %s", tname(v));
+            spec[sn++] = conv;
+            spec[sn] = 0;
+            snprintf(out, sizeof out, spec, jv_num(v));
+        } else {
+            fail(c, at, "unsupported format character '%c'", conv);
+        }
+        jb_puts(&b, out);
+    }
+    if (k < vals->n && argv.t == JV_LIST && argv.u.l->tuple) fail(c, at, "not all arguments converted during string formatting");
+    return mkstr(c, &b);
+}
+
 /* ---- filters ---- */
 static int64_t py_len(ctx *c, const node *at, jv v) {
     switch (v.t) {
@@ -1822,6 +1902,11 @@ static jv apply_filter(ctx *c, scope *s, const node *at, jstr name, jv v, args *
         args CA = {&w, 1, NULL, NULL, 0};
         return call_method(c, at, &m, &CA);
     }
+    if (streq(name, "format")) {
+        jv t = jv_list(c->a, (size_t)A->npos, 1);
+        for (int i = 0; i < A->npos; i++) jl_push(c->a, t.u.l, A->pos[i]);
+        return percent_format(c, at, str_of(c, v).u.s, t);
+    }
     if (streq(name, "attr")) {
         jv nm = arg_get(A, 0, "name", jv_undef());
         if (nm.t != JV_STR) fail(c, at, "attr name must be a string");
@@ -1835,7 +1920,7 @@ static const char *const filter_names[] = {"length", "count", "safe", "default",
                                            "list", "first", "last", "join", "int", "float", "abs", "round",
                                            "selectattr", "rejectattr", "select", "reject", "map", "unique",
                                            "reverse", "sort", "min", "max", "sum", "indent", "e", "escape",
-                                           "forceescape", "wordcount", "batch", "center", "attr", NULL};
+                                           "forceescape", "wordcount", "batch", "center", "attr", "format", NULL};
 static const char *const test_names[] = {"defined", "undefined", "none", "string", "number", "integer", "float",
                                          "mapping", "sequence", "iterable", "boolean", "true", "false", "odd",
                                          "even", "divisibleby", "equalto", "eq", "==", "ne", "!=", "lt", "<", "le",
