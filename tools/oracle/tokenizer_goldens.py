@@ -165,7 +165,36 @@ def bpe_model(vocab, merges, pairs=True, **kw):
     return m
 
 
+def hf_ids(model, added_tokens):
+    """Gives added tokens the ids HF's add_tokens assigns (the vocabulary's id where the content is a token,
+    else the next id after the vocabulary), so the files' ids are the ones the library uses."""
+    nxt = len(model["vocab"])
+    seen = {}
+    for a in added_tokens:
+        if a["content"] in seen:
+            a["id"] = seen[a["content"]]
+        elif a["content"] in model["vocab"]:
+            a["id"] = model["vocab"][a["content"]]
+        else:
+            a["id"] = nxt
+            nxt += 1
+        seen[a["content"]] = a["id"]
+    return added_tokens
+
+
 def tok_json(model, added_tokens, normalizer=None, pre=None, post=None, decoder=None):
+    added_tokens = hf_ids(model, [dict(a) for a in added_tokens])
+    by_content = {a["content"]: a["id"] for a in added_tokens}
+
+    def fix(p):  # template special tokens carry the ids their contents got
+        if not p:
+            return
+        if p.get("type") == "TemplateProcessing":
+            for name, st in p["special_tokens"].items():
+                st["ids"] = [by_content.get(name, model["vocab"].get(name, st["ids"][0]))]
+        for q in p.get("processors", []):
+            fix(q)
+    fix(post)
     return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added_tokens,
             "normalizer": normalizer, "pre_tokenizer": pre, "post_processor": post, "decoder": decoder,
             "model": model}
