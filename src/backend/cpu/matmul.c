@@ -365,7 +365,7 @@ static A256 AINL float hsum256x2(__m256 lo, __m256 hi) {
     return _mm_cvtss_f32(s1);
 }
 
-static A256 AINL void mk256(const int R, const int C, const int wt, const float *x, long ldx, int rv,
+static A256 AINL void mk256(const int R, const int C, const int wt, const int PF, const float *x, long ldx, int rv,
                             const void *w, long ldw, int cv, int K, float *y, long ldy) {
     const float *xp[MK_MAXR];
     const void *wp[MK_MAXC];
@@ -379,8 +379,13 @@ static A256 AINL void mk256(const int R, const int C, const int wt, const float 
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 8
         for (int c = 0; c < C; c++) acc[r][c][0] = acc[r][c][1] = _mm256_setzero_ps();
+    const size_t pfd = (size_t)C * (size_t)ldw * es; /* as in mk512 */
     long k = 0;
     for (; k + 16 <= K; k += 16) {
+        if (PF) {
+#pragma GCC unroll 8
+            for (int c = 0; c < C; c++) _mm_prefetch((const char *)wp[c] + (size_t)k * es + pfd, _MM_HINT_T0);
+        }
 #pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
             __m256 wv[MK_MAXC];
@@ -389,6 +394,7 @@ static A256 AINL void mk256(const int R, const int C, const int wt, const float 
 #pragma GCC unroll 8
             for (int r = 0; r < R; r++) {
                 __m256 xv = _mm256_loadu_ps(xp[r] + k + 8 * h);
+                __asm__("" : "+x"(xv)); /* as in mk512 */
 #pragma GCC unroll 8
                 for (int c = 0; c < C; c++) acc[r][c][h] = _mm256_fmadd_ps(xv, wv[c], acc[r][c][h]);
             }
@@ -419,11 +425,17 @@ static A256 AINL void mk256(const int R, const int C, const int wt, const float 
             if (r < rv && c < cv) y[(long)r * ldy + c] = hsum256x2(acc[r][c][0], acc[r][c][1]);
 }
 
-#define K256_C 2
+/* 16 ymm: blocked 2 rows x 3 columns (12 accumulators, each output owning two 8-lane halves); decode 1 x 4
+ * and 2 x 3, prefetching the next group of W. */
+#define K256_C 3
 #define DEF256(WT, WN, R)                                                                                 \
     static A256 void k256_##WN##_##R(const float *x, long ldx, int rv, const void *w, long ldw, int cv,   \
                                      int K, float *y, long ldy) {                                          \
-        mk256(R, K256_C, WT, x, ldx, rv, w, ldw, cv, K, y, ldy);                                          \
+        mk256(R, K256_C, WT, 0, x, ldx, rv, w, ldw, cv, K, y, ldy);                                       \
+    }                                                                                                     \
+    static A256 void d256_##WN##_##R(const float *x, long ldx, int rv, const void *w, long ldw, int cv,   \
+                                     int K, float *y, long ldy) {                                          \
+        mk256(R, R == 1 ? 4 : 3, WT, 1, x, ldx, rv, w, ldw, cv, K, y, ldy);                               \
     }
 #define DEF256_ALL(WT, WN) DEF256(WT, WN, 1) DEF256(WT, WN, 2)
 DEF256_ALL(WT_F32, f32)
@@ -440,8 +452,8 @@ static A256 void cvt256(float *dst, const void *src, wtype wt, int K, int Kp) {
 static const mm_kernels kern_avx2 = {
     "avx2", 2, K256_C,
     {{NULL, k256_f32_1, k256_f32_2}, {NULL, k256_bf16_1, k256_bf16_2}, {NULL, k256_f16_1, k256_f16_2}},
-    2, {0, K256_C, K256_C},
-    {{NULL, k256_f32_1, k256_f32_2}, {NULL, k256_bf16_1, k256_bf16_2}, {NULL, k256_f16_1, k256_f16_2}},
+    2, {0, 4, 3},
+    {{NULL, d256_f32_1, d256_f32_2}, {NULL, d256_bf16_1, d256_bf16_2}, {NULL, d256_f16_1, d256_f16_2}},
     {NULL},
     cvt256,
 };
@@ -638,7 +650,9 @@ void cpu_matmul(threadpool *tp, float *y, const float *x, const void *w, wtype w
         long most = (N + 8 * nth - 1) / (8 * nth);
         j.path = PATH_DEC;
         j.chunk = round_up(c < most ? c : most, kt->dec_c[M]);
-    } else if (wt != WT_F32 && kt->C * Kp > PANEL_FLOATS) {
+    } else if (M <= DEC_MAXR || (wt != WT_F32 && kt->C * Kp > PANEL_FLOATS)) {
+        /* A few rows past the decode kernels (AVX2: 3-8) convert each vector of W for too few FMAs to pay for
+         * a panel; and K too long for a panel has no choice. */
         j.path = PATH_BLK;
         j.chunk = round_up((N + 8 * nth - 1) / (8 * nth), kt->C);
     } else {
