@@ -141,6 +141,9 @@ def render_chat(template, messages, add_generation_prompt=True, **kw):
                                             add_generation_prompt=add_generation_prompt, **kw)
 
 
+COND_BOUND = 3e-5
+
+
 def build(root):
     import transformers as T
     from tokenizers import Tokenizer
@@ -239,17 +242,31 @@ def build(root):
 
     # Reference numbers on the model as stored.
     model = C.load_reference_model(T.Qwen3_5ForCausalLM, out_dir)
-    seq_text = CHECK_TEXTS[1]
-    toks = tok.encode(seq_text, add_special_tokens=False).ids[:12]
-    if len(toks) != 12:
-        raise RuntimeError("sample text gave %d tokens" % len(toks))
-    lg = C.forward_logits(model, toks)
+    # A 12-token window of the check texts whose float32 reference agrees with an independent float64
+    # forward (np_reference.py) to COND_BOUND x std: see make_fixtures.py for why.
+    import np_reference as NPR
+    pool = []
+    for t in CHECK_TEXTS:
+        pool += tok.encode(t, add_special_tokens=False).ids
+    best = None
+    for start in range(0, max(1, len(pool) - 12), 3):
+        cand = pool[start:start + 12]
+        if len(cand) != 12:
+            break
+        lg_c = C.forward_logits(model, cand)
+        err = float(np.abs(lg_c.astype(np.float64) - NPR.forward64(out_dir, cand)).max() / np.std(lg_c))
+        if best is None or err < best[2]:
+            best = (cand, lg_c, err)
+        if err <= COND_BOUND:
+            break
+    toks, lg, ref_err = best
+    print("default_model len12: f32 reference vs float64 = %.2e x std" % ref_err)
     C.save_logits(os.path.join(fix_dir, "len12.npy"), lg)
     new, margin, agree, drift = C.greedy(model, chat_ids, 24)
     C.write_json(os.path.join(fix_dir, "cases.json"), {
         "model": "default_model", "class": "Qwen3_5ForCausalLM", "weights": "models/default",
         "std": float(np.std(lg)),
-        "cases": [{"name": "len12", "tokens": toks, "logits": "len12.npy", "std": float(np.std(lg)),
+        "cases": [{"name": "len12", "tokens": toks, "logits": "len12.npy", "std": float(np.std(lg)), "ref_vs_f64": ref_err,
                    "text": tok.decode(toks, skip_special_tokens=False)}],
         "greedy": [{"name": "chat", "prompt": chat_ids, "output": new, "min_margin": margin,
                     "argmax_of_full_forward_agrees": agree,

@@ -25,8 +25,11 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import common as C  # noqa: E402
+import np_reference as NPR  # noqa: E402
 
 CASE_LENGTHS = [("len1", 1), ("len10", 10), ("len64", 64), ("len150", 150)]
+COND_BOUND = 3e-5  # max |f32 reference - float64| / std accepted for a case
+COND_TRIES = 40
 GREEDY_LENGTHS = [("g1", 1), ("g7", 7), ("g70", 70)]
 N_NEW = 24
 TARGET_STD = 3.0
@@ -319,12 +322,29 @@ def build_one(spec, fixtures_root):
     before = dict(C.CALLS)
     cases, all_logits = [], []
     for i, (cname, T) in enumerate(CASE_LENGTHS):
-        toks = C.random_tokens(spec["seed"] * 100 + i, T, V)
-        lg = C.forward_logits(model, toks)
-        assert lg.shape == (T, V), lg.shape
+        # The reference must be accurate well inside the parity bound, or no float32 engine can match
+        # it: tiny random models have ill-conditioned spots (a DeltaNet read-out whose q.k nearly
+        # cancels, then a gated RMSNorm whose eps is comparable to it) where transformers' own float32
+        # result is off the exact answer by up to 1e-3 x std. So each case's tokens are redrawn until
+        # transformers' float32 logits agree with an independent float64 forward (np_reference.py,
+        # written from the spec) to COND_BOUND x std; the figure is recorded in the case.
+        best = None
+        for t in range(COND_TRIES):
+            toks = C.random_tokens(spec["seed"] * 100 + i + 1000 * t, T, V)
+            lg = C.forward_logits(model, toks)
+            assert lg.shape == (T, V), lg.shape
+            ref64 = NPR.forward64(d, toks)
+            err = float(np.abs(lg.astype(np.float64) - ref64).max() / np.std(lg))
+            if best is None or err < best[2]:
+                best = (toks, lg, err, t)
+            if err <= COND_BOUND:
+                break
+        toks, lg, err, t = best
+        C.log("%s %s: f32 reference vs float64 = %.2e x std (try %d)" % (name, cname, err, t))
         C.save_logits(os.path.join(d, cname + ".npy"), lg)
         all_logits.append(lg.reshape(-1))
-        cases.append({"name": cname, "tokens": toks, "logits": cname + ".npy", "std": float(np.std(lg))})
+        cases.append({"name": cname, "tokens": toks, "logits": cname + ".npy", "std": float(np.std(lg)),
+                      "ref_vs_f64": err})
     fwd_calls = {k: v - before.get(k, 0) for k, v in C.CALLS.items() if v - before.get(k, 0)}
     std_all = float(np.std(np.concatenate(all_logits)))
 
