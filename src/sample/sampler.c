@@ -406,6 +406,22 @@ static float exp_tail(const float *w, int n, float m, float k, float *e) {
     return acc;
 }
 
+/* The sum of e[0..n), n <= EXP_BLOCK, in the same order exp_block and exp_tail add. */
+static float sum_chunk(const float *e, int n) {
+    if (n == EXP_BLOCK) {
+        v4sf acc = V4(0.0f);
+        for (int j = 0; j < EXP_BLOCK; j += 4) {
+            v4sf y;
+            memcpy(&y, e + j, sizeof y);
+            acc += y;
+        }
+        return (acc[0] + acc[1]) + (acc[2] + acc[3]);
+    }
+    float acc = 0.0f;
+    for (int j = 0; j < n; j++) acc += e[j];
+    return acc;
+}
+
 static float exp_chunk(const float *w, int n, float m, float k, float *e) {
     return n == EXP_BLOCK ? exp_block(w, m, k, e) : exp_tail(w, n, m, k, e);
 }
@@ -423,20 +439,46 @@ static double exp_sum(const float *w, int n, float m, float k) {
     return z;
 }
 
-/* The first i where the running sum of exp((w[i] - m) * k) passes u, u in [0, exp_sum(...)): whole
- * blocks are skipped by their sums, as exp_sum added them. */
-static int exp_walk(const float *w, int n, float m, float k, double u) {
-    float e[EXP_BLOCK];
+/* sum of exp((w[i] - m) * k) over the i with lo <= w[i] < hi */
+static double exp_sum_range(const float *w, int n, float m, float k, float lo, float hi) {
+    double z = 0.0;
+    int i = 0;
+    for (; i + 4 <= n; i += 4) {
+        v4sf x;
+        memcpy(&x, w + i, sizeof x);
+        v4si in = (x >= V4(lo)) & (x < V4(hi));
+        v4sf y = (v4sf)((v4si)exp4((x - V4(m)) * V4(k)) & in);
+        z += (double)((y[0] + y[1]) + (y[2] + y[3]));
+    }
+    for (; i < n; i++)
+        if (w[i] >= lo && w[i] < hi) z += exp1((w[i] - m) * k);
+    return z;
+}
+
+/* e[i] = exp((w[i] - m) * k) for i < n (e may be w); returns the sum, added up as stored_walk does. */
+static double exp_store(const float *w, float *e, int n, float m, float k) {
+    double z = 0.0;
+    for (int i = 0; i < n; i += EXP_BLOCK) {
+        int len = n - i < EXP_BLOCK ? n - i : EXP_BLOCK;
+        exp_chunk(w + i, len, m, k, e + i);
+        z += sum_chunk(e + i, len);
+    }
+    return z;
+}
+
+/* The first i where the running sum of e[0..i] passes u, u in [0, exp_store's sum): whole blocks are
+ * skipped by their sums, computed exactly as exp_store added them. -1 when nothing has mass. */
+static int stored_walk(const float *e, int n, double u) {
     double acc = 0.0;
     int last_blk = -1;
     for (int i = 0; i < n; i += EXP_BLOCK) {
         int len = n - i < EXP_BLOCK ? n - i : EXP_BLOCK;
-        float b = exp_chunk(w + i, len, m, k, e);
+        float b = sum_chunk(e + i, len);
         if (b > 0.0f) last_blk = i;
         if (acc + b > u) {
             double a = acc;
             for (int j = 0; j < len; j++) {
-                a += e[j];
+                a += e[i + j];
                 if (u < a) return i + j;
             }
         }
@@ -444,10 +486,8 @@ static int exp_walk(const float *w, int n, float m, float k, double u) {
     }
     if (last_blk < 0) return -1;
     /* rounding left u at the very top: the last token with positive mass */
-    int len = n - last_blk < EXP_BLOCK ? n - last_blk : EXP_BLOCK;
-    exp_chunk(w + last_blk, len, m, k, e);
-    int j = len - 1;
-    while (j > 0 && !(e[j] > 0.0f)) j--;
+    int j = (n - last_blk < EXP_BLOCK ? n - last_blk : EXP_BLOCK) - 1;
+    while (j > 0 && !(e[last_blk + j] > 0.0f)) j--;
     return last_blk + j;
 }
 
@@ -526,7 +566,7 @@ static void sift_up(cand *a, int i) {
 static void heap_top(const float *w, int n, int k, cand *c) {
     int h = 0;
     for (int i = 0; i < n; i++) {
-        float v = w[i];
+        float v = w[i] == w[i] ? w[i] : -INFINITY; /* the caller's logits may hold NaN */
         if (h < k) {
             c[h] = (cand){v, i};
             sift_up(c, h++);
@@ -569,7 +609,8 @@ static int top_p_select(cand *c, int n, double target, float m, float k) {
 }
 
 typedef struct chain {
-    int have_c; /* candidates are c[0..n); else all of w */
+    const float *w; /* the logits the chain read: s->w after adjustments, or the caller's */
+    int have_c;     /* candidates are c[0..n); else all of w */
     cand *c;
     int n;
     int sorted; /* c is best-first */
@@ -590,9 +631,15 @@ static int gather(const float *w, int V, float lo, float hi, cand *c, int n) {
  * no finite maximum), else -1 with the surviving candidates described by *ch. */
 static int32_t run_chain(sampler *s, const float *logits, chain *ch) {
     const sampler_params *p = &s->p;
-    const float *w = s->w;
+    const float *w = logits;
     int V = s->n_vocab;
-    load_adjusted(s, logits);
+    /* Nothing to adjust: work on the caller's logits directly and skip a copy of the vocabulary (the
+     * steps below read NaN as never-the-max and zero mass). XTC may remove tokens from w: it needs the
+     * copy. */
+    if (p->n_logit_bias || s->rep_count || s->out_count || p->xtc_probability > 0.0f) {
+        load_adjusted(s, logits);
+        w = s->w;
+    }
     if (p->temperature < SAMPLER_GREEDY_TEMP) return argmax_first(w, V);
     float m = max_f(w, V), T = p->temperature, inv_t = 1.0f / T;
     if (!isfinite(m)) return argmax_first(w, V); /* all -inf, or a +inf logit: nothing to weigh */
@@ -607,7 +654,7 @@ static int32_t run_chain(sampler *s, const float *logits, chain *ch) {
         if (n <= TOP_K_HEAP_MAX) {
             heap_top(w, V, n, c);
         } else {
-            for (int i = 0; i < V; i++) c[i] = (cand){w[i], i};
+            for (int i = 0; i < V; i++) c[i] = (cand){w[i] == w[i] ? w[i] : -INFINITY, i};
             select_top(c, V, n);
         }
         have_c = 1;
@@ -639,7 +686,10 @@ static int32_t run_chain(sampler *s, const float *logits, chain *ch) {
                 float lo = V <= TOP_P_SORT_ALL ? -INFINITY : m - d * T;
                 if (lo < floor) lo = floor;
                 int k = gather(w, V, lo, hi, c, n1);
-                for (int i = n1; i < k; i++) mass += wexp(c[i].l, m, inv_t);
+                if (k - n1 > V / 8) /* a wide gather: one vector pass beats that many scalar exps */
+                    mass += exp_sum_range(w, V, m, inv_t, lo, hi);
+                else
+                    for (int i = n1; i < k; i++) mass += wexp(c[i].l, m, inv_t);
                 n1 = k;
                 hi = lo;
                 if (mass >= target || lo <= floor || n1 == V) break;
@@ -702,12 +752,14 @@ static int32_t run_chain(sampler *s, const float *logits, chain *ch) {
                 int wst = 0;
                 for (int j = 1; j < k; j++)
                     if (better(&c[wst], &c[j])) wst = j;
+                CI_ASSERT(w == s->w);
                 for (int j = 0; j < k; j++)
                     if (j != wst) s->w[c[j].id] = -INFINITY;
                 m = c[wst].l;
             }
         }
     }
+    ch->w = w;
     ch->have_c = have_c;
     ch->c = c;
     ch->n = n;
@@ -747,7 +799,17 @@ int32_t sampler_sample(sampler *s, const float *logits, sampler_result *res) {
     chain ch;
     int32_t tok = run_chain(s, logits, &ch);
     if (tok < 0) {
-        if (ch.have_c) {
+        if (ch.have_c && ch.n > 4096) {
+            /* a wide set (flat distributions under min_p or top_p): lay the logits out flat in the
+             * scratch (w is not read again) and use the vector exp */
+            cand *c = ch.c;
+            int n = ch.n;
+            float mc = c[argmax_c(c, n)].l;
+            for (int i = 0; i < n; i++) s->w[i] = c[i].l;
+            double z = exp_store(s->w, s->w, n, mc, ch.inv_t);
+            int i = stored_walk(s->w, n, rng_uniform(&s->r) * z);
+            tok = c[i >= 0 ? i : argmax_c(c, n)].id;
+        } else if (ch.have_c) {
             cand *c = ch.c;
             int n = ch.n;
             float mc = c[argmax_c(c, n)].l; /* m, unless XTC removed the head */
@@ -768,9 +830,10 @@ int32_t sampler_sample(sampler *s, const float *logits, sampler_result *res) {
             }
             if (tok < 0) tok = c[last].id; /* rounding left u at the very top: the last positive mass */
         } else {
-            double z = exp_sum(s->w, s->n_vocab, ch.m, ch.inv_t);
-            int i = exp_walk(s->w, s->n_vocab, ch.m, ch.inv_t, rng_uniform(&s->r) * z);
-            tok = i >= 0 ? i : argmax_first(s->w, s->n_vocab);
+            /* one exp pass, stored: the walk then only adds (s->w is this step's scratch) */
+            double z = exp_store(ch.w, s->w, s->n_vocab, ch.m, ch.inv_t);
+            int i = stored_walk(s->w, s->n_vocab, rng_uniform(&s->r) * z);
+            tok = i >= 0 ? i : argmax_first(ch.w, s->n_vocab);
         }
     }
     if (res) {
@@ -795,7 +858,7 @@ int sampler_candidates(sampler *s, const float *logits, int32_t *ids, float *pro
     cand *c = ch.c;
     int n = ch.n;
     /* -FLT_MAX leaves out the -inf entries: zero mass, and where XTC removed tokens from w */
-    if (!ch.have_c) n = gather(s->w, s->n_vocab, -FLT_MAX, INFINITY, c, 0);
+    if (!ch.have_c) n = gather(ch.w, s->n_vocab, -FLT_MAX, INFINITY, c, 0);
     if (!ch.sorted) sort_desc(c, n);
     float mc = c[0].l;
     double z = 0.0;
