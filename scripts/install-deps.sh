@@ -41,3 +41,19 @@ if [ "$(cat "$tok_stamp" 2>/dev/null)" != "${tok_pkgs[*]}" ]; then
     --loglevel=error "${tok_pkgs[@]}" >/dev/null
   echo "${tok_pkgs[*]}" >"$tok_stamp"
 fi
+
+# `cinfer serve`: libmicrohttpd, and the official SDKs the end-to-end tests drive it with (tests/e2e),
+# pinned, into the ignored third_party/npm/e2e/.
+dpkg-query -W -f='${Status}' libmicrohttpd-dev 2>/dev/null | grep -q "install ok installed" || {
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends libmicrohttpd-dev >/dev/null
+}
+e2e_pkgs=(openai@7.55.0 @anthropic-ai/sdk@1.10.0)
+e2e_root="$(cd "$(dirname "$0")/.." && pwd)/third_party/npm/e2e"
+if [ "$(cat "$e2e_root/.installed" 2>/dev/null)" != "${e2e_pkgs[*]}" ]; then
+  command -v npm >/dev/null || ${SUDO:-} apt-get install -y -qq --no-install-recommends npm >/dev/null
+  mkdir -p "$e2e_root"
+  npm install --prefix "$e2e_root" --no-save --no-package-lock --ignore-scripts --no-audit --no-fund \
+    --loglevel=error "${e2e_pkgs[@]}" >/dev/null
+  echo "${e2e_pkgs[*]}" >"$e2e_root/.installed"
+fi
