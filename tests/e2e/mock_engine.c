@@ -140,8 +140,8 @@ struct cinfer_request {
     struct cinfer_engine *e;
     int32_t *prompt;
     int n_prompt, max_tokens, generated;
-    char out[512];  /* the planned output */
-    int out_len;
+    uint64_t h;     /* the output's letters come from this hash */
+    int out_len;    /* EOS after this many */
     char stop[16][64];
     int n_stop;
     int n_logprobs;
@@ -159,7 +159,7 @@ struct cinfer_request {
     char curtext[8];
     cinfer_top_logprob top[20];
     char toptext[20][2];
-    char emitted[1024];
+    char emitted[8192];
     int n_emitted, n_sent;
     struct cinfer_request *next;
 };
@@ -241,7 +241,12 @@ static void step_request(cinfer_engine *e, cinfer_request *r) {
         finish(r, r->generated >= r->max_tokens ? "length" : "stop", NULL);
         return;
     }
-    char c = r->out[r->generated++];
+    if (r->n_emitted + 1 >= (int)sizeof r->emitted) {
+        finish(r, "length", NULL);
+        return;
+    }
+    int i = r->generated++;
+    char c = (char)('a' + ((r->h >> (i % 50)) + (uint64_t)i / 50) % 26);
     e->gen_total++;
     if (r->n_logprobs >= 0) {
         cinfer_event lp;
@@ -371,9 +376,8 @@ int cinfer_engine_submit(cinfer_engine *e, const cinfer_request_params *p, cinfe
     uint64_t h = 1469598103934665603ull;
     for (int i = 0; i < p->n_prompt; i++) h = (h ^ (uint64_t)p->prompt[i]) * 1099511628211ull;
     if (p->sampling.temperature > 0) h ^= p->sampling.has_seed ? p->sampling.seed * 0x9E3779B97F4A7C15ull : (uint64_t)rand();
-    int len = p->ignore_eos ? 500 : 8 + (int)(h % 40); /* EOS after len, unless ignored */
-    for (int i = 0; i < len; i++) r->out[i] = (char)('a' + ((h >> (i % 50)) + (uint64_t)i / 50) % 26);
-    r->out_len = len;
+    r->h = h;
+    r->out_len = p->ignore_eos ? 1 << 30 : 8 + (int)(h % 40); /* EOS after out_len, unless ignored */
     e->requests_total++;
     e->prompt_total += p->n_prompt;
     r->next = e->list;
