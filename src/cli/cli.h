@@ -8,5 +8,8 @@ int cli_generate(int argc, char **argv);
 int cli_info(int argc, char **argv);
 int cli_synth(int argc, char **argv);
 int cli_bench(int argc, char **argv);
+int cli_tokenize(int argc, char **argv);
+int cli_detokenize(int argc, char **argv);
+int cli_template(int argc, char **argv);
 
 #endif

@@ -17,6 +17,9 @@ static const verb verbs[] = {
     {"info", cli_info, "architecture, layer map, parameter count, bytes by dtype: -m DIR"},
     {"synth", cli_synth, "write a random-weight checkpoint of a real model's shape: --like NAME --out DIR"},
     {"bench", cli_bench, "prefill and decode tokens/s with achieved GB/s: -m DIR"},
+    {"tokenize", cli_tokenize, "text to ids as a JSON array: -t PATH (--text S | --jsonl FILE) [--add-special-tokens]"},
+    {"detokenize", cli_detokenize, "ids to text: -t PATH --ids 1,2,3 [--skip-special-tokens]"},
+    {"template", cli_template, "render the chat template: -t PATH --messages FILE [--tools FILE] [--add-generation-prompt] [--kwargs JSON]"},
 };
 
 static void usage(FILE *f) {

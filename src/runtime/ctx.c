@@ -8,12 +8,10 @@
 #include "model/forward.h"
 #include "model/qwen35.h"
 #include "runtime/ctx_internal.h"
+#include "runtime/text.h"
 #include "util/alloc.h"
 #include "util/err.h"
 
-struct cinfer_model {
-    model *m;
-};
 
 typedef struct seq_rec {
     int active;
@@ -44,12 +42,17 @@ int cinfer_model_open(const char *dir, cinfer_model **out, char *err, size_t err
     if (rc) return rc;
     cinfer_model *cm = xcalloc(1, sizeof *cm);
     cm->m = m;
+    if ((rc = text_load(cm, dir, err, errlen))) {
+        cinfer_model_close(cm);
+        return rc;
+    }
     *out = cm;
     return 0;
 }
 
 void cinfer_model_close(cinfer_model *cm) {
     if (!cm) return;
+    text_unload(cm);
     model_free(cm->m);
     free(cm);
 }

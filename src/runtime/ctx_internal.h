@@ -5,6 +5,18 @@
 #include "cinfer.h"
 
 struct model;
+struct tokenizer;
+struct tmpl;
+
+/* The public model handle: the immutable model plus its text side (both optional: a checkpoint without
+ * tokenizer.json still runs on ids). */
+struct cinfer_model {
+    struct model *m;
+    struct tokenizer *tk;     /* NULL without tokenizer.json */
+    struct tmpl *tpl;         /* NULL without a chat template */
+    char *tpl_src;            /* the template text */
+    char *tok_config;         /* tokenizer_config.json text, or NULL */
+};
 
 int ctx_kv_free_blocks(const cinfer_ctx *c);
 int ctx_kv_total_blocks(const cinfer_ctx *c);

@@ -1,0 +1,704 @@
+/* engine.c — continuous batching (DESIGN §3): HTTP threads submit requests; one scheduler thread owns
+ * the context (KV blocks, DeltaNet slots) and runs steps. Each step gathers one decode token per running
+ * sequence plus prefill chunks of the sequences still reading their prompt, within a token budget, and
+ * runs them as one ragged batch; a sequence's result does not depend on the batch (forward.h). Sampled
+ * tokens go through the streaming detokenizer, stop strings, the reasoning splitter and the tool-call
+ * parser, and come out as events on the request's own queue. Finished, stopped and cancelled sequences
+ * leave the batch at once and give back their slot and blocks. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cinfer.h"
+#include "model/qwen35.h"
+#include "runtime/ctx_internal.h"
+#include "util/bf16.h"
+#include "runtime/kvcache.h"
+#include "runtime/text.h"
+#include "sample/sampler.h"
+#include "sample/stop.h"
+#include "tok/reasoning.h"
+#include "tok/toolcall.h"
+#include "util/alloc.h"
+#include "util/err.h"
+#include "util/log.h"
+
+#define MAX_STOP 16
+
+/* ---- events: a queue per request, produced by the scheduler, consumed by the client thread ---- */
+typedef struct ev_node {
+    struct ev_node *next;
+    cinfer_event ev;
+    cinfer_top_logprob *top; /* owned */
+    char *buf;               /* owned: text / tool strings / token text */
+} ev_node;
+
+typedef enum { RQ_QUEUED, RQ_RUNNING, RQ_FINISHED } rq_state;
+
+struct cinfer_request {
+    cinfer_engine *eng;
+    struct cinfer_request *next; /* in the engine's waiting list */
+    /* copied at submit, read-only after */
+    int32_t *prompt;
+    int n_prompt, max_tokens, ignore_eos, skip_special, reasoning;
+    cinfer_sampling samp;
+    cinfer_logit_bias *bias;
+    char *stop[MAX_STOP];
+    int n_stop;
+    cinfer_tool_format tool_format;
+    char *tools_json;
+    /* the client side (under mu) */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    ev_node *head, *tail, *cur;
+    int final_queued, final_taken, client_gone, engine_done;
+    atomic_int cancel;
+    /* the scheduler side */
+    rq_state state;
+    int seq;              /* context sequence id */
+    int n_fed;            /* prompt tokens already run through the model */
+    int n_gen;
+    int32_t last;         /* the last sampled token, fed at the next step */
+    int n_tool_calls;
+    sampler *smp;
+    sampler_result res;   /* the last step's token and logprobs */
+    text_stream *ts;      /* detokenizer for this request */
+    stop_matcher stop_m;
+    char *stop_buf;       /* stop_feed output, STOP_HOLD_MAX + the longest text delta */
+    size_t stop_cap;
+    rs_parser *rs;
+    tc_parser *tc;
+    const char *finish;
+    char *stop_hit;
+};
+
+struct cinfer_engine {
+    cinfer_model *cm;
+    const model *m;
+    cinfer_engine_params p;
+    cinfer_ctx *ctx;
+    float *logits;                  /* [max_seqs][V] f32: one row per batch entry */
+    cinfer_batch_entry *entries;    /* [max_seqs] */
+    cinfer_request **entry_req;     /* [max_seqs] */
+    cinfer_request **running;       /* [max_seqs] */
+    int n_running;
+    pthread_t thread;
+    pthread_mutex_t mu;             /* guards the waiting list, stop, stats counters below */
+    pthread_cond_t cv;
+    cinfer_request *wait_head, *wait_tail;
+    int n_waiting, stop;
+    int n_admitted;                 /* running requests, as counted under mu (for the queue limit) */
+    atomic_llong requests_total, prompt_tokens_total, generated_tokens_total, steps_total;
+    atomic_int stat_running, stat_kv_used, stat_slots_used;
+};
+
+/* ---- event queue ---- */
+
+static void push_event(cinfer_request *r, ev_node *n) {
+    pthread_mutex_lock(&r->mu);
+    if (r->client_gone) { /* nobody will read it */
+        pthread_mutex_unlock(&r->mu);
+        free(n->top);
+        free(n->buf);
+        free(n);
+        return;
+    }
+    if (n->ev.type == CINFER_EV_DONE || n->ev.type == CINFER_EV_ERROR) r->final_queued = 1;
+    if (r->tail) r->tail->next = n;
+    else r->head = n;
+    r->tail = n;
+    pthread_cond_signal(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+}
+
+static ev_node *new_event(cinfer_event_type t, size_t buflen) {
+    ev_node *n = xcalloc(1, sizeof *n);
+    n->ev.type = t;
+    if (buflen) n->buf = xmalloc(buflen + 1);
+    return n;
+}
+
+static void emit_text(cinfer_request *r, cinfer_event_type t, const char *s, size_t len) {
+    if (!len) return;
+    ev_node *n = new_event(t, len);
+    memcpy(n->buf, s, len);
+    n->buf[len] = 0;
+    n->ev.text = n->buf;
+    n->ev.len = len;
+    push_event(r, n);
+}
+
+static void tc_cb(const tc_event *e, void *ud) {
+    cinfer_request *r = ud;
+    switch (e->kind) {
+    case TC_EV_CONTENT: emit_text(r, CINFER_EV_CONTENT, e->text, e->len); break;
+    case TC_EV_CALL_BEGIN: {
+        size_t a = strlen(e->id), b = strlen(e->name);
+        ev_node *n = new_event(CINFER_EV_TOOL_CALL, a + b + 2);
+        memcpy(n->buf, e->id, a + 1);
+        memcpy(n->buf + a + 1, e->name, b + 1);
+        n->ev.tool_index = e->index;
+        n->ev.tool_id = n->buf;
+        n->ev.tool_name = n->buf + a + 1;
+        n->ev.tool_args = "";
+        push_event(r, n);
+        r->n_tool_calls++;
+        break;
+    }
+    case TC_EV_CALL_ARGS: {
+        ev_node *n = new_event(CINFER_EV_TOOL_CALL, e->len);
+        memcpy(n->buf, e->text, e->len);
+        n->buf[e->len] = 0;
+        n->ev.tool_index = e->index;
+        n->ev.tool_args = n->buf;
+        n->ev.tool_args_len = e->len;
+        push_event(r, n);
+        break;
+    }
+    case TC_EV_CALL_ABORT: r->n_tool_calls--; break;
+    default: break;
+    }
+}
+
+static void content(cinfer_request *r, const char *s, size_t len) {
+    if (r->tc) tc_feed(r->tc, s, len, tc_cb, r);
+    else emit_text(r, CINFER_EV_CONTENT, s, len);
+}
+
+static void rs_cb(const rs_event *e, void *ud) {
+    cinfer_request *r = ud;
+    if (e->kind == RS_EV_REASONING) emit_text(r, CINFER_EV_REASONING, e->text, e->len);
+    else content(r, e->text, e->len);
+}
+
+/* Text that passed the stop matcher: split reasoning, then tool calls. */
+static void route_text(cinfer_request *r, const char *s, size_t len) {
+    if (!len) return;
+    if (r->rs) rs_feed(r->rs, s, len, rs_cb, r);
+    else content(r, s, len);
+}
+
+/* Text from the detokenizer through the stop matcher; returns 1 when a stop string completed. */
+static int feed_stop(cinfer_request *r, const char *txt, size_t len) {
+    while (len) {
+        /* feed in pieces that fit the output buffer */
+        size_t piece = len, cap_text = r->stop_cap - STOP_HOLD_MAX;
+        if (piece > cap_text) piece = cap_text;
+        size_t n_out = 0;
+        int rc = stop_feed(&r->stop_m, txt, piece, r->stop_buf, r->stop_cap, &n_out);
+        if (rc < 0) return 0;
+        route_text(r, r->stop_buf, n_out);
+        if (rc == 1) {
+            r->stop_hit = xstrdup(r->stop[r->stop_m.matched]);
+            return 1;
+        }
+        txt += piece;
+        len -= piece;
+    }
+    return 0;
+}
+
+/* ---- request lifecycle ---- */
+
+static void request_release_engine_side(cinfer_request *r) {
+    sampler_destroy(r->smp);
+    text_stream_free(r->ts);
+    rs_free(r->rs);
+    tc_free(r->tc);
+    free(r->stop_buf);
+    r->stop_buf = NULL;
+    r->smp = NULL;
+    r->ts = NULL;
+    r->rs = NULL;
+    r->tc = NULL;
+}
+
+static void request_destroy(cinfer_request *r) {
+    request_release_engine_side(r);
+    for (ev_node *n = r->head; n;) {
+        ev_node *x = n->next;
+        free(n->top), free(n->buf), free(n);
+        n = x;
+    }
+    if (r->cur) free(r->cur->top), free(r->cur->buf), free(r->cur);
+    free(r->prompt);
+    free(r->bias);
+    for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
+    free(r->tools_json);
+    free(r->stop_hit);
+    pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->cv);
+    free(r);
+}
+
+/* The engine is done with r: queue DONE (unless the client left) and drop the engine's reference. */
+static void finish_request(cinfer_engine *e, cinfer_request *r, const char *reason) {
+    if (r->state == RQ_RUNNING) {
+        /* flush held text: stop matcher, reasoning, tool calls */
+        if (r->ts && strcmp(reason, "cancelled") && strcmp(reason, "stop_string")) {
+            /* the end: what the detokenizer and the stop matcher still hold is final */
+            const char *txt;
+            size_t len, n_out = 0;
+            text_stream_flush(r->ts, &txt, &len);
+            if (len) feed_stop(r, txt, len);
+            if (r->stop_m.matched < 0 && stop_finish(&r->stop_m, r->stop_buf, r->stop_cap, &n_out) == 0)
+                route_text(r, r->stop_buf, n_out);
+        }
+        if (!strcmp(reason, "stop_string")) reason = "stop";
+        if (r->rs) rs_finish(r->rs, rs_cb, r);
+        if (r->tc) tc_finish(r->tc, tc_cb, r);
+        cinfer_seq_close(e->ctx, r->seq);
+        pthread_mutex_lock(&e->mu);
+        e->n_admitted--;
+        pthread_mutex_unlock(&e->mu);
+    }
+    if (!strcmp(reason, "stop") && r->n_tool_calls > 0) reason = "tool_calls";
+    ev_node *n = new_event(CINFER_EV_DONE, r->stop_hit ? strlen(r->stop_hit) : 0);
+    n->ev.finish_reason = reason; /* static strings */
+    if (r->stop_hit) {
+        strcpy(n->buf, r->stop_hit);
+        n->ev.stop_string = n->buf;
+    }
+    n->ev.prompt_tokens = r->n_prompt;
+    n->ev.completion_tokens = r->n_gen;
+    n->ev.cached_tokens = 0;
+    r->state = RQ_FINISHED;
+    request_release_engine_side(r);
+    push_event(r, n);
+    pthread_mutex_lock(&r->mu);
+    r->engine_done = 1;
+    int gone = r->client_gone;
+    pthread_mutex_unlock(&r->mu);
+    if (gone) request_destroy(r);
+}
+
+/* ---- one step ---- */
+
+static int is_eos(const cinfer_engine *e, int32_t t) {
+    for (int i = 0; i < e->m->n_eos; i++)
+        if (e->m->eos_ids[i] == t) return 1;
+    return 0;
+}
+
+/* Sampled token t for r: logprobs, text, stops. Returns the finish reason or NULL to continue. */
+static const char *accept_token(cinfer_engine *e, cinfer_request *r, int32_t t) {
+    r->n_gen++;
+    if (r->samp.n_logprobs >= 0) {
+        const sampler_result *lp = &r->res;
+        ev_node *n = new_event(CINFER_EV_LOGPROB, 0);
+        n->ev.token = t;
+        n->ev.logprob = lp->logprob;
+        /* token texts: one buffer holding the chosen token's bytes and each alternative's */
+        char tb[256], alt[SAMPLER_MAX_LOGPROBS][256];
+        size_t tl = text_token_bytes(r->ts, t, tb, sizeof tb), alt_len[SAMPLER_MAX_LOGPROBS], need = tl + 1;
+        int nt = lp->n_top;
+        for (int i = 0; i < nt; i++) {
+            alt_len[i] = text_token_bytes(r->ts, lp->top[i].token, alt[i], sizeof alt[i]);
+            need += alt_len[i] + 1;
+        }
+        n->buf = xmalloc(need + 1);
+        memcpy(n->buf, tb, tl);
+        n->buf[tl] = 0;
+        n->ev.token_text = n->buf;
+        n->ev.token_len = tl;
+        size_t off = tl + 1;
+        if (nt) n->top = xcalloc((size_t)nt, sizeof *n->top);
+        for (int i = 0; i < nt; i++) {
+            memcpy(n->buf + off, alt[i], alt_len[i]);
+            n->buf[off + alt_len[i]] = 0;
+            n->top[i] = (cinfer_top_logprob){lp->top[i].token, lp->top[i].logprob, n->buf + off, alt_len[i]};
+            off += alt_len[i] + 1;
+        }
+        n->ev.top = n->top;
+        n->ev.n_top = nt;
+        push_event(r, n);
+    }
+    int eos = is_eos(e, t) && !r->ignore_eos;
+    if (eos) return "stop";
+    const char *txt;
+    size_t len;
+    text_stream_push(r->ts, t, &txt, &len);
+    if (len && feed_stop(r, txt, len)) return "stop_string";
+    if (r->n_gen >= r->max_tokens) return "length";
+    if (r->n_prompt + r->n_gen >= e->p.ctx_size) return "length";
+    return NULL;
+}
+
+static void update_stats(cinfer_engine *e) {
+    atomic_store(&e->stat_running, e->n_running);
+    atomic_store(&e->stat_kv_used, ctx_kv_total_blocks(e->ctx) - ctx_kv_free_blocks(e->ctx));
+    atomic_store(&e->stat_slots_used, ctx_slots_used(e->ctx));
+}
+
+/* Admits waiting requests while a slot and KV blocks for their whole budget are free. */
+static void admit(cinfer_engine *e) {
+    pthread_mutex_lock(&e->mu);
+    while (e->wait_head && e->n_running < e->p.max_seqs) {
+        cinfer_request *r = e->wait_head;
+        if (atomic_load(&r->cancel)) {
+            e->wait_head = r->next;
+            if (!e->wait_head) e->wait_tail = NULL;
+            e->n_waiting--;
+            pthread_mutex_unlock(&e->mu);
+            finish_request(e, r, "cancelled");
+            pthread_mutex_lock(&e->mu);
+            continue;
+        }
+        int need = (r->n_prompt + r->max_tokens + KV_BLOCK - 1) / KV_BLOCK;
+        if (need > ctx_kv_free_blocks(e->ctx)) break; /* FIFO: wait for blocks to come back */
+        char err[256];
+        int seq = cinfer_seq_open(e->ctx, err, sizeof err);
+        if (seq < 0) break;
+        e->wait_head = r->next;
+        if (!e->wait_head) e->wait_tail = NULL;
+        e->n_waiting--;
+        r->seq = seq;
+        r->state = RQ_RUNNING;
+        e->n_admitted++;
+        e->running[e->n_running++] = r;
+    }
+    pthread_mutex_unlock(&e->mu);
+}
+
+static void step(cinfer_engine *e) {
+    /* drop cancelled sequences first: they leave the batch within one step */
+    for (int i = 0; i < e->n_running;) {
+        cinfer_request *r = e->running[i];
+        if (atomic_load(&r->cancel)) {
+            e->running[i] = e->running[--e->n_running];
+            finish_request(e, r, "cancelled");
+        } else {
+            i++;
+        }
+    }
+    admit(e);
+    int budget = e->p.step_tokens, n = 0;
+    /* decode tokens first (latency of running streams), then prefill chunks in admission order */
+    for (int i = 0; i < e->n_running && budget > 0; i++) {
+        cinfer_request *r = e->running[i];
+        if (r->n_fed < r->n_prompt) continue;
+        e->entries[n] = (cinfer_batch_entry){r->seq, &r->last, 1, 0};
+        e->entry_req[n++] = r;
+        budget--;
+    }
+    for (int i = 0; i < e->n_running && budget > 0; i++) {
+        cinfer_request *r = e->running[i];
+        if (r->n_fed >= r->n_prompt) continue;
+        int cnt = r->n_prompt - r->n_fed;
+        if (cnt > budget) cnt = budget;
+        e->entries[n] = (cinfer_batch_entry){r->seq, r->prompt + r->n_fed, cnt, 0};
+        e->entry_req[n++] = r;
+        budget -= cnt;
+    }
+    if (!n) return;
+    char err[512];
+    int rc = cinfer_forward(e->ctx, e->entries, n, e->logits, err, sizeof err);
+    atomic_fetch_add(&e->steps_total, 1);
+    if (rc) {
+        /* the batch was validated at submit; a failure here is a bug or an exhausted pool */
+        LOG_E("engine step failed: %s", err);
+        for (int i = 0; i < n; i++) {
+            cinfer_request *r = e->entry_req[i];
+            emit_text(r, CINFER_EV_ERROR, err, strlen(err));
+        }
+    }
+    size_t V = (size_t)e->m->V;
+    for (int i = 0; i < n; i++) {
+        cinfer_request *r = e->entry_req[i];
+        const char *fin = NULL;
+        if (rc) {
+            fin = "error";
+        } else if (r->n_fed < r->n_prompt) {
+            r->n_fed += e->entries[i].n_tokens;
+            atomic_fetch_add(&e->prompt_tokens_total, e->entries[i].n_tokens);
+            if (r->n_fed < r->n_prompt) continue; /* more prompt to read */
+        } else {
+            sampler_accept(r->smp, r->last);
+        }
+        if (!fin) {
+            const float *row = e->logits + (size_t)i * V;
+            int32_t t = sampler_sample(r->smp, row, &r->res);
+            r->last = t;
+            atomic_fetch_add(&e->generated_tokens_total, 1);
+            fin = accept_token(e, r, t);
+        }
+        if (fin) {
+            for (int k = 0; k < e->n_running; k++)
+                if (e->running[k] == r) {
+                    e->running[k] = e->running[--e->n_running];
+                    break;
+                }
+            finish_request(e, r, fin);
+        }
+    }
+}
+
+static void *sched_main(void *arg) {
+    cinfer_engine *e = arg;
+    for (;;) {
+        pthread_mutex_lock(&e->mu);
+        while (!e->stop && !e->wait_head && e->n_running == 0) pthread_cond_wait(&e->cv, &e->mu);
+        int stop = e->stop;
+        pthread_mutex_unlock(&e->mu);
+        if (stop) break;
+        step(e);
+        update_stats(e);
+    }
+    /* shut down: everything still queued or running ends as cancelled */
+    while (e->n_running) finish_request(e, e->running[--e->n_running], "cancelled");
+    pthread_mutex_lock(&e->mu);
+    cinfer_request *r = e->wait_head;
+    e->wait_head = e->wait_tail = NULL;
+    e->n_waiting = 0;
+    pthread_mutex_unlock(&e->mu);
+    while (r) {
+        cinfer_request *nx = r->next;
+        finish_request(e, r, "cancelled");
+        r = nx;
+    }
+    update_stats(e);
+    return NULL;
+}
+
+/* ---- public API ---- */
+
+cinfer_engine_params cinfer_engine_default_params(void) {
+    cinfer_engine_params p = {.max_seqs = 8, .ctx_size = 4096, .step_tokens = 512, .queue_limit = 64, .n_threads = 0,
+                              .kv_memory = 0};
+    return p;
+}
+
+cinfer_sampling cinfer_sampling_default(void) {
+    cinfer_sampling s;
+    memset(&s, 0, sizeof s);
+    s.temperature = 1.0f;
+    s.top_p = 1.0f;
+    s.repetition_penalty = 1.0f;
+    s.repeat_last_n = 64;
+    s.n_logprobs = -1;
+    return s;
+}
+
+int cinfer_engine_create(cinfer_model *cm, const cinfer_engine_params *pp, cinfer_engine **out, char *err, size_t errlen) {
+    if (!cm || !out) return ci_err(err, errlen, CINFER_EINVAL, "cinfer_engine_create: model and out are required");
+    cinfer_engine_params p = pp ? *pp : cinfer_engine_default_params();
+    if (p.max_seqs < 1 || p.max_seqs > 4096) return ci_err(err, errlen, CINFER_EINVAL, "max_seqs %d: must be 1..4096", p.max_seqs);
+    if (p.step_tokens < p.max_seqs) p.step_tokens = p.max_seqs;
+    if (p.queue_limit < 0) p.queue_limit = 0;
+    cinfer_engine *e = xcalloc(1, sizeof *e);
+    e->cm = cm;
+    e->m = cinfer_model_internal(cm);
+    e->p = p;
+    cinfer_ctx_params cp = cinfer_ctx_default_params();
+    cp.max_seqs = p.max_seqs;
+    cp.max_ctx = p.ctx_size;
+    cp.max_batch = p.step_tokens;
+    cp.n_threads = p.n_threads;
+    cp.kv_memory = p.kv_memory;
+    int rc = cinfer_ctx_create(cm, &cp, &e->ctx, err, errlen);
+    if (rc) {
+        free(e);
+        return rc;
+    }
+    e->logits = ci_try_alloc((size_t)p.max_seqs * e->m->V * sizeof(float));
+    if (!e->logits) {
+        cinfer_ctx_destroy(e->ctx);
+        free(e);
+        return ci_err(err, errlen, CINFER_ENOMEM, "cannot allocate logits for %d sequences", p.max_seqs);
+    }
+    e->entries = xcalloc((size_t)p.max_seqs, sizeof *e->entries);
+    e->entry_req = xcalloc((size_t)p.max_seqs, sizeof *e->entry_req);
+    e->running = xcalloc((size_t)p.max_seqs, sizeof *e->running);
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cv, NULL);
+    if (pthread_create(&e->thread, NULL, sched_main, e)) {
+        cinfer_ctx_destroy(e->ctx);
+        free(e->logits), free(e->entries), free(e->entry_req), free(e->running), free(e);
+        return ci_err(err, errlen, CINFER_ENOMEM, "cannot start the scheduler thread");
+    }
+    update_stats(e);
+    *out = e;
+    return 0;
+}
+
+void cinfer_engine_destroy(cinfer_engine *e) {
+    if (!e) return;
+    pthread_mutex_lock(&e->mu);
+    e->stop = 1;
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    pthread_join(e->thread, NULL);
+    cinfer_ctx_destroy(e->ctx);
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->cv);
+    free(e->logits), free(e->entries), free(e->entry_req), free(e->running), free(e);
+}
+
+int cinfer_engine_submit(cinfer_engine *e, const cinfer_request_params *p, cinfer_request **out, char *err, size_t errlen) {
+    if (!e || !p || !out) return ci_err(err, errlen, CINFER_EINVAL, "cinfer_engine_submit: bad arguments");
+    if (p->n_prompt < 1 || !p->prompt) return ci_err(err, errlen, CINFER_EINVAL, "the prompt is empty");
+    if (p->n_prompt >= e->p.ctx_size)
+        return ci_err(err, errlen, CINFER_ERANGE, "the prompt has %d tokens; the context holds %d (prompt + at least 1 output)",
+                      p->n_prompt, e->p.ctx_size);
+    for (int i = 0; i < p->n_prompt; i++)
+        if (p->prompt[i] < 0 || p->prompt[i] >= e->m->V)
+            return ci_err(err, errlen, CINFER_EINVAL, "prompt token %d at position %d is outside the vocabulary [0, %d)",
+                          p->prompt[i], i, e->m->V);
+    if (p->n_stop < 0 || p->n_stop > MAX_STOP) return ci_err(err, errlen, CINFER_EINVAL, "at most %d stop strings", MAX_STOP);
+    cinfer_request *r = xcalloc(1, sizeof *r);
+    r->eng = e;
+    r->prompt = xmalloc((size_t)p->n_prompt * sizeof(int32_t));
+    memcpy(r->prompt, p->prompt, (size_t)p->n_prompt * sizeof(int32_t));
+    r->n_prompt = p->n_prompt;
+    int room = e->p.ctx_size - p->n_prompt;
+    r->max_tokens = p->max_tokens <= 0 || p->max_tokens > room ? room : p->max_tokens;
+    r->ignore_eos = p->ignore_eos;
+    r->skip_special = p->skip_special_tokens;
+    r->reasoning = p->reasoning;
+    r->samp = p->sampling;
+    if (p->sampling.n_logit_bias > 0) {
+        r->bias = xmalloc((size_t)p->sampling.n_logit_bias * sizeof *r->bias);
+        memcpy(r->bias, p->sampling.logit_bias, (size_t)p->sampling.n_logit_bias * sizeof *r->bias);
+    }
+    r->samp.logit_bias = r->bias;
+    for (int i = 0; i < p->n_stop; i++) r->stop[r->n_stop++] = xstrdup(p->stop[i]);
+    r->tool_format = p->tool_format;
+    r->tools_json = p->tools_json ? xstrdup(p->tools_json) : NULL;
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->cv, NULL);
+    sampler_params sp = sampler_default_params();
+    sp.temperature = p->sampling.temperature;
+    sp.top_k = p->sampling.top_k;
+    sp.top_p = p->sampling.top_p;
+    sp.min_p = p->sampling.min_p;
+    sp.xtc_probability = p->sampling.xtc_probability;
+    sp.xtc_threshold = p->sampling.xtc_threshold;
+    sp.repetition_penalty = p->sampling.repetition_penalty;
+    sp.repeat_last_n = p->sampling.repeat_last_n;
+    sp.presence_penalty = p->sampling.presence_penalty;
+    sp.frequency_penalty = p->sampling.frequency_penalty;
+    sp.logit_bias = (const sampler_bias *)r->bias; /* same layout: {int32 token; float bias} */
+    sp.n_logit_bias = p->sampling.n_logit_bias;
+    /* no seed given: one per request from the clock and a counter, so unseeded requests differ */
+    sp.seed = p->sampling.has_seed ? p->sampling.seed
+                                   : (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull + (uint64_t)atomic_fetch_add(&e->requests_total, 0) * 7919u +
+                                         (uint64_t)(uintptr_t)r;
+    sp.logprobs = p->sampling.n_logprobs >= 0;
+    sp.top_logprobs = p->sampling.n_logprobs > 0 ? p->sampling.n_logprobs : 0;
+    int rc = sampler_create(&sp, e->m->V, &r->smp, err, errlen);
+    if (!rc) rc = stop_init(&r->stop_m, (const char *const *)r->stop, NULL, r->n_stop, err, errlen);
+    if (!rc) {
+        r->ts = text_stream_create(e->cm, r->skip_special);
+        r->stop_cap = STOP_HOLD_MAX + 4096;
+        r->stop_buf = xmalloc(r->stop_cap);
+    }
+    if (!rc && r->reasoning) r->rs = rs_create(r->reasoning == 1, 1);
+    if (!rc && r->tool_format != CINFER_TOOLS_NONE) {
+        tc_format f = r->tool_format == CINFER_TOOLS_QWEN_XML ? TC_FORMAT_QWEN_XML : TC_FORMAT_HERMES_JSON;
+        rc = tc_create(&r->tc, f, r->tools_json, r->tools_json ? strlen(r->tools_json) : 0, err, errlen);
+    }
+    if (!rc) rc = sampler_set_prompt(r->smp, r->prompt, r->n_prompt, err, errlen);
+    if (rc) {
+        request_destroy(r);
+        return rc;
+    }
+    pthread_mutex_lock(&e->mu);
+    if (e->stop) rc = ci_err(err, errlen, CINFER_ESTATE, "the engine is shutting down");
+    else if (e->n_waiting + e->n_admitted >= e->p.max_seqs + e->p.queue_limit)
+        rc = ci_err(err, errlen, CINFER_EBUSY, "the queue is full (%d waiting)", e->n_waiting);
+    if (!rc) {
+        r->state = RQ_QUEUED;
+        if (e->wait_tail) e->wait_tail->next = r;
+        else e->wait_head = r;
+        e->wait_tail = r;
+        e->n_waiting++;
+        atomic_fetch_add(&e->requests_total, 1);
+        pthread_cond_signal(&e->cv);
+    }
+    pthread_mutex_unlock(&e->mu);
+    if (rc) {
+        request_destroy(r);
+        return rc;
+    }
+    *out = r;
+    return 0;
+}
+
+int cinfer_request_next(cinfer_request *r, cinfer_event *ev, int timeout_ms) {
+    pthread_mutex_lock(&r->mu);
+    if (r->cur) {
+        free(r->cur->top), free(r->cur->buf), free(r->cur);
+        r->cur = NULL;
+    }
+    if (r->final_taken) {
+        pthread_mutex_unlock(&r->mu);
+        return -1;
+    }
+    struct timespec dl;
+    if (timeout_ms >= 0) {
+        clock_gettime(CLOCK_REALTIME, &dl);
+        dl.tv_sec += timeout_ms / 1000;
+        dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+        if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
+    }
+    while (!r->head) {
+        if (timeout_ms < 0) pthread_cond_wait(&r->cv, &r->mu);
+        else if (pthread_cond_timedwait(&r->cv, &r->mu, &dl) == ETIMEDOUT) break;
+    }
+    ev_node *n = r->head;
+    if (!n) {
+        pthread_mutex_unlock(&r->mu);
+        return 0;
+    }
+    r->head = n->next;
+    if (!r->head) r->tail = NULL;
+    r->cur = n;
+    if (n->ev.type == CINFER_EV_DONE || n->ev.type == CINFER_EV_ERROR) r->final_taken = 1;
+    *ev = n->ev;
+    pthread_mutex_unlock(&r->mu);
+    return 1;
+}
+
+void cinfer_request_cancel(cinfer_request *r) {
+    if (!r) return;
+    atomic_store(&r->cancel, 1);
+    cinfer_engine *e = r->eng;
+    pthread_mutex_lock(&e->mu);
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
+void cinfer_request_free(cinfer_request *r) {
+    if (!r) return;
+    atomic_store(&r->cancel, 1);
+    cinfer_engine *e = r->eng;
+    pthread_mutex_lock(&e->mu);
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    pthread_mutex_lock(&r->mu);
+    r->client_gone = 1;
+    int done = r->engine_done;
+    pthread_mutex_unlock(&r->mu);
+    if (done) request_destroy(r); /* otherwise the scheduler frees it when it lets go */
+}
+
+void cinfer_engine_get_stats(cinfer_engine *e, cinfer_engine_stats *o) {
+    memset(o, 0, sizeof *o);
+    pthread_mutex_lock(&e->mu);
+    o->waiting = e->n_waiting;
+    pthread_mutex_unlock(&e->mu);
+    o->running = atomic_load(&e->stat_running);
+    o->max_seqs = e->p.max_seqs;
+    o->queue_limit = e->p.queue_limit;
+    o->kv_blocks_used = atomic_load(&e->stat_kv_used);
+    o->kv_blocks_total = ctx_kv_total_blocks(e->ctx);
+    o->slots_used = atomic_load(&e->stat_slots_used);
+    o->slots_total = e->p.max_seqs;
+    o->requests_total = atomic_load(&e->requests_total);
+    o->prompt_tokens_total = atomic_load(&e->prompt_tokens_total);
+    o->generated_tokens_total = atomic_load(&e->generated_tokens_total);
+    o->steps_total = atomic_load(&e->steps_total);
+}
