@@ -608,6 +608,12 @@ static int top_p_select(cand *c, int n, double target, float m, float k) {
     return hi; /* rounding kept the sum just short of target: everything up to hi */
 }
 
+/* XTC's test, p >= threshold, for a token with positive probability only: threshold 0 must not count
+ * tokens that cannot be drawn at all (-inf logits, or exp underflow) among those "above". */
+static inline int xtc_above(float e, double z, double thr) {
+    return e > 0.0f && e / z >= thr;
+}
+
 typedef struct chain {
     const float *w; /* the logits the chain read: s->w after adjustments, or the caller's */
     int have_c;     /* candidates are c[0..n); else all of w */
@@ -727,7 +733,7 @@ static int32_t run_chain(sampler *s, const float *logits, chain *ch) {
             for (int i = 0; i < n; i++) z += wexp(c[i].l, m, inv_t);
             int k = 0;
             for (int j = 0; j < n; j++)
-                if (wexp(c[j].l, m, inv_t) / z >= thr) swap_c(&c[k++], &c[j]);
+                if (xtc_above(wexp(c[j].l, m, inv_t), z, thr)) swap_c(&c[k++], &c[j]);
             if (k >= 2) {
                 int wst = 0; /* the least likely of the k, by the same total order */
                 for (int j = 1; j < k; j++)
@@ -740,11 +746,11 @@ static int32_t run_chain(sampler *s, const float *logits, chain *ch) {
             }
         } else {
             double z = exp_sum(w, V, m, inv_t);
-            float lo = thr > 0.0 ? m + T * ((float)log(thr * z) - 1e-3f) : -INFINITY;
+            float lo = thr > 0.0 ? m + T * ((float)log(thr * z) - 1e-3f) : -FLT_MAX;
             int k = 0;
             for (int i = 0; i < V; i++) {
                 float v = w[i];
-                if (v >= lo && wexp(v, m, inv_t) / z >= thr) c[k++] = (cand){v, i};
+                if (v >= lo && xtc_above(wexp(v, m, inv_t), z, thr)) c[k++] = (cand){v, i};
             }
             if (k >= 2) {
                 /* Remove them from w itself (scratch owned by this step); the least likely stays and is
@@ -861,6 +867,7 @@ int sampler_candidates(sampler *s, const float *logits, int32_t *ids, float *pro
     if (!ch.have_c) n = gather(ch.w, s->n_vocab, -FLT_MAX, INFINITY, c, 0);
     if (!ch.sorted) sort_desc(c, n);
     float mc = c[0].l;
+    while (n > 1 && !(wexp(c[n - 1].l, mc, ch.inv_t) > 0.0f)) n--; /* zero mass: can never be drawn */
     double z = 0.0;
     for (int i = 0; i < n; i++) z += wexp(c[i].l, mc, ch.inv_t);
     for (int i = 0; i < n && i < cap; i++) {

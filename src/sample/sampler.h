@@ -69,15 +69,16 @@ int sampler_set_prompt(sampler *s, const int32_t *tokens, int n, char *err, size
  * call it: speculative decoding samples tokens it may then reject. 0, or CINFER_EINVAL for a bad id. */
 int sampler_accept(sampler *s, int32_t token);
 
-/* Chooses the next token from logits[n_vocab] (f32, not modified). Fills *res when res is non-NULL
- * (logprobs only when the params asked for them). Returns the token id. Allocation-free. */
+/* Chooses the next token from logits[n_vocab] (f32, not modified). A greedy step draws nothing from the
+ * generator; a sampled step draws one number, plus one for XTC's coin when XTC is on. Fills *res when res is
+ * non-NULL (logprobs only when the params asked for them). Returns the token id. Allocation-free. */
 int32_t sampler_sample(sampler *s, const float *logits, sampler_result *res);
 
 /* For tests and inspection. sampler_adjusted_logits writes out[n_vocab] = logits after logit_bias and
  * penalties (what temperature sees). sampler_candidates runs the whole chain except the final draw
- * (XTC's coin flip does use the generator) and writes the surviving tokens with their renormalised
- * probabilities, most likely first (ties: lower id first), up to cap of them; returns how many survive
- * (greedy: the argmax alone). */
+ * (XTC's coin flip does use the generator) and writes the surviving tokens that have nonzero probability,
+ * with their renormalised probabilities, most likely first (ties: lower id first), up to cap of them;
+ * returns how many survive (greedy: the argmax alone). */
 void sampler_adjusted_logits(sampler *s, const float *logits, float *out);
 int sampler_candidates(sampler *s, const float *logits, int32_t *ids, float *probs, int cap);
 

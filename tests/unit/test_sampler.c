@@ -351,6 +351,23 @@ TEST(sampler_xtc_set) {
     REQUIRE(s);
     CHECK_EQ_INT(cands(s, x, ids, pr, 4), 4);
     sampler_destroy(s);
+    /* threshold 0: every token with mass is "above"; only the least likely survives, never a -inf one */
+    {
+        float x6[6] = {x[0], x[1], x[2], x[3], -INFINITY, -INFINITY};
+        p.xtc_threshold = 0.0f;
+        /* the vocabulary-wide path, and top_k 5 keeping a -inf token in a gathered set */
+        for (int topk = 0; topk <= 5; topk += 5) {
+            p.top_k = topk;
+            s = mk(&p, 6);
+            REQUIRE(s);
+            int nc6 = cands(s, x6, ids, pr, 4);
+            CHECK_MSG(nc6 == 1, "top_k %d: %d candidates, first %d", topk, nc6, ids[0]);
+            CHECK_EQ_INT(ids[0], 3);
+            for (int i = 0; i < 20; i++) CHECK_EQ_INT(sampler_sample(s, x6, NULL), 3);
+            sampler_destroy(s);
+        }
+        p.top_k = 0;
+    }
     /* XTC measures p after top_k: top_k 3 -> 0.444, 0.333, 0.222; threshold 0.3 removes id 0 only */
     p.xtc_threshold = 0.3f;
     p.top_k = 3;
