@@ -1,7 +1,8 @@
-/* generate.c — `cinfer generate -m DIR --tokens LIST -n N [--temp T] [--seed S] [--ids]`: prefill the
- * prompt, then decode N tokens one at a time (greedy unless --temp > 0). Stops after an EOS id as
- * transformers' generate() does (the EOS id is part of the output). --ids prints the generated ids
- * comma-separated on one line; otherwise one id per line. Timing goes to stderr. */
+/* generate.c — `cinfer generate -m DIR (--tokens LIST | --prompt TEXT) -n N [--temp T] [--seed S] [--ids]`:
+ * prefill the prompt, then decode N tokens one at a time (greedy unless --temp > 0). Stops after an EOS id
+ * as transformers' generate() does (the EOS id is part of the output). --ids prints the generated ids
+ * comma-separated on one line; --prompt (the model's tokenizer) prints the text as it is generated;
+ * otherwise one id per line. Timing goes to stderr. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,17 +21,35 @@ static double now_s(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* Prints the part of the decoded output not printed yet, holding back an incomplete UTF-8 character
+ * (decoding the whole output each time is cheap at CLI lengths and always matches the full decode). */
+static void print_new_text(cinfer_model *m, const int32_t *ids, int n, size_t *printed) {
+    char *s = NULL, err[256];
+    if (cinfer_detokenize(m, ids, n, 1, &s, err, sizeof err)) return;
+    size_t len = strlen(s);
+    /* a trailing U+FFFD (EF BF BD) is an unfinished character: wait for its next byte */
+    if (len >= 3 && !memcmp(s + len - 3, "\xEF\xBF\xBD", 3)) len -= 3;
+    if (len > *printed) {
+        fwrite(s + *printed, 1, len - *printed, stdout);
+        fflush(stdout);
+        *printed = len;
+    }
+    free(s);
+}
+
 int cli_generate(int argc, char **argv) {
-    static const char *const vf[] = {"-m", "--model", "--tokens", "-n", "--temp", "--seed", "--threads", NULL};
+    static const char *const vf[] = {"-m", "--model", "--tokens", "--prompt", "-n", "--temp", "--seed", "--threads", NULL};
     static const char *const bf[] = {"--ids", "--ignore-eos", "--help", "-h", NULL};
     if (arg_flag(argc, argv, "--help") || arg_flag(argc, argv, "-h")) {
-        printf("usage: cinfer generate -m DIR --tokens LIST -n N [--temp T] [--seed S] [--ids] [--ignore-eos] [--threads N]\n");
+        printf("usage: cinfer generate -m DIR (--tokens LIST | --prompt TEXT) -n N [--temp T] [--seed S] [--ids] [--ignore-eos] "
+               "[--threads N]\n");
         return 0;
     }
     if (arg_check(argc, argv, vf, bf, "generate")) return 2;
     const char *dir = arg_value(argc, argv, "-m", "--model"), *toks = arg_value(argc, argv, "--tokens", NULL);
-    if (!dir || !toks) {
-        fprintf(stderr, "cinfer generate: -m DIR and --tokens LIST are required\n");
+    const char *text = arg_value(argc, argv, "--prompt", NULL);
+    if (!dir || !!toks == !!text) {
+        fprintf(stderr, "cinfer generate: -m DIR and one of --tokens LIST or --prompt TEXT are required\n");
         return 2;
     }
     long n_gen = 16, seed = 0, nthreads = 0;
@@ -45,9 +64,9 @@ int cli_generate(int argc, char **argv) {
         return 2;
     }
     int print_ids = arg_flag(argc, argv, "--ids"), ignore_eos = arg_flag(argc, argv, "--ignore-eos");
-    int32_t *prompt;
-    int np;
-    if (parse_ids(toks, &prompt, &np)) return 2;
+    int32_t *prompt = NULL;
+    int np = 0;
+    if (toks && parse_ids(toks, &prompt, &np)) return 2;
     char err[1024];
     cinfer_model *m = NULL;
     cinfer_ctx *c = NULL;
@@ -60,6 +79,14 @@ int cli_generate(int argc, char **argv) {
     }
     cinfer_model_info info;
     cinfer_model_get_info(m, &info);
+    if (text && cinfer_tokenize(m, text, strlen(text), 0, &prompt, &np, err, sizeof err)) {
+        fprintf(stderr, "cinfer generate: %s\n", err);
+        goto done;
+    }
+    if (np < 1) {
+        fprintf(stderr, "cinfer generate: the prompt is empty\n");
+        goto done;
+    }
     cinfer_ctx_params p = cinfer_ctx_default_params();
     p.max_seqs = 1;
     p.max_ctx = np + (int)n_gen;
@@ -94,9 +121,11 @@ int cli_generate(int argc, char **argv) {
         }
     }
     double t1 = now_s();
+    size_t printed = 0;
     for (long i = 0; i < n_gen; i++) {
         int32_t tok = sample_temperature(logits, (int)V, (float)temp, &r, work);
         out[n_out++] = tok;
+        if (text && !print_ids) print_new_text(m, out, n_out, &printed);
         int is_eos = 0;
         for (int k = 0; k < info.n_eos; k++) is_eos |= tok == info.eos_ids[k];
         if ((is_eos && !ignore_eos) || i + 1 == n_gen) break;
@@ -109,6 +138,8 @@ int cli_generate(int argc, char **argv) {
     double t2 = now_s();
     if (print_ids) {
         for (int i = 0; i < n_out; i++) printf("%s%d", i ? "," : "", out[i]);
+        printf("\n");
+    } else if (text) {
         printf("\n");
     } else {
         for (int i = 0; i < n_out; i++) printf("%d\n", out[i]);

@@ -12,7 +12,8 @@ typedef struct {
 } verb;
 
 static const verb verbs[] = {
-    {"generate", cli_generate, "generate tokens from a prompt: -m DIR --tokens LIST -n N [--temp T --seed S] [--ids]"},
+    {"chat", cli_chat, "interactive chat in the terminal: [-m DIR] [--system TEXT] [--no-think]"},
+    {"generate", cli_generate, "generate from a prompt: -m DIR (--tokens LIST | --prompt TEXT) -n N [--temp T --seed S] [--ids]"},
     {"logits", cli_logits, "write the logits of every position: -m DIR --tokens LIST [--out FILE.npy]"},
     {"info", cli_info, "architecture, layer map, parameter count, bytes by dtype: -m DIR"},
     {"synth", cli_synth, "write a random-weight checkpoint of a real model's shape: --like NAME --out DIR"},
