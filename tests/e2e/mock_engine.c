@@ -141,6 +141,8 @@ struct cinfer_request {
     int32_t *prompt;
     int n_prompt, max_tokens, generated;
     uint64_t h;     /* the output's letters come from this hash */
+    int tool_mode;  /* the prompt said CALLTOOL and tools were given: answer with a call */
+    char tool_name[64];
     int out_len;    /* EOS after this many */
     char stop[16][64];
     int n_stop;
@@ -230,9 +232,37 @@ static void emit_text(cinfer_request *r, const char *t, int n) {
     }
 }
 
+/* A scripted tool call: "ok" as content, then a call to the first tool in two argument deltas. */
+static void step_tool(cinfer_request *r) {
+    cinfer_event ev;
+    memset(&ev, 0, sizeof ev);
+    int k = r->generated++;
+    if (k == 0) {
+        ev.type = CINFER_EV_CONTENT;
+        push(r, ev, "ok");
+    } else if (k == 1 || k == 2) {
+        ev.type = CINFER_EV_TOOL_CALL;
+        ev.tool_index = 0;
+        if (k == 1) {
+            ev.tool_id = "call_mock1";
+            ev.tool_name = r->tool_name;
+        }
+        ev.tool_args = k == 1 ? "{\"city\": " : "\"Paris\"}";
+        ev.tool_args_len = strlen(ev.tool_args);
+        push(r, ev, NULL);
+    } else {
+        r->generated = 3;
+        finish(r, "tool_calls", NULL);
+    }
+}
+
 static void step_request(cinfer_engine *e, cinfer_request *r) {
     if (atomic_load(&r->cancel)) {
         finish(r, "cancelled", NULL);
+        return;
+    }
+    if (r->tool_mode) {
+        step_tool(r);
         return;
     }
     if (r->tail - r->head > 60) return; /* the consumer is slow: the mock does not drop events */
@@ -377,6 +407,20 @@ int cinfer_engine_submit(cinfer_engine *e, const cinfer_request_params *p, cinfe
     for (int i = 0; i < p->n_prompt; i++) h = (h ^ (uint64_t)p->prompt[i]) * 1099511628211ull;
     if (p->sampling.temperature > 0) h ^= p->sampling.has_seed ? p->sampling.seed * 0x9E3779B97F4A7C15ull : (uint64_t)rand();
     r->h = h;
+    if (p->tools_json && p->tool_format != CINFER_TOOLS_NONE) {
+        int n = p->n_prompt;
+        for (int i = 0; i + 8 <= n && !r->tool_mode; i++) {
+            static const char key[] = "CALLTOOL";
+            int k = 0;
+            while (k < 8 && p->prompt[i + k] == key[k]) k++;
+            r->tool_mode = k == 8;
+        }
+        json_error_t je;
+        json_t *tools = json_loads(p->tools_json, 0, &je);
+        const char *name = json_string_value(json_object_get(json_object_get(json_array_get(tools, 0), "function"), "name"));
+        snprintf(r->tool_name, sizeof r->tool_name, "%s", name ? name : "none");
+        json_decref(tools);
+    }
     r->out_len = p->ignore_eos ? 1 << 30 : 8 + (int)(h % 40); /* EOS after out_len, unless ignored */
     e->requests_total++;
     e->prompt_total += p->n_prompt;

@@ -555,6 +555,51 @@ test('requests beyond the queue get 429 while /health answers', async () => {
 });
 
 if (MOCK) {
+  // The stand-in engine answers a prompt containing CALLTOOL with a scripted call to the first tool:
+  // this checks the tool-call shapes against the SDKs' own parsers and accumulators.
+  const wtools = [{ type: 'function', function: { name: 'get_weather', parameters: { type: 'object', properties: { city: { type: 'string' } } } } }];
+  test('tool calls through the OpenAI SDK (whole, streamed, accumulated)', async () => {
+    const c = oai(main);
+    const body = { model: 'default', messages: user('CALLTOOL please'), tools: wtools, max_tokens: 20 };
+    const r = await c.chat.completions.create(body);
+    eq(r.choices[0].finish_reason, 'tool_calls');
+    const call = r.choices[0].message.tool_calls[0];
+    eq([call.id, call.type, call.function.name], ['call_mock1', 'function', 'get_weather']);
+    eq(JSON.parse(call.function.arguments), { city: 'Paris' });
+    eq(r.choices[0].message.content, 'ok');
+    const final = await c.chat.completions.stream(body).finalChatCompletion();
+    const fc = final.choices[0].message.tool_calls[0];
+    eq(fc.function.name, 'get_weather');
+    eq(JSON.parse(fc.function.arguments), { city: 'Paris' });
+    eq(final.choices[0].finish_reason, 'tool_calls');
+    const none = await c.chat.completions.create({ ...body, tool_choice: 'none' });
+    assert(!none.choices[0].message.tool_calls, 'tool_choice none: no call parsed');
+  });
+  test('tool_use through the Anthropic SDK (whole, streamed, accumulated)', async () => {
+    const a = ant(main);
+    const body = { model: 'default', max_tokens: 20, messages: user('CALLTOOL please'),
+      tools: [{ name: 'get_weather', input_schema: { type: 'object', properties: { city: { type: 'string' } } } }] };
+    const m = await a.messages.create(body);
+    eq(m.stop_reason, 'tool_use');
+    const tu = m.content.find((b) => b.type === 'tool_use');
+    eq([tu.id, tu.name], ['call_mock1', 'get_weather']);
+    eq(tu.input, { city: 'Paris' });
+    const final = await a.messages.stream(body).finalMessage();
+    eq(final.stop_reason, 'tool_use');
+    eq(final.content.map((b) => b.type), ['text', 'tool_use']);
+    eq(final.content[1].input, { city: 'Paris' });
+  });
+  test('thinking blocks through the Anthropic SDK', async () => {
+    const a = ant(main);
+    const body = { model: 'default', max_tokens: 10, messages: user('think first'), temperature: 0, thinking: { type: 'enabled', budget_tokens: 1024 } };
+    const m = await a.messages.create(body);
+    eq(m.content[0].type, 'thinking');
+    assert(m.content[0].thinking.length > 0, 'thinking text');
+    const final = await a.messages.stream(body).finalMessage();
+    eq(final.content.map((b) => b.type), m.content.map((b) => b.type));
+    eq(final.content[0].thinking, m.content[0].thinking);
+  });
+
   test('503 while loading (mock load delay), then 200', async () => {
     const s = await startServer([], { MOCK_LOAD_DELAY_MS: '1500' });
     const h = await fetch(s.url + '/health');
