@@ -534,6 +534,15 @@ int cpu_matmul_isa_force(const char *isa) {
 
 enum { PATH_DEC, PATH_BLK, PATH_PANEL };
 
+/* One thread's share of the columns: [next, end), claimed a work item at a time from the front. A line of
+ * its own, since its owner bumps it while others may be reading theirs. */
+typedef struct {
+    atomic_long next;
+    long end;
+    char pad[64 - sizeof(atomic_long) - sizeof(long)];
+} mm_range;
+#define MM_MAX_RANGES 64
+
 typedef struct {
     float *y;         /* [M, N] f32 */
     const float *x;   /* [M, K] f32 */
@@ -543,7 +552,8 @@ typedef struct {
     const mm_kernels *kt;
     int path;
     long chunk;       /* columns per work item; a multiple of the path's column group */
-    atomic_long next; /* first column of the next unclaimed work item */
+    int nranges;
+    mm_range rg[MM_MAX_RANGES];
 } mm_job;
 
 /* Columns [n0, n1) for every row, on the decode path: all rows of x in one kernel call, so each group of
@@ -619,19 +629,24 @@ static void run_panel(const mm_job *j, long n0, long n1) {
     }
 }
 
-/* Threads claim work items (runs of whole columns, never a slice of K: see the contract above) from a
- * shared counter. Which thread computes a column cannot change its bits, so the dynamic claim costs no
- * reproducibility, and a thread that is descheduled for a while (shared or virtualised cores) no longer
- * holds up the whole call the way a fixed half-and-half split does. */
+/* Each thread owns a contiguous share of the columns (so each streams one run of W, and its prefetches
+ * land in its own next item), claims work items from its front, and when done claims the items left in
+ * the other shares. Which thread computes a column cannot change its bits (never a slice of K: see the
+ * contract above), so the stealing costs no reproducibility, and a thread descheduled for a while (shared
+ * or virtualised cores) no longer holds up the whole call the way a fixed split does. Measured: a single
+ * shared counter handing out interleaved items was ~13% slower at M=1, N=4096 with 2 threads. */
 static void mm_thread(void *ctx, int ith, int nth) {
     mm_job *j = ctx;
-    for (;;) {
-        long n0 = atomic_fetch_add_explicit(&j->next, j->chunk, memory_order_relaxed);
-        if (n0 >= j->N) return;
-        long n1 = n0 + j->chunk < j->N ? n0 + j->chunk : j->N;
-        if (j->path == PATH_DEC) run_dec(j, n0, n1);
-        else if (j->path == PATH_BLK) run_blk(j, n0, n1);
-        else run_panel(j, n0, n1);
+    for (int i = 0; i < j->nranges; i++) {
+        mm_range *rg = &j->rg[(ith + i) % j->nranges];
+        for (;;) {
+            long n0 = atomic_fetch_add_explicit(&rg->next, j->chunk, memory_order_relaxed);
+            if (n0 >= rg->end) break;
+            long n1 = n0 + j->chunk < rg->end ? n0 + j->chunk : rg->end;
+            if (j->path == PATH_DEC) run_dec(j, n0, n1);
+            else if (j->path == PATH_BLK) run_blk(j, n0, n1);
+            else run_panel(j, n0, n1);
+        }
     }
 }
 
@@ -643,7 +658,7 @@ void cpu_matmul(threadpool *tp, float *y, const float *x, const void *w, wtype w
     if (M == 0 || N == 0) return;
     const mm_kernels *kt = kernels_for(isa_current());
     const long Kp = round_up(K, 16), nth = tp_size(tp);
-    mm_job j = {y, x, w, wt, M, N, K, kt, PATH_PANEL, 0, 0};
+    mm_job j = {y, x, w, wt, M, N, K, kt, PATH_PANEL, 0, 0, {{0}}};
     if (M <= kt->dec_max) {
         /* ~128 KiB of W per item, and at least 8 items per thread for balance on small matrices. */
         long c = (128L << 10) / ((long)(K > 0 ? K : 1) * (long)wt_size(wt));
@@ -662,6 +677,15 @@ void cpu_matmul(threadpool *tp, float *y, const float *x, const void *w, wtype w
         long most = round_up((N + 2 * nth - 1) / (2 * nth), kt->C);
         j.chunk = fit < most ? fit : most;
         if (j.chunk < kt->C) j.chunk = kt->C;
+    }
+    /* Shares in whole work items (so every item boundary is a multiple of the path's column group). */
+    long items = (N + j.chunk - 1) / j.chunk;
+    j.nranges = (int)(nth < MM_MAX_RANGES ? nth : MM_MAX_RANGES);
+    for (int i = 0; i < j.nranges; i++) {
+        long b, e;
+        tp_range(items, i, j.nranges, &b, &e);
+        atomic_init(&j.rg[i].next, b * j.chunk);
+        j.rg[i].end = e * j.chunk < N ? e * j.chunk : N;
     }
     tp_run(tp, mm_thread, &j); /* one job per call: the split is inside mm_thread */
 }
