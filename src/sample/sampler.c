@@ -781,8 +781,14 @@ static void raw_logprobs(const float *x, int V, sampler_result *res, int want_to
     float m = max_f(x, V);
     int nt = 0;
     sampler_logprob *top = res->top;
-    if (k > 0)
-        for (int i = 0; i < V; i++) {
+    for (int i0 = 0; k > 0 && i0 < V; i0 += 4) {
+        if (nt == k && i0 + 4 <= V) { /* once full, whole groups of four are rejected by one compare */
+            v4sf xv;
+            memcpy(&xv, x + i0, sizeof xv);
+            v4si gt = xv > V4(top[k - 1].logprob);
+            if (!(gt[0] | gt[1] | gt[2] | gt[3])) continue;
+        }
+        for (int i = i0; i < i0 + 4 && i < V; i++) {
             float v = x[i];
             /* i is larger than every id held, so it ranks above one only with a strictly larger logit */
             if (nt == k && !(v > top[k - 1].logprob)) continue;
@@ -792,6 +798,7 @@ static void raw_logprobs(const float *x, int V, sampler_result *res, int want_to
             top[j].token = i;
             top[j].logprob = v;
         }
+    }
     double lse = isfinite(m) ? (double)m + log(exp_sum(x, V, m, 1.0f)) : (double)m;
     for (int j = 0; j < nt; j++) top[j].logprob = (float)((double)top[j].logprob - lse);
     res->n_top = nt;

@@ -5,6 +5,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cinfer.h"
 #include "sample/sample.h"
@@ -771,4 +772,58 @@ TEST(sampler_rejects_bad_params) {
     CHECK_EQ_INT(sampler_set_prompt(s, bad_prompt, 2, err, sizeof err), CINFER_EINVAL);
     CHECK_STR_CONTAINS(err, "outside the vocabulary");
     sampler_destroy(s);
+}
+
+static double thread_cpu_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* Per-token cost on a Qwen3.5-sized vocabulary with peaked logits (a wide bulk and a few strong tokens,
+ * like a model's), in thread CPU time so a busy machine does not skew it. The bound is loose (10 ms, for
+ * sanitizer builds and slow machines): it catches a full sort or a scalar-exp regression on the common
+ * chains, which cost tens of ms; the printed figures are the measurement. */
+TEST(sampler_speed_248k) {
+    enum { V = 248320, STEPS = 40 };
+    float *x = malloc(V * sizeof *x);
+    rng r;
+    rng_seed(&r, 1);
+    for (int i = 0; i < V; i++) {
+        double g = 0;
+        for (int k = 0; k < 4; k++) g += rng_uniform(&r) - 0.5;
+        x[i] = (float)(g * 4.0);
+    }
+    for (int k = 0; k < 30; k++) x[rng_next(&r) % V] += (float)(10.0 + 10.0 * rng_uniform(&r));
+    struct {
+        const char *name;
+        float temp, top_p, min_p;
+        int top_k, top_logprobs;
+    } cs[] = {
+        {"greedy", 0.0f, 1.0f, 0.0f, 0, 0},
+        {"temperature 0.8", 0.8f, 1.0f, 0.0f, 0, 0},
+        {"T0.6 top_k 20 top_p 0.95", 0.6f, 0.95f, 0.0f, 20, 0},
+        {"top_p 0.95", 1.0f, 0.95f, 0.0f, 0, 0},
+        {"min_p 0.05", 1.0f, 1.0f, 0.05f, 0, 0},
+        {"greedy + 20 top_logprobs", 0.0f, 1.0f, 0.0f, 0, 20},
+    };
+    for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
+        sampler_params p = sampler_default_params();
+        p.temperature = cs[c].temp;
+        p.top_p = cs[c].top_p;
+        p.min_p = cs[c].min_p;
+        p.top_k = cs[c].top_k;
+        p.logprobs = cs[c].top_logprobs > 0;
+        p.top_logprobs = cs[c].top_logprobs;
+        sampler *s = mk(&p, V);
+        REQUIRE(s);
+        sampler_result res;
+        double t0 = thread_cpu_s();
+        for (int i = 0; i < STEPS; i++) sampler_sample(s, x, &res);
+        double ms = (thread_cpu_s() - t0) * 1e3 / STEPS;
+        printf("    sampler %-26s %7.3f ms/token (V=%d)\n", cs[c].name, ms, V);
+        CHECK_MSG(ms < 10.0, "%s: %.2f ms per token", cs[c].name, ms);
+        sampler_destroy(s);
+    }
+    free(x);
 }
