@@ -6,11 +6,11 @@
 #   make fuzz     libFuzzer targets (clang) run FUZZ_SECONDS each on their seed corpora
 CC      ?= cc
 BUILD   ?= build
-PKGS    := jansson libpcre2-8 libutf8proc
+PKGS    := jansson libpcre2-8 libutf8proc libmicrohttpd
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 ifeq ($(PKG_LIBS),)
-PKG_LIBS := -ljansson -lpcre2-8 -lutf8proc
+PKG_LIBS := -ljansson -lpcre2-8 -lutf8proc -lmicrohttpd
 endif
 
 WARN    := -Wall -Wextra -Werror -Wno-unused-parameter -Wshadow -Wvla
@@ -64,19 +64,31 @@ asan:
 
 FUZZ_SECONDS ?= 20
 FUZZ_CC ?= clang
-fuzz-build:
-	@mkdir -p $(BUILD)/fuzz
-	@for f in $(FUZZ_SRC); do n=$$(basename $$f .c); \
-	  echo "  FUZZ-CC $$n"; \
-	  $(FUZZ_CC) -std=c11 -D_GNU_SOURCE -O1 -g -Iinclude -Isrc $(PKG_CFLAGS) -fsanitize=fuzzer,address,undefined \
-	    -Wno-unused-parameter -o $(BUILD)/fuzz/$$n $$f $(LIB_SRC) $(LDLIBS) || exit 1; done
+FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -O1 -g -Iinclude -Isrc $(PKG_CFLAGS) -Wno-unused-parameter
+FUZZ_OBJ := $(LIB_SRC:%.c=$(BUILD)/fuzz/obj/%.o)
+FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/%.c=$(BUILD)/fuzz/%)
+
+# The library is compiled once with coverage + sanitizers, then each target links against it.
+$(BUILD)/fuzz/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link,address,undefined -c $< -o $@
+
+$(BUILD)/fuzz/libcinfer-fuzz.a: $(FUZZ_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c $(BUILD)/fuzz/libcinfer-fuzz.a
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer,address,undefined -o $@ $< $(BUILD)/fuzz/libcinfer-fuzz.a $(LDLIBS)
+
+fuzz-build: $(FUZZ_BIN)
 
 fuzz: fuzz-build
 	@for f in $(FUZZ_SRC); do n=$$(basename $$f .c); c=tests/fuzz/corpus/$${n#fuzz_}; \
 	  mkdir -p $(BUILD)/fuzz/corpus-$$n; \
 	  echo "== $$n ($(FUZZ_SECONDS)s)"; \
 	  $(BUILD)/fuzz/$$n -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -print_final_stats=0 \
-	    $(BUILD)/fuzz/corpus-$$n $$c 2>&1 | tail -n 3 || exit 1; done
+	    $(BUILD)/fuzz/corpus-$$n $$c > $(BUILD)/fuzz/$$n.log 2>&1 || { tail -n 40 $(BUILD)/fuzz/$$n.log; exit 1; }; \
+	  tail -n 1 $(BUILD)/fuzz/$$n.log; done
 
 test:
 	$(MAKE) unit
@@ -86,20 +98,19 @@ test:
 	$(MAKE) BUILD=build-asan SAN=1 e2e
 
 # End-to-end: tests/e2e/run.mjs drives live servers with the official OpenAI and Anthropic SDKs
-# (scripts/install-deps.sh installs them). cinfer-mock-serve is the HTTP layer over a stand-in engine
-# (tests/e2e/mock_engine.c). The HTTP glue and the serve verb wait in tests/e2e/pending/ until the
-# engine and text API of cinfer.h are implemented; then they move to src/server/ and src/cli/ and the
-# suite also runs against $(BUILD)/cinfer on models/default.
-E2E_SRC := tests/e2e/mock_main.c tests/e2e/mock_engine.c tests/e2e/pending/http.c tests/e2e/pending/serve.c src/cli/args.c \
+# (scripts/install-deps.sh installs them): once against cinfer-mock-serve, the HTTP layer over a
+# stand-in engine (tests/e2e/mock_engine.c: fast, scripted tool calls, a load delay for the 503 test),
+# then against `cinfer serve` on models/default.
+E2E_SRC := tests/e2e/mock_main.c tests/e2e/mock_engine.c src/cli/serve.c src/cli/args.c \
            $(filter src/server/% src/util/%,$(LIB_SRC))
-$(BUILD)/cinfer-mock-serve: $(E2E_SRC) $(wildcard src/server/*.h tests/e2e/pending/server/*.h)
+$(BUILD)/cinfer-mock-serve: $(E2E_SRC) $(wildcard src/server/*.h)
 	@mkdir -p $(BUILD)
-	$(CC) $(filter-out -MMD -MP,$(CFLAGS)) -Itests/e2e/pending -o $@ $(E2E_SRC) $(LDFLAGS) $(LDLIBS) -lmicrohttpd
+	$(CC) $(filter-out -MMD -MP,$(CFLAGS)) -o $@ $(E2E_SRC) $(LDFLAGS) $(LDLIBS)
 
 e2e: $(BUILD)/cinfer-mock-serve all
 	node tests/e2e/run.mjs --mock --bin $(BUILD)/cinfer-mock-serve
 	@if $(BUILD)/cinfer serve --help >/dev/null 2>&1; then node tests/e2e/run.mjs --bin $(BUILD)/cinfer --model models/default; \
-	else echo "e2e: 'cinfer serve' is not in the binary yet (tests/e2e/pending): the real-engine run is not done"; fi
+	else echo "e2e: 'cinfer serve' is not wired into src/cli/main.c yet: the real-engine run is not done"; fi
 
 bench: all
 	bench/run.sh
