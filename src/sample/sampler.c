@@ -579,12 +579,12 @@ static void heap_top(const float *w, int n, int k, cand *c) {
 
 /* top_k up to this uses heap_top; beyond, quickselect over all candidates */
 #define TOP_K_HEAP_MAX 1024
-/* Up to this many candidates, top_p sorts them all rather than gathering by threshold first. */
-#define TOP_P_SORT_ALL 1024
+/* Up to this vocabulary size, top_p gathers every candidate at once rather than by falling threshold. */
+#define TOP_P_GATHER_ALL 1024
 
 /* The length L of the shortest best-first prefix of c[0..n) whose mass (exp((l - m) * k)) reaches target;
  * moves that prefix's members to c[0..L), unordered. A quickselect weighted by mass: a flat distribution
- * can keep most of the vocabulary under top_p, and this is O(n) where sorting it was 30 ms a token. */
+ * can keep most of the vocabulary under top_p; this is O(n) expected instead of a sort of all of it. */
 static int top_p_select(cand *c, int n, double target, float m, float k) {
     int lo = 0, hi = n, depth = depth_limit(n);
     double acc = 0.0; /* mass of c[0..lo), all better than anything in c[lo..n) */
@@ -619,8 +619,7 @@ typedef struct chain {
     int have_c;     /* candidates are c[0..n); else all of w */
     cand *c;
     int n;
-    int sorted; /* c is best-first */
-    float m;    /* the maximum logit (of w, when !have_c: XTC may have lowered it) */
+    float m; /* the maximum logit (of w, when !have_c: XTC may have lowered it) */
     float inv_t;
 } chain;
 
@@ -654,7 +653,7 @@ static int32_t run_chain(sampler *s, const float *logits, chain *ch) {
      * not depend on it, and keeping logits unscaled keeps that order exact (scaling in f32 could merge
      * two close logits into a tie). */
     cand *c = s->c;
-    int have_c = 0, n = V, sorted = 0;
+    int have_c = 0, n = V;
     if (p->top_k > 0 && p->top_k < V) {
         n = p->top_k;
         if (n <= TOP_K_HEAP_MAX) {
@@ -666,10 +665,11 @@ static int32_t run_chain(sampler *s, const float *logits, chain *ch) {
         have_c = 1;
     }
 
-    /* min_p keeps p_i >= min_p * p_max, i.e. exp((w_i - m) / T) >= min_p; floor is a log-space bound a
-     * little below that (unscaled) for prefiltering, the exact test is the exp one. */
-    float floor = p->min_p > 0.0f ? m + T * (logf(p->min_p) - 1e-3f) : -INFINITY;
-    float sure = p->min_p > 0.0f ? m + T * (logf(p->min_p) + 1e-3f) : -INFINITY; /* above: kept, no exp */
+    /* min_p keeps p_i >= min_p * p_max, i.e. exp((w_i - m) / T) >= min_p. minp_lo and minp_hi bracket that
+     * in logit space (a little below, a little above): below is out, above is in, and only between does
+     * the exact exp test run. */
+    float minp_lo = p->min_p > 0.0f ? m + T * (logf(p->min_p) - 1e-3f) : -INFINITY;
+    float minp_hi = p->min_p > 0.0f ? m + T * (logf(p->min_p) + 1e-3f) : -INFINITY;
 
     if (p->top_p < 1.0f) {
         double z, target, mass = 0.0;
@@ -682,15 +682,15 @@ static int32_t run_chain(sampler *s, const float *logits, chain *ch) {
         } else {
             /* Sorting 248k candidates per token is the cost to avoid: gather those above a falling
              * threshold until they hold the target mass (they are then a prefix of the sorted order, so
-             * the top_p prefix lies inside them) and sort only those. Reaching min_p's floor first means
-             * everything below would be trimmed anyway. */
+             * the top_p prefix lies inside them) and select among those only. Reaching min_p's bound first
+             * means everything below would be trimmed anyway. */
             z = exp_sum(w, V, m, inv_t);
             target = (double)p->top_p * z;
             n1 = 0;
             float hi = INFINITY;
             for (float d = 4.0f;; d *= 2.0f) {
-                float lo = V <= TOP_P_SORT_ALL ? -INFINITY : m - d * T;
-                if (lo < floor) lo = floor;
+                float lo = V <= TOP_P_GATHER_ALL ? -INFINITY : m - d * T;
+                if (lo < minp_lo) lo = minp_lo;
                 int k = gather(w, V, lo, hi, c, n1);
                 if (k - n1 > V / 8) /* a wide gather: one vector pass beats that many scalar exps */
                     mass += exp_sum_range(w, V, m, inv_t, lo, hi);
@@ -698,7 +698,7 @@ static int32_t run_chain(sampler *s, const float *logits, chain *ch) {
                     for (int i = n1; i < k; i++) mass += wexp(c[i].l, m, inv_t);
                 n1 = k;
                 hi = lo;
-                if (mass >= target || lo <= floor || n1 == V) break;
+                if (mass >= target || lo <= minp_lo || n1 == V) break;
             }
             have_c = 1;
         }
@@ -710,11 +710,9 @@ static int32_t run_chain(sampler *s, const float *logits, chain *ch) {
             n = 0;
             for (int i = 0; i < V; i++) {
                 float v = w[i];
-                if (v >= sure || (v >= floor && wexp(v, m, inv_t) >= p->min_p)) c[n++] = (cand){v, i};
+                if (v >= minp_hi || (v >= minp_lo && wexp(v, m, inv_t) >= p->min_p)) c[n++] = (cand){v, i};
             }
             have_c = 1; /* the maximum is always among them: exp(0) = 1 >= min_p */
-        } else if (sorted) {
-            while (n > 1 && !(wexp(c[n - 1].l, m, inv_t) >= p->min_p)) n--;
         } else {
             int k = 0;
             for (int j = 0; j < n; j++)
@@ -739,8 +737,6 @@ static int32_t run_chain(sampler *s, const float *logits, chain *ch) {
                 for (int j = 1; j < k; j++)
                     if (better(&c[wst], &c[j])) wst = j;
                 swap_c(&c[wst], &c[k - 1]);
-                /* Sorted input stays sorted: the p >= threshold set is then a prefix, the partition and
-                 * the swap move nothing, and dropping a prefix keeps the order. */
                 c += k - 1;
                 n -= k - 1;
             }
@@ -769,7 +765,6 @@ static int32_t run_chain(sampler *s, const float *logits, chain *ch) {
     ch->have_c = have_c;
     ch->c = c;
     ch->n = n;
-    ch->sorted = sorted;
     ch->m = m;
     ch->inv_t = inv_t;
     return -1;
@@ -872,7 +867,7 @@ int sampler_candidates(sampler *s, const float *logits, int32_t *ids, float *pro
     int n = ch.n;
     /* -FLT_MAX leaves out the -inf entries: zero mass, and where XTC removed tokens from w */
     if (!ch.have_c) n = gather(ch.w, s->n_vocab, -FLT_MAX, INFINITY, c, 0);
-    if (!ch.sorted) sort_desc(c, n);
+    sort_desc(c, n);
     float mc = c[0].l;
     while (n > 1 && !(wexp(c[n - 1].l, mc, ch.inv_t) > 0.0f)) n--; /* zero mass: can never be drawn */
     double z = 0.0;
