@@ -32,8 +32,10 @@ const opt = (name, dflt) => {
   args.splice(i, 2);
   return v;
 };
-const MOCK = args.includes('--mock');
-if (MOCK) args.splice(args.indexOf('--mock'), 1);
+const flag = (name) => { const i = args.indexOf(name); if (i >= 0) args.splice(i, 1); return i >= 0; };
+const MOCK = flag('--mock');
+// --no-verb: the binary is a server itself (cli_serve as main), not `cinfer` taking the serve verb
+const NO_VERB = flag('--no-verb') || MOCK;
 const BIN = path.resolve(root, opt('--bin', MOCK ? 'build/cinfer-mock-serve' : 'build/cinfer'));
 const MODEL = path.resolve(root, opt('--model', 'models/default'));
 const FILTER = args[0] || '';
@@ -45,7 +47,7 @@ const NOTHINK = ['--chat-template-args', '{"enable_thinking":false}'];
 // ---- servers ----
 const servers = [];
 async function startServer(extra = [], env = {}) {
-  const argv = (MOCK ? [] : ['serve']).concat(['--model', MODEL, '--port', '0', '--threads', '2'], extra);
+  const argv = (NO_VERB ? [] : ['serve']).concat(['--model', MODEL, '--port', '0', '--threads', '2'], extra);
   const p = spawn(BIN, argv, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ...env } });
   let out = '', errText = '';
   p.stderr.on('data', (d) => { errText += d; if (errText.length > 1e6) errText = errText.slice(-5e5); });
