@@ -12,5 +12,6 @@ int cli_tokenize(int argc, char **argv);
 int cli_detokenize(int argc, char **argv);
 int cli_template(int argc, char **argv);
 int cli_chat(int argc, char **argv);
+int cli_serve(int argc, char **argv);
 
 #endif

@@ -12,6 +12,7 @@ typedef struct {
 } verb;
 
 static const verb verbs[] = {
+    {"serve", cli_serve, "OpenAI + Anthropic compatible HTTP server: [-m DIR] [--host H] [--port P] (cinfer serve --help)"},
     {"chat", cli_chat, "interactive chat in the terminal: [-m DIR] [--system TEXT] [--no-think]"},
     {"generate", cli_generate, "generate from a prompt: -m DIR (--tokens LIST | --prompt TEXT) -n N [--temp T --seed S] [--ids]"},
     {"logits", cli_logits, "write the logits of every position: -m DIR --tokens LIST [--out FILE.npy]"},
