@@ -66,8 +66,10 @@ static void peak_fn(void *ctx, int ith, int nth) {
     peak_job *j = ctx;
     float r = 0;
 #if defined(__x86_64__)
-    if (j->width == 16) r = fma_loop512(PEAK_ITERS);
-    else if (j->width == 8) r = fma_loop256(PEAK_ITERS);
+    if (j->width == 16)
+        r = fma_loop512(PEAK_ITERS);
+    else if (j->width == 8)
+        r = fma_loop256(PEAK_ITERS);
 #endif
     if (ith == 0) j->sink = r;
 }
@@ -158,11 +160,14 @@ int main(int argc, char **argv) {
     int width = 1;
 #if defined(__x86_64__)
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f")) width = 16;
-    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) width = 8;
+    if (__builtin_cpu_supports("avx512f"))
+        width = 16;
+    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        width = 8;
 #endif
     double peak = measure_peak(tp, width);
-    if (peak > 0) printf("f32 FMA peak (%d-wide, register-only, %d threads): %.1f GFLOP/s\n", width, nthreads, peak);
+    if (peak > 0)
+        printf("f32 FMA peak (%d-wide, register-only, %d threads): %.1f GFLOP/s\n", width, nthreads, peak);
 
     /* Bandwidth. */
     size_t bw_bytes = (size_t)1 << 30;
@@ -180,15 +185,15 @@ int main(int argc, char **argv) {
         int M, N, K;
         wtype wt;
     } cases[] = {
-        {1, 248320, 1024, WT_BF16}, {8, 248320, 1024, WT_BF16}, {512, 6144, 1024, WT_BF16},
-        {1, 6144, 1024, WT_BF16},   {8, 6144, 1024, WT_BF16},   {64, 6144, 1024, WT_BF16},
-        {1, 2048, 1024, WT_BF16},   {1, 4096, 1024, WT_BF16},   {1, 3584, 1024, WT_BF16},
-        {1, 1024, 1024, WT_BF16},   {1, 1024, 3584, WT_BF16},   {512, 1024, 3584, WT_BF16},
-        {2048, 6144, 1024, WT_BF16}, {512, 6144, 1024, WT_F32}, {512, 6144, 1024, WT_F16},
-        {1, 6144, 1024, WT_F32},    {1, 6144, 1024, WT_F16},
+        {1, 248320, 1024, WT_BF16},  {8, 248320, 1024, WT_BF16}, {512, 6144, 1024, WT_BF16},
+        {1, 6144, 1024, WT_BF16},    {8, 6144, 1024, WT_BF16},   {64, 6144, 1024, WT_BF16},
+        {1, 2048, 1024, WT_BF16},    {1, 4096, 1024, WT_BF16},   {1, 3584, 1024, WT_BF16},
+        {1, 1024, 1024, WT_BF16},    {1, 1024, 3584, WT_BF16},   {512, 1024, 3584, WT_BF16},
+        {2048, 6144, 1024, WT_BF16}, {512, 6144, 1024, WT_F32},  {512, 6144, 1024, WT_F16},
+        {1, 6144, 1024, WT_F32},     {1, 6144, 1024, WT_F16},
     };
-    printf("%-26s %8s %8s %6s %8s %7s  %s\n", "case (M x N x K, type)", "ms(med)", "GB/s W", "of bw", "GFLOP/s",
-           "of peak", "best ms | bw, peak around it");
+    printf("%-26s %8s %8s %6s %8s %7s  %s\n", "case (M x N x K, type)", "ms(med)", "GB/s W", "of bw",
+           "GFLOP/s", "of peak", "best ms | bw, peak around it");
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         int M = cases[ci].M, N = cases[ci].N, K = cases[ci].K;
         wtype wt = cases[ci].wt;
@@ -208,7 +213,9 @@ int main(int argc, char **argv) {
             s ^= s << 13, s ^= s >> 17, s ^= s << 5;
             float v = (float)(s >> 8) / 16777216.0f - 0.5f;
             /* f32 weights: each pair of halves forms a finite float (the bf16 pattern below, repeated). */
-            w[i] = wt == WT_F16 ? (uint16_t)(0x3000 | (s & 0x83ff)) : wt == WT_F32 && (i & 1) == 0 ? 0 : f32_to_bf16(v);
+            w[i] = wt == WT_F16                   ? (uint16_t)(0x3000 | (s & 0x83ff))
+                   : wt == WT_F32 && (i & 1) == 0 ? 0
+                                                  : f32_to_bf16(v);
         }
         for (size_t i = 0; i < (size_t)M * K; i++) x[i] = (float)((i * 7919) % 1000) / 1000.0f - 0.5f;
         /* Enough calls for ~0.5 s of the slower of the two ceilings, at least 5. */
@@ -231,8 +238,9 @@ int main(int argc, char **argv) {
         if (bw2 > bwc) bwc = bw2;
         qsort(ts, reps, sizeof(double), cmp_d);
         double t = ts[reps / 2], tmin = ts[0];
-        printf("%-26s %8.3f %8.1f %5.0f%% %8.1f %6.0f%%  %.3f | %.0f GB/s, %.0f GFLOP/s\n", label, t * 1e3, wbytes / t / 1e9,
-               100 * wbytes / t / 1e9 / bwc, flops / t / 1e9, pk > 0 ? 100 * flops / t / 1e9 / pk : 0, tmin * 1e3, bwc, pk);
+        printf("%-26s %8.3f %8.1f %5.0f%% %8.1f %6.0f%%  %.3f | %.0f GB/s, %.0f GFLOP/s\n", label, t * 1e3,
+               wbytes / t / 1e9, 100 * wbytes / t / 1e9 / bwc, flops / t / 1e9,
+               pk > 0 ? 100 * flops / t / 1e9 / pk : 0, tmin * 1e3, bwc, pk);
         free(ts);
         free(w);
         free(x);

@@ -24,7 +24,9 @@ static uint64_t rng_next(rng *r) {
 }
 
 /* Uniform in [-1, 1). */
-static float rng_unit(rng *r) { return (float)((double)(rng_next(r) >> 11) / 9007199254740992.0 * 2.0 - 1.0); }
+static float rng_unit(rng *r) {
+    return (float)((double)(rng_next(r) >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
 
 /* Weights of type wt with finite random values of mixed magnitude (f16: exponents 2^-6 .. 2^3, some
  * subnormal-free, never inf/nan). */
@@ -40,7 +42,8 @@ static void *make_w(rng *r, wtype wt, long n) {
             w[i] = f32_to_bf16(rng_unit(r) * 3.0f);
         } else {
             uint64_t b = rng_next(r);
-            uint16_t sign = (uint16_t)((b & 1) << 15), exp = (uint16_t)(9 + (b >> 1) % 10), man = (uint16_t)((b >> 8) & 0x3ff);
+            uint16_t sign = (uint16_t)((b & 1) << 15), exp = (uint16_t)(9 + (b >> 1) % 10),
+                     man = (uint16_t)((b >> 8) & 0x3ff);
             w[i] = (uint16_t)(sign | (exp << 10) | man);
         }
     }
@@ -61,7 +64,8 @@ static double w_at(const void *w, wtype wt, long i) {
 
 /* y (poisoned with NaN before the call, with a NaN guard after M*N that must survive) against the double
  * product: |y - ref| <= 1e-5 * Σ|x||w| for every element. Returns the number of bad elements. */
-static int check_against_double(const float *y, const float *x, const void *w, wtype wt, int M, int N, int K) {
+static int check_against_double(const float *y, const float *x, const void *w, wtype wt, int M, int N,
+                                int K) {
     int bad = 0;
     for (int m = 0; m < M; m++)
         for (int n = 0; n < N; n++) {
@@ -74,8 +78,8 @@ static int check_against_double(const float *y, const float *x, const void *w, w
             double v = y[(long)m * N + n];
             if (!(fabs(v - s) <= 1e-5 * a)) {
                 if (bad < 3)
-                    test_fail(__FILE__, __LINE__, "wt=%d M=%d N=%d K=%d y[%d][%d]=%.9g ref=%.9g scale=%.3g", (int)wt, M,
-                              N, K, m, n, v, s, a);
+                    test_fail(__FILE__, __LINE__, "wt=%d M=%d N=%d K=%d y[%d][%d]=%.9g ref=%.9g scale=%.3g",
+                              (int)wt, M, N, K, m, n, v, s, a);
                 bad++;
             }
         }
@@ -96,10 +100,11 @@ static const char *all_isa[3] = {"scalar", "avx2", "avx512"};
  * sliced panel's column cap), and a K too long for even one column group of the panel (70001: the
  * blocked path straight from W). */
 static const int shapes[][3] = {
-    {1, 1, 1},     {1, 1, 15},   {1, 1, 16},    {1, 1, 17},    {1, 15, 16},  {1, 16, 17},  {1, 17, 15},
-    {2, 3, 5},     {3, 7, 31},   {6, 9, 48},   {4, 6, 32},    {5, 13, 33},   {7, 17, 100}, {8, 19, 47},  {9, 5, 16},
-    {9, 23, 1},    {15, 16, 17}, {16, 15, 16},  {17, 17, 17},  {13, 11, 129}, {37, 29, 65}, {12, 200, 1024},
-    {10, 130, 257}, {1, 301, 1031}, {9, 3, 70001}, {10, 7, 2100}, {9, 500, 1040}, {0, 5, 5},  {3, 0, 7},    {3, 5, 0},
+    {1, 1, 1},     {1, 1, 15},    {1, 1, 16},     {1, 1, 17},      {1, 15, 16},    {1, 16, 17},
+    {1, 17, 15},   {2, 3, 5},     {3, 7, 31},     {6, 9, 48},      {4, 6, 32},     {5, 13, 33},
+    {7, 17, 100},  {8, 19, 47},   {9, 5, 16},     {9, 23, 1},      {15, 16, 17},   {16, 15, 16},
+    {17, 17, 17},  {13, 11, 129}, {37, 29, 65},   {12, 200, 1024}, {10, 130, 257}, {1, 301, 1031},
+    {9, 3, 70001}, {10, 7, 2100}, {9, 500, 1040}, {0, 5, 5},       {3, 0, 7},      {3, 5, 0},
 };
 
 static void run_shapes(threadpool *tp, const char *isa) {
@@ -115,8 +120,8 @@ static void run_shapes(threadpool *tp, const char *isa) {
             cpu_matmul_ref(yr, x, w, wt, M, N, K);
             CHECK_MSG(isnan(y[(long)M * N]), "%s: wrote past y (M=%d N=%d K=%d)", isa, M, N, K);
             CHECK_EQ_INT(check_against_double(y, x, w, wt, M, N, K), 0);
-            CHECK_MSG(!memcmp(y, yr, (size_t)M * N * 4), "%s wt=%d M=%d N=%d K=%d: bits differ from cpu_matmul_ref",
-                      isa, (int)wt, M, N, K);
+            CHECK_MSG(!memcmp(y, yr, (size_t)M * N * 4),
+                      "%s wt=%d M=%d N=%d K=%d: bits differ from cpu_matmul_ref", isa, (int)wt, M, N, K);
             free(x);
             free(w);
             free(y);
@@ -127,7 +132,8 @@ static void run_shapes(threadpool *tp, const char *isa) {
 
 TEST(matmul_isa_names_and_force) {
     const char *cur = cpu_matmul_isa();
-    CHECK(!strcmp(cur, "scalar") || !strcmp(cur, "avx2") || !strcmp(cur, "avx512") || !strcmp(cur, "avx512bf16"));
+    CHECK(!strcmp(cur, "scalar") || !strcmp(cur, "avx2") || !strcmp(cur, "avx512") ||
+          !strcmp(cur, "avx512bf16"));
     CHECK_EQ_INT(cpu_matmul_isa_force("sse9"), CINFER_EINVAL);
     CHECK_EQ_INT(cpu_matmul_isa_force("scalar"), 0);
     CHECK(!strcmp(cpu_matmul_isa(), "scalar"));
@@ -169,26 +175,26 @@ TEST(matmul_rows_bit_identical_across_batch_and_threads) {
             CHECK(isnan(yb[M * N]));
             for (int m = 0; m < M; m++) {
                 cpu_matmul(tps[m % 3], y1, x + (long)m * K, w, wt, 1, N, K);
-                CHECK_MSG(!memcmp(y1, yb + (long)m * N, (size_t)N * 4), "%s wt=%d row %d: M=1 differs from M=37",
-                          all_isa[i], (int)wt, m);
+                CHECK_MSG(!memcmp(y1, yb + (long)m * N, (size_t)N * 4),
+                          "%s wt=%d row %d: M=1 differs from M=37", all_isa[i], (int)wt, m);
             }
             for (int ti = 0; ti < 4; ti++) {
                 float *yt = alloc_y((long)M * N);
                 cpu_matmul(ti < 3 ? tps[ti] : NULL, yt, x, w, wt, M, N, K);
-                CHECK_MSG(!memcmp(yt, yb, (size_t)M * N * 4), "%s wt=%d: %d threads differ from 2", all_isa[i],
-                          (int)wt, ti < 3 ? ti + 1 : 0);
+                CHECK_MSG(!memcmp(yt, yb, (size_t)M * N * 4), "%s wt=%d: %d threads differ from 2",
+                          all_isa[i], (int)wt, ti < 3 ? ti + 1 : 0);
                 free(yt);
             }
-            /* Sub-batches of every decode size and a few panel sizes, taken from the middle of the 37, give the
-             * same bits as inside it. */
+            /* Sub-batches of every decode size and a few panel sizes, taken from the middle of the 37, give
+             * the same bits as inside it. */
             static const int sub[] = {2, 3, 4, 5, 6, 7, 8, 9, 10, 16, 17};
             for (size_t si = 0; si < sizeof sub / sizeof sub[0]; si++) {
                 int ms = sub[si], off = (int)(si * 3 % (M - ms));
                 float *ys = alloc_y((long)ms * N);
                 cpu_matmul(tps[si % 3], ys, x + (long)off * K, w, wt, ms, N, K);
                 CHECK(isnan(ys[(long)ms * N]));
-                CHECK_MSG(!memcmp(ys, yb + (long)off * N, (size_t)ms * N * 4), "%s wt=%d: rows %d..%d as M=%d differ",
-                          all_isa[i], (int)wt, off, off + ms - 1, ms);
+                CHECK_MSG(!memcmp(ys, yb + (long)off * N, (size_t)ms * N * 4),
+                          "%s wt=%d: rows %d..%d as M=%d differ", all_isa[i], (int)wt, off, off + ms - 1, ms);
                 free(ys);
             }
             free(x);
@@ -215,7 +221,8 @@ TEST(matmul_isas_agree_bitwise) {
         for (int i = 1; i < 3; i++) {
             if (cpu_matmul_isa_force(all_isa[i]) != 0) continue;
             cpu_matmul(NULL, y, x, w, wt, M, N, K);
-            CHECK_MSG(!memcmp(y, y0, (size_t)M * N * 4), "%s differs from scalar, wt=%d", all_isa[i], (int)wt);
+            CHECK_MSG(!memcmp(y, y0, (size_t)M * N * 4), "%s differs from scalar, wt=%d", all_isa[i],
+                      (int)wt);
         }
         free(x);
         free(w);

@@ -31,8 +31,9 @@ enum { ISA_NONE = 0, ISA_SCALAR = 1, ISA_AVX2 = 2, ISA_AVX512 = 3 };
 #define MK_MAXC 8 /* most columns of W one kernel call handles */
 
 /* The converted panel: 512 KiB of f32, half a Zen 4/5 core's L2, leaving room for the rows of x streaming
- * past it (measured on Zen 5: 256 KiB is ~3% slower at M=512, K=1024; 128 KiB ~7%). Thread-local, so concurrent callers with their own pools never share it, and fixed,
- * so nothing is allocated on the decode/prefill path. */
+ * past it (measured on Zen 5: 256 KiB is ~3% slower at M=512, K=1024; 128 KiB ~7%). Thread-local, so
+ * concurrent callers with their own pools never share it, and fixed, so nothing is allocated on the
+ * decode/prefill path. */
 #define PANEL_FLOATS (128 * 1024)
 static _Thread_local float tl_panel[PANEL_FLOATS] __attribute__((aligned(64)));
 
@@ -60,16 +61,18 @@ typedef void (*cvt_fn)(float *dst, const void *src, wtype wt, int K, int Kp);
 
 typedef struct {
     const char *name;
-    int R, C;                    /* blocked kernels: rows and columns per call */
-    mk_fn blk[3][MK_MAXR + 1];   /* [weight type][rows in this call]; blk[WT_F32] also runs on the panel */
-    int dec_max;                 /* M up to this takes the decode kernels */
-    int dec_c[DEC_MAXR + 1];     /* columns per decode call for exactly r rows (as many as registers allow) */
-    mk_fn dec[3][DEC_MAXR + 1];  /* [weight type][r]: exactly r rows, dec_c[r] columns, prefetching W */
-    mks_fn slc[MK_MAXR + 1];     /* [rows]: blk[WT_F32] over a slice of K (NULL: no K slicing) */
+    int R, C;                   /* blocked kernels: rows and columns per call */
+    mk_fn blk[3][MK_MAXR + 1];  /* [weight type][rows in this call]; blk[WT_F32] also runs on the panel */
+    int dec_max;                /* M up to this takes the decode kernels */
+    int dec_c[DEC_MAXR + 1];    /* columns per decode call for exactly r rows (as many as registers allow) */
+    mk_fn dec[3][DEC_MAXR + 1]; /* [weight type][r]: exactly r rows, dec_c[r] columns, prefetching W */
+    mks_fn slc[MK_MAXR + 1];    /* [rows]: blk[WT_F32] over a slice of K (NULL: no K slicing) */
     cvt_fn cvt;
 } mm_kernels;
 
-static size_t wt_size(wtype wt) { return wt == WT_F32 ? 4 : 2; }
+static size_t wt_size(wtype wt) {
+    return wt == WT_F32 ? 4 : 2;
+}
 
 /* ---------------------------------------------------------------- portable C */
 
@@ -100,7 +103,8 @@ static void mk_scalar(const float *x, long ldx, int rv, const void *w, long ldw,
     size_t es = wt_size(wt);
     for (int r = 0; r < rv; r++)
         for (int c = 0; c < cv; c++)
-            y[(long)r * ldy + c] = dot_scalar(x + (long)r * ldx, (const char *)w + (size_t)c * (size_t)ldw * es, wt, K);
+            y[(long)r * ldy + c] =
+                dot_scalar(x + (long)r * ldx, (const char *)w + (size_t)c * (size_t)ldw * es, wt, K);
 }
 
 static void mk_scalar_f32(const float *x, long ldx, int rv, const void *w, long ldw, int cv, int K, float *y,
@@ -122,12 +126,14 @@ static void cvt_scalar(float *dst, const void *src, wtype wt, int K, int Kp) {
 }
 
 static const mm_kernels kern_scalar = {
-    "scalar", 1, 4,
-    {{NULL, mk_scalar_f32}, {NULL, mk_scalar_bf16}, {NULL, mk_scalar_f16}},
-    1, {0, 4},
-    {{NULL, mk_scalar_f32}, {NULL, mk_scalar_bf16}, {NULL, mk_scalar_f16}},
-    {NULL},
-    cvt_scalar,
+    .name = "scalar",
+    .R = 1,
+    .C = 4,
+    .blk = {{NULL, mk_scalar_f32}, {NULL, mk_scalar_bf16}, {NULL, mk_scalar_f16}},
+    .dec_max = 1,
+    .dec_c = {0, 4},
+    .dec = {{NULL, mk_scalar_f32}, {NULL, mk_scalar_bf16}, {NULL, mk_scalar_f16}},
+    .cvt = cvt_scalar,
 };
 
 #if defined(__x86_64__)
@@ -179,10 +185,12 @@ static A512 AINL void fold_l2(const __m512 *t8, __m512 *t4, int quads) {
                               _mm512_shuffle_f32x4(t8[2 * q], t8[2 * q + 1], 0xDD));
 }
 static A512 AINL __m512 fold_l3(__m512 a, __m512 b) { /* lane j: s2 of a's j-th, then of b's j-th */
-    return _mm512_add_ps(_mm512_shuffle_ps(a, b, _MM_SHUFFLE(1, 0, 1, 0)), _mm512_shuffle_ps(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+    return _mm512_add_ps(_mm512_shuffle_ps(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
 }
 static A512 AINL __m512 fold_l4(__m512 a, __m512 b) {
-    return _mm512_add_ps(_mm512_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_add_ps(_mm512_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 static A512 AINL __m512i fold_order(void) { /* out[p] = t1[4 * (p % 4) + p / 4] */
     return _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
@@ -210,9 +218,9 @@ static A512 AINL void fold8(const __m512 *v, float *out) {
 /* accb/first/last: a slice of a longer K. The 16 lanes of every accumulator start from accb (unless first)
  * and go back to it unfolded (unless last); saving and reloading a lane is exact, so a K split into slices
  * that are multiples of 16 keeps the contract's order bit for bit. accb: [R*C][16] f32. */
-static A512 AINL void mk512(const int R, const int C, const int wt, const int PF, const float *x, long ldx, int rv,
-                            const void *w, long ldw, int cv, int K, float *y, long ldy, float *accb, int first,
-                            int last) {
+static A512 AINL void mk512(const int R, const int C, const int wt, const int PF, const float *x, long ldx,
+                            int rv, const void *w, long ldw, int cv, int K, float *y, long ldy, float *accb,
+                            int first, int last) {
     const float *xp[MK_MAXR];
     const void *wp[MK_MAXC];
     size_t es = wt_size((wtype)wt);
@@ -224,7 +232,8 @@ static A512 AINL void mk512(const int R, const int C, const int wt, const int PF
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 8
-        for (int c = 0; c < C; c++) acc[r][c] = first ? _mm512_setzero_ps() : _mm512_load_ps(accb + (r * C + c) * 16);
+        for (int c = 0; c < C; c++)
+            acc[r][c] = first ? _mm512_setzero_ps() : _mm512_load_ps(accb + (r * C + c) * 16);
     const size_t pfd = (size_t)C * (size_t)ldw * es;
     long k = 0;
     for (; k + 16 <= K; k += 16) {
@@ -290,43 +299,55 @@ static A512 AINL void mk512(const int R, const int C, const int wt, const int PF
  * ~10%, the panel is already in L2. */
 #define K512_R 8
 #define K512_C 3
-#define DEF512(WT, WN, R)                                                                                 \
-    static A512 void k512_##WN##_##R(const float *x, long ldx, int rv, const void *w, long ldw, int cv,   \
-                                     int K, float *y, long ldy) {                                          \
-        mk512(R, K512_C, WT, 0, x, ldx, rv, w, ldw, cv, K, y, ldy, NULL, 1, 1);                                       \
+#define DEF512(WT, WN, R)                                                                                    \
+    static A512 void k512_##WN##_##R(const float *x, long ldx, int rv, const void *w, long ldw, int cv,      \
+                                     int K, float *y, long ldy) {                                            \
+        mk512(R, K512_C, WT, 0, x, ldx, rv, w, ldw, cv, K, y, ldy, NULL, 1, 1);                              \
     }
-#define DEF512_ALL(WT, WN)                                                                                \
-    DEF512(WT, WN, 1) DEF512(WT, WN, 2) DEF512(WT, WN, 3) DEF512(WT, WN, 4) DEF512(WT, WN, 5)              \
-        DEF512(WT, WN, 6) DEF512(WT, WN, 7) DEF512(WT, WN, 8)
+#define DEF512_ALL(WT, WN)                                                                                   \
+    DEF512(WT, WN, 1)                                                                                        \
+    DEF512(WT, WN, 2)                                                                                        \
+    DEF512(WT, WN, 3) DEF512(WT, WN, 4) DEF512(WT, WN, 5) DEF512(WT, WN, 6) DEF512(WT, WN, 7)                \
+        DEF512(WT, WN, 8)
 DEF512_ALL(WT_F32, f32)
 DEF512_ALL(WT_BF16, bf16)
 DEF512_ALL(WT_F16, f16)
-#define K512_ROW(WN) {NULL, k512_##WN##_1, k512_##WN##_2, k512_##WN##_3, k512_##WN##_4, k512_##WN##_5, k512_##WN##_6, k512_##WN##_7, k512_##WN##_8}
+#define K512_ROW(WN)                                                                                         \
+    {                                                                                                        \
+        NULL, k512_##WN##_1, k512_##WN##_2, k512_##WN##_3, k512_##WN##_4, k512_##WN##_5, k512_##WN##_6,      \
+            k512_##WN##_7, k512_##WN##_8                                                                     \
+    }
 
 /* K-sliced blocked kernels on f32 (the panel), for K longer than K_SLICE. */
-#define DEFS512(R)                                                                                        \
-    static A512 void s512_##R(const float *x, long ldx, int rv, const void *w, long ldw, int cv, int K,     \
-                              float *y, long ldy, float *accb, int first, int last) {                      \
-        mk512(R, K512_C, WT_F32, 0, x, ldx, rv, w, ldw, cv, K, y, ldy, accb, first, last);                  \
+#define DEFS512(R)                                                                                           \
+    static A512 void s512_##R(const float *x, long ldx, int rv, const void *w, long ldw, int cv, int K,      \
+                              float *y, long ldy, float *accb, int first, int last) {                        \
+        mk512(R, K512_C, WT_F32, 0, x, ldx, rv, w, ldw, cv, K, y, ldy, accb, first, last);                   \
     }
-DEFS512(1) DEFS512(2) DEFS512(3) DEFS512(4) DEFS512(5) DEFS512(6) DEFS512(7) DEFS512(8)
+DEFS512(1)
+DEFS512(2)
+DEFS512(3) DEFS512(4) DEFS512(5) DEFS512(6) DEFS512(7) DEFS512(8)
 
 /* Decode kernels: r rows x D512_C(r) columns, at most 24 accumulators + the columns + one x in 32 zmm. */
 #define D512_C(R) ((R) <= 2 ? 8 : (R) <= 4 ? 6 : (R) <= 6 ? 4 : 3)
-#define DEFD512(WT, WN, R)                                                                                \
-    static A512 void d512_##WN##_##R(const float *x, long ldx, int rv, const void *w, long ldw, int cv,   \
-                                     int K, float *y, long ldy) {                                          \
-        mk512(R, D512_C(R), WT, 1, x, ldx, rv, w, ldw, cv, K, y, ldy, NULL, 1, 1);                                    \
+#define DEFD512(WT, WN, R)                                                                                   \
+    static A512 void d512_##WN##_##R(const float *x, long ldx, int rv, const void *w, long ldw, int cv,      \
+                                     int K, float *y, long ldy) {                                            \
+        mk512(R, D512_C(R), WT, 1, x, ldx, rv, w, ldw, cv, K, y, ldy, NULL, 1, 1);                           \
     }
-#define DEFD512_ALL(WT, WN)                                                                               \
-    DEFD512(WT, WN, 1) DEFD512(WT, WN, 2) DEFD512(WT, WN, 3) DEFD512(WT, WN, 4) DEFD512(WT, WN, 5)          \
-        DEFD512(WT, WN, 6) DEFD512(WT, WN, 7) DEFD512(WT, WN, 8)
-DEFD512_ALL(WT_F32, f32)
-DEFD512_ALL(WT_BF16, bf16)
-DEFD512_ALL(WT_F16, f16)
-#define D512_ROW(WN) {NULL, d512_##WN##_1, d512_##WN##_2, d512_##WN##_3, d512_##WN##_4, d512_##WN##_5, d512_##WN##_6, d512_##WN##_7, d512_##WN##_8}
+#define DEFD512_ALL(WT, WN)                                                                                  \
+    DEFD512(WT, WN, 1)                                                                                       \
+    DEFD512(WT, WN, 2)                                                                                       \
+    DEFD512(WT, WN, 3) DEFD512(WT, WN, 4) DEFD512(WT, WN, 5) DEFD512(WT, WN, 6) DEFD512(WT, WN, 7)           \
+        DEFD512(WT, WN, 8)
+    DEFD512_ALL(WT_F32, f32) DEFD512_ALL(WT_BF16, bf16) DEFD512_ALL(WT_F16, f16)
+#define D512_ROW(WN)                                                                                         \
+    {                                                                                                        \
+        NULL, d512_##WN##_1, d512_##WN##_2, d512_##WN##_3, d512_##WN##_4, d512_##WN##_5, d512_##WN##_6,      \
+            d512_##WN##_7, d512_##WN##_8                                                                     \
+    }
 
-static A512 void cvt512(float *dst, const void *src, wtype wt, int K, int Kp) {
+        static A512 void cvt512(float *dst, const void *src, wtype wt, int K, int Kp) {
     long k = 0;
     for (; k + 16 <= K; k += 16) _mm512_store_ps(dst + k, ld512(src, k, (int)wt));
     if (k < K) {
@@ -337,12 +358,15 @@ static A512 void cvt512(float *dst, const void *src, wtype wt, int K, int Kp) {
 }
 
 static const mm_kernels kern_avx512 = {
-    "avx512", K512_R, K512_C,
-    {K512_ROW(f32), K512_ROW(bf16), K512_ROW(f16)},
-    8, {0, D512_C(1), D512_C(2), D512_C(3), D512_C(4), D512_C(5), D512_C(6), D512_C(7), D512_C(8)},
-    {D512_ROW(f32), D512_ROW(bf16), D512_ROW(f16)},
-    {NULL, s512_1, s512_2, s512_3, s512_4, s512_5, s512_6, s512_7, s512_8},
-    cvt512,
+    .name = "avx512",
+    .R = K512_R,
+    .C = K512_C,
+    .blk = {K512_ROW(f32), K512_ROW(bf16), K512_ROW(f16)},
+    .dec_max = 8,
+    .dec_c = {0, D512_C(1), D512_C(2), D512_C(3), D512_C(4), D512_C(5), D512_C(6), D512_C(7), D512_C(8)},
+    .dec = {D512_ROW(f32), D512_ROW(bf16), D512_ROW(f16)},
+    .slc = {NULL, s512_1, s512_2, s512_3, s512_4, s512_5, s512_6, s512_7, s512_8},
+    .cvt = cvt512,
 };
 
 /* ---------------------------------------------------------------- AVX2 + FMA + F16C */
@@ -365,8 +389,8 @@ static A256 AINL float hsum256x2(__m256 lo, __m256 hi) {
     return _mm_cvtss_f32(s1);
 }
 
-static A256 AINL void mk256(const int R, const int C, const int wt, const int PF, const float *x, long ldx, int rv,
-                            const void *w, long ldw, int cv, int K, float *y, long ldy) {
+static A256 AINL void mk256(const int R, const int C, const int wt, const int PF, const float *x, long ldx,
+                            int rv, const void *w, long ldw, int cv, int K, float *y, long ldy) {
     const float *xp[MK_MAXR];
     const void *wp[MK_MAXC];
     size_t es = wt_size((wtype)wt);
@@ -428,14 +452,14 @@ static A256 AINL void mk256(const int R, const int C, const int wt, const int PF
 /* 16 ymm: blocked 2 rows x 3 columns (12 accumulators, each output owning two 8-lane halves); decode 1 x 4
  * and 2 x 3, prefetching the next group of W. */
 #define K256_C 3
-#define DEF256(WT, WN, R)                                                                                 \
-    static A256 void k256_##WN##_##R(const float *x, long ldx, int rv, const void *w, long ldw, int cv,   \
-                                     int K, float *y, long ldy) {                                          \
-        mk256(R, K256_C, WT, 0, x, ldx, rv, w, ldw, cv, K, y, ldy);                                       \
-    }                                                                                                     \
-    static A256 void d256_##WN##_##R(const float *x, long ldx, int rv, const void *w, long ldw, int cv,   \
-                                     int K, float *y, long ldy) {                                          \
-        mk256(R, R == 1 ? 4 : 3, WT, 1, x, ldx, rv, w, ldw, cv, K, y, ldy);                               \
+#define DEF256(WT, WN, R)                                                                                    \
+    static A256 void k256_##WN##_##R(const float *x, long ldx, int rv, const void *w, long ldw, int cv,      \
+                                     int K, float *y, long ldy) {                                            \
+        mk256(R, K256_C, WT, 0, x, ldx, rv, w, ldw, cv, K, y, ldy);                                          \
+    }                                                                                                        \
+    static A256 void d256_##WN##_##R(const float *x, long ldx, int rv, const void *w, long ldw, int cv,      \
+                                     int K, float *y, long ldy) {                                            \
+        mk256(R, R == 1 ? 4 : 3, WT, 1, x, ldx, rv, w, ldw, cv, K, y, ldy);                                  \
     }
 #define DEF256_ALL(WT, WN) DEF256(WT, WN, 1) DEF256(WT, WN, 2)
 DEF256_ALL(WT_F32, f32)
@@ -450,12 +474,14 @@ static A256 void cvt256(float *dst, const void *src, wtype wt, int K, int Kp) {
 }
 
 static const mm_kernels kern_avx2 = {
-    "avx2", 2, K256_C,
-    {{NULL, k256_f32_1, k256_f32_2}, {NULL, k256_bf16_1, k256_bf16_2}, {NULL, k256_f16_1, k256_f16_2}},
-    2, {0, 4, 3},
-    {{NULL, d256_f32_1, d256_f32_2}, {NULL, d256_bf16_1, d256_bf16_2}, {NULL, d256_f16_1, d256_f16_2}},
-    {NULL},
-    cvt256,
+    .name = "avx2",
+    .R = 2,
+    .C = K256_C,
+    .blk = {{NULL, k256_f32_1, k256_f32_2}, {NULL, k256_bf16_1, k256_bf16_2}, {NULL, k256_f16_1, k256_f16_2}},
+    .dec_max = 2,
+    .dec_c = {0, 4, 3},
+    .dec = {{NULL, d256_f32_1, d256_f32_2}, {NULL, d256_bf16_1, d256_bf16_2}, {NULL, d256_f16_1, d256_f16_2}},
+    .cvt = cvt256,
 };
 
 #endif /* __x86_64__ */
@@ -516,7 +542,9 @@ static const mm_kernels *kernels_for(int isa) {
     return &kern_scalar;
 }
 
-const char *cpu_matmul_isa(void) { return kernels_for(isa_current())->name; }
+const char *cpu_matmul_isa(void) {
+    return kernels_for(isa_current())->name;
+}
 
 int cpu_matmul_isa_force(const char *isa) {
     if (!isa) {
@@ -544,14 +572,14 @@ typedef struct {
 #define MM_MAX_RANGES 64
 
 typedef struct {
-    float *y;         /* [M, N] f32 */
-    const float *x;   /* [M, K] f32 */
-    const void *w;    /* [N, K] of type wt */
+    float *y;       /* [M, N] f32 */
+    const float *x; /* [M, K] f32 */
+    const void *w;  /* [N, K] of type wt */
     wtype wt;
     int M, N, K;
     const mm_kernels *kt;
     int path;
-    long chunk;       /* columns per work item; a multiple of the path's column group */
+    long chunk; /* columns per work item; a multiple of the path's column group */
     int nranges;
     mm_range rg[MM_MAX_RANGES];
 } mm_job;
@@ -579,8 +607,8 @@ static void run_blk(const mm_job *j, long n0, long n1) {
         int cv = (int)(n1 - n < C ? n1 - n : C);
         for (int m = 0; m < M; m += R) {
             int rv = M - m < R ? M - m : R;
-            kt->blk[j->wt][rv](j->x + (long)m * K, K, rv, (const char *)j->w + (size_t)n * (size_t)K * es, K, cv, K,
-                               j->y + (long)m * N + n, N);
+            kt->blk[j->wt][rv](j->x + (long)m * K, K, rv, (const char *)j->w + (size_t)n * (size_t)K * es, K,
+                               cv, K, j->y + (long)m * N + n, N);
         }
     }
 }
@@ -600,7 +628,8 @@ static void run_panel(const mm_job *j, long n0, long n1) {
         const size_t es = wt_size(j->wt);
         ldp = ((long)K + 15) / 16 * 16;
         for (long c = 0; c < pn; c++)
-            kt->cvt(tl_panel + c * ldp, (const char *)j->w + (size_t)(n0 + c) * (size_t)K * es, j->wt, K, (int)ldp);
+            kt->cvt(tl_panel + c * ldp, (const char *)j->w + (size_t)(n0 + c) * (size_t)K * es, j->wt, K,
+                    (int)ldp);
         panel = tl_panel;
     }
     if (kt->slc[1] && K > K_SLICE) {
@@ -624,7 +653,8 @@ static void run_panel(const mm_job *j, long n0, long n1) {
         int rv = M - m < R ? M - m : R;
         for (long n = 0; n < pn; n += C) {
             int cv = (int)(pn - n < C ? pn - n : C);
-            kt->blk[WT_F32][rv](j->x + (long)m * K, K, rv, panel + n * ldp, ldp, cv, K, j->y + (long)m * N + n0 + n, N);
+            kt->blk[WT_F32][rv](j->x + (long)m * K, K, rv, panel + n * ldp, ldp, cv, K,
+                                j->y + (long)m * N + n0 + n, N);
         }
     }
 }
@@ -643,14 +673,19 @@ static void mm_thread(void *ctx, int ith, int nth) {
             long n0 = atomic_fetch_add_explicit(&rg->next, j->chunk, memory_order_relaxed);
             if (n0 >= rg->end) break;
             long n1 = n0 + j->chunk < rg->end ? n0 + j->chunk : rg->end;
-            if (j->path == PATH_DEC) run_dec(j, n0, n1);
-            else if (j->path == PATH_BLK) run_blk(j, n0, n1);
-            else run_panel(j, n0, n1);
+            if (j->path == PATH_DEC)
+                run_dec(j, n0, n1);
+            else if (j->path == PATH_BLK)
+                run_blk(j, n0, n1);
+            else
+                run_panel(j, n0, n1);
         }
     }
 }
 
-static long round_up(long v, long m) { return (v + m - 1) / m * m; }
+static long round_up(long v, long m) {
+    return (v + m - 1) / m * m;
+}
 
 void cpu_matmul(threadpool *tp, float *y, const float *x, const void *w, wtype wt, int M, int N, int K) {
     CI_ASSERT(M >= 0 && N >= 0 && K >= 0);
@@ -673,7 +708,8 @@ void cpu_matmul(threadpool *tp, float *y, const float *x, const void *w, wtype w
     } else {
         /* One panel per item: as many columns as fit the panel, fewer when that would starve threads. */
         long fit = PANEL_FLOATS / (wt == WT_F32 ? (K > 0 ? K : 1) : (Kp > 0 ? Kp : 16)) / kt->C * kt->C;
-        if (kt->slc[1] && K > K_SLICE && fit > SLICE_MAX_COLS / kt->C * kt->C) fit = SLICE_MAX_COLS / kt->C * kt->C;
+        if (kt->slc[1] && K > K_SLICE && fit > SLICE_MAX_COLS / kt->C * kt->C)
+            fit = SLICE_MAX_COLS / kt->C * kt->C;
         long most = round_up((N + 2 * nth - 1) / (2 * nth), kt->C);
         j.chunk = fit < most ? fit : most;
         if (j.chunk < kt->C) j.chunk = kt->C;
