@@ -252,16 +252,36 @@ static int merge_word_generic(const tokenizer *tk, tk_scratch *s, const char *w,
 
 /* ------------------------------------------------------------------ cache */
 
+/* The table starts small (a tokenizer parsed for one short text should not pay for it) and doubles up to
+ * CACHE_SLOTS; past that it is cleared, which is cheaper than an LRU and keeps the hit rate on real text. */
+#define CACHE_SLOTS_MIN (1u << 10)
 #define CACHE_SLOTS (1u << 15)
 #define CACHE_MAX_WORD 256
 
 static void cache_reset(tk_scratch *s) {
-    if (!s->cache) s->cache = xcalloc(CACHE_SLOTS, sizeof *s->cache);
-    else memset(s->cache, 0, CACHE_SLOTS * sizeof *s->cache);
-    s->cache_mask = CACHE_SLOTS - 1;
+    if (!s->cache) {
+        s->cache = xcalloc(CACHE_SLOTS_MIN, sizeof *s->cache);
+        s->cache_mask = CACHE_SLOTS_MIN - 1;
+    } else {
+        memset(s->cache, 0, (s->cache_mask + 1) * sizeof *s->cache);
+    }
     s->cache_n = 0;
     s->cache_keys.len = 0;
     s->cache_ids_n = 0;
+}
+
+static void cache_grow(tk_scratch *s) {
+    size_t old_n = s->cache_mask + 1, nn = old_n * 2;
+    tk_cache_ent *old = s->cache;
+    s->cache = xcalloc(nn, sizeof *s->cache);
+    s->cache_mask = nn - 1;
+    for (size_t i = 0; i < old_n; i++) {
+        if (!old[i].used) continue;
+        size_t j = (size_t)old[i].h & s->cache_mask;
+        while (s->cache[j].used) j = (j + 1) & s->cache_mask;
+        s->cache[j] = old[i];
+    }
+    free(old);
 }
 
 static tk_cache_ent *cache_find(tk_scratch *s, const char *w, size_t n, int bl, uint64_t h, int *found) {
@@ -324,7 +344,11 @@ int tk_bpe_word(const tokenizer *tk, tk_scratch *s, const char *w, size_t n, int
             if (s->syms[i].len) out_push(s, s->syms[i].c);
     }
     if (cacheable) {
-        if (s->cache_n * 2 >= CACHE_SLOTS || s->cache_keys.len > (8u << 20)) {
+        if (s->cache_n * 2 >= s->cache_mask + 1 && s->cache_mask + 1 < CACHE_SLOTS) {
+            cache_grow(s);
+            int found;
+            slot = cache_find(s, w, n, bl, h, &found);
+        } else if (s->cache_n * 2 >= s->cache_mask + 1 || s->cache_keys.len > (8u << 20)) {
             cache_reset(s);
             int found;
             slot = cache_find(s, w, n, bl, h, &found);
@@ -336,7 +360,7 @@ int tk_bpe_word(const tokenizer *tk, tk_scratch *s, const char *w, size_t n, int
             s->cache_ids = xrealloc(s->cache_ids, nc * sizeof *s->cache_ids);
             s->cache_ids_cap = nc;
         }
-        memcpy(s->cache_ids + s->cache_ids_n, s->out + first_out, nids * sizeof *s->out);
+        if (nids) memcpy(s->cache_ids + s->cache_ids_n, s->out + first_out, nids * sizeof *s->out);
         slot->used = 1;
         slot->bl = (uint8_t)bl;
         slot->h = h;

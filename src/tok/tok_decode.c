@@ -34,7 +34,7 @@ static void tkl_swap(tk_toklist *a, tk_toklist *b) {
     *b = t;
 }
 
-#define TOK(l, i) ((l)->bytes.p + (l)->off[i])
+#define TOK(l, i) ((l)->bytes.p ? (l)->bytes.p + (l)->off[i] : "")
 
 static void dec_bytelevel(tk_toklist *in, tk_toklist *out) {
     tk_buf raw = {0};
