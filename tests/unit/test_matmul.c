@@ -9,6 +9,7 @@
 #include "backend/cpu/matmul.h"
 #include "cinfer.h"
 #include "test.h"
+#include "util/alloc.h"
 #include "util/bf16.h"
 #include "util/threadpool.h"
 
@@ -256,4 +257,31 @@ TEST(matmul_exact_small_cases) {
         for (int n = 0; n < 3; n++) CHECK(isnan(y[3 + n]));
     }
     cpu_matmul_isa_force(NULL);
+}
+
+/* The decode, panel and K-sliced paths allocate nothing (the engine arms the no-alloc guard around decode
+ * steps): the caller thread's x*alloc count stays put with the guard armed. */
+TEST(matmul_does_not_allocate) {
+    const int N = 50, K = 1100;
+    rng r = {4242};
+    float *x = make_x(&r, 20L * K);
+    void *w = make_w(&r, WT_BF16, (long)N * K);
+    float *y = alloc_y(20L * N);
+    threadpool *tp = tp_create(2);
+    cpu_matmul(tp, y, x, w, WT_BF16, 1, N, K); /* first use picks the ISA outside the guard */
+    long before = alloc_count();
+    alloc_guard_arm(1);
+    alloc_guard_begin();
+    cpu_matmul(tp, y, x, w, WT_BF16, 1, N, K);
+    cpu_matmul(tp, y, x, w, WT_BF16, 8, N, K);
+    cpu_matmul(tp, y, x, w, WT_BF16, 20, N, K);
+    cpu_matmul(tp, y, x, w, WT_BF16, 20, N, 300);
+    alloc_guard_end();
+    alloc_guard_arm(0);
+    CHECK_EQ_INT(alloc_count(), before);
+    CHECK(isnan(y[20L * N]));
+    tp_destroy(tp);
+    free(x);
+    free(w);
+    free(y);
 }
