@@ -359,7 +359,8 @@ def goldens(out_dir, specs):
             rows.append({"load_error": str(e)})
             tok = None
         tf = None
-        if tok is not None and os.path.exists(os.path.join(d, "tokenizer_config.json")):
+        # TOK_GOLDENS_NO_TF=1 skips the transformers comparison (loading Gemma 3 there takes minutes)
+        if tok is not None and not os.environ.get("TOK_GOLDENS_NO_TF") and os.path.exists(os.path.join(d, "tokenizer_config.json")):
             try:
                 from transformers import AutoTokenizer
                 import tempfile, shutil
