@@ -1,5 +1,6 @@
-/* mock_main.c — `cinfer-mock-serve`: the serve verb linked against mock_engine.c instead of libcinfer,
- * so the HTTP layer can be tested on its own (fast, deterministic, no model files). */
+/* serve_main.c — cli_serve as a program's main: linked with mock_engine.c it is cinfer-mock-serve (the
+ * HTTP layer tested on its own: fast, deterministic, no model files); linked with libcinfer it is
+ * cinfer-serve, the real server, whatever verbs src/cli/main.c wires. */
 int cli_serve(int argc, char **argv);
 
 int main(int argc, char **argv) { return cli_serve(argc, argv); }
