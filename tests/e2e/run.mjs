@@ -301,6 +301,21 @@ test('tokenize / detokenize round trip', async () => {
   eq((await post(main, '/detokenize', { tokens: [-1] })).status, 400);
 });
 
+test('server defaults: --temp, --max-tokens; --log-format json and text', async () => {
+  const c = oai(tiny);
+  const a = await c.chat.completions.create({ model: 'default', messages: user('defaults') });
+  eq(a.usage.completion_tokens <= 5, true, '--max-tokens caps a request that names none');
+  const b = await c.chat.completions.create({ model: 'default', messages: user('defaults'), temperature: 0, max_tokens: 5 });
+  eq(a.choices[0].message.content, b.choices[0].message.content, '--temp 0: greedy by default');
+  await sleep(50);
+  const lines = tiny.stderr().split('\n').filter((l) => l.startsWith('{'));
+  const entry = lines.map((l) => JSON.parse(l)).find((o) => o.path === '/v1/chat/completions');
+  assert(entry && entry.method === 'POST' && entry.status === 200 && entry.ms >= 0, 'JSON access log: ' + lines.slice(-2));
+  await post(auth, '/v1/chat/completions', { messages: user('x') });
+  await sleep(50);
+  assert(/cinfer serve: POST \/v1\/chat\/completions 401 /.test(auth.stderr()), 'text access log: ' + auth.stderr().slice(-200));
+});
+
 // ---- tests: errors ----
 test('errors: 400 invalid JSON and bad fields name the field', async () => {
   const r = await post(main, '/v1/chat/completions', '{"messages": [');
@@ -632,7 +647,7 @@ try {
     startServer(['--max-seqs', '8', '--queue-limit', '64', '--allowed-origins', 'http://allowed.example', '--ctx-size', '1024', ...NOTHINK]),
     startServer(['--api-key', KEY, '--max-seqs', '2', '--ctx-size', '512', ...NOTHINK]),
     startServer(['--max-seqs', '1', '--queue-limit', '1', '--ctx-size', '1024', '--max-body', '64K', '--timeout', '2', ...NOTHINK]),
-    startServer(['--max-seqs', '1', '--ctx-size', '64', ...NOTHINK]),
+    startServer(['--max-seqs', '1', '--ctx-size', '64', '--temp', '0', '--max-tokens', '5', '--log-format', 'json', ...NOTHINK]),
   ]);
   await Promise.all([waitReady(main), waitReady(auth), waitReady(small), waitReady(tiny)]);
   for (const t of tests) {
