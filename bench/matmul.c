@@ -14,6 +14,7 @@
 
 #include "backend/cpu/matmul.h"
 #include "util/bf16.h"
+#include "util/membw.h"
 #include "util/threadpool.h"
 
 #if defined(__x86_64__)
@@ -74,48 +75,6 @@ static void peak_fn(void *ctx, int ith, int nth) {
     if (ith == 0) j->sink = r;
 }
 
-/* ------------------------------------------------------------ read bandwidth */
-typedef struct {
-    const uint64_t *buf;
-    size_t n; /* uint64 words */
-    volatile uint64_t sink;
-} bw_job;
-
-#if defined(__x86_64__)
-/* Vector loads, four lines in flight per iteration: a scalar loop does not saturate DRAM on its own. */
-__attribute__((target("avx2"))) static uint64_t bw_read256(const uint64_t *p, long n) {
-    __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
-    for (long i = 0; i < n; i += 32) {
-        s0 = _mm256_xor_si256(s0, _mm256_load_si256((const __m256i *)(p + i)));
-        s1 = _mm256_xor_si256(s1, _mm256_load_si256((const __m256i *)(p + i + 8)));
-        s2 = _mm256_xor_si256(s2, _mm256_load_si256((const __m256i *)(p + i + 16)));
-        s3 = _mm256_xor_si256(s3, _mm256_load_si256((const __m256i *)(p + i + 24)));
-        s0 = _mm256_xor_si256(s0, _mm256_load_si256((const __m256i *)(p + i + 4)));
-        s1 = _mm256_xor_si256(s1, _mm256_load_si256((const __m256i *)(p + i + 12)));
-        s2 = _mm256_xor_si256(s2, _mm256_load_si256((const __m256i *)(p + i + 20)));
-        s3 = _mm256_xor_si256(s3, _mm256_load_si256((const __m256i *)(p + i + 28)));
-    }
-    s0 = _mm256_xor_si256(_mm256_xor_si256(s0, s1), _mm256_xor_si256(s2, s3));
-    return (uint64_t)_mm256_extract_epi64(s0, 0);
-}
-#endif
-
-static void bw_fn(void *ctx, int ith, int nth) {
-    bw_job *j = ctx;
-    long b, e;
-    tp_range((long)(j->n / 32), ith, nth, &b, &e); /* 256-byte blocks */
-    uint64_t s = 0;
-#if defined(__x86_64__)
-    if (__builtin_cpu_supports("avx2")) {
-        s = bw_read256(j->buf + b * 32, (e - b) * 32);
-        if (ith == 0) j->sink = s;
-        return;
-    }
-#endif
-    for (long i = b * 32; i < e * 32; i += 8) s ^= j->buf[i] ^ j->buf[i + 4];
-    if (ith == 0) j->sink = s;
-}
-
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
@@ -135,18 +94,8 @@ static double measure_peak(threadpool *tp, int width) {
     return (double)PEAK_ITERS * 12 * width * 2 * tp_size(tp) / best / 1e9;
 }
 
-/* Best of `reps` passes: GB/s reading buf (bytes long) with every thread of tp. */
 static double measure_bw(threadpool *tp, const uint64_t *buf, size_t bytes, int reps) {
-    bw_job bj = {buf, bytes / 8, 0};
-    double bw = 0;
-    for (int rep = 0; rep < reps; rep++) {
-        double t = now();
-        tp_run(tp, bw_fn, &bj);
-        t = now() - t;
-        double g = (double)bytes / t / 1e9;
-        if (g > bw) bw = g;
-    }
-    return bw;
+    return membw_read(tp, buf, bytes, reps);
 }
 
 int main(int argc, char **argv) {

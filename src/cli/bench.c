@@ -2,7 +2,6 @@
  * sequence on random token ids, next to the machine's memory read bandwidth measured in the same run, so
  * every figure comes with its fraction of the roofline: decode streams bytes_per_token of weights per
  * token (bandwidth-bound), prefill runs 2 FLOPs per weight per token (compute-bound). */
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,50 +10,13 @@
 #include "cinfer.h"
 #include "cli/args.h"
 #include "cli/cli.h"
+#include "util/membw.h"
 #include "util/threadpool.h"
 
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-typedef struct {
-    const uint64_t *buf;
-    size_t n;
-    uint64_t sink[64];
-} bw_job;
-
-static void bw_read(void *p, int ith, int nth) {
-    bw_job *j = p;
-    long b, e;
-    tp_range((long)j->n, ith, nth, &b, &e);
-    uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-    for (long i = b; i + 4 <= e; i += 4) {
-        a0 ^= j->buf[i];
-        a1 ^= j->buf[i + 1];
-        a2 ^= j->buf[i + 2];
-        a3 ^= j->buf[i + 3];
-    }
-    j->sink[ith & 63] = a0 ^ a1 ^ a2 ^ a3;
-}
-
-/* Read bandwidth over a 1 GiB buffer with all threads: the best of 5 passes. */
-static double measure_read_bw(threadpool *tp) {
-    size_t bytes = 1ull << 30, n = bytes / 8;
-    uint64_t *buf = malloc(bytes);
-    if (!buf) return 0;
-    for (size_t i = 0; i < n; i++) buf[i] = i * 0x9e3779b97f4a7c15ull;
-    bw_job j = {buf, n, {0}};
-    double best = 1e9;
-    for (int r = 0; r < 5; r++) {
-        double t0 = now_s();
-        tp_run(tp, bw_read, &j);
-        double t = now_s() - t0;
-        if (t < best) best = t;
-    }
-    free(buf);
-    return bytes / best / 1e9;
 }
 
 int cli_bench(int argc, char **argv) {
@@ -97,7 +59,7 @@ int cli_bench(int argc, char **argv) {
     }
     threadpool *tp = tp_create((int)nthreads);
     int nth = tp_size(tp);
-    double bw = measure_read_bw(tp);
+    double bw = membw_measure(tp, 1ull << 30, 5);
     tp_destroy(tp);
     toks = malloc((size_t)(P + N) * sizeof *toks);
     logits = malloc((size_t)info.vocab_size * sizeof(float));
