@@ -13,7 +13,7 @@ ifeq ($(PKG_LIBS),)
 PKG_LIBS := -ljansson -lpcre2-8 -lutf8proc -lmicrohttpd
 endif
 
-WARN    := -Wall -Wextra -Werror -Wno-unused-parameter -Wshadow -Wvla
+WARN    := -Wall -Wextra -Werror -Wno-unused-parameter -Wno-missing-field-initializers -Wshadow -Wvla
 CFLAGS_COMMON := -std=c11 -D_GNU_SOURCE $(WARN) -Iinclude -Isrc -Itests $(PKG_CFLAGS) -pthread -fPIC -MMD -MP
 ifeq ($(SAN),1)
 OPT     := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined

@@ -70,6 +70,7 @@ typedef struct cinfer_ctx_params {
     int max_batch;   /* tokens per forward call */
     int n_threads;   /* 0: all online CPUs */
     int64_t kv_memory; /* bytes of the KV block pool; 0: max_seqs x max_ctx tokens (never runs out) */
+    int spec_window;   /* longest speculative window (tokens per verify entry); 0: no speculation */
 } cinfer_ctx_params;
 
 cinfer_ctx_params cinfer_ctx_default_params(void);
@@ -90,10 +91,17 @@ typedef struct cinfer_batch_entry {
     const int32_t *tokens;
     int n_tokens;
     int all_logits;
+    int spec;        /* a speculative window (n_tokens <= spec_window): logits as usual, but the sequence does
+                        not advance until cinfer_seq_commit keeps a prefix of it */
 } cinfer_batch_entry;
 
 int cinfer_forward(cinfer_ctx *c, const cinfer_batch_entry *entries, int n_entries, float *logits,
                    char *err, size_t errlen);
+
+/* Keeps the first n_keep tokens of the sequence's pending speculative window and drops the rest: the KV
+ * cache is truncated and the DeltaNet state rebuilt exactly as if only those tokens had been decoded, one by
+ * one (bit for bit). n_keep may be 0. */
+int cinfer_seq_commit(cinfer_ctx *c, int seq, int n_keep, char *err, size_t errlen);
 
 /* Rows of logits that cinfer_forward will write for these entries. */
 int cinfer_batch_logit_rows(const cinfer_batch_entry *entries, int n_entries);

@@ -22,6 +22,11 @@ typedef struct fwd_entry {
     int all_logits;        /* logits for every new token, else for the last one only */
     int slot;              /* DeltaNet state slot */
     const int *blocks;     /* KV block table covering positions [0, seq_len + n) */
+    float *spec_rec;       /* NULL, or: a speculative window. The DeltaNet state and conv window are left
+                              untouched (the recurrence runs on a copy) and each token's position-local inputs
+                              are recorded here, [n_lin][max_win][spec_rec_floats], so forward_spec_commit can
+                              rebuild the state for any accepted prefix with the same arithmetic as plain decode */
+    int spec_max_win;      /* tokens per layer the record holds */
 } fwd_entry;
 
 /* Scratch sized once for max_tokens rows per call and max_ctx positions per sequence. */
@@ -63,6 +68,14 @@ void fwd_scratch_free(fwd_scratch *s);
  * Σ n <= max_tokens, seq_len + n <= max_ctx, blocks allocated; the caller (ctx.c) checks. */
 void forward_cpu(const model *m, fwd_scratch *s, kv_pool *kv, state_pool *st, threadpool *tp, const fwd_entry *e,
                  int n_entries, float *logits);
+
+/* Floats one token of a speculative record takes per linear layer: pre-conv q|k|v (C), post-conv normalised
+ * q|k|v (C), beta and g (2 Hv). */
+size_t spec_rec_floats(const model *m);
+/* Keeps the first n_keep tokens of a speculative window of the sequence in slot: advances its conv window and
+ * replays the recurrence for those tokens from the recorded inputs, bit-identical to having decoded them one
+ * by one. */
+void forward_spec_commit(const model *m, state_pool *st, int slot, const float *rec, int max_win, int n_keep);
 
 /* The two DeltaNet forms, exposed for tests: per value head, state S [dk][dv] updated in place.
  * q, k: rows of dk with stride qs/ks (q already l2-normalised and scaled, k l2-normalised); v: rows of dv

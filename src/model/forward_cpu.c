@@ -35,7 +35,7 @@ int fwd_scratch_init(fwd_scratch *s, const model *m, int max_tokens, int max_ctx
     size_t wf = max3((size_t)c->intermediate_size, (size_t)c->moe_intermediate_size,
                      (size_t)c->shared_expert_intermediate_size);
     size_t E = (size_t)c->n_experts, k = (size_t)(c->n_experts_per_tok > 0 ? c->n_experts_per_tok : 1);
-    size_t thr = max3((size_t)max_ctx + 16, gdn_chunk_scratch_floats(m->dk, m->dv), (size_t)m->hd * 2);
+    size_t thr = max3((size_t)max_ctx + 16, gdn_chunk_scratch_floats(m->dk, m->dv), (size_t)m->dk * m->dv + 16);
     thr = (thr + 15) & ~(size_t)15;
     size_t R = (size_t)(c->rope_dim / 2 > 0 ? c->rope_dim / 2 : 1);
     size_t sizes[] = {T * H, T * H, T * H, T * wp, T * wz, T * 2 * m->Hv, T * 2 * m->Hv, T * (size_t)m->C, T * wo,
@@ -288,6 +288,7 @@ static void conv_item(void *p, long item, int ith) {
         }
         R->s->conv[(size_t)(r0 + t) * C + c] = ops_silu(acc);
     }
+    if (e->spec_rec) return; /* provisional: forward_spec_commit advances the window for what is kept */
     /* new window = last K-1 rows of X */
     int tot = K - 1 + n;
     for (int jj = 0; jj < K - 1; jj++) {
@@ -339,12 +340,55 @@ static void gdn_item(void *p, long item, int ith) {
     float *S = state_rec(R->st, e->slot, R->lin) + (size_t)h * m->dk * m->dv;
     int vd = m->Hv * m->dv;
     float *o = R->s->o + (size_t)r0 * vd + (size_t)h * m->dv;
+    if (e->spec_rec) {
+        /* speculative window: the recurrent form token by token (bit-identical to plain decode) on a copy of S,
+         * so the slot keeps the state from before the window until the commit */
+        float *Sc = R->s->thr + (size_t)ith * R->s->thr_floats;
+        memcpy(Sc, S, sizeof(float) * (size_t)m->dk * m->dv);
+        gdn_recurrent(e->n, q, C, k, C, v, C, ba + m->Hv + h, 2 * m->Hv, ba + h, 2 * m->Hv, Sc, m->dk, m->dv, o, vd);
+        return;
+    }
     /* HF runs the recurrent kernel only for a single token continuing a cache; prefill is chunked. */
     if (e->n == 1 && e->seq_len > 0)
         gdn_recurrent(1, q, C, k, C, v, C, ba + m->Hv + h, 2 * m->Hv, ba + h, 2 * m->Hv, S, m->dk, m->dv, o, vd);
     else
         gdn_chunked(e->n, q, C, k, C, v, C, ba + m->Hv + h, 2 * m->Hv, ba + h, 2 * m->Hv, S, m->dk, m->dv, o, vd,
                     R->s->thr + (size_t)ith * R->s->thr_floats);
+}
+
+size_t spec_rec_floats(const model *m) { return 2 * (size_t)m->C + 2 * (size_t)m->Hv; }
+
+void forward_spec_commit(const model *m, state_pool *st, int slot, const float *rec, int max_win, int n_keep) {
+    if (n_keep <= 0) return;
+    size_t rf = spec_rec_floats(m);
+    int C = m->C, K = m->K, kd = m->Hk * m->dk, vd = m->Hv * m->dv;
+    float o[1024];
+    for (int l = 0; l < m->n_lin; l++) {
+        const float *lr = rec + (size_t)l * max_win * rf;
+        /* conv window: the last K-1 rows of [window | kept pre-conv rows], as conv_item advances it */
+        float *cs = state_conv(st, slot, l);
+        int tot = K - 1 + n_keep;
+        for (int jj = 0; jj < K - 1; jj++) {
+            int xi = tot - (K - 1) + jj;
+            if (xi < K - 1) {
+                if (xi != jj) memcpy(cs + (size_t)jj * C, cs + (size_t)xi * C, sizeof(float) * (size_t)C);
+            } else {
+                memcpy(cs + (size_t)jj * C, lr + (size_t)(xi - (K - 1)) * rf, sizeof(float) * (size_t)C);
+            }
+        }
+        /* recurrence: replay the kept tokens on the slot's state (same calls as decode, other strides) */
+        for (int h = 0; h < m->Hv; h++) {
+            int kh = h / (m->Hv / m->Hk);
+            const float *post = lr + C;
+            float *S = state_rec(st, slot, l) + (size_t)h * m->dk * m->dv;
+            for (int t = 0; t < n_keep; t++) {
+                const float *pt = post + (size_t)t * rf, *bt = lr + (size_t)t * rf + 2 * (size_t)C;
+                gdn_recurrent(1, pt + (size_t)kh * m->dk, C, pt + kd + (size_t)kh * m->dk, C, pt + 2 * kd + (size_t)h * m->dv, C,
+                              bt + m->Hv + h, 2 * m->Hv, bt + h, 2 * m->Hv, S, m->dk, m->dv, o, m->dv);
+            }
+        }
+        (void)vd;
+    }
 }
 
 /* per row: gated RMSNorm per value head: rmsnorm(o) * w * silu(z) */
@@ -412,6 +456,20 @@ static void deltanet_layer(threadpool *tp, fwd_run *R, const int *row0) {
     conv_job cj = {R, row0};
     par_for(tp, (long)R->n_entries * m->C, conv_item, &cj);
     par_for(tp, T, gdn_prep_item, R);
+    /* speculative windows: record each token's position-local inputs before the recurrence (which may reuse
+     * the pre-conv rows' buffer for its output) */
+    size_t rf = spec_rec_floats(m);
+    for (int i = 0; i < R->n_entries; i++) {
+        const fwd_entry *e = &R->e[i];
+        if (!e->spec_rec) continue;
+        for (int t = 0; t < e->n; t++) {
+            float *dst = e->spec_rec + ((size_t)R->lin * e->spec_max_win + (size_t)t) * rf;
+            size_t r = (size_t)row0[i] + (size_t)t;
+            memcpy(dst, R->qkv_src + r * m->C, sizeof(float) * (size_t)m->C);
+            memcpy(dst + m->C, s->conv + r * m->C, sizeof(float) * (size_t)m->C);
+            memcpy(dst + 2 * (size_t)m->C, s->ba + r * 2 * m->Hv, sizeof(float) * 2 * (size_t)m->Hv);
+        }
+    }
     gdn_job gj = {R, row0};
     par_for(tp, (long)R->n_entries * m->Hv, gdn_item, &gj);
     par_for(tp, T, gnorm_item, R);

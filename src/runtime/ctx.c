@@ -19,6 +19,8 @@ typedef struct seq_rec {
     int slot;    /* DeltaNet state slot */
     int *blocks; /* [blocks_per_seq] KV block ids; the first ceil(len / KV_BLOCK) are allocated */
     int n_blocks;
+    int pending; /* tokens of a speculative window awaiting cinfer_seq_commit */
+    float *spec; /* [n_lin][spec_window][spec_rec_floats] the window's recorded DeltaNet inputs, or NULL */
 } seq_rec;
 
 struct cinfer_ctx {
@@ -32,6 +34,7 @@ struct cinfer_ctx {
     int blocks_per_seq;
     int *block_store;    /* [max_seqs][blocks_per_seq] */
     fwd_entry *fe;       /* [max_batch] */
+    float *spec_store;   /* [max_seqs] records of spec_window tokens each (see forward.h) */
     unsigned char *seen; /* [max_seqs] per-call duplicate check */
 };
 
@@ -84,7 +87,7 @@ void cinfer_model_get_info(const cinfer_model *cm, cinfer_model_info *o) {
 }
 
 cinfer_ctx_params cinfer_ctx_default_params(void) {
-    cinfer_ctx_params p = {.max_seqs = 4, .max_ctx = 4096, .max_batch = 512, .n_threads = 0, .kv_memory = 0};
+    cinfer_ctx_params p = {.max_seqs = 4, .max_ctx = 4096, .max_batch = 512, .n_threads = 0, .kv_memory = 0, .spec_window = 0};
     return p;
 }
 
@@ -98,6 +101,7 @@ void cinfer_ctx_destroy(cinfer_ctx *c) {
     free(c->block_store);
     free(c->fe);
     free(c->seen);
+    free(c->spec_store);
     free(c);
 }
 
@@ -138,6 +142,20 @@ int cinfer_ctx_create(cinfer_model *cm, const cinfer_ctx_params *pp, cinfer_ctx 
     for (int i = 0; i < p.max_seqs; i++) c->seqs[i].blocks = c->block_store + (size_t)i * c->blocks_per_seq;
     c->fe = xmalloc((size_t)p.max_batch * sizeof(fwd_entry));
     c->seen = xcalloc((size_t)p.max_seqs, 1);
+    if (p.spec_window < 0 || p.spec_window > 64) {
+        cinfer_ctx_destroy(c);
+        return ci_err(err, errlen, CINFER_EINVAL, "spec_window %d: must be 0..64", p.spec_window);
+    }
+    if (p.spec_window > 0) {
+        size_t per = (size_t)m->n_lin * p.spec_window * spec_rec_floats(m);
+        c->spec_store = ci_try_alloc(sizeof(float) * per * p.max_seqs + 64);
+        if (!c->spec_store) {
+            cinfer_ctx_destroy(c);
+            return ci_err(err, errlen, CINFER_ENOMEM, "cannot allocate speculative records (%zu bytes)",
+                          sizeof(float) * per * p.max_seqs);
+        }
+        for (int i = 0; i < p.max_seqs; i++) c->seqs[i].spec = c->spec_store + per * i;
+    }
     *out = c;
     return 0;
 }
@@ -152,6 +170,7 @@ int cinfer_seq_open(cinfer_ctx *c, char *err, size_t errlen) {
         s->len = 0;
         s->slot = slot;
         s->n_blocks = 0;
+        s->pending = 0;
         return i;
     }
     return ci_err(err, errlen, CINFER_ERANGE, "all %d sequences are in use", c->p.max_seqs);
@@ -162,8 +181,10 @@ void cinfer_seq_close(cinfer_ctx *c, int id) {
     seq_rec *s = &c->seqs[id];
     for (int b = 0; b < s->n_blocks; b++) kv_free_block(&c->kv, s->blocks[b]);
     state_free_slot(&c->st, s->slot);
+    float *spec = s->spec;
     memset(s, 0, sizeof *s);
     s->blocks = c->block_store + (size_t)id * c->blocks_per_seq;
+    s->spec = spec;
 }
 
 int cinfer_seq_len(const cinfer_ctx *c, int id) {
@@ -192,6 +213,11 @@ int cinfer_forward(cinfer_ctx *c, const cinfer_batch_entry *e, int n, float *log
         if (e[i].n_tokens < 1 || !e[i].tokens)
             return ci_err(err, errlen, CINFER_EINVAL, "batch entry %d: no tokens", i);
         const seq_rec *s = &c->seqs[e[i].seq];
+        if (s->pending)
+            return ci_err(err, errlen, CINFER_ESTATE, "sequence %d has a speculative window awaiting cinfer_seq_commit", e[i].seq);
+        if (e[i].spec && (e[i].n_tokens > c->p.spec_window || !s->spec))
+            return ci_err(err, errlen, CINFER_EINVAL, "batch entry %d: a speculative window of %d tokens (spec_window is %d)", i,
+                          e[i].n_tokens, c->p.spec_window);
         if ((long)s->len + e[i].n_tokens > c->p.max_ctx)
             return ci_err(err, errlen, CINFER_ERANGE, "sequence %d: %d + %d tokens exceed the context of %d", e[i].seq, s->len,
                           e[i].n_tokens, c->p.max_ctx);
@@ -226,10 +252,29 @@ int cinfer_forward(cinfer_ctx *c, const cinfer_batch_entry *e, int n, float *log
     }
     for (int i = 0; i < n; i++) {
         const seq_rec *s = &c->seqs[e[i].seq];
-        c->fe[i] = (fwd_entry){s->len, e[i].tokens, e[i].n_tokens, e[i].all_logits, s->slot, s->blocks};
+        c->fe[i] = (fwd_entry){s->len, e[i].tokens, e[i].n_tokens, e[i].all_logits, s->slot, s->blocks,
+                               e[i].spec ? s->spec : NULL, c->p.spec_window};
     }
     forward_cpu(m, &c->s, &c->kv, &c->st, c->tp, c->fe, n, logits);
-    for (int i = 0; i < n; i++) c->seqs[e[i].seq].len += e[i].n_tokens;
+    for (int i = 0; i < n; i++) {
+        if (e[i].spec) c->seqs[e[i].seq].pending = e[i].n_tokens;
+        else c->seqs[e[i].seq].len += e[i].n_tokens;
+    }
+    return 0;
+}
+
+int cinfer_seq_commit(cinfer_ctx *c, int id, int n_keep, char *err, size_t errlen) {
+    if (!c || id < 0 || id >= c->p.max_seqs || !c->seqs[id].active)
+        return ci_err(err, errlen, CINFER_EINVAL, "cinfer_seq_commit: sequence %d is not open", id);
+    seq_rec *s = &c->seqs[id];
+    if (n_keep < 0 || n_keep > s->pending)
+        return ci_err(err, errlen, CINFER_EINVAL, "cinfer_seq_commit: keep %d of a %d-token window", n_keep, s->pending);
+    forward_spec_commit(c->m, &c->st, s->slot, s->spec, c->p.spec_window, n_keep);
+    s->len += n_keep;
+    s->pending = 0;
+    /* KV rows past the kept length are simply overwritten later; blocks wholly past it go back now */
+    int keep_blocks = (s->len + KV_BLOCK - 1) / KV_BLOCK;
+    while (s->n_blocks > keep_blocks) kv_free_block(&c->kv, s->blocks[--s->n_blocks]);
     return 0;
 }
 
@@ -242,3 +287,9 @@ int ctx_slots_used(const cinfer_ctx *c) {
     return n;
 }
 const model *cinfer_model_internal(const cinfer_model *m) { return m->m; }
+
+const float *ctx_seq_state(const cinfer_ctx *c, int seq, int layer, int recurrent, size_t *n_floats) {
+    if (seq < 0 || seq >= c->p.max_seqs || !c->seqs[seq].active || layer < 0 || layer >= c->st.n_layers) return NULL;
+    *n_floats = recurrent ? c->st.rec_floats : c->st.conv_floats;
+    return recurrent ? state_rec(&c->st, c->seqs[seq].slot, layer) : state_conv(&c->st, c->seqs[seq].slot, layer);
+}

@@ -2,6 +2,8 @@
 #ifndef CI_CTX_INTERNAL_H
 #define CI_CTX_INTERNAL_H
 
+#include <stddef.h>
+
 #include "cinfer.h"
 
 struct model;
@@ -22,5 +24,7 @@ int ctx_kv_free_blocks(const cinfer_ctx *c);
 int ctx_kv_total_blocks(const cinfer_ctx *c);
 int ctx_slots_used(const cinfer_ctx *c);
 const struct model *cinfer_model_internal(const cinfer_model *m);
+/* A sequence's DeltaNet state of one linear layer (recurrent S, or the conv window), for tests. */
+const float *ctx_seq_state(const cinfer_ctx *c, int seq, int layer, int recurrent, size_t *n_floats);
 
 #endif

@@ -9,6 +9,7 @@
 
 #include "cinfer.h"
 #include "model/forward.h"
+#include "runtime/ctx_internal.h"
 #include "test.h"
 #include "tiny_model.h"
 #include "util/alloc.h"
@@ -374,3 +375,81 @@ TEST(malformed_checkpoints_are_clear_errors) {
     CHECK(cinfer_model_open("/nonexistent/dir", &m, err, sizeof err) != 0);
     CHECK_STR_CONTAINS(err, "/nonexistent/dir");
 }
+
+/* Speculative windows: logits equal plain decode bit for bit, and a commit of n_keep in {0, 1, k-1, k}
+ * leaves the DeltaNet state (conv window and recurrent S of every linear layer) bit-identical to having
+ * decoded only those tokens, and the next logits identical too. */
+static void check_spec_rollback(int arch) {
+    char err[1024], sub[64];
+    int rc;
+    snprintf(sub, sizeof sub, "spec%d", arch);
+    cinfer_model *m = open_tiny(tiny_default(arch), sub, err, sizeof err, &rc);
+    REQUIRE(m);
+    cinfer_model_info info;
+    cinfer_model_get_info(m, &info);
+    int V = info.vocab_size;
+    enum { P = 21, K = 5 };
+    int32_t toks[P + K + 1];
+    make_tokens(toks, P + K + 1, V, 4242 + arch);
+    cinfer_ctx_params p = cinfer_ctx_default_params();
+    p.max_seqs = 2;
+    p.max_ctx = 64;
+    p.max_batch = 64;
+    p.n_threads = 2;
+    p.spec_window = 8;
+    cinfer_ctx *c;
+    REQUIRE(cinfer_ctx_create(m, &p, &c, err, sizeof err) == 0);
+    float *plain = malloc(sizeof(float) * (K + 1) * V), *spec = malloc(sizeof(float) * (K + 1) * V);
+    float *tmp = malloc(sizeof(float) * 2 * V);
+    int keeps[4] = {0, 1, K - 1, K};
+    for (int ki = 0; ki < 4; ki++) {
+        int keep = keeps[ki];
+        int a = cinfer_seq_open(c, err, sizeof err), b = cinfer_seq_open(c, err, sizeof err);
+        cinfer_batch_entry pa[2] = {{a, toks, P, 0}, {b, toks, P, 0}};
+        REQUIRE(cinfer_forward(c, pa, 2, tmp, err, sizeof err) == 0);
+        /* a: plain decode of the window's tokens one by one; b: one speculative window */
+        for (int t = 0; t < K; t++) {
+            cinfer_batch_entry d = {a, toks + P + t, 1, 0};
+            REQUIRE(cinfer_forward(c, &d, 1, plain + (size_t)t * V, err, sizeof err) == 0);
+        }
+        cinfer_batch_entry w = {b, toks + P, K, 1, 1};
+        REQUIRE(cinfer_forward(c, &w, 1, spec, err, sizeof err) == 0);
+        CHECK_MSG(!memcmp(plain, spec, sizeof(float) * K * V), "arch %d: window logits differ from plain decode", arch);
+        CHECK_EQ_INT(cinfer_seq_len(c, b), P); /* not advanced before the commit */
+        cinfer_batch_entry again = {b, toks, 1, 0};
+        CHECK_EQ_INT(cinfer_forward(c, &again, 1, tmp, err, sizeof err), CINFER_ESTATE);
+        REQUIRE(cinfer_seq_commit(c, b, keep, err, sizeof err) == 0);
+        CHECK_EQ_INT(cinfer_seq_len(c, b), P + keep);
+        /* reference: a fresh sequence that decoded only the kept tokens */
+        cinfer_seq_close(c, a);
+        a = cinfer_seq_open(c, err, sizeof err);
+        cinfer_batch_entry pr = {a, toks, P, 0};
+        REQUIRE(cinfer_forward(c, &pr, 1, tmp, err, sizeof err) == 0);
+        for (int t = 0; t < keep; t++) {
+            cinfer_batch_entry d = {a, toks + P + t, 1, 0};
+            REQUIRE(cinfer_forward(c, &d, 1, tmp, err, sizeof err) == 0);
+        }
+        for (int l = 0; l < info.n_linear_layers; l++)
+            for (int which = 0; which < 2; which++) {
+                size_t na, nb;
+                const float *sa = ctx_seq_state(c, a, l, which, &na), *sb = ctx_seq_state(c, b, l, which, &nb);
+                REQUIRE(sa && sb && na == nb);
+                CHECK_MSG(!memcmp(sa, sb, sizeof(float) * na), "arch %d keep %d: layer %d %s state differs", arch, keep, l,
+                          which ? "recurrent" : "conv");
+            }
+        /* the next token after the kept prefix: identical logits */
+        cinfer_batch_entry na_ = {a, toks + P + K, 1, 0}, nb_ = {b, toks + P + K, 1, 0};
+        REQUIRE(cinfer_forward(c, &na_, 1, tmp, err, sizeof err) == 0);
+        REQUIRE(cinfer_forward(c, &nb_, 1, tmp + V, err, sizeof err) == 0);
+        CHECK_MSG(!memcmp(tmp, tmp + V, sizeof(float) * V), "arch %d keep %d: next logits differ", arch, keep);
+        cinfer_seq_close(c, a);
+        cinfer_seq_close(c, b);
+    }
+    free(plain), free(spec), free(tmp);
+    cinfer_ctx_destroy(c);
+    cinfer_model_close(m);
+}
+
+TEST(spec_rollback_dense) { check_spec_rollback(1); }
+TEST(spec_rollback_moe) { check_spec_rollback(2); }
+TEST(spec_rollback_next) { check_spec_rollback(3); }
