@@ -130,6 +130,13 @@ const char *cinfer_model_chat_template(const cinfer_model *m);
 typedef struct cinfer_engine cinfer_engine;
 typedef struct cinfer_request cinfer_request;
 
+typedef enum {
+    CINFER_SPEC_NONE = 0,
+    CINFER_SPEC_NGRAM = 1, /* drafts from n-gram lookup in the prompt and the output so far (no model) */
+    CINFER_SPEC_MTP = 2,   /* the checkpoint's MTP head (not available yet) */
+    CINFER_SPEC_DRAFT = 3, /* a smaller draft model (not available yet) */
+} cinfer_spec_mode;
+
 typedef struct cinfer_engine_params {
     int max_seqs;      /* sequences running at once (DeltaNet state slots) */
     int ctx_size;      /* tokens per sequence (prompt + output) */
@@ -137,6 +144,8 @@ typedef struct cinfer_engine_params {
     int queue_limit;   /* requests waiting beyond the running ones; one more gets CINFER_EBUSY */
     int n_threads;     /* 0: all online CPUs */
     int64_t kv_memory; /* bytes for the KV block pool; 0: enough for max_seqs x ctx_size */
+    cinfer_spec_mode spec; /* speculative decoding: drafts verified in the same batch, exact rollback */
+    int spec_max_draft;    /* drafts per step at most (adapted per sequence to its acceptance) */
 } cinfer_engine_params;
 
 cinfer_engine_params cinfer_engine_default_params(void);
@@ -240,6 +249,7 @@ typedef struct cinfer_engine_stats {
     int kv_blocks_used, kv_blocks_total;
     int slots_used, slots_total;
     int64_t requests_total, prompt_tokens_total, generated_tokens_total, steps_total;
+    int64_t spec_drafted, spec_accepted; /* speculation: draft tokens proposed and kept */
 } cinfer_engine_stats;
 
 void cinfer_engine_get_stats(cinfer_engine *e, cinfer_engine_stats *out);

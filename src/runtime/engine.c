@@ -15,6 +15,7 @@
 #include "cinfer.h"
 #include "model/qwen35.h"
 #include "runtime/ctx_internal.h"
+#include "runtime/engine_internal.h"
 #include "util/bf16.h"
 #include "runtime/kvcache.h"
 #include "runtime/text.h"
@@ -63,6 +64,11 @@ struct cinfer_request {
     int n_gen;
     int32_t last;         /* the last sampled token, fed at the next step */
     int n_tool_calls;
+    int32_t *hist;        /* prompt + generated tokens (speculation's n-gram lookup), [n_prompt + max_tokens + 1] */
+    int n_hist;
+    int draft_len;        /* speculation: drafts proposed per step, adapted to the acceptance rate */
+    int32_t drafts[64];   /* this step's drafts, after r->last in the window */
+    int n_drafts;
     sampler *smp;
     sampler_result res;   /* the last step's token and logprobs */
     text_stream *ts;      /* detokenizer for this request */
@@ -80,7 +86,11 @@ struct cinfer_engine {
     const model *m;
     cinfer_engine_params p;
     cinfer_ctx *ctx;
-    float *logits;                  /* [max_seqs][V] f32: one row per batch entry */
+    float *logits;                  /* [max_seqs * (1 + spec_max_draft)][V] f32: the rows cinfer_forward writes */
+    int *entry_row;                 /* [max_seqs] first logits row of each entry */
+    int64_t spec_drafted, spec_accepted; /* speculation counters (scheduler thread) */
+    engine_draft_fn drafter;        /* NULL: the built-in n-gram drafter */
+    void *drafter_ud;
     cinfer_batch_entry *entries;    /* [max_seqs] */
     cinfer_request **entry_req;     /* [max_seqs] */
     cinfer_request **running;       /* [max_seqs] */
@@ -93,6 +103,7 @@ struct cinfer_engine {
     int n_admitted;                 /* running requests, as counted under mu (for the queue limit) */
     atomic_llong requests_total, prompt_tokens_total, generated_tokens_total, steps_total;
     atomic_int stat_running, stat_kv_used, stat_slots_used;
+    atomic_llong stat_spec_drafted, stat_spec_accepted;
 };
 
 /* ---- event queue ---- */
@@ -225,6 +236,7 @@ static void request_destroy(cinfer_request *r) {
     }
     if (r->cur) free(r->cur->top), free(r->cur->buf), free(r->cur);
     free(r->prompt);
+    free(r->hist);
     free(r->bias);
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->tools_json);
@@ -233,6 +245,8 @@ static void request_destroy(cinfer_request *r) {
     pthread_cond_destroy(&r->cv);
     free(r);
 }
+
+static void update_stats(cinfer_engine *e);
 
 /* The engine is done with r: queue DONE (unless the client left) and drop the engine's reference. */
 static void finish_request(cinfer_engine *e, cinfer_request *r, const char *reason) {
@@ -254,6 +268,8 @@ static void finish_request(cinfer_engine *e, cinfer_request *r, const char *reas
         pthread_mutex_lock(&e->mu);
         e->n_admitted--;
         pthread_mutex_unlock(&e->mu);
+        /* before DONE goes out: a client that reads the stats right after sees its blocks back */
+        update_stats(e);
     }
     if (!strcmp(reason, "stop") && r->n_tool_calls > 0) reason = "tool_calls";
     ev_node *n = new_event(CINFER_EV_DONE, r->stop_hit ? strlen(r->stop_hit) : 0);
@@ -286,6 +302,7 @@ static int is_eos(const cinfer_engine *e, int32_t t) {
 /* Sampled token t for r: logprobs, text, stops. Returns the finish reason or NULL to continue. */
 static const char *accept_token(cinfer_engine *e, cinfer_request *r, int32_t t) {
     r->n_gen++;
+    if (r->hist) r->hist[r->n_hist++] = t;
     if (r->samp.n_logprobs >= 0) {
         const sampler_result *lp = &r->res;
         ev_node *n = new_event(CINFER_EV_LOGPROB, 0);
@@ -328,6 +345,8 @@ static const char *accept_token(cinfer_engine *e, cinfer_request *r, int32_t t) 
 }
 
 static void update_stats(cinfer_engine *e) {
+    atomic_store(&e->stat_spec_drafted, e->spec_drafted);
+    atomic_store(&e->stat_spec_accepted, e->spec_accepted);
     atomic_store(&e->stat_running, e->n_running);
     atomic_store(&e->stat_kv_used, ctx_kv_total_blocks(e->ctx) - ctx_kv_free_blocks(e->ctx));
     atomic_store(&e->stat_slots_used, ctx_slots_used(e->ctx));
@@ -363,6 +382,26 @@ static void admit(cinfer_engine *e) {
     pthread_mutex_unlock(&e->mu);
 }
 
+/* Prompt-lookup drafting: the longest n-gram (n = 3, 2, 1) ending the context that occurred earlier in it
+ * proposes the tokens that followed its latest earlier occurrence. Deterministic, so the rejection rule for
+ * temperature > 0 reduces to "sample as usual and keep the draft only if the sample equals it". */
+static int ngram_draft(const int32_t *h, int n, int32_t *out, int k) {
+    for (int g = 3; g >= 1; g--) {
+        if (n < g + 1) continue;
+        const int32_t *tail = h + n - g;
+        for (int start = n - g - 1; start >= 0; start--) {
+            if (memcmp(h + start, tail, sizeof(int32_t) * (size_t)g)) continue;
+            int from = start + g, cnt = 0;
+            while (cnt < k && from + cnt < n) {
+                out[cnt] = h[from + cnt];
+                cnt++;
+            }
+            if (cnt > 0) return cnt;
+        }
+    }
+    return 0;
+}
+
 static void step(cinfer_engine *e) {
     /* drop cancelled sequences first: they leave the batch within one step */
     for (int i = 0; i < e->n_running;) {
@@ -375,14 +414,34 @@ static void step(cinfer_engine *e) {
         }
     }
     admit(e);
-    int budget = e->p.step_tokens, n = 0;
-    /* decode tokens first (latency of running streams), then prefill chunks in admission order */
+    int budget = e->p.step_tokens, n = 0, rows = 0;
+    /* decode tokens first (latency of running streams), then prefill chunks in admission order; with
+     * speculation a decode entry is a window [last token | drafts] verified in this same batch */
     for (int i = 0; i < e->n_running && budget > 0; i++) {
         cinfer_request *r = e->running[i];
         if (r->n_fed < r->n_prompt) continue;
-        e->entries[n] = (cinfer_batch_entry){r->seq, &r->last, 1, 0};
+        r->n_drafts = 0;
+        int room = r->max_tokens - r->n_gen - 1; /* drafts beyond the output budget could never be kept */
+        if (r->hist && r->draft_len > 0 && room > 0) {
+            int k = r->draft_len < room ? r->draft_len : room;
+            if (k > budget - 1) k = budget - 1;
+            /* hist already ends with r->last, the token about to be fed */
+            if (k > 0)
+                r->n_drafts = e->drafter ? e->drafter(e->drafter_ud, r->hist, r->n_hist, r->drafts + 1, k)
+                                         : ngram_draft(r->hist, r->n_hist, r->drafts + 1, k);
+            if (r->n_drafts > k || r->n_drafts < 0) r->n_drafts = 0;
+        }
+        if (r->n_drafts) {
+            r->drafts[0] = r->last;
+            e->entries[n] = (cinfer_batch_entry){r->seq, r->drafts, 1 + r->n_drafts, 1, 1};
+            e->entry_row[n] = rows;
+            rows += 1 + r->n_drafts;
+        } else {
+            e->entries[n] = (cinfer_batch_entry){r->seq, &r->last, 1, 0};
+            e->entry_row[n] = rows++;
+        }
         e->entry_req[n++] = r;
-        budget--;
+        budget -= 1 + r->n_drafts;
     }
     for (int i = 0; i < e->n_running && budget > 0; i++) {
         cinfer_request *r = e->running[i];
@@ -390,6 +449,7 @@ static void step(cinfer_engine *e) {
         int cnt = r->n_prompt - r->n_fed;
         if (cnt > budget) cnt = budget;
         e->entries[n] = (cinfer_batch_entry){r->seq, r->prompt + r->n_fed, cnt, 0};
+        e->entry_row[n] = rows++;
         e->entry_req[n++] = r;
         budget -= cnt;
     }
@@ -409,22 +469,46 @@ static void step(cinfer_engine *e) {
     for (int i = 0; i < n; i++) {
         cinfer_request *r = e->entry_req[i];
         const char *fin = NULL;
+        const float *row = e->logits + (size_t)e->entry_row[i] * V;
         if (rc) {
             fin = "error";
         } else if (r->n_fed < r->n_prompt) {
             r->n_fed += e->entries[i].n_tokens;
             atomic_fetch_add(&e->prompt_tokens_total, e->entries[i].n_tokens);
             if (r->n_fed < r->n_prompt) continue; /* more prompt to read */
+        } else if (e->entries[i].spec) {
+            /* verify: sample each position as plain decode would (same sampler calls, same generator draws),
+             * keep drafts while the sample equals them; the first mismatch's sample is the correction, and when
+             * every draft holds the last row gives a bonus token */
+            int kept = 1; /* window position 0 (the fed token) is always kept */
+            for (int j = 0; j <= r->n_drafts && !fin; j++) {
+                sampler_accept(r->smp, r->drafts[j]);
+                int32_t t = sampler_sample(r->smp, row + (size_t)j * V, &r->res);
+                r->last = t;
+                atomic_fetch_add(&e->generated_tokens_total, 1);
+                fin = accept_token(e, r, t);
+                if (j < r->n_drafts && t == r->drafts[j + 1]) kept++;
+                else break;
+            }
+            char e2[256];
+            if (cinfer_seq_commit(e->ctx, r->seq, kept, e2, sizeof e2)) LOG_E("engine: %s", e2);
+            e->spec_drafted += r->n_drafts;
+            e->spec_accepted += kept - 1;
+            /* adapt: all drafts held -> one more next time; under half -> one fewer (never below 1) */
+            if (kept - 1 == r->n_drafts && r->draft_len < e->p.spec_max_draft) r->draft_len++;
+            else if (2 * (kept - 1) < r->n_drafts && r->draft_len > 1) r->draft_len--;
+            if (!fin) continue;
+            goto finished;
         } else {
             sampler_accept(r->smp, r->last);
         }
         if (!fin) {
-            const float *row = e->logits + (size_t)i * V;
             int32_t t = sampler_sample(r->smp, row, &r->res);
             r->last = t;
             atomic_fetch_add(&e->generated_tokens_total, 1);
             fin = accept_token(e, r, t);
         }
+    finished:
         if (fin) {
             for (int k = 0; k < e->n_running; k++)
                 if (e->running[k] == r) {
@@ -467,8 +551,13 @@ static void *sched_main(void *arg) {
 
 cinfer_engine_params cinfer_engine_default_params(void) {
     cinfer_engine_params p = {.max_seqs = 8, .ctx_size = 4096, .step_tokens = 512, .queue_limit = 64, .n_threads = 0,
-                              .kv_memory = 0};
+                              .kv_memory = 0, .spec = CINFER_SPEC_NONE, .spec_max_draft = 4};
     return p;
+}
+
+void engine_set_drafter(cinfer_engine *e, engine_draft_fn fn, void *ud) {
+    e->drafter = fn;
+    e->drafter_ud = ud;
 }
 
 cinfer_sampling cinfer_sampling_default(void) {
@@ -488,6 +577,11 @@ int cinfer_engine_create(cinfer_model *cm, const cinfer_engine_params *pp, cinfe
     if (p.max_seqs < 1 || p.max_seqs > 4096) return ci_err(err, errlen, CINFER_EINVAL, "max_seqs %d: must be 1..4096", p.max_seqs);
     if (p.step_tokens < p.max_seqs) p.step_tokens = p.max_seqs;
     if (p.queue_limit < 0) p.queue_limit = 0;
+    if (p.spec != CINFER_SPEC_NONE && p.spec != CINFER_SPEC_NGRAM)
+        return ci_err(err, errlen, CINFER_EUNSUPPORTED, "speculation mode %d is not available yet (ngram is)", p.spec);
+    if (p.spec == CINFER_SPEC_NONE) p.spec_max_draft = 0;
+    if (p.spec_max_draft < 0 || p.spec_max_draft > 16)
+        return ci_err(err, errlen, CINFER_EINVAL, "spec_max_draft %d: must be 0..16", p.spec_max_draft);
     cinfer_engine *e = xcalloc(1, sizeof *e);
     e->cm = cm;
     e->m = cinfer_model_internal(cm);
@@ -498,12 +592,13 @@ int cinfer_engine_create(cinfer_model *cm, const cinfer_engine_params *pp, cinfe
     cp.max_batch = p.step_tokens;
     cp.n_threads = p.n_threads;
     cp.kv_memory = p.kv_memory;
+    cp.spec_window = p.spec_max_draft ? p.spec_max_draft + 1 : 0;
     int rc = cinfer_ctx_create(cm, &cp, &e->ctx, err, errlen);
     if (rc) {
         free(e);
         return rc;
     }
-    e->logits = ci_try_alloc((size_t)p.max_seqs * e->m->V * sizeof(float));
+    e->logits = ci_try_alloc((size_t)p.max_seqs * (1 + p.spec_max_draft) * e->m->V * sizeof(float));
     if (!e->logits) {
         cinfer_ctx_destroy(e->ctx);
         free(e);
@@ -511,6 +606,7 @@ int cinfer_engine_create(cinfer_model *cm, const cinfer_engine_params *pp, cinfe
     }
     e->entries = xcalloc((size_t)p.max_seqs, sizeof *e->entries);
     e->entry_req = xcalloc((size_t)p.max_seqs, sizeof *e->entry_req);
+    e->entry_row = xcalloc((size_t)p.max_seqs, sizeof *e->entry_row);
     e->running = xcalloc((size_t)p.max_seqs, sizeof *e->running);
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
@@ -534,7 +630,7 @@ void cinfer_engine_destroy(cinfer_engine *e) {
     cinfer_ctx_destroy(e->ctx);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
-    free(e->logits), free(e->entries), free(e->entry_req), free(e->running), free(e);
+    free(e->logits), free(e->entries), free(e->entry_req), free(e->entry_row), free(e->running), free(e);
 }
 
 int cinfer_engine_submit(cinfer_engine *e, const cinfer_request_params *p, cinfer_request **out, char *err, size_t errlen) {
@@ -565,6 +661,12 @@ int cinfer_engine_submit(cinfer_engine *e, const cinfer_request_params *p, cinfe
     }
     r->samp.logit_bias = r->bias;
     for (int i = 0; i < p->n_stop; i++) r->stop[r->n_stop++] = xstrdup(p->stop[i]);
+    if (e->p.spec_max_draft > 0) {
+        r->hist = xmalloc(((size_t)r->n_prompt + (size_t)r->max_tokens + 2) * sizeof(int32_t));
+        memcpy(r->hist, r->prompt, (size_t)r->n_prompt * sizeof(int32_t));
+        r->n_hist = r->n_prompt;
+        r->draft_len = e->p.spec_max_draft;
+    }
     r->tool_format = p->tool_format;
     r->tools_json = p->tools_json ? xstrdup(p->tools_json) : NULL;
     pthread_mutex_init(&r->mu, NULL);
@@ -701,4 +803,6 @@ void cinfer_engine_get_stats(cinfer_engine *e, cinfer_engine_stats *o) {
     o->prompt_tokens_total = atomic_load(&e->prompt_tokens_total);
     o->generated_tokens_total = atomic_load(&e->generated_tokens_total);
     o->steps_total = atomic_load(&e->steps_total);
+    o->spec_drafted = atomic_load(&e->stat_spec_drafted);
+    o->spec_accepted = atomic_load(&e->stat_spec_accepted);
 }

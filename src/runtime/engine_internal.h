@@ -1,0 +1,15 @@
+/* engine_internal.h — test and benchmark hooks of the engine (same library; not public API). */
+#ifndef CI_ENGINE_INTERNAL_H
+#define CI_ENGINE_INTERNAL_H
+
+#include <stdint.h>
+
+#include "cinfer.h"
+
+/* A drafter: given the sequence so far (prompt + generated, ending with the token about to be fed), write
+ * up to k draft tokens to out and return how many. Replaces the engine's own drafter (set before submitting;
+ * the engine must have speculation enabled). Called on the scheduler thread. */
+typedef int (*engine_draft_fn)(void *ud, const int32_t *hist, int n_hist, int32_t *out, int k);
+void engine_set_drafter(cinfer_engine *e, engine_draft_fn fn, void *ud);
+
+#endif
