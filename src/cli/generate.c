@@ -37,12 +37,68 @@ static void print_new_text(cinfer_model *m, const int32_t *ids, int n, size_t *p
     free(s);
 }
 
+/* The engine path (for --spec): one request, its tokens read from LOGPROB events. Greedy or seeded, the
+ * tokens equal the plain path's. */
+static int generate_engine(cinfer_model *m, const int32_t *prompt, int np, int n_gen, float temp, uint64_t seed,
+                           int ignore_eos, int nthreads, int spec, int spec_draft, int32_t *out, int *n_out, int show_text) {
+    char err[1024];
+    cinfer_engine_params ep = cinfer_engine_default_params();
+    ep.max_seqs = 1;
+    ep.ctx_size = np + n_gen + 1;
+    ep.n_threads = nthreads;
+    ep.spec = (cinfer_spec_mode)spec;
+    ep.spec_max_draft = spec_draft;
+    cinfer_engine *e;
+    if (cinfer_engine_create(m, &ep, &e, err, sizeof err)) {
+        fprintf(stderr, "cinfer generate: %s\n", err);
+        return 1;
+    }
+    cinfer_request_params rp;
+    memset(&rp, 0, sizeof rp);
+    rp.prompt = prompt;
+    rp.n_prompt = np;
+    rp.max_tokens = n_gen;
+    rp.sampling = cinfer_sampling_default();
+    rp.sampling.temperature = temp;
+    rp.sampling.has_seed = 1;
+    rp.sampling.seed = seed;
+    rp.sampling.n_logprobs = 0;
+    rp.ignore_eos = ignore_eos;
+    rp.skip_special_tokens = 1;
+    cinfer_request *r;
+    double t0 = now_s();
+    if (cinfer_engine_submit(e, &rp, &r, err, sizeof err)) {
+        fprintf(stderr, "cinfer generate: %s\n", err);
+        cinfer_engine_destroy(e);
+        return 1;
+    }
+    cinfer_event ev;
+    *n_out = 0;
+    while (cinfer_request_next(r, &ev, -1) == 1) {
+        if (ev.type == CINFER_EV_LOGPROB && *n_out < n_gen) out[(*n_out)++] = ev.token;
+        if (show_text && (ev.type == CINFER_EV_CONTENT || ev.type == CINFER_EV_REASONING)) {
+            fwrite(ev.text, 1, ev.len, stdout);
+            fflush(stdout);
+        }
+    }
+    double t = now_s() - t0;
+    cinfer_request_free(r);
+    cinfer_engine_stats st;
+    cinfer_engine_get_stats(e, &st);
+    fprintf(stderr, "cinfer generate: %d tokens in %.3f s (prompt included), %lld steps; speculation: %lld drafted, %lld accepted\n",
+            *n_out, t, (long long)st.steps_total, (long long)st.spec_drafted, (long long)st.spec_accepted);
+    cinfer_engine_destroy(e);
+    return 0;
+}
+
 int cli_generate(int argc, char **argv) {
-    static const char *const vf[] = {"-m", "--model", "--tokens", "--prompt", "-n", "--temp", "--seed", "--threads", NULL};
+    static const char *const vf[] = {"-m", "--model", "--tokens", "--prompt", "-n", "--temp", "--seed", "--threads", "--spec",
+                                     "--spec-draft", NULL};
     static const char *const bf[] = {"--ids", "--ignore-eos", "--help", "-h", NULL};
     if (arg_flag(argc, argv, "--help") || arg_flag(argc, argv, "-h")) {
         printf("usage: cinfer generate -m DIR (--tokens LIST | --prompt TEXT) -n N [--temp T] [--seed S] [--ids] [--ignore-eos] "
-               "[--threads N]\n");
+               "[--threads N] [--spec none|ngram] [--spec-draft N]\n"
+               "  --spec ngram runs through the engine with n-gram speculation: the same tokens, fewer steps\n");
         return 0;
     }
     if (arg_check(argc, argv, vf, bf, "generate")) return 2;
@@ -64,6 +120,16 @@ int cli_generate(int argc, char **argv) {
         return 2;
     }
     int print_ids = arg_flag(argc, argv, "--ids"), ignore_eos = arg_flag(argc, argv, "--ignore-eos");
+    long spec_draft = 4;
+    int spec = 0;
+    if ((v = arg_value(argc, argv, "--spec", NULL))) {
+        if (!strcmp(v, "ngram")) spec = CINFER_SPEC_NGRAM;
+        else if (strcmp(v, "none")) {
+            fprintf(stderr, "cinfer generate: --spec %s is not available (none, ngram)\n", v);
+            return 2;
+        }
+    }
+    if ((v = arg_value(argc, argv, "--spec-draft", NULL)) && parse_int(v, "--spec-draft", 1, 16, &spec_draft)) return 2;
     int32_t *prompt = NULL;
     int np = 0;
     if (toks && parse_ids(toks, &prompt, &np)) return 2;
@@ -109,6 +175,12 @@ int cli_generate(int argc, char **argv) {
         fprintf(stderr, "cinfer generate: out of memory\n");
         goto done;
     }
+    if (spec) {
+        rc = generate_engine(m, prompt, np, (int)n_gen, (float)temp, (uint64_t)seed, ignore_eos, (int)nthreads, spec,
+                             (int)spec_draft, out, &n_out, text && !print_ids);
+        if (rc) goto done;
+        goto print;
+    }
     rng r;
     rng_seed(&r, (uint64_t)seed);
     double t0 = now_s();
@@ -136,6 +208,10 @@ int cli_generate(int argc, char **argv) {
         }
     }
     double t2 = now_s();
+    fprintf(stderr, "cinfer generate: prompt %d tokens in %.3f s (%.1f tok/s), %d generated in %.3f s (%.2f tok/s)\n", np,
+            t1 - t0, np / (t1 - t0 > 0 ? t1 - t0 : 1e-9), n_out, t2 - t1,
+            n_out > 1 ? (n_out - 1) / (t2 - t1 > 0 ? t2 - t1 : 1e-9) : 0.0);
+print:
     if (print_ids) {
         for (int i = 0; i < n_out; i++) printf("%s%d", i ? "," : "", out[i]);
         printf("\n");
@@ -144,9 +220,6 @@ int cli_generate(int argc, char **argv) {
     } else {
         for (int i = 0; i < n_out; i++) printf("%d\n", out[i]);
     }
-    fprintf(stderr, "cinfer generate: prompt %d tokens in %.3f s (%.1f tok/s), %d generated in %.3f s (%.2f tok/s)\n", np,
-            t1 - t0, np / (t1 - t0 > 0 ? t1 - t0 : 1e-9), n_out, t2 - t1,
-            n_out > 1 ? (n_out - 1) / (t2 - t1 > 0 ? t2 - t1 : 1e-9) : 0.0);
     rc = 0;
 done:
     free(logits);

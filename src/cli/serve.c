@@ -36,7 +36,9 @@ static void usage(FILE *f) {
             "  --log-format json|text     access log format on stderr (default text)\n"
             "  --max-body BYTES           request body limit (default 8M)\n"
             "  --timeout S                idle connection timeout in seconds (default 60)\n"
-            "  --max-connections N        open connections (default 512)\n");
+            "  --max-connections N        open connections (default 512)\n"
+            "  --spec none|ngram          speculative decoding (n-gram drafts from the prompt and output; exact)\n"
+            "  --spec-draft N             drafts per step at most (default 4)\n");
 }
 
 static int parse_size(const char *s, const char *what, long long *out) {
@@ -60,7 +62,7 @@ int cli_serve(int argc, char **argv) {
     static const char *const vf[] = {"-m", "--model", "--host", "--port", "--api-key", "--ctx-size", "--max-seqs", "--queue-limit",
                                      "--kv-memory", "--threads", "--max-tokens", "--temp", "--top-p", "--top-k", "--min-p",
                                      "--chat-template-args", "--allowed-origins", "--log-format", "--max-body", "--timeout",
-                                     "--max-connections", "--alias", NULL};
+                                     "--max-connections", "--alias", "--spec", "--spec-draft", NULL};
     static const char *const bf[] = {"--help", "-h", NULL};
     if (arg_flag(argc, argv, "--help") || arg_flag(argc, argv, "-h")) {
         usage(stdout);
@@ -122,6 +124,21 @@ int cli_serve(int argc, char **argv) {
             return 2;
         }
         c.max_body = (size_t)sz;
+    }
+    if ((v = arg_value(argc, argv, "--spec", NULL))) {
+        if (!strcmp(v, "ngram")) c.spec = CINFER_SPEC_NGRAM;
+        else if (!strcmp(v, "none")) c.spec = CINFER_SPEC_NONE;
+        else if (!strcmp(v, "mtp") || !strcmp(v, "draft")) {
+            fprintf(stderr, "cinfer serve: --spec %s is not available yet (ngram is)\n", v);
+            return 2;
+        } else {
+            fprintf(stderr, "cinfer serve: --spec must be none, ngram, mtp or draft\n");
+            return 2;
+        }
+    }
+    if ((v = arg_value(argc, argv, "--spec-draft", NULL))) {
+        if (parse_int(v, "--spec-draft", 1, 16, &n)) return 2;
+        c.spec_max_draft = (int)n;
     }
     json_t *targs = NULL;
     if ((v = arg_value(argc, argv, "--chat-template-args", NULL))) {
