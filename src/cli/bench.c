@@ -20,10 +20,12 @@ static double now_s(void) {
 }
 
 int cli_bench(int argc, char **argv) {
-    static const char *const vf[] = {"-m", "--model", "-p", "-n", "--threads", NULL};
+    static const char *const vf[] = {"-m", "--model", "-p", "-n", "--threads", "--spec-accept", "--spec-draft", "--batch", NULL};
     static const char *const bf[] = {"--help", "-h", NULL};
     if (arg_flag(argc, argv, "--help") || arg_flag(argc, argv, "-h")) {
-        printf("usage: cinfer bench -m DIR [-p PROMPT_TOKENS=512] [-n DECODE_TOKENS=32] [--threads N]\n");
+        printf("usage: cinfer bench -m DIR [-p PROMPT_TOKENS=512] [-n DECODE_TOKENS=32] [--threads N]\n"
+               "       cinfer bench -m DIR --spec-accept A [--spec-draft K=3] [--batch B=1] [-p 32] [-n 64]\n"
+               "         speculative decoding at a forced acceptance rate A, against the same batch without it\n");
         return 0;
     }
     if (arg_check(argc, argv, vf, bf, "bench")) return 2;
@@ -31,6 +33,14 @@ int cli_bench(int argc, char **argv) {
     if (!dir) {
         fprintf(stderr, "cinfer bench: -m DIR is required\n");
         return 2;
+    }
+    if ((v = arg_value(argc, argv, "--spec-accept", NULL))) {
+        double a;
+        if (parse_float(v, "--spec-accept", &a) || a < 0 || a > 1) {
+            fprintf(stderr, "cinfer bench: --spec-accept must be in [0, 1]\n");
+            return 2;
+        }
+        return bench_spec(argc, argv, dir, a);
     }
     long P = 512, N = 32, nthreads = 0;
     if ((v = arg_value(argc, argv, "-p", NULL)) && parse_int(v, "-p", 1, 1 << 20, &P)) return 2;

@@ -13,5 +13,7 @@ int cli_detokenize(int argc, char **argv);
 int cli_template(int argc, char **argv);
 int cli_chat(int argc, char **argv);
 int cli_serve(int argc, char **argv);
+/* bench_spec.c: `cinfer bench --spec-accept A` */
+int bench_spec(int argc, char **argv, const char *dir, double accept);
 
 #endif
