@@ -425,3 +425,42 @@ TEST(engine_speculation_partial_acceptance_is_exact) {
     cinfer_engine_destroy(e);
     cinfer_model_close(m);
 }
+
+/* The wording: a sequence's greedy output is identical whether it ran alone or among 63 others. */
+TEST(engine_64_concurrent_match_solo) {
+    cinfer_model *m = open_default();
+    REQUIRE(m);
+    cinfer_model_info info;
+    cinfer_model_get_info(m, &info);
+    cinfer_engine_params ep = cinfer_engine_default_params();
+    ep.max_seqs = 64;
+    ep.ctx_size = 128;
+    ep.step_tokens = 256;
+    ep.n_threads = 2;
+    cinfer_engine *e;
+    char err[1024];
+    REQUIRE(cinfer_engine_create(m, &ep, &e, err, sizeof err) == 0);
+    enum { NR = 64 };
+    static int32_t prompts[NR][64];
+    int lens[NR], gen[NR];
+    cinfer_request *rq[NR];
+    for (int i = 0; i < NR; i++) {
+        lens[i] = 1 + (i * 29) % 60;
+        gen[i] = 8 + (i * 3) % 12;
+        make_prompt(prompts[i], lens[i], 7000 + i, info.vocab_size);
+        cinfer_request_params rp = greedy_params(prompts[i], lens[i], gen[i]);
+        REQUIRE(cinfer_engine_submit(e, &rp, &rq[i], err, sizeof err) == 0);
+    }
+    int bad = 0;
+    for (int i = 0; i < NR; i++) {
+        collected c;
+        drain(rq[i], &c);
+        int32_t want[32];
+        solo_greedy(m, prompts[i], lens[i], gen[i], want);
+        if (c.n_ids != gen[i] || memcmp(c.ids, want, sizeof(int32_t) * (size_t)gen[i])) bad++;
+        cinfer_request_free(rq[i]);
+    }
+    CHECK_MSG(bad == 0, "%d of 64 concurrent requests differ from their solo greedy output", bad);
+    cinfer_engine_destroy(e);
+    cinfer_model_close(m);
+}
