@@ -1,12 +1,14 @@
 /* test_matmul.c — cpu_matmul against a double-precision reference for f32/bf16/f16 weights, and the
  * exactness contract: each row's bits equal the scalar reference's and do not change with M, the other
  * rows, the thread count or the ISA. Every ISA this machine supports is exercised through
- * cpu_matmul_isa_force. */
+ * cpu_matmul_isa_force. The small vector ops (ops.h) follow the same switch and are held to the bits of
+ * their written-out order here too. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend/cpu/matmul.h"
+#include "backend/cpu/ops.h"
 #include "cinfer.h"
 #include "test.h"
 #include "util/alloc.h"
@@ -284,4 +286,113 @@ TEST(matmul_does_not_allocate) {
     free(x);
     free(w);
     free(y);
+}
+
+/* ---- ops.h: every ISA gives the bits of the order written out below (products rounded before the add,
+ * 16 lanes, the tail in lanes 0.., the (l, l+8) (l, l+4) (l, l+2) (0, 1) tree). */
+
+static float ref_dot(const float *a, const float *b, int n) {
+    float acc[16] = {0};
+    for (int i = 0; i < n; i++) {
+        float p = a[i] * b[i];
+        acc[i % 16] = acc[i % 16] + p;
+    }
+    for (int w = 8; w >= 1; w /= 2)
+        for (int l = 0; l < w; l++) acc[l] = acc[l] + acc[l + w];
+    return acc[0];
+}
+
+static int same_bits(const float *a, const float *b, int n) {
+    return !memcmp(a, b, (size_t)n * sizeof(float));
+}
+
+TEST(ops_every_isa_matches_written_order_bitwise) {
+    rng r = {0xabcdef12345ull};
+    enum { NMAX = 1120 }; /* the longest n (1099) from the furthest offset (6), and its guard */
+    float *a = malloc(NMAX * 4), *b = malloc(NMAX * 4), *w = malloc(NMAX * 4);
+    float *y = malloc((NMAX + 1) * 4), *yr = malloc((NMAX + 1) * 4);
+    REQUIRE(a && b && w && y && yr);
+    /* Mixed magnitudes, so that a fused multiply-add or another summation order would change low bits. */
+    for (int i = 0; i < NMAX; i++) {
+        a[i] = rng_unit(&r) * (float)(1 << (rng_next(&r) % 12));
+        b[i] = rng_unit(&r) / (float)(1 << (rng_next(&r) % 12));
+        w[i] = 1.0f + rng_unit(&r);
+    }
+    static const int ns[] = {0, 1, 2, 7, 8, 9, 15, 16, 17, 31, 33, 64, 100, 127, 128, 129, 256, 1000, 1099};
+    int ran = 0, differ_from_fma = 0;
+    for (int isa = 0; isa < 3; isa++) {
+        if (cpu_matmul_isa_force(all_isa[isa]) != 0) continue;
+        CHECK_EQ_INT(cpu_simd_level(), isa == 0 ? CPU_SIMD_SCALAR : isa == 1 ? CPU_SIMD_AVX2 : CPU_SIMD_AVX512);
+        ran++;
+        for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+            int n = ns[ni];
+            const float *ao = a + ni % 3, *bo = b + (ni * 5) % 7; /* unaligned starts too */
+            float d = ops_dot(ao, bo, n), dr = ref_dot(ao, bo, n);
+            CHECK_MSG(!memcmp(&d, &dr, 4), "%s dot n=%d: %.9g vs %.9g", all_isa[isa], n, d, dr);
+
+            float s = rng_unit(&r) * 3.0f;
+            for (int i = 0; i <= n; i++) y[i] = yr[i] = bo[i] * 7.0f;
+            y[n] = yr[n] = NAN; /* guard */
+            ops_axpy(y, s, ao, n);
+            for (int i = 0; i < n; i++) {
+                float p = s * ao[i];
+                yr[i] = yr[i] + p;
+                if (fmaf(s, ao[i], bo[i] * 7.0f) != yr[i]) differ_from_fma++;
+            }
+            CHECK_MSG(same_bits(y, yr, n) && isnan(y[n]), "%s axpy n=%d", all_isa[isa], n);
+
+            for (int i = 0; i <= n; i++) y[i] = yr[i] = ao[i];
+            y[n] = yr[n] = NAN;
+            ops_scale(y, s, n);
+            for (int i = 0; i < n; i++) yr[i] = yr[i] * s;
+            CHECK_MSG(same_bits(y, yr, n) && isnan(y[n]), "%s scale n=%d", all_isa[isa], n);
+
+            ops_add(y, bo, n);
+            for (int i = 0; i < n; i++) yr[i] = yr[i] + bo[i];
+            CHECK_MSG(same_bits(y, yr, n) && isnan(y[n]), "%s add n=%d", all_isa[isa], n);
+
+            if (n == 0) continue;
+            float eps = 1e-6f;
+            y[n] = NAN;
+            ops_rmsnorm(y, ao, w, n, eps);
+            float rr = 1.0f / sqrtf(ref_dot(ao, ao, n) / (float)n + eps);
+            for (int i = 0; i < n; i++) {
+                float t = ao[i] * rr;
+                yr[i] = t * w[i];
+            }
+            CHECK_MSG(same_bits(y, yr, n) && isnan(y[n]), "%s rmsnorm n=%d", all_isa[isa], n);
+
+            for (int i = 0; i < n; i++) y[i] = ao[i];
+            ops_l2norm(y, y, n, eps); /* in place, as the DeltaNet prep calls it */
+            float rl = 1.0f / sqrtf(ref_dot(ao, ao, n) + eps);
+            for (int i = 0; i < n; i++) yr[i] = ao[i] * rl;
+            CHECK_MSG(same_bits(y, yr, n) && isnan(y[n]), "%s l2norm n=%d", all_isa[isa], n);
+        }
+    }
+    cpu_matmul_isa_force(NULL);
+    CHECK(ran >= 1);
+    CHECK(differ_from_fma > 0); /* the inputs do tell a fused axpy from the rounded one */
+    free(a);
+    free(b);
+    free(w);
+    free(y);
+    free(yr);
+}
+
+/* Exact cases: integer sums, and a NaN in one element reaches the dot and only its own axpy element. */
+TEST(ops_exact_small_cases) {
+    float a[40], b[40], y[40];
+    for (int i = 0; i < 40; i++) a[i] = (float)(i + 1), b[i] = 2.0f;
+    for (int isa = 0; isa < 3; isa++) {
+        if (cpu_matmul_isa_force(all_isa[isa]) != 0) continue;
+        CHECK_NEAR(ops_dot(a, b, 40), 1640.0, 0);
+        CHECK_NEAR(ops_dot(a, b, 0), 0.0, 0);
+        for (int i = 0; i < 40; i++) y[i] = 1.0f;
+        b[13] = NAN;
+        CHECK(isnan(ops_dot(a, b, 40)));
+        ops_axpy(y, 0.5f, b, 40);
+        for (int i = 0; i < 40; i++) CHECK(i == 13 ? isnan(y[i]) : y[i] == 2.0f);
+        b[13] = 2.0f;
+    }
+    cpu_matmul_isa_force(NULL);
 }

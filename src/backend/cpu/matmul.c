@@ -542,6 +542,11 @@ static const mm_kernels *kernels_for(int isa) {
     return &kern_scalar;
 }
 
+int cpu_simd_level(void) {
+    int isa = isa_current();
+    return isa == ISA_AVX512 ? CPU_SIMD_AVX512 : isa == ISA_AVX2 ? CPU_SIMD_AVX2 : CPU_SIMD_SCALAR;
+}
+
 const char *cpu_matmul_isa(void) {
     return kernels_for(isa_current())->name;
 }

@@ -28,4 +28,9 @@ const char *cpu_matmul_isa(void);
  * CINFER_EUNSUPPORTED when this CPU lacks it. Process-wide; not for use while other threads multiply. */
 int cpu_matmul_isa_force(const char *isa);
 
+/* The same choice as a number, for the CPU's other vector ops (ops.c), which follow it so that tests can
+ * pin each path: CPU_SIMD_SCALAR, CPU_SIMD_AVX2 (AVX2 + FMA + F16C) or CPU_SIMD_AVX512. */
+enum { CPU_SIMD_SCALAR = 0, CPU_SIMD_AVX2 = 1, CPU_SIMD_AVX512 = 2 };
+int cpu_simd_level(void);
+
 #endif

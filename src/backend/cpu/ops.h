@@ -1,5 +1,6 @@
 /* ops.h — the CPU's small f32 kernels (norms, activations, dot products) used by the forward pass.
- * Reductions use a fixed 16-lane order so results depend only on the inputs, never on the batch. */
+ * Reductions use a fixed 16-lane order so results depend only on the inputs, never on the batch, and every
+ * ISA path (AVX-512, AVX2, C; chosen like the matmul's) gives the same bits. */
 #ifndef CI_OPS_H
 #define CI_OPS_H
 
@@ -7,8 +8,12 @@
 
 /* Σ a[i]*b[i] over n, in 16 interleaved partial sums combined in a fixed tree. */
 float ops_dot(const float *a, const float *b, int n);
-/* y[i] += s * x[i] */
+/* y[i] += s * x[i]  (the product rounded, then the sum: never fused) */
 void ops_axpy(float *y, float s, const float *x, int n);
+/* y[i] *= s */
+void ops_scale(float *y, float s, int n);
+/* y[i] += x[i] */
+void ops_add(float *y, const float *x, int n);
 /* y[i] = x[i] * rsqrt(mean(x²) + eps) * w[i]  (w already holds 1 + w for zero-centred norms) */
 void ops_rmsnorm(float *y, const float *x, const float *w, int n, float eps);
 /* y[i] = x[i] * rsqrt(Σx² + eps)  (l2 normalisation, in place allowed) */
