@@ -410,6 +410,15 @@ int prefix_lookup(prefix_cache *pc, const int *tokens, int n_tokens, int *blocks
     return 0;
 }
 
+int prefix_peek(const prefix_cache *pc, const int *tokens, int n_tokens, int max_blocks, int *n_shared) {
+    int n = n_tokens;
+    if ((long)max_blocks * KV_BLOCK < n) n = max_blocks * KV_BLOCK;
+    match m = n > 0 && tokens && pc->max_snaps ? tree_match(pc, tokens, n) : (match){ROOT, 0, -1};
+    int L = m.best < 0 ? 0 : pc->nodes[m.best].end;
+    if (n_shared) *n_shared = L / KV_BLOCK;
+    return L;
+}
+
 /* ---- insert ---- */
 
 /* Node count of the chain that covers [pos, n): each piece touches at most PREFIX_NODE_BLOCKS indices. */

@@ -112,6 +112,11 @@ void prefix_release_blocks(prefix_cache *pc, const int *blocks, int n);
 int prefix_lookup(prefix_cache *pc, const int *tokens, int n_tokens, int *blocks, int max_blocks, int slot,
                   prefix_hit *hit, char *err, size_t errlen);
 
+/* What prefix_lookup would return for the same tokens (hit length; *n_shared: blocks it would map by
+ * reference), without taking anything, copying, counting or touching the LRU order: for an admission that
+ * must know how many new blocks a request needs before it opens a sequence. */
+int prefix_peek(const prefix_cache *pc, const int *tokens, int n_tokens, int max_blocks, int *n_shared);
+
 /* Records tokens[0, n_tokens) of a sequence whose KV sits in blocks[0, ceil(n_tokens / KV_BLOCK)) (blocks
  * it holds) and whose state slot holds the state after exactly n_tokens tokens, with a snapshot at
  * n_tokens. The tree takes its own references; the sequence keeps its own. A no-op without a budget. */

@@ -654,14 +654,14 @@ static void model_insert(ref_model *m, const int *t, int len) {
     m->e[i].last_use = ++m->tick;
 }
 
-static int model_lookup(ref_model *m, const int *t, int n) {
+static int model_lookup(ref_model *m, const int *t, int n, int touch) {
     int best = -1;
     for (int i = 0; i < m->n; i++)
         if (m->e[i].len <= n && !memcmp(m->e[i].tokens, t, (size_t)m->e[i].len * sizeof(int)) &&
             (best < 0 || m->e[i].len > m->e[best].len))
             best = i;
     if (best < 0) return 0;
-    m->e[best].last_use = ++m->tick;
+    if (touch) m->e[best].last_use = ++m->tick;
     return m->e[best].len;
 }
 
@@ -714,6 +714,7 @@ static void property_run(uint64_t seed, int n_blocks, int budget_snaps, int max_
             hist_len[h] = n;
             prefix_hit hit;
             if (seq_open(&w, s)) continue;
+            int shared = -1, peek = prefix_peek(w.pc, p, n - 1, MAXB, &shared);
             int rc = seq_resume(&w, s, p, n, &hit);
             if (rc) { /* only with pool pressure: the partial block could not be copied */
                 CHECK(!exact && rc == CINFER_ENOMEM);
@@ -721,11 +722,16 @@ static void property_run(uint64_t seed, int n_blocks, int budget_snaps, int max_
                 s->open = 0;
                 continue;
             }
+            if (peek != hit.n_tokens || shared != hit.n_shared) {
+                fails++;
+                CHECK_MSG(0, "seed %llu op %d: peek %d/%d, lookup %d/%d", (unsigned long long)seed, op, peek,
+                          shared, hit.n_tokens, hit.n_shared);
+            }
             hits += hit.n_tokens > 0;
             long_hits += hit.n_tokens >= 2 * KV_BLOCK;
             copies += hit.n_blocks > hit.n_shared;
             if (exact) {
-                int want = model_lookup(&m, p, n - 1);
+                int want = model_lookup(&m, p, n - 1, 1);
                 if (hit.n_tokens != want) {
                     fails++;
                     CHECK_MSG(0, "seed %llu op %d: lookup gave %d, the model %d", (unsigned long long)seed,
@@ -765,6 +771,15 @@ static void property_run(uint64_t seed, int n_blocks, int budget_snaps, int max_
             if (seq_feed(&w, s, cnt)) {
                 CHECK(!exact);
                 seq_close(&w, s);
+            }
+        }
+        if (exact) {
+            int k = (int)(rng_next(&r) % N_HIST), cut = hist_len[k] ? hist_len[k] - 1 : 0;
+            int got = prefix_peek(w.pc, hist[k], cut, MAXB, NULL), want = model_lookup(&m, hist[k], cut, 0);
+            if (got != want) {
+                fails++;
+                CHECK_MSG(0, "seed %llu op %d: peek gave %d, the model %d", (unsigned long long)seed, op, got,
+                          want);
             }
         }
         dry += w.kv.n_free == 0; /* the pool ran dry: allocations had to evict */
