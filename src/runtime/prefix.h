@@ -71,8 +71,7 @@ typedef struct prefix_params {
 typedef struct prefix_hit {
     int n_tokens; /* cached tokens the sequence resumes after (0 = miss) */
     int n_blocks; /* block ids written: ceil(n_tokens / KV_BLOCK) */
-    int n_shared; /* the first n_shared are shared by reference; a last partial one is the sequence's own copy
-                   */
+    int n_shared; /* the first n_shared are shared by reference; a partial last one is the sequence's copy */
 } prefix_hit;
 
 typedef struct prefix_stats {
