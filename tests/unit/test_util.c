@@ -2,6 +2,8 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <pthread.h>
+#include <time.h>
 
 #include "test.h"
 #include "util/alloc.h"
@@ -65,6 +67,75 @@ TEST(threadpool_covers_every_index_once) {
     sum_job j = {0, 10};
     tp_run(NULL, sum_fn, &j);
     CHECK_EQ_INT(atomic_load(&j.sum), 45);
+}
+
+/* Many tiny jobs on pools of several sizes: every index runs exactly once per job with nth = tp_size, index 0
+ * on the calling thread, and tp_run returns only after every index's writes are done (each index spins a
+ * little before writing, so a late one would be caught). */
+typedef struct {
+    int nth_seen;
+    long job;
+    atomic_int bad_nth;
+    pthread_t caller;
+    atomic_int zero_elsewhere;
+    long ran[8];   /* per index: the job number it last ran for */
+    int count[8];  /* per index: runs in this job */
+} once_job;
+
+static volatile int once_sink;
+
+static void once_fn(void *ctx, int ith, int nth) {
+    once_job *j = ctx;
+    if (nth != j->nth_seen) atomic_fetch_add(&j->bad_nth, 1);
+    if (ith == 0 && !pthread_equal(pthread_self(), j->caller)) atomic_fetch_add(&j->zero_elsewhere, 1);
+    for (int i = 0; i < (int)((j->job * 7 + ith * 13) % 200); i++) once_sink += i;
+    j->count[ith]++;
+    j->ran[ith] = j->job;
+}
+
+TEST(threadpool_each_index_once_per_job_stress) {
+    static const int sizes[] = {1, 2, 3, 4, 7};
+    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+        threadpool *tp = tp_create(sizes[si]);
+        int n = tp_size(tp);
+        REQUIRE(n == sizes[si]);
+        once_job j = {.nth_seen = n, .caller = pthread_self()};
+        for (int i = 0; i < 8; i++) j.ran[i] = -1;
+        int bad = 0;
+        for (long job = 0; job < 20000; job++) {
+            j.job = job;
+            for (int i = 0; i < n; i++) j.count[i] = 0;
+            tp_run(tp, once_fn, &j);
+            for (int i = 0; i < n; i++)
+                if (j.count[i] != 1 || j.ran[i] != job) bad++;
+        }
+        CHECK_EQ_INT(bad, 0);
+        CHECK_EQ_INT(atomic_load(&j.bad_nth), 0);
+        CHECK_EQ_INT(atomic_load(&j.zero_elsewhere), 0);
+        tp_destroy(tp);
+    }
+}
+
+/* Jobs spaced further apart than the workers spin, so they go to sleep and are woken for each job; and a
+ * pool destroyed while its workers sleep. */
+TEST(threadpool_wakes_sleeping_workers) {
+    threadpool *tp = tp_create(3);
+    once_job j = {.nth_seen = 3, .caller = pthread_self()};
+    int bad = 0;
+    for (long job = 0; job < 12; job++) {
+        struct timespec ts = {0, 3 * 1000 * 1000}; /* 3 ms: far past the spin */
+        nanosleep(&ts, NULL);
+        j.job = job;
+        for (int i = 0; i < 3; i++) j.count[i] = 0;
+        tp_run(tp, once_fn, &j);
+        for (int i = 0; i < 3; i++)
+            if (j.count[i] != 1 || j.ran[i] != job) bad++;
+    }
+    CHECK_EQ_INT(bad, 0);
+    CHECK_EQ_INT(atomic_load(&j.zero_elsewhere), 0);
+    struct timespec ts = {0, 5 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    tp_destroy(tp);
 }
 
 TEST(tp_range_partitions) {
