@@ -82,13 +82,13 @@ typedef struct {
     int count[8];  /* per index: runs in this job */
 } once_job;
 
-static volatile int once_sink;
+static volatile unsigned once_sink;
 
 static void once_fn(void *ctx, int ith, int nth) {
     once_job *j = ctx;
     if (nth != j->nth_seen) atomic_fetch_add(&j->bad_nth, 1);
     if (ith == 0 && !pthread_equal(pthread_self(), j->caller)) atomic_fetch_add(&j->zero_elsewhere, 1);
-    for (int i = 0; i < (int)((j->job * 7 + ith * 13) % 200); i++) once_sink += i;
+    for (int i = 0; i < (int)((j->job * 7 + ith * 13) % 200); i++) once_sink += (unsigned)i;
     j->count[ith]++;
     j->ran[ith] = j->job;
 }
