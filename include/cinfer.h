@@ -71,6 +71,7 @@ typedef struct cinfer_ctx_params {
     int n_threads;   /* 0: all online CPUs */
     int64_t kv_memory; /* bytes of the KV block pool; 0: max_seqs x max_ctx tokens (never runs out) */
     int spec_window;   /* longest speculative window (tokens per verify entry); 0: no speculation */
+    int64_t prefix_cache_memory; /* bytes of DeltaNet state snapshots the prefix cache may keep; 0: no caching */
 } cinfer_ctx_params;
 
 cinfer_ctx_params cinfer_ctx_default_params(void);
@@ -144,6 +145,8 @@ typedef struct cinfer_engine_params {
     int queue_limit;   /* requests waiting beyond the running ones; one more gets CINFER_EBUSY */
     int n_threads;     /* 0: all online CPUs */
     int64_t kv_memory; /* bytes for the KV block pool; 0: enough for max_seqs x ctx_size */
+    int64_t prefix_cache_memory; /* prefix cache: bytes of DeltaNet state snapshots (KV blocks are shared from
+                                    the pool); 0: no prefix caching */
     cinfer_spec_mode spec; /* speculative decoding: drafts verified in the same batch, exact rollback */
     int spec_max_draft;    /* drafts per step at most (adapted per sequence to its acceptance) */
 } cinfer_engine_params;
@@ -250,6 +253,9 @@ typedef struct cinfer_engine_stats {
     int slots_used, slots_total;
     int64_t requests_total, prompt_tokens_total, generated_tokens_total, steps_total;
     int64_t spec_drafted, spec_accepted; /* speculation: draft tokens proposed and kept */
+    int64_t prefix_lookups, prefix_hits, prefix_tokens_served, prefix_evictions; /* prefix cache */
+    int64_t prefix_bytes;      /* snapshot bytes held */
+    int prefix_blocks_cached;  /* KV blocks the prefix cache references */
 } cinfer_engine_stats;
 
 void cinfer_engine_get_stats(cinfer_engine *e, cinfer_engine_stats *out);

@@ -82,9 +82,10 @@ void forward_spec_commit(const model *m, state_pool *st, int slot, const float *
  * with stride vs; g (log decay) and beta per token; o: rows of dv with stride os. */
 void gdn_recurrent(int n, const float *q, int qs, const float *k, int ks, const float *v, int vs, const float *g,
                    int gs, const float *beta, int bs, float *S, int dk, int dv, float *o, int os);
-/* tmp: at least gdn_chunk_scratch_floats(dk, dv) floats */
-void gdn_chunked(int n, const float *q, int qs, const float *k, int ks, const float *v, int vs, const float *g, int gs,
-                 const float *beta, int bs, float *S, int dk, int dv, float *o, int os, float *tmp);
+/* pos0: the absolute position of the first token (chunks align to multiples of GDN_CHUNK from position 0);
+ * tmp: at least gdn_chunk_scratch_floats(dk, dv) floats */
+void gdn_chunked(int n, int pos0, const float *q, int qs, const float *k, int ks, const float *v, int vs, const float *g,
+                 int gs, const float *beta, int bs, float *S, int dk, int dv, float *o, int os, float *tmp);
 size_t gdn_chunk_scratch_floats(int dk, int dv);
 
 #endif

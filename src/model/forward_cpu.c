@@ -185,13 +185,16 @@ void gdn_recurrent(int n, const float *q, int qs, const float *k, int ks, const 
 /* The chunked (WY/UT) form of spec §4 over chunks of GDN_CHUNK tokens, all in f32:
  *   (I + L) U = beta V,  (I + L) W = beta Gam K  (forward substitution, L strictly lower)
  *   D = U - W S0;  O = (Gam Q) S0 + M D;  S = Gam_C S0 + Σ_r e^{gam_C - gam_r} k_r ⊗ D_r */
-void gdn_chunked(int n, const float *q, int qs, const float *k, int ks, const float *v, int vs, const float *g, int gs,
-                 const float *beta, int bs, float *S, int dk, int dv, float *o, int os, float *tmp) {
+void gdn_chunked(int n, int pos0, const float *q, int qs, const float *k, int ks, const float *v, int vs, const float *g,
+                 int gs, const float *beta, int bs, float *S, int dk, int dv, float *o, int os, float *tmp) {
     const int Cn = GDN_CHUNK;
     float *gam = tmp, *G = gam + Cn, *QK = G + Cn * Cn, *U = QK + Cn * Cn, *D = U + (size_t)Cn * dv;
     float *W = D + (size_t)Cn * dv, *kT = W + (size_t)Cn * dk;
-    for (int c0 = 0; c0 < n; c0 += Cn) {
-        int L = n - c0 < Cn ? n - c0 : Cn;
+    /* chunks sit on the absolute grid (multiples of GDN_CHUNK from the sequence's start): a prefill split at
+     * grid positions computes exactly the chunks one whole prefill would, whatever the step budget did */
+    for (int c0 = 0, L; c0 < n; c0 += L) {
+        L = Cn - (pos0 + c0) % Cn;
+        if (L > n - c0) L = n - c0;
         float acc = 0.0f;
         for (int r = 0; r < L; r++) {
             acc += g[(size_t)(c0 + r) * gs];
@@ -352,8 +355,8 @@ static void gdn_item(void *p, long item, int ith) {
     if (e->n == 1 && e->seq_len > 0)
         gdn_recurrent(1, q, C, k, C, v, C, ba + m->Hv + h, 2 * m->Hv, ba + h, 2 * m->Hv, S, m->dk, m->dv, o, vd);
     else
-        gdn_chunked(e->n, q, C, k, C, v, C, ba + m->Hv + h, 2 * m->Hv, ba + h, 2 * m->Hv, S, m->dk, m->dv, o, vd,
-                    R->s->thr + (size_t)ith * R->s->thr_floats);
+        gdn_chunked(e->n, e->seq_len, q, C, k, C, v, C, ba + m->Hv + h, 2 * m->Hv, ba + h, 2 * m->Hv, S, m->dk, m->dv, o,
+                    vd, R->s->thr + (size_t)ith * R->s->thr_floats);
 }
 
 size_t spec_rec_floats(const model *m) { return 2 * (size_t)m->C + 2 * (size_t)m->Hv; }

@@ -8,6 +8,7 @@
 #include "model/forward.h"
 #include "model/qwen35.h"
 #include "runtime/ctx_internal.h"
+#include "runtime/prefix.h"
 #include "runtime/text.h"
 #include "util/alloc.h"
 #include "util/err.h"
@@ -35,6 +36,7 @@ struct cinfer_ctx {
     int *block_store;    /* [max_seqs][blocks_per_seq] */
     fwd_entry *fe;       /* [max_batch] */
     float *spec_store;   /* [max_seqs] records of spec_window tokens each (see forward.h) */
+    prefix_cache *pc;    /* owns the KV blocks' reference counts (every block goes through it) */
     unsigned char *seen; /* [max_seqs] per-call duplicate check */
 };
 
@@ -93,6 +95,7 @@ cinfer_ctx_params cinfer_ctx_default_params(void) {
 
 void cinfer_ctx_destroy(cinfer_ctx *c) {
     if (!c) return;
+    prefix_destroy(c->pc);
     tp_destroy(c->tp);
     kv_pool_free(&c->kv);
     state_pool_free(&c->st);
@@ -134,6 +137,12 @@ int cinfer_ctx_create(cinfer_model *cm, const cinfer_ctx_params *pp, cinfer_ctx 
     if ((rc = kv_pool_init(&c->kv, m->n_full, (int)n_blocks, m->Hkv * m->hd, err, errlen)) ||
         (rc = state_pool_init(&c->st, p.max_seqs, m->n_lin, m->K - 1, m->C, m->Hv, m->dk, m->dv, err, errlen)) ||
         (rc = fwd_scratch_init(&c->s, m, p.max_batch, p.max_ctx, c->p.n_threads, err, errlen))) {
+        cinfer_ctx_destroy(c);
+        return rc;
+    }
+    prefix_params pp2 = {.budget_bytes = p.prefix_cache_memory > 0 ? (size_t)p.prefix_cache_memory : 0, .max_nodes = 0,
+                         .interval = 0};
+    if ((rc = prefix_create(&c->kv, &c->st, &pp2, &c->pc, err, errlen))) {
         cinfer_ctx_destroy(c);
         return rc;
     }
@@ -179,7 +188,7 @@ int cinfer_seq_open(cinfer_ctx *c, char *err, size_t errlen) {
 void cinfer_seq_close(cinfer_ctx *c, int id) {
     if (!c || id < 0 || id >= c->p.max_seqs || !c->seqs[id].active) return;
     seq_rec *s = &c->seqs[id];
-    for (int b = 0; b < s->n_blocks; b++) kv_free_block(&c->kv, s->blocks[b]);
+    prefix_release_blocks(c->pc, s->blocks, s->n_blocks);
     state_free_slot(&c->st, s->slot);
     float *spec = s->spec;
     memset(s, 0, sizeof *s);
@@ -234,7 +243,7 @@ int cinfer_forward(cinfer_ctx *c, const cinfer_batch_entry *e, int n, float *log
         seq_rec *s = &c->seqs[e[i].seq];
         int need = (s->len + e[i].n_tokens + KV_BLOCK - 1) / KV_BLOCK;
         while (s->n_blocks < need) {
-            int b = kv_alloc_block(&c->kv);
+            int b = prefix_alloc_block(c->pc);
             if (b < 0) {
                 rc = ci_err(err, errlen, CINFER_ENOMEM, "KV pool exhausted (%d blocks)", c->kv.n_blocks);
                 break;
@@ -246,7 +255,10 @@ int cinfer_forward(cinfer_ctx *c, const cinfer_batch_entry *e, int n, float *log
         for (int i = 0; i < n; i++) {
             seq_rec *s = &c->seqs[e[i].seq];
             int keep = (s->len + KV_BLOCK - 1) / KV_BLOCK;
-            while (s->n_blocks > keep) kv_free_block(&c->kv, s->blocks[--s->n_blocks]);
+            while (s->n_blocks > keep) {
+                s->n_blocks--;
+                prefix_release_blocks(c->pc, &s->blocks[s->n_blocks], 1);
+            }
         }
         return rc;
     }
@@ -274,12 +286,45 @@ int cinfer_seq_commit(cinfer_ctx *c, int id, int n_keep, char *err, size_t errle
     s->pending = 0;
     /* KV rows past the kept length are simply overwritten later; blocks wholly past it go back now */
     int keep_blocks = (s->len + KV_BLOCK - 1) / KV_BLOCK;
-    while (s->n_blocks > keep_blocks) kv_free_block(&c->kv, s->blocks[--s->n_blocks]);
+    while (s->n_blocks > keep_blocks) {
+        s->n_blocks--;
+        prefix_release_blocks(c->pc, &s->blocks[s->n_blocks], 1);
+    }
     return 0;
 }
 
 /* ---- for the engine (ctx_internal.h) ---- */
-int ctx_kv_free_blocks(const cinfer_ctx *c) { return c->kv.n_free; }
+int ctx_kv_free_blocks(const cinfer_ctx *c) { return prefix_available_blocks(c->pc); }
+int ctx_kv_blocks_per_seq(const cinfer_ctx *c) { return c->blocks_per_seq; }
+
+int ctx_prefix_peek(const cinfer_ctx *c, const int32_t *tokens, int n, int *n_shared) {
+    return prefix_peek(c->pc, tokens, n, c->blocks_per_seq, n_shared);
+}
+
+int ctx_seq_resume(cinfer_ctx *c, int id, const int32_t *prompt, int n_prompt, int *cached, char *err, size_t errlen) {
+    *cached = 0;
+    seq_rec *s = &c->seqs[id];
+    if (!s->active || s->len || s->n_blocks || n_prompt < 2) return 0;
+    prefix_hit hit;
+    int rc = prefix_lookup(c->pc, prompt, n_prompt - 1, s->blocks, c->blocks_per_seq, s->slot, &hit, err, errlen);
+    if (rc) return rc;
+    s->len = hit.n_tokens;
+    s->n_blocks = hit.n_blocks;
+    *cached = hit.n_tokens;
+    return 0;
+}
+
+int ctx_seq_snapshot(cinfer_ctx *c, int id, const int32_t *tokens, char *err, size_t errlen) {
+    seq_rec *s = &c->seqs[id];
+    if (!s->active || s->pending) return ci_err(err, errlen, CINFER_ESTATE, "no snapshot of sequence %d now", id);
+    return prefix_insert(c->pc, tokens, s->len, s->blocks, s->slot, err, errlen);
+}
+
+int ctx_prefix_next(const cinfer_ctx *c, const int *marks, int n_marks, int pos, int end) {
+    return prefix_next_snapshot(c->pc, marks, n_marks, pos, end);
+}
+
+void ctx_prefix_stats(const cinfer_ctx *c, prefix_stats *st) { prefix_get_stats(c->pc, st); }
 int ctx_kv_total_blocks(const cinfer_ctx *c) { return c->kv.n_blocks; }
 int ctx_slots_used(const cinfer_ctx *c) {
     int n = 0;

@@ -3,6 +3,7 @@
 #define CI_CTX_INTERNAL_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "cinfer.h"
 
@@ -20,7 +21,20 @@ struct cinfer_model {
     char *tok_config;         /* tokenizer_config.json text, or NULL */
 };
 
+/* Blocks an admission may count on: free ones plus those only the prefix cache holds. */
 int ctx_kv_free_blocks(const cinfer_ctx *c);
+int ctx_kv_blocks_per_seq(const cinfer_ctx *c);
+/* Prefix cache: the cached length a prompt would resume after (n_shared: blocks mapped by reference) */
+int ctx_prefix_peek(const cinfer_ctx *c, const int32_t *tokens, int n, int *n_shared);
+/* On a fresh sequence: resume after the longest cached prefix of prompt[0, n_prompt - 1) (KV blocks
+ * mapped, state copied). *cached = tokens skipped (0 on a miss). */
+int ctx_seq_resume(cinfer_ctx *c, int id, const int32_t *prompt, int n_prompt, int *cached, char *err, size_t errlen);
+/* Records the sequence's first len tokens (tokens[0, len)) with a snapshot of its current state. */
+int ctx_seq_snapshot(cinfer_ctx *c, int id, const int32_t *tokens, char *err, size_t errlen);
+/* The next position after pos (<= end) where a snapshot is wanted (marks, interval, end). */
+int ctx_prefix_next(const cinfer_ctx *c, const int *marks, int n_marks, int pos, int end);
+struct prefix_stats;
+void ctx_prefix_stats(const cinfer_ctx *c, struct prefix_stats *st);
 int ctx_kv_total_blocks(const cinfer_ctx *c);
 int ctx_slots_used(const cinfer_ctx *c);
 const struct model *cinfer_model_internal(const cinfer_model *m);

@@ -13,11 +13,13 @@
 #include <time.h>
 
 #include "cinfer.h"
+#include "model/forward.h"
 #include "model/qwen35.h"
 #include "runtime/ctx_internal.h"
 #include "runtime/engine_internal.h"
 #include "util/bf16.h"
 #include "runtime/kvcache.h"
+#include "runtime/prefix.h"
 #include "runtime/text.h"
 #include "sample/sampler.h"
 #include "sample/stop.h"
@@ -64,6 +66,9 @@ struct cinfer_request {
     int n_gen;
     int32_t last;         /* the last sampled token, fed at the next step */
     int n_tool_calls;
+    int *marks;           /* prefix cache: positions where a snapshot is wanted (each <|im_start|> after the first) */
+    int n_marks;
+    int cached;           /* prompt tokens served from the prefix cache */
     int32_t *hist;        /* prompt + generated tokens (speculation's n-gram lookup), [n_prompt + max_tokens + 1] */
     int n_hist;
     int draft_len;        /* speculation: drafts proposed per step, adapted to the acceptance rate */
@@ -89,6 +94,9 @@ struct cinfer_engine {
     float *logits;                  /* [max_seqs * (1 + spec_max_draft)][V] f32: the rows cinfer_forward writes */
     int *entry_row;                 /* [max_seqs] first logits row of each entry */
     int64_t spec_drafted, spec_accepted; /* speculation counters (scheduler thread) */
+    int32_t im_start;               /* <|im_start|>, where chat messages begin (-1: none) */
+    atomic_llong stat_px_lookups, stat_px_hits, stat_px_tokens, stat_px_evict, stat_px_bytes;
+    atomic_int stat_px_blocks;
     engine_draft_fn drafter;        /* NULL: the built-in n-gram drafter */
     void *drafter_ud;
     cinfer_batch_entry *entries;    /* [max_seqs] */
@@ -236,6 +244,7 @@ static void request_destroy(cinfer_request *r) {
     }
     if (r->cur) free(r->cur->top), free(r->cur->buf), free(r->cur);
     free(r->prompt);
+    free(r->marks);
     free(r->hist);
     free(r->bias);
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
@@ -280,7 +289,7 @@ static void finish_request(cinfer_engine *e, cinfer_request *r, const char *reas
     }
     n->ev.prompt_tokens = r->n_prompt;
     n->ev.completion_tokens = r->n_gen;
-    n->ev.cached_tokens = 0;
+    n->ev.cached_tokens = r->cached;
     r->state = RQ_FINISHED;
     request_release_engine_side(r);
     push_event(r, n);
@@ -345,6 +354,16 @@ static const char *accept_token(cinfer_engine *e, cinfer_request *r, int32_t t) 
 }
 
 static void update_stats(cinfer_engine *e) {
+    if (e->p.prefix_cache_memory > 0) {
+        prefix_stats ps;
+        ctx_prefix_stats(e->ctx, &ps);
+        atomic_store(&e->stat_px_lookups, ps.lookups);
+        atomic_store(&e->stat_px_hits, ps.hits);
+        atomic_store(&e->stat_px_tokens, ps.tokens_served);
+        atomic_store(&e->stat_px_evict, ps.evicted_snapshots);
+        atomic_store(&e->stat_px_bytes, (long long)ps.snapshot_bytes);
+        atomic_store(&e->stat_px_blocks, ps.blocks_cached);
+    }
     atomic_store(&e->stat_spec_drafted, e->spec_drafted);
     atomic_store(&e->stat_spec_accepted, e->spec_accepted);
     atomic_store(&e->stat_running, e->n_running);
@@ -366,11 +385,21 @@ static void admit(cinfer_engine *e) {
             pthread_mutex_lock(&e->mu);
             continue;
         }
-        int need = (r->n_prompt + r->max_tokens + KV_BLOCK - 1) / KV_BLOCK;
-        if (need > ctx_kv_free_blocks(e->ctx)) break; /* FIFO: wait for blocks to come back */
+        int need = (r->n_prompt + r->max_tokens + KV_BLOCK - 1) / KV_BLOCK, shared = 0;
+        if (e->p.prefix_cache_memory > 0) ctx_prefix_peek(e->ctx, r->prompt, r->n_prompt - 1, &shared);
+        if (need - shared > ctx_kv_free_blocks(e->ctx)) break; /* FIFO: wait for blocks to come back */
         char err[256];
         int seq = cinfer_seq_open(e->ctx, err, sizeof err);
         if (seq < 0) break;
+        if (e->p.prefix_cache_memory > 0) {
+            /* resume after the longest cached prefix that ends at a state snapshot; on ENOMEM (no block for
+             * the partial-block copy) the sequence is untouched and runs cold */
+            int cached = 0;
+            if (ctx_seq_resume(e->ctx, seq, r->prompt, r->n_prompt, &cached, err, sizeof err) == 0) {
+                r->n_fed = cached;
+                r->cached = cached;
+            }
+        }
         e->wait_head = r->next;
         if (!e->wait_head) e->wait_tail = NULL;
         e->n_waiting--;
@@ -400,6 +429,20 @@ static int ngram_draft(const int32_t *h, int n, int32_t *out, int k) {
         }
     }
     return 0;
+}
+
+/* This step's prefill piece for r, in tokens. Pieces end on the DeltaNet chunk grid (multiples of
+ * GDN_CHUNK) or at the prompt's end, so how the step budget splits a prompt never changes its arithmetic
+ * (forward.h: chunks align to the absolute grid). With the prefix cache, a piece also stops at each
+ * snapshot position (message boundaries, the last prompt token): a later request resuming there then
+ * computes exactly the chunks a cold run does. 0 when no allowed end fits in the budget. */
+static int prefill_piece(const cinfer_engine *e, const cinfer_request *r, int budget) {
+    int pos = r->n_fed, limit = r->n_prompt;
+    if (e->p.prefix_cache_memory > 0 && pos < r->n_prompt - 1)
+        limit = ctx_prefix_next(e->ctx, r->marks, r->n_marks, pos, r->n_prompt - 1);
+    if (limit - pos <= budget) return limit - pos;
+    int end = (pos + budget) / GDN_CHUNK * GDN_CHUNK;
+    return end > pos ? end - pos : 0;
 }
 
 static void step(cinfer_engine *e) {
@@ -446,8 +489,8 @@ static void step(cinfer_engine *e) {
     for (int i = 0; i < e->n_running && budget > 0; i++) {
         cinfer_request *r = e->running[i];
         if (r->n_fed >= r->n_prompt) continue;
-        int cnt = r->n_prompt - r->n_fed;
-        if (cnt > budget) cnt = budget;
+        int cnt = prefill_piece(e, r, budget);
+        if (cnt <= 0) continue; /* no boundary within this step's budget: next step */
         e->entries[n] = (cinfer_batch_entry){r->seq, r->prompt + r->n_fed, cnt, 0};
         e->entry_row[n] = rows++;
         e->entry_req[n++] = r;
@@ -475,6 +518,11 @@ static void step(cinfer_engine *e) {
         } else if (r->n_fed < r->n_prompt) {
             r->n_fed += e->entries[i].n_tokens;
             atomic_fetch_add(&e->prompt_tokens_total, e->entries[i].n_tokens);
+            if (e->p.prefix_cache_memory > 0 && r->n_fed < r->n_prompt &&
+                ctx_prefix_next(e->ctx, r->marks, r->n_marks, r->n_fed - 1, r->n_prompt - 1) == r->n_fed) {
+                char e2[256];
+                if (ctx_seq_snapshot(e->ctx, r->seq, r->prompt, e2, sizeof e2)) LOG_W("prefix cache: %s", e2);
+            }
             if (r->n_fed < r->n_prompt) continue; /* more prompt to read */
         } else if (e->entries[i].spec) {
             /* verify: sample each position as plain decode would (same sampler calls, same generator draws),
@@ -575,7 +623,10 @@ int cinfer_engine_create(cinfer_model *cm, const cinfer_engine_params *pp, cinfe
     if (!cm || !out) return ci_err(err, errlen, CINFER_EINVAL, "cinfer_engine_create: model and out are required");
     cinfer_engine_params p = pp ? *pp : cinfer_engine_default_params();
     if (p.max_seqs < 1 || p.max_seqs > 4096) return ci_err(err, errlen, CINFER_EINVAL, "max_seqs %d: must be 1..4096", p.max_seqs);
-    if (p.step_tokens < p.max_seqs) p.step_tokens = p.max_seqs;
+    /* every running sequence's decode window plus one whole DeltaNet chunk of prefill fit in a step, so
+     * prefill pieces can always end on the chunk grid */
+    if (p.step_tokens < p.max_seqs * (1 + (p.spec ? p.spec_max_draft : 0)) + GDN_CHUNK)
+        p.step_tokens = p.max_seqs * (1 + (p.spec ? p.spec_max_draft : 0)) + GDN_CHUNK;
     if (p.queue_limit < 0) p.queue_limit = 0;
     if (p.spec != CINFER_SPEC_NONE && p.spec != CINFER_SPEC_NGRAM)
         return ci_err(err, errlen, CINFER_EUNSUPPORTED, "speculation mode %d is not available yet (ngram is)", p.spec);
@@ -593,6 +644,7 @@ int cinfer_engine_create(cinfer_model *cm, const cinfer_engine_params *pp, cinfe
     cp.n_threads = p.n_threads;
     cp.kv_memory = p.kv_memory;
     cp.spec_window = p.spec_max_draft ? p.spec_max_draft + 1 : 0;
+    cp.prefix_cache_memory = p.prefix_cache_memory;
     int rc = cinfer_ctx_create(cm, &cp, &e->ctx, err, errlen);
     if (rc) {
         free(e);
@@ -604,6 +656,7 @@ int cinfer_engine_create(cinfer_model *cm, const cinfer_engine_params *pp, cinfe
         free(e);
         return ci_err(err, errlen, CINFER_ENOMEM, "cannot allocate logits for %d sequences", p.max_seqs);
     }
+    e->im_start = text_token_id(cm, "<|im_start|>");
     e->entries = xcalloc((size_t)p.max_seqs, sizeof *e->entries);
     e->entry_req = xcalloc((size_t)p.max_seqs, sizeof *e->entry_req);
     e->entry_row = xcalloc((size_t)p.max_seqs, sizeof *e->entry_row);
@@ -661,6 +714,13 @@ int cinfer_engine_submit(cinfer_engine *e, const cinfer_request_params *p, cinfe
     }
     r->samp.logit_bias = r->bias;
     for (int i = 0; i < p->n_stop; i++) r->stop[r->n_stop++] = xstrdup(p->stop[i]);
+    if (e->p.prefix_cache_memory > 0 && e->im_start >= 0) {
+        for (int i = 1; i < r->n_prompt - 1; i++) r->n_marks += r->prompt[i] == e->im_start;
+        r->marks = xmalloc(sizeof(int) * (size_t)(r->n_marks + 1));
+        r->n_marks = 0;
+        for (int i = 1; i < r->n_prompt - 1; i++)
+            if (r->prompt[i] == e->im_start) r->marks[r->n_marks++] = i;
+    }
     if (e->p.spec_max_draft > 0) {
         r->hist = xmalloc(((size_t)r->n_prompt + (size_t)r->max_tokens + 2) * sizeof(int32_t));
         memcpy(r->hist, r->prompt, (size_t)r->n_prompt * sizeof(int32_t));
@@ -805,4 +865,10 @@ void cinfer_engine_get_stats(cinfer_engine *e, cinfer_engine_stats *o) {
     o->steps_total = atomic_load(&e->steps_total);
     o->spec_drafted = atomic_load(&e->stat_spec_drafted);
     o->spec_accepted = atomic_load(&e->stat_spec_accepted);
+    o->prefix_lookups = atomic_load(&e->stat_px_lookups);
+    o->prefix_hits = atomic_load(&e->stat_px_hits);
+    o->prefix_tokens_served = atomic_load(&e->stat_px_tokens);
+    o->prefix_evictions = atomic_load(&e->stat_px_evict);
+    o->prefix_bytes = atomic_load(&e->stat_px_bytes);
+    o->prefix_blocks_cached = atomic_load(&e->stat_px_blocks);
 }

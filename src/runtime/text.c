@@ -85,6 +85,10 @@ int cinfer_apply_chat_template(const cinfer_model *m, const char *ctx_json, size
     return rc;
 }
 
+int32_t text_token_id(const cinfer_model *cm, const char *piece) {
+    return cm->tk ? tok_piece_to_id(cm->tk, piece, strlen(piece)) : -1;
+}
+
 struct text_stream {
     const tokenizer *tk;
     detok *d;

@@ -13,6 +13,9 @@
 int text_load(cinfer_model *cm, const char *dir, char *err, size_t errlen);
 void text_unload(cinfer_model *cm);
 
+/* The id of an added token or vocabulary piece, or -1 (also without a tokenizer). */
+int32_t text_token_id(const cinfer_model *cm, const char *piece);
+
 typedef struct text_stream text_stream;
 
 /* A streaming detokenizer for one request; without a tokenizer every push yields no text. */

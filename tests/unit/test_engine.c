@@ -464,3 +464,90 @@ TEST(engine_64_concurrent_match_solo) {
     cinfer_engine_destroy(e);
     cinfer_model_close(m);
 }
+
+/* Prefix cache: a second chat turn resumes from the first turn's snapshot and produces exactly what a
+ * cold run of the same prompt produces — the same tokens and the same top-20 logprobs bit for bit. */
+typedef struct lp_trace {
+    int32_t ids[64];
+    float lp[64][21];
+    int n;
+    int cached;
+} lp_trace;
+
+static void run_traced(cinfer_engine *e, const int32_t *prompt, int np, int n, lp_trace *t) {
+    char err[512];
+    cinfer_request_params rp = greedy_params(prompt, np, n);
+    rp.sampling.n_logprobs = 20;
+    cinfer_request *r;
+    memset(t, 0, sizeof *t);
+    if (cinfer_engine_submit(e, &rp, &r, err, sizeof err)) {
+        test_fail(__FILE__, __LINE__, "%s", err);
+        return;
+    }
+    cinfer_event ev;
+    while (cinfer_request_next(r, &ev, 20000) == 1) {
+        if (ev.type == CINFER_EV_LOGPROB && t->n < 64) {
+            t->ids[t->n] = ev.token;
+            t->lp[t->n][0] = ev.logprob;
+            for (int i = 0; i < ev.n_top && i < 20; i++) t->lp[t->n][1 + i] = ev.top[i].logprob;
+            t->n++;
+        }
+        if (ev.type == CINFER_EV_DONE) t->cached = ev.cached_tokens;
+    }
+    cinfer_request_free(r);
+}
+
+static int32_t *render(cinfer_model *m, const char *ctx, int *n) {
+    char *out, err[512];
+    int32_t *ids = NULL;
+    if (cinfer_apply_chat_template(m, ctx, strlen(ctx), &out, err, sizeof err)) return NULL;
+    if (cinfer_tokenize(m, out, strlen(out), 0, &ids, n, err, sizeof err)) ids = NULL;
+    free(out);
+    return ids;
+}
+
+TEST(engine_prefix_cache_second_turn_equals_cold) {
+    cinfer_model *m = open_default();
+    REQUIRE(m);
+    cinfer_engine_params ep = cinfer_engine_default_params();
+    ep.max_seqs = 2;
+    ep.ctx_size = 512;
+    ep.n_threads = 2;
+    ep.prefix_cache_memory = 64 << 20;
+    char err[1024];
+    cinfer_engine *warm, *cold;
+    REQUIRE(cinfer_engine_create(m, &ep, &warm, err, sizeof err) == 0);
+    REQUIRE(cinfer_engine_create(m, &ep, &cold, err, sizeof err) == 0);
+    const char *t1 = "{\"messages\": [{\"role\": \"system\", \"content\": \"You write Python.\"}, {\"role\": \"user\", \"content\": "
+                     "\"Write a function that reverses a string.\"}], \"add_generation_prompt\": true}";
+    const char *t2 = "{\"messages\": [{\"role\": \"system\", \"content\": \"You write Python.\"}, {\"role\": \"user\", \"content\": "
+                     "\"Write a function that reverses a string.\"}, {\"role\": \"assistant\", \"content\": \"def rev(s):\\n    "
+                     "return s[::-1]\"}, {\"role\": \"user\", \"content\": \"Now make it handle None.\"}], \"add_generation_prompt\": true}";
+    int n1, n2;
+    int32_t *p1 = render(m, t1, &n1), *p2 = render(m, t2, &n2);
+    REQUIRE(p1 && p2);
+    lp_trace a, b, c, d;
+    run_traced(warm, p1, n1, 16, &a);  /* turn 1: a miss that leaves snapshots at each message boundary */
+    run_traced(warm, p2, n2, 16, &b);  /* turn 2: resumes */
+    run_traced(cold, p2, n2, 16, &c);  /* turn 2 cold */
+    run_traced(warm, p2, n2, 16, &d);  /* turn 2 again: resumes at the last prompt token */
+    CHECK_EQ_INT(a.cached, 0);
+    CHECK_EQ_INT(c.cached, 0);
+    CHECK_MSG(b.cached > 0 && b.cached < n2 - 1, "turn 2 resumed after %d of %d tokens", b.cached, n2);
+    CHECK_EQ_INT(d.cached, n2 - 1);
+    CHECK_EQ_INT(b.n, 16);
+    CHECK_MSG(!memcmp(b.ids, c.ids, sizeof b.ids) && !memcmp(b.lp, c.lp, sizeof b.lp), "a cached turn differs from cold");
+    CHECK_MSG(!memcmp(d.ids, c.ids, sizeof d.ids) && !memcmp(d.lp, c.lp, sizeof d.lp), "a fully cached prompt differs from cold");
+    cinfer_engine_stats st;
+    cinfer_engine_get_stats(warm, &st);
+    CHECK_EQ_INT(st.prefix_hits, 2);
+    CHECK(st.prefix_tokens_served == b.cached + d.cached);
+    CHECK(st.prefix_bytes > 0);
+    CHECK_EQ_INT(st.running, 0);
+    printf("     turn 2: %d of %d prompt tokens from the cache; %lld snapshot bytes held\n", b.cached, n2,
+           (long long)st.prefix_bytes);
+    free(p1), free(p2);
+    cinfer_engine_destroy(warm);
+    cinfer_engine_destroy(cold);
+    cinfer_model_close(m);
+}

@@ -52,7 +52,7 @@ TEST(gdn_chunked_matches_recurrent) {
         for (int i = 0; i < dk * dv; i++) S1[i] = S2[i] = 0.1f * frand(); /* a carried-in state */
         for (int i = 0; i < n * dv; i++) o1[i] = o2[i] = NAN;
         gdn_recurrent(n, q, dk, k, dk, v, dv, g, 1, b, 1, S1, dk, dv, o1, dv);
-        gdn_chunked(n, q, dk, k, dk, v, dv, g, 1, b, 1, S2, dk, dv, o2, dv, tmp);
+        gdn_chunked(n, 0, q, dk, k, dk, v, dv, g, 1, b, 1, S2, dk, dv, o2, dv, tmp);
         double num = 0, den = 0, sn = 0, sd = 0;
         int nan = 0;
         for (int i = 0; i < n * dv; i++) {
@@ -158,6 +158,11 @@ static void check_arch_invariants(int arch, int multimodal) {
     double d1 = max_rel_diff(full, split, (size_t)n * V), d2 = max_rel_diff(full, chunked, (size_t)n * V);
     CHECK_MSG(d1 <= 1e-4, "arch %d: token-by-token vs one prefill: max diff %.3g x std", arch, d1);
     CHECK_MSG(d2 <= 1e-4, "arch %d: 37-token chunks vs one prefill: max diff %.3g x std", arch, d2);
+    /* 1b. prefill split on the 64-token grid (and anywhere for the last piece) == one prefill, bit for bit */
+    float *grid = solo_logits(m, toks, n, 64, 2);
+    REQUIRE(grid);
+    CHECK_MSG(!memcmp(grid, full, sizeof(float) * (size_t)n * V), "arch %d: 64-token pieces differ from one prefill", arch);
+    free(grid);
     /* 2. thread count does not change a bit */
     float *one = solo_logits(m, toks, n, n, 1);
     REQUIRE(one);
