@@ -37,6 +37,7 @@ static void usage(FILE *f) {
             "  --max-body BYTES           request body limit (default 8M)\n"
             "  --timeout S                idle connection timeout in seconds (default 60)\n"
             "  --max-connections N        open connections (default 512)\n"
+            "  --prefix-cache-memory BYTES  prefix cache for DeltaNet state snapshots (suffix K, M, G; 0: off)\n"
             "  --spec none|ngram          speculative decoding (n-gram drafts from the prompt and output; exact)\n"
             "  --spec-draft N             drafts per step at most (default 4)\n");
 }
@@ -62,7 +63,7 @@ int cli_serve(int argc, char **argv) {
     static const char *const vf[] = {"-m", "--model", "--host", "--port", "--api-key", "--ctx-size", "--max-seqs", "--queue-limit",
                                      "--kv-memory", "--threads", "--max-tokens", "--temp", "--top-p", "--top-k", "--min-p",
                                      "--chat-template-args", "--allowed-origins", "--log-format", "--max-body", "--timeout",
-                                     "--max-connections", "--alias", "--spec", "--spec-draft", NULL};
+                                     "--max-connections", "--alias", "--spec", "--spec-draft", "--prefix-cache-memory", NULL};
     static const char *const bf[] = {"--help", "-h", NULL};
     if (arg_flag(argc, argv, "--help") || arg_flag(argc, argv, "-h")) {
         usage(stdout);
@@ -117,6 +118,10 @@ int cli_serve(int argc, char **argv) {
     if ((v = arg_value(argc, argv, "--kv-memory", NULL))) {
         if (parse_size(v, "--kv-memory", &sz)) return 2;
         c.kv_memory = sz;
+    }
+    if ((v = arg_value(argc, argv, "--prefix-cache-memory", NULL))) {
+        if (parse_size(v, "--prefix-cache-memory", &sz)) return 2;
+        c.prefix_cache_memory = sz;
     }
     if ((v = arg_value(argc, argv, "--max-body", NULL))) {
         if (parse_size(v, "--max-body", &sz) || sz < 1024) {

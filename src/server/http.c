@@ -915,6 +915,7 @@ int srv_run(const srv_config *cfg, volatile sig_atomic_t *stop, char *err, size_
     if (cfg->queue_limit > 0) ep.queue_limit = cfg->queue_limit;
     if (cfg->n_threads > 0) ep.n_threads = cfg->n_threads;
     if (cfg->kv_memory > 0) ep.kv_memory = cfg->kv_memory;
+    ep.prefix_cache_memory = cfg->prefix_cache_memory;
     ep.spec = (cinfer_spec_mode)cfg->spec;
     if (cfg->spec_max_draft > 0) ep.spec_max_draft = cfg->spec_max_draft;
     rc = cinfer_engine_create(s->model, &ep, &s->engine, err, errlen);

@@ -138,4 +138,22 @@ void metrics_render(metrics *m, const cinfer_engine_stats *st, int loading, sbuf
     sb_printf(o, "cinfer_engine_generated_tokens_total %lld\n", (long long)st->generated_tokens_total);
     head(o, "cinfer_engine_steps_total", "counter", "Scheduler steps (batched forward passes).");
     sb_printf(o, "cinfer_engine_steps_total %lld\n", (long long)st->steps_total);
+    head(o, "cinfer_prefix_cache_lookups_total", "counter", "Prefix cache lookups at admission.");
+    sb_printf(o, "cinfer_prefix_cache_lookups_total %lld\n", (long long)st->prefix_lookups);
+    head(o, "cinfer_prefix_cache_hits_total", "counter", "Admissions that resumed from a cached prefix.");
+    sb_printf(o, "cinfer_prefix_cache_hits_total %lld\n", (long long)st->prefix_hits);
+    head(o, "cinfer_prefix_cache_misses_total", "counter", "Admissions that found no cached prefix.");
+    sb_printf(o, "cinfer_prefix_cache_misses_total %lld\n", (long long)(st->prefix_lookups - st->prefix_hits));
+    head(o, "cinfer_prefix_cache_tokens_total", "counter", "Prompt tokens served from the prefix cache.");
+    sb_printf(o, "cinfer_prefix_cache_tokens_total %lld\n", (long long)st->prefix_tokens_served);
+    head(o, "cinfer_prefix_cache_evictions_total", "counter", "State snapshots evicted.");
+    sb_printf(o, "cinfer_prefix_cache_evictions_total %lld\n", (long long)st->prefix_evictions);
+    head(o, "cinfer_prefix_cache_bytes", "gauge", "Bytes of DeltaNet state snapshots held.");
+    sb_printf(o, "cinfer_prefix_cache_bytes %lld\n", (long long)st->prefix_bytes);
+    head(o, "cinfer_prefix_cache_blocks", "gauge", "KV blocks the prefix cache references.");
+    sb_printf(o, "cinfer_prefix_cache_blocks %d\n", st->prefix_blocks_cached);
+    head(o, "cinfer_spec_draft_tokens_total", "counter", "Speculative draft tokens proposed.");
+    sb_printf(o, "cinfer_spec_draft_tokens_total %lld\n", (long long)st->spec_drafted);
+    head(o, "cinfer_spec_accepted_tokens_total", "counter", "Speculative draft tokens accepted.");
+    sb_printf(o, "cinfer_spec_accepted_tokens_total %lld\n", (long long)st->spec_accepted);
 }

@@ -21,6 +21,7 @@ typedef struct srv_config {
     /* engine */
     int ctx_size, max_seqs, queue_limit, n_threads; /* 0: the engine's defaults */
     int64_t kv_memory;           /* 0: the engine's default */
+    int64_t prefix_cache_memory; /* prefix cache snapshot budget (0: off) */
     int spec;                    /* cinfer_spec_mode: speculative decoding (0: off) */
     int spec_max_draft;          /* drafts per step at most (0: the engine's default) */
     srv_defaults defaults;       /* per-request defaults (max_tokens, temperature, ...) */
