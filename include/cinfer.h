@@ -255,6 +255,7 @@ typedef struct cinfer_engine_stats {
     int64_t spec_drafted, spec_accepted; /* speculation: draft tokens proposed and kept */
     int64_t prefix_lookups, prefix_hits, prefix_tokens_served, prefix_evictions; /* prefix cache */
     int64_t prefix_bytes;      /* snapshot bytes held */
+    int64_t prefix_kv_bytes;   /* bytes of the KV blocks the prefix cache references */
     int prefix_blocks_cached;  /* KV blocks the prefix cache references */
 } cinfer_engine_stats;
 

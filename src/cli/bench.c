@@ -20,12 +20,15 @@ static double now_s(void) {
 }
 
 int cli_bench(int argc, char **argv) {
-    static const char *const vf[] = {"-m", "--model", "-p", "-n", "--threads", "--spec-accept", "--spec-draft", "--batch", NULL};
+    static const char *const vf[] = {"-m", "--model", "-p", "-n", "--threads", "--spec-accept", "--spec-draft", "--batch", "--prefix-turn",
+                                     "--turn-new", NULL};
     static const char *const bf[] = {"--help", "-h", NULL};
     if (arg_flag(argc, argv, "--help") || arg_flag(argc, argv, "-h")) {
         printf("usage: cinfer bench -m DIR [-p PROMPT_TOKENS=512] [-n DECODE_TOKENS=32] [--threads N]\n"
                "       cinfer bench -m DIR --spec-accept A [--spec-draft K=3] [--batch B=1] [-p 32] [-n 64]\n"
-               "         speculative decoding at a forced acceptance rate A, against the same batch without it\n");
+               "         speculative decoding at a forced acceptance rate A, against the same batch without it\n"
+               "       cinfer bench -m DIR --prefix-turn P [--turn-new N=64]\n"
+               "         second-turn time to first token from the prefix cache against cold\n");
         return 0;
     }
     if (arg_check(argc, argv, vf, bf, "bench")) return 2;
@@ -41,6 +44,11 @@ int cli_bench(int argc, char **argv) {
             return 2;
         }
         return bench_spec(argc, argv, dir, a);
+    }
+    if ((v = arg_value(argc, argv, "--prefix-turn", NULL))) {
+        long pt;
+        if (parse_int(v, "--prefix-turn", 2, 1 << 22, &pt)) return 2;
+        return bench_prefix(argc, argv, dir, (int)pt);
     }
     long P = 512, N = 32, nthreads = 0;
     if ((v = arg_value(argc, argv, "-p", NULL)) && parse_int(v, "-p", 1, 1 << 20, &P)) return 2;

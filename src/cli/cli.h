@@ -15,5 +15,7 @@ int cli_chat(int argc, char **argv);
 int cli_serve(int argc, char **argv);
 /* bench_spec.c: `cinfer bench --spec-accept A` */
 int bench_spec(int argc, char **argv, const char *dir, double accept);
+/* bench_prefix.c: `cinfer bench --prefix-turn P` */
+int bench_prefix(int argc, char **argv, const char *dir, int P);
 
 #endif

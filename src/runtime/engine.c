@@ -97,6 +97,7 @@ struct cinfer_engine {
     int32_t im_start;               /* <|im_start|>, where chat messages begin (-1: none) */
     atomic_llong stat_px_lookups, stat_px_hits, stat_px_tokens, stat_px_evict, stat_px_bytes;
     atomic_int stat_px_blocks;
+    atomic_llong stat_px_kv_bytes;
     engine_draft_fn drafter;        /* NULL: the built-in n-gram drafter */
     void *drafter_ud;
     cinfer_batch_entry *entries;    /* [max_seqs] */
@@ -363,6 +364,7 @@ static void update_stats(cinfer_engine *e) {
         atomic_store(&e->stat_px_evict, ps.evicted_snapshots);
         atomic_store(&e->stat_px_bytes, (long long)ps.snapshot_bytes);
         atomic_store(&e->stat_px_blocks, ps.blocks_cached);
+        atomic_store(&e->stat_px_kv_bytes, (long long)ps.kv_bytes_cached);
     }
     atomic_store(&e->stat_spec_drafted, e->spec_drafted);
     atomic_store(&e->stat_spec_accepted, e->spec_accepted);
@@ -871,4 +873,5 @@ void cinfer_engine_get_stats(cinfer_engine *e, cinfer_engine_stats *o) {
     o->prefix_evictions = atomic_load(&e->stat_px_evict);
     o->prefix_bytes = atomic_load(&e->stat_px_bytes);
     o->prefix_blocks_cached = atomic_load(&e->stat_px_blocks);
+    o->prefix_kv_bytes = atomic_load(&e->stat_px_kv_bytes);
 }
