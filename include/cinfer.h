@@ -84,8 +84,9 @@ void cinfer_seq_close(cinfer_ctx *c, int seq);
 int cinfer_seq_len(const cinfer_ctx *c, int seq);               /* tokens processed so far */
 
 /* One forward over a ragged batch: for each entry, n_tokens new tokens of sequence seq, appended after
- * what that sequence already holds. Rows of logits come back for every token of an entry when
- * all_logits is set, otherwise for its last token only, in entry order: logits is [rows][vocab] f32.
+ * what that sequence already holds (a spec entry may also replace the sequence's pending window). Rows of
+ * logits come back for every token of an entry when all_logits is set, otherwise for its last token only, in
+ * entry order: logits is [rows][vocab] f32.
  * A sequence's logits do not depend on what else is in the batch (bit for bit). */
 typedef struct cinfer_batch_entry {
     int seq;
@@ -135,7 +136,7 @@ typedef enum {
     CINFER_SPEC_NONE = 0,
     CINFER_SPEC_NGRAM = 1, /* drafts from n-gram lookup in the prompt and the output so far (no model) */
     CINFER_SPEC_MTP = 2,   /* the checkpoint's MTP head (not available yet) */
-    CINFER_SPEC_DRAFT = 3, /* a smaller draft model (not available yet) */
+    CINFER_SPEC_DRAFT = 3, /* a smaller draft model sharing the tokenizer (cinfer_engine_params.draft_model) */
 } cinfer_spec_mode;
 
 typedef struct cinfer_engine_params {
@@ -149,6 +150,7 @@ typedef struct cinfer_engine_params {
                                     the pool); 0: no prefix caching */
     cinfer_spec_mode spec; /* speculative decoding: drafts verified in the same batch, exact rollback */
     int spec_max_draft;    /* drafts per step at most (adapted per sequence to its acceptance) */
+    cinfer_model *draft_model; /* CINFER_SPEC_DRAFT: the draft model (same vocabulary); not owned */
 } cinfer_engine_params;
 
 cinfer_engine_params cinfer_engine_default_params(void);

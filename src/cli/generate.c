@@ -40,17 +40,31 @@ static void print_new_text(cinfer_model *m, const int32_t *ids, int n, size_t *p
 /* The engine path (for --spec): one request, its tokens read from LOGPROB events. Greedy or seeded, the
  * tokens equal the plain path's. */
 static int generate_engine(cinfer_model *m, const int32_t *prompt, int np, int n_gen, float temp, uint64_t seed,
-                           int ignore_eos, int nthreads, int spec, int spec_draft, int32_t *out, int *n_out, int show_text) {
+                           int ignore_eos, int nthreads, int spec, int spec_draft, const char *draft_dir, int32_t *out,
+                           int *n_out, int show_text) {
     char err[1024];
+    cinfer_model *dm = NULL;
+    if (spec == CINFER_SPEC_DRAFT) {
+        if (!draft_dir) {
+            fprintf(stderr, "cinfer generate: --spec draft needs --draft-model DIR\n");
+            return 2;
+        }
+        if (cinfer_model_open(draft_dir, &dm, err, sizeof err)) {
+            fprintf(stderr, "cinfer generate: draft model: %s\n", err);
+            return 1;
+        }
+    }
     cinfer_engine_params ep = cinfer_engine_default_params();
     ep.max_seqs = 1;
     ep.ctx_size = np + n_gen + 1;
     ep.n_threads = nthreads;
     ep.spec = (cinfer_spec_mode)spec;
     ep.spec_max_draft = spec_draft;
+    ep.draft_model = dm;
     cinfer_engine *e;
     if (cinfer_engine_create(m, &ep, &e, err, sizeof err)) {
         fprintf(stderr, "cinfer generate: %s\n", err);
+        cinfer_model_close(dm);
         return 1;
     }
     cinfer_request_params rp;
@@ -70,6 +84,7 @@ static int generate_engine(cinfer_model *m, const int32_t *prompt, int np, int n
     if (cinfer_engine_submit(e, &rp, &r, err, sizeof err)) {
         fprintf(stderr, "cinfer generate: %s\n", err);
         cinfer_engine_destroy(e);
+        cinfer_model_close(dm);
         return 1;
     }
     cinfer_event ev;
@@ -88,16 +103,17 @@ static int generate_engine(cinfer_model *m, const int32_t *prompt, int np, int n
     fprintf(stderr, "cinfer generate: %d tokens in %.3f s (prompt included), %lld steps; speculation: %lld drafted, %lld accepted\n",
             *n_out, t, (long long)st.steps_total, (long long)st.spec_drafted, (long long)st.spec_accepted);
     cinfer_engine_destroy(e);
+    cinfer_model_close(dm);
     return 0;
 }
 
 int cli_generate(int argc, char **argv) {
     static const char *const vf[] = {"-m", "--model", "--tokens", "--prompt", "-n", "--temp", "--seed", "--threads", "--spec",
-                                     "--spec-draft", NULL};
+                                     "--spec-draft", "--draft-model", NULL};
     static const char *const bf[] = {"--ids", "--ignore-eos", "--help", "-h", NULL};
     if (arg_flag(argc, argv, "--help") || arg_flag(argc, argv, "-h")) {
         printf("usage: cinfer generate -m DIR (--tokens LIST | --prompt TEXT) -n N [--temp T] [--seed S] [--ids] [--ignore-eos] "
-               "[--threads N] [--spec none|ngram] [--spec-draft N]\n"
+               "[--threads N] [--spec none|ngram|draft] [--spec-draft N] [--draft-model DIR]\n"
                "  --spec ngram runs through the engine with n-gram speculation: the same tokens, fewer steps\n");
         return 0;
     }
@@ -124,8 +140,9 @@ int cli_generate(int argc, char **argv) {
     int spec = 0;
     if ((v = arg_value(argc, argv, "--spec", NULL))) {
         if (!strcmp(v, "ngram")) spec = CINFER_SPEC_NGRAM;
+        else if (!strcmp(v, "draft")) spec = CINFER_SPEC_DRAFT;
         else if (strcmp(v, "none")) {
-            fprintf(stderr, "cinfer generate: --spec %s is not available (none, ngram)\n", v);
+            fprintf(stderr, "cinfer generate: --spec %s is not available (none, ngram, draft)\n", v);
             return 2;
         }
     }
@@ -177,7 +194,7 @@ int cli_generate(int argc, char **argv) {
     }
     if (spec) {
         rc = generate_engine(m, prompt, np, (int)n_gen, (float)temp, (uint64_t)seed, ignore_eos, (int)nthreads, spec,
-                             (int)spec_draft, out, &n_out, text && !print_ids);
+                             (int)spec_draft, arg_value(argc, argv, "--draft-model", NULL), out, &n_out, text && !print_ids);
         if (rc) goto done;
         goto print;
     }

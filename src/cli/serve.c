@@ -38,7 +38,8 @@ static void usage(FILE *f) {
             "  --timeout S                idle connection timeout in seconds (default 60)\n"
             "  --max-connections N        open connections (default 512)\n"
             "  --prefix-cache-memory BYTES  prefix cache for DeltaNet state snapshots (suffix K, M, G; 0: off)\n"
-            "  --spec none|ngram          speculative decoding (n-gram drafts from the prompt and output; exact)\n"
+            "  --spec none|ngram|draft    speculative decoding, exact (n-gram drafts from the prompt and output, or\n"
+            "                             a draft model: --draft-model DIR, same vocabulary)\n"
             "  --spec-draft N             drafts per step at most (default 4)\n");
 }
 
@@ -63,7 +64,7 @@ int cli_serve(int argc, char **argv) {
     static const char *const vf[] = {"-m", "--model", "--host", "--port", "--api-key", "--ctx-size", "--max-seqs", "--queue-limit",
                                      "--kv-memory", "--threads", "--max-tokens", "--temp", "--top-p", "--top-k", "--min-p",
                                      "--chat-template-args", "--allowed-origins", "--log-format", "--max-body", "--timeout",
-                                     "--max-connections", "--alias", "--spec", "--spec-draft", "--prefix-cache-memory", NULL};
+                                     "--max-connections", "--alias", "--spec", "--spec-draft", "--prefix-cache-memory", "--draft-model", NULL};
     static const char *const bf[] = {"--help", "-h", NULL};
     if (arg_flag(argc, argv, "--help") || arg_flag(argc, argv, "-h")) {
         usage(stdout);
@@ -132,14 +133,20 @@ int cli_serve(int argc, char **argv) {
     }
     if ((v = arg_value(argc, argv, "--spec", NULL))) {
         if (!strcmp(v, "ngram")) c.spec = CINFER_SPEC_NGRAM;
+        else if (!strcmp(v, "draft")) c.spec = CINFER_SPEC_DRAFT;
         else if (!strcmp(v, "none")) c.spec = CINFER_SPEC_NONE;
-        else if (!strcmp(v, "mtp") || !strcmp(v, "draft")) {
+        else if (!strcmp(v, "mtp")) {
             fprintf(stderr, "cinfer serve: --spec %s is not available yet (ngram is)\n", v);
             return 2;
         } else {
             fprintf(stderr, "cinfer serve: --spec must be none, ngram, mtp or draft\n");
             return 2;
         }
+    }
+    c.draft_model_dir = arg_value(argc, argv, "--draft-model", NULL);
+    if (c.spec == CINFER_SPEC_DRAFT && !c.draft_model_dir) {
+        fprintf(stderr, "cinfer serve: --spec draft needs --draft-model DIR\n");
+        return 2;
     }
     if ((v = arg_value(argc, argv, "--spec-draft", NULL))) {
         if (parse_int(v, "--spec-draft", 1, 16, &n)) return 2;

@@ -222,7 +222,9 @@ int cinfer_forward(cinfer_ctx *c, const cinfer_batch_entry *e, int n, float *log
         if (e[i].n_tokens < 1 || !e[i].tokens)
             return ci_err(err, errlen, CINFER_EINVAL, "batch entry %d: no tokens", i);
         const seq_rec *s = &c->seqs[e[i].seq];
-        if (s->pending)
+        /* a new window may replace a pending one (a drafter growing its window token by token): windows leave
+         * the slot untouched, so only committed tokens ever count */
+        if (s->pending && !e[i].spec)
             return ci_err(err, errlen, CINFER_ESTATE, "sequence %d has a speculative window awaiting cinfer_seq_commit", e[i].seq);
         if (e[i].spec && (e[i].n_tokens > c->p.spec_window || !s->spec))
             return ci_err(err, errlen, CINFER_EINVAL, "batch entry %d: a speculative window of %d tokens (spec_window is %d)", i,

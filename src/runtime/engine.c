@@ -72,8 +72,13 @@ struct cinfer_request {
     int32_t *hist;        /* prompt + generated tokens (speculation's n-gram lookup), [n_prompt + max_tokens + 1] */
     int n_hist;
     int draft_len;        /* speculation: drafts proposed per step, adapted to the acceptance rate */
-    int32_t drafts[64];   /* this step's drafts, after r->last in the window */
+    int32_t drafts[64];   /* this step's window: [r->last | drafts] (drafts[1..n_drafts]) */
     int n_drafts;
+    int dseq;             /* draft model: the request's sequence in the draft context (-1: none) */
+    int d_fed;            /* draft model: prompt tokens it has read */
+    int d_window;         /* draft model: tokens in its pending window ([last, d1..], uncommitted) */
+    int32_t catchup[64];  /* draft model: kept tokens it has yet to read (fed at the next step) */
+    int n_catchup;
     sampler *smp;
     sampler_result res;   /* the last step's token and logprobs */
     text_stream *ts;      /* detokenizer for this request */
@@ -98,6 +103,10 @@ struct cinfer_engine {
     atomic_llong stat_px_lookups, stat_px_hits, stat_px_tokens, stat_px_evict, stat_px_bytes;
     atomic_int stat_px_blocks;
     atomic_llong stat_px_kv_bytes;
+    cinfer_ctx *dctx;               /* CINFER_SPEC_DRAFT: the draft model's context (same max_seqs, ctx_size) */
+    float *dlogits;                 /* [max_seqs][V] the draft model's rows */
+    cinfer_batch_entry *dentries;   /* [max_seqs] */
+    cinfer_request **dreq;          /* [max_seqs] */
     engine_draft_fn drafter;        /* NULL: the built-in n-gram drafter */
     void *drafter_ud;
     cinfer_batch_entry *entries;    /* [max_seqs] */
@@ -275,6 +284,8 @@ static void finish_request(cinfer_engine *e, cinfer_request *r, const char *reas
         if (r->rs) rs_finish(r->rs, rs_cb, r);
         if (r->tc) tc_finish(r->tc, tc_cb, r);
         cinfer_seq_close(e->ctx, r->seq);
+        if (e->dctx && r->dseq >= 0) cinfer_seq_close(e->dctx, r->dseq);
+        r->dseq = -1;
         pthread_mutex_lock(&e->mu);
         e->n_admitted--;
         pthread_mutex_unlock(&e->mu);
@@ -393,6 +404,13 @@ static void admit(cinfer_engine *e) {
         char err[256];
         int seq = cinfer_seq_open(e->ctx, err, sizeof err);
         if (seq < 0) break;
+        if (e->dctx) {
+            r->dseq = cinfer_seq_open(e->dctx, err, sizeof err);
+            if (r->dseq < 0) {
+                cinfer_seq_close(e->ctx, seq);
+                break;
+            }
+        }
         if (e->p.prefix_cache_memory > 0) {
             /* resume after the longest cached prefix that ends at a state snapshot; on ENOMEM (no block for
              * the partial-block copy) the sequence is untouched and runs cold */
@@ -447,6 +465,100 @@ static int prefill_piece(const cinfer_engine *e, const cinfer_request *r, int bu
     return end > pos ? end - pos : 0;
 }
 
+static int argmax_row(const float *x, int n) {
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+/* Draft model (CINFER_SPEC_DRAFT): first bring every draft sequence up to what its target has read (prompt
+ * pieces, and the tokens the last step kept), in one batch; then grow each decoding request's window
+ * [last, d1, ...] one greedy draft at a time, every request in one batch per draft position. Windows leave
+ * the draft's state untouched (forward.h), so the kept prefix is committed after verification. */
+static void draft_model_step(cinfer_engine *e) {
+    char err[512];
+    int n = 0, budget = e->p.step_tokens;
+    for (int i = 0; i < e->n_running; i++) {
+        cinfer_request *r = e->running[i];
+        if (r->dseq < 0) continue;
+        if (r->n_catchup && r->d_fed >= r->n_prompt) {
+            if (r->n_catchup > budget) continue;
+            e->dentries[n] = (cinfer_batch_entry){r->dseq, r->catchup, r->n_catchup, 0};
+            e->dreq[n++] = r;
+            budget -= r->n_catchup;
+        } else if (r->d_fed < r->n_prompt && budget > 0) {
+            int cnt = r->n_prompt - r->d_fed < budget ? r->n_prompt - r->d_fed : budget;
+            e->dentries[n] = (cinfer_batch_entry){r->dseq, r->prompt + r->d_fed, cnt, 0};
+            e->dreq[n++] = r;
+            budget -= cnt;
+        }
+    }
+    if (n && cinfer_forward(e->dctx, e->dentries, n, e->dlogits, err, sizeof err)) {
+        LOG_E("draft model: %s", err); /* nothing was read: try again next step */
+        n = 0;
+    }
+    for (int i = 0; i < n; i++) {
+        cinfer_request *r = e->dreq[i];
+        if (e->dentries[i].tokens == r->catchup) r->n_catchup = 0;
+        else r->d_fed += e->dentries[i].n_tokens;
+    }
+    int kmax = 0;
+    for (int i = 0; i < e->n_running; i++) {
+        cinfer_request *r = e->running[i];
+        r->n_drafts = 0;
+        r->d_window = 0;
+        r->drafts[0] = r->last;
+        int room = r->max_tokens - r->n_gen - 1;
+        if (r->dseq < 0 || r->n_fed < r->n_prompt || r->d_fed < r->n_prompt || r->n_catchup || room <= 0) continue;
+        int k = r->draft_len < room ? r->draft_len : room;
+        if (k > kmax) kmax = k;
+    }
+    for (int j = 0; j < kmax; j++) {
+        n = 0;
+        for (int i = 0; i < e->n_running; i++) {
+            cinfer_request *r = e->running[i];
+            int room = r->max_tokens - r->n_gen - 1;
+            int k = r->draft_len < room ? r->draft_len : room;
+            if (r->dseq < 0 || r->n_fed < r->n_prompt || r->d_fed < r->n_prompt || r->n_catchup || r->n_drafts != j || j >= k)
+                continue;
+            e->dentries[n] = (cinfer_batch_entry){r->dseq, r->drafts, j + 1, 0, 1};
+            e->dreq[n++] = r;
+        }
+        if (!n) break;
+        if (cinfer_forward(e->dctx, e->dentries, n, e->dlogits, err, sizeof err)) {
+            LOG_E("draft model: %s", err);
+            break;
+        }
+        for (int i = 0; i < n; i++) {
+            cinfer_request *r = e->dreq[i];
+            r->drafts[j + 1] = argmax_row(e->dlogits + (size_t)i * e->m->V, e->m->V);
+            r->n_drafts = j + 1;
+            r->d_window = j + 1;
+        }
+    }
+}
+
+/* After the target kept `kept` window tokens of r ([last, d1..]): the draft model keeps the same ones —
+ * commit what its pending window holds of them, and read the rest at the next step. */
+static void draft_model_sync(cinfer_engine *e, cinfer_request *r, int kept) {
+    char err[256];
+    if (r->dseq < 0) return;
+    int c = kept < r->d_window ? kept : r->d_window;
+    if (r->d_window && cinfer_seq_commit(e->dctx, r->dseq, c, err, sizeof err)) LOG_E("draft model: %s", err);
+    r->d_window = 0;
+    for (int t = c; t < kept; t++) {
+        if (r->n_catchup == (int)(sizeof r->catchup / sizeof r->catchup[0])) {
+            /* the draft fell too far behind (its prompt still reading): stop drafting for this request */
+            cinfer_seq_close(e->dctx, r->dseq);
+            r->dseq = -1;
+            r->n_catchup = 0;
+            return;
+        }
+        r->catchup[r->n_catchup++] = r->drafts[t];
+    }
+}
+
 static void step(cinfer_engine *e) {
     /* drop cancelled sequences first: they leave the batch within one step */
     for (int i = 0; i < e->n_running;) {
@@ -459,15 +571,16 @@ static void step(cinfer_engine *e) {
         }
     }
     admit(e);
+    if (e->dctx) draft_model_step(e);
     int budget = e->p.step_tokens, n = 0, rows = 0;
     /* decode tokens first (latency of running streams), then prefill chunks in admission order; with
      * speculation a decode entry is a window [last token | drafts] verified in this same batch */
     for (int i = 0; i < e->n_running && budget > 0; i++) {
         cinfer_request *r = e->running[i];
         if (r->n_fed < r->n_prompt) continue;
-        r->n_drafts = 0;
+        if (!e->dctx) r->n_drafts = 0; /* (the draft model proposed its drafts above) */
         int room = r->max_tokens - r->n_gen - 1; /* drafts beyond the output budget could never be kept */
-        if (r->hist && r->draft_len > 0 && room > 0) {
+        if (!e->dctx && r->hist && r->draft_len > 0 && room > 0) {
             int k = r->draft_len < room ? r->draft_len : room;
             if (k > budget - 1) k = budget - 1;
             /* hist already ends with r->last, the token about to be fed */
@@ -542,6 +655,7 @@ static void step(cinfer_engine *e) {
             }
             char e2[256];
             if (cinfer_seq_commit(e->ctx, r->seq, kept, e2, sizeof e2)) LOG_E("engine: %s", e2);
+            if (e->dctx) draft_model_sync(e, r, kept);
             e->spec_drafted += r->n_drafts;
             e->spec_accepted += kept - 1;
             /* adapt: all drafts held -> one more next time; under half -> one fewer (never below 1) */
@@ -550,6 +664,7 @@ static void step(cinfer_engine *e) {
             if (!fin) continue;
             goto finished;
         } else {
+            if (e->dctx) draft_model_sync(e, r, 1); /* a plain decode step: the draft reads the same token */
             sampler_accept(r->smp, r->last);
         }
         if (!fin) {
@@ -630,8 +745,17 @@ int cinfer_engine_create(cinfer_model *cm, const cinfer_engine_params *pp, cinfe
     if (p.step_tokens < p.max_seqs * (1 + (p.spec ? p.spec_max_draft : 0)) + GDN_CHUNK)
         p.step_tokens = p.max_seqs * (1 + (p.spec ? p.spec_max_draft : 0)) + GDN_CHUNK;
     if (p.queue_limit < 0) p.queue_limit = 0;
-    if (p.spec != CINFER_SPEC_NONE && p.spec != CINFER_SPEC_NGRAM)
-        return ci_err(err, errlen, CINFER_EUNSUPPORTED, "speculation mode %d is not available yet (ngram is)", p.spec);
+    if (p.spec != CINFER_SPEC_NONE && p.spec != CINFER_SPEC_NGRAM && p.spec != CINFER_SPEC_DRAFT)
+        return ci_err(err, errlen, CINFER_EUNSUPPORTED, "speculation mode %d is not available yet (ngram, draft are)", p.spec);
+    if (p.spec == CINFER_SPEC_DRAFT) {
+        if (!p.draft_model) return ci_err(err, errlen, CINFER_EINVAL, "speculation with a draft model needs draft_model");
+        cinfer_model_info ti, di;
+        cinfer_model_get_info(cm, &ti);
+        cinfer_model_get_info(p.draft_model, &di);
+        if (ti.vocab_size != di.vocab_size)
+            return ci_err(err, errlen, CINFER_EINVAL, "the draft model's vocabulary (%d) differs from the target's (%d)",
+                          di.vocab_size, ti.vocab_size);
+    }
     if (p.spec == CINFER_SPEC_NONE) p.spec_max_draft = 0;
     if (p.spec_max_draft < 0 || p.spec_max_draft > 16)
         return ci_err(err, errlen, CINFER_EINVAL, "spec_max_draft %d: must be 0..16", p.spec_max_draft);
@@ -651,6 +775,19 @@ int cinfer_engine_create(cinfer_model *cm, const cinfer_engine_params *pp, cinfe
     if (rc) {
         free(e);
         return rc;
+    }
+    if (p.spec == CINFER_SPEC_DRAFT) {
+        cinfer_ctx_params dp = cp;
+        dp.prefix_cache_memory = 0;
+        if ((rc = cinfer_ctx_create(p.draft_model, &dp, &e->dctx, err, errlen))) {
+            ci_err_prefix(err, errlen, "draft model");
+            cinfer_ctx_destroy(e->ctx);
+            free(e);
+            return rc;
+        }
+        e->dlogits = xmalloc((size_t)p.max_seqs * e->m->V * sizeof(float));
+        e->dentries = xcalloc((size_t)p.max_seqs, sizeof *e->dentries);
+        e->dreq = xcalloc((size_t)p.max_seqs, sizeof *e->dreq);
     }
     e->logits = ci_try_alloc((size_t)p.max_seqs * (1 + p.spec_max_draft) * e->m->V * sizeof(float));
     if (!e->logits) {
@@ -683,6 +820,8 @@ void cinfer_engine_destroy(cinfer_engine *e) {
     pthread_mutex_unlock(&e->mu);
     pthread_join(e->thread, NULL);
     cinfer_ctx_destroy(e->ctx);
+    cinfer_ctx_destroy(e->dctx);
+    free(e->dlogits), free(e->dentries), free(e->dreq);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
     free(e->logits), free(e->entries), free(e->entry_req), free(e->entry_row), free(e->running), free(e);
@@ -729,6 +868,7 @@ int cinfer_engine_submit(cinfer_engine *e, const cinfer_request_params *p, cinfe
         r->n_hist = r->n_prompt;
         r->draft_len = e->p.spec_max_draft;
     }
+    r->dseq = -1;
     r->tool_format = p->tool_format;
     r->tools_json = p->tools_json ? xstrdup(p->tools_json) : NULL;
     pthread_mutex_init(&r->mu, NULL);

@@ -1,8 +1,8 @@
 /* http.c — libmicrohttpd glue for `cinfer serve`: routing, auth, CORS, body and header limits, the
  * generation handlers (tokenize, submit, wait or stream) and the small endpoints. One thread per
  * connection: a handler may block on the engine, and a stream's reader callback blocks on
- * cinfer_request_next with a short timeout so a client that goes away is noticed and its sequence
- * cancelled within a step. */
+ * cinfer_request_next. A client that goes away is noticed by the watcher thread (watch.h), which cancels
+ * its requests at once; the engine's DONE then wakes the handler, so waiting threads need not poll. */
 #include "server/server.h"
 
 #include <arpa/inet.h>
@@ -21,12 +21,17 @@
 
 #include "server/metrics.h"
 #include "server/sse.h"
+#include "server/watch.h"
 #include "util/alloc.h"
 #include "util/err.h"
 #include "util/log.h"
 
-/* How long one wait on the engine lasts before the client's socket is checked again. */
+/* How long one wait on the engine lasts before the client's socket is checked again: short when the
+ * watcher cannot tell us (no watch entry) or when a generation has several choices (the wait is on one
+ * choice while another may have events); long otherwise, since a hang-up cancels the request and the
+ * DONE wakes us. The long wait only bounds how late `stopping` and keep-alives are seen. */
 #define WAIT_MS 20
+#define WAIT_LONG_MS 1000
 /* A stream that has sent nothing for this long sends a keep-alive (SSE comment / Anthropic ping). */
 #define KEEPALIVE_S 10.0
 
@@ -39,9 +44,11 @@ typedef struct server {
     srv_config cfg;
     struct MHD_Daemon *d;
     cinfer_model *model;
+    cinfer_model *draft;  /* --spec draft: the draft model, or NULL */
     cinfer_engine *engine;
     atomic_int ready;    /* model and engine usable (set once, after both exist) */
     atomic_int stopping; /* shutting down: streams end */
+    srv_watch *watch;    /* client hang-ups of waiting generations; NULL: handlers poll their socket */
     char model_id[256];
     int vocab_size, ctx_size;
     cinfer_tool_format tool_format;
@@ -196,7 +203,9 @@ typedef struct gen {
     size_t out_off;
     int finished;         /* the closing frames are in out */
     double t_sent;
-    int cancelled;
+    atomic_int cancelled; /* set once, by the handler or the watcher thread */
+    atomic_int all_done;  /* every choice has its DONE (read by the watcher thread) */
+    uint64_t watch_id;    /* entry in s->watch, 0: none */
     int first_token_seen;
 } gen;
 
@@ -213,6 +222,8 @@ static void gen_cancel(gen *g);
 
 static void gen_free(gen *g) {
     if (!g) return;
+    /* first: after this the watcher thread never touches g */
+    watch_remove(g->s->watch, g->watch_id);
     /* MHD may have seen the client go (a failed send) before the reader did: still a cancellation */
     if (g->rq && g->n_done < g->n_choices) gen_cancel(g);
     for (int i = 0; i < g->n_choices; i++) {
@@ -233,8 +244,7 @@ static void gen_free(gen *g) {
 }
 
 static void gen_cancel(gen *g) {
-    if (g->cancelled) return;
-    g->cancelled = 1;
+    if (atomic_exchange(&g->cancelled, 1)) return;
     int any = 0;
     for (int i = 0; i < g->n_choices; i++)
         if (g->rq[i] && !g->ch[i].done) {
@@ -242,6 +252,17 @@ static void gen_cancel(gen *g) {
             any = 1;
         }
     if (any) metrics_cancelled(&g->s->m);
+}
+
+/* The watcher thread's callback (under its lock): the client hung up. Cancels every choice; the engine
+ * ends each with DONE "cancelled", which wakes the handler out of its long wait. Touches only atomics and
+ * the rq pointers, which stay valid until gen_free has removed the watch entry. */
+static void gen_peer_gone(void *ud) {
+    gen *g = ud;
+    if (atomic_load(&g->all_done) || atomic_exchange(&g->cancelled, 1)) return;
+    for (int i = 0; i < g->n_choices; i++)
+        if (g->rq[i]) cinfer_request_cancel(g->rq[i]); /* a choice already done: a harmless no-op */
+    metrics_cancelled(&g->s->m);
 }
 
 /* Records timing for an output event of choice i. */
@@ -266,12 +287,13 @@ static void gen_event(gen *g, int i, const cinfer_event *ev) {
     }
     if (ev->type == CINFER_EV_DONE || ev->type == CINFER_EV_ERROR) {
         g->n_done++;
+        if (g->n_done == g->n_choices) atomic_store(&g->all_done, 1);
         metrics_tokens(&g->s->m, ev->prompt_tokens, ev->completion_tokens);
     }
 }
 
-/* Waits up to WAIT_MS for events of any unfinished choice and handles all that are ready. Returns the
- * number handled. */
+/* Waits up to WAIT_MS (WAIT_LONG_MS: one choice, watched) for events of any unfinished choice and
+ * handles all that are ready. Returns the number handled. */
 static int gen_poll(gen *g) {
     int handled = 0;
     cinfer_event ev;
@@ -283,9 +305,10 @@ static int gen_poll(gen *g) {
         }
     }
     if (handled) return handled;
+    int wait_ms = g->n_choices == 1 && g->watch_id ? WAIT_LONG_MS : WAIT_MS;
     for (int i = 0; i < g->n_choices; i++) {
         if (g->ch[i].done) continue;
-        int rc = cinfer_request_next(g->rq[i], &ev, WAIT_MS);
+        int rc = cinfer_request_next(g->rq[i], &ev, wait_ms);
         if (rc == 1) {
             gen_event(g, i, &ev);
             handled++;
@@ -450,6 +473,7 @@ static enum MHD_Result handle_generate(server *s, struct MHD_Connection *c, conn
         gen_free(g);
         return send_error(s, c, cc, &e);
     }
+    g->watch_id = watch_add(s->watch, g->fd, gen_peer_gone, g);
     make_id(s, prefix, g->id, sizeof g->id);
     srv_resp_meta meta = {g->id, g->req.model ? g->req.model : s->model_id, (long long)time(NULL)};
 
@@ -877,6 +901,9 @@ int srv_run(const srv_config *cfg, volatile sig_atomic_t *stop, char *err, size_
     socklen_t sl;
     int rc = resolve(cfg->host, cfg->port, &ss, &sl, err, errlen);
     if (rc < 0) goto out;
+    char werr[256];
+    if (watch_create(&s->watch, werr, sizeof werr) < 0) /* handlers then poll their sockets as before */
+        LOG_W("no connection watcher (%s): waiting streams poll their sockets", werr);
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ERROR_LOG;
     if (ss.ss_family == AF_INET6) flags |= MHD_USE_IPv6;
     s->d = MHD_start_daemon(flags, (uint16_t)cfg->port, NULL, NULL, on_request, s,
@@ -918,6 +945,14 @@ int srv_run(const srv_config *cfg, volatile sig_atomic_t *stop, char *err, size_
     ep.prefix_cache_memory = cfg->prefix_cache_memory;
     ep.spec = (cinfer_spec_mode)cfg->spec;
     if (cfg->spec_max_draft > 0) ep.spec_max_draft = cfg->spec_max_draft;
+    if (cfg->spec == CINFER_SPEC_DRAFT) {
+        if (!cfg->draft_model_dir) {
+            rc = ci_err(err, errlen, CINFER_EINVAL, "--spec draft needs --draft-model DIR");
+            goto out;
+        }
+        if ((rc = cinfer_model_open(cfg->draft_model_dir, &s->draft, err, errlen)) < 0) goto out;
+        ep.draft_model = s->draft;
+    }
     rc = cinfer_engine_create(s->model, &ep, &s->engine, err, errlen);
     if (rc < 0) goto out;
     s->ctx_size = ep.ctx_size;
@@ -932,12 +967,15 @@ int srv_run(const srv_config *cfg, volatile sig_atomic_t *stop, char *err, size_
     }
     rc = 0;
 out:
-    /* Streams see `stopping` within one wait and end; then the daemon joins its threads, and only then
-     * may the engine go. */
+    /* Streams see `stopping` within one wait and end (fire_all cancels the watched ones, whose DONE wakes
+     * them now); then the daemon joins its threads, and only then may the watcher and the engine go. */
     atomic_store(&s->stopping, 1);
+    watch_fire_all(s->watch);
     if (s->d) MHD_stop_daemon(s->d);
+    watch_destroy(s->watch);
     if (s->engine) cinfer_engine_destroy(s->engine);
     if (s->model) cinfer_model_close(s->model);
+    if (s->draft) cinfer_model_close(s->draft);
     metrics_destroy(&s->m);
     free(s);
     return rc;

@@ -24,6 +24,7 @@ typedef struct srv_config {
     int64_t prefix_cache_memory; /* prefix cache snapshot budget (0: off) */
     int spec;                    /* cinfer_spec_mode: speculative decoding (0: off) */
     int spec_max_draft;          /* drafts per step at most (0: the engine's default) */
+    const char *draft_model_dir; /* --spec draft: the draft model's directory */
     srv_defaults defaults;       /* per-request defaults (max_tokens, temperature, ...) */
     /* limits */
     size_t max_body;             /* request body bytes (413 past it) */
