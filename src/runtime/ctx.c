@@ -140,8 +140,10 @@ int cinfer_ctx_create(cinfer_model *cm, const cinfer_ctx_params *pp, cinfer_ctx 
         cinfer_ctx_destroy(c);
         return rc;
     }
+    /* snapshots also every 4096 tokens of a long prompt (a multiple of the DeltaNet chunk, so these stops cost
+     * no extra chunk split), so a long document shared by later requests resumes near where they diverge */
     prefix_params pp2 = {.budget_bytes = p.prefix_cache_memory > 0 ? (size_t)p.prefix_cache_memory : 0, .max_nodes = 0,
-                         .interval = 0};
+                         .interval = 4096};
     if ((rc = prefix_create(&c->kv, &c->st, &pp2, &c->pc, err, errlen))) {
         cinfer_ctx_destroy(c);
         return rc;
