@@ -62,3 +62,18 @@ if [ "$(cat "$e2e_root/.installed" 2>/dev/null)" != "${e2e_pkgs[*]}" ]; then
     --loglevel=error "${e2e_pkgs[@]}" >/dev/null
   echo "${e2e_pkgs[*]}" >"$e2e_root/.installed"
 fi
+
+# Image input (src/vision/image.c): the codec headers for the build. The libraries themselves
+# (libpng16-16, libjpeg62-turbo, libgif7, libwebp7, pulled in by these) are dlopen()ed at run time, so
+# nothing else links against them. Regenerating tests/fixtures/images (tools/oracle/image_goldens.py)
+# also needs python3-pil and python3-numpy; the tests only read the committed goldens.
+img_pkgs=(libpng-dev libjpeg62-turbo-dev libgif-dev libwebp-dev)
+img_missing=()
+for p in "${img_pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || img_missing+=("$p")
+done
+if [ ${#img_missing[@]} -gt 0 ]; then
+  echo "install-deps: installing ${img_missing[*]}"
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${img_missing[@]}" >/dev/null
+fi
