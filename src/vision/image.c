@@ -76,7 +76,8 @@ static struct {
     CI_SYM(png_read_info);
     CI_SYM(png_get_IHDR);
     CI_SYM(png_get_valid);
-    CI_SYM(png_set_palette_to_rgb);
+    CI_SYM(png_set_packing);
+    CI_SYM(png_get_PLTE);
     CI_SYM(png_set_expand_gray_1_2_4_to_8);
     CI_SYM(png_set_interlace_handling);
     CI_SYM(png_read_update_info);
@@ -147,7 +148,8 @@ static void codecs_load(void) {
         LOAD(P, h, png_read_info, IMAGE_FMT_PNG);
         LOAD(P, h, png_get_IHDR, IMAGE_FMT_PNG);
         LOAD(P, h, png_get_valid, IMAGE_FMT_PNG);
-        LOAD(P, h, png_set_palette_to_rgb, IMAGE_FMT_PNG);
+        LOAD(P, h, png_set_packing, IMAGE_FMT_PNG);
+        LOAD(P, h, png_get_PLTE, IMAGE_FMT_PNG);
         LOAD(P, h, png_set_expand_gray_1_2_4_to_8, IMAGE_FMT_PNG);
         LOAD(P, h, png_set_interlace_handling, IMAGE_FMT_PNG);
         LOAD(P, h, png_read_update_info, IMAGE_FMT_PNG);
@@ -370,7 +372,15 @@ static uint8_t *alloc_rgb(int w, int h, char *err, size_t errlen, int *rc) {
     return p;
 }
 
+/* PIL's palettes start as the gray ramp (i, i, i) and the file's entries overwrite the first ones:
+ * an index past the file's palette reads the ramp. */
+static void palette_ramp(uint8_t pal[256][3]) {
+    for (int i = 0; i < 256; i++) pal[i][0] = pal[i][1] = pal[i][2] = (uint8_t)i;
+}
+
 /* ---- PNG ---- */
+
+static int png_exif_orientation(const uint8_t *d, size_t n);
 
 typedef struct png_ctx {
     const uint8_t *data;
@@ -410,16 +420,26 @@ static int png_run(png_ctx *c, png_structp png, png_infop info, const image_limi
     int rc = check_dims(lim, IMAGE_FMT_PNG, w, h, err, errlen);
     if (rc) return rc;
     out->had_alpha = (ctype & PNG_COLOR_MASK_ALPHA) || P.png_get_valid(png, info, PNG_INFO_tRNS);
-    /* PIL: palette → its RGB entries; gray 1/2/4 bits → v*255/(2^d-1); 16-bit samples → the high byte,
-     * except 16-bit gray which PIL opens as mode "I" and clips to 255 when converting to RGB.
-     * Alpha and tRNS are ignored (convert("RGB") drops them). */
-    if (ctype == PNG_COLOR_TYPE_PALETTE) P.png_set_palette_to_rgb(png);
+    /* PIL: palette → its RGB entries, indices past the PLTE reading PIL's default gray ramp (i, i, i)
+     * (so the palette is expanded here, not by libpng, which gives black); gray 1/2/4 bits →
+     * v*255/(2^d-1); 16-bit samples → the high byte, except 16-bit gray which PIL opens as mode "I"
+     * and clips to 255 when converting to RGB. Alpha and tRNS are ignored (convert("RGB") drops them). */
+    int palette = ctype == PNG_COLOR_TYPE_PALETTE;
+    uint8_t pal[256][3];
+    if (palette) {
+        palette_ramp(pal);
+        png_colorp plte = NULL;
+        int np = 0;
+        if (P.png_get_PLTE(png, info, &plte, &np) && plte)
+            for (int i = 0; i < np && i < 256; i++) pal[i][0] = plte[i].red, pal[i][1] = plte[i].green, pal[i][2] = plte[i].blue;
+        P.png_set_packing(png); /* 1/2/4-bit indices → one byte each */
+    }
     if (ctype == PNG_COLOR_TYPE_GRAY && depth < 8) P.png_set_expand_gray_1_2_4_to_8(png);
     P.png_set_interlace_handling(png);
     P.png_read_update_info(png, info);
     size_t rowbytes = P.png_get_rowbytes(png, info);
     int ch = P.png_get_channels(png, info), bd = P.png_get_bit_depth(png, info);
-    if (ch < 1 || ch > 4 || (bd != 8 && bd != 16) || rowbytes < (size_t)w * ch * (bd / 8))
+    if (ch < 1 || ch > 4 || (bd != 8 && bd != 16) || rowbytes < (size_t)w * ch * (bd / 8) || (palette && (ch != 1 || bd != 8)))
         return ci_err(err, errlen, CINFER_EFORMAT, "PNG: unexpected layout after expansion (%d channels, %d bits)", ch, bd);
     c->raw = malloc(rowbytes * h);
     c->rows = malloc(sizeof(uint8_t *) * h);
@@ -432,7 +452,9 @@ static int png_run(png_ctx *c, png_structp png, png_infop info, const image_limi
         const uint8_t *s = c->rows[y];
         uint8_t *o = out->pixels + (size_t)y * w * 3;
         for (png_uint_32 x = 0; x < w; x++, s += step, o += 3) {
-            if (ch <= 2) {
+            if (palette) {
+                memcpy(o, pal[s[0]], 3);
+            } else if (ch <= 2) {
                 unsigned v = bd == 8 ? s[0] : (ch == 1 ? (be16(s) > 255 ? 255u : be16(s)) : s[0]);
                 o[0] = o[1] = o[2] = (uint8_t)v;
             } else {
@@ -445,6 +467,7 @@ static int png_run(png_ctx *c, png_structp png, png_infop info, const image_limi
     }
     out->width = (int)w;
     out->height = (int)h;
+    out->orientation = png_exif_orientation(c->data, c->size);
     return 0;
 }
 
@@ -500,11 +523,11 @@ static void jpeg_progress_cb(j_common_ptr ci) {
     }
 }
 
-/* EXIF orientation (tag 0x0112) from an APP1 "Exif\0\0" payload; 0 when absent or malformed. */
+/* EXIF orientation (tag 0x0112) from an EXIF payload: a TIFF structure, with or without the
+ * "Exif\0\0" prefix JPEG's APP1 carries (PIL strips it the same way). 0 when absent or malformed. */
 static int exif_orientation(const uint8_t *p, size_t n) {
-    if (n < 14 || memcmp(p, "Exif\0\0", 6)) return 0;
-    p += 6;
-    n -= 6;
+    if (n >= 6 && !memcmp(p, "Exif\0\0", 6)) p += 6, n -= 6;
+    if (n < 8) return 0;
     int le;
     if (!memcmp(p, "II*\0", 4)) le = 1;
     else if (!memcmp(p, "MM\0*", 4)) le = 0;
@@ -517,10 +540,37 @@ static int exif_orientation(const uint8_t *p, size_t n) {
         if (e + 12 > n) return 0;
         unsigned tag = le ? le16(p + e) : be16(p + e);
         unsigned type = le ? le16(p + e + 2) : be16(p + e + 2);
-        if (tag == 0x0112 && type == 3) {
-            unsigned v = le ? le16(p + e + 8) : be16(p + e + 8);
-            return v >= 1 && v <= 8 ? (int)v : 0;
-        }
+        if (tag != 0x0112) continue;
+        uint32_t v;
+        if (type == 3) v = le ? le16(p + e + 8) : be16(p + e + 8); /* SHORT */
+        else if (type == 4) v = le ? le32(p + e + 8) : be32(p + e + 8); /* LONG */
+        else return 0;
+        return v >= 1 && v <= 8 ? (int)v : 0;
+    }
+    return 0;
+}
+
+/* PNG: the first eXIf chunk, before or after the image data (PIL reads both). */
+static int png_exif_orientation(const uint8_t *d, size_t n) {
+    size_t i = 8;
+    while (i + 12 <= n) {
+        size_t len = be32(d + i);
+        if (len > n - i - 12) return 0;
+        if (!memcmp(d + i + 4, "eXIf", 4)) return exif_orientation(d + i + 8, len);
+        if (!memcmp(d + i + 4, "IEND", 4)) return 0;
+        i += 12 + len;
+    }
+    return 0;
+}
+
+/* WebP: the EXIF chunk of an extended (VP8X) file. */
+static int webp_exif_orientation(const uint8_t *d, size_t n) {
+    size_t i = 12;
+    while (i + 8 <= n) {
+        size_t len = le32(d + i + 4);
+        if (len > n - i - 8) return 0;
+        if (!memcmp(d + i, "EXIF", 4)) return exif_orientation(d + i + 8, len);
+        i += 8 + len + (len & 1);
     }
     return 0;
 }
@@ -664,10 +714,11 @@ static int gif_run(GifFileType *gf, const image_limits *lim, image_rgb *out, uin
             }
         }
     }
-    /* Palette: the frame's own, else the global one; indices past its end read as black. */
+    /* Palette: the frame's own, else the global one, over PIL's gray ramp (no palette at all is
+     * PIL's mode "L": the index is the gray level). */
     const ColorMapObject *cm = im->ColorMap ? im->ColorMap : gf->SColorMap;
     uint8_t pal[256][3];
-    memset(pal, 0, sizeof pal);
+    palette_ramp(pal);
     if (cm && cm->Colors) {
         int nc = cm->ColorCount < 256 ? cm->ColorCount : 256;
         for (int i = 0; i < nc; i++) {
@@ -675,8 +726,6 @@ static int gif_run(GifFileType *gf, const image_limits *lim, image_rgb *out, uin
             pal[i][1] = cm->Colors[i].Green;
             pal[i][2] = cm->Colors[i].Blue;
         }
-    } else {
-        for (int i = 0; i < 256; i++) pal[i][0] = pal[i][1] = pal[i][2] = (uint8_t)i; /* PIL: grayscale "L" */
     }
     if (!(out->pixels = alloc_rgb(W_, H_, err, errlen, &rc))) return rc;
     for (size_t i = 0; i < (size_t)W_ * H_; i++) memcpy(out->pixels + 3 * i, pal[idx[i]], 3);
@@ -721,6 +770,7 @@ static int decode_webp(const uint8_t *data, size_t size, const image_limits *lim
     out->width = f.width;
     out->height = f.height;
     out->had_alpha = f.has_alpha;
+    out->orientation = webp_exif_orientation(data, size);
     return 0;
 }
 
@@ -746,7 +796,7 @@ static int decode_bmp(const uint8_t *data, size_t size, const image_limits *lim,
     if (bpp != 1 && bpp != 4 && bpp != 8 && bpp != 16 && bpp != 24 && bpp != 32)
         return ci_err(err, errlen, CINFER_EUNSUPPORTED, "BMP: %d bits per pixel", bpp);
     uint8_t pal[256][3];
-    memset(pal, 0, sizeof pal);
+    palette_ramp(pal);
     if (bpp <= 8) {
         uint32_t nc = b.colors ? b.colors : 1u << bpp;
         if (nc > 256) return ci_err(err, errlen, CINFER_EFORMAT, "BMP: %u palette entries", nc);

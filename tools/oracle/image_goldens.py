@@ -259,6 +259,28 @@ def main():
         exif[0x0112] = o
         save(ex_src, add("exif_orient%d.jpg" % o, "EXIF orientation %d" % o), "JPEG", quality=90, exif=exif.tobytes())
 
+    for o, fmt, ext, kw in ((6, "PNG", "png", {}), (3, "PNG", "png", {}), (8, "WEBP", "webp", {"lossless": True}),
+                            (5, "WEBP", "webp", {"quality": 90})):
+        exif = Image.Exif()
+        exif[0x0112] = o
+        save(ex_src, add("exif_orient%d.%s" % (o, ext), "EXIF orientation %d in %s" % (o, fmt)), fmt, exif=exif.tobytes(), **kw)
+    # Palette indices past the end of the file's palette read PIL's default gray ramp (i, i, i).
+    oob = Image.new("P", (4, 2))
+    oob.putpalette([10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 110, 120])
+    oob.putdata([0, 1, 2, 3, 4, 5, 6, 7])
+    save(oob, add("palette_oob.gif", "4-entry palette, indices to 7"), "GIF")
+    save(oob, add("palette_oob.bmp", "4-entry palette, indices to 7"), "BMP")
+    raw = b"".join(b"\0" + bytes(range(y * 4, y * 4 + 4)) for y in range(2))
+    png = (b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", struct.pack(">IIBBBBB", 4, 2, 8, 3, 0, 0, 0)) +
+           png_chunk(b"PLTE", bytes([10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 110, 120])) +
+           png_chunk(b"IDAT", zlib.compress(raw)) + png_chunk(b"IEND", b""))
+    open(add("palette_oob.png", "4-entry PLTE, indices to 7"), "wb").write(png)
+    d = bytearray(open(os.path.join(out, "palette_oob.gif"), "rb").read())
+    n = 3 * (2 << (d[10] & 7))
+    d2 = d[:13] + d[13 + n:]
+    d2[10] &= 0x7F
+    open(add("no_palette.gif", "no colour table: PIL mode L"), "wb").write(bytes(d2))
+
     configs = {
         "default": dict(min_pixels=65536, max_pixels=16777216),
         "small": dict(min_pixels=4096, max_pixels=50176),
