@@ -5,7 +5,8 @@
  * Build and run (bench/run_matmul.sh does exactly this):
  *   make BUILD=build && cc -std=c11 -D_GNU_SOURCE -O2 -pthread -Iinclude -Isrc bench/matmul.c \
  *       build/libcinfer.a -lm -lpthread -o build/matmul-bench && build/matmul-bench [threads] [filter]
- * threads defaults to all online CPUs; filter keeps only the cases whose label contains it. */
+ * threads defaults to all online CPUs; filter keeps only the cases whose label contains it ("step" runs
+ * only the whole-decode-step cases: 1.5 GB (0.8B) and 3.8 GB (2B) of weights). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -96,6 +97,111 @@ static double measure_peak(threadpool *tp, int width) {
 
 static double measure_bw(threadpool *tp, const uint64_t *buf, size_t bytes, int reps) {
     return membw_read(tp, buf, bytes, reps);
+}
+
+/* ------------------------------------------------------------ a whole decode step's matmuls: every weight
+ * matrix of a Qwen3.5 dense shape once, in the forward pass's order (DeltaNet layers: in_proj_qkv, z, b, a,
+ * out_proj; every 4th layer full attention: q (with gate), k, v, o; each layer's MLP; then the lm_head), on
+ * one fresh buffer as big as the model's weights (so nothing is in cache), M rows at a time. Its time is the
+ * floor under `cinfer bench`'s decode (which adds the small ops between the matmuls), and M=8 against M=1
+ * shows what a batch of 8 costs over one weight stream. */
+typedef struct {
+    const char *name;
+    int H, I, L, V;
+} step_shape;
+
+typedef struct {
+    int N, K;
+} mm_shape;
+
+static int step_shapes(const step_shape *ss, mm_shape *out) {
+    int n = 0;
+    for (int l = 0; l < ss->L; l++) {
+        if (l % 4 == 3) { /* full attention: 8 q heads x 256 (+ gate), 2 kv heads x 256 */
+            out[n++] = (mm_shape){8 * 256 * 2, ss->H};
+            out[n++] = (mm_shape){2 * 256, ss->H};
+            out[n++] = (mm_shape){2 * 256, ss->H};
+            out[n++] = (mm_shape){ss->H, 8 * 256};
+        } else { /* Gated DeltaNet: 16 k heads x 128 (q, k), 16 v heads x 128 */
+            out[n++] = (mm_shape){2 * 16 * 128 + 16 * 128, ss->H};
+            out[n++] = (mm_shape){16 * 128, ss->H};
+            out[n++] = (mm_shape){16, ss->H};
+            out[n++] = (mm_shape){16, ss->H};
+            out[n++] = (mm_shape){ss->H, 16 * 128};
+        }
+        out[n++] = (mm_shape){ss->I, ss->H};
+        out[n++] = (mm_shape){ss->I, ss->H};
+        out[n++] = (mm_shape){ss->H, ss->I};
+    }
+    out[n++] = (mm_shape){ss->V, ss->H};
+    return n;
+}
+
+static void run_steps(threadpool *tp, const char *filter, int width, uint64_t *bwbuf, size_t bw_bytes) {
+    static const step_shape shapes[] = {
+        {"0.8B", 1024, 3584, 24, 248320},
+        {"2B", 2048, 6144, 24, 248320},
+    };
+    static const int Ms[] = {1, 8};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        char l1[64], l8[64];
+        snprintf(l1, sizeof l1, "step %s M=1", shapes[si].name);
+        snprintf(l8, sizeof l8, "step %s M=8", shapes[si].name);
+        if (filter && !strstr(l1, filter) && !strstr(l8, filter)) continue;
+        mm_shape sh[24 * 8 + 1];
+        int n = step_shapes(&shapes[si], sh);
+        size_t total = 0, maxn = 0, maxk = 0;
+        for (int i = 0; i < n; i++) {
+            total += (size_t)sh[i].N * sh[i].K * 2;
+            if ((size_t)sh[i].N > maxn) maxn = (size_t)sh[i].N;
+            if ((size_t)sh[i].K > maxk) maxk = (size_t)sh[i].K;
+        }
+        uint16_t *w = aligned_alloc(64, (total + 63) / 64 * 64);
+        float *x = aligned_alloc(64, 8 * maxk * 4), *y = aligned_alloc(64, 8 * maxn * 4);
+        if (!w || !x || !y) {
+            printf("%s: cannot allocate %.2f GB\n", l1, total / 1e9);
+            free(w), free(x), free(y);
+            continue;
+        }
+        uint32_t s = 88172645u;
+        for (size_t i = 0; i < total / 2; i++) {
+            s ^= s << 13, s ^= s >> 17, s ^= s << 5;
+            w[i] = f32_to_bf16((float)(s >> 8) / 16777216.0f - 0.5f);
+        }
+        for (size_t i = 0; i < 8 * maxk; i++) x[i] = (float)((i * 7919) % 1000) / 1000.0f - 0.5f;
+        /* M=1 and M=8 steps alternate, so that both see the same moments of a shared machine. */
+        enum { REPS = 9 };
+        int run[2];
+        double ts[2][REPS], bw0 = measure_bw(tp, bwbuf, bw_bytes, 2);
+        for (int mi = 0; mi < 2; mi++) run[mi] = !filter || strstr(mi ? l8 : l1, filter) != NULL;
+        for (int r = -1; r < REPS; r++) /* r = -1: warm-up (page faults) */
+            for (int mi = 0; mi < 2; mi++) {
+                if (!run[mi]) continue;
+                double t = now();
+                const uint16_t *wp = w;
+                for (int i = 0; i < n; i++) {
+                    cpu_matmul(tp, y, x, wp, WT_BF16, Ms[mi], sh[i].N, sh[i].K);
+                    wp += (size_t)sh[i].N * sh[i].K;
+                }
+                if (r >= 0) ts[mi][r] = now() - t;
+            }
+        double bw1 = measure_bw(tp, bwbuf, bw_bytes, 2), bwc = bw0 > bw1 ? bw0 : bw1;
+        double ms[2] = {0, 0};
+        for (int mi = 0; mi < 2; mi++) {
+            if (!run[mi]) continue;
+            qsort(ts[mi], REPS, sizeof(double), cmp_d);
+            double t = ts[mi][REPS / 2];
+            ms[mi] = t * 1e3;
+            printf("%-26s %8.3f %8.1f %5.0f%% %8.1f %6s   %.3f | %.0f GB/s; %d matmuls, %.2f GB\n", mi ? l8 : l1,
+                   t * 1e3, total / t / 1e9, 100 * total / t / 1e9 / bwc, 2.0 * Ms[mi] * (total / 2) / t / 1e9, "",
+                   ts[mi][0] * 1e3, bwc, n, total / 1e9);
+        }
+        if (ms[0] > 0 && ms[1] > 0) printf("%-26s M=8 takes %.2fx the time of M=1\n", "", ms[1] / ms[0]);
+        (void)width;
+        free(w);
+        free(x);
+        free(y);
+    }
 }
 
 int main(int argc, char **argv) {
@@ -195,6 +301,7 @@ int main(int argc, char **argv) {
         free(x);
         free(y);
     }
+    run_steps(tp, filter, width, buf, bw_bytes);
     free(buf);
     tp_destroy(tp);
     return 0;

@@ -101,13 +101,16 @@ static const char *all_isa[3] = {"scalar", "avx2", "avx512"};
 /* (M, N, K) with edges around 1, 15/16/17, odd sizes, every decode row count, more than one panel per
  * thread (12 x 200 x 1024), K cut into slices with a ragged last one (2100, 1040; 500 columns also hit the
  * sliced panel's column cap), and a K too long for even one column group of the panel (70001: the
- * blocked path straight from W). */
+ * blocked path straight from W), and decode shapes with long K (rows of W longer than the prefetch distance,
+ * so the prefetch wraps into the next column group mid-row). */
 static const int shapes[][3] = {
     {1, 1, 1},     {1, 1, 15},    {1, 1, 16},     {1, 1, 17},      {1, 15, 16},    {1, 16, 17},
     {1, 17, 15},   {2, 3, 5},     {3, 7, 31},     {6, 9, 48},      {4, 6, 32},     {5, 13, 33},
     {7, 17, 100},  {8, 19, 47},   {9, 5, 16},     {9, 23, 1},      {15, 16, 17},   {16, 15, 16},
     {17, 17, 17},  {13, 11, 129}, {37, 29, 65},   {12, 200, 1024}, {10, 130, 257}, {1, 301, 1031},
     {9, 3, 70001}, {10, 7, 2100}, {9, 500, 1040}, {0, 5, 5},       {3, 0, 7},      {3, 5, 0},
+    /* decode rows with long K and ragged column groups */
+    {8, 50, 2100}, {3, 40, 4000}, {5, 29, 1700}, {1, 17, 9000},   {2, 9, 5000},   {7, 101, 1200},
 };
 
 static void run_shapes(threadpool *tp, const char *isa) {

@@ -211,10 +211,18 @@ static A512 AINL void fold8(const __m512 *v, float *out) {
     _mm256_storeu_ps(out, _mm512_castps512_ps256(_mm512_permutexvar_ps(fold_order(), t1)));
 }
 
-/* PF: prefetch, at each step, the same position of the next group of C columns of W (C*ldw elements on:
- * the decode path walks W linearly, and short 2-7 KiB rows give the hardware prefetcher little to lock
- * onto). Measured at M=1, N=248320: ~15% faster than none; two or four groups ahead, or one prefetch per
- * line instead of per step, were no better. */
+/* PF: prefetch each column's own row pf_ahead(C) bytes ahead of the read, and past the row's end the same
+ * offset in the next group's row c (C*ldw elements on: the decode path walks W linearly, and short 2-7 KiB
+ * rows give the hardware prefetcher little to lock onto). About PF_AHEAD bytes of W are then in flight per
+ * thread whatever K is. The first scheme, the same position of the next group, put C rows ahead = 16 KiB
+ * at K = 1024 but 56-96 KiB at K = 3584-6144, more than L1 (48 KiB): the prefetched lines pushed out x and
+ * each other. Measured on Zen 5, one thread, W in L2 (in-cache GFLOP/s): K = 2048 M=1 81 -> 108, M=2 123 ->
+ * 176, M=3 159 -> 209; K = 6144 M=1 77 -> 106, M=2 122 -> 164; K = 1024 and M=8 about unchanged. (Cutting
+ * K into L1-sized slices for M=8, to keep x in L1, was tried and gained nothing.) */
+#define PF_AHEAD 8192
+static inline size_t pf_ahead(int C) {
+    return (size_t)(PF_AHEAD / C) & ~(size_t)63;
+}
 /* accb/first/last: a slice of a longer K. The 16 lanes of every accumulator start from accb (unless first)
  * and go back to it unfolded (unless last); saving and reloading a lane is exact, so a K split into slices
  * that are multiples of 16 keeps the contract's order bit for bit. accb: [R*C][16] f32. */
@@ -234,13 +242,15 @@ static A512 AINL void mk512(const int R, const int C, const int wt, const int PF
 #pragma GCC unroll 8
         for (int c = 0; c < C; c++)
             acc[r][c] = first ? _mm512_setzero_ps() : _mm512_load_ps(accb + (r * C + c) * 16);
-    const size_t pfd = (size_t)C * (size_t)ldw * es;
+    const size_t rowb = (size_t)ldw * es, pfd = (size_t)C * rowb, ahead = pf_ahead(C);
     long k = 0;
     for (; k + 16 <= K; k += 16) {
         __m512 wv[MK_MAXC];
         if (PF) {
+            size_t off = (size_t)k * es + ahead;
+            if (off >= rowb) off += pfd - rowb;
 #pragma GCC unroll 8
-            for (int c = 0; c < C; c++) _mm_prefetch((const char *)wp[c] + (size_t)k * es + pfd, _MM_HINT_T0);
+            for (int c = 0; c < C; c++) _mm_prefetch((const char *)wp[c] + off, _MM_HINT_T0);
         }
 #pragma GCC unroll 8
         for (int c = 0; c < C; c++) wv[c] = ld512(wp[c], k, wt);
@@ -403,12 +413,14 @@ static A256 AINL void mk256(const int R, const int C, const int wt, const int PF
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 8
         for (int c = 0; c < C; c++) acc[r][c][0] = acc[r][c][1] = _mm256_setzero_ps();
-    const size_t pfd = (size_t)C * (size_t)ldw * es; /* as in mk512 */
+    const size_t rowb = (size_t)ldw * es, pfd = (size_t)C * rowb, ahead = pf_ahead(C); /* as in mk512 */
     long k = 0;
     for (; k + 16 <= K; k += 16) {
         if (PF) {
+            size_t off = (size_t)k * es + ahead;
+            if (off >= rowb) off += pfd - rowb;
 #pragma GCC unroll 8
-            for (int c = 0; c < C; c++) _mm_prefetch((const char *)wp[c] + (size_t)k * es + pfd, _MM_HINT_T0);
+            for (int c = 0; c < C; c++) _mm_prefetch((const char *)wp[c] + off, _MM_HINT_T0);
         }
 #pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
@@ -719,16 +731,22 @@ void cpu_matmul(threadpool *tp, float *y, const float *x, const void *w, wtype w
         j.chunk = fit < most ? fit : most;
         if (j.chunk < kt->C) j.chunk = kt->C;
     }
-    /* Shares in whole work items (so every item boundary is a multiple of the path's column group). */
+    /* Shares in whole work items (so every item boundary is a multiple of the path's column group). A tiny
+     * product (a decode step's 16-row in_proj_a/b: 32 KiB, ~1 us) runs on the caller alone: a hand-off to
+     * the pool costs about as much, and far more when a worker is descheduled. */
     long items = (N + j.chunk - 1) / j.chunk;
-    j.nranges = (int)(nth < MM_MAX_RANGES ? nth : MM_MAX_RANGES);
+    int tiny = (double)N * K * wt_size(wt) <= 64 * 1024 && (double)M * N * K <= 1 << 20;
+    j.nranges = tiny ? 1 : (int)(nth < MM_MAX_RANGES ? nth : MM_MAX_RANGES);
     for (int i = 0; i < j.nranges; i++) {
         long b, e;
         tp_range(items, i, j.nranges, &b, &e);
         atomic_init(&j.rg[i].next, b * j.chunk);
         j.rg[i].end = e * j.chunk < N ? e * j.chunk : N;
     }
-    tp_run(tp, mm_thread, &j); /* one job per call: the split is inside mm_thread */
+    if (tiny)
+        mm_thread(&j, 0, 1);
+    else
+        tp_run(tp, mm_thread, &j); /* one job per call: the split is inside mm_thread */
 }
 
 void cpu_matmul_ref(float *y, const float *x, const void *w, wtype wt, int M, int N, int K) {
