@@ -501,6 +501,16 @@ static const mm_kernels kern_avx2 = {
 /* ---------------------------------------------------------------- dispatch */
 
 static atomic_int g_isa; /* ISA_NONE until first use; then the family in force */
+atomic_int cpu_simd_cur = -1; /* g_isa as a CPU_SIMD_* level, for cpu_simd_level's inline read */
+
+static int level_of(int isa) {
+    return isa == ISA_AVX512 ? CPU_SIMD_AVX512 : isa == ISA_AVX2 ? CPU_SIMD_AVX2 : CPU_SIMD_SCALAR;
+}
+
+static void isa_set(int isa) {
+    atomic_store(&g_isa, isa);
+    atomic_store(&cpu_simd_cur, level_of(isa));
+}
 
 static int isa_best(void) {
 #if defined(__x86_64__)
@@ -540,7 +550,7 @@ static int isa_current(void) {
     if (isa == ISA_NONE) {
         /* Racing first calls compute the same value; whichever store lands is the same choice. */
         isa = isa_detect();
-        atomic_store_explicit(&g_isa, isa, memory_order_relaxed);
+        isa_set(isa);
     }
     return isa;
 }
@@ -554,9 +564,8 @@ static const mm_kernels *kernels_for(int isa) {
     return &kern_scalar;
 }
 
-int cpu_simd_level(void) {
-    int isa = isa_current();
-    return isa == ISA_AVX512 ? CPU_SIMD_AVX512 : isa == ISA_AVX2 ? CPU_SIMD_AVX2 : CPU_SIMD_SCALAR;
+int cpu_simd_level_first(void) {
+    return level_of(isa_current());
 }
 
 const char *cpu_matmul_isa(void) {
@@ -565,13 +574,13 @@ const char *cpu_matmul_isa(void) {
 
 int cpu_matmul_isa_force(const char *isa) {
     if (!isa) {
-        atomic_store(&g_isa, isa_detect());
+        isa_set(isa_detect());
         return 0;
     }
     int want = isa_from_name(isa);
     if (want == ISA_NONE) return CINFER_EINVAL;
     if (want > isa_best()) return CINFER_EUNSUPPORTED;
-    atomic_store(&g_isa, want);
+    isa_set(want);
     return 0;
 }
 

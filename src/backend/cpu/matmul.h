@@ -6,6 +6,7 @@
 #ifndef CI_MATMUL_H
 #define CI_MATMUL_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 
 #include "util/threadpool.h"
@@ -29,8 +30,14 @@ const char *cpu_matmul_isa(void);
 int cpu_matmul_isa_force(const char *isa);
 
 /* The same choice as a number, for the CPU's other vector ops (ops.c), which follow it so that tests can
- * pin each path: CPU_SIMD_SCALAR, CPU_SIMD_AVX2 (AVX2 + FMA + F16C) or CPU_SIMD_AVX512. */
+ * pin each path: CPU_SIMD_SCALAR, CPU_SIMD_AVX2 (AVX2 + FMA + F16C) or CPU_SIMD_AVX512. Inline, because
+ * ops dispatch on it per call and the DeltaNet issues tens of millions of 128-float calls per prefill. */
 enum { CPU_SIMD_SCALAR = 0, CPU_SIMD_AVX2 = 1, CPU_SIMD_AVX512 = 2 };
-int cpu_simd_level(void);
+extern atomic_int cpu_simd_cur; /* internal: the level in force, -1 before the first choice */
+int cpu_simd_level_first(void);
+static inline int cpu_simd_level(void) {
+    int l = atomic_load_explicit(&cpu_simd_cur, memory_order_relaxed);
+    return l >= 0 ? l : cpu_simd_level_first();
+}
 
 #endif

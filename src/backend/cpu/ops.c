@@ -75,9 +75,12 @@ static O512 float dot512(const float *a, const float *b, int n) {
         __m512 p = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i));
         acc = _mm512_mask_add_ps(acc, m, acc, p);
     }
-    float l[16];
-    _mm512_storeu_ps(l, acc);
-    return fold16(l);
+    /* fold16's tree in registers: (l, l+8), (l, l+4), (l, l+2), (0, 1) */
+    __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(acc),
+                              _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
 }
 
 static O512 void axpy512(float *y, float s, const float *x, int n) {
