@@ -399,3 +399,48 @@ TEST(ops_exact_small_cases) {
     }
     cpu_matmul_isa_force(NULL);
 }
+
+/* ops_gemm_acc: the bits of the axpy sequence it stands for, every ISA, ragged rows and columns, strided
+ * operands, both signs; C's padding between rows (ldc > N) is never written. */
+TEST(ops_gemm_acc_matches_axpy_sequence_bitwise) {
+    rng r = {0x5eed1234ull};
+    static const int Ms[] = {1, 2, 5, 6, 7, 8, 9, 13, 64}, Ns[] = {1, 15, 16, 17, 31, 32, 33, 100, 128},
+                     Ks[] = {0, 1, 5, 128};
+    int ran = 0, bad = 0;
+    for (int isa = 0; isa < 3; isa++) {
+        if (cpu_matmul_isa_force(all_isa[isa]) != 0) continue;
+        ran++;
+        for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++)
+            for (size_t ni = 0; ni < sizeof Ns / sizeof Ns[0]; ni++)
+                for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++) {
+                    int M = Ms[mi], N = Ns[ni], K = Ks[ki], neg = (int)((mi + ni + ki) & 1);
+                    long ldc = N + 3, lda = K + 2, ldb = N + 5;
+                    float *A = make_x(&r, (long)M * lda), *B = make_x(&r, (long)(K ? K : 1) * ldb);
+                    float *C = make_x(&r, (long)M * ldc), *Cr = malloc((size_t)M * ldc * 4);
+                    for (long i = 0; i < (long)M * lda; i++) A[i] *= (float)(1 << (i % 9));
+                    memcpy(Cr, C, (size_t)M * ldc * 4);
+                    ops_gemm_acc(C, ldc, A, lda, B, ldb, M, N, K, neg);
+                    for (int m = 0; m < M; m++)
+                        for (int k = 0; k < K; k++) {
+                            float a = A[(long)m * lda + k];
+                            if (neg) a = -a;
+                            for (int n = 0; n < N; n++) {
+                                float p = a * B[(long)k * ldb + n];
+                                Cr[(long)m * ldc + n] = Cr[(long)m * ldc + n] + p;
+                            }
+                        }
+                    if (memcmp(C, Cr, (size_t)M * ldc * 4)) {
+                        if (bad++ < 3)
+                            test_fail(__FILE__, __LINE__, "%s gemm_acc M=%d N=%d K=%d neg=%d differs", all_isa[isa],
+                                      M, N, K, neg);
+                    }
+                    free(A);
+                    free(B);
+                    free(C);
+                    free(Cr);
+                }
+    }
+    cpu_matmul_isa_force(NULL);
+    CHECK(ran >= 1);
+    CHECK_EQ_INT(bad, 0);
+}

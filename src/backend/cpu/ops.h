@@ -10,6 +10,14 @@
 float ops_dot(const float *a, const float *b, int n);
 /* y[i] += s * x[i]  (the product rounded, then the sum: never fused) */
 void ops_axpy(float *y, float s, const float *x, int n);
+/* C[m*ldc + n] += A[m*lda + k] * B[k*ldb + n] over k, for m < M, n < N: exactly the bits of
+ *   for m, for k = 0..K-1: ops_axpy(C + m*ldc, neg ? -A[m*lda + k] : A[m*lda + k], B + k*ldb, N)
+ * (each product rounded, then added, in k order), but blocked in registers: B's rows are loaded once per
+ * block of rows and C stays in registers across K (~5x the axpy loop at 64 x 128 x 128). For the chunked
+ * DeltaNet's products (D = U - W S, O = Q S, S += K^T D), which are such axpy loops today. C must not alias
+ * A or B. */
+void ops_gemm_acc(float *C, long ldc, const float *A, long lda, const float *B, long ldb, int M, int N, int K,
+                  int neg);
 /* y[i] *= s */
 void ops_scale(float *y, float s, int n);
 /* y[i] += x[i] */
