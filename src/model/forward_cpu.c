@@ -210,12 +210,8 @@ void gdn_chunked(int n, int pos0, const float *q, int qs, const float *k, int ks
             float *Gr = G + r * Cn, *Qr = QK + r * Cn;
             for (int s2 = 0; s2 <= r; s2++) Gr[s2] = Qr[s2] = 0.0f;
             for (int i = 0; i < dk; i++) {
-                const float *kti = kT + (size_t)i * Cn;
-                float a = kr[i], b = qr[i];
-                for (int s2 = 0; s2 <= r; s2++) {
-                    Gr[s2] += a * kti[s2];
-                    Qr[s2] += b * kti[s2];
-                }
+                ops_axpy(Gr, kr[i], kT + (size_t)i * Cn, r + 1);
+                ops_axpy(Qr, qr[i], kT + (size_t)i * Cn, r + 1);
             }
         }
         /* forward substitution for U and W */
@@ -232,20 +228,18 @@ void gdn_chunked(int n, int pos0, const float *q, int qs, const float *k, int ks
                 ops_axpy(Wr, -l, W + (size_t)s2 * dk, dk);
             }
         }
-        /* D = U - W S0 */
-        for (int r = 0; r < L; r++) {
-            float *Dr = D + (size_t)r * dv;
-            const float *Wr = W + (size_t)r * dk;
-            memcpy(Dr, U + (size_t)r * dv, (size_t)dv * sizeof(float));
-            for (int i = 0; i < dk; i++) ops_axpy(Dr, -Wr[i], S + (size_t)i * dv, dv);
-        }
+        /* D = U - W S0 (ops_gemm_acc: the bits of the per-row axpy loop over i, register-blocked) */
+        memcpy(D, U, sizeof(float) * (size_t)L * dv);
+        ops_gemm_acc(D, dv, W, dk, S, dv, L, dv, dk, 1);
         /* O = (Gam Q) S0 + M D */
         for (int r = 0; r < L; r++) {
-            const float *qr = q + (size_t)(c0 + r) * qs;
+            float *orow = o + (size_t)(c0 + r) * os;
+            for (int j = 0; j < dv; j++) orow[j] = 0.0f;
+        }
+        ops_gemm_acc(o + (size_t)c0 * os, os, q + (size_t)c0 * qs, qs, S, dv, L, dv, dk, 0);
+        for (int r = 0; r < L; r++) {
             float *orow = o + (size_t)(c0 + r) * os;
             float eg = expf(gam[r]);
-            for (int j = 0; j < dv; j++) orow[j] = 0.0f;
-            for (int i = 0; i < dk; i++) ops_axpy(orow, qr[i], S + (size_t)i * dv, dv);
             for (int j = 0; j < dv; j++) orow[j] *= eg;
             for (int s2 = 0; s2 <= r; s2++) {
                 float mm = expf(gam[r] - gam[s2]) * QK[r * Cn + s2];
@@ -255,11 +249,13 @@ void gdn_chunked(int n, int pos0, const float *q, int qs, const float *k, int ks
         /* S = Gam_L S0 + Σ_r e^{gam_L - gam_r} k_r ⊗ D_r */
         float gl = gam[L - 1], egl = expf(gl);
         for (int i = 0; i < dk * dv; i++) S[i] *= egl;
+        /* S += (f K)^T D with f_r = e^{gam_L - gam_r}: kT becomes (f K)^T in place (its rows were read above) */
         for (int r = 0; r < L; r++) {
             float f = expf(gl - gam[r]);
-            const float *kr = k + (size_t)(c0 + r) * ks, *Dr = D + (size_t)r * dv;
-            for (int i = 0; i < dk; i++) ops_axpy(S + (size_t)i * dv, f * kr[i], Dr, dv);
+            const float *kr = k + (size_t)(c0 + r) * ks;
+            for (int i = 0; i < dk; i++) kT[(size_t)i * Cn + r] = f * kr[i];
         }
+        ops_gemm_acc(S, dv, kT, Cn, D, dv, dk, dv, L, 0);
     }
 }
 
