@@ -137,6 +137,13 @@ static int step_shapes(const step_shape *ss, mm_shape *out) {
     return n;
 }
 
+/* Index of the first call in sh[0..n) with the same (N, K) as call i. */
+static int shape_of(const mm_shape *sh, int n, int i) {
+    for (int q = 0; q < n; q++)
+        if (sh[q].N == sh[i].N && sh[q].K == sh[i].K) return q;
+    return i;
+}
+
 static void run_steps(threadpool *tp, const char *filter, int width, uint64_t *bwbuf, size_t bw_bytes) {
     static const step_shape shapes[] = {
         {"0.8B", 1024, 3584, 24, 248320},
@@ -172,16 +179,20 @@ static void run_steps(threadpool *tp, const char *filter, int width, uint64_t *b
         /* M=1 and M=8 steps alternate, so that both see the same moments of a shared machine. */
         enum { REPS = 9 };
         int run[2];
+        double shape_t[2][24 * 8 + 1] = {{0}}; /* time per distinct (N, K), indexed by its first call */
         double ts[2][REPS], bw0 = measure_bw(tp, bwbuf, bw_bytes, 2);
         for (int mi = 0; mi < 2; mi++) run[mi] = !filter || strstr(mi ? l8 : l1, filter) != NULL;
         for (int r = -1; r < REPS; r++) /* r = -1: warm-up (page faults) */
             for (int mi = 0; mi < 2; mi++) {
                 if (!run[mi]) continue;
-                double t = now();
+                double t = now(), t1 = t;
                 const uint16_t *wp = w;
                 for (int i = 0; i < n; i++) {
                     cpu_matmul(tp, y, x, wp, WT_BF16, Ms[mi], sh[i].N, sh[i].K);
                     wp += (size_t)sh[i].N * sh[i].K;
+                    double t2 = now();
+                    if (r >= 0) shape_t[mi][shape_of(sh, n, i)] += t2 - t1;
+                    t1 = t2;
                 }
                 if (r >= 0) ts[mi][r] = now() - t;
             }
@@ -197,6 +208,20 @@ static void run_steps(threadpool *tp, const char *filter, int width, uint64_t *b
                    ts[mi][0] * 1e3, bwc, n, total / 1e9);
         }
         if (ms[0] > 0 && ms[1] > 0) printf("%-26s M=8 takes %.2fx the time of M=1\n", "", ms[1] / ms[0]);
+        /* Where the step's time goes: each distinct shape's calls, GB/s over all repetitions. */
+        for (int mi = 0; mi < 2; mi++) {
+            if (!run[mi]) continue;
+            printf("%-26s by shape:", mi ? l8 : l1);
+            for (int i = 0; i < n; i++) {
+                if (shape_of(sh, n, i) != i) continue;
+                int calls = 0;
+                for (int q = 0; q < n; q++) calls += shape_of(sh, n, q) == i;
+                double bytes = (double)sh[i].N * sh[i].K * 2 * calls * REPS;
+                printf(" %dx%d x%d %.1f GB/s (%.1f ms);", sh[i].N, sh[i].K, calls, bytes / shape_t[mi][i] / 1e9,
+                       shape_t[mi][i] / REPS * 1e3);
+            }
+            printf("\n");
+        }
         (void)width;
         free(w);
         free(x);
