@@ -3,7 +3,9 @@
 # from the same machine.
 #
 #   bench/run_server.sh overhead [MODEL_DIR]  single-stream decode over HTTP vs `cinfer bench` in process,
-#                                             interleaved REPS times (bench, http, bench, http, ...)
+#                                             interleaved (bench, http, bench, http, ...) until REPS clean
+#                                             pairs (other work on the VM under CLEAN CPUs during both
+#                                             halves) or MAX_PAIRS pairs
 #   bench/run_server.sh load [MODEL_DIR]      1, 8, 32, 64 concurrent streams (LEVELS)
 #   bench/run_server.sh all [MODEL_DIR]       both
 #
@@ -11,7 +13,8 @@
 #   build/cinfer synth --like qwen3.5-0.8b --out /tmp/s08
 #   cp models/default/tokenizer.json models/default/tokenizer_config.json /tmp/s08/
 # Environment: BIN (build/cinfer), PORT (18431), MAX_SEQS (64), CTX (512), LEVELS (1,8,32,64), PROMPT (128),
-# MAXTOK (64:128 for load), DECODE (128 for overhead), REPS (3), THREADS (0: all CPUs), OUT (directory for
+# MAXTOK (64:128 for load), DECODE (128 for overhead), REPS (3), MAX_PAIRS (3 x REPS), CLEAN (0.10),
+# THREADS (0: all CPUs), OUT (directory for
 # the JSON records and logs; default /tmp/cinfer-bench-server).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +30,8 @@ PROMPT=${PROMPT:-128}
 MAXTOK=${MAXTOK:-64:128}
 DECODE=${DECODE:-128}
 REPS=${REPS:-3}
+MAX_PAIRS=${MAX_PAIRS:-$((3 * REPS))}
+CLEAN=${CLEAN:-0.10}
 THREADS=${THREADS:-0}
 OUT=${OUT:-/tmp/cinfer-bench-server}
 url=http://127.0.0.1:$PORT
@@ -68,14 +73,16 @@ start_server() { # $1: max-seqs
     exit 1
 }
 
-echo "# $(date -u +%FT%TZ) $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src include || echo +dirty) $dir"
+echo "# $(date -u +%FT%TZ) checkout $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src include || echo +dirty), binary $BIN, model $dir"
 echo "# $(nproc) CPUs: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); load average $(cut -d' ' -f1-3 /proc/loadavg)"
 
 if [ "$mode" = overhead ] || [ "$mode" = all ]; then
     start_server "$MAX_SEQS"
     echo "## overhead: decode tok/s, $PROMPT-token prompt, $DECODE tokens; server --max-seqs $MAX_SEQS --ctx-size $CTX"
-    echo "# foreign = CPUs busy with other work during the run (of $(nproc)); a pair is clean when both are < 0.10"
-    for r in $(seq 1 "$REPS"); do
+    echo "# foreign = CPUs busy with other work during the run (of $(nproc)); a pair is clean when both are < $CLEAN"
+    : >"$OUT/ratios-all"
+    : >"$OUT/ratios-clean"
+    for r in $(seq 1 "$MAX_PAIRS"); do
         la=$(cut -d' ' -f1 /proc/loadavg)
         v0=$(vm_busy); t0=$(now)
         b=$(/usr/bin/time -f 'cpu %U %S' -o "$OUT/time-bench" "$BIN" bench -m "$dir" -p "$PROMPT" -n "$DECODE" --threads "$THREADS" |
@@ -87,8 +94,15 @@ if [ "$mode" = overhead ] || [ "$mode" = all ]; then
                 --max-tokens "$DECODE" --seed "$r" --json "$OUT/overhead-$r.json" | awk '$1 == 1 {print $12}')
         s1=$(pid_cpu "$srv_pid"); v1=$(vm_busy); t1=$(now)
         fh=$(foreign "$v0" "$v1" "$(awk -v hz="$hz" -v s="$((s1 - s0))" '{print ($2 + $3) * hz + s}' "$OUT/time-node")" "$(awk -v a="$t0" -v b="$t1" 'BEGIN {print b - a}')")
-        echo "rep $r: in-process $b tok/s (foreign $fb), HTTP $h tok/s (foreign $fh), ratio $(awk -v h="$h" -v b="$b" 'BEGIN {printf "%.3f", h / b}') (load $la -> $(cut -d' ' -f1 /proc/loadavg))"
+        ratio=$(awk -v h="$h" -v b="$b" 'BEGIN {printf "%.3f", h / b}')
+        clean=$(awk -v a="$fb" -v b="$fh" -v c="$CLEAN" 'BEGIN {print (a < c && b < c) ? "clean" : "noisy"}')
+        echo "pair $r: in-process $b tok/s (foreign $fb), HTTP $h tok/s (foreign $fh), ratio $ratio, $clean (load $la -> $(cut -d' ' -f1 /proc/loadavg))"
+        echo "$ratio" >>"$OUT/ratios-all"
+        [ "$clean" = clean ] && echo "$ratio" >>"$OUT/ratios-clean"
+        [ "$(wc -l <"$OUT/ratios-clean")" -ge "$REPS" ] && break
     done
+    med() { sort -n "$1" | awk '{a[NR] = $1} END {if (NR) printf "%.3f (%d pairs, %.3f..%.3f)", (NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2), NR, a[1], a[NR]; else printf "none"}'; }
+    echo "ratio HTTP / in-process: median of clean pairs $(med "$OUT/ratios-clean"); of all pairs $(med "$OUT/ratios-all")"
     stop_server
 fi
 
