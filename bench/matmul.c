@@ -203,9 +203,9 @@ static void run_steps(threadpool *tp, const char *filter, int width, uint64_t *b
             qsort(ts[mi], REPS, sizeof(double), cmp_d);
             double t = ts[mi][REPS / 2];
             ms[mi] = t * 1e3;
-            printf("%-26s %8.3f %8.1f %5.0f%% %8.1f %6s   %.3f | %.0f GB/s; %d matmuls, %.2f GB\n", mi ? l8 : l1,
-                   t * 1e3, total / t / 1e9, 100 * total / t / 1e9 / bwc, 2.0 * Ms[mi] * (total / 2) / t / 1e9, "",
-                   ts[mi][0] * 1e3, bwc, n, total / 1e9);
+            printf("%-26s %8.3f %8.1f %5.0f%% %8.1f %6s   %.3f | %.0f GB/s; %d matmuls, %.2f GB\n",
+                   mi ? l8 : l1, t * 1e3, total / t / 1e9, 100 * total / t / 1e9 / bwc,
+                   2.0 * Ms[mi] * (total / 2) / t / 1e9, "", ts[mi][0] * 1e3, bwc, n, total / 1e9);
         }
         if (ms[0] > 0 && ms[1] > 0) printf("%-26s M=8 takes %.2fx the time of M=1\n", "", ms[1] / ms[0]);
         /* Where the step's time goes: each distinct shape's calls, GB/s over all repetitions. */
@@ -217,8 +217,8 @@ static void run_steps(threadpool *tp, const char *filter, int width, uint64_t *b
                 int calls = 0;
                 for (int q = 0; q < n; q++) calls += shape_of(sh, n, q) == i;
                 double bytes = (double)sh[i].N * sh[i].K * 2 * calls * REPS;
-                printf(" %dx%d x%d %.1f GB/s (%.1f ms);", sh[i].N, sh[i].K, calls, bytes / shape_t[mi][i] / 1e9,
-                       shape_t[mi][i] / REPS * 1e3);
+                printf(" %dx%d x%d %.1f GB/s (%.1f ms);", sh[i].N, sh[i].K, calls,
+                       bytes / shape_t[mi][i] / 1e9, shape_t[mi][i] / REPS * 1e3);
             }
             printf("\n");
         }

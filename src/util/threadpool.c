@@ -30,7 +30,7 @@
  * the pool's threads sharing one CPU, a pure spin held that CPU for its whole slice while the thread with
  * the work waited (measured, loaded 2-vCPU VM, 5 us per index: p99 tp_run 500 us -> 10 us, mean 20.5 ->
  * 10.4 us). With a CPU to itself, sched_yield returns at once. */
-#define SPIN_ITERS 20000
+#define SPIN_ITERS  20000
 #define YIELD_AFTER 2000
 
 static inline void spin_wait(int spins) {
@@ -151,7 +151,9 @@ void tp_destroy(threadpool *tp) {
     free(tp);
 }
 
-int tp_size(const threadpool *tp) { return tp ? tp->n : 1; }
+int tp_size(const threadpool *tp) {
+    return tp ? tp->n : 1;
+}
 
 void tp_run(threadpool *tp, tp_fn fn, void *ctx) {
     if (!tp || tp->n == 1) {

@@ -104,13 +104,43 @@ static const char *all_isa[3] = {"scalar", "avx2", "avx512"};
  * blocked path straight from W), and decode shapes with long K (rows of W longer than the prefetch distance,
  * so the prefetch wraps into the next column group mid-row). */
 static const int shapes[][3] = {
-    {1, 1, 1},     {1, 1, 15},    {1, 1, 16},     {1, 1, 17},      {1, 15, 16},    {1, 16, 17},
-    {1, 17, 15},   {2, 3, 5},     {3, 7, 31},     {6, 9, 48},      {4, 6, 32},     {5, 13, 33},
-    {7, 17, 100},  {8, 19, 47},   {9, 5, 16},     {9, 23, 1},      {15, 16, 17},   {16, 15, 16},
-    {17, 17, 17},  {13, 11, 129}, {37, 29, 65},   {12, 200, 1024}, {10, 130, 257}, {1, 301, 1031},
-    {9, 3, 70001}, {10, 7, 2100}, {9, 500, 1040}, {0, 5, 5},       {3, 0, 7},      {3, 5, 0},
+    {1, 1, 1},
+    {1, 1, 15},
+    {1, 1, 16},
+    {1, 1, 17},
+    {1, 15, 16},
+    {1, 16, 17},
+    {1, 17, 15},
+    {2, 3, 5},
+    {3, 7, 31},
+    {6, 9, 48},
+    {4, 6, 32},
+    {5, 13, 33},
+    {7, 17, 100},
+    {8, 19, 47},
+    {9, 5, 16},
+    {9, 23, 1},
+    {15, 16, 17},
+    {16, 15, 16},
+    {17, 17, 17},
+    {13, 11, 129},
+    {37, 29, 65},
+    {12, 200, 1024},
+    {10, 130, 257},
+    {1, 301, 1031},
+    {9, 3, 70001},
+    {10, 7, 2100},
+    {9, 500, 1040},
+    {0, 5, 5},
+    {3, 0, 7},
+    {3, 5, 0},
     /* decode rows with long K and ragged column groups */
-    {8, 50, 2100}, {3, 40, 4000}, {5, 29, 1700}, {1, 17, 9000},   {2, 9, 5000},   {7, 101, 1200},
+    {8, 50, 2100},
+    {3, 40, 4000},
+    {5, 29, 1700},
+    {1, 17, 9000},
+    {2, 9, 5000},
+    {7, 101, 1200},
 };
 
 static void run_shapes(threadpool *tp, const char *isa) {
@@ -325,7 +355,9 @@ TEST(ops_every_isa_matches_written_order_bitwise) {
     int ran = 0, differ_from_fma = 0;
     for (int isa = 0; isa < 3; isa++) {
         if (cpu_matmul_isa_force(all_isa[isa]) != 0) continue;
-        CHECK_EQ_INT(cpu_simd_level(), isa == 0 ? CPU_SIMD_SCALAR : isa == 1 ? CPU_SIMD_AVX2 : CPU_SIMD_AVX512);
+        CHECK_EQ_INT(cpu_simd_level(), isa == 0   ? CPU_SIMD_SCALAR
+                                       : isa == 1 ? CPU_SIMD_AVX2
+                                                  : CPU_SIMD_AVX512);
         ran++;
         for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
             int n = ns[ni];
@@ -431,8 +463,8 @@ TEST(ops_gemm_acc_matches_axpy_sequence_bitwise) {
                         }
                     if (memcmp(C, Cr, (size_t)M * ldc * 4)) {
                         if (bad++ < 3)
-                            test_fail(__FILE__, __LINE__, "%s gemm_acc M=%d N=%d K=%d neg=%d differs", all_isa[isa],
-                                      M, N, K, neg);
+                            test_fail(__FILE__, __LINE__, "%s gemm_acc M=%d N=%d K=%d neg=%d differs",
+                                      all_isa[isa], M, N, K, neg);
                     }
                     free(A);
                     free(B);

@@ -78,8 +78,8 @@ typedef struct {
     atomic_int bad_nth;
     pthread_t caller;
     atomic_int zero_elsewhere;
-    long ran[8];   /* per index: the job number it last ran for */
-    int count[8];  /* per index: runs in this job */
+    long ran[8];  /* per index: the job number it last ran for */
+    int count[8]; /* per index: runs in this job */
 } once_job;
 
 static volatile unsigned once_sink;

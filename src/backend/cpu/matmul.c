@@ -321,8 +321,8 @@ static A512 AINL void mk512(const int R, const int C, const int wt, const int PF
 #define DEF512_ALL(WT, WN)                                                                                   \
     DEF512(WT, WN, 1)                                                                                        \
     DEF512(WT, WN, 2)                                                                                        \
-    DEF512(WT, WN, 3) DEF512(WT, WN, 4) DEF512(WT, WN, 5) DEF512(WT, WN, 6) DEF512(WT, WN, 7)                \
-        DEF512(WT, WN, 8)
+    DEF512(WT, WN, 3)                                                                                        \
+    DEF512(WT, WN, 4) DEF512(WT, WN, 5) DEF512(WT, WN, 6) DEF512(WT, WN, 7) DEF512(WT, WN, 8)
 DEF512_ALL(WT_F32, f32)
 DEF512_ALL(WT_BF16, bf16)
 DEF512_ALL(WT_F16, f16)
@@ -340,7 +340,8 @@ DEF512_ALL(WT_F16, f16)
     }
 DEFS512(1)
 DEFS512(2)
-DEFS512(3) DEFS512(4) DEFS512(5) DEFS512(6) DEFS512(7) DEFS512(8)
+DEFS512(3)
+DEFS512(4) DEFS512(5) DEFS512(6) DEFS512(7) DEFS512(8)
 
 /* Decode kernels: r rows x D512_C(r) columns, at most 24 accumulators + the columns + one x in 32 zmm. */
 #define D512_C(R) ((R) <= 2 ? 8 : (R) <= 4 ? 6 : (R) <= 6 ? 4 : 3)
@@ -352,8 +353,8 @@ DEFS512(3) DEFS512(4) DEFS512(5) DEFS512(6) DEFS512(7) DEFS512(8)
 #define DEFD512_ALL(WT, WN)                                                                                  \
     DEFD512(WT, WN, 1)                                                                                       \
     DEFD512(WT, WN, 2)                                                                                       \
-    DEFD512(WT, WN, 3) DEFD512(WT, WN, 4) DEFD512(WT, WN, 5) DEFD512(WT, WN, 6) DEFD512(WT, WN, 7)           \
-        DEFD512(WT, WN, 8)
+    DEFD512(WT, WN, 3)                                                                                       \
+    DEFD512(WT, WN, 4) DEFD512(WT, WN, 5) DEFD512(WT, WN, 6) DEFD512(WT, WN, 7) DEFD512(WT, WN, 8)
     DEFD512_ALL(WT_F32, f32) DEFD512_ALL(WT_BF16, bf16) DEFD512_ALL(WT_F16, f16)
 #define D512_ROW(WN)                                                                                         \
     {                                                                                                        \
@@ -504,7 +505,7 @@ static const mm_kernels kern_avx2 = {
 
 /* ---------------------------------------------------------------- dispatch */
 
-static atomic_int g_isa; /* ISA_NONE until first use; then the family in force */
+static atomic_int g_isa;      /* ISA_NONE until first use; then the family in force */
 atomic_int cpu_simd_cur = -1; /* g_isa as a CPU_SIMD_* level, for cpu_simd_level's inline read */
 
 static int level_of(int isa) {

@@ -47,8 +47,8 @@ static void scale_mul_c(float *y, const float *x, float r, const float *w, int n
 }
 
 /* C[m][n] = C[m][n] + (a * B[k][n]) with a = A[m][k] (negated when neg), for k = 0, 1, ... in turn */
-static void gemm_acc_c(float *C, long ldc, const float *A, long lda, const float *B, long ldb, int M, int N, int K,
-                       int neg) {
+static void gemm_acc_c(float *C, long ldc, const float *A, long lda, const float *B, long ldb, int M, int N,
+                       int K, int neg) {
     for (int m = 0; m < M; m++)
         for (int k = 0; k < K; k++) {
             float a = neg ? -A[(long)m * lda + k] : A[(long)m * lda + k];
@@ -97,10 +97,12 @@ static O512 void axpy512(float *y, float s, const float *x, int n) {
     __m512 sv = _mm512_set1_ps(s);
     int i = 0;
     for (; i + 16 <= n; i += 16)
-        _mm512_storeu_ps(y + i, _mm512_add_ps(_mm512_loadu_ps(y + i), _mm512_mul_ps(sv, _mm512_loadu_ps(x + i))));
+        _mm512_storeu_ps(y + i,
+                         _mm512_add_ps(_mm512_loadu_ps(y + i), _mm512_mul_ps(sv, _mm512_loadu_ps(x + i))));
     if (i < n) {
         __mmask16 m = tail16(n - i);
-        __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, y + i), _mm512_mul_ps(sv, _mm512_maskz_loadu_ps(m, x + i)));
+        __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, y + i),
+                                 _mm512_mul_ps(sv, _mm512_maskz_loadu_ps(m, x + i)));
         _mm512_mask_storeu_ps(y + i, m, v);
     }
 }
@@ -117,10 +119,12 @@ static O512 void scale512(float *y, float s, int n) {
 
 static O512 void add512(float *y, const float *x, int n) {
     int i = 0;
-    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, _mm512_add_ps(_mm512_loadu_ps(y + i), _mm512_loadu_ps(x + i)));
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, _mm512_add_ps(_mm512_loadu_ps(y + i), _mm512_loadu_ps(x + i)));
     if (i < n) {
         __mmask16 m = tail16(n - i);
-        _mm512_mask_storeu_ps(y + i, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, y + i), _mm512_maskz_loadu_ps(m, x + i)));
+        _mm512_mask_storeu_ps(
+            y + i, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, y + i), _mm512_maskz_loadu_ps(m, x + i)));
     }
 }
 
@@ -144,9 +148,10 @@ static O512 void scale_mul512(float *y, const float *x, float r, const float *w,
  * row and each row's A element is broadcast once. Each element still sees its K products added one by one
  * in k order, each product rounded first (mul, then add), so the bits are those of the axpy sequence. */
 #define GEMM512_R 8
-static O512 inline __attribute__((always_inline)) void gemm512_blk(const int R, float *C, long ldc, const float *A,
-                                                                   long lda, const float *B, long ldb, int K,
-                                                                   int neg, __mmask16 m0, __mmask16 m1) {
+static O512 inline __attribute__((always_inline)) void gemm512_blk(const int R, float *C, long ldc,
+                                                                   const float *A, long lda, const float *B,
+                                                                   long ldb, int K, int neg, __mmask16 m0,
+                                                                   __mmask16 m1) {
     __m512 acc[GEMM512_R][2];
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++) {
@@ -155,12 +160,13 @@ static O512 inline __attribute__((always_inline)) void gemm512_blk(const int R, 
     }
     const __m512 sign = _mm512_castsi512_ps(_mm512_set1_epi32(neg ? (int)0x80000000u : 0));
     for (int k = 0; k < K; k++) {
-        __m512 b0 = _mm512_maskz_loadu_ps(m0, B + (long)k * ldb), b1 = _mm512_maskz_loadu_ps(m1, B + (long)k * ldb + 16);
+        __m512 b0 = _mm512_maskz_loadu_ps(m0, B + (long)k * ldb),
+               b1 = _mm512_maskz_loadu_ps(m1, B + (long)k * ldb + 16);
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
             /* -a by flipping the sign bit: exact, as the scalar negation is */
-            __m512 a = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(_mm512_set1_ps(A[(long)r * lda + k])),
-                                                            _mm512_castps_si512(sign)));
+            __m512 a = _mm512_castsi512_ps(_mm512_xor_si512(
+                _mm512_castps_si512(_mm512_set1_ps(A[(long)r * lda + k])), _mm512_castps_si512(sign)));
             acc[r][0] = _mm512_add_ps(acc[r][0], _mm512_mul_ps(a, b0));
             acc[r][1] = _mm512_add_ps(acc[r][1], _mm512_mul_ps(a, b1));
         }
@@ -172,8 +178,8 @@ static O512 inline __attribute__((always_inline)) void gemm512_blk(const int R, 
     }
 }
 
-static O512 void gemm_acc512(float *C, long ldc, const float *A, long lda, const float *B, long ldb, int M, int N,
-                             int K, int neg) {
+static O512 void gemm_acc512(float *C, long ldc, const float *A, long lda, const float *B, long ldb, int M,
+                             int N, int K, int neg) {
     for (int n0 = 0; n0 < N; n0 += 32) {
         int rem = N - n0;
         __mmask16 m0 = rem >= 16 ? (__mmask16)0xffff : tail16(rem);
@@ -182,14 +188,30 @@ static O512 void gemm_acc512(float *C, long ldc, const float *A, long lda, const
             float *c = C + (long)r0 * ldc + n0;
             const float *a = A + (long)r0 * lda, *b = B + n0;
             switch (M - r0 < GEMM512_R ? M - r0 : GEMM512_R) {
-            case 8: gemm512_blk(8, c, ldc, a, lda, b, ldb, K, neg, m0, m1); break;
-            case 7: gemm512_blk(7, c, ldc, a, lda, b, ldb, K, neg, m0, m1); break;
-            case 6: gemm512_blk(6, c, ldc, a, lda, b, ldb, K, neg, m0, m1); break;
-            case 5: gemm512_blk(5, c, ldc, a, lda, b, ldb, K, neg, m0, m1); break;
-            case 4: gemm512_blk(4, c, ldc, a, lda, b, ldb, K, neg, m0, m1); break;
-            case 3: gemm512_blk(3, c, ldc, a, lda, b, ldb, K, neg, m0, m1); break;
-            case 2: gemm512_blk(2, c, ldc, a, lda, b, ldb, K, neg, m0, m1); break;
-            default: gemm512_blk(1, c, ldc, a, lda, b, ldb, K, neg, m0, m1); break;
+            case 8:
+                gemm512_blk(8, c, ldc, a, lda, b, ldb, K, neg, m0, m1);
+                break;
+            case 7:
+                gemm512_blk(7, c, ldc, a, lda, b, ldb, K, neg, m0, m1);
+                break;
+            case 6:
+                gemm512_blk(6, c, ldc, a, lda, b, ldb, K, neg, m0, m1);
+                break;
+            case 5:
+                gemm512_blk(5, c, ldc, a, lda, b, ldb, K, neg, m0, m1);
+                break;
+            case 4:
+                gemm512_blk(4, c, ldc, a, lda, b, ldb, K, neg, m0, m1);
+                break;
+            case 3:
+                gemm512_blk(3, c, ldc, a, lda, b, ldb, K, neg, m0, m1);
+                break;
+            case 2:
+                gemm512_blk(2, c, ldc, a, lda, b, ldb, K, neg, m0, m1);
+                break;
+            default:
+                gemm512_blk(1, c, ldc, a, lda, b, ldb, K, neg, m0, m1);
+                break;
             }
         }
     }
@@ -217,7 +239,8 @@ static O256 void axpy256(float *y, float s, const float *x, int n) {
     __m256 sv = _mm256_set1_ps(s);
     int i = 0;
     for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_loadu_ps(y + i), _mm256_mul_ps(sv, _mm256_loadu_ps(x + i))));
+        _mm256_storeu_ps(y + i,
+                         _mm256_add_ps(_mm256_loadu_ps(y + i), _mm256_mul_ps(sv, _mm256_loadu_ps(x + i))));
     for (; i < n; i++) y[i] += s * x[i];
 }
 
@@ -230,7 +253,8 @@ static O256 void scale256(float *y, float s, int n) {
 
 static O256 void add256(float *y, const float *x, int n) {
     int i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_loadu_ps(y + i), _mm256_loadu_ps(x + i)));
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_loadu_ps(y + i), _mm256_loadu_ps(x + i)));
     for (; i < n; i++) y[i] += x[i];
 }
 
@@ -247,9 +271,10 @@ static O256 void scale_mul256(float *y, const float *x, float r, const float *w,
 
 /* gemm_acc512's block for AVX2: R rows x 16 columns in 2R ymm registers. */
 #define GEMM256_R 6
-static O256 inline __attribute__((always_inline)) void gemm256_blk(const int R, float *C, long ldc, const float *A,
-                                                                   long lda, const float *B, long ldb, int K,
-                                                                   int neg, __m256i m0, __m256i m1) {
+static O256 inline __attribute__((always_inline)) void gemm256_blk(const int R, float *C, long ldc,
+                                                                   const float *A, long lda, const float *B,
+                                                                   long ldb, int K, int neg, __m256i m0,
+                                                                   __m256i m1) {
     __m256 acc[GEMM256_R][2];
 #pragma GCC unroll 6
     for (int r = 0; r < R; r++) {
@@ -258,7 +283,8 @@ static O256 inline __attribute__((always_inline)) void gemm256_blk(const int R, 
     }
     const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32(neg ? (int)0x80000000u : 0));
     for (int k = 0; k < K; k++) {
-        __m256 b0 = _mm256_maskload_ps(B + (long)k * ldb, m0), b1 = _mm256_maskload_ps(B + (long)k * ldb + 8, m1);
+        __m256 b0 = _mm256_maskload_ps(B + (long)k * ldb, m0),
+               b1 = _mm256_maskload_ps(B + (long)k * ldb + 8, m1);
 #pragma GCC unroll 6
         for (int r = 0; r < R; r++) {
             __m256 a = _mm256_xor_ps(_mm256_set1_ps(A[(long)r * lda + k]), sign);
@@ -277,8 +303,8 @@ static O256 __m256i mask8(int n) { /* lanes < n set */
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
-static O256 void gemm_acc256(float *C, long ldc, const float *A, long lda, const float *B, long ldb, int M, int N,
-                             int K, int neg) {
+static O256 void gemm_acc256(float *C, long ldc, const float *A, long lda, const float *B, long ldb, int M,
+                             int N, int K, int neg) {
     for (int n0 = 0; n0 < N; n0 += 16) {
         int rem = N - n0;
         __m256i m0 = mask8(rem), m1 = mask8(rem - 8);
@@ -286,12 +312,24 @@ static O256 void gemm_acc256(float *C, long ldc, const float *A, long lda, const
             float *c = C + (long)r0 * ldc + n0;
             const float *a = A + (long)r0 * lda, *b = B + n0;
             switch (M - r0 < GEMM256_R ? M - r0 : GEMM256_R) {
-            case 6: gemm256_blk(6, c, ldc, a, lda, b, ldb, K, neg, m0, m1); break;
-            case 5: gemm256_blk(5, c, ldc, a, lda, b, ldb, K, neg, m0, m1); break;
-            case 4: gemm256_blk(4, c, ldc, a, lda, b, ldb, K, neg, m0, m1); break;
-            case 3: gemm256_blk(3, c, ldc, a, lda, b, ldb, K, neg, m0, m1); break;
-            case 2: gemm256_blk(2, c, ldc, a, lda, b, ldb, K, neg, m0, m1); break;
-            default: gemm256_blk(1, c, ldc, a, lda, b, ldb, K, neg, m0, m1); break;
+            case 6:
+                gemm256_blk(6, c, ldc, a, lda, b, ldb, K, neg, m0, m1);
+                break;
+            case 5:
+                gemm256_blk(5, c, ldc, a, lda, b, ldb, K, neg, m0, m1);
+                break;
+            case 4:
+                gemm256_blk(4, c, ldc, a, lda, b, ldb, K, neg, m0, m1);
+                break;
+            case 3:
+                gemm256_blk(3, c, ldc, a, lda, b, ldb, K, neg, m0, m1);
+                break;
+            case 2:
+                gemm256_blk(2, c, ldc, a, lda, b, ldb, K, neg, m0, m1);
+                break;
+            default:
+                gemm256_blk(1, c, ldc, a, lda, b, ldb, K, neg, m0, m1);
+                break;
             }
         }
     }
@@ -305,12 +343,15 @@ static O256 void gemm_acc256(float *C, long ldc, const float *A, long lda, const
 /* ---------------------------------------------------------------- dispatch */
 
 #if defined(__x86_64__)
-#define DISPATCH(c_call, v512_call, v256_call)                                                                \
-    do {                                                                                                      \
-        int lv_ = LEVEL();                                                                                    \
-        if (lv_ == CPU_SIMD_AVX512) v512_call;                                                                \
-        else if (lv_ == CPU_SIMD_AVX2) v256_call;                                                             \
-        else c_call;                                                                                          \
+#define DISPATCH(c_call, v512_call, v256_call)                                                               \
+    do {                                                                                                     \
+        int lv_ = LEVEL();                                                                                   \
+        if (lv_ == CPU_SIMD_AVX512)                                                                          \
+            v512_call;                                                                                       \
+        else if (lv_ == CPU_SIMD_AVX2)                                                                       \
+            v256_call;                                                                                       \
+        else                                                                                                 \
+            c_call;                                                                                          \
     } while (0)
 #else
 #define DISPATCH(c_call, v512_call, v256_call) c_call
@@ -337,7 +378,8 @@ void ops_add(float *y, const float *x, int n) {
 void ops_gemm_acc(float *C, long ldc, const float *A, long lda, const float *B, long ldb, int M, int N, int K,
                   int neg) {
     if (M <= 0 || N <= 0 || K <= 0) return;
-    DISPATCH(gemm_acc_c(C, ldc, A, lda, B, ldb, M, N, K, neg), gemm_acc512(C, ldc, A, lda, B, ldb, M, N, K, neg),
+    DISPATCH(gemm_acc_c(C, ldc, A, lda, B, ldb, M, N, K, neg),
+             gemm_acc512(C, ldc, A, lda, B, ldb, M, N, K, neg),
              gemm_acc256(C, ldc, A, lda, B, ldb, M, N, K, neg));
 }
 

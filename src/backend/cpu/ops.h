@@ -27,9 +27,15 @@ void ops_rmsnorm(float *y, const float *x, const float *w, int n, float eps);
 /* y[i] = x[i] * rsqrt(Σx² + eps)  (l2 normalisation, in place allowed) */
 void ops_l2norm(float *y, const float *x, int n, float eps);
 
-static inline float ops_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
-static inline float ops_silu(float x) { return x / (1.0f + expf(-x)); }
+static inline float ops_sigmoid(float x) {
+    return 1.0f / (1.0f + expf(-x));
+}
+static inline float ops_silu(float x) {
+    return x / (1.0f + expf(-x));
+}
 /* torch.nn.functional.softplus with beta 1, threshold 20 */
-static inline float ops_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+static inline float ops_softplus(float x) {
+    return x > 20.0f ? x : log1pf(expf(x));
+}
 
 #endif
