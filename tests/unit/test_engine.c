@@ -274,8 +274,11 @@ TEST(text_api_tokenize_template) {
 /* Speculation (n-gram drafts) changes nothing in the output: greedy and seeded sampling give exactly the
  * tokens of plain decoding, for 16 mixed requests at once, because each verified position is sampled with the
  * same calls and generator draws as plain decode and a sequence's logits do not depend on the batch. */
-static void run_batch(cinfer_model *m, cinfer_spec_mode spec, int n, int32_t prompts[][96], const int *lens,
-                      const int *gens, const float *temps, collected *out, cinfer_engine_stats *st) {
+/* Runs n requests at once (seeded; temps[i] 0 = greedy) and collects each one's events. draft: the draft
+ * model (CINFER_SPEC_DRAFT); drafter: replaces the engine's drafter (with CINFER_SPEC_NGRAM). */
+static void run_batch_with(cinfer_model *m, cinfer_spec_mode spec, cinfer_model *draft, engine_draft_fn drafter,
+                           void *drafter_ud, int n, int32_t prompts[][96], const int *lens, const int *gens,
+                           const float *temps, collected *out, cinfer_engine_stats *st) {
     cinfer_engine_params ep = cinfer_engine_default_params();
     ep.max_seqs = 16;
     ep.ctx_size = 256;
@@ -283,12 +286,15 @@ static void run_batch(cinfer_model *m, cinfer_spec_mode spec, int n, int32_t pro
     ep.n_threads = 2;
     ep.spec = spec;
     ep.spec_max_draft = 4;
+    ep.draft_model = draft;
     cinfer_engine *e;
     char err[1024];
+    memset(st, 0, sizeof *st);
     if (cinfer_engine_create(m, &ep, &e, err, sizeof err)) {
         test_fail(__FILE__, __LINE__, "%s", err);
         return;
     }
+    if (drafter) engine_set_drafter(e, drafter, drafter_ud);
     cinfer_request *rq[32];
     for (int i = 0; i < n; i++) {
         cinfer_request_params rp = greedy_params(prompts[i], lens[i], gens[i]);
@@ -303,6 +309,11 @@ static void run_batch(cinfer_model *m, cinfer_spec_mode spec, int n, int32_t pro
     }
     cinfer_engine_get_stats(e, st);
     cinfer_engine_destroy(e);
+}
+
+static void run_batch(cinfer_model *m, cinfer_spec_mode spec, int n, int32_t prompts[][96], const int *lens,
+                      const int *gens, const float *temps, collected *out, cinfer_engine_stats *st) {
+    run_batch_with(m, spec, NULL, NULL, NULL, n, prompts, lens, gens, temps, out, st);
 }
 
 TEST(engine_ngram_speculation_is_exact) {
@@ -387,42 +398,20 @@ TEST(engine_speculation_partial_acceptance_is_exact) {
     cinfer_engine_stats s0, s1;
     run_batch(m, CINFER_SPEC_NONE, NR, prompts, lens, gens, temps, plain, &s0);
     /* same batch with the oracle drafter */
-    cinfer_engine_params ep = cinfer_engine_default_params();
-    ep.max_seqs = 16;
-    ep.ctx_size = 256;
-    ep.step_tokens = 96;
-    ep.n_threads = 2;
-    ep.spec = CINFER_SPEC_NGRAM;
-    ep.spec_max_draft = 4;
-    cinfer_engine *e;
-    char err[1024];
-    REQUIRE(cinfer_engine_create(m, &ep, &e, err, sizeof err) == 0);
     oracle o = {NR, prompts, lens, plain, 0};
-    engine_set_drafter(e, oracle_draft, &o);
-    cinfer_request *rq[NR];
+    run_batch_with(m, CINFER_SPEC_NGRAM, NULL, oracle_draft, &o, NR, prompts, lens, gens, temps, spec, &s1);
     for (int i = 0; i < NR; i++) {
-        cinfer_request_params rp = greedy_params(prompts[i], lens[i], gens[i]);
-        rp.sampling.temperature = temps[i];
-        rp.sampling.has_seed = 1;
-        rp.sampling.seed = 77 + (uint64_t)i;
-        REQUIRE(cinfer_engine_submit(e, &rp, &rq[i], err, sizeof err) == 0);
-    }
-    for (int i = 0; i < NR; i++) {
-        drain(rq[i], &spec[i]);
-        cinfer_request_free(rq[i]);
         CHECK_EQ_INT(spec[i].n_ids, gens[i]);
         CHECK_MSG(!memcmp(plain[i].ids, spec[i].ids, sizeof(int32_t) * (size_t)gens[i]),
                   "request %d (temp %.1f): speculation changed the output", i, temps[i]);
         CHECK_MSG(!strcmp(plain[i].finish, spec[i].finish), "request %d: finish %s vs %s", i, plain[i].finish, spec[i].finish);
     }
-    cinfer_engine_get_stats(e, &s1);
     printf("     oracle drafts: %lld drafted, %lld accepted; steps %lld -> %lld\n", (long long)s1.spec_drafted,
            (long long)s1.spec_accepted, (long long)s0.steps_total, (long long)s1.steps_total);
     CHECK(s1.spec_accepted > s1.spec_drafted / 4);
     CHECK(s1.steps_total < s0.steps_total);
     CHECK_EQ_INT(s1.kv_blocks_used, 0);
     CHECK_EQ_INT(s1.slots_used, 0);
-    cinfer_engine_destroy(e);
     cinfer_model_close(m);
 }
 
@@ -571,41 +560,18 @@ TEST(engine_draft_model_self_draft_is_exact) {
     static collected plain[NR], spec[NR];
     cinfer_engine_stats s0, s1;
     run_batch(m, CINFER_SPEC_NONE, NR, prompts, lens, gens, temps, plain, &s0);
-    cinfer_engine_params ep = cinfer_engine_default_params();
-    ep.max_seqs = 16;
-    ep.ctx_size = 256;
-    ep.step_tokens = 96;
-    ep.n_threads = 2;
-    ep.spec = CINFER_SPEC_DRAFT;
-    ep.spec_max_draft = 4;
-    ep.draft_model = dm;
-    cinfer_engine *e;
-    char err[1024];
-    REQUIRE(cinfer_engine_create(m, &ep, &e, err, sizeof err) == 0);
-    cinfer_request *rq[NR];
+    run_batch_with(m, CINFER_SPEC_DRAFT, dm, NULL, NULL, NR, prompts, lens, gens, temps, spec, &s1);
     for (int i = 0; i < NR; i++) {
-        cinfer_request_params rp = greedy_params(prompts[i], lens[i], gens[i]);
-        rp.sampling.temperature = temps[i];
-        rp.sampling.has_seed = 1;
-        rp.sampling.seed = 77 + (uint64_t)i;
-        REQUIRE(cinfer_engine_submit(e, &rp, &rq[i], err, sizeof err) == 0);
-    }
-    for (int i = 0; i < NR; i++) {
-        drain(rq[i], &spec[i]);
-        cinfer_request_free(rq[i]);
         CHECK_EQ_INT(spec[i].n_ids, gens[i]);
         CHECK_MSG(!memcmp(plain[i].ids, spec[i].ids, sizeof(int32_t) * (size_t)gens[i]),
                   "request %d (temp %.1f): the draft model changed the output", i, temps[i]);
     }
-    cinfer_engine_get_stats(e, &s1);
     printf("     self-draft: %lld drafted, %lld accepted; steps %lld -> %lld\n", (long long)s1.spec_drafted,
            (long long)s1.spec_accepted, (long long)s0.steps_total, (long long)s1.steps_total);
     /* 12 of 16 requests are greedy: their drafts all hold; the sampled ones hold less often */
     CHECK(s1.spec_accepted * 10 >= s1.spec_drafted * 7);
     CHECK(s1.steps_total < s0.steps_total); /* the sampled requests (near-uniform here) bound the step count */
     CHECK_EQ_INT(s1.kv_blocks_used, 0);
-    cinfer_engine_destroy(e);
-    /* a draft model with another vocabulary is refused */
     cinfer_model_close(dm);
     cinfer_model_close(m);
 }
