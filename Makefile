@@ -6,11 +6,11 @@
 #   make fuzz     libFuzzer targets (clang) run FUZZ_SECONDS each on their seed corpora
 CC      ?= cc
 BUILD   ?= build
-PKGS    := jansson libpcre2-8 libutf8proc libmicrohttpd
+PKGS    := jansson libpcre2-8 libutf8proc libpng libjpeg libwebp libmicrohttpd
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 ifeq ($(PKG_LIBS),)
-PKG_LIBS := -ljansson -lpcre2-8 -lutf8proc -lmicrohttpd
+PKG_LIBS := -ljansson -lpcre2-8 -lutf8proc -lpng16 -ljpeg -lwebp -lmicrohttpd
 endif
 
 WARN    := -Wall -Wextra -Werror -Wno-unused-parameter -Wno-missing-field-initializers -Wshadow -Wvla
@@ -21,7 +21,7 @@ else
 OPT     ?= -O2 -g
 endif
 CFLAGS  += $(CFLAGS_COMMON) $(OPT)
-LDLIBS  := $(PKG_LIBS) -lm -lpthread
+LDLIBS  := $(PKG_LIBS) -lgif -lm -lpthread
 SANFLAGS := -fsanitize=address,undefined
 LDFLAGS += $(if $(filter 1,$(SAN)),$(SANFLAGS))
 
