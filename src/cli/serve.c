@@ -37,6 +37,8 @@ static void usage(FILE *f) {
             "  --max-body BYTES           request body limit (default 8M)\n"
             "  --timeout S                idle connection timeout in seconds (default 60)\n"
             "  --max-connections N        open connections (default 512)\n"
+            "  --step-tokens N            tokens per scheduler step, decode + prefill (default 512; smaller bounds\n"
+            "                             the inter-token latency of running streams while prompts prefill)\n"
             "  --prefix-cache-memory BYTES  prefix cache for DeltaNet state snapshots (suffix K, M, G; 0: off)\n"
             "  --spec none|ngram|draft    speculative decoding, exact (n-gram drafts from the prompt and output, or\n"
             "                             a draft model: --draft-model DIR, same vocabulary)\n"
@@ -64,7 +66,7 @@ int cli_serve(int argc, char **argv) {
     static const char *const vf[] = {"-m", "--model", "--host", "--port", "--api-key", "--ctx-size", "--max-seqs", "--queue-limit",
                                      "--kv-memory", "--threads", "--max-tokens", "--temp", "--top-p", "--top-k", "--min-p",
                                      "--chat-template-args", "--allowed-origins", "--log-format", "--max-body", "--timeout",
-                                     "--max-connections", "--alias", "--spec", "--spec-draft", "--prefix-cache-memory", "--draft-model", NULL};
+                                     "--max-connections", "--alias", "--spec", "--spec-draft", "--prefix-cache-memory", "--draft-model", "--step-tokens", NULL};
     static const char *const bf[] = {"--help", "-h", NULL};
     if (arg_flag(argc, argv, "--help") || arg_flag(argc, argv, "-h")) {
         usage(stdout);
@@ -119,6 +121,10 @@ int cli_serve(int argc, char **argv) {
     if ((v = arg_value(argc, argv, "--kv-memory", NULL))) {
         if (parse_size(v, "--kv-memory", &sz)) return 2;
         c.kv_memory = sz;
+    }
+    if ((v = arg_value(argc, argv, "--step-tokens", NULL))) {
+        if (parse_int(v, "--step-tokens", 16, 1 << 20, &n)) return 2;
+        c.step_tokens = (int)n;
     }
     if ((v = arg_value(argc, argv, "--prefix-cache-memory", NULL))) {
         if (parse_size(v, "--prefix-cache-memory", &sz)) return 2;

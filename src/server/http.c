@@ -943,6 +943,7 @@ int srv_run(const srv_config *cfg, volatile sig_atomic_t *stop, char *err, size_
     if (cfg->n_threads > 0) ep.n_threads = cfg->n_threads;
     if (cfg->kv_memory > 0) ep.kv_memory = cfg->kv_memory;
     ep.prefix_cache_memory = cfg->prefix_cache_memory;
+    if (cfg->step_tokens > 0) ep.step_tokens = cfg->step_tokens;
     ep.spec = (cinfer_spec_mode)cfg->spec;
     if (cfg->spec_max_draft > 0) ep.spec_max_draft = cfg->spec_max_draft;
     if (cfg->spec == CINFER_SPEC_DRAFT) {
