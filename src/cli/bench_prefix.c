@@ -65,7 +65,7 @@ int bench_prefix(int argc, char **argv, const char *dir, int P) {
         p[i] = (int32_t)(x % (uint64_t)info.vocab_size);
     }
     cinfer_engine_params ep = cinfer_engine_default_params();
-    ep.max_seqs = 1;
+    ep.max_seqs = 2; /* KV room for the cached turn and the running one, so measuring does not evict */
     ep.ctx_size = total + 8;
     ep.n_threads = (int)nthreads;
     ep.prefix_cache_memory = 1ll << 30;
