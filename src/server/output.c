@@ -1,5 +1,6 @@
 /* output.c — the output side shared by the APIs: a choice accumulator fed with engine events, JSON text
  * from model bytes (which need not be valid UTF-8), logprob entries, usage and error bodies. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,17 +24,20 @@ static json_t *bytes_array(const char *s, size_t n) {
     return a;
 }
 
+/* JSON has no -inf (or NaN): a token of probability 0 under f32 is reported as -9999.0, as vLLM does. */
+static json_t *logprob_json(float lp) { return json_real(isfinite(lp) ? (double)lp : -9999.0); }
+
 json_t *oai_logprob_entry(const cinfer_event *ev) {
     json_t *o = json_object();
     json_object_set_new(o, "token", srv_json_text(ev->token_text, ev->token_len));
-    json_object_set_new(o, "logprob", json_real(ev->logprob));
+    json_object_set_new(o, "logprob", logprob_json(ev->logprob));
     json_object_set_new(o, "bytes", bytes_array(ev->token_text ? ev->token_text : "", ev->token_text ? ev->token_len : 0));
     json_t *top = json_array();
     for (int i = 0; i < ev->n_top; i++) {
         const cinfer_top_logprob *t = &ev->top[i];
         json_t *e = json_object();
         json_object_set_new(e, "token", srv_json_text(t->text, t->len));
-        json_object_set_new(e, "logprob", json_real(t->logprob));
+        json_object_set_new(e, "logprob", logprob_json(t->logprob));
         json_object_set_new(e, "bytes", bytes_array(t->text ? t->text : "", t->text ? t->len : 0));
         json_array_append_new(top, e);
     }
