@@ -10,7 +10,6 @@
  * bytes, sides and pixels before any codec runs or any pixel buffer is allocated. */
 #include "vision/image.h"
 
-#include <pthread.h>
 #include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,141 +53,7 @@ static uint32_t le24(const uint8_t *p) { return (uint32_t)p[2] << 16 | (uint32_t
 static uint16_t le16(const uint8_t *p) { return (uint16_t)(p[1] << 8 | p[0]); }
 static uint16_t be16(const uint8_t *p) { return (uint16_t)(p[0] << 8 | p[1]); }
 
-/* ---- codec libraries, loaded at run time ---- */
-
-/* One function pointer per library call, typed from the library's own header. The sonames are the
- * ABI of the headers compiled against (Debian: libpng16-16, libjpeg62-turbo, libgif7, libwebp7);
- * libjpeg and libwebp also check their ABI version at the first call. */
-#define CI_SYM(name) __typeof__(name) *name
-static struct {
-    CI_SYM(png_create_read_struct);
-    CI_SYM(png_create_info_struct);
-    CI_SYM(png_destroy_read_struct);
-    CI_SYM(png_set_read_fn);
-    CI_SYM(png_get_io_ptr);
-    CI_SYM(png_get_error_ptr);
-    CI_SYM(png_error);
-    CI_SYM(png_set_user_limits);
-    CI_SYM(png_set_chunk_malloc_max);
-    CI_SYM(png_read_info);
-    CI_SYM(png_get_IHDR);
-    CI_SYM(png_get_valid);
-    CI_SYM(png_set_packing);
-    CI_SYM(png_get_PLTE);
-    CI_SYM(png_set_expand_gray_1_2_4_to_8);
-    CI_SYM(png_set_interlace_handling);
-    CI_SYM(png_read_update_info);
-    CI_SYM(png_get_rowbytes);
-    CI_SYM(png_get_channels);
-    CI_SYM(png_get_bit_depth);
-    CI_SYM(png_read_image);
-} P;
-static struct {
-    CI_SYM(jpeg_std_error);
-    CI_SYM(jpeg_CreateDecompress);
-    CI_SYM(jpeg_destroy_decompress);
-    CI_SYM(jpeg_mem_src);
-    CI_SYM(jpeg_save_markers);
-    CI_SYM(jpeg_read_header);
-    CI_SYM(jpeg_start_decompress);
-    CI_SYM(jpeg_read_scanlines);
-} J;
-static struct {
-    CI_SYM(DGifOpen);
-    CI_SYM(DGifCloseFile);
-    CI_SYM(DGifGetRecordType);
-    CI_SYM(DGifGetImageDesc);
-    CI_SYM(DGifGetLine);
-    CI_SYM(DGifGetExtension);
-    CI_SYM(DGifGetExtensionNext);
-    CI_SYM(GifErrorString);
-} G;
-static struct {
-    CI_SYM(WebPGetFeaturesInternal);
-    CI_SYM(WebPDecodeRGBInto);
-} W;
-#undef CI_SYM
-
-static unsigned g_codecs;          /* 1 << IMAGE_FMT_x for each library that loaded */
-static char g_codec_err[6][160];   /* why a library did not load */
-static pthread_once_t g_codecs_once = PTHREAD_ONCE_INIT;
-
-/* The codec libraries are linked (Makefile PKGS); the tables keep one place that names every call we use. */
-#define LOAD(tbl, h, name, fmt) (tbl.name = name)
-
-static void *codec_open(const char *soname, int fmt) {
-    (void)soname;
-    (void)fmt;
-    return (void *)1;
-}
-
-static void codecs_load(void) {
-    void *h;
-    int ok;
-    (void)h;
-    if ((h = codec_open("libpng16.so.16", IMAGE_FMT_PNG))) {
-        ok = 1;
-        LOAD(P, h, png_create_read_struct, IMAGE_FMT_PNG);
-        LOAD(P, h, png_create_info_struct, IMAGE_FMT_PNG);
-        LOAD(P, h, png_destroy_read_struct, IMAGE_FMT_PNG);
-        LOAD(P, h, png_set_read_fn, IMAGE_FMT_PNG);
-        LOAD(P, h, png_get_io_ptr, IMAGE_FMT_PNG);
-        LOAD(P, h, png_get_error_ptr, IMAGE_FMT_PNG);
-        LOAD(P, h, png_error, IMAGE_FMT_PNG);
-        LOAD(P, h, png_set_user_limits, IMAGE_FMT_PNG);
-        LOAD(P, h, png_set_chunk_malloc_max, IMAGE_FMT_PNG);
-        LOAD(P, h, png_read_info, IMAGE_FMT_PNG);
-        LOAD(P, h, png_get_IHDR, IMAGE_FMT_PNG);
-        LOAD(P, h, png_get_valid, IMAGE_FMT_PNG);
-        LOAD(P, h, png_set_packing, IMAGE_FMT_PNG);
-        LOAD(P, h, png_get_PLTE, IMAGE_FMT_PNG);
-        LOAD(P, h, png_set_expand_gray_1_2_4_to_8, IMAGE_FMT_PNG);
-        LOAD(P, h, png_set_interlace_handling, IMAGE_FMT_PNG);
-        LOAD(P, h, png_read_update_info, IMAGE_FMT_PNG);
-        LOAD(P, h, png_get_rowbytes, IMAGE_FMT_PNG);
-        LOAD(P, h, png_get_channels, IMAGE_FMT_PNG);
-        LOAD(P, h, png_get_bit_depth, IMAGE_FMT_PNG);
-        LOAD(P, h, png_read_image, IMAGE_FMT_PNG);
-        if (ok) g_codecs |= 1u << IMAGE_FMT_PNG;
-    }
-    if ((h = codec_open("libjpeg.so.62", IMAGE_FMT_JPEG))) {
-        ok = 1;
-        LOAD(J, h, jpeg_std_error, IMAGE_FMT_JPEG);
-        LOAD(J, h, jpeg_CreateDecompress, IMAGE_FMT_JPEG);
-        LOAD(J, h, jpeg_destroy_decompress, IMAGE_FMT_JPEG);
-        LOAD(J, h, jpeg_mem_src, IMAGE_FMT_JPEG);
-        LOAD(J, h, jpeg_save_markers, IMAGE_FMT_JPEG);
-        LOAD(J, h, jpeg_read_header, IMAGE_FMT_JPEG);
-        LOAD(J, h, jpeg_start_decompress, IMAGE_FMT_JPEG);
-        LOAD(J, h, jpeg_read_scanlines, IMAGE_FMT_JPEG);
-        if (ok) g_codecs |= 1u << IMAGE_FMT_JPEG;
-    }
-    if ((h = codec_open("libgif.so.7", IMAGE_FMT_GIF))) {
-        ok = 1;
-        LOAD(G, h, DGifOpen, IMAGE_FMT_GIF);
-        LOAD(G, h, DGifCloseFile, IMAGE_FMT_GIF);
-        LOAD(G, h, DGifGetRecordType, IMAGE_FMT_GIF);
-        LOAD(G, h, DGifGetImageDesc, IMAGE_FMT_GIF);
-        LOAD(G, h, DGifGetLine, IMAGE_FMT_GIF);
-        LOAD(G, h, DGifGetExtension, IMAGE_FMT_GIF);
-        LOAD(G, h, DGifGetExtensionNext, IMAGE_FMT_GIF);
-        LOAD(G, h, GifErrorString, IMAGE_FMT_GIF);
-        if (ok) g_codecs |= 1u << IMAGE_FMT_GIF;
-    }
-    if ((h = codec_open("libwebp.so.7", IMAGE_FMT_WEBP))) {
-        ok = 1;
-        LOAD(W, h, WebPGetFeaturesInternal, IMAGE_FMT_WEBP);
-        LOAD(W, h, WebPDecodeRGBInto, IMAGE_FMT_WEBP);
-        if (ok) g_codecs |= 1u << IMAGE_FMT_WEBP;
-    }
-    g_codecs |= 1u << IMAGE_FMT_BMP;
-}
-#undef LOAD
-
-unsigned image_codecs_available(void) {
-    pthread_once(&g_codecs_once, codecs_load);
-    return g_codecs;
-}
+/* ---- the codec libraries are linked (Makefile PKGS / LDLIBS) ---- */
 
 /* ---- sniffing and header probes (pure) ---- */
 
@@ -384,14 +249,14 @@ typedef struct png_ctx {
 } png_ctx;
 
 static void png_read_cb(png_structp png, png_bytep out, size_t len) {
-    png_ctx *c = P.png_get_io_ptr(png);
-    if (len > c->size - c->off) P.png_error(png, "truncated PNG data");
+    png_ctx *c = png_get_io_ptr(png);
+    if (len > c->size - c->off) png_error(png, "truncated PNG data");
     memcpy(out, c->data + c->off, len);
     c->off += len;
 }
 
 static void png_error_cb(png_structp png, png_const_charp msg) {
-    png_ctx *c = P.png_get_error_ptr(png);
+    png_ctx *c = png_get_error_ptr(png);
     snprintf(c->msg, sizeof c->msg, "%s", msg);
     longjmp(c->jb, 1);
 }
@@ -402,16 +267,16 @@ static void png_warning_cb(png_structp png, png_const_charp msg) { (void)png, (v
 static int png_run(png_ctx *c, png_structp png, png_infop info, const image_limits *lim, image_rgb *out, char *err,
                    size_t errlen) {
     if (setjmp(c->jb)) return ci_err(err, errlen, CINFER_EFORMAT, "PNG: %s", c->msg);
-    P.png_set_read_fn(png, c, png_read_cb);
-    P.png_set_user_limits(png, (png_uint_32)lim->max_side, (png_uint_32)lim->max_side);
-    P.png_set_chunk_malloc_max(png, (png_alloc_size_t)8 << 20); /* ancillary chunks (iCCP, zTXt) are bounded */
-    P.png_read_info(png, info);
+    png_set_read_fn(png, c, png_read_cb);
+    png_set_user_limits(png, (png_uint_32)lim->max_side, (png_uint_32)lim->max_side);
+    png_set_chunk_malloc_max(png, (png_alloc_size_t)8 << 20); /* ancillary chunks (iCCP, zTXt) are bounded */
+    png_read_info(png, info);
     png_uint_32 w, h;
     int depth, ctype, interlace;
-    P.png_get_IHDR(png, info, &w, &h, &depth, &ctype, &interlace, NULL, NULL);
+    png_get_IHDR(png, info, &w, &h, &depth, &ctype, &interlace, NULL, NULL);
     int rc = check_dims(lim, IMAGE_FMT_PNG, w, h, err, errlen);
     if (rc) return rc;
-    out->had_alpha = (ctype & PNG_COLOR_MASK_ALPHA) || P.png_get_valid(png, info, PNG_INFO_tRNS);
+    out->had_alpha = (ctype & PNG_COLOR_MASK_ALPHA) || png_get_valid(png, info, PNG_INFO_tRNS);
     /* PIL: palette → its RGB entries, indices past the PLTE reading PIL's default gray ramp (i, i, i)
      * (so the palette is expanded here, not by libpng, which gives black); gray 1/2/4 bits →
      * v*255/(2^d-1); 16-bit samples → the high byte, except 16-bit gray which PIL opens as mode "I"
@@ -422,15 +287,15 @@ static int png_run(png_ctx *c, png_structp png, png_infop info, const image_limi
         palette_ramp(pal);
         png_colorp plte = NULL;
         int np = 0;
-        if (P.png_get_PLTE(png, info, &plte, &np) && plte)
+        if (png_get_PLTE(png, info, &plte, &np) && plte)
             for (int i = 0; i < np && i < 256; i++) pal[i][0] = plte[i].red, pal[i][1] = plte[i].green, pal[i][2] = plte[i].blue;
-        P.png_set_packing(png); /* 1/2/4-bit indices → one byte each */
+        png_set_packing(png); /* 1/2/4-bit indices → one byte each */
     }
-    if (ctype == PNG_COLOR_TYPE_GRAY && depth < 8) P.png_set_expand_gray_1_2_4_to_8(png);
-    P.png_set_interlace_handling(png);
-    P.png_read_update_info(png, info);
-    size_t rowbytes = P.png_get_rowbytes(png, info);
-    int ch = P.png_get_channels(png, info), bd = P.png_get_bit_depth(png, info);
+    if (ctype == PNG_COLOR_TYPE_GRAY && depth < 8) png_set_expand_gray_1_2_4_to_8(png);
+    png_set_interlace_handling(png);
+    png_read_update_info(png, info);
+    size_t rowbytes = png_get_rowbytes(png, info);
+    int ch = png_get_channels(png, info), bd = png_get_bit_depth(png, info);
     if (ch < 1 || ch > 4 || (bd != 8 && bd != 16) || rowbytes < (size_t)w * ch * (bd / 8) || (palette && (ch != 1 || bd != 8)))
         return ci_err(err, errlen, CINFER_EFORMAT, "PNG: unexpected layout after expansion (%d channels, %d bits)", ch, bd);
     c->raw = malloc(rowbytes * h);
@@ -438,7 +303,7 @@ static int png_run(png_ctx *c, png_structp png, png_infop info, const image_limi
     out->pixels = alloc_rgb((int)w, (int)h, err, errlen, &rc);
     if (!c->raw || !c->rows || !out->pixels) return rc ? rc : ci_err(err, errlen, CINFER_ENOMEM, "PNG: out of memory");
     for (png_uint_32 y = 0; y < h; y++) c->rows[y] = c->raw + y * rowbytes;
-    P.png_read_image(png, c->rows);
+    png_read_image(png, c->rows);
     int step = ch * (bd / 8);
     for (png_uint_32 y = 0; y < h; y++) {
         const uint8_t *s = c->rows[y];
@@ -466,12 +331,12 @@ static int png_run(png_ctx *c, png_structp png, png_infop info, const image_limi
 static int decode_png(const uint8_t *data, size_t size, const image_limits *lim, image_rgb *out, char *err,
                       size_t errlen) {
     png_ctx c = {.data = data, .size = size};
-    png_structp png = P.png_create_read_struct(PNG_LIBPNG_VER_STRING, &c, png_error_cb, png_warning_cb);
+    png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &c, png_error_cb, png_warning_cb);
     if (!png) return ci_err(err, errlen, CINFER_ENOMEM, "PNG: cannot create the decoder");
-    png_infop info = P.png_create_info_struct(png);
+    png_infop info = png_create_info_struct(png);
     int rc = info ? png_run(&c, png, info, lim, out, err, errlen)
                   : ci_err(err, errlen, CINFER_ENOMEM, "PNG: cannot create the decoder");
-    P.png_destroy_read_struct(&png, info ? &info : NULL, NULL);
+    png_destroy_read_struct(&png, info ? &info : NULL, NULL);
     free(c.raw);
     free(c.rows);
     return rc;
@@ -570,12 +435,12 @@ static int webp_exif_orientation(const uint8_t *d, size_t n) {
 static int jpeg_run(jpeg_ctx *c, struct jpeg_decompress_struct *ci, const uint8_t *data, size_t size,
                     const image_limits *lim, image_rgb *out, char *err, size_t errlen) {
     if (setjmp(c->jb)) return ci_err(err, errlen, CINFER_EFORMAT, "JPEG: %s", c->msg);
-    J.jpeg_CreateDecompress(ci, JPEG_LIB_VERSION, sizeof *ci);
+    jpeg_CreateDecompress(ci, JPEG_LIB_VERSION, sizeof *ci);
     c->progress.progress_monitor = jpeg_progress_cb;
     ci->progress = &c->progress;
-    J.jpeg_mem_src(ci, data, (unsigned long)size);
-    J.jpeg_save_markers(ci, JPEG_APP0 + 1, 0xFFFF);
-    J.jpeg_read_header(ci, TRUE);
+    jpeg_mem_src(ci, data, (unsigned long)size);
+    jpeg_save_markers(ci, JPEG_APP0 + 1, 0xFFFF);
+    jpeg_read_header(ci, TRUE);
     if (c->truncated) return ci_err(err, errlen, CINFER_EFORMAT, "JPEG: truncated data");
     int rc = check_dims(lim, IMAGE_FMT_JPEG, ci->image_width, ci->image_height, err, errlen);
     if (rc) return rc;
@@ -589,7 +454,7 @@ static int jpeg_run(jpeg_ctx *c, struct jpeg_decompress_struct *ci, const uint8_
     else return ci_err(err, errlen, CINFER_EUNSUPPORTED, "JPEG: %d color components", nc);
     for (jpeg_saved_marker_ptr m = ci->marker_list; m; m = m->next)
         if (m->marker == JPEG_APP0 + 1 && (out->orientation = exif_orientation(m->data, m->data_length))) break;
-    J.jpeg_start_decompress(ci);
+    jpeg_start_decompress(ci);
     if (c->truncated) return ci_err(err, errlen, CINFER_EFORMAT, "JPEG: truncated data");
     int w = (int)ci->output_width, h = (int)ci->output_height;
     if ((rc = check_dims(lim, IMAGE_FMT_JPEG, w, h, err, errlen))) return rc;
@@ -600,7 +465,7 @@ static int jpeg_run(jpeg_ctx *c, struct jpeg_decompress_struct *ci, const uint8_
         int y = (int)ci->output_scanline;
         uint8_t *o = out->pixels + (size_t)y * w * 3;
         JSAMPROW r = nc == 3 ? o : c->row;
-        if (J.jpeg_read_scanlines(ci, &r, 1) != 1) break;
+        if (jpeg_read_scanlines(ci, &r, 1) != 1) break;
         if (c->truncated) return ci_err(err, errlen, CINFER_EFORMAT, "JPEG: truncated data");
         if (nc == 1) {
             for (int x = 0; x < w; x++) o[3 * x] = o[3 * x + 1] = o[3 * x + 2] = c->row[x];
@@ -630,12 +495,12 @@ static int decode_jpeg(const uint8_t *data, size_t size, const image_limits *lim
     jpeg_ctx c;
     memset(&ci, 0, sizeof ci);
     memset(&c, 0, sizeof c);
-    ci.err = J.jpeg_std_error(&c.pub);
+    ci.err = jpeg_std_error(&c.pub);
     c.pub.error_exit = jpeg_error_exit_cb;
     c.pub.emit_message = jpeg_emit_cb;
     c.pub.output_message = jpeg_output_cb;
     int rc = jpeg_run(&c, &ci, data, size, lim, out, err, errlen);
-    J.jpeg_destroy_decompress(&ci);
+    jpeg_destroy_decompress(&ci);
     free(c.row);
     return rc;
 }
@@ -658,7 +523,7 @@ static int gif_read_cb(GifFileType *gf, GifByteType *buf, int len) {
 }
 
 static int gif_fail(GifFileType *gf, const char *what, char *err, size_t errlen) {
-    const char *why = G.GifErrorString(gf->Error);
+    const char *why = GifErrorString(gf->Error);
     return ci_err(err, errlen, CINFER_EFORMAT, "GIF: %s: %s", what, why ? why : "error");
 }
 
@@ -667,21 +532,21 @@ static int gif_run(GifFileType *gf, const image_limits *lim, image_rgb *out, uin
     int transparency = -1;
     GifRecordType rt;
     for (;;) {
-        if (G.DGifGetRecordType(gf, &rt) == GIF_ERROR) return gif_fail(gf, "reading a record", err, errlen);
+        if (DGifGetRecordType(gf, &rt) == GIF_ERROR) return gif_fail(gf, "reading a record", err, errlen);
         if (rt == TERMINATE_RECORD_TYPE) return ci_err(err, errlen, CINFER_EFORMAT, "GIF: no image in the file");
         if (rt == EXTENSION_RECORD_TYPE) {
             int code;
             GifByteType *ext;
-            if (G.DGifGetExtension(gf, &code, &ext) == GIF_ERROR) return gif_fail(gf, "reading an extension", err, errlen);
+            if (DGifGetExtension(gf, &code, &ext) == GIF_ERROR) return gif_fail(gf, "reading an extension", err, errlen);
             if (code == GRAPHICS_EXT_FUNC_CODE && ext && ext[0] >= 4) transparency = (ext[1] & 1) ? ext[4] : -1;
             while (ext) {
-                if (G.DGifGetExtensionNext(gf, &ext) == GIF_ERROR) return gif_fail(gf, "reading an extension", err, errlen);
+                if (DGifGetExtensionNext(gf, &ext) == GIF_ERROR) return gif_fail(gf, "reading an extension", err, errlen);
             }
             continue;
         }
         if (rt == IMAGE_DESC_RECORD_TYPE) break;
     }
-    if (G.DGifGetImageDesc(gf) == GIF_ERROR) return gif_fail(gf, "reading the image descriptor", err, errlen);
+    if (DGifGetImageDesc(gf) == GIF_ERROR) return gif_fail(gf, "reading the image descriptor", err, errlen);
     GifImageDesc *im = &gf->Image;
     /* PIL grows the canvas to hold a first frame that extends past the logical screen. */
     int64_t cw = gf->SWidth, ch = gf->SHeight;
@@ -702,7 +567,7 @@ static int gif_run(GifFileType *gf, const image_limits *lim, image_rgb *out, uin
             int y0 = im->Interlace ? start[p] : 0, dy = im->Interlace ? step[p] : 1;
             for (int y = y0; y < im->Height; y += dy) {
                 GifPixelType *row = idx + (size_t)(im->Top + y) * W_ + im->Left;
-                if (G.DGifGetLine(gf, row, im->Width) == GIF_ERROR) return gif_fail(gf, "decoding pixels", err, errlen);
+                if (DGifGetLine(gf, row, im->Width) == GIF_ERROR) return gif_fail(gf, "decoding pixels", err, errlen);
             }
         }
     }
@@ -731,16 +596,16 @@ static int decode_gif(const uint8_t *data, size_t size, const image_limits *lim,
                       size_t errlen) {
     gif_src s = {data, size, 0};
     int e = 0;
-    GifFileType *gf = G.DGifOpen(&s, gif_read_cb, &e);
+    GifFileType *gf = DGifOpen(&s, gif_read_cb, &e);
     if (!gf) {
-        const char *why = G.GifErrorString(e);
+        const char *why = GifErrorString(e);
         return ci_err(err, errlen, e == D_GIF_ERR_NOT_ENOUGH_MEM ? CINFER_ENOMEM : CINFER_EFORMAT, "GIF: %s",
                       why ? why : "cannot open");
     }
     uint8_t *idx = NULL;
     int rc = gif_run(gf, lim, out, &idx, err, errlen);
     free(idx);
-    G.DGifCloseFile(gf, &e);
+    DGifCloseFile(gf, &e);
     return rc;
 }
 
@@ -749,7 +614,7 @@ static int decode_gif(const uint8_t *data, size_t size, const image_limits *lim,
 static int decode_webp(const uint8_t *data, size_t size, const image_limits *lim, image_rgb *out, char *err,
                        size_t errlen) {
     WebPBitstreamFeatures f;
-    VP8StatusCode st = W.WebPGetFeaturesInternal(data, size, &f, WEBP_DECODER_ABI_VERSION);
+    VP8StatusCode st = WebPGetFeaturesInternal(data, size, &f, WEBP_DECODER_ABI_VERSION);
     if (st != VP8_STATUS_OK) return ci_err(err, errlen, CINFER_EFORMAT, "WebP: bad header (status %d)", (int)st);
     if (f.has_animation) return ci_err(err, errlen, CINFER_EUNSUPPORTED, "WebP: animated images are not supported");
     int rc = check_dims(lim, IMAGE_FMT_WEBP, f.width, f.height, err, errlen);
@@ -757,7 +622,7 @@ static int decode_webp(const uint8_t *data, size_t size, const image_limits *lim
     if (!(out->pixels = alloc_rgb(f.width, f.height, err, errlen, &rc))) return rc;
     size_t n = (size_t)f.width * f.height * 3;
     /* RGB output = the RGB of PIL's RGBA decode (libwebp converts per pixel; alpha is a separate plane). */
-    if (!W.WebPDecodeRGBInto(data, size, out->pixels, n, f.width * 3))
+    if (!WebPDecodeRGBInto(data, size, out->pixels, n, f.width * 3))
         return ci_err(err, errlen, CINFER_EFORMAT, "WebP: corrupt or truncated data");
     out->width = f.width;
     out->height = f.height;
@@ -908,9 +773,6 @@ int image_decode(const uint8_t *data, size_t size, const image_limits *lim, imag
     int rc = image_probe(data, size, &f, &w, &h, err, errlen);
     if (rc) return rc;
     if ((rc = check_dims(lim, f, w, h, err, errlen))) return rc;
-    unsigned have = image_codecs_available();
-    if (!(have & (1u << f)))
-        return ci_err(err, errlen, CINFER_EUNSUPPORTED, "%s decoding unavailable: %s", image_format_name(f), g_codec_err[f]);
     switch (f) {
     case IMAGE_FMT_PNG: rc = decode_png(data, size, lim, out, err, errlen); break;
     case IMAGE_FMT_JPEG: rc = decode_jpeg(data, size, lim, out, err, errlen); break;

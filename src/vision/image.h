@@ -51,8 +51,5 @@ int image_decode(const uint8_t *data, size_t size, const image_limits *lim, imag
 
 void image_free(image_rgb *img);
 
-/* Which codec libraries could be loaded (bit 1 << IMAGE_FMT_x; BMP is built in). The codecs are
- * dlopen()ed on first use so libcinfer links without them; see image.c. */
-unsigned image_codecs_available(void);
 
 #endif

@@ -86,15 +86,6 @@ static image_format fmt_of_name(const char *name) {
     return IMAGE_FMT_UNKNOWN;
 }
 
-TEST(image_codecs_load) {
-    unsigned have = image_codecs_available();
-    CHECK_MSG(have & (1u << IMAGE_FMT_PNG), "libpng16.so.16 did not load (scripts/install-deps.sh)");
-    CHECK_MSG(have & (1u << IMAGE_FMT_JPEG), "libjpeg.so.62 did not load (scripts/install-deps.sh)");
-    CHECK_MSG(have & (1u << IMAGE_FMT_GIF), "libgif.so.7 did not load (scripts/install-deps.sh)");
-    CHECK_MSG(have & (1u << IMAGE_FMT_WEBP), "libwebp.so.7 did not load (scripts/install-deps.sh)");
-    CHECK(have & (1u << IMAGE_FMT_BMP));
-}
-
 /* Every fixture decodes to exactly PIL's RGB pixels (Image.open + exif_transpose + convert("RGB")). */
 TEST(image_decode_matches_pil) {
     json_t *g = imgtest_goldens();
