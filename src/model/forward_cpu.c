@@ -265,36 +265,43 @@ typedef struct {
     const int *row0;
 } conv_job;
 
+#define CONV_BLK 256 /* channels per work item: the inner loops run over contiguous channels (vectorised) */
+
+/* per (entry, block of channels): causal depthwise conv over [state | new rows] + SiLU, each output summed
+ * over the taps in order (the same bits as a per-channel loop); then the window advances */
 static void conv_item(void *p, long item, int ith) {
     conv_job *j = p;
     fwd_run *R = j->R;
     const model *m = R->m;
-    int C = m->C, K = m->K;
-    int ent = (int)(item / C), c = (int)(item % C);
+    int C = m->C, K = m->K, nblk = (C + CONV_BLK - 1) / CONV_BLK;
+    int ent = (int)(item / nblk), c0 = (int)(item % nblk) * CONV_BLK, nc = C - c0 < CONV_BLK ? C - c0 : CONV_BLK;
     const fwd_entry *e = &R->e[ent];
     int r0 = j->row0[ent], n = e->n;
-    float *state = state_conv(R->st, e->slot, R->lin); /* [K-1][C] */
-    const float *w = R->lw->conv_w + (size_t)c * K;
-    const float *in = R->qkv_src; /* qkv rows [T][C] (already de-interleaved for Qwen3-Next) */
-    float win[64];                 /* K <= 64, checked at ctx creation */
+    float *state = state_conv(R->st, e->slot, R->lin) + c0; /* [K-1][C] */
+    const float *wT = R->lw->conv_w + c0;                   /* [K][C] */
+    const float *in = R->qkv_src + c0; /* qkv rows [T][C] (already de-interleaved for Qwen3-Next) */
+    float acc[CONV_BLK];
     for (int t = 0; t < n; t++) {
         /* X[t + jj] for jj = 0..K-1, where X = [state (K-1 rows) | in rows] */
-        float acc = 0.0f;
+        for (int c = 0; c < nc; c++) acc[c] = 0.0f;
         for (int jj = 0; jj < K; jj++) {
             int xi = t + jj; /* index into X */
-            float xv = xi < K - 1 ? state[(size_t)xi * C + c] : in[(size_t)(r0 + xi - (K - 1)) * C + c];
-            acc += w[jj] * xv;
+            const float *x = xi < K - 1 ? state + (size_t)xi * C : in + (size_t)(r0 + xi - (K - 1)) * C;
+            const float *w = wT + (size_t)jj * C;
+            for (int c = 0; c < nc; c++) acc[c] += w[c] * x[c];
         }
-        R->s->conv[(size_t)(r0 + t) * C + c] = ops_silu(acc);
+        float *y = R->s->conv + (size_t)(r0 + t) * C + c0;
+        for (int c = 0; c < nc; c++) y[c] = ops_silu(acc[c]);
     }
     if (e->spec_rec) return; /* provisional: forward_spec_commit advances the window for what is kept */
-    /* new window = last K-1 rows of X */
+    /* new window = last K-1 rows of X (rows move forward, so copying in increasing order never reads a row
+     * already overwritten) */
     int tot = K - 1 + n;
     for (int jj = 0; jj < K - 1; jj++) {
         int xi = tot - (K - 1) + jj;
-        win[jj] = xi < K - 1 ? state[(size_t)xi * C + c] : in[(size_t)(r0 + xi - (K - 1)) * C + c];
+        const float *src = xi < K - 1 ? state + (size_t)xi * C : in + (size_t)(r0 + xi - (K - 1)) * C;
+        if (src != state + (size_t)jj * C) memmove(state + (size_t)jj * C, src, sizeof(float) * (size_t)nc);
     }
-    for (int jj = 0; jj < K - 1; jj++) state[(size_t)jj * C + c] = win[jj];
 }
 
 /* per row: l2-normalise q and k heads, scale q; beta = sigmoid(b), g = A * softplus(a + dt_bias) */
@@ -453,7 +460,7 @@ static void deltanet_layer(threadpool *tp, fwd_run *R, const int *row0) {
         }
     }
     conv_job cj = {R, row0};
-    par_for(tp, (long)R->n_entries * m->C, conv_item, &cj);
+    par_for(tp, (long)R->n_entries * ((m->C + CONV_BLK - 1) / CONV_BLK), conv_item, &cj);
     par_for(tp, T, gdn_prep_item, R);
     /* speculative windows: record each token's position-local inputs before the recurrence (which may reuse
      * the pre-conv rows' buffer for its output) */

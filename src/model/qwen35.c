@@ -183,7 +183,8 @@ static int bind_deltanet(binder *b, const char *lp, layer_weights *lw) {
     int64_t cshape[3] = {m->C, 1, m->K};
     if ((rc = find_checked(b, NAME("%slinear_attn.conv1d.weight", lp), 3, cshape, &t))) return rc;
     lw->conv_w = arena_floats(m, (size_t)m->C * m->K);
-    for (int64_t i = 0; i < (int64_t)m->C * m->K; i++) lw->conv_w[i] = elem_f32(t, i);
+    for (int c = 0; c < m->C; c++)
+        for (int j = 0; j < m->K; j++) lw->conv_w[(size_t)j * m->C + c] = elem_f32(t, (int64_t)c * m->K + j);
     if (st_find(m->st, NAME("%slinear_attn.conv1d.bias", lp)))
         return ci_err(b->err, b->errlen, CINFER_EUNSUPPORTED, "tensor \"%s\": conv bias is not part of this architecture", name);
     /* A_log is F32 in real checkpoints, BF16 when a whole model is cast: bind_vec takes any float type. */

@@ -39,7 +39,7 @@ typedef struct layer_weights {
     wmat in_b, in_a;      /* [Hv, H]         (Qwen3.5) */
     wmat in_qkvz;         /* [2*Hk*dk + 2*Hv*dv, H] (Qwen3-Next) */
     wmat in_ba;           /* [2*Hv, H]       (Qwen3-Next) */
-    float *conv_w;        /* [C][K] f32 (from conv1d.weight [C, 1, K]) */
+    float *conv_w;        /* [K][C] f32: conv1d.weight [C, 1, K] transposed, so a tap is contiguous over channels */
     float *A;             /* [Hv] f32: -exp(A_log) */
     float *dt_bias;       /* [Hv] f32 */
     float *gnorm;         /* [dv] f32, plain w (gated norm) */
