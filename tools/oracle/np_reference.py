@@ -46,8 +46,12 @@ def load_safetensors(d):
 _CACHE = {}
 
 
-def forward64(d, ids):
-    """float64 logits [T, V] of the model in directory d for token ids (weights cached per directory)."""
+def forward64(d, ids, image_rows=None, positions=None):
+    """float64 logits [T, V] of the model in directory d for token ids (weights cached per directory).
+
+    image_rows: optional (row indices, array [n, H]) that replace those rows of the embeddings (the
+    vision tower's output at the <|image_pad|> tokens); positions: optional 3 x T mRoPE positions
+    (rows t, h, w; spec 3.4 interleaving). Without them, plain text positions 0..T-1."""
     # keyed by the files' mtimes too: make_fixtures rebuilds a model in the same directory when it
     # re-seeds, and stale weights would make every case look ill-conditioned
     key = (d, tuple(sorted((f, os.stat(os.path.join(d, f)).st_mtime_ns) for f in os.listdir(d)
@@ -73,6 +77,9 @@ def forward64(d, ids):
     E = tc.get("num_experts", 0)
     T = len(ids)
     x = W[P + "embed_tokens.weight"][ids]
+    if image_rows is not None:
+        x = x.copy()
+        x[np.asarray(image_rows[0], dtype=np.int64)] = np.asarray(image_rows[1], dtype=np.float64)
 
     def rms1p(v, w):
         return v / np.sqrt((v * v).mean(-1, keepdims=True) + eps) * (1 + w)
@@ -84,7 +91,18 @@ def forward64(d, ids):
         return (silu(v @ W[pre + "gate_proj.weight"].T) * (v @ W[pre + "up_proj.weight"].T)) @ W[pre + "down_proj.weight"].T
 
     inv = 1.0 / theta ** (np.arange(0, R, 2) / R)
-    pos = np.arange(T)[:, None] * inv[None, :]
+    if positions is None:
+        pos = np.arange(T)[:, None] * inv[None, :]
+    else:
+        pr = np.asarray(positions, dtype=np.float64).reshape(3, T)
+        sec = rp.get("mrope_section", [R // 2, 0, 0])
+        row = np.zeros(R // 2, dtype=np.int64)
+        for j in range(R // 2):
+            if j % 3 == 1 and j < 3 * sec[1]:
+                row[j] = 1
+            elif j % 3 == 2 and j < 3 * sec[2]:
+                row[j] = 2
+        pos = pr[row].T * inv[None, :]
     cos, sin = np.cos(pos), np.sin(pos)
 
     def rope(v):  # v [T, heads, hd]
