@@ -95,6 +95,8 @@ typedef struct cinfer_batch_entry {
     int all_logits;
     int spec;        /* a speculative window (n_tokens <= spec_window): logits as usual, but the sequence does
                         not advance until cinfer_seq_commit keeps a prefix of it */
+    float *hidden;   /* NULL, or [n_tokens][hidden_size] f32: each token's last hidden state after the final norm
+                        (the lm_head input; what an MTP head reads) */
 } cinfer_batch_entry;
 
 int cinfer_forward(cinfer_ctx *c, const cinfer_batch_entry *entries, int n_entries, float *logits,
@@ -135,7 +137,7 @@ typedef struct cinfer_request cinfer_request;
 typedef enum {
     CINFER_SPEC_NONE = 0,
     CINFER_SPEC_NGRAM = 1, /* drafts from n-gram lookup in the prompt and the output so far (no model) */
-    CINFER_SPEC_MTP = 2,   /* the checkpoint's MTP head (not available yet) */
+    CINFER_SPEC_MTP = 2,   /* the checkpoint's MTP head (mtp.*), chaining its own drafts */
     CINFER_SPEC_DRAFT = 3, /* a smaller draft model sharing the tokenizer (cinfer_engine_params.draft_model) */
 } cinfer_spec_mode;
 

@@ -113,8 +113,9 @@ int cli_generate(int argc, char **argv) {
     static const char *const bf[] = {"--ids", "--ignore-eos", "--help", "-h", NULL};
     if (arg_flag(argc, argv, "--help") || arg_flag(argc, argv, "-h")) {
         printf("usage: cinfer generate -m DIR (--tokens LIST | --prompt TEXT) -n N [--temp T] [--seed S] [--ids] [--ignore-eos] "
-               "[--threads N] [--spec none|ngram|draft] [--spec-draft N] [--draft-model DIR]\n"
-               "  --spec ngram runs through the engine with n-gram speculation: the same tokens, fewer steps\n");
+               "[--threads N] [--spec none|ngram|mtp|draft] [--spec-draft N] [--draft-model DIR]\n"
+               "  --spec runs through the engine with speculation (n-gram lookup, the checkpoint's MTP head, or a\n"
+               "  draft model): the same tokens, fewer steps; --spec-draft defaults to 4 (3 with mtp)\n");
         return 0;
     }
     if (arg_check(argc, argv, vf, bf, "generate")) return 2;
@@ -141,8 +142,9 @@ int cli_generate(int argc, char **argv) {
     if ((v = arg_value(argc, argv, "--spec", NULL))) {
         if (!strcmp(v, "ngram")) spec = CINFER_SPEC_NGRAM;
         else if (!strcmp(v, "draft")) spec = CINFER_SPEC_DRAFT;
+        else if (!strcmp(v, "mtp")) spec = CINFER_SPEC_MTP, spec_draft = 3;
         else if (strcmp(v, "none")) {
-            fprintf(stderr, "cinfer generate: --spec %s is not available (none, ngram, draft)\n", v);
+            fprintf(stderr, "cinfer generate: --spec %s is not available (none, ngram, mtp, draft)\n", v);
             return 2;
         }
     }

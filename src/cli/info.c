@@ -38,7 +38,7 @@ int cli_info(int argc, char **argv) {
     printf("decode bytes/tok  %lld\n", (long long)i.bytes_per_token);
     printf("eos ids          ");
     for (int k = 0; k < i.n_eos; k++) printf(" %d", i.eos_ids[k]);
-    printf("\nmtp head          %s\n", i.has_mtp ? "yes (mapped, not used yet)" : "no");
+    printf("\nmtp head          %s\n", i.has_mtp ? "yes (cinfer generate|serve --spec mtp)" : "no");
     printf("vision tensors    %d%s\n", i.n_visual_tensors, i.n_visual_tensors ? " (mapped, not used yet)" : "");
     cinfer_model_close(m);
     return 0;

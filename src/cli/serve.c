@@ -40,9 +40,9 @@ static void usage(FILE *f) {
             "  --step-tokens N            tokens per scheduler step, decode + prefill (default 512; smaller bounds\n"
             "                             the inter-token latency of running streams while prompts prefill)\n"
             "  --prefix-cache-memory BYTES  prefix cache for DeltaNet state snapshots (suffix K, M, G; 0: off)\n"
-            "  --spec none|ngram|draft    speculative decoding, exact (n-gram drafts from the prompt and output, or\n"
-            "                             a draft model: --draft-model DIR, same vocabulary)\n"
-            "  --spec-draft N             drafts per step at most (default 4)\n");
+            "  --spec none|ngram|mtp|draft  speculative decoding, exact (n-gram drafts from the prompt and output,\n"
+            "                             the checkpoint's MTP head, or a draft model: --draft-model DIR, same vocabulary)\n"
+            "  --spec-draft N             drafts per step at most (default 4; 3 with mtp)\n");
 }
 
 static int parse_size(const char *s, const char *what, long long *out) {
@@ -141,10 +141,8 @@ int cli_serve(int argc, char **argv) {
         if (!strcmp(v, "ngram")) c.spec = CINFER_SPEC_NGRAM;
         else if (!strcmp(v, "draft")) c.spec = CINFER_SPEC_DRAFT;
         else if (!strcmp(v, "none")) c.spec = CINFER_SPEC_NONE;
-        else if (!strcmp(v, "mtp")) {
-            fprintf(stderr, "cinfer serve: --spec %s is not available yet (ngram is)\n", v);
-            return 2;
-        } else {
+        else if (!strcmp(v, "mtp")) c.spec = CINFER_SPEC_MTP;
+        else {
             fprintf(stderr, "cinfer serve: --spec must be none, ngram, mtp or draft\n");
             return 2;
         }
@@ -157,6 +155,8 @@ int cli_serve(int argc, char **argv) {
     if ((v = arg_value(argc, argv, "--spec-draft", NULL))) {
         if (parse_int(v, "--spec-draft", 1, 16, &n)) return 2;
         c.spec_max_draft = (int)n;
+    } else if (c.spec == CINFER_SPEC_MTP) {
+        c.spec_max_draft = 3; /* chained MTP drafts lose accuracy fast: 1..3 (adapted) */
     }
     json_t *targs = NULL;
     if ((v = arg_value(argc, argv, "--chat-template-args", NULL))) {

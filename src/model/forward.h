@@ -27,6 +27,10 @@ typedef struct fwd_entry {
                               are recorded here, [n_lin][max_win][spec_rec_floats], so forward_spec_commit can
                               rebuild the state for any accepted prefix with the same arithmetic as plain decode */
     int spec_max_win;      /* tokens per layer the record holds */
+    float *hidden;         /* NULL, or [n][H] f32: each new token's hidden state after the final norm (the
+                              lm_head input, which the MTP head reads), the same bits the logits are made from */
+    int attn_start;        /* first KV position the attention reads (0; > 0 only for an MTP head whose
+                              sequence resumed from the prefix cache and so has no rows before it) */
 } fwd_entry;
 
 /* Scratch sized once for max_tokens rows per call and max_ctx positions per sequence. */
@@ -68,6 +72,18 @@ void fwd_scratch_free(fwd_scratch *s);
  * Σ n <= max_tokens, seq_len + n <= max_ctx, blocks allocated; the caller (ctx.c) checks. */
 void forward_cpu(const model *m, fwd_scratch *s, kv_pool *kv, state_pool *st, threadpool *tp, const fwd_entry *e,
                  int n_entries, float *logits);
+
+/* Building blocks shared with the MTP head (mtp.c), which runs one more decoder layer on its own rows. */
+/* Lays out the batch's rows (ids, positions, entries; s->entry_row0); returns the row count T. */
+int fwd_rows_begin(fwd_scratch *s, const fwd_entry *e, int n_entries);
+/* s->x[0, T) = the embedding rows of s->ids. */
+void fwd_embed_rows(const model *m, fwd_scratch *s, threadpool *tp, int T);
+/* y[r] = rmsnorm(x[r]) * w for rows of n floats (w already 1 + w for zero-centred norms). */
+void fwd_rmsnorm_rows(threadpool *tp, float *y, const float *x, const float *w, int rows, int n, float eps);
+/* One decoder layer in place on s->x[0, T): norm, DeltaNet (state slot lin) or gated attention (KV layer full of
+ * kv), residual, norm, MLP or MoE, residual. */
+void fwd_decoder_layer(const model *m, fwd_scratch *s, kv_pool *kv, state_pool *st, threadpool *tp, const fwd_entry *e,
+                       int n_entries, int T, const layer_weights *lw, int lin, int full);
 
 /* Floats one token of a speculative record takes per linear layer: pre-conv q|k|v (C), post-conv normalised
  * q|k|v (C), beta and g (2 Hv). */

@@ -162,6 +162,10 @@ static void rmsnorm_rows(threadpool *tp, float *y, const float *x, const float *
     par_for(tp, rows, norm_item, &j);
 }
 
+void fwd_rmsnorm_rows(threadpool *tp, float *y, const float *x, const float *w, int rows, int n, float eps) {
+    rmsnorm_rows(tp, y, x, w, rows, n, eps);
+}
+
 /* ---- Gated DeltaNet ---- */
 
 void gdn_recurrent(int n, const float *q, int qs, const float *k, int ks, const float *v, int vs, const float *g,
@@ -533,21 +537,22 @@ static void attn_item(void *p, long item, int ith) {
     float *sc = s->thr + (size_t)ith * s->thr_floats;
     float scale = (float)(1.0 / sqrt((double)hd));
     float mx = -INFINITY;
-    for (int u = 0; u <= pos; u++) {
+    int u0 = e->attn_start;
+    for (int u = u0; u <= pos; u++) {
         const float *k = kv_k_row(R->kv, R->full, e->blocks, u) + (size_t)kvh * hd;
         float v = ops_dot(q, k, hd) * scale;
         sc[u] = v;
         if (v > mx) mx = v;
     }
     float sum = 0.0f;
-    for (int u = 0; u <= pos; u++) {
+    for (int u = u0; u <= pos; u++) {
         sc[u] = expf(sc[u] - mx);
         sum += sc[u];
     }
     float inv = 1.0f / sum;
     float *o = s->o + (size_t)r * m->Hq * hd + (size_t)h * hd;
     for (int j = 0; j < hd; j++) o[j] = 0.0f;
-    for (int u = 0; u <= pos; u++) {
+    for (int u = u0; u <= pos; u++) {
         const float *v = kv_v_row(R->kv, R->full, e->blocks, u) + (size_t)kvh * hd;
         ops_axpy(o, sc[u] * inv, v, hd);
     }
@@ -708,45 +713,53 @@ static void embed_item(void *p, long r, int ith) {
     }
 }
 
-void forward_cpu(const model *m, fwd_scratch *s, kv_pool *kv, state_pool *st, threadpool *tp, const fwd_entry *e,
-                 int n_entries, float *logits) {
+int fwd_rows_begin(fwd_scratch *s, const fwd_entry *e, int n_entries) {
     int T = 0;
     for (int i = 0; i < n_entries; i++) T += e[i].n;
     CI_ASSERT(T <= s->max_tokens && n_entries <= s->max_tokens);
-    int *ids = s->ids, *row0 = s->entry_row0;
     int r = 0;
     for (int i = 0; i < n_entries; i++) {
-        row0[i] = r;
+        s->entry_row0[i] = r;
         for (int t = 0; t < e[i].n; t++, r++) {
-            ids[r] = e[i].tokens[t];
+            s->ids[r] = e[i].tokens[t];
             s->row_pos[r] = e[i].seq_len + t;
             s->row_entry[r] = i;
         }
     }
-    embed_job ej = {m, s, ids};
-    par_for(tp, T, embed_item, &ej);
+    return T;
+}
 
+void fwd_embed_rows(const model *m, fwd_scratch *s, threadpool *tp, int T) {
+    embed_job ej = {m, s, s->ids};
+    par_for(tp, T, embed_item, &ej);
+}
+
+void fwd_decoder_layer(const model *m, fwd_scratch *s, kv_pool *kv, state_pool *st, threadpool *tp, const fwd_entry *e,
+                       int n_entries, int T, const layer_weights *lw, int lin, int full) {
     float eps = (float)m->cfg.rms_norm_eps;
-    fwd_run R = {m, NULL, s, kv, st, e, n_entries, T, 0, -1, -1, NULL, eps};
-    for (int l = 0; l < m->L; l++) {
-        const layer_weights *lw = &m->layers[l];
-        R.lw = lw;
-        R.layer = l;
-        R.lin = m->lin_index[l];
-        R.full = m->full_index[l];
-        rmsnorm_rows(tp, s->xn, s->x, lw->in_norm, T, m->H, eps);
-        if (lw->type == LAYER_LINEAR) {
-            deltanet_layer(tp, &R, row0);
-        } else {
-            attention_layer(tp, &R);
-        }
-        add_job aj = {s->x, s->out, m->H};
-        par_for(tp, T, add_item, &aj);
-        rmsnorm_rows(tp, s->xn, s->x, lw->post_norm, T, m->H, eps);
-        if (lw->moe) moe_ffn(tp, &R);
-        else mlp(tp, s, s->out, s->xn, &lw->mlp_gate, &lw->mlp_up, &lw->mlp_down, T);
-        par_for(tp, T, add_item, &aj);
-    }
+    fwd_run R = {m, lw, s, kv, st, e, n_entries, T, 0, lin, full, NULL, eps};
+    rmsnorm_rows(tp, s->xn, s->x, lw->in_norm, T, m->H, eps);
+    if (lw->type == LAYER_LINEAR) deltanet_layer(tp, &R, s->entry_row0);
+    else attention_layer(tp, &R);
+    add_job aj = {s->x, s->out, m->H};
+    par_for(tp, T, add_item, &aj);
+    rmsnorm_rows(tp, s->xn, s->x, lw->post_norm, T, m->H, eps);
+    if (lw->moe) moe_ffn(tp, &R);
+    else mlp(tp, s, s->out, s->xn, &lw->mlp_gate, &lw->mlp_up, &lw->mlp_down, T);
+    par_for(tp, T, add_item, &aj);
+}
+
+void forward_cpu(const model *m, fwd_scratch *s, kv_pool *kv, state_pool *st, threadpool *tp, const fwd_entry *e,
+                 int n_entries, float *logits) {
+    int T = fwd_rows_begin(s, e, n_entries);
+    fwd_embed_rows(m, s, tp, T);
+    float eps = (float)m->cfg.rms_norm_eps;
+    for (int l = 0; l < m->L; l++)
+        fwd_decoder_layer(m, s, kv, st, tp, e, n_entries, T, &m->layers[l], m->lin_index[l], m->full_index[l]);
+    /* the final-normed rows an entry asked for (the same ops_rmsnorm on the same row as the logits path) */
+    for (int i = 0; i < n_entries; i++)
+        if (e[i].hidden)
+            rmsnorm_rows(tp, e[i].hidden, s->x + (size_t)s->entry_row0[i] * m->H, m->final_norm, e[i].n, m->H, eps);
     /* rows that need logits, in entry order */
     int nl = 0;
     for (int i = 0, rr = 0; i < n_entries; rr += e[i].n, i++) {

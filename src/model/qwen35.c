@@ -281,10 +281,9 @@ static int bind_mtp(binder *b) {
     t->present = 1;
     if ((rc = bind_mat(b, "mtp.fc.weight", m->H, 2 * m->H, &t->fc))) return rc;
     const char *norms[3] = {"mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight", "mtp.norm.weight"};
-    const st_tensor **slots[3] = {&t->pre_fc_norm_embedding, &t->pre_fc_norm_hidden, &t->norm};
-    int64_t hs[1] = {m->H};
-    for (int i = 0; i < 3; i++)
-        if ((rc = find_checked(b, norms[i], 1, hs, slots[i]))) return rc;
+    float **slots[3] = {&t->pre_fc_norm_embedding, &t->pre_fc_norm_hidden, &t->norm};
+    for (int i = 0; i < 3; i++) /* all MTP norms are zero-centred like the main model's (spec §5) */
+        if ((rc = bind_vec(b, norms[i], m->H, VEC_ONE_PLUS, slots[i]))) return rc;
     layer_weights *lw = &t->layer;
     lw->type = LAYER_FULL;
     const char *lp = "mtp.layers.0.";

@@ -57,11 +57,11 @@ typedef struct layer_weights {
     moe_weights moe_w;
 } layer_weights;
 
-/* The MTP head (spec §5): mapped and shape-checked, not used by the forward yet. */
+/* The MTP head (spec §5), run by mtp.c. */
 typedef struct mtp_weights {
     int present;
-    wmat fc;               /* [H, 2H] */
-    const st_tensor *pre_fc_norm_embedding, *pre_fc_norm_hidden, *norm; /* [H] each */
+    wmat fc;               /* [H, 2H]: input [normed embedding | normed hidden] */
+    float *pre_fc_norm_embedding, *pre_fc_norm_hidden, *norm; /* [H] f32 each, 1 + w (zero-centred) */
     layer_weights layer;   /* one full-attention decoder layer */
 } mtp_weights;
 

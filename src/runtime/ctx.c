@@ -6,6 +6,7 @@
 
 #include "cinfer.h"
 #include "model/forward.h"
+#include "model/mtp.h"
 #include "model/qwen35.h"
 #include "runtime/ctx_internal.h"
 #include "runtime/prefix.h"
@@ -22,6 +23,10 @@ typedef struct seq_rec {
     int n_blocks;
     int pending; /* tokens of a speculative window awaiting cinfer_seq_commit */
     float *spec; /* [n_lin][spec_window][spec_rec_floats] the window's recorded DeltaNet inputs, or NULL */
+    /* the MTP head's rows of this sequence: positions [mtp_start, mtp_len) of its own KV layer */
+    int mtp_start, mtp_len;
+    int *mtp_blocks; /* [blocks_per_seq] MTP KV block ids (-1 below mtp_start's block) */
+    int mtp_n_blocks;
 } seq_rec;
 
 struct cinfer_ctx {
@@ -38,6 +43,13 @@ struct cinfer_ctx {
     float *spec_store;   /* [max_seqs] records of spec_window tokens each (see forward.h) */
     prefix_cache *pc;    /* owns the KV blocks' reference counts (every block goes through it) */
     unsigned char *seen; /* [max_seqs] per-call duplicate check */
+    /* MTP head (ctx_mtp_init): its one-layer KV pool, block tables, entries and fc-input scratch */
+    int mtp_on;
+    kv_pool mkv;
+    int *mtp_block_store; /* [max_seqs][blocks_per_seq] */
+    fwd_entry *mfe;       /* [max_batch] */
+    mtp_io *mio;          /* [max_batch] */
+    float *mtp_cat;       /* [max_batch][2H] f32 */
 };
 
 int cinfer_model_open(const char *dir, cinfer_model **out, char *err, size_t errlen) {
@@ -105,6 +117,11 @@ void cinfer_ctx_destroy(cinfer_ctx *c) {
     free(c->fe);
     free(c->seen);
     free(c->spec_store);
+    kv_pool_free(&c->mkv);
+    free(c->mtp_block_store);
+    free(c->mfe);
+    free(c->mio);
+    free(c->mtp_cat);
     free(c);
 }
 
@@ -187,15 +204,35 @@ int cinfer_seq_open(cinfer_ctx *c, char *err, size_t errlen) {
     return ci_err(err, errlen, CINFER_ERANGE, "all %d sequences are in use", c->p.max_seqs);
 }
 
+/* Keeps the sequence's MTP rows below len (never below its first row): blocks wholly past them go back. */
+static void mtp_drop(cinfer_ctx *c, seq_rec *s, int len) {
+    if (len < s->mtp_start) len = s->mtp_start;
+    int keep = (len + KV_BLOCK - 1) / KV_BLOCK;
+    while (s->mtp_n_blocks > keep) {
+        int b = s->mtp_blocks[--s->mtp_n_blocks];
+        if (b >= 0) kv_free_block(&c->mkv, b);
+    }
+    if (s->mtp_len > len) s->mtp_len = len;
+}
+
+static void mtp_reset(cinfer_ctx *c, seq_rec *s) {
+    s->mtp_start = 0;
+    mtp_drop(c, s, 0);
+    s->mtp_len = 0;
+}
+
 void cinfer_seq_close(cinfer_ctx *c, int id) {
     if (!c || id < 0 || id >= c->p.max_seqs || !c->seqs[id].active) return;
     seq_rec *s = &c->seqs[id];
     prefix_release_blocks(c->pc, s->blocks, s->n_blocks);
     state_free_slot(&c->st, s->slot);
+    if (c->mtp_on) mtp_reset(c, s);
     float *spec = s->spec;
+    int *mb = s->mtp_blocks;
     memset(s, 0, sizeof *s);
     s->blocks = c->block_store + (size_t)id * c->blocks_per_seq;
     s->spec = spec;
+    s->mtp_blocks = mb;
 }
 
 int cinfer_seq_len(const cinfer_ctx *c, int id) {
@@ -269,7 +306,7 @@ int cinfer_forward(cinfer_ctx *c, const cinfer_batch_entry *e, int n, float *log
     for (int i = 0; i < n; i++) {
         const seq_rec *s = &c->seqs[e[i].seq];
         c->fe[i] = (fwd_entry){s->len, e[i].tokens, e[i].n_tokens, e[i].all_logits, s->slot, s->blocks,
-                               e[i].spec ? s->spec : NULL, c->p.spec_window};
+                               e[i].spec ? s->spec : NULL, c->p.spec_window, e[i].hidden, 0};
     }
     forward_cpu(m, &c->s, &c->kv, &c->st, c->tp, c->fe, n, logits);
     for (int i = 0; i < n; i++) {
@@ -341,4 +378,98 @@ const float *ctx_seq_state(const cinfer_ctx *c, int seq, int layer, int recurren
     if (seq < 0 || seq >= c->p.max_seqs || !c->seqs[seq].active || layer < 0 || layer >= c->st.n_layers) return NULL;
     *n_floats = recurrent ? c->st.rec_floats : c->st.conv_floats;
     return recurrent ? state_rec(&c->st, c->seqs[seq].slot, layer) : state_conv(&c->st, c->seqs[seq].slot, layer);
+}
+
+/* ---- the MTP head (ctx_internal.h) ---- */
+
+int ctx_mtp_init(cinfer_ctx *c, char *err, size_t errlen) {
+    const model *m = c->m;
+    if (c->mtp_on) return 0;
+    if (!m->mtp.present) return ci_err(err, errlen, CINFER_EUNSUPPORTED, "the checkpoint has no MTP head (mtp.* tensors)");
+    /* a sequence's head rows never outrun its target rows by more than a window, and a sequence resumed from
+     * the prefix cache has head rows only past the cached prefix: the target pool's block count plus one
+     * block per sequence covers every case, and never more than every sequence at full context */
+    long nb = (long)c->kv.n_blocks + c->p.max_seqs, full = (long)c->p.max_seqs * c->blocks_per_seq;
+    if (nb > full) nb = full;
+    int rc = kv_pool_init(&c->mkv, 1, (int)nb, m->Hkv * m->hd, err, errlen);
+    if (rc) return rc;
+    c->mtp_cat = ci_try_alloc(sizeof(float) * mtp_scratch_floats(m, c->p.max_batch));
+    if (!c->mtp_cat) {
+        kv_pool_free(&c->mkv);
+        return ci_err(err, errlen, CINFER_ENOMEM, "cannot allocate the MTP scratch");
+    }
+    c->mtp_block_store = xmalloc((size_t)c->p.max_seqs * c->blocks_per_seq * sizeof(int));
+    for (int i = 0; i < c->p.max_seqs; i++) c->seqs[i].mtp_blocks = c->mtp_block_store + (size_t)i * c->blocks_per_seq;
+    c->mfe = xcalloc((size_t)c->p.max_batch, sizeof *c->mfe);
+    c->mio = xcalloc((size_t)c->p.max_batch, sizeof *c->mio);
+    c->mtp_on = 1;
+    return 0;
+}
+
+int ctx_mtp_len(const cinfer_ctx *c, int seq) {
+    if (!c->mtp_on || seq < 0 || seq >= c->p.max_seqs || !c->seqs[seq].active) return -1;
+    return c->seqs[seq].mtp_len;
+}
+
+int ctx_mtp_forward(cinfer_ctx *c, const ctx_mtp_entry *e, int n, float *logits, char *err, size_t errlen) {
+    if (!c->mtp_on) return ci_err(err, errlen, CINFER_ESTATE, "the MTP head is not initialised (ctx_mtp_init)");
+    if (n <= 0) return 0;
+    const model *m = c->m;
+    long total = 0;
+    memset(c->seen, 0, (size_t)c->p.max_seqs);
+    for (int i = 0; i < n; i++) {
+        if (e[i].seq < 0 || e[i].seq >= c->p.max_seqs || !c->seqs[e[i].seq].active)
+            return ci_err(err, errlen, CINFER_EINVAL, "MTP entry %d: sequence %d is not open", i, e[i].seq);
+        if (c->seen[e[i].seq]++)
+            return ci_err(err, errlen, CINFER_EINVAL, "MTP entry %d: sequence %d appears twice in one batch", i, e[i].seq);
+        const seq_rec *s = &c->seqs[e[i].seq];
+        if (e[i].n < 1 || !e[i].tokens || !e[i].hidden) return ci_err(err, errlen, CINFER_EINVAL, "MTP entry %d: no rows", i);
+        /* rows continue the head's rows or rewrite its tail; a fresh head may start anywhere (a resumed prompt) */
+        if (e[i].pos < 0 || (s->mtp_len > s->mtp_start && (e[i].pos > s->mtp_len || e[i].pos < s->mtp_start)))
+            return ci_err(err, errlen, CINFER_EINVAL, "MTP entry %d: position %d, the head holds [%d, %d)", i, e[i].pos,
+                          s->mtp_start, s->mtp_len);
+        if ((long)e[i].pos + e[i].n > c->p.max_ctx)
+            return ci_err(err, errlen, CINFER_ERANGE, "MTP entry %d: %d + %d rows exceed the context of %d", i, e[i].pos, e[i].n,
+                          c->p.max_ctx);
+        for (int t = 0; t < e[i].n; t++)
+            if (e[i].tokens[t] < 0 || e[i].tokens[t] >= m->V)
+                return ci_err(err, errlen, CINFER_EINVAL, "token id %d outside the vocabulary [0, %d)", e[i].tokens[t], m->V);
+        total += e[i].n;
+    }
+    if (total > c->p.max_batch) return ci_err(err, errlen, CINFER_ERANGE, "MTP batch of %ld rows exceeds max_batch %d", total, c->p.max_batch);
+    /* blocks: drop what lies past each entry's first row, then cover its rows; on exhaustion nothing runs */
+    int short_of = 0;
+    for (int i = 0; i < n; i++) {
+        seq_rec *s = &c->seqs[e[i].seq];
+        if (s->mtp_len <= s->mtp_start) { /* no rows yet: the head starts at this entry's first row */
+            mtp_reset(c, s);
+            s->mtp_start = e[i].pos;
+            for (int b = 0; b < s->mtp_start / KV_BLOCK; b++) s->mtp_blocks[b] = -1;
+            s->mtp_n_blocks = s->mtp_start / KV_BLOCK;
+        } else {
+            mtp_drop(c, s, e[i].pos);
+        }
+        s->mtp_len = e[i].pos;
+        int need = (e[i].pos + e[i].n + KV_BLOCK - 1) / KV_BLOCK;
+        while (s->mtp_n_blocks < need) {
+            int b = kv_alloc_block(&c->mkv);
+            if (b < 0) {
+                short_of = 1;
+                break;
+            }
+            s->mtp_blocks[s->mtp_n_blocks++] = b;
+        }
+    }
+    if (short_of) {
+        for (int i = 0; i < n; i++) mtp_drop(c, &c->seqs[e[i].seq], e[i].pos);
+        return ci_err(err, errlen, CINFER_ENOMEM, "the MTP KV pool is exhausted (%d blocks)", c->mkv.n_blocks);
+    }
+    for (int i = 0; i < n; i++) {
+        const seq_rec *s = &c->seqs[e[i].seq];
+        c->mfe[i] = (fwd_entry){e[i].pos, e[i].tokens, e[i].n, 0, -1, s->mtp_blocks, NULL, 0, NULL, s->mtp_start};
+        c->mio[i] = (mtp_io){e[i].hidden, e[i].hidden_out, e[i].logits};
+    }
+    forward_mtp(m, &c->s, &c->mkv, c->tp, c->mfe, c->mio, n, c->mtp_cat, logits);
+    for (int i = 0; i < n; i++) c->seqs[e[i].seq].mtp_len = e[i].pos + e[i].n;
+    return 0;
 }

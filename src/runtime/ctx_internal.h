@@ -41,4 +41,24 @@ const struct model *cinfer_model_internal(const cinfer_model *m);
 /* A sequence's DeltaNet state of one linear layer (recurrent S, or the conv window), for tests. */
 const float *ctx_seq_state(const cinfer_ctx *c, int seq, int layer, int recurrent, size_t *n_floats);
 
+/* The MTP head (spec §5; model/mtp.h): ctx_mtp_init sizes its KV pool with the others (once, before any
+ * decoding); each sequence then holds head rows at positions [start, len). A forward entry's rows start at pos:
+ * pos == len continues, pos < len first drops the rows from pos on (the drafts of a rejected window); a
+ * sequence's first entry may start anywhere (a prompt resumed from the prefix cache: the head attends only
+ * to its own rows). */
+int ctx_mtp_init(cinfer_ctx *c, char *err, size_t errlen);
+int ctx_mtp_len(const cinfer_ctx *c, int seq); /* -1: no head or no such sequence */
+typedef struct ctx_mtp_entry {
+    int seq;
+    int pos;               /* position t of the first row */
+    const int32_t *tokens; /* [n] x_{t+1} */
+    const float *hidden;   /* [n][H] f32 hh_t (may alias hidden_out) */
+    int n;
+    float *hidden_out;     /* NULL, or [n][H] f32: each row's output after mtp.norm */
+    int logits;            /* 0: none, 1: the last row's, 2: every row's */
+} ctx_mtp_entry;
+/* logits: [rows][V] f32 in entry order. On CINFER_ENOMEM (no KV block) nothing ran, but each entry's sequence
+ * has dropped its rows from pos on; other errors change nothing. */
+int ctx_mtp_forward(cinfer_ctx *c, const ctx_mtp_entry *e, int n, float *logits, char *err, size_t errlen);
+
 #endif

@@ -79,6 +79,8 @@ struct cinfer_request {
     int d_window;         /* draft model: tokens in its pending window ([last, d1..], uncommitted) */
     int32_t catchup[64];  /* draft model: kept tokens it has yet to read (fed at the next step) */
     int n_catchup;
+    int mtp_off;          /* MTP: the head lost its rows for this request (no KV block): no more drafts */
+    int mtp_next;         /* MTP: the head's first chained position (its rows below are the target's) */
     sampler *smp;
     sampler_result res;   /* the last step's token and logprobs */
     text_stream *ts;      /* detokenizer for this request */
@@ -107,6 +109,15 @@ struct cinfer_engine {
     float *dlogits;                 /* [max_seqs][V] the draft model's rows */
     cinfer_batch_entry *dentries;   /* [max_seqs] */
     cinfer_request **dreq;          /* [max_seqs] */
+    /* CINFER_SPEC_MTP: the head reads the target's final-normed hidden rows of each step */
+    float *hid;                     /* [step_tokens][H] f32: this step's target hidden rows, entry after entry */
+    int *entry_hrow;                /* [max_seqs] first hidden row of each entry */
+    int *entry_pos;                 /* [max_seqs] position of each entry's first token */
+    int *entry_keep;                /* [max_seqs] tokens of the entry the sequence kept (0: finished or failed) */
+    ctx_mtp_entry *ment;            /* [max_seqs] */
+    cinfer_request **mreq;          /* [max_seqs] */
+    float *mtp_h;                   /* [max_seqs][H] f32: the head's last normed output per sequence id (chaining) */
+    float *mlogits;                 /* [max_seqs][V] f32 */
     engine_draft_fn drafter;        /* NULL: the built-in n-gram drafter */
     void *drafter_ud;
     cinfer_batch_entry *entries;    /* [max_seqs] */
@@ -559,6 +570,76 @@ static void draft_model_sync(cinfer_engine *e, cinfer_request *r, int kept) {
     }
 }
 
+/* MTP (CINFER_SPEC_MTP), after the step's sampling: the head reads what each sequence kept — row t pairs the
+ * token at t + 1 with the target's normed hidden at t, rewriting from the window's first position the rows its
+ * chained drafts left — and the last row's argmax is the first draft of the next window; each further draft
+ * feeds back the head's own normed output with the embedding of the draft it just made (spec §5). Every
+ * request goes in one batch per draft position; drafts are deterministic (argmax), so verification's "sample
+ * as usual and keep while equal" keeps greedy and seeded output exactly the plain one. */
+static void mtp_step(cinfer_engine *e, int n_entries) {
+    char err[512];
+    size_t H = (size_t)e->m->H, V = (size_t)e->m->V;
+    int n = 0, kmax = 0;
+    for (int i = 0; i < n_entries; i++) {
+        cinfer_request *r = e->entry_req[i];
+        if (!e->entry_keep[i] || r->mtp_off) continue;
+        int room = r->max_tokens - r->n_gen - 1, k = r->draft_len < room ? r->draft_len : room;
+        int decoding = r->n_fed >= r->n_prompt;
+        int pos = e->entry_pos[i];
+        r->n_drafts = 0;
+        e->ment[n] = (ctx_mtp_entry){r->seq, pos, r->hist + pos + 1, e->hid + (size_t)e->entry_hrow[i] * H, e->entry_keep[i],
+                                     e->hid + (size_t)e->entry_hrow[i] * H, decoding && k > 0};
+        e->mreq[n++] = r;
+        if (decoding && k > kmax) kmax = k;
+    }
+    if (!n) return;
+    if (ctx_mtp_forward(e->ctx, e->ment, n, e->mlogits, err, sizeof err)) {
+        LOG_W("MTP: %s; these requests go on without drafts", err);
+        for (int i = 0; i < n; i++) e->mreq[i]->mtp_off = 1, e->mreq[i]->n_drafts = 0;
+        return;
+    }
+    for (int i = 0, row = 0; i < n; i++) {
+        cinfer_request *r = e->mreq[i];
+        const ctx_mtp_entry *me = &e->ment[i];
+        memcpy(e->mtp_h + (size_t)r->seq * H, me->hidden_out + (size_t)(me->n - 1) * H, sizeof(float) * H);
+        r->mtp_next = me->pos + me->n;
+        if (!me->logits) continue;
+        r->drafts[1] = argmax_row(e->mlogits + (size_t)row++ * V, (int)V);
+        r->n_drafts = 1;
+    }
+    /* chained drafts at the head's next positions; each request stops at its own k */
+    for (int j = 1; j < kmax; j++) {
+        int nc = 0;
+        for (int i = 0; i < n; i++) {
+            cinfer_request *r = e->mreq[i];
+            int room = r->max_tokens - r->n_gen - 1, k = r->draft_len < room ? r->draft_len : room;
+            if (r->n_drafts != j || j >= k) continue;
+            float *h = e->mtp_h + (size_t)r->seq * H;
+            e->ment[nc] = (ctx_mtp_entry){r->seq, r->mtp_next + j - 1, &r->drafts[j], h, 1, h, 1};
+            e->mreq[nc++] = r; /* (nc <= i: entries not yet read are never overwritten) */
+        }
+        if (!nc) break;
+        if (ctx_mtp_forward(e->ctx, e->ment, nc, e->mlogits, err, sizeof err)) {
+            LOG_W("MTP: %s", err); /* the drafts so far stand; the next catch-up rewrites from its window */
+            break;
+        }
+        for (int i = 0; i < nc; i++) {
+            cinfer_request *r = e->mreq[i];
+            r->drafts[j + 1] = argmax_row(e->mlogits + (size_t)i * V, (int)V);
+            r->n_drafts = j + 1;
+        }
+        n = nc;
+    }
+    /* a test or benchmark drafter replaces the tokens (the head's cost stays in the step) */
+    if (e->drafter)
+        for (int i = 0; i < n_entries; i++) {
+            cinfer_request *r = e->entry_req[i];
+            if (!e->entry_keep[i] || r->mtp_off || !r->n_drafts) continue;
+            int c = e->drafter(e->drafter_ud, r->hist, r->n_hist, r->drafts + 1, r->n_drafts);
+            r->n_drafts = c < 0 || c > r->n_drafts ? 0 : c;
+        }
+}
+
 static void step(cinfer_engine *e) {
     /* drop cancelled sequences first: they leave the batch within one step */
     for (int i = 0; i < e->n_running;) {
@@ -572,15 +653,19 @@ static void step(cinfer_engine *e) {
     }
     admit(e);
     if (e->dctx) draft_model_step(e);
-    int budget = e->p.step_tokens, n = 0, rows = 0;
+    int budget = e->p.step_tokens, n = 0, rows = 0, hrows = 0;
+    int mtp = e->p.spec == CINFER_SPEC_MTP;
     /* decode tokens first (latency of running streams), then prefill chunks in admission order; with
      * speculation a decode entry is a window [last token | drafts] verified in this same batch */
     for (int i = 0; i < e->n_running && budget > 0; i++) {
         cinfer_request *r = e->running[i];
         if (r->n_fed < r->n_prompt) continue;
-        if (!e->dctx) r->n_drafts = 0; /* (the draft model proposed its drafts above) */
+        if (!e->dctx && !mtp) r->n_drafts = 0; /* (the draft model proposed its drafts above, the MTP head at
+                                                   the end of the last step) */
+        if (mtp && r->mtp_off) r->n_drafts = 0;
+        if (mtp && r->n_drafts > budget - 1) r->n_drafts = budget - 1 > 0 ? budget - 1 : 0;
         int room = r->max_tokens - r->n_gen - 1; /* drafts beyond the output budget could never be kept */
-        if (!e->dctx && r->hist && r->draft_len > 0 && room > 0) {
+        if (!e->dctx && !mtp && r->hist && r->draft_len > 0 && room > 0) {
             int k = r->draft_len < room ? r->draft_len : room;
             if (k > budget - 1) k = budget - 1;
             /* hist already ends with r->last, the token about to be fed */
@@ -598,6 +683,7 @@ static void step(cinfer_engine *e) {
             e->entries[n] = (cinfer_batch_entry){r->seq, &r->last, 1, 0};
             e->entry_row[n] = rows++;
         }
+        if (mtp) e->entry_pos[n] = r->n_prompt + r->n_gen - 1; /* r->last's position */
         e->entry_req[n++] = r;
         budget -= 1 + r->n_drafts;
     }
@@ -608,10 +694,18 @@ static void step(cinfer_engine *e) {
         if (cnt <= 0) continue; /* no boundary within this step's budget: next step */
         e->entries[n] = (cinfer_batch_entry){r->seq, r->prompt + r->n_fed, cnt, 0};
         e->entry_row[n] = rows++;
+        if (mtp) e->entry_pos[n] = r->n_fed;
         e->entry_req[n++] = r;
         budget -= cnt;
     }
     if (!n) return;
+    if (mtp)
+        for (int i = 0; i < n; i++) {
+            e->entries[i].hidden = e->hid + (size_t)hrows * e->m->H;
+            e->entry_hrow[i] = hrows;
+            e->entry_keep[i] = 0;
+            hrows += e->entries[i].n_tokens;
+        }
     char err[512];
     int rc = cinfer_forward(e->ctx, e->entries, n, e->logits, err, sizeof err);
     atomic_fetch_add(&e->steps_total, 1);
@@ -638,6 +732,7 @@ static void step(cinfer_engine *e) {
                 char e2[256];
                 if (ctx_seq_snapshot(e->ctx, r->seq, r->prompt, e2, sizeof e2)) LOG_W("prefix cache: %s", e2);
             }
+            if (mtp) e->entry_keep[i] = e->entries[i].n_tokens;
             if (r->n_fed < r->n_prompt) continue; /* more prompt to read */
         } else if (e->entries[i].spec) {
             /* verify: sample each position as plain decode would (same sampler calls, same generator draws),
@@ -661,7 +756,10 @@ static void step(cinfer_engine *e) {
             /* adapt: all drafts held -> one more next time; under half -> one fewer (never below 1) */
             if (kept - 1 == r->n_drafts && r->draft_len < e->p.spec_max_draft) r->draft_len++;
             else if (2 * (kept - 1) < r->n_drafts && r->draft_len > 1) r->draft_len--;
-            if (!fin) continue;
+            if (!fin) {
+                if (mtp) e->entry_keep[i] = kept;
+                continue;
+            }
             goto finished;
         } else {
             if (e->dctx) draft_model_sync(e, r, 1); /* a plain decode step: the draft reads the same token */
@@ -673,6 +771,7 @@ static void step(cinfer_engine *e) {
             atomic_fetch_add(&e->generated_tokens_total, 1);
             fin = accept_token(e, r, t);
         }
+        if (mtp) e->entry_keep[i] = fin ? 0 : e->entries[i].n_tokens;
     finished:
         if (fin) {
             for (int k = 0; k < e->n_running; k++)
@@ -683,6 +782,7 @@ static void step(cinfer_engine *e) {
             finish_request(e, r, fin);
         }
     }
+    if (mtp && !rc) mtp_step(e, n);
 }
 
 static void *sched_main(void *arg) {
@@ -745,8 +845,10 @@ int cinfer_engine_create(cinfer_model *cm, const cinfer_engine_params *pp, cinfe
     if (p.step_tokens < p.max_seqs * (1 + (p.spec ? p.spec_max_draft : 0)) + GDN_CHUNK)
         p.step_tokens = p.max_seqs * (1 + (p.spec ? p.spec_max_draft : 0)) + GDN_CHUNK;
     if (p.queue_limit < 0) p.queue_limit = 0;
-    if (p.spec != CINFER_SPEC_NONE && p.spec != CINFER_SPEC_NGRAM && p.spec != CINFER_SPEC_DRAFT)
-        return ci_err(err, errlen, CINFER_EUNSUPPORTED, "speculation mode %d is not available yet (ngram, draft are)", p.spec);
+    if (p.spec != CINFER_SPEC_NONE && p.spec != CINFER_SPEC_NGRAM && p.spec != CINFER_SPEC_DRAFT && p.spec != CINFER_SPEC_MTP)
+        return ci_err(err, errlen, CINFER_EINVAL, "speculation mode %d: must be none, ngram, mtp or draft", p.spec);
+    if (p.spec == CINFER_SPEC_MTP && !cinfer_model_internal(cm)->mtp.present)
+        return ci_err(err, errlen, CINFER_EUNSUPPORTED, "speculation with the MTP head: the checkpoint has no mtp.* tensors");
     if (p.spec == CINFER_SPEC_DRAFT) {
         if (!p.draft_model) return ci_err(err, errlen, CINFER_EINVAL, "speculation with a draft model needs draft_model");
         cinfer_model_info ti, di;
@@ -789,6 +891,25 @@ int cinfer_engine_create(cinfer_model *cm, const cinfer_engine_params *pp, cinfe
         e->dentries = xcalloc((size_t)p.max_seqs, sizeof *e->dentries);
         e->dreq = xcalloc((size_t)p.max_seqs, sizeof *e->dreq);
     }
+    if (p.spec == CINFER_SPEC_MTP) {
+        /* the head's KV pool and buffers, sized here with the others: nothing grows while decoding */
+        size_t H = (size_t)e->m->H, V = (size_t)e->m->V;
+        e->hid = ci_try_alloc(sizeof(float) * (size_t)p.step_tokens * H);
+        e->mtp_h = ci_try_alloc(sizeof(float) * (size_t)p.max_seqs * H);
+        e->mlogits = ci_try_alloc(sizeof(float) * (size_t)p.max_seqs * V);
+        if ((rc = ctx_mtp_init(e->ctx, err, errlen)) == 0 && (!e->hid || !e->mtp_h || !e->mlogits))
+            rc = ci_err(err, errlen, CINFER_ENOMEM, "cannot allocate the MTP buffers");
+        if (rc) {
+            cinfer_ctx_destroy(e->ctx);
+            free(e->hid), free(e->mtp_h), free(e->mlogits), free(e);
+            return rc;
+        }
+        e->entry_hrow = xcalloc((size_t)p.max_seqs, sizeof(int));
+        e->entry_pos = xcalloc((size_t)p.max_seqs, sizeof(int));
+        e->entry_keep = xcalloc((size_t)p.max_seqs, sizeof(int));
+        e->ment = xcalloc((size_t)p.max_seqs, sizeof *e->ment);
+        e->mreq = xcalloc((size_t)p.max_seqs, sizeof *e->mreq);
+    }
     e->logits = ci_try_alloc((size_t)p.max_seqs * (1 + p.spec_max_draft) * e->m->V * sizeof(float));
     if (!e->logits) {
         cinfer_ctx_destroy(e->ctx);
@@ -822,6 +943,8 @@ void cinfer_engine_destroy(cinfer_engine *e) {
     cinfer_ctx_destroy(e->ctx);
     cinfer_ctx_destroy(e->dctx);
     free(e->dlogits), free(e->dentries), free(e->dreq);
+    free(e->hid), free(e->mtp_h), free(e->mlogits), free(e->entry_hrow), free(e->entry_pos), free(e->entry_keep);
+    free(e->ment), free(e->mreq);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
     free(e->logits), free(e->entries), free(e->entry_req), free(e->entry_row), free(e->running), free(e);
