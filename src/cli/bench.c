@@ -21,12 +21,14 @@ static double now_s(void) {
 
 int cli_bench(int argc, char **argv) {
     static const char *const vf[] = {"-m", "--model", "-p", "-n", "--threads", "--spec-accept", "--spec-draft", "--batch", "--prefix-turn",
-                                     "--turn-new", NULL};
+                                     "--turn-new", "--spec", "--prompt", NULL};
     static const char *const bf[] = {"--help", "-h", NULL};
     if (arg_flag(argc, argv, "--help") || arg_flag(argc, argv, "-h")) {
         printf("usage: cinfer bench -m DIR [-p PROMPT_TOKENS=512] [-n DECODE_TOKENS=32] [--threads N]\n"
                "       cinfer bench -m DIR --spec-accept A [--spec-draft K=3] [--batch B=1] [-p 32] [-n 64]\n"
                "         speculative decoding at a forced acceptance rate A, against the same batch without it\n"
+               "       cinfer bench -m DIR --spec mtp|ngram [--spec-accept A] [--spec-draft K=3] [--batch B=1] [--prompt TEXT]\n"
+               "         the drafter's own acceptance and speedup (with --spec-accept: its cost, forced acceptance)\n"
                "       cinfer bench -m DIR --prefix-turn P [--turn-new N=64]\n"
                "         second-turn time to first token from the prefix cache against cold\n");
         return 0;
@@ -37,13 +39,20 @@ int cli_bench(int argc, char **argv) {
         fprintf(stderr, "cinfer bench: -m DIR is required\n");
         return 2;
     }
-    if ((v = arg_value(argc, argv, "--spec-accept", NULL))) {
-        double a;
-        if (parse_float(v, "--spec-accept", &a) || a < 0 || a > 1) {
+    const char *sv = arg_value(argc, argv, "--spec", NULL);
+    int mode = CINFER_SPEC_NGRAM;
+    if (sv && !strcmp(sv, "mtp")) mode = CINFER_SPEC_MTP;
+    else if (sv && strcmp(sv, "ngram")) {
+        fprintf(stderr, "cinfer bench: --spec must be mtp or ngram\n");
+        return 2;
+    }
+    if ((v = arg_value(argc, argv, "--spec-accept", NULL)) || sv) {
+        double a = -1;
+        if (v && (parse_float(v, "--spec-accept", &a) || a < 0 || a > 1)) {
             fprintf(stderr, "cinfer bench: --spec-accept must be in [0, 1]\n");
             return 2;
         }
-        return bench_spec(argc, argv, dir, a);
+        return bench_spec(argc, argv, dir, a, mode);
     }
     if ((v = arg_value(argc, argv, "--prefix-turn", NULL))) {
         long pt;

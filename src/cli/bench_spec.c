@@ -1,10 +1,12 @@
-/* bench_spec.c — `cinfer bench -m DIR --spec-accept A [--spec-draft K] [--batch B] [-p P] [-n N]`: what
- * speculative decoding buys at a given acceptance rate, independent of any drafter's quality. B requests
- * (random prompts of P tokens, greedy, N output tokens each) run once without speculation, recording their
- * outputs; then again with a forced-acceptance drafter that proposes K tokens per step, each one the true
- * next token with probability A (so a run of j accepted drafts has probability A^j (1-A)), verified in the
- * batch as usual. The outputs must match (checked); the ratio of decode throughputs is the speedup. A = 1 is
- * the self-draft bound (perfect drafts, no drafting cost). */
+/* bench_spec.c — `cinfer bench -m DIR --spec-accept A [--spec mtp] [--spec-draft K] [--batch B] [-p P] [-n N]`:
+ * what speculative decoding buys at a given acceptance rate, independent of any drafter's quality. B requests
+ * (random prompts of P tokens, or --prompt TEXT; greedy, N output tokens each) run once without speculation,
+ * recording their outputs; then again with a forced-acceptance drafter that proposes K tokens per step, each one
+ * the true next token with probability A (so a run of j accepted drafts has probability A^j (1-A)), verified in
+ * the batch as usual. The outputs must match (checked); the ratio of decode throughputs is the speedup. A = 1 is
+ * the self-draft bound (perfect drafts, no drafting cost). With --spec mtp the MTP head still runs every step
+ * (its cost is in the figure) and the forced drafter replaces its tokens; without --spec-accept the drafter's
+ * own drafts are verified: the measured acceptance and speedup of the MTP head (or n-gram lookup). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,7 +56,7 @@ static double run(cinfer_model *m, const cinfer_engine_params *ep, oracle *o, in
         fprintf(stderr, "cinfer bench: %s\n", err);
         return -1;
     }
-    if (!record) engine_set_drafter(e, forced_draft, o);
+    if (!record && o->accept >= 0) engine_set_drafter(e, forced_draft, o);
     cinfer_request **rq = calloc((size_t)o->n, sizeof *rq);
     for (int i = 0; i < o->n; i++) {
         cinfer_request_params rp;
@@ -95,7 +97,7 @@ static double run(cinfer_model *m, const cinfer_engine_params *ep, oracle *o, in
     return last > first ? (double)(toks - o->n) / (last - first) : 0;
 }
 
-int bench_spec(int argc, char **argv, const char *dir, double accept) {
+int bench_spec(int argc, char **argv, const char *dir, double accept, int mode) {
     long K = 3, B = 1, P = 32, N = 64, nthreads = 0;
     const char *v;
     if ((v = arg_value(argc, argv, "--spec-draft", NULL)) && parse_int(v, "--spec-draft", 1, 16, &K)) return 2;
@@ -119,6 +121,22 @@ int bench_spec(int argc, char **argv, const char *dir, double accept) {
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
         o.prompts[i] = (int32_t)(x % (uint64_t)(info.vocab_size < 4096 ? info.vocab_size : 4096));
     }
+    const char *text = arg_value(argc, argv, "--prompt", NULL);
+    if (text) { /* every request gets the text's tokens (raw, no chat template) */
+        int32_t *ids;
+        int n;
+        if (cinfer_tokenize(m, text, strlen(text), 0, &ids, &n, err, sizeof err) || n < 1) {
+            fprintf(stderr, "cinfer bench: --prompt: %s\n", n < 1 ? "no tokens" : err);
+            free(o.prompts), free(o.outs);
+            cinfer_model_close(m);
+            return 1;
+        }
+        P = o.P = n;
+        free(o.prompts);
+        o.prompts = malloc(sizeof(int32_t) * (size_t)(B * P));
+        for (long i = 0; i < B; i++) memcpy(o.prompts + i * P, ids, sizeof(int32_t) * (size_t)P);
+        free(ids);
+    }
     cinfer_engine_params ep = cinfer_engine_default_params();
     ep.max_seqs = (int)B;
     ep.ctx_size = (int)(P + N + K + 2);
@@ -127,12 +145,17 @@ int bench_spec(int argc, char **argv, const char *dir, double accept) {
     cinfer_engine_stats s0, s1;
     int mismatch = 0;
     double plain = run(m, &ep, &o, 1, &mismatch, &s0);
-    ep.spec = CINFER_SPEC_NGRAM; /* the engine's speculation path; the forced drafter replaces n-gram lookup */
+    ep.spec = (cinfer_spec_mode)mode; /* with --spec-accept the forced drafter replaces the drafter's tokens */
     ep.spec_max_draft = (int)K;
     double spec = run(m, &ep, &o, 0, &mismatch, &s1);
     double acc = s1.spec_drafted ? (double)s1.spec_accepted / (double)s1.spec_drafted : 0;
     printf("model            %s (%s)\n", dir, info.arch);
-    printf("batch %ld, prompt %ld, %ld tokens each, drafts <= %ld, forced acceptance %.2f\n", B, P, N, K, accept);
+    if (accept >= 0)
+        printf("batch %ld, prompt %ld, %ld tokens each, drafts <= %ld, %s, forced acceptance %.2f\n", B, P, N, K,
+               mode == CINFER_SPEC_MTP ? "MTP head running" : "no drafter", accept);
+    else
+        printf("batch %ld, prompt %ld, %ld tokens each, drafts <= %ld, %s drafts\n", B, P, N, K,
+               mode == CINFER_SPEC_MTP ? "MTP" : "n-gram");
     printf("plain            %.2f tok/s decode (%lld steps)\n", plain, (long long)s0.steps_total);
     printf("speculative      %.2f tok/s decode (%lld steps), measured acceptance %.3f (%lld of %lld drafts)\n", spec,
            (long long)s1.steps_total, acc, (long long)s1.spec_accepted, (long long)s1.spec_drafted);

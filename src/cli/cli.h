@@ -13,8 +13,8 @@ int cli_detokenize(int argc, char **argv);
 int cli_template(int argc, char **argv);
 int cli_chat(int argc, char **argv);
 int cli_serve(int argc, char **argv);
-/* bench_spec.c: `cinfer bench --spec-accept A` */
-int bench_spec(int argc, char **argv, const char *dir, double accept);
+/* bench_spec.c: `cinfer bench --spec-accept A` / `--spec mtp|ngram`; accept < 0: the drafter's own drafts */
+int bench_spec(int argc, char **argv, const char *dir, double accept, int mode);
 /* bench_prefix.c: `cinfer bench --prefix-turn P` */
 int bench_prefix(int argc, char **argv, const char *dir, int P);
 

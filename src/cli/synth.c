@@ -71,11 +71,90 @@ static void add(synth *s, int init, st_dtype dt, const char *name, int ndim, int
 
 #define ADD2(init, fmt, ...) do { snprintf(nm, sizeof nm, fmt, __VA_ARGS__); add(s, init, ST_BF16, nm, 2, r_, c_, 0); } while (0)
 
-static void build(synth *s, const preset *p, int L, int V) {
+/* One decoder layer's tensors under prefix lp: DeltaNet or (full) gated attention, then the MLP or MoE. */
+static void add_layer(synth *s, const preset *p, const char *lp, int full) {
     char nm[256];
     int hd = 256, dk = 128, dv = 128, K = 4, kd = p->Hk * dk, vd = p->Hv * dv, C = 2 * kd + vd;
     int64_t r_, c_;
     int next = !strcmp(p->model_type, "qwen3_next");
+    snprintf(nm, sizeof nm, "%sinput_layernorm.weight", lp);
+    add(s, INIT_NORM0, ST_BF16, nm, 1, p->H, 0, 0);
+    snprintf(nm, sizeof nm, "%spost_attention_layernorm.weight", lp);
+    add(s, INIT_NORM0, ST_BF16, nm, 1, p->H, 0, 0);
+    if (!full) {
+        if (next) {
+            r_ = 2 * kd + 2 * vd, c_ = p->H;
+            ADD2(INIT_MAT, "%slinear_attn.in_proj_qkvz.weight", lp);
+            r_ = 2 * p->Hv;
+            ADD2(INIT_MAT, "%slinear_attn.in_proj_ba.weight", lp);
+        } else {
+            r_ = C, c_ = p->H;
+            ADD2(INIT_MAT, "%slinear_attn.in_proj_qkv.weight", lp);
+            r_ = vd;
+            ADD2(INIT_MAT, "%slinear_attn.in_proj_z.weight", lp);
+            r_ = p->Hv;
+            ADD2(INIT_MAT, "%slinear_attn.in_proj_b.weight", lp);
+            ADD2(INIT_MAT, "%slinear_attn.in_proj_a.weight", lp);
+        }
+        snprintf(nm, sizeof nm, "%slinear_attn.conv1d.weight", lp);
+        add(s, INIT_CONV, ST_BF16, nm, 3, C, 1, K);
+        snprintf(nm, sizeof nm, "%slinear_attn.A_log", lp);
+        add(s, INIT_ALOG, ST_F32, nm, 1, p->Hv, 0, 0);
+        snprintf(nm, sizeof nm, "%slinear_attn.dt_bias", lp);
+        add(s, INIT_DT, ST_BF16, nm, 1, p->Hv, 0, 0);
+        snprintf(nm, sizeof nm, "%slinear_attn.norm.weight", lp);
+        add(s, INIT_ONES, ST_BF16, nm, 1, dv, 0, 0);
+        r_ = p->H, c_ = vd;
+        ADD2(INIT_MAT, "%slinear_attn.out_proj.weight", lp);
+    } else {
+        r_ = (int64_t)p->Hq * 2 * hd, c_ = p->H;
+        ADD2(INIT_MAT, "%sself_attn.q_proj.weight", lp);
+        r_ = (int64_t)p->Hkv * hd;
+        ADD2(INIT_MAT, "%sself_attn.k_proj.weight", lp);
+        ADD2(INIT_MAT, "%sself_attn.v_proj.weight", lp);
+        r_ = p->H, c_ = (int64_t)p->Hq * hd;
+        ADD2(INIT_MAT, "%sself_attn.o_proj.weight", lp);
+        snprintf(nm, sizeof nm, "%sself_attn.q_norm.weight", lp);
+        add(s, INIT_NORM0, ST_BF16, nm, 1, hd, 0, 0);
+        snprintf(nm, sizeof nm, "%sself_attn.k_norm.weight", lp);
+        add(s, INIT_NORM0, ST_BF16, nm, 1, hd, 0, 0);
+    }
+    if (p->E) {
+        r_ = p->E, c_ = p->H;
+        ADD2(INIT_MAT, "%smlp.gate.weight", lp);
+        if (next) {
+            for (int e = 0; e < p->E; e++) {
+                r_ = p->Im, c_ = p->H;
+                ADD2(INIT_MAT, "%smlp.experts.%d.gate_proj.weight", lp, e);
+                ADD2(INIT_MAT, "%smlp.experts.%d.up_proj.weight", lp, e);
+                r_ = p->H, c_ = p->Im;
+                ADD2(INIT_MAT, "%smlp.experts.%d.down_proj.weight", lp, e);
+            }
+        } else {
+            snprintf(nm, sizeof nm, "%smlp.experts.gate_up_proj", lp);
+            add(s, INIT_MAT, ST_BF16, nm, 3, p->E, 2 * p->Im, p->H);
+            snprintf(nm, sizeof nm, "%smlp.experts.down_proj", lp);
+            add(s, INIT_MAT, ST_BF16, nm, 3, p->E, p->H, p->Im);
+        }
+        r_ = p->Is, c_ = p->H;
+        ADD2(INIT_MAT, "%smlp.shared_expert.gate_proj.weight", lp);
+        ADD2(INIT_MAT, "%smlp.shared_expert.up_proj.weight", lp);
+        r_ = p->H, c_ = p->Is;
+        ADD2(INIT_MAT, "%smlp.shared_expert.down_proj.weight", lp);
+        r_ = 1, c_ = p->H;
+        ADD2(INIT_MAT, "%smlp.shared_expert_gate.weight", lp);
+    } else {
+        r_ = p->I, c_ = p->H;
+        ADD2(INIT_MAT, "%smlp.gate_proj.weight", lp);
+        ADD2(INIT_MAT, "%smlp.up_proj.weight", lp);
+        r_ = p->H, c_ = p->I;
+        ADD2(INIT_MAT, "%smlp.down_proj.weight", lp);
+    }
+}
+
+static void build(synth *s, const preset *p, int L, int V) {
+    char nm[256];
+    int64_t r_, c_;
     r_ = V, c_ = p->H;
     ADD2(INIT_MAT, "%s", "model.embed_tokens.weight");
     if (!p->tie) ADD2(INIT_MAT, "%s", "lm_head.weight");
@@ -83,80 +162,16 @@ static void build(synth *s, const preset *p, int L, int V) {
     for (int i = 0; i < L; i++) {
         char lp[64];
         snprintf(lp, sizeof lp, "model.layers.%d.", i);
-        snprintf(nm, sizeof nm, "%sinput_layernorm.weight", lp);
-        add(s, INIT_NORM0, ST_BF16, nm, 1, p->H, 0, 0);
-        snprintf(nm, sizeof nm, "%spost_attention_layernorm.weight", lp);
-        add(s, INIT_NORM0, ST_BF16, nm, 1, p->H, 0, 0);
-        if ((i + 1) % 4 != 0) {
-            if (next) {
-                r_ = 2 * kd + 2 * vd, c_ = p->H;
-                ADD2(INIT_MAT, "%slinear_attn.in_proj_qkvz.weight", lp);
-                r_ = 2 * p->Hv;
-                ADD2(INIT_MAT, "%slinear_attn.in_proj_ba.weight", lp);
-            } else {
-                r_ = C, c_ = p->H;
-                ADD2(INIT_MAT, "%slinear_attn.in_proj_qkv.weight", lp);
-                r_ = vd;
-                ADD2(INIT_MAT, "%slinear_attn.in_proj_z.weight", lp);
-                r_ = p->Hv;
-                ADD2(INIT_MAT, "%slinear_attn.in_proj_b.weight", lp);
-                ADD2(INIT_MAT, "%slinear_attn.in_proj_a.weight", lp);
-            }
-            snprintf(nm, sizeof nm, "%slinear_attn.conv1d.weight", lp);
-            add(s, INIT_CONV, ST_BF16, nm, 3, C, 1, K);
-            snprintf(nm, sizeof nm, "%slinear_attn.A_log", lp);
-            add(s, INIT_ALOG, ST_F32, nm, 1, p->Hv, 0, 0);
-            snprintf(nm, sizeof nm, "%slinear_attn.dt_bias", lp);
-            add(s, INIT_DT, ST_BF16, nm, 1, p->Hv, 0, 0);
-            snprintf(nm, sizeof nm, "%slinear_attn.norm.weight", lp);
-            add(s, INIT_ONES, ST_BF16, nm, 1, dv, 0, 0);
-            r_ = p->H, c_ = vd;
-            ADD2(INIT_MAT, "%slinear_attn.out_proj.weight", lp);
-        } else {
-            r_ = (int64_t)p->Hq * 2 * hd, c_ = p->H;
-            ADD2(INIT_MAT, "%sself_attn.q_proj.weight", lp);
-            r_ = (int64_t)p->Hkv * hd;
-            ADD2(INIT_MAT, "%sself_attn.k_proj.weight", lp);
-            ADD2(INIT_MAT, "%sself_attn.v_proj.weight", lp);
-            r_ = p->H, c_ = (int64_t)p->Hq * hd;
-            ADD2(INIT_MAT, "%sself_attn.o_proj.weight", lp);
-            snprintf(nm, sizeof nm, "%sself_attn.q_norm.weight", lp);
-            add(s, INIT_NORM0, ST_BF16, nm, 1, hd, 0, 0);
-            snprintf(nm, sizeof nm, "%sself_attn.k_norm.weight", lp);
-            add(s, INIT_NORM0, ST_BF16, nm, 1, hd, 0, 0);
-        }
-        if (p->E) {
-            r_ = p->E, c_ = p->H;
-            ADD2(INIT_MAT, "%smlp.gate.weight", lp);
-            if (next) {
-                for (int e = 0; e < p->E; e++) {
-                    r_ = p->Im, c_ = p->H;
-                    ADD2(INIT_MAT, "%smlp.experts.%d.gate_proj.weight", lp, e);
-                    ADD2(INIT_MAT, "%smlp.experts.%d.up_proj.weight", lp, e);
-                    r_ = p->H, c_ = p->Im;
-                    ADD2(INIT_MAT, "%smlp.experts.%d.down_proj.weight", lp, e);
-                }
-            } else {
-                snprintf(nm, sizeof nm, "%smlp.experts.gate_up_proj", lp);
-                add(s, INIT_MAT, ST_BF16, nm, 3, p->E, 2 * p->Im, p->H);
-                snprintf(nm, sizeof nm, "%smlp.experts.down_proj", lp);
-                add(s, INIT_MAT, ST_BF16, nm, 3, p->E, p->H, p->Im);
-            }
-            r_ = p->Is, c_ = p->H;
-            ADD2(INIT_MAT, "%smlp.shared_expert.gate_proj.weight", lp);
-            ADD2(INIT_MAT, "%smlp.shared_expert.up_proj.weight", lp);
-            r_ = p->H, c_ = p->Is;
-            ADD2(INIT_MAT, "%smlp.shared_expert.down_proj.weight", lp);
-            r_ = 1, c_ = p->H;
-            ADD2(INIT_MAT, "%smlp.shared_expert_gate.weight", lp);
-        } else {
-            r_ = p->I, c_ = p->H;
-            ADD2(INIT_MAT, "%smlp.gate_proj.weight", lp);
-            ADD2(INIT_MAT, "%smlp.up_proj.weight", lp);
-            r_ = p->H, c_ = p->I;
-            ADD2(INIT_MAT, "%smlp.down_proj.weight", lp);
-        }
+        add_layer(s, p, lp, (i + 1) % 4 == 0);
     }
+    /* the MTP head real checkpoints carry (spec §5): fc over [embedding | hidden], three norms, one
+     * full-attention layer with the model's own FFN kind */
+    r_ = p->H, c_ = 2 * (int64_t)p->H;
+    ADD2(INIT_MAT, "%s", "mtp.fc.weight");
+    add(s, INIT_NORM0, ST_BF16, "mtp.pre_fc_norm_embedding.weight", 1, p->H, 0, 0);
+    add(s, INIT_NORM0, ST_BF16, "mtp.pre_fc_norm_hidden.weight", 1, p->H, 0, 0);
+    add(s, INIT_NORM0, ST_BF16, "mtp.norm.weight", 1, p->H, 0, 0);
+    add_layer(s, p, "mtp.layers.0.", 1);
 }
 
 /* Deterministic per (seed, tensor, offset): each 8 MB piece restarts a xorshift from a hash of those. */
