@@ -331,9 +331,13 @@ def main():
     ev["sample_bytes"] = len(sample.encode("utf-8"))
     card["heldout"] = ev
     log("held-out: %s" % ev)
+    # the same on the first 2048 ids only: a figure a slow (sanitizer) build can check quickly
+    pre = heldout_eval(model, head, ids[:2048], a.ctx, dev)
     C.write_json(os.path.join(fix_dir, "perplexity.json"), {
         "file": "heldout_sample.txt", "ctx": a.ctx, "tokens_total": ev["tokens_total"],
         "tokens_scored": ev["tokens_scored"], "mean_nll": ev["mean_nll"], "perplexity": ev["perplexity"],
+        "prefix": {"max_tokens": 2048, "tokens_scored": pre["tokens_scored"], "mean_nll": pre["mean_nll"],
+                   "perplexity": pre["perplexity"]},
         "windowing": ev["windowing"] + "; text tokenized as one string without special tokens",
         "reference": "transformers float32 (eager attention, no TF32) of models/default reloaded from disk",
         "tolerance_rel": 0.005})
