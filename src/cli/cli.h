@@ -4,6 +4,7 @@
 #define CI_CLI_H
 
 int cli_logits(int argc, char **argv);
+int cli_perplexity(int argc, char **argv);
 int cli_generate(int argc, char **argv);
 int cli_info(int argc, char **argv);
 int cli_synth(int argc, char **argv);

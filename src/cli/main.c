@@ -15,6 +15,7 @@ static const verb verbs[] = {
     {"serve", cli_serve, "OpenAI + Anthropic compatible HTTP server: [-m DIR] [--host H] [--port P] (cinfer serve --help)"},
     {"chat", cli_chat, "interactive chat in the terminal: [-m DIR] [--system TEXT] [--no-think]"},
     {"generate", cli_generate, "generate from a prompt: -m DIR (--tokens LIST | --prompt TEXT) -n N [--temp T --seed S] [--ids]"},
+    {"perplexity", cli_perplexity, "perplexity on a text file: -m DIR --file F [--ctx N] [--threads N] [--json]"},
     {"logits", cli_logits, "write the logits of every position: -m DIR --tokens LIST [--out FILE.npy]"},
     {"info", cli_info, "architecture, layer map, parameter count, bytes by dtype: -m DIR"},
     {"synth", cli_synth, "write a random-weight checkpoint of a real model's shape: --like NAME --out DIR"},
