@@ -4,6 +4,8 @@
 #   make unit     release tests only (make unit T=name runs the tests whose name contains it)
 #   make asan     the tests under AddressSanitizer + UndefinedBehaviorSanitizer (build-asan/)
 #   make fuzz     libFuzzer targets (clang) run FUZZ_SECONDS each on their seed corpora
+#   CUDA=1|0      the CUDA backend (src/backend/cuda, sm_90 + compute_90 PTX): on by default when nvcc is found
+#                 at $(CUDA_HOME)/bin/nvcc; the same binary runs on the CPU when there is no device
 CC      ?= cc
 BUILD   ?= build
 PKGS    := jansson libpcre2-8 libutf8proc libpng libjpeg libwebp libmicrohttpd
@@ -25,12 +27,34 @@ LDLIBS  := $(PKG_LIBS) -lgif -lm -lpthread
 SANFLAGS := -fsanitize=address,undefined
 LDFLAGS += $(if $(filter 1,$(SAN)),$(SANFLAGS))
 
+# CUDA: one library with both backends. asan and fuzz builds stay CPU-only (ASan's shadow mapping and the
+# CUDA driver's address reservations do not mix without protect_shadow_gap=0, and the fuzz targets only
+# parse): they compile forward_cuda.c without CINFER_CUDA, which makes --device cuda a clear error.
+CUDA_HOME ?= /usr/local/cuda
+NVCC    ?= $(CUDA_HOME)/bin/nvcc
+ifeq ($(SAN),1)
+CUDA    := 0
+endif
+CUDA    ?= $(if $(wildcard $(NVCC)),1,0)
+CU_SRC  := $(sort $(wildcard src/backend/cuda/*.cu))
+ifeq ($(CUDA),1)
+CFLAGS  += -DCINFER_CUDA=1
+LDLIBS_CUDA := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
+NVCCFLAGS := -std=c++17 -O3 -Iinclude -Isrc -DCINFER_CUDA=1 \
+             -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 \
+             -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror,-Wno-unused-parameter,-fPIC -MMD -MP
+LDLIBS  += $(LDLIBS_CUDA)
+endif
+
 LIB_SRC  := $(shell find src -name '*.c' ! -path 'src/cli/*' | sort)
 CLI_SRC  := $(sort $(wildcard src/cli/*.c))
 TEST_SRC := tests/run.c $(sort $(wildcard tests/unit/*.c tests/parity/*.c))
 FUZZ_SRC := $(sort $(wildcard tests/fuzz/fuzz_*.c))
 
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+ifeq ($(CUDA),1)
+LIB_OBJ  += $(CU_SRC:%.cu=$(BUILD)/obj/%.o)
+endif
 CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/obj/%.o)
 
@@ -40,6 +64,10 @@ all: $(BUILD)/libcinfer.a $(BUILD)/libcinfer.so $(BUILD)/cinfer
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/obj/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
 $(BUILD)/libcinfer.a: $(LIB_OBJ)
 	@rm -f $@
@@ -60,7 +88,7 @@ unit: all $(BUILD)/cinfer-tests
 	CINFER_BIN=$(BUILD)/cinfer $(BUILD)/cinfer-tests $(T)
 
 asan:
-	$(MAKE) BUILD=build-asan SAN=1 unit
+	$(MAKE) BUILD=build-asan SAN=1 CUDA=0 unit
 
 FUZZ_SECONDS ?= 20
 FUZZ_CC ?= clang
@@ -95,7 +123,7 @@ test:
 	$(MAKE) asan
 	$(MAKE) fuzz FUZZ_SECONDS=$${FUZZ_SECONDS:-15}
 	$(MAKE) e2e
-	$(MAKE) BUILD=build-asan SAN=1 e2e
+	$(MAKE) BUILD=build-asan SAN=1 CUDA=0 e2e
 
 # End-to-end: tests/e2e/run.mjs drives live servers with the official OpenAI and Anthropic SDKs
 # (scripts/install-deps.sh installs them): once against cinfer-mock-serve, the HTTP layer over a

@@ -64,6 +64,11 @@ void cinfer_model_get_info(const cinfer_model *m, cinfer_model_info *out);
 /* ---- context: the model's mutable side (KV block pool, DeltaNet state slots, scratch) ---- */
 typedef struct cinfer_ctx cinfer_ctx;
 
+/* CUDA: weights, KV blocks and DeltaNet states in device memory (builds with nvcc; not yet with speculative
+ * decoding, the MTP head or the prefix cache). AUTO: CUDA when a device is visible and the context asks for
+ * none of those, else CPU. */
+typedef enum { CINFER_DEVICE_CPU = 0, CINFER_DEVICE_CUDA = 1, CINFER_DEVICE_AUTO = 2 } cinfer_device;
+
 typedef struct cinfer_ctx_params {
     int max_seqs;    /* sequences alive at once (state slots) */
     int max_ctx;     /* tokens per sequence */
@@ -72,11 +77,14 @@ typedef struct cinfer_ctx_params {
     int64_t kv_memory; /* bytes of the KV block pool; 0: max_seqs x max_ctx tokens (never runs out) */
     int spec_window;   /* longest speculative window (tokens per verify entry); 0: no speculation */
     int64_t prefix_cache_memory; /* bytes of DeltaNet state snapshots the prefix cache may keep; 0: no caching */
+    int device;        /* cinfer_device: where the forward runs (default: $CINFER_DEVICE = cpu|cuda|auto, else cpu) */
 } cinfer_ctx_params;
 
 cinfer_ctx_params cinfer_ctx_default_params(void);
 int cinfer_ctx_create(cinfer_model *m, const cinfer_ctx_params *p, cinfer_ctx **out, char *err, size_t errlen);
 void cinfer_ctx_destroy(cinfer_ctx *c);
+/* The device the context runs on (CINFER_DEVICE_CPU or CINFER_DEVICE_CUDA, AUTO resolved). */
+int cinfer_ctx_device(const cinfer_ctx *c);
 
 /* A sequence is an id in [0, max_seqs): its KV blocks and DeltaNet state slot. */
 int cinfer_seq_open(cinfer_ctx *c, char *err, size_t errlen);   /* >= 0: the id; < 0: error */
@@ -153,6 +161,7 @@ typedef struct cinfer_engine_params {
     cinfer_spec_mode spec; /* speculative decoding: drafts verified in the same batch, exact rollback */
     int spec_max_draft;    /* drafts per step at most (adapted per sequence to its acceptance) */
     cinfer_model *draft_model; /* CINFER_SPEC_DRAFT: the draft model (same vocabulary); not owned */
+    int device;            /* cinfer_device of the context (default as cinfer_ctx_default_params) */
 } cinfer_engine_params;
 
 cinfer_engine_params cinfer_engine_default_params(void);

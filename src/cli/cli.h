@@ -16,6 +16,8 @@ int cli_chat(int argc, char **argv);
 int cli_serve(int argc, char **argv);
 /* bench_spec.c: `cinfer bench --spec-accept A` / `--spec mtp|ngram`; accept < 0: the drafter's own drafts */
 int bench_spec(int argc, char **argv, const char *dir, double accept, int mode);
+/* bench_cuda.c: `cinfer bench --like SHAPE --device cuda` (random weights made on the GPU) */
+int bench_cuda(int argc, char **argv);
 /* bench_prefix.c: `cinfer bench --prefix-turn P` */
 int bench_prefix(int argc, char **argv, const char *dir, int P);
 

@@ -1,5 +1,6 @@
 /* main.c — `cinfer VERB ...`: dispatches to the verb files. Only this layer exits the process. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cinfer.h"
@@ -29,7 +30,8 @@ static void usage(FILE *f) {
     fprintf(f, "cinfer %s — inference for Qwen3.5 / Qwen3.5-MoE / Qwen3-Next\n\nusage: cinfer VERB [options]\n\n",
             CINFER_VERSION);
     for (size_t i = 0; i < sizeof verbs / sizeof verbs[0]; i++) fprintf(f, "  %-10s %s\n", verbs[i].name, verbs[i].help);
-    fprintf(f, "\n`cinfer VERB --help` for a verb's options.\n");
+    fprintf(f, "\nEvery verb that runs the model takes --device cpu|cuda|auto (default cpu; auto: the GPU when one is\n"
+               "visible and nothing CUDA lacks is asked for).\n`cinfer VERB --help` for a verb's options.\n");
 }
 
 int main(int argc, char **argv) {
@@ -40,6 +42,20 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
         printf("cinfer %s\n", CINFER_VERSION);
         return 0;
+    }
+    /* --device cpu|cuda|auto is taken out here for every verb: it becomes CINFER_DEVICE, the default of the
+     * context and engine parameters */
+    for (int i = 2; i < argc; i++) {
+        if (strcmp(argv[i], "--device")) continue;
+        const char *d = i + 1 < argc ? argv[i + 1] : "";
+        if (strcmp(d, "cpu") && strcmp(d, "cuda") && strcmp(d, "auto")) {
+            fprintf(stderr, "cinfer: --device must be cpu, cuda or auto\n");
+            return 2;
+        }
+        setenv("CINFER_DEVICE", d, 1);
+        for (int j = i; j + 2 <= argc; j++) argv[j] = argv[j + 2];
+        argc -= 2;
+        i--;
     }
     for (size_t i = 0; i < sizeof verbs / sizeof verbs[0]; i++)
         if (!strcmp(argv[1], verbs[i].name)) return verbs[i].fn(argc - 1, argv + 1);

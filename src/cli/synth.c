@@ -250,9 +250,10 @@ static int write_config(const char *dir, const preset *p, int L, int V) {
 
 int cli_synth(int argc, char **argv) {
     static const char *const vf[] = {"--like", "--out", "--layers", "--vocab", "--seed", NULL};
-    static const char *const bf[] = {"--help", "-h", NULL};
+    static const char *const bf[] = {"--help", "-h", "--sparse", NULL};
     if (arg_flag(argc, argv, "--help") || arg_flag(argc, argv, "-h") || arg_check(argc, argv, vf, bf, "synth")) {
-        printf("usage: cinfer synth --like NAME --out DIR [--layers N] [--vocab N] [--seed S]\n  NAME:");
+        printf("usage: cinfer synth --like NAME --out DIR [--layers N] [--vocab N] [--seed S] [--sparse]\n"
+               "  --sparse: tensor data left as file holes (zeros, no disk): for benches that make their own weights\n  NAME:");
         for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++) printf(" %s", presets[i].name);
         printf("\n");
         return arg_flag(argc, argv, "--help") || arg_flag(argc, argv, "-h") ? 0 : 2;
@@ -303,7 +304,7 @@ int cli_synth(int argc, char **argv) {
         }
         char *path = path_join(out, fname);
         fprintf(stderr, "cinfer synth: writing %s (%d tensors, %.2f GB)\n", path, i1 - i0, sz / 1e9);
-        rc = st_write_file(path, w, i1 - i0, fill, &sub, err, sizeof err);
+        rc = st_write_file(path, w, i1 - i0, arg_flag(argc, argv, "--sparse") ? NULL : fill, &sub, err, sizeof err);
         if (rc) fprintf(stderr, "cinfer synth: %s\n", err);
         free(path);
         free(w);

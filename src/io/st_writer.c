@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "util/err.h"
 
@@ -44,6 +45,12 @@ int st_write_file(const char *path, const st_wtensor *t, int n, st_fill_fn fill,
     int ok = fwrite(len8, 1, 8, f) == 8 && fwrite(hdr, 1, hl, f) == hl;
     for (size_t i = hl; ok && i < padded; i++) ok = fputc(' ', f) != EOF;
     free(hdr);
+    if (!fill) {
+        /* no data: the file is extended over a hole (reads as zeros, takes no disk) */
+        ok = ok && fflush(f) == 0 && ftruncate(fileno(f), (off_t)(8 + padded + off)) == 0;
+        if (fclose(f) != 0) ok = 0;
+        return ok ? 0 : ci_err(err, errlen, CINFER_EIO, "%s: write failed", path);
+    }
     void *buf = ok ? malloc(FILL_CHUNK) : NULL;
     ok = ok && buf;
     for (int i = 0; ok && i < n; i++) {

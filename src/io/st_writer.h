@@ -18,6 +18,7 @@ typedef struct st_wtensor {
 /* fill(ud, idx, byte_offset, buf, nbytes): write nbytes of tensor idx starting at byte_offset into buf. */
 typedef void (*st_fill_fn)(void *ud, int idx, uint64_t byte_offset, void *buf, size_t nbytes);
 
+/* fill NULL: no data is written; the file ends in a hole of the tensors' size (sparse, reads as zeros). */
 int st_write_file(const char *path, const st_wtensor *t, int n, st_fill_fn fill, void *ud, char *err, size_t errlen);
 
 #endif

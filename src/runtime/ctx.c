@@ -6,6 +6,7 @@
 
 #include "cinfer.h"
 #include "model/forward.h"
+#include "model/forward_cuda.h"
 #include "model/mtp.h"
 #include "model/qwen35.h"
 #include "runtime/ctx_internal.h"
@@ -42,6 +43,7 @@ struct cinfer_ctx {
     fwd_entry *fe;       /* [max_batch] */
     float *spec_store;   /* [max_seqs] records of spec_window tokens each (see forward.h) */
     prefix_cache *pc;    /* owns the KV blocks' reference counts (every block goes through it) */
+    cuda_fwd *cf;        /* CUDA device: the pools live there and kv/st above keep only the free lists */
     unsigned char *seen; /* [max_seqs] per-call duplicate check */
     /* MTP head (ctx_mtp_init): its one-layer KV pool, block tables, entries and fc-input scratch */
     int mtp_on;
@@ -100,13 +102,23 @@ void cinfer_model_get_info(const cinfer_model *cm, cinfer_model_info *o) {
     o->n_visual_tensors = m->n_visual;
 }
 
+/* CINFER_DEVICE=cpu|cuda|auto chooses the default device (the CLI's --device sets it); unset or unknown: cpu */
+static int default_device(void) {
+    const char *d = getenv("CINFER_DEVICE");
+    if (d && !strcmp(d, "cuda")) return CINFER_DEVICE_CUDA;
+    if (d && !strcmp(d, "auto")) return CINFER_DEVICE_AUTO;
+    return CINFER_DEVICE_CPU;
+}
+
 cinfer_ctx_params cinfer_ctx_default_params(void) {
-    cinfer_ctx_params p = {.max_seqs = 4, .max_ctx = 4096, .max_batch = 512, .n_threads = 0, .kv_memory = 0, .spec_window = 0};
+    cinfer_ctx_params p = {.max_seqs = 4, .max_ctx = 4096, .max_batch = 512, .n_threads = 0, .kv_memory = 0, .spec_window = 0,
+                           .device = default_device()};
     return p;
 }
 
 void cinfer_ctx_destroy(cinfer_ctx *c) {
     if (!c) return;
+    cuda_fwd_destroy(c->cf);
     prefix_destroy(c->pc);
     tp_destroy(c->tp);
     kv_pool_free(&c->kv);
@@ -134,6 +146,15 @@ int cinfer_ctx_create(cinfer_model *cm, const cinfer_ctx_params *pp, cinfer_ctx 
     model *m = cm->m;
     if (m->dv > 1024 || m->K > 64 || m->K < 1)
         return ci_err(err, errlen, CINFER_EUNSUPPORTED, "linear_value_head_dim %d / conv kernel %d: limits are 1024 / 64", m->dv, m->K);
+    if (p.device == CINFER_DEVICE_AUTO)
+        p.device = cuda_devices() > 0 && !p.spec_window && !p.prefix_cache_memory ? CINFER_DEVICE_CUDA : CINFER_DEVICE_CPU;
+    if (p.device != CINFER_DEVICE_CPU && p.device != CINFER_DEVICE_CUDA)
+        return ci_err(err, errlen, CINFER_EINVAL, "device %d: must be cpu, cuda or auto", p.device);
+    int cuda = p.device == CINFER_DEVICE_CUDA;
+    if (cuda && !cuda_built()) return ci_err(err, errlen, CINFER_EUNSUPPORTED, "device cuda: this build has no CUDA backend (make CUDA=1)");
+    if (cuda && cuda_devices() < 1) return ci_err(err, errlen, CINFER_EUNSUPPORTED, "device cuda: no CUDA device is visible");
+    if (cuda && p.spec_window) return ci_err(err, errlen, CINFER_EUNSUPPORTED, "device cuda: speculative decoding is not supported on cuda yet (use --device cpu)");
+    if (cuda && p.prefix_cache_memory) return ci_err(err, errlen, CINFER_EUNSUPPORTED, "device cuda: the prefix cache is not supported on cuda yet (use --device cpu)");
     cinfer_ctx *c = xcalloc(1, sizeof *c);
     c->m = m;
     c->p = p;
@@ -151,11 +172,19 @@ int cinfer_ctx_create(cinfer_model *cm, const cinfer_ctx_params *pp, cinfer_ctx 
                           (long long)p.kv_memory, n_blocks, p.max_ctx, c->blocks_per_seq);
         }
     }
-    if ((rc = kv_pool_init(&c->kv, m->n_full, (int)n_blocks, m->Hkv * m->hd, err, errlen)) ||
-        (rc = state_pool_init(&c->st, p.max_seqs, m->n_lin, m->K - 1, m->C, m->Hv, m->dk, m->dv, err, errlen)) ||
-        (rc = fwd_scratch_init(&c->s, m, p.max_batch, p.max_ctx, c->p.n_threads, err, errlen))) {
+    /* on cuda the host pools are created without layers: only their block / slot free lists are used */
+    if ((rc = kv_pool_init(&c->kv, cuda ? 0 : m->n_full, (int)n_blocks, m->Hkv * m->hd, err, errlen)) ||
+        (rc = state_pool_init(&c->st, p.max_seqs, cuda ? 0 : m->n_lin, m->K - 1, m->C, m->Hv, m->dk, m->dv, err, errlen)) ||
+        (!cuda && (rc = fwd_scratch_init(&c->s, m, p.max_batch, p.max_ctx, c->p.n_threads, err, errlen)))) {
         cinfer_ctx_destroy(c);
         return rc;
+    }
+    if (cuda) {
+        cuda_fwd_params cp = {.max_tokens = p.max_batch, .max_ctx = p.max_ctx, .n_slots = p.max_seqs, .n_blocks = (int)n_blocks};
+        if ((rc = cuda_fwd_create(m, &cp, &c->cf, err, errlen))) {
+            cinfer_ctx_destroy(c);
+            return rc;
+        }
     }
     /* snapshots also every 4096 tokens of a long prompt (a multiple of the DeltaNet chunk, so these stops cost
      * no extra chunk split), so a long document shared by later requests resumes near where they diverge */
@@ -188,12 +217,19 @@ int cinfer_ctx_create(cinfer_model *cm, const cinfer_ctx_params *pp, cinfer_ctx 
     return 0;
 }
 
+int cinfer_ctx_device(const cinfer_ctx *c) { return c->cf ? CINFER_DEVICE_CUDA : CINFER_DEVICE_CPU; }
+
 int cinfer_seq_open(cinfer_ctx *c, char *err, size_t errlen) {
     for (int i = 0; i < c->p.max_seqs; i++) {
         seq_rec *s = &c->seqs[i];
         if (s->active) continue;
         int slot = state_alloc_slot(&c->st);
         if (slot < 0) break;
+        int rc = c->cf ? cuda_fwd_slot_reset(c->cf, slot, err, errlen) : 0;
+        if (rc) {
+            state_free_slot(&c->st, slot);
+            return rc;
+        }
         s->active = 1;
         s->len = 0;
         s->slot = slot;
@@ -308,7 +344,11 @@ int cinfer_forward(cinfer_ctx *c, const cinfer_batch_entry *e, int n, float *log
         c->fe[i] = (fwd_entry){s->len, e[i].tokens, e[i].n_tokens, e[i].all_logits, s->slot, s->blocks,
                                e[i].spec ? s->spec : NULL, c->p.spec_window, e[i].hidden, 0};
     }
-    forward_cpu(m, &c->s, &c->kv, &c->st, c->tp, c->fe, n, logits);
+    if (c->cf) {
+        if ((rc = cuda_fwd_run(c->cf, c->fe, n, logits, err, errlen))) return rc;
+    } else {
+        forward_cpu(m, &c->s, &c->kv, &c->st, c->tp, c->fe, n, logits);
+    }
     for (int i = 0; i < n; i++) {
         if (e[i].spec) c->seqs[e[i].seq].pending = e[i].n_tokens;
         else c->seqs[e[i].seq].len += e[i].n_tokens;
@@ -385,6 +425,7 @@ const float *ctx_seq_state(const cinfer_ctx *c, int seq, int layer, int recurren
 int ctx_mtp_init(cinfer_ctx *c, char *err, size_t errlen) {
     const model *m = c->m;
     if (c->mtp_on) return 0;
+    if (c->cf) return ci_err(err, errlen, CINFER_EUNSUPPORTED, "device cuda: the MTP head is not supported on cuda yet (use --device cpu)");
     if (!m->mtp.present) return ci_err(err, errlen, CINFER_EUNSUPPORTED, "the checkpoint has no MTP head (mtp.* tensors)");
     /* a sequence's head rows never outrun its target rows by more than a window, and a sequence resumed from
      * the prefix cache has head rows only past the cached prefix: the target pool's block count plus one

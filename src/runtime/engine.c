@@ -817,6 +817,7 @@ static void *sched_main(void *arg) {
 cinfer_engine_params cinfer_engine_default_params(void) {
     cinfer_engine_params p = {.max_seqs = 8, .ctx_size = 4096, .step_tokens = 512, .queue_limit = 64, .n_threads = 0,
                               .kv_memory = 0, .spec = CINFER_SPEC_NONE, .spec_max_draft = 4};
+    p.device = cinfer_ctx_default_params().device;
     return p;
 }
 
@@ -873,6 +874,7 @@ int cinfer_engine_create(cinfer_model *cm, const cinfer_engine_params *pp, cinfe
     cp.kv_memory = p.kv_memory;
     cp.spec_window = p.spec_max_draft ? p.spec_max_draft + 1 : 0;
     cp.prefix_cache_memory = p.prefix_cache_memory;
+    cp.device = p.device;
     int rc = cinfer_ctx_create(cm, &cp, &e->ctx, err, errlen);
     if (rc) {
         free(e);

@@ -1,0 +1,155 @@
+/* attention.cu — gated full attention over the paged KV pool: q/k RMSNorm + partial RoPE with K and V
+ * written into the sequence's blocks, then causal softmax attention split over position spans
+ * (flash-decoding: each block runs an online softmax over its span, a combine pass merges the spans), and
+ * the sigmoid output gate. */
+#include "backend/cuda/common.cuh"
+
+#define KVB 16 /* = KV_BLOCK of runtime/kvcache.h */
+
+__device__ __forceinline__ float *kv_row(float *pool, const cu_attn_args &a, const int *blocks, int pos) {
+    size_t b = (size_t)blocks[pos / KVB];
+    return pool + (((size_t)a.full * a.n_blocks + b) * KVB + (size_t)(pos % KVB)) * (size_t)(a.Hkv * a.hd);
+}
+
+/* per row, a warp per head: q heads in place, k heads into the pool, v copied */
+__global__ void attn_prep_kernel(cu_attn_args a) {
+    __shared__ float buf[4][CU_ATTN_MAX_HD];
+    int r = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, hd = a.hd, half = a.rope_dim / 2;
+    int pos = a.meta.row_pos[r];
+    const int *blocks = a.meta.blocks + a.meta.e_boff[a.meta.row_entry[r]];
+    float *row = a.qkv + (size_t)r * a.ld, *y = buf[warp];
+    for (int h = warp; h < a.Hq + a.Hkv; h += 4) {
+        int isq = h < a.Hq;
+        const float *x =
+            isq ? row + (size_t)h * 2 * hd : row + (size_t)a.Hq * 2 * hd + (size_t)(h - a.Hq) * hd;
+        const float *w = isq ? a.q_norm : a.k_norm;
+        float ss = 0.0f;
+        for (int i = lane; i < hd; i += 32) {
+            float v = x[i];
+            y[i] = v;
+            ss += v * v;
+        }
+        ss = warp_sum(ss);
+        float inv = 1.0f / sqrtf(ss / (float)hd + a.eps);
+        for (int i = lane; i < hd; i += 32) y[i] = (y[i] * inv) * w[i];
+        __syncwarp();
+        for (int i = lane; i < half; i += 32) {
+            float ang = (float)pos * a.inv_freq[i];
+            float cs = cosf(ang), sn = sinf(ang), p = y[i], q = y[i + half];
+            y[i] = p * cs - q * sn;
+            y[i + half] = q * cs + p * sn;
+        }
+        __syncwarp();
+        float *dst =
+            isq ? row + (size_t)h * 2 * hd : kv_row(a.kpool, a, blocks, pos) + (size_t)(h - a.Hq) * hd;
+        for (int i = lane; i < hd; i += 32) dst[i] = y[i];
+        __syncwarp();
+    }
+    float *vdst = kv_row(a.vpool, a, blocks, pos);
+    const float *vsrc = row + (size_t)a.Hq * 2 * hd + (size_t)a.Hkv * hd;
+    for (int i = threadIdx.x; i < a.Hkv * hd; i += blockDim.x) vdst[i] = vsrc[i];
+}
+
+/* a block per (head, row, span); 4 warps stride over the span's positions with an online softmax each */
+template <int NPL> __global__ void __launch_bounds__(128) attn_kernel(cu_attn_args a) {
+    __shared__ float sm_m[4], sm_l[4], sm_acc[4][NPL * 32];
+    int h = blockIdx.x, r = blockIdx.y, sp = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31,
+        hd = a.hd;
+    int pos = a.meta.row_pos[r], start = sp * a.span;
+    if (start > pos) return;
+    int end = pos + 1 < start + a.span ? pos + 1 : start + a.span;
+    int kvh = h / (a.Hq / a.Hkv);
+    const int *blocks = a.meta.blocks + a.meta.e_boff[a.meta.row_entry[r]];
+    const float *q = a.qkv + (size_t)r * a.ld + (size_t)h * 2 * hd;
+    float qv[NPL], acc[NPL];
+#pragma unroll
+    for (int i = 0; i < NPL; i++) {
+        qv[i] = q[lane + 32 * i];
+        acc[i] = 0.0f;
+    }
+    float scale = (float)(1.0 / sqrt((double)hd)), m = -INFINITY, l = 0.0f;
+    for (int u = start + warp; u < end; u += 4) {
+        const float *k = kv_row(a.kpool, a, blocks, u) + (size_t)kvh * hd;
+        const float *v = kv_row(a.vpool, a, blocks, u) + (size_t)kvh * hd;
+        float s = 0.0f;
+#pragma unroll
+        for (int i = 0; i < NPL; i++) s = fmaf(qv[i], k[lane + 32 * i], s);
+        s = warp_sum(s) * scale;
+        float mn = fmaxf(m, s), corr = expf(m - mn), p = expf(s - mn);
+        l = l * corr + p;
+#pragma unroll
+        for (int i = 0; i < NPL; i++) acc[i] = fmaf(p, v[lane + 32 * i], acc[i] * corr);
+        m = mn;
+    }
+    if (lane == 0) {
+        sm_m[warp] = m;
+        sm_l[warp] = l;
+    }
+#pragma unroll
+    for (int i = 0; i < NPL; i++) sm_acc[warp][lane + 32 * i] = acc[i];
+    __syncthreads();
+    float M = fmaxf(fmaxf(sm_m[0], sm_m[1]), fmaxf(sm_m[2], sm_m[3])), Lsum = 0.0f, f[4];
+    for (int w = 0; w < 4; w++) {
+        f[w] = sm_l[w] > 0.0f ? expf(sm_m[w] - M) : 0.0f;
+        Lsum += sm_l[w] * f[w];
+    }
+    const float *gate = q + hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float o = 0.0f;
+        for (int w = 0; w < 4; w++) o += sm_acc[w][d] * f[w];
+        if (a.nsplit == 1) {
+            a.o[(size_t)r * a.Hq * hd + (size_t)h * hd + d] = (o / Lsum) * dev_sigmoid(gate[d]);
+        } else {
+            float *p = a.part + (((size_t)r * a.Hq + h) * a.nsplit + sp) * (size_t)(hd + 2);
+            p[2 + d] = o;
+            if (d == 0) {
+                p[0] = M;
+                p[1] = Lsum;
+            }
+        }
+    }
+}
+
+/* merges the spans of a (row, head): thread d owns output dim d */
+__global__ void attn_combine_kernel(cu_attn_args a) {
+    int h = blockIdx.x, r = blockIdx.y, hd = a.hd;
+    int pos = a.meta.row_pos[r], ns = pos / a.span + 1;
+    const float *p0 = a.part + ((size_t)r * a.Hq + h) * a.nsplit * (size_t)(hd + 2);
+    float M = -INFINITY;
+    for (int s = 0; s < ns; s++) M = fmaxf(M, p0[(size_t)s * (hd + 2)]);
+    float L = 0.0f;
+    for (int s = 0; s < ns; s++) L += p0[(size_t)s * (hd + 2) + 1] * expf(p0[(size_t)s * (hd + 2)] - M);
+    const float *gate = a.qkv + (size_t)r * a.ld + (size_t)h * 2 * hd + hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float o = 0.0f;
+        for (int s = 0; s < ns; s++)
+            o += p0[(size_t)s * (hd + 2) + 2 + d] * expf(p0[(size_t)s * (hd + 2)] - M);
+        a.o[(size_t)r * a.Hq * hd + (size_t)h * hd + d] = (o / L) * dev_sigmoid(gate[d]);
+    }
+}
+
+extern "C" void cu_attn_layer(cu_ctx *c, const cu_attn_args *a) {
+    if (a->T <= 0) return;
+    attn_prep_kernel<<<a->T, 128, 0, c->stream>>>(*a);
+    dim3 grid((unsigned)a->Hq, (unsigned)a->T, (unsigned)a->nsplit);
+    switch (a->hd / 32) {
+    case 1:
+        attn_kernel<1><<<grid, 128, 0, c->stream>>>(*a);
+        break;
+    case 2:
+        attn_kernel<2><<<grid, 128, 0, c->stream>>>(*a);
+        break;
+    case 4:
+        attn_kernel<4><<<grid, 128, 0, c->stream>>>(*a);
+        break;
+    case 8:
+        attn_kernel<8><<<grid, 128, 0, c->stream>>>(*a);
+        break;
+    case 16:
+        attn_kernel<16><<<grid, 128, 0, c->stream>>>(*a);
+        break;
+    default:
+        return; /* rejected at context creation */
+    }
+    if (a->nsplit > 1) attn_combine_kernel<<<dim3((unsigned)a->Hq, (unsigned)a->T), 128, 0, c->stream>>>(*a);
+}

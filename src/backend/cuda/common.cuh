@@ -1,0 +1,72 @@
+/* common.cuh — what every CUDA source of the backend shares: the context struct, bf16 helpers, warp and
+ * block reductions. Kernels never allocate; launchers only enqueue on c->stream. */
+#ifndef CI_CUDA_COMMON_CUH
+#define CI_CUDA_COMMON_CUH
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "backend/cuda/cuda_ops.h"
+
+struct cu_ctx {
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    void *blas_ws; /* cuBLAS workspace (fixed, so capture never allocates) */
+    size_t blas_ws_bytes;
+    cudaGraph_t graph; /* the graph being captured */
+};
+
+__device__ __forceinline__ float bf16_f32(uint16_t h) {
+    return __uint_as_float((uint32_t)h << 16);
+}
+
+/* round to nearest even, NaN kept quiet (matches util/bf16.h) */
+__device__ __forceinline__ uint16_t f32_bf16(float f) {
+    uint32_t u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* sum over the block (blockDim.x a multiple of 32, <= 1024); every thread gets the result */
+__device__ __forceinline__ float block_sum(float v, float *sh /* [32] */) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    float t = 0.0f;
+    if (w == 0) {
+        t = lane < nw ? sh[lane] : 0.0f;
+        t = warp_sum(t);
+        if (lane == 0) sh[0] = t;
+    }
+    __syncthreads();
+    return sh[0];
+}
+
+__device__ __forceinline__ float dev_sigmoid(float x) {
+    return 1.0f / (1.0f + expf(-x));
+}
+__device__ __forceinline__ float dev_silu(float x) {
+    return x / (1.0f + expf(-x));
+}
+__device__ __forceinline__ float dev_softplus(float x) {
+    return x > 20.0f ? x : log1pf(expf(x));
+}
+
+static inline unsigned cdiv(size_t a, size_t b) {
+    return (unsigned)((a + b - 1) / b);
+}
+
+#endif

@@ -1,0 +1,167 @@
+/* cuda_ops.h — the CUDA backend seen from C: device memory, one stream + cuBLAS handle per context, and a
+ * launcher per kernel (the .cu files beside this header, one per op family). Launchers only enqueue work on
+ * the context's stream; errors surface at cu_sync / cu_check. Every pointer named d_* is device memory. bf16
+ * tensors are uint16_t (raw bits); everything else is f32 unless said. Row-major throughout. Built only when
+ * the Makefile finds nvcc (CINFER_CUDA); the C side compiles without it. */
+#ifndef CI_CUDA_OPS_H
+#define CI_CUDA_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct cu_ctx cu_ctx;
+
+/* Devices visible to the runtime; 0 when there is no device or no driver (never an error). */
+int cu_device_count(void);
+/* Name and memory of device 0, for logs. */
+void cu_device_describe(char *buf, size_t len);
+
+/* A stream, a cuBLAS handle with a fixed workspace (so graph capture never allocates). */
+int cu_ctx_create(cu_ctx **out, char *err, size_t errlen);
+void cu_ctx_destroy(cu_ctx *c);
+
+int cu_alloc(void **p, size_t bytes, char *err, size_t errlen); /* zeroed device memory */
+void cu_free(void *p);
+int cu_alloc_host(void **p, size_t bytes, char *err, size_t errlen); /* pinned */
+void cu_free_host(void *p);
+int cu_upload(void *d_dst, const void *src, size_t bytes, char *err, size_t errlen); /* synchronous */
+int cu_download(void *dst, const void *d_src, size_t bytes, char *err, size_t errlen);
+void cu_h2d_async(cu_ctx *c, void *d_dst, const void *src, size_t bytes);
+void cu_d2h_async(cu_ctx *c, void *dst, const void *d_src, size_t bytes);
+void cu_memset_async(cu_ctx *c, void *d, size_t bytes);
+/* Waits for the stream; returns the first error of anything enqueued since. */
+int cu_sync(cu_ctx *c, char *err, size_t errlen);
+/* Launch-time errors (bad configuration) without waiting. */
+int cu_check(char *err, size_t errlen);
+
+/* CUDA graphs over the context's stream: begin capture, end it into an executable graph, replay it. */
+int cu_capture_begin(cu_ctx *c, char *err, size_t errlen);
+int cu_capture_end(cu_ctx *c, void **graph_exec, char *err, size_t errlen);
+int cu_graph_launch(cu_ctx *c, void *graph_exec, char *err, size_t errlen);
+void cu_graph_destroy(void *graph_exec);
+
+/* Timing of enqueued work (for the bench's per-kernel breakdown). */
+typedef struct cu_timer cu_timer;
+int cu_timer_create(cu_timer **t);
+void cu_timer_destroy(cu_timer *t);
+void cu_timer_start(cu_ctx *c, cu_timer *t);
+float cu_timer_stop_ms(cu_ctx *c, cu_timer *t); /* synchronises */
+/* ms between the start events of two timers (both recorded and complete) */
+float cu_timer_between_ms(cu_timer *a, cu_timer *b);
+
+/* ---- GEMM (gemm.cu) ---- */
+/* y[M][N] = x[M][K] · w[N][K]^T, f32 out. Rows of x are f32; with M <= CU_GEMV_MAX_M (or precise) a
+ * bf16-weight GEMV keeps x in f32 and streams w once for all rows (each output's sum has a fixed order, so a
+ * row's result does not depend on M); otherwise x is rounded to bf16 into xb ([M][K] scratch) and cuBLAS
+ * runs bf16 x bf16 -> f32 on tensor cores. */
+#define CU_GEMV_MAX_M 8
+void cu_gemm(cu_ctx *c, float *d_y, const float *d_x, const uint16_t *d_w, int M, int N, int K,
+             uint16_t *d_xb, int precise);
+/* Same, but every row m uses its own matrix w + widx[m] * N * K (MoE experts at decode; M <= any). */
+void cu_gemv_indexed(cu_ctx *c, float *d_y, const float *d_x, int x_row_div, const uint16_t *d_w,
+                     const int *d_widx, int M, int N, int K);
+/* Fills n bf16 values with uniform noise of the given std (random weights built on the device). */
+void cu_fill_random_bf16(cu_ctx *c, uint16_t *d, size_t n, float std, uint64_t seed);
+void cu_fill_f32(cu_ctx *c, float *d, size_t n, float v);
+/* f32 -> bf16, n values */
+void cu_f32_to_bf16(cu_ctx *c, uint16_t *d_y, const float *d_x, size_t n);
+/* Device copy bandwidth (GB/s, read + write counted) and bf16 GEMM rate (TFLOP/s), measured now. */
+int cu_measure_roofline(cu_ctx *c, double *copy_gbs, double *gemm_tflops, char *err, size_t errlen);
+
+/* ---- row ops (rownorm.cu) ---- */
+/* x[T][H] = bf16 embed rows of ids */
+void cu_embed(cu_ctx *c, float *d_x, const uint16_t *d_embed, const int *d_ids, int T, int H);
+/* if d_add: x += add (residual); then y = rmsnorm(x) * w (w is 1 + weight, f32) */
+void cu_add_rmsnorm(cu_ctx *c, float *d_x, const float *d_add, float *d_y, const float *d_w, int T, int H,
+                    float eps);
+/* y[r] = rmsnorm(x[src[r]]) * w for r < n (rows gathered through src) */
+void cu_gather_rmsnorm(cu_ctx *c, float *d_y, const float *d_x, const int *d_src, const float *d_w, int n,
+                       int H, float eps);
+/* y[T][I] = silu(gu[:, :I]) * gu[:, I:2I] */
+void cu_swiglu(cu_ctx *c, float *d_y, const float *d_gu, int T, int I);
+/* x[r] += y[r] (T rows of n) */
+void cu_add(cu_ctx *c, float *d_x, const float *d_y, int T, int n);
+
+/* ---- per-call metadata, laid out by cu_meta_layout (device int buffer) ---- */
+typedef struct cu_meta {
+    const int *ids;       /* [T] */
+    const int *row_pos;   /* [T] */
+    const int *row_entry; /* [T] */
+    const int *e_len;     /* [NE] tokens before this call */
+    const int *e_n;       /* [NE] new tokens */
+    const int *e_row0;    /* [NE] first row */
+    const int *e_slot;    /* [NE] DeltaNet slot */
+    const int *e_boff;    /* [NE] offset of the entry's block table in blocks */
+    const int *lrow;      /* [nl] rows that need logits */
+    const int *blocks;    /* block tables, concatenated */
+} cu_meta;
+
+/* ---- Gated DeltaNet (deltanet.cu) ---- */
+typedef struct cu_gdn_args {
+    int T, NE, Hk, Hv, dk, dv, K, C; /* C = 2*Hk*dk + Hv*dv */
+    int n_lin, lin;                  /* linear layers, this one's index (state layout) */
+    const float *qkv;
+    int qkv_ld; /* pre-conv rows [T][C] with row stride */
+    const float *z;
+    int z_ld; /* output gate [T][Hv*dv] */
+    const float *b;
+    const float *a;
+    int ba_ld;           /* [T][Hv] each */
+    const float *conv_w; /* [K][C] */
+    const float *A, *dt_bias, *gnorm;
+    float *conv_out;   /* [T][C] scratch */
+    float *bg;         /* [T][2Hv] scratch: beta | g */
+    float *o;          /* [T][Hv*dv] output (gated-normed) */
+    float *conv_state; /* [slots][n_lin][K-1][C] */
+    float *rec_state;  /* [slots][n_lin][Hv][dk][dv] */
+    float eps;
+    cu_meta meta;
+} cu_gdn_args;
+/* conv1d + SiLU (window advanced), l2norm q/k + scale, beta/g, recurrent (decode) or chunked (prefill)
+ * DeltaNet, gated RMSNorm: a whole DeltaNet layer between in_proj and out_proj. */
+void cu_gdn_layer(cu_ctx *c, const cu_gdn_args *a);
+/* Qwen3-Next: per key-head groups of in_proj_qkvz | in_proj_ba ([T][ld] rows) into q|k|v, z, b, a */
+void cu_next_split(cu_ctx *c, const float *d_in, int ld, float *d_qkv, float *d_z, float *d_b, float *d_a,
+                   int T, int Hk, int Hv, int dk, int dv);
+/* 1 when the chunked kernel's shared memory for this dk fits the device; raises the kernel's opt-in limit
+ * (call before any graph capture) */
+int cu_gdn_init(int dk);
+
+/* ---- gated attention (attention.cu) ---- */
+typedef struct cu_attn_args {
+    int T, Hq, Hkv, hd, rope_dim, n_blocks, full; /* full: this layer's index among full-attention layers */
+    float *qkv;
+    int ld; /* [T][ld] rows: per head q(hd) gate(hd), then k (Hkv*hd), then v (Hkv*hd) */
+    const float *q_norm, *k_norm, *inv_freq;
+    float *kpool, *vpool; /* [n_full][n_blocks][16][Hkv*hd] */
+    float *o;             /* [T][Hq*hd] */
+    float *part;          /* split-softmax partials [T][Hq][nsplit][hd + 2] */
+    int span, nsplit;     /* positions per split, splits */
+    float eps;
+    cu_meta meta;
+} cu_attn_args;
+void cu_attn_layer(cu_ctx *c, const cu_attn_args *a);
+/* Largest supported head dim (hd must be a multiple of 32 up to this) */
+#define CU_ATTN_MAX_HD 512
+
+/* ---- MoE (moe.cu) ---- */
+/* per row: softmax over E logits, top-k (ties to the lower index), renormalised when norm; idx/w [T][k] */
+void cu_moe_route(cu_ctx *c, const float *d_logits, int *d_idx, float *d_w, int T, int E, int k, int norm);
+/* xg[p] = x[src[p]] for p < n (rows of H) */
+void cu_gather_rows(cu_ctx *c, float *d_xg, const float *d_x, const int *d_src, int n, int H);
+/* out[r] = Σ_j w[r][j] * y[pos[r][j]] over j in the given order (pos: slot positions, [T][k]); then
+ * if sh: out[r] += sigmoid(shg[r]) * sh[r] */
+void cu_moe_combine(cu_ctx *c, float *d_out, const float *d_y, const int *d_pos, const float *d_w, int T,
+                    int k, int H, const float *d_sh, const float *d_shg);
+/* decode form without the host: slot (r, j) reads row r; order of accumulation is by ascending expert id */
+void cu_moe_sort_slots(cu_ctx *c, int *d_idx, float *d_w, int T, int k);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,274 @@
+/* deltanet.cu — one Gated DeltaNet layer between in_proj and out_proj (spec §4): causal conv1d + SiLU with
+ * the window kept per slot, l2norm of q/k (q scaled), beta = sigmoid(b), g = A softplus(a + dt_bias), the
+ * recurrent form for a decode token continuing a sequence, the chunked (WY) form on the absolute 64-grid for
+ * everything else, then the gated RMSNorm. The f32 state lives in its slot and is updated in place.
+ * Sums run in the CPU's order (forward_cpu.c) wherever a thread owns the whole sum. */
+#include "backend/cuda/common.cuh"
+
+#define GDN_CH    64 /* chunk length, = GDN_CHUNK of forward.h */
+#define GDN_DT    32 /* value columns per chunked block: U, D, O and S split by columns */
+#define CONV_MAXK 8
+
+__global__ void conv_kernel(cu_gdn_args a) {
+    int e = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= a.C) return;
+    int n = a.meta.e_n[e], r0 = a.meta.e_row0[e], slot = a.meta.e_slot[e], K = a.K, C = a.C;
+    float *st = a.conv_state + ((size_t)slot * a.n_lin + a.lin) * (size_t)(K - 1) * C + c;
+    float win[CONV_MAXK], wt[CONV_MAXK];
+    for (int j = 0; j < K - 1; j++) win[j] = st[(size_t)j * C];
+    for (int j = 0; j < K; j++) wt[j] = a.conv_w[(size_t)j * C + c];
+    for (int t = 0; t < n; t++) {
+        float xin = a.qkv[(size_t)(r0 + t) * a.qkv_ld + c];
+        float acc = 0.0f;
+        for (int j = 0; j < K - 1; j++) acc += wt[j] * win[j];
+        acc += wt[K - 1] * xin;
+        a.conv_out[(size_t)(r0 + t) * C + c] = dev_silu(acc);
+        for (int j = 0; j + 1 < K - 1; j++) win[j] = win[j + 1];
+        if (K > 1) win[K - 2] = xin;
+    }
+    for (int j = 0; j < K - 1; j++) st[(size_t)j * C] = win[j];
+}
+
+/* per row: l2norm (eps 1e-6) of the 2 Hk q/k heads, q scaled by 1/sqrt(dk); beta and g per value head */
+__global__ void prep_kernel(cu_gdn_args a) {
+    int r = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    float *row = a.conv_out + (size_t)r * a.C;
+    float scale = (float)(1.0 / sqrt((double)a.dk));
+    for (int h = warp; h < 2 * a.Hk; h += nw) {
+        float *x = row + (size_t)h * a.dk;
+        float ss = 0.0f;
+        for (int i = lane; i < a.dk; i += 32) ss += x[i] * x[i];
+        ss = warp_sum(ss);
+        float inv = 1.0f / sqrtf(ss + 1e-6f);
+        for (int i = lane; i < a.dk; i += 32) {
+            float v = x[i] * inv;
+            x[i] = h < a.Hk ? v * scale : v;
+        }
+    }
+    for (int h = threadIdx.x; h < a.Hv; h += blockDim.x) {
+        float b = a.b[(size_t)r * a.ba_ld + h], av = a.a[(size_t)r * a.ba_ld + h];
+        a.bg[(size_t)r * 2 * a.Hv + h] = dev_sigmoid(b);
+        a.bg[(size_t)r * 2 * a.Hv + a.Hv + h] = a.A[h] * dev_softplus(av + a.dt_bias[h]);
+    }
+}
+
+/* decode: one token continuing a sequence. Thread j owns column j of S [dk][dv]: decay, read-out S^T k,
+ * delta update, then o = S^T q; no cross-thread sums. */
+__global__ void recurrent_kernel(cu_gdn_args a) {
+    extern __shared__ float sm[];
+    int e = blockIdx.z;
+    if (!(a.meta.e_n[e] == 1 && a.meta.e_len[e] > 0)) return;
+    int h = blockIdx.y, j = blockIdx.x * blockDim.x + threadIdx.x, dk = a.dk, dv = a.dv;
+    int r = a.meta.e_row0[e], kh = h / (a.Hv / a.Hk), kd = a.Hk * dk;
+    float *q = sm, *k = sm + dk;
+    const float *row = a.conv_out + (size_t)r * a.C;
+    for (int i = threadIdx.x; i < dk; i += blockDim.x) {
+        q[i] = row[(size_t)kh * dk + i];
+        k[i] = row[kd + (size_t)kh * dk + i];
+    }
+    __syncthreads();
+    if (j >= dv) return;
+    float *S = a.rec_state + (((size_t)a.meta.e_slot[e] * a.n_lin + a.lin) * a.Hv + h) * (size_t)dk * dv + j;
+    float decay = expf(a.bg[(size_t)r * 2 * a.Hv + a.Hv + h]), beta = a.bg[(size_t)r * 2 * a.Hv + h];
+    float m = 0.0f;
+    for (int i = 0; i < dk; i++) m = fmaf(k[i], __fmul_rn(S[(size_t)i * dv], decay), m);
+    float vj = row[2 * (size_t)kd + (size_t)h * dv + j];
+    m = beta * (vj - m);
+    float o = 0.0f;
+    for (int i = 0; i < dk; i++) {
+        float s = fmaf(k[i], m, __fmul_rn(S[(size_t)i * dv], decay));
+        S[(size_t)i * dv] = s;
+        o = fmaf(q[i], s, o);
+    }
+    a.o[(size_t)r * a.Hv * dv + (size_t)h * dv + j] = o;
+}
+
+static size_t chunk_smem_floats(int dk) {
+    return 3 * (size_t)GDN_CH * dk + 2 * (size_t)GDN_CH * GDN_CH + (size_t)GDN_CH * GDN_DT +
+           (size_t)dk * GDN_DT + 2 * GDN_CH;
+}
+
+/* prefill: the chunked form of forward_cpu.c's gdn_chunked, a block per (entry, value head, 32 value
+ * columns); W, G and QK depend only on q/k/beta/g and are recomputed by each column block. */
+__global__ void __launch_bounds__(256) chunked_kernel(cu_gdn_args a) {
+    extern __shared__ float sm[];
+    int e = blockIdx.z;
+    int n = a.meta.e_n[e], pos0 = a.meta.e_len[e];
+    if (n == 1 && pos0 > 0) return;
+    int h = blockIdx.y, j0 = blockIdx.x * GDN_DT, dk = a.dk, dv = a.dv, tid = threadIdx.x, nt = blockDim.x;
+    int r0 = a.meta.e_row0[e], kh = h / (a.Hv / a.Hk), kd = a.Hk * dk, C = a.C;
+    float *Ks = sm, *Qs = Ks + GDN_CH * dk, *Ws = Qs + GDN_CH * dk, *G = Ws + GDN_CH * dk,
+          *QK = G + GDN_CH * GDN_CH;
+    float *U = QK + GDN_CH * GDN_CH, *S = U + GDN_CH * GDN_DT, *gam = S + dk * GDN_DT, *bet = gam + GDN_CH;
+    float *Sg = a.rec_state + (((size_t)a.meta.e_slot[e] * a.n_lin + a.lin) * a.Hv + h) * (size_t)dk * dv;
+    for (int idx = tid; idx < dk * GDN_DT; idx += nt) {
+        int i = idx / GDN_DT, jj = idx % GDN_DT;
+        S[idx] = j0 + jj < dv ? Sg[(size_t)i * dv + j0 + jj] : 0.0f;
+    }
+    for (int c0 = 0, L; c0 < n; c0 += L) {
+        L = GDN_CH - (pos0 + c0) % GDN_CH;
+        if (L > n - c0) L = n - c0;
+        __syncthreads();
+        for (int idx = tid; idx < L * dk; idx += nt) {
+            int t = idx / dk, i = idx % dk;
+            const float *row = a.conv_out + (size_t)(r0 + c0 + t) * C;
+            Qs[idx] = row[(size_t)kh * dk + i];
+            Ks[idx] = row[kd + (size_t)kh * dk + i];
+        }
+        for (int idx = tid; idx < L * GDN_DT; idx += nt) {
+            int t = idx / GDN_DT, jj = idx % GDN_DT;
+            U[idx] = j0 + jj < dv
+                         ? a.conv_out[(size_t)(r0 + c0 + t) * C + 2 * (size_t)kd + (size_t)h * dv + j0 + jj]
+                         : 0.0f;
+        }
+        if (tid == 0) {
+            float acc = 0.0f;
+            for (int t = 0; t < L; t++) {
+                const float *bg = a.bg + (size_t)(r0 + c0 + t) * 2 * a.Hv;
+                acc += bg[a.Hv + h];
+                gam[t] = acc;
+                bet[t] = bg[h];
+            }
+        }
+        __syncthreads();
+        for (int idx = tid; idx < L * L; idx += nt) {
+            int r = idx / L, s = idx % L;
+            if (s > r) continue;
+            float g = 0.0f, qk = 0.0f;
+            for (int i = 0; i < dk; i++) {
+                g = fmaf(Ks[r * dk + i], Ks[s * dk + i], g);
+                qk = fmaf(Qs[r * dk + i], Ks[s * dk + i], qk);
+            }
+            G[r * GDN_CH + s] = g;
+            QK[r * GDN_CH + s] = qk;
+        }
+        __syncthreads();
+        /* forward substitution: (I + L) W = beta Gam K, (I + L) U = beta V, row by row */
+        for (int r = 0; r < L; r++) {
+            float br = bet[r];
+            for (int idx = tid; idx < dk + GDN_DT; idx += nt) {
+                if (idx < dk) {
+                    float w = (br * expf(gam[r])) * Ks[r * dk + idx];
+                    for (int s = 0; s < r; s++) {
+                        float l = br * expf(gam[r] - gam[s]) * G[r * GDN_CH + s];
+                        w = fmaf(-l, Ws[s * dk + idx], w);
+                    }
+                    Ws[r * dk + idx] = w;
+                } else {
+                    int jj = idx - dk;
+                    float u = br * U[r * GDN_DT + jj];
+                    for (int s = 0; s < r; s++) {
+                        float l = br * expf(gam[r] - gam[s]) * G[r * GDN_CH + s];
+                        u = fmaf(-l, U[s * GDN_DT + jj], u);
+                    }
+                    U[r * GDN_DT + jj] = u;
+                }
+            }
+            __syncthreads();
+        }
+        /* D = U - W S0 (in place over U) */
+        for (int idx = tid; idx < L * GDN_DT; idx += nt) {
+            int r = idx / GDN_DT, jj = idx % GDN_DT;
+            float d = U[idx];
+            for (int i = 0; i < dk; i++) d = fmaf(-Ws[r * dk + i], S[i * GDN_DT + jj], d);
+            U[idx] = d;
+        }
+        __syncthreads();
+        /* O = (Gam Q) S0 + M D */
+        for (int idx = tid; idx < L * GDN_DT; idx += nt) {
+            int r = idx / GDN_DT, jj = idx % GDN_DT;
+            if (j0 + jj >= dv) continue;
+            float o = 0.0f;
+            for (int i = 0; i < dk; i++) o = fmaf(Qs[r * dk + i], S[i * GDN_DT + jj], o);
+            o *= expf(gam[r]);
+            for (int s = 0; s <= r; s++)
+                o = fmaf(expf(gam[r] - gam[s]) * QK[r * GDN_CH + s], U[s * GDN_DT + jj], o);
+            a.o[(size_t)(r0 + c0 + r) * a.Hv * dv + (size_t)h * dv + j0 + jj] = o;
+        }
+        __syncthreads();
+        /* S = Gam_L S0 + Σ_r e^{gam_L - gam_r} k_r ⊗ D_r */
+        float gl = gam[L - 1], egl = expf(gl);
+        for (int idx = tid; idx < dk * GDN_DT; idx += nt) {
+            int i = idx / GDN_DT, jj = idx % GDN_DT;
+            float s = S[idx] * egl;
+            for (int r = 0; r < L; r++) s = fmaf(expf(gl - gam[r]) * Ks[r * dk + i], U[r * GDN_DT + jj], s);
+            S[idx] = s;
+        }
+    }
+    __syncthreads();
+    for (int idx = tid; idx < dk * GDN_DT; idx += nt) {
+        int i = idx / GDN_DT, jj = idx % GDN_DT;
+        if (j0 + jj < dv) Sg[(size_t)i * dv + j0 + jj] = S[idx];
+    }
+}
+
+/* per row: rmsnorm(o_h) * gnorm * silu(z_h) for each value head, a warp per head */
+__global__ void gnorm_kernel(cu_gdn_args a) {
+    int r = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5, dv = a.dv;
+    for (int h = warp; h < a.Hv; h += nw) {
+        float *o = a.o + (size_t)r * a.Hv * dv + (size_t)h * dv;
+        const float *z = a.z + (size_t)r * a.z_ld + (size_t)h * dv;
+        float ss = 0.0f;
+        for (int j = lane; j < dv; j += 32) ss += o[j] * o[j];
+        ss = warp_sum(ss);
+        float inv = 1.0f / sqrtf(ss / (float)dv + a.eps);
+        for (int j = lane; j < dv; j += 32) o[j] = ((o[j] * inv) * a.gnorm[j]) * dev_silu(z[j]);
+    }
+}
+
+extern "C" int cu_gdn_init(int dk) {
+    int dev = 0, optin = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return 0;
+    cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    size_t smem = chunk_smem_floats(dk) * sizeof(float);
+    if (smem > (size_t)optin) return 0;
+    return cudaFuncSetAttribute(chunked_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin) ==
+           cudaSuccess;
+}
+
+extern "C" void cu_gdn_layer(cu_ctx *c, const cu_gdn_args *a) {
+    if (a->T <= 0) return;
+    size_t smem = chunk_smem_floats(a->dk) * sizeof(float);
+    conv_kernel<<<dim3(cdiv((size_t)a->C, 128), (unsigned)a->NE), 128, 0, c->stream>>>(*a);
+    prep_kernel<<<a->T, 128, 0, c->stream>>>(*a);
+    int bt = a->dv < 128 ? ((a->dv + 31) / 32) * 32 : 128;
+    recurrent_kernel<<<dim3(cdiv((size_t)a->dv, bt), (unsigned)a->Hv, (unsigned)a->NE), bt,
+                       2 * a->dk * sizeof(float), c->stream>>>(*a);
+    chunked_kernel<<<dim3(cdiv((size_t)a->dv, GDN_DT), (unsigned)a->Hv, (unsigned)a->NE), 256, smem,
+                     c->stream>>>(*a);
+    gnorm_kernel<<<a->T, 128, 0, c->stream>>>(*a);
+}
+
+/* Qwen3-Next: in_proj_qkvz rows hold per key head [q (dk) | k (dk) | v (rr dv) | z (rr dv)], in_proj_ba
+ * rows [b (rr) | a (rr)] per key head (rr = Hv / Hk); the fused output row is [qkvz (2kd + 2vd) | ba (2 Hv)].
+ */
+__global__ void next_split_kernel(const float *in, int ld, float *qkv, float *z, float *b, float *av, int Hk,
+                                  int Hv, int dk, int dv) {
+    int r = blockIdx.x, rr = Hv / Hk, kd = Hk * dk, vd = Hv * dv, grp = 2 * dk + 2 * rr * dv, C = 2 * kd + vd;
+    const float *src = in + (size_t)r * ld;
+    for (int idx = threadIdx.x; idx < Hk * grp; idx += blockDim.x) {
+        int g = idx / grp, o = idx % grp;
+        float v = src[idx];
+        if (o < dk)
+            qkv[(size_t)r * C + (size_t)g * dk + o] = v;
+        else if (o < 2 * dk)
+            qkv[(size_t)r * C + kd + (size_t)g * dk + (o - dk)] = v;
+        else if (o < 2 * dk + rr * dv)
+            qkv[(size_t)r * C + 2 * kd + (size_t)g * rr * dv + (o - 2 * dk)] = v;
+        else
+            z[(size_t)r * vd + (size_t)g * rr * dv + (o - 2 * dk - rr * dv)] = v;
+    }
+    const float *bs = src + (size_t)Hk * grp;
+    for (int idx = threadIdx.x; idx < 2 * Hv; idx += blockDim.x) {
+        int g = idx / (2 * rr), o = idx % (2 * rr);
+        if (o < rr)
+            b[(size_t)r * Hv + g * rr + o] = bs[idx];
+        else
+            av[(size_t)r * Hv + g * rr + (o - rr)] = bs[idx];
+    }
+}
+
+extern "C" void cu_next_split(cu_ctx *c, const float *in, int ld, float *qkv, float *z, float *b, float *av,
+                              int T, int Hk, int Hv, int dk, int dv) {
+    if (T > 0) next_split_kernel<<<T, 256, 0, c->stream>>>(in, ld, qkv, z, b, av, Hk, Hv, dk, dv);
+}

@@ -1,0 +1,214 @@
+/* gemm.cu — y = x · w^T with bf16 weights: a GEMV for decode-sized M that streams each weight row once for
+ * all rows of x (kept in f32), and cuBLAS bf16 x bf16 -> f32 on tensor cores for everything larger. */
+#include "backend/cuda/common.cuh"
+
+#define GEMV_WARPS 8
+#define GEMV_NR    2 /* output rows per warp: x is loaded once into registers for both */
+
+/* One warp computes GEMV_NR outputs for MR rows of x. Lane l reads 8 consecutive weights at k = 8l + 256i;
+ * per-lane partial sums run in k order and are combined by the same butterfly for any MR, so an output's
+ * value does not depend on how many rows share the launch. */
+template <int MR>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+    gemv_kernel(float *__restrict__ y, const float *__restrict__ x, const uint16_t *__restrict__ w, int N,
+                int K) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int n0 = (blockIdx.x * GEMV_WARPS + warp) * GEMV_NR;
+    if (n0 >= N) return;
+    x += (size_t)blockIdx.y * MR * K; /* tiles of MR rows along grid.y */
+    y += (size_t)blockIdx.y * MR * N;
+    float acc[GEMV_NR][MR];
+#pragma unroll
+    for (int r = 0; r < GEMV_NR; r++)
+#pragma unroll
+        for (int m = 0; m < MR; m++) acc[r][m] = 0.0f;
+    if ((K & 7) == 0) {
+        for (int k = lane * 8; k < K; k += 256) {
+            float wf[GEMV_NR][8];
+#pragma unroll
+            for (int r = 0; r < GEMV_NR; r++) {
+                int n = n0 + r < N ? n0 + r : N - 1;
+                uint4 u = *reinterpret_cast<const uint4 *>(w + (size_t)n * K + k);
+                const uint32_t p[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    wf[r][2 * q] = __uint_as_float(p[q] << 16);
+                    wf[r][2 * q + 1] = __uint_as_float(p[q] & 0xffff0000u);
+                }
+            }
+#pragma unroll
+            for (int m = 0; m < MR; m++) {
+                const float4 *xp = reinterpret_cast<const float4 *>(x + (size_t)m * K + k);
+                float4 a = xp[0], b = xp[1];
+                float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+                for (int r = 0; r < GEMV_NR; r++)
+#pragma unroll
+                    for (int q = 0; q < 8; q++) acc[r][m] = fmaf(wf[r][q], xv[q], acc[r][m]);
+            }
+        }
+    } else {
+        for (int k = lane; k < K; k += 32) {
+#pragma unroll
+            for (int r = 0; r < GEMV_NR; r++) {
+                int n = n0 + r < N ? n0 + r : N - 1;
+                float wv = bf16_f32(w[(size_t)n * K + k]);
+#pragma unroll
+                for (int m = 0; m < MR; m++) acc[r][m] = fmaf(wv, x[(size_t)m * K + k], acc[r][m]);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < GEMV_NR; r++)
+#pragma unroll
+        for (int m = 0; m < MR; m++) {
+            float v = warp_sum(acc[r][m]);
+            if (lane == 0 && n0 + r < N) y[(size_t)m * N + n0 + r] = v;
+        }
+}
+
+template <int MR>
+static void gemv_launch(cu_ctx *c, float *y, const float *x, const uint16_t *w, int tiles, int N, int K) {
+    dim3 grid(cdiv((size_t)N, GEMV_WARPS * GEMV_NR), (unsigned)tiles);
+    gemv_kernel<MR><<<grid, GEMV_WARPS * 32, 0, c->stream>>>(y, x, w, N, K);
+}
+
+/* whole tiles of 8 rows in one launch, the remainder in a second */
+static void gemv_rows(cu_ctx *c, float *y, const float *x, const uint16_t *w, int M, int N, int K) {
+    int full = M / 8, rest = M % 8;
+    if (full) gemv_launch<8>(c, y, x, w, full, N, K);
+    float *yy = y + (size_t)full * 8 * N;
+    const float *xx = x + (size_t)full * 8 * K;
+    switch (rest) {
+    case 1:
+        gemv_launch<1>(c, yy, xx, w, 1, N, K);
+        break;
+    case 2:
+        gemv_launch<2>(c, yy, xx, w, 1, N, K);
+        break;
+    case 3:
+        gemv_launch<3>(c, yy, xx, w, 1, N, K);
+        break;
+    case 4:
+        gemv_launch<4>(c, yy, xx, w, 1, N, K);
+        break;
+    case 5:
+        gemv_launch<5>(c, yy, xx, w, 1, N, K);
+        break;
+    case 6:
+        gemv_launch<6>(c, yy, xx, w, 1, N, K);
+        break;
+    case 7:
+        gemv_launch<7>(c, yy, xx, w, 1, N, K);
+        break;
+    default:
+        break;
+    }
+}
+
+__global__ void f32_to_bf16_kernel(uint16_t *y, const float *x, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        y[i] = f32_bf16(x[i]);
+}
+
+extern "C" void cu_f32_to_bf16(cu_ctx *c, uint16_t *y, const float *x, size_t n) {
+    unsigned g = cdiv(n, 256);
+    if (g > 65535u * 16u) g = 65535u * 16u;
+    f32_to_bf16_kernel<<<g, 256, 0, c->stream>>>(y, x, n);
+}
+
+extern "C" void cu_gemm(cu_ctx *c, float *y, const float *x, const uint16_t *w, int M, int N, int K,
+                        uint16_t *xb, int precise) {
+    if (M <= 0 || N <= 0) return;
+    /* the vector path reads x rows as float4: K % 8 == 0 keeps them aligned, else the scalar loop runs */
+    if (M <= CU_GEMV_MAX_M || precise || !xb) {
+        gemv_rows(c, y, x, w, M, N, K);
+        return;
+    }
+    cu_f32_to_bf16(c, xb, x, (size_t)M * K);
+    const float one = 1.0f, zero = 0.0f;
+    /* column-major view: Y^T [N x M] = W [K x N]^T · X^T [K x M] */
+    cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, w, CUDA_R_16BF, K, xb, CUDA_R_16BF, K,
+                 &zero, y, CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+}
+
+/* Row m of x (x row m / div) times matrix widx[m] of w: one M = 1 GEMV per block row, for MoE experts. */
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+    gemv_indexed_kernel(float *__restrict__ y, const float *__restrict__ x, int div,
+                        const uint16_t *__restrict__ w, const int *__restrict__ widx, int N, int K) {
+    int m = blockIdx.y;
+    const uint16_t *wm = w + (size_t)widx[m] * N * K;
+    const float *xm = x + (size_t)(m / div) * K;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int n0 = (blockIdx.x * GEMV_WARPS + warp) * GEMV_NR;
+    if (n0 >= N) return;
+    float acc[GEMV_NR] = {0.0f, 0.0f};
+    if ((K & 7) == 0) {
+        for (int k = lane * 8; k < K; k += 256) {
+            const float4 *xp = reinterpret_cast<const float4 *>(xm + k);
+            float4 a = xp[0], b = xp[1];
+            float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+            for (int r = 0; r < GEMV_NR; r++) {
+                int n = n0 + r < N ? n0 + r : N - 1;
+                uint4 u = *reinterpret_cast<const uint4 *>(wm + (size_t)n * K + k);
+                const uint32_t p[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    acc[r] = fmaf(__uint_as_float(p[q] << 16), xv[2 * q], acc[r]);
+                    acc[r] = fmaf(__uint_as_float(p[q] & 0xffff0000u), xv[2 * q + 1], acc[r]);
+                }
+            }
+        }
+    } else {
+        for (int k = lane; k < K; k += 32)
+#pragma unroll
+            for (int r = 0; r < GEMV_NR; r++) {
+                int n = n0 + r < N ? n0 + r : N - 1;
+                acc[r] = fmaf(bf16_f32(wm[(size_t)n * K + k]), xm[k], acc[r]);
+            }
+    }
+#pragma unroll
+    for (int r = 0; r < GEMV_NR; r++) {
+        float v = warp_sum(acc[r]);
+        if (lane == 0 && n0 + r < N) y[(size_t)m * N + n0 + r] = v;
+    }
+}
+
+extern "C" void cu_gemv_indexed(cu_ctx *c, float *y, const float *x, int x_row_div, const uint16_t *w,
+                                const int *widx, int M, int N, int K) {
+    if (M <= 0 || N <= 0) return;
+    dim3 grid(cdiv((size_t)N, GEMV_WARPS * GEMV_NR), (unsigned)M);
+    gemv_indexed_kernel<<<grid, GEMV_WARPS * 32, 0, c->stream>>>(y, x, x_row_div, w, widx, N, K);
+}
+
+__device__ __forceinline__ uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+__global__ void fill_random_kernel(uint16_t *d, size_t n, float amp, uint64_t seed) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        uint64_t h = mix64(seed + 0x9e3779b97f4a7c15ull * (i + 1));
+        float u = (float)(h >> 40) * (1.0f / 16777216.0f); /* [0, 1) */
+        d[i] = f32_bf16((2.0f * u - 1.0f) * amp);
+    }
+}
+
+extern "C" void cu_fill_random_bf16(cu_ctx *c, uint16_t *d, size_t n, float std, uint64_t seed) {
+    unsigned g = cdiv(n, 256);
+    if (g > 65535u * 16u) g = 65535u * 16u;
+    fill_random_kernel<<<g, 256, 0, c->stream>>>(d, n, std * 1.7320508f, seed); /* uniform on ±std·√3 */
+}
+
+__global__ void fill_f32_kernel(float *d, size_t n, float v) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        d[i] = v;
+}
+extern "C" void cu_fill_f32(cu_ctx *c, float *d, size_t n, float v) {
+    unsigned g = cdiv(n, 256);
+    if (g > 65535u * 16u) g = 65535u * 16u;
+    fill_f32_kernel<<<g, 256, 0, c->stream>>>(d, n, v);
+}

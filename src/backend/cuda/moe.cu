@@ -1,0 +1,113 @@
+/* moe.cu — the MoE router (softmax over experts, top-k, optional renormalisation) and the row gathers and
+ * weighted combine around the expert GEMMs (forward_cuda.c runs the experts themselves). */
+#include "backend/cuda/common.cuh"
+
+#define ROUTE_MAX_E 1024
+#define ROUTE_MAX_K 32
+
+/* a warp per row; ties go to the lower expert index, as the CPU's stable descending selection */
+__global__ void route_kernel(const float *logits, int *idx, float *w, int E, int k, int norm) {
+    __shared__ float p[ROUTE_MAX_E];
+    __shared__ int chosen[ROUTE_MAX_K];
+    int r = blockIdx.x, lane = threadIdx.x;
+    const float *lg = logits + (size_t)r * E;
+    float mx = -INFINITY;
+    for (int e = lane; e < E; e += 32) mx = fmaxf(mx, lg[e]);
+    mx = warp_max(mx);
+    float s = 0.0f;
+    for (int e = lane; e < E; e += 32) {
+        float v = expf(lg[e] - mx);
+        p[e] = v;
+        s += v;
+    }
+    s = warp_sum(s);
+    __syncwarp();
+    for (int e = lane; e < E; e += 32) p[e] /= s;
+    __syncwarp();
+    for (int j = 0; j < k; j++) {
+        float bv = -1.0f;
+        int bi = E;
+        for (int e = lane; e < E; e += 32) {
+            int taken = 0;
+            for (int q = 0; q < j; q++) taken |= chosen[q] == e;
+            if (!taken && (p[e] > bv || (p[e] == bv && e < bi))) {
+                bv = p[e];
+                bi = e;
+            }
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > bv || (ov == bv && oi < bi)) {
+                bv = ov;
+                bi = oi;
+            }
+        }
+        if (lane == 0) chosen[j] = bi;
+        __syncwarp();
+    }
+    if (lane == 0) {
+        float ws = 0.0f;
+        for (int j = 0; j < k; j++) ws += p[chosen[j]];
+        for (int j = 0; j < k; j++) {
+            idx[(size_t)r * k + j] = chosen[j];
+            w[(size_t)r * k + j] = norm ? p[chosen[j]] / ws : p[chosen[j]];
+        }
+    }
+}
+
+extern "C" void cu_moe_route(cu_ctx *c, const float *logits, int *idx, float *w, int T, int E, int k,
+                             int norm) {
+    if (T > 0) route_kernel<<<T, 32, 0, c->stream>>>(logits, idx, w, E, k, norm);
+}
+
+__global__ void gather_rows_kernel(float *xg, const float *x, const int *src, int H) {
+    int p = blockIdx.x;
+    const float *s = x + (size_t)src[p] * H;
+    for (int i = threadIdx.x; i < H; i += blockDim.x) xg[(size_t)p * H + i] = s[i];
+}
+
+extern "C" void cu_gather_rows(cu_ctx *c, float *xg, const float *x, const int *src, int n, int H) {
+    if (n > 0) gather_rows_kernel<<<n, 256, 0, c->stream>>>(xg, x, src, H);
+}
+
+__global__ void combine_kernel(float *out, const float *y, const int *pos, const float *w, int k, int H,
+                               const float *sh, const float *shg) {
+    int r = blockIdx.x;
+    float g = sh ? dev_sigmoid(shg[r]) : 0.0f;
+    for (int i = threadIdx.x; i < H; i += blockDim.x) {
+        float acc = 0.0f;
+        for (int j = 0; j < k; j++) acc += y[(size_t)pos[(size_t)r * k + j] * H + i] * w[(size_t)r * k + j];
+        if (sh) acc += g * sh[(size_t)r * H + i];
+        out[(size_t)r * H + i] = acc;
+    }
+}
+
+extern "C" void cu_moe_combine(cu_ctx *c, float *out, const float *y, const int *pos, const float *w, int T,
+                               int k, int H, const float *sh, const float *shg) {
+    if (T > 0) combine_kernel<<<T, 256, 0, c->stream>>>(out, y, pos, w, k, H, sh, shg);
+}
+
+/* per row: the k choices in ascending expert order (the CPU accumulates experts in index order) */
+__global__ void sort_slots_kernel(int *idx, float *w, int T, int k) {
+    int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= T) return;
+    int *ir = idx + (size_t)r * k;
+    float *wr = w + (size_t)r * k;
+    for (int a = 1; a < k; a++) {
+        int ia = ir[a];
+        float wa = wr[a];
+        int b = a - 1;
+        while (b >= 0 && ir[b] > ia) {
+            ir[b + 1] = ir[b];
+            wr[b + 1] = wr[b];
+            b--;
+        }
+        ir[b + 1] = ia;
+        wr[b + 1] = wa;
+    }
+}
+
+extern "C" void cu_moe_sort_slots(cu_ctx *c, int *idx, float *w, int T, int k) {
+    if (T > 0) sort_slots_kernel<<<cdiv((size_t)T, 64), 64, 0, c->stream>>>(idx, w, T, k);
+}

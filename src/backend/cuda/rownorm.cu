@@ -1,0 +1,70 @@
+/* rownorm.cu — per-row ops of the residual stream: embedding gather, (residual add +) RMSNorm, SwiGLU,
+ * row add. One block per row; reductions in f32. */
+#include "backend/cuda/common.cuh"
+
+__global__ void embed_kernel(float *x, const uint16_t *E, const int *ids, int H) {
+    int r = blockIdx.x;
+    const uint16_t *row = E + (size_t)ids[r] * H;
+    for (int i = threadIdx.x; i < H; i += blockDim.x) x[(size_t)r * H + i] = bf16_f32(row[i]);
+}
+
+extern "C" void cu_embed(cu_ctx *c, float *x, const uint16_t *E, const int *ids, int T, int H) {
+    if (T > 0) embed_kernel<<<T, 256, 0, c->stream>>>(x, E, ids, H);
+}
+
+/* y = (x * (1 / sqrt(mean(x^2) + eps))) * w, the CPU's rounding order */
+__global__ void add_rmsnorm_kernel(float *x, const float *add, float *y, const float *w, int H, float eps,
+                                   const int *src) {
+    __shared__ float sh[32];
+    int r = blockIdx.x;
+    float *xr = x + (size_t)(src ? src[r] : r) * H;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < H; i += blockDim.x) {
+        float v = xr[i];
+        if (add) {
+            v += add[(size_t)r * H + i];
+            xr[i] = v;
+        }
+        ss += v * v;
+    }
+    ss = block_sum(ss, sh);
+    float inv = 1.0f / sqrtf(ss / (float)H + eps);
+    for (int i = threadIdx.x; i < H; i += blockDim.x) y[(size_t)r * H + i] = (xr[i] * inv) * w[i];
+}
+
+extern "C" void cu_add_rmsnorm(cu_ctx *c, float *x, const float *add, float *y, const float *w, int T, int H,
+                               float eps) {
+    if (T > 0) add_rmsnorm_kernel<<<T, 256, 0, c->stream>>>(x, add, y, w, H, eps, NULL);
+}
+
+extern "C" void cu_gather_rmsnorm(cu_ctx *c, float *y, const float *x, const int *src, const float *w, int n,
+                                  int H, float eps) {
+    if (n > 0) add_rmsnorm_kernel<<<n, 256, 0, c->stream>>>((float *)x, NULL, y, w, H, eps, src);
+}
+
+__global__ void swiglu_kernel(float *y, const float *gu, int I) {
+    int r = blockIdx.x;
+    int i = blockIdx.y * blockDim.x + threadIdx.x;
+    if (i >= I) return;
+    const float *g = gu + (size_t)r * 2 * I;
+    y[(size_t)r * I + i] = dev_silu(g[i]) * g[I + i];
+}
+
+extern "C" void cu_swiglu(cu_ctx *c, float *y, const float *gu, int T, int I) {
+    if (T <= 0) return;
+    dim3 grid((unsigned)T, cdiv((size_t)I, 256));
+    swiglu_kernel<<<grid, 256, 0, c->stream>>>(y, gu, I);
+}
+
+__global__ void add_kernel(float *x, const float *y, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        x[i] += y[i];
+}
+
+extern "C" void cu_add(cu_ctx *c, float *x, const float *y, int T, int n) {
+    size_t N = (size_t)T * n;
+    if (!N) return;
+    unsigned g = cdiv(N, 256);
+    if (g > 65535u * 16u) g = 65535u * 16u;
+    add_kernel<<<g, 256, 0, c->stream>>>(x, y, N);
+}

@@ -1,0 +1,272 @@
+/* bench_cuda.c — `cinfer bench --like SHAPE --device cuda`: a real model's shapes with random weights made
+ * directly in GPU memory (the checkpoint is a sparse file: config and tensor table only, never read for
+ * matrices), then decode tok/s at several batch sizes and prefill tok/s at several prompt lengths, each
+ * next to the roofline measured in the same run (device copy bandwidth, cuBLAS bf16 GEMM rate), and the
+ * per-phase device time of one decode step and one prefill chunk. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cinfer.h"
+#include "cli/args.h"
+#include "cli/cli.h"
+#include "model/forward_cuda.h"
+#include "runtime/ctx_internal.h"
+
+#ifdef CINFER_CUDA
+#include "backend/cuda/cuda_ops.h"
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int parse_list(const char *s, long *out, int max) {
+    int n = 0;
+    while (s && *s && n < max) {
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s || v < 1) return -1;
+        out[n++] = v;
+        s = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',') return -1;
+    }
+    return n;
+}
+
+static void print_profile(cuda_fwd *f, const char *what) {
+    double ms[CP_N], tot = 0;
+    int calls;
+    cuda_fwd_profile_get(f, ms, &calls);
+    for (int i = 0; i < CP_N; i++) tot += ms[i];
+    printf("  %s: %.3f ms of device time per call (eager launches, one event per phase)\n", what,
+           calls ? tot / calls : 0.0);
+    for (int i = 0; i < CP_N; i++)
+        if (ms[i] > 0)
+            printf("    %-18s %9.3f ms  %5.1f%%\n", cuda_phase_names[i], ms[i] / (calls ? calls : 1),
+                   100.0 * ms[i] / tot);
+}
+
+/* expected distinct experts per MoE layer when B rows each pick k of E uniformly */
+static double unique_experts(int E, int k, int B) {
+    return E * (1.0 - pow(1.0 - (double)k / E, B));
+}
+
+int bench_cuda(int argc, char **argv) {
+    static const char *const vf[] = {"--like", "--batches", "--prefill", "-n", "--ctx", "--chunk", NULL};
+    static const char *const bf[] = {"--help", "-h", "--no-profile", NULL};
+    if (arg_check(argc, argv, vf, bf, "bench")) return 2;
+    const char *like = arg_value(argc, argv, "--like", NULL), *v;
+    long batches[16] = {1, 8, 32, 64}, prefill[16] = {512, 4096, 32768};
+    int nb = 4, np = 3;
+    if ((v = arg_value(argc, argv, "--batches", NULL)) && (nb = parse_list(v, batches, 16)) < 1) {
+        fprintf(stderr, "cinfer bench: --batches takes a list like 1,8,32,64\n");
+        return 2;
+    }
+    if ((v = arg_value(argc, argv, "--prefill", NULL)) && (np = parse_list(v, prefill, 16)) < 1) {
+        fprintf(stderr, "cinfer bench: --prefill takes a list like 512,4096\n");
+        return 2;
+    }
+    long N = 32, ctx = 512, chunk = 4096;
+    if ((v = arg_value(argc, argv, "-n", NULL)) && parse_int(v, "-n", 1, 1 << 16, &N)) return 2;
+    if ((v = arg_value(argc, argv, "--ctx", NULL)) && parse_int(v, "--ctx", 1, 1 << 20, &ctx)) return 2;
+    if ((v = arg_value(argc, argv, "--chunk", NULL)) && parse_int(v, "--chunk", 64, 65535, &chunk)) return 2;
+    int profile = !arg_flag(argc, argv, "--no-profile");
+    if (cuda_devices() < 1) {
+        fprintf(stderr, "cinfer bench --like: no CUDA device\n");
+        return 1;
+    }
+    /* the shape's checkpoint as a sparse file */
+    char dir[] = "/tmp/cinfer-like-XXXXXX";
+    if (!mkdtemp(dir)) {
+        perror("cinfer bench: mkdtemp");
+        return 1;
+    }
+    char *sargv[] = {"synth", "--like", (char *)like, "--out", dir, "--sparse", NULL};
+    if (cli_synth(6, sargv)) return 1;
+    char err[1024];
+    cinfer_model *cm = NULL;
+    if (cinfer_model_open(dir, &cm, err, sizeof err)) {
+        fprintf(stderr, "cinfer bench: %s\n", err);
+        return 1;
+    }
+    const model *m = cinfer_model_internal(cm);
+    long maxB = 1, maxP = 1;
+    for (int i = 0; i < nb; i++) maxB = batches[i] > maxB ? batches[i] : maxB;
+    for (int i = 0; i < np; i++) maxP = prefill[i] > maxP ? prefill[i] : maxP;
+    long dec_ctx = ctx + N + 8, bps_dec = (dec_ctx + 15) / 16, bps_pre = (maxP + 15) / 16;
+    cuda_fwd_params fp = {.max_tokens = (int)(chunk > maxB ? chunk : maxB),
+                          .max_ctx = (int)(maxP > dec_ctx ? maxP : dec_ctx),
+                          .n_slots = (int)maxB,
+                          .n_blocks = (int)(maxB * bps_dec + bps_pre),
+                          .random_weights = 1,
+                          .seed = 7};
+    cuda_fwd *f = NULL;
+    double t0 = now_s();
+    if (cuda_fwd_create(m, &fp, &f, err, sizeof err)) {
+        fprintf(stderr, "cinfer bench: %s\n", err);
+        cinfer_model_close(cm);
+        return 1;
+    }
+    double t_up = now_s() - t0;
+    char devname[256];
+    cu_device_describe(devname, sizeof devname);
+    double bw = 0, tf = 0;
+    if (cu_measure_roofline(cuda_fwd_stream(f), &bw, &tf, err, sizeof err))
+        fprintf(stderr, "cinfer bench: %s\n", err);
+    size_t wb, pb, sb;
+    cuda_fwd_memory(f, &wb, &pb, &sb);
+    int64_t lm_bytes = (int64_t)m->V * m->H * 2;
+    int64_t exp_bytes = m->cfg.n_experts > 0 ? (int64_t)3 * m->cfg.moe_intermediate_size * m->H * 2 : 0;
+    int n_moe = 0;
+    for (int l = 0; l < m->L; l++) n_moe += m->layers[l].moe;
+    printf("shape            %s: %s, %d layers (%d DeltaNet, %d attention), H %d, vocab %d%s\n", like,
+           m->arch_name, m->L, m->n_lin, m->n_full, m->H, m->V, m->cfg.n_experts ? "" : ", dense");
+    if (m->cfg.n_experts)
+        printf("experts          %d, top-%d, %d MoE layers\n", m->cfg.n_experts, m->cfg.n_experts_per_tok,
+               n_moe);
+    printf("device           %s\n", devname);
+    printf("device memory    weights %.2f GB (random bf16, made on the device in %.1f s), KV + states %.2f "
+           "GB, scratch %.2f GB\n",
+           wb / 1e9, t_up, pb / 1e9, sb / 1e9);
+    printf("roofline         copy %.0f GB/s (1 GiB device-to-device, read + write), bf16 GEMM %.0f TFLOP/s "
+           "(cuBLAS 8192^3)\n",
+           bw, tf);
+    int32_t *toks = malloc(sizeof(int32_t) * (size_t)(maxP > maxB * dec_ctx ? maxP : maxB * dec_ctx));
+    int *blocks = malloc(sizeof(int) * (size_t)fp.n_blocks);
+    float *logits = malloc(sizeof(float) * (size_t)maxB * m->V);
+    fwd_entry *fe = calloc((size_t)maxB, sizeof *fe);
+    for (int i = 0; i < fp.n_blocks; i++) blocks[i] = i;
+    uint64_t x = 88172645463325252ull;
+    for (long i = 0; i < (maxP > maxB * dec_ctx ? maxP : maxB * dec_ctx); i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        toks[i] = (int32_t)(x % (uint64_t)m->V);
+    }
+    const int *pre_blocks = blocks + maxB * bps_dec;
+    int rc = 0;
+    /* ---- prefill ---- */
+    double mm_flops_tok = (double)(m->bytes_per_token - lm_bytes); /* 2 FLOPs per bf16 weight = bytes */
+    printf("\nprefill (one sequence, chunks of %ld tokens, logits of the last token)\n", chunk);
+    printf("  %8s %10s %12s %14s %10s\n", "tokens", "tok/s", "time s", "TFLOP/s", "of GEMM");
+    for (int pi = -1; pi < np && !rc; pi++) {
+        long P = pi < 0 ? (chunk < 512 ? chunk : 512) : prefill[pi]; /* pi = -1: warm-up */
+        if ((rc = cuda_fwd_slot_reset(f, 0, err, sizeof err))) break;
+        double ts = now_s();
+        for (long off = 0; off < P && !rc; off += chunk) {
+            int n = (int)(P - off < chunk ? P - off : chunk);
+            fwd_entry e = {
+                .seq_len = (int)off, .tokens = toks + off, .n = n, .slot = 0, .blocks = pre_blocks};
+            rc = cuda_fwd_run(f, &e, 1, logits, err, sizeof err);
+        }
+        double dt = now_s() - ts;
+        if (pi < 0 || rc) continue;
+        /* attention: QK^T and PV, 4 hd FLOPs per (query head, position pair), causal: P^2 / 2 pairs */
+        double att = 4.0 * m->Hq * m->hd * (double)P * P / 2.0 * m->n_full;
+        double fl = mm_flops_tok * P + att;
+        printf("  %8ld %10.0f %12.3f %14.1f %9.0f%%\n", P, P / dt, dt, fl / dt / 1e12,
+               100.0 * fl / dt / 1e12 / tf);
+    }
+    if (!rc && profile) {
+        long P = chunk < 4096 ? chunk : 4096;
+        cuda_fwd_slot_reset(f, 0, err, sizeof err);
+        cuda_fwd_profile(f, 1);
+        fwd_entry e = {.seq_len = 0, .tokens = toks, .n = (int)P, .slot = 0, .blocks = pre_blocks};
+        rc = cuda_fwd_run(f, &e, 1, logits, err, sizeof err);
+        char what[64];
+        snprintf(what, sizeof what, "prefill chunk of %ld tokens", P);
+        if (!rc) print_profile(f, what);
+        cuda_fwd_profile(f, 0);
+    }
+    /* ---- decode ---- */
+    printf("\ndecode (%ld steps after a %ld-token prompt per sequence; CUDA graphs; logits copied to the "
+           "host each step)\n",
+           N, ctx);
+    printf("  %6s %10s %12s %12s %10s %12s\n", "batch", "tok/s", "ms/step", "GB/s moved", "of copy",
+           "weights GB");
+    for (int bi = 0; bi < nb && !rc; bi++) {
+        int B = (int)batches[bi];
+        for (int s = 0; s < B && !rc; s++) rc = cuda_fwd_slot_reset(f, s, err, sizeof err);
+        /* prompts, as many sequences per call as fit in a chunk */
+        for (int s0 = 0; s0 < B && !rc;) {
+            int ne = 0;
+            long tot = 0;
+            while (s0 + ne < B && tot + ctx <= fp.max_tokens) {
+                int s = s0 + ne;
+                fe[ne] = (fwd_entry){.seq_len = 0,
+                                     .tokens = toks + (size_t)s * dec_ctx,
+                                     .n = (int)ctx,
+                                     .slot = s,
+                                     .blocks = blocks + (size_t)s * bps_dec};
+                tot += ctx, ne++;
+            }
+            if (!ne) {
+                rc = -1;
+                snprintf(err, sizeof err, "--ctx %ld exceeds the chunk of %ld tokens", ctx, chunk);
+                break;
+            }
+            rc = cuda_fwd_run(f, fe, ne, logits, err, sizeof err);
+            s0 += ne;
+        }
+        double ts = 0;
+        for (long t = 0; t < N + 2 && !rc; t++) {
+            if (t == 2) ts = now_s(); /* two warm-up steps capture the graph */
+            for (int s = 0; s < B; s++)
+                fe[s] = (fwd_entry){.seq_len = (int)(ctx + t),
+                                    .tokens = toks + (size_t)s * dec_ctx + ctx + t,
+                                    .n = 1,
+                                    .slot = s,
+                                    .blocks = blocks + (size_t)s * bps_dec};
+            rc = cuda_fwd_run(f, fe, B, logits, err, sizeof err);
+        }
+        if (rc) break;
+        double dt = (now_s() - ts) / N;
+        double wbytes = (double)m->bytes_per_token;
+        if (exp_bytes)
+            wbytes +=
+                (unique_experts(m->cfg.n_experts, m->cfg.n_experts_per_tok, B) - m->cfg.n_experts_per_tok) *
+                (double)exp_bytes * n_moe;
+        double kv = (double)B * (ctx + N / 2.0) * m->n_full * 2.0 * m->Hkv * m->hd * 4.0;
+        double st =
+            (double)B * m->n_lin * ((double)m->Hv * m->dk * m->dv * 8.0 + (double)(m->K - 1) * m->C * 8.0);
+        double moved = wbytes + kv + st;
+        printf("  %6d %10.1f %12.3f %12.0f %9.0f%% %12.2f\n", B, B / dt, dt * 1e3, moved / dt / 1e9,
+               100.0 * moved / dt / 1e9 / bw, wbytes / 1e9);
+        if (profile && (B == 1 || bi == nb - 1)) {
+            cuda_fwd_profile(f, 1);
+            for (int s = 0; s < B; s++)
+                fe[s] = (fwd_entry){.seq_len = (int)(ctx + N + 2),
+                                    .tokens = toks + (size_t)s * dec_ctx + ctx + N + 2,
+                                    .n = 1,
+                                    .slot = s,
+                                    .blocks = blocks + (size_t)s * bps_dec};
+            rc = cuda_fwd_run(f, fe, B, logits, err, sizeof err);
+            char what[64];
+            snprintf(what, sizeof what, "decode step at batch %d", B);
+            if (!rc) print_profile(f, what);
+            cuda_fwd_profile(f, 0);
+        }
+    }
+    if (rc) fprintf(stderr, "cinfer bench: %s\n", err);
+    free(toks), free(blocks), free(logits), free(fe);
+    cuda_fwd_destroy(f);
+    cinfer_model_close(cm);
+    /* the sparse checkpoint */
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) fprintf(stderr, "cinfer bench: could not remove %s\n", dir);
+    return rc ? 1 : 0;
+}
+
+#else
+
+int bench_cuda(int argc, char **argv) {
+    (void)argc, (void)argv;
+    fprintf(stderr, "cinfer bench --like: this build has no CUDA backend (make CUDA=1 with nvcc)\n");
+    return 1;
+}
+
+#endif

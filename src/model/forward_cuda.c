@@ -1,0 +1,801 @@
+/* forward_cuda.c — forward_cpu's pass on a CUDA device (see forward_cuda.h). The host builds one int buffer
+ * of per-row / per-entry metadata per call, copies it up, and enqueues the layers; kernels read positions,
+ * slots and block tables from that buffer (never from launch arguments), so a decode step of a given batch
+ * shape is the same launch sequence every time and is replayed from a captured CUDA graph.
+ * Matrices are concatenated on upload where their inputs are the same rows (DeltaNet qkv|z|b|a, attention
+ * q|k|v, gate|up), so a layer runs one input GEMM. */
+#include "model/forward_cuda.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/alloc.h"
+#include "util/bf16.h"
+#include "util/err.h"
+
+const char *const cuda_phase_names[CP_N] = {
+    "embed+norms",     "in_proj gemm", "deltanet core", "attention core", "out_proj gemm", "ffn gemms",
+    "ffn act/combine", "moe router",   "moe experts",   "lm_head",        "logits to host"};
+
+#ifndef CINFER_CUDA
+
+int cuda_built(void) {
+    return 0;
+}
+int cuda_devices(void) {
+    return 0;
+}
+int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, char *err, size_t errlen) {
+    (void)m, (void)p;
+    *out = NULL;
+    return ci_err(err, errlen, CINFER_EUNSUPPORTED,
+                  "this build has no CUDA backend (rebuild with nvcc: make CUDA=1)");
+}
+void cuda_fwd_destroy(cuda_fwd *f) {
+    (void)f;
+}
+int cuda_fwd_slot_reset(cuda_fwd *f, int slot, char *err, size_t errlen) {
+    (void)f, (void)slot;
+    return ci_err(err, errlen, CINFER_EUNSUPPORTED, "no CUDA backend");
+}
+int cuda_fwd_run(cuda_fwd *f, const fwd_entry *e, int n, float *logits, char *err, size_t errlen) {
+    (void)f, (void)e, (void)n, (void)logits;
+    return ci_err(err, errlen, CINFER_EUNSUPPORTED, "no CUDA backend");
+}
+void cuda_fwd_profile(cuda_fwd *f, int on) {
+    (void)f, (void)on;
+}
+void cuda_fwd_profile_get(cuda_fwd *f, double ms[CP_N], int *calls) {
+    (void)f;
+    memset(ms, 0, sizeof(double) * CP_N);
+    *calls = 0;
+}
+void cuda_fwd_memory(const cuda_fwd *f, size_t *w, size_t *p, size_t *s) {
+    (void)f;
+    *w = *p = *s = 0;
+}
+struct cu_ctx *cuda_fwd_stream(cuda_fwd *f) {
+    (void)f;
+    return NULL;
+}
+
+#else
+
+#include "backend/cuda/cuda_ops.h"
+
+/* Device weights of one layer. Matrices are bf16 [rows][cols]; vectors f32. */
+typedef struct cu_layer {
+    uint16_t *w_in;  /* linear: [C + vd + 2Hv][H] (qkv|z|b|a) or Qwen3-Next [2kd + 2vd + 2Hv][H] (qkvz|ba);
+                        full: [Hq*2hd + 2kvd][H] (q+gate | k | v) */
+    int n_in;        /* its rows */
+    uint16_t *w_out; /* [H][vd] or [H][Hq*hd] */
+    float *in_norm, *post_norm;          /* [H] */
+    float *conv_w, *A, *dt_bias, *gnorm; /* [K][C], [Hv], [Hv], [dv] */
+    float *q_norm, *k_norm;              /* [hd] */
+    uint16_t *w_gu, *w_down;             /* dense: [2I][H], [H][I] */
+    uint16_t *router;                    /* [E][H] */
+    uint16_t *e_gu, *e_down;             /* [E][2Im][H], [E][H][Im] */
+    uint16_t *sh_gu, *sh_down, *sh_gw;   /* [2Is][H], [H][Is], [1][H]; NULL without a shared expert */
+} cu_layer;
+
+#define MAX_GRAPHS         64
+#define ATTN_TARGET_BLOCKS 1024 /* split positions until (rows x heads x splits) reaches this */
+#define PROF_MAX_MARKS     4096
+
+typedef struct graph_ent {
+    int B, span, nsplit;
+    void *exec;
+} graph_ent;
+
+struct cuda_fwd {
+    const model *m;
+    cuda_fwd_params p;
+    cu_ctx *cu;
+    cu_layer *L;
+    uint16_t *embed, *lm_head; /* [V][H] (lm_head may alias embed) */
+    float *final_norm, *inv_freq;
+    void **allocs; /* every device allocation, freed together */
+    int n_allocs, cap_allocs;
+    size_t bytes_w, bytes_pools, bytes_scratch;
+    /* pools */
+    float *kpool, *vpool; /* [n_full][n_blocks][16][Hkv*hd] */
+    float *conv_state;    /* [slots][n_lin][K-1][C] */
+    float *rec_state;     /* [slots][n_lin][Hv][dk][dv] */
+    /* scratch, T = max_tokens rows, S = T * k MoE slots */
+    float *x, *xn, *out;      /* [T][H] */
+    float *proj;              /* [T][Wp]: the widest first projection / gate_up / router output */
+    float *act;               /* [T][Wa]: swiglu output, attention / DeltaNet output */
+    float *conv_out, *bg;     /* [T][C], [T][2Hv] */
+    float *sq, *sz, *sb, *sa; /* Qwen3-Next split: [T][C], [T][vd], [T][Hv] x 2 */
+    uint16_t *xb;             /* [max(T, S)][Kmax] bf16 GEMM input */
+    float *part;              /* attention split partials */
+    size_t part_floats;
+    float *logits;            /* [T][V] */
+    float *moe_logits;        /* [T][E] */
+    int *moe_idx;             /* [S] */
+    float *moe_w;             /* [S] */
+    float *xg, *gu, *ea, *ey; /* [S][H], [S][2Im], [S][Im], [S][H] */
+    float *shy, *shg;         /* [T][H], [T] */
+    int *moe_ident;           /* [S]: 0, 1, 2, ... */
+    int *moe_host;            /* device: src [S] | pos [S] | w [S] (floats as bits) */
+    int *h_moe_idx;           /* pinned [S] */
+    float *h_moe_w;           /* pinned [S] */
+    int *h_moe_up;            /* pinned [3S] */
+    int *meta;                /* device ints */
+    int *h_meta;              /* pinned */
+    size_t meta_cap;          /* ints */
+    int max_S;
+    /* graphs */
+    graph_ent graphs[MAX_GRAPHS];
+    int n_graphs;
+    /* profiling */
+    int profile, prof_calls;
+    double prof_ms[CP_N];
+    cu_timer *marks[PROF_MAX_MARKS];
+    int mark_phase[PROF_MAX_MARKS];
+    int n_marks;
+};
+
+int cuda_built(void) {
+    return 1;
+}
+int cuda_devices(void) {
+    return cu_device_count();
+}
+
+static int dev_alloc(cuda_fwd *f, void **p, size_t bytes, size_t *acct, char *err, size_t errlen) {
+    int rc = cu_alloc(p, bytes, err, errlen);
+    if (rc) return rc;
+    if (f->n_allocs == f->cap_allocs) {
+        f->cap_allocs = f->cap_allocs ? 2 * f->cap_allocs : 256;
+        f->allocs = xrealloc(f->allocs, (size_t)f->cap_allocs * sizeof(void *));
+    }
+    f->allocs[f->n_allocs++] = *p;
+    *acct += bytes;
+    return 0;
+}
+
+/* Copies rows of a host matrix (bf16/f16/f32) into bf16 device memory at dst, converting through a staging
+ * buffer; with random weights the rows are filled with noise on the device instead. */
+typedef struct upload_ctx {
+    uint16_t *stage;
+    size_t stage_elems;
+    uint64_t seed;
+} upload_ctx;
+
+static int upload_mat(cuda_fwd *f, upload_ctx *u, uint16_t *dst, const wmat *w, char *err, size_t errlen) {
+    size_t n = (size_t)w->rows * w->cols;
+    if (!n) return 0;
+    if (f->p.random_weights) {
+        cu_fill_random_bf16(f->cu, dst, n, 0.02f, u->seed++);
+        return 0;
+    }
+    if (w->type == WT_BF16) return cu_upload(dst, w->data, n * 2, err, errlen);
+    for (size_t off = 0; off < n; off += u->stage_elems) {
+        size_t cnt = n - off < u->stage_elems ? n - off : u->stage_elems;
+        for (size_t i = 0; i < cnt; i++) {
+            float v = w->type == WT_F32 ? ((const float *)w->data)[off + i]
+                                        : f16_to_f32(((const uint16_t *)w->data)[off + i]);
+            u->stage[i] = f32_to_bf16(v);
+        }
+        int rc = cu_upload(dst + off, u->stage, cnt * 2, err, errlen);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+/* a device matrix holding the given host matrices one after another (same cols) */
+static int upload_cat(cuda_fwd *f, upload_ctx *u, uint16_t **out, const wmat *const *ws, int nw,
+                      int *rows_out, char *err, size_t errlen) {
+    size_t rows = 0;
+    int cols = ws[0]->cols;
+    for (int i = 0; i < nw; i++) {
+        if (ws[i]->cols != cols)
+            return ci_err(err, errlen, CINFER_EFORMAT, "concatenated matrices differ in width");
+        rows += (size_t)ws[i]->rows;
+    }
+    int rc = dev_alloc(f, (void **)out, rows * cols * 2, &f->bytes_w, err, errlen);
+    if (rc) return rc;
+    size_t r0 = 0;
+    for (int i = 0; i < nw; i++) {
+        if ((rc = upload_mat(f, u, *out + r0 * cols, ws[i], err, errlen))) return rc;
+        r0 += (size_t)ws[i]->rows;
+    }
+    if (rows_out) *rows_out = (int)rows;
+    return 0;
+}
+
+static int upload_vec(cuda_fwd *f, float **out, const float *v, size_t n, char *err, size_t errlen) {
+    int rc = dev_alloc(f, (void **)out, n * sizeof(float), &f->bytes_w, err, errlen);
+    return rc ? rc : cu_upload(*out, v, n * sizeof(float), err, errlen);
+}
+
+static int upload_layers(cuda_fwd *f, char *err, size_t errlen) {
+    const model *m = f->m;
+    upload_ctx u = {NULL, (size_t)1 << 22, f->p.seed ? f->p.seed : 1};
+    u.stage = xmalloc(u.stage_elems * sizeof(uint16_t));
+    int rc = 0;
+    f->L = xcalloc((size_t)m->L, sizeof(cu_layer));
+    const wmat *one[1] = {&m->embed};
+    if ((rc = upload_cat(f, &u, &f->embed, one, 1, NULL, err, errlen))) goto done;
+    if (m->lm_head.data == m->embed.data && !f->p.random_weights) {
+        f->lm_head = f->embed;
+    } else {
+        one[0] = &m->lm_head;
+        if ((rc = upload_cat(f, &u, &f->lm_head, one, 1, NULL, err, errlen))) goto done;
+    }
+    if ((rc = upload_vec(f, &f->final_norm, m->final_norm, (size_t)m->H, err, errlen))) goto done;
+    for (int l = 0; l < m->L && !rc; l++) {
+        const layer_weights *lw = &m->layers[l];
+        cu_layer *cl = &f->L[l];
+        if ((rc = upload_vec(f, &cl->in_norm, lw->in_norm, (size_t)m->H, err, errlen)) ||
+            (rc = upload_vec(f, &cl->post_norm, lw->post_norm, (size_t)m->H, err, errlen)))
+            break;
+        if (lw->type == LAYER_LINEAR) {
+            if (lw->fused_qkvz) {
+                const wmat *ws[2] = {&lw->in_qkvz, &lw->in_ba};
+                rc = upload_cat(f, &u, &cl->w_in, ws, 2, &cl->n_in, err, errlen);
+            } else {
+                const wmat *ws[4] = {&lw->in_qkv, &lw->in_z, &lw->in_b, &lw->in_a};
+                rc = upload_cat(f, &u, &cl->w_in, ws, 4, &cl->n_in, err, errlen);
+            }
+            const wmat *wo[1] = {&lw->out_proj};
+            if (rc || (rc = upload_cat(f, &u, &cl->w_out, wo, 1, NULL, err, errlen)) ||
+                (rc = upload_vec(f, &cl->conv_w, lw->conv_w, (size_t)m->K * m->C, err, errlen)) ||
+                (rc = upload_vec(f, &cl->A, lw->A, (size_t)m->Hv, err, errlen)) ||
+                (rc = upload_vec(f, &cl->dt_bias, lw->dt_bias, (size_t)m->Hv, err, errlen)) ||
+                (rc = upload_vec(f, &cl->gnorm, lw->gnorm, (size_t)m->dv, err, errlen)))
+                break;
+        } else {
+            const wmat *ws[3] = {&lw->q_proj, &lw->k_proj, &lw->v_proj};
+            const wmat *wo[1] = {&lw->o_proj};
+            if ((rc = upload_cat(f, &u, &cl->w_in, ws, 3, &cl->n_in, err, errlen)) ||
+                (rc = upload_cat(f, &u, &cl->w_out, wo, 1, NULL, err, errlen)) ||
+                (rc = upload_vec(f, &cl->q_norm, lw->q_norm, (size_t)m->hd, err, errlen)) ||
+                (rc = upload_vec(f, &cl->k_norm, lw->k_norm, (size_t)m->hd, err, errlen)))
+                break;
+        }
+        if (!lw->moe) {
+            const wmat *gu[2] = {&lw->mlp_gate, &lw->mlp_up};
+            const wmat *dn[1] = {&lw->mlp_down};
+            if ((rc = upload_cat(f, &u, &cl->w_gu, gu, 2, NULL, err, errlen)) ||
+                (rc = upload_cat(f, &u, &cl->w_down, dn, 1, NULL, err, errlen)))
+                break;
+        } else {
+            const moe_weights *mw = &lw->moe_w;
+            int E = m->cfg.n_experts, Im = m->cfg.moe_intermediate_size, H = m->H;
+            const wmat *r1[1] = {&mw->router};
+            if ((rc = upload_cat(f, &u, &cl->router, r1, 1, NULL, err, errlen)) ||
+                (rc = dev_alloc(f, (void **)&cl->e_gu, (size_t)E * 2 * Im * H * 2, &f->bytes_w, err,
+                                errlen)) ||
+                (rc = dev_alloc(f, (void **)&cl->e_down, (size_t)E * H * Im * 2, &f->bytes_w, err, errlen)))
+                break;
+            for (int e = 0; e < E && !rc; e++) {
+                if (mw->gate[e].rows != Im || mw->up[e].rows != Im || mw->down[e].cols != Im) {
+                    rc = ci_err(err, errlen, CINFER_EFORMAT, "layer %d expert %d: unexpected shape", l, e);
+                    break;
+                }
+                uint16_t *g = cl->e_gu + (size_t)e * 2 * Im * H;
+                if ((rc = upload_mat(f, &u, g, &mw->gate[e], err, errlen)) ||
+                    (rc = upload_mat(f, &u, g + (size_t)Im * H, &mw->up[e], err, errlen)) ||
+                    (rc = upload_mat(f, &u, cl->e_down + (size_t)e * H * Im, &mw->down[e], err, errlen)))
+                    break;
+            }
+            if (rc) break;
+            if (mw->sh_gate.rows > 0) {
+                const wmat *sgu[2] = {&mw->sh_gate, &mw->sh_up};
+                const wmat *sdn[1] = {&mw->sh_down};
+                const wmat *sgw[1] = {&mw->sh_gate_w};
+                if ((rc = upload_cat(f, &u, &cl->sh_gu, sgu, 2, NULL, err, errlen)) ||
+                    (rc = upload_cat(f, &u, &cl->sh_down, sdn, 1, NULL, err, errlen)) ||
+                    (rc = upload_cat(f, &u, &cl->sh_gw, sgw, 1, NULL, err, errlen)))
+                    break;
+            }
+        }
+    }
+    if (!rc) rc = cu_sync(f->cu, err, errlen);
+done:
+    free(u.stage);
+    return rc;
+}
+
+static size_t zmax(size_t a, size_t b) {
+    return a > b ? a : b;
+}
+
+static int alloc_scratch(cuda_fwd *f, char *err, size_t errlen) {
+    const model *m = f->m;
+    const model_config *c = &m->cfg;
+    size_t T = (size_t)f->p.max_tokens, H = (size_t)m->H, vd = (size_t)m->Hv * m->dv,
+           kvd = (size_t)m->Hkv * m->hd;
+    int k = c->n_experts_per_tok > 0 ? c->n_experts_per_tok : 1;
+    size_t S = m->cfg.n_experts > 0 ? T * (size_t)k : 1;
+    f->max_S = (int)S;
+    size_t I = (size_t)c->intermediate_size, Im = (size_t)c->moe_intermediate_size,
+           Is = (size_t)c->shared_expert_intermediate_size;
+    size_t Wp = 2 * zmax(I, Is) + 8;
+    for (int l = 0; l < m->L; l++) Wp = zmax(Wp, (size_t)f->L[l].n_in);
+    Wp = zmax(Wp, (size_t)c->n_experts);
+    size_t Wa = zmax(zmax(I, Is), zmax(vd, (size_t)m->Hq * m->hd));
+    size_t Kmax = zmax(zmax(H, zmax(I, Is)), zmax(zmax(vd, (size_t)m->Hq * m->hd), zmax(Im, 8)));
+    (void)kvd;
+    /* attention partials: splits are only used while rows x heads < ATTN_TARGET_BLOCKS (see attn_split) */
+    f->part_floats = (size_t)2 * ATTN_TARGET_BLOCKS * (size_t)(m->hd + 2);
+    size_t *a = &f->bytes_scratch;
+    int rc;
+    if ((rc = dev_alloc(f, (void **)&f->x, T * H * 4, a, err, errlen)) ||
+        (rc = dev_alloc(f, (void **)&f->xn, T * H * 4, a, err, errlen)) ||
+        (rc = dev_alloc(f, (void **)&f->out, T * H * 4, a, err, errlen)) ||
+        (rc = dev_alloc(f, (void **)&f->proj, T * Wp * 4, a, err, errlen)) ||
+        (rc = dev_alloc(f, (void **)&f->act, T * Wa * 4, a, err, errlen)) ||
+        (rc = dev_alloc(f, (void **)&f->xb, zmax(T, S) * Kmax * 2, a, err, errlen)) ||
+        (rc = dev_alloc(f, (void **)&f->part, f->part_floats * 4, a, err, errlen)) ||
+        (rc = dev_alloc(f, (void **)&f->logits, T * (size_t)m->V * 4, a, err, errlen)))
+        return rc;
+    if (m->n_lin > 0) {
+        if ((rc = dev_alloc(f, (void **)&f->conv_out, T * (size_t)m->C * 4, a, err, errlen)) ||
+            (rc = dev_alloc(f, (void **)&f->bg, T * 2 * (size_t)m->Hv * 4, a, err, errlen)) ||
+            (rc = dev_alloc(f, (void **)&f->sq, T * (size_t)m->C * 4, a, err, errlen)) ||
+            (rc = dev_alloc(f, (void **)&f->sz, T * vd * 4, a, err, errlen)) ||
+            (rc = dev_alloc(f, (void **)&f->sb, T * (size_t)m->Hv * 4, a, err, errlen)) ||
+            (rc = dev_alloc(f, (void **)&f->sa, T * (size_t)m->Hv * 4, a, err, errlen)))
+            return rc;
+    }
+    if (c->n_experts > 0) {
+        size_t E = (size_t)c->n_experts;
+        if ((rc = dev_alloc(f, (void **)&f->moe_logits, T * E * 4, a, err, errlen)) ||
+            (rc = dev_alloc(f, (void **)&f->moe_idx, S * 4, a, err, errlen)) ||
+            (rc = dev_alloc(f, (void **)&f->moe_w, S * 4, a, err, errlen)) ||
+            (rc = dev_alloc(f, (void **)&f->xg, S * H * 4, a, err, errlen)) ||
+            (rc = dev_alloc(f, (void **)&f->gu, S * 2 * Im * 4, a, err, errlen)) ||
+            (rc = dev_alloc(f, (void **)&f->ea, S * Im * 4, a, err, errlen)) ||
+            (rc = dev_alloc(f, (void **)&f->ey, S * H * 4, a, err, errlen)) ||
+            (rc = dev_alloc(f, (void **)&f->shy, T * H * 4, a, err, errlen)) ||
+            (rc = dev_alloc(f, (void **)&f->shg, T * 4, a, err, errlen)) ||
+            (rc = dev_alloc(f, (void **)&f->moe_ident, S * 4, a, err, errlen)) ||
+            (rc = dev_alloc(f, (void **)&f->moe_host, 3 * S * 4, a, err, errlen)) ||
+            (rc = cu_alloc_host((void **)&f->h_moe_idx, S * 4, err, errlen)) ||
+            (rc = cu_alloc_host((void **)&f->h_moe_w, S * 4, err, errlen)) ||
+            (rc = cu_alloc_host((void **)&f->h_moe_up, 3 * S * 4, err, errlen)))
+            return rc;
+        for (size_t i = 0; i < S; i++) f->h_moe_up[i] = (int)i;
+        if ((rc = cu_upload(f->moe_ident, f->h_moe_up, S * 4, err, errlen))) return rc;
+    }
+    /* metadata: ids, row_pos, row_entry (T each), five per-entry arrays (<= T entries), logit rows (T), and
+     * block tables (each KV block belongs to one sequence, so at most n_blocks + one table per entry) */
+    size_t bps = ((size_t)f->p.max_ctx + 15) / 16;
+    size_t tables = zmax(T * bps < (size_t)f->p.n_blocks + T ? T * bps : (size_t)f->p.n_blocks + T, 1);
+    f->meta_cap = 9 * T + tables + 64;
+    if ((rc = dev_alloc(f, (void **)&f->meta, f->meta_cap * 4, a, err, errlen)) ||
+        (rc = cu_alloc_host((void **)&f->h_meta, f->meta_cap * 4, err, errlen)))
+        return rc;
+    return 0;
+}
+
+void cuda_fwd_destroy(cuda_fwd *f) {
+    if (!f) return;
+    for (int i = 0; i < f->n_graphs; i++) cu_graph_destroy(f->graphs[i].exec);
+    for (int i = 0; i < PROF_MAX_MARKS; i++) cu_timer_destroy(f->marks[i]);
+    for (int i = 0; i < f->n_allocs; i++) cu_free(f->allocs[i]);
+    cu_free_host(f->h_meta);
+    cu_free_host(f->h_moe_idx);
+    cu_free_host(f->h_moe_w);
+    cu_free_host(f->h_moe_up);
+    cu_ctx_destroy(f->cu);
+    free(f->allocs);
+    free(f->L);
+    free(f);
+}
+
+int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, char *err, size_t errlen) {
+    *out = NULL;
+    if (cu_device_count() < 1) return ci_err(err, errlen, CINFER_EUNSUPPORTED, "no CUDA device");
+    if (m->hd % 32 || m->hd > CU_ATTN_MAX_HD || ((m->hd / 32) & (m->hd / 32 - 1)))
+        return ci_err(err, errlen, CINFER_EUNSUPPORTED,
+                      "cuda: head_dim %d (supported: 32, 64, 128, 256, 512)", m->hd);
+    if (m->K > 8 || m->K < 1)
+        return ci_err(err, errlen, CINFER_EUNSUPPORTED, "cuda: conv kernel %d (at most 8)", m->K);
+    if (m->cfg.n_experts > 1024 || m->cfg.n_experts_per_tok > 32)
+        return ci_err(err, errlen, CINFER_EUNSUPPORTED, "cuda: %d experts / top-%d (limits 1024 / 32)",
+                      m->cfg.n_experts, m->cfg.n_experts_per_tok);
+    if (p->max_tokens > 65535)
+        return ci_err(err, errlen, CINFER_ERANGE, "cuda: max_batch %d (at most 65535)", p->max_tokens);
+    if (m->n_lin > 0 && !cu_gdn_init(m->dk))
+        return ci_err(err, errlen, CINFER_EUNSUPPORTED,
+                      "cuda: linear_key_head_dim %d needs more shared memory than the device has", m->dk);
+    cuda_fwd *f = xcalloc(1, sizeof *f);
+    f->m = m;
+    f->p = *p;
+    const char *g = getenv("CINFER_CUDA_GRAPHS"); /* "0": launch every step eagerly (tests compare the two) */
+    if (g && !strcmp(g, "0")) f->p.no_graphs = 1;
+    int rc = cu_ctx_create(&f->cu, err, errlen);
+    if (rc) {
+        free(f);
+        return rc;
+    }
+    if ((rc = upload_layers(f, err, errlen)) || (rc = alloc_scratch(f, err, errlen))) goto fail;
+    size_t kvd = (size_t)m->Hkv * m->hd;
+    if (m->n_full > 0) {
+        size_t kvb = (size_t)m->n_full * (size_t)p->n_blocks * 16 * kvd * 4;
+        if ((rc = dev_alloc(f, (void **)&f->kpool, kvb, &f->bytes_pools, err, errlen)) ||
+            (rc = dev_alloc(f, (void **)&f->vpool, kvb, &f->bytes_pools, err, errlen)))
+            goto fail;
+    }
+    if (m->n_lin > 0) {
+        size_t cs = (size_t)p->n_slots * m->n_lin * (size_t)(m->K - 1) * m->C * 4;
+        size_t rs = (size_t)p->n_slots * m->n_lin * (size_t)m->Hv * m->dk * m->dv * 4;
+        if ((rc = dev_alloc(f, (void **)&f->conv_state, cs, &f->bytes_pools, err, errlen)) ||
+            (rc = dev_alloc(f, (void **)&f->rec_state, rs, &f->bytes_pools, err, errlen)))
+            goto fail;
+    }
+    /* inv_freq exactly as forward_cpu computes it */
+    int R = m->cfg.rope_dim;
+    float *inv = xcalloc((size_t)(R / 2 > 0 ? R / 2 : 1), sizeof(float));
+    for (int j = 0; j < R / 2; j++) {
+        float ex = (float)(2 * j) / (float)R;
+        float pw = (float)pow(m->cfg.rope_theta, (double)ex);
+        inv[j] = 1.0f / pw;
+    }
+    rc = upload_vec(f, &f->inv_freq, inv, (size_t)(R / 2 > 0 ? R / 2 : 1), err, errlen);
+    free(inv);
+    if (rc) goto fail;
+    for (int i = 0; i < PROF_MAX_MARKS; i++) cu_timer_create(&f->marks[i]);
+    /* one cuBLAS call before any graph capture, so its lazy initialisation never happens inside one */
+    if (p->max_tokens > CU_GEMV_MAX_M) {
+        cu_gemm(f->cu, f->logits, f->xn, f->lm_head, CU_GEMV_MAX_M + 1, m->V, m->H, f->xb, 0);
+        if ((rc = cu_sync(f->cu, err, errlen))) goto fail;
+    }
+    *out = f;
+    return 0;
+fail:
+    cuda_fwd_destroy(f);
+    return rc;
+}
+
+int cuda_fwd_slot_reset(cuda_fwd *f, int slot, char *err, size_t errlen) {
+    const model *m = f->m;
+    if (slot < 0 || slot >= f->p.n_slots)
+        return ci_err(err, errlen, CINFER_EINVAL, "slot %d out of range", slot);
+    if (m->n_lin > 0) {
+        size_t cs = (size_t)m->n_lin * (size_t)(m->K - 1) * m->C,
+               rs = (size_t)m->n_lin * (size_t)m->Hv * m->dk * m->dv;
+        cu_memset_async(f->cu, f->conv_state + (size_t)slot * cs, cs * 4);
+        cu_memset_async(f->cu, f->rec_state + (size_t)slot * rs, rs * 4);
+    }
+    return cu_sync(f->cu, err, errlen);
+}
+
+/* ---- profiling marks ---- */
+
+static void mark(cuda_fwd *f, int phase) {
+    if (!f->profile || f->n_marks >= PROF_MAX_MARKS) return;
+    cu_timer_start(f->cu, f->marks[f->n_marks]);
+    f->mark_phase[f->n_marks++] = phase;
+}
+
+void cuda_fwd_profile(cuda_fwd *f, int on) {
+    f->profile = on;
+    f->prof_calls = 0;
+    memset(f->prof_ms, 0, sizeof f->prof_ms);
+}
+
+void cuda_fwd_profile_get(cuda_fwd *f, double ms[CP_N], int *calls) {
+    memcpy(ms, f->prof_ms, sizeof f->prof_ms);
+    *calls = f->prof_calls;
+}
+
+void cuda_fwd_memory(const cuda_fwd *f, size_t *w, size_t *p, size_t *s) {
+    *w = f->bytes_w;
+    *p = f->bytes_pools;
+    *s = f->bytes_scratch;
+}
+
+struct cu_ctx *cuda_fwd_stream(cuda_fwd *f) {
+    return f->cu;
+}
+
+/* ---- the pass ---- */
+
+typedef struct run_shape {
+    int T, NE, nl, span, nsplit;
+    cu_meta meta;
+} run_shape;
+
+static void gemm(cuda_fwd *f, float *y, const float *x, const uint16_t *w, int M, int N, int K) {
+    cu_gemm(f->cu, y, x, w, M, N, K, f->xb, 0);
+}
+
+static void deltanet(cuda_fwd *f, const cu_layer *cl, const layer_weights *lw, int lin, const run_shape *rs) {
+    const model *m = f->m;
+    int T = rs->T, H = m->H, kd = m->Hk * m->dk, vd = m->Hv * m->dv, C = m->C;
+    mark(f, CP_GEMM_IN);
+    gemm(f, f->proj, f->xn, cl->w_in, T, cl->n_in, H);
+    mark(f, CP_GDN);
+    cu_gdn_args a = {0};
+    a.T = T, a.NE = rs->NE, a.Hk = m->Hk, a.Hv = m->Hv, a.dk = m->dk, a.dv = m->dv, a.K = m->K, a.C = C;
+    a.n_lin = m->n_lin, a.lin = lin;
+    if (lw->fused_qkvz) {
+        cu_next_split(f->cu, f->proj, cl->n_in, f->sq, f->sz, f->sb, f->sa, T, m->Hk, m->Hv, m->dk, m->dv);
+        a.qkv = f->sq, a.qkv_ld = C, a.z = f->sz, a.z_ld = vd, a.b = f->sb, a.a = f->sa, a.ba_ld = m->Hv;
+    } else {
+        a.qkv = f->proj, a.qkv_ld = cl->n_in;
+        a.z = f->proj + C, a.z_ld = cl->n_in;
+        a.b = f->proj + C + vd, a.a = f->proj + C + vd + m->Hv, a.ba_ld = cl->n_in;
+    }
+    (void)kd;
+    a.conv_w = cl->conv_w, a.A = cl->A, a.dt_bias = cl->dt_bias, a.gnorm = cl->gnorm;
+    a.conv_out = f->conv_out, a.bg = f->bg, a.o = f->act;
+    a.conv_state = f->conv_state, a.rec_state = f->rec_state, a.eps = (float)m->cfg.rms_norm_eps;
+    a.meta = rs->meta;
+    cu_gdn_layer(f->cu, &a);
+    mark(f, CP_GEMM_OUT);
+    gemm(f, f->out, f->act, cl->w_out, T, H, vd);
+}
+
+static void attention(cuda_fwd *f, const cu_layer *cl, int full, const run_shape *rs) {
+    const model *m = f->m;
+    int T = rs->T, H = m->H;
+    mark(f, CP_GEMM_IN);
+    gemm(f, f->proj, f->xn, cl->w_in, T, cl->n_in, H);
+    mark(f, CP_ATTN);
+    cu_attn_args a = {0};
+    a.T = T, a.Hq = m->Hq, a.Hkv = m->Hkv, a.hd = m->hd, a.rope_dim = m->cfg.rope_dim,
+    a.n_blocks = f->p.n_blocks;
+    a.full = full, a.qkv = f->proj, a.ld = cl->n_in, a.q_norm = cl->q_norm, a.k_norm = cl->k_norm;
+    a.inv_freq = f->inv_freq, a.kpool = f->kpool, a.vpool = f->vpool, a.o = f->act, a.part = f->part;
+    a.span = rs->span, a.nsplit = rs->nsplit, a.eps = (float)m->cfg.rms_norm_eps, a.meta = rs->meta;
+    cu_attn_layer(f->cu, &a);
+    mark(f, CP_GEMM_OUT);
+    gemm(f, f->out, f->act, cl->w_out, T, H, m->Hq * m->hd);
+}
+
+static void mlp(cuda_fwd *f, float *y, const float *x, const uint16_t *gu, const uint16_t *down, int M,
+                int I) {
+    const model *m = f->m;
+    mark(f, CP_FFN_GEMM);
+    gemm(f, f->proj, x, gu, M, 2 * I, m->H);
+    mark(f, CP_FFN_ACT);
+    cu_swiglu(f->cu, f->act, f->proj, M, I);
+    mark(f, CP_FFN_GEMM);
+    gemm(f, y, f->act, down, M, m->H, I);
+}
+
+static int moe(cuda_fwd *f, const cu_layer *cl, const run_shape *rs, int device_only, char *err,
+               size_t errlen) {
+    const model *m = f->m;
+    const model_config *c = &m->cfg;
+    int T = rs->T, H = m->H, E = c->n_experts, k = c->n_experts_per_tok, Im = c->moe_intermediate_size;
+    int S = T * k, rc;
+    mark(f, CP_MOE_ROUTE);
+    cu_gemm(f->cu, f->moe_logits, f->xn, cl->router, T, E, H, f->xb,
+            1); /* f32 activations: routing is exact-ish */
+    cu_moe_route(f->cu, f->moe_logits, f->moe_idx, f->moe_w, T, E, k, c->norm_topk_prob);
+    const int *pos;
+    const float *wts;
+    if (device_only) {
+        /* decode: every (row, choice) slot streams its expert through the indexed GEMV, no host round trip */
+        cu_moe_sort_slots(f->cu, f->moe_idx, f->moe_w, T, k);
+        mark(f, CP_MOE_EXPERTS);
+        cu_gemv_indexed(f->cu, f->gu, f->xn, k, cl->e_gu, f->moe_idx, S, 2 * Im, H);
+        cu_swiglu(f->cu, f->ea, f->gu, S, Im);
+        cu_gemv_indexed(f->cu, f->ey, f->ea, 1, cl->e_down, f->moe_idx, S, H, Im);
+        pos = f->moe_ident;
+        wts = f->moe_w;
+    } else {
+        /* grouped: rows sorted by expert on the host, one GEMM per expert over its rows */
+        cu_d2h_async(f->cu, f->h_moe_idx, f->moe_idx, (size_t)S * 4);
+        cu_d2h_async(f->cu, f->h_moe_w, f->moe_w, (size_t)S * 4);
+        if ((rc = cu_sync(f->cu, err, errlen))) return rc;
+        int *cnt = xcalloc((size_t)E + 1, sizeof(int)), *off = xcalloc((size_t)E + 1, sizeof(int));
+        int *fill = xcalloc((size_t)E + 1, sizeof(int));
+        for (int p = 0; p < S; p++) {
+            int e = f->h_moe_idx[p];
+            if (e < 0 || e >= E) e = 0; /* cannot happen: the router writes indices < E */
+            f->h_moe_idx[p] = e;
+            cnt[e]++;
+        }
+        for (int e = 0; e < E; e++) off[e + 1] = off[e] + cnt[e];
+        int *src = f->h_moe_up, *hp = f->h_moe_up + S;
+        float *hw = (float *)(f->h_moe_up + 2 * S);
+        for (int r = 0; r < T; r++) {
+            int *ir = f->h_moe_idx + (size_t)r * k;
+            float *wr = f->h_moe_w + (size_t)r * k;
+            /* this row's choices in ascending expert order */
+            for (int a = 1; a < k; a++)
+                for (int b = a; b > 0 && ir[b - 1] > ir[b]; b--) {
+                    int ti = ir[b];
+                    ir[b] = ir[b - 1], ir[b - 1] = ti;
+                    float tw = wr[b];
+                    wr[b] = wr[b - 1], wr[b - 1] = tw;
+                }
+            for (int j = 0; j < k; j++) {
+                int e = ir[j], p = off[e] + fill[e]++;
+                src[p] = r;
+                hp[r * k + j] = p;
+                hw[r * k + j] = wr[j];
+            }
+        }
+        cu_h2d_async(f->cu, f->moe_host, f->h_moe_up, (size_t)3 * S * 4);
+        mark(f, CP_MOE_EXPERTS);
+        cu_gather_rows(f->cu, f->xg, f->xn, f->moe_host, S, H);
+        for (int e = 0; e < E; e++)
+            if (cnt[e])
+                gemm(f, f->gu + (size_t)off[e] * 2 * Im, f->xg + (size_t)off[e] * H,
+                     cl->e_gu + (size_t)e * 2 * Im * H, cnt[e], 2 * Im, H);
+        cu_swiglu(f->cu, f->ea, f->gu, S, Im);
+        for (int e = 0; e < E; e++)
+            if (cnt[e])
+                gemm(f, f->ey + (size_t)off[e] * H, f->ea + (size_t)off[e] * Im,
+                     cl->e_down + (size_t)e * H * Im, cnt[e], H, Im);
+        free(cnt);
+        free(off);
+        free(fill);
+        pos = f->moe_host + S;
+        wts = (const float *)(f->moe_host + 2 * S);
+        /* the pinned upload buffer is reused by the next MoE layer: wait for this copy first */
+        if ((rc = cu_sync(f->cu, err, errlen))) return rc;
+    }
+    const float *sh = NULL, *shg = NULL;
+    if (cl->sh_gu) {
+        int Is = c->shared_expert_intermediate_size;
+        mlp(f, f->shy, f->xn, cl->sh_gu, cl->sh_down, T, Is);
+        mark(f, CP_MOE_ROUTE);
+        cu_gemm(f->cu, f->shg, f->xn, cl->sh_gw, T, 1, H, f->xb, 1);
+        sh = f->shy, shg = f->shg;
+    }
+    mark(f, CP_FFN_ACT);
+    cu_moe_combine(f->cu, f->out, f->ey, pos, wts, T, k, H, sh, shg);
+    return 0;
+}
+
+/* everything after the metadata upload up to the logits on the device */
+static int enqueue(cuda_fwd *f, const run_shape *rs, int moe_device, char *err, size_t errlen) {
+    const model *m = f->m;
+    int T = rs->T, H = m->H, rc;
+    float eps = (float)m->cfg.rms_norm_eps;
+    mark(f, CP_EMBED_NORM);
+    cu_embed(f->cu, f->x, f->embed, rs->meta.ids, T, H);
+    for (int l = 0; l < m->L; l++) {
+        const cu_layer *cl = &f->L[l];
+        const layer_weights *lw = &m->layers[l];
+        mark(f, CP_EMBED_NORM);
+        /* the previous layer's FFN output joins the residual here (fused with this layer's input norm) */
+        cu_add_rmsnorm(f->cu, f->x, l > 0 ? f->out : NULL, f->xn, cl->in_norm, T, H, eps);
+        if (lw->type == LAYER_LINEAR)
+            deltanet(f, cl, lw, m->lin_index[l], rs);
+        else
+            attention(f, cl, m->full_index[l], rs);
+        mark(f, CP_EMBED_NORM);
+        cu_add_rmsnorm(f->cu, f->x, f->out, f->xn, cl->post_norm, T, H, eps);
+        if (lw->moe) {
+            if ((rc = moe(f, cl, rs, moe_device, err, errlen))) return rc;
+        } else {
+            mlp(f, f->out, f->xn, cl->w_gu, cl->w_down, T, m->cfg.intermediate_size);
+        }
+    }
+    mark(f, CP_EMBED_NORM);
+    cu_add(f->cu, f->x, f->out, T, H);
+    /* final norm of the rows that need logits (gathered), then lm_head */
+    cu_gather_rmsnorm(f->cu, f->xn, f->x, rs->meta.lrow, f->final_norm, rs->nl, H, eps);
+    mark(f, CP_LM_HEAD);
+    gemm(f, f->logits, f->xn, f->lm_head, rs->nl, m->V, H);
+    return 0;
+}
+
+/* attention position splits: enough (rows x heads x splits) blocks to fill the device at decode, none when
+ * the rows alone do; spans are powers of two times 64 so a decode graph stays valid for many steps */
+static void attn_split(const cuda_fwd *f, int T, int maxpos, int *span, int *nsplit) {
+    int rows = T * f->m->Hq, want = rows >= ATTN_TARGET_BLOCKS ? 1 : (ATTN_TARGET_BLOCKS + rows - 1) / rows;
+    int s = 64;
+    while ((maxpos + 1 + s - 1) / s > want) s *= 2;
+    *span = s;
+    *nsplit = (maxpos + 1 + s - 1) / s;
+}
+
+int cuda_fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, char *err, size_t errlen) {
+    const model *m = f->m;
+    int T = 0, nl = 0, maxpos = 0, all_decode = 1;
+    for (int i = 0; i < NE; i++) {
+        if (e[i].spec_rec)
+            return ci_err(err, errlen, CINFER_EUNSUPPORTED,
+                          "speculative windows are not supported on cuda yet");
+        if (e[i].hidden || e[i].attn_start)
+            return ci_err(err, errlen, CINFER_EUNSUPPORTED,
+                          "hidden-state output (the MTP head) is not supported on cuda yet");
+        T += e[i].n;
+        nl += e[i].all_logits ? e[i].n : 1;
+        if (e[i].seq_len + e[i].n - 1 > maxpos) maxpos = e[i].seq_len + e[i].n - 1;
+        if (e[i].n != 1 || e[i].all_logits) all_decode = 0;
+    }
+    if (T > f->p.max_tokens || NE > f->p.max_tokens)
+        return ci_err(err, errlen, CINFER_ERANGE, "cuda: batch of %d tokens exceeds %d", T, f->p.max_tokens);
+    /* pack the metadata */
+    int *h = f->h_meta;
+    size_t o_ids = 0, o_pos = o_ids + T, o_ent = o_pos + T, o_len = o_ent + T, o_n = o_len + NE,
+           o_r0 = o_n + NE;
+    size_t o_slot = o_r0 + NE, o_boff = o_slot + NE, o_lrow = o_boff + NE, o_blk = o_lrow + nl;
+    size_t nb = 0;
+    for (int i = 0; i < NE; i++) nb += (size_t)(e[i].seq_len + e[i].n + 15) / 16;
+    if (o_blk + nb > f->meta_cap)
+        return ci_err(err, errlen, CINFER_ERANGE, "cuda: block tables exceed the metadata buffer");
+    int r = 0, li = 0;
+    size_t bo = 0;
+    for (int i = 0; i < NE; i++) {
+        h[o_len + i] = e[i].seq_len;
+        h[o_n + i] = e[i].n;
+        h[o_r0 + i] = r;
+        h[o_slot + i] = e[i].slot;
+        h[o_boff + i] = (int)bo;
+        int nbi = (e[i].seq_len + e[i].n + 15) / 16;
+        memcpy(h + o_blk + bo, e[i].blocks, (size_t)nbi * sizeof(int));
+        bo += (size_t)nbi;
+        for (int t = 0; t < e[i].n; t++, r++) {
+            h[o_ids + r] = e[i].tokens[t];
+            h[o_pos + r] = e[i].seq_len + t;
+            h[o_ent + r] = i;
+            if (e[i].all_logits || t == e[i].n - 1) h[o_lrow + li++] = r;
+        }
+    }
+    int *d = f->meta;
+    run_shape rs = {T,
+                    NE,
+                    nl,
+                    0,
+                    0,
+                    {d + o_ids, d + o_pos, d + o_ent, d + o_len, d + o_n, d + o_r0, d + o_slot, d + o_boff,
+                     d + o_lrow, d + o_blk}};
+    attn_split(f, T, maxpos, &rs.span, &rs.nsplit);
+    cu_h2d_async(f->cu, f->meta, h, (o_blk + nb) * sizeof(int));
+    int moe_device = T <= CU_GEMV_MAX_M;
+    int rc = 0;
+    int use_graph = all_decode && !f->profile && !f->p.no_graphs && (m->cfg.n_experts == 0 || moe_device);
+    if (use_graph) {
+        graph_ent *g = NULL;
+        for (int i = 0; i < f->n_graphs; i++)
+            if (f->graphs[i].B == NE && f->graphs[i].span == rs.span && f->graphs[i].nsplit == rs.nsplit)
+                g = &f->graphs[i];
+        if (!g) {
+            if (f->n_graphs == MAX_GRAPHS) {
+                for (int i = 0; i < f->n_graphs; i++) cu_graph_destroy(f->graphs[i].exec);
+                f->n_graphs = 0;
+            }
+            /* the block-table offsets inside the metadata buffer depend only on NE for decode (T = nl = NE)
+             */
+            if ((rc = cu_capture_begin(f->cu, err, errlen))) return rc;
+            int rc2 = enqueue(f, &rs, moe_device, err, errlen);
+            void *exec = NULL;
+            rc = cu_capture_end(f->cu, &exec, err, errlen);
+            if (rc2) {
+                cu_graph_destroy(exec);
+                return rc2;
+            }
+            if (rc) return rc;
+            g = &f->graphs[f->n_graphs++];
+            *g = (graph_ent){NE, rs.span, rs.nsplit, exec};
+        }
+        if ((rc = cu_graph_launch(f->cu, g->exec, err, errlen))) return rc;
+    } else {
+        f->n_marks = 0;
+        if ((rc = enqueue(f, &rs, moe_device, err, errlen))) return rc;
+    }
+    mark(f, CP_COPY_OUT);
+    cu_d2h_async(f->cu, logits, f->logits, (size_t)nl * m->V * sizeof(float));
+    if (f->profile && f->n_marks < PROF_MAX_MARKS) {
+        cu_timer_start(f->cu, f->marks[f->n_marks]);
+        f->mark_phase[f->n_marks++] = -1;
+    }
+    if ((rc = cu_sync(f->cu, err, errlen))) return rc;
+    if (f->profile) {
+        /* each mark's phase runs until the next mark */
+        for (int i = 0; i + 1 < f->n_marks; i++) {
+            float ms = cu_timer_between_ms(f->marks[i], f->marks[i + 1]);
+            if (f->mark_phase[i] >= 0) f->prof_ms[f->mark_phase[i]] += ms;
+        }
+        f->prof_calls++;
+        f->n_marks = 0;
+    }
+    return 0;
+}
+
+#endif

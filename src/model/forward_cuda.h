@@ -1,0 +1,63 @@
+/* forward_cuda.h — the forward pass of forward_cpu.c on a CUDA device: the same ragged batch of fwd_entry,
+ * with the weights uploaded once as bf16 (small vectors f32), the residual stream in f32, the KV blocks and
+ * DeltaNet state slots in device memory (same block ids and slot numbers as the host-side pools, which only
+ * keep the bookkeeping). Decode steps replay CUDA graphs captured per batch shape.
+ * Built without CUDA (make CUDA=0, the asan and fuzz builds), every entry point fails with a message. */
+#ifndef CI_FORWARD_CUDA_H
+#define CI_FORWARD_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/forward.h"
+#include "model/qwen35.h"
+
+typedef struct cuda_fwd cuda_fwd;
+
+/* 1 when this build has the CUDA backend; devices visible now (0 without a device or driver). */
+int cuda_built(void);
+int cuda_devices(void);
+
+typedef struct cuda_fwd_params {
+    int max_tokens;     /* rows per call */
+    int max_ctx;        /* positions per sequence */
+    int n_slots;        /* DeltaNet state slots */
+    int n_blocks;       /* KV blocks */
+    int random_weights; /* 1: fill matrices with uniform noise on the device instead of reading the model's
+                           (the bench's --like shapes); the f32 vectors still come from the model */
+    uint64_t seed;
+    int no_graphs; /* 1: never capture (tests compare both) */
+} cuda_fwd_params;
+
+int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, char *err, size_t errlen);
+void cuda_fwd_destroy(cuda_fwd *f);
+/* zeroes a DeltaNet slot (conv window and recurrent state) for a new sequence */
+int cuda_fwd_slot_reset(cuda_fwd *f, int slot, char *err, size_t errlen);
+/* Runs the batch (same contract as forward_cpu; spec_rec must be NULL) and writes the logits rows to host
+ * memory. */
+int cuda_fwd_run(cuda_fwd *f, const fwd_entry *e, int n_entries, float *logits, char *err, size_t errlen);
+
+/* Per-phase device time of the calls since the last reset (profiling disables graphs). */
+enum {
+    CP_EMBED_NORM,
+    CP_GEMM_IN,
+    CP_GDN,
+    CP_ATTN,
+    CP_GEMM_OUT,
+    CP_FFN_GEMM,
+    CP_FFN_ACT,
+    CP_MOE_ROUTE,
+    CP_MOE_EXPERTS,
+    CP_LM_HEAD,
+    CP_COPY_OUT,
+    CP_N
+};
+extern const char *const cuda_phase_names[CP_N];
+void cuda_fwd_profile(cuda_fwd *f, int on);
+void cuda_fwd_profile_get(cuda_fwd *f, double ms[CP_N], int *calls);
+/* bytes of device memory the weights, KV pool + state slots, and scratch took */
+void cuda_fwd_memory(const cuda_fwd *f, size_t *weights, size_t *pools, size_t *scratch);
+/* the context's stream handle for roofline probes */
+struct cu_ctx *cuda_fwd_stream(cuda_fwd *f);
+
+#endif

@@ -1,0 +1,320 @@
+/* test_parity_cuda.c — the whole forward on --device cuda against transformers' float32 logits for every
+ * oracle fixture: ||logits - ref|| / ||ref|| <= 1e-2 at every position and the same top-1 wherever the
+ * reference's top-2 margin exceeds 0.05 x std; once as one prefill, once as a prefill followed by decode
+ * steps (the recurrent kernel, CUDA graphs). Then: a sequence alone vs inside a batch of 32, graphs vs eager
+ * (bit for bit), and the device choice / refusals (those run without a GPU too). */
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cinfer.h"
+#include "model/forward_cuda.h"
+#include "test.h"
+#include "util/file.h"
+#include "util/npy.h"
+
+#define CUDA_BOUND 1e-2
+
+static int no_device(void) {
+    return !cuda_built() || cuda_devices() < 1;
+}
+
+static cinfer_ctx *make_ctx(cinfer_model *m, int seqs, int ctx, int batch) {
+    cinfer_ctx_params p = cinfer_ctx_default_params();
+    p.max_seqs = seqs;
+    p.max_ctx = ctx;
+    p.max_batch = batch;
+    p.n_threads = 2;
+    p.device = CINFER_DEVICE_CUDA;
+    cinfer_ctx *c = NULL;
+    char err[512];
+    if (cinfer_ctx_create(m, &p, &c, err, sizeof err)) {
+        test_fail(__FILE__, __LINE__, "cuda context: %s", err);
+        return NULL;
+    }
+    return c;
+}
+
+/* worst per-position ||d||/||ref|| and top-1 disagreements where the reference margin is clear */
+static double compare_rows(const char *where, const float *got, const float *ref, int T, int V, double sd,
+                           int *bad_top1) {
+    double worst = 0;
+    *bad_top1 = 0;
+    for (int t = 0; t < T; t++) {
+        const float *g = got + (size_t)t * V, *r = ref + (size_t)t * V;
+        double d = 0, n = 0;
+        int ga = 0, ra = 0, rb = -1;
+        for (int v = 0; v < V; v++) {
+            double e = (double)g[v] - r[v];
+            if (!isfinite(g[v])) e = INFINITY;
+            d += e * e;
+            n += (double)r[v] * r[v];
+            if (g[v] > g[ga]) ga = v;
+            if (r[v] > r[ra]) ra = v;
+        }
+        for (int v = 0; v < V; v++)
+            if (v != ra && (rb < 0 || r[v] > r[rb])) rb = v;
+        double rel = sqrt(d / (n > 0 ? n : 1));
+        if (!(rel <= worst)) worst = rel;
+        if (rb >= 0 && r[ra] - r[rb] > 0.05 * sd && ga != ra) (*bad_top1)++;
+    }
+    CHECK_MSG(worst <= CUDA_BOUND, "%s: ||d||/||ref|| = %.3g at worst (bound %g)", where, worst, CUDA_BOUND);
+    CHECK_MSG(*bad_top1 == 0, "%s: %d positions with a clear reference top-1 disagree", where, *bad_top1);
+    return worst;
+}
+
+static void run_fixture(const char *name, const char *model_dir) {
+    if (no_device()) SKIP("no CUDA device: skipped");
+    char dir[512], path[700], err[512];
+    snprintf(dir, sizeof dir, "%s/%s", test_fixtures_dir(), name);
+    snprintf(path, sizeof path, "%s/cases.json", dir);
+    json_error_t je;
+    json_t *root = json_load_file(path, 0, &je);
+    REQUIRE(root);
+    cinfer_model *m;
+    int rc = cinfer_model_open(model_dir ? model_dir : dir, &m, err, sizeof err);
+    CHECK_MSG(rc == 0, "%s: %s", name, err);
+    if (rc) {
+        json_decref(root);
+        return;
+    }
+    cinfer_model_info info;
+    cinfer_model_get_info(m, &info);
+    json_t *cases = json_object_get(root, "cases"), *c;
+    size_t ci;
+    json_array_foreach(cases, ci, c) {
+        json_t *tk = json_object_get(c, "tokens");
+        int n = (int)json_array_size(tk), V = info.vocab_size;
+        int32_t *toks = malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
+        for (int i = 0; i < n; i++) toks[i] = (int32_t)json_integer_value(json_array_get(tk, i));
+        snprintf(path, sizeof path, "%s/%s", dir, json_string_value(json_object_get(c, "logits")));
+        char *buf = NULL;
+        size_t len;
+        npy_array a;
+        if (file_read_all(path, (size_t)1 << 31, &buf, &len, err, sizeof err) ||
+            npy_parse_f32(buf, len, &a, err, sizeof err) || a.ndim != 2 || a.shape[0] != n ||
+            a.shape[1] != V) {
+            test_fail(__FILE__, __LINE__, "%s: %s", path, err);
+            free(buf);
+            free(toks);
+            continue;
+        }
+        const float *ref = a.data;
+        double s = 0, s2 = 0;
+        for (size_t i = 0; i < (size_t)n * V; i++) s += ref[i], s2 += (double)ref[i] * ref[i];
+        double mean = s / ((double)n * V), sd = sqrt(s2 / ((double)n * V) - mean * mean);
+        float *got = malloc(sizeof(float) * (size_t)n * V);
+        const char *cname = json_string_value(json_object_get(c, "name"));
+        char where[300];
+        int bad;
+        /* one prefill */
+        cinfer_ctx *ctx = make_ctx(m, 1, n, n);
+        if (ctx) {
+            int seq = cinfer_seq_open(ctx, err, sizeof err);
+            cinfer_batch_entry e = {seq, toks, n, 1};
+            rc = cinfer_forward(ctx, &e, 1, got, err, sizeof err);
+            CHECK_MSG(rc == 0, "%s: %s", name, err);
+            snprintf(where, sizeof where, "%s/%s prefill", name, cname);
+            if (!rc)
+                printf("     %-36s T=%-4d max ||d||/||ref|| = %.2e\n", where, n,
+                       compare_rows(where, got, ref, n, V, sd, &bad));
+            cinfer_ctx_destroy(ctx);
+        }
+        /* half prefill, then one token per step */
+        int h = n / 2 > 0 ? n / 2 : 1;
+        ctx = n > 1 ? make_ctx(m, 1, n, n) : NULL;
+        if (ctx) {
+            int seq = cinfer_seq_open(ctx, err, sizeof err);
+            cinfer_batch_entry e = {seq, toks, h, 1};
+            rc = cinfer_forward(ctx, &e, 1, got, err, sizeof err);
+            for (int t = h; t < n && !rc; t++) {
+                cinfer_batch_entry d = {seq, toks + t, 1, 0};
+                rc = cinfer_forward(ctx, &d, 1, got + (size_t)t * V, err, sizeof err);
+            }
+            CHECK_MSG(rc == 0, "%s: %s", name, err);
+            snprintf(where, sizeof where, "%s/%s prefill %d + decode", name, cname, h);
+            if (!rc)
+                printf("     %-36s T=%-4d max ||d||/||ref|| = %.2e\n", where, n,
+                       compare_rows(where, got, ref, n, V, sd, &bad));
+            cinfer_ctx_destroy(ctx);
+        }
+        free(got);
+        free(buf);
+        free(toks);
+    }
+    cinfer_model_close(m);
+    json_decref(root);
+}
+
+TEST(cuda_parity_qwen35_dense) {
+    run_fixture("qwen35_dense", NULL);
+}
+TEST(cuda_parity_qwen35_text_sharded) {
+    run_fixture("qwen35_text", NULL);
+}
+TEST(cuda_parity_qwen35_moe) {
+    run_fixture("qwen35_moe", NULL);
+}
+TEST(cuda_parity_qwen35_moe_fused_experts) {
+    run_fixture("qwen35_moe_fused", NULL);
+}
+TEST(cuda_parity_qwen3_next) {
+    run_fixture("qwen3_next", NULL);
+}
+TEST(cuda_parity_default_model) {
+    run_fixture("default_model", "models/default");
+}
+
+/* Sequence A's logits (a prefill of 40 then 8 decode steps) alone and among 31 other sequences of other
+ * lengths; returns the worst row ||d||/||ref|| and whether every row is bit-identical. */
+static void batch_case(const char *fixture, int graphs) {
+    char dir[512], err[512];
+    snprintf(dir, sizeof dir, "%s/%s", test_fixtures_dir(), fixture);
+    cinfer_model *m;
+    REQUIRE(cinfer_model_open(dir, &m, err, sizeof err) == 0);
+    cinfer_model_info info;
+    cinfer_model_get_info(m, &info);
+    int V = info.vocab_size, P = 40, D = 8, B = 32;
+    int32_t toks[32][64];
+    uint64_t x = 99;
+    for (int s = 0; s < B; s++)
+        for (int i = 0; i < 64; i++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            toks[s][i] = (int32_t)(x % (uint64_t)V);
+        }
+    float *alone = malloc(sizeof(float) * (size_t)(D + 1) * V),
+          *inb = malloc(sizeof(float) * (size_t)B * 64 * V);
+    /* alone */
+    cinfer_ctx *c = make_ctx(m, B, 64, 2048);
+    REQUIRE(c);
+    int seq = cinfer_seq_open(c, err, sizeof err);
+    cinfer_batch_entry e = {seq, toks[0], P, 0};
+    REQUIRE(cinfer_forward(c, &e, 1, alone, err, sizeof err) == 0);
+    for (int t = 0; t < D; t++) {
+        cinfer_batch_entry d = {seq, toks[0] + P + t, 1, 0};
+        REQUIRE(cinfer_forward(c, &d, 1, alone + (size_t)(t + 1) * V, err, sizeof err) == 0);
+    }
+    cinfer_ctx_destroy(c);
+    /* in a batch: the others' prompts are 5..55 tokens */
+    c = make_ctx(m, B, 64, 2048);
+    REQUIRE(c);
+    int seqs[32], lens[32];
+    cinfer_batch_entry be[32];
+    for (int s = 0; s < B; s++) {
+        seqs[s] = cinfer_seq_open(c, err, sizeof err);
+        lens[s] = s == 0 ? P : 5 + (s * 7) % 51;
+        be[s] = (cinfer_batch_entry){seqs[s], toks[s], lens[s], 0};
+    }
+    /* A sits in the middle of the batch */
+    cinfer_batch_entry tmp = be[0];
+    be[0] = be[17], be[17] = tmp;
+    float *rows = malloc(sizeof(float) * (size_t)B * V);
+    REQUIRE(cinfer_forward(c, be, B, rows, err, sizeof err) == 0);
+    memcpy(inb, rows + (size_t)17 * V, sizeof(float) * V);
+    for (int t = 0; t < D; t++) {
+        for (int s = 0; s < B; s++) {
+            int id = s == 17 ? 0 : s == 0 ? 17 : s;
+            be[s] = (cinfer_batch_entry){seqs[id], toks[id] + lens[id] + t, 1, 0};
+        }
+        REQUIRE(cinfer_forward(c, be, B, rows, err, sizeof err) == 0);
+        memcpy(inb + (size_t)(t + 1) * V, rows + (size_t)17 * V, sizeof(float) * V);
+    }
+    cinfer_ctx_destroy(c);
+    double worst = 0;
+    int same = !memcmp(alone, inb, sizeof(float) * (size_t)(D + 1) * V);
+    for (int t = 0; t <= D; t++) {
+        double d = 0, n = 0;
+        for (int v = 0; v < V; v++) {
+            double q = (double)inb[(size_t)t * V + v] - alone[(size_t)t * V + v];
+            if (!isfinite(inb[(size_t)t * V + v])) q = INFINITY;
+            d += q * q, n += (double)alone[(size_t)t * V + v] * alone[(size_t)t * V + v];
+        }
+        double r = sqrt(d / (n > 0 ? n : 1));
+        if (!(r <= worst)) worst = r;
+    }
+    printf("     %-14s graphs=%d alone vs in a batch of 32: max ||d||/||ref|| = %.2e (%s)\n", fixture, graphs,
+           worst, same ? "bit-identical" : "not bit-identical: GEMV at 1 row, tensor cores at 32");
+    CHECK_MSG(worst <= CUDA_BOUND, "%s: a sequence in a batch of 32 differs from alone by %.3g", fixture,
+              worst);
+    free(alone), free(inb), free(rows);
+    cinfer_model_close(m);
+}
+
+TEST(cuda_batch_of_32_matches_alone) {
+    if (no_device()) SKIP("no CUDA device: skipped");
+    batch_case("qwen35_dense", 1);
+    batch_case("qwen35_moe", 1);
+    batch_case("qwen3_next", 1);
+}
+
+/* decode replayed from captured graphs gives the same bits as the same launches made one by one */
+TEST(cuda_graphs_match_eager) {
+    if (no_device()) SKIP("no CUDA device: skipped");
+    char dir[512], err[512];
+    snprintf(dir, sizeof dir, "%s/qwen35_dense", test_fixtures_dir());
+    cinfer_model *m;
+    REQUIRE(cinfer_model_open(dir, &m, err, sizeof err) == 0);
+    cinfer_model_info info;
+    cinfer_model_get_info(m, &info);
+    int V = info.vocab_size, B = 3, N = 12;
+    float *out[2];
+    for (int g = 0; g < 2; g++) {
+        if (g == 0)
+            setenv("CINFER_CUDA_GRAPHS", "0", 1);
+        else
+            unsetenv("CINFER_CUDA_GRAPHS");
+        out[g] = malloc(sizeof(float) * (size_t)N * B * V);
+        cinfer_ctx *c = make_ctx(m, B, 64, 64);
+        REQUIRE(c);
+        int seqs[3];
+        for (int s = 0; s < B; s++) seqs[s] = cinfer_seq_open(c, err, sizeof err);
+        for (int t = 0; t < N; t++) {
+            int32_t ids[3];
+            cinfer_batch_entry be[3];
+            for (int s = 0; s < B; s++) {
+                ids[s] = (int32_t)((t * 31 + s * 7 + 1) % V);
+                be[s] = (cinfer_batch_entry){seqs[s], &ids[s], 1, 0};
+            }
+            REQUIRE(cinfer_forward(c, be, B, out[g] + (size_t)t * B * V, err, sizeof err) == 0);
+        }
+        cinfer_ctx_destroy(c);
+    }
+    CHECK_MSG(!memcmp(out[0], out[1], sizeof(float) * (size_t)N * B * V),
+              "decode from CUDA graphs differs from eager launches");
+    free(out[0]), free(out[1]);
+    cinfer_model_close(m);
+}
+
+/* runs with or without a GPU: auto falls back to the CPU, cuda refuses what it does not do yet */
+TEST(cuda_device_choice_and_refusals) {
+    char dir[512], err[512];
+    snprintf(dir, sizeof dir, "%s/qwen35_dense", test_fixtures_dir());
+    cinfer_model *m;
+    REQUIRE(cinfer_model_open(dir, &m, err, sizeof err) == 0);
+    cinfer_ctx_params p = cinfer_ctx_default_params();
+    p.max_seqs = 1, p.max_ctx = 64, p.max_batch = 64, p.n_threads = 1;
+    p.device = CINFER_DEVICE_AUTO;
+    cinfer_ctx *c = NULL;
+    REQUIRE(cinfer_ctx_create(m, &p, &c, err, sizeof err) == 0);
+    CHECK_EQ_INT(cinfer_ctx_device(c), no_device() ? CINFER_DEVICE_CPU : CINFER_DEVICE_CUDA);
+    cinfer_ctx_destroy(c);
+    /* auto with speculation stays on the CPU */
+    p.spec_window = 4;
+    REQUIRE(cinfer_ctx_create(m, &p, &c, err, sizeof err) == 0);
+    CHECK_EQ_INT(cinfer_ctx_device(c), CINFER_DEVICE_CPU);
+    cinfer_ctx_destroy(c);
+    p.device = CINFER_DEVICE_CUDA;
+    c = NULL;
+    CHECK_EQ_INT(cinfer_ctx_create(m, &p, &c, err, sizeof err), CINFER_EUNSUPPORTED);
+    CHECK_STR_CONTAINS(err, no_device() ? "cuda" : "speculative decoding is not supported on cuda");
+    p.spec_window = 0;
+    p.prefix_cache_memory = 1 << 20;
+    CHECK_EQ_INT(cinfer_ctx_create(m, &p, &c, err, sizeof err), CINFER_EUNSUPPORTED);
+    CHECK_STR_CONTAINS(err, no_device() ? "cuda" : "prefix cache is not supported on cuda");
+    p.device = 7;
+    p.prefix_cache_memory = 0;
+    CHECK_EQ_INT(cinfer_ctx_create(m, &p, &c, err, sizeof err), CINFER_EINVAL);
+    cinfer_model_close(m);
+}

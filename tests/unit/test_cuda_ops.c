@@ -1,0 +1,582 @@
+/* test_cuda_ops.c — the CUDA kernels one by one against the CPU code on random inputs: f32 paths within
+ * ||d|| / ||ref|| <= 1e-5, bf16-activation GEMMs within 1e-2; outputs start as NaN so an unwritten element
+ * fails, as does any NaN. Without a CUDA build or device every test skips with one line. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/matmul.h"
+#include "backend/cpu/ops.h"
+#include "model/forward.h"
+#include "model/forward_cuda.h"
+#include "test.h"
+#include "util/bf16.h"
+
+#ifdef CINFER_CUDA
+#include "backend/cuda/cuda_ops.h"
+
+#define NO_DEVICE() (cuda_devices() < 1)
+
+static uint64_t g_rng = 0x1234567ull;
+static float frand(void) { /* [-1, 1) */
+    g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
+    return (float)((g_rng >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
+}
+static float *rnd(size_t n, float scale) {
+    float *p = malloc(n * sizeof(float) + 16);
+    for (size_t i = 0; i < n; i++) p[i] = frand() * scale;
+    return p;
+}
+
+/* ||got - ref|| / ||ref||; any NaN or inf in got gives +inf */
+static double rel(const float *got, const float *ref, size_t n) {
+    double d = 0, r = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(got[i])) return INFINITY;
+        double e = (double)got[i] - ref[i];
+        d += e * e;
+        r += (double)ref[i] * ref[i];
+    }
+    return r > 0 ? sqrt(d / r) : sqrt(d);
+}
+
+static void *dup_dev(const void *h, size_t bytes) {
+    void *d = NULL;
+    char err[256];
+    if (cu_alloc(&d, bytes, err, sizeof err) || cu_upload(d, h, bytes, err, sizeof err)) return NULL;
+    return d;
+}
+static float *nan_dev(cu_ctx *c, size_t n) {
+    float *d = NULL;
+    char err[256];
+    if (cu_alloc((void **)&d, n * sizeof(float), err, sizeof err)) return NULL;
+    cu_fill_f32(c, d, n, NAN);
+    return d;
+}
+static float *get(const float *d, size_t n) {
+    float *h = malloc(n * sizeof(float) + 16);
+    char err[256];
+    if (cu_download(h, d, n * sizeof(float), err, sizeof err)) memset(h, 0xff, n * sizeof(float)); /* NaN */
+    return h;
+}
+
+static void check_rel(const char *what, const float *got, const float *ref, size_t n, double tol) {
+    double r = rel(got, ref, n);
+    printf("     %-44s ||d||/||ref|| = %.2e (bound %.0e)\n", what, r, tol);
+    CHECK_MSG(r <= tol, "%s: ||d||/||ref|| = %.3g > %g", what, r, tol);
+}
+
+TEST(cuda_gemm_vs_cpu) {
+    if (NO_DEVICE()) SKIP("no CUDA device: skipped");
+    char err[256];
+    cu_ctx *c;
+    REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
+    static const int Ms[] = {1, 2, 5, 8, 9, 33};
+    static const int NK[][2] = {{203, 256}, {64, 72}, {37, 70}};
+    for (size_t a = 0; a < sizeof NK / sizeof NK[0]; a++) {
+        int N = NK[a][0], K = NK[a][1];
+        uint16_t *w = malloc((size_t)N * K * 2);
+        for (size_t i = 0; i < (size_t)N * K; i++) w[i] = f32_to_bf16(frand() * 0.1f);
+        uint16_t *dw = dup_dev(w, (size_t)N * K * 2), *xb = NULL;
+        REQUIRE(cu_alloc((void **)&xb, (size_t)64 * K * 2, err, sizeof err) == 0);
+        float *row0 = NULL;
+        for (size_t b = 0; b < sizeof Ms / sizeof Ms[0]; b++) {
+            int M = Ms[b];
+            float *x = rnd((size_t)M * K, 1.0f), *ref = malloc((size_t)M * N * 4);
+            g_rng += 7; /* x of row 0 differs per M; the row-independence check below uses its own x */
+            cpu_matmul_ref(ref, x, w, WT_BF16, M, N, K);
+            float *dx = dup_dev(x, (size_t)M * K * 4);
+            for (int precise = 0; precise < 2; precise++) {
+                float *dy = nan_dev(c, (size_t)M * N);
+                cu_gemm(c, dy, dx, dw, M, N, K, xb, precise);
+                REQUIRE(cu_sync(c, err, sizeof err) == 0);
+                float *y = get(dy, (size_t)M * N);
+                char what[96];
+                snprintf(what, sizeof what, "gemm M=%d N=%d K=%d%s", M, N, K, precise ? " precise" : "");
+                check_rel(what, y, ref, (size_t)M * N, (M <= CU_GEMV_MAX_M || precise) ? 1e-5 : 1e-2);
+                free(y);
+                cu_free(dy);
+            }
+            free(x);
+            free(ref);
+            cu_free(dx);
+        }
+        /* a row's GEMV result does not depend on how many rows share the launch (bit for bit) */
+        float *x8 = rnd((size_t)8 * K, 1.0f);
+        float *dx8 = dup_dev(x8, (size_t)8 * K * 4), *dy1 = nan_dev(c, (size_t)N),
+              *dy8 = nan_dev(c, (size_t)8 * N);
+        cu_gemm(c, dy1, dx8, dw, 1, N, K, xb, 0);
+        cu_gemm(c, dy8, dx8, dw, 8, N, K, xb, 0);
+        REQUIRE(cu_sync(c, err, sizeof err) == 0);
+        float *y1 = get(dy1, (size_t)N), *y8 = get(dy8, (size_t)8 * N);
+        CHECK_MSG(!memcmp(y1, y8, (size_t)N * 4), "gemv N=%d K=%d: row 0 alone differs from row 0 of 8", N,
+                  K);
+        free(y1), free(y8), free(x8), free(row0);
+        cu_free(dx8), cu_free(dy1), cu_free(dy8), cu_free(dw), cu_free(xb);
+        free(w);
+    }
+    cu_ctx_destroy(c);
+}
+
+TEST(cuda_gemv_indexed_vs_cpu) {
+    if (NO_DEVICE()) SKIP("no CUDA device: skipped");
+    char err[256];
+    cu_ctx *c;
+    REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
+    int E = 3, N = 48, K = 96, M = 6, div = 2, widx[6] = {2, 0, 1, 1, 0, 2};
+    uint16_t *w = malloc((size_t)E * N * K * 2);
+    for (size_t i = 0; i < (size_t)E * N * K; i++) w[i] = f32_to_bf16(frand() * 0.1f);
+    float *x = rnd((size_t)(M / div) * K, 1.0f), *ref = malloc((size_t)M * N * 4);
+    for (int m = 0; m < M; m++)
+        cpu_matmul_ref(ref + (size_t)m * N, x + (size_t)(m / div) * K, w + (size_t)widx[m] * N * K, WT_BF16,
+                       1, N, K);
+    uint16_t *dw = dup_dev(w, (size_t)E * N * K * 2);
+    float *dx = dup_dev(x, (size_t)(M / div) * K * 4), *dy = nan_dev(c, (size_t)M * N);
+    int *di = dup_dev(widx, sizeof widx);
+    cu_gemv_indexed(c, dy, dx, div, dw, di, M, N, K);
+    REQUIRE(cu_sync(c, err, sizeof err) == 0);
+    float *y = get(dy, (size_t)M * N);
+    check_rel("gemv_indexed", y, ref, (size_t)M * N, 1e-5);
+    free(w), free(x), free(ref), free(y);
+    cu_free(dw), cu_free(dx), cu_free(dy), cu_free(di);
+    cu_ctx_destroy(c);
+}
+
+TEST(cuda_row_ops_vs_cpu) {
+    if (NO_DEVICE()) SKIP("no CUDA device: skipped");
+    char err[256];
+    cu_ctx *c;
+    REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
+    int T = 7, H = 320, I = 200, V = 50;
+    float eps = 1e-6f;
+    float *x = rnd((size_t)T * H, 2.0f), *add = rnd((size_t)T * H, 1.0f), *w = rnd((size_t)H, 1.0f);
+    float *xr = malloc((size_t)T * H * 4), *yr = malloc((size_t)T * H * 4);
+    for (size_t i = 0; i < (size_t)T * H; i++) xr[i] = x[i] + add[i];
+    for (int r = 0; r < T; r++) ops_rmsnorm(yr + (size_t)r * H, xr + (size_t)r * H, w, H, eps);
+    float *dx = dup_dev(x, (size_t)T * H * 4), *dadd = dup_dev(add, (size_t)T * H * 4),
+          *dw = dup_dev(w, (size_t)H * 4);
+    float *dy = nan_dev(c, (size_t)T * H);
+    cu_add_rmsnorm(c, dx, dadd, dy, dw, T, H, eps);
+    REQUIRE(cu_sync(c, err, sizeof err) == 0);
+    float *gx = get(dx, (size_t)T * H), *gy = get(dy, (size_t)T * H);
+    check_rel("add+rmsnorm: residual", gx, xr, (size_t)T * H, 1e-6);
+    check_rel("add+rmsnorm: normed", gy, yr, (size_t)T * H, 1e-5);
+    /* gathered rows */
+    int src[3] = {5, 0, 3};
+    float *gr = malloc((size_t)3 * H * 4);
+    for (int r = 0; r < 3; r++) ops_rmsnorm(gr + (size_t)r * H, xr + (size_t)src[r] * H, w, H, eps);
+    int *dsrc = dup_dev(src, sizeof src);
+    float *dg = nan_dev(c, (size_t)3 * H);
+    cu_gather_rmsnorm(c, dg, dx, dsrc, dw, 3, H, eps);
+    REQUIRE(cu_sync(c, err, sizeof err) == 0);
+    float *gg = get(dg, (size_t)3 * H);
+    check_rel("gather+rmsnorm", gg, gr, (size_t)3 * H, 1e-5);
+    /* swiglu */
+    float *gu = rnd((size_t)T * 2 * I, 3.0f), *sr = malloc((size_t)T * I * 4);
+    for (int r = 0; r < T; r++)
+        for (int i = 0; i < I; i++)
+            sr[(size_t)r * I + i] = ops_silu(gu[(size_t)r * 2 * I + i]) * gu[(size_t)r * 2 * I + I + i];
+    float *dgu = dup_dev(gu, (size_t)T * 2 * I * 4), *ds = nan_dev(c, (size_t)T * I);
+    cu_swiglu(c, ds, dgu, T, I);
+    REQUIRE(cu_sync(c, err, sizeof err) == 0);
+    float *gs = get(ds, (size_t)T * I);
+    check_rel("swiglu", gs, sr, (size_t)T * I, 1e-5);
+    /* embedding rows are exact */
+    uint16_t *E = malloc((size_t)V * H * 2);
+    for (size_t i = 0; i < (size_t)V * H; i++) E[i] = f32_to_bf16(frand());
+    int ids[4] = {3, 49, 0, 3};
+    uint16_t *dE = dup_dev(E, (size_t)V * H * 2);
+    int *dids = dup_dev(ids, sizeof ids);
+    float *de = nan_dev(c, (size_t)4 * H);
+    cu_embed(c, de, dE, dids, 4, H);
+    REQUIRE(cu_sync(c, err, sizeof err) == 0);
+    float *ge = get(de, (size_t)4 * H);
+    int bad = 0;
+    for (int r = 0; r < 4; r++)
+        for (int i = 0; i < H; i++) bad += ge[(size_t)r * H + i] != bf16_to_f32(E[(size_t)ids[r] * H + i]);
+    CHECK_EQ_INT(bad, 0);
+    free(x), free(add), free(w), free(xr), free(yr), free(gx), free(gy), free(gr), free(gg), free(gu),
+        free(sr), free(gs);
+    free(E), free(ge);
+    cu_free(dx), cu_free(dadd), cu_free(dw), cu_free(dy), cu_free(dsrc), cu_free(dg), cu_free(dgu),
+        cu_free(ds);
+    cu_free(dE), cu_free(dids), cu_free(de);
+    cu_ctx_destroy(c);
+}
+
+/* ---- metadata for layer-level kernels ---- */
+
+typedef struct test_entry {
+    int len, n, slot;
+} test_entry;
+
+/* builds the packed metadata of forward_cuda.c for these entries (block table of entry i: blocks[i]) */
+static int *pack_meta(const test_entry *e, int NE, int *const *blocks, cu_meta *m, int **dev) {
+    int T = 0;
+    for (int i = 0; i < NE; i++) T += e[i].n;
+    size_t nb = 0;
+    for (int i = 0; i < NE; i++) nb += (size_t)(e[i].len + e[i].n + 15) / 16;
+    size_t o_pos = T, o_ent = 2 * (size_t)T, o_len = 3 * (size_t)T, o_n = o_len + NE, o_r0 = o_n + NE,
+           o_slot = o_r0 + NE;
+    size_t o_boff = o_slot + NE, o_lrow = o_boff + NE, o_blk = o_lrow + T, tot = o_blk + nb;
+    int *h = calloc(tot + 1, sizeof(int));
+    int r = 0;
+    size_t bo = 0;
+    for (int i = 0; i < NE; i++) {
+        h[o_len + i] = e[i].len, h[o_n + i] = e[i].n, h[o_r0 + i] = r, h[o_slot + i] = e[i].slot,
+                  h[o_boff + i] = (int)bo;
+        int k = (e[i].len + e[i].n + 15) / 16;
+        for (int j = 0; j < k; j++) h[o_blk + bo + j] = blocks ? blocks[i][j] : 0;
+        bo += (size_t)k;
+        for (int t = 0; t < e[i].n; t++, r++)
+            h[o_pos + r] = e[i].len + t, h[o_ent + r] = i, h[o_lrow + r] = r;
+    }
+    int *d = dup_dev(h, (tot + 1) * sizeof(int));
+    *dev = d;
+    *m = (cu_meta){d,        d + o_pos,  d + o_ent,  d + o_len,  d + o_n,
+                   d + o_r0, d + o_slot, d + o_boff, d + o_lrow, d + o_blk};
+    return h;
+}
+
+/* ---- Gated DeltaNet layer ---- */
+
+static void gdn_case(int Hk, int Hv, int dk, int dv) {
+    char err[256];
+    cu_ctx *c;
+    REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
+    REQUIRE(cu_gdn_init(dk));
+    const test_entry ents[] = {{0, 100, 0}, {37, 50, 1}, {5, 1, 2}, {0, 1, 3}, {64, 1, 4}};
+    int NE = 5, n_slots = 5, n_lin = 2, lin = 1, K = 4, kd = Hk * dk, vd = Hv * dv, C = 2 * kd + vd, T = 0;
+    for (int i = 0; i < NE; i++) T += ents[i].n;
+    int ld = C + 16;
+    float eps = 1e-6f;
+    float *qkv = rnd((size_t)T * ld, 1.0f), *z = rnd((size_t)T * vd, 2.0f), *b = rnd((size_t)T * Hv, 2.0f);
+    float *a = rnd((size_t)T * Hv, 2.0f), *cw = rnd((size_t)K * C, 0.5f), *A = rnd((size_t)Hv, 1.0f);
+    float *dt = rnd((size_t)Hv, 0.5f), *gn = rnd((size_t)dv, 0.2f);
+    for (int h = 0; h < Hv; h++) A[h] = -expf(A[h]);
+    for (int j = 0; j < dv; j++) gn[j] += 1.0f;
+    size_t cs_per = (size_t)(K - 1) * C, rs_per = (size_t)Hv * dk * dv;
+    size_t cs_n = (size_t)n_slots * n_lin * cs_per, rs_n = (size_t)n_slots * n_lin * rs_per;
+    float *cst = rnd(cs_n, 1.0f), *rst = rnd(rs_n, 0.1f);
+    for (int i = 0; i < NE; i++)
+        if (ents[i].len == 0) {
+            memset(cst + ((size_t)ents[i].slot * n_lin + lin) * cs_per, 0, cs_per * 4);
+            memset(rst + ((size_t)ents[i].slot * n_lin + lin) * rs_per, 0, rs_per * 4);
+        }
+    /* CPU reference */
+    float *cst_r = malloc(cs_n * 4), *rst_r = malloc(rs_n * 4), *co = malloc((size_t)T * C * 4);
+    float *bg = malloc((size_t)T * 2 * Hv * 4), *o_r = malloc((size_t)T * vd * 4);
+    float *tmp = malloc(gdn_chunk_scratch_floats(dk, dv) * 4);
+    memcpy(cst_r, cst, cs_n * 4);
+    memcpy(rst_r, rst, rs_n * 4);
+    for (int i = 0, r0 = 0; i < NE; r0 += ents[i].n, i++) {
+        int n = ents[i].n;
+        float *st = cst_r + ((size_t)ents[i].slot * n_lin + lin) * cs_per;
+        for (int ch = 0; ch < C; ch++) {
+            float X[512];
+            for (int j = 0; j < K - 1; j++) X[j] = st[(size_t)j * C + ch];
+            for (int t = 0; t < n; t++) X[K - 1 + t] = qkv[(size_t)(r0 + t) * ld + ch];
+            for (int t = 0; t < n; t++) {
+                float acc = 0.0f;
+                for (int j = 0; j < K; j++) acc += cw[(size_t)j * C + ch] * X[t + j];
+                co[(size_t)(r0 + t) * C + ch] = ops_silu(acc);
+            }
+            for (int j = 0; j < K - 1; j++) st[(size_t)j * C + ch] = X[n + j];
+        }
+        for (int t = r0; t < r0 + n; t++) {
+            for (int h = 0; h < 2 * Hk; h++) {
+                float *xx = co + (size_t)t * C + (size_t)h * dk;
+                ops_l2norm(xx, xx, dk, 1e-6f);
+                if (h < Hk)
+                    for (int q = 0; q < dk; q++) xx[q] *= (float)(1.0 / sqrt((double)dk));
+            }
+            for (int h = 0; h < Hv; h++) {
+                bg[(size_t)t * 2 * Hv + h] = ops_sigmoid(b[(size_t)t * Hv + h]);
+                bg[(size_t)t * 2 * Hv + Hv + h] = A[h] * ops_softplus(a[(size_t)t * Hv + h] + dt[h]);
+            }
+        }
+        for (int h = 0; h < Hv; h++) {
+            int kh = h / (Hv / Hk);
+            const float *base = co + (size_t)r0 * C;
+            float *S = rst_r + ((size_t)ents[i].slot * n_lin + lin) * rs_per + (size_t)h * dk * dv;
+            float *o = o_r + (size_t)r0 * vd + (size_t)h * dv;
+            const float *bb = bg + (size_t)r0 * 2 * Hv;
+            if (n == 1 && ents[i].len > 0)
+                gdn_recurrent(1, base + (size_t)kh * dk, C, base + kd + (size_t)kh * dk, C,
+                              base + 2 * kd + (size_t)h * dv, C, bb + Hv + h, 2 * Hv, bb + h, 2 * Hv, S, dk,
+                              dv, o, vd);
+            else
+                gdn_chunked(n, ents[i].len, base + (size_t)kh * dk, C, base + kd + (size_t)kh * dk, C,
+                            base + 2 * kd + (size_t)h * dv, C, bb + Hv + h, 2 * Hv, bb + h, 2 * Hv, S, dk, dv,
+                            o, vd, tmp);
+        }
+        for (int t = r0; t < r0 + n; t++)
+            for (int h = 0; h < Hv; h++) {
+                float *oh = o_r + (size_t)t * vd + (size_t)h * dv;
+                ops_rmsnorm(oh, oh, gn, dv, eps);
+                for (int j = 0; j < dv; j++) oh[j] *= ops_silu(z[(size_t)t * vd + (size_t)h * dv + j]);
+            }
+    }
+    /* device */
+    cu_meta meta;
+    int *dmeta;
+    int *hm = pack_meta(ents, NE, NULL, &meta, &dmeta);
+    cu_gdn_args g = {0};
+    g.T = T, g.NE = NE, g.Hk = Hk, g.Hv = Hv, g.dk = dk, g.dv = dv, g.K = K, g.C = C, g.n_lin = n_lin,
+    g.lin = lin;
+    g.qkv = dup_dev(qkv, (size_t)T * ld * 4), g.qkv_ld = ld, g.z = dup_dev(z, (size_t)T * vd * 4),
+    g.z_ld = vd;
+    g.b = dup_dev(b, (size_t)T * Hv * 4), g.a = dup_dev(a, (size_t)T * Hv * 4), g.ba_ld = Hv;
+    g.conv_w = dup_dev(cw, (size_t)K * C * 4), g.A = dup_dev(A, (size_t)Hv * 4),
+    g.dt_bias = dup_dev(dt, (size_t)Hv * 4);
+    g.gnorm = dup_dev(gn, (size_t)dv * 4), g.conv_out = nan_dev(c, (size_t)T * C),
+    g.bg = nan_dev(c, (size_t)T * 2 * Hv);
+    g.o = nan_dev(c, (size_t)T * vd), g.conv_state = dup_dev(cst, cs_n * 4),
+    g.rec_state = dup_dev(rst, rs_n * 4);
+    g.eps = eps, g.meta = meta;
+    cu_gdn_layer(c, &g);
+    REQUIRE(cu_sync(c, err, sizeof err) == 0);
+    float *go = get(g.o, (size_t)T * vd), *gc = get(g.conv_state, cs_n), *gr = get(g.rec_state, rs_n);
+    char what[96];
+    snprintf(what, sizeof what, "deltanet dk=%d dv=%d: output", dk, dv);
+    check_rel(what, go, o_r, (size_t)T * vd, 1e-5);
+    snprintf(what, sizeof what, "deltanet dk=%d dv=%d: conv windows", dk, dv);
+    check_rel(what, gc, cst_r, cs_n, 1e-6);
+    snprintf(what, sizeof what, "deltanet dk=%d dv=%d: recurrent states", dk, dv);
+    check_rel(what, gr, rst_r, rs_n, 1e-5);
+    /* per entry, so a wrong form for one kind of entry cannot hide in the total */
+    for (int i = 0, r0 = 0; i < NE; r0 += ents[i].n, i++) {
+        snprintf(what, sizeof what, "  entry len=%d n=%d output", ents[i].len, ents[i].n);
+        check_rel(what, go + (size_t)r0 * vd, o_r + (size_t)r0 * vd, (size_t)ents[i].n * vd, 1e-5);
+    }
+    free(qkv), free(z), free(b), free(a), free(cw), free(A), free(dt), free(gn), free(cst), free(rst),
+        free(cst_r), free(rst_r);
+    free(co), free(bg), free(o_r), free(tmp), free(go), free(gc), free(gr), free(hm);
+    cu_free((void *)g.qkv), cu_free((void *)g.z), cu_free((void *)g.b), cu_free((void *)g.a),
+        cu_free((void *)g.conv_w);
+    cu_free((void *)g.A), cu_free((void *)g.dt_bias), cu_free((void *)g.gnorm), cu_free(g.conv_out),
+        cu_free(g.bg);
+    cu_free(g.o), cu_free(g.conv_state), cu_free(g.rec_state), cu_free(dmeta);
+    cu_ctx_destroy(c);
+}
+
+TEST(cuda_deltanet_layer_vs_cpu) {
+    if (NO_DEVICE()) SKIP("no CUDA device: skipped");
+    gdn_case(2, 4, 32, 32);
+    gdn_case(2, 4, 128, 128); /* the real head dims: the chunked kernel's shared memory near its limit */
+}
+
+TEST(cuda_next_split) {
+    if (NO_DEVICE()) SKIP("no CUDA device: skipped");
+    char err[256];
+    cu_ctx *c;
+    REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
+    int T = 3, Hk = 2, Hv = 4, dk = 8, dv = 8, rr = Hv / Hk, kd = Hk * dk, vd = Hv * dv, C = 2 * kd + vd;
+    int ld = 2 * kd + 2 * vd + 2 * Hv;
+    float *in = rnd((size_t)T * ld, 1.0f);
+    float *q = malloc((size_t)T * C * 4), *z = malloc((size_t)T * vd * 4), *b = malloc((size_t)T * Hv * 4),
+          *a = malloc((size_t)T * Hv * 4);
+    for (int r = 0; r < T; r++) {
+        const float *s = in + (size_t)r * ld;
+        int grp = 2 * dk + 2 * rr * dv;
+        for (int g = 0; g < Hk; g++) {
+            memcpy(q + (size_t)r * C + g * dk, s + g * grp, dk * 4);
+            memcpy(q + (size_t)r * C + kd + g * dk, s + g * grp + dk, dk * 4);
+            memcpy(q + (size_t)r * C + 2 * kd + g * rr * dv, s + g * grp + 2 * dk, (size_t)rr * dv * 4);
+            memcpy(z + (size_t)r * vd + g * rr * dv, s + g * grp + 2 * dk + rr * dv, (size_t)rr * dv * 4);
+            for (int j = 0; j < rr; j++) {
+                b[r * Hv + g * rr + j] = s[Hk * grp + g * 2 * rr + j];
+                a[r * Hv + g * rr + j] = s[Hk * grp + g * 2 * rr + rr + j];
+            }
+        }
+    }
+    float *din = dup_dev(in, (size_t)T * ld * 4), *dq = nan_dev(c, (size_t)T * C),
+          *dz = nan_dev(c, (size_t)T * vd);
+    float *db = nan_dev(c, (size_t)T * Hv), *da = nan_dev(c, (size_t)T * Hv);
+    cu_next_split(c, din, ld, dq, dz, db, da, T, Hk, Hv, dk, dv);
+    REQUIRE(cu_sync(c, err, sizeof err) == 0);
+    float *gq = get(dq, (size_t)T * C), *gz = get(dz, (size_t)T * vd), *gb = get(db, (size_t)T * Hv),
+          *ga = get(da, (size_t)T * Hv);
+    CHECK(!memcmp(gq, q, (size_t)T * C * 4) && !memcmp(gz, z, (size_t)T * vd * 4));
+    CHECK(!memcmp(gb, b, (size_t)T * Hv * 4) && !memcmp(ga, a, (size_t)T * Hv * 4));
+    free(in), free(q), free(z), free(b), free(a), free(gq), free(gz), free(gb), free(ga);
+    cu_free(din), cu_free(dq), cu_free(dz), cu_free(db), cu_free(da);
+    cu_ctx_destroy(c);
+}
+
+/* ---- gated attention layer ---- */
+
+static void rope_ref(float *x, int R, int pos, const float *inv) {
+    for (int i = 0; i < R / 2; i++) {
+        float ang = (float)pos * inv[i], cs = cosf(ang), sn = sinf(ang), p = x[i], q = x[i + R / 2];
+        x[i] = p * cs - q * sn;
+        x[i + R / 2] = q * cs + p * sn;
+    }
+}
+
+static void attn_case(int Hq, int Hkv, int hd, int span) {
+    char err[256];
+    cu_ctx *c;
+    REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
+    const test_entry ents[] = {{0, 40, 0}, {20, 1, 0}, {100, 3, 0}, {300, 1, 0}};
+    int NE = 4, T = 0, n_full = 2, full = 1, R = hd / 4, kvd = Hkv * hd, ld = Hq * 2 * hd + 2 * kvd + 8,
+        n_blocks = 64;
+    for (int i = 0; i < NE; i++) T += ents[i].n;
+    float eps = 1e-6f;
+    /* block tables: entries take blocks in a scattered order */
+    int *tables[4], g = 0;
+    for (int i = 0; i < NE; i++) {
+        int k = (ents[i].len + ents[i].n + 15) / 16;
+        tables[i] = malloc((size_t)k * sizeof(int));
+        for (int j = 0; j < k; j++, g++)
+            tables[i][j] = (g * 5 + 3) % n_blocks; /* a permutation: 5 is prime to 64 */
+    }
+    size_t pool_n = (size_t)n_full * n_blocks * 16 * kvd;
+    float *kp = rnd(pool_n, 1.0f), *vp = rnd(pool_n, 1.0f), *qkv = rnd((size_t)T * ld, 1.0f);
+    float *qn = rnd((size_t)hd, 0.3f), *kn = rnd((size_t)hd, 0.3f), *inv = malloc((size_t)R / 2 * 4);
+    for (int i = 0; i < hd; i++) qn[i] += 1.0f, kn[i] += 1.0f;
+    for (int j = 0; j < R / 2; j++) inv[j] = 1.0f / (float)pow(1e7, (double)((float)(2 * j) / (float)R));
+    float *kp_r = malloc(pool_n * 4), *vp_r = malloc(pool_n * 4), *q_r = malloc((size_t)T * Hq * hd * 4);
+    float *o_r = malloc((size_t)T * Hq * hd * 4);
+    memcpy(kp_r, kp, pool_n * 4);
+    memcpy(vp_r, vp, pool_n * 4);
+#define KROW(P, i, pos) (P + (((size_t)full * n_blocks + tables[i][(pos) / 16]) * 16 + (pos) % 16) * kvd)
+    for (int i = 0, r = 0; i < NE; i++)
+        for (int t = 0; t < ents[i].n; t++, r++) {
+            int pos = ents[i].len + t;
+            const float *row = qkv + (size_t)r * ld;
+            for (int h = 0; h < Hq; h++) {
+                float *q = q_r + ((size_t)r * Hq + h) * hd;
+                ops_rmsnorm(q, row + (size_t)h * 2 * hd, qn, hd, eps);
+                rope_ref(q, R, pos, inv);
+            }
+            for (int h = 0; h < Hkv; h++) {
+                float *k = KROW(kp_r, i, pos) + (size_t)h * hd;
+                ops_rmsnorm(k, row + (size_t)Hq * 2 * hd + (size_t)h * hd, kn, hd, eps);
+                rope_ref(k, R, pos, inv);
+            }
+            memcpy(KROW(vp_r, i, pos), row + (size_t)Hq * 2 * hd + kvd, (size_t)kvd * 4);
+        }
+    for (int i = 0, r = 0; i < NE; i++)
+        for (int t = 0; t < ents[i].n; t++, r++) {
+            int pos = ents[i].len + t;
+            for (int h = 0; h < Hq; h++) {
+                int kvh = h / (Hq / Hkv);
+                const float *q = q_r + ((size_t)r * Hq + h) * hd,
+                            *gate = qkv + (size_t)r * ld + (size_t)h * 2 * hd + hd;
+                double *sc = malloc((size_t)(pos + 1) * sizeof(double)), mx = -1e300, sum = 0;
+                for (int u = 0; u <= pos; u++) {
+                    const float *k = KROW(kp_r, i, u) + (size_t)kvh * hd;
+                    double s = 0;
+                    for (int d = 0; d < hd; d++) s += (double)q[d] * k[d];
+                    sc[u] = s / sqrt((double)hd);
+                    mx = sc[u] > mx ? sc[u] : mx;
+                }
+                for (int u = 0; u <= pos; u++) sum += (sc[u] = exp(sc[u] - mx));
+                for (int d = 0; d < hd; d++) {
+                    double o = 0;
+                    for (int u = 0; u <= pos; u++) o += sc[u] / sum * KROW(vp_r, i, u)[(size_t)kvh * hd + d];
+                    o_r[((size_t)r * Hq + h) * hd + d] = (float)(o * (1.0 / (1.0 + exp(-(double)gate[d]))));
+                }
+                free(sc);
+            }
+        }
+    cu_meta meta;
+    int *dmeta;
+    int *hm = pack_meta(ents, NE, tables, &meta, &dmeta);
+    int maxpos = 0;
+    for (int i = 0; i < NE; i++)
+        maxpos = ents[i].len + ents[i].n - 1 > maxpos ? ents[i].len + ents[i].n - 1 : maxpos;
+    cu_attn_args a = {0};
+    a.T = T, a.Hq = Hq, a.Hkv = Hkv, a.hd = hd, a.rope_dim = R, a.n_blocks = n_blocks, a.full = full;
+    a.qkv = dup_dev(qkv, (size_t)T * ld * 4), a.ld = ld, a.q_norm = dup_dev(qn, (size_t)hd * 4),
+    a.k_norm = dup_dev(kn, (size_t)hd * 4);
+    a.inv_freq = dup_dev(inv, (size_t)R / 2 * 4), a.kpool = dup_dev(kp, pool_n * 4),
+    a.vpool = dup_dev(vp, pool_n * 4);
+    a.o = nan_dev(c, (size_t)T * Hq * hd);
+    a.span = span, a.nsplit = (maxpos + span) / span;
+    a.part = nan_dev(c, (size_t)T * Hq * a.nsplit * (hd + 2));
+    a.eps = eps, a.meta = meta;
+    cu_attn_layer(c, &a);
+    REQUIRE(cu_sync(c, err, sizeof err) == 0);
+    float *go = get(a.o, (size_t)T * Hq * hd), *gk = get(a.kpool, pool_n), *gv = get(a.vpool, pool_n);
+    char what[96];
+    snprintf(what, sizeof what, "attention hd=%d span=%d (%d splits): output", hd, span, a.nsplit);
+    check_rel(what, go, o_r, (size_t)T * Hq * hd, 1e-5);
+    snprintf(what, sizeof what, "attention hd=%d: K pool", hd);
+    check_rel(what, gk, kp_r, pool_n, 1e-5);
+    CHECK_MSG(!memcmp(gv, vp_r, pool_n * 4), "attention hd=%d: V pool differs", hd);
+#undef KROW
+    for (int i = 0; i < NE; i++) free(tables[i]);
+    free(kp), free(vp), free(qkv), free(qn), free(kn), free(inv), free(kp_r), free(vp_r), free(q_r),
+        free(o_r), free(hm);
+    free(go), free(gk), free(gv);
+    cu_free(a.qkv), cu_free((void *)a.q_norm), cu_free((void *)a.k_norm), cu_free((void *)a.inv_freq),
+        cu_free(a.kpool);
+    cu_free(a.vpool), cu_free(a.o), cu_free(a.part), cu_free(dmeta);
+    cu_ctx_destroy(c);
+}
+
+TEST(cuda_attention_layer_vs_cpu) {
+    if (NO_DEVICE()) SKIP("no CUDA device: skipped");
+    attn_case(4, 2, 64, 1 << 20); /* one span: the direct path */
+    attn_case(4, 2, 64, 64);      /* split positions + combine */
+    attn_case(8, 2, 256, 128);
+}
+
+TEST(cuda_moe_route_vs_cpu) {
+    if (NO_DEVICE()) SKIP("no CUDA device: skipped");
+    char err[256];
+    cu_ctx *c;
+    REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
+    int T = 9, E = 40, k = 5;
+    float *lg = rnd((size_t)T * E, 3.0f);
+    lg[3] = lg[7]; /* a tie in row 0: the lower index goes first */
+    int *idx_r = malloc((size_t)T * k * 4);
+    float *w_r = malloc((size_t)T * k * 4);
+    for (int norm = 0; norm < 2; norm++) {
+        for (int r = 0; r < T; r++) {
+            float p[64], mx = -INFINITY, s = 0;
+            for (int e = 0; e < E; e++) mx = fmaxf(mx, lg[r * E + e]);
+            for (int e = 0; e < E; e++) s += (p[e] = expf(lg[r * E + e] - mx));
+            for (int e = 0; e < E; e++) p[e] /= s;
+            float ws = 0;
+            for (int j = 0; j < k; j++) {
+                int best = -1;
+                for (int e = 0; e < E; e++) {
+                    int taken = 0;
+                    for (int q = 0; q < j; q++) taken |= idx_r[r * k + q] == e;
+                    if (!taken && (best < 0 || p[e] > p[best])) best = e;
+                }
+                idx_r[r * k + j] = best;
+                w_r[r * k + j] = p[best];
+                ws += p[best];
+            }
+            if (norm)
+                for (int j = 0; j < k; j++) w_r[r * k + j] /= ws;
+        }
+        float *dl = dup_dev(lg, (size_t)T * E * 4), *dw = nan_dev(c, (size_t)T * k);
+        int *di = NULL;
+        REQUIRE(cu_alloc((void **)&di, (size_t)T * k * 4, err, sizeof err) == 0);
+        cu_moe_route(c, dl, di, dw, T, E, k, norm);
+        REQUIRE(cu_sync(c, err, sizeof err) == 0);
+        int *gi = malloc((size_t)T * k * 4);
+        float *gw = get(dw, (size_t)T * k);
+        REQUIRE(cu_download(gi, di, (size_t)T * k * 4, err, sizeof err) == 0);
+        CHECK_MSG(!memcmp(gi, idx_r, (size_t)T * k * 4), "router top-%d choices differ (norm %d)", k, norm);
+        check_rel(norm ? "router weights (renormalised)" : "router weights", gw, w_r, (size_t)T * k, 1e-5);
+        free(gi), free(gw);
+        cu_free(dl), cu_free(dw), cu_free(di);
+    }
+    free(lg), free(idx_r), free(w_r);
+    cu_ctx_destroy(c);
+}
+
+#else
+
+TEST(cuda_ops_not_built) {
+    SKIP("no CUDA device: skipped (built without CUDA)");
+}
+
+#endif
