@@ -198,6 +198,16 @@ typedef enum {
     CINFER_TOOLS_HERMES_JSON = 2, /* <tool_call>{"name":..,"arguments":..}</tool_call> (Qwen3) */
 } cinfer_tool_format;
 
+/* Constrained decoding: tokens that cannot continue a valid answer are masked before sampling, and the end
+ * of the sequence is allowed only once the answer is complete. Any reasoning (see `reasoning`) comes first,
+ * unconstrained up to its "</think>". */
+typedef enum {
+    CINFER_CONSTRAIN_NONE = 0,
+    CINFER_CONSTRAIN_JSON = 1,       /* JSON matching the JSON Schema constraint_arg (NULL: any JSON object) */
+    CINFER_CONSTRAIN_TOOL_CALLS = 2, /* tool calls in tool_format of tools_json: constraint_arg NULL one or more
+                                        calls of any tool, else one call of the function of that name */
+} cinfer_constraint;
+
 typedef struct cinfer_request_params {
     const int32_t *prompt;      /* copied at submit */
     int n_prompt;
@@ -211,6 +221,8 @@ typedef struct cinfer_request_params {
                                    2: split <think>...</think> if the model writes it */
     cinfer_tool_format tool_format;
     const char *tools_json;     /* the request's tools array (schemas type parameter values), copied */
+    cinfer_constraint constraint; /* compiled at submit: an unsupported schema is CINFER_EINVAL naming it */
+    const char *constraint_arg;
 } cinfer_request_params;
 
 typedef enum {

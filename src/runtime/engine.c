@@ -6,6 +6,7 @@
  * parser, and come out as events on the request's own queue. Finished, stopped and cancelled sequences
  * leave the batch at once and give back their slot and blocks. */
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -21,9 +22,11 @@
 #include "runtime/kvcache.h"
 #include "runtime/prefix.h"
 #include "runtime/text.h"
+#include "sample/grammar.h"
 #include "sample/sampler.h"
 #include "sample/stop.h"
 #include "tok/reasoning.h"
+#include "tok/tokenizer.h"
 #include "tok/toolcall.h"
 #include "util/alloc.h"
 #include "util/err.h"
@@ -91,6 +94,10 @@ struct cinfer_request {
     tc_parser *tc;
     const char *finish;
     char *stop_hit;
+    grammar *gr;          /* constrained decoding (NULL: none) */
+    gm_matcher *gm;
+    uint32_t *mask;       /* [(V + 31) / 32] tokens the grammar allows this step */
+    float *masked;        /* [V] f32: the row with the rest at -inf, what the sampler sees */
 };
 
 struct cinfer_engine {
@@ -133,6 +140,11 @@ struct cinfer_engine {
     atomic_llong requests_total, prompt_tokens_total, generated_tokens_total, steps_total;
     atomic_int stat_running, stat_kv_used, stat_slots_used;
     atomic_llong stat_spec_drafted, stat_spec_accepted;
+    /* constrained decoding: each token's bytes, built at the first constrained request (under gv_mu) */
+    pthread_mutex_t gv_mu;
+    gm_vocab *gv;
+    char **gv_tok;                  /* [V] the bytes of token t (NULL: never under a grammar: special, EOS) */
+    size_t *gv_len;                 /* [V] */
 };
 
 /* ---- event queue ---- */
@@ -248,6 +260,10 @@ static void request_release_engine_side(cinfer_request *r) {
     text_stream_free(r->ts);
     rs_free(r->rs);
     tc_free(r->tc);
+    gm_matcher_free(r->gm);
+    grammar_free(r->gr);
+    free(r->mask), free(r->masked);
+    r->gm = NULL, r->gr = NULL, r->mask = NULL, r->masked = NULL;
     free(r->stop_buf);
     r->stop_buf = NULL;
     r->smp = NULL;
@@ -325,6 +341,18 @@ static void finish_request(cinfer_engine *e, cinfer_request *r, const char *reas
 
 /* ---- one step ---- */
 
+/* Constrained decoding: the row with every token the grammar refuses at -inf; EOS stays when the answer is
+ * complete (or when nothing else is left, so a dead end still ends). */
+static const float *constrain_row(cinfer_engine *e, cinfer_request *r, const float *row) {
+    if (!r->gm) return row;
+    int V = e->m->V, n = gm_mask(r->gm, e->gv, r->mask);
+    for (int t = 0; t < V; t++) r->masked[t] = (r->mask[t >> 5] >> (t & 31)) & 1 ? row[t] : -INFINITY;
+    if (n == 0 || gm_complete(r->gm))
+        for (int i = 0; i < e->m->n_eos; i++)
+            if (e->m->eos_ids[i] >= 0 && e->m->eos_ids[i] < V) r->masked[e->m->eos_ids[i]] = row[e->m->eos_ids[i]];
+    return r->masked;
+}
+
 static int is_eos(const cinfer_engine *e, int32_t t) {
     for (int i = 0; i < e->m->n_eos; i++)
         if (e->m->eos_ids[i] == t) return 1;
@@ -367,6 +395,8 @@ static const char *accept_token(cinfer_engine *e, cinfer_request *r, int32_t t) 
     }
     int eos = is_eos(e, t) && !r->ignore_eos;
     if (eos) return "stop";
+    if (r->gm && e->gv_tok[t] && gm_feed(r->gm, e->gv_tok[t], e->gv_len[t]))
+        LOG_W("constrained decoding: token %d was sampled outside the grammar", t); /* a bug if ever */
     const char *txt;
     size_t len;
     text_stream_push(r->ts, t, &txt, &len);
@@ -766,7 +796,7 @@ static void step(cinfer_engine *e) {
             sampler_accept(r->smp, r->last);
         }
         if (!fin) {
-            int32_t t = sampler_sample(r->smp, row, &r->res);
+            int32_t t = sampler_sample(r->smp, constrain_row(e, r, row), &r->res);
             r->last = t;
             atomic_fetch_add(&e->generated_tokens_total, 1);
             fin = accept_token(e, r, t);
@@ -925,6 +955,7 @@ int cinfer_engine_create(cinfer_model *cm, const cinfer_engine_params *pp, cinfe
     e->running = xcalloc((size_t)p.max_seqs, sizeof *e->running);
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
+    pthread_mutex_init(&e->gv_mu, NULL);
     if (pthread_create(&e->thread, NULL, sched_main, e)) {
         cinfer_ctx_destroy(e->ctx);
         free(e->logits), free(e->entries), free(e->entry_req), free(e->running), free(e);
@@ -949,7 +980,65 @@ void cinfer_engine_destroy(cinfer_engine *e) {
     free(e->ment), free(e->mreq);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
+    pthread_mutex_destroy(&e->gv_mu);
+    gm_vocab_free(e->gv);
+    if (e->gv_tok)
+        for (int t = 0; t < e->m->V; t++) free(e->gv_tok[t]);
+    free(e->gv_tok), free(e->gv_len);
     free(e->logits), free(e->entries), free(e->entry_req), free(e->entry_row), free(e->running), free(e);
+}
+
+/* The vocabulary as bytes for the grammar's mask, made once per engine (the first constrained request pays). */
+static int grammar_vocab(cinfer_engine *e, char *err, size_t errlen) {
+    pthread_mutex_lock(&e->gv_mu);
+    if (!e->gv && e->cm->tk) {
+        int V = e->m->V, nt = tok_vocab_size(e->cm->tk);
+        e->gv_tok = xcalloc((size_t)V, sizeof *e->gv_tok);
+        e->gv_len = xcalloc((size_t)V, sizeof *e->gv_len);
+        for (int t = 0; t < V && t < nt; t++) {
+            if (tok_is_special(e->cm->tk, t) || is_eos(e, t)) continue;
+            char *s = NULL, e2[128];
+            size_t n = 0;
+            int32_t id = t;
+            if (tok_decode(e->cm->tk, &id, 1, 0, &s, &n, e2, sizeof e2) == 0 && n > 0) {
+                e->gv_tok[t] = s;
+                e->gv_len[t] = n;
+            } else {
+                free(s);
+            }
+        }
+        e->gv = gm_vocab_create((const char *const *)e->gv_tok, e->gv_len, V);
+    }
+    int ok = e->gv != NULL;
+    pthread_mutex_unlock(&e->gv_mu);
+    return ok ? 0 : ci_err(err, errlen, CINFER_EINVAL, "constrained decoding needs the model's tokenizer");
+}
+
+/* Compiles the request's constraint (on the caller's thread, so a bad schema is the caller's error). */
+static int request_constraint(cinfer_engine *e, cinfer_request *r, const cinfer_request_params *p, char *err,
+                              size_t errlen) {
+    if (p->constraint == CINFER_CONSTRAIN_NONE) return 0;
+    /* reasoning the prompt opened must close first; where thinking is off (mode 2) none is allowed */
+    int reason = r->reasoning == 1 ? GM_REASON_INSIDE : GM_REASON_NONE;
+    int rc;
+    if (p->constraint == CINFER_CONSTRAIN_JSON) {
+        const char *s = p->constraint_arg;
+        rc = grammar_compile_json(s, s ? strlen(s) : 0, reason, &r->gr, err, errlen);
+    } else if (p->constraint == CINFER_CONSTRAIN_TOOL_CALLS) {
+        if (p->tool_format == CINFER_TOOLS_NONE || !p->tools_json)
+            return ci_err(err, errlen, CINFER_EINVAL, "tool calls were required but the request has no tools");
+        rc = grammar_compile_tools(p->tools_json, strlen(p->tools_json), p->tool_format == CINFER_TOOLS_QWEN_XML,
+                                   p->constraint_arg, reason, &r->gr, err, errlen);
+    } else {
+        return ci_err(err, errlen, CINFER_EINVAL, "unknown constraint %d", (int)p->constraint);
+    }
+    if (!rc) rc = grammar_vocab(e, err, errlen);
+    if (rc) return rc;
+    r->gm = gm_matcher_create(r->gr);
+    r->mask = xcalloc(((size_t)e->m->V + 31) / 32, sizeof(uint32_t));
+    r->masked = xmalloc((size_t)e->m->V * sizeof(float));
+    r->draft_len = 0; /* no speculation: drafts would have to be checked against the grammar as well */
+    return 0;
 }
 
 int cinfer_engine_submit(cinfer_engine *e, const cinfer_request_params *p, cinfer_request **out, char *err, size_t errlen) {
@@ -1030,6 +1119,7 @@ int cinfer_engine_submit(cinfer_engine *e, const cinfer_request_params *p, cinfe
         rc = tc_create(&r->tc, f, r->tools_json, r->tools_json ? strlen(r->tools_json) : 0, err, errlen);
     }
     if (!rc) rc = sampler_set_prompt(r->smp, r->prompt, r->n_prompt, err, errlen);
+    if (!rc) rc = request_constraint(e, r, p, err, errlen);
     if (rc) {
         request_destroy(r);
         return rc;

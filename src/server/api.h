@@ -69,6 +69,9 @@ typedef struct srv_gen_req {
     int has_tools;          /* tools reach the template and tool calls are parsed from the output */
     char *tools_json;       /* the tools array (OpenAI function shape) for the engine's argument typing */
     int thinking;           /* Anthropic: 1 enabled, 0 disabled, -1 not said */
+    cinfer_constraint constraint; /* response_format json / a forced tool_choice */
+    char *constraint_arg;   /* owned: the JSON Schema text, or the forced function's name */
+    const char *constraint_param; /* the field an engine refusal of the constraint is reported against */
 } srv_gen_req;
 
 void srv_gen_req_free(srv_gen_req *r);

@@ -213,7 +213,8 @@ fail:
 static json_t *ant_tools(const json_t *body, srv_gen_req *r, srv_error *e, int *bad) {
     *bad = 0;
     const json_t *tc = json_object_get(body, "tool_choice");
-    int none = 0;
+    int none = 0, forced = 0;
+    const char *fname = NULL;
     if (tc && !json_is_null(tc)) {
         const char *t = block_type(tc);
         if (!t) {
@@ -222,13 +223,34 @@ static json_t *ant_tools(const json_t *body, srv_gen_req *r, srv_error *e, int *
             return NULL;
         }
         if (!strcmp(t, "none")) none = 1;
-        else if (strcmp(t, "auto")) {
+        else if (!strcmp(t, "any")) forced = 1;
+        else if (!strcmp(t, "tool")) {
+            const json_t *nm = json_object_get(tc, "name");
+            if (!json_is_string(nm)) {
+                *bad = 1;
+                srv_fail(e, 400, "tool_choice", "'tool_choice' of type \"tool\" needs a \"name\"");
+                return NULL;
+            }
+            forced = 1;
+            fname = json_string_value(nm);
+        } else if (strcmp(t, "auto")) {
             *bad = 1;
-            srv_fail(e, 400, "tool_choice", "'tool_choice' type \"%.32s\" is not supported (no constrained decoding yet); use auto or none", t);
+            srv_fail(e, 400, "tool_choice", "'tool_choice' type \"%.32s\": expected auto, any, tool or none", t);
             return NULL;
         }
     }
     const json_t *tools = json_object_get(body, "tools");
+    if (forced && (!json_is_array(tools) || json_array_size(tools) == 0)) {
+        *bad = 1;
+        srv_fail(e, 400, "tool_choice", "'tool_choice' forces a tool call but the request has no tools");
+        return NULL;
+    }
+    if (forced && !none) {
+        /* the answer is constrained to the model's tool-call syntax; the parser then reads the calls */
+        r->constraint = CINFER_CONSTRAIN_TOOL_CALLS;
+        r->constraint_arg = fname ? xstrdup(fname) : NULL;
+        r->constraint_param = "tool_choice";
+    }
     if (!tools || json_is_null(tools)) return NULL;
     if (!json_is_array(tools)) {
         *bad = 1;

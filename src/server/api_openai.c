@@ -36,14 +36,26 @@ static int parse_common(const json_t *body, srv_gen_req *r, srv_error *e) {
     if (rc) r->max_tokens = (int)v;
     if (ru_sampling(body, r, e) < 0) return -1;
     if (ru_stop(body, "stop", r, e) < 0) return -1;
-    /* Constrained decoding does not exist yet, so a JSON response cannot be promised. */
+    /* JSON answers by constrained decoding; the engine compiles the schema (and refuses what it cannot). */
     const json_t *rf = json_object_get(body, "response_format");
     if (rf && !json_is_null(rf)) {
         const json_t *t = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
         if (!json_is_string(t)) return srv_fail(e, 400, "response_format", "'response_format' must be an object with a \"type\"");
-        if (strcmp(json_string_value(t), "text"))
-            return srv_fail(e, 400, "response_format", "'response_format' type \"%.32s\" is not supported (no constrained decoding yet); only \"text\"",
-                            json_string_value(t));
+        const char *ty = json_string_value(t);
+        if (!strcmp(ty, "json_object")) {
+            r->constraint = CINFER_CONSTRAIN_JSON;
+        } else if (!strcmp(ty, "json_schema")) {
+            const json_t *js = json_object_get(rf, "json_schema");
+            const json_t *sc = json_is_object(js) ? json_object_get(js, "schema") : NULL;
+            if (!json_is_object(js))
+                return srv_fail(e, 400, "response_format.json_schema", "'response_format.json_schema' must be an object with a \"schema\"");
+            r->constraint = CINFER_CONSTRAIN_JSON;
+            /* no schema given: any JSON object, as OpenAI's own default */
+            if (sc) r->constraint_arg = json_dumps(sc, JSON_COMPACT | JSON_ENCODE_ANY);
+        } else if (strcmp(ty, "text")) {
+            return srv_fail(e, 400, "response_format", "'response_format' type \"%.32s\": expected \"text\", \"json_object\" or \"json_schema\"", ty);
+        }
+        if (r->constraint) r->constraint_param = "response_format";
     }
     return 0;
 }
@@ -132,29 +144,48 @@ static json_t *chat_tools(const json_t *body, srv_gen_req *r, srv_error *e, int 
     *bad = 0;
     const json_t *tools = json_object_get(body, "tools");
     const json_t *tc = json_object_get(body, "tool_choice");
-    int none = 0;
+    int none = 0, forced = 0;
+    const char *fname = NULL;
     if (tc && !json_is_null(tc)) {
         if (json_is_string(tc)) {
             const char *s = json_string_value(tc);
             if (!strcmp(s, "none")) none = 1;
+            else if (!strcmp(s, "required")) forced = 1;
             else if (strcmp(s, "auto")) {
-                /* "required" and a named function need constrained decoding to be honoured. */
                 *bad = 1;
-                srv_fail(e, 400, "tool_choice", "'tool_choice' \"%.32s\" is not supported (no constrained decoding yet); use \"auto\" or \"none\"", s);
+                srv_fail(e, 400, "tool_choice", "'tool_choice' \"%.32s\": expected \"auto\", \"none\", \"required\" or a function", s);
                 return NULL;
             }
         } else {
-            *bad = 1;
-            srv_fail(e, 400, "tool_choice", "'tool_choice' forcing a function is not supported (no constrained decoding yet); use \"auto\" or \"none\"");
-            return NULL;
+            const json_t *ty = json_is_object(tc) ? json_object_get(tc, "type") : NULL;
+            const json_t *f = json_is_object(tc) ? json_object_get(tc, "function") : NULL;
+            const json_t *nm = json_is_object(f) ? json_object_get(f, "name") : NULL;
+            if (!json_is_string(ty) || strcmp(json_string_value(ty), "function") || !json_is_string(nm)) {
+                *bad = 1;
+                srv_fail(e, 400, "tool_choice", "'tool_choice' must be a string or {\"type\": \"function\", \"function\": {\"name\": ...}}");
+                return NULL;
+            }
+            forced = 1;
+            fname = json_string_value(nm);
         }
     }
-    if (!tools || json_is_null(tools)) return NULL;
-    if (ru_tools(tools, "tools", e) < 0) {
+    int have = tools && !json_is_null(tools);
+    if (have && ru_tools(tools, "tools", e) < 0) {
         *bad = 1;
         return NULL;
     }
-    if (none || json_array_size(tools) == 0) return NULL;
+    if (forced && (!have || json_array_size(tools) == 0)) {
+        *bad = 1;
+        srv_fail(e, 400, "tool_choice", "'tool_choice' forces a tool call but the request has no tools");
+        return NULL;
+    }
+    if (!have || none || json_array_size(tools) == 0) return NULL;
+    if (forced) {
+        /* the answer is constrained to the model's tool-call syntax; the parser then reads the calls */
+        r->constraint = CINFER_CONSTRAIN_TOOL_CALLS;
+        r->constraint_arg = fname ? xstrdup(fname) : NULL;
+        r->constraint_param = "tool_choice";
+    }
     r->has_tools = 1;
     r->tools_json = json_dumps(tools, JSON_COMPACT);
     return json_deep_copy(tools);

@@ -383,6 +383,8 @@ static int gen_submit(server *s, gen *g, srv_error *e) {
         rp.reasoning = r->template_ctx ? reasoning : 0;
         rp.tool_format = r->has_tools ? s->tool_format : CINFER_TOOLS_NONE;
         rp.tools_json = r->has_tools ? r->tools_json : NULL;
+        rp.constraint = r->constraint;
+        rp.constraint_arg = r->constraint_arg;
         int rc = cinfer_engine_submit(s->engine, &rp, &g->rq[i], err, sizeof err);
         if (rc < 0) {
             g->rq[i] = NULL;
@@ -399,6 +401,7 @@ static int gen_submit(server *s, gen *g, srv_error *e) {
                 snprintf(e->code, sizeof e->code, "context_length_exceeded");
                 return -1;
             }
+            if (rc == CINFER_EINVAL && r->constraint) return srv_fail(e, 400, r->constraint_param, "'%s': %s", r->constraint_param, err);
             return srv_fail(e, rc == CINFER_EINVAL ? 400 : 500, NULL, "submit: %s", err);
         }
     }

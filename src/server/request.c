@@ -60,6 +60,7 @@ void srv_gen_req_free(srv_gen_req *r) {
     free(r->prompt_ids);
     free(r->n_prompt_ids);
     free(r->template_ctx);
+    free(r->constraint_arg);
     free(r->logit_bias);
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->stop);

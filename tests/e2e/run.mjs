@@ -326,8 +326,10 @@ test('errors: 400 invalid JSON and bad fields name the field', async () => {
     eq(e.error?.param ?? e.param, 'temperature');
   });
   await expectStatus(oai(main).chat.completions.create({ model: 'default', messages: [] }), 400, (e) => eq(e.param, 'messages'));
-  await expectStatus(oai(main).chat.completions.create({ model: 'default', messages: user('x'), response_format: { type: 'json_object' } }), 400,
+  await expectStatus(oai(main).chat.completions.create({ model: 'default', messages: user('x'), response_format: { type: 'xml' } }), 400,
     (e) => eq(e.param, 'response_format'));
+  await expectStatus(oai(main).chat.completions.create({ model: 'default', messages: user('x'), tool_choice: 'required' }), 400,
+    (e) => eq(e.param, 'tool_choice'));
   const deep = '{"messages":' + '['.repeat(100) + ']'.repeat(100) + '}';
   eq((await post(main, '/v1/chat/completions', deep)).status, 400, 'deep JSON');
   await expectStatus(ant(main).messages.create({ model: 'x', max_tokens: 0, messages: user('x') }), 400, (e) => {
@@ -637,6 +639,93 @@ if (MOCK) {
     assert((await r.json()).error, 'error body');
     await waitReady(s);
     eq((await fetch(s.url + '/health')).status, 200);
+  });
+}
+
+if (!MOCK) {
+  // Constrained decoding on the real engine: models/default has random weights, so whatever comes out
+  // well-formed is the grammar's doing. The schemas bound every string and array so answers end.
+  const person = {
+    type: 'object',
+    properties: { name: { type: 'string', maxLength: 10 }, age: { type: 'integer' }, tags: { type: 'array', items: { enum: ['x', 'y'] }, maxItems: 2 },
+      pet: { anyOf: [{ type: 'null' }, { $ref: '#/$defs/pet' }] } },
+    required: ['name', 'age'], additionalProperties: false,
+    $defs: { pet: { type: 'object', properties: { kind: { enum: ['cat', 'dog'] } }, required: ['kind'], additionalProperties: false } },
+  };
+  const checkPerson = (v) => {
+    assert(v && typeof v === 'object' && !Array.isArray(v), 'an object: ' + JSON.stringify(v));
+    assert(typeof v.name === 'string' && [...v.name].length <= 10, 'name: ' + JSON.stringify(v));
+    assert(Number.isInteger(v.age), 'age: ' + JSON.stringify(v));
+    if ('tags' in v) assert(Array.isArray(v.tags) && v.tags.length <= 2 && v.tags.every((t) => t === 'x' || t === 'y'), 'tags: ' + JSON.stringify(v));
+    if ('pet' in v) assert(v.pet === null || ['cat', 'dog'].includes(v.pet.kind), 'pet: ' + JSON.stringify(v));
+    for (const k of Object.keys(v)) assert(['name', 'age', 'tags', 'pet'].includes(k), 'extra key ' + k);
+  };
+  test('response_format json_schema: every answer parses and validates (openai SDK)', async () => {
+    const c = oai(main);
+    const body = { model: 'default', messages: user('Describe a person as JSON.'), max_tokens: 600, temperature: 1,
+      response_format: { type: 'json_schema', json_schema: { name: 'person', schema: person, strict: true } } };
+    for (const seed of [1, 2, 3, 4, 5, 6]) {
+      const r = await c.chat.completions.create({ ...body, seed });
+      eq(r.choices[0].finish_reason, 'stop', 'seed ' + seed + ': ' + r.choices[0].message.content);
+      checkPerson(JSON.parse(r.choices[0].message.content));
+    }
+    const s = await streamChat(c, { ...body, seed: 11 });
+    eq(s.finish, 'stop');
+    checkPerson(JSON.parse(s.text));
+    const o = await c.chat.completions.create({ ...body, seed: 3, max_tokens: 300, response_format: { type: 'json_object' } });
+    const txt = o.choices[0].message.content;
+    assert(txt.startsWith('{'), 'json_object starts an object: ' + txt);
+    if (o.choices[0].finish_reason === 'stop') assert(typeof JSON.parse(txt) === 'object', 'json_object: ' + txt);
+    await expectStatus(c.chat.completions.create({ ...body, response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'string', pattern: '^a' } } } }),
+      400, (e) => { eq(e.param, 'response_format'); assert(/'pattern'/.test(e.message), e.message); });
+  });
+  const weather = { type: 'object', properties: { city: { type: 'string', maxLength: 12 }, days: { type: 'integer' }, unit: { type: 'string', enum: ['c', 'f'] } },
+    required: ['city', 'days'] };
+  const ftools = [
+    { type: 'function', function: { name: 'lookup', parameters: { type: 'object', properties: { q: { type: 'string', maxLength: 8 } }, required: ['q'] } } },
+    { type: 'function', function: { name: 'get_weather', parameters: weather } },
+  ];
+  const checkWeather = (args) => {
+    const a = JSON.parse(args);
+    assert(typeof a.city === 'string' && [...a.city].length <= 12 && Number.isInteger(a.days), 'arguments: ' + args);
+    if ('unit' in a) assert(a.unit === 'c' || a.unit === 'f', 'unit: ' + args);
+  };
+  test('tool_choice named / required: tool_calls with valid arguments (openai SDK)', async () => {
+    const c = oai(main);
+    const body = { model: 'default', messages: user('Weather in Oslo?'), tools: ftools, max_tokens: 500, temperature: 1,
+      tool_choice: { type: 'function', function: { name: 'get_weather' } } };
+    for (const seed of [1, 2, 3]) {
+      const r = await c.chat.completions.create({ ...body, seed });
+      eq(r.choices[0].finish_reason, 'tool_calls', 'seed ' + seed + ': ' + JSON.stringify(r.choices[0].message));
+      const calls = r.choices[0].message.tool_calls;
+      eq(calls.length, 1);
+      eq(calls[0].function.name, 'get_weather');
+      checkWeather(calls[0].function.arguments);
+    }
+    const final = await c.chat.completions.stream({ ...body, seed: 7 }).finalChatCompletion();
+    eq(final.choices[0].message.tool_calls[0].function.name, 'get_weather');
+    checkWeather(final.choices[0].message.tool_calls[0].function.arguments);
+    const req = await c.chat.completions.create({ ...body, tool_choice: 'required', seed: 5 });
+    eq(req.choices[0].finish_reason, 'tool_calls');
+    assert(req.choices[0].message.tool_calls.length >= 1, 'required: at least one call');
+    for (const tc of req.choices[0].message.tool_calls) assert(['lookup', 'get_weather'].includes(tc.function.name), tc.function.name);
+    await expectStatus(c.chat.completions.create({ ...body, tool_choice: { type: 'function', function: { name: 'nope' } } }), 400,
+      (e) => { eq(e.param, 'tool_choice'); assert(/nope/.test(e.message), e.message); });
+  });
+  test('tool_choice tool: a tool_use block (Anthropic SDK)', async () => {
+    const a = ant(main);
+    const body = { model: 'default', max_tokens: 500, temperature: 1, messages: user('Weather in Oslo?'),
+      tools: [{ name: 'lookup', input_schema: ftools[0].function.parameters }, { name: 'get_weather', input_schema: weather }],
+      tool_choice: { type: 'tool', name: 'get_weather' } };
+    const m = await a.messages.create(body);
+    eq(m.stop_reason, 'tool_use');
+    const tu = m.content.find((b) => b.type === 'tool_use');
+    assert(tu, 'a tool_use block: ' + JSON.stringify(m.content));
+    eq(tu.name, 'get_weather');
+    checkWeather(JSON.stringify(tu.input));
+    const final = await a.messages.stream({ ...body, tool_choice: { type: 'any' } }).finalMessage();
+    eq(final.stop_reason, 'tool_use');
+    assert(final.content.some((b) => b.type === 'tool_use'), 'streamed tool_use');
   });
 }
 

@@ -182,9 +182,13 @@ TEST(server_chat_parse_errors_name_the_field) {
          "stop", "at most 16"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":2}", "top_logprobs", "needs 'logprobs'"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,\"top_logprobs\":21}", "top_logprobs", "must be in"},
-        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"json_object\"}}", "response_format",
-         "not supported"},
-        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"required\"}", "tool_choice", "not supported"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"json\"}}", "response_format",
+         "json_schema"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"json_schema\"}}",
+         "response_format.json_schema", "schema"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"required\"}", "tool_choice", "no tools"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"maybe\"}", "tool_choice", "expected"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":{\"type\":\"function\"}}", "tool_choice", "function"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\",\"function\":{}}]}", "tools[0]", "name"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":{}}", "tools", "must be an array"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"chat_template_kwargs\":[]}", "chat_template_kwargs", "object"},
@@ -365,4 +369,59 @@ TEST(server_reasoning_mode_and_tool_format) {
         fclose(f);
         CHECK_EQ_INT(srv_tool_format(t), CINFER_TOOLS_QWEN_XML);
     }
+}
+
+/* Constrained decoding requests: what reaches the engine (it compiles and may still refuse the schema). */
+TEST(server_constraints_parsed) {
+    static const char *tools =
+        "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{}}}]";
+    char body[512];
+    srv_gen_req r;
+    srv_error e;
+    snprintf(body, sizeof body,
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":"
+             "\"json_schema\",\"json_schema\":{\"name\":\"n\",\"schema\":{\"type\":\"object\"}}}}");
+    json_t *b = J(body);
+    REQUIRE(oai_parse_chat(b, NULL, &r, &e) == 0);
+    CHECK_EQ_INT(r.constraint, CINFER_CONSTRAIN_JSON);
+    CHECK(r.constraint_arg && !strcmp(r.constraint_arg, "{\"type\":\"object\"}"));
+    CHECK(!strcmp(r.constraint_param, "response_format"));
+    srv_gen_req_free(&r);
+    json_decref(b);
+    b = J("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"json_"
+          "object\"}}");
+    REQUIRE(oai_parse_chat(b, NULL, &r, &e) == 0);
+    CHECK(r.constraint == CINFER_CONSTRAIN_JSON && r.constraint_arg == NULL);
+    srv_gen_req_free(&r);
+    json_decref(b);
+    snprintf(body, sizeof body,
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],%s,\"tool_choice\":{\"type\":"
+             "\"function\",\"function\":{\"name\":\"f\"}}}",
+             tools);
+    b = J(body);
+    REQUIRE(oai_parse_chat(b, NULL, &r, &e) == 0);
+    CHECK(r.constraint == CINFER_CONSTRAIN_TOOL_CALLS && r.constraint_arg && !strcmp(r.constraint_arg, "f"));
+    CHECK(r.has_tools);
+    srv_gen_req_free(&r);
+    json_decref(b);
+    snprintf(body, sizeof body,
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],%s,\"tool_choice\":\"required\"}", tools);
+    b = J(body);
+    REQUIRE(oai_parse_chat(b, NULL, &r, &e) == 0);
+    CHECK(r.constraint == CINFER_CONSTRAIN_TOOL_CALLS && r.constraint_arg == NULL);
+    srv_gen_req_free(&r);
+    json_decref(b);
+    b = J("{\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"name\":\"g\","
+          "\"input_schema\":{\"type\":\"object\"}}],\"tool_choice\":{\"type\":\"tool\",\"name\":\"g\"}}");
+    REQUIRE(ant_parse_messages(b, NULL, &r, &e) == 0);
+    CHECK(r.constraint == CINFER_CONSTRAIN_TOOL_CALLS && r.constraint_arg && !strcmp(r.constraint_arg, "g"));
+    srv_gen_req_free(&r);
+    json_decref(b);
+    b = J(
+        "{\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"name\":\"g\"}],"
+        "\"tool_choice\":{\"type\":\"any\"}}");
+    REQUIRE(ant_parse_messages(b, NULL, &r, &e) == 0);
+    CHECK(r.constraint == CINFER_CONSTRAIN_TOOL_CALLS && r.constraint_arg == NULL);
+    srv_gen_req_free(&r);
+    json_decref(b);
 }
