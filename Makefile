@@ -16,7 +16,7 @@ PKG_LIBS := -ljansson -lpcre2-8 -lutf8proc -lpng16 -ljpeg -lwebp -lmicrohttpd
 endif
 
 WARN    := -Wall -Wextra -Werror -Wno-unused-parameter -Wno-missing-field-initializers -Wshadow -Wvla
-CFLAGS_COMMON := -std=c11 -D_GNU_SOURCE $(WARN) -Iinclude -Isrc -Itests $(PKG_CFLAGS) -pthread -fPIC -MMD -MP
+CFLAGS_COMMON := -std=c11 -D_GNU_SOURCE $(WARN) -Iinclude -Isrc -Itests -I$(BUILD)/gen $(PKG_CFLAGS) -pthread -fPIC -MMD -MP
 ifeq ($(SAN),1)
 OPT     := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 else
@@ -69,6 +69,15 @@ $(BUILD)/obj/%.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
+# The chat page (src/server/web/) is embedded into the binary: each file becomes a byte array
+# web_<name> / web_<name>_len (xxd -i) in a generated header that src/server/web.c includes.
+WEB_SRC := $(sort $(wildcard src/server/web/*.html src/server/web/*.css src/server/web/*.js))
+$(BUILD)/gen/web_assets.h: $(WEB_SRC)
+	@mkdir -p $(dir $@)
+	@for f in $(WEB_SRC); do n=web_$$(basename $$f | tr '.-' '__'); \
+	  xxd -i -n $$n $$f | sed 's/^unsigned/static const unsigned/'; done > $@.tmp && mv $@.tmp $@
+$(BUILD)/obj/src/server/web.o $(BUILD)/fuzz/obj/src/server/web.o: $(BUILD)/gen/web_assets.h
+
 $(BUILD)/libcinfer.a: $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
@@ -92,7 +101,7 @@ asan:
 
 FUZZ_SECONDS ?= 20
 FUZZ_CC ?= clang
-FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -O1 -g -Iinclude -Isrc $(PKG_CFLAGS) -Wno-unused-parameter
+FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -O1 -g -Iinclude -Isrc -I$(BUILD)/gen $(PKG_CFLAGS) -Wno-unused-parameter
 FUZZ_OBJ := $(LIB_SRC:%.c=$(BUILD)/fuzz/obj/%.o)
 FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/%.c=$(BUILD)/fuzz/%)
 
@@ -131,7 +140,7 @@ test:
 # then against `cinfer serve` on models/default.
 E2E_SRC := tests/e2e/serve_main.c tests/e2e/mock_engine.c src/cli/serve.c src/cli/args.c \
            $(filter src/server/% src/util/%,$(LIB_SRC))
-$(BUILD)/cinfer-mock-serve: $(E2E_SRC) $(wildcard src/server/*.h)
+$(BUILD)/cinfer-mock-serve: $(E2E_SRC) $(wildcard src/server/*.h) $(BUILD)/gen/web_assets.h
 	@mkdir -p $(BUILD)
 	$(CC) $(filter-out -MMD -MP,$(CFLAGS)) -o $@ $(E2E_SRC) $(LDFLAGS) $(LDLIBS)
 
@@ -141,6 +150,7 @@ $(BUILD)/cinfer-serve: tests/e2e/serve_main.c $(BUILD)/obj/src/cli/serve.o $(BUI
 e2e: $(BUILD)/cinfer-mock-serve $(BUILD)/cinfer-serve
 	node tests/e2e/run.mjs --mock --bin $(BUILD)/cinfer-mock-serve
 	node tests/e2e/run.mjs --no-verb --bin $(BUILD)/cinfer-serve --model models/default
+	node tests/e2e/browser.mjs --bin $(BUILD)/cinfer-serve --model models/default
 
 bench: all
 	bench/run.sh

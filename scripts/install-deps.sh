@@ -10,6 +10,7 @@ pkgs=(
   libutf8proc-dev                                       # Unicode normalization
   libmicrohttpd-dev                                     # cinfer serve
   nodejs npm                                            # the e2e tests (official OpenAI / Anthropic SDKs)
+  chromium xxd                                          # the chat page: headless browser test; embedding it
 )
 
 SUDO=""
@@ -48,12 +49,13 @@ if [ "$(cat "$tok_stamp" 2>/dev/null)" != "${tok_pkgs[*]}" ]; then
 fi
 
 # `cinfer serve`: libmicrohttpd, and the official SDKs the end-to-end tests drive it with (tests/e2e),
-# pinned, into the ignored third_party/npm/e2e/.
+# pinned, into the ignored third_party/npm/e2e/; playwright-core drives Debian's chromium for the chat
+# page's test (tests/e2e/browser.mjs; it downloads no browser of its own).
 dpkg-query -W -f='${Status}' libmicrohttpd-dev 2>/dev/null | grep -q "install ok installed" || {
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends libmicrohttpd-dev >/dev/null
 }
-e2e_pkgs=(openai@7.55.0 @anthropic-ai/sdk@1.10.0)
+e2e_pkgs=(openai@7.55.0 @anthropic-ai/sdk@1.10.0 playwright-core@1.65.1)
 e2e_root="$(cd "$(dirname "$0")/.." && pwd)/third_party/npm/e2e"
 if [ "$(cat "$e2e_root/.installed" 2>/dev/null)" != "${e2e_pkgs[*]}" ]; then
   command -v npm >/dev/null || ${SUDO:-} apt-get install -y -qq --no-install-recommends npm >/dev/null

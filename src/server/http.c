@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "server/metrics.h"
+#include "server/web.h"
 #include "server/sse.h"
 #include "server/watch.h"
 #include "util/alloc.h"
@@ -37,7 +38,7 @@
 
 typedef enum {
     R_OTHER = 0, R_CHAT, R_COMPLETIONS, R_MODELS, R_MESSAGES, R_COUNT_TOKENS,
-    R_HEALTH, R_METRICS, R_TOKENIZE, R_DETOKENIZE, R_APPLY_TEMPLATE, R_OPTIONS,
+    R_HEALTH, R_METRICS, R_TOKENIZE, R_DETOKENIZE, R_APPLY_TEMPLATE, R_OPTIONS, R_WEB,
 } route;
 
 typedef struct server {
@@ -707,6 +708,8 @@ static const route_entry routes[] = {
     {"/health", R_HEALTH, 0},                 {"/v1/health", R_HEALTH, 0},
     {"/metrics", R_METRICS, 0},               {"/tokenize", R_TOKENIZE, 1},
     {"/detokenize", R_DETOKENIZE, 1},         {"/apply-template", R_APPLY_TEMPLATE, 1},
+    {"/", R_WEB, 0},                          {"/index.html", R_WEB, 0},
+    {"/app.js", R_WEB, 0},                    {"/app.css", R_WEB, 0},
 };
 
 static const route_entry *route_find(const char *url) {
@@ -735,6 +738,25 @@ static int authorized(server *s, struct MHD_Connection *c) {
     return x && key_equal(x, key);
 }
 
+/* The chat page and its script and style, embedded; a strict CSP (own origin only) and no sniffing. */
+static enum MHD_Result handle_web(server *s, struct MHD_Connection *c, conn *cc) {
+    const unsigned char *data;
+    size_t len;
+    const char *type;
+    if (!web_asset(cc->path, &data, &len, &type)) return fail(s, c, cc, 404, NULL, "not found");
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, (void *)data, MHD_RESPMEM_PERSISTENT);
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", type);
+    MHD_add_response_header(r, "Content-Security-Policy", WEB_CSP);
+    MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
+    MHD_add_response_header(r, "Referrer-Policy", "no-referrer");
+    MHD_add_response_header(r, "Cache-Control", "no-cache");
+    cc->status = 200;
+    enum MHD_Result rc = MHD_queue_response(c, 200, r);
+    MHD_destroy_response(r);
+    return rc;
+}
+
 static enum MHD_Result dispatch(server *s, struct MHD_Connection *c, conn *cc) {
     if (cc->rt == R_OPTIONS) {
         struct MHD_Response *r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
@@ -757,6 +779,7 @@ static enum MHD_Result dispatch(server *s, struct MHD_Connection *c, conn *cc) {
         return send_jobj(s, c, cc, 200, o);
     }
     if (cc->rt == R_METRICS) return handle_metrics(s, c, cc);
+    if (cc->rt == R_WEB) return handle_web(s, c, cc);
     if (!atomic_load(&s->ready)) return fail(s, c, cc, 503, NULL, "Loading model");
     if (cc->rt == R_MODELS) return handle_models(s, c, cc);
 
@@ -801,7 +824,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         cc->post = re->post;
         if (strcmp(method, re->post ? "POST" : "GET") && !(strcmp(method, "HEAD") == 0 && !re->post))
             return fail(s, c, cc, 405, NULL, "%s is not allowed on %.100s (use %s)", method, re->path, re->post ? "POST" : "GET");
-        if (re->rt != R_HEALTH && !authorized(s, c))
+        /* the page is static and public; the API calls it makes carry the key the user types in */
+        if (re->rt != R_HEALTH && re->rt != R_WEB && !authorized(s, c))
             return fail(s, c, cc, 401, NULL, "invalid or missing API key (Authorization: Bearer <key> or x-api-key)");
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
         if (cl && strtoull(cl, NULL, 10) > s->cfg.max_body)
