@@ -126,6 +126,7 @@ struct cuda_fwd {
     int *h_meta;              /* pinned */
     size_t meta_cap;          /* ints */
     int max_S;
+    int tiles_ok; /* the tiled prefill attention kernel fits this head dim */
     /* graphs */
     graph_ent graphs[MAX_GRAPHS];
     int n_graphs;
@@ -366,7 +367,7 @@ static int alloc_scratch(cuda_fwd *f, char *err, size_t errlen) {
      * block tables (each KV block belongs to one sequence, so at most n_blocks + one table per entry) */
     size_t bps = ((size_t)f->p.max_ctx + 15) / 16;
     size_t tables = zmax(T * bps < (size_t)f->p.n_blocks + T ? T * bps : (size_t)f->p.n_blocks + T, 1);
-    f->meta_cap = 9 * T + tables + 64;
+    f->meta_cap = 10 * T + tables + 64; /* + attention tiles: at most one per row */
     if ((rc = dev_alloc(f, (void **)&f->meta, f->meta_cap * 4, a, err, errlen)) ||
         (rc = cu_alloc_host((void **)&f->h_meta, f->meta_cap * 4, err, errlen)))
         return rc;
@@ -440,6 +441,7 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     rc = upload_vec(f, &f->inv_freq, inv, (size_t)(R / 2 > 0 ? R / 2 : 1), err, errlen);
     free(inv);
     if (rc) goto fail;
+    f->tiles_ok = m->n_full > 0 && cu_attn_init(m->hd);
     for (int i = 0; i < PROF_MAX_MARKS; i++) cu_timer_create(&f->marks[i]);
     /* one cuBLAS call before any graph capture, so its lazy initialisation never happens inside one */
     if (p->max_tokens > CU_GEMV_MAX_M) {
@@ -499,6 +501,8 @@ struct cu_ctx *cuda_fwd_stream(cuda_fwd *f) {
 
 typedef struct run_shape {
     int T, NE, nl, span, nsplit;
+    const int *tiles; /* attention prefill tiles (device), or NULL */
+    int n_tiles;
     cu_meta meta;
 } run_shape;
 
@@ -545,6 +549,7 @@ static void attention(cuda_fwd *f, const cu_layer *cl, int full, const run_shape
     a.full = full, a.qkv = f->proj, a.ld = cl->n_in, a.q_norm = cl->q_norm, a.k_norm = cl->k_norm;
     a.inv_freq = f->inv_freq, a.kpool = f->kpool, a.vpool = f->vpool, a.o = f->act, a.part = f->part;
     a.span = rs->span, a.nsplit = rs->nsplit, a.eps = (float)m->cfg.rms_norm_eps, a.meta = rs->meta;
+    a.tiles = rs->tiles, a.n_tiles = rs->n_tiles;
     cu_attn_layer(f->cu, &a);
     mark(f, CP_GEMM_OUT);
     gemm(f, f->out, f->act, cl->w_out, T, H, m->Hq * m->hd);
@@ -695,7 +700,7 @@ static void attn_split(const cuda_fwd *f, int T, int maxpos, int *span, int *nsp
 
 int cuda_fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, char *err, size_t errlen) {
     const model *m = f->m;
-    int T = 0, nl = 0, maxpos = 0, all_decode = 1;
+    int T = 0, nl = 0, maxpos = 0, all_decode = 1, max_n = 0;
     for (int i = 0; i < NE; i++) {
         if (e[i].spec_rec)
             return ci_err(err, errlen, CINFER_EUNSUPPORTED,
@@ -707,6 +712,7 @@ int cuda_fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, char *e
         nl += e[i].all_logits ? e[i].n : 1;
         if (e[i].seq_len + e[i].n - 1 > maxpos) maxpos = e[i].seq_len + e[i].n - 1;
         if (e[i].n != 1 || e[i].all_logits) all_decode = 0;
+        if (e[i].n > max_n) max_n = e[i].n;
     }
     if (T > f->p.max_tokens || NE > f->p.max_tokens)
         return ci_err(err, errlen, CINFER_ERANGE, "cuda: batch of %d tokens exceeds %d", T, f->p.max_tokens);
@@ -715,11 +721,16 @@ int cuda_fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, char *e
     size_t o_ids = 0, o_pos = o_ids + T, o_ent = o_pos + T, o_len = o_ent + T, o_n = o_len + NE,
            o_r0 = o_n + NE;
     size_t o_slot = o_r0 + NE, o_boff = o_slot + NE, o_lrow = o_boff + NE, o_blk = o_lrow + nl;
-    size_t nb = 0;
+    size_t nb = 0, ntile = 0;
     for (int i = 0; i < NE; i++) nb += (size_t)(e[i].seq_len + e[i].n + 15) / 16;
-    if (o_blk + nb > f->meta_cap)
+    /* a prefill chunk in the batch: attention by tiles of rows sharing K/V loads */
+    int tiled = f->tiles_ok && max_n >= CU_ATTN_TILE;
+    if (tiled)
+        for (int i = 0; i < NE; i++) ntile += (size_t)(e[i].n + CU_ATTN_TILE - 1) / CU_ATTN_TILE;
+    size_t o_tile = o_blk + nb;
+    if (o_tile + ntile > f->meta_cap)
         return ci_err(err, errlen, CINFER_ERANGE, "cuda: block tables exceed the metadata buffer");
-    int r = 0, li = 0;
+    int r = 0, li = 0, ti = 0;
     size_t bo = 0;
     for (int i = 0; i < NE; i++) {
         h[o_len + i] = e[i].seq_len;
@@ -731,6 +742,7 @@ int cuda_fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, char *e
         memcpy(h + o_blk + bo, e[i].blocks, (size_t)nbi * sizeof(int));
         bo += (size_t)nbi;
         for (int t = 0; t < e[i].n; t++, r++) {
+            if (tiled && t % CU_ATTN_TILE == 0) h[o_tile + ti++] = r;
             h[o_ids + r] = e[i].tokens[t];
             h[o_pos + r] = e[i].seq_len + t;
             h[o_ent + r] = i;
@@ -743,10 +755,12 @@ int cuda_fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, char *e
                     nl,
                     0,
                     0,
+                    tiled ? d + o_tile : NULL,
+                    (int)ntile,
                     {d + o_ids, d + o_pos, d + o_ent, d + o_len, d + o_n, d + o_r0, d + o_slot, d + o_boff,
                      d + o_lrow, d + o_blk}};
     attn_split(f, T, maxpos, &rs.span, &rs.nsplit);
-    cu_h2d_async(f->cu, f->meta, h, (o_blk + nb) * sizeof(int));
+    cu_h2d_async(f->cu, f->meta, h, (o_tile + ntile) * sizeof(int));
     int moe_device = T <= CU_GEMV_MAX_M;
     int rc = 0;
     int use_graph = all_decode && !f->profile && !f->p.no_graphs && (m->cfg.n_experts == 0 || moe_device);

@@ -128,9 +128,15 @@ __global__ void attn_combine_kernel(cu_attn_args a) {
     }
 }
 
+extern "C" void cu_attn_tiled(cu_ctx *c, const cu_attn_args *a);
+
 extern "C" void cu_attn_layer(cu_ctx *c, const cu_attn_args *a) {
     if (a->T <= 0) return;
     attn_prep_kernel<<<a->T, 128, 0, c->stream>>>(*a);
+    if (a->tiles) {
+        cu_attn_tiled(c, a);
+        return;
+    }
     dim3 grid((unsigned)a->Hq, (unsigned)a->T, (unsigned)a->nsplit);
     switch (a->hd / 32) {
     case 1:
@@ -152,4 +158,141 @@ extern "C" void cu_attn_layer(cu_ctx *c, const cu_attn_args *a) {
         return; /* rejected at context creation */
     }
     if (a->nsplit > 1) attn_combine_kernel<<<dim3((unsigned)a->Hq, (unsigned)a->T), 128, 0, c->stream>>>(*a);
+}
+
+/* Prefill: a block per (head, tile of up to 16 consecutive rows of one entry). K and V rows are staged in
+ * shared memory 16 positions at a time and used by all the tile's rows (16x fewer loads than a block per
+ * row). Each warp owns two rows: half-warp lanes score one position each (scores need no shuffles), then
+ * every lane accumulates its output dims over the 16 positions with the probabilities broadcast. */
+template <int NPL> __global__ void __launch_bounds__(256) attn_tile_kernel(cu_attn_args a) {
+    extern __shared__ float sm[];
+    const int hd = NPL * 32, ks = hd + 1; /* padded rows: the 16 positions of a chunk sit in distinct banks */
+    float *Ks = sm, *Qs = Ks + CU_ATTN_TILE * ks, *Vs = Qs + CU_ATTN_TILE * ks;
+    int h = blockIdx.x, r0 = a.tiles[blockIdx.y], warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int e = a.meta.row_entry[r0], end = a.meta.e_row0[e] + a.meta.e_n[e];
+    int rows = end - r0 < CU_ATTN_TILE ? end - r0 : CU_ATTN_TILE;
+    int pos0 = a.meta.row_pos[r0], maxpos = pos0 + rows - 1, kvh = h / (a.Hq / a.Hkv);
+    const int *blocks = a.meta.blocks + a.meta.e_boff[e];
+    for (int i = threadIdx.x; i < CU_ATTN_TILE * hd; i += blockDim.x) {
+        int r = i / hd, d = i % hd;
+        Qs[r * ks + d] = r < rows ? a.qkv[(size_t)(r0 + r) * a.ld + (size_t)h * 2 * hd + d] : 0.0f;
+    }
+    int half = lane >> 4, jl = lane & 15, myr = 2 * warp + half, mypos = pos0 + myr;
+    float scale = (float)(1.0 / sqrt((double)hd));
+    float m = -INFINITY, l = 0.0f, accA[NPL], accB[NPL];
+#pragma unroll
+    for (int i = 0; i < NPL; i++) accA[i] = accB[i] = 0.0f;
+    for (int c0 = 0; c0 <= maxpos; c0 += CU_ATTN_TILE) {
+        __syncthreads();
+        for (int i = threadIdx.x; i < CU_ATTN_TILE * hd; i += blockDim.x) {
+            int j = i / hd, d = i % hd, u = c0 + j;
+            float kv = 0.0f, vv = 0.0f;
+            if (u <= maxpos) {
+                kv = kv_row(a.kpool, a, blocks, u)[(size_t)kvh * hd + d];
+                vv = kv_row(a.vpool, a, blocks, u)[(size_t)kvh * hd + d];
+            }
+            Ks[j * ks + d] = kv;
+            Vs[j * hd + d] = vv;
+        }
+        __syncthreads();
+        int u = c0 + jl;
+        float s = -INFINITY;
+        if (myr < rows && u <= mypos) {
+            float acc = 0.0f;
+            const float *q = Qs + myr * ks, *k = Ks + jl * ks;
+            for (int d = 0; d < hd; d++) acc = fmaf(q[d], k[d], acc);
+            s = acc * scale;
+        }
+        float cm = s;
+        for (int o = 8; o > 0; o >>= 1)
+            cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, o)); /* within the half */
+        float mn = fmaxf(m, cm);
+        float corr = mn == -INFINITY ? 1.0f : expf(m - mn);
+        float p = s == -INFINITY ? 0.0f : expf(s - mn);
+        float ps = p;
+        for (int o = 8; o > 0; o >>= 1) ps += __shfl_xor_sync(0xffffffffu, ps, o);
+        l = l * corr + ps;
+        m = mn;
+        float cA = __shfl_sync(0xffffffffu, corr, 0), cB = __shfl_sync(0xffffffffu, corr, 16);
+#pragma unroll
+        for (int i = 0; i < NPL; i++) accA[i] *= cA, accB[i] *= cB;
+        for (int j = 0; j < CU_ATTN_TILE; j++) {
+            float pA = __shfl_sync(0xffffffffu, p, j), pB = __shfl_sync(0xffffffffu, p, 16 + j);
+            const float *v = Vs + j * hd;
+#pragma unroll
+            for (int i = 0; i < NPL; i++) {
+                float vv = v[lane + 32 * i];
+                accA[i] = fmaf(pA, vv, accA[i]);
+                accB[i] = fmaf(pB, vv, accB[i]);
+            }
+        }
+    }
+    float lA = __shfl_sync(0xffffffffu, l, 0), lB = __shfl_sync(0xffffffffu, l, 16);
+    for (int hr = 0; hr < 2; hr++) {
+        int r = 2 * warp + hr;
+        if (r >= rows) continue;
+        const float *gate = a.qkv + (size_t)(r0 + r) * a.ld + (size_t)h * 2 * hd + hd;
+        float *o = a.o + (size_t)(r0 + r) * a.Hq * hd + (size_t)h * hd;
+#pragma unroll
+        for (int i = 0; i < NPL; i++) {
+            int d = lane + 32 * i;
+            o[d] = ((hr ? accB[i] : accA[i]) / (hr ? lB : lA)) * dev_sigmoid(gate[d]);
+        }
+    }
+}
+
+static size_t tile_smem(int hd) {
+    return (size_t)(2 * CU_ATTN_TILE * (hd + 1) + CU_ATTN_TILE * hd) * sizeof(float);
+}
+
+extern "C" int cu_attn_init(int hd) {
+    int dev = 0, optin = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return 0;
+    cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    if (tile_smem(hd) > (size_t)optin) return 0;
+    cudaError_t e = cudaSuccess;
+    switch (hd / 32) {
+    case 1:
+        e = cudaFuncSetAttribute(attn_tile_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, optin);
+        break;
+    case 2:
+        e = cudaFuncSetAttribute(attn_tile_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, optin);
+        break;
+    case 4:
+        e = cudaFuncSetAttribute(attn_tile_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, optin);
+        break;
+    case 8:
+        e = cudaFuncSetAttribute(attn_tile_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, optin);
+        break;
+    case 16:
+        e = cudaFuncSetAttribute(attn_tile_kernel<16>, cudaFuncAttributeMaxDynamicSharedMemorySize, optin);
+        break;
+    default:
+        return 0;
+    }
+    return e == cudaSuccess;
+}
+
+extern "C" void cu_attn_tiled(cu_ctx *c, const cu_attn_args *a) {
+    dim3 grid((unsigned)a->Hq, (unsigned)a->n_tiles);
+    size_t sm = tile_smem(a->hd);
+    switch (a->hd / 32) {
+    case 1:
+        attn_tile_kernel<1><<<grid, 256, sm, c->stream>>>(*a);
+        break;
+    case 2:
+        attn_tile_kernel<2><<<grid, 256, sm, c->stream>>>(*a);
+        break;
+    case 4:
+        attn_tile_kernel<4><<<grid, 256, sm, c->stream>>>(*a);
+        break;
+    case 8:
+        attn_tile_kernel<8><<<grid, 256, sm, c->stream>>>(*a);
+        break;
+    case 16:
+        attn_tile_kernel<16><<<grid, 256, sm, c->stream>>>(*a);
+        break;
+    default:
+        break;
+    }
 }

@@ -141,10 +141,16 @@ typedef struct cu_attn_args {
     float *o;             /* [T][Hq*hd] */
     float *part;          /* split-softmax partials [T][Hq][nsplit][hd + 2] */
     int span, nsplit;     /* positions per split, splits */
+    const int *tiles; /* NULL: a block per (row, head[, span]); else prefill tiles: first rows of runs of up
+                         to CU_ATTN_TILE rows of one entry, [n_tiles], each block sharing its K/V loads */
+    int n_tiles;
     float eps;
     cu_meta meta;
 } cu_attn_args;
+#define CU_ATTN_TILE 16
 void cu_attn_layer(cu_ctx *c, const cu_attn_args *a);
+/* raises the tiled kernels' shared-memory limit (before any graph capture); 0 when hd does not fit */
+int cu_attn_init(int hd);
 /* Largest supported head dim (hd must be a multiple of 32 up to this) */
 #define CU_ATTN_MAX_HD 512
 

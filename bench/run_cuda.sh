@@ -1,0 +1,41 @@
+#!/bin/bash
+# bench/run_cuda.sh — on a GPU machine (the `run` tool's copy of the tree, carrying .devdeps): build with the
+# CUDA backend, run the CUDA tests, then `cinfer bench --like SHAPE --device cuda` for the 4B, 35B-A3B and 27B
+# shapes and the transformers peer. Every stage has its own time limit and goes on past a failure; results
+# land in $OUT (log.txt: build; tests.txt; bench-*.txt; peer.txt).
+# usage: OUT=dir bash bench/run_cuda.sh [STAGES]   (STAGES: any of build tests bench peer; default all)
+set -u
+OUT=${OUT:-/tmp/cuda-out}
+mkdir -p "$OUT"
+STAGES=${1:-"build tests bench peer"}
+B=build-gpu
+has() { case " $STAGES " in *" $1 "*) return 0 ;; esac; return 1; }
+{
+    date -u
+    nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv
+    . scripts/device-env.sh
+} > "$OUT/env.txt" 2>&1
+. scripts/device-env.sh > /dev/null 2>&1
+if has build; then
+    timeout 240 make -j16 BUILD=$B CUDA=1 $B/cinfer $B/cinfer-tests 2>&1 | tee "$OUT/log.txt"
+fi
+if has tests; then
+    # the CUDA tests (op by op, fixture parity, batch invariance, graphs) and the plain CPU parity as a control
+    CINFER_BIN=$B/cinfer timeout 120 $B/cinfer-tests cuda 2>&1 | tee "$OUT/tests.txt"
+    CINFER_BIN=$B/cinfer timeout 60 $B/cinfer-tests parity_qwen 2>&1 | tail -3 | tee -a "$OUT/tests.txt"
+fi
+if has bench; then
+    for s in qwen3.5-4b:100 qwen3.5-35b-a3b:100 qwen3.5-27b:120; do
+        shape=${s%%:*} lim=${s##*:}
+        echo "== $(date -u +%H:%M:%S) $B/cinfer bench --like $shape --device cuda" | tee "$OUT/bench-$shape.txt"
+        timeout $lim $B/cinfer bench --like $shape --device cuda 2>&1 | grep -v "cinfer synth: writing" | tee -a "$OUT/bench-$shape.txt"
+    done
+fi
+if has peer; then
+    for s in qwen3.5-4b:80; do
+        shape=${s%%:*} lim=${s##*:}
+        echo "== python3 bench/peer_transformers.py --like $shape" | tee -a "$OUT/peer.txt"
+        timeout $lim python3 bench/peer_transformers.py --like $shape 2>&1 | grep -v Warning | tail -20 | tee -a "$OUT/peer.txt"
+    done
+fi
+date -u >> "$OUT/env.txt"
