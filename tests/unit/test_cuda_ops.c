@@ -415,17 +415,17 @@ static void rope_ref(float *x, int R, int pos, const float *inv) {
     }
 }
 
-static void attn_case(int Hq, int Hkv, int hd, int span) {
+static void attn_case(int Hq, int Hkv, int hd, int span, int tiled) {
     char err[256];
     cu_ctx *c;
     REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
-    const test_entry ents[] = {{0, 40, 0}, {20, 1, 0}, {100, 3, 0}, {300, 1, 0}};
-    int NE = 4, T = 0, n_full = 2, full = 1, R = hd / 4, kvd = Hkv * hd, ld = Hq * 2 * hd + 2 * kvd + 8,
+    const test_entry ents[] = {{0, 40, 0}, {20, 1, 0}, {100, 3, 0}, {300, 1, 0}, {70, 45, 0}};
+    int NE = 5, T = 0, n_full = 2, full = 1, R = hd / 4, kvd = Hkv * hd, ld = Hq * 2 * hd + 2 * kvd + 8,
         n_blocks = 64;
     for (int i = 0; i < NE; i++) T += ents[i].n;
     float eps = 1e-6f;
     /* block tables: entries take blocks in a scattered order */
-    int *tables[4], g = 0;
+    int *tables[5], g = 0;
     for (int i = 0; i < NE; i++) {
         int k = (ents[i].len + ents[i].n + 15) / 16;
         tables[i] = malloc((size_t)k * sizeof(int));
@@ -497,12 +497,23 @@ static void attn_case(int Hq, int Hkv, int hd, int span) {
     a.o = nan_dev(c, (size_t)T * Hq * hd);
     a.span = span, a.nsplit = (maxpos + span) / span;
     a.part = nan_dev(c, (size_t)T * Hq * a.nsplit * (hd + 2));
+    int htiles[64], nt = 0, *dtiles = NULL;
+    for (int i = 0, r = 0; i < NE; r += ents[i].n, i++)
+        for (int t = 0; t < ents[i].n; t += CU_ATTN_TILE) htiles[nt++] = r + t;
+    if (tiled) {
+        REQUIRE(cu_attn_init(hd));
+        dtiles = dup_dev(htiles, sizeof(int) * (size_t)nt);
+        a.tiles = dtiles, a.n_tiles = nt;
+    }
     a.eps = eps, a.meta = meta;
     cu_attn_layer(c, &a);
     REQUIRE(cu_sync(c, err, sizeof err) == 0);
     float *go = get(a.o, (size_t)T * Hq * hd), *gk = get(a.kpool, pool_n), *gv = get(a.vpool, pool_n);
     char what[96];
-    snprintf(what, sizeof what, "attention hd=%d span=%d (%d splits): output", hd, span, a.nsplit);
+    if (tiled)
+        snprintf(what, sizeof what, "attention hd=%d tiles of %d rows: output", hd, CU_ATTN_TILE);
+    else
+        snprintf(what, sizeof what, "attention hd=%d span=%d (%d splits): output", hd, span, a.nsplit);
     check_rel(what, go, o_r, (size_t)T * Hq * hd, 1e-5);
     snprintf(what, sizeof what, "attention hd=%d: K pool", hd);
     check_rel(what, gk, kp_r, pool_n, 1e-5);
@@ -514,15 +525,18 @@ static void attn_case(int Hq, int Hkv, int hd, int span) {
     free(go), free(gk), free(gv);
     cu_free(a.qkv), cu_free((void *)a.q_norm), cu_free((void *)a.k_norm), cu_free((void *)a.inv_freq),
         cu_free(a.kpool);
-    cu_free(a.vpool), cu_free(a.o), cu_free(a.part), cu_free(dmeta);
+    cu_free(a.vpool), cu_free(a.o), cu_free(a.part), cu_free(dmeta), cu_free(dtiles);
     cu_ctx_destroy(c);
 }
 
 TEST(cuda_attention_layer_vs_cpu) {
     if (NO_DEVICE()) SKIP("no CUDA device: skipped");
-    attn_case(4, 2, 64, 1 << 20); /* one span: the direct path */
-    attn_case(4, 2, 64, 64);      /* split positions + combine */
-    attn_case(8, 2, 256, 128);
+    attn_case(4, 2, 64, 1 << 20, 0); /* one span: the direct path */
+    attn_case(4, 2, 64, 64, 0);      /* split positions + combine */
+    attn_case(8, 2, 256, 128, 0);
+    attn_case(4, 2, 64, 1 << 20, 1); /* prefill tiles */
+    attn_case(8, 2, 256, 1 << 20, 1);
+    attn_case(2, 1, 32, 1 << 20, 1);
 }
 
 TEST(cuda_moe_route_vs_cpu) {
