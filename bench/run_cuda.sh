@@ -16,6 +16,10 @@ has() { case " $STAGES " in *" $1 "*) return 0 ;; esac; return 1; }
     . scripts/device-env.sh
 } > "$OUT/env.txt" 2>&1
 . scripts/device-env.sh > /dev/null 2>&1
+# nvcc where the Makefile looks for it, else on PATH
+if [ ! -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ] && command -v nvcc > /dev/null; then
+    export CUDA_HOME=$(dirname "$(dirname "$(command -v nvcc)")")
+fi
 if has build; then
     timeout 240 make -j16 BUILD=$B CUDA=1 $B/cinfer $B/cinfer-tests 2>&1 | tee "$OUT/log.txt"
 fi

@@ -184,15 +184,17 @@ template <int NPL> __global__ void __launch_bounds__(256) attn_tile_kernel(cu_at
     for (int i = 0; i < NPL; i++) accA[i] = accB[i] = 0.0f;
     for (int c0 = 0; c0 <= maxpos; c0 += CU_ATTN_TILE) {
         __syncthreads();
-        for (int i = threadIdx.x; i < CU_ATTN_TILE * hd; i += blockDim.x) {
-            int j = i / hd, d = i % hd, u = c0 + j;
-            float kv = 0.0f, vv = 0.0f;
+        /* 16-byte loads (hd is a multiple of 32); rows past the tile's last position are zeros */
+        for (int i = threadIdx.x; i < CU_ATTN_TILE * hd / 4; i += blockDim.x) {
+            int j = i / (hd / 4), d = 4 * (i % (hd / 4)), u = c0 + j;
+            float4 kv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vv = kv;
             if (u <= maxpos) {
-                kv = kv_row(a.kpool, a, blocks, u)[(size_t)kvh * hd + d];
-                vv = kv_row(a.vpool, a, blocks, u)[(size_t)kvh * hd + d];
+                kv = *reinterpret_cast<const float4 *>(kv_row(a.kpool, a, blocks, u) + (size_t)kvh * hd + d);
+                vv = *reinterpret_cast<const float4 *>(kv_row(a.vpool, a, blocks, u) + (size_t)kvh * hd + d);
             }
-            Ks[j * ks + d] = kv;
-            Vs[j * hd + d] = vv;
+            float *kd = Ks + j * ks + d;
+            kd[0] = kv.x, kd[1] = kv.y, kd[2] = kv.z, kd[3] = kv.w;
+            *reinterpret_cast<float4 *>(Vs + j * hd + d) = vv;
         }
         __syncthreads();
         int u = c0 + jl;
