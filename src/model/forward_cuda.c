@@ -111,20 +111,21 @@ struct cuda_fwd {
     uint16_t *xb;             /* [max(T, S)][Kmax] bf16 GEMM input */
     float *part;              /* attention split partials */
     size_t part_floats;
-    float *logits;            /* [T][V] */
-    float *moe_logits;        /* [T][E] */
-    int *moe_idx;             /* [S] */
-    float *moe_w;             /* [S] */
-    float *xg, *gu, *ea, *ey; /* [S][H], [S][2Im], [S][Im], [S][H] */
-    float *shy, *shg;         /* [T][H], [T] */
-    int *moe_ident;           /* [S]: 0, 1, 2, ... */
-    int *moe_host;            /* device: src [S] | pos [S] | w [S] (floats as bits) */
-    int *h_moe_idx;           /* pinned [S] */
-    float *h_moe_w;           /* pinned [S] */
-    int *h_moe_up;            /* pinned [3S] */
-    int *meta;                /* device ints */
-    int *h_meta;              /* pinned */
-    size_t meta_cap;          /* ints */
+    float *logits;               /* [T][V] */
+    float *moe_logits;           /* [T][E] */
+    int *moe_idx;                /* [S] */
+    float *moe_w;                /* [S] */
+    float *xg, *gu, *ea, *ey;    /* [S][H], [S][2Im], [S][Im], [S][H] */
+    float *shy, *shg;            /* [T][H], [T] */
+    int *moe_ident;              /* [S]: 0, 1, 2, ... */
+    int *moe_host;               /* device: src [S] | pos [S] | w [S] (floats as bits) */
+    int *h_moe_idx;              /* pinned [S] */
+    float *h_moe_w;              /* pinned [S] */
+    int *h_moe_up;               /* pinned [3S] */
+    int *h_cnt, *h_off, *h_fill; /* [E + 1] each: rows per expert, their offsets, filled so far */
+    int *meta;                   /* device ints */
+    int *h_meta;                 /* pinned */
+    size_t meta_cap;             /* ints */
     int max_S;
     int tiles_ok; /* the tiled prefill attention kernel fits this head dim */
     /* graphs */
@@ -360,6 +361,9 @@ static int alloc_scratch(cuda_fwd *f, char *err, size_t errlen) {
             (rc = cu_alloc_host((void **)&f->h_moe_w, S * 4, err, errlen)) ||
             (rc = cu_alloc_host((void **)&f->h_moe_up, 3 * S * 4, err, errlen)))
             return rc;
+        f->h_cnt = xcalloc(E + 1, sizeof(int));
+        f->h_off = xcalloc(E + 1, sizeof(int));
+        f->h_fill = xcalloc(E + 1, sizeof(int));
         for (size_t i = 0; i < S; i++) f->h_moe_up[i] = (int)i;
         if ((rc = cu_upload(f->moe_ident, f->h_moe_up, S * 4, err, errlen))) return rc;
     }
@@ -386,6 +390,9 @@ void cuda_fwd_destroy(cuda_fwd *f) {
     cu_ctx_destroy(f->cu);
     free(f->allocs);
     free(f->L);
+    free(f->h_cnt);
+    free(f->h_off);
+    free(f->h_fill);
     free(f);
 }
 
@@ -592,8 +599,11 @@ static int moe(cuda_fwd *f, const cu_layer *cl, const run_shape *rs, int device_
         cu_d2h_async(f->cu, f->h_moe_idx, f->moe_idx, (size_t)S * 4);
         cu_d2h_async(f->cu, f->h_moe_w, f->moe_w, (size_t)S * 4);
         if ((rc = cu_sync(f->cu, err, errlen))) return rc;
-        int *cnt = xcalloc((size_t)E + 1, sizeof(int)), *off = xcalloc((size_t)E + 1, sizeof(int));
-        int *fill = xcalloc((size_t)E + 1, sizeof(int));
+        int *cnt = f->h_cnt, *off = f->h_off,
+            *fill = f->h_fill; /* sized at creation: nothing allocated per step */
+        memset(cnt, 0, sizeof(int) * ((size_t)E + 1));
+        memset(off, 0, sizeof(int) * ((size_t)E + 1));
+        memset(fill, 0, sizeof(int) * ((size_t)E + 1));
         for (int p = 0; p < S; p++) {
             int e = f->h_moe_idx[p];
             if (e < 0 || e >= E) e = 0; /* cannot happen: the router writes indices < E */
@@ -633,9 +643,6 @@ static int moe(cuda_fwd *f, const cu_layer *cl, const run_shape *rs, int device_
             if (cnt[e])
                 gemm(f, f->ey + (size_t)off[e] * H, f->ea + (size_t)off[e] * Im,
                      cl->e_down + (size_t)e * H * Im, cnt[e], H, Im);
-        free(cnt);
-        free(off);
-        free(fill);
         pos = f->moe_host + S;
         wts = (const float *)(f->moe_host + 2 * S);
         /* the pinned upload buffer is reused by the next MoE layer: wait for this copy first */
