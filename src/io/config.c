@@ -271,6 +271,44 @@ static int parse_ffn(cfg_ctx *c, json_t *lvl, const char *tp, model_config *o) {
                    &o->intermediate_size);
 }
 
+/* vision_config: Qwen3_5VisionConfig's fields with its defaults. Only gelu_pytorch_tanh blocks exist in
+ * Qwen3.5 checkpoints; another activation would change the numbers, so it is refused. */
+static int parse_vision(cfg_ctx *c, json_t *vc, model_config *o) {
+    const char *tp = "vision_config.";
+    int rc;
+    if ((rc = get_int(c, vc, tp, "depth", 0, 0, CONFIG_MAX_LAYERS, 27, &o->vis_depth)) ||
+        (rc = get_int(c, vc, tp, "hidden_size", 0, 1, CFG_MAX_DIM, 1152, &o->vis_hidden)) ||
+        (rc = get_int(c, vc, tp, "intermediate_size", 0, 1, CFG_MAX_DIM, 4304, &o->vis_intermediate)) ||
+        (rc = get_int(c, vc, tp, "num_heads", 0, 1, CFG_MAX_DIM, 16, &o->vis_heads)) ||
+        (rc = get_int(c, vc, tp, "in_channels", 0, 1, 16, 3, &o->vis_in_channels)) ||
+        (rc = get_int(c, vc, tp, "patch_size", 0, 1, 1024, 16, &o->vis_patch)) ||
+        (rc = get_int(c, vc, tp, "temporal_patch_size", 0, 1, 64, 2, &o->vis_temporal)) ||
+        (rc = get_int(c, vc, tp, "spatial_merge_size", 0, 1, 64, 2, &o->vis_merge)) ||
+        (rc = get_int(c, vc, tp, "out_hidden_size", 0, 1, CFG_MAX_DIM, 3584, &o->vis_out_hidden)) ||
+        (rc = get_int(c, vc, tp, "num_position_embeddings", 0, 1, CFG_MAX_DIM, 2304, &o->vis_num_pos)))
+        return rc;
+    if (o->vis_hidden % o->vis_heads || (o->vis_hidden / o->vis_heads) % 4)
+        return ci_err(c->err, c->errlen, CINFER_EFORMAT,
+                      "%s: vision_config.hidden_size %d over num_heads %d must give a head size divisible by 4",
+                      c->path, o->vis_hidden, o->vis_heads);
+    int side = 0;
+    while ((long long)(side + 1) * (side + 1) <= o->vis_num_pos) side++;
+    if (side * side != o->vis_num_pos)
+        return ci_err(c->err, c->errlen, CINFER_EFORMAT,
+                      "%s: vision_config.num_position_embeddings %d is not a perfect square", c->path,
+                      o->vis_num_pos);
+    json_t *act = get(vc, "hidden_act");
+    if (act && (!json_is_string(act) || strcmp(json_string_value(act), "gelu_pytorch_tanh")))
+        return ci_err(c->err, c->errlen, CINFER_EUNSUPPORTED,
+                      "%s: vision_config.hidden_act must be \"gelu_pytorch_tanh\"", c->path);
+    json_t *ds = get(vc, "deepstack_visual_indexes");
+    if (ds && (!json_is_array(ds) || json_array_size(ds) > 0))
+        return ci_err(c->err, c->errlen, CINFER_EUNSUPPORTED,
+                      "%s: vision_config.deepstack_visual_indexes (Qwen3-VL's deepstack) is not part of Qwen3.5",
+                      c->path);
+    return 0;
+}
+
 int config_parse(const char *json, size_t len, const char *path, model_config *out, char *err,
                  size_t errlen) {
     cfg_ctx cx = {path ? path : "config.json", err, errlen}, *c = &cx;
@@ -417,6 +455,7 @@ int config_parse(const char *json, size_t len, const char *path, model_config *o
         goto done;
     }
     o->has_vision = vc != NULL;
+    if (vc && (rc = parse_vision(c, vc, o))) goto done;
     if ((rc = get_int(c, root, "", "image_token_id", 0, 0, 0x7fffffff, -1, &o->image_token_id)) ||
         (rc = get_int(c, root, "", "video_token_id", 0, 0, 0x7fffffff, -1, &o->video_token_id)) ||
         (rc = get_int(c, root, "", "vision_start_token_id", 0, 0, 0x7fffffff, -1,

@@ -62,6 +62,17 @@ typedef struct model_config {
     /* multimodal extras (0 / -1 when absent) */
     int has_vision;               /* a vision_config object is present */
     int image_token_id, video_token_id, vision_start_token_id, vision_end_token_id;
+    /* vision_config (Qwen3_5VisionConfig; its defaults when a field is absent), read when has_vision */
+    int vis_depth;                /* blocks (27) */
+    int vis_hidden;               /* D (1152) */
+    int vis_intermediate;         /* block MLP width (4304) */
+    int vis_heads;                /* attention heads; D % heads == 0, head dim even */
+    int vis_in_channels;          /* 3 */
+    int vis_patch;                /* 16 */
+    int vis_temporal;             /* 2 */
+    int vis_merge;                /* spatial_merge_size, 2 */
+    int vis_out_hidden;           /* merger output width: the text hidden size */
+    int vis_num_pos;              /* learned position table rows, a perfect square (2304 = 48^2) */
 } model_config;
 
 /* Pure parser over the text of a config.json; `path` is used only in error messages. */

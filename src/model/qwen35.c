@@ -293,6 +293,88 @@ static int bind_mtp(binder *b) {
     return bind_ffn(b, lp, m->cfg.n_experts > 0, lw);
 }
 
+/* A small matrix ([rows, cols] of any float dtype) copied to f32. */
+static int bind_f32_mat(binder *b, const char *name, int rows, int cols, float **out) {
+    const st_tensor *t;
+    int64_t shape[2] = {rows, cols};
+    int rc = find_checked(b, name, 2, shape, &t);
+    if (rc) return rc;
+    float *v = arena_floats(b->m, (size_t)rows * cols);
+    for (int64_t i = 0; i < (int64_t)rows * cols; i++) v[i] = elem_f32(t, i);
+    *out = v;
+    return 0;
+}
+
+/* Weight and bias of a Linear: [rows, cols] and [rows]. */
+static int bind_linear(binder *b, const char *pfx, int rows, int cols, wmat *w, float **bias) {
+    char name[512];
+    int rc;
+    if ((rc = bind_mat(b, NAME("%s.weight", pfx), rows, cols, w))) return rc;
+    return bind_vec(b, NAME("%s.bias", pfx), rows, VEC_PLAIN, bias);
+}
+
+static int bind_layernorm(binder *b, const char *pfx, int n, float **w, float **bias) {
+    char name[512];
+    int rc;
+    if ((rc = bind_vec(b, NAME("%s.weight", pfx), n, VEC_PLAIN, w))) return rc;
+    return bind_vec(b, NAME("%s.bias", pfx), n, VEC_PLAIN, bias);
+}
+
+/* model.visual.* (spec §6.2). Absent tensors with a vision_config mean a text-only extraction: no tower. */
+static int bind_vision(binder *b) {
+    model *m = b->m;
+    const model_config *c = &m->cfg;
+    vision_weights *v = &m->vis;
+    char name[512], p[256];
+    int rc;
+    if (!c->has_vision || !st_find(m->st, "model.visual.patch_embed.proj.weight")) return 0;
+    v->D = c->vis_hidden;
+    v->heads = c->vis_heads;
+    v->head_dim = c->vis_hidden / c->vis_heads;
+    v->I = c->vis_intermediate;
+    v->depth = c->vis_depth;
+    v->patch = c->vis_patch;
+    v->temporal = c->vis_temporal;
+    v->merge = c->vis_merge;
+    v->in_ch = c->vis_in_channels;
+    v->patch_dim = v->in_ch * v->temporal * v->patch * v->patch;
+    v->out_hidden = c->vis_out_hidden;
+    for (v->grid_side = 0; (v->grid_side + 1) * (v->grid_side + 1) <= c->vis_num_pos;) v->grid_side++;
+    if (v->out_hidden != m->H)
+        return ci_err(b->err, b->errlen, CINFER_EFORMAT,
+                      "config.json: vision_config.out_hidden_size %d differs from the text hidden size %d", v->out_hidden,
+                      m->H);
+    int D = v->D, J = D * v->merge * v->merge;
+    const st_tensor *t;
+    int64_t pshape[5] = {D, v->in_ch, v->temporal, v->patch, v->patch};
+    if ((rc = find_checked(b, "model.visual.patch_embed.proj.weight", 5, pshape, &t))) return rc;
+    v->patch_w = (wmat){t->data, wtype_of(t->dtype), D, v->patch_dim};
+    if ((rc = bind_vec(b, "model.visual.patch_embed.proj.bias", D, VEC_PLAIN, &v->patch_b))) return rc;
+    if ((rc = bind_f32_mat(b, "model.visual.pos_embed.weight", c->vis_num_pos, D, &v->pos))) return rc;
+    v->blocks = xcalloc((size_t)(v->depth > 0 ? v->depth : 1), sizeof *v->blocks);
+    for (int i = 0; i < v->depth; i++) {
+        vision_block_weights *bw = &v->blocks[i];
+        snprintf(p, sizeof p, "model.visual.blocks.%d.", i);
+        if ((rc = bind_layernorm(b, NAME("%snorm1", p), D, &bw->norm1_w, &bw->norm1_b)) ||
+            (rc = bind_layernorm(b, NAME("%snorm2", p), D, &bw->norm2_w, &bw->norm2_b)) ||
+            (rc = bind_linear(b, NAME("%sattn.qkv", p), 3 * D, D, &bw->qkv, &bw->qkv_b)) ||
+            (rc = bind_linear(b, NAME("%sattn.proj", p), D, D, &bw->proj, &bw->proj_b)) ||
+            (rc = bind_linear(b, NAME("%smlp.linear_fc1", p), v->I, D, &bw->fc1, &bw->fc1_b)) ||
+            (rc = bind_linear(b, NAME("%smlp.linear_fc2", p), D, v->I, &bw->fc2, &bw->fc2_b)))
+            return rc;
+    }
+    if ((rc = bind_layernorm(b, "model.visual.merger.norm", D, &v->mnorm_w, &v->mnorm_b)) ||
+        (rc = bind_linear(b, "model.visual.merger.linear_fc1", J, J, &v->mfc1, &v->mfc1_b)) ||
+        (rc = bind_linear(b, "model.visual.merger.linear_fc2", v->out_hidden, J, &v->mfc2, &v->mfc2_b)))
+        return rc;
+    /* Qwen3_5VisionRotaryEmbedding(head_dim / 2): inv_freq[i] = 1 / 10000^(2i / (head_dim/2)), in f32 */
+    int rd = v->head_dim / 2;
+    v->inv_freq = arena_floats(m, (size_t)rd / 2);
+    for (int i = 0; i < rd / 2; i++) v->inv_freq[i] = 1.0f / powf(10000.0f, (float)(2 * i) / (float)rd);
+    v->present = 1;
+    return 0;
+}
+
 static void free_layer(layer_weights *lw) {
     free(lw->moe_w.gate);
     free(lw->moe_w.up);
@@ -304,6 +386,7 @@ void model_free(model *m) {
     if (m->layers)
         for (int i = 0; i < m->L; i++) free_layer(&m->layers[i]);
     free_layer(&m->mtp.layer);
+    free(m->vis.blocks);
     free(m->layers);
     free(m->lin_index);
     free(m->full_index);
@@ -341,6 +424,7 @@ static int bind_all(binder *b) {
     for (int i = 0; i < m->L; i++)
         if ((rc = bind_layer(b, i, &m->layers[i]))) return rc;
     if ((rc = bind_mtp(b))) return rc;
+    if ((rc = bind_vision(b))) return rc;
     return 0;
 }
 
@@ -447,10 +531,10 @@ int model_load(const char *dir, model **out, char *err, size_t errlen) {
         const st_tensor *t = m->st->index[i];
         m->n_params_total += t->numel;
         m->bytes_by_dtype[t->dtype] += (int64_t)(t->end - t->begin);
-        int is_mtp = !strncmp(t->name, "mtp.", 4);
-        if (b.used[i] && !is_mtp) m->n_params += t->numel;
-        else if (!strncmp(t->name, "model.visual.", 13)) m->n_visual++;
-        else if (!b.used[i]) {
+        int is_mtp = !strncmp(t->name, "mtp.", 4), is_vis = !strncmp(t->name, "model.visual.", 13);
+        if (is_vis) m->n_visual++;
+        else if (b.used[i] && !is_mtp) m->n_params += t->numel;
+        if (!b.used[i] && !is_vis) {
             if (unknown++ < 5) LOG_W("%s: tensor \"%s\" is not used by the model", dir, t->name);
         }
     }

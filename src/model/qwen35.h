@@ -65,6 +65,39 @@ typedef struct mtp_weights {
     layer_weights layer;   /* one full-attention decoder layer */
 } mtp_weights;
 
+/* The vision tower (spec §6.2), when the checkpoint has model.visual.*. Vectors are f32 copies. */
+typedef struct vision_block_weights {
+    float *norm1_w, *norm1_b; /* [D] f32 LayerNorm before attention */
+    float *norm2_w, *norm2_b; /* [D] f32 LayerNorm before the MLP */
+    wmat qkv;                 /* [3D, D]: rows q | k | v, each heads x head_dim */
+    float *qkv_b;             /* [3D] f32 */
+    wmat proj;                /* [D, D] */
+    float *proj_b;            /* [D] f32 */
+    wmat fc1;                 /* [I, D] */
+    float *fc1_b;             /* [I] f32 */
+    wmat fc2;                 /* [D, I] */
+    float *fc2_b;             /* [D] f32 */
+} vision_block_weights;
+
+typedef struct vision_weights {
+    int present;
+    int D, heads, head_dim, I, depth;  /* head_dim = D / heads */
+    int patch, temporal, merge, in_ch; /* 16, 2, 2, 3 */
+    int patch_dim;                     /* in_ch * temporal * patch^2 (1536) */
+    int out_hidden;                    /* merger output = text hidden size */
+    int grid_side;                     /* sqrt(rows of the position table) */
+    wmat patch_w;                      /* [D, patch_dim]: Conv3d [D, C, T, P, P] flattened C,T,Y,X */
+    float *patch_b;                    /* [D] f32 */
+    float *pos;                        /* [grid_side^2, D] f32 learned position table */
+    float *inv_freq;                   /* [head_dim/4] f32 2-D rotary frequencies, theta 10000 */
+    vision_block_weights *blocks;      /* [depth] */
+    float *mnorm_w, *mnorm_b;          /* [D] f32 merger LayerNorm (per patch, before the 2x2 join) */
+    wmat mfc1;                         /* [4D, 4D] */
+    float *mfc1_b;                     /* [4D] f32 */
+    wmat mfc2;                         /* [out_hidden, 4D] */
+    float *mfc2_b;                     /* [out_hidden] f32 */
+} vision_weights;
+
 typedef struct model {
     model_config cfg;
     st_set *st;
@@ -78,7 +111,8 @@ typedef struct model {
     float *final_norm;     /* [H] f32, 1 + w */
     layer_weights *layers; /* [L] */
     mtp_weights mtp;
-    int n_visual;          /* model.visual.* tensors mapped (the vision tower comes later) */
+    int n_visual;          /* model.visual.* tensors in the checkpoint */
+    vision_weights vis;    /* bound when config.json has vision_config and the tensors are there */
     int64_t n_params, n_params_total;
     int64_t bytes_per_token;   /* weight bytes streamed by one decode step */
     int eos_ids[CONFIG_MAX_EOS];
