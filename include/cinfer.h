@@ -56,7 +56,9 @@ typedef struct cinfer_model_info {
     const int *eos_ids;     /* generation stops after any of these (generation_config.json, else config.json) */
     int n_eos;
     int has_mtp;            /* the checkpoint carries an MTP head (mtp.*) */
-    int n_visual_tensors;   /* model.visual.* tensors (vision tower, mapped, not used yet) */
+    int n_visual_tensors;   /* model.visual.* tensors in the checkpoint */
+    int has_vision;         /* the vision tower is bound: images can be given (cinfer_image_load) */
+    int image_token_id, vision_start_token_id, vision_end_token_id; /* -1 when absent */
 } cinfer_model_info;
 
 void cinfer_model_get_info(const cinfer_model *m, cinfer_model_info *out);
@@ -109,6 +111,43 @@ typedef struct cinfer_batch_entry {
 
 int cinfer_forward(cinfer_ctx *c, const cinfer_batch_entry *entries, int n_entries, float *logits,
                    char *err, size_t errlen);
+
+/* ---- images (Qwen3.5 vision tower) ---- */
+typedef struct cinfer_image cinfer_image;
+
+/* Decodes an encoded image (PNG, JPEG, GIF first frame, BMP, WebP) and preprocesses it as transformers'
+ * Qwen2-VL image processor does, with the model's preprocessor_config.json. max_pixels > 0 caps the decoded
+ * width x height (a larger image is CINFER_ERANGE before any pixel buffer exists); 0 takes the decoder's
+ * default limits. CINFER_EUNSUPPORTED when the model has no vision tower. */
+int cinfer_image_load(const cinfer_model *m, const void *data, size_t size, int64_t max_pixels, cinfer_image **out,
+                      char *err, size_t errlen);
+/* <|image_pad|> tokens the image takes in a prompt: grid_t * grid_h * grid_w / merge^2. */
+int cinfer_image_n_tokens(const cinfer_image *im);
+/* image_grid_thw in patches, and the decoded size */
+void cinfer_image_get_grid(const cinfer_image *im, int *t, int *h, int *w);
+void cinfer_image_get_size(const cinfer_image *im, int *width, int *height);
+/* A 64-bit hash of the grid and the preprocessed pixels: equal for the same picture, whatever its encoding. */
+uint64_t cinfer_image_hash(const cinfer_image *im);
+/* Runs the vision tower now on n_threads threads (0: all online CPUs) and keeps the features in the image;
+ * otherwise cinfer_seq_set_images does it on the context's threads. Calling it again does nothing. */
+int cinfer_image_encode(const cinfer_model *m, cinfer_image *im, int n_threads, char *err, size_t errlen);
+/* The features ([n_tokens][hidden_size] f32) once encoded, else NULL. */
+const float *cinfer_image_features(const cinfer_image *im);
+void cinfer_image_free(cinfer_image *im);
+
+/* Expands, in ids, the k-th <|image_pad|> that directly follows a <|vision_start|> into images[k]'s token
+ * count (what the processor does to the text); there must be exactly n_images of them. *out is allocated
+ * (free with free()). */
+int cinfer_expand_image_pads(const cinfer_model *m, const int32_t *ids, int n, cinfer_image *const *images, int n_images,
+                             int32_t **out, int *n_out, char *err, size_t errlen);
+
+/* Gives an empty sequence the images of its prompt (the whole prompt, already expanded): the vision tower runs
+ * for images not yet encoded, and the features are copied, so the images may be freed afterwards. Later
+ * cinfer_forward calls for the sequence must feed exactly this prompt first (in chunks of any size); its
+ * image tokens take the features, every token gets its mRoPE position (spec §6.3), and tokens after the prompt
+ * the position plus rope_delta. *rope_delta may be NULL. */
+int cinfer_seq_set_images(cinfer_ctx *c, int seq, const int32_t *prompt, int n_prompt, cinfer_image *const *images,
+                          int n_images, int *rope_delta, char *err, size_t errlen);
 
 /* Keeps the first n_keep tokens of the sequence's pending speculative window and drops the rest: the KV
  * cache is truncated and the DeltaNet state rebuilt exactly as if only those tokens had been decoded, one by

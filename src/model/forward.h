@@ -31,6 +31,13 @@ typedef struct fwd_entry {
                               lm_head input, which the MTP head reads), the same bits the logits are made from */
     int attn_start;        /* first KV position the attention reads (0; > 0 only for an MTP head whose
                               sequence resumed from the prefix cache and so has no rows before it) */
+    /* multimodal (a prompt with images, spec §6.3); all zero for text, which keeps rotary position = position */
+    const int32_t *rope_pos; /* NULL, or the rotary positions of the first mm_n new tokens: stream k (t, h, w) of
+                                token t at rope_pos[k * rope_stride + t] */
+    int mm_n, rope_stride;
+    int rope_delta;          /* tokens past those: rotary position = position + rope_delta on all three streams */
+    const float *embeds;     /* NULL, or [*, H] f32 vision features */
+    const int32_t *embed_row;/* with embeds: [mm_n] the row of embeds that replaces token t's embedding, or -1 */
 } fwd_entry;
 
 /* Scratch sized once for max_tokens rows per call and max_ctx positions per sequence. */
@@ -57,7 +64,9 @@ typedef struct fwd_scratch {
     float *thr;        /* per-thread scratch: [n_threads][thr_floats] */
     size_t thr_floats;
     float *inv_freq;   /* [rope_dim/2] f32 */
-    int *row_pos;      /* [T] position of each row */
+    int *row_pos;      /* [T] position of each row (its KV slot) */
+    int *row_rope;     /* [T][3] rotary positions t, h, w of each row (all = row_pos for text) */
+    unsigned char *rope_stream; /* [rope_dim/2] the stream (0 t, 1 h, 2 w) each frequency takes its position from */
     int *row_entry;    /* [T] entry of each row */
     float *lrows;      /* [T, H] rows that need logits, normed */
     int *ids;          /* [T] token ids of the rows */

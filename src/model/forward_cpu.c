@@ -40,7 +40,7 @@ int fwd_scratch_init(fwd_scratch *s, const model *m, int max_tokens, int max_ctx
     size_t R = (size_t)(c->rope_dim / 2 > 0 ? c->rope_dim / 2 : 1);
     size_t sizes[] = {T * H, T * H, T * H, T * wp, T * wz, T * 2 * m->Hv, T * 2 * m->Hv, T * (size_t)m->C, T * wo,
                       T * wf, T * wf, T * (E ? E : 1), T * k /*idx*/, T * k, T /*rows*/, T, T * wx, T * wx, T,
-                      (size_t)n_threads * thr, R, T, T, T * H, T, T};
+                      (size_t)n_threads * thr, R, T, T, T * H, T, T, 3 * T, R};
     size_t n = sizeof sizes / sizeof sizes[0], total = 0, off[32];
     for (size_t i = 0; i < n; i++) {
         off[i] = total;
@@ -80,6 +80,16 @@ int fwd_scratch_init(fwd_scratch *s, const model *m, int max_tokens, int max_ctx
     s->lrows = b + off[i++];
     s->ids = (int *)(b + off[i++]);
     s->entry_row0 = (int *)(b + off[i++]);
+    s->row_rope = (int *)(b + off[i++]);
+    s->rope_stream = (unsigned char *)(b + off[i++]);
+    /* interleaved mRoPE (spec §3.4): frequency j takes h if j%3 == 1 and j < 3*s_h, w if j%3 == 2 and
+     * j < 3*s_w, else t. Text rows have t = h = w, so this is plain RoPE for them. */
+    for (int j = 0; j < c->rope_dim / 2; j++) {
+        int st = 0;
+        if (j % 3 == 1 && j < 3 * c->mrope_section[1]) st = 1;
+        else if (j % 3 == 2 && j < 3 * c->mrope_section[2]) st = 2;
+        s->rope_stream[j] = (unsigned char)st;
+    }
     /* inv_freq[i] = 1 / theta^(2i/R), computed as transformers does in f32: exponent (2i)/R in f32, the
      * power rounded to f32, then the f32 reciprocal. */
     int Rd = c->rope_dim;
@@ -488,10 +498,10 @@ static void deltanet_layer(threadpool *tp, fwd_run *R, const int *row0) {
 
 /* ---- gated full attention ---- */
 
-static void rope_apply(float *x, int R, int pos, const float *inv_freq) {
+static void rope_apply(float *x, int R, const int *pos3, const float *inv_freq, const unsigned char *stream) {
     int half = R / 2;
     for (int i = 0; i < half; i++) {
-        float ang = (float)pos * inv_freq[i];
+        float ang = (float)pos3[stream[i]] * inv_freq[i];
         float c = cosf(ang), sn = sinf(ang);
         float a = x[i], b = x[i + half];
         x[i] = a * c - b * sn;
@@ -510,7 +520,7 @@ static void attn_prep_item(void *p, long r, int ith) {
     for (int h = 0; h < m->Hq; h++) {
         float *q = qg + (size_t)h * 2 * hd;
         ops_rmsnorm(q, q, lw->q_norm, hd, R->eps);
-        rope_apply(q, m->cfg.rope_dim, pos, s->inv_freq);
+        rope_apply(q, m->cfg.rope_dim, s->row_rope + 3 * (size_t)r, s->inv_freq, s->rope_stream);
     }
     const fwd_entry *e = &R->e[s->row_entry[r]];
     float *kr = s->z + (size_t)r * 2 * kvd, *vr = kr + kvd;
@@ -518,7 +528,7 @@ static void attn_prep_item(void *p, long r, int ith) {
     for (int h = 0; h < m->Hkv; h++) {
         float *k = kr + (size_t)h * hd;
         ops_rmsnorm(kdst + (size_t)h * hd, k, lw->k_norm, hd, R->eps);
-        rope_apply(kdst + (size_t)h * hd, m->cfg.rope_dim, pos, s->inv_freq);
+        rope_apply(kdst + (size_t)h * hd, m->cfg.rope_dim, s->row_rope + 3 * (size_t)r, s->inv_freq, s->rope_stream);
     }
     memcpy(vdst, vr, (size_t)kvd * sizeof(float));
 }
@@ -724,6 +734,11 @@ int fwd_rows_begin(fwd_scratch *s, const fwd_entry *e, int n_entries) {
             s->ids[r] = e[i].tokens[t];
             s->row_pos[r] = e[i].seq_len + t;
             s->row_entry[r] = i;
+            int *rr = s->row_rope + 3 * (size_t)r;
+            if (e[i].rope_pos && t < e[i].mm_n)
+                for (int k = 0; k < 3; k++) rr[k] = e[i].rope_pos[(size_t)k * e[i].rope_stride + t];
+            else
+                rr[0] = rr[1] = rr[2] = e[i].seq_len + t + e[i].rope_delta;
         }
     }
     return T;
@@ -749,10 +764,22 @@ void fwd_decoder_layer(const model *m, fwd_scratch *s, kv_pool *kv, state_pool *
     par_for(tp, T, add_item, &aj);
 }
 
+/* image tokens: the vision tower's rows replace their embeddings (masked_scatter in transformers) */
+static void image_rows(const model *m, fwd_scratch *s, const fwd_entry *e, int n_entries) {
+    for (int i = 0; i < n_entries; i++) {
+        if (!e[i].embeds) continue;
+        for (int t = 0; t < e[i].n && t < e[i].mm_n; t++)
+            if (e[i].embed_row[t] >= 0)
+                memcpy(s->x + (size_t)(s->entry_row0[i] + t) * m->H, e[i].embeds + (size_t)e[i].embed_row[t] * m->H,
+                       (size_t)m->H * sizeof(float));
+    }
+}
+
 void forward_cpu(const model *m, fwd_scratch *s, kv_pool *kv, state_pool *st, threadpool *tp, const fwd_entry *e,
                  int n_entries, float *logits) {
     int T = fwd_rows_begin(s, e, n_entries);
     fwd_embed_rows(m, s, tp, T);
+    image_rows(m, s, e, n_entries);
     float eps = (float)m->cfg.rms_norm_eps;
     for (int l = 0; l < m->L; l++)
         fwd_decoder_layer(m, s, kv, st, tp, e, n_entries, T, &m->layers[l], m->lin_index[l], m->full_index[l]);

@@ -10,6 +10,7 @@
 #include "model/mtp.h"
 #include "model/qwen35.h"
 #include "runtime/ctx_internal.h"
+#include "runtime/mm.h"
 #include "runtime/prefix.h"
 #include "runtime/text.h"
 #include "util/alloc.h"
@@ -28,6 +29,10 @@ typedef struct seq_rec {
     int mtp_start, mtp_len;
     int *mtp_blocks; /* [blocks_per_seq] MTP KV block ids (-1 below mtp_start's block) */
     int mtp_n_blocks;
+    /* a prompt with images (cinfer_seq_set_images); NULL / 0 for text */
+    int32_t *mm_tokens; /* [mm.n] the prompt, to check what cinfer_forward feeds */
+    mm_layout mm;       /* positions and feature rows of the prompt's tokens */
+    float *mm_feat;     /* [mm.n_feat][H] f32 image features */
 } seq_rec;
 
 struct cinfer_ctx {
@@ -65,6 +70,7 @@ int cinfer_model_open(const char *dir, cinfer_model **out, char *err, size_t err
         cinfer_model_close(cm);
         return rc;
     }
+    mm_model_load(cm, dir);
     *out = cm;
     return 0;
 }
@@ -100,6 +106,10 @@ void cinfer_model_get_info(const cinfer_model *cm, cinfer_model_info *o) {
     o->n_eos = m->n_eos;
     o->has_mtp = m->mtp.present;
     o->n_visual_tensors = m->n_visual;
+    o->has_vision = m->vis.present;
+    o->image_token_id = m->cfg.image_token_id;
+    o->vision_start_token_id = m->cfg.vision_start_token_id;
+    o->vision_end_token_id = m->cfg.vision_end_token_id;
 }
 
 /* CINFER_DEVICE=cpu|cuda|auto chooses the default device (the CLI's --device sets it); unset or unknown: cpu */
@@ -116,9 +126,19 @@ cinfer_ctx_params cinfer_ctx_default_params(void) {
     return p;
 }
 
+static void seq_mm_free(seq_rec *s) {
+    free(s->mm_tokens);
+    free(s->mm_feat);
+    mm_layout_free(&s->mm);
+    s->mm_tokens = NULL;
+    s->mm_feat = NULL;
+}
+
 void cinfer_ctx_destroy(cinfer_ctx *c) {
     if (!c) return;
     cuda_fwd_destroy(c->cf);
+    if (c->seqs)
+        for (int i = 0; i < c->p.max_seqs; i++) seq_mm_free(&c->seqs[i]);
     prefix_destroy(c->pc);
     tp_destroy(c->tp);
     kv_pool_free(&c->kv);
@@ -263,6 +283,7 @@ void cinfer_seq_close(cinfer_ctx *c, int id) {
     prefix_release_blocks(c->pc, s->blocks, s->n_blocks);
     state_free_slot(&c->st, s->slot);
     if (c->mtp_on) mtp_reset(c, s);
+    seq_mm_free(s);
     float *spec = s->spec;
     int *mb = s->mtp_blocks;
     memset(s, 0, sizeof *s);
@@ -311,6 +332,12 @@ int cinfer_forward(cinfer_ctx *c, const cinfer_batch_entry *e, int n, float *log
             if (e[i].tokens[t] < 0 || e[i].tokens[t] >= m->V)
                 return ci_err(err, errlen, CINFER_EINVAL, "token id %d at position %d is outside the vocabulary [0, %d)",
                               e[i].tokens[t], t, m->V);
+        /* a sequence given images must be fed the prompt they were laid out for */
+        for (int t = 0; s->mm_tokens && t < e[i].n_tokens && s->len + t < s->mm.n; t++)
+            if (e[i].tokens[t] != s->mm_tokens[s->len + t])
+                return ci_err(err, errlen, CINFER_EINVAL,
+                              "sequence %d: token %d at position %d differs from the prompt given with its images (%d)",
+                              e[i].seq, e[i].tokens[t], s->len + t, s->mm_tokens[s->len + t]);
         total += e[i].n_tokens;
     }
     if (total > c->p.max_batch)
@@ -343,6 +370,17 @@ int cinfer_forward(cinfer_ctx *c, const cinfer_batch_entry *e, int n, float *log
         const seq_rec *s = &c->seqs[e[i].seq];
         c->fe[i] = (fwd_entry){s->len, e[i].tokens, e[i].n_tokens, e[i].all_logits, s->slot, s->blocks,
                                e[i].spec ? s->spec : NULL, c->p.spec_window, e[i].hidden, 0};
+        if (s->mm_tokens) {
+            fwd_entry *f = &c->fe[i];
+            f->rope_delta = s->mm.delta;
+            if (s->len < s->mm.n) {
+                f->mm_n = s->mm.n - s->len;
+                f->rope_pos = s->mm.pos + s->len;
+                f->rope_stride = s->mm.n;
+                f->embeds = s->mm_feat;
+                f->embed_row = s->mm.row + s->len;
+            }
+        }
     }
     if (c->cf) {
         if ((rc = cuda_fwd_run(c->cf, c->fe, n, logits, err, errlen))) return rc;
@@ -353,6 +391,57 @@ int cinfer_forward(cinfer_ctx *c, const cinfer_batch_entry *e, int n, float *log
         if (e[i].spec) c->seqs[e[i].seq].pending = e[i].n_tokens;
         else c->seqs[e[i].seq].len += e[i].n_tokens;
     }
+    return 0;
+}
+
+int cinfer_seq_set_images(cinfer_ctx *c, int id, const int32_t *prompt, int n_prompt, cinfer_image *const *images,
+                          int n_images, int *rope_delta, char *err, size_t errlen) {
+    if (!c || id < 0 || id >= c->p.max_seqs || !c->seqs[id].active)
+        return ci_err(err, errlen, CINFER_EINVAL, "cinfer_seq_set_images: sequence %d is not open", id);
+    seq_rec *s = &c->seqs[id];
+    if (s->len || s->pending || s->mm_tokens)
+        return ci_err(err, errlen, CINFER_ESTATE, "sequence %d: images go with the whole prompt, before any token", id);
+    if (!prompt || n_prompt < 1 || n_images < 1 || !images)
+        return ci_err(err, errlen, CINFER_EINVAL, "cinfer_seq_set_images: a prompt and at least one image are needed");
+    if (n_prompt > c->p.max_ctx)
+        return ci_err(err, errlen, CINFER_ERANGE, "sequence %d: a prompt of %d tokens exceeds the context of %d", id, n_prompt,
+                      c->p.max_ctx);
+    const model *m = c->m;
+    if (!m->vis.present) return ci_err(err, errlen, CINFER_EUNSUPPORTED, "this model has no vision tower");
+    if (c->cf)
+        return ci_err(err, errlen, CINFER_EUNSUPPORTED, "device cuda: images are not supported on cuda yet (use --device cpu)");
+    vision_grid *g = xmalloc((size_t)n_images * sizeof *g);
+    for (int i = 0; i < n_images; i++) {
+        if (!images[i] || images[i]->H != m->H) {
+            free(g);
+            return ci_err(err, errlen, CINFER_EINVAL, "image %d is missing or was loaded for another model", i);
+        }
+        g[i] = (vision_grid){images[i]->px.grid_t, images[i]->px.grid_h, images[i]->px.grid_w};
+    }
+    mm_layout L;
+    int rc = mm_layout_build(&m->cfg, m->vis.merge, prompt, n_prompt, g, n_images, &L, err, errlen);
+    free(g);
+    if (rc) return rc;
+    float *feat = ci_try_alloc((size_t)L.n_feat * m->H * sizeof(float) + 64);
+    int32_t *toks = malloc((size_t)n_prompt * sizeof(int32_t));
+    if (!feat || !toks) rc = ci_err(err, errlen, CINFER_ENOMEM, "cannot allocate the features of %d image tokens", L.n_feat);
+    size_t off = 0;
+    for (int i = 0; !rc && i < n_images; i++) {
+        if ((rc = mm_image_encode(m, images[i], c->tp, err, errlen))) break;
+        memcpy(feat + off, images[i]->feat, (size_t)images[i]->n_tokens * m->H * sizeof(float));
+        off += (size_t)images[i]->n_tokens * m->H;
+    }
+    if (rc) {
+        free(feat);
+        free(toks);
+        mm_layout_free(&L);
+        return rc;
+    }
+    memcpy(toks, prompt, (size_t)n_prompt * sizeof(int32_t));
+    s->mm_tokens = toks;
+    s->mm_feat = feat;
+    s->mm = L;
+    if (rope_delta) *rope_delta = L.delta;
     return 0;
 }
 

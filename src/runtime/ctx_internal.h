@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "cinfer.h"
+#include "vision/preprocess.h"
 
 struct model;
 struct tokenizer;
@@ -19,6 +20,8 @@ struct cinfer_model {
     struct tmpl *tpl;         /* NULL without a chat template */
     char *tpl_src;            /* the template text */
     char *tok_config;         /* tokenizer_config.json text, or NULL */
+    vision_pp_config pp;      /* preprocessor_config.json (defaults when absent) */
+    char pp_err[256];         /* non-empty: why images cannot be loaded (malformed or mismatched config) */
 };
 
 /* Blocks an admission may count on: free ones plus those only the prefix cache holds. */
