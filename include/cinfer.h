@@ -262,6 +262,11 @@ typedef struct cinfer_request_params {
     const char *tools_json;     /* the request's tools array (schemas type parameter values), copied */
     cinfer_constraint constraint; /* compiled at submit: an unsupported schema is CINFER_EINVAL naming it */
     const char *constraint_arg;
+    cinfer_image *const *images; /* the prompt's images in order (prompt expanded: cinfer_expand_image_pads); the
+                                    engine owns them after a successful submit and frees them. Such a request
+                                    bypasses the prefix cache (no lookup, no snapshot): a cached state never
+                                    stands for another picture. The tower runs at admission. */
+    int n_images;
 } cinfer_request_params;
 
 typedef enum {

@@ -42,7 +42,9 @@ static void usage(FILE *f) {
             "  --prefix-cache-memory BYTES  prefix cache for DeltaNet state snapshots (suffix K, M, G; 0: off)\n"
             "  --spec none|ngram|mtp|draft  speculative decoding, exact (n-gram drafts from the prompt and output,\n"
             "                             the checkpoint's MTP head, or a draft model: --draft-model DIR, same vocabulary)\n"
-            "  --spec-draft N             drafts per step at most (default 4; 3 with mtp)\n");
+            "  --spec-draft N             drafts per step at most (default 4; 3 with mtp)\n"
+            "  --max-images N             images per request (default 16; models with a vision tower)\n"
+            "  --max-image-pixels N       decoded width x height of one image (default 33554432)\n");
 }
 
 static int parse_size(const char *s, const char *what, long long *out) {
@@ -66,7 +68,8 @@ int cli_serve(int argc, char **argv) {
     static const char *const vf[] = {"-m", "--model", "--host", "--port", "--api-key", "--ctx-size", "--max-seqs", "--queue-limit",
                                      "--kv-memory", "--threads", "--max-tokens", "--temp", "--top-p", "--top-k", "--min-p",
                                      "--chat-template-args", "--allowed-origins", "--log-format", "--max-body", "--timeout",
-                                     "--max-connections", "--alias", "--spec", "--spec-draft", "--prefix-cache-memory", "--draft-model", "--step-tokens", NULL};
+                                     "--max-connections", "--alias", "--spec", "--spec-draft", "--prefix-cache-memory", "--draft-model", "--step-tokens",
+                                     "--max-images", "--max-image-pixels", NULL};
     static const char *const bf[] = {"--help", "-h", NULL};
     if (arg_flag(argc, argv, "--help") || arg_flag(argc, argv, "-h")) {
         usage(stdout);
@@ -129,6 +132,14 @@ int cli_serve(int argc, char **argv) {
     if ((v = arg_value(argc, argv, "--prefix-cache-memory", NULL))) {
         if (parse_size(v, "--prefix-cache-memory", &sz)) return 2;
         c.prefix_cache_memory = sz;
+    }
+    if ((v = arg_value(argc, argv, "--max-images", NULL))) {
+        if (parse_int(v, "--max-images", 1, 256, &n)) return 2;
+        c.defaults.max_images = (int)n;
+    }
+    if ((v = arg_value(argc, argv, "--max-image-pixels", NULL))) {
+        if (parse_int(v, "--max-image-pixels", 1, 1LL << 31, &n)) return 2;
+        c.defaults.max_image_pixels = n;
     }
     if ((v = arg_value(argc, argv, "--max-body", NULL))) {
         if (parse_size(v, "--max-body", &sz) || sz < 1024) {

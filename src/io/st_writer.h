@@ -12,7 +12,7 @@ typedef struct st_wtensor {
     char name[200];
     st_dtype dtype;
     int ndim;
-    int64_t shape[4];
+    int64_t shape[8]; /* up to 8 dims (a vision patch embedding is 5-D) */
 } st_wtensor;
 
 /* fill(ud, idx, byte_offset, buf, nbytes): write nbytes of tensor idx starting at byte_offset into buf. */

@@ -20,6 +20,7 @@
 #include "runtime/engine_internal.h"
 #include "util/bf16.h"
 #include "runtime/kvcache.h"
+#include "runtime/mm.h"
 #include "runtime/prefix.h"
 #include "runtime/text.h"
 #include "sample/grammar.h"
@@ -56,6 +57,8 @@ struct cinfer_request {
     int n_stop;
     cinfer_tool_format tool_format;
     char *tools_json;
+    cinfer_image **images; /* [n_images] until admission hands them to the context (owned) */
+    int n_images;          /* images of the prompt: no prefix cache for this request */
     /* the client side (under mu) */
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -286,6 +289,8 @@ static void request_destroy(cinfer_request *r) {
     free(r->bias);
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->tools_json);
+    for (int i = 0; i < r->n_images; i++) cinfer_image_free(r->images[i]); /* n_images < 0: already freed */
+    free(r->images);
     free(r->stop_hit);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
@@ -440,7 +445,7 @@ static void admit(cinfer_engine *e) {
             continue;
         }
         int need = (r->n_prompt + r->max_tokens + KV_BLOCK - 1) / KV_BLOCK, shared = 0;
-        if (e->p.prefix_cache_memory > 0) ctx_prefix_peek(e->ctx, r->prompt, r->n_prompt - 1, &shared);
+        if (e->p.prefix_cache_memory > 0 && !r->n_images) ctx_prefix_peek(e->ctx, r->prompt, r->n_prompt - 1, &shared);
         if (need - shared > ctx_kv_free_blocks(e->ctx)) break; /* FIFO: wait for blocks to come back */
         char err[256];
         int seq = cinfer_seq_open(e->ctx, err, sizeof err);
@@ -452,7 +457,28 @@ static void admit(cinfer_engine *e) {
                 break;
             }
         }
-        if (e->p.prefix_cache_memory > 0) {
+        if (r->n_images) {
+            /* the vision tower runs here, on the context's threads; the features are copied into the sequence */
+            int rc = cinfer_seq_set_images(e->ctx, seq, r->prompt, r->n_prompt, r->images, r->n_images, NULL, err,
+                                           sizeof err);
+            for (int i = 0; i < r->n_images; i++) cinfer_image_free(r->images[i]);
+            r->n_images = -r->n_images; /* freed; still marks the request as one with images */
+            if (rc) {
+                cinfer_seq_close(e->ctx, seq);
+                if (r->dseq >= 0) cinfer_seq_close(e->dctx, r->dseq);
+                r->dseq = -1;
+                e->wait_head = r->next;
+                if (!e->wait_head) e->wait_tail = NULL;
+                e->n_waiting--;
+                pthread_mutex_unlock(&e->mu);
+                LOG_W("image request: %s", err);
+                emit_text(r, CINFER_EV_ERROR, err, strlen(err));
+                finish_request(e, r, "error");
+                pthread_mutex_lock(&e->mu);
+                continue;
+            }
+        }
+        if (e->p.prefix_cache_memory > 0 && !r->n_images) {
             /* resume after the longest cached prefix that ends at a state snapshot; on ENOMEM (no block for
              * the partial-block copy) the sequence is untouched and runs cold */
             int cached = 0;
@@ -499,7 +525,7 @@ static int ngram_draft(const int32_t *h, int n, int32_t *out, int k) {
  * computes exactly the chunks a cold run does. 0 when no allowed end fits in the budget. */
 static int prefill_piece(const cinfer_engine *e, const cinfer_request *r, int budget) {
     int pos = r->n_fed, limit = r->n_prompt;
-    if (e->p.prefix_cache_memory > 0 && pos < r->n_prompt - 1)
+    if (e->p.prefix_cache_memory > 0 && !r->n_images && pos < r->n_prompt - 1)
         limit = ctx_prefix_next(e->ctx, r->marks, r->n_marks, pos, r->n_prompt - 1);
     if (limit - pos <= budget) return limit - pos;
     int end = (pos + budget) / GDN_CHUNK * GDN_CHUNK;
@@ -757,7 +783,7 @@ static void step(cinfer_engine *e) {
         } else if (r->n_fed < r->n_prompt) {
             r->n_fed += e->entries[i].n_tokens;
             atomic_fetch_add(&e->prompt_tokens_total, e->entries[i].n_tokens);
-            if (e->p.prefix_cache_memory > 0 && r->n_fed < r->n_prompt &&
+            if (e->p.prefix_cache_memory > 0 && !r->n_images && r->n_fed < r->n_prompt &&
                 ctx_prefix_next(e->ctx, r->marks, r->n_marks, r->n_fed - 1, r->n_prompt - 1) == r->n_fed) {
                 char e2[256];
                 if (ctx_seq_snapshot(e->ctx, r->seq, r->prompt, e2, sizeof e2)) LOG_W("prefix cache: %s", e2);
@@ -1052,6 +1078,21 @@ int cinfer_engine_submit(cinfer_engine *e, const cinfer_request_params *p, cinfe
             return ci_err(err, errlen, CINFER_EINVAL, "prompt token %d at position %d is outside the vocabulary [0, %d)",
                           p->prompt[i], i, e->m->V);
     if (p->n_stop < 0 || p->n_stop > MAX_STOP) return ci_err(err, errlen, CINFER_EINVAL, "at most %d stop strings", MAX_STOP);
+    if (p->n_images < 0 || p->n_images > 256 || (p->n_images && !p->images))
+        return ci_err(err, errlen, CINFER_EINVAL, "images: 0..256 expected");
+    if (p->n_images) {
+        /* the prompt's layout is checked now, so a mismatch is the client's error (400), not a failed step */
+        vision_grid g[256];
+        for (int i = 0; i < p->n_images; i++) {
+            if (!p->images[i] || p->images[i]->H != e->m->H)
+                return ci_err(err, errlen, CINFER_EINVAL, "image %d is missing or was loaded for another model", i);
+            g[i] = (vision_grid){p->images[i]->px.grid_t, p->images[i]->px.grid_h, p->images[i]->px.grid_w};
+        }
+        mm_layout L;
+        int lrc = mm_layout_build(&e->m->cfg, e->m->vis.merge, p->prompt, p->n_prompt, g, p->n_images, &L, err, errlen);
+        if (lrc) return lrc;
+        mm_layout_free(&L);
+    }
     cinfer_request *r = xcalloc(1, sizeof *r);
     r->eng = e;
     r->prompt = xmalloc((size_t)p->n_prompt * sizeof(int32_t));
@@ -1130,6 +1171,11 @@ int cinfer_engine_submit(cinfer_engine *e, const cinfer_request_params *p, cinfe
         rc = ci_err(err, errlen, CINFER_EBUSY, "the queue is full (%d waiting)", e->n_waiting);
     if (!rc) {
         r->state = RQ_QUEUED;
+        if (p->n_images) { /* the engine owns the images from here (the scheduler reads them under mu) */
+            r->images = xmalloc((size_t)p->n_images * sizeof *r->images);
+            memcpy(r->images, p->images, (size_t)p->n_images * sizeof *r->images);
+            r->n_images = p->n_images;
+        }
         if (e->wait_tail) e->wait_tail->next = r;
         else e->wait_head = r;
         e->wait_tail = r;

@@ -20,6 +20,9 @@
 #define SRV_MAX_STOP_LEN 256    /* bytes per stop string */
 #define SRV_MAX_LOGIT_BIAS 1024 /* entries of logit_bias */
 #define SRV_MAX_TOP_LOGPROBS 20
+#define SRV_MAX_IMAGES 16                    /* images per request, by default */
+#define SRV_MAX_IMAGE_BYTES ((size_t)20 << 20) /* encoded bytes per image, by default */
+#define SRV_MAX_IMAGE_PIXELS ((int64_t)1 << 25) /* decoded pixels per image, by default (32 Mpx) */
 
 typedef enum { SRV_API_CHAT = 0, SRV_API_COMPLETION = 1, SRV_API_ANTHROPIC = 2 } srv_api;
 
@@ -43,6 +46,9 @@ typedef struct srv_defaults {
     int top_k;             /* < 0: off */
     float min_p;           /* < 0: off */
     const json_t *chat_template_args; /* object merged under each request's chat_template_kwargs, or NULL */
+    int max_images;           /* images in one request (0: SRV_MAX_IMAGES) */
+    size_t max_image_bytes;   /* encoded bytes of one image after base64 (0: SRV_MAX_IMAGE_BYTES) */
+    int64_t max_image_pixels; /* decoded width x height of one image (checked when the server loads it) */
 } srv_defaults;
 
 void srv_defaults_init(srv_defaults *d);
@@ -72,6 +78,12 @@ typedef struct srv_gen_req {
     cinfer_constraint constraint; /* response_format json / a forced tool_choice */
     char *constraint_arg;   /* owned: the JSON Schema text, or the forced function's name */
     const char *constraint_param; /* the field an engine refusal of the constraint is reported against */
+    struct srv_image {
+        unsigned char *data; /* the encoded image (PNG, JPEG, ...), decoded from base64 */
+        size_t len;
+    } *images;              /* [n_images] in the order the template renders them; the messages keep a
+                               {"type":"image"} part in their place */
+    int n_images;
 } srv_gen_req;
 
 void srv_gen_req_free(srv_gen_req *r);

@@ -52,14 +52,16 @@ static void flush_user(json_t *out, json_t **parts) {
     json_t *m = json_object();
     json_object_set_new(m, "role", json_string("user"));
     /* One text block becomes a plain string, the form every template handles. */
-    if (json_array_size(*parts) == 1) set_ref(m, "content", json_object_get(json_array_get(*parts, 0), "text"));
+    const json_t *only_text = json_array_size(*parts) == 1 ? json_object_get(json_array_get(*parts, 0), "text") : NULL;
+    if (only_text) set_ref(m, "content", only_text);
     else set_ref(m, "content", *parts);
     json_array_append_new(out, m);
     json_decref(*parts);
     *parts = NULL;
 }
 
-static int user_blocks(json_t *out, const json_t *content, const char *path, srv_error *e) {
+static int user_blocks(json_t *out, const json_t *content, const char *path, srv_gen_req *r, const srv_defaults *d,
+                       srv_error *e) {
     json_t *parts = NULL;
     size_t i;
     const json_t *blk;
@@ -96,9 +98,37 @@ static int user_blocks(json_t *out, const json_t *content, const char *path, srv
             set_ref(m, "tool_call_id", id);
             json_object_set_new(m, "content", text);
             json_array_append_new(out, m);
-        } else if (!strcmp(t, "image") || !strcmp(t, "document")) {
+        } else if (!strcmp(t, "image")) {
+            /* {"type":"image","source":{"type":"base64","media_type":"image/png","data":"..."}}; the server
+             * never fetches a "url" source */
+            const json_t *src = json_object_get(blk, "source");
+            const char *st = block_type(src);
+            char spath[112];
+            snprintf(spath, sizeof spath, "%s.source", bpath);
+            const json_t *mt = json_is_object(src) ? json_object_get(src, "media_type") : NULL;
+            const json_t *data = json_is_object(src) ? json_object_get(src, "data") : NULL;
+            int rc;
+            if (!st) rc = srv_fail(e, 400, spath, "'%s' must be an object with a type", spath);
+            else if (strcmp(st, "base64"))
+                rc = srv_fail(e, 400, spath,
+                              "'%s.type' \"%.32s\": only base64 images are accepted; this server does not fetch URLs or files",
+                              spath, st);
+            else if (!json_is_string(data) || (mt && !json_is_string(mt)))
+                rc = srv_fail(e, 400, spath, "'%s' needs a string media_type and base64 data", spath);
+            else
+                rc = ru_image_b64(mt ? json_string_value(mt) : "", mt ? json_string_length(mt) : 0, json_string_value(data),
+                                  json_string_length(data), spath, r, d, e);
+            if (rc < 0) {
+                json_decref(parts);
+                return -1;
+            }
+            if (!parts) parts = json_array();
+            json_t *p = json_object();
+            json_object_set_new(p, "type", json_string("image"));
+            json_array_append_new(parts, p);
+        } else if (!strcmp(t, "document")) {
             json_decref(parts);
-            return srv_fail(e, 400, bpath, "'%s': %s input is not supported by this server yet", bpath, t);
+            return srv_fail(e, 400, bpath, "'%s': %s input is not supported by this server", bpath, t);
         } else {
             json_decref(parts);
             return srv_fail(e, 400, bpath, "'%s': block type \"%.32s\" is not allowed in a user message", bpath, t);
@@ -161,7 +191,7 @@ static int assistant_blocks(json_t *out, const json_t *content, const char *path
     return 0;
 }
 
-static json_t *ant_messages(const json_t *body, srv_error *e) {
+static json_t *ant_messages(const json_t *body, srv_gen_req *r, const srv_defaults *d, srv_error *e) {
     json_t *out = json_array();
     const json_t *sys = json_object_get(body, "system");
     if (sys && !json_is_null(sys)) {
@@ -196,7 +226,7 @@ static json_t *ant_messages(const json_t *body, srv_error *e) {
             set_ref(mm, "content", content);
             json_array_append_new(out, mm);
         } else if (json_is_array(content)) {
-            if ((!strcmp(rs, "user") ? user_blocks(out, content, cpath, e) : assistant_blocks(out, content, cpath, e)) < 0) goto fail;
+            if ((!strcmp(rs, "user") ? user_blocks(out, content, cpath, r, d, e) : assistant_blocks(out, content, cpath, e)) < 0) goto fail;
         } else {
             srv_fail(e, 400, cpath, "'%s' must be a string or an array of content blocks", cpath);
             goto fail;
@@ -333,7 +363,7 @@ static int ant_parse(const json_t *body, const srv_defaults *d, srv_gen_req *r, 
         }
         r->thinking = strcmp(t, "disabled") != 0;
     }
-    json_t *msgs = ant_messages(body, e);
+    json_t *msgs = ant_messages(body, r, d, e);
     if (!msgs) goto fail;
     int bad;
     json_t *tools = ant_tools(body, r, e, &bad);

@@ -89,7 +89,7 @@ static int fix_tool_calls(json_t *msg, const char *path, srv_error *e) {
 }
 
 /* Messages as given, checked, with developer → system and content parts validated. */
-static json_t *chat_messages(const json_t *body, srv_error *e) {
+static json_t *chat_messages(const json_t *body, srv_gen_req *r, const srv_defaults *d, srv_error *e) {
     const json_t *msgs = json_object_get(body, "messages");
     if (!json_is_array(msgs)) {
         srv_fail(e, 400, "messages", "'messages' must be an array");
@@ -122,7 +122,7 @@ static json_t *chat_messages(const json_t *body, srv_error *e) {
         if (!strcmp(rs, "developer")) json_object_set_new(m, "role", json_string("system"));
         char cpath[64];
         snprintf(cpath, sizeof cpath, "%s.content", path);
-        json_t *content = ru_content(json_object_get(m, "content"), cpath, e);
+        json_t *content = ru_content(json_object_get(m, "content"), cpath, r, d, e);
         if (!content) goto fail;
         json_object_set_new(m, "content", content);
         if (assistant && fix_tool_calls(m, path, e) < 0) goto fail;
@@ -216,7 +216,7 @@ int oai_parse_chat(const json_t *body, const srv_defaults *d, srv_gen_req *r, sr
     r->sampling.n_logprobs = lp ? (int)top : -1;
     const json_t *kw;
     if (chat_kwargs(body, &kw, e) < 0) goto fail;
-    json_t *msgs = chat_messages(body, e);
+    json_t *msgs = chat_messages(body, r, d, e);
     if (!msgs) goto fail;
     int bad;
     json_t *tools = chat_tools(body, r, e, &bad);
@@ -241,8 +241,11 @@ int oai_parse_apply_template(const json_t *body, const srv_defaults *d, char **t
     memset(&r, 0, sizeof r);
     const json_t *kw;
     if (chat_kwargs(body, &kw, e) < 0) return -1;
-    json_t *msgs = chat_messages(body, e);
-    if (!msgs) return -1;
+    json_t *msgs = chat_messages(body, &r, d, e);
+    if (!msgs) {
+        srv_gen_req_free(&r);
+        return -1;
+    }
     int bad;
     json_t *tools = chat_tools(body, &r, e, &bad);
     srv_gen_req_free(&r);

@@ -208,6 +208,7 @@ typedef struct gen {
     atomic_int all_done;  /* every choice has its DONE (read by the watcher thread) */
     uint64_t watch_id;    /* entry in s->watch, 0: none */
     int first_token_seen;
+    cinfer_image **ims;   /* [req.n_images] decoded for the first choice until it is submitted, else NULL */
 } gen;
 
 static void make_id(server *s, const char *prefix, char *out, size_t n) {
@@ -240,6 +241,9 @@ static void gen_free(gen *g) {
         metrics_stream(&g->s->m, -1);
     }
     sb_free(&g->out);
+    if (g->ims)
+        for (int i = 0; i < g->req.n_images; i++) cinfer_image_free(g->ims[i]);
+    free(g->ims);
     srv_gen_req_free(&g->req);
     free(g);
 }
@@ -327,6 +331,53 @@ static int gen_poll(gen *g) {
     return handled;
 }
 
+static void free_images(cinfer_image **ims, int n) {
+    if (!ims) return;
+    for (int i = 0; i < n; i++) cinfer_image_free(ims[i]);
+    free(ims);
+}
+
+/* Decodes and preprocesses the request's images (400 naming the image when one is bad or too large). */
+static int decode_images(server *s, const srv_gen_req *r, cinfer_image ***out, srv_error *e) {
+    cinfer_image **ims = xcalloc((size_t)r->n_images, sizeof *ims);
+    char err[512];
+    for (int k = 0; k < r->n_images; k++) {
+        int rc = cinfer_image_load(s->model, r->images[k].data, r->images[k].len, s->cfg.defaults.max_image_pixels, &ims[k], err,
+                                   sizeof err);
+        if (rc < 0) {
+            free_images(ims, k);
+            return srv_fail(e, rc == CINFER_ENOMEM ? 500 : 400, "messages", "image %d: %s", k, err);
+        }
+    }
+    *out = ims;
+    return 0;
+}
+
+/* A chat prompt with images: the images decoded (kept in g->ims for the first choice) and each
+ * <|vision_start|><|image_pad|><|vision_end|> the template wrote expanded to the image's token count. */
+static int load_images_into(server *s, gen *g, srv_gen_req *r, int p, srv_error *e) {
+    cinfer_model_info mi;
+    cinfer_model_get_info(s->model, &mi);
+    if (!mi.has_vision)
+        return srv_fail(e, 400, "messages", "the model %s has no vision tower: it does not accept images", s->model_id);
+    if (!r->template_ctx || r->n_prompts != 1) return srv_fail(e, 400, "messages", "images go in chat messages");
+    cinfer_image **ims;
+    if (decode_images(s, r, &ims, e) < 0) return -1;
+    int32_t *x = NULL;
+    int nx = 0;
+    char err[512];
+    int rc = cinfer_expand_image_pads(s->model, r->prompt_ids[p], r->n_prompt_ids[p], ims, r->n_images, &x, &nx, err, sizeof err);
+    if (rc < 0) {
+        free_images(ims, r->n_images);
+        return srv_fail(e, 400, "messages", "images: %s", err);
+    }
+    free(r->prompt_ids[p]);
+    r->prompt_ids[p] = x;
+    r->n_prompt_ids[p] = nx;
+    g->ims = ims;
+    return 0;
+}
+
 /* Tokenizes the prompts and submits n_prompts x n requests. On failure fills e. */
 static int gen_submit(server *s, gen *g, srv_error *e) {
     srv_gen_req *r = &g->req;
@@ -353,6 +404,7 @@ static int gen_submit(server *s, gen *g, srv_error *e) {
                                     s->vocab_size);
         }
         if (r->n_prompt_ids[p] <= 0) return srv_fail(e, 400, "prompt", "the prompt is empty");
+        if (r->n_images && load_images_into(s, g, r, p, e) < 0) return -1;
         if (r->n_prompt_ids[p] >= s->ctx_size) {
             srv_fail(e, 400, r->template_ctx ? "messages" : "prompt",
                      "the prompt has %d tokens, the context holds %d (prompt plus output); shorten it", r->n_prompt_ids[p],
@@ -386,7 +438,26 @@ static int gen_submit(server *s, gen *g, srv_error *e) {
         rp.tools_json = r->has_tools ? r->tools_json : NULL;
         rp.constraint = r->constraint;
         rp.constraint_arg = r->constraint_arg;
+        /* each choice is its own engine request and owns its images: the first reuses those loaded for the
+         * pad expansion, the others decode them again */
+        cinfer_image **ims = NULL;
+        if (r->n_images) {
+            if (i == 0) {
+                ims = g->ims;
+                g->ims = NULL;
+            } else if (decode_images(s, r, &ims, e) < 0) {
+                for (int k = 0; k < i; k++) {
+                    cinfer_request_free(g->rq[k]);
+                    g->rq[k] = NULL;
+                }
+                return -1;
+            }
+            rp.images = ims;
+            rp.n_images = r->n_images;
+        }
         int rc = cinfer_engine_submit(s->engine, &rp, &g->rq[i], err, sizeof err);
+        if (rc == 0) free(ims); /* the array; the engine owns the images now */
+        else free_images(ims, r->n_images);
         if (rc < 0) {
             g->rq[i] = NULL;
             for (int k = 0; k < i; k++) {
@@ -651,13 +722,25 @@ static enum MHD_Result handle_count_tokens(server *s, struct MHD_Connection *c, 
         srv_gen_req_free(&r);
         return send_error(s, c, cc, &e);
     }
-    srv_gen_req_free(&r);
     int32_t *ids = NULL;
     int n = 0;
     rc = cinfer_tokenize(s->model, prompt, strlen(prompt), 0, &ids, &n, err, sizeof err);
     free(prompt);
+    if (rc < 0) {
+        srv_gen_req_free(&r);
+        return fail(s, c, cc, 400, "messages", "tokenize: %s", err);
+    }
+    /* images count as the tokens they expand to */
+    cinfer_image **ims = NULL;
+    if (r.n_images && decode_images(s, &r, &ims, &e) < 0) {
+        free(ids);
+        srv_gen_req_free(&r);
+        return send_error(s, c, cc, &e);
+    }
+    for (int k = 0; k < r.n_images; k++) n += cinfer_image_n_tokens(ims[k]) - 1;
+    free_images(ims, r.n_images);
     free(ids);
-    if (rc < 0) return fail(s, c, cc, 400, "messages", "tokenize: %s", err);
+    srv_gen_req_free(&r);
     json_t *o = json_object();
     json_object_set_new(o, "input_tokens", json_integer(n));
     return send_jobj(s, c, cc, 200, o);

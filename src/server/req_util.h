@@ -24,8 +24,14 @@ int ru_tools(const json_t *tools, const char *key, srv_error *e);
  * the server's chat_template_args and then extra (the request's kwargs) merged in. Takes ownership of
  * messages and tools. */
 char *ru_template_ctx(json_t *messages, json_t *tools, const json_t *server_args, const json_t *extra);
-/* Turns a message's text content (string or text parts) into validated form; rejects images, audio and
- * unknown part types naming path. Returns the content to keep (new reference) or NULL with e filled. */
-json_t *ru_content(const json_t *content, const char *path, srv_error *e);
+/* Turns a message's content (string, or text and image parts) into validated form: image parts
+ * ({"type":"image_url","image_url":{"url":"data:..."}} or a string url, "input_image") are decoded into
+ * r->images and become {"type":"image"}; remote URLs, audio, files and unknown types are refused naming path.
+ * Returns the content to keep (new reference) or NULL with e filled. */
+json_t *ru_content(const json_t *content, const char *path, srv_gen_req *r, const srv_defaults *d, srv_error *e);
+/* Decodes one base64 image payload (media type must be image/... or empty) into r->images, within the
+ * request's limits; 0, or -1 with e filled. */
+int ru_image_b64(const char *mime, size_t mime_len, const char *b64, size_t b64_len, const char *path, srv_gen_req *r,
+                 const srv_defaults *d, srv_error *e);
 
 #endif

@@ -7,9 +7,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "server/api.h"
 #include "server/req_util.h"
+#include "util/base64.h"
 #include "util/alloc.h"
 
 int srv_fail(srv_error *e, int status, const char *param, const char *fmt, ...) {
@@ -29,6 +31,9 @@ void srv_defaults_init(srv_defaults *d) {
     d->top_p = -1;
     d->top_k = -1;
     d->min_p = -1;
+    d->max_images = SRV_MAX_IMAGES;
+    d->max_image_bytes = SRV_MAX_IMAGE_BYTES;
+    d->max_image_pixels = SRV_MAX_IMAGE_PIXELS;
 }
 
 /* The neutral values of cinfer.h's cinfer_sampling, written out here rather than taken from
@@ -65,6 +70,8 @@ void srv_gen_req_free(srv_gen_req *r) {
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->stop);
     free(r->tools_json);
+    for (int i = 0; i < r->n_images; i++) free(r->images[i].data);
+    free(r->images);
     memset(r, 0, sizeof *r);
 }
 
@@ -286,29 +293,100 @@ char *ru_template_ctx(json_t *messages, json_t *tools, const json_t *server_args
     return s;
 }
 
-json_t *ru_content(const json_t *content, const char *path, srv_error *e) {
+int ru_image_b64(const char *mime, size_t mime_len, const char *b64, size_t b64_len, const char *path, srv_gen_req *r,
+                 const srv_defaults *d, srv_error *e) {
+    int max_images = d && d->max_images > 0 ? d->max_images : SRV_MAX_IMAGES;
+    size_t max_bytes = d && d->max_image_bytes > 0 ? d->max_image_bytes : SRV_MAX_IMAGE_BYTES;
+    if (mime_len && (mime_len < 6 || strncasecmp(mime, "image/", 6)))
+        return srv_fail(e, 400, path, "'%s': media type \"%.*s\" is not an image", path, (int)(mime_len > 64 ? 64 : mime_len),
+                        mime);
+    if (r->n_images >= max_images)
+        return srv_fail(e, 400, path, "'%s': more than %d images in one request", path, max_images);
+    size_t cap = b64_decoded_max(b64_len);
+    if (cap > max_bytes + 3) cap = max_bytes + 3; /* b64_decode reports ERANGE past it */
+    unsigned char *buf = malloc(cap ? cap : 1);
+    if (!buf) return srv_fail(e, 500, path, "out of memory decoding '%s'", path);
+    size_t n = 0;
+    char err[160];
+    int rc = b64_decode(b64, b64_len, buf, cap, &n, err, sizeof err);
+    if (rc == CINFER_ERANGE || (rc == 0 && n > max_bytes)) {
+        free(buf);
+        return srv_fail(e, 400, path, "'%s': the image is over the limit of %zu bytes", path, max_bytes);
+    }
+    if (rc) {
+        free(buf);
+        return srv_fail(e, 400, path, "'%s': %s", path, err);
+    }
+    if (n == 0) {
+        free(buf);
+        return srv_fail(e, 400, path, "'%s': the image is empty", path);
+    }
+    r->images = xrealloc(r->images, (size_t)(r->n_images + 1) * sizeof *r->images);
+    r->images[r->n_images].data = buf;
+    r->images[r->n_images].len = n;
+    r->n_images++;
+    return 0;
+}
+
+/* An image given by URL: only data: URLs with a base64 payload; the server never fetches anything. */
+static int image_url(const json_t *url, const char *path, srv_gen_req *r, const srv_defaults *d, srv_error *e) {
+    if (!json_is_string(url)) return srv_fail(e, 400, path, "'%s' must be a string (a data: URL)", path);
+    const char *u = json_string_value(url), *mime, *b64;
+    size_t n = json_string_length(url), ml, bl;
+    char err[160];
+    if (n < 5 || strncasecmp(u, "data:", 5))
+        return srv_fail(e, 400, path,
+                        "'%s': only data: URLs (base64) are accepted; this server does not fetch remote images or read files",
+                        path);
+    if (data_url_split(u, n, &mime, &ml, &b64, &bl, err, sizeof err)) return srv_fail(e, 400, path, "'%s': %s", path, err);
+    return ru_image_b64(mime, ml, b64, bl, path, r, d, e);
+}
+
+json_t *ru_content(const json_t *content, const char *path, srv_gen_req *r, const srv_defaults *d, srv_error *e) {
     if (!content || json_is_null(content)) return json_null();
     if (json_is_string(content)) return json_incref((json_t *)content);
     if (!json_is_array(content)) {
         srv_fail(e, 400, path, "'%s' must be a string, an array of content parts, or null", path);
         return NULL;
     }
+    json_t *out = json_array();
     size_t i;
     const json_t *p;
     json_array_foreach(content, i, p) {
         const json_t *type = json_is_object(p) ? json_object_get(p, "type") : NULL;
         const char *t = json_is_string(type) ? json_string_value(type) : NULL;
         const json_t *text = json_is_object(p) ? json_object_get(p, "text") : NULL;
-        if (json_is_object(p) && (!t || !strcmp(t, "text") || !strcmp(t, "input_text")) && json_is_string(text)) continue;
-        if (t && (!strcmp(t, "image_url") || !strcmp(t, "image") || !strcmp(t, "input_image") ||
-                  !strcmp(t, "input_audio") || !strcmp(t, "video") || !strcmp(t, "file"))) {
-            srv_fail(e, 400, path, "'%s[%zu]': %s input is not supported by this server yet", path, i, t);
+        char ppath[96];
+        snprintf(ppath, sizeof ppath, "%s[%zu]", path, i);
+        if (json_is_object(p) && (!t || !strcmp(t, "text") || !strcmp(t, "input_text")) && json_is_string(text)) {
+            json_array_append(out, (json_t *)p);
+            continue;
+        }
+        if (t && (!strcmp(t, "image_url") || !strcmp(t, "input_image"))) {
+            /* chat: {"image_url": {"url": ...}} (or a bare string); responses-style: {"image_url": "..."} */
+            const json_t *iu = json_object_get(p, "image_url");
+            const json_t *url = json_is_object(iu) ? json_object_get(iu, "url") : iu;
+            char upath[112];
+            snprintf(upath, sizeof upath, "%s.image_url%s", ppath, json_is_object(iu) ? ".url" : "");
+            if (!url || image_url(url, upath, r, d, e) < 0) {
+                if (!url) srv_fail(e, 400, ppath, "'%s' needs an image_url", ppath);
+                json_decref(out);
+                return NULL;
+            }
+            json_t *img = json_object();
+            json_object_set_new(img, "type", json_string("image"));
+            json_array_append_new(out, img);
+            continue;
+        }
+        json_decref(out);
+        if (t && (!strcmp(t, "image") || !strcmp(t, "input_audio") || !strcmp(t, "video") || !strcmp(t, "file"))) {
+            srv_fail(e, 400, path, "'%s': %s input is not supported by this server (images: image_url parts)", ppath, t);
             return NULL;
         }
-        srv_fail(e, 400, path, "'%s[%zu]' must be a text part {\"type\":\"text\",\"text\":...}", path, i);
+        srv_fail(e, 400, path, "'%s' must be a text part {\"type\":\"text\",\"text\":...} or an image_url part", ppath);
         return NULL;
     }
-    return json_incref((json_t *)content);
+    return out;
 }
 
 /* ---- prompt facts ---- */

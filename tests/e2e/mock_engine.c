@@ -506,3 +506,21 @@ void cinfer_engine_get_stats(cinfer_engine *e, cinfer_engine_stats *out) {
     out->steps_total = e->steps;
     pthread_mutex_unlock(&e->mu);
 }
+
+/* Images: the mock model has no vision tower (cinfer_model_info.has_vision is 0), so the server refuses
+ * image requests before these are reached; they exist for the link and answer as a text-only model. */
+int cinfer_image_load(const cinfer_model *m, const void *data, size_t size, int64_t max_pixels, cinfer_image **out,
+                      char *err, size_t errlen) {
+    (void)m, (void)data, (void)size, (void)max_pixels;
+    *out = NULL;
+    snprintf(err, errlen, "this model has no vision tower: images are not accepted");
+    return CINFER_EUNSUPPORTED;
+}
+int cinfer_image_n_tokens(const cinfer_image *im) { return im ? 1 : 0; }
+void cinfer_image_free(cinfer_image *im) { (void)im; }
+int cinfer_expand_image_pads(const cinfer_model *m, const int32_t *ids, int n, cinfer_image *const *images, int n_images,
+                             int32_t **out, int *n_out, char *err, size_t errlen) {
+    (void)m, (void)ids, (void)n, (void)images, (void)n_images, (void)out, (void)n_out;
+    snprintf(err, errlen, "this model has no vision tower");
+    return CINFER_EUNSUPPORTED;
+}

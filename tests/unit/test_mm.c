@@ -160,3 +160,239 @@ TEST(mm_image_load_and_expand) {
     cinfer_image_free(im);
     cinfer_model_close(m);
 }
+
+/* ---- a tiny model with a vision tower (tiny_model.h): batching, images that matter, the engine ---- */
+
+#include "tiny_model.h"
+
+static cinfer_model *open_tiny_vision(void) {
+    char dir[512], err[512];
+    snprintf(dir, sizeof dir, "%s/tiny_vision", test_tmpdir());
+    tiny_opts o = tiny_default(1);
+    o.multimodal = 1;
+    o.vision = 1;
+    if (tiny_write(dir, &o)) return NULL;
+    cinfer_model *m;
+    if (cinfer_model_open(dir, &m, err, sizeof err)) {
+        test_fail(__FILE__, __LINE__, "%s", err);
+        return NULL;
+    }
+    return m;
+}
+
+static cinfer_image *fixture_image(cinfer_model *m, const char *name) {
+    char path[600], err[256];
+    snprintf(path, sizeof path, "%s/images/%s", test_fixtures_dir(), name);
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    static unsigned char buf[1 << 17];
+    size_t n = fread(buf, 1, sizeof buf, f);
+    fclose(f);
+    cinfer_image *im = NULL;
+    if (cinfer_image_load(m, buf, n, 0, &im, err, sizeof err))
+        test_fail(__FILE__, __LINE__, "%s: %s", name, err);
+    return im;
+}
+
+/* [1, 2, <vision_start>, pad x n, <vision_end>, 5, 6, 7] */
+static int image_prompt(const cinfer_model_info *info, int n_pad, int32_t *p) {
+    int k = 0;
+    p[k++] = 1;
+    p[k++] = 2;
+    p[k++] = info->vision_start_token_id;
+    for (int i = 0; i < n_pad; i++) p[k++] = info->image_token_id;
+    p[k++] = info->vision_end_token_id;
+    p[k++] = 5;
+    p[k++] = 6;
+    p[k++] = 7;
+    return k;
+}
+
+/* logits of the whole prompt ([n][V]) of a fresh sequence with im, optionally batched with a text sequence */
+static int run_prompt(cinfer_model *m, const int32_t *p, int n, cinfer_image *im, int with_text, float *out,
+                      int V) {
+    cinfer_ctx_params cp = cinfer_ctx_default_params();
+    cp.max_seqs = 2;
+    cp.max_ctx = 256;
+    cp.max_batch = 256;
+    cp.n_threads = 2;
+    cinfer_ctx *c;
+    char err[512];
+    if (cinfer_ctx_create(m, &cp, &c, err, sizeof err)) return -1;
+    int a = cinfer_seq_open(c, err, sizeof err), b = cinfer_seq_open(c, err, sizeof err);
+    int rc = cinfer_seq_set_images(c, a, p, n, &im, 1, NULL, err, sizeof err);
+    int32_t text[9] = {3, 1, 4, 1, 5, 9, 2, 6, 5};
+    cinfer_batch_entry e[2] = {{b, text, 9, 1, 0}, {a, p, n, 1, 0}};
+    float *tmp = malloc(sizeof(float) * (size_t)(n + 9) * V);
+    if (!rc) rc = cinfer_forward(c, with_text ? e : e + 1, with_text ? 2 : 1, tmp, err, sizeof err);
+    if (!rc) memcpy(out, tmp + (with_text ? (size_t)9 * V : 0), sizeof(float) * (size_t)n * V);
+    if (rc) test_fail(__FILE__, __LINE__, "%s", err);
+    free(tmp);
+    cinfer_ctx_destroy(c);
+    return rc;
+}
+
+TEST(mm_tiny_image_rows_batch_invariant_and_matter) {
+    cinfer_model *m = open_tiny_vision();
+    REQUIRE(m);
+    cinfer_model_info info;
+    cinfer_model_get_info(m, &info);
+    REQUIRE(info.has_vision);
+    cinfer_image *im1 = fixture_image(m, "bilevel_97x61.png"), *im2 = fixture_image(m, "gray16_97x61.png");
+    REQUIRE(im1 && im2);
+    CHECK_EQ_INT(cinfer_image_n_tokens(im1), cinfer_image_n_tokens(im2));
+    CHECK(cinfer_image_hash(im1) != cinfer_image_hash(im2));
+    int32_t p[300];
+    int n = image_prompt(&info, cinfer_image_n_tokens(im1), p);
+    int V = info.vocab_size;
+    float *solo = malloc(sizeof(float) * n * V), *batched = malloc(sizeof(float) * n * V),
+          *other = malloc(sizeof(float) * n * V);
+    REQUIRE(run_prompt(m, p, n, im1, 0, solo, V) == 0);
+    REQUIRE(run_prompt(m, p, n, im1, 1, batched, V) == 0);
+    REQUIRE(run_prompt(m, p, n, im2, 0, other, V) == 0);
+    CHECK(memcmp(solo, batched, sizeof(float) * n * V) == 0);
+    /* the tokens before the image are the same; from the first image token on, the picture shows */
+    CHECK(memcmp(solo, other, sizeof(float) * 3 * V) == 0);
+    CHECK(memcmp(solo + (size_t)(n - 1) * V, other + (size_t)(n - 1) * V, sizeof(float) * V) != 0);
+
+    /* the sequence must be fed the prompt it was given */
+    cinfer_ctx_params cp = cinfer_ctx_default_params();
+    cp.max_seqs = 1;
+    cp.max_ctx = 256;
+    cp.max_batch = 256;
+    cp.n_threads = 1;
+    cinfer_ctx *c;
+    char err[512];
+    REQUIRE(cinfer_ctx_create(m, &cp, &c, err, sizeof err) == 0);
+    int s = cinfer_seq_open(c, err, sizeof err);
+    REQUIRE(cinfer_seq_set_images(c, s, p, n, &im1, 1, NULL, err, sizeof err) == 0);
+    CHECK_EQ_INT(cinfer_seq_set_images(c, s, p, n, &im1, 1, NULL, err, sizeof err), CINFER_ESTATE);
+    int32_t wrong[4] = {1, 2, 3, 4};
+    cinfer_batch_entry e = {s, wrong, 4, 0, 0};
+    CHECK_EQ_INT(cinfer_forward(c, &e, 1, solo, err, sizeof err), CINFER_EINVAL);
+    CHECK_STR_CONTAINS(err, "differs from the prompt given with its images");
+    cinfer_ctx_destroy(c);
+    free(solo), free(batched), free(other);
+    cinfer_image_free(im1);
+    cinfer_image_free(im2);
+    cinfer_model_close(m);
+}
+
+typedef struct {
+    int32_t ids[64];
+    int n, cached;
+    char finish[32];
+} got_ids;
+
+static void drain_ids(cinfer_request *r, got_ids *g) {
+    memset(g, 0, sizeof *g);
+    cinfer_event ev;
+    while (cinfer_request_next(r, &ev, 20000) == 1) {
+        if (ev.type == CINFER_EV_LOGPROB && g->n < 64) g->ids[g->n++] = ev.token;
+        if (ev.type == CINFER_EV_DONE)
+            snprintf(g->finish, sizeof g->finish, "%s", ev.finish_reason), g->cached = ev.cached_tokens;
+        if (ev.type == CINFER_EV_ERROR) snprintf(g->finish, sizeof g->finish, "error");
+    }
+}
+
+static int argmax_v(const float *x, int n) {
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+/* Image requests through the engine: greedy output equals the context's own greedy, with a text request
+ * running alongside, twice (the second is not served from the prefix cache), and a prompt whose pads do not
+ * fit the image is refused at submit. */
+TEST(mm_tiny_engine_image_requests) {
+    cinfer_model *m = open_tiny_vision();
+    REQUIRE(m);
+    cinfer_model_info info;
+    cinfer_model_get_info(m, &info);
+    int V = info.vocab_size;
+    cinfer_image *ref_im = fixture_image(m, "bilevel_97x61.png");
+    REQUIRE(ref_im);
+    int32_t p[300];
+    int n = image_prompt(&info, cinfer_image_n_tokens(ref_im), p);
+    enum { NEW = 6 };
+    /* the reference: prompt then greedy decode on a bare context */
+    int32_t want[NEW];
+    {
+        cinfer_ctx_params cp = cinfer_ctx_default_params();
+        cp.max_seqs = 1, cp.max_ctx = 256, cp.max_batch = 256, cp.n_threads = 2;
+        cinfer_ctx *c;
+        char err[512];
+        REQUIRE(cinfer_ctx_create(m, &cp, &c, err, sizeof err) == 0);
+        int s = cinfer_seq_open(c, err, sizeof err);
+        REQUIRE(cinfer_seq_set_images(c, s, p, n, &ref_im, 1, NULL, err, sizeof err) == 0);
+        float *lg = malloc(sizeof(float) * V);
+        cinfer_batch_entry e = {s, p, n, 0, 0};
+        REQUIRE(cinfer_forward(c, &e, 1, lg, err, sizeof err) == 0);
+        for (int t = 0; t < NEW; t++) {
+            want[t] = argmax_v(lg, V);
+            cinfer_batch_entry d = {s, &want[t], 1, 0, 0};
+            REQUIRE(cinfer_forward(c, &d, 1, lg, err, sizeof err) == 0);
+        }
+        free(lg);
+        cinfer_ctx_destroy(c);
+    }
+    cinfer_engine_params ep = cinfer_engine_default_params();
+    ep.max_seqs = 3, ep.ctx_size = 256, ep.step_tokens = 32, ep.n_threads = 2;
+    ep.prefix_cache_memory = 1 << 20;
+    cinfer_engine *eng;
+    char err[512];
+    REQUIRE(cinfer_engine_create(m, &ep, &eng, err, sizeof err) == 0);
+    for (int round = 0; round < 2; round++) {
+        cinfer_request_params rp;
+        memset(&rp, 0, sizeof rp);
+        rp.sampling = cinfer_sampling_default();
+        rp.sampling.temperature = 0;
+        rp.sampling.n_logprobs = 0;
+        rp.ignore_eos = 1;
+        rp.max_tokens = NEW;
+        int32_t text[20];
+        for (int i = 0; i < 20; i++) text[i] = (int32_t)(i * 7 % 80);
+        rp.prompt = text;
+        rp.n_prompt = 20;
+        cinfer_request *rt, *ri;
+        REQUIRE(cinfer_engine_submit(eng, &rp, &rt, err, sizeof err) == 0);
+        cinfer_image *im = fixture_image(m, "bilevel_97x61.png");
+        REQUIRE(im);
+        rp.prompt = p;
+        rp.n_prompt = n;
+        rp.images = &im;
+        rp.n_images = 1;
+        REQUIRE(cinfer_engine_submit(eng, &rp, &ri, err, sizeof err) == 0); /* the engine owns im now */
+        got_ids gi, gt;
+        drain_ids(ri, &gi);
+        drain_ids(rt, &gt);
+        CHECK_EQ_INT(gi.n, NEW);
+        CHECK_MSG(gi.n == NEW && !memcmp(gi.ids, want, sizeof want),
+                  "round %d: engine image output differs from the context's", round);
+        CHECK_EQ_INT(gt.n, NEW);
+        /* the cache is live (the repeated text prompt resumes from it) but never serves an image prompt */
+        CHECK_EQ_INT(gi.cached, 0);
+        if (round == 1)
+            CHECK_MSG(gt.cached > 0, "the text prompt was not served from the prefix cache (%d)", gt.cached);
+        cinfer_request_free(ri);
+        cinfer_request_free(rt);
+    }
+
+    /* a prompt whose pad run does not fit the image: refused at submit, the caller keeps the image */
+    cinfer_request_params rp;
+    memset(&rp, 0, sizeof rp);
+    rp.sampling = cinfer_sampling_default();
+    rp.max_tokens = 2;
+    int32_t shortp[6] = {1, info.vision_start_token_id, info.image_token_id, info.vision_end_token_id, 5, 6};
+    rp.prompt = shortp;
+    rp.n_prompt = 6;
+    rp.images = &ref_im;
+    rp.n_images = 1;
+    cinfer_request *rb = NULL;
+    CHECK_EQ_INT(cinfer_engine_submit(eng, &rp, &rb, err, sizeof err), CINFER_EINVAL);
+    CHECK_STR_CONTAINS(err, "the image takes");
+    cinfer_engine_destroy(eng);
+    cinfer_image_free(ref_im);
+    cinfer_model_close(m);
+}

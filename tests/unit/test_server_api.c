@@ -160,8 +160,8 @@ TEST(server_chat_parse_errors_name_the_field) {
         {"{\"messages\":[]}", "messages", "must not be empty"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"robot\",\"content\":\"x\"}]}", "messages[1]", "role"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":5}]}", "messages[0].content", "must be a string"},
-        {"{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":{\"url\":\"x\"}}]}]}", "messages[0].content",
-         "image_url input is not supported"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":{\"url\":\"x\"}}]}]}",
+         "messages[0].content[0].image_url.url", "only data: URLs"},
         {"{\"messages\":[{\"role\":\"assistant\",\"tool_calls\":[{\"function\":{\"name\":\"f\",\"arguments\":\"{bad\"}}]}]}", "messages[0]",
          "not a JSON object"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"temperature\":\"hot\"}", "temperature", "must be a number"},
@@ -315,7 +315,8 @@ TEST(server_anthropic_parse_conversation) {
     } bad[] = {
         {"{\"max_tokens\":5}", "messages"},
         {"{\"max_tokens\":5,\"messages\":[{\"role\":\"system\",\"content\":\"x\"}]}", "messages[0]"},
-        {"{\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image\",\"source\":{}}]}]}", "messages[0].content[0]"},
+        {"{\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image\",\"source\":{}}]}]}",
+         "messages[0].content[0].source"},
         {"{\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":{\"type\":\"any\"}}", "tool_choice"},
         {"{\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"web_search_20250305\",\"name\":\"w\"}]}",
          "tools[0]"},
@@ -423,5 +424,92 @@ TEST(server_constraints_parsed) {
     REQUIRE(ant_parse_messages(b, NULL, &r, &e) == 0);
     CHECK(r.constraint == CINFER_CONSTRAIN_TOOL_CALLS && r.constraint_arg == NULL);
     srv_gen_req_free(&r);
+    json_decref(b);
+}
+
+/* Image parts: data: URLs and Anthropic base64 sources are decoded into the request (the template sees
+ * {"type":"image"}); remote URLs, bad base64, non-image media types and the limits are 400s naming the part. */
+TEST(server_image_parts) {
+    srv_defaults d;
+    srv_defaults_init(&d);
+    srv_gen_req r;
+    srv_error e;
+    /* "iVBORw0KGgo=" is the PNG signature's first 8 bytes */
+    json_t *b = J("{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"look\"},"
+                  "{\"type\":\"image_url\",\"image_url\":{\"url\":\"data:image/png;base64,iVBORw0KGgo=\",\"detail\":\"low\"}},"
+                  "{\"type\":\"image_url\",\"image_url\":\"data:image/jpeg;base64,/9j/4A==\"}]}]}");
+    REQUIRE(oai_parse_chat(b, &d, &r, &e) == 0);
+    CHECK_EQ_INT(r.n_images, 2);
+    CHECK_EQ_INT(r.images[0].len, 8);
+    CHECK(r.images[0].data[0] == 0x89 && r.images[0].data[1] == 'P');
+    CHECK_EQ_INT(r.images[1].len, 4);
+    CHECK(r.images[1].data[0] == 0xff && r.images[1].data[1] == 0xd8);
+    CHECK_STR_CONTAINS(r.template_ctx, "{\"type\":\"image\"}");
+    CHECK(!strstr(r.template_ctx, "base64"));
+    srv_gen_req_free(&r);
+    json_decref(b);
+
+    b = J("{\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image\",\"source\":{\"type\":\"base64\","
+          "\"media_type\":\"image/png\",\"data\":\"iVBORw0KGgo=\"}},{\"type\":\"text\",\"text\":\"what is it?\"}]}]}");
+    REQUIRE(ant_parse_messages(b, &d, &r, &e) == 0);
+    CHECK_EQ_INT(r.n_images, 1);
+    CHECK_EQ_INT(r.images[0].len, 8);
+    CHECK_STR_CONTAINS(r.template_ctx, "{\"type\":\"image\"}");
+    srv_gen_req_free(&r);
+    json_decref(b);
+    /* an image-only Anthropic message keeps its parts (no collapse to a string) */
+    b = J("{\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image\",\"source\":{\"type\":\"base64\","
+          "\"media_type\":\"image/png\",\"data\":\"iVBORw0KGgo=\"}}]}]}");
+    REQUIRE(ant_parse_messages(b, &d, &r, &e) == 0);
+    CHECK_STR_CONTAINS(r.template_ctx, "\"content\":[{\"type\":\"image\"}]");
+    srv_gen_req_free(&r);
+    json_decref(b);
+
+    static const struct {
+        int ant;
+        const char *body, *param, *msg;
+    } bad[] = {
+        {0, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":{\"url\":\"https://x.org/a.png\"}}]}]}",
+         "messages[0].content[0].image_url.url", "does not fetch"},
+        {0, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":{\"url\":\"file:///etc/passwd\"}}]}]}",
+         "messages[0].content[0].image_url.url", "only data: URLs"},
+        {0, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":{\"url\":\"data:image/png;base64,!!!\"}}]}]}",
+         "messages[0].content[0].image_url.url", "not base64"},
+        {0, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":{\"url\":\"data:image/png,abc\"}}]}]}",
+         "messages[0].content[0].image_url.url", "must be base64"},
+        {0, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":{\"url\":\"data:text/plain;base64,YWJj\"}}]}]}",
+         "messages[0].content[0].image_url.url", "not an image"},
+        {0, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":{\"url\":\"data:image/png;base64,\"}}]}]}",
+         "messages[0].content[0].image_url.url", "empty"},
+        {0, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}", "messages[0].content[0]", "needs an image_url"},
+        {1, "{\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image\",\"source\":{\"type\":\"url\","
+            "\"url\":\"https://x.org/a.png\"}}]}]}",
+         "messages[0].content[0].source", "does not fetch"},
+        {1, "{\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image\",\"source\":{\"type\":\"base64\","
+            "\"media_type\":\"image/png\",\"data\":\"Zm9v=\"}}]}]}",
+         "messages[0].content[0].source", "padding"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        b = J(bad[i].body);
+        e.status = 0;
+        int rc = bad[i].ant ? ant_parse_messages(b, &d, &r, &e) : oai_parse_chat(b, &d, &r, &e);
+        CHECK_MSG(rc == -1 && e.status == 400 && !strcmp(e.param, bad[i].param) && strstr(e.message, bad[i].msg),
+                  "case %zu: rc %d status %d param '%s' message '%s'", i, rc, e.status, e.param, e.message);
+        if (rc == 0) srv_gen_req_free(&r);
+        json_decref(b);
+    }
+
+    /* limits: image count and encoded bytes */
+    d.max_images = 1;
+    b = J("{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":{\"url\":\"data:image/png;base64,AAAA\"}},"
+          "{\"type\":\"image_url\",\"image_url\":{\"url\":\"data:image/png;base64,AAAA\"}}]}]}");
+    CHECK_EQ_INT(oai_parse_chat(b, &d, &r, &e), -1);
+    CHECK_STR_CONTAINS(e.message, "more than 1 images");
+    json_decref(b);
+    d.max_images = 0;
+    d.max_image_bytes = 5;
+    b = J("{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":{\"url\":\"data:image/png;base64,AAAAAAAA\"}}]}]}");
+    CHECK_EQ_INT(oai_parse_chat(b, &d, &r, &e), -1);
+    CHECK_STR_CONTAINS(e.message, "over the limit of 5 bytes");
     json_decref(b);
 }

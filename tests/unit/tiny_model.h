@@ -21,6 +21,8 @@ typedef struct tiny_opts {
     const char *reshape; /* name of a tensor whose first dim gets +1 */
     const char *i32;     /* name of a tensor written as I32 */
     uint64_t seed;
+    int vision;          /* with multimodal: a 1-block vision tower (D 16, 2 heads, 4x4 positions) and token ids
+                            vision_start V-6, vision_end V-5, image_pad V-4, video_pad V-3 */
 } tiny_opts;
 
 static tiny_opts tiny_default(int arch) {
@@ -142,6 +144,34 @@ static int tiny_write(const char *dir, const tiny_opts *o) {
             tiny_add(&s, o, N("%smlp.down_proj.weight", lp), 2, o->H, o->I, 0, ws, 0);
         }
     }
+    if (o->vision) {
+        const int D = 16, VI = 32, J = D * 4;
+        tiny_add(&s, o, "model.visual.patch_embed.proj.weight", 3, D, 3, 2, 0.05f, 0);
+        s.t[s.n - 1].w.ndim = 5; /* [D, 3, 2, 16, 16] */
+        s.t[s.n - 1].w.shape[3] = 16;
+        s.t[s.n - 1].w.shape[4] = 16;
+        tiny_add(&s, o, "model.visual.patch_embed.proj.bias", 1, D, 0, 0, 0.1f, 0);
+        tiny_add(&s, o, "model.visual.pos_embed.weight", 2, 16, D, 0, 0.5f, 0);
+        const char *bp = "model.visual.blocks.0.";
+        tiny_add(&s, o, N("%snorm1.weight", bp), 1, D, 0, 0, 0.1f, 1.0f);
+        tiny_add(&s, o, N("%snorm1.bias", bp), 1, D, 0, 0, 0.1f, 0);
+        tiny_add(&s, o, N("%snorm2.weight", bp), 1, D, 0, 0, 0.1f, 1.0f);
+        tiny_add(&s, o, N("%snorm2.bias", bp), 1, D, 0, 0, 0.1f, 0);
+        tiny_add(&s, o, N("%sattn.qkv.weight", bp), 2, 3 * D, D, 0, 0.4f, 0);
+        tiny_add(&s, o, N("%sattn.qkv.bias", bp), 1, 3 * D, 0, 0, 0.1f, 0);
+        tiny_add(&s, o, N("%sattn.proj.weight", bp), 2, D, D, 0, 0.4f, 0);
+        tiny_add(&s, o, N("%sattn.proj.bias", bp), 1, D, 0, 0, 0.1f, 0);
+        tiny_add(&s, o, N("%smlp.linear_fc1.weight", bp), 2, VI, D, 0, 0.4f, 0);
+        tiny_add(&s, o, N("%smlp.linear_fc1.bias", bp), 1, VI, 0, 0, 0.1f, 0);
+        tiny_add(&s, o, N("%smlp.linear_fc2.weight", bp), 2, D, VI, 0, 0.3f, 0);
+        tiny_add(&s, o, N("%smlp.linear_fc2.bias", bp), 1, D, 0, 0, 0.1f, 0);
+        tiny_add(&s, o, "model.visual.merger.norm.weight", 1, D, 0, 0, 0.1f, 1.0f);
+        tiny_add(&s, o, "model.visual.merger.norm.bias", 1, D, 0, 0, 0.1f, 0);
+        tiny_add(&s, o, "model.visual.merger.linear_fc1.weight", 2, J, J, 0, 0.2f, 0);
+        tiny_add(&s, o, "model.visual.merger.linear_fc1.bias", 1, J, 0, 0, 0.1f, 0);
+        tiny_add(&s, o, "model.visual.merger.linear_fc2.weight", 2, o->H, J, 0, 0.2f, 0);
+        tiny_add(&s, o, "model.visual.merger.linear_fc2.bias", 1, o->H, 0, 0, 0.1f, 0);
+    }
 #undef N
     char path[512], err[512];
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
@@ -176,10 +206,18 @@ static int tiny_write(const char *dir, const tiny_opts *o) {
         n += snprintf(body + n, sizeof body - (size_t)n,
                       ", \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 10000.0,"
                       " \"partial_rotary_factor\": 0.5, \"mrope_section\": [2, 2, 4], \"mrope_interleaved\": true}");
+    char vis[1024] = "";
+    if (o->vision)
+        snprintf(vis, sizeof vis,
+                 ", \"vision_config\": {\"depth\": 1, \"hidden_size\": 16, \"intermediate_size\": 32, \"num_heads\": 2,"
+                 " \"in_channels\": 3, \"patch_size\": 16, \"temporal_patch_size\": 2, \"spatial_merge_size\": 2,"
+                 " \"out_hidden_size\": %d, \"num_position_embeddings\": 16, \"hidden_act\": \"gelu_pytorch_tanh\"},"
+                 " \"vision_start_token_id\": %d, \"vision_end_token_id\": %d, \"image_token_id\": %d, \"video_token_id\": %d",
+                 o->H, o->V - 6, o->V - 5, o->V - 4, o->V - 3);
     if (o->multimodal)
-        fprintf(f, "{\"model_type\": \"%s\", \"tie_word_embeddings\": %s, \"text_config\": {\"model_type\": \"%s_text\", %s}}\n",
+        fprintf(f, "{\"model_type\": \"%s\", \"tie_word_embeddings\": %s, \"text_config\": {\"model_type\": \"%s_text\", %s}%s}\n",
                 o->arch == 1 ? "qwen3_5" : "qwen3_5_moe", o->tie ? "true" : "false", o->arch == 1 ? "qwen3_5" : "qwen3_5_moe",
-                body);
+                body, vis);
     else
         fprintf(f, "{\"model_type\": \"%s\", %s}\n", type, body);
     fclose(f);
