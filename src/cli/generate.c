@@ -11,6 +11,7 @@
 #include "cinfer.h"
 #include "cli/args.h"
 #include "cli/cli.h"
+#include "cli/images.h"
 #include "sample/sample.h"
 
 #define GEN_CHUNK 256
@@ -41,7 +42,7 @@ static void print_new_text(cinfer_model *m, const int32_t *ids, int n, size_t *p
  * tokens equal the plain path's. */
 static int generate_engine(cinfer_model *m, const int32_t *prompt, int np, int n_gen, float temp, uint64_t seed,
                            int ignore_eos, int nthreads, int spec, int spec_draft, const char *draft_dir, int32_t *out,
-                           int *n_out, int show_text) {
+                           int *n_out, int show_text, cinfer_image ***ims, int n_ims) {
     char err[1024];
     cinfer_model *dm = NULL;
     if (spec == CINFER_SPEC_DRAFT) {
@@ -79,6 +80,8 @@ static int generate_engine(cinfer_model *m, const int32_t *prompt, int np, int n
     rp.sampling.n_logprobs = 0;
     rp.ignore_eos = ignore_eos;
     rp.skip_special_tokens = 1;
+    rp.images = *ims;
+    rp.n_images = n_ims;
     cinfer_request *r;
     double t0 = now_s();
     if (cinfer_engine_submit(e, &rp, &r, err, sizeof err)) {
@@ -86,6 +89,10 @@ static int generate_engine(cinfer_model *m, const int32_t *prompt, int np, int n
         cinfer_engine_destroy(e);
         cinfer_model_close(dm);
         return 1;
+    }
+    if (n_ims) { /* the engine owns the images now */
+        free(*ims);
+        *ims = NULL;
     }
     cinfer_event ev;
     *n_out = 0;
@@ -109,11 +116,14 @@ static int generate_engine(cinfer_model *m, const int32_t *prompt, int np, int n
 
 int cli_generate(int argc, char **argv) {
     static const char *const vf[] = {"-m", "--model", "--tokens", "--prompt", "-n", "--temp", "--seed", "--threads", "--spec",
-                                     "--spec-draft", "--draft-model", NULL};
+                                     "--spec-draft", "--draft-model", "--image", NULL};
     static const char *const bf[] = {"--ids", "--ignore-eos", "--help", "-h", NULL};
     if (arg_flag(argc, argv, "--help") || arg_flag(argc, argv, "-h")) {
         printf("usage: cinfer generate -m DIR (--tokens LIST | --prompt TEXT) -n N [--temp T] [--seed S] [--ids] [--ignore-eos] "
-               "[--threads N] [--spec none|ngram|mtp|draft] [--spec-draft N] [--draft-model DIR]\n"
+               "[--threads N] [--spec none|ngram|mtp|draft] [--spec-draft N] [--draft-model DIR] [--image FILE ...]\n"
+               "  --image (repeatable; models with a vision tower): with --tokens, LIST holds one <|image_pad|> id per\n"
+               "  image (after <|vision_start|>), expanded in place; with --prompt, TEXT is sent as one chat user message\n"
+               "  after the images (or used as is when it already holds <|image_pad|> placeholders)\n"
                "  --spec runs through the engine with speculation (n-gram lookup, the checkpoint's MTP head, or a\n"
                "  draft model): the same tokens, fewer steps; --spec-draft defaults to 4 (3 with mtp)\n");
         return 0;
@@ -157,14 +167,20 @@ int cli_generate(int argc, char **argv) {
     cinfer_ctx *c = NULL;
     float *logits = NULL, *work = NULL;
     int32_t *out = NULL;
-    int rc = 1, n_out = 0;
+    int rc = 1, n_out = 0, n_ims = 0;
+    cinfer_image **ims = NULL;
     if (cinfer_model_open(dir, &m, err, sizeof err)) {
         fprintf(stderr, "cinfer generate: %s\n", err);
         goto done;
     }
     cinfer_model_info info;
     cinfer_model_get_info(m, &info);
-    if (text && cinfer_tokenize(m, text, strlen(text), 0, &prompt, &np, err, sizeof err)) {
+    if (cli_images_load(m, argc, argv, "generate", &ims, &n_ims)) goto done;
+    if (n_ims) {
+        if (text ? cli_images_prompt_text(m, text, ims, n_ims, "generate", &prompt, &np)
+                 : cli_images_expand(m, &prompt, &np, ims, n_ims, "generate"))
+            goto done;
+    } else if (text && cinfer_tokenize(m, text, strlen(text), 0, &prompt, &np, err, sizeof err)) {
         fprintf(stderr, "cinfer generate: %s\n", err);
         goto done;
     }
@@ -196,9 +212,14 @@ int cli_generate(int argc, char **argv) {
     }
     if (spec) {
         rc = generate_engine(m, prompt, np, (int)n_gen, (float)temp, (uint64_t)seed, ignore_eos, (int)nthreads, spec,
-                             (int)spec_draft, arg_value(argc, argv, "--draft-model", NULL), out, &n_out, text && !print_ids);
+                             (int)spec_draft, arg_value(argc, argv, "--draft-model", NULL), out, &n_out, text && !print_ids,
+                             &ims, n_ims);
         if (rc) goto done;
         goto print;
+    }
+    if (n_ims && cinfer_seq_set_images(c, seq, prompt, np, ims, n_ims, NULL, err, sizeof err)) {
+        fprintf(stderr, "cinfer generate: %s\n", err);
+        goto done;
     }
     rng r;
     rng_seed(&r, (uint64_t)seed);
@@ -241,6 +262,7 @@ print:
     }
     rc = 0;
 done:
+    cli_images_free(ims, n_ims);
     free(logits);
     free(work);
     free(out);

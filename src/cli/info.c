@@ -39,7 +39,8 @@ int cli_info(int argc, char **argv) {
     printf("eos ids          ");
     for (int k = 0; k < i.n_eos; k++) printf(" %d", i.eos_ids[k]);
     printf("\nmtp head          %s\n", i.has_mtp ? "yes (cinfer generate|serve --spec mtp)" : "no");
-    printf("vision tensors    %d%s\n", i.n_visual_tensors, i.n_visual_tensors ? " (mapped, not used yet)" : "");
+    printf("vision tensors    %d%s\n", i.n_visual_tensors,
+           i.has_vision ? " (vision tower bound: images accepted)" : i.n_visual_tensors ? " (no vision_config: not used)" : "");
     cinfer_model_close(m);
     return 0;
 }

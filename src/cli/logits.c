@@ -8,16 +8,18 @@
 #include "cinfer.h"
 #include "cli/args.h"
 #include "cli/cli.h"
+#include "cli/images.h"
 #include "util/npy.h"
 
 #define LOGITS_CHUNK 256
 
 int cli_logits(int argc, char **argv) {
-    static const char *const vf[] = {"-m", "--model", "--tokens", "--out", "--threads", NULL};
+    static const char *const vf[] = {"-m", "--model", "--tokens", "--out", "--threads", "--image", NULL};
     static const char *const bf[] = {"--help", "-h", NULL};
     if (arg_flag(argc, argv, "--help") || arg_flag(argc, argv, "-h")) {
-        printf("usage: cinfer logits -m DIR --tokens 1,2,3 [--out FILE.npy] [--threads N]\n"
-               "  writes the logits of every position as a float32 .npy of shape [T, vocab]\n");
+        printf("usage: cinfer logits -m DIR --tokens 1,2,3 [--image FILE ...] [--out FILE.npy] [--threads N]\n"
+               "  writes the logits of every position as a float32 .npy of shape [T, vocab]; with --image, LIST holds one\n"
+               "  <|image_pad|> id per image (after <|vision_start|>), expanded in place to the image's token count\n");
         return 0;
     }
     if (arg_check(argc, argv, vf, bf, "logits")) return 2;
@@ -37,13 +39,16 @@ int cli_logits(int argc, char **argv) {
     cinfer_ctx *c = NULL;
     float *logits = NULL;
     FILE *f = NULL;
-    int rc = 1;
+    int rc = 1, n_ims = 0;
+    cinfer_image **ims = NULL;
     if (cinfer_model_open(dir, &m, err, sizeof err)) {
         fprintf(stderr, "cinfer logits: %s\n", err);
         goto done;
     }
     cinfer_model_info info;
     cinfer_model_get_info(m, &info);
+    if (cli_images_load(m, argc, argv, "logits", &ims, &n_ims)) goto done;
+    if (n_ims && cli_images_expand(m, &ids, &n, ims, n_ims, "logits")) goto done;
     cinfer_ctx_params p = cinfer_ctx_default_params();
     p.max_seqs = 1;
     p.max_ctx = n;
@@ -55,6 +60,10 @@ int cli_logits(int argc, char **argv) {
     }
     int seq = cinfer_seq_open(c, err, sizeof err);
     if (seq < 0) {
+        fprintf(stderr, "cinfer logits: %s\n", err);
+        goto done;
+    }
+    if (n_ims && cinfer_seq_set_images(c, seq, ids, n, ims, n_ims, NULL, err, sizeof err)) {
         fprintf(stderr, "cinfer logits: %s\n", err);
         goto done;
     }
@@ -109,6 +118,7 @@ int cli_logits(int argc, char **argv) {
     }
     rc = 0;
 done:
+    cli_images_free(ims, n_ims);
     if (f) fclose(f);
     free(logits);
     free(ids);

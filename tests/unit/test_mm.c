@@ -3,6 +3,7 @@
  * public image API's argument checks (cinfer_image_load on a text-only model, pad expansion). Parity of
  * positions, features and logits with transformers is tests/parity/test_parity_vision.c. */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -10,6 +11,7 @@
 #include "io/config.h"
 #include "runtime/mm.h"
 #include "test.h"
+#include "util/npy.h"
 
 static model_config mm_cfg(void) {
     model_config c;
@@ -394,5 +396,59 @@ TEST(mm_tiny_engine_image_requests) {
     CHECK_STR_CONTAINS(err, "the image takes");
     cinfer_engine_destroy(eng);
     cinfer_image_free(ref_im);
+    cinfer_model_close(m);
+}
+
+/* `cinfer logits --image` and `cinfer generate --image --tokens` on the tiny vision model: the collapsed
+ * prompt (one pad per image) expanded by the CLI gives the library's logits and greedy ids. */
+TEST(mm_tiny_cli_image) {
+    const char *bin = getenv("CINFER_BIN");
+    if (!bin) bin = "build/cinfer";
+    cinfer_model *m = open_tiny_vision();
+    REQUIRE(m);
+    cinfer_model_info info;
+    cinfer_model_get_info(m, &info);
+    int V = info.vocab_size;
+    cinfer_image *im = fixture_image(m, "bilevel_97x61.png");
+    REQUIRE(im);
+    int32_t p[300];
+    int n = image_prompt(&info, cinfer_image_n_tokens(im), p);
+    float *ref = malloc(sizeof(float) * n * V);
+    REQUIRE(run_prompt(m, p, n, im, 0, ref, V) == 0);
+    int want = argmax_v(ref + (size_t)(n - 1) * V, V);
+    char img[600], out[600], dir[600], cmd[4096];
+    snprintf(img, sizeof img, "%s/images/bilevel_97x61.png", test_fixtures_dir());
+    snprintf(out, sizeof out, "%s/cli_mm.npy", test_tmpdir());
+    snprintf(dir, sizeof dir, "%s/tiny_vision", test_tmpdir());
+    char toks[128];
+    snprintf(toks, sizeof toks, "1,2,%d,%d,%d,5,6,7", info.vision_start_token_id, info.image_token_id,
+             info.vision_end_token_id);
+    snprintf(cmd, sizeof cmd, "%s logits -m %s --tokens %s --image %s --out %s --threads 2", bin, dir, toks,
+             img, out);
+    CHECK_EQ_INT(system(cmd), 0);
+    FILE *f = fopen(out, "rb");
+    REQUIRE(f);
+    static char buf[1 << 22];
+    size_t len = fread(buf, 1, sizeof buf, f);
+    fclose(f);
+    npy_array a;
+    char err[256];
+    REQUIRE(npy_parse_f32(buf, len, &a, err, sizeof err) == 0);
+    CHECK_EQ_INT(a.shape[0], n);
+    CHECK_EQ_INT(a.shape[1], V);
+    if (a.shape[0] == n && a.shape[1] == V) CHECK(!memcmp(a.data, ref, sizeof(float) * n * V));
+    snprintf(cmd, sizeof cmd, "%s generate -m %s --tokens %s --image %s -n 1 --ids --threads 2 2>/dev/null",
+             bin, dir, toks, img);
+    FILE *pp = popen(cmd, "r");
+    REQUIRE(pp);
+    char line[256] = "";
+    if (!fgets(line, sizeof line, pp)) line[0] = 0;
+    CHECK_EQ_INT(pclose(pp), 0);
+    CHECK_EQ_INT(atoi(line), want);
+    /* an image the prompt has no place for */
+    snprintf(cmd, sizeof cmd, "%s logits -m %s --tokens 1,2,3 --image %s 2>/dev/null", bin, dir, img);
+    CHECK(system(cmd) != 0);
+    free(ref);
+    cinfer_image_free(im);
     cinfer_model_close(m);
 }
