@@ -22,7 +22,9 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     for (int r = 0; r < GEMV_NR; r++)
 #pragma unroll
         for (int m = 0; m < MR; m++) acc[r][m] = 0.0f;
+    constexpr int UNR = MR <= 2 ? 4 : 2; /* iterations in flight: more weight loads outstanding per warp */
     if ((K & 7) == 0) {
+#pragma unroll(UNR)
         for (int k = lane * 8; k < K; k += 256) {
             float wf[GEMV_NR][8];
 #pragma unroll
