@@ -84,7 +84,11 @@ extern "C" int cu_alloc(void **p, size_t bytes, char *err, size_t errlen) {
         return fail(err, errlen, CU_ENOMEM, "cannot allocate %zu bytes of device memory: %s", bytes,
                     cudaGetErrorString(e));
     }
+    /* cudaMemset may still be running when it returns, and the context's non-blocking stream does not wait
+     * for the legacy stream: finish it here (allocations happen at creation only) */
     cudaMemset(*p, 0, bytes);
+    e = cudaStreamSynchronize(0);
+    if (e != cudaSuccess) return fail(err, errlen, CU_EIO, "zeroing device memory: %s", cudaGetErrorString(e));
     return 0;
 }
 extern "C" void cu_free(void *p) {
