@@ -42,7 +42,8 @@ extern "C" void cu_device_describe(char *buf, size_t len) {
 extern "C" int cu_ctx_create(cu_ctx **out, char *err, size_t errlen) {
     cu_ctx *c = (cu_ctx *)calloc(1, sizeof(cu_ctx));
     if (!c) return fail(err, errlen, CU_ENOMEM, "out of memory");
-    cudaError_t e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
+    /* a blocking stream: it orders after the synchronous copies and memsets made on the legacy stream */
+    cudaError_t e = cudaStreamCreate(&c->stream);
     if (e != cudaSuccess) {
         free(c);
         return fail(err, errlen, CU_EIO, "CUDA stream: %s", cudaGetErrorString(e));
@@ -84,8 +85,7 @@ extern "C" int cu_alloc(void **p, size_t bytes, char *err, size_t errlen) {
         return fail(err, errlen, CU_ENOMEM, "cannot allocate %zu bytes of device memory: %s", bytes,
                     cudaGetErrorString(e));
     }
-    /* cudaMemset may still be running when it returns, and the context's non-blocking stream does not wait
-     * for the legacy stream: finish it here (allocations happen at creation only) */
+    /* cudaMemset may still be running when it returns: finish it here (allocations happen at creation only) */
     cudaMemset(*p, 0, bytes);
     e = cudaStreamSynchronize(0);
     if (e != cudaSuccess) return fail(err, errlen, CU_EIO, "zeroing device memory: %s", cudaGetErrorString(e));
@@ -109,7 +109,9 @@ extern "C" void cu_free_host(void *p) {
     if (p) cudaFreeHost(p);
 }
 extern "C" int cu_upload(void *dst, const void *src, size_t bytes, char *err, size_t errlen) {
+    /* from pageable memory cudaMemcpy may return before the DMA lands: wait for it */
     cudaError_t e = cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(0);
     return e == cudaSuccess ? 0 : fail(err, errlen, CU_EIO, "copy to the device: %s", cudaGetErrorString(e));
 }
 extern "C" int cu_download(void *dst, const void *src, size_t bytes, char *err, size_t errlen) {
