@@ -24,9 +24,17 @@ if has build; then
     timeout 240 make -j16 BUILD=$B CUDA=1 $B/cinfer $B/cinfer-tests 2>&1 | tee "$OUT/log.txt"
 fi
 if has tests; then
-    # the CUDA tests (op by op, fixture parity, batch invariance, graphs) and the plain CPU parity as a control
-    CINFER_BIN=$B/cinfer timeout 120 $B/cinfer-tests cuda 2>&1 | tee "$OUT/tests.txt"
-    CINFER_BIN=$B/cinfer timeout 60 $B/cinfer-tests parity_qwen 2>&1 | tail -3 | tee -a "$OUT/tests.txt"
+    # the CUDA tests (op by op, fixture parity, batch invariance, graphs), one process each so that a fault in
+    # one cannot hide the others, then the plain CPU parity as a control
+    : > "$OUT/tests.txt"
+    for t in cuda_gemm cuda_gemv_indexed cuda_row_ops cuda_next_split cuda_moe_route cuda_deltanet cuda_attention \
+             cuda_parity_qwen35_dense cuda_parity_qwen35_text cuda_parity_qwen35_moe_plain cuda_parity_qwen35_moe_fused \
+             cuda_parity_qwen3_next cuda_parity_default cuda_batch cuda_graphs cuda_device_choice; do
+        echo "== $t" >> "$OUT/tests.txt"
+        CINFER_BIN=$B/cinfer timeout 60 $B/cinfer-tests $t >> "$OUT/tests.txt" 2>&1 || echo "== $t: exit $?" >> "$OUT/tests.txt"
+    done
+    CINFER_BIN=$B/cinfer timeout 60 $B/cinfer-tests parity_qwen 2>&1 | tail -3 >> "$OUT/tests.txt"
+    grep -E "^==|FAIL|passed|skip" "$OUT/tests.txt"
 fi
 if has bench; then
     for s in qwen3.5-4b:100 qwen3.5-35b-a3b:100 qwen3.5-27b:120; do

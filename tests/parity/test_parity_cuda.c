@@ -154,7 +154,7 @@ TEST(cuda_parity_qwen35_dense) {
 TEST(cuda_parity_qwen35_text_sharded) {
     run_fixture("qwen35_text", NULL);
 }
-TEST(cuda_parity_qwen35_moe) {
+TEST(cuda_parity_qwen35_moe_plain) {
     run_fixture("qwen35_moe", NULL);
 }
 TEST(cuda_parity_qwen35_moe_fused_experts) {
