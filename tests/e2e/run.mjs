@@ -7,6 +7,7 @@
 // --mock: the binary is cinfer-mock-serve (the HTTP layer over a fake engine; no model files), which
 // also makes the "503 while loading" test possible. Without it the real engine serves --model.
 import { spawn } from 'node:child_process';
+import fs from 'node:fs';
 import net from 'node:net';
 import { createRequire } from 'node:module';
 import path from 'node:path';
@@ -38,6 +39,8 @@ const MOCK = flag('--mock');
 const NO_VERB = flag('--no-verb') || MOCK;
 const BIN = path.resolve(root, opt('--bin', MOCK ? 'build/cinfer-mock-serve' : 'build/cinfer'));
 const MODEL = path.resolve(root, opt('--model', 'models/default'));
+// a model with a vision tower, tokenizer and chat template for the image tests (the oracle's fixture)
+const VISION_MODEL = path.resolve(root, opt('--vision-model', 'tests/fixtures/qwen35_vision'));
 const FILTER = args[0] || '';
 const KEY = 'e2e-secret-key';
 // Answers go to `content` (the tests compare it); a request can still turn thinking on, which the
@@ -46,8 +49,8 @@ const NOTHINK = ['--chat-template-args', '{"enable_thinking":false}'];
 
 // ---- servers ----
 const servers = [];
-async function startServer(extra = [], env = {}) {
-  const argv = (NO_VERB ? [] : ['serve']).concat(['--model', MODEL, '--port', '0', '--threads', '2'], extra);
+async function startServer(extra = [], env = {}, model = MODEL) {
+  const argv = (NO_VERB ? [] : ['serve']).concat(['--model', model, '--port', '0', '--threads', '2'], extra);
   const p = spawn(BIN, argv, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ...env } });
   let out = '', errText = '';
   p.stderr.on('data', (d) => { errText += d; if (errText.length > 1e6) errText = errText.slice(-5e5); });
@@ -119,7 +122,7 @@ const post = (s, p, body, headers = {}) =>
   fetch(s.url + p, { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body: typeof body === 'string' ? body : JSON.stringify(body) });
 
 // ---- the servers under test ----
-let main, auth, small, tiny;
+let main, auth, small, tiny, vision = null;
 const oai = (s, key = 'none') => new OpenAI({ apiKey: key, baseURL: s.url + '/v1', maxRetries: 0, timeout: 120000 });
 const ant = (s, key = 'none') => new Anthropic({ apiKey: key, baseURL: s.url, maxRetries: 0, timeout: 120000 });
 const user = (text) => [{ role: 'user', content: text }];
@@ -729,6 +732,91 @@ if (!MOCK) {
   });
 }
 
+// ---- tests: images ----
+const imgB64 = (dir, name) => fs.readFileSync(path.join(dir, name)).toString('base64');
+const fixtureImg = (name) => imgB64(path.join(root, 'tests/fixtures/images'), name);
+const oaiImageMsg = (b64s, text) => [{ role: 'user', content: [...b64s.map((b) => ({ type: 'image_url', image_url: { url: 'data:image/png;base64,' + b } })), { type: 'text', text }] }];
+const antImageMsg = (b64s, text) => [{ role: 'user', content: [...b64s.map((b) => ({ type: 'image', source: { type: 'base64', media_type: 'image/png', data: b } })), { type: 'text', text }] }];
+
+test('images: remote URLs and models without a vision tower are clear 400s', async () => {
+  const remote = [{ role: 'user', content: [{ type: 'text', text: 'hi' }, { type: 'image_url', image_url: { url: 'https://example.com/a.png' } }] }];
+  await expectStatus(oai(main).chat.completions.create({ model: 'default', messages: remote, max_tokens: 4 }), 400,
+    (e) => assert(/does not fetch/.test(e.message), e.message));
+  await expectStatus(ant(main).messages.create({ model: 'default', max_tokens: 4,
+    messages: [{ role: 'user', content: [{ type: 'image', source: { type: 'url', url: 'https://example.com/a.png' } }] }] }), 400,
+    (e) => assert(/does not fetch/.test(e.message), e.message));
+  await expectStatus(oai(main).chat.completions.create({ model: 'default', messages: oaiImageMsg([fixtureImg('bilevel_97x61.png')], 'What?'), max_tokens: 4 }),
+    400, (e) => assert(/no vision tower/.test(e.message), e.message));
+});
+
+const visionDir = () => VISION_MODEL;
+const needVision = () => { if (!vision) throw new Fail('no vision server: ' + VISION_MODEL + ' is missing (tools/oracle/make_vision_fixtures.py makes it)'); };
+
+test('vision: OpenAI image_url and Anthropic image give the same greedy answer; streaming equals whole; usage counts image tokens', async () => {
+  if (MOCK) return;
+  needVision();
+  const b64 = imgB64(path.join(visionDir(), 'images'), 'tiny_20x30.png');
+  const body = { model: 'default', messages: oaiImageMsg([b64], 'What is this?'), max_tokens: 8, ...greedy };
+  const r = await oai(vision).chat.completions.create(body);
+  eq(r.choices.length, 1);
+  const text = r.choices[0].message.content;
+  assert(typeof text === 'string', 'content');
+  const s = await streamChat(oai(vision), body);
+  eq(s.text, text, 'streamed text');
+  // the same words without the image: the image adds <|vision_start|>, its 6 pads (grid 1x6x4) and <|vision_end|>
+  const t = await oai(vision).chat.completions.create({ model: 'default', messages: user('What is this?'), max_tokens: 1, ...greedy });
+  eq(r.usage.prompt_tokens - t.usage.prompt_tokens, 8, 'image tokens in usage');
+  const a = await ant(vision).messages.create({ model: 'default', max_tokens: 8, temperature: 0, messages: antImageMsg([b64], 'What is this?') });
+  eq(a.content.map((c) => c.text || '').join(''), text, 'anthropic answer');
+  eq(a.usage.input_tokens, r.usage.prompt_tokens, 'anthropic input_tokens');
+  const ct = await ant(vision).messages.countTokens({ model: 'default', messages: antImageMsg([b64], 'What is this?') });
+  eq(ct.input_tokens, r.usage.prompt_tokens, 'count_tokens');
+});
+
+test('vision: two images in one message; image and text requests at once each give their solo answer', async () => {
+  if (MOCK) return;
+  needVision();
+  const dir = path.join(visionDir(), 'images');
+  const a = imgB64(dir, 'tall_50x170.png'), b = imgB64(dir, 'wide_150x90.png');
+  const bodies = [
+    { model: 'default', messages: oaiImageMsg([a, b], 'Compare them.'), max_tokens: 6, ...greedy },
+    { model: 'default', messages: user('Just text here.'), max_tokens: 6, ...greedy },
+    { model: 'default', messages: oaiImageMsg([b], 'And this one?'), max_tokens: 6, ...greedy },
+    { model: 'default', messages: user('More text, no picture.'), max_tokens: 6, ...greedy },
+  ];
+  const solo = [];
+  for (const body of bodies) solo.push((await oai(vision).chat.completions.create(body)).choices[0].message.content);
+  const together = await Promise.all(bodies.map((body) => oai(vision).chat.completions.create(body)));
+  for (let i = 0; i < bodies.length; i++) eq(together[i].choices[0].message.content, solo[i], 'request ' + i);
+  // the picture matters: swapping the two images changes the prompt (not necessarily the answer), and the
+  // prompt token count follows the images' sizes (tall: 10 tokens, wide: 15)
+  const one = await oai(vision).chat.completions.create({ ...bodies[2], max_tokens: 1 });
+  const two = await oai(vision).chat.completions.create({ ...bodies[0], max_tokens: 1 });
+  assert(two.usage.prompt_tokens > one.usage.prompt_tokens, `${two.usage.prompt_tokens} vs ${one.usage.prompt_tokens}`);
+});
+
+test('vision: bad images are 400s in each API\'s error shape', async () => {
+  if (MOCK) return;
+  needVision();
+  const dir = path.join(visionDir(), 'images');
+  const good = fs.readFileSync(path.join(dir, 'tiny_20x30.png'));
+  const truncated = good.subarray(0, Math.floor(good.length / 2)).toString('base64');
+  await expectStatus(oai(vision).chat.completions.create({ model: 'default', messages: oaiImageMsg([truncated], 'x'), max_tokens: 2 }), 400,
+    (e) => assert(/image 0/.test(e.message), e.message));
+  await expectStatus(ant(vision).messages.create({ model: 'default', max_tokens: 2, messages: antImageMsg(['###not-base64###'], 'x') }), 400,
+    (e) => assert(e.error?.type === 'error' && /base64/.test(e.message), JSON.stringify(e.error)));
+  // over --max-image-pixels (the vision server allows 14000; 300x200 is 60000)
+  await expectStatus(oai(vision).chat.completions.create({ model: 'default', messages: oaiImageMsg([imgB64(dir, 'big_300x200.png')], 'x'), max_tokens: 2 }), 400,
+    (e) => assert(/image 0/.test(e.message), e.message));
+  const txt = Buffer.from('just text').toString('base64');
+  await expectStatus(oai(vision).chat.completions.create({ model: 'default',
+    messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url: 'data:text/plain;base64,' + txt } }] }], max_tokens: 2 }), 400,
+    (e) => assert(/not an image/.test(e.message), e.message));
+  // the server is still fine
+  const r = await oai(vision).chat.completions.create({ model: 'default', messages: oaiImageMsg([good.toString('base64')], 'x'), max_tokens: 2, ...greedy });
+  eq(r.choices.length, 1);
+});
+
 // ---- main ----
 let passed = 0, failed = 0;
 try {
@@ -739,6 +827,10 @@ try {
     startServer(['--max-seqs', '1', '--ctx-size', '64', '--temp', '0', '--max-tokens', '5', '--log-format', 'json', ...NOTHINK]),
   ]);
   await Promise.all([waitReady(main), waitReady(auth), waitReady(small), waitReady(tiny)]);
+  if (!MOCK && fs.existsSync(path.join(VISION_MODEL, 'config.json'))) {
+    vision = await startServer(['--max-seqs', '4', '--ctx-size', '512', '--max-image-pixels', '14000', ...NOTHINK], {}, VISION_MODEL);
+    await waitReady(vision);
+  }
   for (const t of tests) {
     if (FILTER && !t.name.includes(FILTER)) continue;
     const t0 = Date.now();
