@@ -33,6 +33,10 @@ if has tests; then
         echo "== $t" >> "$OUT/tests.txt"
         CINFER_BIN=$B/cinfer timeout 60 $B/cinfer-tests $t >> "$OUT/tests.txt" 2>&1 || echo "== $t: exit $?" >> "$OUT/tests.txt"
     done
+    # diagnostic: the fixtures with every GEMM on f32 activations (what bf16 rounding of activations costs)
+    echo "== cuda_parity with CINFER_CUDA_GEMV_MAX=1000000 (no bf16 activations)" >> "$OUT/tests.txt"
+    CINFER_CUDA_GEMV_MAX=1000000 CINFER_BIN=$B/cinfer timeout 60 $B/cinfer-tests cuda_parity 2>&1 | grep -E "max|FAIL|passed" >> "$OUT/tests.txt"
+    echo "== CPU parity (control)" >> "$OUT/tests.txt"
     CINFER_BIN=$B/cinfer timeout 60 $B/cinfer-tests parity_qwen 2>&1 | tail -3 >> "$OUT/tests.txt"
     grep -E "^==|FAIL|passed|skip" "$OUT/tests.txt"
 fi

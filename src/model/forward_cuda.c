@@ -417,6 +417,9 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     f->p = *p;
     const char *g = getenv("CINFER_CUDA_GRAPHS"); /* "0": launch every step eagerly (tests compare the two) */
     if (g && !strcmp(g, "0")) f->p.no_graphs = 1;
+    const char *gm =
+        getenv("CINFER_CUDA_GEMV_MAX"); /* diagnostics: f32 activations for up to this many rows */
+    cu_set_gemv_max(gm ? atoi(gm) : 0);
     int rc = cu_ctx_create(&f->cu, err, errlen);
     if (rc) {
         free(f);

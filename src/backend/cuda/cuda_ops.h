@@ -59,6 +59,8 @@ float cu_timer_between_ms(cu_timer *a, cu_timer *b);
  * row's result does not depend on M); otherwise x is rounded to bf16 into xb ([M][K] scratch) and cuBLAS
  * runs bf16 x bf16 -> f32 on tensor cores. */
 #define CU_GEMV_MAX_M 8
+/* diagnostics: route up to m rows through the f32-activation GEMV (CINFER_CUDA_GEMV_MAX; 0 restores 8) */
+void cu_set_gemv_max(int m);
 void cu_gemm(cu_ctx *c, float *d_y, const float *d_x, const uint16_t *d_w, int M, int N, int K,
              uint16_t *d_xb, int precise);
 /* Same, but every row m uses its own matrix w + widx[m] * N * K (MoE experts at decode; M <= any). */

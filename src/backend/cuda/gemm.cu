@@ -119,11 +119,16 @@ extern "C" void cu_f32_to_bf16(cu_ctx *c, uint16_t *y, const float *x, size_t n)
     f32_to_bf16_kernel<<<g, 256, 0, c->stream>>>(y, x, n);
 }
 
+static int g_gemv_max = CU_GEMV_MAX_M;
+extern "C" void cu_set_gemv_max(int m) {
+    g_gemv_max = m > 0 ? m : CU_GEMV_MAX_M;
+}
+
 extern "C" void cu_gemm(cu_ctx *c, float *y, const float *x, const uint16_t *w, int M, int N, int K,
                         uint16_t *xb, int precise) {
     if (M <= 0 || N <= 0) return;
     /* the vector path reads x rows as float4: K % 8 == 0 keeps them aligned, else the scalar loop runs */
-    if (M <= CU_GEMV_MAX_M || precise || !xb) {
+    if (M <= g_gemv_max || precise || !xb) {
         gemv_rows(c, y, x, w, M, N, K);
         return;
     }
