@@ -15,12 +15,13 @@
 #include "util/alloc.h"
 #include "util/err.h"
 
-enum { G_LIT, G_SEQ, G_ALT, G_REP, G_STR, G_RAW, G_NUM, G_WS };
+enum { G_LIT, G_SEQ, G_ALT, G_REP, G_STR, G_RAW, G_NUM, G_WS, G_SET };
 
 typedef struct gnode {
     int kind;
-    int n;      /* LIT: bytes; SEQ / ALT: children; RAW: terminator bytes */
-    int *kids;  /* SEQ / ALT: [n]; REP: [2] = {item, separator or -1} */
+    int n;      /* LIT: bytes; SEQ / ALT: children; RAW: terminator bytes; SET: trie nodes */
+    int *kids;  /* SEQ / ALT: [n]; REP: [2] = {item, separator or -1}; SET: [n][4] trie nodes {byte, first
+                   child, next sibling, a literal ends here}, node 0 the root */
     char *lit;  /* LIT: the bytes; RAW: the terminator */
     int lo, hi; /* STR / RAW: length in characters (hi -1: unbounded); REP: count; WS: hi bytes at most;
                    NUM: lo 1 for integers */
@@ -94,6 +95,35 @@ static int rep(grammar *g, int item, int sep, int lo, int hi) {
     g->nodes[i].hi = hi;
     return i;
 }
+/* A set of literals (enum values) as one lexeme: a byte trie walked deterministically, so a thousand values
+ * cost one stack, not a thousand alternatives. */
+static int litset(grammar *g, const char *const *strs, const size_t *lens, int n) {
+    int cap = 16, nn = 1;
+    int *t = xcalloc((size_t)cap * 4, sizeof(int));
+    t[1] = t[2] = -1;
+    for (int i = 0; i < n; i++) {
+        int cur = 0;
+        for (size_t k = 0; k < lens[i]; k++) {
+            int x = (unsigned char)strs[i][k], c = t[cur * 4 + 1];
+            while (c >= 0 && t[c * 4] != x) c = t[c * 4 + 2];
+            if (c < 0) {
+                if (nn == cap) {
+                    t = xrealloc(t, sizeof(int) * 4 * (size_t)(cap *= 2));
+                }
+                c = nn++;
+                t[c * 4] = x, t[c * 4 + 1] = -1, t[c * 4 + 2] = t[cur * 4 + 1], t[c * 4 + 3] = 0;
+                t[cur * 4 + 1] = c;
+            }
+            cur = c;
+        }
+        t[cur * 4 + 3] = 1;
+    }
+    int i = add_node(g, G_SET);
+    g->nodes[i].kids = t;
+    g->nodes[i].n = nn;
+    return i;
+}
+
 static int raw(grammar *g, const char *term, int lo, int hi) {
     int i = lit(g, term);
     g->nodes[i].kind = G_RAW;
@@ -402,11 +432,16 @@ static int compile(cctx *c, const json_t *s, const char *path) {
             goto out;
         }
         size_t n = json_array_size(en), i;
-        int *kids = xmalloc(sizeof(int) * n);
+        char **strs = xcalloc(n, sizeof *strs);
+        size_t *lens = xcalloc(n, sizeof *lens);
         const json_t *e;
-        json_array_foreach(en, i, e) kids[i] = json_lit(c, e);
-        node = list(g, G_ALT, kids, (int)n);
-        free(kids);
+        json_array_foreach(en, i, e) {
+            strs[i] = json_dumps(e, JSON_ENCODE_ANY | JSON_COMPACT);
+            lens[i] = strs[i] ? strlen(strs[i]) : 0;
+        }
+        node = litset(g, (const char *const *)strs, lens, (int)n);
+        for (i = 0; i < n; i++) free(strs[i]);
+        free(strs), free(lens);
     } else if (any) {
         if (!json_is_array(any) || json_array_size(any) == 0) {
             node = fail(c, CINFER_EINVAL, "JSON Schema: 'anyOf' / 'oneOf' at %s must be a non-empty array%s",
@@ -524,11 +559,20 @@ static int xml_param(cctx *c, const char *pname, const json_t *ps, const char *p
         const json_t *e;
         json_array_foreach(en, i, e) all_str &= json_is_string(e);
         if (all_str) {
-            int *kids = xmalloc(sizeof(int) * n);
-            json_array_foreach(en, i, e) kids[i] = lit_n(g, json_string_value(e), json_string_length(e));
-            int a = list(g, G_ALT, kids, (int)n);
-            free(kids);
-            return seq3(g, lit(g, open), a, lit(g, "\n</parameter>\n"));
+            /* each value with the closing tag: no value is then a prefix of another */
+            char **strs = xcalloc(n, sizeof *strs);
+            size_t *lens = xcalloc(n, sizeof *lens);
+            json_array_foreach(en, i, e) {
+                size_t l = json_string_length(e);
+                strs[i] = xmalloc(l + 16);
+                memcpy(strs[i], json_string_value(e), l);
+                memcpy(strs[i] + l, "\n</parameter>\n", 14);
+                lens[i] = l + 14;
+            }
+            int a = litset(g, (const char *const *)strs, lens, (int)n);
+            for (i = 0; i < n; i++) free(strs[i]);
+            free(strs), free(lens);
+            return seq2(g, lit(g, open), a);
         }
     }
     if (is_str) {
@@ -687,13 +731,28 @@ typedef struct {
     gframe f[MAX_FRAMES];
 } gset;
 
+/* gm_mask's memo: the state it was asked about (its stacks, serialised) and its answer. Inside unbounded
+ * text the state repeats step after step, so the walk runs once for it. */
+#define MASK_CACHE 8
+typedef struct {
+    int used;
+    uint64_t hash;
+    int n_frames, n_stacks, count;
+    int off[MAX_STACKS + 1];
+    gframe *f;      /* [MAX_FRAMES] */
+    uint32_t *mask; /* [words] */
+} mask_memo;
+
 struct gm_matcher {
     const grammar *g;
     gset cur;
-    gset *levels; /* [GM_MAX_TOKEN_BYTES + 1] scratch of gm_mask, allocated on its first call */
-    gset *after;  /* [MAX_REC + 1] scratch of feed_stack: the stacks after a lexeme that may end */
-    int budget;   /* expansion steps left for this byte */
-    int rdepth;   /* nesting of expand's forks */
+    mask_memo memo[MASK_CACHE];
+    int memo_next;
+    const gm_vocab *memo_vocab; /* the vocabulary the memo's masks are for */
+    gset *levels;               /* [GM_MAX_TOKEN_BYTES + 1] scratch of gm_mask, allocated on its first call */
+    gset *after; /* [MAX_REC + 1] scratch of feed_stack: the stacks after a lexeme that may end */
+    int budget;  /* expansion steps left for this byte */
+    int rdepth;  /* nesting of expand's forks */
 };
 
 struct gm_vocab {
@@ -850,6 +909,14 @@ static int consume(const gnode *nd, gframe *f, unsigned char x) {
     case G_LIT:
         if ((unsigned char)nd->lit[f->a] != x) return 0;
         return ++f->a == nd->n ? 2 : 1;
+    case G_SET: { /* a: the trie node reached */
+        int ch = nd->kids[f->a * 4 + 1];
+        while (ch >= 0 && nd->kids[ch * 4] != x) ch = nd->kids[ch * 4 + 2];
+        if (ch < 0) return 0;
+        f->a = ch;
+        /* a literal ends here and none goes on: complete; ends but others go on: may_end decides */
+        return nd->kids[ch * 4 + 3] && nd->kids[ch * 4 + 1] < 0 ? 2 : 1;
+    }
     case G_WS:
         if (f->a >= nd->hi || !(x == ' ' || x == '\n' || x == '\t' || x == '\r')) return 0;
         f->a++;
@@ -873,9 +940,12 @@ static int consume(const gnode *nd, gframe *f, unsigned char x) {
         if (x == '"') return f->b >= nd->lo ? 2 : 0;
         if (nd->hi >= 0 && f->b >= nd->hi) return 0;
         if (x < 0x20) return 0;
-        if (x == '\\') return f->b++, f->a = 2, 1;
+        /* characters are counted only when a bound needs them: unbounded text then stays in one state,
+           which is what lets gm_mask reuse its answer from step to step */
+        int counted = nd->lo > 0 || nd->hi >= 0;
+        if (x == '\\') return f->b += counted, f->a = 2, 1;
         if (utf8_step(&f->c, x, &nc) < 0) return 0;
-        f->b++;
+        f->b += counted;
         return 1;
     case G_RAW: { /* a: terminator bytes matched; b: chars of text; c: UTF-8 state */
         if (f->c) return utf8_step(&f->c, x, &nc) == 1 ? 1 : 0;
@@ -888,7 +958,7 @@ static int consume(const gnode *nd, gframe *f, unsigned char x) {
             add = f->a + 1;
         }
         if (nd->hi >= 0 && f->b + add > nd->hi) return 0;
-        f->b += add;
+        if (nd->lo > 0 || nd->hi >= 0) f->b += add; /* counted only when bounded, as for strings */
         f->a = na;
         return 1;
     }
@@ -932,6 +1002,7 @@ static int consume(const gnode *nd, gframe *f, unsigned char x) {
 /* Whether the lexeme may end here (the next byte can belong to what follows). */
 static int may_end(const gnode *nd, const gframe *f) {
     if (nd->kind == G_WS) return 1;
+    if (nd->kind == G_SET) return nd->kids[f->a * 4 + 3];
     if (nd->kind == G_NUM) return f->a == 2 || f->a == 3 || f->a == 5 || f->a == 8;
     return 0;
 }
@@ -977,6 +1048,7 @@ gm_matcher *gm_matcher_create(const grammar *g) {
 
 void gm_matcher_free(gm_matcher *m) {
     if (!m) return;
+    for (int i = 0; i < MASK_CACHE; i++) free(m->memo[i].f), free(m->memo[i].mask);
     free(m->levels), free(m->after);
     free(m);
 }
@@ -1027,13 +1099,102 @@ int gm_complete(gm_matcher *m) {
     return 0;
 }
 
+static int mask_walk(gm_matcher *m, const gm_vocab *v, uint32_t *mask);
+
 /* The masking below shares work between tokens the way a trie walk would: in sorted order, a token
  * shares its first lcp bytes with the one before, so the states after those bytes are still in levels[];
  * and once a prefix is refused, every following token that starts with it is skipped. */
+static uint64_t set_hash(const gset *s) {
+    uint64_t h = 1469598103934665603ull ^ (uint64_t)s->n;
+    const unsigned char *p = (const unsigned char *)s->f;
+    size_t n = sizeof(gframe) * (size_t)s->off[s->n];
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
+    for (int i = 0; i <= s->n; i++) h = (h ^ (uint64_t)s->off[i]) * 1099511628211ull;
+    return h;
+}
+
+static mask_memo *memo_find(gm_matcher *m, const gm_vocab *v, uint64_t h) {
+    if (m->memo_vocab != v) return NULL;
+    const gset *s = &m->cur;
+    for (int i = 0; i < MASK_CACHE; i++) {
+        mask_memo *e = &m->memo[i];
+        if (e->used && e->hash == h && e->n_stacks == s->n && e->n_frames == s->off[s->n] &&
+            !memcmp(e->off, s->off, sizeof(int) * (size_t)(s->n + 1)) &&
+            !memcmp(e->f, s->f, sizeof(gframe) * (size_t)e->n_frames))
+            return e;
+    }
+    return NULL;
+}
+
+static void memo_store(gm_matcher *m, const gm_vocab *v, uint64_t h, const uint32_t *mask, int count) {
+    size_t words = (size_t)(v->n_tokens + 31) / 32;
+    if (m->memo_vocab != v) {
+        for (int i = 0; i < MASK_CACHE; i++) m->memo[i].used = 0;
+        m->memo_vocab = v;
+    }
+    mask_memo *e = &m->memo[m->memo_next];
+    m->memo_next = (m->memo_next + 1) % MASK_CACHE;
+    if (!e->f) e->f = xmalloc(sizeof(gframe) * MAX_FRAMES);
+    if (!e->mask) e->mask = xmalloc(sizeof(uint32_t) * words); /* one vocabulary per matcher in practice */
+    const gset *s = &m->cur;
+    e->used = 1;
+    e->hash = h;
+    e->n_stacks = s->n;
+    e->n_frames = s->off[s->n];
+    memcpy(e->off, s->off, sizeof(int) * (size_t)(s->n + 1));
+    memcpy(e->f, s->f, sizeof(gframe) * (size_t)e->n_frames);
+    memcpy(e->mask, mask, sizeof(uint32_t) * words);
+    e->count = count;
+}
+
 int gm_mask(gm_matcher *m, const gm_vocab *v, uint32_t *mask) {
+    size_t words = (size_t)(v->n_tokens + 31) / 32;
+    uint64_t h = set_hash(&m->cur);
+    const mask_memo *hit = memo_find(m, v, h);
+    if (hit) {
+        memcpy(mask, hit->mask, sizeof(uint32_t) * words);
+        return hit->count;
+    }
+    int count = mask_walk(m, v, mask);
+    memo_store(m, v, h, mask, count);
+    return count;
+}
+
+/* The walk itself. */
+/* Bytes that leave a state exactly as it was: inside unbounded text (one stack, a JSON string's body or
+ * raw text with no partial terminator or character pending) every ordinary byte does. Returns a table
+ * (1 = such a byte) or NULL when the state has none. */
+static const unsigned char *neutral_bytes(const gm_matcher *m, const gset *s, unsigned char tab[2][256],
+                                          int *tab1_for) {
+    if (s->n != 1 || s->off[1] == 0) return NULL;
+    const gframe *f = &s->f[s->off[1] - 1];
+    const gnode *nd = &m->g->nodes[f->node];
+    if (nd->lo > 0 || nd->hi >= 0 || f->c) return NULL;
+    if (nd->kind == G_STR && f->a == 1) return tab[0];
+    if (nd->kind == G_RAW && f->a == 0) {
+        int t0 = (unsigned char)nd->lit[0];
+        if (*tab1_for != t0) { /* made once per terminator's first byte */
+            for (int x = 0; x < 256; x++) tab[1][x] = x < 0x80 && x != t0;
+            *tab1_for = t0;
+        }
+        return tab[1];
+    }
+    return NULL;
+}
+
+static int mask_walk(gm_matcher *m, const gm_vocab *v, uint32_t *mask) {
     memset(mask, 0, sizeof(uint32_t) * (size_t)((v->n_tokens + 31) / 32));
     if (!m->levels) m->levels = xmalloc(sizeof(gset) * (GM_MAX_TOKEN_BYTES + 1));
+    /* lv[k]: the states after a token's first k bytes; a neutral byte makes lv[k + 1] the same set as lv[k]
+     * (shared, not copied), which is most of the walk inside strings */
+    const gset *lv[GM_MAX_TOKEN_BYTES + 1];
+    const unsigned char *neu[GM_MAX_TOKEN_BYTES + 1];
+    unsigned char tab[2][256];
+    int tab1_for = -1;
+    for (int x = 0; x < 256; x++) tab[0][x] = x >= 0x20 && x < 0x80 && x != '"' && x != '\\';
     m->levels[0] = m->cur;
+    lv[0] = &m->levels[0];
+    neu[0] = neutral_bytes(m, lv[0], tab, &tab1_for);
     int valid = 0, dead = 1 << 30, count = 0;
     for (int i = 0; i < v->n; i++) {
         int lcp = v->lcp[i], len = (int)(v->off[i + 1] - v->off[i]);
@@ -1042,12 +1203,19 @@ int gm_mask(gm_matcher *m, const gm_vocab *v, uint32_t *mask) {
         const unsigned char *b = v->bytes + v->off[i];
         int k = lcp < valid ? lcp : valid, ok = 1;
         for (; k < len; k++) {
-            feed_set(m, &m->levels[k], b[k], &m->levels[k + 1]);
+            if (neu[k] && neu[k][b[k]]) {
+                lv[k + 1] = lv[k];
+                neu[k + 1] = neu[k];
+                continue;
+            }
+            feed_set(m, lv[k], b[k], &m->levels[k + 1]);
+            lv[k + 1] = &m->levels[k + 1];
             if (m->levels[k + 1].n == 0) {
                 dead = k + 1;
                 ok = 0;
                 break;
             }
+            neu[k + 1] = neutral_bytes(m, lv[k + 1], tab, &tab1_for);
         }
         valid = k;
         if (ok) {

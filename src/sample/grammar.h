@@ -55,7 +55,9 @@ int gm_feed(gm_matcher *m, const char *bytes, size_t n);
 /* 1 when the text so far is a complete match (the end of the sequence may come now). */
 int gm_complete(gm_matcher *m);
 /* Sets bit t of mask (uint32 words, (n_tokens + 31) / 32 of them, cleared first) for every token of v
- * whose bytes can come next; returns how many. Allocation-free after the first call on a matcher. */
+ * whose bytes can come next; returns how many. The answers for the last few states are remembered (inside
+ * unbounded text the state repeats), so a repeated state costs a copy. Allocates only on a matcher's first
+ * calls (its scratch and memo slots). */
 int gm_mask(gm_matcher *m, const gm_vocab *v, uint32_t *mask);
 
 #endif

@@ -115,6 +115,32 @@ TEST(grammar_scalars_enum_const_anyof) {
     grammar_free(g);
 }
 
+/* Enums are one trie-walking lexeme: a large one keeps every value reachable (alternatives would overflow
+ * the matcher's stack set), and values that prefix one another both work. */
+TEST(grammar_large_enum) {
+    char text[16384] = "{\"enum\":[", v[64];
+    for (int i = 0; i < 500; i++) {
+        snprintf(v, sizeof v, "%s\"k%03d\"", i ? "," : "", i);
+        strcat(text, v);
+    }
+    strcat(text, ",1,12,123]}");
+    grammar *g = schema(text);
+    REQUIRE(g);
+    for (int i = 0; i < 500; i += 37) {
+        snprintf(v, sizeof v, "\"k%03d\"", i);
+        OK(g, v);
+    }
+    OK(g, "\"k499\"");
+    OK(g, "1");
+    OK(g, "12");
+    OK(g, "123");
+    PREFIX(g, "\"k4");
+    BAD(g, "\"k500\"");
+    BAD(g, "1234");
+    BAD(g, "\"k49\"");
+    grammar_free(g);
+}
+
 TEST(grammar_arrays_and_refs) {
     grammar *g =
         schema("{\"type\":\"array\",\"items\":{\"type\":\"integer\"},\"minItems\":2,\"maxItems\":3}");
