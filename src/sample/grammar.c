@@ -97,7 +97,14 @@ static int rep(grammar *g, int item, int sep, int lo, int hi) {
 }
 /* A set of literals (enum values) as one lexeme: a byte trie walked deterministically, so a thousand values
  * cost one stack, not a thousand alternatives. */
+static int litset_cont(grammar *g, const char *const *strs, const size_t *lens, const int *conts, int n);
 static int litset(grammar *g, const char *const *strs, const size_t *lens, int n) {
+    return litset_cont(g, strs, lens, NULL, n);
+}
+
+/* conts[i] (when given): the node that follows literal i (its frame replaces the set's): tool names share
+ * one trie and each goes on into its own parameters. "Ends here" is then 2 + that node. */
+static int litset_cont(grammar *g, const char *const *strs, const size_t *lens, const int *conts, int n) {
     int cap = 16, nn = 1;
     int *t = xcalloc((size_t)cap * 4, sizeof(int));
     t[1] = t[2] = -1;
@@ -116,7 +123,7 @@ static int litset(grammar *g, const char *const *strs, const size_t *lens, int n
             }
             cur = c;
         }
-        t[cur * 4 + 3] = 1;
+        t[cur * 4 + 3] = conts ? 2 + conts[i] : 1;
     }
     int i = add_node(g, G_SET);
     g->nodes[i].kids = t;
@@ -587,9 +594,10 @@ static int xml_param(cctx *c, const char *pname, const json_t *ps, const char *p
     return seq3(g, lit(g, open), v, lit(g, "\n</parameter>\n"));
 }
 
-static int tool_call(cctx *c, const char *name, const json_t *params, int xml) {
+/* One tool's call after its name: *name_lit gets what the name is written as (with what follows it up to
+ * the arguments), the return value is the node for the rest of the call. */
+static int tool_call(cctx *c, const char *name, const json_t *params, int xml, char *name_lit, size_t cap) {
     grammar *g = c->g;
-    char buf[600];
     c->root = params;
     json_object_clear(c->refs); /* refs are per document */
     c->any = -1;
@@ -597,7 +605,7 @@ static int tool_call(cctx *c, const char *name, const json_t *params, int xml) {
         json_t *nm = json_string(name);
         char *q = json_dumps(nm, JSON_ENCODE_ANY);
         json_decref(nm);
-        snprintf(buf, sizeof buf, "<tool_call>\n{\"name\": %s, \"arguments\": ", q);
+        snprintf(name_lit, cap, "%s, \"arguments\": ", q);
         free(q);
         int args;
         if (!params) {
@@ -608,9 +616,9 @@ static int tool_call(cctx *c, const char *name, const json_t *params, int xml) {
                 return fail(c, CINFER_EINVAL, "tool '%s': parameters must be an object schema%s", name, "");
             if ((args = compile(c, params, "#")) < 0) return -1;
         }
-        return seq3(g, lit(g, buf), args, lit(g, "}\n</tool_call>"));
+        return seq2(g, args, lit(g, "}\n</tool_call>"));
     }
-    snprintf(buf, sizeof buf, "<tool_call>\n<function=%s>\n", name);
+    snprintf(name_lit, cap, "%s>\n", name);
     int body = empty(g);
     const json_t *props = json_is_object(params) ? json_object_get(params, "properties") : NULL;
     const json_t *req = json_is_object(params) ? json_object_get(params, "required") : NULL;
@@ -651,7 +659,7 @@ static int tool_call(cctx *c, const char *name, const json_t *params, int xml) {
         }
         free(pn), free(reqd);
     }
-    return seq3(g, lit(g, buf), body, lit(g, "</function>\n</tool_call>"));
+    return seq2(g, body, lit(g, "</function>\n</tool_call>"));
 }
 
 int grammar_compile_tools(const char *tools_json, size_t len, int xml, const char *name, int reasoning,
@@ -667,6 +675,8 @@ int grammar_compile_tools(const char *tools_json, size_t len, int xml, const cha
     cctx c = {g, NULL, json_object(), -1, 0, err, errlen};
     size_t n = json_array_size(tools), i;
     int *calls = xmalloc(sizeof(int) * n), n_calls = 0, rc = 0;
+    char **names = xcalloc(n, sizeof *names);
+    size_t *name_lens = xcalloc(n, sizeof *name_lens);
     const json_t *t;
     json_array_foreach(tools, i, t) {
         const json_t *f = json_is_object(t) ? json_object_get(t, "function") : NULL;
@@ -680,11 +690,14 @@ int grammar_compile_tools(const char *tools_json, size_t len, int xml, const cha
         const json_t *params = json_object_get(f, "parameters");
         if (!params) params = json_object_get(f, "input_schema");
         if (json_is_null(params)) params = NULL;
-        int call = tool_call(&c, json_string_value(nm), params, xml);
+        char nl[600];
+        int call = tool_call(&c, json_string_value(nm), params, xml, nl, sizeof nl);
         if (call < 0) {
             rc = CINFER_EINVAL;
             break;
         }
+        names[n_calls] = xstrdup(nl);
+        name_lens[n_calls] = strlen(nl);
         calls[n_calls++] = call;
         if (name) break;
     }
@@ -692,7 +705,10 @@ int grammar_compile_tools(const char *tools_json, size_t len, int xml, const cha
         rc = ci_err(err, errlen, CINFER_EINVAL, "tool_choice names '%.200s', which is not among the tools",
                     name);
     if (!rc) {
-        int one = n_calls == 1 ? calls[0] : list(g, G_ALT, calls, n_calls);
+        /* the opening, then the names as one trie, each going on into its own arguments: any number of
+         * tools costs one stack */
+        int one = seq2(g, lit(g, xml ? "<tool_call>\n<function=" : "<tool_call>\n{\"name\": "),
+                       litset_cont(g, (const char *const *)names, name_lens, calls, n_calls));
         int body = name ? one : rep(g, one, lit(g, "\n"), 1, MAX_CALLS);
         g->root = with_reasoning(g, body, reasoning);
         if (!live(g))
@@ -700,6 +716,8 @@ int grammar_compile_tools(const char *tools_json, size_t len, int xml, const cha
                 err, errlen, CINFER_EINVAL,
                 "tool_choice: the tools' schemas cannot be matched (a $ref that only refers to itself?)");
     }
+    for (int k = 0; k < n_calls; k++) free(names[k]);
+    free(names), free(name_lens);
     free(calls);
     json_decref(c.refs);
     json_decref(tools);
@@ -902,7 +920,8 @@ static int is_hex(unsigned char x) {
     return (x >= '0' && x <= '9') || ((x | 32) >= 'a' && (x | 32) <= 'f');
 }
 
-/* The lexeme f takes byte x: 0 refused, 1 taken (more to come), 2 taken and the lexeme is complete. */
+/* The lexeme f takes byte x: 0 refused, 1 taken (more to come), 2 taken and the lexeme is complete, 3 taken
+ * and the lexeme is replaced by its continuation (a literal set's). */
 static int consume(const gnode *nd, gframe *f, unsigned char x) {
     int nc;
     switch (nd->kind) {
@@ -914,8 +933,10 @@ static int consume(const gnode *nd, gframe *f, unsigned char x) {
         while (ch >= 0 && nd->kids[ch * 4] != x) ch = nd->kids[ch * 4 + 2];
         if (ch < 0) return 0;
         f->a = ch;
+        int end = nd->kids[ch * 4 + 3];
+        if (end >= 2) return 3; /* a literal with its own continuation (names are prefix-free with theirs) */
         /* a literal ends here and none goes on: complete; ends but others go on: may_end decides */
-        return nd->kids[ch * 4 + 3] && nd->kids[ch * 4 + 1] < 0 ? 2 : 1;
+        return end && nd->kids[ch * 4 + 1] < 0 ? 2 : 1;
     }
     case G_WS:
         if (f->a >= nd->hi || !(x == ' ' || x == '\n' || x == '\t' || x == '\r')) return 0;
@@ -1002,7 +1023,7 @@ static int consume(const gnode *nd, gframe *f, unsigned char x) {
 /* Whether the lexeme may end here (the next byte can belong to what follows). */
 static int may_end(const gnode *nd, const gframe *f) {
     if (nd->kind == G_WS) return 1;
-    if (nd->kind == G_SET) return nd->kids[f->a * 4 + 3];
+    if (nd->kind == G_SET) return nd->kids[f->a * 4 + 3] == 1;
     if (nd->kind == G_NUM) return f->a == 2 || f->a == 3 || f->a == 5 || f->a == 8;
     return 0;
 }
@@ -1013,10 +1034,14 @@ static void feed_stack(gm_matcher *m, const gframe *st, int d, unsigned char x, 
     const gnode *nd = &m->g->nodes[st[d - 1].node];
     memcpy(copy, st, sizeof(gframe) * (size_t)d);
     int r = consume(nd, &copy[d - 1], x);
-    if (r == 1)
+    if (r == 1) {
         set_add(out, copy, d);
-    else if (r == 2)
+    } else if (r == 2) {
         expand(m, copy, d - 1, out);
+    } else if (r == 3) {
+        copy[d - 1] = frame(nd->kids[copy[d - 1].a * 4 + 3] - 2);
+        expand(m, copy, d, out);
+    }
     if (may_end(nd, &st[d - 1])) {
         /* the lexeme ends here and x starts what follows it */
         gset *after = &m->after[rec];

@@ -254,6 +254,46 @@ TEST(grammar_tool_calls_xml) {
     CHECK_EQ_INT(grammar_compile_tools("[]", 2, 1, NULL, 0, &g, err, sizeof err), CINFER_EINVAL);
 }
 
+/* Tool names share one trie: with many tools (more than the matcher's stack set holds) every one of them
+ * can still be called, each with its own parameters. */
+TEST(grammar_many_tools) {
+    static char tools_json[40000];
+    size_t o = 0;
+    o += (size_t)snprintf(tools_json + o, sizeof tools_json - o, "[");
+    for (int i = 0; i < 150; i++)
+        o += (size_t)snprintf(tools_json + o, sizeof tools_json - o,
+                              "%s{\"name\":\"tool_%d\",\"parameters\":{\"type\":\"object\",\"properties\":{"
+                              "\"p%d\":{\"type\":\"integer\"}},\"required\":[\"p%d\"]}}",
+                              i ? "," : "", i, i, i);
+    snprintf(tools_json + o, sizeof tools_json - o, "]");
+    for (int xml = 0; xml <= 1; xml++) {
+        char err[256];
+        grammar *g = NULL;
+        REQUIRE(grammar_compile_tools(tools_json, strlen(tools_json), xml, NULL, 0, &g, err, sizeof err) ==
+                0);
+        char call[256];
+        for (int i = 0; i < 150; i += 49) {
+            if (xml)
+                snprintf(call, sizeof call,
+                         "<tool_call>\n<function=tool_%d>\n<parameter=p%d>\n7\n</parameter>\n</function>\n</"
+                         "tool_call>",
+                         i, i);
+            else
+                snprintf(call, sizeof call,
+                         "<tool_call>\n{\"name\": \"tool_%d\", \"arguments\": {\"p%d\": 7}}\n</tool_call>", i,
+                         i);
+            OK(g, call);
+        }
+        /* a parameter of another tool is refused */
+        if (xml)
+            BAD(g, "<tool_call>\n<function=tool_3>\n<parameter=p4>");
+        else
+            BAD(g, "<tool_call>\n{\"name\": \"tool_3\", \"arguments\": {\"p4\"");
+        BAD(g, xml ? "<tool_call>\n<function=tool_150>" : "<tool_call>\n{\"name\": \"tool_150\"");
+        grammar_free(g);
+    }
+}
+
 TEST(grammar_tool_calls_json) {
     grammar *g = tools(0, "get_weather", GM_REASON_OPTIONAL);
     REQUIRE(g);
