@@ -21,7 +21,14 @@ if [ ! -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ] && command -v nvcc > /dev/n
     export CUDA_HOME=$(dirname "$(dirname "$(command -v nvcc)")")
 fi
 if has build; then
-    timeout 240 make -j16 BUILD=$B CUDA=1 $B/cinfer $B/cinfer-tests 2>&1 | tee "$OUT/log.txt"
+    timeout 240 make -j16 BUILD=$B CUDA=1 $B/cinfer $B/cinfer-tests > "$OUT/log.txt" 2>&1
+    if [ ! -x $B/cinfer-tests ]; then
+        # another compiler's warnings in files outside the CUDA work must not stop the GPU run: again without -Werror
+        echo "== retry without -Werror for the C files" >> "$OUT/log.txt"
+        timeout 200 make -j16 BUILD=$B CUDA=1 WARN="-Wall -Wno-unused-parameter -Wno-missing-field-initializers" \
+            $B/cinfer $B/cinfer-tests >> "$OUT/log.txt" 2>&1
+    fi
+    grep -E "error|warning|Error" "$OUT/log.txt" | head -40
 fi
 if has tests; then
     # the CUDA tests (op by op, fixture parity, batch invariance, graphs), one process each so that a fault in
@@ -41,14 +48,14 @@ if has tests; then
     grep -E "^==|FAIL|passed|skip" "$OUT/tests.txt"
 fi
 if has bench; then
-    for s in qwen3.5-4b:100 qwen3.5-35b-a3b:100 qwen3.5-27b:120; do
+    for s in qwen3.5-4b:75 qwen3.5-35b-a3b:85 qwen3.5-27b:100; do
         shape=${s%%:*} lim=${s##*:}
         echo "== $(date -u +%H:%M:%S) $B/cinfer bench --like $shape --device cuda" | tee "$OUT/bench-$shape.txt"
         timeout $lim $B/cinfer bench --like $shape --device cuda 2>&1 | grep -v "cinfer synth: writing" | tee -a "$OUT/bench-$shape.txt"
     done
 fi
 if has peer; then
-    for s in qwen3.5-4b:80; do
+    for s in qwen3.5-4b:70; do
         shape=${s%%:*} lim=${s##*:}
         echo "== python3 bench/peer_transformers.py --like $shape" | tee -a "$OUT/peer.txt"
         timeout $lim python3 bench/peer_transformers.py --like $shape 2>&1 | grep -v Warning | tail -20 | tee -a "$OUT/peer.txt"
