@@ -74,7 +74,7 @@ echo "=== smoke pass OK at $(elapsed) s"
 # ---- real pass ----
 R=$WORK/real
 run tokenize python3 $T/tokenize_data.py --data "$WORK/data" --out "$R/tok" --vocab 8192 --tok-corpus-mb 16 \
-    --max-code-mb 300 --seed "$SEED"
+    --max-code-mb 300 --chat-frac 0.3 --seed "$SEED"
 DEADLINE=$(( START + TOTAL - RESERVE ))
 echo "=== training: budget min($TRAIN_SECONDS, $(( DEADLINE - $(date +%s) ))) s"
 run train python3 $T/train.py --tok "$R/tok" --work "$R/work" --preset real --seconds "$TRAIN_SECONDS" \

@@ -11,8 +11,9 @@ Qwen3.5 template.
 Chat samples are rendered exactly as `cinfer serve` renders a request (add_generation_prompt, thinking
 left at the template's default) followed by the answer: the template's own rendering of [user, assistant]
 is "<|im_start|>user\\n{u}<|im_end|>\\n<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n{a}<|im_end|>\\n",
-whose prefix up to "<think>\\n" is the generation prompt. A fast formatter does the rendering; it is checked
-against transformers' apply_chat_template on a seeded sample of conversations and the run stops if any
+whose prefix up to "<think>\\n" is the generation prompt; the prompt and the answer are tokenized
+separately (as at inference, where the answer is generated after the tokenized prompt). A fast formatter
+does the rendering; it is checked against transformers' apply_chat_template on a seeded sample of conversations and the run stops if any
 differs.
 
 Outputs in TOK: tokenizer.json, tokenizer_config.json, train_ids.npy (uint16 stream: documents in seeded
@@ -179,7 +180,16 @@ def build(data, out, vocab=8192, tok_corpus_mb=16.0, max_code_mb=400.0, chat_fra
         n += len(r["text"].encode("utf-8"))
     t1 = time.time()
     code_ids = encode_many(tok, code_texts)
-    chat_ids = encode_many(tok, [render_full(c["user"], c["assistant"]) for c in chats])
+    # A chat sample is the prompt's ids followed by the answer's ids, each tokenized on its own: at inference
+    # the prompt (ending "<think>\n") is tokenized alone and the answer is generated after it, so a merge
+    # across the boundary (<think> "\n\n" </think>) would teach a token sequence the model never meets.
+    prompts = [render_prompt(c["user"]) for c in chats]
+    fulls = [render_full(c["user"], c["assistant"]) for c in chats]
+    for p, f in zip(prompts, fulls):
+        if not f.startswith(p):
+            raise RuntimeError("a rendered conversation does not start with its generation prompt")
+    chat_ids = [np.concatenate([a, b]) for a, b in zip(encode_many(tok, prompts),
+                                                        encode_many(tok, [f[len(p):] for p, f in zip(prompts, fulls)]))]
     n_code = sum(len(a) for a in code_ids)
     n_chat = sum(len(a) for a in chat_ids)
     reps = 1
