@@ -12,6 +12,7 @@
 #include "cinfer.h"
 #include "cli/args.h"
 #include "cli/cli.h"
+#include "cli/images.h"
 
 /* The generation prompt left an open <think> (thinking on): output starts inside the reasoning. */
 static int prompt_opens_think(const char *prompt) {
@@ -23,10 +24,11 @@ static int prompt_opens_think(const char *prompt) {
 }
 
 int cli_chat(int argc, char **argv) {
-    static const char *const vf[] = {"-m", "--model", "-n", "--temp", "--seed", "--system", "--threads", "--ctx-size", NULL};
+    static const char *const vf[] = {"-m", "--model", "-n", "--temp", "--seed", "--system", "--threads", "--ctx-size", "--image", NULL};
     static const char *const bf[] = {"--no-think", "--help", "-h", NULL};
     if (arg_flag(argc, argv, "--help") || arg_flag(argc, argv, "-h")) {
-        printf("usage: cinfer chat -m DIR [-n MAX_TOKENS] [--temp T] [--seed S] [--system TEXT] [--no-think] [--ctx-size N]\n");
+        printf("usage: cinfer chat -m DIR [-n MAX_TOKENS] [--temp T] [--seed S] [--system TEXT] [--no-think] [--ctx-size N]\n"
+               "                  [--image FILE ...]   (the images go with the first message, and again after /reset)\n");
         return 0;
     }
     if (arg_check(argc, argv, vf, bf, "chat")) return 2;
@@ -52,6 +54,15 @@ int cli_chat(int argc, char **argv) {
         cinfer_model_close(m);
         return 1;
     }
+    /* images: checked now; each turn re-sends the whole history, so each request gets a fresh copy */
+    cinfer_image **ims = NULL;
+    int n_ims = 0;
+    if (cli_images_load(m, argc, argv, "chat", &ims, &n_ims)) {
+        cinfer_model_close(m);
+        return 1;
+    }
+    cli_images_free(ims, n_ims);
+    int images_pending = n_ims > 0, images_in_history = 0;
     cinfer_engine_params ep = cinfer_engine_default_params();
     ep.max_seqs = 1;
     ep.ctx_size = (int)ctx_size;
@@ -76,9 +87,18 @@ int cli_chat(int argc, char **argv) {
         if (!strcmp(line, "/reset")) {
             json_array_clear(history);
             if (system) json_array_append_new(history, json_pack("{s:s, s:s}", "role", "system", "content", system));
+            images_pending = n_ims > 0, images_in_history = 0;
             continue;
         }
-        json_array_append_new(history, json_pack("{s:s, s:s}", "role", "user", "content", line));
+        int with_images = images_pending;
+        if (with_images) {
+            json_t *content = json_array();
+            for (int i = 0; i < n_ims; i++) json_array_append_new(content, json_pack("{s:s}", "type", "image"));
+            json_array_append_new(content, json_pack("{s:s, s:s}", "type", "text", "text", line));
+            json_array_append_new(history, json_pack("{s:s, s:o}", "role", "user", "content", content));
+        } else {
+            json_array_append_new(history, json_pack("{s:s, s:s}", "role", "user", "content", line));
+        }
         json_t *ctx = json_pack("{s:O, s:b, s:b}", "messages", history, "add_generation_prompt", 1, "enable_thinking", think);
         char *cj = json_dumps(ctx, JSON_COMPACT), *prompt = NULL;
         json_decref(ctx);
@@ -87,6 +107,12 @@ int cli_chat(int argc, char **argv) {
         free(cj);
         if (!rc) rc = cinfer_tokenize(m, prompt, strlen(prompt), 0, &ids, &n, err, sizeof err);
         cinfer_request *r = NULL;
+        ims = NULL;
+        int n_sent = 0;
+        if (!rc && (images_in_history || with_images)) {
+            if (cli_images_load(m, argc, argv, "chat", &ims, &n_sent) || cli_images_expand(m, &ids, &n, ims, n_sent, "chat"))
+                rc = -1, snprintf(err, sizeof err, "the images could not be sent");
+        }
         if (!rc) {
             cinfer_request_params rp;
             memset(&rp, 0, sizeof rp);
@@ -99,8 +125,12 @@ int cli_chat(int argc, char **argv) {
             rp.sampling.seed = (uint64_t)seed + turn++;
             rp.skip_special_tokens = 1;
             rp.reasoning = prompt_opens_think(prompt) ? 1 : 2;
+            rp.images = ims;
+            rp.n_images = n_sent;
             rc = cinfer_engine_submit(e, &rp, &r, err, sizeof err);
+            if (!rc) free(ims), ims = NULL; /* the engine owns the images */
         }
+        cli_images_free(ims, n_sent);
         free(prompt);
         free(ids);
         if (rc) {
@@ -108,6 +138,7 @@ int cli_chat(int argc, char **argv) {
             json_array_remove(history, json_array_size(history) - 1);
             continue;
         }
+        if (with_images) images_pending = 0, images_in_history = 1;
         char *answer = NULL;
         size_t alen = 0;
         int in_reasoning = 0;

@@ -243,3 +243,57 @@ TEST(parity_vision_fixture) {
     cinfer_model_close(m);
     json_decref(root);
 }
+
+/* `cinfer generate --image F --prompt TEXT` renders TEXT as one chat user message after the image: on the
+ * fixture's one-image case (an image, then text) it must print generate()'s greedy ids; `cinfer chat --image`
+ * answers through the engine. */
+TEST(parity_vision_cli_prompt) {
+    char dir[512], path[600];
+    snprintf(dir, sizeof dir, "%s/qwen35_vision", test_fixtures_dir());
+    snprintf(path, sizeof path, "%s/cases.json", dir);
+    if (!file_exists(path))
+        SKIP("tests/fixtures/qwen35_vision not made yet (tools/oracle/make_vision_fixtures.py)");
+    const char *bin = getenv("CINFER_BIN");
+    if (!bin) bin = "build/cinfer";
+    json_error_t je;
+    json_t *root = json_load_file(path, 0, &je);
+    REQUIRE(root);
+    size_t ci;
+    json_t *c;
+    int done = 0;
+    json_array_foreach(json_object_get(root, "cases"), ci, c) {
+        json_t *content = json_object_get(json_array_get(json_object_get(c, "messages"), 0), "content");
+        /* exactly [image, text] */
+        if (json_array_size(content) != 2 ||
+            strcmp(json_string_value(json_object_get(json_array_get(content, 0), "type")), "image"))
+            continue;
+        const char *text = json_string_value(json_object_get(json_array_get(content, 1), "text"));
+        const char *img = json_string_value(json_array_get(json_object_get(c, "images"), 0));
+        json_t *gout = json_object_get(json_object_get(c, "greedy"), "output");
+        REQUIRE(text && img && !strchr(text, '\'') && json_array_size(gout) > 0);
+        char cmd[2048], want[1024] = "";
+        for (size_t i = 0; i < json_array_size(gout); i++)
+            snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", i ? "," : "",
+                     (long long)json_integer_value(json_array_get(gout, i)));
+        snprintf(
+            cmd, sizeof cmd,
+            "%s generate -m %s --image %s/images/%s.png --prompt '%s' -n %zu --ids --ignore-eos 2>/dev/null",
+            bin, dir, dir, img, text, json_array_size(gout));
+        FILE *p = popen(cmd, "r");
+        REQUIRE(p);
+        char line[2048] = "";
+        if (!fgets(line, sizeof line, p)) line[0] = 0;
+        CHECK_EQ_INT(pclose(p), 0);
+        line[strcspn(line, "\n")] = 0;
+        CHECK_MSG(!strcmp(line, want),
+                  "%s: cinfer generate --image --prompt printed \"%s\", generate() gave \"%s\"",
+                  json_string_value(json_object_get(c, "name")), line, want);
+        snprintf(cmd, sizeof cmd,
+                 "printf 'hello\\n' | %s chat -m %s --image %s/images/%s.png -n 3 --temp 0 >/dev/null 2>&1",
+                 bin, dir, dir, img);
+        CHECK_EQ_INT(system(cmd), 0);
+        done++;
+    }
+    CHECK(done >= 1);
+    json_decref(root);
+}
