@@ -755,7 +755,7 @@ const needVision = () => { if (!vision) throw new Fail('no vision server: ' + VI
 test('vision: OpenAI image_url and Anthropic image give the same greedy answer; streaming equals whole; usage counts image tokens', async () => {
   if (MOCK) return;
   needVision();
-  const b64 = imgB64(path.join(visionDir(), 'images'), 'tiny_20x30.png');
+  const b64 = imgB64(path.join(visionDir(), 'images'), 'small_40x36.png');
   const body = { model: 'default', messages: oaiImageMsg([b64], 'What is this?'), max_tokens: 8, ...greedy };
   const r = await oai(vision).chat.completions.create(body);
   eq(r.choices.length, 1);
@@ -799,7 +799,7 @@ test('vision: bad images are 400s in each API\'s error shape', async () => {
   if (MOCK) return;
   needVision();
   const dir = path.join(visionDir(), 'images');
-  const good = fs.readFileSync(path.join(dir, 'tiny_20x30.png'));
+  const good = fs.readFileSync(path.join(dir, 'small_40x36.png'));
   const truncated = good.subarray(0, Math.floor(good.length / 2)).toString('base64');
   await expectStatus(oai(vision).chat.completions.create({ model: 'default', messages: oaiImageMsg([truncated], 'x'), max_tokens: 2 }), 400,
     (e) => assert(/image 0/.test(e.message), e.message));

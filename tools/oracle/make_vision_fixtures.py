@@ -58,8 +58,11 @@ IMAGES = [
     ("wide_150x90", 150, 90, 11),
     ("tall_50x170", 50, 170, 12),
     ("big_300x200", 300, 200, 13),
-    ("tiny_20x30", 20, 30, 14),
+    ("small_40x36", 40, 36, 14),
 ]
+# Sides under the factor (32): some transformers versions' smart_resize raise "must be larger than
+# factor"; this probe records what 5.17 does (cinfer must do the same), and is not used in a case.
+PROBE_IMAGES = [("tiny_20x30", 20, 30, 15)]
 
 # Each case: the images it uses, and TRIES variants of the user text. A case's "parts" say
 # where the images go: "I" is the next image, any other string is a text part.
@@ -71,14 +74,20 @@ CASES = [
      [["I", "and then", "I", "Compare them."], ["Here:", "I", "versus", "I", "Which is bigger?"],
       ["I", "or", "I", "Same?"], ["First", "I", "second", "I", "Differences?"],
       ["I", "vs", "I", "Describe both."], ["A", "I", "B", "I", "Go."]]),
-    ("small_image", ["tiny_20x30"],
+    ("small_image", ["small_40x36"],
      [["What is this?", "I"], ["Read", "I"], ["I", "Hmm?"], ["Small one:", "I", "What?"],
       ["I", "Explain."], ["See", "I", "now"]]),
 ]
 
 
+LOG_LINES = []
+
+
 def log(*a):
+    """Printed and kept: the lines also go to <fixture>/oracle-log.txt, so they travel with the fixture even
+    when the device call's own stdout is lost."""
     C.log(*a)
+    LOG_LINES.append(" ".join(str(x) for x in a))
 
 
 # ----------------------------------------------------------------------------- images
@@ -223,10 +232,28 @@ def tokenizer_files(d):
     return tok, template
 
 
-def render_chat(template, messages):
-    import make_default_model as MDM
+def render_chat_plain(messages):
+    """The Qwen3.5 template's output for one user message of image and text parts with the generation prompt
+    (thinking not disabled), written out: used only if jinja2 is missing."""
+    out = ""
+    for m in messages:
+        body = "".join("<|vision_start|><|image_pad|><|vision_end|>" if p["type"] == "image" else p["text"]
+                       for p in m["content"])
+        out += "<|im_start|>" + m["role"] + "\n" + body + "<|im_end|>\n"
+    return out + "<|im_start|>assistant\n<think>\n"
 
-    return MDM.render_chat(template, messages, add_generation_prompt=True)
+
+def render_chat(template, messages):
+    try:
+        import make_default_model as MDM
+
+        text = MDM.render_chat(template, messages, add_generation_prompt=True)
+    except ImportError as e:
+        log("note: jinja2 rendering unavailable (%s); the template's output written out" % e)
+        return render_chat_plain(messages)
+    if text != render_chat_plain(messages):
+        log("note: template output differs from the written-out form: %r" % text)
+    return text
 
 
 def expand_pads(text, grids):
@@ -414,24 +441,41 @@ def build(root):
     log("image processor:", ip_name)
     images = {}
     image_meta = []
-    for name, w, h, seed in IMAGES:
+    for name, w, h, seed in IMAGES + PROBE_IMAGES:
+        probe = (name, w, h, seed) in PROBE_IMAGES
         fn = os.path.join("images", name + ".png")
         Image.fromarray(make_image(w, h, seed)).save(os.path.join(d, fn), "PNG")
         im = Image.open(os.path.join(d, fn))
         im.load()
         im = im.convert("RGB")
         assert im.size == (w, h), im.size
-        pv, grid = run_image_processor(ip, [im])
+        meta = {"name": name, "file": fn, "width": w, "height": h}
+        try:
+            pv, grid = run_image_processor(ip, [im])
+        except Exception as e:
+            meta["processor_error"] = "%s: %s" % (type(e).__name__, str(e)[:300])
+            log("image %s %dx%d: the processor refused it: %s" % (name, w, h, meta["processor_error"]))
+            image_meta.append(meta)
+            if not probe:
+                raise
+            continue
         npv, ngrid = numpy_pixel_values(im)
-        assert grid.shape == (1, 3) and list(grid[0]) == ngrid, (grid, ngrid)
-        assert pv.shape == (int(np.prod(ngrid)), 3 * TEMPORAL * PATCH * PATCH), pv.shape
-        diff = float(np.max(np.abs(pv - npv)))
-        log("image %s %dx%d -> grid %s, pixel_values %s, |processor - numpy mirror| = %.3g" %
-            (name, w, h, ngrid, pv.shape, diff))
-        images[name] = im
-        image_meta.append({"name": name, "file": fn, "width": w, "height": h,
-                           "resized_hw": [ngrid[1] * PATCH, ngrid[2] * PATCH], "grid_thw": ngrid,
-                           "processor_vs_numpy_max_abs": diff})
+        meta["grid_thw"] = [int(x) for x in grid[0]]
+        meta["resized_hw"] = [meta["grid_thw"][1] * PATCH, meta["grid_thw"][2] * PATCH]
+        if list(grid[0]) != ngrid or pv.shape != npv.shape:
+            meta["numpy_mirror_grid"] = ngrid
+            log("note: image %s: processor grid %s, numpy mirror %s" % (name, meta["grid_thw"], ngrid))
+        else:
+            meta["processor_vs_numpy_max_abs"] = float(np.max(np.abs(pv - npv)))
+        assert pv.shape == (int(np.prod(grid[0])), 3 * TEMPORAL * PATCH * PATCH), pv.shape
+        log("image %s %dx%d -> grid %s, pixel_values %s, %s" % (name, w, h, meta["grid_thw"], pv.shape,
+                                                                {k: v for k, v in meta.items() if "numpy" in k}))
+        if probe:
+            save_npy(os.path.join(d, "images", name + ".pixel_values.npy"), pv)
+            meta["pixel_values"] = os.path.join("images", name + ".pixel_values.npy")
+        else:
+            images[name] = im
+        image_meta.append(meta)
 
     # The real processor (tokenizer + image processor), if it can be assembled here: a check
     # that our own pad expansion gives its input_ids.
@@ -457,7 +501,22 @@ def build(root):
     image_id, start_id = ids_of["<|image_pad|>"], ids_of["<|vision_start|>"]
 
     cases = []
+    failed = []
     for cname, img_names, variants in CASES:
+        try:
+            cases.append(build_case(model, cap, ip, hf_proc, tok, template, images, d, V, vision, image_id, start_id,
+                                    cname, img_names, variants, notes))
+        except Exception:
+            tb = traceback.format_exc()
+            log("FAILED case %s\n%s" % (cname, tb))
+            failed.append({"case": cname, "error": tb.strip().splitlines()[-1]})
+    cap.close()
+    return finish(model, cls, d, V, ids_of, image_meta, ip_name, hf_proc, cases, failed, vision, notes, t0)
+
+
+def build_case(model, cap, ip, hf_proc, tok, template, images, d, V, vision, image_id, start_id, cname, img_names,
+               variants, notes):
+    if True:
         pv_list, grid_list = [], []
         for n in img_names:
             pv, grid = run_image_processor(ip, [images[n]])
@@ -520,7 +579,12 @@ def build(root):
                 err = float(np.max(np.abs(lg - l64)) / std)
             except Exception as e:
                 notes.append("float64 reference failed: %s" % str(e)[:200])
-            new, margin, agree, drift = mm_greedy(model, ids, pv, grid, N_NEW)
+            try:
+                new, margin, agree, drift = mm_greedy(model, ids, pv, grid, N_NEW)
+            except Exception:
+                log("note: %s: generate() failed, no greedy reference for this case\n%s" %
+                    (cname, traceback.format_exc()))
+                new, margin, agree, drift = [], -1.0, False, float("nan")
             log("%s try %d: T=%d grids=%s std=%.3f f32_vs_f64=%s margin=%.4f agree=%s drift=%.3g" %
                 (cname, t, len(ids), grids, std, err, margin, agree, drift))
             ok = (err is None or err <= F64_BOUND) and margin >= GREEDY_MIN_MARGIN and agree
@@ -587,7 +651,7 @@ def build(root):
                 stages["rotary_angles"] = base + ".vis_rot.npy"
         except Exception as e:
             notes.append("tower stage dump failed: %s" % str(e)[:200])
-        cases.append({
+        return {
             "name": cname, "images": img_names, "messages": b["messages"], "text": b["chat"],
             "input_ids": ids, "image_grid_thw": grids,
             "pixel_values": base + ".pixel_values.npy", "vision": base + ".vision.npy",
@@ -597,9 +661,10 @@ def build(root):
             "f32_vs_f64": b["err"], "text_variant": b["try_"], "processor_check": b["proc_check"],
             "greedy": {"output": b["new"], "min_margin": b["margin"],
                        "argmax_of_full_forward_agrees": b["agree"],
-                       "hf_decode_vs_full_forward_max_abs_diff": b["drift"]}})
-    cap.close()
+                       "hf_decode_vs_full_forward_max_abs_diff": b["drift"]}}
 
+
+def finish(model, cls, d, V, ids_of, image_meta, ip_name, hf_proc, cases, failed, vision, notes, t0):
     tcfg = model.config.get_text_config()
     out = {"model": NAME, "class": cls.__name__, "vocab_size": V,
            "special_ids": ids_of, "images": image_meta,
@@ -608,7 +673,7 @@ def build(root):
                          "temporal_patch_size": TEMPORAL, "merge_size": MERGE,
                          "image_mean": MEAN, "image_std": STD,
                          "qwen3vl_processor": type(hf_proc).__name__ if hf_proc else None},
-           "cases": cases,
+           "cases": cases, "failed_cases": failed,
            "reference": "transformers float32 forward on the CPU over the whole prompt with "
                         "pixel_values and image_grid_thw, eager attention, use_cache=False; "
                         "f32_vs_f64 = max |f32 - f64| / std against np_reference.forward64 (float64, "
@@ -635,10 +700,12 @@ def main():
     args = ap.parse_args()
     log("env:", json.dumps(C.environment_report()))
     log("versions:", json.dumps(C.versions()))
+    fdir = os.path.join(args.root, "tests", "fixtures", NAME)
     try:
         out = build(args.root)
     except Exception:
         log("FAILED\n" + traceback.format_exc())
+        write_log(fdir)
         return 1
     log("\n===== SUMMARY =====")
     for c in out["cases"]:
@@ -650,7 +717,16 @@ def main():
                                   c["processor_check"]))
     for n in out["notes"]:
         log("note:", n)
-    return 0
+    for f in out["failed_cases"]:
+        log("FAILED case:", f)
+    write_log(fdir)
+    return 1 if out["failed_cases"] else 0
+
+
+def write_log(fdir):
+    if os.path.isdir(fdir):
+        with open(os.path.join(fdir, "oracle-log.txt"), "w") as f:
+            f.write("\n".join(LOG_LINES) + "\n")
 
 
 if __name__ == "__main__":
