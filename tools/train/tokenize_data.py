@@ -13,8 +13,8 @@ left at the template's default) followed by the answer: the template's own rende
 is "<|im_start|>user\\n{u}<|im_end|>\\n<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n{a}<|im_end|>\\n",
 whose prefix up to "<think>\\n" is the generation prompt; the prompt and the answer are tokenized
 separately (as at inference, where the answer is generated after the tokenized prompt). A fast formatter
-does the rendering; it is checked against transformers' apply_chat_template on a seeded sample of conversations and the run stops if any
-differs.
+does the rendering; it is checked against transformers' apply_chat_template on a seeded sample of
+conversations and the run stops if any differs.
 
 Outputs in TOK: tokenizer.json, tokenizer_config.json, train_ids.npy (uint16 stream: documents in seeded
 order, each followed by <|endoftext|>), heldout_ids.npy (heldout_sample.txt tokenized as one text without
