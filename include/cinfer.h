@@ -201,6 +201,9 @@ typedef struct cinfer_engine_params {
     int spec_max_draft;    /* drafts per step at most (adapted per sequence to its acceptance) */
     cinfer_model *draft_model; /* CINFER_SPEC_DRAFT: the draft model (same vocabulary); not owned */
     int device;            /* cinfer_device of the context (default as cinfer_ctx_default_params) */
+    int spec_mtp_vocab;    /* CINFER_SPEC_MTP: the head drafts among token ids [0, N) only, so each draft step
+                              multiplies N rows of the lm_head instead of the whole vocabulary (BPE ids are in
+                              merge order, roughly by frequency); output is exact either way. 0: all ids */
 } cinfer_engine_params;
 
 cinfer_engine_params cinfer_engine_default_params(void);

@@ -146,6 +146,9 @@ int bench_spec(int argc, char **argv, const char *dir, double accept, int mode) 
     int mismatch = 0;
     double plain = run(m, &ep, &o, 1, &mismatch, &s0);
     ep.spec = (cinfer_spec_mode)mode; /* with --spec-accept the forced drafter replaces the drafter's tokens */
+    long mv = 0;
+    if ((v = arg_value(argc, argv, "--spec-mtp-vocab", NULL)) && parse_int(v, "--spec-mtp-vocab", 0, 1 << 30, &mv)) return 2;
+    ep.spec_mtp_vocab = (int)mv;
     ep.spec_max_draft = (int)K;
     double spec = run(m, &ep, &o, 0, &mismatch, &s1);
     double acc = s1.spec_drafted ? (double)s1.spec_accepted / (double)s1.spec_drafted : 0;

@@ -41,7 +41,7 @@ static void print_new_text(cinfer_model *m, const int32_t *ids, int n, size_t *p
 /* The engine path (for --spec): one request, its tokens read from LOGPROB events. Greedy or seeded, the
  * tokens equal the plain path's. */
 static int generate_engine(cinfer_model *m, const int32_t *prompt, int np, int n_gen, float temp, uint64_t seed,
-                           int ignore_eos, int nthreads, int spec, int spec_draft, const char *draft_dir, int32_t *out,
+                           int ignore_eos, int nthreads, int spec, int spec_draft, int mtp_vocab, const char *draft_dir, int32_t *out,
                            int *n_out, int show_text, cinfer_image ***ims, int n_ims) {
     char err[1024];
     cinfer_model *dm = NULL;
@@ -61,6 +61,7 @@ static int generate_engine(cinfer_model *m, const int32_t *prompt, int np, int n
     ep.n_threads = nthreads;
     ep.spec = (cinfer_spec_mode)spec;
     ep.spec_max_draft = spec_draft;
+    ep.spec_mtp_vocab = mtp_vocab;
     ep.draft_model = dm;
     cinfer_engine *e;
     if (cinfer_engine_create(m, &ep, &e, err, sizeof err)) {
@@ -116,11 +117,11 @@ static int generate_engine(cinfer_model *m, const int32_t *prompt, int np, int n
 
 int cli_generate(int argc, char **argv) {
     static const char *const vf[] = {"-m", "--model", "--tokens", "--prompt", "-n", "--temp", "--seed", "--threads", "--spec",
-                                     "--spec-draft", "--draft-model", "--image", NULL};
+                                     "--spec-draft", "--draft-model", "--image", "--spec-mtp-vocab", NULL};
     static const char *const bf[] = {"--ids", "--ignore-eos", "--help", "-h", NULL};
     if (arg_flag(argc, argv, "--help") || arg_flag(argc, argv, "-h")) {
         printf("usage: cinfer generate -m DIR (--tokens LIST | --prompt TEXT) -n N [--temp T] [--seed S] [--ids] [--ignore-eos] "
-               "[--threads N] [--spec none|ngram|mtp|draft] [--spec-draft N] [--draft-model DIR] [--image FILE ...]\n"
+               "[--threads N] [--spec none|ngram|mtp|draft] [--spec-draft N] [--draft-model DIR] [--spec-mtp-vocab N] [--image FILE ...]\n"
                "  --image (repeatable; models with a vision tower): with --tokens, LIST holds one <|image_pad|> id per\n"
                "  image (after <|vision_start|>), expanded in place; with --prompt, TEXT is sent as one chat user message\n"
                "  after the images (or used as is when it already holds <|image_pad|> placeholders)\n"
@@ -159,6 +160,9 @@ int cli_generate(int argc, char **argv) {
         }
     }
     if ((v = arg_value(argc, argv, "--spec-draft", NULL)) && parse_int(v, "--spec-draft", 1, 16, &spec_draft)) return 2;
+    long mtp_vocab = 0;
+    if ((v = arg_value(argc, argv, "--spec-mtp-vocab", NULL)) && parse_int(v, "--spec-mtp-vocab", 0, 1 << 30, &mtp_vocab))
+        return 2;
     int32_t *prompt = NULL;
     int np = 0;
     if (toks && parse_ids(toks, &prompt, &np)) return 2;
@@ -212,7 +216,7 @@ int cli_generate(int argc, char **argv) {
     }
     if (spec) {
         rc = generate_engine(m, prompt, np, (int)n_gen, (float)temp, (uint64_t)seed, ignore_eos, (int)nthreads, spec,
-                             (int)spec_draft, arg_value(argc, argv, "--draft-model", NULL), out, &n_out, text && !print_ids,
+                             (int)spec_draft, (int)mtp_vocab, arg_value(argc, argv, "--draft-model", NULL), out, &n_out, text && !print_ids,
                              &ims, n_ims);
         if (rc) goto done;
         goto print;

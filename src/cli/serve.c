@@ -43,6 +43,8 @@ static void usage(FILE *f) {
             "  --spec none|ngram|mtp|draft  speculative decoding, exact (n-gram drafts from the prompt and output,\n"
             "                             the checkpoint's MTP head, or a draft model: --draft-model DIR, same vocabulary)\n"
             "  --spec-draft N             drafts per step at most (default 4; 3 with mtp)\n"
+            "  --spec-mtp-vocab N         mtp: draft among token ids [0, N) only (a cheaper head step on a large\n"
+            "                             vocabulary; output unchanged; default 0: all ids)\n"
             "  --max-images N             images per request (default 16; models with a vision tower)\n"
             "  --max-image-pixels N       decoded width x height of one image (default 33554432)\n");
 }
@@ -68,7 +70,7 @@ int cli_serve(int argc, char **argv) {
     static const char *const vf[] = {"-m", "--model", "--host", "--port", "--api-key", "--ctx-size", "--max-seqs", "--queue-limit",
                                      "--kv-memory", "--threads", "--max-tokens", "--temp", "--top-p", "--top-k", "--min-p",
                                      "--chat-template-args", "--allowed-origins", "--log-format", "--max-body", "--timeout",
-                                     "--max-connections", "--alias", "--spec", "--spec-draft", "--prefix-cache-memory", "--draft-model", "--step-tokens",
+                                     "--max-connections", "--alias", "--spec", "--spec-draft", "--spec-mtp-vocab", "--prefix-cache-memory", "--draft-model", "--step-tokens",
                                      "--max-images", "--max-image-pixels", NULL};
     static const char *const bf[] = {"--help", "-h", NULL};
     if (arg_flag(argc, argv, "--help") || arg_flag(argc, argv, "-h")) {
@@ -168,6 +170,10 @@ int cli_serve(int argc, char **argv) {
         c.spec_max_draft = (int)n;
     } else if (c.spec == CINFER_SPEC_MTP) {
         c.spec_max_draft = 3; /* chained MTP drafts lose accuracy fast: 1..3 (adapted) */
+    }
+    if ((v = arg_value(argc, argv, "--spec-mtp-vocab", NULL))) {
+        if (parse_int(v, "--spec-mtp-vocab", 0, 1 << 30, &n)) return 2;
+        c.spec_mtp_vocab = (int)n;
     }
     json_t *targs = NULL;
     if ((v = arg_value(argc, argv, "--chat-template-args", NULL))) {

@@ -18,7 +18,7 @@ int mtp_logit_rows(const fwd_entry *e, const mtp_io *io, int n_entries) {
 }
 
 void forward_mtp(const model *m, fwd_scratch *s, kv_pool *kv, threadpool *tp, const fwd_entry *e,
-                 const mtp_io *io, int n_entries, float *cat, float *logits) {
+                 const mtp_io *io, int n_entries, float *cat, int n_vocab, float *logits) {
     const mtp_weights *w = &m->mtp;
     int H = m->H;
     float eps = (float)m->cfg.rms_norm_eps;
@@ -47,7 +47,6 @@ void forward_mtp(const model *m, fwd_scratch *s, kv_pool *kv, threadpool *tp, co
         for (int r = first; r < r0 + n; r++)
             memcpy(s->lrows + (size_t)nl++ * H, s->xn + (size_t)r * H, sizeof(float) * (size_t)H);
     }
-    if (nl)
-        cpu_matmul(tp, logits, s->lrows, m->lm_head.data, m->lm_head.type, nl, m->lm_head.rows,
-                   m->lm_head.cols);
+    /* lm_head rows are token ids: a draft vocabulary [0, n_vocab) is a prefix of the matrix */
+    if (nl) cpu_matmul(tp, logits, s->lrows, m->lm_head.data, m->lm_head.type, nl, n_vocab, m->lm_head.cols);
 }

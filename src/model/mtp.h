@@ -20,9 +20,10 @@ size_t mtp_scratch_floats(const model *m, int max_tokens);
 
 /* Runs the head over the batch: per row u = fc([rmsnorm1p(embed(x_{t+1})) | rmsnorm1p(hh_t)]), the decoder
  * layer (RoPE and KV row at position t, layer 0 of kv), then rmsnorm1p(u, mtp.norm) · lm_head. Logits rows
- * ([rows][V] f32) in entry order as io asks. Entries must be valid (ctx.c checks); m->mtp.present. */
+ * ([rows][n_vocab] f32: token ids [0, n_vocab), n_vocab <= V) in entry order as io asks. Entries must be
+ * valid (ctx.c checks); m->mtp.present. */
 void forward_mtp(const model *m, fwd_scratch *s, kv_pool *kv, threadpool *tp, const fwd_entry *e,
-                 const mtp_io *io, int n_entries, float *cat, float *logits);
+                 const mtp_io *io, int n_entries, float *cat, int n_vocab, float *logits);
 
 /* Rows of logits forward_mtp writes for these entries. */
 int mtp_logit_rows(const fwd_entry *e, const mtp_io *io, int n_entries);

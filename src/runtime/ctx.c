@@ -52,6 +52,7 @@ struct cinfer_ctx {
     unsigned char *seen; /* [max_seqs] per-call duplicate check */
     /* MTP head (ctx_mtp_init): its one-layer KV pool, block tables, entries and fc-input scratch */
     int mtp_on;
+    int mtp_vocab;        /* the head's logits cover token ids [0, mtp_vocab) */
     kv_pool mkv;
     int *mtp_block_store; /* [max_seqs][blocks_per_seq] */
     fwd_entry *mfe;       /* [max_batch] */
@@ -511,9 +512,9 @@ const float *ctx_seq_state(const cinfer_ctx *c, int seq, int layer, int recurren
 
 /* ---- the MTP head (ctx_internal.h) ---- */
 
-int ctx_mtp_init(cinfer_ctx *c, char *err, size_t errlen) {
+int ctx_mtp_init(cinfer_ctx *c, int n_vocab, char *err, size_t errlen) {
     const model *m = c->m;
-    if (c->mtp_on) return 0;
+    if (c->mtp_on) return ci_err(err, errlen, CINFER_ESTATE, "the MTP head is already initialised");
     if (c->cf) return ci_err(err, errlen, CINFER_EUNSUPPORTED, "device cuda: the MTP head is not supported on cuda yet (use --device cpu)");
     if (!m->mtp.present) return ci_err(err, errlen, CINFER_EUNSUPPORTED, "the checkpoint has no MTP head (mtp.* tensors)");
     /* a sequence's head rows never outrun its target rows by more than a window, and a sequence resumed from
@@ -532,6 +533,7 @@ int ctx_mtp_init(cinfer_ctx *c, char *err, size_t errlen) {
     for (int i = 0; i < c->p.max_seqs; i++) c->seqs[i].mtp_blocks = c->mtp_block_store + (size_t)i * c->blocks_per_seq;
     c->mfe = xcalloc((size_t)c->p.max_batch, sizeof *c->mfe);
     c->mio = xcalloc((size_t)c->p.max_batch, sizeof *c->mio);
+    c->mtp_vocab = n_vocab > 0 && n_vocab < m->V ? n_vocab : m->V;
     c->mtp_on = 1;
     return 0;
 }
@@ -599,7 +601,7 @@ int ctx_mtp_forward(cinfer_ctx *c, const ctx_mtp_entry *e, int n, float *logits,
         c->mfe[i] = (fwd_entry){e[i].pos, e[i].tokens, e[i].n, 0, -1, s->mtp_blocks, NULL, 0, NULL, s->mtp_start};
         c->mio[i] = (mtp_io){e[i].hidden, e[i].hidden_out, e[i].logits};
     }
-    forward_mtp(m, &c->s, &c->mkv, c->tp, c->mfe, c->mio, n, c->mtp_cat, logits);
+    forward_mtp(m, &c->s, &c->mkv, c->tp, c->mfe, c->mio, n, c->mtp_cat, c->mtp_vocab, logits);
     for (int i = 0; i < n; i++) c->seqs[e[i].seq].mtp_len = e[i].pos + e[i].n;
     return 0;
 }

@@ -49,7 +49,8 @@ const float *ctx_seq_state(const cinfer_ctx *c, int seq, int layer, int recurren
  * pos == len continues, pos < len first drops the rows from pos on (the drafts of a rejected window); a
  * sequence's first entry may start anywhere (a prompt resumed from the prefix cache: the head attends only
  * to its own rows). */
-int ctx_mtp_init(cinfer_ctx *c, char *err, size_t errlen);
+/* n_vocab: the head's logits cover token ids [0, n_vocab) (0 or >= V: all of them). */
+int ctx_mtp_init(cinfer_ctx *c, int n_vocab, char *err, size_t errlen);
 int ctx_mtp_len(const cinfer_ctx *c, int seq); /* -1: no head or no such sequence */
 typedef struct ctx_mtp_entry {
     int seq;
@@ -60,7 +61,7 @@ typedef struct ctx_mtp_entry {
     float *hidden_out;     /* NULL, or [n][H] f32: each row's output after mtp.norm */
     int logits;            /* 0: none, 1: the last row's, 2: every row's */
 } ctx_mtp_entry;
-/* logits: [rows][V] f32 in entry order. On CINFER_ENOMEM (no KV block) nothing ran, but each entry's sequence
+/* logits: [rows][n_vocab] f32 in entry order. On CINFER_ENOMEM (no KV block) nothing ran, but each entry's sequence
  * has dropped its rows from pos on; other errors change nothing. */
 int ctx_mtp_forward(cinfer_ctx *c, const ctx_mtp_entry *e, int n, float *logits, char *err, size_t errlen);
 

@@ -127,7 +127,8 @@ struct cinfer_engine {
     ctx_mtp_entry *ment;            /* [max_seqs] */
     cinfer_request **mreq;          /* [max_seqs] */
     float *mtp_h;                   /* [max_seqs][H] f32: the head's last normed output per sequence id (chaining) */
-    float *mlogits;                 /* [max_seqs][V] f32 */
+    float *mlogits;                 /* [max_seqs][mtp_vocab] f32 */
+    int mtp_vocab;                  /* the head drafts among ids [0, mtp_vocab) */
     engine_draft_fn drafter;        /* NULL: the built-in n-gram drafter */
     void *drafter_ud;
     cinfer_batch_entry *entries;    /* [max_seqs] */
@@ -634,7 +635,7 @@ static void draft_model_sync(cinfer_engine *e, cinfer_request *r, int kept) {
  * as usual and keep while equal" keeps greedy and seeded output exactly the plain one. */
 static void mtp_step(cinfer_engine *e, int n_entries) {
     char err[512];
-    size_t H = (size_t)e->m->H, V = (size_t)e->m->V;
+    size_t H = (size_t)e->m->H, V = (size_t)e->mtp_vocab;
     int n = 0, kmax = 0;
     for (int i = 0; i < n_entries; i++) {
         cinfer_request *r = e->entry_req[i];
@@ -954,8 +955,9 @@ int cinfer_engine_create(cinfer_model *cm, const cinfer_engine_params *pp, cinfe
         size_t H = (size_t)e->m->H, V = (size_t)e->m->V;
         e->hid = ci_try_alloc(sizeof(float) * (size_t)p.step_tokens * H);
         e->mtp_h = ci_try_alloc(sizeof(float) * (size_t)p.max_seqs * H);
-        e->mlogits = ci_try_alloc(sizeof(float) * (size_t)p.max_seqs * V);
-        if ((rc = ctx_mtp_init(e->ctx, err, errlen)) == 0 && (!e->hid || !e->mtp_h || !e->mlogits))
+        e->mtp_vocab = p.spec_mtp_vocab > 0 && p.spec_mtp_vocab < (int)V ? p.spec_mtp_vocab : (int)V;
+        e->mlogits = ci_try_alloc(sizeof(float) * (size_t)p.max_seqs * (size_t)e->mtp_vocab);
+        if ((rc = ctx_mtp_init(e->ctx, e->mtp_vocab, err, errlen)) == 0 && (!e->hid || !e->mtp_h || !e->mlogits))
             rc = ci_err(err, errlen, CINFER_ENOMEM, "cannot allocate the MTP buffers");
         if (rc) {
             cinfer_ctx_destroy(e->ctx);

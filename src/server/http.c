@@ -1056,6 +1056,7 @@ int srv_run(const srv_config *cfg, volatile sig_atomic_t *stop, char *err, size_
     if (cfg->step_tokens > 0) ep.step_tokens = cfg->step_tokens;
     ep.spec = (cinfer_spec_mode)cfg->spec;
     if (cfg->spec_max_draft > 0) ep.spec_max_draft = cfg->spec_max_draft;
+    ep.spec_mtp_vocab = cfg->spec_mtp_vocab;
     if (cfg->spec == CINFER_SPEC_DRAFT) {
         if (!cfg->draft_model_dir) {
             rc = ci_err(err, errlen, CINFER_EINVAL, "--spec draft needs --draft-model DIR");

@@ -25,6 +25,7 @@ typedef struct srv_config {
     int step_tokens;             /* tokens per engine step (0: the engine's default) */
     int spec;                    /* cinfer_spec_mode: speculative decoding (0: off) */
     int spec_max_draft;          /* drafts per step at most (0: the engine's default) */
+    int spec_mtp_vocab;          /* --spec mtp: draft among token ids [0, N) (0: all) */
     const char *draft_model_dir; /* --spec draft: the draft model's directory */
     srv_defaults defaults;       /* per-request defaults (max_tokens, temperature, ...) */
     /* limits */

@@ -133,7 +133,7 @@ static cinfer_ctx *open_ctx(cinfer_model *cm, int max_ctx) {
     p.n_threads = 2;
     char err[512];
     cinfer_ctx *c = NULL;
-    if (cinfer_ctx_create(cm, &p, &c, err, sizeof err) || ctx_mtp_init(c, err, sizeof err)) {
+    if (cinfer_ctx_create(cm, &p, &c, err, sizeof err) || ctx_mtp_init(c, 0, err, sizeof err)) {
         test_fail(__FILE__, __LINE__, "%s", err);
         cinfer_ctx_destroy(c);
         return NULL;
@@ -432,7 +432,7 @@ static int mtp_hook(void *ud, const int32_t *hist, int n_hist, int32_t *out, int
     return cnt;
 }
 
-static void engine_run(cinfer_model *cm, cinfer_spec_mode spec, erun *r, int hook, int prefix,
+static void engine_run(cinfer_model *cm, cinfer_spec_mode spec, erun *r, int hook, int prefix, int mtp_vocab,
                        cinfer_engine_stats *st) {
     cinfer_engine_params ep = cinfer_engine_default_params();
     ep.max_seqs = ENR;
@@ -442,6 +442,7 @@ static void engine_run(cinfer_model *cm, cinfer_spec_mode spec, erun *r, int hoo
     ep.spec = spec;
     ep.spec_max_draft = 3;
     ep.prefix_cache_memory = prefix ? 64 << 20 : 0;
+    ep.spec_mtp_vocab = mtp_vocab;
     cinfer_engine *e;
     char err[512];
     if (cinfer_engine_create(cm, &ep, &e, err, sizeof err)) {
@@ -490,7 +491,7 @@ TEST(engine_mtp_speculation_is_exact) {
     char err[512];
     REQUIRE(cinfer_model_open(DENSE, &cm, err, sizeof err) == 0);
     const model *m = cinfer_model_internal(cm);
-    static erun plain, spec, forced, cached;
+    static erun plain, spec, forced, cached, narrow;
     memset(&plain, 0, sizeof plain);
     for (int i = 0; i < ENR; i++) {
         plain.lens[i] = 3 + (i * 23) % 60;
@@ -498,15 +499,18 @@ TEST(engine_mtp_speculation_is_exact) {
         plain.gens[i] = 8 + (i * 11) % 32;
         plain.temps[i] = i % 4 == 1 ? 0.9f : 0.0f;
     }
-    cinfer_engine_stats s0, s1, s2, s3;
-    engine_run(cm, CINFER_SPEC_NONE, &plain, 0, 0, &s0);
-    spec = plain, forced = plain, cached = plain;
+    cinfer_engine_stats s0, s1, s2, s3, s4;
+    engine_run(cm, CINFER_SPEC_NONE, &plain, 0, 0, 0, &s0);
+    spec = plain, forced = plain, cached = plain, narrow = plain;
     memset(spec.first_draft, 0xff, sizeof spec.first_draft);
-    engine_run(cm, CINFER_SPEC_MTP, &spec, 1, 0, &s1);
+    memset(narrow.first_draft, 0xff, sizeof narrow.first_draft);
+    engine_run(cm, CINFER_SPEC_MTP, &spec, 1, 0, 0, &s1);
     forced.corrupt = 1;
     forced.plain = plain.out;
-    engine_run(cm, CINFER_SPEC_MTP, &forced, 1, 0, &s2);
-    engine_run(cm, CINFER_SPEC_MTP, &cached, 0, 1, &s3);
+    engine_run(cm, CINFER_SPEC_MTP, &forced, 1, 0, 0, &s2);
+    engine_run(cm, CINFER_SPEC_MTP, &cached, 0, 1, 0, &s3);
+    enum { NARROW = 200 }; /* spec_mtp_vocab: drafts among ids [0, 200) of 512 */
+    engine_run(cm, CINFER_SPEC_MTP, &narrow, 1, 0, NARROW, &s4);
     for (int i = 0; i < ENR; i++) {
         CHECK_EQ_INT(plain.n_out[i], plain.gens[i]);
         CHECK_MSG(spec.n_out[i] == plain.n_out[i] &&
@@ -519,6 +523,10 @@ TEST(engine_mtp_speculation_is_exact) {
         CHECK_MSG(cached.n_out[i] == plain.n_out[i] &&
                       !memcmp(cached.out[i], plain.out[i], sizeof(int32_t) * plain.gens[i]),
                   "request %d (temp %.1f): --spec mtp with the prefix cache changed the output", i,
+                  plain.temps[i]);
+        CHECK_MSG(narrow.n_out[i] == plain.n_out[i] &&
+                      !memcmp(narrow.out[i], plain.out[i], sizeof(int32_t) * plain.gens[i]),
+                  "request %d (temp %.1f): --spec mtp with a draft vocabulary changed the output", i,
                   plain.temps[i]);
     }
     printf("     mtp: %lld drafted, %lld accepted; forced: %lld drafted, %lld accepted, steps %lld -> %lld\n",
@@ -534,7 +542,7 @@ TEST(engine_mtp_speculation_is_exact) {
     /* the head's first drafts against its teacher-forced argmax over each final sequence */
     cinfer_ctx *c = open_ctx(cm, EMAXP + EMAXG + 8);
     REQUIRE(c);
-    int V = m->V, H = m->H, checked = 0, differ = 0, close_calls = 0;
+    int V = m->V, H = m->H, checked = 0, differ = 0, close_calls = 0, n_checked = 0, n_differ = 0;
     float *hid = malloc(sizeof(float) * (EMAXP + EMAXG) * H),
           *lg = malloc(sizeof(float) * (EMAXP + EMAXG) * V);
     float *ml = malloc(sizeof(float) * (EMAXP + EMAXG) * V);
@@ -548,6 +556,16 @@ TEST(engine_mtp_speculation_is_exact) {
         ctx_mtp_entry me = {s, 0, x + 1, hid, n - 1, NULL, 2};
         REQUIRE(ctx_mtp_forward(c, &me, 1, ml, err, sizeof err) == 0);
         for (int L = 2; L <= n; L++) {
+            /* the narrow run's drafts: the argmax over ids [0, NARROW) */
+            int dn = narrow.first_draft[i][L];
+            if (dn >= 0) {
+                const float *nrow = ml + (size_t)(L - 2) * V;
+                int a = 0;
+                for (int v = 1; v < NARROW; v++)
+                    if (nrow[v] > nrow[a]) a = v;
+                n_checked++;
+                n_differ += dn != a && (dn >= NARROW || nrow[a] - nrow[dn] >= 1e-3f * fabsf(nrow[a]));
+            }
             int d = spec.first_draft[i][L];
             if (d < 0) continue;
             const float *row = ml + (size_t)(L - 2) * V; /* row L-2 pairs x[L-1] with hidden L-2 */
@@ -568,6 +586,8 @@ TEST(engine_mtp_speculation_is_exact) {
            checked, differ, close_calls);
     CHECK(checked > 100);
     CHECK_EQ_INT(differ, close_calls);
+    CHECK(n_checked > 100);
+    CHECK_EQ_INT(n_differ, 0);
     free(hid), free(lg), free(ml);
     cinfer_ctx_destroy(c);
     cinfer_model_close(cm);
