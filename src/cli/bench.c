@@ -21,7 +21,7 @@ static double now_s(void) {
 
 int cli_bench(int argc, char **argv) {
     static const char *const vf[] = {"-m", "--model", "-p", "-n", "--threads", "--spec-accept", "--spec-draft", "--batch", "--prefix-turn",
-                                     "--turn-new", "--spec", "--prompt", "--spec-mtp-vocab", NULL};
+                                     "--turn-new", "--spec", "--prompt", "--spec-mtp-vocab", "--repeat", NULL};
     static const char *const bf[] = {"--help", "-h", NULL};
     if (arg_value(argc, argv, "--like", NULL) && !arg_flag(argc, argv, "--help")) return bench_cuda(argc, argv);
     if (arg_flag(argc, argv, "--help") || arg_flag(argc, argv, "-h")) {
@@ -31,7 +31,7 @@ int cli_bench(int argc, char **argv) {
                "       cinfer bench -m DIR --spec-accept A [--spec-draft K=3] [--batch B=1] [-p 32] [-n 64]\n"
                "         speculative decoding at a forced acceptance rate A, against the same batch without it\n"
                "       cinfer bench -m DIR --spec mtp|ngram [--spec-accept A] [--spec-draft K=3] [--batch B=1] [--prompt TEXT]\n"
-               "         [--spec-mtp-vocab N]\n"
+               "         [--spec-mtp-vocab N] [--repeat R]  (R plain/speculative pairs: medians)\n"
                "         the drafter's own acceptance and speedup (with --spec-accept: its cost, forced acceptance)\n"
                "       cinfer bench -m DIR --prefix-turn P [--turn-new N=64]\n"
                "         second-turn time to first token from the prefix cache against cold\n");

@@ -41,6 +41,17 @@ static int forced_draft(void *ud, const int32_t *hist, int n_hist, int32_t *out,
     return 0;
 }
 
+static double median(const double *x, int n) {
+    double t[64];
+    memcpy(t, x, sizeof(double) * (size_t)n);
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
+            double u = t[j];
+            t[j] = t[j - 1], t[j - 1] = u;
+        }
+    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+}
+
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -98,8 +109,10 @@ static double run(cinfer_model *m, const cinfer_engine_params *ep, oracle *o, in
 }
 
 int bench_spec(int argc, char **argv, const char *dir, double accept, int mode) {
-    long K = 3, B = 1, P = 32, N = 64, nthreads = 0;
+    long K = 3, B = 1, P = 32, N = 64, nthreads = 0, R = 1, mv = 0;
     const char *v;
+    if ((v = arg_value(argc, argv, "--repeat", NULL)) && parse_int(v, "--repeat", 1, 64, &R)) return 2;
+    if ((v = arg_value(argc, argv, "--spec-mtp-vocab", NULL)) && parse_int(v, "--spec-mtp-vocab", 0, 1 << 30, &mv)) return 2;
     if ((v = arg_value(argc, argv, "--spec-draft", NULL)) && parse_int(v, "--spec-draft", 1, 16, &K)) return 2;
     if ((v = arg_value(argc, argv, "--batch", NULL)) && parse_int(v, "--batch", 1, 256, &B)) return 2;
     if ((v = arg_value(argc, argv, "-p", NULL)) && parse_int(v, "-p", 1, 1 << 16, &P)) return 2;
@@ -144,13 +157,20 @@ int bench_spec(int argc, char **argv, const char *dir, double accept, int mode) 
     ep.n_threads = (int)nthreads;
     cinfer_engine_stats s0, s1;
     int mismatch = 0;
-    double plain = run(m, &ep, &o, 1, &mismatch, &s0);
-    ep.spec = (cinfer_spec_mode)mode; /* with --spec-accept the forced drafter replaces the drafter's tokens */
-    long mv = 0;
-    if ((v = arg_value(argc, argv, "--spec-mtp-vocab", NULL)) && parse_int(v, "--spec-mtp-vocab", 0, 1 << 30, &mv)) return 2;
-    ep.spec_mtp_vocab = (int)mv;
-    ep.spec_max_draft = (int)K;
-    double spec = run(m, &ep, &o, 0, &mismatch, &s1);
+    cinfer_engine_params sp = ep;
+    sp.spec = (cinfer_spec_mode)mode; /* with --spec-accept the forced drafter replaces the drafter's tokens */
+    sp.spec_mtp_vocab = (int)mv;
+    sp.spec_max_draft = (int)K;
+    /* R (plain, speculative) pairs back to back, the median of each and of the pairs' ratios: on a shared
+     * machine the load drifts between runs, less within a pair */
+    double pl[64], spv[64], ratio[64];
+    for (long i = 0; i < R; i++) {
+        pl[i] = run(m, &ep, &o, i == 0, &mismatch, &s0);
+        rng_seed(&o.r, 12345); /* every repetition verifies the same drafts */
+        spv[i] = run(m, &sp, &o, 0, &mismatch, &s1);
+        ratio[i] = pl[i] > 0 ? spv[i] / pl[i] : 0;
+    }
+    double plain = median(pl, (int)R), spec = median(spv, (int)R), speedup = median(ratio, (int)R);
     double acc = s1.spec_drafted ? (double)s1.spec_accepted / (double)s1.spec_drafted : 0;
     printf("model            %s (%s)\n", dir, info.arch);
     if (accept >= 0)
@@ -162,7 +182,13 @@ int bench_spec(int argc, char **argv, const char *dir, double accept, int mode) 
     printf("plain            %.2f tok/s decode (%lld steps)\n", plain, (long long)s0.steps_total);
     printf("speculative      %.2f tok/s decode (%lld steps), measured acceptance %.3f (%lld of %lld drafts)\n", spec,
            (long long)s1.steps_total, acc, (long long)s1.spec_accepted, (long long)s1.spec_drafted);
-    printf("speedup          %.2fx   (outputs %s)\n", plain > 0 ? spec / plain : 0, mismatch ? "DIFFER" : "identical");
+    if (R > 1) {
+        printf("pairs            ");
+        for (long i = 0; i < R; i++) printf("%s%.2f/%.2f", i ? ", " : "", spv[i], pl[i]);
+        printf(" tok/s (speculative/plain)\n");
+    }
+    printf("speedup          %.2fx   (%s; outputs %s)\n", speedup, R > 1 ? "median of the pairs' ratios" : "one pair",
+           mismatch ? "DIFFER" : "identical");
     free(o.prompts);
     free(o.outs);
     cinfer_model_close(m);

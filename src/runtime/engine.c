@@ -919,6 +919,8 @@ int cinfer_engine_create(cinfer_model *cm, const cinfer_engine_params *pp, cinfe
     if (p.spec == CINFER_SPEC_NONE) p.spec_max_draft = 0;
     if (p.spec_max_draft < 0 || p.spec_max_draft > 16)
         return ci_err(err, errlen, CINFER_EINVAL, "spec_max_draft %d: must be 0..16", p.spec_max_draft);
+    if (p.spec == CINFER_SPEC_MTP && p.spec_max_draft < 1) /* the head reads each request's token history */
+        return ci_err(err, errlen, CINFER_EINVAL, "speculation with the MTP head needs spec_max_draft >= 1");
     cinfer_engine *e = xcalloc(1, sizeof *e);
     e->cm = cm;
     e->m = cinfer_model_internal(cm);
