@@ -12,6 +12,7 @@
 #include "model/qwen35.h"
 #include "runtime/ctx_internal.h"
 #include "test.h"
+#include "util/alloc.h"
 #include "util/bf16.h"
 #include "util/file.h"
 #include "util/npy.h"
@@ -589,6 +590,53 @@ TEST(engine_mtp_speculation_is_exact) {
     CHECK(n_checked > 100);
     CHECK_EQ_INT(n_differ, 0);
     free(hid), free(lg), free(ml);
+    cinfer_ctx_destroy(c);
+    cinfer_model_close(cm);
+}
+
+/* A speculative round with the head (verify window with hidden rows, commit, the head's catch-up rows and a
+ * chained row) allocates nothing: the head's pool and scratch were sized at ctx_mtp_init. */
+TEST(mtp_round_does_not_allocate) {
+    cinfer_model *cm;
+    char err[512];
+    REQUIRE(cinfer_model_open(DENSE, &cm, err, sizeof err) == 0);
+    const model *m = cinfer_model_internal(cm);
+    cinfer_ctx_params p = cinfer_ctx_default_params();
+    p.max_seqs = 2;
+    p.max_ctx = 96;
+    p.max_batch = 96;
+    p.n_threads = 2;
+    p.spec_window = 4;
+    cinfer_ctx *c = NULL;
+    REQUIRE(cinfer_ctx_create(cm, &p, &c, err, sizeof err) == 0);
+    REQUIRE(ctx_mtp_init(c, 0, err, sizeof err) == 0);
+    int32_t x[96];
+    make_tokens(x, 96, 5, m->V);
+    float *hid = malloc(sizeof(float) * 96 * m->H), *lg = malloc(sizeof(float) * 96 * m->V);
+    int s = target_hidden(c, x, 20, hid, lg);
+    REQUIRE(s >= 0);
+    ctx_mtp_entry pre = {s, 0, x + 1, hid, 19, hid, 1};
+    REQUIRE(ctx_mtp_forward(c, &pre, 1, lg, err, sizeof err) == 0);
+    int rc = 0, len = 20;
+    alloc_guard_arm(1);
+    long before = alloc_count();
+    alloc_guard_begin();
+    for (int i = 0; i < 6 && !rc; i++) {
+        cinfer_batch_entry w = {s, x + len - 1, 4, 1, 1, hid};
+        rc = cinfer_forward(c, &w, 1, lg, err, sizeof err);
+        int keep = 1 + i % 4;
+        if (!rc) rc = cinfer_seq_commit(c, s, keep, err, sizeof err);
+        ctx_mtp_entry cu = {s, len - 1, x + len, hid, keep, hid, 1};
+        if (!rc) rc = ctx_mtp_forward(c, &cu, 1, lg, err, sizeof err);
+        ctx_mtp_entry ch = {s, len - 1 + keep, x + len + keep, hid + (size_t)(keep - 1) * m->H, 1, hid, 1};
+        if (!rc) rc = ctx_mtp_forward(c, &ch, 1, lg, err, sizeof err);
+        len += keep;
+    }
+    alloc_guard_end();
+    alloc_guard_arm(0);
+    CHECK_MSG(rc == 0, "%s", err);
+    CHECK_EQ_INT(alloc_count(), before);
+    free(hid), free(lg);
     cinfer_ctx_destroy(c);
     cinfer_model_close(cm);
 }
