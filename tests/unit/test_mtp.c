@@ -403,6 +403,7 @@ typedef struct erun {
     int n_out[ENR];
     int first_draft[ENR]
                    [EMAXP + EMAXG]; /* the head's first draft when the sequence held L tokens (-1: none) */
+    int V;                          /* vocabulary of the model */
     int corrupt;                    /* replace drafts with the plain output, one position corrupted */
     int32_t (*plain)[EMAXG];
     int calls;
@@ -427,7 +428,7 @@ static int mtp_hook(void *ud, const int32_t *hist, int n_hist, int32_t *out, int
     int g = n_hist - r->lens[i], bad = r->calls++ % (k + 1), cnt = 0;
     while (cnt < k && g + cnt < r->gens[i]) {
         int32_t t = r->plain[i][g + cnt];
-        out[cnt] = cnt == bad ? (t + 1) % 512 : t;
+        out[cnt] = cnt == bad ? (t + 1) % r->V : t;
         cnt++;
     }
     return cnt;
@@ -494,9 +495,10 @@ TEST(engine_mtp_speculation_is_exact) {
     const model *m = cinfer_model_internal(cm);
     static erun plain, spec, forced, cached, narrow;
     memset(&plain, 0, sizeof plain);
+    plain.V = m->V;
     for (int i = 0; i < ENR; i++) {
         plain.lens[i] = 3 + (i * 23) % 60;
-        make_tokens(plain.prompts[i], plain.lens[i], 700 + i, 512);
+        make_tokens(plain.prompts[i], plain.lens[i], 700 + i, m->V);
         plain.gens[i] = 8 + (i * 11) % 32;
         plain.temps[i] = i % 4 == 1 ? 0.9f : 0.0f;
     }
@@ -639,4 +641,79 @@ TEST(mtp_round_does_not_allocate) {
     free(hid), free(lg);
     cinfer_ctx_destroy(c);
     cinfer_model_close(cm);
+}
+
+#include "unit/tiny_model.h"
+
+/* The head on the other architectures (tiny random checkpoints with an mtp.* head): MoE with fused experts,
+ * MoE with per-expert tensors, Qwen3-Next. Its rows fed one by one equal one batch bit for bit, and --spec
+ * mtp (the head's own drafts, and forced drafts with the head running) gives exactly the plain output. */
+TEST(mtp_moe_and_next_heads_are_exact) {
+    static const int archs[3] = {2, 4, 3};
+    for (int a = 0; a < 3; a++) {
+        tiny_opts o = tiny_default(archs[a]);
+        o.mtp = 1;
+        o.seed = 300 + (uint64_t)a;
+        char dir[600], err[512];
+        snprintf(dir, sizeof dir, "%s/mtp_arch%d", test_tmpdir(), archs[a]);
+        REQUIRE(tiny_write(dir, &o) == 0);
+        cinfer_model *cm;
+        if (cinfer_model_open(dir, &cm, err, sizeof err)) {
+            test_fail(__FILE__, __LINE__, "arch %d: %s", archs[a], err);
+            continue;
+        }
+        const model *m = cinfer_model_internal(cm);
+        CHECK(m->mtp.present && m->mtp.layer.moe == (archs[a] != 1));
+        enum { N = 30 };
+        int V = m->V, H = m->H;
+        int32_t x[N];
+        make_tokens(x, N, 11 + (uint64_t)a, V);
+        cinfer_ctx *c = open_ctx(cm, 64);
+        REQUIRE(c);
+        float *hid = malloc(sizeof(float) * N * H), *lg = malloc(sizeof(float) * N * V),
+              *ml = malloc(sizeof(float) * N * V);
+        float *row = malloc(sizeof(float) * V);
+        int s = target_hidden(c, x, N, hid, lg), s2 = cinfer_seq_open(c, err, sizeof err);
+        REQUIRE(s >= 0 && s2 >= 0);
+        ctx_mtp_entry all = {s, 0, x + 1, hid, N - 1, NULL, 2};
+        REQUIRE(ctx_mtp_forward(c, &all, 1, ml, err, sizeof err) == 0);
+        int mism = 0;
+        for (int t = 0; t < N - 1; t++) {
+            ctx_mtp_entry e1 = {s2, t, x + t + 1, hid + (size_t)t * H, 1, NULL, 1};
+            REQUIRE(ctx_mtp_forward(c, &e1, 1, row, err, sizeof err) == 0);
+            mism += memcmp(row, ml + (size_t)t * V, sizeof(float) * V) != 0;
+        }
+        CHECK_MSG(mism == 0, "arch %d: %d head rows differ fed one by one", archs[a], mism);
+        free(hid), free(lg), free(ml), free(row);
+        cinfer_ctx_destroy(c);
+        static erun plain, spec, forced;
+        memset(&plain, 0, sizeof plain);
+        plain.V = V;
+        for (int i = 0; i < ENR; i++) {
+            plain.lens[i] = 2 + (i * 17) % 50;
+            make_tokens(plain.prompts[i], plain.lens[i], 40 + (uint64_t)i, V);
+            plain.gens[i] = 6 + (i * 7) % 30;
+            plain.temps[i] = i % 3 == 2 ? 0.8f : 0.0f;
+        }
+        cinfer_engine_stats s0, s1, s3;
+        engine_run(cm, CINFER_SPEC_NONE, &plain, 0, 0, 0, &s0);
+        spec = plain, forced = plain;
+        engine_run(cm, CINFER_SPEC_MTP, &spec, 0, 0, 0, &s1);
+        forced.corrupt = 1;
+        forced.plain = plain.out;
+        engine_run(cm, CINFER_SPEC_MTP, &forced, 1, 0, 0, &s3);
+        for (int i = 0; i < ENR; i++) {
+            CHECK_MSG(spec.n_out[i] == plain.gens[i] &&
+                          !memcmp(spec.out[i], plain.out[i], sizeof(int32_t) * plain.gens[i]),
+                      "arch %d request %d: --spec mtp changed the output", archs[a], i);
+            CHECK_MSG(forced.n_out[i] == plain.gens[i] &&
+                          !memcmp(forced.out[i], plain.out[i], sizeof(int32_t) * plain.gens[i]),
+                      "arch %d request %d: forced drafts with the head changed the output", archs[a], i);
+        }
+        CHECK(s1.spec_drafted > 0 && s3.spec_accepted > 0);
+        printf("     arch %d: head drafts %lld, %lld accepted; forced %lld of %lld\n", archs[a],
+               (long long)s1.spec_drafted, (long long)s1.spec_accepted, (long long)s3.spec_accepted,
+               (long long)s3.spec_drafted);
+        cinfer_model_close(cm);
+    }
 }

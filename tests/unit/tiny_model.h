@@ -23,6 +23,7 @@ typedef struct tiny_opts {
     uint64_t seed;
     int vision;          /* with multimodal: a 1-block vision tower (D 16, 2 heads, 4x4 positions) and token ids
                             vision_start V-6, vision_end V-5, image_pad V-4, video_pad V-3 */
+    int mtp;             /* an MTP head (mtp.*: fc, three norms, one full-attention layer of the arch's FFN kind) */
 } tiny_opts;
 
 static tiny_opts tiny_default(int arch) {
@@ -79,6 +80,62 @@ static void tiny_fill(void *ud, int idx, uint64_t off, void *buf, size_t nb) {
     }
 }
 
+/* One decoder layer's tensors under prefix lp: DeltaNet or (full) gated attention, then the arch's FFN. */
+static void tiny_layer(tiny_set *s, const tiny_opts *o, const char *lp, int full) {
+    char nm[256];
+    int next = o->arch == 3, moe = o->arch != 1;
+    int kd = o->Hk * o->dk, vd = o->Hv * o->dv, C = 2 * kd + vd;
+    float ws = 0.25f; /* wide enough that logits spread */
+#define N(...) (snprintf(nm, sizeof nm, __VA_ARGS__), nm)
+    tiny_add(s, o, N("%sinput_layernorm.weight", lp), 1, o->H, 0, 0, 0.2f, 0);
+    tiny_add(s, o, N("%spost_attention_layernorm.weight", lp), 1, o->H, 0, 0, 0.2f, 0);
+    if (!full) {
+        if (next) {
+            tiny_add(s, o, N("%slinear_attn.in_proj_qkvz.weight", lp), 2, 2 * kd + 2 * vd, o->H, 0, ws, 0);
+            tiny_add(s, o, N("%slinear_attn.in_proj_ba.weight", lp), 2, 2 * o->Hv, o->H, 0, ws, 0);
+        } else {
+            tiny_add(s, o, N("%slinear_attn.in_proj_qkv.weight", lp), 2, C, o->H, 0, ws, 0);
+            tiny_add(s, o, N("%slinear_attn.in_proj_z.weight", lp), 2, vd, o->H, 0, ws, 0);
+            tiny_add(s, o, N("%slinear_attn.in_proj_b.weight", lp), 2, o->Hv, o->H, 0, ws, 0);
+            tiny_add(s, o, N("%slinear_attn.in_proj_a.weight", lp), 2, o->Hv, o->H, 0, ws, 0);
+        }
+        tiny_add(s, o, N("%slinear_attn.conv1d.weight", lp), 3, C, 1, 4, 0.5f, 0);
+        tiny_add(s, o, N("%slinear_attn.A_log", lp), 1, o->Hv, 0, 0, 1.0f, 0.5f);
+        tiny_add(s, o, N("%slinear_attn.dt_bias", lp), 1, o->Hv, 0, 0, 0.5f, 0);
+        tiny_add(s, o, N("%slinear_attn.norm.weight", lp), 1, o->dv, 0, 0, 0.2f, 1.0f);
+        tiny_add(s, o, N("%slinear_attn.out_proj.weight", lp), 2, o->H, vd, 0, ws, 0);
+    } else {
+        tiny_add(s, o, N("%sself_attn.q_proj.weight", lp), 2, o->Hq * 2 * o->hd, o->H, 0, ws, 0);
+        tiny_add(s, o, N("%sself_attn.k_proj.weight", lp), 2, o->Hkv * o->hd, o->H, 0, ws, 0);
+        tiny_add(s, o, N("%sself_attn.v_proj.weight", lp), 2, o->Hkv * o->hd, o->H, 0, ws, 0);
+        tiny_add(s, o, N("%sself_attn.o_proj.weight", lp), 2, o->H, o->Hq * o->hd, 0, ws, 0);
+        tiny_add(s, o, N("%sself_attn.q_norm.weight", lp), 1, o->hd, 0, 0, 0.2f, 0);
+        tiny_add(s, o, N("%sself_attn.k_norm.weight", lp), 1, o->hd, 0, 0, 0.2f, 0);
+    }
+    if (moe) {
+        tiny_add(s, o, N("%smlp.gate.weight", lp), 2, o->E, o->H, 0, ws, 0);
+        if (o->arch == 2) {
+            tiny_add(s, o, N("%smlp.experts.gate_up_proj", lp), 3, o->E, 2 * o->Im, o->H, ws, 0);
+            tiny_add(s, o, N("%smlp.experts.down_proj", lp), 3, o->E, o->H, o->Im, ws, 0);
+        } else {
+            for (int e = 0; e < o->E; e++) {
+                tiny_add(s, o, N("%smlp.experts.%d.gate_proj.weight", lp, e), 2, o->Im, o->H, 0, ws, 0);
+                tiny_add(s, o, N("%smlp.experts.%d.up_proj.weight", lp, e), 2, o->Im, o->H, 0, ws, 0);
+                tiny_add(s, o, N("%smlp.experts.%d.down_proj.weight", lp, e), 2, o->H, o->Im, 0, ws, 0);
+            }
+        }
+        tiny_add(s, o, N("%smlp.shared_expert.gate_proj.weight", lp), 2, o->Is, o->H, 0, ws, 0);
+        tiny_add(s, o, N("%smlp.shared_expert.up_proj.weight", lp), 2, o->Is, o->H, 0, ws, 0);
+        tiny_add(s, o, N("%smlp.shared_expert.down_proj.weight", lp), 2, o->H, o->Is, 0, ws, 0);
+        tiny_add(s, o, N("%smlp.shared_expert_gate.weight", lp), 2, 1, o->H, 0, ws, 0);
+    } else {
+        tiny_add(s, o, N("%smlp.gate_proj.weight", lp), 2, o->I, o->H, 0, ws, 0);
+        tiny_add(s, o, N("%smlp.up_proj.weight", lp), 2, o->I, o->H, 0, ws, 0);
+        tiny_add(s, o, N("%smlp.down_proj.weight", lp), 2, o->H, o->I, 0, ws, 0);
+    }
+#undef N
+}
+
 /* Writes dir/config.json and dir/model.safetensors. Returns 0 on success. */
 static int tiny_write(const char *dir, const tiny_opts *o) {
     static tiny_set s;
@@ -88,7 +145,6 @@ static int tiny_write(const char *dir, const tiny_opts *o) {
     const char *P = o->multimodal ? "model.language_model." : "model.";
     char nm[256];
     int next = o->arch == 3, moe = o->arch != 1;
-    int kd = o->Hk * o->dk, vd = o->Hv * o->dv, C = 2 * kd + vd;
     float ws = 0.25f; /* wide enough that logits spread */
 #define N(...) (snprintf(nm, sizeof nm, __VA_ARGS__), nm)
     tiny_add(&s, o, N("%sembed_tokens.weight", P), 2, o->V, o->H, 0, 1.0f, 0);
@@ -97,52 +153,14 @@ static int tiny_write(const char *dir, const tiny_opts *o) {
     for (int i = 0; i < o->L; i++) {
         char lp[128];
         snprintf(lp, sizeof lp, "%slayers.%d.", P, i);
-        tiny_add(&s, o, N("%sinput_layernorm.weight", lp), 1, o->H, 0, 0, 0.2f, 0);
-        tiny_add(&s, o, N("%spost_attention_layernorm.weight", lp), 1, o->H, 0, 0, 0.2f, 0);
-        if ((i + 1) % 2 != 0) { /* pattern L F L F */
-            if (next) {
-                tiny_add(&s, o, N("%slinear_attn.in_proj_qkvz.weight", lp), 2, 2 * kd + 2 * vd, o->H, 0, ws, 0);
-                tiny_add(&s, o, N("%slinear_attn.in_proj_ba.weight", lp), 2, 2 * o->Hv, o->H, 0, ws, 0);
-            } else {
-                tiny_add(&s, o, N("%slinear_attn.in_proj_qkv.weight", lp), 2, C, o->H, 0, ws, 0);
-                tiny_add(&s, o, N("%slinear_attn.in_proj_z.weight", lp), 2, vd, o->H, 0, ws, 0);
-                tiny_add(&s, o, N("%slinear_attn.in_proj_b.weight", lp), 2, o->Hv, o->H, 0, ws, 0);
-                tiny_add(&s, o, N("%slinear_attn.in_proj_a.weight", lp), 2, o->Hv, o->H, 0, ws, 0);
-            }
-            tiny_add(&s, o, N("%slinear_attn.conv1d.weight", lp), 3, C, 1, 4, 0.5f, 0);
-            tiny_add(&s, o, N("%slinear_attn.A_log", lp), 1, o->Hv, 0, 0, 1.0f, 0.5f);
-            tiny_add(&s, o, N("%slinear_attn.dt_bias", lp), 1, o->Hv, 0, 0, 0.5f, 0);
-            tiny_add(&s, o, N("%slinear_attn.norm.weight", lp), 1, o->dv, 0, 0, 0.2f, 1.0f);
-            tiny_add(&s, o, N("%slinear_attn.out_proj.weight", lp), 2, o->H, vd, 0, ws, 0);
-        } else {
-            tiny_add(&s, o, N("%sself_attn.q_proj.weight", lp), 2, o->Hq * 2 * o->hd, o->H, 0, ws, 0);
-            tiny_add(&s, o, N("%sself_attn.k_proj.weight", lp), 2, o->Hkv * o->hd, o->H, 0, ws, 0);
-            tiny_add(&s, o, N("%sself_attn.v_proj.weight", lp), 2, o->Hkv * o->hd, o->H, 0, ws, 0);
-            tiny_add(&s, o, N("%sself_attn.o_proj.weight", lp), 2, o->H, o->Hq * o->hd, 0, ws, 0);
-            tiny_add(&s, o, N("%sself_attn.q_norm.weight", lp), 1, o->hd, 0, 0, 0.2f, 0);
-            tiny_add(&s, o, N("%sself_attn.k_norm.weight", lp), 1, o->hd, 0, 0, 0.2f, 0);
-        }
-        if (moe) {
-            tiny_add(&s, o, N("%smlp.gate.weight", lp), 2, o->E, o->H, 0, ws, 0);
-            if (o->arch == 2) {
-                tiny_add(&s, o, N("%smlp.experts.gate_up_proj", lp), 3, o->E, 2 * o->Im, o->H, ws, 0);
-                tiny_add(&s, o, N("%smlp.experts.down_proj", lp), 3, o->E, o->H, o->Im, ws, 0);
-            } else {
-                for (int e = 0; e < o->E; e++) {
-                    tiny_add(&s, o, N("%smlp.experts.%d.gate_proj.weight", lp, e), 2, o->Im, o->H, 0, ws, 0);
-                    tiny_add(&s, o, N("%smlp.experts.%d.up_proj.weight", lp, e), 2, o->Im, o->H, 0, ws, 0);
-                    tiny_add(&s, o, N("%smlp.experts.%d.down_proj.weight", lp, e), 2, o->H, o->Im, 0, ws, 0);
-                }
-            }
-            tiny_add(&s, o, N("%smlp.shared_expert.gate_proj.weight", lp), 2, o->Is, o->H, 0, ws, 0);
-            tiny_add(&s, o, N("%smlp.shared_expert.up_proj.weight", lp), 2, o->Is, o->H, 0, ws, 0);
-            tiny_add(&s, o, N("%smlp.shared_expert.down_proj.weight", lp), 2, o->H, o->Is, 0, ws, 0);
-            tiny_add(&s, o, N("%smlp.shared_expert_gate.weight", lp), 2, 1, o->H, 0, ws, 0);
-        } else {
-            tiny_add(&s, o, N("%smlp.gate_proj.weight", lp), 2, o->I, o->H, 0, ws, 0);
-            tiny_add(&s, o, N("%smlp.up_proj.weight", lp), 2, o->I, o->H, 0, ws, 0);
-            tiny_add(&s, o, N("%smlp.down_proj.weight", lp), 2, o->H, o->I, 0, ws, 0);
-        }
+        tiny_layer(&s, o, lp, (i + 1) % 2 == 0); /* pattern L F L F */
+    }
+    if (o->mtp) {
+        tiny_add(&s, o, "mtp.fc.weight", 2, o->H, 2 * o->H, 0, ws, 0);
+        tiny_add(&s, o, "mtp.pre_fc_norm_embedding.weight", 1, o->H, 0, 0, 0.2f, 0);
+        tiny_add(&s, o, "mtp.pre_fc_norm_hidden.weight", 1, o->H, 0, 0, 0.2f, 0);
+        tiny_add(&s, o, "mtp.norm.weight", 1, o->H, 0, 0, 0.2f, 0);
+        tiny_layer(&s, o, "mtp.layers.0.", 1);
     }
     if (o->vision) {
         const int D = 16, VI = 32, J = D * 4;
