@@ -20,6 +20,22 @@ has() { case " $STAGES " in *" $1 "*) return 0 ;; esac; return 1; }
 if [ ! -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ] && command -v nvcc > /dev/null; then
     export CUDA_HOME=$(dirname "$(dirname "$(command -v nvcc)")")
 fi
+# the chat page is embedded with `xxd -i -n NAME FILE`; a bare machine may lack xxd: a stand-in in Python
+if ! command -v xxd > /dev/null; then
+    mkdir -p /tmp/xxd-bin
+    cat > /tmp/xxd-bin/xxd <<'PY'
+#!/usr/bin/env python3
+import sys
+a = sys.argv[1:]
+name = a[a.index("-n") + 1]
+data = open(a[-1], "rb").read()
+rows = [", ".join("0x%02x" % b for b in data[i:i + 12]) for i in range(0, len(data), 12)]
+print("unsigned char %s[] = {\n  %s\n};\nunsigned int %s_len = %d;" % (name, ",\n  ".join(rows), name, len(data)))
+PY
+    chmod +x /tmp/xxd-bin/xxd
+    export PATH=/tmp/xxd-bin:$PATH
+fi
+rm -rf $B/gen
 if has build; then
     timeout 240 make -j16 BUILD=$B CUDA=1 $B/cinfer $B/cinfer-tests > "$OUT/log.txt" 2>&1
     if [ ! -x $B/cinfer-tests ]; then
