@@ -220,7 +220,7 @@ TEST(vision_tower_matches_transformers) {
             if (f) snprintf(st[n].file, sizeof st[n].file, "%s", f);
             n++;
         }
-        static char bnames[8][16];
+        static char bnames[8][24];
         for (int b = 0; b < m->vis.depth && b < 8; b++) {
             snprintf(bnames[b], sizeof bnames[b], "block%d", b);
             st[n] = (stage_ref){bnames[b], "", VIS_BOUND_DEEP, 0, 0};
