@@ -19,6 +19,7 @@
 #define VIS_MAX_PATCHES ((int64_t)1 << 20)
 #define VIS_MAX_SIDE    8192
 #define VIS_MAX_T       64
+#define VIS_ATT_ROWS    256 /* query rows per block of attention scores */
 
 int64_t vision_tokens(const vision_weights *v, vision_grid g) {
     return (int64_t)g.t * g.h * g.w / ((int64_t)v->merge * v->merge);
@@ -56,9 +57,13 @@ typedef struct vis_run {
     float *att;         /* [N, D] attention output (heads side by side) */
     float *h;           /* [N, max(I, D)] MLP hidden; the merger's [N/4, 4D] */
     float *cosv, *sinv; /* [N, head_dim] rotary tables, each half repeated */
-    float *scores;      /* [nth][max_frame] per-thread attention scores */
-    int *frame0;        /* [N] first row of the row's frame */
-    int *framen;        /* [N] rows in the row's frame */
+    float *qh, *kh,
+        *vt;   /* [max_frame][head_dim] one head's q and k of one frame, v transposed [head_dim][max_frame] */
+    float *S;  /* [VIS_ATT_ROWS][max_frame] scores, then probabilities, of a block of query rows */
+    float *ob; /* [VIS_ATT_ROWS][head_dim] their outputs */
+    int s_cols;  /* keys of the current frame */
+    int *frame0; /* [N] first row of the row's frame */
+    int *framen; /* [N] rows in the row's frame */
     int max_frame;
 
     /* arguments of the current row job */
@@ -159,34 +164,54 @@ static void rope_rows(vis_run *r, int64_t r0, int64_t r1, int ith) {
     }
 }
 
-/* Non-causal attention of (row, head) over the row's frame: scores q.k * scale, softmax in f32, then the
- * probabilities (already divided by their sum, as torch's softmax returns them) times v. */
-static void attn_items(vis_run *r, int64_t i0, int64_t i1, int ith) {
+/* softmax over a row of scores, as torch's softmax(dim=-1, dtype=float32) after the scale: exp(x - max) /
+ * sum, the probabilities divided by their sum before they weigh the values */
+static void softmax_rows(vis_run *r, int64_t r0, int64_t r1, int ith) {
     const vision_weights *v = r->v;
-    int D = v->D, hd = v->head_dim, H = v->heads;
-    float scale = 1.0f / sqrtf((float)hd);
-    float *sc = r->scores + (size_t)ith * r->max_frame;
-    for (int64_t it = i0; it < i1; it++) {
-        int64_t row = it / H;
-        int hh = (int)(it % H);
-        int f0 = r->frame0[row], fn = r->framen[row];
-        const float *q = r->qkv + row * 3 * D + hh * hd;
-        float mx = -INFINITY;
-        for (int j = 0; j < fn; j++) {
-            const float *k = r->qkv + (int64_t)(f0 + j) * 3 * D + D + hh * hd;
-            sc[j] = ops_dot(q, k, hd) * scale;
-            if (sc[j] > mx) mx = sc[j];
+    float scale = 1.0f / sqrtf((float)v->head_dim);
+    int n = r->s_cols;
+    for (int64_t i = r0; i < r1; i++) {
+        float *x = r->S + i * n, mx = -INFINITY, sum = 0;
+        for (int j = 0; j < n; j++) {
+            x[j] *= scale;
+            if (x[j] > mx) mx = x[j];
         }
-        float sum = 0;
-        for (int j = 0; j < fn; j++) {
-            sc[j] = expf(sc[j] - mx);
-            sum += sc[j];
+        for (int j = 0; j < n; j++) {
+            x[j] = expf(x[j] - mx);
+            sum += x[j];
         }
-        float *o = r->att + row * D + hh * hd;
-        memset(o, 0, (size_t)hd * sizeof(float));
-        for (int j = 0; j < fn; j++) {
-            const float *vv = r->qkv + (int64_t)(f0 + j) * 3 * D + 2 * D + hh * hd;
-            ops_axpy(o, sc[j] / sum, vv, hd);
+        for (int j = 0; j < n; j++) x[j] /= sum;
+    }
+}
+
+/* Non-causal attention inside each frame, head by head: S = q k^T and O = P v through cpu_matmul (its
+ * reduction order depends only on the sizes, so an image's result never depends on the other images or the
+ * threads), over blocks of VIS_ATT_ROWS query rows so the scores stay bounded for large images. */
+static void attention(threadpool *tp, vis_run *r, const vision_grid *grids, int n_images) {
+    const vision_weights *v = r->v;
+    int D = v->D, hd = v->head_dim;
+    int64_t base = 0;
+    for (int im = 0; im < n_images; im++) {
+        int n = grids[im].h * grids[im].w;
+        for (int t = 0; t < grids[im].t; t++, base += n) {
+            for (int hh = 0; hh < v->heads; hh++) {
+                for (int i = 0; i < n; i++) {
+                    const float *row = r->qkv + (base + i) * 3 * D + hh * hd;
+                    memcpy(r->qh + (size_t)i * hd, row, sizeof(float) * hd);
+                    memcpy(r->kh + (size_t)i * hd, row + D, sizeof(float) * hd);
+                    for (int j = 0; j < hd; j++) r->vt[(size_t)j * n + i] = row[2 * D + j];
+                }
+                r->s_cols = n;
+                for (int r0 = 0; r0 < n; r0 += VIS_ATT_ROWS) {
+                    int rb = n - r0 < VIS_ATT_ROWS ? n - r0 : VIS_ATT_ROWS;
+                    cpu_matmul(tp, r->S, r->qh + (size_t)r0 * hd, r->kh, WT_F32, rb, n, hd);
+                    par_rows(tp, r, rb, softmax_rows);
+                    cpu_matmul(tp, r->ob, r->S, r->vt, WT_F32, rb, hd, n);
+                    for (int i = 0; i < rb; i++)
+                        memcpy(r->att + (base + r0 + i) * D + hh * hd, r->ob + (size_t)i * hd,
+                               sizeof(float) * hd);
+                }
+            }
         }
     }
 }
@@ -267,12 +292,12 @@ int vision_encode(const model *m, threadpool *tp, const float *pixels, const vis
     int rc = vision_check_grids(v, grids, n_images, &N, err, errlen);
     if (rc) return rc;
     int D = v->D, hd = v->head_dim, I = v->I, MM = v->merge * v->merge, J = D * MM;
-    int nth = tp ? tp_size(tp) : 1;
     int max_frame = 0;
     for (int i = 0; i < n_images; i++)
         if (grids[i].h * grids[i].w > max_frame) max_frame = grids[i].h * grids[i].w;
     int hw = I > D ? I : D;
-    size_t floats = (size_t)N * ((size_t)D * 5 + (size_t)hw + 2 * (size_t)hd) + (size_t)nth * max_frame;
+    size_t floats = (size_t)N * ((size_t)D * 5 + (size_t)hw + 2 * (size_t)hd) + (size_t)max_frame * 3 * hd +
+                    (size_t)VIS_ATT_ROWS * (max_frame + hd);
     size_t trace_floats = trace ? (size_t)N * ((size_t)D + (size_t)hd / 2) : 0;
     size_t bytes = (floats + trace_floats) * sizeof(float) + 2 * (size_t)N * sizeof(int);
     char *blk = ci_try_alloc(bytes);
@@ -289,7 +314,11 @@ int vision_encode(const model *m, threadpool *tp, const float *pixels, const vis
     r.h = f, f += (size_t)N * hw;
     r.cosv = f, f += (size_t)N * hd;
     r.sinv = f, f += (size_t)N * hd;
-    r.scores = f, f += (size_t)nth * max_frame;
+    r.qh = f, f += (size_t)max_frame * hd;
+    r.kh = f, f += (size_t)max_frame * hd;
+    r.vt = f, f += (size_t)max_frame * hd;
+    r.S = f, f += (size_t)VIS_ATT_ROWS * max_frame;
+    r.ob = f, f += (size_t)VIS_ATT_ROWS * hd;
     float *pos_tr = NULL, *ang_tr = NULL;
     if (trace) {
         pos_tr = f, f += (size_t)N * D;
@@ -317,7 +346,7 @@ int vision_encode(const model *m, threadpool *tp, const float *pixels, const vis
         r.y = r.qkv, r.bias = b->qkv_b, r.cols = 3 * D, r.act = ACT_NONE, r.res = NULL;
         par_rows(tp, &r, N, bias_act_rows);
         par_rows(tp, &r, N, rope_rows);
-        par_rows(tp, &r, N * v->heads, attn_items);
+        attention(tp, &r, grids, n_images);
         cpu_matmul(tp, r.h, r.att, b->proj.data, b->proj.type, (int)N, D, D);
         r.y = r.h, r.bias = b->proj_b, r.cols = D, r.act = ACT_NONE, r.res = r.x;
         par_rows(tp, &r, N, bias_act_rows);
