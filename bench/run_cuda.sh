@@ -60,7 +60,7 @@ if has tests; then
     echo "== cuda_parity with CINFER_CUDA_GEMV_MAX=1000000 (no bf16 activations)" >> "$OUT/tests.txt"
     CINFER_CUDA_GEMV_MAX=1000000 CINFER_BIN=$B/cinfer timeout 60 $B/cinfer-tests cuda_parity 2>&1 | grep -E "max|FAIL|passed" >> "$OUT/tests.txt"
     echo "== CPU parity (control)" >> "$OUT/tests.txt"
-    CINFER_BIN=$B/cinfer timeout 60 $B/cinfer-tests parity_qwen 2>&1 | tail -3 >> "$OUT/tests.txt"
+    CINFER_BIN=$B/cinfer timeout 60 $B/cinfer-tests parity_ 2>&1 | grep -E "^(ok|FAIL) +parity_|passed" >> "$OUT/tests.txt"
     grep -E "^==|FAIL|passed|skip" "$OUT/tests.txt"
 fi
 if has bench; then
@@ -69,9 +69,13 @@ if has bench; then
         echo "== $(date -u +%H:%M:%S) $B/cinfer bench --like $shape --device cuda" | tee "$OUT/bench-$shape.txt"
         timeout $lim $B/cinfer bench --like $shape --device cuda 2>&1 | grep -v "cinfer synth: writing" | tee -a "$OUT/bench-$shape.txt"
     done
+    # what the hi + lo split of activations costs: the same 4B run with one bf16 rounding
+    echo "== CINFER_CUDA_BF16_PASSES=1 $B/cinfer bench --like qwen3.5-4b --device cuda --no-profile" >> "$OUT/bench-qwen3.5-4b.txt"
+    CINFER_CUDA_BF16_PASSES=1 timeout 60 $B/cinfer bench --like qwen3.5-4b --device cuda --no-profile 2>&1 | \
+        grep -v "cinfer synth: writing" >> "$OUT/bench-qwen3.5-4b.txt"
 fi
 if has peer; then
-    for s in qwen3.5-4b:70; do
+    for s in ${PEER_SHAPES:-qwen3.5-4b:70}; do
         shape=${s%%:*} lim=${s##*:}
         echo "== python3 bench/peer_transformers.py --like $shape" | tee -a "$OUT/peer.txt"
         timeout $lim python3 bench/peer_transformers.py --like $shape 2>&1 | grep -v Warning | tail -20 | tee -a "$OUT/peer.txt"

@@ -108,8 +108,10 @@ struct cuda_fwd {
     float *act;               /* [T][Wa]: swiglu output, attention / DeltaNet output */
     float *conv_out, *bg;     /* [T][C], [T][2Hv] */
     float *sq, *sz, *sb, *sa; /* Qwen3-Next split: [T][C], [T][vd], [T][Hv] x 2 */
-    uint16_t *xb;             /* [max(T, S)][Kmax] bf16 GEMM input */
-    float *part;              /* attention split partials */
+    uint16_t *xb;             /* [2][max(T, S)][Kmax] bf16 GEMM input: hi then lo halves */
+    float *ytmp;              /* [2 x 64][Nmax] f32: stacked hi/lo products of up to 64 rows */
+    size_t ytmp_floats;
+    float *part; /* attention split partials */
     size_t part_floats;
     float *logits;               /* [T][V] */
     float *moe_logits;           /* [T][E] */
@@ -331,7 +333,10 @@ static int alloc_scratch(cuda_fwd *f, char *err, size_t errlen) {
         (rc = dev_alloc(f, (void **)&f->out, T * H * 4, a, err, errlen)) ||
         (rc = dev_alloc(f, (void **)&f->proj, T * Wp * 4, a, err, errlen)) ||
         (rc = dev_alloc(f, (void **)&f->act, T * Wa * 4, a, err, errlen)) ||
-        (rc = dev_alloc(f, (void **)&f->xb, zmax(T, S) * Kmax * 2, a, err, errlen)) ||
+        (rc = dev_alloc(f, (void **)&f->xb, 2 * zmax(T, S) * Kmax * 2, a, err, errlen)) ||
+        (rc = dev_alloc(f, (void **)&f->ytmp,
+                        (f->ytmp_floats = (size_t)128 * zmax(Wp, zmax(H, (size_t)m->V))) * 4, a, err,
+                        errlen)) ||
         (rc = dev_alloc(f, (void **)&f->part, f->part_floats * 4, a, err, errlen)) ||
         (rc = dev_alloc(f, (void **)&f->logits, T * (size_t)m->V * 4, a, err, errlen)))
         return rc;
@@ -417,15 +422,19 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     f->p = *p;
     const char *g = getenv("CINFER_CUDA_GRAPHS"); /* "0": launch every step eagerly (tests compare the two) */
     if (g && !strcmp(g, "0")) f->p.no_graphs = 1;
-    const char *gm =
-        getenv("CINFER_CUDA_GEMV_MAX"); /* diagnostics: f32 activations for up to this many rows */
+    /* diagnostics: f32-activation GEMV for up to this many rows */
+    const char *gm = getenv("CINFER_CUDA_GEMV_MAX");
     cu_set_gemv_max(gm ? atoi(gm) : 0);
+    /* 1: activations rounded to bf16 once before the tensor cores (faster, coarser); default 2 (hi + lo) */
+    const char *bp = getenv("CINFER_CUDA_BF16_PASSES");
+    cu_set_bf16_passes(bp ? atoi(bp) : 2);
     int rc = cu_ctx_create(&f->cu, err, errlen);
     if (rc) {
         free(f);
         return rc;
     }
     if ((rc = upload_layers(f, err, errlen)) || (rc = alloc_scratch(f, err, errlen))) goto fail;
+    cu_set_gemm_scratch(f->cu, f->ytmp, f->ytmp_floats);
     size_t kvd = (size_t)m->Hkv * m->hd;
     if (m->n_full > 0) {
         size_t kvb = (size_t)m->n_full * (size_t)p->n_blocks * 16 * kvd * 4;
@@ -771,7 +780,9 @@ int cuda_fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, char *e
                      d + o_lrow, d + o_blk}};
     attn_split(f, T, maxpos, &rs.span, &rs.nsplit);
     cu_h2d_async(f->cu, f->meta, h, (o_tile + ntile) * sizeof(int));
-    int moe_device = T <= CU_GEMV_MAX_M;
+    /* MoE decode without the host (graph-capturable): every (row, choice) slot through the indexed GEMV; past 64
+     * rows the experts are grouped on the host and run as GEMMs */
+    int moe_device = T <= 64;
     int rc = 0;
     int use_graph = all_decode && !f->profile && !f->p.no_graphs && (m->cfg.n_experts == 0 || moe_device);
     if (use_graph) {

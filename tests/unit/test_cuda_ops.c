@@ -79,7 +79,9 @@ TEST(cuda_gemm_vs_cpu) {
         uint16_t *w = malloc((size_t)N * K * 2);
         for (size_t i = 0; i < (size_t)N * K; i++) w[i] = f32_to_bf16(frand() * 0.1f);
         uint16_t *dw = dup_dev(w, (size_t)N * K * 2), *xb = NULL;
-        REQUIRE(cu_alloc((void **)&xb, (size_t)64 * K * 2, err, sizeof err) == 0);
+        float *tmp = NULL;
+        REQUIRE(cu_alloc((void **)&xb, (size_t)2 * 64 * K * 2, err, sizeof err) == 0);
+        REQUIRE(cu_alloc((void **)&tmp, (size_t)128 * N * 4, err, sizeof err) == 0);
         float *row0 = NULL;
         for (size_t b = 0; b < sizeof Ms / sizeof Ms[0]; b++) {
             int M = Ms[b];
@@ -87,17 +89,22 @@ TEST(cuda_gemm_vs_cpu) {
             g_rng += 7; /* x of row 0 differs per M; the row-independence check below uses its own x */
             cpu_matmul_ref(ref, x, w, WT_BF16, M, N, K);
             float *dx = dup_dev(x, (size_t)M * K * 4);
-            for (int precise = 0; precise < 2; precise++) {
+            /* mode 0: tensor cores as two accumulated products (no scratch), 1: precise (GEMV), 2: the
+             * stacked hi/lo product through the scratch (<= 64 rows) */
+            for (int mode = 0; mode < 3; mode++) {
                 float *dy = nan_dev(c, (size_t)M * N);
-                cu_gemm(c, dy, dx, dw, M, N, K, xb, precise);
+                cu_set_gemm_scratch(c, mode == 2 ? tmp : NULL, mode == 2 ? (size_t)128 * N : 0);
+                cu_gemm(c, dy, dx, dw, M, N, K, xb, mode == 1);
                 REQUIRE(cu_sync(c, err, sizeof err) == 0);
                 float *y = get(dy, (size_t)M * N);
                 char what[96];
-                snprintf(what, sizeof what, "gemm M=%d N=%d K=%d%s", M, N, K, precise ? " precise" : "");
-                check_rel(what, y, ref, (size_t)M * N, (M <= CU_GEMV_MAX_M || precise) ? 1e-5 : 1e-2);
+                static const char *const mn[] = {"", " precise", " stacked"};
+                snprintf(what, sizeof what, "gemm M=%d N=%d K=%d%s", M, N, K, mn[mode]);
+                check_rel(what, y, ref, (size_t)M * N, (M <= CU_GEMV_MAX_M || mode == 1) ? 1e-5 : 1e-2);
                 free(y);
                 cu_free(dy);
             }
+            cu_set_gemm_scratch(c, NULL, 0);
             free(x);
             free(ref);
             cu_free(dx);
@@ -113,7 +120,7 @@ TEST(cuda_gemm_vs_cpu) {
         CHECK_MSG(!memcmp(y1, y8, (size_t)N * 4), "gemv N=%d K=%d: row 0 alone differs from row 0 of 8", N,
                   K);
         free(y1), free(y8), free(x8), free(row0);
-        cu_free(dx8), cu_free(dy1), cu_free(dy8), cu_free(dw), cu_free(xb);
+        cu_free(dx8), cu_free(dy1), cu_free(dy8), cu_free(dw), cu_free(xb), cu_free(tmp);
         free(w);
     }
     cu_ctx_destroy(c);

@@ -15,6 +15,8 @@ struct cu_ctx {
     void *blas_ws; /* cuBLAS workspace (fixed, so capture never allocates) */
     size_t blas_ws_bytes;
     cudaGraph_t graph; /* the graph being captured */
+    float *ytmp;       /* [2M][N] f32 for stacked hi/lo products (cu_set_gemm_scratch), or NULL */
+    size_t ytmp_floats;
 };
 
 __device__ __forceinline__ float bf16_f32(uint16_t h) {

@@ -56,13 +56,18 @@ float cu_timer_between_ms(cu_timer *a, cu_timer *b);
 /* ---- GEMM (gemm.cu) ---- */
 /* y[M][N] = x[M][K] · w[N][K]^T, f32 out. Rows of x are f32; with M <= CU_GEMV_MAX_M (or precise) a
  * bf16-weight GEMV keeps x in f32 and streams w once for all rows (each output's sum has a fixed order, so a
- * row's result does not depend on M); otherwise x is rounded to bf16 into xb ([M][K] scratch) and cuBLAS
- * runs bf16 x bf16 -> f32 on tensor cores. */
+ * row's result does not depend on M); otherwise x is split into bf16 hi + lo in xb ([2M][K] scratch) and
+ * cuBLAS runs bf16 x bf16 -> f32 on tensor cores over both halves. */
 #define CU_GEMV_MAX_M 8
 /* diagnostics: route up to m rows through the f32-activation GEMV (CINFER_CUDA_GEMV_MAX; 0 restores 8) */
 void cu_set_gemv_max(int m);
 void cu_gemm(cu_ctx *c, float *d_y, const float *d_x, const uint16_t *d_w, int M, int N, int K,
              uint16_t *d_xb, int precise);
+/* f32 scratch for the stacked hi/lo product of up to 64 rows (2 x 64 x widest N floats) */
+void cu_set_gemm_scratch(cu_ctx *c, float *d_t, size_t floats);
+/* 2 (default): activations as bf16 hi + lo through the tensor cores; 1: one bf16 rounding
+ * (CINFER_CUDA_BF16_PASSES) */
+void cu_set_bf16_passes(int passes);
 /* Same, but every row m uses its own matrix w + widx[m] * N * K (MoE experts at decode; M <= any). */
 void cu_gemv_indexed(cu_ctx *c, float *d_y, const float *d_x, int x_row_div, const uint16_t *d_w,
                      const int *d_widx, int M, int N, int K);

@@ -52,54 +52,87 @@ __global__ void prep_kernel(cu_gdn_args a) {
     }
 }
 
-/* decode: one token continuing a sequence. Thread j owns column j of S [dk][dv]: decay, read-out S^T k,
- * delta update, then o = S^T q; no cross-thread sums. */
-__global__ void recurrent_kernel(cu_gdn_args a) {
-    extern __shared__ float sm[];
+/* decode: one token continuing a sequence. A block owns 32 columns j of S [dk][dv] (a head's slice) with 8
+ * row groups: thread (g, jj) keeps rows i = g, g + 8, ... of column j in registers, so S is read once and
+ * written once; the read-out S^T k and the output S^T q are summed per group, then over the 8 groups. */
+#define REC_GROUPS 8
+#define REC_MAXR   32 /* rows per thread: dk <= 256 */
+__global__ void __launch_bounds__(256) recurrent_kernel(cu_gdn_args a) {
+    __shared__ float q[256], k[256], red[REC_GROUPS][32], fin[32];
     int e = blockIdx.z;
     if (!(a.meta.e_n[e] == 1 && a.meta.e_len[e] > 0)) return;
-    int h = blockIdx.y, j = blockIdx.x * blockDim.x + threadIdx.x, dk = a.dk, dv = a.dv;
+    int h = blockIdx.y, jj = threadIdx.x & 31, g = threadIdx.x >> 5, j = blockIdx.x * 32 + jj, dk = a.dk,
+        dv = a.dv;
     int r = a.meta.e_row0[e], kh = h / (a.Hv / a.Hk), kd = a.Hk * dk;
-    float *q = sm, *k = sm + dk;
     const float *row = a.conv_out + (size_t)r * a.C;
     for (int i = threadIdx.x; i < dk; i += blockDim.x) {
         q[i] = row[(size_t)kh * dk + i];
         k[i] = row[kd + (size_t)kh * dk + i];
     }
     __syncthreads();
-    if (j >= dv) return;
+    int ok = j < dv;
     float *S = a.rec_state + (((size_t)a.meta.e_slot[e] * a.n_lin + a.lin) * a.Hv + h) * (size_t)dk * dv + j;
     float decay = expf(a.bg[(size_t)r * 2 * a.Hv + a.Hv + h]), beta = a.bg[(size_t)r * 2 * a.Hv + h];
-    float m = 0.0f;
-    for (int i = 0; i < dk; i++) m = fmaf(k[i], __fmul_rn(S[(size_t)i * dv], decay), m);
-    float vj = row[2 * (size_t)kd + (size_t)h * dv + j];
-    m = beta * (vj - m);
-    float o = 0.0f;
-    for (int i = 0; i < dk; i++) {
-        float s = fmaf(k[i], m, __fmul_rn(S[(size_t)i * dv], decay));
-        S[(size_t)i * dv] = s;
-        o = fmaf(q[i], s, o);
+    float sv[REC_MAXR], m = 0.0f;
+#pragma unroll
+    for (int t = 0; t < REC_MAXR; t++) {
+        int i = g + REC_GROUPS * t;
+        if (i < dk && ok) {
+            sv[t] = __fmul_rn(S[(size_t)i * dv], decay);
+            m = fmaf(k[i], sv[t], m);
+        }
     }
-    a.o[(size_t)r * a.Hv * dv + (size_t)h * dv + j] = o;
+    red[g][jj] = m;
+    __syncthreads();
+    if (g == 0) {
+        float mm = 0.0f;
+        for (int t = 0; t < REC_GROUPS; t++) mm += red[t][jj];
+        float vj = ok ? row[2 * (size_t)kd + (size_t)h * dv + j] : 0.0f;
+        fin[jj] = beta * (vj - mm);
+    }
+    __syncthreads();
+    float mj = fin[jj], o = 0.0f;
+#pragma unroll
+    for (int t = 0; t < REC_MAXR; t++) {
+        int i = g + REC_GROUPS * t;
+        if (i < dk && ok) {
+            float sn = fmaf(k[i], mj, sv[t]);
+            S[(size_t)i * dv] = sn;
+            o = fmaf(q[i], sn, o);
+        }
+    }
+    __syncthreads(); /* red is reused */
+    red[g][jj] = o;
+    __syncthreads();
+    if (g == 0 && ok) {
+        float oo = 0.0f;
+        for (int t = 0; t < REC_GROUPS; t++) oo += red[t][jj];
+        a.o[(size_t)r * a.Hv * dv + (size_t)h * dv + j] = oo;
+    }
 }
 
+/* shared memory of the chunked kernel: K and Q rows padded to dk + 1 (the Gram products read 32 different
+ * rows at one column: with the pad they sit in 32 different banks) */
 static size_t chunk_smem_floats(int dk) {
-    return 3 * (size_t)GDN_CH * dk + 2 * (size_t)GDN_CH * GDN_CH + (size_t)GDN_CH * GDN_DT +
-           (size_t)dk * GDN_DT + 2 * GDN_CH;
+    return 2 * (size_t)GDN_CH * (dk + 1) + (size_t)GDN_CH * dk + 2 * (size_t)GDN_CH * GDN_CH +
+           (size_t)GDN_CH * GDN_DT + (size_t)dk * GDN_DT + 4 * GDN_CH;
 }
 
 /* prefill: the chunked form of forward_cpu.c's gdn_chunked, a block per (entry, value head, 32 value
- * columns); W, G and QK depend only on q/k/beta/g and are recomputed by each column block. */
+ * columns); W and the decay-weighted Gram matrices depend only on q/k/beta/g and are recomputed by each
+ * column block. The factors e^(gam_r - gam_s), e^gam_r and e^(gam_L - gam_r) are formed once per chunk with
+ * the CPU's expressions. */
 __global__ void __launch_bounds__(256) chunked_kernel(cu_gdn_args a) {
     extern __shared__ float sm[];
     int e = blockIdx.z;
     int n = a.meta.e_n[e], pos0 = a.meta.e_len[e];
     if (n == 1 && pos0 > 0) return;
     int h = blockIdx.y, j0 = blockIdx.x * GDN_DT, dk = a.dk, dv = a.dv, tid = threadIdx.x, nt = blockDim.x;
-    int r0 = a.meta.e_row0[e], kh = h / (a.Hv / a.Hk), kd = a.Hk * dk, C = a.C;
-    float *Ks = sm, *Qs = Ks + GDN_CH * dk, *Ws = Qs + GDN_CH * dk, *G = Ws + GDN_CH * dk,
+    int r0 = a.meta.e_row0[e], kh = h / (a.Hv / a.Hk), kd = a.Hk * dk, C = a.C, KS = dk + 1;
+    float *Ks = sm, *Qs = Ks + GDN_CH * KS, *Ws = Qs + GDN_CH * KS, *G = Ws + GDN_CH * dk,
           *QK = G + GDN_CH * GDN_CH;
     float *U = QK + GDN_CH * GDN_CH, *S = U + GDN_CH * GDN_DT, *gam = S + dk * GDN_DT, *bet = gam + GDN_CH;
+    float *egam = bet + GDN_CH, *fl = egam + GDN_CH;
     float *Sg = a.rec_state + (((size_t)a.meta.e_slot[e] * a.n_lin + a.lin) * a.Hv + h) * (size_t)dk * dv;
     for (int idx = tid; idx < dk * GDN_DT; idx += nt) {
         int i = idx / GDN_DT, jj = idx % GDN_DT;
@@ -112,8 +145,8 @@ __global__ void __launch_bounds__(256) chunked_kernel(cu_gdn_args a) {
         for (int idx = tid; idx < L * dk; idx += nt) {
             int t = idx / dk, i = idx % dk;
             const float *row = a.conv_out + (size_t)(r0 + c0 + t) * C;
-            Qs[idx] = row[(size_t)kh * dk + i];
-            Ks[idx] = row[kd + (size_t)kh * dk + i];
+            Qs[t * KS + i] = row[(size_t)kh * dk + i];
+            Ks[t * KS + i] = row[kd + (size_t)kh * dk + i];
         }
         for (int idx = tid; idx < L * GDN_DT; idx += nt) {
             int t = idx / GDN_DT, jj = idx % GDN_DT;
@@ -129,18 +162,24 @@ __global__ void __launch_bounds__(256) chunked_kernel(cu_gdn_args a) {
                 gam[t] = acc;
                 bet[t] = bg[h];
             }
+            for (int t = 0; t < L; t++) {
+                egam[t] = expf(gam[t]);
+                fl[t] = expf(gam[L - 1] - gam[t]);
+            }
         }
         __syncthreads();
+        /* G = beta_r e^(gam_r - gam_s) k_r.k_s (s < r), QK = e^(gam_r - gam_s) q_r.k_s (s <= r) */
         for (int idx = tid; idx < L * L; idx += nt) {
             int r = idx / L, s = idx % L;
             if (s > r) continue;
             float g = 0.0f, qk = 0.0f;
             for (int i = 0; i < dk; i++) {
-                g = fmaf(Ks[r * dk + i], Ks[s * dk + i], g);
-                qk = fmaf(Qs[r * dk + i], Ks[s * dk + i], qk);
+                g = fmaf(Ks[r * KS + i], Ks[s * KS + i], g);
+                qk = fmaf(Qs[r * KS + i], Ks[s * KS + i], qk);
             }
-            G[r * GDN_CH + s] = g;
-            QK[r * GDN_CH + s] = qk;
+            float d = expf(gam[r] - gam[s]);
+            G[r * GDN_CH + s] = bet[r] * d * g;
+            QK[r * GDN_CH + s] = d * qk;
         }
         __syncthreads();
         /* forward substitution: (I + L) W = beta Gam K, (I + L) U = beta V, row by row */
@@ -148,19 +187,13 @@ __global__ void __launch_bounds__(256) chunked_kernel(cu_gdn_args a) {
             float br = bet[r];
             for (int idx = tid; idx < dk + GDN_DT; idx += nt) {
                 if (idx < dk) {
-                    float w = (br * expf(gam[r])) * Ks[r * dk + idx];
-                    for (int s = 0; s < r; s++) {
-                        float l = br * expf(gam[r] - gam[s]) * G[r * GDN_CH + s];
-                        w = fmaf(-l, Ws[s * dk + idx], w);
-                    }
+                    float w = (br * egam[r]) * Ks[r * KS + idx];
+                    for (int s = 0; s < r; s++) w = fmaf(-G[r * GDN_CH + s], Ws[s * dk + idx], w);
                     Ws[r * dk + idx] = w;
                 } else {
                     int jj = idx - dk;
                     float u = br * U[r * GDN_DT + jj];
-                    for (int s = 0; s < r; s++) {
-                        float l = br * expf(gam[r] - gam[s]) * G[r * GDN_CH + s];
-                        u = fmaf(-l, U[s * GDN_DT + jj], u);
-                    }
+                    for (int s = 0; s < r; s++) u = fmaf(-G[r * GDN_CH + s], U[s * GDN_DT + jj], u);
                     U[r * GDN_DT + jj] = u;
                 }
             }
@@ -179,20 +212,19 @@ __global__ void __launch_bounds__(256) chunked_kernel(cu_gdn_args a) {
             int r = idx / GDN_DT, jj = idx % GDN_DT;
             if (j0 + jj >= dv) continue;
             float o = 0.0f;
-            for (int i = 0; i < dk; i++) o = fmaf(Qs[r * dk + i], S[i * GDN_DT + jj], o);
-            o *= expf(gam[r]);
-            for (int s = 0; s <= r; s++)
-                o = fmaf(expf(gam[r] - gam[s]) * QK[r * GDN_CH + s], U[s * GDN_DT + jj], o);
+            for (int i = 0; i < dk; i++) o = fmaf(Qs[r * KS + i], S[i * GDN_DT + jj], o);
+            o *= egam[r];
+            for (int s = 0; s <= r; s++) o = fmaf(QK[r * GDN_CH + s], U[s * GDN_DT + jj], o);
             a.o[(size_t)(r0 + c0 + r) * a.Hv * dv + (size_t)h * dv + j0 + jj] = o;
         }
         __syncthreads();
         /* S = Gam_L S0 + Σ_r e^{gam_L - gam_r} k_r ⊗ D_r */
-        float gl = gam[L - 1], egl = expf(gl);
+        float egl = egam[L - 1];
         for (int idx = tid; idx < dk * GDN_DT; idx += nt) {
             int i = idx / GDN_DT, jj = idx % GDN_DT;
-            float s = S[idx] * egl;
-            for (int r = 0; r < L; r++) s = fmaf(expf(gl - gam[r]) * Ks[r * dk + i], U[r * GDN_DT + jj], s);
-            S[idx] = s;
+            float sv = S[idx] * egl;
+            for (int r = 0; r < L; r++) sv = fmaf(fl[r] * Ks[r * KS + i], U[r * GDN_DT + jj], sv);
+            S[idx] = sv;
         }
     }
     __syncthreads();
@@ -231,9 +263,8 @@ extern "C" void cu_gdn_layer(cu_ctx *c, const cu_gdn_args *a) {
     size_t smem = chunk_smem_floats(a->dk) * sizeof(float);
     conv_kernel<<<dim3(cdiv((size_t)a->C, 128), (unsigned)a->NE), 128, 0, c->stream>>>(*a);
     prep_kernel<<<a->T, 128, 0, c->stream>>>(*a);
-    int bt = a->dv < 128 ? ((a->dv + 31) / 32) * 32 : 128;
-    recurrent_kernel<<<dim3(cdiv((size_t)a->dv, bt), (unsigned)a->Hv, (unsigned)a->NE), bt,
-                       2 * a->dk * sizeof(float), c->stream>>>(*a);
+    recurrent_kernel<<<dim3(cdiv((size_t)a->dv, 32), (unsigned)a->Hv, (unsigned)a->NE), 256, 0, c->stream>>>(
+        *a);
     chunked_kernel<<<dim3(cdiv((size_t)a->dv, GDN_DT), (unsigned)a->Hv, (unsigned)a->NE), 256, smem,
                      c->stream>>>(*a);
     gnorm_kernel<<<a->T, 128, 0, c->stream>>>(*a);
