@@ -3,32 +3,34 @@
 #include "backend/cuda/common.cuh"
 
 #define GEMV_WARPS 8
-#define GEMV_NR    2 /* output rows per warp: x is loaded once into registers for both */
+/* output rows per warp: each x value loaded into registers serves all of them (4 from 4 rows of x up, where
+ * the loads of x would otherwise outweigh the weights') */
+#define GEMV_NR(MR) ((MR) >= 4 ? 4 : 2)
 
-/* One warp computes GEMV_NR outputs for MR rows of x. Lane l reads 8 consecutive weights at k = 8l + 256i;
+/* One warp computes NR outputs for MR rows of x. Lane l reads 8 consecutive weights at k = 8l + 256i;
  * per-lane partial sums run in k order and are combined by the same butterfly for any MR, so an output's
  * value does not depend on how many rows share the launch. */
-template <int MR>
+template <int MR, int NR>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     gemv_kernel(float *__restrict__ y, const float *__restrict__ x, const uint16_t *__restrict__ w, int N,
                 int K) {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int n0 = (blockIdx.x * GEMV_WARPS + warp) * GEMV_NR;
+    int n0 = (blockIdx.x * GEMV_WARPS + warp) * NR;
     if (n0 >= N) return;
     x += (size_t)blockIdx.y * MR * K; /* tiles of MR rows along grid.y */
     y += (size_t)blockIdx.y * MR * N;
-    float acc[GEMV_NR][MR];
+    float acc[NR][MR];
 #pragma unroll
-    for (int r = 0; r < GEMV_NR; r++)
+    for (int r = 0; r < NR; r++)
 #pragma unroll
         for (int m = 0; m < MR; m++) acc[r][m] = 0.0f;
-    constexpr int UNR = MR <= 2 ? 4 : 2; /* iterations in flight: more weight loads outstanding per warp */
+    constexpr int UNR = MR <= 2 ? 4 : MR <= 3 ? 2 : 1; /* iterations in flight (registers allowing) */
     if ((K & 7) == 0) {
 #pragma unroll(UNR)
         for (int k = lane * 8; k < K; k += 256) {
-            float wf[GEMV_NR][8];
+            float wf[NR][8];
 #pragma unroll
-            for (int r = 0; r < GEMV_NR; r++) {
+            for (int r = 0; r < NR; r++) {
                 int n = n0 + r < N ? n0 + r : N - 1;
                 uint4 u = *reinterpret_cast<const uint4 *>(w + (size_t)n * K + k);
                 const uint32_t p[4] = {u.x, u.y, u.z, u.w};
@@ -44,7 +46,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
                 float4 a = xp[0], b = xp[1];
                 float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
 #pragma unroll
-                for (int r = 0; r < GEMV_NR; r++)
+                for (int r = 0; r < NR; r++)
 #pragma unroll
                     for (int q = 0; q < 8; q++) acc[r][m] = fmaf(wf[r][q], xv[q], acc[r][m]);
             }
@@ -52,7 +54,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     } else {
         for (int k = lane; k < K; k += 32) {
 #pragma unroll
-            for (int r = 0; r < GEMV_NR; r++) {
+            for (int r = 0; r < NR; r++) {
                 int n = n0 + r < N ? n0 + r : N - 1;
                 float wv = bf16_f32(w[(size_t)n * K + k]);
 #pragma unroll
@@ -61,7 +63,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
         }
     }
 #pragma unroll
-    for (int r = 0; r < GEMV_NR; r++)
+    for (int r = 0; r < NR; r++)
 #pragma unroll
         for (int m = 0; m < MR; m++) {
             float v = warp_sum(acc[r][m]);
@@ -71,8 +73,9 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 
 template <int MR>
 static void gemv_launch(cu_ctx *c, float *y, const float *x, const uint16_t *w, int tiles, int N, int K) {
-    dim3 grid(cdiv((size_t)N, GEMV_WARPS * GEMV_NR), (unsigned)tiles);
-    gemv_kernel<MR><<<grid, GEMV_WARPS * 32, 0, c->stream>>>(y, x, w, N, K);
+    constexpr int NR = GEMV_NR(MR);
+    dim3 grid(cdiv((size_t)N, GEMV_WARPS * NR), (unsigned)tiles);
+    gemv_kernel<MR, NR><<<grid, GEMV_WARPS * 32, 0, c->stream>>>(y, x, w, N, K);
 }
 
 /* whole tiles of 8 rows in one launch, the remainder in a second */
@@ -200,16 +203,16 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     const uint16_t *wm = w + (size_t)widx[m] * N * K;
     const float *xm = x + (size_t)(m / div) * K;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int n0 = (blockIdx.x * GEMV_WARPS + warp) * GEMV_NR;
+    int n0 = (blockIdx.x * GEMV_WARPS + warp) * 2;
     if (n0 >= N) return;
-    float acc[GEMV_NR] = {0.0f, 0.0f};
+    float acc[2] = {0.0f, 0.0f};
     if ((K & 7) == 0) {
         for (int k = lane * 8; k < K; k += 256) {
             const float4 *xp = reinterpret_cast<const float4 *>(xm + k);
             float4 a = xp[0], b = xp[1];
             float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
 #pragma unroll
-            for (int r = 0; r < GEMV_NR; r++) {
+            for (int r = 0; r < 2; r++) {
                 int n = n0 + r < N ? n0 + r : N - 1;
                 uint4 u = *reinterpret_cast<const uint4 *>(wm + (size_t)n * K + k);
                 const uint32_t p[4] = {u.x, u.y, u.z, u.w};
@@ -223,13 +226,13 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     } else {
         for (int k = lane; k < K; k += 32)
 #pragma unroll
-            for (int r = 0; r < GEMV_NR; r++) {
+            for (int r = 0; r < 2; r++) {
                 int n = n0 + r < N ? n0 + r : N - 1;
                 acc[r] = fmaf(bf16_f32(wm[(size_t)n * K + k]), xm[k], acc[r]);
             }
     }
 #pragma unroll
-    for (int r = 0; r < GEMV_NR; r++) {
+    for (int r = 0; r < 2; r++) {
         float v = warp_sum(acc[r]);
         if (lane == 0 && n0 + r < N) y[(size_t)m * N + n0 + r] = v;
     }
@@ -238,7 +241,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 extern "C" void cu_gemv_indexed(cu_ctx *c, float *y, const float *x, int x_row_div, const uint16_t *w,
                                 const int *widx, int M, int N, int K) {
     if (M <= 0 || N <= 0) return;
-    dim3 grid(cdiv((size_t)N, GEMV_WARPS * GEMV_NR), (unsigned)M);
+    dim3 grid(cdiv((size_t)N, GEMV_WARPS * 2), (unsigned)M);
     gemv_indexed_kernel<<<grid, GEMV_WARPS * 32, 0, c->stream>>>(y, x, x_row_div, w, widx, N, K);
 }
 
