@@ -100,7 +100,9 @@ TEST(cuda_gemm_vs_cpu) {
                 char what[96];
                 static const char *const mn[] = {"", " precise", " stacked"};
                 snprintf(what, sizeof what, "gemm M=%d N=%d K=%d%s", M, N, K, mn[mode]);
-                check_rel(what, y, ref, (size_t)M * N, (M <= CU_GEMV_MAX_M || mode == 1) ? 1e-5 : 1e-2);
+                /* the tensor-core path splits activations into bf16 hi + lo: ~2e-6 on the H200, where one
+                 * bf16 rounding gave ~1.5e-3; 1e-4 fails if the split is lost */
+                check_rel(what, y, ref, (size_t)M * N, (M <= CU_GEMV_MAX_M || mode == 1) ? 1e-5 : 1e-4);
                 free(y);
                 cu_free(dy);
             }
