@@ -241,8 +241,9 @@ typedef enum {
 } cinfer_tool_format;
 
 /* Constrained decoding: tokens that cannot continue a valid answer are masked before sampling, and the end
- * of the sequence is allowed only once the answer is complete. Any reasoning (see `reasoning`) comes first,
- * unconstrained up to its "</think>". */
+ * of the sequence is allowed only once the answer is complete. Reasoning the prompt opened (`reasoning` 1)
+ * comes first, unconstrained up to its "</think>"; with `reasoning` 2 none is allowed. Logprobs are then
+ * those of the masked distribution, and the request does not speculate. */
 typedef enum {
     CINFER_CONSTRAIN_NONE = 0,
     CINFER_CONSTRAIN_JSON = 1,       /* JSON matching the JSON Schema constraint_arg (NULL: any JSON object) */

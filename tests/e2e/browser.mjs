@@ -89,6 +89,9 @@ test('GET / serves the page with content type and CSP; assets too', async () => 
   // the page needs no key even when the API does (the server under test has one)
   assert((await fetch(server.url + '/v1/models')).status === 401, 'the API still wants the key');
 });
+function eqText(got, want) {
+  assert(got === want, `text ${JSON.stringify(got)} != ${JSON.stringify(want)}`);
+}
 function eqHeader(r, name, want) {
   assert(r.headers.get(name) === want, `${name}: ${r.headers.get(name)} != ${want}`);
 }
@@ -100,7 +103,7 @@ test('a message streams an answer into the page', async () => {
   await page.fill('#max-tokens', '24');
   await page.fill('#temperature', '0');
   await page.uncheck('#thinking');
-  await page.fill('#input', 'Write a Python function that adds two numbers.');
+  await page.fill('#input', 'Write a Python function that adds two numbers, like this:\n```python\ndef add(a, b):\n    return a + b\n```');
   // count content updates while it streams: a streamed answer grows in several steps
   await page.evaluate(() => {
     window.__updates = 0;
@@ -113,6 +116,9 @@ test('a message streams an answer into the page', async () => {
   const updates = await page.evaluate(() => window.__updates);
   assert(updates >= 3, 'streamed in steps (' + updates + ' updates)');
   assert((await page.textContent('.msg.user .content')).includes('adds two numbers'), 'the user message is shown');
+  // fenced code is a code block (text, not markup), with its language
+  eqText(await page.textContent('.msg.user pre.code code'), 'def add(a, b):\n    return a + b\n');
+  eqText(await page.textContent('.msg.user pre.code .code-lang'), 'python');
   assert(await page.isEnabled('#regenerate'), 'regenerate enabled after an answer');
   assert(!(await page.isVisible('#error')), 'no error shown');
 });

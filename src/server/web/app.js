@@ -93,7 +93,7 @@ function renderMessage(msg) {
     v.rtext.textContent = msg.reasoning || '';
     renderContent(v.content, msg.content);
   } else {
-    v.content.textContent = msg.content;
+    renderContent(v.content, msg.content);
   }
   v.status.textContent = msg.status || '';
   v.div.classList.toggle('error', !!msg.error);
