@@ -345,6 +345,28 @@ def random_id_lists(tok, rng, n_lists=40):
     return out
 
 
+_WTOK = None
+
+
+def _worker_row(text):
+    t0 = time.time()
+    row = _encode_row(_WTOK, text)
+    if time.time() - t0 > 5:
+        print("  slow text (%.1f s, %d chars): %r" % (time.time() - t0, len(text), text[:60]), flush=True)
+    return row
+
+
+def _encode_row(tok, text):
+    ids = tok.encode(text, add_special_tokens=False).ids
+    ids_sp = tok.encode(text, add_special_tokens=True).ids
+    row = {"text": text, "ids": ids, "ids_special": ids_sp,
+           "decode": tok.decode(ids, skip_special_tokens=False),
+           "decode_skip": tok.decode(ids, skip_special_tokens=True)}
+    if ids_sp != ids:
+        row["decode_special"] = tok.decode(ids_sp, skip_special_tokens=False)
+    return row
+
+
 def goldens(out_dir, specs):
     from tokenizers import Tokenizer
     corpus = read_corpus()
@@ -355,6 +377,7 @@ def goldens(out_dir, specs):
         rows = []
         try:
             tok = Tokenizer.from_str(load_tokenizer_json(d))
+            print("  %s: loaded in %.1f s" % (name, time.time() - t0), flush=True)
         except Exception as e:  # a load error is itself a golden: cinfer must refuse the file too
             rows.append({"load_error": str(e)})
             tok = None
@@ -372,14 +395,20 @@ def goldens(out_dir, specs):
             except Exception as e:
                 print("  %s: transformers could not load: %s" % (name, str(e)[:200]))
         if tok is not None:
-            for text in corpus:
-                ids = tok.encode(text, add_special_tokens=False).ids
-                ids_sp = tok.encode(text, add_special_tokens=True).ids
-                row = {"text": text, "ids": ids, "ids_special": ids_sp,
-                       "decode": tok.decode(ids, skip_special_tokens=False),
-                       "decode_skip": tok.decode(ids, skip_special_tokens=True)}
-                if ids_sp != ids:
-                    row["decode_special"] = tok.decode(ids_sp, skip_special_tokens=False)
+            # TOK_GOLDENS_JOBS=N encodes the corpus in N processes (Gemma 3's BPE has no pre-tokenizer, so HF
+            # merges over whole texts and one process takes minutes); rows stay in corpus order.
+            jobs = int(os.environ.get("TOK_GOLDENS_JOBS", "1"))
+            if jobs > 1:
+                import multiprocessing as mp
+                # the workers inherit the parent's loaded tokenizer through fork: loading Gemma 3's 33 MB file
+                # again in each worker is what made the first parallel run time out
+                global _WTOK
+                _WTOK = tok
+                with mp.get_context("fork").Pool(jobs) as pool:
+                    base_rows = pool.map(_worker_row, corpus, chunksize=1)
+            else:
+                base_rows = [_encode_row(tok, text) for text in corpus]
+            for text, row in zip(corpus, base_rows):
                 if tf is not None:
                     try:
                         row["tf_ids_special"] = tf(text, add_special_tokens=True)["input_ids"]
