@@ -737,3 +737,44 @@ TEST(mtp_moe_and_next_heads_are_exact) {
         cinfer_model_close(cm);
     }
 }
+
+/* The head's pool is sized at init (the target pool's blocks plus one per sequence): when a sequence's rows
+ * do not fit, the call fails with CINFER_ENOMEM having run nothing, the other sequences keep their rows, and
+ * blocks given back by a closed sequence serve the next call. */
+TEST(mtp_pool_exhaustion_is_an_error_not_a_crash) {
+    cinfer_model *cm;
+    char err[512];
+    REQUIRE(cinfer_model_open(DENSE, &cm, err, sizeof err) == 0);
+    const model *m = cinfer_model_internal(cm);
+    cinfer_ctx_params p = cinfer_ctx_default_params();
+    p.max_seqs = 2;
+    p.max_ctx = 64; /* 4 blocks per sequence */
+    p.max_batch = 64;
+    p.n_threads = 2;
+    p.kv_memory =
+        (int64_t)4 * m->n_full * 2 * 16 * m->Hkv * m->hd * (int64_t)sizeof(float); /* 4 target blocks */
+    cinfer_ctx *c = NULL;
+    REQUIRE(cinfer_ctx_create(cm, &p, &c, err, sizeof err) == 0);
+    REQUIRE(ctx_mtp_init(c, 0, err, sizeof err) == 0); /* 4 + 2 head blocks */
+    int32_t x[64];
+    make_tokens(x, 64, 77, m->V);
+    float *hid = malloc(sizeof(float) * 64 * m->H), *lg = malloc(sizeof(float) * 64 * m->V);
+    for (int i = 0; i < 64 * m->H; i++) hid[i] = (float)((i * 37) % 11) - 5.0f;
+    int a = cinfer_seq_open(c, err, sizeof err), b = cinfer_seq_open(c, err, sizeof err);
+    ctx_mtp_entry ea = {a, 0, x + 1, hid, 63, NULL, 1};
+    REQUIRE(ctx_mtp_forward(c, &ea, 1, lg, err, sizeof err) == 0); /* 4 blocks */
+    ctx_mtp_entry eb = {b, 0, x + 1, hid, 40, NULL, 1};            /* 3 more: only 2 left */
+    CHECK_EQ_INT(ctx_mtp_forward(c, &eb, 1, lg, err, sizeof err), CINFER_ENOMEM);
+    CHECK_EQ_INT(ctx_mtp_len(c, a), 63);
+    CHECK_EQ_INT(ctx_mtp_len(c, b), 0);
+    eb.n = 30; /* 2 blocks fit */
+    CHECK_EQ_INT(ctx_mtp_forward(c, &eb, 1, lg, err, sizeof err), 0);
+    CHECK_EQ_INT(ctx_mtp_len(c, b), 30);
+    cinfer_seq_close(c, a);
+    eb.pos = 30, eb.tokens = x + 31, eb.hidden = hid + 30 * m->H, eb.n = 33;
+    CHECK_EQ_INT(ctx_mtp_forward(c, &eb, 1, lg, err, sizeof err), 0);
+    CHECK_EQ_INT(ctx_mtp_len(c, b), 63);
+    free(hid), free(lg);
+    cinfer_ctx_destroy(c);
+    cinfer_model_close(cm);
+}
