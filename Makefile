@@ -70,12 +70,15 @@ $(BUILD)/obj/%.o: %.cu
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
 # The chat page (src/server/web/) is embedded into the binary: each file becomes a byte array
-# web_<name> / web_<name>_len (xxd -i) in a generated header that src/server/web.c includes.
+# web_<name> / web_<name>_len in a generated header that src/server/web.c includes. Written with od and sed
+# (coreutils, everywhere) rather than xxd, which bare machines such as the GPU one lack.
 WEB_SRC := $(sort $(wildcard src/server/web/*.html src/server/web/*.css src/server/web/*.js))
 $(BUILD)/gen/web_assets.h: $(WEB_SRC)
 	@mkdir -p $(dir $@)
 	@for f in $(WEB_SRC); do n=web_$$(basename $$f | tr '.-' '__'); \
-	  xxd -i -n $$n $$f | sed 's/^unsigned/static const unsigned/'; done > $@.tmp && mv $@.tmp $@
+	  printf 'static const unsigned char %s[] = {\n' $$n; \
+	  od -An -v -tx1 $$f | sed 's/ \([0-9a-f][0-9a-f]\)/0x\1,/g'; \
+	  printf '};\nstatic const unsigned int %s_len = %s;\n' $$n $$(wc -c < $$f); done > $@.tmp && mv $@.tmp $@
 $(BUILD)/obj/src/server/web.o $(BUILD)/fuzz/obj/src/server/web.o: $(BUILD)/gen/web_assets.h
 
 $(BUILD)/libcinfer.a: $(LIB_OBJ)

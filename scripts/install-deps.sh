@@ -10,7 +10,7 @@ pkgs=(
   libutf8proc-dev                                       # Unicode normalization
   libmicrohttpd-dev                                     # cinfer serve
   nodejs npm                                            # the e2e tests (official OpenAI / Anthropic SDKs)
-  chromium xxd                                          # the chat page: headless browser test; embedding it
+  chromium                                              # the chat page: headless browser test
 )
 
 SUDO=""
