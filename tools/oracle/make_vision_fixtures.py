@@ -330,12 +330,42 @@ class Capture:
             h.remove()
 
 
+MM_TYPES = {}  # image_token_id / video_token_id, set in build()
+
+
+def mm_types(ids):
+    """mm_token_type_ids as transformers 5.x's processors return them: 0 text, 1 image, 2 video, per token.
+    Its Qwen3_5Model refuses image_grid_thw without them (compute_3d_position_ids)."""
+    out = [0] * len(ids)
+    for i, x in enumerate(ids):
+        if x == MM_TYPES.get("image"):
+            out[i] = 1
+        elif x == MM_TYPES.get("video"):
+            out[i] = 2
+    return out
+
+
+def accepts(fn, name):
+    try:
+        ps = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return True
+    return name in ps or any(p.kind == p.VAR_KEYWORD for p in ps.values())
+
+
+def mm_kwargs(model, fn, ids, pv, grid):
+    kw = dict(input_ids=torch.tensor([ids], dtype=torch.long),
+              attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+              pixel_values=torch.from_numpy(pv).to(next(model.parameters()).dtype),
+              image_grid_thw=torch.from_numpy(grid).long())
+    if accepts(fn, "mm_token_type_ids"):
+        kw["mm_token_type_ids"] = torch.tensor([mm_types(ids)], dtype=torch.long)
+    return kw
+
+
 @torch.no_grad()
 def mm_forward(model, ids, pv, grid):
-    out = model(input_ids=torch.tensor([ids], dtype=torch.long),
-                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                pixel_values=torch.from_numpy(pv).to(next(model.parameters()).dtype),
-                image_grid_thw=torch.from_numpy(grid).long(), use_cache=False)
+    out = model(use_cache=False, **mm_kwargs(model, type(model).forward, ids, pv, grid))
     rd = getattr(out, "rope_deltas", None)
     return out.logits[0].double().cpu().numpy(), rd
 
@@ -347,11 +377,8 @@ def mm_greedy(model, ids, pv, grid, n_new):
     model.generation_config.eos_token_id = None
     gc = GenerationConfig(do_sample=False, max_new_tokens=n_new, eos_token_id=None, pad_token_id=0,
                           use_cache=True, output_logits=True, return_dict_in_generate=True)
-    t = torch.tensor([ids], dtype=torch.long)
     model.model.rope_deltas = None
-    out = model.generate(input_ids=t, attention_mask=torch.ones_like(t),
-                         pixel_values=torch.from_numpy(pv).float(),
-                         image_grid_thw=torch.from_numpy(grid).long(), generation_config=gc)
+    out = model.generate(generation_config=gc, **mm_kwargs(model, type(model).forward, ids, pv, grid))
     seq = out.sequences[0].tolist()
     new = seq[len(ids):]
     if len(new) != n_new:
@@ -392,6 +419,7 @@ def build(root):
     ids_of = {t: tok.token_to_id(t) for t in ["<|image_pad|>", "<|video_pad|>", "<|vision_start|>",
                                               "<|vision_end|>", "<|im_end|>", "<|endoftext|>"]}
     assert all(v is not None for v in ids_of.values()), ids_of
+    MM_TYPES.update(image=ids_of["<|image_pad|>"], video=ids_of["<|video_pad|>"])
     log("tokenizer: %d ids (vocab_size %d), special ids %s" % (V_tok, V, ids_of))
 
     text, vision, T = build_config()
@@ -552,7 +580,10 @@ def build_case(model, cap, ip, hf_proc, tok, template, images, d, V, vision, ima
                     po = hf_proc(text=[chat], images=[images[n] for n in img_names],
                                  return_tensors="pt")
                     pids = po["input_ids"][0].tolist()
+                    ptypes = po.get("mm_token_type_ids") if hasattr(po, "get") else None
                     proc_check = {"input_ids_equal": pids == ids,
+                                  "mm_token_type_ids_equal": (None if ptypes is None else
+                                                              ptypes[0].tolist() == mm_types(ids)),
                                   "pixel_values_equal": bool(np.array_equal(
                                       po["pixel_values"].float().numpy(), pv)),
                                   "grid_equal": po["image_grid_thw"].tolist() == grids}
@@ -612,7 +643,8 @@ def build_case(model, cap, ip, hf_proc, tok, template, images, d, V, vision, ima
         try:
             sig = inspect.signature(model.model.get_rope_index)
             kw = {"image_grid_thw": torch.from_numpy(grid).long(),
-                  "attention_mask": torch.ones(1, len(ids), dtype=torch.long)}
+                  "attention_mask": torch.ones(1, len(ids), dtype=torch.long),
+                  "mm_token_type_ids": torch.tensor([mm_types(ids)], dtype=torch.long)}
             kw = {k: v for k, v in kw.items() if k in sig.parameters}
             p, dl = model.model.get_rope_index(torch.tensor([ids], dtype=torch.long), **kw)
             gri = {"equal_to_used": bool(np.array_equal(p.reshape(3, -1).numpy(), pos_used)),
