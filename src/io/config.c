@@ -297,6 +297,11 @@ static int parse_vision(cfg_ctx *c, json_t *vc, model_config *o) {
         return ci_err(c->err, c->errlen, CINFER_EFORMAT,
                       "%s: vision_config.num_position_embeddings %d is not a perfect square", c->path,
                       o->vis_num_pos);
+    o->vis_rope_theta = 10000.0;
+    json_t *vrp = get(vc, "rope_parameters");
+    if (vrp && get(vrp, "rope_theta") &&
+        (rc = get_pos_num(c, vrp, "vision_config.rope_parameters.", "rope_theta", 1e12, &o->vis_rope_theta)))
+        return rc;
     json_t *act = get(vc, "hidden_act");
     if (act && (!json_is_string(act) || strcmp(json_string_value(act), "gelu_pytorch_tanh")))
         return ci_err(c->err, c->errlen, CINFER_EUNSUPPORTED,

@@ -73,6 +73,7 @@ typedef struct model_config {
     int vis_merge;                /* spatial_merge_size, 2 */
     int vis_out_hidden;           /* merger output width: the text hidden size */
     int vis_num_pos;              /* learned position table rows, a perfect square (2304 = 48^2) */
+    double vis_rope_theta;        /* vision_config.rope_parameters.rope_theta of the 2-D rotary (10000) */
 } model_config;
 
 /* Pure parser over the text of a config.json; `path` is used only in error messages. */

@@ -367,10 +367,10 @@ static int bind_vision(binder *b) {
         (rc = bind_linear(b, "model.visual.merger.linear_fc1", J, J, &v->mfc1, &v->mfc1_b)) ||
         (rc = bind_linear(b, "model.visual.merger.linear_fc2", v->out_hidden, J, &v->mfc2, &v->mfc2_b)))
         return rc;
-    /* Qwen3_5VisionRotaryEmbedding(head_dim / 2): inv_freq[i] = 1 / 10000^(2i / (head_dim/2)), in f32 */
+    /* Qwen3_5VisionRotaryEmbedding(head_dim / 2): inv_freq[i] = 1 / theta^(2i / (head_dim/2)), in f32 */
     int rd = v->head_dim / 2;
     v->inv_freq = arena_floats(m, (size_t)rd / 2);
-    for (int i = 0; i < rd / 2; i++) v->inv_freq[i] = 1.0f / powf(10000.0f, (float)(2 * i) / (float)rd);
+    for (int i = 0; i < rd / 2; i++) v->inv_freq[i] = 1.0f / powf((float)c->vis_rope_theta, (float)(2 * i) / (float)rd);
     v->present = 1;
     return 0;
 }

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "cinfer.h"
+#include "io/config.h"
 #include "model/vision.h"
 #include "test.h"
 #include "util/file.h"
@@ -243,4 +244,43 @@ TEST(vision_tower_matches_transformers) {
     tp_destroy(tp);
     model_free(m);
     json_decref(root);
+}
+
+/* vision_config: defaults, fields read, and what changes the numbers refused. */
+TEST(vision_config_parse) {
+    static model_config c;
+    char err[512];
+    const char *head =
+        "{\"model_type\":\"qwen3_5\",\"text_config\":{\"hidden_size\":64,\"num_hidden_layers\":2,\"vocab_"
+        "size\":100,"
+        "\"num_attention_heads\":2,\"num_key_value_heads\":1,\"head_dim\":32,\"linear_num_key_heads\":1,"
+        "\"linear_num_value_heads\":1,\"linear_key_head_dim\":16,\"linear_value_head_dim\":16,"
+        "\"linear_conv_kernel_dim\":4,\"intermediate_size\":32,\"full_attention_interval\":2,"
+        "\"rope_parameters\":{\"rope_type\":\"default\",\"rope_theta\":10000.0,\"partial_rotary_factor\":0.5}"
+        "},"
+        "\"vision_config\":";
+    char buf[2048];
+    snprintf(buf, sizeof buf, "%s{}}", head);
+    REQUIRE(config_parse(buf, strlen(buf), "c.json", &c, err, sizeof err) == 0);
+    CHECK(c.has_vision);
+    CHECK_EQ_INT(c.vis_depth, 27);
+    CHECK_EQ_INT(c.vis_hidden, 1152);
+    CHECK_EQ_INT(c.vis_num_pos, 2304);
+    CHECK_NEAR(c.vis_rope_theta, 10000.0, 0);
+    snprintf(buf, sizeof buf,
+             "%s{\"depth\":2,\"hidden_size\":32,\"num_heads\":2,\"num_position_embeddings\":36,"
+             "\"rope_parameters\":{\"rope_theta\":500.0,\"rope_type\":\"axial\"}}}",
+             head);
+    REQUIRE(config_parse(buf, strlen(buf), "c.json", &c, err, sizeof err) == 0);
+    CHECK_EQ_INT(c.vis_depth, 2);
+    CHECK_EQ_INT(c.vis_num_pos, 36);
+    CHECK_NEAR(c.vis_rope_theta, 500.0, 0);
+    const char *bad[] = {"{\"num_position_embeddings\":35}", "{\"hidden_act\":\"gelu\"}",
+                         "{\"deepstack_visual_indexes\":[5]}", "{\"hidden_size\":30,\"num_heads\":4}", "[]"};
+    const char *why[] = {"perfect square", "hidden_act", "deepstack", "head size", "must be an object"};
+    for (int i = 0; i < 5; i++) {
+        snprintf(buf, sizeof buf, "%s%s}", head, bad[i]);
+        CHECK_MSG(config_parse(buf, strlen(buf), "c.json", &c, err, sizeof err) < 0, "%s accepted", bad[i]);
+        CHECK_STR_CONTAINS(err, why[i]);
+    }
 }
