@@ -133,6 +133,8 @@ uint64_t cinfer_image_hash(const cinfer_image *im);
 int cinfer_image_encode(const cinfer_model *m, cinfer_image *im, int n_threads, char *err, size_t errlen);
 /* The features ([n_tokens][hidden_size] f32) once encoded, else NULL. */
 const float *cinfer_image_features(const cinfer_image *im);
+/* A copy (pixels and, when encoded, features), or NULL when memory runs out. */
+cinfer_image *cinfer_image_dup(const cinfer_image *im);
 void cinfer_image_free(cinfer_image *im);
 
 /* Expands, in ids, the k-th <|image_pad|> that directly follows a <|vision_start|> into images[k]'s token

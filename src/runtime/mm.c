@@ -120,6 +120,26 @@ const float *cinfer_image_features(const cinfer_image *im) {
     return im ? im->feat : NULL;
 }
 
+cinfer_image *cinfer_image_dup(const cinfer_image *im) {
+    if (!im) return NULL;
+    cinfer_image *d = calloc(1, sizeof *d);
+    if (!d) return NULL;
+    *d = *im;
+    size_t pb = (size_t)im->px.n_patches * im->px.patch_dim * sizeof(float);
+    size_t fb = im->feat ? (size_t)im->n_tokens * im->H * sizeof(float) : 0;
+    d->px.data = malloc(pb ? pb : 1);
+    d->feat = im->feat ? malloc(fb ? fb : 1) : NULL;
+    if (!d->px.data || (im->feat && !d->feat)) {
+        free(d->px.data);
+        free(d->feat);
+        free(d);
+        return NULL;
+    }
+    memcpy(d->px.data, im->px.data, pb);
+    if (fb) memcpy(d->feat, im->feat, fb);
+    return d;
+}
+
 void cinfer_image_free(cinfer_image *im) {
     if (!im) return;
     vision_pixels_free(&im->px);

@@ -209,6 +209,7 @@ typedef struct gen {
     uint64_t watch_id;    /* entry in s->watch, 0: none */
     int first_token_seen;
     cinfer_image **ims;   /* [req.n_images] decoded for the first choice until it is submitted, else NULL */
+    cinfer_image **ims_keep; /* [req.n_images] copies the other choices (n > 1) duplicate, else NULL */
 } gen;
 
 static void make_id(server *s, const char *prefix, char *out, size_t n) {
@@ -244,6 +245,9 @@ static void gen_free(gen *g) {
     if (g->ims)
         for (int i = 0; i < g->req.n_images; i++) cinfer_image_free(g->ims[i]);
     free(g->ims);
+    if (g->ims_keep)
+        for (int i = 0; i < g->req.n_images; i++) cinfer_image_free(g->ims_keep[i]);
+    free(g->ims_keep);
     srv_gen_req_free(&g->req);
     free(g);
 }
@@ -338,7 +342,7 @@ static void free_images(cinfer_image **ims, int n) {
 }
 
 /* Decodes and preprocesses the request's images (400 naming the image when one is bad or too large). */
-static int decode_images(server *s, const srv_gen_req *r, cinfer_image ***out, srv_error *e) {
+static int decode_images(server *s, const srv_gen_req *r, int encode, cinfer_image ***out, srv_error *e) {
     cinfer_image **ims = xcalloc((size_t)r->n_images, sizeof *ims);
     char err[512];
     for (int k = 0; k < r->n_images; k++) {
@@ -347,6 +351,15 @@ static int decode_images(server *s, const srv_gen_req *r, cinfer_image ***out, s
         if (rc < 0) {
             free_images(ims, k);
             return srv_fail(e, rc == CINFER_ENOMEM ? 500 : 400, "messages", "image %d: %s", k, err);
+        }
+        if (encode) {
+            /* the tower runs here, on this connection's thread, so the scheduler never stalls the running
+             * streams for it: admission only copies the features */
+            rc = cinfer_image_encode(s->model, ims[k], s->cfg.n_threads, err, sizeof err);
+            if (rc < 0) {
+                free_images(ims, k + 1);
+                return srv_fail(e, rc == CINFER_ENOMEM ? 503 : 500, "messages", "image %d: vision tower: %s", k, err);
+            }
         }
     }
     *out = ims;
@@ -362,7 +375,7 @@ static int load_images_into(server *s, gen *g, srv_gen_req *r, int p, srv_error 
         return srv_fail(e, 400, "messages", "the model %s has no vision tower: it does not accept images", s->model_id);
     if (!r->template_ctx || r->n_prompts != 1) return srv_fail(e, 400, "messages", "images go in chat messages");
     cinfer_image **ims;
-    if (decode_images(s, r, &ims, e) < 0) return -1;
+    if (decode_images(s, r, 1, &ims, e) < 0) return -1;
     int32_t *x = NULL;
     int nx = 0;
     char err[512];
@@ -443,14 +456,27 @@ static int gen_submit(server *s, gen *g, srv_error *e) {
         cinfer_image **ims = NULL;
         if (r->n_images) {
             if (i == 0) {
+                if (g->n_choices > 1) { /* keep copies for the other choices before the engine takes these */
+                    g->ims_keep = xcalloc((size_t)r->n_images, sizeof *g->ims_keep);
+                    for (int k = 0; k < r->n_images; k++) g->ims_keep[k] = cinfer_image_dup(g->ims[k]);
+                    for (int k = 0; k < r->n_images; k++)
+                        if (!g->ims_keep[k]) return srv_fail(e, 503, NULL, "out of memory for the images");
+                }
                 ims = g->ims;
                 g->ims = NULL;
-            } else if (decode_images(s, r, &ims, e) < 0) {
-                for (int k = 0; k < i; k++) {
-                    cinfer_request_free(g->rq[k]);
-                    g->rq[k] = NULL;
-                }
-                return -1;
+            } else {
+                /* the first choice's images were handed to the engine; the later ones copy them from the
+                 * copies kept in g->ims_keep (features included: the tower runs once per request) */
+                ims = xcalloc((size_t)r->n_images, sizeof *ims);
+                for (int k = 0; k < r->n_images; k++)
+                    if (!(ims[k] = cinfer_image_dup(g->ims_keep[k]))) {
+                        free_images(ims, k);
+                        for (int q = 0; q < i; q++) {
+                            cinfer_request_free(g->rq[q]);
+                            g->rq[q] = NULL;
+                        }
+                        return srv_fail(e, 503, NULL, "out of memory for the images of choice %d", i);
+                    }
             }
             rp.images = ims;
             rp.n_images = r->n_images;
@@ -732,7 +758,7 @@ static enum MHD_Result handle_count_tokens(server *s, struct MHD_Connection *c, 
     }
     /* images count as the tokens they expand to */
     cinfer_image **ims = NULL;
-    if (r.n_images && decode_images(s, &r, &ims, &e) < 0) {
+    if (r.n_images && decode_images(s, &r, 0, &ims, &e) < 0) {
         free(ids);
         srv_gen_req_free(&r);
         return send_error(s, c, cc, &e);

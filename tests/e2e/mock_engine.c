@@ -517,6 +517,12 @@ int cinfer_image_load(const cinfer_model *m, const void *data, size_t size, int6
     return CINFER_EUNSUPPORTED;
 }
 int cinfer_image_n_tokens(const cinfer_image *im) { return im ? 1 : 0; }
+int cinfer_image_encode(const cinfer_model *m, cinfer_image *im, int n_threads, char *err, size_t errlen) {
+    (void)m, (void)im, (void)n_threads;
+    snprintf(err, errlen, "this model has no vision tower");
+    return CINFER_EUNSUPPORTED;
+}
+cinfer_image *cinfer_image_dup(const cinfer_image *im) { return (cinfer_image *)im; }
 void cinfer_image_free(cinfer_image *im) { (void)im; }
 int cinfer_expand_image_pads(const cinfer_model *m, const int32_t *ids, int n, cinfer_image *const *images, int n_images,
                              int32_t **out, int *n_out, char *err, size_t errlen) {

@@ -792,6 +792,9 @@ test('vision: two images in one message; image and text requests at once each gi
   for (const body of bodies) solo.push((await oai(vision).chat.completions.create(body)).choices[0].message.content);
   const together = await Promise.all(bodies.map((body) => oai(vision).chat.completions.create(body)));
   for (let i = 0; i < bodies.length; i++) eq(together[i].choices[0].message.content, solo[i], 'request ' + i);
+  // n choices each get the images (the tower runs once per request, the copies share its features)
+  const nn = await oai(vision).chat.completions.create({ ...bodies[0], n: 2 });
+  eq(nn.choices.map((c) => c.message.content), [solo[0], solo[0]], 'n = 2');
   // the picture matters: swapping the two images changes the prompt (not necessarily the answer), and the
   // prompt token count follows the images' sizes (tall: 10 tokens, wide: 15)
   const one = await oai(vision).chat.completions.create({ ...bodies[2], max_tokens: 1 });

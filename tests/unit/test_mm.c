@@ -145,6 +145,13 @@ TEST(mm_image_load_and_expand) {
     CHECK(cinfer_image_features(im) == NULL);
     REQUIRE(cinfer_image_encode(m, im, 2, err, sizeof err) == 0);
     CHECK(cinfer_image_features(im) != NULL);
+    cinfer_image *cp = cinfer_image_dup(im);
+    REQUIRE(cp);
+    CHECK(cinfer_image_hash(cp) == cinfer_image_hash(im));
+    CHECK(cinfer_image_features(cp) != cinfer_image_features(im));
+    CHECK(!memcmp(cinfer_image_features(cp), cinfer_image_features(im),
+                  sizeof(float) * cinfer_image_n_tokens(im) * info.hidden_size));
+    cinfer_image_free(cp);
 
     int32_t vs = info.vision_start_token_id, pad = info.image_token_id, ve = info.vision_end_token_id;
     int32_t ids[] = {1, vs, pad, ve, 2};
