@@ -271,7 +271,8 @@ typedef struct cinfer_request_params {
     cinfer_image *const *images; /* the prompt's images in order (prompt expanded: cinfer_expand_image_pads); the
                                     engine owns them after a successful submit and frees them. Such a request
                                     bypasses the prefix cache (no lookup, no snapshot): a cached state never
-                                    stands for another picture. The tower runs at admission. */
+                                    stands for another picture. The tower runs at admission for images not
+                                    yet encoded (cinfer_image_encode). */
     int n_images;
 } cinfer_request_params;
 
