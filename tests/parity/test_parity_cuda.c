@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #include "cinfer.h"
 #include "model/forward_cuda.h"
@@ -317,4 +318,42 @@ TEST(cuda_device_choice_and_refusals) {
     p.prefix_cache_memory = 0;
     CHECK_EQ_INT(cinfer_ctx_create(m, &p, &c, err, sizeof err), CINFER_EINVAL);
     cinfer_model_close(m);
+}
+
+/* `--device` on the command line, for any verb: a bad value is a usage error (exit 2); `auto` runs (on the
+ * CPU without a device) and `generate --device auto` gives the greedy ids transformers gave. */
+TEST(cuda_cli_device_flag) {
+    const char *bin = getenv("CINFER_BIN");
+    if (!bin) bin = "build/cinfer";
+    char dir[512], cmd[2048], path[700];
+    snprintf(dir, sizeof dir, "%s/qwen35_dense", test_fixtures_dir());
+    snprintf(cmd, sizeof cmd, "%s logits -m %s --tokens 1,2,3 --device gpu 2>/dev/null", bin, dir);
+    int rc = system(cmd);
+    CHECK_MSG(WIFEXITED(rc) && WEXITSTATUS(rc) == 2, "--device gpu: exit %d, want 2", WEXITSTATUS(rc));
+    snprintf(cmd, sizeof cmd, "%s logits -m %s --device 2>/dev/null", bin, dir);
+    rc = system(cmd);
+    CHECK_MSG(WIFEXITED(rc) && WEXITSTATUS(rc) == 2, "--device without a value: exit %d, want 2",
+              WEXITSTATUS(rc));
+    snprintf(path, sizeof path, "%s/cases.json", dir);
+    json_error_t je;
+    json_t *root = json_load_file(path, 0, &je);
+    REQUIRE(root);
+    json_t *g = json_array_get(json_object_get(root, "greedy"), 0);
+    char *prompt = json_dumps(json_object_get(g, "prompt"), JSON_COMPACT);
+    char *want = json_dumps(json_object_get(g, "output"), JSON_COMPACT);
+    prompt[strlen(prompt) - 1] = 0; /* "[1,2,3]" -> "1,2,3" */
+    want[strlen(want) - 1] = 0;
+    snprintf(cmd, sizeof cmd, "%s generate --device auto -m %s --tokens %s -n %d --ids", bin, dir, prompt + 1,
+             (int)json_array_size(json_object_get(g, "output")));
+    FILE *p = popen(cmd, "r");
+    char line[4096] = "";
+    if (p) {
+        if (!fgets(line, sizeof line, p)) line[0] = 0;
+        rc = pclose(p);
+        CHECK_MSG(rc == 0, "cinfer generate --device auto: status %d", rc);
+    }
+    line[strcspn(line, "\n")] = 0;
+    CHECK_MSG(!strcmp(line, want + 1), "generate --device auto: %s, transformers: %s", line, want + 1);
+    free(prompt), free(want);
+    json_decref(root);
 }
