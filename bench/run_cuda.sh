@@ -3,11 +3,15 @@
 # CUDA backend, run the CUDA tests, then `cinfer bench --like SHAPE --device cuda` for the 4B, 35B-A3B and 27B
 # shapes and the transformers peer. Every stage has its own time limit and goes on past a failure; results
 # land in $OUT (log.txt: build; tests.txt; bench-*.txt; peer.txt).
-# usage: OUT=dir bash bench/run_cuda.sh [STAGES]   (STAGES: any of build tests bench peer; default all)
+# The "tc" stage runs the tensor-core prefill kernels (CINFER_CUDA_PREFILL=tc, off by default): the model
+# parity tests and the batch test with the switch on (appended to tests.txt), then the bench of every shape
+# with it (bench-tc.txt; decode batch 1 only, decode does not use these kernels), beside the default kernels'
+# figures of the "bench" stage: one run says whether to flip. 8 files in $OUT at most.
+# usage: OUT=dir bash bench/run_cuda.sh [STAGES]   (STAGES: any of build tests bench tc peer; default all)
 set -u
 OUT=${OUT:-/tmp/cuda-out}
 mkdir -p "$OUT"
-STAGES=${1:-"build tests bench peer"}
+STAGES=${1:-"build tests bench tc peer"}
 B=build-gpu
 has() { case " $STAGES " in *" $1 "*) return 0 ;; esac; return 1; }
 {
@@ -50,7 +54,8 @@ if has tests; then
     # the CUDA tests (op by op, fixture parity, batch invariance, graphs), one process each so that a fault in
     # one cannot hide the others, then the plain CPU parity as a control
     : > "$OUT/tests.txt"
-    for t in cuda_gemm cuda_gemv_indexed cuda_row_ops cuda_next_split cuda_moe_route cuda_deltanet cuda_attention \
+    for t in cuda_gemm cuda_gemv_indexed cuda_row_ops cuda_next_split cuda_moe_route cuda_deltanet_layer \
+             cuda_deltanet_tc cuda_attention_layer cuda_attention_tc \
              cuda_parity_qwen35_dense cuda_parity_qwen35_text cuda_parity_qwen35_moe_plain cuda_parity_qwen35_moe_fused \
              cuda_parity_qwen3_next cuda_parity_default cuda_batch cuda_graphs cuda_device_choice; do
         echo "== $t" >> "$OUT/tests.txt"
@@ -73,6 +78,23 @@ if has bench; then
     echo "== CINFER_CUDA_BF16_PASSES=1 $B/cinfer bench --like qwen3.5-4b --device cuda --no-profile" >> "$OUT/bench-qwen3.5-4b.txt"
     CINFER_CUDA_BF16_PASSES=1 timeout 60 $B/cinfer bench --like qwen3.5-4b --device cuda --no-profile 2>&1 | \
         grep -v "cinfer synth: writing" >> "$OUT/bench-qwen3.5-4b.txt"
+fi
+if has tc; then
+    : > "$OUT/bench-tc.txt"
+    for t in cuda_parity_qwen35_dense cuda_parity_qwen35_text cuda_parity_qwen35_moe_plain cuda_parity_qwen35_moe_fused \
+             cuda_parity_qwen3_next cuda_parity_default cuda_batch; do
+        echo "== CINFER_CUDA_PREFILL=tc $t" >> "$OUT/tests.txt"
+        CINFER_CUDA_PREFILL=tc CINFER_BIN=$B/cinfer timeout 60 $B/cinfer-tests $t >> "$OUT/tests.txt" 2>&1 ||
+            echo "== $t: exit $?" >> "$OUT/tests.txt"
+    done
+    grep -E "^== CINFER_CUDA_PREFILL|FAIL|passed|skip" "$OUT/tests.txt" | sed -n '/CINFER_CUDA_PREFILL/,$p'
+    for s in qwen3.5-4b:60 qwen3.5-35b-a3b:70 qwen3.5-27b:80; do
+        shape=${s%%:*} lim=${s##*:}
+        echo "== $(date -u +%H:%M:%S) CINFER_CUDA_PREFILL=tc $B/cinfer bench --like $shape --device cuda --batches 1" |
+            tee -a "$OUT/bench-tc.txt"
+        CINFER_CUDA_PREFILL=tc timeout $lim $B/cinfer bench --like $shape --device cuda --batches 1 2>&1 |
+            grep -v "cinfer synth: writing" | tee -a "$OUT/bench-tc.txt"
+    done
 fi
 if has peer; then
     for s in ${PEER_SHAPES:-qwen3.5-4b:70}; do

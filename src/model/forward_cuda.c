@@ -7,6 +7,7 @@
 #include "model/forward_cuda.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -130,6 +131,8 @@ struct cuda_fwd {
     size_t meta_cap;             /* ints */
     int max_S;
     int tiles_ok; /* the tiled prefill attention kernel fits this head dim */
+    /* prefill kernels on the tensor cores (CINFER_CUDA_PREFILL), when they serve the model */
+    int gdn_tc, attn_tc;
     /* graphs */
     graph_ent graphs[MAX_GRAPHS];
     int n_graphs;
@@ -461,6 +464,14 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     free(inv);
     if (rc) goto fail;
     f->tiles_ok = m->n_full > 0 && cu_attn_init(m->hd);
+    /* CINFER_CUDA_PREFILL: "tc" both prefill kernels on the tensor cores, "gdn" / "attn" one of them; unset
+     * or anything else keeps the scalar kernels (the tested default until a device run flips it) */
+    const char *pf = getenv("CINFER_CUDA_PREFILL");
+    if (pf && (!strcmp(pf, "tc") || !strcmp(pf, "gdn"))) f->gdn_tc = m->n_lin > 0 && cu_gdn_tc_init(m->dk);
+    if (pf && (!strcmp(pf, "tc") || !strcmp(pf, "attn"))) f->attn_tc = f->tiles_ok && cu_attn_tc_init(m->hd);
+    if (pf) /* a diagnostic switch: say what it selected, so a bench log shows which kernels ran */
+        fprintf(stderr, "cinfer cuda: CINFER_CUDA_PREFILL=%s: deltanet prefill %s, attention prefill %s\n",
+                pf, f->gdn_tc ? "tensor cores" : "scalar", f->attn_tc ? "tensor cores" : "scalar");
     for (int i = 0; i < PROF_MAX_MARKS; i++) cu_timer_create(&f->marks[i]);
     /* one cuBLAS call before any graph capture, so its lazy initialisation never happens inside one */
     if (p->max_tokens > CU_GEMV_MAX_M) {
@@ -550,7 +561,7 @@ static void deltanet(cuda_fwd *f, const cu_layer *cl, const layer_weights *lw, i
     a.conv_w = cl->conv_w, a.A = cl->A, a.dt_bias = cl->dt_bias, a.gnorm = cl->gnorm;
     a.conv_out = f->conv_out, a.bg = f->bg, a.o = f->act;
     a.conv_state = f->conv_state, a.rec_state = f->rec_state, a.eps = (float)m->cfg.rms_norm_eps;
-    a.meta = rs->meta;
+    a.meta = rs->meta, a.tc = f->gdn_tc;
     cu_gdn_layer(f->cu, &a);
     mark(f, CP_GEMM_OUT);
     gemm(f, f->out, f->act, cl->w_out, T, H, vd);
@@ -568,7 +579,7 @@ static void attention(cuda_fwd *f, const cu_layer *cl, int full, const run_shape
     a.full = full, a.qkv = f->proj, a.ld = cl->n_in, a.q_norm = cl->q_norm, a.k_norm = cl->k_norm;
     a.inv_freq = f->inv_freq, a.kpool = f->kpool, a.vpool = f->vpool, a.o = f->act, a.part = f->part;
     a.span = rs->span, a.nsplit = rs->nsplit, a.eps = (float)m->cfg.rms_norm_eps, a.meta = rs->meta;
-    a.tiles = rs->tiles, a.n_tiles = rs->n_tiles;
+    a.tiles = rs->tiles, a.n_tiles = rs->n_tiles, a.tc = f->attn_tc;
     cu_attn_layer(f->cu, &a);
     mark(f, CP_GEMM_OUT);
     gemm(f, f->out, f->act, cl->w_out, T, H, m->Hq * m->hd);
@@ -780,8 +791,8 @@ int cuda_fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, char *e
                      d + o_lrow, d + o_blk}};
     attn_split(f, T, maxpos, &rs.span, &rs.nsplit);
     cu_h2d_async(f->cu, f->meta, h, (o_tile + ntile) * sizeof(int));
-    /* MoE decode without the host (graph-capturable): every (row, choice) slot through the indexed GEMV; past 64
-     * rows the experts are grouped on the host and run as GEMMs */
+    /* MoE decode without the host (graph-capturable): every (row, choice) slot through the indexed GEMV; past
+     * 64 rows the experts are grouped on the host and run as GEMMs */
     int moe_device = T <= 64;
     int rc = 0;
     int use_graph = all_decode && !f->profile && !f->p.no_graphs && (m->cfg.n_experts == 0 || moe_device);

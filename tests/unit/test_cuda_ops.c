@@ -250,13 +250,18 @@ static int *pack_meta(const test_entry *e, int NE, int *const *blocks, cu_meta *
 
 /* ---- Gated DeltaNet layer ---- */
 
-static void gdn_case(int Hk, int Hv, int dk, int dv) {
+/* tc: also the tensor-core chunked kernel, against the CPU and against the scalar kernel on the same inputs
+ */
+static void gdn_case(int Hk, int Hv, int dk, int dv, int tc) {
     char err[256];
     cu_ctx *c;
     REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
     REQUIRE(cu_gdn_init(dk));
-    const test_entry ents[] = {{0, 100, 0}, {37, 50, 1}, {5, 1, 2}, {0, 1, 3}, {64, 1, 4}};
-    int NE = 5, n_slots = 5, n_lin = 2, lin = 1, K = 4, kd = Hk * dk, vd = Hv * dv, C = 2 * kd + vd, T = 0;
+    if (tc) REQUIRE(cu_gdn_tc_init(dk));
+    /* prefills from 0 and from ragged grid offsets (37, 60: first chunks of 27 and 4 rows), lengths not
+     * multiples of 64, one-token prefills, decode tokens */
+    const test_entry ents[] = {{0, 100, 0}, {37, 50, 1}, {5, 1, 2}, {0, 1, 3}, {64, 1, 4}, {60, 200, 5}};
+    int NE = 6, n_slots = 6, n_lin = 2, lin = 1, K = 4, kd = Hk * dk, vd = Hv * dv, C = 2 * kd + vd, T = 0;
     for (int i = 0; i < NE; i++) T += ents[i].n;
     int ld = C + 16;
     float eps = 1e-6f;
@@ -327,53 +332,79 @@ static void gdn_case(int Hk, int Hv, int dk, int dv) {
                 for (int j = 0; j < dv; j++) oh[j] *= ops_silu(z[(size_t)t * vd + (size_t)h * dv + j]);
             }
     }
-    /* device */
+    /* device: the scalar kernel, then (tc) the tensor-core one from the same inputs */
     cu_meta meta;
     int *dmeta;
     int *hm = pack_meta(ents, NE, NULL, &meta, &dmeta);
-    cu_gdn_args g = {0};
-    g.T = T, g.NE = NE, g.Hk = Hk, g.Hv = Hv, g.dk = dk, g.dv = dv, g.K = K, g.C = C, g.n_lin = n_lin,
-    g.lin = lin;
-    g.qkv = dup_dev(qkv, (size_t)T * ld * 4), g.qkv_ld = ld, g.z = dup_dev(z, (size_t)T * vd * 4),
-    g.z_ld = vd;
-    g.b = dup_dev(b, (size_t)T * Hv * 4), g.a = dup_dev(a, (size_t)T * Hv * 4), g.ba_ld = Hv;
-    g.conv_w = dup_dev(cw, (size_t)K * C * 4), g.A = dup_dev(A, (size_t)Hv * 4),
-    g.dt_bias = dup_dev(dt, (size_t)Hv * 4);
-    g.gnorm = dup_dev(gn, (size_t)dv * 4), g.conv_out = nan_dev(c, (size_t)T * C),
-    g.bg = nan_dev(c, (size_t)T * 2 * Hv);
-    g.o = nan_dev(c, (size_t)T * vd), g.conv_state = dup_dev(cst, cs_n * 4),
-    g.rec_state = dup_dev(rst, rs_n * 4);
-    g.eps = eps, g.meta = meta;
-    cu_gdn_layer(c, &g);
-    REQUIRE(cu_sync(c, err, sizeof err) == 0);
-    float *go = get(g.o, (size_t)T * vd), *gc = get(g.conv_state, cs_n), *gr = get(g.rec_state, rs_n);
-    char what[96];
-    snprintf(what, sizeof what, "deltanet dk=%d dv=%d: output", dk, dv);
-    check_rel(what, go, o_r, (size_t)T * vd, 1e-5);
-    snprintf(what, sizeof what, "deltanet dk=%d dv=%d: conv windows", dk, dv);
-    check_rel(what, gc, cst_r, cs_n, 1e-6);
-    snprintf(what, sizeof what, "deltanet dk=%d dv=%d: recurrent states", dk, dv);
-    check_rel(what, gr, rst_r, rs_n, 1e-5);
-    /* per entry, so a wrong form for one kind of entry cannot hide in the total */
-    for (int i = 0, r0 = 0; i < NE; r0 += ents[i].n, i++) {
-        snprintf(what, sizeof what, "  entry len=%d n=%d output", ents[i].len, ents[i].n);
-        check_rel(what, go + (size_t)r0 * vd, o_r + (size_t)r0 * vd, (size_t)ents[i].n * vd, 1e-5);
+    float *prev_o = NULL, *prev_r = NULL;
+    for (int mode = 0; mode <= tc; mode++) {
+        cu_gdn_args g = {0};
+        g.T = T, g.NE = NE, g.Hk = Hk, g.Hv = Hv, g.dk = dk, g.dv = dv, g.K = K, g.C = C, g.n_lin = n_lin,
+        g.lin = lin;
+        g.qkv = dup_dev(qkv, (size_t)T * ld * 4), g.qkv_ld = ld, g.z = dup_dev(z, (size_t)T * vd * 4),
+        g.z_ld = vd;
+        g.b = dup_dev(b, (size_t)T * Hv * 4), g.a = dup_dev(a, (size_t)T * Hv * 4), g.ba_ld = Hv;
+        g.conv_w = dup_dev(cw, (size_t)K * C * 4), g.A = dup_dev(A, (size_t)Hv * 4),
+        g.dt_bias = dup_dev(dt, (size_t)Hv * 4);
+        g.gnorm = dup_dev(gn, (size_t)dv * 4), g.conv_out = nan_dev(c, (size_t)T * C),
+        g.bg = nan_dev(c, (size_t)T * 2 * Hv);
+        g.o = nan_dev(c, (size_t)T * vd), g.conv_state = dup_dev(cst, cs_n * 4),
+        g.rec_state = dup_dev(rst, rs_n * 4);
+        g.eps = eps, g.meta = meta, g.tc = mode;
+        cu_gdn_layer(c, &g);
+        REQUIRE(cu_sync(c, err, sizeof err) == 0);
+        float *go = get(g.o, (size_t)T * vd), *gc = get(g.conv_state, cs_n), *gr = get(g.rec_state, rs_n);
+        /* TF32 products (10 mantissa bits) against the f32 CPU: the bound of the bf16 paths */
+        double tol = mode ? 1e-2 : 1e-5;
+        const char *kind = mode ? "tensor cores" : "scalar";
+        char what[128];
+        snprintf(what, sizeof what, "deltanet dk=%d dv=%d %s: output", dk, dv, kind);
+        check_rel(what, go, o_r, (size_t)T * vd, tol);
+        snprintf(what, sizeof what, "deltanet dk=%d dv=%d %s: conv windows", dk, dv, kind);
+        check_rel(what, gc, cst_r, cs_n, 1e-6);
+        snprintf(what, sizeof what, "deltanet dk=%d dv=%d %s: recurrent states", dk, dv, kind);
+        check_rel(what, gr, rst_r, rs_n, tol);
+        /* per entry, so a wrong form for one kind of entry cannot hide in the total */
+        for (int i = 0, r0 = 0; i < NE; r0 += ents[i].n, i++) {
+            snprintf(what, sizeof what, "  entry len=%d n=%d output", ents[i].len, ents[i].n);
+            check_rel(what, go + (size_t)r0 * vd, o_r + (size_t)r0 * vd, (size_t)ents[i].n * vd, tol);
+        }
+        if (mode) {
+            snprintf(what, sizeof what, "deltanet dk=%d dv=%d tensor cores vs scalar kernel: output", dk, dv);
+            check_rel(what, go, prev_o, (size_t)T * vd, 1e-2);
+            snprintf(what, sizeof what, "deltanet dk=%d dv=%d tensor cores vs scalar kernel: states", dk, dv);
+            check_rel(what, gr, prev_r, rs_n, 1e-2);
+        }
+        free(prev_o), free(prev_r), free(gc);
+        prev_o = go, prev_r = gr;
+        cu_free((void *)g.qkv), cu_free((void *)g.z), cu_free((void *)g.b), cu_free((void *)g.a),
+            cu_free((void *)g.conv_w);
+        cu_free((void *)g.A), cu_free((void *)g.dt_bias), cu_free((void *)g.gnorm), cu_free(g.conv_out),
+            cu_free(g.bg);
+        cu_free(g.o), cu_free(g.conv_state), cu_free(g.rec_state);
     }
+    free(prev_o), free(prev_r);
     free(qkv), free(z), free(b), free(a), free(cw), free(A), free(dt), free(gn), free(cst), free(rst),
         free(cst_r), free(rst_r);
-    free(co), free(bg), free(o_r), free(tmp), free(go), free(gc), free(gr), free(hm);
-    cu_free((void *)g.qkv), cu_free((void *)g.z), cu_free((void *)g.b), cu_free((void *)g.a),
-        cu_free((void *)g.conv_w);
-    cu_free((void *)g.A), cu_free((void *)g.dt_bias), cu_free((void *)g.gnorm), cu_free(g.conv_out),
-        cu_free(g.bg);
-    cu_free(g.o), cu_free(g.conv_state), cu_free(g.rec_state), cu_free(dmeta);
+    free(co), free(bg), free(o_r), free(tmp), free(hm);
+    cu_free(dmeta);
     cu_ctx_destroy(c);
 }
 
 TEST(cuda_deltanet_layer_vs_cpu) {
     if (NO_DEVICE()) SKIP("no CUDA device: skipped");
-    gdn_case(2, 4, 32, 32);
-    gdn_case(2, 4, 128, 128); /* the real head dims: the chunked kernel's shared memory near its limit */
+    gdn_case(2, 4, 32, 32, 0);
+    gdn_case(2, 4, 128, 128, 0); /* the real head dims: the chunked kernel's shared memory near its limit */
+}
+
+/* the tensor-core chunked kernel (CINFER_CUDA_PREFILL=tc|gdn): GQA ratios 1, 2, 3, dv not a multiple of the
+ * 32-column block, the real dk = dv = 128 */
+TEST(cuda_deltanet_tc_vs_cpu) {
+    if (NO_DEVICE()) SKIP("no CUDA device: skipped");
+    gdn_case(2, 4, 32, 32, 1);
+    gdn_case(1, 3, 64, 48, 1);
+    gdn_case(2, 2, 128, 128, 1);
+    gdn_case(2, 4, 128, 128, 1);
 }
 
 TEST(cuda_next_split) {
@@ -424,17 +455,20 @@ static void rope_ref(float *x, int R, int pos, const float *inv) {
     }
 }
 
+/* tiled: 0 a block per (row, head[, span]); 1 the prefill tiles; 2 the prefill tiles by the scalar kernel,
+ * then on the tensor cores from the same inputs (against the CPU and against the scalar tiles) */
 static void attn_case(int Hq, int Hkv, int hd, int span, int tiled) {
     char err[256];
     cu_ctx *c;
     REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
-    const test_entry ents[] = {{0, 40, 0}, {20, 1, 0}, {100, 3, 0}, {300, 1, 0}, {70, 45, 0}};
-    int NE = 5, T = 0, n_full = 2, full = 1, R = hd / 4, kvd = Hkv * hd, ld = Hq * 2 * hd + 2 * kvd + 8,
+    /* prefills of several tiles from 0 and from offsets off the 16- and 32-grids, decode rows, short runs */
+    const test_entry ents[] = {{0, 40, 0}, {20, 1, 0}, {100, 3, 0}, {300, 1, 0}, {70, 45, 0}, {33, 70, 0}};
+    int NE = 6, T = 0, n_full = 2, full = 1, R = hd / 4, kvd = Hkv * hd, ld = Hq * 2 * hd + 2 * kvd + 8,
         n_blocks = 64;
     for (int i = 0; i < NE; i++) T += ents[i].n;
     float eps = 1e-6f;
     /* block tables: entries take blocks in a scattered order */
-    int *tables[5], g = 0;
+    int *tables[6], g = 0;
     for (int i = 0; i < NE; i++) {
         int k = (ents[i].len + ents[i].n + 15) / 16;
         tables[i] = malloc((size_t)k * sizeof(int));
@@ -497,44 +531,66 @@ static void attn_case(int Hq, int Hkv, int hd, int span, int tiled) {
     int maxpos = 0;
     for (int i = 0; i < NE; i++)
         maxpos = ents[i].len + ents[i].n - 1 > maxpos ? ents[i].len + ents[i].n - 1 : maxpos;
-    cu_attn_args a = {0};
-    a.T = T, a.Hq = Hq, a.Hkv = Hkv, a.hd = hd, a.rope_dim = R, a.n_blocks = n_blocks, a.full = full;
-    a.qkv = dup_dev(qkv, (size_t)T * ld * 4), a.ld = ld, a.q_norm = dup_dev(qn, (size_t)hd * 4),
-    a.k_norm = dup_dev(kn, (size_t)hd * 4);
-    a.inv_freq = dup_dev(inv, (size_t)R / 2 * 4), a.kpool = dup_dev(kp, pool_n * 4),
-    a.vpool = dup_dev(vp, pool_n * 4);
-    a.o = nan_dev(c, (size_t)T * Hq * hd);
-    a.span = span, a.nsplit = (maxpos + span) / span;
-    a.part = nan_dev(c, (size_t)T * Hq * a.nsplit * (hd + 2));
     int htiles[64], nt = 0, *dtiles = NULL;
     for (int i = 0, r = 0; i < NE; r += ents[i].n, i++)
         for (int t = 0; t < ents[i].n; t += CU_ATTN_TILE) htiles[nt++] = r + t;
     if (tiled) {
         REQUIRE(cu_attn_init(hd));
         dtiles = dup_dev(htiles, sizeof(int) * (size_t)nt);
-        a.tiles = dtiles, a.n_tiles = nt;
     }
-    a.eps = eps, a.meta = meta;
-    cu_attn_layer(c, &a);
-    REQUIRE(cu_sync(c, err, sizeof err) == 0);
-    float *go = get(a.o, (size_t)T * Hq * hd), *gk = get(a.kpool, pool_n), *gv = get(a.vpool, pool_n);
-    char what[96];
-    if (tiled)
-        snprintf(what, sizeof what, "attention hd=%d tiles of %d rows: output", hd, CU_ATTN_TILE);
-    else
-        snprintf(what, sizeof what, "attention hd=%d span=%d (%d splits): output", hd, span, a.nsplit);
-    check_rel(what, go, o_r, (size_t)T * Hq * hd, 1e-5);
-    snprintf(what, sizeof what, "attention hd=%d: K pool", hd);
-    check_rel(what, gk, kp_r, pool_n, 1e-5);
-    CHECK_MSG(!memcmp(gv, vp_r, pool_n * 4), "attention hd=%d: V pool differs", hd);
+    if (tiled == 2) REQUIRE(cu_attn_tc_init(hd));
+    float *prev = NULL;
+    for (int mode = 0; mode <= (tiled == 2); mode++) {
+        cu_attn_args a = {0};
+        a.T = T, a.Hq = Hq, a.Hkv = Hkv, a.hd = hd, a.rope_dim = R, a.n_blocks = n_blocks, a.full = full;
+        a.qkv = dup_dev(qkv, (size_t)T * ld * 4), a.ld = ld, a.q_norm = dup_dev(qn, (size_t)hd * 4),
+        a.k_norm = dup_dev(kn, (size_t)hd * 4);
+        a.inv_freq = dup_dev(inv, (size_t)R / 2 * 4), a.kpool = dup_dev(kp, pool_n * 4),
+        a.vpool = dup_dev(vp, pool_n * 4);
+        a.o = nan_dev(c, (size_t)T * Hq * hd);
+        a.span = span, a.nsplit = (maxpos + span) / span;
+        a.part = nan_dev(c, (size_t)T * Hq * a.nsplit * (hd + 2));
+        if (tiled) a.tiles = dtiles, a.n_tiles = nt;
+        a.tc = mode;
+        a.eps = eps, a.meta = meta;
+        cu_attn_layer(c, &a);
+        REQUIRE(cu_sync(c, err, sizeof err) == 0);
+        float *go = get(a.o, (size_t)T * Hq * hd), *gk = get(a.kpool, pool_n), *gv = get(a.vpool, pool_n);
+        char what[128];
+        if (mode)
+            snprintf(what, sizeof what, "attention Hq=%d Hkv=%d hd=%d tensor cores: output", Hq, Hkv, hd);
+        else if (tiled)
+            snprintf(what, sizeof what, "attention Hq=%d Hkv=%d hd=%d tiles of %d rows: output", Hq, Hkv, hd,
+                     CU_ATTN_TILE);
+        else
+            snprintf(what, sizeof what, "attention hd=%d span=%d (%d splits): output", hd, span, a.nsplit);
+        /* TF32 products (10 mantissa bits) against the f64 reference: the bound of the bf16 paths */
+        check_rel(what, go, o_r, (size_t)T * Hq * hd, mode ? 1e-2 : 1e-5);
+        if (mode) {
+            /* per entry, so a wrong tile or mask for one kind of entry cannot hide in the total */
+            for (int i = 0, r0 = 0; i < NE; r0 += ents[i].n, i++) {
+                snprintf(what, sizeof what, "  entry len=%d n=%d output", ents[i].len, ents[i].n);
+                check_rel(what, go + (size_t)r0 * Hq * hd, o_r + (size_t)r0 * Hq * hd,
+                          (size_t)ents[i].n * Hq * hd, 1e-2);
+            }
+            snprintf(what, sizeof what, "attention hd=%d tensor cores vs scalar tiles: output", hd);
+            check_rel(what, go, prev, (size_t)T * Hq * hd, 1e-2);
+        }
+        snprintf(what, sizeof what, "attention hd=%d: K pool", hd);
+        check_rel(what, gk, kp_r, pool_n, 1e-5);
+        CHECK_MSG(!memcmp(gv, vp_r, pool_n * 4), "attention hd=%d: V pool differs", hd);
+        free(prev), free(gk), free(gv);
+        prev = go;
+        cu_free(a.qkv), cu_free((void *)a.q_norm), cu_free((void *)a.k_norm), cu_free((void *)a.inv_freq),
+            cu_free(a.kpool);
+        cu_free(a.vpool), cu_free(a.o), cu_free(a.part);
+    }
+    free(prev);
 #undef KROW
     for (int i = 0; i < NE; i++) free(tables[i]);
     free(kp), free(vp), free(qkv), free(qn), free(kn), free(inv), free(kp_r), free(vp_r), free(q_r),
         free(o_r), free(hm);
-    free(go), free(gk), free(gv);
-    cu_free(a.qkv), cu_free((void *)a.q_norm), cu_free((void *)a.k_norm), cu_free((void *)a.inv_freq),
-        cu_free(a.kpool);
-    cu_free(a.vpool), cu_free(a.o), cu_free(a.part), cu_free(dmeta), cu_free(dtiles);
+    cu_free(dmeta), cu_free(dtiles);
     cu_ctx_destroy(c);
 }
 
@@ -546,6 +602,18 @@ TEST(cuda_attention_layer_vs_cpu) {
     attn_case(4, 2, 64, 1 << 20, 1); /* prefill tiles */
     attn_case(8, 2, 256, 1 << 20, 1);
     attn_case(2, 1, 32, 1 << 20, 1);
+}
+
+/* the tensor-core prefill tiles (CINFER_CUDA_PREFILL=tc|attn): GQA ratios 1, 2, 3, 4, 6, 8 (query heads per
+ * block 1, 2, 3, 4, 3, 4), gated attention's head_dim 256 */
+TEST(cuda_attention_tc_vs_cpu) {
+    if (NO_DEVICE()) SKIP("no CUDA device: skipped");
+    attn_case(4, 2, 64, 1 << 20, 2);
+    attn_case(3, 3, 32, 1 << 20, 2);
+    attn_case(3, 1, 128, 1 << 20, 2);
+    attn_case(8, 2, 256, 1 << 20, 2);
+    attn_case(6, 1, 256, 1 << 20, 2);
+    attn_case(16, 2, 256, 1 << 20, 2);
 }
 
 TEST(cuda_moe_route_vs_cpu) {

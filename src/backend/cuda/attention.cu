@@ -129,12 +129,16 @@ __global__ void attn_combine_kernel(cu_attn_args a) {
 }
 
 extern "C" void cu_attn_tiled(cu_ctx *c, const cu_attn_args *a);
+extern "C" void cu_attn_tiled_tc(cu_ctx *c, const cu_attn_args *a); /* attention_tc.cu */
 
 extern "C" void cu_attn_layer(cu_ctx *c, const cu_attn_args *a) {
     if (a->T <= 0) return;
     attn_prep_kernel<<<a->T, 128, 0, c->stream>>>(*a);
     if (a->tiles) {
-        cu_attn_tiled(c, a);
+        if (a->tc)
+            cu_attn_tiled_tc(c, a);
+        else
+            cu_attn_tiled(c, a);
         return;
     }
     dim3 grid((unsigned)a->Hq, (unsigned)a->T, (unsigned)a->nsplit);

@@ -126,6 +126,7 @@ typedef struct cu_gdn_args {
     float *conv_state; /* [slots][n_lin][K-1][C] */
     float *rec_state;  /* [slots][n_lin][Hv][dk][dv] */
     float eps;
+    int tc; /* 1: the chunked (prefill) form on the tensor cores (deltanet_tc.cu); 0: the scalar kernel */
     cu_meta meta;
 } cu_gdn_args;
 /* conv1d + SiLU (window advanced), l2norm q/k + scale, beta/g, recurrent (decode) or chunked (prefill)
@@ -137,6 +138,9 @@ void cu_next_split(cu_ctx *c, const float *d_in, int ld, float *d_qkv, float *d_
 /* 1 when the chunked kernel's shared memory for this dk fits the device; raises the kernel's opt-in limit
  * (call before any graph capture) */
 int cu_gdn_init(int dk);
+/* 1 when the tensor-core chunked kernel serves this dk (a multiple of 16, 32..128) and fits the device;
+ * raises its shared-memory limit (before any graph capture) */
+int cu_gdn_tc_init(int dk);
 
 /* ---- gated attention (attention.cu) ---- */
 typedef struct cu_attn_args {
@@ -151,6 +155,7 @@ typedef struct cu_attn_args {
     const int *tiles; /* NULL: a block per (row, head[, span]); else prefill tiles: first rows of runs of up
                          to CU_ATTN_TILE rows of one entry, [n_tiles], each block sharing its K/V loads */
     int n_tiles;
+    int tc; /* 1: the prefill tiles on the tensor cores (attention_tc.cu); 0: the scalar tile kernel */
     float eps;
     cu_meta meta;
 } cu_attn_args;
@@ -158,6 +163,8 @@ typedef struct cu_attn_args {
 void cu_attn_layer(cu_ctx *c, const cu_attn_args *a);
 /* raises the tiled kernels' shared-memory limit (before any graph capture); 0 when hd does not fit */
 int cu_attn_init(int hd);
+/* 1 when the tensor-core prefill kernel serves this head dim (32, 64, 128, 256) and fits the device */
+int cu_attn_tc_init(int hd);
 /* Largest supported head dim (hd must be a multiple of 32 up to this) */
 #define CU_ATTN_MAX_HD 512
 

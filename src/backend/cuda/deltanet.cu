@@ -258,6 +258,8 @@ extern "C" int cu_gdn_init(int dk) {
            cudaSuccess;
 }
 
+extern "C" void cu_gdn_chunked_tc(cu_ctx *c, const cu_gdn_args *a); /* deltanet_tc.cu */
+
 extern "C" void cu_gdn_layer(cu_ctx *c, const cu_gdn_args *a) {
     if (a->T <= 0) return;
     size_t smem = chunk_smem_floats(a->dk) * sizeof(float);
@@ -265,8 +267,11 @@ extern "C" void cu_gdn_layer(cu_ctx *c, const cu_gdn_args *a) {
     prep_kernel<<<a->T, 128, 0, c->stream>>>(*a);
     recurrent_kernel<<<dim3(cdiv((size_t)a->dv, 32), (unsigned)a->Hv, (unsigned)a->NE), 256, 0, c->stream>>>(
         *a);
-    chunked_kernel<<<dim3(cdiv((size_t)a->dv, GDN_DT), (unsigned)a->Hv, (unsigned)a->NE), 256, smem,
-                     c->stream>>>(*a);
+    if (a->tc)
+        cu_gdn_chunked_tc(c, a);
+    else
+        chunked_kernel<<<dim3(cdiv((size_t)a->dv, GDN_DT), (unsigned)a->Hv, (unsigned)a->NE), 256, smem,
+                         c->stream>>>(*a);
     gnorm_kernel<<<a->T, 128, 0, c->stream>>>(*a);
 }
 
