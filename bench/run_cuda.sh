@@ -55,7 +55,7 @@ if has tests; then
     # one cannot hide the others, then the plain CPU parity as a control
     : > "$OUT/tests.txt"
     for t in cuda_gemm cuda_gemv_indexed cuda_row_ops cuda_next_split cuda_moe_route cuda_deltanet_layer \
-             cuda_deltanet_tc cuda_attention_layer cuda_attention_tc \
+             cuda_deltanet_tc cuda_attention_layer cuda_attention_tc cuda_sample \
              cuda_parity_qwen35_dense cuda_parity_qwen35_text cuda_parity_qwen35_moe_plain cuda_parity_qwen35_moe_fused \
              cuda_parity_qwen3_next cuda_parity_default cuda_batch cuda_graphs cuda_device_choice; do
         echo "== $t" >> "$OUT/tests.txt"
@@ -73,6 +73,13 @@ if has bench; then
         shape=${s%%:*} lim=${s##*:}
         echo "== $(date -u +%H:%M:%S) $B/cinfer bench --like $shape --device cuda" | tee "$OUT/bench-$shape.txt"
         timeout $lim $B/cinfer bench --like $shape --device cuda 2>&1 | grep -v "cinfer synth: writing" | tee -a "$OUT/bench-$shape.txt"
+    done
+    # where decode logits go: pageable host memory (how the first figures were taken) and greedy ids chosen on
+    # the device, beside the default (pinned) rows above
+    for lm in pageable device; do
+        echo "== $B/cinfer bench --like qwen3.5-4b --device cuda --logits $lm --prefill 512 --no-profile" >> "$OUT/bench-qwen3.5-4b.txt"
+        timeout 45 $B/cinfer bench --like qwen3.5-4b --device cuda --logits $lm --prefill 512 --no-profile 2>&1 |
+            grep -v "cinfer synth: writing" >> "$OUT/bench-qwen3.5-4b.txt"
     done
     # what the hi + lo split of activations costs: the same 4B run with one bf16 rounding
     echo "== CINFER_CUDA_BF16_PASSES=1 $B/cinfer bench --like qwen3.5-4b --device cuda --no-profile" >> "$OUT/bench-qwen3.5-4b.txt"

@@ -57,7 +57,8 @@ static double unique_experts(int E, int k, int B) {
 }
 
 int bench_cuda(int argc, char **argv) {
-    static const char *const vf[] = {"--like", "--batches", "--prefill", "-n", "--ctx", "--chunk", NULL};
+    static const char *const vf[] = {"--like", "--batches", "--prefill", "-n",
+                                     "--ctx",  "--chunk",   "--logits",  NULL};
     static const char *const bf[] = {"--help", "-h", "--no-profile", NULL};
     if (arg_check(argc, argv, vf, bf, "bench")) return 2;
     const char *like = arg_value(argc, argv, "--like", NULL), *v;
@@ -76,6 +77,14 @@ int bench_cuda(int argc, char **argv) {
     if ((v = arg_value(argc, argv, "--ctx", NULL)) && parse_int(v, "--ctx", 1, 1 << 20, &ctx)) return 2;
     if ((v = arg_value(argc, argv, "--chunk", NULL)) && parse_int(v, "--chunk", 64, 65535, &chunk)) return 2;
     int profile = !arg_flag(argc, argv, "--no-profile");
+    /* where a decode step's logits go: pinned host memory (default), pageable host memory (malloc, as the
+     * first CUDA figures were taken), or nowhere: greedy ids chosen on the device (cuda_fwd_sample) */
+    const char *lmode = arg_value(argc, argv, "--logits", "pinned");
+    int l_pageable = !strcmp(lmode, "pageable"), l_device = !strcmp(lmode, "device");
+    if (!l_pageable && !l_device && strcmp(lmode, "pinned")) {
+        fprintf(stderr, "cinfer bench: --logits takes pinned, pageable or device\n");
+        return 2;
+    }
     if (cuda_devices() < 1) {
         fprintf(stderr, "cinfer bench --like: no CUDA device\n");
         return 1;
@@ -138,7 +147,10 @@ int bench_cuda(int argc, char **argv) {
            bw, tf);
     int32_t *toks = malloc(sizeof(int32_t) * (size_t)(maxP > maxB * dec_ctx ? maxP : maxB * dec_ctx));
     int *blocks = malloc(sizeof(int) * (size_t)fp.n_blocks);
-    float *logits = malloc(sizeof(float) * (size_t)maxB * m->V);
+    size_t lbytes = sizeof(float) * (size_t)maxB * m->V;
+    float *logits = l_pageable ? malloc(lbytes) : cuda_host_alloc(lbytes, 1);
+    cuda_sample *smp = calloc((size_t)maxB, sizeof *smp); /* greedy rows */
+    int32_t *ids = calloc((size_t)maxB, sizeof *ids);
     fwd_entry *fe = calloc((size_t)maxB, sizeof *fe);
     for (int i = 0; i < fp.n_blocks; i++) blocks[i] = i;
     uint64_t x = 88172645463325252ull;
@@ -182,9 +194,10 @@ int bench_cuda(int argc, char **argv) {
         cuda_fwd_profile(f, 0);
     }
     /* ---- decode ---- */
-    printf("\ndecode (%ld steps after a %ld-token prompt per sequence; CUDA graphs; logits copied to the "
-           "host each step)\n",
-           N, ctx);
+    printf("\ndecode (%ld steps after a %ld-token prompt per sequence; CUDA graphs; %s)\n", N, ctx,
+           l_device     ? "greedy ids chosen on the device, only ids copied to the host"
+           : l_pageable ? "logits copied to pageable host memory each step"
+                        : "logits copied to pinned host memory each step");
     printf("  %6s %10s %12s %12s %10s %12s\n", "batch", "tok/s", "ms/step", "GB/s moved", "of copy",
            "weights GB");
     for (int bi = 0; bi < nb && !rc; bi++) {
@@ -220,7 +233,8 @@ int bench_cuda(int argc, char **argv) {
                                     .n = 1,
                                     .slot = s,
                                     .blocks = blocks + (size_t)s * bps_dec};
-            rc = cuda_fwd_run(f, fe, B, logits, err, sizeof err);
+            rc = cuda_fwd_run(f, fe, B, l_device ? NULL : logits, err, sizeof err);
+            if (!rc && l_device) rc = cuda_fwd_sample(f, smp, B, ids, NULL, err, sizeof err);
         }
         if (rc) break;
         double dt = (now_s() - ts) / N;
@@ -251,7 +265,11 @@ int bench_cuda(int argc, char **argv) {
         }
     }
     if (rc) fprintf(stderr, "cinfer bench: %s\n", err);
-    free(toks), free(blocks), free(logits), free(fe);
+    free(toks), free(blocks), free(fe), free(smp), free(ids);
+    if (l_pageable)
+        free(logits);
+    else
+        cuda_host_free(logits);
     cuda_fwd_destroy(f);
     cinfer_model_close(cm);
     /* the sparse checkpoint */

@@ -19,6 +19,12 @@ const char *const cuda_phase_names[CP_N] = {
     "embed+norms",     "in_proj gemm", "deltanet core", "attention core", "out_proj gemm", "ffn gemms",
     "ffn act/combine", "moe router",   "moe experts",   "lm_head",        "logits to host"};
 
+int cuda_sample_eligible(float temperature, int top_k, int V) {
+    if (!(temperature >= 0.0f)) return 0;
+    if (temperature < CUDA_SAMPLE_GREEDY_TEMP || top_k == 1) return 1;
+    return top_k > 1 && top_k <= CUDA_SAMPLE_MAX_K && top_k < V;
+}
+
 #ifndef CINFER_CUDA
 
 int cuda_built(void) {
@@ -59,6 +65,18 @@ void cuda_fwd_memory(const cuda_fwd *f, size_t *w, size_t *p, size_t *s) {
 struct cu_ctx *cuda_fwd_stream(cuda_fwd *f) {
     (void)f;
     return NULL;
+}
+int cuda_fwd_sample(cuda_fwd *f, const cuda_sample *rows, int n, int32_t *ids, float *logprobs, char *err,
+                    size_t errlen) {
+    (void)f, (void)rows, (void)n, (void)ids, (void)logprobs;
+    return ci_err(err, errlen, CINFER_EUNSUPPORTED, "no CUDA backend");
+}
+void *cuda_host_alloc(size_t bytes, int pin) {
+    (void)pin;
+    return malloc(bytes);
+}
+void cuda_host_free(void *p) {
+    free(p);
 }
 
 #else
@@ -133,6 +151,12 @@ struct cuda_fwd {
     int tiles_ok; /* the tiled prefill attention kernel fits this head dim */
     /* prefill kernels on the tensor cores (CINFER_CUDA_PREFILL), when they serve the model */
     int gdn_tc, attn_tc;
+    /* device sampling (cuda_fwd_sample) of the last call's logits rows */
+    int last_nl;          /* logits rows the last cuda_fwd_run left in f->logits */
+    cu_sample_row *d_smp; /* [max_tokens] */
+    cu_sample_row *h_smp; /* pinned [max_tokens] */
+    int *d_ids, *h_ids;   /* [max_tokens] device / pinned */
+    float *d_lps, *h_lps; /* [max_tokens] device / pinned */
     /* graphs */
     graph_ent graphs[MAX_GRAPHS];
     int n_graphs;
@@ -383,6 +407,13 @@ static int alloc_scratch(cuda_fwd *f, char *err, size_t errlen) {
     if ((rc = dev_alloc(f, (void **)&f->meta, f->meta_cap * 4, a, err, errlen)) ||
         (rc = cu_alloc_host((void **)&f->h_meta, f->meta_cap * 4, err, errlen)))
         return rc;
+    if ((rc = dev_alloc(f, (void **)&f->d_smp, T * sizeof(cu_sample_row), a, err, errlen)) ||
+        (rc = dev_alloc(f, (void **)&f->d_ids, T * 4, a, err, errlen)) ||
+        (rc = dev_alloc(f, (void **)&f->d_lps, T * 4, a, err, errlen)) ||
+        (rc = cu_alloc_host((void **)&f->h_smp, T * sizeof(cu_sample_row), err, errlen)) ||
+        (rc = cu_alloc_host((void **)&f->h_ids, T * 4, err, errlen)) ||
+        (rc = cu_alloc_host((void **)&f->h_lps, T * 4, err, errlen)))
+        return rc;
     return 0;
 }
 
@@ -395,6 +426,9 @@ void cuda_fwd_destroy(cuda_fwd *f) {
     cu_free_host(f->h_moe_idx);
     cu_free_host(f->h_moe_w);
     cu_free_host(f->h_moe_up);
+    cu_free_host(f->h_smp);
+    cu_free_host(f->h_ids);
+    cu_free_host(f->h_lps);
     cu_ctx_destroy(f->cu);
     free(f->allocs);
     free(f->L);
@@ -826,7 +860,8 @@ int cuda_fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, char *e
         if ((rc = enqueue(f, &rs, moe_device, err, errlen))) return rc;
     }
     mark(f, CP_COPY_OUT);
-    cu_d2h_async(f->cu, logits, f->logits, (size_t)nl * m->V * sizeof(float));
+    f->last_nl = nl;
+    if (logits) cu_d2h_async(f->cu, logits, f->logits, (size_t)nl * m->V * sizeof(float));
     if (f->profile && f->n_marks < PROF_MAX_MARKS) {
         cu_timer_start(f->cu, f->marks[f->n_marks]);
         f->mark_phase[f->n_marks++] = -1;
@@ -842,6 +877,55 @@ int cuda_fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, char *e
         f->n_marks = 0;
     }
     return 0;
+}
+
+int cuda_fwd_sample(cuda_fwd *f, const cuda_sample *rows, int n, int32_t *ids, float *logprobs, char *err,
+                    size_t errlen) {
+    if (n < 1 || n > f->last_nl)
+        return ci_err(err, errlen, CINFER_EINVAL, "cuda_fwd_sample: %d rows, the last call left %d", n,
+                      f->last_nl);
+    int V = f->m->V, want_lp = 0;
+    for (int r = 0; r < n; r++) {
+        const cuda_sample *q = &rows[r];
+        if (!cuda_sample_eligible(q->temperature, q->top_k, V))
+            return ci_err(err, errlen, CINFER_EINVAL,
+                          "cuda_fwd_sample: row %d: temperature %g, top_k %d is not "
+                          "for the device sampler",
+                          r, (double)q->temperature, q->top_k);
+        int greedy = q->temperature < CUDA_SAMPLE_GREEDY_TEMP || q->top_k == 1;
+        f->h_smp[r] = (cu_sample_row){q->u, greedy ? 0.0f : 1.0f / q->temperature, greedy ? 1 : q->top_k,
+                                      q->logprob && logprobs, 0};
+        want_lp |= q->logprob && logprobs;
+    }
+    cu_h2d_async(f->cu, f->d_smp, f->h_smp, (size_t)n * sizeof(cu_sample_row));
+    cu_sample(f->cu, f->logits, V, f->d_smp, n, f->d_ids, f->d_lps);
+    cu_d2h_async(f->cu, f->h_ids, f->d_ids, (size_t)n * 4);
+    if (want_lp) cu_d2h_async(f->cu, f->h_lps, f->d_lps, (size_t)n * 4);
+    int rc = cu_sync(f->cu, err, errlen);
+    if (rc) return rc;
+    for (int r = 0; r < n; r++) {
+        ids[r] = f->h_ids[r];
+        if (logprobs) logprobs[r] = f->h_smp[r].logprob ? f->h_lps[r] : 0.0f;
+    }
+    return 0;
+}
+
+/* pinned when a device takes it, else plain memory; a 64-byte header says which */
+void *cuda_host_alloc(size_t bytes, int pin) {
+    unsigned char *p = NULL;
+    char err[128];
+    int pinned = pin && cu_device_count() > 0 && cu_alloc_host((void **)&p, bytes + 64, err, sizeof err) == 0;
+    if (!pinned && !(p = malloc(bytes + 64))) return NULL;
+    p[0] = (unsigned char)pinned;
+    return p + 64;
+}
+void cuda_host_free(void *ptr) {
+    if (!ptr) return;
+    unsigned char *p = (unsigned char *)ptr - 64;
+    if (p[0])
+        cu_free_host(p);
+    else
+        free(p);
 }
 
 #endif

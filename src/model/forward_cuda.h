@@ -34,8 +34,30 @@ void cuda_fwd_destroy(cuda_fwd *f);
 /* zeroes a DeltaNet slot (conv window and recurrent state) for a new sequence */
 int cuda_fwd_slot_reset(cuda_fwd *f, int slot, char *err, size_t errlen);
 /* Runs the batch (same contract as forward_cpu; spec_rec must be NULL) and writes the logits rows to host
- * memory. */
+ * memory (pinned memory from cuda_host_alloc copies fastest); logits NULL leaves them on the device for
+ * cuda_fwd_sample. */
 int cuda_fwd_run(cuda_fwd *f, const fwd_entry *e, int n_entries, float *logits, char *err, size_t errlen);
+
+/* Token choice on the device for the rows the last cuda_fwd_run left there, so that only ids (and logprobs
+ * when asked) come back. It follows the CPU sampler (src/sample/sampler.h) for what it accepts: greedy
+ * (temperature below 1e-5, or top_k 1: argmax, ties to the lowest id), or top_k in 2..64 (< V) at a
+ * temperature; the caller keeps everything else on the host (logit_bias, penalties, top_p, min_p, XTC,
+ * grammars, top_logprobs). u is the request's own uniform draw, so the generator stays on the host. */
+#define CUDA_SAMPLE_MAX_K       64
+#define CUDA_SAMPLE_GREEDY_TEMP 1e-5f
+typedef struct cuda_sample {
+    float temperature;
+    int top_k;
+    double u;    /* [0, 1), unused when greedy */
+    int logprob; /* report the chosen token's raw logprob (log_softmax before temperature) */
+} cuda_sample;
+int cuda_sample_eligible(float temperature, int top_k, int V);
+int cuda_fwd_sample(cuda_fwd *f, const cuda_sample *rows, int n, int32_t *ids, float *logprobs, char *err,
+                    size_t errlen);
+/* Host memory for logits rows: page-locked when pin and a device is there (the copy runs at full link speed
+ * instead of through a bounce buffer), else plain (NULL when out of memory); free with cuda_host_free. */
+void *cuda_host_alloc(size_t bytes, int pin);
+void cuda_host_free(void *p);
 
 /* Per-phase device time of the calls since the last reset (profiling disables graphs). */
 enum {

@@ -15,6 +15,7 @@
 
 #include "cinfer.h"
 #include "model/forward.h"
+#include "model/forward_cuda.h"
 #include "model/qwen35.h"
 #include "runtime/ctx_internal.h"
 #include "runtime/engine_internal.h"
@@ -972,7 +973,9 @@ int cinfer_engine_create(cinfer_model *cm, const cinfer_engine_params *pp, cinfe
         e->ment = xcalloc((size_t)p.max_seqs, sizeof *e->ment);
         e->mreq = xcalloc((size_t)p.max_seqs, sizeof *e->mreq);
     }
-    e->logits = ci_try_alloc((size_t)p.max_seqs * (1 + p.spec_max_draft) * e->m->V * sizeof(float));
+    /* on cuda the rows arrive by DMA each step: page-locked memory (cuda_host_alloc) */
+    e->logits = cuda_host_alloc((size_t)p.max_seqs * (1 + p.spec_max_draft) * e->m->V * sizeof(float),
+                                cinfer_ctx_device(e->ctx) == CINFER_DEVICE_CUDA);
     if (!e->logits) {
         cinfer_ctx_destroy(e->ctx);
         free(e);
@@ -988,7 +991,7 @@ int cinfer_engine_create(cinfer_model *cm, const cinfer_engine_params *pp, cinfe
     pthread_mutex_init(&e->gv_mu, NULL);
     if (pthread_create(&e->thread, NULL, sched_main, e)) {
         cinfer_ctx_destroy(e->ctx);
-        free(e->logits), free(e->entries), free(e->entry_req), free(e->running), free(e);
+        cuda_host_free(e->logits), free(e->entries), free(e->entry_req), free(e->running), free(e);
         return ci_err(err, errlen, CINFER_ENOMEM, "cannot start the scheduler thread");
     }
     update_stats(e);
@@ -1015,7 +1018,7 @@ void cinfer_engine_destroy(cinfer_engine *e) {
     if (e->gv_tok)
         for (int t = 0; t < e->m->V; t++) free(e->gv_tok[t]);
     free(e->gv_tok), free(e->gv_len);
-    free(e->logits), free(e->entries), free(e->entry_req), free(e->entry_row), free(e->running), free(e);
+    cuda_host_free(e->logits), free(e->entries), free(e->entry_req), free(e->entry_row), free(e->running), free(e);
 }
 
 /* The vocabulary as bytes for the grammar's mask, made once per engine (the first constrained request pays). */

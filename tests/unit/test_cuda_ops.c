@@ -10,6 +10,7 @@
 #include "backend/cpu/ops.h"
 #include "model/forward.h"
 #include "model/forward_cuda.h"
+#include "sample/sampler.h"
 #include "test.h"
 #include "util/bf16.h"
 
@@ -664,6 +665,98 @@ TEST(cuda_moe_route_vs_cpu) {
     cu_ctx_destroy(c);
 }
 
+/* ---- sampling on the device ---- */
+
+/* raw log_softmax of x[tok] in f64 */
+static double ref_logprob(const float *x, int V, int tok) {
+    double m = -INFINITY, z = 0;
+    for (int i = 0; i < V; i++)
+        if (x[i] == x[i] && x[i] > m) m = x[i];
+    for (int i = 0; i < V; i++)
+        if (x[i] == x[i]) z += exp((double)x[i] - m);
+    return (double)x[tok] - (m + log(z));
+}
+
+/* Greedy rows against the CPU sampler (ties to the lowest id, NaN never chosen); top-k rows against the CPU
+ * sampler's candidates (best first, renormalised): u in the middle of candidate j's interval must give
+ * candidate j, for the first, second, middle and last of k; logprobs against f64. */
+TEST(cuda_sample_vs_cpu_sampler) {
+    if (NO_DEVICE()) SKIP("no CUDA device: skipped");
+    char err[256];
+    cu_ctx *c;
+    REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
+    enum { V = 5003, R = 4 };
+    float *x = rnd((size_t)R * V, 4.0f);
+    x[17] = x[1200] = 9.0f;               /* row 0: a tie at the max: 17 wins */
+    x[3] = NAN;                           /* and a NaN */
+    x[V + 4000] = 7.5f, x[V + 5] = NAN;   /* row 1: one clear max */
+    x[2 * V + 10] = x[2 * V + 11] = 3.9f; /* row 2: equal logits inside the top-k: lower id first */
+    float *dx = dup_dev(x, (size_t)R * V * 4);
+    static const float temps[] = {0.7f, 1.5f};
+    static const int ks[] = {5, 40};
+    cu_sample_row rows[64];
+    int want[64], n = 0, src[64];
+    /* greedy: rows 0..3 */
+    for (int r = 0; r < R; r++) {
+        sampler_params sp = sampler_default_params();
+        sp.temperature = 0.0f;
+        sampler *sm;
+        REQUIRE(sampler_create(&sp, V, &sm, err, sizeof err) == 0);
+        want[n] = sampler_sample(sm, x + (size_t)r * V, NULL);
+        sampler_destroy(sm);
+        rows[n] = (cu_sample_row){0.0, 0.0f, 1, 1, 0};
+        src[n++] = r;
+    }
+    CHECK_EQ_INT(want[0], 17);
+    /* top-k at a temperature: rows 2 and 3 */
+    for (int r = 2; r < R; r++)
+        for (int ti = 0; ti < 2; ti++) {
+            sampler_params sp = sampler_default_params();
+            sp.temperature = temps[ti], sp.top_k = ks[ti];
+            sampler *sm;
+            REQUIRE(sampler_create(&sp, V, &sm, err, sizeof err) == 0);
+            int32_t ids[64];
+            float pr[64];
+            int nc = sampler_candidates(sm, x + (size_t)r * V, ids, pr, 64);
+            sampler_destroy(sm);
+            CHECK_EQ_INT(nc, ks[ti]);
+            int js[4] = {0, 1, nc / 2, nc - 1};
+            for (int q = 0; q < 4; q++) {
+                double lo = 0;
+                for (int j = 0; j < js[q]; j++) lo += pr[j];
+                rows[n] = (cu_sample_row){lo + 0.5 * pr[js[q]], 1.0f / temps[ti], ks[ti], q & 1, 0};
+                want[n] = ids[js[q]];
+                src[n++] = r;
+            }
+        }
+    /* the kernel reads row i of the logits for request i: lay the rows out per request */
+    float *xr = malloc((size_t)n * V * 4);
+    for (int i = 0; i < n; i++) memcpy(xr + (size_t)i * V, x + (size_t)src[i] * V, (size_t)V * 4);
+    float *dxr = dup_dev(xr, (size_t)n * V * 4);
+    cu_sample_row *drows = dup_dev(rows, sizeof(cu_sample_row) * (size_t)n);
+    int *dids = NULL;
+    REQUIRE(cu_alloc((void **)&dids, (size_t)n * 4, err, sizeof err) == 0);
+    float *dlp = nan_dev(c, (size_t)n);
+    cu_sample(c, dxr, V, drows, n, dids, dlp);
+    REQUIRE(cu_sync(c, err, sizeof err) == 0);
+    int gids[64];
+    REQUIRE(cu_download(gids, dids, (size_t)n * 4, err, sizeof err) == 0);
+    float *glp = get(dlp, (size_t)n);
+    for (int i = 0; i < n; i++) {
+        CHECK_MSG(gids[i] == want[i], "request %d (row %d, top_k %d): device id %d, CPU %d", i, src[i],
+                  rows[i].top_k, gids[i], want[i]);
+        if (rows[i].logprob) {
+            double lp = ref_logprob(x + (size_t)src[i] * V, V, want[i]);
+            CHECK_MSG(fabs(glp[i] - lp) <= 1e-5 * (1 + fabs(lp)), "request %d: logprob %g, f64 %g", i,
+                      (double)glp[i], lp);
+        }
+    }
+    printf("     %d requests (greedy and top-k 5 / 40 at T 0.7 / 1.5): ids as the CPU sampler's\n", n);
+    free(x), free(xr), free(glp);
+    cu_free(dx), cu_free(dxr), cu_free(drows), cu_free(dids), cu_free(dlp);
+    cu_ctx_destroy(c);
+}
+
 #else
 
 TEST(cuda_ops_not_built) {
@@ -671,3 +764,16 @@ TEST(cuda_ops_not_built) {
 }
 
 #endif
+
+/* which sampler settings the device sampler takes (the rest stays on the host); runs without a device */
+TEST(cuda_sample_eligibility) {
+    CHECK(cuda_sample_eligible(0.0f, 0, 1000));   /* greedy */
+    CHECK(cuda_sample_eligible(1e-6f, 50, 1000)); /* below the greedy temperature */
+    CHECK(cuda_sample_eligible(0.8f, 1, 1000));   /* top_k 1 is greedy */
+    CHECK(cuda_sample_eligible(0.8f, 64, 1000));  /* top_k up to 64 */
+    CHECK(!cuda_sample_eligible(0.8f, 65, 1000)); /* more: the host */
+    CHECK(!cuda_sample_eligible(0.8f, 0, 1000));  /* the whole vocabulary: the host */
+    CHECK(!cuda_sample_eligible(0.8f, 40, 40));   /* top_k >= V is the whole vocabulary */
+    CHECK(!cuda_sample_eligible(-1.0f, 5, 1000)); /* invalid */
+    CHECK(!cuda_sample_eligible(NAN, 5, 1000));
+}

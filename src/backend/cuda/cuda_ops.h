@@ -180,6 +180,19 @@ void cu_moe_combine(cu_ctx *c, float *d_out, const float *d_y, const int *d_pos,
 /* decode form without the host: slot (r, j) reads row r; order of accumulation is by ascending expert id */
 void cu_moe_sort_slots(cu_ctx *c, int *d_idx, float *d_w, int T, int k);
 
+/* ---- sampling (sample.cu) ---- */
+#define CU_SAMPLE_MAX_K 64
+typedef struct cu_sample_row {
+    double u;    /* the host generator's uniform draw in [0, 1) (unused when greedy) */
+    float inv_t; /* 1 / temperature as the CPU sampler computes it (1.0f / T); 0: greedy */
+    int top_k;   /* 2..CU_SAMPLE_MAX_K when sampling (1 is greedy) */
+    int logprob; /* nonzero: lps[row] = the chosen token's raw log_softmax */
+    int pad;
+} cu_sample_row;
+/* ids[r] (and lps[r] when asked) for the n logits rows [n][V] */
+void cu_sample(cu_ctx *c, const float *d_logits, int V, const cu_sample_row *d_rows, int n, int *d_ids,
+               float *d_lps);
+
 #ifdef __cplusplus
 }
 #endif
