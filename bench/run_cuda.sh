@@ -3,7 +3,8 @@
 # CUDA backend, run the CUDA tests, then `cinfer bench --like SHAPE --device cuda` for the 4B, 35B-A3B and 27B
 # shapes and the transformers peer. Every stage has its own time limit and goes on past a failure; results
 # land in $OUT (log.txt: build; tests.txt; bench-*.txt; peer.txt).
-# The "tc" stage runs the tensor-core prefill kernels (CINFER_CUDA_PREFILL=tc, off by default): the model
+# The "tc" stage runs the new paths, off by default: the tensor-core prefill kernels (CINFER_CUDA_PREFILL=tc)
+# and the engine's greedy steps choosing on the device (CINFER_CUDA_SAMPLE=1): the model
 # parity tests and the batch test with the switch on (appended to tests.txt), then the bench of every shape
 # with it (bench-tc.txt; decode batch 1 only, decode does not use these kernels), beside the default kernels'
 # figures of the "bench" stage: one run says whether to flip. 8 files in $OUT at most.
@@ -88,10 +89,12 @@ if has bench; then
 fi
 if has tc; then
     : > "$OUT/bench-tc.txt"
+    # cuda_cli runs `cinfer generate --device auto` (the engine) against transformers' greedy ids: with
+    # CINFER_CUDA_SAMPLE=1 its greedy steps choose on the device
     for t in cuda_parity_qwen35_dense cuda_parity_qwen35_text cuda_parity_qwen35_moe_plain cuda_parity_qwen35_moe_fused \
-             cuda_parity_qwen3_next cuda_parity_default cuda_batch; do
-        echo "== CINFER_CUDA_PREFILL=tc $t" >> "$OUT/tests.txt"
-        CINFER_CUDA_PREFILL=tc CINFER_BIN=$B/cinfer timeout 60 $B/cinfer-tests $t >> "$OUT/tests.txt" 2>&1 ||
+             cuda_parity_qwen3_next cuda_parity_default cuda_batch cuda_cli; do
+        echo "== CINFER_CUDA_PREFILL=tc CINFER_CUDA_SAMPLE=1 $t" >> "$OUT/tests.txt"
+        CINFER_CUDA_PREFILL=tc CINFER_CUDA_SAMPLE=1 CINFER_BIN=$B/cinfer timeout 60 $B/cinfer-tests $t >> "$OUT/tests.txt" 2>&1 ||
             echo "== $t: exit $?" >> "$OUT/tests.txt"
     done
     grep -E "^== CINFER_CUDA_PREFILL|FAIL|passed|skip" "$OUT/tests.txt" | sed -n '/CINFER_CUDA_PREFILL/,$p'

@@ -304,8 +304,10 @@ int cinfer_batch_logit_rows(const cinfer_batch_entry *e, int n) {
     return rows;
 }
 
-int cinfer_forward(cinfer_ctx *c, const cinfer_batch_entry *e, int n, float *logits, char *err, size_t errlen) {
-    if (!c || (!e && n) || n < 0 || !logits) return ci_err(err, errlen, CINFER_EINVAL, "cinfer_forward: bad arguments");
+/* logits: the rows to the host; or (cuda) smp: one choice per logits row made on the device, ids / lps back */
+static int forward_impl(cinfer_ctx *c, const cinfer_batch_entry *e, int n, float *logits, const cuda_sample *smp,
+                        int32_t *ids, float *lps, char *err, size_t errlen) {
+    if (!c || (!e && n) || n < 0 || (!logits && !smp)) return ci_err(err, errlen, CINFER_EINVAL, "cinfer_forward: bad arguments");
     if (n == 0) return 0;
     const model *m = c->m;
     long total = 0;
@@ -384,7 +386,7 @@ int cinfer_forward(cinfer_ctx *c, const cinfer_batch_entry *e, int n, float *log
         }
     }
     if (c->cf) {
-        if ((rc = cuda_fwd_run(c->cf, c->fe, n, logits, err, errlen))) return rc;
+        if ((rc = cuda_fwd_run(c->cf, c->fe, n, smp ? NULL : logits, err, errlen))) return rc;
     } else {
         forward_cpu(m, &c->s, &c->kv, &c->st, c->tp, c->fe, n, logits);
     }
@@ -392,7 +394,23 @@ int cinfer_forward(cinfer_ctx *c, const cinfer_batch_entry *e, int n, float *log
         if (e[i].spec) c->seqs[e[i].seq].pending = e[i].n_tokens;
         else c->seqs[e[i].seq].len += e[i].n_tokens;
     }
+    if (smp) return cuda_fwd_sample(c->cf, smp, cinfer_batch_logit_rows(e, n), ids, lps, err, errlen);
     return 0;
+}
+
+int cinfer_forward(cinfer_ctx *c, const cinfer_batch_entry *e, int n, float *logits, char *err, size_t errlen) {
+    return forward_impl(c, e, n, logits, NULL, NULL, NULL, err, errlen);
+}
+
+int ctx_forward_sample(cinfer_ctx *c, const cinfer_batch_entry *e, int n, const cuda_sample *smp, int32_t *ids,
+                       float *lps, char *err, size_t errlen) {
+    if (!c || !c->cf || !smp || !ids)
+        return ci_err(err, errlen, CINFER_EINVAL, "ctx_forward_sample: a cuda context, choices and ids are needed");
+    /* refused before anything runs, so that a bad request never leaves a step half done */
+    for (int r = 0; r < cinfer_batch_logit_rows(e, n); r++)
+        if (!cuda_sample_eligible(smp[r].temperature, smp[r].top_k, c->m->V))
+            return ci_err(err, errlen, CINFER_EINVAL, "ctx_forward_sample: row %d is not for the device sampler", r);
+    return forward_impl(c, e, n, NULL, smp, ids, lps, err, errlen);
 }
 
 int cinfer_seq_set_images(cinfer_ctx *c, int id, const int32_t *prompt, int n_prompt, cinfer_image *const *images,

@@ -24,6 +24,12 @@ struct cinfer_model {
     char pp_err[256];         /* non-empty: why images cannot be loaded (malformed or mismatched config) */
 };
 
+/* cinfer_forward on a cuda context with the tokens chosen on the device (model/forward_cuda.h's
+ * cuda_fwd_sample): smp and ids (lps when asked) per logits row, nothing else comes back. */
+struct cuda_sample;
+int ctx_forward_sample(cinfer_ctx *c, const cinfer_batch_entry *e, int n, const struct cuda_sample *smp,
+                       int32_t *ids, float *lps, char *err, size_t errlen);
+
 /* Blocks an admission may count on: free ones plus those only the prefix cache holds. */
 int ctx_kv_free_blocks(const cinfer_ctx *c);
 int ctx_kv_blocks_per_seq(const cinfer_ctx *c);

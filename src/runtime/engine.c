@@ -102,6 +102,8 @@ struct cinfer_request {
     gm_matcher *gm;
     uint32_t *mask;       /* [(V + 31) / 32] tokens the grammar allows this step */
     float *masked;        /* [V] f32: the row with the rest at -inf, what the sampler sees */
+    int dev_greedy;       /* cuda: plain greedy (no bias, penalties, top_logprobs): the device may choose */
+    int dev_lp;           /* with the chosen token's logprob */
 };
 
 struct cinfer_engine {
@@ -150,6 +152,11 @@ struct cinfer_engine {
     gm_vocab *gv;
     char **gv_tok;                  /* [V] the bytes of token t (NULL: never under a grammar: special, EOS) */
     size_t *gv_len;                 /* [V] */
+    /* cuda with CINFER_CUDA_SAMPLE=1: steps whose every row is plain greedy choose on the device */
+    int dev_sample;
+    cuda_sample *dsmp;              /* [max_seqs] */
+    int32_t *dids;                  /* [max_seqs] */
+    float *dlps;                    /* [max_seqs] */
 };
 
 /* ---- event queue ---- */
@@ -765,7 +772,15 @@ static void step(cinfer_engine *e) {
             hrows += e->entries[i].n_tokens;
         }
     char err[512];
-    int rc = cinfer_forward(e->ctx, e->entries, n, e->logits, err, sizeof err);
+    /* cuda: when every row is plain greedy (one row per entry), only the chosen ids come back */
+    int dev = e->dev_sample && !mtp;
+    for (int i = 0; dev && i < n; i++) {
+        cinfer_request *r = e->entry_req[i];
+        dev = r->dev_greedy && !r->gm && !e->entries[i].all_logits;
+        e->dsmp[i] = (cuda_sample){0.0f, 0, 0.0, r->dev_lp};
+    }
+    int rc = dev ? ctx_forward_sample(e->ctx, e->entries, n, e->dsmp, e->dids, e->dlps, err, sizeof err)
+                 : cinfer_forward(e->ctx, e->entries, n, e->logits, err, sizeof err);
     atomic_fetch_add(&e->steps_total, 1);
     if (rc) {
         /* the batch was validated at submit; a failure here is a bug or an exhausted pool */
@@ -824,7 +839,14 @@ static void step(cinfer_engine *e) {
             sampler_accept(r->smp, r->last);
         }
         if (!fin) {
-            int32_t t = sampler_sample(r->smp, constrain_row(e, r, row), &r->res);
+            int32_t t;
+            if (dev) { /* what sampler_sample reports for a greedy step */
+                memset(&r->res, 0, sizeof r->res);
+                t = r->res.token = e->dids[i];
+                if (r->dev_lp) r->res.logprob = e->dlps[i];
+            } else {
+                t = sampler_sample(r->smp, constrain_row(e, r, row), &r->res);
+            }
             r->last = t;
             atomic_fetch_add(&e->generated_tokens_total, 1);
             fin = accept_token(e, r, t);
@@ -981,6 +1003,13 @@ int cinfer_engine_create(cinfer_model *cm, const cinfer_engine_params *pp, cinfe
         free(e);
         return ci_err(err, errlen, CINFER_ENOMEM, "cannot allocate logits for %d sequences", p.max_seqs);
     }
+    const char *ds = getenv("CINFER_CUDA_SAMPLE"); /* "1": greedy steps choose on the device (not yet default) */
+    if (cinfer_ctx_device(e->ctx) == CINFER_DEVICE_CUDA && ds && !strcmp(ds, "1")) {
+        e->dev_sample = 1;
+        e->dsmp = xcalloc((size_t)p.max_seqs, sizeof *e->dsmp);
+        e->dids = xcalloc((size_t)p.max_seqs, sizeof *e->dids);
+        e->dlps = xcalloc((size_t)p.max_seqs, sizeof *e->dlps);
+    }
     e->im_start = text_token_id(cm, "<|im_start|>");
     e->entries = xcalloc((size_t)p.max_seqs, sizeof *e->entries);
     e->entry_req = xcalloc((size_t)p.max_seqs, sizeof *e->entry_req);
@@ -991,6 +1020,7 @@ int cinfer_engine_create(cinfer_model *cm, const cinfer_engine_params *pp, cinfe
     pthread_mutex_init(&e->gv_mu, NULL);
     if (pthread_create(&e->thread, NULL, sched_main, e)) {
         cinfer_ctx_destroy(e->ctx);
+        free(e->dsmp), free(e->dids), free(e->dlps);
         cuda_host_free(e->logits), free(e->entries), free(e->entry_req), free(e->running), free(e);
         return ci_err(err, errlen, CINFER_ENOMEM, "cannot start the scheduler thread");
     }
@@ -1018,6 +1048,7 @@ void cinfer_engine_destroy(cinfer_engine *e) {
     if (e->gv_tok)
         for (int t = 0; t < e->m->V; t++) free(e->gv_tok[t]);
     free(e->gv_tok), free(e->gv_len);
+    free(e->dsmp), free(e->dids), free(e->dlps);
     cuda_host_free(e->logits), free(e->entries), free(e->entry_req), free(e->entry_row), free(e->running), free(e);
 }
 
@@ -1154,6 +1185,11 @@ int cinfer_engine_submit(cinfer_engine *e, const cinfer_request_params *p, cinfe
                                          (uint64_t)(uintptr_t)r;
     sp.logprobs = p->sampling.n_logprobs >= 0;
     sp.top_logprobs = p->sampling.n_logprobs > 0 ? p->sampling.n_logprobs : 0;
+    /* the device may choose for requests the CPU sampler would run as a bare argmax */
+    r->dev_greedy = sp.temperature < SAMPLER_GREEDY_TEMP && !sp.n_logit_bias && sp.repetition_penalty == 1.0f &&
+                    sp.presence_penalty == 0.0f && sp.frequency_penalty == 0.0f && sp.xtc_probability == 0.0f &&
+                    !sp.top_logprobs;
+    r->dev_lp = sp.logprobs;
     int rc = sampler_create(&sp, e->m->V, &r->smp, err, errlen);
     if (!rc) rc = stop_init(&r->stop_m, (const char *const *)r->stop, NULL, r->n_stop, err, errlen);
     if (!rc) {
