@@ -3,8 +3,9 @@
 # CUDA backend, run the CUDA tests, then `cinfer bench --like SHAPE --device cuda` for the 4B, 35B-A3B and 27B
 # shapes and the transformers peer. Every stage has its own time limit and goes on past a failure; results
 # land in $OUT (log.txt: build; tests.txt; bench-*.txt; peer.txt).
-# The "tc" stage runs the new paths, off by default: the tensor-core prefill kernels (CINFER_CUDA_PREFILL=tc)
-# and the engine's greedy steps choosing on the device (CINFER_CUDA_SAMPLE=1): the model
+# The "tc" stage runs the new paths, off by default: the tensor-core prefill kernels (CINFER_CUDA_PREFILL=tc),
+# the engine's greedy steps choosing on the device (CINFER_CUDA_SAMPLE=1) and the grouped expert GEMV for MoE
+# decode (CINFER_CUDA_MOE=grouped): the model
 # parity tests and the batch test with the switch on (appended to tests.txt), then the bench of every shape
 # with it (bench-tc.txt; decode batch 1 only, decode does not use these kernels), beside the default kernels'
 # figures of the "bench" stage: one run says whether to flip. 8 files in $OUT at most.
@@ -55,7 +56,7 @@ if has tests; then
     # the CUDA tests (op by op, fixture parity, batch invariance, graphs), one process each so that a fault in
     # one cannot hide the others, then the plain CPU parity as a control
     : > "$OUT/tests.txt"
-    for t in cuda_gemm cuda_gemv_indexed cuda_row_ops cuda_next_split cuda_moe_route cuda_deltanet_layer \
+    for t in cuda_gemm cuda_gemv_indexed cuda_gemv_grouped cuda_row_ops cuda_next_split cuda_moe_route cuda_deltanet_layer \
              cuda_deltanet_tc cuda_attention_layer cuda_attention_tc cuda_sample \
              cuda_parity_qwen35_dense cuda_parity_qwen35_text cuda_parity_qwen35_moe_plain cuda_parity_qwen35_moe_fused \
              cuda_parity_qwen3_next cuda_parity_default cuda_batch cuda_graphs cuda_device_choice; do
@@ -93,8 +94,9 @@ if has tc; then
     # CINFER_CUDA_SAMPLE=1 its greedy steps choose on the device
     for t in cuda_parity_qwen35_dense cuda_parity_qwen35_text cuda_parity_qwen35_moe_plain cuda_parity_qwen35_moe_fused \
              cuda_parity_qwen3_next cuda_parity_default cuda_batch cuda_cli; do
-        echo "== CINFER_CUDA_PREFILL=tc CINFER_CUDA_SAMPLE=1 $t" >> "$OUT/tests.txt"
-        CINFER_CUDA_PREFILL=tc CINFER_CUDA_SAMPLE=1 CINFER_BIN=$B/cinfer timeout 60 $B/cinfer-tests $t >> "$OUT/tests.txt" 2>&1 ||
+        echo "== CINFER_CUDA_PREFILL=tc CINFER_CUDA_SAMPLE=1 CINFER_CUDA_MOE=grouped $t" >> "$OUT/tests.txt"
+        CINFER_CUDA_PREFILL=tc CINFER_CUDA_SAMPLE=1 CINFER_CUDA_MOE=grouped CINFER_BIN=$B/cinfer timeout 60 \
+            $B/cinfer-tests $t >> "$OUT/tests.txt" 2>&1 ||
             echo "== $t: exit $?" >> "$OUT/tests.txt"
     done
     grep -E "^== CINFER_CUDA_PREFILL|FAIL|passed|skip" "$OUT/tests.txt" | sed -n '/CINFER_CUDA_PREFILL/,$p'
@@ -105,6 +107,11 @@ if has tc; then
         CINFER_CUDA_PREFILL=tc timeout $lim $B/cinfer bench --like $shape --device cuda --batches 1 2>&1 |
             grep -v "cinfer synth: writing" | tee -a "$OUT/bench-tc.txt"
     done
+    # MoE decode with each chosen expert streamed once for all its slots (the default streams it per slot)
+    echo "== $(date -u +%H:%M:%S) CINFER_CUDA_MOE=grouped $B/cinfer bench --like qwen3.5-35b-a3b --device cuda --prefill 512" |
+        tee -a "$OUT/bench-tc.txt"
+    CINFER_CUDA_MOE=grouped timeout 60 $B/cinfer bench --like qwen3.5-35b-a3b --device cuda --prefill 512 2>&1 |
+        grep -v "cinfer synth: writing" | tee -a "$OUT/bench-tc.txt"
 fi
 if has peer; then
     for s in ${PEER_SHAPES:-qwen3.5-4b:70}; do

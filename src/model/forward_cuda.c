@@ -140,6 +140,8 @@ struct cuda_fwd {
     float *shy, *shg;            /* [T][H], [T] */
     int *moe_ident;              /* [S]: 0, 1, 2, ... */
     int *moe_host;               /* device: src [S] | pos [S] | w [S] (floats as bits) */
+    int *moe_grp;                /* device: decode slots grouped by expert, off [E + 1] | perm [S] */
+    int moe_grouped;             /* CINFER_CUDA_MOE=grouped: decode experts by cu_gemv_grouped */
     int *h_moe_idx;              /* pinned [S] */
     float *h_moe_w;              /* pinned [S] */
     int *h_moe_up;               /* pinned [3S] */
@@ -389,6 +391,7 @@ static int alloc_scratch(cuda_fwd *f, char *err, size_t errlen) {
             (rc = dev_alloc(f, (void **)&f->shg, T * 4, a, err, errlen)) ||
             (rc = dev_alloc(f, (void **)&f->moe_ident, S * 4, a, err, errlen)) ||
             (rc = dev_alloc(f, (void **)&f->moe_host, 3 * S * 4, a, err, errlen)) ||
+            (rc = dev_alloc(f, (void **)&f->moe_grp, (E + 1 + S) * 4, a, err, errlen)) ||
             (rc = cu_alloc_host((void **)&f->h_moe_idx, S * 4, err, errlen)) ||
             (rc = cu_alloc_host((void **)&f->h_moe_w, S * 4, err, errlen)) ||
             (rc = cu_alloc_host((void **)&f->h_moe_up, 3 * S * 4, err, errlen)))
@@ -503,6 +506,11 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     const char *pf = getenv("CINFER_CUDA_PREFILL");
     if (pf && (!strcmp(pf, "tc") || !strcmp(pf, "gdn"))) f->gdn_tc = m->n_lin > 0 && cu_gdn_tc_init(m->dk);
     if (pf && (!strcmp(pf, "tc") || !strcmp(pf, "attn"))) f->attn_tc = f->tiles_ok && cu_attn_tc_init(m->hd);
+    const char *me = getenv("CINFER_CUDA_MOE"); /* "grouped": decode experts by cu_gemv_grouped */
+    f->moe_grouped = me && !strcmp(me, "grouped");
+    if (me)
+        fprintf(stderr, "cinfer cuda: CINFER_CUDA_MOE=%s: decode experts by the %s GEMV\n", me,
+                f->moe_grouped ? "grouped" : "indexed");
     if (pf) /* a diagnostic switch: say what it selected, so a bench log shows which kernels ran */
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_PREFILL=%s: deltanet prefill %s, attention prefill %s\n",
                 pf, f->gdn_tc ? "tensor cores" : "scalar", f->attn_tc ? "tensor cores" : "scalar");
@@ -646,9 +654,17 @@ static int moe(cuda_fwd *f, const cu_layer *cl, const run_shape *rs, int device_
         /* decode: every (row, choice) slot streams its expert through the indexed GEMV, no host round trip */
         cu_moe_sort_slots(f->cu, f->moe_idx, f->moe_w, T, k);
         mark(f, CP_MOE_EXPERTS);
-        cu_gemv_indexed(f->cu, f->gu, f->xn, k, cl->e_gu, f->moe_idx, S, 2 * Im, H);
-        cu_swiglu(f->cu, f->ea, f->gu, S, Im);
-        cu_gemv_indexed(f->cu, f->ey, f->ea, 1, cl->e_down, f->moe_idx, S, H, Im);
+        if (f->moe_grouped) {
+            /* each chosen expert streamed once for all its slots (same bits as the indexed GEMV) */
+            cu_moe_group(f->cu, f->moe_idx, S, E, f->moe_grp);
+            cu_gemv_grouped(f->cu, f->gu, f->xn, k, cl->e_gu, f->moe_grp, E, 2 * Im, H);
+            cu_swiglu(f->cu, f->ea, f->gu, S, Im);
+            cu_gemv_grouped(f->cu, f->ey, f->ea, 1, cl->e_down, f->moe_grp, E, H, Im);
+        } else {
+            cu_gemv_indexed(f->cu, f->gu, f->xn, k, cl->e_gu, f->moe_idx, S, 2 * Im, H);
+            cu_swiglu(f->cu, f->ea, f->gu, S, Im);
+            cu_gemv_indexed(f->cu, f->ey, f->ea, 1, cl->e_down, f->moe_idx, S, H, Im);
+        }
         pos = f->moe_ident;
         wts = f->moe_w;
     } else {

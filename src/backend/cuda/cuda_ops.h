@@ -71,6 +71,11 @@ void cu_set_bf16_passes(int passes);
 /* Same, but every row m uses its own matrix w + widx[m] * N * K (MoE experts at decode; M <= any). */
 void cu_gemv_indexed(cu_ctx *c, float *d_y, const float *d_x, int x_row_div, const uint16_t *d_w,
                      const int *d_widx, int M, int N, int K);
+/* The same products grouped by matrix: grp = off [E + 1] | perm [S] from cu_moe_group; each matrix is
+ * streamed once for up to 8 of its rows at a time; y row s = x row s / x_row_div times matrix widx[s], the
+ * same bits as cu_gemv_indexed (CINFER_CUDA_MOE=grouped in the MoE decode path) */
+void cu_gemv_grouped(cu_ctx *c, float *d_y, const float *d_x, int x_row_div, const uint16_t *d_w,
+                     const int *d_grp, int E, int N, int K);
 /* Fills n bf16 values with uniform noise of the given std (random weights built on the device). */
 void cu_fill_random_bf16(cu_ctx *c, uint16_t *d, size_t n, float std, uint64_t seed);
 void cu_fill_f32(cu_ctx *c, float *d, size_t n, float v);
@@ -177,6 +182,8 @@ void cu_gather_rows(cu_ctx *c, float *d_xg, const float *d_x, const int *d_src, 
  * if sh: out[r] += sigmoid(shg[r]) * sh[r] */
 void cu_moe_combine(cu_ctx *c, float *d_out, const float *d_y, const int *d_pos, const float *d_w, int T,
                     int k, int H, const float *d_sh, const float *d_shg);
+/* grp [E + 1 + S] = off | perm: the S slots of idx grouped by expert (E <= 1024), for cu_gemv_grouped */
+void cu_moe_group(cu_ctx *c, const int *d_idx, int S, int E, int *d_grp);
 /* decode form without the host: slot (r, j) reads row r; order of accumulation is by ascending expert id */
 void cu_moe_sort_slots(cu_ctx *c, int *d_idx, float *d_w, int T, int k);
 

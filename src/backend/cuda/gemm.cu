@@ -245,6 +245,86 @@ extern "C" void cu_gemv_indexed(cu_ctx *c, float *y, const float *x, int x_row_d
     gemv_indexed_kernel<<<grid, GEMV_WARPS * 32, 0, c->stream>>>(y, x, x_row_div, w, widx, N, K);
 }
 
+/* Grouped by expert (cu_moe_group's off | perm): a block per (2 GEMV_WARPS columns, expert) streams the
+ * expert's weights once for up to GRP_G of its slots at a time, instead of once per slot. Each (slot, column)
+ * sum runs exactly as in gemv_indexed_kernel (same lanes, same fma order, same butterfly), so the two give
+ * the same bits and a slot's value never depends on who shares its expert. Results land at the slot's row. */
+#define GRP_G 8
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+    gemv_grouped_kernel(float *__restrict__ y, const float *__restrict__ x, int div,
+                        const uint16_t *__restrict__ w, const int *__restrict__ grp, int E, int N, int K) {
+    int e = blockIdx.y, beg = grp[e], end = grp[e + 1];
+    if (beg >= end) return;
+    const int *perm = grp + E + 1;
+    const uint16_t *wm = w + (size_t)e * N * K;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int n0 = (blockIdx.x * GEMV_WARPS + warp) * 2;
+    if (n0 >= N) return;
+    for (int p0 = beg; p0 < end; p0 += GRP_G) {
+        int ng = end - p0 < GRP_G ? end - p0 : GRP_G;
+        const float *xr[GRP_G];
+#pragma unroll
+        for (int g = 0; g < GRP_G; g++) xr[g] = x + (size_t)(perm[p0 + (g < ng ? g : 0)] / div) * K;
+        float acc[GRP_G][2];
+#pragma unroll
+        for (int g = 0; g < GRP_G; g++) acc[g][0] = acc[g][1] = 0.0f;
+        if ((K & 7) == 0) {
+            for (int k = lane * 8; k < K; k += 256) {
+                uint32_t p[2][4];
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    int n = n0 + r < N ? n0 + r : N - 1;
+                    uint4 u = *reinterpret_cast<const uint4 *>(wm + (size_t)n * K + k);
+                    p[r][0] = u.x, p[r][1] = u.y, p[r][2] = u.z, p[r][3] = u.w;
+                }
+#pragma unroll
+                for (int g = 0; g < GRP_G; g++) {
+                    if (g >= ng) break;
+                    const float4 *xp = reinterpret_cast<const float4 *>(xr[g] + k);
+                    float4 a = xp[0], b = xp[1];
+                    float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+                    for (int r = 0; r < 2; r++)
+#pragma unroll
+                        for (int q = 0; q < 4; q++) {
+                            acc[g][r] = fmaf(__uint_as_float(p[r][q] << 16), xv[2 * q], acc[g][r]);
+                            acc[g][r] =
+                                fmaf(__uint_as_float(p[r][q] & 0xffff0000u), xv[2 * q + 1], acc[g][r]);
+                        }
+                }
+            }
+        } else {
+            for (int k = lane; k < K; k += 32)
+#pragma unroll
+                for (int g = 0; g < GRP_G; g++) {
+                    if (g >= ng) break;
+#pragma unroll
+                    for (int r = 0; r < 2; r++) {
+                        int n = n0 + r < N ? n0 + r : N - 1;
+                        acc[g][r] = fmaf(bf16_f32(wm[(size_t)n * K + k]), xr[g][k], acc[g][r]);
+                    }
+                }
+        }
+#pragma unroll
+        for (int g = 0; g < GRP_G; g++) {
+            if (g >= ng) break;
+            int slot = perm[p0 + g];
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                float v = warp_sum(acc[g][r]);
+                if (lane == 0 && n0 + r < N) y[(size_t)slot * N + n0 + r] = v;
+            }
+        }
+    }
+}
+
+extern "C" void cu_gemv_grouped(cu_ctx *c, float *y, const float *x, int x_row_div, const uint16_t *w,
+                                const int *grp, int E, int N, int K) {
+    if (E <= 0 || N <= 0) return;
+    dim3 grid(cdiv((size_t)N, GEMV_WARPS * 2), (unsigned)E);
+    gemv_grouped_kernel<<<grid, GEMV_WARPS * 32, 0, c->stream>>>(y, x, x_row_div, w, grp, E, N, K);
+}
+
 __device__ __forceinline__ uint64_t mix64(uint64_t z) {
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;

@@ -111,3 +111,37 @@ __global__ void sort_slots_kernel(int *idx, float *w, int T, int k) {
 extern "C" void cu_moe_sort_slots(cu_ctx *c, int *idx, float *w, int T, int k) {
     if (T > 0) sort_slots_kernel<<<cdiv((size_t)T, 64), 64, 0, c->stream>>>(idx, w, T, k);
 }
+
+/* grp = off [E + 1] | perm [S]: the slots of expert e are perm[off[e] .. off[e + 1]) (their order within an
+ * expert is whatever the atomics gave: the grouped GEMV's values do not depend on it). One block. */
+__global__ void __launch_bounds__(1024) moe_group_kernel(const int *idx, int S, int E, int *grp) {
+    __shared__ int cnt[1025], fill[1024];
+    for (int e = threadIdx.x; e <= E; e += blockDim.x) cnt[e] = 0;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) fill[e] = 0;
+    __syncthreads();
+    for (int p = threadIdx.x; p < S; p += blockDim.x) {
+        int e = idx[p];
+        atomicAdd(&cnt[e >= 0 && e < E ? e : 0], 1);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) { /* exclusive prefix, E <= 1024 */
+        int acc = 0;
+        for (int e = 0; e < E; e++) {
+            int v = cnt[e];
+            cnt[e] = acc;
+            acc += v;
+        }
+        cnt[E] = acc;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e <= E; e += blockDim.x) grp[e] = cnt[e];
+    for (int p = threadIdx.x; p < S; p += blockDim.x) {
+        int e = idx[p];
+        e = e >= 0 && e < E ? e : 0;
+        grp[E + 1 + cnt[e] + atomicAdd(&fill[e], 1)] = p;
+    }
+}
+
+extern "C" void cu_moe_group(cu_ctx *c, const int *d_idx, int S, int E, int *d_grp) {
+    if (S > 0 && E > 0 && E <= 1024) moe_group_kernel<<<1, 1024, 0, c->stream>>>(d_idx, S, E, d_grp);
+}
