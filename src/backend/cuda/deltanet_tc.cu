@@ -250,7 +250,7 @@ __global__ void __launch_bounds__(256) chunked_tc_kernel(cu_gdn_args a) {
 
 extern "C" int cu_gdn_tc_init(int dk) {
     int dev = 0, optin = 0;
-    if (dk % 16 || dk > TC_MAXK || dk < 16) return 0;
+    if (dk % 16 || dk > TC_MAXK || dk < 32) return 0; /* O passes through Ws: 64 x 36 floats need dk >= 32 */
     if (cudaGetDevice(&dev) != cudaSuccess) return 0;
     cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
     size_t smem = tc_smem_floats(dk) * sizeof(float);
