@@ -34,6 +34,7 @@ def main():
     ap.add_argument("--serve-greedy")
     ap.add_argument("--cinfer-ppl")
     ap.add_argument("--config", default="models/default/config.json")
+    ap.add_argument("--chat-note", default="", help="a paragraph added to the Chat section")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     c = load(a.card)
@@ -124,10 +125,14 @@ def main():
             hf["max_new_tokens"], hf["parses"], hf["asked"]))
     w(serve_line(ss, "`cinfer serve`, default sampling (generation_config: temperature 0.7, top_p 0.8, top_k 20)"))
     w(serve_line(sg, "`cinfer serve`, greedy (temperature 0)"))
+    if a.chat_note:
+        w("")
+        w(a.chat_note)
     w("")
+    mt = (ss or sg or {}).get("max_tokens", 512)
     w("Command: `build/cinfer serve --port 8080 &` then `python3 tools/train/serve_chat_eval.py --url "
-      "http://127.0.0.1:8080 [--greedy]` (20 held-out prompts from tests/fixtures/default_model/heldout_prompts.jsonl "
-      "and 20 everyday requests written in the script; the code is the first ```python fence of the answer).")
+      "http://127.0.0.1:8080 --max-tokens %d [--greedy]` (20 held-out prompts from tests/fixtures/default_model/heldout_prompts.jsonl "
+      "and 20 everyday requests written in the script; the code is the first ```python fence of the answer)." % mt)
     w("")
     w("## Limits")
     w("")
