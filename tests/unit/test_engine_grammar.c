@@ -1,8 +1,8 @@
-/* test_engine_grammar.c — constrained decoding in the engine on models/default (a tiny model trained on Python
- * source that never saw a tool call or a JSON answer, so the grammar does the work): for many seeds the answer parses and satisfies its JSON Schema; a forced
- * tool call comes out of the tool-call parser with the tool's name and arguments valid for its schema; a
- * greedy unconstrained request running in the same batch keeps its solo output; a bad schema is refused at
- * submit with the keyword named. */
+/* test_engine_grammar.c — constrained decoding in the engine on models/default (a tiny model trained on
+ * Python source that never saw a tool call or a JSON answer, so the grammar does the work): for many seeds
+ * the answer parses and satisfies its JSON Schema; a forced tool call comes out of the tool-call parser with
+ * the tool's name and arguments valid for its schema; a greedy unconstrained request running in the same
+ * batch keeps its solo output; a bad schema is refused at submit with the keyword named. */
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
