@@ -829,7 +829,7 @@ test('vision: bad images are 400s in each API\'s error shape', async () => {
 let passed = 0, failed = 0, skipped = 0;
 try {
   [main, auth, small, tiny] = await Promise.all([
-    startServer(['--max-seqs', '8', '--queue-limit', '64', '--allowed-origins', 'http://allowed.example', '--ctx-size', '1024', ...NOTHINK]),
+    startServer(['--max-seqs', '8', '--queue-limit', '64', '--allowed-origins', 'http://allowed.example', '--ctx-size', '2048', ...NOTHINK]),
     startServer(['--api-key', KEY, '--max-seqs', '2', '--ctx-size', '512', ...NOTHINK]),
     startServer(['--max-seqs', '1', '--queue-limit', '1', '--ctx-size', '1024', '--max-body', '64K', '--timeout', '2', ...NOTHINK]),
     startServer(['--max-seqs', '1', '--ctx-size', '64', '--temp', '0', '--max-tokens', '5', '--log-format', 'json', ...NOTHINK]),
