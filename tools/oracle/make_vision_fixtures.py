@@ -92,18 +92,8 @@ def log(*a):
 
 # ----------------------------------------------------------------------------- images
 
-def make_image(w, h, seed):
-    """Gradients, a soft disc and noise: texture at every scale, like a photo. uint8 [h, w, 3]."""
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:h, 0:w].astype(np.float64)
-    r = 128 + 100 * np.sin(x / (w / 3.1 + 1)) * np.cos(y / (h / 2.3 + 1))
-    g = 255 * x / max(w - 1, 1)
-    b = 255 * y / max(h - 1, 1)
-    cx, cy = w * 0.6, h * 0.4
-    d = np.sqrt((x - cx) ** 2 + (y - cy) ** 2)
-    r = np.where(d < min(w, h) / 4, 240 - d, r)
-    img = np.stack([r, g, b], axis=-1) + rng.normal(0, 18, (h, w, 3))
-    return np.clip(np.round(img), 0, 255).astype(np.uint8)
+# the same synthetic photo as the preprocessing goldens (gradients, a soft disc, noise), uint8 [h, w, 3]
+from image_goldens import photo as make_image  # noqa: E402
 
 
 def smart_resize(h, w, factor=FACTOR, min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS):
