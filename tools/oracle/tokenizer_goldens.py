@@ -321,7 +321,10 @@ def random_id_lists(tok, rng, n_lists=40):
     byte-level bytes (partial UTF-8), a few ids past the vocabulary (HF drops them)."""
     size = tok.get_vocab_size(with_added_tokens=True)
     vocab = tok.get_vocab(with_added_tokens=True)
-    special = sorted(i for t, i in vocab.items() if t in {a.content for a in tok.get_added_tokens_decoder().values() if a.special})
+    # the set once: inside the generator it was rebuilt per vocabulary entry (262k x ~6k added tokens for Gemma 3:
+    # what made its goldens time out, not the encoding)
+    special_set = {a.content for a in tok.get_added_tokens_decoder().values() if a.special}
+    special = sorted(i for t, i in vocab.items() if t in special_set)
     bytes_ids = sorted(i for t, i in vocab.items() if re.fullmatch(r"<0x[0-9A-F]{2}>", t))
     b2u = bytes_to_unicode()
     high = sorted(vocab[b2u[b]] for b in range(0x80, 0x100) if b2u[b] in vocab)
