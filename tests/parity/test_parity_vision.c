@@ -240,6 +240,41 @@ TEST(parity_vision_fixture) {
         n_cases++;
     }
     CHECK(n_cases >= 2);
+
+    /* images the processor saw alone (the tiny one, upscaled 20x30 -> 96x64): grid and pixel values */
+    int n_alone = 0;
+    json_t *im;
+    json_array_foreach(meta, ci, im) {
+        const char *pvf = json_string_value(json_object_get(im, "pixel_values"));
+        if (!pvf) continue;
+        const char *iname = json_string_value(json_object_get(im, "name"));
+        cinfer_image *ci_im = load_image(m, dir, meta, iname);
+        char *pk = NULL;
+        int64_t pr = 0, pc = 0;
+        const float *pv = load_npy(dir, pvf, &pr, &pc, &pk);
+        if (ci_im && pv) {
+            int t, h, w;
+            cinfer_image_get_grid(ci_im, &t, &h, &w);
+            json_t *g = json_object_get(im, "grid_thw");
+            CHECK_MSG(t == json_integer_value(json_array_get(g, 0)) &&
+                          h == json_integer_value(json_array_get(g, 1)) &&
+                          w == json_integer_value(json_array_get(g, 2)),
+                      "%s: grid (%d, %d, %d) differs from the processor's", iname, t, h, w);
+            double worst = 0;
+            int same = (int64_t)t * h * w == pr && pc == ci_im->px.patch_dim;
+            for (int64_t j = 0; same && j < pr * pc; j++) {
+                double d = fabs((double)ci_im->px.data[j] - pv[j]);
+                if (!(d <= worst)) worst = d;
+            }
+            CHECK_MSG(same && worst <= 1e-6, "%s: pixel_values %lld x %lld differ by %.3g", iname,
+                      (long long)pr, (long long)pc, worst);
+            printf("  %s pixel_values max |diff| %.3g\n", iname, worst);
+            n_alone++;
+        }
+        free(pk);
+        cinfer_image_free(ci_im);
+    }
+    CHECK(n_alone >= 1);
     cinfer_model_close(m);
     json_decref(root);
 }

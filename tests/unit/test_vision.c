@@ -18,8 +18,13 @@
 
 /* Stage bounds: max |ours - reference| / std(reference). The reference is transformers' f32 CPU forward;
  * the differences are f32 summation order (conv vs dot, softmax sums) and libm's cos/exp/tanh/erf. */
-#define VIS_BOUND_EXACTISH 1e-6 /* patch embedding, positions, angles: few operations */
-#define VIS_BOUND_DEEP     2e-5 /* after blocks and the merger */
+#define VIS_BOUND_EXACTISH 1e-6 /* positions, angles: a few operations per value */
+/* The patch embedding is one dot product of patch_dim (1536) terms per value: any two f32 summation orders
+ * differ by about sqrt(1536) roundings of the partial sums. On the qwen35_vision fixture transformers' own
+ * conv3d output is 4.2e-6 x std from the exact (math.fsum) value and a plain sequential f32 sum 4.0e-6, so
+ * 1e-6 cannot be met by any order but theirs; 2e-5 still catches a wrong tap, weight layout or bias. */
+#define VIS_BOUND_PATCH 2e-5
+#define VIS_BOUND_DEEP  2e-5 /* after blocks and the merger */
 
 static uint64_t g_rng = 777;
 static float frand(void) {
@@ -216,7 +221,7 @@ TEST(vision_tower_matches_transformers) {
         const char *keys[][2] = {
             {"patch_embed", "patch_embed"}, {"pos_embed", "pos_embed"}, {"rotary", "rotary_angles"}};
         for (int k = 0; k < 3; k++) {
-            st[n] = (stage_ref){keys[k][0], "", VIS_BOUND_EXACTISH, 0, 0};
+            st[n] = (stage_ref){keys[k][0], "", k == 0 ? VIS_BOUND_PATCH : VIS_BOUND_EXACTISH, 0, 0};
             const char *f = json_string_value(json_object_get(stages, keys[k][1]));
             if (f) snprintf(st[n].file, sizeof st[n].file, "%s", f);
             n++;
