@@ -57,7 +57,8 @@ if has tests; then
     # one cannot hide the others, then the plain CPU parity as a control
     : > "$OUT/tests.txt"
     for t in cuda_gemm cuda_gemv_indexed cuda_gemv_grouped cuda_row_ops cuda_next_split cuda_moe_route cuda_deltanet_layer \
-             cuda_deltanet_tc cuda_attention_layer cuda_attention_tc cuda_sample \
+             cuda_deltanet_tc cuda_attention_layer cuda_attention_tc cuda_long_deltanet_tc cuda_long_attention_tc \
+             cuda_sample \
              cuda_parity_qwen35_dense cuda_parity_qwen35_text cuda_parity_qwen35_moe_plain cuda_parity_qwen35_moe_fused \
              cuda_parity_qwen3_next cuda_parity_default cuda_batch cuda_graphs cuda_device_choice; do
         echo "== $t" >> "$OUT/tests.txt"
@@ -71,7 +72,10 @@ if has tests; then
     grep -E "^==|FAIL|passed|skip" "$OUT/tests.txt"
 fi
 if has bench; then
-    for s in qwen3.5-4b:75 qwen3.5-35b-a3b:85 qwen3.5-27b:100; do
+    # limits: synth + roofline ~5 s, prefill 512/4096/32768 (27B: 33 s at 32768 on the scalar kernels), four
+    # decode batches after their 512-token prompts (batch 64: 32768 prompt tokens), the two profiles; the
+    # bench prints each row as it is measured, so a run cut short still keeps what it finished
+    for s in qwen3.5-4b:150 qwen3.5-35b-a3b:200 qwen3.5-27b:240; do
         shape=${s%%:*} lim=${s##*:}
         echo "== $(date -u +%H:%M:%S) $B/cinfer bench --like $shape --device cuda" | tee "$OUT/bench-$shape.txt"
         timeout $lim $B/cinfer bench --like $shape --device cuda 2>&1 | grep -v "cinfer synth: writing" | tee -a "$OUT/bench-$shape.txt"
@@ -100,7 +104,7 @@ if has tc; then
             echo "== $t: exit $?" >> "$OUT/tests.txt"
     done
     grep -E "^== CINFER_CUDA_PREFILL|FAIL|passed|skip" "$OUT/tests.txt" | sed -n '/CINFER_CUDA_PREFILL/,$p'
-    for s in qwen3.5-4b:60 qwen3.5-35b-a3b:70 qwen3.5-27b:80; do
+    for s in qwen3.5-4b:90 qwen3.5-35b-a3b:120 qwen3.5-27b:150; do
         shape=${s%%:*} lim=${s##*:}
         echo "== $(date -u +%H:%M:%S) CINFER_CUDA_PREFILL=tc $B/cinfer bench --like $shape --device cuda --batches 1" |
             tee -a "$OUT/bench-tc.txt"

@@ -23,6 +23,9 @@ int cli_bench(int argc, char **argv) {
     static const char *const vf[] = {"-m", "--model", "-p", "-n", "--threads", "--spec-accept", "--spec-draft", "--batch", "--prefix-turn",
                                      "--turn-new", "--spec", "--prompt", "--spec-mtp-vocab", "--repeat", NULL};
     static const char *const bf[] = {"--help", "-h", NULL};
+    /* rows go out as they are measured: a bench killed by a time limit (stdout to a pipe is otherwise block
+     * buffered) keeps every row it finished */
+    setvbuf(stdout, NULL, _IOLBF, 0);
     if (arg_value(argc, argv, "--like", NULL) && !arg_flag(argc, argv, "--help")) return bench_cuda(argc, argv);
     if (arg_flag(argc, argv, "--help") || arg_flag(argc, argv, "-h")) {
         printf("usage: cinfer bench -m DIR [-p PROMPT_TOKENS=512] [-n DECODE_TOKENS=32] [--threads N]\n"

@@ -468,6 +468,9 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     /* 1: activations rounded to bf16 once before the tensor cores (faster, coarser); default 2 (hi + lo) */
     const char *bp = getenv("CINFER_CUDA_BF16_PASSES");
     cu_set_bf16_passes(bp ? atoi(bp) : 2);
+    /* 1: the tensor-core prefill kernels round operands to TF32 once (~4e-4 per product); default 3 */
+    const char *tp = getenv("CINFER_CUDA_TF32_PASSES");
+    cu_set_tf32_passes(tp ? atoi(tp) : 3);
     int rc = cu_ctx_create(&f->cu, err, errlen);
     if (rc) {
         free(f);
@@ -512,8 +515,11 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_MOE=%s: decode experts by the %s GEMV\n", me,
                 f->moe_grouped ? "grouped" : "indexed");
     if (pf) /* a diagnostic switch: say what it selected, so a bench log shows which kernels ran */
-        fprintf(stderr, "cinfer cuda: CINFER_CUDA_PREFILL=%s: deltanet prefill %s, attention prefill %s\n",
-                pf, f->gdn_tc ? "tensor cores" : "scalar", f->attn_tc ? "tensor cores" : "scalar");
+        fprintf(stderr,
+                "cinfer cuda: CINFER_CUDA_PREFILL=%s: deltanet prefill %s, attention prefill %s, %d TF32 "
+                "passes\n",
+                pf, f->gdn_tc ? "tensor cores" : "scalar", f->attn_tc ? "tensor cores" : "scalar",
+                cu_tf32_passes());
     for (int i = 0; i < PROF_MAX_MARKS; i++) cu_timer_create(&f->marks[i]);
     /* one cuBLAS call before any graph capture, so its lazy initialisation never happens inside one */
     if (p->max_tokens > CU_GEMV_MAX_M) {

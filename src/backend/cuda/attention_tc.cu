@@ -1,7 +1,8 @@
 /* attention_tc.cu — varlen causal prefill attention over the paged KV pool on the tensor cores (TF32 WMMA,
- * f32 accumulation; the pool and the normed/roped q rows are f32, so they feed the tensor cores without a
- * conversion pass). Selected by cu_attn_args.tc (CINFER_CUDA_PREFILL=tc or attn); attn_tile_kernel of
- * attention.cu stays the default until a device run shows this one within bounds and faster.
+ * f32 accumulation; the pool and the normed/roped q rows are f32, each operand split into TF32 hi + lo,
+ * three MMAs per product (tf32x3.cuh), so S = Q K^T and O = P V come out as accurate as f32 sums). Selected
+ * by cu_attn_args.tc (CINFER_CUDA_PREFILL=tc or attn); attn_tile_kernel of attention.cu stays the default
+ * until a device run shows this one within bounds and faster.
  *
  * A block per (group of QH <= 4 query heads sharing one KV head, tile of up to 16 rows of one entry): the
  * M = 16 QH query rows (head-major) share every K/V load. WMMA fragments have no documented element
@@ -14,6 +15,7 @@
 #include <type_traits>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/tf32x3.cuh"
 
 using namespace nvcuda;
 
@@ -33,8 +35,8 @@ __device__ __forceinline__ const float *at_kv_row(const float *pool, const cu_at
 }
 
 /* acc += A[16][K] B[K][16]; A row-major (lda); B row-major (element (k, n) at B[k ldb + n]) or col-major
- * (at B[k + n ldb]) */
-template <class LB>
+ * (at B[k + n ldb]). P: TF32 passes (tf32x3.cuh). */
+template <int P, class LB>
 __device__ __forceinline__ void at_mma(at_acc &acc, const float *A, int lda, const float *B, int ldb, int K) {
     wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major> fa;
     wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, LB> fb;
@@ -42,11 +44,7 @@ __device__ __forceinline__ void at_mma(at_acc &acc, const float *A, int lda, con
         wmma::load_matrix_sync(fa, A + k, lda);
         wmma::load_matrix_sync(fb, std::is_same<LB, wmma::row_major>::value ? B + (size_t)k * ldb : B + k,
                                ldb);
-#pragma unroll
-        for (int t = 0; t < fa.num_elements; t++) fa.x[t] = wmma::__float_to_tf32(fa.x[t]);
-#pragma unroll
-        for (int t = 0; t < fb.num_elements; t++) fb.x[t] = wmma::__float_to_tf32(fb.x[t]);
-        wmma::mma_sync(acc, fa, fb, acc);
+        mma_tf32x<P>(acc, fa, fb);
     }
 }
 
@@ -55,7 +53,7 @@ static size_t at_smem_floats(int hd) {
     return (size_t)(AT_QH * AT_ROWS + 2 * AT_KS) * (hd + 4) + AT_QH * AT_ROWS * AT_SLD + 2 * AT_QH * AT_ROWS;
 }
 
-template <int HD> __global__ void __launch_bounds__(256) attn_tc_kernel(cu_attn_args a, int QH) {
+template <int HD, int P> __global__ void __launch_bounds__(256) attn_tc_kernel(cu_attn_args a, int QH) {
     extern __shared__ __align__(128) float sma[];
     constexpr int LD = HD + 4, NT = HD / 16, NF = (AT_QH * NT + 7) / 8; /* O tiles per warp, at most */
     const int tid = threadIdx.x, warp = tid >> 5, G = a.Hq / a.Hkv, ngrp = G / QH, M = AT_ROWS * QH;
@@ -90,7 +88,7 @@ template <int HD> __global__ void __launch_bounds__(256) attn_tc_kernel(cu_attn_
             int mi = t >> 1, ni = t & 1;
             at_acc acc;
             wmma::fill_fragment(acc, 0.0f);
-            at_mma<wmma::col_major>(acc, Qs + mi * 16 * LD, LD, Ks + ni * 16 * LD, LD, HD);
+            at_mma<P, wmma::col_major>(acc, Qs + mi * 16 * LD, LD, Ks + ni * 16 * LD, LD, HD);
             wmma::store_matrix_sync(Sb + mi * 16 * AT_SLD + ni * 16, acc, AT_SLD, wmma::mem_row_major);
         }
         __syncthreads();
@@ -134,7 +132,7 @@ template <int HD> __global__ void __launch_bounds__(256) attn_tc_kernel(cu_attn_
             int mi = t >> 1, ni = t & 1;
             at_acc acc;
             wmma::fill_fragment(acc, 0.0f);
-            at_mma<wmma::col_major>(acc, Qs + mi * 16 * LD, LD, Ks + ni * 16 * LD, LD, HD);
+            at_mma<P, wmma::col_major>(acc, Qs + mi * 16 * LD, LD, Ks + ni * 16 * LD, LD, HD);
             wmma::store_matrix_sync(Sb + mi * 16 * AT_SLD + ni * 16, acc, AT_SLD, wmma::mem_row_major);
         }
         __syncthreads();
@@ -149,8 +147,8 @@ template <int HD> __global__ void __launch_bounds__(256) attn_tc_kernel(cu_attn_
         for (int f = 0; f < NF; f++) {
             int t = warp + 8 * f;
             if (t < QH * NT)
-                at_mma<wmma::row_major>(o[f], Sb + (t / NT) * 16 * AT_SLD, AT_SLD, Vs + (t % NT) * 16, LD,
-                                        AT_KS);
+                at_mma<P, wmma::row_major>(o[f], Sb + (t / NT) * 16 * AT_SLD, AT_SLD, Vs + (t % NT) * 16, LD,
+                                           AT_KS);
         }
     }
     __syncthreads(); /* Q is no longer read: O goes through its rows */
@@ -176,8 +174,11 @@ static int at_qh(int Hq, int Hkv) {
     return q;
 }
 
-template <int HD> static cudaError_t at_attr(size_t smem) {
-    return cudaFuncSetAttribute(attn_tc_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+template <int HD> static int at_attr(size_t smem) {
+    return cudaFuncSetAttribute(attn_tc_kernel<HD, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)smem) == cudaSuccess &&
+           cudaFuncSetAttribute(attn_tc_kernel<HD, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)smem) == cudaSuccess;
 }
 
 extern "C" int cu_attn_tc_init(int hd) {
@@ -188,16 +189,23 @@ extern "C" int cu_attn_tc_init(int hd) {
     if (smem > (size_t)optin) return 0;
     switch (hd) {
     case 32:
-        return at_attr<32>(smem) == cudaSuccess;
+        return at_attr<32>(smem);
     case 64:
-        return at_attr<64>(smem) == cudaSuccess;
+        return at_attr<64>(smem);
     case 128:
-        return at_attr<128>(smem) == cudaSuccess;
+        return at_attr<128>(smem);
     case 256:
-        return at_attr<256>(smem) == cudaSuccess;
+        return at_attr<256>(smem);
     default:
         return 0; /* 512: Q, K and V rows would not fit; the scalar tiles serve it */
     }
+}
+
+template <int HD> static void at_launch(cu_ctx *c, const cu_attn_args *a, dim3 grid, int QH, size_t sm) {
+    if (cu_tf32_passes() == 1)
+        attn_tc_kernel<HD, 1><<<grid, 256, sm, c->stream>>>(*a, QH);
+    else
+        attn_tc_kernel<HD, 3><<<grid, 256, sm, c->stream>>>(*a, QH);
 }
 
 extern "C" void cu_attn_tiled_tc(cu_ctx *c, const cu_attn_args *a) {
@@ -206,16 +214,16 @@ extern "C" void cu_attn_tiled_tc(cu_ctx *c, const cu_attn_args *a) {
     size_t sm = at_smem_floats(a->hd) * sizeof(float);
     switch (a->hd) {
     case 32:
-        attn_tc_kernel<32><<<grid, 256, sm, c->stream>>>(*a, QH);
+        at_launch<32>(c, a, grid, QH, sm);
         break;
     case 64:
-        attn_tc_kernel<64><<<grid, 256, sm, c->stream>>>(*a, QH);
+        at_launch<64>(c, a, grid, QH, sm);
         break;
     case 128:
-        attn_tc_kernel<128><<<grid, 256, sm, c->stream>>>(*a, QH);
+        at_launch<128>(c, a, grid, QH, sm);
         break;
     case 256:
-        attn_tc_kernel<256><<<grid, 256, sm, c->stream>>>(*a, QH);
+        at_launch<256>(c, a, grid, QH, sm);
         break;
     default:
         break;

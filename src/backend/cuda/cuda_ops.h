@@ -146,6 +146,11 @@ int cu_gdn_init(int dk);
 /* 1 when the tensor-core chunked kernel serves this dk (a multiple of 16, 32..128) and fits the device;
  * raises its shared-memory limit (before any graph capture) */
 int cu_gdn_tc_init(int dk);
+/* The tensor-core prefill kernels (DeltaNet and attention) split each f32 operand into TF32 hi + lo and run
+ * three MMAs per product (3, the default: f32-accurate); 1: one TF32 rounding (CINFER_CUDA_TF32_PASSES=1, to
+ * measure what the split costs: ~4e-4 per product, past the model parity bound) */
+void cu_set_tf32_passes(int passes);
+int cu_tf32_passes(void);
 
 /* ---- gated attention (attention.cu) ---- */
 typedef struct cu_attn_args {

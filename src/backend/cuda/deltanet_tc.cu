@@ -1,6 +1,7 @@
 /* deltanet_tc.cu — the chunked Gated DeltaNet prefill (spec §4, WY/UT form, chunk 64 on the absolute grid)
  * with every product on the tensor cores: TF32 WMMA (m16n16k8) with f32 accumulation, straight from the f32
- * rows in shared memory (no conversion pass; 10 mantissa bits against bf16's 7). Selected by
+ * rows in shared memory, each operand split into TF32 hi + lo (three MMAs per product, tf32x3.cuh: one TF32
+ * rounding lost ~4e-4 per product, 1e-2..3e-2 at the fixtures' logits; split, it matches f32). Selected by
  * cu_gdn_args.tc (CINFER_CUDA_PREFILL=tc or gdn); the scalar chunked_kernel of deltanet.cu stays the
  * default until a device run shows this one within bounds and faster.
  *
@@ -20,6 +21,7 @@
 #include <type_traits>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/tf32x3.cuh"
 
 using namespace nvcuda;
 
@@ -33,8 +35,8 @@ typedef wmma::fragment<wmma::accumulator, 16, 16, 8, float> facc;
 
 /* acc += A[16][K] * B[K][16] for K a multiple of 8. A element (m, k) sits at A[m * lda + k] (row_major) or
  * A[m + k * lda] (col_major); B element (k, n) at B[k * ldb + n] (row_major) or B[k + n * ldb] (col_major).
- * neg: A enters negated (D = U - W S in one accumulator). */
-template <class LA, class LB>
+ * neg: A enters negated (D = U - W S in one accumulator). P: TF32 passes (tf32x3.cuh). */
+template <int P, class LA, class LB>
 __device__ __forceinline__ void tc_mma(facc &acc, const float *A, int lda, const float *B, int ldb, int K,
                                        bool neg = false) {
     wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, LA> fa;
@@ -44,14 +46,7 @@ __device__ __forceinline__ void tc_mma(facc &acc, const float *A, int lda, const
         const float *pb = std::is_same<LB, wmma::row_major>::value ? B + (size_t)k * ldb : B + k;
         wmma::load_matrix_sync(fa, pa, lda);
         wmma::load_matrix_sync(fb, pb, ldb);
-#pragma unroll
-        for (int t = 0; t < fa.num_elements; t++) {
-            float v = wmma::__float_to_tf32(fa.x[t]);
-            fa.x[t] = neg ? -v : v;
-        }
-#pragma unroll
-        for (int t = 0; t < fb.num_elements; t++) fb.x[t] = wmma::__float_to_tf32(fb.x[t]);
-        wmma::mma_sync(acc, fa, fb, acc);
+        mma_tf32x<P>(acc, fa, fb, neg);
     }
 }
 
@@ -63,7 +58,7 @@ static size_t tc_smem_floats(int dk) {
            4 * TC_CH;
 }
 
-__global__ void __launch_bounds__(256) chunked_tc_kernel(cu_gdn_args a) {
+template <int P> __global__ void __launch_bounds__(256) chunked_tc_kernel(cu_gdn_args a) {
     extern __shared__ __align__(128) float smt[];
     int e = blockIdx.z;
     int n = a.meta.e_n[e], pos0 = a.meta.e_len[e];
@@ -126,8 +121,8 @@ __global__ void __launch_bounds__(256) chunked_tc_kernel(cu_gdn_args a) {
             facc acc;
             wmma::fill_fragment(acc, 0.0f);
             if (ni <= mi) /* tiles above the diagonal are masked to zero below anyway */
-                tc_mma<wmma::row_major, wmma::col_major>(acc, (which ? Qs : Ks) + mi * 16 * KLD, KLD,
-                                                         Ks + ni * 16 * KLD, KLD, dk);
+                tc_mma<P, wmma::row_major, wmma::col_major>(acc, (which ? Qs : Ks) + mi * 16 * KLD, KLD,
+                                                            Ks + ni * 16 * KLD, KLD, dk);
             wmma::store_matrix_sync((which ? QK : Am) + mi * 16 * TC_GLD + ni * 16, acc, TC_GLD,
                                     wmma::mem_row_major);
         }
@@ -192,8 +187,8 @@ __global__ void __launch_bounds__(256) chunked_tc_kernel(cu_gdn_args a) {
             int mi = t / mt_k, ni = t % mt_k;
             facc acc;
             wmma::fill_fragment(acc, 0.0f);
-            tc_mma<wmma::row_major, wmma::row_major>(acc, Am + mi * 16 * TC_GLD, TC_GLD, Ks + ni * 16, KLD,
-                                                     TC_CH);
+            tc_mma<P, wmma::row_major, wmma::row_major>(acc, Am + mi * 16 * TC_GLD, TC_GLD, Ks + ni * 16, KLD,
+                                                        TC_CH);
             wmma::store_matrix_sync(Ws + mi * 16 * KLD + ni * 16, acc, KLD, wmma::mem_row_major);
         }
         __syncthreads();
@@ -202,10 +197,10 @@ __global__ void __launch_bounds__(256) chunked_tc_kernel(cu_gdn_args a) {
             int mi = t >> 1, ni = t & 1;
             facc acc;
             wmma::fill_fragment(acc, 0.0f);
-            tc_mma<wmma::row_major, wmma::row_major>(acc, Tm + mi * 16 * TC_GLD, TC_GLD, Vs + ni * 16, TC_VLD,
-                                                     TC_CH);
-            tc_mma<wmma::row_major, wmma::row_major>(acc, Ws + mi * 16 * KLD, KLD, Ss + ni * 16, TC_VLD, dk,
-                                                     true);
+            tc_mma<P, wmma::row_major, wmma::row_major>(acc, Tm + mi * 16 * TC_GLD, TC_GLD, Vs + ni * 16,
+                                                        TC_VLD, TC_CH);
+            tc_mma<P, wmma::row_major, wmma::row_major>(acc, Ws + mi * 16 * KLD, KLD, Ss + ni * 16, TC_VLD,
+                                                        dk, true);
             wmma::store_matrix_sync(Ds + mi * 16 * TC_VLD + ni * 16, acc, TC_VLD, wmma::mem_row_major);
         }
         __syncthreads();
@@ -214,9 +209,10 @@ __global__ void __launch_bounds__(256) chunked_tc_kernel(cu_gdn_args a) {
             int mi = t >> 1, ni = t & 1;
             facc acc;
             wmma::fill_fragment(acc, 0.0f);
-            tc_mma<wmma::row_major, wmma::row_major>(acc, Qs + mi * 16 * KLD, KLD, Ss + ni * 16, TC_VLD, dk);
-            tc_mma<wmma::row_major, wmma::row_major>(acc, QK + mi * 16 * TC_GLD, TC_GLD, Ds + ni * 16, TC_VLD,
-                                                     TC_CH);
+            tc_mma<P, wmma::row_major, wmma::row_major>(acc, Qs + mi * 16 * KLD, KLD, Ss + ni * 16, TC_VLD,
+                                                        dk);
+            tc_mma<P, wmma::row_major, wmma::row_major>(acc, QK + mi * 16 * TC_GLD, TC_GLD, Ds + ni * 16,
+                                                        TC_VLD, TC_CH);
             wmma::store_matrix_sync(Ws + mi * 16 * TC_VLD + ni * 16, acc, TC_VLD, wmma::mem_row_major);
         }
         for (int idx = tid; idx < TC_CH * dk; idx += nt) {
@@ -237,7 +233,7 @@ __global__ void __launch_bounds__(256) chunked_tc_kernel(cu_gdn_args a) {
             wmma::load_matrix_sync(acc, Ss + mi * 16 * TC_VLD + ni * 16, TC_VLD, wmma::mem_row_major);
 #pragma unroll
             for (int u = 0; u < acc.num_elements; u++) acc.x[u] *= egl;
-            tc_mma<wmma::col_major, wmma::row_major>(acc, Ks + mi * 16, KLD, Ds + ni * 16, TC_VLD, TC_CH);
+            tc_mma<P, wmma::col_major, wmma::row_major>(acc, Ks + mi * 16, KLD, Ds + ni * 16, TC_VLD, TC_CH);
             wmma::store_matrix_sync(Ss + mi * 16 * TC_VLD + ni * 16, acc, TC_VLD, wmma::mem_row_major);
         }
     }
@@ -248,6 +244,14 @@ __global__ void __launch_bounds__(256) chunked_tc_kernel(cu_gdn_args a) {
     }
 }
 
+static int g_tf32_passes = 3;
+extern "C" void cu_set_tf32_passes(int p) {
+    g_tf32_passes = p == 1 ? 1 : 3;
+}
+extern "C" int cu_tf32_passes(void) {
+    return g_tf32_passes;
+}
+
 extern "C" int cu_gdn_tc_init(int dk) {
     int dev = 0, optin = 0;
     if (dk % 16 || dk > TC_MAXK || dk < 32) return 0; /* O passes through Ws: 64 x 36 floats need dk >= 32 */
@@ -255,12 +259,17 @@ extern "C" int cu_gdn_tc_init(int dk) {
     cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
     size_t smem = tc_smem_floats(dk) * sizeof(float);
     if (smem > (size_t)optin) return 0;
-    return cudaFuncSetAttribute(chunked_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) ==
-           cudaSuccess;
+    return cudaFuncSetAttribute(chunked_tc_kernel<3>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)smem) == cudaSuccess &&
+           cudaFuncSetAttribute(chunked_tc_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)smem) == cudaSuccess;
 }
 
 extern "C" void cu_gdn_chunked_tc(cu_ctx *c, const cu_gdn_args *a) {
     size_t smem = tc_smem_floats(a->dk) * sizeof(float);
-    chunked_tc_kernel<<<dim3(cdiv((size_t)a->dv, TC_DT), (unsigned)a->Hv, (unsigned)a->NE), 256, smem,
-                        c->stream>>>(*a);
+    dim3 grid(cdiv((size_t)a->dv, TC_DT), (unsigned)a->Hv, (unsigned)a->NE);
+    if (g_tf32_passes == 1)
+        chunked_tc_kernel<1><<<grid, 256, smem, c->stream>>>(*a);
+    else
+        chunked_tc_kernel<3><<<grid, 256, smem, c->stream>>>(*a);
 }
