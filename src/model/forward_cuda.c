@@ -468,6 +468,10 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     /* 1: activations rounded to bf16 once before the tensor cores (faster, coarser); default 2 (hi + lo) */
     const char *bp = getenv("CINFER_CUDA_BF16_PASSES");
     cu_set_bf16_passes(bp ? atoi(bp) : 2);
+    /* "v2": the split-K GEMV for decode-sized products (not yet the default) */
+    const char *gv = getenv("CINFER_CUDA_GEMV");
+    cu_set_gemv_version(gv && !strcmp(gv, "v2") ? 2 : 1);
+    if (gv) fprintf(stderr, "cinfer cuda: CINFER_CUDA_GEMV=%s: GEMV v%d\n", gv, cu_gemv_version());
     /* 1: the tensor-core prefill kernels round operands to TF32 once (~4e-4 per product); default 3 */
     const char *tp = getenv("CINFER_CUDA_TF32_PASSES");
     cu_set_tf32_passes(tp ? atoi(tp) : 3);

@@ -129,6 +129,120 @@ TEST(cuda_gemm_vs_cpu) {
     cu_ctx_destroy(c);
 }
 
+/* ---- GEMV v2 (CINFER_CUDA_GEMV=v2) ---- */
+
+typedef struct gemv_shape {
+    const char *what;
+    int N, K, cpu; /* cpu: also against the CPU code (weights made on the host) */
+} gemv_shape;
+
+/* mean time of one M-row GEMV of version ver over 20 eager launches, in microseconds */
+static double gemv_us(cu_ctx *c, int ver, float *dy, const float *dx, const uint16_t *dw, int M, int N,
+                      int K) {
+    cu_timer *t;
+    if (cu_timer_create(&t)) return 0;
+    cu_set_gemv_version(ver);
+    cu_gemm(c, dy, dx, dw, M, N, K, NULL, 1); /* warm-up */
+    cu_timer_start(c, t);
+    for (int i = 0; i < 20; i++) cu_gemm(c, dy, dx, dw, M, N, K, NULL, 1);
+    double us = cu_timer_stop_ms(c, t) * 1e3 / 20;
+    cu_timer_destroy(t);
+    return us;
+}
+
+/* v2 against the CPU (small and odd shapes, and two real ones), against v1 (every shape), a row's bits the
+ * same alone and among 3 or 8 rows; then at batch 1 each version's time and GB/s, the real matrices of the
+ * 4B, 27B and 35B-A3B shapes (weights made on the device: random bf16) */
+TEST(cuda_gemv_v2_vs_cpu_and_v1) {
+    if (NO_DEVICE()) SKIP("no CUDA device: skipped");
+    static const gemv_shape shapes[] = {
+        {"N=203 K=256", 203, 256, 1},
+        {"N=37 K=264 (K % 256 = 8)", 37, 264, 1},
+        {"N=37 K=70 (K % 8 != 0: v1)", 37, 70, 1},
+        {"N=1 K=2048 (a gate)", 1, 2048, 1},
+        {"4B down", 2560, 9216, 1},
+        {"4B deltanet in_proj", 12352, 2560, 1},
+        {"4B attention in_proj", 10240, 2560, 0},
+        {"4B out_proj", 2560, 4096, 0},
+        {"4B gate_up", 18432, 2560, 0},
+        {"4B lm_head", 248320, 2560, 0},
+        {"27B deltanet in_proj", 16480, 5120, 0},
+        {"27B attention in_proj", 14336, 5120, 0},
+        {"27B out_proj", 5120, 6144, 0},
+        {"27B gate_up", 34816, 5120, 0},
+        {"27B down", 5120, 17408, 0},
+        {"35B-A3B deltanet in_proj", 12352, 2048, 0},
+        {"35B-A3B attention in_proj", 9216, 2048, 0},
+        {"35B-A3B out_proj", 2048, 4096, 0},
+        {"35B-A3B router", 256, 2048, 0},
+        {"35B-A3B shared gate_up", 1024, 2048, 0},
+        {"35B-A3B shared down", 2048, 512, 0},
+        {"35B-A3B lm_head", 248320, 2048, 0},
+    };
+    static const int Ms[] = {1, 3, 8};
+    char err[256];
+    cu_ctx *c;
+    REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
+    double t1_all = 0, t2_all = 0;
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const gemv_shape *sh = &shapes[si];
+        int N = sh->N, K = sh->K;
+        size_t nw = (size_t)N * K;
+        uint16_t *w = NULL, *dw = NULL;
+        if (sh->cpu) {
+            w = malloc(nw * 2);
+            for (size_t i = 0; i < nw; i++) w[i] = f32_to_bf16(frand() * 0.05f);
+            dw = dup_dev(w, nw * 2);
+        } else {
+            REQUIRE(cu_alloc((void **)&dw, nw * 2, err, sizeof err) == 0);
+            cu_fill_random_bf16(c, dw, nw, 0.02f, 1000 + si);
+        }
+        REQUIRE(dw != NULL);
+        float *x = rnd((size_t)8 * K, 1.0f), *dx = dup_dev(x, (size_t)8 * K * 4), *row0 = NULL;
+        for (size_t b = 0; b < sizeof Ms / sizeof Ms[0]; b++) {
+            int M = Ms[b];
+            float *dy1 = nan_dev(c, (size_t)M * N), *dy2 = nan_dev(c, (size_t)M * N);
+            cu_set_gemv_version(1);
+            cu_gemm(c, dy1, dx, dw, M, N, K, NULL, 1);
+            cu_set_gemv_version(2);
+            cu_gemm(c, dy2, dx, dw, M, N, K, NULL, 1);
+            REQUIRE(cu_sync(c, err, sizeof err) == 0);
+            float *y1 = get(dy1, (size_t)M * N), *y2 = get(dy2, (size_t)M * N);
+            char what[128];
+            if (sh->cpu) {
+                float *ref = malloc((size_t)M * N * 4);
+                cpu_matmul_ref(ref, x, w, WT_BF16, M, N, K);
+                snprintf(what, sizeof what, "v2 %s M=%d vs CPU", sh->what, M);
+                check_rel(what, y2, ref, (size_t)M * N, 1e-5);
+                free(ref);
+            }
+            snprintf(what, sizeof what, "v2 %s M=%d vs v1", sh->what, M);
+            check_rel(what, y2, y1, (size_t)M * N, 1e-5);
+            if (M == 1)
+                row0 = y2, y2 = NULL;
+            else
+                CHECK_MSG(row0 && !memcmp(row0, y2, (size_t)N * 4),
+                          "v2 %s: row 0 alone differs from row 0 of %d", sh->what, M);
+            free(y1), free(y2);
+            cu_free(dy1), cu_free(dy2);
+        }
+        float *dy = nan_dev(c, (size_t)N);
+        double us1 = gemv_us(c, 1, dy, dx, dw, 1, N, K), us2 = gemv_us(c, 2, dy, dx, dw, 1, N, K);
+        REQUIRE(cu_sync(c, err, sizeof err) == 0);
+        if (!sh->cpu || nw >= 1000000) {
+            t1_all += us1, t2_all += us2;
+            printf("     %-28s N=%6d K=%5d  v1 %8.1f us %5.0f GB/s   v2 %8.1f us %5.0f GB/s  (%.2fx)\n",
+                   sh->what, N, K, us1, nw * 2 / us1 / 1e3, us2, nw * 2 / us2 / 1e3, us1 / us2);
+        }
+        cu_free(dy), cu_free(dx), cu_free(dw);
+        free(x), free(w), free(row0);
+    }
+    printf("     real matrices, batch 1, summed: v1 %.1f us, v2 %.1f us (%.2fx)\n", t1_all, t2_all,
+           t1_all / t2_all);
+    cu_set_gemv_version(1);
+    cu_ctx_destroy(c);
+}
+
 TEST(cuda_gemv_indexed_vs_cpu) {
     if (NO_DEVICE()) SKIP("no CUDA device: skipped");
     char err[256];

@@ -63,6 +63,11 @@ float cu_timer_between_ms(cu_timer *a, cu_timer *b);
 void cu_set_gemv_max(int m);
 void cu_gemm(cu_ctx *c, float *d_y, const float *d_x, const uint16_t *d_w, int M, int N, int K,
              uint16_t *d_xb, int precise);
+/* which f32-activation GEMV cu_gemm runs: 1 (default) a warp per 2 weight rows; 2 a block per 4 rows with
+ * K split among its 8 warps (CINFER_CUDA_GEMV=v2: every matrix spread over all SMs; K % 8 == 0, else v1).
+ * Both are independent of M row by row; they differ from each other by f32 rounding. */
+void cu_set_gemv_version(int v);
+int cu_gemv_version(void);
 /* f32 scratch for the stacked hi/lo product of up to 64 rows (2 x 64 x widest N floats) */
 void cu_set_gemm_scratch(cu_ctx *c, float *d_t, size_t floats);
 /* 2 (default): activations as bf16 hi + lo through the tensor cores; 1: one bf16 rounding

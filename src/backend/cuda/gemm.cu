@@ -111,6 +111,133 @@ static void gemv_rows(cu_ctx *c, float *y, const float *x, const uint16_t *w, in
     }
 }
 
+/* GEMV v2 (CINFER_CUDA_GEMV=v2). v1 gives each warp 2 whole weight rows, so a matrix of few rows is few
+ * warps: the 4B's down / out projections (N = 2560) are 160 blocks on 132 SMs, where 28 SMs stream twice
+ * what the others do (~60% of the copy rate at batch 1, while the wide gate_up / lm_head reach ~95%). Here a
+ * block of 8 warps owns V2_R = 4 weight rows and splits K among its warps (256-element chunks c = warp,
+ * warp + 8, ...: lane l reads 16 bytes of each row at 256c + 8l), so every matrix is N / 4 blocks: 640 for
+ * N = 2560, about 5 per SM, each with 4 x 16 bytes per lane in flight per chunk. The warps' sums meet in
+ * shared memory in warp order. Every sum's order (chunk order per lane, the butterfly, warp order) is fixed
+ * and independent of MR, so a row's value does not depend on how many rows share the launch. K % 8 == 0
+ * (16-byte rows); other K take v1. */
+#define V2_WARPS 8
+#define V2_R     4
+
+/* weights are read once per step: stream them past L1 (ld.global.cs) */
+__device__ __forceinline__ uint4 ld_stream(const uint16_t *p) {
+    return __ldcs(reinterpret_cast<const uint4 *>(p));
+}
+
+/* at batch 1-2, <= 64 registers: 4 blocks (32 warps) per SM, so the 640 blocks of an N = 2560 matrix are
+ * nearly one wave (528 at once) */
+template <int MR>
+__global__ void __launch_bounds__(V2_WARPS * 32, MR <= 2 ? 4 : 1)
+    gemv2_kernel(float *__restrict__ y, const float *__restrict__ x, const uint16_t *__restrict__ w, int N,
+                 int K) {
+    __shared__ float red[V2_WARPS][V2_R * MR];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, n0 = blockIdx.x * V2_R;
+    x += (size_t)blockIdx.y * MR * K; /* tiles of MR rows along grid.y */
+    y += (size_t)blockIdx.y * MR * N;
+    const uint16_t *wr[V2_R];
+#pragma unroll
+    for (int r = 0; r < V2_R; r++) wr[r] = w + (size_t)(n0 + r < N ? n0 + r : N - 1) * K;
+    float acc[V2_R][MR];
+#pragma unroll
+    for (int r = 0; r < V2_R; r++)
+#pragma unroll
+        for (int m = 0; m < MR; m++) acc[r][m] = 0.0f;
+    for (int k = warp * 256 + lane * 8; k < K; k += V2_WARPS * 256) {
+        uint4 u[V2_R];
+#pragma unroll
+        for (int r = 0; r < V2_R; r++) u[r] = ld_stream(wr[r] + k);
+#pragma unroll
+        for (int m = 0; m < MR; m++) {
+            const float4 *xp = reinterpret_cast<const float4 *>(x + (size_t)m * K + k);
+            float4 a = __ldg(xp), b = __ldg(xp + 1);
+            float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+            for (int r = 0; r < V2_R; r++) {
+                const uint32_t p[4] = {u[r].x, u[r].y, u[r].z, u[r].w};
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    acc[r][m] = fmaf(__uint_as_float(p[q] << 16), xv[2 * q], acc[r][m]);
+                    acc[r][m] = fmaf(__uint_as_float(p[q] & 0xffff0000u), xv[2 * q + 1], acc[r][m]);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < V2_R; r++)
+#pragma unroll
+        for (int m = 0; m < MR; m++) {
+            float v = warp_sum(acc[r][m]);
+            if (lane == 0) red[warp][r * MR + m] = v;
+        }
+    __syncthreads();
+    if (threadIdx.x < V2_R * MR) {
+        int r = threadIdx.x / MR, m = threadIdx.x % MR;
+        float v = 0.0f;
+#pragma unroll
+        for (int q = 0; q < V2_WARPS; q++) v += red[q][threadIdx.x];
+        if (n0 + r < N) y[(size_t)m * N + n0 + r] = v;
+    }
+}
+
+template <int MR>
+static void gemv2_launch(cu_ctx *c, float *y, const float *x, const uint16_t *w, int tiles, int N, int K) {
+    dim3 grid(cdiv((size_t)N, V2_R), (unsigned)tiles);
+    gemv2_kernel<MR><<<grid, V2_WARPS * 32, 0, c->stream>>>(y, x, w, N, K);
+}
+
+/* as gemv_rows: whole tiles of 8 rows in one launch, the remainder in a second */
+static void gemv2_rows(cu_ctx *c, float *y, const float *x, const uint16_t *w, int M, int N, int K) {
+    int full = M / 8, rest = M % 8;
+    if (full) gemv2_launch<8>(c, y, x, w, full, N, K);
+    float *yy = y + (size_t)full * 8 * N;
+    const float *xx = x + (size_t)full * 8 * K;
+    switch (rest) {
+    case 1:
+        gemv2_launch<1>(c, yy, xx, w, 1, N, K);
+        break;
+    case 2:
+        gemv2_launch<2>(c, yy, xx, w, 1, N, K);
+        break;
+    case 3:
+        gemv2_launch<3>(c, yy, xx, w, 1, N, K);
+        break;
+    case 4:
+        gemv2_launch<4>(c, yy, xx, w, 1, N, K);
+        break;
+    case 5:
+        gemv2_launch<5>(c, yy, xx, w, 1, N, K);
+        break;
+    case 6:
+        gemv2_launch<6>(c, yy, xx, w, 1, N, K);
+        break;
+    case 7:
+        gemv2_launch<7>(c, yy, xx, w, 1, N, K);
+        break;
+    default:
+        break;
+    }
+}
+
+static int g_gemv_version = 1;
+extern "C" void cu_set_gemv_version(int v) {
+    g_gemv_version = v == 2 ? 2 : 1;
+}
+extern "C" int cu_gemv_version(void) {
+    return g_gemv_version;
+}
+
+/* the f32-activation GEMV of cu_gemm: v2 where it serves (K % 8 == 0), else v1 */
+static void gemv_any(cu_ctx *c, float *y, const float *x, const uint16_t *w, int M, int N, int K) {
+    if (g_gemv_version == 2 && (K & 7) == 0)
+        gemv2_rows(c, y, x, w, M, N, K);
+    else
+        gemv_rows(c, y, x, w, M, N, K);
+}
+
 __global__ void f32_to_bf16_kernel(uint16_t *y, const float *x, size_t n) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         y[i] = f32_bf16(x[i]);
@@ -171,7 +298,7 @@ extern "C" void cu_gemm(cu_ctx *c, float *y, const float *x, const uint16_t *w, 
     if (M <= 0 || N <= 0) return;
     /* the vector path reads x rows as float4: K % 8 == 0 keeps them aligned, else the scalar loop runs */
     if (M <= g_gemv_max || precise || !xb) {
-        gemv_rows(c, y, x, w, M, N, K);
+        gemv_any(c, y, x, w, M, N, K);
         return;
     }
     size_t n = (size_t)M * K;
