@@ -55,6 +55,10 @@ typedef struct cinfer_model_info {
     int64_t bytes_per_token;/* weight bytes one decode step streams (active experts only, lm_head included) */
     const int *eos_ids;     /* generation stops after any of these (generation_config.json, else config.json) */
     int n_eos;
+    /* generation_config.json's sampling defaults, < 0 where absent (cinfer serve applies them to requests that
+     * name none, unless --generation-config none) */
+    float gen_temperature, gen_top_p, gen_min_p, gen_repetition_penalty;
+    int gen_top_k;
     int has_mtp;            /* the checkpoint carries an MTP head (mtp.*) */
     int n_visual_tensors;   /* model.visual.* tensors in the checkpoint */
     int has_vision;         /* the vision tower is bound: images can be given (cinfer_image_load) */

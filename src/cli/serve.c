@@ -30,7 +30,11 @@ static void usage(FILE *f) {
             "  --kv-memory BYTES          KV pool size (suffix K, M or G)\n"
             "  --threads N                CPU threads (0: all)\n"
             "  --max-tokens N             output tokens when a request names none (default: up to the context)\n"
-            "  --temp T, --top-p P, --top-k K, --min-p P   sampling defaults for requests that name none\n"
+            "  --temp T, --top-p P, --top-k K, --min-p P, --repeat-penalty R\n"
+            "                             sampling defaults for requests that name none (else the model's\n"
+            "                             generation_config.json, else the API's neutral values)\n"
+            "  --generation-config auto|none  apply the model's generation_config.json sampling defaults (auto, the\n"
+            "                             default) or not (none)\n"
             "  --chat-template-args JSON  extra chat template variables, e.g. '{\"enable_thinking\":false}'\n"
             "  --allowed-origins LIST     CORS: '*' or comma-separated origins\n"
             "  --log-format json|text     access log format on stderr (default text)\n"
@@ -68,7 +72,7 @@ bad:
 
 int cli_serve(int argc, char **argv) {
     static const char *const vf[] = {"-m", "--model", "--host", "--port", "--api-key", "--ctx-size", "--max-seqs", "--queue-limit",
-                                     "--kv-memory", "--threads", "--max-tokens", "--temp", "--top-p", "--top-k", "--min-p",
+                                     "--kv-memory", "--threads", "--max-tokens", "--temp", "--top-p", "--top-k", "--min-p", "--repeat-penalty", "--generation-config",
                                      "--chat-template-args", "--allowed-origins", "--log-format", "--max-body", "--timeout",
                                      "--max-connections", "--alias", "--spec", "--spec-draft", "--spec-mtp-vocab", "--prefix-cache-memory", "--draft-model", "--step-tokens",
                                      "--max-images", "--max-image-pixels", NULL};
@@ -111,8 +115,8 @@ int cli_serve(int argc, char **argv) {
     static const struct {
         const char *flag;
         double lo, hi;
-    } floats[] = {{"--temp", 0, 100}, {"--top-p", 1e-9, 1}, {"--min-p", 0, 1}};
-    float *fd[] = {&c.defaults.temperature, &c.defaults.top_p, &c.defaults.min_p};
+    } floats[] = {{"--temp", 0, 100}, {"--top-p", 1e-9, 1}, {"--min-p", 0, 1}, {"--repeat-penalty", 1e-6, 10}};
+    float *fd[] = {&c.defaults.temperature, &c.defaults.top_p, &c.defaults.min_p, &c.defaults.repetition_penalty};
     for (size_t i = 0; i < sizeof floats / sizeof *floats; i++) {
         if (!(v = arg_value(argc, argv, floats[i].flag, NULL))) continue;
         if (parse_float(v, floats[i].flag, &x)) return 2;
@@ -121,6 +125,13 @@ int cli_serve(int argc, char **argv) {
             return 2;
         }
         *fd[i] = (float)x;
+    }
+    if ((v = arg_value(argc, argv, "--generation-config", NULL))) {
+        if (strcmp(v, "auto") && strcmp(v, "none")) {
+            fprintf(stderr, "cinfer serve: --generation-config must be auto or none, got '%s'\n", v);
+            return 2;
+        }
+        c.no_generation_config = !strcmp(v, "none");
     }
     long long sz;
     if ((v = arg_value(argc, argv, "--kv-memory", NULL))) {

@@ -449,10 +449,28 @@ static int64_t decode_bytes(const model *m) {
     return b;
 }
 
-/* generation_config.json's eos_token_id (int or list) overrides config.json's, as transformers does. */
-static void load_generation_eos(model *m, const char *dir) {
+/* A number field of generation_config.json within [lo, hi], else -1 (absent, null or out of range: ignored,
+ * as the file is advisory). */
+static float gen_number(json_t *root, const char *key, double lo, double hi) {
+    json_t *v = json_object_get(root, key);
+    if (!json_is_number(v)) return -1;
+    double x = json_number_value(v);
+    if (!(x >= lo && x <= hi)) {
+        LOG_W("generation_config.json: %s = %g is outside [%g, %g], ignored", key, x, lo, hi);
+        return -1;
+    }
+    return (float)x;
+}
+
+/* generation_config.json: its eos_token_id (int or list) overrides config.json's, as transformers does; its
+ * sampling fields become the defaults of requests that name none (what vLLM does with --generation-config
+ * auto, its default): a small model's card values (e.g. repetition_penalty) are part of how it is meant to
+ * be run. */
+static void load_generation_config(model *m, const char *dir) {
     for (int i = 0; i < m->cfg.n_eos; i++) m->eos_ids[i] = m->cfg.eos_token_ids[i];
     m->n_eos = m->cfg.n_eos;
+    m->gen_temperature = m->gen_top_p = m->gen_min_p = m->gen_repetition_penalty = -1;
+    m->gen_top_k = -1;
     char *path = path_join(dir, "generation_config.json"), *text = NULL;
     size_t len;
     char e[256];
@@ -470,6 +488,14 @@ static void load_generation_eos(model *m, const char *dir) {
             m->n_eos = n;
         } else if (!root) {
             LOG_W("%s: not valid JSON (%s), ignored", path, je.text);
+        }
+        if (json_is_object(root)) {
+            m->gen_temperature = gen_number(root, "temperature", 0, 100);
+            m->gen_top_p = gen_number(root, "top_p", 1e-9, 1);
+            m->gen_min_p = gen_number(root, "min_p", 0, 1);
+            m->gen_repetition_penalty = gen_number(root, "repetition_penalty", 1e-6, 10);
+            float k = gen_number(root, "top_k", 0, 1 << 30);
+            m->gen_top_k = k < 0 ? -1 : (int)k;
         }
         json_decref(root);
         free(text);
@@ -541,7 +567,7 @@ int model_load(const char *dir, model **out, char *err, size_t errlen) {
     if (unknown > 5) LOG_W("%s: %d tensors in all are not used by the model", dir, unknown);
     free(b.used);
     m->bytes_per_token = decode_bytes(m);
-    load_generation_eos(m, dir);
+    load_generation_config(m, dir);
     *out = m;
     return 0;
 }

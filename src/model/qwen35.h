@@ -117,6 +117,9 @@ typedef struct model {
     int64_t bytes_per_token;   /* weight bytes streamed by one decode step */
     int eos_ids[CONFIG_MAX_EOS];
     int n_eos;
+    /* generation_config.json's sampling defaults (< 0 when the file or the field is absent) */
+    float gen_temperature, gen_top_p, gen_min_p, gen_repetition_penalty;
+    int gen_top_k;
     int64_t bytes_by_dtype[ST_N_DTYPES];
     char layer_map[CONFIG_MAX_LAYERS + 1];
     char arch_name[32];

@@ -105,6 +105,11 @@ void cinfer_model_get_info(const cinfer_model *cm, cinfer_model_info *o) {
     o->bytes_per_token = m->bytes_per_token;
     o->eos_ids = m->eos_ids;
     o->n_eos = m->n_eos;
+    o->gen_temperature = m->gen_temperature;
+    o->gen_top_p = m->gen_top_p;
+    o->gen_min_p = m->gen_min_p;
+    o->gen_repetition_penalty = m->gen_repetition_penalty;
+    o->gen_top_k = m->gen_top_k;
     o->has_mtp = m->mtp.present;
     o->n_visual_tensors = m->n_visual;
     o->has_vision = m->vis.present;

@@ -45,6 +45,7 @@ typedef struct srv_defaults {
     float top_p;           /* < 0: off */
     int top_k;             /* < 0: off */
     float min_p;           /* < 0: off */
+    float repetition_penalty; /* <= 0: off (1.0) */
     const json_t *chat_template_args; /* object merged under each request's chat_template_kwargs, or NULL */
     int max_images;           /* images in one request (0: SRV_MAX_IMAGES) */
     size_t max_image_bytes;   /* encoded bytes of one image after base64 (0: SRV_MAX_IMAGE_BYTES) */

@@ -1071,6 +1071,20 @@ int srv_run(const srv_config *cfg, volatile sig_atomic_t *stop, char *err, size_
     cinfer_model_info info;
     cinfer_model_get_info(s->model, &info);
     s->vocab_size = info.vocab_size;
+    /* the model's generation_config.json fills the sampling defaults the command line left unset */
+    if (!cfg->no_generation_config) {
+        srv_defaults *d = &s->cfg.defaults;
+        if (d->temperature < 0 && info.gen_temperature >= 0) d->temperature = info.gen_temperature;
+        if (d->top_p < 0 && info.gen_top_p > 0) d->top_p = info.gen_top_p;
+        if (d->top_k < 0 && info.gen_top_k >= 0) d->top_k = info.gen_top_k;
+        if (d->min_p < 0 && info.gen_min_p >= 0) d->min_p = info.gen_min_p;
+        if (d->repetition_penalty <= 0 && info.gen_repetition_penalty > 0) d->repetition_penalty = info.gen_repetition_penalty;
+        printf("cinfer serve: sampling defaults temperature %g, top_p %g, top_k %d, min_p %g, repetition_penalty %g "
+               "(command line, else %s/generation_config.json; requests override)\n",
+               d->temperature < 0 ? 1.0 : d->temperature, d->top_p < 0 ? 1.0 : d->top_p, d->top_k < 0 ? 0 : d->top_k,
+               d->min_p < 0 ? 0.0 : d->min_p, d->repetition_penalty <= 0 ? 1.0 : d->repetition_penalty, cfg->model_dir);
+        fflush(stdout);
+    }
     s->tool_format = srv_tool_format(cinfer_model_chat_template(s->model));
     cinfer_engine_params ep = cinfer_engine_default_params();
     if (cfg->ctx_size > 0) ep.ctx_size = cfg->ctx_size;

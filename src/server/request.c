@@ -31,6 +31,7 @@ void srv_defaults_init(srv_defaults *d) {
     d->top_p = -1;
     d->top_k = -1;
     d->min_p = -1;
+    d->repetition_penalty = -1;
     d->max_images = SRV_MAX_IMAGES;
     d->max_image_bytes = SRV_MAX_IMAGE_BYTES;
     d->max_image_pixels = SRV_MAX_IMAGE_PIXELS;
@@ -51,6 +52,7 @@ cinfer_sampling srv_sampling_base(const srv_defaults *d) {
         if (d->top_p >= 0) s.top_p = d->top_p;
         if (d->top_k >= 0) s.top_k = d->top_k;
         if (d->min_p >= 0) s.min_p = d->min_p;
+        if (d->repetition_penalty > 0) s.repetition_penalty = d->repetition_penalty;
     }
     return s;
 }

@@ -22,6 +22,7 @@ typedef struct srv_config {
     int ctx_size, max_seqs, queue_limit, n_threads; /* 0: the engine's defaults */
     int64_t kv_memory;           /* 0: the engine's default */
     int64_t prefix_cache_memory; /* prefix cache snapshot budget (0: off) */
+    int no_generation_config;    /* --generation-config none: the model's sampling defaults are not applied */
     int step_tokens;             /* tokens per engine step (0: the engine's default) */
     int spec;                    /* cinfer_spec_mode: speculative decoding (0: off) */
     int spec_max_draft;          /* drafts per step at most (0: the engine's default) */

@@ -458,3 +458,24 @@ static void check_spec_rollback(int arch) {
 TEST(spec_rollback_dense) { check_spec_rollback(1); }
 TEST(spec_rollback_moe) { check_spec_rollback(2); }
 TEST(spec_rollback_next) { check_spec_rollback(3); }
+
+/* generation_config.json's sampling fields reach cinfer_model_info (what cinfer serve applies as defaults);
+ * absent fields are < 0. */
+TEST(generation_config_sampling_defaults) {
+    char err[512];
+    cinfer_model *cm = NULL;
+    REQUIRE(cinfer_model_open("models/default", &cm, err, sizeof err) == 0);
+    cinfer_model_info mi;
+    cinfer_model_get_info(cm, &mi);
+    CHECK_NEAR(mi.gen_temperature, 0.7, 1e-6);
+    CHECK_NEAR(mi.gen_top_p, 0.8, 1e-6);
+    CHECK_EQ_INT(mi.gen_top_k, 20);
+    CHECK_NEAR(mi.gen_repetition_penalty, 1.1, 1e-6);
+    CHECK(mi.gen_min_p < 0);
+    cinfer_model_close(cm);
+    /* a checkpoint whose generation_config.json names no sampling field */
+    REQUIRE(cinfer_model_open("tests/fixtures/qwen35_moe", &cm, err, sizeof err) == 0);
+    cinfer_model_get_info(cm, &mi);
+    CHECK(mi.gen_temperature < 0 && mi.gen_top_p < 0 && mi.gen_top_k < 0 && mi.gen_repetition_penalty < 0);
+    cinfer_model_close(cm);
+}

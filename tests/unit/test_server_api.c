@@ -513,3 +513,39 @@ TEST(server_image_parts) {
     CHECK_STR_CONTAINS(e.message, "over the limit of 5 bytes");
     json_decref(b);
 }
+
+/* The server's sampling defaults (command line, else the model's generation_config.json) fill what a request
+ * leaves out, and what a request names wins — repetition_penalty included. */
+TEST(server_sampling_defaults_fill_unset_fields) {
+    srv_defaults d;
+    srv_defaults_init(&d);
+    d.temperature = 0.7f;
+    d.top_p = 0.8f;
+    d.top_k = 20;
+    d.repetition_penalty = 1.1f;
+    srv_gen_req r;
+    srv_error e;
+    json_t *body = J("{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}");
+    REQUIRE(oai_parse_chat(body, &d, &r, &e) == 0);
+    CHECK_NEAR(r.sampling.temperature, 0.7, 1e-6);
+    CHECK_NEAR(r.sampling.top_p, 0.8, 1e-6);
+    CHECK_EQ_INT(r.sampling.top_k, 20);
+    CHECK_NEAR(r.sampling.repetition_penalty, 1.1, 1e-6);
+    srv_gen_req_free(&r);
+    json_decref(body);
+    body = J("{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"temperature\":0,\"repetition_penalty\":1.0}");
+    REQUIRE(oai_parse_chat(body, &d, &r, &e) == 0);
+    CHECK_NEAR(r.sampling.temperature, 0.0, 1e-6);
+    CHECK_NEAR(r.sampling.repetition_penalty, 1.0, 1e-6);
+    CHECK_EQ_INT(r.sampling.top_k, 20);
+    srv_gen_req_free(&r);
+    json_decref(body);
+    /* no defaults: the API's neutral values */
+    srv_defaults_init(&d);
+    body = J("{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}");
+    REQUIRE(oai_parse_chat(body, &d, &r, &e) == 0);
+    CHECK_NEAR(r.sampling.temperature, 1.0, 1e-6);
+    CHECK_NEAR(r.sampling.repetition_penalty, 1.0, 1e-6);
+    srv_gen_req_free(&r);
+    json_decref(body);
+}

@@ -5,6 +5,7 @@ count the answers whose Python parses. Standard library only.
     build/cinfer serve &                                   # the README's first command (models/default)
     python3 tools/train/serve_chat_eval.py [--url http://127.0.0.1:8080] [--set heldout|simple|both]
                                            [--greedy] [--max-tokens 512] [--out results.jsonl]
+                                           [--extra JSON]
 
 Sets: "heldout" = tests/fixtures/default_model/heldout_prompts.jsonl (20 functions from held-out files, asked
 the way the chat training data asks); "simple" = 20 everyday requests written here ("Write a Python function
@@ -66,8 +67,9 @@ def parses(code):
         return False
 
 
-def ask(url, messages, max_tokens, greedy, timeout):
+def ask(url, messages, max_tokens, greedy, timeout, extra=None):
     body = {"messages": messages, "max_tokens": max_tokens}
+    body.update(extra or {})
     if greedy:
         body["temperature"] = 0
     req = urllib.request.Request(url.rstrip("/") + "/v1/chat/completions", data=json.dumps(body).encode(),
@@ -87,6 +89,7 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=512)
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--out", default="")
+    ap.add_argument("--extra", default="{}", help="JSON merged into every request, e.g. '{\"repetition_penalty\": 1.1}'")
     a = ap.parse_args()
     sets = []
     if a.set in ("heldout", "both"):
@@ -98,7 +101,7 @@ def main():
     for name, prompts in sets:
         ok = 0
         for msgs in prompts:
-            msg, finish, usage, dt = ask(a.url, msgs, a.max_tokens, a.greedy, a.timeout)
+            msg, finish, usage, dt = ask(a.url, msgs, a.max_tokens, a.greedy, a.timeout, json.loads(a.extra))
             code = extract_code(msg.get("content"))
             good = parses(code)
             ok += good
@@ -108,7 +111,7 @@ def main():
                          "parses": good})
             print("%-7s %s  %s" % (name, "PARSES" if good else "fails ", msgs[-1]["content"][:90]), flush=True)
         summary[name] = {"asked": len(prompts), "parses": ok}
-    print(json.dumps({"greedy": a.greedy, "max_tokens": a.max_tokens, "results": summary}))
+    print(json.dumps({"greedy": a.greedy, "max_tokens": a.max_tokens, "extra": json.loads(a.extra), "results": summary}))
     if a.out:
         with open(a.out, "w", encoding="utf-8") as f:
             for r in rows:

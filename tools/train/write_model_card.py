@@ -123,7 +123,7 @@ def main():
     if hf:
         w("- transformers, greedy, %d new tokens at most: %d/%d held-out prompts answered with Python that parses." % (
             hf["max_new_tokens"], hf["parses"], hf["asked"]))
-    w(serve_line(ss, "`cinfer serve`, default sampling (generation_config: temperature 0.7, top_p 0.8, top_k 20)"))
+    w(serve_line(ss, "`cinfer serve`, default sampling (generation_config: temperature 0.7, top_p 0.8, top_k 20, repetition_penalty 1.1)"))
     w(serve_line(sg, "`cinfer serve`, greedy (temperature 0)"))
     if a.chat_note:
         w("")
