@@ -21,12 +21,15 @@ static double now_s(void) {
 
 int cli_bench(int argc, char **argv) {
     static const char *const vf[] = {"-m", "--model", "-p", "-n", "--threads", "--spec-accept", "--spec-draft", "--batch", "--prefix-turn",
-                                     "--turn-new", "--spec", "--prompt", "--spec-mtp-vocab", "--repeat", NULL};
+                                     "--turn-new", "--spec", "--prompt", "--spec-mtp-vocab", "--repeat", "--like", "--layers", NULL};
     static const char *const bf[] = {"--help", "-h", NULL};
     /* rows go out as they are measured: a bench killed by a time limit (stdout to a pipe is otherwise block
      * buffered) keeps every row it finished */
     setvbuf(stdout, NULL, _IOLBF, 0);
-    if (arg_value(argc, argv, "--like", NULL) && !arg_flag(argc, argv, "--help")) return bench_cuda(argc, argv);
+    const char *like = arg_value(argc, argv, "--like", NULL);
+    int engine_mode = arg_value(argc, argv, "--spec-accept", NULL) || arg_value(argc, argv, "--spec", NULL) ||
+                      arg_value(argc, argv, "--prefix-turn", NULL);
+    if (like && !engine_mode && !arg_flag(argc, argv, "--help")) return bench_cuda(argc, argv);
     if (arg_flag(argc, argv, "--help") || arg_flag(argc, argv, "-h")) {
         printf("usage: cinfer bench -m DIR [-p PROMPT_TOKENS=512] [-n DECODE_TOKENS=32] [--threads N]\n"
                "       cinfer bench --like SHAPE --device cuda [--batches 1,8,32,64] [--prefill 512,4096,32768] [-n 32]\n"
@@ -38,11 +41,27 @@ int cli_bench(int argc, char **argv) {
                "         [--spec-mtp-vocab N] [--repeat R]  (R plain/speculative pairs: medians)\n"
                "         the drafter's own acceptance and speedup (with --spec-accept: its cost, forced acceptance)\n"
                "       cinfer bench -m DIR --prefix-turn P [--turn-new N=64]\n"
-               "         second-turn time to first token from the prefix cache against cold\n");
+               "         second-turn time to first token from the prefix cache against cold\n"
+               "       cinfer bench --like SHAPE [--layers N] --device cuda --spec-accept A ... | --prefix-turn P ...\n"
+               "         the last two on a real model's shape, weights made on the GPU (CINFER_CUDA_RANDOM_WEIGHTS=1)\n");
         return 0;
     }
     if (arg_check(argc, argv, vf, bf, "bench")) return 2;
     const char *dir = arg_value(argc, argv, "-m", "--model"), *v;
+    char like_dir[] = "/tmp/cinfer-like-XXXXXX";
+    if (like && !dir) {
+        /* --like SHAPE [--layers N] with --spec-accept / --prefix-turn: the engine benches on a real model's shape,
+         * a sparse checkpoint whose matrices the cuda backend fills with noise on the device (no disk, no upload) */
+        if (!mkdtemp(like_dir)) {
+            perror("cinfer bench: mkdtemp");
+            return 1;
+        }
+        const char *layers = arg_value(argc, argv, "--layers", NULL);
+        char *sargv[] = {"synth", "--like", (char *)like, "--out", like_dir, "--sparse", layers ? "--layers" : NULL, (char *)layers, NULL};
+        if (cli_synth(layers ? 8 : 6, sargv)) return 1;
+        setenv("CINFER_CUDA_RANDOM_WEIGHTS", "1", 1);
+        dir = like_dir;
+    }
     if (!dir) {
         fprintf(stderr, "cinfer bench: -m DIR is required\n");
         return 2;

@@ -75,15 +75,17 @@ int bench_prefix(int argc, char **argv, const char *dir, int P) {
         return 1;
     }
     int c1 = 0, c2 = 0, c3 = 0;
-    double t1 = ttft(warm, p, P, &c1);     /* turn 1, cold: leaves a snapshot at P - 1 */
+    /* each row as soon as it is measured (line-buffered: a run stopped by a time limit keeps them) */
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    printf("model            %s (%s)\n", dir, info.arch);
+    double t1 = ttft(warm, p, P, &c1); /* turn 1, cold: leaves a snapshot at P - 1 */
+    printf("turn 1           %d tokens cold: TTFT %.3f s\n", P, t1);
     double t2 = ttft(warm, p, total, &c2); /* turn 2 from the cache */
+    printf("turn 2           %d tokens (+%ld new), %d from the cache: TTFT %.3f s\n", total, N, c2, t2);
     double t3 = ttft(cold, p, total, &c3); /* turn 2 cold */
+    printf("turn 2 cold      TTFT %.3f s (cached %d)\n", t3, c3);
     cinfer_engine_stats st;
     cinfer_engine_get_stats(warm, &st);
-    printf("model            %s (%s)\n", dir, info.arch);
-    printf("turn 1           %d tokens cold: TTFT %.3f s\n", P, t1);
-    printf("turn 2           %d tokens (+%ld new), %d from the cache: TTFT %.3f s\n", total, N, c2, t2);
-    printf("turn 2 cold      TTFT %.3f s (cached %d)\n", t3, c3);
     printf("ratio            %.2f%% of cold\n", t3 > 0 ? 100.0 * t2 / t3 : 0);
     printf("cache memory     %.1f MB of state snapshots + %.1f MB of KV (%d blocks): %.1f KB per cached token\n",
            st.prefix_bytes / 1e6, st.prefix_kv_bytes / 1e6, st.prefix_blocks_cached,

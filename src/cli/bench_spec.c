@@ -209,6 +209,7 @@ int bench_spec(int argc, char **argv, const char *dir, double accept, int mode) 
     ep.n_threads = (int)nthreads;
     cinfer_engine_stats s0, s1;
     int mismatch = 0;
+    setvbuf(stdout, NULL, _IOLBF, 0); /* rows survive a run stopped by a time limit */
     cinfer_engine_params sp = ep;
     sp.spec = (cinfer_spec_mode)mode; /* with --spec-accept the forced drafter replaces the drafter's tokens */
     sp.spec_mtp_vocab = (int)mv;

@@ -50,6 +50,30 @@ int cuda_fwd_run(cuda_fwd *f, const fwd_entry *e, int n, float *logits, char *er
     (void)f, (void)e, (void)n, (void)logits;
     return ci_err(err, errlen, CINFER_EUNSUPPORTED, "no CUDA backend");
 }
+int cuda_fwd_spec_commit(cuda_fwd *f, int slot, int n_keep, char *err, size_t errlen) {
+    (void)f, (void)slot, (void)n_keep;
+    return ci_err(err, errlen, CINFER_EUNSUPPORTED, "no CUDA backend");
+}
+size_t cuda_fwd_state_floats(const cuda_fwd *f) {
+    (void)f;
+    return 0;
+}
+int cuda_fwd_state_save(cuda_fwd *f, int slot, float *dst, char *err, size_t errlen) {
+    (void)f, (void)slot, (void)dst;
+    return ci_err(err, errlen, CINFER_EUNSUPPORTED, "no CUDA backend");
+}
+int cuda_fwd_state_load(cuda_fwd *f, int slot, const float *src, char *err, size_t errlen) {
+    (void)f, (void)slot, (void)src;
+    return ci_err(err, errlen, CINFER_EUNSUPPORTED, "no CUDA backend");
+}
+int cuda_fwd_kv_copy(cuda_fwd *f, int dst, int src, int rows, char *err, size_t errlen) {
+    (void)f, (void)dst, (void)src, (void)rows;
+    return ci_err(err, errlen, CINFER_EUNSUPPORTED, "no CUDA backend");
+}
+int cuda_fwd_sync(cuda_fwd *f, char *err, size_t errlen) {
+    (void)f;
+    return ci_err(err, errlen, CINFER_EUNSUPPORTED, "no CUDA backend");
+}
 void cuda_fwd_profile(cuda_fwd *f, int on) {
     (void)f, (void)on;
 }
@@ -121,6 +145,7 @@ struct cuda_fwd {
     float *kpool, *vpool; /* [n_full][n_blocks][16][Hkv*hd] */
     float *conv_state;    /* [slots][n_lin][K-1][C] */
     float *rec_state;     /* [slots][n_lin][Hv][dk][dv] */
+    float *spec_rec; /* [slots][n_lin][spec_window][CU_SPEC_REC(C, Hv)] speculative window records, or NULL */
     /* scratch, T = max_tokens rows, S = T * k MoE slots */
     float *x, *xn, *out;      /* [T][H] */
     float *proj;              /* [T][Wp]: the widest first projection / gate_up / router output */
@@ -406,7 +431,8 @@ static int alloc_scratch(cuda_fwd *f, char *err, size_t errlen) {
      * block tables (each KV block belongs to one sequence, so at most n_blocks + one table per entry) */
     size_t bps = ((size_t)f->p.max_ctx + 15) / 16;
     size_t tables = zmax(T * bps < (size_t)f->p.n_blocks + T ? T * bps : (size_t)f->p.n_blocks + T, 1);
-    f->meta_cap = 10 * T + tables + 64; /* + attention tiles: at most one per row */
+    /* + spec flags (<= T entries), attention tiles (at most one per row) and hidden rows (T) */
+    f->meta_cap = 12 * T + tables + 64;
     if ((rc = dev_alloc(f, (void **)&f->meta, f->meta_cap * 4, a, err, errlen)) ||
         (rc = cu_alloc_host((void **)&f->h_meta, f->meta_cap * 4, err, errlen)))
         return rc;
@@ -460,6 +486,11 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     cuda_fwd *f = xcalloc(1, sizeof *f);
     f->m = m;
     f->p = *p;
+    /* "1": every matrix is noise made on the device, whatever the checkpoint holds (cinfer bench --like with
+     * the engine benches, whose contexts the engine creates: a sparse checkpoint gives the shapes) */
+    const char *rw = getenv("CINFER_CUDA_RANDOM_WEIGHTS");
+    if (rw && !strcmp(rw, "1") && !f->p.random_weights)
+        f->p.random_weights = 1, f->p.seed = f->p.seed ? f->p.seed : 7;
     const char *g = getenv("CINFER_CUDA_GRAPHS"); /* "0": launch every step eagerly (tests compare the two) */
     if (g && !strcmp(g, "0")) f->p.no_graphs = 1;
     /* diagnostics: f32-activation GEMV for up to this many rows */
@@ -495,6 +526,10 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
         if ((rc = dev_alloc(f, (void **)&f->conv_state, cs, &f->bytes_pools, err, errlen)) ||
             (rc = dev_alloc(f, (void **)&f->rec_state, rs, &f->bytes_pools, err, errlen)))
             goto fail;
+    }
+    if (m->n_lin > 0 && p->spec_window > 0) {
+        size_t sr = (size_t)p->n_slots * m->n_lin * (size_t)p->spec_window * CU_SPEC_REC(m->C, m->Hv) * 4;
+        if ((rc = dev_alloc(f, (void **)&f->spec_rec, sr, &f->bytes_pools, err, errlen))) goto fail;
     }
     /* inv_freq exactly as forward_cpu computes it */
     int R = m->cfg.rope_dim;
@@ -583,6 +618,7 @@ struct cu_ctx *cuda_fwd_stream(cuda_fwd *f) {
 
 typedef struct run_shape {
     int T, NE, nl, span, nsplit;
+    int has_spec;     /* a speculative window in the batch */
     const int *tiles; /* attention prefill tiles (device), or NULL */
     int n_tiles;
     cu_meta meta;
@@ -614,6 +650,7 @@ static void deltanet(cuda_fwd *f, const cu_layer *cl, const layer_weights *lw, i
     a.conv_out = f->conv_out, a.bg = f->bg, a.o = f->act;
     a.conv_state = f->conv_state, a.rec_state = f->rec_state, a.eps = (float)m->cfg.rms_norm_eps;
     a.meta = rs->meta, a.tc = f->gdn_tc;
+    a.spec_rec = f->spec_rec, a.spec_win = f->p.spec_window, a.has_spec = rs->has_spec;
     cu_gdn_layer(f->cu, &a);
     mark(f, CP_GEMM_OUT);
     gemm(f, f->out, f->act, cl->w_out, T, H, vd);
@@ -790,37 +827,43 @@ static void attn_split(const cuda_fwd *f, int T, int maxpos, int *span, int *nsp
 
 int cuda_fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, char *err, size_t errlen) {
     const model *m = f->m;
-    int T = 0, nl = 0, maxpos = 0, all_decode = 1, max_n = 0;
+    int T = 0, nl = 0, maxpos = 0, all_decode = 1, max_n = 0, has_spec = 0, nh = 0;
     for (int i = 0; i < NE; i++) {
-        if (e[i].spec_rec)
+        if (e[i].spec_rec && (e[i].n > f->p.spec_window || (m->n_lin > 0 && !f->spec_rec)))
+            return ci_err(err, errlen, CINFER_EINVAL,
+                          "cuda: a speculative window of %d tokens (spec_window %d)", e[i].n,
+                          f->p.spec_window);
+        if (e[i].attn_start)
             return ci_err(err, errlen, CINFER_EUNSUPPORTED,
-                          "speculative windows are not supported on cuda yet");
-        if (e[i].hidden || e[i].attn_start)
-            return ci_err(err, errlen, CINFER_EUNSUPPORTED,
-                          "hidden-state output (the MTP head) is not supported on cuda yet");
+                          "cuda: attention from a later start (attn_start)");
         T += e[i].n;
         nl += e[i].all_logits ? e[i].n : 1;
+        if (e[i].hidden) nh += e[i].n;
+        if (e[i].spec_rec) has_spec = 1;
         if (e[i].seq_len + e[i].n - 1 > maxpos) maxpos = e[i].seq_len + e[i].n - 1;
-        if (e[i].n != 1 || e[i].all_logits) all_decode = 0;
+        /* a verify window never runs from a graph: graphs hold plain decode only */
+        if (e[i].n != 1 || e[i].all_logits || e[i].spec_rec) all_decode = 0;
         if (e[i].n > max_n) max_n = e[i].n;
     }
     if (T > f->p.max_tokens || NE > f->p.max_tokens)
         return ci_err(err, errlen, CINFER_ERANGE, "cuda: batch of %d tokens exceeds %d", T, f->p.max_tokens);
-    /* pack the metadata */
+    /* pack the metadata; for a decode step every offset up to the block tables depends on NE alone (graphs)
+     */
     int *h = f->h_meta;
     size_t o_ids = 0, o_pos = o_ids + T, o_ent = o_pos + T, o_len = o_ent + T, o_n = o_len + NE,
            o_r0 = o_n + NE;
-    size_t o_slot = o_r0 + NE, o_boff = o_slot + NE, o_lrow = o_boff + NE, o_blk = o_lrow + nl;
+    size_t o_slot = o_r0 + NE, o_boff = o_slot + NE, o_lrow = o_boff + NE, o_spec = o_lrow + nl,
+           o_blk = o_spec + NE;
     size_t nb = 0, ntile = 0;
     for (int i = 0; i < NE; i++) nb += (size_t)(e[i].seq_len + e[i].n + 15) / 16;
     /* a prefill chunk in the batch: attention by tiles of rows sharing K/V loads */
     int tiled = f->tiles_ok && max_n >= CU_ATTN_TILE;
     if (tiled)
         for (int i = 0; i < NE; i++) ntile += (size_t)(e[i].n + CU_ATTN_TILE - 1) / CU_ATTN_TILE;
-    size_t o_tile = o_blk + nb;
-    if (o_tile + ntile > f->meta_cap)
+    size_t o_tile = o_blk + nb, o_hrow = o_tile + ntile;
+    if (o_hrow + nh > f->meta_cap)
         return ci_err(err, errlen, CINFER_ERANGE, "cuda: block tables exceed the metadata buffer");
-    int r = 0, li = 0, ti = 0;
+    int r = 0, li = 0, ti = 0, hi = 0;
     size_t bo = 0;
     for (int i = 0; i < NE; i++) {
         h[o_len + i] = e[i].seq_len;
@@ -828,6 +871,7 @@ int cuda_fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, char *e
         h[o_r0 + i] = r;
         h[o_slot + i] = e[i].slot;
         h[o_boff + i] = (int)bo;
+        h[o_spec + i] = e[i].spec_rec != NULL;
         int nbi = (e[i].seq_len + e[i].n + 15) / 16;
         memcpy(h + o_blk + bo, e[i].blocks, (size_t)nbi * sizeof(int));
         bo += (size_t)nbi;
@@ -837,6 +881,7 @@ int cuda_fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, char *e
             h[o_pos + r] = e[i].seq_len + t;
             h[o_ent + r] = i;
             if (e[i].all_logits || t == e[i].n - 1) h[o_lrow + li++] = r;
+            if (e[i].hidden) h[o_hrow + hi++] = r;
         }
     }
     int *d = f->meta;
@@ -845,12 +890,13 @@ int cuda_fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, char *e
                     nl,
                     0,
                     0,
+                    has_spec,
                     tiled ? d + o_tile : NULL,
                     (int)ntile,
                     {d + o_ids, d + o_pos, d + o_ent, d + o_len, d + o_n, d + o_r0, d + o_slot, d + o_boff,
-                     d + o_lrow, d + o_blk}};
+                     d + o_lrow, d + o_blk, d + o_spec}};
     attn_split(f, T, maxpos, &rs.span, &rs.nsplit);
-    cu_h2d_async(f->cu, f->meta, h, (o_tile + ntile) * sizeof(int));
+    cu_h2d_async(f->cu, f->meta, h, (o_hrow + nh) * sizeof(int));
     /* MoE decode without the host (graph-capturable): every (row, choice) slot through the indexed GEMV; past
      * 64 rows the experts are grouped on the host and run as GEMMs */
     int moe_device = T <= 64;
@@ -885,6 +931,19 @@ int cuda_fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, char *e
         f->n_marks = 0;
         if ((rc = enqueue(f, &rs, moe_device, err, errlen))) return rc;
     }
+    if (nh) {
+        /* the final-normed rows of the entries that asked (the MTP head's input): the lm_head rows' kernel on
+         * other rows, so a row present in both has the same bits; f->out is free once the last residual is in
+         */
+        cu_gather_rmsnorm(f->cu, f->out, f->x, d + o_hrow, f->final_norm, nh, m->H,
+                          (float)m->cfg.rms_norm_eps);
+        for (int i = 0, h0 = 0; i < NE; i++)
+            if (e[i].hidden) {
+                cu_d2h_async(f->cu, e[i].hidden, f->out + (size_t)h0 * m->H,
+                             (size_t)e[i].n * m->H * sizeof(float));
+                h0 += e[i].n;
+            }
+    }
     mark(f, CP_COPY_OUT);
     f->last_nl = nl;
     if (logits) cu_d2h_async(f->cu, logits, f->logits, (size_t)nl * m->V * sizeof(float));
@@ -903,6 +962,67 @@ int cuda_fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, char *e
         f->n_marks = 0;
     }
     return 0;
+}
+
+int cuda_fwd_spec_commit(cuda_fwd *f, int slot, int n_keep, char *err, size_t errlen) {
+    const model *m = f->m;
+    if (slot < 0 || slot >= f->p.n_slots || n_keep < 0 || n_keep > f->p.spec_window)
+        return ci_err(err, errlen, CINFER_EINVAL, "cuda_fwd_spec_commit: slot %d, keep %d (window %d)", slot,
+                      n_keep, f->p.spec_window);
+    if (m->n_lin > 0 && n_keep > 0)
+        cu_gdn_spec_commit(f->cu, f->conv_state, f->rec_state, f->spec_rec, slot, n_keep, m->n_lin,
+                           f->p.spec_window, m->Hk, m->Hv, m->dk, m->dv, m->K, m->C);
+    return 0;
+}
+
+size_t cuda_fwd_state_floats(const cuda_fwd *f) {
+    const model *m = f->m;
+    return (size_t)m->n_lin * ((size_t)(m->K - 1) * m->C + (size_t)m->Hv * m->dk * m->dv);
+}
+
+/* one slot's conv windows and its S are each contiguous in the device pools: two copies either way */
+static int state_copy(cuda_fwd *f, int slot, float *dst, const float *src, char *err, size_t errlen) {
+    const model *m = f->m;
+    if (slot < 0 || slot >= f->p.n_slots)
+        return ci_err(err, errlen, CINFER_EINVAL, "slot %d out of range", slot);
+    if (m->n_lin <= 0) return 0;
+    size_t cs = (size_t)m->n_lin * (size_t)(m->K - 1) * m->C,
+           rs = (size_t)m->n_lin * (size_t)m->Hv * m->dk * m->dv;
+    float *dc = f->conv_state + (size_t)slot * cs, *dr = f->rec_state + (size_t)slot * rs;
+    if (dst) {
+        cu_d2h_async(f->cu, dst, dc, cs * 4);
+        cu_d2h_async(f->cu, dst + cs, dr, rs * 4);
+    } else {
+        cu_h2d_async(f->cu, dc, src, cs * 4);
+        cu_h2d_async(f->cu, dr, src + cs, rs * 4);
+    }
+    return 0;
+}
+int cuda_fwd_state_save(cuda_fwd *f, int slot, float *dst, char *err, size_t errlen) {
+    return state_copy(f, slot, dst, NULL, err, errlen);
+}
+int cuda_fwd_state_load(cuda_fwd *f, int slot, const float *src, char *err, size_t errlen) {
+    return state_copy(f, slot, NULL, src, err, errlen);
+}
+
+int cuda_fwd_kv_copy(cuda_fwd *f, int dst, int src, int rows, char *err, size_t errlen) {
+    const model *m = f->m;
+    if (dst < 0 || src < 0 || dst >= f->p.n_blocks || src >= f->p.n_blocks || rows < 0 || rows > 16)
+        return ci_err(err, errlen, CINFER_EINVAL, "cuda_fwd_kv_copy: blocks %d <- %d, %d rows", dst, src,
+                      rows);
+    size_t row = (size_t)m->Hkv * m->hd, blk = 16 * row;
+    for (int l = 0; l < m->n_full && rows > 0; l++) {
+        size_t layer = (size_t)l * f->p.n_blocks * blk;
+        cu_d2d_async(f->cu, f->kpool + layer + (size_t)dst * blk, f->kpool + layer + (size_t)src * blk,
+                     (size_t)rows * row * 4);
+        cu_d2d_async(f->cu, f->vpool + layer + (size_t)dst * blk, f->vpool + layer + (size_t)src * blk,
+                     (size_t)rows * row * 4);
+    }
+    return 0;
+}
+
+int cuda_fwd_sync(cuda_fwd *f, char *err, size_t errlen) {
+    return cu_sync(f->cu, err, errlen);
 }
 
 int cuda_fwd_sample(cuda_fwd *f, const cuda_sample *rows, int n, int32_t *ids, float *logprobs, char *err,

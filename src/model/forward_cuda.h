@@ -27,16 +27,32 @@ typedef struct cuda_fwd_params {
                            (the bench's --like shapes); the f32 vectors still come from the model */
     uint64_t seed;
     int no_graphs; /* 1: never capture (tests compare both) */
+    int spec_window; /* tokens a speculative window may hold (0: none; records take n_slots x n_lin x this) */
 } cuda_fwd_params;
 
 int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, char *err, size_t errlen);
 void cuda_fwd_destroy(cuda_fwd *f);
 /* zeroes a DeltaNet slot (conv window and recurrent state) for a new sequence */
 int cuda_fwd_slot_reset(cuda_fwd *f, int slot, char *err, size_t errlen);
-/* Runs the batch (same contract as forward_cpu; spec_rec must be NULL) and writes the logits rows to host
- * memory (pinned memory from cuda_host_alloc copies fastest); logits NULL leaves them on the device for
- * cuda_fwd_sample. */
+/* Runs the batch (same contract as forward_cpu) and writes the logits rows to host memory (pinned memory from
+ * cuda_host_alloc copies fastest); logits NULL leaves them on the device for cuda_fwd_sample. An entry's
+ * spec_rec only marks a speculative window (n <= spec_window): its records live on the device, per slot, and
+ * the slot's DeltaNet state is left as it was until cuda_fwd_spec_commit. hidden rows (the MTP head's input)
+ * are copied back with the logits. */
 int cuda_fwd_run(cuda_fwd *f, const fwd_entry *e, int n_entries, float *logits, char *err, size_t errlen);
+/* Keeps the first n_keep tokens of slot's last speculative window (forward_spec_commit on the device: the
+ * conv window advanced, S replayed from the records with the decode kernel's arithmetic). Enqueued only:
+ * later calls on the context see it in stream order. */
+int cuda_fwd_spec_commit(cuda_fwd *f, int slot, int n_keep, char *err, size_t errlen);
+/* A slot's whole DeltaNet state as cuda_fwd_state_floats() floats: every layer's conv windows, then every
+ * layer's S (the device layout; only cuda_fwd_state_load reads it back). Save / load are enqueued copies
+ * (pinned host memory makes them asynchronous); cuda_fwd_sync waits. The prefix cache's snapshots. */
+size_t cuda_fwd_state_floats(const cuda_fwd *f);
+int cuda_fwd_state_save(cuda_fwd *f, int slot, float *dst, char *err, size_t errlen);
+int cuda_fwd_state_load(cuda_fwd *f, int slot, const float *src, char *err, size_t errlen);
+/* KV rows [0, rows) of block src copied into block dst in every full-attention layer (copy on write) */
+int cuda_fwd_kv_copy(cuda_fwd *f, int dst, int src, int rows, char *err, size_t errlen);
+int cuda_fwd_sync(cuda_fwd *f, char *err, size_t errlen);
 
 /* Token choice on the device for the rows the last cuda_fwd_run left there, so that only ids (and logprobs
  * when asked) come back. It follows the CPU sampler (src/sample/sampler.h) for what it accepts: greedy

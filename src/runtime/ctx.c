@@ -163,6 +163,21 @@ void cinfer_ctx_destroy(cinfer_ctx *c) {
     free(c);
 }
 
+/* the prefix cache's data movement on a cuda context (prefix_io) */
+static int px_save(void *u, int slot, float *dst) {
+    char e[128];
+    return cuda_fwd_state_save(u, slot, dst, e, sizeof e);
+}
+static int px_load(void *u, int slot, const float *src) {
+    char e[128];
+    return cuda_fwd_state_load(u, slot, src, e, sizeof e);
+}
+static int px_kv_copy(void *u, int dst, int src, int rows) {
+    char e[128];
+    return cuda_fwd_kv_copy(u, dst, src, rows, e, sizeof e);
+}
+static void *px_alloc(size_t bytes) { return cuda_host_alloc(bytes, 1); }
+
 int cinfer_ctx_create(cinfer_model *cm, const cinfer_ctx_params *pp, cinfer_ctx **out, char *err, size_t errlen) {
     if (!cm || !out) return ci_err(err, errlen, CINFER_EINVAL, "cinfer_ctx_create: model and out are required");
     cinfer_ctx_params p = pp ? *pp : cinfer_ctx_default_params();
@@ -173,14 +188,12 @@ int cinfer_ctx_create(cinfer_model *cm, const cinfer_ctx_params *pp, cinfer_ctx 
     if (m->dv > 1024 || m->K > 64 || m->K < 1)
         return ci_err(err, errlen, CINFER_EUNSUPPORTED, "linear_value_head_dim %d / conv kernel %d: limits are 1024 / 64", m->dv, m->K);
     if (p.device == CINFER_DEVICE_AUTO)
-        p.device = cuda_devices() > 0 && !p.spec_window && !p.prefix_cache_memory ? CINFER_DEVICE_CUDA : CINFER_DEVICE_CPU;
+        p.device = cuda_devices() > 0 ? CINFER_DEVICE_CUDA : CINFER_DEVICE_CPU;
     if (p.device != CINFER_DEVICE_CPU && p.device != CINFER_DEVICE_CUDA)
         return ci_err(err, errlen, CINFER_EINVAL, "device %d: must be cpu, cuda or auto", p.device);
     int cuda = p.device == CINFER_DEVICE_CUDA;
     if (cuda && !cuda_built()) return ci_err(err, errlen, CINFER_EUNSUPPORTED, "device cuda: this build has no CUDA backend (make CUDA=1)");
     if (cuda && cuda_devices() < 1) return ci_err(err, errlen, CINFER_EUNSUPPORTED, "device cuda: no CUDA device is visible");
-    if (cuda && p.spec_window) return ci_err(err, errlen, CINFER_EUNSUPPORTED, "device cuda: speculative decoding is not supported on cuda yet (use --device cpu)");
-    if (cuda && p.prefix_cache_memory) return ci_err(err, errlen, CINFER_EUNSUPPORTED, "device cuda: the prefix cache is not supported on cuda yet (use --device cpu)");
     cinfer_ctx *c = xcalloc(1, sizeof *c);
     c->m = m;
     c->p = p;
@@ -206,7 +219,8 @@ int cinfer_ctx_create(cinfer_model *cm, const cinfer_ctx_params *pp, cinfer_ctx 
         return rc;
     }
     if (cuda) {
-        cuda_fwd_params cp = {.max_tokens = p.max_batch, .max_ctx = p.max_ctx, .n_slots = p.max_seqs, .n_blocks = (int)n_blocks};
+        cuda_fwd_params cp = {.max_tokens = p.max_batch, .max_ctx = p.max_ctx, .n_slots = p.max_seqs, .n_blocks = (int)n_blocks,
+                              .spec_window = p.spec_window >= 0 && p.spec_window <= 64 ? p.spec_window : 0};
         if ((rc = cuda_fwd_create(m, &cp, &c->cf, err, errlen))) {
             cinfer_ctx_destroy(c);
             return rc;
@@ -216,6 +230,10 @@ int cinfer_ctx_create(cinfer_model *cm, const cinfer_ctx_params *pp, cinfer_ctx 
      * no extra chunk split), so a long document shared by later requests resumes near where they diverge */
     prefix_params pp2 = {.budget_bytes = p.prefix_cache_memory > 0 ? (size_t)p.prefix_cache_memory : 0, .max_nodes = 0,
                          .interval = 4096};
+    /* on cuda the snapshots are copies of the device slots in pinned host memory, partial blocks copied there */
+    prefix_io pio = {c->cf, c->cf ? cuda_fwd_state_floats(c->cf) : 0, px_save, px_load, px_kv_copy, px_alloc, cuda_host_free,
+                     (size_t)m->n_full * 2 * KV_BLOCK * m->Hkv * m->hd * sizeof(float)};
+    if (c->cf) pp2.io = &pio;
     if ((rc = prefix_create(&c->kv, &c->st, &pp2, &c->pc, err, errlen))) {
         cinfer_ctx_destroy(c);
         return rc;
@@ -230,7 +248,8 @@ int cinfer_ctx_create(cinfer_model *cm, const cinfer_ctx_params *pp, cinfer_ctx 
         return ci_err(err, errlen, CINFER_EINVAL, "spec_window %d: must be 0..64", p.spec_window);
     }
     if (p.spec_window > 0) {
-        size_t per = (size_t)m->n_lin * p.spec_window * spec_rec_floats(m);
+        /* on cuda the records live on the device (forward_cuda.h): a float per sequence only marks its windows */
+        size_t per = cuda ? 1 : (size_t)m->n_lin * p.spec_window * spec_rec_floats(m);
         c->spec_store = ci_try_alloc(sizeof(float) * per * p.max_seqs + 64);
         if (!c->spec_store) {
             cinfer_ctx_destroy(c);
@@ -475,7 +494,12 @@ int cinfer_seq_commit(cinfer_ctx *c, int id, int n_keep, char *err, size_t errle
     seq_rec *s = &c->seqs[id];
     if (n_keep < 0 || n_keep > s->pending)
         return ci_err(err, errlen, CINFER_EINVAL, "cinfer_seq_commit: keep %d of a %d-token window", n_keep, s->pending);
-    forward_spec_commit(c->m, &c->st, s->slot, s->spec, c->p.spec_window, n_keep);
+    if (c->cf) {
+        int rc = cuda_fwd_spec_commit(c->cf, s->slot, n_keep, err, errlen);
+        if (rc) return rc;
+    } else {
+        forward_spec_commit(c->m, &c->st, s->slot, s->spec, c->p.spec_window, n_keep);
+    }
     s->len += n_keep;
     s->pending = 0;
     /* KV rows past the kept length are simply overwritten later; blocks wholly past it go back now */
@@ -531,6 +555,30 @@ const float *ctx_seq_state(const cinfer_ctx *c, int seq, int layer, int recurren
     if (seq < 0 || seq >= c->p.max_seqs || !c->seqs[seq].active || layer < 0 || layer >= c->st.n_layers) return NULL;
     *n_floats = recurrent ? c->st.rec_floats : c->st.conv_floats;
     return recurrent ? state_rec(&c->st, c->seqs[seq].slot, layer) : state_conv(&c->st, c->seqs[seq].slot, layer);
+}
+
+size_t ctx_seq_state_floats(const cinfer_ctx *c) {
+    const model *m = c->m;
+    return (size_t)m->n_lin * ((size_t)(m->K - 1) * m->C + (size_t)m->Hv * m->dk * m->dv);
+}
+
+int ctx_seq_state_copy(cinfer_ctx *c, int seq, float *dst, char *err, size_t errlen) {
+    if (seq < 0 || seq >= c->p.max_seqs || !c->seqs[seq].active)
+        return ci_err(err, errlen, CINFER_EINVAL, "ctx_seq_state_copy: sequence %d is not open", seq);
+    int slot = c->seqs[seq].slot, rc;
+    if (c->cf) {
+        if ((rc = cuda_fwd_state_save(c->cf, slot, dst, err, errlen))) return rc;
+        return cuda_fwd_sync(c->cf, err, errlen);
+    }
+    for (int l = 0; l < c->st.n_layers; l++) {
+        memcpy(dst, state_conv(&c->st, slot, l), c->st.conv_floats * sizeof(float));
+        dst += c->st.conv_floats;
+    }
+    for (int l = 0; l < c->st.n_layers; l++) {
+        memcpy(dst, state_rec(&c->st, slot, l), c->st.rec_floats * sizeof(float));
+        dst += c->st.rec_floats;
+    }
+    return 0;
 }
 
 /* ---- the MTP head (ctx_internal.h) ---- */

@@ -49,6 +49,10 @@ int ctx_slots_used(const cinfer_ctx *c);
 const struct model *cinfer_model_internal(const cinfer_model *m);
 /* A sequence's DeltaNet state of one linear layer (recurrent S, or the conv window), for tests. */
 const float *ctx_seq_state(const cinfer_ctx *c, int seq, int layer, int recurrent, size_t *n_floats);
+/* A sequence's whole DeltaNet state (every layer's conv window, then every layer's S), copied into dst
+ * ([ctx_seq_state_floats] f32) on either device, for tests (a cuda context waits for its stream). */
+size_t ctx_seq_state_floats(const cinfer_ctx *c);
+int ctx_seq_state_copy(cinfer_ctx *c, int seq, float *dst, char *err, size_t errlen);
 
 /* The MTP head (spec §5; model/mtp.h): ctx_mtp_init sizes its KV pool with the others (once, before any
  * decoding); each sequence then holds head rows at positions [start, len). A forward entry's rows start at pos:

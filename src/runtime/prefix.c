@@ -38,6 +38,7 @@ struct prefix_cache {
     size_t snap_floats; /* per snapshot */
     int lru_head, lru_tail;
     int interval;
+    prefix_io io; /* all NULL: the host pools */
 
     long long lookups, hits, misses, tokens_served, inserts, ev_snaps, ev_blocks;
 };
@@ -246,7 +247,7 @@ int prefix_create(kv_pool *kv, state_pool *st, const prefix_params *pp, prefix_c
                       kv->n_blocks - kv->n_free, kv->n_blocks);
     if (p.max_nodes < 0 || p.interval < 0)
         return ci_err(err, errlen, CINFER_EINVAL, "prefix_create: negative max_nodes or interval");
-    size_t snap_floats = (size_t)st->n_layers * (st->conv_floats + st->rec_floats);
+    size_t snap_floats = p.io ? p.io->snap_floats : (size_t)st->n_layers * (st->conv_floats + st->rec_floats);
     size_t snap_bytes = snap_floats * sizeof(float);
     size_t max_snaps = 0;
     if (p.budget_bytes) {
@@ -270,6 +271,7 @@ int prefix_create(kv_pool *kv, state_pool *st, const prefix_params *pp, prefix_c
     pc->st = st;
     pc->n_blocks = kv->n_blocks;
     pc->interval = p.interval;
+    if (p.io) pc->io = *p.io;
     size_t nb = (size_t)(kv->n_blocks > 0 ? kv->n_blocks : 1);
     pc->ref = xcalloc(nb, sizeof(int));
     pc->tref = xcalloc(nb, sizeof(int));
@@ -280,7 +282,7 @@ int prefix_create(kv_pool *kv, state_pool *st, const prefix_params *pp, prefix_c
     pc->snap_floats = snap_floats;
     size_t store = 0;
     if (max_snaps && ci_mul_overflow(max_snaps, snap_bytes, &store)) store = SIZE_MAX;
-    pc->snaps = max_snaps ? ci_try_alloc(store) : NULL;
+    pc->snaps = max_snaps ? (pc->io.alloc ? pc->io.alloc(store) : ci_try_alloc(store)) : NULL;
     pc->snap_free = xmalloc((max_snaps ? max_snaps : 1) * sizeof(int));
     if (!pc->nodes || (max_snaps && !pc->snaps)) {
         prefix_destroy(pc);
@@ -310,7 +312,10 @@ void prefix_destroy(prefix_cache *pc) {
     free(pc->tref);
     free(pc->btok);
     free(pc->nodes);
-    free(pc->snaps);
+    if (pc->io.free)
+        pc->io.free(pc->snaps);
+    else
+        free(pc->snaps);
     free(pc->snap_free);
     free(pc);
 }
@@ -385,7 +390,13 @@ int prefix_lookup(prefix_cache *pc, const int *tokens, int n_tokens, int *blocks
         }
         const kv_pool *kv = pc->kv;
         size_t row = (size_t)kv->kv_dim, blk = (size_t)KV_BLOCK * row;
-        for (int l = 0; l < kv->n_layers; l++) {
+        if (pc->io.kv_copy && (rc = pc->io.kv_copy(pc->io.u, dst, src, rows))) {
+            blocks[full] = dst;
+            prefix_release_blocks(pc, blocks, nb);
+            pc->misses++;
+            return ci_err(err, errlen, rc, "prefix cache hit of %d tokens: the KV copy failed", L);
+        }
+        for (int l = 0; l < kv->n_layers && !pc->io.kv_copy; l++) {
             size_t layer = (size_t)l * (size_t)kv->n_blocks * blk;
             memcpy(kv->k + layer + (size_t)dst * blk, kv->k + layer + (size_t)src * blk,
                    (size_t)rows * row * sizeof(float));
@@ -396,7 +407,12 @@ int prefix_lookup(prefix_cache *pc, const int *tokens, int n_tokens, int *blocks
     }
     const state_pool *st = pc->st;
     const float *s = snap_data(pc, e->snap);
-    for (int l = 0; l < st->n_layers; l++) {
+    if (pc->io.load && (rc = pc->io.load(pc->io.u, slot, s))) {
+        prefix_release_blocks(pc, blocks, nb);
+        pc->misses++;
+        return ci_err(err, errlen, rc, "prefix cache hit of %d tokens: the state copy failed", L);
+    }
+    for (int l = 0; l < st->n_layers && !pc->io.load; l++) {
         memcpy(state_conv(st, slot, l), s, st->conv_floats * sizeof(float));
         s += st->conv_floats;
         memcpy(state_rec(st, slot, l), s, st->rec_floats * sizeof(float));
@@ -524,7 +540,8 @@ int prefix_insert(prefix_cache *pc, const int *tokens, int n_tokens, const int *
     t->snap = pc->snap_free[--pc->n_snap_free];
     const state_pool *st = pc->st;
     float *s = snap_data(pc, t->snap);
-    for (int l = 0; l < st->n_layers; l++) {
+    if (pc->io.save) pc->io.save(pc->io.u, slot, s); /* enqueue-only; an error surfaces at the next sync */
+    for (int l = 0; l < st->n_layers && !pc->io.save; l++) {
         memcpy(s, state_conv(st, slot, l), st->conv_floats * sizeof(float));
         s += st->conv_floats;
         memcpy(s, state_rec(st, slot, l), st->rec_floats * sizeof(float));
@@ -576,8 +593,9 @@ void prefix_get_stats(const prefix_cache *pc, prefix_stats *s) {
     s->max_nodes = pc->max_nodes;
     s->blocks_cached = pc->n_cached;
     s->blocks_cache_only = pc->n_cache_only;
-    s->kv_bytes_cached = (size_t)pc->n_cached * 2 * (size_t)pc->kv->n_layers * KV_BLOCK *
-                         (size_t)pc->kv->kv_dim * sizeof(float);
+    s->kv_bytes_cached = pc->io.kv_block_bytes ? (size_t)pc->n_cached * pc->io.kv_block_bytes
+                                               : (size_t)pc->n_cached * 2 * (size_t)pc->kv->n_layers *
+                                                     KV_BLOCK * (size_t)pc->kv->kv_dim * sizeof(float);
 }
 
 /* ---- invariants (tests) ---- */

@@ -62,10 +62,28 @@
 
 typedef struct prefix_cache prefix_cache;
 
+/* A backend whose KV blocks and state slots are not the host pools' memory (cuda: the pools there keep only
+ * the free lists): the cache moves data through these instead of memcpy. The snapshot store is then
+ * host memory from alloc (page-locked, so the device copies run asynchronously at full link speed: the GPU
+ * states spill to host RAM) and each snapshot snap_floats floats in the backend's own layout, which only
+ * load reads back. The copies are enqueued in the backend's stream order, so a load after a save of the
+ * same snapshot sees it without the host waiting. Each returns 0 or a CINFER_E* code. */
+typedef struct prefix_io {
+    void *u;
+    size_t snap_floats;
+    int (*save)(void *u, int slot, float *dst);       /* state slot -> snapshot */
+    int (*load)(void *u, int slot, const float *src); /* snapshot -> state slot */
+    int (*kv_copy)(void *u, int dst_block, int src_block, int rows); /* rows [0, rows) in every layer */
+    void *(*alloc)(size_t bytes);
+    void (*free)(void *p);
+    size_t kv_block_bytes; /* K and V of one block in every layer (the stats; the host pool has no layers) */
+} prefix_io;
+
 typedef struct prefix_params {
     size_t budget_bytes; /* snapshot memory (--prefix-cache-memory); 0 = no caching (refcounts still kept) */
     int max_nodes;       /* tree nodes; 0 = 2 * n_blocks + 4 * snapshots + 64 */
     int interval; /* a snapshot every `interval` tokens of a long prefill (prefix_next_snapshot); 0 = none */
+    const prefix_io *io; /* NULL: the host pools */
 } prefix_params;
 
 typedef struct prefix_hit {

@@ -32,6 +32,7 @@ int cu_upload(void *d_dst, const void *src, size_t bytes, char *err, size_t errl
 int cu_download(void *dst, const void *d_src, size_t bytes, char *err, size_t errlen);
 void cu_h2d_async(cu_ctx *c, void *d_dst, const void *src, size_t bytes);
 void cu_d2h_async(cu_ctx *c, void *dst, const void *d_src, size_t bytes);
+void cu_d2d_async(cu_ctx *c, void *d_dst, const void *d_src, size_t bytes);
 void cu_memset_async(cu_ctx *c, void *d, size_t bytes);
 /* Waits for the stream; returns the first error of anything enqueued since. */
 int cu_sync(cu_ctx *c, char *err, size_t errlen);
@@ -115,6 +116,7 @@ typedef struct cu_meta {
     const int *e_boff;    /* [NE] offset of the entry's block table in blocks */
     const int *lrow;      /* [nl] rows that need logits */
     const int *blocks;    /* block tables, concatenated */
+    const int *e_spec;    /* [NE] 1: a speculative window (the slot is read, never written; see cu_gdn_args) */
 } cu_meta;
 
 /* ---- Gated DeltaNet (deltanet.cu) ---- */
@@ -137,11 +139,24 @@ typedef struct cu_gdn_args {
     float *rec_state;  /* [slots][n_lin][Hv][dk][dv] */
     float eps;
     int tc; /* 1: the chunked (prefill) form on the tensor cores (deltanet_tc.cu); 0: the scalar kernel */
+    /* speculative windows (meta.e_spec): the conv window and S of the slot stay as they were; each token's
+     * position-local inputs go to spec_rec [slots][n_lin][spec_win][CU_SPEC_REC(C, Hv)] (pre-conv q|k|v, the
+     * normed post-conv q|k|v, beta, g) for cu_gdn_spec_commit; the recurrence runs token by token from the
+     * slot's S in registers, the decode kernel's arithmetic. has_spec 0: no such entry in the batch (nothing
+     * extra is launched, so decode graphs never hold the record kernel) */
+    float *spec_rec;
+    int spec_win, has_spec;
     cu_meta meta;
 } cu_gdn_args;
+#define CU_SPEC_REC(C, Hv) (2 * (size_t)(C) + 2 * (size_t)(Hv))
 /* conv1d + SiLU (window advanced), l2norm q/k + scale, beta/g, recurrent (decode) or chunked (prefill)
  * DeltaNet, gated RMSNorm: a whole DeltaNet layer between in_proj and out_proj. */
 void cu_gdn_layer(cu_ctx *c, const cu_gdn_args *a);
+/* Keeps the first n_keep tokens of the last speculative window of slot in every linear layer: the conv
+ * window advanced by the kept pre-conv rows and S replayed over them from the records with the decode
+ * kernel's arithmetic (bit-identical to decoding them one by one). Only enqueues; n_keep <= spec_win. */
+void cu_gdn_spec_commit(cu_ctx *c, float *d_conv_state, float *d_rec_state, const float *d_spec_rec, int slot,
+                        int n_keep, int n_lin, int spec_win, int Hk, int Hv, int dk, int dv, int K, int C);
 /* Qwen3-Next: per key-head groups of in_proj_qkvz | in_proj_ba ([T][ld] rows) into q|k|v, z, b, a */
 void cu_next_split(cu_ctx *c, const float *d_in, int ld, float *d_qkv, float *d_z, float *d_b, float *d_a,
                    int T, int Hk, int Hv, int dk, int dv);

@@ -26,7 +26,23 @@ __global__ void conv_kernel(cu_gdn_args a) {
         for (int j = 0; j + 1 < K - 1; j++) win[j] = win[j + 1];
         if (K > 1) win[K - 2] = xin;
     }
+    if (a.has_spec && a.meta.e_spec[e]) return; /* a window: cu_gdn_spec_commit advances it for what is kept */
     for (int j = 0; j < K - 1; j++) st[(size_t)j * C] = win[j];
+}
+
+/* speculative windows: each row's position-local inputs, after prep_kernel and before anything reuses the rows */
+__global__ void spec_record_kernel(cu_gdn_args a) {
+    int r = blockIdx.x, e = a.meta.row_entry[r];
+    if (!a.meta.e_spec[e]) return;
+    int t = r - a.meta.e_row0[e], C = a.C, Hv = a.Hv;
+    size_t rf = CU_SPEC_REC(C, Hv);
+    float *dst = a.spec_rec + (((size_t)a.meta.e_slot[e] * a.n_lin + a.lin) * a.spec_win + t) * rf;
+    const float *pre = a.qkv + (size_t)r * a.qkv_ld, *post = a.conv_out + (size_t)r * C;
+    for (int i = threadIdx.x; i < C; i += blockDim.x) {
+        dst[i] = pre[i];
+        dst[C + i] = post[i];
+    }
+    for (int i = threadIdx.x; i < 2 * Hv; i += blockDim.x) dst[2 * (size_t)C + i] = a.bg[(size_t)r * 2 * Hv + i];
 }
 
 /* per row: l2norm (eps 1e-6) of the 2 Hk q/k heads, q scaled by 1/sqrt(dk); beta and g per value head */
@@ -54,31 +70,20 @@ __global__ void prep_kernel(cu_gdn_args a) {
 
 /* decode: one token continuing a sequence. A block owns 32 columns j of S [dk][dv] (a head's slice) with 8
  * row groups: thread (g, jj) keeps rows i = g, g + 8, ... of column j in registers, so S is read once and
- * written once; the read-out S^T k and the output S^T q are summed per group, then over the 8 groups. */
+ * written once; the read-out S^T k and the output S^T q are summed per group, then over the 8 groups.
+ * rec_token is one token's update of those registers; the decode kernel, a speculative window (several tokens,
+ * S never written back) and the commit's replay all run it, so the three give the same bits. */
 #define REC_GROUPS 8
 #define REC_MAXR   32 /* rows per thread: dk <= 256 */
-__global__ void __launch_bounds__(256) recurrent_kernel(cu_gdn_args a) {
-    __shared__ float q[256], k[256], red[REC_GROUPS][32], fin[32];
-    int e = blockIdx.z;
-    if (!(a.meta.e_n[e] == 1 && a.meta.e_len[e] > 0)) return;
-    int h = blockIdx.y, jj = threadIdx.x & 31, g = threadIdx.x >> 5, j = blockIdx.x * 32 + jj, dk = a.dk,
-        dv = a.dv;
-    int r = a.meta.e_row0[e], kh = h / (a.Hv / a.Hk), kd = a.Hk * dk;
-    const float *row = a.conv_out + (size_t)r * a.C;
-    for (int i = threadIdx.x; i < dk; i += blockDim.x) {
-        q[i] = row[(size_t)kh * dk + i];
-        k[i] = row[kd + (size_t)kh * dk + i];
-    }
-    __syncthreads();
-    int ok = j < dv;
-    float *S = a.rec_state + (((size_t)a.meta.e_slot[e] * a.n_lin + a.lin) * a.Hv + h) * (size_t)dk * dv + j;
-    float decay = expf(a.bg[(size_t)r * 2 * a.Hv + a.Hv + h]), beta = a.bg[(size_t)r * 2 * a.Hv + h];
-    float sv[REC_MAXR], m = 0.0f;
+__device__ __forceinline__ void rec_token(float *sv, const float *q, const float *k, float vj, float decay,
+                                          float beta, int g, int jj, int ok, int dk, float (*red)[32],
+                                          float *fin, float *o_out) {
+    float m = 0.0f;
 #pragma unroll
     for (int t = 0; t < REC_MAXR; t++) {
         int i = g + REC_GROUPS * t;
         if (i < dk && ok) {
-            sv[t] = __fmul_rn(S[(size_t)i * dv], decay);
+            sv[t] = __fmul_rn(sv[t], decay);
             m = fmaf(k[i], sv[t], m);
         }
     }
@@ -87,8 +92,7 @@ __global__ void __launch_bounds__(256) recurrent_kernel(cu_gdn_args a) {
     if (g == 0) {
         float mm = 0.0f;
         for (int t = 0; t < REC_GROUPS; t++) mm += red[t][jj];
-        float vj = ok ? row[2 * (size_t)kd + (size_t)h * dv + j] : 0.0f;
-        fin[jj] = beta * (vj - mm);
+        fin[jj] = beta * ((ok ? vj : 0.0f) - mm);
     }
     __syncthreads();
     float mj = fin[jj], o = 0.0f;
@@ -96,19 +100,116 @@ __global__ void __launch_bounds__(256) recurrent_kernel(cu_gdn_args a) {
     for (int t = 0; t < REC_MAXR; t++) {
         int i = g + REC_GROUPS * t;
         if (i < dk && ok) {
-            float sn = fmaf(k[i], mj, sv[t]);
-            S[(size_t)i * dv] = sn;
-            o = fmaf(q[i], sn, o);
+            sv[t] = fmaf(k[i], mj, sv[t]);
+            o = fmaf(q[i], sv[t], o);
         }
     }
     __syncthreads(); /* red is reused */
     red[g][jj] = o;
     __syncthreads();
-    if (g == 0 && ok) {
+    if (g == 0 && ok && o_out) {
         float oo = 0.0f;
         for (int t = 0; t < REC_GROUPS; t++) oo += red[t][jj];
-        a.o[(size_t)r * a.Hv * dv + (size_t)h * dv + j] = oo;
+        *o_out = oo;
     }
+    __syncthreads(); /* red, fin and the caller's q / k are reused by the next token */
+}
+
+__global__ void __launch_bounds__(256) recurrent_kernel(cu_gdn_args a) {
+    __shared__ float q[256], k[256], red[REC_GROUPS][32], fin[32];
+    int e = blockIdx.z, n = a.meta.e_n[e], spec = a.has_spec && a.meta.e_spec[e];
+    if (!spec && !(n == 1 && a.meta.e_len[e] > 0)) return;
+    int h = blockIdx.y, jj = threadIdx.x & 31, g = threadIdx.x >> 5, j = blockIdx.x * 32 + jj, dk = a.dk,
+        dv = a.dv;
+    int r0 = a.meta.e_row0[e], kh = h / (a.Hv / a.Hk), kd = a.Hk * dk;
+    int ok = j < dv;
+    float *S = a.rec_state + (((size_t)a.meta.e_slot[e] * a.n_lin + a.lin) * a.Hv + h) * (size_t)dk * dv + j;
+    float sv[REC_MAXR];
+#pragma unroll
+    for (int t = 0; t < REC_MAXR; t++) {
+        int i = g + REC_GROUPS * t;
+        sv[t] = i < dk && ok ? S[(size_t)i * dv] : 0.0f;
+    }
+    for (int tt = 0; tt < n; tt++) {
+        int r = r0 + tt;
+        const float *row = a.conv_out + (size_t)r * a.C;
+        for (int i = threadIdx.x; i < dk; i += blockDim.x) {
+            q[i] = row[(size_t)kh * dk + i];
+            k[i] = row[kd + (size_t)kh * dk + i];
+        }
+        __syncthreads();
+        float decay = expf(a.bg[(size_t)r * 2 * a.Hv + a.Hv + h]), beta = a.bg[(size_t)r * 2 * a.Hv + h];
+        float vj = ok ? row[2 * (size_t)kd + (size_t)h * dv + j] : 0.0f;
+        rec_token(sv, q, k, vj, decay, beta, g, jj, ok, dk, red, fin,
+                  a.o + (size_t)r * a.Hv * dv + (size_t)h * dv + j);
+    }
+    if (spec) return; /* a window: the slot keeps the state from before it until the commit */
+#pragma unroll
+    for (int t = 0; t < REC_MAXR; t++) {
+        int i = g + REC_GROUPS * t;
+        if (i < dk && ok) S[(size_t)i * dv] = sv[t];
+    }
+}
+
+/* the commit of a speculative window: the first n_keep recorded tokens replayed on the slot's S (per layer z) */
+__global__ void __launch_bounds__(256) spec_replay_kernel(float *rec_state, const float *spec_rec, int slot,
+                                                          int n_keep, int n_lin, int win, int Hk, int Hv, int dk,
+                                                          int dv, int C) {
+    __shared__ float q[256], k[256], red[REC_GROUPS][32], fin[32];
+    int l = blockIdx.z, h = blockIdx.y, jj = threadIdx.x & 31, g = threadIdx.x >> 5, j = blockIdx.x * 32 + jj;
+    int kh = h / (Hv / Hk), kd = Hk * dk, ok = j < dv;
+    size_t rf = CU_SPEC_REC(C, Hv);
+    float *S = rec_state + (((size_t)slot * n_lin + l) * Hv + h) * (size_t)dk * dv + j;
+    float sv[REC_MAXR];
+#pragma unroll
+    for (int t = 0; t < REC_MAXR; t++) {
+        int i = g + REC_GROUPS * t;
+        sv[t] = i < dk && ok ? S[(size_t)i * dv] : 0.0f;
+    }
+    for (int tt = 0; tt < n_keep; tt++) {
+        const float *rec = spec_rec + (((size_t)slot * n_lin + l) * win + tt) * rf;
+        const float *post = rec + C, *bg = rec + 2 * (size_t)C;
+        for (int i = threadIdx.x; i < dk; i += blockDim.x) {
+            q[i] = post[(size_t)kh * dk + i];
+            k[i] = post[kd + (size_t)kh * dk + i];
+        }
+        __syncthreads();
+        float decay = expf(bg[Hv + h]), beta = bg[h];
+        float vj = ok ? post[2 * (size_t)kd + (size_t)h * dv + j] : 0.0f;
+        rec_token(sv, q, k, vj, decay, beta, g, jj, ok, dk, red, fin, NULL);
+    }
+#pragma unroll
+    for (int t = 0; t < REC_MAXR; t++) {
+        int i = g + REC_GROUPS * t;
+        if (i < dk && ok) S[(size_t)i * dv] = sv[t];
+    }
+}
+
+/* the commit's conv window: the last K-1 rows of [window | kept pre-conv rows] (per channel c, layer y) */
+__global__ void spec_conv_commit_kernel(float *conv_state, const float *spec_rec, int slot, int n_keep, int n_lin,
+                                        int win, int Hv, int K, int C) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x, l = blockIdx.y;
+    if (c >= C) return;
+    size_t rf = CU_SPEC_REC(C, Hv);
+    float *st = conv_state + ((size_t)slot * n_lin + l) * (size_t)(K - 1) * C + c;
+    const float *rec = spec_rec + ((size_t)slot * n_lin + l) * win * rf + c;
+    float x[CONV_MAXK];
+    int tot = K - 1 + n_keep;
+    for (int jj = 0; jj < K - 1; jj++) {
+        int xi = tot - (K - 1) + jj;
+        x[jj] = xi < K - 1 ? st[(size_t)xi * C] : rec[(size_t)(xi - (K - 1)) * rf];
+    }
+    for (int jj = 0; jj < K - 1; jj++) st[(size_t)jj * C] = x[jj];
+}
+
+extern "C" void cu_gdn_spec_commit(cu_ctx *c, float *conv_state, float *rec_state, const float *spec_rec, int slot,
+                                   int n_keep, int n_lin, int win, int Hk, int Hv, int dk, int dv, int K, int C) {
+    if (n_keep <= 0 || n_lin <= 0) return;
+    if (K > 1)
+        spec_conv_commit_kernel<<<dim3(cdiv((size_t)C, 128), (unsigned)n_lin), 128, 0, c->stream>>>(
+            conv_state, spec_rec, slot, n_keep, n_lin, win, Hv, K, C);
+    spec_replay_kernel<<<dim3(cdiv((size_t)dv, 32), (unsigned)Hv, (unsigned)n_lin), 256, 0, c->stream>>>(
+        rec_state, spec_rec, slot, n_keep, n_lin, win, Hk, Hv, dk, dv, C);
 }
 
 /* shared memory of the chunked kernel: K and Q rows padded to dk + 1 (the Gram products read 32 different
@@ -126,7 +227,7 @@ __global__ void __launch_bounds__(256) chunked_kernel(cu_gdn_args a) {
     extern __shared__ float sm[];
     int e = blockIdx.z;
     int n = a.meta.e_n[e], pos0 = a.meta.e_len[e];
-    if (n == 1 && pos0 > 0) return;
+    if ((n == 1 && pos0 > 0) || (a.has_spec && a.meta.e_spec[e])) return; /* recurrent_kernel's */
     int h = blockIdx.y, j0 = blockIdx.x * GDN_DT, dk = a.dk, dv = a.dv, tid = threadIdx.x, nt = blockDim.x;
     int r0 = a.meta.e_row0[e], kh = h / (a.Hv / a.Hk), kd = a.Hk * dk, C = a.C, KS = dk + 1;
     float *Ks = sm, *Qs = Ks + GDN_CH * KS, *Ws = Qs + GDN_CH * KS, *G = Ws + GDN_CH * dk,
@@ -265,6 +366,7 @@ extern "C" void cu_gdn_layer(cu_ctx *c, const cu_gdn_args *a) {
     size_t smem = chunk_smem_floats(a->dk) * sizeof(float);
     conv_kernel<<<dim3(cdiv((size_t)a->C, 128), (unsigned)a->NE), 128, 0, c->stream>>>(*a);
     prep_kernel<<<a->T, 128, 0, c->stream>>>(*a);
+    if (a->has_spec) spec_record_kernel<<<a->T, 256, 0, c->stream>>>(*a);
     recurrent_kernel<<<dim3(cdiv((size_t)a->dv, 32), (unsigned)a->Hv, (unsigned)a->NE), 256, 0, c->stream>>>(
         *a);
     if (a->tc)

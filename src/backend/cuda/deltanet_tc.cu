@@ -62,7 +62,7 @@ template <int P> __global__ void __launch_bounds__(256) chunked_tc_kernel(cu_gdn
     extern __shared__ __align__(128) float smt[];
     int e = blockIdx.z;
     int n = a.meta.e_n[e], pos0 = a.meta.e_len[e];
-    if (n == 1 && pos0 > 0) return; /* decode rows: recurrent_kernel */
+    if ((n == 1 && pos0 > 0) || (a.has_spec && a.meta.e_spec[e])) return; /* recurrent_kernel's */
     const int dk = a.dk, dv = a.dv, KLD = dk + 4, tid = threadIdx.x, nt = blockDim.x, warp = tid >> 5;
     const int nw = nt >> 5;
     int h = blockIdx.y, j0 = blockIdx.x * TC_DT;

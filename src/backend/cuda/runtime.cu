@@ -125,6 +125,9 @@ extern "C" void cu_h2d_async(cu_ctx *c, void *dst, const void *src, size_t bytes
 extern "C" void cu_d2h_async(cu_ctx *c, void *dst, const void *src, size_t bytes) {
     cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream);
 }
+extern "C" void cu_d2d_async(cu_ctx *c, void *dst, const void *src, size_t bytes) {
+    cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream);
+}
 extern "C" void cu_memset_async(cu_ctx *c, void *d, size_t bytes) {
     cudaMemsetAsync(d, 0, bytes, c->stream);
 }

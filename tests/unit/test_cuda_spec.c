@@ -1,0 +1,398 @@
+/* test_cuda_spec.c — issue 6 on the GPU (GPU only; every test skips without a CUDA device): speculative
+ * windows roll the device DeltaNet state back exactly (after 0, 1, k-1 and k accepted drafts the slot holds
+ * the bits of never having drafted), the engine's greedy output with n-gram, oracle and draft-model drafts is
+ * the plain cuda output token for token (alone and 16 at once), and a prompt resumed from the prefix cache
+ * (state snapshots spilled to pinned host memory, KV blocks shared, a partial block copied on the device)
+ * gives its cold logits and the same greedy tokens. The fixture model qwen35_dense travels with the tests (no
+ * models/default weights on the GPU machine). Contexts stay under 64 positions, entries under 16 rows and
+ * every GEMM on the f32-activation GEMV (CINFER_CUDA_GEMV_MAX), so the attention takes one split and no tiles
+ * and a row's bits do not depend on its batch: exact equality is the right check. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cinfer.h"
+#include "model/forward_cuda.h"
+#include "runtime/ctx_internal.h"
+#include "runtime/engine_internal.h"
+#include "test.h"
+
+static int no_device(void) {
+    return !cuda_built() || cuda_devices() < 1;
+}
+
+static cinfer_model *open_fixture(const char *name) {
+    char dir[512], err[512];
+    snprintf(dir, sizeof dir, "%s/%s", test_fixtures_dir(), name);
+    cinfer_model *m = NULL;
+    if (cinfer_model_open(dir, &m, err, sizeof err)) test_fail(__FILE__, __LINE__, "%s", err);
+    return m;
+}
+
+static cinfer_ctx *cuda_ctx(cinfer_model *m, int seqs, int ctx, int batch, int spec_window,
+                            int64_t prefix_mem) {
+    cinfer_ctx_params p = cinfer_ctx_default_params();
+    p.max_seqs = seqs;
+    p.max_ctx = ctx;
+    p.max_batch = batch;
+    p.n_threads = 2;
+    p.spec_window = spec_window;
+    p.prefix_cache_memory = prefix_mem;
+    p.device = CINFER_DEVICE_CUDA;
+    cinfer_ctx *c = NULL;
+    char err[512];
+    if (cinfer_ctx_create(m, &p, &c, err, sizeof err)) test_fail(__FILE__, __LINE__, "cuda context: %s", err);
+    return c;
+}
+
+static int argmax(const float *x, int n) {
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+/* Sequence A decodes the kept tokens one by one; sequence B (same prompt) verifies a window [last | k drafts]
+ * whose first `acc` drafts are the true tokens, commits 1 + acc, and must then hold A's state bit for bit,
+ * give the window's kept rows A's logits, and continue exactly as A. acc = -1: the window is dropped (commit
+ * 0). */
+static void rollback_case(cinfer_model *m, int acc, int k) {
+    cinfer_model_info info;
+    cinfer_model_get_info(m, &info);
+    int V = info.vocab_size, P = 11;
+    char err[512];
+    cinfer_ctx *c = cuda_ctx(m, 2, 64, 64, k + 1, 0);
+    REQUIRE(c);
+    size_t nf = ctx_seq_state_floats(c);
+    float *sa = malloc(nf * sizeof(float)), *sb = malloc(nf * sizeof(float));
+    float *la = malloc(sizeof(float) * (size_t)(k + 2) * V),
+          *lb = malloc(sizeof(float) * (size_t)(k + 2) * V);
+    int32_t prompt[16], toks[16];
+    for (int i = 0; i < P; i++) prompt[i] = (int32_t)((i * 37 + 5) % V);
+    int a = cinfer_seq_open(c, err, sizeof err), b = cinfer_seq_open(c, err, sizeof err);
+    REQUIRE(a >= 0 && b >= 0);
+    cinfer_batch_entry pa = {a, prompt, P, 0, 0, NULL}, pb = {b, prompt, P, 0, 0, NULL};
+    REQUIRE(cinfer_forward(c, &pa, 1, la, err, sizeof err) == 0);
+    REQUIRE(cinfer_forward(c, &pb, 1, lb, err, sizeof err) == 0);
+    /* A: greedy tokens toks[0..k] one by one (toks[0] follows the prompt), logits of each step kept */
+    toks[0] = argmax(la, V);
+    float *steps = malloc(sizeof(float) * (size_t)(k + 1) * V);
+    for (int t = 0; t < k + 1; t++) {
+        cinfer_batch_entry d = {a, &toks[t], 1, 0, 0, NULL};
+        REQUIRE(cinfer_forward(c, &d, 1, steps + (size_t)t * V, err, sizeof err) == 0);
+        toks[t + 1] = argmax(steps + (size_t)t * V, V);
+    }
+    /* B: the window, drafts right up to acc then wrong */
+    int32_t win[16];
+    win[0] = toks[0];
+    for (int j = 1; j <= k; j++) win[j] = j <= acc ? toks[j] : (toks[j] + 1) % V;
+    cinfer_batch_entry w = {b, win, k + 1, 1, 1, NULL};
+    REQUIRE(cinfer_forward(c, &w, 1, lb, err, sizeof err) == 0);
+    int keep = acc < 0 ? 0 : acc + 1;
+    for (int t = 0; t < keep; t++)
+        CHECK_MSG(!memcmp(lb + (size_t)t * V, steps + (size_t)t * V, sizeof(float) * (size_t)V),
+                  "accepted %d: window row %d differs from plain decode", acc, t);
+    REQUIRE(cinfer_seq_commit(c, b, keep, err, sizeof err) == 0);
+    /* A must stand where B now stands: rewind A by rebuilding it to the same length */
+    cinfer_seq_close(c, a);
+    a = cinfer_seq_open(c, err, sizeof err);
+    REQUIRE(a >= 0);
+    REQUIRE(cinfer_forward(c, &pa, 1, la, err, sizeof err) == 0);
+    for (int t = 0; t < keep; t++) {
+        cinfer_batch_entry d = {a, &toks[t], 1, 0, 0, NULL};
+        REQUIRE(cinfer_forward(c, &d, 1, la, err, sizeof err) == 0);
+    }
+    CHECK_EQ_INT(cinfer_seq_len(c, a), cinfer_seq_len(c, b));
+    REQUIRE(ctx_seq_state_copy(c, a, sa, err, sizeof err) == 0);
+    REQUIRE(ctx_seq_state_copy(c, b, sb, err, sizeof err) == 0);
+    size_t diff = 0;
+    for (size_t i = 0; i < nf; i++) diff += memcmp(&sa[i], &sb[i], sizeof(float)) != 0;
+    CHECK_MSG(diff == 0, "accepted %d of %d: %zu of %zu state floats differ from never having drafted", acc,
+              k, diff, nf);
+    /* both continue with the same token: same logits, bit for bit (KV truncation: B's rejected rows are dead)
+     */
+    int32_t nxt = toks[keep];
+    cinfer_batch_entry da = {a, &nxt, 1, 0, 0, NULL}, db = {b, &nxt, 1, 0, 0, NULL};
+    REQUIRE(cinfer_forward(c, &da, 1, la, err, sizeof err) == 0);
+    REQUIRE(cinfer_forward(c, &db, 1, lb, err, sizeof err) == 0);
+    CHECK_MSG(!memcmp(la, lb, sizeof(float) * (size_t)V), "accepted %d: the next step's logits differ", acc);
+    free(sa), free(sb), free(la), free(lb), free(steps);
+    cinfer_ctx_destroy(c);
+}
+
+/* every GEMM on the GEMV (row results independent of the batch) for the contexts made until gemv_off() */
+static void gemv_on(void) {
+    setenv("CINFER_CUDA_GEMV_MAX", "1000000", 1);
+}
+static void gemv_off(void) {
+    unsetenv("CINFER_CUDA_GEMV_MAX");
+}
+
+TEST(cuda_spec_rollback_is_exact) {
+    if (no_device()) SKIP("no CUDA device: skipped");
+    gemv_on();
+    cinfer_model *m = open_fixture("qwen35_dense");
+    REQUIRE(m);
+    int k = 4;
+    int accs[] = {-1, 0, 1, k - 1, k};
+    for (int i = 0; i < 5; i++) rollback_case(m, accs[i], k);
+    gemv_off();
+    cinfer_model_close(m);
+}
+
+/* ---- the engine: speculation changes nothing in the greedy output ---- */
+
+typedef struct got {
+    int32_t ids[64];
+    int n;
+    int cached;
+} got;
+
+static cinfer_request_params greedy(const int32_t *p, int n, int max_tokens) {
+    cinfer_request_params rp;
+    memset(&rp, 0, sizeof rp);
+    rp.prompt = p;
+    rp.n_prompt = n;
+    rp.max_tokens = max_tokens;
+    rp.sampling = cinfer_sampling_default();
+    rp.sampling.temperature = 0;
+    rp.sampling.n_logprobs = 0;
+    rp.ignore_eos = 1;
+    return rp;
+}
+
+static void drain(cinfer_request *r, got *g) {
+    memset(g, 0, sizeof *g);
+    cinfer_event ev;
+    while (cinfer_request_next(r, &ev, 60000) == 1) {
+        if (ev.type == CINFER_EV_LOGPROB && g->n < 64) g->ids[g->n++] = ev.token;
+        if (ev.type == CINFER_EV_DONE) g->cached = ev.cached_tokens;
+    }
+}
+
+enum { NR = 16 };
+typedef struct oracle {
+    int32_t (*prompts)[32];
+    const int *lens;
+    got *plain;
+    int calls;
+} oracle;
+
+/* drafts from the plain output with one wrong position per call, cycling 0..k: every acceptance count happens
+ */
+static int oracle_draft(void *ud, const int32_t *hist, int n_hist, int32_t *out, int k) {
+    oracle *o = ud;
+    for (int i = 0; i < NR; i++) {
+        int L = o->lens[i];
+        if (n_hist < L || memcmp(hist, o->prompts[i], sizeof(int32_t) * (size_t)L)) continue;
+        int g = n_hist - L, bad = o->calls++ % (k + 1), cnt = 0;
+        while (cnt < k && g + cnt < o->plain[i].n) {
+            int32_t t = o->plain[i].ids[g + cnt];
+            out[cnt] = cnt == bad ? (t + 1) % 256 : t;
+            cnt++;
+        }
+        return cnt;
+    }
+    return 0;
+}
+
+static void run_engine(cinfer_model *m, int n, int32_t prompts[][32], const int *lens, const int *gens,
+                       cinfer_spec_mode spec, cinfer_model *draft, oracle *o, got *out,
+                       cinfer_engine_stats *st) {
+    cinfer_engine_params ep = cinfer_engine_default_params();
+    ep.max_seqs = NR;
+    ep.ctx_size = 64;
+    ep.step_tokens = 128;
+    ep.n_threads = 2;
+    ep.device = CINFER_DEVICE_CUDA;
+    ep.spec = spec;
+    ep.spec_max_draft = 4;
+    ep.draft_model = draft;
+    cinfer_engine *e;
+    char err[1024];
+    memset(st, 0, sizeof *st);
+    if (cinfer_engine_create(m, &ep, &e, err, sizeof err)) {
+        test_fail(__FILE__, __LINE__, "%s", err);
+        return;
+    }
+    if (o) engine_set_drafter(e, oracle_draft, o);
+    cinfer_request *rq[NR];
+    for (int i = 0; i < n; i++) {
+        cinfer_request_params rp = greedy(prompts[i], lens[i], gens[i]);
+        if (cinfer_engine_submit(e, &rp, &rq[i], err, sizeof err)) {
+            test_fail(__FILE__, __LINE__, "%s", err);
+            rq[i] = NULL;
+        }
+    }
+    for (int i = 0; i < n; i++)
+        if (rq[i]) {
+            drain(rq[i], &out[i]);
+            cinfer_request_free(rq[i]);
+        }
+    cinfer_engine_get_stats(e, st);
+    cinfer_engine_destroy(e);
+}
+
+static void compare(const char *what, int n, const got *plain, const got *spec, const int *gens) {
+    for (int i = 0; i < n; i++) {
+        CHECK_MSG(spec[i].n == gens[i] && plain[i].n == gens[i], "%s: request %d: %d / %d tokens of %d", what,
+                  i, plain[i].n, spec[i].n, gens[i]);
+        CHECK_MSG(!memcmp(plain[i].ids, spec[i].ids, sizeof(int32_t) * (size_t)gens[i]),
+                  "%s: request %d: the output changed", what, i);
+    }
+}
+
+TEST(cuda_spec_engine_greedy_is_exact) {
+    if (no_device()) SKIP("no CUDA device: skipped");
+    gemv_on();
+    cinfer_model *m = open_fixture("qwen35_dense");
+    REQUIRE(m);
+    static int32_t prompts[NR][32];
+    int lens[NR], gens[NR];
+    for (int i = 0; i < NR; i++) {
+        /* a motif repeated, so the n-gram lookup has drafts to make */
+        int motif = 2 + i % 4;
+        lens[i] = 8 + (i * 5) % 8; /* under 16 rows: no entry ever takes the tiled attention */
+        for (int t = 0; t < lens[i]; t++) prompts[i][t] = (int32_t)(((t % motif) * 53 + i * 17 + 3) % 256);
+        gens[i] = 16 + (i * 3) % 16;
+    }
+    static got plain[NR], spec[NR], alone[1];
+    cinfer_engine_stats s0, s1;
+    for (int batch = 1; batch <= NR; batch += NR - 1) {
+        const char *tag = batch == 1 ? "alone" : "batch of 16";
+        run_engine(m, batch, prompts, lens, gens, CINFER_SPEC_NONE, NULL, NULL, plain, &s0);
+        run_engine(m, batch, prompts, lens, gens, CINFER_SPEC_NGRAM, NULL, NULL, spec, &s1);
+        printf("     %s, ngram: %lld drafted, %lld accepted; steps %lld -> %lld\n", tag,
+               (long long)s1.spec_drafted, (long long)s1.spec_accepted, (long long)s0.steps_total,
+               (long long)s1.steps_total);
+        compare("ngram", batch, plain, spec, gens);
+        oracle o = {prompts, lens, plain, 0};
+        run_engine(m, batch, prompts, lens, gens, CINFER_SPEC_NGRAM, NULL, &o, spec, &s1);
+        printf("     %s, oracle drafts: %lld drafted, %lld accepted; steps %lld -> %lld\n", tag,
+               (long long)s1.spec_drafted, (long long)s1.spec_accepted, (long long)s0.steps_total,
+               (long long)s1.steps_total);
+        compare("oracle drafts", batch, plain, spec, gens);
+        CHECK(s1.spec_accepted > 0 && s1.steps_total < s0.steps_total);
+        run_engine(m, batch, prompts, lens, gens, CINFER_SPEC_DRAFT, m, NULL, spec, &s1);
+        printf("     %s, self-draft model: %lld drafted, %lld accepted; steps %lld -> %lld\n", tag,
+               (long long)s1.spec_drafted, (long long)s1.spec_accepted, (long long)s0.steps_total,
+               (long long)s1.steps_total);
+        compare("draft model", batch, plain, spec, gens);
+        CHECK_MSG(s1.spec_accepted * 10 >= s1.spec_drafted * 7, "self-draft accepted %lld of %lld",
+                  (long long)s1.spec_accepted, (long long)s1.spec_drafted);
+        if (batch == 1) alone[0] = plain[0];
+    }
+    /* a sequence alone and in the batch of 16: on the GEMV path the same tokens */
+    CHECK_MSG(!memcmp(alone[0].ids, plain[0].ids, sizeof(int32_t) * (size_t)gens[0]),
+              "request 0 alone differs from in the batch");
+    gemv_off();
+    cinfer_model_close(m);
+}
+
+/* ---- the prefix cache on cuda ---- */
+
+/* A prompt of 45 tokens (a partial last block) is recorded; a fresh sequence resumes after its first 45 and
+ * prefills the rest of a 57-token prompt: its logits are the cold run's (issue 5's bound; the same argmax),
+ * and 8 greedy steps from either give the same tokens. */
+TEST(cuda_prefix_resume_matches_cold) {
+    if (no_device()) SKIP("no CUDA device: skipped");
+    cinfer_model *m = open_fixture("qwen35_dense");
+    REQUIRE(m);
+    cinfer_model_info info;
+    cinfer_model_get_info(m, &info);
+    int V = info.vocab_size, N1 = 45, N2 = 57, G = 6;
+    char err[512];
+    int32_t p[64];
+    for (int i = 0; i < N2; i++) p[i] = (int32_t)((i * 91 + 7) % V);
+    cinfer_ctx *warm = cuda_ctx(m, 2, 64, 64, 0, 64 << 20), *cold = cuda_ctx(m, 1, 64, 64, 0, 0);
+    REQUIRE(warm && cold);
+    float *lw = malloc(sizeof(float) * (size_t)N2 * V), *lc = malloc(sizeof(float) * (size_t)N2 * V);
+    int s = cinfer_seq_open(warm, err, sizeof err);
+    cinfer_batch_entry e1 = {s, p, N1, 0, 0, NULL};
+    REQUIRE(cinfer_forward(warm, &e1, 1, lw, err, sizeof err) == 0);
+    REQUIRE(ctx_seq_snapshot(warm, s, p, err, sizeof err) == 0);
+    cinfer_seq_close(warm, s);
+    s = cinfer_seq_open(warm, err, sizeof err);
+    int cached = 0;
+    REQUIRE(ctx_seq_resume(warm, s, p, N2, &cached, err, sizeof err) == 0);
+    CHECK_EQ_INT(cached, N1);
+    cinfer_batch_entry e2 = {s, p + cached, N2 - cached, 1, 0, NULL};
+    REQUIRE(cinfer_forward(warm, &e2, 1, lw, err, sizeof err) == 0);
+    int c0 = cinfer_seq_open(cold, err, sizeof err);
+    cinfer_batch_entry ec = {c0, p, N2, 1, 0, NULL};
+    REQUIRE(cinfer_forward(cold, &ec, 1, lc, err, sizeof err) == 0);
+    double worst = 0;
+    int bad = 0;
+    for (int t = 0; t < N2 - cached; t++) {
+        const float *a = lw + (size_t)t * V, *b = lc + (size_t)(cached + t) * V;
+        double d = 0, n = 0;
+        for (int v = 0; v < V; v++) {
+            double x = (double)a[v] - b[v];
+            d += isfinite(a[v]) ? x * x : INFINITY;
+            n += (double)b[v] * b[v];
+        }
+        double rel = sqrt(d / (n > 0 ? n : 1));
+        if (!(rel <= worst)) worst = rel;
+        bad += argmax(a, V) != argmax(b, V);
+    }
+    printf("     resumed after %d of %d tokens: ||d||/||ref|| %.3g at worst, %d argmax differ\n", cached, N2,
+           worst, bad);
+    CHECK_MSG(worst <= 1e-2, "resumed logits differ from cold by %.3g (bound 1e-2)", worst);
+    CHECK_EQ_INT(bad, 0);
+    /* greedy steps from both */
+    int32_t tw = argmax(lw + (size_t)(N2 - cached - 1) * V, V), tc = argmax(lc + (size_t)(N2 - 1) * V, V);
+    for (int g = 0; g < G; g++) {
+        CHECK_MSG(tw == tc, "greedy step %d: %d resumed vs %d cold", g, tw, tc);
+        cinfer_batch_entry dw = {s, &tw, 1, 0, 0, NULL}, dc = {c0, &tc, 1, 0, 0, NULL};
+        REQUIRE(cinfer_forward(warm, &dw, 1, lw, err, sizeof err) == 0);
+        REQUIRE(cinfer_forward(cold, &dc, 1, lc, err, sizeof err) == 0);
+        tw = argmax(lw, V), tc = argmax(lc, V);
+    }
+    free(lw), free(lc);
+    cinfer_ctx_destroy(warm);
+    cinfer_ctx_destroy(cold);
+    cinfer_model_close(m);
+}
+
+/* The engine with --prefix-cache-memory on cuda: a second turn (the first turn's prompt + its answer + more)
+ * reports cached tokens and gives the cold engine's greedy tokens. */
+TEST(cuda_prefix_engine_second_turn) {
+    if (no_device()) SKIP("no CUDA device: skipped");
+    cinfer_model *m = open_fixture("qwen35_dense");
+    REQUIRE(m);
+    int32_t p[64];
+    for (int i = 0; i < 40; i++) p[i] = (int32_t)((i * 29 + 11) % 256);
+    got g1, g2, gc;
+    for (int pass = 0; pass < 2; pass++) {
+        cinfer_engine_params ep = cinfer_engine_default_params();
+        ep.max_seqs = 2;
+        ep.ctx_size = 64;
+        ep.n_threads = 2;
+        ep.device = CINFER_DEVICE_CUDA;
+        ep.prefix_cache_memory = pass ? 0 : 64 << 20;
+        cinfer_engine *e;
+        char err[1024];
+        REQUIRE(cinfer_engine_create(m, &ep, &e, err, sizeof err) == 0);
+        cinfer_request *r;
+        if (!pass) {
+            cinfer_request_params rp = greedy(p, 20, 8);
+            REQUIRE(cinfer_engine_submit(e, &rp, &r, err, sizeof err) == 0);
+            drain(r, &g1);
+            cinfer_request_free(r);
+            for (int i = 0; i < 8; i++) p[20 + i] = g1.ids[i];
+        }
+        cinfer_request_params rp = greedy(p, 36, 12);
+        REQUIRE(cinfer_engine_submit(e, &rp, &r, err, sizeof err) == 0);
+        drain(r, pass ? &gc : &g2);
+        cinfer_request_free(r);
+        cinfer_engine_destroy(e);
+    }
+    printf("     second turn: %d of 36 prompt tokens from the cache\n", g2.cached);
+    CHECK_MSG(g2.cached >= 19, "the second turn took %d tokens from the cache", g2.cached);
+    CHECK_EQ_INT(gc.cached, 0);
+    CHECK_EQ_INT(g2.n, 12);
+    CHECK_MSG(!memcmp(g2.ids, gc.ids, sizeof(int32_t) * 12),
+              "the cached second turn's tokens differ from cold");
+    cinfer_model_close(m);
+}
