@@ -503,6 +503,9 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     const char *gv = getenv("CINFER_CUDA_GEMV");
     cu_set_gemv_version(gv && !strcmp(gv, "v2") ? 2 : 1);
     if (gv) fprintf(stderr, "cinfer cuda: CINFER_CUDA_GEMV=%s: GEMV v%d\n", gv, cu_gemv_version());
+    /* "1": GEMV v2 with programmatic dependent launch */
+    const char *pdl = getenv("CINFER_CUDA_PDL");
+    cu_set_pdl(pdl && !strcmp(pdl, "1"));
     /* 1: the tensor-core prefill kernels round operands to TF32 once (~4e-4 per product); default 3 */
     const char *tp = getenv("CINFER_CUDA_TF32_PASSES");
     cu_set_tf32_passes(tp ? atoi(tp) : 3);

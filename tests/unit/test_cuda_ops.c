@@ -183,7 +183,7 @@ TEST(cuda_gemv_v2_vs_cpu_and_v1) {
     char err[256];
     cu_ctx *c;
     REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
-    double t1_all = 0, t2_all = 0;
+    double t1_all = 0, t2_all = 0, t3_all = 0;
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         const gemv_shape *sh = &shapes[si];
         int N = sh->N, K = sh->K;
@@ -201,13 +201,21 @@ TEST(cuda_gemv_v2_vs_cpu_and_v1) {
         float *x = rnd((size_t)8 * K, 1.0f), *dx = dup_dev(x, (size_t)8 * K * 4), *row0 = NULL;
         for (size_t b = 0; b < sizeof Ms / sizeof Ms[0]; b++) {
             int M = Ms[b];
-            float *dy1 = nan_dev(c, (size_t)M * N), *dy2 = nan_dev(c, (size_t)M * N);
+            float *dy1 = nan_dev(c, (size_t)M * N), *dy2 = nan_dev(c, (size_t)M * N),
+                  *dy3 = nan_dev(c, (size_t)M * N);
             cu_set_gemv_version(1);
             cu_gemm(c, dy1, dx, dw, M, N, K, NULL, 1);
             cu_set_gemv_version(2);
             cu_gemm(c, dy2, dx, dw, M, N, K, NULL, 1);
+            cu_set_pdl(1); /* the same kernel with programmatic dependent launch: the same bits */
+            cu_gemm(c, dy3, dx, dw, M, N, K, NULL, 1);
+            cu_set_pdl(0);
             REQUIRE(cu_sync(c, err, sizeof err) == 0);
-            float *y1 = get(dy1, (size_t)M * N), *y2 = get(dy2, (size_t)M * N);
+            float *y1 = get(dy1, (size_t)M * N), *y2 = get(dy2, (size_t)M * N), *y3 = get(dy3, (size_t)M * N);
+            CHECK_MSG(!memcmp(y2, y3, (size_t)M * N * 4), "v2 %s M=%d: with PDL differs from without",
+                      sh->what, M);
+            free(y3);
+            cu_free(dy3);
             char what[128];
             if (sh->cpu) {
                 float *ref = malloc((size_t)M * N * 4);
@@ -228,17 +236,21 @@ TEST(cuda_gemv_v2_vs_cpu_and_v1) {
         }
         float *dy = nan_dev(c, (size_t)N);
         double us1 = gemv_us(c, 1, dy, dx, dw, 1, N, K), us2 = gemv_us(c, 2, dy, dx, dw, 1, N, K);
+        cu_set_pdl(1);
+        double us3 = gemv_us(c, 2, dy, dx, dw, 1, N, K);
+        cu_set_pdl(0);
         REQUIRE(cu_sync(c, err, sizeof err) == 0);
         if (!sh->cpu || nw >= 1000000) {
-            t1_all += us1, t2_all += us2;
-            printf("     %-28s N=%6d K=%5d  v1 %8.1f us %5.0f GB/s   v2 %8.1f us %5.0f GB/s  (%.2fx)\n",
-                   sh->what, N, K, us1, nw * 2 / us1 / 1e3, us2, nw * 2 / us2 / 1e3, us1 / us2);
+            t1_all += us1, t2_all += us2, t3_all += us3;
+            printf(
+                "     %-26s N=%6d K=%5d  v1 %7.1f us %5.0f GB/s  v2 %7.1f us %5.0f GB/s  v2+pdl %7.1f us\n",
+                sh->what, N, K, us1, nw * 2 / us1 / 1e3, us2, nw * 2 / us2 / 1e3, us3);
         }
         cu_free(dy), cu_free(dx), cu_free(dw);
         free(x), free(w), free(row0);
     }
-    printf("     real matrices, batch 1, summed: v1 %.1f us, v2 %.1f us (%.2fx)\n", t1_all, t2_all,
-           t1_all / t2_all);
+    printf("     real matrices, batch 1, summed: v1 %.1f us, v2 %.1f us (%.2fx), v2 + PDL %.1f us (%.2fx)\n",
+           t1_all, t2_all, t1_all / t2_all, t3_all, t1_all / t3_all);
     cu_set_gemv_version(1);
     cu_ctx_destroy(c);
 }

@@ -67,6 +67,21 @@ __device__ __forceinline__ float dev_softplus(float x) {
     return x > 20.0f ? x : log1pf(expf(x));
 }
 
+/* Programmatic dependent launch (sm_90). griddep_wait: block until the kernel before this one in the stream
+ * has completed and its writes are visible (a no-op when this kernel was not launched with the PDL
+ * attribute). griddep_launch: let the next kernel, if launched with the attribute, start its blocks now (a
+ * no-op otherwise; that kernel still waits for this one's completion before reading what it writes). */
+__device__ __forceinline__ void griddep_wait(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void griddep_launch(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 static inline unsigned cdiv(size_t a, size_t b) {
     return (unsigned)((a + b - 1) / b);
 }

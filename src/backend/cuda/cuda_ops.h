@@ -69,6 +69,9 @@ void cu_gemm(cu_ctx *c, float *d_y, const float *d_x, const uint16_t *d_w, int M
  * Both are independent of M row by row; they differ from each other by f32 rounding. */
 void cu_set_gemv_version(int v);
 int cu_gemv_version(void);
+/* 1: GEMV v2 launches with programmatic dependent launch (CINFER_CUDA_PDL=1), so its blocks start and request
+ * their first weights while the norm / SwiGLU before it finishes; the results are the same bits */
+void cu_set_pdl(int on);
 /* f32 scratch for the stacked hi/lo product of up to 64 rows (2 x 64 x widest N floats) */
 void cu_set_gemm_scratch(cu_ctx *c, float *d_t, size_t floats);
 /* 2 (default): activations as bf16 hi + lo through the tensor cores; 1: one bf16 rounding

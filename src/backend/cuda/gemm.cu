@@ -128,10 +128,12 @@ __device__ __forceinline__ uint4 ld_stream(const uint16_t *p) {
     return __ldcs(reinterpret_cast<const uint4 *>(p));
 }
 
-/* at batch 1-2, <= 64 registers: 4 blocks (32 warps) per SM, so the 640 blocks of an N = 2560 matrix are
- * nearly one wave (528 at once) */
+/* batch 1 in <= 64 registers: 4 blocks (32 warps) per SM, so the 640 blocks of an N = 2560 matrix are
+ * nearly one wave (528 at once); batch 2: 3 blocks */
 template <int MR>
-__global__ void __launch_bounds__(V2_WARPS * 32, MR <= 2 ? 4 : 1)
+__global__ void __launch_bounds__(V2_WARPS * 32, MR == 1   ? 4
+                                                 : MR == 2 ? 3
+                                                           : 1)
     gemv2_kernel(float *__restrict__ y, const float *__restrict__ x, const uint16_t *__restrict__ w, int N,
                  int K) {
     __shared__ float red[V2_WARPS][V2_R * MR];
@@ -146,10 +148,22 @@ __global__ void __launch_bounds__(V2_WARPS * 32, MR <= 2 ? 4 : 1)
     for (int r = 0; r < V2_R; r++)
 #pragma unroll
         for (int m = 0; m < MR; m++) acc[r][m] = 0.0f;
-    for (int k = warp * 256 + lane * 8; k < K; k += V2_WARPS * 256) {
-        uint4 u[V2_R];
+    /* the weights depend on nothing before this kernel: the first chunk is requested before waiting for the
+     * kernel that writes x (a no-op unless launched with programmatic dependent launch, cu_set_pdl); after
+     * that each chunk's loads go out before the previous chunk's FMAs */
+    int k = warp * 256 + lane * 8;
+    uint4 u[V2_R];
+    if (k < K)
 #pragma unroll
         for (int r = 0; r < V2_R; r++) u[r] = ld_stream(wr[r] + k);
+    griddep_wait();
+    for (; k < K; k += V2_WARPS * 256) {
+        uint4 cur[V2_R];
+#pragma unroll
+        for (int r = 0; r < V2_R; r++) cur[r] = u[r];
+        if (k + V2_WARPS * 256 < K)
+#pragma unroll
+            for (int r = 0; r < V2_R; r++) u[r] = ld_stream(wr[r] + k + V2_WARPS * 256);
 #pragma unroll
         for (int m = 0; m < MR; m++) {
             const float4 *xp = reinterpret_cast<const float4 *>(x + (size_t)m * K + k);
@@ -157,7 +171,7 @@ __global__ void __launch_bounds__(V2_WARPS * 32, MR <= 2 ? 4 : 1)
             float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
 #pragma unroll
             for (int r = 0; r < V2_R; r++) {
-                const uint32_t p[4] = {u[r].x, u[r].y, u[r].z, u[r].w};
+                const uint32_t p[4] = {cur[r].x, cur[r].y, cur[r].z, cur[r].w};
 #pragma unroll
                 for (int q = 0; q < 4; q++) {
                     acc[r][m] = fmaf(__uint_as_float(p[q] << 16), xv[2 * q], acc[r][m]);
@@ -183,10 +197,31 @@ __global__ void __launch_bounds__(V2_WARPS * 32, MR <= 2 ? 4 : 1)
     }
 }
 
+static int g_pdl = 0;
+extern "C" void cu_set_pdl(int on) {
+    g_pdl = on != 0;
+}
+
 template <int MR>
 static void gemv2_launch(cu_ctx *c, float *y, const float *x, const uint16_t *w, int tiles, int N, int K) {
     dim3 grid(cdiv((size_t)N, V2_R), (unsigned)tiles);
-    gemv2_kernel<MR><<<grid, V2_WARPS * 32, 0, c->stream>>>(y, x, w, N, K);
+    if (!g_pdl) {
+        gemv2_kernel<MR><<<grid, V2_WARPS * 32, 0, c->stream>>>(y, x, w, N, K);
+        return;
+    }
+    /* programmatic dependent launch: the GEMV's blocks may start (and request their first weights) while
+     * the kernel before it still runs; griddep_wait() in the kernel orders every read of x after it */
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(V2_WARPS * 32);
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = c->stream;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    cudaLaunchKernelEx(&cfg, gemv2_kernel<MR>, y, x, w, N, K);
 }
 
 /* as gemv_rows: whole tiles of 8 rows in one launch, the remainder in a second */

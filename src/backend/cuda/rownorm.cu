@@ -16,6 +16,7 @@ extern "C" void cu_embed(cu_ctx *c, float *x, const uint16_t *E, const int *ids,
 __global__ void add_rmsnorm_kernel(float *x, const float *add, float *y, const float *w, int H, float eps,
                                    const int *src) {
     __shared__ float sh[32];
+    griddep_launch(); /* a GEMV launched with PDL after this may start fetching its weights */
     int r = blockIdx.x;
     float *xr = x + (size_t)(src ? src[r] : r) * H;
     float ss = 0.0f;
@@ -43,6 +44,7 @@ extern "C" void cu_gather_rmsnorm(cu_ctx *c, float *y, const float *x, const int
 }
 
 __global__ void swiglu_kernel(float *y, const float *gu, int I) {
+    griddep_launch(); /* a GEMV launched with PDL after this may start fetching its weights */
     int r = blockIdx.x;
     int i = blockIdx.y * blockDim.x + threadIdx.x;
     if (i >= I) return;
