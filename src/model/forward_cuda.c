@@ -127,7 +127,7 @@ typedef struct cu_layer {
 #define PROF_MAX_MARKS     4096
 
 typedef struct graph_ent {
-    int B, span, nsplit;
+    int B, span, nsplit, mm; /* mm: captured with multimodal rotary positions */
     void *exec;
 } graph_ent;
 
@@ -431,8 +431,9 @@ static int alloc_scratch(cuda_fwd *f, char *err, size_t errlen) {
      * block tables (each KV block belongs to one sequence, so at most n_blocks + one table per entry) */
     size_t bps = ((size_t)f->p.max_ctx + 15) / 16;
     size_t tables = zmax(T * bps < (size_t)f->p.n_blocks + T ? T * bps : (size_t)f->p.n_blocks + T, 1);
-    /* + spec flags (<= T entries), attention tiles (at most one per row) and hidden rows (T) */
-    f->meta_cap = 12 * T + tables + 64;
+    /* + spec flags (<= T entries), attention tiles (at most one per row), hidden rows (T) and [T][3] mRoPE
+     * positions */
+    f->meta_cap = 15 * T + tables + 64;
     if ((rc = dev_alloc(f, (void **)&f->meta, f->meta_cap * 4, a, err, errlen)) ||
         (rc = cu_alloc_host((void **)&f->h_meta, f->meta_cap * 4, err, errlen)))
         return rc;
@@ -625,6 +626,9 @@ typedef struct run_shape {
     const int *tiles; /* attention prefill tiles (device), or NULL */
     int n_tiles;
     cu_meta meta;
+    const int *rope3;      /* [T][3] multimodal rotary positions (device), or NULL for text */
+    const fwd_entry *mm_e; /* the entries when some carry image features, else NULL */
+    int mm_ne;
 } run_shape;
 
 static void gemm(cuda_fwd *f, float *y, const float *x, const uint16_t *w, int M, int N, int K) {
@@ -672,6 +676,7 @@ static void attention(cuda_fwd *f, const cu_layer *cl, int full, const run_shape
     a.inv_freq = f->inv_freq, a.kpool = f->kpool, a.vpool = f->vpool, a.o = f->act, a.part = f->part;
     a.span = rs->span, a.nsplit = rs->nsplit, a.eps = (float)m->cfg.rms_norm_eps, a.meta = rs->meta;
     a.tiles = rs->tiles, a.n_tiles = rs->n_tiles, a.tc = f->attn_tc;
+    a.rope3 = rs->rope3, a.mrope_h = m->cfg.mrope_section[1], a.mrope_w = m->cfg.mrope_section[2];
     cu_attn_layer(f->cu, &a);
     mark(f, CP_GEMM_OUT);
     gemm(f, f->out, f->act, cl->w_out, T, H, m->Hq * m->hd);
@@ -784,6 +789,28 @@ static int moe(cuda_fwd *f, const cu_layer *cl, const run_shape *rs, int device_
     return 0;
 }
 
+/* image tokens: the vision features (host rows) replace their embeddings, one copy per run of consecutive
+ * feature rows (never inside a graph: batches with image rows run eagerly) */
+static void image_rows(cuda_fwd *f, const run_shape *rs) {
+    const fwd_entry *e = rs->mm_e;
+    size_t H = (size_t)f->m->H;
+    for (int i = 0, r0 = 0; i < rs->mm_ne; r0 += e[i].n, i++) {
+        if (!e[i].embeds) continue;
+        int n = e[i].n < e[i].mm_n ? e[i].n : e[i].mm_n;
+        for (int t = 0; t < n;) {
+            int row = e[i].embed_row[t], k = 1;
+            if (row < 0) {
+                t++;
+                continue;
+            }
+            while (t + k < n && e[i].embed_row[t + k] == row + k) k++;
+            cu_h2d_async(f->cu, f->x + (size_t)(r0 + t) * H, e[i].embeds + (size_t)row * H,
+                         (size_t)k * H * sizeof(float));
+            t += k;
+        }
+    }
+}
+
 /* everything after the metadata upload up to the logits on the device */
 static int enqueue(cuda_fwd *f, const run_shape *rs, int moe_device, char *err, size_t errlen) {
     const model *m = f->m;
@@ -791,6 +818,7 @@ static int enqueue(cuda_fwd *f, const run_shape *rs, int moe_device, char *err, 
     float eps = (float)m->cfg.rms_norm_eps;
     mark(f, CP_EMBED_NORM);
     cu_embed(f->cu, f->x, f->embed, rs->meta.ids, T, H);
+    if (rs->mm_e) image_rows(f, rs);
     for (int l = 0; l < m->L; l++) {
         const cu_layer *cl = &f->L[l];
         const layer_weights *lw = &m->layers[l];
@@ -830,8 +858,11 @@ static void attn_split(const cuda_fwd *f, int T, int maxpos, int *span, int *nsp
 
 int cuda_fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, char *err, size_t errlen) {
     const model *m = f->m;
-    int T = 0, nl = 0, maxpos = 0, all_decode = 1, max_n = 0, has_spec = 0, nh = 0;
+    int T = 0, nl = 0, maxpos = 0, all_decode = 1, max_n = 0, has_spec = 0, nh = 0, mm = 0, mm_rows = 0;
     for (int i = 0; i < NE; i++) {
+        /* a prompt with images: its own rotary positions, and feature rows in place of embeddings */
+        if (e[i].rope_pos || e[i].rope_delta) mm = 1;
+        if (e[i].embeds && e[i].mm_n > 0) mm_rows = 1;
         if (e[i].spec_rec && (e[i].n > f->p.spec_window || (m->n_lin > 0 && !f->spec_rec)))
             return ci_err(err, errlen, CINFER_EINVAL,
                           "cuda: a speculative window of %d tokens (spec_window %d)", e[i].n,
@@ -856,7 +887,7 @@ int cuda_fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, char *e
     size_t o_ids = 0, o_pos = o_ids + T, o_ent = o_pos + T, o_len = o_ent + T, o_n = o_len + NE,
            o_r0 = o_n + NE;
     size_t o_slot = o_r0 + NE, o_boff = o_slot + NE, o_lrow = o_boff + NE, o_spec = o_lrow + nl,
-           o_blk = o_spec + NE;
+           o_rope = o_spec + NE, o_blk = o_rope + (mm ? 3 * (size_t)T : 0);
     size_t nb = 0, ntile = 0;
     for (int i = 0; i < NE; i++) nb += (size_t)(e[i].seq_len + e[i].n + 15) / 16;
     /* a prefill chunk in the batch: attention by tiles of rows sharing K/V loads */
@@ -885,6 +916,13 @@ int cuda_fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, char *e
             h[o_ent + r] = i;
             if (e[i].all_logits || t == e[i].n - 1) h[o_lrow + li++] = r;
             if (e[i].hidden) h[o_hrow + hi++] = r;
+            if (mm) {
+                int *rr = h + o_rope + 3 * (size_t)r;
+                if (e[i].rope_pos && t < e[i].mm_n)
+                    for (int k = 0; k < 3; k++) rr[k] = e[i].rope_pos[(size_t)k * e[i].rope_stride + t];
+                else
+                    rr[0] = rr[1] = rr[2] = e[i].seq_len + t + e[i].rope_delta;
+            }
         }
     }
     int *d = f->meta;
@@ -898,17 +936,22 @@ int cuda_fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, char *e
                     (int)ntile,
                     {d + o_ids, d + o_pos, d + o_ent, d + o_len, d + o_n, d + o_r0, d + o_slot, d + o_boff,
                      d + o_lrow, d + o_blk, d + o_spec}};
+    rs.rope3 = mm ? d + o_rope : NULL;
+    rs.mm_e = mm_rows ? e : NULL;
+    rs.mm_ne = NE;
     attn_split(f, T, maxpos, &rs.span, &rs.nsplit);
     cu_h2d_async(f->cu, f->meta, h, (o_hrow + nh) * sizeof(int));
     /* MoE decode without the host (graph-capturable): every (row, choice) slot through the indexed GEMV; past
      * 64 rows the experts are grouped on the host and run as GEMMs */
     int moe_device = T <= 64;
     int rc = 0;
-    int use_graph = all_decode && !f->profile && !f->p.no_graphs && (m->cfg.n_experts == 0 || moe_device);
+    int use_graph =
+        all_decode && !mm_rows && !f->profile && !f->p.no_graphs && (m->cfg.n_experts == 0 || moe_device);
     if (use_graph) {
         graph_ent *g = NULL;
         for (int i = 0; i < f->n_graphs; i++)
-            if (f->graphs[i].B == NE && f->graphs[i].span == rs.span && f->graphs[i].nsplit == rs.nsplit)
+            if (f->graphs[i].B == NE && f->graphs[i].span == rs.span && f->graphs[i].nsplit == rs.nsplit &&
+                f->graphs[i].mm == mm)
                 g = &f->graphs[i];
         if (!g) {
             if (f->n_graphs == MAX_GRAPHS) {
@@ -927,7 +970,7 @@ int cuda_fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, char *e
             }
             if (rc) return rc;
             g = &f->graphs[f->n_graphs++];
-            *g = (graph_ent){NE, rs.span, rs.nsplit, exec};
+            *g = (graph_ent){NE, rs.span, rs.nsplit, mm, exec};
         }
         if ((rc = cu_graph_launch(f->cu, g->exec, err, errlen))) return rc;
     } else {

@@ -285,6 +285,32 @@ static void positions(vis_run *r, const vision_grid *grids, int n_images, float 
     }
 }
 
+void vision_taps(const vision_weights *v, const vision_grid *grids, int n_images, vision_tap *out) {
+    int n = v->grid_side, M = v->merge;
+    int64_t base = 0;
+    for (int im = 0; im < n_images; im++) {
+        vision_grid g = grids[im];
+        int64_t fr = (int64_t)g.h * g.w;
+        for (int y = 0; y < g.h; y++) {
+            float hy = linspace_at((float)(n - 1), g.h, y);
+            int y0 = (int)hy, y1 = y0 + 1 < n ? y0 + 1 : n - 1;
+            float dh = hy - (float)y0;
+            for (int x = 0; x < g.w; x++) {
+                float wx = linspace_at((float)(n - 1), g.w, x);
+                int x0 = (int)wx, x1 = x0 + 1 < n ? x0 + 1 : n - 1;
+                float dw = wx - (float)x0;
+                vision_tap t = {{y0 * n + x0, y0 * n + x1, y1 * n + x0, y1 * n + x1},
+                                {(1.0f - dh) * (1.0f - dw), (1.0f - dh) * dw, dh * (1.0f - dw), dh * dw},
+                                y,
+                                x};
+                int64_t br = block_row(y, x, g.w, M);
+                for (int f = 0; f < g.t; f++) out[base + f * fr + br] = t;
+            }
+        }
+        base += (int64_t)g.t * fr;
+    }
+}
+
 int vision_encode(const model *m, threadpool *tp, const float *pixels, const vision_grid *grids, int n_images,
                   float *out, vision_trace_fn trace, void *trace_ctx, char *err, size_t errlen) {
     const vision_weights *v = &m->vis;

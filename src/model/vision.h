@@ -27,6 +27,18 @@ int vision_check_grids(const vision_weights *v, const vision_grid *grids, int n_
  * "rotary" (angles [N, head_dim/2]), "block<i>", "merger". */
 typedef void (*vision_trace_fn)(void *ctx, const char *name, const float *data, int64_t rows, int cols);
 
+/* One patch row's learned-position taps as the tower takes them (bilinear over the grid_side^2 table:
+ * rows idx and weights w of the taps 00, 01, 10, 11) and its full-resolution (y, x) for the 2-D rotary. */
+typedef struct vision_tap {
+    int32_t idx[4];
+    float w[4];
+    int32_t y, x;
+} vision_tap;
+
+/* The taps of every patch row of the images (out: [Σ t*h*w], merge-block order, same values as
+ * vision_encode uses); for the CUDA tower. Grids must have passed vision_check_grids. */
+void vision_taps(const vision_weights *v, const vision_grid *grids, int n_images, vision_tap *out);
+
 /* Runs the tower over n_images images whose patch rows are concatenated in pixels ([Σ t*h*w, patch_dim]
  * f32, merge-block order) and writes [Σ tokens, out_hidden] f32 to out. Allocates its scratch (sized by
  * the input) and returns CINFER_ENOMEM when that fails; CINFER_EUNSUPPORTED when the model has no tower. */

@@ -9,6 +9,7 @@
 #include "model/forward_cuda.h"
 #include "model/mtp.h"
 #include "model/qwen35.h"
+#include "model/vision_cuda.h"
 #include "runtime/ctx_internal.h"
 #include "runtime/mm.h"
 #include "runtime/prefix.h"
@@ -49,6 +50,7 @@ struct cinfer_ctx {
     float *spec_store;   /* [max_seqs] records of spec_window tokens each (see forward.h) */
     prefix_cache *pc;    /* owns the KV blocks' reference counts (every block goes through it) */
     cuda_fwd *cf;        /* CUDA device: the pools live there and kv/st above keep only the free lists */
+    cuda_vision *cv;     /* CUDA device: the vision tower, made at the first image */
     unsigned char *seen; /* [max_seqs] per-call duplicate check */
     /* MTP head (ctx_mtp_init): its one-layer KV pool, block tables, entries and fc-input scratch */
     int mtp_on;
@@ -142,6 +144,7 @@ static void seq_mm_free(seq_rec *s) {
 
 void cinfer_ctx_destroy(cinfer_ctx *c) {
     if (!c) return;
+    cuda_vision_destroy(c->cv);
     cuda_fwd_destroy(c->cf);
     if (c->seqs)
         for (int i = 0; i < c->p.max_seqs; i++) seq_mm_free(&c->seqs[i]);
@@ -437,6 +440,22 @@ int ctx_forward_sample(cinfer_ctx *c, const cinfer_batch_entry *e, int n, const 
     return forward_impl(c, e, n, NULL, smp, ids, lps, err, errlen);
 }
 
+/* An image not yet encoded goes through the context's device tower (made at the first image). */
+static int ctx_cuda_encode(cinfer_ctx *c, cinfer_image *im, char *err, size_t errlen) {
+    if (im->feat) return 0;
+    int rc;
+    if (!c->cv && (rc = cuda_vision_create(c->m, &c->cv, err, errlen))) return rc;
+    float *f = ci_try_alloc((size_t)im->n_tokens * c->m->H * sizeof(float));
+    if (!f) return ci_err(err, errlen, CINFER_ENOMEM, "cannot allocate the features of an image of %d tokens", im->n_tokens);
+    vision_grid g = {im->px.grid_t, im->px.grid_h, im->px.grid_w};
+    if ((rc = cuda_vision_encode(c->cv, im->px.data, &g, 1, f, err, errlen))) {
+        free(f);
+        return rc;
+    }
+    im->feat = f;
+    return 0;
+}
+
 int cinfer_seq_set_images(cinfer_ctx *c, int id, const int32_t *prompt, int n_prompt, cinfer_image *const *images,
                           int n_images, int *rope_delta, char *err, size_t errlen) {
     if (!c || id < 0 || id >= c->p.max_seqs || !c->seqs[id].active)
@@ -451,8 +470,6 @@ int cinfer_seq_set_images(cinfer_ctx *c, int id, const int32_t *prompt, int n_pr
                       c->p.max_ctx);
     const model *m = c->m;
     if (!m->vis.present) return ci_err(err, errlen, CINFER_EUNSUPPORTED, "this model has no vision tower");
-    if (c->cf)
-        return ci_err(err, errlen, CINFER_EUNSUPPORTED, "device cuda: images are not supported on cuda yet (use --device cpu)");
     vision_grid *g = xmalloc((size_t)n_images * sizeof *g);
     for (int i = 0; i < n_images; i++) {
         if (!images[i] || images[i]->H != m->H) {
@@ -470,7 +487,8 @@ int cinfer_seq_set_images(cinfer_ctx *c, int id, const int32_t *prompt, int n_pr
     if (!feat || !toks) rc = ci_err(err, errlen, CINFER_ENOMEM, "cannot allocate the features of %d image tokens", L.n_feat);
     size_t off = 0;
     for (int i = 0; !rc && i < n_images; i++) {
-        if ((rc = mm_image_encode(m, images[i], c->tp, err, errlen))) break;
+        if ((rc = c->cf ? ctx_cuda_encode(c, images[i], err, errlen) : mm_image_encode(m, images[i], c->tp, err, errlen)))
+            break;
         memcpy(feat + off, images[i]->feat, (size_t)images[i]->n_tokens * m->H * sizeof(float));
         off += (size_t)images[i]->n_tokens * m->H;
     }

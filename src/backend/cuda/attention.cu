@@ -34,7 +34,12 @@ __global__ void attn_prep_kernel(cu_attn_args a) {
         for (int i = lane; i < hd; i += 32) y[i] = (y[i] * inv) * w[i];
         __syncwarp();
         for (int i = lane; i < half; i += 32) {
-            float ang = (float)pos * a.inv_freq[i];
+            int rp = pos;
+            if (a.rope3) {
+                int st = (i % 3 == 1 && i < 3 * a.mrope_h) ? 1 : (i % 3 == 2 && i < 3 * a.mrope_w) ? 2 : 0;
+                rp = a.rope3[3 * r + st];
+            }
+            float ang = (float)rp * a.inv_freq[i];
             float cs = cosf(ang), sn = sinf(ang), p = y[i], q = y[i + half];
             y[i] = p * cs - q * sn;
             y[i + half] = q * cs + p * sn;

@@ -191,6 +191,10 @@ typedef struct cu_attn_args {
     int tc; /* 1: the prefill tiles on the tensor cores (attention_tc.cu); 0: the scalar tile kernel */
     float eps;
     cu_meta meta;
+    /* multimodal rotary (a batch with image prompts), else NULL: rotary positions [T][3] (t, h, w); pair i
+     * takes stream h when i % 3 == 1 and i < 3 * mrope_h, w when i % 3 == 2 and i < 3 * mrope_w, else t */
+    const int *rope3;
+    int mrope_h, mrope_w;
 } cu_attn_args;
 #define CU_ATTN_TILE 16
 void cu_attn_layer(cu_ctx *c, const cu_attn_args *a);
