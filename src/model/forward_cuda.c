@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/mtp.h"
 #include "util/alloc.h"
 #include "util/bf16.h"
 #include "util/err.h"
@@ -72,6 +73,15 @@ int cuda_fwd_kv_copy(cuda_fwd *f, int dst, int src, int rows, char *err, size_t 
 }
 int cuda_fwd_sync(cuda_fwd *f, char *err, size_t errlen) {
     (void)f;
+    return ci_err(err, errlen, CINFER_EUNSUPPORTED, "no CUDA backend");
+}
+int cuda_fwd_mtp_init(cuda_fwd *f, int n_blocks, char *err, size_t errlen) {
+    (void)f, (void)n_blocks;
+    return ci_err(err, errlen, CINFER_EUNSUPPORTED, "no CUDA backend");
+}
+int cuda_fwd_mtp_run(cuda_fwd *f, const fwd_entry *e, const mtp_io *io, int n, int n_vocab, float *logits,
+                     char *err, size_t errlen) {
+    (void)f, (void)e, (void)io, (void)n, (void)n_vocab, (void)logits;
     return ci_err(err, errlen, CINFER_EUNSUPPORTED, "no CUDA backend");
 }
 void cuda_fwd_profile(cuda_fwd *f, int on) {
@@ -184,6 +194,13 @@ struct cuda_fwd {
     cu_sample_row *h_smp; /* pinned [max_tokens] */
     int *d_ids, *h_ids;   /* [max_tokens] device / pinned */
     float *d_lps, *h_lps; /* [max_tokens] device / pinned */
+    /* the MTP head (cuda_fwd_mtp_init): its weights, its one-layer KV pool and its fc input */
+    cu_layer *mtp_L;
+    uint16_t *mtp_fc;                          /* [H][2H] */
+    float *mtp_norm_e, *mtp_norm_h, *mtp_norm; /* [H] each (1 + w) */
+    float *mtp_kpool, *mtp_vpool;              /* [mtp_blocks][16][Hkv*hd] */
+    int mtp_blocks;
+    float *mtp_cat, *mtp_hin; /* [T][2H] fc input, [T][H] the hidden rows uploaded */
     /* graphs */
     graph_ent graphs[MAX_GRAPHS];
     int n_graphs;
@@ -269,6 +286,77 @@ static int upload_vec(cuda_fwd *f, float **out, const float *v, size_t n, char *
     return rc ? rc : cu_upload(*out, v, n * sizeof(float), err, errlen);
 }
 
+/* one decoder layer's weights (the model's layer l, or the MTP head's layer) */
+static int upload_layer(cuda_fwd *f, upload_ctx *u, cu_layer *cl, const layer_weights *lw, int l, char *err,
+                        size_t errlen) {
+    const model *m = f->m;
+    int rc = 0;
+    if ((rc = upload_vec(f, &cl->in_norm, lw->in_norm, (size_t)m->H, err, errlen)) ||
+        (rc = upload_vec(f, &cl->post_norm, lw->post_norm, (size_t)m->H, err, errlen)))
+        return rc;
+    if (lw->type == LAYER_LINEAR) {
+        if (lw->fused_qkvz) {
+            const wmat *ws[2] = {&lw->in_qkvz, &lw->in_ba};
+            rc = upload_cat(f, u, &cl->w_in, ws, 2, &cl->n_in, err, errlen);
+        } else {
+            const wmat *ws[4] = {&lw->in_qkv, &lw->in_z, &lw->in_b, &lw->in_a};
+            rc = upload_cat(f, u, &cl->w_in, ws, 4, &cl->n_in, err, errlen);
+        }
+        const wmat *wo[1] = {&lw->out_proj};
+        if (rc || (rc = upload_cat(f, u, &cl->w_out, wo, 1, NULL, err, errlen)) ||
+            (rc = upload_vec(f, &cl->conv_w, lw->conv_w, (size_t)m->K * m->C, err, errlen)) ||
+            (rc = upload_vec(f, &cl->A, lw->A, (size_t)m->Hv, err, errlen)) ||
+            (rc = upload_vec(f, &cl->dt_bias, lw->dt_bias, (size_t)m->Hv, err, errlen)) ||
+            (rc = upload_vec(f, &cl->gnorm, lw->gnorm, (size_t)m->dv, err, errlen)))
+            return rc;
+    } else {
+        const wmat *ws[3] = {&lw->q_proj, &lw->k_proj, &lw->v_proj};
+        const wmat *wo[1] = {&lw->o_proj};
+        if ((rc = upload_cat(f, u, &cl->w_in, ws, 3, &cl->n_in, err, errlen)) ||
+            (rc = upload_cat(f, u, &cl->w_out, wo, 1, NULL, err, errlen)) ||
+            (rc = upload_vec(f, &cl->q_norm, lw->q_norm, (size_t)m->hd, err, errlen)) ||
+            (rc = upload_vec(f, &cl->k_norm, lw->k_norm, (size_t)m->hd, err, errlen)))
+            return rc;
+    }
+    if (!lw->moe) {
+        const wmat *gu[2] = {&lw->mlp_gate, &lw->mlp_up};
+        const wmat *dn[1] = {&lw->mlp_down};
+        if ((rc = upload_cat(f, u, &cl->w_gu, gu, 2, NULL, err, errlen)) ||
+            (rc = upload_cat(f, u, &cl->w_down, dn, 1, NULL, err, errlen)))
+            return rc;
+    } else {
+        const moe_weights *mw = &lw->moe_w;
+        int E = m->cfg.n_experts, Im = m->cfg.moe_intermediate_size, H = m->H;
+        const wmat *r1[1] = {&mw->router};
+        if ((rc = upload_cat(f, u, &cl->router, r1, 1, NULL, err, errlen)) ||
+            (rc = dev_alloc(f, (void **)&cl->e_gu, (size_t)E * 2 * Im * H * 2, &f->bytes_w, err, errlen)) ||
+            (rc = dev_alloc(f, (void **)&cl->e_down, (size_t)E * H * Im * 2, &f->bytes_w, err, errlen)))
+            return rc;
+        for (int e = 0; e < E && !rc; e++) {
+            if (mw->gate[e].rows != Im || mw->up[e].rows != Im || mw->down[e].cols != Im) {
+                rc = ci_err(err, errlen, CINFER_EFORMAT, "layer %d expert %d: unexpected shape", l, e);
+                return rc;
+            }
+            uint16_t *g = cl->e_gu + (size_t)e * 2 * Im * H;
+            if ((rc = upload_mat(f, u, g, &mw->gate[e], err, errlen)) ||
+                (rc = upload_mat(f, u, g + (size_t)Im * H, &mw->up[e], err, errlen)) ||
+                (rc = upload_mat(f, u, cl->e_down + (size_t)e * H * Im, &mw->down[e], err, errlen)))
+                return rc;
+        }
+        if (rc) return rc;
+        if (mw->sh_gate.rows > 0) {
+            const wmat *sgu[2] = {&mw->sh_gate, &mw->sh_up};
+            const wmat *sdn[1] = {&mw->sh_down};
+            const wmat *sgw[1] = {&mw->sh_gate_w};
+            if ((rc = upload_cat(f, u, &cl->sh_gu, sgu, 2, NULL, err, errlen)) ||
+                (rc = upload_cat(f, u, &cl->sh_down, sdn, 1, NULL, err, errlen)) ||
+                (rc = upload_cat(f, u, &cl->sh_gw, sgw, 1, NULL, err, errlen)))
+                return rc;
+        }
+    }
+    return 0;
+}
+
 static int upload_layers(cuda_fwd *f, char *err, size_t errlen) {
     const model *m = f->m;
     upload_ctx u = {NULL, (size_t)1 << 22, f->p.seed ? f->p.seed : 1};
@@ -284,74 +372,7 @@ static int upload_layers(cuda_fwd *f, char *err, size_t errlen) {
         if ((rc = upload_cat(f, &u, &f->lm_head, one, 1, NULL, err, errlen))) goto done;
     }
     if ((rc = upload_vec(f, &f->final_norm, m->final_norm, (size_t)m->H, err, errlen))) goto done;
-    for (int l = 0; l < m->L && !rc; l++) {
-        const layer_weights *lw = &m->layers[l];
-        cu_layer *cl = &f->L[l];
-        if ((rc = upload_vec(f, &cl->in_norm, lw->in_norm, (size_t)m->H, err, errlen)) ||
-            (rc = upload_vec(f, &cl->post_norm, lw->post_norm, (size_t)m->H, err, errlen)))
-            break;
-        if (lw->type == LAYER_LINEAR) {
-            if (lw->fused_qkvz) {
-                const wmat *ws[2] = {&lw->in_qkvz, &lw->in_ba};
-                rc = upload_cat(f, &u, &cl->w_in, ws, 2, &cl->n_in, err, errlen);
-            } else {
-                const wmat *ws[4] = {&lw->in_qkv, &lw->in_z, &lw->in_b, &lw->in_a};
-                rc = upload_cat(f, &u, &cl->w_in, ws, 4, &cl->n_in, err, errlen);
-            }
-            const wmat *wo[1] = {&lw->out_proj};
-            if (rc || (rc = upload_cat(f, &u, &cl->w_out, wo, 1, NULL, err, errlen)) ||
-                (rc = upload_vec(f, &cl->conv_w, lw->conv_w, (size_t)m->K * m->C, err, errlen)) ||
-                (rc = upload_vec(f, &cl->A, lw->A, (size_t)m->Hv, err, errlen)) ||
-                (rc = upload_vec(f, &cl->dt_bias, lw->dt_bias, (size_t)m->Hv, err, errlen)) ||
-                (rc = upload_vec(f, &cl->gnorm, lw->gnorm, (size_t)m->dv, err, errlen)))
-                break;
-        } else {
-            const wmat *ws[3] = {&lw->q_proj, &lw->k_proj, &lw->v_proj};
-            const wmat *wo[1] = {&lw->o_proj};
-            if ((rc = upload_cat(f, &u, &cl->w_in, ws, 3, &cl->n_in, err, errlen)) ||
-                (rc = upload_cat(f, &u, &cl->w_out, wo, 1, NULL, err, errlen)) ||
-                (rc = upload_vec(f, &cl->q_norm, lw->q_norm, (size_t)m->hd, err, errlen)) ||
-                (rc = upload_vec(f, &cl->k_norm, lw->k_norm, (size_t)m->hd, err, errlen)))
-                break;
-        }
-        if (!lw->moe) {
-            const wmat *gu[2] = {&lw->mlp_gate, &lw->mlp_up};
-            const wmat *dn[1] = {&lw->mlp_down};
-            if ((rc = upload_cat(f, &u, &cl->w_gu, gu, 2, NULL, err, errlen)) ||
-                (rc = upload_cat(f, &u, &cl->w_down, dn, 1, NULL, err, errlen)))
-                break;
-        } else {
-            const moe_weights *mw = &lw->moe_w;
-            int E = m->cfg.n_experts, Im = m->cfg.moe_intermediate_size, H = m->H;
-            const wmat *r1[1] = {&mw->router};
-            if ((rc = upload_cat(f, &u, &cl->router, r1, 1, NULL, err, errlen)) ||
-                (rc = dev_alloc(f, (void **)&cl->e_gu, (size_t)E * 2 * Im * H * 2, &f->bytes_w, err,
-                                errlen)) ||
-                (rc = dev_alloc(f, (void **)&cl->e_down, (size_t)E * H * Im * 2, &f->bytes_w, err, errlen)))
-                break;
-            for (int e = 0; e < E && !rc; e++) {
-                if (mw->gate[e].rows != Im || mw->up[e].rows != Im || mw->down[e].cols != Im) {
-                    rc = ci_err(err, errlen, CINFER_EFORMAT, "layer %d expert %d: unexpected shape", l, e);
-                    break;
-                }
-                uint16_t *g = cl->e_gu + (size_t)e * 2 * Im * H;
-                if ((rc = upload_mat(f, &u, g, &mw->gate[e], err, errlen)) ||
-                    (rc = upload_mat(f, &u, g + (size_t)Im * H, &mw->up[e], err, errlen)) ||
-                    (rc = upload_mat(f, &u, cl->e_down + (size_t)e * H * Im, &mw->down[e], err, errlen)))
-                    break;
-            }
-            if (rc) break;
-            if (mw->sh_gate.rows > 0) {
-                const wmat *sgu[2] = {&mw->sh_gate, &mw->sh_up};
-                const wmat *sdn[1] = {&mw->sh_down};
-                const wmat *sgw[1] = {&mw->sh_gate_w};
-                if ((rc = upload_cat(f, &u, &cl->sh_gu, sgu, 2, NULL, err, errlen)) ||
-                    (rc = upload_cat(f, &u, &cl->sh_down, sdn, 1, NULL, err, errlen)) ||
-                    (rc = upload_cat(f, &u, &cl->sh_gw, sgw, 1, NULL, err, errlen)))
-                    break;
-            }
-        }
-    }
+    for (int l = 0; l < m->L && !rc; l++) rc = upload_layer(f, &u, &f->L[l], &m->layers[l], l, err, errlen);
     if (!rc) rc = cu_sync(f->cu, err, errlen);
 done:
     free(u.stage);
@@ -462,6 +483,7 @@ void cuda_fwd_destroy(cuda_fwd *f) {
     cu_ctx_destroy(f->cu);
     free(f->allocs);
     free(f->L);
+    free(f->mtp_L);
     free(f->h_cnt);
     free(f->h_off);
     free(f->h_fill);
@@ -663,17 +685,18 @@ static void deltanet(cuda_fwd *f, const cu_layer *cl, const layer_weights *lw, i
     gemm(f, f->out, f->act, cl->w_out, T, H, vd);
 }
 
-static void attention(cuda_fwd *f, const cu_layer *cl, int full, const run_shape *rs) {
+/* kpool / vpool: the model's pools (layer full of f->p.n_blocks blocks each) or the MTP head's (full 0) */
+static void attention(cuda_fwd *f, const cu_layer *cl, int full, const run_shape *rs, float *kpool,
+                      float *vpool, int n_blocks) {
     const model *m = f->m;
     int T = rs->T, H = m->H;
     mark(f, CP_GEMM_IN);
     gemm(f, f->proj, f->xn, cl->w_in, T, cl->n_in, H);
     mark(f, CP_ATTN);
     cu_attn_args a = {0};
-    a.T = T, a.Hq = m->Hq, a.Hkv = m->Hkv, a.hd = m->hd, a.rope_dim = m->cfg.rope_dim,
-    a.n_blocks = f->p.n_blocks;
+    a.T = T, a.Hq = m->Hq, a.Hkv = m->Hkv, a.hd = m->hd, a.rope_dim = m->cfg.rope_dim, a.n_blocks = n_blocks;
     a.full = full, a.qkv = f->proj, a.ld = cl->n_in, a.q_norm = cl->q_norm, a.k_norm = cl->k_norm;
-    a.inv_freq = f->inv_freq, a.kpool = f->kpool, a.vpool = f->vpool, a.o = f->act, a.part = f->part;
+    a.inv_freq = f->inv_freq, a.kpool = kpool, a.vpool = vpool, a.o = f->act, a.part = f->part;
     a.span = rs->span, a.nsplit = rs->nsplit, a.eps = (float)m->cfg.rms_norm_eps, a.meta = rs->meta;
     a.tiles = rs->tiles, a.n_tiles = rs->n_tiles, a.tc = f->attn_tc;
     a.rope3 = rs->rope3, a.mrope_h = m->cfg.mrope_section[1], a.mrope_w = m->cfg.mrope_section[2];
@@ -828,7 +851,7 @@ static int enqueue(cuda_fwd *f, const run_shape *rs, int moe_device, char *err, 
         if (lw->type == LAYER_LINEAR)
             deltanet(f, cl, lw, m->lin_index[l], rs);
         else
-            attention(f, cl, m->full_index[l], rs);
+            attention(f, cl, m->full_index[l], rs, f->kpool, f->vpool, f->p.n_blocks);
         mark(f, CP_EMBED_NORM);
         cu_add_rmsnorm(f->cu, f->x, f->out, f->xn, cl->post_norm, T, H, eps);
         if (lw->moe) {
@@ -856,6 +879,76 @@ static void attn_split(const cuda_fwd *f, int T, int maxpos, int *span, int *nsp
     *nsplit = (maxpos + 1 + s - 1) / s;
 }
 
+/* Lays out and uploads one call's metadata (cu_meta) and fills rs. lmode: per entry 0 no logits row, 1 its
+ * last row, 2 every row (NULL: from all_logits); hidden rows (entries with e.hidden) listed at *o_hrow_out.
+ * For a decode step every offset up to the block tables depends on NE alone (graphs). */
+static int pack_meta(cuda_fwd *f, const fwd_entry *e, int NE, const int *lmode, int T, int nl, int nh,
+                     int max_n, int maxpos, int has_spec, int mm, int mm_rows, run_shape *rs,
+                     size_t *o_hrow_out, char *err, size_t errlen) {
+    int *h = f->h_meta;
+    size_t o_ids = 0, o_pos = o_ids + T, o_ent = o_pos + T, o_len = o_ent + T, o_n = o_len + NE,
+           o_r0 = o_n + NE;
+    size_t o_slot = o_r0 + NE, o_boff = o_slot + NE, o_lrow = o_boff + NE, o_spec = o_lrow + nl,
+           o_rope = o_spec + NE, o_blk = o_rope + (mm ? 3 * (size_t)T : 0);
+    size_t nb = 0, ntile = 0;
+    for (int i = 0; i < NE; i++) nb += (size_t)(e[i].seq_len + e[i].n + 15) / 16;
+    /* a prefill chunk in the batch: attention by tiles of rows sharing K/V loads */
+    int tiled = f->tiles_ok && max_n >= CU_ATTN_TILE;
+    if (tiled)
+        for (int i = 0; i < NE; i++) ntile += (size_t)(e[i].n + CU_ATTN_TILE - 1) / CU_ATTN_TILE;
+    size_t o_tile = o_blk + nb;
+    *o_hrow_out = o_tile + ntile;
+    size_t o_hrow = *o_hrow_out;
+    if (o_hrow + nh > f->meta_cap)
+        return ci_err(err, errlen, CINFER_ERANGE, "cuda: block tables exceed the metadata buffer");
+    int r = 0, li = 0, ti = 0, hi = 0;
+    size_t bo = 0;
+    for (int i = 0; i < NE; i++) {
+        h[o_len + i] = e[i].seq_len;
+        h[o_n + i] = e[i].n;
+        h[o_r0 + i] = r;
+        h[o_slot + i] = e[i].slot;
+        h[o_boff + i] = (int)bo;
+        h[o_spec + i] = e[i].spec_rec != NULL;
+        int nbi = (e[i].seq_len + e[i].n + 15) / 16;
+        memcpy(h + o_blk + bo, e[i].blocks, (size_t)nbi * sizeof(int));
+        bo += (size_t)nbi;
+        for (int t = 0; t < e[i].n; t++, r++) {
+            if (tiled && t % CU_ATTN_TILE == 0) h[o_tile + ti++] = r;
+            h[o_ids + r] = e[i].tokens[t];
+            h[o_pos + r] = e[i].seq_len + t;
+            h[o_ent + r] = i;
+            int lm = lmode ? lmode[i] : e[i].all_logits ? 2 : 1;
+            if (lm == 2 || (lm == 1 && t == e[i].n - 1)) h[o_lrow + li++] = r;
+            if (e[i].hidden) h[o_hrow + hi++] = r;
+            if (mm) {
+                int *rr = h + o_rope + 3 * (size_t)r;
+                if (e[i].rope_pos && t < e[i].mm_n)
+                    for (int k = 0; k < 3; k++) rr[k] = e[i].rope_pos[(size_t)k * e[i].rope_stride + t];
+                else
+                    rr[0] = rr[1] = rr[2] = e[i].seq_len + t + e[i].rope_delta;
+            }
+        }
+    }
+    int *d = f->meta;
+    *rs = (run_shape){T,
+                      NE,
+                      nl,
+                      0,
+                      0,
+                      has_spec,
+                      tiled ? d + o_tile : NULL,
+                      (int)ntile,
+                      {d + o_ids, d + o_pos, d + o_ent, d + o_len, d + o_n, d + o_r0, d + o_slot, d + o_boff,
+                       d + o_lrow, d + o_blk, d + o_spec}};
+    rs->rope3 = mm ? d + o_rope : NULL;
+    rs->mm_e = mm_rows ? e : NULL;
+    rs->mm_ne = NE;
+    attn_split(f, T, maxpos, &rs->span, &rs->nsplit);
+    cu_h2d_async(f->cu, f->meta, h, (o_hrow + nh) * sizeof(int));
+    return 0;
+}
+
 int cuda_fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, char *err, size_t errlen) {
     const model *m = f->m;
     int T = 0, nl = 0, maxpos = 0, all_decode = 1, max_n = 0, has_spec = 0, nh = 0, mm = 0, mm_rows = 0;
@@ -881,70 +974,15 @@ int cuda_fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, char *e
     }
     if (T > f->p.max_tokens || NE > f->p.max_tokens)
         return ci_err(err, errlen, CINFER_ERANGE, "cuda: batch of %d tokens exceeds %d", T, f->p.max_tokens);
-    /* pack the metadata; for a decode step every offset up to the block tables depends on NE alone (graphs)
-     */
-    int *h = f->h_meta;
-    size_t o_ids = 0, o_pos = o_ids + T, o_ent = o_pos + T, o_len = o_ent + T, o_n = o_len + NE,
-           o_r0 = o_n + NE;
-    size_t o_slot = o_r0 + NE, o_boff = o_slot + NE, o_lrow = o_boff + NE, o_spec = o_lrow + nl,
-           o_rope = o_spec + NE, o_blk = o_rope + (mm ? 3 * (size_t)T : 0);
-    size_t nb = 0, ntile = 0;
-    for (int i = 0; i < NE; i++) nb += (size_t)(e[i].seq_len + e[i].n + 15) / 16;
-    /* a prefill chunk in the batch: attention by tiles of rows sharing K/V loads */
-    int tiled = f->tiles_ok && max_n >= CU_ATTN_TILE;
-    if (tiled)
-        for (int i = 0; i < NE; i++) ntile += (size_t)(e[i].n + CU_ATTN_TILE - 1) / CU_ATTN_TILE;
-    size_t o_tile = o_blk + nb, o_hrow = o_tile + ntile;
-    if (o_hrow + nh > f->meta_cap)
-        return ci_err(err, errlen, CINFER_ERANGE, "cuda: block tables exceed the metadata buffer");
-    int r = 0, li = 0, ti = 0, hi = 0;
-    size_t bo = 0;
-    for (int i = 0; i < NE; i++) {
-        h[o_len + i] = e[i].seq_len;
-        h[o_n + i] = e[i].n;
-        h[o_r0 + i] = r;
-        h[o_slot + i] = e[i].slot;
-        h[o_boff + i] = (int)bo;
-        h[o_spec + i] = e[i].spec_rec != NULL;
-        int nbi = (e[i].seq_len + e[i].n + 15) / 16;
-        memcpy(h + o_blk + bo, e[i].blocks, (size_t)nbi * sizeof(int));
-        bo += (size_t)nbi;
-        for (int t = 0; t < e[i].n; t++, r++) {
-            if (tiled && t % CU_ATTN_TILE == 0) h[o_tile + ti++] = r;
-            h[o_ids + r] = e[i].tokens[t];
-            h[o_pos + r] = e[i].seq_len + t;
-            h[o_ent + r] = i;
-            if (e[i].all_logits || t == e[i].n - 1) h[o_lrow + li++] = r;
-            if (e[i].hidden) h[o_hrow + hi++] = r;
-            if (mm) {
-                int *rr = h + o_rope + 3 * (size_t)r;
-                if (e[i].rope_pos && t < e[i].mm_n)
-                    for (int k = 0; k < 3; k++) rr[k] = e[i].rope_pos[(size_t)k * e[i].rope_stride + t];
-                else
-                    rr[0] = rr[1] = rr[2] = e[i].seq_len + t + e[i].rope_delta;
-            }
-        }
-    }
+    run_shape rs;
+    size_t o_hrow;
+    int rc =
+        pack_meta(f, e, NE, NULL, T, nl, nh, max_n, maxpos, has_spec, mm, mm_rows, &rs, &o_hrow, err, errlen);
+    if (rc) return rc;
     int *d = f->meta;
-    run_shape rs = {T,
-                    NE,
-                    nl,
-                    0,
-                    0,
-                    has_spec,
-                    tiled ? d + o_tile : NULL,
-                    (int)ntile,
-                    {d + o_ids, d + o_pos, d + o_ent, d + o_len, d + o_n, d + o_r0, d + o_slot, d + o_boff,
-                     d + o_lrow, d + o_blk, d + o_spec}};
-    rs.rope3 = mm ? d + o_rope : NULL;
-    rs.mm_e = mm_rows ? e : NULL;
-    rs.mm_ne = NE;
-    attn_split(f, T, maxpos, &rs.span, &rs.nsplit);
-    cu_h2d_async(f->cu, f->meta, h, (o_hrow + nh) * sizeof(int));
     /* MoE decode without the host (graph-capturable): every (row, choice) slot through the indexed GEMV; past
      * 64 rows the experts are grouped on the host and run as GEMMs */
     int moe_device = T <= 64;
-    int rc = 0;
     int use_graph =
         all_decode && !mm_rows && !f->profile && !f->p.no_graphs && (m->cfg.n_experts == 0 || moe_device);
     if (use_graph) {
@@ -1008,6 +1046,101 @@ int cuda_fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, char *e
         f->n_marks = 0;
     }
     return 0;
+}
+
+int cuda_fwd_mtp_init(cuda_fwd *f, int n_blocks, char *err, size_t errlen) {
+    const model *m = f->m;
+    if (!m->mtp.present) return ci_err(err, errlen, CINFER_EUNSUPPORTED, "the checkpoint has no MTP head");
+    if (f->mtp_L) return ci_err(err, errlen, CINFER_ESTATE, "cuda: the MTP head is already on the device");
+    if (n_blocks < 1) return ci_err(err, errlen, CINFER_EINVAL, "cuda: an MTP pool of %d blocks", n_blocks);
+    /* a seed of its own, so random weights (benches) differ from the main layers' */
+    upload_ctx u = {NULL, (size_t)1 << 22, (f->p.seed ? f->p.seed : 1) + 0x9e3779b9ull};
+    u.stage = xmalloc(u.stage_elems * sizeof(uint16_t));
+    const wmat *fc[1] = {&m->mtp.fc};
+    size_t H = (size_t)m->H, T = (size_t)f->p.max_tokens, kvb = (size_t)n_blocks * 16 * m->Hkv * m->hd * 4;
+    f->mtp_L = xcalloc(1, sizeof(cu_layer));
+    int rc;
+    if ((rc = upload_cat(f, &u, &f->mtp_fc, fc, 1, NULL, err, errlen)) ||
+        (rc = upload_vec(f, &f->mtp_norm_e, m->mtp.pre_fc_norm_embedding, H, err, errlen)) ||
+        (rc = upload_vec(f, &f->mtp_norm_h, m->mtp.pre_fc_norm_hidden, H, err, errlen)) ||
+        (rc = upload_vec(f, &f->mtp_norm, m->mtp.norm, H, err, errlen)) ||
+        (rc = upload_layer(f, &u, f->mtp_L, &m->mtp.layer, -1, err, errlen)) ||
+        (rc = dev_alloc(f, (void **)&f->mtp_kpool, kvb, &f->bytes_pools, err, errlen)) ||
+        (rc = dev_alloc(f, (void **)&f->mtp_vpool, kvb, &f->bytes_pools, err, errlen)) ||
+        (rc = dev_alloc(f, (void **)&f->mtp_cat, T * 2 * H * 4, &f->bytes_scratch, err, errlen)) ||
+        (rc = dev_alloc(f, (void **)&f->mtp_hin, T * H * 4, &f->bytes_scratch, err, errlen)) ||
+        (rc = cu_sync(f->cu, err, errlen))) {
+        free(u.stage);
+        free(f->mtp_L);
+        f->mtp_L = NULL; /* what was allocated stays in f->allocs until destroy */
+        return rc;
+    }
+    free(u.stage);
+    f->mtp_blocks = n_blocks;
+    return 0;
+}
+
+int cuda_fwd_mtp_run(cuda_fwd *f, const fwd_entry *e, const mtp_io *io, int NE, int n_vocab, float *logits,
+                     char *err, size_t errlen) {
+    const model *m = f->m;
+    if (!f->mtp_L) return ci_err(err, errlen, CINFER_ESTATE, "cuda: the MTP head is not initialised");
+    int T = 0, nl = 0, maxpos = 0, max_n = 0, lmode[256];
+    if (NE > 256) return ci_err(err, errlen, CINFER_ERANGE, "cuda: %d MTP entries (at most 256 a call)", NE);
+    for (int i = 0; i < NE; i++) {
+        /* a head that starts mid-sequence (a prompt resumed from the prefix cache) would have to attend from
+         * there; the cuda attention reads from position 0: the engine stops drafting for that request */
+        if (e[i].attn_start)
+            return ci_err(err, errlen, CINFER_EUNSUPPORTED,
+                          "cuda: an MTP head starting at position %d (prefix-cache resume)", e[i].attn_start);
+        lmode[i] = io[i].logits;
+        T += e[i].n;
+        nl += io[i].logits == 2 ? e[i].n : io[i].logits ? 1 : 0;
+        if (e[i].seq_len + e[i].n - 1 > maxpos) maxpos = e[i].seq_len + e[i].n - 1;
+        if (e[i].n > max_n) max_n = e[i].n;
+    }
+    if (T > f->p.max_tokens)
+        return ci_err(err, errlen, CINFER_ERANGE, "cuda: MTP batch of %d rows exceeds %d", T,
+                      f->p.max_tokens);
+    if (n_vocab < 1 || n_vocab > m->V) n_vocab = m->V;
+    run_shape rs;
+    size_t o_hrow;
+    int rc = pack_meta(f, e, NE, lmode, T, nl, 0, max_n, maxpos, 0, 0, 0, &rs, &o_hrow, err, errlen);
+    if (rc) return rc;
+    int H = m->H;
+    float eps = (float)m->cfg.rms_norm_eps;
+    for (int i = 0, r0 = 0; i < NE; r0 += e[i].n, i++)
+        cu_h2d_async(f->cu, f->mtp_hin + (size_t)r0 * H, io[i].hidden, (size_t)e[i].n * H * sizeof(float));
+    /* u = fc([rmsnorm(embed(x_{t+1})) | rmsnorm(hh_t)]) (spec §5: the embedding first) */
+    cu_embed(f->cu, f->x, f->embed, rs.meta.ids, T, H);
+    cu_add_rmsnorm(f->cu, f->x, NULL, f->xn, f->mtp_norm_e, T, H, eps);
+    cu_add_rmsnorm(f->cu, f->mtp_hin, NULL, f->out, f->mtp_norm_h, T, H, eps);
+    cu_concat_rows(f->cu, f->mtp_cat, f->xn, f->out, T, H);
+    gemm(f, f->x, f->mtp_cat, f->mtp_fc, T, H, 2 * H);
+    /* the decoder layer on its own KV pool, as a full-attention layer of the model */
+    const cu_layer *cl = f->mtp_L;
+    const layer_weights *lw = &m->mtp.layer;
+    cu_add_rmsnorm(f->cu, f->x, NULL, f->xn, cl->in_norm, T, H, eps);
+    attention(f, cl, 0, &rs, f->mtp_kpool, f->mtp_vpool, f->mtp_blocks);
+    cu_add_rmsnorm(f->cu, f->x, f->out, f->xn, cl->post_norm, T, H, eps);
+    if (lw->moe) {
+        if ((rc = moe(f, cl, &rs, T <= 64, err, errlen))) return rc;
+    } else {
+        mlp(f, f->out, f->xn, cl->w_gu, cl->w_down, T, m->cfg.intermediate_size);
+    }
+    cu_add(f->cu, f->x, f->out, T, H);
+    /* every row after mtp.norm (the next chained step's input), and the logits rows from the same kernel on
+     * the same rows, so the two agree bit for bit; a draft vocabulary is a prefix of lm_head's rows */
+    cu_add_rmsnorm(f->cu, f->x, NULL, f->xn, f->mtp_norm, T, H, eps);
+    for (int i = 0, r0 = 0; i < NE; r0 += e[i].n, i++)
+        if (io[i].hidden_out)
+            cu_d2h_async(f->cu, io[i].hidden_out, f->xn + (size_t)r0 * H, (size_t)e[i].n * H * sizeof(float));
+    if (nl) {
+        cu_gather_rmsnorm(f->cu, f->out, f->x, rs.meta.lrow, f->mtp_norm, nl, H, eps);
+        gemm(f, f->logits, f->out, f->lm_head, nl, n_vocab, H);
+        if (logits) cu_d2h_async(f->cu, logits, f->logits, (size_t)nl * n_vocab * sizeof(float));
+    }
+    f->last_nl = 0; /* the device rows are the head's now, not a forward's */
+    return cu_sync(f->cu, err, errlen);
 }
 
 int cuda_fwd_spec_commit(cuda_fwd *f, int slot, int n_keep, char *err, size_t errlen) {

@@ -53,6 +53,13 @@ int cuda_fwd_state_load(cuda_fwd *f, int slot, const float *src, char *err, size
 /* KV rows [0, rows) of block src copied into block dst in every full-attention layer (copy on write) */
 int cuda_fwd_kv_copy(cuda_fwd *f, int dst, int src, int rows, char *err, size_t errlen);
 int cuda_fwd_sync(cuda_fwd *f, char *err, size_t errlen);
+/* The MTP head (model/mtp.h's forward_mtp on the device): cuda_fwd_mtp_init uploads its weights and makes its
+ * one-layer KV pool of n_blocks blocks (block ids of the context's MTP pool); cuda_fwd_mtp_run has
+ * forward_mtp's contract (entries' blocks are head block tables; attn_start must be 0 on cuda: CINFER_EUNSUPPORTED). */
+struct mtp_io;
+int cuda_fwd_mtp_init(cuda_fwd *f, int n_blocks, char *err, size_t errlen);
+int cuda_fwd_mtp_run(cuda_fwd *f, const fwd_entry *e, const struct mtp_io *io, int n_entries, int n_vocab,
+                     float *logits, char *err, size_t errlen);
 
 /* Token choice on the device for the rows the last cuda_fwd_run left there, so that only ids (and logprobs
  * when asked) come back. It follows the CPU sampler (src/sample/sampler.h) for what it accepts: greedy

@@ -604,17 +604,21 @@ int ctx_seq_state_copy(cinfer_ctx *c, int seq, float *dst, char *err, size_t err
 int ctx_mtp_init(cinfer_ctx *c, int n_vocab, char *err, size_t errlen) {
     const model *m = c->m;
     if (c->mtp_on) return ci_err(err, errlen, CINFER_ESTATE, "the MTP head is already initialised");
-    if (c->cf) return ci_err(err, errlen, CINFER_EUNSUPPORTED, "device cuda: the MTP head is not supported on cuda yet (use --device cpu)");
     if (!m->mtp.present) return ci_err(err, errlen, CINFER_EUNSUPPORTED, "the checkpoint has no MTP head (mtp.* tensors)");
     /* a sequence's head rows never outrun its target rows by more than a window, and a sequence resumed from
      * the prefix cache has head rows only past the cached prefix: the target pool's block count plus one
      * block per sequence covers every case, and never more than every sequence at full context */
     long nb = (long)c->kv.n_blocks + c->p.max_seqs, full = (long)c->p.max_seqs * c->blocks_per_seq;
     if (nb > full) nb = full;
-    int rc = kv_pool_init(&c->mkv, 1, (int)nb, m->Hkv * m->hd, err, errlen);
+    /* on cuda the head's pool is on the device (the host pool keeps the free list) */
+    int rc = kv_pool_init(&c->mkv, c->cf ? 0 : 1, (int)nb, m->Hkv * m->hd, err, errlen);
     if (rc) return rc;
-    c->mtp_cat = ci_try_alloc(sizeof(float) * mtp_scratch_floats(m, c->p.max_batch));
-    if (!c->mtp_cat) {
+    if (c->cf && (rc = cuda_fwd_mtp_init(c->cf, (int)nb, err, errlen))) {
+        kv_pool_free(&c->mkv);
+        return rc;
+    }
+    c->mtp_cat = c->cf ? NULL : ci_try_alloc(sizeof(float) * mtp_scratch_floats(m, c->p.max_batch));
+    if (!c->cf && !c->mtp_cat) {
         kv_pool_free(&c->mkv);
         return ci_err(err, errlen, CINFER_ENOMEM, "cannot allocate the MTP scratch");
     }
@@ -690,7 +694,15 @@ int ctx_mtp_forward(cinfer_ctx *c, const ctx_mtp_entry *e, int n, float *logits,
         c->mfe[i] = (fwd_entry){e[i].pos, e[i].tokens, e[i].n, 0, -1, s->mtp_blocks, NULL, 0, NULL, s->mtp_start};
         c->mio[i] = (mtp_io){e[i].hidden, e[i].hidden_out, e[i].logits};
     }
-    forward_mtp(m, &c->s, &c->mkv, c->tp, c->mfe, c->mio, n, c->mtp_cat, c->mtp_vocab, logits);
+    if (c->cf) {
+        int rc = cuda_fwd_mtp_run(c->cf, c->mfe, c->mio, n, c->mtp_vocab, logits, err, errlen);
+        if (rc) { /* as on ENOMEM: the rows from each entry's pos on are gone */
+            for (int i = 0; i < n; i++) mtp_drop(c, &c->seqs[e[i].seq], e[i].pos);
+            return rc;
+        }
+    } else {
+        forward_mtp(m, &c->s, &c->mkv, c->tp, c->mfe, c->mio, n, c->mtp_cat, c->mtp_vocab, logits);
+    }
     for (int i = 0; i < n; i++) c->seqs[e[i].seq].mtp_len = e[i].pos + e[i].n;
     return 0;
 }

@@ -957,8 +957,6 @@ int cinfer_engine_create(cinfer_model *cm, const cinfer_engine_params *pp, cinfe
     cp.spec_window = p.spec_max_draft ? p.spec_max_draft + 1 : 0;
     cp.prefix_cache_memory = p.prefix_cache_memory;
     cp.device = p.device;
-    /* the MTP head runs on the CPU only (ctx_mtp_init): auto keeps such an engine there */
-    if (p.spec == CINFER_SPEC_MTP && cp.device == CINFER_DEVICE_AUTO) cp.device = CINFER_DEVICE_CPU;
     int rc = cinfer_ctx_create(cm, &cp, &e->ctx, err, errlen);
     if (rc) {
         free(e);

@@ -281,6 +281,12 @@ TEST(cuda_spec_engine_greedy_is_exact) {
         compare("draft model", batch, plain, spec, gens);
         CHECK_MSG(s1.spec_accepted * 10 >= s1.spec_drafted * 7, "self-draft accepted %lld of %lld",
                   (long long)s1.spec_accepted, (long long)s1.spec_drafted);
+        run_engine(m, batch, prompts, lens, gens, CINFER_SPEC_MTP, NULL, NULL, spec, &s1);
+        printf("     %s, MTP head: %lld drafted, %lld accepted; steps %lld -> %lld\n", tag,
+               (long long)s1.spec_drafted, (long long)s1.spec_accepted, (long long)s0.steps_total,
+               (long long)s1.steps_total);
+        compare("MTP head", batch, plain, spec, gens);
+        CHECK_MSG(s1.spec_drafted > 0, "the MTP head never drafted");
         if (batch == 1) alone[0] = plain[0];
     }
     /* a sequence alone and in the batch of 16: on the GEMV path the same tokens */
@@ -394,5 +400,95 @@ TEST(cuda_prefix_engine_second_turn) {
     CHECK_EQ_INT(g2.n, 12);
     CHECK_MSG(!memcmp(g2.ids, gc.ids, sizeof(int32_t) * 12),
               "the cached second turn's tokens differ from cold");
+    cinfer_model_close(m);
+}
+
+/* ---- the MTP head on cuda ---- */
+
+/* The target's final-normed hidden rows (cinfer_batch_entry.hidden) and the MTP head's logits and normed
+ * output on cuda against the CPU, teacher-forced over a prompt (both heads fed the CPU's hidden rows), then
+ * one chained row: ||d||/||ref|| <= 1e-2 per row and the same argmax wherever the CPU's top-2 margin is
+ * clear. */
+TEST(cuda_mtp_head_matches_cpu) {
+    if (no_device()) SKIP("no CUDA device: skipped");
+    cinfer_model *m = open_fixture("qwen35_dense");
+    REQUIRE(m);
+    cinfer_model_info info;
+    cinfer_model_get_info(m, &info);
+    REQUIRE(info.has_mtp);
+    int V = info.vocab_size, H = info.hidden_size, P = 20;
+    char err[512];
+    cinfer_ctx *cc[2];
+    for (int d = 0; d < 2; d++) {
+        cinfer_ctx_params p = cinfer_ctx_default_params();
+        p.max_seqs = 1, p.max_ctx = 64, p.max_batch = 64, p.n_threads = 2;
+        p.device = d ? CINFER_DEVICE_CUDA : CINFER_DEVICE_CPU;
+        REQUIRE(cinfer_ctx_create(m, &p, &cc[d], err, sizeof err) == 0);
+        REQUIRE(ctx_mtp_init(cc[d], 0, err, sizeof err) == 0);
+    }
+    int32_t x[32];
+    for (int i = 0; i < P + 1; i++) x[i] = (int32_t)((i * 53 + 9) % V);
+    float *hid[2], *lg[2], *ho[2], *tl = malloc(sizeof(float) * (size_t)P * V);
+    for (int d = 0; d < 2; d++) {
+        hid[d] = malloc(sizeof(float) * (size_t)P * H);
+        ho[d] = malloc(sizeof(float) * (size_t)P * H);
+        lg[d] = malloc(sizeof(float) * (size_t)P * V);
+        int s = cinfer_seq_open(cc[d], err, sizeof err);
+        cinfer_batch_entry be = {s, x, P, 1, 0, hid[d]};
+        REQUIRE(cinfer_forward(cc[d], &be, 1, tl, err, sizeof err) == 0);
+    }
+    double worst_h = 0;
+    for (size_t i = 0; i < (size_t)P * H; i++) {
+        double dd = fabs((double)hid[1][i] - hid[0][i]);
+        if (!(dd <= worst_h)) worst_h = dd;
+    }
+    printf("     target hidden rows: max |cuda - cpu| %.3g\n", worst_h);
+    CHECK_MSG(worst_h <= 5e-2, "the cuda target's hidden rows differ from the CPU's by %.3g", worst_h);
+    /* rows t = 0..P-2: token x[t+1] with hidden row t (the CPU's for both) */
+    for (int d = 0; d < 2; d++) {
+        ctx_mtp_entry me = {0, 0, x + 1, hid[0], P - 1, ho[d], 2};
+        REQUIRE(ctx_mtp_forward(cc[d], &me, 1, lg[d], err, sizeof err) == 0);
+    }
+    double worst = 0;
+    int bad = 0;
+    for (int t = 0; t < P - 1; t++) {
+        const float *a = lg[1] + (size_t)t * V, *b = lg[0] + (size_t)t * V;
+        double dn = 0, nn = 0;
+        int ra = 0, rb = -1;
+        for (int v = 0; v < V; v++) {
+            double q = (double)a[v] - b[v];
+            dn += isfinite(a[v]) ? q * q : INFINITY;
+            nn += (double)b[v] * b[v];
+            if (b[v] > b[ra]) ra = v;
+        }
+        for (int v = 0; v < V; v++)
+            if (v != ra && (rb < 0 || b[v] > b[rb])) rb = v;
+        double rel = sqrt(dn / (nn > 0 ? nn : 1));
+        if (!(rel <= worst)) worst = rel;
+        if (rb >= 0 && b[ra] - b[rb] > 1e-2 * sqrt(nn / V) && argmax(a, V) != ra) bad++;
+    }
+    printf("     MTP head logits over %d rows: ||d||/||ref|| %.3g at worst, %d clear argmax differ\n", P - 1,
+           worst, bad);
+    CHECK_MSG(worst <= 1e-2, "cuda MTP logits differ from the CPU's by %.3g (bound 1e-2)", worst);
+    CHECK_EQ_INT(bad, 0);
+    /* one chained row at position P - 1 from the head's own last output (each device its own) */
+    for (int d = 0; d < 2; d++) {
+        int32_t nx = x[P];
+        ctx_mtp_entry me = {0, P - 1, &nx, ho[d] + (size_t)(P - 2) * H, 1, NULL, 1};
+        REQUIRE(ctx_mtp_forward(cc[d], &me, 1, lg[d], err, sizeof err) == 0);
+    }
+    double dn = 0, nn = 0;
+    for (int v = 0; v < V; v++) {
+        double q = (double)lg[1][v] - lg[0][v];
+        dn += q * q;
+        nn += (double)lg[0][v] * lg[0][v];
+    }
+    printf("     chained row: ||d||/||ref|| %.3g\n", sqrt(dn / (nn > 0 ? nn : 1)));
+    CHECK(sqrt(dn / (nn > 0 ? nn : 1)) <= 1e-2);
+    for (int d = 0; d < 2; d++) {
+        free(hid[d]), free(ho[d]), free(lg[d]);
+        cinfer_ctx_destroy(cc[d]);
+    }
+    free(tl);
     cinfer_model_close(m);
 }

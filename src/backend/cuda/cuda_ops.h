@@ -106,6 +106,8 @@ void cu_gather_rmsnorm(cu_ctx *c, float *d_y, const float *d_x, const int *d_src
 void cu_swiglu(cu_ctx *c, float *d_y, const float *d_gu, int T, int I);
 /* x[r] += y[r] (T rows of n) */
 void cu_add(cu_ctx *c, float *d_x, const float *d_y, int T, int n);
+/* y[r] = [a[r] | b[r]] (T rows of 2H from two of H: the MTP head's fc input) */
+void cu_concat_rows(cu_ctx *c, float *d_y, const float *d_a, const float *d_b, int T, int H);
 
 /* ---- per-call metadata, laid out by cu_meta_layout (device int buffer) ---- */
 typedef struct cu_meta {

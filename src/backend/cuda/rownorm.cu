@@ -70,3 +70,13 @@ extern "C" void cu_add(cu_ctx *c, float *x, const float *y, int T, int n) {
     if (g > 65535u * 16u) g = 65535u * 16u;
     add_kernel<<<g, 256, 0, c->stream>>>(x, y, N);
 }
+
+__global__ void concat_kernel(float *y, const float *a, const float *b, int H) {
+    int r = blockIdx.x;
+    for (int i = threadIdx.x; i < 2 * H; i += blockDim.x)
+        y[(size_t)r * 2 * H + i] = i < H ? a[(size_t)r * H + i] : b[(size_t)r * H + i - H];
+}
+
+extern "C" void cu_concat_rows(cu_ctx *c, float *y, const float *a, const float *b, int T, int H) {
+    if (T > 0) concat_kernel<<<T, 256, 0, c->stream>>>(y, a, b, H);
+}
