@@ -201,6 +201,7 @@ struct cuda_fwd {
     float *mtp_kpool, *mtp_vpool;              /* [mtp_blocks][16][Hkv*hd] */
     int mtp_blocks;
     float *mtp_cat, *mtp_hin; /* [T][2H] fc input, [T][H] the hidden rows uploaded */
+    int *mtp_lmode;           /* [T] host: each entry's logits rows (mtp_io.logits) */
     /* graphs */
     graph_ent graphs[MAX_GRAPHS];
     int n_graphs;
@@ -398,6 +399,7 @@ static int alloc_scratch(cuda_fwd *f, char *err, size_t errlen) {
     Wp = zmax(Wp, (size_t)c->n_experts);
     size_t Wa = zmax(zmax(I, Is), zmax(vd, (size_t)m->Hq * m->hd));
     size_t Kmax = zmax(zmax(H, zmax(I, Is)), zmax(zmax(vd, (size_t)m->Hq * m->hd), zmax(Im, 8)));
+    if (m->mtp.present) Kmax = zmax(Kmax, 2 * H); /* the MTP head's fc reads [embedding | hidden] rows */
     (void)kvd;
     /* attention partials: splits are only used while rows x heads < ATTN_TARGET_BLOCKS (see attn_split) */
     f->part_floats = (size_t)2 * ATTN_TARGET_BLOCKS * (size_t)(m->hd + 2);
@@ -484,6 +486,7 @@ void cuda_fwd_destroy(cuda_fwd *f) {
     free(f->allocs);
     free(f->L);
     free(f->mtp_L);
+    free(f->mtp_lmode);
     free(f->h_cnt);
     free(f->h_off);
     free(f->h_fill);
@@ -1076,6 +1079,7 @@ int cuda_fwd_mtp_init(cuda_fwd *f, int n_blocks, char *err, size_t errlen) {
         return rc;
     }
     free(u.stage);
+    f->mtp_lmode = xmalloc(T * sizeof(int));
     f->mtp_blocks = n_blocks;
     return 0;
 }
@@ -1084,8 +1088,8 @@ int cuda_fwd_mtp_run(cuda_fwd *f, const fwd_entry *e, const mtp_io *io, int NE, 
                      char *err, size_t errlen) {
     const model *m = f->m;
     if (!f->mtp_L) return ci_err(err, errlen, CINFER_ESTATE, "cuda: the MTP head is not initialised");
-    int T = 0, nl = 0, maxpos = 0, max_n = 0, lmode[256];
-    if (NE > 256) return ci_err(err, errlen, CINFER_ERANGE, "cuda: %d MTP entries (at most 256 a call)", NE);
+    int T = 0, nl = 0, maxpos = 0, max_n = 0, *lmode = f->mtp_lmode;
+    if (NE > f->p.max_tokens) return ci_err(err, errlen, CINFER_ERANGE, "cuda: %d MTP entries", NE);
     for (int i = 0; i < NE; i++) {
         /* a head that starts mid-sequence (a prompt resumed from the prefix cache) would have to attend from
          * there; the cuda attention reads from position 0: the engine stops drafting for that request */
