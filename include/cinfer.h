@@ -337,6 +337,7 @@ typedef struct cinfer_engine_stats {
     int64_t prefix_bytes;      /* snapshot bytes held */
     int64_t prefix_kv_bytes;   /* bytes of the KV blocks the prefix cache references */
     int prefix_blocks_cached;  /* KV blocks the prefix cache references */
+    int device;                /* cinfer_device the engine's context runs on (CPU or CUDA) */
 } cinfer_engine_stats;
 
 void cinfer_engine_get_stats(cinfer_engine *e, cinfer_engine_stats *out);

@@ -1303,6 +1303,7 @@ void cinfer_engine_get_stats(cinfer_engine *e, cinfer_engine_stats *o) {
     o->queue_limit = e->p.queue_limit;
     o->kv_blocks_used = atomic_load(&e->stat_kv_used);
     o->kv_blocks_total = ctx_kv_total_blocks(e->ctx);
+    o->device = cinfer_ctx_device(e->ctx);
     o->slots_used = atomic_load(&e->stat_slots_used);
     o->slots_total = e->p.max_seqs;
     o->requests_total = atomic_load(&e->requests_total);

@@ -375,7 +375,11 @@ static int load_images_into(server *s, gen *g, srv_gen_req *r, int p, srv_error 
         return srv_fail(e, 400, "messages", "the model %s has no vision tower: it does not accept images", s->model_id);
     if (!r->template_ctx || r->n_prompts != 1) return srv_fail(e, 400, "messages", "images go in chat messages");
     cinfer_image **ims;
-    if (decode_images(s, r, 1, &ims, e) < 0) return -1;
+    /* on a GPU the context's own tower encodes them at admission (milliseconds there; the CPU tower would
+     * take seconds to minutes per image on this thread) */
+    cinfer_engine_stats st;
+    cinfer_engine_get_stats(s->engine, &st);
+    if (decode_images(s, r, st.device != CINFER_DEVICE_CUDA, &ims, e) < 0) return -1;
     int32_t *x = NULL;
     int nx = 0;
     char err[512];

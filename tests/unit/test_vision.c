@@ -85,6 +85,64 @@ TEST(vision_text_only_model_has_no_tower) {
     model_free(m);
 }
 
+/* vision_taps (what the CUDA tower takes) gives the CPU tower's own positions and rotary angles, bit for bit:
+ * its taps recombined in the tower's order equal the "pos_embed" trace, (float)y or x times inv_freq the
+ * "rotary" trace; over images of several shapes (one of two frames) in one call. */
+typedef struct taps_trace {
+    float *pos, *ang;
+    int64_t rows;
+} taps_trace;
+
+static void keep_stage(void *ctxp, const char *name, const float *data, int64_t rows, int cols) {
+    taps_trace *t = ctxp;
+    float **dst = !strcmp(name, "pos_embed") ? &t->pos : !strcmp(name, "rotary") ? &t->ang : NULL;
+    if (!dst) return;
+    *dst = malloc(sizeof(float) * rows * cols);
+    memcpy(*dst, data, sizeof(float) * rows * cols);
+    t->rows = rows;
+}
+
+TEST(vision_taps_match_the_cpu_tower) {
+    model *m = load("qwen35_dense");
+    REQUIRE(m);
+    const vision_weights *v = &m->vis;
+    vision_grid g[3] = {{1, 4, 6}, {2, 6, 4}, {1, 12, 2}};
+    int64_t np = 0, nt = 0;
+    for (int i = 0; i < 3; i++) np += (int64_t)g[i].t * g[i].h * g[i].w, nt += vision_tokens(v, g[i]);
+    float *px = malloc(sizeof(float) * np * v->patch_dim), *out = malloc(sizeof(float) * nt * m->H);
+    for (int64_t i = 0; i < np * v->patch_dim; i++) px[i] = frand();
+    taps_trace tr = {0};
+    char err[256];
+    REQUIRE(vision_encode(m, NULL, px, g, 3, out, keep_stage, &tr, err, sizeof err) == 0);
+    REQUIRE(tr.pos && tr.ang && tr.rows == np);
+    vision_tap *taps = malloc(sizeof(vision_tap) * np);
+    vision_taps(v, g, 3, taps);
+    int D = v->D, q = v->head_dim / 4, bad_pos = 0, bad_ang = 0;
+    for (int64_t r = 0; r < np; r++) {
+        const vision_tap *t = &taps[r];
+        for (int d = 0; d < D; d++) {
+            float a = v->pos[(int64_t)t->idx[0] * D + d] * t->w[0],
+                  b = v->pos[(int64_t)t->idx[1] * D + d] * t->w[1];
+            float c = v->pos[(int64_t)t->idx[2] * D + d] * t->w[2],
+                  e = v->pos[(int64_t)t->idx[3] * D + d] * t->w[3];
+            float pe = ((a + b) + c) + e;
+            bad_pos += memcmp(&pe, &tr.pos[r * D + d], sizeof pe) != 0;
+        }
+        for (int i = 0; i < q; i++) {
+            float ay = (float)t->y * v->inv_freq[i], ax = (float)t->x * v->inv_freq[i];
+            bad_ang += ay != tr.ang[r * 2 * q + i] || ax != tr.ang[r * 2 * q + q + i];
+        }
+    }
+    CHECK_MSG(bad_pos == 0, "%d position values differ from the tower's", bad_pos);
+    CHECK_MSG(bad_ang == 0, "%d rotary angles differ from the tower's", bad_ang);
+    /* the second image's two frames take the same taps, in merge-block order: row 24 + 4 is (y 0, x 2) */
+    CHECK_EQ_INT(taps[24].y, 0);
+    CHECK_EQ_INT(taps[24 + 4].x, 2);
+    CHECK(!memcmp(&taps[24], &taps[48], sizeof(vision_tap)));
+    free(taps), free(tr.pos), free(tr.ang), free(px), free(out);
+    model_free(m);
+}
+
 /* A row's result must not depend on the other images in the call, nor on the thread count. */
 TEST(vision_batch_equals_solo) {
     model *m = load("qwen35_dense");
