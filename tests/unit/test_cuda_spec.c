@@ -369,28 +369,32 @@ TEST(cuda_prefix_engine_second_turn) {
     REQUIRE(m);
     int32_t p[64];
     for (int i = 0; i < 40; i++) p[i] = (int32_t)((i * 29 + 11) % 256);
-    got g1, g2, gc;
-    for (int pass = 0; pass < 2; pass++) {
+    got g1, g2, gc, gm;
+    /* pass 0: with the cache; 1: cold; 2: with the cache and MTP drafts (a resumed request drafts nothing on
+     * cuda, the others go on drafting) */
+    for (int pass = 0; pass < 3; pass++) {
         cinfer_engine_params ep = cinfer_engine_default_params();
         ep.max_seqs = 2;
         ep.ctx_size = 64;
         ep.n_threads = 2;
         ep.device = CINFER_DEVICE_CUDA;
-        ep.prefix_cache_memory = pass ? 0 : 64 << 20;
+        ep.prefix_cache_memory = pass == 1 ? 0 : 64 << 20;
+        if (pass == 2) ep.spec = CINFER_SPEC_MTP, ep.spec_max_draft = 3;
         cinfer_engine *e;
         char err[1024];
         REQUIRE(cinfer_engine_create(m, &ep, &e, err, sizeof err) == 0);
         cinfer_request *r;
-        if (!pass) {
+        if (pass != 1) {
             cinfer_request_params rp = greedy(p, 20, 8);
             REQUIRE(cinfer_engine_submit(e, &rp, &r, err, sizeof err) == 0);
             drain(r, &g1);
             cinfer_request_free(r);
+            for (int i = 0; i < 8; i++) CHECK(pass == 0 || p[20 + i] == g1.ids[i]);
             for (int i = 0; i < 8; i++) p[20 + i] = g1.ids[i];
         }
         cinfer_request_params rp = greedy(p, 36, 12);
         REQUIRE(cinfer_engine_submit(e, &rp, &r, err, sizeof err) == 0);
-        drain(r, pass ? &gc : &g2);
+        drain(r, pass == 0 ? &g2 : pass == 1 ? &gc : &gm);
         cinfer_request_free(r);
         cinfer_engine_destroy(e);
     }
@@ -400,6 +404,9 @@ TEST(cuda_prefix_engine_second_turn) {
     CHECK_EQ_INT(g2.n, 12);
     CHECK_MSG(!memcmp(g2.ids, gc.ids, sizeof(int32_t) * 12),
               "the cached second turn's tokens differ from cold");
+    CHECK_MSG(gm.cached >= 19 && gm.n == 12, "with MTP: %d cached, %d tokens", gm.cached, gm.n);
+    CHECK_MSG(!memcmp(gm.ids, gc.ids, sizeof(int32_t) * 12),
+              "the cached second turn with MTP differs from cold");
     cinfer_model_close(m);
 }
 
