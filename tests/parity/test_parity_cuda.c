@@ -2,7 +2,7 @@
  * oracle fixture: ||logits - ref|| / ||ref|| <= 1e-2 at every position and the same top-1 wherever the
  * reference's top-2 margin exceeds 0.05 x std; once as one prefill, once as a prefill followed by decode
  * steps (the recurrent kernel, CUDA graphs). Then: a sequence alone vs inside a batch of 32, graphs vs eager
- * (bit for bit), and the device choice / refusals (those run without a GPU too). */
+ * (bit for bit), and the device choice (runs without a GPU too). */
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -288,7 +288,8 @@ TEST(cuda_graphs_match_eager) {
     cinfer_model_close(m);
 }
 
-/* runs with or without a GPU: auto falls back to the CPU, cuda refuses what it does not do yet */
+/* runs with or without a GPU: auto takes the GPU when there is one (speculation and the prefix cache
+ * included), a device that is not cpu, cuda or auto is refused */
 TEST(cuda_device_choice_and_refusals) {
     char dir[512], err[512];
     snprintf(dir, sizeof dir, "%s/qwen35_dense", test_fixtures_dir());
