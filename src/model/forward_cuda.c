@@ -456,7 +456,7 @@ static int alloc_scratch(cuda_fwd *f, char *err, size_t errlen) {
     size_t tables = zmax(T * bps < (size_t)f->p.n_blocks + T ? T * bps : (size_t)f->p.n_blocks + T, 1);
     /* + spec flags (<= T entries), attention tiles (at most one per row), hidden rows (T) and [T][3] mRoPE
      * positions */
-    f->meta_cap = 15 * T + tables + 64;
+    f->meta_cap = 16 * T + tables + 64; /* + the MTP head's attention starts (<= T entries) */
     if ((rc = dev_alloc(f, (void **)&f->meta, f->meta_cap * 4, a, err, errlen)) ||
         (rc = cu_alloc_host((void **)&f->h_meta, f->meta_cap * 4, err, errlen)))
         return rc;
@@ -883,10 +883,11 @@ static void attn_split(const cuda_fwd *f, int T, int maxpos, int *span, int *nsp
 }
 
 /* Lays out and uploads one call's metadata (cu_meta) and fills rs. lmode: per entry 0 no logits row, 1 its
- * last row, 2 every row (NULL: from all_logits); hidden rows (entries with e.hidden) listed at *o_hrow_out.
- * For a decode step every offset up to the block tables depends on NE alone (graphs). */
+ * last row, 2 every row (NULL: from all_logits); hidden rows (entries with e.hidden) listed at *o_hrow_out;
+ * astart: the entries' attn_start go up too (meta.e_astart). For a decode step every offset up to the block
+ * tables depends on NE alone (graphs). */
 static int pack_meta(cuda_fwd *f, const fwd_entry *e, int NE, const int *lmode, int T, int nl, int nh,
-                     int max_n, int maxpos, int has_spec, int mm, int mm_rows, run_shape *rs,
+                     int max_n, int maxpos, int has_spec, int mm, int mm_rows, int astart, run_shape *rs,
                      size_t *o_hrow_out, char *err, size_t errlen) {
     int *h = f->h_meta;
     size_t o_ids = 0, o_pos = o_ids + T, o_ent = o_pos + T, o_len = o_ent + T, o_n = o_len + NE,
@@ -902,8 +903,10 @@ static int pack_meta(cuda_fwd *f, const fwd_entry *e, int NE, const int *lmode, 
     size_t o_tile = o_blk + nb;
     *o_hrow_out = o_tile + ntile;
     size_t o_hrow = *o_hrow_out;
-    if (o_hrow + nh > f->meta_cap)
+    size_t o_ast = o_hrow + nh, n_meta = o_ast + (astart ? (size_t)NE : 0);
+    if (n_meta > f->meta_cap)
         return ci_err(err, errlen, CINFER_ERANGE, "cuda: block tables exceed the metadata buffer");
+    for (int i = 0; astart && i < NE; i++) h[o_ast + i] = e[i].attn_start;
     int r = 0, li = 0, ti = 0, hi = 0;
     size_t bo = 0;
     for (int i = 0; i < NE; i++) {
@@ -947,8 +950,9 @@ static int pack_meta(cuda_fwd *f, const fwd_entry *e, int NE, const int *lmode, 
     rs->rope3 = mm ? d + o_rope : NULL;
     rs->mm_e = mm_rows ? e : NULL;
     rs->mm_ne = NE;
+    rs->meta.e_astart = astart ? d + o_ast : NULL;
     attn_split(f, T, maxpos, &rs->span, &rs->nsplit);
-    cu_h2d_async(f->cu, f->meta, h, (o_hrow + nh) * sizeof(int));
+    cu_h2d_async(f->cu, f->meta, h, n_meta * sizeof(int));
     return 0;
 }
 
@@ -979,8 +983,8 @@ int cuda_fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, char *e
         return ci_err(err, errlen, CINFER_ERANGE, "cuda: batch of %d tokens exceeds %d", T, f->p.max_tokens);
     run_shape rs;
     size_t o_hrow;
-    int rc =
-        pack_meta(f, e, NE, NULL, T, nl, nh, max_n, maxpos, has_spec, mm, mm_rows, &rs, &o_hrow, err, errlen);
+    int rc = pack_meta(f, e, NE, NULL, T, nl, nh, max_n, maxpos, has_spec, mm, mm_rows, 0, &rs, &o_hrow, err,
+                       errlen);
     if (rc) return rc;
     int *d = f->meta;
     /* MoE decode without the host (graph-capturable): every (row, choice) slot through the indexed GEMV; past
@@ -1088,14 +1092,14 @@ int cuda_fwd_mtp_run(cuda_fwd *f, const fwd_entry *e, const mtp_io *io, int NE, 
                      char *err, size_t errlen) {
     const model *m = f->m;
     if (!f->mtp_L) return ci_err(err, errlen, CINFER_ESTATE, "cuda: the MTP head is not initialised");
-    int T = 0, nl = 0, maxpos = 0, max_n = 0, *lmode = f->mtp_lmode;
+    int T = 0, nl = 0, maxpos = 0, max_n = 0, *lmode = f->mtp_lmode, astart = 0;
     if (NE > f->p.max_tokens) return ci_err(err, errlen, CINFER_ERANGE, "cuda: %d MTP entries", NE);
     for (int i = 0; i < NE; i++) {
-        /* a head that starts mid-sequence (a prompt resumed from the prefix cache) would have to attend from
-         * there; the cuda attention reads from position 0: the engine stops drafting for that request */
-        if (e[i].attn_start)
-            return ci_err(err, errlen, CINFER_EUNSUPPORTED,
-                          "cuda: an MTP head starting at position %d (prefix-cache resume)", e[i].attn_start);
+        /* a head that starts mid-sequence (a prompt resumed from the prefix cache) attends from there only */
+        if (e[i].attn_start < 0 || e[i].attn_start > e[i].seq_len)
+            return ci_err(err, errlen, CINFER_EINVAL, "cuda: MTP entry %d starts attention at %d of %d", i,
+                          e[i].attn_start, e[i].seq_len);
+        if (e[i].attn_start) astart = 1;
         lmode[i] = io[i].logits;
         T += e[i].n;
         nl += io[i].logits == 2 ? e[i].n : io[i].logits ? 1 : 0;
@@ -1108,8 +1112,13 @@ int cuda_fwd_mtp_run(cuda_fwd *f, const fwd_entry *e, const mtp_io *io, int NE, 
     if (n_vocab < 1 || n_vocab > m->V) n_vocab = m->V;
     run_shape rs;
     size_t o_hrow;
-    int rc = pack_meta(f, e, NE, lmode, T, nl, 0, max_n, maxpos, 0, 0, 0, &rs, &o_hrow, err, errlen);
+    int rc = pack_meta(f, e, NE, lmode, T, nl, 0, max_n, maxpos, 0, 0, 0, astart, &rs, &o_hrow, err, errlen);
     if (rc) return rc;
+    if (astart) {
+        /* the start is honoured by the untiled kernel on one split: every position of a row in one block */
+        rs.tiles = NULL, rs.n_tiles = 0, rs.nsplit = 1;
+        rs.span = maxpos + 1;
+    }
     int H = m->H;
     float eps = (float)m->cfg.rms_norm_eps;
     for (int i = 0, r0 = 0; i < NE; r0 += e[i].n, i++)

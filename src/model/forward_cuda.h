@@ -55,7 +55,8 @@ int cuda_fwd_kv_copy(cuda_fwd *f, int dst, int src, int rows, char *err, size_t 
 int cuda_fwd_sync(cuda_fwd *f, char *err, size_t errlen);
 /* The MTP head (model/mtp.h's forward_mtp on the device): cuda_fwd_mtp_init uploads its weights and makes its
  * one-layer KV pool of n_blocks blocks (block ids of the context's MTP pool); cuda_fwd_mtp_run has
- * forward_mtp's contract (entries' blocks are head block tables; attn_start must be 0 on cuda: CINFER_EUNSUPPORTED). */
+ * forward_mtp's contract (entries' blocks are head block tables; a head resumed mid-sequence attends from its
+ * attn_start, through the untiled attention kernel). */
 struct mtp_io;
 int cuda_fwd_mtp_init(cuda_fwd *f, int n_blocks, char *err, size_t errlen);
 int cuda_fwd_mtp_run(cuda_fwd *f, const fwd_entry *e, const struct mtp_io *io, int n_entries, int n_vocab,

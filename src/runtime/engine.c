@@ -494,10 +494,6 @@ static void admit(cinfer_engine *e) {
             if (ctx_seq_resume(e->ctx, seq, r->prompt, r->n_prompt, &cached, err, sizeof err) == 0) {
                 r->n_fed = cached;
                 r->cached = cached;
-                /* the cuda MTP head attends from position 0 only (cuda_fwd_mtp_run): a resumed request goes
-                 * without its drafts rather than failing the head's batch for every request in it */
-                if (cached && e->p.spec == CINFER_SPEC_MTP && cinfer_ctx_device(e->ctx) == CINFER_DEVICE_CUDA)
-                    r->mtp_off = 1;
             }
         }
         e->wait_head = r->next;

@@ -370,8 +370,8 @@ TEST(cuda_prefix_engine_second_turn) {
     int32_t p[64];
     for (int i = 0; i < 40; i++) p[i] = (int32_t)((i * 29 + 11) % 256);
     got g1, g2, gc, gm;
-    /* pass 0: with the cache; 1: cold; 2: with the cache and MTP drafts (a resumed request drafts nothing on
-     * cuda, the others go on drafting) */
+    /* pass 0: with the cache; 1: cold; 2: with the cache and MTP drafts (the resumed second turn's head
+     * starts at the cached position and attends from there, cu_meta.e_astart) */
     for (int pass = 0; pass < 3; pass++) {
         cinfer_engine_params ep = cinfer_engine_default_params();
         ep.max_seqs = 2;
@@ -428,7 +428,7 @@ TEST(cuda_mtp_head_matches_cpu) {
     cinfer_ctx *cc[2];
     for (int d = 0; d < 2; d++) {
         cinfer_ctx_params p = cinfer_ctx_default_params();
-        p.max_seqs = 1, p.max_ctx = 64, p.max_batch = 64, p.n_threads = 2;
+        p.max_seqs = 2, p.max_ctx = 64, p.max_batch = 64, p.n_threads = 2;
         p.device = d ? CINFER_DEVICE_CUDA : CINFER_DEVICE_CPU;
         REQUIRE(cinfer_ctx_create(m, &p, &cc[d], err, sizeof err) == 0);
         REQUIRE(ctx_mtp_init(cc[d], 0, err, sizeof err) == 0);
@@ -492,6 +492,27 @@ TEST(cuda_mtp_head_matches_cpu) {
     }
     printf("     chained row: ||d||/||ref|| %.3g\n", sqrt(dn / (nn > 0 ? nn : 1)));
     CHECK(sqrt(dn / (nn > 0 ? nn : 1)) <= 1e-2);
+    /* a head that starts mid-sequence (a prompt resumed from the prefix cache): rows 5..P-2 of a fresh
+     * sequence, attending from position 5 only (cu_meta.e_astart on cuda) */
+    for (int d = 0; d < 2; d++) {
+        int s2 = cinfer_seq_open(cc[d], err, sizeof err);
+        REQUIRE(s2 >= 0);
+        ctx_mtp_entry me = {s2, 5, x + 6, hid[0] + (size_t)5 * H, P - 6, NULL, 2};
+        REQUIRE(ctx_mtp_forward(cc[d], &me, 1, lg[d], err, sizeof err) == 0);
+    }
+    worst = 0;
+    for (int t = 0; t < P - 6; t++) {
+        double dd = 0, n2 = 0;
+        for (int v = 0; v < V; v++) {
+            double q = (double)lg[1][(size_t)t * V + v] - lg[0][(size_t)t * V + v];
+            dd += q * q;
+            n2 += (double)lg[0][(size_t)t * V + v] * lg[0][(size_t)t * V + v];
+        }
+        double rel = sqrt(dd / (n2 > 0 ? n2 : 1));
+        if (!(rel <= worst)) worst = rel;
+    }
+    printf("     head resumed at position 5: ||d||/||ref|| %.3g at worst\n", worst);
+    CHECK_MSG(worst <= 1e-2, "a head starting mid-sequence differs from the CPU's by %.3g", worst);
     for (int d = 0; d < 2; d++) {
         free(hid[d]), free(ho[d]), free(lg[d]);
         cinfer_ctx_destroy(cc[d]);

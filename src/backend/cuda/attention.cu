@@ -73,7 +73,10 @@ template <int NPL> __global__ void __launch_bounds__(128) attn_kernel(cu_attn_ar
         acc[i] = 0.0f;
     }
     float scale = (float)(1.0 / sqrt((double)hd)), m = -INFINITY, l = 0.0f;
-    for (int u = start + warp; u < end; u += 4) {
+    /* an MTP head resumed mid-sequence attends only to its own rows (meta.e_astart; one split then) */
+    int from = a.meta.e_astart ? a.meta.e_astart[a.meta.row_entry[r]] : 0;
+    if (from < start) from = start;
+    for (int u = from + warp; u < end; u += 4) {
         const float *k = kv_row(a.kpool, a, blocks, u) + (size_t)kvh * hd;
         const float *v = kv_row(a.vpool, a, blocks, u) + (size_t)kvh * hd;
         float s = 0.0f;

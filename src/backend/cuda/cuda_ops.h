@@ -122,6 +122,8 @@ typedef struct cu_meta {
     const int *lrow;      /* [nl] rows that need logits */
     const int *blocks;    /* block tables, concatenated */
     const int *e_spec;    /* [NE] 1: a speculative window (the slot is read, never written; see cu_gdn_args) */
+    const int *e_astart;  /* NULL, or [NE] first position the attention reads (an MTP head resumed mid-sequence:
+                             only the one-split, untiled decode kernel honours it) */
 } cu_meta;
 
 /* ---- Gated DeltaNet (deltanet.cu) ---- */
