@@ -154,9 +154,9 @@ struct cinfer_engine {
     size_t *gv_len;                 /* [V] */
     /* cuda with CINFER_CUDA_SAMPLE=1: steps whose every row is plain greedy choose on the device */
     int dev_sample;
-    cuda_sample *dsmp;              /* [max_seqs] */
-    int32_t *dids;                  /* [max_seqs] */
-    float *dlps;                    /* [max_seqs] */
+    cuda_sample *dsmp;              /* [max_seqs * (1 + spec_max_draft)]: one per logits row */
+    int32_t *dids;                  /* [max_seqs * (1 + spec_max_draft)] */
+    float *dlps;                    /* [max_seqs * (1 + spec_max_draft)] */
 };
 
 /* ---- event queue ---- */
@@ -772,12 +772,14 @@ static void step(cinfer_engine *e) {
             hrows += e->entries[i].n_tokens;
         }
     char err[512];
-    /* cuda: when every row is plain greedy (one row per entry), only the chosen ids come back */
-    int dev = e->dev_sample && !mtp;
+    /* cuda: when every row is plain greedy, only the chosen ids come back — a verify window's rows too (greedy
+     * acceptance needs only each row's argmax; the device takes it from the same logits bits) */
+    int dev = e->dev_sample;
     for (int i = 0; dev && i < n; i++) {
         cinfer_request *r = e->entry_req[i];
-        dev = r->dev_greedy && !r->gm && !e->entries[i].all_logits;
-        e->dsmp[i] = (cuda_sample){0.0f, 0, 0.0, r->dev_lp};
+        dev = r->dev_greedy && !r->gm;
+        int nr = e->entries[i].all_logits ? e->entries[i].n_tokens : 1;
+        for (int j = 0; j < nr; j++) e->dsmp[e->entry_row[i] + j] = (cuda_sample){0.0f, 0, 0.0, r->dev_lp};
     }
     int rc = dev ? ctx_forward_sample(e->ctx, e->entries, n, e->dsmp, e->dids, e->dlps, err, sizeof err)
                  : cinfer_forward(e->ctx, e->entries, n, e->logits, err, sizeof err);
@@ -814,7 +816,14 @@ static void step(cinfer_engine *e) {
             int kept = 1; /* window position 0 (the fed token) is always kept */
             for (int j = 0; j <= r->n_drafts && !fin; j++) {
                 sampler_accept(r->smp, r->drafts[j]);
-                int32_t t = sampler_sample(r->smp, row + (size_t)j * V, &r->res);
+                int32_t t;
+                if (dev) { /* what sampler_sample reports for a greedy step */
+                    memset(&r->res, 0, sizeof r->res);
+                    t = r->res.token = e->dids[e->entry_row[i] + j];
+                    if (r->dev_lp) r->res.logprob = e->dlps[e->entry_row[i] + j];
+                } else {
+                    t = sampler_sample(r->smp, row + (size_t)j * V, &r->res);
+                }
                 r->last = t;
                 atomic_fetch_add(&e->generated_tokens_total, 1);
                 fin = accept_token(e, r, t);
@@ -842,8 +851,8 @@ static void step(cinfer_engine *e) {
             int32_t t;
             if (dev) { /* what sampler_sample reports for a greedy step */
                 memset(&r->res, 0, sizeof r->res);
-                t = r->res.token = e->dids[i];
-                if (r->dev_lp) r->res.logprob = e->dlps[i];
+                t = r->res.token = e->dids[e->entry_row[i]];
+                if (r->dev_lp) r->res.logprob = e->dlps[e->entry_row[i]];
             } else {
                 t = sampler_sample(r->smp, constrain_row(e, r, row), &r->res);
             }
@@ -1006,9 +1015,10 @@ int cinfer_engine_create(cinfer_model *cm, const cinfer_engine_params *pp, cinfe
     const char *ds = getenv("CINFER_CUDA_SAMPLE"); /* "1": greedy steps choose on the device (not yet default) */
     if (cinfer_ctx_device(e->ctx) == CINFER_DEVICE_CUDA && ds && !strcmp(ds, "1")) {
         e->dev_sample = 1;
-        e->dsmp = xcalloc((size_t)p.max_seqs, sizeof *e->dsmp);
-        e->dids = xcalloc((size_t)p.max_seqs, sizeof *e->dids);
-        e->dlps = xcalloc((size_t)p.max_seqs, sizeof *e->dlps);
+        size_t rows = (size_t)p.max_seqs * (1 + (size_t)p.spec_max_draft);
+        e->dsmp = xcalloc(rows, sizeof *e->dsmp);
+        e->dids = xcalloc(rows, sizeof *e->dids);
+        e->dlps = xcalloc(rows, sizeof *e->dlps);
     }
     e->im_start = text_token_id(cm, "<|im_start|>");
     e->entries = xcalloc((size_t)p.max_seqs, sizeof *e->entries);
