@@ -19,6 +19,13 @@ static double now_s(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* the sparse checkpoint --like made (no disk blocks, but a directory in /tmp per run) */
+static void like_cleanup(const char *dir) {
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) fprintf(stderr, "cinfer bench: could not remove %s\n", dir);
+}
+
 int cli_bench(int argc, char **argv) {
     static const char *const vf[] = {"-m", "--model", "-p", "-n", "--threads", "--spec-accept", "--spec-draft", "--batch", "--prefix-turn",
                                      "--turn-new", "--spec", "--prompt", "--spec-mtp-vocab", "--repeat", "--like", "--layers", NULL};
@@ -79,12 +86,16 @@ int cli_bench(int argc, char **argv) {
             fprintf(stderr, "cinfer bench: --spec-accept must be in [0, 1]\n");
             return 2;
         }
-        return bench_spec(argc, argv, dir, a, mode);
+        int rc = bench_spec(argc, argv, dir, a, mode);
+        if (dir == like_dir) like_cleanup(like_dir);
+        return rc;
     }
     if ((v = arg_value(argc, argv, "--prefix-turn", NULL))) {
         long pt;
         if (parse_int(v, "--prefix-turn", 2, 1 << 22, &pt)) return 2;
-        return bench_prefix(argc, argv, dir, (int)pt);
+        int rc = bench_prefix(argc, argv, dir, (int)pt);
+        if (dir == like_dir) like_cleanup(like_dir);
+        return rc;
     }
     long P = 512, N = 32, nthreads = 0;
     if ((v = arg_value(argc, argv, "-p", NULL)) && parse_int(v, "-p", 1, 1 << 20, &P)) return 2;

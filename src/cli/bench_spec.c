@@ -223,6 +223,9 @@ int bench_spec(int argc, char **argv, const char *dir, double accept, int mode) 
         spv[i] = run(m, &sp, &o, 0, &mismatch, &s1, &esp[i]);
         ratio[i] = pl[i] > 0 ? spv[i] / pl[i] : 0;
         eratio[i] = epl[i] > 0 ? esp[i] / epl[i] : 0;
+        /* each pair as it finishes: a run stopped by a time limit still says something */
+        printf("pair %ld           plain %.2f, speculative %.2f tok/s decode: %.2fx (acceptance %.3f)\n", i + 1, pl[i], spv[i],
+               ratio[i], s1.spec_drafted ? (double)s1.spec_accepted / (double)s1.spec_drafted : 0);
     }
     double plain = median(pl, (int)R), spec = median(spv, (int)R), speedup = median(ratio, (int)R);
     double acc = s1.spec_drafted ? (double)s1.spec_accepted / (double)s1.spec_drafted : 0;
