@@ -2,7 +2,16 @@
  * the window kept per slot, l2norm of q/k (q scaled), beta = sigmoid(b), g = A softplus(a + dt_bias), the
  * recurrent form for a decode token continuing a sequence, the chunked (WY) form on the absolute 64-grid for
  * everything else, then the gated RMSNorm. The f32 state lives in its slot and is updated in place.
- * Sums run in the CPU's order (forward_cpu.c) wherever a thread owns the whole sum. */
+ * Sums run in the CPU's order (forward_cpu.c) wherever a thread owns the whole sum.
+ *
+ * Speculative windows: snapshot-and-replay, as on the CPU. A window's recurrence runs token by token from the
+ * slot's S held in registers and never writes it back; each token's position-local inputs (pre-conv row, normed
+ * q|k|v, beta, g: 2C + 2Hv floats, 64 KB a layer at the 4B shape) go to a per-slot record; the commit replays
+ * the kept tokens on S with the same per-token update (rec_token). Per-position states would instead write a
+ * full S (2 MB a layer at the 4B shape) per window token — k+1 state writes per window against one read-modify-
+ * write at the commit, and k+1 times the state memory per slot — so on the GPU, where this traffic is the cost,
+ * the replay is the cheaper of the two (verify: S read once; commit: S read and written once, plus n_keep
+ * tokens of arithmetic on registers). */
 #include "backend/cuda/common.cuh"
 
 #define GDN_CH    64 /* chunk length, = GDN_CHUNK of forward.h */
