@@ -90,7 +90,7 @@ int main(int argc, char **argv) {
         float *wx = calloc((size_t)16 * 1536, sizeof(float)), *wo = malloc(sizeof(float) * 4 * out);
         vision_grid wg = {1, 4, 4};
         if (cuda_vision_create(&m, &cv, err, sizeof err) ||
-            cuda_vision_encode(cv, wx, &wg, 1, wo, err, sizeof err)) {
+            cuda_vision_encode(cv, wx, &wg, 1, wo, NULL, NULL, err, sizeof err)) {
             fprintf(stderr, "cuda: %s\n", err);
             return 1;
         }
@@ -122,7 +122,7 @@ int main(int argc, char **argv) {
         float *o = malloc(sizeof(float) * (size_t)T * out);
         int reps = cv && side <= 1024 ? 3 : 1;
         for (int r = 0; r < reps; r++)
-            if (cv ? cuda_vision_encode(cv, px.data, &g, 1, o, err, sizeof err)
+            if (cv ? cuda_vision_encode(cv, px.data, &g, 1, o, NULL, NULL, err, sizeof err)
                    : vision_encode(&m, tp, px.data, &g, 1, o, NULL, NULL, err, sizeof err)) {
                 fprintf(stderr, "%s\n", err);
                 return 1;

@@ -6,6 +6,7 @@
  * GELU(erf), fc2 + bias; the features come back to the host. */
 #include "model/vision_cuda.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,8 +24,8 @@ void cuda_vision_destroy(cuda_vision *v) {
     (void)v;
 }
 int cuda_vision_encode(cuda_vision *v, const float *pixels, const vision_grid *grids, int n_images,
-                       float *out, char *err, size_t errlen) {
-    (void)v, (void)pixels, (void)grids, (void)n_images, (void)out;
+                       float *out, vision_trace_fn trace, void *trace_ctx, char *err, size_t errlen) {
+    (void)v, (void)pixels, (void)grids, (void)n_images, (void)out, (void)trace, (void)trace_ctx;
     return ci_err(err, errlen, CINFER_EUNSUPPORTED, "no CUDA backend");
 }
 
@@ -225,8 +226,20 @@ static void gemm(cuda_vision *v, float *y, const float *x, const uint16_t *w, in
     cu_gemm(v->cu, y, x, w, (int)M, N, K, v->xb, 0);
 }
 
+/* a stage to the trace callback: waits for the stream, copies rows x cols back */
+static int trace_stage(cuda_vision *v, vision_trace_fn trace, void *tctx, const char *name, const float *d,
+                       int64_t rows, int cols, char *err, size_t errlen) {
+    float *h = ci_try_alloc((size_t)rows * cols * sizeof(float));
+    if (!h) return ci_err(err, errlen, CINFER_ENOMEM, "vision trace: %lld x %d", (long long)rows, cols);
+    cu_d2h_async(v->cu, h, d, (size_t)rows * cols * sizeof(float));
+    int rc = cu_sync(v->cu, err, errlen);
+    if (!rc) trace(tctx, name, h, rows, cols);
+    free(h);
+    return rc;
+}
+
 int cuda_vision_encode(cuda_vision *v, const float *pixels, const vision_grid *grids, int n_images,
-                       float *out, char *err, size_t errlen) {
+                       float *out, vision_trace_fn trace, void *trace_ctx, char *err, size_t errlen) {
     const vision_weights *w = &v->m->vis;
     int64_t N;
     int rc = vision_check_grids(w, grids, n_images, &N, err, errlen);
@@ -254,6 +267,7 @@ int cuda_vision_encode(cuda_vision *v, const float *pixels, const vision_grid *g
 
     gemm(v, v->x, v->px, v->patch_w, N, D, w->patch_dim);
     cu_vis_bias_act(c, v->x, v->patch_b, (int)N, D, CU_VIS_ACT_NONE, NULL);
+    if (trace && (rc = trace_stage(v, trace, trace_ctx, "patch_embed", v->x, N, D, err, errlen))) return rc;
     cu_vis_pos_add(c, v->x, v->pos, v->taps, (int)N, D);
     for (int bi = 0; bi < w->depth; bi++) {
         const cv_block *b = &v->b[bi];
@@ -269,6 +283,11 @@ int cuda_vision_encode(cuda_vision *v, const float *pixels, const vision_grid *g
         cu_vis_bias_act(c, v->h, b->fc1_b, (int)N, I, CU_VIS_ACT_GELU_TANH, NULL);
         gemm(v, v->qkv, v->h, b->fc2, N, D, I);
         cu_vis_bias_act(c, v->qkv, b->fc2_b, (int)N, D, CU_VIS_ACT_NONE, v->x);
+        if (trace) {
+            char nm[32];
+            snprintf(nm, sizeof nm, "block%d", bi);
+            if ((rc = trace_stage(v, trace, trace_ctx, nm, v->x, N, D, err, errlen))) return rc;
+        }
     }
     /* merger: LayerNorm per patch, then each merge^2 consecutive patches (one 2x2 block) are one row */
     cu_vis_layernorm(c, v->xn, v->x, v->mnw, v->mnb, (int)N, D, 1e-6f);
@@ -277,7 +296,9 @@ int cuda_vision_encode(cuda_vision *v, const float *pixels, const vision_grid *g
     gemm(v, v->out, v->h, v->mfc2, NT, w->out_hidden, J);
     cu_vis_bias_act(c, v->out, v->mfc2_b, (int)NT, w->out_hidden, CU_VIS_ACT_NONE, NULL);
     cu_d2h_async(c, out, v->out, (size_t)NT * w->out_hidden * sizeof(float));
-    return cu_sync(c, err, errlen);
+    if ((rc = cu_sync(c, err, errlen))) return rc;
+    if (trace) trace(trace_ctx, "merger", out, NT, w->out_hidden);
+    return 0;
 }
 
 #endif

@@ -17,8 +17,10 @@ typedef struct cuda_vision cuda_vision;
 int cuda_vision_create(const model *m, cuda_vision **out, char *err, size_t errlen);
 void cuda_vision_destroy(cuda_vision *v);
 
-/* vision_encode's contract: pixels [Σ t*h*w, patch_dim] f32 (host), out [Σ tokens, out_hidden] f32 (host). */
+/* vision_encode's contract: pixels [Σ t*h*w, patch_dim] f32 (host), out [Σ tokens, out_hidden] f32 (host).
+ * trace (tests; may be NULL) gets host copies of the stages vision_encode names "patch_embed", "block<i>"
+ * and "merger" (each one a synchronisation and a copy). */
 int cuda_vision_encode(cuda_vision *v, const float *pixels, const vision_grid *grids, int n_images,
-                       float *out, char *err, size_t errlen);
+                       float *out, vision_trace_fn trace, void *trace_ctx, char *err, size_t errlen);
 
 #endif

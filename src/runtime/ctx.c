@@ -448,7 +448,7 @@ static int ctx_cuda_encode(cinfer_ctx *c, cinfer_image *im, char *err, size_t er
     float *f = ci_try_alloc((size_t)im->n_tokens * c->m->H * sizeof(float));
     if (!f) return ci_err(err, errlen, CINFER_ENOMEM, "cannot allocate the features of an image of %d tokens", im->n_tokens);
     vision_grid g = {im->px.grid_t, im->px.grid_h, im->px.grid_w};
-    if ((rc = cuda_vision_encode(c->cv, im->px.data, &g, 1, f, err, errlen))) {
+    if ((rc = cuda_vision_encode(c->cv, im->px.data, &g, 1, f, NULL, NULL, err, errlen))) {
         free(f);
         return rc;
     }

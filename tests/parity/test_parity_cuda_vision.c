@@ -64,6 +64,45 @@ static float *read_npy(const char *dir, const char *file, int64_t *rows, int64_t
     return (float *)a.data;
 }
 
+/* the CPU tower's stages, kept by name; the CUDA tower's stages compared against them as they come */
+typedef struct stages {
+    char name[16][24];
+    float *data[16];
+    int64_t n[16];
+    int count;
+    const char *label;
+    double worst;
+} stages;
+
+static void keep_stage(void *ctxp, const char *name, const float *data, int64_t rows, int cols) {
+    stages *s = ctxp;
+    if (s->count == 16 || !strcmp(name, "pos_embed") || !strcmp(name, "rotary")) return;
+    snprintf(s->name[s->count], sizeof s->name[0], "%s", name);
+    s->data[s->count] = malloc(sizeof(float) * rows * cols);
+    memcpy(s->data[s->count], data, sizeof(float) * rows * cols);
+    s->n[s->count++] = rows * cols;
+}
+
+static double row_rel(const float *got, const float *ref, int64_t rows, int n);
+
+static void compare_stage(void *ctxp, const char *name, const float *data, int64_t rows, int cols) {
+    stages *s = ctxp;
+    for (int i = 0; i < s->count; i++)
+        if (!strcmp(s->name[i], name) && s->n[i] == rows * cols) {
+            double w = row_rel(data, s->data[i], rows, cols);
+            printf("    %-10s %-11s cuda vs cpu %.2e\n", s->label, name, w);
+            if (!(w <= s->worst)) s->worst = w;
+            return;
+        }
+    test_fail(__FILE__, __LINE__, "%s: the CUDA tower traced %s, which the CPU tower did not", s->label,
+              name);
+}
+
+static void free_stages(stages *s) {
+    for (int i = 0; i < s->count; i++) free(s->data[i]);
+    s->count = 0;
+}
+
 static json_t *fixture_cases(char *dir, size_t dlen) {
     char path[700];
     snprintf(dir, dlen, "%s/qwen35_vision", test_fixtures_dir());
@@ -122,12 +161,15 @@ TEST(cuda_vision_tower_fixture) {
         if (px && ref && fr == nt && fc == m->H) {
             float *gpu = malloc(sizeof(float) * nt * m->H), *cpu = malloc(sizeof(float) * nt * m->H),
                   *one = malloc(sizeof(float) * nt * m->H);
-            CHECK_EQ_INT(cuda_vision_encode(cv, px, g, ni, gpu, err, sizeof err), 0);
-            CHECK_EQ_INT(vision_encode(m, tp, px, g, ni, cpu, NULL, NULL, err, sizeof err), 0);
+            stages st = {.label = cname};
+            CHECK_EQ_INT(vision_encode(m, tp, px, g, ni, cpu, keep_stage, &st, err, sizeof err), 0);
+            CHECK_EQ_INT(cuda_vision_encode(cv, px, g, ni, gpu, compare_stage, &st, err, sizeof err), 0);
+            free_stages(&st);
             /* each image alone: attention never crosses images */
             int64_t po = 0, to = 0;
             for (int i = 0; i < ni; i++) {
-                CHECK_EQ_INT(cuda_vision_encode(cv, px + po * pc, &g[i], 1, one + to * m->H, err, sizeof err),
+                CHECK_EQ_INT(cuda_vision_encode(cv, px + po * pc, &g[i], 1, one + to * m->H, NULL, NULL, err,
+                                                sizeof err),
                              0);
                 po += (int64_t)g[i].t * g[i].h * g[i].w;
                 to += vision_tokens(&m->vis, g[i]);
@@ -243,8 +285,10 @@ TEST(cuda_vision_tower_real_shapes) {
         int rc = cuda_vision_create(&m, &cv, err, sizeof err);
         CHECK_MSG(rc == 0, "%s", err);
         if (!rc) {
-            CHECK_EQ_INT(cuda_vision_encode(cv, px, g, 3, gpu, err, sizeof err), 0);
-            CHECK_EQ_INT(vision_encode(&m, tp, px, g, 3, cpu, NULL, NULL, err, sizeof err), 0);
+            stages st = {.label = s ? "0.8b" : "27b"};
+            CHECK_EQ_INT(vision_encode(&m, tp, px, g, 3, cpu, keep_stage, &st, err, sizeof err), 0);
+            CHECK_EQ_INT(cuda_vision_encode(cv, px, g, 3, gpu, compare_stage, &st, err, sizeof err), 0);
+            free_stages(&st);
             double w = row_rel(gpu, cpu, nt, m.H);
             printf("  tower %d/%d heads of %d, depth %d: cuda vs cpu %.2e per row at worst (%lld tokens)\n",
                    shapes[s][0], shapes[s][1], m.vis.head_dim, m.vis.depth, w, (long long)nt);
