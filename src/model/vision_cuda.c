@@ -47,6 +47,7 @@ typedef struct cv_block {
 struct cuda_vision {
     const model *m;
     cu_ctx *cu;
+    int attn_tc;   /* CINFER_CUDA_VIS_ATTN=tc: attention on the tensor cores (cu_vis_attn_tc) */
     void **allocs; /* the weights' device allocations */
     int n_allocs, cap_allocs;
     uint16_t *patch_w;      /* bf16 [D][patch_dim] */
@@ -132,6 +133,11 @@ int cuda_vision_create(const model *m, cuda_vision **out, char *err, size_t errl
                       "cuda: vision head_dim %d (supported: 16, 32, 64, 72, 80, 96, 128)", w->head_dim);
     cuda_vision *v = xcalloc(1, sizeof *v);
     v->m = m;
+    const char *at = getenv("CINFER_CUDA_VIS_ATTN");
+    v->attn_tc = at && !strcmp(at, "tc") && cu_vis_attn_tc_supported(w->head_dim);
+    if (at) /* a diagnostic switch: say what it selected */
+        fprintf(stderr, "cinfer cuda: CINFER_CUDA_VIS_ATTN=%s: vision attention %s\n", at,
+                v->attn_tc ? "on the tensor cores" : "scalar");
     int rc = cu_ctx_create(&v->cu, err, errlen);
     if (rc) {
         free(v);
@@ -275,7 +281,10 @@ int cuda_vision_encode(cuda_vision *v, const float *pixels, const vision_grid *g
         gemm(v, v->qkv, v->xn, b->qkv, N, 3 * D, D);
         cu_vis_bias_act(c, v->qkv, b->qkv_b, (int)N, 3 * D, CU_VIS_ACT_NONE, NULL);
         cu_vis_rope(c, v->qkv, v->taps, v->inv_freq, (int)N, D, w->heads, hd);
-        cu_vis_attn(c, v->xn, v->qkv, v->frames, nf, max_frame, D, w->heads, hd);
+        if (v->attn_tc)
+            cu_vis_attn_tc(c, v->xn, v->qkv, v->frames, nf, max_frame, D, w->heads, hd);
+        else
+            cu_vis_attn(c, v->xn, v->qkv, v->frames, nf, max_frame, D, w->heads, hd);
         gemm(v, v->h, v->xn, b->proj, N, D, D);
         cu_vis_bias_act(c, v->h, b->proj_b, (int)N, D, CU_VIS_ACT_NONE, v->x);
         cu_vis_layernorm(c, v->xn, v->x, b->n2w, b->n2b, (int)N, D, 1e-6f);

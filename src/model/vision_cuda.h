@@ -13,7 +13,8 @@
 
 typedef struct cuda_vision cuda_vision;
 
-/* CINFER_EUNSUPPORTED without a device, a tower, or with a head_dim the attention kernel lacks. */
+/* CINFER_EUNSUPPORTED without a device, a tower, or with a head_dim the attention kernel lacks.
+ * CINFER_CUDA_VIS_ATTN=tc (read here) runs the attention on the tensor cores (bf16 hi + lo operands). */
 int cuda_vision_create(const model *m, cuda_vision **out, char *err, size_t errlen);
 void cuda_vision_destroy(cuda_vision *v);
 

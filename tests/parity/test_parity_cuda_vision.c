@@ -125,6 +125,17 @@ TEST(cuda_vision_refuses_without_device) {
     cinfer_model_close(m);
 }
 
+/* a second tower with the attention on the tensor cores (CINFER_CUDA_VIS_ATTN=tc), or NULL */
+static cuda_vision *tower_tc(const model *m) {
+    char err[256];
+    setenv("CINFER_CUDA_VIS_ATTN", "tc", 1);
+    cuda_vision *v = NULL;
+    int rc = cuda_vision_create(m, &v, err, sizeof err);
+    unsetenv("CINFER_CUDA_VIS_ATTN");
+    CHECK_MSG(rc == 0, "cuda_vision_create (tc): %s", err);
+    return rc ? NULL : v;
+}
+
 TEST(cuda_vision_tower_fixture) {
     if (no_device()) SKIP("no CUDA device: skipped");
     char dir[512], err[512];
@@ -136,6 +147,7 @@ TEST(cuda_vision_tower_fixture) {
     cuda_vision *cv = NULL;
     int rc = cuda_vision_create(m, &cv, err, sizeof err);
     CHECK_MSG(rc == 0, "cuda_vision_create: %s", err);
+    cuda_vision *tc = rc ? NULL : tower_tc(m);
     threadpool *tp = tp_create(4);
     size_t ci;
     json_t *c;
@@ -182,6 +194,17 @@ TEST(cuda_vision_tower_fixture) {
             CHECK_MSG(vs_ref <= CUDA_BOUND, "%s: cuda tower vs transformers %.3g", cname, vs_ref);
             CHECK_MSG(vs_cpu <= CUDA_BOUND, "%s: cuda tower vs cpu %.3g", cname, vs_cpu);
             CHECK_MSG(solo <= CUDA_BOUND, "%s: images alone vs together %.3g", cname, solo);
+            if (tc) {
+                stages st2 = {.label = "tc"};
+                CHECK_EQ_INT(vision_encode(m, tp, px, g, ni, cpu, keep_stage, &st2, err, sizeof err), 0);
+                CHECK_EQ_INT(cuda_vision_encode(tc, px, g, ni, one, compare_stage, &st2, err, sizeof err), 0);
+                free_stages(&st2);
+                double t_ref = row_rel(one, ref, nt, m->H), t_cpu = row_rel(one, cpu, nt, m->H);
+                printf("  %-11s tensor-core attention: vs transformers %.2e, vs cpu %.2e\n", cname, t_ref,
+                       t_cpu);
+                CHECK_MSG(t_ref <= CUDA_BOUND && t_cpu <= CUDA_BOUND, "%s: tc tower %.3g / %.3g", cname,
+                          t_ref, t_cpu);
+            }
             free(gpu), free(cpu), free(one);
         } else {
             CHECK_MSG(0, "%s: fixture arrays missing or of the wrong shape", cname);
@@ -190,6 +213,7 @@ TEST(cuda_vision_tower_fixture) {
     }
     tp_destroy(tp);
     cuda_vision_destroy(cv);
+    cuda_vision_destroy(tc);
     cinfer_model_close(cm);
     json_decref(root);
 }
@@ -293,6 +317,17 @@ TEST(cuda_vision_tower_real_shapes) {
             printf("  tower %d/%d heads of %d, depth %d: cuda vs cpu %.2e per row at worst (%lld tokens)\n",
                    shapes[s][0], shapes[s][1], m.vis.head_dim, m.vis.depth, w, (long long)nt);
             CHECK_MSG(w <= CUDA_BOUND, "width %d: cuda tower vs cpu %.3g", shapes[s][0], w);
+            cuda_vision *tc = tower_tc(&m);
+            if (tc) {
+                stages st2 = {.label = "tc"};
+                CHECK_EQ_INT(vision_encode(&m, tp, px, g, 3, cpu, keep_stage, &st2, err, sizeof err), 0);
+                CHECK_EQ_INT(cuda_vision_encode(tc, px, g, 3, gpu, compare_stage, &st2, err, sizeof err), 0);
+                free_stages(&st2);
+                double wt = row_rel(gpu, cpu, nt, m.H);
+                printf("  tower %d: tensor-core attention vs cpu %.2e\n", shapes[s][0], wt);
+                CHECK_MSG(wt <= CUDA_BOUND, "width %d: tc tower vs cpu %.3g", shapes[s][0], wt);
+            }
+            cuda_vision_destroy(tc);
         }
         cuda_vision_destroy(cv);
         free(px), free(gpu), free(cpu);

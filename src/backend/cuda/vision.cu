@@ -2,8 +2,13 @@
  * activation (+ residual), the bilinear learned positions, the 2-D rotary, and non-causal attention inside
  * each frame. Element-wise ops follow model/vision.c's rounding order; the attention uses an online
  * softmax (one pass over the keys), so it differs from the CPU's exact softmax by f32 rounding only. */
+#include <cuda_bf16.h>
+#include <mma.h>
+
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/vision_ops.h"
+
+using namespace nvcuda;
 
 /* one block per row: mean, then the variance around it (two passes over the row, as nn.LayerNorm) */
 __global__ void vis_layernorm_kernel(float *y, const float *x, const float *w, const float *b, int D,
@@ -162,6 +167,160 @@ __global__ void __launch_bounds__(VA_Q)
     float *orow = o + (size_t)(start + qi) * D + (size_t)h * HD;
 #pragma unroll
     for (int d = 0; d < HD; d++) orow[d] = acc[d] * inv;
+}
+
+/* The same attention on the tensor cores (CINFER_CUDA_VIS_ATTN=tc): a block of VT_Q = 64 query rows of one
+ * (frame, head), 4 warps of 16 rows; keys VT_K = 16 at a time. Every operand is split into bf16 hi + lo
+ * and each product taken as hi*hi + hi*lo + lo*hi with f32 accumulation (about 2^-16 relative, like
+ * cu_gemm's two passes), for S = q k^T and for O += P v; the online softmax runs in f32 per row (one lane
+ * per row), the output rows live in shared memory (rescaled there each key tile). head_dim is padded with
+ * zeros to HDP, a multiple of 16. */
+#define VT_Q 64
+#define VT_K 16
+
+__device__ __forceinline__ void split_bf16(float x, __nv_bfloat16 *hi, __nv_bfloat16 *lo) {
+    __nv_bfloat16 h = __float2bfloat16(x);
+    *hi = h;
+    *lo = __float2bfloat16(x - __bfloat162float(h));
+}
+
+template <int HD, int HDP>
+__global__ void __launch_bounds__(128)
+    vis_attn_tc_kernel(float *o, const float *qkv, const int *frames, int D, float scale) {
+    /* Os first holds q as bf16 hi | lo (the same bytes), then the output rows */
+    __shared__ __align__(32) float Os[VT_Q][HDP];
+    __shared__ __align__(32) __nv_bfloat16 Kh[VT_K][HDP], Kl[VT_K][HDP], Vh[VT_K][HDP], Vl[VT_K][HDP];
+    __shared__ __align__(32) float Ss[VT_Q][VT_K];
+    __shared__ __align__(32) __nv_bfloat16 Ph[VT_Q][VT_K], Pl[VT_Q][VT_K];
+    __shared__ float Ms[VT_Q], Ls[VT_Q], Cs[VT_Q];
+    int f = blockIdx.z, h = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    int start = frames[2 * f], n = frames[2 * f + 1], q0 = blockIdx.x * VT_Q;
+    if (q0 >= n) return;
+    __nv_bfloat16 *Qh = reinterpret_cast<__nv_bfloat16 *>(&Os[0][0]), *Ql = Qh + VT_Q * HDP;
+    for (int i = tid; i < VT_Q * HDP; i += 128) {
+        int r = i / HDP, d = i % HDP;
+        float x = 0.0f;
+        if (q0 + r < n && d < HD) x = qkv[(size_t)(start + q0 + r) * 3 * D + (size_t)h * HD + d];
+        split_bf16(x, &Qh[i], &Ql[i]);
+    }
+    __syncthreads();
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> qh[HDP / 16], ql[HDP / 16];
+#pragma unroll
+    for (int k = 0; k < HDP / 16; k++) {
+        wmma::load_matrix_sync(qh[k], Qh + (size_t)warp * 16 * HDP + k * 16, HDP);
+        wmma::load_matrix_sync(ql[k], Ql + (size_t)warp * 16 * HDP + k * 16, HDP);
+    }
+    __syncthreads();
+    for (int i = tid; i < VT_Q * HDP; i += 128) (&Os[0][0])[i] = 0.0f;
+    if (tid < VT_Q) Ms[tid] = -INFINITY, Ls[tid] = 0.0f;
+    for (int k0 = 0; k0 < n; k0 += VT_K) {
+        __syncthreads(); /* the previous tile is consumed (and the initialisation above is visible) */
+        for (int i = tid; i < VT_K * HDP; i += 128) {
+            int j = i / HDP, d = i % HDP;
+            float kx = 0.0f, vx = 0.0f;
+            if (k0 + j < n && d < HD) {
+                const float *row = qkv + (size_t)(start + k0 + j) * 3 * D + (size_t)h * HD;
+                kx = row[D + d];
+                vx = row[2 * D + d];
+            }
+            split_bf16(kx, &Kh[j][d], &Kl[j][d]);
+            split_bf16(vx, &Vh[j][d], &Vl[j][d]);
+        }
+        __syncthreads();
+        /* this warp's 16 rows of scores */
+        wmma::fragment<wmma::accumulator, 16, 16, 16, float> sc;
+        wmma::fill_fragment(sc, 0.0f);
+#pragma unroll
+        for (int k = 0; k < HDP / 16; k++) {
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> kh, kl;
+            wmma::load_matrix_sync(kh, &Kh[0][k * 16], HDP);
+            wmma::load_matrix_sync(kl, &Kl[0][k * 16], HDP);
+            wmma::mma_sync(sc, qh[k], kh, sc);
+            wmma::mma_sync(sc, qh[k], kl, sc);
+            wmma::mma_sync(sc, ql[k], kh, sc);
+        }
+        wmma::store_matrix_sync(&Ss[warp * 16][0], sc, VT_K, wmma::mem_row_major);
+        __syncwarp();
+        if (lane < 16) {
+            int r = warp * 16 + lane;
+            float mo = Ms[r], mx = mo, sv[VT_K];
+#pragma unroll
+            for (int j = 0; j < VT_K; j++) {
+                sv[j] = k0 + j < n ? Ss[r][j] * scale : -INFINITY;
+                mx = fmaxf(mx, sv[j]);
+            }
+            float corr = expf(mo - mx), sum = 0.0f;
+#pragma unroll
+            for (int j = 0; j < VT_K; j++) {
+                float p = expf(sv[j] - mx);
+                sum += p;
+                split_bf16(p, &Ph[r][j], &Pl[r][j]);
+            }
+            Ms[r] = mx;
+            Ls[r] = Ls[r] * corr + sum;
+            Cs[r] = corr;
+        }
+        __syncwarp();
+        for (int i = lane; i < 16 * HDP; i += 32) {
+            int r = warp * 16 + i / HDP;
+            Os[r][i % HDP] *= Cs[r];
+        }
+        __syncwarp();
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> ph, pl;
+        wmma::load_matrix_sync(ph, &Ph[warp * 16][0], VT_K);
+        wmma::load_matrix_sync(pl, &Pl[warp * 16][0], VT_K);
+#pragma unroll
+        for (int nt = 0; nt < HDP / 16; nt++) {
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> vh, vl;
+            wmma::load_matrix_sync(acc, &Os[warp * 16][nt * 16], HDP, wmma::mem_row_major);
+            wmma::load_matrix_sync(vh, &Vh[0][nt * 16], HDP);
+            wmma::load_matrix_sync(vl, &Vl[0][nt * 16], HDP);
+            wmma::mma_sync(acc, ph, vh, acc);
+            wmma::mma_sync(acc, ph, vl, acc);
+            wmma::mma_sync(acc, pl, vh, acc);
+            wmma::store_matrix_sync(&Os[warp * 16][nt * 16], acc, HDP, wmma::mem_row_major);
+        }
+        __syncwarp();
+    }
+    __syncthreads();
+    for (int i = tid; i < VT_Q * HD; i += 128) {
+        int r = i / HD, d = i % HD;
+        if (q0 + r < n) o[(size_t)(start + q0 + r) * D + (size_t)h * HD + d] = Os[r][d] / Ls[r];
+    }
+}
+
+extern "C" int cu_vis_attn_tc_supported(int hd) {
+    return hd == 16 || hd == 32 || hd == 64 || hd == 72 || hd == 80 || hd == 96;
+}
+
+extern "C" void cu_vis_attn_tc(cu_ctx *c, float *o, const float *qkv, const int *frames, int n_frames,
+                               int max_rows, int D, int heads, int hd) {
+    if (n_frames < 1 || max_rows < 1) return;
+    dim3 grid(cdiv((size_t)max_rows, VT_Q), (unsigned)heads, (unsigned)n_frames);
+    float scale = 1.0f / sqrtf((float)hd);
+    switch (hd) {
+    case 16:
+        vis_attn_tc_kernel<16, 16><<<grid, 128, 0, c->stream>>>(o, qkv, frames, D, scale);
+        break;
+    case 32:
+        vis_attn_tc_kernel<32, 32><<<grid, 128, 0, c->stream>>>(o, qkv, frames, D, scale);
+        break;
+    case 64:
+        vis_attn_tc_kernel<64, 64><<<grid, 128, 0, c->stream>>>(o, qkv, frames, D, scale);
+        break;
+    case 72:
+        vis_attn_tc_kernel<72, 80><<<grid, 128, 0, c->stream>>>(o, qkv, frames, D, scale);
+        break;
+    case 80:
+        vis_attn_tc_kernel<80, 80><<<grid, 128, 0, c->stream>>>(o, qkv, frames, D, scale);
+        break;
+    case 96:
+        vis_attn_tc_kernel<96, 96><<<grid, 128, 0, c->stream>>>(o, qkv, frames, D, scale);
+        break;
+    default:
+        break; /* refused by the caller (cu_vis_attn_tc_supported) */
+    }
 }
 
 extern "C" int cu_vis_attn_supported(int hd) {

@@ -39,6 +39,11 @@ int cu_vis_attn_supported(int hd);
 void cu_vis_attn(cu_ctx *c, float *d_o, const float *d_qkv, const int *d_frames, int n_frames, int max_rows,
                  int D, int heads, int hd);
 
+/* The same on the tensor cores (bf16 hi + lo operands, f32 accumulation): head_dim 16, 32, 64, 72, 80, 96. */
+int cu_vis_attn_tc_supported(int hd);
+void cu_vis_attn_tc(cu_ctx *c, float *d_o, const float *d_qkv, const int *d_frames, int n_frames,
+                    int max_rows, int D, int heads, int hd);
+
 #ifdef __cplusplus
 }
 #endif
