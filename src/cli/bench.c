@@ -29,7 +29,7 @@ static void like_cleanup(const char *dir) {
 int cli_bench(int argc, char **argv) {
     static const char *const vf[] = {"-m", "--model", "-p", "-n", "--threads", "--spec-accept", "--spec-draft", "--batch", "--prefix-turn",
                                      "--turn-new", "--spec", "--prompt", "--spec-mtp-vocab", "--repeat", "--like", "--layers", NULL};
-    static const char *const bf[] = {"--help", "-h", NULL};
+    static const char *const bf[] = {"--help", "-h", "--step-costs", NULL};
     /* rows go out as they are measured: a bench killed by a time limit (stdout to a pipe is otherwise block
      * buffered) keeps every row it finished */
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -46,7 +46,8 @@ int cli_bench(int argc, char **argv) {
                "         speculative decoding at a forced acceptance rate A, against the same batch without it\n"
                "       cinfer bench -m DIR --spec mtp|ngram [--spec-accept A] [--spec-draft K=3] [--batch B=1] [--prompt TEXT]\n"
                "         [--spec-mtp-vocab N] [--repeat R]  (R plain/speculative pairs: medians)\n"
-               "         the drafter's own acceptance and speedup (with --spec-accept: its cost, forced acceptance)\n"
+               "         the drafter's own acceptance and speedup (with --spec-accept: its cost, forced acceptance);\n"
+               "         --step-costs: also one verify + rollback round against a decode step, each timed alone\n"
                "       cinfer bench -m DIR --prefix-turn P [--turn-new N=64]\n"
                "         second-turn time to first token from the prefix cache against cold\n"
                "       cinfer bench --like SHAPE [--layers N] --device cuda --spec-accept A ... | --prefix-turn P ...\n"

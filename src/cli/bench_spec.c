@@ -117,7 +117,7 @@ static double run(cinfer_model *m, const cinfer_engine_params *ep, oracle *o, in
 /* What one round is made of, each timed alone through the context API, the fastest of 12 (contention on a
  * shared machine only slows a run down): a plain decode step, a verify window of K+1 rows (then rolled back), and
  * one MTP head row with its logits over the draft vocabulary. ms via *dec, *ver, *head; 0 on failure. */
-static void step_costs(cinfer_model *m, int P, int K, int mv, double *dec, double *ver, double *head) {
+static void step_costs(cinfer_model *m, int P, int K, int mv, int with_head, double *dec, double *ver, double *head) {
     char err[512];
     cinfer_model_info info;
     cinfer_model_get_info(m, &info);
@@ -135,9 +135,10 @@ static void step_costs(cinfer_model *m, int P, int K, int mv, double *dec, doubl
     for (int i = 0; i < P + K + 4; i++) x[i] = (int32_t)((i * 7919 + 13) % (info.vocab_size < 4096 ? info.vocab_size : 4096));
     int s = cinfer_seq_open(c, err, sizeof err);
     cinfer_batch_entry pre = {s, x, P, 1, 0, hid};
-    if (s < 0 || ctx_mtp_init(c, mv, err, sizeof err) || cinfer_forward(c, &pre, 1, lg, err, sizeof err)) goto out;
+    if (s < 0 || (with_head && ctx_mtp_init(c, mv, err, sizeof err)) || cinfer_forward(c, &pre, 1, lg, err, sizeof err))
+        goto out;
     ctx_mtp_entry mp = {s, 0, x + 1, hid, P - 1, hid, 1};
-    if (ctx_mtp_forward(c, &mp, 1, lg, err, sizeof err)) goto out;
+    if (with_head && ctx_mtp_forward(c, &mp, 1, lg, err, sizeof err)) goto out;
     double best[3] = {1e9, 1e9, 1e9};
     for (int it = 0; it < 12; it++) {
         cinfer_batch_entry d = {s, x + P, 1, 0, 1, NULL}, w = {s, x + P, K + 1, 1, 1, hid};
@@ -147,7 +148,7 @@ static void step_costs(cinfer_model *m, int P, int K, int mv, double *dec, doubl
         double t1 = now_s();
         rc = rc || cinfer_forward(c, &w, 1, lg, err, sizeof err) || cinfer_seq_commit(c, s, 0, err, sizeof err);
         double t2 = now_s();
-        rc = rc || ctx_mtp_forward(c, &h, 1, lg, err, sizeof err);
+        rc = rc || (with_head && ctx_mtp_forward(c, &h, 1, lg, err, sizeof err));
         double t3 = now_s();
         if (rc) goto out;
         best[0] = t1 - t0 < best[0] ? t1 - t0 : best[0];
@@ -238,9 +239,14 @@ int bench_spec(int argc, char **argv, const char *dir, double accept, int mode) 
                mode == CINFER_SPEC_MTP ? "MTP" : "n-gram");
     if (mode == CINFER_SPEC_MTP) {
         double dec, ver, head;
-        step_costs(m, (int)P, (int)K, (int)mv, &dec, &ver, &head);
+        step_costs(m, (int)P, (int)K, (int)mv, 1, &dec, &ver, &head);
         printf("step costs       decode %.2f ms, verify %ld rows %.2f ms, MTP head row %.2f ms (ids [0, %d)); fastest of 12\n",
                dec, K + 1, ver, head, mv > 0 && mv < info.vocab_size ? (int)mv : info.vocab_size);
+    } else if (arg_flag(argc, argv, "--step-costs")) { /* one verify + rollback round against a decode step */
+        double dec, ver, head;
+        step_costs(m, (int)P, (int)K, 0, 0, &dec, &ver, &head);
+        printf("step costs       decode %.2f ms, verify %ld rows + rollback %.2f ms (%.2fx a decode step); fastest of 12\n", dec,
+               K + 1, ver, dec > 0 ? ver / dec : 0);
     }
     printf("plain            %.2f tok/s decode (%lld steps)\n", plain, (long long)s0.steps_total);
     printf("speculative      %.2f tok/s decode (%lld steps), measured acceptance %.3f (%lld of %lld drafts)\n", spec,
