@@ -3,8 +3,8 @@
 # CUDA backend, run the CUDA tests, then `cinfer bench --like SHAPE --device cuda` for the 4B, 35B-A3B and 27B
 # shapes and the transformers peer. Every stage has its own time limit and goes on past a failure; results
 # land in $OUT (log.txt: build; tests.txt; bench-*.txt; peer.txt).
-# The "tc" stage runs the new paths, off by default: the tensor-core prefill kernels (CINFER_CUDA_PREFILL=tc),
-# the engine's greedy steps choosing on the device (CINFER_CUDA_SAMPLE=1) and the grouped expert GEMV for MoE
+# The "tc" stage runs the paths still off by default beside the defaults: both tensor-core prefill kernels
+# (CINFER_CUDA_PREFILL=tc; the DeltaNet one alone is the default) and the grouped expert GEMV for MoE
 # decode (CINFER_CUDA_MOE=grouped): the model
 # parity tests and the batch test with the switch on (appended to tests.txt), then the bench of every shape
 # with it (bench-tc.txt; decode batch 1 only, decode does not use these kernels), beside the default kernels'
