@@ -525,11 +525,12 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     /* 1: activations rounded to bf16 once before the tensor cores (faster, coarser); default 2 (hi + lo) */
     const char *bp = getenv("CINFER_CUDA_BF16_PASSES");
     cu_set_bf16_passes(bp ? atoi(bp) : 2);
-    /* "v2": the split-K GEMV for decode-sized products (not yet the default) */
+    /* "v2": the split-K GEMV where it was measured faster, "v2all": wherever it serves (not yet the default)
+     */
     const char *gv = getenv("CINFER_CUDA_GEMV");
-    cu_set_gemv_version(gv && !strcmp(gv, "v2") ? 2 : 1);
-    if (gv) fprintf(stderr, "cinfer cuda: CINFER_CUDA_GEMV=%s: GEMV v%d\n", gv, cu_gemv_version());
-    /* "1": GEMV v2 with programmatic dependent launch */
+    cu_set_gemv_version(gv && !strcmp(gv, "v2") ? 2 : gv && !strcmp(gv, "v2all") ? 3 : 1);
+    if (gv) fprintf(stderr, "cinfer cuda: CINFER_CUDA_GEMV=%s: GEMV version %d\n", gv, cu_gemv_version());
+    /* "1": the GEMVs launch with programmatic dependent launch */
     const char *pdl = getenv("CINFER_CUDA_PDL");
     cu_set_pdl(pdl && !strcmp(pdl, "1"));
     /* 1: the tensor-core prefill kernels round operands to TF32 once (~4e-4 per product); default 3 */
@@ -574,9 +575,9 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     f->tiles_ok = m->n_full > 0 && cu_attn_init(m->hd);
     /* CINFER_CUDA_PREFILL: "gdn" (the default when unset) the chunked DeltaNet prefill on the tensor cores,
      * "tc" both prefill kernels there, "attn" only the attention, "scalar" neither. The H200 run of 06:05 UTC
-     * (session 3): with the hi + lo TF32 split the tensor-core DeltaNet is exact to 3.3e-4 per position on the
-     * fixtures (scalar 5.6e-4) and cut its share of a 4B 4096-token chunk from 256 to 202 ms; the tensor-core
-     * attention was slower (113 -> 122 ms), so it stays off by default. */
+     * (session 3): with the hi + lo TF32 split the tensor-core DeltaNet is exact to 3.3e-4 per position on
+     * the fixtures (scalar 5.6e-4) and cut its share of a 4B 4096-token chunk from 256 to 202 ms; the
+     * tensor-core attention was slower (113 -> 122 ms), so it stays off by default. */
     const char *pf = getenv("CINFER_CUDA_PREFILL");
     const char *pfv = pf ? pf : "gdn";
     if (!strcmp(pfv, "tc") || !strcmp(pfv, "gdn")) f->gdn_tc = m->n_lin > 0 && cu_gdn_tc_init(m->dk);

@@ -64,13 +64,14 @@ float cu_timer_between_ms(cu_timer *a, cu_timer *b);
 void cu_set_gemv_max(int m);
 void cu_gemm(cu_ctx *c, float *d_y, const float *d_x, const uint16_t *d_w, int M, int N, int K,
              uint16_t *d_xb, int precise);
-/* which f32-activation GEMV cu_gemm runs: 1 (default) a warp per 2 weight rows; 2 a block per 4 rows with
- * K split among its 8 warps (CINFER_CUDA_GEMV=v2: every matrix spread over all SMs; K % 8 == 0, else v1).
- * Both are independent of M row by row; they differ from each other by f32 rounding. */
+/* which f32-activation GEMV cu_gemm runs: 1 (default) a warp per 2 weight rows; 2 (CINFER_CUDA_GEMV=v2) a
+ * block per 4 rows with K split among its 8 warps where that was measured faster (one row of x, K >= 4096),
+ * v1 elsewhere; 3 (CINFER_CUDA_GEMV=v2all) the split-K kernel wherever K % 8 == 0. Each is independent of M
+ * row by row; v1 and v2 differ by f32 rounding. */
 void cu_set_gemv_version(int v);
 int cu_gemv_version(void);
-/* 1: GEMV v2 launches with programmatic dependent launch (CINFER_CUDA_PDL=1), so its blocks start and request
- * their first weights while the norm / SwiGLU before it finishes; the results are the same bits */
+/* 1: the GEMVs launch with programmatic dependent launch (CINFER_CUDA_PDL=1): their blocks start while the
+ * norm / SwiGLU before them finishes (v2 also requests its first weights then); the same bits */
 void cu_set_pdl(int on);
 /* f32 scratch for the stacked hi/lo product of up to 64 rows (2 x 64 x widest N floats) */
 void cu_set_gemm_scratch(cu_ctx *c, float *d_t, size_t floats);
@@ -121,9 +122,9 @@ typedef struct cu_meta {
     const int *e_boff;    /* [NE] offset of the entry's block table in blocks */
     const int *lrow;      /* [nl] rows that need logits */
     const int *blocks;    /* block tables, concatenated */
-    const int *e_spec;    /* [NE] 1: a speculative window (the slot is read, never written; see cu_gdn_args) */
-    const int *e_astart;  /* NULL, or [NE] first position the attention reads (an MTP head resumed mid-sequence:
-                             only the one-split, untiled decode kernel honours it) */
+    const int *e_spec;   /* [NE] 1: a speculative window (the slot is read, never written; see cu_gdn_args) */
+    const int *e_astart; /* NULL, or [NE] first position the attention reads (an MTP head resumed
+                            mid-sequence: only the one-split, untiled decode kernel honours it) */
 } cu_meta;
 
 /* ---- Gated DeltaNet (deltanet.cu) ---- */

@@ -16,6 +16,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
                 int K) {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int n0 = (blockIdx.x * GEMV_WARPS + warp) * NR;
+    griddep_wait(); /* x is written by the kernel before (a no-op unless launched with PDL, cu_set_pdl) */
     if (n0 >= N) return;
     x += (size_t)blockIdx.y * MR * K; /* tiles of MR rows along grid.y */
     y += (size_t)blockIdx.y * MR * N;
@@ -71,11 +72,38 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
         }
 }
 
+static int g_pdl = 0;
+extern "C" void cu_set_pdl(int on) {
+    g_pdl = on != 0;
+}
+
+/* kernel<<<grid, block, 0, stream>>>(args...), with programmatic dependent launch when cu_set_pdl(1): the
+ * kernel's blocks may start while the kernel before it still runs; each GEMV kernel calls griddep_wait()
+ * before its first read of x, and reads only weights before that */
+template <class... KA, class... A>
+static void launch_gemv(cu_ctx *c, void (*kern)(KA...), dim3 grid, dim3 block, A... args) {
+    if (!g_pdl) {
+        kern<<<grid, block, 0, c->stream>>>(args...);
+        return;
+    }
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = c->stream;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    cudaLaunchKernelEx(&cfg, kern, args...);
+}
+
 template <int MR>
 static void gemv_launch(cu_ctx *c, float *y, const float *x, const uint16_t *w, int tiles, int N, int K) {
     constexpr int NR = GEMV_NR(MR);
     dim3 grid(cdiv((size_t)N, GEMV_WARPS * NR), (unsigned)tiles);
-    gemv_kernel<MR, NR><<<grid, GEMV_WARPS * 32, 0, c->stream>>>(y, x, w, N, K);
+    launch_gemv(c, gemv_kernel<MR, NR>, grid, dim3(GEMV_WARPS * 32), y, x, w, N, K);
 }
 
 /* whole tiles of 8 rows in one launch, the remainder in a second */
@@ -197,31 +225,10 @@ __global__ void __launch_bounds__(V2_WARPS * 32, MR == 1   ? 4
     }
 }
 
-static int g_pdl = 0;
-extern "C" void cu_set_pdl(int on) {
-    g_pdl = on != 0;
-}
-
 template <int MR>
 static void gemv2_launch(cu_ctx *c, float *y, const float *x, const uint16_t *w, int tiles, int N, int K) {
     dim3 grid(cdiv((size_t)N, V2_R), (unsigned)tiles);
-    if (!g_pdl) {
-        gemv2_kernel<MR><<<grid, V2_WARPS * 32, 0, c->stream>>>(y, x, w, N, K);
-        return;
-    }
-    /* programmatic dependent launch: the GEMV's blocks may start (and request their first weights) while
-     * the kernel before it still runs; griddep_wait() in the kernel orders every read of x after it */
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3(V2_WARPS * 32);
-    cfg.dynamicSmemBytes = 0;
-    cfg.stream = c->stream;
-    cfg.attrs = at;
-    cfg.numAttrs = 1;
-    cudaLaunchKernelEx(&cfg, gemv2_kernel<MR>, y, x, w, N, K);
+    launch_gemv(c, gemv2_kernel<MR>, grid, dim3(V2_WARPS * 32), y, x, w, N, K);
 }
 
 /* as gemv_rows: whole tiles of 8 rows in one launch, the remainder in a second */
@@ -259,15 +266,20 @@ static void gemv2_rows(cu_ctx *c, float *y, const float *x, const uint16_t *w, i
 
 static int g_gemv_version = 1;
 extern "C" void cu_set_gemv_version(int v) {
-    g_gemv_version = v == 2 ? 2 : 1;
+    g_gemv_version = v == 2 || v == 3 ? v : 1;
 }
 extern "C" int cu_gemv_version(void) {
     return g_gemv_version;
 }
 
-/* the f32-activation GEMV of cu_gemm: v2 where it serves (K % 8 == 0), else v1 */
+/* the f32-activation GEMV of cu_gemm. Version 2 takes v2 where the H200 run of 06:05 measured it faster:
+ * one row of x and K >= 4096 (4B down 18.7 -> 14.6 us, 27B in/out/down 5-11% faster); with K of 2048-2560 the
+ * 10 chunks of a row leave 6 of 8 warps one chunk (4B in_proj 18.1 -> 20.1 us, lm_head 284 -> 330 us), and
+ * with 8 rows of x its 168 registers allow one block per SM (4B batch 8: 1142 -> 752 tok/s). Version 3: v2
+ * wherever K % 8 == 0 (tests, measurements). */
 static void gemv_any(cu_ctx *c, float *y, const float *x, const uint16_t *w, int M, int N, int K) {
-    if (g_gemv_version == 2 && (K & 7) == 0)
+    int v2 = (K & 7) == 0 && (g_gemv_version == 3 || (g_gemv_version == 2 && M == 1 && K >= 4096));
+    if (v2)
         gemv2_rows(c, y, x, w, M, N, K);
     else
         gemv_rows(c, y, x, w, M, N, K);
