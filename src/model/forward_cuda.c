@@ -136,8 +136,12 @@ typedef struct cu_layer {
 #define ATTN_TARGET_BLOCKS 1024 /* split positions until (rows x heads x splits) reaches this */
 #define PROF_MAX_MARKS     4096
 
+/* A captured step: every launch of a batch depends only on these (entries, rows, logits rows, whether a
+ * speculative window is in it, attention splits, multimodal rotary rows); per-entry lengths, positions, slots
+ * and block tables are read from the metadata buffer, so one graph serves every batch of the same key. */
 typedef struct graph_ent {
-    int B, span, nsplit, mm; /* mm: captured with multimodal rotary positions */
+    int B, T, nl, spec, span, nsplit, mm; /* mm: captured with multimodal rotary positions */
+    unsigned long long used; /* last replay (the least recently used goes when the table is full) */
     void *exec;
 } graph_ent;
 
@@ -205,6 +209,9 @@ struct cuda_fwd {
     /* graphs */
     graph_ent graphs[MAX_GRAPHS];
     int n_graphs;
+    unsigned long long graph_clock;
+    int verify_graphs; /* steps with speculative windows replay graphs too (CINFER_CUDA_VERIFY_GRAPHS=0:
+                          eager) */
     /* profiling */
     int profile, prof_calls;
     double prof_ms[CP_N];
@@ -517,6 +524,8 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     const char *rw = getenv("CINFER_CUDA_RANDOM_WEIGHTS");
     if (rw && !strcmp(rw, "1") && !f->p.random_weights)
         f->p.random_weights = 1, f->p.seed = f->p.seed ? f->p.seed : 7;
+    const char *vg = getenv("CINFER_CUDA_VERIFY_GRAPHS"); /* "0": steps with verify windows run eagerly */
+    f->verify_graphs = !(vg && !strcmp(vg, "0"));
     const char *g = getenv("CINFER_CUDA_GRAPHS"); /* "0": launch every step eagerly (tests compare the two) */
     if (g && !strcmp(g, "0")) f->p.no_graphs = 1;
     /* diagnostics: f32-activation GEMV for up to this many rows */
@@ -980,8 +989,9 @@ int cuda_fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, char *e
         if (e[i].hidden) nh += e[i].n;
         if (e[i].spec_rec) has_spec = 1;
         if (e[i].seq_len + e[i].n - 1 > maxpos) maxpos = e[i].seq_len + e[i].n - 1;
-        /* a verify window never runs from a graph: graphs hold plain decode only */
-        if (e[i].n != 1 || e[i].all_logits || e[i].spec_rec) all_decode = 0;
+        /* graphs hold decode entries and speculative windows (no prefill: its tiles and chunk shapes vary) */
+        if (!(e[i].n == 1 && !e[i].all_logits && !e[i].spec_rec) && !(e[i].spec_rec && f->verify_graphs))
+            all_decode = 0;
         if (e[i].n > max_n) max_n = e[i].n;
     }
     if (T > f->p.max_tokens || NE > f->p.max_tokens)
@@ -995,33 +1005,39 @@ int cuda_fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, char *e
     /* MoE decode without the host (graph-capturable): every (row, choice) slot through the indexed GEMV; past
      * 64 rows the experts are grouped on the host and run as GEMMs */
     int moe_device = T <= 64;
-    int use_graph =
-        all_decode && !mm_rows && !f->profile && !f->p.no_graphs && (m->cfg.n_experts == 0 || moe_device);
+    int use_graph = all_decode && max_n < CU_ATTN_TILE && !mm_rows && !f->profile && !f->p.no_graphs &&
+                    (m->cfg.n_experts == 0 || moe_device);
     if (use_graph) {
         graph_ent *g = NULL;
-        for (int i = 0; i < f->n_graphs; i++)
-            if (f->graphs[i].B == NE && f->graphs[i].span == rs.span && f->graphs[i].nsplit == rs.nsplit &&
-                f->graphs[i].mm == mm)
+        for (int i = 0; i < f->n_graphs; i++) {
+            const graph_ent *q = &f->graphs[i];
+            if (q->B == NE && q->T == T && q->nl == nl && q->spec == has_spec && q->span == rs.span &&
+                q->nsplit == rs.nsplit && q->mm == mm)
                 g = &f->graphs[i];
+        }
         if (!g) {
-            if (f->n_graphs == MAX_GRAPHS) {
-                for (int i = 0; i < f->n_graphs; i++) cu_graph_destroy(f->graphs[i].exec);
-                f->n_graphs = 0;
+            int slot = f->n_graphs;
+            if (slot == MAX_GRAPHS) { /* the least recently replayed makes room */
+                slot = 0;
+                for (int i = 1; i < f->n_graphs; i++)
+                    if (f->graphs[i].used < f->graphs[slot].used) slot = i;
+                cu_graph_destroy(f->graphs[slot].exec);
             }
-            /* the block-table offsets inside the metadata buffer depend only on NE for decode (T = nl = NE)
-             */
+            /* the metadata offsets depend only on the key (NE, T, nl, mm): see pack_meta */
             if ((rc = cu_capture_begin(f->cu, err, errlen))) return rc;
             int rc2 = enqueue(f, &rs, moe_device, err, errlen);
             void *exec = NULL;
             rc = cu_capture_end(f->cu, &exec, err, errlen);
-            if (rc2) {
+            if (rc2 || rc) { /* an evicted slot's graph is gone: close the gap */
                 cu_graph_destroy(exec);
-                return rc2;
+                if (slot < f->n_graphs) f->graphs[slot] = f->graphs[--f->n_graphs];
+                return rc2 ? rc2 : rc;
             }
-            if (rc) return rc;
-            g = &f->graphs[f->n_graphs++];
-            *g = (graph_ent){NE, rs.span, rs.nsplit, mm, exec};
+            if (slot == f->n_graphs) f->n_graphs++;
+            g = &f->graphs[slot];
+            *g = (graph_ent){NE, T, nl, has_spec, rs.span, rs.nsplit, mm, 0, exec};
         }
+        g->used = ++f->graph_clock;
         if ((rc = cu_graph_launch(f->cu, g->exec, err, errlen))) return rc;
     } else {
         f->n_marks = 0;
