@@ -140,7 +140,7 @@ typedef struct cu_layer {
  * speculative window is in it, attention splits, multimodal rotary rows); per-entry lengths, positions, slots
  * and block tables are read from the metadata buffer, so one graph serves every batch of the same key. */
 typedef struct graph_ent {
-    int B, T, nl, spec, span, nsplit, mm; /* mm: captured with multimodal rotary positions */
+    int B, T, nl, spec, nochunk, span, nsplit, mm; /* mm: captured with multimodal rotary positions */
     unsigned long long used; /* last replay (the least recently used goes when the table is full) */
     void *exec;
 } graph_ent;
@@ -662,6 +662,7 @@ struct cu_ctx *cuda_fwd_stream(cuda_fwd *f) {
 typedef struct run_shape {
     int T, NE, nl, span, nsplit;
     int has_spec;     /* a speculative window in the batch */
+    int no_chunked;   /* no entry takes the chunked DeltaNet form (cu_gdn_args.no_chunked) */
     const int *tiles; /* attention prefill tiles (device), or NULL */
     int n_tiles;
     cu_meta meta;
@@ -697,6 +698,7 @@ static void deltanet(cuda_fwd *f, const cu_layer *cl, const layer_weights *lw, i
     a.conv_state = f->conv_state, a.rec_state = f->rec_state, a.eps = (float)m->cfg.rms_norm_eps;
     a.meta = rs->meta, a.tc = f->gdn_tc;
     a.spec_rec = f->spec_rec, a.spec_win = f->p.spec_window, a.has_spec = rs->has_spec;
+    a.no_chunked = rs->no_chunked;
     cu_gdn_layer(f->cu, &a);
     mark(f, CP_GEMM_OUT);
     gemm(f, f->out, f->act, cl->w_out, T, H, vd);
@@ -957,6 +959,7 @@ static int pack_meta(cuda_fwd *f, const fwd_entry *e, int NE, const int *lmode, 
                       0,
                       0,
                       has_spec,
+                      0,
                       tiled ? d + o_tile : NULL,
                       (int)ntile,
                       {d + o_ids, d + o_pos, d + o_ent, d + o_len, d + o_n, d + o_r0, d + o_slot, d + o_boff,
@@ -972,7 +975,8 @@ static int pack_meta(cuda_fwd *f, const fwd_entry *e, int NE, const int *lmode, 
 
 int cuda_fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, char *err, size_t errlen) {
     const model *m = f->m;
-    int T = 0, nl = 0, maxpos = 0, all_decode = 1, max_n = 0, has_spec = 0, nh = 0, mm = 0, mm_rows = 0;
+    int T = 0, nl = 0, maxpos = 0, all_decode = 1, max_n = 0, has_spec = 0, nh = 0, mm = 0, mm_rows = 0,
+        any_chunked = 0;
     for (int i = 0; i < NE; i++) {
         /* a prompt with images: its own rotary positions, and feature rows in place of embeddings */
         if (e[i].rope_pos || e[i].rope_delta) mm = 1;
@@ -988,6 +992,7 @@ int cuda_fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, char *e
         nl += e[i].all_logits ? e[i].n : 1;
         if (e[i].hidden) nh += e[i].n;
         if (e[i].spec_rec) has_spec = 1;
+        if (!e[i].spec_rec && !(e[i].n == 1 && e[i].seq_len > 0)) any_chunked = 1;
         if (e[i].seq_len + e[i].n - 1 > maxpos) maxpos = e[i].seq_len + e[i].n - 1;
         /* graphs hold decode entries and speculative windows (no prefill: its tiles and chunk shapes vary) */
         if (!(e[i].n == 1 && !e[i].all_logits && !e[i].spec_rec) && !(e[i].spec_rec && f->verify_graphs))
@@ -1001,6 +1006,7 @@ int cuda_fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, char *e
     int rc = pack_meta(f, e, NE, NULL, T, nl, nh, max_n, maxpos, has_spec, mm, mm_rows, 0, &rs, &o_hrow, err,
                        errlen);
     if (rc) return rc;
+    rs.no_chunked = !any_chunked;
     int *d = f->meta;
     /* MoE decode without the host (graph-capturable): every (row, choice) slot through the indexed GEMV; past
      * 64 rows the experts are grouped on the host and run as GEMMs */
@@ -1011,8 +1017,8 @@ int cuda_fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, char *e
         graph_ent *g = NULL;
         for (int i = 0; i < f->n_graphs; i++) {
             const graph_ent *q = &f->graphs[i];
-            if (q->B == NE && q->T == T && q->nl == nl && q->spec == has_spec && q->span == rs.span &&
-                q->nsplit == rs.nsplit && q->mm == mm)
+            if (q->B == NE && q->T == T && q->nl == nl && q->spec == has_spec &&
+                q->nochunk == rs.no_chunked && q->span == rs.span && q->nsplit == rs.nsplit && q->mm == mm)
                 g = &f->graphs[i];
         }
         if (!g) {
@@ -1035,7 +1041,7 @@ int cuda_fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, char *e
             }
             if (slot == f->n_graphs) f->n_graphs++;
             g = &f->graphs[slot];
-            *g = (graph_ent){NE, T, nl, has_spec, rs.span, rs.nsplit, mm, 0, exec};
+            *g = (graph_ent){NE, T, nl, has_spec, rs.no_chunked, rs.span, rs.nsplit, mm, 0, exec};
         }
         g->used = ++f->graph_clock;
         if ((rc = cu_graph_launch(f->cu, g->exec, err, errlen))) return rc;

@@ -154,6 +154,10 @@ typedef struct cu_gdn_args {
      * extra is launched, so decode graphs never hold the record kernel) */
     float *spec_rec;
     int spec_win, has_spec;
+    /* 1: no entry takes the chunked form (every one a decode token continuing its sequence or a speculative
+     * window): its kernel is not launched — it would only return, but as NE x Hv x dv/32 blocks each holding
+     * ~156 KB of shared memory, one block per SM at a time, which at decode batch 64 took milliseconds */
+    int no_chunked;
     cu_meta meta;
 } cu_gdn_args;
 #define CU_SPEC_REC(C, Hv) (2 * (size_t)(C) + 2 * (size_t)(Hv))

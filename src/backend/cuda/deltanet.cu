@@ -378,11 +378,14 @@ extern "C" void cu_gdn_layer(cu_ctx *c, const cu_gdn_args *a) {
     if (a->has_spec) spec_record_kernel<<<a->T, 256, 0, c->stream>>>(*a);
     recurrent_kernel<<<dim3(cdiv((size_t)a->dv, 32), (unsigned)a->Hv, (unsigned)a->NE), 256, 0, c->stream>>>(
         *a);
-    if (a->tc)
+    if (a->no_chunked) {
+        /* decode tokens and windows only: recurrent_kernel did them all */
+    } else if (a->tc) {
         cu_gdn_chunked_tc(c, a);
-    else
+    } else {
         chunked_kernel<<<dim3(cdiv((size_t)a->dv, GDN_DT), (unsigned)a->Hv, (unsigned)a->NE), 256, smem,
                          c->stream>>>(*a);
+    }
     gnorm_kernel<<<a->T, 128, 0, c->stream>>>(*a);
 }
 
