@@ -5,13 +5,13 @@
  * Sums run in the CPU's order (forward_cpu.c) wherever a thread owns the whole sum.
  *
  * Speculative windows: snapshot-and-replay, as on the CPU. A window's recurrence runs token by token from the
- * slot's S held in registers and never writes it back; each token's position-local inputs (pre-conv row, normed
- * q|k|v, beta, g: 2C + 2Hv floats, 64 KB a layer at the 4B shape) go to a per-slot record; the commit replays
- * the kept tokens on S with the same per-token update (rec_token). Per-position states would instead write a
- * full S (2 MB a layer at the 4B shape) per window token — k+1 state writes per window against one read-modify-
- * write at the commit, and k+1 times the state memory per slot — so on the GPU, where this traffic is the cost,
- * the replay is the cheaper of the two (verify: S read once; commit: S read and written once, plus n_keep
- * tokens of arithmetic on registers). */
+ * slot's S held in registers and never writes it back; each token's position-local inputs (pre-conv row,
+ * normed q|k|v, beta, g: 2C + 2Hv floats, 64 KB a layer at the 4B shape) go to a per-slot record; the commit
+ * replays the kept tokens on S with the same per-token update (rec_token). Per-position states would instead
+ * write a full S (2 MB a layer at the 4B shape) per window token — k+1 state writes per window against one
+ * read-modify-write at the commit, and k+1 times the state memory per slot — so on the GPU, where this
+ * traffic is the cost, the replay is the cheaper of the two (verify: S read once; commit: S read and written
+ * once, plus n_keep tokens of arithmetic on registers). */
 #include "backend/cuda/common.cuh"
 
 #define GDN_CH    64 /* chunk length, = GDN_CHUNK of forward.h */
@@ -35,11 +35,13 @@ __global__ void conv_kernel(cu_gdn_args a) {
         for (int j = 0; j + 1 < K - 1; j++) win[j] = win[j + 1];
         if (K > 1) win[K - 2] = xin;
     }
-    if (a.has_spec && a.meta.e_spec[e]) return; /* a window: cu_gdn_spec_commit advances it for what is kept */
+    if (a.has_spec && a.meta.e_spec[e])
+        return; /* a window: cu_gdn_spec_commit advances it for what is kept */
     for (int j = 0; j < K - 1; j++) st[(size_t)j * C] = win[j];
 }
 
-/* speculative windows: each row's position-local inputs, after prep_kernel and before anything reuses the rows */
+/* speculative windows: each row's position-local inputs, after prep_kernel and before anything reuses the
+ * rows */
 __global__ void spec_record_kernel(cu_gdn_args a) {
     int r = blockIdx.x, e = a.meta.row_entry[r];
     if (!a.meta.e_spec[e]) return;
@@ -51,7 +53,8 @@ __global__ void spec_record_kernel(cu_gdn_args a) {
         dst[i] = pre[i];
         dst[C + i] = post[i];
     }
-    for (int i = threadIdx.x; i < 2 * Hv; i += blockDim.x) dst[2 * (size_t)C + i] = a.bg[(size_t)r * 2 * Hv + i];
+    for (int i = threadIdx.x; i < 2 * Hv; i += blockDim.x)
+        dst[2 * (size_t)C + i] = a.bg[(size_t)r * 2 * Hv + i];
 }
 
 /* per row: l2norm (eps 1e-6) of the 2 Hk q/k heads, q scaled by 1/sqrt(dk); beta and g per value head */
@@ -80,16 +83,20 @@ __global__ void prep_kernel(cu_gdn_args a) {
 /* decode: one token continuing a sequence. A block owns 32 columns j of S [dk][dv] (a head's slice) with 8
  * row groups: thread (g, jj) keeps rows i = g, g + 8, ... of column j in registers, so S is read once and
  * written once; the read-out S^T k and the output S^T q are summed per group, then over the 8 groups.
- * rec_token is one token's update of those registers; the decode kernel, a speculative window (several tokens,
- * S never written back) and the commit's replay all run it, so the three give the same bits. */
+ * rec_token is one token's update of those registers; the decode kernel, a speculative window (several
+ * tokens, S never written back) and the commit's replay all run it, so the three give the same bits. */
 #define REC_GROUPS 8
 #define REC_MAXR   32 /* rows per thread: dk <= 256 */
+/* R = rows per thread the kernels are built for (ceil(dk / 8): 4, 8, 16 or 32): the registers holding S are
+ * sized to what dk needs, not to the largest dk (the same operations in the same order for any R >= dk / 8)
+ */
+template <int R>
 __device__ __forceinline__ void rec_token(float *sv, const float *q, const float *k, float vj, float decay,
                                           float beta, int g, int jj, int ok, int dk, float (*red)[32],
                                           float *fin, float *o_out) {
     float m = 0.0f;
 #pragma unroll
-    for (int t = 0; t < REC_MAXR; t++) {
+    for (int t = 0; t < R; t++) {
         int i = g + REC_GROUPS * t;
         if (i < dk && ok) {
             sv[t] = __fmul_rn(sv[t], decay);
@@ -106,7 +113,7 @@ __device__ __forceinline__ void rec_token(float *sv, const float *q, const float
     __syncthreads();
     float mj = fin[jj], o = 0.0f;
 #pragma unroll
-    for (int t = 0; t < REC_MAXR; t++) {
+    for (int t = 0; t < R; t++) {
         int i = g + REC_GROUPS * t;
         if (i < dk && ok) {
             sv[t] = fmaf(k[i], mj, sv[t]);
@@ -124,7 +131,7 @@ __device__ __forceinline__ void rec_token(float *sv, const float *q, const float
     __syncthreads(); /* red, fin and the caller's q / k are reused by the next token */
 }
 
-__global__ void __launch_bounds__(256) recurrent_kernel(cu_gdn_args a) {
+template <int R> __global__ void __launch_bounds__(256) recurrent_kernel(cu_gdn_args a) {
     __shared__ float q[256], k[256], red[REC_GROUPS][32], fin[32];
     int e = blockIdx.z, n = a.meta.e_n[e], spec = a.has_spec && a.meta.e_spec[e];
     if (!spec && !(n == 1 && a.meta.e_len[e] > 0)) return;
@@ -133,9 +140,9 @@ __global__ void __launch_bounds__(256) recurrent_kernel(cu_gdn_args a) {
     int r0 = a.meta.e_row0[e], kh = h / (a.Hv / a.Hk), kd = a.Hk * dk;
     int ok = j < dv;
     float *S = a.rec_state + (((size_t)a.meta.e_slot[e] * a.n_lin + a.lin) * a.Hv + h) * (size_t)dk * dv + j;
-    float sv[REC_MAXR];
+    float sv[R];
 #pragma unroll
-    for (int t = 0; t < REC_MAXR; t++) {
+    for (int t = 0; t < R; t++) {
         int i = g + REC_GROUPS * t;
         sv[t] = i < dk && ok ? S[(size_t)i * dv] : 0.0f;
     }
@@ -149,29 +156,31 @@ __global__ void __launch_bounds__(256) recurrent_kernel(cu_gdn_args a) {
         __syncthreads();
         float decay = expf(a.bg[(size_t)r * 2 * a.Hv + a.Hv + h]), beta = a.bg[(size_t)r * 2 * a.Hv + h];
         float vj = ok ? row[2 * (size_t)kd + (size_t)h * dv + j] : 0.0f;
-        rec_token(sv, q, k, vj, decay, beta, g, jj, ok, dk, red, fin,
-                  a.o + (size_t)r * a.Hv * dv + (size_t)h * dv + j);
+        rec_token<R>(sv, q, k, vj, decay, beta, g, jj, ok, dk, red, fin,
+                     a.o + (size_t)r * a.Hv * dv + (size_t)h * dv + j);
     }
     if (spec) return; /* a window: the slot keeps the state from before it until the commit */
 #pragma unroll
-    for (int t = 0; t < REC_MAXR; t++) {
+    for (int t = 0; t < R; t++) {
         int i = g + REC_GROUPS * t;
         if (i < dk && ok) S[(size_t)i * dv] = sv[t];
     }
 }
 
-/* the commit of a speculative window: the first n_keep recorded tokens replayed on the slot's S (per layer z) */
-__global__ void __launch_bounds__(256) spec_replay_kernel(float *rec_state, const float *spec_rec, int slot,
-                                                          int n_keep, int n_lin, int win, int Hk, int Hv, int dk,
-                                                          int dv, int C) {
+/* the commit of a speculative window: the first n_keep recorded tokens replayed on the slot's S (per layer z)
+ */
+template <int R>
+__global__ void __launch_bounds__(256)
+    spec_replay_kernel(float *rec_state, const float *spec_rec, int slot, int n_keep, int n_lin, int win,
+                       int Hk, int Hv, int dk, int dv, int C) {
     __shared__ float q[256], k[256], red[REC_GROUPS][32], fin[32];
     int l = blockIdx.z, h = blockIdx.y, jj = threadIdx.x & 31, g = threadIdx.x >> 5, j = blockIdx.x * 32 + jj;
     int kh = h / (Hv / Hk), kd = Hk * dk, ok = j < dv;
     size_t rf = CU_SPEC_REC(C, Hv);
     float *S = rec_state + (((size_t)slot * n_lin + l) * Hv + h) * (size_t)dk * dv + j;
-    float sv[REC_MAXR];
+    float sv[R];
 #pragma unroll
-    for (int t = 0; t < REC_MAXR; t++) {
+    for (int t = 0; t < R; t++) {
         int i = g + REC_GROUPS * t;
         sv[t] = i < dk && ok ? S[(size_t)i * dv] : 0.0f;
     }
@@ -185,18 +194,18 @@ __global__ void __launch_bounds__(256) spec_replay_kernel(float *rec_state, cons
         __syncthreads();
         float decay = expf(bg[Hv + h]), beta = bg[h];
         float vj = ok ? post[2 * (size_t)kd + (size_t)h * dv + j] : 0.0f;
-        rec_token(sv, q, k, vj, decay, beta, g, jj, ok, dk, red, fin, NULL);
+        rec_token<R>(sv, q, k, vj, decay, beta, g, jj, ok, dk, red, fin, NULL);
     }
 #pragma unroll
-    for (int t = 0; t < REC_MAXR; t++) {
+    for (int t = 0; t < R; t++) {
         int i = g + REC_GROUPS * t;
         if (i < dk && ok) S[(size_t)i * dv] = sv[t];
     }
 }
 
 /* the commit's conv window: the last K-1 rows of [window | kept pre-conv rows] (per channel c, layer y) */
-__global__ void spec_conv_commit_kernel(float *conv_state, const float *spec_rec, int slot, int n_keep, int n_lin,
-                                        int win, int Hv, int K, int C) {
+__global__ void spec_conv_commit_kernel(float *conv_state, const float *spec_rec, int slot, int n_keep,
+                                        int n_lin, int win, int Hv, int K, int C) {
     int c = blockIdx.x * blockDim.x + threadIdx.x, l = blockIdx.y;
     if (c >= C) return;
     size_t rf = CU_SPEC_REC(C, Hv);
@@ -211,14 +220,26 @@ __global__ void spec_conv_commit_kernel(float *conv_state, const float *spec_rec
     for (int jj = 0; jj < K - 1; jj++) st[(size_t)jj * C] = x[jj];
 }
 
-extern "C" void cu_gdn_spec_commit(cu_ctx *c, float *conv_state, float *rec_state, const float *spec_rec, int slot,
-                                   int n_keep, int n_lin, int win, int Hk, int Hv, int dk, int dv, int K, int C) {
+extern "C" void cu_gdn_spec_commit(cu_ctx *c, float *conv_state, float *rec_state, const float *spec_rec,
+                                   int slot, int n_keep, int n_lin, int win, int Hk, int Hv, int dk, int dv,
+                                   int K, int C) {
     if (n_keep <= 0 || n_lin <= 0) return;
     if (K > 1)
         spec_conv_commit_kernel<<<dim3(cdiv((size_t)C, 128), (unsigned)n_lin), 128, 0, c->stream>>>(
             conv_state, spec_rec, slot, n_keep, n_lin, win, Hv, K, C);
-    spec_replay_kernel<<<dim3(cdiv((size_t)dv, 32), (unsigned)Hv, (unsigned)n_lin), 256, 0, c->stream>>>(
-        rec_state, spec_rec, slot, n_keep, n_lin, win, Hk, Hv, dk, dv, C);
+    dim3 grid(cdiv((size_t)dv, 32), (unsigned)Hv, (unsigned)n_lin);
+#define REPLAY(R_)                                                                                           \
+    spec_replay_kernel<R_>                                                                                   \
+        <<<grid, 256, 0, c->stream>>>(rec_state, spec_rec, slot, n_keep, n_lin, win, Hk, Hv, dk, dv, C)
+    if (dk <= 32)
+        REPLAY(4);
+    else if (dk <= 64)
+        REPLAY(8);
+    else if (dk <= 128)
+        REPLAY(16);
+    else
+        REPLAY(32);
+#undef REPLAY
 }
 
 /* shared memory of the chunked kernel: K and Q rows padded to dk + 1 (the Gram products read 32 different
@@ -376,8 +397,15 @@ extern "C" void cu_gdn_layer(cu_ctx *c, const cu_gdn_args *a) {
     conv_kernel<<<dim3(cdiv((size_t)a->C, 128), (unsigned)a->NE), 128, 0, c->stream>>>(*a);
     prep_kernel<<<a->T, 128, 0, c->stream>>>(*a);
     if (a->has_spec) spec_record_kernel<<<a->T, 256, 0, c->stream>>>(*a);
-    recurrent_kernel<<<dim3(cdiv((size_t)a->dv, 32), (unsigned)a->Hv, (unsigned)a->NE), 256, 0, c->stream>>>(
-        *a);
+    dim3 rgrid(cdiv((size_t)a->dv, 32), (unsigned)a->Hv, (unsigned)a->NE);
+    if (a->dk <= 32)
+        recurrent_kernel<4><<<rgrid, 256, 0, c->stream>>>(*a);
+    else if (a->dk <= 64)
+        recurrent_kernel<8><<<rgrid, 256, 0, c->stream>>>(*a);
+    else if (a->dk <= 128)
+        recurrent_kernel<16><<<rgrid, 256, 0, c->stream>>>(*a);
+    else
+        recurrent_kernel<32><<<rgrid, 256, 0, c->stream>>>(*a);
     if (a->no_chunked) {
         /* decode tokens and windows only: recurrent_kernel did them all */
     } else if (a->tc) {
