@@ -79,7 +79,8 @@ int bench_cuda(int argc, char **argv) {
     int profile = !arg_flag(argc, argv, "--no-profile");
     /* where a decode step's logits go: pinned host memory (default), pageable host memory (malloc, as the
      * first CUDA figures were taken), or nowhere: greedy ids chosen on the device (cuda_fwd_sample) */
-    const char *lmode = arg_value(argc, argv, "--logits", "pinned");
+    const char *lmode = arg_value(argc, argv, "--logits", NULL); /* arg_value's last argument is an alias, not a default */
+    if (!lmode) lmode = "pinned";
     int l_pageable = !strcmp(lmode, "pageable"), l_device = !strcmp(lmode, "device");
     if (!l_pageable && !l_device && strcmp(lmode, "pinned")) {
         fprintf(stderr, "cinfer bench: --logits takes pinned, pageable or device\n");

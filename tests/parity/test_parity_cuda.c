@@ -362,3 +362,20 @@ TEST(cuda_cli_device_flag) {
     free(prompt), free(want);
     json_decref(root);
 }
+
+/* `cinfer bench --like SHAPE --device cuda` with no other flag: the default --logits once crashed it before any
+ * output (arg_value's last argument is an alias, not a default). Without a device it exits 1 saying so; with
+ * one, the whole default bench of the smallest shape runs to the end. */
+TEST(cuda_bench_like_defaults_run) {
+    const char *bin = getenv("CINFER_BIN");
+    if (!bin) bin = "build/cinfer";
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "%s bench --like qwen3.5-0.8b --device cuda > /dev/null 2>&1", bin);
+    if (no_device()) {
+        int rc = system(cmd);
+        CHECK_MSG(WIFEXITED(rc) && WEXITSTATUS(rc) == 1, "bench --like without a device: status %d, want exit 1", rc);
+        return;
+    }
+    int rc = system(cmd);
+    CHECK_MSG(WIFEXITED(rc) && WEXITSTATUS(rc) == 0, "bench --like qwen3.5-0.8b --device cuda: status %d", rc);
+}
