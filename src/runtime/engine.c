@@ -51,6 +51,7 @@ struct cinfer_request {
     struct cinfer_request *next; /* in the engine's waiting list */
     /* copied at submit, read-only after */
     int32_t *prompt;
+    int32_t *key; /* [n_prompt] the prefix cache's key when the prompt has images (image_key), else NULL */
     int n_prompt, max_tokens, ignore_eos, skip_special, reasoning;
     cinfer_sampling samp;
     cinfer_logit_bias *bias;
@@ -59,7 +60,7 @@ struct cinfer_request {
     cinfer_tool_format tool_format;
     char *tools_json;
     cinfer_image **images; /* [n_images] until admission hands them to the context (owned) */
-    int n_images;          /* images of the prompt: no prefix cache for this request */
+    int n_images;          /* images of the prompt (negative once admission freed them) */
     /* the client side (under mu) */
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -293,6 +294,7 @@ static void request_destroy(cinfer_request *r) {
     }
     if (r->cur) free(r->cur->top), free(r->cur->buf), free(r->cur);
     free(r->prompt);
+    free(r->key);
     free(r->marks);
     free(r->hist);
     free(r->bias);
@@ -439,6 +441,36 @@ static void update_stats(cinfer_engine *e) {
     atomic_store(&e->stat_slots_used, ctx_slots_used(e->ctx));
 }
 
+/* The prefix cache's key of a prompt with images: the prompt's ids, except that the j-th <|image_pad|> of
+ * image k's run becomes a mix of the image's hash (grid and preprocessed pixels, cinfer_image_hash) with j,
+ * as a negative int32 (never a real id, which is >= 0; never -1). Two prompts then share a cached prefix
+ * inside or past an image only when the images are the same picture. Only the cache sees the key: what feeds
+ * the model, drafts, stop strings and text use the real ids. The layout was checked (mm_layout_build), so the
+ * runs are exactly where and as long as the images say. */
+static int32_t *image_key(const cinfer_engine *e, const cinfer_request_params *p, const int32_t *prompt) {
+    int32_t *key = xmalloc((size_t)p->n_prompt * sizeof(int32_t));
+    memcpy(key, prompt, (size_t)p->n_prompt * sizeof(int32_t));
+    int pad = e->m->cfg.image_token_id, k = 0;
+    for (int i = 0; i < p->n_prompt && k < p->n_images;) {
+        if (prompt[i] != pad) {
+            i++;
+            continue;
+        }
+        uint64_t h = cinfer_image_hash(p->images[k++]);
+        for (uint64_t j = 0; i < p->n_prompt && prompt[i] == pad; i++, j++) {
+            uint64_t x = (h ^ ((j + 1) * 0x9E3779B97F4A7C15ull)) * 0xBF58476D1CE4E5B9ull;
+            x = (x ^ (x >> 31)) * 0x94D049BB133111EBull;
+            key[i] = INT32_MIN + (int32_t)((x >> 33) % 0x7FFFFFFFu); /* [INT32_MIN, -2] */
+        }
+    }
+    return key;
+}
+
+/* What the prefix cache matches and stores for r. */
+static const int32_t *cache_key(const cinfer_request *r) {
+    return r->key ? r->key : r->prompt;
+}
+
 /* Admits waiting requests while a slot and KV blocks for their whole budget are free. */
 static void admit(cinfer_engine *e) {
     pthread_mutex_lock(&e->mu);
@@ -454,7 +486,7 @@ static void admit(cinfer_engine *e) {
             continue;
         }
         int need = (r->n_prompt + r->max_tokens + KV_BLOCK - 1) / KV_BLOCK, shared = 0;
-        if (e->p.prefix_cache_memory > 0 && !r->n_images) ctx_prefix_peek(e->ctx, r->prompt, r->n_prompt - 1, &shared);
+        if (e->p.prefix_cache_memory > 0) ctx_prefix_peek(e->ctx, cache_key(r), r->n_prompt - 1, &shared);
         if (need - shared > ctx_kv_free_blocks(e->ctx)) break; /* FIFO: wait for blocks to come back */
         char err[256];
         int seq = cinfer_seq_open(e->ctx, err, sizeof err);
@@ -487,11 +519,14 @@ static void admit(cinfer_engine *e) {
                 continue;
             }
         }
-        if (e->p.prefix_cache_memory > 0 && !r->n_images) {
+        if (e->p.prefix_cache_memory > 0) {
             /* resume after the longest cached prefix that ends at a state snapshot; on ENOMEM (no block for
-             * the partial-block copy) the sequence is untouched and runs cold */
+             * the partial-block copy) the sequence is untouched and runs cold. With images, the sequence has
+             * its layout already, and the context indexes feature rows and mRoPE positions by the sequence's
+             * length, so a resume point anywhere (inside an image's span too) feeds the suffix exactly as a
+             * chunked prefill would. */
             int cached = 0;
-            if (ctx_seq_resume(e->ctx, seq, r->prompt, r->n_prompt, &cached, err, sizeof err) == 0) {
+            if (ctx_seq_resume(e->ctx, seq, cache_key(r), r->n_prompt, &cached, err, sizeof err) == 0) {
                 r->n_fed = cached;
                 r->cached = cached;
             }
@@ -534,7 +569,7 @@ static int ngram_draft(const int32_t *h, int n, int32_t *out, int k) {
  * computes exactly the chunks a cold run does. 0 when no allowed end fits in the budget. */
 static int prefill_piece(const cinfer_engine *e, const cinfer_request *r, int budget) {
     int pos = r->n_fed, limit = r->n_prompt;
-    if (e->p.prefix_cache_memory > 0 && !r->n_images && pos < r->n_prompt - 1)
+    if (e->p.prefix_cache_memory > 0 && pos < r->n_prompt - 1)
         limit = ctx_prefix_next(e->ctx, r->marks, r->n_marks, pos, r->n_prompt - 1);
     if (limit - pos <= budget) return limit - pos;
     int end = (pos + budget) / GDN_CHUNK * GDN_CHUNK;
@@ -802,10 +837,11 @@ static void step(cinfer_engine *e) {
         } else if (r->n_fed < r->n_prompt) {
             r->n_fed += e->entries[i].n_tokens;
             atomic_fetch_add(&e->prompt_tokens_total, e->entries[i].n_tokens);
-            if (e->p.prefix_cache_memory > 0 && !r->n_images && r->n_fed < r->n_prompt &&
+            if (e->p.prefix_cache_memory > 0 && r->n_fed < r->n_prompt &&
                 ctx_prefix_next(e->ctx, r->marks, r->n_marks, r->n_fed - 1, r->n_prompt - 1) == r->n_fed) {
                 char e2[256];
-                if (ctx_seq_snapshot(e->ctx, r->seq, r->prompt, e2, sizeof e2)) LOG_W("prefix cache: %s", e2);
+                if (ctx_seq_snapshot(e->ctx, r->seq, cache_key(r), e2, sizeof e2))
+                    LOG_W("prefix cache: %s", e2);
             }
             if (mtp) e->entry_keep[i] = e->entries[i].n_tokens;
             if (r->n_fed < r->n_prompt) continue; /* more prompt to read */
@@ -1160,6 +1196,7 @@ int cinfer_engine_submit(cinfer_engine *e, const cinfer_request_params *p, cinfe
     }
     r->samp.logit_bias = r->bias;
     for (int i = 0; i < p->n_stop; i++) r->stop[r->n_stop++] = xstrdup(p->stop[i]);
+    if (e->p.prefix_cache_memory > 0 && p->n_images) r->key = image_key(e, p, r->prompt);
     if (e->p.prefix_cache_memory > 0 && e->im_start >= 0) {
         for (int i = 1; i < r->n_prompt - 1; i++) r->n_marks += r->prompt[i] == e->im_start;
         r->marks = xmalloc(sizeof(int) * (size_t)(r->n_marks + 1));

@@ -312,8 +312,8 @@ static int argmax_v(const float *x, int n) {
 }
 
 /* Image requests through the engine: greedy output equals the context's own greedy, with a text request
- * running alongside, twice (the second is not served from the prefix cache), and a prompt whose pads do not
- * fit the image is refused at submit. */
+ * running alongside, twice (the second resumes from the prefix cache, keyed by the image's pixels), and a
+ * prompt whose pads do not fit the image is refused at submit. */
 TEST(mm_tiny_engine_image_requests) {
     cinfer_model *m = open_tiny_vision();
     REQUIRE(m);
@@ -380,10 +380,9 @@ TEST(mm_tiny_engine_image_requests) {
         CHECK_MSG(gi.n == NEW && !memcmp(gi.ids, want, sizeof want),
                   "round %d: engine image output differs from the context's", round);
         CHECK_EQ_INT(gt.n, NEW);
-        /* the cache is live (the repeated text prompt resumes from it) but never serves an image prompt */
-        CHECK_EQ_INT(gi.cached, 0);
-        if (round == 1)
-            CHECK_MSG(gt.cached > 0, "the text prompt was not served from the prefix cache (%d)", gt.cached);
+        /* the repeated prompts, the image one too, resume at their last token */
+        CHECK_EQ_INT(gi.cached, round ? n - 1 : 0);
+        CHECK_EQ_INT(gt.cached, round ? 19 : 0);
         cinfer_request_free(ri);
         cinfer_request_free(rt);
     }
@@ -403,6 +402,137 @@ TEST(mm_tiny_engine_image_requests) {
     CHECK_STR_CONTAINS(err, "the image takes");
     cinfer_engine_destroy(eng);
     cinfer_image_free(ref_im);
+    cinfer_model_close(m);
+}
+
+/* One greedy image request (ids and top-5 logprobs) on engine e; the engine takes im. */
+typedef struct {
+    int32_t ids[8];
+    float lp[8][6];
+    int n, cached;
+} img_trace;
+
+static void run_image(cinfer_engine *e, const int32_t *p, int n, cinfer_image *im, img_trace *t) {
+    char err[512];
+    memset(t, 0, sizeof *t);
+    cinfer_request_params rp;
+    memset(&rp, 0, sizeof rp);
+    rp.sampling = cinfer_sampling_default();
+    rp.sampling.temperature = 0;
+    rp.sampling.n_logprobs = 5;
+    rp.ignore_eos = 1;
+    rp.max_tokens = 8;
+    rp.prompt = p;
+    rp.n_prompt = n;
+    rp.images = &im;
+    rp.n_images = 1;
+    cinfer_request *r;
+    if (cinfer_engine_submit(e, &rp, &r, err, sizeof err)) {
+        test_fail(__FILE__, __LINE__, "%s", err);
+        cinfer_image_free(im);
+        return;
+    }
+    cinfer_event ev;
+    while (cinfer_request_next(r, &ev, 20000) == 1) {
+        if (ev.type == CINFER_EV_LOGPROB && t->n < 8) {
+            t->ids[t->n] = ev.token;
+            t->lp[t->n][0] = ev.logprob;
+            for (int i = 0; i < ev.n_top && i < 5; i++) t->lp[t->n][1 + i] = ev.top[i].logprob;
+            t->n++;
+        }
+        if (ev.type == CINFER_EV_DONE) t->cached = ev.cached_tokens;
+    }
+    cinfer_request_free(r);
+}
+
+/* The prefix cache keys an image's pads by its pixels. The same image request twice: the second resumes at
+ * its last token and gives the first's tokens and logprobs bit for bit. The same prompt with another picture
+ * of the same size (its pads have the same ids): no hit inside the span, and exactly its own cold run. H ends
+ * on the image's pads, so its snapshot (at its last token) sits inside the span: F (H plus text) then resumes
+ * mid-image and gives F's cold tokens; its logprobs agree to rounding only, because no piece of a cold run
+ * ends there (a split inside a DeltaNet chunk rounds differently, as it does for text), so exact equality
+ * is checked against a context fed in the same pieces. */
+TEST(mm_tiny_engine_prefix_cache_keys_image_pixels) {
+    cinfer_model *m = open_tiny_vision();
+    REQUIRE(m);
+    cinfer_model_info info;
+    cinfer_model_get_info(m, &info);
+    int V = info.vocab_size;
+    cinfer_image *x = fixture_image(m, "bilevel_97x61.png"), *y = fixture_image(m, "gray16_97x61.png");
+    REQUIRE(x && y);
+    int k = cinfer_image_n_tokens(x);
+    REQUIRE(k > 1 && k == cinfer_image_n_tokens(y));
+    int32_t pf[300];
+    int nf = image_prompt(&info, k, pf), nh = 3 + k; /* H = [1, 2, <vision_start>, pad x k] */
+    cinfer_engine_params ep = cinfer_engine_default_params();
+    ep.max_seqs = 2, ep.ctx_size = 256, ep.step_tokens = 32, ep.n_threads = 2;
+    ep.prefix_cache_memory = 1 << 20;
+    char err[512];
+    cinfer_engine *warm, *cold, *mid;
+    REQUIRE(cinfer_engine_create(m, &ep, &warm, err, sizeof err) == 0);
+    REQUIRE(cinfer_engine_create(m, &ep, &cold, err, sizeof err) == 0);
+    REQUIRE(cinfer_engine_create(m, &ep, &mid, err, sizeof err) == 0);
+    img_trace a, b, g, cg, h, f;
+    run_image(warm, pf, nf, cinfer_image_dup(x), &a);
+    run_image(warm, pf, nf, cinfer_image_dup(x), &b);
+    run_image(warm, pf, nf, cinfer_image_dup(y), &g);
+    run_image(cold, pf, nf, cinfer_image_dup(y), &cg);
+    run_image(mid, pf, nh, cinfer_image_dup(x), &h);
+    run_image(mid, pf, nf, cinfer_image_dup(x), &f);
+    CHECK_EQ_INT(a.cached, 0);
+    CHECK_EQ_INT(b.cached, nf - 1);
+    CHECK_EQ_INT(a.n, 8);
+    CHECK_MSG(!memcmp(b.ids, a.ids, sizeof a.ids) && !memcmp(b.lp, a.lp, sizeof a.lp),
+              "the cached image request differs from its cold run");
+    CHECK_MSG(g.cached <= 3, "another picture resumed after %d tokens (its pads start at 3)", g.cached);
+    CHECK_EQ_INT(cg.cached, 0);
+    CHECK_MSG(!memcmp(g.ids, cg.ids, sizeof cg.ids) && !memcmp(g.lp, cg.lp, sizeof cg.lp),
+              "the other picture's request differs from its cold run");
+    CHECK_MSG(memcmp(a.lp, g.lp, sizeof a.lp) != 0,
+              "the two pictures give the same output: the test shows nothing");
+    CHECK_EQ_INT(h.cached, 0);
+    CHECK_EQ_INT(f.cached, nh - 1); /* mid-span: the last pad and what follows are fed */
+    CHECK_MSG(!memcmp(f.ids, a.ids, sizeof a.ids), "resuming inside the image span changed the tokens");
+    for (int t = 0; t < 8; t++)
+        for (int j = 0; j < 6; j++)
+            CHECK_MSG(fabsf(f.lp[t][j] - a.lp[t][j]) < 1e-4f, "token %d logprob %d: %g vs %g cold", t, j,
+                      f.lp[t][j], a.lp[t][j]);
+    /* bit for bit against a context fed in the engine's pieces: [0, nh-1) (H), [nh-1, nf-1), [nf-1, nf) */
+    {
+        cinfer_ctx_params cp = cinfer_ctx_default_params();
+        cp.max_seqs = 1, cp.max_ctx = 256, cp.max_batch = 256, cp.n_threads = 2;
+        cinfer_ctx *c;
+        REQUIRE(cinfer_ctx_create(m, &cp, &c, err, sizeof err) == 0);
+        int s = cinfer_seq_open(c, err, sizeof err);
+        REQUIRE(cinfer_seq_set_images(c, s, pf, nf, &x, 1, NULL, err, sizeof err) == 0);
+        float *lg = malloc(sizeof(float) * V);
+        int cuts[4] = {0, nh - 1, nf - 1, nf};
+        for (int i = 0; i < 3; i++) {
+            cinfer_batch_entry e = {s, pf + cuts[i], cuts[i + 1] - cuts[i], 0, 0};
+            REQUIRE(cinfer_forward(c, &e, 1, lg, err, sizeof err) == 0);
+        }
+        int same = 1;
+        for (int t = 0; t < 8; t++) {
+            int32_t id = argmax_v(lg, V);
+            double mx = lg[id], z = 0;
+            for (int v = 0; v < V; v++) z += exp((double)lg[v] - mx);
+            same &= id == f.ids[t] && fabs((double)f.lp[t][0] + log(z)) < 1e-6;
+            cinfer_batch_entry d = {s, &id, 1, 0, 0};
+            REQUIRE(cinfer_forward(c, &d, 1, lg, err, sizeof err) == 0);
+        }
+        CHECK_MSG(same, "the mid-span resume differs from a context fed in the same pieces");
+        free(lg);
+        cinfer_ctx_destroy(c);
+    }
+    cinfer_engine_stats st;
+    cinfer_engine_get_stats(warm, &st);
+    CHECK_EQ_INT(st.running, 0);
+    CHECK_EQ_INT(st.prefix_hits, 1);
+    cinfer_engine_destroy(warm);
+    cinfer_engine_destroy(cold);
+    cinfer_engine_destroy(mid);
+    cinfer_image_free(x);
+    cinfer_image_free(y);
     cinfer_model_close(m);
 }
 
