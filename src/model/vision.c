@@ -229,6 +229,23 @@ static inline int64_t block_row(int y, int x, int w, int M) {
     return ((int64_t)(y / M) * (w / M) + x / M) * M * M + (y % M) * M + (x % M);
 }
 
+/* The bilinear tap of patch (y, x) of a grid into the n x n learned position table
+ * (fast_pos_embed_interpolate): the four corner rows and their weights. One definition for the CPU tower and
+ * the CUDA tower's inputs, so both see the same bits. */
+static vision_tap tap_at(int n, vision_grid g, int y, int x) {
+    float hy = linspace_at((float)(n - 1), g.h, y);
+    int y0 = (int)hy, y1 = y0 + 1 < n ? y0 + 1 : n - 1;
+    float dh = hy - (float)y0;
+    float wx = linspace_at((float)(n - 1), g.w, x);
+    int x0 = (int)wx, x1 = x0 + 1 < n ? x0 + 1 : n - 1;
+    float dw = wx - (float)x0;
+    vision_tap t = {{y0 * n + x0, y0 * n + x1, y1 * n + x0, y1 * n + x1},
+                    {(1.0f - dh) * (1.0f - dw), (1.0f - dh) * dw, dh * (1.0f - dw), dh * dw},
+                    y,
+                    x};
+    return t;
+}
+
 /* Learned positions, bilinearly resampled to the grid (fast_pos_embed_interpolate), added to x; and the
  * rotary tables. Returns the frame table too. */
 static void positions(vis_run *r, const vision_grid *grids, int n_images, float *pos_out, float *ang_out) {
@@ -239,19 +256,11 @@ static void positions(vis_run *r, const vision_grid *grids, int n_images, float 
         vision_grid g = grids[im];
         int64_t fr = (int64_t)g.h * g.w;
         for (int y = 0; y < g.h; y++) {
-            float hy = linspace_at((float)(n - 1), g.h, y);
-            int y0 = (int)hy, y1 = y0 + 1 < n ? y0 + 1 : n - 1;
-            float dh = hy - (float)y0;
             for (int x = 0; x < g.w; x++) {
-                float wx = linspace_at((float)(n - 1), g.w, x);
-                int x0 = (int)wx, x1 = x0 + 1 < n ? x0 + 1 : n - 1;
-                float dw = wx - (float)x0;
-                float w00 = (1.0f - dh) * (1.0f - dw), w01 = (1.0f - dh) * dw, w10 = dh * (1.0f - dw),
-                      w11 = dh * dw;
-                const float *p00 = v->pos + ((int64_t)y0 * n + x0) * D,
-                            *p01 = v->pos + ((int64_t)y0 * n + x1) * D;
-                const float *p10 = v->pos + ((int64_t)y1 * n + x0) * D,
-                            *p11 = v->pos + ((int64_t)y1 * n + x1) * D;
+                vision_tap tp = tap_at(n, g, y, x);
+                float w00 = tp.w[0], w01 = tp.w[1], w10 = tp.w[2], w11 = tp.w[3];
+                const float *p00 = v->pos + (int64_t)tp.idx[0] * D, *p01 = v->pos + (int64_t)tp.idx[1] * D;
+                const float *p10 = v->pos + (int64_t)tp.idx[2] * D, *p11 = v->pos + (int64_t)tp.idx[3] * D;
                 int64_t br = block_row(y, x, g.w, M);
                 for (int t = 0; t < g.t; t++) {
                     int64_t row = base + t * fr + br;
@@ -291,22 +300,12 @@ void vision_taps(const vision_weights *v, const vision_grid *grids, int n_images
     for (int im = 0; im < n_images; im++) {
         vision_grid g = grids[im];
         int64_t fr = (int64_t)g.h * g.w;
-        for (int y = 0; y < g.h; y++) {
-            float hy = linspace_at((float)(n - 1), g.h, y);
-            int y0 = (int)hy, y1 = y0 + 1 < n ? y0 + 1 : n - 1;
-            float dh = hy - (float)y0;
+        for (int y = 0; y < g.h; y++)
             for (int x = 0; x < g.w; x++) {
-                float wx = linspace_at((float)(n - 1), g.w, x);
-                int x0 = (int)wx, x1 = x0 + 1 < n ? x0 + 1 : n - 1;
-                float dw = wx - (float)x0;
-                vision_tap t = {{y0 * n + x0, y0 * n + x1, y1 * n + x0, y1 * n + x1},
-                                {(1.0f - dh) * (1.0f - dw), (1.0f - dh) * dw, dh * (1.0f - dw), dh * dw},
-                                y,
-                                x};
+                vision_tap t = tap_at(n, g, y, x);
                 int64_t br = block_row(y, x, g.w, M);
                 for (int f = 0; f < g.t; f++) out[base + f * fr + br] = t;
             }
-        }
         base += (int64_t)g.t * fr;
     }
 }
