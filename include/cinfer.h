@@ -70,9 +70,9 @@ void cinfer_model_get_info(const cinfer_model *m, cinfer_model_info *out);
 /* ---- context: the model's mutable side (KV block pool, DeltaNet state slots, scratch) ---- */
 typedef struct cinfer_ctx cinfer_ctx;
 
-/* CUDA: weights, KV blocks and DeltaNet states in device memory (builds with nvcc; not yet with speculative
- * decoding, the MTP head or the prefix cache). AUTO: CUDA when a device is visible and the context asks for
- * none of those, else CPU. */
+/* CUDA: weights, KV blocks and DeltaNet states in device memory (builds with nvcc), with speculative decoding,
+ * the MTP head, the prefix cache (state snapshots spilled to pinned host memory) and images as on the CPU.
+ * AUTO: CUDA when a device is visible, else CPU. */
 typedef enum { CINFER_DEVICE_CPU = 0, CINFER_DEVICE_CUDA = 1, CINFER_DEVICE_AUTO = 2 } cinfer_device;
 
 typedef struct cinfer_ctx_params {
