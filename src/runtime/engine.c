@@ -471,6 +471,15 @@ static const int32_t *cache_key(const cinfer_request *r) {
     return r->key ? r->key : r->prompt;
 }
 
+/* The token the device chose for logits row `row` of a step (greedy), recorded in r->res as sampler_sample
+ * reports a greedy choice. */
+static int32_t device_choice(const cinfer_engine *e, cinfer_request *r, int row) {
+    memset(&r->res, 0, sizeof r->res);
+    r->res.token = e->dids[row];
+    if (r->dev_lp) r->res.logprob = e->dlps[row];
+    return r->res.token;
+}
+
 /* Admits waiting requests while a slot and KV blocks for their whole budget are free. */
 static void admit(cinfer_engine *e) {
     pthread_mutex_lock(&e->mu);
@@ -852,14 +861,8 @@ static void step(cinfer_engine *e) {
             int kept = 1; /* window position 0 (the fed token) is always kept */
             for (int j = 0; j <= r->n_drafts && !fin; j++) {
                 sampler_accept(r->smp, r->drafts[j]);
-                int32_t t;
-                if (dev) { /* what sampler_sample reports for a greedy step */
-                    memset(&r->res, 0, sizeof r->res);
-                    t = r->res.token = e->dids[e->entry_row[i] + j];
-                    if (r->dev_lp) r->res.logprob = e->dlps[e->entry_row[i] + j];
-                } else {
-                    t = sampler_sample(r->smp, row + (size_t)j * V, &r->res);
-                }
+                int32_t t = dev ? device_choice(e, r, e->entry_row[i] + j)
+                                : sampler_sample(r->smp, row + (size_t)j * V, &r->res);
                 r->last = t;
                 atomic_fetch_add(&e->generated_tokens_total, 1);
                 fin = accept_token(e, r, t);
@@ -884,14 +887,8 @@ static void step(cinfer_engine *e) {
             sampler_accept(r->smp, r->last);
         }
         if (!fin) {
-            int32_t t;
-            if (dev) { /* what sampler_sample reports for a greedy step */
-                memset(&r->res, 0, sizeof r->res);
-                t = r->res.token = e->dids[e->entry_row[i]];
-                if (r->dev_lp) r->res.logprob = e->dlps[e->entry_row[i]];
-            } else {
-                t = sampler_sample(r->smp, constrain_row(e, r, row), &r->res);
-            }
+            int32_t t = dev ? device_choice(e, r, e->entry_row[i])
+                            : sampler_sample(r->smp, constrain_row(e, r, row), &r->res);
             r->last = t;
             atomic_fetch_add(&e->generated_tokens_total, 1);
             fin = accept_token(e, r, t);
