@@ -237,6 +237,47 @@ static match tree_match(const prefix_cache *pc, const int *tokens, int n) {
 
 /* ---- creation ---- */
 
+/* The host pools' prefix_io (u = the cache): the default when prefix_params.io is NULL, so lookups and
+ * inserts move data through one interface whichever device holds the pools. */
+static int host_save(void *u, int slot, float *dst) {
+    const state_pool *st = ((prefix_cache *)u)->st;
+    for (int l = 0; l < st->n_layers; l++) {
+        memcpy(dst, state_conv(st, slot, l), st->conv_floats * sizeof(float));
+        dst += st->conv_floats;
+        memcpy(dst, state_rec(st, slot, l), st->rec_floats * sizeof(float));
+        dst += st->rec_floats;
+    }
+    return 0;
+}
+
+static int host_load(void *u, int slot, const float *src) {
+    const state_pool *st = ((prefix_cache *)u)->st;
+    for (int l = 0; l < st->n_layers; l++) {
+        memcpy(state_conv(st, slot, l), src, st->conv_floats * sizeof(float));
+        src += st->conv_floats;
+        memcpy(state_rec(st, slot, l), src, st->rec_floats * sizeof(float));
+        src += st->rec_floats;
+    }
+    return 0;
+}
+
+static int host_kv_copy(void *u, int dst, int src, int rows) {
+    const kv_pool *kv = ((prefix_cache *)u)->kv;
+    size_t row = (size_t)kv->kv_dim, blk = (size_t)KV_BLOCK * row;
+    for (int l = 0; l < kv->n_layers; l++) {
+        size_t layer = (size_t)l * (size_t)kv->n_blocks * blk;
+        memcpy(kv->k + layer + (size_t)dst * blk, kv->k + layer + (size_t)src * blk,
+               (size_t)rows * row * sizeof(float));
+        memcpy(kv->v + layer + (size_t)dst * blk, kv->v + layer + (size_t)src * blk,
+               (size_t)rows * row * sizeof(float));
+    }
+    return 0;
+}
+
+static void *host_alloc(size_t bytes) {
+    return ci_try_alloc(bytes);
+}
+
 int prefix_create(kv_pool *kv, state_pool *st, const prefix_params *pp, prefix_cache **out, char *err,
                   size_t errlen) {
     if (!kv || !st || !out)
@@ -271,7 +312,15 @@ int prefix_create(kv_pool *kv, state_pool *st, const prefix_params *pp, prefix_c
     pc->st = st;
     pc->n_blocks = kv->n_blocks;
     pc->interval = p.interval;
-    if (p.io) pc->io = *p.io;
+    if (p.io) {
+        pc->io = *p.io;
+    } else {
+        pc->io = (prefix_io){
+            pc,           snap_floats,
+            host_save,    host_load,
+            host_kv_copy, host_alloc,
+            free,         2 * (size_t)kv->n_layers * KV_BLOCK * (size_t)kv->kv_dim * sizeof(float)};
+    }
     size_t nb = (size_t)(kv->n_blocks > 0 ? kv->n_blocks : 1);
     pc->ref = xcalloc(nb, sizeof(int));
     pc->tref = xcalloc(nb, sizeof(int));
@@ -282,7 +331,7 @@ int prefix_create(kv_pool *kv, state_pool *st, const prefix_params *pp, prefix_c
     pc->snap_floats = snap_floats;
     size_t store = 0;
     if (max_snaps && ci_mul_overflow(max_snaps, snap_bytes, &store)) store = SIZE_MAX;
-    pc->snaps = max_snaps ? (pc->io.alloc ? pc->io.alloc(store) : ci_try_alloc(store)) : NULL;
+    pc->snaps = max_snaps ? pc->io.alloc(store) : NULL;
     pc->snap_free = xmalloc((max_snaps ? max_snaps : 1) * sizeof(int));
     if (!pc->nodes || (max_snaps && !pc->snaps)) {
         prefix_destroy(pc);
@@ -313,7 +362,7 @@ void prefix_destroy(prefix_cache *pc) {
     free(pc->btok);
     free(pc->nodes);
     if (pc->io.free)
-        pc->io.free(pc->snaps);
+        pc->io.free(pc->snaps); /* NULL only when creation failed before io was set */
     else
         free(pc->snaps);
     free(pc->snap_free);
@@ -388,35 +437,18 @@ int prefix_lookup(prefix_cache *pc, const int *tokens, int n_tokens, int *blocks
             return ci_err(err, errlen, CINFER_ENOMEM,
                           "prefix cache hit of %d tokens: no free KV block for the partial block", L);
         }
-        const kv_pool *kv = pc->kv;
-        size_t row = (size_t)kv->kv_dim, blk = (size_t)KV_BLOCK * row;
-        if (pc->io.kv_copy && (rc = pc->io.kv_copy(pc->io.u, dst, src, rows))) {
+        if ((rc = pc->io.kv_copy(pc->io.u, dst, src, rows))) {
             blocks[full] = dst;
             prefix_release_blocks(pc, blocks, nb);
             pc->misses++;
             return ci_err(err, errlen, rc, "prefix cache hit of %d tokens: the KV copy failed", L);
         }
-        for (int l = 0; l < kv->n_layers && !pc->io.kv_copy; l++) {
-            size_t layer = (size_t)l * (size_t)kv->n_blocks * blk;
-            memcpy(kv->k + layer + (size_t)dst * blk, kv->k + layer + (size_t)src * blk,
-                   (size_t)rows * row * sizeof(float));
-            memcpy(kv->v + layer + (size_t)dst * blk, kv->v + layer + (size_t)src * blk,
-                   (size_t)rows * row * sizeof(float));
-        }
         blocks[full] = dst;
     }
-    const state_pool *st = pc->st;
-    const float *s = snap_data(pc, e->snap);
-    if (pc->io.load && (rc = pc->io.load(pc->io.u, slot, s))) {
+    if ((rc = pc->io.load(pc->io.u, slot, snap_data(pc, e->snap)))) {
         prefix_release_blocks(pc, blocks, nb);
         pc->misses++;
         return ci_err(err, errlen, rc, "prefix cache hit of %d tokens: the state copy failed", L);
-    }
-    for (int l = 0; l < st->n_layers && !pc->io.load; l++) {
-        memcpy(state_conv(st, slot, l), s, st->conv_floats * sizeof(float));
-        s += st->conv_floats;
-        memcpy(state_rec(st, slot, l), s, st->rec_floats * sizeof(float));
-        s += st->rec_floats;
     }
     lru_unlink(pc, m.best);
     lru_push_front(pc, m.best);
@@ -538,15 +570,8 @@ int prefix_insert(prefix_cache *pc, const int *tokens, int n_tokens, const int *
     pnode *t = &pc->nodes[attach];
     CI_ASSERT(t->end == n_tokens && t->snap < 0);
     t->snap = pc->snap_free[--pc->n_snap_free];
-    const state_pool *st = pc->st;
-    float *s = snap_data(pc, t->snap);
-    if (pc->io.save) pc->io.save(pc->io.u, slot, s); /* enqueue-only; an error surfaces at the next sync */
-    for (int l = 0; l < st->n_layers && !pc->io.save; l++) {
-        memcpy(s, state_conv(st, slot, l), st->conv_floats * sizeof(float));
-        s += st->conv_floats;
-        memcpy(s, state_rec(st, slot, l), st->rec_floats * sizeof(float));
-        s += st->rec_floats;
-    }
+    /* the host copy is done on return; the device one is enqueued (an error surfaces at the next sync) */
+    pc->io.save(pc->io.u, slot, snap_data(pc, t->snap));
     lru_push_front(pc, attach);
     pc->inserts++;
     pc->nodes[pinned].pin--;
@@ -593,9 +618,7 @@ void prefix_get_stats(const prefix_cache *pc, prefix_stats *s) {
     s->max_nodes = pc->max_nodes;
     s->blocks_cached = pc->n_cached;
     s->blocks_cache_only = pc->n_cache_only;
-    s->kv_bytes_cached = pc->io.kv_block_bytes ? (size_t)pc->n_cached * pc->io.kv_block_bytes
-                                               : (size_t)pc->n_cached * 2 * (size_t)pc->kv->n_layers *
-                                                     KV_BLOCK * (size_t)pc->kv->kv_dim * sizeof(float);
+    s->kv_bytes_cached = (size_t)pc->n_cached * pc->io.kv_block_bytes;
 }
 
 /* ---- invariants (tests) ---- */
