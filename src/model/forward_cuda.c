@@ -193,6 +193,8 @@ struct cuda_fwd {
     int tiles_ok; /* the tiled prefill attention kernel fits this head dim */
     /* prefill kernels on the tensor cores (CINFER_CUDA_PREFILL), when they serve the model */
     int gdn_tc, attn_tc;
+    unsigned
+        *gdn_cnt; /* [max_tokens][Hk] the fused DeltaNet decode kernel's counters (CINFER_CUDA_GDN_FUSED) */
     /* device sampling (cuda_fwd_sample) of the last call's logits rows */
     int last_nl;          /* logits rows the last cuda_fwd_run left in f->logits */
     cu_sample_row *d_smp; /* [max_tokens] */
@@ -571,6 +573,16 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
             (rc = dev_alloc(f, (void **)&f->rec_state, rs, &f->bytes_pools, err, errlen)))
             goto fail;
     }
+    /* CINFER_CUDA_GDN_FUSED: "1" a batch of decode tokens runs each DeltaNet layer as one fused kernel (the
+     * same bits as the four-kernel path), "0" or unset the four kernels */
+    const char *gf = getenv("CINFER_CUDA_GDN_FUSED");
+    if (m->n_lin > 0 && gf && !strcmp(gf, "1") &&
+        (rc = dev_alloc(f, (void **)&f->gdn_cnt, (size_t)p->max_tokens * m->Hk * sizeof(unsigned),
+                        &f->bytes_scratch, err, errlen)))
+        goto fail;
+    if (gf)
+        fprintf(stderr, "cinfer cuda: CINFER_CUDA_GDN_FUSED=%s: fused deltanet decode %s\n", gf,
+                f->gdn_cnt ? "on" : "off");
     if (m->n_lin > 0 && p->spec_window > 0) {
         size_t sr = (size_t)p->n_slots * m->n_lin * (size_t)p->spec_window * CU_SPEC_REC(m->C, m->Hv) * 4;
         if ((rc = dev_alloc(f, (void **)&f->spec_rec, sr, &f->bytes_pools, err, errlen))) goto fail;
@@ -707,7 +719,7 @@ static void deltanet(cuda_fwd *f, const cu_layer *cl, const layer_weights *lw, i
     a.conv_state = f->conv_state, a.rec_state = f->rec_state, a.eps = (float)m->cfg.rms_norm_eps;
     a.meta = rs->meta, a.tc = f->gdn_tc;
     a.spec_rec = f->spec_rec, a.spec_win = f->p.spec_window, a.has_spec = rs->has_spec;
-    a.no_chunked = rs->no_chunked;
+    a.no_chunked = rs->no_chunked, a.dec_cnt = f->gdn_cnt;
     cu_gdn_layer(f->cu, &a);
     mark(f, CP_GEMM_OUT);
     gemm(f, f->out, f->act, cl->w_out, T, H, vd);

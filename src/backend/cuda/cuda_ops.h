@@ -158,6 +158,11 @@ typedef struct cu_gdn_args {
      * window): its kernel is not launched — it would only return, but as NE x Hv x dv/32 blocks each holding
      * ~156 KB of shared memory, one block per SM at a time, which at decode batch 64 took milliseconds */
     int no_chunked;
+    /* NULL: the four kernels (conv, prep, recurrent, gnorm) always. Else [NE][Hk] counters, zero between
+     * launches (device memory, zeroed once; the kernel sets them back): a batch of decode tokens only
+     * (no_chunked, !has_spec) runs the whole layer as one fused kernel with the same bits
+     * (CINFER_CUDA_GDN_FUSED) */
+    unsigned *dec_cnt;
     cu_meta meta;
 } cu_gdn_args;
 #define CU_SPEC_REC(C, Hv) (2 * (size_t)(C) + 2 * (size_t)(Hv))

@@ -18,6 +18,56 @@
 #define GDN_DT    32 /* value columns per chunked block: U, D, O and S split by columns */
 #define CONV_MAXK 8
 
+/* The per-element pieces of a layer, shared by the four-kernel path (conv_kernel, prep_kernel,
+ * recurrent_kernel, gnorm_kernel) and the fused decode kernel: both run the same device code in the same
+ * order, so a decode step gives the same bits either way (tests/unit/test_cuda_fused.c). */
+
+/* one channel, one token: silu(w . [window | xin]); win holds the K-1 earlier inputs, oldest first */
+__device__ __forceinline__ float conv_tap(const float *wt, const float *win, float xin, int K) {
+    float acc = 0.0f;
+    for (int j = 0; j < K - 1; j++) acc = fmaf(wt[j], win[j], acc);
+    return dev_silu(fmaf(wt[K - 1], xin, acc));
+}
+
+/* l2norm (eps 1e-6) of one dk-vector by one warp, times 1/sqrt(dk) for a query head; x and y may alias */
+__device__ __forceinline__ void l2norm_warp(const float *x, float *y, int dk, int isq, int lane) {
+    float scale = (float)(1.0 / sqrt((double)dk));
+    float ss = 0.0f;
+    for (int i = lane; i < dk; i += 32) ss = fmaf(x[i], x[i], ss);
+    ss = warp_sum(ss);
+    float inv = 1.0f / sqrtf(ss + 1e-6f);
+    for (int i = lane; i < dk; i += 32) {
+        float v = x[i] * inv;
+        y[i] = isq ? v * scale : v;
+    }
+}
+
+/* beta = sigmoid(b) and g = A softplus(a + dt_bias) of value head h */
+__device__ __forceinline__ float gdn_beta(float b) {
+    return dev_sigmoid(b);
+}
+__device__ __forceinline__ float gdn_gate(const cu_gdn_args &a, float av, int h) {
+    return a.A[h] * dev_softplus(av + a.dt_bias[h]);
+}
+
+/* rmsnorm(o_h) * gnorm * silu(z_h) of one value head by one warp, o read from src and written to dst (CG:
+ * src read through L2, for rows other blocks of the same launch wrote) */
+template <bool CG>
+__device__ __forceinline__ void gnorm_warp(const float *src, float *dst, const float *z, const float *w,
+                                           int dv, float eps, int lane) {
+    float ss = 0.0f;
+    for (int j = lane; j < dv; j += 32) {
+        float v = CG ? __ldcg(src + j) : src[j];
+        ss = fmaf(v, v, ss);
+    }
+    ss = warp_sum(ss);
+    float inv = 1.0f / sqrtf(ss / (float)dv + eps);
+    for (int j = lane; j < dv; j += 32) {
+        float v = CG ? __ldcg(src + j) : src[j];
+        dst[j] = ((v * inv) * w[j]) * dev_silu(z[j]);
+    }
+}
+
 __global__ void conv_kernel(cu_gdn_args a) {
     int e = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= a.C) return;
@@ -28,10 +78,7 @@ __global__ void conv_kernel(cu_gdn_args a) {
     for (int j = 0; j < K; j++) wt[j] = a.conv_w[(size_t)j * C + c];
     for (int t = 0; t < n; t++) {
         float xin = a.qkv[(size_t)(r0 + t) * a.qkv_ld + c];
-        float acc = 0.0f;
-        for (int j = 0; j < K - 1; j++) acc += wt[j] * win[j];
-        acc += wt[K - 1] * xin;
-        a.conv_out[(size_t)(r0 + t) * C + c] = dev_silu(acc);
+        a.conv_out[(size_t)(r0 + t) * C + c] = conv_tap(wt, win, xin, K);
         for (int j = 0; j + 1 < K - 1; j++) win[j] = win[j + 1];
         if (K > 1) win[K - 2] = xin;
     }
@@ -61,22 +108,14 @@ __global__ void spec_record_kernel(cu_gdn_args a) {
 __global__ void prep_kernel(cu_gdn_args a) {
     int r = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
     float *row = a.conv_out + (size_t)r * a.C;
-    float scale = (float)(1.0 / sqrt((double)a.dk));
     for (int h = warp; h < 2 * a.Hk; h += nw) {
         float *x = row + (size_t)h * a.dk;
-        float ss = 0.0f;
-        for (int i = lane; i < a.dk; i += 32) ss += x[i] * x[i];
-        ss = warp_sum(ss);
-        float inv = 1.0f / sqrtf(ss + 1e-6f);
-        for (int i = lane; i < a.dk; i += 32) {
-            float v = x[i] * inv;
-            x[i] = h < a.Hk ? v * scale : v;
-        }
+        l2norm_warp(x, x, a.dk, h < a.Hk, lane);
     }
     for (int h = threadIdx.x; h < a.Hv; h += blockDim.x) {
         float b = a.b[(size_t)r * a.ba_ld + h], av = a.a[(size_t)r * a.ba_ld + h];
-        a.bg[(size_t)r * 2 * a.Hv + h] = dev_sigmoid(b);
-        a.bg[(size_t)r * 2 * a.Hv + a.Hv + h] = a.A[h] * dev_softplus(av + a.dt_bias[h]);
+        a.bg[(size_t)r * 2 * a.Hv + h] = gdn_beta(b);
+        a.bg[(size_t)r * 2 * a.Hv + a.Hv + h] = gdn_gate(a, av, h);
     }
 }
 
@@ -165,6 +204,93 @@ template <int R> __global__ void __launch_bounds__(256) recurrent_kernel(cu_gdn_
         int i = g + REC_GROUPS * t;
         if (i < dk && ok) S[(size_t)i * dv] = sv[t];
     }
+}
+
+/* Fused decode (cu_gdn_args.dec_cnt): a whole layer in one launch when every entry is one token continuing
+ * its sequence — at batch 1 the four kernels above are each a few microseconds of launch and tail for ~4 MB
+ * of state traffic. recurrent_kernel's grid and block layout (entry, value head, 32 value columns; 8 row
+ * groups). Each block first runs the conv + SiLU and the l2norm of its key head's q and k itself (redundant
+ * across the rr x dv/32 blocks sharing that key head, 2 dk + 32 channels: cheap next to its 16 KB slice of
+ * S, whose loads are issued first) and of its own 32 value channels, with conv_tap / l2norm_warp / gdn_beta /
+ * gdn_gate, then rec_token: the same bits as the four kernels. Ownership: a block writes the conv windows of
+ * its value channels; the q/k windows of a key head are read by all the blocks of its group, so the last of
+ * them to finish writes them (a counter per (entry, key head) in dec_cnt, set back to 0 by that block), and
+ * that block also runs the gated norm of the group's rr heads once every column of them is written. */
+template <int R> __global__ void __launch_bounds__(256) fused_decode_kernel(cu_gdn_args a) {
+    __shared__ float q[256], k[256], red[REC_GROUPS][32], fin[32];
+    __shared__ float xs[512], vs[32], bgs[2];
+    __shared__ int last;
+    int e = blockIdx.z;
+    if (!(a.meta.e_n[e] == 1 && a.meta.e_len[e] > 0)) return; /* launched only when none is otherwise */
+    int h = blockIdx.y, jj = threadIdx.x & 31, g = threadIdx.x >> 5, j0 = blockIdx.x * 32, j = j0 + jj;
+    int dk = a.dk, dv = a.dv, K = a.K, C = a.C, tid = threadIdx.x, rr = a.Hv / a.Hk;
+    int r = a.meta.e_row0[e], slot = a.meta.e_slot[e], kh = h / rr, kd = a.Hk * dk;
+    int ok = j < dv;
+    float *S = a.rec_state + (((size_t)slot * a.n_lin + a.lin) * a.Hv + h) * (size_t)dk * dv + j;
+    float sv[R];
+#pragma unroll
+    for (int t = 0; t < R; t++) {
+        int i = g + REC_GROUPS * t;
+        sv[t] = i < dk && ok ? S[(size_t)i * dv] : 0.0f;
+    }
+    /* conv + SiLU: q channels kh dk + i, k channels kd + kh dk + i (idx < 2 dk), then this block's values */
+    float *cst = a.conv_state + ((size_t)slot * a.n_lin + a.lin) * (size_t)(K - 1) * C;
+    const float *xrow = a.qkv + (size_t)r * a.qkv_ld;
+    int nv = dv - j0 < 32 ? dv - j0 : 32;
+    for (int idx = tid; idx < 2 * dk + nv; idx += blockDim.x) {
+        int c = idx < dk       ? kh * dk + idx
+                : idx < 2 * dk ? kd + kh * dk + (idx - dk)
+                               : 2 * kd + h * dv + j0 + (idx - 2 * dk);
+        float win[CONV_MAXK], wt[CONV_MAXK];
+        for (int t = 0; t < K - 1; t++) win[t] = cst[(size_t)t * C + c];
+        for (int t = 0; t < K; t++) wt[t] = a.conv_w[(size_t)t * C + c];
+        float xin = xrow[c], y = conv_tap(wt, win, xin, K);
+        if (idx < dk) {
+            q[idx] = y, xs[idx] = xin;
+        } else if (idx < 2 * dk) {
+            k[idx - dk] = y, xs[idx] = xin;
+        } else {
+            vs[idx - 2 * dk] = y;
+            for (int t = 0; t + 1 < K - 1; t++) cst[(size_t)t * C + c] = win[t + 1];
+            if (K > 1) cst[(size_t)(K - 2) * C + c] = xin;
+        }
+    }
+    __syncthreads();
+    if (g == 0) l2norm_warp(q, q, dk, 1, jj);
+    if (g == 1) l2norm_warp(k, k, dk, 0, jj);
+    if (tid == 64) {
+        bgs[0] = gdn_beta(a.b[(size_t)r * a.ba_ld + h]);
+        bgs[1] = gdn_gate(a, a.a[(size_t)r * a.ba_ld + h], h);
+    }
+    __syncthreads();
+    float decay = expf(bgs[1]), beta = bgs[0];
+    float vj = ok ? vs[jj] : 0.0f;
+    float *orow = a.o + (size_t)r * a.Hv * dv;
+    rec_token<R>(sv, q, k, vj, decay, beta, g, jj, ok, dk, red, fin, orow + (size_t)h * dv + j);
+#pragma unroll
+    for (int t = 0; t < R; t++) {
+        int i = g + REC_GROUPS * t;
+        if (i < dk && ok) S[(size_t)i * dv] = sv[t];
+    }
+    /* the last block of the key head's group: every o column of its rr heads is written and every block has
+     * read the q/k windows (a block's loads are consumed before its __syncthreads) */
+    __threadfence();
+    __syncthreads();
+    unsigned *cnt = a.dec_cnt + (size_t)e * a.Hk + kh;
+    if (tid == 0) last = atomicAdd(cnt, 1u) == (unsigned)(rr * gridDim.x) - 1u;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int idx = tid; idx < 2 * dk; idx += blockDim.x) {
+        int c = idx < dk ? kh * dk + idx : kd + kh * dk + (idx - dk);
+        for (int t = 0; t + 1 < K - 1; t++) cst[(size_t)t * C + c] = cst[(size_t)(t + 1) * C + c];
+        if (K > 1) cst[(size_t)(K - 2) * C + c] = xs[idx];
+    }
+    for (int hh = kh * rr + g; hh < (kh + 1) * rr; hh += REC_GROUPS) {
+        float *o = orow + (size_t)hh * dv;
+        gnorm_warp<true>(o, o, a.z + (size_t)r * a.z_ld + (size_t)hh * dv, a.gnorm, dv, a.eps, jj);
+    }
+    if (tid == 0) *cnt = 0u; /* ready for the next launch (kernel boundaries order it) */
 }
 
 /* the commit of a speculative window: the first n_keep recorded tokens replayed on the slot's S (per layer z)
@@ -371,11 +497,7 @@ __global__ void gnorm_kernel(cu_gdn_args a) {
     for (int h = warp; h < a.Hv; h += nw) {
         float *o = a.o + (size_t)r * a.Hv * dv + (size_t)h * dv;
         const float *z = a.z + (size_t)r * a.z_ld + (size_t)h * dv;
-        float ss = 0.0f;
-        for (int j = lane; j < dv; j += 32) ss += o[j] * o[j];
-        ss = warp_sum(ss);
-        float inv = 1.0f / sqrtf(ss / (float)dv + a.eps);
-        for (int j = lane; j < dv; j += 32) o[j] = ((o[j] * inv) * a.gnorm[j]) * dev_silu(z[j]);
+        gnorm_warp<false>(o, o, z, a.gnorm, dv, a.eps, lane);
     }
 }
 
@@ -394,6 +516,18 @@ extern "C" void cu_gdn_chunked_tc(cu_ctx *c, const cu_gdn_args *a); /* deltanet_
 extern "C" void cu_gdn_layer(cu_ctx *c, const cu_gdn_args *a) {
     if (a->T <= 0) return;
     size_t smem = chunk_smem_floats(a->dk) * sizeof(float);
+    if (a->dec_cnt && a->no_chunked && !a->has_spec && 2 * a->dk <= 512) {
+        dim3 grid(cdiv((size_t)a->dv, 32), (unsigned)a->Hv, (unsigned)a->NE);
+        if (a->dk <= 32)
+            fused_decode_kernel<4><<<grid, 256, 0, c->stream>>>(*a);
+        else if (a->dk <= 64)
+            fused_decode_kernel<8><<<grid, 256, 0, c->stream>>>(*a);
+        else if (a->dk <= 128)
+            fused_decode_kernel<16><<<grid, 256, 0, c->stream>>>(*a);
+        else
+            fused_decode_kernel<32><<<grid, 256, 0, c->stream>>>(*a);
+        return;
+    }
     conv_kernel<<<dim3(cdiv((size_t)a->C, 128), (unsigned)a->NE), 128, 0, c->stream>>>(*a);
     prep_kernel<<<a->T, 128, 0, c->stream>>>(*a);
     if (a->has_spec) spec_record_kernel<<<a->T, 256, 0, c->stream>>>(*a);

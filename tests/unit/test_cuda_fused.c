@@ -1,0 +1,347 @@
+/* test_cuda_fused.c — the fused DeltaNet decode kernel (cu_gdn_args.dec_cnt, CINFER_CUDA_GDN_FUSED) against
+ * the four-kernel path and the CPU: after a chunked prefill, several decode steps of one entry and of four
+ * entries in scattered slots must give the four kernels' outputs, conv windows and recurrent states BIT FOR
+ * BIT (the speculative rollback and graph-vs-eager tests rely on one arithmetic per decode token), and the
+ * CPU's within the f32 bound (||d|| / ||ref|| <= 1e-5). Shapes: a tiny one (3 value heads per key head, dv
+ * not a multiple of the 32-column block), the 4B layer (Hk 16, Hv 32, dk = dv = 128) and the 27B layer
+ * (Hk 16, Hv 48). GPU only: skips without a CUDA build or device. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/ops.h"
+#include "model/forward.h"
+#include "model/forward_cuda.h"
+#include "test.h"
+
+#ifdef CINFER_CUDA
+#include "backend/cuda/cuda_ops.h"
+
+static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
+static float frand(void) { /* [-1, 1) */
+    g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
+    return (float)((g_rng >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
+}
+static float *rnd(size_t n, float scale) {
+    float *p = malloc(n * sizeof(float) + 16);
+    for (size_t i = 0; i < n; i++) p[i] = frand() * scale;
+    return p;
+}
+
+/* ||got - ref|| / ||ref||; any NaN or inf in got gives +inf */
+static double rel(const float *got, const float *ref, size_t n) {
+    double d = 0, r = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(got[i])) return INFINITY;
+        double e = (double)got[i] - ref[i];
+        d += e * e;
+        r += (double)ref[i] * ref[i];
+    }
+    return r > 0 ? sqrt(d / r) : sqrt(d);
+}
+
+static void *dup_dev(const void *h, size_t bytes) {
+    void *d = NULL;
+    char err[256];
+    if (cu_alloc(&d, bytes, err, sizeof err) || cu_upload(d, h, bytes, err, sizeof err)) return NULL;
+    return d;
+}
+static float *get(const float *d, size_t n) {
+    float *h = malloc(n * sizeof(float) + 16);
+    char err[256];
+    if (cu_download(h, d, n * sizeof(float), err, sizeof err)) memset(h, 0xff, n * sizeof(float)); /* NaN */
+    return h;
+}
+
+typedef struct ent {
+    int len, n, slot;
+} ent;
+
+/* forward_cuda.c's packed metadata for these entries (no attention: block tables empty) */
+static int *dev_meta(const ent *e, int NE, cu_meta *m) {
+    int T = 0;
+    for (int i = 0; i < NE; i++) T += e[i].n;
+    size_t o_pos = T, o_ent = 2 * (size_t)T, o_len = 3 * (size_t)T, o_n = o_len + NE, o_r0 = o_n + NE,
+           o_slot = o_r0 + NE, o_boff = o_slot + NE, o_lrow = o_boff + NE, o_spec = o_lrow + T,
+           tot = o_spec + NE;
+    int *h = calloc(tot + 1, sizeof(int));
+    for (int i = 0, r = 0; i < NE; i++) {
+        h[o_len + i] = e[i].len, h[o_n + i] = e[i].n, h[o_r0 + i] = r, h[o_slot + i] = e[i].slot;
+        for (int t = 0; t < e[i].n; t++, r++)
+            h[o_pos + r] = e[i].len + t, h[o_ent + r] = i, h[o_lrow + r] = r;
+    }
+    int *d = dup_dev(h, (tot + 1) * sizeof(int));
+    free(h);
+    *m = (cu_meta){d,          d + o_pos,  d + o_ent,  d + o_len, d + o_n,    d + o_r0,
+                   d + o_slot, d + o_boff, d + o_lrow, d + tot,   d + o_spec, NULL};
+    return d;
+}
+
+/* one layer's shape and weights (host and device) */
+typedef struct layer {
+    int Hk, Hv, dk, dv, K, C, vd, ld; /* ld: a projection row [qkv C | z vd | b Hv | a Hv | pad] */
+    int n_slots, n_lin, lin;
+    float *cw, *A, *dt, *gn;     /* host: [K][C], [Hv], [Hv], [dv] */
+    float *dcw, *dA, *ddt, *dgn; /* device copies */
+} layer;
+
+static void layer_init(layer *L, int Hk, int Hv, int dk, int dv) {
+    memset(L, 0, sizeof *L);
+    L->Hk = Hk, L->Hv = Hv, L->dk = dk, L->dv = dv, L->K = 4, L->vd = Hv * dv;
+    L->C = 2 * Hk * dk + L->vd, L->ld = L->C + L->vd + 2 * Hv + 8;
+    L->n_slots = 6, L->n_lin = 2, L->lin = 1;
+    L->cw = rnd((size_t)L->K * L->C, 0.5f), L->A = rnd((size_t)Hv, 1.0f), L->dt = rnd((size_t)Hv, 0.5f);
+    L->gn = rnd((size_t)dv, 0.2f);
+    for (int h = 0; h < Hv; h++) L->A[h] = -expf(L->A[h]);
+    for (int j = 0; j < dv; j++) L->gn[j] += 1.0f;
+    L->dcw = dup_dev(L->cw, (size_t)L->K * L->C * 4), L->dA = dup_dev(L->A, (size_t)Hv * 4);
+    L->ddt = dup_dev(L->dt, (size_t)Hv * 4), L->dgn = dup_dev(L->gn, (size_t)dv * 4);
+}
+static void layer_free(layer *L) {
+    free(L->cw), free(L->A), free(L->dt), free(L->gn);
+    cu_free(L->dcw), cu_free(L->dA), cu_free(L->ddt), cu_free(L->dgn);
+}
+
+/* T projection rows; b and a at the scale of trained models' gates (g ~ -0.002..-0.3 per token) */
+static float *proj_rows(const layer *L, int T) {
+    float *p = rnd((size_t)T * L->ld, 1.0f);
+    for (int r = 0; r < T; r++) {
+        float *row = p + (size_t)r * L->ld;
+        for (int i = 0; i < L->vd; i++) row[L->C + i] *= 2.0f;
+        for (int h = 0; h < L->Hv; h++)
+            row[L->C + L->vd + L->Hv + h] = row[L->C + L->vd + L->Hv + h] * 2.0f - 3.0f;
+    }
+    return p;
+}
+
+/* the CPU reference of one layer call (forward_cpu.c's ops): states [slots][n_lin][...] updated in place,
+ * o [T][vd] */
+static void cpu_layer(const layer *L, const float *proj, const ent *e, int NE, float *cst, float *rst,
+                      float *o) {
+    int Hk = L->Hk, Hv = L->Hv, dk = L->dk, dv = L->dv, K = L->K, C = L->C, vd = L->vd, kd = Hk * dk;
+    size_t cs_per = (size_t)(K - 1) * C, rs_per = (size_t)Hv * dk * dv;
+    int T = 0;
+    for (int i = 0; i < NE; i++) T += e[i].n;
+    float *co = malloc((size_t)T * C * 4), *bg = malloc((size_t)T * 2 * Hv * 4);
+    float *tmp = malloc(gdn_chunk_scratch_floats(dk, dv) * 4);
+    for (int i = 0, r0 = 0; i < NE; r0 += e[i].n, i++) {
+        int n = e[i].n;
+        float *st = cst + ((size_t)e[i].slot * L->n_lin + L->lin) * cs_per;
+        float *X = malloc((size_t)(K - 1 + n) * sizeof(float));
+        for (int ch = 0; ch < C; ch++) {
+            for (int j = 0; j < K - 1; j++) X[j] = st[(size_t)j * C + ch];
+            for (int t = 0; t < n; t++) X[K - 1 + t] = proj[(size_t)(r0 + t) * L->ld + ch];
+            for (int t = 0; t < n; t++) {
+                float acc = 0.0f;
+                for (int j = 0; j < K; j++) acc += L->cw[(size_t)j * C + ch] * X[t + j];
+                co[(size_t)(r0 + t) * C + ch] = ops_silu(acc);
+            }
+            for (int j = 0; j < K - 1; j++) st[(size_t)j * C + ch] = X[n + j];
+        }
+        free(X);
+        for (int t = r0; t < r0 + n; t++) {
+            for (int h = 0; h < 2 * Hk; h++) {
+                float *xx = co + (size_t)t * C + (size_t)h * dk;
+                ops_l2norm(xx, xx, dk, 1e-6f);
+                if (h < Hk)
+                    for (int q = 0; q < dk; q++) xx[q] *= (float)(1.0 / sqrt((double)dk));
+            }
+            const float *row = proj + (size_t)t * L->ld;
+            for (int h = 0; h < Hv; h++) {
+                bg[(size_t)t * 2 * Hv + h] = ops_sigmoid(row[C + vd + h]);
+                bg[(size_t)t * 2 * Hv + Hv + h] = L->A[h] * ops_softplus(row[C + vd + Hv + h] + L->dt[h]);
+            }
+        }
+        for (int h = 0; h < Hv; h++) {
+            int kh = h / (Hv / Hk);
+            const float *base = co + (size_t)r0 * C;
+            float *S = rst + ((size_t)e[i].slot * L->n_lin + L->lin) * rs_per + (size_t)h * dk * dv;
+            float *oh = o + (size_t)r0 * vd + (size_t)h * dv;
+            const float *bb = bg + (size_t)r0 * 2 * Hv;
+            if (n == 1 && e[i].len > 0)
+                gdn_recurrent(1, base + (size_t)kh * dk, C, base + kd + (size_t)kh * dk, C,
+                              base + 2 * kd + (size_t)h * dv, C, bb + Hv + h, 2 * Hv, bb + h, 2 * Hv, S, dk,
+                              dv, oh, vd);
+            else
+                gdn_chunked(n, e[i].len, base + (size_t)kh * dk, C, base + kd + (size_t)kh * dk, C,
+                            base + 2 * kd + (size_t)h * dv, C, bb + Hv + h, 2 * Hv, bb + h, 2 * Hv, S, dk, dv,
+                            oh, vd, tmp);
+        }
+        for (int t = r0; t < r0 + n; t++)
+            for (int h = 0; h < Hv; h++) {
+                float *oh = o + (size_t)t * vd + (size_t)h * dv;
+                ops_rmsnorm(oh, oh, L->gn, dv, 1e-6f);
+                for (int j = 0; j < dv; j++)
+                    oh[j] *= ops_silu(proj[(size_t)t * L->ld + C + (size_t)h * dv + j]);
+            }
+    }
+    free(co), free(bg), free(tmp);
+}
+
+/* one device layer call on the given states; cnt NULL: the four kernels, else the fused decode kernel. The
+ * scratch starts as NaN; returns o [T][vd] (host), and *scratch_nan whether conv_out and bg stayed NaN (the
+ * four kernels write them, the fused kernel never does: proof of which path ran) */
+static float *dev_layer(cu_ctx *c, const layer *L, const float *dproj, const ent *e, int NE, float *dcst,
+                        float *drst, unsigned *cnt, int tc, int *scratch_nan) {
+    int T = 0, decode = 1;
+    for (int i = 0; i < NE; i++) T += e[i].n, decode &= e[i].n == 1 && e[i].len > 0;
+    cu_meta meta;
+    int *dm = dev_meta(e, NE, &meta);
+    float *dco = NULL, *dbg = NULL, *dout = NULL;
+    char err[256];
+    size_t nco = (size_t)T * L->C, nbg = (size_t)T * 2 * L->Hv, no = (size_t)T * L->vd;
+    cu_alloc((void **)&dco, nco * 4, err, sizeof err), cu_alloc((void **)&dbg, nbg * 4, err, sizeof err);
+    cu_alloc((void **)&dout, no * 4, err, sizeof err);
+    cu_fill_f32(c, dco, nco, NAN), cu_fill_f32(c, dbg, nbg, NAN), cu_fill_f32(c, dout, no, NAN);
+    cu_gdn_args g = {0};
+    g.T = T, g.NE = NE, g.Hk = L->Hk, g.Hv = L->Hv, g.dk = L->dk, g.dv = L->dv, g.K = L->K, g.C = L->C;
+    g.n_lin = L->n_lin, g.lin = L->lin;
+    g.qkv = dproj, g.qkv_ld = L->ld, g.z = dproj + L->C, g.z_ld = L->ld;
+    g.b = dproj + L->C + L->vd, g.a = dproj + L->C + L->vd + L->Hv, g.ba_ld = L->ld;
+    g.conv_w = L->dcw, g.A = L->dA, g.dt_bias = L->ddt, g.gnorm = L->dgn;
+    g.conv_out = dco, g.bg = dbg, g.o = dout, g.conv_state = dcst, g.rec_state = drst, g.eps = 1e-6f;
+    g.tc = tc, g.no_chunked = decode, g.dec_cnt = cnt, g.meta = meta;
+    cu_gdn_layer(c, &g);
+    float *o = NULL;
+    if (cu_sync(c, err, sizeof err)) {
+        test_fail(__FILE__, __LINE__, "cu_gdn_layer: %s", err);
+    } else {
+        o = get(dout, no);
+        float *hco = get(dco, nco), *hbg = get(dbg, nbg);
+        int nan = 1;
+        for (size_t i = 0; i < nco; i++) nan &= isnan(hco[i]);
+        for (size_t i = 0; i < nbg; i++) nan &= isnan(hbg[i]);
+        *scratch_nan = nan;
+        free(hco), free(hbg);
+    }
+    cu_free(dco), cu_free(dbg), cu_free(dout), cu_free(dm);
+    return o;
+}
+
+static int same_bits(const float *a, const float *b, size_t n, size_t *first) {
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(a + i, b + i, 4)) {
+            *first = i;
+            return 0;
+        }
+    return 1;
+}
+
+/* prefill of each entry (pre[i] tokens from 0, the chunked form), then `steps` decode steps of every entry:
+ * the four kernels on one copy of the states, the fused kernel on another, the CPU on a third */
+static void fused_case(const char *name, int Hk, int Hv, int dk, int dv, const ent *pre, int NE, int steps) {
+    char err[256];
+    cu_ctx *c;
+    REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
+    REQUIRE(cu_gdn_init(dk));
+    int tc = cu_gdn_tc_init(dk); /* the default prefill where it serves */
+    layer L;
+    layer_init(&L, Hk, Hv, dk, dv);
+    size_t cs_n = (size_t)L.n_slots * L.n_lin * (L.K - 1) * L.C,
+           rs_n = (size_t)L.n_slots * L.n_lin * Hv * dk * dv;
+    /* slots start as noise: a slot this batch does not name must keep its bits */
+    float *cst = rnd(cs_n, 1.0f), *rst = rnd(rs_n, 0.1f);
+    size_t cs_per = (size_t)(L.K - 1) * L.C, rs_per = (size_t)Hv * dk * dv;
+    for (int i = 0; i < NE; i++) {
+        memset(cst + ((size_t)pre[i].slot * L.n_lin + L.lin) * cs_per, 0, cs_per * 4);
+        memset(rst + ((size_t)pre[i].slot * L.n_lin + L.lin) * rs_per, 0, rs_per * 4);
+    }
+    float *dcst_u = dup_dev(cst, cs_n * 4), *drst_u = dup_dev(rst, rs_n * 4);
+    float *dcst_f = dup_dev(cst, cs_n * 4), *drst_f = dup_dev(rst, rs_n * 4);
+    unsigned *cnt = NULL;
+    REQUIRE(cu_alloc((void **)&cnt, (size_t)NE * Hk * sizeof(unsigned), err, sizeof err) == 0);
+    int T = 0;
+    for (int i = 0; i < NE; i++) T += pre[i].n;
+    /* the prefill: the same chunked path on both device copies */
+    float *proj = proj_rows(&L, T), *dproj = dup_dev(proj, (size_t)T * L.ld * 4);
+    float *o_ref = malloc((size_t)T * L.vd * 4);
+    cpu_layer(&L, proj, pre, NE, cst, rst, o_ref);
+    int nan_u = 0, nan_f = 0;
+    float *ou = dev_layer(c, &L, dproj, pre, NE, dcst_u, drst_u, NULL, tc, &nan_u);
+    float *of = dev_layer(c, &L, dproj, pre, NE, dcst_f, drst_f, cnt, tc, &nan_f);
+    REQUIRE(ou && of);
+    double r = rel(ou, o_ref, (size_t)T * L.vd);
+    printf("     %-5s NE %d prefill (%s) vs cpu: %.2e\n", name, NE, tc ? "tensor cores" : "scalar", r);
+    CHECK_MSG(r <= 1e-5, "%s prefill vs cpu %.3g", name, r);
+    free(ou), free(of), free(proj), free(o_ref), cu_free(dproj);
+    ent *dec = malloc((size_t)NE * sizeof *dec);
+    for (int i = 0; i < NE; i++) dec[i] = (ent){pre[i].len + pre[i].n, 1, pre[i].slot};
+    double worst = 0;
+    for (int s = 0; s < steps; s++) {
+        proj = proj_rows(&L, NE), dproj = dup_dev(proj, (size_t)NE * L.ld * 4);
+        o_ref = malloc((size_t)NE * L.vd * 4);
+        cpu_layer(&L, proj, dec, NE, cst, rst, o_ref);
+        ou = dev_layer(c, &L, dproj, dec, NE, dcst_u, drst_u, NULL, tc, &nan_u);
+        of = dev_layer(c, &L, dproj, dec, NE, dcst_f, drst_f, cnt, tc, &nan_f);
+        REQUIRE(ou && of);
+        CHECK_MSG(!nan_u && nan_f, "%s step %d: the fused kernel did not run (scratch written: %d / %d)",
+                  name, s, !nan_u, !nan_f);
+        size_t at = 0;
+        CHECK_MSG(same_bits(of, ou, (size_t)NE * L.vd, &at),
+                  "%s step %d: fused output differs at %zu: %.9g vs %.9g", name, s, at, of[at], ou[at]);
+        r = rel(of, o_ref, (size_t)NE * L.vd);
+        if (r > worst) worst = r;
+        CHECK_MSG(r <= 1e-5, "%s step %d: fused output vs cpu %.3g", name, s, r);
+        float *cu_ = get(dcst_u, cs_n), *cf = get(dcst_f, cs_n), *ru = get(drst_u, rs_n),
+              *rf = get(drst_f, rs_n);
+        CHECK_MSG(same_bits(cf, cu_, cs_n, &at), "%s step %d: conv windows differ at %zu: %.9g vs %.9g", name,
+                  s, at, cf[at], cu_[at]);
+        CHECK_MSG(same_bits(rf, ru, rs_n, &at), "%s step %d: recurrent states differ at %zu: %.9g vs %.9g",
+                  name, s, at, rf[at], ru[at]);
+        if (s == steps - 1) {
+            double rc = rel(cf, cst, cs_n), rr = rel(rf, rst, rs_n);
+            printf(
+                "     %-5s NE %d %d decode steps: fused == four kernels bitwise (outputs, windows, states); "
+                "vs cpu: outputs <= %.2e, windows %.2e, states %.2e\n",
+                name, NE, steps, worst, rc, rr);
+            CHECK_MSG(rc <= 1e-6 && rr <= 1e-5, "%s: states vs cpu %.3g / %.3g", name, rc, rr);
+        }
+        free(cu_), free(cf), free(ru), free(rf);
+        free(ou), free(of), free(proj), free(o_ref), cu_free(dproj);
+        for (int i = 0; i < NE; i++) dec[i].len++;
+    }
+    /* the counters are back to zero for the next launch (a graph replays the same scratch) */
+    unsigned *hc = malloc((size_t)NE * Hk * sizeof(unsigned));
+    REQUIRE(cu_download(hc, cnt, (size_t)NE * Hk * sizeof(unsigned), err, sizeof err) == 0);
+    int zero = 1;
+    for (int i = 0; i < NE * Hk; i++) zero &= hc[i] == 0;
+    CHECK_MSG(zero, "%s: the fused kernel's counters were not set back to 0", name);
+    free(hc), free(dec), free(cst), free(rst);
+    cu_free(dcst_u), cu_free(drst_u), cu_free(dcst_f), cu_free(drst_f), cu_free(cnt);
+    layer_free(&L);
+    cu_ctx_destroy(c);
+}
+
+/* one entry; four entries in scattered slots with prompts across and inside the 64-grid (and a 1-token one)
+ */
+static const ent one[] = {{0, 37, 2}};
+static const ent four[] = {{0, 70, 3}, {0, 5, 0}, {0, 130, 5}, {0, 1, 1}};
+#define N_OF(x) ((int)(sizeof(x) / sizeof((x)[0])))
+
+TEST(cuda_fused_gdn_tiny) {
+    if (cuda_devices() < 1) SKIP("no CUDA device: skipped");
+    fused_case("tiny", 2, 6, 32, 48, one, N_OF(one), 5);
+    fused_case("tiny", 2, 6, 32, 48, four, N_OF(four), 5);
+    fused_case("dk64", 1, 2, 64, 64, four, N_OF(four), 3);
+}
+
+TEST(cuda_fused_gdn_4b) {
+    if (cuda_devices() < 1) SKIP("no CUDA device: skipped");
+    fused_case("4B", 16, 32, 128, 128, one, N_OF(one), 4);
+    fused_case("4B", 16, 32, 128, 128, four, N_OF(four), 3);
+}
+
+TEST(cuda_fused_gdn_27b) {
+    if (cuda_devices() < 1) SKIP("no CUDA device: skipped");
+    fused_case("27B", 16, 48, 128, 128, one, N_OF(one), 3);
+    fused_case("27B", 16, 48, 128, 128, four, N_OF(four), 2);
+}
+
+#else
+
+TEST(cuda_fused_gdn_not_built) {
+    SKIP("no CUDA device: skipped (built without CUDA)");
+}
+
+#endif
