@@ -181,6 +181,9 @@ struct cuda_fwd {
     int *moe_host;               /* device: src [S] | pos [S] | w [S] (floats as bits) */
     int *moe_grp;                /* device: decode slots grouped by expert, off [E + 1] | perm [S] */
     int moe_grouped;             /* CINFER_CUDA_MOE=grouped: decode experts by cu_gemv_grouped */
+    int moe_fused;               /* CINFER_CUDA_MOE_FUSED=1: the decode MoE block by cu_moe_fused */
+    float *moe_fa;               /* [T][k Im + Is]: the fused path's SwiGLU outputs */
+    unsigned *moe_cnt;           /* [T]: the fused router's finished-block counters (zeroed, kept zeroed) */
     int pdl;                     /* CINFER_CUDA_PDL=1: GEMVs by PDL (off while profiling) */
     int *h_moe_idx;              /* pinned [S] */
     float *h_moe_w;              /* pinned [S] */
@@ -449,6 +452,8 @@ static int alloc_scratch(cuda_fwd *f, char *err, size_t errlen) {
             (rc = dev_alloc(f, (void **)&f->moe_ident, S * 4, a, err, errlen)) ||
             (rc = dev_alloc(f, (void **)&f->moe_host, 3 * S * 4, a, err, errlen)) ||
             (rc = dev_alloc(f, (void **)&f->moe_grp, (E + 1 + S) * 4, a, err, errlen)) ||
+            (rc = dev_alloc(f, (void **)&f->moe_fa, (S * Im + T * Is) * 4, a, err, errlen)) ||
+            (rc = dev_alloc(f, (void **)&f->moe_cnt, T * 4, a, err, errlen)) ||
             (rc = cu_alloc_host((void **)&f->h_moe_idx, S * 4, err, errlen)) ||
             (rc = cu_alloc_host((void **)&f->h_moe_w, S * 4, err, errlen)) ||
             (rc = cu_alloc_host((void **)&f->h_moe_up, 3 * S * 4, err, errlen)))
@@ -610,6 +615,16 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     if (!strcmp(pfv, "tc") || !strcmp(pfv, "attn")) f->attn_tc = f->tiles_ok && cu_attn_tc_init(m->hd);
     const char *me = getenv("CINFER_CUDA_MOE"); /* "grouped": decode experts by cu_gemv_grouped */
     f->moe_grouped = me && !strcmp(me, "grouped");
+    /* "1": decode MoE blocks (device_only) as three launches (router + selection, gate_up + SwiGLU, down +
+     * combine + shared expert) instead of ~15; the same arithmetic (moe_fused.cu) */
+    const char *mf = getenv("CINFER_CUDA_MOE_FUSED");
+    if (mf && !strcmp(mf, "1") && m->cfg.n_experts > 0) {
+        const model_config *mc = &m->cfg;
+        f->moe_fused = cu_moe_fused_supported(m->H, mc->n_experts, mc->n_experts_per_tok,
+                                              mc->moe_intermediate_size, mc->shared_expert_intermediate_size);
+        fprintf(stderr, "cinfer cuda: CINFER_CUDA_MOE_FUSED=1: %s\n",
+                f->moe_fused ? "fused decode MoE kernels" : "this shape is not served: the unfused kernels");
+    }
     if (me)
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_MOE=%s: decode experts by the %s GEMV\n", me,
                 f->moe_grouped ? "grouped" : "indexed");
@@ -762,6 +777,23 @@ static int moe(cuda_fwd *f, const cu_layer *cl, const run_shape *rs, int device_
     const model_config *c = &m->cfg;
     int T = rs->T, H = m->H, E = c->n_experts, k = c->n_experts_per_tok, Im = c->moe_intermediate_size;
     int S = T * k, rc;
+    if (device_only && f->moe_fused) {
+        /* router + selection, gate_up + SwiGLU (+ the shared expert and its gate), down + combine */
+        cu_moe_args a = {0};
+        a.T = T, a.H = H, a.E = E, a.k = k, a.Im = Im,
+        a.Is = cl->sh_gu ? c->shared_expert_intermediate_size : 0;
+        a.norm = c->norm_topk_prob, a.x = f->xn, a.router = cl->router, a.e_gu = cl->e_gu,
+        a.e_down = cl->e_down;
+        a.sh_gu = cl->sh_gu, a.sh_down = cl->sh_down, a.sh_gw = cl->sh_gw;
+        a.logits = f->moe_logits, a.idx = f->moe_idx, a.w = f->moe_w, a.count = f->moe_cnt, a.act = f->moe_fa;
+        a.shg = f->shg, a.out = f->out;
+        mark(f, CP_MOE_ROUTE);
+        cu_moe_fused_route(f->cu, &a);
+        mark(f, CP_MOE_EXPERTS);
+        cu_moe_fused_gate_up(f->cu, &a);
+        cu_moe_fused_down(f->cu, &a);
+        return 0;
+    }
     mark(f, CP_MOE_ROUTE);
     cu_gemm(f->cu, f->moe_logits, f->xn, cl->router, T, E, H, f->xb,
             1); /* f32 activations: routing is exact-ish */

@@ -233,6 +233,33 @@ void cu_moe_group(cu_ctx *c, const int *d_idx, int S, int E, int *d_grp);
 /* decode form without the host: slot (r, j) reads row r; order of accumulation is by ascending expert id */
 void cu_moe_sort_slots(cu_ctx *c, int *d_idx, float *d_w, int T, int k);
 
+/* The fused decode MoE block (moe_fused.cu, CINFER_CUDA_MOE_FUSED=1): router, gate_up + SwiGLU, down +
+ * combine in three launches, each row in blocks of its own (a row's result does not depend on T). The values
+ * are those of the launches it replaces: the router GEMV of cu_gemm(precise), cu_moe_route,
+ * cu_moe_sort_slots, cu_gemv_indexed, cu_swiglu and cu_moe_combine. */
+typedef struct cu_moe_args {
+    int T, H, E, k, Im, Is, norm; /* rows, hidden, experts, top-k, expert and shared widths, renormalise */
+    const float *x;               /* [T][H] normed rows, f32 */
+    const uint16_t *router;       /* [E][H] bf16 */
+    const uint16_t *e_gu;         /* [E][2Im][H] bf16: gate rows then up rows */
+    const uint16_t *e_down;       /* [E][H][Im] bf16 */
+    const uint16_t *sh_gu, *sh_down, *sh_gw; /* [2Is][H], [H][Is], [1][H] bf16; all NULL: no shared expert */
+    float *logits;                           /* [T][E] router logits (scratch) */
+    int *idx;                                /* [T][k] chosen experts, ascending */
+    float *w;                                /* [T][k] their weights, same order */
+    unsigned *count; /* [T] zeroed once at allocation; every launch leaves it zeroed */
+    float *act;      /* [T][k Im + Is]: SwiGLU outputs of the k experts, then the shared one */
+    float *shg;      /* [T] the shared expert's gate logit (before the sigmoid) */
+    float *out;      /* [T][H] Σ_j w_j expert_j(x) + sigmoid(shg) shared(x) */
+} cu_moe_args;
+/* 1 when the fused kernels serve this shape: H, Im, Is multiples of 8, Im and Is <= 512, E <= 1024, k <= 32
+ */
+int cu_moe_fused_supported(int H, int E, int k, int Im, int Is);
+void cu_moe_fused_route(cu_ctx *c, const cu_moe_args *a);   /* logits, idx, w */
+void cu_moe_fused_gate_up(cu_ctx *c, const cu_moe_args *a); /* act, shg (reads idx) */
+void cu_moe_fused_down(cu_ctx *c, const cu_moe_args *a);    /* out (reads idx, w, act, shg) */
+void cu_moe_fused(cu_ctx *c, const cu_moe_args *a);         /* the three in order */
+
 /* ---- sampling (sample.cu) ---- */
 #define CU_SAMPLE_MAX_K 64
 typedef struct cu_sample_row {

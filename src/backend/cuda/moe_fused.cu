@@ -1,0 +1,259 @@
+/* moe_fused.cu — a decode step's MoE block in three launches (CINFER_CUDA_MOE_FUSED=1) instead of ~15: the
+ * router (logits, softmax, top-k, renormalisation, ascending-expert order) in one kernel whose last block per
+ * row does the selection; the chosen experts' gate_up with the SwiGLU in its epilogue (the shared expert's
+ * rows and its gate logit as extra warps); the down projections with the weighted combine and the shared
+ * expert. Every dot product keeps gemv_indexed_kernel's lane order and butterfly and every block works on one
+ * row, so a row's result never depends on the rows beside it in the launch. */
+#include "backend/cuda/common.cuh"
+
+#define MF_WARPS  8 /* warps per block of the expert kernels: one output each */
+#define RT_WARPS  4 /* router: one logit per warp, so E / 4 blocks per row spread the matrix over the SMs */
+#define MF_GROUP  4 /* down kernel: experts whose weights are requested together */
+#define MF_MAX_E  1024
+#define MF_MAX_K  32
+#define MF_MAX_KD 512 /* down kernel: Im and Is up to 2 chunks of 256 per lane */
+
+/* acc += the 8 bf16 weights in u times x[0..8), in gemv_indexed_kernel's order (low half, then high) */
+__device__ __forceinline__ float fma8(uint4 u, const float *x, float acc) {
+    const float4 *xp = reinterpret_cast<const float4 *>(x);
+    float4 a = xp[0], b = xp[1];
+    const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    const uint32_t p[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        acc = fmaf(__uint_as_float(p[q] << 16), xv[2 * q], acc);
+        acc = fmaf(__uint_as_float(p[q] & 0xffff0000u), xv[2 * q + 1], acc);
+    }
+    return acc;
+}
+
+/* Per-lane partial dot products of R weight rows w[r] (K bf16, K % 8 == 0, 16-byte aligned) with x[r]:
+ * lane l takes k = 8l + 256i in increasing i, as every GEMV of gemm.cu, so after warp_sum each value equals
+ * theirs bit for bit. NB chunks of every row are requested before their FMAs (loads in flight). */
+template <int R, int NB>
+__device__ __forceinline__ void dot_rows(float (&acc)[R], const uint16_t *const (&w)[R],
+                                         const float *const (&x)[R], int K, int lane) {
+    for (int k0 = lane * 8; k0 < K; k0 += 256 * NB) {
+        uint4 u[R][NB];
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int c = 0; c < NB; c++) {
+                int k = k0 + 256 * c;
+                u[r][c] = k < K ? __ldg(reinterpret_cast<const uint4 *>(w[r] + k)) : make_uint4(0, 0, 0, 0);
+            }
+#pragma unroll
+        for (int c = 0; c < NB; c++) {
+            int k = k0 + 256 * c;
+            if (k < K)
+#pragma unroll
+                for (int r = 0; r < R; r++) acc[r] = fma8(u[r][c], x[r] + k, acc[r]);
+        }
+    }
+}
+
+/* Router, grid (E / RT_WARPS, T). Warp w of block b computes logit e = RT_WARPS b + w of row blockIdx.y with
+ * f32 activations (the values cu_gemm(precise) gives); the block that finishes a row last (count[r], left
+ * at 0 again) selects in one warp exactly as route_kernel + sort_slots_kernel do: softmax with per-lane sums
+ * joined by the butterfly, k rounds of a warp argmax on (p, lowest index), the k weights summed in selection
+ * order, then written in ascending expert order. */
+__global__ void __launch_bounds__(RT_WARPS * 32)
+    mf_route_kernel(const float *__restrict__ x, const uint16_t *__restrict__ wr, float *logits, int *idx,
+                    float *wout, unsigned *count, int H, int E, int k, int norm) {
+    __shared__ int last;
+    const int r = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int e = blockIdx.x * RT_WARPS + warp;
+    float *lg = logits + (size_t)r * E;
+    if (e < E) {
+        float acc[1] = {0.0f};
+        const uint16_t *w1[1] = {wr + (size_t)e * H};
+        const float *x1[1] = {x + (size_t)r * H};
+        dot_rows<1, 4>(acc, w1, x1, H, lane);
+        float v = warp_sum(acc[0]);
+        if (lane == 0) {
+            lg[e] = v;
+            __threadfence(); /* visible device-wide before this block counts itself done */
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        last = atomicAdd(&count[r], 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last || warp != 0) return;
+    if (lane == 0) count[r] = 0; /* ready for the next launch (stream order puts it after this one) */
+    __threadfence();
+    /* lane l owns experts l + 32i (i < 32: E <= 1024); logits read from L2, where the other blocks wrote */
+    float p[MF_MAX_E / 32];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < MF_MAX_E / 32; i++)
+        if (lane + 32 * i < E) mx = fmaxf(mx, __ldcg(lg + lane + 32 * i));
+    mx = warp_max(mx);
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < MF_MAX_E / 32; i++)
+        if (lane + 32 * i < E) {
+            p[i] = expf(__ldcg(lg + lane + 32 * i) - mx);
+            s += p[i];
+        }
+    s = warp_sum(s);
+#pragma unroll
+    for (int i = 0; i < MF_MAX_E / 32; i++)
+        if (lane + 32 * i < E) p[i] /= s;
+    /* key = (bits(p) + 1) << 32 | ~e: the largest p, ties to the lowest index; 0 for taken experts (p >= 0,
+     * so every untaken key is above 0 and a winner always exists while k <= E) */
+    unsigned taken = 0;
+    int my_e = 0;
+    float my_p = 0.0f;
+    for (int j = 0; j < k; j++) {
+        unsigned long long best = 0;
+#pragma unroll
+        for (int i = 0; i < MF_MAX_E / 32; i++)
+            if (lane + 32 * i < E && !((taken >> i) & 1u)) {
+                unsigned long long key = ((unsigned long long)(__float_as_uint(p[i]) + 1u) << 32) |
+                                         (0xffffffffu - (unsigned)(lane + 32 * i));
+                best = key > best ? key : best;
+            }
+        for (int o = 16; o > 0; o >>= 1) {
+            unsigned long long ob = __shfl_xor_sync(0xffffffffu, best, o);
+            best = ob > best ? ob : best;
+        }
+        int be = (int)(0xffffffffu - (unsigned)(best & 0xffffffffu));
+        if ((be & 31) == lane) taken |= 1u << (be >> 5);
+        if (lane == j) {
+            my_e = be;
+            my_p = __uint_as_float((unsigned)(best >> 32) - 1u);
+        }
+    }
+    float ws = 0.0f;
+    for (int j = 0; j < k; j++) ws += __shfl_sync(0xffffffffu, my_p, j);
+    int rank = 0;
+    for (int j = 0; j < k; j++) rank += __shfl_sync(0xffffffffu, my_e, j) < my_e;
+    if (lane < k) {
+        idx[(size_t)r * k + rank] = my_e;
+        wout[(size_t)r * k + rank] = norm ? my_p / ws : my_p;
+    }
+}
+
+/* gate_up + SwiGLU, grid (warps / MF_WARPS, T). Warp w < k Im: gate row n and up row Im + n of the row's
+ * j-th chosen expert (j = w / Im, n = w % Im) -> act[r][w]; then Is warps for the shared expert's rows ->
+ * act[r][k Im + n]; then one warp for the shared expert's gate logit -> shg[r]. */
+__global__ void __launch_bounds__(MF_WARPS * 32)
+    mf_gate_up_kernel(const float *__restrict__ x, const uint16_t *__restrict__ e_gu,
+                      const int *__restrict__ idx, const uint16_t *__restrict__ sh_gu,
+                      const uint16_t *__restrict__ sh_gw, float *act, float *shg, int H, int k, int Im,
+                      int Is) {
+    const int r = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int wg = blockIdx.x * MF_WARPS + warp, A = k * Im + Is;
+    const float *xr = x + (size_t)r * H;
+    const uint16_t *g;
+    size_t up; /* elements from the gate row to the up row */
+    if (wg < k * Im) {
+        int j = wg / Im, n = wg - j * Im, e = idx[(size_t)r * k + j];
+        g = e_gu + ((size_t)e * 2 * Im + n) * H;
+        up = (size_t)Im * H;
+    } else if (wg < A) {
+        int n = wg - k * Im;
+        g = sh_gu + (size_t)n * H;
+        up = (size_t)Is * H;
+    } else {
+        if (wg == A && sh_gw) {
+            float acc[1] = {0.0f};
+            const uint16_t *w1[1] = {sh_gw};
+            const float *x1[1] = {xr};
+            dot_rows<1, 4>(acc, w1, x1, H, lane);
+            float v = warp_sum(acc[0]);
+            if (lane == 0) shg[r] = v;
+        }
+        return;
+    }
+    float acc[2] = {0.0f, 0.0f};
+    const uint16_t *w2[2] = {g, g + up};
+    const float *x2[2] = {xr, xr};
+    dot_rows<2, 4>(acc, w2, x2, H, lane);
+    float gs = warp_sum(acc[0]), us = warp_sum(acc[1]);
+    if (lane == 0) act[(size_t)r * A + wg] = dev_silu(gs) * us; /* cu_swiglu's expression */
+}
+
+/* down + combine, grid (H / MF_WARPS, T). Warp h: out[r][h] = Σ_j w_j (down_{e_j}[h] · act_j) over the
+ * choices in ascending expert order, then + sigmoid(shg) (sh_down[h] · act_sh): cu_moe_combine's order. */
+__global__ void __launch_bounds__(MF_WARPS * 32)
+    mf_down_kernel(const float *__restrict__ act, const uint16_t *__restrict__ e_down,
+                   const int *__restrict__ idx, const float *__restrict__ wt,
+                   const uint16_t *__restrict__ sh_down, const float *__restrict__ shg, float *out, int H,
+                   int k, int Im, int Is) {
+    const int r = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int h = blockIdx.x * MF_WARPS + warp, A = k * Im + Is;
+    if (h >= H) return;
+    const float *ar = act + (size_t)r * A;
+    const int my_e = lane < k ? idx[(size_t)r * k + lane] : 0;
+    const float my_w = lane < k ? wt[(size_t)r * k + lane] : 0.0f;
+    float acc = 0.0f;
+    for (int j0 = 0; j0 < k; j0 += MF_GROUP) {
+        float y[MF_GROUP];
+        const uint16_t *wd[MF_GROUP];
+        const float *xa[MF_GROUP];
+#pragma unroll
+        for (int g = 0; g < MF_GROUP; g++) {
+            int j = j0 + g < k ? j0 + g : j0; /* past k: a repeat of the group's first, never summed */
+            int e = __shfl_sync(0xffffffffu, my_e, j);
+            wd[g] = e_down + ((size_t)e * H + h) * Im;
+            xa[g] = ar + (size_t)j * Im;
+            y[g] = 0.0f;
+        }
+        dot_rows<MF_GROUP, 2>(y, wd, xa, Im, lane);
+#pragma unroll
+        for (int g = 0; g < MF_GROUP; g++) {
+            float v = warp_sum(y[g]);
+            float wj = __shfl_sync(0xffffffffu, my_w, j0 + g < k ? j0 + g : 0);
+            if (j0 + g < k) acc += v * wj;
+        }
+    }
+    if (sh_down) {
+        float ys[1] = {0.0f};
+        const uint16_t *w1[1] = {sh_down + (size_t)h * Is};
+        const float *x1[1] = {ar + (size_t)k * Im};
+        dot_rows<1, 2>(ys, w1, x1, Is, lane);
+        float v = warp_sum(ys[0]);
+        float gt = dev_sigmoid(shg[r]);
+        acc += gt * v;
+    }
+    if (lane == 0) out[(size_t)r * H + h] = acc;
+}
+
+extern "C" int cu_moe_fused_supported(int H, int E, int k, int Im, int Is) {
+    return H > 0 && H % 8 == 0 && E > 0 && E <= MF_MAX_E && k > 0 && k <= MF_MAX_K && k <= E && Im > 0 &&
+           Im % 8 == 0 && Im <= MF_MAX_KD && Is >= 0 && Is % 8 == 0 && Is <= MF_MAX_KD;
+}
+
+extern "C" void cu_moe_fused_route(cu_ctx *c, const cu_moe_args *a) {
+    if (a->T <= 0) return;
+    dim3 grid(cdiv((size_t)a->E, RT_WARPS), (unsigned)a->T);
+    mf_route_kernel<<<grid, RT_WARPS * 32, 0, c->stream>>>(a->x, a->router, a->logits, a->idx, a->w, a->count,
+                                                           a->H, a->E, a->k, a->norm);
+}
+
+extern "C" void cu_moe_fused_gate_up(cu_ctx *c, const cu_moe_args *a) {
+    if (a->T <= 0) return;
+    int Is = a->sh_gu ? a->Is : 0;
+    size_t warps = (size_t)a->k * a->Im + (size_t)Is + (a->sh_gw ? 1 : 0);
+    dim3 grid(cdiv(warps, MF_WARPS), (unsigned)a->T);
+    mf_gate_up_kernel<<<grid, MF_WARPS * 32, 0, c->stream>>>(a->x, a->e_gu, a->idx, a->sh_gu, a->sh_gw,
+                                                             a->act, a->shg, a->H, a->k, a->Im, Is);
+}
+
+extern "C" void cu_moe_fused_down(cu_ctx *c, const cu_moe_args *a) {
+    if (a->T <= 0) return;
+    int Is = a->sh_gu ? a->Is : 0;
+    dim3 grid(cdiv((size_t)a->H, MF_WARPS), (unsigned)a->T);
+    mf_down_kernel<<<grid, MF_WARPS * 32, 0, c->stream>>>(
+        a->act, a->e_down, a->idx, a->w, Is ? a->sh_down : NULL, a->shg, a->out, a->H, a->k, a->Im, Is);
+}
+
+extern "C" void cu_moe_fused(cu_ctx *c, const cu_moe_args *a) {
+    cu_moe_fused_route(c, a);
+    cu_moe_fused_gate_up(c, a);
+    cu_moe_fused_down(c, a);
+}

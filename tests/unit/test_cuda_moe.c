@@ -1,0 +1,426 @@
+/* test_cuda_moe.c — the fused decode MoE kernels (moe_fused.cu, CINFER_CUDA_MOE_FUSED=1) against the CPU MoE
+ * (forward_cpu.c's moe_ffn, restated here with the CPU matmul) and against the unfused device launches they
+ * replace: at the 35B-A3B shape and tiny ones, 1..8 rows, ties in the router, every output written (outputs
+ * start as NaN, indices as -1), NaN never passing; a row alone gives the bits it has among 8; the router's
+ * block counters come back to zero (graph replays). Then the MoE fixture through the whole cuda forward with
+ * the switch on against it off. GPU only: every test skips without a device. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/matmul.h"
+#include "backend/cpu/ops.h"
+#include "cinfer.h"
+#include "model/forward_cuda.h"
+#include "test.h"
+#include "util/bf16.h"
+
+#ifdef CINFER_CUDA
+#include "backend/cuda/cuda_ops.h"
+
+#define NO_DEVICE() (cuda_devices() < 1)
+
+static uint64_t g_rng = 0x9e3779b9ull;
+static float frand(void) { /* [-1, 1) */
+    g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
+    return (float)((g_rng >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
+}
+
+/* ||got - ref|| / ||ref||; any NaN or inf in got gives +inf */
+static double rel(const float *got, const float *ref, size_t n) {
+    double d = 0, r = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(got[i])) return INFINITY;
+        double e = (double)got[i] - ref[i];
+        d += e * e;
+        r += (double)ref[i] * ref[i];
+    }
+    return r > 0 ? sqrt(d / r) : sqrt(d);
+}
+
+static void check_rel(const char *what, const float *got, const float *ref, size_t n, double tol) {
+    double r = rel(got, ref, n);
+    printf("     %-52s ||d||/||ref|| = %.2e (bound %.0e)\n", what, r, tol);
+    CHECK_MSG(r <= tol, "%s: ||d||/||ref|| = %.3g > %g", what, r, tol);
+}
+
+static void *dev(size_t bytes) {
+    void *d = NULL;
+    char err[256];
+    if (cu_alloc(&d, bytes, err, sizeof err)) {
+        test_fail(__FILE__, __LINE__, "cu_alloc %zu: %s", bytes, err);
+        return NULL;
+    }
+    return d;
+}
+static void *dup_dev(const void *h, size_t bytes) {
+    void *d = dev(bytes);
+    char err[256];
+    if (d && cu_upload(d, h, bytes, err, sizeof err)) test_fail(__FILE__, __LINE__, "upload: %s", err);
+    return d;
+}
+static void *get(const void *d, size_t bytes) {
+    void *h = malloc(bytes + 16);
+    char err[256];
+    if (cu_download(h, d, bytes, err, sizeof err)) memset(h, 0xff, bytes); /* NaN, index -1 */
+    return h;
+}
+
+/* one MoE block's weights: router on the host (ties are made there), experts made on the device and copied
+ * back for the reference */
+typedef struct moe_case {
+    const char *name;
+    int H, E, k, Im, Is, norm;
+    int ties; /* 1: ten experts share one dominant router row and x is positive: the lowest 8 (k) must win */
+} moe_case;
+
+typedef struct moe_w {
+    uint16_t *router, *gu, *down, *sgu, *sdown, *sgw;             /* host bf16 */
+    uint16_t *d_router, *d_gu, *d_down, *d_sgu, *d_sdown, *d_sgw; /* device */
+} moe_w;
+
+static const int tie_set[10] = {3, 17, 40, 41, 100, 128, 200, 201, 250, 255};
+
+static void make_weights(cu_ctx *c, const moe_case *mc, moe_w *w) {
+    int H = mc->H, E = mc->E, Im = mc->Im, Is = mc->Is;
+    memset(w, 0, sizeof *w);
+    w->router = malloc((size_t)E * H * 2);
+    for (size_t i = 0; i < (size_t)E * H; i++) w->router[i] = f32_to_bf16(frand() * 0.05f);
+    if (mc->ties)
+        for (int t = 0; t < 10; t++) {
+            int e = tie_set[t] % E;
+            for (int i = 0; i < H; i++) w->router[(size_t)e * H + i] = f32_to_bf16(0.25f);
+        }
+    w->d_router = dup_dev(w->router, (size_t)E * H * 2);
+    size_t ngu = (size_t)E * 2 * Im * H, ndn = (size_t)E * H * Im;
+    w->d_gu = dev(ngu * 2), w->d_down = dev(ndn * 2);
+    cu_fill_random_bf16(c, w->d_gu, ngu, 0.03f, 11);
+    cu_fill_random_bf16(c, w->d_down, ndn, 0.03f, 12);
+    if (Is) {
+        w->d_sgu = dev((size_t)2 * Is * H * 2), w->d_sdown = dev((size_t)H * Is * 2),
+        w->d_sgw = dev((size_t)H * 2);
+        cu_fill_random_bf16(c, w->d_sgu, (size_t)2 * Is * H, 0.03f, 13);
+        cu_fill_random_bf16(c, w->d_sdown, (size_t)H * Is, 0.03f, 14);
+        cu_fill_random_bf16(c, w->d_sgw, (size_t)H, 0.05f, 15);
+    }
+    char err[256];
+    CHECK(cu_sync(c, err, sizeof err) == 0);
+    w->gu = get(w->d_gu, ngu * 2), w->down = get(w->d_down, ndn * 2);
+    if (Is) {
+        w->sgu = get(w->d_sgu, (size_t)2 * Is * H * 2), w->sdown = get(w->d_sdown, (size_t)H * Is * 2);
+        w->sgw = get(w->d_sgw, (size_t)H * 2);
+    }
+}
+
+static void free_weights(moe_w *w) {
+    free(w->router), free(w->gu), free(w->down), free(w->sgu), free(w->sdown), free(w->sgw);
+    cu_free(w->d_router), cu_free(w->d_gu), cu_free(w->d_down), cu_free(w->d_sgu), cu_free(w->d_sdown);
+    cu_free(w->d_sgw);
+}
+
+/* The CPU MoE of one row, as forward_cpu.c's route_item + moe_ffn: softmax in f32, top-k by a stable
+ * descending selection (ties to the lower index), renormalised when norm; experts in index order, each
+ * output weighted and accumulated; then sigmoid(x . sh_gw) times the shared expert. idx / w in ascending
+ * expert order (the fused kernels' layout); act [k Im + Is] the SwiGLU outputs in that order. */
+static void cpu_row(const moe_case *mc, const moe_w *w, const float *x, int *idx, float *wt, float *act,
+                    float *shg, float *out) {
+    int H = mc->H, E = mc->E, k = mc->k, Im = mc->Im, Is = mc->Is;
+    float *p = malloc((size_t)E * 4), *g = malloc((size_t)2 * (Im > Is ? Im : Is) * 4),
+          *y = malloc((size_t)H * 4);
+    cpu_matmul_ref(p, x, w->router, WT_BF16, 1, E, H);
+    float mx = -INFINITY, sum = 0.0f;
+    for (int e = 0; e < E; e++) mx = p[e] > mx ? p[e] : mx;
+    for (int e = 0; e < E; e++) sum += (p[e] = expf(p[e] - mx));
+    for (int e = 0; e < E; e++) p[e] /= sum;
+    int sel[64];
+    float sw[64], ws = 0.0f;
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int e = 0; e < E; e++) {
+            int taken = 0;
+            for (int q = 0; q < j; q++) taken |= sel[q] == e;
+            if (!taken && (best < 0 || p[e] > p[best])) best = e;
+        }
+        sel[j] = best, sw[j] = p[best], ws += p[best];
+    }
+    if (mc->norm)
+        for (int j = 0; j < k; j++) sw[j] /= ws;
+    for (int a = 1; a < k; a++) /* ascending expert order (distinct ids) */
+        for (int b = a; b > 0 && sel[b - 1] > sel[b]; b--) {
+            int ti = sel[b];
+            sel[b] = sel[b - 1], sel[b - 1] = ti;
+            float tw = sw[b];
+            sw[b] = sw[b - 1], sw[b - 1] = tw;
+        }
+    memset(out, 0, (size_t)H * 4);
+    for (int j = 0; j < k; j++) {
+        int e = sel[j];
+        idx[j] = e, wt[j] = sw[j];
+        cpu_matmul_ref(g, x, w->gu + (size_t)e * 2 * Im * H, WT_BF16, 1, 2 * Im, H);
+        for (int n = 0; n < Im; n++) act[(size_t)j * Im + n] = ops_silu(g[n]) * g[Im + n];
+        cpu_matmul_ref(y, act + (size_t)j * Im, w->down + (size_t)e * H * Im, WT_BF16, 1, H, Im);
+        for (int h = 0; h < H; h++) out[h] += y[h] * sw[j];
+    }
+    *shg = 0.0f;
+    if (Is) {
+        cpu_matmul_ref(g, x, w->sgu, WT_BF16, 1, 2 * Is, H);
+        float *as = act + (size_t)k * Im;
+        for (int n = 0; n < Is; n++) as[n] = ops_silu(g[n]) * g[Is + n];
+        cpu_matmul_ref(y, as, w->sdown, WT_BF16, 1, H, Is);
+        cpu_matmul_ref(shg, x, w->sgw, WT_BF16, 1, 1, H);
+        float gt = ops_sigmoid(*shg);
+        for (int h = 0; h < H; h++) out[h] += gt * y[h];
+    }
+    free(p), free(g), free(y);
+}
+
+/* device outputs of one fused run */
+typedef struct fused_out {
+    int *idx;
+    float *w, *act, *shg, *out;
+} fused_out;
+
+static void free_out(fused_out *o) {
+    free(o->idx), free(o->w), free(o->act), free(o->shg), free(o->out);
+}
+
+/* the three kernels over T rows of x (device); outputs start as NaN / -1; returns them on the host */
+static int run_fused(cu_ctx *c, const moe_case *mc, const moe_w *w, const float *d_x, int T, fused_out *o) {
+    int E = mc->E, k = mc->k, A = mc->k * mc->Im + mc->Is;
+    char err[256];
+    cu_moe_args a = {0};
+    a.T = T, a.H = mc->H, a.E = E, a.k = k, a.Im = mc->Im, a.Is = mc->Is, a.norm = mc->norm, a.x = d_x;
+    a.router = w->d_router, a.e_gu = w->d_gu, a.e_down = w->d_down;
+    a.sh_gu = w->d_sgu, a.sh_down = w->d_sdown, a.sh_gw = w->d_sgw;
+    a.logits = dev((size_t)T * E * 4), a.idx = dev((size_t)T * k * 4), a.w = dev((size_t)T * k * 4);
+    a.count = dev((size_t)T * 4), a.act = dev((size_t)T * A * 4), a.shg = dev((size_t)T * 4);
+    a.out = dev((size_t)T * mc->H * 4);
+    cu_fill_f32(c, (float *)a.idx, (size_t)T * k, NAN); /* as ints: 0x7fc00000, no expert */
+    cu_fill_f32(c, a.w, (size_t)T * k, NAN);
+    cu_fill_f32(c, a.act, (size_t)T * A, NAN);
+    cu_fill_f32(c, a.shg, (size_t)T, NAN);
+    cu_fill_f32(c, a.out, (size_t)T * mc->H, NAN);
+    /* each kernel alone, in order (the tests below look at every intermediate) */
+    cu_moe_fused_route(c, &a);
+    cu_moe_fused_gate_up(c, &a);
+    cu_moe_fused_down(c, &a);
+    int rc = cu_sync(c, err, sizeof err);
+    CHECK_MSG(rc == 0, "fused MoE %s T=%d: %s", mc->name, T, err);
+    o->idx = get(a.idx, (size_t)T * k * 4), o->w = get(a.w, (size_t)T * k * 4);
+    o->act = get(a.act, (size_t)T * A * 4), o->shg = get(a.shg, (size_t)T * 4);
+    o->out = get(a.out, (size_t)T * mc->H * 4);
+    unsigned *cnt = get(a.count, (size_t)T * 4);
+    for (int r = 0; r < T; r++) CHECK_MSG(cnt[r] == 0, "router counter of row %d left at %u", r, cnt[r]);
+    free(cnt);
+    cu_free(a.logits), cu_free(a.idx), cu_free(a.w), cu_free(a.count), cu_free(a.act), cu_free(a.shg);
+    cu_free(a.out);
+    return rc;
+}
+
+/* the unfused decode launches forward_cuda.c's moe() makes today (device_only): out [T][H] on the host */
+static float *run_unfused(cu_ctx *c, const moe_case *mc, const moe_w *w, const float *d_x, int T) {
+    int H = mc->H, E = mc->E, k = mc->k, Im = mc->Im, Is = mc->Is, S = T * k;
+    char err[256];
+    float *lg = dev((size_t)T * E * 4), *wt = dev((size_t)S * 4), *gu = dev((size_t)S * 2 * Im * 4);
+    float *ea = dev((size_t)S * Im * 4), *ey = dev((size_t)S * H * 4), *out = dev((size_t)T * H * 4);
+    int *idx = dev((size_t)S * 4), *ident = dev((size_t)S * 4);
+    float *shp = Is ? dev((size_t)T * 2 * Is * 4) : NULL, *sha = Is ? dev((size_t)T * Is * 4) : NULL;
+    float *shy = Is ? dev((size_t)T * H * 4) : NULL, *shg = Is ? dev((size_t)T * 4) : NULL;
+    int *hid = malloc((size_t)S * 4);
+    for (int i = 0; i < S; i++) hid[i] = i;
+    CHECK(cu_upload(ident, hid, (size_t)S * 4, err, sizeof err) == 0);
+    cu_gemm(c, lg, d_x, w->d_router, T, E, H, NULL, 1);
+    cu_moe_route(c, lg, idx, wt, T, E, k, mc->norm);
+    cu_moe_sort_slots(c, idx, wt, T, k);
+    cu_gemv_indexed(c, gu, d_x, k, w->d_gu, idx, S, 2 * Im, H);
+    cu_swiglu(c, ea, gu, S, Im);
+    cu_gemv_indexed(c, ey, ea, 1, w->d_down, idx, S, H, Im);
+    if (Is) {
+        cu_gemm(c, shp, d_x, w->d_sgu, T, 2 * Is, H, NULL, 0);
+        cu_swiglu(c, sha, shp, T, Is);
+        cu_gemm(c, shy, sha, w->d_sdown, T, H, Is, NULL, 0);
+        cu_gemm(c, shg, d_x, w->d_sgw, T, 1, H, NULL, 1);
+    }
+    cu_moe_combine(c, out, ey, ident, wt, T, k, H, shy, shg);
+    CHECK(cu_sync(c, err, sizeof err) == 0);
+    float *h = get(out, (size_t)T * H * 4);
+    cu_free(lg), cu_free(wt), cu_free(gu), cu_free(ea), cu_free(ey), cu_free(out), cu_free(idx);
+    cu_free(ident), cu_free(shp), cu_free(sha), cu_free(shy), cu_free(shg);
+    free(hid);
+    return h;
+}
+
+static void moe_case_run(const moe_case *mc) {
+    char err[256];
+    cu_ctx *c;
+    REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
+    REQUIRE(cu_moe_fused_supported(mc->H, mc->E, mc->k, mc->Im, mc->Is));
+    int H = mc->H, k = mc->k, A = mc->k * mc->Im + mc->Is, T = 8;
+    moe_w w;
+    make_weights(c, mc, &w);
+    float *x = malloc((size_t)T * H * 4);
+    for (size_t i = 0; i < (size_t)T * H; i++) x[i] = mc->ties ? fabsf(frand()) + 0.1f : frand() * 1.5f;
+    float *d_x = dup_dev(x, (size_t)T * H * 4);
+    /* the CPU reference, row by row */
+    int *ridx = malloc((size_t)T * k * 4);
+    float *rw = malloc((size_t)T * k * 4), *ract = malloc((size_t)T * A * 4), *rshg = malloc((size_t)T * 4);
+    float *rout = malloc((size_t)T * H * 4);
+    for (int r = 0; r < T; r++)
+        cpu_row(mc, &w, x + (size_t)r * H, ridx + (size_t)r * k, rw + (size_t)r * k, ract + (size_t)r * A,
+                rshg + r, rout + (size_t)r * H);
+    if (mc->ties) { /* the reference itself: the 8 lowest of the tied set, equal weights */
+        int E = mc->E, bad = 0;
+        for (int r = 0; r < T; r++)
+            for (int j = 0; j < k; j++) bad |= ridx[r * k + j] != tie_set[j] % E;
+        CHECK_MSG(!bad, "%s: the CPU reference did not pick the lowest tied experts", mc->name);
+    }
+    fused_out o8;
+    REQUIRE(run_fused(c, mc, &w, d_x, T, &o8) == 0);
+    char what[160];
+    /* every row count 1..8: the first T rows of the same x; each row must hold the bits it has among 8 */
+    for (int t = 1; t <= T; t++) {
+        fused_out o = o8;
+        if (t < T && run_fused(c, mc, &w, d_x, t, &o)) {
+            free_out(&o);
+            continue;
+        }
+        int same_idx = !memcmp(o.idx, ridx, (size_t)t * k * 4);
+        CHECK_MSG(same_idx, "%s T=%d: chosen experts differ from the CPU's", mc->name, t);
+        if (t == 1 || t == T) {
+            snprintf(what, sizeof what, "%s T=%d router weights vs CPU", mc->name, t);
+            check_rel(what, o.w, rw, (size_t)t * k, 1e-5);
+            snprintf(what, sizeof what, "%s T=%d gate_up+SwiGLU vs CPU", mc->name, t);
+            check_rel(what, o.act, ract, (size_t)t * A, 1e-5);
+            if (mc->Is) {
+                snprintf(what, sizeof what, "%s T=%d shared gate logit vs CPU", mc->name, t);
+                check_rel(what, o.shg, rshg, (size_t)t, 1e-5);
+            }
+            snprintf(what, sizeof what, "%s T=%d down+combine vs CPU", mc->name, t);
+            check_rel(what, o.out, rout, (size_t)t * H, 1e-5);
+        } else {
+            CHECK_MSG(rel(o.out, rout, (size_t)t * H) <= 1e-5, "%s T=%d: output off the CPU's", mc->name, t);
+        }
+        if (mc->ties) /* equal probabilities: equal weights, 1/k up to the rounding of their sum */
+            for (int i = 0; i < t * k; i++)
+                CHECK_MSG(o.w[i] == o.w[0] && fabsf(o.w[i] - 1.0f / (float)k) < 1e-6f,
+                          "%s: tied weights %g and %g", mc->name, o.w[i], o.w[0]);
+        if (t < T) {
+            int same = !memcmp(o.idx, o8.idx, (size_t)t * k * 4) && !memcmp(o.w, o8.w, (size_t)t * k * 4) &&
+                       !memcmp(o.act, o8.act, (size_t)t * A * 4) && !memcmp(o.out, o8.out, (size_t)t * H * 4);
+            CHECK_MSG(same, "%s: the first %d rows differ from the same rows among 8", mc->name, t);
+            free_out(&o);
+        }
+    }
+    /* against the unfused launches it replaces (same products, same orders: the same bits expected) */
+    float *uout = run_unfused(c, mc, &w, d_x, T);
+    double ru = rel(o8.out, uout, (size_t)T * H);
+    int bits = !memcmp(o8.out, uout, (size_t)T * H * 4);
+    printf("     %-52s ||d||/||ref|| = %.2e (%s)\n", "  vs the unfused device launches, 8 rows", ru,
+           bits ? "bit-identical" : "not bit-identical");
+    CHECK_MSG(ru <= 1e-6, "%s: fused vs unfused %.3g", mc->name, ru);
+    free(uout);
+    free_out(&o8);
+    free(x), free(ridx), free(rw), free(ract), free(rshg), free(rout);
+    cu_free(d_x);
+    free_weights(&w);
+    cu_ctx_destroy(c);
+}
+
+TEST(cuda_moe_fused_35b_shape) {
+    if (NO_DEVICE()) SKIP("no CUDA device: skipped");
+    moe_case mc = {"35B-A3B", 2048, 256, 8, 512, 512, 1, 0};
+    moe_case_run(&mc);
+}
+
+TEST(cuda_moe_fused_35b_shape_ties) {
+    if (NO_DEVICE()) SKIP("no CUDA device: skipped");
+    moe_case mc = {"35B-A3B ties", 2048, 256, 8, 512, 512, 1, 1};
+    moe_case_run(&mc);
+}
+
+TEST(cuda_moe_fused_tiny_shapes) {
+    if (NO_DEVICE()) SKIP("no CUDA device: skipped");
+    moe_case fixture = {"fixture shape", 64, 8, 2, 32, 64, 1, 0};
+    moe_case_run(&fixture);
+    moe_case noshared = {"no shared, no renorm", 200, 40, 5, 24, 0, 0, 0};
+    moe_case_run(&noshared);
+    moe_case ties = {"tiny ties (k 8 of 10 tied)", 72, 256, 8, 16, 40, 1, 1};
+    moe_case_run(&ties);
+    moe_case wide = {"1024 experts top-32", 136, 1024, 32, 48, 0, 1, 0};
+    moe_case_run(&wide);
+}
+
+/* shapes the kernels do not take are refused (the forward keeps the unfused launches for them) */
+TEST(cuda_moe_fused_supported_shapes) {
+    CHECK(cu_moe_fused_supported(2048, 256, 8, 512, 512));
+    CHECK(cu_moe_fused_supported(64, 8, 2, 32, 64));
+    CHECK(cu_moe_fused_supported(64, 8, 2, 32, 0));
+    CHECK(!cu_moe_fused_supported(60, 8, 2, 32, 64));   /* H % 8 */
+    CHECK(!cu_moe_fused_supported(64, 8, 2, 1024, 64)); /* Im past 512 */
+    CHECK(!cu_moe_fused_supported(64, 2048, 2, 32, 64));
+    CHECK(!cu_moe_fused_supported(64, 8, 9, 32, 64)); /* k > E */
+    CHECK(!cu_moe_fused_supported(64, 64, 33, 32, 64));
+}
+
+/* The MoE fixture through the whole cuda forward (a prefill of 2 tokens, then decode steps of 3 sequences
+ * from CUDA graphs) with CINFER_CUDA_MOE_FUSED=1 against =0: within f32 rounding (the same bits expected:
+ * at up to 8 rows every product of the unfused path is a GEMV of the same order) */
+TEST(cuda_moe_fused_model_matches_unfused) {
+    if (NO_DEVICE()) SKIP("no CUDA device: skipped");
+    char dir[512], err[512];
+    snprintf(dir, sizeof dir, "%s/qwen35_moe", test_fixtures_dir());
+    cinfer_model *m;
+    REQUIRE(cinfer_model_open(dir, &m, err, sizeof err) == 0);
+    cinfer_model_info info;
+    cinfer_model_get_info(m, &info);
+    int V = info.vocab_size, B = 3, P = 2, N = 10;
+    float *out[2];
+    const char *old = getenv("CINFER_CUDA_MOE_FUSED");
+    for (int g = 0; g < 2; g++) {
+        setenv("CINFER_CUDA_MOE_FUSED", g ? "1" : "0", 1);
+        out[g] = malloc(sizeof(float) * (size_t)(N + 1) * B * V);
+        cinfer_ctx_params p = cinfer_ctx_default_params();
+        p.max_seqs = B, p.max_ctx = 64, p.max_batch = 64, p.n_threads = 2, p.device = CINFER_DEVICE_CUDA;
+        cinfer_ctx *c = NULL;
+        REQUIRE(cinfer_ctx_create(m, &p, &c, err, sizeof err) == 0);
+        int seqs[3];
+        int32_t prompt[3][2];
+        cinfer_batch_entry be[3];
+        for (int s = 0; s < B; s++) {
+            seqs[s] = cinfer_seq_open(c, err, sizeof err);
+            for (int i = 0; i < P; i++) prompt[s][i] = (int32_t)((i * 13 + s * 5 + 2) % V);
+            be[s] = (cinfer_batch_entry){seqs[s], prompt[s], P, 0};
+        }
+        REQUIRE(cinfer_forward(c, be, B, out[g], err, sizeof err) == 0);
+        for (int t = 0; t < N; t++) {
+            int32_t ids[3];
+            for (int s = 0; s < B; s++) {
+                ids[s] = (int32_t)((t * 31 + s * 7 + 1) % V);
+                be[s] = (cinfer_batch_entry){seqs[s], &ids[s], 1, 0};
+            }
+            REQUIRE(cinfer_forward(c, be, B, out[g] + (size_t)(t + 1) * B * V, err, sizeof err) == 0);
+        }
+        cinfer_ctx_destroy(c);
+    }
+    if (old)
+        setenv("CINFER_CUDA_MOE_FUSED", old, 1);
+    else
+        unsetenv("CINFER_CUDA_MOE_FUSED");
+    size_t n = (size_t)(N + 1) * B * V;
+    double r = rel(out[1], out[0], n);
+    int bits = !memcmp(out[0], out[1], n * sizeof(float));
+    printf("     qwen35_moe prefill 3 x 2 + 10 decode steps: fused vs unfused ||d||/||ref|| = %.2e (%s)\n", r,
+           bits ? "bit-identical" : "not bit-identical");
+    CHECK_MSG(r <= 1e-5, "fused MoE forward differs from the unfused one by %.3g", r);
+    free(out[0]), free(out[1]);
+    cinfer_model_close(m);
+}
+
+#else
+
+TEST(cuda_moe_not_built) {
+    SKIP("no CUDA device: skipped (built without CUDA)");
+}
+
+#endif
