@@ -25,8 +25,10 @@ static double now_s(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* "0" alone: an empty list (that part of the bench is skipped) */
 static int parse_list(const char *s, long *out, int max) {
     int n = 0;
+    if (s && !strcmp(s, "0")) return 0;
     while (s && *s && n < max) {
         char *end;
         long v = strtol(s, &end, 10);
@@ -64,12 +66,12 @@ int bench_cuda(int argc, char **argv) {
     const char *like = arg_value(argc, argv, "--like", NULL), *v;
     long batches[16] = {1, 8, 32, 64}, prefill[16] = {512, 4096, 32768};
     int nb = 4, np = 3;
-    if ((v = arg_value(argc, argv, "--batches", NULL)) && (nb = parse_list(v, batches, 16)) < 1) {
-        fprintf(stderr, "cinfer bench: --batches takes a list like 1,8,32,64\n");
+    if ((v = arg_value(argc, argv, "--batches", NULL)) && (nb = parse_list(v, batches, 16)) < 0) {
+        fprintf(stderr, "cinfer bench: --batches takes a list like 1,8,32,64 (or 0: no decode)\n");
         return 2;
     }
-    if ((v = arg_value(argc, argv, "--prefill", NULL)) && (np = parse_list(v, prefill, 16)) < 1) {
-        fprintf(stderr, "cinfer bench: --prefill takes a list like 512,4096\n");
+    if ((v = arg_value(argc, argv, "--prefill", NULL)) && (np = parse_list(v, prefill, 16)) < 0) {
+        fprintf(stderr, "cinfer bench: --prefill takes a list like 512,4096 (or 0: no prefill)\n");
         return 2;
     }
     long N = 32, ctx = 512, chunk = 4096;
@@ -79,7 +81,8 @@ int bench_cuda(int argc, char **argv) {
     int profile = !arg_flag(argc, argv, "--no-profile");
     /* where a decode step's logits go: pinned host memory (default), pageable host memory (malloc, as the
      * first CUDA figures were taken), or nowhere: greedy ids chosen on the device (cuda_fwd_sample) */
-    const char *lmode = arg_value(argc, argv, "--logits", NULL); /* arg_value's last argument is an alias, not a default */
+    const char *lmode =
+        arg_value(argc, argv, "--logits", NULL); /* arg_value's last argument is an alias, not a default */
     if (!lmode) lmode = "pinned";
     int l_pageable = !strcmp(lmode, "pageable"), l_device = !strcmp(lmode, "device");
     if (!l_pageable && !l_device && strcmp(lmode, "pinned")) {
@@ -163,9 +166,11 @@ int bench_cuda(int argc, char **argv) {
     int rc = 0;
     /* ---- prefill ---- */
     double mm_flops_tok = (double)(m->bytes_per_token - lm_bytes); /* 2 FLOPs per bf16 weight = bytes */
-    printf("\nprefill (one sequence, chunks of %ld tokens, logits of the last token)\n", chunk);
-    printf("  %8s %10s %12s %14s %10s\n", "tokens", "tok/s", "time s", "TFLOP/s", "of GEMM");
-    for (int pi = -1; pi < np && !rc; pi++) {
+    if (np) {
+        printf("\nprefill (one sequence, chunks of %ld tokens, logits of the last token)\n", chunk);
+        printf("  %8s %10s %12s %14s %10s\n", "tokens", "tok/s", "time s", "TFLOP/s", "of GEMM");
+    }
+    for (int pi = np ? -1 : 0; pi < np && !rc; pi++) {
         long P = pi < 0 ? (chunk < 512 ? chunk : 512) : prefill[pi]; /* pi = -1: warm-up */
         if ((rc = cuda_fwd_slot_reset(f, 0, err, sizeof err))) break;
         double ts = now_s();
@@ -183,7 +188,7 @@ int bench_cuda(int argc, char **argv) {
         printf("  %8ld %10.0f %12.3f %14.1f %9.0f%%\n", P, P / dt, dt, fl / dt / 1e12,
                100.0 * fl / dt / 1e12 / tf);
     }
-    if (!rc && profile) {
+    if (!rc && profile && np) {
         long P = chunk < 4096 ? chunk : 4096;
         cuda_fwd_slot_reset(f, 0, err, sizeof err);
         cuda_fwd_profile(f, 1);
@@ -195,12 +200,14 @@ int bench_cuda(int argc, char **argv) {
         cuda_fwd_profile(f, 0);
     }
     /* ---- decode ---- */
-    printf("\ndecode (%ld steps after a %ld-token prompt per sequence; CUDA graphs; %s)\n", N, ctx,
-           l_device     ? "greedy ids chosen on the device, only ids copied to the host"
-           : l_pageable ? "logits copied to pageable host memory each step"
-                        : "logits copied to pinned host memory each step");
-    printf("  %6s %10s %12s %12s %10s %12s\n", "batch", "tok/s", "ms/step", "GB/s moved", "of copy",
-           "weights GB");
+    if (nb)
+        printf("\ndecode (%ld steps after a %ld-token prompt per sequence; CUDA graphs; %s)\n", N, ctx,
+               l_device     ? "greedy ids chosen on the device, only ids copied to the host"
+               : l_pageable ? "logits copied to pageable host memory each step"
+                            : "logits copied to pinned host memory each step");
+    if (nb)
+        printf("  %6s %10s %12s %12s %10s %12s\n", "batch", "tok/s", "ms/step", "GB/s moved", "of copy",
+               "weights GB");
     for (int bi = 0; bi < nb && !rc; bi++) {
         int B = (int)batches[bi];
         for (int s = 0; s < B && !rc; s++) rc = cuda_fwd_slot_reset(f, s, err, sizeof err);

@@ -371,11 +371,24 @@ TEST(cuda_bench_like_defaults_run) {
     if (!bin) bin = "build/cinfer";
     char cmd[1024];
     snprintf(cmd, sizeof cmd, "%s bench --like qwen3.5-0.8b --device cuda > /dev/null 2>&1", bin);
+    /* --prefill 0 / --batches 0 skip that part (a bad list is a usage error, exit 2) */
+    char cmd0[1024], bad[1024];
+    snprintf(cmd0, sizeof cmd0,
+             "%s bench --like qwen3.5-0.8b --device cuda --prefill 0 --batches 1 -n 2 --no-profile > /dev/null 2>&1",
+             bin);
+    snprintf(bad, sizeof bad, "%s bench --like qwen3.5-0.8b --device cuda --prefill 0,5 > /dev/null 2>&1", bin);
+    int rb = system(bad);
+    CHECK_MSG(WIFEXITED(rb) && WEXITSTATUS(rb) == 2, "bench --prefill 0,5: status %d, want exit 2", rb);
     if (no_device()) {
         int rc = system(cmd);
         CHECK_MSG(WIFEXITED(rc) && WEXITSTATUS(rc) == 1, "bench --like without a device: status %d, want exit 1", rc);
+        rc = system(cmd0);
+        CHECK_MSG(WIFEXITED(rc) && WEXITSTATUS(rc) == 1, "bench --prefill 0 without a device: status %d, want exit 1",
+                  rc);
         return;
     }
     int rc = system(cmd);
     CHECK_MSG(WIFEXITED(rc) && WEXITSTATUS(rc) == 0, "bench --like qwen3.5-0.8b --device cuda: status %d", rc);
+    rc = system(cmd0);
+    CHECK_MSG(WIFEXITED(rc) && WEXITSTATUS(rc) == 0, "bench --prefill 0 --batches 1: status %d", rc);
 }
