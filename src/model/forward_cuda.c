@@ -195,9 +195,11 @@ struct cuda_fwd {
     int max_S;
     int tiles_ok; /* the tiled prefill attention kernel fits this head dim */
     /* prefill kernels on the tensor cores (CINFER_CUDA_PREFILL), when they serve the model */
-    int gdn_tc, attn_tc;
+    int gdn_tc, attn_tc; /* gdn_tc: cu_gdn_args.tc (2: the phased form, in gdn_chunk) */
     unsigned
         *gdn_cnt; /* [max_tokens][Hk] the fused DeltaNet decode kernel's counters (CINFER_CUDA_GDN_FUSED) */
+    void *gdn_chunk; /* the phased DeltaNet prefill's scratch (cu_gdn_chunk_bytes), or NULL */
+    int gdn_chunk_cap, gdn_chunk_dt;
     /* device sampling (cuda_fwd_sample) of the last call's logits rows */
     int last_nl;          /* logits rows the last cuda_fwd_run left in f->logits */
     cu_sample_row *d_smp; /* [max_tokens] */
@@ -609,10 +611,24 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * (session 3): with the hi + lo TF32 split the tensor-core DeltaNet is exact to 3.3e-4 per position on
      * the fixtures (scalar 5.6e-4) and cut its share of a 4B 4096-token chunk from 256 to 202 ms; the
      * tensor-core attention was slower (113 -> 122 ms), so it stays off by default. */
+    /* "gdn1": the one-kernel tensor-core DeltaNet (today's "gdn"); "gdn2" / "tc2": the phased one
+     * (deltanet_chunk.cu, parallel over chunks), alone / with the tensor-core attention.
+     * CINFER_CUDA_GDN_DT=32: 32 value columns per block of its sequential pass (default 16) */
     const char *pf = getenv("CINFER_CUDA_PREFILL");
     const char *pfv = pf ? pf : "gdn";
-    if (!strcmp(pfv, "tc") || !strcmp(pfv, "gdn")) f->gdn_tc = m->n_lin > 0 && cu_gdn_tc_init(m->dk);
-    if (!strcmp(pfv, "tc") || !strcmp(pfv, "attn")) f->attn_tc = f->tiles_ok && cu_attn_tc_init(m->hd);
+    int phased = !strcmp(pfv, "gdn2") || !strcmp(pfv, "tc2");
+    if (!strcmp(pfv, "tc") || !strcmp(pfv, "gdn") || !strcmp(pfv, "gdn1") || phased)
+        f->gdn_tc = m->n_lin > 0 && cu_gdn_tc_init(m->dk);
+    if (!strcmp(pfv, "tc") || !strcmp(pfv, "attn") || !strcmp(pfv, "tc2"))
+        f->attn_tc = f->tiles_ok && cu_attn_tc_init(m->hd);
+    if (phased && f->gdn_tc && cu_gdn_chunk_init(m->dk, m->dv)) {
+        f->gdn_chunk_cap = cu_gdn_chunk_cap(p->max_tokens, p->n_slots);
+        size_t cb = cu_gdn_chunk_bytes(f->gdn_chunk_cap, p->max_tokens, m->Hv, m->dk, m->dv);
+        if ((rc = dev_alloc(f, &f->gdn_chunk, cb, &f->bytes_scratch, err, errlen))) goto fail;
+        f->gdn_tc = 2;
+    }
+    const char *gdt = getenv("CINFER_CUDA_GDN_DT");
+    f->gdn_chunk_dt = gdt && atoi(gdt) == 32 ? 32 : 16;
     const char *me = getenv("CINFER_CUDA_MOE"); /* "grouped": decode experts by cu_gemv_grouped */
     f->moe_grouped = me && !strcmp(me, "grouped");
     /* "1": decode MoE blocks (device_only) as three launches (router + selection, gate_up + SwiGLU, down +
@@ -632,8 +648,11 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
         fprintf(stderr,
                 "cinfer cuda: CINFER_CUDA_PREFILL=%s: deltanet prefill %s, attention prefill %s, %d TF32 "
                 "passes\n",
-                pf, f->gdn_tc ? "tensor cores" : "scalar", f->attn_tc ? "tensor cores" : "scalar",
-                cu_tf32_passes());
+                pf,
+                f->gdn_tc == 2 ? "tensor cores, phased"
+                : f->gdn_tc    ? "tensor cores"
+                               : "scalar",
+                f->attn_tc ? "tensor cores" : "scalar", cu_tf32_passes());
     for (int i = 0; i < PROF_MAX_MARKS; i++) cu_timer_create(&f->marks[i]);
     /* one cuBLAS call before any graph capture, so its lazy initialisation never happens inside one */
     if (p->max_tokens > CU_GEMV_MAX_M) {
@@ -733,6 +752,7 @@ static void deltanet(cuda_fwd *f, const cu_layer *cl, const layer_weights *lw, i
     a.conv_out = f->conv_out, a.bg = f->bg, a.o = f->act;
     a.conv_state = f->conv_state, a.rec_state = f->rec_state, a.eps = (float)m->cfg.rms_norm_eps;
     a.meta = rs->meta, a.tc = f->gdn_tc;
+    a.chunk_scr = f->gdn_chunk, a.chunk_cap = f->gdn_chunk_cap, a.chunk_dt = f->gdn_chunk_dt;
     a.spec_rec = f->spec_rec, a.spec_win = f->p.spec_window, a.has_spec = rs->has_spec;
     a.no_chunked = rs->no_chunked, a.dec_cnt = f->gdn_cnt;
     cu_gdn_layer(f->cu, &a);

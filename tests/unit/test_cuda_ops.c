@@ -467,6 +467,7 @@ static void gdn_case_ex(int Hk, int Hv, int dk, int dv, int tc, const test_entry
     REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
     REQUIRE(cu_gdn_init(dk));
     if (tc) REQUIRE(cu_gdn_tc_init(dk));
+    if (tc) REQUIRE(cu_gdn_chunk_init(dk, dv));
     int n_slots = 6, n_lin = 2, lin = 1, K = 4, kd = Hk * dk, vd = Hv * dv, C = 2 * kd + vd, T = 0;
     for (int i = 0; i < NE; i++) T += ents[i].n;
     int ld = C + 16;
@@ -541,15 +542,19 @@ static void gdn_case_ex(int Hk, int Hv, int dk, int dv, int tc, const test_entry
                 for (int j = 0; j < dv; j++) oh[j] *= ops_silu(z[(size_t)t * vd + (size_t)h * dv + j]);
             }
     }
-    /* device: the scalar kernel, then (tc) the tensor-core one from the same inputs */
+    /* device: the scalar kernel, then (tc) the tensor-core ones from the same inputs */
     cu_meta meta;
     int *dmeta;
     int *hm = pack_meta(ents, NE, NULL, &meta, &dmeta);
     float *prev_o = NULL, *prev_r = NULL;
     double err_o = 0, err_r = 0; /* the scalar kernel's error: the tensor cores' bound follows from it */
-    /* mode 0: the scalar kernel; 1: the tensor cores; 2: the tensor cores with one TF32 rounding (the form
-     * that failed the model parity), which must fail the bound: the bound can catch what it is for */
-    for (int mode = 0; mode <= (tc ? 2 : 0); mode++) {
+    double *err_h = calloc((size_t)NE * Hv, sizeof(double)); /* its error per (entry, head) state */
+    /* mode 0: the scalar kernel; 1: the tensor cores, one kernel (deltanet_tc.cu); 3, 4: the phased kernels
+     * (deltanet_chunk.cu) with 16 and 32 value columns per block of the sequential pass, which must give the
+     * same bits (every 16 x 16 tile is computed the same way); 2 and 5: the two with one TF32 rounding (the
+     * form that failed the model parity), which must fail the bound: the bound can catch what it is for */
+    for (int mode = 0; mode <= (tc ? 5 : 0); mode++) {
+        int phased = mode >= 3, control = mode == 2 || mode == 5;
         cu_gdn_args g = {0};
         g.T = T, g.NE = NE, g.Hk = Hk, g.Hv = Hv, g.dk = dk, g.dv = dv, g.K = K, g.C = C, g.n_lin = n_lin,
         g.lin = lin;
@@ -562,25 +567,47 @@ static void gdn_case_ex(int Hk, int Hv, int dk, int dv, int tc, const test_entry
         g.bg = nan_dev(c, (size_t)T * 2 * Hv);
         g.o = nan_dev(c, (size_t)T * vd), g.conv_state = dup_dev(cst, cs_n * 4),
         g.rec_state = dup_dev(rst, rs_n * 4);
-        g.eps = eps, g.meta = meta, g.tc = mode > 0;
-        cu_set_tf32_passes(mode == 2 ? 1 : 3);
+        g.eps = eps, g.meta = meta, g.tc = !mode ? 0 : phased ? 2 : 1;
+        if (phased) { /* the scratch starts as NaN: nothing may read what the kernels did not write */
+            g.chunk_cap = cu_gdn_chunk_cap(T, NE), g.chunk_dt = mode == 4 ? 32 : 16;
+            g.chunk_scr = nan_dev(c, cu_gdn_chunk_bytes(g.chunk_cap, T, Hv, dk, dv) / 4);
+        }
+        cu_set_tf32_passes(control ? 1 : 3);
         cu_gdn_layer(c, &g);
         cu_set_tf32_passes(3);
         REQUIRE(cu_sync(c, err, sizeof err) == 0);
         float *go = get(g.o, (size_t)T * vd), *gc = get(g.conv_state, cs_n), *gr = get(g.rec_state, rs_n);
-        if (mode == 2) {
+        const char *kind = !mode    ? "scalar"
+                           : phased ? (mode == 4 ? "phased/32" : "phased/16")
+                                    : "tensor cores";
+        if (phased) { /* the phased kernels ran (not the fallback): they wrote W of the first chunk */
+            float *w0 = get((const float *)g.chunk_scr, 1);
+            CHECK_MSG(isfinite(w0[0]), "deltanet dk=%d dv=%d %s: the phased kernels did not run", dk, dv,
+                      kind);
+            free(w0);
+        }
+        /* the slots' other layer and the slots no entry uses keep their bits */
+        for (int sl = 0; sl < n_slots; sl++)
+            for (int l = 0; l < n_lin; l++) {
+                int used = 0;
+                for (int i = 0; i < NE; i++) used |= ents[i].slot == sl;
+                if (used && l == lin) continue;
+                size_t off = ((size_t)sl * n_lin + l) * rs_per;
+                CHECK_MSG(!memcmp(gr + off, rst + off, rs_per * 4),
+                          "deltanet dk=%d dv=%d %s: slot %d layer %d written", dk, dv, kind, sl, l);
+            }
+        if (control) {
             double r = rel(go, o_r, (size_t)T * vd);
-            printf("     deltanet dk=%d dv=%d%s, one TF32 rounding (control): %.2e > %.0e?\n", dk, dv,
-                   slow ? " slow" : "", r, tc_bound(err_o));
-            CHECK_MSG(r > tc_bound(err_o), "deltanet dk=%d dv=%d: one TF32 rounding passes the bound (%.3g)",
-                      dk, dv, r);
+            printf("     deltanet dk=%d dv=%d%s %s, one TF32 rounding (control): %.2e > %.0e?\n", dk, dv,
+                   slow ? " slow" : "", kind, r, tc_bound(err_o));
+            CHECK_MSG(r > tc_bound(err_o),
+                      "deltanet dk=%d dv=%d %s: one TF32 rounding passes the bound (%.3g)", dk, dv, kind, r);
             free(go), free(gc), free(gr);
             go = gc = gr = NULL;
         }
         /* scalar: the f32 paths' bound; tensor cores: the scalar kernel's error x 20 (tc_bound) */
         if (go) {
             double tol_o = mode ? tc_bound(err_o) : 1e-5, tol_r = mode ? tc_bound(err_r) : 1e-5;
-            const char *kind = mode ? "tensor cores" : "scalar";
             char what[128];
             snprintf(what, sizeof what, "deltanet dk=%d dv=%d%s %s: output", dk, dv, slow ? " slow" : "",
                      kind);
@@ -598,13 +625,49 @@ static void gdn_case_ex(int Hk, int Hv, int dk, int dv, int tc, const test_entry
                 check_rel(what, go + (size_t)r0 * vd, o_r + (size_t)r0 * vd, (size_t)ents[i].n * vd,
                           mode ? tc_bound(err_o) : 1e-5);
             }
+            /* every head's state of every entry (a head left unwritten or written with another's state
+             * cannot hide in the total): within 20x the scalar kernel's error on that head */
+            double worst = 0;
+            int bad = 0;
+            for (int i = 0; i < NE; i++)
+                for (int h = 0; h < Hv; h++) {
+                    size_t off = ((size_t)ents[i].slot * n_lin + lin) * rs_per + (size_t)h * dk * dv;
+                    double rh = rel(gr + off, rst_r + off, (size_t)dk * dv);
+                    if (!mode) {
+                        err_h[(size_t)i * Hv + h] = rh;
+                        continue;
+                    }
+                    double bh = tc_bound(err_h[(size_t)i * Hv + h]);
+                    if (rh / bh > worst) worst = rh / bh;
+                    if (!(rh <= bh)) {
+                        if (bad++ < 4)
+                            printf("     entry %d (len=%d n=%d) head %d state: %.2e > %.0e\n", i, ents[i].len,
+                                   ents[i].n, h, rh, bh);
+                    }
+                }
             if (mode) {
-                snprintf(what, sizeof what, "deltanet dk=%d dv=%d tensor cores vs scalar kernel: output", dk,
-                         dv);
+                printf("     %s: %d entries x %d heads' states, worst error / bound %.2f\n", kind, NE, Hv,
+                       worst);
+                CHECK_MSG(!bad, "deltanet dk=%d dv=%d %s: %d head states past their bound", dk, dv, kind,
+                          bad);
+            }
+            if (mode) {
+                snprintf(what, sizeof what, "deltanet dk=%d dv=%d %s vs previous kernel: output", dk, dv,
+                         kind);
                 check_rel(what, go, prev_o, (size_t)T * vd, tc_bound(err_o));
-                snprintf(what, sizeof what, "deltanet dk=%d dv=%d tensor cores vs scalar kernel: states", dk,
-                         dv);
+                snprintf(what, sizeof what, "deltanet dk=%d dv=%d %s vs previous kernel: states", dk, dv,
+                         kind);
                 check_rel(what, gr, prev_r, rs_n, tc_bound(err_r));
+            }
+            if (mode == 3) /* the same sums as deltanet_tc.cu in the same order: said, not required */
+                printf("     phased vs one-kernel tensor cores: output %s, states %s\n",
+                       memcmp(go, prev_o, (size_t)T * vd * 4) ? "differ" : "bit-identical",
+                       memcmp(gr, prev_r, rs_n * 4) ? "differ" : "bit-identical");
+            if (mode == 4) {
+                CHECK_MSG(!memcmp(go, prev_o, (size_t)T * vd * 4),
+                          "deltanet dk=%d dv=%d: phased 32 vs 16 columns: outputs differ", dk, dv);
+                CHECK_MSG(!memcmp(gr, prev_r, rs_n * 4),
+                          "deltanet dk=%d dv=%d: phased 32 vs 16 columns: states differ", dk, dv);
             }
             free(prev_o), free(prev_r), free(gc);
             prev_o = go, prev_r = gr;
@@ -613,8 +676,9 @@ static void gdn_case_ex(int Hk, int Hv, int dk, int dv, int tc, const test_entry
             cu_free((void *)g.conv_w);
         cu_free((void *)g.A), cu_free((void *)g.dt_bias), cu_free((void *)g.gnorm), cu_free(g.conv_out),
             cu_free(g.bg);
-        cu_free(g.o), cu_free(g.conv_state), cu_free(g.rec_state);
+        cu_free(g.o), cu_free(g.conv_state), cu_free(g.rec_state), cu_free(g.chunk_scr);
     }
+    free(err_h);
     free(prev_o), free(prev_r);
     free(qkv), free(z), free(b), free(a), free(cw), free(A), free(dt), free(gn), free(cst), free(rst),
         free(cst_r), free(rst_r);
@@ -633,11 +697,12 @@ TEST(cuda_deltanet_layer_vs_cpu) {
     gdn_case(2, 4, 128, 128, 0); /* the real head dims: the chunked kernel's shared memory near its limit */
 }
 
-/* the tensor-core chunked kernel (CINFER_CUDA_PREFILL=tc|gdn): GQA ratios 1, 2, 3, dv not a multiple of the
- * 32-column block, the real dk = dv = 128 */
+/* the tensor-core chunked kernels (CINFER_CUDA_PREFILL=tc|gdn|gdn1: one kernel; gdn2|tc2: phased): GQA ratios
+ * 1, 2, 3, dv not a multiple of the 32-column block, the real dk = dv = 128 */
 TEST(cuda_deltanet_tc_vs_cpu) {
     if (NO_DEVICE()) SKIP("no CUDA device: skipped");
     gdn_case(2, 4, 32, 32, 1);
+    gdn_case(2, 4, 32, 16, 1); /* the dense fixture's dv: one 16-column tile */
     gdn_case(1, 3, 64, 48, 1);
     gdn_case(2, 2, 128, 128, 1);
     gdn_case(2, 4, 128, 128, 1);
@@ -650,6 +715,24 @@ TEST(cuda_long_deltanet_tc_vs_cpu) {
     int ne = (int)(sizeof gdn_long_ents / sizeof gdn_long_ents[0]);
     gdn_case_ex(2, 4, 128, 128, 1, gdn_long_ents, ne, 1);
     gdn_case_ex(2, 4, 128, 128, 1, gdn_long_ents, ne, 0);
+}
+
+/* the 4B shape's heads (16 key, 32 value heads of 128) over one 4096-token prefill, the chunk the bench
+ * measures: 64 chunks in the phased form's tables, the state carried through all of them (trained decay) */
+TEST(cuda_long_deltanet_tc_4b_4096) {
+    if (NO_DEVICE()) SKIP("no CUDA device: skipped");
+    static const test_entry e[] = {{0, 4096, 0}};
+    gdn_case_ex(16, 32, 128, 128, 1, e, 1, 1);
+}
+
+/* the 27B shape's heads (16 key, 48 value heads: GQA 3) over entries of different lengths in one batch: a
+ * prompt from 0, one continuing mid-chunk (at 100: first chunk of 28 rows), one continuing on the grid, a
+ * decode token, a one-token prompt and a long continuation starting 5 rows before the grid */
+TEST(cuda_deltanet_tc_27b_heads) {
+    if (NO_DEVICE()) SKIP("no CUDA device: skipped");
+    static const test_entry e[] = {{0, 300, 0}, {100, 200, 1}, {64, 64, 2},
+                                   {7, 1, 3},   {0, 1, 4},     {955, 517, 5}};
+    gdn_case_ex(16, 48, 128, 128, 1, e, 6, 1);
 }
 
 TEST(cuda_next_split) {

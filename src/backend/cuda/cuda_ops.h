@@ -146,7 +146,12 @@ typedef struct cu_gdn_args {
     float *conv_state; /* [slots][n_lin][K-1][C] */
     float *rec_state;  /* [slots][n_lin][Hv][dk][dv] */
     float eps;
-    int tc; /* 1: the chunked (prefill) form on the tensor cores (deltanet_tc.cu); 0: the scalar kernel */
+    int tc; /* the chunked (prefill) form: 0 the scalar kernel; 1 on the tensor cores, one kernel walking all
+               chunks per column block (deltanet_tc.cu); 2 on the tensor cores in phases, parallel over the
+               chunks (deltanet_chunk.cu: needs chunk_scr, else 1's kernel runs) */
+    void *chunk_scr; /* tc 2: cu_gdn_chunk_bytes(chunk_cap, T, Hv, dk, dv) bytes of device scratch */
+    int chunk_cap;   /* tc 2: chunks the scratch holds (cu_gdn_chunk_cap); a batch that may span more runs 1 */
+    int chunk_dt;    /* tc 2: value columns per block of the sequential pass, 16 (default) or 32 */
     /* speculative windows (meta.e_spec): the conv window and S of the slot stay as they were; each token's
      * position-local inputs go to spec_rec [slots][n_lin][spec_win][CU_SPEC_REC(C, Hv)] (pre-conv q|k|v, the
      * normed post-conv q|k|v, beta, g) for cu_gdn_spec_commit; the recurrence runs token by token from the
@@ -183,6 +188,14 @@ int cu_gdn_init(int dk);
 /* 1 when the tensor-core chunked kernel serves this dk (a multiple of 16, 32..128) and fits the device;
  * raises its shared-memory limit (before any graph capture) */
 int cu_gdn_tc_init(int dk);
+/* 1 when the phased tensor-core prefill (deltanet_chunk.cu) serves dk, dv (multiples of 16, dk <= 128, dv <=
+ * 256) and fits the device; raises its kernels' shared-memory limits (before any graph capture) */
+int cu_gdn_chunk_init(int dk, int dv);
+/* chunks a batch of up to T rows in up to NE entries can span (an entry of n rows: at most n / 64 + 2) */
+int cu_gdn_chunk_cap(int T, int NE);
+/* bytes of cu_gdn_args.chunk_scr for cap chunks and up to T rows (per chunk and value head: W, e^g Q,
+ * e^(g_L - g) K [64][dk], U [64][dv], the decayed Q K^T [64][64]; then the chunk table) */
+size_t cu_gdn_chunk_bytes(int cap, int T, int Hv, int dk, int dv);
 /* The tensor-core prefill kernels (DeltaNet and attention) split each f32 operand into TF32 hi + lo and run
  * three MMAs per product (3, the default: f32-accurate); 1: one TF32 rounding (CINFER_CUDA_TF32_PASSES=1, to
  * measure what the split costs: ~4e-4 per product, past the model parity bound) */

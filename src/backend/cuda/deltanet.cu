@@ -511,7 +511,8 @@ extern "C" int cu_gdn_init(int dk) {
            cudaSuccess;
 }
 
-extern "C" void cu_gdn_chunked_tc(cu_ctx *c, const cu_gdn_args *a); /* deltanet_tc.cu */
+extern "C" void cu_gdn_chunked_tc(cu_ctx *c, const cu_gdn_args *a);    /* deltanet_tc.cu */
+extern "C" int cu_gdn_chunked_phased(cu_ctx *c, const cu_gdn_args *a); /* deltanet_chunk.cu */
 
 extern "C" void cu_gdn_layer(cu_ctx *c, const cu_gdn_args *a) {
     if (a->T <= 0) return;
@@ -542,6 +543,8 @@ extern "C" void cu_gdn_layer(cu_ctx *c, const cu_gdn_args *a) {
         recurrent_kernel<32><<<rgrid, 256, 0, c->stream>>>(*a);
     if (a->no_chunked) {
         /* decode tokens and windows only: recurrent_kernel did them all */
+    } else if (a->tc == 2 && cu_gdn_chunked_phased(c, a)) {
+        /* the phased form took it */
     } else if (a->tc) {
         cu_gdn_chunked_tc(c, a);
     } else {

@@ -18,7 +18,6 @@
  * The state's column slice lives in shared memory for the whole entry and goes back to the slot at the end.
  */
 #include <mma.h>
-#include <type_traits>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/tf32x3.cuh"
@@ -31,35 +30,7 @@ using namespace nvcuda;
 #define TC_VLD  (TC_DT + 4)
 #define TC_MAXK 128 /* dk limit: shared memory */
 
-typedef wmma::fragment<wmma::accumulator, 16, 16, 8, float> facc;
-
-/* acc += A[16][K] * B[K][16] for K a multiple of 8. A element (m, k) sits at A[m * lda + k] (row_major) or
- * A[m + k * lda] (col_major); B element (k, n) at B[k * ldb + n] (row_major) or B[k + n * ldb] (col_major).
- * neg: A enters negated (D = U - W S in one accumulator). P: TF32 passes (tf32x3.cuh).
- * The tensor cores accumulate in f32 but truncate at every MMA, a bias that grows with the chain (the H200
- * run of 06:05: ~1.4e-5 for 113 steps of 8 keys in attention), and S, updated in place, would carry it
- * through every chunk of a long prompt. So each TC_KC of K goes into a fresh accumulator (3 x 4 MMAs) that
- * joins acc through ordinary rounded f32 adds. */
-#define TC_KC 32
-template <int P, class LA, class LB>
-__device__ __forceinline__ void tc_mma(facc &acc, const float *A, int lda, const float *B, int ldb, int K,
-                                       bool neg = false) {
-    wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, LA> fa;
-    wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, LB> fb;
-    for (int k0 = 0; k0 < K; k0 += TC_KC) {
-        facc part;
-        wmma::fill_fragment(part, 0.0f);
-        for (int k = k0; k < k0 + TC_KC && k < K; k += 8) {
-            const float *pa = std::is_same<LA, wmma::row_major>::value ? A + k : A + (size_t)k * lda;
-            const float *pb = std::is_same<LB, wmma::row_major>::value ? B + (size_t)k * ldb : B + k;
-            wmma::load_matrix_sync(fa, pa, lda);
-            wmma::load_matrix_sync(fb, pb, ldb);
-            mma_tf32x<P>(part, fa, fb, neg);
-        }
-#pragma unroll
-        for (int t = 0; t < acc.num_elements; t++) acc.x[t] += part.x[t];
-    }
-}
+typedef tc_facc facc;
 
 /* shared memory in floats: Ks, Qs, Ws [64][dk + 4]; A, T, QK [64][68]; V, D [64][36]; S [dk][36];
  * X [3][16][16]; gam, bet, egam, fl [64]. Every array starts on a multiple of 8 floats (32 bytes, WMMA). */

@@ -1,0 +1,355 @@
+/* deltanet_chunk.cu — the chunked Gated DeltaNet prefill (spec §4, WY/UT form, chunk 64 on the absolute grid)
+ * in phases, so that what does not depend on the state runs in parallel over every chunk of the batch and
+ * only the state's recurrence walks the chunks in order (the split of FLA's chunk_gated_delta_rule; written
+ * here from the spec). Selected by cu_gdn_args.tc == 2 (CINFER_CUDA_PREFILL=gdn2|tc2). deltanet_tc.cu's
+ * kernel, a block per (entry, value head, 32 value columns) walking all chunks with W and the Gram matrices
+ * recomputed per column block, stays as tc == 1 (CINFER_CUDA_PREFILL=gdn1).
+ *
+ * Every product on the tensor cores with deltanet_tc.cu's scheme (TF32 hi + lo, three MMAs, runs of 32 of K
+ * in fresh accumulators: tf32x3.cuh), the same factor expressions and the same order of the sums, so the two
+ * kernels compute the same quantities the same way; what changes is where they are computed.
+ *
+ *   plan  (one thread): the chunk table of the batch — (entry, first row, length) per chunk of every entry
+ * that takes the chunked form, the first chunk of a prompt continuing a sequence cut at the 64-grid. prep  (a
+ * block per (chunk, value head), all chunks at once): the decay cumsum gam, A = strictly lower beta_r e^(g_r
+ * - g_s) K K^T, T = (I + A)^-1 by substitution, and into the scratch W  = T diag(beta e^g) K   [64][dk]     U
+ * = T diag(beta) V      [64][dv] Qg = diag(e^g) Q          [64][dk]     Kf = diag(e^(g_L - g)) K [64][dk] QK
+ * = e^(g_r - g_s) Q K^T (s <= r)   [64][64],  e^(g_L) (rows past the chunk's length are zeros in all of
+ * them). state (a block per (entry, value head, DT value columns), chunks in order, S's column slice in
+ * shared memory from the slot and back): D = U - W S,  O = Qg S + QK D,  S <- e^(g_L) S + Kf^T D.
+ */
+#include <mma.h>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/tf32x3.cuh"
+
+using namespace nvcuda;
+
+#define CK_CH  64 /* chunk length, = GDN_CHUNK */
+#define CK_GLD (CK_CH + 4)
+
+/* floats of one (chunk, value head) in the scratch: W, Qg, Kf [64][dk], U [64][dv], QK [64][64], e^(g_L)
+ * (padded to 8 floats: every array starts on 32 bytes, as WMMA loads want) */
+static __host__ __device__ size_t ck_stride(int dk, int dv) {
+    return 3 * (size_t)CK_CH * dk + (size_t)CK_CH * dv + (size_t)CK_CH * CK_CH + 8;
+}
+
+/* the chunk table after the float region: [0] chunks, [1 + 3k ..] (entry, first row, length) of chunk k,
+ * [1 + 3 cap + e] the first chunk of entry e */
+static __host__ __device__ int *ck_table(const cu_gdn_args &a) {
+    return (int *)((float *)a.chunk_scr + (size_t)a.chunk_cap * a.Hv * ck_stride(a.dk, a.dv));
+}
+
+/* the entries the chunked form serves (the rest are recurrent_kernel's: decode tokens, speculative windows)
+ */
+static __device__ __forceinline__ bool ck_entry(const cu_gdn_args &a, int e) {
+    int n = a.meta.e_n[e], pos0 = a.meta.e_len[e];
+    return n > 0 && !(n == 1 && pos0 > 0) && !(a.has_spec && a.meta.e_spec[e]);
+}
+
+__global__ void ck_plan_kernel(cu_gdn_args a) {
+    if (threadIdx.x) return;
+    int *tab = ck_table(a), *ch = tab + 1, *first = tab + 1 + 3 * (size_t)a.chunk_cap, cnt = 0;
+    for (int e = 0; e < a.NE; e++) {
+        first[e] = cnt;
+        if (!ck_entry(a, e)) continue;
+        int n = a.meta.e_n[e], pos0 = a.meta.e_len[e];
+        for (int c0 = 0, L; c0 < n; c0 += L, cnt++) {
+            L = CK_CH - (pos0 + c0) % CK_CH;
+            if (L > n - c0) L = n - c0;
+            if (cnt < a.chunk_cap) ch[3 * cnt] = e, ch[3 * cnt + 1] = c0, ch[3 * cnt + 2] = L;
+        }
+    }
+    tab[0] = cnt < a.chunk_cap ? cnt : a.chunk_cap; /* cu_gdn_chunked_phased launches only when all fit */
+}
+
+/* shared memory of prep in floats: K [64][dk + 4], Q then V [64][max(dk, dv) + 4], A, T [64][68], X [3][256],
+ * gam, bet, egam, fl [64] */
+static size_t ck_prep_smem_floats(int dk, int dv) {
+    int xw = dk > dv ? dk : dv;
+    return (size_t)CK_CH * (dk + 4) + (size_t)CK_CH * (xw + 4) + 2 * (size_t)CK_CH * CK_GLD + 3 * 256 +
+           4 * CK_CH;
+}
+
+template <int P> __global__ void __launch_bounds__(256) ck_prep_kernel(cu_gdn_args a) {
+    extern __shared__ __align__(128) float smp[];
+    const int *tab = ck_table(a);
+    int k = blockIdx.x, h = blockIdx.y;
+    if (k >= tab[0]) return;
+    int e = tab[1 + 3 * k], c0 = tab[2 + 3 * k], L = tab[3 + 3 * k];
+    const int dk = a.dk, dv = a.dv, tid = threadIdx.x, nt = blockDim.x, warp = tid >> 5, nw = nt >> 5;
+    const int KLD = dk + 4, XLD = (dk > dv ? dk : dv) + 4;
+    int r0 = a.meta.e_row0[e] + c0, kh = h / (a.Hv / a.Hk), kd = a.Hk * dk, C = a.C;
+    float *Ks = smp, *Xs = Ks + CK_CH * KLD, *Am = Xs + CK_CH * XLD, *Tm = Am + CK_CH * CK_GLD;
+    float *X = Tm + CK_CH * CK_GLD, *gam = X + 3 * 256, *bet = gam + CK_CH, *egam = bet + CK_CH,
+          *fl = egam + CK_CH;
+    float *W = (float *)a.chunk_scr + ((size_t)k * a.Hv + h) * ck_stride(dk, dv);
+    float *Qg = W + CK_CH * dk, *Kf = Qg + CK_CH * dk, *U = Kf + CK_CH * dk, *QK = U + CK_CH * dv;
+    float *misc = QK + CK_CH * CK_CH;
+    for (int idx = tid; idx < CK_CH * dk; idx += nt) {
+        int t = idx / dk, i = idx % dk;
+        float qv = 0.0f, kv = 0.0f;
+        if (t < L) {
+            const float *row = a.conv_out + (size_t)(r0 + t) * C;
+            qv = row[(size_t)kh * dk + i];
+            kv = row[kd + (size_t)kh * dk + i];
+        }
+        Xs[t * XLD + i] = qv;
+        Ks[t * KLD + i] = kv;
+    }
+    if (tid == 0) {
+        /* the CPU's cumulative sum and factor expressions; rows past L contribute nothing */
+        float acc = 0.0f;
+        for (int t = 0; t < L; t++) {
+            const float *bg = a.bg + (size_t)(r0 + t) * 2 * a.Hv;
+            acc += bg[a.Hv + h];
+            gam[t] = acc;
+            bet[t] = bg[h];
+        }
+        for (int t = 0; t < CK_CH; t++) {
+            egam[t] = t < L ? expf(gam[t]) : 0.0f;
+            fl[t] = t < L ? expf(gam[L - 1] - gam[t]) : 0.0f;
+            if (t >= L) gam[t] = 0.0f, bet[t] = 0.0f;
+        }
+        misc[0] = egam[L - 1];
+    }
+    __syncthreads();
+    /* A = K K^T into shared memory, Q K^T straight to the scratch: 2 x 16 tiles (those above the diagonal
+     * are zeros) */
+    for (int t = warp; t < 32; t += nw) {
+        int which = t >> 4, mi = (t >> 2) & 3, ni = t & 3;
+        tc_facc acc;
+        wmma::fill_fragment(acc, 0.0f);
+        if (ni <= mi)
+            tc_mma<P, wmma::row_major, wmma::col_major>(acc,
+                                                        (which ? Xs + mi * 16 * XLD : Ks + mi * 16 * KLD),
+                                                        which ? XLD : KLD, Ks + ni * 16 * KLD, KLD, dk);
+        if (which)
+            wmma::store_matrix_sync(QK + mi * 16 * CK_CH + ni * 16, acc, CK_CH, wmma::mem_row_major);
+        else
+            wmma::store_matrix_sync(Am + mi * 16 * CK_GLD + ni * 16, acc, CK_GLD, wmma::mem_row_major);
+    }
+    __syncthreads();
+    for (int idx = tid; idx < CK_CH * CK_CH; idx += nt) {
+        int r = idx / CK_CH, s = idx % CK_CH;
+        float d = r < L && s <= r ? expf(gam[r] - gam[s]) : 0.0f;
+        Am[r * CK_GLD + s] = s < r ? bet[r] * d * Am[r * CK_GLD + s] : 0.0f;
+        QK[idx] = d * QK[idx];
+    }
+    for (int idx = tid; idx < CK_CH * dk; idx += nt) {
+        int t = idx / dk, i = idx % dk;
+        Qg[idx] = Xs[t * XLD + i] * egam[t];
+        Kf[idx] = Ks[t * KLD + i] * fl[t];
+    }
+    __syncthreads();
+    /* T = (I + A)^-1: thread (b, c) of the first 64 inverts column c of diagonal block b by substitution;
+     * the rest zero the blocks above the diagonal and bring V in over Q (read by the Q K^T products above) */
+    if (tid < 64) {
+        int base = (tid >> 4) * 16, c = tid & 15;
+        for (int r = 0; r < 16; r++) {
+            float v = r == c ? 1.0f : 0.0f;
+            for (int s = c; s < r; s++)
+                v = fmaf(-Am[(base + r) * CK_GLD + base + s], Tm[(base + s) * CK_GLD + base + c], v);
+            Tm[(base + r) * CK_GLD + base + c] = v;
+        }
+    }
+    for (int idx = tid; idx < CK_CH * CK_CH; idx += nt) {
+        int r = idx / CK_CH, s = idx % CK_CH;
+        if (s / 16 > r / 16) Tm[r * CK_GLD + s] = 0.0f;
+    }
+    for (int idx = tid; idx < CK_CH * dv; idx += nt) {
+        int t = idx / dv, j = idx % dv;
+        Xs[t * XLD + j] =
+            t < L ? a.conv_out[(size_t)(r0 + t) * C + 2 * (size_t)kd + (size_t)h * dv + j] : 0.0f;
+    }
+    __syncthreads();
+    for (int bi = 1; bi < 4; bi++) {
+        /* X_j = sum_{k=j}^{bi-1} A_{bi,k} T_{k,j} for j < bi */
+        for (int idx = tid; idx < bi * 256; idx += nt) {
+            int bj = idx >> 8, rr = (idx >> 4) & 15, cc = idx & 15;
+            float x = 0.0f;
+            for (int m = bj * 16; m < bi * 16; m++)
+                x = fmaf(Am[(bi * 16 + rr) * CK_GLD + m], Tm[m * CK_GLD + bj * 16 + cc], x);
+            X[idx] = x;
+        }
+        __syncthreads();
+        /* T_{bi,j} = -T_{bi,bi} X_j */
+        for (int idx = tid; idx < bi * 256; idx += nt) {
+            int bj = idx >> 8, rr = (idx >> 4) & 15, cc = idx & 15;
+            float v = 0.0f;
+            for (int m = 0; m < 16; m++)
+                v = fmaf(Tm[(bi * 16 + rr) * CK_GLD + bi * 16 + m], X[bj * 256 + m * 16 + cc], v);
+            Tm[(bi * 16 + rr) * CK_GLD + bj * 16 + cc] = -v;
+        }
+        __syncthreads();
+    }
+    /* Am <- T diag(beta e^g) (A is no longer needed), T <- T diag(beta) */
+    for (int idx = tid; idx < CK_CH * CK_CH; idx += nt) {
+        int r = idx / CK_CH, s = idx % CK_CH;
+        float tv = Tm[r * CK_GLD + s];
+        Am[r * CK_GLD + s] = tv * (bet[s] * egam[s]);
+        Tm[r * CK_GLD + s] = tv * bet[s];
+    }
+    __syncthreads();
+    /* W = (T diag(beta e^g)) K: 4 x dk/16 tiles; U = (T diag(beta)) V: 4 x dv/16 tiles */
+    const int mt_k = dk / 16, mt_v = dv / 16;
+    for (int t = warp; t < 4 * (mt_k + mt_v); t += nw) {
+        tc_facc acc;
+        wmma::fill_fragment(acc, 0.0f);
+        if (t < 4 * mt_k) {
+            int mi = t / mt_k, ni = t % mt_k;
+            tc_mma<P, wmma::row_major, wmma::row_major>(acc, Am + mi * 16 * CK_GLD, CK_GLD, Ks + ni * 16, KLD,
+                                                        CK_CH);
+            wmma::store_matrix_sync(W + mi * 16 * dk + ni * 16, acc, dk, wmma::mem_row_major);
+        } else {
+            int t2 = t - 4 * mt_k, mi = t2 / mt_v, ni = t2 % mt_v;
+            tc_mma<P, wmma::row_major, wmma::row_major>(acc, Tm + mi * 16 * CK_GLD, CK_GLD, Xs + ni * 16, XLD,
+                                                        CK_CH);
+            wmma::store_matrix_sync(U + mi * 16 * dv + ni * 16, acc, dv, wmma::mem_row_major);
+        }
+    }
+}
+
+/* shared memory of state in floats: S [dk][DT + 4], D and O [64][DT + 4] */
+static size_t ck_state_smem_floats(int dk, int DT) {
+    return ((size_t)dk + 2 * CK_CH) * (DT + 4);
+}
+
+/* DT value columns per block, DT / 4 warps: 2 x (64 / 16) x (DT / 16) tiles in the first step of a chunk,
+ * (4 + dk / 16) x (DT / 16) in the second, 2 and 3 a warp at dk 128 */
+template <int P, int DT> __global__ void __launch_bounds__(DT * 8) ck_state_kernel(cu_gdn_args a) {
+    extern __shared__ __align__(128) float sms[];
+    int e = blockIdx.z;
+    if (!ck_entry(a, e)) return;
+    const int NT = DT / 16, VLD = DT + 4;
+    const int dk = a.dk, dv = a.dv, tid = threadIdx.x, nt = blockDim.x, warp = tid >> 5, nw = nt >> 5;
+    int h = blockIdx.y, j0 = blockIdx.x * DT, n = a.meta.e_n[e], pos0 = a.meta.e_len[e];
+    int r0 = a.meta.e_row0[e];
+    float *Ss = sms, *Ds = Ss + (size_t)dk * VLD, *Os = Ds + CK_CH * VLD;
+    float *Sg = a.rec_state + (((size_t)a.meta.e_slot[e] * a.n_lin + a.lin) * a.Hv + h) * (size_t)dk * dv;
+    for (int idx = tid; idx < dk * DT; idx += nt) {
+        int i = idx / DT, jj = idx % DT;
+        Ss[i * VLD + jj] = j0 + jj < dv ? Sg[(size_t)i * dv + j0 + jj] : 0.0f;
+    }
+    const int *tab = ck_table(a);
+    int k = tab[1 + 3 * (size_t)a.chunk_cap + e];
+    const size_t stride = ck_stride(dk, dv);
+    const int mt_k = dk / 16;
+    for (int c0 = 0, L; c0 < n; c0 += L, k++) {
+        L = CK_CH - (pos0 + c0) % CK_CH;
+        if (L > n - c0) L = n - c0;
+        const float *W = (const float *)a.chunk_scr + ((size_t)k * a.Hv + h) * stride;
+        const float *Qg = W + CK_CH * dk, *Kf = Qg + CK_CH * dk, *U = Kf + CK_CH * dk, *QK = U + CK_CH * dv;
+        float egl = QK[CK_CH * CK_CH];
+        __syncthreads(); /* the previous chunk's readers of Ds and Os are done */
+        for (int idx = tid; idx < CK_CH * DT; idx += nt) {
+            int t = idx / DT, jj = idx % DT;
+            Ds[t * VLD + jj] = j0 + jj < dv ? U[(size_t)t * dv + j0 + jj] : 0.0f;
+        }
+        __syncthreads();
+        /* D = U - W S (each warp its own tiles of D in place), Qg S into Os */
+        for (int t = warp; t < 8 * NT; t += nw) {
+            int t2 = t % (4 * NT), mi = t2 / NT, ni = t2 % NT;
+            tc_facc acc;
+            if (t < 4 * NT) {
+                wmma::load_matrix_sync(acc, Ds + mi * 16 * VLD + ni * 16, VLD, wmma::mem_row_major);
+                tc_mma<P, wmma::row_major, wmma::row_major>(acc, W + mi * 16 * dk, dk, Ss + ni * 16, VLD, dk,
+                                                            true);
+                wmma::store_matrix_sync(Ds + mi * 16 * VLD + ni * 16, acc, VLD, wmma::mem_row_major);
+            } else {
+                wmma::fill_fragment(acc, 0.0f);
+                tc_mma<P, wmma::row_major, wmma::row_major>(acc, Qg + mi * 16 * dk, dk, Ss + ni * 16, VLD,
+                                                            dk);
+                wmma::store_matrix_sync(Os + mi * 16 * VLD + ni * 16, acc, VLD, wmma::mem_row_major);
+            }
+        }
+        __syncthreads();
+        /* O += QK D (tiles of QK above the diagonal are zeros: K stops at the diagonal tile); S <- e^(g_L) S
+         * + Kf^T D, each warp its own tiles of S in place */
+        for (int t = warp; t < (4 + mt_k) * NT; t += nw) {
+            tc_facc acc;
+            if (t < 4 * NT) {
+                int mi = t / NT, ni = t % NT;
+                wmma::load_matrix_sync(acc, Os + mi * 16 * VLD + ni * 16, VLD, wmma::mem_row_major);
+                tc_mma<P, wmma::row_major, wmma::row_major>(acc, QK + mi * 16 * CK_CH, CK_CH, Ds + ni * 16,
+                                                            VLD, (mi + 1) * 16);
+                wmma::store_matrix_sync(Os + mi * 16 * VLD + ni * 16, acc, VLD, wmma::mem_row_major);
+            } else {
+                int t2 = t - 4 * NT, mi = t2 / NT, ni = t2 % NT;
+                wmma::load_matrix_sync(acc, Ss + mi * 16 * VLD + ni * 16, VLD, wmma::mem_row_major);
+#pragma unroll
+                for (int u = 0; u < acc.num_elements; u++) acc.x[u] *= egl;
+                tc_mma<P, wmma::col_major, wmma::row_major>(acc, Kf + mi * 16, dk, Ds + ni * 16, VLD, CK_CH);
+                wmma::store_matrix_sync(Ss + mi * 16 * VLD + ni * 16, acc, VLD, wmma::mem_row_major);
+            }
+        }
+        __syncthreads();
+        for (int idx = tid; idx < L * DT; idx += nt) {
+            int r = idx / DT, jj = idx % DT;
+            if (j0 + jj < dv)
+                a.o[(size_t)(r0 + c0 + r) * a.Hv * dv + (size_t)h * dv + j0 + jj] = Os[r * VLD + jj];
+        }
+    }
+    __syncthreads();
+    for (int idx = tid; idx < dk * DT; idx += nt) {
+        int i = idx / DT, jj = idx % DT;
+        if (j0 + jj < dv) Sg[(size_t)i * dv + j0 + jj] = Ss[i * VLD + jj];
+    }
+}
+
+extern "C" int cu_gdn_chunk_cap(int T, int NE) {
+    if (NE > T) NE = T;
+    return T / CK_CH + 2 * NE;
+}
+
+extern "C" size_t cu_gdn_chunk_bytes(int cap, int T, int Hv, int dk, int dv) {
+    return (size_t)cap * Hv * ck_stride(dk, dv) * sizeof(float) +
+           (1 + 3 * (size_t)cap + (size_t)T) * sizeof(int);
+}
+
+template <int P> static int ck_set_smem(int dk, int dv) {
+    int p = (int)(ck_prep_smem_floats(dk, dv) * sizeof(float));
+    return cudaFuncSetAttribute(ck_prep_kernel<P>, cudaFuncAttributeMaxDynamicSharedMemorySize, p) ==
+               cudaSuccess &&
+           cudaFuncSetAttribute(ck_state_kernel<P, 16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)(ck_state_smem_floats(dk, 16) * sizeof(float))) == cudaSuccess &&
+           cudaFuncSetAttribute(ck_state_kernel<P, 32>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)(ck_state_smem_floats(dk, 32) * sizeof(float))) == cudaSuccess;
+}
+
+extern "C" int cu_gdn_chunk_init(int dk, int dv) {
+    int dev = 0, optin = 0;
+    if (dk % 16 || dk > 128 || dk < 16 || dv % 16 || dv > 256 || dv < 16) return 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return 0;
+    cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    if (ck_prep_smem_floats(dk, dv) * sizeof(float) > (size_t)optin ||
+        ck_state_smem_floats(dk, 32) * sizeof(float) > (size_t)optin)
+        return 0;
+    return ck_set_smem<1>(dk, dv) && ck_set_smem<3>(dk, dv);
+}
+
+/* 0 when this batch cannot take the phased form (no scratch, or more chunks than it holds): the caller runs
+ * deltanet_tc.cu's kernel instead */
+extern "C" int cu_gdn_chunked_phased(cu_ctx *c, const cu_gdn_args *a) {
+    long bound = (long)a->T / CK_CH + 2L * a->NE; /* an entry of n rows spans at most n / 64 + 2 chunks */
+    if (!a->chunk_scr || bound > a->chunk_cap) return 0;
+    int P = cu_tf32_passes() == 1 ? 1 : 3, DT = a->chunk_dt == 32 ? 32 : 16;
+    size_t sp = ck_prep_smem_floats(a->dk, a->dv) * sizeof(float);
+    size_t ss = ck_state_smem_floats(a->dk, DT) * sizeof(float);
+    dim3 gp((unsigned)bound, (unsigned)a->Hv), gs(cdiv((size_t)a->dv, DT), (unsigned)a->Hv, (unsigned)a->NE);
+    ck_plan_kernel<<<1, 32, 0, c->stream>>>(*a);
+    if (P == 1) {
+        ck_prep_kernel<1><<<gp, 256, sp, c->stream>>>(*a);
+        if (DT == 32)
+            ck_state_kernel<1, 32><<<gs, 256, ss, c->stream>>>(*a);
+        else
+            ck_state_kernel<1, 16><<<gs, 128, ss, c->stream>>>(*a);
+    } else {
+        ck_prep_kernel<3><<<gp, 256, sp, c->stream>>>(*a);
+        if (DT == 32)
+            ck_state_kernel<3, 32><<<gs, 256, ss, c->stream>>>(*a);
+        else
+            ck_state_kernel<3, 16><<<gs, 128, ss, c->stream>>>(*a);
+    }
+    return 1;
+}
