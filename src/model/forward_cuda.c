@@ -196,8 +196,9 @@ struct cuda_fwd {
     int tiles_ok; /* the tiled prefill attention kernel fits this head dim */
     /* prefill kernels on the tensor cores (CINFER_CUDA_PREFILL), when they serve the model */
     int gdn_tc, attn_tc; /* gdn_tc: cu_gdn_args.tc (2: the phased form, in gdn_chunk) */
-    unsigned
-        *gdn_cnt; /* [max_tokens][Hk] the fused DeltaNet decode kernel's counters (CINFER_CUDA_GDN_FUSED) */
+    /* the fused decode kernels' counters, or NULL when off: [max_tokens][Hk] DeltaNet
+     * (CINFER_CUDA_GDN_FUSED), [max_tokens][Hq] attention (CINFER_CUDA_ATTN_FUSED) */
+    unsigned *gdn_cnt, *attn_cnt;
     void *gdn_chunk; /* the phased DeltaNet prefill's scratch (cu_gdn_chunk_bytes), or NULL */
     int gdn_chunk_cap, gdn_chunk_dt;
     /* device sampling (cuda_fwd_sample) of the last call's logits rows */
@@ -590,6 +591,17 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     if (gf)
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_GDN_FUSED=%s: fused deltanet decode %s\n", gf,
                 f->gdn_cnt ? "on" : "off");
+    /* CINFER_CUDA_ATTN_FUSED: "1" decode-only steps run each attention layer as one kernel (q/k norm, RoPE
+     * and the KV write in its prologue, the merge of the splits in the last split's block), "0" or unset
+     * three */
+    const char *af = getenv("CINFER_CUDA_ATTN_FUSED");
+    if (m->n_full > 0 && af && !strcmp(af, "1") &&
+        (rc = dev_alloc(f, (void **)&f->attn_cnt, (size_t)p->max_tokens * m->Hq * sizeof(unsigned),
+                        &f->bytes_scratch, err, errlen)))
+        goto fail;
+    if (af)
+        fprintf(stderr, "cinfer cuda: CINFER_CUDA_ATTN_FUSED=%s: fused attention decode %s\n", af,
+                f->attn_cnt ? "on" : "off");
     if (m->n_lin > 0 && p->spec_window > 0) {
         size_t sr = (size_t)p->n_slots * m->n_lin * (size_t)p->spec_window * CU_SPEC_REC(m->C, m->Hv) * 4;
         if ((rc = dev_alloc(f, (void **)&f->spec_rec, sr, &f->bytes_pools, err, errlen))) goto fail;
@@ -775,6 +787,8 @@ static void attention(cuda_fwd *f, const cu_layer *cl, int full, const run_shape
     a.span = rs->span, a.nsplit = rs->nsplit, a.eps = (float)m->cfg.rms_norm_eps, a.meta = rs->meta;
     a.tiles = rs->tiles, a.n_tiles = rs->n_tiles, a.tc = f->attn_tc;
     a.rope3 = rs->rope3, a.mrope_h = m->cfg.mrope_section[1], a.mrope_w = m->cfg.mrope_section[2];
+    /* decode-only steps of the model (the MTP head's calls leave no_chunked 0) */
+    a.dec_cnt = rs->no_chunked && !rs->has_spec && !rs->tiles ? f->attn_cnt : NULL;
     cu_attn_layer(f->cu, &a);
     mark(f, CP_GEMM_OUT);
     gemm(f, f->out, f->act, cl->w_out, T, H, m->Hq * m->hd);

@@ -1,10 +1,13 @@
-/* test_cuda_fused.c — the fused DeltaNet decode kernel (cu_gdn_args.dec_cnt, CINFER_CUDA_GDN_FUSED) against
+/* test_cuda_fused.c — the fused decode kernels. DeltaNet (cu_gdn_args.dec_cnt, CINFER_CUDA_GDN_FUSED) against
  * the four-kernel path and the CPU: after a chunked prefill, several decode steps of one entry and of four
  * entries in scattered slots must give the four kernels' outputs, conv windows and recurrent states BIT FOR
  * BIT (the speculative rollback and graph-vs-eager tests rely on one arithmetic per decode token), and the
  * CPU's within the f32 bound (||d|| / ||ref|| <= 1e-5). Shapes: a tiny one (3 value heads per key head, dv
  * not a multiple of the 32-column block), the 4B layer (Hk 16, Hv 32, dk = dv = 128) and the 27B layer
- * (Hk 16, Hv 48). GPU only: skips without a CUDA build or device. */
+ * (Hk 16, Hv 48). Attention (cu_attn_args.dec_cnt, CINFER_CUDA_ATTN_FUSED): decode rows through the one
+ * fused kernel against the three kernels (outputs and KV pools bitwise) and an f64 CPU reference, one split
+ * and several (the merge in the last block), 4B's head_dim 256. GPU only: skips without a CUDA build or
+ * device. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -336,6 +339,173 @@ TEST(cuda_fused_gdn_27b) {
     if (cuda_devices() < 1) SKIP("no CUDA device: skipped");
     fused_case("27B", 16, 48, 128, 128, one, N_OF(one), 3);
     fused_case("27B", 16, 48, 128, 128, four, N_OF(four), 2);
+}
+
+/* ---- attention decode: attn_kernel<FUSED> (cu_attn_args.dec_cnt, CINFER_CUDA_ATTN_FUSED) ---- */
+
+static void rope_ref(float *x, int R, int pos, const float *inv) {
+    for (int i = 0; i < R / 2; i++) {
+        float ang = (float)pos * inv[i], cs = cosf(ang), sn = sinf(ang), p = x[i], q = x[i + R / 2];
+        x[i] = p * cs - q * sn;
+        x[i + R / 2] = q * cs + p * sn;
+    }
+}
+
+/* decode rows of entries with lens[i] earlier positions (noise in the pool), `steps` steps: the three kernels
+ * on one copy of the pools, the fused kernel on another (outputs and pools bitwise equal), an f64 CPU
+ * reference (within 1e-5). span: positions per split (1 << 20: one split); the splits are counted from the
+ * longest entry, so shorter ones have empty splits (as in a decode graph kept over several steps) */
+static void attn_fused_case(int Hq, int Hkv, int hd, int span, const int *lens, int NE, int steps) {
+    char err[256];
+    cu_ctx *c;
+    REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
+    int n_full = 2, full = 1, R = hd / 4, kvd = Hkv * hd, ld = Hq * 2 * hd + 2 * kvd + 8, n_blocks = 64,
+        g = 0;
+    float eps = 1e-6f;
+    for (int i = 0; i < NE; i++) g += (lens[i] + steps + 15) / 16;
+    while (n_blocks < g) n_blocks *= 2;
+    int **tables = malloc((size_t)NE * sizeof(int *));
+    g = 0;
+    for (int i = 0; i < NE; i++) {
+        int k = (lens[i] + steps + 15) / 16;
+        tables[i] = malloc((size_t)k * sizeof(int));
+        for (int j = 0; j < k; j++, g++) tables[i][j] = (g * 5 + 3) % n_blocks; /* a permutation */
+    }
+    size_t pool_n = (size_t)n_full * n_blocks * 16 * kvd;
+    float *kp = rnd(pool_n, 1.0f), *vp = rnd(pool_n, 1.0f);
+    float *qn = rnd((size_t)hd, 0.3f), *kn = rnd((size_t)hd, 0.3f), *inv = malloc((size_t)R / 2 * 4);
+    for (int i = 0; i < hd; i++) qn[i] += 1.0f, kn[i] += 1.0f;
+    for (int j = 0; j < R / 2; j++) inv[j] = 1.0f / (float)pow(1e7, (double)((float)(2 * j) / (float)R));
+    float *dkp_u = dup_dev(kp, pool_n * 4), *dvp_u = dup_dev(vp, pool_n * 4);
+    float *dkp_f = dup_dev(kp, pool_n * 4), *dvp_f = dup_dev(vp, pool_n * 4);
+    float *dqn = dup_dev(qn, (size_t)hd * 4), *dkn = dup_dev(kn, (size_t)hd * 4);
+    float *dinv = dup_dev(inv, (size_t)R / 2 * 4);
+    unsigned *cnt = NULL;
+    REQUIRE(cu_alloc((void **)&cnt, (size_t)NE * Hq * sizeof(unsigned), err, sizeof err) == 0);
+    int maxlen = 0;
+    for (int i = 0; i < NE; i++) maxlen = lens[i] > maxlen ? lens[i] : maxlen;
+    size_t no = (size_t)NE * Hq * hd;
+    float *o_r = malloc(no * 4), *q = malloc((size_t)hd * 4);
+    double worst = 0;
+    int nsplit = 0;
+#define KROW(P, i, pos) (P + (((size_t)full * n_blocks + tables[i][(pos) / 16]) * 16 + (pos) % 16) * kvd)
+    for (int s = 0; s < steps; s++) {
+        int maxpos = maxlen + s;
+        nsplit = (maxpos + span) / span;
+        float *qkv = rnd((size_t)NE * ld, 1.0f);
+        /* CPU: the rows' k and v into the pools, then softmax attention in f64 */
+        for (int i = 0; i < NE; i++) {
+            int pos = lens[i] + s;
+            const float *row = qkv + (size_t)i * ld;
+            for (int h = 0; h < Hkv; h++) {
+                float *k = KROW(kp, i, pos) + (size_t)h * hd;
+                ops_rmsnorm(k, row + (size_t)Hq * 2 * hd + (size_t)h * hd, kn, hd, eps);
+                rope_ref(k, R, pos, inv);
+            }
+            memcpy(KROW(vp, i, pos), row + (size_t)Hq * 2 * hd + kvd, (size_t)kvd * 4);
+            for (int h = 0; h < Hq; h++) {
+                int kvh = h / (Hq / Hkv);
+                ops_rmsnorm(q, row + (size_t)h * 2 * hd, qn, hd, eps);
+                rope_ref(q, R, pos, inv);
+                const float *gate = row + (size_t)h * 2 * hd + hd;
+                double *sc = malloc((size_t)(pos + 1) * sizeof(double)), mx = -1e300, sum = 0;
+                for (int u = 0; u <= pos; u++) {
+                    const float *k = KROW(kp, i, u) + (size_t)kvh * hd;
+                    double d = 0;
+                    for (int t = 0; t < hd; t++) d += (double)q[t] * k[t];
+                    sc[u] = d / sqrt((double)hd);
+                    mx = sc[u] > mx ? sc[u] : mx;
+                }
+                for (int u = 0; u <= pos; u++) sum += (sc[u] = exp(sc[u] - mx));
+                for (int t = 0; t < hd; t++) {
+                    double o = 0;
+                    for (int u = 0; u <= pos; u++) o += sc[u] / sum * KROW(vp, i, u)[(size_t)kvh * hd + t];
+                    o_r[((size_t)i * Hq + h) * hd + t] = (float)(o * (1.0 / (1.0 + exp(-(double)gate[t]))));
+                }
+                free(sc);
+            }
+        }
+        /* metadata with block tables (dev_meta has none) */
+        size_t nb = 0;
+        for (int i = 0; i < NE; i++) nb += (size_t)(lens[i] + s + 16) / 16;
+        size_t o_pos = NE, o_ent = 2 * (size_t)NE, o_len = 3 * (size_t)NE, o_n = o_len + NE, o_r0 = o_n + NE,
+               o_slot = o_r0 + NE, o_boff = o_slot + NE, o_lrow = o_boff + NE, o_spec = o_lrow + NE,
+               o_blk = o_spec + NE, tot = o_blk + nb;
+        int *hm = calloc(tot + 1, sizeof(int));
+        for (int i = 0, bo = 0; i < NE; i++) {
+            int k = (lens[i] + s + 16) / 16;
+            hm[o_pos + i] = lens[i] + s, hm[o_ent + i] = i, hm[o_len + i] = lens[i] + s, hm[o_n + i] = 1;
+            hm[o_r0 + i] = i, hm[o_boff + i] = bo, hm[o_lrow + i] = i;
+            for (int j = 0; j < k; j++) hm[o_blk + bo + j] = tables[i][j];
+            bo += k;
+        }
+        int *dm = dup_dev(hm, (tot + 1) * sizeof(int));
+        cu_meta meta = {dm,          dm + o_pos,  dm + o_ent,  dm + o_len, dm + o_n,    dm + o_r0,
+                        dm + o_slot, dm + o_boff, dm + o_lrow, dm + o_blk, dm + o_spec, NULL};
+        float *out[2] = {NULL, NULL}, *qkv_after[2] = {NULL, NULL};
+        for (int fused = 0; fused < 2; fused++) {
+            cu_attn_args a = {0};
+            a.T = NE, a.Hq = Hq, a.Hkv = Hkv, a.hd = hd, a.rope_dim = R, a.n_blocks = n_blocks, a.full = full;
+            a.qkv = dup_dev(qkv, (size_t)NE * ld * 4), a.ld = ld, a.q_norm = dqn, a.k_norm = dkn;
+            a.inv_freq = dinv, a.kpool = fused ? dkp_f : dkp_u, a.vpool = fused ? dvp_f : dvp_u;
+            a.o = NULL, a.part = NULL;
+            cu_alloc((void **)&a.o, no * 4, err, sizeof err);
+            cu_alloc((void **)&a.part, (size_t)NE * Hq * nsplit * (hd + 2) * 4, err, sizeof err);
+            cu_fill_f32(c, a.o, no, NAN), cu_fill_f32(c, a.part, (size_t)NE * Hq * nsplit * (hd + 2), NAN);
+            a.span = span, a.nsplit = nsplit, a.eps = eps, a.meta = meta;
+            a.dec_cnt = fused ? cnt : NULL;
+            cu_attn_layer(c, &a);
+            if (cu_sync(c, err, sizeof err)) test_fail(__FILE__, __LINE__, "cu_attn_layer: %s", err);
+            out[fused] = get(a.o, no);
+            qkv_after[fused] = get(a.qkv, (size_t)NE * ld);
+            cu_free(a.qkv), cu_free(a.o), cu_free(a.part);
+        }
+        /* the three kernels norm q in place in the row; the fused kernel leaves the row as it was */
+        CHECK_MSG(memcmp(qkv_after[0], qkv, (size_t)NE * ld * 4) &&
+                      !memcmp(qkv_after[1], qkv, (size_t)NE * ld * 4),
+                  "attention hd=%d step %d: the fused kernel did not run", hd, s);
+        size_t at = 0;
+        CHECK_MSG(same_bits(out[1], out[0], no, &at),
+                  "attention hd=%d span %d step %d: output differs at %zu: %.9g vs %.9g", hd, span, s, at,
+                  out[1][at], out[0][at]);
+        double r = rel(out[1], o_r, no);
+        worst = r > worst ? r : worst;
+        CHECK_MSG(r <= 1e-5, "attention hd=%d span %d step %d: fused vs cpu %.3g", hd, span, s, r);
+        for (int t = 0; t < 2; t++) free(out[t]), free(qkv_after[t]);
+        free(hm), free(qkv);
+        cu_free(dm);
+    }
+    float *ku = get(dkp_u, pool_n), *kf = get(dkp_f, pool_n), *vu = get(dvp_u, pool_n),
+          *vf = get(dvp_f, pool_n);
+    size_t at = 0;
+    CHECK_MSG(same_bits(kf, ku, pool_n, &at), "attention hd=%d: K pools differ at %zu", hd, at);
+    CHECK_MSG(same_bits(vf, vu, pool_n, &at), "attention hd=%d: V pools differ at %zu", hd, at);
+    double rk = rel(kf, kp, pool_n);
+    CHECK_MSG(rk <= 1e-5 && !memcmp(vf, vp, pool_n * 4), "attention hd=%d: pools vs cpu %.3g", hd, rk);
+    unsigned *hc = malloc((size_t)NE * Hq * sizeof(unsigned));
+    REQUIRE(cu_download(hc, cnt, (size_t)NE * Hq * sizeof(unsigned), err, sizeof err) == 0);
+    int zero = 1;
+    for (int i = 0; i < NE * Hq; i++) zero &= hc[i] == 0;
+    CHECK_MSG(zero, "attention hd=%d: the fused kernel's counters were not set back to 0", hd);
+    printf("     attention Hq %d Hkv %d hd %d, %d rows, %d splits, %d steps: fused == three kernels bitwise "
+           "(outputs, pools); vs cpu <= %.2e, K pool %.2e\n",
+           Hq, Hkv, hd, NE, nsplit, steps, worst, rk);
+#undef KROW
+    free(hc), free(ku), free(kf), free(vu), free(vf);
+    for (int i = 0; i < NE; i++) free(tables[i]);
+    free(tables), free(kp), free(vp), free(qn), free(kn), free(inv), free(o_r), free(q);
+    cu_free(dkp_u), cu_free(dvp_u), cu_free(dkp_f), cu_free(dvp_f), cu_free(dqn), cu_free(dkn), cu_free(dinv),
+        cu_free(cnt);
+    cu_ctx_destroy(c);
+}
+
+TEST(cuda_fused_attention_decode) {
+    if (cuda_devices() < 1) SKIP("no CUDA device: skipped");
+    static const int l1[] = {517}, l4[] = {20, 300, 100, 70};
+    attn_fused_case(16, 4, 256, 64, l1, 1, 3);      /* the 4B shape at batch 1: 9 splits */
+    attn_fused_case(16, 4, 256, 1 << 20, l1, 1, 2); /* one split: no merge */
+    attn_fused_case(4, 2, 64, 64, l4, 4, 3);        /* empty splits for the shorter rows */
+    attn_fused_case(8, 1, 128, 1 << 20, l4, 4, 2);
 }
 
 #else

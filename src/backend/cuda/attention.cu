@@ -11,10 +11,39 @@ __device__ __forceinline__ float *kv_row(float *pool, const cu_attn_args &a, con
     return pool + (((size_t)a.full * a.n_blocks + b) * KVB + (size_t)(pos % KVB)) * (size_t)(a.Hkv * a.hd);
 }
 
+/* rmsnorm(x) * w, then the partial RoPE at position pos (row r's streams when multimodal), of one head by
+ * one warp into y (hd floats). attn_prep_kernel and the fused decode kernel both run it: the same bits. */
+__device__ __forceinline__ void norm_rope_warp(const cu_attn_args &a, const float *x, const float *w,
+                                               float *y, int r, int pos, int lane) {
+    int hd = a.hd, half = a.rope_dim / 2;
+    float ss = 0.0f;
+    for (int i = lane; i < hd; i += 32) {
+        float v = x[i];
+        y[i] = v;
+        ss = fmaf(v, v, ss);
+    }
+    ss = warp_sum(ss);
+    float inv = 1.0f / sqrtf(ss / (float)hd + a.eps);
+    for (int i = lane; i < hd; i += 32) y[i] = (y[i] * inv) * w[i];
+    __syncwarp();
+    for (int i = lane; i < half; i += 32) {
+        int rp = pos;
+        if (a.rope3) {
+            int st = (i % 3 == 1 && i < 3 * a.mrope_h) ? 1 : (i % 3 == 2 && i < 3 * a.mrope_w) ? 2 : 0;
+            rp = a.rope3[3 * r + st];
+        }
+        float ang = (float)rp * a.inv_freq[i];
+        float cs = cosf(ang), sn = sinf(ang), p = y[i], q = y[i + half];
+        y[i] = p * cs - q * sn;
+        y[i + half] = q * cs + p * sn;
+    }
+    __syncwarp();
+}
+
 /* per row, a warp per head: q heads in place, k heads into the pool, v copied */
 __global__ void attn_prep_kernel(cu_attn_args a) {
     __shared__ float buf[4][CU_ATTN_MAX_HD];
-    int r = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, hd = a.hd, half = a.rope_dim / 2;
+    int r = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, hd = a.hd;
     int pos = a.meta.row_pos[r];
     const int *blocks = a.meta.blocks + a.meta.e_boff[a.meta.row_entry[r]];
     float *row = a.qkv + (size_t)r * a.ld, *y = buf[warp];
@@ -22,29 +51,7 @@ __global__ void attn_prep_kernel(cu_attn_args a) {
         int isq = h < a.Hq;
         const float *x =
             isq ? row + (size_t)h * 2 * hd : row + (size_t)a.Hq * 2 * hd + (size_t)(h - a.Hq) * hd;
-        const float *w = isq ? a.q_norm : a.k_norm;
-        float ss = 0.0f;
-        for (int i = lane; i < hd; i += 32) {
-            float v = x[i];
-            y[i] = v;
-            ss += v * v;
-        }
-        ss = warp_sum(ss);
-        float inv = 1.0f / sqrtf(ss / (float)hd + a.eps);
-        for (int i = lane; i < hd; i += 32) y[i] = (y[i] * inv) * w[i];
-        __syncwarp();
-        for (int i = lane; i < half; i += 32) {
-            int rp = pos;
-            if (a.rope3) {
-                int st = (i % 3 == 1 && i < 3 * a.mrope_h) ? 1 : (i % 3 == 2 && i < 3 * a.mrope_w) ? 2 : 0;
-                rp = a.rope3[3 * r + st];
-            }
-            float ang = (float)rp * a.inv_freq[i];
-            float cs = cosf(ang), sn = sinf(ang), p = y[i], q = y[i + half];
-            y[i] = p * cs - q * sn;
-            y[i + half] = q * cs + p * sn;
-        }
-        __syncwarp();
+        norm_rope_warp(a, x, isq ? a.q_norm : a.k_norm, y, r, pos, lane);
         float *dst =
             isq ? row + (size_t)h * 2 * hd : kv_row(a.kpool, a, blocks, pos) + (size_t)(h - a.Hq) * hd;
         for (int i = lane; i < hd; i += 32) dst[i] = y[i];
@@ -55,9 +62,41 @@ __global__ void attn_prep_kernel(cu_attn_args a) {
     for (int i = threadIdx.x; i < a.Hkv * hd; i += blockDim.x) vdst[i] = vsrc[i];
 }
 
-/* a block per (head, row, span); 4 warps stride over the span's positions with an online softmax each */
-template <int NPL> __global__ void __launch_bounds__(128) attn_kernel(cu_attn_args a) {
+/* the merge of a (row, head)'s spans: thread d owns output dims d, d + blockDim.x, ... (CG: the partials read
+ * through L2, for partials other blocks of the same launch wrote) */
+template <bool CG> __device__ __forceinline__ void combine_rowhead(const cu_attn_args &a, int h, int r) {
+    int hd = a.hd;
+    int pos = a.meta.row_pos[r], ns = pos / a.span + 1;
+    const float *p0 = a.part + ((size_t)r * a.Hq + h) * a.nsplit * (size_t)(hd + 2);
+#define PART(i) (CG ? __ldcg(p0 + (i)) : p0[i])
+    float M = -INFINITY;
+    for (int s = 0; s < ns; s++) M = fmaxf(M, PART((size_t)s * (hd + 2)));
+    float L = 0.0f;
+    for (int s = 0; s < ns; s++)
+        L = fmaf(PART((size_t)s * (hd + 2) + 1), expf(PART((size_t)s * (hd + 2)) - M), L);
+    const float *gate = a.qkv + (size_t)r * a.ld + (size_t)h * 2 * hd + hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float o = 0.0f;
+        for (int s = 0; s < ns; s++)
+            o = fmaf(PART((size_t)s * (hd + 2) + 2 + d), expf(PART((size_t)s * (hd + 2)) - M), o);
+        a.o[(size_t)r * a.Hq * hd + (size_t)h * hd + d] = (o / L) * dev_sigmoid(gate[d]);
+    }
+#undef PART
+}
+
+/* a block per (head, row, span); 4 warps stride over the span's positions with an online softmax each.
+ * FUSED (a decode-only batch, cu_attn_args.dec_cnt): attn_prep_kernel and attn_combine_kernel folded in. Each
+ * block norms and ropes its own q head (norm_rope_warp, redundant over the splits: one head vector); the
+ * block of the split holding the row's own position does the same for its kv head's k and reads k and v of
+ * that position from there and from the row (the values prep would have stored), and the first q head of
+ * each kv head among them writes them into the pool (no other block of a decode-only launch reads a row's
+ * own position). With several splits, the last of a (row, head)'s blocks to finish merges the partials
+ * (combine_rowhead, a counter per (row, head) in dec_cnt set back to 0 by that block). The same bits as the
+ * three kernels. */
+template <int NPL, bool FUSED> __global__ void __launch_bounds__(128) attn_kernel(cu_attn_args a) {
     __shared__ float sm_m[4], sm_l[4], sm_acc[4][NPL * 32];
+    __shared__ float qk_s[FUSED ? 2 : 1][FUSED ? NPL * 32 : 1];
+    __shared__ int last;
     int h = blockIdx.x, r = blockIdx.y, sp = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31,
         hd = a.hd;
     int pos = a.meta.row_pos[r], start = sp * a.span;
@@ -65,7 +104,23 @@ template <int NPL> __global__ void __launch_bounds__(128) attn_kernel(cu_attn_ar
     int end = pos + 1 < start + a.span ? pos + 1 : start + a.span;
     int kvh = h / (a.Hq / a.Hkv);
     const int *blocks = a.meta.blocks + a.meta.e_boff[a.meta.row_entry[r]];
-    const float *q = a.qkv + (size_t)r * a.ld + (size_t)h * 2 * hd;
+    const float *row = a.qkv + (size_t)r * a.ld, *qrow = row + (size_t)h * 2 * hd, *q = qrow;
+    /* FUSED: the row's own k (normed, roped: qk_s[1]) and v, for the position pos */
+    const float *kcur = NULL, *vcur = row + (size_t)a.Hq * 2 * hd + (size_t)(a.Hkv + kvh) * hd;
+    if (FUSED) {
+        int own = end == pos + 1; /* this split holds the row's own position */
+        if (warp == 0) norm_rope_warp(a, qrow, a.q_norm, qk_s[0], r, pos, lane);
+        if (warp == 1 && own)
+            norm_rope_warp(a, row + (size_t)a.Hq * 2 * hd + (size_t)kvh * hd, a.k_norm, qk_s[1], r, pos,
+                           lane);
+        __syncthreads();
+        if (own && h % (a.Hq / a.Hkv) == 0) {
+            float *kd = kv_row(a.kpool, a, blocks, pos) + (size_t)kvh * hd;
+            float *vd = kv_row(a.vpool, a, blocks, pos) + (size_t)kvh * hd;
+            for (int i = threadIdx.x; i < hd; i += blockDim.x) kd[i] = qk_s[1][i], vd[i] = vcur[i];
+        }
+        q = qk_s[0], kcur = qk_s[1];
+    }
     float qv[NPL], acc[NPL];
 #pragma unroll
     for (int i = 0; i < NPL; i++) {
@@ -77,14 +132,14 @@ template <int NPL> __global__ void __launch_bounds__(128) attn_kernel(cu_attn_ar
     int from = a.meta.e_astart ? a.meta.e_astart[a.meta.row_entry[r]] : 0;
     if (from < start) from = start;
     for (int u = from + warp; u < end; u += 4) {
-        const float *k = kv_row(a.kpool, a, blocks, u) + (size_t)kvh * hd;
-        const float *v = kv_row(a.vpool, a, blocks, u) + (size_t)kvh * hd;
+        const float *k = FUSED && u == pos ? kcur : kv_row(a.kpool, a, blocks, u) + (size_t)kvh * hd;
+        const float *v = FUSED && u == pos ? vcur : kv_row(a.vpool, a, blocks, u) + (size_t)kvh * hd;
         float s = 0.0f;
 #pragma unroll
         for (int i = 0; i < NPL; i++) s = fmaf(qv[i], k[lane + 32 * i], s);
         s = warp_sum(s) * scale;
         float mn = fmaxf(m, s), corr = expf(m - mn), p = expf(s - mn);
-        l = l * corr + p;
+        l = fmaf(l, corr, p);
 #pragma unroll
         for (int i = 0; i < NPL; i++) acc[i] = fmaf(p, v[lane + 32 * i], acc[i] * corr);
         m = mn;
@@ -99,12 +154,12 @@ template <int NPL> __global__ void __launch_bounds__(128) attn_kernel(cu_attn_ar
     float M = fmaxf(fmaxf(sm_m[0], sm_m[1]), fmaxf(sm_m[2], sm_m[3])), Lsum = 0.0f, f[4];
     for (int w = 0; w < 4; w++) {
         f[w] = sm_l[w] > 0.0f ? expf(sm_m[w] - M) : 0.0f;
-        Lsum += sm_l[w] * f[w];
+        Lsum = fmaf(sm_l[w], f[w], Lsum);
     }
-    const float *gate = q + hd;
+    const float *gate = qrow + hd;
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float o = 0.0f;
-        for (int w = 0; w < 4; w++) o += sm_acc[w][d] * f[w];
+        for (int w = 0; w < 4; w++) o = fmaf(sm_acc[w][d], f[w], o);
         if (a.nsplit == 1) {
             a.o[(size_t)r * a.Hq * hd + (size_t)h * hd + d] = (o / Lsum) * dev_sigmoid(gate[d]);
         } else {
@@ -116,31 +171,34 @@ template <int NPL> __global__ void __launch_bounds__(128) attn_kernel(cu_attn_ar
             }
         }
     }
+    if (!FUSED || a.nsplit == 1) return;
+    __threadfence();
+    __syncthreads();
+    unsigned *cnt = a.dec_cnt + (size_t)r * a.Hq + h;
+    if (threadIdx.x == 0) last = atomicAdd(cnt, 1u) == (unsigned)(pos / a.span);
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    combine_rowhead<true>(a, h, r);
+    if (threadIdx.x == 0) *cnt = 0u; /* ready for the next launch */
 }
 
-/* merges the spans of a (row, head): thread d owns output dim d */
+/* merges the spans of a (row, head) */
 __global__ void attn_combine_kernel(cu_attn_args a) {
-    int h = blockIdx.x, r = blockIdx.y, hd = a.hd;
-    int pos = a.meta.row_pos[r], ns = pos / a.span + 1;
-    const float *p0 = a.part + ((size_t)r * a.Hq + h) * a.nsplit * (size_t)(hd + 2);
-    float M = -INFINITY;
-    for (int s = 0; s < ns; s++) M = fmaxf(M, p0[(size_t)s * (hd + 2)]);
-    float L = 0.0f;
-    for (int s = 0; s < ns; s++) L += p0[(size_t)s * (hd + 2) + 1] * expf(p0[(size_t)s * (hd + 2)] - M);
-    const float *gate = a.qkv + (size_t)r * a.ld + (size_t)h * 2 * hd + hd;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float o = 0.0f;
-        for (int s = 0; s < ns; s++)
-            o += p0[(size_t)s * (hd + 2) + 2 + d] * expf(p0[(size_t)s * (hd + 2)] - M);
-        a.o[(size_t)r * a.Hq * hd + (size_t)h * hd + d] = (o / L) * dev_sigmoid(gate[d]);
-    }
+    combine_rowhead<false>(a, blockIdx.x, blockIdx.y);
 }
 
 extern "C" void cu_attn_tiled(cu_ctx *c, const cu_attn_args *a);
 extern "C" void cu_attn_tiled_tc(cu_ctx *c, const cu_attn_args *a); /* attention_tc.cu */
 
+static void attn_decode_fused(cu_ctx *c, const cu_attn_args *a);
+
 extern "C" void cu_attn_layer(cu_ctx *c, const cu_attn_args *a) {
     if (a->T <= 0) return;
+    if (a->dec_cnt && !a->tiles) {
+        attn_decode_fused(c, a);
+        return;
+    }
     attn_prep_kernel<<<a->T, 128, 0, c->stream>>>(*a);
     if (a->tiles) {
         if (a->tc)
@@ -152,24 +210,48 @@ extern "C" void cu_attn_layer(cu_ctx *c, const cu_attn_args *a) {
     dim3 grid((unsigned)a->Hq, (unsigned)a->T, (unsigned)a->nsplit);
     switch (a->hd / 32) {
     case 1:
-        attn_kernel<1><<<grid, 128, 0, c->stream>>>(*a);
+        attn_kernel<1, false><<<grid, 128, 0, c->stream>>>(*a);
         break;
     case 2:
-        attn_kernel<2><<<grid, 128, 0, c->stream>>>(*a);
+        attn_kernel<2, false><<<grid, 128, 0, c->stream>>>(*a);
         break;
     case 4:
-        attn_kernel<4><<<grid, 128, 0, c->stream>>>(*a);
+        attn_kernel<4, false><<<grid, 128, 0, c->stream>>>(*a);
         break;
     case 8:
-        attn_kernel<8><<<grid, 128, 0, c->stream>>>(*a);
+        attn_kernel<8, false><<<grid, 128, 0, c->stream>>>(*a);
         break;
     case 16:
-        attn_kernel<16><<<grid, 128, 0, c->stream>>>(*a);
+        attn_kernel<16, false><<<grid, 128, 0, c->stream>>>(*a);
         break;
     default:
         return; /* rejected at context creation */
     }
     if (a->nsplit > 1) attn_combine_kernel<<<dim3((unsigned)a->Hq, (unsigned)a->T), 128, 0, c->stream>>>(*a);
+}
+
+/* decode-only batches (dec_cnt): one launch, prep and combine folded into attn_kernel */
+static void attn_decode_fused(cu_ctx *c, const cu_attn_args *a) {
+    dim3 grid((unsigned)a->Hq, (unsigned)a->T, (unsigned)a->nsplit);
+    switch (a->hd / 32) {
+    case 1:
+        attn_kernel<1, true><<<grid, 128, 0, c->stream>>>(*a);
+        break;
+    case 2:
+        attn_kernel<2, true><<<grid, 128, 0, c->stream>>>(*a);
+        break;
+    case 4:
+        attn_kernel<4, true><<<grid, 128, 0, c->stream>>>(*a);
+        break;
+    case 8:
+        attn_kernel<8, true><<<grid, 128, 0, c->stream>>>(*a);
+        break;
+    case 16:
+        attn_kernel<16, true><<<grid, 128, 0, c->stream>>>(*a);
+        break;
+    default:
+        break; /* rejected at context creation */
+    }
 }
 
 /* Prefill: a block per (head, tile of up to 16 consecutive rows of one entry). K and V rows are staged in

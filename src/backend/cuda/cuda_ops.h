@@ -222,6 +222,11 @@ typedef struct cu_attn_args {
      * takes stream h when i % 3 == 1 and i < 3 * mrope_h, w when i % 3 == 2 and i < 3 * mrope_w, else t */
     const int *rope3;
     int mrope_h, mrope_w;
+    /* NULL: q/k norm + RoPE + the KV write, the attention and the merge of the splits as three kernels. Else
+     * [T][Hq] counters, zero between launches (the kernel sets them back), and the batch holds decode tokens
+     * only (one row per entry, no tiles): one kernel does all three with the same bits
+     * (CINFER_CUDA_ATTN_FUSED) */
+    unsigned *dec_cnt;
 } cu_attn_args;
 #define CU_ATTN_TILE 16
 void cu_attn_layer(cu_ctx *c, const cu_attn_args *a);
