@@ -201,6 +201,7 @@ struct cuda_fwd {
     unsigned *gdn_cnt, *attn_cnt;
     void *gdn_chunk; /* the phased DeltaNet prefill's scratch (cu_gdn_chunk_bytes), or NULL */
     int gdn_chunk_cap, gdn_chunk_dt;
+    int attn_rows; /* rows per prefill attention tile: CU_ATTN_TILE, or cu_attn_tc_rows with attn_tc */
     /* device sampling (cuda_fwd_sample) of the last call's logits rows */
     int last_nl;          /* logits rows the last cuda_fwd_run left in f->logits */
     cu_sample_row *d_smp; /* [max_tokens] */
@@ -622,7 +623,9 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * "tc" both prefill kernels there, "attn" only the attention, "scalar" neither. The H200 run of 06:05 UTC
      * (session 3): with the hi + lo TF32 split the tensor-core DeltaNet is exact to 3.3e-4 per position on
      * the fixtures (scalar 5.6e-4) and cut its share of a 4B 4096-token chunk from 256 to 202 ms; the
-     * tensor-core attention was slower (113 -> 122 ms), so it stays off by default. */
+     * tensor-core attention of then (WMMA on 16-row tiles, two passes over the keys) was slower (113 -> 122
+     * ms), so it stays off by default; it is now the flash-attention-2 kernel of attention_tc.cu, on tiles of
+     * cu_attn_tc_rows rows (attn_rows), pending its device figures. */
     /* "gdn1": the one-kernel tensor-core DeltaNet (today's "gdn"); "gdn2" / "tc2": the phased one
      * (deltanet_chunk.cu, parallel over chunks), alone / with the tensor-core attention.
      * CINFER_CUDA_GDN_DT=32: 32 value columns per block of its sequential pass (default 16) */
@@ -633,6 +636,7 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
         f->gdn_tc = m->n_lin > 0 && cu_gdn_tc_init(m->dk);
     if (!strcmp(pfv, "tc") || !strcmp(pfv, "attn") || !strcmp(pfv, "tc2"))
         f->attn_tc = f->tiles_ok && cu_attn_tc_init(m->hd);
+    f->attn_rows = f->attn_tc ? cu_attn_tc_rows(m->Hq, m->Hkv) : CU_ATTN_TILE;
     if (phased && f->gdn_tc && cu_gdn_chunk_init(m->dk, m->dv)) {
         f->gdn_chunk_cap = cu_gdn_chunk_cap(p->max_tokens, p->n_slots);
         size_t cb = cu_gdn_chunk_bytes(f->gdn_chunk_cap, p->max_tokens, m->Hv, m->dk, m->dv);
@@ -1002,7 +1006,7 @@ static int pack_meta(cuda_fwd *f, const fwd_entry *e, int NE, const int *lmode, 
     /* a prefill chunk in the batch: attention by tiles of rows sharing K/V loads */
     int tiled = f->tiles_ok && max_n >= CU_ATTN_TILE;
     if (tiled)
-        for (int i = 0; i < NE; i++) ntile += (size_t)(e[i].n + CU_ATTN_TILE - 1) / CU_ATTN_TILE;
+        for (int i = 0; i < NE; i++) ntile += (size_t)(e[i].n + f->attn_rows - 1) / f->attn_rows;
     size_t o_tile = o_blk + nb;
     *o_hrow_out = o_tile + ntile;
     size_t o_hrow = *o_hrow_out;
@@ -1023,7 +1027,7 @@ static int pack_meta(cuda_fwd *f, const fwd_entry *e, int NE, const int *lmode, 
         memcpy(h + o_blk + bo, e[i].blocks, (size_t)nbi * sizeof(int));
         bo += (size_t)nbi;
         for (int t = 0; t < e[i].n; t++, r++) {
-            if (tiled && t % CU_ATTN_TILE == 0) h[o_tile + ti++] = r;
+            if (tiled && t % f->attn_rows == 0) h[o_tile + ti++] = r;
             h[o_ids + r] = e[i].tokens[t];
             h[o_pos + r] = e[i].seq_len + t;
             h[o_ent + r] = i;

@@ -868,14 +868,22 @@ static void attn_case_ex(int Hq, int Hkv, int hd, int span, int tiled, const tes
     int maxpos = 0;
     for (int i = 0; i < NE; i++)
         maxpos = ents[i].len + ents[i].n - 1 > maxpos ? ents[i].len + ents[i].n - 1 : maxpos;
+    /* tiles of CU_ATTN_TILE rows for the scalar kernel, of cu_attn_tc_rows for the tensor cores */
     int *htiles = malloc(((size_t)T / CU_ATTN_TILE + NE + 1) * sizeof(int)), nt = 0, *dtiles = NULL;
-    for (int i = 0, r = 0; i < NE; r += ents[i].n, i++)
+    int *htc = malloc(((size_t)T / CU_ATTN_TILE + NE + 1) * sizeof(int)), ntc = 0, *dtc = NULL;
+    int tcr = cu_attn_tc_rows(Hq, Hkv);
+    for (int i = 0, r = 0; i < NE; r += ents[i].n, i++) {
         for (int t = 0; t < ents[i].n; t += CU_ATTN_TILE) htiles[nt++] = r + t;
+        for (int t = 0; t < ents[i].n; t += tcr) htc[ntc++] = r + t;
+    }
     if (tiled) {
         REQUIRE(cu_attn_init(hd));
         dtiles = dup_dev(htiles, sizeof(int) * (size_t)nt);
     }
-    if (tiled == 2) REQUIRE(cu_attn_tc_init(hd));
+    if (tiled == 2) {
+        REQUIRE(cu_attn_tc_init(hd));
+        dtc = dup_dev(htc, sizeof(int) * (size_t)ntc);
+    }
     float *prev = NULL;
     double err_tiles = 0; /* the scalar tiles' error: the tensor cores' bound follows from it */
     /* mode 0: the tiles' scalar kernel (or the decode form); 1: the tensor cores; 2: the tensor cores with
@@ -890,7 +898,7 @@ static void attn_case_ex(int Hq, int Hkv, int hd, int span, int tiled, const tes
         a.o = nan_dev(c, (size_t)T * Hq * hd);
         a.span = span, a.nsplit = (maxpos + span) / span;
         a.part = nan_dev(c, (size_t)T * Hq * a.nsplit * (hd + 2));
-        if (tiled) a.tiles = dtiles, a.n_tiles = nt;
+        if (tiled) a.tiles = mode ? dtc : dtiles, a.n_tiles = mode ? ntc : nt;
         a.tc = mode > 0;
         a.eps = eps, a.meta = meta;
         cu_set_tf32_passes(mode == 2 ? 1 : 3);
@@ -912,8 +920,9 @@ static void attn_case_ex(int Hq, int Hkv, int hd, int span, int tiled, const tes
         }
         char what[128];
         if (mode)
-            snprintf(what, sizeof what, "attention Hq=%d Hkv=%d hd=%d gain %g tensor cores: output", Hq, Hkv,
-                     hd, gain);
+            snprintf(what, sizeof what,
+                     "attention Hq=%d Hkv=%d hd=%d gain %g tensor cores (%d-row tiles): output", Hq, Hkv, hd,
+                     gain, tcr);
         else if (tiled)
             snprintf(what, sizeof what, "attention Hq=%d Hkv=%d hd=%d gain %g tiles of %d rows: output", Hq,
                      Hkv, hd, gain, CU_ATTN_TILE);
@@ -945,10 +954,10 @@ static void attn_case_ex(int Hq, int Hkv, int hd, int span, int tiled, const tes
     free(prev);
 #undef KROW
     for (int i = 0; i < NE; i++) free(tables[i]);
-    free(tables), free(htiles);
+    free(tables), free(htiles), free(htc);
     free(kp), free(vp), free(qkv), free(qn), free(kn), free(inv), free(kp_r), free(vp_r), free(q_r),
         free(o_r), free(hm);
-    cu_free(dmeta), cu_free(dtiles);
+    cu_free(dmeta), cu_free(dtiles), cu_free(dtc);
     cu_ctx_destroy(c);
 }
 
@@ -967,7 +976,7 @@ TEST(cuda_attention_layer_vs_cpu) {
 }
 
 /* the tensor-core prefill tiles (CINFER_CUDA_PREFILL=tc|attn): GQA ratios 1, 2, 3, 4, 6, 8 (query heads per
- * block 1, 2, 3, 4, 3, 4), gated attention's head_dim 256 */
+ * block 1, 2, 1, 4, 2, 8: tiles of 128, 64, 128, 32, 64, 16 positions), gated attention's head_dim 256 */
 TEST(cuda_attention_tc_vs_cpu) {
     if (NO_DEVICE()) SKIP("no CUDA device: skipped");
     attn_case(4, 2, 64, 1 << 20, 2);
@@ -985,6 +994,20 @@ TEST(cuda_long_attention_tc_vs_cpu) {
     int ne = (int)(sizeof attn_long_ents / sizeof attn_long_ents[0]);
     attn_case_ex(8, 2, 256, 1 << 20, 2, attn_long_ents, ne, 1.0f);
     attn_case_ex(8, 2, 256, 1 << 20, 2, attn_long_ents, ne, 2.5f);
+}
+
+/* long causal prefills in one batch for the flash-attention tiles: 1100 rows from 0 (many 128-row tiles, the
+ * last one partial), 333 rows continuing 700 cached positions (tiles off the 32-key grid), 129 rows after 37,
+ * 17 after 90, one decode row at 2000; GQA ratios 1, 2, 4, 8 at head_dim 128 and 256 */
+static const test_entry attn_fa_ents[] = {
+    {0, 1100, 0}, {700, 333, 0}, {37, 129, 0}, {2000, 1, 0}, {90, 17, 0}};
+TEST(cuda_long_attention_fa_vs_cpu) {
+    if (NO_DEVICE()) SKIP("no CUDA device: skipped");
+    int ne = (int)(sizeof attn_fa_ents / sizeof attn_fa_ents[0]);
+    attn_case_ex(2, 2, 256, 1 << 20, 2, attn_fa_ents, ne, 1.0f); /* ratio 1: 128 positions per tile */
+    attn_case_ex(4, 2, 128, 1 << 20, 2, attn_fa_ents, ne, 1.0f); /* ratio 2 */
+    attn_case_ex(4, 1, 256, 1 << 20, 2, attn_fa_ents, ne, 2.5f); /* ratio 4 (the 4B shape), peaked */
+    attn_case_ex(8, 1, 128, 1 << 20, 2, attn_fa_ents, ne, 1.0f); /* ratio 8: 16 positions per tile */
 }
 
 TEST(cuda_moe_route_vs_cpu) {

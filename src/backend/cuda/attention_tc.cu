@@ -1,192 +1,291 @@
-/* attention_tc.cu — varlen causal prefill attention over the paged KV pool on the tensor cores (TF32 WMMA,
- * f32 accumulation; the pool and the normed/roped q rows are f32, each operand split into TF32 hi + lo,
- * three MMAs per product (tf32x3.cuh), so S = Q K^T and O = P V come out as accurate as f32 sums). Selected
- * by cu_attn_args.tc (CINFER_CUDA_PREFILL=tc or attn); attn_tile_kernel of attention.cu stays the default
- * until a device run shows this one within bounds and faster.
+/* attention_tc.cu — varlen causal prefill attention over the paged KV pool on the tensor cores, in the
+ * flash-attention-2 form (CINFER_CUDA_PREFILL=tc or attn; cu_attn_args.tc). The pool and the normed/roped q
+ * rows are f32; every product runs as TF32 hi + lo with three mma.sync.m16n8k8 (the small terms first), so
+ * S = Q K^T and O = P V come out as accurate as f32 sums (tf32x3.cuh says why one rounding is not enough).
  *
- * A block per (group of QH <= 4 query heads sharing one KV head, tile of up to 16 rows of one entry): the
- * M = 16 QH query rows (head-major) share every K/V load. WMMA fragments have no documented element
- * layout, so the softmax cannot rescale an accumulator row by row; instead two passes over the keys:
- * pass 1 computes S = Q K^T per 32-key step and keeps each row's running max and sum (a thread per row);
- * pass 2 recomputes S, forms P = e^(s - max) / sum exactly, and O += P V accumulates in registers over the
- * whole key range (no rescaling ever). 1.5x the products of a one-pass flash kernel, no spills, no layout
- * assumptions. Then the sigmoid output gate. */
-#include <mma.h>
-#include <type_traits>
-
+ * A block holds FA_ROWS = 128 query rows: QH query heads sharing one KV head (the largest power of two up to
+ * 8 dividing the GQA ratio) x FA_ROWS / QH consecutive positions of one entry (a tile of cu_attn_tc_rows
+ * rows). Each of its 8 warps owns 16 of those rows (one head, 16 positions) for the whole key range: S in
+ * registers, the online softmax in f32 on the accumulator layout (a row's 8 keys of an n-tile sit in the
+ * quad of lanes 4g..4g+3), O in registers. K and V tiles of FA_BN keys come from the paged pool by cp.async
+ * into shared memory and serve all 128 rows (the 4 query heads of a 4B KV head read each K/V row once per
+ * 32 positions instead of once per 16 rows of one head). V of tile j loads while S of tile j runs, K of tile
+ * j + 1 while P V of tile j runs (FlashAttention-2's single-buffer pipeline; 195 KB of shared memory at
+ * head_dim 256). Causal masking by tile: a warp skips the key tiles past its last position and masks only
+ * the tiles that cross its diagonal. Blocks run longest tile first. */
 #include "backend/cuda/common.cuh"
-#include "backend/cuda/tf32x3.cuh"
 
-using namespace nvcuda;
+#define FA_ROWS  128 /* (head, position) rows per block: 8 warps x 16 */
+#define FA_BN    32  /* keys per tile */
+#define FA_KVB   16  /* = KV_BLOCK */
+#define FA_MAXQH 8
 
-#define AT_KVB  16 /* = KV_BLOCK */
-#define AT_KS   32 /* keys per step */
-#define AT_SLD  (AT_KS + 4)
-#define AT_ROWS 16 /* = CU_ATTN_TILE */
-#define AT_QH   4  /* query heads per block, at most */
-
-typedef wmma::fragment<wmma::accumulator, 16, 16, 8, float> at_acc;
-
-__device__ __forceinline__ const float *at_kv_row(const float *pool, const cu_attn_args &a, const int *blocks,
-                                                  int pos) {
-    size_t b = (size_t)blocks[pos / AT_KVB];
-    return pool +
-           (((size_t)a.full * a.n_blocks + b) * AT_KVB + (size_t)(pos % AT_KVB)) * (size_t)(a.Hkv * a.hd);
+/* the tensor cores ignore the low 13 bits of a TF32 operand; hi is x rounded to TF32 (to nearest, ties
+ * away), lo = x - hi (exact in f32) truncated to TF32: x to ~2^-21. Integer ops: full rate, unlike cvt. */
+__device__ __forceinline__ uint32_t fa_tf32(float x) {
+    return (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+}
+template <int P> __device__ __forceinline__ void fa_split(float x, uint32_t &hi, uint32_t &lo) {
+    hi = fa_tf32(x);
+    if constexpr (P == 3) lo = __float_as_uint(x - __uint_as_float(hi)) & 0xffffe000u;
 }
 
-/* acc += A[16][K] B[K][16]; A row-major (lda); B row-major (element (k, n) at B[k ldb + n]) or col-major
- * (at B[k + n ldb]). P: TF32 passes (tf32x3.cuh). The tensor cores truncate at every MMA (a bias growing
- * with the chain: ~1.4e-5 over 900 keys in the H200 run of 06:05), so each AT_KC of K goes into a fresh
- * accumulator (3 x 4 MMAs) that joins acc through ordinary rounded f32 adds: O over the keys, S over hd. */
-#define AT_KC 32
-template <int P, class LB>
-__device__ __forceinline__ void at_mma(at_acc &acc, const float *A, int lda, const float *B, int ldb, int K) {
-    wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major> fa;
-    wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, LB> fb;
-    for (int k0 = 0; k0 < K; k0 += AT_KC) {
-        at_acc part;
-        wmma::fill_fragment(part, 0.0f);
-        for (int k = k0; k < k0 + AT_KC && k < K; k += 8) {
-            wmma::load_matrix_sync(fa, A + k, lda);
-            wmma::load_matrix_sync(fb, std::is_same<LB, wmma::row_major>::value ? B + (size_t)k * ldb : B + k,
-                                   ldb);
-            mma_tf32x<P>(part, fa, fb);
-        }
-#pragma unroll
-        for (int t = 0; t < acc.num_elements; t++) acc.x[t] += part.x[t];
+/* d += a b: A 16x8 (a0 (g, t), a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4)), B 8x8 (b0 (k t, n g),
+ * b1 (k t + 4, n g)), D 16x8 (d0 (g, 2t), d1 (g, 2t + 1), d2 (g + 8, 2t), d3 (g + 8, 2t + 1)); g = lane / 4,
+ * t = lane % 4 */
+__device__ __forceinline__ void fa_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* d += A B from split operands: lo hi, hi lo, hi hi (P 3) or hi hi (P 1) */
+template <int P>
+__device__ __forceinline__ void fa_mma3(float (&d)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4],
+                                        uint32_t bh0, uint32_t bh1, uint32_t bl0, uint32_t bl1) {
+    if constexpr (P == 3) {
+        fa_mma(d, al, bh0, bh1);
+        fa_mma(d, ah, bl0, bl1);
+    }
+    fa_mma(d, ah, bh0, bh1);
+}
+
+/* 16 bytes global -> shared, bypassing L1; n = 0 fills zeros (rows past the last position: never NaN) */
+__device__ __forceinline__ void fa_cp16(float *dst, const float *src, int n) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(n) : "memory");
+}
+__device__ __forceinline__ void fa_commit(void) {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+__device__ __forceinline__ void fa_wait(void) {
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+
+/* FA_BN rows of K or V (this KV head) from position c0 into S ([FA_BN][HD + 4]) */
+template <int HD>
+__device__ __forceinline__ void fa_load_kv(float *S, const float *pool, const cu_attn_args &a,
+                                           const int *blocks, int kvh, int c0, int maxpos) {
+    constexpr int LD = HD + 4, C4 = HD / 4;
+    for (int i = threadIdx.x; i < FA_BN * C4; i += blockDim.x) {
+        int j = i / C4, c = i % C4, u = c0 + j, ok = u <= maxpos;
+        const float *src = pool;
+        if (ok)
+            src =
+                pool +
+                (((size_t)a.full * a.n_blocks + (size_t)blocks[u / FA_KVB]) * FA_KVB + (size_t)(u % FA_KVB)) *
+                    (size_t)(a.Hkv * HD) +
+                (size_t)kvh * HD + 4 * c;
+        fa_cp16(S + j * LD + 4 * c, src, ok ? 16 : 0);
     }
 }
 
-/* shared memory in floats: Q [64][HD + 4], K and V [32][HD + 4], S/P [64][36], row max and 1/sum [64] each */
-static size_t at_smem_floats(int hd) {
-    return (size_t)(AT_QH * AT_ROWS + 2 * AT_KS) * (hd + 4) + AT_QH * AT_ROWS * AT_SLD + 2 * AT_QH * AT_ROWS;
+template <int HD> constexpr size_t fa_smem_bytes() {
+    return (size_t)(FA_ROWS + 2 * FA_BN) * (HD + 4) * sizeof(float);
 }
 
-template <int HD, int P> __global__ void __launch_bounds__(256) attn_tc_kernel(cu_attn_args a, int QH) {
-    extern __shared__ __align__(128) float sma[];
-    constexpr int LD = HD + 4, NT = HD / 16, NF = (AT_QH * NT + 7) / 8; /* O tiles per warp, at most */
-    const int tid = threadIdx.x, warp = tid >> 5, G = a.Hq / a.Hkv, ngrp = G / QH, M = AT_ROWS * QH;
-    int kvh = blockIdx.x / ngrp, h0 = kvh * G + (blockIdx.x % ngrp) * QH; /* first query head */
-    int r0 = a.tiles[blockIdx.y], e = a.meta.row_entry[r0], end = a.meta.e_row0[e] + a.meta.e_n[e];
-    int rows = end - r0 < AT_ROWS ? end - r0 : AT_ROWS;
-    int pos0 = a.meta.row_pos[r0], maxpos = pos0 + rows - 1;
+template <int HD, int P>
+__global__ void __launch_bounds__(256, HD >= 128 ? 1 : 2) attn_fa_kernel(cu_attn_args a, int QH) {
+    extern __shared__ __align__(16) float fsm[];
+    constexpr int LD = HD + 4, C4 = HD / 4, NBT = FA_BN / 8; /* key n-tiles of S */
+    constexpr int ONT = HD / 8, NC = ONT < 8 ? ONT : 8;      /* O n-tiles; per fresh partial */
+    constexpr int SKC = HD < 32 ? HD / 8 : 4;                /* k-steps of S per fresh partial */
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int G = a.Hq / a.Hkv, ngrp = G / QH, BP = FA_ROWS / QH;
+    const int kvh = blockIdx.x / ngrp, h0 = kvh * G + (blockIdx.x % ngrp) * QH;
+    const int r0 = a.tiles[a.n_tiles - 1 - (int)blockIdx.y]; /* longest tiles first */
+    const int e = a.meta.row_entry[r0], end = a.meta.e_row0[e] + a.meta.e_n[e];
+    const int rows = end - r0 < BP ? end - r0 : BP;
+    const int pos0 = a.meta.row_pos[r0], maxpos = pos0 + rows - 1;
     const int *blocks = a.meta.blocks + a.meta.e_boff[e];
-    float *Qs = sma, *Ks = Qs + AT_QH * AT_ROWS * LD, *Vs = Ks + AT_KS * LD, *Sb = Vs + AT_KS * LD;
-    float *rmax = Sb + AT_QH * AT_ROWS * AT_SLD, *rinv = rmax + AT_QH * AT_ROWS;
-    for (int idx = tid; idx < M * HD; idx += blockDim.x) {
-        int m = idx / HD, d = idx % HD, r = m % AT_ROWS;
-        Qs[m * LD + d] =
-            r < rows ? a.qkv[(size_t)(r0 + r) * a.ld + (size_t)(h0 + m / AT_ROWS) * 2 * HD + d] : 0.0f;
+    float *Qs = fsm, *Ks = Qs + FA_ROWS * LD, *Vs = Ks + FA_BN * LD;
+
+    /* Q rows (row m: head h0 + m / BP, position pos0 + m % BP; zeros past the tile) and K of tile 0 */
+    for (int i = tid; i < FA_ROWS * C4; i += blockDim.x) {
+        int m = i / C4, c = i % C4, p = m % BP, ok = p < rows;
+        const float *src =
+            ok ? a.qkv + (size_t)(r0 + p) * a.ld + (size_t)(h0 + m / BP) * 2 * HD + 4 * c : a.qkv;
+        fa_cp16(Qs + m * LD + 4 * c, src, ok ? 16 : 0);
     }
+    fa_load_kv<HD>(Ks, a.kpool, a, blocks, kvh, 0, maxpos);
+    fa_commit();
+
+    /* this warp: head h0 + qi, tile positions off .. off + 15; rows g and g + 8 of the fragments */
+    const int wph = 8 / QH, qi = warp / wph, off = (warp % wph) * 16, h = h0 + qi;
+    const int live = off < rows; /* warp-uniform: some row of the warp is in the tile */
+    const int wmin = pos0 + off, wmax = pos0 + off + 15 < maxpos ? pos0 + off + 15 : maxpos;
+    const int pa = pos0 + off + g < maxpos ? pos0 + off + g : maxpos; /* rows past the tile act as the last */
+    const int pb = pos0 + off + g + 8 < maxpos ? pos0 + off + g + 8 : maxpos;
+    const float *Qw = Qs + (qi * BP + off) * LD;
     const float scale = (float)(1.0 / sqrt((double)HD));
-    /* pass 1: row max and sum; thread m < M owns row m */
-    float mrun = -INFINITY, lrun = 0.0f;
-    int myr = tid % AT_ROWS, mypos = pos0 + myr, mine = tid < M && myr < rows;
-    for (int c0 = 0; c0 <= maxpos; c0 += AT_KS) {
-        __syncthreads();
-        for (int i = tid; i < AT_KS * HD / 4; i += blockDim.x) {
-            int j = i / (HD / 4), d = 4 * (i % (HD / 4)), u = c0 + j;
-            float4 kv = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (u <= maxpos)
-                kv = *reinterpret_cast<const float4 *>(at_kv_row(a.kpool, a, blocks, u) + (size_t)kvh * HD +
-                                                       d);
-            *reinterpret_cast<float4 *>(Ks + j * LD + d) = kv;
+
+    float o[ONT][4];
+#pragma unroll
+    for (int n = 0; n < ONT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float ma = -INFINITY, mb = -INFINITY, la = 0.0f,
+          lb = 0.0f; /* lane-partial row sums (quad-reduced last) */
+
+    for (int c0 = 0; c0 <= maxpos; c0 += FA_BN) {
+        fa_wait();
+        __syncthreads(); /* K of this tile (and Q) landed; every warp is done with the last tile's V */
+        fa_load_kv<HD>(Vs, a.vpool, a, blocks, kvh, c0, maxpos);
+        fa_commit();
+        const int act = live && c0 <= wmax; /* warp-uniform */
+        float s[NBT][4], ca = 1.0f, cb = 1.0f;
+        if (act) {
+#pragma unroll
+            for (int n = 0; n < NBT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+                /* S = Q K^T; each SKC k-steps into a fresh partial joined by f32 adds (the tensor cores
+                 * truncate at every accumulation: long chains into one accumulator drift) */
+#pragma unroll
+            for (int kc = 0; kc < HD / 8; kc += SKC) {
+                float part[NBT][4];
+#pragma unroll
+                for (int n = 0; n < NBT; n++) part[n][0] = part[n][1] = part[n][2] = part[n][3] = 0.0f;
+#pragma unroll
+                for (int ks = kc; ks < kc + SKC; ks++) {
+                    const int k = ks * 8 + t;
+                    uint32_t ah[4], al[4];
+                    fa_split<P>(Qw[g * LD + k], ah[0], al[0]);
+                    fa_split<P>(Qw[(g + 8) * LD + k], ah[1], al[1]);
+                    fa_split<P>(Qw[g * LD + k + 4], ah[2], al[2]);
+                    fa_split<P>(Qw[(g + 8) * LD + k + 4], ah[3], al[3]);
+#pragma unroll
+                    for (int n = 0; n < NBT; n++) {
+                        const float *kr = Ks + (n * 8 + g) * LD + k;
+                        uint32_t bh0, bl0, bh1, bl1;
+                        fa_split<P>(kr[0], bh0, bl0);
+                        fa_split<P>(kr[4], bh1, bl1);
+                        fa_mma3<P>(part[n], ah, al, bh0, bh1, bl0, bl1);
+                    }
+                }
+#pragma unroll
+                for (int n = 0; n < NBT; n++)
+#pragma unroll
+                    for (int r = 0; r < 4; r++) s[n][r] += part[n][r];
+            }
+            /* online softmax over the tile: a row's scores are spread over its quad */
+            const int mask = c0 + FA_BN - 1 > wmin;
+            float xa = -INFINITY, xb = -INFINITY;
+#pragma unroll
+            for (int n = 0; n < NBT; n++)
+#pragma unroll
+                for (int r = 0; r < 4; r++) {
+                    int u = c0 + n * 8 + 2 * t + (r & 1);
+                    float v = s[n][r] * scale;
+                    if (mask && u > (r < 2 ? pa : pb)) v = -INFINITY;
+                    s[n][r] = v;
+                    if (r < 2)
+                        xa = fmaxf(xa, v);
+                    else
+                        xb = fmaxf(xb, v);
+                }
+            xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, 1));
+            xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, 2));
+            xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, 1));
+            xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, 2));
+            float na = fmaxf(ma, xa), nb = fmaxf(mb, xb);
+            /* a row with no key yet keeps m = -inf: no NaN from (-inf) - (-inf) */
+            float sa = na == -INFINITY ? 0.0f : na, sb = nb == -INFINITY ? 0.0f : nb, suma = 0.0f,
+                  sumb = 0.0f;
+            ca = expf(ma - sa), cb = expf(mb - sb);
+#pragma unroll
+            for (int n = 0; n < NBT; n++)
+#pragma unroll
+                for (int r = 0; r < 4; r++) {
+                    float p = expf(s[n][r] - (r < 2 ? sa : sb));
+                    s[n][r] = p;
+                    if (r < 2)
+                        suma += p;
+                    else
+                        sumb += p;
+                }
+            la = la * ca + suma, lb = lb * cb + sumb;
+            ma = na, mb = nb;
         }
-        __syncthreads();
-        for (int t = warp; t < 2 * QH; t += 8) {
-            int mi = t >> 1, ni = t & 1;
-            at_acc acc;
-            wmma::fill_fragment(acc, 0.0f);
-            at_mma<P, wmma::col_major>(acc, Qs + mi * 16 * LD, LD, Ks + ni * 16 * LD, LD, HD);
-            wmma::store_matrix_sync(Sb + mi * 16 * AT_SLD + ni * 16, acc, AT_SLD, wmma::mem_row_major);
-        }
-        __syncthreads();
-        if (mine) {
-            const float *s = Sb + tid * AT_SLD;
-            int nj = mypos - c0 + 1 < AT_KS ? mypos - c0 + 1 : AT_KS; /* keys u <= mypos */
-            if (nj > 0) {
-                float cm = -INFINITY;
-                for (int j = 0; j < nj; j++) cm = fmaxf(cm, s[j] * scale);
-                float mn = fmaxf(mrun, cm), sum = 0.0f;
-                for (int j = 0; j < nj; j++) sum += expf(s[j] * scale - mn);
-                lrun = lrun * expf(mrun - mn) + sum;
-                mrun = mn;
+        fa_wait();
+        __syncthreads(); /* V of this tile landed; every warp is done with K */
+        if (c0 + FA_BN <= maxpos) fa_load_kv<HD>(Ks, a.kpool, a, blocks, kvh, c0 + FA_BN, maxpos);
+        fa_commit();
+        if (act) {
+            /* O = O c + P V (c rescales to the new row max, fused into the join of each fresh partial). The
+             * accumulator's lane holds P at keys 2t, 2t + 1 of each 8: as the A operand of the next MMA they
+             * serve as keys t, t + 4 of a permuted order, and V's rows are read in the same order (b0 from
+             * key 2t, b1 from key 2t + 1), so no shuffle is needed */
+#pragma unroll
+            for (int dc = 0; dc < ONT; dc += NC) {
+                float part[NC][4];
+#pragma unroll
+                for (int n = 0; n < NC; n++) part[n][0] = part[n][1] = part[n][2] = part[n][3] = 0.0f;
+#pragma unroll
+                for (int ks = 0; ks < NBT; ks++) {
+                    uint32_t ah[4], al[4];
+                    fa_split<P>(s[ks][0], ah[0], al[0]);
+                    fa_split<P>(s[ks][2], ah[1], al[1]);
+                    fa_split<P>(s[ks][1], ah[2], al[2]);
+                    fa_split<P>(s[ks][3], ah[3], al[3]);
+                    const float *v0 = Vs + (ks * 8 + 2 * t) * LD + dc * 8 + g;
+#pragma unroll
+                    for (int n = 0; n < NC; n++) {
+                        uint32_t bh0, bl0, bh1, bl1;
+                        fa_split<P>(v0[n * 8], bh0, bl0);
+                        fa_split<P>(v0[LD + n * 8], bh1, bl1);
+                        fa_mma3<P>(part[n], ah, al, bh0, bh1, bl0, bl1);
+                    }
+                }
+#pragma unroll
+                for (int n = 0; n < NC; n++) {
+                    o[dc + n][0] = fmaf(o[dc + n][0], ca, part[n][0]);
+                    o[dc + n][1] = fmaf(o[dc + n][1], ca, part[n][1]);
+                    o[dc + n][2] = fmaf(o[dc + n][2], cb, part[n][2]);
+                    o[dc + n][3] = fmaf(o[dc + n][3], cb, part[n][3]);
+                }
             }
         }
     }
-    if (tid < M) {
-        rmax[tid] = mine ? mrun : 0.0f;
-        rinv[tid] = mine ? 1.0f / lrun : 0.0f;
-    }
-    /* pass 2: P = e^(s - max) / sum, O += P V in registers */
-    at_acc o[NF];
+    fa_wait(); /* nothing may be in flight when the block exits */
+    if (!live) return;
+    la += __shfl_xor_sync(0xffffffffu, la, 1);
+    la += __shfl_xor_sync(0xffffffffu, la, 2);
+    lb += __shfl_xor_sync(0xffffffffu, lb, 1);
+    lb += __shfl_xor_sync(0xffffffffu, lb, 2);
+    /* O / l times the sigmoid gate, rows g and g + 8 of the warp */
 #pragma unroll
-    for (int f = 0; f < NF; f++) wmma::fill_fragment(o[f], 0.0f);
-    for (int c0 = 0; c0 <= maxpos; c0 += AT_KS) {
-        __syncthreads();
-        for (int i = tid; i < AT_KS * HD / 4; i += blockDim.x) {
-            int j = i / (HD / 4), d = 4 * (i % (HD / 4)), u = c0 + j;
-            float4 kv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vv = kv;
-            if (u <= maxpos) {
-                kv = *reinterpret_cast<const float4 *>(at_kv_row(a.kpool, a, blocks, u) + (size_t)kvh * HD +
-                                                       d);
-                vv = *reinterpret_cast<const float4 *>(at_kv_row(a.vpool, a, blocks, u) + (size_t)kvh * HD +
-                                                       d);
-            }
-            *reinterpret_cast<float4 *>(Ks + j * LD + d) = kv;
-            *reinterpret_cast<float4 *>(Vs + j * LD + d) = vv;
-        }
-        __syncthreads();
-        for (int t = warp; t < 2 * QH; t += 8) {
-            int mi = t >> 1, ni = t & 1;
-            at_acc acc;
-            wmma::fill_fragment(acc, 0.0f);
-            at_mma<P, wmma::col_major>(acc, Qs + mi * 16 * LD, LD, Ks + ni * 16 * LD, LD, HD);
-            wmma::store_matrix_sync(Sb + mi * 16 * AT_SLD + ni * 16, acc, AT_SLD, wmma::mem_row_major);
-        }
-        __syncthreads();
-        for (int idx = tid; idx < M * AT_KS; idx += blockDim.x) {
-            int m = idx / AT_KS, j = idx % AT_KS, r = m % AT_ROWS, u = c0 + j;
-            float p = 0.0f;
-            if (r < rows && u <= pos0 + r) p = expf(Sb[m * AT_SLD + j] * scale - rmax[m]) * rinv[m];
-            Sb[m * AT_SLD + j] = p;
-        }
-        __syncthreads();
+    for (int hr = 0; hr < 2; hr++) {
+        int p = off + g + 8 * hr;
+        if (p >= rows) continue;
+        float l = hr ? lb : la;
+        const float *gate = a.qkv + (size_t)(r0 + p) * a.ld + (size_t)h * 2 * HD + HD;
+        float *orow = a.o + (size_t)(r0 + p) * a.Hq * HD + (size_t)h * HD;
 #pragma unroll
-        for (int f = 0; f < NF; f++) {
-            int t = warp + 8 * f;
-            if (t < QH * NT)
-                at_mma<P, wmma::row_major>(o[f], Sb + (t / NT) * 16 * AT_SLD, AT_SLD, Vs + (t % NT) * 16, LD,
-                                           AT_KS);
+        for (int n = 0; n < ONT; n++) {
+            int d = n * 8 + 2 * t;
+            float2 gv = *reinterpret_cast<const float2 *>(gate + d);
+            float2 ov = make_float2((o[n][2 * hr] / l) * dev_sigmoid(gv.x),
+                                    (o[n][2 * hr + 1] / l) * dev_sigmoid(gv.y));
+            *reinterpret_cast<float2 *>(orow + d) = ov;
         }
-    }
-    __syncthreads(); /* Q is no longer read: O goes through its rows */
-#pragma unroll
-    for (int f = 0; f < NF; f++) {
-        int t = warp + 8 * f;
-        if (t < QH * NT)
-            wmma::store_matrix_sync(Qs + (t / NT) * 16 * LD + (t % NT) * 16, o[f], LD, wmma::mem_row_major);
-    }
-    __syncthreads();
-    for (int idx = tid; idx < M * HD; idx += blockDim.x) {
-        int m = idx / HD, d = idx % HD, r = m % AT_ROWS, h = h0 + m / AT_ROWS;
-        if (r >= rows) continue;
-        float gate = a.qkv[(size_t)(r0 + r) * a.ld + (size_t)h * 2 * HD + HD + d];
-        a.o[(size_t)(r0 + r) * a.Hq * HD + (size_t)h * HD + d] = Qs[m * LD + d] * dev_sigmoid(gate);
     }
 }
 
-/* query heads per block: the largest divisor of the GQA ratio up to AT_QH */
-static int at_qh(int Hq, int Hkv) {
-    int G = Hq / Hkv, q = AT_QH;
-    while (G % q) q--;
+/* query heads per block: the largest power of two up to FA_MAXQH dividing the GQA ratio */
+static int fa_qh(int Hq, int Hkv) {
+    int G = Hq / Hkv, q = FA_MAXQH;
+    while (G % q) q /= 2;
     return q;
 }
 
-template <int HD> static int at_attr(size_t smem) {
-    return cudaFuncSetAttribute(attn_tc_kernel<HD, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+extern "C" int cu_attn_tc_rows(int Hq, int Hkv) {
+    return Hkv > 0 && Hq % Hkv == 0 ? FA_ROWS / fa_qh(Hq, Hkv) : CU_ATTN_TILE;
+}
+
+template <int HD> static int fa_attr(int optin) {
+    size_t smem = fa_smem_bytes<HD>();
+    if (smem > (size_t)optin) return 0;
+    return cudaFuncSetAttribute(attn_fa_kernel<HD, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)smem) == cudaSuccess &&
-           cudaFuncSetAttribute(attn_tc_kernel<HD, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+           cudaFuncSetAttribute(attn_fa_kernel<HD, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)smem) == cudaSuccess;
 }
 
@@ -194,47 +293,45 @@ extern "C" int cu_attn_tc_init(int hd) {
     int dev = 0, optin = 0;
     if (cudaGetDevice(&dev) != cudaSuccess) return 0;
     cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-    size_t smem = at_smem_floats(hd) * sizeof(float);
-    if (smem > (size_t)optin) return 0;
     switch (hd) {
     case 32:
-        return at_attr<32>(smem);
+        return fa_attr<32>(optin);
     case 64:
-        return at_attr<64>(smem);
+        return fa_attr<64>(optin);
     case 128:
-        return at_attr<128>(smem);
+        return fa_attr<128>(optin);
     case 256:
-        return at_attr<256>(smem);
+        return fa_attr<256>(optin);
     default:
-        return 0; /* 512: Q, K and V rows would not fit; the scalar tiles serve it */
+        return 0; /* 512: Q, K and V tiles would not fit; the scalar tiles serve it */
     }
 }
 
-template <int HD> static void at_launch(cu_ctx *c, const cu_attn_args *a, dim3 grid, int QH, size_t sm) {
+template <int HD> static void fa_launch(cu_ctx *c, const cu_attn_args *a) {
+    int QH = fa_qh(a->Hq, a->Hkv);
+    dim3 grid((unsigned)(a->Hq / QH), (unsigned)a->n_tiles);
     if (cu_tf32_passes() == 1)
-        attn_tc_kernel<HD, 1><<<grid, 256, sm, c->stream>>>(*a, QH);
+        attn_fa_kernel<HD, 1><<<grid, 256, fa_smem_bytes<HD>(), c->stream>>>(*a, QH);
     else
-        attn_tc_kernel<HD, 3><<<grid, 256, sm, c->stream>>>(*a, QH);
+        attn_fa_kernel<HD, 3><<<grid, 256, fa_smem_bytes<HD>(), c->stream>>>(*a, QH);
 }
 
 extern "C" void cu_attn_tiled_tc(cu_ctx *c, const cu_attn_args *a) {
-    int QH = at_qh(a->Hq, a->Hkv);
-    dim3 grid((unsigned)(a->Hq / QH), (unsigned)a->n_tiles);
-    size_t sm = at_smem_floats(a->hd) * sizeof(float);
+    if (a->n_tiles <= 0) return;
     switch (a->hd) {
     case 32:
-        at_launch<32>(c, a, grid, QH, sm);
+        fa_launch<32>(c, a);
         break;
     case 64:
-        at_launch<64>(c, a, grid, QH, sm);
+        fa_launch<64>(c, a);
         break;
     case 128:
-        at_launch<128>(c, a, grid, QH, sm);
+        fa_launch<128>(c, a);
         break;
     case 256:
-        at_launch<256>(c, a, grid, QH, sm);
+        fa_launch<256>(c, a);
         break;
     default:
-        break;
+        break; /* refused by cu_attn_tc_init */
     }
 }

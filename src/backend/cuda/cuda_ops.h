@@ -213,9 +213,11 @@ typedef struct cu_attn_args {
     float *part;          /* split-softmax partials [T][Hq][nsplit][hd + 2] */
     int span, nsplit;     /* positions per split, splits */
     const int *tiles; /* NULL: a block per (row, head[, span]); else prefill tiles: first rows of runs of up
-                         to CU_ATTN_TILE rows of one entry, [n_tiles], each block sharing its K/V loads */
+                         to CU_ATTN_TILE rows of one entry (tc: cu_attn_tc_rows rows), [n_tiles], each
+                         block sharing its K/V loads */
     int n_tiles;
-    int tc; /* 1: the prefill tiles on the tensor cores (attention_tc.cu); 0: the scalar tile kernel */
+    int tc; /* 1: the prefill tiles on the tensor cores (attention_tc.cu, flash-attention form); 0: the
+               scalar tile kernel */
     float eps;
     cu_meta meta;
     /* multimodal rotary (a batch with image prompts), else NULL: rotary positions [T][3] (t, h, w); pair i
@@ -234,6 +236,9 @@ void cu_attn_layer(cu_ctx *c, const cu_attn_args *a);
 int cu_attn_init(int hd);
 /* 1 when the tensor-core prefill kernel serves this head dim (32, 64, 128, 256) and fits the device */
 int cu_attn_tc_init(int hd);
+/* rows of one entry per tile for the tensor-core prefill kernel: 128 query rows per block, as 128 / QH
+ * positions of QH query heads sharing a KV head (QH: the largest power of two <= 8 dividing Hq / Hkv) */
+int cu_attn_tc_rows(int Hq, int Hkv);
 /* Largest supported head dim (hd must be a multiple of 32 up to this) */
 #define CU_ATTN_MAX_HD 512
 
