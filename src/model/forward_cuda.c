@@ -628,7 +628,8 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * cu_attn_tc_rows rows (attn_rows), pending its device figures. */
     /* "gdn1": the one-kernel tensor-core DeltaNet (today's "gdn"); "gdn2" / "tc2": the phased one
      * (deltanet_chunk.cu, parallel over chunks), alone / with the tensor-core attention.
-     * CINFER_CUDA_GDN_DT=32: 32 value columns per block of its sequential pass (default 16) */
+     * CINFER_CUDA_GDN_DT=32: 32 value columns per block of its sequential pass (default 16); "stage": 32,
+     * each chunk's inputs staged in shared memory one chunk ahead */
     const char *pf = getenv("CINFER_CUDA_PREFILL");
     const char *pfv = pf ? pf : "gdn";
     int phased = !strcmp(pfv, "gdn2") || !strcmp(pfv, "tc2");
@@ -644,7 +645,7 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
         f->gdn_tc = 2;
     }
     const char *gdt = getenv("CINFER_CUDA_GDN_DT");
-    f->gdn_chunk_dt = gdt && atoi(gdt) == 32 ? 32 : 16;
+    f->gdn_chunk_dt = !gdt ? 16 : !strcmp(gdt, "32") ? 32 : !strcmp(gdt, "stage") ? 0 : 16;
     const char *me = getenv("CINFER_CUDA_MOE"); /* "grouped": decode experts by cu_gemv_grouped */
     f->moe_grouped = me && !strcmp(me, "grouped");
     /* "1": decode MoE blocks (device_only) as three launches (router + selection, gate_up + SwiGLU, down +

@@ -549,12 +549,13 @@ static void gdn_case_ex(int Hk, int Hv, int dk, int dv, int tc, const test_entry
     float *prev_o = NULL, *prev_r = NULL;
     double err_o = 0, err_r = 0; /* the scalar kernel's error: the tensor cores' bound follows from it */
     double *err_h = calloc((size_t)NE * Hv, sizeof(double)); /* its error per (entry, head) state */
-    /* mode 0: the scalar kernel; 1: the tensor cores, one kernel (deltanet_tc.cu); 3, 4: the phased kernels
-     * (deltanet_chunk.cu) with 16 and 32 value columns per block of the sequential pass, which must give the
-     * same bits (every 16 x 16 tile is computed the same way); 2 and 5: the two with one TF32 rounding (the
-     * form that failed the model parity), which must fail the bound: the bound can catch what it is for */
-    for (int mode = 0; mode <= (tc ? 5 : 0); mode++) {
-        int phased = mode >= 3, control = mode == 2 || mode == 5;
+    /* mode 0: the scalar kernel; 1: the tensor cores, one kernel (deltanet_tc.cu); 3, 4, 5: the phased
+     * kernels (deltanet_chunk.cu) with 16 and 32 value columns per block of the sequential pass and with its
+     * inputs staged in shared memory, which must give the same bits (every 16 x 16 tile is computed the same
+     * way); 2 and 6: the one-kernel and phased forms with one TF32 rounding (the form that failed the model
+     * parity), which must fail the bound: the bound can catch what it is for */
+    for (int mode = 0; mode <= (tc ? 6 : 0); mode++) {
+        int phased = mode >= 3, control = mode == 2 || mode == 6;
         cu_gdn_args g = {0};
         g.T = T, g.NE = NE, g.Hk = Hk, g.Hv = Hv, g.dk = dk, g.dv = dv, g.K = K, g.C = C, g.n_lin = n_lin,
         g.lin = lin;
@@ -569,7 +570,7 @@ static void gdn_case_ex(int Hk, int Hv, int dk, int dv, int tc, const test_entry
         g.rec_state = dup_dev(rst, rs_n * 4);
         g.eps = eps, g.meta = meta, g.tc = !mode ? 0 : phased ? 2 : 1;
         if (phased) { /* the scratch starts as NaN: nothing may read what the kernels did not write */
-            g.chunk_cap = cu_gdn_chunk_cap(T, NE), g.chunk_dt = mode == 4 ? 32 : 16;
+            g.chunk_cap = cu_gdn_chunk_cap(T, NE), g.chunk_dt = mode == 4 ? 32 : mode == 5 ? 0 : 16;
             g.chunk_scr = nan_dev(c, cu_gdn_chunk_bytes(g.chunk_cap, T, Hv, dk, dv) / 4);
         }
         cu_set_tf32_passes(control ? 1 : 3);
@@ -577,9 +578,11 @@ static void gdn_case_ex(int Hk, int Hv, int dk, int dv, int tc, const test_entry
         cu_set_tf32_passes(3);
         REQUIRE(cu_sync(c, err, sizeof err) == 0);
         float *go = get(g.o, (size_t)T * vd), *gc = get(g.conv_state, cs_n), *gr = get(g.rec_state, rs_n);
-        const char *kind = !mode    ? "scalar"
-                           : phased ? (mode == 4 ? "phased/32" : "phased/16")
-                                    : "tensor cores";
+        const char *kind = !mode       ? "scalar"
+                           : !phased   ? "tensor cores"
+                           : mode == 4 ? "phased/32"
+                           : mode == 5 ? "phased/staged"
+                                       : "phased/16";
         if (phased) { /* the phased kernels ran (not the fallback): they wrote W of the first chunk */
             float *w0 = get((const float *)g.chunk_scr, 1);
             CHECK_MSG(isfinite(w0[0]), "deltanet dk=%d dv=%d %s: the phased kernels did not run", dk, dv,
@@ -663,11 +666,13 @@ static void gdn_case_ex(int Hk, int Hv, int dk, int dv, int tc, const test_entry
                 printf("     phased vs one-kernel tensor cores: output %s, states %s\n",
                        memcmp(go, prev_o, (size_t)T * vd * 4) ? "differ" : "bit-identical",
                        memcmp(gr, prev_r, rs_n * 4) ? "differ" : "bit-identical");
-            if (mode == 4) {
+            if (mode == 4 || mode == 5) { /* vs phased/16, phased/32 */
                 CHECK_MSG(!memcmp(go, prev_o, (size_t)T * vd * 4),
-                          "deltanet dk=%d dv=%d: phased 32 vs 16 columns: outputs differ", dk, dv);
+                          "deltanet dk=%d dv=%d: %s vs the previous phased form: outputs differ", dk, dv,
+                          kind);
                 CHECK_MSG(!memcmp(gr, prev_r, rs_n * 4),
-                          "deltanet dk=%d dv=%d: phased 32 vs 16 columns: states differ", dk, dv);
+                          "deltanet dk=%d dv=%d: %s vs the previous phased form: states differ", dk, dv,
+                          kind);
             }
             free(prev_o), free(prev_r), free(gc);
             prev_o = go, prev_r = gr;

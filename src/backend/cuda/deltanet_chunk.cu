@@ -18,6 +18,7 @@
  * them). state (a block per (entry, value head, DT value columns), chunks in order, S's column slice in
  * shared memory from the slot and back): D = U - W S,  O = Qg S + QK D,  S <- e^(g_L) S + Kf^T D.
  */
+#include <cuda_pipeline.h>
 #include <mma.h>
 
 #include "backend/cuda/common.cuh"
@@ -297,6 +298,128 @@ template <int P, int DT> __global__ void __launch_bounds__(DT * 8) ck_state_kern
     }
 }
 
+/* The same pass with each chunk's W, Qg, Kf and QK staged in shared memory by cp.async, one step ahead: W and
+ * Qg of chunk i + 1 load while the second step of chunk i runs, QK and Kf of chunk i + 1 while the first step
+ * of chunk i + 1 runs (the global-memory fragment loads of ck_state_kernel wait on L2 latency at every step
+ * of K). 32 value columns, 8 warps; the tiles and sums of ck_state_kernel, so the same bits. */
+#define CKS_DT 32
+static size_t ck_stage_smem_floats(int dk) {
+    return 3 * (size_t)CK_CH * (dk + 4) + (size_t)CK_CH * CK_GLD + ((size_t)dk + 2 * CK_CH) * (CKS_DT + 4);
+}
+
+/* rows x cols floats (cols a multiple of 4) from global (row stride cols) to shared (row stride ld), 16 bytes
+ * per copy */
+static __device__ __forceinline__ void ck_stage(float *dst, int ld, const float *src, int rows, int cols,
+                                                int tid, int nt) {
+    int q = cols / 4;
+    for (int idx = tid; idx < rows * q; idx += nt) {
+        int r = idx / q, c = (idx % q) * 4;
+        __pipeline_memcpy_async(dst + r * ld + c, src + (size_t)r * cols + c, 16);
+    }
+}
+
+template <int P> __global__ void __launch_bounds__(256) ck_state_stage_kernel(cu_gdn_args a) {
+    extern __shared__ __align__(128) float smg[];
+    int e = blockIdx.z;
+    if (!ck_entry(a, e)) return;
+    const int DT = CKS_DT, NT = DT / 16, VLD = DT + 4;
+    const int dk = a.dk, dv = a.dv, KLD = dk + 4, tid = threadIdx.x, nt = blockDim.x, warp = tid >> 5,
+              nw = nt >> 5;
+    int h = blockIdx.y, j0 = blockIdx.x * DT, n = a.meta.e_n[e], pos0 = a.meta.e_len[e];
+    int r0 = a.meta.e_row0[e];
+    float *Wb = smg, *Qb = Wb + CK_CH * KLD, *Kb = Qb + CK_CH * KLD, *QKb = Kb + CK_CH * KLD;
+    float *Ss = QKb + CK_CH * CK_GLD, *Ds = Ss + (size_t)dk * VLD, *Os = Ds + CK_CH * VLD;
+    float *Sg = a.rec_state + (((size_t)a.meta.e_slot[e] * a.n_lin + a.lin) * a.Hv + h) * (size_t)dk * dv;
+    for (int idx = tid; idx < dk * DT; idx += nt) {
+        int i = idx / DT, jj = idx % DT;
+        Ss[i * VLD + jj] = j0 + jj < dv ? Sg[(size_t)i * dv + j0 + jj] : 0.0f;
+    }
+    const int *tab = ck_table(a);
+    int k = tab[1 + 3 * (size_t)a.chunk_cap + e];
+    const size_t stride = ck_stride(dk, dv);
+    const int mt_k = dk / 16;
+    const float *base = (const float *)a.chunk_scr + ((size_t)k * a.Hv + h) * stride;
+    /* group A of chunk 0 (W, Qg), then group B (QK, Kf) */
+    ck_stage(Wb, KLD, base, CK_CH, dk, tid, nt);
+    ck_stage(Qb, KLD, base + CK_CH * dk, CK_CH, dk, tid, nt);
+    __pipeline_commit();
+    ck_stage(QKb, CK_GLD, base + 3 * CK_CH * dk + CK_CH * dv, CK_CH, CK_CH, tid, nt);
+    ck_stage(Kb, KLD, base + 2 * CK_CH * dk, CK_CH, dk, tid, nt);
+    __pipeline_commit();
+    for (int c0 = 0, L; c0 < n; c0 += L, k++) {
+        L = CK_CH - (pos0 + c0) % CK_CH;
+        if (L > n - c0) L = n - c0;
+        const float *W = (const float *)a.chunk_scr + ((size_t)k * a.Hv + h) * stride;
+        const float *U = W + 3 * CK_CH * dk, *nxt = c0 + L < n ? W + a.Hv * stride : NULL;
+        float egl = U[CK_CH * dv + CK_CH * CK_CH];
+        for (int idx = tid; idx < CK_CH * DT; idx += nt) {
+            int t = idx / DT, jj = idx % DT;
+            Ds[t * VLD + jj] = j0 + jj < dv ? U[(size_t)t * dv + j0 + jj] : 0.0f;
+        }
+        __pipeline_wait_prior(1); /* this chunk's group A */
+        __syncthreads();
+        /* D = U - W S, Qg S into Os */
+        for (int t = warp; t < 8 * NT; t += nw) {
+            int t2 = t % (4 * NT), mi = t2 / NT, ni = t2 % NT;
+            tc_facc acc;
+            if (t < 4 * NT) {
+                wmma::load_matrix_sync(acc, Ds + mi * 16 * VLD + ni * 16, VLD, wmma::mem_row_major);
+                tc_mma<P, wmma::row_major, wmma::row_major>(acc, Wb + mi * 16 * KLD, KLD, Ss + ni * 16, VLD,
+                                                            dk, true);
+                wmma::store_matrix_sync(Ds + mi * 16 * VLD + ni * 16, acc, VLD, wmma::mem_row_major);
+            } else {
+                wmma::fill_fragment(acc, 0.0f);
+                tc_mma<P, wmma::row_major, wmma::row_major>(acc, Qb + mi * 16 * KLD, KLD, Ss + ni * 16, VLD,
+                                                            dk);
+                wmma::store_matrix_sync(Os + mi * 16 * VLD + ni * 16, acc, VLD, wmma::mem_row_major);
+            }
+        }
+        __syncthreads();
+        if (nxt) { /* the next chunk's group A over this one's W and Qg, read by now */
+            ck_stage(Wb, KLD, nxt, CK_CH, dk, tid, nt);
+            ck_stage(Qb, KLD, nxt + CK_CH * dk, CK_CH, dk, tid, nt);
+        }
+        __pipeline_commit();
+        __pipeline_wait_prior(1); /* this chunk's group B */
+        __syncthreads();
+        /* O += QK D; S <- e^(g_L) S + Kf^T D */
+        for (int t = warp; t < (4 + mt_k) * NT; t += nw) {
+            tc_facc acc;
+            if (t < 4 * NT) {
+                int mi = t / NT, ni = t % NT;
+                wmma::load_matrix_sync(acc, Os + mi * 16 * VLD + ni * 16, VLD, wmma::mem_row_major);
+                tc_mma<P, wmma::row_major, wmma::row_major>(acc, QKb + mi * 16 * CK_GLD, CK_GLD, Ds + ni * 16,
+                                                            VLD, (mi + 1) * 16);
+                wmma::store_matrix_sync(Os + mi * 16 * VLD + ni * 16, acc, VLD, wmma::mem_row_major);
+            } else {
+                int t2 = t - 4 * NT, mi = t2 / NT, ni = t2 % NT;
+                wmma::load_matrix_sync(acc, Ss + mi * 16 * VLD + ni * 16, VLD, wmma::mem_row_major);
+#pragma unroll
+                for (int u = 0; u < acc.num_elements; u++) acc.x[u] *= egl;
+                tc_mma<P, wmma::col_major, wmma::row_major>(acc, Kb + mi * 16, KLD, Ds + ni * 16, VLD, CK_CH);
+                wmma::store_matrix_sync(Ss + mi * 16 * VLD + ni * 16, acc, VLD, wmma::mem_row_major);
+            }
+        }
+        __syncthreads();
+        if (nxt) { /* the next chunk's group B over this one's QK and Kf */
+            ck_stage(QKb, CK_GLD, nxt + 3 * CK_CH * dk + CK_CH * dv, CK_CH, CK_CH, tid, nt);
+            ck_stage(Kb, KLD, nxt + 2 * CK_CH * dk, CK_CH, dk, tid, nt);
+        }
+        __pipeline_commit();
+        for (int idx = tid; idx < L * DT; idx += nt) {
+            int r = idx / DT, jj = idx % DT;
+            if (j0 + jj < dv)
+                a.o[(size_t)(r0 + c0 + r) * a.Hv * dv + (size_t)h * dv + j0 + jj] = Os[r * VLD + jj];
+        }
+    }
+    __pipeline_wait_prior(0);
+    __syncthreads();
+    for (int idx = tid; idx < dk * DT; idx += nt) {
+        int i = idx / DT, jj = idx % DT;
+        if (j0 + jj < dv) Sg[(size_t)i * dv + j0 + jj] = Ss[i * VLD + jj];
+    }
+}
+
 extern "C" int cu_gdn_chunk_cap(int T, int NE) {
     if (NE > T) NE = T;
     return T / CK_CH + 2 * NE;
@@ -314,7 +437,9 @@ template <int P> static int ck_set_smem(int dk, int dv) {
            cudaFuncSetAttribute(ck_state_kernel<P, 16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)(ck_state_smem_floats(dk, 16) * sizeof(float))) == cudaSuccess &&
            cudaFuncSetAttribute(ck_state_kernel<P, 32>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)(ck_state_smem_floats(dk, 32) * sizeof(float))) == cudaSuccess;
+                                (int)(ck_state_smem_floats(dk, 32) * sizeof(float))) == cudaSuccess &&
+           cudaFuncSetAttribute(ck_state_stage_kernel<P>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)(ck_stage_smem_floats(dk) * sizeof(float))) == cudaSuccess;
 }
 
 extern "C" int cu_gdn_chunk_init(int dk, int dv) {
@@ -323,7 +448,8 @@ extern "C" int cu_gdn_chunk_init(int dk, int dv) {
     if (cudaGetDevice(&dev) != cudaSuccess) return 0;
     cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
     if (ck_prep_smem_floats(dk, dv) * sizeof(float) > (size_t)optin ||
-        ck_state_smem_floats(dk, 32) * sizeof(float) > (size_t)optin)
+        ck_state_smem_floats(dk, 32) * sizeof(float) > (size_t)optin ||
+        ck_stage_smem_floats(dk) * sizeof(float) > (size_t)optin)
         return 0;
     return ck_set_smem<1>(dk, dv) && ck_set_smem<3>(dk, dv);
 }
@@ -333,20 +459,25 @@ extern "C" int cu_gdn_chunk_init(int dk, int dv) {
 extern "C" int cu_gdn_chunked_phased(cu_ctx *c, const cu_gdn_args *a) {
     long bound = (long)a->T / CK_CH + 2L * a->NE; /* an entry of n rows spans at most n / 64 + 2 chunks */
     if (!a->chunk_scr || bound > a->chunk_cap) return 0;
-    int P = cu_tf32_passes() == 1 ? 1 : 3, DT = a->chunk_dt == 32 ? 32 : 16;
+    int P = cu_tf32_passes() == 1 ? 1 : 3, DT = a->chunk_dt == 16 ? 16 : 32;
     size_t sp = ck_prep_smem_floats(a->dk, a->dv) * sizeof(float);
-    size_t ss = ck_state_smem_floats(a->dk, DT) * sizeof(float);
+    size_t ss = a->chunk_dt ? ck_state_smem_floats(a->dk, DT) * sizeof(float)
+                            : ck_stage_smem_floats(a->dk) * sizeof(float);
     dim3 gp((unsigned)bound, (unsigned)a->Hv), gs(cdiv((size_t)a->dv, DT), (unsigned)a->Hv, (unsigned)a->NE);
     ck_plan_kernel<<<1, 32, 0, c->stream>>>(*a);
     if (P == 1) {
         ck_prep_kernel<1><<<gp, 256, sp, c->stream>>>(*a);
-        if (DT == 32)
+        if (!a->chunk_dt)
+            ck_state_stage_kernel<1><<<gs, 256, ss, c->stream>>>(*a);
+        else if (DT == 32)
             ck_state_kernel<1, 32><<<gs, 256, ss, c->stream>>>(*a);
         else
             ck_state_kernel<1, 16><<<gs, 128, ss, c->stream>>>(*a);
     } else {
         ck_prep_kernel<3><<<gp, 256, sp, c->stream>>>(*a);
-        if (DT == 32)
+        if (!a->chunk_dt)
+            ck_state_stage_kernel<3><<<gs, 256, ss, c->stream>>>(*a);
+        else if (DT == 32)
             ck_state_kernel<3, 32><<<gs, 256, ss, c->stream>>>(*a);
         else
             ck_state_kernel<3, 16><<<gs, 128, ss, c->stream>>>(*a);
