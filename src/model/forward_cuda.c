@@ -185,6 +185,7 @@ struct cuda_fwd {
     float *moe_fa;               /* [T][k Im + Is]: the fused path's SwiGLU outputs */
     unsigned *moe_cnt;           /* [T]: the fused router's finished-block counters (zeroed, kept zeroed) */
     int pdl;                     /* CINFER_CUDA_PDL=1: GEMVs by PDL (off while profiling) */
+    int fuse;                    /* CINFER_CUDA_FUSE=1: norms, adds, SwiGLU in the GEMVs (enqueue) */
     int *h_moe_idx;              /* pinned [S] */
     float *h_moe_w;              /* pinned [S] */
     int *h_moe_up;               /* pinned [3S] */
@@ -550,14 +551,21 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     cu_set_bf16_passes(bp ? atoi(bp) : 2);
     /* GEMV: "v2", the default since the H200 run of 07:17 (4B batch 1 227 -> 243 tok/s, batch 8 unchanged,
      * every test passing with it), takes the split-K kernel where it measured faster and v1 elsewhere; "v1"
-     * the warp-per-2-rows kernel everywhere; "v2all" the split-K kernel wherever it serves */
+     * the warp-per-2-rows kernel everywhere; "v2all" the split-K kernel wherever it serves; "v3" the kernel
+     * of the fused GEMVs (gemv3.cu) wherever K % 8 == 0 */
     const char *gv = getenv("CINFER_CUDA_GEMV");
-    cu_set_gemv_version(!gv || !strcmp(gv, "v2") ? 2 : !strcmp(gv, "v2all") ? 3 : 1);
+    cu_set_gemv_version(!gv || !strcmp(gv, "v2") ? 2 : !strcmp(gv, "v2all") ? 3 : !strcmp(gv, "v3") ? 4 : 1);
     if (gv) fprintf(stderr, "cinfer cuda: CINFER_CUDA_GEMV=%s: GEMV version %d\n", gv, cu_gemv_version());
     /* "1": the GEMVs launch with programmatic dependent launch */
     const char *pdl = getenv("CINFER_CUDA_PDL");
     f->pdl = pdl && !strcmp(pdl, "1");
     cu_set_pdl(f->pdl);
+    /* "1": norms, residual adds and SwiGLU inside the decode GEMVs (the GEMV v3 kernel) */
+    const char *fz = getenv("CINFER_CUDA_FUSE");
+    f->fuse = fz && !strcmp(fz, "1");
+    if (fz)
+        fprintf(stderr, "cinfer cuda: CINFER_CUDA_FUSE=%s: fused decode GEMVs %s\n", fz,
+                f->fuse ? "on" : "off");
     /* 1: the tensor-core prefill kernels round operands to TF32 once (~4e-4 per product); default 3 */
     const char *tp = getenv("CINFER_CUDA_TF32_PASSES");
     cu_set_tf32_passes(tp ? atoi(tp) : 3);
@@ -747,11 +755,33 @@ static void gemm(cuda_fwd *f, float *y, const float *x, const uint16_t *w, int M
     cu_gemm(f->cu, y, x, w, M, N, K, f->xb, 0);
 }
 
-static void deltanet(cuda_fwd *f, const cu_layer *cl, const layer_weights *lw, int lin, const run_shape *rs) {
+/* The layer's input projection: from f->xn (normed by the caller), or with fz from the raw residual f->x,
+ * normed inside the GEMV by the layer's input norm */
+static void in_proj(cuda_fwd *f, const cu_layer *cl, int T, int fz) {
     const model *m = f->m;
-    int T = rs->T, H = m->H, kd = m->Hk * m->dk, vd = m->Hv * m->dv, C = m->C;
+    if (fz)
+        cu_gemv_fused(f->cu, f->proj, f->x, cl->w_in, T, cl->n_in, m->H, cl->in_norm,
+                      (float)m->cfg.rms_norm_eps, CU_EPI_STORE);
+    else
+        gemm(f, f->proj, f->xn, cl->w_in, T, cl->n_in, m->H);
+}
+
+/* The layer's output projection of f->act: into f->out (the caller adds it to the residual), or with fz
+ * added to the residual f->x by the GEMV itself */
+static void out_proj(cuda_fwd *f, const cu_layer *cl, int T, int K, int fz) {
+    if (fz)
+        cu_gemv_fused(f->cu, f->x, f->act, cl->w_out, T, f->m->H, K, NULL, 0.0f, CU_EPI_ADD);
+    else
+        gemm(f, f->out, f->act, cl->w_out, T, f->m->H, K);
+}
+
+/* fin: the input norm inside in_proj (else f->xn is the normed input); fz: out_proj adds into f->x */
+static void deltanet(cuda_fwd *f, const cu_layer *cl, const layer_weights *lw, int lin, const run_shape *rs,
+                     int fin, int fz) {
+    const model *m = f->m;
+    int T = rs->T, kd = m->Hk * m->dk, vd = m->Hv * m->dv, C = m->C;
     mark(f, CP_GEMM_IN);
-    gemm(f, f->proj, f->xn, cl->w_in, T, cl->n_in, H);
+    in_proj(f, cl, T, fin);
     mark(f, CP_GDN);
     cu_gdn_args a = {0};
     a.T = T, a.NE = rs->NE, a.Hk = m->Hk, a.Hv = m->Hv, a.dk = m->dk, a.dv = m->dv, a.K = m->K, a.C = C;
@@ -774,16 +804,16 @@ static void deltanet(cuda_fwd *f, const cu_layer *cl, const layer_weights *lw, i
     a.no_chunked = rs->no_chunked, a.dec_cnt = f->gdn_cnt;
     cu_gdn_layer(f->cu, &a);
     mark(f, CP_GEMM_OUT);
-    gemm(f, f->out, f->act, cl->w_out, T, H, vd);
+    out_proj(f, cl, T, vd, fz);
 }
 
 /* kpool / vpool: the model's pools (layer full of f->p.n_blocks blocks each) or the MTP head's (full 0) */
 static void attention(cuda_fwd *f, const cu_layer *cl, int full, const run_shape *rs, float *kpool,
-                      float *vpool, int n_blocks) {
+                      float *vpool, int n_blocks, int fin, int fz) {
     const model *m = f->m;
-    int T = rs->T, H = m->H;
+    int T = rs->T;
     mark(f, CP_GEMM_IN);
-    gemm(f, f->proj, f->xn, cl->w_in, T, cl->n_in, H);
+    in_proj(f, cl, T, fin);
     mark(f, CP_ATTN);
     cu_attn_args a = {0};
     a.T = T, a.Hq = m->Hq, a.Hkv = m->Hkv, a.hd = m->hd, a.rope_dim = m->cfg.rope_dim, a.n_blocks = n_blocks;
@@ -796,7 +826,7 @@ static void attention(cuda_fwd *f, const cu_layer *cl, int full, const run_shape
     a.dec_cnt = rs->no_chunked && !rs->has_spec && !rs->tiles ? f->attn_cnt : NULL;
     cu_attn_layer(f->cu, &a);
     mark(f, CP_GEMM_OUT);
-    gemm(f, f->out, f->act, cl->w_out, T, H, m->Hq * m->hd);
+    out_proj(f, cl, T, m->Hq * m->hd, fz);
 }
 
 static void mlp(cuda_fwd *f, float *y, const float *x, const uint16_t *gu, const uint16_t *down, int M,
@@ -808,6 +838,16 @@ static void mlp(cuda_fwd *f, float *y, const float *x, const uint16_t *gu, const
     cu_swiglu(f->cu, f->act, f->proj, M, I);
     mark(f, CP_FFN_GEMM);
     gemm(f, y, f->act, down, M, m->H, I);
+}
+
+/* the dense FFN on the raw residual: x += down(swiglu(gate_up(rmsnorm(x) * post_norm))) in two GEMVs */
+static void mlp_fused(cuda_fwd *f, const cu_layer *cl, int M) {
+    const model *m = f->m;
+    int I = m->cfg.intermediate_size;
+    mark(f, CP_FFN_GEMM);
+    cu_gemv_fused(f->cu, f->act, f->x, cl->w_gu, M, I, m->H, cl->post_norm, (float)m->cfg.rms_norm_eps,
+                  CU_EPI_SWIGLU);
+    cu_gemv_fused(f->cu, f->x, f->act, cl->w_down, M, m->H, I, NULL, 0.0f, CU_EPI_ADD);
 }
 
 static int moe(cuda_fwd *f, const cu_layer *cl, const run_shape *rs, int device_only, char *err,
@@ -953,26 +993,44 @@ static int enqueue(cuda_fwd *f, const run_shape *rs, int moe_device, char *err, 
     mark(f, CP_EMBED_NORM);
     cu_embed(f->cu, f->x, f->embed, rs->meta.ids, T, H);
     if (rs->mm_e) image_rows(f, rs);
+    /* CINFER_CUDA_FUSE: at decode-sized T every GEMV of a dense layer takes cu_gemv_fused (K % 8 == 0 for
+     * all of them); pend: f->out holds an output not yet added to the residual f->x (always, unfused; after
+     * a MoE layer, fused) — the next norm kernel adds it, and a fused GEMV never reads x while one pends */
+    int I = m->cfg.intermediate_size, vd = m->Hv * m->dv;
+    int fz = f->fuse && cu_gemv_fusable(T, H) && cu_gemv_fusable(T, m->Hq * m->hd) &&
+             (I <= 0 || cu_gemv_fusable(T, I)) && (vd <= 0 || cu_gemv_fusable(T, vd));
+    int pend = 0;
     for (int l = 0; l < m->L; l++) {
         const cu_layer *cl = &f->L[l];
         const layer_weights *lw = &m->layers[l];
-        mark(f, CP_EMBED_NORM);
-        /* the previous layer's FFN output joins the residual here (fused with this layer's input norm) */
-        cu_add_rmsnorm(f->cu, f->x, l > 0 ? f->out : NULL, f->xn, cl->in_norm, T, H, eps);
+        int fin = fz && !pend; /* this layer's input norm inside its in_proj */
+        if (!fin) {
+            mark(f, CP_EMBED_NORM);
+            /* the previous layer's FFN output joins the residual here (fused with this layer's input norm) */
+            cu_add_rmsnorm(f->cu, f->x, pend ? f->out : NULL, f->xn, cl->in_norm, T, H, eps);
+        }
         if (lw->type == LAYER_LINEAR)
-            deltanet(f, cl, lw, m->lin_index[l], rs);
+            deltanet(f, cl, lw, m->lin_index[l], rs, fin, fz);
         else
-            attention(f, cl, m->full_index[l], rs, f->kpool, f->vpool, f->p.n_blocks);
-        mark(f, CP_EMBED_NORM);
-        cu_add_rmsnorm(f->cu, f->x, f->out, f->xn, cl->post_norm, T, H, eps);
+            attention(f, cl, m->full_index[l], rs, f->kpool, f->vpool, f->p.n_blocks, fin, fz);
+        pend = !fz;
+        if (lw->moe || !fz) {
+            mark(f, CP_EMBED_NORM);
+            cu_add_rmsnorm(f->cu, f->x, pend ? f->out : NULL, f->xn, cl->post_norm, T, H, eps);
+        }
         if (lw->moe) {
             if ((rc = moe(f, cl, rs, moe_device, err, errlen))) return rc;
+            pend = 1;
+        } else if (fz) {
+            mlp_fused(f, cl, T);
+            pend = 0;
         } else {
             mlp(f, f->out, f->xn, cl->w_gu, cl->w_down, T, m->cfg.intermediate_size);
+            pend = 1;
         }
     }
     mark(f, CP_EMBED_NORM);
-    cu_add(f->cu, f->x, f->out, T, H);
+    if (pend) cu_add(f->cu, f->x, f->out, T, H);
     /* final norm of the rows that need logits (gathered), then lm_head */
     cu_gather_rmsnorm(f->cu, f->xn, f->x, rs->meta.lrow, f->final_norm, rs->nl, H, eps);
     mark(f, CP_LM_HEAD);
@@ -1252,7 +1310,7 @@ int cuda_fwd_mtp_run(cuda_fwd *f, const fwd_entry *e, const mtp_io *io, int NE, 
     const cu_layer *cl = f->mtp_L;
     const layer_weights *lw = &m->mtp.layer;
     cu_add_rmsnorm(f->cu, f->x, NULL, f->xn, cl->in_norm, T, H, eps);
-    attention(f, cl, 0, &rs, f->mtp_kpool, f->mtp_vpool, f->mtp_blocks);
+    attention(f, cl, 0, &rs, f->mtp_kpool, f->mtp_vpool, f->mtp_blocks, 0, 0);
     cu_add_rmsnorm(f->cu, f->x, f->out, f->xn, cl->post_norm, T, H, eps);
     if (lw->moe) {
         if ((rc = moe(f, cl, &rs, T <= 64, err, errlen))) return rc;

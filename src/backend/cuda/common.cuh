@@ -82,6 +82,29 @@ __device__ __forceinline__ void griddep_launch(void) {
 #endif
 }
 
+/* kernel<<<grid, block, 0, stream>>>(args...), with programmatic dependent launch when cu_set_pdl(1): the
+ * kernel's blocks may start while the kernel before it still runs; each GEMV kernel calls griddep_wait()
+ * before its first read of x, and reads only weights before that */
+extern "C" int cu_pdl_on(void);
+template <class... KA, class... A>
+static void cu_launch_gemv(cu_ctx *c, void (*kern)(KA...), dim3 grid, dim3 block, A... args) {
+    if (!cu_pdl_on()) {
+        kern<<<grid, block, 0, c->stream>>>(args...);
+        return;
+    }
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = c->stream;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    cudaLaunchKernelEx(&cfg, kern, args...);
+}
+
 static inline unsigned cdiv(size_t a, size_t b) {
     return (unsigned)((a + b - 1) / b);
 }

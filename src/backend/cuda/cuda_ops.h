@@ -64,15 +64,19 @@ float cu_timer_between_ms(cu_timer *a, cu_timer *b);
 void cu_set_gemv_max(int m);
 void cu_gemm(cu_ctx *c, float *d_y, const float *d_x, const uint16_t *d_w, int M, int N, int K,
              uint16_t *d_xb, int precise);
+/* rows up to which cu_gemm takes the f32-activation GEMV (cu_set_gemv_max) */
+int cu_gemv_max(void);
 /* which f32-activation GEMV cu_gemm runs: 1 (default) a warp per 2 weight rows; 2 (CINFER_CUDA_GEMV=v2) a
  * block per 4 rows with K split among its 8 warps where that was measured faster (one row of x, K >= 4096),
- * v1 elsewhere; 3 (CINFER_CUDA_GEMV=v2all) the split-K kernel wherever K % 8 == 0. Each is independent of M
- * row by row; v1 and v2 differ by f32 rounding. */
+ * v1 elsewhere; 3 (CINFER_CUDA_GEMV=v2all) the split-K kernel wherever K % 8 == 0; 4 (CINFER_CUDA_GEMV=v3)
+ * cu_gemv_fused's kernel without prologue or epilogue wherever K % 8 == 0. Each is independent of M row by
+ * row; they differ from each other by f32 rounding. */
 void cu_set_gemv_version(int v);
 int cu_gemv_version(void);
 /* 1: the GEMVs launch with programmatic dependent launch (CINFER_CUDA_PDL=1): their blocks start while the
  * norm / SwiGLU before them finishes (v2 also requests its first weights then); the same bits */
 void cu_set_pdl(int on);
+int cu_pdl_on(void);
 /* f32 scratch for the stacked hi/lo product of up to 64 rows (2 x 64 x widest N floats) */
 void cu_set_gemm_scratch(cu_ctx *c, float *d_t, size_t floats);
 /* 2 (default): activations as bf16 hi + lo through the tensor cores; 1: one bf16 rounding
@@ -86,6 +90,24 @@ void cu_gemv_indexed(cu_ctx *c, float *d_y, const float *d_x, int x_row_div, con
  * same bits as cu_gemv_indexed (CINFER_CUDA_MOE=grouped in the MoE decode path) */
 void cu_gemv_grouped(cu_ctx *c, float *d_y, const float *d_x, int x_row_div, const uint16_t *d_w,
                      const int *d_grp, int E, int N, int K);
+/* ---- the decode GEMV v3 with its fusions (gemv3.cu) ---- */
+/* y = x · w^T at decode-sized M (cu_gemv_fusable: M <= cu_gemv_max(), K % 8 == 0), rows of x f32 with
+ * stride K, rows of y f32 with stride N, each row's bits independent of M. norm_w ([K] f32, the 1 + weight
+ * form) or NULL: x rows are rmsnorm(x) * norm_w first (eps), the sum of squares computed in the kernel, so x
+ * is the raw residual; epi: CU_EPI_STORE y = ..., CU_EPI_ADD y += ... (the residual stream: y must not be x
+ * or be read by the kernel otherwise), CU_EPI_SWIGLU w holds 2N rows (gate rows, then up rows) and
+ * y = silu(x · gate^T) * (x · up^T). Built: norm + STORE, norm + SWIGLU, no norm + ADD, no norm + STORE;
+ * another combination returns -1 and launches nothing. */
+enum { CU_EPI_STORE = 0, CU_EPI_ADD = 1, CU_EPI_SWIGLU = 2 };
+int cu_gemv_fusable(int M, int K);
+int cu_gemv_fused(cu_ctx *c, float *d_y, const float *d_x, const uint16_t *d_w, int M, int N, int K,
+                  const float *d_norm_w, float eps, int epi);
+/* K-splits of the v3 kernel for a matrix of `rows` weight rows (2N for SwiGLU) and width K: a function of
+ * the shape only, which fixes every sum's order */
+int cu_gemv3_splits(int rows, int K);
+/* measurements: force the K-splits (1, 2, 4, 8), the rows per warp (1, 2) and the chunks in flight (2, 4,
+ * 8) at one row of x; 0 = automatic. The splits change f32 rounding; the other two never change a bit. */
+void cu_set_gemv3_config(int ks, int nr, int u);
 /* Fills n bf16 values with uniform noise of the given std (random weights built on the device). */
 void cu_fill_random_bf16(cu_ctx *c, uint16_t *d, size_t n, float std, uint64_t seed);
 void cu_fill_f32(cu_ctx *c, float *d, size_t n, float v);

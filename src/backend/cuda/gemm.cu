@@ -76,34 +76,15 @@ static int g_pdl = 0;
 extern "C" void cu_set_pdl(int on) {
     g_pdl = on != 0;
 }
-
-/* kernel<<<grid, block, 0, stream>>>(args...), with programmatic dependent launch when cu_set_pdl(1): the
- * kernel's blocks may start while the kernel before it still runs; each GEMV kernel calls griddep_wait()
- * before its first read of x, and reads only weights before that */
-template <class... KA, class... A>
-static void launch_gemv(cu_ctx *c, void (*kern)(KA...), dim3 grid, dim3 block, A... args) {
-    if (!g_pdl) {
-        kern<<<grid, block, 0, c->stream>>>(args...);
-        return;
-    }
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = 0;
-    cfg.stream = c->stream;
-    cfg.attrs = at;
-    cfg.numAttrs = 1;
-    cudaLaunchKernelEx(&cfg, kern, args...);
+extern "C" int cu_pdl_on(void) {
+    return g_pdl;
 }
 
 template <int MR>
 static void gemv_launch(cu_ctx *c, float *y, const float *x, const uint16_t *w, int tiles, int N, int K) {
     constexpr int NR = GEMV_NR(MR);
     dim3 grid(cdiv((size_t)N, GEMV_WARPS * NR), (unsigned)tiles);
-    launch_gemv(c, gemv_kernel<MR, NR>, grid, dim3(GEMV_WARPS * 32), y, x, w, N, K);
+    cu_launch_gemv(c, gemv_kernel<MR, NR>, grid, dim3(GEMV_WARPS * 32), y, x, w, N, K);
 }
 
 /* whole tiles of 8 rows in one launch, the remainder in a second */
@@ -228,7 +209,7 @@ __global__ void __launch_bounds__(V2_WARPS * 32, MR == 1   ? 4
 template <int MR>
 static void gemv2_launch(cu_ctx *c, float *y, const float *x, const uint16_t *w, int tiles, int N, int K) {
     dim3 grid(cdiv((size_t)N, V2_R), (unsigned)tiles);
-    launch_gemv(c, gemv2_kernel<MR>, grid, dim3(V2_WARPS * 32), y, x, w, N, K);
+    cu_launch_gemv(c, gemv2_kernel<MR>, grid, dim3(V2_WARPS * 32), y, x, w, N, K);
 }
 
 /* as gemv_rows: whole tiles of 8 rows in one launch, the remainder in a second */
@@ -266,7 +247,7 @@ static void gemv2_rows(cu_ctx *c, float *y, const float *x, const uint16_t *w, i
 
 static int g_gemv_version = 1;
 extern "C" void cu_set_gemv_version(int v) {
-    g_gemv_version = v == 2 || v == 3 ? v : 1;
+    g_gemv_version = v >= 2 && v <= 4 ? v : 1;
 }
 extern "C" int cu_gemv_version(void) {
     return g_gemv_version;
@@ -278,6 +259,10 @@ extern "C" int cu_gemv_version(void) {
  * with 8 rows of x its 168 registers allow one block per SM (4B batch 8: 1142 -> 752 tok/s). Version 3: v2
  * wherever K % 8 == 0 (tests, measurements). */
 static void gemv_any(cu_ctx *c, float *y, const float *x, const uint16_t *w, int M, int N, int K) {
+    if (g_gemv_version == 4 && (K & 7) == 0) { /* v3 (gemv3.cu), no prologue or epilogue */
+        cu_gemv_fused(c, y, x, w, M, N, K, NULL, 0.0f, CU_EPI_STORE);
+        return;
+    }
     int v2 = (K & 7) == 0 && (g_gemv_version == 3 || (g_gemv_version == 2 && M == 1 && K >= 4096));
     if (v2)
         gemv2_rows(c, y, x, w, M, N, K);
@@ -299,6 +284,9 @@ extern "C" void cu_f32_to_bf16(cu_ctx *c, uint16_t *y, const float *x, size_t n)
 static int g_gemv_max = CU_GEMV_MAX_M;
 extern "C" void cu_set_gemv_max(int m) {
     g_gemv_max = m > 0 ? m : CU_GEMV_MAX_M;
+}
+extern "C" int cu_gemv_max(void) {
+    return g_gemv_max;
 }
 
 /* x = hi + lo with hi = bf16(x), lo = bf16(x - hi): written as 2n values, hi then lo (2M rows of K) */

@@ -1,0 +1,263 @@
+/* gemv3.cu — the decode GEMV v3 and its fused forms (CINFER_CUDA_FUSE=1, CINFER_CUDA_GEMV=v3): y = x · w^T
+ * for decode-sized M with bf16 weights and f32 activations, optionally with the RMSNorm of x folded in (the
+ * kernel reads the raw residual and the norm weight; no add_rmsnorm launch), the residual add folded out
+ * (y += x · w^T: out_proj / down write the residual stream directly), or SwiGLU folded out (each warp owns
+ * gate row j and up row j + I and writes silu(g) * u; no swiglu launch).
+ *
+ * Layout: a block of 8 warps is RG = 8 / KS row groups x KS K-splits. K is cut into 256-element chunks; the
+ * warp of split s takes chunks s, s + KS, s + 2 KS, ... (lane l reads 16 bytes of each of its rows at
+ * 256c + 8l), issuing U chunks of loads before any FMA. Few-row matrices (the N = 2560 out_proj / down) get
+ * KS > 1 so that they still make enough warps to keep the copy engine's worth of bytes in flight (v1 makes
+ * 1280 warps of them, v2 had 6-of-8-idle warps at K = 2560).
+ *
+ * Sums: per lane in chunk order, the warp's butterfly, then the KS splits in split order through shared
+ * memory. KS depends on (rows, K) only — never on M — and the rows per warp (NR) and loads in flight (U) do
+ * not change any sum, so a row's bits do not depend on how many rows share the launch. The norm: every
+ * block accumulates the row's sum of squares alongside its dot products (the same chunks, lanes and order
+ * in every block, so the same value everywhere) and applies it at the end: y = (Σ w · (x · g)) / rms(x),
+ * equal to the CPU's Σ w · ((x / rms) · g) up to f32 rounding. */
+#include "backend/cuda/common.cuh"
+
+#define G3_WARPS 8
+#define G3_MAXR  8 /* weight rows per warp at most (NR outputs, x2 for SwiGLU) */
+
+enum { EPI_STORE = CU_EPI_STORE, EPI_ADD = CU_EPI_ADD, EPI_SWIGLU = CU_EPI_SWIGLU };
+
+__device__ __forceinline__ uint4 g3_ld(const uint16_t *p) {
+    return __ldcs(reinterpret_cast<const uint4 *>(p)); /* streamed once per step: past L1 */
+}
+
+template <int MR, int NR, int U, bool NORM, int EPI>
+__global__ void __launch_bounds__(G3_WARPS * 32, 2)
+    gemv3_kernel(float *__restrict__ y, const float *__restrict__ x, const uint16_t *__restrict__ w, int N,
+                 int K, int KS, const float *__restrict__ g, float eps) {
+    constexpr int ROWS = EPI == EPI_SWIGLU ? 2 * NR : NR;
+    __shared__ float red[G3_WARPS][ROWS * MR + (NORM ? MR : 0)];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int RG = G3_WARPS / KS, rg = warp / KS, ks = warp % KS;
+    const int j0 = (blockIdx.x * RG + rg) * NR; /* first output column of this warp */
+    x += (size_t)blockIdx.y * MR * K;           /* tiles of MR rows along grid.y */
+    y += (size_t)blockIdx.y * MR * N;
+    const uint16_t *wr[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; r++) {
+        int o = r < NR ? r : r - NR, j = j0 + o < N ? j0 + o : N - 1;
+        wr[r] = w + ((size_t)j + (r < NR ? 0 : (size_t)N)) * K;
+    }
+    float acc[ROWS][MR], ss[MR];
+#pragma unroll
+    for (int m = 0; m < MR; m++) {
+        ss[m] = 0.0f;
+#pragma unroll
+        for (int r = 0; r < ROWS; r++) acc[r][m] = 0.0f;
+    }
+    const int nch = (K + 255) >> 8, step = KS * U;
+    uint4 wv[U][ROWS];
+    /* the weights depend on nothing before this kernel: the first U chunks are requested before waiting for
+     * the kernel that writes x (griddep_wait is a no-op unless launched with programmatic dependent launch)
+     */
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        int c = ks + u * KS, k = c * 256 + lane * 8;
+        if (c < nch && k < K)
+#pragma unroll
+            for (int r = 0; r < ROWS; r++) wv[u][r] = g3_ld(wr[r] + k);
+    }
+    griddep_wait();
+    for (int c0 = ks; c0 < nch; c0 += step) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int c = c0 + u * KS, k = c * 256 + lane * 8;
+            if (c >= nch || k >= K) break;
+            float gv[8];
+            if (NORM) {
+                const float4 *gp = reinterpret_cast<const float4 *>(g + k);
+                float4 a = __ldg(gp), b = __ldg(gp + 1);
+                gv[0] = a.x, gv[1] = a.y, gv[2] = a.z, gv[3] = a.w, gv[4] = b.x, gv[5] = b.y, gv[6] = b.z,
+                gv[7] = b.w;
+            }
+#pragma unroll
+            for (int m = 0; m < MR; m++) {
+                const float4 *xp = reinterpret_cast<const float4 *>(x + (size_t)m * K + k);
+                float4 a = __ldg(xp), b = __ldg(xp + 1);
+                float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+                if (NORM)
+#pragma unroll
+                    for (int q = 0; q < 8; q++) {
+                        ss[m] = fmaf(xv[q], xv[q], ss[m]);
+                        xv[q] *= gv[q];
+                    }
+#pragma unroll
+                for (int r = 0; r < ROWS; r++) {
+                    const uint32_t p[4] = {wv[u][r].x, wv[u][r].y, wv[u][r].z, wv[u][r].w};
+#pragma unroll
+                    for (int q = 0; q < 4; q++) {
+                        acc[r][m] = fmaf(__uint_as_float(p[q] << 16), xv[2 * q], acc[r][m]);
+                        acc[r][m] = fmaf(__uint_as_float(p[q] & 0xffff0000u), xv[2 * q + 1], acc[r][m]);
+                    }
+                }
+            }
+        }
+        /* the next U chunks */
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int c = c0 + step + u * KS, k = c * 256 + lane * 8;
+            if (c < nch && k < K)
+#pragma unroll
+                for (int r = 0; r < ROWS; r++) wv[u][r] = g3_ld(wr[r] + k);
+        }
+    }
+    /* every load of this block is out: a GEMV launched after this one with programmatic dependent launch
+     * may start its blocks (and their weight requests) once all blocks got here, during this one's tail */
+    griddep_launch();
+#pragma unroll
+    for (int r = 0; r < ROWS; r++)
+#pragma unroll
+        for (int m = 0; m < MR; m++) {
+            float v = warp_sum(acc[r][m]);
+            if (lane == 0) red[warp][r * MR + m] = v;
+        }
+    if (NORM)
+#pragma unroll
+        for (int m = 0; m < MR; m++) {
+            float v = warp_sum(ss[m]);
+            if (lane == 0) red[warp][ROWS * MR + m] = v;
+        }
+    __syncthreads();
+    /* one thread per (row group, output, m): the splits in split order */
+    for (int t = threadIdx.x; t < RG * NR * MR; t += blockDim.x) {
+        int grp = t / (NR * MR), o = (t / MR) % NR, m = t % MR, j = (blockIdx.x * RG + grp) * NR + o;
+        if (j >= N) continue;
+        const float *rw = red[grp * KS];
+        float inv = 1.0f;
+        if (NORM) {
+            float s = rw[ROWS * MR + m];
+            for (int q = 1; q < KS; q++) s += red[grp * KS + q][ROWS * MR + m];
+            inv = 1.0f / sqrtf(s / (float)K + eps);
+        }
+        float v = rw[o * MR + m];
+        for (int q = 1; q < KS; q++) v += red[grp * KS + q][o * MR + m];
+        if (NORM) v *= inv;
+        float *out = y + (size_t)m * N + j;
+        if (EPI == EPI_SWIGLU) {
+            float u = rw[(NR + o) * MR + m];
+            for (int q = 1; q < KS; q++) u += red[grp * KS + q][(NR + o) * MR + m];
+            if (NORM) u *= inv;
+            *out = dev_silu(v) * u;
+        } else if (EPI == EPI_ADD) {
+            *out += v;
+        } else {
+            *out = v;
+        }
+    }
+}
+
+/* ---- configuration ---- */
+
+static int g_ks = 0, g_nr = 0, g_u = 0; /* 0: automatic (cu_set_gemv3_config) */
+
+extern "C" void cu_set_gemv3_config(int ks, int nr, int u) {
+    g_ks = ks == 1 || ks == 2 || ks == 4 || ks == 8 ? ks : 0;
+    g_nr = nr == 1 || nr == 2 ? nr : 0;
+    g_u = u == 2 || u == 4 || u == 8 ? u : 0;
+}
+
+/* K-splits for a matrix of `rows` weight rows (x2 for SwiGLU) and width K: the fewest that make >= 4096
+ * warps at two rows a warp (132 SMs x 32), each split keeping >= 2 chunks of 256. A function of the shape
+ * alone (never of M): the splits fix the order of every sum. */
+extern "C" int cu_gemv3_splits(int rows, int K) {
+    if (g_ks) return g_ks;
+    int nch = (K + 255) / 256, ks = 1;
+    while (ks < 8 && (long)rows / 2 * ks < 4096 && nch / (2 * ks) >= 2) ks *= 2;
+    return ks;
+}
+
+extern "C" int cu_gemv_fusable(int M, int K) {
+    return M >= 1 && M <= cu_gemv_max() && (K & 7) == 0;
+}
+
+/* ---- launchers ---- */
+
+template <int MR, int NR, int U, bool NORM, int EPI>
+static void g3_launch(cu_ctx *c, float *y, const float *x, const uint16_t *w, int tiles, int N, int K, int KS,
+                      const float *g, float eps) {
+    int per_block = G3_WARPS / KS * NR;
+    dim3 grid(cdiv((size_t)N, (size_t)per_block), (unsigned)tiles);
+    cu_launch_gemv(c, gemv3_kernel<MR, NR, U, NORM, EPI>, grid, dim3(G3_WARPS * 32), y, x, w, N, K, KS, g,
+                   eps);
+}
+
+/* rows per warp and chunks in flight: at one row of x from cu_set_gemv3_config (measurements), else 2 and 4;
+ * with more rows the x loads weigh more (4 weight rows per warp from 4 rows of x, as v1) and registers less
+ */
+template <bool NORM, int EPI>
+static void g3_tile(cu_ctx *c, float *y, const float *x, const uint16_t *w, int MR, int tiles, int N, int K,
+                    int KS, const float *g, float eps) {
+    constexpr int NR4 = EPI == EPI_SWIGLU ? 2 : 4;
+    switch (MR) {
+    case 1: {
+        /* SwiGLU: a gate and an up row per output already, so one output a warp unless told otherwise */
+        int nr = g_nr ? g_nr : EPI == EPI_SWIGLU ? 1 : 2, u = g_u ? g_u : 4;
+        if (nr == 1 && u == 2)
+            g3_launch<1, 1, 2, NORM, EPI>(c, y, x, w, tiles, N, K, KS, g, eps);
+        else if (nr == 1 && u == 4)
+            g3_launch<1, 1, 4, NORM, EPI>(c, y, x, w, tiles, N, K, KS, g, eps);
+        else if (nr == 1)
+            g3_launch<1, 1, 8, NORM, EPI>(c, y, x, w, tiles, N, K, KS, g, eps);
+        else if (u == 2)
+            g3_launch<1, 2, 2, NORM, EPI>(c, y, x, w, tiles, N, K, KS, g, eps);
+        else if (u == 4)
+            g3_launch<1, 2, 4, NORM, EPI>(c, y, x, w, tiles, N, K, KS, g, eps);
+        else
+            g3_launch<1, 2, 8, NORM, EPI>(c, y, x, w, tiles, N, K, KS, g, eps);
+        break;
+    }
+    case 2:
+        g3_launch<2, 2, 2, NORM, EPI>(c, y, x, w, tiles, N, K, KS, g, eps);
+        break;
+    case 3:
+        g3_launch<3, 2, 2, NORM, EPI>(c, y, x, w, tiles, N, K, KS, g, eps);
+        break;
+    case 4:
+        g3_launch<4, NR4, 1, NORM, EPI>(c, y, x, w, tiles, N, K, KS, g, eps);
+        break;
+    case 5:
+        g3_launch<5, NR4, 1, NORM, EPI>(c, y, x, w, tiles, N, K, KS, g, eps);
+        break;
+    case 6:
+        g3_launch<6, NR4, 1, NORM, EPI>(c, y, x, w, tiles, N, K, KS, g, eps);
+        break;
+    case 7:
+        g3_launch<7, NR4, 1, NORM, EPI>(c, y, x, w, tiles, N, K, KS, g, eps);
+        break;
+    default:
+        g3_launch<8, NR4, 1, NORM, EPI>(c, y, x, w, tiles, N, K, KS, g, eps);
+        break;
+    }
+}
+
+template <bool NORM, int EPI>
+static void g3_rows(cu_ctx *c, float *y, const float *x, const uint16_t *w, int M, int N, int K, int KS,
+                    const float *g, float eps) {
+    int full = M / 8, rest = M % 8;
+    if (full) g3_tile<NORM, EPI>(c, y, x, w, 8, full, N, K, KS, g, eps);
+    if (rest)
+        g3_tile<NORM, EPI>(c, y + (size_t)full * 8 * N, x + (size_t)full * 8 * K, w, rest, 1, N, K, KS, g,
+                           eps);
+}
+
+extern "C" int cu_gemv_fused(cu_ctx *c, float *y, const float *x, const uint16_t *w, int M, int N, int K,
+                             const float *norm_w, float eps, int epi) {
+    if ((K & 7) || (norm_w && epi == CU_EPI_ADD) || (!norm_w && epi == CU_EPI_SWIGLU)) return -1;
+    if (M <= 0 || N <= 0) return 0;
+    int KS = cu_gemv3_splits(epi == CU_EPI_SWIGLU ? 2 * N : N, K);
+    if (norm_w && epi == CU_EPI_SWIGLU)
+        g3_rows<true, EPI_SWIGLU>(c, y, x, w, M, N, K, KS, norm_w, eps);
+    else if (norm_w)
+        g3_rows<true, EPI_STORE>(c, y, x, w, M, N, K, KS, norm_w, eps);
+    else if (epi == CU_EPI_ADD)
+        g3_rows<false, EPI_ADD>(c, y, x, w, M, N, K, KS, NULL, eps);
+    else
+        g3_rows<false, EPI_STORE>(c, y, x, w, M, N, K, KS, NULL, eps);
+    return 0;
+}

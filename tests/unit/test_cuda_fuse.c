@@ -1,0 +1,440 @@
+/* test_cuda_fuse.c — the decode GEMV v3 and its fusions (cu_gemv_fused; CINFER_CUDA_FUSE=1): every variant
+ * (norm prologue, residual epilogue, SwiGLU epilogue, plain) against the CPU at the real matrix shapes of the
+ * 4B / 27B / 35B-A3B models and at odd small ones, M = 1..8, outputs starting as NaN (an unwritten element or
+ * any NaN fails), each row's bits the same whatever M, every K-split and loads-in-flight setting; then the
+ * whole forward with the switch on against it off, graphs against eager, alone against in a batch; and a
+ * microbench of the real matrices, v1 / v2 / v3 and fused against unfused, with the weights rotated through
+ * enough copies that L2 (50 MB) never holds them. Without a CUDA build or device every test skips. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/matmul.h"
+#include "backend/cpu/ops.h"
+#include "cinfer.h"
+#include "model/forward_cuda.h"
+#include "test.h"
+#include "util/bf16.h"
+
+#ifdef CINFER_CUDA
+#include "backend/cuda/cuda_ops.h"
+
+#define NO_DEVICE() (!cuda_built() || cuda_devices() < 1)
+
+static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
+static float frand(void) { /* [-1, 1) */
+    g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
+    return (float)((g_rng >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
+}
+
+static void *dup_dev(const void *h, size_t bytes) {
+    void *d = NULL;
+    char err[256];
+    if (cu_alloc(&d, bytes, err, sizeof err) || cu_upload(d, h, bytes, err, sizeof err)) return NULL;
+    return d;
+}
+static float *get(const float *d, size_t n) {
+    float *h = malloc(n * sizeof(float) + 16);
+    char err[256];
+    if (cu_download(h, d, n * sizeof(float), err, sizeof err)) memset(h, 0xff, n * sizeof(float)); /* NaN */
+    return h;
+}
+/* ||got - ref|| / ||ref||; a NaN or inf anywhere gives +inf */
+static double rel(const float *got, const double *ref, size_t n) {
+    double d = 0, r = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(got[i])) return INFINITY;
+        double e = (double)got[i] - ref[i];
+        d += e * e, r += ref[i] * ref[i];
+    }
+    return r > 0 ? sqrt(d / r) : sqrt(d);
+}
+
+typedef struct fshape {
+    const char *what;
+    int N, K, epi, norm; /* N: outputs (SwiGLU: w has 2N rows) */
+} fshape;
+
+/* the fused layer GEMVs of the real models, and small odd ones (K % 256 != 0, N not a multiple of a block,
+ * a single output) */
+static const fshape g_shapes[] = {
+    {"small in_proj N=203 K=264", 203, 264, CU_EPI_STORE, 1},
+    {"small gate_up I=37 K=72", 37, 72, CU_EPI_SWIGLU, 1},
+    {"small down N=64 K=37x8", 64, 296, CU_EPI_ADD, 0},
+    {"one output N=1 K=2048", 1, 2048, CU_EPI_STORE, 0},
+    {"4B deltanet in_proj", 12352, 2560, CU_EPI_STORE, 1},
+    {"4B attention in_proj", 10240, 2560, CU_EPI_STORE, 1},
+    {"4B out_proj", 2560, 4096, CU_EPI_ADD, 0},
+    {"4B gate_up (swiglu)", 9216, 2560, CU_EPI_SWIGLU, 1},
+    {"4B down", 2560, 9216, CU_EPI_ADD, 0},
+    {"27B out_proj", 5120, 6144, CU_EPI_ADD, 0},
+    {"27B down", 5120, 17408, CU_EPI_ADD, 0},
+    {"35B-A3B out_proj", 2048, 4096, CU_EPI_ADD, 0},
+};
+
+/* reference rows in double from the CPU's normed input ((x / rms) * g in f32, ops_rmsnorm) */
+static void reference(double *ref, const float *x, const float *y0, const uint16_t *w, const float *g,
+                      const fshape *s, int M) {
+    int N = s->N, K = s->K, rows = s->epi == CU_EPI_SWIGLU ? 2 * N : N;
+    float *xn = malloc((size_t)K * 4);
+    double *dot = malloc((size_t)rows * sizeof(double));
+    for (int m = 0; m < M; m++) {
+        if (s->norm)
+            ops_rmsnorm(xn, x + (size_t)m * K, g, K, 1e-6f);
+        else
+            memcpy(xn, x + (size_t)m * K, (size_t)K * 4);
+        for (int n = 0; n < rows; n++) {
+            const uint16_t *wr = w + (size_t)n * K;
+            double a = 0;
+            for (int k = 0; k < K; k++) a += (double)bf16_to_f32(wr[k]) * xn[k];
+            dot[n] = a;
+        }
+        for (int n = 0; n < N; n++) {
+            double v = dot[n];
+            if (s->epi == CU_EPI_SWIGLU) v = v / (1.0 + exp(-v)) * dot[N + n];
+            if (s->epi == CU_EPI_ADD) v += y0[(size_t)m * N + n];
+            ref[(size_t)m * N + n] = v;
+        }
+    }
+    free(xn), free(dot);
+}
+
+/* y = fused GEMV of the first M rows of dx; STORE / SwiGLU outputs start as NaN, ADD outputs as y0 */
+static float *run_fused(cu_ctx *c, const fshape *s, const float *dx, const uint16_t *dw, const float *dg,
+                        const float *dy0, int M) {
+    char err[256];
+    size_t ny = (size_t)M * s->N;
+    float *dy = NULL;
+    if (cu_alloc((void **)&dy, ny * 4, err, sizeof err)) return NULL;
+    if (s->epi == CU_EPI_ADD)
+        cu_d2d_async(c, dy, dy0, ny * 4);
+    else
+        cu_fill_f32(c, dy, ny, NAN);
+    int rc = cu_gemv_fused(c, dy, dx, dw, M, s->N, s->K, s->norm ? dg : NULL, 1e-6f, s->epi);
+    float *y = NULL;
+    if (rc == 0 && cu_sync(c, err, sizeof err) == 0) y = get(dy, ny);
+    cu_free(dy);
+    return y;
+}
+
+TEST(cuda_fuse_gemv_vs_cpu) {
+    if (NO_DEVICE()) SKIP("no CUDA device: skipped");
+    char err[256];
+    cu_ctx *c;
+    REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
+    for (size_t si = 0; si < sizeof g_shapes / sizeof g_shapes[0]; si++) {
+        const fshape *s = &g_shapes[si];
+        int N = s->N, K = s->K, rows = s->epi == CU_EPI_SWIGLU ? 2 * N : N;
+        size_t nw = (size_t)rows * K;
+        uint16_t *w = malloc(nw * 2);
+        for (size_t i = 0; i < nw; i++) w[i] = f32_to_bf16(frand() * 0.05f);
+        float *x = malloc((size_t)8 * K * 4), *g = malloc((size_t)K * 4), *y0 = malloc((size_t)8 * N * 4);
+        for (size_t i = 0; i < (size_t)8 * K; i++) x[i] = frand() * 3.0f; /* a residual far from unit rms */
+        for (int k = 0; k < K; k++) g[k] = 1.0f + 0.5f * frand();
+        for (size_t i = 0; i < (size_t)8 * N; i++) y0[i] = frand();
+        double *ref = malloc((size_t)8 * N * sizeof(double));
+        reference(ref, x, y0, w, g, s, 8);
+        uint16_t *dw = dup_dev(w, nw * 2);
+        float *dx = dup_dev(x, (size_t)8 * K * 4), *dg = dup_dev(g, (size_t)K * 4),
+              *dy0 = dup_dev(y0, (size_t)8 * N * 4);
+        REQUIRE(dw && dx && dg && dy0);
+        printf("     %-28s N=%5d K=%5d splits %d:", s->what, N, K, cu_gemv3_splits(rows, K));
+        float *y8 = run_fused(c, s, dx, dw, dg, dy0, 8);
+        REQUIRE(y8);
+        double worst = 0;
+        for (int M = 1; M <= 8; M++) {
+            float *y = M == 8 ? y8 : run_fused(c, s, dx, dw, dg, dy0, M);
+            REQUIRE(y);
+            double r = rel(y, ref, (size_t)M * N);
+            if (!(r <= worst)) worst = r;
+            CHECK_MSG(r <= 1e-5, "%s M=%d: ||d||/||ref|| = %.3g", s->what, M, r);
+            CHECK_MSG(!memcmp(y, y8, (size_t)M * N * 4), "%s: the first %d rows differ alone and among 8",
+                      s->what, M);
+            if (M != 8) free(y);
+        }
+        printf(" M=1..8 vs CPU <= %.2e", worst);
+        /* rows per warp and loads in flight never change a bit; every split count is within the bound */
+        for (int ks = 1; ks <= 8; ks *= 2) {
+            float *ya = NULL;
+            for (int v = 0; v < 5; v++) {
+                static const int nr[] = {0, 1, 2, 1, 2}, u[] = {0, 2, 4, 8, 8};
+                cu_set_gemv3_config(ks, nr[v], u[v]);
+                float *y = run_fused(c, s, dx, dw, dg, dy0, 1);
+                REQUIRE(y);
+                if (!ya) {
+                    ya = y;
+                    double r = rel(y, ref, (size_t)N);
+                    CHECK_MSG(r <= 1e-5, "%s %d splits: ||d||/||ref|| = %.3g", s->what, ks, r);
+                    printf(" | %d: %.1e", ks, r);
+                } else {
+                    CHECK_MSG(!memcmp(y, ya, (size_t)N * 4),
+                              "%s %d splits: %d rows a warp, %d in flight differ", s->what, ks, nr[v], u[v]);
+                    free(y);
+                }
+            }
+            free(ya);
+        }
+        cu_set_gemv3_config(0, 0, 0);
+        /* with programmatic dependent launch: the same bits */
+        cu_set_pdl(1);
+        float *yp = run_fused(c, s, dx, dw, dg, dy0, 3);
+        cu_set_pdl(0);
+        REQUIRE(yp);
+        CHECK_MSG(!memcmp(yp, y8, (size_t)3 * N * 4), "%s: with PDL differs", s->what);
+        printf("\n");
+        free(yp), free(y8);
+        free(w), free(x), free(g), free(y0), free(ref);
+        cu_free(dw), cu_free(dx), cu_free(dg), cu_free(dy0);
+    }
+    /* combinations that are not built launch nothing and say so */
+    CHECK(cu_gemv_fused(c, NULL, NULL, NULL, 1, 8, 8, (const float *)1, 1e-6f, CU_EPI_ADD) == -1);
+    CHECK(cu_gemv_fused(c, NULL, NULL, NULL, 1, 8, 8, NULL, 1e-6f, CU_EPI_SWIGLU) == -1);
+    CHECK(cu_gemv_fused(c, NULL, NULL, NULL, 1, 8, 12, NULL, 1e-6f, CU_EPI_STORE) == -1);
+    CHECK(!cu_gemv_fusable(cu_gemv_max() + 1, 64) && !cu_gemv_fusable(1, 70) && cu_gemv_fusable(1, 64));
+    cu_ctx_destroy(c);
+}
+
+/* ---- the whole forward ---- */
+
+static cinfer_ctx *make_ctx(cinfer_model *m, int seqs, int ctx, int batch) {
+    cinfer_ctx_params p = cinfer_ctx_default_params();
+    p.max_seqs = seqs, p.max_ctx = ctx, p.max_batch = batch, p.n_threads = 2;
+    p.device = CINFER_DEVICE_CUDA;
+    cinfer_ctx *c = NULL;
+    char err[512];
+    if (cinfer_ctx_create(m, &p, &c, err, sizeof err)) {
+        test_fail(__FILE__, __LINE__, "cuda context: %s", err);
+        return NULL;
+    }
+    return c;
+}
+
+/* B sequences: a prefill of P tokens each (one call), then D decode steps of all B at once; out gets
+ * [D + 1][B][V] (the prefill's last rows, then each step's) */
+static int run_seqs(cinfer_model *m, int B, int P, int D, int V, float *out) {
+    char err[512];
+    cinfer_ctx *c = make_ctx(m, B, 64, 64);
+    if (!c) return -1;
+    int seqs[8];
+    int32_t toks[8][64];
+    for (int s = 0; s < B; s++) {
+        seqs[s] = cinfer_seq_open(c, err, sizeof err);
+        for (int i = 0; i < P + D; i++) toks[s][i] = (int32_t)((i * 37 + s * 11 + 5) % V);
+    }
+    cinfer_batch_entry be[8];
+    for (int s = 0; s < B; s++) be[s] = (cinfer_batch_entry){seqs[s], toks[s], P, 0};
+    int rc = cinfer_forward(c, be, B, out, err, sizeof err);
+    for (int t = 0; t < D && !rc; t++) {
+        for (int s = 0; s < B; s++) be[s] = (cinfer_batch_entry){seqs[s], toks[s] + P + t, 1, 0};
+        rc = cinfer_forward(c, be, B, out + (size_t)(t + 1) * B * V, err, sizeof err);
+    }
+    if (rc) test_fail(__FILE__, __LINE__, "forward: %s", err);
+    cinfer_ctx_destroy(c);
+    return rc;
+}
+
+static double worst_row(const float *got, const float *ref, int rows, int V) {
+    double worst = 0;
+    for (int t = 0; t < rows; t++) {
+        double d = 0, n = 0;
+        for (int v = 0; v < V; v++) {
+            double e = (double)got[(size_t)t * V + v] - ref[(size_t)t * V + v];
+            if (!isfinite(got[(size_t)t * V + v])) e = INFINITY;
+            d += e * e, n += (double)ref[(size_t)t * V + v] * ref[(size_t)t * V + v];
+        }
+        double r = sqrt(d / (n > 0 ? n : 1));
+        if (!(r <= worst)) worst = r;
+    }
+    return worst;
+}
+
+/* per fixture: fused vs unfused (3 sequences, prefill 2 then 10 decode steps at batch 3: every GEMV
+ * fused), fused graphs vs fused eager bit for bit, sequence 0 alone vs in the batch of 3 bit for bit */
+static void fuse_case(const char *fixture) {
+    char dir[512], err[512];
+    snprintf(dir, sizeof dir, "%s/%s", test_fixtures_dir(), fixture);
+    cinfer_model *m;
+    REQUIRE(cinfer_model_open(dir, &m, err, sizeof err) == 0);
+    cinfer_model_info info;
+    cinfer_model_get_info(m, &info);
+    int V = info.vocab_size, B = 3, P = 2, D = 10; /* 6 prompt rows: every GEMV on the GEMV, none on cuBLAS */
+    size_t n = (size_t)(D + 1) * B * V;
+    float *unf = malloc(n * 4), *fz = malloc(n * 4), *eager = malloc(n * 4), *alone = malloc(n * 4);
+    setenv("CINFER_CUDA_FUSE", "0", 1);
+    int rc = run_seqs(m, B, P, D, V, unf);
+    setenv("CINFER_CUDA_FUSE", "1", 1);
+    rc |= run_seqs(m, B, P, D, V, fz);
+    setenv("CINFER_CUDA_GRAPHS", "0", 1);
+    rc |= run_seqs(m, B, P, D, V, eager);
+    unsetenv("CINFER_CUDA_GRAPHS");
+    rc |= run_seqs(m, 1, P, D, V, alone);
+    unsetenv("CINFER_CUDA_FUSE");
+    if (!rc) {
+        double w = worst_row(fz, unf, (D + 1) * B, V);
+        int same_graph = !memcmp(fz, eager, n * 4), same_alone = 1;
+        for (int t = 0; t <= D; t++)
+            same_alone &= !memcmp(alone + (size_t)t * V, fz + (size_t)t * B * V, (size_t)V * 4);
+        printf(
+            "     %-16s fused vs unfused max ||d||/||ref|| = %.2e; graphs vs eager %s; alone vs batch %s\n",
+            fixture, w, same_graph ? "bit-identical" : "DIFFER", same_alone ? "bit-identical" : "DIFFER");
+        CHECK_MSG(w <= 1e-4, "%s: fused forward differs from unfused by %.3g", fixture, w);
+        CHECK_MSG(same_graph, "%s: fused decode from CUDA graphs differs from eager launches", fixture);
+        CHECK_MSG(same_alone, "%s: a fused sequence alone differs from the same in a batch of 3", fixture);
+    }
+    free(unf), free(fz), free(eager), free(alone);
+    cinfer_model_close(m);
+}
+
+TEST(cuda_fuse_forward_matches_unfused) {
+    if (NO_DEVICE()) SKIP("no CUDA device: skipped");
+    fuse_case("qwen35_dense");
+    fuse_case("qwen35_text");
+    fuse_case("qwen35_moe"); /* MoE layers keep their kernels; the attention / DeltaNet GEMVs fuse */
+    fuse_case("qwen3_next");
+}
+
+/* ---- microbench ---- */
+
+typedef struct bshape {
+    const char *what;
+    int N, K, epi, norm;
+} bshape;
+
+static const bshape g_bench[] = {
+    {"4B deltanet in_proj", 12352, 2560, CU_EPI_STORE, 1},
+    {"4B attention in_proj", 10240, 2560, CU_EPI_STORE, 1},
+    {"4B out_proj", 2560, 4096, CU_EPI_ADD, 0},
+    {"4B gate_up", 9216, 2560, CU_EPI_SWIGLU, 1},
+    {"4B down", 2560, 9216, CU_EPI_ADD, 0},
+    {"4B lm_head", 248320, 2560, CU_EPI_STORE, 0},
+    {"27B deltanet in_proj", 16480, 5120, CU_EPI_STORE, 1},
+    {"27B attention in_proj", 14336, 5120, CU_EPI_STORE, 1},
+    {"27B out_proj", 5120, 6144, CU_EPI_ADD, 0},
+    {"27B gate_up", 17408, 5120, CU_EPI_SWIGLU, 1},
+    {"27B down", 5120, 17408, CU_EPI_ADD, 0},
+    {"35B-A3B deltanet in_proj", 12352, 2048, CU_EPI_STORE, 1},
+    {"35B-A3B out_proj", 2048, 4096, CU_EPI_ADD, 0},
+};
+
+/* mean microseconds of one launch over `reps` launches cycling through ncopy weight copies (so no launch
+ * finds its weights in L2); what: 0 cu_gemm (the version set), 1 the fused v3, 2 the unfused sequence the
+ * fused one replaces (add_rmsnorm + GEMV, GEMV + add, GEMV + swiglu) */
+static double bench_us(cu_ctx *c, int what, const bshape *s, uint16_t **dw, int ncopy, float *dx, float *dxn,
+                       float *dy, float *dt, const float *dg, int M) {
+    cu_timer *t;
+    if (cu_timer_create(&t)) return 0;
+    int reps = 24, rows = s->epi == CU_EPI_SWIGLU ? 2 * s->N : s->N;
+    double us = 0;
+    for (int pass = 0; pass < 2; pass++) { /* the first pass warms up */
+        cu_timer_start(c, t);
+        for (int i = 0; i < reps; i++) {
+            const uint16_t *w = dw[i % ncopy];
+            if (what == 0) {
+                cu_gemm(c, dy, dx, w, M, rows, s->K, NULL, 1);
+            } else if (what == 1) {
+                cu_gemv_fused(c, dy, dx, w, M, s->N, s->K, s->norm ? dg : NULL, 1e-6f, s->epi);
+            } else {
+                if (s->norm) cu_add_rmsnorm(c, dx, NULL, dxn, dg, M, s->K, 1e-6f);
+                cu_gemm(c, dt, s->norm ? dxn : dx, w, M, rows, s->K, NULL, 1);
+                if (s->epi == CU_EPI_SWIGLU) cu_swiglu(c, dy, dt, M, s->N);
+                if (s->epi == CU_EPI_ADD) cu_add(c, dy, dt, M, s->N);
+            }
+        }
+        us = cu_timer_stop_ms(c, t) * 1e3 / reps;
+    }
+    cu_timer_destroy(t);
+    return us;
+}
+
+/* Prints, at one row (and a few at 8 rows), each real matrix's time and GB/s: v1, the default v2, v3 with
+ * its automatic configuration, the fused v3 against the unfused sequence it replaces, with and without PDL,
+ * and every v3 configuration (splits x rows per warp x loads in flight) to choose the automatic one from.
+ * CINFER_FUSE_BENCH=0 skips it (it takes a few seconds of GPU time). */
+TEST(cuda_fuse_gemv_bench) {
+    if (NO_DEVICE()) SKIP("no CUDA device: skipped");
+    const char *ev = getenv("CINFER_FUSE_BENCH");
+    if (ev && !strcmp(ev, "0")) SKIP("CINFER_FUSE_BENCH=0: skipped");
+    char err[256];
+    cu_ctx *c;
+    REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
+    int ver0 = cu_gemv_version();
+    double sum[8] = {0};
+    for (size_t si = 0; si < sizeof g_bench / sizeof g_bench[0]; si++) {
+        const bshape *s = &g_bench[si];
+        int N = s->N, K = s->K, rows = s->epi == CU_EPI_SWIGLU ? 2 * N : N;
+        size_t nw = (size_t)rows * K, bytes = nw * 2;
+        int ncopy = (int)((size_t)400 << 20) / (bytes + 1) + 1; /* > 400 MB in all: L2 holds 50 */
+        if (ncopy > 24) ncopy = 24;
+        uint16_t *dw[24];
+        for (int i = 0; i < ncopy; i++) {
+            REQUIRE(cu_alloc((void **)&dw[i], bytes, err, sizeof err) == 0);
+            cu_fill_random_bf16(c, dw[i], nw, 0.02f, 77 + (uint64_t)si * 31 + (uint64_t)i);
+        }
+        float *dx, *dxn, *dy, *dt, *dg;
+        REQUIRE(cu_alloc((void **)&dx, (size_t)8 * K * 4, err, sizeof err) == 0);
+        REQUIRE(cu_alloc((void **)&dxn, (size_t)8 * K * 4, err, sizeof err) == 0);
+        REQUIRE(cu_alloc((void **)&dy, (size_t)8 * rows * 4, err, sizeof err) == 0);
+        REQUIRE(cu_alloc((void **)&dt, (size_t)8 * rows * 4, err, sizeof err) == 0);
+        REQUIRE(cu_alloc((void **)&dg, (size_t)K * 4, err, sizeof err) == 0);
+        cu_fill_f32(c, dx, (size_t)8 * K, 0.5f);
+        cu_fill_f32(c, dg, (size_t)K, 1.0f);
+        cu_set_gemv_version(1);
+        double v1 = bench_us(c, 0, s, dw, ncopy, dx, dxn, dy, dt, dg, 1);
+        cu_set_gemv_version(2);
+        double v2 = bench_us(c, 0, s, dw, ncopy, dx, dxn, dy, dt, dg, 1);
+        cu_set_gemv_version(4);
+        double v3 = bench_us(c, 0, s, dw, ncopy, dx, dxn, dy, dt, dg, 1);
+        cu_set_gemv_version(2);
+        double unf = bench_us(c, 2, s, dw, ncopy, dx, dxn, dy, dt, dg, 1);
+        double fus = bench_us(c, 1, s, dw, ncopy, dx, dxn, dy, dt, dg, 1);
+        cu_set_pdl(1);
+        double unfp = bench_us(c, 2, s, dw, ncopy, dx, dxn, dy, dt, dg, 1);
+        double fusp = bench_us(c, 1, s, dw, ncopy, dx, dxn, dy, dt, dg, 1);
+        cu_set_pdl(0);
+        double unf8 = bench_us(c, 2, s, dw, ncopy, dx, dxn, dy, dt, dg, 8);
+        double fus8 = bench_us(c, 1, s, dw, ncopy, dx, dxn, dy, dt, dg, 8);
+        REQUIRE(cu_sync(c, err, sizeof err) == 0);
+        double gb = (double)bytes / 1e3;
+        printf("     %-24s %6dx%-5d %3d MB: v1 %6.1f us %4.0f GB/s | v2 %6.1f %4.0f | v3 %6.1f %4.0f (splits "
+               "%d) "
+               "| unfused %6.1f, fused %6.1f %4.0f GB/s | +PDL %6.1f, %6.1f | M=8 %6.1f, %6.1f\n",
+               s->what, rows, K, (int)(bytes >> 20), v1, gb / v1, v2, gb / v2, v3, gb / v3,
+               cu_gemv3_splits(rows, K), unf, fus, gb / fus, unfp, fusp, unf8, fus8);
+        double row[8] = {v1, v2, v3, unf, fus, unfp, fusp, fus8 - unf8};
+        for (int i = 0; i < 8; i++) sum[i] += row[i];
+        /* every configuration at one row: splits x (rows per warp, loads in flight) */
+        if (s->N < 200000) {
+            printf("       sweep (splits/rows/inflight: us):");
+            static const int nr[] = {1, 1, 1, 2, 2, 2}, u[] = {2, 4, 8, 2, 4, 8};
+            double best = 1e30;
+            int bk = 0, bv = 0;
+            for (int ks = 1; ks <= 8; ks *= 2)
+                for (int v = 0; v < 6; v++) {
+                    cu_set_gemv3_config(ks, nr[v], u[v]);
+                    double us = bench_us(c, 1, s, dw, ncopy, dx, dxn, dy, dt, dg, 1);
+                    printf(" %d/%d/%d:%.1f", ks, nr[v], u[v], us);
+                    if (us < best) best = us, bk = ks, bv = v;
+                }
+            cu_set_gemv3_config(0, 0, 0);
+            REQUIRE(cu_sync(c, err, sizeof err) == 0);
+            printf("\n       best %d/%d/%d %.1f us %.0f GB/s\n", bk, nr[bv], u[bv], best, gb / best);
+        }
+        for (int i = 0; i < ncopy; i++) cu_free(dw[i]);
+        cu_free(dx), cu_free(dxn), cu_free(dy), cu_free(dt), cu_free(dg);
+    }
+    printf(
+        "     summed, M=1: v1 %.1f us, v2 %.1f, v3 %.1f; unfused %.1f vs fused %.1f; +PDL %.1f vs %.1f; M=8 "
+        "fused - unfused %+.1f us\n",
+        sum[0], sum[1], sum[2], sum[3], sum[4], sum[5], sum[6], sum[7]);
+    cu_set_gemv_version(ver0);
+    cu_ctx_destroy(c);
+}
+
+#else
+
+TEST(cuda_fuse_not_built) {
+    SKIP("no CUDA device: skipped (built without CUDA)");
+}
+
+#endif
