@@ -118,7 +118,7 @@ static float *run_fused(cu_ctx *c, const fshape *s, const float *dx, const uint1
     return y;
 }
 
-TEST(cuda_fuse_gemv_vs_cpu) {
+TEST(cuda_gemv3_fused_vs_cpu) {
     if (NO_DEVICE()) SKIP("no CUDA device: skipped");
     char err[256];
     cu_ctx *c;
@@ -286,7 +286,7 @@ static void fuse_case(const char *fixture) {
     cinfer_model_close(m);
 }
 
-TEST(cuda_fuse_forward_matches_unfused) {
+TEST(cuda_gemv3_forward_fused_vs_unfused) {
     if (NO_DEVICE()) SKIP("no CUDA device: skipped");
     fuse_case("qwen35_dense");
     fuse_case("qwen35_text");
@@ -351,7 +351,7 @@ static double bench_us(cu_ctx *c, int what, const bshape *s, uint16_t **dw, int 
  * its automatic configuration, the fused v3 against the unfused sequence it replaces, with and without PDL,
  * and every v3 configuration (splits x rows per warp x loads in flight) to choose the automatic one from.
  * CINFER_FUSE_BENCH=0 skips it (it takes a few seconds of GPU time). */
-TEST(cuda_fuse_gemv_bench) {
+TEST(cuda_gemv3_bench) {
     if (NO_DEVICE()) SKIP("no CUDA device: skipped");
     const char *ev = getenv("CINFER_FUSE_BENCH");
     if (ev && !strcmp(ev, "0")) SKIP("CINFER_FUSE_BENCH=0: skipped");
@@ -433,7 +433,7 @@ TEST(cuda_fuse_gemv_bench) {
 
 #else
 
-TEST(cuda_fuse_not_built) {
+TEST(cuda_gemv3_not_built) {
     SKIP("no CUDA device: skipped (built without CUDA)");
 }
 
