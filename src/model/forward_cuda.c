@@ -184,6 +184,8 @@ struct cuda_fwd {
     int moe_fused;               /* CINFER_CUDA_MOE_FUSED=1: the decode MoE block by cu_moe_fused */
     float *moe_fa;               /* [T][k Im + Is]: the fused path's SwiGLU outputs */
     unsigned *moe_cnt;           /* [T]: the fused router's finished-block counters (zeroed, kept zeroed) */
+    int moe_pf_grouped;          /* CINFER_CUDA_MOE_PREFILL=grouped: prefill experts by cu_moe_gemm* */
+    int *moe_tiles;              /* [E + 1]: 64-slot tiles before each expert (cu_moe_tiles) */
     int pdl;                     /* CINFER_CUDA_PDL=1: GEMVs by PDL (off while profiling) */
     int fuse;                    /* CINFER_CUDA_FUSE=1: norms, adds, SwiGLU in the GEMVs (enqueue) */
     int *h_moe_idx;              /* pinned [S] */
@@ -459,6 +461,7 @@ static int alloc_scratch(cuda_fwd *f, char *err, size_t errlen) {
             (rc = dev_alloc(f, (void **)&f->moe_grp, (E + 1 + S) * 4, a, err, errlen)) ||
             (rc = dev_alloc(f, (void **)&f->moe_fa, (S * Im + T * Is) * 4, a, err, errlen)) ||
             (rc = dev_alloc(f, (void **)&f->moe_cnt, T * 4, a, err, errlen)) ||
+            (rc = dev_alloc(f, (void **)&f->moe_tiles, (E + 1) * 4, a, err, errlen)) ||
             (rc = cu_alloc_host((void **)&f->h_moe_idx, S * 4, err, errlen)) ||
             (rc = cu_alloc_host((void **)&f->h_moe_w, S * 4, err, errlen)) ||
             (rc = cu_alloc_host((void **)&f->h_moe_up, 3 * S * 4, err, errlen)))
@@ -665,6 +668,15 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
                                               mc->moe_intermediate_size, mc->shared_expert_intermediate_size);
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_MOE_FUSED=1: %s\n",
                 f->moe_fused ? "fused decode MoE kernels" : "this shape is not served: the unfused kernels");
+    }
+    /* "grouped": prefill experts (more than 64 rows) by two grouped tensor-core GEMMs from device-side
+     * offsets instead of a host round trip per layer and a cuBLAS call per expert and half */
+    const char *mp = getenv("CINFER_CUDA_MOE_PREFILL");
+    if (mp && m->cfg.n_experts > 0) {
+        f->moe_pf_grouped = !strcmp(mp, "grouped") && m->cfg.n_experts <= 1024 && m->H % 8 == 0 &&
+                            m->cfg.moe_intermediate_size % 8 == 0;
+        fprintf(stderr, "cinfer cuda: CINFER_CUDA_MOE_PREFILL=%s: prefill experts %s\n", mp,
+                f->moe_pf_grouped ? "by grouped GEMMs on the device" : "grouped on the host");
     }
     if (me)
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_MOE=%s: decode experts by the %s GEMV\n", me,
@@ -894,6 +906,17 @@ static int moe(cuda_fwd *f, const cu_layer *cl, const run_shape *rs, int device_
             cu_swiglu(f->cu, f->ea, f->gu, S, Im);
             cu_gemv_indexed(f->cu, f->ey, f->ea, 1, cl->e_down, f->moe_idx, S, H, Im);
         }
+        pos = f->moe_ident;
+        wts = f->moe_w;
+    } else if (f->moe_pf_grouped) {
+        /* slots grouped by expert and counted in 64-slot tiles on the device; two grouped GEMMs (SwiGLU in
+         * the first's epilogue) write each slot's row; the combine reads slots in ascending expert order */
+        cu_moe_sort_slots(f->cu, f->moe_idx, f->moe_w, T, k);
+        cu_moe_group(f->cu, f->moe_idx, S, E, f->moe_grp);
+        cu_moe_tiles(f->cu, f->moe_grp, E, f->moe_tiles);
+        mark(f, CP_MOE_EXPERTS);
+        cu_moe_gemm_swiglu(f->cu, f->ea, f->xn, k, cl->e_gu, f->moe_grp, f->moe_tiles, S, E, Im, H);
+        cu_moe_gemm(f->cu, f->ey, f->ea, 1, cl->e_down, f->moe_grp, f->moe_tiles, S, E, H, Im);
         pos = f->moe_ident;
         wts = f->moe_w;
     } else {

@@ -1,9 +1,10 @@
 /* test_cuda_moe.c — the fused decode MoE kernels (moe_fused.cu, CINFER_CUDA_MOE_FUSED=1) against the CPU MoE
  * (forward_cpu.c's moe_ffn, restated here with the CPU matmul) and against the unfused device launches they
  * replace: at the 35B-A3B shape and tiny ones, 1..8 rows, ties in the router, every output written (outputs
- * start as NaN, indices as -1), NaN never passing; a row alone gives the bits it has among 8; the router's
- * block counters come back to zero (graph replays). Then the MoE fixture through the whole cuda forward with
- * the switch on against it off. GPU only: every test skips without a device. */
+ * start as NaN), NaN never passing; a row alone gives the bits it has among 8; the router's block counters
+ * come back to zero (graph replays). Then the MoE fixture through the whole cuda forward with the switch on
+ * against it off. The prefill experts' grouped tensor-core GEMMs (moe_gemm.cu,
+ * CINFER_CUDA_MOE_PREFILL=grouped) the same way. GPU only: every test skips without a device. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -415,6 +416,148 @@ TEST(cuda_moe_fused_model_matches_unfused) {
     CHECK_MSG(r <= 1e-5, "fused MoE forward differs from the unfused one by %.3g", r);
     free(out[0]), free(out[1]);
     cinfer_model_close(m);
+}
+
+/* ---- prefill experts: grouped GEMMs on the tensor cores (CINFER_CUDA_MOE_PREFILL=grouped) ---- */
+
+/* T rows choose k distinct experts each; expert hot (when >= 0) is in every row (more than one 64-slot tile),
+ * expert 0 in none. Slots grouped on the device, then both GEMMs against the CPU (check: every check-th slot
+ * and all of hot's; bf16 tensor-core path with hi + lo activations: 1e-4 as cu_gemm's test), every output
+ * written, and the slots of the first T / 2 rows bit-identical when only those rows run. */
+static void prefill_case(const char *name, int T, int H, int E, int k, int I, int hot, int check) {
+    char err[256];
+    cu_ctx *c;
+    REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
+    int S = T * k;
+    int *idx = malloc((size_t)S * 4);
+    for (int r = 0; r < T; r++)
+        for (int j = 0; j < k; j++) {
+            int e;
+            for (;;) { /* distinct per row, never expert 0 */
+                e = j == 0 && hot >= 0 ? hot : 1 + (int)((frand() * 0.5f + 0.5f) * (float)(E - 1)) % (E - 1);
+                int dup = 0;
+                for (int q = 0; q < j; q++) dup |= idx[r * k + q] == e;
+                if (!dup) break;
+            }
+            idx[r * k + j] = e;
+        }
+    size_t ngu = (size_t)E * 2 * I * H, ndn = (size_t)E * H * I;
+    uint16_t *d_gu = dev(ngu * 2), *d_dn = dev(ndn * 2);
+    cu_fill_random_bf16(c, d_gu, ngu, 0.03f, 21);
+    cu_fill_random_bf16(c, d_dn, ndn, 0.03f, 22);
+    float *x = malloc((size_t)T * H * 4);
+    for (size_t i = 0; i < (size_t)T * H; i++) x[i] = frand() * 1.5f;
+    float *d_x = dup_dev(x, (size_t)T * H * 4);
+    int *d_idx = dup_dev(idx, (size_t)S * 4), *d_grp = dev((size_t)(E + 1 + S) * 4),
+        *d_tiles = dev((size_t)(E + 1) * 4);
+    float *d_a = dev((size_t)S * I * 4), *d_y = dev((size_t)S * H * 4);
+    float *ga = NULL, *gy = NULL;
+    for (int half = 0; half < 2; half++) { /* 0: all T rows; 1: the first T / 2 only */
+        int Th = half ? T / 2 : T, Sh = Th * k;
+        cu_fill_f32(c, d_a, (size_t)S * I, NAN);
+        cu_fill_f32(c, d_y, (size_t)S * H, NAN);
+        cu_moe_group(c, d_idx, Sh, E, d_grp);
+        cu_moe_tiles(c, d_grp, E, d_tiles);
+        cu_moe_gemm_swiglu(c, d_a, d_x, k, d_gu, d_grp, d_tiles, Sh, E, I, H);
+        cu_moe_gemm(c, d_y, d_a, 1, d_dn, d_grp, d_tiles, Sh, E, H, I);
+        REQUIRE(cu_sync(c, err, sizeof err) == 0);
+        float *a = get(d_a, (size_t)Sh * I * 4), *y = get(d_y, (size_t)Sh * H * 4);
+        if (!half) {
+            ga = a, gy = y;
+            continue;
+        }
+        int same = !memcmp(a, ga, (size_t)Sh * I * 4) && !memcmp(y, gy, (size_t)Sh * H * 4);
+        printf("     %-52s %s\n", "  first half of the rows alone vs among all",
+               same ? "bit-identical" : "DIFFERENT");
+        CHECK_MSG(same, "%s: slots of the first %d rows differ when they run alone", name, Th);
+        free(a), free(y);
+    }
+    int *tiles = get(d_tiles, (size_t)(E + 1) * 4); /* of the half run */
+    /* the CPU, slot by slot, against the run over all T rows */
+    uint16_t *hgu = get(d_gu, ngu * 2), *hdn = get(d_dn, ndn * 2);
+    float *ra = malloc((size_t)S * I * 4), *ry = malloc((size_t)S * H * 4), *g = malloc((size_t)2 * I * 4);
+    float *ca = malloc((size_t)S * I * 4), *cy = malloc((size_t)S * H * 4);
+    size_t na = 0, ny = 0;
+    for (int sl = 0; sl < S; sl++) {
+        int e = idx[sl];
+        if (!(sl % check == 0 || e == hot)) continue;
+        cpu_matmul_ref(g, x + (size_t)(sl / k) * H, hgu + (size_t)e * 2 * I * H, WT_BF16, 1, 2 * I, H);
+        for (int n = 0; n < I; n++) ra[na + n] = ops_silu(g[n]) * g[I + n];
+        memcpy(ca + na, ga + (size_t)sl * I, (size_t)I * 4);
+        /* down from the GPU's own SwiGLU row, so the two GEMMs are checked apart */
+        cpu_matmul_ref(ry + ny, ga + (size_t)sl * I, hdn + (size_t)e * H * I, WT_BF16, 1, H, I);
+        memcpy(cy + ny, gy + (size_t)sl * H, (size_t)H * 4);
+        na += (size_t)I, ny += (size_t)H;
+    }
+    char what[160];
+    snprintf(what, sizeof what, "%s gate_up+SwiGLU (%zu slots) vs CPU", name, na / (size_t)I);
+    check_rel(what, ca, ra, na, 1e-4);
+    snprintf(what, sizeof what, "%s down vs CPU", name);
+    check_rel(what, cy, ry, ny, 1e-4);
+    /* every slot written (NaN never passes): the whole outputs are finite */
+    CHECK_MSG(rel(ga, ga, (size_t)S * I) == 0 && rel(gy, gy, (size_t)S * H) == 0,
+              "%s: an output slot unwritten", name);
+    CHECK_MSG(tiles[0] == 0 && tiles[E] >= (hot >= 0 ? 2 : 1), "%s: tile offsets %d .. %d", name, tiles[0],
+              tiles[E]);
+    free(idx), free(x), free(ga), free(gy), free(tiles), free(hgu), free(hdn), free(ra), free(ry);
+    free(g), free(ca), free(cy);
+    cu_free(d_gu), cu_free(d_dn), cu_free(d_x), cu_free(d_idx), cu_free(d_grp), cu_free(d_tiles),
+        cu_free(d_a);
+    cu_free(d_y);
+    cu_ctx_destroy(c);
+}
+
+TEST(cuda_moe_prefill_gemm_vs_cpu) {
+    if (NO_DEVICE()) SKIP("no CUDA device: skipped");
+    prefill_case("tiny (fixture shape)", 150, 64, 8, 2, 32, 3, 1);
+    prefill_case("odd widths", 90, 72, 9, 3, 40, 4, 1);
+    prefill_case("35B-A3B shape", 130, 2048, 256, 8, 512, 5, 9);
+}
+
+/* The MoE fixtures through the whole cuda forward with a 150-token prefill (the path past 64 rows) with
+ * CINFER_CUDA_MOE_PREFILL=grouped against the host-grouped cuBLAS path: both tensor-core hi + lo products, in
+ * other orders (within 1e-4) */
+TEST(cuda_moe_prefill_grouped_model) {
+    if (NO_DEVICE()) SKIP("no CUDA device: skipped");
+    static const char *const fx[] = {"qwen35_moe", "qwen3_next"};
+    for (int fi = 0; fi < 2; fi++) {
+        char dir[512], err[512];
+        snprintf(dir, sizeof dir, "%s/%s", test_fixtures_dir(), fx[fi]);
+        cinfer_model *m;
+        REQUIRE(cinfer_model_open(dir, &m, err, sizeof err) == 0);
+        cinfer_model_info info;
+        cinfer_model_get_info(m, &info);
+        int V = info.vocab_size, P = 150;
+        int32_t toks[150];
+        for (int i = 0; i < P; i++) toks[i] = (int32_t)((i * 29 + 3) % V);
+        float *out[2];
+        const char *old = getenv("CINFER_CUDA_MOE_PREFILL");
+        for (int g = 0; g < 2; g++) {
+            if (g)
+                setenv("CINFER_CUDA_MOE_PREFILL", "grouped", 1);
+            else
+                unsetenv("CINFER_CUDA_MOE_PREFILL");
+            out[g] = malloc(sizeof(float) * (size_t)P * V);
+            cinfer_ctx_params p = cinfer_ctx_default_params();
+            p.max_seqs = 1, p.max_ctx = 256, p.max_batch = 256, p.n_threads = 2,
+            p.device = CINFER_DEVICE_CUDA;
+            cinfer_ctx *c = NULL;
+            REQUIRE(cinfer_ctx_create(m, &p, &c, err, sizeof err) == 0);
+            int seq = cinfer_seq_open(c, err, sizeof err);
+            cinfer_batch_entry be = {seq, toks, P, 1};
+            REQUIRE(cinfer_forward(c, &be, 1, out[g], err, sizeof err) == 0);
+            cinfer_ctx_destroy(c);
+        }
+        if (old)
+            setenv("CINFER_CUDA_MOE_PREFILL", old, 1);
+        else
+            unsetenv("CINFER_CUDA_MOE_PREFILL");
+        double r = rel(out[1], out[0], (size_t)P * V);
+        printf("     %-12s prefill of %d: grouped vs host-grouped ||d||/||ref|| = %.2e\n", fx[fi], P, r);
+        CHECK_MSG(r <= 1e-4, "%s: grouped prefill experts differ by %.3g", fx[fi], r);
+        free(out[0]), free(out[1]);
+        cinfer_model_close(m);
+    }
 }
 
 #else

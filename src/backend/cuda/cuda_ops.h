@@ -306,6 +306,18 @@ void cu_moe_fused_gate_up(cu_ctx *c, const cu_moe_args *a); /* act, shg (reads i
 void cu_moe_fused_down(cu_ctx *c, const cu_moe_args *a);    /* out (reads idx, w, act, shg) */
 void cu_moe_fused(cu_ctx *c, const cu_moe_args *a);         /* the three in order */
 
+/* Prefill experts without the host (moe_gemm.cu, CINFER_CUDA_MOE_PREFILL=grouped): grouped GEMMs on the
+ * tensor cores (bf16 weights, activations split into bf16 hi + lo, f32 accumulation) over every expert in one
+ * launch, from cu_moe_group's grp = off [E + 1] | perm [S]. tile_off [E + 1]: cu_moe_tiles' count of 64-slot
+ * tiles before each expert. Slot s reads x row s / div and writes y row s. K % 8 == 0. */
+void cu_moe_tiles(cu_ctx *c, const int *d_grp, int E, int *d_tile_off);
+/* y[s][n] = silu(x_s · gate_e[n]) * (x_s · up_e[n]) for n < I; w_gu [E][2I][K] (gate rows then up rows) */
+void cu_moe_gemm_swiglu(cu_ctx *c, float *d_y, const float *d_x, int div, const uint16_t *d_w_gu,
+                        const int *d_grp, const int *d_tile_off, int S, int E, int I, int K);
+/* y[s][n] = x_s · w_e[n] for n < N; w [E][N][K] */
+void cu_moe_gemm(cu_ctx *c, float *d_y, const float *d_x, int div, const uint16_t *d_w, const int *d_grp,
+                 const int *d_tile_off, int S, int E, int N, int K);
+
 /* ---- sampling (sample.cu) ---- */
 #define CU_SAMPLE_MAX_K 64
 typedef struct cu_sample_row {

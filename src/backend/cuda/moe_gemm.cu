@@ -1,0 +1,191 @@
+/* moe_gemm.cu — the MoE experts of a prefill chunk as two grouped GEMMs on the tensor cores
+ * (CINFER_CUDA_MOE_PREFILL=grouped), launched from device-side offsets: no host round trip and no per-expert
+ * cuBLAS calls. The slots (row, choice) are grouped by expert (cu_moe_group); each block computes a 64-slot
+ * by 64- or 128-column tile of one expert's product with bf16 weights and the f32 activations split into bf16
+ * hi + lo (as cu_gemm does for cuBLAS: x to ~2^-17), f32 accumulation (mma.sync m16n8k16). Every slot's
+ * output depends only on its own row and the expert's weights (fixed K order), never on the others. */
+#include "backend/cuda/common.cuh"
+
+#define MG_BM      64  /* slots per block tile */
+#define MG_BW      128 /* weight rows per block tile: 64 gate + 64 up (SwiGLU), or 128 output columns */
+#define MG_BK      32
+#define MG_LD      (MG_BK + 8) /* shared row stride in bf16: 80 bytes, so fragment reads hit distinct banks */
+#define MG_THREADS 256
+
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* tile_off[e] = tiles of MG_BM slots before expert e's, tile_off[E] = all of them (one block) */
+__global__ void moe_tiles_kernel(const int *grp, int E, int *tile_off) {
+    __shared__ int t[1025];
+    for (int e = threadIdx.x; e < E; e += blockDim.x) t[e] = (grp[e + 1] - grp[e] + MG_BM - 1) / MG_BM;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int acc = 0;
+        for (int e = 0; e < E; e++) {
+            int v = t[e];
+            t[e] = acc;
+            acc += v;
+        }
+        t[E] = acc;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e <= E; e += blockDim.x) tile_off[e] = t[e];
+}
+
+/* Block (t, c): row tile t of the expert it falls in (tile_off), weight rows c * 64 .. (SwiGLU: gate rows
+ * n and up rows up_off + n, output column n) or c * 128 .. (output column = weight row). Slot p's input row
+ * is x[perm[p] / div]; its output row is y[perm[p]] (ldy floats apart). 8 warps: 2 along the slots (32 each)
+ * x 4 along the weight rows (4 tiles of 8 each: SwiGLU 2 gate + the 2 matching up tiles). K % 8 == 0. */
+template <int SWIGLU>
+__global__ void __launch_bounds__(MG_THREADS)
+    moe_gemm_kernel(float *__restrict__ y, int ldy, const float *__restrict__ x, int div,
+                    const uint16_t *__restrict__ w, size_t w_expert, int up_off, const int *__restrict__ grp,
+                    const int *__restrict__ tile_off, int E, int N, int K) {
+    __shared__ __align__(16) uint16_t xs[2][MG_BM][MG_LD]; /* hi, lo */
+    __shared__ __align__(16) uint16_t ws[MG_BW][MG_LD];
+    const int t = blockIdx.x, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    if (t >= tile_off[E]) return;
+    int lo = 0, hi = E; /* the largest e with tile_off[e] <= t (it has tiles: tile_off[e + 1] > t) */
+    while (hi - lo > 1) {
+        int mid = (lo + hi) >> 1;
+        if (tile_off[mid] <= t)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    const int e = lo, p0 = grp[e] + (t - tile_off[e]) * MG_BM;
+    const int cnt = min(MG_BM, grp[e + 1] - p0);
+    const int *perm = grp + E + 1;
+    const uint16_t *we = w + (size_t)e * w_expert;
+    const int ncols = SWIGLU ? MG_BW / 2 : MG_BW, n0 = blockIdx.y * ncols;
+    /* loads: thread tid takes 8 consecutive k of slot row tid / 4 and of weight rows tid / 4, tid / 4 + 64 */
+    const int lrow = tid >> 2, lk = (tid & 3) * 8;
+    const float *xrow = lrow < cnt ? x + (size_t)(perm[p0 + lrow] / div) * K : NULL;
+    const uint16_t *wrow[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        int r = lrow + 64 * h; /* weight-tile row */
+        int n = SWIGLU ? n0 + lrow : n0 + r;
+        size_t off = SWIGLU && h ? (size_t)up_off : 0;
+        wrow[h] = n < N ? we + (off + (size_t)n) * K : NULL;
+    }
+    const int wm = warp & 1, wn = warp >> 1, g = lane >> 2, tq = lane & 3;
+    float acc[2][4][4];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int s = 0; s < 4; s++)
+#pragma unroll
+            for (int q = 0; q < 4; q++) acc[i][s][q] = 0.0f;
+    /* weight-tile row of the warp's n-tile s */
+    int wbase[4];
+#pragma unroll
+    for (int s = 0; s < 4; s++)
+        wbase[s] = SWIGLU ? (s < 2 ? wn * 16 + s * 8 : 64 + wn * 16 + (s - 2) * 8) : wn * 32 + s * 8;
+    float4 xa = make_float4(0, 0, 0, 0), xb = xa;
+    uint4 wv[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
+    auto fetch = [&](int k0) {
+        int k = k0 + lk;
+        bool in = k < K;
+        xa = xb = make_float4(0, 0, 0, 0);
+        if (xrow && in) {
+            xa = __ldg(reinterpret_cast<const float4 *>(xrow + k));
+            xb = __ldg(reinterpret_cast<const float4 *>(xrow + k) + 1);
+        }
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+            wv[h] =
+                wrow[h] && in ? __ldg(reinterpret_cast<const uint4 *>(wrow[h] + k)) : make_uint4(0, 0, 0, 0);
+    };
+    fetch(0);
+    for (int k0 = 0; k0 < K; k0 += MG_BK) {
+        __syncthreads(); /* the previous step's fragments are read */
+        {
+            const float v[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+            uint32_t ph[4], pl[4];
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                uint16_t h0 = f32_bf16(v[2 * q]), h1 = f32_bf16(v[2 * q + 1]);
+                uint16_t l0 = f32_bf16(v[2 * q] - bf16_f32(h0)), l1 = f32_bf16(v[2 * q + 1] - bf16_f32(h1));
+                ph[q] = (uint32_t)h0 | ((uint32_t)h1 << 16);
+                pl[q] = (uint32_t)l0 | ((uint32_t)l1 << 16);
+            }
+            *reinterpret_cast<uint4 *>(&xs[0][lrow][lk]) = make_uint4(ph[0], ph[1], ph[2], ph[3]);
+            *reinterpret_cast<uint4 *>(&xs[1][lrow][lk]) = make_uint4(pl[0], pl[1], pl[2], pl[3]);
+            *reinterpret_cast<uint4 *>(&ws[lrow][lk]) = wv[0];
+            *reinterpret_cast<uint4 *>(&ws[lrow + 64][lk]) = wv[1];
+        }
+        __syncthreads();
+        if (k0 + MG_BK < K) fetch(k0 + MG_BK); /* the next tile's loads fly during these MMAs */
+#pragma unroll
+        for (int kk = 0; kk < MG_BK; kk += 16) {
+            uint32_t b[4][2];
+#pragma unroll
+            for (int s = 0; s < 4; s++) {
+                b[s][0] = *reinterpret_cast<const uint32_t *>(&ws[wbase[s] + g][kk + 2 * tq]);
+                b[s][1] = *reinterpret_cast<const uint32_t *>(&ws[wbase[s] + g][kk + 2 * tq + 8]);
+            }
+#pragma unroll
+            for (int half = 1; half >= 0; half--) /* lo first, then hi: the small terms first */
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    int m = wm * 32 + i * 16;
+                    uint32_t a[4];
+                    a[0] = *reinterpret_cast<const uint32_t *>(&xs[half][m + g][kk + 2 * tq]);
+                    a[1] = *reinterpret_cast<const uint32_t *>(&xs[half][m + g + 8][kk + 2 * tq]);
+                    a[2] = *reinterpret_cast<const uint32_t *>(&xs[half][m + g][kk + 2 * tq + 8]);
+                    a[3] = *reinterpret_cast<const uint32_t *>(&xs[half][m + g + 8][kk + 2 * tq + 8]);
+#pragma unroll
+                    for (int s = 0; s < 4; s++) mma_bf16(acc[i][s], a, b[s][0], b[s][1]);
+                }
+        }
+    }
+    /* C fragment: c0, c1 at (row g, cols 2tq, 2tq + 1), c2, c3 at row g + 8 */
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            int row = wm * 32 + i * 16 + g + 8 * hr;
+            if (row >= cnt) continue;
+            float *yr = y + (size_t)perm[p0 + row] * ldy;
+#pragma unroll
+            for (int s = 0; s < (SWIGLU ? 2 : 4); s++)
+#pragma unroll
+                for (int q = 0; q < 2; q++) {
+                    int col = SWIGLU ? n0 + wn * 16 + s * 8 + 2 * tq + q : n0 + wn * 32 + s * 8 + 2 * tq + q;
+                    if (col >= N) continue;
+                    float v = acc[i][s][2 * hr + q];
+                    if (SWIGLU) v = dev_silu(v) * acc[i][s + 2][2 * hr + q];
+                    yr[col] = v;
+                }
+        }
+}
+
+extern "C" void cu_moe_tiles(cu_ctx *c, const int *grp, int E, int *tile_off) {
+    if (E > 0 && E <= 1024) moe_tiles_kernel<<<1, 1024, 0, c->stream>>>(grp, E, tile_off);
+}
+
+static unsigned max_tiles(int S, int E) {
+    return cdiv((size_t)S, MG_BM) + (unsigned)(E < S ? E : S);
+}
+
+extern "C" void cu_moe_gemm_swiglu(cu_ctx *c, float *y, const float *x, int div, const uint16_t *w_gu,
+                                   const int *grp, const int *tile_off, int S, int E, int I, int K) {
+    if (S <= 0 || I <= 0) return;
+    dim3 grid(max_tiles(S, E), cdiv((size_t)I, MG_BW / 2));
+    moe_gemm_kernel<1><<<grid, MG_THREADS, 0, c->stream>>>(y, I, x, div, w_gu, (size_t)2 * I * K, I, grp,
+                                                           tile_off, E, I, K);
+}
+
+extern "C" void cu_moe_gemm(cu_ctx *c, float *y, const float *x, int div, const uint16_t *w, const int *grp,
+                            const int *tile_off, int S, int E, int N, int K) {
+    if (S <= 0 || N <= 0) return;
+    dim3 grid(max_tiles(S, E), cdiv((size_t)N, MG_BW));
+    moe_gemm_kernel<0>
+        <<<grid, MG_THREADS, 0, c->stream>>>(y, N, x, div, w, (size_t)N * K, 0, grp, tile_off, E, N, K);
+}
