@@ -431,6 +431,85 @@ TEST(cuda_gemv3_bench) {
     cu_ctx_destroy(c);
 }
 
+/* The GEMV share of a 4B decode step: each layer's four GEMVs (in_proj 12352 x 2560, out_proj 2560 x 4096,
+ * gate_up 18432 x 2560, down 2560 x 9216) and the norm / add / SwiGLU kernels the fused forms replace, over
+ * 8 layers of distinct weights (1.8 GB: nothing stays in L2), captured as one CUDA graph and replayed — what
+ * a decode step does between the DeltaNet / attention cores, launch gaps and tails included. Unfused (today's
+ * default GEMV) against fused, each with and without programmatic dependent launch. */
+TEST(cuda_gemv3_chain) {
+    if (NO_DEVICE()) SKIP("no CUDA device: skipped");
+    const char *ev = getenv("CINFER_FUSE_BENCH");
+    if (ev && !strcmp(ev, "0")) SKIP("CINFER_FUSE_BENCH=0: skipped");
+    enum { L = 8, H = 2560, NIN = 12352, VD = 4096, I = 9216 };
+    char err[256];
+    cu_ctx *c;
+    REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
+    uint16_t *w_in[L], *w_out[L], *w_gu[L], *w_dn[L];
+    for (int l = 0; l < L; l++) {
+        REQUIRE(cu_alloc((void **)&w_in[l], (size_t)NIN * H * 2, err, sizeof err) == 0);
+        REQUIRE(cu_alloc((void **)&w_out[l], (size_t)H * VD * 2, err, sizeof err) == 0);
+        REQUIRE(cu_alloc((void **)&w_gu[l], (size_t)2 * I * H * 2, err, sizeof err) == 0);
+        REQUIRE(cu_alloc((void **)&w_dn[l], (size_t)H * I * 2, err, sizeof err) == 0);
+        cu_fill_random_bf16(c, w_in[l], (size_t)NIN * H, 0.02f, 500 + 4 * (uint64_t)l);
+        cu_fill_random_bf16(c, w_out[l], (size_t)H * VD, 0.02f, 501 + 4 * (uint64_t)l);
+        cu_fill_random_bf16(c, w_gu[l], (size_t)2 * I * H, 0.02f, 502 + 4 * (uint64_t)l);
+        cu_fill_random_bf16(c, w_dn[l], (size_t)H * I, 0.02f, 503 + 4 * (uint64_t)l);
+    }
+    float *x, *xn, *proj, *act, *out, *g;
+    REQUIRE(cu_alloc((void **)&x, (size_t)H * 4, err, sizeof err) == 0);
+    REQUIRE(cu_alloc((void **)&xn, (size_t)H * 4, err, sizeof err) == 0);
+    REQUIRE(cu_alloc((void **)&proj, (size_t)2 * I * 4, err, sizeof err) == 0);
+    REQUIRE(cu_alloc((void **)&act, (size_t)I * 4, err, sizeof err) == 0);
+    REQUIRE(cu_alloc((void **)&out, (size_t)H * 4, err, sizeof err) == 0);
+    REQUIRE(cu_alloc((void **)&g, (size_t)H * 4, err, sizeof err) == 0);
+    cu_fill_f32(c, g, H, 1.0f);
+    double bytes = (double)L * 2 * ((double)NIN * H + (double)H * VD + 2.0 * I * H + (double)H * I);
+    int ver0 = cu_gemv_version();
+    cu_timer *t;
+    REQUIRE(cu_timer_create(&t) == 0);
+    for (int fused = 0; fused < 2; fused++)
+        for (int pdl = 0; pdl < 2; pdl++) {
+            cu_set_gemv_version(2);
+            cu_set_pdl(pdl);
+            cu_fill_f32(c, x, H, 0.01f);
+            REQUIRE(cu_sync(c, err, sizeof err) == 0);
+            REQUIRE(cu_capture_begin(c, err, sizeof err) == 0);
+            for (int l = 0; l < L; l++) {
+                if (fused) {
+                    cu_gemv_fused(c, proj, x, w_in[l], 1, NIN, H, g, 1e-6f, CU_EPI_STORE);
+                    cu_gemv_fused(c, x, act, w_out[l], 1, H, VD, NULL, 0.0f, CU_EPI_ADD);
+                    cu_gemv_fused(c, act, x, w_gu[l], 1, I, H, g, 1e-6f, CU_EPI_SWIGLU);
+                    cu_gemv_fused(c, x, act, w_dn[l], 1, H, I, NULL, 0.0f, CU_EPI_ADD);
+                } else {
+                    cu_add_rmsnorm(c, x, l ? out : NULL, xn, g, 1, H, 1e-6f);
+                    cu_gemm(c, proj, xn, w_in[l], 1, NIN, H, NULL, 0);
+                    cu_gemm(c, out, act, w_out[l], 1, H, VD, NULL, 0);
+                    cu_add_rmsnorm(c, x, out, xn, g, 1, H, 1e-6f);
+                    cu_gemm(c, proj, xn, w_gu[l], 1, 2 * I, H, NULL, 0);
+                    cu_swiglu(c, act, proj, 1, I);
+                    cu_gemm(c, out, act, w_dn[l], 1, H, I, NULL, 0);
+                }
+            }
+            void *exec = NULL;
+            REQUIRE(cu_capture_end(c, &exec, err, sizeof err) == 0);
+            for (int i = 0; i < 3; i++) REQUIRE(cu_graph_launch(c, exec, err, sizeof err) == 0);
+            cu_timer_start(c, t);
+            for (int i = 0; i < 20; i++) REQUIRE(cu_graph_launch(c, exec, err, sizeof err) == 0);
+            double us = cu_timer_stop_ms(c, t) * 1e3 / 20;
+            REQUIRE(cu_sync(c, err, sizeof err) == 0);
+            cu_graph_destroy(exec);
+            printf(
+                "     4B GEMV chain, %d layers, graph: %-7s %-8s %7.1f us per step, %4.0f GB/s (%.2f GB)\n",
+                L, fused ? "fused" : "unfused", pdl ? "+ PDL" : "", us, bytes / us / 1e3, bytes / 1e9);
+        }
+    cu_set_pdl(0);
+    cu_set_gemv_version(ver0);
+    cu_timer_destroy(t);
+    for (int l = 0; l < L; l++) cu_free(w_in[l]), cu_free(w_out[l]), cu_free(w_gu[l]), cu_free(w_dn[l]);
+    cu_free(x), cu_free(xn), cu_free(proj), cu_free(act), cu_free(out), cu_free(g);
+    cu_ctx_destroy(c);
+}
+
 #else
 
 TEST(cuda_gemv3_not_built) {
