@@ -549,6 +549,7 @@ static void gdn_case_ex(int Hk, int Hv, int dk, int dv, int tc, const test_entry
     float *prev_o = NULL, *prev_r = NULL;
     double err_o = 0, err_r = 0; /* the scalar kernel's error: the tensor cores' bound follows from it */
     double *err_h = calloc((size_t)NE * Hv, sizeof(double)); /* its error per (entry, head) state */
+    float *conv0 = NULL, *win0 = NULL;                       /* mode 0's conv rows and windows */
     /* mode 0: the scalar kernel; 1: the tensor cores, one kernel (deltanet_tc.cu); 3, 4, 5: the phased
      * kernels (deltanet_chunk.cu) with 16 and 32 value columns per block of the sequential pass and with its
      * inputs staged in shared memory, which must give the same bits (every 16 x 16 tile is computed the same
@@ -578,6 +579,19 @@ static void gdn_case_ex(int Hk, int Hv, int dk, int dv, int tc, const test_entry
         cu_set_tf32_passes(3);
         REQUIRE(cu_sync(c, err, sizeof err) == 0);
         float *go = get(g.o, (size_t)T * vd), *gc = get(g.conv_state, cs_n), *gr = get(g.rec_state, rs_n);
+        /* the conv (a thread per channel, or per (row, channel) with the phased prefill) and the q/k norms:
+         * the same bits in every mode */
+        float *gx = get(g.conv_out, (size_t)T * C);
+        if (!mode) {
+            conv0 = gx, win0 = malloc(cs_n * 4);
+            memcpy(win0, gc, cs_n * 4);
+        } else {
+            CHECK_MSG(!memcmp(gx, conv0, (size_t)T * C * 4), "deltanet dk=%d dv=%d mode %d: conv rows differ",
+                      dk, dv, mode);
+            CHECK_MSG(!memcmp(gc, win0, cs_n * 4), "deltanet dk=%d dv=%d mode %d: conv windows differ", dk,
+                      dv, mode);
+            free(gx);
+        }
         const char *kind = !mode       ? "scalar"
                            : !phased   ? "tensor cores"
                            : mode == 4 ? "phased/32"
@@ -683,7 +697,7 @@ static void gdn_case_ex(int Hk, int Hv, int dk, int dv, int tc, const test_entry
             cu_free(g.bg);
         cu_free(g.o), cu_free(g.conv_state), cu_free(g.rec_state), cu_free(g.chunk_scr);
     }
-    free(err_h);
+    free(err_h), free(conv0), free(win0);
     free(prev_o), free(prev_r);
     free(qkv), free(z), free(b), free(a), free(cw), free(A), free(dt), free(gn), free(cst), free(rst),
         free(cst_r), free(rst_r);

@@ -87,6 +87,38 @@ __global__ void conv_kernel(cu_gdn_args a) {
     for (int j = 0; j < K - 1; j++) st[(size_t)j * C] = win[j];
 }
 
+/* the same conv for a prefill, a thread per (row, channel) instead of a thread per channel walking the rows
+ * (at 4096 rows that walk is 4096 dependent global round trips per thread): each row's window is read from
+ * the rows before it or from the slot's window, the same conv_tap, so the same bits. conv_window_kernel then
+ * advances the slots' windows, after every row has read them. Used with the phased prefill (cu_gdn_args.tc
+ * 2). */
+__global__ void conv_rows_kernel(cu_gdn_args a) {
+    int r = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= a.C) return;
+    int e = a.meta.row_entry[r], t = r - a.meta.e_row0[e], K = a.K, C = a.C;
+    const float *st = a.conv_state + ((size_t)a.meta.e_slot[e] * a.n_lin + a.lin) * (size_t)(K - 1) * C + c;
+    float win[CONV_MAXK], wt[CONV_MAXK];
+    for (int j = 0; j < K - 1; j++) {
+        int i = t - (K - 1) + j; /* the input's position in the entry; < 0: in the slot's window */
+        win[j] = i >= 0 ? a.qkv[(size_t)(r - t + i) * a.qkv_ld + c] : st[(size_t)(i + K - 1) * C];
+    }
+    for (int j = 0; j < K; j++) wt[j] = a.conv_w[(size_t)j * C + c];
+    a.conv_out[(size_t)r * C + c] = conv_tap(wt, win, a.qkv[(size_t)r * a.qkv_ld + c], K);
+}
+
+__global__ void conv_window_kernel(cu_gdn_args a) {
+    int e = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= a.C || (a.has_spec && a.meta.e_spec[e])) return; /* a window: cu_gdn_spec_commit advances it */
+    int n = a.meta.e_n[e], r0 = a.meta.e_row0[e], K = a.K, C = a.C;
+    float *st = a.conv_state + ((size_t)a.meta.e_slot[e] * a.n_lin + a.lin) * (size_t)(K - 1) * C + c;
+    float x[CONV_MAXK];
+    for (int j = 0; j < K - 1; j++) {
+        int i = n - (K - 1) + j;
+        x[j] = i >= 0 ? a.qkv[(size_t)(r0 + i) * a.qkv_ld + c] : st[(size_t)(i + K - 1) * C];
+    }
+    for (int j = 0; j < K - 1; j++) st[(size_t)j * C] = x[j];
+}
+
 /* speculative windows: each row's position-local inputs, after prep_kernel and before anything reuses the
  * rows */
 __global__ void spec_record_kernel(cu_gdn_args a) {
@@ -529,7 +561,12 @@ extern "C" void cu_gdn_layer(cu_ctx *c, const cu_gdn_args *a) {
             fused_decode_kernel<32><<<grid, 256, 0, c->stream>>>(*a);
         return;
     }
-    conv_kernel<<<dim3(cdiv((size_t)a->C, 128), (unsigned)a->NE), 128, 0, c->stream>>>(*a);
+    if (a->tc == 2 && !a->no_chunked) {
+        conv_rows_kernel<<<dim3(cdiv((size_t)a->C, 128), (unsigned)a->T), 128, 0, c->stream>>>(*a);
+        conv_window_kernel<<<dim3(cdiv((size_t)a->C, 128), (unsigned)a->NE), 128, 0, c->stream>>>(*a);
+    } else {
+        conv_kernel<<<dim3(cdiv((size_t)a->C, 128), (unsigned)a->NE), 128, 0, c->stream>>>(*a);
+    }
     prep_kernel<<<a->T, 128, 0, c->stream>>>(*a);
     if (a->has_spec) spec_record_kernel<<<a->T, 256, 0, c->stream>>>(*a);
     dim3 rgrid(cdiv((size_t)a->dv, 32), (unsigned)a->Hv, (unsigned)a->NE);

@@ -98,14 +98,18 @@ template <int P> __global__ void __launch_bounds__(256) ck_prep_kernel(cu_gdn_ar
         Xs[t * XLD + i] = qv;
         Ks[t * KLD + i] = kv;
     }
+    if (tid < L) { /* beta and g of every row at once; the sum below is one thread's, in the CPU's order */
+        const float *bg = a.bg + (size_t)(r0 + tid) * 2 * a.Hv;
+        gam[tid] = bg[a.Hv + h];
+        bet[tid] = bg[h];
+    }
+    __syncthreads();
     if (tid == 0) {
         /* the CPU's cumulative sum and factor expressions; rows past L contribute nothing */
         float acc = 0.0f;
         for (int t = 0; t < L; t++) {
-            const float *bg = a.bg + (size_t)(r0 + t) * 2 * a.Hv;
-            acc += bg[a.Hv + h];
+            acc += gam[t];
             gam[t] = acc;
-            bet[t] = bg[h];
         }
         for (int t = 0; t < CK_CH; t++) {
             egam[t] = t < L ? expf(gam[t]) : 0.0f;
