@@ -157,9 +157,10 @@ TEST(cuda_gemv3_fused_vs_cpu) {
         /* rows per warp and loads in flight never change a bit; every split count is within the bound */
         for (int ks = 1; ks <= 8; ks *= 2) {
             float *ya = NULL;
-            for (int v = 0; v < 5; v++) {
-                static const int nr[] = {0, 1, 2, 1, 2}, u[] = {0, 2, 4, 8, 8};
-                cu_set_gemv3_config(ks, nr[v], u[v]);
+            for (int v = 0; v < 7; v++) {
+                static const int nr[] = {0, 1, 2, 1, 2, 2, 1}, u[] = {0, 2, 4, 8, 8, 4, 8},
+                                 ld[] = {0, 0, 0, 0, 0, 1, 1};
+                cu_set_gemv3_config(ks, nr[v], u[v], ld[v]);
                 float *y = run_fused(c, s, dx, dw, dg, dy0, 1);
                 REQUIRE(y);
                 if (!ya) {
@@ -169,13 +170,14 @@ TEST(cuda_gemv3_fused_vs_cpu) {
                     printf(" | %d: %.1e", ks, r);
                 } else {
                     CHECK_MSG(!memcmp(y, ya, (size_t)N * 4),
-                              "%s %d splits: %d rows a warp, %d in flight differ", s->what, ks, nr[v], u[v]);
+                              "%s %d splits: %d rows a warp, %d in flight, load %d differ", s->what, ks,
+                              nr[v], u[v], ld[v]);
                     free(y);
                 }
             }
             free(ya);
         }
-        cu_set_gemv3_config(0, 0, 0);
+        cu_set_gemv3_config(0, 0, 0, 0);
         /* with programmatic dependent launch: the same bits */
         cu_set_pdl(1);
         float *yp = run_fused(c, s, dx, dw, dg, dy0, 3);
@@ -405,20 +407,21 @@ TEST(cuda_gemv3_bench) {
         for (int i = 0; i < 8; i++) sum[i] += row[i];
         /* every configuration at one row: splits x (rows per warp, loads in flight) */
         if (s->N < 200000) {
-            printf("       sweep (splits/rows/inflight: us):");
+            printf("       sweep (splits/rows/inflight/load: us):");
             static const int nr[] = {1, 1, 1, 2, 2, 2}, u[] = {2, 4, 8, 2, 4, 8};
             double best = 1e30;
-            int bk = 0, bv = 0;
+            int bk = 0, bv = 0, bl = 0;
             for (int ks = 1; ks <= 8; ks *= 2)
-                for (int v = 0; v < 6; v++) {
-                    cu_set_gemv3_config(ks, nr[v], u[v]);
-                    double us = bench_us(c, 1, s, dw, ncopy, dx, dxn, dy, dt, dg, 1);
-                    printf(" %d/%d/%d:%.1f", ks, nr[v], u[v], us);
-                    if (us < best) best = us, bk = ks, bv = v;
-                }
-            cu_set_gemv3_config(0, 0, 0);
+                for (int ld = 0; ld < 2; ld++)
+                    for (int v = 0; v < 6; v++) {
+                        cu_set_gemv3_config(ks, nr[v], u[v], ld);
+                        double us = bench_us(c, 1, s, dw, ncopy, dx, dxn, dy, dt, dg, 1);
+                        printf(" %d/%d/%d/%d:%.1f", ks, nr[v], u[v], ld, us);
+                        if (us < best) best = us, bk = ks, bv = v, bl = ld;
+                    }
+            cu_set_gemv3_config(0, 0, 0, 0);
             REQUIRE(cu_sync(c, err, sizeof err) == 0);
-            printf("\n       best %d/%d/%d %.1f us %.0f GB/s\n", bk, nr[bv], u[bv], best, gb / best);
+            printf("\n       best %d/%d/%d/%d %.1f us %.0f GB/s\n", bk, nr[bv], u[bv], bl, best, gb / best);
         }
         for (int i = 0; i < ncopy; i++) cu_free(dw[i]);
         cu_free(dx), cu_free(dxn), cu_free(dy), cu_free(dt), cu_free(dg);

@@ -23,11 +23,19 @@
 
 enum { EPI_STORE = CU_EPI_STORE, EPI_ADD = CU_EPI_ADD, EPI_SWIGLU = CU_EPI_SWIGLU };
 
-__device__ __forceinline__ uint4 g3_ld(const uint16_t *p) {
-    return __ldcs(reinterpret_cast<const uint4 *>(p)); /* streamed once per step: past L1 */
+/* weights are streamed once per step. LD 0: ld.global.cs (evict-first); 1: the non-coherent path with no L1
+ * allocation and a 256-byte L2 prefetch hint (each lane's 16 bytes are part of a warp's 512 contiguous
+ * bytes per row, so the sector fetches can be whole 256-byte lines); which is faster is measured */
+template <int LD> __device__ __forceinline__ uint4 g3_ld(const uint16_t *p) {
+    if (LD == 0) return __ldcs(reinterpret_cast<const uint4 *>(p));
+    uint4 r;
+    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+        : "l"(p));
+    return r;
 }
 
-template <int MR, int NR, int U, bool NORM, int EPI>
+template <int MR, int NR, int U, bool NORM, int EPI, int LD>
 __global__ void __launch_bounds__(G3_WARPS * 32, 2)
     gemv3_kernel(float *__restrict__ y, const float *__restrict__ x, const uint16_t *__restrict__ w, int N,
                  int K, int KS, const float *__restrict__ g, float eps) {
@@ -61,7 +69,7 @@ __global__ void __launch_bounds__(G3_WARPS * 32, 2)
         int c = ks + u * KS, k = c * 256 + lane * 8;
         if (c < nch && k < K)
 #pragma unroll
-            for (int r = 0; r < ROWS; r++) wv[u][r] = g3_ld(wr[r] + k);
+            for (int r = 0; r < ROWS; r++) wv[u][r] = g3_ld<LD>(wr[r] + k);
     }
     griddep_wait();
     for (int c0 = ks; c0 < nch; c0 += step) {
@@ -104,7 +112,7 @@ __global__ void __launch_bounds__(G3_WARPS * 32, 2)
             int c = c0 + step + u * KS, k = c * 256 + lane * 8;
             if (c < nch && k < K)
 #pragma unroll
-                for (int r = 0; r < ROWS; r++) wv[u][r] = g3_ld(wr[r] + k);
+                for (int r = 0; r < ROWS; r++) wv[u][r] = g3_ld<LD>(wr[r] + k);
         }
     }
     /* every load of this block is out: a GEMV launched after this one with programmatic dependent launch
@@ -154,9 +162,10 @@ __global__ void __launch_bounds__(G3_WARPS * 32, 2)
 
 /* ---- configuration ---- */
 
-static int g_ks = 0, g_nr = 0, g_u = 0; /* 0: automatic (cu_set_gemv3_config) */
+static int g_ks = 0, g_nr = 0, g_u = 0, g_ld = 0; /* 0: automatic (cu_set_gemv3_config) */
 
-extern "C" void cu_set_gemv3_config(int ks, int nr, int u) {
+extern "C" void cu_set_gemv3_config(int ks, int nr, int u, int ld) {
+    g_ld = ld == 1;
     g_ks = ks == 1 || ks == 2 || ks == 4 || ks == 8 ? ks : 0;
     g_nr = nr == 1 || nr == 2 ? nr : 0;
     g_u = u == 2 || u == 4 || u == 8 ? u : 0;
@@ -178,13 +187,30 @@ extern "C" int cu_gemv_fusable(int M, int K) {
 
 /* ---- launchers ---- */
 
-template <int MR, int NR, int U, bool NORM, int EPI>
+template <int MR, int NR, int U, bool NORM, int EPI, int LD = 0>
 static void g3_launch(cu_ctx *c, float *y, const float *x, const uint16_t *w, int tiles, int N, int K, int KS,
                       const float *g, float eps) {
     int per_block = G3_WARPS / KS * NR;
     dim3 grid(cdiv((size_t)N, (size_t)per_block), (unsigned)tiles);
-    cu_launch_gemv(c, gemv3_kernel<MR, NR, U, NORM, EPI>, grid, dim3(G3_WARPS * 32), y, x, w, N, K, KS, g,
+    cu_launch_gemv(c, gemv3_kernel<MR, NR, U, NORM, EPI, LD>, grid, dim3(G3_WARPS * 32), y, x, w, N, K, KS, g,
                    eps);
+}
+
+template <int LD, bool NORM, int EPI>
+static void g3_mr1(cu_ctx *c, float *y, const float *x, const uint16_t *w, int nr, int u, int tiles, int N,
+                   int K, int KS, const float *g, float eps) {
+    if (nr == 1 && u == 2)
+        g3_launch<1, 1, 2, NORM, EPI, LD>(c, y, x, w, tiles, N, K, KS, g, eps);
+    else if (nr == 1 && u == 4)
+        g3_launch<1, 1, 4, NORM, EPI, LD>(c, y, x, w, tiles, N, K, KS, g, eps);
+    else if (nr == 1)
+        g3_launch<1, 1, 8, NORM, EPI, LD>(c, y, x, w, tiles, N, K, KS, g, eps);
+    else if (u == 2)
+        g3_launch<1, 2, 2, NORM, EPI, LD>(c, y, x, w, tiles, N, K, KS, g, eps);
+    else if (u == 4)
+        g3_launch<1, 2, 4, NORM, EPI, LD>(c, y, x, w, tiles, N, K, KS, g, eps);
+    else
+        g3_launch<1, 2, 8, NORM, EPI, LD>(c, y, x, w, tiles, N, K, KS, g, eps);
 }
 
 /* rows per warp and chunks in flight: at one row of x from cu_set_gemv3_config (measurements), else 2 and 4;
@@ -198,18 +224,10 @@ static void g3_tile(cu_ctx *c, float *y, const float *x, const uint16_t *w, int 
     case 1: {
         /* SwiGLU: a gate and an up row per output already, so one output a warp unless told otherwise */
         int nr = g_nr ? g_nr : EPI == EPI_SWIGLU ? 1 : 2, u = g_u ? g_u : 4;
-        if (nr == 1 && u == 2)
-            g3_launch<1, 1, 2, NORM, EPI>(c, y, x, w, tiles, N, K, KS, g, eps);
-        else if (nr == 1 && u == 4)
-            g3_launch<1, 1, 4, NORM, EPI>(c, y, x, w, tiles, N, K, KS, g, eps);
-        else if (nr == 1)
-            g3_launch<1, 1, 8, NORM, EPI>(c, y, x, w, tiles, N, K, KS, g, eps);
-        else if (u == 2)
-            g3_launch<1, 2, 2, NORM, EPI>(c, y, x, w, tiles, N, K, KS, g, eps);
-        else if (u == 4)
-            g3_launch<1, 2, 4, NORM, EPI>(c, y, x, w, tiles, N, K, KS, g, eps);
+        if (g_ld)
+            g3_mr1<1, NORM, EPI>(c, y, x, w, nr, u, tiles, N, K, KS, g, eps);
         else
-            g3_launch<1, 2, 8, NORM, EPI>(c, y, x, w, tiles, N, K, KS, g, eps);
+            g3_mr1<0, NORM, EPI>(c, y, x, w, nr, u, tiles, N, K, KS, g, eps);
         break;
     }
     case 2:
