@@ -224,6 +224,18 @@ struct cuda_fwd {
     int n_graphs;
     unsigned long long graph_clock;
     int verify_graphs; /* steps with speculative windows replay graphs too (CINFER_CUDA_VERIFY_GRAPHS=1) */
+    /* verify-step keys met once and run eagerly: a key is captured the second time it comes, so the shapes a
+     * run meets once (the shorter windows where an output budget ends) never pay a capture */
+    graph_ent seen[16];
+    int n_seen;
+    /* CINFER_CUDA_SPEC_FUSE=1: a window's commit is deferred to its slot's next step, whose conv and
+     * recurrent kernels replay the kept tokens first (no commit launches, S read and written once a round);
+     * spec_rec then holds two record buffers, a window writing the one its slot's pending commit does not
+     * read */
+    int spec_fuse;
+    int *pend_keep;      /* [n_slots] host: tokens of the slot's last window kept and not yet replayed */
+    int *rec_par;        /* [n_slots] host: the record buffer of the slot's last window */
+    int *h_keep, *h_par; /* [max_tokens] host: per entry of a call, e_keep and e_par */
     /* profiling */
     int profile, prof_calls;
     double prof_ms[CP_N];
@@ -478,7 +490,7 @@ static int alloc_scratch(cuda_fwd *f, char *err, size_t errlen) {
     size_t tables = zmax(T * bps < (size_t)f->p.n_blocks + T ? T * bps : (size_t)f->p.n_blocks + T, 1);
     /* + spec flags (<= T entries), attention tiles (at most one per row), hidden rows (T) and [T][3] mRoPE
      * positions */
-    f->meta_cap = 16 * T + tables + 64; /* + the MTP head's attention starts (<= T entries) */
+    f->meta_cap = 18 * T + tables + 64; /* + the MTP head's attention starts, e_keep, e_par (<= T entries) */
     if ((rc = dev_alloc(f, (void **)&f->meta, f->meta_cap * 4, a, err, errlen)) ||
         (rc = cu_alloc_host((void **)&f->h_meta, f->meta_cap * 4, err, errlen)))
         return rc;
@@ -512,6 +524,7 @@ void cuda_fwd_destroy(cuda_fwd *f) {
     free(f->h_cnt);
     free(f->h_off);
     free(f->h_fill);
+    free(f->pend_keep), free(f->rec_par), free(f->h_keep), free(f->h_par);
     free(f);
 }
 
@@ -614,9 +627,17 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     if (af)
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_ATTN_FUSED=%s: fused attention decode %s\n", af,
                 f->attn_cnt ? "on" : "off");
+    const char *sf = getenv("CINFER_CUDA_SPEC_FUSE");
+    f->spec_fuse = m->n_lin > 0 && p->spec_window > 0 && sf && !strcmp(sf, "1");
+    f->pend_keep = xcalloc((size_t)p->n_slots, sizeof(int));
+    f->rec_par = xcalloc((size_t)p->n_slots, sizeof(int));
+    f->h_keep = xcalloc((size_t)p->max_tokens, sizeof(int));
+    f->h_par = xcalloc((size_t)p->max_tokens, sizeof(int));
     if (m->n_lin > 0 && p->spec_window > 0) {
         size_t sr = (size_t)p->n_slots * m->n_lin * (size_t)p->spec_window * CU_SPEC_REC(m->C, m->Hv) * 4;
-        if ((rc = dev_alloc(f, (void **)&f->spec_rec, sr, &f->bytes_pools, err, errlen))) goto fail;
+        if ((rc = dev_alloc(f, (void **)&f->spec_rec, f->spec_fuse ? 2 * sr : sr, &f->bytes_pools, err,
+                            errlen)))
+            goto fail;
     }
     /* inv_freq exactly as forward_cpu computes it */
     int R = m->cfg.rope_dim;
@@ -713,6 +734,7 @@ int cuda_fwd_slot_reset(cuda_fwd *f, int slot, char *err, size_t errlen) {
         cu_memset_async(f->cu, f->conv_state + (size_t)slot * cs, cs * 4);
         cu_memset_async(f->cu, f->rec_state + (size_t)slot * rs, rs * 4);
     }
+    f->pend_keep[slot] = 0; /* a new sequence: the last one's uncommitted window is moot */
     return cu_sync(f->cu, err, errlen);
 }
 
@@ -750,6 +772,23 @@ struct cu_ctx *cuda_fwd_stream(cuda_fwd *f) {
 }
 
 /* ---- the pass ---- */
+
+/* floats in one buffer of speculative records ([slots][n_lin][spec_window][CU_SPEC_REC]) */
+static size_t spec_buf_floats(const cuda_fwd *f) {
+    const model *m = f->m;
+    return (size_t)f->p.n_slots * m->n_lin * (size_t)f->p.spec_window * CU_SPEC_REC(m->C, m->Hv);
+}
+
+/* A deferred commit done now, by the commit kernels (before a use of the slot that does not replay it). */
+static void spec_flush(cuda_fwd *f, int slot) {
+    const model *m = f->m;
+    int keep = f->pend_keep[slot];
+    f->pend_keep[slot] = 0;
+    if (keep > 0)
+        cu_gdn_spec_commit(f->cu, f->conv_state, f->rec_state,
+                           f->spec_rec + (size_t)f->rec_par[slot] * spec_buf_floats(f), slot, keep, m->n_lin,
+                           f->p.spec_window, m->Hk, m->Hv, m->dk, m->dv, m->K, m->C);
+}
 
 typedef struct run_shape {
     int T, NE, nl, span, nsplit;
@@ -813,6 +852,7 @@ static void deltanet(cuda_fwd *f, const cu_layer *cl, const layer_weights *lw, i
     a.meta = rs->meta, a.tc = f->gdn_tc;
     a.chunk_scr = f->gdn_chunk, a.chunk_cap = f->gdn_chunk_cap, a.chunk_dt = f->gdn_chunk_dt;
     a.spec_rec = f->spec_rec, a.spec_win = f->p.spec_window, a.has_spec = rs->has_spec;
+    a.spec_buf = f->spec_fuse ? spec_buf_floats(f) : 0;
     a.no_chunked = rs->no_chunked, a.dec_cnt = f->gdn_cnt;
     cu_gdn_layer(f->cu, &a);
     mark(f, CP_GEMM_OUT);
@@ -1076,13 +1116,14 @@ static void attn_split(const cuda_fwd *f, int T, int maxpos, int *span, int *nsp
  * astart: the entries' attn_start go up too (meta.e_astart). For a decode step every offset up to the block
  * tables depends on NE alone (graphs). */
 static int pack_meta(cuda_fwd *f, const fwd_entry *e, int NE, const int *lmode, int T, int nl, int nh,
-                     int max_n, int maxpos, int has_spec, int mm, int mm_rows, int astart, run_shape *rs,
-                     size_t *o_hrow_out, char *err, size_t errlen) {
+                     int max_n, int maxpos, int has_spec, int mm, int mm_rows, int astart, const int *keep,
+                     const int *par, run_shape *rs, size_t *o_hrow_out, char *err, size_t errlen) {
     int *h = f->h_meta;
     size_t o_ids = 0, o_pos = o_ids + T, o_ent = o_pos + T, o_len = o_ent + T, o_n = o_len + NE,
            o_r0 = o_n + NE;
     size_t o_slot = o_r0 + NE, o_boff = o_slot + NE, o_lrow = o_boff + NE, o_spec = o_lrow + nl,
-           o_rope = o_spec + NE, o_blk = o_rope + (mm ? 3 * (size_t)T : 0);
+           o_keep = o_spec + NE, o_par = o_keep + NE, o_rope = o_par + NE,
+           o_blk = o_rope + (mm ? 3 * (size_t)T : 0);
     size_t nb = 0, ntile = 0;
     for (int i = 0; i < NE; i++) nb += (size_t)(e[i].seq_len + e[i].n + 15) / 16;
     /* a prefill chunk in the batch: attention by tiles of rows sharing K/V loads */
@@ -1105,6 +1146,8 @@ static int pack_meta(cuda_fwd *f, const fwd_entry *e, int NE, const int *lmode, 
         h[o_slot + i] = e[i].slot;
         h[o_boff + i] = (int)bo;
         h[o_spec + i] = e[i].spec_rec != NULL;
+        h[o_keep + i] = keep ? keep[i] : 0;
+        h[o_par + i] = par ? par[i] : 0;
         int nbi = (e[i].seq_len + e[i].n + 15) / 16;
         memcpy(h + o_blk + bo, e[i].blocks, (size_t)nbi * sizeof(int));
         bo += (size_t)nbi;
@@ -1136,7 +1179,7 @@ static int pack_meta(cuda_fwd *f, const fwd_entry *e, int NE, const int *lmode, 
                       tiled ? d + o_tile : NULL,
                       (int)ntile,
                       {d + o_ids, d + o_pos, d + o_ent, d + o_len, d + o_n, d + o_r0, d + o_slot, d + o_boff,
-                       d + o_lrow, d + o_blk, d + o_spec}};
+                       d + o_lrow, d + o_blk, d + o_spec, d + o_keep, d + o_par}};
     rs->rope3 = mm ? d + o_rope : NULL;
     rs->mm_e = mm_rows ? e : NULL;
     rs->mm_ne = NE;
@@ -1176,9 +1219,29 @@ int cuda_fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, char *e
         return ci_err(err, errlen, CINFER_ERANGE, "cuda: batch of %d tokens exceeds %d", T, f->p.max_tokens);
     run_shape rs;
     size_t o_hrow;
-    int rc = pack_meta(f, e, NE, NULL, T, nl, nh, max_n, maxpos, has_spec, mm, mm_rows, 0, &rs, &o_hrow, err,
-                       errlen);
-    if (rc) return rc;
+    /* deferred commits (spec_fuse): an entry whose kernels replay its slot's kept tokens (a decode token or a
+     * window: recurrent_kernel) takes them in e_keep; any other use of the slot gets them committed first,
+     * and so does a step without windows under CINFER_CUDA_GDN_FUSED (its one-kernel decode layer does not
+     * replay) */
+    for (int i = 0; i < NE && f->spec_fuse; i++) {
+        int s = e[i].slot,
+            replays = (e[i].spec_rec || (e[i].n == 1 && e[i].seq_len > 0)) && !(f->gdn_cnt && !has_spec);
+        if (!replays) spec_flush(f, s);
+        f->h_keep[i] = f->pend_keep[s];
+        f->h_par[i] = f->rec_par[s] ^ 1;
+        f->pend_keep[s] = 0;
+        if (e[i].spec_rec) f->rec_par[s] ^= 1;
+    }
+    int rc =
+        pack_meta(f, e, NE, NULL, T, nl, nh, max_n, maxpos, has_spec, mm, mm_rows, 0,
+                  f->spec_fuse ? f->h_keep : NULL, f->spec_fuse ? f->h_par : NULL, &rs, &o_hrow, err, errlen);
+    if (rc) {
+        for (int i = 0; i < NE && f->spec_fuse; i++) { /* nothing ran: the commits stay pending */
+            if (e[i].spec_rec) f->rec_par[e[i].slot] ^= 1;
+            if (f->h_keep[i]) f->pend_keep[e[i].slot] = f->h_keep[i];
+        }
+        return rc;
+    }
     rs.no_chunked = !any_chunked;
     int *d = f->meta;
     /* MoE decode without the host (graph-capturable): every (row, choice) slot through the indexed GEMV; past
@@ -1186,14 +1249,30 @@ int cuda_fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, char *e
     int moe_device = T <= 64;
     int use_graph = all_decode && max_n < CU_ATTN_TILE && !mm_rows && !f->profile && !f->p.no_graphs &&
                     (m->cfg.n_experts == 0 || moe_device);
-    if (use_graph) {
-        graph_ent *g = NULL;
-        for (int i = 0; i < f->n_graphs; i++) {
-            const graph_ent *q = &f->graphs[i];
-            if (q->B == NE && q->T == T && q->nl == nl && q->spec == has_spec &&
-                q->nochunk == rs.no_chunked && q->span == rs.span && q->nsplit == rs.nsplit && q->mm == mm)
-                g = &f->graphs[i];
+    graph_ent *g = NULL, key = {NE, T, nl, has_spec, rs.no_chunked, rs.span, rs.nsplit, mm, 0, NULL};
+    for (int i = 0; use_graph && i < f->n_graphs; i++) {
+        const graph_ent *q = &f->graphs[i];
+        if (q->B == NE && q->T == T && q->nl == nl && q->spec == has_spec && q->nochunk == rs.no_chunked &&
+            q->span == rs.span && q->nsplit == rs.nsplit && q->mm == mm)
+            g = &f->graphs[i];
+    }
+    if (use_graph && !g && has_spec) {
+        int hit = 0;
+        for (int i = 0; i < f->n_seen && !hit; i++) {
+            const graph_ent *q = &f->seen[i];
+            hit = q->B == NE && q->T == T && q->nl == nl && q->nochunk == rs.no_chunked &&
+                  q->span == rs.span && q->nsplit == rs.nsplit && q->mm == mm;
         }
+        if (!hit) { /* the first time: eager, and remembered (the oldest forgotten when the list is full) */
+            if (f->n_seen == (int)(sizeof f->seen / sizeof f->seen[0])) {
+                memmove(f->seen, f->seen + 1, sizeof f->seen - sizeof f->seen[0]);
+                f->n_seen--;
+            }
+            f->seen[f->n_seen++] = key;
+            use_graph = 0;
+        }
+    }
+    if (use_graph) {
         if (!g) {
             int slot = f->n_graphs;
             if (slot == MAX_GRAPHS) { /* the least recently replayed makes room */
@@ -1214,7 +1293,8 @@ int cuda_fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, char *e
             }
             if (slot == f->n_graphs) f->n_graphs++;
             g = &f->graphs[slot];
-            *g = (graph_ent){NE, T, nl, has_spec, rs.no_chunked, rs.span, rs.nsplit, mm, 0, exec};
+            *g = key;
+            g->exec = exec;
         }
         g->used = ++f->graph_clock;
         if ((rc = cu_graph_launch(f->cu, g->exec, err, errlen))) return rc;
@@ -1312,7 +1392,8 @@ int cuda_fwd_mtp_run(cuda_fwd *f, const fwd_entry *e, const mtp_io *io, int NE, 
     if (n_vocab < 1 || n_vocab > m->V) n_vocab = m->V;
     run_shape rs;
     size_t o_hrow;
-    int rc = pack_meta(f, e, NE, lmode, T, nl, 0, max_n, maxpos, 0, 0, 0, astart, &rs, &o_hrow, err, errlen);
+    int rc = pack_meta(f, e, NE, lmode, T, nl, 0, max_n, maxpos, 0, 0, 0, astart, NULL, NULL, &rs, &o_hrow,
+                       err, errlen);
     if (rc) return rc;
     if (astart) {
         /* the start is honoured by the untiled kernel on one split: every position of a row in one block */
@@ -1361,6 +1442,11 @@ int cuda_fwd_spec_commit(cuda_fwd *f, int slot, int n_keep, char *err, size_t er
     if (slot < 0 || slot >= f->p.n_slots || n_keep < 0 || n_keep > f->p.spec_window)
         return ci_err(err, errlen, CINFER_EINVAL, "cuda_fwd_spec_commit: slot %d, keep %d (window %d)", slot,
                       n_keep, f->p.spec_window);
+    if (f->spec_fuse) {
+        /* deferred: the slot's next step replays them (cuda_fwd_run), or spec_flush before another use */
+        f->pend_keep[slot] = n_keep;
+        return 0;
+    }
     if (m->n_lin > 0 && n_keep > 0)
         cu_gdn_spec_commit(f->cu, f->conv_state, f->rec_state, f->spec_rec, slot, n_keep, m->n_lin,
                            f->p.spec_window, m->Hk, m->Hv, m->dk, m->dv, m->K, m->C);
@@ -1381,6 +1467,10 @@ static int state_copy(cuda_fwd *f, int slot, float *dst, const float *src, char 
     size_t cs = (size_t)m->n_lin * (size_t)(m->K - 1) * m->C,
            rs = (size_t)m->n_lin * (size_t)m->Hv * m->dk * m->dv;
     float *dc = f->conv_state + (size_t)slot * cs, *dr = f->rec_state + (size_t)slot * rs;
+    if (dst)
+        spec_flush(f, slot); /* the state as committed */
+    else
+        f->pend_keep[slot] = 0; /* replaced whole */
     if (dst) {
         cu_d2h_async(f->cu, dst, dc, cs * 4);
         cu_d2h_async(f->cu, dst + cs, dr, rs * 4);

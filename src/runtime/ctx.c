@@ -530,6 +530,10 @@ int cinfer_seq_commit(cinfer_ctx *c, int id, int n_keep, char *err, size_t errle
 }
 
 /* ---- for the engine (ctx_internal.h) ---- */
+int ctx_sync(cinfer_ctx *c, char *err, size_t errlen) {
+    return c->cf ? cuda_fwd_sync(c->cf, err, errlen) : 0;
+}
+
 int ctx_kv_free_blocks(const cinfer_ctx *c) { return prefix_available_blocks(c->pc); }
 int ctx_kv_blocks_per_seq(const cinfer_ctx *c) { return c->blocks_per_seq; }
 

@@ -29,6 +29,8 @@ struct cinfer_model {
 struct cuda_sample;
 int ctx_forward_sample(cinfer_ctx *c, const cinfer_batch_entry *e, int n, const struct cuda_sample *smp,
                        int32_t *ids, float *lps, char *err, size_t errlen);
+/* Waits for everything enqueued on the context's device (a commit only enqueues); 0 at once on the CPU. */
+int ctx_sync(cinfer_ctx *c, char *err, size_t errlen);
 
 /* Blocks an admission may count on: free ones plus those only the prefix cache holds. */
 int ctx_kv_free_blocks(const cinfer_ctx *c);

@@ -155,6 +155,8 @@ struct cinfer_engine {
     size_t *gv_len;                 /* [V] */
     /* cuda with CINFER_CUDA_SAMPLE=1: steps whose every row is plain greedy choose on the device */
     int dev_sample;
+    int pad;                        /* CINFER_SPEC_PAD=1: windows padded to spec_max_draft + 1 rows (step()) */
+    atomic_llong stat_pad_rows;     /* rows past the drafts that padded windows carried */
     cuda_sample *dsmp;              /* [max_seqs * (1 + spec_max_draft)]: one per logits row */
     int32_t *dids;                  /* [max_seqs * (1 + spec_max_draft)] */
     float *dlps;                    /* [max_seqs * (1 + spec_max_draft)] */
@@ -762,7 +764,7 @@ static void step(cinfer_engine *e) {
     }
     admit(e);
     if (e->dctx) draft_model_step(e);
-    int budget = e->p.step_tokens, n = 0, rows = 0, hrows = 0;
+    int budget = e->p.step_tokens, n = 0, rows = 0, hrows = 0, any_drafts = 0;
     int mtp = e->p.spec == CINFER_SPEC_MTP;
     /* decode tokens first (latency of running streams), then prefill chunks in admission order; with
      * speculation a decode entry is a window [last token | drafts] verified in this same batch */
@@ -775,7 +777,10 @@ static void step(cinfer_engine *e) {
         if (mtp && r->n_drafts > budget - 1) r->n_drafts = budget - 1 > 0 ? budget - 1 : 0;
         int room = r->max_tokens - r->n_gen - 1; /* drafts beyond the output budget could never be kept */
         if (!e->dctx && !mtp && r->hist && r->draft_len > 0 && room > 0) {
-            int k = r->draft_len < room ? r->draft_len : room;
+            /* padded windows cost their full row count whatever the drafts: a drafter that costs nothing
+             * (n-gram lookup, a test's) proposes as many as a window holds */
+            int dl = e->pad ? e->p.spec_max_draft : r->draft_len;
+            int k = dl < room ? dl : room;
             if (k > budget - 1) k = budget - 1;
             /* hist already ends with r->last, the token about to be fed */
             if (k > 0)
@@ -783,18 +788,39 @@ static void step(cinfer_engine *e) {
                                          : ngram_draft(r->hist, r->n_hist, r->drafts + 1, k);
             if (r->n_drafts > k || r->n_drafts < 0) r->n_drafts = 0;
         }
-        if (r->n_drafts) {
-            r->drafts[0] = r->last;
-            e->entries[n] = (cinfer_batch_entry){r->seq, r->drafts, 1 + r->n_drafts, 1, 1};
-            e->entry_row[n] = rows;
-            rows += 1 + r->n_drafts;
-        } else {
-            e->entries[n] = (cinfer_batch_entry){r->seq, &r->last, 1, 0};
-            e->entry_row[n] = rows++;
-        }
+        if (r->n_drafts) any_drafts = 1;
+        e->entries[n] = (cinfer_batch_entry){r->seq, &r->last, 1, 0};
         if (mtp) e->entry_pos[n] = r->n_prompt + r->n_gen - 1; /* r->last's position */
         e->entry_req[n++] = r;
         budget -= 1 + r->n_drafts;
+    }
+    /* The decode entries' rows. Without padding a window holds 1 + its drafts. With CINFER_SPEC_PAD=1, once
+     * any entry of the step drafts, every decode entry is a window of spec_max_draft + 1 rows (fewer only
+     * where the output budget ends first), the rows past the drafts repeating the last token: the step's
+     * shape is then the same every time (one CUDA graph per batch size). Pad rows are never kept:
+     * verification reads rows 0..n_drafts only, and the commit keeps at most 1 + n_drafts tokens, so their KV
+     * rows lie past the kept length (overwritten later) and their DeltaNet records are never replayed. */
+    int pad = e->pad && any_drafts;
+    for (int i = 0; i < n; i++) {
+        cinfer_request *r = e->entry_req[i];
+        int w = 1 + r->n_drafts;
+        if (pad) {
+            int room = r->max_tokens - r->n_gen - 1, want = 1 + e->p.spec_max_draft;
+            if (want > room + 1) want = room + 1; /* (room >= n_drafts: never below w) */
+            if (want - w > budget) want = w + budget;
+            if (want > w) {
+                budget -= want - w;
+                atomic_fetch_add(&e->stat_pad_rows, want - w);
+                w = want;
+            }
+        }
+        if (w > 1) {
+            r->drafts[0] = r->last;
+            for (int j = 1 + r->n_drafts; j < w; j++) r->drafts[j] = r->drafts[j - 1];
+            e->entries[i] = (cinfer_batch_entry){r->seq, r->drafts, w, 1, 1};
+        }
+        e->entry_row[i] = rows;
+        rows += w > 1 ? w : 1;
     }
     for (int i = 0; i < e->n_running && budget > 0; i++) {
         cinfer_request *r = e->running[i];
@@ -874,8 +900,10 @@ static void step(cinfer_engine *e) {
             if (e->dctx) draft_model_sync(e, r, kept);
             e->spec_drafted += r->n_drafts;
             e->spec_accepted += kept - 1;
-            /* adapt: all drafts held -> one more next time; under half -> one fewer (never below 1) */
-            if (kept - 1 == r->n_drafts && r->draft_len < e->p.spec_max_draft) r->draft_len++;
+            /* adapt: all drafts held -> one more next time; under half -> one fewer (never below 1); a padded
+             * window without drafts says nothing about them */
+            if (r->n_drafts && kept - 1 == r->n_drafts && r->draft_len < e->p.spec_max_draft)
+                r->draft_len++;
             else if (2 * (kept - 1) < r->n_drafts && r->draft_len > 1) r->draft_len--;
             if (!fin) {
                 if (mtp) e->entry_keep[i] = kept;
@@ -941,6 +969,10 @@ cinfer_engine_params cinfer_engine_default_params(void) {
                               .kv_memory = 0, .spec = CINFER_SPEC_NONE, .spec_max_draft = 4};
     p.device = cinfer_ctx_default_params().device;
     return p;
+}
+
+long long engine_pad_rows(cinfer_engine *e) {
+    return atomic_load(&e->stat_pad_rows);
 }
 
 void engine_set_drafter(cinfer_engine *e, engine_draft_fn fn, void *ud) {
@@ -1055,6 +1087,8 @@ int cinfer_engine_create(cinfer_model *cm, const cinfer_engine_params *pp, cinfe
         e->dids = xcalloc(rows, sizeof *e->dids);
         e->dlps = xcalloc(rows, sizeof *e->dlps);
     }
+    const char *pv = getenv("CINFER_SPEC_PAD");
+    e->pad = p.spec_max_draft > 0 && pv && !strcmp(pv, "1");
     e->im_start = text_token_id(cm, "<|im_start|>");
     e->entries = xcalloc((size_t)p.max_seqs, sizeof *e->entries);
     e->entry_req = xcalloc((size_t)p.max_seqs, sizeof *e->entry_req);

@@ -11,5 +11,7 @@
  * the engine must have speculation enabled). Called on the scheduler thread. */
 typedef int (*engine_draft_fn)(void *ud, const int32_t *hist, int n_hist, int32_t *out, int k);
 void engine_set_drafter(cinfer_engine *e, engine_draft_fn fn, void *ud);
+/* Pad rows verify windows have carried so far (CINFER_SPEC_PAD=1): rows past each window's drafts. */
+long long engine_pad_rows(cinfer_engine *e);
 
 #endif

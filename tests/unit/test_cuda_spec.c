@@ -151,6 +151,123 @@ TEST(cuda_spec_rollback_is_exact) {
     cinfer_model_close(m);
 }
 
+/* Rounds back to back, as the engine runs them: B verifies windows with 0 / 1 / k-1 / k right drafts (some
+ * with every draft wrong, some dropped whole, some shorter than the window with pad rows after them), plain
+ * decode steps in between, never reading its state until the end — so with CINFER_CUDA_SPEC_FUSE=1 every
+ * commit is replayed by the slot's next step (a window or a decode token) inside its kernels. Every kept
+ * row's logits must be plain decode's bit for bit, and B's state at the end the state of decoding the same
+ * tokens. */
+static void rounds_case(cinfer_model *m, int k) {
+    cinfer_model_info info;
+    cinfer_model_get_info(m, &info);
+    enum { P = 9, N = 44 };
+    int V = info.vocab_size;
+    char err[512];
+    cinfer_ctx *c = cuda_ctx(m, 3, 64, 64, k + 1, 0);
+    REQUIRE(c);
+    size_t nf = ctx_seq_state_floats(c);
+    float *sa = malloc(nf * sizeof(float)), *sb = malloc(nf * sizeof(float));
+    float *steps = malloc(sizeof(float) * (size_t)(N + 1) * V),
+          *lb = malloc(sizeof(float) * (size_t)(k + 1) * V);
+    int32_t prompt[P], toks[N + 2];
+    for (int i = 0; i < P; i++) prompt[i] = (int32_t)((i * 41 + 3) % V);
+    int a = cinfer_seq_open(c, err, sizeof err), b = cinfer_seq_open(c, err, sizeof err);
+    REQUIRE(a >= 0 && b >= 0);
+    cinfer_batch_entry pa = {a, prompt, P, 0, 0, NULL}, pb = {b, prompt, P, 0, 0, NULL};
+    REQUIRE(cinfer_forward(c, &pa, 1, steps, err, sizeof err) == 0);
+    REQUIRE(cinfer_forward(c, &pb, 1, lb, err, sizeof err) == 0);
+    toks[0] = argmax(steps, V);
+    for (int t = 0; t < N; t++) { /* A: plain decode; steps row t: the logits after feeding toks[t] */
+        cinfer_batch_entry d = {a, &toks[t], 1, 0, 0, NULL};
+        REQUIRE(cinfer_forward(c, &d, 1, steps + (size_t)t * V, err, sizeof err) == 0);
+        toks[t + 1] = argmax(steps + (size_t)t * V, V);
+    }
+    /* B: round r verifies a window of k + 1 rows holding nd = (r % (k + 1)) drafts, the first acc right */
+    int g = 0, r = 0, bad_rows = 0, kept_rows = 0;
+    while (g + k + 2 < N) {
+        int nd = r % (k + 1), acc = (r / (k + 1)) % (nd + 2) - 1; /* acc: -1 (dropped) .. nd */
+        r++;
+        if (r % 5 == 0) { /* a plain decode step between windows */
+            cinfer_batch_entry d = {b, &toks[g], 1, 0, 0, NULL};
+            REQUIRE(cinfer_forward(c, &d, 1, lb, err, sizeof err) == 0);
+            bad_rows += memcmp(lb, steps + (size_t)g * V, sizeof(float) * (size_t)V) != 0;
+            kept_rows++, g++;
+            continue;
+        }
+        int32_t win[17];
+        win[0] = toks[g];
+        for (int j = 1; j <= nd; j++) win[j] = j <= acc ? toks[g + j] : (toks[g + j] + 1) % V;
+        for (int j = nd + 1; j <= k; j++) win[j] = win[j - 1]; /* pad rows repeat the last token */
+        cinfer_batch_entry w = {b, win, k + 1, 1, 1, NULL};
+        REQUIRE(cinfer_forward(c, &w, 1, lb, err, sizeof err) == 0);
+        int keep = acc < 0 ? 0 : acc + 1;
+        for (int t = 0; t < keep; t++) {
+            bad_rows +=
+                memcmp(lb + (size_t)t * V, steps + (size_t)(g + t) * V, sizeof(float) * (size_t)V) != 0;
+            kept_rows++;
+        }
+        REQUIRE(cinfer_seq_commit(c, b, keep, err, sizeof err) == 0);
+        g += keep;
+    }
+    /* one decode step last: with deferred commits it replays the last window's kept tokens itself */
+    cinfer_batch_entry d = {b, &toks[g], 1, 0, 0, NULL};
+    REQUIRE(cinfer_forward(c, &d, 1, lb, err, sizeof err) == 0);
+    bad_rows += memcmp(lb, steps + (size_t)g * V, sizeof(float) * (size_t)V) != 0;
+    kept_rows++, g++;
+    printf("     %d rounds, %d tokens kept: %d rows differ from plain decode\n", r, g, bad_rows);
+    CHECK_MSG(bad_rows == 0, "%d of %d kept rows differ from plain decode", bad_rows, kept_rows);
+    /* C decodes the same g tokens one by one: B's state must be its state bit for bit */
+    int cs = cinfer_seq_open(c, err, sizeof err);
+    REQUIRE(cs >= 0);
+    cinfer_batch_entry pc = {cs, prompt, P, 0, 0, NULL};
+    REQUIRE(cinfer_forward(c, &pc, 1, lb, err, sizeof err) == 0);
+    for (int t = 0; t < g; t++) {
+        cinfer_batch_entry dc = {cs, &toks[t], 1, 0, 0, NULL};
+        REQUIRE(cinfer_forward(c, &dc, 1, lb, err, sizeof err) == 0);
+    }
+    CHECK_EQ_INT(cinfer_seq_len(c, cs), cinfer_seq_len(c, b));
+    REQUIRE(ctx_seq_state_copy(c, cs, sa, err, sizeof err) == 0);
+    REQUIRE(ctx_seq_state_copy(c, b, sb, err, sizeof err) == 0);
+    size_t diff = 0;
+    for (size_t i = 0; i < nf; i++) diff += memcmp(&sa[i], &sb[i], sizeof(float)) != 0;
+    CHECK_MSG(diff == 0, "after %d rounds: %zu of %zu state floats differ from decoding the kept tokens", r,
+              diff, nf);
+    free(sa), free(sb), free(steps), free(lb);
+    cinfer_ctx_destroy(c);
+}
+
+/* the switches of the speculation's GPU path, each on and off: deferred commits (CINFER_CUDA_SPEC_FUSE) and
+ * verify steps from CUDA graphs (CINFER_CUDA_VERIFY_GRAPHS) */
+static void spec_switches(int fuse, int graphs) {
+    if (fuse)
+        setenv("CINFER_CUDA_SPEC_FUSE", "1", 1);
+    else
+        unsetenv("CINFER_CUDA_SPEC_FUSE");
+    if (graphs)
+        setenv("CINFER_CUDA_VERIFY_GRAPHS", "1", 1);
+    else
+        unsetenv("CINFER_CUDA_VERIFY_GRAPHS");
+}
+
+TEST(cuda_spec_fused_rollback_is_exact) {
+    if (no_device()) SKIP("no CUDA device: skipped");
+    gemv_on();
+    cinfer_model *m = open_fixture("qwen35_dense");
+    REQUIRE(m);
+    for (int v = 0; v < 4; v++) {
+        spec_switches(v & 1, v >> 1);
+        printf("     CINFER_CUDA_SPEC_FUSE=%d CINFER_CUDA_VERIFY_GRAPHS=%d\n", v & 1, v >> 1);
+        rounds_case(m, 3);
+        /* the single-round cases too (their state read flushes a deferred commit through the commit kernels)
+         */
+        int accs[] = {-1, 0, 1, 2, 3};
+        for (int i = 0; i < 5; i++) rollback_case(m, accs[i], 3);
+    }
+    spec_switches(0, 0);
+    gemv_off();
+    cinfer_model_close(m);
+}
+
 /* ---- the engine: speculation changes nothing in the greedy output ---- */
 
 typedef struct got {
@@ -257,8 +374,7 @@ static void compare(const char *what, int n, const got *plain, const got *spec, 
     }
 }
 
-TEST(cuda_spec_engine_greedy_is_exact) {
-    if (no_device()) SKIP("no CUDA device: skipped");
+static void engine_greedy_case(void) {
     gemv_on();
     /* the host chooses the tokens of the reference runs (device choice is the default since session 3) */
     setenv("CINFER_CUDA_SAMPLE", "0", 1);
@@ -321,6 +437,23 @@ TEST(cuda_spec_engine_greedy_is_exact) {
               "request 0 alone differs from in the batch");
     gemv_off();
     cinfer_model_close(m);
+}
+
+TEST(cuda_spec_engine_greedy_is_exact) {
+    if (no_device()) SKIP("no CUDA device: skipped");
+    engine_greedy_case();
+}
+
+/* The same with windows padded to spec_max_draft + 1 rows (CINFER_SPEC_PAD=1: every drafter's windows, and
+ * the decode entries without drafts beside them; budgets ending inside a window), commits deferred into the
+ * next step's kernels and verify steps from CUDA graphs. */
+TEST(cuda_spec_engine_padded_fused_graphs_is_exact) {
+    if (no_device()) SKIP("no CUDA device: skipped");
+    setenv("CINFER_SPEC_PAD", "1", 1);
+    spec_switches(1, 1);
+    engine_greedy_case();
+    spec_switches(0, 0);
+    unsetenv("CINFER_SPEC_PAD");
 }
 
 /* ---- the prefix cache on cuda ---- */

@@ -415,6 +415,114 @@ TEST(engine_speculation_partial_acceptance_is_exact) {
     cinfer_model_close(m);
 }
 
+/* Drafts shorter than the window: call c proposes c % (k + 1) drafts (0..k) of the plain output, the one at
+ * (c / (k + 1)) % (k + 1) wrong (past the end: all right). */
+static int short_draft(void *ud, const int32_t *hist, int n_hist, int32_t *out, int k) {
+    oracle *o = ud;
+    for (int i = 0; i < o->n; i++) {
+        int L = o->lens[i];
+        if (n_hist < L || memcmp(hist, o->prompts[i], sizeof(int32_t) * (size_t)L)) continue;
+        int g = n_hist - L, c = o->calls++, want = c % (k + 1), bad = (c / (k + 1)) % (k + 1), cnt = 0;
+        while (cnt < want && g + cnt < o->plain[i].n_ids) {
+            int32_t t = o->plain[i].ids[g + cnt];
+            out[cnt] = cnt == bad ? (t + 1) % 4096 : t;
+            cnt++;
+        }
+        return cnt;
+    }
+    return 0;
+}
+
+/* n requests at once, request i stopping at stops[i] (empty: none); *pad_rows: the engine's pad rows */
+static void run_stops(cinfer_model *m, cinfer_spec_mode spec, engine_draft_fn drafter, void *ud, int n,
+                      int32_t prompts[][96], const int *lens, const int *gens, const float *temps,
+                      char stops[][8], collected *out, cinfer_engine_stats *st, long long *pad_rows) {
+    cinfer_engine_params ep = cinfer_engine_default_params();
+    ep.max_seqs = 16, ep.ctx_size = 256, ep.step_tokens = 96, ep.n_threads = 2;
+    ep.spec = spec, ep.spec_max_draft = 4;
+    cinfer_engine *e;
+    char err[1024];
+    if (cinfer_engine_create(m, &ep, &e, err, sizeof err)) {
+        test_fail(__FILE__, __LINE__, "%s", err);
+        return;
+    }
+    if (drafter) engine_set_drafter(e, drafter, ud);
+    cinfer_request *rq[32];
+    for (int i = 0; i < n; i++) {
+        cinfer_request_params rp = greedy_params(prompts[i], lens[i], gens[i]);
+        rp.sampling.temperature = temps[i];
+        rp.sampling.has_seed = 1;
+        rp.sampling.seed = 31 + (uint64_t)i;
+        const char *sv[1] = {stops[i]};
+        if (stops[i][0]) rp.stop = sv, rp.n_stop = 1;
+        if (cinfer_engine_submit(e, &rp, &rq[i], err, sizeof err)) test_fail(__FILE__, __LINE__, "%s", err);
+    }
+    for (int i = 0; i < n; i++) {
+        drain(rq[i], &out[i]);
+        cinfer_request_free(rq[i]);
+    }
+    cinfer_engine_get_stats(e, st);
+    *pad_rows = engine_pad_rows(e);
+    cinfer_engine_destroy(e);
+}
+
+/* CINFER_SPEC_PAD=1 (every decode entry of a step with drafts becomes a window of spec_max_draft + 1 rows):
+ * drafts shorter than the window (0 to k), output budgets ending inside a window, and stop strings inside
+ * kept drafts give the plain output — the same tokens, text and finish reasons — with pad rows in play. */
+TEST(engine_padded_windows_are_exact) {
+    cinfer_model *m = open_default();
+    REQUIRE(m);
+    enum { NR = 16 };
+    static int32_t prompts[NR][96];
+    static char stops[NR][8];
+    int lens[NR], gens[NR];
+    float temps[NR];
+    for (int i = 0; i < NR; i++) {
+        lens[i] = 6 + (i * 13) % 60;
+        make_prompt(prompts[i], lens[i], 300 + i, 4096);
+        gens[i] = 9 + (i * 7) % 26; /* budgets that end anywhere inside a 5-row window */
+        temps[i] = i % 4 == 3 ? 0.9f : 0.0f;
+        stops[i][0] = 0;
+    }
+    static collected plain[NR], spec[NR];
+    cinfer_engine_stats s0, s1;
+    long long pads = 0;
+    run_stops(m, CINFER_SPEC_NONE, NULL, NULL, NR, prompts, lens, gens, temps, stops, plain, &s0, &pads);
+    /* a stop string from the middle of every third request's text (3 bytes, as engine_stop_strings_cut_text)
+     */
+    for (int i = 0; i < NR; i += 3)
+        if (plain[i].text_len > 12)
+            memcpy(stops[i], plain[i].text + plain[i].text_len / 2, 3), stops[i][3] = 0;
+    run_stops(m, CINFER_SPEC_NONE, NULL, NULL, NR, prompts, lens, gens, temps, stops, plain, &s0, &pads);
+    setenv("CINFER_SPEC_PAD", "1", 1);
+    oracle o = {NR, prompts, lens, plain, 0};
+    run_stops(m, CINFER_SPEC_NGRAM, short_draft, &o, NR, prompts, lens, gens, temps, stops, spec, &s1, &pads);
+    unsetenv("CINFER_SPEC_PAD");
+    for (int i = 0; i < NR; i++) {
+        CHECK_MSG(spec[i].n_ids == plain[i].n_ids &&
+                      !memcmp(plain[i].ids, spec[i].ids, sizeof(int32_t) * (size_t)plain[i].n_ids),
+                  "request %d (temp %.1f, stop \"%s\"): padded windows changed the output", i, temps[i],
+                  stops[i]);
+        CHECK_MSG(spec[i].text_len == plain[i].text_len &&
+                      !memcmp(spec[i].text, plain[i].text, plain[i].text_len),
+                  "request %d: the text differs", i);
+        CHECK_MSG(!strcmp(plain[i].finish, spec[i].finish), "request %d: finish %s vs %s", i, plain[i].finish,
+                  spec[i].finish);
+    }
+    int n_stop = 0;
+    for (int i = 0; i < NR; i++) n_stop += !strcmp(plain[i].finish, "stop");
+    printf("     padded windows: %lld drafted, %lld accepted, %lld pad rows; steps %lld -> %lld; %d stopped "
+           "by a string\n",
+           (long long)s1.spec_drafted, (long long)s1.spec_accepted, pads, (long long)s0.steps_total,
+           (long long)s1.steps_total, n_stop);
+    CHECK_MSG(pads > 0, "no window was padded");
+    CHECK(n_stop > 0);
+    CHECK(s1.spec_accepted > 0 && s1.steps_total < s0.steps_total);
+    CHECK_EQ_INT(s1.kv_blocks_used, 0);
+    CHECK_EQ_INT(s1.slots_used, 0);
+    cinfer_model_close(m);
+}
+
 /* The wording: a sequence's greedy output is identical whether it ran alone or among 63 others. */
 TEST(engine_64_concurrent_match_solo) {
     cinfer_model *m = open_default();

@@ -145,7 +145,11 @@ typedef struct cu_meta {
     const int *e_boff;    /* [NE] offset of the entry's block table in blocks */
     const int *lrow;      /* [nl] rows that need logits */
     const int *blocks;    /* block tables, concatenated */
-    const int *e_spec;   /* [NE] 1: a speculative window (the slot is read, never written; see cu_gdn_args) */
+    const int *e_spec; /* [NE] 1: a speculative window (the slot is read, never written; see cu_gdn_args) */
+    const int *e_keep; /* NULL, or [NE] tokens of the slot's last window kept and not yet committed: replayed
+                          into the slot before the entry's own tokens (cu_gdn_args.spec_buf; 0 without) */
+    const int
+        *e_par; /* [NE] the record buffer this entry's window writes; e_keep's records are in the other */
     const int *e_astart; /* NULL, or [NE] first position the attention reads (an MTP head resumed
                             mid-sequence: only the one-split, untiled decode kernel honours it) */
 } cu_meta;
@@ -183,6 +187,9 @@ typedef struct cu_gdn_args {
      * extra is launched, so decode graphs never hold the record kernel) */
     float *spec_rec;
     int spec_win, has_spec;
+    /* floats in one record buffer: with deferred commits (CINFER_CUDA_SPEC_FUSE=1) spec_rec holds two, and a
+     * window's commit is done by the next step of its slot (meta.e_keep) from the buffer it wrote; 0: one */
+    size_t spec_buf;
     /* 1: no entry takes the chunked form (every one a decode token continuing its sequence or a speculative
      * window): its kernel is not launched — it would only return, but as NE x Hv x dv/32 blocks each holding
      * ~156 KB of shared memory, one block per SM at a time, which at decode batch 64 took milliseconds */

@@ -75,6 +75,20 @@ __global__ void conv_kernel(cu_gdn_args a) {
     float *st = a.conv_state + ((size_t)slot * a.n_lin + a.lin) * (size_t)(K - 1) * C + c;
     float win[CONV_MAXK], wt[CONV_MAXK];
     for (int j = 0; j < K - 1; j++) win[j] = st[(size_t)j * C];
+    int keep = a.meta.e_keep ? a.meta.e_keep[e] : 0, spec = a.has_spec && a.meta.e_spec[e];
+    if (keep > 0) {
+        /* the slot's last window kept `keep` tokens: its commit (spec_conv_commit_kernel's copies) comes
+         * first; a window writes the committed state here, since it leaves the slot as it finds it */
+        size_t rf = CU_SPEC_REC(C, a.Hv);
+        const float *rec = a.spec_rec + (size_t)(a.meta.e_par[e] ^ 1) * a.spec_buf +
+                           ((size_t)slot * a.n_lin + a.lin) * a.spec_win * rf + c;
+        for (int t = 0; t < keep; t++) {
+            for (int j = 0; j + 1 < K - 1; j++) win[j] = win[j + 1];
+            if (K > 1) win[K - 2] = rec[(size_t)t * rf];
+        }
+        if (spec)
+            for (int j = 0; j < K - 1; j++) st[(size_t)j * C] = win[j];
+    }
     for (int j = 0; j < K; j++) wt[j] = a.conv_w[(size_t)j * C + c];
     for (int t = 0; t < n; t++) {
         float xin = a.qkv[(size_t)(r0 + t) * a.qkv_ld + c];
@@ -82,8 +96,8 @@ __global__ void conv_kernel(cu_gdn_args a) {
         for (int j = 0; j + 1 < K - 1; j++) win[j] = win[j + 1];
         if (K > 1) win[K - 2] = xin;
     }
-    if (a.has_spec && a.meta.e_spec[e])
-        return; /* a window: cu_gdn_spec_commit advances it for what is kept */
+    if (spec)
+        return; /* a window: cu_gdn_spec_commit (or the slot's next step) advances it for what is kept */
     for (int j = 0; j < K - 1; j++) st[(size_t)j * C] = win[j];
 }
 
@@ -124,9 +138,10 @@ __global__ void conv_window_kernel(cu_gdn_args a) {
 __global__ void spec_record_kernel(cu_gdn_args a) {
     int r = blockIdx.x, e = a.meta.row_entry[r];
     if (!a.meta.e_spec[e]) return;
-    int t = r - a.meta.e_row0[e], C = a.C, Hv = a.Hv;
+    int t = r - a.meta.e_row0[e], C = a.C, Hv = a.Hv, par = a.meta.e_par ? a.meta.e_par[e] : 0;
     size_t rf = CU_SPEC_REC(C, Hv);
-    float *dst = a.spec_rec + (((size_t)a.meta.e_slot[e] * a.n_lin + a.lin) * a.spec_win + t) * rf;
+    float *dst = a.spec_rec + (size_t)par * a.spec_buf +
+                 (((size_t)a.meta.e_slot[e] * a.n_lin + a.lin) * a.spec_win + t) * rf;
     const float *pre = a.qkv + (size_t)r * a.qkv_ld, *post = a.conv_out + (size_t)r * C;
     for (int i = threadIdx.x; i < C; i += blockDim.x) {
         dst[i] = pre[i];
@@ -216,6 +231,32 @@ template <int R> __global__ void __launch_bounds__(256) recurrent_kernel(cu_gdn_
     for (int t = 0; t < R; t++) {
         int i = g + REC_GROUPS * t;
         sv[t] = i < dk && ok ? S[(size_t)i * dv] : 0.0f;
+    }
+    int keep = a.meta.e_keep ? a.meta.e_keep[e] : 0;
+    if (keep > 0) {
+        /* the commit of the slot's last window (spec_replay_kernel's loop, same arithmetic) before this
+         * entry's tokens; a window stores the committed S, since it never writes its own */
+        size_t rf = CU_SPEC_REC(a.C, a.Hv);
+        const float *base = a.spec_rec + (size_t)(a.meta.e_par[e] ^ 1) * a.spec_buf +
+                            ((size_t)a.meta.e_slot[e] * a.n_lin + a.lin) * a.spec_win * rf;
+        for (int tt = 0; tt < keep; tt++) {
+            const float *post = base + (size_t)tt * rf + a.C, *bg = post + a.C;
+            for (int i = threadIdx.x; i < dk; i += blockDim.x) {
+                q[i] = post[(size_t)kh * dk + i];
+                k[i] = post[kd + (size_t)kh * dk + i];
+            }
+            __syncthreads();
+            float decay = expf(bg[a.Hv + h]), beta = bg[h];
+            float vj = ok ? post[2 * (size_t)kd + (size_t)h * dv + j] : 0.0f;
+            rec_token<R>(sv, q, k, vj, decay, beta, g, jj, ok, dk, red, fin, NULL);
+        }
+        if (spec) {
+#pragma unroll
+            for (int t = 0; t < R; t++) {
+                int i = g + REC_GROUPS * t;
+                if (i < dk && ok) S[(size_t)i * dv] = sv[t];
+            }
+        }
     }
     for (int tt = 0; tt < n; tt++) {
         int r = r0 + tt;
