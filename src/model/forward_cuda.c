@@ -902,12 +902,15 @@ static void mlp_fused(cuda_fwd *f, const cu_layer *cl, int M) {
     cu_gemv_fused(f->cu, f->x, f->act, cl->w_down, M, m->H, I, NULL, 0.0f, CU_EPI_ADD);
 }
 
-static int moe(cuda_fwd *f, const cu_layer *cl, const run_shape *rs, int device_only, char *err,
-               size_t errlen) {
+/* into_x: the caller takes the block's output added into the residual f->x (*added = 1 when it was: the fused
+ * decode path), else it lands in f->out (*added = 0) */
+static int moe(cuda_fwd *f, const cu_layer *cl, const run_shape *rs, int device_only, int into_x, int *added,
+               char *err, size_t errlen) {
     const model *m = f->m;
     const model_config *c = &m->cfg;
     int T = rs->T, H = m->H, E = c->n_experts, k = c->n_experts_per_tok, Im = c->moe_intermediate_size;
     int S = T * k, rc;
+    *added = 0;
     if (device_only && f->moe_fused) {
         /* router + selection, gate_up + SwiGLU (+ the shared expert and its gate), down + combine */
         cu_moe_args a = {0};
@@ -917,7 +920,8 @@ static int moe(cuda_fwd *f, const cu_layer *cl, const run_shape *rs, int device_
         a.e_down = cl->e_down;
         a.sh_gu = cl->sh_gu, a.sh_down = cl->sh_down, a.sh_gw = cl->sh_gw;
         a.logits = f->moe_logits, a.idx = f->moe_idx, a.w = f->moe_w, a.count = f->moe_cnt, a.act = f->moe_fa;
-        a.shg = f->shg, a.out = f->out;
+        a.shg = f->shg, a.out = f->out, a.resid = into_x ? f->x : NULL;
+        *added = into_x;
         mark(f, CP_MOE_ROUTE);
         cu_moe_fused_route(f->cu, &a);
         mark(f, CP_MOE_EXPERTS);
@@ -1082,8 +1086,11 @@ static int enqueue(cuda_fwd *f, const run_shape *rs, int moe_device, char *err, 
             cu_add_rmsnorm(f->cu, f->x, pend ? f->out : NULL, f->xn, cl->post_norm, T, H, eps);
         }
         if (lw->moe) {
-            if ((rc = moe(f, cl, rs, moe_device, err, errlen))) return rc;
-            pend = 1;
+            /* under CINFER_CUDA_FUSE the fused MoE adds into the residual itself, so the next layer's input
+             * norm can go into its in_proj */
+            int added;
+            if ((rc = moe(f, cl, rs, moe_device, fz, &added, err, errlen))) return rc;
+            pend = !added;
         } else if (fz) {
             mlp_fused(f, cl, T);
             pend = 0;
@@ -1417,7 +1424,8 @@ int cuda_fwd_mtp_run(cuda_fwd *f, const fwd_entry *e, const mtp_io *io, int NE, 
     attention(f, cl, 0, &rs, f->mtp_kpool, f->mtp_vpool, f->mtp_blocks, 0, 0);
     cu_add_rmsnorm(f->cu, f->x, f->out, f->xn, cl->post_norm, T, H, eps);
     if (lw->moe) {
-        if ((rc = moe(f, cl, &rs, T <= 64, err, errlen))) return rc;
+        int added;
+        if ((rc = moe(f, cl, &rs, T <= 64, 0, &added, err, errlen))) return rc;
     } else {
         mlp(f, f->out, f->xn, cl->w_gu, cl->w_down, T, m->cfg.intermediate_size);
     }

@@ -186,7 +186,8 @@ static void free_out(fused_out *o) {
     free(o->idx), free(o->w), free(o->act), free(o->shg), free(o->out);
 }
 
-/* the three kernels over T rows of x (device); outputs start as NaN / -1; returns them on the host */
+/* the three kernels over T rows of x (device); outputs start as NaN; returns them on the host. Then the down
+ * kernel once more in its residual form. */
 static int run_fused(cu_ctx *c, const moe_case *mc, const moe_w *w, const float *d_x, int T, fused_out *o) {
     int E = mc->E, k = mc->k, A = mc->k * mc->Im + mc->Is;
     char err[256];
@@ -211,6 +212,22 @@ static int run_fused(cu_ctx *c, const moe_case *mc, const moe_w *w, const float 
     o->idx = get(a.idx, (size_t)T * k * 4), o->w = get(a.w, (size_t)T * k * 4);
     o->act = get(a.act, (size_t)T * A * 4), o->shg = get(a.shg, (size_t)T * 4);
     o->out = get(a.out, (size_t)T * mc->H * 4);
+    /* the residual form: resid += the same sums, bit for bit the host's f32 add, and out left alone */
+    float *res = malloc((size_t)T * mc->H * 4);
+    for (size_t i = 0; i < (size_t)T * mc->H; i++) res[i] = frand() * 4.0f;
+    a.resid = dup_dev(res, (size_t)T * mc->H * 4);
+    cu_fill_f32(c, a.out, (size_t)T * mc->H, 7.0f);
+    cu_moe_fused_down(c, &a);
+    CHECK(cu_sync(c, err, sizeof err) == 0);
+    float *res2 = get(a.resid, (size_t)T * mc->H * 4), *out2 = get(a.out, (size_t)T * mc->H * 4);
+    int bad = 0;
+    for (size_t i = 0; i < (size_t)T * mc->H; i++) {
+        float want = res[i] + o->out[i];
+        bad += memcmp(&res2[i], &want, 4) != 0 || out2[i] != 7.0f;
+    }
+    CHECK_MSG(!bad, "fused MoE %s T=%d: %d elements of the residual form wrong", mc->name, T, bad);
+    free(res), free(res2), free(out2);
+    cu_free(a.resid);
     unsigned *cnt = get(a.count, (size_t)T * 4);
     for (int r = 0; r < T; r++) CHECK_MSG(cnt[r] == 0, "router counter of row %d left at %u", r, cnt[r]);
     free(cnt);
@@ -364,9 +381,68 @@ TEST(cuda_moe_fused_supported_shapes) {
     CHECK(!cu_moe_fused_supported(64, 64, 33, 32, 64));
 }
 
-/* The MoE fixture through the whole cuda forward (a prefill of 2 tokens, then decode steps of 3 sequences
- * from CUDA graphs) with CINFER_CUDA_MOE_FUSED=1 against =0: within f32 rounding (the same bits expected:
- * at up to 8 rows every product of the unfused path is a GEMV of the same order) */
+/* sets (value) or unsets (NULL) an environment variable, returning its old value (strdup'd, or NULL) */
+static char *env_swap(const char *name, const char *value) {
+    const char *o = getenv(name);
+    char *old = o ? strdup(o) : NULL;
+    if (value)
+        setenv(name, value, 1);
+    else
+        unsetenv(name);
+    return old;
+}
+static void env_restore(const char *name, char *old) {
+    if (old)
+        setenv(name, old, 1);
+    else
+        unsetenv(name);
+    free(old);
+}
+
+/* the MoE fixture: 3 sequences, a prefill of 2 tokens each, then 10 decode steps (graphs unless
+ * CINFER_CUDA_GRAPHS=0); logits [11][3][V] into out, under the switches as given */
+static int model_steps(cinfer_model *m, int V, const char *fused, const char *fuse, const char *graphs,
+                       float *out) {
+    enum { B = 3, P = 2, N = 10 };
+    char err[512];
+    char *o1 = env_swap("CINFER_CUDA_MOE_FUSED", fused), *o2 = env_swap("CINFER_CUDA_FUSE", fuse),
+         *o3 = env_swap("CINFER_CUDA_GRAPHS", graphs);
+    cinfer_ctx_params p = cinfer_ctx_default_params();
+    p.max_seqs = B, p.max_ctx = 64, p.max_batch = 64, p.n_threads = 2, p.device = CINFER_DEVICE_CUDA;
+    cinfer_ctx *c = NULL;
+    int rc = cinfer_ctx_create(m, &p, &c, err, sizeof err);
+    env_restore("CINFER_CUDA_MOE_FUSED", o1), env_restore("CINFER_CUDA_FUSE", o2);
+    env_restore("CINFER_CUDA_GRAPHS", o3);
+    if (rc) {
+        test_fail(__FILE__, __LINE__, "cuda context: %s", err);
+        return rc;
+    }
+    int seqs[B];
+    int32_t prompt[B][P];
+    cinfer_batch_entry be[B];
+    for (int s = 0; s < B; s++) {
+        seqs[s] = cinfer_seq_open(c, err, sizeof err);
+        for (int i = 0; i < P; i++) prompt[s][i] = (int32_t)((i * 13 + s * 5 + 2) % V);
+        be[s] = (cinfer_batch_entry){seqs[s], prompt[s], P, 0};
+    }
+    rc = cinfer_forward(c, be, B, out, err, sizeof err);
+    for (int t = 0; t < N && !rc; t++) {
+        int32_t ids[B];
+        for (int s = 0; s < B; s++) {
+            ids[s] = (int32_t)((t * 31 + s * 7 + 1) % V);
+            be[s] = (cinfer_batch_entry){seqs[s], &ids[s], 1, 0};
+        }
+        rc = cinfer_forward(c, be, B, out + (size_t)(t + 1) * B * V, err, sizeof err);
+    }
+    if (rc) test_fail(__FILE__, __LINE__, "forward: %s", err);
+    cinfer_ctx_destroy(c);
+    return rc;
+}
+
+/* The MoE fixture through the whole cuda forward with CINFER_CUDA_MOE_FUSED=1 against =0: within f32 rounding
+ * (the same bits expected: at up to 8 rows every product of the unfused path is a GEMV of the same order);
+ * the same under CINFER_CUDA_FUSE=1, where the fused MoE adds into the residual itself and the next layer's
+ * norm goes into its in_proj (1e-5); and graphs against eager launches with it on (bit for bit) */
 TEST(cuda_moe_fused_model_matches_unfused) {
     if (NO_DEVICE()) SKIP("no CUDA device: skipped");
     char dir[512], err[512];
@@ -375,46 +451,22 @@ TEST(cuda_moe_fused_model_matches_unfused) {
     REQUIRE(cinfer_model_open(dir, &m, err, sizeof err) == 0);
     cinfer_model_info info;
     cinfer_model_get_info(m, &info);
-    int V = info.vocab_size, B = 3, P = 2, N = 10;
-    float *out[2];
-    const char *old = getenv("CINFER_CUDA_MOE_FUSED");
-    for (int g = 0; g < 2; g++) {
-        setenv("CINFER_CUDA_MOE_FUSED", g ? "1" : "0", 1);
-        out[g] = malloc(sizeof(float) * (size_t)(N + 1) * B * V);
-        cinfer_ctx_params p = cinfer_ctx_default_params();
-        p.max_seqs = B, p.max_ctx = 64, p.max_batch = 64, p.n_threads = 2, p.device = CINFER_DEVICE_CUDA;
-        cinfer_ctx *c = NULL;
-        REQUIRE(cinfer_ctx_create(m, &p, &c, err, sizeof err) == 0);
-        int seqs[3];
-        int32_t prompt[3][2];
-        cinfer_batch_entry be[3];
-        for (int s = 0; s < B; s++) {
-            seqs[s] = cinfer_seq_open(c, err, sizeof err);
-            for (int i = 0; i < P; i++) prompt[s][i] = (int32_t)((i * 13 + s * 5 + 2) % V);
-            be[s] = (cinfer_batch_entry){seqs[s], prompt[s], P, 0};
-        }
-        REQUIRE(cinfer_forward(c, be, B, out[g], err, sizeof err) == 0);
-        for (int t = 0; t < N; t++) {
-            int32_t ids[3];
-            for (int s = 0; s < B; s++) {
-                ids[s] = (int32_t)((t * 31 + s * 7 + 1) % V);
-                be[s] = (cinfer_batch_entry){seqs[s], &ids[s], 1, 0};
-            }
-            REQUIRE(cinfer_forward(c, be, B, out[g] + (size_t)(t + 1) * B * V, err, sizeof err) == 0);
-        }
-        cinfer_ctx_destroy(c);
+    int V = info.vocab_size;
+    size_t n = (size_t)11 * 3 * V;
+    float *ref = malloc(n * 4), *got = malloc(n * 4);
+    static const char *const fuse[2] = {NULL, "1"};
+    for (int fz = 0; fz < 2; fz++) {
+        if (model_steps(m, V, "0", fuse[fz], NULL, ref) || model_steps(m, V, "1", fuse[fz], NULL, got)) break;
+        double r = rel(got, ref, n);
+        int bits = !memcmp(ref, got, n * sizeof(float));
+        printf("     qwen35_moe 3 x (2 + 10 steps)%s: fused vs unfused MoE ||d||/||ref|| = %.2e (%s)\n",
+               fz ? ", CINFER_CUDA_FUSE=1" : "", r, bits ? "bit-identical" : "not bit-identical");
+        CHECK_MSG(r <= 1e-5, "fused MoE forward (FUSE %d) differs from the unfused one by %.3g", fz, r);
     }
-    if (old)
-        setenv("CINFER_CUDA_MOE_FUSED", old, 1);
-    else
-        unsetenv("CINFER_CUDA_MOE_FUSED");
-    size_t n = (size_t)(N + 1) * B * V;
-    double r = rel(out[1], out[0], n);
-    int bits = !memcmp(out[0], out[1], n * sizeof(float));
-    printf("     qwen35_moe prefill 3 x 2 + 10 decode steps: fused vs unfused ||d||/||ref|| = %.2e (%s)\n", r,
-           bits ? "bit-identical" : "not bit-identical");
-    CHECK_MSG(r <= 1e-5, "fused MoE forward differs from the unfused one by %.3g", r);
-    free(out[0]), free(out[1]);
+    /* graphs against eager launches, the fused MoE on */
+    if (!model_steps(m, V, "1", NULL, "0", ref) && !model_steps(m, V, "1", NULL, NULL, got))
+        CHECK_MSG(!memcmp(ref, got, n * sizeof(float)), "fused MoE: CUDA graphs differ from eager launches");
+    free(ref), free(got);
     cinfer_model_close(m);
 }
 

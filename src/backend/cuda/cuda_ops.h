@@ -305,6 +305,7 @@ typedef struct cu_moe_args {
     float *act;      /* [T][k Im + Is]: SwiGLU outputs of the k experts, then the shared one */
     float *shg;      /* [T] the shared expert's gate logit (before the sigmoid) */
     float *out;      /* [T][H] Σ_j w_j expert_j(x) + sigmoid(shg) shared(x) */
+    float *resid;    /* NULL, or [T][H]: resid += that sum (the residual add) and out untouched */
 } cu_moe_args;
 /* 1 when the fused kernels serve this shape: H, Im, Is multiples of 8, Im and Is <= 512, E <= 1024, k <= 32
  */

@@ -178,12 +178,14 @@ __global__ void __launch_bounds__(MF_WARPS * 32)
 }
 
 /* down + combine, grid (H / MF_WARPS, T). Warp h: out[r][h] = Σ_j w_j (down_{e_j}[h] · act_j) over the
- * choices in ascending expert order, then + sigmoid(shg) (sh_down[h] · act_sh): cu_moe_combine's order. */
+ * choices in ascending expert order, then + sigmoid(shg) (sh_down[h] · act_sh): cu_moe_combine's order. With
+ * resid, resid[r][h] += that sum instead (the residual add cu_add_rmsnorm would make, the same f32 add) and
+ * out is not written. */
 __global__ void __launch_bounds__(MF_WARPS * 32)
     mf_down_kernel(const float *__restrict__ act, const uint16_t *__restrict__ e_down,
                    const int *__restrict__ idx, const float *__restrict__ wt,
-                   const uint16_t *__restrict__ sh_down, const float *__restrict__ shg, float *out, int H,
-                   int k, int Im, int Is) {
+                   const uint16_t *__restrict__ sh_down, const float *__restrict__ shg, float *out,
+                   float *resid, int H, int k, int Im, int Is) {
     const int r = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int h = blockIdx.x * MF_WARPS + warp, A = k * Im + Is;
     if (h >= H) return;
@@ -220,7 +222,12 @@ __global__ void __launch_bounds__(MF_WARPS * 32)
         float gt = dev_sigmoid(shg[r]);
         acc += gt * v;
     }
-    if (lane == 0) out[(size_t)r * H + h] = acc;
+    if (lane == 0) {
+        if (resid)
+            resid[(size_t)r * H + h] += acc;
+        else
+            out[(size_t)r * H + h] = acc;
+    }
 }
 
 extern "C" int cu_moe_fused_supported(int H, int E, int k, int Im, int Is) {
@@ -248,8 +255,9 @@ extern "C" void cu_moe_fused_down(cu_ctx *c, const cu_moe_args *a) {
     if (a->T <= 0) return;
     int Is = a->sh_gu ? a->Is : 0;
     dim3 grid(cdiv((size_t)a->H, MF_WARPS), (unsigned)a->T);
-    mf_down_kernel<<<grid, MF_WARPS * 32, 0, c->stream>>>(
-        a->act, a->e_down, a->idx, a->w, Is ? a->sh_down : NULL, a->shg, a->out, a->H, a->k, a->Im, Is);
+    mf_down_kernel<<<grid, MF_WARPS * 32, 0, c->stream>>>(a->act, a->e_down, a->idx, a->w,
+                                                          Is ? a->sh_down : NULL, a->shg, a->out, a->resid,
+                                                          a->H, a->k, a->Im, Is);
 }
 
 extern "C" void cu_moe_fused(cu_ctx *c, const cu_moe_args *a) {
