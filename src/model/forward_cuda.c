@@ -171,26 +171,28 @@ struct cuda_fwd {
     size_t ytmp_floats;
     float *part; /* attention split partials */
     size_t part_floats;
-    float *logits;               /* [T][V] */
-    float *moe_logits;           /* [T][E] */
-    int *moe_idx;                /* [S] */
-    float *moe_w;                /* [S] */
-    float *xg, *gu, *ea, *ey;    /* [S][H], [S][2Im], [S][Im], [S][H] */
-    float *shy, *shg;            /* [T][H], [T] */
-    int *moe_ident;              /* [S]: 0, 1, 2, ... */
-    int *moe_host;               /* device: src [S] | pos [S] | w [S] (floats as bits) */
-    int *moe_grp;                /* device: decode slots grouped by expert, off [E + 1] | perm [S] */
-    int moe_grouped;             /* CINFER_CUDA_MOE=grouped: decode experts by cu_gemv_grouped */
-    int moe_fused;               /* CINFER_CUDA_MOE_FUSED=1: the decode MoE block by cu_moe_fused */
-    float *moe_fa;               /* [T][k Im + Is]: the fused path's SwiGLU outputs */
-    unsigned *moe_cnt;           /* [T]: the fused router's finished-block counters (zeroed, kept zeroed) */
-    int moe_pf_grouped;          /* CINFER_CUDA_MOE_PREFILL=grouped: prefill experts by cu_moe_gemm* */
-    int *moe_tiles;              /* [E + 1]: 64-slot tiles before each expert (cu_moe_tiles) */
-    int pdl;                     /* CINFER_CUDA_PDL=1: GEMVs by PDL (off while profiling) */
-    int fuse;                    /* CINFER_CUDA_FUSE=1: norms, adds, SwiGLU in the GEMVs (enqueue) */
-    int *h_moe_idx;              /* pinned [S] */
-    float *h_moe_w;              /* pinned [S] */
-    int *h_moe_up;               /* pinned [3S] */
+    float *logits;            /* [T][V] */
+    float *moe_logits;        /* [T][E] */
+    int *moe_idx;             /* [S] */
+    float *moe_w;             /* [S] */
+    float *xg, *gu, *ea, *ey; /* [S][H], [S][2Im], [S][Im], [S][H] */
+    float *shy, *shg;         /* [T][H], [T] */
+    int *moe_ident;           /* [S]: 0, 1, 2, ... */
+    int *moe_host;            /* device: src [S] | pos [S] | w [S] (floats as bits) */
+    int *moe_grp;             /* device: decode slots grouped by expert, off [E + 1] | perm [S] */
+    int moe_grouped;          /* CINFER_CUDA_MOE=grouped: decode experts by cu_gemv_grouped */
+    int moe_fused;            /* CINFER_CUDA_MOE_FUSED=1: the decode MoE block by cu_moe_fused */
+    float *moe_fa;            /* [T][k Im + Is]: the fused path's SwiGLU outputs */
+    unsigned *moe_cnt;        /* [T]: the fused router's finished-block counters (zeroed, kept zeroed) */
+    int moe_pf_grouped;       /* CINFER_CUDA_MOE_PREFILL=grouped: prefill experts by cu_moe_gemm* */
+    int moe_gemm_rows; /* with it, decode batches of at least this many rows too (CINFER_CUDA_MOE_GEMM_ROWS)
+                        */
+    int *moe_tiles;    /* [E + 1]: 64-slot tiles before each expert (cu_moe_tiles) */
+    int pdl;           /* CINFER_CUDA_PDL=1: GEMVs by PDL (off while profiling) */
+    int fuse;          /* CINFER_CUDA_FUSE=1: norms, adds, SwiGLU in the GEMVs (enqueue) */
+    int *h_moe_idx;    /* pinned [S] */
+    float *h_moe_w;    /* pinned [S] */
+    int *h_moe_up;     /* pinned [3S] */
     int *h_cnt, *h_off, *h_fill; /* [E + 1] each: rows per expert, their offsets, filled so far */
     int *meta;                   /* device ints */
     int *h_meta;                 /* pinned */
@@ -699,6 +701,11 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_MOE_PREFILL=%s: prefill experts %s\n", mp,
                 f->moe_pf_grouped ? "by grouped GEMMs on the device" : "grouped on the host");
     }
+    /* N: decode-sized batches (<= 64 rows) of N rows or more take the grouped GEMMs too (each chosen expert
+     * streamed once for all its rows; the indexed and fused paths stream it once per row); default 65: never
+     */
+    const char *gr = getenv("CINFER_CUDA_MOE_GEMM_ROWS");
+    f->moe_gemm_rows = gr && atoi(gr) > 0 ? atoi(gr) : 65;
     if (me)
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_MOE=%s: decode experts by the %s GEMV\n", me,
                 f->moe_grouped ? "grouped" : "indexed");
@@ -911,7 +918,9 @@ static int moe(cuda_fwd *f, const cu_layer *cl, const run_shape *rs, int device_
     int T = rs->T, H = m->H, E = c->n_experts, k = c->n_experts_per_tok, Im = c->moe_intermediate_size;
     int S = T * k, rc;
     *added = 0;
-    if (device_only && f->moe_fused) {
+    /* the grouped tensor-core GEMMs: past 64 rows (prefill), and decode batches from moe_gemm_rows rows on */
+    int gemm_path = f->moe_pf_grouped && (!device_only || T >= f->moe_gemm_rows);
+    if (device_only && f->moe_fused && !gemm_path) {
         /* router + selection, gate_up + SwiGLU (+ the shared expert and its gate), down + combine */
         cu_moe_args a = {0};
         a.T = T, a.H = H, a.E = E, a.k = k, a.Im = Im,
@@ -935,7 +944,18 @@ static int moe(cuda_fwd *f, const cu_layer *cl, const run_shape *rs, int device_
     cu_moe_route(f->cu, f->moe_logits, f->moe_idx, f->moe_w, T, E, k, c->norm_topk_prob);
     const int *pos;
     const float *wts;
-    if (device_only) {
+    if (gemm_path) {
+        /* slots grouped by expert and counted in 64-slot tiles on the device; two grouped GEMMs (SwiGLU in
+         * the first's epilogue) write each slot's row; the combine reads slots in ascending expert order */
+        cu_moe_sort_slots(f->cu, f->moe_idx, f->moe_w, T, k);
+        cu_moe_group(f->cu, f->moe_idx, S, E, f->moe_grp);
+        cu_moe_tiles(f->cu, f->moe_grp, E, f->moe_tiles);
+        mark(f, CP_MOE_EXPERTS);
+        cu_moe_gemm_swiglu(f->cu, f->ea, f->xn, k, cl->e_gu, f->moe_grp, f->moe_tiles, S, E, Im, H);
+        cu_moe_gemm(f->cu, f->ey, f->ea, 1, cl->e_down, f->moe_grp, f->moe_tiles, S, E, H, Im);
+        pos = f->moe_ident;
+        wts = f->moe_w;
+    } else if (device_only) {
         /* decode: every (row, choice) slot streams its expert through the indexed GEMV, no host round trip */
         cu_moe_sort_slots(f->cu, f->moe_idx, f->moe_w, T, k);
         mark(f, CP_MOE_EXPERTS);
@@ -950,17 +970,6 @@ static int moe(cuda_fwd *f, const cu_layer *cl, const run_shape *rs, int device_
             cu_swiglu(f->cu, f->ea, f->gu, S, Im);
             cu_gemv_indexed(f->cu, f->ey, f->ea, 1, cl->e_down, f->moe_idx, S, H, Im);
         }
-        pos = f->moe_ident;
-        wts = f->moe_w;
-    } else if (f->moe_pf_grouped) {
-        /* slots grouped by expert and counted in 64-slot tiles on the device; two grouped GEMMs (SwiGLU in
-         * the first's epilogue) write each slot's row; the combine reads slots in ascending expert order */
-        cu_moe_sort_slots(f->cu, f->moe_idx, f->moe_w, T, k);
-        cu_moe_group(f->cu, f->moe_idx, S, E, f->moe_grp);
-        cu_moe_tiles(f->cu, f->moe_grp, E, f->moe_tiles);
-        mark(f, CP_MOE_EXPERTS);
-        cu_moe_gemm_swiglu(f->cu, f->ea, f->xn, k, cl->e_gu, f->moe_grp, f->moe_tiles, S, E, Im, H);
-        cu_moe_gemm(f->cu, f->ey, f->ea, 1, cl->e_down, f->moe_grp, f->moe_tiles, S, E, H, Im);
         pos = f->moe_ident;
         wts = f->moe_w;
     } else {

@@ -399,27 +399,30 @@ static void env_restore(const char *name, char *old) {
     free(old);
 }
 
-/* the MoE fixture: 3 sequences, a prefill of 2 tokens each, then 10 decode steps (graphs unless
- * CINFER_CUDA_GRAPHS=0); logits [11][3][V] into out, under the switches as given */
-static int model_steps(cinfer_model *m, int V, const char *fused, const char *fuse, const char *graphs,
-                       float *out) {
-    enum { B = 3, P = 2, N = 10 };
+/* the MoE fixture: B (<= 16) sequences, a prefill of 2 tokens each, then 10 decode steps (graphs unless
+ * CINFER_CUDA_GRAPHS=0); logits [11][B][V] into out, under the switches as given (gemm_rows: the grouped
+ * GEMMs from that many rows on, CINFER_CUDA_MOE_PREFILL=grouped) */
+static int model_steps(cinfer_model *m, int V, int B, const char *fused, const char *fuse, const char *graphs,
+                       const char *gemm_rows, float *out) {
+    enum { P = 2, N = 10 };
     char err[512];
     char *o1 = env_swap("CINFER_CUDA_MOE_FUSED", fused), *o2 = env_swap("CINFER_CUDA_FUSE", fuse),
-         *o3 = env_swap("CINFER_CUDA_GRAPHS", graphs);
+         *o3 = env_swap("CINFER_CUDA_GRAPHS", graphs), *o4 = env_swap("CINFER_CUDA_MOE_GEMM_ROWS", gemm_rows),
+         *o5 = env_swap("CINFER_CUDA_MOE_PREFILL", gemm_rows ? "grouped" : NULL);
     cinfer_ctx_params p = cinfer_ctx_default_params();
     p.max_seqs = B, p.max_ctx = 64, p.max_batch = 64, p.n_threads = 2, p.device = CINFER_DEVICE_CUDA;
     cinfer_ctx *c = NULL;
     int rc = cinfer_ctx_create(m, &p, &c, err, sizeof err);
     env_restore("CINFER_CUDA_MOE_FUSED", o1), env_restore("CINFER_CUDA_FUSE", o2);
-    env_restore("CINFER_CUDA_GRAPHS", o3);
+    env_restore("CINFER_CUDA_GRAPHS", o3), env_restore("CINFER_CUDA_MOE_GEMM_ROWS", o4);
+    env_restore("CINFER_CUDA_MOE_PREFILL", o5);
     if (rc) {
         test_fail(__FILE__, __LINE__, "cuda context: %s", err);
         return rc;
     }
-    int seqs[B];
-    int32_t prompt[B][P];
-    cinfer_batch_entry be[B];
+    int seqs[16];
+    int32_t prompt[16][P];
+    cinfer_batch_entry be[16];
     for (int s = 0; s < B; s++) {
         seqs[s] = cinfer_seq_open(c, err, sizeof err);
         for (int i = 0; i < P; i++) prompt[s][i] = (int32_t)((i * 13 + s * 5 + 2) % V);
@@ -427,7 +430,7 @@ static int model_steps(cinfer_model *m, int V, const char *fused, const char *fu
     }
     rc = cinfer_forward(c, be, B, out, err, sizeof err);
     for (int t = 0; t < N && !rc; t++) {
-        int32_t ids[B];
+        int32_t ids[16];
         for (int s = 0; s < B; s++) {
             ids[s] = (int32_t)((t * 31 + s * 7 + 1) % V);
             be[s] = (cinfer_batch_entry){seqs[s], &ids[s], 1, 0};
@@ -453,10 +456,13 @@ TEST(cuda_moe_fused_model_matches_unfused) {
     cinfer_model_get_info(m, &info);
     int V = info.vocab_size;
     size_t n = (size_t)11 * 3 * V;
+    float *big = malloc((size_t)11 * 12 * V * 4), *big2 = malloc((size_t)11 * 12 * V * 4);
     float *ref = malloc(n * 4), *got = malloc(n * 4);
     static const char *const fuse[2] = {NULL, "1"};
     for (int fz = 0; fz < 2; fz++) {
-        if (model_steps(m, V, "0", fuse[fz], NULL, ref) || model_steps(m, V, "1", fuse[fz], NULL, got)) break;
+        if (model_steps(m, V, 3, "0", fuse[fz], NULL, NULL, ref) ||
+            model_steps(m, V, 3, "1", fuse[fz], NULL, NULL, got))
+            break;
         double r = rel(got, ref, n);
         int bits = !memcmp(ref, got, n * sizeof(float));
         printf("     qwen35_moe 3 x (2 + 10 steps)%s: fused vs unfused MoE ||d||/||ref|| = %.2e (%s)\n",
@@ -464,9 +470,24 @@ TEST(cuda_moe_fused_model_matches_unfused) {
         CHECK_MSG(r <= 1e-5, "fused MoE forward (FUSE %d) differs from the unfused one by %.3g", fz, r);
     }
     /* graphs against eager launches, the fused MoE on */
-    if (!model_steps(m, V, "1", NULL, "0", ref) && !model_steps(m, V, "1", NULL, NULL, got))
+    if (!model_steps(m, V, 3, "1", NULL, "0", NULL, ref) && !model_steps(m, V, 3, "1", NULL, NULL, NULL, got))
         CHECK_MSG(!memcmp(ref, got, n * sizeof(float)), "fused MoE: CUDA graphs differ from eager launches");
-    free(ref), free(got);
+    /* 12 sequences (24 prefill rows, then 12-row decode steps) on the grouped tensor-core GEMMs
+     * (CINFER_CUDA_MOE_GEMM_ROWS=9) against the default device path (1e-4: tensor cores, hi + lo), and their
+     * graphs against eager launches bit for bit */
+    size_t n12 = (size_t)11 * 12 * V;
+    if (!model_steps(m, V, 12, NULL, NULL, NULL, NULL, big) &&
+        !model_steps(m, V, 12, NULL, NULL, NULL, "9", big2)) {
+        double r = rel(big2, big, n12);
+        printf("     qwen35_moe 12 x (2 + 10 steps): grouped GEMMs from 9 rows vs default ||d||/||ref|| = "
+               "%.2e\n",
+               r);
+        CHECK_MSG(r <= 1e-4, "grouped GEMM decode differs from the default path by %.3g", r);
+        if (!model_steps(m, V, 12, NULL, NULL, "0", "9", big))
+            CHECK_MSG(!memcmp(big, big2, n12 * sizeof(float)),
+                      "grouped GEMM decode: CUDA graphs differ from eager launches");
+    }
+    free(ref), free(got), free(big), free(big2);
     cinfer_model_close(m);
 }
 
