@@ -157,9 +157,10 @@ TEST(cuda_gemv3_fused_vs_cpu) {
         /* rows per warp and loads in flight never change a bit; every split count is within the bound */
         for (int ks = 1; ks <= 8; ks *= 2) {
             float *ya = NULL;
-            for (int v = 0; v < 7; v++) {
-                static const int nr[] = {0, 1, 2, 1, 2, 2, 1}, u[] = {0, 2, 4, 8, 8, 4, 8},
-                                 ld[] = {0, 0, 0, 0, 0, 1, 1};
+            for (int v = 0; v < 9; v++) {
+                static const int nr[] = {0, 1, 2, 1, 2, 2, 1, 2, 1}, u[] = {0, 2, 4, 8, 8, 4, 8, 4, 8},
+                                 ld[] = {0, 0, 0, 0, 0, 1, 1, 2, 3};
+                if (ks == 8 && (ld[v] & 2)) continue; /* 4-warp blocks split K at most 4 ways */
                 cu_set_gemv3_config(ks, nr[v], u[v], ld[v]);
                 float *y = run_fused(c, s, dx, dw, dg, dy0, 1);
                 REQUIRE(y);
@@ -407,13 +408,15 @@ TEST(cuda_gemv3_bench) {
         for (int i = 0; i < 8; i++) sum[i] += row[i];
         /* every configuration at one row: splits x (rows per warp, loads in flight) */
         if (s->N < 200000) {
-            printf("       sweep (splits/rows/inflight/load: us):");
+            printf(
+                "       sweep (splits/rows/inflight/variant: us; variant bit 0 the L2-prefetch load, bit 1 "
+                "4-warp blocks):");
             static const int nr[] = {1, 1, 1, 2, 2, 2}, u[] = {2, 4, 8, 2, 4, 8};
             double best = 1e30;
             int bk = 0, bv = 0, bl = 0;
             for (int ks = 1; ks <= 8; ks *= 2)
-                for (int ld = 0; ld < 2; ld++)
-                    for (int v = 0; v < 6; v++) {
+                for (int ld = 0; ld < 4; ld++)
+                    for (int v = 0; v < 6 && !(ks == 8 && (ld & 2)); v++) {
                         cu_set_gemv3_config(ks, nr[v], u[v], ld);
                         double us = bench_us(c, 1, s, dw, ncopy, dx, dxn, dy, dt, dg, 1);
                         printf(" %d/%d/%d/%d:%.1f", ks, nr[v], u[v], ld, us);

@@ -106,8 +106,9 @@ int cu_gemv_fused(cu_ctx *c, float *d_y, const float *d_x, const uint16_t *d_w, 
  * the shape only, which fixes every sum's order */
 int cu_gemv3_splits(int rows, int K);
 /* measurements: force the K-splits (1, 2, 4, 8), the rows per warp (1, 2), the chunks in flight (2, 4, 8)
- * and the weight load (ld 1: L1 no-allocate + 256-byte L2 prefetch, 0: evict-first) at one row of x;
- * 0 = automatic. The splits change f32 rounding; the others never change a bit. */
+ * and the variant (ld bit 0: weights by L1 no-allocate + 256-byte L2 prefetch instead of evict-first; bit 1:
+ * blocks of 4 warps instead of 8, at most 4 splits) at one row of x; 0 = automatic. The splits change f32
+ * rounding; the others never change a bit. */
 void cu_set_gemv3_config(int ks, int nr, int u, int ld);
 /* Fills n bf16 values with uniform noise of the given std (random weights built on the device). */
 void cu_fill_random_bf16(cu_ctx *c, uint16_t *d, size_t n, float std, uint64_t seed);

@@ -35,14 +35,16 @@ template <int LD> __device__ __forceinline__ uint4 g3_ld(const uint16_t *p) {
     return r;
 }
 
-template <int MR, int NR, int U, bool NORM, int EPI, int LD>
-__global__ void __launch_bounds__(G3_WARPS * 32, 2)
+/* VAR (measurements, cu_set_gemv3_config): bit 0 the weight load (g3_ld), bit 1 blocks of 4 warps instead
+ * of G3_WARPS = 8 (finer grains over the SMs; same sums) */
+template <int MR, int NR, int U, bool NORM, int EPI, int VAR, int W = VAR & 2 ? 4 : G3_WARPS>
+__global__ void __launch_bounds__(W * 32, (MR == 1 ? 3 : 2) * 8 / W)
     gemv3_kernel(float *__restrict__ y, const float *__restrict__ x, const uint16_t *__restrict__ w, int N,
                  int K, int KS, const float *__restrict__ g, float eps) {
     constexpr int ROWS = EPI == EPI_SWIGLU ? 2 * NR : NR;
-    __shared__ float red[G3_WARPS][ROWS * MR + (NORM ? MR : 0)];
+    __shared__ float red[W][ROWS * MR + (NORM ? MR : 0)];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int RG = G3_WARPS / KS, rg = warp / KS, ks = warp % KS;
+    const int RG = W / KS, rg = warp / KS, ks = warp % KS;
     const int j0 = (blockIdx.x * RG + rg) * NR; /* first output column of this warp */
     x += (size_t)blockIdx.y * MR * K;           /* tiles of MR rows along grid.y */
     y += (size_t)blockIdx.y * MR * N;
@@ -69,7 +71,7 @@ __global__ void __launch_bounds__(G3_WARPS * 32, 2)
         int c = ks + u * KS, k = c * 256 + lane * 8;
         if (c < nch && k < K)
 #pragma unroll
-            for (int r = 0; r < ROWS; r++) wv[u][r] = g3_ld<LD>(wr[r] + k);
+            for (int r = 0; r < ROWS; r++) wv[u][r] = g3_ld<VAR & 1>(wr[r] + k);
     }
     griddep_wait();
     for (int c0 = ks; c0 < nch; c0 += step) {
@@ -112,7 +114,7 @@ __global__ void __launch_bounds__(G3_WARPS * 32, 2)
             int c = c0 + step + u * KS, k = c * 256 + lane * 8;
             if (c < nch && k < K)
 #pragma unroll
-                for (int r = 0; r < ROWS; r++) wv[u][r] = g3_ld<LD>(wr[r] + k);
+                for (int r = 0; r < ROWS; r++) wv[u][r] = g3_ld<VAR & 1>(wr[r] + k);
         }
     }
     /* every load of this block is out: a GEMV launched after this one with programmatic dependent launch
@@ -165,7 +167,7 @@ __global__ void __launch_bounds__(G3_WARPS * 32, 2)
 static int g_ks = 0, g_nr = 0, g_u = 0, g_ld = 0; /* 0: automatic (cu_set_gemv3_config) */
 
 extern "C" void cu_set_gemv3_config(int ks, int nr, int u, int ld) {
-    g_ld = ld == 1;
+    g_ld = ld >= 0 && ld <= 3 ? ld : 0;
     g_ks = ks == 1 || ks == 2 || ks == 4 || ks == 8 ? ks : 0;
     g_nr = nr == 1 || nr == 2 ? nr : 0;
     g_u = u == 2 || u == 4 || u == 8 ? u : 0;
@@ -187,30 +189,31 @@ extern "C" int cu_gemv_fusable(int M, int K) {
 
 /* ---- launchers ---- */
 
-template <int MR, int NR, int U, bool NORM, int EPI, int LD = 0>
+template <int MR, int NR, int U, bool NORM, int EPI, int VAR = 0>
 static void g3_launch(cu_ctx *c, float *y, const float *x, const uint16_t *w, int tiles, int N, int K, int KS,
                       const float *g, float eps) {
-    int per_block = G3_WARPS / KS * NR;
+    constexpr int W = VAR & 2 ? 4 : G3_WARPS;
+    if (KS > W) KS = W; /* a forced 8 splits with 4-warp blocks (measurements only) */
+    int per_block = W / KS * NR;
     dim3 grid(cdiv((size_t)N, (size_t)per_block), (unsigned)tiles);
-    cu_launch_gemv(c, gemv3_kernel<MR, NR, U, NORM, EPI, LD>, grid, dim3(G3_WARPS * 32), y, x, w, N, K, KS, g,
-                   eps);
+    cu_launch_gemv(c, gemv3_kernel<MR, NR, U, NORM, EPI, VAR>, grid, dim3(W * 32), y, x, w, N, K, KS, g, eps);
 }
 
-template <int LD, bool NORM, int EPI>
+template <int VAR, bool NORM, int EPI>
 static void g3_mr1(cu_ctx *c, float *y, const float *x, const uint16_t *w, int nr, int u, int tiles, int N,
                    int K, int KS, const float *g, float eps) {
     if (nr == 1 && u == 2)
-        g3_launch<1, 1, 2, NORM, EPI, LD>(c, y, x, w, tiles, N, K, KS, g, eps);
+        g3_launch<1, 1, 2, NORM, EPI, VAR>(c, y, x, w, tiles, N, K, KS, g, eps);
     else if (nr == 1 && u == 4)
-        g3_launch<1, 1, 4, NORM, EPI, LD>(c, y, x, w, tiles, N, K, KS, g, eps);
+        g3_launch<1, 1, 4, NORM, EPI, VAR>(c, y, x, w, tiles, N, K, KS, g, eps);
     else if (nr == 1)
-        g3_launch<1, 1, 8, NORM, EPI, LD>(c, y, x, w, tiles, N, K, KS, g, eps);
+        g3_launch<1, 1, 8, NORM, EPI, VAR>(c, y, x, w, tiles, N, K, KS, g, eps);
     else if (u == 2)
-        g3_launch<1, 2, 2, NORM, EPI, LD>(c, y, x, w, tiles, N, K, KS, g, eps);
+        g3_launch<1, 2, 2, NORM, EPI, VAR>(c, y, x, w, tiles, N, K, KS, g, eps);
     else if (u == 4)
-        g3_launch<1, 2, 4, NORM, EPI, LD>(c, y, x, w, tiles, N, K, KS, g, eps);
+        g3_launch<1, 2, 4, NORM, EPI, VAR>(c, y, x, w, tiles, N, K, KS, g, eps);
     else
-        g3_launch<1, 2, 8, NORM, EPI, LD>(c, y, x, w, tiles, N, K, KS, g, eps);
+        g3_launch<1, 2, 8, NORM, EPI, VAR>(c, y, x, w, tiles, N, K, KS, g, eps);
 }
 
 /* rows per warp and chunks in flight: at one row of x from cu_set_gemv3_config (measurements), else 2 and 4;
@@ -224,8 +227,12 @@ static void g3_tile(cu_ctx *c, float *y, const float *x, const uint16_t *w, int 
     case 1: {
         /* SwiGLU: a gate and an up row per output already, so one output a warp unless told otherwise */
         int nr = g_nr ? g_nr : EPI == EPI_SWIGLU ? 1 : 2, u = g_u ? g_u : 4;
-        if (g_ld)
+        if (g_ld == 1)
             g3_mr1<1, NORM, EPI>(c, y, x, w, nr, u, tiles, N, K, KS, g, eps);
+        else if (g_ld == 2)
+            g3_mr1<2, NORM, EPI>(c, y, x, w, nr, u, tiles, N, K, KS, g, eps);
+        else if (g_ld == 3)
+            g3_mr1<3, NORM, EPI>(c, y, x, w, nr, u, tiles, N, K, KS, g, eps);
         else
             g3_mr1<0, NORM, EPI>(c, y, x, w, nr, u, tiles, N, K, KS, g, eps);
         break;
