@@ -1,12 +1,13 @@
-/* bench_spec.c — `cinfer bench -m DIR --spec-accept A [--spec mtp] [--spec-draft K] [--batch B] [-p P] [-n N]`:
- * what speculative decoding buys at a given acceptance rate, independent of any drafter's quality. B requests
- * (random prompts of P tokens, or --prompt TEXT; greedy, N output tokens each) run once without speculation,
- * recording their outputs; then again with a forced-acceptance drafter that proposes K tokens per step, each one
- * the true next token with probability A (so a run of j accepted drafts has probability A^j (1-A)), verified in
- * the batch as usual. The outputs must match (checked); the ratio of decode throughputs is the speedup. A = 1 is
- * the self-draft bound (perfect drafts, no drafting cost). With --spec mtp the MTP head still runs every step
- * (its cost is in the figure) and the forced drafter replaces its tokens; without --spec-accept the drafter's
- * own drafts are verified: the measured acceptance and speedup of the MTP head (or n-gram lookup). */
+/* bench_spec.c — `cinfer bench -m DIR --spec-accept A [--spec mtp] [--spec-draft K] [--batch B] [-p P] [-n
+ * N]`: what speculative decoding buys at a given acceptance rate, independent of any drafter's quality. B
+ * requests (random prompts of P tokens, or --prompt TEXT; greedy, N output tokens each) run once without
+ * speculation, recording their outputs; then again with a forced-acceptance drafter that proposes K tokens
+ * per step, each one the true next token with probability A (so a run of j accepted drafts has probability
+ * A^j (1-A)), verified in the batch as usual. The outputs must match (checked); the ratio of decode
+ * throughputs is the speedup. A = 1 is the self-draft bound (perfect drafts, no drafting cost). With --spec
+ * mtp the MTP head still runs every step (its cost is in the figure) and the forced drafter replaces its
+ * tokens; without --spec-accept the drafter's own drafts are verified: the measured acceptance and speedup of
+ * the MTP head (or n-gram lookup). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,7 +33,8 @@ typedef struct oracle {
 static int forced_draft(void *ud, const int32_t *hist, int n_hist, int32_t *out, int k) {
     oracle *o = ud;
     for (int i = 0; i < o->n; i++) {
-        if (n_hist < o->P || memcmp(hist, o->prompts + (size_t)i * o->P, sizeof(int32_t) * (size_t)o->P)) continue;
+        if (n_hist < o->P || memcmp(hist, o->prompts + (size_t)i * o->P, sizeof(int32_t) * (size_t)o->P))
+            continue;
         int g = n_hist - o->P, cnt = 0;
         while (cnt < k && g + cnt < o->N) {
             int32_t t = o->outs[(size_t)i * o->N + g + cnt];
@@ -100,8 +102,10 @@ static double run(cinfer_model *m, const cinfer_engine_params *ep, oracle *o, in
             if (t > last) last = t;
             if (g < o->N) {
                 int32_t *slot = o->outs + (size_t)i * o->N + g;
-                if (record) *slot = ev.token;
-                else if (*slot != ev.token) (*mismatch)++;
+                if (record)
+                    *slot = ev.token;
+                else if (*slot != ev.token)
+                    (*mismatch)++;
             }
             g++;
             toks++;
@@ -116,69 +120,101 @@ static double run(cinfer_model *m, const cinfer_engine_params *ep, oracle *o, in
 }
 
 /* What one round is made of, each timed alone through the context API as the engine calls it (on cuda the
- * tokens chosen on the device, only ids back), the fastest of 12 (contention on a shared machine only slows a
- * run down): a plain decode step (one row, advancing its sequence: the decode graphs serve it as in the
- * engine), a verify round — a window of K+1 rows then the commit of 1 + K/2 of them, so the rollback replays
- * real tokens — on a second sequence, and one MTP head row with its logits over the draft vocabulary. The
- * round's time runs until the device is done with the commit, or, when commits are deferred into the slot's
- * next step (CINFER_CUDA_SPEC_FUSE=1), includes the previous round's replay. ms via *dec, *ver, *head; 0 on
- * failure. */
-static void step_costs(cinfer_model *m, int P, int K, int mv, int with_head, double *dec, double *ver, double *head) {
-    enum { IT = 12 };
+ * tokens chosen on the device, only ids back), the fastest of 10 (contention on a shared machine only slows a
+ * run down): a plain decode step of B sequences (one row each, advancing: the decode graphs serve it as in
+ * the engine), a verify round of B other sequences — a window of K+1 rows each, then the commit of 1 + K/2 of
+ * them, so the rollback replays real tokens — and one MTP head row with its logits over the draft vocabulary.
+ * The round's time runs until the device is done with the commits, or, when commits are deferred into the
+ * slot's next step (CINFER_CUDA_SPEC_FUSE=1), includes the previous round's replays. On cuda the same two
+ * steps then run profiled (eager, an event between phases) and each phase's device time is printed for both.
+ * ms via *dec, *ver, *head; 0 on failure. */
+static void step_costs(cinfer_model *m, int P, int K, int B, int mv, int with_head, double *dec, double *ver,
+                       double *head) {
+    enum { IT = 12, PROF = 3 };
     char err[512] = "";
     cinfer_model_info info;
     cinfer_model_get_info(m, &info);
-    int n = P + (IT + 2) * (K + 2) + 4; /* positions either sequence may reach */
+    int n = P + (IT + PROF + 2) * (K + 2) + 4, W = K + 1; /* positions a sequence may reach */
     cinfer_ctx_params cp = cinfer_ctx_default_params();
-    cp.max_seqs = 2;
+    cp.max_seqs = 2 * B;
     cp.max_ctx = n;
-    cp.max_batch = P + K + 4;
-    cp.spec_window = K + 1;
+    cp.max_batch = (P > B * W ? P : B * W) + 4;
+    cp.spec_window = W;
     *dec = *ver = *head = 0;
     cinfer_ctx *c;
-    if (cinfer_ctx_create(m, &cp, &c, err, sizeof err)) return;
+    if (cinfer_ctx_create(m, &cp, &c, err, sizeof err)) {
+        fprintf(stderr, "cinfer bench: step costs: %s\n", err);
+        return;
+    }
     int cuda = cinfer_ctx_device(c) == CINFER_DEVICE_CUDA;
-    float *lg = malloc(sizeof(float) * (size_t)(P + K + 4) * info.vocab_size);
-    float *hid = malloc(sizeof(float) * (size_t)(P + K + 4) * info.hidden_size);
-    int32_t *x = malloc(sizeof(int32_t) * (size_t)n), ids[64];
-    cuda_sample smp[64];
-    for (int i = 0; i < 64; i++) smp[i] = (cuda_sample){0.0f, 0, 0.0, 0};
+    size_t rows = (size_t)(P > B * W ? P : B * W);
+    float *lg = malloc(sizeof(float) * rows * info.vocab_size);
+    float *hid = malloc(sizeof(float) * (size_t)P * info.hidden_size);
+    int32_t *x = malloc(sizeof(int32_t) * (size_t)n), *ids = malloc(sizeof(int32_t) * rows);
+    int *seq = malloc(sizeof(int) * 2 * (size_t)B), *len = malloc(sizeof(int) * 2 * (size_t)B);
+    cinfer_batch_entry *be = malloc(sizeof *be * (size_t)B);
+    cuda_sample *smp = malloc(sizeof *smp * rows);
+    for (size_t i = 0; i < rows; i++) smp[i] = (cuda_sample){0.0f, 0, 0.0, 0};
     for (int i = 0; i < n; i++)
         x[i] = (int32_t)((i * 7919 + 13) % (info.vocab_size < 4096 ? info.vocab_size : 4096));
-    int s = cinfer_seq_open(c, err, sizeof err), sv = cinfer_seq_open(c, err, sizeof err);
-    cinfer_batch_entry pre = {s, x, P, 1, 0, hid}, prv = {sv, x, P, 0, 0, NULL};
-    if (s < 0 || sv < 0 || (with_head && ctx_mtp_init(c, mv, err, sizeof err)) ||
-        cinfer_forward(c, &pre, 1, lg, err, sizeof err) || cinfer_forward(c, &prv, 1, lg, err, sizeof err))
-        goto out;
-    ctx_mtp_entry mp = {s, 0, x + 1, hid, P - 1, hid, 1};
-    if (with_head && ctx_mtp_forward(c, &mp, 1, lg, err, sizeof err)) goto out;
-    double best[3] = {1e9, 1e9, 1e9};
-    int keep = 1 + K / 2, ld = P, lv = P; /* each sequence's length */
-    for (int it = 0; it < IT; it++) {
-        cinfer_batch_entry d = {s, x + ld, 1, 0, 0, NULL}, w = {sv, x + lv, K + 1, 1, 1, NULL};
-        ctx_mtp_entry h = {s, P - 1, x + P, hid, 1, NULL, 1};
-        double t0 = now_s();
-        int rc = cuda ? ctx_forward_sample(c, &d, 1, smp, ids, NULL, err, sizeof err)
-                      : cinfer_forward(c, &d, 1, lg, err, sizeof err);
-        double t1 = now_s();
-        rc = rc ||
-             (cuda ? ctx_forward_sample(c, &w, 1, smp, ids, NULL, err, sizeof err)
-                   : cinfer_forward(c, &w, 1, lg, err, sizeof err)) ||
-             cinfer_seq_commit(c, sv, keep, err, sizeof err) || ctx_sync(c, err, sizeof err);
-        double t2 = now_s();
-        rc = rc || (with_head && ctx_mtp_forward(c, &h, 1, lg, err, sizeof err));
-        double t3 = now_s();
-        if (rc) goto out;
-        ld++, lv += keep;
-        if (it < 2) continue; /* the first rounds capture graphs (and the first has no replay before it) */
-        best[0] = t1 - t0 < best[0] ? t1 - t0 : best[0];
-        best[1] = t2 - t1 < best[1] ? t2 - t1 : best[1];
-        best[2] = t3 - t2 < best[2] ? t3 - t2 : best[2];
+    int rc = 0, keep = 1 + K / 2;
+    for (int i = 0; i < 2 * B && !rc; i++) { /* [0, B): decode sequences, [B, 2B): verify sequences */
+        seq[i] = cinfer_seq_open(c, err, sizeof err);
+        len[i] = P;
+        cinfer_batch_entry pre = {seq[i], x, P, i == 0, 0, i == 0 ? hid : NULL};
+        rc = seq[i] < 0 || cinfer_forward(c, &pre, 1, lg, err, sizeof err);
     }
+    if (rc || (with_head && ctx_mtp_init(c, mv, err, sizeof err))) goto out;
+    ctx_mtp_entry mp = {seq[0], 0, x + 1, hid, P - 1, hid, 1};
+    if (with_head && ctx_mtp_forward(c, &mp, 1, lg, err, sizeof err)) goto out;
+    double best[3] = {1e9, 1e9, 1e9}, pms[2][CP_N];
+    for (int it = 0; it < IT + PROF && !rc; it++) {
+        int prof = it >= IT;
+        double t[4];
+        for (int v = 0; v < 2 && !rc; v++) { /* v 0: the decode step, 1: the verify round */
+            for (int i = 0; i < B; i++) {
+                int q = v * B + i;
+                be[i] = (cinfer_batch_entry){seq[q], x + len[q], v ? W : 1, v, v, NULL};
+            }
+            if (prof && cuda) ctx_profile(c, 1, NULL, NULL);
+            t[v] = now_s();
+            rc = cuda ? ctx_forward_sample(c, be, B, smp, ids, NULL, err, sizeof err)
+                      : cinfer_forward(c, be, B, lg, err, sizeof err);
+            for (int i = 0; v && i < B && !rc; i++)
+                rc = cinfer_seq_commit(c, seq[B + i], keep, err, sizeof err);
+            rc = rc || ctx_sync(c, err, sizeof err);
+            t[v + 2] = now_s();
+            if (prof && cuda) {
+                double ms[CP_N];
+                int calls;
+                ctx_profile(c, 0, ms, &calls);
+                for (int p = 0; p < CP_N; p++) pms[v][p] = it == IT ? ms[p] : pms[v][p] + ms[p];
+            }
+            for (int i = 0; i < B; i++) len[v * B + i] += v ? keep : 1;
+        }
+        double t3 = now_s();
+        ctx_mtp_entry h = {seq[0], P - 1, x + P, hid, 1, NULL, 1};
+        rc = rc || (with_head && ctx_mtp_forward(c, &h, 1, lg, err, sizeof err));
+        double t4 = now_s();
+        /* the first rounds capture graphs (and the first has no replay before it); profiled rounds run
+         * eagerly */
+        if (it < 2 || prof) continue;
+        best[0] = t[2] - t[0] < best[0] ? t[2] - t[0] : best[0];
+        best[1] = t[3] - t[1] < best[1] ? t[3] - t[1] : best[1];
+        best[2] = t4 - t3 < best[2] ? t4 - t3 : best[2];
+    }
+    if (rc) goto out;
     *dec = best[0] * 1e3, *ver = best[1] * 1e3, *head = best[2] * 1e3;
+    if (cuda) {
+        printf("step phases      device ms per step, profiled (eager): decode %d x 1 row | verify %d x %d "
+               "rows\n",
+               B, B, W);
+        for (int p = 0; p < CP_N; p++)
+            printf("  %-16s %7.3f | %7.3f\n", cuda_phase_names[p], pms[0][p] / PROF, pms[1][p] / PROF);
+    }
 out:
-    if (err[0] && !*dec) fprintf(stderr, "cinfer bench: step costs: %s\n", err);
-    free(lg), free(hid), free(x);
+    if (rc) fprintf(stderr, "cinfer bench: step costs: %s\n", err);
+    free(lg), free(hid), free(x), free(ids), free(seq), free(len), free(be), free(smp);
     cinfer_ctx_destroy(c);
 }
 
@@ -186,12 +222,16 @@ int bench_spec(int argc, char **argv, const char *dir, double accept, int mode) 
     long K = 3, B = 1, P = 32, N = 64, nthreads = 0, R = 1, mv = 0;
     const char *v;
     if ((v = arg_value(argc, argv, "--repeat", NULL)) && parse_int(v, "--repeat", 1, 64, &R)) return 2;
-    if ((v = arg_value(argc, argv, "--spec-mtp-vocab", NULL)) && parse_int(v, "--spec-mtp-vocab", 0, 1 << 30, &mv)) return 2;
-    if ((v = arg_value(argc, argv, "--spec-draft", NULL)) && parse_int(v, "--spec-draft", 1, 16, &K)) return 2;
+    if ((v = arg_value(argc, argv, "--spec-mtp-vocab", NULL)) &&
+        parse_int(v, "--spec-mtp-vocab", 0, 1 << 30, &mv))
+        return 2;
+    if ((v = arg_value(argc, argv, "--spec-draft", NULL)) && parse_int(v, "--spec-draft", 1, 16, &K))
+        return 2;
     if ((v = arg_value(argc, argv, "--batch", NULL)) && parse_int(v, "--batch", 1, 256, &B)) return 2;
     if ((v = arg_value(argc, argv, "-p", NULL)) && parse_int(v, "-p", 1, 1 << 16, &P)) return 2;
     if ((v = arg_value(argc, argv, "-n", NULL)) && parse_int(v, "-n", 2, 1 << 16, &N)) return 2;
-    if ((v = arg_value(argc, argv, "--threads", NULL)) && parse_int(v, "--threads", 0, 1024, &nthreads)) return 2;
+    if ((v = arg_value(argc, argv, "--threads", NULL)) && parse_int(v, "--threads", 0, 1024, &nthreads))
+        return 2;
     char err[1024];
     cinfer_model *m;
     if (cinfer_model_open(dir, &m, err, sizeof err)) {
@@ -200,8 +240,13 @@ int bench_spec(int argc, char **argv, const char *dir, double accept, int mode) 
     }
     cinfer_model_info info;
     cinfer_model_get_info(m, &info);
-    oracle o = {(int)B, (int)P, malloc(sizeof(int32_t) * (size_t)(B * P)), malloc(sizeof(int32_t) * (size_t)(B * N)), (int)N,
-                accept, {{0}}};
+    oracle o = {(int)B,
+                (int)P,
+                malloc(sizeof(int32_t) * (size_t)(B * P)),
+                malloc(sizeof(int32_t) * (size_t)(B * N)),
+                (int)N,
+                accept,
+                {{0}}};
     rng_seed(&o.r, 12345);
     uint64_t x = 0x9e3779b97f4a7c15ull;
     for (long i = 0; i < B * P; i++) {
@@ -233,7 +278,8 @@ int bench_spec(int argc, char **argv, const char *dir, double accept, int mode) 
     int mismatch = 0;
     setvbuf(stdout, NULL, _IOLBF, 0); /* rows survive a run stopped by a time limit */
     cinfer_engine_params sp = ep;
-    sp.spec = (cinfer_spec_mode)mode; /* with --spec-accept the forced drafter replaces the drafter's tokens */
+    sp.spec =
+        (cinfer_spec_mode)mode; /* with --spec-accept the forced drafter replaces the drafter's tokens */
     sp.spec_mtp_vocab = (int)mv;
     sp.spec_max_draft = (int)K;
     /* R (plain, speculative) pairs back to back, the median of each and of the pairs' ratios: on a shared
@@ -246,45 +292,50 @@ int bench_spec(int argc, char **argv, const char *dir, double accept, int mode) 
         ratio[i] = pl[i] > 0 ? spv[i] / pl[i] : 0;
         eratio[i] = epl[i] > 0 ? esp[i] / epl[i] : 0;
         /* each pair as it finishes: a run stopped by a time limit still says something */
-        printf("pair %ld           plain %.2f, speculative %.2f tok/s decode: %.2fx (acceptance %.3f)\n", i + 1, pl[i], spv[i],
-               ratio[i], s1.spec_drafted ? (double)s1.spec_accepted / (double)s1.spec_drafted : 0);
+        printf("pair %ld           plain %.2f, speculative %.2f tok/s decode: %.2fx (acceptance %.3f)\n",
+               i + 1, pl[i], spv[i], ratio[i],
+               s1.spec_drafted ? (double)s1.spec_accepted / (double)s1.spec_drafted : 0);
     }
     double plain = median(pl, (int)R), spec = median(spv, (int)R), speedup = median(ratio, (int)R);
     double acc = s1.spec_drafted ? (double)s1.spec_accepted / (double)s1.spec_drafted : 0;
     printf("model            %s (%s)\n", dir, info.arch);
     if (accept >= 0)
-        printf("batch %ld, prompt %ld, %ld tokens each, drafts <= %ld, %s, forced acceptance %.2f\n", B, P, N, K,
-               mode == CINFER_SPEC_MTP ? "MTP head running" : "no drafter", accept);
+        printf("batch %ld, prompt %ld, %ld tokens each, drafts <= %ld, %s, forced acceptance %.2f\n", B, P, N,
+               K, mode == CINFER_SPEC_MTP ? "MTP head running" : "no drafter", accept);
     else
         printf("batch %ld, prompt %ld, %ld tokens each, drafts <= %ld, %s drafts\n", B, P, N, K,
                mode == CINFER_SPEC_MTP ? "MTP" : "n-gram");
     if (mode == CINFER_SPEC_MTP) {
         double dec, ver, head;
-        step_costs(m, (int)P, (int)K, (int)mv, 1, &dec, &ver, &head);
+        step_costs(m, (int)P, (int)K, 1, (int)mv, 1, &dec, &ver, &head);
         printf("step costs       decode %.2f ms, verify %ld rows + rollback of %ld %.2f ms, MTP head row "
                "%.2f ms (ids [0, %d)); fastest of 10\n",
                dec, K + 1, 1 + K / 2, ver, head, mv > 0 && mv < info.vocab_size ? (int)mv : info.vocab_size);
     } else if (arg_flag(argc, argv, "--step-costs")) { /* one verify + rollback round against a decode step */
         double dec, ver, head;
-        step_costs(m, (int)P, (int)K, 0, 0, &dec, &ver, &head);
-        printf("step costs       decode %.2f ms, verify %ld rows + rollback of %ld %.2f ms (%.2fx a decode "
+        step_costs(m, (int)P, (int)K, (int)B, 0, 0, &dec, &ver, &head);
+        printf("step costs       batch %ld: decode %.2f ms, verify %ld rows + rollback of %ld %.2f ms (%.2fx "
+               "a decode "
                "step); fastest of 10\n",
-               dec, K + 1, 1 + K / 2, ver, dec > 0 ? ver / dec : 0);
+               B, dec, K + 1, 1 + K / 2, ver, dec > 0 ? ver / dec : 0);
     }
     printf("plain            %.2f tok/s decode (%lld steps)\n", plain, (long long)s0.steps_total);
-    printf("speculative      %.2f tok/s decode (%lld steps), measured acceptance %.3f (%lld of %lld drafts)\n", spec,
-           (long long)s1.steps_total, acc, (long long)s1.spec_accepted, (long long)s1.spec_drafted);
+    printf(
+        "speculative      %.2f tok/s decode (%lld steps), measured acceptance %.3f (%lld of %lld drafts)\n",
+        spec, (long long)s1.steps_total, acc, (long long)s1.spec_accepted, (long long)s1.spec_drafted);
     if (R > 1) {
         printf("pairs            ");
         for (long i = 0; i < R; i++) printf("%s%.2f/%.2f", i ? ", " : "", spv[i], pl[i]);
         printf(" tok/s (speculative/plain)\n");
-        double bp = 0, bs = 0; /* load only slows a run down: the fastest of each approaches the quiet machine */
+        double bp = 0,
+               bs = 0; /* load only slows a run down: the fastest of each approaches the quiet machine */
         for (long i = 0; i < R; i++) bp = pl[i] > bp ? pl[i] : bp, bs = spv[i] > bs ? spv[i] : bs;
         printf("fastest          plain %.2f, speculative %.2f tok/s: %.2fx\n", bp, bs, bp > 0 ? bs / bp : 0);
     }
-    printf("speedup          %.2fx   (%s; outputs %s)\n", speedup, R > 1 ? "median of the pairs' ratios" : "one pair",
-           mismatch ? "DIFFER" : "identical");
-    printf("end to end       plain %.2f, speculative %.2f tok/s (submit to last event, prefill included): %.2fx\n",
+    printf("speedup          %.2fx   (%s; outputs %s)\n", speedup,
+           R > 1 ? "median of the pairs' ratios" : "one pair", mismatch ? "DIFFER" : "identical");
+    printf("end to end       plain %.2f, speculative %.2f tok/s (submit to last event, prefill included): "
+           "%.2fx\n",
            median(epl, (int)R), median(esp, (int)R), median(eratio, (int)R));
     free(o.prompts);
     free(o.outs);

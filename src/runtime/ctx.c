@@ -534,6 +534,13 @@ int ctx_sync(cinfer_ctx *c, char *err, size_t errlen) {
     return c->cf ? cuda_fwd_sync(c->cf, err, errlen) : 0;
 }
 
+int ctx_profile(cinfer_ctx *c, int on, double *ms, int *calls) {
+    if (!c->cf) return -1;
+    if (!on) cuda_fwd_profile_get(c->cf, ms, calls);
+    cuda_fwd_profile(c->cf, on);
+    return 0;
+}
+
 int ctx_kv_free_blocks(const cinfer_ctx *c) { return prefix_available_blocks(c->pc); }
 int ctx_kv_blocks_per_seq(const cinfer_ctx *c) { return c->blocks_per_seq; }
 

@@ -31,6 +31,9 @@ int ctx_forward_sample(cinfer_ctx *c, const cinfer_batch_entry *e, int n, const 
                        int32_t *ids, float *lps, char *err, size_t errlen);
 /* Waits for everything enqueued on the context's device (a commit only enqueues); 0 at once on the CPU. */
 int ctx_sync(cinfer_ctx *c, char *err, size_t errlen);
+/* cuda: on 1 starts timing each phase of the forward calls (model/forward_cuda.h: profiling runs them eagerly);
+ * on 0 stops and gives the device ms per phase since the start ([CP_N]) and the calls. -1 on the CPU. */
+int ctx_profile(cinfer_ctx *c, int on, double *ms, int *calls);
 
 /* Blocks an admission may count on: free ones plus those only the prefix cache holds. */
 int ctx_kv_free_blocks(const cinfer_ctx *c);
