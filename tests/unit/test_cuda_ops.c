@@ -754,6 +754,90 @@ TEST(cuda_deltanet_tc_27b_heads) {
     gdn_case_ex(16, 48, 128, 128, 1, e, 6, 1);
 }
 
+/* Device time of one DeltaNet layer over a 4096-token prefill at the 4B and 27B heads, per form of the
+ * chunked prefill (printed, for the figures: the bench's profile only has the whole "deltanet core"); "conv +
+ * prep + norm" is the layer without the chunked part, "one kernel, conv by rows" the one-kernel form after
+ * the phased path's conv (its scratch absent: the fallback), so the two conv forms' cost shows as a
+ * difference. The phased forms must give the same bits here too. */
+static void gdn_speed(int Hk, int Hv) {
+    char err[256];
+    cu_ctx *c;
+    REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
+    int dk = 128, dv = 128, T = 4096, K = 4, n_lin = 1, kd = Hk * dk, vd = Hv * dv, C = 2 * kd + vd;
+    REQUIRE(cu_gdn_init(dk) && cu_gdn_tc_init(dk) && cu_gdn_chunk_init(dk, dv));
+    test_entry ent = {0, T, 0};
+    cu_meta meta;
+    int *dmeta, *hm = pack_meta(&ent, 1, NULL, &meta, &dmeta);
+    float *qkv = rnd((size_t)T * C, 1.0f), *a = rnd((size_t)T * Hv, 2.0f), *cw = rnd((size_t)K * C, 0.5f);
+    for (size_t i = 0; i < (size_t)T * Hv; i++) a[i] = a[i] * 0.5f - 5.0f; /* trained-model decay */
+    float *A = rnd((size_t)Hv, 1.0f);
+    for (int h = 0; h < Hv; h++) A[h] = -expf(A[h]);
+    size_t rs_n = (size_t)Hv * dk * dv, cs_n = (size_t)(K - 1) * C;
+    float *zero = calloc(rs_n > cs_n ? rs_n : cs_n, 4);
+    cu_gdn_args g = {0};
+    g.T = T, g.NE = 1, g.Hk = Hk, g.Hv = Hv, g.dk = dk, g.dv = dv, g.K = K, g.C = C, g.n_lin = n_lin,
+    g.lin = 0;
+    g.qkv = dup_dev(qkv, (size_t)T * C * 4), g.qkv_ld = C, g.z = dup_dev(qkv, (size_t)T * vd * 4),
+    g.z_ld = vd;
+    g.b = dup_dev(qkv, (size_t)T * Hv * 4), g.a = dup_dev(a, (size_t)T * Hv * 4), g.ba_ld = Hv;
+    g.conv_w = dup_dev(cw, (size_t)K * C * 4), g.A = dup_dev(A, (size_t)Hv * 4),
+    g.dt_bias = dup_dev(A, Hv * 4);
+    g.gnorm = dup_dev(cw, (size_t)dv * 4), g.conv_out = nan_dev(c, (size_t)T * C),
+    g.bg = nan_dev(c, (size_t)T * 2 * Hv), g.o = nan_dev(c, (size_t)T * vd);
+    g.conv_state = dup_dev(zero, cs_n * 4), g.rec_state = dup_dev(zero, rs_n * 4);
+    g.eps = 1e-6f, g.meta = meta;
+    void *scr = nan_dev(c, cu_gdn_chunk_bytes(cu_gdn_chunk_cap(T, 1), T, Hv, dk, dv) / 4);
+    static const struct {
+        const char *name;
+        int tc, dt, no_chunked, scr;
+    } forms[] = {{"conv + prep + norm", 0, 0, 1, 0}, {"scalar", 0, 0, 0, 0},
+                 {"one kernel (gdn1)", 1, 0, 0, 0},  {"one kernel, conv by rows", 2, 16, 0, 0},
+                 {"phased/16 (gdn2)", 2, 16, 0, 1},  {"phased/32", 2, 32, 0, 1},
+                 {"phased/staged", 2, 0, 0, 1}};
+    cu_timer *tm;
+    REQUIRE(cu_timer_create(&tm) == 0);
+    float *o16 = NULL;
+    for (size_t f = 0; f < sizeof forms / sizeof forms[0]; f++) {
+        g.tc = forms[f].tc, g.chunk_dt = forms[f].dt, g.no_chunked = forms[f].no_chunked;
+        g.chunk_scr = forms[f].scr ? scr : NULL, g.chunk_cap = forms[f].scr ? cu_gdn_chunk_cap(T, 1) : 0;
+        float best = 1e30f;
+        for (int rep = 0; rep < 4; rep++) {
+            REQUIRE(cu_upload(g.rec_state, zero, rs_n * 4, err, sizeof err) == 0);
+            REQUIRE(cu_upload(g.conv_state, zero, cs_n * 4, err, sizeof err) == 0);
+            cu_timer_start(c, tm);
+            cu_gdn_layer(c, &g);
+            float ms = cu_timer_stop_ms(c, tm);
+            if (rep && ms < best) best = ms; /* the first is a warm-up */
+        }
+        REQUIRE(cu_sync(c, err, sizeof err) == 0);
+        printf("     Hk %d Hv %d, 4096 rows: %-26s %8.3f ms\n", Hk, Hv, forms[f].name, best);
+        if (forms[f].scr) {
+            float *go = get(g.o, (size_t)T * vd);
+            if (!o16)
+                o16 = go;
+            else {
+                CHECK_MSG(!memcmp(go, o16, (size_t)T * vd * 4), "%s: not the bits of phased/16",
+                          forms[f].name);
+                free(go);
+            }
+        }
+    }
+    cu_timer_destroy(tm);
+    free(o16), free(qkv), free(a), free(cw), free(A), free(zero), free(hm);
+    cu_free((void *)g.qkv), cu_free((void *)g.z), cu_free((void *)g.b), cu_free((void *)g.a),
+        cu_free((void *)g.conv_w), cu_free((void *)g.A), cu_free((void *)g.dt_bias), cu_free((void *)g.gnorm);
+    cu_free(g.conv_out), cu_free(g.bg), cu_free(g.o), cu_free(g.conv_state), cu_free(g.rec_state),
+        cu_free(scr);
+    cu_free(dmeta);
+    cu_ctx_destroy(c);
+}
+
+TEST(cuda_deltanet_prefill_speed) {
+    if (NO_DEVICE()) SKIP("no CUDA device: skipped");
+    gdn_speed(16, 32); /* 4B */
+    gdn_speed(16, 48); /* 27B */
+}
+
 TEST(cuda_next_split) {
     if (NO_DEVICE()) SKIP("no CUDA device: skipped");
     char err[256];
