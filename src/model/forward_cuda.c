@@ -1237,11 +1237,12 @@ int cuda_fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, char *e
     size_t o_hrow;
     /* deferred commits (spec_fuse): an entry whose kernels replay its slot's kept tokens (a decode token or a
      * window: recurrent_kernel) takes them in e_keep; any other use of the slot gets them committed first,
-     * and so does a step without windows under CINFER_CUDA_GDN_FUSED (its one-kernel decode layer does not
-     * replay) */
+     * and so does every entry of a step whose conv is not conv_kernel: a step without windows under
+     * CINFER_CUDA_GDN_FUSED (its one-kernel decode layer) or one with prefill rows under the phased prefill
+     * (gdn_tc 2: conv_rows_kernel) */
+    int conv_replays = !(f->gdn_cnt && !has_spec) && !(f->gdn_tc == 2 && any_chunked);
     for (int i = 0; i < NE && f->spec_fuse; i++) {
-        int s = e[i].slot,
-            replays = (e[i].spec_rec || (e[i].n == 1 && e[i].seq_len > 0)) && !(f->gdn_cnt && !has_spec);
+        int s = e[i].slot, replays = conv_replays && (e[i].spec_rec || (e[i].n == 1 && e[i].seq_len > 0));
         if (!replays) spec_flush(f, s);
         f->h_keep[i] = f->pend_keep[s];
         f->h_par[i] = f->rec_par[s] ^ 1;

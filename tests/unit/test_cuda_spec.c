@@ -254,15 +254,20 @@ TEST(cuda_spec_fused_rollback_is_exact) {
     gemv_on();
     cinfer_model *m = open_fixture("qwen35_dense");
     REQUIRE(m);
-    for (int v = 0; v < 4; v++) {
-        spec_switches(v & 1, v >> 1);
-        printf("     CINFER_CUDA_SPEC_FUSE=%d CINFER_CUDA_VERIFY_GRAPHS=%d\n", v & 1, v >> 1);
+    /* v 4: both, with the one-kernel decode layers of CINFER_CUDA_GDN_FUSED / ATTN_FUSED in the plain steps
+     * between windows (a deferred commit is then done by the commit kernels before such a step) */
+    for (int v = 0; v < 5; v++) {
+        spec_switches(v == 4 || (v & 1), v == 4 || (v >> 1));
+        if (v == 4) setenv("CINFER_CUDA_GDN_FUSED", "1", 1), setenv("CINFER_CUDA_ATTN_FUSED", "1", 1);
+        printf("     CINFER_CUDA_SPEC_FUSE=%d CINFER_CUDA_VERIFY_GRAPHS=%d%s\n", v == 4 || (v & 1),
+               v == 4 || (v >> 1), v == 4 ? " CINFER_CUDA_GDN_FUSED=1 CINFER_CUDA_ATTN_FUSED=1" : "");
         rounds_case(m, 3);
         /* the single-round cases too (their state read flushes a deferred commit through the commit kernels)
          */
         int accs[] = {-1, 0, 1, 2, 3};
         for (int i = 0; i < 5; i++) rollback_case(m, accs[i], 3);
     }
+    unsetenv("CINFER_CUDA_GDN_FUSED"), unsetenv("CINFER_CUDA_ATTN_FUSED");
     spec_switches(0, 0);
     gemv_off();
     cinfer_model_close(m);
