@@ -326,7 +326,7 @@ template <int P> __global__ void __launch_bounds__(256) ck_state_stage_kernel(cu
     extern __shared__ __align__(128) float smg[];
     int e = blockIdx.z;
     if (!ck_entry(a, e)) return;
-    const int DT = CKS_DT, NT = DT / 16, VLD = DT + 4;
+    const int DT = CKS_DT, VLD = DT + 4; /* DT = 32: two column tiles, taken together by tc_mma2 */
     const int dk = a.dk, dv = a.dv, KLD = dk + 4, tid = threadIdx.x, nt = blockDim.x, warp = tid >> 5,
               nw = nt >> 5;
     int h = blockIdx.y, j0 = blockIdx.x * DT, n = a.meta.e_n[e], pos0 = a.meta.e_len[e];
@@ -362,20 +362,24 @@ template <int P> __global__ void __launch_bounds__(256) ck_state_stage_kernel(cu
         }
         __pipeline_wait_prior(1); /* this chunk's group A */
         __syncthreads();
-        /* D = U - W S, Qg S into Os */
-        for (int t = warp; t < 8 * NT; t += nw) {
-            int t2 = t % (4 * NT), mi = t2 / NT, ni = t2 % NT;
-            tc_facc acc;
-            if (t < 4 * NT) {
-                wmma::load_matrix_sync(acc, Ds + mi * 16 * VLD + ni * 16, VLD, wmma::mem_row_major);
-                tc_mma<P, wmma::row_major, wmma::row_major>(acc, Wb + mi * 16 * KLD, KLD, Ss + ni * 16, VLD,
-                                                            dk, true);
-                wmma::store_matrix_sync(Ds + mi * 16 * VLD + ni * 16, acc, VLD, wmma::mem_row_major);
+        /* D = U - W S, Qg S into Os: a warp per row tile, both column tiles at once (tc_mma2) */
+        for (int t = warp; t < 8; t += nw) {
+            int mi = t & 3;
+            tc_facc a0, a1;
+            if (t < 4) {
+                wmma::load_matrix_sync(a0, Ds + mi * 16 * VLD, VLD, wmma::mem_row_major);
+                wmma::load_matrix_sync(a1, Ds + mi * 16 * VLD + 16, VLD, wmma::mem_row_major);
+                tc_mma2<P, wmma::row_major, wmma::row_major>(a0, a1, Wb + mi * 16 * KLD, KLD, Ss, Ss + 16,
+                                                             VLD, dk, true);
+                wmma::store_matrix_sync(Ds + mi * 16 * VLD, a0, VLD, wmma::mem_row_major);
+                wmma::store_matrix_sync(Ds + mi * 16 * VLD + 16, a1, VLD, wmma::mem_row_major);
             } else {
-                wmma::fill_fragment(acc, 0.0f);
-                tc_mma<P, wmma::row_major, wmma::row_major>(acc, Qb + mi * 16 * KLD, KLD, Ss + ni * 16, VLD,
-                                                            dk);
-                wmma::store_matrix_sync(Os + mi * 16 * VLD + ni * 16, acc, VLD, wmma::mem_row_major);
+                wmma::fill_fragment(a0, 0.0f);
+                wmma::fill_fragment(a1, 0.0f);
+                tc_mma2<P, wmma::row_major, wmma::row_major>(a0, a1, Qb + mi * 16 * KLD, KLD, Ss, Ss + 16,
+                                                             VLD, dk);
+                wmma::store_matrix_sync(Os + mi * 16 * VLD, a0, VLD, wmma::mem_row_major);
+                wmma::store_matrix_sync(Os + mi * 16 * VLD + 16, a1, VLD, wmma::mem_row_major);
             }
         }
         __syncthreads();
@@ -386,22 +390,26 @@ template <int P> __global__ void __launch_bounds__(256) ck_state_stage_kernel(cu
         __pipeline_commit();
         __pipeline_wait_prior(1); /* this chunk's group B */
         __syncthreads();
-        /* O += QK D; S <- e^(g_L) S + Kf^T D */
-        for (int t = warp; t < (4 + mt_k) * NT; t += nw) {
-            tc_facc acc;
-            if (t < 4 * NT) {
-                int mi = t / NT, ni = t % NT;
-                wmma::load_matrix_sync(acc, Os + mi * 16 * VLD + ni * 16, VLD, wmma::mem_row_major);
-                tc_mma<P, wmma::row_major, wmma::row_major>(acc, QKb + mi * 16 * CK_GLD, CK_GLD, Ds + ni * 16,
-                                                            VLD, (mi + 1) * 16);
-                wmma::store_matrix_sync(Os + mi * 16 * VLD + ni * 16, acc, VLD, wmma::mem_row_major);
+        /* O += QK D; S <- e^(g_L) S + Kf^T D: row tiles of O and of S, both column tiles at once */
+        for (int t = warp; t < 4 + mt_k; t += nw) {
+            tc_facc a0, a1;
+            if (t < 4) {
+                wmma::load_matrix_sync(a0, Os + t * 16 * VLD, VLD, wmma::mem_row_major);
+                wmma::load_matrix_sync(a1, Os + t * 16 * VLD + 16, VLD, wmma::mem_row_major);
+                tc_mma2<P, wmma::row_major, wmma::row_major>(a0, a1, QKb + t * 16 * CK_GLD, CK_GLD, Ds,
+                                                             Ds + 16, VLD, (t + 1) * 16);
+                wmma::store_matrix_sync(Os + t * 16 * VLD, a0, VLD, wmma::mem_row_major);
+                wmma::store_matrix_sync(Os + t * 16 * VLD + 16, a1, VLD, wmma::mem_row_major);
             } else {
-                int t2 = t - 4 * NT, mi = t2 / NT, ni = t2 % NT;
-                wmma::load_matrix_sync(acc, Ss + mi * 16 * VLD + ni * 16, VLD, wmma::mem_row_major);
+                int mi = t - 4;
+                wmma::load_matrix_sync(a0, Ss + mi * 16 * VLD, VLD, wmma::mem_row_major);
+                wmma::load_matrix_sync(a1, Ss + mi * 16 * VLD + 16, VLD, wmma::mem_row_major);
 #pragma unroll
-                for (int u = 0; u < acc.num_elements; u++) acc.x[u] *= egl;
-                tc_mma<P, wmma::col_major, wmma::row_major>(acc, Kb + mi * 16, KLD, Ds + ni * 16, VLD, CK_CH);
-                wmma::store_matrix_sync(Ss + mi * 16 * VLD + ni * 16, acc, VLD, wmma::mem_row_major);
+                for (int u = 0; u < a0.num_elements; u++) a0.x[u] *= egl, a1.x[u] *= egl;
+                tc_mma2<P, wmma::col_major, wmma::row_major>(a0, a1, Kb + mi * 16, KLD, Ds, Ds + 16, VLD,
+                                                             CK_CH);
+                wmma::store_matrix_sync(Ss + mi * 16 * VLD, a0, VLD, wmma::mem_row_major);
+                wmma::store_matrix_sync(Ss + mi * 16 * VLD + 16, a1, VLD, wmma::mem_row_major);
             }
         }
         __syncthreads();

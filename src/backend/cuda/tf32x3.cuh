@@ -76,4 +76,68 @@ __device__ __forceinline__ void tc_mma(tc_facc &acc, const float *A, int lda, co
     }
 }
 
+/* two tiles sharing A: acc0 += A B0, acc1 += A B1, each with exactly tc_mma's products, order and fresh
+ * accumulators (so the same bits as two tc_mma calls), A loaded and split once, and the two chains of MMAs
+ * interleaved so that one's latency hides behind the other's */
+template <int P, class LA, class LB>
+__device__ __forceinline__ void tc_mma2(tc_facc &acc0, tc_facc &acc1, const float *A, int lda,
+                                        const float *B0, const float *B1, int ldb, int K, bool neg = false) {
+    using namespace nvcuda;
+    wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, LA> fa, al;
+    wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, LB> f0, f1, l0, l1;
+    for (int k0 = 0; k0 < K; k0 += TC_KC) {
+        tc_facc p0, p1;
+        wmma::fill_fragment(p0, 0.0f);
+        wmma::fill_fragment(p1, 0.0f);
+        for (int k = k0; k < k0 + TC_KC && k < K; k += 8) {
+            const float *pa = std::is_same<LA, wmma::row_major>::value ? A + k : A + (size_t)k * lda;
+            size_t ob = std::is_same<LB, wmma::row_major>::value ? (size_t)k * ldb : (size_t)k;
+            wmma::load_matrix_sync(fa, pa, lda);
+            wmma::load_matrix_sync(f0, B0 + ob, ldb);
+            wmma::load_matrix_sync(f1, B1 + ob, ldb);
+            if constexpr (P == 1) {
+#pragma unroll
+                for (int t = 0; t < fa.num_elements; t++) {
+                    float v = wmma::__float_to_tf32(fa.x[t]);
+                    fa.x[t] = neg ? -v : v;
+                }
+#pragma unroll
+                for (int t = 0; t < f0.num_elements; t++) {
+                    f0.x[t] = wmma::__float_to_tf32(f0.x[t]);
+                    f1.x[t] = wmma::__float_to_tf32(f1.x[t]);
+                }
+                wmma::mma_sync(p0, fa, f0, p0);
+                wmma::mma_sync(p1, fa, f1, p1);
+            } else {
+#pragma unroll
+                for (int t = 0; t < fa.num_elements; t++) {
+                    float v = neg ? -fa.x[t] : fa.x[t], h = wmma::__float_to_tf32(v);
+                    fa.x[t] = h;
+                    al.x[t] = wmma::__float_to_tf32(v - h);
+                }
+#pragma unroll
+                for (int t = 0; t < f0.num_elements; t++) {
+                    float v = f0.x[t], h = wmma::__float_to_tf32(v);
+                    f0.x[t] = h;
+                    l0.x[t] = wmma::__float_to_tf32(v - h);
+                    v = f1.x[t], h = wmma::__float_to_tf32(v);
+                    f1.x[t] = h;
+                    l1.x[t] = wmma::__float_to_tf32(v - h);
+                }
+                wmma::mma_sync(p0, al, f0, p0);
+                wmma::mma_sync(p1, al, f1, p1);
+                wmma::mma_sync(p0, fa, l0, p0);
+                wmma::mma_sync(p1, fa, l1, p1);
+                wmma::mma_sync(p0, fa, f0, p0);
+                wmma::mma_sync(p1, fa, f1, p1);
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < acc0.num_elements; t++) {
+            acc0.x[t] += p0.x[t];
+            acc1.x[t] += p1.x[t];
+        }
+    }
+}
+
 #endif
