@@ -13,6 +13,8 @@
  * j + 1 while P V of tile j runs (FlashAttention-2's single-buffer pipeline; 195 KB of shared memory at
  * head_dim 256). Causal masking by tile: a warp skips the key tiles past its last position and masks only
  * the tiles that cross its diagonal. Blocks run longest tile first. */
+#include <cuda_fp16.h>
+
 #include "backend/cuda/common.cuh"
 
 #define FA_ROWS  128 /* (head, position) rows per block: 8 warps x 16 */
@@ -269,6 +271,245 @@ __global__ void __launch_bounds__(256, HD >= 128 ? 1 : 2) attn_fa_kernel(cu_attn
     }
 }
 
+/* ---- the same kernel with fp16 hi + lo operands (cu_attn_args.tc == 2, CINFER_CUDA_ATTN_TC=f16) ----
+ * mma.sync.m16n8k16 on fp16 runs twice the FLOPs of m16n8k8 on TF32 per instruction. fp16 has TF32's 11
+ * significant bits, so hi = fp16(x), lo = fp16(x - hi) holds x to ~2^-22 like the TF32 split, within fp16's
+ * range: |x| < 65504 (q and k are RMS-normed, P is in [0, 1], v rows are activations), and a lo below 2^-14
+ * (|x| < ~2^-3) is subnormal: x then to ~2^-25 absolute. Q is split once into shared memory as fp16 hi | lo
+ * (the bytes its f32 rows took); K and V stay f32 from cp.async and each warp splits its fragments. */
+__device__ __forceinline__ void h2_split(float x, float y, uint32_t &hi, uint32_t &lo) {
+    __half2 h = __floats2half2_rn(x, y); /* x in the low half: the lower k index */
+    float2 hf = __half22float2(h);
+    __half2 l = __floats2half2_rn(x - hf.x, y - hf.y);
+    hi = *reinterpret_cast<uint32_t *>(&h);
+    lo = *reinterpret_cast<uint32_t *>(&l);
+}
+
+/* d += a b, m16n8k16 fp16: A a0 (g, 2t..2t+1), a1 (g + 8, 2t..), a2 (g, 2t + 8..), a3 (g + 8, 2t + 8..);
+ * B b0 (k 2t..2t+1, n g), b1 (k 2t + 8..2t + 9, n g); D as m16n8k8 */
+__device__ __forceinline__ void fh_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void fh_mma3(float (&d)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4],
+                                        uint32_t bh0, uint32_t bh1, uint32_t bl0, uint32_t bl1) {
+    fh_mma(d, al, bh0, bh1);
+    fh_mma(d, ah, bl0, bl1);
+    fh_mma(d, ah, bh0, bh1);
+}
+
+/* FA_BN rows of K or V into S ([FA_BN][LD] f32) */
+template <int HD, int LD>
+__device__ __forceinline__ void fh_load_kv(float *S, const float *pool, const cu_attn_args &a,
+                                           const int *blocks, int kvh, int c0, int maxpos) {
+    constexpr int C4 = HD / 4;
+    for (int i = threadIdx.x; i < FA_BN * C4; i += blockDim.x) {
+        int j = i / C4, c = i % C4, u = c0 + j, ok = u <= maxpos;
+        const float *src = pool;
+        if (ok)
+            src =
+                pool +
+                (((size_t)a.full * a.n_blocks + (size_t)blocks[u / FA_KVB]) * FA_KVB + (size_t)(u % FA_KVB)) *
+                    (size_t)(a.Hkv * HD) +
+                (size_t)kvh * HD + 4 * c;
+        fa_cp16(S + j * LD + 4 * c, src, ok ? 16 : 0);
+    }
+}
+
+/* Q hi | lo [FA_ROWS][HD + 8] fp16 each; K [FA_BN][HD + 8] f32 (8-byte fragment loads: rows 8 words apart);
+ * V [FA_BN][HD + 4] f32 (rows 2t and 2t + 1 of a fragment 4 words apart) */
+template <int HD> constexpr size_t fh_smem_bytes() {
+    return (size_t)2 * FA_ROWS * (HD + 8) * 2 + (size_t)FA_BN * (HD + 8) * 4 + (size_t)FA_BN * (HD + 4) * 4;
+}
+
+template <int HD>
+__global__ void __launch_bounds__(256, HD >= 128 ? 1 : 2) attn_fh_kernel(cu_attn_args a, int QH) {
+    extern __shared__ __align__(16) float fsm[];
+    constexpr int LDQ = HD + 8, LDK = HD + 8, LDV = HD + 4, NBT = FA_BN / 8;
+    constexpr int ONT = HD / 8, NC = ONT < 8 ? ONT : 8;
+    constexpr int SKC = 2; /* k16-steps of S per fresh partial (32 of hd) */
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int G = a.Hq / a.Hkv, ngrp = G / QH, BP = FA_ROWS / QH;
+    const int kvh = blockIdx.x / ngrp, h0 = kvh * G + (blockIdx.x % ngrp) * QH;
+    const int r0 = a.tiles[a.n_tiles - 1 - (int)blockIdx.y];
+    const int e = a.meta.row_entry[r0], end = a.meta.e_row0[e] + a.meta.e_n[e];
+    const int rows = end - r0 < BP ? end - r0 : BP;
+    const int pos0 = a.meta.row_pos[r0], maxpos = pos0 + rows - 1;
+    const int *blocks = a.meta.blocks + a.meta.e_boff[e];
+    __half *Qh = reinterpret_cast<__half *>(fsm), *Ql = Qh + FA_ROWS * LDQ;
+    float *Ks = reinterpret_cast<float *>(Ql + FA_ROWS * LDQ), *Vs = Ks + FA_BN * LDK;
+
+    fh_load_kv<HD, LDK>(Ks, a.kpool, a, blocks, kvh, 0, maxpos);
+    fa_commit();
+    for (int i = tid; i < FA_ROWS * HD / 2; i += blockDim.x) {
+        int m = i / (HD / 2), c = 2 * (i % (HD / 2)), p = m % BP;
+        float2 x = make_float2(0.0f, 0.0f);
+        if (p < rows)
+            x = *reinterpret_cast<const float2 *>(a.qkv + (size_t)(r0 + p) * a.ld +
+                                                  (size_t)(h0 + m / BP) * 2 * HD + c);
+        uint32_t hi, lo;
+        h2_split(x.x, x.y, hi, lo);
+        *reinterpret_cast<uint32_t *>(Qh + m * LDQ + c) = hi;
+        *reinterpret_cast<uint32_t *>(Ql + m * LDQ + c) = lo;
+    }
+
+    const int wph = 8 / QH, qi = warp / wph, off = (warp % wph) * 16, h = h0 + qi;
+    const int live = off < rows;
+    const int wmin = pos0 + off, wmax = pos0 + off + 15 < maxpos ? pos0 + off + 15 : maxpos;
+    const int pa = pos0 + off + g < maxpos ? pos0 + off + g : maxpos;
+    const int pb = pos0 + off + g + 8 < maxpos ? pos0 + off + g + 8 : maxpos;
+    const __half *Qwh = Qh + (qi * BP + off) * LDQ, *Qwl = Ql + (qi * BP + off) * LDQ;
+    const float scale = (float)(1.0 / sqrt((double)HD));
+
+    float o[ONT][4];
+#pragma unroll
+    for (int n = 0; n < ONT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float ma = -INFINITY, mb = -INFINITY, la = 0.0f, lb = 0.0f;
+
+    for (int c0 = 0; c0 <= maxpos; c0 += FA_BN) {
+        fa_wait();
+        __syncthreads(); /* K of this tile (and Q) in place; every warp is done with the last tile's V */
+        fh_load_kv<HD, LDV>(Vs, a.vpool, a, blocks, kvh, c0, maxpos);
+        fa_commit();
+        const int act = live && c0 <= wmax;
+        float s[NBT][4], ca = 1.0f, cb = 1.0f;
+        if (act) {
+#pragma unroll
+            for (int n = 0; n < NBT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+            for (int kc = 0; kc < HD / 16; kc += SKC) {
+                float part[NBT][4];
+#pragma unroll
+                for (int n = 0; n < NBT; n++) part[n][0] = part[n][1] = part[n][2] = part[n][3] = 0.0f;
+#pragma unroll
+                for (int ks = kc; ks < kc + SKC && ks < HD / 16; ks++) {
+                    const int k = ks * 16 + 2 * t;
+                    uint32_t ah[4], al[4];
+                    ah[0] = *reinterpret_cast<const uint32_t *>(Qwh + g * LDQ + k);
+                    ah[1] = *reinterpret_cast<const uint32_t *>(Qwh + (g + 8) * LDQ + k);
+                    ah[2] = *reinterpret_cast<const uint32_t *>(Qwh + g * LDQ + k + 8);
+                    ah[3] = *reinterpret_cast<const uint32_t *>(Qwh + (g + 8) * LDQ + k + 8);
+                    al[0] = *reinterpret_cast<const uint32_t *>(Qwl + g * LDQ + k);
+                    al[1] = *reinterpret_cast<const uint32_t *>(Qwl + (g + 8) * LDQ + k);
+                    al[2] = *reinterpret_cast<const uint32_t *>(Qwl + g * LDQ + k + 8);
+                    al[3] = *reinterpret_cast<const uint32_t *>(Qwl + (g + 8) * LDQ + k + 8);
+#pragma unroll
+                    for (int n = 0; n < NBT; n++) {
+                        const float *kr = Ks + (n * 8 + g) * LDK + k;
+                        float2 k0 = *reinterpret_cast<const float2 *>(kr),
+                               k1 = *reinterpret_cast<const float2 *>(kr + 8);
+                        uint32_t bh0, bl0, bh1, bl1;
+                        h2_split(k0.x, k0.y, bh0, bl0);
+                        h2_split(k1.x, k1.y, bh1, bl1);
+                        fh_mma3(part[n], ah, al, bh0, bh1, bl0, bl1);
+                    }
+                }
+#pragma unroll
+                for (int n = 0; n < NBT; n++)
+#pragma unroll
+                    for (int r = 0; r < 4; r++) s[n][r] += part[n][r];
+            }
+            const int mask = c0 + FA_BN - 1 > wmin;
+            float xa = -INFINITY, xb = -INFINITY;
+#pragma unroll
+            for (int n = 0; n < NBT; n++)
+#pragma unroll
+                for (int r = 0; r < 4; r++) {
+                    int u = c0 + n * 8 + 2 * t + (r & 1);
+                    float v = s[n][r] * scale;
+                    if (mask && u > (r < 2 ? pa : pb)) v = -INFINITY;
+                    s[n][r] = v;
+                    if (r < 2)
+                        xa = fmaxf(xa, v);
+                    else
+                        xb = fmaxf(xb, v);
+                }
+            xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, 1));
+            xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, 2));
+            xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, 1));
+            xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, 2));
+            float na = fmaxf(ma, xa), nb = fmaxf(mb, xb);
+            float sa = na == -INFINITY ? 0.0f : na, sb = nb == -INFINITY ? 0.0f : nb, suma = 0.0f,
+                  sumb = 0.0f;
+            ca = expf(ma - sa), cb = expf(mb - sb);
+#pragma unroll
+            for (int n = 0; n < NBT; n++)
+#pragma unroll
+                for (int r = 0; r < 4; r++) {
+                    float p = expf(s[n][r] - (r < 2 ? sa : sb));
+                    s[n][r] = p;
+                    if (r < 2)
+                        suma += p;
+                    else
+                        sumb += p;
+                }
+            la = la * ca + suma, lb = lb * cb + sumb;
+            ma = na, mb = nb;
+        }
+        fa_wait();
+        __syncthreads(); /* V of this tile landed; every warp is done with K */
+        if (c0 + FA_BN <= maxpos) fh_load_kv<HD, LDK>(Ks, a.kpool, a, blocks, kvh, c0 + FA_BN, maxpos);
+        fa_commit();
+        if (act) {
+            /* O = O c + P V: the k16 A operand is the accumulators of S's n-tiles 2j and 2j + 1 as they lie
+             * (keys 2t, 2t + 1 and 8 + 2t, 9 + 2t of the 16) */
+#pragma unroll
+            for (int dc = 0; dc < ONT; dc += NC) {
+                float part[NC][4];
+#pragma unroll
+                for (int n = 0; n < NC; n++) part[n][0] = part[n][1] = part[n][2] = part[n][3] = 0.0f;
+#pragma unroll
+                for (int j = 0; j < NBT / 2; j++) {
+                    uint32_t ah[4], al[4];
+                    h2_split(s[2 * j][0], s[2 * j][1], ah[0], al[0]);
+                    h2_split(s[2 * j][2], s[2 * j][3], ah[1], al[1]);
+                    h2_split(s[2 * j + 1][0], s[2 * j + 1][1], ah[2], al[2]);
+                    h2_split(s[2 * j + 1][2], s[2 * j + 1][3], ah[3], al[3]);
+                    const float *v0 = Vs + (j * 16 + 2 * t) * LDV + dc * 8 + g;
+#pragma unroll
+                    for (int n = 0; n < NC; n++) {
+                        uint32_t bh0, bl0, bh1, bl1;
+                        h2_split(v0[n * 8], v0[LDV + n * 8], bh0, bl0);
+                        h2_split(v0[8 * LDV + n * 8], v0[9 * LDV + n * 8], bh1, bl1);
+                        fh_mma3(part[n], ah, al, bh0, bh1, bl0, bl1);
+                    }
+                }
+#pragma unroll
+                for (int n = 0; n < NC; n++) {
+                    o[dc + n][0] = fmaf(o[dc + n][0], ca, part[n][0]);
+                    o[dc + n][1] = fmaf(o[dc + n][1], ca, part[n][1]);
+                    o[dc + n][2] = fmaf(o[dc + n][2], cb, part[n][2]);
+                    o[dc + n][3] = fmaf(o[dc + n][3], cb, part[n][3]);
+                }
+            }
+        }
+    }
+    fa_wait();
+    if (!live) return;
+    la += __shfl_xor_sync(0xffffffffu, la, 1);
+    la += __shfl_xor_sync(0xffffffffu, la, 2);
+    lb += __shfl_xor_sync(0xffffffffu, lb, 1);
+    lb += __shfl_xor_sync(0xffffffffu, lb, 2);
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        int p = off + g + 8 * hr;
+        if (p >= rows) continue;
+        float l = hr ? lb : la;
+        const float *gate = a.qkv + (size_t)(r0 + p) * a.ld + (size_t)h * 2 * HD + HD;
+        float *orow = a.o + (size_t)(r0 + p) * a.Hq * HD + (size_t)h * HD;
+#pragma unroll
+        for (int n = 0; n < ONT; n++) {
+            int d = n * 8 + 2 * t;
+            float2 gv = *reinterpret_cast<const float2 *>(gate + d);
+            float2 ov = make_float2((o[n][2 * hr] / l) * dev_sigmoid(gv.x),
+                                    (o[n][2 * hr + 1] / l) * dev_sigmoid(gv.y));
+            *reinterpret_cast<float2 *>(orow + d) = ov;
+        }
+    }
+}
+
 /* query heads per block: the largest power of two up to FA_MAXQH dividing the GQA ratio */
 static int fa_qh(int Hq, int Hkv) {
     int G = Hq / Hkv, q = FA_MAXQH;
@@ -281,12 +522,14 @@ extern "C" int cu_attn_tc_rows(int Hq, int Hkv) {
 }
 
 template <int HD> static int fa_attr(int optin) {
-    size_t smem = fa_smem_bytes<HD>();
-    if (smem > (size_t)optin) return 0;
+    size_t smem = fa_smem_bytes<HD>(), smh = fh_smem_bytes<HD>();
+    if (smem > (size_t)optin || smh > (size_t)optin) return 0;
     return cudaFuncSetAttribute(attn_fa_kernel<HD, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)smem) == cudaSuccess &&
            cudaFuncSetAttribute(attn_fa_kernel<HD, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)smem) == cudaSuccess;
+                                (int)smem) == cudaSuccess &&
+           cudaFuncSetAttribute(attn_fh_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smh) ==
+               cudaSuccess;
 }
 
 extern "C" int cu_attn_tc_init(int hd) {
@@ -310,7 +553,9 @@ extern "C" int cu_attn_tc_init(int hd) {
 template <int HD> static void fa_launch(cu_ctx *c, const cu_attn_args *a) {
     int QH = fa_qh(a->Hq, a->Hkv);
     dim3 grid((unsigned)(a->Hq / QH), (unsigned)a->n_tiles);
-    if (cu_tf32_passes() == 1)
+    if (a->tc == 2)
+        attn_fh_kernel<HD><<<grid, 256, fh_smem_bytes<HD>(), c->stream>>>(*a, QH);
+    else if (cu_tf32_passes() == 1)
         attn_fa_kernel<HD, 1><<<grid, 256, fa_smem_bytes<HD>(), c->stream>>>(*a, QH);
     else
         attn_fa_kernel<HD, 3><<<grid, 256, fa_smem_bytes<HD>(), c->stream>>>(*a, QH);
