@@ -104,31 +104,33 @@ template <int P> __global__ void __launch_bounds__(256) ck_prep_kernel(cu_gdn_ar
         bet[tid] = bg[h];
     }
     __syncthreads();
-    if (tid == 0) {
-        /* the CPU's cumulative sum and factor expressions; rows past L contribute nothing */
+    if (tid == 0) { /* the CPU's cumulative sum, in its order */
         float acc = 0.0f;
         for (int t = 0; t < L; t++) {
             acc += gam[t];
             gam[t] = acc;
         }
-        for (int t = 0; t < CK_CH; t++) {
-            egam[t] = t < L ? expf(gam[t]) : 0.0f;
-            fl[t] = t < L ? expf(gam[L - 1] - gam[t]) : 0.0f;
-            if (t >= L) gam[t] = 0.0f, bet[t] = 0.0f;
-        }
-        misc[0] = egam[L - 1];
     }
     __syncthreads();
-    /* A = K K^T into shared memory, Q K^T straight to the scratch: 2 x 16 tiles (those above the diagonal
-     * are zeros) */
-    for (int t = warp; t < 32; t += nw) {
-        int which = t >> 4, mi = (t >> 2) & 3, ni = t & 3;
+    float gl = gam[L - 1];
+    __syncthreads();
+    if (tid < CK_CH) { /* the CPU's factor expressions; rows past L contribute nothing */
+        int t = tid;
+        egam[t] = t < L ? expf(gam[t]) : 0.0f;
+        fl[t] = t < L ? expf(gl - gam[t]) : 0.0f;
+        if (t >= L) gam[t] = 0.0f, bet[t] = 0.0f;
+        if (t == L - 1) misc[0] = egam[t];
+    }
+    __syncthreads();
+    /* A = K K^T into shared memory, Q K^T straight to the scratch: the 10 + 10 tiles on and below the
+     * diagonal (the mask below zeroes the rest), spread evenly over the warps */
+    for (int t = warp; t < 20; t += nw) {
+        int which = t / 10, u = t % 10, mi = u >= 6 ? 3 : u >= 3 ? 2 : u >= 1 ? 1 : 0;
+        int ni = u - mi * (mi + 1) / 2;
         tc_facc acc;
         wmma::fill_fragment(acc, 0.0f);
-        if (ni <= mi)
-            tc_mma<P, wmma::row_major, wmma::col_major>(acc,
-                                                        (which ? Xs + mi * 16 * XLD : Ks + mi * 16 * KLD),
-                                                        which ? XLD : KLD, Ks + ni * 16 * KLD, KLD, dk);
+        tc_mma<P, wmma::row_major, wmma::col_major>(acc, (which ? Xs + mi * 16 * XLD : Ks + mi * 16 * KLD),
+                                                    which ? XLD : KLD, Ks + ni * 16 * KLD, KLD, dk);
         if (which)
             wmma::store_matrix_sync(QK + mi * 16 * CK_CH + ni * 16, acc, CK_CH, wmma::mem_row_major);
         else
@@ -139,7 +141,7 @@ template <int P> __global__ void __launch_bounds__(256) ck_prep_kernel(cu_gdn_ar
         int r = idx / CK_CH, s = idx % CK_CH;
         float d = r < L && s <= r ? expf(gam[r] - gam[s]) : 0.0f;
         Am[r * CK_GLD + s] = s < r ? bet[r] * d * Am[r * CK_GLD + s] : 0.0f;
-        QK[idx] = d * QK[idx];
+        QK[idx] = s <= r ? d * QK[idx] : 0.0f; /* the tiles above the diagonal were never written */
     }
     for (int idx = tid; idx < CK_CH * dk; idx += nt) {
         int t = idx / dk, i = idx % dk;
@@ -196,22 +198,26 @@ template <int P> __global__ void __launch_bounds__(256) ck_prep_kernel(cu_gdn_ar
         Tm[r * CK_GLD + s] = tv * bet[s];
     }
     __syncthreads();
-    /* W = (T diag(beta e^g)) K: 4 x dk/16 tiles; U = (T diag(beta)) V: 4 x dv/16 tiles */
-    const int mt_k = dk / 16, mt_v = dv / 16;
-    for (int t = warp; t < 4 * (mt_k + mt_v); t += nw) {
-        tc_facc acc;
-        wmma::fill_fragment(acc, 0.0f);
-        if (t < 4 * mt_k) {
-            int mi = t / mt_k, ni = t % mt_k;
-            tc_mma<P, wmma::row_major, wmma::row_major>(acc, Am + mi * 16 * CK_GLD, CK_GLD, Ks + ni * 16, KLD,
-                                                        CK_CH);
-            wmma::store_matrix_sync(W + mi * 16 * dk + ni * 16, acc, dk, wmma::mem_row_major);
+    /* W = (T diag(beta e^g)) K: 4 x dk/16 tiles; U = (T diag(beta)) V: 4 x dv/16 tiles; a warp takes two
+     * column tiles of a row tile at once (tc_mma2), the last alone when their count is odd */
+    const int pk = (dk / 16 + 1) / 2, pv = (dv / 16 + 1) / 2;
+    for (int t = warp; t < 4 * (pk + pv); t += nw) {
+        int isv = t >= 4 * pk, t2 = isv ? t - 4 * pk : t, np = isv ? pv : pk, mi = t2 / np,
+            ni = 2 * (t2 % np);
+        const float *Aop = (isv ? Tm : Am) + mi * 16 * CK_GLD, *Bop = isv ? Xs : Ks;
+        int ldb = isv ? XLD : KLD, cols = isv ? dv : dk;
+        float *dst = (isv ? U : W) + mi * 16 * cols + ni * 16;
+        tc_facc a0, a1;
+        wmma::fill_fragment(a0, 0.0f);
+        if ((ni + 1) * 16 < cols) { /* tile ni + 1 exists */
+            wmma::fill_fragment(a1, 0.0f);
+            tc_mma2<P, wmma::row_major, wmma::row_major>(a0, a1, Aop, CK_GLD, Bop + ni * 16,
+                                                         Bop + ni * 16 + 16, ldb, CK_CH);
+            wmma::store_matrix_sync(dst + 16, a1, cols, wmma::mem_row_major);
         } else {
-            int t2 = t - 4 * mt_k, mi = t2 / mt_v, ni = t2 % mt_v;
-            tc_mma<P, wmma::row_major, wmma::row_major>(acc, Tm + mi * 16 * CK_GLD, CK_GLD, Xs + ni * 16, XLD,
-                                                        CK_CH);
-            wmma::store_matrix_sync(U + mi * 16 * dv + ni * 16, acc, dv, wmma::mem_row_major);
+            tc_mma<P, wmma::row_major, wmma::row_major>(a0, Aop, CK_GLD, Bop + ni * 16, ldb, CK_CH);
         }
+        wmma::store_matrix_sync(dst, a0, cols, wmma::mem_row_major);
     }
 }
 
