@@ -89,6 +89,9 @@ struct cinfer_request {
     int n_catchup;
     int mtp_off;          /* MTP: the head lost its rows for this request (no KV block): no more drafts */
     int mtp_next;         /* MTP: the head's first chained position (its rows below are the target's) */
+    double acc_num,
+        acc_den;   /* CINFER_SPEC_COST: decayed counts of kept drafts / drafts checked (a ~ num / den) */
+    int32_t probe; /* CINFER_SPEC_COST: the first draft of a step that declined to speculate (-1: none) */
     sampler *smp;
     sampler_result res;   /* the last step's token and logprobs */
     text_stream *ts;      /* detokenizer for this request */
@@ -157,6 +160,12 @@ struct cinfer_engine {
     int dev_sample;
     int pad;                        /* CINFER_SPEC_PAD=1: windows padded to spec_max_draft + 1 rows (step()) */
     atomic_llong stat_pad_rows;     /* rows past the drafts that padded windows carried */
+    /* CINFER_SPEC_COST=1 (with padding): measured wall ms of pure decode steps of B entries, plain and padded
+     * (spec_pays), each after its first COST_SKIP samples (eager, then a graph capture) */
+    int cost_on;
+    double *cost_ms[2];             /* [max_seqs + 1] each: 0 plain, 1 padded windows; 0: not measured yet */
+    int *cost_n[2];                 /* [max_seqs + 1] samples seen */
+    long cost_steps;                /* decisions made (every COST_PROBE-th re-measures the kind not chosen) */
     cuda_sample *dsmp;              /* [max_seqs * (1 + spec_max_draft)]: one per logits row */
     int32_t *dids;                  /* [max_seqs * (1 + spec_max_draft)] */
     float *dlps;                    /* [max_seqs * (1 + spec_max_draft)] */
@@ -594,6 +603,35 @@ static int argmax_row(const float *x, int n) {
     return b;
 }
 
+/* CINFER_SPEC_COST=1: whether a step whose B decode entries (e->entry_req[0, B)) have drafts should verify
+ * them. A padded step costs cost_ms[1][B] whatever the drafts, a plain one cost_ms[0][B]; entry i's window
+ * yields E_i = (1 - a^(k+1)) / (1 - a) tokens on average (k drafts, each kept with probability a, its
+ * request's estimate: the decayed kept / checked drafts with one of each as prior; 1 without drafts), a plain
+ * step one. It pays when mean E > cost ratio. A kind not measured yet is chosen until it is; every
+ * COST_PROBE-th decision takes the other kind, so neither estimate goes stale (the acceptance stays measured
+ * while plain: step() checks the first draft against the sampled token). */
+#define COST_SKIP  2
+#define COST_PROBE 16
+static int spec_pays(cinfer_engine *e, int B) {
+    double cp = e->cost_ms[0][B], cs = e->cost_ms[1][B];
+    if (cs <= 0) return 1;
+    if (cp <= 0) return 0;
+    double gain = 0;
+    for (int i = 0; i < B; i++) {
+        const cinfer_request *r = e->entry_req[i];
+        double a = (r->acc_num + 1.0) / (r->acc_den + 2.0);
+        gain += r->n_drafts ? (1.0 - pow(a, r->n_drafts + 1)) / (1.0 - a) : 1.0;
+    }
+    int pays = gain / B * cp > cs;
+    return ++e->cost_steps % COST_PROBE == 0 ? !pays : pays;
+}
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
 /* Draft model (CINFER_SPEC_DRAFT): first bring every draft sequence up to what its target has read (prompt
  * pieces, and the tokens the last step kept), in one batch; then grow each decoding request's window
  * [last, d1, ...] one greedy draft at a time, every request in one batch per draft position. Windows leave
@@ -794,6 +832,16 @@ static void step(cinfer_engine *e) {
         e->entry_req[n++] = r;
         budget -= 1 + r->n_drafts;
     }
+    int n_dec = n;
+    if (any_drafts && e->cost_on && !spec_pays(e, n_dec)) {
+        any_drafts = 0; /* a plain step: the drafts wait (their first is checked against the sampled token) */
+        for (int i = 0; i < n_dec; i++) {
+            cinfer_request *r = e->entry_req[i];
+            r->probe = r->n_drafts ? r->drafts[1] : -1;
+            budget += r->n_drafts;
+            r->n_drafts = 0;
+        }
+    }
     /* The decode entries' rows. Without padding a window holds 1 + its drafts. With CINFER_SPEC_PAD=1, once
      * any entry of the step drafts, every decode entry is a window of spec_max_draft + 1 rows (fewer only
      * where the output budget ends first), the rows past the drafts repeating the last token: the step's
@@ -851,8 +899,13 @@ static void step(cinfer_engine *e) {
         int nr = e->entries[i].all_logits ? e->entries[i].n_tokens : 1;
         for (int j = 0; j < nr; j++) e->dsmp[e->entry_row[i] + j] = (cuda_sample){0.0f, 0, 0.0, r->dev_lp};
     }
+    double t0 = e->cost_on ? now_ms() : 0;
     int rc = dev ? ctx_forward_sample(e->ctx, e->entries, n, e->dsmp, e->dids, e->dlps, err, sizeof err)
                  : cinfer_forward(e->ctx, e->entries, n, e->logits, err, sizeof err);
+    if (e->cost_on && !rc && n == n_dec) { /* a pure decode step: its cost by kind and entries */
+        double dt = now_ms() - t0, *c = &e->cost_ms[pad][n];
+        if (++e->cost_n[pad][n] > COST_SKIP) *c = *c > 0 ? 0.7 * *c + 0.3 * dt : dt;
+    }
     atomic_fetch_add(&e->steps_total, 1);
     if (rc) {
         /* the batch was validated at submit; a failure here is a bug or an exhausted pool */
@@ -900,6 +953,10 @@ static void step(cinfer_engine *e) {
             if (e->dctx) draft_model_sync(e, r, kept);
             e->spec_drafted += r->n_drafts;
             e->spec_accepted += kept - 1;
+            if (r->n_drafts) { /* kept - 1 right, then one wrong unless all held */
+                r->acc_num = 0.9 * r->acc_num + (kept - 1);
+                r->acc_den = 0.9 * r->acc_den + (kept - 1) + (kept - 1 < r->n_drafts);
+            }
             /* adapt: all drafts held -> one more next time; under half -> one fewer (never below 1); a padded
              * window without drafts says nothing about them */
             if (r->n_drafts && kept - 1 == r->n_drafts && r->draft_len < e->p.spec_max_draft)
@@ -920,6 +977,11 @@ static void step(cinfer_engine *e) {
             r->last = t;
             atomic_fetch_add(&e->generated_tokens_total, 1);
             fin = accept_token(e, r, t);
+            if (r->probe >= 0) { /* a declined draft: would it have been kept? */
+                r->acc_num = 0.9 * r->acc_num + (t == r->probe);
+                r->acc_den = 0.9 * r->acc_den + 1;
+                r->probe = -1;
+            }
         }
         if (mtp) e->entry_keep[i] = fin ? 0 : e->entries[i].n_tokens;
     finished:
@@ -1089,6 +1151,12 @@ int cinfer_engine_create(cinfer_model *cm, const cinfer_engine_params *pp, cinfe
     }
     const char *pv = getenv("CINFER_SPEC_PAD");
     e->pad = p.spec_max_draft > 0 && pv && !strcmp(pv, "1");
+    const char *cv = getenv("CINFER_SPEC_COST");
+    e->cost_on = e->pad && cv && !strcmp(cv, "1");
+    for (int k = 0; k < 2; k++) {
+        e->cost_ms[k] = xcalloc((size_t)p.max_seqs + 1, sizeof(double));
+        e->cost_n[k] = xcalloc((size_t)p.max_seqs + 1, sizeof(int));
+    }
     e->im_start = text_token_id(cm, "<|im_start|>");
     e->entries = xcalloc((size_t)p.max_seqs, sizeof *e->entries);
     e->entry_req = xcalloc((size_t)p.max_seqs, sizeof *e->entry_req);
@@ -1100,6 +1168,7 @@ int cinfer_engine_create(cinfer_model *cm, const cinfer_engine_params *pp, cinfe
     if (pthread_create(&e->thread, NULL, sched_main, e)) {
         cinfer_ctx_destroy(e->ctx);
         free(e->dsmp), free(e->dids), free(e->dlps);
+        for (int k = 0; k < 2; k++) free(e->cost_ms[k]), free(e->cost_n[k]);
         cuda_host_free(e->logits), free(e->entries), free(e->entry_req), free(e->running), free(e);
         return ci_err(err, errlen, CINFER_ENOMEM, "cannot start the scheduler thread");
     }
@@ -1128,6 +1197,7 @@ void cinfer_engine_destroy(cinfer_engine *e) {
         for (int t = 0; t < e->m->V; t++) free(e->gv_tok[t]);
     free(e->gv_tok), free(e->gv_len);
     free(e->dsmp), free(e->dids), free(e->dlps);
+    for (int k = 0; k < 2; k++) free(e->cost_ms[k]), free(e->cost_n[k]);
     cuda_host_free(e->logits), free(e->entries), free(e->entry_req), free(e->entry_row), free(e->running), free(e);
 }
 
@@ -1241,6 +1311,7 @@ int cinfer_engine_submit(cinfer_engine *e, const cinfer_request_params *p, cinfe
         r->n_hist = r->n_prompt;
         r->draft_len = e->p.spec_max_draft;
     }
+    r->probe = -1;
     r->dseq = -1;
     r->tool_format = p->tool_format;
     r->tools_json = p->tools_json ? xstrdup(p->tools_json) : NULL;

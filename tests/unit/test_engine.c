@@ -523,6 +523,73 @@ TEST(engine_padded_windows_are_exact) {
     cinfer_model_close(m);
 }
 
+/* drafts that are never right: the plain output's next tokens, each one off */
+static int wrong_draft(void *ud, const int32_t *hist, int n_hist, int32_t *out, int k) {
+    oracle *o = ud;
+    for (int i = 0; i < o->n; i++) {
+        int L = o->lens[i];
+        if (n_hist < L || memcmp(hist, o->prompts[i], sizeof(int32_t) * (size_t)L)) continue;
+        int g = n_hist - L, cnt = 0;
+        while (cnt < k && g + cnt < o->plain[i].n_ids)
+            out[cnt] = (o->plain[i].ids[g + cnt] + 1) % 4096, cnt++;
+        return cnt;
+    }
+    return 0;
+}
+
+/* CINFER_SPEC_COST=1 (with padding): steps speculate only when the measured cost of a padded step against a
+ * plain one is below the tokens the drafts are expected to yield. Drafts that are never right: most steps
+ * decline them (only probes and the first measurements verify); right drafts: speculation stays on and saves
+ * steps. The output is the plain one either way. */
+TEST(engine_spec_cost_declines_bad_drafts) {
+    cinfer_model *m = open_default();
+    REQUIRE(m);
+    enum { NR = 8 };
+    static int32_t prompts[NR][96];
+    static char stops[NR][8];
+    int lens[NR], gens[NR];
+    float temps[NR];
+    for (int i = 0; i < NR; i++) {
+        lens[i] = 8 + i * 5;
+        make_prompt(prompts[i], lens[i], 700 + i, 4096);
+        gens[i] = 60;
+        temps[i] = 0.0f;
+        stops[i][0] = 0;
+    }
+    static collected plain[NR], spec[NR];
+    cinfer_engine_stats s0, s1, s2;
+    long long pads;
+    run_stops(m, CINFER_SPEC_NONE, NULL, NULL, NR, prompts, lens, gens, temps, stops, plain, &s0, &pads);
+    setenv("CINFER_SPEC_PAD", "1", 1);
+    oracle o = {NR, prompts, lens, plain, 0};
+    run_stops(m, CINFER_SPEC_NGRAM, wrong_draft, &o, NR, prompts, lens, gens, temps, stops, spec, &s1, &pads);
+    setenv("CINFER_SPEC_COST", "1", 1);
+    run_stops(m, CINFER_SPEC_NGRAM, wrong_draft, &o, NR, prompts, lens, gens, temps, stops, spec, &s2, &pads);
+    for (int i = 0; i < NR; i++)
+        CHECK_MSG(spec[i].n_ids == gens[i] &&
+                      !memcmp(plain[i].ids, spec[i].ids, sizeof(int32_t) * (size_t)gens[i]),
+                  "request %d: the output changed", i);
+    printf("     wrong drafts: %lld drafted always verifying, %lld with the cost rule; steps %lld / %lld / "
+           "%lld\n",
+           (long long)s1.spec_drafted, (long long)s2.spec_drafted, (long long)s0.steps_total,
+           (long long)s1.steps_total, (long long)s2.steps_total);
+    CHECK_MSG(s2.spec_drafted * 2 < s1.spec_drafted, "the cost rule verified %lld of %lld drafts",
+              (long long)s2.spec_drafted, (long long)s1.spec_drafted);
+    /* mostly right drafts (short_draft: 0..k of the plain output, one wrong): speculation pays, alone */
+    run_stops(m, CINFER_SPEC_NONE, NULL, NULL, 1, prompts, lens, gens, temps, stops, plain, &s0, &pads);
+    o.n = 1;
+    run_stops(m, CINFER_SPEC_NGRAM, short_draft, &o, 1, prompts, lens, gens, temps, stops, spec, &s2, &pads);
+    unsetenv("CINFER_SPEC_COST");
+    unsetenv("CINFER_SPEC_PAD");
+    CHECK(!memcmp(plain[0].ids, spec[0].ids, sizeof(int32_t) * (size_t)gens[0]));
+    printf("     right drafts alone: %lld drafted, %lld accepted; steps %lld -> %lld\n",
+           (long long)s2.spec_drafted, (long long)s2.spec_accepted, (long long)s0.steps_total,
+           (long long)s2.steps_total);
+    CHECK_MSG(s2.steps_total * 4 < s0.steps_total * 3, "steps %lld -> %lld", (long long)s0.steps_total,
+              (long long)s2.steps_total);
+    cinfer_model_close(m);
+}
+
 /* The wording: a sequence's greedy output is identical whether it ran alone or among 63 others. */
 TEST(engine_64_concurrent_match_solo) {
     cinfer_model *m = open_default();
