@@ -700,8 +700,10 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * offsets instead of a host round trip per layer and a cuBLAS call per expert and half */
     const char *mp = getenv("CINFER_CUDA_MOE_PREFILL");
     if (mp && m->cfg.n_experts > 0) {
-        f->moe_pf_grouped = !strcmp(mp, "grouped") && m->cfg.n_experts <= 1024 && m->H % 8 == 0 &&
+        int v2 = !strcmp(mp, "grouped2"); /* ldmatrix + two stages, the same bits */
+        f->moe_pf_grouped = (v2 || !strcmp(mp, "grouped")) && m->cfg.n_experts <= 1024 && m->H % 8 == 0 &&
                             m->cfg.moe_intermediate_size % 8 == 0;
+        cu_moe_gemm_set_version(v2 ? 2 : 1);
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_MOE_PREFILL=%s: prefill experts %s\n", mp,
                 f->moe_pf_grouped ? "by grouped GEMMs on the device" : "grouped on the host");
     }

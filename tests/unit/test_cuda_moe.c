@@ -525,8 +525,10 @@ static void prefill_case(const char *name, int T, int H, int E, int k, int I, in
         *d_tiles = dev((size_t)(E + 1) * 4);
     float *d_a = dev((size_t)S * I * 4), *d_y = dev((size_t)S * H * 4);
     float *ga = NULL, *gy = NULL;
-    for (int half = 0; half < 2; half++) { /* 0: all T rows; 1: the first T / 2 only */
-        int Th = half ? T / 2 : T, Sh = Th * k;
+    /* 0: all T rows; 1: the first T / 2 only; 2: all rows by the second kernel version (grouped2) */
+    for (int half = 0; half < 3; half++) {
+        int Th = half == 1 ? T / 2 : T, Sh = Th * k;
+        cu_moe_gemm_set_version(half == 2 ? 2 : 1);
         cu_fill_f32(c, d_a, (size_t)S * I, NAN);
         cu_fill_f32(c, d_y, (size_t)S * H, NAN);
         cu_moe_group(c, d_idx, Sh, E, d_grp);
@@ -540,12 +542,17 @@ static void prefill_case(const char *name, int T, int H, int E, int k, int I, in
             continue;
         }
         int same = !memcmp(a, ga, (size_t)Sh * I * 4) && !memcmp(y, gy, (size_t)Sh * H * 4);
-        printf("     %-52s %s\n", "  first half of the rows alone vs among all",
+        printf("     %-52s %s\n",
+               half == 1 ? "  first half of the rows alone vs among all"
+                         : "  version 2 (ldmatrix, 2 stages) vs 1",
                same ? "bit-identical" : "DIFFERENT");
-        CHECK_MSG(same, "%s: slots of the first %d rows differ when they run alone", name, Th);
+        CHECK_MSG(same, "%s: %s", name,
+                  half == 1 ? "the first rows' slots differ when they run alone"
+                            : "version 2 differs from 1");
         free(a), free(y);
     }
-    int *tiles = get(d_tiles, (size_t)(E + 1) * 4); /* of the half run */
+    cu_moe_gemm_set_version(1);
+    int *tiles = get(d_tiles, (size_t)(E + 1) * 4);
     /* the CPU, slot by slot, against the run over all T rows */
     uint16_t *hgu = get(d_gu, ngu * 2), *hdn = get(d_dn, ndn * 2);
     float *ra = malloc((size_t)S * I * 4), *ry = malloc((size_t)S * H * 4), *g = malloc((size_t)2 * I * 4);
@@ -570,8 +577,14 @@ static void prefill_case(const char *name, int T, int H, int E, int k, int I, in
     /* every slot written (NaN never passes): the whole outputs are finite */
     CHECK_MSG(rel(ga, ga, (size_t)S * I) == 0 && rel(gy, gy, (size_t)S * H) == 0,
               "%s: an output slot unwritten", name);
-    CHECK_MSG(tiles[0] == 0 && tiles[E] >= (hot >= 0 ? 2 : 1), "%s: tile offsets %d .. %d", name, tiles[0],
-              tiles[E]);
+    int want = 0; /* the tiles of the last run (all T rows) */
+    for (int ee = 0; ee < E; ee++) {
+        int ce = 0;
+        for (int sl = 0; sl < S; sl++) ce += idx[sl] == ee;
+        want += (ce + 63) / 64;
+    }
+    CHECK_MSG(tiles[0] == 0 && tiles[E] == want, "%s: tile offsets %d .. %d, want 0 .. %d", name, tiles[0],
+              tiles[E], want);
     free(idx), free(x), free(ga), free(gy), free(tiles), free(hgu), free(hdn), free(ra), free(ry);
     free(g), free(ca), free(cy);
     cu_free(d_gu), cu_free(d_dn), cu_free(d_x), cu_free(d_idx), cu_free(d_grp), cu_free(d_tiles),
@@ -589,7 +602,7 @@ TEST(cuda_moe_prefill_gemm_vs_cpu) {
 
 /* The MoE fixtures through the whole cuda forward with a 150-token prefill (the path past 64 rows) with
  * CINFER_CUDA_MOE_PREFILL=grouped against the host-grouped cuBLAS path: both tensor-core hi + lo products, in
- * other orders (within 1e-4) */
+ * other orders (within 1e-4); grouped2 gives grouped's bits */
 TEST(cuda_moe_prefill_grouped_model) {
     if (NO_DEVICE()) SKIP("no CUDA device: skipped");
     static const char *const fx[] = {"qwen35_moe", "qwen3_next"};
@@ -603,13 +616,10 @@ TEST(cuda_moe_prefill_grouped_model) {
         int V = info.vocab_size, P = 150;
         int32_t toks[150];
         for (int i = 0; i < P; i++) toks[i] = (int32_t)((i * 29 + 3) % V);
-        float *out[2];
-        const char *old = getenv("CINFER_CUDA_MOE_PREFILL");
-        for (int g = 0; g < 2; g++) {
-            if (g)
-                setenv("CINFER_CUDA_MOE_PREFILL", "grouped", 1);
-            else
-                unsetenv("CINFER_CUDA_MOE_PREFILL");
+        float *out[3];
+        char *old = env_swap("CINFER_CUDA_MOE_PREFILL", NULL);
+        for (int g = 0; g < 3; g++) {
+            if (g) setenv("CINFER_CUDA_MOE_PREFILL", g == 1 ? "grouped" : "grouped2", 1);
             out[g] = malloc(sizeof(float) * (size_t)P * V);
             cinfer_ctx_params p = cinfer_ctx_default_params();
             p.max_seqs = 1, p.max_ctx = 256, p.max_batch = 256, p.n_threads = 2,
@@ -621,14 +631,13 @@ TEST(cuda_moe_prefill_grouped_model) {
             REQUIRE(cinfer_forward(c, &be, 1, out[g], err, sizeof err) == 0);
             cinfer_ctx_destroy(c);
         }
-        if (old)
-            setenv("CINFER_CUDA_MOE_PREFILL", old, 1);
-        else
-            unsetenv("CINFER_CUDA_MOE_PREFILL");
+        env_restore("CINFER_CUDA_MOE_PREFILL", old);
         double r = rel(out[1], out[0], (size_t)P * V);
         printf("     %-12s prefill of %d: grouped vs host-grouped ||d||/||ref|| = %.2e\n", fx[fi], P, r);
         CHECK_MSG(r <= 1e-4, "%s: grouped prefill experts differ by %.3g", fx[fi], r);
-        free(out[0]), free(out[1]);
+        CHECK_MSG(!memcmp(out[1], out[2], sizeof(float) * (size_t)P * V), "%s: grouped2 differs from grouped",
+                  fx[fi]);
+        free(out[0]), free(out[1]), free(out[2]);
         cinfer_model_close(m);
     }
 }

@@ -321,6 +321,9 @@ void cu_moe_fused(cu_ctx *c, const cu_moe_args *a);         /* the three in orde
  * launch, from cu_moe_group's grp = off [E + 1] | perm [S]. tile_off [E + 1]: cu_moe_tiles' count of 64-slot
  * tiles before each expert. Slot s reads x row s / div and writes y row s. K % 8 == 0. */
 void cu_moe_tiles(cu_ctx *c, const int *d_grp, int E, int *d_tile_off);
+/* 1 (default): fragments by 32-bit shared loads, one stage; 2 (CINFER_CUDA_MOE_PREFILL=grouped2): ldmatrix
+ * and two stages. The same MMAs in the same order: the same bits. */
+void cu_moe_gemm_set_version(int v);
 /* y[s][n] = silu(x_s · gate_e[n]) * (x_s · up_e[n]) for n < I; w_gu [E][2I][K] (gate rows then up rows) */
 void cu_moe_gemm_swiglu(cu_ctx *c, float *d_y, const float *d_x, int div, const uint16_t *d_w_gu,
                         const int *d_grp, const int *d_tile_off, int S, int E, int I, int K);

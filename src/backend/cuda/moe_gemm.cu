@@ -37,17 +37,28 @@ __global__ void moe_tiles_kernel(const int *grp, int E, int *tile_off) {
     for (int e = threadIdx.x; e <= E; e += blockDim.x) tile_off[e] = t[e];
 }
 
+/* the four 8x8 b16 matrices whose rows lanes 0-7, 8-15, 16-23, 24-31 point at, into r[0..3] */
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void *p) {
+    unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+
 /* Block (t, c): row tile t of the expert it falls in (tile_off), weight rows c * 64 .. (SwiGLU: gate rows
  * n and up rows up_off + n, output column n) or c * 128 .. (output column = weight row). Slot p's input row
  * is x[perm[p] / div]; its output row is y[perm[p]] (ldy floats apart). 8 warps: 2 along the slots (32 each)
- * x 4 along the weight rows (4 tiles of 8 each: SwiGLU 2 gate + the 2 matching up tiles). K % 8 == 0. */
-template <int SWIGLU>
+ * x 4 along the weight rows (4 tiles of 8 each: SwiGLU 2 gate + the 2 matching up tiles). K % 8 == 0.
+ * V2 (CINFER_CUDA_MOE_PREFILL=grouped2): fragments by ldmatrix (6 shared loads per 16 of K instead of 24)
+ * and two shared-memory stages (one barrier per step); the same MMAs in the same order, so the same bits. */
+template <int SWIGLU, int V2>
 __global__ void __launch_bounds__(MG_THREADS)
     moe_gemm_kernel(float *__restrict__ y, int ldy, const float *__restrict__ x, int div,
                     const uint16_t *__restrict__ w, size_t w_expert, int up_off, const int *__restrict__ grp,
                     const int *__restrict__ tile_off, int E, int N, int K) {
-    __shared__ __align__(16) uint16_t xs[2][MG_BM][MG_LD]; /* hi, lo */
-    __shared__ __align__(16) uint16_t ws[MG_BW][MG_LD];
+    constexpr int NS = V2 ? 2 : 1;                             /* shared-memory stages */
+    __shared__ __align__(16) uint16_t xs[NS][2][MG_BM][MG_LD]; /* [stage][hi, lo] */
+    __shared__ __align__(16) uint16_t ws[NS][MG_BW][MG_LD];
     const int t = blockIdx.x, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     if (t >= tile_off[E]) return;
     int lo = 0, hi = E; /* the largest e with tile_off[e] <= t (it has tiles: tile_off[e + 1] > t) */
@@ -102,47 +113,82 @@ __global__ void __launch_bounds__(MG_THREADS)
             wv[h] =
                 wrow[h] && in ? __ldg(reinterpret_cast<const uint4 *>(wrow[h] + k)) : make_uint4(0, 0, 0, 0);
     };
-    fetch(0);
-    for (int k0 = 0; k0 < K; k0 += MG_BK) {
-        __syncthreads(); /* the previous step's fragments are read */
-        {
-            const float v[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
-            uint32_t ph[4], pl[4];
+    /* the fetched registers into stage st: x split into bf16 hi + lo (as split_bf16_kernel), weights as are
+     */
+    auto store = [&](int st) {
+        const float v[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+        uint32_t ph[4], pl[4];
 #pragma unroll
-            for (int q = 0; q < 4; q++) {
-                uint16_t h0 = f32_bf16(v[2 * q]), h1 = f32_bf16(v[2 * q + 1]);
-                uint16_t l0 = f32_bf16(v[2 * q] - bf16_f32(h0)), l1 = f32_bf16(v[2 * q + 1] - bf16_f32(h1));
-                ph[q] = (uint32_t)h0 | ((uint32_t)h1 << 16);
-                pl[q] = (uint32_t)l0 | ((uint32_t)l1 << 16);
-            }
-            *reinterpret_cast<uint4 *>(&xs[0][lrow][lk]) = make_uint4(ph[0], ph[1], ph[2], ph[3]);
-            *reinterpret_cast<uint4 *>(&xs[1][lrow][lk]) = make_uint4(pl[0], pl[1], pl[2], pl[3]);
-            *reinterpret_cast<uint4 *>(&ws[lrow][lk]) = wv[0];
-            *reinterpret_cast<uint4 *>(&ws[lrow + 64][lk]) = wv[1];
+        for (int q = 0; q < 4; q++) {
+            uint16_t h0 = f32_bf16(v[2 * q]), h1 = f32_bf16(v[2 * q + 1]);
+            uint16_t l0 = f32_bf16(v[2 * q] - bf16_f32(h0)), l1 = f32_bf16(v[2 * q + 1] - bf16_f32(h1));
+            ph[q] = (uint32_t)h0 | ((uint32_t)h1 << 16);
+            pl[q] = (uint32_t)l0 | ((uint32_t)l1 << 16);
         }
-        __syncthreads();
-        if (k0 + MG_BK < K) fetch(k0 + MG_BK); /* the next tile's loads fly during these MMAs */
+        *reinterpret_cast<uint4 *>(&xs[st][0][lrow][lk]) = make_uint4(ph[0], ph[1], ph[2], ph[3]);
+        *reinterpret_cast<uint4 *>(&xs[st][1][lrow][lk]) = make_uint4(pl[0], pl[1], pl[2], pl[3]);
+        *reinterpret_cast<uint4 *>(&ws[st][lrow][lk]) = wv[0];
+        *reinterpret_cast<uint4 *>(&ws[st][lrow + 64][lk]) = wv[1];
+    };
+    /* the MMAs of one stage: per 16 of K, lo then hi (the small terms first), slot tiles, weight tiles */
+    auto compute = [&](int st) {
 #pragma unroll
         for (int kk = 0; kk < MG_BK; kk += 16) {
             uint32_t b[4][2];
+            if (V2) {
 #pragma unroll
-            for (int s = 0; s < 4; s++) {
-                b[s][0] = *reinterpret_cast<const uint32_t *>(&ws[wbase[s] + g][kk + 2 * tq]);
-                b[s][1] = *reinterpret_cast<const uint32_t *>(&ws[wbase[s] + g][kk + 2 * tq + 8]);
+                for (int sp = 0; sp < 2; sp++) {
+                    uint32_t r[4];
+                    int wr = (lane >> 4) ? wbase[2 * sp + 1] : wbase[2 * sp];
+                    ldsm_x4(r, &ws[st][wr + (lane & 7)][kk + ((lane >> 3) & 1) * 8]);
+                    b[2 * sp][0] = r[0], b[2 * sp][1] = r[1], b[2 * sp + 1][0] = r[2],
+                          b[2 * sp + 1][1] = r[3];
+                }
+            } else {
+#pragma unroll
+                for (int s = 0; s < 4; s++) {
+                    b[s][0] = *reinterpret_cast<const uint32_t *>(&ws[st][wbase[s] + g][kk + 2 * tq]);
+                    b[s][1] = *reinterpret_cast<const uint32_t *>(&ws[st][wbase[s] + g][kk + 2 * tq + 8]);
+                }
             }
 #pragma unroll
-            for (int half = 1; half >= 0; half--) /* lo first, then hi: the small terms first */
+            for (int half = 1; half >= 0; half--)
 #pragma unroll
                 for (int i = 0; i < 2; i++) {
                     int m = wm * 32 + i * 16;
                     uint32_t a[4];
-                    a[0] = *reinterpret_cast<const uint32_t *>(&xs[half][m + g][kk + 2 * tq]);
-                    a[1] = *reinterpret_cast<const uint32_t *>(&xs[half][m + g + 8][kk + 2 * tq]);
-                    a[2] = *reinterpret_cast<const uint32_t *>(&xs[half][m + g][kk + 2 * tq + 8]);
-                    a[3] = *reinterpret_cast<const uint32_t *>(&xs[half][m + g + 8][kk + 2 * tq + 8]);
+                    if (V2) {
+                        ldsm_x4(a, &xs[st][half][m + (lane & 15)][kk + (lane >> 4) * 8]);
+                    } else {
+                        a[0] = *reinterpret_cast<const uint32_t *>(&xs[st][half][m + g][kk + 2 * tq]);
+                        a[1] = *reinterpret_cast<const uint32_t *>(&xs[st][half][m + g + 8][kk + 2 * tq]);
+                        a[2] = *reinterpret_cast<const uint32_t *>(&xs[st][half][m + g][kk + 2 * tq + 8]);
+                        a[3] = *reinterpret_cast<const uint32_t *>(&xs[st][half][m + g + 8][kk + 2 * tq + 8]);
+                    }
 #pragma unroll
                     for (int s = 0; s < 4; s++) mma_bf16(acc[i][s], a, b[s][0], b[s][1]);
                 }
+        }
+    };
+    fetch(0);
+    if (V2) {
+        /* two stages: the next step's registers land in the other stage while this one is read */
+        store(0);
+        __syncthreads();
+        for (int k0 = 0, st = 0; k0 < K; k0 += MG_BK, st ^= 1) {
+            bool more = k0 + MG_BK < K;
+            if (more) fetch(k0 + MG_BK);
+            compute(st);
+            if (more) store(st ^ 1);
+            __syncthreads();
+        }
+    } else {
+        for (int k0 = 0; k0 < K; k0 += MG_BK) {
+            __syncthreads(); /* the previous step's fragments are read */
+            store(0);
+            __syncthreads();
+            if (k0 + MG_BK < K) fetch(k0 + MG_BK); /* the next tile's loads fly during these MMAs */
+            compute(0);
         }
     }
     /* C fragment: c0, c1 at (row g, cols 2tq, 2tq + 1), c2, c3 at row g + 8 */
@@ -166,6 +212,11 @@ __global__ void __launch_bounds__(MG_THREADS)
         }
 }
 
+static int g_mg_version = 1;
+extern "C" void cu_moe_gemm_set_version(int v) {
+    g_mg_version = v == 2 ? 2 : 1;
+}
+
 extern "C" void cu_moe_tiles(cu_ctx *c, const int *grp, int E, int *tile_off) {
     if (E > 0 && E <= 1024) moe_tiles_kernel<<<1, 1024, 0, c->stream>>>(grp, E, tile_off);
 }
@@ -178,14 +229,22 @@ extern "C" void cu_moe_gemm_swiglu(cu_ctx *c, float *y, const float *x, int div,
                                    const int *grp, const int *tile_off, int S, int E, int I, int K) {
     if (S <= 0 || I <= 0) return;
     dim3 grid(max_tiles(S, E), cdiv((size_t)I, MG_BW / 2));
-    moe_gemm_kernel<1><<<grid, MG_THREADS, 0, c->stream>>>(y, I, x, div, w_gu, (size_t)2 * I * K, I, grp,
-                                                           tile_off, E, I, K);
+    if (g_mg_version == 2)
+        moe_gemm_kernel<1, 1><<<grid, MG_THREADS, 0, c->stream>>>(y, I, x, div, w_gu, (size_t)2 * I * K, I,
+                                                                  grp, tile_off, E, I, K);
+    else
+        moe_gemm_kernel<1, 0><<<grid, MG_THREADS, 0, c->stream>>>(y, I, x, div, w_gu, (size_t)2 * I * K, I,
+                                                                  grp, tile_off, E, I, K);
 }
 
 extern "C" void cu_moe_gemm(cu_ctx *c, float *y, const float *x, int div, const uint16_t *w, const int *grp,
                             const int *tile_off, int S, int E, int N, int K) {
     if (S <= 0 || N <= 0) return;
     dim3 grid(max_tiles(S, E), cdiv((size_t)N, MG_BW));
-    moe_gemm_kernel<0>
-        <<<grid, MG_THREADS, 0, c->stream>>>(y, N, x, div, w, (size_t)N * K, 0, grp, tile_off, E, N, K);
+    if (g_mg_version == 2)
+        moe_gemm_kernel<0, 1>
+            <<<grid, MG_THREADS, 0, c->stream>>>(y, N, x, div, w, (size_t)N * K, 0, grp, tile_off, E, N, K);
+    else
+        moe_gemm_kernel<0, 0>
+            <<<grid, MG_THREADS, 0, c->stream>>>(y, N, x, div, w, (size_t)N * K, 0, grp, tile_off, E, N, K);
 }
