@@ -228,6 +228,10 @@ int cu_gdn_chunk_cap(int T, int NE);
 /* bytes of cu_gdn_args.chunk_scr for cap chunks and up to T rows (per chunk and value head: W, e^g Q,
  * e^(g_L - g) K [64][dk], U [64][dv], the decayed Q K^T [64][64]; then the chunk table) */
 size_t cu_gdn_chunk_bytes(int cap, int T, int Hv, int dk, int dv);
+/* for measurements (cuda_deltanet_prefill_speed): one part of the phased prefill of a layer whose conv, norms
+ * and gates already ran (conv_out, bg filled) — parts 1: the chunk table and the parallel prep, 2: the
+ * sequential pass (after a 1), 3: both; 0 when the scratch cannot hold the batch */
+int cu_gdn_chunk_part(cu_ctx *c, const cu_gdn_args *a, int parts);
 /* The tensor-core prefill kernels (DeltaNet and attention) split each f32 operand into TF32 hi + lo and run
  * three MMAs per product (3, the default: f32-accurate); 1: one TF32 rounding (CINFER_CUDA_TF32_PASSES=1, to
  * measure what the split costs: ~4e-4 per product, past the model parity bound) */

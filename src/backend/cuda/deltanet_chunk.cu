@@ -472,9 +472,8 @@ extern "C" int cu_gdn_chunk_init(int dk, int dv) {
     return ck_set_smem<1>(dk, dv) && ck_set_smem<3>(dk, dv);
 }
 
-/* 0 when this batch cannot take the phased form (no scratch, or more chunks than it holds): the caller runs
- * deltanet_tc.cu's kernel instead */
-extern "C" int cu_gdn_chunked_phased(cu_ctx *c, const cu_gdn_args *a) {
+/* parts: 1 the chunk table and prep, 2 the sequential pass, 3 both */
+static int ck_launch(cu_ctx *c, const cu_gdn_args *a, int parts) {
     long bound = (long)a->T / CK_CH + 2L * a->NE; /* an entry of n rows spans at most n / 64 + 2 chunks */
     if (!a->chunk_scr || bound > a->chunk_cap) return 0;
     int P = cu_tf32_passes() == 1 ? 1 : 3, DT = a->chunk_dt == 16 ? 16 : 32;
@@ -482,9 +481,15 @@ extern "C" int cu_gdn_chunked_phased(cu_ctx *c, const cu_gdn_args *a) {
     size_t ss = a->chunk_dt ? ck_state_smem_floats(a->dk, DT) * sizeof(float)
                             : ck_stage_smem_floats(a->dk) * sizeof(float);
     dim3 gp((unsigned)bound, (unsigned)a->Hv), gs(cdiv((size_t)a->dv, DT), (unsigned)a->Hv, (unsigned)a->NE);
-    ck_plan_kernel<<<1, 32, 0, c->stream>>>(*a);
+    if (parts & 1) {
+        ck_plan_kernel<<<1, 32, 0, c->stream>>>(*a);
+        if (P == 1)
+            ck_prep_kernel<1><<<gp, 256, sp, c->stream>>>(*a);
+        else
+            ck_prep_kernel<3><<<gp, 256, sp, c->stream>>>(*a);
+    }
+    if (!(parts & 2)) return 1;
     if (P == 1) {
-        ck_prep_kernel<1><<<gp, 256, sp, c->stream>>>(*a);
         if (!a->chunk_dt)
             ck_state_stage_kernel<1><<<gs, 256, ss, c->stream>>>(*a);
         else if (DT == 32)
@@ -492,7 +497,6 @@ extern "C" int cu_gdn_chunked_phased(cu_ctx *c, const cu_gdn_args *a) {
         else
             ck_state_kernel<1, 16><<<gs, 128, ss, c->stream>>>(*a);
     } else {
-        ck_prep_kernel<3><<<gp, 256, sp, c->stream>>>(*a);
         if (!a->chunk_dt)
             ck_state_stage_kernel<3><<<gs, 256, ss, c->stream>>>(*a);
         else if (DT == 32)
@@ -501,4 +505,14 @@ extern "C" int cu_gdn_chunked_phased(cu_ctx *c, const cu_gdn_args *a) {
             ck_state_kernel<3, 16><<<gs, 128, ss, c->stream>>>(*a);
     }
     return 1;
+}
+
+/* 0 when this batch cannot take the phased form (no scratch, or more chunks than it holds): the caller runs
+ * deltanet_tc.cu's kernel instead */
+extern "C" int cu_gdn_chunked_phased(cu_ctx *c, const cu_gdn_args *a) {
+    return ck_launch(c, a, 3);
+}
+
+extern "C" int cu_gdn_chunk_part(cu_ctx *c, const cu_gdn_args *a, int parts) {
+    return ck_launch(c, a, parts);
 }
