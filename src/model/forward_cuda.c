@@ -55,6 +55,11 @@ int cuda_fwd_spec_commit(cuda_fwd *f, int slot, int n_keep, char *err, size_t er
     (void)f, (void)slot, (void)n_keep;
     return ci_err(err, errlen, CINFER_EUNSUPPORTED, "no CUDA backend");
 }
+int cuda_fwd_run_sample(cuda_fwd *f, const fwd_entry *e, int n_entries, const cuda_sample *rows, int n,
+                        int32_t *ids, float *logprobs, char *err, size_t errlen) {
+    (void)f, (void)e, (void)n_entries, (void)rows, (void)n, (void)ids, (void)logprobs;
+    return ci_err(err, errlen, CINFER_EUNSUPPORTED, "no CUDA backend");
+}
 size_t cuda_fwd_state_floats(const cuda_fwd *f) {
     (void)f;
     return 0;
@@ -1214,7 +1219,9 @@ static int pack_meta(cuda_fwd *f, const fwd_entry *e, int NE, const int *lmode, 
     return 0;
 }
 
-int cuda_fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, char *err, size_t errlen) {
+/* sync 0: returns with the step still running (cuda_fwd_run_sample's sample waits for it) */
+static int fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, int sync, char *err,
+                   size_t errlen) {
     const model *m = f->m;
     int T = 0, nl = 0, maxpos = 0, all_decode = 1, max_n = 0, has_spec = 0, nh = 0, mm = 0, mm_rows = 0,
         any_chunked = 0;
@@ -1348,6 +1355,7 @@ int cuda_fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, char *e
         cu_timer_start(f->cu, f->marks[f->n_marks]);
         f->mark_phase[f->n_marks++] = -1;
     }
+    if (!sync && !f->profile) return 0;
     if ((rc = cu_sync(f->cu, err, errlen))) return rc;
     if (f->profile) {
         /* each mark's phase runs until the next mark */
@@ -1359,6 +1367,21 @@ int cuda_fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, char *e
         f->n_marks = 0;
     }
     return 0;
+}
+
+int cuda_fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, char *err, size_t errlen) {
+    return fwd_run(f, e, NE, logits, 1, err, errlen);
+}
+
+int cuda_fwd_run_sample(cuda_fwd *f, const fwd_entry *e, int NE, const cuda_sample *rows, int n, int32_t *ids,
+                        float *logprobs, char *err, size_t errlen) {
+    int rc = fwd_run(f, e, NE, NULL, 0, err, errlen);
+    if (!rc) rc = cuda_fwd_sample(f, rows, n, ids, logprobs, err, errlen);
+    if (rc) {
+        char e2[64]; /* nothing may still run when the caller's next call refills the pinned buffers */
+        cu_sync(f->cu, e2, sizeof e2);
+    }
+    return rc;
 }
 
 int cuda_fwd_mtp_init(cuda_fwd *f, int n_blocks, char *err, size_t errlen) {

@@ -26,7 +26,7 @@ typedef struct cuda_fwd_params {
     int random_weights; /* 1: fill matrices with uniform noise on the device instead of reading the model's
                            (the bench's --like shapes); the f32 vectors still come from the model */
     uint64_t seed;
-    int no_graphs; /* 1: never capture (tests compare both) */
+    int no_graphs;   /* 1: never capture (tests compare both) */
     int spec_window; /* tokens a speculative window may hold (0: none; records take n_slots x n_lin x this) */
 } cuda_fwd_params;
 
@@ -78,6 +78,11 @@ typedef struct cuda_sample {
 int cuda_sample_eligible(float temperature, int top_k, int V);
 int cuda_fwd_sample(cuda_fwd *f, const cuda_sample *rows, int n, int32_t *ids, float *logprobs, char *err,
                     size_t errlen);
+/* cuda_fwd_run (logits left on the device) then cuda_fwd_sample of its first n logits rows, with one wait for
+ * both instead of one each: the sample is enqueued behind the step, so the device runs it without waiting for
+ * the host to wake up between them. */
+int cuda_fwd_run_sample(cuda_fwd *f, const fwd_entry *e, int n_entries, const cuda_sample *rows, int n,
+                        int32_t *ids, float *logprobs, char *err, size_t errlen);
 /* Host memory for logits rows: page-locked when pin and a device is there (the copy runs at full link speed
  * instead of through a bounce buffer), else plain (NULL when out of memory); free with cuda_host_free. */
 void *cuda_host_alloc(size_t bytes, int pin);

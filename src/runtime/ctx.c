@@ -412,8 +412,11 @@ static int forward_impl(cinfer_ctx *c, const cinfer_batch_entry *e, int n, float
             }
         }
     }
-    if (c->cf) {
-        if ((rc = cuda_fwd_run(c->cf, c->fe, n, smp ? NULL : logits, err, errlen))) return rc;
+    if (c->cf && smp) {
+        rc = cuda_fwd_run_sample(c->cf, c->fe, n, smp, cinfer_batch_logit_rows(e, n), ids, lps, err, errlen);
+        if (rc) return rc;
+    } else if (c->cf) {
+        if ((rc = cuda_fwd_run(c->cf, c->fe, n, logits, err, errlen))) return rc;
     } else {
         forward_cpu(m, &c->s, &c->kv, &c->st, c->tp, c->fe, n, logits);
     }
@@ -421,7 +424,6 @@ static int forward_impl(cinfer_ctx *c, const cinfer_batch_entry *e, int n, float
         if (e[i].spec) c->seqs[e[i].seq].pending = e[i].n_tokens;
         else c->seqs[e[i].seq].len += e[i].n_tokens;
     }
-    if (smp) return cuda_fwd_sample(c->cf, smp, cinfer_batch_logit_rows(e, n), ids, lps, err, errlen);
     return 0;
 }
 
