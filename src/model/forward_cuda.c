@@ -186,10 +186,10 @@ struct cuda_fwd {
     int *moe_host;            /* device: src [S] | pos [S] | w [S] (floats as bits) */
     int *moe_grp;             /* device: decode slots grouped by expert, off [E + 1] | perm [S] */
     int moe_grouped;          /* CINFER_CUDA_MOE=grouped: decode experts by cu_gemv_grouped */
-    int moe_fused;            /* CINFER_CUDA_MOE_FUSED=1: the decode MoE block by cu_moe_fused */
+    int moe_fused;            /* the decode MoE block by cu_moe_fused (CINFER_CUDA_MOE_FUSED=0: off) */
     float *moe_fa;            /* [T][k Im + Is]: the fused path's SwiGLU outputs */
     unsigned *moe_cnt;        /* [T]: the fused router's finished-block counters (zeroed, kept zeroed) */
-    int moe_pf_grouped;       /* CINFER_CUDA_MOE_PREFILL=grouped: prefill experts by cu_moe_gemm* */
+    int moe_pf_grouped;       /* prefill experts by cu_moe_gemm* (CINFER_CUDA_MOE_PREFILL=host: off) */
     int moe_gemm_rows; /* with it, decode batches of at least this many rows too (CINFER_CUDA_MOE_GEMM_ROWS)
                         */
     int *moe_tiles;    /* [E + 1]: 64-slot tiles before each expert (cu_moe_tiles) */
@@ -691,27 +691,32 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     f->gdn_chunk_dt = !gdt ? 16 : !strcmp(gdt, "32") ? 32 : !strcmp(gdt, "stage") ? 0 : 16;
     const char *me = getenv("CINFER_CUDA_MOE"); /* "grouped": decode experts by cu_gemv_grouped */
     f->moe_grouped = me && !strcmp(me, "grouped");
-    /* "1": decode MoE blocks (device_only) as three launches (router + selection, gate_up + SwiGLU, down +
-     * combine + shared expert) instead of ~15; the same arithmetic (moe_fused.cu) */
+    /* decode MoE blocks (device_only) as three launches (router + selection, gate_up + SwiGLU, down + combine
+     * + shared expert) instead of ~15, the same arithmetic (moe_fused.cu); the default since the H200 run of
+     * 08:52 (35B-A3B batch 1 188.9 -> 233.6 tok/s, batch 8 721.5 -> 758.3, every test passing); "0": the
+     * unfused launches */
     const char *mf = getenv("CINFER_CUDA_MOE_FUSED");
-    if (mf && !strcmp(mf, "1") && m->cfg.n_experts > 0) {
+    if (!(mf && !strcmp(mf, "0")) && m->cfg.n_experts > 0) {
         const model_config *mc = &m->cfg;
         f->moe_fused = cu_moe_fused_supported(m->H, mc->n_experts, mc->n_experts_per_tok,
                                               mc->moe_intermediate_size, mc->shared_expert_intermediate_size);
-        fprintf(stderr, "cinfer cuda: CINFER_CUDA_MOE_FUSED=1: %s\n",
-                f->moe_fused ? "fused decode MoE kernels" : "this shape is not served: the unfused kernels");
     }
-    /* "grouped": prefill experts (more than 64 rows) by two grouped tensor-core GEMMs from device-side
-     * offsets instead of a host round trip per layer and a cuBLAS call per expert and half */
-    const char *mp = getenv("CINFER_CUDA_MOE_PREFILL");
-    if (mp && m->cfg.n_experts > 0) {
-        int v2 = !strcmp(mp, "grouped2"); /* ldmatrix + two stages, the same bits */
-        f->moe_pf_grouped = (v2 || !strcmp(mp, "grouped")) && m->cfg.n_experts <= 1024 && m->H % 8 == 0 &&
+    if (mf)
+        fprintf(stderr, "cinfer cuda: CINFER_CUDA_MOE_FUSED=%s: %s\n", mf,
+                f->moe_fused ? "fused decode MoE kernels" : "the unfused decode MoE kernels");
+    /* "grouped" (the default since the H200 run of 08:52: 35B-A3B prefill 4096 3,390 -> 7,391 tok/s, the
+     * experts of a chunk 353 -> 98 ms): prefill experts (more than 64 rows) by two grouped tensor-core GEMMs
+     * from device-side offsets; "host": a host round trip per layer and a cuBLAS call per expert and half */
+    const char *mp = getenv("CINFER_CUDA_MOE_PREFILL"), *mpv = mp ? mp : "grouped";
+    if (m->cfg.n_experts > 0) {
+        int v2 = !strcmp(mpv, "grouped2"); /* ldmatrix + two stages, the same bits */
+        f->moe_pf_grouped = (v2 || !strcmp(mpv, "grouped")) && m->cfg.n_experts <= 1024 && m->H % 8 == 0 &&
                             m->cfg.moe_intermediate_size % 8 == 0;
         cu_moe_gemm_set_version(v2 ? 2 : 1);
+    }
+    if (mp)
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_MOE_PREFILL=%s: prefill experts %s\n", mp,
                 f->moe_pf_grouped ? "by grouped GEMMs on the device" : "grouped on the host");
-    }
     /* N: decode-sized batches (<= 64 rows) of N rows or more take the grouped GEMMs too (each chosen expert
      * streamed once for all its rows; the indexed and fused paths stream it once per row); default 65: never
      */
