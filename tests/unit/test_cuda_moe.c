@@ -188,12 +188,13 @@ static void free_out(fused_out *o) {
 
 /* the three kernels over T rows of x (device); outputs start as NaN; returns them on the host. Then the down
  * kernel once more in its residual form. */
-static int run_fused(cu_ctx *c, const moe_case *mc, const moe_w *w, const float *d_x, int T, fused_out *o) {
+static int run_fused(cu_ctx *c, const moe_case *mc, const moe_w *w, const float *d_x, int T, int variant,
+                     fused_out *o) {
     int E = mc->E, k = mc->k, A = mc->k * mc->Im + mc->Is;
     char err[256];
     cu_moe_args a = {0};
     a.T = T, a.H = mc->H, a.E = E, a.k = k, a.Im = mc->Im, a.Is = mc->Is, a.norm = mc->norm, a.x = d_x;
-    a.router = w->d_router, a.e_gu = w->d_gu, a.e_down = w->d_down;
+    a.router = w->d_router, a.e_gu = w->d_gu, a.e_down = w->d_down, a.variant = variant;
     a.sh_gu = w->d_sgu, a.sh_down = w->d_sdown, a.sh_gw = w->d_sgw;
     a.logits = dev((size_t)T * E * 4), a.idx = dev((size_t)T * k * 4), a.w = dev((size_t)T * k * 4);
     a.count = dev((size_t)T * 4), a.act = dev((size_t)T * A * 4), a.shg = dev((size_t)T * 4);
@@ -294,12 +295,22 @@ static void moe_case_run(const moe_case *mc) {
         CHECK_MSG(!bad, "%s: the CPU reference did not pick the lowest tied experts", mc->name);
     }
     fused_out o8;
-    REQUIRE(run_fused(c, mc, &w, d_x, T, &o8) == 0);
+    REQUIRE(run_fused(c, mc, &w, d_x, T, 0, &o8) == 0);
+    /* the load-batching variants (CINFER_CUDA_MOE_VARIANT): the same bits */
+    for (int v = 1; v < 4; v++) {
+        fused_out ov;
+        if (!run_fused(c, mc, &w, d_x, T, v, &ov))
+            CHECK_MSG(!memcmp(ov.idx, o8.idx, (size_t)T * k * 4) && !memcmp(ov.w, o8.w, (size_t)T * k * 4) &&
+                          !memcmp(ov.act, o8.act, (size_t)T * A * 4) &&
+                          !memcmp(ov.out, o8.out, (size_t)T * H * 4),
+                      "%s: variant %d differs from variant 0", mc->name, v);
+        free_out(&ov);
+    }
     char what[160];
     /* every row count 1..8: the first T rows of the same x; each row must hold the bits it has among 8 */
     for (int t = 1; t <= T; t++) {
         fused_out o = o8;
-        if (t < T && run_fused(c, mc, &w, d_x, t, &o)) {
+        if (t < T && run_fused(c, mc, &w, d_x, t, 0, &o)) {
             free_out(&o);
             continue;
         }
@@ -495,6 +506,92 @@ TEST(cuda_moe_fused_model_matches_unfused) {
     cinfer_model_close(m);
 }
 
+/* Device time of each fused kernel at the 35B-A3B shape (random weights made on the device, 1.5 GB of
+ * experts: 16 sets of rows with their own choices rotate, so the chosen experts mostly come from HBM, not
+ * L2), per load-batching variant, with the bytes each kernel must read; and the unfused launches for
+ * comparison. Prints only (a measurement): what chooses the default variant. */
+TEST(cuda_moe_fused_speed) {
+    if (NO_DEVICE()) SKIP("no CUDA device: skipped");
+    char err[256];
+    cu_ctx *c;
+    REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
+    enum { SETS = 16, REPS = 48 };
+    int H = 2048, E = 256, k = 8, Im = 512, Is = 512, A = k * Im + Is;
+    size_t ngu = (size_t)E * 2 * Im * H, ndn = (size_t)E * H * Im;
+    uint16_t *router = dev((size_t)E * H * 2), *gu = dev(ngu * 2), *dn = dev(ndn * 2);
+    uint16_t *sgu = dev((size_t)2 * Is * H * 2), *sdn = dev((size_t)H * Is * 2), *sgw = dev((size_t)H * 2);
+    cu_fill_random_bf16(c, router, (size_t)E * H, 0.05f, 31);
+    cu_fill_random_bf16(c, gu, ngu, 0.03f, 32);
+    cu_fill_random_bf16(c, dn, ndn, 0.03f, 33);
+    cu_fill_random_bf16(c, sgu, (size_t)2 * Is * H, 0.03f, 34);
+    cu_fill_random_bf16(c, sdn, (size_t)H * Is, 0.03f, 35);
+    cu_fill_random_bf16(c, sgw, (size_t)H, 0.05f, 36);
+    cu_timer *tm;
+    REQUIRE(cu_timer_create(&tm) == 0);
+    for (int T = 1; T <= 8; T += 7) {
+        float *x = malloc((size_t)SETS * T * H * 4);
+        for (size_t i = 0; i < (size_t)SETS * T * H; i++) x[i] = frand() * 1.5f;
+        float *dx = dup_dev(x, (size_t)SETS * T * H * 4);
+        int *idx = dev((size_t)SETS * T * k * 4);
+        float *wt = dev((size_t)SETS * T * k * 4), *lg = dev((size_t)T * E * 4),
+              *act = dev((size_t)SETS * T * A * 4);
+        float *shg = dev((size_t)SETS * T * 4), *out = dev((size_t)T * H * 4);
+        unsigned *cnt = dev((size_t)T * 4);
+        cu_moe_args a = {0};
+        a.T = T, a.H = H, a.E = E, a.k = k, a.Im = Im, a.Is = Is, a.norm = 1, a.router = router, a.e_gu = gu;
+        a.e_down = dn, a.sh_gu = sgu, a.sh_down = sdn, a.sh_gw = sgw, a.logits = lg, a.count = cnt,
+        a.out = out;
+#define SET(i)                                                                                               \
+    (a.x = dx + (size_t)(i)*T * H, a.idx = idx + (size_t)(i)*T * k, a.w = wt + (size_t)(i)*T * k,            \
+     a.act = act + (size_t)(i)*T * A, a.shg = shg + (size_t)(i)*T)
+        for (int i = 0; i < SETS; i++) { /* every set's choices and activations, once */
+            SET(i);
+            cu_moe_fused(c, &a);
+        }
+        REQUIRE(cu_sync(c, err, sizeof err) == 0);
+        double b_rt = (double)E * H * 2, b_gu = (double)T * ((double)k * 2 * Im * H + 2.0 * Is * H + H) * 2,
+               b_dn = (double)T * ((double)k * H * Im + (double)H * Is) * 2;
+        for (int v = 0; v < 4; v++) {
+            a.variant = v;
+            double us[3];
+            for (int kind = 0; kind < 3; kind++) {
+                cu_timer_start(c, tm);
+                for (int r = 0; r < REPS; r++) {
+                    SET(r % SETS);
+                    if (kind == 0)
+                        cu_moe_fused_route(c, &a);
+                    else if (kind == 1)
+                        cu_moe_fused_gate_up(c, &a);
+                    else
+                        cu_moe_fused_down(c, &a);
+                }
+                us[kind] = cu_timer_stop_ms(c, tm) * 1000.0 / REPS;
+            }
+            printf(
+                "     35B-A3B T=%d variant %d: router %6.1f us, gate_up %6.1f us (%4.0f GB/s), down %6.1f us "
+                "(%4.0f GB/s), all %6.1f us\n",
+                T, v, us[0], us[1], b_gu / us[1] / 1e3, us[2], b_dn / us[2] / 1e3, us[0] + us[1] + us[2]);
+        }
+        a.variant = 0;
+        cu_timer_start(c, tm);
+        for (int r = 0; r < REPS; r++) {
+            SET(r % SETS);
+            cu_moe_fused(c, &a);
+        }
+        double all = cu_timer_stop_ms(c, tm) * 1000.0 / REPS;
+        printf("     35B-A3B T=%d: the three back to back %.1f us for %.1f MB (%.0f GB/s)\n", T, all,
+               (b_rt + b_gu + b_dn) / 1e6, (b_rt + b_gu + b_dn) / all / 1e3);
+#undef SET
+        REQUIRE(cu_sync(c, err, sizeof err) == 0);
+        free(x);
+        cu_free(dx), cu_free(idx), cu_free(wt), cu_free(lg), cu_free(act), cu_free(shg), cu_free(out),
+            cu_free(cnt);
+    }
+    cu_timer_destroy(tm);
+    cu_free(router), cu_free(gu), cu_free(dn), cu_free(sgu), cu_free(sdn), cu_free(sgw);
+    cu_ctx_destroy(c);
+}
+
 /* ---- prefill experts: grouped GEMMs on the tensor cores (CINFER_CUDA_MOE_PREFILL=grouped) ---- */
 
 /* T rows choose k distinct experts each; expert hot (when >= 0) is in every row (more than one 64-slot tile),
@@ -602,6 +699,64 @@ TEST(cuda_moe_prefill_gemm_vs_cpu) {
     prefill_case("tiny (fixture shape)", 150, 64, 8, 2, 32, 3, 1);
     prefill_case("odd widths", 90, 72, 9, 3, 40, 4, 1);
     prefill_case("35B-A3B shape", 130, 2048, 256, 8, 512, 5, 9);
+}
+
+/* Device time of the two grouped GEMMs of a 4096-token 35B-A3B prefill chunk (32768 slots over 256 experts,
+ * random choices), versions 1 and 2, with the rate of the products (hi and lo halves counted). Prints only.
+ */
+TEST(cuda_moe_prefill_speed) {
+    if (NO_DEVICE()) SKIP("no CUDA device: skipped");
+    char err[256];
+    cu_ctx *c;
+    REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
+    int T = 4096, H = 2048, E = 256, k = 8, I = 512, S = T * k;
+    size_t ngu = (size_t)E * 2 * I * H, ndn = (size_t)E * H * I;
+    uint16_t *gu = dev(ngu * 2), *dn = dev(ndn * 2);
+    cu_fill_random_bf16(c, gu, ngu, 0.03f, 41);
+    cu_fill_random_bf16(c, dn, ndn, 0.03f, 42);
+    int *idx = malloc((size_t)S * 4);
+    for (int r = 0; r < T; r++)
+        for (int j = 0; j < k; j++) {
+            int e;
+            for (;;) {
+                e = (int)((frand() * 0.5f + 0.5f) * (float)E) % E;
+                int dup = 0;
+                for (int q = 0; q < j; q++) dup |= idx[r * k + q] == e;
+                if (!dup) break;
+            }
+            idx[r * k + j] = e;
+        }
+    float *x = dev((size_t)T * H * 4), *ea = dev((size_t)S * I * 4), *ey = dev((size_t)S * H * 4);
+    cu_fill_f32(c, x, (size_t)T * H, 0.5f);
+    int *d_idx = dup_dev(idx, (size_t)S * 4), *grp = dev((size_t)(E + 1 + S) * 4),
+        *tiles = dev((size_t)(E + 1) * 4);
+    cu_moe_group(c, d_idx, S, E, grp);
+    cu_moe_tiles(c, grp, E, tiles);
+    cu_timer *tm;
+    REQUIRE(cu_timer_create(&tm) == 0);
+    double fl_gu = 2.0 * 2 * S * 2.0 * I * H, fl_dn = 2.0 * 2 * S * (double)H * I; /* x2: hi and lo */
+    for (int v = 1; v <= 2; v++) {
+        cu_moe_gemm_set_version(v);
+        cu_moe_gemm_swiglu(c, ea, x, k, gu, grp, tiles, S, E, I, H); /* warm */
+        cu_moe_gemm(c, ey, ea, 1, dn, grp, tiles, S, E, H, I);
+        cu_timer_start(c, tm);
+        for (int r = 0; r < 5; r++) cu_moe_gemm_swiglu(c, ea, x, k, gu, grp, tiles, S, E, I, H);
+        double t1 = cu_timer_stop_ms(c, tm) / 5;
+        cu_timer_start(c, tm);
+        for (int r = 0; r < 5; r++) cu_moe_gemm(c, ey, ea, 1, dn, grp, tiles, S, E, H, I);
+        double t2 = cu_timer_stop_ms(c, tm) / 5;
+        printf(
+            "     35B-A3B 4096-token chunk, version %d: gate_up+SwiGLU %.3f ms (%.0f TFLOP/s), down %.3f ms "
+            "(%.0f TFLOP/s): %.2f ms per layer\n",
+            v, t1, fl_gu / t1 / 1e9, t2, fl_dn / t2 / 1e9, t1 + t2);
+    }
+    cu_moe_gemm_set_version(1);
+    REQUIRE(cu_sync(c, err, sizeof err) == 0);
+    cu_timer_destroy(tm);
+    free(idx);
+    cu_free(gu), cu_free(dn), cu_free(x), cu_free(ea), cu_free(ey), cu_free(d_idx), cu_free(grp),
+        cu_free(tiles);
+    cu_ctx_destroy(c);
 }
 
 /* The MoE fixtures through the whole cuda forward with a 150-token prefill (the path past 64 rows) with

@@ -56,7 +56,9 @@ __device__ __forceinline__ void dot_rows(float (&acc)[R], const uint16_t *const 
  * f32 activations (the values cu_gemm(precise) gives); the block that finishes a row last (count[r], left
  * at 0 again) selects in one warp exactly as route_kernel + sort_slots_kernel do: softmax with per-lane sums
  * joined by the butterfly, k rounds of a warp argmax on (p, lowest index), the k weights summed in selection
- * order, then written in ascending expert order. */
+ * order, then written in ascending expert order. NB: 256-element chunks of a row requested at once (4, or 8:
+ * H = 2048 in one round trip; cu_moe_args.variant). */
+template <int NB>
 __global__ void __launch_bounds__(RT_WARPS * 32)
     mf_route_kernel(const float *__restrict__ x, const uint16_t *__restrict__ wr, float *logits, int *idx,
                     float *wout, unsigned *count, int H, int E, int k, int norm) {
@@ -68,7 +70,7 @@ __global__ void __launch_bounds__(RT_WARPS * 32)
         float acc[1] = {0.0f};
         const uint16_t *w1[1] = {wr + (size_t)e * H};
         const float *x1[1] = {x + (size_t)r * H};
-        dot_rows<1, 4>(acc, w1, x1, H, lane);
+        dot_rows<1, NB>(acc, w1, x1, H, lane);
         float v = warp_sum(acc[0]);
         if (lane == 0) {
             lg[e] = v;
@@ -139,7 +141,10 @@ __global__ void __launch_bounds__(RT_WARPS * 32)
 
 /* gate_up + SwiGLU, grid (warps / MF_WARPS, T). Warp w < k Im: gate row n and up row Im + n of the row's
  * j-th chosen expert (j = w / Im, n = w % Im) -> act[r][w]; then Is warps for the shared expert's rows ->
- * act[r][k Im + n]; then one warp for the shared expert's gate logit -> shg[r]. */
+ * act[r][k Im + n]; then one warp for the shared expert's gate logit -> shg[r]. NB: chunks per row requested
+ * at once (4; or 2: 40 registers instead of 60, six blocks per SM instead of four, so the 577 blocks of a
+ * 35B-A3B row are one wave; cu_moe_args.variant). */
+template <int NB>
 __global__ void __launch_bounds__(MF_WARPS * 32)
     mf_gate_up_kernel(const float *__restrict__ x, const uint16_t *__restrict__ e_gu,
                       const int *__restrict__ idx, const uint16_t *__restrict__ sh_gu,
@@ -172,7 +177,7 @@ __global__ void __launch_bounds__(MF_WARPS * 32)
     float acc[2] = {0.0f, 0.0f};
     const uint16_t *w2[2] = {g, g + up};
     const float *x2[2] = {xr, xr};
-    dot_rows<2, 4>(acc, w2, x2, H, lane);
+    dot_rows<2, NB>(acc, w2, x2, H, lane);
     float gs = warp_sum(acc[0]), us = warp_sum(acc[1]);
     if (lane == 0) act[(size_t)r * A + wg] = dev_silu(gs) * us; /* cu_swiglu's expression */
 }
@@ -238,8 +243,12 @@ extern "C" int cu_moe_fused_supported(int H, int E, int k, int Im, int Is) {
 extern "C" void cu_moe_fused_route(cu_ctx *c, const cu_moe_args *a) {
     if (a->T <= 0) return;
     dim3 grid(cdiv((size_t)a->E, RT_WARPS), (unsigned)a->T);
-    mf_route_kernel<<<grid, RT_WARPS * 32, 0, c->stream>>>(a->x, a->router, a->logits, a->idx, a->w, a->count,
-                                                           a->H, a->E, a->k, a->norm);
+    if (a->variant & 2)
+        mf_route_kernel<8><<<grid, RT_WARPS * 32, 0, c->stream>>>(a->x, a->router, a->logits, a->idx, a->w,
+                                                                  a->count, a->H, a->E, a->k, a->norm);
+    else
+        mf_route_kernel<4><<<grid, RT_WARPS * 32, 0, c->stream>>>(a->x, a->router, a->logits, a->idx, a->w,
+                                                                  a->count, a->H, a->E, a->k, a->norm);
 }
 
 extern "C" void cu_moe_fused_gate_up(cu_ctx *c, const cu_moe_args *a) {
@@ -247,8 +256,12 @@ extern "C" void cu_moe_fused_gate_up(cu_ctx *c, const cu_moe_args *a) {
     int Is = a->sh_gu ? a->Is : 0;
     size_t warps = (size_t)a->k * a->Im + (size_t)Is + (a->sh_gw ? 1 : 0);
     dim3 grid(cdiv(warps, MF_WARPS), (unsigned)a->T);
-    mf_gate_up_kernel<<<grid, MF_WARPS * 32, 0, c->stream>>>(a->x, a->e_gu, a->idx, a->sh_gu, a->sh_gw,
-                                                             a->act, a->shg, a->H, a->k, a->Im, Is);
+    if (a->variant & 1)
+        mf_gate_up_kernel<2><<<grid, MF_WARPS * 32, 0, c->stream>>>(a->x, a->e_gu, a->idx, a->sh_gu, a->sh_gw,
+                                                                    a->act, a->shg, a->H, a->k, a->Im, Is);
+    else
+        mf_gate_up_kernel<4><<<grid, MF_WARPS * 32, 0, c->stream>>>(a->x, a->e_gu, a->idx, a->sh_gu, a->sh_gw,
+                                                                    a->act, a->shg, a->H, a->k, a->Im, Is);
 }
 
 extern "C" void cu_moe_fused_down(cu_ctx *c, const cu_moe_args *a) {
