@@ -703,7 +703,7 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
                                               mc->moe_intermediate_size, mc->shared_expert_intermediate_size);
     }
     const char *mv = getenv("CINFER_CUDA_MOE_VARIANT");
-    f->moe_variant = mv ? atoi(mv) & 3 : 0;
+    f->moe_variant = mv ? atoi(mv) & 7 : 0;
     if (mf)
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_MOE_FUSED=%s: %s\n", mf,
                 f->moe_fused ? "fused decode MoE kernels" : "the unfused decode MoE kernels");
@@ -951,7 +951,8 @@ static int moe(cuda_fwd *f, const cu_layer *cl, const run_shape *rs, int device_
         a.e_down = cl->e_down;
         a.sh_gu = cl->sh_gu, a.sh_down = cl->sh_down, a.sh_gw = cl->sh_gw;
         a.logits = f->moe_logits, a.idx = f->moe_idx, a.w = f->moe_w, a.count = f->moe_cnt, a.act = f->moe_fa;
-        a.shg = f->shg, a.out = f->out, a.resid = into_x ? f->x : NULL, a.variant = f->moe_variant;
+        a.shg = f->shg, a.out = f->out, a.resid = into_x ? f->x : NULL,
+        a.variant = f->profile ? f->moe_variant & 3 : f->moe_variant; /* no PDL beside the profile's events */
         *added = into_x;
         mark(f, CP_MOE_ROUTE);
         cu_moe_fused_route(f->cu, &a);

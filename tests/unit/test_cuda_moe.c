@@ -296,8 +296,8 @@ static void moe_case_run(const moe_case *mc) {
     }
     fused_out o8;
     REQUIRE(run_fused(c, mc, &w, d_x, T, 0, &o8) == 0);
-    /* the load-batching variants (CINFER_CUDA_MOE_VARIANT): the same bits */
-    for (int v = 1; v < 4; v++) {
+    /* the variants (CINFER_CUDA_MOE_VARIANT: load batching, PDL launches): the same bits */
+    for (int v = 1; v < 8; v++) {
         fused_out ov;
         if (!run_fused(c, mc, &w, d_x, T, v, &ov))
             CHECK_MSG(!memcmp(ov.idx, o8.idx, (size_t)T * k * 4) && !memcmp(ov.w, o8.w, (size_t)T * k * 4) &&
@@ -487,6 +487,11 @@ TEST(cuda_moe_fused_model_matches_unfused) {
     /* graphs against eager launches, the fused MoE on */
     if (!model_steps(m, V, 3, "1", NULL, "0", NULL, ref) && !model_steps(m, V, 3, "1", NULL, NULL, NULL, got))
         CHECK_MSG(!memcmp(ref, got, n * sizeof(float)), "fused MoE: CUDA graphs differ from eager launches");
+    /* the PDL launches and other load batching (CINFER_CUDA_MOE_VARIANT=7) in graphs: the same bits */
+    char *ov = env_swap("CINFER_CUDA_MOE_VARIANT", "7");
+    if (!model_steps(m, V, 3, "1", NULL, NULL, NULL, got))
+        CHECK_MSG(!memcmp(ref, got, n * sizeof(float)), "fused MoE variant 7 (PDL) differs from variant 0");
+    env_restore("CINFER_CUDA_MOE_VARIANT", ov);
     /* 12 sequences (24 prefill rows, then 12-row decode steps) on the grouped tensor-core GEMMs
      * (CINFER_CUDA_MOE_GEMM_ROWS=9) against the default device path (1e-4: tensor cores, hi + lo), and their
      * graphs against eager launches bit for bit */
@@ -572,15 +577,19 @@ TEST(cuda_moe_fused_speed) {
                 "(%4.0f GB/s), all %6.1f us\n",
                 T, v, us[0], us[1], b_gu / us[1] / 1e3, us[2], b_dn / us[2] / 1e3, us[0] + us[1] + us[2]);
         }
-        a.variant = 0;
-        cu_timer_start(c, tm);
-        for (int r = 0; r < REPS; r++) {
-            SET(r % SETS);
-            cu_moe_fused(c, &a);
+        static const int vs[] = {0, 1, 3, 4, 5, 7}; /* 4: PDL launches */
+        for (size_t vi = 0; vi < sizeof vs / sizeof vs[0]; vi++) {
+            a.variant = vs[vi];
+            cu_timer_start(c, tm);
+            for (int r = 0; r < REPS; r++) {
+                SET(r % SETS);
+                cu_moe_fused(c, &a);
+            }
+            double all = cu_timer_stop_ms(c, tm) * 1000.0 / REPS;
+            printf("     35B-A3B T=%d variant %d: the three back to back %.1f us for %.1f MB (%.0f GB/s)\n",
+                   T, vs[vi], all, (b_rt + b_gu + b_dn) / 1e6, (b_rt + b_gu + b_dn) / all / 1e3);
         }
-        double all = cu_timer_stop_ms(c, tm) * 1000.0 / REPS;
-        printf("     35B-A3B T=%d: the three back to back %.1f us for %.1f MB (%.0f GB/s)\n", T, all,
-               (b_rt + b_gu + b_dn) / 1e6, (b_rt + b_gu + b_dn) / all / 1e3);
+        a.variant = 0;
 #undef SET
         REQUIRE(cu_sync(c, err, sizeof err) == 0);
         free(x);

@@ -311,8 +311,9 @@ typedef struct cu_moe_args {
     float *shg;      /* [T] the shared expert's gate logit (before the sigmoid) */
     float *out;      /* [T][H] Σ_j w_j expert_j(x) + sigmoid(shg) shared(x) */
     float *resid;    /* NULL, or [T][H]: resid += that sum (the residual add) and out untouched */
-    int variant;     /* load batching, the same bits: 1: gate_up 2 chunks per request (else 4); 2: the router
-                        8 (else 4) (CINFER_CUDA_MOE_VARIANT, for measurements) */
+    int variant;     /* the same bits by other means: 1: gate_up requests 2 chunks per row at a time (else 4);
+                        2: the router 8 (else 4); 4: programmatic dependent launch (each kernel lets the next
+                        be scheduled, then waits for the one before) (CINFER_CUDA_MOE_VARIANT) */
 } cu_moe_args;
 /* 1 when the fused kernels serve this shape: H, Im, Is multiples of 8, Im and Is <= 512, E <= 1024, k <= 32
  */

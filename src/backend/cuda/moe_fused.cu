@@ -65,6 +65,10 @@ __global__ void __launch_bounds__(RT_WARPS * 32)
     __shared__ int last;
     const int r = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int e = blockIdx.x * RT_WARPS + warp;
+    /* programmatic dependent launch (variant 4): the next kernel may be scheduled now (it waits for this
+     * one's completion before reading), and this one waits for the kernel before it; both no-ops otherwise */
+    griddep_launch();
+    griddep_wait();
     float *lg = logits + (size_t)r * E;
     if (e < E) {
         float acc[1] = {0.0f};
@@ -152,6 +156,8 @@ __global__ void __launch_bounds__(MF_WARPS * 32)
                       int Is) {
     const int r = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int wg = blockIdx.x * MF_WARPS + warp, A = k * Im + Is;
+    griddep_launch();
+    griddep_wait();
     const float *xr = x + (size_t)r * H;
     const uint16_t *g;
     size_t up; /* elements from the gate row to the up row */
@@ -193,6 +199,8 @@ __global__ void __launch_bounds__(MF_WARPS * 32)
                    float *resid, int H, int k, int Im, int Is) {
     const int r = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int h = blockIdx.x * MF_WARPS + warp, A = k * Im + Is;
+    griddep_launch();
+    griddep_wait();
     if (h >= H) return;
     const float *ar = act + (size_t)r * A;
     const int my_e = lane < k ? idx[(size_t)r * k + lane] : 0;
@@ -235,6 +243,26 @@ __global__ void __launch_bounds__(MF_WARPS * 32)
     }
 }
 
+/* kern<<<grid, block, 0, stream>>>(args...), with programmatic dependent launch when pdl */
+template <class... KA, class... A>
+static void mf_launch(cu_ctx *c, int pdl, void (*kern)(KA...), dim3 grid, dim3 block, A... args) {
+    if (!pdl) {
+        kern<<<grid, block, 0, c->stream>>>(args...);
+        return;
+    }
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = c->stream;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    cudaLaunchKernelEx(&cfg, kern, args...);
+}
+
 extern "C" int cu_moe_fused_supported(int H, int E, int k, int Im, int Is) {
     return H > 0 && H % 8 == 0 && E > 0 && E <= MF_MAX_E && k > 0 && k <= MF_MAX_K && k <= E && Im > 0 &&
            Im % 8 == 0 && Im <= MF_MAX_KD && Is >= 0 && Is % 8 == 0 && Is <= MF_MAX_KD;
@@ -242,35 +270,29 @@ extern "C" int cu_moe_fused_supported(int H, int E, int k, int Im, int Is) {
 
 extern "C" void cu_moe_fused_route(cu_ctx *c, const cu_moe_args *a) {
     if (a->T <= 0) return;
-    dim3 grid(cdiv((size_t)a->E, RT_WARPS), (unsigned)a->T);
-    if (a->variant & 2)
-        mf_route_kernel<8><<<grid, RT_WARPS * 32, 0, c->stream>>>(a->x, a->router, a->logits, a->idx, a->w,
-                                                                  a->count, a->H, a->E, a->k, a->norm);
-    else
-        mf_route_kernel<4><<<grid, RT_WARPS * 32, 0, c->stream>>>(a->x, a->router, a->logits, a->idx, a->w,
-                                                                  a->count, a->H, a->E, a->k, a->norm);
+    dim3 grid(cdiv((size_t)a->E, RT_WARPS), (unsigned)a->T), block(RT_WARPS * 32);
+    int pdl = (a->variant & 4) != 0;
+    mf_launch(c, pdl, (a->variant & 2) ? mf_route_kernel<8> : mf_route_kernel<4>, grid, block, a->x,
+              a->router, a->logits, a->idx, a->w, a->count, a->H, a->E, a->k, a->norm);
 }
 
 extern "C" void cu_moe_fused_gate_up(cu_ctx *c, const cu_moe_args *a) {
     if (a->T <= 0) return;
     int Is = a->sh_gu ? a->Is : 0;
     size_t warps = (size_t)a->k * a->Im + (size_t)Is + (a->sh_gw ? 1 : 0);
-    dim3 grid(cdiv(warps, MF_WARPS), (unsigned)a->T);
-    if (a->variant & 1)
-        mf_gate_up_kernel<2><<<grid, MF_WARPS * 32, 0, c->stream>>>(a->x, a->e_gu, a->idx, a->sh_gu, a->sh_gw,
-                                                                    a->act, a->shg, a->H, a->k, a->Im, Is);
-    else
-        mf_gate_up_kernel<4><<<grid, MF_WARPS * 32, 0, c->stream>>>(a->x, a->e_gu, a->idx, a->sh_gu, a->sh_gw,
-                                                                    a->act, a->shg, a->H, a->k, a->Im, Is);
+    dim3 grid(cdiv(warps, MF_WARPS), (unsigned)a->T), block(MF_WARPS * 32);
+    int pdl = (a->variant & 4) != 0;
+    mf_launch(c, pdl, (a->variant & 1) ? mf_gate_up_kernel<2> : mf_gate_up_kernel<4>, grid, block, a->x,
+              a->e_gu, a->idx, a->sh_gu, a->sh_gw, a->act, a->shg, a->H, a->k, a->Im, Is);
 }
 
 extern "C" void cu_moe_fused_down(cu_ctx *c, const cu_moe_args *a) {
     if (a->T <= 0) return;
     int Is = a->sh_gu ? a->Is : 0;
-    dim3 grid(cdiv((size_t)a->H, MF_WARPS), (unsigned)a->T);
-    mf_down_kernel<<<grid, MF_WARPS * 32, 0, c->stream>>>(a->act, a->e_down, a->idx, a->w,
-                                                          Is ? a->sh_down : NULL, a->shg, a->out, a->resid,
-                                                          a->H, a->k, a->Im, Is);
+    dim3 grid(cdiv((size_t)a->H, MF_WARPS), (unsigned)a->T), block(MF_WARPS * 32);
+    const uint16_t *sh_down = Is ? a->sh_down : NULL;
+    mf_launch(c, (a->variant & 4) != 0, mf_down_kernel, grid, block, a->act, a->e_down, a->idx, a->w, sh_down,
+              a->shg, a->out, a->resid, a->H, a->k, a->Im, Is);
 }
 
 extern "C" void cu_moe_fused(cu_ctx *c, const cu_moe_args *a) {
