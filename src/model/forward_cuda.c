@@ -139,6 +139,10 @@ typedef struct cu_layer {
 
 #define MAX_GRAPHS         64
 #define ATTN_TARGET_BLOCKS 1024 /* split positions until (rows x heads x splits) reaches this */
+/* decode-only steps of up to this many entries take the fused DeltaNet kernel (CINFER_CUDA_GDN_FUSED): faster
+ * at batch 1 and 8, slower at 64 on the H200; the two give the same bits, so the choice never changes a row
+ */
+#define GDN_FUSED_MAX      16
 #define PROF_MAX_MARKS     4096
 
 /* A captured step: every launch of a batch depends only on these (entries, rows, logits rows, whether a
@@ -210,7 +214,8 @@ struct cuda_fwd {
     /* the fused decode kernels' counters, or NULL when off: [max_tokens][Hk] DeltaNet
      * (CINFER_CUDA_GDN_FUSED), [max_tokens][Hq] attention (CINFER_CUDA_ATTN_FUSED) */
     unsigned *gdn_cnt, *attn_cnt;
-    void *gdn_chunk; /* the phased DeltaNet prefill's scratch (cu_gdn_chunk_bytes), or NULL */
+    int gdn_fused_max; /* the fused DeltaNet kernel takes decode-only steps of up to this many entries */
+    void *gdn_chunk;   /* the phased DeltaNet prefill's scratch (cu_gdn_chunk_bytes), or NULL */
     int gdn_chunk_cap, gdn_chunk_dt;
     int attn_rows; /* rows per prefill attention tile: CU_ATTN_TILE, or cu_attn_tc_rows with attn_tc */
     /* device sampling (cuda_fwd_sample) of the last call's logits rows */
@@ -614,21 +619,26 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
             (rc = dev_alloc(f, (void **)&f->rec_state, rs, &f->bytes_pools, err, errlen)))
             goto fail;
     }
-    /* CINFER_CUDA_GDN_FUSED: "1" a batch of decode tokens runs each DeltaNet layer as one fused kernel (the
-     * same bits as the four-kernel path), "0" or unset the four kernels */
+    /* CINFER_CUDA_GDN_FUSED: a step of decode tokens only runs each DeltaNet layer as one fused kernel (the
+     * same bits as the four kernels) — unset: steps of up to GDN_FUSED_MAX entries, "1" every such step, "0"
+     * none. H200, 4B (session 4 call 1): batch 1 247 -> 281 tok/s with the fused attention, batch 8
+     * 1,181 -> 1,237, batch 64 5,928 -> 5,487 (slower: each of its 8,192 blocks waits on the conv and the
+     * norms before its recurrence, and at 15 waves that latency adds up) */
     const char *gf = getenv("CINFER_CUDA_GDN_FUSED");
-    if (m->n_lin > 0 && gf && !strcmp(gf, "1") &&
+    f->gdn_fused_max = !gf ? GDN_FUSED_MAX : !strcmp(gf, "0") ? 0 : p->max_tokens;
+    if (m->n_lin > 0 && f->gdn_fused_max > 0 &&
         (rc = dev_alloc(f, (void **)&f->gdn_cnt, (size_t)p->max_tokens * m->Hk * sizeof(unsigned),
                         &f->bytes_scratch, err, errlen)))
         goto fail;
     if (gf)
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_GDN_FUSED=%s: fused deltanet decode %s\n", gf,
                 f->gdn_cnt ? "on" : "off");
-    /* CINFER_CUDA_ATTN_FUSED: "1" decode-only steps run each attention layer as one kernel (q/k norm, RoPE
-     * and the KV write in its prologue, the merge of the splits in the last split's block), "0" or unset
-     * three */
+    /* CINFER_CUDA_ATTN_FUSED: decode-only steps run each attention layer as one kernel (q/k norm, RoPE and
+     * the KV write in its prologue, the merge of the splits in the last split's block) — the default ("0":
+     * three kernels). H200, 4B (session 4 call 1): attention core 0.316 -> 0.240 ms at batch 1, 1.36 -> 1.30
+     * ms at batch 64, the same bits */
     const char *af = getenv("CINFER_CUDA_ATTN_FUSED");
-    if (m->n_full > 0 && af && !strcmp(af, "1") &&
+    if (m->n_full > 0 && !(af && !strcmp(af, "0")) &&
         (rc = dev_alloc(f, (void **)&f->attn_cnt, (size_t)p->max_tokens * m->Hq * sizeof(unsigned),
                         &f->bytes_scratch, err, errlen)))
         goto fail;
@@ -829,6 +839,7 @@ typedef struct run_shape {
     const int *rope3;      /* [T][3] multimodal rotary positions (device), or NULL for text */
     const fwd_entry *mm_e; /* the entries when some carry image features, else NULL */
     int mm_ne;
+    int gdn_fused; /* the DeltaNet layers run the fused decode kernel (gdn_fused_step) */
 } run_shape;
 
 static void gemm(cuda_fwd *f, float *y, const float *x, const uint16_t *w, int M, int N, int K) {
@@ -882,7 +893,7 @@ static void deltanet(cuda_fwd *f, const cu_layer *cl, const layer_weights *lw, i
     a.chunk_scr = f->gdn_chunk, a.chunk_cap = f->gdn_chunk_cap, a.chunk_dt = f->gdn_chunk_dt;
     a.spec_rec = f->spec_rec, a.spec_win = f->p.spec_window, a.has_spec = rs->has_spec;
     a.spec_buf = f->spec_fuse ? spec_buf_floats(f) : 0;
-    a.no_chunked = rs->no_chunked, a.dec_cnt = f->gdn_cnt;
+    a.no_chunked = rs->no_chunked, a.dec_cnt = rs->gdn_fused ? f->gdn_cnt : NULL;
     cu_gdn_layer(f->cu, &a);
     mark(f, CP_GEMM_OUT);
     out_proj(f, cl, T, vd, fz);
@@ -1265,7 +1276,10 @@ static int fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, int s
      * and so does every entry of a step whose conv is not conv_kernel: a step without windows under
      * CINFER_CUDA_GDN_FUSED (its one-kernel decode layer) or one with prefill rows under the phased prefill
      * (gdn_tc 2: conv_rows_kernel) */
-    int conv_replays = !(f->gdn_cnt && !has_spec) && !(f->gdn_tc == 2 && any_chunked);
+    /* the fused DeltaNet decode kernel (cu_gdn_args.dec_cnt) takes steps of decode tokens only, up to
+     * gdn_fused_max of them */
+    int gdn_fused = f->gdn_cnt && !has_spec && !any_chunked && NE <= f->gdn_fused_max;
+    int conv_replays = !gdn_fused && !(f->gdn_tc == 2 && any_chunked);
     for (int i = 0; i < NE && f->spec_fuse; i++) {
         int s = e[i].slot, replays = conv_replays && (e[i].spec_rec || (e[i].n == 1 && e[i].seq_len > 0));
         if (!replays) spec_flush(f, s);
@@ -1284,7 +1298,7 @@ static int fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, int s
         }
         return rc;
     }
-    rs.no_chunked = !any_chunked;
+    rs.no_chunked = !any_chunked, rs.gdn_fused = gdn_fused;
     int *d = f->meta;
     /* MoE decode without the host (graph-capturable): every (row, choice) slot through the indexed GEMV; past
      * 64 rows the experts are grouped on the host and run as GEMMs */

@@ -22,11 +22,17 @@
  * recurrent_kernel, gnorm_kernel) and the fused decode kernel: both run the same device code in the same
  * order, so a decode step gives the same bits either way (tests/unit/test_cuda_fused.c). */
 
-/* one channel, one token: silu(w . [window | xin]); win holds the K-1 earlier inputs, oldest first */
-__device__ __forceinline__ float conv_tap(const float *wt, const float *win, float xin, int K) {
+/* one channel, one token: silu(w . [window | xin]); win holds the K-1 earlier inputs, oldest first, wt their
+ * weights, wl the current input's (the loop is unrolled with constant indices, so arrays filled the same way
+ * stay in registers) */
+template <int N>
+__device__ __forceinline__ float conv_tap(const float (&wt)[N], const float (&win)[N], float wl, float xin,
+                                          int K) {
     float acc = 0.0f;
-    for (int j = 0; j < K - 1; j++) acc = fmaf(wt[j], win[j], acc);
-    return dev_silu(fmaf(wt[K - 1], xin, acc));
+#pragma unroll
+    for (int j = 0; j < N - 1; j++)
+        if (j < K - 1) acc = fmaf(wt[j], win[j], acc);
+    return dev_silu(fmaf(wl, xin, acc));
 }
 
 /* l2norm (eps 1e-6) of one dk-vector by one warp, times 1/sqrt(dk) for a query head; x and y may alias */
@@ -92,7 +98,7 @@ __global__ void conv_kernel(cu_gdn_args a) {
     for (int j = 0; j < K; j++) wt[j] = a.conv_w[(size_t)j * C + c];
     for (int t = 0; t < n; t++) {
         float xin = a.qkv[(size_t)(r0 + t) * a.qkv_ld + c];
-        a.conv_out[(size_t)(r0 + t) * C + c] = conv_tap(wt, win, xin, K);
+        a.conv_out[(size_t)(r0 + t) * C + c] = conv_tap(wt, win, wt[K - 1], xin, K);
         for (int j = 0; j + 1 < K - 1; j++) win[j] = win[j + 1];
         if (K > 1) win[K - 2] = xin;
     }
@@ -117,7 +123,7 @@ __global__ void conv_rows_kernel(cu_gdn_args a) {
         win[j] = i >= 0 ? a.qkv[(size_t)(r - t + i) * a.qkv_ld + c] : st[(size_t)(i + K - 1) * C];
     }
     for (int j = 0; j < K; j++) wt[j] = a.conv_w[(size_t)j * C + c];
-    a.conv_out[(size_t)r * C + c] = conv_tap(wt, win, a.qkv[(size_t)r * a.qkv_ld + c], K);
+    a.conv_out[(size_t)r * C + c] = conv_tap(wt, win, wt[K - 1], a.qkv[(size_t)r * a.qkv_ld + c], K);
 }
 
 __global__ void conv_window_kernel(cu_gdn_args a) {
@@ -306,6 +312,11 @@ template <int R> __global__ void __launch_bounds__(256) fused_decode_kernel(cu_g
         int i = g + REC_GROUPS * t;
         sv[t] = i < dk && ok ? S[(size_t)i * dv] : 0.0f;
     }
+    /* beta and g of this head, their loads issued with the others (not after a barrier) */
+    if (tid == 64) {
+        bgs[0] = gdn_beta(a.b[(size_t)r * a.ba_ld + h]);
+        bgs[1] = gdn_gate(a, a.a[(size_t)r * a.ba_ld + h], h);
+    }
     /* conv + SiLU: q channels kh dk + i, k channels kd + kh dk + i (idx < 2 dk), then this block's values */
     float *cst = a.conv_state + ((size_t)slot * a.n_lin + a.lin) * (size_t)(K - 1) * C;
     const float *xrow = a.qkv + (size_t)r * a.qkv_ld;
@@ -314,43 +325,44 @@ template <int R> __global__ void __launch_bounds__(256) fused_decode_kernel(cu_g
         int c = idx < dk       ? kh * dk + idx
                 : idx < 2 * dk ? kd + kh * dk + (idx - dk)
                                : 2 * kd + h * dv + j0 + (idx - 2 * dk);
-        float win[CONV_MAXK], wt[CONV_MAXK];
-        for (int t = 0; t < K - 1; t++) win[t] = cst[(size_t)t * C + c];
-        for (int t = 0; t < K; t++) wt[t] = a.conv_w[(size_t)t * C + c];
-        float xin = xrow[c], y = conv_tap(wt, win, xin, K);
+        float win[CONV_MAXK], wt[CONV_MAXK]; /* constant indices only: registers */
+#pragma unroll
+        for (int t = 0; t < CONV_MAXK - 1; t++) {
+            win[t] = t < K - 1 ? cst[(size_t)t * C + c] : 0.0f;
+            wt[t] = t < K - 1 ? a.conv_w[(size_t)t * C + c] : 0.0f;
+        }
+        float xin = xrow[c], y = conv_tap(wt, win, a.conv_w[(size_t)(K - 1) * C + c], xin, K);
         if (idx < dk) {
             q[idx] = y, xs[idx] = xin;
         } else if (idx < 2 * dk) {
             k[idx - dk] = y, xs[idx] = xin;
         } else {
             vs[idx - 2 * dk] = y;
-            for (int t = 0; t + 1 < K - 1; t++) cst[(size_t)t * C + c] = win[t + 1];
-            if (K > 1) cst[(size_t)(K - 2) * C + c] = xin;
+#pragma unroll
+            for (int t = 0; t < CONV_MAXK - 1; t++)
+                if (t < K - 1) cst[(size_t)t * C + c] = t + 1 < K - 1 ? win[t + 1] : xin;
         }
     }
     __syncthreads();
     if (g == 0) l2norm_warp(q, q, dk, 1, jj);
     if (g == 1) l2norm_warp(k, k, dk, 0, jj);
-    if (tid == 64) {
-        bgs[0] = gdn_beta(a.b[(size_t)r * a.ba_ld + h]);
-        bgs[1] = gdn_gate(a, a.a[(size_t)r * a.ba_ld + h], h);
-    }
     __syncthreads();
     float decay = expf(bgs[1]), beta = bgs[0];
     float vj = ok ? vs[jj] : 0.0f;
     float *orow = a.o + (size_t)r * a.Hv * dv;
     rec_token<R>(sv, q, k, vj, decay, beta, g, jj, ok, dk, red, fin, orow + (size_t)h * dv + j);
+    /* the last block of the key head's group: every o column of its rr heads is written and every block has
+     * read the q/k windows (a block's loads are consumed before its __syncthreads). Only warp 0 wrote o, so
+     * only it fences, before S is stored: no fence waits for the state's 16 KB (no block reads S) */
+    if (g == 0) __threadfence();
+    __syncthreads();
+    unsigned *cnt = a.dec_cnt + (size_t)e * a.Hk + kh;
+    if (tid == 0) last = atomicAdd(cnt, 1u) == (unsigned)(rr * gridDim.x) - 1u;
 #pragma unroll
     for (int t = 0; t < R; t++) {
         int i = g + REC_GROUPS * t;
         if (i < dk && ok) S[(size_t)i * dv] = sv[t];
     }
-    /* the last block of the key head's group: every o column of its rr heads is written and every block has
-     * read the q/k windows (a block's loads are consumed before its __syncthreads) */
-    __threadfence();
-    __syncthreads();
-    unsigned *cnt = a.dec_cnt + (size_t)e * a.Hk + kh;
-    if (tid == 0) last = atomicAdd(cnt, 1u) == (unsigned)(rr * gridDim.x) - 1u;
     __syncthreads();
     if (!last) return;
     __threadfence();
