@@ -52,6 +52,30 @@ __device__ __forceinline__ void dot_rows(float (&acc)[R], const uint16_t *const 
     }
 }
 
+/* dot_rows in two halves for K <= 512 (one pass of 2 chunks): the loads, then the FMAs, so a kernel can
+ * request weights before it waits for the kernel that writes x */
+template <int R>
+__device__ __forceinline__ void load_rows2(uint4 (&u)[R][2], const uint16_t *const (&w)[R], int K, int lane) {
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            int k = lane * 8 + 256 * c;
+            u[r][c] = k < K ? __ldg(reinterpret_cast<const uint4 *>(w[r] + k)) : make_uint4(0, 0, 0, 0);
+        }
+}
+template <int R>
+__device__ __forceinline__ void fma_rows2(float (&acc)[R], const uint4 (&u)[R][2], const float *const (&x)[R],
+                                          int K, int lane) {
+#pragma unroll
+    for (int c = 0; c < 2; c++) {
+        int k = lane * 8 + 256 * c;
+        if (k < K)
+#pragma unroll
+            for (int r = 0; r < R; r++) acc[r] = fma8(u[r][c], x[r] + k, acc[r]);
+    }
+}
+
 /* Router, grid (E / RT_WARPS, T). Warp w of block b computes logit e = RT_WARPS b + w of row blockIdx.y with
  * f32 activations (the values cu_gemm(precise) gives); the block that finishes a row last (count[r], left
  * at 0 again) selects in one warp exactly as route_kernel + sort_slots_kernel do: softmax with per-lane sums
@@ -65,10 +89,12 @@ __global__ void __launch_bounds__(RT_WARPS * 32)
     __shared__ int last;
     const int r = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int e = blockIdx.x * RT_WARPS + warp;
-    /* programmatic dependent launch (variant 4): the next kernel may be scheduled now (it waits for this
-     * one's completion before reading), and this one waits for the kernel before it; both no-ops otherwise */
-    griddep_launch();
+    /* programmatic dependent launch (variant 4): wait for the kernel before (the norm that writes x), then
+     * let the next one be scheduled (it waits for this one's completion before reading what it writes); both
+     * are no-ops otherwise. Launching only after the wait keeps a chain: when a kernel of the three starts,
+     * every kernel two launches back has completed. */
     griddep_wait();
+    griddep_launch();
     float *lg = logits + (size_t)r * E;
     if (e < E) {
         float acc[1] = {0.0f};
@@ -156,8 +182,8 @@ __global__ void __launch_bounds__(MF_WARPS * 32)
                       int Is) {
     const int r = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int wg = blockIdx.x * MF_WARPS + warp, A = k * Im + Is;
+    griddep_wait(); /* the router's choices */
     griddep_launch();
-    griddep_wait();
     const float *xr = x + (size_t)r * H;
     const uint16_t *g;
     size_t up; /* elements from the gate row to the up row */
@@ -199,13 +225,19 @@ __global__ void __launch_bounds__(MF_WARPS * 32)
                    float *resid, int H, int k, int Im, int Is) {
     const int r = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int h = blockIdx.x * MF_WARPS + warp, A = k * Im + Is;
-    griddep_launch();
-    griddep_wait();
-    if (h >= H) return;
+    if (h >= H) {
+        griddep_wait();
+        griddep_launch();
+        return;
+    }
     const float *ar = act + (size_t)r * A;
-    const int my_e = lane < k ? idx[(size_t)r * k + lane] : 0;
-    const float my_w = lane < k ? wt[(size_t)r * k + lane] : 0.0f;
+    /* the router's choices are complete when this kernel starts, even under PDL (the gate_up kernel let it be
+     * scheduled only after waiting for the router): read them from L2 (__ldcg: L1 may hold the previous
+     * layer's) and request the first group's weights before waiting for the gate_up kernel's act */
+    const int my_e = lane < k ? __ldcg(idx + (size_t)r * k + lane) : 0;
+    const float my_w = lane < k ? __ldcg(wt + (size_t)r * k + lane) : 0.0f;
     float acc = 0.0f;
+    uint4 u[MF_GROUP][2];
     for (int j0 = 0; j0 < k; j0 += MF_GROUP) {
         float y[MF_GROUP];
         const uint16_t *wd[MF_GROUP];
@@ -218,7 +250,12 @@ __global__ void __launch_bounds__(MF_WARPS * 32)
             xa[g] = ar + (size_t)j * Im;
             y[g] = 0.0f;
         }
-        dot_rows<MF_GROUP, 2>(y, wd, xa, Im, lane);
+        load_rows2<MF_GROUP>(u, wd, Im, lane);
+        if (j0 == 0) {
+            griddep_wait(); /* act */
+            griddep_launch();
+        }
+        fma_rows2<MF_GROUP>(y, u, xa, Im, lane);
 #pragma unroll
         for (int g = 0; g < MF_GROUP; g++) {
             float v = warp_sum(y[g]);
