@@ -1,10 +1,11 @@
-/* test_cuda_fuse.c — the decode GEMV v3 and its fusions (cu_gemv_fused; CINFER_CUDA_FUSE=1): every variant
- * (norm prologue, residual epilogue, SwiGLU epilogue, plain) against the CPU at the real matrix shapes of the
- * 4B / 27B / 35B-A3B models and at odd small ones, M = 1..8, outputs starting as NaN (an unwritten element or
- * any NaN fails), each row's bits the same whatever M, every K-split and loads-in-flight setting; then the
- * whole forward with the switch on against it off, graphs against eager, alone against in a batch; and a
- * microbench of the real matrices, v1 / v2 / v3 and fused against unfused, with the weights rotated through
- * enough copies that L2 (50 MB) never holds them. Without a CUDA build or device every test skips. */
+/* test_cuda_fuse.c — the decode GEMV v3 and its fusions (cu_gemv_fused; default, CINFER_CUDA_FUSE=0 off): every
+ * variant (norm prologue, residual epilogue, SwiGLU epilogue, plain) against the CPU at the real matrix
+ * shapes of the 4B / 27B / 35B-A3B models and at odd small ones, M = 1..8, outputs starting as NaN (an
+ * unwritten element or any NaN fails), each row's bits the same whatever M, every K-split and loads-in-flight
+ * setting; then the whole forward with the switch on against it off, graphs against eager, alone against in a
+ * batch; and a microbench of the real matrices, v1 / v2 / v3 and fused against unfused, with the weights
+ * rotated through enough copies that L2 (50 MB) never holds them. Without a CUDA build or device every test
+ * skips. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -157,10 +158,10 @@ TEST(cuda_gemv3_fused_vs_cpu) {
         /* rows per warp and loads in flight never change a bit; every split count is within the bound */
         for (int ks = 1; ks <= 8; ks *= 2) {
             float *ya = NULL;
-            for (int v = 0; v < 9; v++) {
-                static const int nr[] = {0, 1, 2, 1, 2, 2, 1, 2, 1}, u[] = {0, 2, 4, 8, 8, 4, 8, 4, 8},
-                                 ld[] = {0, 0, 0, 0, 0, 1, 1, 2, 3};
-                if (ks == 8 && (ld[v] & 2)) continue; /* 4-warp blocks split K at most 4 ways */
+            for (int v = 0; v < 10; v++) {
+                static const int nr[] = {0, 1, 2, 4, 1, 2, 4, 1, 2, 4}, u[] = {0, 1, 1, 1, 2, 2, 2, 4, 4, 2},
+                                 ld[] = {-1, 0, 0, 0, 0, 0, 0, 0, 2, 2};
+                if (ks == 8 && ld[v] == 2) continue; /* 4-warp blocks split K at most 4 ways */
                 cu_set_gemv3_config(ks, nr[v], u[v], ld[v]);
                 float *y = run_fused(c, s, dx, dw, dg, dy0, 1);
                 REQUIRE(y);
@@ -171,14 +172,14 @@ TEST(cuda_gemv3_fused_vs_cpu) {
                     printf(" | %d: %.1e", ks, r);
                 } else {
                     CHECK_MSG(!memcmp(y, ya, (size_t)N * 4),
-                              "%s %d splits: %d rows a warp, %d in flight, load %d differ", s->what, ks,
+                              "%s %d splits: %d rows a warp, %d in flight, variant %d differ", s->what, ks,
                               nr[v], u[v], ld[v]);
                     free(y);
                 }
             }
             free(ya);
         }
-        cu_set_gemv3_config(0, 0, 0, 0);
+        cu_set_gemv3_config(0, 0, 0, -1);
         /* with programmatic dependent launch: the same bits */
         cu_set_pdl(1);
         float *yp = run_fused(c, s, dx, dw, dg, dy0, 3);
@@ -408,21 +409,19 @@ TEST(cuda_gemv3_bench) {
         for (int i = 0; i < 8; i++) sum[i] += row[i];
         /* every configuration at one row: splits x (rows per warp, loads in flight) */
         if (s->N < 200000) {
-            printf(
-                "       sweep (splits/rows/inflight/variant: us; variant bit 0 the L2-prefetch load, bit 1 "
-                "4-warp blocks):");
-            static const int nr[] = {1, 1, 1, 2, 2, 2}, u[] = {2, 4, 8, 2, 4, 8};
+            printf("       sweep (splits/rows/inflight/variant: us; variant 2: 4-warp blocks):");
+            static const int nr[] = {1, 1, 1, 2, 2, 2, 4, 4}, u[] = {1, 2, 4, 1, 2, 4, 1, 2};
             double best = 1e30;
             int bk = 0, bv = 0, bl = 0;
             for (int ks = 1; ks <= 8; ks *= 2)
-                for (int ld = 0; ld < 4; ld++)
-                    for (int v = 0; v < 6 && !(ks == 8 && (ld & 2)); v++) {
+                for (int ld = 0; ld < 4; ld += 2)
+                    for (int v = 0; v < 8 && !(ks == 8 && ld == 2); v++) {
                         cu_set_gemv3_config(ks, nr[v], u[v], ld);
                         double us = bench_us(c, 1, s, dw, ncopy, dx, dxn, dy, dt, dg, 1);
                         printf(" %d/%d/%d/%d:%.1f", ks, nr[v], u[v], ld, us);
                         if (us < best) best = us, bk = ks, bv = v, bl = ld;
                     }
-            cu_set_gemv3_config(0, 0, 0, 0);
+            cu_set_gemv3_config(0, 0, 0, -1);
             REQUIRE(cu_sync(c, err, sizeof err) == 0);
             printf("\n       best %d/%d/%d/%d %.1f us %.0f GB/s\n", bk, nr[bv], u[bv], bl, best, gb / best);
         }

@@ -105,11 +105,10 @@ int cu_gemv_fused(cu_ctx *c, float *d_y, const float *d_x, const uint16_t *d_w, 
 /* K-splits of the v3 kernel for a matrix of `rows` weight rows (2N for SwiGLU) and width K: a function of
  * the shape only, which fixes every sum's order */
 int cu_gemv3_splits(int rows, int K);
-/* measurements: force the K-splits (1, 2, 4, 8), the rows per warp (1, 2), the chunks in flight (2, 4, 8)
- * and the variant (ld bit 0: weights by L1 no-allocate + 256-byte L2 prefetch instead of evict-first; bit 1:
- * blocks of 4 warps instead of 8, at most 4 splits) at one row of x; 0 = automatic. The splits change f32
- * rounding; the others never change a bit. */
-void cu_set_gemv3_config(int ks, int nr, int u, int ld);
+/* measurements: force the K-splits (1, 2, 4, 8), the output rows per warp (1, 2, 4), the chunks in flight
+ * (1, 2, 4) and the variant (0: blocks of 8 warps, 2: of 4 warps, at most 4 splits) at one row of x; 0 (-1
+ * for var) = automatic. The splits change f32 rounding; the others never change a bit. */
+void cu_set_gemv3_config(int ks, int nr, int u, int var);
 /* Fills n bf16 values with uniform noise of the given std (random weights built on the device). */
 void cu_fill_random_bf16(cu_ctx *c, uint16_t *d, size_t n, float std, uint64_t seed);
 void cu_fill_f32(cu_ctx *c, float *d, size_t n, float v);

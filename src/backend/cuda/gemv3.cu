@@ -23,20 +23,14 @@
 
 enum { EPI_STORE = CU_EPI_STORE, EPI_ADD = CU_EPI_ADD, EPI_SWIGLU = CU_EPI_SWIGLU };
 
-/* weights are streamed once per step. LD 0: ld.global.cs (evict-first); 1: the non-coherent path with no L1
- * allocation and a 256-byte L2 prefetch hint (each lane's 16 bytes are part of a warp's 512 contiguous
- * bytes per row, so the sector fetches can be whole 256-byte lines); which is faster is measured */
-template <int LD> __device__ __forceinline__ uint4 g3_ld(const uint16_t *p) {
-    if (LD == 0) return __ldcs(reinterpret_cast<const uint4 *>(p));
-    uint4 r;
-    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-        : "l"(p));
-    return r;
+/* weights are read once per step: streamed past L1 (ld.global.cs). A 256-byte L2 prefetch hint with no L1
+ * allocation (ld.global.nc.L1::no_allocate.L2::256B) measured the same or slower on the H200 (call 1 of
+ * session 4), so it is gone. */
+__device__ __forceinline__ uint4 g3_ld(const uint16_t *p) {
+    return __ldcs(reinterpret_cast<const uint4 *>(p));
 }
 
-/* VAR (measurements, cu_set_gemv3_config): bit 0 the weight load (g3_ld), bit 1 blocks of 4 warps instead
- * of G3_WARPS = 8 (finer grains over the SMs; same sums) */
+/* VAR: bit 1 blocks of 4 warps instead of G3_WARPS = 8 (finer grains over the SMs; the same sums) */
 template <int MR, int NR, int U, bool NORM, int EPI, int VAR, int W = VAR & 2 ? 4 : G3_WARPS>
 __global__ void __launch_bounds__(W * 32, (MR == 1 ? 3 : 2) * 8 / W)
     gemv3_kernel(float *__restrict__ y, const float *__restrict__ x, const uint16_t *__restrict__ w, int N,
@@ -71,7 +65,7 @@ __global__ void __launch_bounds__(W * 32, (MR == 1 ? 3 : 2) * 8 / W)
         int c = ks + u * KS, k = c * 256 + lane * 8;
         if (c < nch && k < K)
 #pragma unroll
-            for (int r = 0; r < ROWS; r++) wv[u][r] = g3_ld<VAR & 1>(wr[r] + k);
+            for (int r = 0; r < ROWS; r++) wv[u][r] = g3_ld(wr[r] + k);
     }
     griddep_wait();
     for (int c0 = ks; c0 < nch; c0 += step) {
@@ -114,7 +108,7 @@ __global__ void __launch_bounds__(W * 32, (MR == 1 ? 3 : 2) * 8 / W)
             int c = c0 + step + u * KS, k = c * 256 + lane * 8;
             if (c < nch && k < K)
 #pragma unroll
-                for (int r = 0; r < ROWS; r++) wv[u][r] = g3_ld<VAR & 1>(wr[r] + k);
+                for (int r = 0; r < ROWS; r++) wv[u][r] = g3_ld(wr[r] + k);
         }
     }
     /* every load of this block is out: a GEMV launched after this one with programmatic dependent launch
@@ -164,23 +158,25 @@ __global__ void __launch_bounds__(W * 32, (MR == 1 ? 3 : 2) * 8 / W)
 
 /* ---- configuration ---- */
 
-static int g_ks = 0, g_nr = 0, g_u = 0, g_ld = 0; /* 0: automatic (cu_set_gemv3_config) */
+static int g_ks = 0, g_nr = 0, g_u = 0, g_var = -1; /* 0 / -1: automatic (cu_set_gemv3_config) */
 
-extern "C" void cu_set_gemv3_config(int ks, int nr, int u, int ld) {
-    g_ld = ld >= 0 && ld <= 3 ? ld : 0;
+extern "C" void cu_set_gemv3_config(int ks, int nr, int u, int var) {
+    g_var = var == 0 || var == 2 ? var : -1;
     g_ks = ks == 1 || ks == 2 || ks == 4 || ks == 8 ? ks : 0;
-    g_nr = nr == 1 || nr == 2 ? nr : 0;
-    g_u = u == 2 || u == 4 || u == 8 ? u : 0;
+    g_nr = nr == 1 || nr == 2 || nr == 4 ? nr : 0;
+    g_u = u == 1 || u == 2 || u == 4 ? u : 0;
 }
 
-/* K-splits for a matrix of `rows` weight rows (x2 for SwiGLU) and width K: the fewest that make >= 4096
- * warps at two rows a warp (132 SMs x 32), each split keeping >= 2 chunks of 256. A function of the shape
- * alone (never of M): the splits fix the order of every sum. */
+/* K-splits for a matrix of `rows` weight rows (2N for SwiGLU) and width K: 2 where K <= 4096 or the matrix
+ * has few rows, else 1 (each split keeping >= 2 chunks of 256). From the H200 sweep of call 1 (session 4,
+ * every configuration of every real matrix at one row): 2 splits were best or within 1% for all the 4B and
+ * 35B-A3B matrices (K = 2048-4096, and the 2560 x 9216 down), 1 for the 27B ones (K >= 5120; 2-4 splits
+ * gained <= 4% on two of them and lost 5-10% on the others). A function of the shape alone (never of M):
+ * the splits fix the order of every sum. */
 extern "C" int cu_gemv3_splits(int rows, int K) {
     if (g_ks) return g_ks;
-    int nch = (K + 255) / 256, ks = 1;
-    while (ks < 8 && (long)rows / 2 * ks < 4096 && nch / (2 * ks) >= 2) ks *= 2;
-    return ks;
+    int nch = (K + 255) / 256;
+    return (K <= 4096 || rows <= 2560) && nch >= 4 ? 2 : 1;
 }
 
 extern "C" int cu_gemv_fusable(int M, int K) {
@@ -202,37 +198,40 @@ static void g3_launch(cu_ctx *c, float *y, const float *x, const uint16_t *w, in
 template <int VAR, bool NORM, int EPI>
 static void g3_mr1(cu_ctx *c, float *y, const float *x, const uint16_t *w, int nr, int u, int tiles, int N,
                    int K, int KS, const float *g, float eps) {
-    if (nr == 1 && u == 2)
+    if (nr == 1 && u == 1)
+        g3_launch<1, 1, 1, NORM, EPI, VAR>(c, y, x, w, tiles, N, K, KS, g, eps);
+    else if (nr == 1 && u == 2)
         g3_launch<1, 1, 2, NORM, EPI, VAR>(c, y, x, w, tiles, N, K, KS, g, eps);
-    else if (nr == 1 && u == 4)
-        g3_launch<1, 1, 4, NORM, EPI, VAR>(c, y, x, w, tiles, N, K, KS, g, eps);
     else if (nr == 1)
-        g3_launch<1, 1, 8, NORM, EPI, VAR>(c, y, x, w, tiles, N, K, KS, g, eps);
-    else if (u == 2)
+        g3_launch<1, 1, 4, NORM, EPI, VAR>(c, y, x, w, tiles, N, K, KS, g, eps);
+    else if (nr == 2 && u == 1)
+        g3_launch<1, 2, 1, NORM, EPI, VAR>(c, y, x, w, tiles, N, K, KS, g, eps);
+    else if (nr == 2 && u == 2)
         g3_launch<1, 2, 2, NORM, EPI, VAR>(c, y, x, w, tiles, N, K, KS, g, eps);
-    else if (u == 4)
+    else if (nr == 2)
         g3_launch<1, 2, 4, NORM, EPI, VAR>(c, y, x, w, tiles, N, K, KS, g, eps);
+    else if (u == 1)
+        g3_launch<1, 4, 1, NORM, EPI, VAR>(c, y, x, w, tiles, N, K, KS, g, eps);
     else
-        g3_launch<1, 2, 8, NORM, EPI, VAR>(c, y, x, w, tiles, N, K, KS, g, eps);
+        g3_launch<1, 4, 2, NORM, EPI, VAR>(c, y, x, w, tiles, N, K, KS, g, eps);
 }
 
-/* rows per warp and chunks in flight: at one row of x from cu_set_gemv3_config (measurements), else 2 and 4;
- * with more rows the x loads weigh more (4 weight rows per warp from 4 rows of x, as v1) and registers less
- */
+/* At one row of x (batch-1 decode), from the call-1 sweep: 2 chunks in flight per warp (4 and 8 were
+ * slower everywhere: fewer warps fit), one output row per warp for matrices of <= 8192 outputs (the 2560 /
+ * 5120-row out_proj / down) and two above, and 4-warp blocks where two rows meet K <= 4096 (4B in_proj /
+ * gate_up 2-5% faster; no gain at 27B). cu_set_gemv3_config overrides each (measurements). With more rows
+ * of x the x loads weigh more (4 weight rows per warp from 4 rows of x, as v1) and registers less. None of
+ * these changes a bit. */
 template <bool NORM, int EPI>
 static void g3_tile(cu_ctx *c, float *y, const float *x, const uint16_t *w, int MR, int tiles, int N, int K,
                     int KS, const float *g, float eps) {
     constexpr int NR4 = EPI == EPI_SWIGLU ? 2 : 4;
     switch (MR) {
     case 1: {
-        /* SwiGLU: a gate and an up row per output already, so one output a warp unless told otherwise */
-        int nr = g_nr ? g_nr : EPI == EPI_SWIGLU ? 1 : 2, u = g_u ? g_u : 4;
-        if (g_ld == 1)
-            g3_mr1<1, NORM, EPI>(c, y, x, w, nr, u, tiles, N, K, KS, g, eps);
-        else if (g_ld == 2)
+        int nr = g_nr ? g_nr : N <= 8192 ? 1 : 2, u = g_u ? g_u : 2;
+        int var = g_var >= 0 ? g_var : nr == 2 && K <= 4096 ? 2 : 0;
+        if (var == 2)
             g3_mr1<2, NORM, EPI>(c, y, x, w, nr, u, tiles, N, K, KS, g, eps);
-        else if (g_ld == 3)
-            g3_mr1<3, NORM, EPI>(c, y, x, w, nr, u, tiles, N, K, KS, g, eps);
         else
             g3_mr1<0, NORM, EPI>(c, y, x, w, nr, u, tiles, N, K, KS, g, eps);
         break;
