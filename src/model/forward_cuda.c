@@ -791,8 +791,10 @@ void cuda_fwd_profile(cuda_fwd *f, int on) {
     f->profile = on;
     /* the H200 run of 07:17: a profiled bench (an event recorded between every phase's kernels) with PDL
      * GEMVs ended in an illegal memory access, while PDL without the events passed every test and bench;
-     * until that is understood, profiling turns PDL off */
-    cu_set_pdl(on ? 0 : f->pdl);
+     * until that is understood, profiling turns PDL off (CINFER_CUDA_PDL_PROFILE=1 keeps it on, to test
+     * whether that still happens) */
+    const char *pp = getenv("CINFER_CUDA_PDL_PROFILE");
+    cu_set_pdl(on && !(pp && !strcmp(pp, "1")) ? 0 : f->pdl);
     f->prof_calls = 0;
     memset(f->prof_ms, 0, sizeof f->prof_ms);
 }
