@@ -161,11 +161,12 @@ struct cinfer_engine {
     int pad;                        /* CINFER_SPEC_PAD=1: windows padded to spec_max_draft + 1 rows (step()) */
     atomic_llong stat_pad_rows;     /* rows past the drafts that padded windows carried */
     /* CINFER_SPEC_COST=1 (with padding): measured wall ms of pure decode steps of B entries, plain and padded
-     * (spec_pays), each after its first COST_SKIP samples (eager, then a graph capture) */
+     * (spec_pays), each after its first cost_skip samples */
     int cost_on;
     double *cost_ms[2];             /* [max_seqs + 1] each: 0 plain, 1 padded windows; 0: not measured yet */
     int *cost_n[2];                 /* [max_seqs + 1] samples seen */
     long cost_steps;                /* decisions made (every COST_PROBE-th re-measures the kind not chosen) */
+    int cost_skip; /* first samples of a (kind, B) not counted: on cuda eager, then a capture */
     cuda_sample *dsmp;              /* [max_seqs * (1 + spec_max_draft)]: one per logits row */
     int32_t *dids;                  /* [max_seqs * (1 + spec_max_draft)] */
     float *dlps;                    /* [max_seqs * (1 + spec_max_draft)] */
@@ -607,22 +608,31 @@ static int argmax_row(const float *x, int n) {
  * them. A padded step costs cost_ms[1][B] whatever the drafts, a plain one cost_ms[0][B]; entry i's window
  * yields E_i = (1 - a^(k+1)) / (1 - a) tokens on average (k drafts, each kept with probability a, its
  * request's estimate: the decayed kept / checked drafts with one of each as prior; 1 without drafts), a plain
- * step one. It pays when mean E > cost ratio. A kind not measured yet is chosen until it is; every
- * COST_PROBE-th decision takes the other kind, so neither estimate goes stale (the acceptance stays measured
- * while plain: step() checks the first draft against the sampled token). */
-#define COST_SKIP  2
+ * step one. It pays when mean E > the cost ratio, taken at B or, until B is measured both ways, at the
+ * nearest batch size that is (requests join and leave: each B learnt alone would take long). With no ratio
+ * yet the kind not measured at B is chosen; every COST_PROBE-th decision takes the other kind, so neither
+ * estimate goes stale (the acceptance stays measured while plain: step() checks the first draft against the
+ * sampled token). */
 #define COST_PROBE 16
+static double cost_ratio(const cinfer_engine *e, int B) {
+    for (int d = 0; d <= e->p.max_seqs; d++)
+        for (int sg = -1; sg <= 1; sg += 2) {
+            int b = B + sg * d;
+            if (b >= 1 && b <= e->p.max_seqs && e->cost_ms[0][b] > 0 && e->cost_ms[1][b] > 0)
+                return e->cost_ms[1][b] / e->cost_ms[0][b];
+        }
+    return -1;
+}
 static int spec_pays(cinfer_engine *e, int B) {
-    double cp = e->cost_ms[0][B], cs = e->cost_ms[1][B];
-    if (cs <= 0) return 1;
-    if (cp <= 0) return 0;
+    double ratio = cost_ratio(e, B);
+    if (ratio < 0) return e->cost_ms[1][B] <= 0;
     double gain = 0;
     for (int i = 0; i < B; i++) {
         const cinfer_request *r = e->entry_req[i];
         double a = (r->acc_num + 1.0) / (r->acc_den + 2.0);
         gain += r->n_drafts ? (1.0 - pow(a, r->n_drafts + 1)) / (1.0 - a) : 1.0;
     }
-    int pays = gain / B * cp > cs;
+    int pays = gain / B > ratio;
     return ++e->cost_steps % COST_PROBE == 0 ? !pays : pays;
 }
 
@@ -904,7 +914,7 @@ static void step(cinfer_engine *e) {
                  : cinfer_forward(e->ctx, e->entries, n, e->logits, err, sizeof err);
     if (e->cost_on && !rc && n == n_dec) { /* a pure decode step: its cost by kind and entries */
         double dt = now_ms() - t0, *c = &e->cost_ms[pad][n];
-        if (++e->cost_n[pad][n] > COST_SKIP) *c = *c > 0 ? 0.7 * *c + 0.3 * dt : dt;
+        if (++e->cost_n[pad][n] > e->cost_skip) *c = *c > 0 ? 0.7 * *c + 0.3 * dt : dt;
     }
     atomic_fetch_add(&e->steps_total, 1);
     if (rc) {
@@ -1153,6 +1163,7 @@ int cinfer_engine_create(cinfer_model *cm, const cinfer_engine_params *pp, cinfe
     e->pad = p.spec_max_draft > 0 && pv && !strcmp(pv, "1");
     const char *cv = getenv("CINFER_SPEC_COST");
     e->cost_on = e->pad && cv && !strcmp(cv, "1");
+    e->cost_skip = cinfer_ctx_device(e->ctx) == CINFER_DEVICE_CUDA ? 2 : 0;
     for (int k = 0; k < 2; k++) {
         e->cost_ms[k] = xcalloc((size_t)p.max_seqs + 1, sizeof(double));
         e->cost_n[k] = xcalloc((size_t)p.max_seqs + 1, sizeof(int));
