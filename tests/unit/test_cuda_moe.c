@@ -372,6 +372,13 @@ TEST(cuda_moe_fused_35b_shape_ties) {
     moe_case_run(&mc);
 }
 
+/* the 122B-A10B / 397B-A17B expert width (Im 1024: the down kernel's four-chunk form), 64 experts */
+TEST(cuda_moe_fused_im1024) {
+    if (NO_DEVICE()) SKIP("no CUDA device: skipped");
+    moe_case mc = {"Im 1024 (122B-A10B experts, 64 of them)", 3072, 64, 8, 1024, 1024, 1, 0};
+    moe_case_run(&mc);
+}
+
 TEST(cuda_moe_fused_tiny_shapes) {
     if (NO_DEVICE()) SKIP("no CUDA device: skipped");
     moe_case fixture = {"fixture shape", 64, 8, 2, 32, 64, 1, 0};
@@ -389,8 +396,11 @@ TEST(cuda_moe_fused_supported_shapes) {
     CHECK(cu_moe_fused_supported(2048, 256, 8, 512, 512));
     CHECK(cu_moe_fused_supported(64, 8, 2, 32, 64));
     CHECK(cu_moe_fused_supported(64, 8, 2, 32, 0));
-    CHECK(!cu_moe_fused_supported(60, 8, 2, 32, 64));   /* H % 8 */
-    CHECK(!cu_moe_fused_supported(64, 8, 2, 1024, 64)); /* Im past 512 */
+    CHECK(!cu_moe_fused_supported(60, 8, 2, 32, 64));         /* H % 8 */
+    CHECK(cu_moe_fused_supported(3072, 256, 8, 1024, 1024));  /* 122B-A10B */
+    CHECK(cu_moe_fused_supported(4096, 512, 10, 1024, 1024)); /* 397B-A17B */
+    CHECK(cu_moe_fused_supported(2048, 512, 10, 512, 512));   /* Qwen3-Next 80B */
+    CHECK(!cu_moe_fused_supported(64, 8, 2, 1032, 64));       /* Im past 1024 */
     CHECK(!cu_moe_fused_supported(64, 2048, 2, 32, 64));
     CHECK(!cu_moe_fused_supported(64, 8, 9, 32, 64)); /* k > E */
     CHECK(!cu_moe_fused_supported(64, 64, 33, 32, 64));

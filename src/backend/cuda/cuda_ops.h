@@ -314,8 +314,7 @@ typedef struct cu_moe_args {
                         2: the router 8 (else 4); 4: programmatic dependent launch (each kernel lets the next
                         be scheduled, then waits for the one before) (CINFER_CUDA_MOE_VARIANT) */
 } cu_moe_args;
-/* 1 when the fused kernels serve this shape: H, Im, Is multiples of 8, Im and Is <= 512, E <= 1024, k <= 32
- */
+/* 1 when the fused kernels serve this shape: H, Im, Is multiples of 8, Im <= 1024, E <= 1024, k <= 32 */
 int cu_moe_fused_supported(int H, int E, int k, int Im, int Is);
 void cu_moe_fused_route(cu_ctx *c, const cu_moe_args *a);   /* logits, idx, w */
 void cu_moe_fused_gate_up(cu_ctx *c, const cu_moe_args *a); /* act, shg (reads idx) */

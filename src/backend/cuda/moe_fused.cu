@@ -11,7 +11,7 @@
 #define MF_GROUP  4 /* down kernel: experts whose weights are requested together */
 #define MF_MAX_E  1024
 #define MF_MAX_K  32
-#define MF_MAX_KD 512 /* down kernel: Im and Is up to 2 chunks of 256 per lane */
+#define MF_MAX_KD 1024 /* down kernel: Im up to 4 chunks of 256 per lane (one pass) */
 
 /* acc += the 8 bf16 weights in u times x[0..8), in gemv_indexed_kernel's order (low half, then high) */
 __device__ __forceinline__ float fma8(uint4 u, const float *x, float acc) {
@@ -52,23 +52,23 @@ __device__ __forceinline__ void dot_rows(float (&acc)[R], const uint16_t *const 
     }
 }
 
-/* dot_rows in two halves for K <= 512 (one pass of 2 chunks): the loads, then the FMAs, so a kernel can
+/* dot_rows in two halves for K <= 256 KC (one pass of KC chunks): the loads, then the FMAs, so a kernel can
  * request weights before it waits for the kernel that writes x */
-template <int R>
-__device__ __forceinline__ void load_rows2(uint4 (&u)[R][2], const uint16_t *const (&w)[R], int K, int lane) {
+template <int R, int KC>
+__device__ __forceinline__ void load_rows(uint4 (&u)[R][KC], const uint16_t *const (&w)[R], int K, int lane) {
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
-        for (int c = 0; c < 2; c++) {
+        for (int c = 0; c < KC; c++) {
             int k = lane * 8 + 256 * c;
             u[r][c] = k < K ? __ldg(reinterpret_cast<const uint4 *>(w[r] + k)) : make_uint4(0, 0, 0, 0);
         }
 }
-template <int R>
-__device__ __forceinline__ void fma_rows2(float (&acc)[R], const uint4 (&u)[R][2], const float *const (&x)[R],
-                                          int K, int lane) {
+template <int R, int KC>
+__device__ __forceinline__ void fma_rows(float (&acc)[R], const uint4 (&u)[R][KC], const float *const (&x)[R],
+                                         int K, int lane) {
 #pragma unroll
-    for (int c = 0; c < 2; c++) {
+    for (int c = 0; c < KC; c++) {
         int k = lane * 8 + 256 * c;
         if (k < K)
 #pragma unroll
@@ -218,6 +218,7 @@ __global__ void __launch_bounds__(MF_WARPS * 32)
  * choices in ascending expert order, then + sigmoid(shg) (sh_down[h] · act_sh): cu_moe_combine's order. With
  * resid, resid[r][h] += that sum instead (the residual add cu_add_rmsnorm would make, the same f32 add) and
  * out is not written. */
+template <int KC>
 __global__ void __launch_bounds__(MF_WARPS * 32)
     mf_down_kernel(const float *__restrict__ act, const uint16_t *__restrict__ e_down,
                    const int *__restrict__ idx, const float *__restrict__ wt,
@@ -237,7 +238,7 @@ __global__ void __launch_bounds__(MF_WARPS * 32)
     const int my_e = lane < k ? __ldcg(idx + (size_t)r * k + lane) : 0;
     const float my_w = lane < k ? __ldcg(wt + (size_t)r * k + lane) : 0.0f;
     float acc = 0.0f;
-    uint4 u[MF_GROUP][2];
+    uint4 u[MF_GROUP][KC];
     for (int j0 = 0; j0 < k; j0 += MF_GROUP) {
         float y[MF_GROUP];
         const uint16_t *wd[MF_GROUP];
@@ -250,12 +251,12 @@ __global__ void __launch_bounds__(MF_WARPS * 32)
             xa[g] = ar + (size_t)j * Im;
             y[g] = 0.0f;
         }
-        load_rows2<MF_GROUP>(u, wd, Im, lane);
+        load_rows<MF_GROUP, KC>(u, wd, Im, lane);
         if (j0 == 0) {
             griddep_wait(); /* act */
             griddep_launch();
         }
-        fma_rows2<MF_GROUP>(y, u, xa, Im, lane);
+        fma_rows<MF_GROUP, KC>(y, u, xa, Im, lane);
 #pragma unroll
         for (int g = 0; g < MF_GROUP; g++) {
             float v = warp_sum(y[g]);
@@ -302,7 +303,7 @@ static void mf_launch(cu_ctx *c, int pdl, void (*kern)(KA...), dim3 grid, dim3 b
 
 extern "C" int cu_moe_fused_supported(int H, int E, int k, int Im, int Is) {
     return H > 0 && H % 8 == 0 && E > 0 && E <= MF_MAX_E && k > 0 && k <= MF_MAX_K && k <= E && Im > 0 &&
-           Im % 8 == 0 && Im <= MF_MAX_KD && Is >= 0 && Is % 8 == 0 && Is <= MF_MAX_KD;
+           Im % 8 == 0 && Im <= MF_MAX_KD && Is >= 0 && Is % 8 == 0;
 }
 
 extern "C" void cu_moe_fused_route(cu_ctx *c, const cu_moe_args *a) {
@@ -328,8 +329,9 @@ extern "C" void cu_moe_fused_down(cu_ctx *c, const cu_moe_args *a) {
     int Is = a->sh_gu ? a->Is : 0;
     dim3 grid(cdiv((size_t)a->H, MF_WARPS), (unsigned)a->T), block(MF_WARPS * 32);
     const uint16_t *sh_down = Is ? a->sh_down : NULL;
-    mf_launch(c, (a->variant & 4) != 0, mf_down_kernel, grid, block, a->act, a->e_down, a->idx, a->w, sh_down,
-              a->shg, a->out, a->resid, a->H, a->k, a->Im, Is);
+    /* Im up to 512: 2 chunks per row and lane; up to 1024 (122B-A10B, 397B-A17B): 4 */
+    mf_launch(c, (a->variant & 4) != 0, a->Im > 512 ? mf_down_kernel<4> : mf_down_kernel<2>, grid, block,
+              a->act, a->e_down, a->idx, a->w, sh_down, a->shg, a->out, a->resid, a->H, a->k, a->Im, Is);
 }
 
 extern "C" void cu_moe_fused(cu_ctx *c, const cu_moe_args *a) {
