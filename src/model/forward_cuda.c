@@ -691,9 +691,11 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
         f->attn_tc = f->tiles_ok && cu_attn_tc_init(m->hd);
     f->attn_rows = f->attn_tc ? cu_attn_tc_rows(m->Hq, m->Hkv) : CU_ATTN_TILE;
     /* CINFER_CUDA_ATTN_TC=f16: that kernel's operands as fp16 hi + lo (m16n8k16: twice the MMA rate of TF32,
-     * the same 22 bits, fp16's range) instead of TF32 hi + lo */
+     * the same 22 bits, fp16's range) instead of TF32 hi + lo; f16s: the same with K and V split once per
+     * block in shared memory instead of by every warp */
     const char *atc = getenv("CINFER_CUDA_ATTN_TC");
     if (f->attn_tc && atc && !strcmp(atc, "f16")) f->attn_tc = 2;
+    if (f->attn_tc && atc && !strcmp(atc, "f16s")) f->attn_tc = 3;
     if (phased && f->gdn_tc && cu_gdn_chunk_init(m->dk, m->dv)) {
         f->gdn_chunk_cap = cu_gdn_chunk_cap(p->max_tokens, p->n_slots);
         size_t cb = cu_gdn_chunk_bytes(f->gdn_chunk_cap, p->max_tokens, m->Hv, m->dk, m->dv);
@@ -748,9 +750,10 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
                 f->gdn_tc == 2 ? "tensor cores, phased"
                 : f->gdn_tc    ? "tensor cores"
                                : "scalar",
-                f->attn_tc == 2 ? "tensor cores, fp16 hi + lo"
-                : f->attn_tc    ? "tensor cores"
-                                : "scalar",
+                f->attn_tc == 3   ? "tensor cores, fp16 hi + lo split in shared memory"
+                : f->attn_tc == 2 ? "tensor cores, fp16 hi + lo"
+                : f->attn_tc      ? "tensor cores"
+                                  : "scalar",
                 cu_tf32_passes());
     for (int i = 0; i < PROF_MAX_MARKS; i++) cu_timer_create(&f->marks[i]);
     /* one cuBLAS call before any graph capture, so its lazy initialisation never happens inside one */
