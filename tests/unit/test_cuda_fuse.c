@@ -1,5 +1,5 @@
-/* test_cuda_fuse.c — the decode GEMV v3 and its fusions (cu_gemv_fused; default, CINFER_CUDA_FUSE=0 off): every
- * variant (norm prologue, residual epilogue, SwiGLU epilogue, plain) against the CPU at the real matrix
+/* test_cuda_fuse.c — the decode GEMV v3 and its fusions (cu_gemv_fused; default, CINFER_CUDA_FUSE=0 off):
+ * every variant (norm prologue, residual epilogue, SwiGLU epilogue, plain) against the CPU at the real matrix
  * shapes of the 4B / 27B / 35B-A3B models and at odd small ones, M = 1..8, outputs starting as NaN (an
  * unwritten element or any NaN fails), each row's bits the same whatever M, every K-split and loads-in-flight
  * setting; then the whole forward with the switch on against it off, graphs against eager, alone against in a
@@ -158,10 +158,11 @@ TEST(cuda_gemv3_fused_vs_cpu) {
         /* rows per warp and loads in flight never change a bit; every split count is within the bound */
         for (int ks = 1; ks <= 8; ks *= 2) {
             float *ya = NULL;
-            for (int v = 0; v < 10; v++) {
-                static const int nr[] = {0, 1, 2, 4, 1, 2, 4, 1, 2, 4}, u[] = {0, 1, 1, 1, 2, 2, 2, 4, 4, 2},
-                                 ld[] = {-1, 0, 0, 0, 0, 0, 0, 0, 2, 2};
-                if (ks == 8 && ld[v] == 2) continue; /* 4-warp blocks split K at most 4 ways */
+            for (int v = 0; v < 14; v++) {
+                static const int nr[] = {0, 1, 2, 4, 1, 2, 4, 1, 2, 4, 1, 2, 4, 2},
+                                 u[] = {0, 1, 1, 1, 2, 2, 2, 4, 4, 2, 1, 2, 1, 2},
+                                 ld[] = {-1, 0, 0, 0, 0, 0, 0, 0, 2, 2, 4, 4, 6, 6};
+                if (ks == 8 && (ld[v] & 2)) continue; /* 4-warp blocks split K at most 4 ways */
                 cu_set_gemv3_config(ks, nr[v], u[v], ld[v]);
                 float *y = run_fused(c, s, dx, dw, dg, dy0, 1);
                 REQUIRE(y);
@@ -409,13 +410,15 @@ TEST(cuda_gemv3_bench) {
         for (int i = 0; i < 8; i++) sum[i] += row[i];
         /* every configuration at one row: splits x (rows per warp, loads in flight) */
         if (s->N < 200000) {
-            printf("       sweep (splits/rows/inflight/variant: us; variant 2: 4-warp blocks):");
+            printf(
+                "       sweep (splits/rows/inflight/variant: us; variant +2: 4-warp blocks, +4: next chunks "
+                "requested before the FMAs):");
             static const int nr[] = {1, 1, 1, 2, 2, 2, 4, 4}, u[] = {1, 2, 4, 1, 2, 4, 1, 2};
             double best = 1e30;
             int bk = 0, bv = 0, bl = 0;
             for (int ks = 1; ks <= 8; ks *= 2)
-                for (int ld = 0; ld < 4; ld += 2)
-                    for (int v = 0; v < 8 && !(ks == 8 && ld == 2); v++) {
+                for (int ld = 0; ld < 8; ld += 2)
+                    for (int v = 0; v < 8 && !(ks == 8 && (ld & 2)); v++) {
                         cu_set_gemv3_config(ks, nr[v], u[v], ld);
                         double us = bench_us(c, 1, s, dw, ncopy, dx, dxn, dy, dt, dg, 1);
                         printf(" %d/%d/%d/%d:%.1f", ks, nr[v], u[v], ld, us);

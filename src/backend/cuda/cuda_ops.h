@@ -106,8 +106,9 @@ int cu_gemv_fused(cu_ctx *c, float *d_y, const float *d_x, const uint16_t *d_w, 
  * the shape only, which fixes every sum's order */
 int cu_gemv3_splits(int rows, int K);
 /* measurements: force the K-splits (1, 2, 4, 8), the output rows per warp (1, 2, 4), the chunks in flight
- * (1, 2, 4) and the variant (0: blocks of 8 warps, 2: of 4 warps, at most 4 splits) at one row of x; 0 (-1
- * for var) = automatic. The splits change f32 rounding; the others never change a bit. */
+ * (1, 2, 4) and the variant (0: blocks of 8 warps, 2: of 4 warps, at most 4 splits; + 4: the next chunks
+ * requested before the current ones' FMAs) at one row of x; 0 (-1 for var) = automatic. The splits change
+ * f32 rounding; the others never change a bit. */
 void cu_set_gemv3_config(int ks, int nr, int u, int var);
 /* Fills n bf16 values with uniform noise of the given std (random weights built on the device). */
 void cu_fill_random_bf16(cu_ctx *c, uint16_t *d, size_t n, float std, uint64_t seed);

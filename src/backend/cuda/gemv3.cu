@@ -30,7 +30,8 @@ __device__ __forceinline__ uint4 g3_ld(const uint16_t *p) {
     return __ldcs(reinterpret_cast<const uint4 *>(p));
 }
 
-/* VAR: bit 1 blocks of 4 warps instead of G3_WARPS = 8 (finer grains over the SMs; the same sums) */
+/* VAR: bit 1 blocks of 4 warps instead of G3_WARPS = 8 (finer grains over the SMs), bit 2 the next chunks'
+ * loads issued before the current ones' FMAs (as v2); the same sums either way */
 template <int MR, int NR, int U, bool NORM, int EPI, int VAR, int W = VAR & 2 ? 4 : G3_WARPS>
 __global__ void __launch_bounds__(W * 32, (MR == 1 ? 3 : 2) * 8 / W)
     gemv3_kernel(float *__restrict__ y, const float *__restrict__ x, const uint16_t *__restrict__ w, int N,
@@ -69,6 +70,17 @@ __global__ void __launch_bounds__(W * 32, (MR == 1 ? 3 : 2) * 8 / W)
     }
     griddep_wait();
     for (int c0 = ks; c0 < nch; c0 += step) {
+        /* VAR bit 2: the next U chunks are requested before this batch's FMAs (twice the registers) */
+        constexpr int UP = VAR & 4 ? U : 1;
+        uint4 nx[UP][ROWS];
+        if (VAR & 4)
+#pragma unroll
+            for (int u = 0; u < UP; u++) {
+                int c = c0 + step + u * KS, k = c * 256 + lane * 8;
+                if (c < nch && k < K)
+#pragma unroll
+                    for (int r = 0; r < ROWS; r++) nx[u][r] = g3_ld(wr[r] + k);
+            }
 #pragma unroll
         for (int u = 0; u < U; u++) {
             int c = c0 + u * KS, k = c * 256 + lane * 8;
@@ -103,12 +115,19 @@ __global__ void __launch_bounds__(W * 32, (MR == 1 ? 3 : 2) * 8 / W)
             }
         }
         /* the next U chunks */
+        if (VAR & 4) {
 #pragma unroll
-        for (int u = 0; u < U; u++) {
-            int c = c0 + step + u * KS, k = c * 256 + lane * 8;
-            if (c < nch && k < K)
+            for (int u = 0; u < UP; u++)
 #pragma unroll
-                for (int r = 0; r < ROWS; r++) wv[u][r] = g3_ld(wr[r] + k);
+                for (int r = 0; r < ROWS; r++) wv[u][r] = nx[u][r];
+        } else {
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                int c = c0 + step + u * KS, k = c * 256 + lane * 8;
+                if (c < nch && k < K)
+#pragma unroll
+                    for (int r = 0; r < ROWS; r++) wv[u][r] = g3_ld(wr[r] + k);
+            }
         }
     }
     /* every load of this block is out: a GEMV launched after this one with programmatic dependent launch
@@ -161,7 +180,7 @@ __global__ void __launch_bounds__(W * 32, (MR == 1 ? 3 : 2) * 8 / W)
 static int g_ks = 0, g_nr = 0, g_u = 0, g_var = -1; /* 0 / -1: automatic (cu_set_gemv3_config) */
 
 extern "C" void cu_set_gemv3_config(int ks, int nr, int u, int var) {
-    g_var = var == 0 || var == 2 ? var : -1;
+    g_var = var == 0 || var == 2 || var == 4 || var == 6 ? var : -1;
     g_ks = ks == 1 || ks == 2 || ks == 4 || ks == 8 ? ks : 0;
     g_nr = nr == 1 || nr == 2 || nr == 4 ? nr : 0;
     g_u = u == 1 || u == 2 || u == 4 ? u : 0;
@@ -232,6 +251,10 @@ static void g3_tile(cu_ctx *c, float *y, const float *x, const uint16_t *w, int 
         int var = g_var >= 0 ? g_var : nr == 2 && K <= 4096 ? 2 : 0;
         if (var == 2)
             g3_mr1<2, NORM, EPI>(c, y, x, w, nr, u, tiles, N, K, KS, g, eps);
+        else if (var == 4)
+            g3_mr1<4, NORM, EPI>(c, y, x, w, nr, u, tiles, N, K, KS, g, eps);
+        else if (var == 6)
+            g3_mr1<6, NORM, EPI>(c, y, x, w, nr, u, tiles, N, K, KS, g, eps);
         else
             g3_mr1<0, NORM, EPI>(c, y, x, w, nr, u, tiles, N, K, KS, g, eps);
         break;
