@@ -671,19 +671,21 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     free(inv);
     if (rc) goto fail;
     f->tiles_ok = m->n_full > 0 && cu_attn_init(m->hd);
-    /* CINFER_CUDA_PREFILL: "gdn" (the default when unset) the chunked DeltaNet prefill on the tensor cores,
-     * "tc" both prefill kernels there, "attn" only the attention, "scalar" neither. The H200 run of 06:05 UTC
-     * (session 3): with the hi + lo TF32 split the tensor-core DeltaNet is exact to 3.3e-4 per position on
-     * the fixtures (scalar 5.6e-4) and cut its share of a 4B 4096-token chunk from 256 to 202 ms; the
-     * tensor-core attention of then (WMMA on 16-row tiles, two passes over the keys) was slower (113 -> 122
-     * ms), so it stays off by default; it is now the flash-attention-2 kernel of attention_tc.cu, on tiles of
-     * cu_attn_tc_rows rows (attn_rows), pending its device figures. */
+    /* CINFER_CUDA_PREFILL: "tc" (the default when unset) both prefill kernels on the tensor cores, "gdn" the
+     * chunked DeltaNet only, "attn" only the attention, "scalar" neither. The H200 run of 06:05 UTC (session
+     * 3): with the hi + lo TF32 split the tensor-core DeltaNet is exact to 3.3e-4 per position on the fixtures
+     * (scalar 5.6e-4) and cut its share of a 4B 4096-token chunk from 256 to 202 ms. The attention is the
+     * flash-attention-2 kernel of attention_tc.cu on tiles of cu_attn_tc_rows rows (attn_rows); session 4's
+     * first H200 call: every op test within 20x the scalar tiles' error (3e-7 - 7e-7; entries alone bitwise
+     * as in a batch), fixture parity 3.38e-4 (scalar tiles 3.37e-4), 4B attention core per 4096-token chunk
+     * 112.6 -> 27.9 ms, prefill 32768 3,462 -> 8,129 tok/s: so it is on by default ("gdn" keeps the scalar
+     * attention tiles). */
     /* "gdn1": the one-kernel tensor-core DeltaNet (today's "gdn"); "gdn2" / "tc2": the phased one
      * (deltanet_chunk.cu, parallel over chunks), alone / with the tensor-core attention.
      * CINFER_CUDA_GDN_DT=32: 32 value columns per block of its sequential pass (default 16); "stage": 32,
      * each chunk's inputs staged in shared memory one chunk ahead */
     const char *pf = getenv("CINFER_CUDA_PREFILL");
-    const char *pfv = pf ? pf : "gdn";
+    const char *pfv = pf ? pf : "tc";
     int phased = !strcmp(pfv, "gdn2") || !strcmp(pfv, "tc2");
     if (!strcmp(pfv, "tc") || !strcmp(pfv, "gdn") || !strcmp(pfv, "gdn1") || phased)
         f->gdn_tc = m->n_lin > 0 && cu_gdn_tc_init(m->dk);
