@@ -87,22 +87,20 @@ template <int P> __global__ void __launch_bounds__(256) ck_prep_kernel(cu_gdn_ar
     float *W = (float *)a.chunk_scr + ((size_t)k * a.Hv + h) * ck_stride(dk, dv);
     float *Qg = W + CK_CH * dk, *Kf = Qg + CK_CH * dk, *U = Kf + CK_CH * dk, *QK = U + CK_CH * dv;
     float *misc = QK + CK_CH * CK_CH;
-    for (int idx = tid; idx < CK_CH * dk; idx += nt) {
-        int t = idx / dk, i = idx % dk;
-        float qv = 0.0f, kv = 0.0f;
-        if (t < L) {
-            const float *row = a.conv_out + (size_t)(r0 + t) * C;
-            qv = row[(size_t)kh * dk + i];
-            kv = row[kd + (size_t)kh * dk + i];
-        }
-        Xs[t * XLD + i] = qv;
-        Ks[t * KLD + i] = kv;
+    /* Q and K rows by cp.async, 16 bytes a copy, all in flight at once (rows past L: zeros) */
+    for (int idx = tid; idx < CK_CH * (dk / 4); idx += nt) {
+        int t = idx / (dk / 4), i = idx % (dk / 4) * 4, z = t < L ? 0 : 16;
+        const float *row = a.conv_out + (size_t)(r0 + (t < L ? t : 0)) * C + (size_t)kh * dk + i;
+        __pipeline_memcpy_async(Xs + t * XLD + i, row, 16, z);
+        __pipeline_memcpy_async(Ks + t * KLD + i, row + kd, 16, z);
     }
+    __pipeline_commit();
     if (tid < L) { /* beta and g of every row at once; the sum below is one thread's, in the CPU's order */
         const float *bg = a.bg + (size_t)(r0 + tid) * 2 * a.Hv;
         gam[tid] = bg[a.Hv + h];
         bet[tid] = bg[h];
     }
+    __pipeline_wait_prior(0);
     __syncthreads();
     if (tid == 0) { /* the CPU's cumulative sum, in its order */
         float acc = 0.0f;
@@ -122,8 +120,10 @@ template <int P> __global__ void __launch_bounds__(256) ck_prep_kernel(cu_gdn_ar
         if (t == L - 1) misc[0] = egam[t];
     }
     __syncthreads();
-    /* A = K K^T into shared memory, Q K^T straight to the scratch: the 10 + 10 tiles on and below the
-     * diagonal (the mask below zeroes the rest), spread evenly over the warps */
+    /* A = K K^T, and Q K^T into T's place (free until the inversion): the 10 + 10 tiles on and below the
+     * diagonal (the mask below zeroes the rest and writes the decayed Q K^T out), spread evenly over the
+     * warps
+     */
     for (int t = warp; t < 20; t += nw) {
         int which = t / 10, u = t % 10, mi = u >= 6 ? 3 : u >= 3 ? 2 : u >= 1 ? 1 : 0;
         int ni = u - mi * (mi + 1) / 2;
@@ -131,17 +131,15 @@ template <int P> __global__ void __launch_bounds__(256) ck_prep_kernel(cu_gdn_ar
         wmma::fill_fragment(acc, 0.0f);
         tc_mma<P, wmma::row_major, wmma::col_major>(acc, (which ? Xs + mi * 16 * XLD : Ks + mi * 16 * KLD),
                                                     which ? XLD : KLD, Ks + ni * 16 * KLD, KLD, dk);
-        if (which)
-            wmma::store_matrix_sync(QK + mi * 16 * CK_CH + ni * 16, acc, CK_CH, wmma::mem_row_major);
-        else
-            wmma::store_matrix_sync(Am + mi * 16 * CK_GLD + ni * 16, acc, CK_GLD, wmma::mem_row_major);
+        wmma::store_matrix_sync((which ? Tm : Am) + mi * 16 * CK_GLD + ni * 16, acc, CK_GLD,
+                                wmma::mem_row_major);
     }
     __syncthreads();
     for (int idx = tid; idx < CK_CH * CK_CH; idx += nt) {
         int r = idx / CK_CH, s = idx % CK_CH;
         float d = r < L && s <= r ? expf(gam[r] - gam[s]) : 0.0f;
         Am[r * CK_GLD + s] = s < r ? bet[r] * d * Am[r * CK_GLD + s] : 0.0f;
-        QK[idx] = s <= r ? d * QK[idx] : 0.0f; /* the tiles above the diagonal were never written */
+        QK[idx] = s <= r ? d * Tm[r * CK_GLD + s] : 0.0f; /* tiles above the diagonal were never written */
     }
     for (int idx = tid; idx < CK_CH * dk; idx += nt) {
         int t = idx / dk, i = idx % dk;
@@ -164,11 +162,13 @@ template <int P> __global__ void __launch_bounds__(256) ck_prep_kernel(cu_gdn_ar
         int r = idx / CK_CH, s = idx % CK_CH;
         if (s / 16 > r / 16) Tm[r * CK_GLD + s] = 0.0f;
     }
-    for (int idx = tid; idx < CK_CH * dv; idx += nt) {
-        int t = idx / dv, j = idx % dv;
-        Xs[t * XLD + j] =
-            t < L ? a.conv_out[(size_t)(r0 + t) * C + 2 * (size_t)kd + (size_t)h * dv + j] : 0.0f;
+    for (int idx = tid; idx < CK_CH * (dv / 4); idx += nt) { /* V, in flight during the inversion */
+        int t = idx / (dv / 4), j = idx % (dv / 4) * 4, z = t < L ? 0 : 16;
+        const float *row =
+            a.conv_out + (size_t)(r0 + (t < L ? t : 0)) * C + 2 * (size_t)kd + (size_t)h * dv + j;
+        __pipeline_memcpy_async(Xs + t * XLD + j, row, 16, z);
     }
+    __pipeline_commit();
     __syncthreads();
     for (int bi = 1; bi < 4; bi++) {
         /* X_j = sum_{k=j}^{bi-1} A_{bi,k} T_{k,j} for j < bi */
@@ -197,6 +197,7 @@ template <int P> __global__ void __launch_bounds__(256) ck_prep_kernel(cu_gdn_ar
         Am[r * CK_GLD + s] = tv * (bet[s] * egam[s]);
         Tm[r * CK_GLD + s] = tv * bet[s];
     }
+    __pipeline_wait_prior(0); /* V */
     __syncthreads();
     /* W = (T diag(beta e^g)) K: 4 x dk/16 tiles; U = (T diag(beta)) V: 4 x dv/16 tiles; a warp takes two
      * column tiles of a row tile at once (tc_mma2), the last alone when their count is odd */
@@ -289,7 +290,8 @@ template <int P, int DT> __global__ void __launch_bounds__(DT * 8) ck_state_kern
                 int t2 = t - 4 * NT, mi = t2 / NT, ni = t2 % NT;
                 wmma::load_matrix_sync(acc, Ss + mi * 16 * VLD + ni * 16, VLD, wmma::mem_row_major);
 #pragma unroll
-                for (int u = 0; u < acc.num_elements; u++) acc.x[u] *= egl;
+                for (int u = 0; u < acc.num_elements; u++) /* never contracted with tc_mma's adds */
+                    acc.x[u] = __fmul_rn(acc.x[u], egl);
                 tc_mma<P, wmma::col_major, wmma::row_major>(acc, Kf + mi * 16, dk, Ds + ni * 16, VLD, CK_CH);
                 wmma::store_matrix_sync(Ss + mi * 16 * VLD + ni * 16, acc, VLD, wmma::mem_row_major);
             }
@@ -411,7 +413,8 @@ template <int P> __global__ void __launch_bounds__(256) ck_state_stage_kernel(cu
                 wmma::load_matrix_sync(a0, Ss + mi * 16 * VLD, VLD, wmma::mem_row_major);
                 wmma::load_matrix_sync(a1, Ss + mi * 16 * VLD + 16, VLD, wmma::mem_row_major);
 #pragma unroll
-                for (int u = 0; u < a0.num_elements; u++) a0.x[u] *= egl, a1.x[u] *= egl;
+                for (int u = 0; u < a0.num_elements; u++) /* never contracted with tc_mma2's adds */
+                    a0.x[u] = __fmul_rn(a0.x[u], egl), a1.x[u] = __fmul_rn(a1.x[u], egl);
                 tc_mma2<P, wmma::col_major, wmma::row_major>(a0, a1, Kb + mi * 16, KLD, Ds, Ds + 16, VLD,
                                                              CK_CH);
                 wmma::store_matrix_sync(Ss + mi * 16 * VLD, a0, VLD, wmma::mem_row_major);

@@ -214,7 +214,9 @@ template <int P> __global__ void __launch_bounds__(256) chunked_tc_kernel(cu_gdn
             facc acc;
             wmma::load_matrix_sync(acc, Ss + mi * 16 * TC_VLD + ni * 16, TC_VLD, wmma::mem_row_major);
 #pragma unroll
-            for (int u = 0; u < acc.num_elements; u++) acc.x[u] *= egl;
+            for (int u = 0; u < acc.num_elements;
+                 u++) /* rounded before the adds: never contracted into them */
+                acc.x[u] = __fmul_rn(acc.x[u], egl);
             tc_mma<P, wmma::col_major, wmma::row_major>(acc, Ks + mi * 16, KLD, Ds + ni * 16, TC_VLD, TC_CH);
             wmma::store_matrix_sync(Ss + mi * 16 * TC_VLD + ni * 16, acc, TC_VLD, wmma::mem_row_major);
         }
