@@ -728,10 +728,12 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * from device-side offsets; "host": a host round trip per layer and a cuBLAS call per expert and half */
     const char *mp = getenv("CINFER_CUDA_MOE_PREFILL"), *mpv = mp ? mp : "grouped";
     if (m->cfg.n_experts > 0) {
-        int v2 = !strcmp(mpv, "grouped2"); /* ldmatrix + two stages, the same bits */
-        f->moe_pf_grouped = (v2 || !strcmp(mpv, "grouped")) && m->cfg.n_experts <= 1024 && m->H % 8 == 0 &&
-                            m->cfg.moe_intermediate_size % 8 == 0;
-        cu_moe_gemm_set_version(v2 ? 2 : 1);
+        /* grouped2: ldmatrix + two stages; grouped3: that on x split once into bf16 hi / lo by cp.async; the
+         * same bits */
+        int ver = !strcmp(mpv, "grouped3") ? 3 : !strcmp(mpv, "grouped2") ? 2 : 1;
+        f->moe_pf_grouped = (ver > 1 || !strcmp(mpv, "grouped")) && m->cfg.n_experts <= 1024 &&
+                            m->H % 8 == 0 && m->cfg.moe_intermediate_size % 8 == 0;
+        cu_moe_gemm_set_version(ver);
     }
     if (mp)
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_MOE_PREFILL=%s: prefill experts %s\n", mp,
@@ -994,8 +996,8 @@ static int moe(cuda_fwd *f, const cu_layer *cl, const run_shape *rs, int device_
         cu_moe_group(f->cu, f->moe_idx, S, E, f->moe_grp);
         cu_moe_tiles(f->cu, f->moe_grp, E, f->moe_tiles);
         mark(f, CP_MOE_EXPERTS);
-        cu_moe_gemm_swiglu(f->cu, f->ea, f->xn, k, cl->e_gu, f->moe_grp, f->moe_tiles, S, E, Im, H);
-        cu_moe_gemm(f->cu, f->ey, f->ea, 1, cl->e_down, f->moe_grp, f->moe_tiles, S, E, H, Im);
+        cu_moe_gemm_swiglu(f->cu, f->ea, f->xn, k, cl->e_gu, f->moe_grp, f->moe_tiles, S, E, Im, H, f->xb);
+        cu_moe_gemm(f->cu, f->ey, f->ea, 1, cl->e_down, f->moe_grp, f->moe_tiles, S, E, H, Im, f->xb);
         pos = f->moe_ident;
         wts = f->moe_w;
     } else if (device_only) {

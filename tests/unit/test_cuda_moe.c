@@ -644,17 +644,20 @@ static void prefill_case(const char *name, int T, int H, int E, int k, int I, in
     int *d_idx = dup_dev(idx, (size_t)S * 4), *d_grp = dev((size_t)(E + 1 + S) * 4),
         *d_tiles = dev((size_t)(E + 1) * 4);
     float *d_a = dev((size_t)S * I * 4), *d_y = dev((size_t)S * H * 4);
+    size_t nxs = (size_t)T * H > (size_t)S * I ? (size_t)T * H : (size_t)S * I;
+    uint16_t *d_xs = dev(2 * nxs * 2); /* version 3's split rows */
     float *ga = NULL, *gy = NULL;
-    /* 0: all T rows; 1: the first T / 2 only; 2: all rows by the second kernel version (grouped2) */
-    for (int half = 0; half < 3; half++) {
+    /* 0: all T rows; 1: the first T / 2 only; 2, 3: all rows by kernel versions 2 and 3 (grouped2, grouped3)
+     */
+    for (int half = 0; half < 4; half++) {
         int Th = half == 1 ? T / 2 : T, Sh = Th * k;
-        cu_moe_gemm_set_version(half == 2 ? 2 : 1);
+        cu_moe_gemm_set_version(half >= 2 ? half : 1);
         cu_fill_f32(c, d_a, (size_t)S * I, NAN);
         cu_fill_f32(c, d_y, (size_t)S * H, NAN);
         cu_moe_group(c, d_idx, Sh, E, d_grp);
         cu_moe_tiles(c, d_grp, E, d_tiles);
-        cu_moe_gemm_swiglu(c, d_a, d_x, k, d_gu, d_grp, d_tiles, Sh, E, I, H);
-        cu_moe_gemm(c, d_y, d_a, 1, d_dn, d_grp, d_tiles, Sh, E, H, I);
+        cu_moe_gemm_swiglu(c, d_a, d_x, k, d_gu, d_grp, d_tiles, Sh, E, I, H, d_xs);
+        cu_moe_gemm(c, d_y, d_a, 1, d_dn, d_grp, d_tiles, Sh, E, H, I, d_xs);
         REQUIRE(cu_sync(c, err, sizeof err) == 0);
         float *a = get(d_a, (size_t)Sh * I * 4), *y = get(d_y, (size_t)Sh * H * 4);
         if (!half) {
@@ -662,13 +665,11 @@ static void prefill_case(const char *name, int T, int H, int E, int k, int I, in
             continue;
         }
         int same = !memcmp(a, ga, (size_t)Sh * I * 4) && !memcmp(y, gy, (size_t)Sh * H * 4);
-        printf("     %-52s %s\n",
-               half == 1 ? "  first half of the rows alone vs among all"
-                         : "  version 2 (ldmatrix, 2 stages) vs 1",
-               same ? "bit-identical" : "DIFFERENT");
-        CHECK_MSG(same, "%s: %s", name,
-                  half == 1 ? "the first rows' slots differ when they run alone"
-                            : "version 2 differs from 1");
+        static const char *const what[4] = {"", "  first half of the rows alone vs among all",
+                                            "  version 2 (ldmatrix, 2 stages) vs 1",
+                                            "  version 3 (split rows by cp.async) vs 1"};
+        printf("     %-52s %s\n", what[half], same ? "bit-identical" : "DIFFERENT");
+        CHECK_MSG(same, "%s: %s differ", name, what[half]);
         free(a), free(y);
     }
     cu_moe_gemm_set_version(1);
@@ -707,6 +708,7 @@ static void prefill_case(const char *name, int T, int H, int E, int k, int I, in
               tiles[E], want);
     free(idx), free(x), free(ga), free(gy), free(tiles), free(hgu), free(hdn), free(ra), free(ry);
     free(g), free(ca), free(cy);
+    cu_free(d_xs);
     cu_free(d_gu), cu_free(d_dn), cu_free(d_x), cu_free(d_idx), cu_free(d_grp), cu_free(d_tiles),
         cu_free(d_a);
     cu_free(d_y);
@@ -746,6 +748,7 @@ TEST(cuda_moe_prefill_speed) {
             idx[r * k + j] = e;
         }
     float *x = dev((size_t)T * H * 4), *ea = dev((size_t)S * I * 4), *ey = dev((size_t)S * H * 4);
+    uint16_t *xs = dev((size_t)2 * S * I * 2); /* version 3's split rows: S x I >= T x H here */
     cu_fill_f32(c, x, (size_t)T * H, 0.5f);
     int *d_idx = dup_dev(idx, (size_t)S * 4), *grp = dev((size_t)(E + 1 + S) * 4),
         *tiles = dev((size_t)(E + 1) * 4);
@@ -754,15 +757,15 @@ TEST(cuda_moe_prefill_speed) {
     cu_timer *tm;
     REQUIRE(cu_timer_create(&tm) == 0);
     double fl_gu = 2.0 * 2 * S * 2.0 * I * H, fl_dn = 2.0 * 2 * S * (double)H * I; /* x2: hi and lo */
-    for (int v = 1; v <= 2; v++) {
+    for (int v = 1; v <= 3; v++) {
         cu_moe_gemm_set_version(v);
-        cu_moe_gemm_swiglu(c, ea, x, k, gu, grp, tiles, S, E, I, H); /* warm */
-        cu_moe_gemm(c, ey, ea, 1, dn, grp, tiles, S, E, H, I);
+        cu_moe_gemm_swiglu(c, ea, x, k, gu, grp, tiles, S, E, I, H, xs); /* warm */
+        cu_moe_gemm(c, ey, ea, 1, dn, grp, tiles, S, E, H, I, xs);
         cu_timer_start(c, tm);
-        for (int r = 0; r < 5; r++) cu_moe_gemm_swiglu(c, ea, x, k, gu, grp, tiles, S, E, I, H);
+        for (int r = 0; r < 5; r++) cu_moe_gemm_swiglu(c, ea, x, k, gu, grp, tiles, S, E, I, H, xs);
         double t1 = cu_timer_stop_ms(c, tm) / 5;
         cu_timer_start(c, tm);
-        for (int r = 0; r < 5; r++) cu_moe_gemm(c, ey, ea, 1, dn, grp, tiles, S, E, H, I);
+        for (int r = 0; r < 5; r++) cu_moe_gemm(c, ey, ea, 1, dn, grp, tiles, S, E, H, I, xs);
         double t2 = cu_timer_stop_ms(c, tm) / 5;
         printf(
             "     35B-A3B 4096-token chunk, version %d: gate_up+SwiGLU %.3f ms (%.0f TFLOP/s), down %.3f ms "
@@ -773,6 +776,7 @@ TEST(cuda_moe_prefill_speed) {
     REQUIRE(cu_sync(c, err, sizeof err) == 0);
     cu_timer_destroy(tm);
     free(idx);
+    cu_free(xs);
     cu_free(gu), cu_free(dn), cu_free(x), cu_free(ea), cu_free(ey), cu_free(d_idx), cu_free(grp),
         cu_free(tiles);
     cu_ctx_destroy(c);
@@ -794,10 +798,11 @@ TEST(cuda_moe_prefill_grouped_model) {
         int V = info.vocab_size, P = 150;
         int32_t toks[150];
         for (int i = 0; i < P; i++) toks[i] = (int32_t)((i * 29 + 3) % V);
-        float *out[3];
+        float *out[4];
         char *old = env_swap("CINFER_CUDA_MOE_PREFILL", "host");
-        for (int g = 0; g < 3; g++) {
-            if (g) setenv("CINFER_CUDA_MOE_PREFILL", g == 1 ? "grouped" : "grouped2", 1);
+        for (int g = 0; g < 4; g++) {
+            if (g)
+                setenv("CINFER_CUDA_MOE_PREFILL", g == 1 ? "grouped" : g == 2 ? "grouped2" : "grouped3", 1);
             out[g] = malloc(sizeof(float) * (size_t)P * V);
             cinfer_ctx_params p = cinfer_ctx_default_params();
             p.max_seqs = 1, p.max_ctx = 256, p.max_batch = 256, p.n_threads = 2,
@@ -815,7 +820,9 @@ TEST(cuda_moe_prefill_grouped_model) {
         CHECK_MSG(r <= 1e-4, "%s: grouped prefill experts differ by %.3g", fx[fi], r);
         CHECK_MSG(!memcmp(out[1], out[2], sizeof(float) * (size_t)P * V), "%s: grouped2 differs from grouped",
                   fx[fi]);
-        free(out[0]), free(out[1]), free(out[2]);
+        CHECK_MSG(!memcmp(out[1], out[3], sizeof(float) * (size_t)P * V), "%s: grouped3 differs from grouped",
+                  fx[fi]);
+        free(out[0]), free(out[1]), free(out[2]), free(out[3]);
         cinfer_model_close(m);
     }
 }

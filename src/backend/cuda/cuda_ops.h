@@ -326,17 +326,19 @@ void cu_moe_fused(cu_ctx *c, const cu_moe_args *a);         /* the three in orde
 /* Prefill experts without the host (moe_gemm.cu, CINFER_CUDA_MOE_PREFILL=grouped): grouped GEMMs on the
  * tensor cores (bf16 weights, activations split into bf16 hi + lo, f32 accumulation) over every expert in one
  * launch, from cu_moe_group's grp = off [E + 1] | perm [S]. tile_off [E + 1]: cu_moe_tiles' count of 64-slot
- * tiles before each expert. Slot s reads x row s / div and writes y row s. K % 8 == 0. */
+ * tiles before each expert. Slot s reads x row s / div and writes y row s. K % 8 == 0. d_xs: scratch for
+ * version 3, 2 x (S / div) x K bf16 (NULL: version 3 runs as 2). */
 void cu_moe_tiles(cu_ctx *c, const int *d_grp, int E, int *d_tile_off);
 /* 1 (default): fragments by 32-bit shared loads, one stage; 2 (CINFER_CUDA_MOE_PREFILL=grouped2): ldmatrix
- * and two stages. The same MMAs in the same order: the same bits. */
+ * and two stages; 3 (grouped3): 2 reading x split once into bf16 hi / lo rows (d_xs) by cp.async. The same
+ * MMAs in the same order on the same values: the same bits. */
 void cu_moe_gemm_set_version(int v);
 /* y[s][n] = silu(x_s · gate_e[n]) * (x_s · up_e[n]) for n < I; w_gu [E][2I][K] (gate rows then up rows) */
 void cu_moe_gemm_swiglu(cu_ctx *c, float *d_y, const float *d_x, int div, const uint16_t *d_w_gu,
-                        const int *d_grp, const int *d_tile_off, int S, int E, int I, int K);
+                        const int *d_grp, const int *d_tile_off, int S, int E, int I, int K, uint16_t *d_xs);
 /* y[s][n] = x_s · w_e[n] for n < N; w [E][N][K] */
 void cu_moe_gemm(cu_ctx *c, float *d_y, const float *d_x, int div, const uint16_t *d_w, const int *d_grp,
-                 const int *d_tile_off, int S, int E, int N, int K);
+                 const int *d_tile_off, int S, int E, int N, int K, uint16_t *d_xs);
 
 /* ---- sampling (sample.cu) ---- */
 #define CU_SAMPLE_MAX_K 64

@@ -45,17 +45,44 @@ __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void *p) {
                  : "r"(a));
 }
 
+/* 16 bytes global -> shared, asynchronously (zeros when !valid: nothing is read) */
+__device__ __forceinline__ void cp16(void *smem, const void *gmem, bool valid) {
+    unsigned a = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(a), "l"(gmem), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_commit(void) {
+    asm volatile("cp.async.commit_group;");
+}
+__device__ __forceinline__ void cp_wait1(void) { /* all but the newest group complete */
+    asm volatile("cp.async.wait_group 1;" ::: "memory");
+}
+
+/* hi[i] = bf16(x[i]), lo[i] = bf16(x[i] - hi[i]): split_bf16_kernel's split, for version 3 */
+__global__ void mg_split_kernel(uint16_t *hi, uint16_t *lo, const float *x, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float v = x[i];
+        uint16_t h = f32_bf16(v);
+        hi[i] = h;
+        lo[i] = f32_bf16(v - bf16_f32(h));
+    }
+}
+
 /* Block (t, c): row tile t of the expert it falls in (tile_off), weight rows c * 64 .. (SwiGLU: gate rows
  * n and up rows up_off + n, output column n) or c * 128 .. (output column = weight row). Slot p's input row
  * is x[perm[p] / div]; its output row is y[perm[p]] (ldy floats apart). 8 warps: 2 along the slots (32 each)
  * x 4 along the weight rows (4 tiles of 8 each: SwiGLU 2 gate + the 2 matching up tiles). K % 8 == 0.
- * V2 (CINFER_CUDA_MOE_PREFILL=grouped2): fragments by ldmatrix (6 shared loads per 16 of K instead of 24)
- * and two shared-memory stages (one barrier per step); the same MMAs in the same order, so the same bits. */
-template <int SWIGLU, int V2>
+ * V 2 (CINFER_CUDA_MOE_PREFILL=grouped2): fragments by ldmatrix (6 shared loads per 16 of K instead of 24)
+ * and two shared-memory stages (one barrier per step); V 3 (grouped3): V 2 reading x already split into
+ * bf16 hi / lo rows (xh, xl: mg_split_kernel) by cp.async, no registers in between. The same MMAs in the same
+ * order on the same hi / lo values in every version, so the same bits. */
+template <int SWIGLU, int V>
 __global__ void __launch_bounds__(MG_THREADS)
-    moe_gemm_kernel(float *__restrict__ y, int ldy, const float *__restrict__ x, int div,
+    moe_gemm_kernel(float *__restrict__ y, int ldy, const float *__restrict__ x,
+                    const uint16_t *__restrict__ xh, const uint16_t *__restrict__ xl, int div,
                     const uint16_t *__restrict__ w, size_t w_expert, int up_off, const int *__restrict__ grp,
                     const int *__restrict__ tile_off, int E, int N, int K) {
+    constexpr bool V2 = V >= 2;
     constexpr int NS = V2 ? 2 : 1;                             /* shared-memory stages */
     __shared__ __align__(16) uint16_t xs[NS][2][MG_BM][MG_LD]; /* [stage][hi, lo] */
     __shared__ __align__(16) uint16_t ws[NS][MG_BW][MG_LD];
@@ -76,7 +103,8 @@ __global__ void __launch_bounds__(MG_THREADS)
     const int ncols = SWIGLU ? MG_BW / 2 : MG_BW, n0 = blockIdx.y * ncols;
     /* loads: thread tid takes 8 consecutive k of slot row tid / 4 and of weight rows tid / 4, tid / 4 + 64 */
     const int lrow = tid >> 2, lk = (tid & 3) * 8;
-    const float *xrow = lrow < cnt ? x + (size_t)(perm[p0 + lrow] / div) * K : NULL;
+    const size_t xoff = lrow < cnt ? (size_t)(perm[p0 + lrow] / div) * K : 0;
+    const float *xrow = lrow < cnt && V < 3 ? x + xoff : NULL;
     const uint16_t *wrow[2];
 #pragma unroll
     for (int h = 0; h < 2; h++) {
@@ -135,7 +163,7 @@ __global__ void __launch_bounds__(MG_THREADS)
 #pragma unroll
         for (int kk = 0; kk < MG_BK; kk += 16) {
             uint32_t b[4][2];
-            if (V2) {
+            if constexpr (V2) {
 #pragma unroll
                 for (int sp = 0; sp < 2; sp++) {
                     uint32_t r[4];
@@ -157,7 +185,7 @@ __global__ void __launch_bounds__(MG_THREADS)
                 for (int i = 0; i < 2; i++) {
                     int m = wm * 32 + i * 16;
                     uint32_t a[4];
-                    if (V2) {
+                    if constexpr (V2) {
                         ldsm_x4(a, &xs[st][half][m + (lane & 15)][kk + (lane >> 4) * 8]);
                     } else {
                         a[0] = *reinterpret_cast<const uint32_t *>(&xs[st][half][m + g][kk + 2 * tq]);
@@ -170,8 +198,29 @@ __global__ void __launch_bounds__(MG_THREADS)
                 }
         }
     };
-    fetch(0);
-    if (V2) {
+    if constexpr (V == 3) {
+        /* stage st <- rows at k0 (zeros past cnt, N or K) */
+        auto issue = [&](int st, int k0) {
+            int k = k0 + lk;
+            bool in = k < K, xin = lrow < cnt && in;
+            cp16(&xs[st][0][lrow][lk], xin ? xh + xoff + k : w, xin);
+            cp16(&xs[st][1][lrow][lk], xin ? xl + xoff + k : w, xin);
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+                cp16(&ws[st][lrow + 64 * h][lk], wrow[h] && in ? wrow[h] + k : w, wrow[h] && in);
+        };
+        issue(0, 0);
+        cp_commit();
+        for (int k0 = 0, st = 0; k0 < K; k0 += MG_BK, st ^= 1) {
+            if (k0 + MG_BK < K) issue(st ^ 1, k0 + MG_BK); /* the other stage: read before the last barrier */
+            cp_commit();
+            cp_wait1();
+            __syncthreads();
+            compute(st);
+            __syncthreads();
+        }
+    } else if constexpr (V2) {
+        fetch(0);
         /* two stages: the next step's registers land in the other stage while this one is read */
         store(0);
         __syncthreads();
@@ -183,6 +232,7 @@ __global__ void __launch_bounds__(MG_THREADS)
             __syncthreads();
         }
     } else {
+        fetch(0);
         for (int k0 = 0; k0 < K; k0 += MG_BK) {
             __syncthreads(); /* the previous step's fragments are read */
             store(0);
@@ -214,7 +264,7 @@ __global__ void __launch_bounds__(MG_THREADS)
 
 static int g_mg_version = 1;
 extern "C" void cu_moe_gemm_set_version(int v) {
-    g_mg_version = v == 2 ? 2 : 1;
+    g_mg_version = v == 2 || v == 3 ? v : 1;
 }
 
 extern "C" void cu_moe_tiles(cu_ctx *c, const int *grp, int E, int *tile_off) {
@@ -225,26 +275,51 @@ static unsigned max_tiles(int S, int E) {
     return cdiv((size_t)S, MG_BM) + (unsigned)(E < S ? E : S);
 }
 
+/* the version to run: 3 only with scratch for the split rows */
+static int mg_version(const uint16_t *xs) {
+    return g_mg_version == 3 && !xs ? 2 : g_mg_version;
+}
+
+/* x's rows split into bf16 hi (xs) and lo (xs + n) for version 3 */
+static void mg_split(cu_ctx *c, uint16_t *xs, const float *x, size_t n) {
+    unsigned g = cdiv(n, 256);
+    if (g > 65535u * 16u) g = 65535u * 16u;
+    mg_split_kernel<<<g, 256, 0, c->stream>>>(xs, xs + n, x, n);
+}
+
+template <int SWIGLU>
+static void mg_launch(cu_ctx *c, dim3 grid, int v, float *y, int ldy, const float *x, const uint16_t *xs,
+                      size_t nx, int div, const uint16_t *w, size_t w_expert, int up_off, const int *grp,
+                      const int *tile_off, int E, int N, int K) {
+    const uint16_t *xh = v == 3 ? xs : NULL, *xl = v == 3 ? xs + nx : NULL;
+    if (v == 3)
+        moe_gemm_kernel<SWIGLU, 3><<<grid, MG_THREADS, 0, c->stream>>>(y, ldy, x, xh, xl, div, w, w_expert,
+                                                                       up_off, grp, tile_off, E, N, K);
+    else if (v == 2)
+        moe_gemm_kernel<SWIGLU, 2><<<grid, MG_THREADS, 0, c->stream>>>(y, ldy, x, xh, xl, div, w, w_expert,
+                                                                       up_off, grp, tile_off, E, N, K);
+    else
+        moe_gemm_kernel<SWIGLU, 1><<<grid, MG_THREADS, 0, c->stream>>>(y, ldy, x, xh, xl, div, w, w_expert,
+                                                                       up_off, grp, tile_off, E, N, K);
+}
+
 extern "C" void cu_moe_gemm_swiglu(cu_ctx *c, float *y, const float *x, int div, const uint16_t *w_gu,
-                                   const int *grp, const int *tile_off, int S, int E, int I, int K) {
+                                   const int *grp, const int *tile_off, int S, int E, int I, int K,
+                                   uint16_t *xs) {
     if (S <= 0 || I <= 0) return;
     dim3 grid(max_tiles(S, E), cdiv((size_t)I, MG_BW / 2));
-    if (g_mg_version == 2)
-        moe_gemm_kernel<1, 1><<<grid, MG_THREADS, 0, c->stream>>>(y, I, x, div, w_gu, (size_t)2 * I * K, I,
-                                                                  grp, tile_off, E, I, K);
-    else
-        moe_gemm_kernel<1, 0><<<grid, MG_THREADS, 0, c->stream>>>(y, I, x, div, w_gu, (size_t)2 * I * K, I,
-                                                                  grp, tile_off, E, I, K);
+    int v = mg_version(xs);
+    size_t nx = (size_t)cdiv((size_t)S, (size_t)div) * K; /* x rows: slot s reads row s / div */
+    if (v == 3) mg_split(c, xs, x, nx);
+    mg_launch<1>(c, grid, v, y, I, x, xs, nx, div, w_gu, (size_t)2 * I * K, I, grp, tile_off, E, I, K);
 }
 
 extern "C" void cu_moe_gemm(cu_ctx *c, float *y, const float *x, int div, const uint16_t *w, const int *grp,
-                            const int *tile_off, int S, int E, int N, int K) {
+                            const int *tile_off, int S, int E, int N, int K, uint16_t *xs) {
     if (S <= 0 || N <= 0) return;
     dim3 grid(max_tiles(S, E), cdiv((size_t)N, MG_BW));
-    if (g_mg_version == 2)
-        moe_gemm_kernel<0, 1>
-            <<<grid, MG_THREADS, 0, c->stream>>>(y, N, x, div, w, (size_t)N * K, 0, grp, tile_off, E, N, K);
-    else
-        moe_gemm_kernel<0, 0>
-            <<<grid, MG_THREADS, 0, c->stream>>>(y, N, x, div, w, (size_t)N * K, 0, grp, tile_off, E, N, K);
+    int v = mg_version(xs);
+    size_t nx = (size_t)cdiv((size_t)S, (size_t)div) * K;
+    if (v == 3) mg_split(c, xs, x, nx);
+    mg_launch<0>(c, grid, v, y, N, x, xs, nx, div, w, (size_t)N * K, 0, grp, tile_off, E, N, K);
 }
