@@ -310,13 +310,15 @@ template <int P, int DT> __global__ void __launch_bounds__(DT * 8) ck_state_kern
     }
 }
 
-/* The same pass with each chunk's W, Qg, Kf and QK staged in shared memory by cp.async, one step ahead: W and
- * Qg of chunk i + 1 load while the second step of chunk i runs, QK and Kf of chunk i + 1 while the first step
- * of chunk i + 1 runs (the global-memory fragment loads of ck_state_kernel wait on L2 latency at every step
- * of K). 32 value columns, 8 warps; the tiles and sums of ck_state_kernel, so the same bits. */
+/* The same pass with each chunk's W, Qg, U's columns, Kf and QK staged in shared memory by cp.async, one step
+ * ahead: W, Qg and U of chunk i + 1 load while the second step of chunk i runs, QK and Kf of chunk i + 1
+ * while the first step of chunk i + 1 runs (the global-memory fragment loads of ck_state_kernel wait on L2
+ * latency at every step of K). 32 value columns, 8 warps, each on both 16-column tiles of a row tile at once
+ * (tc_mma2: the A fragment loaded and split once, two independent MMA chains); the tiles and sums of
+ * ck_state_kernel, so the same bits. */
 #define CKS_DT 32
 static size_t ck_stage_smem_floats(int dk) {
-    return 3 * (size_t)CK_CH * (dk + 4) + (size_t)CK_CH * CK_GLD + ((size_t)dk + 2 * CK_CH) * (CKS_DT + 4);
+    return 3 * (size_t)CK_CH * (dk + 4) + (size_t)CK_CH * CK_GLD + ((size_t)dk + 3 * CK_CH) * (CKS_DT + 4);
 }
 
 /* rows x cols floats (cols a multiple of 4) from global (row stride cols) to shared (row stride ld), 16 bytes
@@ -330,6 +332,15 @@ static __device__ __forceinline__ void ck_stage(float *dst, int ld, const float 
     }
 }
 
+/* the block's CKS_DT columns of U [64][dv] (from column j0; columns past dv: zeros) */
+static __device__ __forceinline__ void ck_stage_u(float *dst, int ld, const float *U, int dv, int j0, int tid,
+                                                  int nt) {
+    for (int idx = tid; idx < CK_CH * (CKS_DT / 4); idx += nt) {
+        int t = idx / (CKS_DT / 4), c = idx % (CKS_DT / 4) * 4, ok = j0 + c < dv;
+        __pipeline_memcpy_async(dst + t * ld + c, ok ? U + (size_t)t * dv + j0 + c : U, 16, ok ? 0 : 16);
+    }
+}
+
 template <int P> __global__ void __launch_bounds__(256) ck_state_stage_kernel(cu_gdn_args a) {
     extern __shared__ __align__(128) float smg[];
     int e = blockIdx.z;
@@ -340,7 +351,8 @@ template <int P> __global__ void __launch_bounds__(256) ck_state_stage_kernel(cu
     int h = blockIdx.y, j0 = blockIdx.x * DT, n = a.meta.e_n[e], pos0 = a.meta.e_len[e];
     int r0 = a.meta.e_row0[e];
     float *Wb = smg, *Qb = Wb + CK_CH * KLD, *Kb = Qb + CK_CH * KLD, *QKb = Kb + CK_CH * KLD;
-    float *Ss = QKb + CK_CH * CK_GLD, *Ds = Ss + (size_t)dk * VLD, *Os = Ds + CK_CH * VLD;
+    float *Ss = QKb + CK_CH * CK_GLD, *Ds = Ss + (size_t)dk * VLD, *Os = Ds + CK_CH * VLD,
+          *Ub = Os + CK_CH * VLD;
     float *Sg = a.rec_state + (((size_t)a.meta.e_slot[e] * a.n_lin + a.lin) * a.Hv + h) * (size_t)dk * dv;
     for (int idx = tid; idx < dk * DT; idx += nt) {
         int i = idx / DT, jj = idx % DT;
@@ -351,9 +363,10 @@ template <int P> __global__ void __launch_bounds__(256) ck_state_stage_kernel(cu
     const size_t stride = ck_stride(dk, dv);
     const int mt_k = dk / 16;
     const float *base = (const float *)a.chunk_scr + ((size_t)k * a.Hv + h) * stride;
-    /* group A of chunk 0 (W, Qg), then group B (QK, Kf) */
+    /* group A of chunk 0 (W, Qg, U's columns), then group B (QK, Kf) */
     ck_stage(Wb, KLD, base, CK_CH, dk, tid, nt);
     ck_stage(Qb, KLD, base + CK_CH * dk, CK_CH, dk, tid, nt);
+    ck_stage_u(Ub, VLD, base + 3 * CK_CH * dk, dv, j0, tid, nt);
     __pipeline_commit();
     ck_stage(QKb, CK_GLD, base + 3 * CK_CH * dk + CK_CH * dv, CK_CH, CK_CH, tid, nt);
     ck_stage(Kb, KLD, base + 2 * CK_CH * dk, CK_CH, dk, tid, nt);
@@ -364,10 +377,6 @@ template <int P> __global__ void __launch_bounds__(256) ck_state_stage_kernel(cu
         const float *W = (const float *)a.chunk_scr + ((size_t)k * a.Hv + h) * stride;
         const float *U = W + 3 * CK_CH * dk, *nxt = c0 + L < n ? W + a.Hv * stride : NULL;
         float egl = U[CK_CH * dv + CK_CH * CK_CH];
-        for (int idx = tid; idx < CK_CH * DT; idx += nt) {
-            int t = idx / DT, jj = idx % DT;
-            Ds[t * VLD + jj] = j0 + jj < dv ? U[(size_t)t * dv + j0 + jj] : 0.0f;
-        }
         __pipeline_wait_prior(1); /* this chunk's group A */
         __syncthreads();
         /* D = U - W S, Qg S into Os: a warp per row tile, both column tiles at once (tc_mma2) */
@@ -375,8 +384,8 @@ template <int P> __global__ void __launch_bounds__(256) ck_state_stage_kernel(cu
             int mi = t & 3;
             tc_facc a0, a1;
             if (t < 4) {
-                wmma::load_matrix_sync(a0, Ds + mi * 16 * VLD, VLD, wmma::mem_row_major);
-                wmma::load_matrix_sync(a1, Ds + mi * 16 * VLD + 16, VLD, wmma::mem_row_major);
+                wmma::load_matrix_sync(a0, Ub + mi * 16 * VLD, VLD, wmma::mem_row_major);
+                wmma::load_matrix_sync(a1, Ub + mi * 16 * VLD + 16, VLD, wmma::mem_row_major);
                 tc_mma2<P, wmma::row_major, wmma::row_major>(a0, a1, Wb + mi * 16 * KLD, KLD, Ss, Ss + 16,
                                                              VLD, dk, true);
                 wmma::store_matrix_sync(Ds + mi * 16 * VLD, a0, VLD, wmma::mem_row_major);
@@ -391,9 +400,10 @@ template <int P> __global__ void __launch_bounds__(256) ck_state_stage_kernel(cu
             }
         }
         __syncthreads();
-        if (nxt) { /* the next chunk's group A over this one's W and Qg, read by now */
+        if (nxt) { /* the next chunk's group A over this one's W, Qg and U, read by now */
             ck_stage(Wb, KLD, nxt, CK_CH, dk, tid, nt);
             ck_stage(Qb, KLD, nxt + CK_CH * dk, CK_CH, dk, tid, nt);
+            ck_stage_u(Ub, VLD, nxt + 3 * CK_CH * dk, dv, j0, tid, nt);
         }
         __pipeline_commit();
         __pipeline_wait_prior(1); /* this chunk's group B */
