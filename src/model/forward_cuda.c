@@ -673,13 +673,13 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     f->tiles_ok = m->n_full > 0 && cu_attn_init(m->hd);
     /* CINFER_CUDA_PREFILL: "tc" (the default when unset) both prefill kernels on the tensor cores, "gdn" the
      * chunked DeltaNet only, "attn" only the attention, "scalar" neither. The H200 run of 06:05 UTC (session
-     * 3): with the hi + lo TF32 split the tensor-core DeltaNet is exact to 3.3e-4 per position on the fixtures
-     * (scalar 5.6e-4) and cut its share of a 4B 4096-token chunk from 256 to 202 ms. The attention is the
-     * flash-attention-2 kernel of attention_tc.cu on tiles of cu_attn_tc_rows rows (attn_rows); session 4's
-     * first H200 call: every op test within 20x the scalar tiles' error (3e-7 - 7e-7; entries alone bitwise
-     * as in a batch), fixture parity 3.38e-4 (scalar tiles 3.37e-4), 4B attention core per 4096-token chunk
-     * 112.6 -> 27.9 ms, prefill 32768 3,462 -> 8,129 tok/s: so it is on by default ("gdn" keeps the scalar
-     * attention tiles). */
+     * 3): with the hi + lo TF32 split the tensor-core DeltaNet is exact to 3.3e-4 per position on the
+     * fixtures (scalar 5.6e-4) and cut its share of a 4B 4096-token chunk from 256 to 202 ms. The attention
+     * is the flash-attention-2 kernel of attention_tc.cu on tiles of cu_attn_tc_rows rows (attn_rows);
+     * session 4's first H200 call: every op test within 20x the scalar tiles' error (3e-7 - 7e-7; entries
+     * alone bitwise as in a batch), fixture parity 3.38e-4 (scalar tiles 3.37e-4), 4B attention core per
+     * 4096-token chunk 112.6 -> 27.9 ms, prefill 32768 3,462 -> 8,129 tok/s: so it is on by default ("gdn"
+     * keeps the scalar attention tiles). */
     /* "gdn1": the one-kernel tensor-core DeltaNet (today's "gdn"); "gdn2" / "tc2": the phased one
      * (deltanet_chunk.cu, parallel over chunks), alone / with the tensor-core attention.
      * CINFER_CUDA_GDN_DT=32: 32 value columns per block of its sequential pass (default 16); "stage": 32,
@@ -719,7 +719,7 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
                                               mc->moe_intermediate_size, mc->shared_expert_intermediate_size);
     }
     const char *mv = getenv("CINFER_CUDA_MOE_VARIANT");
-    f->moe_variant = mv ? atoi(mv) & 7 : 0;
+    f->moe_variant = mv ? atoi(mv) & 15 : 0;
     if (mf)
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_MOE_FUSED=%s: %s\n", mf,
                 f->moe_fused ? "fused decode MoE kernels" : "the unfused decode MoE kernels");
@@ -953,10 +953,16 @@ static void mlp_fused(cuda_fwd *f, const cu_layer *cl, int M) {
     cu_gemv_fused(f->cu, f->x, f->act, cl->w_down, M, m->H, I, NULL, 0.0f, CU_EPI_ADD);
 }
 
+/* 1 when moe() runs this batch's MoE block on the fused decode kernels */
+static int moe_fused_path(const cuda_fwd *f, int T, int device_only) {
+    return device_only && f->moe_fused && !(f->moe_pf_grouped && T >= f->moe_gemm_rows);
+}
+
 /* into_x: the caller takes the block's output added into the residual f->x (*added = 1 when it was: the fused
- * decode path), else it lands in f->out (*added = 0) */
-static int moe(cuda_fwd *f, const cu_layer *cl, const run_shape *rs, int device_only, int into_x, int *added,
-               char *err, size_t errlen) {
+ * decode path), else it lands in f->out (*added = 0). norm_w: NULL, or (fused path only) the post-attention
+ * norm the caller left to the router, which takes it from f->x into f->xn */
+static int moe(cuda_fwd *f, const cu_layer *cl, const run_shape *rs, int device_only, int into_x,
+               const float *norm_w, int *added, char *err, size_t errlen) {
     const model *m = f->m;
     const model_config *c = &m->cfg;
     int T = rs->T, H = m->H, E = c->n_experts, k = c->n_experts_per_tok, Im = c->moe_intermediate_size;
@@ -964,7 +970,7 @@ static int moe(cuda_fwd *f, const cu_layer *cl, const run_shape *rs, int device_
     *added = 0;
     /* the grouped tensor-core GEMMs: past 64 rows (prefill), and decode batches from moe_gemm_rows rows on */
     int gemm_path = f->moe_pf_grouped && (!device_only || T >= f->moe_gemm_rows);
-    if (device_only && f->moe_fused && !gemm_path) {
+    if (moe_fused_path(f, T, device_only)) {
         /* router + selection, gate_up + SwiGLU (+ the shared expert and its gate), down + combine */
         cu_moe_args a = {0};
         a.T = T, a.H = H, a.E = E, a.k = k, a.Im = Im,
@@ -976,6 +982,7 @@ static int moe(cuda_fwd *f, const cu_layer *cl, const run_shape *rs, int device_
         a.shg = f->shg, a.out = f->out, a.resid = into_x ? f->x : NULL,
         a.variant = f->profile ? f->moe_variant & 3 : f->moe_variant; /* no PDL beside the profile's events */
         *added = into_x;
+        if (norm_w) a.x = f->x, a.norm_w = norm_w, a.eps = (float)m->cfg.rms_norm_eps, a.xn = f->xn;
         mark(f, CP_MOE_ROUTE);
         cu_moe_fused_route(f->cu, &a);
         mark(f, CP_MOE_EXPERTS);
@@ -1135,7 +1142,11 @@ static int enqueue(cuda_fwd *f, const run_shape *rs, int moe_device, char *err, 
         else
             attention(f, cl, m->full_index[l], rs, f->kpool, f->vpool, f->p.n_blocks, fin, fz);
         pend = !fz;
-        if (lw->moe || !fz) {
+        /* CINFER_CUDA_MOE_VARIANT & 8: the fused MoE's router takes this norm itself (nothing pends under fz)
+         */
+        int moe_norm = lw->moe && fz && (f->moe_variant & 8) && cu_moe_fused_norm_ok(H) &&
+                       moe_fused_path(f, T, moe_device);
+        if ((lw->moe || !fz) && !moe_norm) {
             mark(f, CP_EMBED_NORM);
             cu_add_rmsnorm(f->cu, f->x, pend ? f->out : NULL, f->xn, cl->post_norm, T, H, eps);
         }
@@ -1143,7 +1154,8 @@ static int enqueue(cuda_fwd *f, const run_shape *rs, int moe_device, char *err, 
             /* under CINFER_CUDA_FUSE the fused MoE adds into the residual itself, so the next layer's input
              * norm can go into its in_proj */
             int added;
-            if ((rc = moe(f, cl, rs, moe_device, fz, &added, err, errlen))) return rc;
+            if ((rc = moe(f, cl, rs, moe_device, fz, moe_norm ? cl->post_norm : NULL, &added, err, errlen)))
+                return rc;
             pend = !added;
         } else if (fz) {
             mlp_fused(f, cl, T);
@@ -1501,7 +1513,7 @@ int cuda_fwd_mtp_run(cuda_fwd *f, const fwd_entry *e, const mtp_io *io, int NE, 
     cu_add_rmsnorm(f->cu, f->x, f->out, f->xn, cl->post_norm, T, H, eps);
     if (lw->moe) {
         int added;
-        if ((rc = moe(f, cl, &rs, T <= 64, 0, &added, err, errlen))) return rc;
+        if ((rc = moe(f, cl, &rs, T <= 64, 0, NULL, &added, err, errlen))) return rc;
     } else {
         mlp(f, f->out, f->xn, cl->w_gu, cl->w_down, T, m->cfg.intermediate_size);
     }

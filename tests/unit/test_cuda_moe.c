@@ -179,17 +179,17 @@ static void cpu_row(const moe_case *mc, const moe_w *w, const float *x, int *idx
 /* device outputs of one fused run */
 typedef struct fused_out {
     int *idx;
-    float *w, *act, *shg, *out;
+    float *w, *act, *shg, *out, *xn; /* xn: the router's normed rows (only with d_nw) */
 } fused_out;
 
 static void free_out(fused_out *o) {
-    free(o->idx), free(o->w), free(o->act), free(o->shg), free(o->out);
+    free(o->idx), free(o->w), free(o->act), free(o->shg), free(o->out), free(o->xn);
 }
 
 /* the three kernels over T rows of x (device); outputs start as NaN; returns them on the host. Then the down
  * kernel once more in its residual form. */
 static int run_fused(cu_ctx *c, const moe_case *mc, const moe_w *w, const float *d_x, int T, int variant,
-                     fused_out *o) {
+                     const float *d_nw, fused_out *o) {
     int E = mc->E, k = mc->k, A = mc->k * mc->Im + mc->Is;
     char err[256];
     cu_moe_args a = {0};
@@ -199,6 +199,10 @@ static int run_fused(cu_ctx *c, const moe_case *mc, const moe_w *w, const float 
     a.logits = dev((size_t)T * E * 4), a.idx = dev((size_t)T * k * 4), a.w = dev((size_t)T * k * 4);
     a.count = dev((size_t)T * 4), a.act = dev((size_t)T * A * 4), a.shg = dev((size_t)T * 4);
     a.out = dev((size_t)T * mc->H * 4);
+    if (d_nw) { /* d_x is the raw residual: the router takes the norm */
+        a.norm_w = d_nw, a.eps = 1e-6f, a.xn = dev((size_t)T * mc->H * 4);
+        cu_fill_f32(c, a.xn, (size_t)T * mc->H, NAN);
+    }
     cu_fill_f32(c, (float *)a.idx, (size_t)T * k, NAN); /* as ints: 0x7fc00000, no expert */
     cu_fill_f32(c, a.w, (size_t)T * k, NAN);
     cu_fill_f32(c, a.act, (size_t)T * A, NAN);
@@ -213,6 +217,7 @@ static int run_fused(cu_ctx *c, const moe_case *mc, const moe_w *w, const float 
     o->idx = get(a.idx, (size_t)T * k * 4), o->w = get(a.w, (size_t)T * k * 4);
     o->act = get(a.act, (size_t)T * A * 4), o->shg = get(a.shg, (size_t)T * 4);
     o->out = get(a.out, (size_t)T * mc->H * 4);
+    o->xn = d_nw ? get(a.xn, (size_t)T * mc->H * 4) : NULL;
     /* the residual form: resid += the same sums, bit for bit the host's f32 add, and out left alone */
     float *res = malloc((size_t)T * mc->H * 4);
     for (size_t i = 0; i < (size_t)T * mc->H; i++) res[i] = frand() * 4.0f;
@@ -233,7 +238,7 @@ static int run_fused(cu_ctx *c, const moe_case *mc, const moe_w *w, const float 
     for (int r = 0; r < T; r++) CHECK_MSG(cnt[r] == 0, "router counter of row %d left at %u", r, cnt[r]);
     free(cnt);
     cu_free(a.logits), cu_free(a.idx), cu_free(a.w), cu_free(a.count), cu_free(a.act), cu_free(a.shg);
-    cu_free(a.out);
+    cu_free(a.out), cu_free(a.xn);
     return rc;
 }
 
@@ -295,11 +300,38 @@ static void moe_case_run(const moe_case *mc) {
         CHECK_MSG(!bad, "%s: the CPU reference did not pick the lowest tied experts", mc->name);
     }
     fused_out o8;
-    REQUIRE(run_fused(c, mc, &w, d_x, T, 0, &o8) == 0);
+    REQUIRE(run_fused(c, mc, &w, d_x, T, 0, NULL, &o8) == 0);
+    /* the router's own RMSNorm (variant 8): from raw rows, the bits of cu_add_rmsnorm's rows, then of the run
+     * on them */
+    {
+        float *raw = malloc((size_t)T * H * 4), *nw = malloc((size_t)H * 4);
+        for (size_t i = 0; i < (size_t)T * H; i++) raw[i] = frand() * 3.0f;
+        for (int i = 0; i < H; i++) nw[i] = 1.0f + 0.2f * frand();
+        float *d_raw = dup_dev(raw, (size_t)T * H * 4), *d_nw = dup_dev(nw, (size_t)H * 4);
+        float *d_xn = dev((size_t)T * H * 4);
+        cu_add_rmsnorm(c, d_raw, NULL, d_xn, d_nw, T, H, 1e-6f);
+        fused_out on, onn;
+        int rc1 = run_fused(c, mc, &w, d_xn, T, 0, NULL, &on),
+            rc2 = run_fused(c, mc, &w, d_raw, T, 8, d_nw, &onn);
+        float *xn_ref = get(d_xn, (size_t)T * H * 4);
+        if (!rc1 && !rc2) {
+            int same =
+                !memcmp(onn.xn, xn_ref, (size_t)T * H * 4) && !memcmp(on.idx, onn.idx, (size_t)T * k * 4) &&
+                !memcmp(on.w, onn.w, (size_t)T * k * 4) && !memcmp(on.act, onn.act, (size_t)T * A * 4) &&
+                !memcmp(on.out, onn.out, (size_t)T * H * 4);
+            printf("     %-52s %s\n", "  router's own norm vs cu_add_rmsnorm first",
+                   same ? "bit-identical" : "DIFFERENT");
+            CHECK_MSG(same, "%s: the router's norm differs from cu_add_rmsnorm then the fused block",
+                      mc->name);
+        }
+        free_out(&on), free_out(&onn);
+        free(raw), free(nw), free(xn_ref);
+        cu_free(d_raw), cu_free(d_nw), cu_free(d_xn);
+    }
     /* the variants (CINFER_CUDA_MOE_VARIANT: load batching, PDL launches): the same bits */
     for (int v = 1; v < 8; v++) {
         fused_out ov;
-        if (!run_fused(c, mc, &w, d_x, T, v, &ov))
+        if (!run_fused(c, mc, &w, d_x, T, v, NULL, &ov))
             CHECK_MSG(!memcmp(ov.idx, o8.idx, (size_t)T * k * 4) && !memcmp(ov.w, o8.w, (size_t)T * k * 4) &&
                           !memcmp(ov.act, o8.act, (size_t)T * A * 4) &&
                           !memcmp(ov.out, o8.out, (size_t)T * H * 4),
@@ -310,7 +342,7 @@ static void moe_case_run(const moe_case *mc) {
     /* every row count 1..8: the first T rows of the same x; each row must hold the bits it has among 8 */
     for (int t = 1; t <= T; t++) {
         fused_out o = o8;
-        if (t < T && run_fused(c, mc, &w, d_x, t, 0, &o)) {
+        if (t < T && run_fused(c, mc, &w, d_x, t, 0, NULL, &o)) {
             free_out(&o);
             continue;
         }
@@ -497,11 +529,17 @@ TEST(cuda_moe_fused_model_matches_unfused) {
     /* graphs against eager launches, the fused MoE on */
     if (!model_steps(m, V, 3, "1", NULL, "0", NULL, ref) && !model_steps(m, V, 3, "1", NULL, NULL, NULL, got))
         CHECK_MSG(!memcmp(ref, got, n * sizeof(float)), "fused MoE: CUDA graphs differ from eager launches");
-    /* the PDL launches and other load batching (CINFER_CUDA_MOE_VARIANT=7) in graphs: the same bits */
-    char *ov = env_swap("CINFER_CUDA_MOE_VARIANT", "7");
-    if (!model_steps(m, V, 3, "1", NULL, NULL, NULL, got))
-        CHECK_MSG(!memcmp(ref, got, n * sizeof(float)), "fused MoE variant 7 (PDL) differs from variant 0");
-    env_restore("CINFER_CUDA_MOE_VARIANT", ov);
+    /* in graphs, the PDL launches and other load batching (CINFER_CUDA_MOE_VARIANT=7), the router's own norm
+     * (8: the post-attention norm kernel not launched under CINFER_CUDA_FUSE, on by default) and all (15):
+     * the same bits */
+    static const char *const vars[3] = {"7", "8", "15"};
+    for (int vi = 0; vi < 3; vi++) {
+        char *ov = env_swap("CINFER_CUDA_MOE_VARIANT", vars[vi]);
+        if (!model_steps(m, V, 3, "1", NULL, NULL, NULL, got))
+            CHECK_MSG(!memcmp(ref, got, n * sizeof(float)), "fused MoE variant %s differs from variant 0",
+                      vars[vi]);
+        env_restore("CINFER_CUDA_MOE_VARIANT", ov);
+    }
     /* 12 sequences (24 prefill rows, then 12-row decode steps) on the grouped tensor-core GEMMs
      * (CINFER_CUDA_MOE_GEMM_ROWS=9) against the default device path (1e-4: tensor cores, hi + lo), and their
      * graphs against eager launches bit for bit */
@@ -587,9 +625,13 @@ TEST(cuda_moe_fused_speed) {
                 "(%4.0f GB/s), all %6.1f us\n",
                 T, v, us[0], us[1], b_gu / us[1] / 1e3, us[2], b_dn / us[2] / 1e3, us[0] + us[1] + us[2]);
         }
-        static const int vs[] = {0, 1, 3, 4, 5, 7}; /* 4: PDL launches */
+        /* 4: PDL launches; 8: the router takes the norm before the block (one launch less in the model) */
+        static const int vs[] = {0, 1, 3, 4, 5, 7, 8, 15};
+        float *nw = dev((size_t)H * 4), *xn = dev((size_t)T * H * 4);
+        cu_fill_f32(c, nw, (size_t)H, 1.0f);
         for (size_t vi = 0; vi < sizeof vs / sizeof vs[0]; vi++) {
             a.variant = vs[vi];
+            a.norm_w = vs[vi] & 8 ? nw : NULL, a.eps = 1e-6f, a.xn = xn;
             cu_timer_start(c, tm);
             for (int r = 0; r < REPS; r++) {
                 SET(r % SETS);
@@ -599,7 +641,8 @@ TEST(cuda_moe_fused_speed) {
             printf("     35B-A3B T=%d variant %d: the three back to back %.1f us for %.1f MB (%.0f GB/s)\n",
                    T, vs[vi], all, (b_rt + b_gu + b_dn) / 1e6, (b_rt + b_gu + b_dn) / all / 1e3);
         }
-        a.variant = 0;
+        a.variant = 0, a.norm_w = NULL;
+        cu_free(nw), cu_free(xn);
 #undef SET
         REQUIRE(cu_sync(c, err, sizeof err) == 0);
         free(x);

@@ -307,17 +307,22 @@ typedef struct cu_moe_args {
     float *logits;                           /* [T][E] router logits (scratch) */
     int *idx;                                /* [T][k] chosen experts, ascending */
     float *w;                                /* [T][k] their weights, same order */
-    unsigned *count; /* [T] zeroed once at allocation; every launch leaves it zeroed */
-    float *act;      /* [T][k Im + Is]: SwiGLU outputs of the k experts, then the shared one */
-    float *shg;      /* [T] the shared expert's gate logit (before the sigmoid) */
-    float *out;      /* [T][H] Σ_j w_j expert_j(x) + sigmoid(shg) shared(x) */
-    float *resid;    /* NULL, or [T][H]: resid += that sum (the residual add) and out untouched */
-    int variant;     /* the same bits by other means: 1: gate_up requests 2 chunks per row at a time (else 4);
-                        2: the router 8 (else 4); 4: programmatic dependent launch (each kernel lets the next
-                        be scheduled, then waits for the one before) (CINFER_CUDA_MOE_VARIANT) */
+    unsigned *count;     /* [T] zeroed once at allocation; every launch leaves it zeroed */
+    float *act;          /* [T][k Im + Is]: SwiGLU outputs of the k experts, then the shared one */
+    float *shg;          /* [T] the shared expert's gate logit (before the sigmoid) */
+    float *out;          /* [T][H] Σ_j w_j expert_j(x) + sigmoid(shg) shared(x) */
+    float *resid;        /* NULL, or [T][H]: resid += that sum (the residual add) and out untouched */
+    const float *norm_w; /* NULL, or [H] (1 + weight): x is the raw residual and the router takes its RMSNorm
+                            (add_rmsnorm's arithmetic) into xn itself (H <= 4096: cu_moe_fused_norm_ok) */
+    float eps;
+    float *xn;   /* [T][H] the normed rows when norm_w (the gate_up kernel reads them) */
+    int variant; /* the same bits by other means: 1: gate_up requests 2 chunks per row at a time (else 4);
+                    2: the router 8 (else 4); 4: programmatic dependent launch (each kernel lets the next
+                    be scheduled, then waits for the one before) (CINFER_CUDA_MOE_VARIANT) */
 } cu_moe_args;
 /* 1 when the fused kernels serve this shape: H, Im, Is multiples of 8, Im <= 1024, E <= 1024, k <= 32 */
 int cu_moe_fused_supported(int H, int E, int k, int Im, int Is);
+int cu_moe_fused_norm_ok(int H);
 void cu_moe_fused_route(cu_ctx *c, const cu_moe_args *a);   /* logits, idx, w */
 void cu_moe_fused_gate_up(cu_ctx *c, const cu_moe_args *a); /* act, shg (reads idx) */
 void cu_moe_fused_down(cu_ctx *c, const cu_moe_args *a);    /* out (reads idx, w, act, shg) */

@@ -12,6 +12,7 @@
 #define MF_MAX_E  1024
 #define MF_MAX_K  32
 #define MF_MAX_KD 1024 /* down kernel: Im up to 4 chunks of 256 per lane (one pass) */
+#define MF_NORM_H 4096 /* the router's own RMSNorm (variant 8): rows up to this, in shared memory */
 
 /* acc += the 8 bf16 weights in u times x[0..8), in gemv_indexed_kernel's order (low half, then high) */
 __device__ __forceinline__ float fma8(uint4 u, const float *x, float acc) {
@@ -81,14 +82,21 @@ __device__ __forceinline__ void fma_rows(float (&acc)[R], const uint4 (&u)[R][KC
  * at 0 again) selects in one warp exactly as route_kernel + sort_slots_kernel do: softmax with per-lane sums
  * joined by the butterfly, k rounds of a warp argmax on (p, lowest index), the k weights summed in selection
  * order, then written in ascending expert order. NB: 256-element chunks of a row requested at once (4, or 8:
- * H = 2048 in one round trip; cu_moe_args.variant). */
-template <int NB>
-__global__ void __launch_bounds__(RT_WARPS * 32)
+ * H = 2048 in one round trip; cu_moe_args.variant). NORM (cu_moe_args.norm_w): x is the raw residual; every
+ * block first takes the row's RMSNorm exactly as add_rmsnorm_kernel does (256 threads, the same sums, the
+ * same expression) into shared memory, and block 0 writes it to xn for the gate_up kernel: the norm kernel
+ * before the MoE block is not launched. */
+template <int NB, int NORM>
+__global__ void __launch_bounds__(NORM ? 256 : RT_WARPS * 32)
     mf_route_kernel(const float *__restrict__ x, const uint16_t *__restrict__ wr, float *logits, int *idx,
-                    float *wout, unsigned *count, int H, int E, int k, int norm) {
+                    float *wout, unsigned *count, int H, int E, int k, int norm, const float *__restrict__ nw,
+                    float eps, float *xn) {
     __shared__ int last;
+    __shared__ float sh[32];
+    __shared__ __align__(16) float xs[NORM ? MF_NORM_H : 4];
+    constexpr int WARPS = NORM ? 8 : RT_WARPS;
     const int r = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int e = blockIdx.x * RT_WARPS + warp;
+    const int e = blockIdx.x * WARPS + warp;
     /* programmatic dependent launch (variant 4): wait for the kernel before (the norm that writes x), then
      * let the next one be scheduled (it waits for this one's completion before reading what it writes); both
      * are no-ops otherwise. Launching only after the wait keeps a chain: when a kernel of the three starts,
@@ -96,10 +104,27 @@ __global__ void __launch_bounds__(RT_WARPS * 32)
     griddep_wait();
     griddep_launch();
     float *lg = logits + (size_t)r * E;
+    const float *xr = x + (size_t)r * H;
+    if constexpr (NORM) {
+        float ss = 0.0f;
+        for (int i = threadIdx.x; i < H; i += blockDim.x) {
+            float v = xr[i];
+            ss += v * v;
+        }
+        ss = block_sum(ss, sh);
+        float inv = 1.0f / sqrtf(ss / (float)H + eps);
+        for (int i = threadIdx.x; i < H; i += blockDim.x) {
+            float v = (xr[i] * inv) * nw[i];
+            xs[i] = v;
+            if (blockIdx.x == 0) xn[(size_t)r * H + i] = v;
+        }
+        __syncthreads();
+        xr = xs;
+    }
     if (e < E) {
         float acc[1] = {0.0f};
         const uint16_t *w1[1] = {wr + (size_t)e * H};
-        const float *x1[1] = {x + (size_t)r * H};
+        const float *x1[1] = {xr};
         dot_rows<1, NB>(acc, w1, x1, H, lane);
         float v = warp_sum(acc[0]);
         if (lane == 0) {
@@ -301,6 +326,10 @@ static void mf_launch(cu_ctx *c, int pdl, void (*kern)(KA...), dim3 grid, dim3 b
     cudaLaunchKernelEx(&cfg, kern, args...);
 }
 
+extern "C" int cu_moe_fused_norm_ok(int H) {
+    return H <= MF_NORM_H;
+}
+
 extern "C" int cu_moe_fused_supported(int H, int E, int k, int Im, int Is) {
     return H > 0 && H % 8 == 0 && E > 0 && E <= MF_MAX_E && k > 0 && k <= MF_MAX_K && k <= E && Im > 0 &&
            Im % 8 == 0 && Im <= MF_MAX_KD && Is >= 0 && Is % 8 == 0;
@@ -308,10 +337,15 @@ extern "C" int cu_moe_fused_supported(int H, int E, int k, int Im, int Is) {
 
 extern "C" void cu_moe_fused_route(cu_ctx *c, const cu_moe_args *a) {
     if (a->T <= 0) return;
-    dim3 grid(cdiv((size_t)a->E, RT_WARPS), (unsigned)a->T), block(RT_WARPS * 32);
-    int pdl = (a->variant & 4) != 0;
-    mf_launch(c, pdl, (a->variant & 2) ? mf_route_kernel<8> : mf_route_kernel<4>, grid, block, a->x,
-              a->router, a->logits, a->idx, a->w, a->count, a->H, a->E, a->k, a->norm);
+    int pdl = (a->variant & 4) != 0, nrm = a->norm_w != NULL;
+    int warps = nrm ? 8 : RT_WARPS;
+    dim3 grid(cdiv((size_t)a->E, (size_t)warps), (unsigned)a->T), block(warps * 32);
+    void (*kern)(const float *, const uint16_t *, float *, int *, float *, unsigned *, int, int, int, int,
+                 const float *, float, float *) =
+        nrm ? ((a->variant & 2) ? mf_route_kernel<8, 1> : mf_route_kernel<4, 1>)
+            : ((a->variant & 2) ? mf_route_kernel<8, 0> : mf_route_kernel<4, 0>);
+    mf_launch(c, pdl, kern, grid, block, a->x, a->router, a->logits, a->idx, a->w, a->count, a->H, a->E, a->k,
+              a->norm, a->norm_w, a->eps, a->xn);
 }
 
 extern "C" void cu_moe_fused_gate_up(cu_ctx *c, const cu_moe_args *a) {
@@ -320,8 +354,9 @@ extern "C" void cu_moe_fused_gate_up(cu_ctx *c, const cu_moe_args *a) {
     size_t warps = (size_t)a->k * a->Im + (size_t)Is + (a->sh_gw ? 1 : 0);
     dim3 grid(cdiv(warps, MF_WARPS), (unsigned)a->T), block(MF_WARPS * 32);
     int pdl = (a->variant & 4) != 0;
-    mf_launch(c, pdl, (a->variant & 1) ? mf_gate_up_kernel<2> : mf_gate_up_kernel<4>, grid, block, a->x,
-              a->e_gu, a->idx, a->sh_gu, a->sh_gw, a->act, a->shg, a->H, a->k, a->Im, Is);
+    const float *x = a->norm_w ? a->xn : a->x; /* the router's normed rows */
+    mf_launch(c, pdl, (a->variant & 1) ? mf_gate_up_kernel<2> : mf_gate_up_kernel<4>, grid, block, x, a->e_gu,
+              a->idx, a->sh_gu, a->sh_gw, a->act, a->shg, a->H, a->k, a->Im, Is);
 }
 
 extern "C" void cu_moe_fused_down(cu_ctx *c, const cu_moe_args *a) {
