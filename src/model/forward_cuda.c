@@ -679,7 +679,9 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * session 4's first H200 call: every op test within 20x the scalar tiles' error (3e-7 - 7e-7; entries
      * alone bitwise as in a batch), fixture parity 3.38e-4 (scalar tiles 3.37e-4), 4B attention core per
      * 4096-token chunk 112.6 -> 27.9 ms, prefill 32768 3,462 -> 8,129 tok/s: so it is on by default ("gdn"
-     * keeps the scalar attention tiles). */
+     * keeps the scalar attention tiles). The second call: its fp16 hi + lo form as exact (op tests 2e-7 -
+     * 6e-7, parity 3.34e-4) and faster (21.2 ms, 32768 tokens at 9,101 tok/s; 27B tf32 332.5 -> 84.5 ms),
+     * so that is the default form. */
     /* "gdn1": the one-kernel tensor-core DeltaNet (today's "gdn"); "gdn2" / "tc2": the phased one
      * (deltanet_chunk.cu, parallel over chunks), alone / with the tensor-core attention.
      * CINFER_CUDA_GDN_DT=32: 32 value columns per block of its sequential pass (default 16); "stage": 32,
@@ -692,12 +694,10 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     if (!strcmp(pfv, "tc") || !strcmp(pfv, "attn") || !strcmp(pfv, "tc2"))
         f->attn_tc = f->tiles_ok && cu_attn_tc_init(m->hd);
     f->attn_rows = f->attn_tc ? cu_attn_tc_rows(m->Hq, m->Hkv) : CU_ATTN_TILE;
-    /* CINFER_CUDA_ATTN_TC=f16: that kernel's operands as fp16 hi + lo (m16n8k16: twice the MMA rate of TF32,
-     * the same 22 bits, fp16's range) instead of TF32 hi + lo; f16s: the same with K and V split once per
-     * block in shared memory instead of by every warp */
+    /* the kernel's operands as fp16 hi + lo (m16n8k16: twice the MMA rate of TF32, the same 22 bits within
+     * fp16's range) by default; CINFER_CUDA_ATTN_TC=tf32: TF32 hi + lo (no range limit; 30% slower) */
     const char *atc = getenv("CINFER_CUDA_ATTN_TC");
-    if (f->attn_tc && atc && !strcmp(atc, "f16")) f->attn_tc = 2;
-    if (f->attn_tc && atc && !strcmp(atc, "f16s")) f->attn_tc = 3;
+    if (f->attn_tc && !(atc && !strcmp(atc, "tf32"))) f->attn_tc = 2;
     if (phased && f->gdn_tc && cu_gdn_chunk_init(m->dk, m->dv)) {
         f->gdn_chunk_cap = cu_gdn_chunk_cap(p->max_tokens, p->n_slots);
         size_t cb = cu_gdn_chunk_bytes(f->gdn_chunk_cap, p->max_tokens, m->Hv, m->dk, m->dv);
@@ -754,10 +754,9 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
                 f->gdn_tc == 2 ? "tensor cores, phased"
                 : f->gdn_tc    ? "tensor cores"
                                : "scalar",
-                f->attn_tc == 3   ? "tensor cores, fp16 hi + lo split in shared memory"
-                : f->attn_tc == 2 ? "tensor cores, fp16 hi + lo"
-                : f->attn_tc      ? "tensor cores"
-                                  : "scalar",
+                f->attn_tc == 2 ? "tensor cores, fp16 hi + lo"
+                : f->attn_tc    ? "tensor cores"
+                                : "scalar",
                 cu_tf32_passes());
     for (int i = 0; i < PROF_MAX_MARKS; i++) cu_timer_create(&f->marks[i]);
     /* one cuBLAS call before any graph capture, so its lazy initialisation never happens inside one */

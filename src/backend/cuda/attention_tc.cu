@@ -1,7 +1,10 @@
 /* attention_tc.cu — varlen causal prefill attention over the paged KV pool on the tensor cores, in the
- * flash-attention-2 form (CINFER_CUDA_PREFILL=tc or attn; cu_attn_args.tc). The pool and the normed/roped q
- * rows are f32; every product runs as TF32 hi + lo with three mma.sync.m16n8k8 (the small terms first), so
- * S = Q K^T and O = P V come out as accurate as f32 sums (tf32x3.cuh says why one rounding is not enough).
+ * flash-attention-2 form (CINFER_CUDA_PREFILL=tc or attn, the default; cu_attn_args.tc). The pool and the
+ * normed/roped q rows are f32; every product runs on operands split into hi + lo with three MMAs (the small
+ * terms first), so S = Q K^T and O = P V come out as accurate as f32 sums (tf32x3.cuh says why one rounding
+ * is not enough): attn_fh_kernel with fp16 hi + lo and mma.sync.m16n8k16 (the default: 21.2 ms of attention
+ * per 4B 4096-token chunk on the H200), attn_fa_kernel below with TF32 hi + lo and m16n8k8
+ * (CINFER_CUDA_ATTN_TC=tf32: 27.9 ms; no fp16 range limit). The scalar tiles took 112.6 ms.
  *
  * A block holds FA_ROWS = 128 query rows: QH query heads sharing one KV head (the largest power of two up to
  * 8 dividing the GQA ratio) x FA_ROWS / QH consecutive positions of one entry (a tile of cu_attn_tc_rows
@@ -271,7 +274,7 @@ __global__ void __launch_bounds__(256, HD >= 128 ? 1 : 2) attn_fa_kernel(cu_attn
     }
 }
 
-/* ---- the same kernel with fp16 hi + lo operands (cu_attn_args.tc == 2, CINFER_CUDA_ATTN_TC=f16) ----
+/* ---- the same kernel with fp16 hi + lo operands (cu_attn_args.tc == 2, the default form) ----
  * mma.sync.m16n8k16 on fp16 runs twice the FLOPs of m16n8k8 on TF32 per instruction. fp16 has TF32's 11
  * significant bits, so hi = fp16(x), lo = fp16(x - hi) holds x to ~2^-22 like the TF32 split, within fp16's
  * range: |x| < 65504 (q and k are RMS-normed, P is in [0, 1], v rows are activations), and a lo below 2^-14
@@ -324,13 +327,7 @@ template <int HD> constexpr size_t fh_smem_bytes() {
     return (size_t)2 * FA_ROWS * (HD + 8) * 2 + (size_t)FA_BN * (HD + 8) * 4 + (size_t)FA_BN * (HD + 4) * 4;
 }
 
-/* PRE (CINFER_CUDA_ATTN_TC=f16s, cu_attn_args.tc 3): once a K or V tile has landed, the block splits it in
- * place (each 8 bytes of f32 become 8 bytes of fp16 hi | lo) and the warps load split fragments, instead of
- * every warp splitting every element it reads (8 warps: 8x the conversions). K: the f32 pair of dims 2i, 2i +
- * 1 of a key becomes {hi(2i), hi(2i + 1)} {lo(2i), lo(2i + 1)} (one 8-byte load gives a B fragment's hi and
- * lo); V: the words of keys 2i and 2i + 1 at one dim become {hi(key 2i), hi(key 2i + 1)} and the same for lo
- * (the k pairs of PV's B fragment). Two more barriers per tile. */
-template <int HD, bool PRE>
+template <int HD>
 __global__ void __launch_bounds__(256, HD >= 128 ? 1 : 2) attn_fh_kernel(cu_attn_args a, int QH) {
     extern __shared__ __align__(16) float fsm[];
     constexpr int LDQ = HD + 8, LDK = HD + 8, LDV = HD + 4, NBT = FA_BN / 8;
@@ -379,16 +376,6 @@ __global__ void __launch_bounds__(256, HD >= 128 ? 1 : 2) attn_fh_kernel(cu_attn
         __syncthreads(); /* K of this tile (and Q) in place; every warp is done with the last tile's V */
         fh_load_kv<HD, LDV>(Vs, a.vpool, a, blocks, kvh, c0, maxpos);
         fa_commit();
-        if constexpr (PRE) {
-            for (int i = tid; i < FA_BN * HD / 2; i += blockDim.x) {
-                float2 *kp = reinterpret_cast<float2 *>(Ks + (i / (HD / 2)) * LDK + 2 * (i % (HD / 2)));
-                float2 x = *kp;
-                uint2 w;
-                h2_split(x.x, x.y, w.x, w.y);
-                *reinterpret_cast<uint2 *>(kp) = w;
-            }
-            __syncthreads(); /* K of this tile split */
-        }
         const int act = live && c0 <= wmax;
         float s[NBT][4], ca = 1.0f, cb = 1.0f;
         if (act) {
@@ -414,17 +401,11 @@ __global__ void __launch_bounds__(256, HD >= 128 ? 1 : 2) attn_fh_kernel(cu_attn
 #pragma unroll
                     for (int n = 0; n < NBT; n++) {
                         const float *kr = Ks + (n * 8 + g) * LDK + k;
+                        float2 k0 = *reinterpret_cast<const float2 *>(kr),
+                               k1 = *reinterpret_cast<const float2 *>(kr + 8);
                         uint32_t bh0, bl0, bh1, bl1;
-                        if constexpr (PRE) {
-                            uint2 k0 = *reinterpret_cast<const uint2 *>(kr),
-                                  k1 = *reinterpret_cast<const uint2 *>(kr + 8);
-                            bh0 = k0.x, bl0 = k0.y, bh1 = k1.x, bl1 = k1.y;
-                        } else {
-                            float2 k0 = *reinterpret_cast<const float2 *>(kr),
-                                   k1 = *reinterpret_cast<const float2 *>(kr + 8);
-                            h2_split(k0.x, k0.y, bh0, bl0);
-                            h2_split(k1.x, k1.y, bh1, bl1);
-                        }
+                        h2_split(k0.x, k0.y, bh0, bl0);
+                        h2_split(k1.x, k1.y, bh1, bl1);
                         fh_mma3(part[n], ah, al, bh0, bh1, bl0, bl1);
                     }
                 }
@@ -472,15 +453,6 @@ __global__ void __launch_bounds__(256, HD >= 128 ? 1 : 2) attn_fh_kernel(cu_attn
         }
         fa_wait();
         __syncthreads(); /* V of this tile landed; every warp is done with K */
-        if constexpr (PRE) {
-            for (int i = tid; i < FA_BN / 2 * HD; i += blockDim.x) {
-                float *v0 = Vs + 2 * (i / HD) * LDV + i % HD;
-                uint32_t hi, lo;
-                h2_split(v0[0], v0[LDV], hi, lo);
-                v0[0] = __uint_as_float(hi), v0[LDV] = __uint_as_float(lo);
-            }
-            __syncthreads(); /* V of this tile split */
-        }
         if (c0 + FA_BN <= maxpos) fh_load_kv<HD, LDK>(Ks, a.kpool, a, blocks, kvh, c0 + FA_BN, maxpos);
         fa_commit();
         if (act) {
@@ -502,14 +474,8 @@ __global__ void __launch_bounds__(256, HD >= 128 ? 1 : 2) attn_fh_kernel(cu_attn
 #pragma unroll
                     for (int n = 0; n < NC; n++) {
                         uint32_t bh0, bl0, bh1, bl1;
-                        if constexpr (PRE) {
-                            bh0 = __float_as_uint(v0[n * 8]), bl0 = __float_as_uint(v0[LDV + n * 8]);
-                            bh1 = __float_as_uint(v0[8 * LDV + n * 8]),
-                            bl1 = __float_as_uint(v0[9 * LDV + n * 8]);
-                        } else {
-                            h2_split(v0[n * 8], v0[LDV + n * 8], bh0, bl0);
-                            h2_split(v0[8 * LDV + n * 8], v0[9 * LDV + n * 8], bh1, bl1);
-                        }
+                        h2_split(v0[n * 8], v0[LDV + n * 8], bh0, bl0);
+                        h2_split(v0[8 * LDV + n * 8], v0[9 * LDV + n * 8], bh1, bl1);
                         fh_mma3(part[n], ah, al, bh0, bh1, bl0, bl1);
                     }
                 }
@@ -565,10 +531,8 @@ template <int HD> static int fa_attr(int optin) {
                                 (int)smem) == cudaSuccess &&
            cudaFuncSetAttribute(attn_fa_kernel<HD, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)smem) == cudaSuccess &&
-           cudaFuncSetAttribute(attn_fh_kernel<HD, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)smh) == cudaSuccess &&
-           cudaFuncSetAttribute(attn_fh_kernel<HD, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)smh) == cudaSuccess;
+           cudaFuncSetAttribute(attn_fh_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smh) ==
+               cudaSuccess;
 }
 
 extern "C" int cu_attn_tc_init(int hd) {
@@ -593,9 +557,7 @@ template <int HD> static void fa_launch(cu_ctx *c, const cu_attn_args *a) {
     int QH = fa_qh(a->Hq, a->Hkv);
     dim3 grid((unsigned)(a->Hq / QH), (unsigned)a->n_tiles);
     if (a->tc == 2)
-        attn_fh_kernel<HD, false><<<grid, 256, fh_smem_bytes<HD>(), c->stream>>>(*a, QH);
-    else if (a->tc == 3)
-        attn_fh_kernel<HD, true><<<grid, 256, fh_smem_bytes<HD>(), c->stream>>>(*a, QH);
+        attn_fh_kernel<HD><<<grid, 256, fh_smem_bytes<HD>(), c->stream>>>(*a, QH);
     else if (cu_tf32_passes() == 1)
         attn_fa_kernel<HD, 1><<<grid, 256, fa_smem_bytes<HD>(), c->stream>>>(*a, QH);
     else

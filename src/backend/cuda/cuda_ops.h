@@ -253,8 +253,7 @@ typedef struct cu_attn_args {
                          block sharing its K/V loads */
     int n_tiles;
     int tc; /* 1: the prefill tiles on the tensor cores (attention_tc.cu, flash-attention form, TF32 hi + lo);
-               2: the same with fp16 hi + lo operands (twice the MMA rate); 3: fp16, K and V split once per
-               block in shared memory; 0: the scalar tile kernel */
+               2: the same with fp16 hi + lo operands (twice the MMA rate); 0: the scalar tile kernel */
     float eps;
     cu_meta meta;
     /* multimodal rotary (a batch with image prompts), else NULL: rotary positions [T][3] (t, h, w); pair i
