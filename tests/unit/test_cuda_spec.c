@@ -239,14 +239,13 @@ static void rounds_case(cinfer_model *m, int k) {
 /* the switches of the speculation's GPU path, each on and off: deferred commits (CINFER_CUDA_SPEC_FUSE) and
  * verify steps from CUDA graphs (CINFER_CUDA_VERIFY_GRAPHS) */
 static void spec_switches(int fuse, int graphs) {
-    if (fuse)
-        setenv("CINFER_CUDA_SPEC_FUSE", "1", 1);
-    else
-        unsetenv("CINFER_CUDA_SPEC_FUSE");
-    if (graphs)
-        setenv("CINFER_CUDA_VERIFY_GRAPHS", "1", 1);
-    else
-        unsetenv("CINFER_CUDA_VERIFY_GRAPHS");
+    setenv("CINFER_CUDA_SPEC_FUSE", fuse ? "1" : "0", 1);
+    setenv("CINFER_CUDA_VERIFY_GRAPHS", graphs ? "1" : "0", 1);
+}
+static void spec_defaults(void) {
+    unsetenv("CINFER_CUDA_SPEC_FUSE");
+    unsetenv("CINFER_CUDA_VERIFY_GRAPHS");
+    unsetenv("CINFER_SPEC_PAD");
 }
 
 TEST(cuda_spec_fused_rollback_is_exact) {
@@ -268,7 +267,7 @@ TEST(cuda_spec_fused_rollback_is_exact) {
         for (int i = 0; i < 5; i++) rollback_case(m, accs[i], 3);
     }
     unsetenv("CINFER_CUDA_GDN_FUSED"), unsetenv("CINFER_CUDA_ATTN_FUSED");
-    spec_switches(0, 0);
+    spec_defaults();
     gemv_off();
     cinfer_model_close(m);
 }
@@ -444,21 +443,24 @@ static void engine_greedy_case(void) {
     cinfer_model_close(m);
 }
 
+/* the engine as before padding, deferred commits and verify graphs (each switched off) */
 TEST(cuda_spec_engine_greedy_is_exact) {
     if (no_device()) SKIP("no CUDA device: skipped");
+    setenv("CINFER_SPEC_PAD", "0", 1);
+    spec_switches(0, 0);
     engine_greedy_case();
+    spec_defaults();
 }
 
 /* The same with windows padded to spec_max_draft + 1 rows (CINFER_SPEC_PAD=1: every drafter's windows, and
  * the decode entries without drafts beside them; budgets ending inside a window), commits deferred into the
- * next step's kernels and verify steps from CUDA graphs. */
+ * next step's kernels and verify steps from CUDA graphs (the defaults on cuda, set here explicitly). */
 TEST(cuda_spec_engine_padded_fused_graphs_is_exact) {
     if (no_device()) SKIP("no CUDA device: skipped");
     setenv("CINFER_SPEC_PAD", "1", 1);
     spec_switches(1, 1);
     engine_greedy_case();
-    spec_switches(0, 0);
-    unsetenv("CINFER_SPEC_PAD");
+    spec_defaults();
 }
 
 /* ---- the prefix cache on cuda ---- */
