@@ -139,10 +139,6 @@ typedef struct cu_layer {
 
 #define MAX_GRAPHS         64
 #define ATTN_TARGET_BLOCKS 1024 /* split positions until (rows x heads x splits) reaches this */
-/* decode-only steps of up to this many entries take the fused DeltaNet kernel (CINFER_CUDA_GDN_FUSED): faster
- * at batch 1 and 8, slower at 64 on the H200; the two give the same bits, so the choice never changes a row
- */
-#define GDN_FUSED_MAX      16
 #define PROF_MAX_MARKS     4096
 
 /* A captured step: every launch of a batch depends only on these (entries, rows, logits rows, whether a
@@ -214,8 +210,7 @@ struct cuda_fwd {
     /* the fused decode kernels' counters, or NULL when off: [max_tokens][Hk] DeltaNet
      * (CINFER_CUDA_GDN_FUSED), [max_tokens][Hq] attention (CINFER_CUDA_ATTN_FUSED) */
     unsigned *gdn_cnt, *attn_cnt;
-    int gdn_fused_max; /* the fused DeltaNet kernel takes decode-only steps of up to this many entries */
-    void *gdn_chunk;   /* the phased DeltaNet prefill's scratch (cu_gdn_chunk_bytes), or NULL */
+    void *gdn_chunk; /* the phased DeltaNet prefill's scratch (cu_gdn_chunk_bytes), or NULL */
     int gdn_chunk_cap, gdn_chunk_dt;
     int attn_rows; /* rows per prefill attention tile: CU_ATTN_TILE, or cu_attn_tc_rows with attn_tc */
     /* device sampling (cuda_fwd_sample) of the last call's logits rows */
@@ -625,13 +620,13 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
             goto fail;
     }
     /* CINFER_CUDA_GDN_FUSED: a step of decode tokens only runs each DeltaNet layer as one fused kernel (the
-     * same bits as the four kernels) — unset: steps of up to GDN_FUSED_MAX entries, "1" every such step, "0"
-     * none. H200, 4B (session 4 call 1): batch 1 247 -> 281 tok/s with the fused attention, batch 8
-     * 1,181 -> 1,237, batch 64 5,928 -> 5,487 (slower: each of its 8,192 blocks waits on the conv and the
-     * norms before its recurrence, and at 15 waves that latency adds up) */
+     * same bits as the four kernels) — the default ("0": the four kernels). H200, 4B, session 4 call 2
+     * (fused attention in both): batch 1 / 8 / 16 / 32 / 64 292 -> 339 / 1,259 -> 1,350 / 2,508 -> 2,695 /
+     * 3,943 -> 4,185 / 6,056 -> 6,184 tok/s; "deltanet core" of an eager step 0.88 -> 0.35 ms at batch 1,
+     * 3.96 -> 3.43 at 64. (Call 1's kernel lost at 64, 5,928 -> 5,487: b/g loaded after a barrier, the conv
+     * taps in local memory, a fence over each thread's state stores.) */
     const char *gf = getenv("CINFER_CUDA_GDN_FUSED");
-    f->gdn_fused_max = !gf ? GDN_FUSED_MAX : !strcmp(gf, "0") ? 0 : p->max_tokens;
-    if (m->n_lin > 0 && f->gdn_fused_max > 0 &&
+    if (m->n_lin > 0 && !(gf && !strcmp(gf, "0")) &&
         (rc = dev_alloc(f, (void **)&f->gdn_cnt, (size_t)p->max_tokens * m->Hk * sizeof(unsigned),
                         &f->bytes_scratch, err, errlen)))
         goto fail;
@@ -854,7 +849,7 @@ typedef struct run_shape {
     const int *rope3;      /* [T][3] multimodal rotary positions (device), or NULL for text */
     const fwd_entry *mm_e; /* the entries when some carry image features, else NULL */
     int mm_ne;
-    int gdn_fused; /* the DeltaNet layers run the fused decode kernel (gdn_fused_step) */
+    int gdn_fused; /* the DeltaNet layers run the fused decode kernel (cu_gdn_args.dec_cnt) */
 } run_shape;
 
 static void gemm(cuda_fwd *f, float *y, const float *x, const uint16_t *w, int M, int N, int K) {
@@ -1300,12 +1295,10 @@ static int fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, int s
     size_t o_hrow;
     /* deferred commits (spec_fuse): an entry whose kernels replay its slot's kept tokens (a decode token or a
      * window: recurrent_kernel) takes them in e_keep; any other use of the slot gets them committed first,
-     * and so does every entry of a step whose conv is not conv_kernel: a step without windows under
-     * CINFER_CUDA_GDN_FUSED (its one-kernel decode layer) or one with prefill rows under the phased prefill
-     * (gdn_tc 2: conv_rows_kernel) */
-    /* the fused DeltaNet decode kernel (cu_gdn_args.dec_cnt) takes steps of decode tokens only, up to
-     * gdn_fused_max of them */
-    int gdn_fused = f->gdn_cnt && !has_spec && !any_chunked && NE <= f->gdn_fused_max;
+     * and so does every entry of a step whose conv is not conv_kernel: a step of decode tokens only under
+     * the fused DeltaNet decode kernel (cu_gdn_args.dec_cnt; the default, CINFER_CUDA_GDN_FUSED) or one with
+     * prefill rows under the phased prefill (gdn_tc 2: conv_rows_kernel) */
+    int gdn_fused = f->gdn_cnt && !has_spec && !any_chunked;
     int conv_replays = !gdn_fused && !(f->gdn_tc == 2 && any_chunked);
     for (int i = 0; i < NE && f->spec_fuse; i++) {
         int s = e[i].slot, replays = conv_replays && (e[i].spec_rec || (e[i].n == 1 && e[i].seq_len > 0));
