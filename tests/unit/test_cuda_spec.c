@@ -253,20 +253,26 @@ TEST(cuda_spec_fused_rollback_is_exact) {
     gemv_on();
     cinfer_model *m = open_fixture("qwen35_dense");
     REQUIRE(m);
-    /* v 4: both, with the one-kernel decode layers of CINFER_CUDA_GDN_FUSED / ATTN_FUSED in the plain steps
-     * between windows (a deferred commit is then done by the commit kernels before such a step) */
-    for (int v = 0; v < 5; v++) {
-        spec_switches(v == 4 || (v & 1), v == 4 || (v >> 1));
+    /* v 0-3: deferred commits x verify graphs; v 4: both, with the one-kernel decode layers of
+     * CINFER_CUDA_GDN_FUSED / ATTN_FUSED in the plain steps between windows (a deferred commit is then done
+     * by the commit kernels before such a step); v 5 / 6: the fused verify layer
+     * (CINFER_CUDA_SPEC_WINFUSED=1) with deferred commits and graphs / with neither */
+    for (int v = 0; v < 7; v++) {
+        int fuse = v == 4 || v == 5 || (v < 4 && (v & 1)), graphs = v == 4 || v == 5 || (v < 4 && (v >> 1));
+        spec_switches(fuse, graphs);
         if (v == 4) setenv("CINFER_CUDA_GDN_FUSED", "1", 1), setenv("CINFER_CUDA_ATTN_FUSED", "1", 1);
-        printf("     CINFER_CUDA_SPEC_FUSE=%d CINFER_CUDA_VERIFY_GRAPHS=%d%s\n", v == 4 || (v & 1),
-               v == 4 || (v >> 1), v == 4 ? " CINFER_CUDA_GDN_FUSED=1 CINFER_CUDA_ATTN_FUSED=1" : "");
+        if (v >= 5) setenv("CINFER_CUDA_SPEC_WINFUSED", "1", 1);
+        printf("     CINFER_CUDA_SPEC_FUSE=%d CINFER_CUDA_VERIFY_GRAPHS=%d%s%s\n", fuse, graphs,
+               v == 4 ? " CINFER_CUDA_GDN_FUSED=1 CINFER_CUDA_ATTN_FUSED=1" : "",
+               v >= 5 ? " CINFER_CUDA_SPEC_WINFUSED=1" : "");
         rounds_case(m, 3);
         /* the single-round cases too (their state read flushes a deferred commit through the commit kernels)
          */
         int accs[] = {-1, 0, 1, 2, 3};
         for (int i = 0; i < 5; i++) rollback_case(m, accs[i], 3);
+        unsetenv("CINFER_CUDA_GDN_FUSED"), unsetenv("CINFER_CUDA_ATTN_FUSED"),
+            unsetenv("CINFER_CUDA_SPEC_WINFUSED");
     }
-    unsetenv("CINFER_CUDA_GDN_FUSED"), unsetenv("CINFER_CUDA_ATTN_FUSED");
     spec_defaults();
     gemv_off();
     cinfer_model_close(m);
@@ -461,6 +467,14 @@ TEST(cuda_spec_engine_padded_fused_graphs_is_exact) {
     spec_switches(1, 1);
     engine_greedy_case();
     spec_defaults();
+}
+
+/* The same through the fused verify layer (CINFER_CUDA_SPEC_WINFUSED=1), with the other defaults. */
+TEST(cuda_spec_engine_winfused_is_exact) {
+    if (no_device()) SKIP("no CUDA device: skipped");
+    setenv("CINFER_CUDA_SPEC_WINFUSED", "1", 1);
+    engine_greedy_case();
+    unsetenv("CINFER_CUDA_SPEC_WINFUSED");
 }
 
 /* ---- the prefix cache on cuda ---- */

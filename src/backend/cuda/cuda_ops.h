@@ -200,6 +200,10 @@ typedef struct cu_gdn_args {
      * (no_chunked, !has_spec) runs the whole layer as one fused kernel with the same bits
      * (CINFER_CUDA_GDN_FUSED) */
     unsigned *dec_cnt;
+    /* NULL: windows through the kernels above. Else [NE][Hk] counters as dec_cnt's: a batch of speculative
+     * windows and decode tokens only (no_chunked, has_spec) runs the whole layer as one fused kernel with the
+     * same bits, records and deferred commits included (CINFER_CUDA_SPEC_WINFUSED) */
+    unsigned *win_cnt;
     cu_meta meta;
 } cu_gdn_args;
 #define CU_SPEC_REC(C, Hv) (2 * (size_t)(C) + 2 * (size_t)(Hv))

@@ -378,6 +378,178 @@ template <int R> __global__ void __launch_bounds__(256) fused_decode_kernel(cu_g
     if (tid == 0) *cnt = 0u; /* ready for the next launch (kernel boundaries order it) */
 }
 
+/* Fused verify layer (cu_gdn_args.win_cnt): a whole layer in one launch when every entry is a speculative
+ * window or one token continuing its sequence — the four kernels and the record kernel cost a verify step
+ * four times the DeltaNet time of a decode step at the 4B shape (H200, 1.43 vs 0.35 ms).
+ * fused_decode_kernel's layout (entry, value head, 32 value columns; 8 row groups), with the entry's n tokens
+ * in shared memory (dynamic: spec_win x (2 dk + 34) floats). In order: the slot's deferred commit
+ * (recurrent_kernel's replay loop), each (token, channel)'s conv + SiLU from its own K-1 inputs (the window's
+ * rows, else the slot's conv state advanced by the kept tokens' recorded pre-conv rows: conv_kernel's window,
+ * element for element), l2norm / beta / g per token (prep_kernel's functions), a window's records
+ * (spec_record_kernel's values), rec_token over the tokens, then S and the conv windows where the unfused
+ * path writes them (a decode token's; a window's only when a deferred commit was replayed into it), and the
+ * gated norm of every row by the last block of the key head's group (win_cnt, as fused_decode_kernel). The
+ * same device code on the same values: the same bits as the unfused path. */
+template <int R> __global__ void __launch_bounds__(256) fused_window_kernel(cu_gdn_args a) {
+    extern __shared__ float wsm[];
+    __shared__ float red[REC_GROUPS][32], fin[32];
+    __shared__ int last;
+    int e = blockIdx.z, n = a.meta.e_n[e], spec = a.meta.e_spec[e];
+    int h = blockIdx.y, jj = threadIdx.x & 31, g = threadIdx.x >> 5, j0 = blockIdx.x * 32, j = j0 + jj;
+    int dk = a.dk, dv = a.dv, K = a.K, C = a.C, Hv = a.Hv, tid = threadIdx.x, rr = Hv / a.Hk;
+    int r0 = a.meta.e_row0[e], slot = a.meta.e_slot[e], kh = h / rr, kd = a.Hk * dk;
+    int ok = j < dv, nv = dv - j0 < 32 ? dv - j0 : 32, keep = a.meta.e_keep ? a.meta.e_keep[e] : 0;
+    float *qs = wsm, *ks = qs + (size_t)a.spec_win * dk, *vs = ks + (size_t)a.spec_win * dk;
+    float *bgs = vs + (size_t)a.spec_win * 32;
+    size_t rf = CU_SPEC_REC(C, Hv);
+    const float *prev = a.spec_rec + (size_t)(a.meta.e_par[e] ^ 1) * a.spec_buf +
+                        ((size_t)slot * a.n_lin + a.lin) * a.spec_win * rf; /* the kept tokens' records */
+    float *cst = a.conv_state + ((size_t)slot * a.n_lin + a.lin) * (size_t)(K - 1) * C;
+    float *S = a.rec_state + (((size_t)slot * a.n_lin + a.lin) * Hv + h) * (size_t)dk * dv + j;
+    float sv[R];
+#pragma unroll
+    for (int t = 0; t < R; t++) {
+        int i = g + REC_GROUPS * t;
+        sv[t] = i < dk && ok ? S[(size_t)i * dv] : 0.0f;
+    }
+    /* the deferred commit first (recurrent_kernel's replay: q / k of each kept token staged in qs / ks) */
+    for (int tt = 0; tt < keep; tt++) {
+        const float *post = prev + (size_t)tt * rf + C, *bg = post + C;
+        for (int i = tid; i < dk; i += blockDim.x) {
+            qs[i] = post[(size_t)kh * dk + i];
+            ks[i] = post[kd + (size_t)kh * dk + i];
+        }
+        __syncthreads();
+        float decay = expf(bg[Hv + h]), beta = bg[h];
+        float vj = ok ? post[2 * (size_t)kd + (size_t)h * dv + j] : 0.0f;
+        rec_token<R>(sv, qs, ks, vj, decay, beta, g, jj, ok, dk, red, fin, NULL);
+    }
+    if (keep > 0 && spec) {
+#pragma unroll
+        for (int t = 0; t < R; t++) {
+            int i = g + REC_GROUPS * t;
+            if (i < dk && ok) S[(size_t)i * dv] = sv[t];
+        }
+    }
+    /* conv + SiLU of token t, channel c: input p (relative to the window's first row) is row r0 + p when
+     * p >= 0, else element keep + K-1 + p of [conv state (K-1 rows) | kept pre-conv rows] */
+    int nch = 2 * dk + nv;
+    for (int x = tid; x < n * nch; x += blockDim.x) {
+        int t = x / nch, idx = x % nch;
+        int c = idx < dk       ? kh * dk + idx
+                : idx < 2 * dk ? kd + kh * dk + (idx - dk)
+                               : 2 * kd + h * dv + j0 + (idx - 2 * dk);
+        float win[CONV_MAXK], wt[CONV_MAXK];
+#pragma unroll
+        for (int q = 0; q < CONV_MAXK - 1; q++) {
+            float v = 0.0f, w = 0.0f;
+            if (q < K - 1) {
+                int p = t - (K - 1) + q, b = keep + (K - 1) + p;
+                v = p >= 0      ? a.qkv[(size_t)(r0 + p) * a.qkv_ld + c]
+                    : b < K - 1 ? cst[(size_t)b * C + c]
+                                : prev[(size_t)(b - (K - 1)) * rf + c];
+                w = a.conv_w[(size_t)q * C + c];
+            }
+            win[q] = v, wt[q] = w;
+        }
+        win[CONV_MAXK - 1] = wt[CONV_MAXK - 1] = 0.0f;
+        float y =
+            conv_tap(wt, win, a.conv_w[(size_t)(K - 1) * C + c], a.qkv[(size_t)(r0 + t) * a.qkv_ld + c], K);
+        if (idx < dk)
+            qs[(size_t)t * dk + idx] = y;
+        else if (idx < 2 * dk)
+            ks[(size_t)t * dk + idx - dk] = y;
+        else
+            vs[t * 32 + idx - 2 * dk] = y;
+    }
+    for (int t = tid; t < n; t += blockDim.x) {
+        bgs[2 * t] = gdn_beta(a.b[(size_t)(r0 + t) * a.ba_ld + h]);
+        bgs[2 * t + 1] = gdn_gate(a, a.a[(size_t)(r0 + t) * a.ba_ld + h], h);
+    }
+    __syncthreads();
+    for (int task = g; task < 2 * n; task += REC_GROUPS) {
+        float *x = (task & 1 ? ks : qs) + (size_t)(task >> 1) * dk;
+        l2norm_warp(x, x, dk, !(task & 1), jj);
+    }
+    __syncthreads();
+    if (spec) { /* the window's records: this block's value channels, its head's beta / g, and (one block per
+                   key head) the q / k channels */
+        float *dst = a.spec_rec + (size_t)a.meta.e_par[e] * a.spec_buf +
+                     ((size_t)slot * a.n_lin + a.lin) * a.spec_win * rf;
+        for (int x = tid; x < n * nv; x += blockDim.x) {
+            int t = x / nv, jv = x % nv, c = 2 * kd + h * dv + j0 + jv;
+            dst[(size_t)t * rf + c] = a.qkv[(size_t)(r0 + t) * a.qkv_ld + c];
+            dst[(size_t)t * rf + C + c] = vs[t * 32 + jv];
+        }
+        if (blockIdx.x == 0)
+            for (int t = tid; t < n; t += blockDim.x) {
+                dst[(size_t)t * rf + 2 * (size_t)C + h] = bgs[2 * t];
+                dst[(size_t)t * rf + 2 * (size_t)C + Hv + h] = bgs[2 * t + 1];
+            }
+        if (blockIdx.x == 0 && h == kh * rr)
+            for (int x = tid; x < n * 2 * dk; x += blockDim.x) {
+                int t = x / (2 * dk), idx = x % (2 * dk),
+                    c = idx < dk ? kh * dk + idx : kd + kh * dk + (idx - dk);
+                dst[(size_t)t * rf + c] = a.qkv[(size_t)(r0 + t) * a.qkv_ld + c];
+                dst[(size_t)t * rf + C + c] =
+                    idx < dk ? qs[(size_t)t * dk + idx] : ks[(size_t)t * dk + idx - dk];
+            }
+    }
+    float *orow = a.o + (size_t)r0 * Hv * dv;
+    for (int t = 0; t < n; t++) {
+        float decay = expf(bgs[2 * t + 1]), beta = bgs[2 * t];
+        float vj = ok ? vs[t * 32 + jj] : 0.0f;
+        rec_token<R>(sv, qs + (size_t)t * dk, ks + (size_t)t * dk, vj, decay, beta, g, jj, ok, dk, red, fin,
+                     orow + (size_t)t * Hv * dv + (size_t)h * dv + j);
+    }
+    if (!spec) {
+#pragma unroll
+        for (int t = 0; t < R; t++) {
+            int i = g + REC_GROUPS * t;
+            if (i < dk && ok) S[(size_t)i * dv] = sv[t];
+        }
+    }
+    /* the conv windows where the unfused path writes them: a decode token's advanced window, a window's
+     * committed one when a deferred commit was replayed; value channels here (no other block reads them), q /
+     * k channels by the group's last block (every block of the group has read them by then) */
+    int wr = !spec || keep > 0, p0 = spec ? 0 : n;
+    for (int idx = tid; wr && idx < nv; idx += blockDim.x) {
+        int c = 2 * kd + h * dv + j0 + idx;
+        float nw[CONV_MAXK];
+        for (int q = 0; q < K - 1; q++) {
+            int p = p0 - (K - 1) + q, b = keep + (K - 1) + p;
+            nw[q] = p >= 0      ? a.qkv[(size_t)(r0 + p) * a.qkv_ld + c]
+                    : b < K - 1 ? cst[(size_t)b * C + c]
+                                : prev[(size_t)(b - (K - 1)) * rf + c];
+        }
+        for (int q = 0; q < K - 1; q++) cst[(size_t)q * C + c] = nw[q];
+    }
+    if (g == 0) __threadfence(); /* warp 0 wrote o */
+    __syncthreads();
+    unsigned *cnt = a.win_cnt + (size_t)e * a.Hk + kh;
+    if (tid == 0) last = atomicAdd(cnt, 1u) == (unsigned)(rr * gridDim.x) - 1u;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int idx = tid; wr && idx < 2 * dk; idx += blockDim.x) {
+        int c = idx < dk ? kh * dk + idx : kd + kh * dk + (idx - dk);
+        float nw[CONV_MAXK];
+        for (int q = 0; q < K - 1; q++) {
+            int p = p0 - (K - 1) + q, b = keep + (K - 1) + p;
+            nw[q] = p >= 0      ? a.qkv[(size_t)(r0 + p) * a.qkv_ld + c]
+                    : b < K - 1 ? cst[(size_t)b * C + c]
+                                : prev[(size_t)(b - (K - 1)) * rf + c];
+        }
+        for (int q = 0; q < K - 1; q++) cst[(size_t)q * C + c] = nw[q];
+    }
+    for (int t = 0; t < n; t++)
+        for (int hh = kh * rr + g; hh < (kh + 1) * rr; hh += REC_GROUPS) {
+            float *o = orow + (size_t)t * Hv * dv + (size_t)hh * dv;
+            gnorm_warp<true>(o, o, a.z + (size_t)(r0 + t) * a.z_ld + (size_t)hh * dv, a.gnorm, dv, a.eps, jj);
+        }
+    if (tid == 0) *cnt = 0u;
+}
+
 /* the commit of a speculative window: the first n_keep recorded tokens replayed on the slot's S (per layer z)
  */
 template <int R>
@@ -612,6 +784,19 @@ extern "C" void cu_gdn_layer(cu_ctx *c, const cu_gdn_args *a) {
             fused_decode_kernel<16><<<grid, 256, 0, c->stream>>>(*a);
         else
             fused_decode_kernel<32><<<grid, 256, 0, c->stream>>>(*a);
+        return;
+    }
+    size_t wsm = (size_t)a->spec_win * (2 * (size_t)a->dk + 34) * sizeof(float);
+    if (a->win_cnt && a->has_spec && a->no_chunked && 2 * a->dk <= 512 && wsm <= 48 * 1024) {
+        dim3 grid(cdiv((size_t)a->dv, 32), (unsigned)a->Hv, (unsigned)a->NE);
+        if (a->dk <= 32)
+            fused_window_kernel<4><<<grid, 256, wsm, c->stream>>>(*a);
+        else if (a->dk <= 64)
+            fused_window_kernel<8><<<grid, 256, wsm, c->stream>>>(*a);
+        else if (a->dk <= 128)
+            fused_window_kernel<16><<<grid, 256, wsm, c->stream>>>(*a);
+        else
+            fused_window_kernel<32><<<grid, 256, wsm, c->stream>>>(*a);
         return;
     }
     if (a->tc == 2 && !a->no_chunked) {
