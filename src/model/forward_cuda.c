@@ -727,31 +727,39 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
         f->moe_fused = cu_moe_fused_supported(m->H, mc->n_experts, mc->n_experts_per_tok,
                                               mc->moe_intermediate_size, mc->shared_expert_intermediate_size);
     }
+    /* the fused kernels' variant, all the same bits: default 7 (PDL launches, gate_up 2 chunks per request,
+     * the router 8) since the H200 run of 09:22 (35B-A3B batch 1 292.2 -> 316.4 tok/s; the three kernels
+     * 37.7 -> 30.7 us per layer at batch 1, 146.6 -> 122.5 at 8); 15 (+ the router's own norm) measured the
+     * same as 7 (317.3) */
     const char *mv = getenv("CINFER_CUDA_MOE_VARIANT");
-    f->moe_variant = mv ? atoi(mv) & 15 : 0;
+    f->moe_variant = mv ? atoi(mv) & 31 : 7;
     if (mf)
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_MOE_FUSED=%s: %s\n", mf,
                 f->moe_fused ? "fused decode MoE kernels" : "the unfused decode MoE kernels");
     /* "grouped" (the default since the H200 run of 08:52: 35B-A3B prefill 4096 3,390 -> 7,391 tok/s, the
      * experts of a chunk 353 -> 98 ms): prefill experts (more than 64 rows) by two grouped tensor-core GEMMs
-     * from device-side offsets; "host": a host round trip per layer and a cuBLAS call per expert and half */
+     * from device-side offsets; "host": a host round trip per layer and a cuBLAS call per expert and half.
+     * Kernel versions, the same bits: grouped1 (32-bit fragment loads, one stage), grouped2 (ldmatrix, two
+     * stages), grouped3 (that on rows split once into bf16 hi / lo, cp.async): "grouped" is 3 since 09:22
+     * (a 35B-A3B layer's two GEMMs over a 4096-token chunk: 2.43 / 2.34 / 2.00 ms) */
     const char *mp = getenv("CINFER_CUDA_MOE_PREFILL"), *mpv = mp ? mp : "grouped";
     if (m->cfg.n_experts > 0) {
         /* grouped2: ldmatrix + two stages; grouped3: that on x split once into bf16 hi / lo by cp.async; the
          * same bits */
-        int ver = !strcmp(mpv, "grouped3") ? 3 : !strcmp(mpv, "grouped2") ? 2 : 1;
-        f->moe_pf_grouped = (ver > 1 || !strcmp(mpv, "grouped")) && m->cfg.n_experts <= 1024 &&
-                            m->H % 8 == 0 && m->cfg.moe_intermediate_size % 8 == 0;
+        int ver = !strcmp(mpv, "grouped1") ? 1 : !strcmp(mpv, "grouped2") ? 2 : 3;
+        f->moe_pf_grouped = !strncmp(mpv, "grouped", 7) && m->cfg.n_experts <= 1024 && m->H % 8 == 0 &&
+                            m->cfg.moe_intermediate_size % 8 == 0;
         cu_moe_gemm_set_version(ver);
     }
     if (mp)
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_MOE_PREFILL=%s: prefill experts %s\n", mp,
                 f->moe_pf_grouped ? "by grouped GEMMs on the device" : "grouped on the host");
     /* N: decode-sized batches (<= 64 rows) of N rows or more take the grouped GEMMs too (each chosen expert
-     * streamed once for all its rows; the indexed and fused paths stream it once per row); default 65: never
-     */
+     * streamed once for all its rows; the indexed and fused paths stream it once per row). Default 64: the
+     * H200 run of 09:22 (35B-A3B, 128-token prompts): batch 32 1,220.5 tok/s fused vs 992.2 grouped, batch 64
+     * 1,347.3 vs 1,506.3 */
     const char *gr = getenv("CINFER_CUDA_MOE_GEMM_ROWS");
-    f->moe_gemm_rows = gr && atoi(gr) > 0 ? atoi(gr) : 65;
+    f->moe_gemm_rows = gr && atoi(gr) > 0 ? atoi(gr) : 64;
     if (me)
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_MOE=%s: decode experts by the %s GEMV\n", me,
                 f->moe_grouped ? "grouped" : "indexed");

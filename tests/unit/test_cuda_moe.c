@@ -329,7 +329,8 @@ static void moe_case_run(const moe_case *mc) {
         cu_free(d_raw), cu_free(d_nw), cu_free(d_xn);
     }
     /* the variants (CINFER_CUDA_MOE_VARIANT: load batching, PDL launches): the same bits */
-    for (int v = 1; v < 8; v++) {
+    for (int v = 1; v < 32; v++) {
+        if (v & 8) continue; /* the router's own norm: its check above */
         fused_out ov;
         if (!run_fused(c, mc, &w, d_x, T, v, NULL, &ov))
             CHECK_MSG(!memcmp(ov.idx, o8.idx, (size_t)T * k * 4) && !memcmp(ov.w, o8.w, (size_t)T * k * 4) &&
@@ -529,11 +530,11 @@ TEST(cuda_moe_fused_model_matches_unfused) {
     /* graphs against eager launches, the fused MoE on */
     if (!model_steps(m, V, 3, "1", NULL, "0", NULL, ref) && !model_steps(m, V, 3, "1", NULL, NULL, NULL, got))
         CHECK_MSG(!memcmp(ref, got, n * sizeof(float)), "fused MoE: CUDA graphs differ from eager launches");
-    /* in graphs, the PDL launches and other load batching (CINFER_CUDA_MOE_VARIANT=7), the router's own norm
-     * (8: the post-attention norm kernel not launched under CINFER_CUDA_FUSE, on by default) and all (15):
-     * the same bits */
-    static const char *const vars[3] = {"7", "8", "15"};
-    for (int vi = 0; vi < 3; vi++) {
+    /* in graphs, against the default variant (7: PDL launches and load batching): 0 (none of it), the
+     * router's own norm (8: the post-attention norm kernel not launched under CINFER_CUDA_FUSE, on by
+     * default), 15, the down kernel's 8-expert groups (16) with the rest (23, 31): the same bits */
+    static const char *const vars[5] = {"0", "8", "15", "23", "31"};
+    for (int vi = 0; vi < 5; vi++) {
         char *ov = env_swap("CINFER_CUDA_MOE_VARIANT", vars[vi]);
         if (!model_steps(m, V, 3, "1", NULL, NULL, NULL, got))
             CHECK_MSG(!memcmp(ref, got, n * sizeof(float)), "fused MoE variant %s differs from variant 0",
@@ -604,7 +605,9 @@ TEST(cuda_moe_fused_speed) {
         REQUIRE(cu_sync(c, err, sizeof err) == 0);
         double b_rt = (double)E * H * 2, b_gu = (double)T * ((double)k * 2 * Im * H + 2.0 * Is * H + H) * 2,
                b_dn = (double)T * ((double)k * H * Im + (double)H * Is) * 2;
-        for (int v = 0; v < 4; v++) {
+        static const int kv[] = {0, 1, 2, 3, 16, 17}; /* 16: the down kernel's 8-expert groups */
+        for (size_t ki = 0; ki < sizeof kv / sizeof kv[0]; ki++) {
+            int v = kv[ki];
             a.variant = v;
             double us[3];
             for (int kind = 0; kind < 3; kind++) {
@@ -626,7 +629,7 @@ TEST(cuda_moe_fused_speed) {
                 T, v, us[0], us[1], b_gu / us[1] / 1e3, us[2], b_dn / us[2] / 1e3, us[0] + us[1] + us[2]);
         }
         /* 4: PDL launches; 8: the router takes the norm before the block (one launch less in the model) */
-        static const int vs[] = {0, 1, 3, 4, 5, 7, 8, 15};
+        static const int vs[] = {0, 1, 3, 4, 5, 7, 8, 15, 21, 23, 31};
         float *nw = dev((size_t)H * 4), *xn = dev((size_t)T * H * 4);
         cu_fill_f32(c, nw, (size_t)H, 1.0f);
         for (size_t vi = 0; vi < sizeof vs / sizeof vs[0]; vi++) {
@@ -827,7 +830,7 @@ TEST(cuda_moe_prefill_speed) {
 
 /* The MoE fixtures through the whole cuda forward with a 150-token prefill (the path past 64 rows) with
  * CINFER_CUDA_MOE_PREFILL=grouped against the host-grouped cuBLAS path: both tensor-core hi + lo products, in
- * other orders (within 1e-4); grouped2 gives grouped's bits */
+ * other orders (within 1e-4); grouped2 and grouped3 give grouped1's bits */
 TEST(cuda_moe_prefill_grouped_model) {
     if (NO_DEVICE()) SKIP("no CUDA device: skipped");
     static const char *const fx[] = {"qwen35_moe", "qwen3_next"};
@@ -845,7 +848,7 @@ TEST(cuda_moe_prefill_grouped_model) {
         char *old = env_swap("CINFER_CUDA_MOE_PREFILL", "host");
         for (int g = 0; g < 4; g++) {
             if (g)
-                setenv("CINFER_CUDA_MOE_PREFILL", g == 1 ? "grouped" : g == 2 ? "grouped2" : "grouped3", 1);
+                setenv("CINFER_CUDA_MOE_PREFILL", g == 1 ? "grouped1" : g == 2 ? "grouped2" : "grouped3", 1);
             out[g] = malloc(sizeof(float) * (size_t)P * V);
             cinfer_ctx_params p = cinfer_ctx_default_params();
             p.max_seqs = 1, p.max_ctx = 256, p.max_batch = 256, p.n_threads = 2,

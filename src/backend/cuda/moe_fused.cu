@@ -243,8 +243,10 @@ __global__ void __launch_bounds__(MF_WARPS * 32)
  * choices in ascending expert order, then + sigmoid(shg) (sh_down[h] · act_sh): cu_moe_combine's order. With
  * resid, resid[r][h] += that sum instead (the residual add cu_add_rmsnorm would make, the same f32 add) and
  * out is not written. */
-template <int KC>
-__global__ void __launch_bounds__(MF_WARPS * 32)
+/* G 8: two blocks per SM (one wave at T 1) */
+#define MF_DOWN_MINB(G) ((G) == 8 ? 2 : 0)
+template <int KC, int G>
+__global__ void __launch_bounds__(MF_WARPS * 32, MF_DOWN_MINB(G))
     mf_down_kernel(const float *__restrict__ act, const uint16_t *__restrict__ e_down,
                    const int *__restrict__ idx, const float *__restrict__ wt,
                    const uint16_t *__restrict__ sh_down, const float *__restrict__ shg, float *out,
@@ -263,27 +265,38 @@ __global__ void __launch_bounds__(MF_WARPS * 32)
     const int my_e = lane < k ? __ldcg(idx + (size_t)r * k + lane) : 0;
     const float my_w = lane < k ? __ldcg(wt + (size_t)r * k + lane) : 0.0f;
     float acc = 0.0f;
-    uint4 u[MF_GROUP][KC];
-    for (int j0 = 0; j0 < k; j0 += MF_GROUP) {
-        float y[MF_GROUP];
-        const uint16_t *wd[MF_GROUP];
-        const float *xa[MF_GROUP];
+    /* G = 8 (variant 16): eight experts' rows and the shared expert's (when Is fits one pass) requested
+     * together, one round trip for the 35B-A3B shape's 9 rows instead of three; the same FMAs in order */
+    uint4 u[G][KC];
+    [[maybe_unused]] uint4 us[G == 8 ? 1 : 1][KC];
+    bool sh1 = false;
+    if constexpr (G == 8) {
+        sh1 = sh_down && Is <= 256 * KC;
+        if (sh1) {
+            const uint16_t *w1[1] = {sh_down + (size_t)h * Is};
+            load_rows<1, KC>(us, w1, Is, lane);
+        }
+    }
+    for (int j0 = 0; j0 < k; j0 += G) {
+        float y[G];
+        const uint16_t *wd[G];
+        const float *xa[G];
 #pragma unroll
-        for (int g = 0; g < MF_GROUP; g++) {
+        for (int g = 0; g < G; g++) {
             int j = j0 + g < k ? j0 + g : j0; /* past k: a repeat of the group's first, never summed */
             int e = __shfl_sync(0xffffffffu, my_e, j);
             wd[g] = e_down + ((size_t)e * H + h) * Im;
             xa[g] = ar + (size_t)j * Im;
             y[g] = 0.0f;
         }
-        load_rows<MF_GROUP, KC>(u, wd, Im, lane);
+        load_rows<G, KC>(u, wd, Im, lane);
         if (j0 == 0) {
             griddep_wait(); /* act */
             griddep_launch();
         }
-        fma_rows<MF_GROUP, KC>(y, u, xa, Im, lane);
+        fma_rows<G, KC>(y, u, xa, Im, lane);
 #pragma unroll
-        for (int g = 0; g < MF_GROUP; g++) {
+        for (int g = 0; g < G; g++) {
             float v = warp_sum(y[g]);
             float wj = __shfl_sync(0xffffffffu, my_w, j0 + g < k ? j0 + g : 0);
             if (j0 + g < k) acc += v * wj;
@@ -293,7 +306,14 @@ __global__ void __launch_bounds__(MF_WARPS * 32)
         float ys[1] = {0.0f};
         const uint16_t *w1[1] = {sh_down + (size_t)h * Is};
         const float *x1[1] = {ar + (size_t)k * Im};
-        dot_rows<1, 2>(ys, w1, x1, Is, lane);
+        if constexpr (G == 8) {
+            if (sh1)
+                fma_rows<1, KC>(ys, us, x1, Is, lane); /* one pass: dot_rows' sums */
+            else
+                dot_rows<1, 2>(ys, w1, x1, Is, lane);
+        } else {
+            dot_rows<1, 2>(ys, w1, x1, Is, lane);
+        }
         float v = warp_sum(ys[0]);
         float gt = dev_sigmoid(shg[r]);
         acc += gt * v;
@@ -365,8 +385,12 @@ extern "C" void cu_moe_fused_down(cu_ctx *c, const cu_moe_args *a) {
     dim3 grid(cdiv((size_t)a->H, MF_WARPS), (unsigned)a->T), block(MF_WARPS * 32);
     const uint16_t *sh_down = Is ? a->sh_down : NULL;
     /* Im up to 512: 2 chunks per row and lane; up to 1024 (122B-A10B, 397B-A17B): 4 */
-    mf_launch(c, (a->variant & 4) != 0, a->Im > 512 ? mf_down_kernel<4> : mf_down_kernel<2>, grid, block,
-              a->act, a->e_down, a->idx, a->w, sh_down, a->shg, a->out, a->resid, a->H, a->k, a->Im, Is);
+    void (*kern)(const float *, const uint16_t *, const int *, const float *, const uint16_t *, const float *,
+                 float *, float *, int, int, int, int) =
+        a->Im > 512 ? mf_down_kernel<4, MF_GROUP> /* 8 x 4 chunks would spill */
+                    : ((a->variant & 16) ? mf_down_kernel<2, 8> : mf_down_kernel<2, MF_GROUP>);
+    mf_launch(c, (a->variant & 4) != 0, kern, grid, block, a->act, a->e_down, a->idx, a->w, sh_down, a->shg,
+              a->out, a->resid, a->H, a->k, a->Im, Is);
 }
 
 extern "C" void cu_moe_fused(cu_ctx *c, const cu_moe_args *a) {
