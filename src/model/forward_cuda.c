@@ -815,7 +815,8 @@ void cuda_fwd_profile(cuda_fwd *f, int on) {
     /* the H200 run of 07:17: a profiled bench (an event recorded between every phase's kernels) with PDL
      * GEMVs ended in an illegal memory access, while PDL without the events passed every test and bench;
      * until that is understood, profiling turns PDL off (CINFER_CUDA_PDL_PROFILE=1 keeps it on, to test
-     * whether that still happens) */
+     * whether that still happens: it did in session 4's call 2, in the profiled 512-token prefill, where the
+     * lm_head GEMV is the one PDL launch and an event sits between it and the final norm) */
     const char *pp = getenv("CINFER_CUDA_PDL_PROFILE");
     cu_set_pdl(on && !(pp && !strcmp(pp, "1")) ? 0 : f->pdl);
     f->prof_calls = 0;
@@ -1137,6 +1138,12 @@ static int enqueue(cuda_fwd *f, const run_shape *rs, int moe_device, char *err, 
     float eps = (float)m->cfg.rms_norm_eps;
     mark(f, CP_EMBED_NORM);
     cu_embed(f->cu, f->x, f->embed, rs->meta.ids, T, H);
+    /* image rows are copied into x between the embedding and the first GEMV: a memcpy between two kernels,
+     * which PDL must not bridge (the H200 runs of 07:17 and session 4's call 2: a PDL launch after a stream
+     * operation that is not a kernel — there an event record — ended in an illegal memory access), so such
+     * steps launch their GEMVs without it */
+    int pdl_off = rs->mm_e && cu_pdl_on();
+    if (pdl_off) cu_set_pdl(0);
     if (rs->mm_e) image_rows(f, rs);
     /* CINFER_CUDA_FUSE: at decode-sized T every GEMV of a dense layer takes cu_gemv_fused (K % 8 == 0 for
      * all of them); pend: f->out holds an output not yet added to the residual f->x (always, unfused; after
@@ -1171,8 +1178,10 @@ static int enqueue(cuda_fwd *f, const run_shape *rs, int moe_device, char *err, 
             /* under CINFER_CUDA_FUSE the fused MoE adds into the residual itself, so the next layer's input
              * norm can go into its in_proj */
             int added;
-            if ((rc = moe(f, cl, rs, moe_device, fz, moe_norm ? cl->post_norm : NULL, &added, err, errlen)))
+            if ((rc = moe(f, cl, rs, moe_device, fz, moe_norm ? cl->post_norm : NULL, &added, err, errlen))) {
+                if (pdl_off) cu_set_pdl(1);
                 return rc;
+            }
             pend = !added;
         } else if (fz) {
             mlp_fused(f, cl, T);
@@ -1188,6 +1197,7 @@ static int enqueue(cuda_fwd *f, const run_shape *rs, int moe_device, char *err, 
     cu_gather_rmsnorm(f->cu, f->xn, f->x, rs->meta.lrow, f->final_norm, rs->nl, H, eps);
     mark(f, CP_LM_HEAD);
     gemm(f, f->logits, f->xn, f->lm_head, rs->nl, m->V, H);
+    if (pdl_off) cu_set_pdl(1);
     return 0;
 }
 

@@ -158,10 +158,10 @@ TEST(cuda_gemv3_fused_vs_cpu) {
         /* rows per warp and loads in flight never change a bit; every split count is within the bound */
         for (int ks = 1; ks <= 8; ks *= 2) {
             float *ya = NULL;
-            for (int v = 0; v < 14; v++) {
-                static const int nr[] = {0, 1, 2, 4, 1, 2, 4, 1, 2, 4, 1, 2, 4, 2},
-                                 u[] = {0, 1, 1, 1, 2, 2, 2, 4, 4, 2, 1, 2, 1, 2},
-                                 ld[] = {-1, 0, 0, 0, 0, 0, 0, 0, 2, 2, 4, 4, 6, 6};
+            for (int v = 0; v < 16; v++) {
+                static const int nr[] = {0, 1, 2, 4, 1, 2, 4, 1, 2, 4, 1, 2, 4, 2, 4, 2},
+                                 u[] = {0, 1, 1, 1, 2, 2, 2, 4, 4, 2, 1, 2, 1, 2, 1, 1},
+                                 ld[] = {-1, 0, 0, 0, 0, 0, 0, 0, 2, 2, 4, 4, 6, 6, 2, 2};
                 if (ks == 8 && (ld[v] & 2)) continue; /* 4-warp blocks split K at most 4 ways */
                 cu_set_gemv3_config(ks, nr[v], u[v], ld[v]);
                 float *y = run_fused(c, s, dx, dw, dg, dy0, 1);

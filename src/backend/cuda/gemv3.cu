@@ -235,20 +235,23 @@ static void g3_mr1(cu_ctx *c, float *y, const float *x, const uint16_t *w, int n
         g3_launch<1, 4, 2, NORM, EPI, VAR>(c, y, x, w, tiles, N, K, KS, g, eps);
 }
 
-/* At one row of x (batch-1 decode), from the call-1 sweep: 2 chunks in flight per warp (4 and 8 were
- * slower everywhere: fewer warps fit), one output row per warp for matrices of <= 8192 outputs (the 2560 /
- * 5120-row out_proj / down) and two above, and 4-warp blocks where two rows meet K <= 4096 (4B in_proj /
- * gate_up 2-5% faster; no gain at 27B). cu_set_gemv3_config overrides each (measurements). With more rows
+/* At one row of x (batch-1 decode), from the H200 sweeps of session 4 (call 2: every rows-per-warp /
+ * chunks-in-flight / block-size / pipelining choice of every real matrix at the splits above): the wide
+ * matrices (in_proj) 4 output rows per warp with one chunk in flight, gate_up 2 outputs (4 weight rows) with
+ * one, both in 4-warp blocks; the <= 8192-output ones (out_proj / down) one row per warp with 2 chunks in
+ * flight in 8-warp blocks. Summed over the 12 real matrices 326 us against 342 for call 2's choice (the
+ * best per matrix: 325); more in flight (4, 8 chunks) or the next chunks requested before the FMAs (v2's
+ * pipelining) never won: fewer warps fit. cu_set_gemv3_config overrides each (measurements). With more rows
  * of x the x loads weigh more (4 weight rows per warp from 4 rows of x, as v1) and registers less. None of
- * these changes a bit. */
+ * these changes a bit (the splits alone fix the sums). */
 template <bool NORM, int EPI>
 static void g3_tile(cu_ctx *c, float *y, const float *x, const uint16_t *w, int MR, int tiles, int N, int K,
                     int KS, const float *g, float eps) {
     constexpr int NR4 = EPI == EPI_SWIGLU ? 2 : 4;
     switch (MR) {
     case 1: {
-        int nr = g_nr ? g_nr : N <= 8192 ? 1 : 2, u = g_u ? g_u : 2;
-        int var = g_var >= 0 ? g_var : nr == 2 && K <= 4096 ? 2 : 0;
+        int small = N <= 8192, nr = g_nr ? g_nr : small ? 1 : EPI == EPI_SWIGLU ? 2 : 4;
+        int u = g_u ? g_u : small ? 2 : 1, var = g_var >= 0 ? g_var : small ? 0 : 2;
         if (var == 2)
             g3_mr1<2, NORM, EPI>(c, y, x, w, nr, u, tiles, N, K, KS, g, eps);
         else if (var == 4)
