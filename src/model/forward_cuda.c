@@ -89,6 +89,11 @@ int cuda_fwd_mtp_run(cuda_fwd *f, const fwd_entry *e, const mtp_io *io, int n, i
     (void)f, (void)e, (void)io, (void)n, (void)n_vocab, (void)logits;
     return ci_err(err, errlen, CINFER_EUNSUPPORTED, "no CUDA backend");
 }
+int cuda_fwd_mtp_run_ids(cuda_fwd *f, const fwd_entry *e, const mtp_io *io, int n, int n_vocab, int32_t *ids,
+                         char *err, size_t errlen) {
+    (void)f, (void)e, (void)io, (void)n, (void)n_vocab, (void)ids;
+    return ci_err(err, errlen, CINFER_EUNSUPPORTED, "no CUDA backend");
+}
 void cuda_fwd_profile(cuda_fwd *f, int on) {
     (void)f, (void)on;
 }
@@ -1488,8 +1493,8 @@ int cuda_fwd_mtp_init(cuda_fwd *f, int n_blocks, char *err, size_t errlen) {
     return 0;
 }
 
-int cuda_fwd_mtp_run(cuda_fwd *f, const fwd_entry *e, const mtp_io *io, int NE, int n_vocab, float *logits,
-                     char *err, size_t errlen) {
+static int mtp_run(cuda_fwd *f, const fwd_entry *e, const mtp_io *io, int NE, int n_vocab, float *logits,
+                   int32_t *ids, char *err, size_t errlen) {
     const model *m = f->m;
     if (!f->mtp_L) return ci_err(err, errlen, CINFER_ESTATE, "cuda: the MTP head is not initialised");
     int T = 0, nl = 0, maxpos = 0, max_n = 0, *lmode = f->mtp_lmode, astart = 0;
@@ -1553,9 +1558,26 @@ int cuda_fwd_mtp_run(cuda_fwd *f, const fwd_entry *e, const mtp_io *io, int NE, 
         cu_gather_rmsnorm(f->cu, f->out, f->x, rs.meta.lrow, f->mtp_norm, nl, H, eps);
         gemm(f, f->logits, f->out, f->lm_head, nl, n_vocab, H);
         if (logits) cu_d2h_async(f->cu, logits, f->logits, (size_t)nl * n_vocab * sizeof(float));
+        if (ids) { /* greedy rows: cuda_fwd_sample's argmax over the head's n_vocab columns */
+            for (int r = 0; r < nl; r++) f->h_smp[r] = (cu_sample_row){0.0, 0.0f, 1, 0, 0};
+            cu_h2d_async(f->cu, f->d_smp, f->h_smp, (size_t)nl * sizeof(cu_sample_row));
+            cu_sample(f->cu, f->logits, n_vocab, f->d_smp, nl, f->d_ids, f->d_lps);
+            cu_d2h_async(f->cu, f->h_ids, f->d_ids, (size_t)nl * 4);
+        }
     }
     f->last_nl = 0; /* the device rows are the head's now, not a forward's */
-    return cu_sync(f->cu, err, errlen);
+    if ((rc = cu_sync(f->cu, err, errlen))) return rc;
+    for (int r = 0; ids && r < nl; r++) ids[r] = f->h_ids[r];
+    return 0;
+}
+
+int cuda_fwd_mtp_run(cuda_fwd *f, const fwd_entry *e, const mtp_io *io, int NE, int n_vocab, float *logits,
+                     char *err, size_t errlen) {
+    return mtp_run(f, e, io, NE, n_vocab, logits, NULL, err, errlen);
+}
+int cuda_fwd_mtp_run_ids(cuda_fwd *f, const fwd_entry *e, const mtp_io *io, int NE, int n_vocab, int32_t *ids,
+                         char *err, size_t errlen) {
+    return mtp_run(f, e, io, NE, n_vocab, NULL, ids, err, errlen);
 }
 
 int cuda_fwd_spec_commit(cuda_fwd *f, int slot, int n_keep, char *err, size_t errlen) {

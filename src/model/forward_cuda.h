@@ -61,6 +61,10 @@ struct mtp_io;
 int cuda_fwd_mtp_init(cuda_fwd *f, int n_blocks, char *err, size_t errlen);
 int cuda_fwd_mtp_run(cuda_fwd *f, const fwd_entry *e, const struct mtp_io *io, int n_entries, int n_vocab,
                      float *logits, char *err, size_t errlen);
+/* The same with each logits row's argmax (ties to the lowest id) chosen on the device: ids [rows], nothing
+ * else of the logits comes back (the head's drafts) */
+int cuda_fwd_mtp_run_ids(cuda_fwd *f, const fwd_entry *e, const struct mtp_io *io, int n_entries, int n_vocab,
+                         int32_t *ids, char *err, size_t errlen);
 
 /* Token choice on the device for the rows the last cuda_fwd_run left there, so that only ids (and logprobs
  * when asked) come back. It follows the CPU sampler (src/sample/sampler.h) for what it accepts: greedy

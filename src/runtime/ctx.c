@@ -649,7 +649,8 @@ int ctx_mtp_len(const cinfer_ctx *c, int seq) {
     return c->seqs[seq].mtp_len;
 }
 
-int ctx_mtp_forward(cinfer_ctx *c, const ctx_mtp_entry *e, int n, float *logits, char *err, size_t errlen) {
+static int mtp_forward(cinfer_ctx *c, const ctx_mtp_entry *e, int n, float *logits, int32_t *ids, char *err,
+                       size_t errlen) {
     if (!c->mtp_on) return ci_err(err, errlen, CINFER_ESTATE, "the MTP head is not initialised (ctx_mtp_init)");
     if (n <= 0) return 0;
     const model *m = c->m;
@@ -708,7 +709,8 @@ int ctx_mtp_forward(cinfer_ctx *c, const ctx_mtp_entry *e, int n, float *logits,
         c->mio[i] = (mtp_io){e[i].hidden, e[i].hidden_out, e[i].logits};
     }
     if (c->cf) {
-        int rc = cuda_fwd_mtp_run(c->cf, c->mfe, c->mio, n, c->mtp_vocab, logits, err, errlen);
+        int rc = ids ? cuda_fwd_mtp_run_ids(c->cf, c->mfe, c->mio, n, c->mtp_vocab, ids, err, errlen)
+                     : cuda_fwd_mtp_run(c->cf, c->mfe, c->mio, n, c->mtp_vocab, logits, err, errlen);
         if (rc) { /* as on ENOMEM: the rows from each entry's pos on are gone */
             for (int i = 0; i < n; i++) mtp_drop(c, &c->seqs[e[i].seq], e[i].pos);
             return rc;
@@ -718,4 +720,15 @@ int ctx_mtp_forward(cinfer_ctx *c, const ctx_mtp_entry *e, int n, float *logits,
     }
     for (int i = 0; i < n; i++) c->seqs[e[i].seq].mtp_len = e[i].pos + e[i].n;
     return 0;
+}
+
+int ctx_mtp_forward(cinfer_ctx *c, const ctx_mtp_entry *e, int n, float *logits, char *err, size_t errlen) {
+    return mtp_forward(c, e, n, logits, NULL, err, errlen);
+}
+
+int ctx_mtp_forward_ids(cinfer_ctx *c, const ctx_mtp_entry *e, int n, int32_t *ids, char *err,
+                        size_t errlen) {
+    if (!c || !c->cf || !ids)
+        return ci_err(err, errlen, CINFER_EINVAL, "ctx_mtp_forward_ids: a cuda context and ids are needed");
+    return mtp_forward(c, e, n, NULL, ids, err, errlen);
 }

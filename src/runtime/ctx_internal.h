@@ -79,5 +79,7 @@ typedef struct ctx_mtp_entry {
 /* logits: [rows][n_vocab] f32 in entry order. On CINFER_ENOMEM (no KV block) nothing ran, but each entry's sequence
  * has dropped its rows from pos on; other errors change nothing. */
 int ctx_mtp_forward(cinfer_ctx *c, const ctx_mtp_entry *e, int n, float *logits, char *err, size_t errlen);
+/* cuda: the same with each logits row's argmax taken on the device (ids [rows]; the logits stay there) */
+int ctx_mtp_forward_ids(cinfer_ctx *c, const ctx_mtp_entry *e, int n, int32_t *ids, char *err, size_t errlen);
 
 #endif

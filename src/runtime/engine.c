@@ -135,6 +135,7 @@ struct cinfer_engine {
     cinfer_request **mreq;          /* [max_seqs] */
     float *mtp_h;                   /* [max_seqs][H] f32: the head's last normed output per sequence id (chaining) */
     float *mlogits;                 /* [max_seqs][mtp_vocab] f32 */
+    int32_t *mids;                  /* [max_seqs] the head rows' argmax when the device takes it */
     int mtp_vocab;                  /* the head drafts among ids [0, mtp_vocab) */
     engine_draft_fn drafter;        /* NULL: the built-in n-gram drafter */
     void *drafter_ud;
@@ -752,7 +753,11 @@ static void mtp_step(cinfer_engine *e, int n_entries) {
         if (decoding && k > kmax) kmax = k;
     }
     if (!n) return;
-    if (ctx_mtp_forward(e->ctx, e->ment, n, e->mlogits, err, sizeof err)) {
+    /* on cuda with device choice the head's argmax is taken there too: only ids come back (a row over a 248k
+     * vocabulary is 1 MB of logits otherwise, per chained draft) */
+    int dev = e->dev_sample;
+    if (dev ? ctx_mtp_forward_ids(e->ctx, e->ment, n, e->mids, err, sizeof err)
+            : ctx_mtp_forward(e->ctx, e->ment, n, e->mlogits, err, sizeof err)) {
         LOG_W("MTP: %s; these requests go on without drafts", err);
         for (int i = 0; i < n; i++) e->mreq[i]->mtp_off = 1, e->mreq[i]->n_drafts = 0;
         return;
@@ -763,7 +768,7 @@ static void mtp_step(cinfer_engine *e, int n_entries) {
         memcpy(e->mtp_h + (size_t)r->seq * H, me->hidden_out + (size_t)(me->n - 1) * H, sizeof(float) * H);
         r->mtp_next = me->pos + me->n;
         if (!me->logits) continue;
-        r->drafts[1] = argmax_row(e->mlogits + (size_t)row++ * V, (int)V);
+        r->drafts[1] = dev ? e->mids[row++] : argmax_row(e->mlogits + (size_t)row++ * V, (int)V);
         r->n_drafts = 1;
     }
     /* chained drafts at the head's next positions; each request stops at its own k */
@@ -778,13 +783,14 @@ static void mtp_step(cinfer_engine *e, int n_entries) {
             e->mreq[nc++] = r; /* (nc <= i: entries not yet read are never overwritten) */
         }
         if (!nc) break;
-        if (ctx_mtp_forward(e->ctx, e->ment, nc, e->mlogits, err, sizeof err)) {
+        if (dev ? ctx_mtp_forward_ids(e->ctx, e->ment, nc, e->mids, err, sizeof err)
+                : ctx_mtp_forward(e->ctx, e->ment, nc, e->mlogits, err, sizeof err)) {
             LOG_W("MTP: %s", err); /* the drafts so far stand; the next catch-up rewrites from its window */
             break;
         }
         for (int i = 0; i < nc; i++) {
             cinfer_request *r = e->mreq[i];
-            r->drafts[j + 1] = argmax_row(e->mlogits + (size_t)i * V, (int)V);
+            r->drafts[j + 1] = dev ? e->mids[i] : argmax_row(e->mlogits + (size_t)i * V, (int)V);
             r->n_drafts = j + 1;
         }
         n = nc;
@@ -1138,6 +1144,7 @@ int cinfer_engine_create(cinfer_model *cm, const cinfer_engine_params *pp, cinfe
         e->entry_hrow = xcalloc((size_t)p.max_seqs, sizeof(int));
         e->entry_pos = xcalloc((size_t)p.max_seqs, sizeof(int));
         e->entry_keep = xcalloc((size_t)p.max_seqs, sizeof(int));
+        e->mids = xcalloc((size_t)p.max_seqs, sizeof(int32_t));
         e->ment = xcalloc((size_t)p.max_seqs, sizeof *e->ment);
         e->mreq = xcalloc((size_t)p.max_seqs, sizeof *e->mreq);
     }
@@ -1203,6 +1210,7 @@ void cinfer_engine_destroy(cinfer_engine *e) {
     cinfer_ctx_destroy(e->dctx);
     free(e->dlogits), free(e->dentries), free(e->dreq);
     free(e->hid), free(e->mtp_h), free(e->mlogits), free(e->entry_hrow), free(e->entry_pos), free(e->entry_keep);
+    free(e->mids);
     free(e->ment), free(e->mreq);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);

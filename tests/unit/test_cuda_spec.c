@@ -701,3 +701,39 @@ TEST(cuda_mtp_head_matches_cpu) {
     free(tl);
     cinfer_model_close(m);
 }
+
+/* The head's drafts chosen on the device (ctx_mtp_forward_ids, what the engine uses with device choice) are
+ * the argmax of the logits ctx_mtp_forward brings back for the same rows (ties to the lowest id), over the
+ * full vocabulary and over a draft vocabulary prefix. */
+TEST(cuda_mtp_head_ids_match_argmax) {
+    if (no_device()) SKIP("no CUDA device: skipped");
+    cinfer_model *m = open_fixture("qwen35_dense");
+    REQUIRE(m);
+    cinfer_model_info info;
+    cinfer_model_get_info(m, &info);
+    int V = info.vocab_size, H = info.hidden_size, P = 20;
+    char err[512];
+    for (int pass = 0; pass < 2; pass++) {
+        int nv = pass ? V / 2 : V;
+        cinfer_ctx *c = cuda_ctx(m, 1, 64, 64, 0, 0);
+        REQUIRE(c);
+        REQUIRE(ctx_mtp_init(c, pass ? nv : 0, err, sizeof err) == 0);
+        int32_t x[32], ids[32];
+        for (int i = 0; i < P + 1; i++) x[i] = (int32_t)((i * 61 + 17) % V);
+        float *hid = malloc(sizeof(float) * (size_t)P * H), *lg = malloc(sizeof(float) * (size_t)P * V);
+        int s = cinfer_seq_open(c, err, sizeof err);
+        cinfer_batch_entry be = {s, x, P, 1, 0, hid};
+        REQUIRE(cinfer_forward(c, &be, 1, lg, err, sizeof err) == 0);
+        ctx_mtp_entry me = {s, 0, x + 1, hid, P - 1, NULL, 2};
+        REQUIRE(ctx_mtp_forward(c, &me, 1, lg, err, sizeof err) == 0);
+        REQUIRE(ctx_mtp_forward_ids(c, &me, 1, ids, err, sizeof err) == 0);
+        int bad = 0;
+        for (int t = 0; t < P - 1; t++) bad += ids[t] != argmax(lg + (size_t)t * nv, nv);
+        printf("     %d head rows over %d ids: %d device choices differ from the host argmax\n", P - 1, nv,
+               bad);
+        CHECK_EQ_INT(bad, 0);
+        free(hid), free(lg);
+        cinfer_ctx_destroy(c);
+    }
+    cinfer_model_close(m);
+}
