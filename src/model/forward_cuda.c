@@ -696,16 +696,22 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * keeps the scalar attention tiles). The second call: its fp16 hi + lo form as exact (op tests 2e-7 -
      * 6e-7, parity 3.34e-4) and faster (21.2 ms, 32768 tokens at 9,101 tok/s; 27B tf32 332.5 -> 84.5 ms),
      * so that is the default form. */
-    /* "gdn1": the one-kernel tensor-core DeltaNet (today's "gdn"); "gdn2" / "tc2": the phased one
-     * (deltanet_chunk.cu, parallel over chunks), alone / with the tensor-core attention.
-     * CINFER_CUDA_GDN_DT=32: 32 value columns per block of its sequential pass (default 16); "stage": 32,
-     * each chunk's inputs staged in shared memory one chunk ahead */
+    /* The DeltaNet prefill of "tc" and "gdn" (also "tc2", "gdn2") runs in phases, parallel over the chunks
+     * (deltanet_chunk.cu); "gdn1" / "tc1" keep the one kernel walking all chunks per column block
+     * (deltanet_tc.cu), with the scalar / tensor-core attention. Session 4's H200 calls: the phased form
+     * gives the one kernel's bits in every op test (4B and 27B heads, ragged entries, 4096 rows) and passes
+     * fixture parity, graphs vs eager and the batch of 32; one layer over 4096 rows at the 4B heads 7.97
+     * -> 2.01 ms (27B heads 13.4 -> 3.3 ms), "deltanet core" of a 4B 4096-token chunk 202 -> 49 ms, 27B 663
+     * -> 169 ms. CINFER_CUDA_GDN_DT: its sequential pass — "stage" (the default: 32 value columns, each
+     * chunk's inputs staged in shared memory one chunk ahead), "16" or "32" (fragments from L2; the same
+     * bits, slower) */
     const char *pf = getenv("CINFER_CUDA_PREFILL");
     const char *pfv = pf ? pf : "tc";
-    int phased = !strcmp(pfv, "gdn2") || !strcmp(pfv, "tc2");
-    if (!strcmp(pfv, "tc") || !strcmp(pfv, "gdn") || !strcmp(pfv, "gdn1") || phased)
-        f->gdn_tc = m->n_lin > 0 && cu_gdn_tc_init(m->dk);
-    if (!strcmp(pfv, "tc") || !strcmp(pfv, "attn") || !strcmp(pfv, "tc2"))
+    int one = !strcmp(pfv, "gdn1") || !strcmp(pfv, "tc1");
+    int phased =
+        !one && (!strcmp(pfv, "tc") || !strcmp(pfv, "gdn") || !strcmp(pfv, "gdn2") || !strcmp(pfv, "tc2"));
+    if (one || phased) f->gdn_tc = m->n_lin > 0 && cu_gdn_tc_init(m->dk);
+    if (!strcmp(pfv, "tc") || !strcmp(pfv, "attn") || !strcmp(pfv, "tc1") || !strcmp(pfv, "tc2"))
         f->attn_tc = f->tiles_ok && cu_attn_tc_init(m->hd);
     f->attn_rows = f->attn_tc ? cu_attn_tc_rows(m->Hq, m->Hkv) : CU_ATTN_TILE;
     /* the kernel's operands as fp16 hi + lo (m16n8k16: twice the MMA rate of TF32, the same 22 bits within
@@ -719,7 +725,7 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
         f->gdn_tc = 2;
     }
     const char *gdt = getenv("CINFER_CUDA_GDN_DT");
-    f->gdn_chunk_dt = !gdt ? 16 : !strcmp(gdt, "32") ? 32 : !strcmp(gdt, "stage") ? 0 : 16;
+    f->gdn_chunk_dt = gdt && !strcmp(gdt, "16") ? 16 : gdt && !strcmp(gdt, "32") ? 32 : 0;
     const char *me = getenv("CINFER_CUDA_MOE"); /* "grouped": decode experts by cu_gemv_grouped */
     f->moe_grouped = me && !strcmp(me, "grouped");
     /* decode MoE blocks (device_only) as three launches (router + selection, gate_up + SwiGLU, down + combine

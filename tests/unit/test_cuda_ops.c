@@ -716,8 +716,8 @@ TEST(cuda_deltanet_layer_vs_cpu) {
     gdn_case(2, 4, 128, 128, 0); /* the real head dims: the chunked kernel's shared memory near its limit */
 }
 
-/* the tensor-core chunked kernels (CINFER_CUDA_PREFILL=tc|gdn|gdn1: one kernel; gdn2|tc2: phased): GQA ratios
- * 1, 2, 3, dv not a multiple of the 32-column block, the real dk = dv = 128 */
+/* the tensor-core chunked kernels (CINFER_CUDA_PREFILL=gdn1|tc1: one kernel; tc|gdn, the default: phased):
+ * GQA ratios 1, 2, 3, dv not a multiple of the 32-column block, the real dk = dv = 128 */
 TEST(cuda_deltanet_tc_vs_cpu) {
     if (NO_DEVICE()) SKIP("no CUDA device: skipped");
     gdn_case(2, 4, 32, 32, 1);
@@ -832,6 +832,24 @@ static void gdn_speed(int Hk, int Hv) {
                     if (rep && ms < part[pi]) part[pi] = ms;
                 }
             printf("     %-44s prep %.3f ms, sequential pass %.3f ms\n", "", part[0], part[1]);
+        }
+        if (forms[f].scr && forms[f].dt == 0) { /* where the cycles of one block of each go */
+            long long *dp = NULL, hp[16];
+            REQUIRE(cu_alloc((void **)&dp, sizeof hp, err, sizeof err) == 0);
+            g.chunk_prof = dp;
+            REQUIRE(cu_gdn_chunk_part(c, &g, 3));
+            REQUIRE(cu_sync(c, err, sizeof err) == 0);
+            REQUIRE(cu_download(hp, dp, sizeof hp, err, sizeof err) == 0);
+            g.chunk_prof = NULL;
+            cu_free(dp);
+            printf("     prep block, cycles: loads %lld, gates %lld, A and QK %lld, mask %lld, inverse %lld, "
+                   "scale + V %lld, W and U %lld\n",
+                   hp[0], hp[1], hp[2], hp[3], hp[4], hp[5], hp[6]);
+            long long nch = hp[15] > 0 ? hp[15] : 1;
+            printf("     staged pass, cycles per chunk (%lld chunks): wait W/Qg/U %lld, D and QgS %lld, wait "
+                   "QK/Kf "
+                   "%lld, O and S %lld, O out %lld\n",
+                   hp[15], hp[8] / nch, hp[9] / nch, hp[10] / nch, hp[11] / nch, hp[12] / nch);
         }
     }
     cu_timer_destroy(tm);

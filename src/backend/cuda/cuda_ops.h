@@ -179,8 +179,11 @@ typedef struct cu_gdn_args {
                chunks (deltanet_chunk.cu: needs chunk_scr, else 1's kernel runs) */
     void *chunk_scr; /* tc 2: cu_gdn_chunk_bytes(chunk_cap, T, Hv, dk, dv) bytes of device scratch */
     int chunk_cap; /* tc 2: chunks the scratch holds (cu_gdn_chunk_cap); a batch that may span more runs 1 */
-    int chunk_dt;  /* tc 2: value columns per block of the sequential pass, 16 or 32; 0: 32 with each chunk's
-                      inputs staged in shared memory one chunk ahead (the same bits) */
+    int chunk_dt;  /* tc 2: the sequential pass: 0 (forward_cuda's default) 32 value columns per block with
+                      each chunk's inputs staged in shared memory one chunk ahead; 16 or 32 value columns
+                      with fragments read from L2 (the same bits, slower) */
+    long long *chunk_prof; /* diagnostics, normally NULL: [16] device clock cycles per phase of one prep block
+                              ([0..6]) and of one block of the staged pass ([8..12], chunks in [15]) */
     /* speculative windows (meta.e_spec): the conv window and S of the slot stay as they were; each token's
      * position-local inputs go to spec_rec [slots][n_lin][spec_win][CU_SPEC_REC(C, Hv)] (pre-conv q|k|v, the
      * normed post-conv q|k|v, beta, g) for cu_gdn_spec_commit; the recurrence runs token by token from the

@@ -1,9 +1,9 @@
 /* deltanet_chunk.cu — the chunked Gated DeltaNet prefill (spec §4, WY/UT form, chunk 64 on the absolute grid)
  * in phases, so that what does not depend on the state runs in parallel over every chunk of the batch and
  * only the state's recurrence walks the chunks in order (the split of FLA's chunk_gated_delta_rule; written
- * here from the spec). Selected by cu_gdn_args.tc == 2 (CINFER_CUDA_PREFILL=gdn2|tc2). deltanet_tc.cu's
- * kernel, a block per (entry, value head, 32 value columns) walking all chunks with W and the Gram matrices
- * recomputed per column block, stays as tc == 1 (CINFER_CUDA_PREFILL=gdn1).
+ * here from the spec). Selected by cu_gdn_args.tc == 2 (the default: CINFER_CUDA_PREFILL=tc|gdn).
+ * deltanet_tc.cu's kernel, a block per (entry, value head, 32 value columns) walking all chunks with W and
+ * the Gram matrices recomputed per column block, stays as tc == 1 (CINFER_CUDA_PREFILL=gdn1|tc1).
  *
  * Every product on the tensor cores with deltanet_tc.cu's scheme (TF32 hi + lo, three MMAs, runs of 32 of K
  * in fresh accumulators: tf32x3.cuh), the same factor expressions and the same order of the sums, so the two
@@ -25,6 +25,21 @@
 #include "backend/cuda/tf32x3.cuh"
 
 using namespace nvcuda;
+
+/* diagnostics (cu_gdn_args.chunk_prof): thread 0 of one block adds the cycles since the last mark to
+ * counter m, in registers, written out at the end */
+#define CK_PROF_DECL(on)                                                                                     \
+    long long ckp[8] = {0, 0, 0, 0, 0, 0, 0, 0}, ckp_last = clock64();                                       \
+    const bool ckp_on = (on)
+#define CK_MARK(m)                                                                                           \
+    if (ckp_on) {                                                                                            \
+        long long now_ = clock64();                                                                          \
+        ckp[m] += now_ - ckp_last;                                                                           \
+        ckp_last = now_;                                                                                     \
+    }
+#define CK_PROF_OUT(base)                                                                                    \
+    if (ckp_on)                                                                                              \
+        for (int m_ = 0; m_ < 8; m_++) a.chunk_prof[(base) + m_] = ckp[m_];
 
 #define CK_CH  64 /* chunk length, = GDN_CHUNK */
 #define CK_GLD (CK_CH + 4)
@@ -87,6 +102,7 @@ template <int P> __global__ void __launch_bounds__(256) ck_prep_kernel(cu_gdn_ar
     float *W = (float *)a.chunk_scr + ((size_t)k * a.Hv + h) * ck_stride(dk, dv);
     float *Qg = W + CK_CH * dk, *Kf = Qg + CK_CH * dk, *U = Kf + CK_CH * dk, *QK = U + CK_CH * dv;
     float *misc = QK + CK_CH * CK_CH;
+    CK_PROF_DECL(a.chunk_prof && k == 0 && h == 0 && tid == 0);
     /* Q and K rows by cp.async, 16 bytes a copy, all in flight at once (rows past L: zeros) */
     for (int idx = tid; idx < CK_CH * (dk / 4); idx += nt) {
         int t = idx / (dk / 4), i = idx % (dk / 4) * 4, z = t < L ? 0 : 16;
@@ -102,6 +118,7 @@ template <int P> __global__ void __launch_bounds__(256) ck_prep_kernel(cu_gdn_ar
     }
     __pipeline_wait_prior(0);
     __syncthreads();
+    CK_MARK(0);
     if (tid == 0) { /* the CPU's cumulative sum, in its order */
         float acc = 0.0f;
         for (int t = 0; t < L; t++) {
@@ -120,6 +137,7 @@ template <int P> __global__ void __launch_bounds__(256) ck_prep_kernel(cu_gdn_ar
         if (t == L - 1) misc[0] = egam[t];
     }
     __syncthreads();
+    CK_MARK(1);
     /* A = K K^T, and Q K^T into T's place (free until the inversion): the 10 + 10 tiles on and below the
      * diagonal (the mask below zeroes the rest and writes the decayed Q K^T out), spread evenly over the
      * warps
@@ -135,6 +153,7 @@ template <int P> __global__ void __launch_bounds__(256) ck_prep_kernel(cu_gdn_ar
                                 wmma::mem_row_major);
     }
     __syncthreads();
+    CK_MARK(2);
     for (int idx = tid; idx < CK_CH * CK_CH; idx += nt) {
         int r = idx / CK_CH, s = idx % CK_CH;
         float d = r < L && s <= r ? expf(gam[r] - gam[s]) : 0.0f;
@@ -147,6 +166,7 @@ template <int P> __global__ void __launch_bounds__(256) ck_prep_kernel(cu_gdn_ar
         Kf[idx] = Ks[t * KLD + i] * fl[t];
     }
     __syncthreads();
+    CK_MARK(3);
     /* T = (I + A)^-1: thread (b, c) of the first 64 inverts column c of diagonal block b by substitution;
      * the rest zero the blocks above the diagonal and bring V in over Q (read by the Q K^T products above) */
     if (tid < 64) {
@@ -190,6 +210,7 @@ template <int P> __global__ void __launch_bounds__(256) ck_prep_kernel(cu_gdn_ar
         }
         __syncthreads();
     }
+    CK_MARK(4);
     /* Am <- T diag(beta e^g) (A is no longer needed), T <- T diag(beta) */
     for (int idx = tid; idx < CK_CH * CK_CH; idx += nt) {
         int r = idx / CK_CH, s = idx % CK_CH;
@@ -199,6 +220,7 @@ template <int P> __global__ void __launch_bounds__(256) ck_prep_kernel(cu_gdn_ar
     }
     __pipeline_wait_prior(0); /* V */
     __syncthreads();
+    CK_MARK(5);
     /* W = (T diag(beta e^g)) K: 4 x dk/16 tiles; U = (T diag(beta)) V: 4 x dv/16 tiles; a warp takes two
      * column tiles of a row tile at once (tc_mma2), the last alone when their count is odd */
     const int pk = (dk / 16 + 1) / 2, pv = (dv / 16 + 1) / 2;
@@ -220,6 +242,8 @@ template <int P> __global__ void __launch_bounds__(256) ck_prep_kernel(cu_gdn_ar
         }
         wmma::store_matrix_sync(dst, a0, cols, wmma::mem_row_major);
     }
+    CK_MARK(6);
+    CK_PROF_OUT(0);
 }
 
 /* shared memory of state in floats: S [dk][DT + 4], D and O [64][DT + 4] */
@@ -363,6 +387,7 @@ template <int P> __global__ void __launch_bounds__(256) ck_state_stage_kernel(cu
     const size_t stride = ck_stride(dk, dv);
     const int mt_k = dk / 16;
     const float *base = (const float *)a.chunk_scr + ((size_t)k * a.Hv + h) * stride;
+    CK_PROF_DECL(a.chunk_prof && blockIdx.x == 0 && h == 0 && tid == 0);
     /* group A of chunk 0 (W, Qg, U's columns), then group B (QK, Kf) */
     ck_stage(Wb, KLD, base, CK_CH, dk, tid, nt);
     ck_stage(Qb, KLD, base + CK_CH * dk, CK_CH, dk, tid, nt);
@@ -379,6 +404,7 @@ template <int P> __global__ void __launch_bounds__(256) ck_state_stage_kernel(cu
         float egl = U[CK_CH * dv + CK_CH * CK_CH];
         __pipeline_wait_prior(1); /* this chunk's group A */
         __syncthreads();
+        CK_MARK(0);
         /* D = U - W S, Qg S into Os: a warp per row tile, both column tiles at once (tc_mma2) */
         for (int t = warp; t < 8; t += nw) {
             int mi = t & 3;
@@ -400,6 +426,7 @@ template <int P> __global__ void __launch_bounds__(256) ck_state_stage_kernel(cu
             }
         }
         __syncthreads();
+        CK_MARK(1);
         if (nxt) { /* the next chunk's group A over this one's W, Qg and U, read by now */
             ck_stage(Wb, KLD, nxt, CK_CH, dk, tid, nt);
             ck_stage(Qb, KLD, nxt + CK_CH * dk, CK_CH, dk, tid, nt);
@@ -408,6 +435,7 @@ template <int P> __global__ void __launch_bounds__(256) ck_state_stage_kernel(cu
         __pipeline_commit();
         __pipeline_wait_prior(1); /* this chunk's group B */
         __syncthreads();
+        CK_MARK(2);
         /* O += QK D; S <- e^(g_L) S + Kf^T D: row tiles of O and of S, both column tiles at once */
         for (int t = warp; t < 4 + mt_k; t += nw) {
             tc_facc a0, a1;
@@ -432,6 +460,7 @@ template <int P> __global__ void __launch_bounds__(256) ck_state_stage_kernel(cu
             }
         }
         __syncthreads();
+        CK_MARK(3);
         if (nxt) { /* the next chunk's group B over this one's QK and Kf */
             ck_stage(QKb, CK_GLD, nxt + 3 * CK_CH * dk + CK_CH * dv, CK_CH, CK_CH, tid, nt);
             ck_stage(Kb, KLD, nxt + 2 * CK_CH * dk, CK_CH, dk, tid, nt);
@@ -442,7 +471,10 @@ template <int P> __global__ void __launch_bounds__(256) ck_state_stage_kernel(cu
             if (j0 + jj < dv)
                 a.o[(size_t)(r0 + c0 + r) * a.Hv * dv + (size_t)h * dv + j0 + jj] = Os[r * VLD + jj];
         }
+        CK_MARK(4);
+        ckp[7]++;
     }
+    CK_PROF_OUT(8);
     __pipeline_wait_prior(0);
     __syncthreads();
     for (int idx = tid; idx < dk * DT; idx += nt) {
