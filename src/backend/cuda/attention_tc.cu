@@ -296,10 +296,14 @@ __device__ __forceinline__ void fh_mma(float (&d)[4], const uint32_t (&a)[4], ui
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+/* P 3: lo hi, hi lo, hi hi; P 1 (CINFER_CUDA_TF32_PASSES=1, a diagnostic of what the split costs): hi hi */
+template <int P>
 __device__ __forceinline__ void fh_mma3(float (&d)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4],
                                         uint32_t bh0, uint32_t bh1, uint32_t bl0, uint32_t bl1) {
-    fh_mma(d, al, bh0, bh1);
-    fh_mma(d, ah, bl0, bl1);
+    if constexpr (P == 3) {
+        fh_mma(d, al, bh0, bh1);
+        fh_mma(d, ah, bl0, bl1);
+    }
     fh_mma(d, ah, bh0, bh1);
 }
 
@@ -327,7 +331,7 @@ template <int HD> constexpr size_t fh_smem_bytes() {
     return (size_t)2 * FA_ROWS * (HD + 8) * 2 + (size_t)FA_BN * (HD + 8) * 4 + (size_t)FA_BN * (HD + 4) * 4;
 }
 
-template <int HD>
+template <int HD, int P>
 __global__ void __launch_bounds__(256, HD >= 128 ? 1 : 2) attn_fh_kernel(cu_attn_args a, int QH) {
     extern __shared__ __align__(16) float fsm[];
     constexpr int LDQ = HD + 8, LDK = HD + 8, LDV = HD + 4, NBT = FA_BN / 8;
@@ -406,7 +410,7 @@ __global__ void __launch_bounds__(256, HD >= 128 ? 1 : 2) attn_fh_kernel(cu_attn
                         uint32_t bh0, bl0, bh1, bl1;
                         h2_split(k0.x, k0.y, bh0, bl0);
                         h2_split(k1.x, k1.y, bh1, bl1);
-                        fh_mma3(part[n], ah, al, bh0, bh1, bl0, bl1);
+                        fh_mma3<P>(part[n], ah, al, bh0, bh1, bl0, bl1);
                     }
                 }
 #pragma unroll
@@ -476,7 +480,7 @@ __global__ void __launch_bounds__(256, HD >= 128 ? 1 : 2) attn_fh_kernel(cu_attn
                         uint32_t bh0, bl0, bh1, bl1;
                         h2_split(v0[n * 8], v0[LDV + n * 8], bh0, bl0);
                         h2_split(v0[8 * LDV + n * 8], v0[9 * LDV + n * 8], bh1, bl1);
-                        fh_mma3(part[n], ah, al, bh0, bh1, bl0, bl1);
+                        fh_mma3<P>(part[n], ah, al, bh0, bh1, bl0, bl1);
                     }
                 }
 #pragma unroll
@@ -531,8 +535,10 @@ template <int HD> static int fa_attr(int optin) {
                                 (int)smem) == cudaSuccess &&
            cudaFuncSetAttribute(attn_fa_kernel<HD, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)smem) == cudaSuccess &&
-           cudaFuncSetAttribute(attn_fh_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smh) ==
-               cudaSuccess;
+           cudaFuncSetAttribute(attn_fh_kernel<HD, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)smh) == cudaSuccess &&
+           cudaFuncSetAttribute(attn_fh_kernel<HD, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)smh) == cudaSuccess;
 }
 
 extern "C" int cu_attn_tc_init(int hd) {
@@ -556,8 +562,10 @@ extern "C" int cu_attn_tc_init(int hd) {
 template <int HD> static void fa_launch(cu_ctx *c, const cu_attn_args *a) {
     int QH = fa_qh(a->Hq, a->Hkv);
     dim3 grid((unsigned)(a->Hq / QH), (unsigned)a->n_tiles);
-    if (a->tc == 2)
-        attn_fh_kernel<HD><<<grid, 256, fh_smem_bytes<HD>(), c->stream>>>(*a, QH);
+    if (a->tc == 2 && cu_tf32_passes() == 1)
+        attn_fh_kernel<HD, 1><<<grid, 256, fh_smem_bytes<HD>(), c->stream>>>(*a, QH);
+    else if (a->tc == 2)
+        attn_fh_kernel<HD, 3><<<grid, 256, fh_smem_bytes<HD>(), c->stream>>>(*a, QH);
     else if (cu_tf32_passes() == 1)
         attn_fa_kernel<HD, 1><<<grid, 256, fa_smem_bytes<HD>(), c->stream>>>(*a, QH);
     else

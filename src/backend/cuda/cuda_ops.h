@@ -241,7 +241,8 @@ size_t cu_gdn_chunk_bytes(int cap, int T, int Hv, int dk, int dv);
 int cu_gdn_chunk_part(cu_ctx *c, const cu_gdn_args *a, int parts);
 /* The tensor-core prefill kernels (DeltaNet and attention) split each f32 operand into TF32 hi + lo and run
  * three MMAs per product (3, the default: f32-accurate); 1: one TF32 rounding (CINFER_CUDA_TF32_PASSES=1, to
- * measure what the split costs: ~4e-4 per product, past the model parity bound) */
+ * measure what the split costs: ~4e-4 per product, past the model parity bound; the fp16 attention then
+ * takes one fp16 rounding) */
 void cu_set_tf32_passes(int passes);
 int cu_tf32_passes(void);
 
