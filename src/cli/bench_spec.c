@@ -208,8 +208,12 @@ static void step_costs(cinfer_model *m, int P, int K, int B, int mv, int with_he
     *dec = best[0] * 1e3, *ver = best[1] * 1e3, *head = best[2] * 1e3;
     /* on cuda the first rounds are where graphs are made (a decode shape is captured at its first step, a
      * verify shape at its second): what a short run pays once per shape */
-    printf("first rounds     decode %.2f, %.2f ms; verify %.2f, %.2f ms (then %.2f / %.2f)\n",
-           first[0][0] * 1e3, first[0][1] * 1e3, first[1][0] * 1e3, first[1][1] * 1e3, *dec, *ver);
+    int gc, gu;
+    ctx_graph_stats(c, &gc, &gu);
+    printf("first rounds     decode %.2f, %.2f ms; verify %.2f, %.2f ms (then %.2f / %.2f); %d graphs "
+           "instantiated, "
+           "%d updated in place\n",
+           first[0][0] * 1e3, first[0][1] * 1e3, first[1][0] * 1e3, first[1][1] * 1e3, *dec, *ver, gc, gu);
     if (cuda) {
         printf("step phases      device ms per step, profiled (eager): decode %d x 1 row | verify %d x %d "
                "rows\n",

@@ -110,6 +110,10 @@ struct cu_ctx *cuda_fwd_stream(cuda_fwd *f) {
     (void)f;
     return NULL;
 }
+void cuda_fwd_graph_stats(const cuda_fwd *f, int *captured, int *updated) {
+    (void)f;
+    *captured = *updated = 0;
+}
 int cuda_fwd_sample(cuda_fwd *f, const cuda_sample *rows, int n, int32_t *ids, float *logprobs, char *err,
                     size_t errlen) {
     (void)f, (void)rows, (void)n, (void)ids, (void)logprobs;
@@ -242,6 +246,10 @@ struct cuda_fwd {
      * run meets once (the shorter windows where an output budget ends) never pay a capture */
     graph_ent seen[16];
     int n_seen;
+    /* CINFER_CUDA_GRAPH_UPDATE=1: a key that differs from a held one only in its attention split (positions
+     * grew past a split boundary) updates that one's graph in place instead of instantiating another */
+    int graph_update;
+    int n_captures, n_updates; /* graphs made: captured + instantiated, captured + updated in place */
     /* CINFER_CUDA_SPEC_FUSE=1: a window's commit is deferred to its slot's next step, whose conv and
      * recurrent kernels replay the kept tokens first (no commit launches, S read and written once a round);
      * spec_rec then holds two record buffers, a window writing the one its slot's pending commit does not
@@ -572,6 +580,8 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * gave 1.60x / 1.49x at batch 1 with graphs + padding + deferred commits against 1.54x / 1.39x eager,
      * every speculation test passing (at first, with windows of varying rows, graphs were slower: 1.55x
      * vs 1.63x) */
+    const char *gu = getenv("CINFER_CUDA_GRAPH_UPDATE");
+    f->graph_update = gu && !strcmp(gu, "1");
     const char *vg = getenv("CINFER_CUDA_VERIFY_GRAPHS");
     f->verify_graphs = !(vg && !strcmp(vg, "0"));
     const char *g = getenv("CINFER_CUDA_GRAPHS"); /* "0": launch every step eagerly (tests compare the two) */
@@ -847,6 +857,11 @@ void cuda_fwd_memory(const cuda_fwd *f, size_t *w, size_t *p, size_t *s) {
 
 struct cu_ctx *cuda_fwd_stream(cuda_fwd *f) {
     return f->cu;
+}
+
+void cuda_fwd_graph_stats(const cuda_fwd *f, int *captured, int *updated) {
+    *captured = f->n_captures;
+    *updated = f->n_updates;
 }
 
 /* ---- the pass ---- */
@@ -1387,6 +1402,32 @@ static int fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, int s
             use_graph = 0;
         }
     }
+    graph_ent *sib = NULL;
+    for (int i = 0; use_graph && !g && f->graph_update && i < f->n_graphs; i++) {
+        const graph_ent *q = &f->graphs[i];
+        if (q->B == NE && q->T == T && q->nl == nl && q->spec == has_spec && q->nochunk == rs.no_chunked &&
+            q->mm == mm)
+            sib = &f->graphs[i];
+    }
+    if (use_graph && sib) {
+        /* the same launches but for the attention's split: captured, then the sibling's graph updated to it
+         */
+        if ((rc = cu_capture_begin(f->cu, err, errlen))) return rc;
+        int rc2 = enqueue(f, &rs, moe_device, err, errlen);
+        void *exec = NULL;
+        rc = cu_capture_end_update(f->cu, rc2 ? NULL : sib->exec, &exec, err, errlen);
+        if (rc2 || rc) {
+            if (exec != sib->exec) cu_graph_destroy(exec);
+            return rc2 ? rc2 : rc;
+        }
+        if (exec != sib->exec)
+            cu_graph_destroy(sib->exec), f->n_captures++;
+        else
+            f->n_updates++;
+        *sib = key;
+        sib->exec = exec;
+        g = sib;
+    }
     if (use_graph) {
         if (!g) {
             int slot = f->n_graphs;
@@ -1410,6 +1451,7 @@ static int fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, int s
             g = &f->graphs[slot];
             *g = key;
             g->exec = exec;
+            f->n_captures++;
         }
         g->used = ++f->graph_clock;
         if ((rc = cu_graph_launch(f->cu, g->exec, err, errlen))) return rc;

@@ -112,6 +112,9 @@ void cuda_fwd_profile(cuda_fwd *f, int on);
 void cuda_fwd_profile_get(cuda_fwd *f, double ms[CP_N], int *calls);
 /* bytes of device memory the weights, KV pool + state slots, and scratch took */
 void cuda_fwd_memory(const cuda_fwd *f, size_t *weights, size_t *pools, size_t *scratch);
+/* graphs made so far: captured and instantiated, captured and updated into a held one
+ * (CINFER_CUDA_GRAPH_UPDATE) */
+void cuda_fwd_graph_stats(const cuda_fwd *f, int *captured, int *updated);
 /* the context's stream handle for roofline probes */
 struct cu_ctx *cuda_fwd_stream(cuda_fwd *f);
 

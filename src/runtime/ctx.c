@@ -536,6 +536,11 @@ int ctx_sync(cinfer_ctx *c, char *err, size_t errlen) {
     return c->cf ? cuda_fwd_sync(c->cf, err, errlen) : 0;
 }
 
+void ctx_graph_stats(const cinfer_ctx *c, int *captured, int *updated) {
+    *captured = *updated = 0;
+    if (c->cf) cuda_fwd_graph_stats(c->cf, captured, updated);
+}
+
 int ctx_profile(cinfer_ctx *c, int on, double *ms, int *calls) {
     if (!c->cf) return -1;
     if (!on) cuda_fwd_profile_get(c->cf, ms, calls);

@@ -34,6 +34,8 @@ int ctx_sync(cinfer_ctx *c, char *err, size_t errlen);
 /* cuda: on 1 starts timing each phase of the forward calls (model/forward_cuda.h: profiling runs them eagerly);
  * on 0 stops and gives the device ms per phase since the start ([CP_N]) and the calls. -1 on the CPU. */
 int ctx_profile(cinfer_ctx *c, int on, double *ms, int *calls);
+/* cuda: CUDA graphs made so far, instantiated / updated in place (model/forward_cuda.h); 0 / 0 on the CPU */
+void ctx_graph_stats(const cinfer_ctx *c, int *captured, int *updated);
 
 /* Blocks an admission may count on: free ones plus those only the prefix cache holds. */
 int ctx_kv_free_blocks(const cinfer_ctx *c);

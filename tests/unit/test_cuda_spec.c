@@ -737,3 +737,62 @@ TEST(cuda_mtp_head_ids_match_argmax) {
     }
     cinfer_model_close(m);
 }
+
+/* CINFER_CUDA_GRAPH_UPDATE=1: a sequence decoding past attention split boundaries (every 64 positions here),
+ * with a verify window every third step, gives from graphs updated in place the logits of eager launches bit
+ * for bit; the updates happen. */
+TEST(cuda_graph_update_matches_eager) {
+    if (no_device()) SKIP("no CUDA device: skipped");
+    cinfer_model *m = open_fixture("qwen35_dense");
+    REQUIRE(m);
+    cinfer_model_info info;
+    cinfer_model_get_info(m, &info);
+    int V = info.vocab_size, P = 10, N = 150, W = 4;
+    char err[512];
+    cinfer_ctx *c[2];
+    setenv("CINFER_CUDA_GRAPH_UPDATE", "1", 1);
+    setenv("CINFER_CUDA_VERIFY_GRAPHS", "1", 1);
+    c[0] = cuda_ctx(m, 1, 256, 64, W, 0);
+    unsetenv("CINFER_CUDA_GRAPH_UPDATE");
+    setenv("CINFER_CUDA_GRAPHS", "0", 1);
+    c[1] = cuda_ctx(m, 1, 256, 64, W, 0);
+    unsetenv("CINFER_CUDA_GRAPHS");
+    unsetenv("CINFER_CUDA_VERIFY_GRAPHS");
+    REQUIRE(c[0] && c[1]);
+    float *lg[2];
+    int32_t x[256], win[8];
+    for (int i = 0; i < P; i++) x[i] = (int32_t)((i * 29 + 3) % V);
+    int s[2];
+    for (int d = 0; d < 2; d++) {
+        lg[d] = malloc(sizeof(float) * (size_t)W * V);
+        s[d] = cinfer_seq_open(c[d], err, sizeof err);
+        cinfer_batch_entry pe = {s[d], x, P, 0, 0, NULL};
+        REQUIRE(cinfer_forward(c[d], &pe, 1, lg[d], err, sizeof err) == 0);
+    }
+    int bad = 0, n = P;
+    x[n] = argmax(lg[1], V);
+    for (int st = 0; st < N && n + W < 256; st++) {
+        int rows = st % 3 == 2 ? W : 1;
+        for (int j = 0; j < W; j++) win[j] = (x[n] + 7 * j) % V;
+        for (int d = 0; d < 2; d++) {
+            cinfer_batch_entry be = {s[d], rows > 1 ? win : &x[n], rows, rows > 1, rows > 1, NULL};
+            REQUIRE(cinfer_forward(c[d], &be, 1, lg[d], err, sizeof err) == 0);
+            if (rows > 1) REQUIRE(cinfer_seq_commit(c[d], s[d], 1, err, sizeof err) == 0);
+        }
+        bad += memcmp(lg[0], lg[1], sizeof(float) * (size_t)rows * V) != 0;
+        x[n + 1] = argmax(lg[1], V);
+        n++;
+    }
+    int gc, gu;
+    ctx_graph_stats(c[0], &gc, &gu);
+    printf(
+        "     %d steps to position %d: %d differ from eager; %d graphs instantiated, %d updated in place\n",
+        N, n, bad, gc, gu);
+    CHECK_EQ_INT(bad, 0);
+    CHECK_MSG(gu > 0, "no graph was updated in place (%d instantiated)", gc);
+    for (int d = 0; d < 2; d++) {
+        free(lg[d]);
+        cinfer_ctx_destroy(c[d]);
+    }
+    cinfer_model_close(m);
+}

@@ -42,6 +42,8 @@ int cu_check(char *err, size_t errlen);
 /* CUDA graphs over the context's stream: begin capture, end it into an executable graph, replay it. */
 int cu_capture_begin(cu_ctx *c, char *err, size_t errlen);
 int cu_capture_end(cu_ctx *c, void **graph_exec, char *err, size_t errlen);
+/* cu_capture_end that updates `old` in place when the driver accepts the graph for it (*graph_exec == old) */
+int cu_capture_end_update(cu_ctx *c, void *old, void **graph_exec, char *err, size_t errlen);
 int cu_graph_launch(cu_ctx *c, void *graph_exec, char *err, size_t errlen);
 void cu_graph_destroy(void *graph_exec);
 

@@ -157,6 +157,29 @@ extern "C" int cu_capture_end(cu_ctx *c, void **exec, char *err, size_t errlen) 
     *exec = (void *)x;
     return 0;
 }
+/* Ends a capture into *exec, updating `old` in place when the driver accepts the new graph for it
+ * (cudaGraphExecUpdate: the same topology, kernel arguments and launch shapes may differ — far cheaper than
+ * an instantiation); otherwise instantiates a new one. *exec == old tells the caller which happened. */
+extern "C" int cu_capture_end_update(cu_ctx *c, void *old, void **exec, char *err, size_t errlen) {
+    cudaGraph_t g = NULL;
+    cudaError_t e = cudaStreamEndCapture(c->stream, &g);
+    if (e != cudaSuccess) return fail(err, errlen, CU_EIO, "graph capture: %s", cudaGetErrorString(e));
+    if (old) {
+        cudaGraphExecUpdateResultInfo info;
+        if (cudaGraphExecUpdate((cudaGraphExec_t)old, g, &info) == cudaSuccess) {
+            cudaGraphDestroy(g);
+            *exec = old;
+            return 0;
+        }
+        (void)cudaGetLastError(); /* a refused update is not an error: instantiate */
+    }
+    cudaGraphExec_t x = NULL;
+    e = cudaGraphInstantiate(&x, g, 0);
+    cudaGraphDestroy(g);
+    if (e != cudaSuccess) return fail(err, errlen, CU_EIO, "graph instantiate: %s", cudaGetErrorString(e));
+    *exec = (void *)x;
+    return 0;
+}
 extern "C" int cu_graph_launch(cu_ctx *c, void *exec, char *err, size_t errlen) {
     cudaError_t e = cudaGraphLaunch((cudaGraphExec_t)exec, c->stream);
     return e == cudaSuccess ? 0 : fail(err, errlen, CU_EIO, "graph launch: %s", cudaGetErrorString(e));
