@@ -611,6 +611,13 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     if (fz)
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_FUSE=%s: fused decode GEMVs %s\n", fz,
                 f->fuse ? "on" : "off");
+    /* the skinny GEMM on tensor cores (gemm_mma.cu) for decode-sized products: "1" every product of <= 32
+     * rows (the fused decode GEMVs then serve up to 32 rows), "2" the same from 2 rows (one row stays on the
+     * GEMV v3); default off */
+    const char *sk = getenv("CINFER_CUDA_SKINNY");
+    cu_set_skinny(sk ? atoi(sk) : 0);
+    if (sk)
+        fprintf(stderr, "cinfer cuda: CINFER_CUDA_SKINNY=%s: skinny GEMM mode %d\n", sk, cu_skinny_mode());
     /* 1: the tensor-core prefill kernels round operands to TF32 once (~4e-4 per product); default 3 */
     const char *tp = getenv("CINFER_CUDA_TF32_PASSES");
     cu_set_tf32_passes(tp ? atoi(tp) : 3);

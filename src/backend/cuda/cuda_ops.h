@@ -112,6 +112,24 @@ int cu_gemv3_splits(int rows, int K);
  * requested before the current ones' FMAs) at one row of x; 0 (-1 for var) = automatic. The splits change
  * f32 rounding; the others never change a bit. */
 void cu_set_gemv3_config(int ks, int nr, int u, int var);
+/* ---- the skinny GEMM on tensor cores (gemm_mma.cu) ---- */
+/* cu_gemv_fused's interface and fusions for up to 32 rows of x at a time (more in tiles of 32): bf16 weights
+ * as the MMA's A operand, x split into bf16 hi + lo as its B operand (x to ~2^-17: ||dy|| / ||y|| ~ 1e-6),
+ * f32 sums in an order fixed by the shape, so each row's bits are independent of M. Returns -1 as
+ * cu_gemv_fused does for a combination it does not build (K % 8 != 0 among them). */
+int cu_skinny(cu_ctx *c, float *d_y, const float *d_x, const uint16_t *d_w, int M, int N, int K,
+              const float *d_norm_w, float eps, int epi);
+/* CINFER_CUDA_SKINNY: 0 off (default); 1: cu_gemv_fused and cu_gemm (not precise) take cu_skinny for every
+ * M <= 32 (and cu_gemv_fusable says yes up to 32); 2: the same for 2 <= M <= 32 only (one row stays on v3) */
+void cu_set_skinny(int mode);
+int cu_skinny_mode(void);
+/* 1 when the switch routes a product of M rows of width K to cu_skinny */
+int cu_skinny_takes(int M, int K);
+/* K-splits of the skinny kernel for N outputs of width K (a function of the shape only) */
+int cu_skinny_splits(int N, int K);
+/* measurements: weight tiles of 16 rows per warp (1, 2; SwiGLU always 2) and chunks in flight (1, 2, 4);
+ * 0 = automatic. Neither changes a bit. */
+void cu_set_skinny_config(int tr, int u);
 /* Fills n bf16 values with uniform noise of the given std (random weights built on the device). */
 void cu_fill_random_bf16(cu_ctx *c, uint16_t *d, size_t n, float std, uint64_t seed);
 void cu_fill_f32(cu_ctx *c, float *d, size_t n, float v);

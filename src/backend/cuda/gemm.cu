@@ -331,6 +331,10 @@ static void blas(cu_ctx *c, float *y, const uint16_t *xb, const uint16_t *w, int
 extern "C" void cu_gemm(cu_ctx *c, float *y, const float *x, const uint16_t *w, int M, int N, int K,
                         uint16_t *xb, int precise) {
     if (M <= 0 || N <= 0) return;
+    if (!precise && cu_skinny_takes(M, K)) { /* CINFER_CUDA_SKINNY (gemm_mma.cu) */
+        cu_skinny(c, y, x, w, M, N, K, NULL, 0.0f, CU_EPI_STORE);
+        return;
+    }
     /* the vector path reads x rows as float4: K % 8 == 0 keeps them aligned, else the scalar loop runs */
     if (M <= g_gemv_max || precise || !xb) {
         gemv_any(c, y, x, w, M, N, K);

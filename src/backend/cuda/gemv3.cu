@@ -17,11 +17,12 @@
  * in every block, so the same value everywhere) and applies it at the end: y = (Σ w · (x · g)) / rms(x),
  * equal to the CPU's Σ w · ((x / rms) · g) up to f32 rounding. */
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/gemv_fuse.cuh"
 
 #define G3_WARPS 8
 #define G3_MAXR  8 /* weight rows per warp at most (NR outputs, x2 for SwiGLU) */
 
-enum { EPI_STORE = CU_EPI_STORE, EPI_ADD = CU_EPI_ADD, EPI_SWIGLU = CU_EPI_SWIGLU };
+enum { EPI_STORE = GF_STORE, EPI_ADD = GF_ADD, EPI_SWIGLU = GF_SWIGLU };
 
 /* weights are read once per step: streamed past L1 (ld.global.cs). A 256-byte L2 prefetch hint with no L1
  * allocation (ld.global.nc.L1::no_allocate.L2::256B) measured the same or slower on the H200 (call 1 of
@@ -156,22 +157,18 @@ __global__ void __launch_bounds__(W * 32, (MR == 1 ? 3 : 2) * 8 / W)
         if (NORM) {
             float s = rw[ROWS * MR + m];
             for (int q = 1; q < KS; q++) s += red[grp * KS + q][ROWS * MR + m];
-            inv = 1.0f / sqrtf(s / (float)K + eps);
+            inv = gf_rms_inv(s, K, eps);
         }
         float v = rw[o * MR + m];
         for (int q = 1; q < KS; q++) v += red[grp * KS + q][o * MR + m];
         if (NORM) v *= inv;
-        float *out = y + (size_t)m * N + j;
+        float u = 0.0f;
         if (EPI == EPI_SWIGLU) {
-            float u = rw[(NR + o) * MR + m];
+            u = rw[(NR + o) * MR + m];
             for (int q = 1; q < KS; q++) u += red[grp * KS + q][(NR + o) * MR + m];
             if (NORM) u *= inv;
-            *out = dev_silu(v) * u;
-        } else if (EPI == EPI_ADD) {
-            *out += v;
-        } else {
-            *out = v;
         }
+        gf_store<EPI>(y + (size_t)m * N + j, v, u);
     }
 }
 
@@ -199,7 +196,7 @@ extern "C" int cu_gemv3_splits(int rows, int K) {
 }
 
 extern "C" int cu_gemv_fusable(int M, int K) {
-    return M >= 1 && M <= cu_gemv_max() && (K & 7) == 0;
+    return M >= 1 && (M <= cu_gemv_max() || cu_skinny_takes(M, K)) && (K & 7) == 0;
 }
 
 /* ---- launchers ---- */
@@ -300,6 +297,7 @@ extern "C" int cu_gemv_fused(cu_ctx *c, float *y, const float *x, const uint16_t
                              const float *norm_w, float eps, int epi) {
     if ((K & 7) || (norm_w && epi == CU_EPI_ADD) || (!norm_w && epi == CU_EPI_SWIGLU)) return -1;
     if (M <= 0 || N <= 0) return 0;
+    if (cu_skinny_takes(M, K)) return cu_skinny(c, y, x, w, M, N, K, norm_w, eps, epi); /* gemm_mma.cu */
     int KS = cu_gemv3_splits(epi == CU_EPI_SWIGLU ? 2 * N : N, K);
     if (norm_w && epi == CU_EPI_SWIGLU)
         g3_rows<true, EPI_SWIGLU>(c, y, x, w, M, N, K, KS, norm_w, eps);

@@ -1,0 +1,316 @@
+/* gemm_mma.cu — the skinny GEMM on tensor cores (CINFER_CUDA_SKINNY): y[M][N] = x[M][K] · w[N][K]^T for
+ * decode-sized M (up to SK_MAX_M rows at a time; more rows run in tiles of 32 along grid.y), bf16 weights
+ * streamed once, f32 activations, with the decode fusions of the GEMV v3 (gemv3.cu): RMSNorm prologue,
+ * residual epilogue, SwiGLU epilogue — the same interface as cu_gemv_fused.
+ *
+ * Why: the f32 GEMVs do one FMA per weight per row of x, so at 4-8 rows they are ALU-bound (2x slower than
+ * one row on the H200). Here the weights are the A operand of mma.sync m16n8k16 (16 weight rows per fragment)
+ * and the rows of x the B operand (8 per fragment), x split into bf16 hi + lo (x to ~2^-17, two MMAs per
+ * product) — the ALU work left is the split, once per 16 weight rows (32 with two tiles per warp), not once
+ * per weight.
+ *
+ * Layout: a block of 8 warps is RG = 8 / KS row groups x KS K-splits (as v3). K is cut into chunks of 64;
+ * chunk c belongs to split c % KS. In a chunk, lane (g, t) (g = lane / 4, t = lane % 4) reads 16 consecutive
+ * k (32 bytes) at 64c + 16t of weight rows g and g + 8 of each of its tiles (4 lanes cover 128 bytes of a
+ * row), and the same 16 k of x row g of each 8-row tile of x. The MMA sums over its 16 k in whatever order it
+ * has, so the physical k behind the fragment's logical k is ours to choose, as long as A and B agree: k step
+ * s (0..3) of the chunk takes the lane's words 2s (as logical k 2t, 2t + 1) and 2s + 1 (as 2t + 8, 2t + 9).
+ *
+ * Sums: per accumulator, chunks in ascending order, k steps in order, hi then lo MMA; the KS splits in split
+ * order through shared memory. KS depends on (N, K, epilogue) only; the rows of x per launch (MT), the weight
+ * tiles per warp (TR) and the chunks in flight (U) change no sum, and the MMA's columns are independent, so a
+ * row's bits never depend on M. The norm: the sum of squares of the raw x row, per lane in chunk order, the
+ * quad's butterfly, the splits in order; y = (Σ w · (x · g)) / rms(x), as v3. */
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/gemv_fuse.cuh"
+
+#define SK_WARPS 8
+#define SK_MAX_M 32 /* rows of x per launch tile: 4 fragments of 8 */
+
+__device__ __forceinline__ uint4 sk_ld(const uint16_t *p) {
+    return __ldcs(reinterpret_cast<const uint4 *>(p));
+}
+
+/* two f32 as bf16 (round to nearest even), a at the lower k in the low half */
+__device__ __forceinline__ uint32_t sk_pack(float a, float b) {
+    uint32_t r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(b), "f"(a));
+    return r;
+}
+
+__device__ __forceinline__ void sk_mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                       uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t sk_word(const uint4 (&v)[2], int i) { /* word i (0..7) of 16 k */
+    const uint4 &q = v[i >> 2];
+    int c = i & 3;
+    return c == 0 ? q.x : c == 1 ? q.y : c == 2 ? q.z : q.w;
+}
+
+/* MT: 8-row tiles of x per launch tile (1, 2, 4); TR: 16-row weight tiles per warp (SwiGLU: 2, the gate rows
+ * and the up rows of the same outputs); U: chunks in flight per warp */
+template <int MT, int TR, int U, bool NORM, int EPI>
+__global__ void __launch_bounds__(SK_WARPS * 32, MT *TR >= 8 ? 1 : 2)
+    skinny_kernel(float *__restrict__ y, const float *__restrict__ x, const uint16_t *__restrict__ w, int M,
+                  int N, int K, int KS, const float *__restrict__ g, float eps) {
+    static_assert(EPI != GF_SWIGLU || TR == 2, "SwiGLU pairs a gate tile with an up tile");
+    constexpr int MC = MT * 8, R = TR * 16, OUTS = EPI == GF_SWIGLU ? 16 : R;
+    __shared__ float red[SK_WARPS][R][MC];
+    __shared__ float ssr[SK_WARPS][NORM ? MC : 1];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
+    const int RG = SK_WARPS / KS, rg = warp / KS, ks = warp % KS;
+    const int j0 = (blockIdx.x * RG + rg) * OUTS; /* first output of this warp */
+    x += (size_t)blockIdx.y * MC * K;
+    y += (size_t)blockIdx.y * MC * N;
+    const int Mt = M - (int)blockIdx.y * MC < MC ? M - (int)blockIdx.y * MC : MC; /* valid rows of x */
+    const uint16_t *wp[TR][2];
+#pragma unroll
+    for (int r = 0; r < TR; r++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int n = j0 + (EPI == GF_SWIGLU ? 0 : 16 * r) + gq + 8 * h;
+            n = n < N ? n : N - 1; /* rows past N: read row N - 1, never written */
+            wp[r][h] = w + ((size_t)n + (EPI == GF_SWIGLU && r ? (size_t)N : 0)) * K + tq * 16;
+        }
+    float acc[TR][MT][4], ss[MT];
+#pragma unroll
+    for (int j = 0; j < MT; j++) {
+        ss[j] = 0.0f;
+#pragma unroll
+        for (int r = 0; r < TR; r++)
+#pragma unroll
+            for (int q = 0; q < 4; q++) acc[r][j][q] = 0.0f;
+    }
+    const int nch = (K + 63) >> 6, step = U * KS;
+    uint4 wv[U][TR][2][2]; /* [chunk in flight][tile][row g, g + 8][k 0..7, 8..15] */
+    const uint4 z4 = make_uint4(0, 0, 0, 0);
+#define SK_LOAD(u, c)                                                                                        \
+    do {                                                                                                     \
+        int kb_ = (c)*64 + tq * 16;                                                                          \
+        bool ok0_ = (c) < nch && kb_ < K, ok1_ = (c) < nch && kb_ + 8 < K;                                   \
+        _Pragma("unroll") for (int r_ = 0; r_ < TR; r_++) _Pragma("unroll") for (int h_ = 0; h_ < 2; h_++) { \
+            wv[u][r_][h_][0] = ok0_ ? sk_ld(wp[r_][h_] + (size_t)(c)*64) : z4;                               \
+            wv[u][r_][h_][1] = ok1_ ? sk_ld(wp[r_][h_] + (size_t)(c)*64 + 8) : z4;                           \
+        }                                                                                                    \
+    } while (0)
+    /* the weights depend on nothing before this kernel: requested before waiting for the one writing x */
+#pragma unroll
+    for (int u = 0; u < U; u++) SK_LOAD(u, ks + u * KS);
+    griddep_wait();
+    for (int c0 = ks; c0 < nch; c0 += step) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int c = c0 + u * KS;
+            if (c >= nch) break;
+            const int kb = c * 64 + tq * 16;
+            const bool ok0 = kb < K, ok1 = kb + 8 < K;
+            float gv[16];
+            if (NORM) {
+                const float4 *gp = reinterpret_cast<const float4 *>(g + kb);
+                float4 v[4] = {ok0 ? __ldg(gp) : make_float4(0, 0, 0, 0),
+                               ok0 ? __ldg(gp + 1) : make_float4(0, 0, 0, 0),
+                               ok1 ? __ldg(gp + 2) : make_float4(0, 0, 0, 0),
+                               ok1 ? __ldg(gp + 3) : make_float4(0, 0, 0, 0)};
+#pragma unroll
+                for (int q = 0; q < 4; q++)
+                    gv[4 * q] = v[q].x, gv[4 * q + 1] = v[q].y, gv[4 * q + 2] = v[q].z,
+                           gv[4 * q + 3] = v[q].w;
+            }
+#pragma unroll
+            for (int j = 0; j < MT; j++) {
+                const int m = j * 8 + gq;
+                float xv[16];
+                {
+                    const bool on = m < Mt;
+                    const float4 *xp = reinterpret_cast<const float4 *>(x + (size_t)(on ? m : 0) * K + kb);
+                    const float4 zf = make_float4(0, 0, 0, 0);
+                    float4 v[4] = {on && ok0 ? __ldg(xp) : zf, on && ok0 ? __ldg(xp + 1) : zf,
+                                   on && ok1 ? __ldg(xp + 2) : zf, on && ok1 ? __ldg(xp + 3) : zf};
+#pragma unroll
+                    for (int q = 0; q < 4; q++)
+                        xv[4 * q] = v[q].x, xv[4 * q + 1] = v[q].y, xv[4 * q + 2] = v[q].z,
+                               xv[4 * q + 3] = v[q].w;
+                }
+                if (NORM)
+#pragma unroll
+                    for (int q = 0; q < 16; q++) {
+                        ss[j] = fmaf(xv[q], xv[q], ss[j]);
+                        xv[q] *= gv[q];
+                    }
+                uint32_t hi[8], lo[8];
+#pragma unroll
+                for (int p = 0; p < 8; p++) {
+                    uint32_t h = sk_pack(xv[2 * p], xv[2 * p + 1]);
+                    hi[p] = h;
+                    lo[p] = sk_pack(xv[2 * p] - __uint_as_float(h << 16),
+                                    xv[2 * p + 1] - __uint_as_float(h & 0xffff0000u));
+                }
+#pragma unroll
+                for (int s = 0; s < 4; s++)
+#pragma unroll
+                    for (int r = 0; r < TR; r++) {
+                        uint32_t a0 = sk_word(wv[u][r][0], 2 * s), a1 = sk_word(wv[u][r][1], 2 * s);
+                        uint32_t a2 = sk_word(wv[u][r][0], 2 * s + 1), a3 = sk_word(wv[u][r][1], 2 * s + 1);
+                        sk_mma(acc[r][j], a0, a1, a2, a3, hi[2 * s], hi[2 * s + 1]);
+                        sk_mma(acc[r][j], a0, a1, a2, a3, lo[2 * s], lo[2 * s + 1]);
+                    }
+            }
+            /* this slot's next chunk: U - 1 chunks stay in flight while this one is consumed */
+            SK_LOAD(u, c + step);
+        }
+    }
+#undef SK_LOAD
+    griddep_launch();
+    /* C fragment of tile (r, j): lane (g, t) holds weight rows g (0, 1) and g + 8 (2, 3), x rows 2t, 2t + 1
+     */
+#pragma unroll
+    for (int r = 0; r < TR; r++)
+#pragma unroll
+        for (int j = 0; j < MT; j++) {
+            red[warp][16 * r + gq][j * 8 + 2 * tq] = acc[r][j][0];
+            red[warp][16 * r + gq][j * 8 + 2 * tq + 1] = acc[r][j][1];
+            red[warp][16 * r + gq + 8][j * 8 + 2 * tq] = acc[r][j][2];
+            red[warp][16 * r + gq + 8][j * 8 + 2 * tq + 1] = acc[r][j][3];
+        }
+    if (NORM)
+#pragma unroll
+        for (int j = 0; j < MT; j++) {
+            float v = ss[j];
+            v += __shfl_xor_sync(0xffffffffu, v, 1);
+            v += __shfl_xor_sync(0xffffffffu, v, 2);
+            if (tq == 0) ssr[warp][NORM ? j * 8 + gq : 0] = v;
+        }
+    __syncthreads();
+    /* one thread per (x row, output), outputs fastest (coalesced stores); the splits in split order */
+    for (int t = threadIdx.x; t < MC * RG * OUTS; t += blockDim.x) {
+        const int m = t / (RG * OUTS), rest = t % (RG * OUTS), grp = rest / OUTS, o = rest % OUTS;
+        const int n = blockIdx.x * RG * OUTS + rest;
+        if (n >= N || m >= Mt) continue;
+        float v = red[grp * KS][o][m];
+        for (int q = 1; q < KS; q++) v += red[grp * KS + q][o][m];
+        float u = 0.0f;
+        if (EPI == GF_SWIGLU) {
+            u = red[grp * KS][16 + o][m];
+            for (int q = 1; q < KS; q++) u += red[grp * KS + q][16 + o][m];
+        }
+        if (NORM) {
+            float s2 = ssr[grp * KS][NORM ? m : 0];
+            for (int q = 1; q < KS; q++) s2 += ssr[grp * KS + q][NORM ? m : 0];
+            float inv = gf_rms_inv(s2, K, eps);
+            v *= inv, u *= inv;
+        }
+        gf_store<EPI>(y + (size_t)m * N + n, v, u);
+    }
+}
+
+/* ---- configuration ---- */
+
+static int g_mode = 0;        /* 0 off, 1 every M <= SK_MAX_M, 2 only M >= 2 (one row stays on v3) */
+static int g_tr = 0, g_u = 0; /* 0: automatic (cu_set_skinny_config) */
+static int g_nsm = 0;         /* SMs of device 0, read once */
+
+static void sk_init_nsm(void) {
+    if (g_nsm) return;
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&g_nsm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || g_nsm <= 0)
+        g_nsm = 132;
+}
+
+/* (the SM count is read here, before any graph capture) */
+extern "C" void cu_set_skinny(int mode) {
+    g_mode = mode == 1 || mode == 2 ? mode : 0;
+    if (g_mode) sk_init_nsm();
+}
+extern "C" int cu_skinny_mode(void) {
+    return g_mode;
+}
+extern "C" void cu_set_skinny_config(int tr, int u) {
+    g_tr = tr == 1 || tr == 2 ? tr : 0;
+    g_u = u == 1 || u == 2 || u == 4 ? u : 0;
+}
+extern "C" int cu_skinny_takes(int M, int K) {
+    return g_mode && (K & 7) == 0 && M >= (g_mode == 2 ? 2 : 1) && M <= SK_MAX_M;
+}
+
+/* K-splits for N outputs of width K: the fewest (1, 2, 4, 8) that make >= 2048 warps (two blocks of 8 on each
+ * of the H200's 132 SMs, twice over), each split keeping >= 4 chunks of 64. A function of the shape alone
+ * (never of M): the splits fix the order of every sum. */
+extern "C" int cu_skinny_splits(int N, int K) {
+    long tiles = (N + 15) / 16;
+    int nch = (K + 63) / 64, ks = 1;
+    while (ks < 8 && tiles * ks < 2048 && nch / (2 * ks) >= 4) ks *= 2;
+    return ks;
+}
+
+template <int MT, int TR, int U, bool NORM, int EPI>
+static void sk_launch(cu_ctx *c, float *y, const float *x, const uint16_t *w, int M, int N, int K, int KS,
+                      const float *g, float eps) {
+    constexpr int OUTS = EPI == GF_SWIGLU ? 16 : TR * 16;
+    int per_block = SK_WARPS / KS * OUTS;
+    dim3 grid(cdiv((size_t)N, (size_t)per_block), cdiv((size_t)M, (size_t)MT * 8));
+    cu_launch_gemv(c, skinny_kernel<MT, TR, U, NORM, EPI>, grid, dim3(SK_WARPS * 32), y, x, w, M, N, K, KS, g,
+                   eps);
+}
+
+template <int MT, bool NORM, int EPI>
+static void sk_tr(cu_ctx *c, float *y, const float *x, const uint16_t *w, int M, int N, int K, int KS,
+                  const float *g, float eps) {
+    if constexpr (EPI == GF_SWIGLU) {
+        int u = g_u ? g_u : 2;
+        if (u == 1)
+            sk_launch<MT, 2, 1, NORM, GF_SWIGLU>(c, y, x, w, M, N, K, KS, g, eps);
+        else
+            sk_launch<MT, 2, 2, NORM, GF_SWIGLU>(c, y, x, w, M, N, K, KS, g, eps);
+        return;
+    } else {
+        /* two weight tiles per warp halve the x split per MMA; worth it with more rows of x, as long as the
+         * grid still gives every SM two blocks */
+        sk_init_nsm();
+        long blocks2 = ((long)N + 32 * (SK_WARPS / KS) - 1) / (32 * (SK_WARPS / KS));
+        int tr = g_tr ? g_tr : MT >= 2 && blocks2 >= 2 * g_nsm ? 2 : 1;
+        int u = g_u ? g_u : tr == 2 || MT > 1 ? 2 : 4; /* 4 spills past one tile of x */
+        if (tr == 2 && u == 1)
+            sk_launch<MT, 2, 1, NORM, EPI>(c, y, x, w, M, N, K, KS, g, eps);
+        else if (tr == 2)
+            sk_launch<MT, 2, 2, NORM, EPI>(c, y, x, w, M, N, K, KS, g, eps);
+        else if (u == 1)
+            sk_launch<MT, 1, 1, NORM, EPI>(c, y, x, w, M, N, K, KS, g, eps);
+        else if (u == 2)
+            sk_launch<MT, 1, 2, NORM, EPI>(c, y, x, w, M, N, K, KS, g, eps);
+        else
+            sk_launch<MT, 1, 4, NORM, EPI>(c, y, x, w, M, N, K, KS, g, eps);
+    }
+}
+
+template <bool NORM, int EPI>
+static void sk_rows(cu_ctx *c, float *y, const float *x, const uint16_t *w, int M, int N, int K, int KS,
+                    const float *g, float eps) {
+    if (M <= 8)
+        sk_tr<1, NORM, EPI>(c, y, x, w, M, N, K, KS, g, eps);
+    else if (M <= 16)
+        sk_tr<2, NORM, EPI>(c, y, x, w, M, N, K, KS, g, eps);
+    else
+        sk_tr<4, NORM, EPI>(c, y, x, w, M, N, K, KS, g, eps);
+}
+
+extern "C" int cu_skinny(cu_ctx *c, float *y, const float *x, const uint16_t *w, int M, int N, int K,
+                         const float *norm_w, float eps, int epi) {
+    if ((K & 7) || (norm_w && epi == CU_EPI_ADD) || (!norm_w && epi == CU_EPI_SWIGLU)) return -1;
+    if (M <= 0 || N <= 0) return 0;
+    int KS = cu_skinny_splits(N, K);
+    if (norm_w && epi == CU_EPI_SWIGLU)
+        sk_rows<true, GF_SWIGLU>(c, y, x, w, M, N, K, KS, norm_w, eps);
+    else if (norm_w)
+        sk_rows<true, GF_STORE>(c, y, x, w, M, N, K, KS, norm_w, eps);
+    else if (epi == CU_EPI_ADD)
+        sk_rows<false, GF_ADD>(c, y, x, w, M, N, K, KS, NULL, eps);
+    else
+        sk_rows<false, GF_STORE>(c, y, x, w, M, N, K, KS, NULL, eps);
+    return 0;
+}
