@@ -259,6 +259,7 @@ struct cuda_fwd {
     int *rec_par;        /* [n_slots] host: the record buffer of the slot's last window */
     int *h_keep, *h_par; /* [max_tokens] host: per entry of a call, e_keep and e_par */
     unsigned *win_cnt; /* CINFER_CUDA_SPEC_WINFUSED=1: [max_tokens][Hk] counters of the fused verify layer */
+    int win_v2;        /* CINFER_CUDA_SPEC_WINFUSED=2: its second form (cu_gdn_args.win_v2) */
     /* profiling */
     int profile, prof_calls;
     double prof_ms[CP_N];
@@ -669,13 +670,15 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_ATTN_FUSED=%s: fused attention decode %s\n", af,
                 f->attn_cnt ? "on" : "off");
     /* "1": steps of windows and decode tokens only run each DeltaNet layer as one kernel
-     * (cu_gdn_args.win_cnt; the same bits as the five kernels) */
+     * (cu_gdn_args.win_cnt; the same bits as the five kernels); "2": its second form (cu_gdn_args.win_v2) */
     const char *wf = getenv("CINFER_CUDA_SPEC_WINFUSED");
-    if (m->n_lin > 0 && p->spec_window > 0 && wf && !strcmp(wf, "1")) {
+    if (m->n_lin > 0 && p->spec_window > 0 && wf && (!strcmp(wf, "1") || !strcmp(wf, "2"))) {
         size_t wb = (size_t)p->max_tokens * m->Hk * sizeof(unsigned);
         if ((rc = dev_alloc(f, (void **)&f->win_cnt, wb, &f->bytes_scratch, err, errlen))) goto fail;
         cu_memset_async(f->cu, f->win_cnt, wb);
-        fprintf(stderr, "cinfer cuda: CINFER_CUDA_SPEC_WINFUSED=1: fused deltanet verify layers\n");
+        f->win_v2 = wf[0] == '2';
+        fprintf(stderr, "cinfer cuda: CINFER_CUDA_SPEC_WINFUSED=%s: fused deltanet verify layers%s\n", wf,
+                f->win_v2 ? " (second form)" : "");
     }
     /* deferred commits: on by default ("0": the commit kernels at each commit) */
     const char *sf = getenv("CINFER_CUDA_SPEC_FUSE");
@@ -955,7 +958,7 @@ static void deltanet(cuda_fwd *f, const cu_layer *cl, const layer_weights *lw, i
     a.spec_rec = f->spec_rec, a.spec_win = f->p.spec_window, a.has_spec = rs->has_spec;
     a.spec_buf = f->spec_fuse ? spec_buf_floats(f) : 0;
     a.no_chunked = rs->no_chunked, a.dec_cnt = rs->gdn_fused ? f->gdn_cnt : NULL;
-    a.win_cnt = rs->has_spec && rs->no_chunked ? f->win_cnt : NULL;
+    a.win_cnt = rs->has_spec && rs->no_chunked ? f->win_cnt : NULL, a.win_v2 = f->win_v2;
     cu_gdn_layer(f->cu, &a);
     mark(f, CP_GEMM_OUT);
     out_proj(f, cl, T, vd, fz);

@@ -412,7 +412,17 @@ template <int R> __global__ void __launch_bounds__(256) fused_decode_kernel(cu_g
  * path writes them (a decode token's; a window's only when a deferred commit was replayed into it), and the
  * gated norm of every row by the last block of the key head's group (win_cnt, as fused_decode_kernel). The
  * same device code on the same values: the same bits as the unfused path. */
-template <int R> __global__ void __launch_bounds__(256) fused_window_kernel(cu_gdn_args a) {
+/* V2 (cu_gdn_args.win_v2, CINFER_CUDA_SPEC_WINFUSED=2): the same values through the same device code, with
+ * fewer dependent global round trips per block (at batch 1 one block per SM, nothing hides the latency): the
+ * kept tokens' q / k / v / beta / g staged at once before the replay (was a load, a barrier and a load per
+ * token); the conv by a thread per channel walking the tokens (conv_kernel's sliding window, its inputs and
+ * weights loaded once: was a thread per (token, channel), n loads of the window), writing its value channels'
+ * new windows from registers and staging the q / k channels' ones in shared memory for the group's last
+ * block (was a second pass of loads); the gated norms of the group spread over all eight warps (was rr of
+ * them, token after token); registers capped for four blocks per SM, as the decode kernel has (122 -> 64 at
+ * dk 128, 4 bytes spilled): at batch 16 the grid is ~16 blocks per SM. */
+template <int R, bool V2>
+__global__ void __launch_bounds__(256, (V2 && R <= 16) ? 4 : 0) fused_window_kernel(cu_gdn_args a) {
     extern __shared__ float wsm[];
     __shared__ float red[REC_GROUPS][32], fin[32];
     __shared__ int last;
@@ -423,6 +433,7 @@ template <int R> __global__ void __launch_bounds__(256) fused_window_kernel(cu_g
     int ok = j < dv, nv = dv - j0 < 32 ? dv - j0 : 32, keep = a.meta.e_keep ? a.meta.e_keep[e] : 0;
     float *qs = wsm, *ks = qs + (size_t)a.spec_win * dk, *vs = ks + (size_t)a.spec_win * dk;
     float *bgs = vs + (size_t)a.spec_win * 32;
+    float *qkw = bgs + 2 * (size_t)a.spec_win; /* V2: [K-1][2 dk] the q / k channels' new conv windows */
     size_t rf = CU_SPEC_REC(C, Hv);
     const float *prev = a.spec_rec + (size_t)(a.meta.e_par[e] ^ 1) * a.spec_buf +
                         ((size_t)slot * a.n_lin + a.lin) * a.spec_win * rf; /* the kept tokens' records */
@@ -435,7 +446,33 @@ template <int R> __global__ void __launch_bounds__(256) fused_window_kernel(cu_g
         sv[t] = i < dk && ok ? S[(size_t)i * dv] : 0.0f;
     }
     /* the deferred commit first (recurrent_kernel's replay: q / k of each kept token staged in qs / ks) */
-    for (int tt = 0; tt < keep; tt++) {
+    if (V2 && keep > 0) {
+        for (int x = tid; x < keep * 2 * dk; x += blockDim.x) {
+            int tt = x / (2 * dk), idx = x % (2 * dk);
+            const float *post = prev + (size_t)tt * rf + C;
+            if (idx < dk)
+                qs[(size_t)tt * dk + idx] = post[(size_t)kh * dk + idx];
+            else
+                ks[(size_t)tt * dk + idx - dk] = post[kd + (size_t)kh * dk + idx - dk];
+        }
+        for (int x = tid; x < keep * 32; x += blockDim.x) {
+            int tt = x / 32, jv = x % 32;
+            vs[x] =
+                j0 + jv < dv ? prev[(size_t)tt * rf + C + 2 * (size_t)kd + (size_t)h * dv + j0 + jv] : 0.0f;
+        }
+        for (int tt = tid; tt < keep; tt += blockDim.x) {
+            const float *bg = prev + (size_t)tt * rf + 2 * (size_t)C;
+            bgs[2 * tt] = bg[h], bgs[2 * tt + 1] = bg[Hv + h];
+        }
+        __syncthreads();
+        for (int tt = 0; tt < keep; tt++) {
+            float decay = expf(bgs[2 * tt + 1]), beta = bgs[2 * tt];
+            float vj = ok ? vs[tt * 32 + jj] : 0.0f;
+            rec_token<R>(sv, qs + (size_t)tt * dk, ks + (size_t)tt * dk, vj, decay, beta, g, jj, ok, dk, red,
+                         fin, NULL); /* ends on a barrier: the stage is free for the conv below */
+        }
+    }
+    for (int tt = 0; !V2 && tt < keep; tt++) {
         const float *post = prev + (size_t)tt * rf + C, *bg = post + C;
         for (int i = tid; i < dk; i += blockDim.x) {
             qs[i] = post[(size_t)kh * dk + i];
@@ -455,8 +492,65 @@ template <int R> __global__ void __launch_bounds__(256) fused_window_kernel(cu_g
     }
     /* conv + SiLU of token t, channel c: input p (relative to the window's first row) is row r0 + p when
      * p >= 0, else element keep + K-1 + p of [conv state (K-1 rows) | kept pre-conv rows] */
-    int nch = 2 * dk + nv;
-    for (int x = tid; x < n * nch; x += blockDim.x) {
+    int nch = 2 * dk + nv, wr = !spec || keep > 0;
+    for (int idx = tid; V2 && idx < nch; idx += blockDim.x) {
+        int c = idx < dk       ? kh * dk + idx
+                : idx < 2 * dk ? kd + kh * dk + (idx - dk)
+                               : 2 * kd + h * dv + j0 + (idx - 2 * dk);
+        float win[CONV_MAXK], wt[CONV_MAXK]; /* constant indices only: registers */
+#pragma unroll
+        for (int q = 0; q < CONV_MAXK - 1; q++) {
+            float v = 0.0f, w = 0.0f;
+            if (q < K - 1) { /* input q - (K-1): element keep + q of [conv state | kept pre-conv rows] */
+                int b = keep + q;
+                v = b < K - 1 ? cst[(size_t)b * C + c] : prev[(size_t)(b - (K - 1)) * rf + c];
+                w = a.conv_w[(size_t)q * C + c];
+            }
+            win[q] = v, wt[q] = w;
+        }
+        win[CONV_MAXK - 1] = wt[CONV_MAXK - 1] = 0.0f;
+        float wl = a.conv_w[(size_t)(K - 1) * C + c];
+        for (int pass = 0; pass < 2; pass++) {
+            /* pass 0: the tokens; the new window where the unfused path writes one: a window's committed
+             * window (before its tokens), a decode token's advanced one (after) */
+            if (wr && pass == (spec ? 0 : 1)) {
+                if (idx < 2 * dk) {
+#pragma unroll
+                    for (int q = 0; q < CONV_MAXK - 1; q++)
+                        if (q < K - 1) qkw[(size_t)q * 2 * dk + idx] = win[q];
+                } else {
+#pragma unroll
+                    for (int q = 0; q < CONV_MAXK - 1; q++)
+                        if (q < K - 1) cst[(size_t)q * C + c] = win[q];
+                }
+            }
+            for (int t0 = 0; pass == 0 && t0 < n; t0 += 4) {
+                float xv[4];
+#pragma unroll
+                for (int u = 0; u < 4; u++)
+                    xv[u] = t0 + u < n ? a.qkv[(size_t)(r0 + t0 + u) * a.qkv_ld + c] : 0.0f;
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    int t = t0 + u;
+                    if (t >= n) continue;
+                    float y = conv_tap(wt, win, wl, xv[u], K);
+                    if (idx < dk)
+                        qs[(size_t)t * dk + idx] = y;
+                    else if (idx < 2 * dk)
+                        ks[(size_t)t * dk + idx - dk] = y;
+                    else
+                        vs[t * 32 + idx - 2 * dk] = y;
+#pragma unroll
+                    for (int q = 0; q + 1 < CONV_MAXK - 1; q++)
+                        if (q + 1 < K - 1) win[q] = win[q + 1];
+#pragma unroll
+                    for (int q = 0; q < CONV_MAXK - 1; q++)
+                        if (q == K - 2) win[q] = xv[u];
+                }
+            }
+        }
+    }
+    for (int x = tid; !V2 && x < n * nch; x += blockDim.x) {
         int t = x / nch, idx = x % nch;
         int c = idx < dk       ? kh * dk + idx
                 : idx < 2 * dk ? kd + kh * dk + (idx - dk)
@@ -534,8 +628,8 @@ template <int R> __global__ void __launch_bounds__(256) fused_window_kernel(cu_g
     /* the conv windows where the unfused path writes them: a decode token's advanced window, a window's
      * committed one when a deferred commit was replayed; value channels here (no other block reads them), q /
      * k channels by the group's last block (every block of the group has read them by then) */
-    int wr = !spec || keep > 0, p0 = spec ? 0 : n;
-    for (int idx = tid; wr && idx < nv; idx += blockDim.x) {
+    int p0 = spec ? 0 : n;
+    for (int idx = tid; !V2 && wr && idx < nv; idx += blockDim.x) {
         int c = 2 * kd + h * dv + j0 + idx;
         float nw[CONV_MAXK];
         for (int q = 0; q < K - 1; q++) {
@@ -553,7 +647,16 @@ template <int R> __global__ void __launch_bounds__(256) fused_window_kernel(cu_g
     __syncthreads();
     if (!last) return;
     __threadfence();
-    for (int idx = tid; wr && idx < 2 * dk; idx += blockDim.x) {
+    for (int idx = tid; V2 && wr && idx < 2 * dk; idx += blockDim.x) {
+        int c = idx < dk ? kh * dk + idx : kd + kh * dk + (idx - dk);
+        for (int q = 0; q < K - 1; q++) cst[(size_t)q * C + c] = qkw[(size_t)q * 2 * dk + idx];
+    }
+    for (int task = g; V2 && task < n * rr; task += REC_GROUPS) {
+        int t = task / rr, hh = kh * rr + task % rr;
+        float *o = orow + (size_t)t * Hv * dv + (size_t)hh * dv;
+        gnorm_warp<true>(o, o, a.z + (size_t)(r0 + t) * a.z_ld + (size_t)hh * dv, a.gnorm, dv, a.eps, jj);
+    }
+    for (int idx = tid; !V2 && wr && idx < 2 * dk; idx += blockDim.x) {
         int c = idx < dk ? kh * dk + idx : kd + kh * dk + (idx - dk);
         float nw[CONV_MAXK];
         for (int q = 0; q < K - 1; q++) {
@@ -564,7 +667,7 @@ template <int R> __global__ void __launch_bounds__(256) fused_window_kernel(cu_g
         }
         for (int q = 0; q < K - 1; q++) cst[(size_t)q * C + c] = nw[q];
     }
-    for (int t = 0; t < n; t++)
+    for (int t = 0; !V2 && t < n; t++)
         for (int hh = kh * rr + g; hh < (kh + 1) * rr; hh += REC_GROUPS) {
             float *o = orow + (size_t)t * Hv * dv + (size_t)hh * dv;
             gnorm_warp<true>(o, o, a.z + (size_t)(r0 + t) * a.z_ld + (size_t)hh * dv, a.gnorm, dv, a.eps, jj);
@@ -808,17 +911,28 @@ extern "C" void cu_gdn_layer(cu_ctx *c, const cu_gdn_args *a) {
             fused_decode_kernel<32><<<grid, 256, 0, c->stream>>>(*a);
         return;
     }
-    size_t wsm = (size_t)a->spec_win * (2 * (size_t)a->dk + 34) * sizeof(float);
+    /* the stage (spec_win x (2 dk + 34) floats), with V2 the q / k windows ((K-1) x 2 dk) after it */
+    size_t wsm =
+        ((size_t)a->spec_win * (2 * (size_t)a->dk + 34) + (a->win_v2 ? (size_t)(a->K - 1) * 2 * a->dk : 0)) *
+        sizeof(float);
     if (a->win_cnt && a->has_spec && a->no_chunked && 2 * a->dk <= 512 && wsm <= 48 * 1024) {
         dim3 grid(cdiv((size_t)a->dv, 32), (unsigned)a->Hv, (unsigned)a->NE);
+#define WINK(R_)                                                                                             \
+    do {                                                                                                     \
+        if (a->win_v2)                                                                                       \
+            fused_window_kernel<R_, true><<<grid, 256, wsm, c->stream>>>(*a);                                \
+        else                                                                                                 \
+            fused_window_kernel<R_, false><<<grid, 256, wsm, c->stream>>>(*a);                               \
+    } while (0)
         if (a->dk <= 32)
-            fused_window_kernel<4><<<grid, 256, wsm, c->stream>>>(*a);
+            WINK(4);
         else if (a->dk <= 64)
-            fused_window_kernel<8><<<grid, 256, wsm, c->stream>>>(*a);
+            WINK(8);
         else if (a->dk <= 128)
-            fused_window_kernel<16><<<grid, 256, wsm, c->stream>>>(*a);
+            WINK(16);
         else
-            fused_window_kernel<32><<<grid, 256, wsm, c->stream>>>(*a);
+            WINK(32);
+#undef WINK
         return;
     }
     if (a->tc == 2 && !a->no_chunked) {
