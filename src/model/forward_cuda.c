@@ -723,8 +723,8 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * fixture parity, graphs vs eager and the batch of 32; one layer over 4096 rows at the 4B heads 7.97
      * -> 2.01 ms (27B heads 13.4 -> 3.3 ms), "deltanet core" of a 4B 4096-token chunk 202 -> 49 ms, 27B 663
      * -> 169 ms. CINFER_CUDA_GDN_DT: its sequential pass — "stage" (the default: 32 value columns, each
-     * chunk's inputs staged in shared memory one chunk ahead), "16" or "32" (fragments from L2; the same
-     * bits, slower) */
+     * chunk's inputs staged in shared memory one chunk ahead), "il" (that with the runs of K of each
+     * product side by side), "16" or "32" (fragments from L2): all the same bits */
     const char *pf = getenv("CINFER_CUDA_PREFILL");
     const char *pfv = pf ? pf : "tc";
     int one = !strcmp(pfv, "gdn1") || !strcmp(pfv, "tc1");
@@ -745,7 +745,11 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
         f->gdn_tc = 2;
     }
     const char *gdt = getenv("CINFER_CUDA_GDN_DT");
-    f->gdn_chunk_dt = gdt && !strcmp(gdt, "16") ? 16 : gdt && !strcmp(gdt, "32") ? 32 : 0;
+    f->gdn_chunk_dt = !gdt                 ? 0
+                      : !strcmp(gdt, "16") ? 16
+                      : !strcmp(gdt, "32") ? 32
+                      : !strcmp(gdt, "il") ? 1
+                                           : 0;
     const char *me = getenv("CINFER_CUDA_MOE"); /* "grouped": decode experts by cu_gemv_grouped */
     f->moe_grouped = me && !strcmp(me, "grouped");
     /* decode MoE blocks (device_only) as three launches (router + selection, gate_up + SwiGLU, down + combine

@@ -44,6 +44,25 @@ using namespace nvcuda;
 #define CK_CH  64 /* chunk length, = GDN_CHUNK */
 #define CK_GLD (CK_CH + 4)
 
+/* the products of prep and of the staged pass: tc_mma / tc_mma2, or (IL, CINFER_CUDA_GDN_DT=il) tc_mmaq with
+ * up to Q runs of 32 of K side by side — the same bits */
+template <int P, int Q, bool IL, class LA, class LB>
+__device__ __forceinline__ void ck_mm1(tc_facc &a0, const float *A, int lda, const float *B, int ldb, int K,
+                                       bool neg = false) {
+    if constexpr (IL)
+        tc_mmaq<P, Q, false, LA, LB>(a0, a0, A, lda, B, B, ldb, K, neg);
+    else
+        tc_mma<P, LA, LB>(a0, A, lda, B, ldb, K, neg);
+}
+template <int P, int Q, bool IL, class LA, class LB>
+__device__ __forceinline__ void ck_mm2(tc_facc &a0, tc_facc &a1, const float *A, int lda, const float *B0,
+                                       const float *B1, int ldb, int K, bool neg = false) {
+    if constexpr (IL)
+        tc_mmaq<P, Q, true, LA, LB>(a0, a1, A, lda, B0, B1, ldb, K, neg);
+    else
+        tc_mma2<P, LA, LB>(a0, a1, A, lda, B0, B1, ldb, K, neg);
+}
+
 /* floats of one (chunk, value head) in the scratch: W, Qg, Kf [64][dk], U [64][dv], QK [64][64], e^(g_L)
  * (padded to 8 floats: every array starts on 32 bytes, as WMMA loads want) */
 static __host__ __device__ size_t ck_stride(int dk, int dv) {
@@ -87,7 +106,7 @@ static size_t ck_prep_smem_floats(int dk, int dv) {
            4 * CK_CH;
 }
 
-template <int P> __global__ void __launch_bounds__(256) ck_prep_kernel(cu_gdn_args a) {
+template <int P, bool IL> __global__ void __launch_bounds__(256) ck_prep_kernel(cu_gdn_args a) {
     extern __shared__ __align__(128) float smp[];
     const int *tab = ck_table(a);
     int k = blockIdx.x, h = blockIdx.y;
@@ -147,8 +166,9 @@ template <int P> __global__ void __launch_bounds__(256) ck_prep_kernel(cu_gdn_ar
         int ni = u - mi * (mi + 1) / 2;
         tc_facc acc;
         wmma::fill_fragment(acc, 0.0f);
-        tc_mma<P, wmma::row_major, wmma::col_major>(acc, (which ? Xs + mi * 16 * XLD : Ks + mi * 16 * KLD),
-                                                    which ? XLD : KLD, Ks + ni * 16 * KLD, KLD, dk);
+        ck_mm1<P, 4, IL, wmma::row_major, wmma::col_major>(acc,
+                                                           (which ? Xs + mi * 16 * XLD : Ks + mi * 16 * KLD),
+                                                           which ? XLD : KLD, Ks + ni * 16 * KLD, KLD, dk);
         wmma::store_matrix_sync((which ? Tm : Am) + mi * 16 * CK_GLD + ni * 16, acc, CK_GLD,
                                 wmma::mem_row_major);
     }
@@ -234,11 +254,11 @@ template <int P> __global__ void __launch_bounds__(256) ck_prep_kernel(cu_gdn_ar
         wmma::fill_fragment(a0, 0.0f);
         if ((ni + 1) * 16 < cols) { /* tile ni + 1 exists */
             wmma::fill_fragment(a1, 0.0f);
-            tc_mma2<P, wmma::row_major, wmma::row_major>(a0, a1, Aop, CK_GLD, Bop + ni * 16,
-                                                         Bop + ni * 16 + 16, ldb, CK_CH);
+            ck_mm2<P, 2, IL, wmma::row_major, wmma::row_major>(a0, a1, Aop, CK_GLD, Bop + ni * 16,
+                                                               Bop + ni * 16 + 16, ldb, CK_CH);
             wmma::store_matrix_sync(dst + 16, a1, cols, wmma::mem_row_major);
         } else {
-            tc_mma<P, wmma::row_major, wmma::row_major>(a0, Aop, CK_GLD, Bop + ni * 16, ldb, CK_CH);
+            ck_mm1<P, 2, IL, wmma::row_major, wmma::row_major>(a0, Aop, CK_GLD, Bop + ni * 16, ldb, CK_CH);
         }
         wmma::store_matrix_sync(dst, a0, cols, wmma::mem_row_major);
     }
@@ -365,7 +385,7 @@ static __device__ __forceinline__ void ck_stage_u(float *dst, int ld, const floa
     }
 }
 
-template <int P> __global__ void __launch_bounds__(256) ck_state_stage_kernel(cu_gdn_args a) {
+template <int P, bool IL> __global__ void __launch_bounds__(256) ck_state_stage_kernel(cu_gdn_args a) {
     extern __shared__ __align__(128) float smg[];
     int e = blockIdx.z;
     if (!ck_entry(a, e)) return;
@@ -412,15 +432,15 @@ template <int P> __global__ void __launch_bounds__(256) ck_state_stage_kernel(cu
             if (t < 4) {
                 wmma::load_matrix_sync(a0, Ub + mi * 16 * VLD, VLD, wmma::mem_row_major);
                 wmma::load_matrix_sync(a1, Ub + mi * 16 * VLD + 16, VLD, wmma::mem_row_major);
-                tc_mma2<P, wmma::row_major, wmma::row_major>(a0, a1, Wb + mi * 16 * KLD, KLD, Ss, Ss + 16,
-                                                             VLD, dk, true);
+                ck_mm2<P, 4, IL, wmma::row_major, wmma::row_major>(a0, a1, Wb + mi * 16 * KLD, KLD, Ss,
+                                                                   Ss + 16, VLD, dk, true);
                 wmma::store_matrix_sync(Ds + mi * 16 * VLD, a0, VLD, wmma::mem_row_major);
                 wmma::store_matrix_sync(Ds + mi * 16 * VLD + 16, a1, VLD, wmma::mem_row_major);
             } else {
                 wmma::fill_fragment(a0, 0.0f);
                 wmma::fill_fragment(a1, 0.0f);
-                tc_mma2<P, wmma::row_major, wmma::row_major>(a0, a1, Qb + mi * 16 * KLD, KLD, Ss, Ss + 16,
-                                                             VLD, dk);
+                ck_mm2<P, 4, IL, wmma::row_major, wmma::row_major>(a0, a1, Qb + mi * 16 * KLD, KLD, Ss,
+                                                                   Ss + 16, VLD, dk);
                 wmma::store_matrix_sync(Os + mi * 16 * VLD, a0, VLD, wmma::mem_row_major);
                 wmma::store_matrix_sync(Os + mi * 16 * VLD + 16, a1, VLD, wmma::mem_row_major);
             }
@@ -442,8 +462,8 @@ template <int P> __global__ void __launch_bounds__(256) ck_state_stage_kernel(cu
             if (t < 4) {
                 wmma::load_matrix_sync(a0, Os + t * 16 * VLD, VLD, wmma::mem_row_major);
                 wmma::load_matrix_sync(a1, Os + t * 16 * VLD + 16, VLD, wmma::mem_row_major);
-                tc_mma2<P, wmma::row_major, wmma::row_major>(a0, a1, QKb + t * 16 * CK_GLD, CK_GLD, Ds,
-                                                             Ds + 16, VLD, (t + 1) * 16);
+                ck_mm2<P, 2, IL, wmma::row_major, wmma::row_major>(a0, a1, QKb + t * 16 * CK_GLD, CK_GLD, Ds,
+                                                                   Ds + 16, VLD, (t + 1) * 16);
                 wmma::store_matrix_sync(Os + t * 16 * VLD, a0, VLD, wmma::mem_row_major);
                 wmma::store_matrix_sync(Os + t * 16 * VLD + 16, a1, VLD, wmma::mem_row_major);
             } else {
@@ -453,8 +473,8 @@ template <int P> __global__ void __launch_bounds__(256) ck_state_stage_kernel(cu
 #pragma unroll
                 for (int u = 0; u < a0.num_elements; u++) /* never contracted with tc_mma2's adds */
                     a0.x[u] = __fmul_rn(a0.x[u], egl), a1.x[u] = __fmul_rn(a1.x[u], egl);
-                tc_mma2<P, wmma::col_major, wmma::row_major>(a0, a1, Kb + mi * 16, KLD, Ds, Ds + 16, VLD,
-                                                             CK_CH);
+                ck_mm2<P, 2, IL, wmma::col_major, wmma::row_major>(a0, a1, Kb + mi * 16, KLD, Ds, Ds + 16,
+                                                                   VLD, CK_CH);
                 wmma::store_matrix_sync(Ss + mi * 16 * VLD, a0, VLD, wmma::mem_row_major);
                 wmma::store_matrix_sync(Ss + mi * 16 * VLD + 16, a1, VLD, wmma::mem_row_major);
             }
@@ -494,14 +514,19 @@ extern "C" size_t cu_gdn_chunk_bytes(int cap, int T, int Hv, int dk, int dv) {
 }
 
 template <int P> static int ck_set_smem(int dk, int dv) {
-    int p = (int)(ck_prep_smem_floats(dk, dv) * sizeof(float));
-    return cudaFuncSetAttribute(ck_prep_kernel<P>, cudaFuncAttributeMaxDynamicSharedMemorySize, p) ==
+    int p = (int)(ck_prep_smem_floats(dk, dv) * sizeof(float)),
+        st = (int)(ck_stage_smem_floats(dk) * sizeof(float));
+    return cudaFuncSetAttribute(ck_prep_kernel<P, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, p) ==
                cudaSuccess &&
+           cudaFuncSetAttribute(ck_prep_kernel<P, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, p) ==
+               cudaSuccess &&
+           cudaFuncSetAttribute(ck_state_stage_kernel<P, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                st) == cudaSuccess &&
            cudaFuncSetAttribute(ck_state_kernel<P, 16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)(ck_state_smem_floats(dk, 16) * sizeof(float))) == cudaSuccess &&
            cudaFuncSetAttribute(ck_state_kernel<P, 32>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)(ck_state_smem_floats(dk, 32) * sizeof(float))) == cudaSuccess &&
-           cudaFuncSetAttribute(ck_state_stage_kernel<P>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+           cudaFuncSetAttribute(ck_state_stage_kernel<P, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)(ck_stage_smem_floats(dk) * sizeof(float))) == cudaSuccess;
 }
 
@@ -521,34 +546,41 @@ extern "C" int cu_gdn_chunk_init(int dk, int dv) {
 static int ck_launch(cu_ctx *c, const cu_gdn_args *a, int parts) {
     long bound = (long)a->T / CK_CH + 2L * a->NE; /* an entry of n rows spans at most n / 64 + 2 chunks */
     if (!a->chunk_scr || bound > a->chunk_cap) return 0;
-    int P = cu_tf32_passes() == 1 ? 1 : 3, DT = a->chunk_dt == 16 ? 16 : 32;
+    /* chunk_dt: 0 staged, 1 staged with the runs of K side by side (il), 16 / 32 from L2 */
+    int P = cu_tf32_passes() == 1 ? 1 : 3, staged = a->chunk_dt == 0 || a->chunk_dt == 1,
+        il = a->chunk_dt == 1;
+    int DT = a->chunk_dt == 16 ? 16 : 32;
     size_t sp = ck_prep_smem_floats(a->dk, a->dv) * sizeof(float);
-    size_t ss = a->chunk_dt ? ck_state_smem_floats(a->dk, DT) * sizeof(float)
-                            : ck_stage_smem_floats(a->dk) * sizeof(float);
+    size_t ss = staged ? ck_stage_smem_floats(a->dk) * sizeof(float)
+                       : ck_state_smem_floats(a->dk, DT) * sizeof(float);
     dim3 gp((unsigned)bound, (unsigned)a->Hv), gs(cdiv((size_t)a->dv, DT), (unsigned)a->Hv, (unsigned)a->NE);
+#define CK_PREP(P_, IL_) ck_prep_kernel<P_, IL_><<<gp, 256, sp, c->stream>>>(*a)
+#define CK_STATE(P_)                                                                                         \
+    do {                                                                                                     \
+        if (staged && il)                                                                                    \
+            ck_state_stage_kernel<P_, true><<<gs, 256, ss, c->stream>>>(*a);                                 \
+        else if (staged)                                                                                     \
+            ck_state_stage_kernel<P_, false><<<gs, 256, ss, c->stream>>>(*a);                                \
+        else if (DT == 32)                                                                                   \
+            ck_state_kernel<P_, 32><<<gs, 256, ss, c->stream>>>(*a);                                         \
+        else                                                                                                 \
+            ck_state_kernel<P_, 16><<<gs, 128, ss, c->stream>>>(*a);                                         \
+    } while (0)
     if (parts & 1) {
         ck_plan_kernel<<<1, 32, 0, c->stream>>>(*a);
         if (P == 1)
-            ck_prep_kernel<1><<<gp, 256, sp, c->stream>>>(*a);
+            il ? CK_PREP(1, true) : CK_PREP(1, false);
         else
-            ck_prep_kernel<3><<<gp, 256, sp, c->stream>>>(*a);
+            il ? CK_PREP(3, true) : CK_PREP(3, false);
     }
-    if (!(parts & 2)) return 1;
-    if (P == 1) {
-        if (!a->chunk_dt)
-            ck_state_stage_kernel<1><<<gs, 256, ss, c->stream>>>(*a);
-        else if (DT == 32)
-            ck_state_kernel<1, 32><<<gs, 256, ss, c->stream>>>(*a);
+    if (parts & 2) {
+        if (P == 1)
+            CK_STATE(1);
         else
-            ck_state_kernel<1, 16><<<gs, 128, ss, c->stream>>>(*a);
-    } else {
-        if (!a->chunk_dt)
-            ck_state_stage_kernel<3><<<gs, 256, ss, c->stream>>>(*a);
-        else if (DT == 32)
-            ck_state_kernel<3, 32><<<gs, 256, ss, c->stream>>>(*a);
-        else
-            ck_state_kernel<3, 16><<<gs, 128, ss, c->stream>>>(*a);
+            CK_STATE(3);
     }
+#undef CK_PREP
+#undef CK_STATE
     return 1;
 }
 

@@ -140,4 +140,92 @@ __device__ __forceinline__ void tc_mma2(tc_facc &acc0, tc_facc &acc1, const floa
     }
 }
 
+/* one step of 8 of K for one or two tiles sharing A: p0 += A B0 (and p1 += A B1), the products of mma_tf32x
+ */
+template <int P, bool TWO, class FA, class FB>
+__device__ __forceinline__ void tc_step(tc_facc &p0, tc_facc &p1, FA &fa, FB &f0, FB &f1, bool neg) {
+    using namespace nvcuda;
+    if constexpr (P == 1) {
+#pragma unroll
+        for (int t = 0; t < fa.num_elements; t++) {
+            float v = wmma::__float_to_tf32(fa.x[t]);
+            fa.x[t] = neg ? -v : v;
+        }
+#pragma unroll
+        for (int t = 0; t < f0.num_elements; t++) {
+            f0.x[t] = wmma::__float_to_tf32(f0.x[t]);
+            if (TWO) f1.x[t] = wmma::__float_to_tf32(f1.x[t]);
+        }
+        wmma::mma_sync(p0, fa, f0, p0);
+        if (TWO) wmma::mma_sync(p1, fa, f1, p1);
+    } else {
+        FA al;
+        FB l0, l1;
+#pragma unroll
+        for (int t = 0; t < fa.num_elements; t++) {
+            float v = neg ? -fa.x[t] : fa.x[t], h = wmma::__float_to_tf32(v);
+            fa.x[t] = h;
+            al.x[t] = wmma::__float_to_tf32(v - h);
+        }
+#pragma unroll
+        for (int t = 0; t < f0.num_elements; t++) {
+            float v = f0.x[t], h = wmma::__float_to_tf32(v);
+            f0.x[t] = h;
+            l0.x[t] = wmma::__float_to_tf32(v - h);
+            if (TWO) {
+                v = f1.x[t], h = wmma::__float_to_tf32(v);
+                f1.x[t] = h;
+                l1.x[t] = wmma::__float_to_tf32(v - h);
+            }
+        }
+        wmma::mma_sync(p0, al, f0, p0);
+        if (TWO) wmma::mma_sync(p1, al, f1, p1);
+        wmma::mma_sync(p0, fa, l0, p0);
+        if (TWO) wmma::mma_sync(p1, fa, l1, p1);
+        wmma::mma_sync(p0, fa, f0, p0);
+        if (TWO) wmma::mma_sync(p1, fa, f1, p1);
+    }
+}
+
+/* tc_mma (TWO false: acc0 only) / tc_mma2 (TWO: acc0 and acc1) with the runs of TC_KC of K, up to Q of them
+ * (K <= Q TC_KC), computed side by side: each run's products in its fresh accumulator exactly as there, the
+ * runs joined to the accumulators in the same order, so the same bits; Q independent MMA chains per tile
+ * instead of one, to hide the MMA latency the single chain waits on */
+template <int P, int Q, bool TWO, class LA, class LB>
+__device__ __forceinline__ void tc_mmaq(tc_facc &acc0, tc_facc &acc1, const float *A, int lda,
+                                        const float *B0, const float *B1, int ldb, int K, bool neg = false) {
+    using namespace nvcuda;
+    tc_facc p0[Q], p1[Q];
+#pragma unroll
+    for (int q = 0; q < Q; q++) {
+        wmma::fill_fragment(p0[q], 0.0f);
+        if (TWO) wmma::fill_fragment(p1[q], 0.0f);
+    }
+#pragma unroll
+    for (int kk = 0; kk < TC_KC; kk += 8)
+#pragma unroll
+        for (int q = 0; q < Q; q++) {
+            int k = q * TC_KC + kk;
+            if (k < K) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, LA> fa;
+                wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, LB> f0, f1;
+                const float *pa = std::is_same<LA, wmma::row_major>::value ? A + k : A + (size_t)k * lda;
+                size_t ob = std::is_same<LB, wmma::row_major>::value ? (size_t)k * ldb : (size_t)k;
+                wmma::load_matrix_sync(fa, pa, lda);
+                wmma::load_matrix_sync(f0, B0 + ob, ldb);
+                if (TWO) wmma::load_matrix_sync(f1, B1 + ob, ldb);
+                tc_step<P, TWO>(p0[q], p1[q], fa, f0, f1, neg);
+            }
+        }
+#pragma unroll
+    for (int q = 0; q < Q; q++)
+        if (q * TC_KC < K) {
+#pragma unroll
+            for (int t = 0; t < acc0.num_elements; t++) {
+                acc0.x[t] += p0[q].x[t];
+                if (TWO) acc1.x[t] += p1[q].x[t];
+            }
+        }
+}
+
 #endif
