@@ -243,6 +243,7 @@ static void spec_switches(int fuse, int graphs) {
     setenv("CINFER_CUDA_VERIFY_GRAPHS", graphs ? "1" : "0", 1);
 }
 static void spec_defaults(void) {
+    unsetenv("CINFER_CUDA_SPEC_WINFUSED");
     unsetenv("CINFER_CUDA_SPEC_FUSE");
     unsetenv("CINFER_CUDA_VERIFY_GRAPHS");
     unsetenv("CINFER_SPEC_PAD");
@@ -261,10 +262,14 @@ TEST(cuda_spec_fused_rollback_is_exact) {
         int fuse = v == 4 || v == 5 || (v < 4 && (v & 1)), graphs = v == 4 || v == 5 || (v < 4 && (v >> 1));
         spec_switches(fuse, graphs);
         if (v == 4) setenv("CINFER_CUDA_GDN_FUSED", "1", 1), setenv("CINFER_CUDA_ATTN_FUSED", "1", 1);
-        if (v >= 5) setenv("CINFER_CUDA_SPEC_WINFUSED", "1", 1);
-        printf("     CINFER_CUDA_SPEC_FUSE=%d CINFER_CUDA_VERIFY_GRAPHS=%d%s%s\n", fuse, graphs,
-               v == 4 ? " CINFER_CUDA_GDN_FUSED=1 CINFER_CUDA_ATTN_FUSED=1" : "",
-               v >= 5 ? " CINFER_CUDA_SPEC_WINFUSED=1" : "");
+        /* the fused verify layer: off in v 0-3 (the five kernels), its default form in v 4, the first in 5 /
+         * 6 */
+        if (v != 4) setenv("CINFER_CUDA_SPEC_WINFUSED", v >= 5 ? "1" : "0", 1);
+        printf("     CINFER_CUDA_SPEC_FUSE=%d CINFER_CUDA_VERIFY_GRAPHS=%d%s CINFER_CUDA_SPEC_WINFUSED=%s\n",
+               fuse, graphs, v == 4 ? " CINFER_CUDA_GDN_FUSED=1 CINFER_CUDA_ATTN_FUSED=1" : "",
+               v >= 5   ? "1"
+               : v == 4 ? "default (2)"
+                        : "0");
         rounds_case(m, 3);
         /* the single-round cases too (their state read flushes a deferred commit through the commit kernels)
          */
@@ -453,6 +458,7 @@ static void engine_greedy_case(void) {
 TEST(cuda_spec_engine_greedy_is_exact) {
     if (no_device()) SKIP("no CUDA device: skipped");
     setenv("CINFER_SPEC_PAD", "0", 1);
+    setenv("CINFER_CUDA_SPEC_WINFUSED", "0", 1);
     spec_switches(0, 0);
     engine_greedy_case();
     spec_defaults();
@@ -469,7 +475,8 @@ TEST(cuda_spec_engine_padded_fused_graphs_is_exact) {
     spec_defaults();
 }
 
-/* The same through the fused verify layer (CINFER_CUDA_SPEC_WINFUSED=1), with the other defaults. */
+/* The same through the fused verify layer's first form (CINFER_CUDA_SPEC_WINFUSED=1; the default, 2, runs in
+ * the test above), with the other defaults. */
 TEST(cuda_spec_engine_winfused_is_exact) {
     if (no_device()) SKIP("no CUDA device: skipped");
     setenv("CINFER_CUDA_SPEC_WINFUSED", "1", 1);
