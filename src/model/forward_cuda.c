@@ -613,13 +613,15 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     if (fz)
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_FUSE=%s: fused decode GEMVs %s\n", fz,
                 f->fuse ? "on" : "off");
-    /* the skinny GEMM on tensor cores (gemm_mma.cu) for decode-sized products: "1" every product of <= 32
-     * rows (the fused decode GEMVs then serve up to 32 rows), "2" the same from 2 rows (one row stays on the
-     * GEMV v3); default off */
-    const char *sk = getenv("CINFER_CUDA_SKINNY");
+    /* the skinny GEMM on tensor cores (gemm_mma.cu) for decode-sized products: "1" every product of up to
+     * CINFER_CUDA_SKINNY_MAX rows (default 8, at most 32; the fused decode GEMVs then serve that many), "2"
+     * the same from 2 rows (one row stays on the GEMV v3); default off */
+    const char *sk = getenv("CINFER_CUDA_SKINNY"), *skm = getenv("CINFER_CUDA_SKINNY_MAX");
     cu_set_skinny(sk ? atoi(sk) : 0);
+    cu_set_skinny_max(skm ? atoi(skm) : 0);
     if (sk)
-        fprintf(stderr, "cinfer cuda: CINFER_CUDA_SKINNY=%s: skinny GEMM mode %d\n", sk, cu_skinny_mode());
+        fprintf(stderr, "cinfer cuda: CINFER_CUDA_SKINNY=%s: skinny GEMM mode %d up to %d rows\n", sk,
+                cu_skinny_mode(), cu_skinny_max());
     /* 1: the tensor-core prefill kernels round operands to TF32 once (~4e-4 per product); default 3 */
     const char *tp = getenv("CINFER_CUDA_TF32_PASSES");
     cu_set_tf32_passes(tp ? atoi(tp) : 3);

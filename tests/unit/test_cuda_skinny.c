@@ -166,6 +166,21 @@ TEST(cuda_skinny_vs_cpu) {
                       s->what, M);
             free(yM);
         }
+        /* every configuration (weight tiles per warp, chunks in flight, x requested ahead) at 8 and 32 rows
+         */
+        static const int cfg[][3] = {{1, 1, 0}, {1, 2, 1}, {2, 1, 1}, {2, 2, 0}, {1, 1, 1}, {2, 1, 0}};
+        for (size_t ci = 0; ci < sizeof cfg / sizeof cfg[0]; ci++)
+            for (int M = 8; M <= SK_M; M += SK_M - 8) {
+                cu_set_skinny_config(cfg[ci][0], cfg[ci][1], cfg[ci][2]);
+                float *yc = run(c, s, dx, dw, dg, dy0, M, 0);
+                cu_set_skinny_config(0, 0, -1);
+                REQUIRE(yc != NULL);
+                CHECK_MSG(!memcmp(yc, y32, (size_t)M * N * 4),
+                          "%s: tiles %d, in flight %d, x ahead %d at M = %d: "
+                          "other bits",
+                          s->what, cfg[ci][0], cfg[ci][1], cfg[ci][2], M);
+                free(yc);
+            }
         {
             sshape one = *s;
             float *y5 = run(c, &one, dx + (size_t)5 * K, dw, dg, dy0 + (size_t)5 * N, 1, 0);
@@ -191,9 +206,14 @@ TEST(cuda_skinny_routing) {
     char err[256];
     cu_ctx *c;
     REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
-    int mode0 = cu_skinny_mode();
+    int mode0 = cu_skinny_mode(), max0 = cu_skinny_max();
     cu_set_skinny(0);
     CHECK(!cu_skinny_takes(4, 64) && !cu_gemv_fusable(cu_gemv_max() + 1, 64));
+    cu_set_skinny_max(0);
+    CHECK(cu_skinny_max() == 8);
+    cu_set_skinny(1);
+    CHECK(cu_skinny_takes(8, 64) && !cu_skinny_takes(9, 64));
+    cu_set_skinny_max(32);
     cu_set_skinny(2);
     CHECK(!cu_skinny_takes(1, 64) && cu_skinny_takes(2, 64) && cu_skinny_takes(32, 64));
     cu_set_skinny(1);
@@ -220,14 +240,17 @@ TEST(cuda_skinny_routing) {
             cu_download(pb, dy, (size_t)M * N * 4, err, sizeof err) == 0);
     CHECK_MSG(!memcmp(pa, pb, (size_t)M * N * 4), "cu_gemm under the switch differs from cu_skinny");
     cu_set_skinny(mode0);
+    cu_set_skinny_max(max0);
     free(a), free(b), free(pa), free(pb), free(w), free(x), free(g);
     cu_free(dw), cu_free(dx), cu_free(dg), cu_free(dy);
     cu_ctx_destroy(c);
 }
 
-/* us per product of M rows, weights rotated through copies (> 400 MB: L2 holds 50) */
-static double bench_us(cu_ctx *c, int skinny, const sshape *s, uint16_t **dw, int ncopy, float *dx, float *dy,
-                       const float *dg, int M) {
+/* us per product of M rows, weights rotated through copies (> 400 MB: L2 holds 50). what: 0 v3 (cu_gemv_fused
+ * with the switch off), 1 skinny, 2 cuBLAS on hi + lo (cu_gemm past the GEMV rows: the plain product, without
+ * the norm / epilogue kernels it would need) */
+static double bench_us(cu_ctx *c, int what, const sshape *s, uint16_t **dw, int ncopy, float *dx, float *dy,
+                       const float *dg, int M, uint16_t *xb) {
     cu_timer *t;
     if (cu_timer_create(&t)) return 0;
     int reps = 20;
@@ -236,7 +259,9 @@ static double bench_us(cu_ctx *c, int skinny, const sshape *s, uint16_t **dw, in
         cu_timer_start(c, t);
         for (int i = 0; i < reps; i++) {
             const uint16_t *w = dw[i % ncopy];
-            if (skinny)
+            if (what == 2)
+                cu_gemm(c, dy, dx, w, M, s->epi == CU_EPI_SWIGLU ? 2 * s->N : s->N, s->K, xb, 0);
+            else if (what == 1)
                 cu_skinny(c, dy, dx, w, M, s->N, s->K, s->norm ? dg : NULL, 1e-6f, s->epi);
             else
                 cu_gemv_fused(c, dy, dx, w, M, s->N, s->K, s->norm ? dg : NULL, 1e-6f, s->epi);
@@ -247,9 +272,9 @@ static double bench_us(cu_ctx *c, int skinny, const sshape *s, uint16_t **dw, in
     return us;
 }
 
-/* Prints each real matrix's us and GB/s at M = 1, 4, 8, 16, 32: v3 (cu_gemv_fused with the switch off) and
- * skinny, then skinny's tiles-per-warp x chunks-in-flight sweep at M = 1, 8, 32. CINFER_SKINNY_BENCH=0 skips
- * it. */
+/* Prints each real matrix's us and GB/s at M = 1, 4, 8, 16, 32: v3 (cu_gemv_fused with the switch off),
+ * skinny, and cuBLAS on hi + lo past 8 rows; then skinny's sweep of tiles per warp x chunks in flight x x
+ * requested ahead at every M. CINFER_SKINNY_BENCH=0 skips it. */
 TEST(cuda_skinny_speed) {
     if (NO_DEVICE()) SKIP("no CUDA device: skipped");
     const char *ev = getenv("CINFER_SKINNY_BENCH");
@@ -271,7 +296,7 @@ TEST(cuda_skinny_speed) {
     REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
     int mode0 = cu_skinny_mode();
     static const int Ms[] = {1, 4, 8, 16, 32};
-    double sum[2][5] = {{0}};
+    double sum[3][5] = {{0}};
     for (size_t si = 0; si < sizeof bs / sizeof bs[0]; si++) {
         const sshape *s = &bs[si];
         int N = s->N, K = s->K, rows = s->epi == CU_EPI_SWIGLU ? 2 * N : N;
@@ -283,40 +308,52 @@ TEST(cuda_skinny_speed) {
             REQUIRE(cu_alloc((void **)&dw[i], bytes, err, sizeof err) == 0);
             cu_fill_random_bf16(c, dw[i], nw, 0.02f, 91 + (uint64_t)si * 31 + (uint64_t)i);
         }
-        float *dx, *dy, *dg;
+        float *dx, *dy, *dg, *dt;
+        uint16_t *xb;
         REQUIRE(cu_alloc((void **)&dx, (size_t)32 * K * 4, err, sizeof err) == 0);
-        REQUIRE(cu_alloc((void **)&dy, (size_t)32 * N * 4, err, sizeof err) == 0);
+        REQUIRE(cu_alloc((void **)&dy, (size_t)32 * rows * 4, err, sizeof err) == 0);
         REQUIRE(cu_alloc((void **)&dg, (size_t)K * 4, err, sizeof err) == 0);
+        REQUIRE(cu_alloc((void **)&dt, (size_t)64 * rows * 4, err, sizeof err) == 0);
+        REQUIRE(cu_alloc((void **)&xb, (size_t)64 * K * 2, err, sizeof err) == 0);
+        cu_set_gemm_scratch(c, dt, (size_t)64 * rows); /* the stacked hi / lo product, as the forward has */
         cu_fill_f32(c, dx, (size_t)32 * K, 0.5f);
-        cu_fill_f32(c, dy, (size_t)32 * N, 0.0f);
+        cu_fill_f32(c, dy, (size_t)32 * rows, 0.0f);
         cu_fill_f32(c, dg, (size_t)K, 1.0f);
         double gb = (double)bytes / 1e3;
         printf("     %-22s %6dx%-5d %4d MB splits %d:", s->what, rows, K, (int)(bytes >> 20),
                cu_skinny_splits(N, K));
         cu_set_skinny(0);
         for (int mi = 0; mi < 5; mi++) {
-            double v3 = bench_us(c, 0, s, dw, ncopy, dx, dy, dg, Ms[mi]);
-            double sk = bench_us(c, 1, s, dw, ncopy, dx, dy, dg, Ms[mi]);
+            double v3 = bench_us(c, 0, s, dw, ncopy, dx, dy, dg, Ms[mi], xb);
+            double sk = bench_us(c, 1, s, dw, ncopy, dx, dy, dg, Ms[mi], xb);
             sum[0][mi] += v3, sum[1][mi] += sk;
             printf(" | M=%d v3 %.1f us %.0f GB/s, skinny %.1f %.0f", Ms[mi], v3, gb / v3, sk, gb / sk);
-        }
-        printf("\n       sweep (M: tiles/inflight: us):");
-        static const int tr[] = {1, 1, 1, 2, 2}, u[] = {1, 2, 4, 1, 2};
-        for (int mi = 0; mi < 5; mi += 2)
-            for (int v = 0; v < 5; v++) {
-                if (s->epi == CU_EPI_SWIGLU && tr[v] == 1) continue;
-                cu_set_skinny_config(tr[v], u[v]);
-                printf(" %d:%d/%d:%.1f", Ms[mi], tr[v], u[v],
-                       bench_us(c, 1, s, dw, ncopy, dx, dy, dg, Ms[mi]));
+            if (Ms[mi] > cu_gemv_max()) {
+                double bl = bench_us(c, 2, s, dw, ncopy, dx, dy, dg, Ms[mi], xb);
+                sum[2][mi] += bl;
+                printf(", cuBLAS %.1f", bl);
             }
-        cu_set_skinny_config(0, 0);
+        }
+        printf("\n       sweep (M: tiles/inflight/x ahead: us):");
+        static const int tr[] = {1, 1, 1, 1, 2, 2, 2, 2}, u[] = {1, 1, 2, 2, 1, 1, 2, 2},
+                         xp[] = {0, 1, 0, 1, 0, 1, 0, 1};
+        for (int mi = 0; mi < 5; mi++)
+            for (int v = 0; v < 8; v++) {
+                if ((s->epi == CU_EPI_SWIGLU && tr[v] == 1) || (Ms[mi] > 16 && xp[v])) continue;
+                cu_set_skinny_config(tr[v], u[v], xp[v]);
+                printf(" %d:%d/%d/%d:%.1f", Ms[mi], tr[v], u[v], xp[v],
+                       bench_us(c, 1, s, dw, ncopy, dx, dy, dg, Ms[mi], xb));
+            }
+        cu_set_skinny_config(0, 0, -1);
         printf("\n");
         REQUIRE(cu_sync(c, err, sizeof err) == 0);
+        cu_set_gemm_scratch(c, NULL, 0);
         for (int i = 0; i < ncopy; i++) cu_free(dw[i]);
-        cu_free(dx), cu_free(dy), cu_free(dg);
+        cu_free(dx), cu_free(dy), cu_free(dg), cu_free(dt), cu_free(xb);
     }
-    printf("     summed us (all matrices), v3 / skinny:");
-    for (int mi = 0; mi < 5; mi++) printf(" M=%d %.1f / %.1f", Ms[mi], sum[0][mi], sum[1][mi]);
+    printf("     summed us (all matrices), v3 / skinny / cuBLAS:");
+    for (int mi = 0; mi < 5; mi++)
+        printf(" M=%d %.1f / %.1f / %.1f", Ms[mi], sum[0][mi], sum[1][mi], sum[2][mi]);
     printf("\n");
     cu_set_skinny(mode0);
     cu_ctx_destroy(c);

@@ -120,16 +120,20 @@ void cu_set_gemv3_config(int ks, int nr, int u, int var);
 int cu_skinny(cu_ctx *c, float *d_y, const float *d_x, const uint16_t *d_w, int M, int N, int K,
               const float *d_norm_w, float eps, int epi);
 /* CINFER_CUDA_SKINNY: 0 off (default); 1: cu_gemv_fused and cu_gemm (not precise) take cu_skinny for every
- * M <= 32 (and cu_gemv_fusable says yes up to 32); 2: the same for 2 <= M <= 32 only (one row stays on v3) */
+ * M <= cu_skinny_max() (and cu_gemv_fusable says yes up to it); 2: the same for M >= 2 only (one row stays on
+ * v3). CINFER_CUDA_SKINNY_MAX: that bound, 1..32 (default 8) */
 void cu_set_skinny(int mode);
 int cu_skinny_mode(void);
+void cu_set_skinny_max(int m);
+int cu_skinny_max(void);
 /* 1 when the switch routes a product of M rows of width K to cu_skinny */
 int cu_skinny_takes(int M, int K);
 /* K-splits of the skinny kernel for N outputs of width K (a function of the shape only) */
 int cu_skinny_splits(int N, int K);
-/* measurements: weight tiles of 16 rows per warp (1, 2; SwiGLU always 2) and chunks in flight (1, 2, 4);
- * 0 = automatic. Neither changes a bit. */
-void cu_set_skinny_config(int tr, int u);
+/* measurements: weight tiles of 16 rows per warp (1, 2; SwiGLU always 2), chunks in flight (1, 2) and x
+ * requested with its chunk's weights (1) or when consumed (0; always 0 above 16 rows); 0 / -1 = automatic.
+ * None changes a bit. */
+void cu_set_skinny_config(int tr, int u, int xp);
 /* Fills n bf16 values with uniform noise of the given std (random weights built on the device). */
 void cu_fill_random_bf16(cu_ctx *c, uint16_t *d, size_t n, float std, uint64_t seed);
 void cu_fill_f32(cu_ctx *c, float *d, size_t n, float v);

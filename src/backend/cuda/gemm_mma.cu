@@ -26,6 +26,9 @@
 
 #define SK_WARPS 8
 #define SK_MAX_M 32 /* rows of x per launch tile: 4 fragments of 8 */
+/* rows the switch sends here by default: in the 4B decode bench of call 3 (session 4) batch 16 and 32 ran
+ * slower on this kernel (7.69 / 12.45 ms a step) than on cuBLAS's hi + lo product (5.95 / 7.44) */
+#define SK_DEFAULT_MAX 8
 
 __device__ __forceinline__ uint4 sk_ld(const uint16_t *p) {
     return __ldcs(reinterpret_cast<const uint4 *>(p));
@@ -52,9 +55,46 @@ __device__ __forceinline__ uint32_t sk_word(const uint4 (&v)[2], int i) { /* wor
     return c == 0 ? q.x : c == 1 ? q.y : c == 2 ? q.z : q.w;
 }
 
+/* the chunk's weights: rows g and g + 8 of each tile, k 64c + 16t .. + 15 (zeros past K or past the last
+ * chunk) */
+template <int TR>
+__device__ __forceinline__ void sk_load_w(uint4 (&v)[TR][2][2], const uint16_t *const (&wp)[TR][2], int c,
+                                          int nch, int K, int tq) {
+    const int kb = c * 64 + tq * 16;
+    const bool ok0 = c < nch && kb < K, ok1 = c < nch && kb + 8 < K;
+    const uint4 z = make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int r = 0; r < TR; r++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            v[r][h][0] = ok0 ? sk_ld(wp[r][h] + (size_t)c * 64) : z;
+            v[r][h][1] = ok1 ? sk_ld(wp[r][h] + (size_t)c * 64 + 8) : z;
+        }
+}
+
+/* the chunk's x: row 8j + g (zeros past the launch tile's rows, past K or past the last chunk) */
+template <int MT>
+__device__ __forceinline__ void sk_load_x(float4 (&v)[MT][4], const float *x, int c, int nch, int K, int Mt,
+                                          int gq, int tq) {
+    const int kb = c * 64 + tq * 16;
+    const bool ok0 = c < nch && kb < K, ok1 = c < nch && kb + 8 < K;
+    const float4 z = make_float4(0, 0, 0, 0);
+#pragma unroll
+    for (int j = 0; j < MT; j++) {
+        const int m = j * 8 + gq;
+        const bool on = m < Mt;
+        const float4 *p = reinterpret_cast<const float4 *>(x + (size_t)(on ? m : 0) * K + (ok0 ? kb : 0));
+        v[j][0] = on && ok0 ? __ldg(p) : z;
+        v[j][1] = on && ok0 ? __ldg(p + 1) : z;
+        v[j][2] = on && ok1 ? __ldg(p + 2) : z;
+        v[j][3] = on && ok1 ? __ldg(p + 3) : z;
+    }
+}
+
 /* MT: 8-row tiles of x per launch tile (1, 2, 4); TR: 16-row weight tiles per warp (SwiGLU: 2, the gate rows
- * and the up rows of the same outputs); U: chunks in flight per warp */
-template <int MT, int TR, int U, bool NORM, int EPI>
+ * and the up rows of the same outputs); U: chunks in flight per warp; XP: each chunk's x requested with its
+ * weights, U chunks ahead, rather than when the chunk is consumed */
+template <int MT, int TR, int U, bool XP, bool NORM, int EPI>
 __global__ void __launch_bounds__(SK_WARPS * 32, MT *TR >= 8 ? 1 : 2)
     skinny_kernel(float *__restrict__ y, const float *__restrict__ x, const uint16_t *__restrict__ w, int M,
                   int N, int K, int KS, const float *__restrict__ g, float eps) {
@@ -87,21 +127,15 @@ __global__ void __launch_bounds__(SK_WARPS * 32, MT *TR >= 8 ? 1 : 2)
             for (int q = 0; q < 4; q++) acc[r][j][q] = 0.0f;
     }
     const int nch = (K + 63) >> 6, step = U * KS;
-    uint4 wv[U][TR][2][2]; /* [chunk in flight][tile][row g, g + 8][k 0..7, 8..15] */
-    const uint4 z4 = make_uint4(0, 0, 0, 0);
-#define SK_LOAD(u, c)                                                                                        \
-    do {                                                                                                     \
-        int kb_ = (c)*64 + tq * 16;                                                                          \
-        bool ok0_ = (c) < nch && kb_ < K, ok1_ = (c) < nch && kb_ + 8 < K;                                   \
-        _Pragma("unroll") for (int r_ = 0; r_ < TR; r_++) _Pragma("unroll") for (int h_ = 0; h_ < 2; h_++) { \
-            wv[u][r_][h_][0] = ok0_ ? sk_ld(wp[r_][h_] + (size_t)(c)*64) : z4;                               \
-            wv[u][r_][h_][1] = ok1_ ? sk_ld(wp[r_][h_] + (size_t)(c)*64 + 8) : z4;                           \
-        }                                                                                                    \
-    } while (0)
+    uint4 wv[U][TR][2][2];                 /* [chunk in flight][tile][row g, g + 8][k 0..7, 8..15] */
+    float4 xq[XP ? U : 1][XP ? MT : 1][4]; /* XP: [chunk in flight][8-row tile of x][16 k] */
     /* the weights depend on nothing before this kernel: requested before waiting for the one writing x */
 #pragma unroll
-    for (int u = 0; u < U; u++) SK_LOAD(u, ks + u * KS);
+    for (int u = 0; u < U; u++) sk_load_w<TR>(wv[u], wp, ks + u * KS, nch, K, tq);
     griddep_wait();
+    if constexpr (XP)
+#pragma unroll
+        for (int u = 0; u < U; u++) sk_load_x<MT>(xq[u], x, ks + u * KS, nch, K, Mt, gq, tq);
     for (int c0 = ks; c0 < nch; c0 += step) {
 #pragma unroll
         for (int u = 0; u < U; u++) {
@@ -111,30 +145,24 @@ __global__ void __launch_bounds__(SK_WARPS * 32, MT *TR >= 8 ? 1 : 2)
             const bool ok0 = kb < K, ok1 = kb + 8 < K;
             float gv[16];
             if (NORM) {
-                const float4 *gp = reinterpret_cast<const float4 *>(g + kb);
-                float4 v[4] = {ok0 ? __ldg(gp) : make_float4(0, 0, 0, 0),
-                               ok0 ? __ldg(gp + 1) : make_float4(0, 0, 0, 0),
-                               ok1 ? __ldg(gp + 2) : make_float4(0, 0, 0, 0),
-                               ok1 ? __ldg(gp + 3) : make_float4(0, 0, 0, 0)};
+                const float4 z = make_float4(0, 0, 0, 0);
+                const float4 *gp = reinterpret_cast<const float4 *>(g + (ok0 ? kb : 0));
+                float4 v[4] = {ok0 ? __ldg(gp) : z, ok0 ? __ldg(gp + 1) : z, ok1 ? __ldg(gp + 2) : z,
+                               ok1 ? __ldg(gp + 3) : z};
 #pragma unroll
                 for (int q = 0; q < 4; q++)
                     gv[4 * q] = v[q].x, gv[4 * q + 1] = v[q].y, gv[4 * q + 2] = v[q].z,
                            gv[4 * q + 3] = v[q].w;
             }
+            float4 xl[XP ? 1 : MT][4];
+            if constexpr (!XP) sk_load_x<MT>(xl, x, c, nch, K, Mt, gq, tq);
 #pragma unroll
             for (int j = 0; j < MT; j++) {
-                const int m = j * 8 + gq;
                 float xv[16];
-                {
-                    const bool on = m < Mt;
-                    const float4 *xp = reinterpret_cast<const float4 *>(x + (size_t)(on ? m : 0) * K + kb);
-                    const float4 zf = make_float4(0, 0, 0, 0);
-                    float4 v[4] = {on && ok0 ? __ldg(xp) : zf, on && ok0 ? __ldg(xp + 1) : zf,
-                                   on && ok1 ? __ldg(xp + 2) : zf, on && ok1 ? __ldg(xp + 3) : zf};
 #pragma unroll
-                    for (int q = 0; q < 4; q++)
-                        xv[4 * q] = v[q].x, xv[4 * q + 1] = v[q].y, xv[4 * q + 2] = v[q].z,
-                               xv[4 * q + 3] = v[q].w;
+                for (int q = 0; q < 4; q++) {
+                    const float4 v = XP ? xq[XP ? u : 0][XP ? j : 0][q] : xl[XP ? 0 : j][q];
+                    xv[4 * q] = v.x, xv[4 * q + 1] = v.y, xv[4 * q + 2] = v.z, xv[4 * q + 3] = v.w;
                 }
                 if (NORM)
 #pragma unroll
@@ -150,21 +178,31 @@ __global__ void __launch_bounds__(SK_WARPS * 32, MT *TR >= 8 ? 1 : 2)
                     lo[p] = sk_pack(xv[2 * p] - __uint_as_float(h << 16),
                                     xv[2 * p + 1] - __uint_as_float(h & 0xffff0000u));
                 }
+                /* the chunk's 8 MMAs into a fresh accumulator, added to the running sum in f32 (round to
+                 * nearest): the tensor cores' own accumulation drops low bits at every step, which over a
+                 * whole K = 5120 split reached 1.1e-5 relative (H200 call 3 of session 4) */
+                float part[TR][4];
+#pragma unroll
+                for (int r = 0; r < TR; r++) part[r][0] = part[r][1] = part[r][2] = part[r][3] = 0.0f;
 #pragma unroll
                 for (int s = 0; s < 4; s++)
 #pragma unroll
                     for (int r = 0; r < TR; r++) {
                         uint32_t a0 = sk_word(wv[u][r][0], 2 * s), a1 = sk_word(wv[u][r][1], 2 * s);
                         uint32_t a2 = sk_word(wv[u][r][0], 2 * s + 1), a3 = sk_word(wv[u][r][1], 2 * s + 1);
-                        sk_mma(acc[r][j], a0, a1, a2, a3, hi[2 * s], hi[2 * s + 1]);
-                        sk_mma(acc[r][j], a0, a1, a2, a3, lo[2 * s], lo[2 * s + 1]);
+                        sk_mma(part[r], a0, a1, a2, a3, hi[2 * s], hi[2 * s + 1]);
+                        sk_mma(part[r], a0, a1, a2, a3, lo[2 * s], lo[2 * s + 1]);
                     }
+#pragma unroll
+                for (int r = 0; r < TR; r++)
+#pragma unroll
+                    for (int q = 0; q < 4; q++) acc[r][j][q] += part[r][q];
             }
             /* this slot's next chunk: U - 1 chunks stay in flight while this one is consumed */
-            SK_LOAD(u, c + step);
+            sk_load_w<TR>(wv[u], wp, c + step, nch, K, tq);
+            if constexpr (XP) sk_load_x<MT>(xq[u], x, c + step, nch, K, Mt, gq, tq);
         }
     }
-#undef SK_LOAD
     griddep_launch();
     /* C fragment of tile (r, j): lane (g, t) holds weight rows g (0, 1) and g + 8 (2, 3), x rows 2t, 2t + 1
      */
@@ -210,32 +248,29 @@ __global__ void __launch_bounds__(SK_WARPS * 32, MT *TR >= 8 ? 1 : 2)
 
 /* ---- configuration ---- */
 
-static int g_mode = 0;        /* 0 off, 1 every M <= SK_MAX_M, 2 only M >= 2 (one row stays on v3) */
-static int g_tr = 0, g_u = 0; /* 0: automatic (cu_set_skinny_config) */
-static int g_nsm = 0;         /* SMs of device 0, read once */
+static int g_mode = 0;                   /* 0 off, 1 every M <= g_max, 2 only M >= 2 (one row stays on v3) */
+static int g_max = SK_DEFAULT_MAX;       /* rows up to which the switch takes the skinny kernel */
+static int g_tr = 0, g_u = 0, g_xp = -1; /* 0 / -1: automatic (cu_set_skinny_config) */
 
-static void sk_init_nsm(void) {
-    if (g_nsm) return;
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&g_nsm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || g_nsm <= 0)
-        g_nsm = 132;
-}
-
-/* (the SM count is read here, before any graph capture) */
 extern "C" void cu_set_skinny(int mode) {
     g_mode = mode == 1 || mode == 2 ? mode : 0;
-    if (g_mode) sk_init_nsm();
 }
 extern "C" int cu_skinny_mode(void) {
     return g_mode;
 }
-extern "C" void cu_set_skinny_config(int tr, int u) {
+extern "C" void cu_set_skinny_max(int m) {
+    g_max = m >= 1 && m <= SK_MAX_M ? m : SK_DEFAULT_MAX;
+}
+extern "C" int cu_skinny_max(void) {
+    return g_max;
+}
+extern "C" void cu_set_skinny_config(int tr, int u, int xp) {
     g_tr = tr == 1 || tr == 2 ? tr : 0;
-    g_u = u == 1 || u == 2 || u == 4 ? u : 0;
+    g_u = u == 1 || u == 2 ? u : 0;
+    g_xp = xp == 0 || xp == 1 ? xp : -1;
 }
 extern "C" int cu_skinny_takes(int M, int K) {
-    return g_mode && (K & 7) == 0 && M >= (g_mode == 2 ? 2 : 1) && M <= SK_MAX_M;
+    return g_mode && (K & 7) == 0 && M >= (g_mode == 2 ? 2 : 1) && M <= g_max;
 }
 
 /* K-splits for N outputs of width K: the fewest (1, 2, 4, 8) that make >= 2048 warps (two blocks of 8 on each
@@ -248,43 +283,52 @@ extern "C" int cu_skinny_splits(int N, int K) {
     return ks;
 }
 
-template <int MT, int TR, int U, bool NORM, int EPI>
+template <int MT, int TR, int U, bool XP, bool NORM, int EPI>
 static void sk_launch(cu_ctx *c, float *y, const float *x, const uint16_t *w, int M, int N, int K, int KS,
                       const float *g, float eps) {
     constexpr int OUTS = EPI == GF_SWIGLU ? 16 : TR * 16;
     int per_block = SK_WARPS / KS * OUTS;
     dim3 grid(cdiv((size_t)N, (size_t)per_block), cdiv((size_t)M, (size_t)MT * 8));
-    cu_launch_gemv(c, skinny_kernel<MT, TR, U, NORM, EPI>, grid, dim3(SK_WARPS * 32), y, x, w, M, N, K, KS, g,
-                   eps);
+    cu_launch_gemv(c, skinny_kernel<MT, TR, U, XP, NORM, EPI>, grid, dim3(SK_WARPS * 32), y, x, w, M, N, K,
+                   KS, g, eps);
 }
 
+template <int MT, int TR, bool NORM, int EPI>
+static void sk_ux(cu_ctx *c, float *y, const float *x, const uint16_t *w, int M, int N, int K, int KS,
+                  const float *g, float eps, int u, int xp) {
+    if constexpr (MT == 4) { /* x a chunk ahead would take 64 more registers */
+        if (u == 1)
+            sk_launch<MT, TR, 1, false, NORM, EPI>(c, y, x, w, M, N, K, KS, g, eps);
+        else
+            sk_launch<MT, TR, 2, false, NORM, EPI>(c, y, x, w, M, N, K, KS, g, eps);
+    } else {
+        if (u == 1 && xp)
+            sk_launch<MT, TR, 1, true, NORM, EPI>(c, y, x, w, M, N, K, KS, g, eps);
+        else if (u == 1)
+            sk_launch<MT, TR, 1, false, NORM, EPI>(c, y, x, w, M, N, K, KS, g, eps);
+        else if (xp)
+            sk_launch<MT, TR, 2, true, NORM, EPI>(c, y, x, w, M, N, K, KS, g, eps);
+        else
+            sk_launch<MT, TR, 2, false, NORM, EPI>(c, y, x, w, M, N, K, KS, g, eps);
+    }
+}
+
+/* From the H200 sweep of call 3 (session 4; before x could be requested ahead): one chunk in flight per warp
+ * beat 2 and 4 nearly everywhere (fewer registers, more warps resident), except on the 248320-row lm_head at
+ * one row; two weight tiles per warp won for every matrix of >= 4096 rows and for all at 32 rows of x, one
+ * tile for the 2048 / 2560-row out_proj / down below 32 rows. None of these changes a bit. */
 template <int MT, bool NORM, int EPI>
 static void sk_tr(cu_ctx *c, float *y, const float *x, const uint16_t *w, int M, int N, int K, int KS,
                   const float *g, float eps) {
+    int u = g_u ? g_u : N >= 65536 && MT == 1 ? 2 : 1, xp = g_xp >= 0 ? g_xp : 1;
     if constexpr (EPI == GF_SWIGLU) {
-        int u = g_u ? g_u : 2;
-        if (u == 1)
-            sk_launch<MT, 2, 1, NORM, GF_SWIGLU>(c, y, x, w, M, N, K, KS, g, eps);
-        else
-            sk_launch<MT, 2, 2, NORM, GF_SWIGLU>(c, y, x, w, M, N, K, KS, g, eps);
-        return;
+        sk_ux<MT, 2, NORM, EPI>(c, y, x, w, M, N, K, KS, g, eps, u, xp);
     } else {
-        /* two weight tiles per warp halve the x split per MMA; worth it with more rows of x, as long as the
-         * grid still gives every SM two blocks */
-        sk_init_nsm();
-        long blocks2 = ((long)N + 32 * (SK_WARPS / KS) - 1) / (32 * (SK_WARPS / KS));
-        int tr = g_tr ? g_tr : MT >= 2 && blocks2 >= 2 * g_nsm ? 2 : 1;
-        int u = g_u ? g_u : tr == 2 || MT > 1 ? 2 : 4; /* 4 spills past one tile of x */
-        if (tr == 2 && u == 1)
-            sk_launch<MT, 2, 1, NORM, EPI>(c, y, x, w, M, N, K, KS, g, eps);
-        else if (tr == 2)
-            sk_launch<MT, 2, 2, NORM, EPI>(c, y, x, w, M, N, K, KS, g, eps);
-        else if (u == 1)
-            sk_launch<MT, 1, 1, NORM, EPI>(c, y, x, w, M, N, K, KS, g, eps);
-        else if (u == 2)
-            sk_launch<MT, 1, 2, NORM, EPI>(c, y, x, w, M, N, K, KS, g, eps);
+        int tr = g_tr ? g_tr : N >= 4096 || MT == 4 ? 2 : 1;
+        if (tr == 2)
+            sk_ux<MT, 2, NORM, EPI>(c, y, x, w, M, N, K, KS, g, eps, u, xp);
         else
-            sk_launch<MT, 1, 4, NORM, EPI>(c, y, x, w, M, N, K, KS, g, eps);
+            sk_ux<MT, 1, NORM, EPI>(c, y, x, w, M, N, K, KS, g, eps, u, xp);
     }
 }
 
