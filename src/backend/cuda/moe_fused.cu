@@ -86,7 +86,7 @@ __device__ __forceinline__ void fma_rows(float (&acc)[R], const uint4 (&u)[R][KC
  * block first takes the row's RMSNorm exactly as add_rmsnorm_kernel does (256 threads, the same sums, the
  * same expression) into shared memory, and block 0 writes it to xn for the gate_up kernel: the norm kernel
  * before the MoE block is not launched. */
-template <int NB, int NORM>
+template <int NB, int NORM, int EW>
 __global__ void __launch_bounds__(NORM ? 256 : RT_WARPS * 32)
     mf_route_kernel(const float *__restrict__ x, const uint16_t *__restrict__ wr, float *logits, int *idx,
                     float *wout, unsigned *count, int H, int E, int k, int norm, const float *__restrict__ nw,
@@ -97,6 +97,12 @@ __global__ void __launch_bounds__(NORM ? 256 : RT_WARPS * 32)
     constexpr int WARPS = NORM ? 8 : RT_WARPS;
     const int r = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int e = blockIdx.x * WARPS + warp;
+    /* the weights depend on no kernel: with H in one pass (H <= 256 NB), this warp's router row is requested
+     * before waiting for the kernel that writes x (under PDL, while it still runs) */
+    const bool pre = e < E && H <= 256 * NB;
+    uint4 u[1][NB];
+    const uint16_t *w1[1] = {wr + (size_t)(e < E ? e : 0) * H};
+    if (pre) load_rows<1, NB>(u, w1, H, lane);
     /* programmatic dependent launch (variant 4): wait for the kernel before (the norm that writes x), then
      * let the next one be scheduled (it waits for this one's completion before reading what it writes); both
      * are no-ops otherwise. Launching only after the wait keeps a chain: when a kernel of the three starts,
@@ -123,9 +129,11 @@ __global__ void __launch_bounds__(NORM ? 256 : RT_WARPS * 32)
     }
     if (e < E) {
         float acc[1] = {0.0f};
-        const uint16_t *w1[1] = {wr + (size_t)e * H};
         const float *x1[1] = {xr};
-        dot_rows<1, NB>(acc, w1, x1, H, lane);
+        if (pre)
+            fma_rows<1, NB>(acc, u, x1, H, lane); /* dot_rows' one pass */
+        else
+            dot_rows<1, NB>(acc, w1, x1, H, lane);
         float v = warp_sum(acc[0]);
         if (lane == 0) {
             lg[e] = v;
@@ -141,23 +149,24 @@ __global__ void __launch_bounds__(NORM ? 256 : RT_WARPS * 32)
     if (!last || warp != 0) return;
     if (lane == 0) count[r] = 0; /* ready for the next launch (stream order puts it after this one) */
     __threadfence();
-    /* lane l owns experts l + 32i (i < 32: E <= 1024); logits read from L2, where the other blocks wrote */
-    float p[MF_MAX_E / 32];
+    /* lane l owns experts l + 32i (i < EW: E <= 32 EW, 8 or 32, so E = 256 unrolls 8 steps, not 32); logits
+     * read from L2, where the other blocks wrote */
+    float p[EW];
     float mx = -INFINITY;
 #pragma unroll
-    for (int i = 0; i < MF_MAX_E / 32; i++)
+    for (int i = 0; i < EW; i++)
         if (lane + 32 * i < E) mx = fmaxf(mx, __ldcg(lg + lane + 32 * i));
     mx = warp_max(mx);
     float s = 0.0f;
 #pragma unroll
-    for (int i = 0; i < MF_MAX_E / 32; i++)
+    for (int i = 0; i < EW; i++)
         if (lane + 32 * i < E) {
             p[i] = expf(__ldcg(lg + lane + 32 * i) - mx);
             s += p[i];
         }
     s = warp_sum(s);
 #pragma unroll
-    for (int i = 0; i < MF_MAX_E / 32; i++)
+    for (int i = 0; i < EW; i++)
         if (lane + 32 * i < E) p[i] /= s;
     /* key = (bits(p) + 1) << 32 | ~e: the largest p, ties to the lowest index; 0 for taken experts (p >= 0,
      * so every untaken key is above 0 and a winner always exists while k <= E) */
@@ -167,7 +176,7 @@ __global__ void __launch_bounds__(NORM ? 256 : RT_WARPS * 32)
     for (int j = 0; j < k; j++) {
         unsigned long long best = 0;
 #pragma unroll
-        for (int i = 0; i < MF_MAX_E / 32; i++)
+        for (int i = 0; i < EW; i++)
             if (lane + 32 * i < E && !((taken >> i) & 1u)) {
                 unsigned long long key = ((unsigned long long)(__float_as_uint(p[i]) + 1u) << 32) |
                                          (0xffffffffu - (unsigned)(lane + 32 * i));
@@ -361,9 +370,13 @@ extern "C" void cu_moe_fused_route(cu_ctx *c, const cu_moe_args *a) {
     int warps = nrm ? 8 : RT_WARPS;
     dim3 grid(cdiv((size_t)a->E, (size_t)warps), (unsigned)a->T), block(warps * 32);
     void (*kern)(const float *, const uint16_t *, float *, int *, float *, unsigned *, int, int, int, int,
-                 const float *, float, float *) =
-        nrm ? ((a->variant & 2) ? mf_route_kernel<8, 1> : mf_route_kernel<4, 1>)
-            : ((a->variant & 2) ? mf_route_kernel<8, 0> : mf_route_kernel<4, 0>);
+                 const float *, float, float *);
+    if (a->E <= 256)
+        kern = nrm ? ((a->variant & 2) ? mf_route_kernel<8, 1, 8> : mf_route_kernel<4, 1, 8>)
+                   : ((a->variant & 2) ? mf_route_kernel<8, 0, 8> : mf_route_kernel<4, 0, 8>);
+    else
+        kern = nrm ? ((a->variant & 2) ? mf_route_kernel<8, 1, 32> : mf_route_kernel<4, 1, 32>)
+                   : ((a->variant & 2) ? mf_route_kernel<8, 0, 32> : mf_route_kernel<4, 0, 32>);
     mf_launch(c, pdl, kern, grid, block, a->x, a->router, a->logits, a->idx, a->w, a->count, a->H, a->E, a->k,
               a->norm, a->norm_w, a->eps, a->xn);
 }
