@@ -12,9 +12,10 @@
  *      and once the last pending commits are done (cu_gdn_spec_commit, forward_cuda.c's spec_flush) F's and
  *      U's slots must hold D's states bit for bit — speculative rollback at the kernel level.
  * Also without deferred commits (spec_buf 0: every window committed at once by cu_gdn_spec_commit). Both
- * forms of the kernel (cu_gdn_args.win_v2: CINFER_CUDA_SPEC_WINFUSED=1 / 2) in every case. Shapes:
- * tiny (3 value heads per key head, dv not a multiple of the 32-column block), dk 64, the 4B layer (Hk 16,
- * Hv 32, dk = dv = 128) and the 27B layer (Hk 16, Hv 48). GPU only: skips without a CUDA build or device. */
+ * three forms of the kernel (cu_gdn_args.win_form: CINFER_CUDA_SPEC_WINFUSED=1 / 2 / 3) in every case.
+ * Shapes: tiny (3 value heads per key head, dv not a multiple of the 32-column block), dk 64, the 4B layer
+ * (Hk 16, Hv 32, dk = dv = 128) and the 27B layer (Hk 16, Hv 48). GPU only: skips without a CUDA build or
+ * device. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -141,7 +142,7 @@ typedef struct dstate {
  * the fused verify layer. conv_out and bg start as NaN: *scratch_nan says whether they stayed so (the
  * unfused kernels write them, the fused one never does). Returns o [T][vd] (host), NULL on error. */
 static float *dev_layer(cu_ctx *c, const layer *L, const float *dproj, const went *e, int NE, dstate *s,
-                        size_t spec_buf, unsigned *cnt, int v2, int tc, int *scratch_nan) {
+                        size_t spec_buf, unsigned *cnt, int form, int tc, int *scratch_nan) {
     int T = 0, has_spec = 0, no_chunked = 1;
     for (int i = 0; i < NE; i++) {
         T += e[i].n, has_spec |= e[i].spec;
@@ -164,7 +165,7 @@ static float *dev_layer(cu_ctx *c, const layer *L, const float *dproj, const wen
     g.conv_out = dco, g.bg = dbg, g.o = dout, g.conv_state = s->cst, g.rec_state = s->rst, g.eps = 1e-6f;
     g.tc = tc, g.no_chunked = no_chunked, g.meta = meta;
     g.spec_rec = s->rec, g.spec_win = SPEC_WIN, g.has_spec = has_spec, g.spec_buf = spec_buf;
-    g.win_cnt = cnt, g.win_v2 = v2;
+    g.win_cnt = cnt, g.win_form = form;
     cu_gdn_layer(c, &g);
     float *o = NULL;
     if (cu_sync(c, err, sizeof err)) {
@@ -235,7 +236,7 @@ static int same_slots(const char *what, const layer *L, dstate *x, dstate *ref, 
 /* NE entries (prompt lengths pre[], slots[]), `rounds` rounds; deferred: commits deferred into the slot's
  * next entry (spec_buf = one record buffer, two of them), else done at once after each round. */
 static void spec_case(const char *name, int Hk, int Hv, int dk, int dv, const int *pre, const int *slots,
-                      int NE, int rounds, int deferred, int v2) {
+                      int NE, int rounds, int deferred, int form) {
     char err[256];
     cu_ctx *c;
     REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
@@ -292,7 +293,7 @@ static void spec_case(const char *name, int Hk, int Hv, int dk, int dv, const in
         proj = proj_rows(&L, T), dproj = dup_dev(proj, (size_t)T * L.ld * 4);
         int nan_u = 0, nan_f = 0;
         float *ou = dev_layer(c, &L, dproj, e, NE, &U, spec_buf, NULL, 0, tc, &nan_u);
-        float *of = dev_layer(c, &L, dproj, e, NE, &F, spec_buf, cnt, v2, tc, &nan_f);
+        float *of = dev_layer(c, &L, dproj, e, NE, &F, spec_buf, cnt, form, tc, &nan_f);
         REQUIRE(ou && of);
         CHECK_MSG(!nan_u && nan_f,
                   "%s round %d: the fused verify layer did not run (scratch written: %d / %d)", name, r,
@@ -362,7 +363,7 @@ static void spec_case(const char *name, int Hk, int Hv, int dk, int dv, const in
            "windows, "
            "states), kept rows and final states == decoding them %s; windows of 1..4 without / with a "
            "pending commit:",
-           name, v2 ? 2 : 1, NE, rounds, deferred ? "deferred" : "immediate", ok ? "bitwise" : "NOT bitwise");
+           name, form, NE, rounds, deferred ? "deferred" : "immediate", ok ? "bitwise" : "NOT bitwise");
     for (int n = 1; n <= SPEC_WIN; n++) printf(" %d/%d", cover[n][0], cover[n][1]);
     printf(", decode tokens %d/%d, mixed rounds %d\n", decodes[0], decodes[1], mixed);
     free(hc), free(e), free(pend), free(rpar);
@@ -379,23 +380,23 @@ static const int pre4[] = {70, 5, 130, 1}, slot4[] = {3, 0, 5, 1};
 
 TEST(cuda_fused_spec_tiny) {
     if (cuda_devices() < 1) SKIP("no CUDA device: skipped");
-    for (int v2 = 0; v2 < 2; v2++) spec_case("tiny", 2, 6, 32, 48, pre1, slot1, 1, 10, 1, v2);
-    for (int v2 = 0; v2 < 2; v2++) spec_case("tiny", 2, 6, 32, 48, pre4, slot4, 4, 12, 1, v2);
-    for (int v2 = 0; v2 < 2; v2++) spec_case("tiny", 2, 6, 32, 48, pre4, slot4, 4, 8, 0, v2);
-    for (int v2 = 0; v2 < 2; v2++) spec_case("dk64", 1, 2, 64, 64, pre4, slot4, 4, 8, 1, v2);
+    for (int form = 1; form <= 3; form++) spec_case("tiny", 2, 6, 32, 48, pre1, slot1, 1, 10, 1, form);
+    for (int form = 1; form <= 3; form++) spec_case("tiny", 2, 6, 32, 48, pre4, slot4, 4, 12, 1, form);
+    for (int form = 1; form <= 3; form++) spec_case("tiny", 2, 6, 32, 48, pre4, slot4, 4, 8, 0, form);
+    for (int form = 1; form <= 3; form++) spec_case("dk64", 1, 2, 64, 64, pre4, slot4, 4, 8, 1, form);
 }
 
 TEST(cuda_fused_spec_4b) {
     if (cuda_devices() < 1) SKIP("no CUDA device: skipped");
-    for (int v2 = 0; v2 < 2; v2++) spec_case("4B", 16, 32, 128, 128, pre1, slot1, 1, 8, 1, v2);
-    for (int v2 = 0; v2 < 2; v2++) spec_case("4B", 16, 32, 128, 128, pre4, slot4, 4, 8, 1, v2);
-    for (int v2 = 0; v2 < 2; v2++) spec_case("4B", 16, 32, 128, 128, pre4, slot4, 4, 4, 0, v2);
+    for (int form = 1; form <= 3; form++) spec_case("4B", 16, 32, 128, 128, pre1, slot1, 1, 8, 1, form);
+    for (int form = 1; form <= 3; form++) spec_case("4B", 16, 32, 128, 128, pre4, slot4, 4, 8, 1, form);
+    for (int form = 1; form <= 3; form++) spec_case("4B", 16, 32, 128, 128, pre4, slot4, 4, 4, 0, form);
 }
 
 TEST(cuda_fused_spec_27b) {
     if (cuda_devices() < 1) SKIP("no CUDA device: skipped");
-    for (int v2 = 0; v2 < 2; v2++) spec_case("27B", 16, 48, 128, 128, pre1, slot1, 1, 6, 1, v2);
-    for (int v2 = 0; v2 < 2; v2++) spec_case("27B", 16, 48, 128, 128, pre4, slot4, 4, 8, 1, v2);
+    for (int form = 1; form <= 3; form++) spec_case("27B", 16, 48, 128, 128, pre1, slot1, 1, 6, 1, form);
+    for (int form = 1; form <= 3; form++) spec_case("27B", 16, 48, 128, 128, pre4, slot4, 4, 8, 1, form);
 }
 
 #else
