@@ -141,8 +141,9 @@ typedef struct dstate {
 /* one device layer call (rows of dproj from row `row0` on) on state s; cnt NULL: the unfused kernels, else
  * the fused verify layer. conv_out and bg start as NaN: *scratch_nan says whether they stayed so (the
  * unfused kernels write them, the fused one never does). Returns o [T][vd] (host), NULL on error. */
-static float *dev_layer(cu_ctx *c, const layer *L, const float *dproj, const went *e, int NE, dstate *s,
-                        size_t spec_buf, unsigned *cnt, int form, int tc, int *scratch_nan) {
+static float *dev_layer_timed(cu_ctx *c, const layer *L, const float *dproj, const went *e, int NE, dstate *s,
+                              size_t spec_buf, unsigned *cnt, int form, int tc, int *scratch_nan, int reps,
+                              double *us) {
     int T = 0, has_spec = 0, no_chunked = 1;
     for (int i = 0; i < NE; i++) {
         T += e[i].n, has_spec |= e[i].spec;
@@ -167,6 +168,15 @@ static float *dev_layer(cu_ctx *c, const layer *L, const float *dproj, const wen
     g.spec_rec = s->rec, g.spec_win = SPEC_WIN, g.has_spec = has_spec, g.spec_buf = spec_buf;
     g.win_cnt = cnt, g.win_form = form;
     cu_gdn_layer(c, &g);
+    if (reps > 0) { /* timed: reps more launches on the same inputs (the kernel's cost, printed) */
+        cu_timer *tm = NULL;
+        if (cu_sync(c, err, sizeof err) == 0 && cu_timer_create(&tm) == 0) {
+            cu_timer_start(c, tm);
+            for (int i = 0; i < reps; i++) cu_gdn_layer(c, &g);
+            *us = cu_timer_stop_ms(c, tm) * 1e3 / reps;
+            cu_timer_destroy(tm);
+        }
+    }
     float *o = NULL;
     if (cu_sync(c, err, sizeof err)) {
         test_fail(__FILE__, __LINE__, "cu_gdn_layer: %s", err);
@@ -181,6 +191,11 @@ static float *dev_layer(cu_ctx *c, const layer *L, const float *dproj, const wen
     }
     cu_free(dco), cu_free(dbg), cu_free(dout), cu_free(dm);
     return o;
+}
+
+static float *dev_layer(cu_ctx *c, const layer *L, const float *dproj, const went *e, int NE, dstate *s,
+                        size_t spec_buf, unsigned *cnt, int form, int tc, int *scratch_nan) {
+    return dev_layer_timed(c, L, dproj, e, NE, s, spec_buf, cnt, form, tc, scratch_nan, 0, NULL);
 }
 
 /* a commit done now (forward_cuda.c's spec_flush): keep tokens of the record buffer par replayed */
@@ -397,6 +412,62 @@ TEST(cuda_fused_spec_27b) {
     if (cuda_devices() < 1) SKIP("no CUDA device: skipped");
     for (int form = 1; form <= 3; form++) spec_case("27B", 16, 48, 128, 128, pre1, slot1, 1, 6, 1, form);
     for (int form = 1; form <= 3; form++) spec_case("27B", 16, 48, 128, 128, pre4, slot4, 4, 8, 1, form);
+}
+
+/* The cost of one verify layer at the 4B shape (Hk 16, Hv 32, dk = dv = 128): NE entries, each a window of 4
+ * tokens with a deferred commit of 2 kept tokens pending (the common round at acceptance 0.7), through the
+ * five kernels and the three forms, 200 launches each after one (the states drift from launch to launch,
+ * which changes no cost). Printed, not checked; each form's first launch must give the five kernels' output
+ * bit for bit. */
+static void speed_case(int NE) {
+    char err[256];
+    cu_ctx *c;
+    REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
+    REQUIRE(cu_gdn_init(128));
+    layer L;
+    layer_init(&L, 16, 32, 128, 128);
+    L.n_slots = NE, L.n_lin = 1, L.lin = 0;
+    size_t cs_n = (size_t)L.n_slots * (L.K - 1) * L.C, rs_n = (size_t)L.n_slots * L.Hv * L.dk * L.dv;
+    size_t one_buf = (size_t)L.n_slots * SPEC_WIN * CU_SPEC_REC(L.C, L.Hv), rec_n = 2 * one_buf;
+    float *cst = rnd(cs_n, 1.0f), *rst = rnd(rs_n, 0.05f),
+          *rec = rnd(rec_n, 0.05f); /* small: 400 replays of these records stay finite */
+    went *e = calloc((size_t)NE, sizeof *e);
+    for (int i = 0; i < NE; i++) e[i] = (went){100, SPEC_WIN, i, 1, 2, 0};
+    float *proj = proj_rows(&L, NE * SPEC_WIN), *dproj = dup_dev(proj, (size_t)NE * SPEC_WIN * L.ld * 4);
+    unsigned *cnt = NULL;
+    REQUIRE(cu_alloc((void **)&cnt, (size_t)NE * L.Hk * sizeof(unsigned), err, sizeof err) == 0);
+    double us[4] = {0};
+    float *ref = NULL;
+    for (int form = 0; form <= 3; form++) {
+        dstate s = {dup_dev(cst, cs_n * 4), dup_dev(rst, rs_n * 4), dup_dev(rec, rec_n * 4)};
+        int nan = 0;
+        float *o = dev_layer_timed(c, &L, dproj, e, NE, &s, one_buf, form ? cnt : NULL, form, 0, &nan, 200,
+                                   &us[form]);
+        REQUIRE(o);
+        size_t at = 0;
+        if (!ref)
+            ref = o;
+        else {
+            CHECK_MSG(same_bits(o, ref, (size_t)NE * SPEC_WIN * L.vd, &at),
+                      "speed NE %d form %d: output differs at %zu", NE, form, at);
+            free(o);
+        }
+        cu_free(s.cst), cu_free(s.rst), cu_free(s.rec);
+    }
+    printf(
+        "     4B verify layer, %2d windows of 4 (2 kept pending): five kernels %.1f us, form 1 %.1f, form 2 "
+        "%.1f, form 3 %.1f\n",
+        NE, us[0], us[1], us[2], us[3]);
+    free(ref), free(proj), free(cst), free(rst), free(rec), free(e);
+    cu_free(dproj), cu_free(cnt);
+    layer_free(&L);
+    cu_ctx_destroy(c);
+}
+
+TEST(cuda_fused_spec_speed) {
+    if (cuda_devices() < 1) SKIP("no CUDA device: skipped");
+    speed_case(1);
+    speed_case(16);
 }
 
 #else
