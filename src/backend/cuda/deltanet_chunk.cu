@@ -180,10 +180,22 @@ template <int P, bool IL> __global__ void __launch_bounds__(256) ck_prep_kernel(
         Am[r * CK_GLD + s] = s < r ? bet[r] * d * Am[r * CK_GLD + s] : 0.0f;
         QK[idx] = s <= r ? d * Tm[r * CK_GLD + s] : 0.0f; /* tiles above the diagonal were never written */
     }
-    for (int idx = tid; idx < CK_CH * dk; idx += nt) {
-        int t = idx / dk, i = idx % dk;
-        Qg[idx] = Xs[t * XLD + i] * egam[t];
-        Kf[idx] = Ks[t * KLD + i] * fl[t];
+    if constexpr (IL) { /* four at a time: the same products, a quarter of the stores */
+        for (int idx = tid; idx < CK_CH * (dk / 4); idx += nt) {
+            int t = idx / (dk / 4), i = idx % (dk / 4) * 4;
+            float4 q = *(const float4 *)(Xs + t * XLD + i), kk = *(const float4 *)(Ks + t * KLD + i);
+            float eg = egam[t], f = fl[t];
+            q.x *= eg, q.y *= eg, q.z *= eg, q.w *= eg;
+            kk.x *= f, kk.y *= f, kk.z *= f, kk.w *= f;
+            *(float4 *)(Qg + (size_t)t * dk + i) = q;
+            *(float4 *)(Kf + (size_t)t * dk + i) = kk;
+        }
+    } else {
+        for (int idx = tid; idx < CK_CH * dk; idx += nt) {
+            int t = idx / dk, i = idx % dk;
+            Qg[idx] = Xs[t * XLD + i] * egam[t];
+            Kf[idx] = Ks[t * KLD + i] * fl[t];
+        }
     }
     __syncthreads();
     CK_MARK(3);
@@ -191,11 +203,25 @@ template <int P, bool IL> __global__ void __launch_bounds__(256) ck_prep_kernel(
      * the rest zero the blocks above the diagonal and bring V in over Q (read by the Q K^T products above) */
     if (tid < 64) {
         int base = (tid >> 4) * 16, c = tid & 15;
-        for (int r = 0; r < 16; r++) {
-            float v = r == c ? 1.0f : 0.0f;
-            for (int s = c; s < r; s++)
-                v = fmaf(-Am[(base + r) * CK_GLD + base + s], Tm[(base + s) * CK_GLD + base + c], v);
-            Tm[(base + r) * CK_GLD + base + c] = v;
+        if constexpr (IL) { /* the column in registers (unrolled): the same fmaf chain without the stores and
+                               loads of T between its steps */
+            float tc[16];
+#pragma unroll
+            for (int r = 0; r < 16; r++) {
+                float v = r == c ? 1.0f : 0.0f;
+#pragma unroll
+                for (int s = 0; s < r; s++)
+                    if (s >= c) v = fmaf(-Am[(base + r) * CK_GLD + base + s], tc[s], v);
+                tc[r] = v;
+                Tm[(base + r) * CK_GLD + base + c] = v;
+            }
+        } else {
+            for (int r = 0; r < 16; r++) {
+                float v = r == c ? 1.0f : 0.0f;
+                for (int s = c; s < r; s++)
+                    v = fmaf(-Am[(base + r) * CK_GLD + base + s], Tm[(base + s) * CK_GLD + base + c], v);
+                Tm[(base + r) * CK_GLD + base + c] = v;
+            }
         }
     }
     for (int idx = tid; idx < CK_CH * CK_CH; idx += nt) {
