@@ -918,9 +918,13 @@ static void step(cinfer_engine *e) {
     double t0 = e->cost_on ? now_ms() : 0;
     int rc = dev ? ctx_forward_sample(e->ctx, e->entries, n, e->dsmp, e->dids, e->dlps, err, sizeof err)
                  : cinfer_forward(e->ctx, e->entries, n, e->logits, err, sizeof err);
-    if (e->cost_on && !rc && n == n_dec) { /* a pure decode step: its cost by kind and entries */
+    if (e->cost_on && !rc && n == n_dec) {
+        /* a pure decode step: its cost by kind and entries, as the fastest recent one (a step only runs
+         * slower than its shape's cost — a graph capture, a new attention split, a busy host — so a sample
+         * above the estimate moves it up by at most 5%, one below takes it) */
         double dt = now_ms() - t0, *c = &e->cost_ms[pad][n];
-        if (++e->cost_n[pad][n] > e->cost_skip) *c = *c > 0 ? 0.7 * *c + 0.3 * dt : dt;
+        if (++e->cost_n[pad][n] > e->cost_skip)
+            *c = *c > 0 && dt > *c ? (dt < 1.05 * *c ? dt : 1.05 * *c) : dt;
     }
     atomic_fetch_add(&e->steps_total, 1);
     if (rc) {
