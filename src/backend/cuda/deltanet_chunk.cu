@@ -393,9 +393,16 @@ static size_t ck_stage_smem_floats(int dk) {
 
 /* rows x cols floats (cols a multiple of 4) from global (row stride cols) to shared (row stride ld), 16 bytes
  * per copy */
+template <bool FAST = false>
 static __device__ __forceinline__ void ck_stage(float *dst, int ld, const float *src, int rows, int cols,
                                                 int tid, int nt) {
     int q = cols / 4;
+    if (FAST && nt % q == 0) { /* a thread's copies walk down one column: no division per copy */
+        int c = tid % q * 4, step = nt / q;
+        for (int r = tid / q; r < rows; r += step)
+            __pipeline_memcpy_async(dst + r * ld + c, src + (size_t)r * cols + c, 16);
+        return;
+    }
     for (int idx = tid; idx < rows * q; idx += nt) {
         int r = idx / q, c = (idx % q) * 4;
         __pipeline_memcpy_async(dst + r * ld + c, src + (size_t)r * cols + c, 16);
@@ -435,12 +442,12 @@ template <int P, bool IL> __global__ void __launch_bounds__(256) ck_state_stage_
     const float *base = (const float *)a.chunk_scr + ((size_t)k * a.Hv + h) * stride;
     CK_PROF_DECL(a.chunk_prof && blockIdx.x == 0 && h == 0 && tid == 0);
     /* group A of chunk 0 (W, Qg, U's columns), then group B (QK, Kf) */
-    ck_stage(Wb, KLD, base, CK_CH, dk, tid, nt);
-    ck_stage(Qb, KLD, base + CK_CH * dk, CK_CH, dk, tid, nt);
+    ck_stage<IL>(Wb, KLD, base, CK_CH, dk, tid, nt);
+    ck_stage<IL>(Qb, KLD, base + CK_CH * dk, CK_CH, dk, tid, nt);
     ck_stage_u(Ub, VLD, base + 3 * CK_CH * dk, dv, j0, tid, nt);
     __pipeline_commit();
-    ck_stage(QKb, CK_GLD, base + 3 * CK_CH * dk + CK_CH * dv, CK_CH, CK_CH, tid, nt);
-    ck_stage(Kb, KLD, base + 2 * CK_CH * dk, CK_CH, dk, tid, nt);
+    ck_stage<IL>(QKb, CK_GLD, base + 3 * CK_CH * dk + CK_CH * dv, CK_CH, CK_CH, tid, nt);
+    ck_stage<IL>(Kb, KLD, base + 2 * CK_CH * dk, CK_CH, dk, tid, nt);
     __pipeline_commit();
     for (int c0 = 0, L; c0 < n; c0 += L, k++) {
         L = CK_CH - (pos0 + c0) % CK_CH;
@@ -474,8 +481,8 @@ template <int P, bool IL> __global__ void __launch_bounds__(256) ck_state_stage_
         __syncthreads();
         CK_MARK(1);
         if (nxt) { /* the next chunk's group A over this one's W, Qg and U, read by now */
-            ck_stage(Wb, KLD, nxt, CK_CH, dk, tid, nt);
-            ck_stage(Qb, KLD, nxt + CK_CH * dk, CK_CH, dk, tid, nt);
+            ck_stage<IL>(Wb, KLD, nxt, CK_CH, dk, tid, nt);
+            ck_stage<IL>(Qb, KLD, nxt + CK_CH * dk, CK_CH, dk, tid, nt);
             ck_stage_u(Ub, VLD, nxt + 3 * CK_CH * dk, dv, j0, tid, nt);
         }
         __pipeline_commit();
@@ -508,8 +515,8 @@ template <int P, bool IL> __global__ void __launch_bounds__(256) ck_state_stage_
         __syncthreads();
         CK_MARK(3);
         if (nxt) { /* the next chunk's group B over this one's QK and Kf */
-            ck_stage(QKb, CK_GLD, nxt + 3 * CK_CH * dk + CK_CH * dv, CK_CH, CK_CH, tid, nt);
-            ck_stage(Kb, KLD, nxt + 2 * CK_CH * dk, CK_CH, dk, tid, nt);
+            ck_stage<IL>(QKb, CK_GLD, nxt + 3 * CK_CH * dk + CK_CH * dv, CK_CH, CK_CH, tid, nt);
+            ck_stage<IL>(Kb, KLD, nxt + 2 * CK_CH * dk, CK_CH, dk, tid, nt);
         }
         __pipeline_commit();
         for (int idx = tid; idx < L * DT; idx += nt) {
