@@ -787,7 +787,11 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     if (m->cfg.n_experts > 0) {
         /* grouped2: ldmatrix + two stages; grouped3: that on x split once into bf16 hi / lo by cp.async; the
          * same bits */
-        int ver = !strcmp(mpv, "grouped1") ? 1 : !strcmp(mpv, "grouped2") ? 2 : 3;
+        int ver = !strcmp(mpv, "grouped1")   ? 1
+                  : !strcmp(mpv, "grouped2") ? 2
+                  : !strcmp(mpv, "grouped4") ? 4
+                                             : 3;
+        cu_moe_gemm_init(); /* version 4's shared-memory limit, before any graph capture */
         f->moe_pf_grouped = !strncmp(mpv, "grouped", 7) && m->cfg.n_experts <= 1024 && m->H % 8 == 0 &&
                             m->cfg.moe_intermediate_size % 8 == 0;
         cu_moe_gemm_set_version(ver);

@@ -715,7 +715,8 @@ static void prefill_case(const char *name, int T, int H, int E, int k, int I, in
     float *ga = NULL, *gy = NULL;
     /* 0: all T rows; 1: the first T / 2 only; 2, 3: all rows by kernel versions 2 and 3 (grouped2, grouped3)
      */
-    for (int half = 0; half < 4; half++) {
+    CHECK(cu_moe_gemm_init() == 1);
+    for (int half = 0; half < 5; half++) {
         int Th = half == 1 ? T / 2 : T, Sh = Th * k;
         cu_moe_gemm_set_version(half >= 2 ? half : 1);
         cu_fill_f32(c, d_a, (size_t)S * I, NAN);
@@ -731,9 +732,9 @@ static void prefill_case(const char *name, int T, int H, int E, int k, int I, in
             continue;
         }
         int same = !memcmp(a, ga, (size_t)Sh * I * 4) && !memcmp(y, gy, (size_t)Sh * H * 4);
-        static const char *const what[4] = {"", "  first half of the rows alone vs among all",
-                                            "  version 2 (ldmatrix, 2 stages) vs 1",
-                                            "  version 3 (split rows by cp.async) vs 1"};
+        static const char *const what[5] = {
+            "", "  first half of the rows alone vs among all", "  version 2 (ldmatrix, 2 stages) vs 1",
+            "  version 3 (split rows by cp.async) vs 1", "  version 4 (3 with 4 stages) vs 1"};
         printf("     %-52s %s\n", what[half], same ? "bit-identical" : "DIFFERENT");
         CHECK_MSG(same, "%s: %s differ", name, what[half]);
         free(a), free(y);
@@ -823,7 +824,8 @@ TEST(cuda_moe_prefill_speed) {
     cu_timer *tm;
     REQUIRE(cu_timer_create(&tm) == 0);
     double fl_gu = 2.0 * 2 * S * 2.0 * I * H, fl_dn = 2.0 * 2 * S * (double)H * I; /* x2: hi and lo */
-    for (int v = 1; v <= 3; v++) {
+    CHECK(cu_moe_gemm_init() == 1);
+    for (int v = 1; v <= 4; v++) {
         cu_moe_gemm_set_version(v);
         cu_moe_gemm_swiglu(c, ea, x, k, gu, grp, tiles, S, E, I, H, xs); /* warm */
         cu_moe_gemm(c, ey, ea, 1, dn, grp, tiles, S, E, H, I, xs);
@@ -864,11 +866,16 @@ TEST(cuda_moe_prefill_grouped_model) {
         int V = info.vocab_size, P = 150;
         int32_t toks[150];
         for (int i = 0; i < P; i++) toks[i] = (int32_t)((i * 29 + 3) % V);
-        float *out[4];
+        float *out[5];
         char *old = env_swap("CINFER_CUDA_MOE_PREFILL", "host");
-        for (int g = 0; g < 4; g++) {
+        for (int g = 0; g < 5; g++) {
             if (g)
-                setenv("CINFER_CUDA_MOE_PREFILL", g == 1 ? "grouped1" : g == 2 ? "grouped2" : "grouped3", 1);
+                setenv("CINFER_CUDA_MOE_PREFILL",
+                       g == 1   ? "grouped1"
+                       : g == 2 ? "grouped2"
+                       : g == 3 ? "grouped3"
+                                : "grouped4",
+                       1);
             out[g] = malloc(sizeof(float) * (size_t)P * V);
             cinfer_ctx_params p = cinfer_ctx_default_params();
             p.max_seqs = 1, p.max_ctx = 256, p.max_batch = 256, p.n_threads = 2,
@@ -888,7 +895,9 @@ TEST(cuda_moe_prefill_grouped_model) {
                   fx[fi]);
         CHECK_MSG(!memcmp(out[1], out[3], sizeof(float) * (size_t)P * V), "%s: grouped3 differs from grouped",
                   fx[fi]);
-        free(out[0]), free(out[1]), free(out[2]), free(out[3]);
+        CHECK_MSG(!memcmp(out[1], out[4], sizeof(float) * (size_t)P * V), "%s: grouped4 differs from grouped",
+                  fx[fi]);
+        free(out[0]), free(out[1]), free(out[2]), free(out[3]), free(out[4]);
         cinfer_model_close(m);
     }
 }

@@ -374,6 +374,9 @@ void cu_moe_tiles(cu_ctx *c, const int *d_grp, int E, int *d_tile_off);
  * and two stages; 3 (grouped3): 2 reading x split once into bf16 hi / lo rows (d_xs) by cp.async. The same
  * MMAs in the same order on the same values: the same bits. */
 void cu_moe_gemm_set_version(int v);
+/* 4 (grouped4): 3 with four shared stages (80 KB, dynamic): raises the kernels' limit, before any capture;
+ * 1 when version 4 can run (else it runs as 3) */
+int cu_moe_gemm_init(void);
 /* y[s][n] = silu(x_s · gate_e[n]) * (x_s · up_e[n]) for n < I; w_gu [E][2I][K] (gate rows then up rows) */
 void cu_moe_gemm_swiglu(cu_ctx *c, float *d_y, const float *d_x, int div, const uint16_t *d_w_gu,
                         const int *d_grp, const int *d_tile_off, int S, int E, int I, int K, uint16_t *d_xs);

@@ -11,6 +11,7 @@
 #define MG_BK      32
 #define MG_LD      (MG_BK + 8) /* shared row stride in bf16: 80 bytes, so fragment reads hit distinct banks */
 #define MG_THREADS 256
+#define MG_STAGES4 4 /* version 4's shared-memory stages */
 
 __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -56,6 +57,9 @@ __device__ __forceinline__ void cp_commit(void) {
 __device__ __forceinline__ void cp_wait1(void) { /* all but the newest group complete */
     asm volatile("cp.async.wait_group 1;" ::: "memory");
 }
+template <int N> __device__ __forceinline__ void cp_wait(void) { /* all but the newest N groups complete */
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
 
 /* hi[i] = bf16(x[i]), lo[i] = bf16(x[i] - hi[i]): split_bf16_kernel's split, for version 3 */
 __global__ void mg_split_kernel(uint16_t *hi, uint16_t *lo, const float *x, size_t n) {
@@ -83,9 +87,21 @@ __global__ void __launch_bounds__(MG_THREADS)
                     const uint16_t *__restrict__ w, size_t w_expert, int up_off, const int *__restrict__ grp,
                     const int *__restrict__ tile_off, int E, int N, int K) {
     constexpr bool V2 = V >= 2;
-    constexpr int NS = V2 ? 2 : 1;                             /* shared-memory stages */
-    __shared__ __align__(16) uint16_t xs[NS][2][MG_BM][MG_LD]; /* [stage][hi, lo] */
-    __shared__ __align__(16) uint16_t ws[NS][MG_BW][MG_LD];
+    constexpr int NS = V == 4 ? MG_STAGES4 : V2 ? 2 : 1; /* shared-memory stages */
+    typedef uint16_t xs_t[2][MG_BM][MG_LD];              /* a stage of x: [hi, lo][row][k] */
+    typedef uint16_t ws_t[MG_BW][MG_LD];
+    xs_t *xs;
+    ws_t *ws;
+    if constexpr (V == 4) { /* four stages: 80 KB, dynamic (cu_moe_gemm_init raised the limit) */
+        extern __shared__ __align__(16) unsigned char mg_dyn[];
+        xs = reinterpret_cast<xs_t *>(mg_dyn);
+        ws = reinterpret_cast<ws_t *>(mg_dyn + NS * sizeof(xs_t));
+    } else {
+        __shared__ __align__(16) uint16_t xs_s[NS][2][MG_BM][MG_LD];
+        __shared__ __align__(16) uint16_t ws_s[NS][MG_BW][MG_LD];
+        xs = xs_s;
+        ws = ws_s;
+    }
     const int t = blockIdx.x, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     if (t >= tile_off[E]) return;
     int lo = 0, hi = E; /* the largest e with tile_off[e] <= t (it has tiles: tile_off[e + 1] > t) */
@@ -198,7 +214,7 @@ __global__ void __launch_bounds__(MG_THREADS)
                 }
         }
     };
-    if constexpr (V == 3) {
+    if constexpr (V >= 3) {
         /* stage st <- rows at k0 (zeros past cnt, N or K) */
         auto issue = [&](int st, int k0) {
             int k = k0 + lk;
@@ -209,15 +225,34 @@ __global__ void __launch_bounds__(MG_THREADS)
             for (int h = 0; h < 2; h++)
                 cp16(&ws[st][lrow + 64 * h][lk], wrow[h] && in ? wrow[h] + k : w, wrow[h] && in);
         };
-        issue(0, 0);
-        cp_commit();
-        for (int k0 = 0, st = 0; k0 < K; k0 += MG_BK, st ^= 1) {
-            if (k0 + MG_BK < K) issue(st ^ 1, k0 + MG_BK); /* the other stage: read before the last barrier */
+        if constexpr (V == 3) {
+            issue(0, 0);
             cp_commit();
-            cp_wait1();
-            __syncthreads();
-            compute(st);
-            __syncthreads();
+            for (int k0 = 0, st = 0; k0 < K; k0 += MG_BK, st ^= 1) {
+                if (k0 + MG_BK < K)
+                    issue(st ^ 1, k0 + MG_BK); /* the other stage: read before the last barrier */
+                cp_commit();
+                cp_wait1();
+                __syncthreads();
+                compute(st);
+                __syncthreads();
+            }
+        } else {
+            /* NS stages, NS - 1 steps of K in flight; one barrier per step: the stage refilled at step i was
+             * read at step i - 1, which every thread finished before this step's barrier */
+#pragma unroll
+            for (int s0 = 0; s0 < NS - 1; s0++) {
+                if (s0 * MG_BK < K) issue(s0, s0 * MG_BK);
+                cp_commit();
+            }
+            for (int k0 = 0, it = 0; k0 < K; k0 += MG_BK, it++) {
+                cp_wait<NS - 2>();
+                __syncthreads();
+                int kn = k0 + (NS - 1) * MG_BK;
+                if (kn < K) issue((it + NS - 1) % NS, kn);
+                cp_commit();
+                compute(it % NS);
+            }
         }
     } else if constexpr (V2) {
         fetch(0);
@@ -264,7 +299,7 @@ __global__ void __launch_bounds__(MG_THREADS)
 
 static int g_mg_version = 1;
 extern "C" void cu_moe_gemm_set_version(int v) {
-    g_mg_version = v == 2 || v == 3 ? v : 1;
+    g_mg_version = v >= 2 && v <= 4 ? v : 1;
 }
 
 extern "C" void cu_moe_tiles(cu_ctx *c, const int *grp, int E, int *tile_off) {
@@ -275,9 +310,21 @@ static unsigned max_tiles(int S, int E) {
     return cdiv((size_t)S, MG_BM) + (unsigned)(E < S ? E : S);
 }
 
-/* the version to run: 3 only with scratch for the split rows */
+/* the version to run: 3 and 4 only with scratch for the split rows */
 static int mg_version(const uint16_t *xs) {
-    return g_mg_version == 3 && !xs ? 2 : g_mg_version;
+    return g_mg_version >= 3 && !xs ? 2 : g_mg_version;
+}
+
+/* version 4's dynamic shared memory: MG_STAGES4 stages of x hi / lo and weight tiles */
+#define MG_SMEM4 ((size_t)MG_STAGES4 * (2 * MG_BM + MG_BW) * MG_LD * sizeof(uint16_t))
+static int g_mg4_ok = -1;
+extern "C" int cu_moe_gemm_init(void) {
+    if (g_mg4_ok < 0)
+        g_mg4_ok = cudaFuncSetAttribute(moe_gemm_kernel<1, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)MG_SMEM4) == cudaSuccess &&
+                   cudaFuncSetAttribute(moe_gemm_kernel<0, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)MG_SMEM4) == cudaSuccess;
+    return g_mg4_ok;
 }
 
 /* x's rows split into bf16 hi (xs) and lo (xs + n) for version 3 */
@@ -291,8 +338,11 @@ template <int SWIGLU>
 static void mg_launch(cu_ctx *c, dim3 grid, int v, float *y, int ldy, const float *x, const uint16_t *xs,
                       size_t nx, int div, const uint16_t *w, size_t w_expert, int up_off, const int *grp,
                       const int *tile_off, int E, int N, int K) {
-    const uint16_t *xh = v == 3 ? xs : NULL, *xl = v == 3 ? xs + nx : NULL;
-    if (v == 3)
+    const uint16_t *xh = v >= 3 ? xs : NULL, *xl = v >= 3 ? xs + nx : NULL;
+    if (v == 4)
+        moe_gemm_kernel<SWIGLU, 4><<<grid, MG_THREADS, MG_SMEM4, c->stream>>>(
+            y, ldy, x, xh, xl, div, w, w_expert, up_off, grp, tile_off, E, N, K);
+    else if (v == 3)
         moe_gemm_kernel<SWIGLU, 3><<<grid, MG_THREADS, 0, c->stream>>>(y, ldy, x, xh, xl, div, w, w_expert,
                                                                        up_off, grp, tile_off, E, N, K);
     else if (v == 2)
@@ -309,8 +359,9 @@ extern "C" void cu_moe_gemm_swiglu(cu_ctx *c, float *y, const float *x, int div,
     if (S <= 0 || I <= 0) return;
     dim3 grid(max_tiles(S, E), cdiv((size_t)I, MG_BW / 2));
     int v = mg_version(xs);
+    if (v == 4 && cu_moe_gemm_init() != 1) v = 3;
     size_t nx = (size_t)cdiv((size_t)S, (size_t)div) * K; /* x rows: slot s reads row s / div */
-    if (v == 3) mg_split(c, xs, x, nx);
+    if (v >= 3) mg_split(c, xs, x, nx);
     mg_launch<1>(c, grid, v, y, I, x, xs, nx, div, w_gu, (size_t)2 * I * K, I, grp, tile_off, E, I, K);
 }
 
@@ -319,7 +370,8 @@ extern "C" void cu_moe_gemm(cu_ctx *c, float *y, const float *x, int div, const 
     if (S <= 0 || N <= 0) return;
     dim3 grid(max_tiles(S, E), cdiv((size_t)N, MG_BW));
     int v = mg_version(xs);
+    if (v == 4 && cu_moe_gemm_init() != 1) v = 3;
     size_t nx = (size_t)cdiv((size_t)S, (size_t)div) * K;
-    if (v == 3) mg_split(c, xs, x, nx);
+    if (v >= 3) mg_split(c, xs, x, nx);
     mg_launch<0>(c, grid, v, y, N, x, xs, nx, div, w, (size_t)N * K, 0, grp, tile_off, E, N, K);
 }
