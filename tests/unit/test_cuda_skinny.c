@@ -168,17 +168,17 @@ TEST(cuda_skinny_vs_cpu) {
         }
         /* every configuration (weight tiles per warp, chunks in flight, x requested ahead) at 8 and 32 rows
          */
-        static const int cfg[][3] = {{1, 1, 0}, {1, 2, 1}, {2, 1, 1}, {2, 2, 0}, {1, 1, 1}, {2, 1, 0}};
+        static const int cfg[][4] = {{1, 1, 0, 8}, {1, 2, 1, 4}, {2, 1, 1, 8}, {2, 2, 0, 4},
+                                     {1, 1, 1, 4}, {2, 1, 0, 8}, {2, 1, 1, 4}};
         for (size_t ci = 0; ci < sizeof cfg / sizeof cfg[0]; ci++)
             for (int M = 8; M <= SK_M; M += SK_M - 8) {
-                cu_set_skinny_config(cfg[ci][0], cfg[ci][1], cfg[ci][2]);
+                cu_set_skinny_config(cfg[ci][0], cfg[ci][1], cfg[ci][2], cfg[ci][3], 0);
                 float *yc = run(c, s, dx, dw, dg, dy0, M, 0);
-                cu_set_skinny_config(0, 0, -1);
+                cu_set_skinny_config(0, 0, -1, 0, 0);
                 REQUIRE(yc != NULL);
                 CHECK_MSG(!memcmp(yc, y32, (size_t)M * N * 4),
-                          "%s: tiles %d, in flight %d, x ahead %d at M = %d: "
-                          "other bits",
-                          s->what, cfg[ci][0], cfg[ci][1], cfg[ci][2], M);
+                          "%s: tiles %d, in flight %d, x ahead %d, warps %d at M = %d: other bits", s->what,
+                          cfg[ci][0], cfg[ci][1], cfg[ci][2], cfg[ci][3], M);
                 free(yc);
             }
         {
@@ -340,11 +340,23 @@ TEST(cuda_skinny_speed) {
         for (int mi = 0; mi < 5; mi++)
             for (int v = 0; v < 8; v++) {
                 if ((s->epi == CU_EPI_SWIGLU && tr[v] == 1) || (Ms[mi] > 16 && xp[v])) continue;
-                cu_set_skinny_config(tr[v], u[v], xp[v]);
+                cu_set_skinny_config(tr[v], u[v], xp[v], 0, 0);
                 printf(" %d:%d/%d/%d:%.1f", Ms[mi], tr[v], u[v], xp[v],
                        bench_us(c, 1, s, dw, ncopy, dx, dy, dg, Ms[mi], xb));
             }
-        cu_set_skinny_config(0, 0, -1);
+        cu_set_skinny_config(0, 0, -1, 0, 0);
+        printf("\n       warps 4 / splits 1 2 4 8 (us, automatic otherwise):");
+        for (int mi = 0; mi < 5; mi++) {
+            cu_set_skinny_config(0, 0, -1, 4, 0);
+            printf(" | M=%d w4 %.1f", Ms[mi], bench_us(c, 1, s, dw, ncopy, dx, dy, dg, Ms[mi], xb));
+            for (int ks = 1; ks <= 8; ks *= 2) {
+                cu_set_skinny_config(0, 0, -1, 0, ks);
+                printf(" ks%d %.1f", ks, bench_us(c, 1, s, dw, ncopy, dx, dy, dg, Ms[mi], xb));
+                cu_set_skinny_config(0, 0, -1, 4, ks);
+                printf("/%.1f", bench_us(c, 1, s, dw, ncopy, dx, dy, dg, Ms[mi], xb));
+            }
+        }
+        cu_set_skinny_config(0, 0, -1, 0, 0);
         printf("\n");
         REQUIRE(cu_sync(c, err, sizeof err) == 0);
         cu_set_gemm_scratch(c, NULL, 0);

@@ -29,6 +29,7 @@
 /* rows the switch sends here by default: in the 4B decode bench of call 3 (session 4) batch 16 and 32 ran
  * slower on this kernel (7.69 / 12.45 ms a step) than on cuBLAS's hi + lo product (5.95 / 7.44) */
 #define SK_DEFAULT_MAX 8
+#define SK_DEFAULT_W   8 /* warps per block where the splits allow 4 or 8 */
 
 __device__ __forceinline__ uint4 sk_ld(const uint16_t *p) {
     return __ldcs(reinterpret_cast<const uint4 *>(p));
@@ -94,16 +95,16 @@ __device__ __forceinline__ void sk_load_x(float4 (&v)[MT][4], const float *x, in
 /* MT: 8-row tiles of x per launch tile (1, 2, 4); TR: 16-row weight tiles per warp (SwiGLU: 2, the gate rows
  * and the up rows of the same outputs); U: chunks in flight per warp; XP: each chunk's x requested with its
  * weights, U chunks ahead, rather than when the chunk is consumed */
-template <int MT, int TR, int U, bool XP, bool NORM, int EPI>
-__global__ void __launch_bounds__(SK_WARPS * 32, MT *TR >= 8 ? 1 : 2)
+template <int MT, int TR, int U, bool XP, bool NORM, int EPI, int W>
+__global__ void __launch_bounds__(W * 32, (MT * TR >= 8 ? 8 : 16) / W)
     skinny_kernel(float *__restrict__ y, const float *__restrict__ x, const uint16_t *__restrict__ w, int M,
                   int N, int K, int KS, const float *__restrict__ g, float eps) {
     static_assert(EPI != GF_SWIGLU || TR == 2, "SwiGLU pairs a gate tile with an up tile");
     constexpr int MC = MT * 8, R = TR * 16, OUTS = EPI == GF_SWIGLU ? 16 : R;
-    __shared__ float red[SK_WARPS][R][MC];
-    __shared__ float ssr[SK_WARPS][NORM ? MC : 1];
+    __shared__ float red[W][R][MC];
+    __shared__ float ssr[W][NORM ? MC : 1];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
-    const int RG = SK_WARPS / KS, rg = warp / KS, ks = warp % KS;
+    const int RG = W / KS, rg = warp / KS, ks = warp % KS;
     const int j0 = (blockIdx.x * RG + rg) * OUTS; /* first output of this warp */
     x += (size_t)blockIdx.y * MC * K;
     y += (size_t)blockIdx.y * MC * N;
@@ -248,9 +249,9 @@ __global__ void __launch_bounds__(SK_WARPS * 32, MT *TR >= 8 ? 1 : 2)
 
 /* ---- configuration ---- */
 
-static int g_mode = 0;                   /* 0 off, 1 every M <= g_max, 2 only M >= 2 (one row stays on v3) */
-static int g_max = SK_DEFAULT_MAX;       /* rows up to which the switch takes the skinny kernel */
-static int g_tr = 0, g_u = 0, g_xp = -1; /* 0 / -1: automatic (cu_set_skinny_config) */
+static int g_mode = 0;             /* 0 off, 1 every M <= g_max, 2 only M >= 2 (one row stays on v3) */
+static int g_max = SK_DEFAULT_MAX; /* rows up to which the switch takes the skinny kernel */
+static int g_tr = 0, g_u = 0, g_xp = -1, g_w = 0, g_ks = 0; /* 0 / -1: automatic (cu_set_skinny_config) */
 
 extern "C" void cu_set_skinny(int mode) {
     g_mode = mode == 1 || mode == 2 ? mode : 0;
@@ -264,10 +265,12 @@ extern "C" void cu_set_skinny_max(int m) {
 extern "C" int cu_skinny_max(void) {
     return g_max;
 }
-extern "C" void cu_set_skinny_config(int tr, int u, int xp) {
+extern "C" void cu_set_skinny_config(int tr, int u, int xp, int w, int ks) {
     g_tr = tr == 1 || tr == 2 ? tr : 0;
     g_u = u == 1 || u == 2 ? u : 0;
     g_xp = xp == 0 || xp == 1 ? xp : -1;
+    g_w = w == 4 || w == 8 ? w : 0;
+    g_ks = ks == 1 || ks == 2 || ks == 4 || ks == 8 ? ks : 0;
 }
 extern "C" int cu_skinny_takes(int M, int K) {
     return g_mode && (K & 7) == 0 && M >= (g_mode == 2 ? 2 : 1) && M <= g_max;
@@ -277,6 +280,7 @@ extern "C" int cu_skinny_takes(int M, int K) {
  * of the H200's 132 SMs, twice over), each split keeping >= 4 chunks of 64. A function of the shape alone
  * (never of M): the splits fix the order of every sum. */
 extern "C" int cu_skinny_splits(int N, int K) {
+    if (g_ks) return g_ks;
     long tiles = (N + 15) / 16;
     int nch = (K + 63) / 64, ks = 1;
     while (ks < 8 && tiles * ks < 2048 && nch / (2 * ks) >= 4) ks *= 2;
@@ -287,10 +291,17 @@ template <int MT, int TR, int U, bool XP, bool NORM, int EPI>
 static void sk_launch(cu_ctx *c, float *y, const float *x, const uint16_t *w, int M, int N, int K, int KS,
                       const float *g, float eps) {
     constexpr int OUTS = EPI == GF_SWIGLU ? 16 : TR * 16;
+    /* blocks of 4 warps where the splits allow (finer grains over the SMs: the same sums) */
+    if (KS <= 4 && (g_w ? g_w : SK_DEFAULT_W) == 4) {
+        dim3 grid(cdiv((size_t)N, (size_t)(4 / KS * OUTS)), cdiv((size_t)M, (size_t)MT * 8));
+        cu_launch_gemv(c, skinny_kernel<MT, TR, U, XP, NORM, EPI, 4>, grid, dim3(4 * 32), y, x, w, M, N, K,
+                       KS, g, eps);
+        return;
+    }
     int per_block = SK_WARPS / KS * OUTS;
     dim3 grid(cdiv((size_t)N, (size_t)per_block), cdiv((size_t)M, (size_t)MT * 8));
-    cu_launch_gemv(c, skinny_kernel<MT, TR, U, XP, NORM, EPI>, grid, dim3(SK_WARPS * 32), y, x, w, M, N, K,
-                   KS, g, eps);
+    cu_launch_gemv(c, skinny_kernel<MT, TR, U, XP, NORM, EPI, SK_WARPS>, grid, dim3(SK_WARPS * 32), y, x, w,
+                   M, N, K, KS, g, eps);
 }
 
 template <int MT, int TR, bool NORM, int EPI>
