@@ -249,6 +249,7 @@ struct cuda_fwd {
     /* CINFER_CUDA_GRAPH_UPDATE=1: a key that differs from a held one only in its attention split (positions
      * grew past a split boundary) updates that one's graph in place instead of instantiating another */
     int graph_update;
+    int mtp_graphs;            /* CINFER_CUDA_MTP_GRAPHS=1: the MTP head's runs from graphs too (mtp_run) */
     int n_captures, n_updates; /* graphs made: captured + instantiated, captured + updated in place */
     /* CINFER_CUDA_SPEC_FUSE=1: a window's commit is deferred to its slot's next step, whose conv and
      * recurrent kernels replay the kept tokens first (no commit launches, S read and written once a round);
@@ -582,6 +583,8 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * gave 1.60x / 1.49x at batch 1 with graphs + padding + deferred commits against 1.54x / 1.39x eager,
      * every speculation test passing (at first, with windows of varying rows, graphs were slower: 1.55x
      * vs 1.63x) */
+    const char *mg = getenv("CINFER_CUDA_MTP_GRAPHS");
+    f->mtp_graphs = mg && !strcmp(mg, "1");
     const char *gu = getenv("CINFER_CUDA_GRAPH_UPDATE");
     f->graph_update = gu && !strcmp(gu, "1");
     const char *vg = getenv("CINFER_CUDA_VERIFY_GRAPHS");
@@ -1339,6 +1342,36 @@ static int pack_meta(cuda_fwd *f, const fwd_entry *e, int NE, const int *lmode, 
     return 0;
 }
 
+/* 1 when key was met before (the seen list, LRU); else remembers it and returns 0: a shape is captured the
+ * second time it comes, so shapes a run meets once never pay a capture */
+static int seen_before(cuda_fwd *f, const graph_ent *key) {
+    for (int i = 0; i < f->n_seen; i++) {
+        const graph_ent *q = &f->seen[i];
+        if (q->B == key->B && q->T == key->T && q->nl == key->nl && q->spec == key->spec &&
+            q->nochunk == key->nochunk && q->span == key->span && q->nsplit == key->nsplit &&
+            q->mm == key->mm)
+            return 1;
+    }
+    if (f->n_seen == (int)(sizeof f->seen / sizeof f->seen[0])) {
+        memmove(f->seen, f->seen + 1, sizeof f->seen - sizeof f->seen[0]);
+        f->n_seen--;
+    }
+    f->seen[f->n_seen++] = *key;
+    return 0;
+}
+
+/* a slot of the graph table for a new graph: the next free one, or the least recently replayed (destroyed) */
+static int graph_slot(cuda_fwd *f) {
+    int slot = f->n_graphs;
+    if (slot == MAX_GRAPHS) {
+        slot = 0;
+        for (int i = 1; i < f->n_graphs; i++)
+            if (f->graphs[i].used < f->graphs[slot].used) slot = i;
+        cu_graph_destroy(f->graphs[slot].exec);
+    }
+    return slot;
+}
+
 /* sync 0: returns with the step still running (cuda_fwd_run_sample's sample waits for it) */
 static int fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, int sync, char *err,
                    size_t errlen) {
@@ -1410,22 +1443,7 @@ static int fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, int s
             q->span == rs.span && q->nsplit == rs.nsplit && q->mm == mm)
             g = &f->graphs[i];
     }
-    if (use_graph && !g && has_spec) {
-        int hit = 0;
-        for (int i = 0; i < f->n_seen && !hit; i++) {
-            const graph_ent *q = &f->seen[i];
-            hit = q->B == NE && q->T == T && q->nl == nl && q->nochunk == rs.no_chunked &&
-                  q->span == rs.span && q->nsplit == rs.nsplit && q->mm == mm;
-        }
-        if (!hit) { /* the first time: eager, and remembered (the oldest forgotten when the list is full) */
-            if (f->n_seen == (int)(sizeof f->seen / sizeof f->seen[0])) {
-                memmove(f->seen, f->seen + 1, sizeof f->seen - sizeof f->seen[0]);
-                f->n_seen--;
-            }
-            f->seen[f->n_seen++] = key;
-            use_graph = 0;
-        }
-    }
+    if (use_graph && !g && has_spec && !seen_before(f, &key)) use_graph = 0; /* a verify shape: eager once */
     graph_ent *sib = NULL;
     for (int i = 0; use_graph && !g && f->graph_update && i < f->n_graphs; i++) {
         const graph_ent *q = &f->graphs[i];
@@ -1454,13 +1472,7 @@ static int fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, int s
     }
     if (use_graph) {
         if (!g) {
-            int slot = f->n_graphs;
-            if (slot == MAX_GRAPHS) { /* the least recently replayed makes room */
-                slot = 0;
-                for (int i = 1; i < f->n_graphs; i++)
-                    if (f->graphs[i].used < f->graphs[slot].used) slot = i;
-                cu_graph_destroy(f->graphs[slot].exec);
-            }
+            int slot = graph_slot(f);
             /* the metadata offsets depend only on the key (NE, T, nl, mm): see pack_meta */
             if ((rc = cu_capture_begin(f->cu, err, errlen))) return rc;
             int rc2 = enqueue(f, &rs, moe_device, err, errlen);
@@ -1565,6 +1577,41 @@ int cuda_fwd_mtp_init(cuda_fwd *f, int n_blocks, char *err, size_t errlen) {
     return 0;
 }
 
+/* the MTP head's launches from its hidden rows (f->mtp_hin) to its logits rows (f->logits) and normed
+ * output rows (f->xn); the host's copies stay outside, so that a graph can hold these */
+static int mtp_enqueue(cuda_fwd *f, const run_shape *rs, int nl, int n_vocab, char *err, size_t errlen) {
+    const model *m = f->m;
+    int T = rs->T, H = m->H, rc;
+    float eps = (float)m->cfg.rms_norm_eps;
+    /* u = fc([rmsnorm(embed(x_{t+1})) | rmsnorm(hh_t)]) (spec §5: the embedding first) */
+    cu_embed(f->cu, f->x, f->embed, rs->meta.ids, T, H);
+    cu_add_rmsnorm(f->cu, f->x, NULL, f->xn, f->mtp_norm_e, T, H, eps);
+    cu_add_rmsnorm(f->cu, f->mtp_hin, NULL, f->out, f->mtp_norm_h, T, H, eps);
+    cu_concat_rows(f->cu, f->mtp_cat, f->xn, f->out, T, H);
+    gemm(f, f->x, f->mtp_cat, f->mtp_fc, T, H, 2 * H);
+    /* the decoder layer on its own KV pool, as a full-attention layer of the model */
+    const cu_layer *cl = f->mtp_L;
+    const layer_weights *lw = &m->mtp.layer;
+    cu_add_rmsnorm(f->cu, f->x, NULL, f->xn, cl->in_norm, T, H, eps);
+    attention(f, cl, 0, rs, f->mtp_kpool, f->mtp_vpool, f->mtp_blocks, 0, 0);
+    cu_add_rmsnorm(f->cu, f->x, f->out, f->xn, cl->post_norm, T, H, eps);
+    if (lw->moe) {
+        int added;
+        if ((rc = moe(f, cl, rs, T <= 64, 0, NULL, &added, err, errlen))) return rc;
+    } else {
+        mlp(f, f->out, f->xn, cl->w_gu, cl->w_down, T, m->cfg.intermediate_size);
+    }
+    cu_add(f->cu, f->x, f->out, T, H);
+    /* every row after mtp.norm (the next chained step's input), and the logits rows from the same kernel on
+     * the same rows, so the two agree bit for bit; a draft vocabulary is a prefix of lm_head's rows */
+    cu_add_rmsnorm(f->cu, f->x, NULL, f->xn, f->mtp_norm, T, H, eps);
+    if (nl) {
+        cu_gather_rmsnorm(f->cu, f->out, f->x, rs->meta.lrow, f->mtp_norm, nl, H, eps);
+        gemm(f, f->logits, f->out, f->lm_head, nl, n_vocab, H);
+    }
+    return 0;
+}
+
 static int mtp_run(cuda_fwd *f, const fwd_entry *e, const mtp_io *io, int NE, int n_vocab, float *logits,
                    int32_t *ids, char *err, size_t errlen) {
     const model *m = f->m;
@@ -1598,37 +1645,47 @@ static int mtp_run(cuda_fwd *f, const fwd_entry *e, const mtp_io *io, int NE, in
         rs.span = maxpos + 1;
     }
     int H = m->H;
-    float eps = (float)m->cfg.rms_norm_eps;
     for (int i = 0, r0 = 0; i < NE; r0 += e[i].n, i++)
         cu_h2d_async(f->cu, f->mtp_hin + (size_t)r0 * H, io[i].hidden, (size_t)e[i].n * H * sizeof(float));
-    /* u = fc([rmsnorm(embed(x_{t+1})) | rmsnorm(hh_t)]) (spec §5: the embedding first) */
-    cu_embed(f->cu, f->x, f->embed, rs.meta.ids, T, H);
-    cu_add_rmsnorm(f->cu, f->x, NULL, f->xn, f->mtp_norm_e, T, H, eps);
-    cu_add_rmsnorm(f->cu, f->mtp_hin, NULL, f->out, f->mtp_norm_h, T, H, eps);
-    cu_concat_rows(f->cu, f->mtp_cat, f->xn, f->out, T, H);
-    gemm(f, f->x, f->mtp_cat, f->mtp_fc, T, H, 2 * H);
-    /* the decoder layer on its own KV pool, as a full-attention layer of the model */
-    const cu_layer *cl = f->mtp_L;
-    const layer_weights *lw = &m->mtp.layer;
-    cu_add_rmsnorm(f->cu, f->x, NULL, f->xn, cl->in_norm, T, H, eps);
-    attention(f, cl, 0, &rs, f->mtp_kpool, f->mtp_vpool, f->mtp_blocks, 0, 0);
-    cu_add_rmsnorm(f->cu, f->x, f->out, f->xn, cl->post_norm, T, H, eps);
-    if (lw->moe) {
-        int added;
-        if ((rc = moe(f, cl, &rs, T <= 64, 0, NULL, &added, err, errlen))) return rc;
-    } else {
-        mlp(f, f->out, f->xn, cl->w_gu, cl->w_down, T, m->cfg.intermediate_size);
+    /* CINFER_CUDA_MTP_GRAPHS=1: the head's launches from a graph per (entries, rows, logits rows, attention
+     * split, draft vocabulary), met twice before it is captured (the chained rows repeat; the catch-up rows
+     * of a step vary); not for a head resumed mid-sequence (its attention span follows the positions) */
+    int use_graph = f->mtp_graphs && !astart && T <= 64 && !f->profile && !f->p.no_graphs;
+    graph_ent key = {NE, T, nl, 0, 0, rs.span, rs.nsplit, -n_vocab, 0, NULL}, *g = NULL;
+    for (int i = 0; use_graph && i < f->n_graphs; i++) {
+        const graph_ent *q = &f->graphs[i];
+        if (q->B == NE && q->T == T && q->nl == nl && q->mm == -n_vocab && q->span == rs.span &&
+            q->nsplit == rs.nsplit)
+            g = &f->graphs[i];
     }
-    cu_add(f->cu, f->x, f->out, T, H);
-    /* every row after mtp.norm (the next chained step's input), and the logits rows from the same kernel on
-     * the same rows, so the two agree bit for bit; a draft vocabulary is a prefix of lm_head's rows */
-    cu_add_rmsnorm(f->cu, f->x, NULL, f->xn, f->mtp_norm, T, H, eps);
+    if (use_graph && !g && !seen_before(f, &key)) use_graph = 0;
+    if (use_graph && !g) {
+        int slot = graph_slot(f);
+        if ((rc = cu_capture_begin(f->cu, err, errlen))) return rc;
+        int rc2 = mtp_enqueue(f, &rs, nl, n_vocab, err, errlen);
+        void *exec = NULL;
+        rc = cu_capture_end(f->cu, &exec, err, errlen);
+        if (rc2 || rc) {
+            cu_graph_destroy(exec);
+            if (slot < f->n_graphs) f->graphs[slot] = f->graphs[--f->n_graphs];
+            return rc2 ? rc2 : rc;
+        }
+        if (slot == f->n_graphs) f->n_graphs++;
+        g = &f->graphs[slot];
+        *g = key;
+        g->exec = exec;
+        f->n_captures++;
+    }
+    if (g) {
+        g->used = ++f->graph_clock;
+        if ((rc = cu_graph_launch(f->cu, g->exec, err, errlen))) return rc;
+    } else if ((rc = mtp_enqueue(f, &rs, nl, n_vocab, err, errlen))) {
+        return rc;
+    }
     for (int i = 0, r0 = 0; i < NE; r0 += e[i].n, i++)
         if (io[i].hidden_out)
             cu_d2h_async(f->cu, io[i].hidden_out, f->xn + (size_t)r0 * H, (size_t)e[i].n * H * sizeof(float));
     if (nl) {
-        cu_gather_rmsnorm(f->cu, f->out, f->x, rs.meta.lrow, f->mtp_norm, nl, H, eps);
-        gemm(f, f->logits, f->out, f->lm_head, nl, n_vocab, H);
         if (logits) cu_d2h_async(f->cu, logits, f->logits, (size_t)nl * n_vocab * sizeof(float));
         if (ids) { /* greedy rows: cuda_fwd_sample's argmax over the head's n_vocab columns */
             for (int r = 0; r < nl; r++) f->h_smp[r] = (cu_sample_row){0.0, 0.0f, 1, 0, 0};
