@@ -10,11 +10,12 @@
  * per weight.
  *
  * Layout: a block of 8 warps is RG = 8 / KS row groups x KS K-splits (as v3). K is cut into chunks of 64;
- * chunk c belongs to split c % KS. In a chunk, lane (g, t) (g = lane / 4, t = lane % 4) reads 16 consecutive
- * k (32 bytes) at 64c + 16t of weight rows g and g + 8 of each of its tiles (4 lanes cover 128 bytes of a
- * row), and the same 16 k of x row g of each 8-row tile of x. The MMA sums over its 16 k in whatever order it
- * has, so the physical k behind the fragment's logical k is ours to choose, as long as A and B agree: k step
- * s (0..3) of the chunk takes the lane's words 2s (as logical k 2t, 2t + 1) and 2s + 1 (as 2t + 8, 2t + 9).
+ * chunk c belongs to split c % KS. In a chunk, lane (g, t) (g = lane / 4, t = lane % 4) reads 8 k (16 bytes)
+ * at 64c + 8t and 8 at 64c + 32 + 8t of weight rows g and g + 8 of each of its tiles (each load instruction
+ * takes 64 whole bytes of 8 rows), and the same 16 k of x row g of each 8-row tile of x. The MMA sums over
+ * its 16 k in whatever order it has, so the physical k behind the fragment's logical k is ours to choose, as
+ * long as A and B agree: k step s (0..3) of the chunk takes the lane's words 2s (as logical k 2t, 2t + 1) and
+ * 2s + 1 (as 2t + 8, 2t + 9).
  *
  * Sums: per accumulator, chunks in ascending order, k steps in order, hi then lo MMA; the KS splits in split
  * order through shared memory. KS depends on (N, K, epilogue) only; the rows of x per launch (MT), the weight
@@ -56,20 +57,20 @@ __device__ __forceinline__ uint32_t sk_word(const uint4 (&v)[2], int i) { /* wor
     return c == 0 ? q.x : c == 1 ? q.y : c == 2 ? q.z : q.w;
 }
 
-/* the chunk's weights: rows g and g + 8 of each tile, k 64c + 16t .. + 15 (zeros past K or past the last
- * chunk) */
+/* the chunk's weights: rows g and g + 8 of each tile, k 64c + 8t .. + 7 and 64c + 32 + 8t .. + 7 (zeros past
+ * K or past the last chunk) */
 template <int TR>
 __device__ __forceinline__ void sk_load_w(uint4 (&v)[TR][2][2], const uint16_t *const (&wp)[TR][2], int c,
                                           int nch, int K, int tq) {
-    const int kb = c * 64 + tq * 16;
-    const bool ok0 = c < nch && kb < K, ok1 = c < nch && kb + 8 < K;
+    const int kb = c * 64 + tq * 8;
+    const bool ok0 = c < nch && kb < K, ok1 = c < nch && kb + 32 < K;
     const uint4 z = make_uint4(0, 0, 0, 0);
 #pragma unroll
     for (int r = 0; r < TR; r++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             v[r][h][0] = ok0 ? sk_ld(wp[r][h] + (size_t)c * 64) : z;
-            v[r][h][1] = ok1 ? sk_ld(wp[r][h] + (size_t)c * 64 + 8) : z;
+            v[r][h][1] = ok1 ? sk_ld(wp[r][h] + (size_t)c * 64 + 32) : z;
         }
 }
 
@@ -77,8 +78,8 @@ __device__ __forceinline__ void sk_load_w(uint4 (&v)[TR][2][2], const uint16_t *
 template <int MT>
 __device__ __forceinline__ void sk_load_x(float4 (&v)[MT][4], const float *x, int c, int nch, int K, int Mt,
                                           int gq, int tq) {
-    const int kb = c * 64 + tq * 16;
-    const bool ok0 = c < nch && kb < K, ok1 = c < nch && kb + 8 < K;
+    const int kb = c * 64 + tq * 8;
+    const bool ok0 = c < nch && kb < K, ok1 = c < nch && kb + 32 < K;
     const float4 z = make_float4(0, 0, 0, 0);
 #pragma unroll
     for (int j = 0; j < MT; j++) {
@@ -87,8 +88,8 @@ __device__ __forceinline__ void sk_load_x(float4 (&v)[MT][4], const float *x, in
         const float4 *p = reinterpret_cast<const float4 *>(x + (size_t)(on ? m : 0) * K + (ok0 ? kb : 0));
         v[j][0] = on && ok0 ? __ldg(p) : z;
         v[j][1] = on && ok0 ? __ldg(p + 1) : z;
-        v[j][2] = on && ok1 ? __ldg(p + 2) : z;
-        v[j][3] = on && ok1 ? __ldg(p + 3) : z;
+        v[j][2] = on && ok1 ? __ldg(p + 8) : z;
+        v[j][3] = on && ok1 ? __ldg(p + 9) : z;
     }
 }
 
@@ -116,7 +117,7 @@ __global__ void __launch_bounds__(W * 32, (MT * TR >= 8 ? 8 : 16) / W)
         for (int h = 0; h < 2; h++) {
             int n = j0 + (EPI == GF_SWIGLU ? 0 : 16 * r) + gq + 8 * h;
             n = n < N ? n : N - 1; /* rows past N: read row N - 1, never written */
-            wp[r][h] = w + ((size_t)n + (EPI == GF_SWIGLU && r ? (size_t)N : 0)) * K + tq * 16;
+            wp[r][h] = w + ((size_t)n + (EPI == GF_SWIGLU && r ? (size_t)N : 0)) * K + tq * 8;
         }
     float acc[TR][MT][4], ss[MT];
 #pragma unroll
@@ -142,14 +143,14 @@ __global__ void __launch_bounds__(W * 32, (MT * TR >= 8 ? 8 : 16) / W)
         for (int u = 0; u < U; u++) {
             const int c = c0 + u * KS;
             if (c >= nch) break;
-            const int kb = c * 64 + tq * 16;
-            const bool ok0 = kb < K, ok1 = kb + 8 < K;
+            const int kb = c * 64 + tq * 8;
+            const bool ok0 = kb < K, ok1 = kb + 32 < K;
             float gv[16];
             if (NORM) {
                 const float4 z = make_float4(0, 0, 0, 0);
                 const float4 *gp = reinterpret_cast<const float4 *>(g + (ok0 ? kb : 0));
-                float4 v[4] = {ok0 ? __ldg(gp) : z, ok0 ? __ldg(gp + 1) : z, ok1 ? __ldg(gp + 2) : z,
-                               ok1 ? __ldg(gp + 3) : z};
+                float4 v[4] = {ok0 ? __ldg(gp) : z, ok0 ? __ldg(gp + 1) : z, ok1 ? __ldg(gp + 8) : z,
+                               ok1 ? __ldg(gp + 9) : z};
 #pragma unroll
                 for (int q = 0; q < 4; q++)
                     gv[4 * q] = v[q].x, gv[4 * q + 1] = v[q].y, gv[4 * q + 2] = v[q].z,
