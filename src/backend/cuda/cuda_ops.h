@@ -130,10 +130,10 @@ int cu_skinny_max(void);
 int cu_skinny_takes(int M, int K);
 /* K-splits of the skinny kernel for N outputs of width K (a function of the shape only) */
 int cu_skinny_splits(int N, int K);
-/* measurements: weight tiles of 16 rows per warp (1, 2; SwiGLU always 2), chunks in flight (1, 2), x
- * requested with its chunk's weights (1) or when consumed (0; always 0 above 16 rows), warps per block (4, 8;
- * 8 with 8 splits), none of which changes a bit; and the K-splits (1, 2, 4, 8), which do (every sum's order);
- * 0 / -1 = automatic */
+/* measurements: weight tiles of 16 rows per warp (1, 2; SwiGLU: gate + up rows of 8 or 16 outputs), chunks in
+ * flight (1, 2), x requested with its chunk's weights (1) or when consumed (0; always 0 above 16 rows), warps
+ * per block (4, 8; 8 with 8 splits), none of which changes a bit; and the K-splits (1, 2, 4, 8), which do
+ * (every sum's order); 0 / -1 = automatic */
 void cu_set_skinny_config(int tr, int u, int xp, int w, int ks);
 /* Fills n bf16 values with uniform noise of the given std (random weights built on the device). */
 void cu_fill_random_bf16(cu_ctx *c, uint16_t *d, size_t n, float std, uint64_t seed);

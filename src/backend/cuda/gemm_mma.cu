@@ -93,15 +93,17 @@ __device__ __forceinline__ void sk_load_x(float4 (&v)[MT][4], const float *x, in
     }
 }
 
-/* MT: 8-row tiles of x per launch tile (1, 2, 4); TR: 16-row weight tiles per warp (SwiGLU: 2, the gate rows
- * and the up rows of the same outputs); U: chunks in flight per warp; XP: each chunk's x requested with its
- * weights, U chunks ahead, rather than when the chunk is consumed */
+/* MT: 8-row tiles of x per launch tile (1, 2, 4); TR: 16-row weight tiles per warp (SwiGLU: gate and up rows
+ * of 16 outputs (2) or of 8 (1)); U: chunks in flight per warp; XP: each chunk's x requested with its
+ * weights, U chunks ahead, rather than when the chunk is consumed; W: warps per block */
 template <int MT, int TR, int U, bool XP, bool NORM, int EPI, int W>
 __global__ void __launch_bounds__(W * 32, (MT * TR >= 8 ? 8 : 16) / W)
     skinny_kernel(float *__restrict__ y, const float *__restrict__ x, const uint16_t *__restrict__ w, int M,
                   int N, int K, int KS, const float *__restrict__ g, float eps) {
-    static_assert(EPI != GF_SWIGLU || TR == 2, "SwiGLU pairs a gate tile with an up tile");
-    constexpr int MC = MT * 8, R = TR * 16, OUTS = EPI == GF_SWIGLU ? 16 : R;
+    /* SwiGLU, TR 2: a tile of 16 gate rows and one of the 16 up rows of the same outputs; TR 1: one tile of 8
+     * gate rows (fragment rows 0..7) and their 8 up rows (8..15). Either way the up row of output o is red
+     * row OUTS + o. */
+    constexpr int MC = MT * 8, R = TR * 16, OUTS = EPI == GF_SWIGLU ? TR * 8 : R;
     __shared__ float red[W][R][MC];
     __shared__ float ssr[W][NORM ? MC : 1];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
@@ -115,9 +117,10 @@ __global__ void __launch_bounds__(W * 32, (MT * TR >= 8 ? 8 : 16) / W)
     for (int r = 0; r < TR; r++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            int n = j0 + (EPI == GF_SWIGLU ? 0 : 16 * r) + gq + 8 * h;
+            const bool up = EPI == GF_SWIGLU && (TR == 2 ? r == 1 : h == 1);
+            int n = j0 + (EPI == GF_SWIGLU ? (TR == 2 ? 8 * h : 0) : 16 * r + 8 * h) + gq;
             n = n < N ? n : N - 1; /* rows past N: read row N - 1, never written */
-            wp[r][h] = w + ((size_t)n + (EPI == GF_SWIGLU && r ? (size_t)N : 0)) * K + tq * 8;
+            wp[r][h] = w + ((size_t)n + (up ? (size_t)N : 0)) * K + tq * 8;
         }
     float acc[TR][MT][4], ss[MT];
 #pragma unroll
@@ -235,8 +238,8 @@ __global__ void __launch_bounds__(W * 32, (MT * TR >= 8 ? 8 : 16) / W)
         for (int q = 1; q < KS; q++) v += red[grp * KS + q][o][m];
         float u = 0.0f;
         if (EPI == GF_SWIGLU) {
-            u = red[grp * KS][16 + o][m];
-            for (int q = 1; q < KS; q++) u += red[grp * KS + q][16 + o][m];
+            u = red[grp * KS][OUTS + o][m];
+            for (int q = 1; q < KS; q++) u += red[grp * KS + q][OUTS + o][m];
         }
         if (NORM) {
             float s2 = ssr[grp * KS][NORM ? m : 0];
@@ -291,7 +294,7 @@ extern "C" int cu_skinny_splits(int N, int K) {
 template <int MT, int TR, int U, bool XP, bool NORM, int EPI>
 static void sk_launch(cu_ctx *c, float *y, const float *x, const uint16_t *w, int M, int N, int K, int KS,
                       const float *g, float eps) {
-    constexpr int OUTS = EPI == GF_SWIGLU ? 16 : TR * 16;
+    constexpr int OUTS = EPI == GF_SWIGLU ? TR * 8 : TR * 16;
     /* blocks of 4 warps where the splits allow (finer grains over the SMs: the same sums) */
     if (KS <= 4 && (g_w ? g_w : SK_DEFAULT_W) == 4) {
         dim3 grid(cdiv((size_t)N, (size_t)(4 / KS * OUTS)), cdiv((size_t)M, (size_t)MT * 8));
@@ -333,10 +336,8 @@ template <int MT, bool NORM, int EPI>
 static void sk_tr(cu_ctx *c, float *y, const float *x, const uint16_t *w, int M, int N, int K, int KS,
                   const float *g, float eps) {
     int u = g_u ? g_u : N >= 65536 && MT == 1 ? 2 : 1, xp = g_xp >= 0 ? g_xp : 1;
-    if constexpr (EPI == GF_SWIGLU) {
-        sk_ux<MT, 2, NORM, EPI>(c, y, x, w, M, N, K, KS, g, eps, u, xp);
-    } else {
-        int tr = g_tr ? g_tr : N >= 4096 || MT == 4 ? 2 : 1;
+    {
+        int tr = g_tr ? g_tr : EPI == GF_SWIGLU || N >= 4096 || MT == 4 ? 2 : 1;
         if (tr == 2)
             sk_ux<MT, 2, NORM, EPI>(c, y, x, w, M, N, K, KS, g, eps, u, xp);
         else
