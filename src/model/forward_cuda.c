@@ -771,12 +771,13 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
         f->moe_fused = cu_moe_fused_supported(m->H, mc->n_experts, mc->n_experts_per_tok,
                                               mc->moe_intermediate_size, mc->shared_expert_intermediate_size);
     }
-    /* the fused kernels' variant, all the same bits: default 7 (PDL launches, gate_up 2 chunks per request,
-     * the router 8) since the H200 run of 09:22 (35B-A3B batch 1 292.2 -> 316.4 tok/s; the three kernels
-     * 37.7 -> 30.7 us per layer at batch 1, 146.6 -> 122.5 at 8); 15 (+ the router's own norm) measured the
-     * same as 7 (317.3) */
+    /* the fused kernels' variant, all the same bits: default 15 (PDL launches, gate_up 2 chunks per request,
+     * the router 8 and taking the post-attention norm itself under CINFER_CUDA_FUSE). H200 runs: 7 over 0 at
+     * 09:22 (35B-A3B batch 1 292.2 -> 316.4 tok/s; the three kernels 37.7 -> 30.7 us per layer at batch 1);
+     * 15 over 7 at 10:05, once the router's selection was cheap (batch 1 339.5 / 341.2 -> 347.8 tok/s: the
+     * norm kernel it saves costs more than the router's own norm) */
     const char *mv = getenv("CINFER_CUDA_MOE_VARIANT");
-    f->moe_variant = mv ? atoi(mv) & 31 : 7;
+    f->moe_variant = mv ? atoi(mv) & 31 : 15;
     if (mf)
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_MOE_FUSED=%s: %s\n", mf,
                 f->moe_fused ? "fused decode MoE kernels" : "the unfused decode MoE kernels");
