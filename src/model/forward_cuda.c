@@ -618,13 +618,13 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
                 f->fuse ? "on" : "off");
     /* the skinny GEMM on tensor cores (gemm_mma.cu) for decode-sized products: "1" every product of up to
      * CINFER_CUDA_SKINNY_MAX rows (default 8, at most 32; the fused decode GEMVs then serve that many), "2"
-     * the same from 2 rows (one row stays on the GEMV v3); default off */
+     * the same from 2 rows (one row stays on the GEMV v3: faster at one row, but then a verify window's rows
+     * and plain decode rows differ in bits, which exact rollback cannot have), "auto" 1 for a context that
+     * may verify speculative windows and 2 otherwise; default off */
     const char *sk = getenv("CINFER_CUDA_SKINNY"), *skm = getenv("CINFER_CUDA_SKINNY_MAX");
-    cu_set_skinny(sk ? atoi(sk) : 0);
+    int sk_auto = sk && !strcmp(sk, "auto");
+    if (!sk_auto) cu_set_skinny(sk ? atoi(sk) : 0);
     cu_set_skinny_max(skm ? atoi(skm) : 0);
-    if (sk)
-        fprintf(stderr, "cinfer cuda: CINFER_CUDA_SKINNY=%s: skinny GEMM mode %d up to %d rows\n", sk,
-                cu_skinny_mode(), cu_skinny_max());
     /* 1: the tensor-core prefill kernels round operands to TF32 once (~4e-4 per product); default 3 */
     const char *tp = getenv("CINFER_CUDA_TF32_PASSES");
     cu_set_tf32_passes(tp ? atoi(tp) : 3);
@@ -635,6 +635,10 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     }
     if ((rc = upload_layers(f, err, errlen)) || (rc = alloc_scratch(f, err, errlen))) goto fail;
     cu_set_gemm_scratch(f->cu, f->ytmp, f->ytmp_floats);
+    if (sk_auto) cu_ctx_set_skinny(f->cu, f->p.spec_window > 0 ? 1 : 2);
+    if (sk)
+        fprintf(stderr, "cinfer cuda: CINFER_CUDA_SKINNY=%s: skinny GEMM mode %d up to %d rows\n", sk,
+                sk_auto ? (f->p.spec_window > 0 ? 1 : 2) : cu_skinny_mode(), cu_skinny_max());
     size_t kvd = (size_t)m->Hkv * m->hd;
     if (m->n_full > 0) {
         size_t kvb = (size_t)m->n_full * (size_t)p->n_blocks * 16 * kvd * 4;

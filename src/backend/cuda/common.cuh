@@ -17,6 +17,7 @@ struct cu_ctx {
     cudaGraph_t graph; /* the graph being captured */
     float *ytmp;       /* [2M][N] f32 for stacked hi/lo products (cu_set_gemm_scratch), or NULL */
     size_t ytmp_floats;
+    int skinny; /* this context's CINFER_CUDA_SKINNY mode (cu_ctx_set_skinny), 0: the process-wide one */
 };
 
 __device__ __forceinline__ float bf16_f32(uint16_t h) {

@@ -126,8 +126,14 @@ void cu_set_skinny(int mode);
 int cu_skinny_mode(void);
 void cu_set_skinny_max(int m);
 int cu_skinny_max(void);
-/* 1 when the switch routes a product of M rows of width K to cu_skinny */
-int cu_skinny_takes(int M, int K);
+/* this context's own mode (0: the process-wide cu_set_skinny one). CINFER_CUDA_SKINNY=auto: 1 for a
+ * context that may verify speculative windows (decode rows and verify rows then share the kernel, as exact
+ * rollback needs), 2 for one that never does (one row stays on the faster GEMV v3) */
+void cu_ctx_set_skinny(cu_ctx *c, int mode);
+/* 1 when any mode is on (process-wide or some context's) */
+int cu_skinny_any(void);
+/* 1 when c's mode routes a product of M rows of width K to cu_skinny (c NULL: the process-wide mode) */
+int cu_skinny_takes(const cu_ctx *c, int M, int K);
 /* K-splits of the skinny kernel for N outputs of width K (a function of the shape only) */
 int cu_skinny_splits(int N, int K);
 /* measurements: weight tiles of 16 rows per warp (1, 2; SwiGLU: gate + up rows of 8 or 16 outputs), chunks in

@@ -331,7 +331,7 @@ static void blas(cu_ctx *c, float *y, const uint16_t *xb, const uint16_t *w, int
 extern "C" void cu_gemm(cu_ctx *c, float *y, const float *x, const uint16_t *w, int M, int N, int K,
                         uint16_t *xb, int precise) {
     if (M <= 0 || N <= 0) return;
-    if (!precise && cu_skinny_takes(M, K)) { /* CINFER_CUDA_SKINNY (gemm_mma.cu) */
+    if (!precise && cu_skinny_takes(c, M, K)) { /* CINFER_CUDA_SKINNY (gemm_mma.cu) */
         cu_skinny(c, y, x, w, M, N, K, NULL, 0.0f, CU_EPI_STORE);
         return;
     }

@@ -30,7 +30,10 @@
 /* rows the switch sends here by default: in the 4B decode bench of call 3 (session 4) batch 16 and 32 ran
  * slower on this kernel (7.69 / 12.45 ms a step) than on cuBLAS's hi + lo product (5.95 / 7.44) */
 #define SK_DEFAULT_MAX 8
-#define SK_DEFAULT_W   8 /* warps per block where the splits allow 4 or 8 */
+/* warps per block where the splits allow 4 or 8: 4 was as fast or faster for every matrix with <= 4 splits in
+ * the H200 sweep of call 4 (4B in_proj 20.6 -> 19.7 us at one row, gate_up 35.3 -> 33.2, lm_head 300 -> 292)
+ */
+#define SK_DEFAULT_W 4
 
 __device__ __forceinline__ uint4 sk_ld(const uint16_t *p) {
     return __ldcs(reinterpret_cast<const uint4 *>(p));
@@ -254,6 +257,7 @@ __global__ void __launch_bounds__(W * 32, (MT * TR >= 8 ? 8 : 16) / W)
 /* ---- configuration ---- */
 
 static int g_mode = 0;             /* 0 off, 1 every M <= g_max, 2 only M >= 2 (one row stays on v3) */
+static int g_any = 0;              /* some context has its own mode (cu_ctx_set_skinny) */
 static int g_max = SK_DEFAULT_MAX; /* rows up to which the switch takes the skinny kernel */
 static int g_tr = 0, g_u = 0, g_xp = -1, g_w = 0, g_ks = 0; /* 0 / -1: automatic (cu_set_skinny_config) */
 
@@ -276,18 +280,28 @@ extern "C" void cu_set_skinny_config(int tr, int u, int xp, int w, int ks) {
     g_w = w == 4 || w == 8 ? w : 0;
     g_ks = ks == 1 || ks == 2 || ks == 4 || ks == 8 ? ks : 0;
 }
-extern "C" int cu_skinny_takes(int M, int K) {
-    return g_mode && (K & 7) == 0 && M >= (g_mode == 2 ? 2 : 1) && M <= g_max;
+extern "C" void cu_ctx_set_skinny(cu_ctx *c, int mode) {
+    c->skinny = mode == 1 || mode == 2 ? mode : 0;
+    if (c->skinny) g_any = 1;
+}
+extern "C" int cu_skinny_any(void) {
+    return g_mode || g_any;
+}
+extern "C" int cu_skinny_takes(const cu_ctx *c, int M, int K) {
+    int mode = c && c->skinny ? c->skinny : g_mode;
+    return mode && (K & 7) == 0 && M >= (mode == 2 ? 2 : 1) && M <= g_max;
 }
 
-/* K-splits for N outputs of width K: the fewest (1, 2, 4, 8) that make >= 2048 warps (two blocks of 8 on each
- * of the H200's 132 SMs, twice over), each split keeping >= 4 chunks of 64. A function of the shape alone
- * (never of M): the splits fix the order of every sum. */
+/* K-splits for width K: the fewest (1, 2, 4, 8) that leave each warp <= 10 chunks of 64. From the H200 sweep
+ * of call 4 (every split count for every real matrix): the best or within 3% everywhere but the 4B gate_up
+ * (33.2 us at one row against 30.6 with 2), against a rule by warp count that gave the 27B in_proj / gate_up
+ * 2 splits (51.3 / 118.7 us; 8: 44.7 / 97.3) and the lm_head 1 (305 us; 4: 292). A function of the shape
+ * alone (never of M): the splits fix the order of every sum. */
 extern "C" int cu_skinny_splits(int N, int K) {
+    (void)N;
     if (g_ks) return g_ks;
-    long tiles = (N + 15) / 16;
     int nch = (K + 63) / 64, ks = 1;
-    while (ks < 8 && tiles * ks < 2048 && nch / (2 * ks) >= 4) ks *= 2;
+    while (ks < 8 && nch > 10 * ks) ks *= 2;
     return ks;
 }
 
@@ -328,16 +342,21 @@ static void sk_ux(cu_ctx *c, float *y, const float *x, const uint16_t *w, int M,
     }
 }
 
-/* From the H200 sweep of call 3 (session 4; before x could be requested ahead): one chunk in flight per warp
- * beat 2 and 4 nearly everywhere (fewer registers, more warps resident), except on the 248320-row lm_head at
- * one row; two weight tiles per warp won for every matrix of >= 4096 rows and for all at 32 rows of x, one
- * tile for the 2048 / 2560-row out_proj / down below 32 rows. None of these changes a bit. */
+/* From the H200 sweeps of calls 3 and 4 (session 4): two weight tiles per warp won for every matrix of >=
+ * 4096 rows and for all at 32 rows of x, one tile for the 2048 / 2560-row out_proj / down below; with two
+ * tiles, one chunk in flight (fewer registers, more warps resident; 2 on the 248320-row lm_head at one row)
+ * and x requested ahead at <= 8 rows; with one tile, 2 chunks and x ahead up to 4 rows of x (4B down 19.6
+ * -> 17.7 us), 1 chunk and x when consumed above (4B out_proj at 8 rows 12.3 -> 11.6). None of these changes
+ * a bit. */
 template <int MT, bool NORM, int EPI>
 static void sk_tr(cu_ctx *c, float *y, const float *x, const uint16_t *w, int M, int N, int K, int KS,
                   const float *g, float eps) {
-    int u = g_u ? g_u : N >= 65536 && MT == 1 ? 2 : 1, xp = g_xp >= 0 ? g_xp : 1;
     {
         int tr = g_tr ? g_tr : EPI == GF_SWIGLU || N >= 4096 || MT == 4 ? 2 : 1;
+        int u = tr == 2 ? (N >= 65536 && MT == 1 ? 2 : 1) : M <= 4 ? 2 : 1;
+        int xp = tr == 2 ? MT == 1 : M <= 4;
+        if (g_u) u = g_u;
+        if (g_xp >= 0) xp = g_xp;
         if (tr == 2)
             sk_ux<MT, 2, NORM, EPI>(c, y, x, w, M, N, K, KS, g, eps, u, xp);
         else

@@ -196,7 +196,7 @@ extern "C" int cu_gemv3_splits(int rows, int K) {
 }
 
 extern "C" int cu_gemv_fusable(int M, int K) {
-    return M >= 1 && (M <= cu_gemv_max() || cu_skinny_takes(M, K)) && (K & 7) == 0;
+    return M >= 1 && (M <= cu_gemv_max() || (cu_skinny_any() && M <= cu_skinny_max())) && (K & 7) == 0;
 }
 
 /* ---- launchers ---- */
@@ -297,7 +297,7 @@ extern "C" int cu_gemv_fused(cu_ctx *c, float *y, const float *x, const uint16_t
                              const float *norm_w, float eps, int epi) {
     if ((K & 7) || (norm_w && epi == CU_EPI_ADD) || (!norm_w && epi == CU_EPI_SWIGLU)) return -1;
     if (M <= 0 || N <= 0) return 0;
-    if (cu_skinny_takes(M, K)) return cu_skinny(c, y, x, w, M, N, K, norm_w, eps, epi); /* gemm_mma.cu */
+    if (cu_skinny_takes(c, M, K)) return cu_skinny(c, y, x, w, M, N, K, norm_w, eps, epi); /* gemm_mma.cu */
     int KS = cu_gemv3_splits(epi == CU_EPI_SWIGLU ? 2 * N : N, K);
     if (norm_w && epi == CU_EPI_SWIGLU)
         g3_rows<true, EPI_SWIGLU>(c, y, x, w, M, N, K, KS, norm_w, eps);
