@@ -152,7 +152,7 @@ TEST(cuda_skinny_vs_cpu) {
         double e = nan_seen ? INFINITY : sqrt(dd / (rr > 0 ? rr : 1));
         if (e > worst) worst = e;
         printf("     %-24s %6dx%-5d splits %d: rel %.2e (every %d-th column, 32 rows)\n", s->what, rows, K,
-               cu_skinny_splits(N, K), e, stride);
+               cu_skinny_splits(N, K, s->epi), e, stride);
         CHECK_MSG(e <= 1e-5, "%s: rel %.3e > 1e-5", s->what, e);
         /* each row's bits whatever M: the first M rows, and row 5 alone */
         static const int Ms[] = {1, 2, 3, 4, 8, 16};
@@ -329,7 +329,7 @@ TEST(cuda_skinny_speed) {
         cu_fill_f32(c, dg, (size_t)K, 1.0f);
         double gb = (double)bytes / 1e3;
         printf("     %-22s %6dx%-5d %4d MB splits %d:", s->what, rows, K, (int)(bytes >> 20),
-               cu_skinny_splits(N, K));
+               cu_skinny_splits(N, K, s->epi));
         cu_set_skinny(0);
         for (int mi = 0; mi < 5; mi++) {
             double v3 = bench_us(c, 0, s, dw, ncopy, dx, dy, dg, Ms[mi], xb);

@@ -134,8 +134,8 @@ void cu_ctx_set_skinny(cu_ctx *c, int mode);
 int cu_skinny_any(void);
 /* 1 when c's mode routes a product of M rows of width K to cu_skinny (c NULL: the process-wide mode) */
 int cu_skinny_takes(const cu_ctx *c, int M, int K);
-/* K-splits of the skinny kernel for N outputs of width K (a function of the shape only) */
-int cu_skinny_splits(int N, int K);
+/* K-splits of the skinny kernel for N outputs of width K with epilogue epi (a function of the shape only) */
+int cu_skinny_splits(int N, int K, int epi);
 /* measurements: weight tiles of 16 rows per warp (1, 2; SwiGLU: gate + up rows of 8 or 16 outputs), chunks in
  * flight (1, 2), x requested with its chunk's weights (1) or when consumed (0; always 0 above 16 rows), warps
  * per block (4, 8; 8 with 8 splits), none of which changes a bit; and the K-splits (1, 2, 4, 8), which do

@@ -292,16 +292,16 @@ extern "C" int cu_skinny_takes(const cu_ctx *c, int M, int K) {
     return mode && (K & 7) == 0 && M >= (mode == 2 ? 2 : 1) && M <= g_max;
 }
 
-/* K-splits for width K: the fewest (1, 2, 4, 8) that leave each warp <= 10 chunks of 64. From the H200 sweep
- * of call 4 (every split count for every real matrix): the best or within 3% everywhere but the 4B gate_up
- * (33.2 us at one row against 30.6 with 2), against a rule by warp count that gave the 27B in_proj / gate_up
- * 2 splits (51.3 / 118.7 us; 8: 44.7 / 97.3) and the lm_head 1 (305 us; 4: 292). A function of the shape
- * alone (never of M): the splits fix the order of every sum. */
-extern "C" int cu_skinny_splits(int N, int K) {
+/* K-splits for width K: the fewest (1, 2, 4, 8) that leave each warp <= 10 chunks of 64 (SwiGLU, whose warps
+ * read two rows per output: <= 20). From the H200 sweep of call 4 (every split count for every real matrix):
+ * the best or within 3% everywhere (4B gate_up 30.6 us at one row with 2 splits, 33.2 with 4), against a
+ * rule by warp count that gave the 27B in_proj 2 splits (51.3 us; 8: 44.7) and the lm_head 1 (305 us; 4:
+ * 292). A function of the shape alone (never of M): the splits fix the order of every sum. */
+extern "C" int cu_skinny_splits(int N, int K, int epi) {
     (void)N;
     if (g_ks) return g_ks;
-    int nch = (K + 63) / 64, ks = 1;
-    while (ks < 8 && nch > 10 * ks) ks *= 2;
+    int nch = (K + 63) / 64, ks = 1, per = epi == CU_EPI_SWIGLU ? 20 : 10;
+    while (ks < 8 && nch > per * ks) ks *= 2;
     return ks;
 }
 
@@ -379,7 +379,7 @@ extern "C" int cu_skinny(cu_ctx *c, float *y, const float *x, const uint16_t *w,
                          const float *norm_w, float eps, int epi) {
     if ((K & 7) || (norm_w && epi == CU_EPI_ADD) || (!norm_w && epi == CU_EPI_SWIGLU)) return -1;
     if (M <= 0 || N <= 0) return 0;
-    int KS = cu_skinny_splits(N, K);
+    int KS = cu_skinny_splits(N, K, epi);
     if (norm_w && epi == CU_EPI_SWIGLU)
         sk_rows<true, GF_SWIGLU>(c, y, x, w, M, N, K, KS, norm_w, eps);
     else if (norm_w)
