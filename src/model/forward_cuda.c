@@ -733,11 +733,12 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * (deltanet_chunk.cu); "gdn1" / "tc1" keep the one kernel walking all chunks per column block
      * (deltanet_tc.cu), with the scalar / tensor-core attention. Session 4's H200 calls: the phased form
      * gives the one kernel's bits in every op test (4B and 27B heads, ragged entries, 4096 rows) and passes
-     * fixture parity, graphs vs eager and the batch of 32; one layer over 4096 rows at the 4B heads 7.97
-     * -> 2.01 ms (27B heads 13.4 -> 3.3 ms), "deltanet core" of a 4B 4096-token chunk 202 -> 49 ms, 27B 663
-     * -> 169 ms. CINFER_CUDA_GDN_DT: its sequential pass — "stage" (the default: 32 value columns, each
-     * chunk's inputs staged in shared memory one chunk ahead), "il" (that with the runs of K of each
-     * product side by side), "16" or "32" (fragments from L2): all the same bits */
+     * fixture parity, graphs vs eager, the batch of 32, speculation and the prefix cache; one layer over 4096
+     * rows at the 4B heads 7.88 -> 1.70 ms (27B heads 13.2 -> 2.95 ms), "deltanet core" of a 4096-token chunk
+     * 199 -> 43 ms (4B), 663 -> 167 ms (27B), 249 -> 52 ms (35B-A3B). CINFER_CUDA_GDN_DT: its sequential pass
+     * — "stage" (the default: 32 value columns, each chunk's inputs staged in shared memory one chunk ahead),
+     * "il" (that, and the prep, with the runs of K of each product side by side: measured slower, 2.05 ms),
+     * "16" or "32" (fragments from L2: 2.75 / 2.99 ms); all the same bits */
     const char *pf = getenv("CINFER_CUDA_PREFILL");
     const char *pfv = pf ? pf : "tc";
     int one = !strcmp(pfv, "gdn1") || !strcmp(pfv, "tc1");
