@@ -738,7 +738,8 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * 199 -> 43 ms (4B), 663 -> 167 ms (27B), 249 -> 52 ms (35B-A3B). CINFER_CUDA_GDN_DT: its sequential pass
      * — "stage" (the default: 32 value columns, each chunk's inputs staged in shared memory one chunk ahead),
      * "il" (that, and the prep, with the runs of K of each product side by side: measured slower, 2.05 ms),
-     * "16" or "32" (fragments from L2: 2.75 / 2.99 ms); all the same bits */
+     * "pad" (the staged pass's shared rows padded against bank conflicts), "16" or "32" (fragments from L2:
+     * 2.75 / 2.99 ms); all the same bits */
     const char *pf = getenv("CINFER_CUDA_PREFILL");
     const char *pfv = pf ? pf : "tc";
     int one = !strcmp(pfv, "gdn1") || !strcmp(pfv, "tc1");
@@ -759,11 +760,12 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
         f->gdn_tc = 2;
     }
     const char *gdt = getenv("CINFER_CUDA_GDN_DT");
-    f->gdn_chunk_dt = !gdt                 ? 0
-                      : !strcmp(gdt, "16") ? 16
-                      : !strcmp(gdt, "32") ? 32
-                      : !strcmp(gdt, "il") ? 1
-                                           : 0;
+    f->gdn_chunk_dt = !gdt                  ? 0
+                      : !strcmp(gdt, "16")  ? 16
+                      : !strcmp(gdt, "32")  ? 32
+                      : !strcmp(gdt, "il")  ? 1
+                      : !strcmp(gdt, "pad") ? 2
+                                            : 0;
     const char *me = getenv("CINFER_CUDA_MOE"); /* "grouped": decode experts by cu_gemv_grouped */
     f->moe_grouped = me && !strcmp(me, "grouped");
     /* decode MoE blocks (device_only) as three launches (router + selection, gate_up + SwiGLU, down + combine

@@ -552,11 +552,12 @@ static void gdn_case_ex(int Hk, int Hv, int dk, int dv, int tc, const test_entry
     float *conv0 = NULL, *win0 = NULL;                       /* mode 0's conv rows and windows */
     /* mode 0: the scalar kernel; 1: the tensor cores, one kernel (deltanet_tc.cu); 3, 4, 5: the phased
      * kernels (deltanet_chunk.cu) with 16 and 32 value columns per block of the sequential pass and with its
-     * inputs staged in shared memory (7: and the runs of K of each product side by side), which must give
+     * inputs staged in shared memory (7: and the runs of K of each product side by side; 8: with padded
+     * rows), which must give
      * the same bits (every 16 x 16 tile is computed the same way); 2 and 6: the one-kernel and phased forms
      * with one TF32 rounding (the form that failed the model parity), which must fail the bound: the bound
      * can catch what it is for */
-    for (int mode = 0; mode <= (tc ? 7 : 0); mode++) {
+    for (int mode = 0; mode <= (tc ? 8 : 0); mode++) {
         int phased = mode >= 3, control = mode == 2 || mode == 6;
         cu_gdn_args g = {0};
         g.T = T, g.NE = NE, g.Hk = Hk, g.Hv = Hv, g.dk = dk, g.dv = dv, g.K = K, g.C = C, g.n_lin = n_lin,
@@ -575,6 +576,7 @@ static void gdn_case_ex(int Hk, int Hv, int dk, int dv, int tc, const test_entry
             g.chunk_cap = cu_gdn_chunk_cap(T, NE), g.chunk_dt = mode == 4   ? 32
                                                                 : mode == 5 ? 0
                                                                 : mode == 7 ? 1
+                                                                : mode == 8 ? 2
                                                                             : 16;
             g.chunk_scr = nan_dev(c, cu_gdn_chunk_bytes(g.chunk_cap, T, Hv, dk, dv) / 4);
         }
@@ -601,6 +603,7 @@ static void gdn_case_ex(int Hk, int Hv, int dk, int dv, int tc, const test_entry
                            : mode == 4 ? "phased/32"
                            : mode == 5 ? "phased/staged"
                            : mode == 7 ? "phased/staged+il"
+                           : mode == 8 ? "phased/staged+pad"
                                        : "phased/16";
         if (phased) { /* the phased kernels ran (not the fallback): they wrote W of the first chunk */
             float *w0 = get((const float *)g.chunk_scr, 1);
@@ -685,7 +688,7 @@ static void gdn_case_ex(int Hk, int Hv, int dk, int dv, int tc, const test_entry
                 printf("     phased vs one-kernel tensor cores: output %s, states %s\n",
                        memcmp(go, prev_o, (size_t)T * vd * 4) ? "differ" : "bit-identical",
                        memcmp(gr, prev_r, rs_n * 4) ? "differ" : "bit-identical");
-            if (mode == 4 || mode == 5 || mode == 7) { /* vs phased/16, /32, /staged */
+            if (mode == 4 || mode == 5 || mode >= 7) { /* vs phased/16, /32, /staged, /staged+il */
                 CHECK_MSG(!memcmp(go, prev_o, (size_t)T * vd * 4),
                           "deltanet dk=%d dv=%d: %s vs the previous phased form: outputs differ", dk, dv,
                           kind);
@@ -798,7 +801,8 @@ static void gdn_speed(int Hk, int Hv) {
     } forms[] = {{"conv + prep + norm", 0, 0, 1, 0}, {"scalar", 0, 0, 0, 0},
                  {"one kernel (gdn1)", 1, 0, 0, 0},  {"one kernel, conv by rows", 2, 16, 0, 0},
                  {"phased/16 (gdn2)", 2, 16, 0, 1},  {"phased/32", 2, 32, 0, 1},
-                 {"phased/staged", 2, 0, 0, 1},      {"phased/staged+il", 2, 1, 0, 1}};
+                 {"phased/staged", 2, 0, 0, 1},      {"phased/staged+il", 2, 1, 0, 1},
+                 {"phased/staged+pad", 2, 2, 0, 1}};
     cu_timer *tm;
     REQUIRE(cu_timer_create(&tm) == 0);
     float *o16 = NULL;
@@ -838,7 +842,7 @@ static void gdn_speed(int Hk, int Hv) {
                 }
             printf("     %-44s prep %.3f ms, sequential pass %.3f ms\n", "", part[0], part[1]);
         }
-        if (forms[f].scr && forms[f].dt <= 1) { /* where the cycles of one block of each go */
+        if (forms[f].scr && forms[f].dt <= 2) { /* where the cycles of one block of each go */
             long long *dp = NULL, hp[16];
             REQUIRE(cu_alloc((void **)&dp, sizeof hp, err, sizeof err) == 0);
             g.chunk_prof = dp;

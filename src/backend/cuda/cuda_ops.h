@@ -212,8 +212,8 @@ typedef struct cu_gdn_args {
     int chunk_cap; /* tc 2: chunks the scratch holds (cu_gdn_chunk_cap); a batch that may span more runs 1 */
     int chunk_dt;  /* tc 2: the sequential pass: 0 (forward_cuda's default) 32 value columns per block with
                       each chunk's inputs staged in shared memory one chunk ahead; 1 that and the prep with the
-                      runs of K of each product side by side (tc_mmaq); 16 or 32 value columns with fragments
-                      read from L2 (all the same bits) */
+                      runs of K of each product side by side (tc_mmaq); 2 staged with padded rows; 16 or 32
+                      value columns with fragments read from L2 (all the same bits) */
     long long *chunk_prof; /* diagnostics, normally NULL: [16] device clock cycles per phase of one prep block
                               ([0..6]) and of one block of the staged pass ([8..12], chunks in [15]) */
     /* speculative windows (meta.e_spec): the conv window and S of the slot stay as they were; each token's

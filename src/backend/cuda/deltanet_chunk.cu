@@ -389,8 +389,11 @@ template <int P, int DT> __global__ void __launch_bounds__(DT * 8) ck_state_kern
  * (tc_mma2: the A fragment loaded and split once, two independent MMA chains); the tiles and sums of
  * ck_state_kernel, so the same bits. */
 #define CKS_DT 32
-static size_t ck_stage_smem_floats(int dk) {
-    return 3 * (size_t)CK_CH * (dk + 4) + (size_t)CK_CH * CK_GLD + ((size_t)dk + 3 * CK_CH) * (CKS_DT + 4);
+/* pad: the layout of V 2 (rows of S, D, O, U padded to 40 floats and of Kf to dk + 8 instead of 36 and dk +
+ * 4: the fragments these feed as B, or as column-major A, then fall in 32 different banks) */
+static size_t ck_stage_smem_floats(int dk, bool pad = false) {
+    return 2 * (size_t)CK_CH * (dk + 4) + (size_t)CK_CH * (dk + (pad ? 8 : 4)) + (size_t)CK_CH * CK_GLD +
+           ((size_t)dk + 3 * CK_CH) * (CKS_DT + (pad ? 8 : 4));
 }
 
 /* rows x cols floats (cols a multiple of 4) from global (row stride cols) to shared (row stride ld), 16 bytes
@@ -420,16 +423,20 @@ static __device__ __forceinline__ void ck_stage_u(float *dst, int ld, const floa
     }
 }
 
-template <int P, bool IL> __global__ void __launch_bounds__(256) ck_state_stage_kernel(cu_gdn_args a) {
+/* V: 0 the default, 1 the products' runs of K side by side (il), 2 the padded layout (pad); the same bits */
+template <int P, int V> __global__ void __launch_bounds__(256) ck_state_stage_kernel(cu_gdn_args a) {
+    constexpr bool IL = V == 1, PAD = V == 2;
     extern __shared__ __align__(128) float smg[];
     int e = blockIdx.z;
     if (!ck_entry(a, e)) return;
-    const int DT = CKS_DT, VLD = DT + 4; /* DT = 32: two column tiles, taken together by tc_mma2 */
+    const int DT = CKS_DT,
+              VLD = DT + (PAD ? 8 : 4); /* DT = 32: two column tiles, taken together by tc_mma2 */
     const int dk = a.dk, dv = a.dv, KLD = dk + 4, tid = threadIdx.x, nt = blockDim.x, warp = tid >> 5,
               nw = nt >> 5;
     int h = blockIdx.y, j0 = blockIdx.x * DT, n = a.meta.e_n[e], pos0 = a.meta.e_len[e];
     int r0 = a.meta.e_row0[e];
-    float *Wb = smg, *Qb = Wb + CK_CH * KLD, *Kb = Qb + CK_CH * KLD, *QKb = Kb + CK_CH * KLD;
+    const int KBL = PAD ? dk + 8 : KLD; /* Kf's rows */
+    float *Wb = smg, *Qb = Wb + CK_CH * KLD, *Kb = Qb + CK_CH * KLD, *QKb = Kb + CK_CH * KBL;
     float *Ss = QKb + CK_CH * CK_GLD, *Ds = Ss + (size_t)dk * VLD, *Os = Ds + CK_CH * VLD,
           *Ub = Os + CK_CH * VLD;
     float *Sg = a.rec_state + (((size_t)a.meta.e_slot[e] * a.n_lin + a.lin) * a.Hv + h) * (size_t)dk * dv;
@@ -449,7 +456,7 @@ template <int P, bool IL> __global__ void __launch_bounds__(256) ck_state_stage_
     ck_stage_u(Ub, VLD, base + 3 * CK_CH * dk, dv, j0, tid, nt);
     __pipeline_commit();
     ck_stage<IL>(QKb, CK_GLD, base + 3 * CK_CH * dk + CK_CH * dv, CK_CH, CK_CH, tid, nt);
-    ck_stage<IL>(Kb, KLD, base + 2 * CK_CH * dk, CK_CH, dk, tid, nt);
+    ck_stage<IL>(Kb, KBL, base + 2 * CK_CH * dk, CK_CH, dk, tid, nt);
     __pipeline_commit();
     for (int c0 = 0, L; c0 < n; c0 += L, k++) {
         L = CK_CH - (pos0 + c0) % CK_CH;
@@ -508,7 +515,7 @@ template <int P, bool IL> __global__ void __launch_bounds__(256) ck_state_stage_
 #pragma unroll
                 for (int u = 0; u < a0.num_elements; u++) /* never contracted with tc_mma2's adds */
                     a0.x[u] = __fmul_rn(a0.x[u], egl), a1.x[u] = __fmul_rn(a1.x[u], egl);
-                ck_mm2<P, 2, IL, wmma::col_major, wmma::row_major>(a0, a1, Kb + mi * 16, KLD, Ds, Ds + 16,
+                ck_mm2<P, 2, IL, wmma::col_major, wmma::row_major>(a0, a1, Kb + mi * 16, KBL, Ds, Ds + 16,
                                                                    VLD, CK_CH);
                 wmma::store_matrix_sync(Ss + mi * 16 * VLD, a0, VLD, wmma::mem_row_major);
                 wmma::store_matrix_sync(Ss + mi * 16 * VLD + 16, a1, VLD, wmma::mem_row_major);
@@ -518,7 +525,7 @@ template <int P, bool IL> __global__ void __launch_bounds__(256) ck_state_stage_
         CK_MARK(3);
         if (nxt) { /* the next chunk's group B over this one's QK and Kf */
             ck_stage<IL>(QKb, CK_GLD, nxt + 3 * CK_CH * dk + CK_CH * dv, CK_CH, CK_CH, tid, nt);
-            ck_stage<IL>(Kb, KLD, nxt + 2 * CK_CH * dk, CK_CH, dk, tid, nt);
+            ck_stage<IL>(Kb, KBL, nxt + 2 * CK_CH * dk, CK_CH, dk, tid, nt);
         }
         __pipeline_commit();
         for (int idx = tid; idx < L * DT; idx += nt) {
@@ -550,19 +557,22 @@ extern "C" size_t cu_gdn_chunk_bytes(int cap, int T, int Hv, int dk, int dv) {
 
 template <int P> static int ck_set_smem(int dk, int dv) {
     int p = (int)(ck_prep_smem_floats(dk, dv) * sizeof(float)),
-        st = (int)(ck_stage_smem_floats(dk) * sizeof(float));
+        st = (int)(ck_stage_smem_floats(dk) * sizeof(float)),
+        stp = (int)(ck_stage_smem_floats(dk, true) * sizeof(float));
     return cudaFuncSetAttribute(ck_prep_kernel<P, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, p) ==
                cudaSuccess &&
            cudaFuncSetAttribute(ck_prep_kernel<P, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, p) ==
                cudaSuccess &&
-           cudaFuncSetAttribute(ck_state_stage_kernel<P, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+           cudaFuncSetAttribute(ck_state_stage_kernel<P, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 st) == cudaSuccess &&
+           cudaFuncSetAttribute(ck_state_stage_kernel<P, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                st) == cudaSuccess &&
+           cudaFuncSetAttribute(ck_state_stage_kernel<P, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                stp) == cudaSuccess &&
            cudaFuncSetAttribute(ck_state_kernel<P, 16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)(ck_state_smem_floats(dk, 16) * sizeof(float))) == cudaSuccess &&
            cudaFuncSetAttribute(ck_state_kernel<P, 32>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)(ck_state_smem_floats(dk, 32) * sizeof(float))) == cudaSuccess &&
-           cudaFuncSetAttribute(ck_state_stage_kernel<P, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)(ck_stage_smem_floats(dk) * sizeof(float))) == cudaSuccess;
+                                (int)(ck_state_smem_floats(dk, 32) * sizeof(float))) == cudaSuccess;
 }
 
 extern "C" int cu_gdn_chunk_init(int dk, int dv) {
@@ -572,7 +582,7 @@ extern "C" int cu_gdn_chunk_init(int dk, int dv) {
     cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
     if (ck_prep_smem_floats(dk, dv) * sizeof(float) > (size_t)optin ||
         ck_state_smem_floats(dk, 32) * sizeof(float) > (size_t)optin ||
-        ck_stage_smem_floats(dk) * sizeof(float) > (size_t)optin)
+        ck_stage_smem_floats(dk, true) * sizeof(float) > (size_t)optin)
         return 0;
     return ck_set_smem<1>(dk, dv) && ck_set_smem<3>(dk, dv);
 }
@@ -581,21 +591,23 @@ extern "C" int cu_gdn_chunk_init(int dk, int dv) {
 static int ck_launch(cu_ctx *c, const cu_gdn_args *a, int parts) {
     long bound = (long)a->T / CK_CH + 2L * a->NE; /* an entry of n rows spans at most n / 64 + 2 chunks */
     if (!a->chunk_scr || bound > a->chunk_cap) return 0;
-    /* chunk_dt: 0 staged, 1 staged with the runs of K side by side (il), 16 / 32 from L2 */
-    int P = cu_tf32_passes() == 1 ? 1 : 3, staged = a->chunk_dt == 0 || a->chunk_dt == 1,
-        il = a->chunk_dt == 1;
-    int DT = a->chunk_dt == 16 ? 16 : 32;
+    /* chunk_dt: 0 staged, 1 staged with the runs of K side by side (il), 2 staged, padded (pad), 16 / 32 from
+     * L2 */
+    int P = cu_tf32_passes() == 1 ? 1 : 3, dt = a->chunk_dt, staged = dt >= 0 && dt <= 2, il = dt == 1;
+    int DT = dt == 16 ? 16 : 32;
     size_t sp = ck_prep_smem_floats(a->dk, a->dv) * sizeof(float);
-    size_t ss = staged ? ck_stage_smem_floats(a->dk) * sizeof(float)
+    size_t ss = staged ? ck_stage_smem_floats(a->dk, dt == 2) * sizeof(float)
                        : ck_state_smem_floats(a->dk, DT) * sizeof(float);
     dim3 gp((unsigned)bound, (unsigned)a->Hv), gs(cdiv((size_t)a->dv, DT), (unsigned)a->Hv, (unsigned)a->NE);
 #define CK_PREP(P_, IL_) ck_prep_kernel<P_, IL_><<<gp, 256, sp, c->stream>>>(*a)
 #define CK_STATE(P_)                                                                                         \
     do {                                                                                                     \
-        if (staged && il)                                                                                    \
-            ck_state_stage_kernel<P_, true><<<gs, 256, ss, c->stream>>>(*a);                                 \
+        if (staged && dt == 1)                                                                               \
+            ck_state_stage_kernel<P_, 1><<<gs, 256, ss, c->stream>>>(*a);                                    \
+        else if (staged && dt == 2)                                                                          \
+            ck_state_stage_kernel<P_, 2><<<gs, 256, ss, c->stream>>>(*a);                                    \
         else if (staged)                                                                                     \
-            ck_state_stage_kernel<P_, false><<<gs, 256, ss, c->stream>>>(*a);                                \
+            ck_state_stage_kernel<P_, 0><<<gs, 256, ss, c->stream>>>(*a);                                    \
         else if (DT == 32)                                                                                   \
             ck_state_kernel<P_, 32><<<gs, 256, ss, c->stream>>>(*a);                                         \
         else                                                                                                 \
