@@ -3,17 +3,14 @@
 # CUDA backend, run the CUDA tests, then `cinfer bench --like SHAPE --device cuda` for the 4B, 35B-A3B and 27B
 # shapes and the transformers peer. Every stage has its own time limit and goes on past a failure; results
 # land in $OUT (log.txt: build; tests.txt; bench-*.txt; peer.txt).
-# The "tc" stage runs the paths still off by default beside the defaults: both tensor-core prefill kernels
-# (CINFER_CUDA_PREFILL=tc; the DeltaNet one alone is the default) and the grouped expert GEMV for MoE
-# decode (CINFER_CUDA_MOE=grouped): the model
-# parity tests and the batch test with the switch on (appended to tests.txt), then the bench of every shape
-# with it (bench-tc.txt; decode batch 1 only, decode does not use these kernels), beside the default kernels'
-# figures of the "bench" stage: one run says whether to flip. 8 files in $OUT at most.
-# usage: OUT=dir bash bench/run_cuda.sh [STAGES]   (STAGES: any of build tests bench tc peer; default all)
+# The "old" stage runs the 4B and 35B-A3B shapes again on the kernels of the morning of 2026-11-30 (every
+# switch added since turned off) beside the defaults of the "bench" stage (bench-old.txt). 8 files in $OUT at
+# most.
+# usage: OUT=dir bash bench/run_cuda.sh [STAGES]   (STAGES: any of build tests bench old peer; default all)
 set -u
 OUT=${OUT:-/tmp/cuda-out}
 mkdir -p "$OUT"
-STAGES=${1:-"build tests bench tc peer"}
+STAGES=${1:-"build tests bench old peer"}
 B=build-gpu
 has() { case " $STAGES " in *" $1 "*) return 0 ;; esac; return 1; }
 {
@@ -56,13 +53,13 @@ if has tests; then
     # the CUDA tests (op by op, fixture parity, batch invariance, graphs), one process each so that a fault in
     # one cannot hide the others, then the plain CPU parity as a control
     : > "$OUT/tests.txt"
-    for t in cuda_gemm cuda_gemv_indexed cuda_gemv_grouped cuda_row_ops cuda_next_split cuda_moe_route cuda_deltanet_layer \
-             cuda_deltanet_tc cuda_attention_layer cuda_attention_tc cuda_long_deltanet_tc cuda_long_attention_tc \
-             cuda_sample \
-             cuda_parity_qwen35_dense cuda_parity_qwen35_text cuda_parity_qwen35_moe_plain cuda_parity_qwen35_moe_fused \
-             cuda_parity_qwen3_next cuda_parity_default cuda_batch cuda_graphs cuda_device_choice; do
+    # every CUDA test of the tree (names read from the sources, so new tests join by themselves); the
+    # microbenches (*_speed, *_bench) are left to the bench stage's own commands
+    names=$(grep -hoE "^TEST\((cuda_[a-z0-9_]+)" tests/unit/test_cuda*.c tests/parity/test_parity_cuda*.c |
+        sed 's/TEST(//' | grep -vE "_speed$|_bench$" | sort -u)
+    for t in $names; do
         echo "== $t" >> "$OUT/tests.txt"
-        CINFER_BIN=$B/cinfer timeout 60 $B/cinfer-tests $t >> "$OUT/tests.txt" 2>&1 || echo "== $t: exit $?" >> "$OUT/tests.txt"
+        CINFER_BIN=$B/cinfer timeout 60 $B/cinfer-tests $t < /dev/null >> "$OUT/tests.txt" 2>&1 || echo "== $t: exit $?" >> "$OUT/tests.txt"
     done
     # diagnostic: the fixtures with every GEMM on f32 activations (what bf16 rounding of activations costs)
     echo "== cuda_parity with CINFER_CUDA_GEMV_MAX=1000000 (no bf16 activations)" >> "$OUT/tests.txt"
@@ -92,30 +89,19 @@ if has bench; then
     CINFER_CUDA_BF16_PASSES=1 timeout 60 $B/cinfer bench --like qwen3.5-4b --device cuda --no-profile 2>&1 | \
         grep -v "cinfer synth: writing" >> "$OUT/bench-qwen3.5-4b.txt"
 fi
-if has tc; then
-    : > "$OUT/bench-tc.txt"
-    # cuda_cli runs `cinfer generate --device auto` (the engine) against transformers' greedy ids: with
-    # CINFER_CUDA_SAMPLE=1 its greedy steps choose on the device
-    for t in cuda_parity_qwen35_dense cuda_parity_qwen35_text cuda_parity_qwen35_moe_plain cuda_parity_qwen35_moe_fused \
-             cuda_parity_qwen3_next cuda_parity_default cuda_batch cuda_cli; do
-        echo "== CINFER_CUDA_PREFILL=tc CINFER_CUDA_SAMPLE=1 CINFER_CUDA_MOE=grouped $t" >> "$OUT/tests.txt"
-        CINFER_CUDA_PREFILL=tc CINFER_CUDA_SAMPLE=1 CINFER_CUDA_MOE=grouped CINFER_BIN=$B/cinfer timeout 60 \
-            $B/cinfer-tests $t >> "$OUT/tests.txt" 2>&1 ||
-            echo "== $t: exit $?" >> "$OUT/tests.txt"
-    done
-    grep -E "^== CINFER_CUDA_PREFILL|FAIL|passed|skip" "$OUT/tests.txt" | sed -n '/CINFER_CUDA_PREFILL/,$p'
-    for s in qwen3.5-4b:90 qwen3.5-35b-a3b:120 qwen3.5-27b:150; do
+if has old; then
+    # the kernels of the morning of 2026-11-30 (before the fused decode kernels, the phased DeltaNet prefill, the
+    # flash-attention prefill, the fused MoE and its grouped prefill GEMMs), beside the defaults of the bench
+    # stage: one run says what the new defaults are worth
+    OLD="CINFER_CUDA_FUSE=0 CINFER_CUDA_GDN_FUSED=0 CINFER_CUDA_ATTN_FUSED=0 CINFER_CUDA_PREFILL=gdn1 CINFER_CUDA_MOE_FUSED=0 CINFER_CUDA_MOE_PREFILL=host CINFER_CUDA_SKINNY=0"
+    : > "$OUT/bench-old.txt"
+    for s in qwen3.5-4b:90 qwen3.5-35b-a3b:120; do
         shape=${s%%:*} lim=${s##*:}
-        echo "== $(date -u +%H:%M:%S) CINFER_CUDA_PREFILL=tc $B/cinfer bench --like $shape --device cuda --batches 1" |
-            tee -a "$OUT/bench-tc.txt"
-        CINFER_CUDA_PREFILL=tc timeout $lim $B/cinfer bench --like $shape --device cuda --batches 1 2>&1 |
-            grep -v "cinfer synth: writing" | tee -a "$OUT/bench-tc.txt"
+        echo "== $(date -u +%H:%M:%S) $OLD $B/cinfer bench --like $shape --device cuda --batches 1,8 --prefill 4096 --no-profile" |
+            tee -a "$OUT/bench-old.txt"
+        env $OLD timeout $lim $B/cinfer bench --like $shape --device cuda --batches 1,8 --prefill 4096 --no-profile 2>&1 |
+            grep -v "cinfer synth: writing" | tee -a "$OUT/bench-old.txt"
     done
-    # MoE decode with each chosen expert streamed once for all its slots (the default streams it per slot)
-    echo "== $(date -u +%H:%M:%S) CINFER_CUDA_MOE=grouped $B/cinfer bench --like qwen3.5-35b-a3b --device cuda --prefill 512" |
-        tee -a "$OUT/bench-tc.txt"
-    CINFER_CUDA_MOE=grouped timeout 60 $B/cinfer bench --like qwen3.5-35b-a3b --device cuda --prefill 512 2>&1 |
-        grep -v "cinfer synth: writing" | tee -a "$OUT/bench-tc.txt"
 fi
 if has peer; then
     for s in ${PEER_SHAPES:-qwen3.5-4b:70}; do
