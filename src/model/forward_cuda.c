@@ -261,7 +261,7 @@ struct cuda_fwd {
     int *h_keep, *h_par; /* [max_tokens] host: per entry of a call, e_keep and e_par */
     unsigned *
         win_cnt; /* [max_tokens][Hk] counters of the fused verify layer (NULL: CINFER_CUDA_SPEC_WINFUSED=0) */
-    int win_form; /* its form (cu_gdn_args.win_form: CINFER_CUDA_SPEC_WINFUSED=1 / 2 / 3; 2 by default) */
+    int win_v2;  /* its second form (cu_gdn_args.win_v2; 0: CINFER_CUDA_SPEC_WINFUSED=1) */
     /* profiling */
     int profile, prof_calls;
     double prof_ms[CP_N];
@@ -680,19 +680,21 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_ATTN_FUSED=%s: fused attention decode %s\n", af,
                 f->attn_cnt ? "on" : "off");
     /* steps of windows and decode tokens only run each DeltaNet layer as one kernel (cu_gdn_args.win_cnt; the
-     * same bits as the five kernels): by default its second form (cu_gdn_args.win_form; H200 call of 09:45,
-     * 4B, A = 0.7, 3 drafts: a verify step's deltanet core 1.41 -> 0.57 ms at batch 1, 3.02 -> 2.41 at batch
-     * 16); "1" the first form, "3" the third (cu_gdn_args.win_form), "0" the five kernels */
+     * same bits as the five kernels): by default its second form (cu_gdn_args.win_v2; H200 call of 09:45, 4B,
+     * A = 0.7, 3 drafts: a verify step's deltanet core 1.41 -> 0.57 ms at batch 1, 3.02 -> 2.41 at batch 16);
+     * "1" the first form, "0" the five kernels */
     const char *wf = getenv("CINFER_CUDA_SPEC_WINFUSED");
     if (m->n_lin > 0 && p->spec_window > 0 && !(wf && !strcmp(wf, "0"))) {
         size_t wb = (size_t)p->max_tokens * m->Hk * sizeof(unsigned);
         if ((rc = dev_alloc(f, (void **)&f->win_cnt, wb, &f->bytes_scratch, err, errlen))) goto fail;
         cu_memset_async(f->cu, f->win_cnt, wb);
-        f->win_form = wf && (!strcmp(wf, "1") || !strcmp(wf, "3")) ? wf[0] - '0' : 2;
+        f->win_v2 = !(wf && !strcmp(wf, "1"));
     }
     if (wf)
-        fprintf(stderr, "cinfer cuda: CINFER_CUDA_SPEC_WINFUSED=%s: fused deltanet verify layers %s%d%s\n",
-                wf, f->win_cnt ? "on (form " : "off", f->win_cnt ? f->win_form : 0, f->win_cnt ? ")" : "");
+        fprintf(stderr, "cinfer cuda: CINFER_CUDA_SPEC_WINFUSED=%s: fused deltanet verify layers %s\n", wf,
+                !f->win_cnt ? "off"
+                : f->win_v2 ? "on (second form)"
+                            : "on (first form)");
     /* deferred commits: on by default ("0": the commit kernels at each commit) */
     const char *sf = getenv("CINFER_CUDA_SPEC_FUSE");
     f->spec_fuse = m->n_lin > 0 && p->spec_window > 0 && !(sf && !strcmp(sf, "0"));
@@ -983,7 +985,7 @@ static void deltanet(cuda_fwd *f, const cu_layer *cl, const layer_weights *lw, i
     a.spec_rec = f->spec_rec, a.spec_win = f->p.spec_window, a.has_spec = rs->has_spec;
     a.spec_buf = f->spec_fuse ? spec_buf_floats(f) : 0;
     a.no_chunked = rs->no_chunked, a.dec_cnt = rs->gdn_fused ? f->gdn_cnt : NULL;
-    a.win_cnt = rs->has_spec && rs->no_chunked ? f->win_cnt : NULL, a.win_form = f->win_form;
+    a.win_cnt = rs->has_spec && rs->no_chunked ? f->win_cnt : NULL, a.win_v2 = f->win_v2;
     cu_gdn_layer(f->cu, &a);
     mark(f, CP_GEMM_OUT);
     out_proj(f, cl, T, vd, fz);

@@ -12,10 +12,9 @@
  *      and once the last pending commits are done (cu_gdn_spec_commit, forward_cuda.c's spec_flush) F's and
  *      U's slots must hold D's states bit for bit — speculative rollback at the kernel level.
  * Also without deferred commits (spec_buf 0: every window committed at once by cu_gdn_spec_commit). Both
- * three forms of the kernel (cu_gdn_args.win_form: CINFER_CUDA_SPEC_WINFUSED=1 / 2 / 3) in every case.
- * Shapes: tiny (3 value heads per key head, dv not a multiple of the 32-column block), dk 64, the 4B layer
- * (Hk 16, Hv 32, dk = dv = 128) and the 27B layer (Hk 16, Hv 48). GPU only: skips without a CUDA build or
- * device. */
+ * forms of the kernel (cu_gdn_args.win_v2: CINFER_CUDA_SPEC_WINFUSED=1 / 2) in every case. Shapes:
+ * tiny (3 value heads per key head, dv not a multiple of the 32-column block), dk 64, the 4B layer (Hk 16,
+ * Hv 32, dk = dv = 128) and the 27B layer (Hk 16, Hv 48). GPU only: skips without a CUDA build or device. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -166,7 +165,7 @@ static float *dev_layer_timed(cu_ctx *c, const layer *L, const float *dproj, con
     g.conv_out = dco, g.bg = dbg, g.o = dout, g.conv_state = s->cst, g.rec_state = s->rst, g.eps = 1e-6f;
     g.tc = tc, g.no_chunked = no_chunked, g.meta = meta;
     g.spec_rec = s->rec, g.spec_win = SPEC_WIN, g.has_spec = has_spec, g.spec_buf = spec_buf;
-    g.win_cnt = cnt, g.win_form = form;
+    g.win_cnt = cnt, g.win_v2 = form == 2;
     cu_gdn_layer(c, &g);
     if (reps > 0) { /* timed: reps more launches on the same inputs (the kernel's cost, printed) */
         cu_timer *tm = NULL;
@@ -395,28 +394,28 @@ static const int pre4[] = {70, 5, 130, 1}, slot4[] = {3, 0, 5, 1};
 
 TEST(cuda_fused_spec_tiny) {
     if (cuda_devices() < 1) SKIP("no CUDA device: skipped");
-    for (int form = 1; form <= 3; form++) spec_case("tiny", 2, 6, 32, 48, pre1, slot1, 1, 10, 1, form);
-    for (int form = 1; form <= 3; form++) spec_case("tiny", 2, 6, 32, 48, pre4, slot4, 4, 12, 1, form);
-    for (int form = 1; form <= 3; form++) spec_case("tiny", 2, 6, 32, 48, pre4, slot4, 4, 8, 0, form);
-    for (int form = 1; form <= 3; form++) spec_case("dk64", 1, 2, 64, 64, pre4, slot4, 4, 8, 1, form);
+    for (int form = 1; form <= 2; form++) spec_case("tiny", 2, 6, 32, 48, pre1, slot1, 1, 10, 1, form);
+    for (int form = 1; form <= 2; form++) spec_case("tiny", 2, 6, 32, 48, pre4, slot4, 4, 12, 1, form);
+    for (int form = 1; form <= 2; form++) spec_case("tiny", 2, 6, 32, 48, pre4, slot4, 4, 8, 0, form);
+    for (int form = 1; form <= 2; form++) spec_case("dk64", 1, 2, 64, 64, pre4, slot4, 4, 8, 1, form);
 }
 
 TEST(cuda_fused_spec_4b) {
     if (cuda_devices() < 1) SKIP("no CUDA device: skipped");
-    for (int form = 1; form <= 3; form++) spec_case("4B", 16, 32, 128, 128, pre1, slot1, 1, 8, 1, form);
-    for (int form = 1; form <= 3; form++) spec_case("4B", 16, 32, 128, 128, pre4, slot4, 4, 8, 1, form);
-    for (int form = 1; form <= 3; form++) spec_case("4B", 16, 32, 128, 128, pre4, slot4, 4, 4, 0, form);
+    for (int form = 1; form <= 2; form++) spec_case("4B", 16, 32, 128, 128, pre1, slot1, 1, 8, 1, form);
+    for (int form = 1; form <= 2; form++) spec_case("4B", 16, 32, 128, 128, pre4, slot4, 4, 8, 1, form);
+    for (int form = 1; form <= 2; form++) spec_case("4B", 16, 32, 128, 128, pre4, slot4, 4, 4, 0, form);
 }
 
 TEST(cuda_fused_spec_27b) {
     if (cuda_devices() < 1) SKIP("no CUDA device: skipped");
-    for (int form = 1; form <= 3; form++) spec_case("27B", 16, 48, 128, 128, pre1, slot1, 1, 6, 1, form);
-    for (int form = 1; form <= 3; form++) spec_case("27B", 16, 48, 128, 128, pre4, slot4, 4, 8, 1, form);
+    for (int form = 1; form <= 2; form++) spec_case("27B", 16, 48, 128, 128, pre1, slot1, 1, 6, 1, form);
+    for (int form = 1; form <= 2; form++) spec_case("27B", 16, 48, 128, 128, pre4, slot4, 4, 8, 1, form);
 }
 
 /* The cost of one verify layer at the 4B shape (Hk 16, Hv 32, dk = dv = 128): NE entries, each a window of 4
  * tokens with a deferred commit of 2 kept tokens pending (the common round at acceptance 0.7), through the
- * five kernels and the three forms, 200 launches each after one (the states drift from launch to launch,
+ * five kernels and the two forms, 200 launches each after one (the states drift from launch to launch,
  * which changes no cost). Printed, not checked; each form's first launch must give the five kernels' output
  * bit for bit. */
 static void speed_case(int NE) {
@@ -436,9 +435,9 @@ static void speed_case(int NE) {
     float *proj = proj_rows(&L, NE * SPEC_WIN), *dproj = dup_dev(proj, (size_t)NE * SPEC_WIN * L.ld * 4);
     unsigned *cnt = NULL;
     REQUIRE(cu_alloc((void **)&cnt, (size_t)NE * L.Hk * sizeof(unsigned), err, sizeof err) == 0);
-    double us[4] = {0};
+    double us[3] = {0};
     float *ref = NULL;
-    for (int form = 0; form <= 3; form++) {
+    for (int form = 0; form <= 2; form++) {
         dstate s = {dup_dev(cst, cs_n * 4), dup_dev(rst, rs_n * 4), dup_dev(rec, rec_n * 4)};
         int nan = 0;
         float *o = dev_layer_timed(c, &L, dproj, e, NE, &s, one_buf, form ? cnt : NULL, form, 0, &nan, 200,
@@ -456,8 +455,8 @@ static void speed_case(int NE) {
     }
     printf(
         "     4B verify layer, %2d windows of 4 (2 kept pending): five kernels %.1f us, form 1 %.1f, form 2 "
-        "%.1f, form 3 %.1f\n",
-        NE, us[0], us[1], us[2], us[3]);
+        "%.1f\n",
+        NE, us[0], us[1], us[2]);
     free(ref), free(proj), free(cst), free(rst), free(rec), free(e);
     cu_free(dproj), cu_free(cnt);
     layer_free(&L);

@@ -239,9 +239,9 @@ typedef struct cu_gdn_args {
      * windows and decode tokens only (no_chunked, has_spec) runs the whole layer as one fused kernel with the
      * same bits, records and deferred commits included (CINFER_CUDA_SPEC_WINFUSED) */
     unsigned *win_cnt;
-    /* with win_cnt: the kernel's form, 1 (or 0), 2 (fewer dependent loads) or 3 (also two barriers a token
-     * instead of five), all with the same bits (CINFER_CUDA_SPEC_WINFUSED=1 / 2 / 3) */
-    int win_form;
+    /* with win_cnt: 1 the kernel's second form (fewer dependent loads; the same bits),
+     * CINFER_CUDA_SPEC_WINFUSED=2 */
+    int win_v2;
     cu_meta meta;
 } cu_gdn_args;
 #define CU_SPEC_REC(C, Hv) (2 * (size_t)(C) + 2 * (size_t)(Hv))

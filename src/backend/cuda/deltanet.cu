@@ -412,28 +412,19 @@ template <int R> __global__ void __launch_bounds__(256) fused_decode_kernel(cu_g
  * path writes them (a decode token's; a window's only when a deferred commit was replayed into it), and the
  * gated norm of every row by the last block of the key head's group (win_cnt, as fused_decode_kernel). The
  * same device code on the same values: the same bits as the unfused path. */
-/* F: the form (cu_gdn_args.win_form). V2 (forms 2 and 3, CINFER_CUDA_SPEC_WINFUSED=2): the same values
- * through the same device code, with fewer dependent global round trips per block (at batch 1 one block per
- * SM, nothing hides the latency): the kept tokens' q / k / v / beta / g staged at once before the replay (was
- * a load, a barrier and a load per token); the conv by a thread per channel walking the tokens (conv_kernel's
- * sliding window, its inputs and weights loaded once: was a thread per (token, channel), n loads of the
- * window), writing its value channels' new windows from registers and staging the q / k channels' ones in
- * shared memory for the group's last block (was a second pass of loads); the gated norms of the group spread
- * over all eight warps (was rr of them, token after token); registers capped for four blocks per SM, as the
- * decode kernel has (122 -> 64 at dk 128, 4 bytes spilled): at batch 16 the grid is ~16 blocks per SM. V3
- * (form 3, =3): the kept tokens staged beside the window's (their loads beside the conv's instead of before
- * them) and replayed in the window's loop, which runs two barriers a token instead of rec_token's five (the
- * same operations in the same order: the same bits); three blocks per SM (dk 128: 80 registers, 28 bytes
- * spilled; at four, 92). */
-template <int R, int F>
-__global__ void __launch_bounds__(256, R > 16   ? 0
-                                       : F == 2 ? 4
-                                       : F == 3 ? 3
-                                                : 0) fused_window_kernel(cu_gdn_args a) {
-    constexpr bool V2 = F >= 2, V3 = F == 3;
+/* V2 (cu_gdn_args.win_v2, CINFER_CUDA_SPEC_WINFUSED=2): the same values through the same device code, with
+ * fewer dependent global round trips per block (at batch 1 one block per SM, nothing hides the latency): the
+ * kept tokens' q / k / v / beta / g staged at once before the replay (was a load, a barrier and a load per
+ * token); the conv by a thread per channel walking the tokens (conv_kernel's sliding window, its inputs and
+ * weights loaded once: was a thread per (token, channel), n loads of the window), writing its value channels'
+ * new windows from registers and staging the q / k channels' ones in shared memory for the group's last
+ * block (was a second pass of loads); the gated norms of the group spread over all eight warps (was rr of
+ * them, token after token); registers capped for four blocks per SM, as the decode kernel has (122 -> 64 at
+ * dk 128, 4 bytes spilled): at batch 16 the grid is ~16 blocks per SM. */
+template <int R, bool V2>
+__global__ void __launch_bounds__(256, (V2 && R <= 16) ? 4 : 0) fused_window_kernel(cu_gdn_args a) {
     extern __shared__ float wsm[];
     __shared__ float red[REC_GROUPS][32], fin[32];
-    __shared__ float redo[REC_GROUPS][32]; /* V3: the output sums (red holds the next token's m) */
     __shared__ int last;
     int e = blockIdx.z, n = a.meta.e_n[e], spec = a.meta.e_spec[e];
     int h = blockIdx.y, jj = threadIdx.x & 31, g = threadIdx.x >> 5, j0 = blockIdx.x * 32, j = j0 + jj;
@@ -443,9 +434,6 @@ __global__ void __launch_bounds__(256, R > 16   ? 0
     float *qs = wsm, *ks = qs + (size_t)a.spec_win * dk, *vs = ks + (size_t)a.spec_win * dk;
     float *bgs = vs + (size_t)a.spec_win * 32;
     float *qkw = bgs + 2 * (size_t)a.spec_win; /* V2: [K-1][2 dk] the q / k channels' new conv windows */
-    /* V3: the kept tokens' q, k, v (this block's columns), beta | g, apart from the window's */
-    float *qsP = qkw + (size_t)(K - 1) * 2 * dk, *ksP = qsP + (size_t)a.spec_win * dk,
-          *vsP = ksP + (size_t)a.spec_win * dk, *bgsP = vsP + (size_t)a.spec_win * 32;
     size_t rf = CU_SPEC_REC(C, Hv);
     const float *prev = a.spec_rec + (size_t)(a.meta.e_par[e] ^ 1) * a.spec_buf +
                         ((size_t)slot * a.n_lin + a.lin) * a.spec_win * rf; /* the kept tokens' records */
@@ -457,29 +445,27 @@ __global__ void __launch_bounds__(256, R > 16   ? 0
         int i = g + REC_GROUPS * t;
         sv[t] = i < dk && ok ? S[(size_t)i * dv] : 0.0f;
     }
-    /* the deferred commit first (recurrent_kernel's replay: q / k of each kept token staged in qs / ks); V3
-     * stages them apart and replays them in the loop of the window's tokens */
+    /* the deferred commit first (recurrent_kernel's replay: q / k of each kept token staged in qs / ks) */
     if (V2 && keep > 0) {
-        float *pq = V3 ? qsP : qs, *pk = V3 ? ksP : ks, *pv = V3 ? vsP : vs, *pb = V3 ? bgsP : bgs;
         for (int x = tid; x < keep * 2 * dk; x += blockDim.x) {
             int tt = x / (2 * dk), idx = x % (2 * dk);
             const float *post = prev + (size_t)tt * rf + C;
             if (idx < dk)
-                pq[(size_t)tt * dk + idx] = post[(size_t)kh * dk + idx];
+                qs[(size_t)tt * dk + idx] = post[(size_t)kh * dk + idx];
             else
-                pk[(size_t)tt * dk + idx - dk] = post[kd + (size_t)kh * dk + idx - dk];
+                ks[(size_t)tt * dk + idx - dk] = post[kd + (size_t)kh * dk + idx - dk];
         }
         for (int x = tid; x < keep * 32; x += blockDim.x) {
             int tt = x / 32, jv = x % 32;
-            pv[x] =
+            vs[x] =
                 j0 + jv < dv ? prev[(size_t)tt * rf + C + 2 * (size_t)kd + (size_t)h * dv + j0 + jv] : 0.0f;
         }
         for (int tt = tid; tt < keep; tt += blockDim.x) {
             const float *bg = prev + (size_t)tt * rf + 2 * (size_t)C;
-            pb[2 * tt] = bg[h], pb[2 * tt + 1] = bg[Hv + h];
+            bgs[2 * tt] = bg[h], bgs[2 * tt + 1] = bg[Hv + h];
         }
-        if (!V3) __syncthreads();
-        for (int tt = 0; !V3 && tt < keep; tt++) {
+        __syncthreads();
+        for (int tt = 0; tt < keep; tt++) {
             float decay = expf(bgs[2 * tt + 1]), beta = bgs[2 * tt];
             float vj = ok ? vs[tt * 32 + jj] : 0.0f;
             rec_token<R>(sv, qs + (size_t)tt * dk, ks + (size_t)tt * dk, vj, decay, beta, g, jj, ok, dk, red,
@@ -497,7 +483,7 @@ __global__ void __launch_bounds__(256, R > 16   ? 0
         float vj = ok ? post[2 * (size_t)kd + (size_t)h * dv + j] : 0.0f;
         rec_token<R>(sv, qs, ks, vj, decay, beta, g, jj, ok, dk, red, fin, NULL);
     }
-    if (!V3 && keep > 0 && spec) {
+    if (keep > 0 && spec) {
 #pragma unroll
         for (int t = 0; t < R; t++) {
             int i = g + REC_GROUPS * t;
@@ -626,79 +612,7 @@ __global__ void __launch_bounds__(256, R > 16   ? 0
             }
     }
     float *orow = a.o + (size_t)r0 * Hv * dv;
-    if (V3) {
-        /* the kept tokens u < keep (no output), then the window's: rec_token's operations on the same values
-         * in the same order, pipelined over two barriers a token (rec_token has five): token u+1's decay and
-         * S^T k partial sums go to red while token u's output partials go to redo, so one barrier orders both
-         * reductions. red is read (warp 0) before barrier B and rewritten after it; redo and fin likewise
-         * across barriers C and B. */
-        int TT = keep + n;
-        {
-            const float *k0 = keep > 0 ? ksP : ks;
-            float decay = expf(keep > 0 ? bgsP[1] : bgs[1]), m = 0.0f;
-#pragma unroll
-            for (int t = 0; t < R; t++) {
-                int i = g + REC_GROUPS * t;
-                if (i < dk && ok) {
-                    sv[t] = __fmul_rn(sv[t], decay);
-                    m = fmaf(k0[i], sv[t], m);
-                }
-            }
-            red[g][jj] = m;
-        }
-        __syncthreads();
-        for (int u = 0; u < TT; u++) {
-            int out = u >= keep, w = u - keep;
-            const float *qu = out ? qs + (size_t)w * dk : qsP + (size_t)u * dk,
-                        *ku = out ? ks + (size_t)w * dk : ksP + (size_t)u * dk;
-            if (g == 0) {
-                float beta = out ? bgs[2 * w] : bgsP[2 * u];
-                float vj = ok ? (out ? vs[w * 32 + jj] : vsP[u * 32 + jj]) : 0.0f;
-                float mm = 0.0f;
-                for (int t = 0; t < REC_GROUPS; t++) mm += red[t][jj];
-                fin[jj] = beta * ((ok ? vj : 0.0f) - mm);
-            }
-            __syncthreads(); /* B */
-            float mj = fin[jj], o = 0.0f;
-#pragma unroll
-            for (int t = 0; t < R; t++) {
-                int i = g + REC_GROUPS * t;
-                if (i < dk && ok) {
-                    sv[t] = fmaf(ku[i], mj, sv[t]);
-                    o = fmaf(qu[i], sv[t], o);
-                }
-            }
-            if (out) redo[g][jj] = o;
-            if (spec && u == keep - 1) { /* the committed state: a window never writes its own */
-#pragma unroll
-                for (int t = 0; t < R; t++) {
-                    int i = g + REC_GROUPS * t;
-                    if (i < dk && ok) S[(size_t)i * dv] = sv[t];
-                }
-            }
-            if (u + 1 < TT) {
-                int o1 = u + 1 >= keep, w1 = u + 1 - keep;
-                const float *k1 = o1 ? ks + (size_t)w1 * dk : ksP + (size_t)(u + 1) * dk;
-                float decay = expf(o1 ? bgs[2 * w1 + 1] : bgsP[2 * (u + 1) + 1]), m = 0.0f;
-#pragma unroll
-                for (int t = 0; t < R; t++) {
-                    int i = g + REC_GROUPS * t;
-                    if (i < dk && ok) {
-                        sv[t] = __fmul_rn(sv[t], decay);
-                        m = fmaf(k1[i], sv[t], m);
-                    }
-                }
-                red[g][jj] = m;
-            }
-            __syncthreads(); /* C */
-            if (out && g == 0 && ok) {
-                float oo = 0.0f;
-                for (int t = 0; t < REC_GROUPS; t++) oo += redo[t][jj];
-                orow[(size_t)w * Hv * dv + (size_t)h * dv + j] = oo;
-            }
-        }
-    }
-    for (int t = 0; !V3 && t < n; t++) {
+    for (int t = 0; t < n; t++) {
         float decay = expf(bgs[2 * t + 1]), beta = bgs[2 * t];
         float vj = ok ? vs[t * 32 + jj] : 0.0f;
         rec_token<R>(sv, qs + (size_t)t * dk, ks + (size_t)t * dk, vj, decay, beta, g, jj, ok, dk, red, fin,
@@ -997,22 +911,18 @@ extern "C" void cu_gdn_layer(cu_ctx *c, const cu_gdn_args *a) {
             fused_decode_kernel<32><<<grid, 256, 0, c->stream>>>(*a);
         return;
     }
-    /* the stage (spec_win x (2 dk + 34) floats); forms 2, 3: the q / k windows ((K-1) x 2 dk) after it; 3:
-     * a second stage for the kept tokens */
-    int form = a->win_form == 2 || a->win_form == 3 ? a->win_form : 1;
-    size_t stage = (size_t)a->spec_win * (2 * (size_t)a->dk + 34);
+    /* the stage (spec_win x (2 dk + 34) floats), with V2 the q / k windows ((K-1) x 2 dk) after it */
     size_t wsm =
-        (stage + (form >= 2 ? (size_t)(a->K - 1) * 2 * a->dk : 0) + (form == 3 ? stage : 0)) * sizeof(float);
+        ((size_t)a->spec_win * (2 * (size_t)a->dk + 34) + (a->win_v2 ? (size_t)(a->K - 1) * 2 * a->dk : 0)) *
+        sizeof(float);
     if (a->win_cnt && a->has_spec && a->no_chunked && 2 * a->dk <= 512 && wsm <= 48 * 1024) {
         dim3 grid(cdiv((size_t)a->dv, 32), (unsigned)a->Hv, (unsigned)a->NE);
 #define WINK(R_)                                                                                             \
     do {                                                                                                     \
-        if (form == 3)                                                                                       \
-            fused_window_kernel<R_, 3><<<grid, 256, wsm, c->stream>>>(*a);                                   \
-        else if (form == 2)                                                                                  \
-            fused_window_kernel<R_, 2><<<grid, 256, wsm, c->stream>>>(*a);                                   \
+        if (a->win_v2)                                                                                       \
+            fused_window_kernel<R_, true><<<grid, 256, wsm, c->stream>>>(*a);                                \
         else                                                                                                 \
-            fused_window_kernel<R_, 1><<<grid, 256, wsm, c->stream>>>(*a);                                   \
+            fused_window_kernel<R_, false><<<grid, 256, wsm, c->stream>>>(*a);                               \
     } while (0)
         if (a->dk <= 32)
             WINK(4);
