@@ -740,8 +740,8 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * 199 -> 43 ms (4B), 663 -> 167 ms (27B), 249 -> 52 ms (35B-A3B). CINFER_CUDA_GDN_DT: its sequential pass
      * — "stage" (the default: 32 value columns, each chunk's inputs staged in shared memory one chunk ahead),
      * "il" (that, and the prep, with the runs of K of each product side by side: measured slower, 2.05 ms),
-     * "pad" (the staged pass's shared rows padded against bank conflicts), "16" or "32" (fragments from L2:
-     * 2.75 / 2.99 ms); all the same bits */
+     * "pad" (the staged pass's shared rows padded against bank conflicts: 1.87 ms), "16" or "32" (fragments
+     * from L2: 2.75 / 2.99 ms); all the same bits, all measured slower than the default's 1.70 ms */
     const char *pf = getenv("CINFER_CUDA_PREFILL");
     const char *pfv = pf ? pf : "tc";
     int one = !strcmp(pfv, "gdn1") || !strcmp(pfv, "tc1");
