@@ -240,8 +240,7 @@ struct cuda_fwd {
     graph_ent graphs[MAX_GRAPHS];
     int n_graphs;
     unsigned long long graph_clock;
-    int verify_graphs; /* steps with speculative windows replay graphs too (CINFER_CUDA_VERIFY_GRAPHS=0: not)
-                        */
+    int verify_graphs; /* verify steps replay graphs too (CINFER_CUDA_VERIFY_GRAPHS=1) */
     /* verify-step keys met once and run eagerly: a key is captured the second time it comes, so the shapes a
      * run meets once (the shorter windows where an output budget ends) never pay a capture */
     graph_ent seen[16];
@@ -578,17 +577,17 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     const char *rw = getenv("CINFER_CUDA_RANDOM_WEIGHTS");
     if (rw && !strcmp(rw, "1") && !f->p.random_weights)
         f->p.random_weights = 1, f->p.seed = f->p.seed ? f->p.seed : 7;
-    /* steps with verify windows replay graphs too ("0": eager). With windows of one shape (the engine pads
-     * them on cuda) and shapes met once left eager, the H200 calls of 08:53 and 09:21 (4B, A = 0.7, 3 drafts)
-     * gave 1.60x / 1.49x at batch 1 with graphs + padding + deferred commits against 1.54x / 1.39x eager,
-     * every speculation test passing (at first, with windows of varying rows, graphs were slower: 1.55x
-     * vs 1.63x) */
+    /* "1": steps with verify windows replay graphs too (a shape captured the second time it comes). Off again
+     * since the fused verify layers: the H200 call of 10:07 timed an eager 4B verify step as fast as its
+     * graph (4.12 vs 4.08 ms at batch 1, 7.17 vs 7.24 at 16) while a capture costs ~1 / ~4.5 ms, and at 10:27
+     * eager verify steps gave 1.71x / 1.54x at batch 1 / 16 against 1.70x / 1.39x from graphs (A = 0.7, 3
+     * drafts, -n 48). Earlier, with the five DeltaNet kernels, graphs had paid (1.60x vs 1.54x at 08:53). */
     const char *mg = getenv("CINFER_CUDA_MTP_GRAPHS");
     f->mtp_graphs = mg && !strcmp(mg, "1");
     const char *gu = getenv("CINFER_CUDA_GRAPH_UPDATE");
     f->graph_update = gu && !strcmp(gu, "1");
     const char *vg = getenv("CINFER_CUDA_VERIFY_GRAPHS");
-    f->verify_graphs = !(vg && !strcmp(vg, "0"));
+    f->verify_graphs = vg && !strcmp(vg, "1");
     const char *g = getenv("CINFER_CUDA_GRAPHS"); /* "0": launch every step eagerly (tests compare the two) */
     if (g && !strcmp(g, "0")) f->p.no_graphs = 1;
     /* diagnostics: f32-activation GEMV for up to this many rows */
