@@ -619,10 +619,12 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * CINFER_CUDA_SKINNY_MAX rows (default 8, at most 32; the fused decode GEMVs then serve that many), "2"
      * the same from 2 rows (one row stays on the GEMV v3: faster at one row, but then a verify window's rows
      * and plain decode rows differ in bits, which exact rollback cannot have), "auto" (the default) 1 for a
-     * context that may verify speculative windows and 2 otherwise, "0" off. Default since the H200 call of
-     * 10:27 (session 4): 4B decode batch 4 / 8 999 -> 1,149 / 1,346 -> 1,932 tok/s, batch 1 unchanged (352);
-     * 27B batch 8 274 -> 448; speculation at forced acceptance 0.7, 3 drafts, batch 1: 1.71x -> 1.96x; every
-     * speculation, parity, graph and batch test passing with it */
+     * context that may verify speculative windows and off otherwise, "0" off everywhere. Why not 2 outside
+     * speculation, though faster there (H200 10:27, session 4: 4B batch 4 / 8 999 -> 1,149 / 1,346 -> 1,932
+     * tok/s, batch 1 unchanged; 27B batch 8 274 -> 448): a sequence's row alone (one row, the GEMV) and in a
+     * batch (the skinny GEMM) would then differ in bits, which cuda_gemv3_forward_fused_vs_unfused and
+     * cuda_vision_text_rows_unchanged refuse (H200 10:52). With speculation every row takes the skinny GEMM:
+     * 4B at forced acceptance 0.7, 3 drafts, batch 1: 1.71x -> 1.96x (650 tok/s), rollback bitwise exact */
     const char *sk = getenv("CINFER_CUDA_SKINNY"), *skm = getenv("CINFER_CUDA_SKINNY_MAX");
     int sk_auto = !sk || !strcmp(sk, "auto");
     if (!sk_auto) cu_set_skinny(sk ? atoi(sk) : 0);
@@ -637,10 +639,10 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     }
     if ((rc = upload_layers(f, err, errlen)) || (rc = alloc_scratch(f, err, errlen))) goto fail;
     cu_set_gemm_scratch(f->cu, f->ytmp, f->ytmp_floats);
-    if (sk_auto) cu_ctx_set_skinny(f->cu, f->p.spec_window > 0 ? 1 : 2);
+    if (sk_auto) cu_ctx_set_skinny(f->cu, f->p.spec_window > 0 ? 1 : 0);
     if (sk)
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_SKINNY=%s: skinny GEMM mode %d up to %d rows\n", sk,
-                sk_auto ? (f->p.spec_window > 0 ? 1 : 2) : cu_skinny_mode(), cu_skinny_max());
+                sk_auto ? (f->p.spec_window > 0 ? 1 : 0) : cu_skinny_mode(), cu_skinny_max());
     size_t kvd = (size_t)m->Hkv * m->hd;
     if (m->n_full > 0) {
         size_t kvb = (size_t)m->n_full * (size_t)p->n_blocks * 16 * kvd * 4;
