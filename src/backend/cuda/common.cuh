@@ -87,9 +87,10 @@ __device__ __forceinline__ void griddep_launch(void) {
  * kernel's blocks may start while the kernel before it still runs; each GEMV kernel calls griddep_wait()
  * before its first read of x, and reads only weights before that */
 extern "C" int cu_pdl_on(void);
+/* kern<<<grid, block, 0, stream>>>(args...), by programmatic dependent launch when pdl */
 template <class... KA, class... A>
-static void cu_launch_gemv(cu_ctx *c, void (*kern)(KA...), dim3 grid, dim3 block, A... args) {
-    if (!cu_pdl_on()) {
+static void cu_launch_pdl(cu_ctx *c, int pdl, void (*kern)(KA...), dim3 grid, dim3 block, A... args) {
+    if (!pdl) {
         kern<<<grid, block, 0, c->stream>>>(args...);
         return;
     }
@@ -104,6 +105,10 @@ static void cu_launch_gemv(cu_ctx *c, void (*kern)(KA...), dim3 grid, dim3 block
     cfg.attrs = at;
     cfg.numAttrs = 1;
     cudaLaunchKernelEx(&cfg, kern, args...);
+}
+template <class... KA, class... A>
+static void cu_launch_gemv(cu_ctx *c, void (*kern)(KA...), dim3 grid, dim3 block, A... args) {
+    cu_launch_pdl(c, cu_pdl_on(), kern, grid, block, args...);
 }
 
 static inline unsigned cdiv(size_t a, size_t b) {

@@ -335,26 +335,6 @@ __global__ void __launch_bounds__(MF_WARPS * 32, MF_DOWN_MINB(G))
     }
 }
 
-/* kern<<<grid, block, 0, stream>>>(args...), with programmatic dependent launch when pdl */
-template <class... KA, class... A>
-static void mf_launch(cu_ctx *c, int pdl, void (*kern)(KA...), dim3 grid, dim3 block, A... args) {
-    if (!pdl) {
-        kern<<<grid, block, 0, c->stream>>>(args...);
-        return;
-    }
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = 0;
-    cfg.stream = c->stream;
-    cfg.attrs = at;
-    cfg.numAttrs = 1;
-    cudaLaunchKernelEx(&cfg, kern, args...);
-}
-
 extern "C" int cu_moe_fused_norm_ok(int H) {
     return H <= MF_NORM_H;
 }
@@ -377,7 +357,7 @@ extern "C" void cu_moe_fused_route(cu_ctx *c, const cu_moe_args *a) {
     else
         kern = nrm ? ((a->variant & 2) ? mf_route_kernel<8, 1, 32> : mf_route_kernel<4, 1, 32>)
                    : ((a->variant & 2) ? mf_route_kernel<8, 0, 32> : mf_route_kernel<4, 0, 32>);
-    mf_launch(c, pdl, kern, grid, block, a->x, a->router, a->logits, a->idx, a->w, a->count, a->H, a->E, a->k,
+    cu_launch_pdl(c, pdl, kern, grid, block, a->x, a->router, a->logits, a->idx, a->w, a->count, a->H, a->E, a->k,
               a->norm, a->norm_w, a->eps, a->xn);
 }
 
@@ -388,7 +368,7 @@ extern "C" void cu_moe_fused_gate_up(cu_ctx *c, const cu_moe_args *a) {
     dim3 grid(cdiv(warps, MF_WARPS), (unsigned)a->T), block(MF_WARPS * 32);
     int pdl = (a->variant & 4) != 0;
     const float *x = a->norm_w ? a->xn : a->x; /* the router's normed rows */
-    mf_launch(c, pdl, (a->variant & 1) ? mf_gate_up_kernel<2> : mf_gate_up_kernel<4>, grid, block, x, a->e_gu,
+    cu_launch_pdl(c, pdl, (a->variant & 1) ? mf_gate_up_kernel<2> : mf_gate_up_kernel<4>, grid, block, x, a->e_gu,
               a->idx, a->sh_gu, a->sh_gw, a->act, a->shg, a->H, a->k, a->Im, Is);
 }
 
@@ -402,7 +382,7 @@ extern "C" void cu_moe_fused_down(cu_ctx *c, const cu_moe_args *a) {
                  float *, float *, int, int, int, int) =
         a->Im > 512 ? mf_down_kernel<4, MF_GROUP> /* 8 x 4 chunks would spill */
                     : ((a->variant & 16) ? mf_down_kernel<2, 8> : mf_down_kernel<2, MF_GROUP>);
-    mf_launch(c, (a->variant & 4) != 0, kern, grid, block, a->act, a->e_down, a->idx, a->w, sh_down, a->shg,
+    cu_launch_pdl(c, (a->variant & 4) != 0, kern, grid, block, a->act, a->e_down, a->idx, a->w, sh_down, a->shg,
               a->out, a->resid, a->H, a->k, a->Im, Is);
 }
 
