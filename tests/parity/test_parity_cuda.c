@@ -377,8 +377,13 @@ TEST(cuda_bench_like_defaults_run) {
              "%s bench --like qwen3.5-0.8b --device cuda --prefill 0 --batches 1 -n 2 --no-profile > /dev/null 2>&1",
              bin);
     snprintf(bad, sizeof bad, "%s bench --like qwen3.5-0.8b --device cuda --prefill 0,5 > /dev/null 2>&1", bin);
+#ifdef CINFER_CUDA
+    /* (a build without the CUDA backend refuses --like before reading its lists: exit 1, checked below) */
     int rb = system(bad);
     CHECK_MSG(WIFEXITED(rb) && WEXITSTATUS(rb) == 2, "bench --prefill 0,5: status %d, want exit 2", rb);
+#else
+    (void)bad;
+#endif
     if (no_device()) {
         int rc = system(cmd);
         CHECK_MSG(WIFEXITED(rc) && WEXITSTATUS(rc) == 1, "bench --like without a device: status %d, want exit 1", rc);
