@@ -201,6 +201,19 @@ __global__ void prep_kernel(cu_gdn_args a) {
  * tokens, S never written back) and the commit's replay all run it, so the three give the same bits. */
 #define REC_GROUPS 8
 #define REC_MAXR   32 /* rows per thread: dk <= 256 */
+/* LAUNCH(R) with R = rows of S per thread for this dk (4, 8, 16 or 32): every kernel holding S in registers
+ * is launched through this one choice */
+#define REC_DISPATCH(dk, LAUNCH)                                                                             \
+    do {                                                                                                     \
+        if ((dk) <= 32)                                                                                      \
+            LAUNCH(4);                                                                                       \
+        else if ((dk) <= 64)                                                                                 \
+            LAUNCH(8);                                                                                       \
+        else if ((dk) <= 128)                                                                                \
+            LAUNCH(16);                                                                                      \
+        else                                                                                                 \
+            LAUNCH(32);                                                                                      \
+    } while (0)
 /* R = rows per thread the kernels are built for (ceil(dk / 8): 4, 8, 16 or 32): the registers holding S are
  * sized to what dk needs, not to the largest dk (the same operations in the same order for any R >= dk / 8)
  */
@@ -739,14 +752,7 @@ extern "C" void cu_gdn_spec_commit(cu_ctx *c, float *conv_state, float *rec_stat
 #define REPLAY(R_)                                                                                           \
     spec_replay_kernel<R_>                                                                                   \
         <<<grid, 256, 0, c->stream>>>(rec_state, spec_rec, slot, n_keep, n_lin, win, Hk, Hv, dk, dv, C)
-    if (dk <= 32)
-        REPLAY(4);
-    else if (dk <= 64)
-        REPLAY(8);
-    else if (dk <= 128)
-        REPLAY(16);
-    else
-        REPLAY(32);
+    REC_DISPATCH(dk, REPLAY);
 #undef REPLAY
 }
 
@@ -901,14 +907,9 @@ extern "C" void cu_gdn_layer(cu_ctx *c, const cu_gdn_args *a) {
     size_t smem = chunk_smem_floats(a->dk) * sizeof(float);
     if (a->dec_cnt && a->no_chunked && !a->has_spec && 2 * a->dk <= 512) {
         dim3 grid(cdiv((size_t)a->dv, 32), (unsigned)a->Hv, (unsigned)a->NE);
-        if (a->dk <= 32)
-            fused_decode_kernel<4><<<grid, 256, 0, c->stream>>>(*a);
-        else if (a->dk <= 64)
-            fused_decode_kernel<8><<<grid, 256, 0, c->stream>>>(*a);
-        else if (a->dk <= 128)
-            fused_decode_kernel<16><<<grid, 256, 0, c->stream>>>(*a);
-        else
-            fused_decode_kernel<32><<<grid, 256, 0, c->stream>>>(*a);
+#define DECK(R_) fused_decode_kernel<R_><<<grid, 256, 0, c->stream>>>(*a)
+        REC_DISPATCH(a->dk, DECK);
+#undef DECK
         return;
     }
     /* the stage (spec_win x (2 dk + 34) floats), with V2 the q / k windows ((K-1) x 2 dk) after it */
@@ -924,14 +925,7 @@ extern "C" void cu_gdn_layer(cu_ctx *c, const cu_gdn_args *a) {
         else                                                                                                 \
             fused_window_kernel<R_, false><<<grid, 256, wsm, c->stream>>>(*a);                               \
     } while (0)
-        if (a->dk <= 32)
-            WINK(4);
-        else if (a->dk <= 64)
-            WINK(8);
-        else if (a->dk <= 128)
-            WINK(16);
-        else
-            WINK(32);
+        REC_DISPATCH(a->dk, WINK);
 #undef WINK
         return;
     }
@@ -945,14 +939,9 @@ extern "C" void cu_gdn_layer(cu_ctx *c, const cu_gdn_args *a) {
     prep_kernel<<<a->T, 128, 0, c->stream>>>(*a);
     if (a->has_spec) spec_record_kernel<<<a->T, 256, 0, c->stream>>>(*a);
     dim3 rgrid(cdiv((size_t)a->dv, 32), (unsigned)a->Hv, (unsigned)a->NE);
-    if (a->dk <= 32)
-        recurrent_kernel<4><<<rgrid, 256, 0, c->stream>>>(*a);
-    else if (a->dk <= 64)
-        recurrent_kernel<8><<<rgrid, 256, 0, c->stream>>>(*a);
-    else if (a->dk <= 128)
-        recurrent_kernel<16><<<rgrid, 256, 0, c->stream>>>(*a);
-    else
-        recurrent_kernel<32><<<rgrid, 256, 0, c->stream>>>(*a);
+#define RECK(R_) recurrent_kernel<R_><<<rgrid, 256, 0, c->stream>>>(*a)
+    REC_DISPATCH(a->dk, RECK);
+#undef RECK
     if (a->no_chunked) {
         /* decode tokens and windows only: recurrent_kernel did them all */
     } else if (a->tc == 2 && cu_gdn_chunked_phased(c, a)) {
