@@ -297,7 +297,14 @@ int bench_spec(int argc, char **argv, const char *dir, double accept, int mode) 
     for (long i = 0; i < R; i++) {
         pl[i] = run(m, &ep, &o, i == 0, &mismatch, &s0, &epl[i]);
         rng_seed(&o.r, 12345); /* every repetition verifies the same drafts */
-        spv[i] = run(m, &sp, &o, 0, &mismatch, &s1, &esp[i]);
+        spv[i] = pl[i] < 0 ? -1 : run(m, &sp, &o, 0, &mismatch, &s1, &esp[i]);
+        if (pl[i] < 0 ||
+            spv[i] < 0) { /* an engine could not be made (message printed): no figures to report */
+            free(o.prompts);
+            free(o.outs);
+            cinfer_model_close(m);
+            return 1;
+        }
         ratio[i] = pl[i] > 0 ? spv[i] / pl[i] : 0;
         eratio[i] = epl[i] > 0 ? esp[i] / epl[i] : 0;
         /* each pair as it finishes: a run stopped by a time limit still says something */

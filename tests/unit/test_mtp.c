@@ -7,6 +7,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #include "cinfer.h"
 #include "model/qwen35.h"
@@ -808,4 +809,22 @@ TEST(mtp_through_cli) {
         CHECK_EQ_INT(cli_ids(modes[i][1], b, sizeof b), 0);
         CHECK_MSG(strlen(a) > 40 && !strcmp(a, b), "generate %s: \"%s\" vs plain \"%s\"", modes[i][1], b, a);
     }
+}
+
+/* `bench --spec mtp` on a checkpoint without an MTP head: the speculative engine cannot be made, so the bench
+ * must say why and exit 1 — it printed a "speedup" from uninitialised step counts before */
+TEST(mtp_bench_without_head_fails_cleanly) {
+    const char *bin = getenv("CINFER_BIN");
+    if (!bin) bin = "build/cinfer";
+    char cmd[1024], out[8192];
+    snprintf(cmd, sizeof cmd,
+             "%s bench -m tests/fixtures/qwen35_moe --spec mtp --spec-accept 0.7 -n 8 -p 8 2>&1", bin);
+    FILE *p = popen(cmd, "r");
+    CHECK(p != NULL);
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = 0;
+    int st = pclose(p);
+    CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 1, "exit status %d, output: %s", st, out);
+    CHECK_MSG(strstr(out, "no mtp.* tensors") != NULL, "no reason given: %s", out);
+    CHECK_MSG(strstr(out, "speedup") == NULL, "figures printed after the failure: %s", out);
 }
