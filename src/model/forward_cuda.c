@@ -745,7 +745,8 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * — "stage" (the default: 32 value columns, each chunk's inputs staged in shared memory one chunk ahead),
      * "il" (that, and the prep, with the runs of K of each product side by side: measured slower, 2.05 ms),
      * "pad" (the staged pass's shared rows padded against bank conflicts: 1.87 ms), "16" or "32" (fragments
-     * from L2: 2.75 / 2.99 ms); all the same bits, all measured slower than the default's 1.70 ms */
+     * from L2: 2.75 / 2.99 ms); all the same bits, all measured slower than the default's 1.70 ms. "mma":
+     * the staged pass on mma.sync with S in registers and operands split once (deltanet_chunk.cu) */
     const char *pf = getenv("CINFER_CUDA_PREFILL");
     const char *pfv = pf ? pf : "tc";
     int one = !strcmp(pfv, "gdn1") || !strcmp(pfv, "tc1");
@@ -771,6 +772,7 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
                       : !strcmp(gdt, "32")  ? 32
                       : !strcmp(gdt, "il")  ? 1
                       : !strcmp(gdt, "pad") ? 2
+                      : !strcmp(gdt, "mma") ? 3
                                             : 0;
     const char *me = getenv("CINFER_CUDA_MOE"); /* "grouped": decode experts by cu_gemv_grouped */
     f->moe_grouped = me && !strcmp(me, "grouped");

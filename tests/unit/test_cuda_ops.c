@@ -553,11 +553,11 @@ static void gdn_case_ex(int Hk, int Hv, int dk, int dv, int tc, const test_entry
     /* mode 0: the scalar kernel; 1: the tensor cores, one kernel (deltanet_tc.cu); 3, 4, 5: the phased
      * kernels (deltanet_chunk.cu) with 16 and 32 value columns per block of the sequential pass and with its
      * inputs staged in shared memory (7: and the runs of K of each product side by side; 8: with padded
-     * rows), which must give
+     * rows; 9: on mma.sync, S in registers: the same sums, its bits said, not required), which must give
      * the same bits (every 16 x 16 tile is computed the same way); 2 and 6: the one-kernel and phased forms
      * with one TF32 rounding (the form that failed the model parity), which must fail the bound: the bound
      * can catch what it is for */
-    for (int mode = 0; mode <= (tc ? 8 : 0); mode++) {
+    for (int mode = 0; mode <= (tc ? 9 : 0); mode++) {
         int phased = mode >= 3, control = mode == 2 || mode == 6;
         cu_gdn_args g = {0};
         g.T = T, g.NE = NE, g.Hk = Hk, g.Hv = Hv, g.dk = dk, g.dv = dv, g.K = K, g.C = C, g.n_lin = n_lin,
@@ -577,6 +577,7 @@ static void gdn_case_ex(int Hk, int Hv, int dk, int dv, int tc, const test_entry
                                                                 : mode == 5 ? 0
                                                                 : mode == 7 ? 1
                                                                 : mode == 8 ? 2
+                                                                : mode == 9 ? 3
                                                                             : 16;
             g.chunk_scr = nan_dev(c, cu_gdn_chunk_bytes(g.chunk_cap, T, Hv, dk, dv) / 4);
         }
@@ -604,6 +605,7 @@ static void gdn_case_ex(int Hk, int Hv, int dk, int dv, int tc, const test_entry
                            : mode == 5 ? "phased/staged"
                            : mode == 7 ? "phased/staged+il"
                            : mode == 8 ? "phased/staged+pad"
+                           : mode == 9 ? "phased/mma"
                                        : "phased/16";
         if (phased) { /* the phased kernels ran (not the fallback): they wrote W of the first chunk */
             float *w0 = get((const float *)g.chunk_scr, 1);
@@ -688,7 +690,11 @@ static void gdn_case_ex(int Hk, int Hv, int dk, int dv, int tc, const test_entry
                 printf("     phased vs one-kernel tensor cores: output %s, states %s\n",
                        memcmp(go, prev_o, (size_t)T * vd * 4) ? "differ" : "bit-identical",
                        memcmp(gr, prev_r, rs_n * 4) ? "differ" : "bit-identical");
-            if (mode == 4 || mode == 5 || mode >= 7) { /* vs phased/16, /32, /staged, /staged+il */
+            if (mode == 9) /* mma.sync m16n8k8 for WMMA's m16n16k8, the same split and runs: said */
+                printf("     phased/mma vs staged+pad: output %s, states %s\n",
+                       memcmp(go, prev_o, (size_t)T * vd * 4) ? "differ" : "bit-identical",
+                       memcmp(gr, prev_r, rs_n * 4) ? "differ" : "bit-identical");
+            if (mode == 4 || mode == 5 || mode == 7 || mode == 8) { /* vs phased/16, /32, /staged, +il */
                 CHECK_MSG(!memcmp(go, prev_o, (size_t)T * vd * 4),
                           "deltanet dk=%d dv=%d: %s vs the previous phased form: outputs differ", dk, dv,
                           kind);
@@ -802,7 +808,7 @@ static void gdn_speed(int Hk, int Hv) {
                  {"one kernel (gdn1)", 1, 0, 0, 0},  {"one kernel, conv by rows", 2, 16, 0, 0},
                  {"phased/16 (gdn2)", 2, 16, 0, 1},  {"phased/32", 2, 32, 0, 1},
                  {"phased/staged", 2, 0, 0, 1},      {"phased/staged+il", 2, 1, 0, 1},
-                 {"phased/staged+pad", 2, 2, 0, 1}};
+                 {"phased/staged+pad", 2, 2, 0, 1},  {"phased/mma", 2, 3, 0, 1}};
     cu_timer *tm;
     REQUIRE(cu_timer_create(&tm) == 0);
     float *o16 = NULL;
@@ -824,7 +830,12 @@ static void gdn_speed(int Hk, int Hv) {
             float *go = get(g.o, (size_t)T * vd);
             if (!o16)
                 o16 = go;
-            else {
+            else if (forms[f].dt == 3) { /* the same sums on mma.sync: within the tensor-core bound */
+                double r = rel(go, o16, (size_t)T * vd);
+                printf("     %-44s vs phased/16: %s (%.2e)\n", "", r == 0 ? "bit-identical" : "differ", r);
+                CHECK_MSG(r <= 1e-5, "%s: %.3g from phased/16", forms[f].name, r);
+                free(go);
+            } else {
                 CHECK_MSG(!memcmp(go, o16, (size_t)T * vd * 4), "%s: not the bits of phased/16",
                           forms[f].name);
                 free(go);
@@ -842,7 +853,7 @@ static void gdn_speed(int Hk, int Hv) {
                 }
             printf("     %-44s prep %.3f ms, sequential pass %.3f ms\n", "", part[0], part[1]);
         }
-        if (forms[f].scr && forms[f].dt <= 2) { /* where the cycles of one block of each go */
+        if (forms[f].scr && forms[f].dt <= 3) { /* where the cycles of one block of each go */
             long long *dp = NULL, hp[16];
             REQUIRE(cu_alloc((void **)&dp, sizeof hp, err, sizeof err) == 0);
             g.chunk_prof = dp;

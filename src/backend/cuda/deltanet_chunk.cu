@@ -547,6 +547,233 @@ template <int P, int V> __global__ void __launch_bounds__(256) ck_state_stage_ke
     }
 }
 
+/* ---- the sequential pass on mma.sync (cu_gdn_args.chunk_dt 3, CINFER_CUDA_GDN_DT=mma) ----
+ * The staged pass's products with fragments in registers instead of WMMA: mma.sync m16n8k8 TF32 with exactly
+ * tc_mma2's arithmetic (each operand split hi = tf32(x), lo = tf32(x - hi) by the same conversion, per step
+ * of 8 of K the MMAs lo hi, hi lo, hi hi, each run of 32 of K in a fresh accumulator joined by f32 adds, the
+ * same runs in the same order), so the same bits; what changes is the data movement:
+ *   - S's column slice lives in registers (warp w owns rows 16w .. 16w + 15, all 32 columns, as accumulator
+ *     fragments) across all chunks: its update never loads or stores it; what the first step reads as its B
+ *     operand is S split once per chunk (Sh, Sl in shared memory), not re-split by every warp at every step;
+ *   - D is likewise written once, split, for the second step's B operand;
+ *   - O stays in the registers of the warp that began it (step 1: Qg S; step 2: + QK D) and goes to global
+ *     memory from there;
+ *   - a warp takes a whole row tile (4 tiles of 8 columns), so each A fragment is loaded and split once for
+ *     four n-tiles, every A and B load is one 32-bit shared load per register (rows padded so that the 32
+ *     lanes of a fragment load hit 32 banks), and the four n-tiles' MMA chains are independent.
+ * Roles, 8 warps: step 1 warps 0-3 D = U - W S for row tile w, warps 4-7 O = Qg S for row tile w - 4; step 2
+ * warp w < dk / 16 S <- e^(g_L) S + Kf^T D for its S rows, warps 4-7 also O += QK D. */
+#define CKM_DT 32 /* value columns per block */
+#define CKM_SL (CKM_DT + 8)
+
+/* shared floats: W, Qg [64][dk + 4], Kf [64][dk + 8], QK [64][68], U [64][40], S hi and lo [dk][40], D hi and
+ * lo [64][40] */
+static size_t ck_mma_smem_floats(int dk) {
+    return 2 * (size_t)CK_CH * (dk + 4) + (size_t)CK_CH * (dk + 8) + (size_t)CK_CH * CK_GLD +
+           (size_t)CK_CH * CKM_SL + 2 * (size_t)dk * CKM_SL + 2 * (size_t)CK_CH * CKM_SL;
+}
+
+/* x -> TF32 hi (as its bits) and lo = tf32(x - hi): tc_mma's conversion (wmma::__float_to_tf32) */
+static __device__ __forceinline__ void ckm_split(float x, uint32_t &hi, uint32_t &lo) {
+    float h = wmma::__float_to_tf32(x);
+    hi = __float_as_uint(h);
+    lo = __float_as_uint(wmma::__float_to_tf32(x - h));
+}
+
+/* d += A B, m16n8k8 TF32: A 16x8 (a0 (g, t), a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4)), B 8x8 (b0 (k
+ * t, n g), b1 (k t + 4, n g)), D 16x8 (d0 (g, 2t), d1 (g, 2t + 1), d2 (g + 8, 2t), d3 (g + 8, 2t + 1)); g =
+ * lane / 4, t = lane % 4 */
+static __device__ __forceinline__ void ckm_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                               uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* acc[n] += A[16][K] B[K][n*8 .. n*8 + 7] for the four n-tiles, in runs of TC_KC as tc_mma2. A row-major at
+ * A[m * lda + k] (AT: "column-major", at A[k * lda + m]); B split, hi at Bh[k * CKM_SL + n], lo at Bl; neg:
+ * A enters negated. */
+template <bool AT>
+static __device__ __forceinline__ void ckm_rowtile(float (&acc)[4][4], const float *A, int lda,
+                                                   const float *Bh, const float *Bl, int K, bool neg, int g,
+                                                   int t) {
+    for (int k0 = 0; k0 < K; k0 += TC_KC) {
+        float p[4][4];
+#pragma unroll
+        for (int n = 0; n < 4; n++) p[n][0] = p[n][1] = p[n][2] = p[n][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < TC_KC; kk += 8) {
+            int k = k0 + kk;
+            if (k < K) {
+                float av[4];
+                if constexpr (AT) {
+                    av[0] = A[(size_t)(k + t) * lda + g], av[1] = A[(size_t)(k + t) * lda + g + 8];
+                    av[2] = A[(size_t)(k + t + 4) * lda + g], av[3] = A[(size_t)(k + t + 4) * lda + g + 8];
+                } else {
+                    av[0] = A[(size_t)g * lda + k + t], av[1] = A[(size_t)(g + 8) * lda + k + t];
+                    av[2] = A[(size_t)g * lda + k + t + 4], av[3] = A[(size_t)(g + 8) * lda + k + t + 4];
+                }
+                uint32_t ah[4], al[4];
+#pragma unroll
+                for (int r = 0; r < 4; r++) ckm_split(neg ? -av[r] : av[r], ah[r], al[r]);
+#pragma unroll
+                for (int n = 0; n < 4; n++) {
+                    int o0 = (k + t) * CKM_SL + n * 8 + g, o1 = o0 + 4 * CKM_SL;
+                    uint32_t bh0 = __float_as_uint(Bh[o0]), bh1 = __float_as_uint(Bh[o1]);
+                    uint32_t bl0 = __float_as_uint(Bl[o0]), bl1 = __float_as_uint(Bl[o1]);
+                    ckm_mma(p[n], al, bh0, bh1);
+                    ckm_mma(p[n], ah, bl0, bl1);
+                    ckm_mma(p[n], ah, bh0, bh1);
+                }
+            }
+        }
+#pragma unroll
+        for (int n = 0; n < 4; n++)
+#pragma unroll
+            for (int r = 0; r < 4; r++) acc[n][r] += p[n][r];
+    }
+}
+
+/* a row tile's fragments (rows m0 + g, m0 + g + 8; columns n*8 + 2t, + 1) split into hi / lo at [row][CKM_SL]
+ */
+static __device__ __forceinline__ void ckm_put_split(float *Hs, float *Ls, int m0, const float (&acc)[4][4],
+                                                     int g, int t) {
+#pragma unroll
+    for (int n = 0; n < 4; n++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            int row = m0 + g + (r >> 1) * 8, col = n * 8 + 2 * t + (r & 1);
+            uint32_t h, l;
+            ckm_split(acc[n][r], h, l);
+            Hs[row * CKM_SL + col] = __uint_as_float(h);
+            Ls[row * CKM_SL + col] = __uint_as_float(l);
+        }
+}
+
+__global__ void __launch_bounds__(256) ck_state_mma_kernel(cu_gdn_args a) {
+    extern __shared__ __align__(128) float smm[];
+    int e = blockIdx.z;
+    if (!ck_entry(a, e)) return;
+    const int dk = a.dk, dv = a.dv, KLD = dk + 4, KBL = dk + 8, tid = threadIdx.x, nt = blockDim.x;
+    const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    int h = blockIdx.y, j0 = blockIdx.x * CKM_DT, n = a.meta.e_n[e], pos0 = a.meta.e_len[e];
+    int r0 = a.meta.e_row0[e];
+    float *Wb = smm, *Qb = Wb + CK_CH * KLD, *Kb = Qb + CK_CH * KLD, *QKb = Kb + CK_CH * KBL;
+    float *Ub = QKb + CK_CH * CK_GLD, *Sh = Ub + CK_CH * CKM_SL, *Sl = Sh + (size_t)dk * CKM_SL;
+    float *Dh = Sl + (size_t)dk * CKM_SL, *Dl = Dh + CK_CH * CKM_SL;
+    float *Sg = a.rec_state + (((size_t)a.meta.e_slot[e] * a.n_lin + a.lin) * a.Hv + h) * (size_t)dk * dv;
+    const bool owns_s = warp < dk / 16; /* S rows 16 warp .. 16 warp + 15 */
+    const int ms = warp * 16;
+    float s[4][4] = {}, o[4][4] = {};
+    if (owns_s) {
+#pragma unroll
+        for (int nn = 0; nn < 4; nn++)
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                int row = ms + g + (r >> 1) * 8, col = j0 + nn * 8 + 2 * t + (r & 1);
+                s[nn][r] = col < dv ? Sg[(size_t)row * dv + col] : 0.0f;
+            }
+        ckm_put_split(Sh, Sl, ms, s, g, t);
+    }
+    const int *tab = ck_table(a);
+    int k = tab[1 + 3 * (size_t)a.chunk_cap + e];
+    const size_t stride = ck_stride(dk, dv);
+    const float *base = (const float *)a.chunk_scr + ((size_t)k * a.Hv + h) * stride;
+    CK_PROF_DECL(a.chunk_prof && blockIdx.x == 0 && h == 0 && tid == 0);
+    /* group A of chunk 0 (W, Qg, U's columns), then group B (QK, Kf): as ck_state_stage_kernel */
+    ck_stage(Wb, KLD, base, CK_CH, dk, tid, nt);
+    ck_stage(Qb, KLD, base + CK_CH * dk, CK_CH, dk, tid, nt);
+    ck_stage_u(Ub, CKM_SL, base + 3 * CK_CH * dk, dv, j0, tid, nt);
+    __pipeline_commit();
+    ck_stage(QKb, CK_GLD, base + 3 * CK_CH * dk + CK_CH * dv, CK_CH, CK_CH, tid, nt);
+    ck_stage(Kb, KBL, base + 2 * CK_CH * dk, CK_CH, dk, tid, nt);
+    __pipeline_commit();
+    for (int c0 = 0, L; c0 < n; c0 += L, k++) {
+        L = CK_CH - (pos0 + c0) % CK_CH;
+        if (L > n - c0) L = n - c0;
+        const float *W = (const float *)a.chunk_scr + ((size_t)k * a.Hv + h) * stride;
+        const float *U = W + 3 * CK_CH * dk, *nxt = c0 + L < n ? W + a.Hv * stride : NULL;
+        float egl = U[CK_CH * dv + CK_CH * CK_CH];
+        __pipeline_wait_prior(1); /* this chunk's group A */
+        __syncthreads();
+        CK_MARK(0);
+        /* step 1: D = U - W S (warps 0-3), O = Qg S (warps 4-7) */
+        {
+            const int m0 = (warp & 3) * 16;
+            if (warp < 4) {
+                float d[4][4];
+#pragma unroll
+                for (int nn = 0; nn < 4; nn++)
+#pragma unroll
+                    for (int r = 0; r < 4; r++)
+                        d[nn][r] = Ub[(m0 + g + (r >> 1) * 8) * CKM_SL + nn * 8 + 2 * t + (r & 1)];
+                ckm_rowtile<false>(d, Wb + m0 * KLD, KLD, Sh, Sl, dk, true, g, t);
+                ckm_put_split(Dh, Dl, m0, d, g, t);
+            } else {
+#pragma unroll
+                for (int nn = 0; nn < 4; nn++) o[nn][0] = o[nn][1] = o[nn][2] = o[nn][3] = 0.0f;
+                ckm_rowtile<false>(o, Qb + m0 * KLD, KLD, Sh, Sl, dk, false, g, t);
+            }
+        }
+        __syncthreads();
+        CK_MARK(1);
+        if (nxt) { /* the next chunk's group A over this one's W, Qg and U, read by now */
+            ck_stage(Wb, KLD, nxt, CK_CH, dk, tid, nt);
+            ck_stage(Qb, KLD, nxt + CK_CH * dk, CK_CH, dk, tid, nt);
+            ck_stage_u(Ub, CKM_SL, nxt + 3 * CK_CH * dk, dv, j0, tid, nt);
+        }
+        __pipeline_commit();
+        __pipeline_wait_prior(1); /* this chunk's group B */
+        __syncthreads();
+        CK_MARK(2);
+        /* step 2: S <- e^(g_L) S + Kf^T D (owners; S's split for the next chunk's step 1, whose readers of
+         * Sh / Sl are past the barrier above); O += QK D (warps 4-7), then to global memory */
+        if (owns_s) {
+#pragma unroll
+            for (int nn = 0; nn < 4; nn++)
+#pragma unroll
+                for (int r = 0; r < 4; r++) s[nn][r] = __fmul_rn(s[nn][r], egl);
+            ckm_rowtile<true>(s, Kb + ms, KBL, Dh, Dl, CK_CH, false, g, t);
+            ckm_put_split(Sh, Sl, ms, s, g, t);
+        }
+        if (warp >= 4) {
+            const int mi = warp - 4, m0 = mi * 16;
+            ckm_rowtile<false>(o, QKb + m0 * CK_GLD, CK_GLD, Dh, Dl, (mi + 1) * 16, false, g, t);
+#pragma unroll
+            for (int nn = 0; nn < 4; nn++)
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    int row = m0 + g + hh * 8, col = j0 + nn * 8 + 2 * t;
+                    if (row < L && col < dv)
+                        *(float2 *)(a.o + (size_t)(r0 + c0 + row) * a.Hv * dv + (size_t)h * dv + col) =
+                            make_float2(o[nn][2 * hh], o[nn][2 * hh + 1]);
+                }
+        }
+        __syncthreads();
+        CK_MARK(3);
+        if (nxt) { /* the next chunk's group B over this one's QK and Kf */
+            ck_stage(QKb, CK_GLD, nxt + 3 * CK_CH * dk + CK_CH * dv, CK_CH, CK_CH, tid, nt);
+            ck_stage(Kb, KBL, nxt + 2 * CK_CH * dk, CK_CH, dk, tid, nt);
+        }
+        __pipeline_commit();
+        CK_MARK(4);
+        ckp[7]++;
+    }
+    CK_PROF_OUT(8);
+    __pipeline_wait_prior(0);
+    if (owns_s) {
+#pragma unroll
+        for (int nn = 0; nn < 4; nn++)
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                int row = ms + g + hh * 8, col = j0 + nn * 8 + 2 * t;
+                if (col < dv)
+                    *(float2 *)(Sg + (size_t)row * dv + col) = make_float2(s[nn][2 * hh], s[nn][2 * hh + 1]);
+            }
+    }
+}
+
 extern "C" int cu_gdn_chunk_cap(int T, int NE) {
     if (NE > T) NE = T;
     return T / CK_CH + 2 * NE;
@@ -574,7 +801,9 @@ template <int P> static int ck_set_smem(int dk, int dv) {
            cudaFuncSetAttribute(ck_state_kernel<P, 16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)(ck_state_smem_floats(dk, 16) * sizeof(float))) == cudaSuccess &&
            cudaFuncSetAttribute(ck_state_kernel<P, 32>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)(ck_state_smem_floats(dk, 32) * sizeof(float))) == cudaSuccess;
+                                (int)(ck_state_smem_floats(dk, 32) * sizeof(float))) == cudaSuccess &&
+           cudaFuncSetAttribute(ck_state_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)(ck_mma_smem_floats(dk) * sizeof(float))) == cudaSuccess;
 }
 
 extern "C" int cu_gdn_chunk_init(int dk, int dv) {
@@ -584,7 +813,8 @@ extern "C" int cu_gdn_chunk_init(int dk, int dv) {
     cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
     if (ck_prep_smem_floats(dk, dv) * sizeof(float) > (size_t)optin ||
         ck_state_smem_floats(dk, 32) * sizeof(float) > (size_t)optin ||
-        ck_stage_smem_floats(dk, true) * sizeof(float) > (size_t)optin)
+        ck_stage_smem_floats(dk, true) * sizeof(float) > (size_t)optin ||
+        ck_mma_smem_floats(dk) * sizeof(float) > (size_t)optin)
         return 0;
     return ck_set_smem<1>(dk, dv) && ck_set_smem<3>(dk, dv);
 }
@@ -593,18 +823,23 @@ extern "C" int cu_gdn_chunk_init(int dk, int dv) {
 static int ck_launch(cu_ctx *c, const cu_gdn_args *a, int parts) {
     long bound = (long)a->T / CK_CH + 2L * a->NE; /* an entry of n rows spans at most n / 64 + 2 chunks */
     if (!a->chunk_scr || bound > a->chunk_cap) return 0;
-    /* chunk_dt: 0 staged, 1 staged with the runs of K side by side (il), 2 staged, padded (pad), 16 / 32 from
-     * L2 */
-    int P = cu_tf32_passes() == 1 ? 1 : 3, dt = a->chunk_dt, staged = dt >= 0 && dt <= 2, il = dt == 1;
+    /* chunk_dt: 0 staged, 1 staged with the runs of K side by side (il), 2 staged, padded (pad), 3 on
+     * mma.sync (mma; with one TF32 rounding, a diagnostic, the staged pass runs instead), 16 / 32 from L2 */
+    int P = cu_tf32_passes() == 1 ? 1 : 3, dt = a->chunk_dt, mma = dt == 3 && P == 3;
+    if (dt == 3 && !mma) dt = 0;
+    int staged = dt >= 0 && dt <= 2, il = dt == 1;
     int DT = dt == 16 ? 16 : 32;
     size_t sp = ck_prep_smem_floats(a->dk, a->dv) * sizeof(float);
-    size_t ss = staged ? ck_stage_smem_floats(a->dk, dt == 2) * sizeof(float)
-                       : ck_state_smem_floats(a->dk, DT) * sizeof(float);
+    size_t ss = mma      ? ck_mma_smem_floats(a->dk) * sizeof(float)
+                : staged ? ck_stage_smem_floats(a->dk, dt == 2) * sizeof(float)
+                         : ck_state_smem_floats(a->dk, DT) * sizeof(float);
     dim3 gp((unsigned)bound, (unsigned)a->Hv), gs(cdiv((size_t)a->dv, DT), (unsigned)a->Hv, (unsigned)a->NE);
 #define CK_PREP(P_, IL_) ck_prep_kernel<P_, IL_><<<gp, 256, sp, c->stream>>>(*a)
 #define CK_STATE(P_)                                                                                         \
     do {                                                                                                     \
-        if (staged && dt == 1)                                                                               \
+        if (mma)                                                                                             \
+            ck_state_mma_kernel<<<gs, 256, ss, c->stream>>>(*a);                                             \
+        else if (staged && dt == 1)                                                                          \
             ck_state_stage_kernel<P_, 1><<<gs, 256, ss, c->stream>>>(*a);                                    \
         else if (staged && dt == 2)                                                                          \
             ck_state_stage_kernel<P_, 2><<<gs, 256, ss, c->stream>>>(*a);                                    \
