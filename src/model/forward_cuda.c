@@ -746,7 +746,8 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * "il" (that, and the prep, with the runs of K of each product side by side: measured slower, 2.05 ms),
      * "pad" (the staged pass's shared rows padded against bank conflicts: 1.87 ms), "16" or "32" (fragments
      * from L2: 2.75 / 2.99 ms); all the same bits, all measured slower than the default's 1.70 ms. "mma":
-     * the staged pass on mma.sync with S in registers and operands split once (deltanet_chunk.cu) */
+     * the staged pass on mma.sync with S in registers and operands split once (deltanet_chunk.cu); "mma2":
+     * that and the prep's products on mma.sync */
     const char *pf = getenv("CINFER_CUDA_PREFILL");
     const char *pfv = pf ? pf : "tc";
     int one = !strcmp(pfv, "gdn1") || !strcmp(pfv, "tc1");
@@ -767,13 +768,14 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
         f->gdn_tc = 2;
     }
     const char *gdt = getenv("CINFER_CUDA_GDN_DT");
-    f->gdn_chunk_dt = !gdt                  ? 0
-                      : !strcmp(gdt, "16")  ? 16
-                      : !strcmp(gdt, "32")  ? 32
-                      : !strcmp(gdt, "il")  ? 1
-                      : !strcmp(gdt, "pad") ? 2
-                      : !strcmp(gdt, "mma") ? 3
-                                            : 0;
+    f->gdn_chunk_dt = !gdt                   ? 0
+                      : !strcmp(gdt, "16")   ? 16
+                      : !strcmp(gdt, "32")   ? 32
+                      : !strcmp(gdt, "il")   ? 1
+                      : !strcmp(gdt, "pad")  ? 2
+                      : !strcmp(gdt, "mma")  ? 3
+                      : !strcmp(gdt, "mma2") ? 4
+                                             : 0;
     const char *me = getenv("CINFER_CUDA_MOE"); /* "grouped": decode experts by cu_gemv_grouped */
     f->moe_grouped = me && !strcmp(me, "grouped");
     /* decode MoE blocks (device_only) as three launches (router + selection, gate_up + SwiGLU, down + combine

@@ -553,11 +553,12 @@ static void gdn_case_ex(int Hk, int Hv, int dk, int dv, int tc, const test_entry
     /* mode 0: the scalar kernel; 1: the tensor cores, one kernel (deltanet_tc.cu); 3, 4, 5: the phased
      * kernels (deltanet_chunk.cu) with 16 and 32 value columns per block of the sequential pass and with its
      * inputs staged in shared memory (7: and the runs of K of each product side by side; 8: with padded
-     * rows; 9: on mma.sync, S in registers: the same sums, its bits said, not required), which must give
+     * rows; 9: on mma.sync, S in registers, 10: and the prep on mma.sync: the same sums, their bits said, not
+     * required), which must give
      * the same bits (every 16 x 16 tile is computed the same way); 2 and 6: the one-kernel and phased forms
      * with one TF32 rounding (the form that failed the model parity), which must fail the bound: the bound
      * can catch what it is for */
-    for (int mode = 0; mode <= (tc ? 9 : 0); mode++) {
+    for (int mode = 0; mode <= (tc ? 10 : 0); mode++) {
         int phased = mode >= 3, control = mode == 2 || mode == 6;
         cu_gdn_args g = {0};
         g.T = T, g.NE = NE, g.Hk = Hk, g.Hv = Hv, g.dk = dk, g.dv = dv, g.K = K, g.C = C, g.n_lin = n_lin,
@@ -573,12 +574,13 @@ static void gdn_case_ex(int Hk, int Hv, int dk, int dv, int tc, const test_entry
         g.rec_state = dup_dev(rst, rs_n * 4);
         g.eps = eps, g.meta = meta, g.tc = !mode ? 0 : phased ? 2 : 1;
         if (phased) { /* the scratch starts as NaN: nothing may read what the kernels did not write */
-            g.chunk_cap = cu_gdn_chunk_cap(T, NE), g.chunk_dt = mode == 4   ? 32
-                                                                : mode == 5 ? 0
-                                                                : mode == 7 ? 1
-                                                                : mode == 8 ? 2
-                                                                : mode == 9 ? 3
-                                                                            : 16;
+            g.chunk_cap = cu_gdn_chunk_cap(T, NE), g.chunk_dt = mode == 4    ? 32
+                                                                : mode == 5  ? 0
+                                                                : mode == 7  ? 1
+                                                                : mode == 8  ? 2
+                                                                : mode == 9  ? 3
+                                                                : mode == 10 ? 4
+                                                                             : 16;
             g.chunk_scr = nan_dev(c, cu_gdn_chunk_bytes(g.chunk_cap, T, Hv, dk, dv) / 4);
         }
         cu_set_tf32_passes(control ? 1 : 3);
@@ -599,14 +601,15 @@ static void gdn_case_ex(int Hk, int Hv, int dk, int dv, int tc, const test_entry
                       dv, mode);
             free(gx);
         }
-        const char *kind = !mode       ? "scalar"
-                           : !phased   ? "tensor cores"
-                           : mode == 4 ? "phased/32"
-                           : mode == 5 ? "phased/staged"
-                           : mode == 7 ? "phased/staged+il"
-                           : mode == 8 ? "phased/staged+pad"
-                           : mode == 9 ? "phased/mma"
-                                       : "phased/16";
+        const char *kind = !mode        ? "scalar"
+                           : !phased    ? "tensor cores"
+                           : mode == 4  ? "phased/32"
+                           : mode == 5  ? "phased/staged"
+                           : mode == 7  ? "phased/staged+il"
+                           : mode == 8  ? "phased/staged+pad"
+                           : mode == 9  ? "phased/mma"
+                           : mode == 10 ? "phased/mma2"
+                                        : "phased/16";
         if (phased) { /* the phased kernels ran (not the fallback): they wrote W of the first chunk */
             float *w0 = get((const float *)g.chunk_scr, 1);
             CHECK_MSG(isfinite(w0[0]), "deltanet dk=%d dv=%d %s: the phased kernels did not run", dk, dv,
@@ -690,8 +693,8 @@ static void gdn_case_ex(int Hk, int Hv, int dk, int dv, int tc, const test_entry
                 printf("     phased vs one-kernel tensor cores: output %s, states %s\n",
                        memcmp(go, prev_o, (size_t)T * vd * 4) ? "differ" : "bit-identical",
                        memcmp(gr, prev_r, rs_n * 4) ? "differ" : "bit-identical");
-            if (mode == 9) /* mma.sync m16n8k8 for WMMA's m16n16k8, the same split and runs: said */
-                printf("     phased/mma vs staged+pad: output %s, states %s\n",
+            if (mode >= 9) /* mma.sync m16n8k8 for WMMA's m16n16k8, the same split and runs: said */
+                printf("     %s vs the previous form: output %s, states %s\n", kind,
                        memcmp(go, prev_o, (size_t)T * vd * 4) ? "differ" : "bit-identical",
                        memcmp(gr, prev_r, rs_n * 4) ? "differ" : "bit-identical");
             if (mode == 4 || mode == 5 || mode == 7 || mode == 8) { /* vs phased/16, /32, /staged, +il */
@@ -808,7 +811,8 @@ static void gdn_speed(int Hk, int Hv) {
                  {"one kernel (gdn1)", 1, 0, 0, 0},  {"one kernel, conv by rows", 2, 16, 0, 0},
                  {"phased/16 (gdn2)", 2, 16, 0, 1},  {"phased/32", 2, 32, 0, 1},
                  {"phased/staged", 2, 0, 0, 1},      {"phased/staged+il", 2, 1, 0, 1},
-                 {"phased/staged+pad", 2, 2, 0, 1},  {"phased/mma", 2, 3, 0, 1}};
+                 {"phased/staged+pad", 2, 2, 0, 1},  {"phased/mma", 2, 3, 0, 1},
+                 {"phased/mma2", 2, 4, 0, 1}};
     cu_timer *tm;
     REQUIRE(cu_timer_create(&tm) == 0);
     float *o16 = NULL;
@@ -830,7 +834,8 @@ static void gdn_speed(int Hk, int Hv) {
             float *go = get(g.o, (size_t)T * vd);
             if (!o16)
                 o16 = go;
-            else if (forms[f].dt == 3) { /* the same sums on mma.sync: within the tensor-core bound */
+            else if (forms[f].dt == 3 ||
+                     forms[f].dt == 4) { /* the same sums on mma.sync: within the tensor-core bound */
                 double r = rel(go, o16, (size_t)T * vd);
                 printf("     %-44s vs phased/16: %s (%.2e)\n", "", r == 0 ? "bit-identical" : "differ", r);
                 CHECK_MSG(r <= 1e-5, "%s: %.3g from phased/16", forms[f].name, r);
@@ -853,7 +858,7 @@ static void gdn_speed(int Hk, int Hv) {
                 }
             printf("     %-44s prep %.3f ms, sequential pass %.3f ms\n", "", part[0], part[1]);
         }
-        if (forms[f].scr && forms[f].dt <= 3) { /* where the cycles of one block of each go */
+        if (forms[f].scr && forms[f].dt <= 4) { /* where the cycles of one block of each go */
             long long *dp = NULL, hp[16];
             REQUIRE(cu_alloc((void **)&dp, sizeof hp, err, sizeof err) == 0);
             g.chunk_prof = dp;

@@ -65,6 +65,66 @@ __device__ __forceinline__ void ck_mm2(tc_facc &a0, tc_facc &a1, const float *A,
         tc_mma2<P, LA, LB>(a0, a1, A, lda, B0, B1, ldb, K, neg);
 }
 
+/* x -> TF32 hi (as its bits) and lo = tf32(x - hi): tc_mma's conversion (wmma::__float_to_tf32) */
+static __device__ __forceinline__ void ckm_split(float x, uint32_t &hi, uint32_t &lo) {
+    float h = wmma::__float_to_tf32(x);
+    hi = __float_as_uint(h);
+    lo = __float_as_uint(wmma::__float_to_tf32(x - h));
+}
+
+/* d += A B, m16n8k8 TF32: A 16x8 (a0 (g, t), a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4)), B 8x8 (b0 (k
+ * t, n g), b1 (k t + 4, n g)), D 16x8 (d0 (g, 2t), d1 (g, 2t + 1), d2 (g + 8, 2t), d3 (g + 8, 2t + 1)); g =
+ * lane / 4, t = lane % 4 */
+static __device__ __forceinline__ void ckm_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                               uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* acc[n] += A[16][K] B[K][n0 + n*8 .. + 7] for the first nc (<= 4) n-tiles, with tc_mma's split of both
+ * operands (on the fly) and its runs of TC_KC: the prep's products on mma.sync. A at A[m * lda + k]; B at
+ * B[k * ldb + n] or (BT) B[n * ldb + k], n counted from the unit's first column. */
+template <bool BT>
+static __device__ __forceinline__ void ckm_tiles(float (&acc)[4][4], int nc, const float *A, int lda,
+                                                 const float *B, int ldb, int K, int g, int t) {
+    for (int k0 = 0; k0 < K; k0 += TC_KC) {
+        float p[4][4];
+#pragma unroll
+        for (int n = 0; n < 4; n++) p[n][0] = p[n][1] = p[n][2] = p[n][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < TC_KC; kk += 8) {
+            int k = k0 + kk;
+            if (k < K) {
+                uint32_t ah[4], al[4];
+                ckm_split(A[(size_t)g * lda + k + t], ah[0], al[0]);
+                ckm_split(A[(size_t)(g + 8) * lda + k + t], ah[1], al[1]);
+                ckm_split(A[(size_t)g * lda + k + t + 4], ah[2], al[2]);
+                ckm_split(A[(size_t)(g + 8) * lda + k + t + 4], ah[3], al[3]);
+#pragma unroll
+                for (int n = 0; n < 4; n++)
+                    if (n < nc) {
+                        float x0 =
+                            BT ? B[(size_t)(n * 8 + g) * ldb + k + t] : B[(size_t)(k + t) * ldb + n * 8 + g];
+                        float x1 = BT ? B[(size_t)(n * 8 + g) * ldb + k + t + 4]
+                                      : B[(size_t)(k + t + 4) * ldb + n * 8 + g];
+                        uint32_t bh0, bl0, bh1, bl1;
+                        ckm_split(x0, bh0, bl0);
+                        ckm_split(x1, bh1, bl1);
+                        ckm_mma(p[n], al, bh0, bh1);
+                        ckm_mma(p[n], ah, bl0, bl1);
+                        ckm_mma(p[n], ah, bh0, bh1);
+                    }
+            }
+        }
+#pragma unroll
+        for (int n = 0; n < 4; n++)
+#pragma unroll
+            for (int r = 0; r < 4; r++) acc[n][r] += p[n][r];
+    }
+}
+
 /* floats of one (chunk, value head) in the scratch: W, Qg, Kf [64][dk], U [64][dv], QK [64][64], e^(g_L)
  * (padded to 8 floats: every array starts on 32 bytes, as WMMA loads want) */
 static __host__ __device__ size_t ck_stride(int dk, int dv) {
@@ -108,7 +168,8 @@ static size_t ck_prep_smem_floats(int dk, int dv) {
            4 * CK_CH;
 }
 
-template <int P, bool IL> __global__ void __launch_bounds__(256) ck_prep_kernel(cu_gdn_args a) {
+template <int P, bool IL, bool MM = false>
+__global__ void __launch_bounds__(256) ck_prep_kernel(cu_gdn_args a) {
     extern __shared__ __align__(128) float smp[];
     const int *tab = ck_table(a);
     int k = blockIdx.x, h = blockIdx.y;
@@ -163,7 +224,29 @@ template <int P, bool IL> __global__ void __launch_bounds__(256) ck_prep_kernel(
      * diagonal (the mask below zeroes the rest and writes the decayed Q K^T out), spread evenly over the
      * warps
      */
-    for (int t = warp; t < 20; t += nw) {
+    if constexpr (MM) { /* mma.sync (CINFER_CUDA_GDN_DT=mma2): warp w takes matrix w & 1, and of row tiles
+                           3 - w / 4 and w / 4 the half (w / 2 & 1) of the 8-column tiles on and below the
+                           diagonal: 5 n-tiles a warp, each A fragment split once for its row's tiles */
+        const int lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+        for (int w = warp; w < 8; w += nw) {
+            int which = w & 1, hb = (w >> 1) & 1, grp = w >> 2;
+            for (int u = 0; u < 2; u++) {
+                int mi = u ? grp : 3 - grp, nc = mi + 1, n0 = hb * nc;
+                float acc[4][4] = {};
+                ckm_tiles<true>(acc, nc, which ? Xs + mi * 16 * XLD : Ks + mi * 16 * KLD, which ? XLD : KLD,
+                                Ks + n0 * 8 * KLD, KLD, dk, g, t4);
+                float *dst = (which ? Tm : Am) + mi * 16 * CK_GLD + n0 * 8;
+#pragma unroll
+                for (int n = 0; n < 4; n++)
+                    if (n < nc)
+#pragma unroll
+                        for (int hh = 0; hh < 2; hh++)
+                            *(float2 *)(dst + (g + 8 * hh) * CK_GLD + n * 8 + 2 * t4) =
+                                make_float2(acc[n][2 * hh], acc[n][2 * hh + 1]);
+            }
+        }
+    }
+    for (int t = warp; t < (MM ? 0 : 20); t += nw) {
         int which = t / 10, u = t % 10, mi = u >= 6 ? 3 : u >= 3 ? 2 : u >= 1 ? 1 : 0;
         int ni = u - mi * (mi + 1) / 2;
         tc_facc acc;
@@ -271,8 +354,29 @@ template <int P, bool IL> __global__ void __launch_bounds__(256) ck_prep_kernel(
     CK_MARK(5);
     /* W = (T diag(beta e^g)) K: 4 x dk/16 tiles; U = (T diag(beta)) V: 4 x dv/16 tiles; a warp takes two
      * column tiles of a row tile at once (tc_mma2), the last alone when their count is odd */
+    if constexpr (MM) { /* mma.sync: a warp per (row tile, 32 columns) of W or U, straight to the scratch;
+                           row tiles 0 and 1 of T stop at column 32 (zeros past it: the second run would only
+                           add zeros) */
+        const int lane = tid & 31, g = lane >> 2, t4 = lane & 3, ck = (dk + 31) / 32, cvb = (dv + 31) / 32;
+        for (int u = warp; u < 4 * (ck + cvb); u += nw) {
+            int isv = u >= 4 * ck, u2 = isv ? u - 4 * ck : u, nb = isv ? cvb : ck, mi = u2 / nb, cb = u2 % nb;
+            int cols = isv ? dv : dk, nc = (cols - cb * 32) / 8;
+            if (nc > 4) nc = 4;
+            float acc[4][4] = {};
+            ckm_tiles<false>(acc, nc, (isv ? Tm : Am) + mi * 16 * CK_GLD, CK_GLD, (isv ? Xs : Ks) + cb * 32,
+                             isv ? XLD : KLD, mi < 2 ? 32 : CK_CH, g, t4);
+            float *dst = (isv ? U : W) + (size_t)mi * 16 * cols + cb * 32;
+#pragma unroll
+            for (int n = 0; n < 4; n++)
+                if (n < nc)
+#pragma unroll
+                    for (int hh = 0; hh < 2; hh++)
+                        *(float2 *)(dst + (size_t)(g + 8 * hh) * cols + n * 8 + 2 * t4) =
+                            make_float2(acc[n][2 * hh], acc[n][2 * hh + 1]);
+        }
+    }
     const int pk = (dk / 16 + 1) / 2, pv = (dv / 16 + 1) / 2;
-    for (int t = warp; t < 4 * (pk + pv); t += nw) {
+    for (int t = warp; t < (MM ? 0 : 4 * (pk + pv)); t += nw) {
         int isv = t >= 4 * pk, t2 = isv ? t - 4 * pk : t, np = isv ? pv : pk, mi = t2 / np,
             ni = 2 * (t2 % np);
         const float *Aop = (isv ? Tm : Am) + mi * 16 * CK_GLD, *Bop = isv ? Xs : Ks;
@@ -573,24 +677,6 @@ static size_t ck_mma_smem_floats(int dk) {
            (size_t)CK_CH * CKM_SL + 2 * (size_t)dk * CKM_SL + 2 * (size_t)CK_CH * CKM_SL;
 }
 
-/* x -> TF32 hi (as its bits) and lo = tf32(x - hi): tc_mma's conversion (wmma::__float_to_tf32) */
-static __device__ __forceinline__ void ckm_split(float x, uint32_t &hi, uint32_t &lo) {
-    float h = wmma::__float_to_tf32(x);
-    hi = __float_as_uint(h);
-    lo = __float_as_uint(wmma::__float_to_tf32(x - h));
-}
-
-/* d += A B, m16n8k8 TF32: A 16x8 (a0 (g, t), a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4)), B 8x8 (b0 (k
- * t, n g), b1 (k t + 4, n g)), D 16x8 (d0 (g, 2t), d1 (g, 2t + 1), d2 (g + 8, 2t), d3 (g + 8, 2t + 1)); g =
- * lane / 4, t = lane % 4 */
-static __device__ __forceinline__ void ckm_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                               uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 /* acc[n] += A[16][K] B[K][n*8 .. n*8 + 7] for the four n-tiles, in runs of TC_KC as tc_mma2. A row-major at
  * A[m * lda + k] (AT: "column-major", at A[k * lda + m]); B split, hi at Bh[k * CKM_SL + n], lo at Bl; neg:
  * A enters negated. */
@@ -790,6 +876,8 @@ template <int P> static int ck_set_smem(int dk, int dv) {
         stp = (int)(ck_stage_smem_floats(dk, true) * sizeof(float));
     return cudaFuncSetAttribute(ck_prep_kernel<P, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, p) ==
                cudaSuccess &&
+           cudaFuncSetAttribute(ck_prep_kernel<P, false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                p) == cudaSuccess &&
            cudaFuncSetAttribute(ck_prep_kernel<P, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, p) ==
                cudaSuccess &&
            cudaFuncSetAttribute(ck_state_stage_kernel<P, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -825,8 +913,9 @@ static int ck_launch(cu_ctx *c, const cu_gdn_args *a, int parts) {
     if (!a->chunk_scr || bound > a->chunk_cap) return 0;
     /* chunk_dt: 0 staged, 1 staged with the runs of K side by side (il), 2 staged, padded (pad), 3 on
      * mma.sync (mma; with one TF32 rounding, a diagnostic, the staged pass runs instead), 16 / 32 from L2 */
-    int P = cu_tf32_passes() == 1 ? 1 : 3, dt = a->chunk_dt, mma = dt == 3 && P == 3;
-    if (dt == 3 && !mma) dt = 0;
+    int P = cu_tf32_passes() == 1 ? 1 : 3, dt = a->chunk_dt, mma = (dt == 3 || dt == 4) && P == 3;
+    int mmp = dt == 4 && P == 3; /* 4 (mma2): the prep's products on mma.sync too */
+    if ((dt == 3 || dt == 4) && !mma) dt = 0;
     int staged = dt >= 0 && dt <= 2, il = dt == 1;
     int DT = dt == 16 ? 16 : 32;
     size_t sp = ck_prep_smem_floats(a->dk, a->dv) * sizeof(float);
@@ -852,7 +941,9 @@ static int ck_launch(cu_ctx *c, const cu_gdn_args *a, int parts) {
     } while (0)
     if (parts & 1) {
         ck_plan_kernel<<<1, 32, 0, c->stream>>>(*a);
-        if (P == 1)
+        if (mmp)
+            ck_prep_kernel<3, false, true><<<gp, 256, sp, c->stream>>>(*a);
+        else if (P == 1)
             il ? CK_PREP(1, true) : CK_PREP(1, false);
         else
             il ? CK_PREP(3, true) : CK_PREP(3, false);
