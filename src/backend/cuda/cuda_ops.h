@@ -84,6 +84,22 @@ void cu_set_gemm_scratch(cu_ctx *c, float *d_t, size_t floats);
 /* 2 (default): activations as bf16 hi + lo through the tensor cores; 1: one bf16 rounding
  * (CINFER_CUDA_BF16_PASSES) */
 void cu_set_bf16_passes(int passes);
+/* The one-pass prefill GEMM (gemm_f16.cu): y = x · w^T with x rounded once to fp16 (a power-of-two scale
+ * per row keeps it in range) and w converted bf16 -> fp16 on the fly, mma.sync f16 -> f32. xb as cu_gemm's
+ * ([2M][K] halves); K % 8 == 0 (else -1, nothing launched past the row conversion). Each row's bits are
+ * independent of M. */
+int cu_gemm_f16(cu_ctx *c, float *d_y, const float *d_x, const uint16_t *d_w, int M, int N, int K,
+                uint16_t *d_xb);
+/* its two halves (timing): x -> xb (fp16 rows, then the scales), and the GEMM on xb */
+void cu_f16_rows(cu_ctx *c, uint16_t *d_xb, const float *d_x, int M, int K);
+int cu_gemm_f16_prepared(cu_ctx *c, float *d_y, const uint16_t *d_xb, const uint16_t *d_w, int M, int N,
+                         int K);
+/* 1: cu_gemm takes cu_gemm_f16 past the GEMV rows (CINFER_CUDA_PREFILL_GEMM=f16); 0 (default) cuBLAS on
+ * bf16 passes */
+void cu_set_prefill_gemm(int mode);
+int cu_prefill_gemm(void);
+/* tests / measurements: force the f16 GEMM's CTA tile width (128 or 256; 0 automatic) */
+void cu_set_gemm_f16_bn(int bn);
 /* Same, but every row m uses its own matrix w + widx[m] * N * K (MoE experts at decode; M <= any). */
 void cu_gemv_indexed(cu_ctx *c, float *d_y, const float *d_x, int x_row_div, const uint16_t *d_w,
                      const int *d_widx, int M, int N, int K);

@@ -340,6 +340,7 @@ extern "C" void cu_gemm(cu_ctx *c, float *y, const float *x, const uint16_t *w, 
         gemv_any(c, y, x, w, M, N, K);
         return;
     }
+    if (cu_prefill_gemm() && cu_gemm_f16(c, y, x, w, M, N, K, xb) == 0) return; /* CINFER_CUDA_PREFILL_GEMM */
     size_t n = (size_t)M * K;
     unsigned g = cdiv(n, 256);
     if (g > 65535u * 16u) g = 65535u * 16u;
