@@ -742,9 +742,9 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * keeps the scalar attention tiles). The second call: its fp16 hi + lo form as exact (op tests 2e-7 -
      * 6e-7, parity 3.34e-4) and faster (21.2 ms, 32768 tokens at 9,101 tok/s; 27B tf32 332.5 -> 84.5 ms),
      * so that is the default form. */
-    /* The DeltaNet prefill of "tc" and "gdn" (also "tc2", "gdn2") runs in phases, parallel over the chunks
-     * (deltanet_chunk.cu); "gdn1" / "tc1" keep the one kernel walking all chunks per column block
-     * (deltanet_tc.cu), with the scalar / tensor-core attention. Session 4's H200 calls: the phased form
+    /* The DeltaNet prefill of "tc" and "gdn" (also "tc2", "gdn2", and "tc1", "gdn1", whose one kernel walking
+     * all chunks per column block, deltanet_tc.cu, is gone) runs in phases, parallel over the chunks
+     * (deltanet_chunk.cu), with the tensor-core / scalar attention. Session 4's H200 calls: the phased form
      * gives the one kernel's bits in every op test (4B and 27B heads, ragged entries, 4096 rows) and passes
      * fixture parity, graphs vs eager, the batch of 32, speculation and the prefix cache; one layer over 4096
      * rows at the 4B heads 7.88 -> 1.70 ms (27B heads 13.2 -> 2.95 ms), "deltanet core" of a 4096-token chunk
@@ -757,10 +757,8 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * that and the prep's products on mma.sync */
     const char *pf = getenv("CINFER_CUDA_PREFILL");
     const char *pfv = pf ? pf : "tc";
-    int one = !strcmp(pfv, "gdn1") || !strcmp(pfv, "tc1");
-    int phased =
-        !one && (!strcmp(pfv, "tc") || !strcmp(pfv, "gdn") || !strcmp(pfv, "gdn2") || !strcmp(pfv, "tc2"));
-    if (one || phased) f->gdn_tc = m->n_lin > 0 && cu_gdn_tc_init(m->dk);
+    int phased = !strcmp(pfv, "tc") || !strcmp(pfv, "gdn") || !strcmp(pfv, "gdn2") || !strcmp(pfv, "tc2") ||
+                 !strcmp(pfv, "gdn1") || !strcmp(pfv, "tc1");
     if (!strcmp(pfv, "tc") || !strcmp(pfv, "attn") || !strcmp(pfv, "tc1") || !strcmp(pfv, "tc2"))
         f->attn_tc = f->tiles_ok && cu_attn_tc_init(m->hd);
     f->attn_rows = f->attn_tc ? cu_attn_tc_rows(m->Hq, m->Hkv) : CU_ATTN_TILE;
@@ -768,7 +766,7 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * fp16's range) by default; CINFER_CUDA_ATTN_TC=tf32: TF32 hi + lo (no range limit; 30% slower) */
     const char *atc = getenv("CINFER_CUDA_ATTN_TC");
     if (f->attn_tc && !(atc && !strcmp(atc, "tf32"))) f->attn_tc = 2;
-    if (phased && f->gdn_tc && cu_gdn_chunk_init(m->dk, m->dv)) {
+    if (phased && m->n_lin > 0 && cu_gdn_tc_init(m->dk) && cu_gdn_chunk_init(m->dk, m->dv)) {
         f->gdn_chunk_cap = cu_gdn_chunk_cap(p->max_tokens, p->n_slots);
         size_t cb = cu_gdn_chunk_bytes(f->gdn_chunk_cap, p->max_tokens, m->Hv, m->dk, m->dv);
         if ((rc = dev_alloc(f, &f->gdn_chunk, cb, &f->bytes_scratch, err, errlen))) goto fail;
@@ -840,10 +838,7 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
         fprintf(stderr,
                 "cinfer cuda: CINFER_CUDA_PREFILL=%s: deltanet prefill %s, attention prefill %s, %d TF32 "
                 "passes\n",
-                pf,
-                f->gdn_tc == 2 ? "tensor cores, phased"
-                : f->gdn_tc    ? "tensor cores"
-                               : "scalar",
+                pf, f->gdn_tc ? "tensor cores, phased" : "scalar",
                 f->attn_tc == 2 ? "tensor cores, fp16 hi + lo"
                 : f->attn_tc    ? "tensor cores"
                                 : "scalar",

@@ -221,11 +221,11 @@ typedef struct cu_gdn_args {
     float *conv_state; /* [slots][n_lin][K-1][C] */
     float *rec_state;  /* [slots][n_lin][Hv][dk][dv] */
     float eps;
-    int tc; /* the chunked (prefill) form: 0 the scalar kernel; 1 on the tensor cores, one kernel walking all
-               chunks per column block (deltanet_tc.cu); 2 on the tensor cores in phases, parallel over the
-               chunks (deltanet_chunk.cu: needs chunk_scr, else 1's kernel runs) */
+    int tc; /* the chunked (prefill) form: 0 the scalar kernel; nonzero (2 from forward_cuda) on the tensor
+               cores in phases, parallel over the chunks (deltanet_chunk.cu), where chunk_scr holds the batch
+               (else the scalar kernel); 2 also takes the conv by rows */
     void *chunk_scr; /* tc 2: cu_gdn_chunk_bytes(chunk_cap, T, Hv, dk, dv) bytes of device scratch */
-    int chunk_cap; /* tc 2: chunks the scratch holds (cu_gdn_chunk_cap); a batch that may span more runs 1 */
+    int chunk_cap; /* tc 2: chunks the scratch holds (cu_gdn_chunk_cap); a batch that may span more: scalar */
     int chunk_dt;  /* tc 2: the sequential pass: 0 (forward_cuda's default) 32 value columns per block with
                       each chunk's inputs staged in shared memory one chunk ahead; 1 that and the prep with the
                       runs of K of each product side by side (tc_mmaq); 2 staged with padded rows; 16 or 32
@@ -275,8 +275,8 @@ void cu_next_split(cu_ctx *c, const float *d_in, int ld, float *d_qkv, float *d_
 /* 1 when the chunked kernel's shared memory for this dk fits the device; raises the kernel's opt-in limit
  * (call before any graph capture) */
 int cu_gdn_init(int dk);
-/* 1 when the tensor-core chunked kernel serves this dk (a multiple of 16, 32..128) and fits the device;
- * raises its shared-memory limit (before any graph capture) */
+/* 1 when the tensor-core (phased) chunked prefill serves this dk (a multiple of 16, 16..128; dv and the
+ * device's shared memory: cu_gdn_chunk_init) */
 int cu_gdn_tc_init(int dk);
 /* 1 when the phased tensor-core prefill (deltanet_chunk.cu) serves dk, dv (multiples of 16, dk <= 128, dv <=
  * 256) and fits the device; raises its kernels' shared-memory limits (before any graph capture) */

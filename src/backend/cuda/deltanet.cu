@@ -899,7 +899,6 @@ extern "C" int cu_gdn_init(int dk) {
            cudaSuccess;
 }
 
-extern "C" void cu_gdn_chunked_tc(cu_ctx *c, const cu_gdn_args *a);    /* deltanet_tc.cu */
 extern "C" int cu_gdn_chunked_phased(cu_ctx *c, const cu_gdn_args *a); /* deltanet_chunk.cu */
 
 extern "C" void cu_gdn_layer(cu_ctx *c, const cu_gdn_args *a) {
@@ -944,10 +943,8 @@ extern "C" void cu_gdn_layer(cu_ctx *c, const cu_gdn_args *a) {
 #undef RECK
     if (a->no_chunked) {
         /* decode tokens and windows only: recurrent_kernel did them all */
-    } else if (a->tc == 2 && cu_gdn_chunked_phased(c, a)) {
+    } else if (a->tc && cu_gdn_chunked_phased(c, a)) {
         /* the phased form took it */
-    } else if (a->tc) {
-        cu_gdn_chunked_tc(c, a);
     } else {
         chunked_kernel<<<dim3(cdiv((size_t)a->dv, GDN_DT), (unsigned)a->Hv, (unsigned)a->NE), 256, smem,
                          c->stream>>>(*a);

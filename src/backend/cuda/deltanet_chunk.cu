@@ -1,22 +1,24 @@
 /* deltanet_chunk.cu — the chunked Gated DeltaNet prefill (spec §4, WY/UT form, chunk 64 on the absolute grid)
  * in phases, so that what does not depend on the state runs in parallel over every chunk of the batch and
  * only the state's recurrence walks the chunks in order (the split of FLA's chunk_gated_delta_rule; written
- * here from the spec). Selected by cu_gdn_args.tc == 2 (the default: CINFER_CUDA_PREFILL=tc|gdn).
- * deltanet_tc.cu's kernel, a block per (entry, value head, 32 value columns) walking all chunks with W and
- * the Gram matrices recomputed per column block, stays as tc == 1 (CINFER_CUDA_PREFILL=gdn1|tc1).
+ * here from the spec). Selected by cu_gdn_args.tc (the default: CINFER_CUDA_PREFILL=tc|gdn); a batch the
+ * scratch cannot hold runs deltanet.cu's scalar chunked kernel. (Session 4's one-kernel form, deltanet_tc.cu,
+ * a block per column block walking all chunks with the Gram matrices recomputed per block, 4.6x slower and
+ * the same sums, is gone.)
  *
- * Every product on the tensor cores with deltanet_tc.cu's scheme (TF32 hi + lo, three MMAs, runs of 32 of K
- * in fresh accumulators: tf32x3.cuh), the same factor expressions and the same order of the sums, so the two
- * kernels compute the same quantities the same way; what changes is where they are computed.
+ * Every product on the tensor cores, TF32 hi + lo, three MMAs, runs of 32 of K in fresh accumulators
+ * (tf32x3.cuh), the CPU's factor expressions and order of the sums.
  *
  *   plan  (one thread): the chunk table of the batch — (entry, first row, length) per chunk of every entry
- * that takes the chunked form, the first chunk of a prompt continuing a sequence cut at the 64-grid. prep  (a
- * block per (chunk, value head), all chunks at once): the decay cumsum gam, A = strictly lower beta_r e^(g_r
- * - g_s) K K^T, T = (I + A)^-1 by substitution, and into the scratch W  = T diag(beta e^g) K   [64][dk]     U
- * = T diag(beta) V      [64][dv] Qg = diag(e^g) Q          [64][dk]     Kf = diag(e^(g_L - g)) K [64][dk] QK
- * = e^(g_r - g_s) Q K^T (s <= r)   [64][64],  e^(g_L) (rows past the chunk's length are zeros in all of
- * them). state (a block per (entry, value head, DT value columns), chunks in order, S's column slice in
- * shared memory from the slot and back): D = U - W S,  O = Qg S + QK D,  S <- e^(g_L) S + Kf^T D.
+ * that takes the chunked form, the first chunk of a prompt continuing a sequence cut at the 64-grid.
+ *   prep  (a block per (chunk, value head), all chunks at once): the decay cumsum gam, A = strictly lower
+ * beta_r e^(g_r - g_s) K K^T, T = (I + A)^-1 by substitution, and into the scratch
+ *       W  = T diag(beta e^g) K   [64][dk]     U  = T diag(beta) V   [64][dv]
+ *       Qg = diag(e^g) Q          [64][dk]     Kf = diag(e^(g_L - g)) K [64][dk]
+ *       QK = e^(g_r - g_s) Q K^T (s <= r)   [64][64],  e^(g_L)
+ * (rows past the chunk's length are zeros in all of them).
+ *   state (a block per (entry, value head, 32 value columns), chunks in order, S's column slice from the slot
+ * and back): D = U - W S,  O = Qg S + QK D,  S <- e^(g_L) S + Kf^T D.
  */
 #include <cuda_pipeline.h>
 #include <mma.h>
@@ -860,6 +862,18 @@ __global__ void __launch_bounds__(256) ck_state_mma_kernel(cu_gdn_args a) {
     }
 }
 
+static int g_tf32_passes = 3;
+extern "C" void cu_set_tf32_passes(int p) {
+    g_tf32_passes = p == 1 ? 1 : 3;
+}
+extern "C" int cu_tf32_passes(void) {
+    return g_tf32_passes;
+}
+
+extern "C" int cu_gdn_tc_init(int dk) {
+    return dk % 16 == 0 && dk >= 16 && dk <= 128;
+}
+
 extern "C" int cu_gdn_chunk_cap(int T, int NE) {
     if (NE > T) NE = T;
     return T / CK_CH + 2 * NE;
@@ -960,7 +974,7 @@ static int ck_launch(cu_ctx *c, const cu_gdn_args *a, int parts) {
 }
 
 /* 0 when this batch cannot take the phased form (no scratch, or more chunks than it holds): the caller runs
- * deltanet_tc.cu's kernel instead */
+ * the scalar chunked kernel instead */
 extern "C" int cu_gdn_chunked_phased(cu_ctx *c, const cu_gdn_args *a) {
     return ck_launch(c, a, 3);
 }

@@ -1,4 +1,4 @@
-/* tf32x3.cuh — f32-accurate products on the TF32 tensor cores, for the prefill kernels (deltanet_tc.cu,
+/* tf32x3.cuh — f32-accurate products on the TF32 tensor cores, for the prefill kernels (deltanet_chunk.cu,
  * attention_tc.cu). One TF32 rounding of each operand (10 mantissa bits, ~2^-11 relative) cost ~4e-4 per
  * product against the f32 CPU code, and the fixture models amplified it to 1e-2..3e-2 at the logits (the
  * first device run of CINFER_CUDA_PREFILL=tc). So each operand x is split as hi = tf32(x), lo = tf32(x - hi)
