@@ -203,7 +203,7 @@ struct cuda_fwd {
     int moe_gemm_rows; /* with it, decode batches of at least this many rows too (CINFER_CUDA_MOE_GEMM_ROWS)
                         */
     int *moe_tiles;    /* [E + 1]: 64-slot tiles before each expert (cu_moe_tiles) */
-    int pdl;           /* CINFER_CUDA_PDL=1: GEMVs by PDL (off while profiling) */
+    int pdl;           /* cu_set_pdl's level: CINFER_CUDA_PDL=1 2 (every decode kernel), =gemv 1, else 0 */
     int fuse;          /* norms, adds, SwiGLU in the GEMVs (enqueue; CINFER_CUDA_FUSE=0: off) */
     int *h_moe_idx;    /* pinned [S] */
     float *h_moe_w;    /* pinned [S] */
@@ -610,10 +610,22 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     const char *gv = getenv("CINFER_CUDA_GEMV");
     cu_set_gemv_version(!gv || !strcmp(gv, "v2") ? 2 : !strcmp(gv, "v2all") ? 3 : !strcmp(gv, "v3") ? 4 : 1);
     if (gv) fprintf(stderr, "cinfer cuda: CINFER_CUDA_GEMV=%s: GEMV version %d\n", gv, cu_gemv_version());
-    /* "1": the GEMVs launch with programmatic dependent launch */
-    const char *pdl = getenv("CINFER_CUDA_PDL");
-    f->pdl = pdl && !strcmp(pdl, "1");
+    /* programmatic dependent launch (backend/cuda/common.cuh: the rules): "1" every kernel of a decode step
+     * (each requests what needs nothing from the kernel before it — weights, its own layer's state — while
+     * that one still runs); "gemv" the GEMVs only (session 4's "1"); the same bits either way.
+     * CINFER_CUDA_PDL_BREAK=0 (diagnostics) lets a PDL launch follow a memcpy or event record, as session 4
+     * did: the illegal address of its profiled bench */
+    const char *pdl = getenv("CINFER_CUDA_PDL"), *pdb = getenv("CINFER_CUDA_PDL_BREAK");
+    f->pdl = !pdl ? 0 : !strcmp(pdl, "1") ? 2 : !strcmp(pdl, "gemv") ? 1 : 0;
     cu_set_pdl(f->pdl);
+    cu_set_pdl_break(!(pdb && !strcmp(pdb, "0")));
+    if (pdl || pdb)
+        fprintf(stderr, "cinfer cuda: CINFER_CUDA_PDL=%s: programmatic dependent launch %s%s\n",
+                pdl ? pdl : "",
+                f->pdl == 2 ? "for every decode kernel"
+                : f->pdl    ? "for the GEMVs"
+                            : "off",
+                pdb && !strcmp(pdb, "0") ? " (also after memcpys and events: diagnostics)" : "");
     /* norms, residual adds and SwiGLU inside the decode GEMVs (the GEMV v3 kernel); "0" turns it off. On by
      * default since the H200 call 1 of session 4: 4B batch 1 242.8 -> 256.6 tok/s (264.0 with PDL), batch
      * 8 1,190 -> 1,219, 27B batch 1 58.9 -> 59.0; fixture parity unchanged (3.37e-4), speculation exact */
@@ -880,13 +892,9 @@ static void mark(cuda_fwd *f, int phase) {
 
 void cuda_fwd_profile(cuda_fwd *f, int on) {
     f->profile = on;
-    /* the H200 run of 07:17: a profiled bench (an event recorded between every phase's kernels) with PDL
-     * GEMVs ended in an illegal memory access, while PDL without the events passed every test and bench;
-     * until that is understood, profiling turns PDL off (CINFER_CUDA_PDL_PROFILE=1 keeps it on, to test
-     * whether that still happens: it did in session 4's call 2, in the profiled 512-token prefill, where the
-     * lm_head GEMV is the one PDL launch and an event sits between it and the final norm) */
-    const char *pp = getenv("CINFER_CUDA_PDL_PROFILE");
-    cu_set_pdl(on && !(pp && !strcmp(pp, "1")) ? 0 : f->pdl);
+    /* the profile's events between kernels need no PDL switch: no launch goes by PDL right after one
+     * (cu_ctx.pdl_break, backend/cuda/common.cuh, which also says what the illegal address of session 4's
+     * profiled PDL bench was) */
     f->prof_calls = 0;
     memset(f->prof_ms, 0, sizeof f->prof_ms);
 }
@@ -1212,11 +1220,7 @@ static int enqueue(cuda_fwd *f, const run_shape *rs, int moe_device, char *err, 
     mark(f, CP_EMBED_NORM);
     cu_embed(f->cu, f->x, f->embed, rs->meta.ids, T, H);
     /* image rows are copied into x between the embedding and the first GEMV: a memcpy between two kernels,
-     * which PDL must not bridge (the H200 runs of 07:17 and session 4's call 2: a PDL launch after a stream
-     * operation that is not a kernel — there an event record — ended in an illegal memory access), so such
-     * steps launch their GEMVs without it */
-    int pdl_off = rs->mm_e && cu_pdl_on();
-    if (pdl_off) cu_set_pdl(0);
+     * after which the next launch goes without PDL (cu_ctx.pdl_break) */
     if (rs->mm_e) image_rows(f, rs);
     /* CINFER_CUDA_FUSE: at decode-sized T every GEMV of a dense layer takes cu_gemv_fused (K % 8 == 0 for
      * all of them); pend: f->out holds an output not yet added to the residual f->x (always, unfused; after
@@ -1251,10 +1255,8 @@ static int enqueue(cuda_fwd *f, const run_shape *rs, int moe_device, char *err, 
             /* under CINFER_CUDA_FUSE the fused MoE adds into the residual itself, so the next layer's input
              * norm can go into its in_proj */
             int added;
-            if ((rc = moe(f, cl, rs, moe_device, fz, moe_norm ? cl->post_norm : NULL, &added, err, errlen))) {
-                if (pdl_off) cu_set_pdl(1);
+            if ((rc = moe(f, cl, rs, moe_device, fz, moe_norm ? cl->post_norm : NULL, &added, err, errlen)))
                 return rc;
-            }
             pend = !added;
         } else if (fz) {
             mlp_fused(f, cl, T);
@@ -1270,7 +1272,6 @@ static int enqueue(cuda_fwd *f, const run_shape *rs, int moe_device, char *err, 
     cu_gather_rmsnorm(f->cu, f->xn, f->x, rs->meta.lrow, f->final_norm, rs->nl, H, eps);
     mark(f, CP_LM_HEAD);
     gemm(f, f->logits, f->xn, f->lm_head, rs->nl, m->V, H);
-    if (pdl_off) cu_set_pdl(1);
     return 0;
 }
 

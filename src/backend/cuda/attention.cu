@@ -100,6 +100,12 @@ template <int NPL, bool FUSED> __global__ void __launch_bounds__(128) attn_kerne
     int h = blockIdx.x, r = blockIdx.y, sp = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31,
         hd = a.hd;
     int pos = a.meta.row_pos[r], start = sp * a.span;
+    /* FUSED under CINFER_CUDA_PDL=1: the q/k/v row comes from the in_proj GEMV before this kernel, and every
+     * block waits for it, even one with no positions (common.cuh) */
+    if (FUSED) {
+        griddep_wait();
+        griddep_launch();
+    }
     if (start > pos) return;
     int end = pos + 1 < start + a.span ? pos + 1 : start + a.span;
     int kvh = h / (a.Hq / a.Hkv);
@@ -235,19 +241,19 @@ static void attn_decode_fused(cu_ctx *c, const cu_attn_args *a) {
     dim3 grid((unsigned)a->Hq, (unsigned)a->T, (unsigned)a->nsplit);
     switch (a->hd / 32) {
     case 1:
-        attn_kernel<1, true><<<grid, 128, 0, c->stream>>>(*a);
+        cu_launch_step(c, attn_kernel<1, true>, grid, dim3(128), *a);
         break;
     case 2:
-        attn_kernel<2, true><<<grid, 128, 0, c->stream>>>(*a);
+        cu_launch_step(c, attn_kernel<2, true>, grid, dim3(128), *a);
         break;
     case 4:
-        attn_kernel<4, true><<<grid, 128, 0, c->stream>>>(*a);
+        cu_launch_step(c, attn_kernel<4, true>, grid, dim3(128), *a);
         break;
     case 8:
-        attn_kernel<8, true><<<grid, 128, 0, c->stream>>>(*a);
+        cu_launch_step(c, attn_kernel<8, true>, grid, dim3(128), *a);
         break;
     case 16:
-        attn_kernel<16, true><<<grid, 128, 0, c->stream>>>(*a);
+        cu_launch_step(c, attn_kernel<16, true>, grid, dim3(128), *a);
         break;
     default:
         break; /* rejected at context creation */

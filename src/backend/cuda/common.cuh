@@ -18,6 +18,10 @@ struct cu_ctx {
     float *ytmp;       /* [2M][N] f32 for stacked hi/lo products (cu_set_gemm_scratch), or NULL */
     size_t ytmp_floats;
     int skinny; /* this context's CINFER_CUDA_SKINNY mode (cu_ctx_set_skinny), 0: the process-wide one */
+    /* 1 when the last operation enqueued on the stream (or captured) may not be a kernel: a memcpy, memset,
+     * event record or graph launch (runtime.cu sets it). The next launch then goes without the PDL attribute
+     * (cu_launch_pdl) and clears it: see there why PDL must never follow such an operation. */
+    int pdl_break;
 };
 
 __device__ __forceinline__ float bf16_f32(uint16_t h) {
@@ -83,15 +87,33 @@ __device__ __forceinline__ void griddep_launch(void) {
 #endif
 }
 
-/* kernel<<<grid, block, 0, stream>>>(args...), with programmatic dependent launch when cu_set_pdl(1): the
- * kernel's blocks may start while the kernel before it still runs; each GEMV kernel calls griddep_wait()
- * before its first read of x, and reads only weights before that */
+/* Programmatic dependent launch (PDL) across the decode step, CINFER_CUDA_PDL (cu_set_pdl): 0 off, 1 the
+ * GEMVs only (session 4's form), 2 every kernel of a decode step (embedding, norms, GEMVs, the fused DeltaNet
+ * and attention decode kernels, lm_head, sampling). The rules every kernel launched this way keeps:
+ *  - before griddep_wait() it reads only what no kernel of the step writes (weights; the state of its own
+ *    layer, written one step earlier; the step's metadata, uploaded before its first kernel) and writes
+ *    nothing; every block executes griddep_wait(), including blocks that have nothing to do: wait in kernel
+ *    C covers only its immediate predecessor B, and B, launched by PDL, counts as complete once its blocks
+ *    exit, so a block of B that skipped its wait would let B complete before A and C read A's unfinished
+ *    output;
+ *  - griddep_launch() comes after griddep_wait() (never before): then when kernel N starts, every kernel
+ *    before N - 1 has completed, which is what makes the pre-wait reads above safe;
+ *  - PDL never follows an operation that is not a kernel (cu_ctx.pdl_break): a PDL launch resolves its
+ *    stream dependency against the previous kernel, so an event record, memcpy or memset between the two is
+ *    not waited for by griddep_wait, and the chain "C complete implies everything before C complete", on
+ *    which stream completion and every later operation rely, no longer holds. That is the illegal address of
+ *    the profiled bench (session 4): with an event record between the final norm and the lm_head GEMV the
+ *    GEMV (and the step) could complete before the norm; the next step's metadata upload then overwrote the
+ *    row indices the gathering norm was still reading. */
 extern "C" int cu_pdl_on(void);
-/* kern<<<grid, block, 0, stream>>>(args...), by programmatic dependent launch when pdl */
+/* kern<<<grid, block, smem, stream>>>(args...), by programmatic dependent launch when pdl (and the last
+ * operation on the stream was a kernel) */
 template <class... KA, class... A>
-static void cu_launch_pdl(cu_ctx *c, int pdl, void (*kern)(KA...), dim3 grid, dim3 block, A... args) {
-    if (!pdl) {
-        kern<<<grid, block, 0, c->stream>>>(args...);
+static void cu_launch_pdl_smem(cu_ctx *c, int pdl, void (*kern)(KA...), dim3 grid, dim3 block, size_t smem,
+                               A... args) {
+    if (!pdl || c->pdl_break) {
+        c->pdl_break = 0;
+        kern<<<grid, block, smem, c->stream>>>(args...);
         return;
     }
     cudaLaunchConfig_t cfg = {};
@@ -100,15 +122,25 @@ static void cu_launch_pdl(cu_ctx *c, int pdl, void (*kern)(KA...), dim3 grid, di
     at[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.gridDim = grid;
     cfg.blockDim = block;
-    cfg.dynamicSmemBytes = 0;
+    cfg.dynamicSmemBytes = smem;
     cfg.stream = c->stream;
     cfg.attrs = at;
     cfg.numAttrs = 1;
     cudaLaunchKernelEx(&cfg, kern, args...);
 }
 template <class... KA, class... A>
+static void cu_launch_pdl(cu_ctx *c, int pdl, void (*kern)(KA...), dim3 grid, dim3 block, A... args) {
+    cu_launch_pdl_smem(c, pdl, kern, grid, block, 0, args...);
+}
+/* the GEMVs: by PDL from CINFER_CUDA_PDL=gemv on */
+template <class... KA, class... A>
 static void cu_launch_gemv(cu_ctx *c, void (*kern)(KA...), dim3 grid, dim3 block, A... args) {
-    cu_launch_pdl(c, cu_pdl_on(), kern, grid, block, args...);
+    cu_launch_pdl(c, cu_pdl_on() >= 1, kern, grid, block, args...);
+}
+/* every other kernel of a decode step: by PDL under CINFER_CUDA_PDL=1 */
+template <class... KA, class... A>
+static void cu_launch_step(cu_ctx *c, void (*kern)(KA...), dim3 grid, dim3 block, A... args) {
+    cu_launch_pdl(c, cu_pdl_on() >= 2, kern, grid, block, args...);
 }
 
 static inline unsigned cdiv(size_t a, size_t b) {

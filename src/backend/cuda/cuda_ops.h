@@ -75,10 +75,16 @@ int cu_gemv_max(void);
  * row; they differ from each other by f32 rounding. */
 void cu_set_gemv_version(int v);
 int cu_gemv_version(void);
-/* 1: the GEMVs launch with programmatic dependent launch (CINFER_CUDA_PDL=1): their blocks start while the
- * norm / SwiGLU before them finishes (v2 also requests its first weights then); the same bits */
-void cu_set_pdl(int on);
+/* programmatic dependent launch (common.cuh says the rules): 0 off; 1 the GEMVs (CINFER_CUDA_PDL=gemv):
+ * their blocks start while the kernel before them finishes and request their first weights then; 2 every
+ * kernel of a decode step (CINFER_CUDA_PDL=1), each doing what needs nothing from the kernel before it
+ * (weights, its own layer's state) before it waits for it. The same bits in every mode. */
+void cu_set_pdl(int level);
 int cu_pdl_on(void);
+/* 1 (default): no PDL launch right after a memcpy, memset, event record or graph launch; 0 only to
+ * reproduce session 4's illegal address (CINFER_CUDA_PDL_BREAK=0) */
+void cu_set_pdl_break(int on);
+int cu_pdl_break_on(void);
 /* f32 scratch for the stacked hi/lo product of up to 64 rows (2 x 64 x widest N floats) */
 void cu_set_gemm_scratch(cu_ctx *c, float *d_t, size_t floats);
 /* 2 (default): activations as bf16 hi + lo through the tensor cores; 1: one bf16 rounding

@@ -335,11 +335,19 @@ template <int R> __global__ void __launch_bounds__(256) fused_decode_kernel(cu_g
     __shared__ float xs[512], vs[32], bgs[2];
     __shared__ int last;
     int e = blockIdx.z;
-    if (!(a.meta.e_n[e] == 1 && a.meta.e_len[e] > 0)) return; /* launched only when none is otherwise */
+    /* every block waits, even one with nothing to do (common.cuh: else the next kernel could see this one
+     * complete before the in_proj it waits for) */
+    if (!(a.meta.e_n[e] == 1 && a.meta.e_len[e] > 0)) { /* launched only when none is otherwise */
+        griddep_wait();
+        return;
+    }
     int h = blockIdx.y, jj = threadIdx.x & 31, g = threadIdx.x >> 5, j0 = blockIdx.x * 32, j = j0 + jj;
     int dk = a.dk, dv = a.dv, K = a.K, C = a.C, tid = threadIdx.x, rr = a.Hv / a.Hk;
     int r = a.meta.e_row0[e], slot = a.meta.e_slot[e], kh = h / rr, kd = a.Hk * dk;
     int ok = j < dv;
+    /* Before griddep_wait (under CINFER_CUDA_PDL=1 while the in_proj GEMV still runs): what no kernel of the
+     * step writes — this layer's slice of S and conv windows (written by this kernel one step earlier), the
+     * conv weights, the metadata. Only the in_proj row (q, k, v, z, b, a) waits. */
     float *S = a.rec_state + (((size_t)slot * a.n_lin + a.lin) * a.Hv + h) * (size_t)dk * dv + j;
     float sv[R];
 #pragma unroll
@@ -347,26 +355,49 @@ template <int R> __global__ void __launch_bounds__(256) fused_decode_kernel(cu_g
         int i = g + REC_GROUPS * t;
         sv[t] = i < dk && ok ? S[(size_t)i * dv] : 0.0f;
     }
+    /* conv + SiLU: q channels kh dk + i, k channels kd + kh dk + i (idx < 2 dk), then this block's values */
+    float *cst = a.conv_state + ((size_t)slot * a.n_lin + a.lin) * (size_t)(K - 1) * C;
+    const float *xrow = a.qkv + (size_t)r * a.qkv_ld;
+    int nv = dv - j0 < 32 ? dv - j0 : 32, nc = 2 * dk + nv;
+    /* the first channel's window and weights (idx = tid) */
+    float win0[CONV_MAXK], wt0[CONV_MAXK], wl0 = 0.0f;
+    {
+        int idx = tid < nc ? tid : 0;
+        int c = idx < dk       ? kh * dk + idx
+                : idx < 2 * dk ? kd + kh * dk + (idx - dk)
+                               : 2 * kd + h * dv + j0 + (idx - 2 * dk);
+#pragma unroll
+        for (int t = 0; t < CONV_MAXK - 1; t++) {
+            win0[t] = t < K - 1 && tid < nc ? cst[(size_t)t * C + c] : 0.0f;
+            wt0[t] = t < K - 1 && tid < nc ? a.conv_w[(size_t)t * C + c] : 0.0f;
+        }
+        if (tid < nc) wl0 = a.conv_w[(size_t)(K - 1) * C + c];
+    }
+    griddep_wait();   /* the in_proj row */
+    griddep_launch(); /* out_proj may start requesting its weights */
     /* beta and g of this head, their loads issued with the others (not after a barrier) */
     if (tid == 64) {
         bgs[0] = gdn_beta(a.b[(size_t)r * a.ba_ld + h]);
         bgs[1] = gdn_gate(a, a.a[(size_t)r * a.ba_ld + h], h);
     }
-    /* conv + SiLU: q channels kh dk + i, k channels kd + kh dk + i (idx < 2 dk), then this block's values */
-    float *cst = a.conv_state + ((size_t)slot * a.n_lin + a.lin) * (size_t)(K - 1) * C;
-    const float *xrow = a.qkv + (size_t)r * a.qkv_ld;
-    int nv = dv - j0 < 32 ? dv - j0 : 32;
-    for (int idx = tid; idx < 2 * dk + nv; idx += blockDim.x) {
+    for (int idx = tid; idx < nc; idx += blockDim.x) {
         int c = idx < dk       ? kh * dk + idx
                 : idx < 2 * dk ? kd + kh * dk + (idx - dk)
                                : 2 * kd + h * dv + j0 + (idx - 2 * dk);
-        float win[CONV_MAXK], wt[CONV_MAXK]; /* constant indices only: registers */
+        float win[CONV_MAXK], wt[CONV_MAXK], wl; /* constant indices only: registers */
+        if (idx == tid) {
 #pragma unroll
-        for (int t = 0; t < CONV_MAXK - 1; t++) {
-            win[t] = t < K - 1 ? cst[(size_t)t * C + c] : 0.0f;
-            wt[t] = t < K - 1 ? a.conv_w[(size_t)t * C + c] : 0.0f;
+            for (int t = 0; t < CONV_MAXK - 1; t++) win[t] = win0[t], wt[t] = wt0[t];
+            wl = wl0;
+        } else {
+#pragma unroll
+            for (int t = 0; t < CONV_MAXK - 1; t++) {
+                win[t] = t < K - 1 ? cst[(size_t)t * C + c] : 0.0f;
+                wt[t] = t < K - 1 ? a.conv_w[(size_t)t * C + c] : 0.0f;
+            }
+            wl = a.conv_w[(size_t)(K - 1) * C + c];
         }
-        float xin = xrow[c], y = conv_tap(wt, win, a.conv_w[(size_t)(K - 1) * C + c], xin, K);
+        float xin = xrow[c], y = conv_tap(wt, win, wl, xin, K);
         if (idx < dk) {
             q[idx] = y, xs[idx] = xin;
         } else if (idx < 2 * dk) {
@@ -906,7 +937,7 @@ extern "C" void cu_gdn_layer(cu_ctx *c, const cu_gdn_args *a) {
     size_t smem = chunk_smem_floats(a->dk) * sizeof(float);
     if (a->dec_cnt && a->no_chunked && !a->has_spec && 2 * a->dk <= 512) {
         dim3 grid(cdiv((size_t)a->dv, 32), (unsigned)a->Hv, (unsigned)a->NE);
-#define DECK(R_) fused_decode_kernel<R_><<<grid, 256, 0, c->stream>>>(*a)
+#define DECK(R_) cu_launch_step(c, fused_decode_kernel<R_>, grid, dim3(256), *a)
         REC_DISPATCH(a->dk, DECK);
 #undef DECK
         return;

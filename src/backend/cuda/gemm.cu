@@ -73,11 +73,20 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 }
 
 static int g_pdl = 0;
-extern "C" void cu_set_pdl(int on) {
-    g_pdl = on != 0;
+extern "C" void cu_set_pdl(int level) {
+    g_pdl = level >= 0 && level <= 2 ? level : 0;
 }
 extern "C" int cu_pdl_on(void) {
     return g_pdl;
+}
+/* 0 (CINFER_CUDA_PDL_BREAK=0, diagnostics only): PDL launches follow memcpys and event records too, as in
+ * session 4, to reproduce what that did */
+static int g_pdl_break = 1;
+extern "C" void cu_set_pdl_break(int on) {
+    g_pdl_break = on != 0;
+}
+extern "C" int cu_pdl_break_on(void) {
+    return g_pdl_break;
 }
 
 template <int MR>

@@ -85,10 +85,12 @@ extern "C" int cu_alloc(void **p, size_t bytes, char *err, size_t errlen) {
         return fail(err, errlen, CU_ENOMEM, "cannot allocate %zu bytes of device memory: %s", bytes,
                     cudaGetErrorString(e));
     }
-    /* cudaMemset may still be running when it returns: finish it here (allocations happen at creation only) */
+    /* cudaMemset may still be running when it returns: finish it here (allocations happen at creation only)
+     */
     cudaMemset(*p, 0, bytes);
     e = cudaStreamSynchronize(0);
-    if (e != cudaSuccess) return fail(err, errlen, CU_EIO, "zeroing device memory: %s", cudaGetErrorString(e));
+    if (e != cudaSuccess)
+        return fail(err, errlen, CU_EIO, "zeroing device memory: %s", cudaGetErrorString(e));
     return 0;
 }
 extern "C" void cu_free(void *p) {
@@ -119,16 +121,24 @@ extern "C" int cu_download(void *dst, const void *src, size_t bytes, char *err, 
     return e == cudaSuccess ? 0
                             : fail(err, errlen, CU_EIO, "copy from the device: %s", cudaGetErrorString(e));
 }
+/* an operation that is not a kernel was enqueued: the next launch goes without PDL (common.cuh) */
+static void pdl_break(cu_ctx *c) {
+    c->pdl_break = cu_pdl_break_on();
+}
 extern "C" void cu_h2d_async(cu_ctx *c, void *dst, const void *src, size_t bytes) {
+    pdl_break(c);
     cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream);
 }
 extern "C" void cu_d2h_async(cu_ctx *c, void *dst, const void *src, size_t bytes) {
+    pdl_break(c);
     cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream);
 }
 extern "C" void cu_d2d_async(cu_ctx *c, void *dst, const void *src, size_t bytes) {
+    pdl_break(c);
     cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream);
 }
 extern "C" void cu_memset_async(cu_ctx *c, void *d, size_t bytes) {
+    pdl_break(c);
     cudaMemsetAsync(d, 0, bytes, c->stream);
 }
 
@@ -143,6 +153,7 @@ extern "C" int cu_check(char *err, size_t errlen) {
 }
 
 extern "C" int cu_capture_begin(cu_ctx *c, char *err, size_t errlen) {
+    pdl_break(c);
     cudaError_t e = cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal);
     return e == cudaSuccess ? 0 : fail(err, errlen, CU_EIO, "graph capture: %s", cudaGetErrorString(e));
 }
@@ -181,6 +192,7 @@ extern "C" int cu_capture_end_update(cu_ctx *c, void *old, void **exec, char *er
     return 0;
 }
 extern "C" int cu_graph_launch(cu_ctx *c, void *exec, char *err, size_t errlen) {
+    pdl_break(c);
     cudaError_t e = cudaGraphLaunch((cudaGraphExec_t)exec, c->stream);
     return e == cudaSuccess ? 0 : fail(err, errlen, CU_EIO, "graph launch: %s", cudaGetErrorString(e));
 }
@@ -205,9 +217,11 @@ extern "C" void cu_timer_destroy(cu_timer *t) {
     free(t);
 }
 extern "C" void cu_timer_start(cu_ctx *c, cu_timer *t) {
+    pdl_break(c);
     cudaEventRecord(t->a, c->stream);
 }
 extern "C" float cu_timer_stop_ms(cu_ctx *c, cu_timer *t) {
+    pdl_break(c);
     cudaEventRecord(t->b, c->stream);
     cudaEventSynchronize(t->b);
     float ms = 0.0f;

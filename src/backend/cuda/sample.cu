@@ -78,7 +78,9 @@ __global__ void __launch_bounds__(SMP_THREADS)
     __shared__ double sd[32];
     int row = blockIdx.x;
     const float *x = logits + (size_t)row * V;
-    cu_sample_row p = rows[row];
+    cu_sample_row p = rows[row]; /* uploaded before the step's kernels: no kernel of it writes rows */
+    griddep_wait();              /* the logits (lm_head, under CINFER_CUDA_PDL=1) */
+    griddep_launch();
     /* the maximum and its lowest id (NaN as -inf, so that it is never the max) */
     float bv = -INFINITY;
     int bi = 0x7fffffff;
@@ -148,5 +150,7 @@ __global__ void __launch_bounds__(SMP_THREADS)
 
 extern "C" void cu_sample(cu_ctx *c, const float *d_logits, int V, const cu_sample_row *d_rows, int n,
                           int *d_ids, float *d_lps) {
-    if (n > 0) sample_kernel<<<n, SMP_THREADS, 0, c->stream>>>(d_logits, V, d_rows, d_ids, d_lps);
+    if (n > 0)
+        cu_launch_step(c, sample_kernel, dim3((unsigned)n), dim3(SMP_THREADS), d_logits, V, d_rows, d_ids,
+                       d_lps);
 }

@@ -1,0 +1,158 @@
+/* test_cuda_pdl.c — programmatic dependent launch across the decode step (CINFER_CUDA_PDL: 1 every decode
+ * kernel, gemv the GEMVs only). PDL changes when a kernel's blocks start, never what they compute, so every
+ * logit must be bit for bit what the plain launches give: per model, 3 sequences (a 2-token prefill, then
+ * decode steps at batch 3), eager launches without PDL as the reference against PDL from CUDA graphs, PDL
+ * eager, GEMV-only PDL, a profiled run with PDL (an event recorded between the phases: session 4's illegal
+ * address), and sequence 0 alone under PDL against the batch reference. At the fixtures, and at the 4B shape
+ * with few layers when CINFER_TEST_PDL_MODEL names such a checkpoint (`cinfer synth --like qwen3.5-4b
+ * --layers 4 --vocab 2048 --out DIR`; the GPU script makes one). Without a CUDA build or device every test
+ * skips. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cinfer.h"
+#include "model/forward_cuda.h"
+#include "runtime/ctx_internal.h"
+#include "test.h"
+
+#ifdef CINFER_CUDA
+
+#define NO_DEVICE() (!cuda_built() || cuda_devices() < 1)
+
+static cinfer_ctx *make_ctx(cinfer_model *m, int seqs) {
+    cinfer_ctx_params p = cinfer_ctx_default_params();
+    p.max_seqs = seqs, p.max_ctx = 64, p.max_batch = 64, p.n_threads = 2;
+    p.device = CINFER_DEVICE_CUDA;
+    cinfer_ctx *c = NULL;
+    char err[512];
+    if (cinfer_ctx_create(m, &p, &c, err, sizeof err)) {
+        test_fail(__FILE__, __LINE__, "cuda context: %s", err);
+        return NULL;
+    }
+    return c;
+}
+
+/* B sequences: a prefill of P tokens each (one call), then D decode steps of all B at once; out gets
+ * [D + 1][B][V] (the prefill's last rows, then each step's). prof: the profile on for the whole run */
+static int run_seqs(cinfer_model *m, int B, int P, int D, int V, int prof, float *out) {
+    char err[512];
+    cinfer_ctx *c = make_ctx(m, B);
+    if (!c) return -1;
+    int seqs[4];
+    int32_t toks[4][64];
+    for (int s = 0; s < B; s++) {
+        seqs[s] = cinfer_seq_open(c, err, sizeof err);
+        for (int i = 0; i < P + D; i++) toks[s][i] = (int32_t)((i * 37 + s * 11 + 5) % V);
+    }
+    if (prof) ctx_profile(c, 1, NULL, NULL);
+    cinfer_batch_entry be[4];
+    for (int s = 0; s < B; s++) be[s] = (cinfer_batch_entry){seqs[s], toks[s], P, 0};
+    int rc = cinfer_forward(c, be, B, out, err, sizeof err);
+    for (int t = 0; t < D && !rc; t++) {
+        for (int s = 0; s < B; s++) be[s] = (cinfer_batch_entry){seqs[s], toks[s] + P + t, 1, 0};
+        rc = cinfer_forward(c, be, B, out + (size_t)(t + 1) * B * V, err, sizeof err);
+    }
+    if (!rc) rc = ctx_sync(c, err, sizeof err);
+    if (prof) {
+        double ms[CP_N];
+        int calls = 0;
+        ctx_profile(c, 0, ms, &calls);
+    }
+    if (rc) test_fail(__FILE__, __LINE__, "forward: %s", err);
+    cinfer_ctx_destroy(c);
+    return rc;
+}
+
+/* one run under the given switches (NULL: unset) */
+static int run_with(cinfer_model *m, const char *pdl, const char *graphs, int B, int prof, int V,
+                    float *out) {
+    if (pdl)
+        setenv("CINFER_CUDA_PDL", pdl, 1);
+    else
+        unsetenv("CINFER_CUDA_PDL");
+    if (graphs)
+        setenv("CINFER_CUDA_GRAPHS", graphs, 1);
+    else
+        unsetenv("CINFER_CUDA_GRAPHS");
+    int rc = run_seqs(m, B, 2, 8, V, prof, out);
+    unsetenv("CINFER_CUDA_PDL");
+    unsetenv("CINFER_CUDA_GRAPHS");
+    return rc;
+}
+
+static void pdl_case(const char *dir, const char *name) {
+    char err[512];
+    cinfer_model *m;
+    if (cinfer_model_open(dir, &m, err, sizeof err)) {
+        test_fail(__FILE__, __LINE__, "%s: %s", name, err);
+        return;
+    }
+    cinfer_model_info info;
+    cinfer_model_get_info(m, &info);
+    int V = info.vocab_size, B = 3, D = 8;
+    size_t n = (size_t)(D + 1) * B * V, nb = n * sizeof(float);
+    float *ref = malloc(nb), *got = malloc(nb);
+    /* NaN everywhere first: a run that leaves a logit unwritten differs from the reference */
+    for (size_t i = 0; i < n; i++) ref[i] = NAN;
+    int rc = run_with(m, "0", "0", B, 0, V, ref);
+    static const struct {
+        const char *what, *pdl, *graphs;
+        int prof;
+    } runs[] = {
+        {"PDL graphs", "1", NULL, 0},
+        {"PDL eager", "1", "0", 0},
+        {"GEMV-only PDL graphs", "gemv", NULL, 0},
+        {"PDL profiled", "1", "0", 1},
+    };
+    for (size_t k = 0; !rc && k < sizeof runs / sizeof runs[0]; k++) {
+        for (size_t i = 0; i < n; i++) got[i] = NAN;
+        if (run_with(m, runs[k].pdl, runs[k].graphs, B, runs[k].prof, V, got)) break;
+        int same = !memcmp(got, ref, nb);
+        printf("     %-14s %-22s vs plain eager: %s\n", name, runs[k].what,
+               same ? "bit-identical" : "DIFFER");
+        CHECK_MSG(same, "%s: %s differs from plain eager launches", name, runs[k].what);
+    }
+    if (!rc) {
+        /* sequence 0 alone, PDL from graphs, against its row in the plain batch */
+        for (size_t i = 0; i < n; i++) got[i] = NAN;
+        if (!run_with(m, "1", NULL, 1, 0, V, got)) {
+            int same = 1;
+            for (int t = 0; t <= D; t++)
+                same &= !memcmp(got + (size_t)t * V, ref + (size_t)t * B * V, (size_t)V * sizeof(float));
+            printf("     %-14s %-22s vs plain batch: %s\n", name, "PDL alone",
+                   same ? "bit-identical" : "DIFFER");
+            CHECK_MSG(same, "%s: a sequence alone under PDL differs from the same in a plain batch", name);
+        }
+    }
+    free(ref), free(got);
+    cinfer_model_close(m);
+}
+
+TEST(cuda_pdl_bitwise_fixtures) {
+    if (NO_DEVICE()) SKIP("no CUDA device: skipped");
+    static const char *fx[] = {"qwen35_dense", "qwen35_text", "qwen35_moe", "qwen3_next"};
+    for (size_t i = 0; i < sizeof fx / sizeof fx[0]; i++) {
+        char dir[512];
+        snprintf(dir, sizeof dir, "%s/%s", test_fixtures_dir(), fx[i]);
+        pdl_case(dir, fx[i]);
+    }
+}
+
+TEST(cuda_pdl_bitwise_4b_shape) {
+    if (NO_DEVICE()) SKIP("no CUDA device: skipped");
+    const char *dir = getenv("CINFER_TEST_PDL_MODEL");
+    if (!dir || !*dir)
+        SKIP("CINFER_TEST_PDL_MODEL unset (a `cinfer synth --like qwen3.5-4b --layers 4` dir)");
+    pdl_case(dir, "4b-shape");
+}
+
+#else
+
+TEST(cuda_pdl_not_built) {
+    SKIP("no CUDA device: skipped (built without CUDA)");
+}
+
+#endif
