@@ -811,7 +811,7 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * 15 over 7 at 10:05, once the router's selection was cheap (batch 1 339.5 / 341.2 -> 347.8 tok/s: the
      * norm kernel it saves costs more than the router's own norm) */
     const char *mv = getenv("CINFER_CUDA_MOE_VARIANT");
-    f->moe_variant = mv ? atoi(mv) & 31 : 15;
+    f->moe_variant = mv ? atoi(mv) & 511 : 15;
     if (mf)
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_MOE_FUSED=%s: %s\n", mf,
                 f->moe_fused ? "fused decode MoE kernels" : "the unfused decode MoE kernels");
@@ -1079,7 +1079,7 @@ static int moe(cuda_fwd *f, const cu_layer *cl, const run_shape *rs, int device_
         a.sh_gu = cl->sh_gu, a.sh_down = cl->sh_down, a.sh_gw = cl->sh_gw;
         a.logits = f->moe_logits, a.idx = f->moe_idx, a.w = f->moe_w, a.count = f->moe_cnt, a.act = f->moe_fa;
         a.shg = f->shg, a.out = f->out, a.resid = into_x ? f->x : NULL,
-        a.variant = f->profile ? f->moe_variant & 3 : f->moe_variant; /* no PDL beside the profile's events */
+        a.variant = f->profile ? f->moe_variant & ~12 : f->moe_variant; /* no PDL beside the profile's events */
         *added = into_x;
         if (norm_w) a.x = f->x, a.norm_w = norm_w, a.eps = (float)m->cfg.rms_norm_eps, a.xn = f->xn;
         mark(f, CP_MOE_ROUTE);

@@ -328,8 +328,12 @@ static void moe_case_run(const moe_case *mc) {
         free(raw), free(nw), free(xn_ref);
         cu_free(d_raw), cu_free(d_nw), cu_free(d_xn);
     }
-    /* the variants (CINFER_CUDA_MOE_VARIANT: load batching, PDL launches): the same bits */
-    for (int v = 1; v < 32; v++) {
+    /* the variants (CINFER_CUDA_MOE_VARIANT: load batching, PDL launches, L2 prefetches 32 / 64 / 128,
+     * the router's hardware reductions 256): the same bits */
+    for (int vi = 1; vi < 32 + 10; vi++) {
+        static const int pv[10] = {32 | 7,   64 | 7, 128 | 7, 224, 224 | 7,
+                                   224 | 23, 96 | 7, 96 | 23, 256, 256 | 7};
+        int v = vi < 32 ? vi : pv[vi - 32];
         if (v & 8) continue; /* the router's own norm: its check above */
         fused_out ov;
         if (!run_fused(c, mc, &w, d_x, T, v, NULL, &ov))
@@ -532,9 +536,10 @@ TEST(cuda_moe_fused_model_matches_unfused) {
         CHECK_MSG(!memcmp(ref, got, n * sizeof(float)), "fused MoE: CUDA graphs differ from eager launches");
     /* in graphs, against the default variant (15: PDL launches, load batching, the router taking the norm):
      * 0 (none of it), 7 (the norm kernel launched), 8, the down kernel's 8-expert groups (16) with the rest
-     * (23, 31): the same bits */
-    static const char *const vars[5] = {"0", "7", "8", "23", "31"};
-    for (int vi = 0; vi < 5; vi++) {
+     * (23, 31), the L2 prefetches (111 = 15 | 32 | 64, 255) and the router's
+     * hardware reductions (367 = 111 | 256): the same bits */
+    static const char *const vars[8] = {"0", "7", "8", "23", "31", "111", "255", "367"};
+    for (int vi = 0; vi < 8; vi++) {
         char *ov = env_swap("CINFER_CUDA_MOE_VARIANT", vars[vi]);
         if (!model_steps(m, V, 3, "1", NULL, NULL, NULL, got))
             CHECK_MSG(!memcmp(ref, got, n * sizeof(float)), "fused MoE variant %s differs from the default",
@@ -569,17 +574,20 @@ TEST(cuda_moe_fused_speed) {
     char err[256];
     cu_ctx *c;
     REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
-    enum { SETS = 16, REPS = 48 };
+    /* NSH copies of the router and the shared expert (7.3 MB each, 58 MB in all: more than L2, as the 40
+     * layers of the model are), set i using copy i % NSH */
+    enum { SETS = 16, REPS = 48, NSH = 8 };
     int H = 2048, E = 256, k = 8, Im = 512, Is = 512, A = k * Im + Is;
     size_t ngu = (size_t)E * 2 * Im * H, ndn = (size_t)E * H * Im;
-    uint16_t *router = dev((size_t)E * H * 2), *gu = dev(ngu * 2), *dn = dev(ndn * 2);
-    uint16_t *sgu = dev((size_t)2 * Is * H * 2), *sdn = dev((size_t)H * Is * 2), *sgw = dev((size_t)H * 2);
-    cu_fill_random_bf16(c, router, (size_t)E * H, 0.05f, 31);
+    size_t nrt = (size_t)E * H, nsgu = (size_t)2 * Is * H, nsdn = (size_t)H * Is;
+    uint16_t *router = dev(NSH * nrt * 2), *gu = dev(ngu * 2), *dn = dev(ndn * 2);
+    uint16_t *sgu = dev(NSH * nsgu * 2), *sdn = dev(NSH * nsdn * 2), *sgw = dev((size_t)NSH * H * 2);
+    cu_fill_random_bf16(c, router, NSH * nrt, 0.05f, 31);
     cu_fill_random_bf16(c, gu, ngu, 0.03f, 32);
     cu_fill_random_bf16(c, dn, ndn, 0.03f, 33);
-    cu_fill_random_bf16(c, sgu, (size_t)2 * Is * H, 0.03f, 34);
-    cu_fill_random_bf16(c, sdn, (size_t)H * Is, 0.03f, 35);
-    cu_fill_random_bf16(c, sgw, (size_t)H, 0.05f, 36);
+    cu_fill_random_bf16(c, sgu, NSH * nsgu, 0.03f, 34);
+    cu_fill_random_bf16(c, sdn, NSH * nsdn, 0.03f, 35);
+    cu_fill_random_bf16(c, sgw, (size_t)NSH * H, 0.05f, 36);
     cu_timer *tm;
     REQUIRE(cu_timer_create(&tm) == 0);
     for (int T = 1; T <= 8; T += 7) {
@@ -592,12 +600,13 @@ TEST(cuda_moe_fused_speed) {
         float *shg = dev((size_t)SETS * T * 4), *out = dev((size_t)T * H * 4);
         unsigned *cnt = dev((size_t)T * 4);
         cu_moe_args a = {0};
-        a.T = T, a.H = H, a.E = E, a.k = k, a.Im = Im, a.Is = Is, a.norm = 1, a.router = router, a.e_gu = gu;
-        a.e_down = dn, a.sh_gu = sgu, a.sh_down = sdn, a.sh_gw = sgw, a.logits = lg, a.count = cnt,
-        a.out = out;
+        a.T = T, a.H = H, a.E = E, a.k = k, a.Im = Im, a.Is = Is, a.norm = 1, a.e_gu = gu;
+        a.e_down = dn, a.logits = lg, a.count = cnt, a.out = out;
 #define SET(i)                                                                                               \
     (a.x = dx + (size_t)(i)*T * H, a.idx = idx + (size_t)(i)*T * k, a.w = wt + (size_t)(i)*T * k,            \
-     a.act = act + (size_t)(i)*T * A, a.shg = shg + (size_t)(i)*T)
+     a.act = act + (size_t)(i)*T * A, a.shg = shg + (size_t)(i)*T,                                           \
+     a.router = router + (size_t)((i) % NSH) * nrt, a.sh_gu = sgu + (size_t)((i) % NSH) * nsgu,              \
+     a.sh_down = sdn + (size_t)((i) % NSH) * nsdn, a.sh_gw = sgw + (size_t)((i) % NSH) * H)
         for (int i = 0; i < SETS; i++) { /* every set's choices and activations, once */
             SET(i);
             cu_moe_fused(c, &a);
@@ -605,7 +614,9 @@ TEST(cuda_moe_fused_speed) {
         REQUIRE(cu_sync(c, err, sizeof err) == 0);
         double b_rt = (double)E * H * 2, b_gu = (double)T * ((double)k * 2 * Im * H + 2.0 * Is * H + H) * 2,
                b_dn = (double)T * ((double)k * H * Im + (double)H * Is) * 2;
-        static const int kv[] = {0, 1, 2, 3, 16, 17}; /* 16: the down kernel's 8-expert groups */
+        /* 16: the down kernel's 8-expert groups; 32 / 64 / 128: the L2 prefetches of the router (the shared
+         * expert, for the other two), the down and the gate_up kernel */
+        static const int kv[] = {1, 3, 17, 3 | 32, 3 | 64, 3 | 128, 3 | 256};
         for (size_t ki = 0; ki < sizeof kv / sizeof kv[0]; ki++) {
             int v = kv[ki];
             a.variant = v;
@@ -640,7 +651,8 @@ TEST(cuda_moe_fused_speed) {
                 T, v, us[0], us[1], b_gu / us[1] / 1e3, us[2], b_dn / us[2] / 1e3, us[0] + us[1] + us[2]);
         }
         /* 4: PDL launches; 8: the router takes the norm before the block (one launch less in the model) */
-        static const int vs[] = {0, 1, 3, 4, 5, 7, 8, 15, 21, 23, 31};
+        static const int vs[] = {0,       7,        15,     23,      15 | 32,  15 | 64,       15 | 128,
+                                 15 | 96, 15 | 224, 7 | 96, 23 | 96, 15 | 256, 15 | 96 | 256, 15 | 480};
         float *nw = dev((size_t)H * 4), *xn = dev((size_t)T * H * 4);
         cu_fill_f32(c, nw, (size_t)H, 1.0f);
         for (size_t vi = 0; vi < sizeof vs / sizeof vs[0]; vi++) {

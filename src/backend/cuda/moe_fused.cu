@@ -14,6 +14,22 @@
 #define MF_MAX_KD 1024 /* down kernel: Im up to 4 chunks of 256 per lane (one pass) */
 #define MF_NORM_H 4096 /* the router's own RMSNorm (variant 8): rows up to this, in shared memory */
 
+/* Bytes [p, p + n) requested into L2 by one instruction (sm_90 bulk prefetch; p 16-byte aligned, n % 16 ==
+ * 0): no register holds them and nothing waits for them, so a kernel can ask for weights it reads later (or
+ * that the next kernel reads) while it waits for something else. Changes no value. */
+__device__ __forceinline__ void l2_prefetch(const void *p, unsigned n) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(n) : "memory");
+#endif
+}
+
+/* [base, base + bytes) into L2 in 4 KB spans, span i by thread i mod nthr of the grid (bytes % 16 == 0) */
+__device__ __forceinline__ void l2_prefetch_span(const void *base, size_t bytes, size_t tid, size_t nthr) {
+    const char *b = static_cast<const char *>(base);
+    for (size_t off = tid * 4096; off < bytes; off += nthr * 4096)
+        l2_prefetch(b + off, (unsigned)(bytes - off < 4096 ? bytes - off : 4096));
+}
+
 /* acc += the 8 bf16 weights in u times x[0..8), in gemv_indexed_kernel's order (low half, then high) */
 __device__ __forceinline__ float fma8(uint4 u, const float *x, float acc) {
     const float4 *xp = reinterpret_cast<const float4 *>(x);
@@ -90,7 +106,8 @@ template <int NB, int NORM, int EW>
 __global__ void __launch_bounds__(NORM ? 256 : RT_WARPS * 32)
     mf_route_kernel(const float *__restrict__ x, const uint16_t *__restrict__ wr, float *logits, int *idx,
                     float *wout, unsigned *count, int H, int E, int k, int norm, const float *__restrict__ nw,
-                    float eps, float *xn) {
+                    float eps, float *xn, const uint16_t *sh_gu, const uint16_t *sh_down,
+                    const uint16_t *sh_gw, int Is, int sel) {
     __shared__ int last;
     __shared__ float sh[32];
     __shared__ __align__(16) float xs[NORM ? MF_NORM_H : 4];
@@ -103,6 +120,15 @@ __global__ void __launch_bounds__(NORM ? 256 : RT_WARPS * 32)
     uint4 u[1][NB];
     const uint16_t *w1[1] = {wr + (size_t)(e < E ? e : 0) * H};
     if (pre) load_rows<1, NB>(u, w1, H, lane);
+    /* variant 32 (sh_gu non-NULL here): the shared expert's weights (gate_up, down, gate row: 6.3 MB at the
+     * 35B-A3B shape) depend on nothing either; row 0's blocks ask L2 for them now, so DRAM streams them while
+     * this kernel waits, norms, reduces and selects, and the next two kernels read them from L2 */
+    if (sh_gu && blockIdx.y == 0) {
+        size_t tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x, nthr = (size_t)gridDim.x * blockDim.x;
+        l2_prefetch_span(sh_gu, (size_t)2 * Is * H * 2, tid, nthr);
+        l2_prefetch_span(sh_down, (size_t)H * Is * 2, tid, nthr);
+        if (sh_gw) l2_prefetch_span(sh_gw, (size_t)H * 2, tid, nthr);
+    }
     /* programmatic dependent launch (variant 4): wait for the kernel before (the norm that writes x), then
      * let the next one be scheduled (it waits for this one's completion before reading what it writes); both
      * are no-ops otherwise. Launching only after the wait keeps a chain: when a kernel of the three starts,
@@ -173,7 +199,36 @@ __global__ void __launch_bounds__(NORM ? 256 : RT_WARPS * 32)
     unsigned taken = 0;
     int my_e = 0;
     float my_p = 0.0f;
-    for (int j = 0; j < k; j++) {
+    if (sel) {
+        /* variant 256, the same choices: each lane keeps its best untaken (bits(p) + 1, lowest i on ties, so
+         * lowest expert), a round is two warp reductions in hardware (the largest value, then the lowest
+         * expert holding it) instead of five 64-bit shuffle steps over every lane's EW keys, and only the
+         * winner's lane rescans its EW */
+        unsigned bv = 0;
+        int bi = 0;
+#pragma unroll
+        for (int i = 0; i < EW; i++)
+            if (lane + 32 * i < E) {
+                unsigned v = __float_as_uint(p[i]) + 1u;
+                if (v > bv) bv = v, bi = i;
+            }
+        for (int j = 0; j < k; j++) {
+            unsigned m = __reduce_max_sync(0xffffffffu, bv);
+            unsigned be = __reduce_min_sync(0xffffffffu, bv == m ? (unsigned)(lane + 32 * bi) : 0xffffffffu);
+            if (lane == j) my_e = (int)be, my_p = __uint_as_float(m - 1u);
+            if ((int)(be & 31u) == lane) {
+                taken |= 1u << bi;
+                bv = 0, bi = 0;
+#pragma unroll
+                for (int i = 0; i < EW; i++)
+                    if (lane + 32 * i < E && !((taken >> i) & 1u)) {
+                        unsigned v = __float_as_uint(p[i]) + 1u;
+                        if (v > bv) bv = v, bi = i;
+                    }
+            }
+        }
+    }
+    for (int j = 0; j < (sel ? 0 : k); j++) {
         unsigned long long best = 0;
 #pragma unroll
         for (int i = 0; i < EW; i++)
@@ -213,11 +268,19 @@ __global__ void __launch_bounds__(MF_WARPS * 32)
     mf_gate_up_kernel(const float *__restrict__ x, const uint16_t *__restrict__ e_gu,
                       const int *__restrict__ idx, const uint16_t *__restrict__ sh_gu,
                       const uint16_t *__restrict__ sh_gw, float *act, float *shg, int H, int k, int Im,
-                      int Is) {
+                      int Is, int pf) {
     const int r = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int wg = blockIdx.x * MF_WARPS + warp, A = k * Im + Is;
     griddep_wait(); /* the router's choices */
     griddep_launch();
+    /* variant 128: the block's 8 gate rows and 8 up rows (consecutive: Im % 8 == 0) asked of L2 in two
+     * requests, all 64 KB in flight at once instead of each warp's 2 chunks per row at a time */
+    if (pf && threadIdx.x == 0 && blockIdx.x * MF_WARPS < k * Im) {
+        int w0 = blockIdx.x * MF_WARPS, j = w0 / Im, n0 = w0 - j * Im, e = idx[(size_t)r * k + j];
+        const uint16_t *g0 = e_gu + ((size_t)e * 2 * Im + n0) * H;
+        l2_prefetch(g0, (unsigned)((size_t)MF_WARPS * H * 2));
+        l2_prefetch(g0 + (size_t)Im * H, (unsigned)((size_t)MF_WARPS * H * 2));
+    }
     const float *xr = x + (size_t)r * H;
     const uint16_t *g;
     size_t up; /* elements from the gate row to the up row */
@@ -259,7 +322,7 @@ __global__ void __launch_bounds__(MF_WARPS * 32, MF_DOWN_MINB(G))
     mf_down_kernel(const float *__restrict__ act, const uint16_t *__restrict__ e_down,
                    const int *__restrict__ idx, const float *__restrict__ wt,
                    const uint16_t *__restrict__ sh_down, const float *__restrict__ shg, float *out,
-                   float *resid, int H, int k, int Im, int Is) {
+                   float *resid, int H, int k, int Im, int Is, int pf) {
     const int r = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int h = blockIdx.x * MF_WARPS + warp, A = k * Im + Is;
     if (h >= H) {
@@ -273,6 +336,14 @@ __global__ void __launch_bounds__(MF_WARPS * 32, MF_DOWN_MINB(G))
      * layer's) and request the first group's weights before waiting for the gate_up kernel's act */
     const int my_e = lane < k ? __ldcg(idx + (size_t)r * k + lane) : 0;
     const float my_w = lane < k ? __ldcg(wt + (size_t)r * k + lane) : 0.0f;
+    /* variant 64: every row this block reads (its MF_WARPS rows of each chosen expert and of the shared
+     * expert, consecutive) asked of L2 now, one request per expert: the groups after the first, fetched
+     * only after the first group's FMAs otherwise, stream while this kernel waits for the gate_up kernel */
+    if (pf && warp == 0) {
+        const int h0 = blockIdx.x * MF_WARPS, nr = H - h0 < MF_WARPS ? H - h0 : MF_WARPS;
+        if (lane < k) l2_prefetch(e_down + ((size_t)my_e * H + h0) * Im, (unsigned)((size_t)nr * Im * 2));
+        if (lane == 0 && sh_down) l2_prefetch(sh_down + (size_t)h0 * Is, (unsigned)((size_t)nr * Is * 2));
+    }
     float acc = 0.0f;
     /* G = 8 (variant 16): eight experts' rows and the shared expert's (when Is fits one pass) requested
      * together, one round trip for the 35B-A3B shape's 9 rows instead of three; the same FMAs in order */
@@ -350,15 +421,18 @@ extern "C" void cu_moe_fused_route(cu_ctx *c, const cu_moe_args *a) {
     int warps = nrm ? 8 : RT_WARPS;
     dim3 grid(cdiv((size_t)a->E, (size_t)warps), (unsigned)a->T), block(warps * 32);
     void (*kern)(const float *, const uint16_t *, float *, int *, float *, unsigned *, int, int, int, int,
-                 const float *, float, float *);
+                 const float *, float, float *, const uint16_t *, const uint16_t *, const uint16_t *, int,
+                 int);
+    int Is = a->sh_gu ? a->Is : 0, pf = (a->variant & 32) && Is > 0 && a->sh_down;
     if (a->E <= 256)
         kern = nrm ? ((a->variant & 2) ? mf_route_kernel<8, 1, 8> : mf_route_kernel<4, 1, 8>)
                    : ((a->variant & 2) ? mf_route_kernel<8, 0, 8> : mf_route_kernel<4, 0, 8>);
     else
         kern = nrm ? ((a->variant & 2) ? mf_route_kernel<8, 1, 32> : mf_route_kernel<4, 1, 32>)
                    : ((a->variant & 2) ? mf_route_kernel<8, 0, 32> : mf_route_kernel<4, 0, 32>);
-    cu_launch_pdl(c, pdl, kern, grid, block, a->x, a->router, a->logits, a->idx, a->w, a->count, a->H, a->E, a->k,
-              a->norm, a->norm_w, a->eps, a->xn);
+    cu_launch_pdl(c, pdl, kern, grid, block, a->x, a->router, a->logits, a->idx, a->w, a->count, a->H, a->E,
+                  a->k, a->norm, a->norm_w, a->eps, a->xn, pf ? a->sh_gu : NULL, pf ? a->sh_down : NULL,
+                  pf ? a->sh_gw : NULL, Is, (a->variant & 256) != 0);
 }
 
 extern "C" void cu_moe_fused_gate_up(cu_ctx *c, const cu_moe_args *a) {
@@ -368,8 +442,9 @@ extern "C" void cu_moe_fused_gate_up(cu_ctx *c, const cu_moe_args *a) {
     dim3 grid(cdiv(warps, MF_WARPS), (unsigned)a->T), block(MF_WARPS * 32);
     int pdl = (a->variant & 4) != 0;
     const float *x = a->norm_w ? a->xn : a->x; /* the router's normed rows */
-    cu_launch_pdl(c, pdl, (a->variant & 1) ? mf_gate_up_kernel<2> : mf_gate_up_kernel<4>, grid, block, x, a->e_gu,
-              a->idx, a->sh_gu, a->sh_gw, a->act, a->shg, a->H, a->k, a->Im, Is);
+    cu_launch_pdl(c, pdl, (a->variant & 1) ? mf_gate_up_kernel<2> : mf_gate_up_kernel<4>, grid, block, x,
+                  a->e_gu, a->idx, a->sh_gu, a->sh_gw, a->act, a->shg, a->H, a->k, a->Im, Is,
+                  (a->variant & 128) != 0);
 }
 
 extern "C" void cu_moe_fused_down(cu_ctx *c, const cu_moe_args *a) {
@@ -379,11 +454,11 @@ extern "C" void cu_moe_fused_down(cu_ctx *c, const cu_moe_args *a) {
     const uint16_t *sh_down = Is ? a->sh_down : NULL;
     /* Im up to 512: 2 chunks per row and lane; up to 1024 (122B-A10B, 397B-A17B): 4 */
     void (*kern)(const float *, const uint16_t *, const int *, const float *, const uint16_t *, const float *,
-                 float *, float *, int, int, int, int) =
+                 float *, float *, int, int, int, int, int) =
         a->Im > 512 ? mf_down_kernel<4, MF_GROUP> /* 8 x 4 chunks would spill */
                     : ((a->variant & 16) ? mf_down_kernel<2, 8> : mf_down_kernel<2, MF_GROUP>);
-    cu_launch_pdl(c, (a->variant & 4) != 0, kern, grid, block, a->act, a->e_down, a->idx, a->w, sh_down, a->shg,
-              a->out, a->resid, a->H, a->k, a->Im, Is);
+    cu_launch_pdl(c, (a->variant & 4) != 0, kern, grid, block, a->act, a->e_down, a->idx, a->w, sh_down,
+                  a->shg, a->out, a->resid, a->H, a->k, a->Im, Is, (a->variant & 64) != 0);
 }
 
 extern "C" void cu_moe_fused(cu_ctx *c, const cu_moe_args *a) {
