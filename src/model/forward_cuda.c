@@ -766,7 +766,7 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * "pad" (the staged pass's shared rows padded against bank conflicts: 1.87 ms), "16" or "32" (fragments
      * from L2: 2.75 / 2.99 ms); all the same bits, all measured slower than the default's 1.70 ms. "mma":
      * the staged pass on mma.sync with S in registers and operands split once (deltanet_chunk.cu); "mma2":
-     * that and the prep's products on mma.sync */
+     * that and the prep's products on mma.sync; "mma3": and the inverse's off-diagonal blocks */
     const char *pf = getenv("CINFER_CUDA_PREFILL");
     const char *pfv = pf ? pf : "tc";
     int phased = !strcmp(pfv, "tc") || !strcmp(pfv, "gdn") || !strcmp(pfv, "gdn2") || !strcmp(pfv, "tc2") ||
@@ -792,6 +792,7 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
                       : !strcmp(gdt, "pad")  ? 2
                       : !strcmp(gdt, "mma")  ? 3
                       : !strcmp(gdt, "mma2") ? 4
+                      : !strcmp(gdt, "mma3") ? 5
                                              : 0;
     const char *me = getenv("CINFER_CUDA_MOE"); /* "grouped": decode experts by cu_gemv_grouped */
     f->moe_grouped = me && !strcmp(me, "grouped");

@@ -170,8 +170,9 @@ static size_t ck_prep_smem_floats(int dk, int dv) {
            4 * CK_CH;
 }
 
-template <int P, bool IL, bool MM = false>
-__global__ void __launch_bounds__(256) ck_prep_kernel(cu_gdn_args a) {
+/* MM: 0 the products in WMMA; 1 (mma2) on mma.sync, with il's forms of the scaling and of the diagonal
+ * blocks' substitution (the same bits); 2 (mma3) that and the off-diagonal blocks of T by mma.sync too */
+template <int P, bool IL, int MM = 0> __global__ void __launch_bounds__(256) ck_prep_kernel(cu_gdn_args a) {
     extern __shared__ __align__(128) float smp[];
     const int *tab = ck_table(a);
     int k = blockIdx.x, h = blockIdx.y;
@@ -267,7 +268,7 @@ __global__ void __launch_bounds__(256) ck_prep_kernel(cu_gdn_args a) {
         Am[r * CK_GLD + s] = s < r ? bet[r] * d * Am[r * CK_GLD + s] : 0.0f;
         QK[idx] = s <= r ? d * Tm[r * CK_GLD + s] : 0.0f; /* tiles above the diagonal were never written */
     }
-    if constexpr (IL) { /* four at a time: the same products, a quarter of the stores */
+    if constexpr (IL || MM) { /* four at a time: the same products, a quarter of the stores */
         for (int idx = tid; idx < CK_CH * (dk / 4); idx += nt) {
             int t = idx / (dk / 4), i = idx % (dk / 4) * 4;
             float4 q = *(const float4 *)(Xs + t * XLD + i), kk = *(const float4 *)(Ks + t * KLD + i);
@@ -290,8 +291,8 @@ __global__ void __launch_bounds__(256) ck_prep_kernel(cu_gdn_args a) {
      * the rest zero the blocks above the diagonal and bring V in over Q (read by the Q K^T products above) */
     if (tid < 64) {
         int base = (tid >> 4) * 16, c = tid & 15;
-        if constexpr (IL) { /* the column in registers (unrolled): the same fmaf chain without the stores and
-                               loads of T between its steps */
+        if constexpr (IL || MM) { /* the column in registers (unrolled): the same fmaf chain without the
+                               stores and loads of T between its steps */
             float tc[16];
 #pragma unroll
             for (int r = 0; r < 16; r++) {
@@ -323,7 +324,34 @@ __global__ void __launch_bounds__(256) ck_prep_kernel(cu_gdn_args a) {
     }
     __pipeline_commit();
     __syncthreads();
-    for (int bi = 1; bi < 4; bi++) {
+    for (int bi = 1; bi < 4 && MM == 2;
+         bi++) { /* the rounds below on mma.sync: warp j < bi takes X_j, T_{bi,j} */
+        const int lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+        if (warp < bi) {
+            float acc[4][4] = {};
+            ckm_tiles<false>(acc, 2, Am + bi * 16 * CK_GLD + warp * 16, CK_GLD,
+                             Tm + warp * 16 * CK_GLD + warp * 16, CK_GLD, (bi - warp) * 16, g, t4);
+#pragma unroll
+            for (int n = 0; n < 2; n++)
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++)
+                    *(float2 *)(X + warp * 256 + (g + 8 * hh) * 16 + n * 8 + 2 * t4) =
+                        make_float2(acc[n][2 * hh], acc[n][2 * hh + 1]);
+        }
+        __syncthreads();
+        if (warp < bi) {
+            float acc[4][4] = {};
+            ckm_tiles<false>(acc, 2, Tm + bi * 16 * CK_GLD + bi * 16, CK_GLD, X + warp * 256, 16, 16, g, t4);
+#pragma unroll
+            for (int n = 0; n < 2; n++)
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++)
+                    *(float2 *)(Tm + (bi * 16 + g + 8 * hh) * CK_GLD + warp * 16 + n * 8 + 2 * t4) =
+                        make_float2(-acc[n][2 * hh], -acc[n][2 * hh + 1]);
+        }
+        __syncthreads();
+    }
+    for (int bi = 1; bi < 4 && MM != 2; bi++) {
         /* X_j = sum_{k=j}^{bi-1} A_{bi,k} T_{k,j} for j < bi */
         for (int idx = tid; idx < bi * 256; idx += nt) {
             int bj = idx >> 8, rr = (idx >> 4) & 15, cc = idx & 15;
@@ -890,7 +918,9 @@ template <int P> static int ck_set_smem(int dk, int dv) {
         stp = (int)(ck_stage_smem_floats(dk, true) * sizeof(float));
     return cudaFuncSetAttribute(ck_prep_kernel<P, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, p) ==
                cudaSuccess &&
-           cudaFuncSetAttribute(ck_prep_kernel<P, false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+           cudaFuncSetAttribute(ck_prep_kernel<P, false, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                p) == cudaSuccess &&
+           cudaFuncSetAttribute(ck_prep_kernel<P, false, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 p) == cudaSuccess &&
            cudaFuncSetAttribute(ck_prep_kernel<P, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, p) ==
                cudaSuccess &&
@@ -927,9 +957,10 @@ static int ck_launch(cu_ctx *c, const cu_gdn_args *a, int parts) {
     if (!a->chunk_scr || bound > a->chunk_cap) return 0;
     /* chunk_dt: 0 staged, 1 staged with the runs of K side by side (il), 2 staged, padded (pad), 3 on
      * mma.sync (mma; with one TF32 rounding, a diagnostic, the staged pass runs instead), 16 / 32 from L2 */
-    int P = cu_tf32_passes() == 1 ? 1 : 3, dt = a->chunk_dt, mma = (dt == 3 || dt == 4) && P == 3;
-    int mmp = dt == 4 && P == 3; /* 4 (mma2): the prep's products on mma.sync too */
-    if ((dt == 3 || dt == 4) && !mma) dt = 0;
+    int P = cu_tf32_passes() == 1 ? 1 : 3, dt = a->chunk_dt, mma = dt >= 3 && dt <= 5 && P == 3;
+    /* 4 (mma2): the prep's products on mma.sync too; 5 (mma3): and its inverse's off-diagonal blocks */
+    int mmp = mma ? dt - 3 : 0;
+    if (dt >= 3 && dt <= 5 && !mma) dt = 0;
     int staged = dt >= 0 && dt <= 2, il = dt == 1;
     int DT = dt == 16 ? 16 : 32;
     size_t sp = ck_prep_smem_floats(a->dk, a->dv) * sizeof(float);
@@ -955,8 +986,10 @@ static int ck_launch(cu_ctx *c, const cu_gdn_args *a, int parts) {
     } while (0)
     if (parts & 1) {
         ck_plan_kernel<<<1, 32, 0, c->stream>>>(*a);
-        if (mmp)
-            ck_prep_kernel<3, false, true><<<gp, 256, sp, c->stream>>>(*a);
+        if (mmp == 2)
+            ck_prep_kernel<3, false, 2><<<gp, 256, sp, c->stream>>>(*a);
+        else if (mmp == 1)
+            ck_prep_kernel<3, false, 1><<<gp, 256, sp, c->stream>>>(*a);
         else if (P == 1)
             il ? CK_PREP(1, true) : CK_PREP(1, false);
         else
