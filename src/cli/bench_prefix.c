@@ -18,8 +18,10 @@ static double now_s(void) {
 }
 
 /* Submits prompt, returns seconds to the first generated token; *cached gets usage.cached_tokens. */
-static double ttft(cinfer_engine *e, const int32_t *p, int n, int *cached) {
+static double ttft(cinfer_engine *e, const int32_t *p, int n, int *cached, const char *what) {
     char err[512];
+    /* CINFER_TTFT_TRACE: the engine's and the device's trace lines that follow belong to this turn */
+    if (getenv("CINFER_TTFT_TRACE")) fprintf(stderr, "ttft-trace === %s: %d tokens\n", what, n);
     cinfer_request_params rp;
     memset(&rp, 0, sizeof rp);
     rp.prompt = p;
@@ -81,18 +83,18 @@ int bench_prefix(int argc, char **argv, const char *dir, int P) {
     /* each row as soon as it is measured (line-buffered: a run stopped by a time limit keeps them) */
     setvbuf(stdout, NULL, _IOLBF, 0);
     printf("model            %s (%s)\n", dir, info.arch);
-    double t1 = ttft(warm, p, P, &c1); /* turn 1, cold: leaves a snapshot at P - 1 */
+    double t1 = ttft(warm, p, P, &c1, "turn 1 (cold)"); /* turn 1, cold: leaves a snapshot at P - 1 */
     printf("turn 1           %d tokens cold: TTFT %.3f s\n", P, t1);
-    double t2 = ttft(warm, p, total, &c2); /* turn 2 from the cache */
+    double t2 = ttft(warm, p, total, &c2, "turn 2 (from the cache)"); /* turn 2 from the cache */
     printf("turn 2           %d tokens (+%ld new), %d from the cache: TTFT %.3f s\n", total, N, c2, t2);
-    double t3 = ttft(cold, p, total, &c3); /* turn 2 cold */
+    double t3 = ttft(cold, p, total, &c3, "turn 2 cold (a fresh engine)"); /* turn 2 cold */
     printf("turn 2 cold      TTFT %.3f s (cached %d)\n", t3, c3);
     cinfer_engine_stats st;
     cinfer_engine_get_stats(warm, &st);
     printf("ratio            %.2f%% of cold\n", t3 > 0 ? 100.0 * t2 / t3 : 0);
     /* turn 3 adds N more tokens: the same work as turn 2 once the process has run an N-row prefill behind a
      * cached context before, so its time apart from turn 2's is what the first such prefill paid once */
-    double t4 = ttft(warm, p, total3, &c4);
+    double t4 = ttft(warm, p, total3, &c4, "turn 3 (from the cache)");
     printf("turn 3           %d tokens (+%ld new), %d from the cache: TTFT %.3f s = %.2f%% of turn 2 cold\n",
            total3, N, c4, t4, t3 > 0 ? 100.0 * t4 / t3 : 0);
     printf(

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "model/mtp.h"
 #include "util/alloc.h"
@@ -125,6 +126,13 @@ void *cuda_host_alloc(size_t bytes, int pin) {
 }
 void cuda_host_free(void *p) {
     free(p);
+}
+void *cuda_dev_alloc(size_t bytes) {
+    (void)bytes;
+    return NULL;
+}
+void cuda_dev_free(void *p) {
+    (void)p;
 }
 
 #else
@@ -267,6 +275,14 @@ struct cuda_fwd {
     cu_timer *marks[PROF_MAX_MARKS];
     int mark_phase[PROF_MAX_MARKS];
     int n_marks;
+    /* CINFER_TTFT_TRACE (diagnostics of a short prefill behind a cached context, bench --prefix-turn): 1 a
+     * line per call on stderr with its host phases (metadata, launches or capture, wait) and its device time
+     * between two events; 2 also, in eager calls of more than one row, an event and a host timestamp at every
+     * phase mark (PDL off in those calls: an event between PDL launches is what the profile avoids) */
+    int trace;
+    int marking;                      /* this call records marks for the trace (not the profile) */
+    double mark_host[PROF_MAX_MARKS]; /* host ms at each mark while marking */
+    cu_timer *tr_ev[2];               /* the trace's call start / end events */
 };
 
 int cuda_built(void) {
@@ -533,6 +549,8 @@ void cuda_fwd_destroy(cuda_fwd *f) {
     if (!f) return;
     for (int i = 0; i < f->n_graphs; i++) cu_graph_destroy(f->graphs[i].exec);
     for (int i = 0; i < PROF_MAX_MARKS; i++) cu_timer_destroy(f->marks[i]);
+    cu_timer_destroy(f->tr_ev[0]);
+    cu_timer_destroy(f->tr_ev[1]);
     for (int i = 0; i < f->n_allocs; i++) cu_free(f->allocs[i]);
     cu_free_host(f->h_meta);
     cu_free_host(f->h_moe_idx);
@@ -552,6 +570,8 @@ void cuda_fwd_destroy(cuda_fwd *f) {
     free(f->pend_keep), free(f->rec_par), free(f->h_keep), free(f->h_par);
     free(f);
 }
+
+static int warm_up(cuda_fwd *f, char *err, size_t errlen);
 
 int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, char *err, size_t errlen) {
     *out = NULL;
@@ -857,11 +877,16 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
                                 : "scalar",
                 cu_tf32_passes());
     for (int i = 0; i < PROF_MAX_MARKS; i++) cu_timer_create(&f->marks[i]);
+    const char *tt = getenv("CINFER_TTFT_TRACE");
+    f->trace = tt ? atoi(tt) : 0;
+    if (f->trace) cu_timer_create(&f->tr_ev[0]), cu_timer_create(&f->tr_ev[1]);
     /* one cuBLAS call before any graph capture, so its lazy initialisation never happens inside one */
     if (p->max_tokens > CU_GEMV_MAX_M) {
         cu_gemm(f->cu, f->logits, f->xn, f->lm_head, CU_GEMV_MAX_M + 1, m->V, m->H, f->xb, 0);
         if ((rc = cu_sync(f->cu, err, errlen))) goto fail;
     }
+    const char *wu = getenv("CINFER_CUDA_WARMUP");
+    if (wu && !strcmp(wu, "1") && (rc = warm_up(f, err, errlen))) goto fail;
     *out = f;
     return 0;
 fail:
@@ -885,8 +910,15 @@ int cuda_fwd_slot_reset(cuda_fwd *f, int slot, char *err, size_t errlen) {
 
 /* ---- profiling marks ---- */
 
+static double host_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
 static void mark(cuda_fwd *f, int phase) {
-    if (!f->profile || f->n_marks >= PROF_MAX_MARKS) return;
+    if (!(f->profile || f->marking) || f->n_marks >= PROF_MAX_MARKS) return;
+    if (f->marking) f->mark_host[f->n_marks] = host_ms();
     cu_timer_start(f->cu, f->marks[f->n_marks]);
     f->mark_phase[f->n_marks++] = phase;
 }
@@ -1394,6 +1426,41 @@ static int graph_slot(cuda_fwd *f) {
     return slot;
 }
 
+/* CINFER_TTFT_TRACE: one call's line (host ms: metadata packed, launched / captured, waited; device ms from
+ * its start to end event) and, when it recorded marks, device and host ms by phase and its slowest launch on
+ * the host (a first-time cost: a library's per-shape selection or a module load blocks the host there) */
+static void trace_call(cuda_fwd *f, int T, int NE, int nl, int maxpos, const char *mode, double t0,
+                       double t_pack, double t_cap, double t_launch) {
+    double t_end = host_ms();
+    fprintf(
+        stderr,
+        "ttft-trace fwd T=%d NE=%d nl=%d maxpos=%d %s: host pack %.3f launch %.3f (capture %.3f) wait %.3f "
+        "total %.3f ms; device %.3f ms\n",
+        T, NE, nl, maxpos, mode, t_pack - t0, t_launch - t_pack, t_cap, t_end - t_launch, t_end - t0,
+        cu_timer_between_ms(f->tr_ev[0], f->tr_ev[1]));
+    if (!f->marking) return;
+    double dev[CP_N] = {0}, host[CP_N] = {0}, worst = 0;
+    int worst_i = -1;
+    for (int i = 0; i + 1 < f->n_marks; i++) {
+        int ph = f->mark_phase[i];
+        if (ph < 0) continue;
+        double h = f->mark_host[i + 1] - f->mark_host[i];
+        dev[ph] += cu_timer_between_ms(f->marks[i], f->marks[i + 1]);
+        host[ph] += h;
+        if (h > worst) worst = h, worst_i = i;
+    }
+    fprintf(stderr, "ttft-trace   phases device/host ms:");
+    for (int p = 0; p < CP_N; p++)
+        if (dev[p] > 0 || host[p] > 0)
+            fprintf(stderr, " [%s %.3f/%.3f]", cuda_phase_names[p], dev[p], host[p]);
+    if (worst_i >= 0)
+        fprintf(stderr, "; slowest host launch: mark %d of %d (%s) %.3f ms", worst_i, f->n_marks,
+                cuda_phase_names[f->mark_phase[worst_i]], worst);
+    fprintf(stderr, "\n");
+    f->marking = 0;
+    if (!f->profile) f->n_marks = 0;
+}
+
 /* sync 0: returns with the step still running (cuda_fwd_run_sample's sample waits for it) */
 static int fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, int sync, char *err,
                    size_t errlen) {
@@ -1426,6 +1493,9 @@ static int fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, int s
         return ci_err(err, errlen, CINFER_ERANGE, "cuda: batch of %d tokens exceeds %d", T, f->p.max_tokens);
     run_shape rs;
     size_t o_hrow;
+    double tr0 = f->trace ? host_ms() : 0, tr_pack = 0, tr_cap = 0;
+    const char *tr_mode = "eager";
+    if (f->trace) cu_timer_start(f->cu, f->tr_ev[0]);
     /* deferred commits (spec_fuse): an entry whose kernels replay its slot's kept tokens (a decode token or a
      * window: recurrent_kernel) takes them in e_keep; any other use of the slot gets them committed first,
      * and so does every entry of a step whose conv is not conv_kernel: a step of decode tokens only under
@@ -1452,6 +1522,7 @@ static int fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, int s
         return rc;
     }
     rs.no_chunked = !any_chunked, rs.gdn_fused = gdn_fused;
+    if (f->trace) tr_pack = host_ms();
     int *d = f->meta;
     /* MoE decode without the host (graph-capturable): every (row, choice) slot through the indexed GEMV; past
      * 64 rows the experts are grouped on the host and run as GEMMs */
@@ -1476,6 +1547,7 @@ static int fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, int s
     if (use_graph && sib) {
         /* the same launches but for the attention's split: captured, then the sibling's graph updated to it
          */
+        tr_mode = "update";
         if ((rc = cu_capture_begin(f->cu, err, errlen))) return rc;
         int rc2 = enqueue(f, &rs, moe_device, err, errlen);
         void *exec = NULL;
@@ -1491,6 +1563,7 @@ static int fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, int s
         *sib = key;
         sib->exec = exec;
         g = sib;
+        if (f->trace) tr_cap = host_ms() - tr_pack;
     }
     if (use_graph) {
         if (!g) {
@@ -1510,12 +1583,26 @@ static int fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, int s
             *g = key;
             g->exec = exec;
             f->n_captures++;
+            tr_mode = "capture";
+            if (f->trace) tr_cap = host_ms() - tr_pack;
+        } else if (strcmp(tr_mode, "update")) {
+            tr_mode = "replay";
         }
         g->used = ++f->graph_clock;
         if ((rc = cu_graph_launch(f->cu, g->exec, err, errlen))) return rc;
     } else {
         f->n_marks = 0;
-        if ((rc = enqueue(f, &rs, moe_device, err, errlen))) return rc;
+        int pdl_was = 0;
+        if (f->trace >= 2 && !f->profile && T > 1) {
+            f->marking = 1;
+            if ((pdl_was = cu_pdl_on())) cu_set_pdl(0);
+        }
+        rc = enqueue(f, &rs, moe_device, err, errlen);
+        if (pdl_was) cu_set_pdl(1);
+        if (rc) {
+            f->marking = 0;
+            return rc;
+        }
     }
     if (nh) {
         /* the final-normed rows of the entries that asked (the MTP head's input): the lm_head rows' kernel on
@@ -1533,12 +1620,19 @@ static int fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, int s
     mark(f, CP_COPY_OUT);
     f->last_nl = nl;
     if (logits) cu_d2h_async(f->cu, logits, f->logits, (size_t)nl * m->V * sizeof(float));
-    if (f->profile && f->n_marks < PROF_MAX_MARKS) {
+    if ((f->profile || f->marking) && f->n_marks < PROF_MAX_MARKS) {
+        if (f->marking) f->mark_host[f->n_marks] = host_ms();
         cu_timer_start(f->cu, f->marks[f->n_marks]);
         f->mark_phase[f->n_marks++] = -1;
     }
-    if (!sync && !f->profile) return 0;
-    if ((rc = cu_sync(f->cu, err, errlen))) return rc;
+    if (f->trace) cu_timer_start(f->cu, f->tr_ev[1]);
+    double tr_launch = f->trace ? host_ms() : 0;
+    if (!sync && !f->profile && !f->trace) return 0;
+    if ((rc = cu_sync(f->cu, err, errlen))) {
+        f->marking = 0;
+        return rc;
+    }
+    if (f->trace) trace_call(f, T, NE, nl, maxpos, tr_mode, tr0, tr_pack, tr_cap, tr_launch);
     if (f->profile) {
         /* each mark's phase runs until the next mark */
         for (int i = 0; i + 1 < f->n_marks; i++) {
@@ -1551,6 +1645,32 @@ static int fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, int s
     return 0;
 }
 
+/* CINFER_CUDA_WARMUP=1: the short prefill shapes a resumed turn runs (a 64-row piece at position 0, a 63-row
+ * one after it, one decode row), run once at creation on slot 0 and KV blocks 0.., eagerly (no graph kept),
+ * then the slot reset: whatever the process pays the first time such a step runs is paid here, before any
+ * request. The blocks' rows are overwritten by the first sequence that takes them; nothing reads a position
+ * it has not written. */
+static int warm_up(cuda_fwd *f, char *err, size_t errlen) {
+    int n = f->p.max_tokens < 64 ? f->p.max_tokens : 64, nb = (2 * n + 15) / 16;
+    if (n < 2 || f->p.n_slots < 1 || f->p.n_blocks < nb || f->p.max_ctx < 2 * n || nb > 16) return 0;
+    int32_t toks[64] = {0};
+    int blocks[16];
+    for (int i = 0; i < nb; i++) blocks[i] = i;
+    double t0 = host_ms();
+    int ng = f->p.no_graphs, rc = 0;
+    f->p.no_graphs = 1;
+    fwd_entry e = {.seq_len = 0, .tokens = toks, .n = n, .slot = 0, .blocks = blocks};
+    const int at[3] = {0, n, 2 * n - 1}, len[3] = {n, n - 1, 1};
+    for (int i = 0; i < 3 && !rc; i++) {
+        e.seq_len = at[i], e.n = len[i];
+        rc = fwd_run(f, &e, 1, NULL, 1, err, errlen);
+    }
+    f->p.no_graphs = ng;
+    if (!rc) rc = cuda_fwd_slot_reset(f, 0, err, errlen);
+    if (f->trace) fprintf(stderr, "ttft-trace warm-up: %.3f ms\n", host_ms() - t0);
+    return rc;
+}
+
 int cuda_fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, char *err, size_t errlen) {
     return fwd_run(f, e, NE, logits, 1, err, errlen);
 }
@@ -1558,7 +1678,9 @@ int cuda_fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, char *e
 int cuda_fwd_run_sample(cuda_fwd *f, const fwd_entry *e, int NE, const cuda_sample *rows, int n, int32_t *ids,
                         float *logprobs, char *err, size_t errlen) {
     int rc = fwd_run(f, e, NE, NULL, 0, err, errlen);
+    double t0 = f->trace ? host_ms() : 0;
     if (!rc) rc = cuda_fwd_sample(f, rows, n, ids, logprobs, err, errlen);
+    if (f->trace && !rc) fprintf(stderr, "ttft-trace sample %d rows: host %.3f ms\n", n, host_ms() - t0);
     if (rc) {
         char e2[64]; /* nothing may still run when the caller's next call refills the pinned buffers */
         cu_sync(f->cu, e2, sizeof e2);
@@ -1765,12 +1887,14 @@ static int state_copy(cuda_fwd *f, int slot, float *dst, const float *src, char 
         spec_flush(f, slot); /* the state as committed */
     else
         f->pend_keep[slot] = 0; /* replaced whole */
+    /* dst / src in host memory (pinned: DMA over the link) or, for the prefix cache's device store, in device
+     * memory (a copy on the device): unified addressing picks the direction */
     if (dst) {
-        cu_d2h_async(f->cu, dst, dc, cs * 4);
-        cu_d2h_async(f->cu, dst + cs, dr, rs * 4);
+        cu_copy_async(f->cu, dst, dc, cs * 4);
+        cu_copy_async(f->cu, dst + cs, dr, rs * 4);
     } else {
-        cu_h2d_async(f->cu, dc, src, cs * 4);
-        cu_h2d_async(f->cu, dr, src + cs, rs * 4);
+        cu_copy_async(f->cu, dc, src, cs * 4);
+        cu_copy_async(f->cu, dr, src + cs, rs * 4);
     }
     return 0;
 }
@@ -1840,6 +1964,15 @@ void *cuda_host_alloc(size_t bytes, int pin) {
     if (!pinned && !(p = malloc(bytes + 64))) return NULL;
     p[0] = (unsigned char)pinned;
     return p + 64;
+}
+void *cuda_dev_alloc(size_t bytes) {
+    void *p = NULL;
+    char err[128];
+    if (cu_device_count() < 1 || cu_alloc(&p, bytes, err, sizeof err)) return NULL;
+    return p;
+}
+void cuda_dev_free(void *p) {
+    cu_free(p);
 }
 void cuda_host_free(void *ptr) {
     if (!ptr) return;

@@ -91,6 +91,10 @@ int cuda_fwd_run_sample(cuda_fwd *f, const fwd_entry *e, int n_entries, const cu
  * instead of through a bounce buffer), else plain (NULL when out of memory); free with cuda_host_free. */
 void *cuda_host_alloc(size_t bytes, int pin);
 void cuda_host_free(void *p);
+/* Device memory outside any context (the prefix cache's snapshots with CINFER_PREFIX_DEVICE=1), NULL when
+ * there is none or no device; cuda_fwd_state_save / _load copy to and from it device to device. */
+void *cuda_dev_alloc(size_t bytes);
+void cuda_dev_free(void *p);
 
 /* Per-phase device time of the calls since the last reset (profiling disables graphs). */
 enum {

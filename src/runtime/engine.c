@@ -9,6 +9,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -108,6 +109,7 @@ struct cinfer_request {
     float *masked;        /* [V] f32: the row with the rest at -inf, what the sampler sees */
     int dev_greedy;       /* cuda: plain greedy (no bias, penalties, top_logprobs): the device may choose */
     int dev_lp;           /* with the chosen token's logprob */
+    double t_submit;      /* CINFER_TTFT_TRACE: ms (now_ms) at submit */
 };
 
 struct cinfer_engine {
@@ -164,6 +166,8 @@ struct cinfer_engine {
     /* CINFER_SPEC_COST=1 (with padding): measured wall ms of pure decode steps of B entries, plain and padded
      * (spec_pays), each after its first cost_skip samples */
     int cost_on;
+    int trace;                      /* CINFER_TTFT_TRACE: stderr lines timing admission, steps and snapshots */
+    int px_gap;                     /* next_stop: interval snapshots this close past a resume point are skipped */
     double *cost_ms[2];             /* [max_seqs + 1] each: 0 plain, 1 padded windows; 0: not measured yet */
     int *cost_n[2];                 /* [max_seqs + 1] samples seen */
     long cost_steps;                /* decisions made (every COST_PROBE-th re-measures the kind not chosen) */
@@ -493,6 +497,8 @@ static int32_t device_choice(const cinfer_engine *e, cinfer_request *r, int row)
     return r->res.token;
 }
 
+static double now_ms(void);
+
 /* Admits waiting requests while a slot and KV blocks for their whole budget are free. */
 static void admit(cinfer_engine *e) {
     pthread_mutex_lock(&e->mu);
@@ -548,9 +554,17 @@ static void admit(cinfer_engine *e) {
              * length, so a resume point anywhere (inside an image's span too) feeds the suffix exactly as a
              * chunked prefill would. */
             int cached = 0;
+            double t0 = e->trace ? now_ms() : 0;
             if (ctx_seq_resume(e->ctx, seq, cache_key(r), r->n_prompt, &cached, err, sizeof err) == 0) {
                 r->n_fed = cached;
                 r->cached = cached;
+            }
+            if (e->trace) { /* the restore's copies are enqueued: wait for them here to see what they cost */
+                double t1 = now_ms();
+                char e2[128];
+                ctx_sync(e->ctx, e2, sizeof e2);
+                fprintf(stderr, "ttft-trace admit +%.3f ms after submit: resume of %d tokens host %.3f ms, copies %.3f ms\n",
+                        t0 - r->t_submit, cached, t1 - t0, now_ms() - t1);
             }
         }
         e->wait_head = r->next;
@@ -584,15 +598,31 @@ static int ngram_draft(const int32_t *h, int n, int32_t *out, int k) {
     return 0;
 }
 
+/* The next snapshot stop of r's prompt after pos (ctx_prefix_next), passing over an interval stop (neither a
+ * message boundary nor the prompt's last token) fewer than e->px_gap tokens past the snapshot r resumed from: a
+ * snapshot there would save a later request at most px_gap tokens of prefill, and costs this one a piece
+ * boundary (a one-row step when the resume point sits just before an interval multiple), a state copy and a
+ * snapshot's memory. CINFER_PREFIX_GAP sets px_gap. */
+static int next_stop(const cinfer_engine *e, const cinfer_request *r, int pos) {
+    int end = r->n_prompt - 1, q = ctx_prefix_next(e->ctx, r->marks, r->n_marks, pos, end);
+    while (q < end && r->cached > 0 && q - r->cached < e->px_gap) {
+        int mark = 0;
+        for (int i = 0; i < r->n_marks && !mark; i++) mark = r->marks[i] == q;
+        if (mark) break;
+        q = ctx_prefix_next(e->ctx, r->marks, r->n_marks, q, end);
+    }
+    return q;
+}
+
 /* This step's prefill piece for r, in tokens. Pieces end on the DeltaNet chunk grid (multiples of
  * GDN_CHUNK) or at the prompt's end, so how the step budget splits a prompt never changes its arithmetic
  * (forward.h: chunks align to the absolute grid). With the prefix cache, a piece also stops at each
  * snapshot position (message boundaries, the last prompt token): a later request resuming there then
  * computes exactly the chunks a cold run does. 0 when no allowed end fits in the budget. */
+static int next_stop(const cinfer_engine *e, const cinfer_request *r, int pos);
 static int prefill_piece(const cinfer_engine *e, const cinfer_request *r, int budget) {
     int pos = r->n_fed, limit = r->n_prompt;
-    if (e->p.prefix_cache_memory > 0 && pos < r->n_prompt - 1)
-        limit = ctx_prefix_next(e->ctx, r->marks, r->n_marks, pos, r->n_prompt - 1);
+    if (e->p.prefix_cache_memory > 0 && pos < r->n_prompt - 1) limit = next_stop(e, r, pos);
     if (limit - pos <= budget) return limit - pos;
     int end = (pos + budget) / GDN_CHUNK * GDN_CHUNK;
     return end > pos ? end - pos : 0;
@@ -915,7 +945,7 @@ static void step(cinfer_engine *e) {
         int nr = e->entries[i].all_logits ? e->entries[i].n_tokens : 1;
         for (int j = 0; j < nr; j++) e->dsmp[e->entry_row[i] + j] = (cuda_sample){0.0f, 0, 0.0, r->dev_lp};
     }
-    double t0 = e->cost_on ? now_ms() : 0;
+    double t0 = e->cost_on || e->trace ? now_ms() : 0;
     int rc = dev ? ctx_forward_sample(e->ctx, e->entries, n, e->dsmp, e->dids, e->dlps, err, sizeof err)
                  : cinfer_forward(e->ctx, e->entries, n, e->logits, err, sizeof err);
     if (e->cost_on && !rc && n == n_dec) {
@@ -927,6 +957,10 @@ static void step(cinfer_engine *e) {
             *c = *c > 0 && dt > *c ? (dt < 1.05 * *c ? dt : 1.05 * *c) : dt;
     }
     atomic_fetch_add(&e->steps_total, 1);
+    if (e->trace)
+        fprintf(stderr, "ttft-trace step +%.3f ms after submit: %d entries, first %d rows from position %d: forward %.3f ms\n",
+                t0 - e->entry_req[0]->t_submit, n, e->entries[0].n_tokens, e->entry_req[0]->n_fed < e->entry_req[0]->n_prompt ? e->entry_req[0]->n_fed : -1,
+                now_ms() - t0);
     if (rc) {
         /* the batch was validated at submit; a failure here is a bug or an exhausted pool */
         LOG_E("engine step failed: %s", err);
@@ -946,10 +980,16 @@ static void step(cinfer_engine *e) {
             r->n_fed += e->entries[i].n_tokens;
             atomic_fetch_add(&e->prompt_tokens_total, e->entries[i].n_tokens);
             if (e->p.prefix_cache_memory > 0 && r->n_fed < r->n_prompt &&
-                ctx_prefix_next(e->ctx, r->marks, r->n_marks, r->n_fed - 1, r->n_prompt - 1) == r->n_fed) {
+                next_stop(e, r, r->n_fed - 1) == r->n_fed) {
                 char e2[256];
+                double ts = e->trace ? now_ms() : 0;
                 if (ctx_seq_snapshot(e->ctx, r->seq, cache_key(r), e2, sizeof e2))
                     LOG_W("prefix cache: %s", e2);
+                if (e->trace) {
+                    double ts1 = now_ms();
+                    ctx_sync(e->ctx, e2, sizeof e2);
+                    fprintf(stderr, "ttft-trace snapshot at %d: host %.3f ms, copies %.3f ms\n", r->n_fed, ts1 - ts, now_ms() - ts1);
+                }
             }
             if (mtp) e->entry_keep[i] = e->entries[i].n_tokens;
             if (r->n_fed < r->n_prompt) continue; /* more prompt to read */
@@ -1176,6 +1216,10 @@ int cinfer_engine_create(cinfer_model *cm, const cinfer_engine_params *pp, cinfe
     const char *pv = getenv("CINFER_SPEC_PAD");
     e->pad =
         p.spec_max_draft > 0 && (pv ? !strcmp(pv, "1") : cinfer_ctx_device(e->ctx) == CINFER_DEVICE_CUDA);
+    const char *tv = getenv("CINFER_TTFT_TRACE"); /* diagnostics: stderr lines timing admission, steps, snapshots */
+    e->trace = tv && atoi(tv) > 0;
+    const char *pg = getenv("CINFER_PREFIX_GAP");
+    e->px_gap = pg ? atoi(pg) : 0;
     const char *cv = getenv("CINFER_SPEC_COST");
     e->cost_on = e->pad && cv && !strcmp(cv, "1");
     e->cost_skip = cinfer_ctx_device(e->ctx) == CINFER_DEVICE_CUDA ? 2 : 0;
@@ -1309,6 +1353,7 @@ int cinfer_engine_submit(cinfer_engine *e, const cinfer_request_params *p, cinfe
     }
     cinfer_request *r = xcalloc(1, sizeof *r);
     r->eng = e;
+    r->t_submit = e->trace ? now_ms() : 0;
     r->prompt = xmalloc((size_t)p->n_prompt * sizeof(int32_t));
     memcpy(r->prompt, p->prompt, (size_t)p->n_prompt * sizeof(int32_t));
     r->n_prompt = p->n_prompt;

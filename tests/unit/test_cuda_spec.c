@@ -598,6 +598,92 @@ TEST(cuda_prefix_engine_second_turn) {
     cinfer_model_close(m);
 }
 
+/* One resume on cuda as in cuda_prefix_resume_matches_cold: a 45-token prompt snapshotted, a fresh sequence
+ * resumed after it prefills the rest of a 57-token prompt; every resumed row's logits into out [12][V]. */
+static int resumed_logits(cinfer_model *m, float *out) {
+    cinfer_model_info info;
+    cinfer_model_get_info(m, &info);
+    int V = info.vocab_size, N1 = 45, N2 = 57, cached = 0, rc = 1;
+    char err[512];
+    int32_t p[64];
+    for (int i = 0; i < N2; i++) p[i] = (int32_t)((i * 91 + 7) % V);
+    cinfer_ctx *c = cuda_ctx(m, 2, 64, 64, 0, 64 << 20);
+    if (!c) return 1;
+    float *tmp = malloc(sizeof(float) * (size_t)N1 * V);
+    int s = cinfer_seq_open(c, err, sizeof err);
+    cinfer_batch_entry e1 = {s, p, N1, 0, 0, NULL};
+    if (cinfer_forward(c, &e1, 1, tmp, err, sizeof err) || ctx_seq_snapshot(c, s, p, err, sizeof err))
+        goto out;
+    cinfer_seq_close(c, s);
+    s = cinfer_seq_open(c, err, sizeof err);
+    if (ctx_seq_resume(c, s, p, N2, &cached, err, sizeof err) || cached != N1) goto out;
+    cinfer_batch_entry e2 = {s, p + N1, N2 - N1, 1, 0, NULL};
+    rc = cinfer_forward(c, &e2, 1, out, err, sizeof err);
+out:
+    if (rc) test_fail(__FILE__, __LINE__, "resume: %s (cached %d)", err, cached);
+    free(tmp);
+    cinfer_ctx_destroy(c);
+    return rc;
+}
+
+/* CINFER_PREFIX_DEVICE=1 keeps the snapshots in device memory: a resume from there gives the host store's
+ * logits bit for bit (both are plain copies of the same state). */
+TEST(cuda_prefix_device_store_matches_host_store) {
+    if (no_device()) SKIP("no CUDA device: skipped");
+    cinfer_model *m = open_fixture("qwen35_dense");
+    REQUIRE(m);
+    cinfer_model_info info;
+    cinfer_model_get_info(m, &info);
+    size_t n = (size_t)12 * info.vocab_size;
+    float *a = malloc(sizeof(float) * n), *b = malloc(sizeof(float) * n);
+    for (size_t i = 0; i < n; i++) a[i] = b[i] = NAN;
+    REQUIRE(resumed_logits(m, a) == 0);
+    setenv("CINFER_PREFIX_DEVICE", "1", 1);
+    int rc = resumed_logits(m, b);
+    unsetenv("CINFER_PREFIX_DEVICE");
+    REQUIRE(rc == 0);
+    int bad = 0;
+    for (size_t i = 0; i < n; i++) bad += !isfinite(a[i]) || memcmp(&a[i], &b[i], sizeof(float)) != 0;
+    CHECK_MSG(bad == 0, "%d of %zu logits differ between the device and host snapshot stores", bad, n);
+    free(a), free(b);
+    cinfer_model_close(m);
+}
+
+/* CINFER_CUDA_WARMUP=1 runs short prefills and a decode row on slot 0 at creation (forward_cuda.c warm_up)
+ * and resets it; with CINFER_TTFT_TRACE=2 every call also records its trace marks (PDL off in marked calls).
+ * Neither may change a bit: a prompt's logits on a context made so equal a plain context's. */
+TEST(cuda_warmup_and_trace_change_no_logits) {
+    if (no_device()) SKIP("no CUDA device: skipped");
+    cinfer_model *m = open_fixture("qwen35_dense");
+    REQUIRE(m);
+    cinfer_model_info info;
+    cinfer_model_get_info(m, &info);
+    int V = info.vocab_size, N = 100;
+    int32_t p[128];
+    for (int i = 0; i < N + 1; i++) p[i] = (int32_t)((i * 37 + 5) % V);
+    float *lg[2];
+    char err[512];
+    for (int k = 0; k < 2; k++) {
+        if (k) setenv("CINFER_CUDA_WARMUP", "1", 1), setenv("CINFER_TTFT_TRACE", "2", 1);
+        cinfer_ctx *c = cuda_ctx(m, 2, 256, 128, 0, 0);
+        unsetenv("CINFER_CUDA_WARMUP"), unsetenv("CINFER_TTFT_TRACE");
+        REQUIRE(c);
+        lg[k] = malloc(sizeof(float) * (size_t)(N + 1) * V);
+        for (size_t i = 0; i < (size_t)(N + 1) * V; i++) lg[k][i] = NAN;
+        int s = cinfer_seq_open(c, err, sizeof err);
+        cinfer_batch_entry e = {s, p, N, 1, 0, NULL}, d = {s, p + N, 1, 0, 0, NULL};
+        REQUIRE(cinfer_forward(c, &e, 1, lg[k], err, sizeof err) == 0);
+        REQUIRE(cinfer_forward(c, &d, 1, lg[k] + (size_t)N * V, err, sizeof err) == 0);
+        cinfer_ctx_destroy(c);
+    }
+    int bad = 0;
+    for (size_t i = 0; i < (size_t)(N + 1) * V; i++)
+        bad += !isfinite(lg[0][i]) || memcmp(&lg[0][i], &lg[1][i], sizeof(float)) != 0;
+    CHECK_MSG(bad == 0, "%d logits differ with the warm-up and the trace on", bad);
+    free(lg[0]), free(lg[1]);
+    cinfer_model_close(m);
+}
+
 /* ---- the MTP head on cuda ---- */
 
 /* The target's final-normed hidden rows (cinfer_batch_entry.hidden) and the MTP head's logits and normed

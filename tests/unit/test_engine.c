@@ -1,6 +1,7 @@
 /* test_engine.c — the continuous-batching engine on models/default: many requests at once give each its
  * solo greedy output, cancellation frees slots and blocks, a full queue says busy, stop strings cut the
  * text exactly, max_tokens is clamped to the context, logprobs and text events arrive in order. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -748,5 +749,64 @@ TEST(engine_draft_model_self_draft_is_exact) {
     CHECK(s1.steps_total < s0.steps_total); /* the sampled requests (near-uniform here) bound the step count */
     CHECK_EQ_INT(s1.kv_blocks_used, 0);
     cinfer_model_close(dm);
+    cinfer_model_close(m);
+}
+
+/* CINFER_PREFIX_GAP (engine.c next_stop): a second turn resumed one token before the 4096-token snapshot interval
+ * takes no snapshot there with a gap of 64 (one piece to its last prompt token: one snapshot where a gap of 0 takes
+ * two) and gives the cold run's tokens either way, its logprobs within 1e-4 (not bitwise: the cold run reads
+ * position P1 - 1 inside a whole DeltaNet chunk, the resumed one as a row of its own, as without the gap). */
+TEST(engine_prefix_gap_skips_an_interval_snapshot_after_a_resume) {
+    char err[1024];
+    cinfer_model *m = NULL;
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/qwen35_dense", test_fixtures_dir());
+    REQUIRE(cinfer_model_open(dir, &m, err, sizeof err) == 0);
+    cinfer_model_info info;
+    cinfer_model_get_info(m, &info);
+    enum { P1 = 4096, P2 = 4096 + 40 };
+    static int32_t p[P2];
+    make_prompt(p, P2, 4242, info.vocab_size);
+    cinfer_engine_params ep = cinfer_engine_default_params();
+    ep.max_seqs = 2;
+    ep.ctx_size = P2 + 16;
+    ep.n_threads = 2;
+    ep.prefix_cache_memory = 64 << 20;
+    cinfer_engine *cold;
+    REQUIRE(cinfer_engine_create(m, &ep, &cold, err, sizeof err) == 0);
+    lp_trace a, b, c;
+    run_traced(cold, p, P2, 8, &c);
+    CHECK_EQ_INT(c.cached, 0);
+    cinfer_engine_destroy(cold);
+    long long snaps[2] = {0, 0};
+    for (int gap = 0; gap < 2; gap++) {
+        setenv("CINFER_PREFIX_GAP", gap ? "64" : "0", 1);
+        cinfer_engine *warm;
+        REQUIRE(cinfer_engine_create(m, &ep, &warm, err, sizeof err) == 0);
+        unsetenv("CINFER_PREFIX_GAP");
+        cinfer_engine_stats s1, s2;
+        run_traced(warm, p, P1, 4, &a); /* one snapshot, at P1 - 1 */
+        cinfer_engine_get_stats(warm, &s1);
+        run_traced(warm, p, P2, 8, &b); /* resumes at P1 - 1, one token before the interval */
+        cinfer_engine_get_stats(warm, &s2);
+        CHECK_EQ_INT(b.cached, P1 - 1);
+        CHECK_EQ_INT(b.n, 8);
+        double worst = 0;
+        for (int i = 0; i < 8; i++)
+            for (int k = 0; k < 21; k++) {
+                double d = fabs((double)b.lp[i][k] - c.lp[i][k]);
+                if (!(d <= worst)) worst = d;
+            }
+        printf("     gap %d: logprobs differ from cold by %.3g at most\n", gap ? 64 : 0, worst);
+        CHECK_MSG(!memcmp(b.ids, c.ids, sizeof b.ids), "gap %d: the cached turn's tokens differ from cold",
+                  gap ? 64 : 0);
+        CHECK_MSG(worst <= 1e-4, "gap %d: logprobs differ from cold by %.3g", gap ? 64 : 0, worst);
+        REQUIRE(s1.prefix_bytes > 0);
+        snaps[gap] = s2.prefix_bytes / s1.prefix_bytes - 1; /* snapshots the second turn added */
+        cinfer_engine_destroy(warm);
+    }
+    printf("     snapshots taken by the resumed turn: %lld with gap 0, %lld with gap 64\n", snaps[0], snaps[1]);
+    CHECK_EQ_INT((int)snaps[0], 2);
+    CHECK_EQ_INT((int)snaps[1], 1);
     cinfer_model_close(m);
 }

@@ -137,6 +137,9 @@ extern "C" void cu_d2d_async(cu_ctx *c, void *dst, const void *src, size_t bytes
     pdl_break(c);
     cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream);
 }
+extern "C" void cu_copy_async(cu_ctx *c, void *dst, const void *src, size_t bytes) {
+    cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, c->stream);
+}
 extern "C" void cu_memset_async(cu_ctx *c, void *d, size_t bytes) {
     pdl_break(c);
     cudaMemsetAsync(d, 0, bytes, c->stream);
