@@ -157,6 +157,7 @@ typedef struct cu_layer {
 #define MAX_GRAPHS         64
 #define ATTN_TARGET_BLOCKS 1024 /* split positions until (rows x heads x splits) reaches this */
 #define PROF_MAX_MARKS     4096
+#define ATTN_SPLIT_WORK    512 /* work items an entry split over keys adds at most (cu_attn_tc_split) */
 
 /* A captured step: every launch of a batch depends only on these (entries, rows, logits rows, whether a
  * speculative window is in it, attention splits, multimodal rotary rows); per-entry lengths, positions, slots
@@ -193,6 +194,11 @@ struct cuda_fwd {
     size_t ytmp_floats;
     float *part; /* attention split partials */
     size_t part_floats;
+    /* the prefill tiles' key-span partials (cu_attn_split.part), grown when a batch needs more; with the
+     * split switch (CINFER_CUDA_ATTN_SPLIT) */
+    float *apart;
+    size_t apart_floats;
+    int attn_split;           /* 0: off, else the least keys per span (CINFER_CUDA_ATTN_SPLIT) */
     float *logits;            /* [T][V] */
     float *moe_logits;        /* [T][E] */
     int *moe_idx;             /* [S] */
@@ -532,6 +538,9 @@ static int alloc_scratch(cuda_fwd *f, char *err, size_t errlen) {
     /* + spec flags (<= T entries), attention tiles (at most one per row), hidden rows (T) and [T][3] mRoPE
      * positions */
     f->meta_cap = 18 * T + tables + 64; /* + the MTP head's attention starts, e_keep, e_par (<= T entries) */
+    /* + the attention tiles' key splits: spans per entry, partial offsets and merged rows (T each), work
+     * items (2 ints: the tiles, and up to ATTN_SPLIT_WORK more per split entry) */
+    f->meta_cap += 5 * T + 2 * (T < (size_t)f->p.n_slots ? T : (size_t)f->p.n_slots) * ATTN_SPLIT_WORK;
     if ((rc = dev_alloc(f, (void **)&f->meta, f->meta_cap * 4, a, err, errlen)) ||
         (rc = cu_alloc_host((void **)&f->h_meta, f->meta_cap * 4, err, errlen)))
         return rc;
@@ -552,6 +561,7 @@ void cuda_fwd_destroy(cuda_fwd *f) {
     cu_timer_destroy(f->tr_ev[0]);
     cu_timer_destroy(f->tr_ev[1]);
     for (int i = 0; i < f->n_allocs; i++) cu_free(f->allocs[i]);
+    cu_free(f->apart);
     cu_free_host(f->h_meta);
     cu_free_host(f->h_moe_idx);
     cu_free_host(f->h_moe_w);
@@ -798,6 +808,11 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * fp16's range) by default; CINFER_CUDA_ATTN_TC=tf32: TF32 hi + lo (no range limit; 30% slower) */
     const char *atc = getenv("CINFER_CUDA_ATTN_TC");
     if (f->attn_tc && !(atc && !strcmp(atc, "tf32"))) f->attn_tc = 2;
+    /* CINFER_CUDA_ATTN_SPLIT=1: the tensor-core tiles of an entry with few rows behind a long context split
+     * over keys (flash-decoding for the prefill kernel; cu_attn_tc_split), spans of CU_ATTN_MIN_SPAN keys
+     * or more; =N (> 1): spans of N keys or more (tests: the split on the fixtures' short contexts) */
+    const char *asp = getenv("CINFER_CUDA_ATTN_SPLIT");
+    f->attn_split = asp && atoi(asp) > 1 ? atoi(asp) : asp && atoi(asp) == 1 ? CU_ATTN_MIN_SPAN : 0;
     if (phased && m->n_lin > 0 && cu_gdn_tc_init(m->dk) && cu_gdn_chunk_init(m->dk, m->dv)) {
         f->gdn_chunk_cap = cu_gdn_chunk_cap(p->max_tokens, p->n_slots);
         size_t cb = cu_gdn_chunk_bytes(f->gdn_chunk_cap, p->max_tokens, m->Hv, m->dk, m->dv);
@@ -981,7 +996,8 @@ typedef struct run_shape {
     const int *rope3;      /* [T][3] multimodal rotary positions (device), or NULL for text */
     const fwd_entry *mm_e; /* the entries when some carry image features, else NULL */
     int mm_ne;
-    int gdn_fused; /* the DeltaNet layers run the fused decode kernel (cu_gdn_args.dec_cnt) */
+    int gdn_fused;       /* the DeltaNet layers run the fused decode kernel (cu_gdn_args.dec_cnt) */
+    cu_attn_split split; /* the attention tiles split over keys (device lists in meta), or zero */
 } run_shape;
 
 static void gemm(cuda_fwd *f, float *y, const float *x, const uint16_t *w, int M, int N, int K) {
@@ -1055,7 +1071,7 @@ static void attention(cuda_fwd *f, const cu_layer *cl, int full, const run_shape
     a.full = full, a.qkv = f->proj, a.ld = cl->n_in, a.q_norm = cl->q_norm, a.k_norm = cl->k_norm;
     a.inv_freq = f->inv_freq, a.kpool = kpool, a.vpool = vpool, a.o = f->act, a.part = f->part;
     a.span = rs->span, a.nsplit = rs->nsplit, a.eps = (float)m->cfg.rms_norm_eps, a.meta = rs->meta;
-    a.tiles = rs->tiles, a.n_tiles = rs->n_tiles, a.tc = f->attn_tc;
+    a.tiles = rs->tiles, a.n_tiles = rs->n_tiles, a.tc = f->attn_tc, a.split = rs->split;
     a.rope3 = rs->rope3, a.mrope_h = m->cfg.mrope_section[1], a.mrope_w = m->cfg.mrope_section[2];
     /* decode-only steps of the model (the MTP head's calls leave no_chunked 0) */
     a.dec_cnt = rs->no_chunked && !rs->has_spec && !rs->tiles ? f->attn_cnt : NULL;
@@ -1341,6 +1357,43 @@ static int pack_meta(cuda_fwd *f, const fwd_entry *e, int NE, const int *lmode, 
     *o_hrow_out = o_tile + ntile;
     size_t o_hrow = *o_hrow_out;
     size_t o_ast = o_hrow + nh, n_meta = o_ast + (astart ? (size_t)NE : 0);
+    cu_attn_split split = {0};
+    if (tiled && f->attn_split && f->attn_tc == 2 && !astart) {
+        /* the tiles of entries with few rows behind long contexts split over keys (cu_attn_tc_split: a
+         * function of the entry alone); lists: e_span [NE], row_poff [T], mrows, work [][2] */
+        const model *m = f->m;
+        size_t o_es = n_meta, o_rp = o_es + NE, o_mr = o_rp + T, o_wk = o_mr + T, nw = 0, nm = 0, np = 0;
+        for (int i = 0, r = 0; i < NE; r += e[i].n, i++) {
+            int ns = 1, L = e[i].seq_len + e[i].n,
+                span = cu_attn_tc_split(m->Hq, m->Hkv, m->hd, e[i].n, L, f->attn_split, &ns);
+            if (o_wk + 2 * (nw + (size_t)(e[i].n + f->attn_rows - 1) / f->attn_rows * ns) > f->meta_cap)
+                span = 0; /* past the metadata bound (never at ATTN_SPLIT_WORK per entry) */
+            h[o_es + i] = span;
+            for (int t = 0; t < e[i].n; t += f->attn_rows) {
+                int last = e[i].seq_len + (t + f->attn_rows < e[i].n ? t + f->attn_rows : e[i].n) - 1;
+                for (int sp = 0; sp == 0 || (span && sp * span <= last); sp++)
+                    h[o_wk + 2 * nw] = r + t, h[o_wk + 2 * nw + 1] = sp, nw++;
+            }
+            for (int t = 0; t < e[i].n; t++) {
+                int nsr = span ? (e[i].seq_len + t) / span + 1 : 1;
+                h[o_rp + r + t] = (int)np;
+                if (nsr > 1) h[o_mr + nm++] = r + t, np += (size_t)nsr;
+            }
+        }
+        if (nw > ntile) { /* some entry split */
+            size_t need = np * (size_t)m->Hq * (size_t)(m->hd + 2);
+            if (need > f->apart_floats) {
+                cu_free(f->apart); /* synchronises: no launch still reads the old one */
+                f->apart = NULL, f->apart_floats = 0;
+                int rc = cu_alloc((void **)&f->apart, need * sizeof(float), err, errlen);
+                if (rc) return rc;
+                f->apart_floats = need;
+            }
+            int *d = f->meta;
+            split = (cu_attn_split){d + o_wk, d + o_es, d + o_rp, d + o_mr, f->apart, (int)nw, (int)nm};
+            n_meta = o_wk + 2 * nw;
+        }
+    }
     if (n_meta > f->meta_cap)
         return ci_err(err, errlen, CINFER_ERANGE, "cuda: block tables exceed the metadata buffer");
     for (int i = 0; astart && i < NE; i++) h[o_ast + i] = e[i].attn_start;
@@ -1391,6 +1444,7 @@ static int pack_meta(cuda_fwd *f, const fwd_entry *e, int NE, const int *lmode, 
     rs->mm_e = mm_rows ? e : NULL;
     rs->mm_ne = NE;
     rs->meta.e_astart = astart ? d + o_ast : NULL;
+    rs->split = split;
     attn_split(f, T, maxpos, &rs->span, &rs->nsplit);
     cu_h2d_async(f->cu, f->meta, h, n_meta * sizeof(int));
     return 0;

@@ -1200,6 +1200,168 @@ TEST(cuda_long_attention_fa_vs_cpu) {
     attn_case_ex(8, 1, 128, 1 << 20, 2, attn_fa_ents, ne, 1.0f); /* ratio 8: 16 positions per tile */
 }
 
+/* Key splits of the tensor-core prefill tiles (cu_attn_split, CINFER_CUDA_ATTN_SPLIT): one entry of n rows
+ * behind len cached keys at the 4B heads (16 q, 4 kv, hd 256), split as forward_cuda.c's pack_meta splits it,
+ * against the CPU (rows spread over the entry: the f64 reference of all 64 rows at 16k keys is slow) and
+ * against the unsplit kernel (every row); outputs start as NaN. *span_out: the span used (0: not split). */
+static void attn_split_case(int n, int len, float gain, int *span_out) {
+    char err[256];
+    cu_ctx *c;
+    REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
+    const int Hq = 16, Hkv = 4, hd = 256, R = hd / 4, kvd = Hkv * hd, ld = Hq * 2 * hd + 2 * kvd;
+    const int L = len + n, nb = (L + 15) / 16, full = 0;
+    int n_blocks = 16;
+    while (n_blocks < nb) n_blocks *= 2;
+    int *table = malloc((size_t)nb * sizeof(int));
+    for (int j = 0; j < nb; j++) table[j] = (j * 5 + 3) % n_blocks;
+    size_t pool_n = (size_t)n_blocks * 16 * kvd;
+    float eps = 1e-6f;
+    float *kp = rnd(pool_n, 1.0f), *vp = rnd(pool_n, 1.0f), *qkv = rnd((size_t)n * ld, 1.0f);
+    float *qn = rnd((size_t)hd, 0.3f), *kn = rnd((size_t)hd, 0.3f), *inv = malloc((size_t)R / 2 * 4);
+    for (int i = 0; i < hd; i++) qn[i] = (qn[i] + 1.0f) * gain, kn[i] = (kn[i] + 1.0f) * gain;
+    for (int j = 0; j < R / 2; j++) inv[j] = 1.0f / (float)pow(1e7, (double)((float)(2 * j) / (float)R));
+        /* the reference: q and the new rows' k normed and roped, v copied, then softmax in f64 */
+#define SROW(P, pos) (P + ((size_t)table[(pos) / 16] * 16 + (pos) % 16) * kvd)
+    float *kp_r = malloc(pool_n * 4), *vp_r = malloc(pool_n * 4), *q_r = malloc((size_t)n * Hq * hd * 4);
+    memcpy(kp_r, kp, pool_n * 4);
+    memcpy(vp_r, vp, pool_n * 4);
+    for (int t = 0; t < n; t++) {
+        int pos = len + t;
+        const float *row = qkv + (size_t)t * ld;
+        for (int h = 0; h < Hq; h++) {
+            float *q = q_r + ((size_t)t * Hq + h) * hd;
+            ops_rmsnorm(q, row + (size_t)h * 2 * hd, qn, hd, eps);
+            rope_ref(q, R, pos, inv);
+        }
+        for (int h = 0; h < Hkv; h++) {
+            float *k = SROW(kp_r, pos) + (size_t)h * hd;
+            ops_rmsnorm(k, row + (size_t)Hq * 2 * hd + (size_t)h * hd, kn, hd, eps);
+            rope_ref(k, R, pos, inv);
+        }
+        memcpy(SROW(vp_r, pos), row + (size_t)Hq * 2 * hd + kvd, (size_t)kvd * 4);
+    }
+    int nchk = n < 6 ? n : 6, *chk = malloc((size_t)nchk * sizeof(int));
+    for (int i = 0; i < nchk; i++) chk[i] = nchk > 1 ? (int)((long)i * (n - 1) / (nchk - 1)) : 0;
+    float *o_r = malloc((size_t)nchk * Hq * hd * 4);
+    double *sc = malloc((size_t)L * sizeof(double));
+    for (int ci = 0; ci < nchk; ci++) {
+        int t = chk[ci], pos = len + t;
+        for (int h = 0; h < Hq; h++) {
+            int kvh = h / (Hq / Hkv);
+            const float *q = q_r + ((size_t)t * Hq + h) * hd,
+                        *gate = qkv + (size_t)t * ld + (size_t)h * 2 * hd + hd;
+            double mx = -1e300, sum = 0;
+            for (int u = 0; u <= pos; u++) {
+                const float *k = SROW(kp_r, u) + (size_t)kvh * hd;
+                double s = 0;
+                for (int d = 0; d < hd; d++) s += (double)q[d] * k[d];
+                sc[u] = s / sqrt((double)hd);
+                mx = sc[u] > mx ? sc[u] : mx;
+            }
+            for (int u = 0; u <= pos; u++) sum += (sc[u] = exp(sc[u] - mx));
+            double acc[256] = {0};
+            for (int u = 0; u <= pos; u++) {
+                const float *v = SROW(vp_r, u) + (size_t)kvh * hd;
+                double w = sc[u] / sum;
+                for (int d = 0; d < hd; d++) acc[d] += w * v[d];
+            }
+            for (int d = 0; d < hd; d++)
+                o_r[((size_t)ci * Hq + h) * hd + d] = (float)(acc[d] * (1.0 / (1.0 + exp(-(double)gate[d]))));
+        }
+    }
+#undef SROW
+    test_entry ent = {len, n, 0};
+    cu_meta meta;
+    int *dmeta, *tp = &table[0];
+    int *hm = pack_meta(&ent, 1, &tp, &meta, &dmeta);
+    REQUIRE(cu_attn_init(hd) && cu_attn_tc_init(hd));
+    int tcr = cu_attn_tc_rows(Hq, Hkv), nt = 0, *ht = malloc(((size_t)n / tcr + 2) * sizeof(int));
+    for (int t = 0; t < n; t += tcr) ht[nt++] = t;
+    int *dt = dup_dev(ht, (size_t)nt * sizeof(int));
+    /* the split lists exactly as pack_meta lays them out for one entry */
+    int ns = 1, span = cu_attn_tc_split(Hq, Hkv, hd, n, L, CU_ATTN_MIN_SPAN, &ns), nw = 0, nm = 0, np = 0;
+    int *hw = malloc(((size_t)nt * (ns + 1)) * 2 * sizeof(int)), *hrp = malloc((size_t)n * sizeof(int)),
+        *hmr = malloc((size_t)n * sizeof(int));
+    for (int t = 0; t < n; t += tcr) {
+        int last = len + (t + tcr < n ? t + tcr : n) - 1;
+        for (int sp = 0; sp == 0 || (span && sp * span <= last); sp++)
+            hw[2 * nw] = t, hw[2 * nw + 1] = sp, nw++;
+    }
+    for (int t = 0; t < n; t++) {
+        int nsr = span ? (len + t) / span + 1 : 1;
+        hrp[t] = np;
+        if (nsr > 1) hmr[nm++] = t, np += nsr;
+    }
+    float *got[2] = {NULL, NULL};
+    for (int mode = 0; mode < 2 && (mode == 0 || span); mode++) {
+        cu_attn_args a = {0};
+        a.T = n, a.Hq = Hq, a.Hkv = Hkv, a.hd = hd, a.rope_dim = R, a.n_blocks = n_blocks, a.full = full;
+        a.qkv = dup_dev(qkv, (size_t)n * ld * 4), a.ld = ld, a.q_norm = dup_dev(qn, (size_t)hd * 4),
+        a.k_norm = dup_dev(kn, (size_t)hd * 4);
+        a.inv_freq = dup_dev(inv, (size_t)R / 2 * 4), a.kpool = dup_dev(kp, pool_n * 4),
+        a.vpool = dup_dev(vp, pool_n * 4);
+        a.o = nan_dev(c, (size_t)n * Hq * hd);
+        a.span = 1 << 30, a.nsplit = 1, a.tiles = dt, a.n_tiles = nt, a.tc = 2, a.eps = eps, a.meta = meta;
+        int *dlist = NULL;
+        if (mode) {
+            /* e_span | row_poff | mrows | work */
+            int *hl = malloc(((size_t)1 + 2 * n + 2 * nw) * sizeof(int));
+            hl[0] = span;
+            memcpy(hl + 1, hrp, (size_t)n * sizeof(int));
+            memcpy(hl + 1 + n, hmr, (size_t)n * sizeof(int));
+            memcpy(hl + 1 + 2 * n, hw, (size_t)nw * 2 * sizeof(int));
+            dlist = dup_dev(hl, ((size_t)1 + 2 * n + 2 * nw) * sizeof(int));
+            free(hl);
+            a.split.e_span = dlist, a.split.row_poff = dlist + 1, a.split.mrows = dlist + 1 + n;
+            a.split.work = dlist + 1 + 2 * n, a.split.n_work = nw, a.split.n_mrows = nm;
+            a.split.part = nan_dev(c, (size_t)(np > 0 ? np : 1) * Hq * (hd + 2));
+        }
+        cu_attn_layer(c, &a);
+        REQUIRE(cu_sync(c, err, sizeof err) == 0);
+        got[mode] = get(a.o, (size_t)n * Hq * hd);
+        float *sel = malloc((size_t)nchk * Hq * hd * 4);
+        for (int ci = 0; ci < nchk; ci++)
+            memcpy(sel + (size_t)ci * Hq * hd, got[mode] + (size_t)chk[ci] * Hq * hd, (size_t)Hq * hd * 4);
+        char what[128];
+        snprintf(what, sizeof what, "%d rows after %d keys gain %g %s: output", n, len, gain,
+                 mode ? "split" : "unsplit");
+        if (mode) {
+            printf("     %d spans of %d keys, %d blocks, %d rows merged\n", ns, span,
+                   nw * (Hq / (Hq / Hkv > 8 ? 8 : Hq / Hkv)), nm);
+        }
+        check_rel(what, sel, o_r, (size_t)nchk * Hq * hd, 1e-5);
+        /* every row written, none NaN (rel is inf on a NaN) */
+        check_rel(mode ? "  split vs unsplit, every row" : "  unsplit: every row finite", got[mode], got[0],
+                  (size_t)n * Hq * hd, mode ? 1e-5 : 0);
+        free(sel);
+        cu_free(a.qkv), cu_free((void *)a.q_norm), cu_free((void *)a.k_norm), cu_free((void *)a.inv_freq);
+        cu_free(a.kpool), cu_free(a.vpool), cu_free(a.o), cu_free(a.split.part), cu_free(dlist);
+    }
+    free(got[0]), free(got[1]), free(hw), free(hrp), free(hmr), free(ht), free(hm), free(sc), free(o_r),
+        free(chk);
+    free(kp), free(vp), free(qkv), free(qn), free(kn), free(inv), free(kp_r), free(vp_r), free(q_r),
+        free(table);
+    cu_free(dt), cu_free(dmeta);
+    cu_ctx_destroy(c);
+    *span_out = span;
+}
+
+/* 64 rows (the second turn's suffix of issue 6) and 1 row behind 1k, 4k and 16k keys: split at each (one
+ * entry of 2 tiles or 1 row fills 8 / 4 blocks of 132 SMs) */
+TEST(cuda_attention_tc_split_vs_cpu) {
+    if (NO_DEVICE()) SKIP("no CUDA device: skipped");
+    static const int lens[] = {1000, 4096, 16383};
+    for (int i = 0; i < 3; i++) {
+        int s64 = -1, s1 = -1;
+        attn_split_case(64, lens[i], i == 2 ? 2.5f : 1.0f, &s64);
+        attn_split_case(1, lens[i], 1.0f, &s1);
+        CHECK_MSG(s64 > 0 && s1 > 0, "after %d keys: not split (spans %d, %d)", lens[i], s64, s1);
+    }
+    /* a cold prefill of 4096 rows fills the device: never split */
+    int ns = 0;
+    CHECK_EQ_INT(cu_attn_tc_split(16, 4, 256, 4096, 4096, CU_ATTN_MIN_SPAN, &ns), 0);
+}
+
 TEST(cuda_moe_route_vs_cpu) {
     if (NO_DEVICE()) SKIP("no CUDA device: skipped");
     char err[256];

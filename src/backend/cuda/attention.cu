@@ -64,10 +64,10 @@ __global__ void attn_prep_kernel(cu_attn_args a) {
 
 /* the merge of a (row, head)'s spans: thread d owns output dims d, d + blockDim.x, ... (CG: the partials read
  * through L2, for partials other blocks of the same launch wrote) */
-template <bool CG> __device__ __forceinline__ void combine_rowhead(const cu_attn_args &a, int h, int r) {
+template <bool CG>
+__device__ __forceinline__ void combine_rowhead(const cu_attn_args &a, int h, int r, const float *p0,
+                                                int ns) {
     int hd = a.hd;
-    int pos = a.meta.row_pos[r], ns = pos / a.span + 1;
-    const float *p0 = a.part + ((size_t)r * a.Hq + h) * a.nsplit * (size_t)(hd + 2);
 #define PART(i) (CG ? __ldcg(p0 + (i)) : p0[i])
     float M = -INFINITY;
     for (int s = 0; s < ns; s++) M = fmaxf(M, PART((size_t)s * (hd + 2)));
@@ -185,13 +185,25 @@ template <int NPL, bool FUSED> __global__ void __launch_bounds__(128) attn_kerne
     __syncthreads();
     if (!last) return;
     __threadfence();
-    combine_rowhead<true>(a, h, r);
+    combine_rowhead<true>(a, h, r, a.part + ((size_t)r * a.Hq + h) * a.nsplit * (size_t)(hd + 2),
+                          pos / a.span + 1);
     if (threadIdx.x == 0) *cnt = 0u; /* ready for the next launch */
 }
 
 /* merges the spans of a (row, head) */
 __global__ void attn_combine_kernel(cu_attn_args a) {
-    combine_rowhead<false>(a, blockIdx.x, blockIdx.y);
+    int h = blockIdx.x, r = blockIdx.y;
+    combine_rowhead<false>(a, h, r, a.part + ((size_t)r * a.Hq + h) * a.nsplit * (size_t)(a.hd + 2),
+                           a.meta.row_pos[r] / a.span + 1);
+}
+
+/* merges the key spans of the tensor-core prefill tiles (cu_attn_split): a block per (head, row of mrows) */
+__global__ void attn_split_merge_kernel(cu_attn_args a) {
+    int h = blockIdx.x, r = a.split.mrows[blockIdx.y];
+    int ns = a.meta.row_pos[r] / a.split.e_span[a.meta.row_entry[r]] + 1;
+    combine_rowhead<false>(
+        a, h, r, a.split.part + ((size_t)a.split.row_poff[r] * a.Hq + (size_t)h * ns) * (size_t)(a.hd + 2),
+        ns);
 }
 
 extern "C" void cu_attn_tiled(cu_ctx *c, const cu_attn_args *a);
@@ -207,9 +219,12 @@ extern "C" void cu_attn_layer(cu_ctx *c, const cu_attn_args *a) {
     }
     attn_prep_kernel<<<a->T, 128, 0, c->stream>>>(*a);
     if (a->tiles) {
-        if (a->tc)
+        if (a->tc) {
             cu_attn_tiled_tc(c, a);
-        else
+            if (a->tc == 2 && a->split.work && a->split.n_mrows > 0)
+                attn_split_merge_kernel<<<dim3((unsigned)a->Hq, (unsigned)a->split.n_mrows), 128, 0,
+                                          c->stream>>>(*a);
+        } else
             cu_attn_tiled(c, a);
         return;
     }

@@ -340,15 +340,21 @@ __global__ void __launch_bounds__(256, HD >= 128 ? 1 : 2) attn_fh_kernel(cu_attn
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int G = a.Hq / a.Hkv, ngrp = G / QH, BP = FA_ROWS / QH;
     const int kvh = blockIdx.x / ngrp, h0 = kvh * G + (blockIdx.x % ngrp) * QH;
-    const int r0 = a.tiles[a.n_tiles - 1 - (int)blockIdx.y];
+    /* a tile, or with key splits a (tile, span) work item; either way the longest first */
+    const int *wk = a.split.work ? a.split.work + 2 * (a.split.n_work - 1 - (int)blockIdx.y) : NULL;
+    const int r0 = wk ? wk[0] : a.tiles[a.n_tiles - 1 - (int)blockIdx.y];
     const int e = a.meta.row_entry[r0], end = a.meta.e_row0[e] + a.meta.e_n[e];
     const int rows = end - r0 < BP ? end - r0 : BP;
     const int pos0 = a.meta.row_pos[r0], maxpos = pos0 + rows - 1;
     const int *blocks = a.meta.blocks + a.meta.e_boff[e];
+    /* this block's keys: klo .. khi (a span on the 32-key grid, so a row's key tiles are those of the
+     * unsplit kernel; a row with one span sees exactly the tiles it would unsplit) */
+    const int span = wk ? a.split.e_span[e] : 0, sp = wk ? wk[1] : 0;
+    const int klo = sp * span, khi = span && klo + span - 1 < maxpos ? klo + span - 1 : maxpos;
     __half *Qh = reinterpret_cast<__half *>(fsm), *Ql = Qh + FA_ROWS * LDQ;
     float *Ks = reinterpret_cast<float *>(Ql + FA_ROWS * LDQ), *Vs = Ks + FA_BN * LDK;
 
-    fh_load_kv<HD, LDK>(Ks, a.kpool, a, blocks, kvh, 0, maxpos);
+    fh_load_kv<HD, LDK>(Ks, a.kpool, a, blocks, kvh, klo, khi);
     fa_commit();
     for (int i = tid; i < FA_ROWS * HD / 2; i += blockDim.x) {
         int m = i / (HD / 2), c = 2 * (i % (HD / 2)), p = m % BP;
@@ -375,10 +381,10 @@ __global__ void __launch_bounds__(256, HD >= 128 ? 1 : 2) attn_fh_kernel(cu_attn
     for (int n = 0; n < ONT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     float ma = -INFINITY, mb = -INFINITY, la = 0.0f, lb = 0.0f;
 
-    for (int c0 = 0; c0 <= maxpos; c0 += FA_BN) {
+    for (int c0 = klo; c0 <= khi; c0 += FA_BN) {
         fa_wait();
         __syncthreads(); /* K of this tile (and Q) in place; every warp is done with the last tile's V */
-        fh_load_kv<HD, LDV>(Vs, a.vpool, a, blocks, kvh, c0, maxpos);
+        fh_load_kv<HD, LDV>(Vs, a.vpool, a, blocks, kvh, c0, khi);
         fa_commit();
         const int act = live && c0 <= wmax;
         float s[NBT][4], ca = 1.0f, cb = 1.0f;
@@ -457,7 +463,7 @@ __global__ void __launch_bounds__(256, HD >= 128 ? 1 : 2) attn_fh_kernel(cu_attn
         }
         fa_wait();
         __syncthreads(); /* V of this tile landed; every warp is done with K */
-        if (c0 + FA_BN <= maxpos) fh_load_kv<HD, LDK>(Ks, a.kpool, a, blocks, kvh, c0 + FA_BN, maxpos);
+        if (c0 + FA_BN <= khi) fh_load_kv<HD, LDK>(Ks, a.kpool, a, blocks, kvh, c0 + FA_BN, khi);
         fa_commit();
         if (act) {
             /* O = O c + P V: the k16 A operand is the accumulators of S's n-tiles 2j and 2j + 1 as they lie
@@ -504,6 +510,19 @@ __global__ void __launch_bounds__(256, HD >= 128 ? 1 : 2) attn_fh_kernel(cu_attn
         int p = off + g + 8 * hr;
         if (p >= rows) continue;
         float l = hr ? lb : la;
+        const int ns = span ? (pos0 + p) / span + 1 : 1; /* the row's spans */
+        if (sp >= ns) continue;                          /* no key of this span is the row's */
+        if (ns > 1) {
+            /* a span's partial: its max, sum and unnormalised O (combine_rowhead merges them) */
+            float *pp = a.split.part +
+                        ((size_t)a.split.row_poff[r0 + p] * a.Hq + (size_t)h * ns + sp) * (size_t)(HD + 2);
+            if (t == 0) pp[0] = hr ? mb : ma, pp[1] = l;
+#pragma unroll
+            for (int n = 0; n < ONT; n++)
+                *reinterpret_cast<float2 *>(pp + 2 + n * 8 + 2 * t) =
+                    make_float2(o[n][2 * hr], o[n][2 * hr + 1]);
+            continue;
+        }
         const float *gate = a.qkv + (size_t)(r0 + p) * a.ld + (size_t)h * 2 * HD + HD;
         float *orow = a.o + (size_t)(r0 + p) * a.Hq * HD + (size_t)h * HD;
 #pragma unroll
@@ -526,6 +545,30 @@ static int fa_qh(int Hq, int Hkv) {
 
 extern "C" int cu_attn_tc_rows(int Hq, int Hkv) {
     return Hkv > 0 && Hq % Hkv == 0 ? FA_ROWS / fa_qh(Hq, Hkv) : CU_ATTN_TILE;
+}
+
+extern "C" int cu_attn_tc_split(int Hq, int Hkv, int hd, int n, int keys, int min_span, int *ns) {
+    static int n_sm = 0;
+    *ns = 1;
+    if (!n_sm) {
+        int dev = 0, v = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || v <= 0)
+            return 0;
+        n_sm = v;
+    }
+    if (Hkv <= 0 || Hq % Hkv || n <= 0) return 0;
+    int QH = fa_qh(Hq, Hkv), BP = FA_ROWS / QH;
+    int blocks = (n + BP - 1) / BP * (Hq / QH), target = n_sm * (hd >= 128 ? 1 : 2);
+    if (2 * blocks > target) return 0; /* the entry fills half the device alone */
+    if (min_span < FA_BN) min_span = FA_BN;
+    int want = target / blocks, most = keys / min_span;
+    if (want > most) want = most;
+    if (want < 2) return 0;
+    int span = (keys + want - 1) / want;
+    span = (span + FA_BN - 1) / FA_BN * FA_BN;
+    *ns = (keys - 1) / span + 1;
+    return *ns > 1 ? span : 0;
 }
 
 template <int HD> static int fa_attr(int optin) {
@@ -561,7 +604,8 @@ extern "C" int cu_attn_tc_init(int hd) {
 
 template <int HD> static void fa_launch(cu_ctx *c, const cu_attn_args *a) {
     int QH = fa_qh(a->Hq, a->Hkv);
-    dim3 grid((unsigned)(a->Hq / QH), (unsigned)a->n_tiles);
+    /* key splits: the fp16 form only (forward_cuda.c never asks the TF32 one) */
+    dim3 grid((unsigned)(a->Hq / QH), (unsigned)(a->tc == 2 && a->split.work ? a->split.n_work : a->n_tiles));
     if (a->tc == 2 && cu_tf32_passes() == 1)
         attn_fh_kernel<HD, 1><<<grid, 256, fh_smem_bytes<HD>(), c->stream>>>(*a, QH);
     else if (a->tc == 2)

@@ -306,6 +306,20 @@ void cu_set_tf32_passes(int passes);
 int cu_tf32_passes(void);
 
 /* ---- gated attention (attention.cu) ---- */
+/* The tensor-core prefill tiles split over keys (split.work != NULL; tc 2 only; cu_attn_tc_split): an
+ * entry with few rows behind a long context runs each (tile, key span) in its own block. A row of an
+ * entry whose span is e_span[e] (0: not split) has pos / span + 1 spans: with one, its block writes o as
+ * the unsplit kernel does (the same bits); with more, each span's block writes (m, l, acc) at
+ * part + (row_poff[r] * Hq + h * ns + s) * (hd + 2), and a merge over mrows (combine_rowhead of the
+ * decode splits) writes o. */
+typedef struct cu_attn_split {
+    const int *work;     /* [n_work][2]: first row of a tile (as in tiles), key span index */
+    const int *e_span;   /* [NE] keys per span (a multiple of 32), 0: the entry is not split */
+    const int *row_poff; /* [T] the row's first partial, in rows of Hq * (hd + 2) floats */
+    const int *mrows;    /* [n_mrows] the rows with more than one span */
+    float *part;         /* partials, f32 */
+    int n_work, n_mrows;
+} cu_attn_split;
 typedef struct cu_attn_args {
     int T, Hq, Hkv, hd, rope_dim, n_blocks, full; /* full: this layer's index among full-attention layers */
     float *qkv;
@@ -332,6 +346,7 @@ typedef struct cu_attn_args {
      * only (one row per entry, no tiles): one kernel does all three with the same bits
      * (CINFER_CUDA_ATTN_FUSED) */
     unsigned *dec_cnt;
+    cu_attn_split split; /* zero: no key splits */
 } cu_attn_args;
 #define CU_ATTN_TILE 16
 void cu_attn_layer(cu_ctx *c, const cu_attn_args *a);
@@ -342,6 +357,13 @@ int cu_attn_tc_init(int hd);
 /* rows of one entry per tile for the tensor-core prefill kernel: 128 query rows per block, as 128 / QH
  * positions of QH query heads sharing a KV head (QH: the largest power of two <= 8 dividing Hq / Hkv) */
 int cu_attn_tc_rows(int Hq, int Hkv);
+/* keys per span when an entry of n new rows reaching keys positions splits over keys (split), else 0:
+ * only when its own (tile, head group) blocks fill less than half the device and keys >= 2 x min_span
+ * (CU_ATTN_MIN_SPAN: a block's Q load and split cost about two key tiles); the spans then fill about one
+ * wave. A function of (n, keys) and the model alone, so an entry's bits never depend on the other entries
+ * of its launch. *ns: spans of its last row. */
+int cu_attn_tc_split(int Hq, int Hkv, int hd, int n, int keys, int min_span, int *ns);
+#define CU_ATTN_MIN_SPAN 256
 /* Largest supported head dim (hd must be a multiple of 32 up to this) */
 #define CU_ATTN_MAX_HD 512
 
