@@ -217,31 +217,46 @@ TEST(cuda_gemm16_weight_range) {
     cu_ctx_destroy(c);
 }
 
-/* every M from a list, odd N and K, both tile widths, every output checked; a row's bits alone = among all */
+/* every correct form of the kernel: odd N and K, every output checked, the same bits from every form; M from
+ * a list (rows from the middle of x) on the two tile widths: each row's bits alone = among all rows */
 TEST(cuda_gemm16_ragged_and_row_independent) {
     if (NO_DEVICE()) SKIP("no CUDA device: skipped");
     static const int Ms[] = {1, 2, 7, 9, 16, 63, 65, 127, 128, 129, 255, 257, 1000, 4095, 4096};
     static const int NK[][2] = {{264, 136}, {203, 72}, {1, 8}, {520, 2056}};
+    static const int forms[] = {1, 2, 4, 5, 7};
     char err[256];
     cu_ctx *c;
     REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
-    for (int bi = 0; bi < 2; bi++) {
-        cu_set_gemm_f16_bn(bi ? 256 : 128);
-        for (size_t s = 0; s < sizeof NK / sizeof NK[0]; s++) {
-            int N = NK[s][0], K = NK[s][1], Mmax = N > 300 ? 300 : 4096;
-            gprob p;
-            REQUIRE(prob_make(&p, Mmax, N, K, 0.05f) == 0);
+    for (size_t s = 0; s < sizeof NK / sizeof NK[0]; s++) {
+        int N = NK[s][0], K = NK[s][1], Mmax = N > 300 ? 300 : 4096;
+        gprob p;
+        REQUIRE(prob_make(&p, Mmax, N, K, 0.05f) == 0);
+        float *first = NULL;
+        for (size_t fi = 0; fi < sizeof forms / sizeof forms[0]; fi++) {
+            int form = forms[fi];
+            cu_set_gemm_f16_variant(form);
             float *all = run_f16(c, &p, 0, Mmax);
             REQUIRE(all != NULL);
+            if (first) {
+                CHECK_MSG(!memcmp(all, first, (size_t)Mmax * N * 4),
+                          "form %d N=%d K=%d: other bits than form %d", form, N, K, forms[0]);
+                free(all);
+                continue;
+            }
+            first = all;
             size_t nf;
             double cond, rel = check2(&p, all, Mmax, NULL, Mmax, NULL, N, &nf, &cond);
-            CHECK_MSG(nf == 0, "bn %d N=%d K=%d M=%d: %zu outputs not finite", bi ? 256 : 128, N, K, Mmax,
-                      nf);
+            CHECK_MSG(nf == 0, "form %d N=%d K=%d M=%d: %zu outputs not finite", form, N, K, Mmax, nf);
             /* one output a row (N = 1) can cancel: there the bound holds the error against sum (x w)^2 */
             double worst = N >= 64 ? rel : cond;
-            CHECK_MSG(worst <= F16_BOUND, "bn %d N=%d K=%d: ||d||/||ref|| = %.3g, against sum (xw)^2 %.3g",
-                      bi ? 256 : 128, N, K, rel, cond);
-            int differ = 0;
+            CHECK_MSG(worst <= F16_BOUND, "form %d N=%d K=%d: ||d||/||ref|| = %.3g, against sum (xw)^2 %.3g",
+                      form, N, K, rel, cond);
+            printf("     N=%-4d K=%-4d M=%d: worst row ||d||/||ref|| = %.2e (against sum (xw)^2 %.2e)\n", N,
+                   K, Mmax, rel, cond);
+        }
+        for (int fi = 0; fi < 2; fi++) { /* 128 x 256 and 128 x 128 tiles */
+            int form = fi ? 5 : 1, differ = 0;
+            cu_set_gemm_f16_variant(form);
             for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
                 int M = Ms[mi];
                 if (M > Mmax) continue;
@@ -249,23 +264,20 @@ TEST(cuda_gemm16_ragged_and_row_independent) {
                 float *y = run_f16(c, &p, m0, M);
                 REQUIRE(y != NULL);
                 size_t bad = 0;
-                for (size_t i = 0; i < (size_t)M * N; i++) bad += !isfinite(y[i]);
-                CHECK_MSG(bad == 0, "bn %d N=%d K=%d M=%d: %zu outputs not finite", bi ? 256 : 128, N, K, M,
-                          bad);
-                if (memcmp(y, all + (size_t)m0 * N, (size_t)M * N * 4)) differ++;
+                for (size_t q = 0; q < (size_t)M * N; q++) bad += !isfinite(y[q]);
+                CHECK_MSG(bad == 0, "form %d N=%d K=%d M=%d: %zu outputs not finite", form, N, K, M, bad);
+                if (memcmp(y, first + (size_t)m0 * N, (size_t)M * N * 4)) differ++;
                 free(y);
             }
-            printf(
-                "     bn %d N=%-4d K=%-4d M=1..%d: worst row ||d||/||ref|| = %.2e (against sum (xw)^2 %.2e), "
-                "%d of the M differ in bits from the rows among %d\n",
-                bi ? 256 : 128, N, K, Mmax, rel, cond, differ, Mmax);
-            CHECK_MSG(differ == 0, "bn %d N=%d K=%d: %d launches gave rows other bits than among all",
-                      bi ? 256 : 128, N, K, differ);
-            free(all);
-            prob_free(&p);
+            printf("     form %d N=%-4d K=%-4d: %d of the M in 1..%d give rows other bits than among all\n",
+                   form, N, K, differ, Mmax);
+            CHECK_MSG(differ == 0, "form %d N=%d K=%d: %d launches gave rows other bits than among all", form,
+                      N, K, differ);
         }
+        free(first);
+        prob_free(&p);
     }
-    cu_set_gemm_f16_bn(0);
+    cu_set_gemm_f16_variant(0);
     cu_ctx_destroy(c);
 }
 
@@ -309,8 +321,8 @@ TEST(cuda_gemm16_switch) {
     cu_ctx_destroy(c);
 }
 
-/* ms per product: what 0 f16 (rows + GEMM), 1 f16 GEMM alone (rows converted before), 2 cuBLAS one bf16
- * pass, 3 cuBLAS two passes (cu_gemm, conversions included) */
+/* ms per product: what 0 f16 (rows + GEMM), 1 f16 GEMM alone (rows converted before; the form set), 2 cuBLAS
+ * one bf16 pass, 3 cuBLAS two passes (cu_gemm, conversions included) */
 static double bench_ms(cu_ctx *c, int what, float *dy, const float *dx, const uint16_t *dw, uint16_t *dxb,
                        int M, int N, int K) {
     cu_timer *t;
@@ -376,33 +388,36 @@ TEST(cuda_gemm16_speed) {
             REQUIRE(cu_upload(dx + o, h, (maxx - o < chunk ? maxx - o : chunk) * 4, err, sizeof err) == 0);
         free(h);
     }
-    double tot[2][6] = {{0}};
-    printf("     TFLOP/s: f16 (rows + GEMM) | f16 GEMM alone bn 128 | bn 256 | cuBLAS 1 pass | cuBLAS 2 "
-           "passes\n");
+    /* columns: f16 automatic with the row conversion, the GEMM alone per form 1..7 (3 and 6: no weight
+     * conversion, wrong results, speed only), cuBLAS one bf16 pass, two passes (conversions included) */
+    enum { NV = 2 + CU_F16_VARIANTS + 1 };
+    double tot[2][NV] = {{0}};
+    printf("     TFLOP/s: f16 (rows + GEMM) | GEMM form 1 .. 7 | cuBLAS 1 pass | cuBLAS 2 passes\n");
     for (size_t mi = 0; mi < 2; mi++)
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
             const rshape *s = &shapes[si];
             int M = Ms[mi];
-            double fl = 2.0 * M * s->N * s->K, ms[5];
+            double fl = 2.0 * M * s->N * s->K, ms[NV];
             ms[0] = bench_ms(c, 0, dy, dx, dw, dxb, M, s->N, s->K);
-            cu_set_gemm_f16_bn(128);
-            ms[1] = bench_ms(c, 1, dy, dx, dw, dxb, M, s->N, s->K);
-            cu_set_gemm_f16_bn(256);
-            ms[2] = bench_ms(c, 1, dy, dx, dw, dxb, M, s->N, s->K);
-            cu_set_gemm_f16_bn(0);
-            ms[3] = bench_ms(c, 2, dy, dx, dw, dxb, M, s->N, s->K);
-            ms[4] = bench_ms(c, 3, dy, dx, dw, dxb, M, s->N, s->K);
+            for (int v = 1; v <= CU_F16_VARIANTS; v++) {
+                cu_set_gemm_f16_variant(v);
+                ms[v] = bench_ms(c, 1, dy, dx, dw, dxb, M, s->N, s->K);
+            }
+            cu_set_gemm_f16_variant(0);
+            ms[NV - 2] = bench_ms(c, 2, dy, dx, dw, dxb, M, s->N, s->K);
+            ms[NV - 1] = bench_ms(c, 3, dy, dx, dw, dxb, M, s->N, s->K);
             printf("     %-22s M=%-4d N=%-5d K=%-5d", s->what, M, s->N, s->K);
-            for (int v = 0; v < 5; v++) {
-                printf(" %s%6.1f (%.3f ms)", v ? "| " : "", fl / (ms[v] * 1e9), ms[v]);
+            for (int v = 0; v < NV; v++) {
+                printf(" %s%.0f", v ? "| " : "", fl / (ms[v] * 1e9));
                 tot[mi][v] += ms[v];
             }
-            printf("\n");
+            printf("  (f16 %.3f ms, cuBLAS 2 passes %.3f ms)\n", ms[0], ms[NV - 1]);
         }
-    for (int mi = 0; mi < 2; mi++)
-        printf("     M=%d summed ms: f16 %.3f | GEMM bn128 %.3f | bn256 %.3f | cuBLAS 1 pass %.3f | 2 passes "
-               "%.3f\n",
-               Ms[mi], tot[mi][0], tot[mi][1], tot[mi][2], tot[mi][3], tot[mi][4]);
+    for (int mi = 0; mi < 2; mi++) {
+        printf("     M=%d summed ms: f16 %.3f | GEMM forms", Ms[mi], tot[mi][0]);
+        for (int v = 1; v <= CU_F16_VARIANTS; v++) printf(" %d: %.3f", v, tot[mi][v]);
+        printf(" | cuBLAS 1 pass %.3f | 2 passes %.3f\n", tot[mi][NV - 2], tot[mi][NV - 1]);
+    }
     CHECK(cu_sync(c, err, sizeof err) == 0);
     cu_set_prefill_gemm(mode0);
     cu_free(dx), cu_free(dy), cu_free(dw), cu_free(dxb);

@@ -59,8 +59,13 @@ __device__ __forceinline__ uint32_t f16_swz(int r, int c) {
     return (uint32_t)(r * 128 + ((c ^ (r & 7)) << 4));
 }
 
-template <int BN, int STAGES>
-__global__ void __launch_bounds__(F16_THREADS, 1)
+#define F16_DB 1 /* fragments of the next k16 step loaded before the MMAs of this one */
+#define F16_NOCVT                                                                                            \
+    2 /* diagnostic only, wrong results: bf16 weight bits fed as fp16 (what the conversion costs) */
+
+/* BN: CTA columns; STAGES: k tiles in flight; MINB: CTAs per SM the registers must allow; FL: F16_* flags */
+template <int BN, int STAGES, int MINB, int FL>
+__global__ void __launch_bounds__(F16_THREADS, MINB)
     gemm_f16_kernel(float *__restrict__ y, const __half *__restrict__ x, const float *__restrict__ inv_s,
                     const uint16_t *__restrict__ w, int M, int N, int K) {
     constexpr int WN = BN / 4, NT = WN / 8; /* a warp's columns and its n8 tiles */
@@ -107,30 +112,47 @@ __global__ void __launch_bounds__(F16_THREADS, 1)
      * matrices (k 0-7 | 8-15) of n rows 0-7, then of n rows 8-15: b0, b1 of n tile j, then of j + 1 */
     const int a_row = wm * 64 + (lane & 7) + ((lane >> 3) & 1) * 8, a_ch = lane >> 4;
     const int b_row = wn * WN + (lane & 7) + (lane >> 4) * 8, b_ch = (lane >> 3) & 1;
+    /* fragments of k16 step kk of the stage at sa / sb: A as ldmatrix gives it, B converted to fp16 */
+    auto frag = [&](uint32_t(&a)[4][4], uint32_t(&b)[NT][2], uint32_t sa, uint32_t sb, int kk) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) f16_ldm4(a[i], sa + f16_swz(a_row + i * 16, kk * 2 + a_ch));
+#pragma unroll
+        for (int j = 0; j < NT; j += 2) {
+            uint32_t t[4];
+            f16_ldm4(t, sb + f16_swz(b_row + j * 8, kk * 2 + b_ch));
+#pragma unroll
+            for (int q = 0; q < 4; q++) t[q] = (FL & F16_NOCVT) ? t[q] : f16_from_bf16x2(t[q]);
+            b[j][0] = t[0], b[j][1] = t[1], b[j + 1][0] = t[2], b[j + 1][1] = t[3];
+        }
+    };
     for (int kt = 0; kt < nk; kt++) {
         f16_wait<STAGES - 2>();
         __syncthreads(); /* tile kt landed for every thread; the stage refilled below is free */
         if (kt + STAGES - 1 < nk) load((kt + STAGES - 1) % STAGES, kt + STAGES - 1);
         f16_commit();
         const uint32_t sa = sbase + (kt % STAGES) * STAGE_BYTES, sb = sa + A_BYTES;
+        if constexpr ((FL & F16_DB) != 0) {
+            uint32_t a[2][4][4], b[2][NT][2];
+            frag(a[0], b[0], sa, sb, 0);
 #pragma unroll
-        for (int kk = 0; kk < 4; kk++) {
-            uint32_t a[4][4], b[NT][2];
+            for (int kk = 0; kk < 4; kk++) {
+                if (kk < 3) frag(a[(kk + 1) & 1], b[(kk + 1) & 1], sa, sb, kk + 1);
 #pragma unroll
-            for (int i = 0; i < 4; i++) f16_ldm4(a[i], sa + f16_swz(a_row + i * 16, kk * 2 + a_ch));
+                for (int i = 0; i < 4; i++)
 #pragma unroll
-            for (int j = 0; j < NT; j += 2) {
-                uint32_t t[4];
-                f16_ldm4(t, sb + f16_swz(b_row + j * 8, kk * 2 + b_ch));
-                b[j][0] = f16_from_bf16x2(t[0]);
-                b[j][1] = f16_from_bf16x2(t[1]);
-                b[j + 1][0] = f16_from_bf16x2(t[2]);
-                b[j + 1][1] = f16_from_bf16x2(t[3]);
+                    for (int j = 0; j < NT; j++)
+                        f16_mma(acc[i][j], a[kk & 1][i], b[kk & 1][j][0], b[kk & 1][j][1]);
             }
+        } else {
 #pragma unroll
-            for (int i = 0; i < 4; i++)
+            for (int kk = 0; kk < 4; kk++) {
+                uint32_t a[4][4], b[NT][2];
+                frag(a, b, sa, sb, kk);
 #pragma unroll
-                for (int j = 0; j < NT; j++) f16_mma(acc[i][j], a[i], b[j][0], b[j][1]);
+                for (int i = 0; i < 4; i++)
+#pragma unroll
+                    for (int j = 0; j < NT; j++) f16_mma(acc[i][j], a[i], b[j][0], b[j][1]);
+            }
         }
     }
     f16_wait<0>();
@@ -196,7 +218,7 @@ __global__ void __launch_bounds__(256)
 }
 
 static int g_prefill_gemm = 0; /* 0 cuBLAS (bf16 passes), 1 this kernel */
-static int g_f16_bn = 0;       /* 0 automatic, else 128 / 256 (tests, measurements) */
+static int g_f16_variant = 0;  /* 0 automatic, else one of the F16 variants below (tests, measurements) */
 
 extern "C" void cu_set_prefill_gemm(int mode) {
     g_prefill_gemm = mode == 1 ? 1 : 0;
@@ -204,23 +226,23 @@ extern "C" void cu_set_prefill_gemm(int mode) {
 extern "C" int cu_prefill_gemm(void) {
     return g_prefill_gemm;
 }
-extern "C" void cu_set_gemm_f16_bn(int bn) {
-    g_f16_bn = bn == 128 || bn == 256 ? bn : 0;
+extern "C" void cu_set_gemm_f16_variant(int v) {
+    g_f16_variant = v >= 1 && v <= CU_F16_VARIANTS ? v : 0;
 }
 
-template <int BN, int STAGES>
+template <int BN, int STAGES, int MINB, int FL>
 static int f16_launch(cu_ctx *c, float *y, const __half *xh, const float *inv_s, const uint16_t *w, int M,
                       int N, int K) {
     constexpr int SMEM = STAGES * (F16_BM + BN) * 128;
     static int attr = 0; /* once per instantiation (not a stream operation: fine inside a capture too) */
     if (!attr) {
-        if (cudaFuncSetAttribute(gemm_f16_kernel<BN, STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 SMEM) != cudaSuccess)
+        if (cudaFuncSetAttribute(gemm_f16_kernel<BN, STAGES, MINB, FL>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM) != cudaSuccess)
             return -1;
         attr = 1;
     }
     dim3 grid(cdiv((size_t)M, F16_BM), cdiv((size_t)N, BN));
-    gemm_f16_kernel<BN, STAGES><<<grid, F16_THREADS, SMEM, c->stream>>>(y, xh, inv_s, w, M, N, K);
+    gemm_f16_kernel<BN, STAGES, MINB, FL><<<grid, F16_THREADS, SMEM, c->stream>>>(y, xh, inv_s, w, M, N, K);
     return 0;
 }
 
@@ -238,11 +260,25 @@ extern "C" int cu_gemm_f16_prepared(cu_ctx *c, float *y, const uint16_t *xb, con
     if (M <= 0 || N <= 0) return 0;
     const __half *xh = reinterpret_cast<const __half *>(xb);
     const float *inv_s = reinterpret_cast<const float *>(xb + (size_t)M * K);
-    /* 128 x 256 tiles where they fill the SMs (>= 2 waves of 132), 128 x 128 otherwise */
-    int bn = g_f16_bn;
-    if (!bn) bn = cdiv((size_t)M, F16_BM) * cdiv((size_t)N, 256) >= 264 ? 256 : 128;
-    if (bn == 256) return f16_launch<256, 3>(c, y, xh, inv_s, w, M, N, K);
-    return f16_launch<128, 4>(c, y, xh, inv_s, w, M, N, K);
+    int v = g_f16_variant;
+    if (!v) /* 128 x 256 tiles where they fill the SMs (>= 2 waves of 132), 128 x 128 otherwise */
+        v = cdiv((size_t)M, F16_BM) * cdiv((size_t)N, 256) >= 264 ? 1 : 4;
+    switch (v) {
+    case 1:
+        return f16_launch<256, 3, 1, 0>(c, y, xh, inv_s, w, M, N, K);
+    case 2:
+        return f16_launch<256, 3, 1, F16_DB>(c, y, xh, inv_s, w, M, N, K);
+    case 3:
+        return f16_launch<256, 3, 1, F16_DB | F16_NOCVT>(c, y, xh, inv_s, w, M, N, K);
+    case 5:
+        return f16_launch<128, 3, 2, F16_DB>(c, y, xh, inv_s, w, M, N, K);
+    case 6:
+        return f16_launch<128, 3, 2, F16_DB | F16_NOCVT>(c, y, xh, inv_s, w, M, N, K);
+    case 7:
+        return f16_launch<128, 3, 2, 0>(c, y, xh, inv_s, w, M, N, K);
+    default:
+        return f16_launch<128, 4, 1, 0>(c, y, xh, inv_s, w, M, N, K);
+    }
 }
 
 /* both: xb must hold 2 M K halves (cu_gemm's hi + lo scratch does) */
