@@ -254,7 +254,9 @@ struct cuda_fwd {
     graph_ent graphs[MAX_GRAPHS];
     int n_graphs;
     unsigned long long graph_clock;
-    int verify_graphs; /* verify steps replay graphs too (CINFER_CUDA_VERIFY_GRAPHS=1) */
+    int verify_graphs;  /* verify steps replay graphs too (CINFER_CUDA_VERIFY_GRAPHS=1) */
+    int capture_second; /* decode shapes too are captured the second time they come
+                           (CINFER_CUDA_CAPTURE_SECOND=1) */
     /* verify-step keys met once and run eagerly: a key is captured the second time it comes, so the shapes a
      * run meets once (the shorter windows where an output budget ends) never pay a capture */
     graph_ent seen[16];
@@ -618,6 +620,11 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     f->graph_update = gu && !strcmp(gu, "1");
     const char *vg = getenv("CINFER_CUDA_VERIFY_GRAPHS");
     f->verify_graphs = vg && !strcmp(vg, "1");
+    /* "1": a decode step whose key is new (a new batch size, or an attention split that changed as positions
+     * grew) runs eagerly the first time and is captured the second: a resumed turn's first token then never
+     * waits for a capture (being measured) */
+    const char *csec = getenv("CINFER_CUDA_CAPTURE_SECOND");
+    f->capture_second = csec && !strcmp(csec, "1");
     const char *g = getenv("CINFER_CUDA_GRAPHS"); /* "0": launch every step eagerly (tests compare the two) */
     if (g && !strcmp(g, "0")) f->p.no_graphs = 1;
     /* diagnostics: f32-activation GEMV for up to this many rows */
@@ -1590,7 +1597,8 @@ static int fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, int s
             q->span == rs.span && q->nsplit == rs.nsplit && q->mm == mm)
             g = &f->graphs[i];
     }
-    if (use_graph && !g && has_spec && !seen_before(f, &key)) use_graph = 0; /* a verify shape: eager once */
+    if (use_graph && !g && (has_spec || f->capture_second) && !seen_before(f, &key))
+        use_graph = 0; /* a verify shape (or with capture_second any shape): eager once */
     graph_ent *sib = NULL;
     for (int i = 0; use_graph && !g && f->graph_update && i < f->n_graphs; i++) {
         const graph_ent *q = &f->graphs[i];
