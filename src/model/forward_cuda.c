@@ -207,8 +207,7 @@ struct cuda_fwd {
     float *shy, *shg;         /* [T][H], [T] */
     int *moe_ident;           /* [S]: 0, 1, 2, ... */
     int *moe_host;            /* device: src [S] | pos [S] | w [S] (floats as bits) */
-    int *moe_grp;             /* device: decode slots grouped by expert, off [E + 1] | perm [S] */
-    int moe_grouped;          /* CINFER_CUDA_MOE=grouped: decode experts by cu_gemv_grouped */
+    int *moe_grp;             /* device: slots grouped by expert, off [E + 1] | perm [S] (cu_moe_gemm*) */
     int moe_fused;            /* the decode MoE block by cu_moe_fused (CINFER_CUDA_MOE_FUSED=0: off) */
     float *moe_fa;            /* [T][k Im + Is]: the fused path's SwiGLU outputs */
     unsigned *moe_cnt;        /* [T]: the fused router's finished-block counters (zeroed, kept zeroed) */
@@ -836,8 +835,6 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
                       : !strcmp(gdt, "mma2") ? 4
                       : !strcmp(gdt, "mma3") ? 5
                                              : 0;
-    const char *me = getenv("CINFER_CUDA_MOE"); /* "grouped": decode experts by cu_gemv_grouped */
-    f->moe_grouped = me && !strcmp(me, "grouped");
     /* decode MoE blocks (device_only) as three launches (router + selection, gate_up + SwiGLU, down + combine
      * + shared expert) instead of ~15, the same arithmetic (moe_fused.cu); the default since the H200 run of
      * 08:52 (35B-A3B batch 1 188.9 -> 233.6 tok/s, batch 8 721.5 -> 758.3, every test passing); "0": the
@@ -860,23 +857,13 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
                 f->moe_fused ? "fused decode MoE kernels" : "the unfused decode MoE kernels");
     /* "grouped" (the default since the H200 run of 08:52: 35B-A3B prefill 4096 3,390 -> 7,391 tok/s, the
      * experts of a chunk 353 -> 98 ms): prefill experts (more than 64 rows) by two grouped tensor-core GEMMs
-     * from device-side offsets; "host": a host round trip per layer and a cuBLAS call per expert and half.
-     * Kernel versions, the same bits: grouped1 (32-bit fragment loads, one stage), grouped2 (ldmatrix, two
-     * stages), grouped3 (that on rows split once into bf16 hi / lo, cp.async): "grouped" is 3 since 09:22
-     * (a 35B-A3B layer's two GEMMs over a 4096-token chunk: 2.43 / 2.34 / 2.00 ms) */
+     * from device-side offsets (on rows split once into bf16 hi / lo, cp.async, ldmatrix; session 4's slower
+     * forms with the same bits, grouped1 / grouped2 / grouped4, are gone: those names now mean "grouped");
+     * "host": a host round trip per layer and a cuBLAS call per expert and half */
     const char *mp = getenv("CINFER_CUDA_MOE_PREFILL"), *mpv = mp ? mp : "grouped";
-    if (m->cfg.n_experts > 0) {
-        /* grouped2: ldmatrix + two stages; grouped3: that on x split once into bf16 hi / lo by cp.async; the
-         * same bits */
-        int ver = !strcmp(mpv, "grouped1")   ? 1
-                  : !strcmp(mpv, "grouped2") ? 2
-                  : !strcmp(mpv, "grouped4") ? 4
-                                             : 3;
-        cu_moe_gemm_init(); /* version 4's shared-memory limit, before any graph capture */
+    if (m->cfg.n_experts > 0)
         f->moe_pf_grouped = !strncmp(mpv, "grouped", 7) && m->cfg.n_experts <= 1024 && m->H % 8 == 0 &&
                             m->cfg.moe_intermediate_size % 8 == 0;
-        cu_moe_gemm_set_version(ver);
-    }
     if (mp)
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_MOE_PREFILL=%s: prefill experts %s\n", mp,
                 f->moe_pf_grouped ? "by grouped GEMMs on the device" : "grouped on the host");
@@ -886,9 +873,6 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * 1,347.3 vs 1,506.3 */
     const char *gr = getenv("CINFER_CUDA_MOE_GEMM_ROWS");
     f->moe_gemm_rows = gr && atoi(gr) > 0 ? atoi(gr) : 64;
-    if (me)
-        fprintf(stderr, "cinfer cuda: CINFER_CUDA_MOE=%s: decode experts by the %s GEMV\n", me,
-                f->moe_grouped ? "grouped" : "indexed");
     if (pf) /* a diagnostic switch: say what it selected, so a bench log shows which kernels ran */
         fprintf(stderr,
                 "cinfer cuda: CINFER_CUDA_PREFILL=%s: deltanet prefill %s, attention prefill %s, %d TF32 "
@@ -1135,7 +1119,8 @@ static int moe(cuda_fwd *f, const cu_layer *cl, const run_shape *rs, int device_
         a.sh_gu = cl->sh_gu, a.sh_down = cl->sh_down, a.sh_gw = cl->sh_gw;
         a.logits = f->moe_logits, a.idx = f->moe_idx, a.w = f->moe_w, a.count = f->moe_cnt, a.act = f->moe_fa;
         a.shg = f->shg, a.out = f->out, a.resid = into_x ? f->x : NULL,
-        a.variant = f->profile ? f->moe_variant & ~12 : f->moe_variant; /* no PDL beside the profile's events */
+        a.variant =
+            f->profile ? f->moe_variant & ~12 : f->moe_variant; /* no PDL beside the profile's events */
         *added = into_x;
         if (norm_w) a.x = f->x, a.norm_w = norm_w, a.eps = (float)m->cfg.rms_norm_eps, a.xn = f->xn;
         mark(f, CP_MOE_ROUTE);
@@ -1166,17 +1151,9 @@ static int moe(cuda_fwd *f, const cu_layer *cl, const run_shape *rs, int device_
         /* decode: every (row, choice) slot streams its expert through the indexed GEMV, no host round trip */
         cu_moe_sort_slots(f->cu, f->moe_idx, f->moe_w, T, k);
         mark(f, CP_MOE_EXPERTS);
-        if (f->moe_grouped) {
-            /* each chosen expert streamed once for all its slots (same bits as the indexed GEMV) */
-            cu_moe_group(f->cu, f->moe_idx, S, E, f->moe_grp);
-            cu_gemv_grouped(f->cu, f->gu, f->xn, k, cl->e_gu, f->moe_grp, E, 2 * Im, H);
-            cu_swiglu(f->cu, f->ea, f->gu, S, Im);
-            cu_gemv_grouped(f->cu, f->ey, f->ea, 1, cl->e_down, f->moe_grp, E, H, Im);
-        } else {
-            cu_gemv_indexed(f->cu, f->gu, f->xn, k, cl->e_gu, f->moe_idx, S, 2 * Im, H);
-            cu_swiglu(f->cu, f->ea, f->gu, S, Im);
-            cu_gemv_indexed(f->cu, f->ey, f->ea, 1, cl->e_down, f->moe_idx, S, H, Im);
-        }
+        cu_gemv_indexed(f->cu, f->gu, f->xn, k, cl->e_gu, f->moe_idx, S, 2 * Im, H);
+        cu_swiglu(f->cu, f->ea, f->gu, S, Im);
+        cu_gemv_indexed(f->cu, f->ey, f->ea, 1, cl->e_down, f->moe_idx, S, H, Im);
         pos = f->moe_ident;
         wts = f->moe_w;
     } else {

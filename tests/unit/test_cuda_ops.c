@@ -289,61 +289,6 @@ TEST(cuda_gemv_indexed_vs_cpu) {
     cu_ctx_destroy(c);
 }
 
-/* the grouped expert GEMV (CINFER_CUDA_MOE=grouped): the same bits as the indexed one, against the CPU too;
- * experts with no slot, one, and more than the 8 rows of one pass; K a multiple of 8 and not; N odd */
-static void grouped_case(int E, int N, int K, int M, int div) {
-    char err[256];
-    cu_ctx *c;
-    REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
-    int *widx = malloc((size_t)M * sizeof(int));
-    for (int m = 0; m < M; m++) widx[m] = m % 3 == 0 ? 1 : (m * 7 + 3) % (E - 1) + 1; /* expert 0 unused */
-    uint16_t *w = malloc((size_t)E * N * K * 2);
-    for (size_t i = 0; i < (size_t)E * N * K; i++) w[i] = f32_to_bf16(frand() * 0.1f);
-    float *x = rnd((size_t)(M / div) * K + 8, 1.0f), *ref = malloc((size_t)M * N * 4);
-    for (int m = 0; m < M; m++)
-        cpu_matmul_ref(ref + (size_t)m * N, x + (size_t)(m / div) * K, w + (size_t)widx[m] * N * K, WT_BF16,
-                       1, N, K);
-    uint16_t *dw = dup_dev(w, (size_t)E * N * K * 2);
-    float *dx = dup_dev(x, ((size_t)(M / div) * K + 8) * 4), *dy = nan_dev(c, (size_t)M * N),
-          *dy2 = nan_dev(c, (size_t)M * N);
-    int *di = dup_dev(widx, (size_t)M * sizeof(int)), *dg = NULL;
-    REQUIRE(cu_alloc((void **)&dg, (size_t)(E + 1 + M) * sizeof(int), err, sizeof err) == 0);
-    cu_gemv_indexed(c, dy, dx, div, dw, di, M, N, K);
-    cu_moe_group(c, di, M, E, dg);
-    cu_gemv_grouped(c, dy2, dx, div, dw, dg, E, N, K);
-    REQUIRE(cu_sync(c, err, sizeof err) == 0);
-    float *y = get(dy, (size_t)M * N), *y2 = get(dy2, (size_t)M * N);
-    int *g = malloc((size_t)(E + 1 + M) * sizeof(int));
-    REQUIRE(cu_download(g, dg, (size_t)(E + 1 + M) * sizeof(int), err, sizeof err) == 0);
-    /* the grouping: offsets count each expert's slots, perm holds each slot once under its expert */
-    int bad = g[0] != 0 || g[E] != M;
-    for (int e = 0; e < E && !bad; e++) {
-        int cnt = 0;
-        for (int m = 0; m < M; m++) cnt += widx[m] == e;
-        bad |= g[e + 1] - g[e] != cnt;
-        for (int p = g[e]; p < g[e + 1] && !bad; p++)
-            bad |= g[E + 1 + p] < 0 || g[E + 1 + p] >= M || widx[g[E + 1 + p]] != e;
-    }
-    CHECK_MSG(!bad, "moe_group: wrong offsets or slots (E %d, M %d)", E, M);
-    char what[96];
-    snprintf(what, sizeof what, "gemv_grouped E=%d N=%d K=%d M=%d vs CPU", E, N, K, M);
-    check_rel(what, y2, ref, (size_t)M * N, 1e-5);
-    CHECK_MSG(!memcmp(y, y2, (size_t)M * N * 4),
-              "gemv_grouped differs from gemv_indexed (E %d N %d K %d M %d)", E, N, K, M);
-    free(widx), free(w), free(x), free(ref), free(y), free(y2), free(g);
-    cu_free(dw), cu_free(dx), cu_free(dy), cu_free(dy2), cu_free(di), cu_free(dg);
-    cu_ctx_destroy(c);
-}
-
-TEST(cuda_gemv_grouped_vs_indexed) {
-    if (NO_DEVICE()) SKIP("no CUDA device: skipped");
-    grouped_case(5, 48, 96, 6, 2);
-    grouped_case(9, 37, 256, 40, 4); /* expert 1 holds 14 slots: two passes */
-    grouped_case(4, 16, 70, 12, 1);  /* K not a multiple of 8 */
-    grouped_case(64, 1024, 512, 512,
-                 8); /* a 35B-A3B-like decode step at batch 64 (gate_up of 512-wide experts) */
-}
-
 TEST(cuda_row_ops_vs_cpu) {
     if (NO_DEVICE()) SKIP("no CUDA device: skipped");
     char err[256];

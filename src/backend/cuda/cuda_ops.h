@@ -115,11 +115,6 @@ void cu_set_gemm_f16_variant(int v);
 /* Same, but every row m uses its own matrix w + widx[m] * N * K (MoE experts at decode; M <= any). */
 void cu_gemv_indexed(cu_ctx *c, float *d_y, const float *d_x, int x_row_div, const uint16_t *d_w,
                      const int *d_widx, int M, int N, int K);
-/* The same products grouped by matrix: grp = off [E + 1] | perm [S] from cu_moe_group; each matrix is
- * streamed once for up to 8 of its rows at a time; y row s = x row s / x_row_div times matrix widx[s], the
- * same bits as cu_gemv_indexed (CINFER_CUDA_MOE=grouped in the MoE decode path) */
-void cu_gemv_grouped(cu_ctx *c, float *d_y, const float *d_x, int x_row_div, const uint16_t *d_w,
-                     const int *d_grp, int E, int N, int K);
 /* ---- the decode GEMV v3 with its fusions (gemv3.cu) ---- */
 /* y = x · w^T at decode-sized M (cu_gemv_fusable: M <= cu_gemv_max(), K % 8 == 0), rows of x f32 with
  * stride K, rows of y f32 with stride N, each row's bits independent of M. norm_w ([K] f32, the 1 + weight
@@ -380,7 +375,7 @@ void cu_gather_rows(cu_ctx *c, float *d_xg, const float *d_x, const int *d_src, 
  * if sh: out[r] += sigmoid(shg[r]) * sh[r] */
 void cu_moe_combine(cu_ctx *c, float *d_out, const float *d_y, const int *d_pos, const float *d_w, int T,
                     int k, int H, const float *d_sh, const float *d_shg);
-/* grp [E + 1 + S] = off | perm: the S slots of idx grouped by expert (E <= 1024), for cu_gemv_grouped */
+/* grp [E + 1 + S] = off | perm: the S slots of idx grouped by expert (E <= 1024), for cu_moe_gemm* */
 void cu_moe_group(cu_ctx *c, const int *d_idx, int S, int E, int *d_grp);
 /* decode form without the host: slot (r, j) reads row r; order of accumulation is by ascending expert id */
 void cu_moe_sort_slots(cu_ctx *c, int *d_idx, float *d_w, int T, int k);
@@ -427,16 +422,9 @@ void cu_moe_fused(cu_ctx *c, const cu_moe_args *a);         /* the three in orde
 /* Prefill experts without the host (moe_gemm.cu, CINFER_CUDA_MOE_PREFILL=grouped): grouped GEMMs on the
  * tensor cores (bf16 weights, activations split into bf16 hi + lo, f32 accumulation) over every expert in one
  * launch, from cu_moe_group's grp = off [E + 1] | perm [S]. tile_off [E + 1]: cu_moe_tiles' count of 64-slot
- * tiles before each expert. Slot s reads x row s / div and writes y row s. K % 8 == 0. d_xs: scratch for
- * version 3, 2 x (S / div) x K bf16 (NULL: version 3 runs as 2). */
+ * tiles before each expert. Slot s reads x row s / div and writes y row s. K % 8 == 0. d_xs (required):
+ * scratch for x split once into bf16 hi / lo rows, 2 x (S / div) x K bf16. */
 void cu_moe_tiles(cu_ctx *c, const int *d_grp, int E, int *d_tile_off);
-/* 1 (default): fragments by 32-bit shared loads, one stage; 2 (CINFER_CUDA_MOE_PREFILL=grouped2): ldmatrix
- * and two stages; 3 (grouped3): 2 reading x split once into bf16 hi / lo rows (d_xs) by cp.async. The same
- * MMAs in the same order on the same values: the same bits. */
-void cu_moe_gemm_set_version(int v);
-/* 4 (grouped4): 3 with four shared stages (80 KB, dynamic): raises the kernels' limit, before any capture;
- * 1 when version 4 can run (else it runs as 3) */
-int cu_moe_gemm_init(void);
 /* y[s][n] = silu(x_s · gate_e[n]) * (x_s · up_e[n]) for n < I; w_gu [E][2I][K] (gate rows then up rows) */
 void cu_moe_gemm_swiglu(cu_ctx *c, float *d_y, const float *d_x, int div, const uint16_t *d_w_gu,
                         const int *d_grp, const int *d_tile_off, int S, int E, int I, int K, uint16_t *d_xs);

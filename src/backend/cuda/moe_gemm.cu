@@ -11,7 +11,6 @@
 #define MG_BK      32
 #define MG_LD      (MG_BK + 8) /* shared row stride in bf16: 80 bytes, so fragment reads hit distinct banks */
 #define MG_THREADS 256
-#define MG_STAGES4 4 /* version 4's shared-memory stages */
 
 __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -57,11 +56,8 @@ __device__ __forceinline__ void cp_commit(void) {
 __device__ __forceinline__ void cp_wait1(void) { /* all but the newest group complete */
     asm volatile("cp.async.wait_group 1;" ::: "memory");
 }
-template <int N> __device__ __forceinline__ void cp_wait(void) { /* all but the newest N groups complete */
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
 
-/* hi[i] = bf16(x[i]), lo[i] = bf16(x[i] - hi[i]): split_bf16_kernel's split, for version 3 */
+/* hi[i] = bf16(x[i]), lo[i] = bf16(x[i] - hi[i]): split_bf16_kernel's split, once per GEMM */
 __global__ void mg_split_kernel(uint16_t *hi, uint16_t *lo, const float *x, size_t n) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
@@ -74,34 +70,19 @@ __global__ void mg_split_kernel(uint16_t *hi, uint16_t *lo, const float *x, size
 
 /* Block (t, c): row tile t of the expert it falls in (tile_off), weight rows c * 64 .. (SwiGLU: gate rows
  * n and up rows up_off + n, output column n) or c * 128 .. (output column = weight row). Slot p's input row
- * is x[perm[p] / div]; its output row is y[perm[p]] (ldy floats apart). 8 warps: 2 along the slots (32 each)
- * x 4 along the weight rows (4 tiles of 8 each: SwiGLU 2 gate + the 2 matching up tiles). K % 8 == 0.
- * V 2 (CINFER_CUDA_MOE_PREFILL=grouped2): fragments by ldmatrix (6 shared loads per 16 of K instead of 24)
- * and two shared-memory stages (one barrier per step); V 3 (grouped3): V 2 reading x already split into
- * bf16 hi / lo rows (xh, xl: mg_split_kernel) by cp.async, no registers in between. The same MMAs in the same
- * order on the same hi / lo values in every version, so the same bits. */
-template <int SWIGLU, int V>
+ * is x[perm[p] / div], already split into bf16 hi / lo rows (xh, xl: mg_split_kernel); its output row is
+ * y[perm[p]] (ldy floats apart). 8 warps: 2 along the slots (32 each) x 4 along the weight rows (4 tiles of 8
+ * each: SwiGLU 2 gate + the 2 matching up tiles). K % 8 == 0. Two shared-memory stages filled by cp.async
+ * (one barrier pair per step of K), fragments by ldmatrix. (Session 4's other forms — 32-bit fragment loads
+ * with one stage, registers in between, four stages — ran slower with the same bits; removed.) */
+template <int SWIGLU>
 __global__ void __launch_bounds__(MG_THREADS)
-    moe_gemm_kernel(float *__restrict__ y, int ldy, const float *__restrict__ x,
-                    const uint16_t *__restrict__ xh, const uint16_t *__restrict__ xl, int div,
-                    const uint16_t *__restrict__ w, size_t w_expert, int up_off, const int *__restrict__ grp,
-                    const int *__restrict__ tile_off, int E, int N, int K) {
-    constexpr bool V2 = V >= 2;
-    constexpr int NS = V == 4 ? MG_STAGES4 : V2 ? 2 : 1; /* shared-memory stages */
-    typedef uint16_t xs_t[2][MG_BM][MG_LD];              /* a stage of x: [hi, lo][row][k] */
-    typedef uint16_t ws_t[MG_BW][MG_LD];
-    xs_t *xs;
-    ws_t *ws;
-    if constexpr (V == 4) { /* four stages: 80 KB, dynamic (cu_moe_gemm_init raised the limit) */
-        extern __shared__ __align__(16) unsigned char mg_dyn[];
-        xs = reinterpret_cast<xs_t *>(mg_dyn);
-        ws = reinterpret_cast<ws_t *>(mg_dyn + NS * sizeof(xs_t));
-    } else {
-        __shared__ __align__(16) uint16_t xs_s[NS][2][MG_BM][MG_LD];
-        __shared__ __align__(16) uint16_t ws_s[NS][MG_BW][MG_LD];
-        xs = xs_s;
-        ws = ws_s;
-    }
+    moe_gemm_kernel(float *__restrict__ y, int ldy, const uint16_t *__restrict__ xh,
+                    const uint16_t *__restrict__ xl, int div, const uint16_t *__restrict__ w, size_t w_expert,
+                    int up_off, const int *__restrict__ grp, const int *__restrict__ tile_off, int E, int N,
+                    int K) {
+    __shared__ __align__(16) uint16_t xs[2][2][MG_BM][MG_LD]; /* [stage][hi, lo][row][k] */
+    __shared__ __align__(16) uint16_t ws[2][MG_BW][MG_LD];
     const int t = blockIdx.x, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     if (t >= tile_off[E]) return;
     int lo = 0, hi = E; /* the largest e with tile_off[e] <= t (it has tiles: tile_off[e + 1] > t) */
@@ -120,7 +101,6 @@ __global__ void __launch_bounds__(MG_THREADS)
     /* loads: thread tid takes 8 consecutive k of slot row tid / 4 and of weight rows tid / 4, tid / 4 + 64 */
     const int lrow = tid >> 2, lk = (tid & 3) * 8;
     const size_t xoff = lrow < cnt ? (size_t)(perm[p0 + lrow] / div) * K : 0;
-    const float *xrow = lrow < cnt && V < 3 ? x + xoff : NULL;
     const uint16_t *wrow[2];
 #pragma unroll
     for (int h = 0; h < 2; h++) {
@@ -142,58 +122,17 @@ __global__ void __launch_bounds__(MG_THREADS)
 #pragma unroll
     for (int s = 0; s < 4; s++)
         wbase[s] = SWIGLU ? (s < 2 ? wn * 16 + s * 8 : 64 + wn * 16 + (s - 2) * 8) : wn * 32 + s * 8;
-    float4 xa = make_float4(0, 0, 0, 0), xb = xa;
-    uint4 wv[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
-    auto fetch = [&](int k0) {
-        int k = k0 + lk;
-        bool in = k < K;
-        xa = xb = make_float4(0, 0, 0, 0);
-        if (xrow && in) {
-            xa = __ldg(reinterpret_cast<const float4 *>(xrow + k));
-            xb = __ldg(reinterpret_cast<const float4 *>(xrow + k) + 1);
-        }
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-            wv[h] =
-                wrow[h] && in ? __ldg(reinterpret_cast<const uint4 *>(wrow[h] + k)) : make_uint4(0, 0, 0, 0);
-    };
-    /* the fetched registers into stage st: x split into bf16 hi + lo (as split_bf16_kernel), weights as are
-     */
-    auto store = [&](int st) {
-        const float v[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
-        uint32_t ph[4], pl[4];
-#pragma unroll
-        for (int q = 0; q < 4; q++) {
-            uint16_t h0 = f32_bf16(v[2 * q]), h1 = f32_bf16(v[2 * q + 1]);
-            uint16_t l0 = f32_bf16(v[2 * q] - bf16_f32(h0)), l1 = f32_bf16(v[2 * q + 1] - bf16_f32(h1));
-            ph[q] = (uint32_t)h0 | ((uint32_t)h1 << 16);
-            pl[q] = (uint32_t)l0 | ((uint32_t)l1 << 16);
-        }
-        *reinterpret_cast<uint4 *>(&xs[st][0][lrow][lk]) = make_uint4(ph[0], ph[1], ph[2], ph[3]);
-        *reinterpret_cast<uint4 *>(&xs[st][1][lrow][lk]) = make_uint4(pl[0], pl[1], pl[2], pl[3]);
-        *reinterpret_cast<uint4 *>(&ws[st][lrow][lk]) = wv[0];
-        *reinterpret_cast<uint4 *>(&ws[st][lrow + 64][lk]) = wv[1];
-    };
     /* the MMAs of one stage: per 16 of K, lo then hi (the small terms first), slot tiles, weight tiles */
     auto compute = [&](int st) {
 #pragma unroll
         for (int kk = 0; kk < MG_BK; kk += 16) {
             uint32_t b[4][2];
-            if constexpr (V2) {
 #pragma unroll
-                for (int sp = 0; sp < 2; sp++) {
-                    uint32_t r[4];
-                    int wr = (lane >> 4) ? wbase[2 * sp + 1] : wbase[2 * sp];
-                    ldsm_x4(r, &ws[st][wr + (lane & 7)][kk + ((lane >> 3) & 1) * 8]);
-                    b[2 * sp][0] = r[0], b[2 * sp][1] = r[1], b[2 * sp + 1][0] = r[2],
-                          b[2 * sp + 1][1] = r[3];
-                }
-            } else {
-#pragma unroll
-                for (int s = 0; s < 4; s++) {
-                    b[s][0] = *reinterpret_cast<const uint32_t *>(&ws[st][wbase[s] + g][kk + 2 * tq]);
-                    b[s][1] = *reinterpret_cast<const uint32_t *>(&ws[st][wbase[s] + g][kk + 2 * tq + 8]);
-                }
+            for (int sp = 0; sp < 2; sp++) {
+                uint32_t r[4];
+                int wr = (lane >> 4) ? wbase[2 * sp + 1] : wbase[2 * sp];
+                ldsm_x4(r, &ws[st][wr + (lane & 7)][kk + ((lane >> 3) & 1) * 8]);
+                b[2 * sp][0] = r[0], b[2 * sp][1] = r[1], b[2 * sp + 1][0] = r[2], b[2 * sp + 1][1] = r[3];
             }
 #pragma unroll
             for (int half = 1; half >= 0; half--)
@@ -201,80 +140,31 @@ __global__ void __launch_bounds__(MG_THREADS)
                 for (int i = 0; i < 2; i++) {
                     int m = wm * 32 + i * 16;
                     uint32_t a[4];
-                    if constexpr (V2) {
-                        ldsm_x4(a, &xs[st][half][m + (lane & 15)][kk + (lane >> 4) * 8]);
-                    } else {
-                        a[0] = *reinterpret_cast<const uint32_t *>(&xs[st][half][m + g][kk + 2 * tq]);
-                        a[1] = *reinterpret_cast<const uint32_t *>(&xs[st][half][m + g + 8][kk + 2 * tq]);
-                        a[2] = *reinterpret_cast<const uint32_t *>(&xs[st][half][m + g][kk + 2 * tq + 8]);
-                        a[3] = *reinterpret_cast<const uint32_t *>(&xs[st][half][m + g + 8][kk + 2 * tq + 8]);
-                    }
+                    ldsm_x4(a, &xs[st][half][m + (lane & 15)][kk + (lane >> 4) * 8]);
 #pragma unroll
                     for (int s = 0; s < 4; s++) mma_bf16(acc[i][s], a, b[s][0], b[s][1]);
                 }
         }
     };
-    if constexpr (V >= 3) {
-        /* stage st <- rows at k0 (zeros past cnt, N or K) */
-        auto issue = [&](int st, int k0) {
-            int k = k0 + lk;
-            bool in = k < K, xin = lrow < cnt && in;
-            cp16(&xs[st][0][lrow][lk], xin ? xh + xoff + k : w, xin);
-            cp16(&xs[st][1][lrow][lk], xin ? xl + xoff + k : w, xin);
+    /* stage st <- rows at k0 (zeros past cnt, N or K) */
+    auto issue = [&](int st, int k0) {
+        int k = k0 + lk;
+        bool in = k < K, xin = lrow < cnt && in;
+        cp16(&xs[st][0][lrow][lk], xin ? xh + xoff + k : w, xin);
+        cp16(&xs[st][1][lrow][lk], xin ? xl + xoff + k : w, xin);
 #pragma unroll
-            for (int h = 0; h < 2; h++)
-                cp16(&ws[st][lrow + 64 * h][lk], wrow[h] && in ? wrow[h] + k : w, wrow[h] && in);
-        };
-        if constexpr (V == 3) {
-            issue(0, 0);
-            cp_commit();
-            for (int k0 = 0, st = 0; k0 < K; k0 += MG_BK, st ^= 1) {
-                if (k0 + MG_BK < K)
-                    issue(st ^ 1, k0 + MG_BK); /* the other stage: read before the last barrier */
-                cp_commit();
-                cp_wait1();
-                __syncthreads();
-                compute(st);
-                __syncthreads();
-            }
-        } else {
-            /* NS stages, NS - 1 steps of K in flight; one barrier per step: the stage refilled at step i was
-             * read at step i - 1, which every thread finished before this step's barrier */
-#pragma unroll
-            for (int s0 = 0; s0 < NS - 1; s0++) {
-                if (s0 * MG_BK < K) issue(s0, s0 * MG_BK);
-                cp_commit();
-            }
-            for (int k0 = 0, it = 0; k0 < K; k0 += MG_BK, it++) {
-                cp_wait<NS - 2>();
-                __syncthreads();
-                int kn = k0 + (NS - 1) * MG_BK;
-                if (kn < K) issue((it + NS - 1) % NS, kn);
-                cp_commit();
-                compute(it % NS);
-            }
-        }
-    } else if constexpr (V2) {
-        fetch(0);
-        /* two stages: the next step's registers land in the other stage while this one is read */
-        store(0);
+        for (int h = 0; h < 2; h++)
+            cp16(&ws[st][lrow + 64 * h][lk], wrow[h] && in ? wrow[h] + k : w, wrow[h] && in);
+    };
+    issue(0, 0);
+    cp_commit();
+    for (int k0 = 0, st = 0; k0 < K; k0 += MG_BK, st ^= 1) {
+        if (k0 + MG_BK < K) issue(st ^ 1, k0 + MG_BK); /* the other stage: read before the last barrier */
+        cp_commit();
+        cp_wait1();
         __syncthreads();
-        for (int k0 = 0, st = 0; k0 < K; k0 += MG_BK, st ^= 1) {
-            bool more = k0 + MG_BK < K;
-            if (more) fetch(k0 + MG_BK);
-            compute(st);
-            if (more) store(st ^ 1);
-            __syncthreads();
-        }
-    } else {
-        fetch(0);
-        for (int k0 = 0; k0 < K; k0 += MG_BK) {
-            __syncthreads(); /* the previous step's fragments are read */
-            store(0);
-            __syncthreads();
-            if (k0 + MG_BK < K) fetch(k0 + MG_BK); /* the next tile's loads fly during these MMAs */
-            compute(0);
-        }
+        compute(st);
+        __syncthreads();
     }
     /* C fragment: c0, c1 at (row g, cols 2tq, 2tq + 1), c2, c3 at row g + 8 */
 #pragma unroll
@@ -297,11 +187,6 @@ __global__ void __launch_bounds__(MG_THREADS)
         }
 }
 
-static int g_mg_version = 1;
-extern "C" void cu_moe_gemm_set_version(int v) {
-    g_mg_version = v >= 2 && v <= 4 ? v : 1;
-}
-
 extern "C" void cu_moe_tiles(cu_ctx *c, const int *grp, int E, int *tile_off) {
     if (E > 0 && E <= 1024) moe_tiles_kernel<<<1, 1024, 0, c->stream>>>(grp, E, tile_off);
 }
@@ -310,47 +195,11 @@ static unsigned max_tiles(int S, int E) {
     return cdiv((size_t)S, MG_BM) + (unsigned)(E < S ? E : S);
 }
 
-/* the version to run: 3 and 4 only with scratch for the split rows */
-static int mg_version(const uint16_t *xs) {
-    return g_mg_version >= 3 && !xs ? 2 : g_mg_version;
-}
-
-/* version 4's dynamic shared memory: MG_STAGES4 stages of x hi / lo and weight tiles */
-#define MG_SMEM4 ((size_t)MG_STAGES4 * (2 * MG_BM + MG_BW) * MG_LD * sizeof(uint16_t))
-static int g_mg4_ok = -1;
-extern "C" int cu_moe_gemm_init(void) {
-    if (g_mg4_ok < 0)
-        g_mg4_ok = cudaFuncSetAttribute(moe_gemm_kernel<1, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)MG_SMEM4) == cudaSuccess &&
-                   cudaFuncSetAttribute(moe_gemm_kernel<0, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)MG_SMEM4) == cudaSuccess;
-    return g_mg4_ok;
-}
-
-/* x's rows split into bf16 hi (xs) and lo (xs + n) for version 3 */
+/* x's rows split into bf16 hi (xs) and lo (xs + n) */
 static void mg_split(cu_ctx *c, uint16_t *xs, const float *x, size_t n) {
     unsigned g = cdiv(n, 256);
     if (g > 65535u * 16u) g = 65535u * 16u;
     mg_split_kernel<<<g, 256, 0, c->stream>>>(xs, xs + n, x, n);
-}
-
-template <int SWIGLU>
-static void mg_launch(cu_ctx *c, dim3 grid, int v, float *y, int ldy, const float *x, const uint16_t *xs,
-                      size_t nx, int div, const uint16_t *w, size_t w_expert, int up_off, const int *grp,
-                      const int *tile_off, int E, int N, int K) {
-    const uint16_t *xh = v >= 3 ? xs : NULL, *xl = v >= 3 ? xs + nx : NULL;
-    if (v == 4)
-        moe_gemm_kernel<SWIGLU, 4><<<grid, MG_THREADS, MG_SMEM4, c->stream>>>(
-            y, ldy, x, xh, xl, div, w, w_expert, up_off, grp, tile_off, E, N, K);
-    else if (v == 3)
-        moe_gemm_kernel<SWIGLU, 3><<<grid, MG_THREADS, 0, c->stream>>>(y, ldy, x, xh, xl, div, w, w_expert,
-                                                                       up_off, grp, tile_off, E, N, K);
-    else if (v == 2)
-        moe_gemm_kernel<SWIGLU, 2><<<grid, MG_THREADS, 0, c->stream>>>(y, ldy, x, xh, xl, div, w, w_expert,
-                                                                       up_off, grp, tile_off, E, N, K);
-    else
-        moe_gemm_kernel<SWIGLU, 1><<<grid, MG_THREADS, 0, c->stream>>>(y, ldy, x, xh, xl, div, w, w_expert,
-                                                                       up_off, grp, tile_off, E, N, K);
 }
 
 extern "C" void cu_moe_gemm_swiglu(cu_ctx *c, float *y, const float *x, int div, const uint16_t *w_gu,
@@ -358,20 +207,18 @@ extern "C" void cu_moe_gemm_swiglu(cu_ctx *c, float *y, const float *x, int div,
                                    uint16_t *xs) {
     if (S <= 0 || I <= 0) return;
     dim3 grid(max_tiles(S, E), cdiv((size_t)I, MG_BW / 2));
-    int v = mg_version(xs);
-    if (v == 4 && cu_moe_gemm_init() != 1) v = 3;
     size_t nx = (size_t)cdiv((size_t)S, (size_t)div) * K; /* x rows: slot s reads row s / div */
-    if (v >= 3) mg_split(c, xs, x, nx);
-    mg_launch<1>(c, grid, v, y, I, x, xs, nx, div, w_gu, (size_t)2 * I * K, I, grp, tile_off, E, I, K);
+    mg_split(c, xs, x, nx);
+    moe_gemm_kernel<1><<<grid, MG_THREADS, 0, c->stream>>>(y, I, xs, xs + nx, div, w_gu, (size_t)2 * I * K, I,
+                                                           grp, tile_off, E, I, K);
 }
 
 extern "C" void cu_moe_gemm(cu_ctx *c, float *y, const float *x, int div, const uint16_t *w, const int *grp,
                             const int *tile_off, int S, int E, int N, int K, uint16_t *xs) {
     if (S <= 0 || N <= 0) return;
     dim3 grid(max_tiles(S, E), cdiv((size_t)N, MG_BW));
-    int v = mg_version(xs);
-    if (v == 4 && cu_moe_gemm_init() != 1) v = 3;
     size_t nx = (size_t)cdiv((size_t)S, (size_t)div) * K;
-    if (v >= 3) mg_split(c, xs, x, nx);
-    mg_launch<0>(c, grid, v, y, N, x, xs, nx, div, w, (size_t)N * K, 0, grp, tile_off, E, N, K);
+    mg_split(c, xs, x, nx);
+    moe_gemm_kernel<0><<<grid, MG_THREADS, 0, c->stream>>>(y, N, xs, xs + nx, div, w, (size_t)N * K, 0, grp,
+                                                           tile_off, E, N, K);
 }
