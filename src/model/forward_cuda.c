@@ -851,7 +851,7 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * 15 over 7 at 10:05, once the router's selection was cheap (batch 1 339.5 / 341.2 -> 347.8 tok/s: the
      * norm kernel it saves costs more than the router's own norm) */
     const char *mv = getenv("CINFER_CUDA_MOE_VARIANT");
-    f->moe_variant = mv ? atoi(mv) & 511 : 15;
+    f->moe_variant = mv ? atoi(mv) & 1023 : 15;
     if (mf)
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_MOE_FUSED=%s: %s\n", mf,
                 f->moe_fused ? "fused decode MoE kernels" : "the unfused decode MoE kernels");

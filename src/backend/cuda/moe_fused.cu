@@ -93,88 +93,13 @@ __device__ __forceinline__ void fma_rows(float (&acc)[R], const uint4 (&u)[R][KC
     }
 }
 
-/* Router, grid (E / RT_WARPS, T). Warp w of block b computes logit e = RT_WARPS b + w of row blockIdx.y with
- * f32 activations (the values cu_gemm(precise) gives); the block that finishes a row last (count[r], left
- * at 0 again) selects in one warp exactly as route_kernel + sort_slots_kernel do: softmax with per-lane sums
- * joined by the butterfly, k rounds of a warp argmax on (p, lowest index), the k weights summed in selection
- * order, then written in ascending expert order. NB: 256-element chunks of a row requested at once (4, or 8:
- * H = 2048 in one round trip; cu_moe_args.variant). NORM (cu_moe_args.norm_w): x is the raw residual; every
- * block first takes the row's RMSNorm exactly as add_rmsnorm_kernel does (256 threads, the same sums, the
- * same expression) into shared memory, and block 0 writes it to xn for the gate_up kernel: the norm kernel
- * before the MoE block is not launched. */
-template <int NB, int NORM, int EW>
-__global__ void __launch_bounds__(NORM ? 256 : RT_WARPS * 32)
-    mf_route_kernel(const float *__restrict__ x, const uint16_t *__restrict__ wr, float *logits, int *idx,
-                    float *wout, unsigned *count, int H, int E, int k, int norm, const float *__restrict__ nw,
-                    float eps, float *xn, const uint16_t *sh_gu, const uint16_t *sh_down,
-                    const uint16_t *sh_gw, int Is, int sel) {
-    __shared__ int last;
-    __shared__ float sh[32];
-    __shared__ __align__(16) float xs[NORM ? MF_NORM_H : 4];
-    constexpr int WARPS = NORM ? 8 : RT_WARPS;
-    const int r = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int e = blockIdx.x * WARPS + warp;
-    /* the weights depend on no kernel: with H in one pass (H <= 256 NB), this warp's router row is requested
-     * before waiting for the kernel that writes x (under PDL, while it still runs) */
-    const bool pre = e < E && H <= 256 * NB;
-    uint4 u[1][NB];
-    const uint16_t *w1[1] = {wr + (size_t)(e < E ? e : 0) * H};
-    if (pre) load_rows<1, NB>(u, w1, H, lane);
-    /* variant 32 (sh_gu non-NULL here): the shared expert's weights (gate_up, down, gate row: 6.3 MB at the
-     * 35B-A3B shape) depend on nothing either; row 0's blocks ask L2 for them now, so DRAM streams them while
-     * this kernel waits, norms, reduces and selects, and the next two kernels read them from L2 */
-    if (sh_gu && blockIdx.y == 0) {
-        size_t tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x, nthr = (size_t)gridDim.x * blockDim.x;
-        l2_prefetch_span(sh_gu, (size_t)2 * Is * H * 2, tid, nthr);
-        l2_prefetch_span(sh_down, (size_t)H * Is * 2, tid, nthr);
-        if (sh_gw) l2_prefetch_span(sh_gw, (size_t)H * 2, tid, nthr);
-    }
-    /* programmatic dependent launch (variant 4): wait for the kernel before (the norm that writes x), then
-     * let the next one be scheduled (it waits for this one's completion before reading what it writes); both
-     * are no-ops otherwise. Launching only after the wait keeps a chain: when a kernel of the three starts,
-     * every kernel two launches back has completed. */
-    griddep_wait();
-    griddep_launch();
-    float *lg = logits + (size_t)r * E;
-    const float *xr = x + (size_t)r * H;
-    if constexpr (NORM) {
-        float ss = 0.0f;
-        for (int i = threadIdx.x; i < H; i += blockDim.x) {
-            float v = xr[i];
-            ss += v * v;
-        }
-        ss = block_sum(ss, sh);
-        float inv = 1.0f / sqrtf(ss / (float)H + eps);
-        for (int i = threadIdx.x; i < H; i += blockDim.x) {
-            float v = (xr[i] * inv) * nw[i];
-            xs[i] = v;
-            if (blockIdx.x == 0) xn[(size_t)r * H + i] = v;
-        }
-        __syncthreads();
-        xr = xs;
-    }
-    if (e < E) {
-        float acc[1] = {0.0f};
-        const float *x1[1] = {xr};
-        if (pre)
-            fma_rows<1, NB>(acc, u, x1, H, lane); /* dot_rows' one pass */
-        else
-            dot_rows<1, NB>(acc, w1, x1, H, lane);
-        float v = warp_sum(acc[0]);
-        if (lane == 0) {
-            lg[e] = v;
-            __threadfence(); /* visible device-wide before this block counts itself done */
-        }
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        last = atomicAdd(&count[r], 1u) == gridDim.x - 1;
-    }
-    __syncthreads();
-    if (!last || warp != 0) return;
-    if (lane == 0) count[r] = 0; /* ready for the next launch (stream order puts it after this one) */
-    __threadfence();
+/* The routing of one row in one warp, as route_kernel + sort_slots_kernel do: softmax of the E logits lg
+ * (read from L2, where other blocks wrote) with per-lane sums joined by the butterfly, k rounds of a warp
+ * argmax on (p, lowest index), the k weights summed in selection order. Lane j < k gets the j-th choice:
+ * *e, its weight *w (renormalised when norm) and *rank, its place in ascending expert order. */
+template <int EW>
+__device__ __forceinline__ void mf_select(const float *lg, int E, int k, int norm, int sel, int lane, int *oe,
+                                          float *ow, int *orank) {
     /* lane l owns experts l + 32i (i < EW: E <= 32 EW, 8 or 32, so E = 256 unrolls 8 steps, not 32); logits
      * read from L2, where the other blocks wrote */
     float p[EW];
@@ -252,9 +177,100 @@ __global__ void __launch_bounds__(NORM ? 256 : RT_WARPS * 32)
     for (int j = 0; j < k; j++) ws += __shfl_sync(0xffffffffu, my_p, j);
     int rank = 0;
     for (int j = 0; j < k; j++) rank += __shfl_sync(0xffffffffu, my_e, j) < my_e;
+    *oe = my_e, *ow = norm ? my_p / ws : my_p, *orank = rank;
+}
+
+/* Router, grid (E / RT_WARPS, T). Warp w of block b computes logit e = RT_WARPS b + w of row blockIdx.y with
+ * f32 activations (the values cu_gemm(precise) gives); the block that finishes a row last (count[r], left
+ * at 0 again) selects in one warp exactly as route_kernel + sort_slots_kernel do: softmax with per-lane sums
+ * joined by the butterfly, k rounds of a warp argmax on (p, lowest index), the k weights summed in selection
+ * order, then written in ascending expert order. NB: 256-element chunks of a row requested at once (4, or 8:
+ * H = 2048 in one round trip; cu_moe_args.variant). NORM (cu_moe_args.norm_w): x is the raw residual; every
+ * block first takes the row's RMSNorm exactly as add_rmsnorm_kernel does (256 threads, the same sums, the
+ * same expression) into shared memory, and block 0 writes it to xn for the gate_up kernel: the norm kernel
+ * before the MoE block is not launched. */
+template <int NB, int NORM, int EW>
+__global__ void __launch_bounds__(NORM ? 256 : RT_WARPS * 32)
+    mf_route_kernel(const float *__restrict__ x, const uint16_t *__restrict__ wr, float *logits, int *idx,
+                    float *wout, unsigned *count, int H, int E, int k, int norm, const float *__restrict__ nw,
+                    float eps, float *xn, const uint16_t *sh_gu, const uint16_t *sh_down,
+                    const uint16_t *sh_gw, int Is, int sel) {
+    __shared__ int last;
+    __shared__ float sh[32];
+    __shared__ __align__(16) float xs[NORM ? MF_NORM_H : 4];
+    constexpr int WARPS = NORM ? 8 : RT_WARPS;
+    const int r = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int e = blockIdx.x * WARPS + warp;
+    /* the weights depend on no kernel: with H in one pass (H <= 256 NB), this warp's router row is requested
+     * before waiting for the kernel that writes x (under PDL, while it still runs) */
+    const bool pre = e < E && H <= 256 * NB;
+    uint4 u[1][NB];
+    const uint16_t *w1[1] = {wr + (size_t)(e < E ? e : 0) * H};
+    if (pre) load_rows<1, NB>(u, w1, H, lane);
+    /* variant 32 (sh_gu non-NULL here): the shared expert's weights (gate_up, down, gate row: 6.3 MB at the
+     * 35B-A3B shape) depend on nothing either; row 0's blocks ask L2 for them now, so DRAM streams them while
+     * this kernel waits, norms, reduces and selects, and the next two kernels read them from L2 */
+    if (sh_gu && blockIdx.y == 0) {
+        size_t tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x, nthr = (size_t)gridDim.x * blockDim.x;
+        l2_prefetch_span(sh_gu, (size_t)2 * Is * H * 2, tid, nthr);
+        l2_prefetch_span(sh_down, (size_t)H * Is * 2, tid, nthr);
+        if (sh_gw) l2_prefetch_span(sh_gw, (size_t)H * 2, tid, nthr);
+    }
+    /* programmatic dependent launch (variant 4): wait for the kernel before (the norm that writes x), then
+     * let the next one be scheduled (it waits for this one's completion before reading what it writes); both
+     * are no-ops otherwise. Launching only after the wait keeps a chain: when a kernel of the three starts,
+     * every kernel two launches back has completed. */
+    griddep_wait();
+    griddep_launch();
+    float *lg = logits + (size_t)r * E;
+    const float *xr = x + (size_t)r * H;
+    if constexpr (NORM) {
+        float ss = 0.0f;
+        for (int i = threadIdx.x; i < H; i += blockDim.x) {
+            float v = xr[i];
+            ss += v * v;
+        }
+        ss = block_sum(ss, sh);
+        float inv = 1.0f / sqrtf(ss / (float)H + eps);
+        for (int i = threadIdx.x; i < H; i += blockDim.x) {
+            float v = (xr[i] * inv) * nw[i];
+            xs[i] = v;
+            if (blockIdx.x == 0) xn[(size_t)r * H + i] = v;
+        }
+        __syncthreads();
+        xr = xs;
+    }
+    if (e < E) {
+        float acc[1] = {0.0f};
+        const float *x1[1] = {xr};
+        if (pre)
+            fma_rows<1, NB>(acc, u, x1, H, lane); /* dot_rows' one pass */
+        else
+            dot_rows<1, NB>(acc, w1, x1, H, lane);
+        float v = warp_sum(acc[0]);
+        if (lane == 0) {
+            lg[e] = v;
+            if (!(sel & 2)) __threadfence(); /* visible device-wide before this block counts itself done */
+        }
+    }
+    /* variant 512: no selection here (no fence, no count, no last block): every warp of the next two kernels
+     * that needs the choices makes them itself from the logits, which this kernel's completion publishes */
+    if (sel & 2) return;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        last = atomicAdd(&count[r], 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last || warp != 0) return;
+    if (lane == 0) count[r] = 0; /* ready for the next launch (stream order puts it after this one) */
+    __threadfence();
+    int my_e, rank;
+    float my_w;
+    mf_select<EW>(lg, E, k, norm, sel & 1, lane, &my_e, &my_w, &rank);
     if (lane < k) {
         idx[(size_t)r * k + rank] = my_e;
-        wout[(size_t)r * k + rank] = norm ? my_p / ws : my_p;
+        wout[(size_t)r * k + rank] = my_w;
     }
 }
 
@@ -263,20 +279,37 @@ __global__ void __launch_bounds__(NORM ? 256 : RT_WARPS * 32)
  * act[r][k Im + n]; then one warp for the shared expert's gate logit -> shg[r]. NB: chunks per row requested
  * at once (4; or 2: 40 registers instead of 60, six blocks per SM instead of four, so the 577 blocks of a
  * 35B-A3B row are one wave; cu_moe_args.variant). */
-template <int NB>
-__global__ void __launch_bounds__(MF_WARPS * 32)
-    mf_gate_up_kernel(const float *__restrict__ x, const uint16_t *__restrict__ e_gu,
-                      const int *__restrict__ idx, const uint16_t *__restrict__ sh_gu,
-                      const uint16_t *__restrict__ sh_gw, float *act, float *shg, int H, int k, int Im,
-                      int Is, int pf) {
+/* RSEL: six blocks per SM held with the selection's registers too (40 a thread, its few spills once) */
+template <int NB, int RSEL>
+__global__ void __launch_bounds__(MF_WARPS * 32, (RSEL && NB == 2) ? 6 : 0)
+    mf_gate_up_kernel(const float *__restrict__ x, const uint16_t *__restrict__ e_gu, int *idx,
+                      const uint16_t *__restrict__ sh_gu, const uint16_t *__restrict__ sh_gw, float *act,
+                      float *shg, int H, int k, int Im, int Is, int pf, const float *logits, float *wout,
+                      int E, int norm, int rsel) {
     const int r = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int wg = blockIdx.x * MF_WARPS + warp, A = k * Im + Is;
     griddep_wait(); /* the router's choices */
     griddep_launch();
+    /* variant 512 (rsel): a routed warp makes the row's choices itself (mf_select, E <= 256) and takes the
+     * j-th in ascending expert order; block 0's first warp also writes them (idx, w) */
+    int e_sel = 0;
+    if (RSEL && wg < k * Im) { /* a template switch: the selection's registers would cost the default form
+                                  its six blocks per SM */
+        __shared__ int se[MF_WARPS][32];
+        int me, rk;
+        float mw;
+        mf_select<8>(logits + (size_t)r * E, E, k, norm, rsel & 1, lane, &me, &mw, &rk);
+        if (lane < k) se[warp][rk] = me;
+        __syncwarp();
+        e_sel = se[warp][wg / Im];
+        if (blockIdx.x == 0 && warp == 0 && lane < k)
+            idx[(size_t)r * k + rk] = me, wout[(size_t)r * k + rk] = mw;
+    }
     /* variant 128: the block's 8 gate rows and 8 up rows (consecutive: Im % 8 == 0) asked of L2 in two
      * requests, all 64 KB in flight at once instead of each warp's 2 chunks per row at a time */
     if (pf && threadIdx.x == 0 && blockIdx.x * MF_WARPS < k * Im) {
-        int w0 = blockIdx.x * MF_WARPS, j = w0 / Im, n0 = w0 - j * Im, e = idx[(size_t)r * k + j];
+        int w0 = blockIdx.x * MF_WARPS, j = w0 / Im, n0 = w0 - j * Im,
+            e = RSEL ? e_sel : idx[(size_t)r * k + j];
         const uint16_t *g0 = e_gu + ((size_t)e * 2 * Im + n0) * H;
         l2_prefetch(g0, (unsigned)((size_t)MF_WARPS * H * 2));
         l2_prefetch(g0 + (size_t)Im * H, (unsigned)((size_t)MF_WARPS * H * 2));
@@ -285,7 +318,7 @@ __global__ void __launch_bounds__(MF_WARPS * 32)
     const uint16_t *g;
     size_t up; /* elements from the gate row to the up row */
     if (wg < k * Im) {
-        int j = wg / Im, n = wg - j * Im, e = idx[(size_t)r * k + j];
+        int j = wg / Im, n = wg - j * Im, e = RSEL ? e_sel : idx[(size_t)r * k + j];
         g = e_gu + ((size_t)e * 2 * Im + n) * H;
         up = (size_t)Im * H;
     } else if (wg < A) {
@@ -322,7 +355,8 @@ __global__ void __launch_bounds__(MF_WARPS * 32, MF_DOWN_MINB(G))
     mf_down_kernel(const float *__restrict__ act, const uint16_t *__restrict__ e_down,
                    const int *__restrict__ idx, const float *__restrict__ wt,
                    const uint16_t *__restrict__ sh_down, const float *__restrict__ shg, float *out,
-                   float *resid, int H, int k, int Im, int Is, int pf) {
+                   float *resid, int H, int k, int Im, int Is, int pf, const float *logits, int E, int norm,
+                   int rsel) {
     const int r = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int h = blockIdx.x * MF_WARPS + warp, A = k * Im + Is;
     if (h >= H) {
@@ -334,8 +368,21 @@ __global__ void __launch_bounds__(MF_WARPS * 32, MF_DOWN_MINB(G))
     /* the router's choices are complete when this kernel starts, even under PDL (the gate_up kernel let it be
      * scheduled only after waiting for the router): read them from L2 (__ldcg: L1 may hold the previous
      * layer's) and request the first group's weights before waiting for the gate_up kernel's act */
-    const int my_e = lane < k ? __ldcg(idx + (size_t)r * k + lane) : 0;
-    const float my_w = lane < k ? __ldcg(wt + (size_t)r * k + lane) : 0.0f;
+    int my_e = 0;
+    float my_w = 0.0f;
+    if (rsel) { /* variant 512: this warp's own choices (mf_select), in ascending expert order by lane */
+        __shared__ int se[MF_WARPS][32];
+        __shared__ float sw[MF_WARPS][32];
+        int me, rk;
+        float mw;
+        mf_select<8>(logits + (size_t)r * E, E, k, norm, rsel & 1, lane, &me, &mw, &rk);
+        if (lane < k) se[warp][rk] = me, sw[warp][rk] = mw;
+        __syncwarp();
+        if (lane < k) my_e = se[warp][lane], my_w = sw[warp][lane];
+    } else if (lane < k) {
+        my_e = __ldcg(idx + (size_t)r * k + lane);
+        my_w = __ldcg(wt + (size_t)r * k + lane);
+    }
     /* variant 64: every row this block reads (its MF_WARPS rows of each chosen expert and of the shared
      * expert, consecutive) asked of L2 now, one request per expert: the groups after the first, fetched
      * only after the first group's FMAs otherwise, stream while this kernel waits for the gate_up kernel */
@@ -406,6 +453,12 @@ __global__ void __launch_bounds__(MF_WARPS * 32, MF_DOWN_MINB(G))
     }
 }
 
+/* variant 512 (E <= 256: mf_select's 8 experts per lane): 2 | the selection's form (256) for the consumers,
+ * else 0: the router selects */
+static int mf_rsel(const cu_moe_args *a) {
+    return (a->variant & 512) && a->E <= 256 ? 2 | ((a->variant & 256) ? 1 : 0) : 0;
+}
+
 extern "C" int cu_moe_fused_norm_ok(int H) {
     return H <= MF_NORM_H;
 }
@@ -424,6 +477,7 @@ extern "C" void cu_moe_fused_route(cu_ctx *c, const cu_moe_args *a) {
                  const float *, float, float *, const uint16_t *, const uint16_t *, const uint16_t *, int,
                  int);
     int Is = a->sh_gu ? a->Is : 0, pf = (a->variant & 32) && Is > 0 && a->sh_down;
+    int sel = ((a->variant & 256) ? 1 : 0) | (mf_rsel(a) ? 2 : 0);
     if (a->E <= 256)
         kern = nrm ? ((a->variant & 2) ? mf_route_kernel<8, 1, 8> : mf_route_kernel<4, 1, 8>)
                    : ((a->variant & 2) ? mf_route_kernel<8, 0, 8> : mf_route_kernel<4, 0, 8>);
@@ -432,7 +486,7 @@ extern "C" void cu_moe_fused_route(cu_ctx *c, const cu_moe_args *a) {
                    : ((a->variant & 2) ? mf_route_kernel<8, 0, 32> : mf_route_kernel<4, 0, 32>);
     cu_launch_pdl(c, pdl, kern, grid, block, a->x, a->router, a->logits, a->idx, a->w, a->count, a->H, a->E,
                   a->k, a->norm, a->norm_w, a->eps, a->xn, pf ? a->sh_gu : NULL, pf ? a->sh_down : NULL,
-                  pf ? a->sh_gw : NULL, Is, (a->variant & 256) != 0);
+                  pf ? a->sh_gw : NULL, Is, sel);
 }
 
 extern "C" void cu_moe_fused_gate_up(cu_ctx *c, const cu_moe_args *a) {
@@ -442,9 +496,12 @@ extern "C" void cu_moe_fused_gate_up(cu_ctx *c, const cu_moe_args *a) {
     dim3 grid(cdiv(warps, MF_WARPS), (unsigned)a->T), block(MF_WARPS * 32);
     int pdl = (a->variant & 4) != 0;
     const float *x = a->norm_w ? a->xn : a->x; /* the router's normed rows */
-    cu_launch_pdl(c, pdl, (a->variant & 1) ? mf_gate_up_kernel<2> : mf_gate_up_kernel<4>, grid, block, x,
-                  a->e_gu, a->idx, a->sh_gu, a->sh_gw, a->act, a->shg, a->H, a->k, a->Im, Is,
-                  (a->variant & 128) != 0);
+    int rsel = mf_rsel(a);
+    cu_launch_pdl(c, pdl,
+                  (a->variant & 1) ? (rsel ? mf_gate_up_kernel<2, 1> : mf_gate_up_kernel<2, 0>)
+                                   : (rsel ? mf_gate_up_kernel<4, 1> : mf_gate_up_kernel<4, 0>),
+                  grid, block, x, a->e_gu, a->idx, a->sh_gu, a->sh_gw, a->act, a->shg, a->H, a->k, a->Im, Is,
+                  (a->variant & 128) != 0, a->logits, a->w, a->E, a->norm, rsel);
 }
 
 extern "C" void cu_moe_fused_down(cu_ctx *c, const cu_moe_args *a) {
@@ -454,11 +511,12 @@ extern "C" void cu_moe_fused_down(cu_ctx *c, const cu_moe_args *a) {
     const uint16_t *sh_down = Is ? a->sh_down : NULL;
     /* Im up to 512: 2 chunks per row and lane; up to 1024 (122B-A10B, 397B-A17B): 4 */
     void (*kern)(const float *, const uint16_t *, const int *, const float *, const uint16_t *, const float *,
-                 float *, float *, int, int, int, int, int) =
+                 float *, float *, int, int, int, int, int, const float *, int, int, int) =
         a->Im > 512 ? mf_down_kernel<4, MF_GROUP> /* 8 x 4 chunks would spill */
                     : ((a->variant & 16) ? mf_down_kernel<2, 8> : mf_down_kernel<2, MF_GROUP>);
     cu_launch_pdl(c, (a->variant & 4) != 0, kern, grid, block, a->act, a->e_down, a->idx, a->w, sh_down,
-                  a->shg, a->out, a->resid, a->H, a->k, a->Im, Is, (a->variant & 64) != 0);
+                  a->shg, a->out, a->resid, a->H, a->k, a->Im, Is, (a->variant & 64) != 0, a->logits, a->E,
+                  a->norm, mf_rsel(a));
 }
 
 extern "C" void cu_moe_fused(cu_ctx *c, const cu_moe_args *a) {
