@@ -655,6 +655,9 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     f->pdl = !pdl ? 0 : !strcmp(pdl, "1") ? 2 : !strcmp(pdl, "gemv") ? 1 : 0;
     cu_set_pdl(f->pdl);
     cu_set_pdl_break(!(pdb && !strcmp(pdb, "0")));
+    /* "1": the fused attention decode kernel's k / v loads one position ahead (the same bits) */
+    const char *apf = getenv("CINFER_CUDA_ATTN_PF");
+    cu_set_attn_decode_pf(apf && !strcmp(apf, "1"));
     if (pdl || pdb)
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_PDL=%s: programmatic dependent launch %s%s\n",
                 pdl ? pdl : "",

@@ -93,13 +93,38 @@ __device__ __forceinline__ void combine_rowhead(const cu_attn_args &a, int h, in
  * own position). With several splits, the last of a (row, head)'s blocks to finish merges the partials
  * (combine_rowhead, a counter per (row, head) in dec_cnt set back to 0 by that block). The same bits as the
  * three kernels. */
-template <int NPL, bool FUSED> __global__ void __launch_bounds__(128) attn_kernel(cu_attn_args a) {
+/* one position's k and v (NPL values a lane each) into registers */
+template <int NPL>
+__device__ __forceinline__ void kv_load(float (&k)[NPL], float (&v)[NPL], const float *kp, const float *vp,
+                                        int lane) {
+#pragma unroll
+    for (int i = 0; i < NPL; i++) k[i] = kp[lane + 32 * i], v[i] = vp[lane + 32 * i];
+}
+
+/* PF (CINFER_CUDA_ATTN_PF=1): each warp's next position's k and v are requested before the current one's
+ * dot product and update (one memory round trip a position instead of ~three: the block table, then k, then
+ * v after the softmax), and under PDL a warp's first position, a row of an earlier step, before waiting for
+ * in_proj. The same values in the same order: the same bits. */
+template <int NPL, bool FUSED, bool PF = false>
+__global__ void __launch_bounds__(128) attn_kernel(cu_attn_args a) {
     __shared__ float sm_m[4], sm_l[4], sm_acc[4][NPL * 32];
     __shared__ float qk_s[FUSED ? 2 : 1][FUSED ? NPL * 32 : 1];
     __shared__ int last;
     int h = blockIdx.x, r = blockIdx.y, sp = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31,
         hd = a.hd;
     int pos = a.meta.row_pos[r], start = sp * a.span;
+    /* PF: the metadata (uploaded before the step) and this warp's first position of an earlier step */
+    float kc[NPL], vc[NPL];
+    int u0 = 0;
+    if (PF && start <= pos) {
+        const int *bl = a.meta.blocks + a.meta.e_boff[a.meta.row_entry[r]];
+        int fr = a.meta.e_astart ? a.meta.e_astart[a.meta.row_entry[r]] : 0;
+        int en = pos + 1 < start + a.span ? pos + 1 : start + a.span, kh = h / (a.Hq / a.Hkv);
+        u0 = (fr < start ? start : fr) + warp;
+        if (u0 < en && !(FUSED && u0 == pos))
+            kv_load<NPL>(kc, vc, kv_row(a.kpool, a, bl, u0) + (size_t)kh * hd,
+                         kv_row(a.vpool, a, bl, u0) + (size_t)kh * hd, lane);
+    }
     /* FUSED under CINFER_CUDA_PDL=1: the q/k/v row comes from the in_proj GEMV before this kernel, and every
      * block waits for it, even one with no positions (common.cuh) */
     if (FUSED) {
@@ -137,19 +162,41 @@ template <int NPL, bool FUSED> __global__ void __launch_bounds__(128) attn_kerne
     /* an MTP head resumed mid-sequence attends only to its own rows (meta.e_astart; one split then) */
     int from = a.meta.e_astart ? a.meta.e_astart[a.meta.row_entry[r]] : 0;
     if (from < start) from = start;
-    for (int u = from + warp; u < end; u += 4) {
-        const float *k = FUSED && u == pos ? kcur : kv_row(a.kpool, a, blocks, u) + (size_t)kvh * hd;
-        const float *v = FUSED && u == pos ? vcur : kv_row(a.vpool, a, blocks, u) + (size_t)kvh * hd;
-        float s = 0.0f;
+    if (PF) {
+        if (FUSED && u0 == pos && u0 < end) kv_load<NPL>(kc, vc, kcur, vcur, lane);
+        for (int u = u0; u < end; u += 4) {
+            float kn[NPL], vn[NPL];
+            int un = u + 4;
+            if (un < end)
+                kv_load<NPL>(
+                    kn, vn, FUSED && un == pos ? kcur : kv_row(a.kpool, a, blocks, un) + (size_t)kvh * hd,
+                    FUSED && un == pos ? vcur : kv_row(a.vpool, a, blocks, un) + (size_t)kvh * hd, lane);
+            float s = 0.0f;
 #pragma unroll
-        for (int i = 0; i < NPL; i++) s = fmaf(qv[i], k[lane + 32 * i], s);
-        s = warp_sum(s) * scale;
-        float mn = fmaxf(m, s), corr = expf(m - mn), p = expf(s - mn);
-        l = fmaf(l, corr, p);
+            for (int i = 0; i < NPL; i++) s = fmaf(qv[i], kc[i], s);
+            s = warp_sum(s) * scale;
+            float mn = fmaxf(m, s), corr = expf(m - mn), p = expf(s - mn);
+            l = fmaf(l, corr, p);
 #pragma unroll
-        for (int i = 0; i < NPL; i++) acc[i] = fmaf(p, v[lane + 32 * i], acc[i] * corr);
-        m = mn;
-    }
+            for (int i = 0; i < NPL; i++) acc[i] = fmaf(p, vc[i], acc[i] * corr);
+            m = mn;
+#pragma unroll
+            for (int i = 0; i < NPL; i++) kc[i] = kn[i], vc[i] = vn[i];
+        }
+    } else
+        for (int u = from + warp; u < end; u += 4) {
+            const float *k = FUSED && u == pos ? kcur : kv_row(a.kpool, a, blocks, u) + (size_t)kvh * hd;
+            const float *v = FUSED && u == pos ? vcur : kv_row(a.vpool, a, blocks, u) + (size_t)kvh * hd;
+            float s = 0.0f;
+#pragma unroll
+            for (int i = 0; i < NPL; i++) s = fmaf(qv[i], k[lane + 32 * i], s);
+            s = warp_sum(s) * scale;
+            float mn = fmaxf(m, s), corr = expf(m - mn), p = expf(s - mn);
+            l = fmaf(l, corr, p);
+#pragma unroll
+            for (int i = 0; i < NPL; i++) acc[i] = fmaf(p, v[lane + 32 * i], acc[i] * corr);
+            m = mn;
+        }
     if (lane == 0) {
         sm_m[warp] = m;
         sm_l[warp] = l;
@@ -252,23 +299,33 @@ extern "C" void cu_attn_layer(cu_ctx *c, const cu_attn_args *a) {
 }
 
 /* decode-only batches (dec_cnt): one launch, prep and combine folded into attn_kernel */
+static int g_attn_pf = 0;
+extern "C" void cu_set_attn_decode_pf(int on) {
+    g_attn_pf = on != 0;
+}
+template <int NPL> static void attn_decode_npl(cu_ctx *c, const cu_attn_args *a, dim3 grid) {
+    if (g_attn_pf)
+        cu_launch_step(c, attn_kernel<NPL, true, true>, grid, dim3(128), *a);
+    else
+        cu_launch_step(c, attn_kernel<NPL, true>, grid, dim3(128), *a);
+}
 static void attn_decode_fused(cu_ctx *c, const cu_attn_args *a) {
     dim3 grid((unsigned)a->Hq, (unsigned)a->T, (unsigned)a->nsplit);
     switch (a->hd / 32) {
     case 1:
-        cu_launch_step(c, attn_kernel<1, true>, grid, dim3(128), *a);
+        attn_decode_npl<1>(c, a, grid);
         break;
     case 2:
-        cu_launch_step(c, attn_kernel<2, true>, grid, dim3(128), *a);
+        attn_decode_npl<2>(c, a, grid);
         break;
     case 4:
-        cu_launch_step(c, attn_kernel<4, true>, grid, dim3(128), *a);
+        attn_decode_npl<4>(c, a, grid);
         break;
     case 8:
-        cu_launch_step(c, attn_kernel<8, true>, grid, dim3(128), *a);
+        attn_decode_npl<8>(c, a, grid);
         break;
     case 16:
-        cu_launch_step(c, attn_kernel<16, true>, grid, dim3(128), *a);
+        attn_decode_npl<16>(c, a, grid);
         break;
     default:
         break; /* rejected at context creation */

@@ -87,6 +87,10 @@ int cu_pdl_on(void);
  * reproduce session 4's illegal address (CINFER_CUDA_PDL_BREAK=0) */
 void cu_set_pdl_break(int on);
 int cu_pdl_break_on(void);
+/* 1 (CINFER_CUDA_ATTN_PF=1): the fused attention decode kernel requests each warp's next position's k / v
+ * before the current one's arithmetic (and its first, under PDL, before waiting for in_proj); the same bits
+ */
+void cu_set_attn_decode_pf(int on);
 /* f32 scratch for the stacked hi/lo product of up to 64 rows (2 x 64 x widest N floats) */
 void cu_set_gemm_scratch(cu_ctx *c, float *d_t, size_t floats);
 /* 2 (default): activations as bf16 hi + lo through the tensor cores; 1: one bf16 rounding
