@@ -223,7 +223,7 @@ TEST(cuda_gemm16_ragged_and_row_independent) {
     if (NO_DEVICE()) SKIP("no CUDA device: skipped");
     static const int Ms[] = {1, 2, 7, 9, 16, 63, 65, 127, 128, 129, 255, 257, 1000, 4095, 4096};
     static const int NK[][2] = {{264, 136}, {203, 72}, {1, 8}, {520, 2056}};
-    static const int forms[] = {1, 2, 4, 5, 7};
+    static const int forms[] = {1, 2, 4, 5, 7, 8, 9};
     char err[256];
     cu_ctx *c;
     REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
@@ -388,11 +388,11 @@ TEST(cuda_gemm16_speed) {
             REQUIRE(cu_upload(dx + o, h, (maxx - o < chunk ? maxx - o : chunk) * 4, err, sizeof err) == 0);
         free(h);
     }
-    /* columns: f16 automatic with the row conversion, the GEMM alone per form 1..7 (3 and 6: no weight
+    /* columns: f16 automatic with the row conversion, the GEMM alone per form 1..9 (3 and 6: no weight
      * conversion, wrong results, speed only), cuBLAS one bf16 pass, two passes (conversions included) */
     enum { NV = 2 + CU_F16_VARIANTS + 1 };
     double tot[2][NV] = {{0}};
-    printf("     TFLOP/s: f16 (rows + GEMM) | GEMM form 1 .. 7 | cuBLAS 1 pass | cuBLAS 2 passes\n");
+    printf("     TFLOP/s: f16 (rows + GEMM) | GEMM form 1 .. 9 | cuBLAS 1 pass | cuBLAS 2 passes\n");
     for (size_t mi = 0; mi < 2; mi++)
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
             const rshape *s = &shapes[si];

@@ -112,9 +112,10 @@ void cu_set_prefill_gemm(int mode);
 int cu_prefill_gemm(void);
 /* tests / measurements: force a form of the f16 GEMM (0 automatic): 1 128 x 256 tiles, 3 stages; 2 the same
  * with fragments loaded a k step ahead; 4 128 x 128, 4 stages; 5 128 x 128, 3 stages, 2 CTAs an SM, fragments
- * ahead; 7 the same without; 3 and 6 (2 and 5 without the weights' bf16 -> fp16 conversion) give WRONG
- * results: they only measure what the conversion costs. All correct forms give the same bits. */
-#define CU_F16_VARIANTS 7
+ * ahead; 7 the same without; 8 and 9: 2 and 5 with the weights converted once in shared memory; 3 and 6 (2
+ * and 5 without the weights' bf16 -> fp16 conversion) give WRONG results: they only measure what the
+ * conversion costs. All correct forms give the same bits. */
+#define CU_F16_VARIANTS 9
 void cu_set_gemm_f16_variant(int v);
 /* Same, but every row m uses its own matrix w + widx[m] * N * K (MoE experts at decode; M <= any). */
 void cu_gemv_indexed(cu_ctx *c, float *d_y, const float *d_x, int x_row_div, const uint16_t *d_w,

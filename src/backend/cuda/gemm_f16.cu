@@ -59,9 +59,14 @@ __device__ __forceinline__ uint32_t f16_swz(int r, int c) {
     return (uint32_t)(r * 128 + ((c ^ (r & 7)) << 4));
 }
 
-#define F16_DB 1 /* fragments of the next k16 step loaded before the MMAs of this one */
-#define F16_NOCVT                                                                                            \
-    2 /* diagnostic only, wrong results: bf16 weight bits fed as fp16 (what the conversion costs) */
+/* the forms' flags. F16_DB: the fragments of the next k16 step loaded before the MMAs of this one.
+ * F16_NOCVT: diagnostic only, WRONG results: the bf16 weight bits fed as fp16 (what the conversion costs).
+ * F16_SMEMCVT: the weights turned fp16 once per CTA in shared memory, each thread converting the chunks it
+ * copied itself (visible to it after its own cp.async wait; the barrier before the MMAs publishes them),
+ * instead of once per warp in registers after ldmatrix (where 2 warps convert each B fragment). */
+#define F16_DB      1
+#define F16_NOCVT   2
+#define F16_SMEMCVT 4
 
 /* BN: CTA columns; STAGES: k tiles in flight; MINB: CTAs per SM the registers must allow; FL: F16_* flags */
 template <int BN, int STAGES, int MINB, int FL>
@@ -121,12 +126,31 @@ __global__ void __launch_bounds__(F16_THREADS, MINB)
             uint32_t t[4];
             f16_ldm4(t, sb + f16_swz(b_row + j * 8, kk * 2 + b_ch));
 #pragma unroll
-            for (int q = 0; q < 4; q++) t[q] = (FL & F16_NOCVT) ? t[q] : f16_from_bf16x2(t[q]);
+            for (int q = 0; q < 4; q++)
+                t[q] = (FL & (F16_NOCVT | F16_SMEMCVT)) ? t[q] : f16_from_bf16x2(t[q]);
             b[j][0] = t[0], b[j][1] = t[1], b[j + 1][0] = t[2], b[j + 1][1] = t[3];
         }
     };
     for (int kt = 0; kt < nk; kt++) {
         f16_wait<STAGES - 2>();
+        if constexpr ((FL & F16_SMEMCVT) !=
+                      0) { /* this thread's own B chunks of tile kt, as load() placed them */
+            const uint32_t sb = sbase + (kt % STAGES) * STAGE_BYTES + A_BYTES;
+#pragma unroll
+            for (int i = 0; i < BN * 8 / F16_THREADS; i++) {
+                const int idx = tid + i * F16_THREADS;
+                const uint32_t adr = sb + f16_swz(idx >> 3, idx & 7);
+                uint32_t v0, v1, v2, v3;
+                asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
+                             : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3)
+                             : "r"(adr));
+                v0 = f16_from_bf16x2(v0), v1 = f16_from_bf16x2(v1), v2 = f16_from_bf16x2(v2),
+                v3 = f16_from_bf16x2(v3);
+                asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};" ::"r"(adr), "r"(v0), "r"(v1), "r"(v2),
+                             "r"(v3)
+                             : "memory");
+            }
+        }
         __syncthreads(); /* tile kt landed for every thread; the stage refilled below is free */
         if (kt + STAGES - 1 < nk) load((kt + STAGES - 1) % STAGES, kt + STAGES - 1);
         f16_commit();
@@ -276,6 +300,10 @@ extern "C" int cu_gemm_f16_prepared(cu_ctx *c, float *y, const uint16_t *xb, con
         return f16_launch<128, 3, 2, F16_DB | F16_NOCVT>(c, y, xh, inv_s, w, M, N, K);
     case 7:
         return f16_launch<128, 3, 2, 0>(c, y, xh, inv_s, w, M, N, K);
+    case 8:
+        return f16_launch<256, 3, 1, F16_DB | F16_SMEMCVT>(c, y, xh, inv_s, w, M, N, K);
+    case 9:
+        return f16_launch<128, 3, 2, F16_DB | F16_SMEMCVT>(c, y, xh, inv_s, w, M, N, K);
     default:
         return f16_launch<128, 4, 1, 0>(c, y, xh, inv_s, w, M, N, K);
     }
