@@ -792,7 +792,7 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * 4096-token chunk 112.6 -> 27.9 ms, prefill 32768 3,462 -> 8,129 tok/s: so it is on by default ("gdn"
      * keeps the scalar attention tiles). The second call: its fp16 hi + lo form as exact (op tests 2e-7 -
      * 6e-7, parity 3.34e-4) and faster (21.2 ms, 32768 tokens at 9,101 tok/s; 27B tf32 332.5 -> 84.5 ms),
-     * so that is the default form. */
+     * so that is the default form (the TF32 one was deleted in session 5). */
     /* The DeltaNet prefill of "tc" and "gdn" (also "tc2", "gdn2", and "tc1", "gdn1", whose one kernel walking
      * all chunks per column block, deltanet_tc.cu, is gone) runs in phases, parallel over the chunks
      * (deltanet_chunk.cu), with the tensor-core / scalar attention. Session 4's H200 calls: the phased form
@@ -813,10 +813,6 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     if (!strcmp(pfv, "tc") || !strcmp(pfv, "attn") || !strcmp(pfv, "tc1") || !strcmp(pfv, "tc2"))
         f->attn_tc = f->tiles_ok && cu_attn_tc_init(m->hd);
     f->attn_rows = f->attn_tc ? cu_attn_tc_rows(m->Hq, m->Hkv) : CU_ATTN_TILE;
-    /* the kernel's operands as fp16 hi + lo (m16n8k16: twice the MMA rate of TF32, the same 22 bits within
-     * fp16's range) by default; CINFER_CUDA_ATTN_TC=tf32: TF32 hi + lo (no range limit; 30% slower) */
-    const char *atc = getenv("CINFER_CUDA_ATTN_TC");
-    if (f->attn_tc && !(atc && !strcmp(atc, "tf32"))) f->attn_tc = 2;
     /* CINFER_CUDA_ATTN_SPLIT=1: the tensor-core tiles of an entry with few rows behind a long context split
      * over keys (flash-decoding for the prefill kernel; cu_attn_tc_split), spans of CU_ATTN_MIN_SPAN keys
      * or more; =N (> 1): spans of N keys or more (tests: the split on the fixtures' short contexts) */
@@ -881,10 +877,7 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
                 "cinfer cuda: CINFER_CUDA_PREFILL=%s: deltanet prefill %s, attention prefill %s, %d TF32 "
                 "passes\n",
                 pf, f->gdn_tc ? "tensor cores, phased" : "scalar",
-                f->attn_tc == 2 ? "tensor cores, fp16 hi + lo"
-                : f->attn_tc    ? "tensor cores"
-                                : "scalar",
-                cu_tf32_passes());
+                f->attn_tc ? "tensor cores, fp16 hi + lo" : "scalar", cu_tf32_passes());
     for (int i = 0; i < PROF_MAX_MARKS; i++) cu_timer_create(&f->marks[i]);
     const char *tt = getenv("CINFER_TTFT_TRACE");
     f->trace = tt ? atoi(tt) : 0;
@@ -1345,7 +1338,7 @@ static int pack_meta(cuda_fwd *f, const fwd_entry *e, int NE, const int *lmode, 
     size_t o_hrow = *o_hrow_out;
     size_t o_ast = o_hrow + nh, n_meta = o_ast + (astart ? (size_t)NE : 0);
     cu_attn_split split = {0};
-    if (tiled && f->attn_split && f->attn_tc == 2 && !astart) {
+    if (tiled && f->attn_split && f->attn_tc && !astart) {
         /* the tiles of entries with few rows behind long contexts split over keys (cu_attn_tc_split: a
          * function of the entry alone); lists: e_span [NE], row_poff [T], mrows, work [][2] */
         const model *m = f->m;

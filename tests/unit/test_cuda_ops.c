@@ -993,10 +993,10 @@ static void attn_case_ex(int Hq, int Hkv, int hd, int span, int tiled, const tes
     }
     float *prev = NULL;
     double err_tiles = 0; /* the scalar tiles' error: the tensor cores' bound follows from it */
-    /* mode 0: the tiles' scalar kernel (or the decode form); 1: the tensor cores (TF32 hi + lo); 2: the same
-     * with fp16 hi + lo operands (cu_attn_args.tc 2); 3: the tensor cores with one TF32 rounding, which must
-     * fail the bound: the bound can catch what it is for */
-    for (int mode = 0; mode <= (tiled == 2 ? 3 : 0); mode++) {
+    /* mode 0: the tiles' scalar kernel (or the decode form); 1: the tensor cores (fp16 hi + lo operands); 2:
+     * the tensor cores with one fp16 rounding, which must fail the bound: the bound can catch what it is for
+     */
+    for (int mode = 0; mode <= (tiled == 2 ? 2 : 0); mode++) {
         cu_attn_args a = {0};
         a.T = T, a.Hq = Hq, a.Hkv = Hkv, a.hd = hd, a.rope_dim = R, a.n_blocks = n_blocks, a.full = full;
         a.qkv = dup_dev(qkv, (size_t)T * ld * 4), a.ld = ld, a.q_norm = dup_dev(qn, (size_t)hd * 4),
@@ -1007,18 +1007,18 @@ static void attn_case_ex(int Hq, int Hkv, int hd, int span, int tiled, const tes
         a.span = span, a.nsplit = (maxpos + span) / span;
         a.part = nan_dev(c, (size_t)T * Hq * a.nsplit * (hd + 2));
         if (tiled) a.tiles = mode ? dtc : dtiles, a.n_tiles = mode ? ntc : nt;
-        a.tc = mode == 2 ? 2 : mode > 0;
+        a.tc = mode > 0;
         a.eps = eps, a.meta = meta;
-        cu_set_tf32_passes(mode == 3 ? 1 : 3);
+        cu_set_tf32_passes(mode == 2 ? 1 : 3);
         cu_attn_layer(c, &a);
         cu_set_tf32_passes(3);
         REQUIRE(cu_sync(c, err, sizeof err) == 0);
         float *go = get(a.o, (size_t)T * Hq * hd), *gk = get(a.kpool, pool_n), *gv = get(a.vpool, pool_n);
-        if (mode == 3) {
+        if (mode == 2) {
             double r = rel(go, o_r, (size_t)T * Hq * hd);
-            printf("     attention Hq=%d Hkv=%d hd=%d gain %g, one TF32 rounding (control): %.2e > %.0e?\n",
+            printf("     attention Hq=%d Hkv=%d hd=%d gain %g, one fp16 rounding (control): %.2e > %.0e?\n",
                    Hq, Hkv, hd, gain, r, tc_bound(err_tiles));
-            CHECK_MSG(r > tc_bound(err_tiles), "attention hd=%d: one TF32 rounding passes the bound (%.3g)",
+            CHECK_MSG(r > tc_bound(err_tiles), "attention hd=%d: one fp16 rounding passes the bound (%.3g)",
                       hd, r);
             free(go), free(gk), free(gv);
             cu_free(a.qkv), cu_free((void *)a.q_norm), cu_free((void *)a.k_norm), cu_free((void *)a.inv_freq),
@@ -1030,7 +1030,7 @@ static void attn_case_ex(int Hq, int Hkv, int hd, int span, int tiled, const tes
         if (mode)
             snprintf(what, sizeof what,
                      "attention Hq=%d Hkv=%d hd=%d gain %g tensor cores %s (%d-row tiles): output", Hq, Hkv,
-                     hd, gain, mode == 2 ? "fp16" : "tf32", tcr);
+                     hd, gain, "fp16", tcr);
         else if (tiled)
             snprintf(what, sizeof what, "attention Hq=%d Hkv=%d hd=%d gain %g tiles of %d rows: output", Hq,
                      Hkv, hd, gain, CU_ATTN_TILE);

@@ -268,7 +268,7 @@ extern "C" void cu_attn_layer(cu_ctx *c, const cu_attn_args *a) {
     if (a->tiles) {
         if (a->tc) {
             cu_attn_tiled_tc(c, a);
-            if (a->tc == 2 && a->split.work && a->split.n_mrows > 0)
+            if (a->split.work && a->split.n_mrows > 0)
                 attn_split_merge_kernel<<<dim3((unsigned)a->Hq, (unsigned)a->split.n_mrows), 128, 0,
                                           c->stream>>>(*a);
         } else

@@ -1,10 +1,10 @@
 /* attention_tc.cu — varlen causal prefill attention over the paged KV pool on the tensor cores, in the
  * flash-attention-2 form (CINFER_CUDA_PREFILL=tc or attn, the default; cu_attn_args.tc). The pool and the
- * normed/roped q rows are f32; every product runs on operands split into hi + lo with three MMAs (the small
- * terms first), so S = Q K^T and O = P V come out as accurate as f32 sums (tf32x3.cuh says why one rounding
- * is not enough): attn_fh_kernel with fp16 hi + lo and mma.sync.m16n8k16 (the default: 21.2 ms of attention
- * per 4B 4096-token chunk on the H200), attn_fa_kernel below with TF32 hi + lo and m16n8k8
- * (CINFER_CUDA_ATTN_TC=tf32: 27.9 ms; no fp16 range limit). The scalar tiles took 112.6 ms.
+ * normed/roped q rows are f32; every product runs on operands split into fp16 hi + lo with three
+ * mma.sync.m16n8k16 (the small terms first), so S = Q K^T and O = P V come out as accurate as f32 sums
+ * (tf32x3.cuh says why one rounding is not enough): 21.2 ms of attention per 4B 4096-token chunk on the
+ * H200, where the scalar tiles took 112.6 ms. (A TF32 hi + lo form with m16n8k8, 27.9 ms, was deleted in
+ * session 5: only older and slower.)
  *
  * A block holds FA_ROWS = 128 query rows: QH query heads sharing one KV head (the largest power of two up to
  * 8 dividing the GQA ratio) x FA_ROWS / QH consecutive positions of one entry (a tile of cu_attn_tc_rows
@@ -15,7 +15,8 @@
  * 32 positions instead of once per 16 rows of one head). V of tile j loads while S of tile j runs, K of tile
  * j + 1 while P V of tile j runs (FlashAttention-2's single-buffer pipeline; 195 KB of shared memory at
  * head_dim 256). Causal masking by tile: a warp skips the key tiles past its last position and masks only
- * the tiles that cross its diagonal. Blocks run longest tile first. */
+ * the tiles that cross its diagonal. Blocks run longest tile first. With key splits (cu_attn_split) a block
+ * runs one span of keys of a tile. */
 #include <cuda_fp16.h>
 
 #include "backend/cuda/common.cuh"
@@ -24,37 +25,6 @@
 #define FA_BN    32  /* keys per tile */
 #define FA_KVB   16  /* = KV_BLOCK */
 #define FA_MAXQH 8
-
-/* the tensor cores ignore the low 13 bits of a TF32 operand; hi is x rounded to TF32 (to nearest, ties
- * away), lo = x - hi (exact in f32) truncated to TF32: x to ~2^-21. Integer ops: full rate, unlike cvt. */
-__device__ __forceinline__ uint32_t fa_tf32(float x) {
-    return (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
-}
-template <int P> __device__ __forceinline__ void fa_split(float x, uint32_t &hi, uint32_t &lo) {
-    hi = fa_tf32(x);
-    if constexpr (P == 3) lo = __float_as_uint(x - __uint_as_float(hi)) & 0xffffe000u;
-}
-
-/* d += a b: A 16x8 (a0 (g, t), a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4)), B 8x8 (b0 (k t, n g),
- * b1 (k t + 4, n g)), D 16x8 (d0 (g, 2t), d1 (g, 2t + 1), d2 (g + 8, 2t), d3 (g + 8, 2t + 1)); g = lane / 4,
- * t = lane % 4 */
-__device__ __forceinline__ void fa_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-/* d += A B from split operands: lo hi, hi lo, hi hi (P 3) or hi hi (P 1) */
-template <int P>
-__device__ __forceinline__ void fa_mma3(float (&d)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4],
-                                        uint32_t bh0, uint32_t bh1, uint32_t bl0, uint32_t bl1) {
-    if constexpr (P == 3) {
-        fa_mma(d, al, bh0, bh1);
-        fa_mma(d, ah, bl0, bl1);
-    }
-    fa_mma(d, ah, bh0, bh1);
-}
 
 /* 16 bytes global -> shared, bypassing L1; n = 0 fills zeros (rows past the last position: never NaN) */
 __device__ __forceinline__ void fa_cp16(float *dst, const float *src, int n) {
@@ -68,215 +38,8 @@ __device__ __forceinline__ void fa_wait(void) {
     asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 }
 
-/* FA_BN rows of K or V (this KV head) from position c0 into S ([FA_BN][HD + 4]) */
-template <int HD>
-__device__ __forceinline__ void fa_load_kv(float *S, const float *pool, const cu_attn_args &a,
-                                           const int *blocks, int kvh, int c0, int maxpos) {
-    constexpr int LD = HD + 4, C4 = HD / 4;
-    for (int i = threadIdx.x; i < FA_BN * C4; i += blockDim.x) {
-        int j = i / C4, c = i % C4, u = c0 + j, ok = u <= maxpos;
-        const float *src = pool;
-        if (ok)
-            src =
-                pool +
-                (((size_t)a.full * a.n_blocks + (size_t)blocks[u / FA_KVB]) * FA_KVB + (size_t)(u % FA_KVB)) *
-                    (size_t)(a.Hkv * HD) +
-                (size_t)kvh * HD + 4 * c;
-        fa_cp16(S + j * LD + 4 * c, src, ok ? 16 : 0);
-    }
-}
-
-template <int HD> constexpr size_t fa_smem_bytes() {
-    return (size_t)(FA_ROWS + 2 * FA_BN) * (HD + 4) * sizeof(float);
-}
-
-template <int HD, int P>
-__global__ void __launch_bounds__(256, HD >= 128 ? 1 : 2) attn_fa_kernel(cu_attn_args a, int QH) {
-    extern __shared__ __align__(16) float fsm[];
-    constexpr int LD = HD + 4, C4 = HD / 4, NBT = FA_BN / 8; /* key n-tiles of S */
-    constexpr int ONT = HD / 8, NC = ONT < 8 ? ONT : 8;      /* O n-tiles; per fresh partial */
-    constexpr int SKC = HD < 32 ? HD / 8 : 4;                /* k-steps of S per fresh partial */
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    const int G = a.Hq / a.Hkv, ngrp = G / QH, BP = FA_ROWS / QH;
-    const int kvh = blockIdx.x / ngrp, h0 = kvh * G + (blockIdx.x % ngrp) * QH;
-    const int r0 = a.tiles[a.n_tiles - 1 - (int)blockIdx.y]; /* longest tiles first */
-    const int e = a.meta.row_entry[r0], end = a.meta.e_row0[e] + a.meta.e_n[e];
-    const int rows = end - r0 < BP ? end - r0 : BP;
-    const int pos0 = a.meta.row_pos[r0], maxpos = pos0 + rows - 1;
-    const int *blocks = a.meta.blocks + a.meta.e_boff[e];
-    float *Qs = fsm, *Ks = Qs + FA_ROWS * LD, *Vs = Ks + FA_BN * LD;
-
-    /* Q rows (row m: head h0 + m / BP, position pos0 + m % BP; zeros past the tile) and K of tile 0 */
-    for (int i = tid; i < FA_ROWS * C4; i += blockDim.x) {
-        int m = i / C4, c = i % C4, p = m % BP, ok = p < rows;
-        const float *src =
-            ok ? a.qkv + (size_t)(r0 + p) * a.ld + (size_t)(h0 + m / BP) * 2 * HD + 4 * c : a.qkv;
-        fa_cp16(Qs + m * LD + 4 * c, src, ok ? 16 : 0);
-    }
-    fa_load_kv<HD>(Ks, a.kpool, a, blocks, kvh, 0, maxpos);
-    fa_commit();
-
-    /* this warp: head h0 + qi, tile positions off .. off + 15; rows g and g + 8 of the fragments */
-    const int wph = 8 / QH, qi = warp / wph, off = (warp % wph) * 16, h = h0 + qi;
-    const int live = off < rows; /* warp-uniform: some row of the warp is in the tile */
-    const int wmin = pos0 + off, wmax = pos0 + off + 15 < maxpos ? pos0 + off + 15 : maxpos;
-    const int pa = pos0 + off + g < maxpos ? pos0 + off + g : maxpos; /* rows past the tile act as the last */
-    const int pb = pos0 + off + g + 8 < maxpos ? pos0 + off + g + 8 : maxpos;
-    const float *Qw = Qs + (qi * BP + off) * LD;
-    const float scale = (float)(1.0 / sqrt((double)HD));
-
-    float o[ONT][4];
-#pragma unroll
-    for (int n = 0; n < ONT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-    float ma = -INFINITY, mb = -INFINITY, la = 0.0f,
-          lb = 0.0f; /* lane-partial row sums (quad-reduced last) */
-
-    for (int c0 = 0; c0 <= maxpos; c0 += FA_BN) {
-        fa_wait();
-        __syncthreads(); /* K of this tile (and Q) landed; every warp is done with the last tile's V */
-        fa_load_kv<HD>(Vs, a.vpool, a, blocks, kvh, c0, maxpos);
-        fa_commit();
-        const int act = live && c0 <= wmax; /* warp-uniform */
-        float s[NBT][4], ca = 1.0f, cb = 1.0f;
-        if (act) {
-#pragma unroll
-            for (int n = 0; n < NBT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-                /* S = Q K^T; each SKC k-steps into a fresh partial joined by f32 adds (the tensor cores
-                 * truncate at every accumulation: long chains into one accumulator drift) */
-#pragma unroll
-            for (int kc = 0; kc < HD / 8; kc += SKC) {
-                float part[NBT][4];
-#pragma unroll
-                for (int n = 0; n < NBT; n++) part[n][0] = part[n][1] = part[n][2] = part[n][3] = 0.0f;
-#pragma unroll
-                for (int ks = kc; ks < kc + SKC; ks++) {
-                    const int k = ks * 8 + t;
-                    uint32_t ah[4], al[4];
-                    fa_split<P>(Qw[g * LD + k], ah[0], al[0]);
-                    fa_split<P>(Qw[(g + 8) * LD + k], ah[1], al[1]);
-                    fa_split<P>(Qw[g * LD + k + 4], ah[2], al[2]);
-                    fa_split<P>(Qw[(g + 8) * LD + k + 4], ah[3], al[3]);
-#pragma unroll
-                    for (int n = 0; n < NBT; n++) {
-                        const float *kr = Ks + (n * 8 + g) * LD + k;
-                        uint32_t bh0, bl0, bh1, bl1;
-                        fa_split<P>(kr[0], bh0, bl0);
-                        fa_split<P>(kr[4], bh1, bl1);
-                        fa_mma3<P>(part[n], ah, al, bh0, bh1, bl0, bl1);
-                    }
-                }
-#pragma unroll
-                for (int n = 0; n < NBT; n++)
-#pragma unroll
-                    for (int r = 0; r < 4; r++) s[n][r] += part[n][r];
-            }
-            /* online softmax over the tile: a row's scores are spread over its quad */
-            const int mask = c0 + FA_BN - 1 > wmin;
-            float xa = -INFINITY, xb = -INFINITY;
-#pragma unroll
-            for (int n = 0; n < NBT; n++)
-#pragma unroll
-                for (int r = 0; r < 4; r++) {
-                    int u = c0 + n * 8 + 2 * t + (r & 1);
-                    float v = s[n][r] * scale;
-                    if (mask && u > (r < 2 ? pa : pb)) v = -INFINITY;
-                    s[n][r] = v;
-                    if (r < 2)
-                        xa = fmaxf(xa, v);
-                    else
-                        xb = fmaxf(xb, v);
-                }
-            xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, 1));
-            xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, 2));
-            xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, 1));
-            xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, 2));
-            float na = fmaxf(ma, xa), nb = fmaxf(mb, xb);
-            /* a row with no key yet keeps m = -inf: no NaN from (-inf) - (-inf) */
-            float sa = na == -INFINITY ? 0.0f : na, sb = nb == -INFINITY ? 0.0f : nb, suma = 0.0f,
-                  sumb = 0.0f;
-            ca = expf(ma - sa), cb = expf(mb - sb);
-#pragma unroll
-            for (int n = 0; n < NBT; n++)
-#pragma unroll
-                for (int r = 0; r < 4; r++) {
-                    float p = expf(s[n][r] - (r < 2 ? sa : sb));
-                    s[n][r] = p;
-                    if (r < 2)
-                        suma += p;
-                    else
-                        sumb += p;
-                }
-            la = la * ca + suma, lb = lb * cb + sumb;
-            ma = na, mb = nb;
-        }
-        fa_wait();
-        __syncthreads(); /* V of this tile landed; every warp is done with K */
-        if (c0 + FA_BN <= maxpos) fa_load_kv<HD>(Ks, a.kpool, a, blocks, kvh, c0 + FA_BN, maxpos);
-        fa_commit();
-        if (act) {
-            /* O = O c + P V (c rescales to the new row max, fused into the join of each fresh partial). The
-             * accumulator's lane holds P at keys 2t, 2t + 1 of each 8: as the A operand of the next MMA they
-             * serve as keys t, t + 4 of a permuted order, and V's rows are read in the same order (b0 from
-             * key 2t, b1 from key 2t + 1), so no shuffle is needed */
-#pragma unroll
-            for (int dc = 0; dc < ONT; dc += NC) {
-                float part[NC][4];
-#pragma unroll
-                for (int n = 0; n < NC; n++) part[n][0] = part[n][1] = part[n][2] = part[n][3] = 0.0f;
-#pragma unroll
-                for (int ks = 0; ks < NBT; ks++) {
-                    uint32_t ah[4], al[4];
-                    fa_split<P>(s[ks][0], ah[0], al[0]);
-                    fa_split<P>(s[ks][2], ah[1], al[1]);
-                    fa_split<P>(s[ks][1], ah[2], al[2]);
-                    fa_split<P>(s[ks][3], ah[3], al[3]);
-                    const float *v0 = Vs + (ks * 8 + 2 * t) * LD + dc * 8 + g;
-#pragma unroll
-                    for (int n = 0; n < NC; n++) {
-                        uint32_t bh0, bl0, bh1, bl1;
-                        fa_split<P>(v0[n * 8], bh0, bl0);
-                        fa_split<P>(v0[LD + n * 8], bh1, bl1);
-                        fa_mma3<P>(part[n], ah, al, bh0, bh1, bl0, bl1);
-                    }
-                }
-#pragma unroll
-                for (int n = 0; n < NC; n++) {
-                    o[dc + n][0] = fmaf(o[dc + n][0], ca, part[n][0]);
-                    o[dc + n][1] = fmaf(o[dc + n][1], ca, part[n][1]);
-                    o[dc + n][2] = fmaf(o[dc + n][2], cb, part[n][2]);
-                    o[dc + n][3] = fmaf(o[dc + n][3], cb, part[n][3]);
-                }
-            }
-        }
-    }
-    fa_wait(); /* nothing may be in flight when the block exits */
-    if (!live) return;
-    la += __shfl_xor_sync(0xffffffffu, la, 1);
-    la += __shfl_xor_sync(0xffffffffu, la, 2);
-    lb += __shfl_xor_sync(0xffffffffu, lb, 1);
-    lb += __shfl_xor_sync(0xffffffffu, lb, 2);
-    /* O / l times the sigmoid gate, rows g and g + 8 of the warp */
-#pragma unroll
-    for (int hr = 0; hr < 2; hr++) {
-        int p = off + g + 8 * hr;
-        if (p >= rows) continue;
-        float l = hr ? lb : la;
-        const float *gate = a.qkv + (size_t)(r0 + p) * a.ld + (size_t)h * 2 * HD + HD;
-        float *orow = a.o + (size_t)(r0 + p) * a.Hq * HD + (size_t)h * HD;
-#pragma unroll
-        for (int n = 0; n < ONT; n++) {
-            int d = n * 8 + 2 * t;
-            float2 gv = *reinterpret_cast<const float2 *>(gate + d);
-            float2 ov = make_float2((o[n][2 * hr] / l) * dev_sigmoid(gv.x),
-                                    (o[n][2 * hr + 1] / l) * dev_sigmoid(gv.y));
-            *reinterpret_cast<float2 *>(orow + d) = ov;
-        }
-    }
-}
-
-/* ---- the same kernel with fp16 hi + lo operands (cu_attn_args.tc == 2, the default form) ----
- * mma.sync.m16n8k16 on fp16 runs twice the FLOPs of m16n8k8 on TF32 per instruction. fp16 has TF32's 11
- * significant bits, so hi = fp16(x), lo = fp16(x - hi) holds x to ~2^-22 like the TF32 split, within fp16's
+/* ---- fp16 hi + lo operands ----
+ * fp16 has TF32's 11 significant bits, so hi = fp16(x), lo = fp16(x - hi) holds x to ~2^-22, within fp16's
  * range: |x| < 65504 (q and k are RMS-normed, P is in [0, 1], v rows are activations), and a lo below 2^-14
  * (|x| < ~2^-3) is subnormal: x then to ~2^-25 absolute. Q is split once into shared memory as fp16 hi | lo
  * (the bytes its f32 rows took); K and V stay f32 from cp.async and each warp splits its fragments. */
@@ -572,13 +335,9 @@ extern "C" int cu_attn_tc_split(int Hq, int Hkv, int hd, int n, int keys, int mi
 }
 
 template <int HD> static int fa_attr(int optin) {
-    size_t smem = fa_smem_bytes<HD>(), smh = fh_smem_bytes<HD>();
-    if (smem > (size_t)optin || smh > (size_t)optin) return 0;
-    return cudaFuncSetAttribute(attn_fa_kernel<HD, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)smem) == cudaSuccess &&
-           cudaFuncSetAttribute(attn_fa_kernel<HD, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)smem) == cudaSuccess &&
-           cudaFuncSetAttribute(attn_fh_kernel<HD, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    size_t smh = fh_smem_bytes<HD>();
+    if (smh > (size_t)optin) return 0;
+    return cudaFuncSetAttribute(attn_fh_kernel<HD, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)smh) == cudaSuccess &&
            cudaFuncSetAttribute(attn_fh_kernel<HD, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)smh) == cudaSuccess;
@@ -604,16 +363,11 @@ extern "C" int cu_attn_tc_init(int hd) {
 
 template <int HD> static void fa_launch(cu_ctx *c, const cu_attn_args *a) {
     int QH = fa_qh(a->Hq, a->Hkv);
-    /* key splits: the fp16 form only (forward_cuda.c never asks the TF32 one) */
-    dim3 grid((unsigned)(a->Hq / QH), (unsigned)(a->tc == 2 && a->split.work ? a->split.n_work : a->n_tiles));
-    if (a->tc == 2 && cu_tf32_passes() == 1)
+    dim3 grid((unsigned)(a->Hq / QH), (unsigned)(a->split.work ? a->split.n_work : a->n_tiles));
+    if (cu_tf32_passes() == 1)
         attn_fh_kernel<HD, 1><<<grid, 256, fh_smem_bytes<HD>(), c->stream>>>(*a, QH);
-    else if (a->tc == 2)
-        attn_fh_kernel<HD, 3><<<grid, 256, fh_smem_bytes<HD>(), c->stream>>>(*a, QH);
-    else if (cu_tf32_passes() == 1)
-        attn_fa_kernel<HD, 1><<<grid, 256, fa_smem_bytes<HD>(), c->stream>>>(*a, QH);
     else
-        attn_fa_kernel<HD, 3><<<grid, 256, fa_smem_bytes<HD>(), c->stream>>>(*a, QH);
+        attn_fh_kernel<HD, 3><<<grid, 256, fh_smem_bytes<HD>(), c->stream>>>(*a, QH);
 }
 
 extern "C" void cu_attn_tiled_tc(cu_ctx *c, const cu_attn_args *a) {

@@ -310,7 +310,7 @@ void cu_set_tf32_passes(int passes);
 int cu_tf32_passes(void);
 
 /* ---- gated attention (attention.cu) ---- */
-/* The tensor-core prefill tiles split over keys (split.work != NULL; tc 2 only; cu_attn_tc_split): an
+/* The tensor-core prefill tiles split over keys (split.work != NULL, tc set; cu_attn_tc_split): an
  * entry with few rows behind a long context runs each (tile, key span) in its own block. A row of an
  * entry whose span is e_span[e] (0: not split) has pos / span + 1 spans: with one, its block writes o as
  * the unsplit kernel does (the same bits); with more, each span's block writes (m, l, acc) at
@@ -337,8 +337,8 @@ typedef struct cu_attn_args {
                          to CU_ATTN_TILE rows of one entry (tc: cu_attn_tc_rows rows), [n_tiles], each
                          block sharing its K/V loads */
     int n_tiles;
-    int tc; /* 1: the prefill tiles on the tensor cores (attention_tc.cu, flash-attention form, TF32 hi + lo);
-               2: the same with fp16 hi + lo operands (twice the MMA rate); 0: the scalar tile kernel */
+    int tc; /* nonzero: the prefill tiles on the tensor cores (attention_tc.cu, flash-attention form, fp16 hi
+               + lo operands); 0: the scalar tile kernel */
     float eps;
     cu_meta meta;
     /* multimodal rotary (a batch with image prompts), else NULL: rotary positions [T][3] (t, h, w); pair i
