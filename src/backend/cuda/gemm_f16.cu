@@ -133,8 +133,8 @@ __global__ void __launch_bounds__(F16_THREADS, MINB)
     };
     for (int kt = 0; kt < nk; kt++) {
         f16_wait<STAGES - 2>();
-        if constexpr ((FL & F16_SMEMCVT) !=
-                      0) { /* this thread's own B chunks of tile kt, as load() placed them */
+        /* F16_SMEMCVT: this thread's own B chunks of tile kt, as load() placed them */
+        if constexpr ((FL & F16_SMEMCVT) != 0) {
             const uint32_t sb = sbase + (kt % STAGES) * STAGE_BYTES + A_BYTES;
 #pragma unroll
             for (int i = 0; i < BN * 8 / F16_THREADS; i++) {
