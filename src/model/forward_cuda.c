@@ -583,6 +583,7 @@ void cuda_fwd_destroy(cuda_fwd *f) {
 }
 
 static int warm_up(cuda_fwd *f, char *err, size_t errlen);
+static int warm_gemms(cuda_fwd *f, char *err, size_t errlen);
 
 int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, char *err, size_t errlen) {
     *out = NULL;
@@ -697,6 +698,11 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     }
     if ((rc = upload_layers(f, err, errlen)) || (rc = alloc_scratch(f, err, errlen))) goto fail;
     cu_set_gemm_scratch(f->cu, f->ytmp, f->ytmp_floats);
+    cu_set_gemm_xb_rows(f->cu, (int)zmax((size_t)p->max_tokens, (size_t)f->max_S));
+    /* CINFER_CUDA_GEMM_PAD=1: stacked products of 9-64 rows on M rounded up to 16 (gemm.cu: four cuBLAS
+     * shapes per matrix, met once by the warm-up below instead of by the first request of each size) */
+    const char *gpad = getenv("CINFER_CUDA_GEMM_PAD");
+    cu_set_gemm_pad(gpad && !strcmp(gpad, "1"));
     if (sk_auto) cu_ctx_set_skinny(f->cu, f->p.spec_window > 0 ? 1 : 0);
     if (sk)
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_SKINNY=%s: skinny GEMM mode %d up to %d rows\n", sk,
@@ -889,6 +895,7 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     }
     const char *wu = getenv("CINFER_CUDA_WARMUP");
     if (wu && !strcmp(wu, "1") && (rc = warm_up(f, err, errlen))) goto fail;
+    if (wu && !strcmp(wu, "gemm") && (rc = warm_gemms(f, err, errlen))) goto fail;
     *out = f;
     return 0;
 fail:
@@ -1703,6 +1710,47 @@ static int warm_up(cuda_fwd *f, char *err, size_t errlen) {
     f->p.no_graphs = ng;
     if (!rc) rc = cuda_fwd_slot_reset(f, 0, err, errlen);
     if (f->trace) fprintf(stderr, "ttft-trace warm-up: %.3f ms\n", host_ms() - t0);
+    return rc;
+}
+
+/* CINFER_CUDA_WARMUP=gemm: every weight shape's stacked product at 16, 32, 48 and 64 rows (the buckets of
+ * CINFER_CUDA_GEMM_PAD), once at creation on the scratch buffers: cuBLAS's per-shape choice happens here
+ * instead of inside the first request that runs a short prefill (a resumed turn's suffix, a batch of 9+
+ * decode rows) */
+static int warm_gemms(cuda_fwd *f, char *err, size_t errlen) {
+    const model *m = f->m;
+    int H = m->H, I = m->cfg.intermediate_size;
+    double t0 = host_ms();
+    for (int M = CU_GEMM_PAD_ROWS; M <= 64 && M <= f->p.max_tokens; M += CU_GEMM_PAD_ROWS) {
+        int lin = 0, full = 0, ffn = 0, moe = 0;
+        for (int l = 0; l < m->L; l++) {
+            const cu_layer *cl = &f->L[l];
+            const layer_weights *lw = &m->layers[l];
+            int is_lin = lw->type == LAYER_LINEAR;
+            if (is_lin ? !lin : !full) {
+                gemm(f, f->proj, f->xn, cl->w_in, M, cl->n_in, H);
+                gemm(f, f->out, f->act, cl->w_out, M, H, is_lin ? m->Hv * m->dv : m->Hq * m->hd);
+                lin |= is_lin, full |= !is_lin;
+            }
+            if (!lw->moe && !ffn && I > 0) {
+                gemm(f, f->proj, f->xn, cl->w_gu, M, 2 * I, H);
+                gemm(f, f->out, f->act, cl->w_down, M, H, I);
+                ffn = 1;
+            }
+            if (lw->moe && !moe) {
+                gemm(f, f->moe_logits, f->xn, cl->router, M, m->cfg.n_experts, H);
+                if (cl->sh_gu) {
+                    int Is = m->cfg.shared_expert_intermediate_size;
+                    gemm(f, f->proj, f->xn, cl->sh_gu, M, 2 * Is, H);
+                    gemm(f, f->shy, f->act, cl->sh_down, M, H, Is);
+                }
+                moe = 1;
+            }
+        }
+        gemm(f, f->logits, f->xn, f->lm_head, M, m->V, H);
+    }
+    int rc = cu_sync(f->cu, err, errlen);
+    if (f->trace) fprintf(stderr, "ttft-trace gemm warm-up: %.3f ms\n", host_ms() - t0);
     return rc;
 }
 

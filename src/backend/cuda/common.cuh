@@ -17,6 +17,7 @@ struct cu_ctx {
     cudaGraph_t graph; /* the graph being captured */
     float *ytmp;       /* [2M][N] f32 for stacked hi/lo products (cu_set_gemm_scratch), or NULL */
     size_t ytmp_floats;
+    int xb_rows; /* rows of K each half of cu_gemm's xb holds (cu_set_gemm_scratch); 0: unknown, no padding */
     int skinny; /* this context's CINFER_CUDA_SKINNY mode (cu_ctx_set_skinny), 0: the process-wide one */
     /* 1 when the last operation enqueued on the stream (or captured) may not be a kernel: a memcpy, memset,
      * event record or graph launch (runtime.cu sets it). The next launch then goes without the PDL attribute

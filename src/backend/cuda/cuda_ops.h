@@ -93,6 +93,12 @@ int cu_pdl_break_on(void);
 void cu_set_attn_decode_pf(int on);
 /* f32 scratch for the stacked hi/lo product of up to 64 rows (2 x 64 x widest N floats) */
 void cu_set_gemm_scratch(cu_ctx *c, float *d_t, size_t floats);
+/* the rows each half of the xb given to cu_gemm holds (at least the M of any call): with cu_set_gemm_pad on, the
+ * stacked product of up to 64 rows runs on M rounded up to a multiple of 16 (CU_GEMM_PAD_ROWS) where xb holds it */
+void cu_set_gemm_xb_rows(cu_ctx *c, int rows);
+#define CU_GEMM_PAD_ROWS 16
+void cu_set_gemm_pad(int on);
+int cu_gemm_pad(void);
 /* 2 (default): activations as bf16 hi + lo through the tensor cores; 1: one bf16 rounding
  * (CINFER_CUDA_BF16_PASSES) */
 void cu_set_bf16_passes(int passes);

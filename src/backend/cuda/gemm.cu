@@ -298,21 +298,22 @@ extern "C" int cu_gemv_max(void) {
     return g_gemv_max;
 }
 
-/* x = hi + lo with hi = bf16(x), lo = bf16(x - hi): written as 2n values, hi then lo (2M rows of K) */
-__global__ void split_bf16_kernel(uint16_t *y, const float *x, size_t n) {
+/* x = hi + lo with hi = bf16(x), lo = bf16(x - hi): n values each, hi at y, lo at y + lo (lo >= n: the rows
+ * between, padding, are left as they are) */
+__global__ void split_bf16_kernel(uint16_t *y, const float *x, size_t n, size_t lo) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
         float v = x[i];
         uint16_t h = f32_bf16(v);
         y[i] = h;
-        y[n + i] = f32_bf16(v - bf16_f32(h));
+        y[lo + i] = f32_bf16(v - bf16_f32(h));
     }
 }
 
-/* y[m] = t[m] + t[M + m]: the hi and lo halves of a stacked product */
-__global__ void add_halves_kernel(float *y, const float *t, size_t n) {
+/* y[m] = t[m] + t[lo + m]: the hi and lo halves of a stacked product (lo: the lo half's offset) */
+__global__ void add_halves_kernel(float *y, const float *t, size_t n, size_t lo) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        y[i] = t[i] + t[n + i];
+        y[i] = t[i] + t[lo + i];
 }
 
 static int g_bf16_passes = 2;
@@ -323,6 +324,22 @@ extern "C" void cu_set_bf16_passes(int p) {
 extern "C" void cu_set_gemm_scratch(cu_ctx *c, float *t, size_t floats) {
     c->ytmp = t;
     c->ytmp_floats = floats;
+}
+extern "C" void cu_set_gemm_xb_rows(cu_ctx *c, int rows) {
+    c->xb_rows = rows;
+}
+
+/* CINFER_CUDA_GEMM_PAD=1: cuBLAS picks (and loads) a kernel for every new shape the first time it meets it, on
+ * the host, 5-17 ms per GEMM shape on the H200 (call of 12:12: a first 63-row prefill's launches blocked the host
+ * for 39 ms, a first 64-row one 14 ms): with the stacked products' M rounded up to a multiple of
+ * CU_GEMM_PAD_ROWS, 9-64 rows make four shapes per weight matrix, which forward_cuda.c's warm-up meets once at
+ * creation. The pad rows' outputs are never read; a row's bits then depend only on its bucket. */
+static int g_gemm_pad = 0;
+extern "C" void cu_set_gemm_pad(int on) {
+    g_gemm_pad = on;
+}
+extern "C" int cu_gemm_pad(void) {
+    return g_gemm_pad;
 }
 
 static void blas(cu_ctx *c, float *y, const uint16_t *xb, const uint16_t *w, int M, int N, int K,
@@ -358,13 +375,18 @@ extern "C" void cu_gemm(cu_ctx *c, float *y, const float *x, const uint16_t *w, 
         blas(c, y, xb, w, M, N, K, 0.0f);
         return;
     }
-    split_bf16_kernel<<<g, 256, 0, c->stream>>>(xb, x, n);
-    if (M <= 64 && c->ytmp && (size_t)2 * M * N <= c->ytmp_floats) {
-        blas(c, c->ytmp, xb, w, 2 * M, N, K, 0.0f);
+    int stacked = M <= 64 && c->ytmp && (size_t)2 * M * N <= c->ytmp_floats, Mb = M;
+    if (stacked && g_gemm_pad) {
+        int r = (M + CU_GEMM_PAD_ROWS - 1) / CU_GEMM_PAD_ROWS * CU_GEMM_PAD_ROWS;
+        if (r <= c->xb_rows && (size_t)2 * r * N <= c->ytmp_floats) Mb = r;
+    }
+    split_bf16_kernel<<<g, 256, 0, c->stream>>>(xb, x, n, stacked ? (size_t)Mb * K : n);
+    if (stacked) {
+        blas(c, c->ytmp, xb, w, 2 * Mb, N, K, 0.0f);
         size_t ny = (size_t)M * N;
         unsigned gy = cdiv(ny, 256);
         if (gy > 65535u * 16u) gy = 65535u * 16u;
-        add_halves_kernel<<<gy, 256, 0, c->stream>>>(y, c->ytmp, ny);
+        add_halves_kernel<<<gy, 256, 0, c->stream>>>(y, c->ytmp, ny, (size_t)Mb * N);
     } else {
         blas(c, y, xb, w, M, N, K, 0.0f);
         blas(c, y, xb + n, w, M, N, K, 1.0f);
