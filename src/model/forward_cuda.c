@@ -659,6 +659,9 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     /* "1": the fused attention decode kernel's k / v loads one position ahead (the same bits) */
     const char *apf = getenv("CINFER_CUDA_ATTN_PF");
     cu_set_attn_decode_pf(apf && !strcmp(apf, "1"));
+    /* "1" / "2": under PDL the decode GEMVs request their weights into L2 while the kernel before runs */
+    const char *l2 = getenv("CINFER_CUDA_GEMV_L2PF");
+    cu_set_gemv_l2pf(l2 ? atoi(l2) : 0);
     if (pdl || pdb)
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_PDL=%s: programmatic dependent launch %s%s\n",
                 pdl ? pdl : "",

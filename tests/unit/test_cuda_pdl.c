@@ -3,8 +3,9 @@
  * logit must be bit for bit what the plain launches give: per model, 3 sequences (a 2-token prefill, then
  * decode steps at batch 3), eager launches without PDL as the reference against PDL from CUDA graphs, PDL
  * eager, GEMV-only PDL, a profiled run with PDL (an event recorded between the phases: session 4's illegal
- * address), the attention decode kernel's prefetch (CINFER_CUDA_ATTN_PF=1) without and with PDL, and
- * sequence 0 alone under both against the batch reference. At the fixtures, and at the 4B shape
+ * address), the attention decode kernel's prefetch (CINFER_CUDA_ATTN_PF=1) without and with PDL, that
+ * with the GEMVs' L2 prefetch (CINFER_CUDA_GEMV_L2PF=2), and sequence 0 alone under all of them against
+ * the batch reference. At the fixtures, and at the 4B shape
  * with few layers when CINFER_TEST_PDL_MODEL names such a checkpoint (`cinfer synth --like qwen3.5-4b
  * --layers 4 --vocab 2048 --out DIR`; the GPU script makes one). Without a CUDA build or device every test
  * skips. */
@@ -67,9 +68,14 @@ static int run_seqs(cinfer_model *m, int B, int P, int D, int V, int prof, float
     return rc;
 }
 
-/* one run under the given switches (NULL: unset); pf: CINFER_CUDA_ATTN_PF */
+/* one run under the given switches (NULL: unset); pf: CINFER_CUDA_ATTN_PF=1 unless "0", and "2" also the
+ * GEMVs' L2 prefetch CINFER_CUDA_GEMV_L2PF=2 */
 static int run_with(cinfer_model *m, const char *pdl, const char *graphs, const char *pf, int B, int prof,
                     int V, float *out) {
+    if (pf && !strcmp(pf, "2"))
+        setenv("CINFER_CUDA_GEMV_L2PF", "2", 1);
+    else
+        unsetenv("CINFER_CUDA_GEMV_L2PF");
     if (pdl)
         setenv("CINFER_CUDA_PDL", pdl, 1);
     else
@@ -79,13 +85,14 @@ static int run_with(cinfer_model *m, const char *pdl, const char *graphs, const 
     else
         unsetenv("CINFER_CUDA_GRAPHS");
     if (pf)
-        setenv("CINFER_CUDA_ATTN_PF", pf, 1);
+        setenv("CINFER_CUDA_ATTN_PF", strcmp(pf, "0") ? "1" : "0", 1);
     else
         unsetenv("CINFER_CUDA_ATTN_PF");
     int rc = run_seqs(m, B, 2, 8, V, prof, out);
     unsetenv("CINFER_CUDA_PDL");
     unsetenv("CINFER_CUDA_GRAPHS");
     unsetenv("CINFER_CUDA_ATTN_PF");
+    unsetenv("CINFER_CUDA_GEMV_L2PF");
     return rc;
 }
 
@@ -114,6 +121,7 @@ static void pdl_case(const char *dir, const char *name) {
         {"PDL profiled", "1", "0", NULL, 1},
         {"attention prefetch", "0", NULL, "1", 0},
         {"PDL + attn prefetch", "1", NULL, "1", 0},
+        {"PDL + both prefetches", "1", NULL, "2", 0},
     };
     for (size_t k = 0; !rc && k < sizeof runs / sizeof runs[0]; k++) {
         for (size_t i = 0; i < n; i++) got[i] = NAN;
@@ -126,7 +134,7 @@ static void pdl_case(const char *dir, const char *name) {
     if (!rc) {
         /* sequence 0 alone, PDL from graphs, against its row in the plain batch */
         for (size_t i = 0; i < n; i++) got[i] = NAN;
-        if (!run_with(m, "1", NULL, "1", 1, 0, V, got)) {
+        if (!run_with(m, "1", NULL, "2", 1, 0, V, got)) {
             int same = 1;
             for (int t = 0; t <= D; t++)
                 same &= !memcmp(got + (size_t)t * V, ref + (size_t)t * B * V, (size_t)V * sizeof(float));

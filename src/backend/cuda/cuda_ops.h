@@ -91,6 +91,9 @@ int cu_pdl_break_on(void);
  * before the current one's arithmetic (and its first, under PDL, before waiting for in_proj); the same bits
  */
 void cu_set_attn_decode_pf(int on);
+/* 1 / 2 (CINFER_CUDA_GEMV_L2PF, with PDL only): each decode GEMV block requests its weight slice (2: and a
+ * second-wave block's) into L2 before waiting for the kernel before it; 0 off. The same bits */
+void cu_set_gemv_l2pf(int mode);
 /* f32 scratch for the stacked hi/lo product of up to 64 rows (2 x 64 x widest N floats) */
 void cu_set_gemm_scratch(cu_ctx *c, float *d_t, size_t floats);
 /* the rows each half of the xb given to cu_gemm holds (at least the M of any call): with cu_set_gemm_pad on, the

@@ -31,12 +31,26 @@ __device__ __forceinline__ uint4 g3_ld(const uint16_t *p) {
     return __ldcs(reinterpret_cast<const uint4 *>(p));
 }
 
+/* bytes (a multiple of 16, 16-byte aligned) of global memory into L2, no registers held: sm_90's bulk
+ * prefetch, in pieces the instruction's 32-bit size takes */
+__device__ __forceinline__ void l2_prefetch(const void *p, size_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const char *c = static_cast<const char *>(p);
+    for (size_t o = 0; o < bytes; o += (size_t)1 << 30) {
+        unsigned n = (unsigned)(bytes - o < ((size_t)1 << 30) ? bytes - o : (size_t)1 << 30);
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(c + o), "r"(n) : "memory");
+    }
+#else
+    (void)p, (void)bytes;
+#endif
+}
+
 /* VAR: bit 1 blocks of 4 warps instead of G3_WARPS = 8 (finer grains over the SMs), bit 2 the next chunks'
  * loads issued before the current ones' FMAs (as v2); the same sums either way */
 template <int MR, int NR, int U, bool NORM, int EPI, int VAR, int W = VAR & 2 ? 4 : G3_WARPS>
 __global__ void __launch_bounds__(W * 32, (MR == 1 ? 3 : 2) * 8 / W)
     gemv3_kernel(float *__restrict__ y, const float *__restrict__ x, const uint16_t *__restrict__ w, int N,
-                 int K, int KS, const float *__restrict__ g, float eps) {
+                 int K, int KS, const float *__restrict__ g, float eps, int l2pf) {
     constexpr int ROWS = EPI == EPI_SWIGLU ? 2 * NR : NR;
     __shared__ float red[W][ROWS * MR + (NORM ? MR : 0)];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -68,6 +82,18 @@ __global__ void __launch_bounds__(W * 32, (MR == 1 ? 3 : 2) * 8 / W)
         if (c < nch && k < K)
 #pragma unroll
             for (int r = 0; r < ROWS; r++) wv[u][r] = g3_ld(wr[r] + k);
+    }
+    /* l2pf (CINFER_CUDA_GEMV_L2PF, under PDL): while the kernel before still runs, this block's whole weight
+     * slice (1), and with 2 that of block b + ceil(G / 2) too (for b below that: the blocks of a second wave,
+     * which cannot start yet), is requested into L2 by one bulk prefetch per slice: the loads after the wait
+     * then hit L2. Weights only, so no value changes. */
+    if (l2pf && threadIdx.x == 0 && blockIdx.y == 0) {
+        int half = (gridDim.x + 1) / 2;
+        for (int q = 0; q < (l2pf == 2 && (int)blockIdx.x < half ? 2 : 1); q++) {
+            int b = blockIdx.x + q * half, jb = b * RG * NR, je = jb + RG * NR < N ? jb + RG * NR : N;
+            for (int up = 0; up < (EPI == EPI_SWIGLU ? 2 : 1) && jb < je; up++)
+                l2_prefetch(w + ((size_t)jb + (up ? (size_t)N : 0)) * K, (size_t)(je - jb) * K * 2);
+        }
     }
     griddep_wait();
     for (int c0 = ks; c0 < nch; c0 += step) {
@@ -175,6 +201,11 @@ __global__ void __launch_bounds__(W * 32, (MR == 1 ? 3 : 2) * 8 / W)
 /* ---- configuration ---- */
 
 static int g_ks = 0, g_nr = 0, g_u = 0, g_var = -1; /* 0 / -1: automatic (cu_set_gemv3_config) */
+static int g_l2pf = 0;                              /* gemv3_kernel's l2pf (cu_set_gemv_l2pf) */
+
+extern "C" void cu_set_gemv_l2pf(int mode) {
+    g_l2pf = mode == 1 || mode == 2 ? mode : 0;
+}
 
 extern "C" void cu_set_gemv3_config(int ks, int nr, int u, int var) {
     g_var = var == 0 || var == 2 || var == 4 || var == 6 ? var : -1;
@@ -208,7 +239,10 @@ static void g3_launch(cu_ctx *c, float *y, const float *x, const uint16_t *w, in
     if (KS > W) KS = W; /* a forced 8 splits with 4-warp blocks (measurements only) */
     int per_block = W / KS * NR;
     dim3 grid(cdiv((size_t)N, (size_t)per_block), (unsigned)tiles);
-    cu_launch_gemv(c, gemv3_kernel<MR, NR, U, NORM, EPI, VAR>, grid, dim3(W * 32), y, x, w, N, K, KS, g, eps);
+    /* the L2 prefetch only pays while a kernel before still runs, i.e. under PDL */
+    int pf = cu_pdl_on() ? g_l2pf : 0;
+    cu_launch_gemv(c, gemv3_kernel<MR, NR, U, NORM, EPI, VAR>, grid, dim3(W * 32), y, x, w, N, K, KS, g, eps,
+                   pf);
 }
 
 template <int VAR, bool NORM, int EPI>
