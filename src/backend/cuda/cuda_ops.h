@@ -420,10 +420,9 @@ typedef struct cu_moe_args {
     int variant; /* the same bits by other means: 1: gate_up requests 2 chunks per row at a time (else 4);
                     2: the router 8 (else 4); 4: programmatic dependent launch (each kernel lets the next
                     be scheduled, then waits for the one before); 16: the down kernel requests 8
-                        experts' rows and the shared expert's at once; L2 prefetches (no value changes):
-                    32: the router asks for the shared expert's weights, 64: the down kernel for all its rows
-                    before waiting, 128: each gate_up block for its 16 rows; 256: the router's top-k by
-                    hardware warp reductions (CINFER_CUDA_MOE_VARIANT, default 15) */
+                        experts' rows and the shared expert's at once; 256: the router's top-k by hardware
+                    warp reductions; 512: the gate_up and down kernels' warps make the choices from the logits
+                    themselves, the router only the logits (CINFER_CUDA_MOE_VARIANT, default 15) */
 } cu_moe_args;
 /* 1 when the fused kernels serve this shape: H, Im, Is multiples of 8, Im <= 1024, E <= 1024, k <= 32 */
 int cu_moe_fused_supported(int H, int E, int k, int Im, int Is);

@@ -14,22 +14,6 @@
 #define MF_MAX_KD 1024 /* down kernel: Im up to 4 chunks of 256 per lane (one pass) */
 #define MF_NORM_H 4096 /* the router's own RMSNorm (variant 8): rows up to this, in shared memory */
 
-/* Bytes [p, p + n) requested into L2 by one instruction (sm_90 bulk prefetch; p 16-byte aligned, n % 16 ==
- * 0): no register holds them and nothing waits for them, so a kernel can ask for weights it reads later (or
- * that the next kernel reads) while it waits for something else. Changes no value. */
-__device__ __forceinline__ void l2_prefetch(const void *p, unsigned n) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(n) : "memory");
-#endif
-}
-
-/* [base, base + bytes) into L2 in 4 KB spans, span i by thread i mod nthr of the grid (bytes % 16 == 0) */
-__device__ __forceinline__ void l2_prefetch_span(const void *base, size_t bytes, size_t tid, size_t nthr) {
-    const char *b = static_cast<const char *>(base);
-    for (size_t off = tid * 4096; off < bytes; off += nthr * 4096)
-        l2_prefetch(b + off, (unsigned)(bytes - off < 4096 ? bytes - off : 4096));
-}
-
 /* acc += the 8 bf16 weights in u times x[0..8), in gemv_indexed_kernel's order (low half, then high) */
 __device__ __forceinline__ float fma8(uint4 u, const float *x, float acc) {
     const float4 *xp = reinterpret_cast<const float4 *>(x);
@@ -193,8 +177,7 @@ template <int NB, int NORM, int EW>
 __global__ void __launch_bounds__(NORM ? 256 : RT_WARPS * 32)
     mf_route_kernel(const float *__restrict__ x, const uint16_t *__restrict__ wr, float *logits, int *idx,
                     float *wout, unsigned *count, int H, int E, int k, int norm, const float *__restrict__ nw,
-                    float eps, float *xn, const uint16_t *sh_gu, const uint16_t *sh_down,
-                    const uint16_t *sh_gw, int Is, int sel) {
+                    float eps, float *xn, int sel) {
     __shared__ int last;
     __shared__ float sh[32];
     __shared__ __align__(16) float xs[NORM ? MF_NORM_H : 4];
@@ -207,14 +190,17 @@ __global__ void __launch_bounds__(NORM ? 256 : RT_WARPS * 32)
     uint4 u[1][NB];
     const uint16_t *w1[1] = {wr + (size_t)(e < E ? e : 0) * H};
     if (pre) load_rows<1, NB>(u, w1, H, lane);
-    /* variant 32 (sh_gu non-NULL here): the shared expert's weights (gate_up, down, gate row: 6.3 MB at the
-     * 35B-A3B shape) depend on nothing either; row 0's blocks ask L2 for them now, so DRAM streams them while
-     * this kernel waits, norms, reduces and selects, and the next two kernels read them from L2 */
-    if (sh_gu && blockIdx.y == 0) {
-        size_t tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x, nthr = (size_t)gridDim.x * blockDim.x;
-        l2_prefetch_span(sh_gu, (size_t)2 * Is * H * 2, tid, nthr);
-        l2_prefetch_span(sh_down, (size_t)H * Is * 2, tid, nthr);
-        if (sh_gw) l2_prefetch_span(sh_gw, (size_t)H * 2, tid, nthr);
+    /* NORM: thread t's norm weights (elements t + 256 j, add_rmsnorm_kernel's split) are weights too: in
+     * registers before the wait, and its x elements are all requested at once after it (one round trip;
+     * the loops over i below issued one load per step) */
+    constexpr int NJ = NORM ? MF_NORM_H / 256 : 1;
+    [[maybe_unused]] float nv[NJ], xv[NJ];
+    if constexpr (NORM) {
+#pragma unroll
+        for (int j = 0; j < NJ; j++) {
+            int i = threadIdx.x + 256 * j;
+            nv[j] = i < H ? __ldg(nw + i) : 0.0f;
+        }
     }
     /* programmatic dependent launch (variant 4): wait for the kernel before (the norm that writes x), then
      * let the next one be scheduled (it waits for this one's completion before reading what it writes); both
@@ -224,18 +210,26 @@ __global__ void __launch_bounds__(NORM ? 256 : RT_WARPS * 32)
     griddep_launch();
     float *lg = logits + (size_t)r * E;
     const float *xr = x + (size_t)r * H;
-    if constexpr (NORM) {
-        float ss = 0.0f;
-        for (int i = threadIdx.x; i < H; i += blockDim.x) {
-            float v = xr[i];
-            ss += v * v;
+    if constexpr (NORM) { /* blockDim.x == 256: add_rmsnorm_kernel's sums in its order, its expression */
+#pragma unroll
+        for (int j = 0; j < NJ; j++) {
+            int i = threadIdx.x + 256 * j;
+            xv[j] = i < H ? xr[i] : 0.0f;
         }
+        float ss = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NJ; j++)
+            if (threadIdx.x + 256 * j < H) ss += xv[j] * xv[j];
         ss = block_sum(ss, sh);
         float inv = 1.0f / sqrtf(ss / (float)H + eps);
-        for (int i = threadIdx.x; i < H; i += blockDim.x) {
-            float v = (xr[i] * inv) * nw[i];
-            xs[i] = v;
-            if (blockIdx.x == 0) xn[(size_t)r * H + i] = v;
+#pragma unroll
+        for (int j = 0; j < NJ; j++) {
+            int i = threadIdx.x + 256 * j;
+            if (i < H) {
+                float v = (xv[j] * inv) * nv[j];
+                xs[i] = v;
+                if (blockIdx.x == 0) xn[(size_t)r * H + i] = v;
+            }
         }
         __syncthreads();
         xr = xs;
@@ -284,8 +278,8 @@ template <int NB, int RSEL>
 __global__ void __launch_bounds__(MF_WARPS * 32, (RSEL && NB == 2) ? 6 : 0)
     mf_gate_up_kernel(const float *__restrict__ x, const uint16_t *__restrict__ e_gu, int *idx,
                       const uint16_t *__restrict__ sh_gu, const uint16_t *__restrict__ sh_gw, float *act,
-                      float *shg, int H, int k, int Im, int Is, int pf, const float *logits, float *wout,
-                      int E, int norm, int rsel) {
+                      float *shg, int H, int k, int Im, int Is, const float *logits, float *wout, int E,
+                      int norm, int rsel) {
     const int r = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int wg = blockIdx.x * MF_WARPS + warp, A = k * Im + Is;
     griddep_wait(); /* the router's choices */
@@ -304,15 +298,6 @@ __global__ void __launch_bounds__(MF_WARPS * 32, (RSEL && NB == 2) ? 6 : 0)
         e_sel = se[warp][wg / Im];
         if (blockIdx.x == 0 && warp == 0 && lane < k)
             idx[(size_t)r * k + rk] = me, wout[(size_t)r * k + rk] = mw;
-    }
-    /* variant 128: the block's 8 gate rows and 8 up rows (consecutive: Im % 8 == 0) asked of L2 in two
-     * requests, all 64 KB in flight at once instead of each warp's 2 chunks per row at a time */
-    if (pf && threadIdx.x == 0 && blockIdx.x * MF_WARPS < k * Im) {
-        int w0 = blockIdx.x * MF_WARPS, j = w0 / Im, n0 = w0 - j * Im,
-            e = RSEL ? e_sel : idx[(size_t)r * k + j];
-        const uint16_t *g0 = e_gu + ((size_t)e * 2 * Im + n0) * H;
-        l2_prefetch(g0, (unsigned)((size_t)MF_WARPS * H * 2));
-        l2_prefetch(g0 + (size_t)Im * H, (unsigned)((size_t)MF_WARPS * H * 2));
     }
     const float *xr = x + (size_t)r * H;
     const uint16_t *g;
@@ -350,12 +335,12 @@ __global__ void __launch_bounds__(MF_WARPS * 32, (RSEL && NB == 2) ? 6 : 0)
  * out is not written. */
 /* G 8: two blocks per SM (one wave at T 1) */
 #define MF_DOWN_MINB(G) ((G) == 8 ? 2 : 0)
-template <int KC, int G>
+template <int KC, int G, int SHP>
 __global__ void __launch_bounds__(MF_WARPS * 32, MF_DOWN_MINB(G))
     mf_down_kernel(const float *__restrict__ act, const uint16_t *__restrict__ e_down,
                    const int *__restrict__ idx, const float *__restrict__ wt,
                    const uint16_t *__restrict__ sh_down, const float *__restrict__ shg, float *out,
-                   float *resid, int H, int k, int Im, int Is, int pf, const float *logits, int E, int norm,
+                   float *resid, int H, int k, int Im, int Is, const float *logits, int E, int norm,
                    int rsel) {
     const int r = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int h = blockIdx.x * MF_WARPS + warp, A = k * Im + Is;
@@ -383,21 +368,15 @@ __global__ void __launch_bounds__(MF_WARPS * 32, MF_DOWN_MINB(G))
         my_e = __ldcg(idx + (size_t)r * k + lane);
         my_w = __ldcg(wt + (size_t)r * k + lane);
     }
-    /* variant 64: every row this block reads (its MF_WARPS rows of each chosen expert and of the shared
-     * expert, consecutive) asked of L2 now, one request per expert: the groups after the first, fetched
-     * only after the first group's FMAs otherwise, stream while this kernel waits for the gate_up kernel */
-    if (pf && warp == 0) {
-        const int h0 = blockIdx.x * MF_WARPS, nr = H - h0 < MF_WARPS ? H - h0 : MF_WARPS;
-        if (lane < k) l2_prefetch(e_down + ((size_t)my_e * H + h0) * Im, (unsigned)((size_t)nr * Im * 2));
-        if (lane == 0 && sh_down) l2_prefetch(sh_down + (size_t)h0 * Is, (unsigned)((size_t)nr * Is * 2));
-    }
     float acc = 0.0f;
     /* G = 8 (variant 16): eight experts' rows and the shared expert's (when Is fits one pass) requested
      * together, one round trip for the 35B-A3B shape's 9 rows instead of three; the same FMAs in order */
     uint4 u[G][KC];
     [[maybe_unused]] uint4 us[G == 8 ? 1 : 1][KC];
     bool sh1 = false;
-    if constexpr (G == 8) {
+    /* SHP (variant 32): with G = 4 too, the shared expert's row requested with the first group, before the
+     * wait, instead of in a third round trip after the second group's FMAs */
+    if constexpr (G == 8 || SHP) {
         sh1 = sh_down && Is <= 256 * KC;
         if (sh1) {
             const uint16_t *w1[1] = {sh_down + (size_t)h * Is};
@@ -433,7 +412,7 @@ __global__ void __launch_bounds__(MF_WARPS * 32, MF_DOWN_MINB(G))
         float ys[1] = {0.0f};
         const uint16_t *w1[1] = {sh_down + (size_t)h * Is};
         const float *x1[1] = {ar + (size_t)k * Im};
-        if constexpr (G == 8) {
+        if constexpr (G == 8 || SHP) {
             if (sh1)
                 fma_rows<1, KC>(ys, us, x1, Is, lane); /* one pass: dot_rows' sums */
             else
@@ -474,9 +453,7 @@ extern "C" void cu_moe_fused_route(cu_ctx *c, const cu_moe_args *a) {
     int warps = nrm ? 8 : RT_WARPS;
     dim3 grid(cdiv((size_t)a->E, (size_t)warps), (unsigned)a->T), block(warps * 32);
     void (*kern)(const float *, const uint16_t *, float *, int *, float *, unsigned *, int, int, int, int,
-                 const float *, float, float *, const uint16_t *, const uint16_t *, const uint16_t *, int,
-                 int);
-    int Is = a->sh_gu ? a->Is : 0, pf = (a->variant & 32) && Is > 0 && a->sh_down;
+                 const float *, float, float *, int);
     int sel = ((a->variant & 256) ? 1 : 0) | (mf_rsel(a) ? 2 : 0);
     if (a->E <= 256)
         kern = nrm ? ((a->variant & 2) ? mf_route_kernel<8, 1, 8> : mf_route_kernel<4, 1, 8>)
@@ -485,8 +462,7 @@ extern "C" void cu_moe_fused_route(cu_ctx *c, const cu_moe_args *a) {
         kern = nrm ? ((a->variant & 2) ? mf_route_kernel<8, 1, 32> : mf_route_kernel<4, 1, 32>)
                    : ((a->variant & 2) ? mf_route_kernel<8, 0, 32> : mf_route_kernel<4, 0, 32>);
     cu_launch_pdl(c, pdl, kern, grid, block, a->x, a->router, a->logits, a->idx, a->w, a->count, a->H, a->E,
-                  a->k, a->norm, a->norm_w, a->eps, a->xn, pf ? a->sh_gu : NULL, pf ? a->sh_down : NULL,
-                  pf ? a->sh_gw : NULL, Is, sel);
+                  a->k, a->norm, a->norm_w, a->eps, a->xn, sel);
 }
 
 extern "C" void cu_moe_fused_gate_up(cu_ctx *c, const cu_moe_args *a) {
@@ -501,7 +477,7 @@ extern "C" void cu_moe_fused_gate_up(cu_ctx *c, const cu_moe_args *a) {
                   (a->variant & 1) ? (rsel ? mf_gate_up_kernel<2, 1> : mf_gate_up_kernel<2, 0>)
                                    : (rsel ? mf_gate_up_kernel<4, 1> : mf_gate_up_kernel<4, 0>),
                   grid, block, x, a->e_gu, a->idx, a->sh_gu, a->sh_gw, a->act, a->shg, a->H, a->k, a->Im, Is,
-                  (a->variant & 128) != 0, a->logits, a->w, a->E, a->norm, rsel);
+                  a->logits, a->w, a->E, a->norm, rsel);
 }
 
 extern "C" void cu_moe_fused_down(cu_ctx *c, const cu_moe_args *a) {
@@ -511,12 +487,14 @@ extern "C" void cu_moe_fused_down(cu_ctx *c, const cu_moe_args *a) {
     const uint16_t *sh_down = Is ? a->sh_down : NULL;
     /* Im up to 512: 2 chunks per row and lane; up to 1024 (122B-A10B, 397B-A17B): 4 */
     void (*kern)(const float *, const uint16_t *, const int *, const float *, const uint16_t *, const float *,
-                 float *, float *, int, int, int, int, int, const float *, int, int, int) =
-        a->Im > 512 ? mf_down_kernel<4, MF_GROUP> /* 8 x 4 chunks would spill */
-                    : ((a->variant & 16) ? mf_down_kernel<2, 8> : mf_down_kernel<2, MF_GROUP>);
+                 float *, float *, int, int, int, int, const float *, int, int, int) =
+        a->Im > 512         ? ((a->variant & 32) ? mf_down_kernel<4, MF_GROUP, 1>
+                                                 : mf_down_kernel<4, MF_GROUP, 0>)/* 8 x 4 chunks would spill */
+        : (a->variant & 16) ? mf_down_kernel<2, 8, 0>
+        : (a->variant & 32) ? mf_down_kernel<2, MF_GROUP, 1>
+                            : mf_down_kernel<2, MF_GROUP, 0>;
     cu_launch_pdl(c, (a->variant & 4) != 0, kern, grid, block, a->act, a->e_down, a->idx, a->w, sh_down,
-                  a->shg, a->out, a->resid, a->H, a->k, a->Im, Is, (a->variant & 64) != 0, a->logits, a->E,
-                  a->norm, mf_rsel(a));
+                  a->shg, a->out, a->resid, a->H, a->k, a->Im, Is, a->logits, a->E, a->norm, mf_rsel(a));
 }
 
 extern "C" void cu_moe_fused(cu_ctx *c, const cu_moe_args *a) {
