@@ -198,7 +198,9 @@ struct cuda_fwd {
      * split switch (CINFER_CUDA_ATTN_SPLIT) */
     float *apart;
     size_t apart_floats;
-    int attn_split;           /* 0: off, else the least keys per span (CINFER_CUDA_ATTN_SPLIT) */
+    int attn_split; /* 0: off, else the least keys per span (CINFER_CUDA_ATTN_SPLIT) */
+    uint16_t
+        *kv16; /* the attention tiles' K, V split once (cu_attn_args.kv16; CINFER_CUDA_ATTN_KV16), or NULL */
     float *logits;            /* [T][V] */
     float *moe_logits;        /* [T][E] */
     int *moe_idx;             /* [S] */
@@ -827,6 +829,13 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * or more; =N (> 1): spans of N keys or more (tests: the split on the fixtures' short contexts) */
     const char *asp = getenv("CINFER_CUDA_ATTN_SPLIT");
     f->attn_split = asp && atoi(asp) > 1 ? atoi(asp) : asp && atoi(asp) == 1 ? CU_ATTN_MIN_SPAN : 0;
+    /* CINFER_CUDA_ATTN_KV16=1: the tiles of prefill chunks read K and V split into fp16 hi + lo once per
+     * layer by a pre-pass (one layer's pool of scratch) instead of in every warp; the same bits */
+    const char *akv = getenv("CINFER_CUDA_ATTN_KV16");
+    if (f->attn_tc && akv && !strcmp(akv, "1") && cu_attn_kv16_ok(m->hd) &&
+        (rc = dev_alloc(f, (void **)&f->kv16, cu_attn_kv16_bytes(p->n_blocks, m->Hkv, m->hd),
+                        &f->bytes_scratch, err, errlen)))
+        goto fail;
     if (phased && m->n_lin > 0 && cu_gdn_tc_init(m->dk) && cu_gdn_chunk_init(m->dk, m->dv)) {
         f->gdn_chunk_cap = cu_gdn_chunk_cap(p->max_tokens, p->n_slots);
         size_t cb = cu_gdn_chunk_bytes(f->gdn_chunk_cap, p->max_tokens, m->Hv, m->dk, m->dv);
@@ -995,6 +1004,7 @@ typedef struct run_shape {
     int mm_ne;
     int gdn_fused;       /* the DeltaNet layers run the fused decode kernel (cu_gdn_args.dec_cnt) */
     cu_attn_split split; /* the attention tiles split over keys (device lists in meta), or zero */
+    int max_nb;          /* KV blocks of the longest entry (cu_attn_args.kv16_nb) */
 } run_shape;
 
 static void gemm(cuda_fwd *f, float *y, const float *x, const uint16_t *w, int M, int N, int K) {
@@ -1069,6 +1079,10 @@ static void attention(cuda_fwd *f, const cu_layer *cl, int full, const run_shape
     a.inv_freq = f->inv_freq, a.kpool = kpool, a.vpool = vpool, a.o = f->act, a.part = f->part;
     a.span = rs->span, a.nsplit = rs->nsplit, a.eps = (float)m->cfg.rms_norm_eps, a.meta = rs->meta;
     a.tiles = rs->tiles, a.n_tiles = rs->n_tiles, a.tc = f->attn_tc, a.split = rs->split;
+    /* K and V split once per layer for tiles of many rows on the model's pool (the pre-pass reads every key
+     * of the launch's entries: with few rows the tiles' own splits cost less); the same bits either way */
+    if (f->kv16 && rs->tiles && !rs->split.work && T >= 256 && kpool == f->kpool)
+        a.kv16 = f->kv16, a.kv16_NE = rs->NE, a.kv16_nb = rs->max_nb;
     a.rope3 = rs->rope3, a.mrope_h = m->cfg.mrope_section[1], a.mrope_w = m->cfg.mrope_section[2];
     /* decode-only steps of the model (the MTP head's calls leave no_chunked 0) */
     a.dec_cnt = rs->no_chunked && !rs->has_spec && !rs->tiles ? f->attn_cnt : NULL;
@@ -1435,6 +1449,7 @@ static int pack_meta(cuda_fwd *f, const fwd_entry *e, int NE, const int *lmode, 
     rs->mm_ne = NE;
     rs->meta.e_astart = astart ? d + o_ast : NULL;
     rs->split = split;
+    rs->max_nb = (maxpos + 1 + 15) / 16;
     attn_split(f, T, maxpos, &rs->span, &rs->nsplit);
     cu_h2d_async(f->cu, f->meta, h, n_meta * sizeof(int));
     return 0;

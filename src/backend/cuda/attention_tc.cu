@@ -88,13 +88,93 @@ __device__ __forceinline__ void fh_load_kv(float *S, const float *pool, const cu
     }
 }
 
-/* Q hi | lo [FA_ROWS][HD + 8] fp16 each; K [FA_BN][HD + 8] f32 (8-byte fragment loads: rows 8 words apart);
- * V [FA_BN][HD + 4] f32 (rows 2t and 2t + 1 of a fragment 4 words apart) */
-template <int HD> constexpr size_t fh_smem_bytes() {
-    return (size_t)2 * FA_ROWS * (HD + 8) * 2 + (size_t)FA_BN * (HD + 8) * 4 + (size_t)FA_BN * (HD + 4) * 4;
+/* ---- K and V split once (cu_attn_args.kv16): a pre-pass writes every key and value of the launch's
+ * entries as fp16 hi + lo (h2_split's values), so the tiles load the halves by cp.async and no warp splits a
+ * fragment (each of the 8 warps split every K and V element of a tile: ~1,500 of a warp's ~2,700 instructions
+ * per 32-key tile). The same operands in the same MMAs: the same bits. Layout per layer (n_blocks pool
+ * blocks): K hi, K lo [n_blocks][16][Hkv][hd]; V hi, V lo [n_blocks][Hkv][hd][16] (keys innermost: a B
+ * fragment of P V is two consecutive keys of one dim). */
+__global__ void attn_kv16_kernel(cu_attn_args a) {
+    const int e = blockIdx.y, bi = blockIdx.x, L = a.meta.e_len[e] + a.meta.e_n[e];
+    if (bi * FA_KVB >= L) return;
+    const int b = a.meta.blocks[a.meta.e_boff[e] + bi], W = a.Hkv * a.hd;
+    const size_t nh = (size_t)a.n_blocks * FA_KVB * W; /* halves per array */
+    __half *kh = reinterpret_cast<__half *>(a.kv16), *kl = kh + nh, *vh = kl + nh, *vl = vh + nh;
+    const float *kp = a.kpool + ((size_t)a.full * a.n_blocks + b) * FA_KVB * W,
+                *vp = a.vpool + ((size_t)a.full * a.n_blocks + b) * FA_KVB * W;
+    /* all 16 positions (past the entry's length too: the tiles never load those, and an entry sharing the
+     * block writes the same halves) */
+    for (int i = threadIdx.x; i < W; i += blockDim.x) {
+        __align__(16) __half vhi[FA_KVB];
+        __align__(16) __half vlo[FA_KVB];
+#pragma unroll
+        for (int j = 0; j < FA_KVB; j++) {
+            float x = kp[(size_t)j * W + i], y = vp[(size_t)j * W + i];
+            __half h = __float2half_rn(x), hv = __float2half_rn(y);
+            kh[((size_t)b * FA_KVB + j) * W + i] = h;
+            kl[((size_t)b * FA_KVB + j) * W + i] = __float2half_rn(x - __half2float(h));
+            vhi[j] = hv, vlo[j] = __float2half_rn(y - __half2float(hv));
+        }
+        uint4 *dh = reinterpret_cast<uint4 *>(vh + ((size_t)b * W + i) * FA_KVB),
+              *dl = reinterpret_cast<uint4 *>(vl + ((size_t)b * W + i) * FA_KVB);
+        dh[0] = *reinterpret_cast<uint4 *>(vhi), dh[1] = *reinterpret_cast<uint4 *>(vhi + 8);
+        dl[0] = *reinterpret_cast<uint4 *>(vlo), dl[1] = *reinterpret_cast<uint4 *>(vlo + 8);
+    }
 }
 
-template <int HD, int P>
+/* 16 bytes of halves global -> shared; n bytes copied, the rest zeros */
+__device__ __forceinline__ void fh_cp16(__half *dst, const __half *src, int n) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(n) : "memory");
+}
+
+/* FA_BN keys' K hi, lo ([FA_BN][HD + 8] halves each) from the kv16 scratch; keys past maxpos zeros */
+template <int HD>
+__device__ __forceinline__ void fh_load_k16(__half *Kh, const cu_attn_args &a, const int *blocks, int kvh,
+                                            int c0, int maxpos) {
+    constexpr int C8 = HD / 8, LD = HD + 8;
+    const size_t nh = (size_t)a.n_blocks * FA_KVB * a.Hkv * HD;
+    const __half *src0 = reinterpret_cast<const __half *>(a.kv16);
+    for (int i = threadIdx.x; i < 2 * FA_BN * C8; i += blockDim.x) {
+        int lo = i / (FA_BN * C8), r = i % (FA_BN * C8), j = r / C8, c = r % C8, u = c0 + j, ok = u <= maxpos;
+        const __half *src = src0;
+        if (ok)
+            src = src0 + lo * nh + (((size_t)blocks[u / FA_KVB] * FA_KVB + u % FA_KVB) * a.Hkv + kvh) * HD +
+                  8 * c;
+        fh_cp16(Kh + lo * FA_BN * LD + j * LD + 8 * c, src, ok ? 16 : 0);
+    }
+}
+
+/* FA_BN keys' V hi, lo transposed ([HD][FA_BN + 8] halves each: keys innermost) from the kv16 scratch */
+template <int HD>
+__device__ __forceinline__ void fh_load_v16(__half *Vh, const cu_attn_args &a, const int *blocks, int kvh,
+                                            int c0, int maxpos) {
+    constexpr int Q8 = FA_BN / 8, LD = FA_BN + 8;
+    const size_t nh = (size_t)a.n_blocks * FA_KVB * a.Hkv * HD;
+    const __half *src0 = reinterpret_cast<const __half *>(a.kv16) + 2 * nh;
+    for (int i = threadIdx.x; i < 2 * HD * Q8; i += blockDim.x) {
+        int lo = i / (HD * Q8), r = i % (HD * Q8), d = r / Q8, q = r % Q8, u0 = c0 + 8 * q;
+        int n = maxpos - u0 + 1;
+        n = n < 0 ? 0 : n > 8 ? 8 : n;
+        const __half *src = src0;
+        if (n)
+            src = src0 + lo * nh + (((size_t)blocks[u0 / FA_KVB] * a.Hkv + kvh) * HD + d) * FA_KVB +
+                  u0 % FA_KVB;
+        fh_cp16(Vh + lo * HD * LD + d * LD + 8 * q, src, 2 * n);
+    }
+}
+
+/* Q hi | lo [FA_ROWS][HD + 8] fp16 each; then K [FA_BN][HD + 8] f32 (8-byte fragment loads: rows 8 words
+ * apart), V [FA_BN][HD + 4] f32 (rows 2t and 2t + 1 of a fragment 4 words apart); or (S16) K hi | lo
+ * [FA_BN][HD + 8], V hi | lo [HD][FA_BN + 8] fp16 (rows 20 words apart: a fragment's 8 dims x 4 key pairs in
+ * distinct banks) */
+template <int HD, bool S16> constexpr size_t fh_smem_bytes() {
+    return (size_t)2 * FA_ROWS * (HD + 8) * 2 +
+           (S16 ? (size_t)2 * FA_BN * (HD + 8) * 2 + (size_t)2 * HD * (FA_BN + 8) * 2
+                : (size_t)FA_BN * (HD + 8) * 4 + (size_t)FA_BN * (HD + 4) * 4);
+}
+
+template <int HD, int P, bool S16>
 __global__ void __launch_bounds__(256, HD >= 128 ? 1 : 2) attn_fh_kernel(cu_attn_args a, int QH) {
     extern __shared__ __align__(16) float fsm[];
     constexpr int LDQ = HD + 8, LDK = HD + 8, LDV = HD + 4, NBT = FA_BN / 8;
@@ -116,8 +196,13 @@ __global__ void __launch_bounds__(256, HD >= 128 ? 1 : 2) attn_fh_kernel(cu_attn
     const int klo = sp * span, khi = span && klo + span - 1 < maxpos ? klo + span - 1 : maxpos;
     __half *Qh = reinterpret_cast<__half *>(fsm), *Ql = Qh + FA_ROWS * LDQ;
     float *Ks = reinterpret_cast<float *>(Ql + FA_ROWS * LDQ), *Vs = Ks + FA_BN * LDK;
+    constexpr int LK16 = HD + 8, LV16 = FA_BN + 8; /* S16: halves per K row, per V (dim) row */
+    __half *K16 = Ql + FA_ROWS * LDQ, *V16 = K16 + 2 * FA_BN * LK16;
 
-    fh_load_kv<HD, LDK>(Ks, a.kpool, a, blocks, kvh, klo, khi);
+    if constexpr (S16)
+        fh_load_k16<HD>(K16, a, blocks, kvh, klo, khi);
+    else
+        fh_load_kv<HD, LDK>(Ks, a.kpool, a, blocks, kvh, klo, khi);
     fa_commit();
     for (int i = tid; i < FA_ROWS * HD / 2; i += blockDim.x) {
         int m = i / (HD / 2), c = 2 * (i % (HD / 2)), p = m % BP;
@@ -147,7 +232,10 @@ __global__ void __launch_bounds__(256, HD >= 128 ? 1 : 2) attn_fh_kernel(cu_attn
     for (int c0 = klo; c0 <= khi; c0 += FA_BN) {
         fa_wait();
         __syncthreads(); /* K of this tile (and Q) in place; every warp is done with the last tile's V */
-        fh_load_kv<HD, LDV>(Vs, a.vpool, a, blocks, kvh, c0, khi);
+        if constexpr (S16)
+            fh_load_v16<HD>(V16, a, blocks, kvh, c0, khi);
+        else
+            fh_load_kv<HD, LDV>(Vs, a.vpool, a, blocks, kvh, c0, khi);
         fa_commit();
         const int act = live && c0 <= wmax;
         float s[NBT][4], ca = 1.0f, cb = 1.0f;
@@ -173,12 +261,20 @@ __global__ void __launch_bounds__(256, HD >= 128 ? 1 : 2) attn_fh_kernel(cu_attn
                     al[3] = *reinterpret_cast<const uint32_t *>(Qwl + (g + 8) * LDQ + k + 8);
 #pragma unroll
                     for (int n = 0; n < NBT; n++) {
-                        const float *kr = Ks + (n * 8 + g) * LDK + k;
-                        float2 k0 = *reinterpret_cast<const float2 *>(kr),
-                               k1 = *reinterpret_cast<const float2 *>(kr + 8);
                         uint32_t bh0, bl0, bh1, bl1;
-                        h2_split(k0.x, k0.y, bh0, bl0);
-                        h2_split(k1.x, k1.y, bh1, bl1);
+                        if constexpr (S16) {
+                            const __half *kr = K16 + (n * 8 + g) * LK16 + k;
+                            bh0 = *reinterpret_cast<const uint32_t *>(kr);
+                            bh1 = *reinterpret_cast<const uint32_t *>(kr + 8);
+                            bl0 = *reinterpret_cast<const uint32_t *>(kr + FA_BN * LK16);
+                            bl1 = *reinterpret_cast<const uint32_t *>(kr + FA_BN * LK16 + 8);
+                        } else {
+                            const float *kr = Ks + (n * 8 + g) * LDK + k;
+                            float2 k0 = *reinterpret_cast<const float2 *>(kr),
+                                   k1 = *reinterpret_cast<const float2 *>(kr + 8);
+                            h2_split(k0.x, k0.y, bh0, bl0);
+                            h2_split(k1.x, k1.y, bh1, bl1);
+                        }
                         fh_mma3<P>(part[n], ah, al, bh0, bh1, bl0, bl1);
                     }
                 }
@@ -226,7 +322,12 @@ __global__ void __launch_bounds__(256, HD >= 128 ? 1 : 2) attn_fh_kernel(cu_attn
         }
         fa_wait();
         __syncthreads(); /* V of this tile landed; every warp is done with K */
-        if (c0 + FA_BN <= khi) fh_load_kv<HD, LDK>(Ks, a.kpool, a, blocks, kvh, c0 + FA_BN, khi);
+        if (c0 + FA_BN <= khi) {
+            if constexpr (S16)
+                fh_load_k16<HD>(K16, a, blocks, kvh, c0 + FA_BN, khi);
+            else
+                fh_load_kv<HD, LDK>(Ks, a.kpool, a, blocks, kvh, c0 + FA_BN, khi);
+        }
         fa_commit();
         if (act) {
             /* O = O c + P V: the k16 A operand is the accumulators of S's n-tiles 2j and 2j + 1 as they lie
@@ -244,11 +345,20 @@ __global__ void __launch_bounds__(256, HD >= 128 ? 1 : 2) attn_fh_kernel(cu_attn
                     h2_split(s[2 * j + 1][0], s[2 * j + 1][1], ah[2], al[2]);
                     h2_split(s[2 * j + 1][2], s[2 * j + 1][3], ah[3], al[3]);
                     const float *v0 = Vs + (j * 16 + 2 * t) * LDV + dc * 8 + g;
+                    const __half *w0 = V16 + (dc * 8 + g) * LV16 + j * 16 + 2 * t;
 #pragma unroll
                     for (int n = 0; n < NC; n++) {
                         uint32_t bh0, bl0, bh1, bl1;
-                        h2_split(v0[n * 8], v0[LDV + n * 8], bh0, bl0);
-                        h2_split(v0[8 * LDV + n * 8], v0[9 * LDV + n * 8], bh1, bl1);
+                        if constexpr (S16) {
+                            const __half *w = w0 + n * 8 * LV16;
+                            bh0 = *reinterpret_cast<const uint32_t *>(w);
+                            bh1 = *reinterpret_cast<const uint32_t *>(w + 8);
+                            bl0 = *reinterpret_cast<const uint32_t *>(w + HD * LV16);
+                            bl1 = *reinterpret_cast<const uint32_t *>(w + HD * LV16 + 8);
+                        } else {
+                            h2_split(v0[n * 8], v0[LDV + n * 8], bh0, bl0);
+                            h2_split(v0[8 * LDV + n * 8], v0[9 * LDV + n * 8], bh1, bl1);
+                        }
                         fh_mma3<P>(part[n], ah, al, bh0, bh1, bl0, bl1);
                     }
                 }
@@ -299,6 +409,16 @@ __global__ void __launch_bounds__(256, HD >= 128 ? 1 : 2) attn_fh_kernel(cu_attn
     }
 }
 
+static int fa_kv16_ok[9]; /* by hd / 32: the S16 kernels' shared memory fits (cu_attn_tc_init) */
+
+extern "C" int cu_attn_kv16_ok(int hd) {
+    return hd > 0 && hd % 32 == 0 && hd / 32 < 9 && fa_kv16_ok[hd / 32];
+}
+
+extern "C" size_t cu_attn_kv16_bytes(int n_blocks, int Hkv, int hd) {
+    return (size_t)n_blocks * FA_KVB * (size_t)Hkv * (size_t)hd * 2 * 4;
+}
+
 /* query heads per block: the largest power of two up to FA_MAXQH dividing the GQA ratio */
 static int fa_qh(int Hq, int Hkv) {
     int G = Hq / Hkv, q = FA_MAXQH;
@@ -334,13 +454,17 @@ extern "C" int cu_attn_tc_split(int Hq, int Hkv, int hd, int n, int keys, int mi
     return *ns > 1 ? span : 0;
 }
 
+template <int HD, int P, bool S16> static int fa_attr1(int optin) {
+    size_t sm = fh_smem_bytes<HD, S16>();
+    return sm <= (size_t)optin &&
+           cudaFuncSetAttribute(attn_fh_kernel<HD, P, S16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)sm) == cudaSuccess;
+}
 template <int HD> static int fa_attr(int optin) {
-    size_t smh = fh_smem_bytes<HD>();
-    if (smh > (size_t)optin) return 0;
-    return cudaFuncSetAttribute(attn_fh_kernel<HD, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)smh) == cudaSuccess &&
-           cudaFuncSetAttribute(attn_fh_kernel<HD, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)smh) == cudaSuccess;
+    if (!fa_attr1<HD, 3, false>(optin) || !fa_attr1<HD, 1, false>(optin)) return 0;
+    /* the split-once form where it fits (cu_attn_kv16_ok) */
+    fa_kv16_ok[HD / 32] = fa_attr1<HD, 3, true>(optin) && fa_attr1<HD, 1, true>(optin);
+    return 1;
 }
 
 extern "C" int cu_attn_tc_init(int hd) {
@@ -364,10 +488,17 @@ extern "C" int cu_attn_tc_init(int hd) {
 template <int HD> static void fa_launch(cu_ctx *c, const cu_attn_args *a) {
     int QH = fa_qh(a->Hq, a->Hkv);
     dim3 grid((unsigned)(a->Hq / QH), (unsigned)(a->split.work ? a->split.n_work : a->n_tiles));
-    if (cu_tf32_passes() == 1)
-        attn_fh_kernel<HD, 1><<<grid, 256, fh_smem_bytes<HD>(), c->stream>>>(*a, QH);
+    const bool s16 = a->kv16 != NULL;
+    if (s16) attn_kv16_kernel<<<dim3((unsigned)a->kv16_nb, (unsigned)a->kv16_NE), 256, 0, c->stream>>>(*a);
+    size_t sm = s16 ? fh_smem_bytes<HD, true>() : fh_smem_bytes<HD, false>();
+    if (cu_tf32_passes() == 1 && s16)
+        attn_fh_kernel<HD, 1, true><<<grid, 256, sm, c->stream>>>(*a, QH);
+    else if (cu_tf32_passes() == 1)
+        attn_fh_kernel<HD, 1, false><<<grid, 256, sm, c->stream>>>(*a, QH);
+    else if (s16)
+        attn_fh_kernel<HD, 3, true><<<grid, 256, sm, c->stream>>>(*a, QH);
     else
-        attn_fh_kernel<HD, 3><<<grid, 256, fh_smem_bytes<HD>(), c->stream>>>(*a, QH);
+        attn_fh_kernel<HD, 3, false><<<grid, 256, sm, c->stream>>>(*a, QH);
 }
 
 extern "C" void cu_attn_tiled_tc(cu_ctx *c, const cu_attn_args *a) {

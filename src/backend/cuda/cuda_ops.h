@@ -360,6 +360,11 @@ typedef struct cu_attn_args {
      * (CINFER_CUDA_ATTN_FUSED) */
     unsigned *dec_cnt;
     cu_attn_split split; /* zero: no key splits */
+    /* NULL, or cu_attn_kv16_bytes(n_blocks, Hkv, hd) of device scratch: the tensor-core tiles' K and V split
+     * into fp16 hi + lo once by a pre-pass over the blocks of the launch's entries (kv16_NE entries, at most
+     * kv16_nb blocks each) instead of in every warp; the same bits (CINFER_CUDA_ATTN_KV16) */
+    uint16_t *kv16;
+    int kv16_NE, kv16_nb;
 } cu_attn_args;
 #define CU_ATTN_TILE 16
 void cu_attn_layer(cu_ctx *c, const cu_attn_args *a);
@@ -377,6 +382,9 @@ int cu_attn_tc_rows(int Hq, int Hkv);
  * of its launch. *ns: spans of its last row. */
 int cu_attn_tc_split(int Hq, int Hkv, int hd, int n, int keys, int min_span, int *ns);
 #define CU_ATTN_MIN_SPAN 256
+/* 1 when the tiles' split-once form (cu_attn_args.kv16) serves hd (after cu_attn_tc_init); its scratch */
+int cu_attn_kv16_ok(int hd);
+size_t cu_attn_kv16_bytes(int n_blocks, int Hkv, int hd);
 /* Largest supported head dim (hd must be a multiple of 32 up to this) */
 #define CU_ATTN_MAX_HD 512
 
