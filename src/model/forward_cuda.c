@@ -816,7 +816,12 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * "pad" (the staged pass's shared rows padded against bank conflicts: 1.87 ms), "16" or "32" (fragments
      * from L2: 2.75 / 2.99 ms); all the same bits, all measured slower than the default's 1.70 ms. "mma":
      * the staged pass on mma.sync with S in registers and operands split once (deltanet_chunk.cu); "mma2":
-     * that and the prep's products on mma.sync; "mma3": and the inverse's off-diagonal blocks */
+     * that and the prep's products on mma.sync; "mma3": and the inverse's off-diagonal blocks; "mma4": that
+     * with Dekker's split instead of TF32 conversions. Session 5's first H200 call: "mma2" within the op
+     * tests' bounds (4B heads over 4096 rows vs phased/16 3.1e-7), fixture parity worst 3.72e-4 per position
+     * (text fixture, len 150), prefix cache passing; one 4B layer over 4096 rows 1.70 -> 1.28 ms (prep 0.49
+     * -> 0.38, sequential pass 0.96 -> 0.65 ms), "deltanet core" of the 4B 4096-token chunk 43.6 -> 33.7 ms:
+     * so "mma2" is the default, "stage" the WMMA pass before it */
     const char *pf = getenv("CINFER_CUDA_PREFILL");
     const char *pfv = pf ? pf : "tc";
     int phased = !strcmp(pfv, "tc") || !strcmp(pfv, "gdn") || !strcmp(pfv, "gdn2") || !strcmp(pfv, "tc2") ||
@@ -843,15 +848,17 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
         f->gdn_tc = 2;
     }
     const char *gdt = getenv("CINFER_CUDA_GDN_DT");
-    f->gdn_chunk_dt = !gdt                   ? 0
-                      : !strcmp(gdt, "16")   ? 16
-                      : !strcmp(gdt, "32")   ? 32
-                      : !strcmp(gdt, "il")   ? 1
-                      : !strcmp(gdt, "pad")  ? 2
-                      : !strcmp(gdt, "mma")  ? 3
-                      : !strcmp(gdt, "mma2") ? 4
-                      : !strcmp(gdt, "mma3") ? 5
-                                             : 0;
+    f->gdn_chunk_dt = !gdt                    ? 4
+                      : !strcmp(gdt, "stage") ? 0
+                      : !strcmp(gdt, "16")    ? 16
+                      : !strcmp(gdt, "32")    ? 32
+                      : !strcmp(gdt, "il")    ? 1
+                      : !strcmp(gdt, "pad")   ? 2
+                      : !strcmp(gdt, "mma")   ? 3
+                      : !strcmp(gdt, "mma2")  ? 4
+                      : !strcmp(gdt, "mma3")  ? 5
+                      : !strcmp(gdt, "mma4")  ? 6
+                                              : 4;
     /* decode MoE blocks (device_only) as three launches (router + selection, gate_up + SwiGLU, down + combine
      * + shared expert) instead of ~15, the same arithmetic (moe_fused.cu); the default since the H200 run of
      * 08:52 (35B-A3B batch 1 188.9 -> 233.6 tok/s, batch 8 721.5 -> 758.3, every test passing); "0": the

@@ -499,11 +499,11 @@ static void gdn_case_ex(int Hk, int Hv, int dk, int dv, int tc, const test_entry
      * per block of the sequential pass and with its inputs staged in shared memory (7: and the runs of K of
      * each product side by side; 8: with padded rows), which must give the same bits (every 16 x 16 tile is
      * computed the same way); 9: the sequential pass on mma.sync with S in registers, 10: and the prep on
-     * mma.sync, 11: and the off-diagonal blocks of its inverse (the same sums but 11's inverse: their bits
-     * said, not required); 6: the phased form with one TF32 rounding (the
-     * form that failed the model parity), which must fail the bound: the bound can catch what it is for.
+     * mma.sync, 11: and the off-diagonal blocks of its inverse, 12: that with Dekker's split (the same sums
+     * but 11's inverse, 12's split: their bits said, not required); 6: the phased form with one TF32 rounding
+     * (the form that failed the model parity), which must fail the bound: the bound can catch what it is for.
      * (1 and 2 were the one-kernel form of deltanet_tc.cu and its control, deleted.) */
-    for (int mode = 0; mode <= (tc ? 11 : 0); mode++) {
+    for (int mode = 0; mode <= (tc ? 12 : 0); mode++) {
         if (mode == 1 || mode == 2) continue;
         int phased = mode >= 3, control = mode == 6;
         cu_gdn_args g = {0};
@@ -527,6 +527,7 @@ static void gdn_case_ex(int Hk, int Hv, int dk, int dv, int tc, const test_entry
                                                                 : mode == 9  ? 3
                                                                 : mode == 10 ? 4
                                                                 : mode == 11 ? 5
+                                                                : mode == 12 ? 6
                                                                              : 16;
             g.chunk_scr = nan_dev(c, cu_gdn_chunk_bytes(g.chunk_cap, T, Hv, dk, dv) / 4);
         }
@@ -557,6 +558,7 @@ static void gdn_case_ex(int Hk, int Hv, int dk, int dv, int tc, const test_entry
                            : mode == 9  ? "phased/mma"
                            : mode == 10 ? "phased/mma2"
                            : mode == 11 ? "phased/mma3"
+                           : mode == 12 ? "phased/mma4"
                                         : "phased/16";
         if (phased) { /* the phased kernels ran (not the fallback): they wrote W of the first chunk */
             float *w0 = get((const float *)g.chunk_scr, 1);
@@ -761,7 +763,8 @@ static void gdn_speed(int Hk, int Hv) {
                  {"phased/staged+pad", 2, 2, 0, 1},
                  {"phased/mma", 2, 3, 0, 1},
                  {"phased/mma2", 2, 4, 0, 1},
-                 {"phased/mma3", 2, 5, 0, 1}};
+                 {"phased/mma3", 2, 5, 0, 1},
+                 {"phased/mma4", 2, 6, 0, 1}};
     cu_timer *tm;
     REQUIRE(cu_timer_create(&tm) == 0);
     float *o16 = NULL;
@@ -784,7 +787,7 @@ static void gdn_speed(int Hk, int Hv) {
             if (!o16)
                 o16 = go;
             else if (forms[f].dt >= 3 &&
-                     forms[f].dt <= 5) { /* the same sums on mma.sync: within the tensor-core bound */
+                     forms[f].dt <= 6) { /* the same sums on mma.sync: within the tensor-core bound */
                 double r = rel(go, o16, (size_t)T * vd);
                 printf("     %-44s vs phased/16: %s (%.2e)\n", "", r == 0 ? "bit-identical" : "differ", r);
                 CHECK_MSG(r <= 1e-5, "%s: %.3g from phased/16", forms[f].name, r);
@@ -807,7 +810,7 @@ static void gdn_speed(int Hk, int Hv) {
                 }
             printf("     %-44s prep %.3f ms, sequential pass %.3f ms\n", "", part[0], part[1]);
         }
-        if (forms[f].scr && forms[f].dt <= 5) { /* where the cycles of one block of each go */
+        if (forms[f].scr && forms[f].dt <= 6) { /* where the cycles of one block of each go */
             long long *dp = NULL, hp[16];
             REQUIRE(cu_alloc((void **)&dp, sizeof hp, err, sizeof err) == 0);
             g.chunk_prof = dp;

@@ -68,10 +68,20 @@ __device__ __forceinline__ void ck_mm2(tc_facc &a0, tc_facc &a1, const float *A,
 }
 
 /* x -> TF32 hi (as its bits) and lo = tf32(x - hi): tc_mma's conversion (wmma::__float_to_tf32) */
+template <bool FS = false>
 static __device__ __forceinline__ void ckm_split(float x, uint32_t &hi, uint32_t &lo) {
-    float h = wmma::__float_to_tf32(x);
-    hi = __float_as_uint(h);
-    lo = __float_as_uint(wmma::__float_to_tf32(x - h));
+    if constexpr (FS) { /* Dekker's split (FP32 adds at full rate instead of two conversions): hi = x rounded
+                           to 11 significant bits (a TF32 value), lo = x - hi exactly (13 bits: the tensor
+                           cores keep its top 11, x to ~2^-22 as with the conversions); rounded operations,
+                           never contracted into an FMA */
+        float t = __fmul_rn(x, 8193.0f), h = __fsub_rn(t, __fsub_rn(t, x));
+        hi = __float_as_uint(h);
+        lo = __float_as_uint(__fsub_rn(x, h));
+    } else {
+        float h = wmma::__float_to_tf32(x);
+        hi = __float_as_uint(h);
+        lo = __float_as_uint(wmma::__float_to_tf32(x - h));
+    }
 }
 
 /* d += A B, m16n8k8 TF32: A 16x8 (a0 (g, t), a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4)), B 8x8 (b0 (k
@@ -88,7 +98,7 @@ static __device__ __forceinline__ void ckm_mma(float (&d)[4], const uint32_t (&a
 /* acc[n] += A[16][K] B[K][n0 + n*8 .. + 7] for the first nc (<= 4) n-tiles, with tc_mma's split of both
  * operands (on the fly) and its runs of TC_KC: the prep's products on mma.sync. A at A[m * lda + k]; B at
  * B[k * ldb + n] or (BT) B[n * ldb + k], n counted from the unit's first column. */
-template <bool BT>
+template <bool BT, bool FS = false>
 static __device__ __forceinline__ void ckm_tiles(float (&acc)[4][4], int nc, const float *A, int lda,
                                                  const float *B, int ldb, int K, int g, int t) {
     for (int k0 = 0; k0 < K; k0 += TC_KC) {
@@ -100,10 +110,10 @@ static __device__ __forceinline__ void ckm_tiles(float (&acc)[4][4], int nc, con
             int k = k0 + kk;
             if (k < K) {
                 uint32_t ah[4], al[4];
-                ckm_split(A[(size_t)g * lda + k + t], ah[0], al[0]);
-                ckm_split(A[(size_t)(g + 8) * lda + k + t], ah[1], al[1]);
-                ckm_split(A[(size_t)g * lda + k + t + 4], ah[2], al[2]);
-                ckm_split(A[(size_t)(g + 8) * lda + k + t + 4], ah[3], al[3]);
+                ckm_split<FS>(A[(size_t)g * lda + k + t], ah[0], al[0]);
+                ckm_split<FS>(A[(size_t)(g + 8) * lda + k + t], ah[1], al[1]);
+                ckm_split<FS>(A[(size_t)g * lda + k + t + 4], ah[2], al[2]);
+                ckm_split<FS>(A[(size_t)(g + 8) * lda + k + t + 4], ah[3], al[3]);
 #pragma unroll
                 for (int n = 0; n < 4; n++)
                     if (n < nc) {
@@ -112,8 +122,8 @@ static __device__ __forceinline__ void ckm_tiles(float (&acc)[4][4], int nc, con
                         float x1 = BT ? B[(size_t)(n * 8 + g) * ldb + k + t + 4]
                                       : B[(size_t)(k + t + 4) * ldb + n * 8 + g];
                         uint32_t bh0, bl0, bh1, bl1;
-                        ckm_split(x0, bh0, bl0);
-                        ckm_split(x1, bh1, bl1);
+                        ckm_split<FS>(x0, bh0, bl0);
+                        ckm_split<FS>(x1, bh1, bl1);
                         ckm_mma(p[n], al, bh0, bh1);
                         ckm_mma(p[n], ah, bl0, bl1);
                         ckm_mma(p[n], ah, bh0, bh1);
@@ -236,8 +246,8 @@ template <int P, bool IL, int MM = 0> __global__ void __launch_bounds__(256) ck_
             for (int u = 0; u < 2; u++) {
                 int mi = u ? grp : 3 - grp, nc = mi + 1, n0 = hb * nc;
                 float acc[4][4] = {};
-                ckm_tiles<true>(acc, nc, which ? Xs + mi * 16 * XLD : Ks + mi * 16 * KLD, which ? XLD : KLD,
-                                Ks + n0 * 8 * KLD, KLD, dk, g, t4);
+                ckm_tiles<true, (MM >= 3)>(acc, nc, which ? Xs + mi * 16 * XLD : Ks + mi * 16 * KLD,
+                                           which ? XLD : KLD, Ks + n0 * 8 * KLD, KLD, dk, g, t4);
                 float *dst = (which ? Tm : Am) + mi * 16 * CK_GLD + n0 * 8;
 #pragma unroll
                 for (int n = 0; n < 4; n++)
@@ -324,13 +334,13 @@ template <int P, bool IL, int MM = 0> __global__ void __launch_bounds__(256) ck_
     }
     __pipeline_commit();
     __syncthreads();
-    for (int bi = 1; bi < 4 && MM == 2;
+    for (int bi = 1; bi < 4 && MM >= 2;
          bi++) { /* the rounds below on mma.sync: warp j < bi takes X_j, T_{bi,j} */
         const int lane = tid & 31, g = lane >> 2, t4 = lane & 3;
         if (warp < bi) {
             float acc[4][4] = {};
-            ckm_tiles<false>(acc, 2, Am + bi * 16 * CK_GLD + warp * 16, CK_GLD,
-                             Tm + warp * 16 * CK_GLD + warp * 16, CK_GLD, (bi - warp) * 16, g, t4);
+            ckm_tiles<false, (MM >= 3)>(acc, 2, Am + bi * 16 * CK_GLD + warp * 16, CK_GLD,
+                                        Tm + warp * 16 * CK_GLD + warp * 16, CK_GLD, (bi - warp) * 16, g, t4);
 #pragma unroll
             for (int n = 0; n < 2; n++)
 #pragma unroll
@@ -341,7 +351,8 @@ template <int P, bool IL, int MM = 0> __global__ void __launch_bounds__(256) ck_
         __syncthreads();
         if (warp < bi) {
             float acc[4][4] = {};
-            ckm_tiles<false>(acc, 2, Tm + bi * 16 * CK_GLD + bi * 16, CK_GLD, X + warp * 256, 16, 16, g, t4);
+            ckm_tiles<false, (MM >= 3)>(acc, 2, Tm + bi * 16 * CK_GLD + bi * 16, CK_GLD, X + warp * 256, 16,
+                                        16, g, t4);
 #pragma unroll
             for (int n = 0; n < 2; n++)
 #pragma unroll
@@ -351,7 +362,7 @@ template <int P, bool IL, int MM = 0> __global__ void __launch_bounds__(256) ck_
         }
         __syncthreads();
     }
-    for (int bi = 1; bi < 4 && MM != 2; bi++) {
+    for (int bi = 1; bi < 4 && MM < 2; bi++) {
         /* X_j = sum_{k=j}^{bi-1} A_{bi,k} T_{k,j} for j < bi */
         for (int idx = tid; idx < bi * 256; idx += nt) {
             int bj = idx >> 8, rr = (idx >> 4) & 15, cc = idx & 15;
@@ -393,8 +404,9 @@ template <int P, bool IL, int MM = 0> __global__ void __launch_bounds__(256) ck_
             int cols = isv ? dv : dk, nc = (cols - cb * 32) / 8;
             if (nc > 4) nc = 4;
             float acc[4][4] = {};
-            ckm_tiles<false>(acc, nc, (isv ? Tm : Am) + mi * 16 * CK_GLD, CK_GLD, (isv ? Xs : Ks) + cb * 32,
-                             isv ? XLD : KLD, mi < 2 ? 32 : CK_CH, g, t4);
+            ckm_tiles<false, (MM >= 3)>(acc, nc, (isv ? Tm : Am) + mi * 16 * CK_GLD, CK_GLD,
+                                        (isv ? Xs : Ks) + cb * 32, isv ? XLD : KLD, mi < 2 ? 32 : CK_CH, g,
+                                        t4);
             float *dst = (isv ? U : W) + (size_t)mi * 16 * cols + cb * 32;
 #pragma unroll
             for (int n = 0; n < 4; n++)
@@ -710,7 +722,7 @@ static size_t ck_mma_smem_floats(int dk) {
 /* acc[n] += A[16][K] B[K][n*8 .. n*8 + 7] for the four n-tiles, in runs of TC_KC as tc_mma2. A row-major at
  * A[m * lda + k] (AT: "column-major", at A[k * lda + m]); B split, hi at Bh[k * CKM_SL + n], lo at Bl; neg:
  * A enters negated. */
-template <bool AT>
+template <bool AT, bool FS = false>
 static __device__ __forceinline__ void ckm_rowtile(float (&acc)[4][4], const float *A, int lda,
                                                    const float *Bh, const float *Bl, int K, bool neg, int g,
                                                    int t) {
@@ -732,7 +744,7 @@ static __device__ __forceinline__ void ckm_rowtile(float (&acc)[4][4], const flo
                 }
                 uint32_t ah[4], al[4];
 #pragma unroll
-                for (int r = 0; r < 4; r++) ckm_split(neg ? -av[r] : av[r], ah[r], al[r]);
+                for (int r = 0; r < 4; r++) ckm_split<FS>(neg ? -av[r] : av[r], ah[r], al[r]);
 #pragma unroll
                 for (int n = 0; n < 4; n++) {
                     int o0 = (k + t) * CKM_SL + n * 8 + g, o1 = o0 + 4 * CKM_SL;
@@ -753,6 +765,7 @@ static __device__ __forceinline__ void ckm_rowtile(float (&acc)[4][4], const flo
 
 /* a row tile's fragments (rows m0 + g, m0 + g + 8; columns n*8 + 2t, + 1) split into hi / lo at [row][CKM_SL]
  */
+template <bool FS = false>
 static __device__ __forceinline__ void ckm_put_split(float *Hs, float *Ls, int m0, const float (&acc)[4][4],
                                                      int g, int t) {
 #pragma unroll
@@ -761,13 +774,13 @@ static __device__ __forceinline__ void ckm_put_split(float *Hs, float *Ls, int m
         for (int r = 0; r < 4; r++) {
             int row = m0 + g + (r >> 1) * 8, col = n * 8 + 2 * t + (r & 1);
             uint32_t h, l;
-            ckm_split(acc[n][r], h, l);
+            ckm_split<FS>(acc[n][r], h, l);
             Hs[row * CKM_SL + col] = __uint_as_float(h);
             Ls[row * CKM_SL + col] = __uint_as_float(l);
         }
 }
 
-__global__ void __launch_bounds__(256) ck_state_mma_kernel(cu_gdn_args a) {
+template <bool FS> __global__ void __launch_bounds__(256) ck_state_mma_kernel(cu_gdn_args a) {
     extern __shared__ __align__(128) float smm[];
     int e = blockIdx.z;
     if (!ck_entry(a, e)) return;
@@ -790,7 +803,7 @@ __global__ void __launch_bounds__(256) ck_state_mma_kernel(cu_gdn_args a) {
                 int row = ms + g + (r >> 1) * 8, col = j0 + nn * 8 + 2 * t + (r & 1);
                 s[nn][r] = col < dv ? Sg[(size_t)row * dv + col] : 0.0f;
             }
-        ckm_put_split(Sh, Sl, ms, s, g, t);
+        ckm_put_split<FS>(Sh, Sl, ms, s, g, t);
     }
     const int *tab = ck_table(a);
     int k = tab[1 + 3 * (size_t)a.chunk_cap + e];
@@ -798,12 +811,12 @@ __global__ void __launch_bounds__(256) ck_state_mma_kernel(cu_gdn_args a) {
     const float *base = (const float *)a.chunk_scr + ((size_t)k * a.Hv + h) * stride;
     CK_PROF_DECL(a.chunk_prof && blockIdx.x == 0 && h == 0 && tid == 0);
     /* group A of chunk 0 (W, Qg, U's columns), then group B (QK, Kf): as ck_state_stage_kernel */
-    ck_stage(Wb, KLD, base, CK_CH, dk, tid, nt);
-    ck_stage(Qb, KLD, base + CK_CH * dk, CK_CH, dk, tid, nt);
+    ck_stage<true>(Wb, KLD, base, CK_CH, dk, tid, nt);
+    ck_stage<true>(Qb, KLD, base + CK_CH * dk, CK_CH, dk, tid, nt);
     ck_stage_u(Ub, CKM_SL, base + 3 * CK_CH * dk, dv, j0, tid, nt);
     __pipeline_commit();
-    ck_stage(QKb, CK_GLD, base + 3 * CK_CH * dk + CK_CH * dv, CK_CH, CK_CH, tid, nt);
-    ck_stage(Kb, KBL, base + 2 * CK_CH * dk, CK_CH, dk, tid, nt);
+    ck_stage<true>(QKb, CK_GLD, base + 3 * CK_CH * dk + CK_CH * dv, CK_CH, CK_CH, tid, nt);
+    ck_stage<true>(Kb, KBL, base + 2 * CK_CH * dk, CK_CH, dk, tid, nt);
     __pipeline_commit();
     for (int c0 = 0, L; c0 < n; c0 += L, k++) {
         L = CK_CH - (pos0 + c0) % CK_CH;
@@ -824,19 +837,19 @@ __global__ void __launch_bounds__(256) ck_state_mma_kernel(cu_gdn_args a) {
 #pragma unroll
                     for (int r = 0; r < 4; r++)
                         d[nn][r] = Ub[(m0 + g + (r >> 1) * 8) * CKM_SL + nn * 8 + 2 * t + (r & 1)];
-                ckm_rowtile<false>(d, Wb + m0 * KLD, KLD, Sh, Sl, dk, true, g, t);
-                ckm_put_split(Dh, Dl, m0, d, g, t);
+                ckm_rowtile<false, FS>(d, Wb + m0 * KLD, KLD, Sh, Sl, dk, true, g, t);
+                ckm_put_split<FS>(Dh, Dl, m0, d, g, t);
             } else {
 #pragma unroll
                 for (int nn = 0; nn < 4; nn++) o[nn][0] = o[nn][1] = o[nn][2] = o[nn][3] = 0.0f;
-                ckm_rowtile<false>(o, Qb + m0 * KLD, KLD, Sh, Sl, dk, false, g, t);
+                ckm_rowtile<false, FS>(o, Qb + m0 * KLD, KLD, Sh, Sl, dk, false, g, t);
             }
         }
         __syncthreads();
         CK_MARK(1);
         if (nxt) { /* the next chunk's group A over this one's W, Qg and U, read by now */
-            ck_stage(Wb, KLD, nxt, CK_CH, dk, tid, nt);
-            ck_stage(Qb, KLD, nxt + CK_CH * dk, CK_CH, dk, tid, nt);
+            ck_stage<true>(Wb, KLD, nxt, CK_CH, dk, tid, nt);
+            ck_stage<true>(Qb, KLD, nxt + CK_CH * dk, CK_CH, dk, tid, nt);
             ck_stage_u(Ub, CKM_SL, nxt + 3 * CK_CH * dk, dv, j0, tid, nt);
         }
         __pipeline_commit();
@@ -850,12 +863,12 @@ __global__ void __launch_bounds__(256) ck_state_mma_kernel(cu_gdn_args a) {
             for (int nn = 0; nn < 4; nn++)
 #pragma unroll
                 for (int r = 0; r < 4; r++) s[nn][r] = __fmul_rn(s[nn][r], egl);
-            ckm_rowtile<true>(s, Kb + ms, KBL, Dh, Dl, CK_CH, false, g, t);
-            ckm_put_split(Sh, Sl, ms, s, g, t);
+            ckm_rowtile<true, FS>(s, Kb + ms, KBL, Dh, Dl, CK_CH, false, g, t);
+            ckm_put_split<FS>(Sh, Sl, ms, s, g, t);
         }
         if (warp >= 4) {
             const int mi = warp - 4, m0 = mi * 16;
-            ckm_rowtile<false>(o, QKb + m0 * CK_GLD, CK_GLD, Dh, Dl, (mi + 1) * 16, false, g, t);
+            ckm_rowtile<false, FS>(o, QKb + m0 * CK_GLD, CK_GLD, Dh, Dl, (mi + 1) * 16, false, g, t);
 #pragma unroll
             for (int nn = 0; nn < 4; nn++)
 #pragma unroll
@@ -869,8 +882,8 @@ __global__ void __launch_bounds__(256) ck_state_mma_kernel(cu_gdn_args a) {
         __syncthreads();
         CK_MARK(3);
         if (nxt) { /* the next chunk's group B over this one's QK and Kf */
-            ck_stage(QKb, CK_GLD, nxt + 3 * CK_CH * dk + CK_CH * dv, CK_CH, CK_CH, tid, nt);
-            ck_stage(Kb, KBL, nxt + 2 * CK_CH * dk, CK_CH, dk, tid, nt);
+            ck_stage<true>(QKb, CK_GLD, nxt + 3 * CK_CH * dk + CK_CH * dv, CK_CH, CK_CH, tid, nt);
+            ck_stage<true>(Kb, KBL, nxt + 2 * CK_CH * dk, CK_CH, dk, tid, nt);
         }
         __pipeline_commit();
         CK_MARK(4);
@@ -922,6 +935,8 @@ template <int P> static int ck_set_smem(int dk, int dv) {
                                 p) == cudaSuccess &&
            cudaFuncSetAttribute(ck_prep_kernel<P, false, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 p) == cudaSuccess &&
+           cudaFuncSetAttribute(ck_prep_kernel<P, false, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                p) == cudaSuccess &&
            cudaFuncSetAttribute(ck_prep_kernel<P, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, p) ==
                cudaSuccess &&
            cudaFuncSetAttribute(ck_state_stage_kernel<P, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -934,7 +949,9 @@ template <int P> static int ck_set_smem(int dk, int dv) {
                                 (int)(ck_state_smem_floats(dk, 16) * sizeof(float))) == cudaSuccess &&
            cudaFuncSetAttribute(ck_state_kernel<P, 32>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)(ck_state_smem_floats(dk, 32) * sizeof(float))) == cudaSuccess &&
-           cudaFuncSetAttribute(ck_state_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+           cudaFuncSetAttribute(ck_state_mma_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)(ck_mma_smem_floats(dk) * sizeof(float))) == cudaSuccess &&
+           cudaFuncSetAttribute(ck_state_mma_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)(ck_mma_smem_floats(dk) * sizeof(float))) == cudaSuccess;
 }
 
@@ -957,10 +974,11 @@ static int ck_launch(cu_ctx *c, const cu_gdn_args *a, int parts) {
     if (!a->chunk_scr || bound > a->chunk_cap) return 0;
     /* chunk_dt: 0 staged, 1 staged with the runs of K side by side (il), 2 staged, padded (pad), 3 on
      * mma.sync (mma; with one TF32 rounding, a diagnostic, the staged pass runs instead), 16 / 32 from L2 */
-    int P = cu_tf32_passes() == 1 ? 1 : 3, dt = a->chunk_dt, mma = dt >= 3 && dt <= 5 && P == 3;
-    /* 4 (mma2): the prep's products on mma.sync too; 5 (mma3): and its inverse's off-diagonal blocks */
+    int P = cu_tf32_passes() == 1 ? 1 : 3, dt = a->chunk_dt, mma = dt >= 3 && dt <= 6 && P == 3;
+    /* 4 (mma2): the prep's products on mma.sync too; 5 (mma3): and its inverse's off-diagonal blocks; 6
+     * (mma4): that with Dekker's split in both kernels */
     int mmp = mma ? dt - 3 : 0;
-    if (dt >= 3 && dt <= 5 && !mma) dt = 0;
+    if (dt >= 3 && dt <= 6 && !mma) dt = 0;
     int staged = dt >= 0 && dt <= 2, il = dt == 1;
     int DT = dt == 16 ? 16 : 32;
     size_t sp = ck_prep_smem_floats(a->dk, a->dv) * sizeof(float);
@@ -971,8 +989,10 @@ static int ck_launch(cu_ctx *c, const cu_gdn_args *a, int parts) {
 #define CK_PREP(P_, IL_) ck_prep_kernel<P_, IL_><<<gp, 256, sp, c->stream>>>(*a)
 #define CK_STATE(P_)                                                                                         \
     do {                                                                                                     \
-        if (mma)                                                                                             \
-            ck_state_mma_kernel<<<gs, 256, ss, c->stream>>>(*a);                                             \
+        if (mma && mmp == 3)                                                                                 \
+            ck_state_mma_kernel<true><<<gs, 256, ss, c->stream>>>(*a);                                       \
+        else if (mma)                                                                                        \
+            ck_state_mma_kernel<false><<<gs, 256, ss, c->stream>>>(*a);                                      \
         else if (staged && dt == 1)                                                                          \
             ck_state_stage_kernel<P_, 1><<<gs, 256, ss, c->stream>>>(*a);                                    \
         else if (staged && dt == 2)                                                                          \
@@ -986,7 +1006,9 @@ static int ck_launch(cu_ctx *c, const cu_gdn_args *a, int parts) {
     } while (0)
     if (parts & 1) {
         ck_plan_kernel<<<1, 32, 0, c->stream>>>(*a);
-        if (mmp == 2)
+        if (mmp == 3)
+            ck_prep_kernel<3, false, 3><<<gp, 256, sp, c->stream>>>(*a);
+        else if (mmp == 2)
             ck_prep_kernel<3, false, 2><<<gp, 256, sp, c->stream>>>(*a);
         else if (mmp == 1)
             ck_prep_kernel<3, false, 1><<<gp, 256, sp, c->stream>>>(*a);
