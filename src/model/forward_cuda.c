@@ -219,6 +219,7 @@ struct cuda_fwd {
                         */
     int *moe_tiles;    /* [E + 1]: 64-slot tiles before each expert (cu_moe_tiles) */
     int pdl;           /* cu_set_pdl's level: CINFER_CUDA_PDL=1 2 (every decode kernel), =gemv 1, else 0 */
+    int pdl_any;       /* CINFER_CUDA_PDL_ANY=1: level 2 in every step, not only pdl_step()'s (diagnostics) */
     int fuse;          /* norms, adds, SwiGLU in the GEMVs (enqueue; CINFER_CUDA_FUSE=0: off) */
     int *h_moe_idx;    /* pinned [S] */
     float *h_moe_w;    /* pinned [S] */
@@ -656,6 +657,8 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * did: the illegal address of its profiled bench */
     const char *pdl = getenv("CINFER_CUDA_PDL"), *pdb = getenv("CINFER_CUDA_PDL_BREAK");
     f->pdl = !pdl ? 0 : !strcmp(pdl, "1") ? 2 : !strcmp(pdl, "gemv") ? 1 : 0;
+    const char *pda = getenv("CINFER_CUDA_PDL_ANY");
+    f->pdl_any = pda && !strcmp(pda, "1");
     cu_set_pdl(f->pdl);
     cu_set_pdl_break(!(pdb && !strcmp(pdb, "0")));
     /* "1": the fused attention decode kernel's k / v loads one position ahead (the same bits) */
@@ -664,6 +667,9 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     /* "1" / "2": under PDL the decode GEMVs request their weights into L2 while the kernel before runs */
     const char *l2 = getenv("CINFER_CUDA_GEMV_L2PF");
     cu_set_gemv_l2pf(l2 ? atoi(l2) : 0);
+    /* "1": the fused DeltaNet decode kernel's tail from registers (the same bits) */
+    const char *gt = getenv("CINFER_CUDA_GDN_TAIL");
+    cu_set_gdn_tail(gt && !strcmp(gt, "1"));
     if (pdl || pdb)
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_PDL=%s: programmatic dependent launch %s%s\n",
                 pdl ? pdl : "",
@@ -1279,11 +1285,23 @@ static void image_rows(cuda_fwd *f, const run_shape *rs) {
     }
 }
 
+/* The PDL level of a step (cu_set_pdl, set per step: the level is process-wide). CINFER_CUDA_PDL=1's
+ * level 2 only where the H200 showed it exact (call 1 of session 5: every fixture, graphs and eager, alone
+ * and batched, bit for bit): steps of decode tokens only in a context that never verifies speculative
+ * windows. In a context that may (spec_window > 0) the same switch broke cuda_spec (windows and plain
+ * decode rows differing from each other, prefill logits too) for a reason not yet found, so there it
+ * stays off, as in prefill chunks (CINFER_CUDA_PDL_ANY=1 keeps level 2 everywhere, to find it). */
+static void pdl_step(cuda_fwd *f, const run_shape *rs) {
+    int plain = rs->no_chunked && !rs->has_spec && !rs->tiles && f->p.spec_window == 0;
+    cu_set_pdl(f->pdl == 2 && !plain && !f->pdl_any ? 0 : f->pdl);
+}
+
 /* everything after the metadata upload up to the logits on the device */
 static int enqueue(cuda_fwd *f, const run_shape *rs, int moe_device, char *err, size_t errlen) {
     const model *m = f->m;
     int T = rs->T, H = m->H, rc;
     float eps = (float)m->cfg.rms_norm_eps;
+    pdl_step(f, rs);
     mark(f, CP_EMBED_NORM);
     cu_embed(f->cu, f->x, f->embed, rs->meta.ids, T, H);
     /* image rows are copied into x between the embedding and the first GEMV: a memcpy between two kernels,
@@ -1842,6 +1860,7 @@ static int mtp_enqueue(cuda_fwd *f, const run_shape *rs, int nl, int n_vocab, ch
     const model *m = f->m;
     int T = rs->T, H = m->H, rc;
     float eps = (float)m->cfg.rms_norm_eps;
+    pdl_step(f, rs);
     /* u = fc([rmsnorm(embed(x_{t+1})) | rmsnorm(hh_t)]) (spec §5: the embedding first) */
     cu_embed(f->cu, f->x, f->embed, rs->meta.ids, T, H);
     cu_add_rmsnorm(f->cu, f->x, NULL, f->xn, f->mtp_norm_e, T, H, eps);

@@ -4,9 +4,11 @@
  * decode steps at batch 3), eager launches without PDL as the reference against PDL from CUDA graphs, PDL
  * eager, GEMV-only PDL, a profiled run with PDL (an event recorded between the phases: session 4's illegal
  * address), the attention decode kernel's prefetch (CINFER_CUDA_ATTN_PF=1) without and with PDL, that
- * with the GEMVs' L2 prefetch (CINFER_CUDA_GEMV_L2PF=2), and sequence 0 alone under all of them against
- * the batch reference. At the fixtures, and at the 4B shape
- * with few layers when CINFER_TEST_PDL_MODEL names such a checkpoint (`cinfer synth --like qwen3.5-4b
+ * with the GEMVs' L2 prefetch (CINFER_CUDA_GEMV_L2PF=2) and the DeltaNet kernel's tail from registers
+ * (CINFER_CUDA_GDN_TAIL=1), and sequence 0 alone under all of them against the batch reference. PDL's level
+ * 2 covers decode steps of contexts that do not speculate (pdl_step in forward_cuda.c). At the fixtures, and
+ * at the 4B shape with few layers when CINFER_TEST_PDL_MODEL names such a checkpoint (`cinfer synth --like
+ * qwen3.5-4b
  * --layers 4 --vocab 2048 --out DIR`; the GPU script makes one). Without a CUDA build or device every test
  * skips. */
 #include <math.h>
@@ -69,13 +71,16 @@ static int run_seqs(cinfer_model *m, int B, int P, int D, int V, int prof, float
 }
 
 /* one run under the given switches (NULL: unset); pf: CINFER_CUDA_ATTN_PF=1 unless "0", and "2" also the
- * GEMVs' L2 prefetch CINFER_CUDA_GEMV_L2PF=2 */
+ * GEMVs' L2 prefetch CINFER_CUDA_GEMV_L2PF=2 and the DeltaNet tail from registers CINFER_CUDA_GDN_TAIL=1 */
 static int run_with(cinfer_model *m, const char *pdl, const char *graphs, const char *pf, int B, int prof,
                     int V, float *out) {
-    if (pf && !strcmp(pf, "2"))
+    if (pf && !strcmp(pf, "2")) {
         setenv("CINFER_CUDA_GEMV_L2PF", "2", 1);
-    else
+        setenv("CINFER_CUDA_GDN_TAIL", "1", 1);
+    } else {
         unsetenv("CINFER_CUDA_GEMV_L2PF");
+        unsetenv("CINFER_CUDA_GDN_TAIL");
+    }
     if (pdl)
         setenv("CINFER_CUDA_PDL", pdl, 1);
     else
@@ -93,6 +98,7 @@ static int run_with(cinfer_model *m, const char *pdl, const char *graphs, const 
     unsetenv("CINFER_CUDA_GRAPHS");
     unsetenv("CINFER_CUDA_ATTN_PF");
     unsetenv("CINFER_CUDA_GEMV_L2PF");
+    unsetenv("CINFER_CUDA_GDN_TAIL");
     return rc;
 }
 
@@ -121,7 +127,7 @@ static void pdl_case(const char *dir, const char *name) {
         {"PDL profiled", "1", "0", NULL, 1},
         {"attention prefetch", "0", NULL, "1", 0},
         {"PDL + attn prefetch", "1", NULL, "1", 0},
-        {"PDL + both prefetches", "1", NULL, "2", 0},
+        {"PDL + every new form", "1", NULL, "2", 0},
     };
     for (size_t k = 0; !rc && k < sizeof runs / sizeof runs[0]; k++) {
         for (size_t i = 0; i < n; i++) got[i] = NAN;

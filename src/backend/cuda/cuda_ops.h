@@ -94,10 +94,15 @@ void cu_set_attn_decode_pf(int on);
 /* 1 / 2 (CINFER_CUDA_GEMV_L2PF, with PDL only): each decode GEMV block requests its weight slice (2: and a
  * second-wave block's) into L2 before waiting for the kernel before it; 0 off. The same bits */
 void cu_set_gemv_l2pf(int mode);
+/* 1 (CINFER_CUDA_GDN_TAIL=1): the fused DeltaNet decode kernel's last block of a key-head group works from
+ * registers (conv windows, the gated norm's z / weights / o) instead of going back to memory; the same bits
+ */
+void cu_set_gdn_tail(int on);
 /* f32 scratch for the stacked hi/lo product of up to 64 rows (2 x 64 x widest N floats) */
 void cu_set_gemm_scratch(cu_ctx *c, float *d_t, size_t floats);
-/* the rows each half of the xb given to cu_gemm holds (at least the M of any call): with cu_set_gemm_pad on, the
- * stacked product of up to 64 rows runs on M rounded up to a multiple of 16 (CU_GEMM_PAD_ROWS) where xb holds it */
+/* the rows each half of the xb given to cu_gemm holds (at least the M of any call): with cu_set_gemm_pad on,
+ * the stacked product of up to 64 rows runs on M rounded up to a multiple of 16 (CU_GEMM_PAD_ROWS) where xb
+ * holds it */
 void cu_set_gemm_xb_rows(cu_ctx *c, int rows);
 #define CU_GEMM_PAD_ROWS 16
 void cu_set_gemm_pad(int on);

@@ -330,7 +330,12 @@ template <int R> __global__ void __launch_bounds__(256) recurrent_kernel(cu_gdn_
  * its value channels; the q/k windows of a key head are read by all the blocks of its group, so the last of
  * them to finish writes them (a counter per (entry, key head) in dec_cnt, set back to 0 by that block), and
  * that block also runs the gated norm of the group's rr heads once every column of them is written. */
-template <int R> __global__ void __launch_bounds__(256) fused_decode_kernel(cu_gdn_args a) {
+/* TL (CINFER_CUDA_GDN_TAIL=1; dv <= 256 and rr <= REC_GROUPS): the group's last block works from registers
+ * where the plain form goes back to memory — the q/k conv windows it shifts are the ones this thread loaded
+ * first (idx = tid), the gated norm's z and weights are loaded by every block right after the wait (weights
+ * before it), and o is read once (the plain gnorm_warp reads it twice). The same values in the same order:
+ * the same bits. */
+template <int R, bool TL = false> __global__ void __launch_bounds__(256) fused_decode_kernel(cu_gdn_args a) {
     __shared__ float q[256], k[256], red[REC_GROUPS][32], fin[32];
     __shared__ float xs[512], vs[32], bgs[2];
     __shared__ int last;
@@ -373,8 +378,20 @@ template <int R> __global__ void __launch_bounds__(256) fused_decode_kernel(cu_g
         }
         if (tid < nc) wl0 = a.conv_w[(size_t)(K - 1) * C + c];
     }
+    /* TL: warp g < rr holds head kh rr + g's gated-norm weights and z (column lane + 32 t) */
+    constexpr int NJ = TL ? 8 : 1;
+    float gw[NJ], gz[NJ];
+    const int hh0 = kh * rr + g;
+    if (TL && g < rr)
+#pragma unroll
+        for (int t = 0; t < NJ; t++)
+            if (jj + 32 * t < dv) gw[t] = a.gnorm[jj + 32 * t];
     griddep_wait();   /* the in_proj row */
     griddep_launch(); /* out_proj may start requesting its weights */
+    if (TL && g < rr)
+#pragma unroll
+        for (int t = 0; t < NJ; t++)
+            if (jj + 32 * t < dv) gz[t] = a.z[(size_t)r * a.z_ld + (size_t)hh0 * dv + jj + 32 * t];
     /* beta and g of this head, their loads issued with the others (not after a barrier) */
     if (tid == 64) {
         bgs[0] = gdn_beta(a.b[(size_t)r * a.ba_ld + h]);
@@ -434,12 +451,35 @@ template <int R> __global__ void __launch_bounds__(256) fused_decode_kernel(cu_g
     __threadfence();
     for (int idx = tid; idx < 2 * dk; idx += blockDim.x) {
         int c = idx < dk ? kh * dk + idx : kd + kh * dk + (idx - dk);
-        for (int t = 0; t + 1 < K - 1; t++) cst[(size_t)t * C + c] = cst[(size_t)(t + 1) * C + c];
+        if (TL && idx == tid) { /* the window loaded first, unchanged since (only this block writes it) */
+#pragma unroll
+            for (int t = 0; t + 1 < CONV_MAXK - 1; t++)
+                if (t + 1 < K - 1) cst[(size_t)t * C + c] = win0[t + 1];
+        } else
+            for (int t = 0; t + 1 < K - 1; t++) cst[(size_t)t * C + c] = cst[(size_t)(t + 1) * C + c];
         if (K > 1) cst[(size_t)(K - 2) * C + c] = xs[idx];
     }
-    for (int hh = kh * rr + g; hh < (kh + 1) * rr; hh += REC_GROUPS) {
-        float *o = orow + (size_t)hh * dv;
-        gnorm_warp<true>(o, o, a.z + (size_t)r * a.z_ld + (size_t)hh * dv, a.gnorm, dv, a.eps, jj);
+    if constexpr (TL) {
+        if (g < rr) { /* gnorm_warp<true>'s arithmetic, o read once */
+            float *o = orow + (size_t)hh0 * dv;
+            float ov[NJ], ss = 0.0f;
+#pragma unroll
+            for (int t = 0; t < NJ; t++)
+                if (jj + 32 * t < dv) {
+                    ov[t] = __ldcg(o + jj + 32 * t);
+                    ss = fmaf(ov[t], ov[t], ss);
+                }
+            ss = warp_sum(ss);
+            float inv = 1.0f / sqrtf(ss / (float)dv + a.eps);
+#pragma unroll
+            for (int t = 0; t < NJ; t++)
+                if (jj + 32 * t < dv) o[jj + 32 * t] = ((ov[t] * inv) * gw[t]) * dev_silu(gz[t]);
+        }
+    } else {
+        for (int hh = kh * rr + g; hh < (kh + 1) * rr; hh += REC_GROUPS) {
+            float *o = orow + (size_t)hh * dv;
+            gnorm_warp<true>(o, o, a.z + (size_t)r * a.z_ld + (size_t)hh * dv, a.gnorm, dv, a.eps, jj);
+        }
     }
     if (tid == 0) *cnt = 0u; /* ready for the next launch (kernel boundaries order it) */
 }
@@ -932,14 +972,25 @@ extern "C" int cu_gdn_init(int dk) {
 
 extern "C" int cu_gdn_chunked_phased(cu_ctx *c, const cu_gdn_args *a); /* deltanet_chunk.cu */
 
+static int g_gdn_tail = 0; /* fused_decode_kernel's TL (cu_set_gdn_tail) */
+extern "C" void cu_set_gdn_tail(int on) {
+    g_gdn_tail = on != 0;
+}
+
 extern "C" void cu_gdn_layer(cu_ctx *c, const cu_gdn_args *a) {
     if (a->T <= 0) return;
     size_t smem = chunk_smem_floats(a->dk) * sizeof(float);
     if (a->dec_cnt && a->no_chunked && !a->has_spec && 2 * a->dk <= 512) {
         dim3 grid(cdiv((size_t)a->dv, 32), (unsigned)a->Hv, (unsigned)a->NE);
-#define DECK(R_) cu_launch_step(c, fused_decode_kernel<R_>, grid, dim3(256), *a)
-        REC_DISPATCH(a->dk, DECK);
+        if (g_gdn_tail && a->dv <= 256 && a->Hv / a->Hk <= REC_GROUPS) {
+#define DECK(R_) cu_launch_step(c, fused_decode_kernel<R_, true>, grid, dim3(256), *a)
+            REC_DISPATCH(a->dk, DECK);
 #undef DECK
+        } else {
+#define DECK(R_) cu_launch_step(c, fused_decode_kernel<R_>, grid, dim3(256), *a)
+            REC_DISPATCH(a->dk, DECK);
+#undef DECK
+        }
         return;
     }
     /* the stage (spec_win x (2 dk + 34) floats), with V2 the q / k windows ((K-1) x 2 dk) after it */
