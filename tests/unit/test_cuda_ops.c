@@ -1172,20 +1172,55 @@ TEST(cuda_long_attention_fa_vs_cpu) {
     attn_case_ex(8, 1, 128, 1 << 20, 2, attn_fa_ents, ne, 1.0f); /* ratio 8: 16 positions per tile */
 }
 
+/* The key-split lists of forward_cuda.c's pack_meta for these entries (tiles of tcr rows; each entry's span
+ * by cu_attn_tc_split with spans of >= 256 keys): e_span [NE] | row_poff [T] | mrows [T] | work [][2] in one
+ * device array (*dlist); *ht / *nt: the plain tile list; returns the partial rows (0: nothing split) */
+static int split_lists(const test_entry *e, int NE, int Hq, int Hkv, int hd, int tcr, cu_attn_split *sp,
+                       int **dlist, int **dtiles, int *nt) {
+    int T = 0, cap = 0;
+    for (int i = 0; i < NE; i++) T += e[i].n, cap += (e[i].n + tcr - 1) / tcr;
+    int *h = malloc(((size_t)NE + 2 * T + 2 * (size_t)cap * 600) * sizeof(int)),
+        *ht = malloc((size_t)cap * 4);
+    int *es = h, *rp = h + NE, *mr = rp + T, *wk = mr + T, nw = 0, nm = 0, np = 0;
+    *nt = 0;
+    for (int i = 0, r = 0; i < NE; r += e[i].n, i++) {
+        int ns = 1, span = cu_attn_tc_split(Hq, Hkv, hd, e[i].n, e[i].len + e[i].n, CU_ATTN_MIN_SPAN, &ns);
+        es[i] = span;
+        for (int t = 0; t < e[i].n; t += tcr) {
+            int last = e[i].len + (t + tcr < e[i].n ? t + tcr : e[i].n) - 1;
+            ht[(*nt)++] = r + t;
+            for (int s = 0; s == 0 || (span && s * span <= last); s++)
+                wk[2 * nw] = r + t, wk[2 * nw + 1] = s, nw++;
+        }
+        for (int t = 0; t < e[i].n; t++) {
+            int nsr = span ? (e[i].len + t) / span + 1 : 1;
+            rp[r + t] = np;
+            if (nsr > 1) mr[nm++] = r + t, np += nsr;
+        }
+    }
+    *dlist = dup_dev(h, ((size_t)NE + 2 * T + 2 * (size_t)nw) * sizeof(int));
+    *dtiles = dup_dev(ht, (size_t)*nt * sizeof(int));
+    *sp = (cu_attn_split){*dlist + NE + 2 * T, *dlist, *dlist + NE, *dlist + NE + T, NULL, nw, nm};
+    free(h), free(ht);
+    return np;
+}
+
 /* Key splits of the tensor-core prefill tiles (cu_attn_split, CINFER_CUDA_ATTN_SPLIT): one entry of n rows
  * behind len cached keys at the 4B heads (16 q, 4 kv, hd 256), split as forward_cuda.c's pack_meta splits it,
  * against the CPU (rows spread over the entry: the f64 reference of all 64 rows at 16k keys is slow) and
- * against the unsplit kernel (every row); outputs start as NaN. *span_out: the span used (0: not split). */
+ * against the unsplit kernel (every row); then the same entry after a cold 1100-row prefill in one launch
+ * (that one not split): its rows bit for bit as alone. Outputs start as NaN. *span_out: the span used (0: not
+ * split). */
 static void attn_split_case(int n, int len, float gain, int *span_out) {
     char err[256];
     cu_ctx *c;
     REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
     const int Hq = 16, Hkv = 4, hd = 256, R = hd / 4, kvd = Hkv * hd, ld = Hq * 2 * hd + 2 * kvd;
-    const int L = len + n, nb = (L + 15) / 16, full = 0;
+    const int L = len + n, nb = (L + 15) / 16, full = 0, nB = 1100, nbB = (nB + 15) / 16;
     int n_blocks = 16;
-    while (n_blocks < nb) n_blocks *= 2;
-    int *table = malloc((size_t)nb * sizeof(int));
-    for (int j = 0; j < nb; j++) table[j] = (j * 5 + 3) % n_blocks;
+    while (n_blocks < nb + nbB) n_blocks *= 2;
+    int *table = malloc((size_t)(nb + nbB) * sizeof(int)); /* the entry's, then the cold one's */
+    for (int j = 0; j < nb + nbB; j++) table[j] = (j * 5 + 3) % n_blocks;
     size_t pool_n = (size_t)n_blocks * 16 * kvd;
     float eps = 1e-6f;
     float *kp = rnd(pool_n, 1.0f), *vp = rnd(pool_n, 1.0f), *qkv = rnd((size_t)n * ld, 1.0f);
@@ -1247,70 +1282,71 @@ static void attn_split_case(int n, int len, float gain, int *span_out) {
     int *dmeta, *tp = &table[0];
     int *hm = pack_meta(&ent, 1, &tp, &meta, &dmeta);
     REQUIRE(cu_attn_init(hd) && cu_attn_tc_init(hd));
-    int tcr = cu_attn_tc_rows(Hq, Hkv), nt = 0, *ht = malloc(((size_t)n / tcr + 2) * sizeof(int));
-    for (int t = 0; t < n; t += tcr) ht[nt++] = t;
-    int *dt = dup_dev(ht, (size_t)nt * sizeof(int));
-    /* the split lists exactly as pack_meta lays them out for one entry */
-    int ns = 1, span = cu_attn_tc_split(Hq, Hkv, hd, n, L, CU_ATTN_MIN_SPAN, &ns), nw = 0, nm = 0, np = 0;
-    int *hw = malloc(((size_t)nt * (ns + 1)) * 2 * sizeof(int)), *hrp = malloc((size_t)n * sizeof(int)),
-        *hmr = malloc((size_t)n * sizeof(int));
-    for (int t = 0; t < n; t += tcr) {
-        int last = len + (t + tcr < n ? t + tcr : n) - 1;
-        for (int sp = 0; sp == 0 || (span && sp * span <= last); sp++)
-            hw[2 * nw] = t, hw[2 * nw + 1] = sp, nw++;
-    }
-    for (int t = 0; t < n; t++) {
-        int nsr = span ? (len + t) / span + 1 : 1;
-        hrp[t] = np;
-        if (nsr > 1) hmr[nm++] = t, np += nsr;
-    }
+    int tcr = cu_attn_tc_rows(Hq, Hkv), nt = 0, *dt = NULL, *dlist = NULL, nbt = 0, *dbt = NULL,
+        *dblist = NULL;
+    cu_attn_split sp1, spb;
+    int np = split_lists(&ent, 1, Hq, Hkv, hd, tcr, &sp1, &dlist, &dt, &nt), ns = 1;
+    int span = cu_attn_tc_split(Hq, Hkv, hd, n, L, CU_ATTN_MIN_SPAN, &ns);
+    /* the batch: the cold entry first (its rows before ours), then ours */
+    test_entry bents[2] = {{0, nB, 1}, {len, n, 0}};
+    int *btabs[2] = {table + nb, table};
+    cu_meta bmeta;
+    int *dbmeta, *hbm = pack_meta(bents, 2, btabs, &bmeta, &dbmeta);
+    int npb = split_lists(bents, 2, Hq, Hkv, hd, tcr, &spb, &dblist, &dbt, &nbt);
+    float *qkvb = rnd((size_t)(nB + n) * ld, 1.0f);
+    memcpy(qkvb + (size_t)nB * ld, qkv, (size_t)n * ld * 4);
     float *got[2] = {NULL, NULL};
-    for (int mode = 0; mode < 2 && (mode == 0 || span); mode++) {
+    /* mode 0 unsplit, 1 split, 2 in the batch */
+    for (int mode = 0; mode < 3 && (mode == 0 || span); mode++) {
+        int Tm = mode == 2 ? nB + n : n;
         cu_attn_args a = {0};
-        a.T = n, a.Hq = Hq, a.Hkv = Hkv, a.hd = hd, a.rope_dim = R, a.n_blocks = n_blocks, a.full = full;
-        a.qkv = dup_dev(qkv, (size_t)n * ld * 4), a.ld = ld, a.q_norm = dup_dev(qn, (size_t)hd * 4),
-        a.k_norm = dup_dev(kn, (size_t)hd * 4);
+        a.T = Tm, a.Hq = Hq, a.Hkv = Hkv, a.hd = hd, a.rope_dim = R, a.n_blocks = n_blocks, a.full = full;
+        a.qkv = dup_dev(mode == 2 ? qkvb : qkv, (size_t)Tm * ld * 4), a.ld = ld;
+        a.q_norm = dup_dev(qn, (size_t)hd * 4), a.k_norm = dup_dev(kn, (size_t)hd * 4);
         a.inv_freq = dup_dev(inv, (size_t)R / 2 * 4), a.kpool = dup_dev(kp, pool_n * 4),
         a.vpool = dup_dev(vp, pool_n * 4);
-        a.o = nan_dev(c, (size_t)n * Hq * hd);
-        a.span = 1 << 30, a.nsplit = 1, a.tiles = dt, a.n_tiles = nt, a.tc = 2, a.eps = eps, a.meta = meta;
-        int *dlist = NULL;
+        a.o = nan_dev(c, (size_t)Tm * Hq * hd);
+        a.span = 1 << 30, a.nsplit = 1, a.tc = 1, a.eps = eps;
+        a.meta = mode == 2 ? bmeta : meta, a.tiles = mode == 2 ? dbt : dt, a.n_tiles = mode == 2 ? nbt : nt;
         if (mode) {
-            /* e_span | row_poff | mrows | work */
-            int *hl = malloc(((size_t)1 + 2 * n + 2 * nw) * sizeof(int));
-            hl[0] = span;
-            memcpy(hl + 1, hrp, (size_t)n * sizeof(int));
-            memcpy(hl + 1 + n, hmr, (size_t)n * sizeof(int));
-            memcpy(hl + 1 + 2 * n, hw, (size_t)nw * 2 * sizeof(int));
-            dlist = dup_dev(hl, ((size_t)1 + 2 * n + 2 * nw) * sizeof(int));
-            free(hl);
-            a.split.e_span = dlist, a.split.row_poff = dlist + 1, a.split.mrows = dlist + 1 + n;
-            a.split.work = dlist + 1 + 2 * n, a.split.n_work = nw, a.split.n_mrows = nm;
-            a.split.part = nan_dev(c, (size_t)(np > 0 ? np : 1) * Hq * (hd + 2));
+            a.split = mode == 2 ? spb : sp1;
+            int npm = mode == 2 ? npb : np;
+            a.split.part = nan_dev(c, (size_t)(npm > 0 ? npm : 1) * Hq * (hd + 2));
         }
         cu_attn_layer(c, &a);
         REQUIRE(cu_sync(c, err, sizeof err) == 0);
-        got[mode] = get(a.o, (size_t)n * Hq * hd);
-        float *sel = malloc((size_t)nchk * Hq * hd * 4);
-        for (int ci = 0; ci < nchk; ci++)
-            memcpy(sel + (size_t)ci * Hq * hd, got[mode] + (size_t)chk[ci] * Hq * hd, (size_t)Hq * hd * 4);
-        char what[128];
-        snprintf(what, sizeof what, "%d rows after %d keys gain %g %s: output", n, len, gain,
-                 mode ? "split" : "unsplit");
-        if (mode) {
-            printf("     %d spans of %d keys, %d blocks, %d rows merged\n", ns, span,
-                   nw * (Hq / (Hq / Hkv > 8 ? 8 : Hq / Hkv)), nm);
+        float *go = get(a.o, (size_t)Tm * Hq * hd);
+        if (mode == 2) {
+            int eq = !memcmp(go + (size_t)nB * Hq * hd, got[1], (size_t)n * Hq * hd * 4);
+            printf("     after a cold %d-row entry in one launch (%d work items): %s\n", nB, spb.n_work,
+                   eq ? "bit-identical to alone" : "DIFFERENT");
+            CHECK_MSG(eq, "%d rows after %d keys: in a batch differs from alone (%.3g)", n, len,
+                      rel(go + (size_t)nB * Hq * hd, got[1], (size_t)n * Hq * hd));
+            check_rel("  the cold entry finite", go, go, (size_t)nB * Hq * hd, 0);
+            free(go);
+        } else {
+            got[mode] = go;
+            float *sel = malloc((size_t)nchk * Hq * hd * 4);
+            for (int ci = 0; ci < nchk; ci++)
+                memcpy(sel + (size_t)ci * Hq * hd, go + (size_t)chk[ci] * Hq * hd, (size_t)Hq * hd * 4);
+            char what[128];
+            snprintf(what, sizeof what, "%d rows after %d keys gain %g %s: output", n, len, gain,
+                     mode ? "split" : "unsplit");
+            if (mode)
+                printf("     %d spans of %d keys, %d blocks, %d rows merged\n", ns, span,
+                       sp1.n_work * (Hq / 4), sp1.n_mrows);
+            check_rel(what, sel, o_r, (size_t)nchk * Hq * hd, 1e-5);
+            /* every row written, none NaN (rel is inf on a NaN) */
+            check_rel(mode ? "  split vs unsplit, every row" : "  unsplit: every row finite", go, got[0],
+                      (size_t)n * Hq * hd, mode ? 1e-5 : 0);
+            free(sel);
         }
-        check_rel(what, sel, o_r, (size_t)nchk * Hq * hd, 1e-5);
-        /* every row written, none NaN (rel is inf on a NaN) */
-        check_rel(mode ? "  split vs unsplit, every row" : "  unsplit: every row finite", got[mode], got[0],
-                  (size_t)n * Hq * hd, mode ? 1e-5 : 0);
-        free(sel);
         cu_free(a.qkv), cu_free((void *)a.q_norm), cu_free((void *)a.k_norm), cu_free((void *)a.inv_freq);
-        cu_free(a.kpool), cu_free(a.vpool), cu_free(a.o), cu_free(a.split.part), cu_free(dlist);
+        cu_free(a.kpool), cu_free(a.vpool), cu_free(a.o), cu_free(a.split.part);
     }
-    free(got[0]), free(got[1]), free(hw), free(hrp), free(hmr), free(ht), free(hm), free(sc), free(o_r),
-        free(chk);
+    free(hbm), free(qkvb);
+    cu_free(dbmeta), cu_free(dblist), cu_free(dbt), cu_free(dlist);
+    free(got[0]), free(got[1]), free(hm), free(sc), free(o_r), free(chk);
     free(kp), free(vp), free(qkv), free(qn), free(kn), free(inv), free(kp_r), free(vp_r), free(q_r),
         free(table);
     cu_free(dt), cu_free(dmeta);
