@@ -400,7 +400,12 @@ __global__ void __launch_bounds__(MF_WARPS * 32, MF_DOWN_MINB(G))
     [[maybe_unused]] uint4 us[G == 8 ? 1 : 1][KC];
     bool sh1 = false;
     /* SHP (variant 32): with G = 4 too, the shared expert's row requested with the first group, before the
-     * wait, instead of in a third round trip after the second group's FMAs */
+     * wait, instead of in a third round trip after the second group's FMAs; and the residual's element (final
+     * since the router waited for the kernel that wrote it; __ldcg: L1 may hold the previous layer's) before
+     * the wait, the shared gate logit right after it, so no load is left after the last FMA */
+    [[maybe_unused]] float rv = 0.0f, gsh = 0.0f;
+    if constexpr (SHP)
+        if (resid && lane == 0) rv = __ldcg(resid + (size_t)r * H + h);
     if constexpr (G == 8 || SHP) {
         sh1 = sh_down && Is <= 256 * KC;
         if (sh1) {
@@ -424,6 +429,8 @@ __global__ void __launch_bounds__(MF_WARPS * 32, MF_DOWN_MINB(G))
         if (j0 == 0) {
             griddep_wait(); /* act */
             griddep_launch();
+            if constexpr (SHP)
+                if (sh_down) gsh = shg[r];
         }
         fma_rows<G, KC>(y, u, xa, Im, lane);
 #pragma unroll
@@ -446,12 +453,12 @@ __global__ void __launch_bounds__(MF_WARPS * 32, MF_DOWN_MINB(G))
             dot_rows<1, 2>(ys, w1, x1, Is, lane);
         }
         float v = warp_sum(ys[0]);
-        float gt = dev_sigmoid(shg[r]);
+        float gt = dev_sigmoid(SHP ? gsh : shg[r]);
         acc += gt * v;
     }
     if (lane == 0) {
         if (resid)
-            resid[(size_t)r * H + h] += acc;
+            resid[(size_t)r * H + h] = (SHP ? rv : resid[(size_t)r * H + h]) + acc; /* the same f32 add */
         else
             out[(size_t)r * H + h] = acc;
     }
