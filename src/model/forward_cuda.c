@@ -640,6 +640,17 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * cuBLAS on bf16 hi + lo; default "cublas" until an H200 call measures it */
     const char *pg = getenv("CINFER_CUDA_PREFILL_GEMM");
     cu_set_prefill_gemm(pg && !strcmp(pg, "f16"));
+    /* diagnostics: "in,out,ffn,moe,other" (any of them): the one-pass forms only for those matrices */
+    const char *op = getenv("CINFER_CUDA_ONEPASS");
+    int opm = -1;
+    if (op) {
+        opm = (strstr(op, "other") ? 1 << CU_GC_OTHER : 0) | (strstr(op, "in") ? 1 << CU_GC_IN : 0) |
+              (strstr(op, "out") ? 1 << CU_GC_OUT : 0) | (strstr(op, "ffn") ? 1 << CU_GC_FFN : 0) |
+              (strstr(op, "moe") ? 1 << CU_GC_MOE : 0);
+        fprintf(stderr, "cinfer cuda: CINFER_CUDA_ONEPASS=%s: one-pass GEMMs only for class mask 0x%x\n", op,
+                opm);
+    }
+    cu_set_onepass_mask(opm);
     if (pg)
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_PREFILL_GEMM=%s: %s\n", pg,
                 cu_prefill_gemm() ? "fp16 one pass" : "cuBLAS");
@@ -1030,8 +1041,27 @@ typedef struct run_shape {
     int max_nb;          /* KV blocks of the longest entry (cu_attn_args.kv16_nb) */
 } run_shape;
 
+/* the class of matrix w for CINFER_CUDA_ONEPASS (diagnostics): found among the layers' matrices */
+static int gemm_class(const cuda_fwd *f, const uint16_t *w) {
+    for (int l = 0; l < f->m->L; l++) {
+        const cu_layer *cl = &f->L[l];
+        if (w == cl->w_in) return CU_GC_IN;
+        if (w == cl->w_out) return CU_GC_OUT;
+        if (w == cl->w_gu || w == cl->w_down || (w && (w == cl->sh_gu || w == cl->sh_down))) return CU_GC_FFN;
+        if (cl->e_gu && w >= cl->e_gu &&
+            w < cl->e_gu + (size_t)f->m->cfg.n_experts * 2 * f->m->cfg.moe_intermediate_size * f->m->H)
+            return CU_GC_MOE;
+        if (cl->e_down && w >= cl->e_down &&
+            w < cl->e_down + (size_t)f->m->cfg.n_experts * f->m->H * f->m->cfg.moe_intermediate_size)
+            return CU_GC_MOE;
+    }
+    return CU_GC_OTHER;
+}
+
 static void gemm(cuda_fwd *f, float *y, const float *x, const uint16_t *w, int M, int N, int K) {
+    if (cu_onepass_mask() != -1) cu_set_gemm_class(gemm_class(f, w));
     cu_gemm(f->cu, y, x, w, M, N, K, f->xb, 0);
+    if (cu_onepass_mask() != -1) cu_set_gemm_class(CU_GC_OTHER);
 }
 
 /* The layer's input projection: from f->xn (normed by the caller), or with fz from the raw residual f->x,

@@ -110,6 +110,13 @@ int cu_gemm_pad(void);
 /* 2 (default): activations as bf16 hi + lo through the tensor cores; 1: one bf16 rounding
  * (CINFER_CUDA_BF16_PASSES) */
 void cu_set_bf16_passes(int passes);
+/* diagnostics (CINFER_CUDA_ONEPASS): which matrices the one-pass forms (CINFER_CUDA_BF16_PASSES=1,
+ * CINFER_CUDA_PREFILL_GEMM=f16) serve: bit c of mask for class c (default all); the caller names the class
+ * of each cu_gemm by cu_set_gemm_class before it */
+enum { CU_GC_OTHER, CU_GC_IN, CU_GC_OUT, CU_GC_FFN, CU_GC_MOE };
+void cu_set_onepass_mask(int mask);
+int cu_onepass_mask(void);
+void cu_set_gemm_class(int cls);
 /* The one-pass prefill GEMM (gemm_f16.cu): y = x · w^T with x rounded once to fp16 (a power-of-two scale
  * per row keeps it in range) and w converted bf16 -> fp16 on the fly, mma.sync f16 -> f32. xb as cu_gemm's
  * ([2M][K] halves); K % 8 == 0 (else -1, nothing launched past the row conversion). Each row's bits are

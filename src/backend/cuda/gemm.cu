@@ -321,6 +321,19 @@ extern "C" void cu_set_bf16_passes(int p) {
     g_bf16_passes = p == 1 ? 1 : 2;
 }
 
+/* diagnostics (CINFER_CUDA_ONEPASS): the one-pass forms (one bf16 pass, the f16 kernel) only for the classes
+ * of matrices in the mask; the others keep the hi + lo passes */
+static int g_onepass_mask = -1, g_gemm_class = CU_GC_OTHER;
+extern "C" void cu_set_onepass_mask(int mask) {
+    g_onepass_mask = mask;
+}
+extern "C" int cu_onepass_mask(void) {
+    return g_onepass_mask;
+}
+extern "C" void cu_set_gemm_class(int cls) {
+    g_gemm_class = cls;
+}
+
 extern "C" void cu_set_gemm_scratch(cu_ctx *c, float *t, size_t floats) {
     c->ytmp = t;
     c->ytmp_floats = floats;
@@ -366,11 +379,13 @@ extern "C" void cu_gemm(cu_ctx *c, float *y, const float *x, const uint16_t *w, 
         gemv_any(c, y, x, w, M, N, K);
         return;
     }
-    if (cu_prefill_gemm() && cu_gemm_f16(c, y, x, w, M, N, K, xb) == 0) return; /* CINFER_CUDA_PREFILL_GEMM */
+    const int onepass = (g_onepass_mask >> g_gemm_class) & 1;
+    if (onepass && cu_prefill_gemm() && cu_gemm_f16(c, y, x, w, M, N, K, xb) == 0)
+        return; /* CINFER_CUDA_PREFILL_GEMM */
     size_t n = (size_t)M * K;
     unsigned g = cdiv(n, 256);
     if (g > 65535u * 16u) g = 65535u * 16u;
-    if (g_bf16_passes == 1) {
+    if (g_bf16_passes == 1 && onepass) {
         cu_f32_to_bf16(c, xb, x, n);
         blas(c, y, xb, w, M, N, K, 0.0f);
         return;
