@@ -198,13 +198,13 @@ struct cuda_fwd {
      * split switch (CINFER_CUDA_ATTN_SPLIT) */
     float *apart;
     size_t apart_floats;
-    int attn_split; /* 0: off, else the least keys per span (CINFER_CUDA_ATTN_SPLIT) */
-    uint16_t
-        *kv16; /* the attention tiles' K, V split once (cu_attn_args.kv16; CINFER_CUDA_ATTN_KV16), or NULL */
-    float *logits;            /* [T][V] */
-    float *moe_logits;        /* [T][E] */
-    int *moe_idx;             /* [S] */
-    float *moe_w;             /* [S] */
+    int attn_split;    /* 0: off, else the least keys per span (CINFER_CUDA_ATTN_SPLIT) */
+    uint16_t *kv16;    /* the tiles' K, V split once (cu_attn_args.kv16; CINFER_CUDA_ATTN_KV16), or NULL */
+    int kv16_form;     /* cu_attn_args.kv16_form */
+    float *logits;     /* [T][V] */
+    float *moe_logits; /* [T][E] */
+    int *moe_idx;      /* [S] */
+    float *moe_w;      /* [S] */
     float *xg, *gu, *ea, *ey; /* [S][H], [S][2Im], [S][Im], [S][H] */
     float *shy, *shg;         /* [T][H], [T] */
     int *moe_ident;           /* [S]: 0, 1, 2, ... */
@@ -861,9 +861,11 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
                     : atoi(asp) == 1 ? CU_ATTN_MIN_SPAN
                                      : 0;
     /* CINFER_CUDA_ATTN_KV16=1: the tiles of prefill chunks read K and V split into fp16 hi + lo once per
-     * layer by a pre-pass (one layer's pool of scratch) instead of in every warp; the same bits */
+     * layer by a pre-pass (one layer's pool of scratch) instead of in every warp; =2: the same with the
+     * fragments loaded by ldmatrix; the same bits */
     const char *akv = getenv("CINFER_CUDA_ATTN_KV16");
-    if (f->attn_tc && akv && !strcmp(akv, "1") && cu_attn_kv16_ok(m->hd) &&
+    f->kv16_form = akv ? atoi(akv) : 0;
+    if (f->attn_tc && (f->kv16_form == 1 || f->kv16_form == 2) && cu_attn_kv16_ok(m->hd) &&
         (rc = dev_alloc(f, (void **)&f->kv16, cu_attn_kv16_bytes(p->n_blocks, m->Hkv, m->hd),
                         &f->bytes_scratch, err, errlen)))
         goto fail;
@@ -1135,7 +1137,7 @@ static void attention(cuda_fwd *f, const cu_layer *cl, int full, const run_shape
     /* K and V split once per layer for tiles of many rows on the model's pool (the pre-pass reads every key
      * of the launch's entries: with few rows the tiles' own splits cost less); the same bits either way */
     if (f->kv16 && rs->tiles && !rs->split.work && T >= 256 && kpool == f->kpool)
-        a.kv16 = f->kv16, a.kv16_NE = rs->NE, a.kv16_nb = rs->max_nb;
+        a.kv16 = f->kv16, a.kv16_NE = rs->NE, a.kv16_nb = rs->max_nb, a.kv16_form = f->kv16_form;
     a.rope3 = rs->rope3, a.mrope_h = m->cfg.mrope_section[1], a.mrope_w = m->cfg.mrope_section[2];
     /* decode-only steps of the model (the MTP head's calls leave no_chunked 0) */
     a.dec_cnt = rs->no_chunked && !rs->has_spec && !rs->tiles ? f->attn_cnt : NULL;

@@ -1086,9 +1086,9 @@ static void attn_case_ex(int Hq, int Hkv, int hd, int span, int tiled, const tes
             }
             snprintf(what, sizeof what, "attention hd=%d tensor cores vs scalar tiles: output", hd);
             check_rel(what, go, prev, (size_t)T * Hq * hd, tc_bound(err_tiles));
-            if (mode == 1 && cu_attn_kv16_ok(hd)) {
-                /* K and V split into fp16 hi + lo once by the pre-pass (cu_attn_args.kv16): the same bits
-                 * (fresh q rows: the prep norms them in place) */
+            for (int form = 1; mode == 1 && form <= 2 && cu_attn_kv16_ok(hd); form++) {
+                /* K and V split into fp16 hi + lo once by the pre-pass (cu_attn_args.kv16; form 2: the
+                 * fragments by ldmatrix): the same bits (fresh q rows: the prep norms them in place) */
                 cu_attn_args b = a;
                 int nbmax = 0;
                 for (int i = 0; i < NE; i++)
@@ -1098,15 +1098,15 @@ static void attn_case_ex(int Hq, int Hkv, int hd, int span, int tiled, const tes
                 REQUIRE(cu_alloc((void **)&b.kv16, cu_attn_kv16_bytes(n_blocks, Hkv, hd), err, sizeof err) ==
                         0);
                 cu_fill_f32(c, (float *)b.kv16, cu_attn_kv16_bytes(n_blocks, Hkv, hd) / 4, NAN);
-                b.kv16_NE = NE, b.kv16_nb = nbmax;
+                b.kv16_NE = NE, b.kv16_nb = nbmax, b.kv16_form = form;
                 cu_attn_layer(c, &b);
                 REQUIRE(cu_sync(c, err, sizeof err) == 0);
                 float *g16 = get(b.o, (size_t)T * Hq * hd);
                 int eq = !memcmp(g16, go, (size_t)T * Hq * hd * 4);
-                printf("     K, V split once (kv16) vs in every warp: %s\n",
+                printf("     K, V split once (kv16 form %d) vs in every warp: %s\n", form,
                        eq ? "bit-identical" : "DIFFERENT");
-                CHECK_MSG(eq, "attention hd=%d: the kv16 form differs from the per-warp split (%.3g)", hd,
-                          rel(g16, go, (size_t)T * Hq * hd));
+                CHECK_MSG(eq, "attention hd=%d: kv16 form %d differs from the per-warp split (%.3g)", hd,
+                          form, rel(g16, go, (size_t)T * Hq * hd));
                 free(g16);
                 cu_free(b.qkv), cu_free(b.o), cu_free(b.kv16);
             }

@@ -377,6 +377,7 @@ typedef struct cu_attn_args {
      * kv16_nb blocks each) instead of in every warp; the same bits (CINFER_CUDA_ATTN_KV16) */
     uint16_t *kv16;
     int kv16_NE, kv16_nb;
+    int kv16_form; /* 2: the fragments by ldmatrix; else 32-bit loads (the same bits) */
 } cu_attn_args;
 #define CU_ATTN_TILE 16
 void cu_attn_layer(cu_ctx *c, const cu_attn_args *a);
