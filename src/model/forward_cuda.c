@@ -668,6 +668,8 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * did: the illegal address of its profiled bench */
     const char *pdl = getenv("CINFER_CUDA_PDL"), *pdb = getenv("CINFER_CUDA_PDL_BREAK");
     f->pdl = !pdl ? 0 : !strcmp(pdl, "1") ? 2 : !strcmp(pdl, "gemv") ? 1 : 0;
+    const char *pdm = getenv("CINFER_CUDA_PDL_MASK");
+    cu_set_pdl_mask(pdm ? atoi(pdm) : 31);
     const char *pda = getenv("CINFER_CUDA_PDL_ANY");
     f->pdl_any = pda && !strcmp(pda, "1");
     cu_set_pdl(f->pdl);

@@ -305,9 +305,9 @@ extern "C" void cu_set_attn_decode_pf(int on) {
 }
 template <int NPL> static void attn_decode_npl(cu_ctx *c, const cu_attn_args *a, dim3 grid) {
     if (g_attn_pf)
-        cu_launch_step(c, attn_kernel<NPL, true, true>, grid, dim3(128), *a);
+        cu_launch_step(c, PDL_ATTN, attn_kernel<NPL, true, true>, grid, dim3(128), *a);
     else
-        cu_launch_step(c, attn_kernel<NPL, true>, grid, dim3(128), *a);
+        cu_launch_step(c, PDL_ATTN, attn_kernel<NPL, true>, grid, dim3(128), *a);
 }
 static void attn_decode_fused(cu_ctx *c, const cu_attn_args *a) {
     dim3 grid((unsigned)a->Hq, (unsigned)a->T, (unsigned)a->nsplit);

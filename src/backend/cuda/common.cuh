@@ -18,7 +18,7 @@ struct cu_ctx {
     float *ytmp;       /* [2M][N] f32 for stacked hi/lo products (cu_set_gemm_scratch), or NULL */
     size_t ytmp_floats;
     int xb_rows; /* rows of K each half of cu_gemm's xb holds (cu_set_gemm_scratch); 0: unknown, no padding */
-    int skinny; /* this context's CINFER_CUDA_SKINNY mode (cu_ctx_set_skinny), 0: the process-wide one */
+    int skinny;  /* this context's CINFER_CUDA_SKINNY mode (cu_ctx_set_skinny), 0: the process-wide one */
     /* 1 when the last operation enqueued on the stream (or captured) may not be a kernel: a memcpy, memset,
      * event record or graph launch (runtime.cu sets it). The next launch then goes without the PDL attribute
      * (cu_launch_pdl) and clears it: see there why PDL must never follow such an operation. */
@@ -133,15 +133,18 @@ template <class... KA, class... A>
 static void cu_launch_pdl(cu_ctx *c, int pdl, void (*kern)(KA...), dim3 grid, dim3 block, A... args) {
     cu_launch_pdl_smem(c, pdl, kern, grid, block, 0, args...);
 }
+/* kernel classes for CINFER_CUDA_PDL_MASK (diagnostics: which kinds of kernel go by PDL; default all) */
+enum { PDL_ROWS = 1, PDL_GDN = 2, PDL_ATTN = 4, PDL_SAMPLE = 8, PDL_GEMV = 16 };
+extern "C" int cu_pdl_mask(void);
 /* the GEMVs: by PDL from CINFER_CUDA_PDL=gemv on */
 template <class... KA, class... A>
 static void cu_launch_gemv(cu_ctx *c, void (*kern)(KA...), dim3 grid, dim3 block, A... args) {
-    cu_launch_pdl(c, cu_pdl_on() >= 1, kern, grid, block, args...);
+    cu_launch_pdl(c, cu_pdl_on() >= 1 && (cu_pdl_mask() & PDL_GEMV), kern, grid, block, args...);
 }
-/* every other kernel of a decode step: by PDL under CINFER_CUDA_PDL=1 */
+/* every other kernel of a decode step (cls: PDL_*): by PDL under CINFER_CUDA_PDL=1 */
 template <class... KA, class... A>
-static void cu_launch_step(cu_ctx *c, void (*kern)(KA...), dim3 grid, dim3 block, A... args) {
-    cu_launch_pdl(c, cu_pdl_on() >= 2, kern, grid, block, args...);
+static void cu_launch_step(cu_ctx *c, int cls, void (*kern)(KA...), dim3 grid, dim3 block, A... args) {
+    cu_launch_pdl(c, cu_pdl_on() >= 2 && (cu_pdl_mask() & cls), kern, grid, block, args...);
 }
 
 static inline unsigned cdiv(size_t a, size_t b) {

@@ -87,6 +87,9 @@ int cu_pdl_on(void);
  * reproduce session 4's illegal address (CINFER_CUDA_PDL_BREAK=0) */
 void cu_set_pdl_break(int on);
 int cu_pdl_break_on(void);
+/* which kernels go by PDL (CINFER_CUDA_PDL_MASK, diagnostics; default 31, all): 1 embedding / norms / SwiGLU
+ * / adds, 2 the fused DeltaNet decode kernel, 4 the fused attention decode kernel, 8 sampling, 16 GEMVs */
+void cu_set_pdl_mask(int mask);
 /* 1 (CINFER_CUDA_ATTN_PF=1): the fused attention decode kernel requests each warp's next position's k / v
  * before the current one's arithmetic (and its first, under PDL, before waiting for in_proj); the same bits
  */

@@ -983,11 +983,11 @@ extern "C" void cu_gdn_layer(cu_ctx *c, const cu_gdn_args *a) {
     if (a->dec_cnt && a->no_chunked && !a->has_spec && 2 * a->dk <= 512) {
         dim3 grid(cdiv((size_t)a->dv, 32), (unsigned)a->Hv, (unsigned)a->NE);
         if (g_gdn_tail && a->dv <= 256 && a->Hv / a->Hk <= REC_GROUPS) {
-#define DECK(R_) cu_launch_step(c, fused_decode_kernel<R_, true>, grid, dim3(256), *a)
+#define DECK(R_) cu_launch_step(c, PDL_GDN, fused_decode_kernel<R_, true>, grid, dim3(256), *a)
             REC_DISPATCH(a->dk, DECK);
 #undef DECK
         } else {
-#define DECK(R_) cu_launch_step(c, fused_decode_kernel<R_>, grid, dim3(256), *a)
+#define DECK(R_) cu_launch_step(c, PDL_GDN, fused_decode_kernel<R_>, grid, dim3(256), *a)
             REC_DISPATCH(a->dk, DECK);
 #undef DECK
         }

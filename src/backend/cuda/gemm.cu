@@ -88,6 +88,13 @@ extern "C" void cu_set_pdl_break(int on) {
 extern "C" int cu_pdl_break_on(void) {
     return g_pdl_break;
 }
+static int g_pdl_mask = 31;
+extern "C" void cu_set_pdl_mask(int mask) {
+    g_pdl_mask = mask & 31;
+}
+extern "C" int cu_pdl_mask(void) {
+    return g_pdl_mask;
+}
 
 template <int MR>
 static void gemv_launch(cu_ctx *c, float *y, const float *x, const uint16_t *w, int tiles, int N, int K) {
@@ -342,11 +349,11 @@ extern "C" void cu_set_gemm_xb_rows(cu_ctx *c, int rows) {
     c->xb_rows = rows;
 }
 
-/* CINFER_CUDA_GEMM_PAD=1: cuBLAS picks (and loads) a kernel for every new shape the first time it meets it, on
- * the host, 5-17 ms per GEMM shape on the H200 (call of 12:12: a first 63-row prefill's launches blocked the host
- * for 39 ms, a first 64-row one 14 ms): with the stacked products' M rounded up to a multiple of
- * CU_GEMM_PAD_ROWS, 9-64 rows make four shapes per weight matrix, which forward_cuda.c's warm-up meets once at
- * creation. The pad rows' outputs are never read; a row's bits then depend only on its bucket. */
+/* CINFER_CUDA_GEMM_PAD=1: cuBLAS picks (and loads) a kernel for every new shape the first time it meets it,
+ * on the host, 5-17 ms per GEMM shape on the H200 (call of 12:12: a first 63-row prefill's launches blocked
+ * the host for 39 ms, a first 64-row one 14 ms): with the stacked products' M rounded up to a multiple of
+ * CU_GEMM_PAD_ROWS, 9-64 rows make four shapes per weight matrix, which forward_cuda.c's warm-up meets once
+ * at creation. The pad rows' outputs are never read; a row's bits then depend only on its bucket. */
 static int g_gemm_pad = 0;
 extern "C" void cu_set_gemm_pad(int on) {
     g_gemm_pad = on;

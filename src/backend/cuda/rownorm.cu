@@ -13,7 +13,7 @@ __global__ void embed_kernel(float *x, const uint16_t *E, const int *ids, int H)
 }
 
 extern "C" void cu_embed(cu_ctx *c, float *x, const uint16_t *E, const int *ids, int T, int H) {
-    if (T > 0) cu_launch_step(c, embed_kernel, dim3((unsigned)T), dim3(256), x, E, ids, H);
+    if (T > 0) cu_launch_step(c, PDL_ROWS, embed_kernel, dim3((unsigned)T), dim3(256), x, E, ids, H);
 }
 
 /* y = (x * (1 / sqrt(mean(x^2) + eps))) * w, the CPU's rounding order */
@@ -41,15 +41,15 @@ __global__ void add_rmsnorm_kernel(float *x, const float *add, float *y, const f
 extern "C" void cu_add_rmsnorm(cu_ctx *c, float *x, const float *add, float *y, const float *w, int T, int H,
                                float eps) {
     if (T > 0)
-        cu_launch_step(c, add_rmsnorm_kernel, dim3((unsigned)T), dim3(256), x, add, y, w, H, eps,
+        cu_launch_step(c, PDL_ROWS, add_rmsnorm_kernel, dim3((unsigned)T), dim3(256), x, add, y, w, H, eps,
                        (const int *)NULL);
 }
 
 extern "C" void cu_gather_rmsnorm(cu_ctx *c, float *y, const float *x, const int *src, const float *w, int n,
                                   int H, float eps) {
     if (n > 0)
-        cu_launch_step(c, add_rmsnorm_kernel, dim3((unsigned)n), dim3(256), (float *)x, (const float *)NULL,
-                       y, w, H, eps, src);
+        cu_launch_step(c, PDL_ROWS, add_rmsnorm_kernel, dim3((unsigned)n), dim3(256), (float *)x,
+                       (const float *)NULL, y, w, H, eps, src);
 }
 
 __global__ void swiglu_kernel(float *y, const float *gu, int I) {
@@ -65,7 +65,7 @@ __global__ void swiglu_kernel(float *y, const float *gu, int I) {
 extern "C" void cu_swiglu(cu_ctx *c, float *y, const float *gu, int T, int I) {
     if (T <= 0) return;
     dim3 grid((unsigned)T, cdiv((size_t)I, 256));
-    cu_launch_step(c, swiglu_kernel, grid, dim3(256), y, gu, I);
+    cu_launch_step(c, PDL_ROWS, swiglu_kernel, grid, dim3(256), y, gu, I);
 }
 
 __global__ void add_kernel(float *x, const float *y, size_t n) {
@@ -80,7 +80,7 @@ extern "C" void cu_add(cu_ctx *c, float *x, const float *y, int T, int n) {
     if (!N) return;
     unsigned g = cdiv(N, 256);
     if (g > 65535u * 16u) g = 65535u * 16u;
-    cu_launch_step(c, add_kernel, dim3(g), dim3(256), x, y, N);
+    cu_launch_step(c, PDL_ROWS, add_kernel, dim3(g), dim3(256), x, y, N);
 }
 
 __global__ void concat_kernel(float *y, const float *a, const float *b, int H) {

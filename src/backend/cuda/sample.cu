@@ -151,6 +151,6 @@ __global__ void __launch_bounds__(SMP_THREADS)
 extern "C" void cu_sample(cu_ctx *c, const float *d_logits, int V, const cu_sample_row *d_rows, int n,
                           int *d_ids, float *d_lps) {
     if (n > 0)
-        cu_launch_step(c, sample_kernel, dim3((unsigned)n), dim3(SMP_THREADS), d_logits, V, d_rows, d_ids,
-                       d_lps);
+        cu_launch_step(c, PDL_SAMPLE, sample_kernel, dim3((unsigned)n), dim3(SMP_THREADS), d_logits, V,
+                       d_rows, d_ids, d_lps);
 }
