@@ -663,11 +663,13 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     if (gv) fprintf(stderr, "cinfer cuda: CINFER_CUDA_GEMV=%s: GEMV version %d\n", gv, cu_gemv_version());
     /* programmatic dependent launch (backend/cuda/common.cuh: the rules): "1" every kernel of a decode step
      * (each requests what needs nothing from the kernel before it — weights, its own layer's state — while
-     * that one still runs); "gemv" the GEMVs only (session 4's "1"); the same bits either way.
-     * CINFER_CUDA_PDL_BREAK=0 (diagnostics) lets a PDL launch follow a memcpy or event record, as session 4
-     * did: the illegal address of its profiled bench */
+     * that one still runs; pdl_step: decode steps of contexts that do not speculate); "gemv" the GEMVs only
+     * (session 4's "1"); "0" off; the same bits in every form. "1" is the default since the H200 call 2 of
+     * session 5: 4B batch 1 353.1 -> 371.8 tok/s, batch 8 1,354 -> 1,392; bit-identical to plain launches at
+     * every fixture and at the 4B shape (cuda_pdl), cuda_spec passing. CINFER_CUDA_PDL_BREAK=0
+     * (diagnostics) lets a PDL launch follow a memcpy or event record, as session 4 did */
     const char *pdl = getenv("CINFER_CUDA_PDL"), *pdb = getenv("CINFER_CUDA_PDL_BREAK");
-    f->pdl = !pdl ? 0 : !strcmp(pdl, "1") ? 2 : !strcmp(pdl, "gemv") ? 1 : 0;
+    f->pdl = !pdl || !strcmp(pdl, "1") ? 2 : !strcmp(pdl, "gemv") ? 1 : 0;
     const char *pdm = getenv("CINFER_CUDA_PDL_MASK");
     cu_set_pdl_mask(pdm ? atoi(pdm) : 31);
     const char *pda = getenv("CINFER_CUDA_PDL_ANY");
@@ -1323,11 +1325,11 @@ static void image_rows(cuda_fwd *f, const run_shape *rs) {
 }
 
 /* The PDL level of a step (cu_set_pdl, set per step: the level is process-wide). CINFER_CUDA_PDL=1's
- * level 2 only where the H200 showed it exact (call 1 of session 5: every fixture, graphs and eager, alone
- * and batched, bit for bit): steps of decode tokens only in a context that never verifies speculative
- * windows. In a context that may (spec_window > 0) the same switch broke cuda_spec (windows and plain
- * decode rows differing from each other, prefill logits too) for a reason not yet found, so there it
- * stays off, as in prefill chunks (CINFER_CUDA_PDL_ANY=1 keeps level 2 everywhere, to find it). */
+ * level 2 only where the H200 showed it exact (calls 1 and 2 of session 5: every fixture and the 4B shape,
+ * graphs and eager, alone and batched, bit for bit): steps of decode tokens only, in a context that never
+ * verifies speculative windows. Forced into other steps (CINFER_CUDA_PDL_ANY=1) it broke cuda_spec (window
+ * rows differing from plain decode rows) and a profiled bench ended in an illegal address: a hazard not yet
+ * found (CINFER_CUDA_PDL_MASK narrows it down by kernel kind). */
 static void pdl_step(cuda_fwd *f, const run_shape *rs) {
     int plain = rs->no_chunked && !rs->has_spec && !rs->tiles && f->p.spec_window == 0;
     cu_set_pdl(f->pdl == 2 && !plain && !f->pdl_any ? 0 : f->pdl);

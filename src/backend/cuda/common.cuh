@@ -99,13 +99,14 @@ __device__ __forceinline__ void griddep_launch(void) {
  *    output;
  *  - griddep_launch() comes after griddep_wait() (never before): then when kernel N starts, every kernel
  *    before N - 1 has completed, which is what makes the pre-wait reads above safe;
- *  - PDL never follows an operation that is not a kernel (cu_ctx.pdl_break): a PDL launch resolves its
- *    stream dependency against the previous kernel, so an event record, memcpy or memset between the two is
- *    not waited for by griddep_wait, and the chain "C complete implies everything before C complete", on
- *    which stream completion and every later operation rely, no longer holds. That is the illegal address of
- *    the profiled bench (session 4): with an event record between the final norm and the lm_head GEMV the
- *    GEMV (and the step) could complete before the norm; the next step's metadata upload then overwrote the
- *    row indices the gathering norm was still reading. */
+ *  - PDL never follows an operation that is not a kernel (cu_ctx.pdl_break): griddep_wait covers the kernel
+ *    before, not an event record, memcpy or memset between the two, so the chain "C complete implies
+ *    everything before C complete", on which stream completion and every later operation rely, would not
+ *    hold across one. Session 4's profiled PDL bench (an event between the final norm and the lm_head GEMV)
+ *    ended in an illegal address; with this rule a profiled decode step is exact (cuda_pdl), but a profiled
+ *    bench with PDL forced into prefill steps too (CINFER_CUDA_PDL_ANY=1) still ended in one on the H200
+ *    (session 5, call 2), as speculative steps under it lost exactness: PDL outside decode-only steps has a
+ *    hazard not yet found, so forward_cuda.c's pdl_step keeps it to those. */
 extern "C" int cu_pdl_on(void);
 /* kern<<<grid, block, smem, stream>>>(args...), by programmatic dependent launch when pdl (and the last
  * operation on the stream was a kernel) */
