@@ -902,13 +902,14 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
         f->moe_fused = cu_moe_fused_supported(m->H, mc->n_experts, mc->n_experts_per_tok,
                                               mc->moe_intermediate_size, mc->shared_expert_intermediate_size);
     }
-    /* the fused kernels' variant, all the same bits: default 15 (PDL launches, gate_up 2 chunks per request,
-     * the router 8 and taking the post-attention norm itself under CINFER_CUDA_FUSE). H200 runs: 7 over 0 at
-     * 09:22 (35B-A3B batch 1 292.2 -> 316.4 tok/s; the three kernels 37.7 -> 30.7 us per layer at batch 1);
-     * 15 over 7 at 10:05, once the router's selection was cheap (batch 1 339.5 / 341.2 -> 347.8 tok/s: the
-     * norm kernel it saves costs more than the router's own norm) */
+    /* the fused kernels' variant, all the same bits: default 12 (PDL launches, the router taking the
+     * post-attention norm itself under CINFER_CUDA_FUSE). H200 runs: PDL at 09:22 of session 4 (35B-A3B batch
+     * 1 292.2 -> 316.4 tok/s), the router's norm at 10:05 (339.5 / 341.2 -> 347.8 tok/s) and, once its loads
+     * were batched, session 5's call 2 (351.7 -> 369.9). 64 (the shared expert's L2 prefetch during the
+     * router) is being measured; session 4's load-batching bits 1, 2, 16 and session 5's 32, 256, 512 are
+     * gone (the chosen forms are the code, the others were slower or no faster) */
     const char *mv = getenv("CINFER_CUDA_MOE_VARIANT");
-    f->moe_variant = mv ? atoi(mv) & 1023 : 15;
+    f->moe_variant = mv ? atoi(mv) & (4 | 8 | 64) : 12;
     if (mf)
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_MOE_FUSED=%s: %s\n", mf,
                 f->moe_fused ? "fused decode MoE kernels" : "the unfused decode MoE kernels");
@@ -1199,7 +1200,7 @@ static int moe(cuda_fwd *f, const cu_layer *cl, const run_shape *rs, int device_
         a.logits = f->moe_logits, a.idx = f->moe_idx, a.w = f->moe_w, a.count = f->moe_cnt, a.act = f->moe_fa;
         a.shg = f->shg, a.out = f->out, a.resid = into_x ? f->x : NULL,
         a.variant =
-            f->profile ? f->moe_variant & ~12 : f->moe_variant; /* no PDL beside the profile's events */
+            f->profile ? f->moe_variant & ~4 : f->moe_variant; /* no PDL beside the profile's events */
         *added = into_x;
         if (norm_w) a.x = f->x, a.norm_w = norm_w, a.eps = (float)m->cfg.rms_norm_eps, a.xn = f->xn;
         mark(f, CP_MOE_ROUTE);

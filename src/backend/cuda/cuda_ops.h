@@ -441,12 +441,10 @@ typedef struct cu_moe_args {
                             (add_rmsnorm's arithmetic) into xn itself (H <= 4096: cu_moe_fused_norm_ok) */
     float eps;
     float *xn;   /* [T][H] the normed rows when norm_w (the gate_up kernel reads them) */
-    int variant; /* the same bits by other means: 1: gate_up requests 2 chunks per row at a time (else 4);
-                    2: the router 8 (else 4); 4: programmatic dependent launch (each kernel lets the next
-                    be scheduled, then waits for the one before); 16: the down kernel requests 8
-                        experts' rows and the shared expert's at once; 256: the router's top-k by hardware
-                    warp reductions; 512: the gate_up and down kernels' warps make the choices from the logits
-                    themselves, the router only the logits (CINFER_CUDA_MOE_VARIANT, default 15) */
+    int variant; /* the same bits by other means: 4: programmatic dependent launch (each kernel lets the next
+                    be scheduled, then waits for the one before); 64: the gate_up kernel's shared-expert warps
+                    ask L2 for the shared expert's weights before that wait (CINFER_CUDA_MOE_VARIANT, default
+                    12; 8 is the caller's: norm_w) */
 } cu_moe_args;
 /* 1 when the fused kernels serve this shape: H, Im, Is multiples of 8, Im <= 1024, E <= 1024, k <= 32 */
 int cu_moe_fused_supported(int H, int E, int k, int Im, int Is);

@@ -87,7 +87,7 @@ __device__ __forceinline__ void fma_rows(float (&acc)[R], const uint4 (&u)[R][KC
  * argmax on (p, lowest index), the k weights summed in selection order. Lane j < k gets the j-th choice:
  * *e, its weight *w (renormalised when norm) and *rank, its place in ascending expert order. */
 template <int EW>
-__device__ __forceinline__ void mf_select(const float *lg, int E, int k, int norm, int sel, int lane, int *oe,
+__device__ __forceinline__ void mf_select(const float *lg, int E, int k, int norm, int lane, int *oe,
                                           float *ow, int *orank) {
     /* lane l owns experts l + 32i (i < EW: E <= 32 EW, 8 or 32, so E = 256 unrolls 8 steps, not 32); logits
      * read from L2, where the other blocks wrote */
@@ -108,58 +108,33 @@ __device__ __forceinline__ void mf_select(const float *lg, int E, int k, int nor
 #pragma unroll
     for (int i = 0; i < EW; i++)
         if (lane + 32 * i < E) p[i] /= s;
-    /* key = (bits(p) + 1) << 32 | ~e: the largest p, ties to the lowest index; 0 for taken experts (p >= 0,
-     * so every untaken key is above 0 and a winner always exists while k <= E) */
-    unsigned taken = 0;
-    int my_e = 0;
+    /* k rounds, each two warp reductions in hardware: the largest bits(p) + 1 (0: taken; p >= 0, so every
+     * untaken value is above 0 and a winner always exists while k <= E), then the lowest expert holding it.
+     * Each lane keeps its best untaken (lowest i on ties, so lowest expert) and only the winner's lane
+     * rescans its EW. (Session 4's form, five 64-bit shuffle steps over every lane's EW keys a round, made
+     * the same choices: the H200 call 2 of session 5, router 6.7 -> 6.5 us.) */
+    unsigned taken = 0, bv = 0;
+    int my_e = 0, bi = 0;
     float my_p = 0.0f;
-    if (sel) {
-        /* variant 256, the same choices: each lane keeps its best untaken (bits(p) + 1, lowest i on ties, so
-         * lowest expert), a round is two warp reductions in hardware (the largest value, then the lowest
-         * expert holding it) instead of five 64-bit shuffle steps over every lane's EW keys, and only the
-         * winner's lane rescans its EW */
-        unsigned bv = 0;
-        int bi = 0;
 #pragma unroll
-        for (int i = 0; i < EW; i++)
-            if (lane + 32 * i < E) {
-                unsigned v = __float_as_uint(p[i]) + 1u;
-                if (v > bv) bv = v, bi = i;
-            }
-        for (int j = 0; j < k; j++) {
-            unsigned m = __reduce_max_sync(0xffffffffu, bv);
-            unsigned be = __reduce_min_sync(0xffffffffu, bv == m ? (unsigned)(lane + 32 * bi) : 0xffffffffu);
-            if (lane == j) my_e = (int)be, my_p = __uint_as_float(m - 1u);
-            if ((int)(be & 31u) == lane) {
-                taken |= 1u << bi;
-                bv = 0, bi = 0;
-#pragma unroll
-                for (int i = 0; i < EW; i++)
-                    if (lane + 32 * i < E && !((taken >> i) & 1u)) {
-                        unsigned v = __float_as_uint(p[i]) + 1u;
-                        if (v > bv) bv = v, bi = i;
-                    }
-            }
+    for (int i = 0; i < EW; i++)
+        if (lane + 32 * i < E) {
+            unsigned v = __float_as_uint(p[i]) + 1u;
+            if (v > bv) bv = v, bi = i;
         }
-    }
-    for (int j = 0; j < (sel ? 0 : k); j++) {
-        unsigned long long best = 0;
+    for (int j = 0; j < k; j++) {
+        unsigned m = __reduce_max_sync(0xffffffffu, bv);
+        unsigned be = __reduce_min_sync(0xffffffffu, bv == m ? (unsigned)(lane + 32 * bi) : 0xffffffffu);
+        if (lane == j) my_e = (int)be, my_p = __uint_as_float(m - 1u);
+        if ((int)(be & 31u) == lane) {
+            taken |= 1u << bi;
+            bv = 0, bi = 0;
 #pragma unroll
-        for (int i = 0; i < EW; i++)
-            if (lane + 32 * i < E && !((taken >> i) & 1u)) {
-                unsigned long long key = ((unsigned long long)(__float_as_uint(p[i]) + 1u) << 32) |
-                                         (0xffffffffu - (unsigned)(lane + 32 * i));
-                best = key > best ? key : best;
-            }
-        for (int o = 16; o > 0; o >>= 1) {
-            unsigned long long ob = __shfl_xor_sync(0xffffffffu, best, o);
-            best = ob > best ? ob : best;
-        }
-        int be = (int)(0xffffffffu - (unsigned)(best & 0xffffffffu));
-        if ((be & 31) == lane) taken |= 1u << (be >> 5);
-        if (lane == j) {
-            my_e = be;
-            my_p = __uint_as_float((unsigned)(best >> 32) - 1u);
+            for (int i = 0; i < EW; i++)
+                if (lane + 32 * i < E && !((taken >> i) & 1u)) {
+                    unsigned v = __float_as_uint(p[i]) + 1u;
+                    if (v > bv) bv = v, bi = i;
+                }
         }
     }
     float ws = 0.0f;
@@ -173,8 +148,8 @@ __device__ __forceinline__ void mf_select(const float *lg, int E, int k, int nor
  * f32 activations (the values cu_gemm(precise) gives); the block that finishes a row last (count[r], left
  * at 0 again) selects in one warp exactly as route_kernel + sort_slots_kernel do: softmax with per-lane sums
  * joined by the butterfly, k rounds of a warp argmax on (p, lowest index), the k weights summed in selection
- * order, then written in ascending expert order. NB: 256-element chunks of a row requested at once (4, or 8:
- * H = 2048 in one round trip; cu_moe_args.variant). NORM (cu_moe_args.norm_w): x is the raw residual; every
+ * order, then written in ascending expert order. NB: 256-element chunks of a row requested at once (8:
+ * H = 2048 in one round trip). NORM (cu_moe_args.norm_w): x is the raw residual; every
  * block first takes the row's RMSNorm exactly as add_rmsnorm_kernel does (256 threads, the same sums, the
  * same expression) into shared memory, and block 0 writes it to xn for the gate_up kernel: the norm kernel
  * before the MoE block is not launched. */
@@ -182,7 +157,7 @@ template <int NB, int NORM, int EW>
 __global__ void __launch_bounds__(NORM ? 256 : RT_WARPS * 32)
     mf_route_kernel(const float *__restrict__ x, const uint16_t *__restrict__ wr, float *logits, int *idx,
                     float *wout, unsigned *count, int H, int E, int k, int norm, const float *__restrict__ nw,
-                    float eps, float *xn, int sel) {
+                    float eps, float *xn) {
     __shared__ int last;
     __shared__ float sh[32];
     __shared__ __align__(16) float xs[NORM ? MF_NORM_H : 4];
@@ -249,12 +224,9 @@ __global__ void __launch_bounds__(NORM ? 256 : RT_WARPS * 32)
         float v = warp_sum(acc[0]);
         if (lane == 0) {
             lg[e] = v;
-            if (!(sel & 2)) __threadfence(); /* visible device-wide before this block counts itself done */
+            __threadfence(); /* visible device-wide before this block counts itself done */
         }
     }
-    /* variant 512: no selection here (no fence, no count, no last block): every warp of the next two kernels
-     * that needs the choices makes them itself from the logits, which this kernel's completion publishes */
-    if (sel & 2) return;
     __syncthreads();
     if (threadIdx.x == 0) {
         __threadfence();
@@ -266,7 +238,7 @@ __global__ void __launch_bounds__(NORM ? 256 : RT_WARPS * 32)
     __threadfence();
     int my_e, rank;
     float my_w;
-    mf_select<EW>(lg, E, k, norm, sel & 1, lane, &my_e, &my_w, &rank);
+    mf_select<EW>(lg, E, k, norm, lane, &my_e, &my_w, &rank);
     if (lane < k) {
         idx[(size_t)r * k + rank] = my_e;
         wout[(size_t)r * k + rank] = my_w;
@@ -276,15 +248,13 @@ __global__ void __launch_bounds__(NORM ? 256 : RT_WARPS * 32)
 /* gate_up + SwiGLU, grid (warps / MF_WARPS, T). Warp w < k Im: gate row n and up row Im + n of the row's
  * j-th chosen expert (j = w / Im, n = w % Im) -> act[r][w]; then Is warps for the shared expert's rows ->
  * act[r][k Im + n]; then one warp for the shared expert's gate logit -> shg[r]. NB: chunks per row requested
- * at once (4; or 2: 40 registers instead of 60, six blocks per SM instead of four, so the 577 blocks of a
- * 35B-A3B row are one wave; cu_moe_args.variant). */
-/* RSEL: six blocks per SM held with the selection's registers too (40 a thread, its few spills once) */
-template <int NB, int RSEL>
-__global__ void __launch_bounds__(MF_WARPS * 32, (RSEL && NB == 2) ? 6 : 0)
-    mf_gate_up_kernel(const float *__restrict__ x, const uint16_t *__restrict__ e_gu, int *idx,
-                      const uint16_t *__restrict__ sh_gu, const uint16_t *__restrict__ sh_gw, float *act,
-                      float *shg, int H, int k, int Im, int Is, const float *logits, float *wout, int E,
-                      int norm, int rsel, const uint16_t *sh_down, int pf) {
+ * at once (2: 40 registers, six blocks per SM, so the 577 blocks of a 35B-A3B row are one wave). */
+template <int NB>
+__global__ void __launch_bounds__(MF_WARPS * 32)
+    mf_gate_up_kernel(const float *__restrict__ x, const uint16_t *__restrict__ e_gu,
+                      const int *__restrict__ idx, const uint16_t *__restrict__ sh_gu,
+                      const uint16_t *__restrict__ sh_gw, float *act, float *shg, int H, int k, int Im,
+                      int Is, const uint16_t *sh_down, int pf) {
     const int r = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int wg = blockIdx.x * MF_WARPS + warp, A = k * Im + Is;
     /* variant 64: the shared expert depends on no choice. Under PDL these blocks are resident while the
@@ -309,26 +279,11 @@ __global__ void __launch_bounds__(MF_WARPS * 32, (RSEL && NB == 2) ? 6 : 0)
     }
     griddep_wait(); /* the router's choices */
     griddep_launch();
-    /* variant 512 (rsel): a routed warp makes the row's choices itself (mf_select, E <= 256) and takes the
-     * j-th in ascending expert order; block 0's first warp also writes them (idx, w) */
-    int e_sel = 0;
-    if (RSEL && wg < k * Im) { /* a template switch: the selection's registers would cost the default form
-                                  its six blocks per SM */
-        __shared__ int se[MF_WARPS][32];
-        int me, rk;
-        float mw;
-        mf_select<8>(logits + (size_t)r * E, E, k, norm, rsel & 1, lane, &me, &mw, &rk);
-        if (lane < k) se[warp][rk] = me;
-        __syncwarp();
-        e_sel = se[warp][wg / Im];
-        if (blockIdx.x == 0 && warp == 0 && lane < k)
-            idx[(size_t)r * k + rk] = me, wout[(size_t)r * k + rk] = mw;
-    }
     const float *xr = x + (size_t)r * H;
     const uint16_t *g;
     size_t up; /* elements from the gate row to the up row */
     if (wg < k * Im) {
-        int j = wg / Im, n = wg - j * Im, e = RSEL ? e_sel : idx[(size_t)r * k + j];
+        int j = wg / Im, n = wg - j * Im, e = idx[(size_t)r * k + j];
         g = e_gu + ((size_t)e * 2 * Im + n) * H;
         up = (size_t)Im * H;
     } else if (wg < A) {
@@ -358,15 +313,12 @@ __global__ void __launch_bounds__(MF_WARPS * 32, (RSEL && NB == 2) ? 6 : 0)
  * choices in ascending expert order, then + sigmoid(shg) (sh_down[h] · act_sh): cu_moe_combine's order. With
  * resid, resid[r][h] += that sum instead (the residual add cu_add_rmsnorm would make, the same f32 add) and
  * out is not written. */
-/* G 8: two blocks per SM (one wave at T 1) */
-#define MF_DOWN_MINB(G) ((G) == 8 ? 2 : 0)
-template <int KC, int G, int SHP>
-__global__ void __launch_bounds__(MF_WARPS * 32, MF_DOWN_MINB(G))
+template <int KC>
+__global__ void __launch_bounds__(MF_WARPS * 32)
     mf_down_kernel(const float *__restrict__ act, const uint16_t *__restrict__ e_down,
                    const int *__restrict__ idx, const float *__restrict__ wt,
                    const uint16_t *__restrict__ sh_down, const float *__restrict__ shg, float *out,
-                   float *resid, int H, int k, int Im, int Is, const float *logits, int E, int norm,
-                   int rsel) {
+                   float *resid, int H, int k, int Im, int Is) {
     const int r = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int h = blockIdx.x * MF_WARPS + warp, A = k * Im + Is;
     if (h >= H) {
@@ -378,41 +330,11 @@ __global__ void __launch_bounds__(MF_WARPS * 32, MF_DOWN_MINB(G))
     /* the router's choices are complete when this kernel starts, even under PDL (the gate_up kernel let it be
      * scheduled only after waiting for the router): read them from L2 (__ldcg: L1 may hold the previous
      * layer's) and request the first group's weights before waiting for the gate_up kernel's act */
-    int my_e = 0;
-    float my_w = 0.0f;
-    if (rsel) { /* variant 512: this warp's own choices (mf_select), in ascending expert order by lane */
-        __shared__ int se[MF_WARPS][32];
-        __shared__ float sw[MF_WARPS][32];
-        int me, rk;
-        float mw;
-        mf_select<8>(logits + (size_t)r * E, E, k, norm, rsel & 1, lane, &me, &mw, &rk);
-        if (lane < k) se[warp][rk] = me, sw[warp][rk] = mw;
-        __syncwarp();
-        if (lane < k) my_e = se[warp][lane], my_w = sw[warp][lane];
-    } else if (lane < k) {
-        my_e = __ldcg(idx + (size_t)r * k + lane);
-        my_w = __ldcg(wt + (size_t)r * k + lane);
-    }
+    const int my_e = lane < k ? __ldcg(idx + (size_t)r * k + lane) : 0;
+    const float my_w = lane < k ? __ldcg(wt + (size_t)r * k + lane) : 0.0f;
     float acc = 0.0f;
-    /* G = 8 (variant 16): eight experts' rows and the shared expert's (when Is fits one pass) requested
-     * together, one round trip for the 35B-A3B shape's 9 rows instead of three; the same FMAs in order */
+    constexpr int G = MF_GROUP;
     uint4 u[G][KC];
-    [[maybe_unused]] uint4 us[G == 8 ? 1 : 1][KC];
-    bool sh1 = false;
-    /* SHP (variant 32): with G = 4 too, the shared expert's row requested with the first group, before the
-     * wait, instead of in a third round trip after the second group's FMAs; and the residual's element (final
-     * since the router waited for the kernel that wrote it; __ldcg: L1 may hold the previous layer's) before
-     * the wait, the shared gate logit right after it, so no load is left after the last FMA */
-    [[maybe_unused]] float rv = 0.0f, gsh = 0.0f;
-    if constexpr (SHP)
-        if (resid && lane == 0) rv = __ldcg(resid + (size_t)r * H + h);
-    if constexpr (G == 8 || SHP) {
-        sh1 = sh_down && Is <= 256 * KC;
-        if (sh1) {
-            const uint16_t *w1[1] = {sh_down + (size_t)h * Is};
-            load_rows<1, KC>(us, w1, Is, lane);
-        }
-    }
     for (int j0 = 0; j0 < k; j0 += G) {
         float y[G];
         const uint16_t *wd[G];
@@ -429,8 +351,6 @@ __global__ void __launch_bounds__(MF_WARPS * 32, MF_DOWN_MINB(G))
         if (j0 == 0) {
             griddep_wait(); /* act */
             griddep_launch();
-            if constexpr (SHP)
-                if (sh_down) gsh = shg[r];
         }
         fma_rows<G, KC>(y, u, xa, Im, lane);
 #pragma unroll
@@ -444,30 +364,17 @@ __global__ void __launch_bounds__(MF_WARPS * 32, MF_DOWN_MINB(G))
         float ys[1] = {0.0f};
         const uint16_t *w1[1] = {sh_down + (size_t)h * Is};
         const float *x1[1] = {ar + (size_t)k * Im};
-        if constexpr (G == 8 || SHP) {
-            if (sh1)
-                fma_rows<1, KC>(ys, us, x1, Is, lane); /* one pass: dot_rows' sums */
-            else
-                dot_rows<1, 2>(ys, w1, x1, Is, lane);
-        } else {
-            dot_rows<1, 2>(ys, w1, x1, Is, lane);
-        }
+        dot_rows<1, 2>(ys, w1, x1, Is, lane);
         float v = warp_sum(ys[0]);
-        float gt = dev_sigmoid(SHP ? gsh : shg[r]);
+        float gt = dev_sigmoid(shg[r]);
         acc += gt * v;
     }
     if (lane == 0) {
         if (resid)
-            resid[(size_t)r * H + h] = (SHP ? rv : resid[(size_t)r * H + h]) + acc; /* the same f32 add */
+            resid[(size_t)r * H + h] += acc;
         else
             out[(size_t)r * H + h] = acc;
     }
-}
-
-/* variant 512 (E <= 256: mf_select's 8 experts per lane): 2 | the selection's form (256) for the consumers,
- * else 0: the router selects */
-static int mf_rsel(const cu_moe_args *a) {
-    return (a->variant & 512) && a->E <= 256 ? 2 | ((a->variant & 256) ? 1 : 0) : 0;
 }
 
 extern "C" int cu_moe_fused_norm_ok(int H) {
@@ -485,16 +392,14 @@ extern "C" void cu_moe_fused_route(cu_ctx *c, const cu_moe_args *a) {
     int warps = nrm ? 8 : RT_WARPS;
     dim3 grid(cdiv((size_t)a->E, (size_t)warps), (unsigned)a->T), block(warps * 32);
     void (*kern)(const float *, const uint16_t *, float *, int *, float *, unsigned *, int, int, int, int,
-                 const float *, float, float *, int);
-    int sel = ((a->variant & 256) ? 1 : 0) | (mf_rsel(a) ? 2 : 0);
+                 const float *, float, float *);
+    /* 8 chunks of a router row requested at once: H = 2048 in one round trip (session 4's 4: no faster) */
     if (a->E <= 256)
-        kern = nrm ? ((a->variant & 2) ? mf_route_kernel<8, 1, 8> : mf_route_kernel<4, 1, 8>)
-                   : ((a->variant & 2) ? mf_route_kernel<8, 0, 8> : mf_route_kernel<4, 0, 8>);
+        kern = nrm ? mf_route_kernel<8, 1, 8> : mf_route_kernel<8, 0, 8>;
     else
-        kern = nrm ? ((a->variant & 2) ? mf_route_kernel<8, 1, 32> : mf_route_kernel<4, 1, 32>)
-                   : ((a->variant & 2) ? mf_route_kernel<8, 0, 32> : mf_route_kernel<4, 0, 32>);
+        kern = nrm ? mf_route_kernel<8, 1, 32> : mf_route_kernel<8, 0, 32>;
     cu_launch_pdl(c, pdl, kern, grid, block, a->x, a->router, a->logits, a->idx, a->w, a->count, a->H, a->E,
-                  a->k, a->norm, a->norm_w, a->eps, a->xn, sel);
+                  a->k, a->norm, a->norm_w, a->eps, a->xn);
 }
 
 extern "C" void cu_moe_fused_gate_up(cu_ctx *c, const cu_moe_args *a) {
@@ -504,12 +409,10 @@ extern "C" void cu_moe_fused_gate_up(cu_ctx *c, const cu_moe_args *a) {
     dim3 grid(cdiv(warps, MF_WARPS), (unsigned)a->T), block(MF_WARPS * 32);
     int pdl = (a->variant & 4) != 0;
     const float *x = a->norm_w ? a->xn : a->x; /* the router's normed rows */
-    int rsel = mf_rsel(a);
-    cu_launch_pdl(c, pdl,
-                  (a->variant & 1) ? (rsel ? mf_gate_up_kernel<2, 1> : mf_gate_up_kernel<2, 0>)
-                                   : (rsel ? mf_gate_up_kernel<4, 1> : mf_gate_up_kernel<4, 0>),
-                  grid, block, x, a->e_gu, a->idx, a->sh_gu, a->sh_gw, a->act, a->shg, a->H, a->k, a->Im, Is,
-                  a->logits, a->w, a->E, a->norm, rsel, a->sh_down, (a->variant & 64) != 0);
+    /* 2 chunks per row requested at a time: 40 registers, six blocks per SM, the 577 blocks of a 35B-A3B row
+     * in one wave (session 4: 4 chunks, four blocks per SM, 14.1 vs 10.9 us) */
+    cu_launch_pdl(c, pdl, mf_gate_up_kernel<2>, grid, block, x, a->e_gu, a->idx, a->sh_gu, a->sh_gw, a->act,
+                  a->shg, a->H, a->k, a->Im, Is, a->sh_down, (a->variant & 64) != 0);
 }
 
 extern "C" void cu_moe_fused_down(cu_ctx *c, const cu_moe_args *a) {
@@ -517,16 +420,12 @@ extern "C" void cu_moe_fused_down(cu_ctx *c, const cu_moe_args *a) {
     int Is = a->sh_gu ? a->Is : 0;
     dim3 grid(cdiv((size_t)a->H, MF_WARPS), (unsigned)a->T), block(MF_WARPS * 32);
     const uint16_t *sh_down = Is ? a->sh_down : NULL;
-    /* Im up to 512: 2 chunks per row and lane; up to 1024 (122B-A10B, 397B-A17B): 4 */
+    /* Im up to 512: 2 chunks per row and lane; up to 1024 (122B-A10B, 397B-A17B): 4. (Session 4's eight
+     * experts' rows at once and session 5's shared row with the first group: no faster, the same bits.) */
     void (*kern)(const float *, const uint16_t *, const int *, const float *, const uint16_t *, const float *,
-                 float *, float *, int, int, int, int, const float *, int, int, int) =
-        a->Im > 512         ? ((a->variant & 32) ? mf_down_kernel<4, MF_GROUP, 1>
-                                                 : mf_down_kernel<4, MF_GROUP, 0>)/* 8 x 4 chunks would spill */
-        : (a->variant & 16) ? mf_down_kernel<2, 8, 0>
-        : (a->variant & 32) ? mf_down_kernel<2, MF_GROUP, 1>
-                            : mf_down_kernel<2, MF_GROUP, 0>;
+                 float *, float *, int, int, int, int) = a->Im > 512 ? mf_down_kernel<4> : mf_down_kernel<2>;
     cu_launch_pdl(c, (a->variant & 4) != 0, kern, grid, block, a->act, a->e_down, a->idx, a->w, sh_down,
-                  a->shg, a->out, a->resid, a->H, a->k, a->Im, Is, a->logits, a->E, a->norm, mf_rsel(a));
+                  a->shg, a->out, a->resid, a->H, a->k, a->Im, Is);
 }
 
 extern "C" void cu_moe_fused(cu_ctx *c, const cu_moe_args *a) {
