@@ -636,24 +636,17 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     /* 1: activations rounded to bf16 once before the tensor cores (faster, coarser); default 2 (hi + lo) */
     const char *bp = getenv("CINFER_CUDA_BF16_PASSES");
     cu_set_bf16_passes(bp ? atoi(bp) : 2);
-    /* "f16": GEMMs past the GEMV rows in one tensor-core pass with fp16 activations (gemm_f16.cu) instead of
-     * cuBLAS on bf16 hi + lo; default "cublas" until an H200 call measures it */
-    const char *pg = getenv("CINFER_CUDA_PREFILL_GEMM");
-    cu_set_prefill_gemm(pg && !strcmp(pg, "f16"));
-    /* diagnostics: "in,out,ffn,moe,other" (any of them): the one-pass forms only for those matrices */
+    /* diagnostics: "in,out,ffn,moe,other" (any of them): CINFER_CUDA_BF16_PASSES=1 only for those matrices */
     const char *op = getenv("CINFER_CUDA_ONEPASS");
     int opm = -1;
     if (op) {
         opm = (strstr(op, "other") ? 1 << CU_GC_OTHER : 0) | (strstr(op, "in") ? 1 << CU_GC_IN : 0) |
               (strstr(op, "out") ? 1 << CU_GC_OUT : 0) | (strstr(op, "ffn") ? 1 << CU_GC_FFN : 0) |
               (strstr(op, "moe") ? 1 << CU_GC_MOE : 0);
-        fprintf(stderr, "cinfer cuda: CINFER_CUDA_ONEPASS=%s: one-pass GEMMs only for class mask 0x%x\n", op,
+        fprintf(stderr, "cinfer cuda: CINFER_CUDA_ONEPASS=%s: one bf16 pass only for class mask 0x%x\n", op,
                 opm);
     }
     cu_set_onepass_mask(opm);
-    if (pg)
-        fprintf(stderr, "cinfer cuda: CINFER_CUDA_PREFILL_GEMM=%s: %s\n", pg,
-                cu_prefill_gemm() ? "fp16 one pass" : "cuBLAS");
     /* GEMV: "v2", the default since the H200 run of 07:17 (4B batch 1 227 -> 243 tok/s, batch 8 unchanged,
      * every test passing with it), takes the split-K kernel where it measured faster and v1 elsewhere; "v1"
      * the warp-per-2-rows kernel everywhere; "v2all" the split-K kernel wherever it serves; "v3" the kernel

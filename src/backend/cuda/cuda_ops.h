@@ -113,34 +113,13 @@ int cu_gemm_pad(void);
 /* 2 (default): activations as bf16 hi + lo through the tensor cores; 1: one bf16 rounding
  * (CINFER_CUDA_BF16_PASSES) */
 void cu_set_bf16_passes(int passes);
-/* diagnostics (CINFER_CUDA_ONEPASS): which matrices the one-pass forms (CINFER_CUDA_BF16_PASSES=1,
- * CINFER_CUDA_PREFILL_GEMM=f16) serve: bit c of mask for class c (default all); the caller names the class
- * of each cu_gemm by cu_set_gemm_class before it */
+/* diagnostics (CINFER_CUDA_ONEPASS): which matrices one bf16 pass (CINFER_CUDA_BF16_PASSES=1) serves: bit c
+ * of mask for class c (default all), the others keep hi + lo; the caller names the class of each cu_gemm by
+ * cu_set_gemm_class before it */
 enum { CU_GC_OTHER, CU_GC_IN, CU_GC_OUT, CU_GC_FFN, CU_GC_MOE };
 void cu_set_onepass_mask(int mask);
 int cu_onepass_mask(void);
 void cu_set_gemm_class(int cls);
-/* The one-pass prefill GEMM (gemm_f16.cu): y = x · w^T with x rounded once to fp16 (a power-of-two scale
- * per row keeps it in range) and w converted bf16 -> fp16 on the fly, mma.sync f16 -> f32. xb as cu_gemm's
- * ([2M][K] halves); K % 8 == 0 (else -1, nothing launched past the row conversion). Each row's bits are
- * independent of M. */
-int cu_gemm_f16(cu_ctx *c, float *d_y, const float *d_x, const uint16_t *d_w, int M, int N, int K,
-                uint16_t *d_xb);
-/* its two halves (timing): x -> xb (fp16 rows, then the scales), and the GEMM on xb */
-void cu_f16_rows(cu_ctx *c, uint16_t *d_xb, const float *d_x, int M, int K);
-int cu_gemm_f16_prepared(cu_ctx *c, float *d_y, const uint16_t *d_xb, const uint16_t *d_w, int M, int N,
-                         int K);
-/* 1: cu_gemm takes cu_gemm_f16 past the GEMV rows (CINFER_CUDA_PREFILL_GEMM=f16); 0 (default) cuBLAS on
- * bf16 passes */
-void cu_set_prefill_gemm(int mode);
-int cu_prefill_gemm(void);
-/* tests / measurements: force a form of the f16 GEMM (0 automatic): 1 128 x 256 tiles, 3 stages; 2 the same
- * with fragments loaded a k step ahead; 4 128 x 128, 4 stages; 5 128 x 128, 3 stages, 2 CTAs an SM, fragments
- * ahead; 7 the same without; 8 and 9: 2 and 5 with the weights converted once in shared memory; 3 and 6 (2
- * and 5 without the weights' bf16 -> fp16 conversion) give WRONG results: they only measure what the
- * conversion costs. All correct forms give the same bits. */
-#define CU_F16_VARIANTS 9
-void cu_set_gemm_f16_variant(int v);
 /* Same, but every row m uses its own matrix w + widx[m] * N * K (MoE experts at decode; M <= any). */
 void cu_gemv_indexed(cu_ctx *c, float *d_y, const float *d_x, int x_row_div, const uint16_t *d_w,
                      const int *d_widx, int M, int N, int K);
