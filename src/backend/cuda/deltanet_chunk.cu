@@ -185,14 +185,17 @@ static size_t ck_prep_smem_floats(int dk, int dv) {
 }
 
 /* MM: 0 the products in WMMA; 1 (mma2) on mma.sync, with il's forms of the scaling and of the diagonal
- * blocks' substitution (the same bits); 2 (mma3) that and the off-diagonal blocks of T by mma.sync too */
-template <int P, bool IL, int MM = 0> __global__ void __launch_bounds__(256) ck_prep_kernel(cu_gdn_args a) {
+ * blocks' substitution (the same bits); 2 (mma3) that and the off-diagonal blocks of T by mma.sync too; 3
+ * (mma4) that with Dekker's split. DK: 0 dk from the arguments, 128 a constant (mma6) */
+template <int P, bool IL, int MM = 0, int DK = 0>
+__global__ void __launch_bounds__(256) ck_prep_kernel(cu_gdn_args a) {
     extern __shared__ __align__(128) float smp[];
     const int *tab = ck_table(a);
     int k = blockIdx.x, h = blockIdx.y;
     if (k >= tab[0]) return;
     int e = tab[1 + 3 * k], c0 = tab[2 + 3 * k], L = tab[3 + 3 * k];
-    const int dk = a.dk, dv = a.dv, tid = threadIdx.x, nt = blockDim.x, warp = tid >> 5, nw = nt >> 5;
+    const int dk = DK ? DK : a.dk, dv = a.dv, tid = threadIdx.x, nt = blockDim.x, warp = tid >> 5,
+              nw = nt >> 5;
     const int KLD = dk + 4, XLD = (dk > dv ? dk : dv) + 4;
     int r0 = a.meta.e_row0[e] + c0, kh = h / (a.Hv / a.Hk), kd = a.Hk * dk, C = a.C;
     float *Ks = smp, *Xs = Ks + CK_CH * KLD, *Am = Xs + CK_CH * XLD, *Tm = Am + CK_CH * CK_GLD;
@@ -784,11 +787,12 @@ static __device__ __forceinline__ void ckm_put_split(float *Hs, float *Ls, int m
         }
 }
 
-template <bool FS> __global__ void __launch_bounds__(256) ck_state_mma_kernel(cu_gdn_args a) {
+/* DK: 0 dk from the arguments; 128 (the models' dk) a constant, so every run of K unrolls */
+template <bool FS, int DK = 0> __global__ void __launch_bounds__(256) ck_state_mma_kernel(cu_gdn_args a) {
     extern __shared__ __align__(128) float smm[];
     int e = blockIdx.z;
     if (!ck_entry(a, e)) return;
-    const int dk = a.dk, dv = a.dv, KLD = dk + 4, KBL = dk + 8, tid = threadIdx.x, nt = blockDim.x;
+    const int dk = DK ? DK : a.dk, dv = a.dv, KLD = dk + 4, KBL = dk + 8, tid = threadIdx.x, nt = blockDim.x;
     const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     int h = blockIdx.y, j0 = blockIdx.x * CKM_DT, n = a.meta.e_n[e], pos0 = a.meta.e_len[e];
     int r0 = a.meta.e_row0[e];
@@ -1116,6 +1120,8 @@ template <int P> static int ck_set_smem(int dk, int dv) {
                                 p) == cudaSuccess &&
            cudaFuncSetAttribute(ck_prep_kernel<P, false, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 p) == cudaSuccess &&
+           cudaFuncSetAttribute(ck_prep_kernel<P, false, 3, 128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                p) == cudaSuccess &&
            cudaFuncSetAttribute(ck_prep_kernel<P, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, p) ==
                cudaSuccess &&
            cudaFuncSetAttribute(ck_state_stage_kernel<P, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -1131,6 +1137,8 @@ template <int P> static int ck_set_smem(int dk, int dv) {
            cudaFuncSetAttribute(ck_state_mma_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)(ck_mma_smem_floats(dk) * sizeof(float))) == cudaSuccess &&
            cudaFuncSetAttribute(ck_state_mma_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)(ck_mma_smem_floats(dk) * sizeof(float))) == cudaSuccess &&
+           cudaFuncSetAttribute(ck_state_mma_kernel<true, 128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)(ck_mma_smem_floats(dk) * sizeof(float))) == cudaSuccess &&
            cudaFuncSetAttribute(ck_state_split_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)(ck_split_smem_floats(dk) * sizeof(float))) == cudaSuccess &&
@@ -1158,7 +1166,9 @@ static int ck_launch(cu_ctx *c, const cu_gdn_args *a, int parts) {
     if (!a->chunk_scr || bound > a->chunk_cap) return 0;
     /* chunk_dt: 0 staged, 1 staged with the runs of K side by side (il), 2 staged, padded (pad), 3 on
      * mma.sync (mma; with one TF32 rounding, a diagnostic, the staged pass runs instead), 16 / 32 from L2 */
-    int P = cu_tf32_passes() == 1 ? 1 : 3, dt = a->chunk_dt, mma = dt >= 3 && dt <= 7 && P == 3;
+    int P = cu_tf32_passes() == 1 ? 1 : 3, dt = a->chunk_dt, mma = dt >= 3 && dt <= 8 && P == 3;
+    int dk128 = dt == 8 && a->dk == 128; /* 8 (mma6): mma4 with the pass's dk a constant (runs unrolled) */
+    if (dt == 8) dt = 6;
     /* 4 (mma2): the prep's products on mma.sync too; 5 (mma3): and its inverse's off-diagonal blocks; 6
      * (mma4): that with Dekker's split in both kernels; 7 (mma5): mma4 with the output in its own parallel
      * pass */
@@ -1180,7 +1190,8 @@ static int ck_launch(cu_ctx *c, const cu_gdn_args *a, int parts) {
             ck_out_kernel<true><<<dim3((unsigned)bound, (unsigned)a->Hv, cdiv((size_t)a->dv, CKM_DT)), 256,  \
                                   ck_out_smem_floats(a->dk) * sizeof(float), c->stream>>>(*a);               \
         } else if (mma && mmp == 3)                                                                          \
-            ck_state_mma_kernel<true><<<gs, 256, ss, c->stream>>>(*a);                                       \
+            dk128 ? ck_state_mma_kernel<true, 128><<<gs, 256, ss, c->stream>>>(*a)                           \
+                  : ck_state_mma_kernel<true><<<gs, 256, ss, c->stream>>>(*a);                               \
         else if (mma)                                                                                        \
             ck_state_mma_kernel<false><<<gs, 256, ss, c->stream>>>(*a);                                      \
         else if (staged && dt == 1)                                                                          \
@@ -1197,7 +1208,8 @@ static int ck_launch(cu_ctx *c, const cu_gdn_args *a, int parts) {
     if (parts & 1) {
         ck_plan_kernel<<<1, 32, 0, c->stream>>>(*a);
         if (mmp == 3)
-            ck_prep_kernel<3, false, 3><<<gp, 256, sp, c->stream>>>(*a);
+            dk128 ? ck_prep_kernel<3, false, 3, 128><<<gp, 256, sp, c->stream>>>(*a)
+                  : ck_prep_kernel<3, false, 3><<<gp, 256, sp, c->stream>>>(*a);
         else if (mmp == 2)
             ck_prep_kernel<3, false, 2><<<gp, 256, sp, c->stream>>>(*a);
         else if (mmp == 1)
