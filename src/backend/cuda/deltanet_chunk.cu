@@ -7,7 +7,16 @@
  * the same sums, is gone.)
  *
  * Every product on the tensor cores, TF32 hi + lo, three MMAs, runs of 32 of K in fresh accumulators
- * (tf32x3.cuh), the CPU's factor expressions and order of the sums.
+ * (tf32x3.cuh), the CPU's factor expressions and order of the sums. Two families of kernels
+ * (cu_gdn_args.chunk_dt): WMMA (0 stage, 1 il, 2 pad, 16, 32: session 4, all the same bits) and mma.sync
+ * m16n8k8 with fragments in registers (3 mma: the pass; 4 mma2: and the prep's products; 5 mma3: and the
+ * inverse's off-diagonal blocks; 6 mma4: and Dekker's split instead of TF32 conversions; 7 mma5: the output
+ * in its own pass; 8 mma6: mma4 compiled for dk = 128). What the H200 showed (one 4B layer over 4096 rows,
+ * cuda_deltanet_prefill_speed): stage 1.67 ms (prep 0.48 + pass 0.93), mma 1.31, mma2 1.20, mma3 1.20,
+ * mma4 1.10 (prep 0.33 + pass 0.52), mma5 1.23. In the mma pass a chunk costs ~14k cycles: 6.5k for D and
+ * Qg S, 2.5k for O and S, ~4.8k issuing and waiting for the next chunk's 120 KB of W, Qg, Kf, QK and U
+ * (the four column blocks of a head each load the same W, Qg, Kf and QK: a cluster multicast would load them
+ * once).
  *
  *   plan  (one thread): the chunk table of the batch — (entry, first row, length) per chunk of every entry
  * that takes the chunked form, the first chunk of a prompt continuing a sequence cut at the 64-grid.
