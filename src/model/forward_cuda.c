@@ -134,6 +134,9 @@ void *cuda_dev_alloc(size_t bytes) {
 void cuda_dev_free(void *p) {
     (void)p;
 }
+size_t cuda_dev_free_bytes(void) {
+    return 0;
+}
 
 #else
 
@@ -2142,6 +2145,9 @@ void *cuda_dev_alloc(size_t bytes) {
 }
 void cuda_dev_free(void *p) {
     cu_free(p);
+}
+size_t cuda_dev_free_bytes(void) {
+    return cu_device_count() > 0 ? cu_mem_free() : 0;
 }
 void cuda_host_free(void *ptr) {
     if (!ptr) return;

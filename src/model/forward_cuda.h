@@ -95,6 +95,8 @@ void cuda_host_free(void *p);
  * there is none or no device; cuda_fwd_state_save / _load copy to and from it device to device. */
 void *cuda_dev_alloc(size_t bytes);
 void cuda_dev_free(void *p);
+/* device memory free now (0 without a device) */
+size_t cuda_dev_free_bytes(void);
 
 /* Per-phase device time of the calls since the last reset (profiling disables graphs). */
 enum {

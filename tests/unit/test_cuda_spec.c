@@ -637,6 +637,7 @@ TEST(cuda_prefix_device_store_matches_host_store) {
     size_t n = (size_t)12 * info.vocab_size;
     float *a = malloc(sizeof(float) * n), *b = malloc(sizeof(float) * n);
     for (size_t i = 0; i < n; i++) a[i] = b[i] = NAN;
+    setenv("CINFER_PREFIX_DEVICE", "0", 1);
     REQUIRE(resumed_logits(m, a) == 0);
     setenv("CINFER_PREFIX_DEVICE", "1", 1);
     int rc = resumed_logits(m, b);

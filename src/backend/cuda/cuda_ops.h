@@ -35,6 +35,8 @@ void cu_d2h_async(cu_ctx *c, void *dst, const void *d_src, size_t bytes);
 void cu_d2d_async(cu_ctx *c, void *d_dst, const void *d_src, size_t bytes);
 /* either side on the device or the host (unified addressing tells which) */
 void cu_copy_async(cu_ctx *c, void *dst, const void *src, size_t bytes);
+/* device memory free now (cudaMemGetInfo), 0 on error */
+size_t cu_mem_free(void);
 void cu_memset_async(cu_ctx *c, void *d, size_t bytes);
 /* Waits for the stream; returns the first error of anything enqueued since. */
 int cu_sync(cu_ctx *c, char *err, size_t errlen);

@@ -137,6 +137,14 @@ extern "C" void cu_d2d_async(cu_ctx *c, void *dst, const void *src, size_t bytes
     pdl_break(c);
     cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream);
 }
+extern "C" size_t cu_mem_free(void) {
+    size_t f = 0, t = 0;
+    if (cudaMemGetInfo(&f, &t) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return f;
+}
 extern "C" void cu_copy_async(cu_ctx *c, void *dst, const void *src, size_t bytes) {
     cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, c->stream);
 }
