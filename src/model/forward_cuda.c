@@ -588,7 +588,6 @@ void cuda_fwd_destroy(cuda_fwd *f) {
     free(f);
 }
 
-static int warm_up(cuda_fwd *f, char *err, size_t errlen);
 static int warm_gemms(cuda_fwd *f, char *err, size_t errlen);
 
 int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, char *err, size_t errlen) {
@@ -721,10 +720,13 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     if ((rc = upload_layers(f, err, errlen)) || (rc = alloc_scratch(f, err, errlen))) goto fail;
     cu_set_gemm_scratch(f->cu, f->ytmp, f->ytmp_floats);
     cu_set_gemm_xb_rows(f->cu, (int)zmax((size_t)p->max_tokens, (size_t)f->max_S));
-    /* CINFER_CUDA_GEMM_PAD=1: stacked products of 9-64 rows on M rounded up to 16 (gemm.cu: four cuBLAS
-     * shapes per matrix, met once by the warm-up below instead of by the first request of each size) */
+    /* CINFER_CUDA_GEMM_PAD (default on; "0": off): products of 9-64 rows on M rounded up to 16, of more rows
+     * up to 64 (gemm.cu: few cuBLAS shapes per matrix, met once by the warm-up below instead of by the first
+     * request of each size). The H200 call of 12:44: the 16k second turn 0.017 s with +64 rows, 0.016 s with
+     * +37 (its third turn 0.016 / 0.015 s: no first-time cost left); cuda_gemm_pad, fixture parity and batch
+     * tests pass */
     const char *gpad = getenv("CINFER_CUDA_GEMM_PAD");
-    cu_set_gemm_pad(gpad && !strcmp(gpad, "1"));
+    cu_set_gemm_pad(!(gpad && !strcmp(gpad, "0")));
     if (sk_auto) cu_ctx_set_skinny(f->cu, f->p.spec_window > 0 ? 1 : 0);
     if (sk)
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_SKINNY=%s: skinny GEMM mode %d up to %d rows\n", sk,
@@ -944,9 +946,10 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
         cu_gemm(f->cu, f->logits, f->xn, f->lm_head, CU_GEMV_MAX_M + 1, m->V, m->H, f->xb, 0);
         if ((rc = cu_sync(f->cu, err, errlen))) goto fail;
     }
+    /* CINFER_CUDA_WARMUP (default on; "0": off): warm_gemms (72-95 ms in the first context of a process on
+     * the H200 for the 4B shape up to 64 rows, 2.2 ms in the next: cuBLAS keeps its choices per process) */
     const char *wu = getenv("CINFER_CUDA_WARMUP");
-    if (wu && !strcmp(wu, "1") && (rc = warm_up(f, err, errlen))) goto fail;
-    if (wu && !strcmp(wu, "gemm") && (rc = warm_gemms(f, err, errlen))) goto fail;
+    if (!(wu && !strcmp(wu, "0")) && (rc = warm_gemms(f, err, errlen))) goto fail;
     *out = f;
     return 0;
 fail:
@@ -1065,7 +1068,11 @@ static int gemm_class(const cuda_fwd *f, const uint16_t *w) {
 
 static void gemm(cuda_fwd *f, float *y, const float *x, const uint16_t *w, int M, int N, int K) {
     if (cu_onepass_mask() != -1) cu_set_gemm_class(gemm_class(f, w));
-    cu_gemm(f->cu, y, x, w, M, N, K, f->xb, 0);
+    /* y one of the [max_tokens][*] scratch buffers (not a slice, as the MoE experts' rows are): the GEMM may
+     * pad its rows (cu_gemm_rows, CINFER_CUDA_GEMM_PAD) */
+    int whole =
+        y == f->proj || y == f->out || y == f->logits || y == f->x || y == f->shy || y == f->moe_logits;
+    cu_gemm_rows(f->cu, y, x, w, M, N, K, f->xb, whole ? f->p.max_tokens : M);
     if (cu_onepass_mask() != -1) cu_set_gemm_class(CU_GC_OTHER);
 }
 
@@ -1775,41 +1782,20 @@ static int fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, int s
     return 0;
 }
 
-/* CINFER_CUDA_WARMUP=1: the short prefill shapes a resumed turn runs (a 64-row piece at position 0, a 63-row
- * one after it, one decode row), run once at creation on slot 0 and KV blocks 0.., eagerly (no graph kept),
- * then the slot reset: whatever the process pays the first time such a step runs is paid here, before any
- * request. The blocks' rows are overwritten by the first sequence that takes them; nothing reads a position
- * it has not written. */
-static int warm_up(cuda_fwd *f, char *err, size_t errlen) {
-    int n = f->p.max_tokens < 64 ? f->p.max_tokens : 64, nb = (2 * n + 15) / 16;
-    if (n < 2 || f->p.n_slots < 1 || f->p.n_blocks < nb || f->p.max_ctx < 2 * n || nb > 16) return 0;
-    int32_t toks[64] = {0};
-    int blocks[16];
-    for (int i = 0; i < nb; i++) blocks[i] = i;
-    double t0 = host_ms();
-    int ng = f->p.no_graphs, rc = 0;
-    f->p.no_graphs = 1;
-    fwd_entry e = {.seq_len = 0, .tokens = toks, .n = n, .slot = 0, .blocks = blocks};
-    const int at[3] = {0, n, 2 * n - 1}, len[3] = {n, n - 1, 1};
-    for (int i = 0; i < 3 && !rc; i++) {
-        e.seq_len = at[i], e.n = len[i];
-        rc = fwd_run(f, &e, 1, NULL, 1, err, errlen);
-    }
-    f->p.no_graphs = ng;
-    if (!rc) rc = cuda_fwd_slot_reset(f, 0, err, errlen);
-    if (f->trace) fprintf(stderr, "ttft-trace warm-up: %.3f ms\n", host_ms() - t0);
-    return rc;
-}
-
-/* CINFER_CUDA_WARMUP=gemm: every weight shape's stacked product at 16, 32, 48 and 64 rows (the buckets of
- * CINFER_CUDA_GEMM_PAD), once at creation on the scratch buffers: cuBLAS's per-shape choice happens here
- * instead of inside the first request that runs a short prefill (a resumed turn's suffix, a batch of 9+
- * decode rows) */
+/* The GEMM warm-up (CINFER_CUDA_WARMUP, default "gemm"): every weight shape's product at the row counts
+ * CINFER_CUDA_GEMM_PAD rounds to (16, 32, 48, 64 stacked; with the pad on, 128 to WARM_MAX_ROWS in steps of
+ * 64), once at creation on the scratch buffers, so that cuBLAS's per-shape choice (5-17 ms each the first
+ * time in a process on the H200) happens here and not inside the first request that runs such a step (a
+ * resumed turn's suffix, a batch of 9+ decode rows). The lm_head only up to 64 rows (more is a rare
+ * all-logits prefill). */
+#define WARM_MAX_ROWS      512
 static int warm_gemms(cuda_fwd *f, char *err, size_t errlen) {
     const model *m = f->m;
-    int H = m->H, I = m->cfg.intermediate_size;
+    int H = m->H, I = m->cfg.intermediate_size, top = cu_gemm_pad() ? WARM_MAX_ROWS : 64;
     double t0 = host_ms();
-    for (int M = CU_GEMM_PAD_ROWS; M <= 64 && M <= f->p.max_tokens; M += CU_GEMM_PAD_ROWS) {
+    for (int M = CU_GEMM_PAD_ROWS; M <= top && M <= f->p.max_tokens;
+         M += M < 64 ? CU_GEMM_PAD_ROWS : CU_GEMM_PAD_BIG) {
+        if (M > f->p.max_tokens) break;
         int lin = 0, full = 0, ffn = 0, moe = 0;
         for (int l = 0; l < m->L; l++) {
             const cu_layer *cl = &f->L[l];
@@ -1825,17 +1811,14 @@ static int warm_gemms(cuda_fwd *f, char *err, size_t errlen) {
                 gemm(f, f->out, f->act, cl->w_down, M, H, I);
                 ffn = 1;
             }
-            if (lw->moe && !moe) {
-                gemm(f, f->moe_logits, f->xn, cl->router, M, m->cfg.n_experts, H);
-                if (cl->sh_gu) {
-                    int Is = m->cfg.shared_expert_intermediate_size;
-                    gemm(f, f->proj, f->xn, cl->sh_gu, M, 2 * Is, H);
-                    gemm(f, f->shy, f->act, cl->sh_down, M, H, Is);
-                }
+            if (lw->moe && !moe && cl->sh_gu) {
+                int Is = m->cfg.shared_expert_intermediate_size;
+                gemm(f, f->proj, f->xn, cl->sh_gu, M, 2 * Is, H);
+                gemm(f, f->shy, f->act, cl->sh_down, M, H, Is);
                 moe = 1;
             }
         }
-        gemm(f, f->logits, f->xn, f->lm_head, M, m->V, H);
+        if (M <= 64) gemm(f, f->logits, f->xn, f->lm_head, M, m->V, H);
     }
     int rc = cu_sync(f->cu, err, errlen);
     if (f->trace) fprintf(stderr, "ttft-trace gemm warm-up: %.3f ms\n", host_ms() - t0);

@@ -1,8 +1,9 @@
-/* test_cuda_gemm_pad.c — cu_gemm's stacked hi + lo product of 9-64 rows with CINFER_CUDA_GEMM_PAD (M rounded
- * up to a multiple of CU_GEMM_PAD_ROWS, so cuBLAS meets four shapes per matrix): every row against a double
- * CPU reference (||d|| / ||ref|| <= 1e-5, outputs start as NaN so an unwritten one fails), rows beyond M
- * untouched, a row's bits the same whether its call had M or the bucket's full rows, and without the switch
- * the result is today's. Skips without a CUDA build or device. */
+/* test_cuda_gemm_pad.c — cu_gemm's hi + lo products with CINFER_CUDA_GEMM_PAD: 9-64 rows stacked on M rounded
+ * up to a multiple of CU_GEMM_PAD_ROWS, more rows (cu_gemm_rows into a y with room) on M rounded up to
+ * CU_GEMM_PAD_BIG, so cuBLAS meets few shapes per matrix: every row against a double CPU reference, padded
+ * and not (||d|| / ||ref|| <= 1e-5, outputs start as NaN so an unwritten one fails), rows past the bucket
+ * untouched (past M for the stacked form), a row's bits the same whether its call had M or the bucket's full
+ * rows. Skips without a CUDA build or device. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -34,7 +35,7 @@ static float *fetch(const float *d, size_t n) {
 
 TEST(cuda_gemm_pad_rows_match_cpu_and_their_bucket) {
     if (cuda_devices() < 1) SKIP("no CUDA device: skipped");
-    enum { N = 320, K = 512, MAXM = 64 };
+    enum { N = 320, K = 512, MAXM = 256 };
     char err[256];
     cu_ctx *c = NULL;
     REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
@@ -62,22 +63,22 @@ TEST(cuda_gemm_pad_rows_match_cpu_and_their_bucket) {
             for (int k = 0; k < K; k++) s += (double)hx[m * K + k] * bf16_to_f32(hw[n * K + k]);
             ref[m * N + n] = s;
         }
-    const int Ms[] = {9, 16, 17, 33, 47, 63, 64};
+    const int Ms[] = {9, 16, 17, 33, 47, 63, 64, 65, 100, 128, 200};
     int pad_was = cu_gemm_pad();
     for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
-        int M = Ms[mi], B = (M + CU_GEMM_PAD_ROWS - 1) / CU_GEMM_PAD_ROWS * CU_GEMM_PAD_ROWS;
+        int M = Ms[mi], step = M <= 64 ? CU_GEMM_PAD_ROWS : CU_GEMM_PAD_BIG, B = (M + step - 1) / step * step;
         float *y[2] = {NULL, NULL}, *yb = NULL;
         for (int pad = 0; pad < 2; pad++) {
             cu_set_gemm_pad(pad);
             cu_fill_f32(c, dy, (size_t)MAXM * N, NAN);
-            cu_gemm(c, dy, dx, dw, M, N, K, xb, 0);
+            cu_gemm_rows(c, dy, dx, dw, M, N, K, xb, MAXM);
             REQUIRE(cu_sync(c, err, sizeof err) == 0);
             y[pad] = fetch(dy, (size_t)MAXM * N);
             REQUIRE(y[pad]);
         }
         /* the bucket's full rows in one call, with the switch: the first M rows must be the same bits */
         cu_fill_f32(c, dy64, (size_t)MAXM * N, NAN);
-        cu_gemm(c, dy64, dx, dw, B, N, K, xb, 0);
+        cu_gemm_rows(c, dy64, dx, dw, B, N, K, xb, MAXM);
         REQUIRE(cu_sync(c, err, sizeof err) == 0);
         yb = fetch(dy64, (size_t)MAXM * N);
         REQUIRE(yb);
@@ -91,7 +92,7 @@ TEST(cuda_gemm_pad_rows_match_cpu_and_their_bucket) {
                 d += e * e, r += ref[i] * ref[i];
             }
             worst[pad] = sqrt(d / r);
-            for (int i = M * N; i < MAXM * N; i++) beyond += !isnan(y[pad][i]);
+            for (int i = (M <= 64 || !pad ? M : B) * N; i < MAXM * N; i++) beyond += !isnan(y[pad][i]);
         }
         same = !memcmp(y[1], yb, sizeof(float) * (size_t)M * N);
         printf("     M %2d (bucket %2d): ||d||/||ref|| %.3g unpadded, %.3g padded; rows as in a %d-row call: "

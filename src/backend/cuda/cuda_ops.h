@@ -110,6 +110,11 @@ void cu_set_gemm_scratch(cu_ctx *c, float *d_t, size_t floats);
  * holds it */
 void cu_set_gemm_xb_rows(cu_ctx *c, int rows);
 #define CU_GEMM_PAD_ROWS 16
+#define CU_GEMM_PAD_BIG  64
+/* cu_gemm (precise 0) into a y of y_rows rows: with the pad switch, more than 64 rows run as M rounded up to
+ * CU_GEMM_PAD_BIG where y_rows and the context's xb rows allow (rows M.. of y then overwritten) */
+void cu_gemm_rows(cu_ctx *c, float *d_y, const float *d_x, const uint16_t *d_w, int M, int N, int K,
+                  uint16_t *d_xb, int y_rows);
 void cu_set_gemm_pad(int on);
 int cu_gemm_pad(void);
 /* 2 (default): activations as bf16 hi + lo through the tensor cores; 1: one bf16 rounding

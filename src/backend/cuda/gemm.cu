@@ -352,11 +352,13 @@ extern "C" void cu_set_gemm_xb_rows(cu_ctx *c, int rows) {
     c->xb_rows = rows;
 }
 
-/* CINFER_CUDA_GEMM_PAD=1: cuBLAS picks (and loads) a kernel for every new shape the first time it meets it,
- * on the host, 5-17 ms per GEMM shape on the H200 (call of 12:12: a first 63-row prefill's launches blocked
- * the host for 39 ms, a first 64-row one 14 ms): with the stacked products' M rounded up to a multiple of
- * CU_GEMM_PAD_ROWS, 9-64 rows make four shapes per weight matrix, which forward_cuda.c's warm-up meets once
- * at creation. The pad rows' outputs are never read; a row's bits then depend only on its bucket. */
+/* CINFER_CUDA_GEMM_PAD (default 1): cuBLAS picks (and loads) a kernel for every new shape the first time it
+ * meets it, on the host, 5-17 ms per GEMM shape on the H200 (call of 12:12: a first 63-row prefill's launches
+ * blocked the host for 39 ms, a first 64-row one 14 ms): with the stacked products' M rounded up to a multiple
+ * of CU_GEMM_PAD_ROWS, 9-64 rows make four shapes per weight matrix, and past 64 rows M is rounded up to a
+ * multiple of CU_GEMM_PAD_BIG where the caller's y holds the rows (cu_gemm_rows); forward_cuda.c's warm-up
+ * meets those shapes once at creation. The pad rows' outputs are never read; a row's bits depend only on its
+ * bucket. */
 static int g_gemm_pad = 0;
 extern "C" void cu_set_gemm_pad(int on) {
     g_gemm_pad = on;
@@ -377,8 +379,19 @@ static void blas(cu_ctx *c, float *y, const uint16_t *xb, const uint16_t *w, int
  * the tiny random fixture models amplify past 1e-2 at the logits. So x is split into hi + lo (both bf16, x to
  * ~2^-17) and both halves go through the tensor cores: up to 64 rows as one product of 2M stacked rows (the
  * weights still stream once, as decode needs), beyond that as two products accumulated by cuBLAS. */
+static void gemm_impl(cu_ctx *c, float *y, const float *x, const uint16_t *w, int M, int N, int K,
+                      uint16_t *xb, int precise, int y_rows);
 extern "C" void cu_gemm(cu_ctx *c, float *y, const float *x, const uint16_t *w, int M, int N, int K,
                         uint16_t *xb, int precise) {
+    gemm_impl(c, y, x, w, M, N, K, xb, precise, M);
+}
+extern "C" void cu_gemm_rows(cu_ctx *c, float *y, const float *x, const uint16_t *w, int M, int N, int K,
+                             uint16_t *xb, int y_rows) {
+    gemm_impl(c, y, x, w, M, N, K, xb, 0, y_rows);
+}
+
+static void gemm_impl(cu_ctx *c, float *y, const float *x, const uint16_t *w, int M, int N, int K,
+                      uint16_t *xb, int precise, int y_rows) {
     if (M <= 0 || N <= 0) return;
     if (!precise && cu_skinny_takes(c, M, K)) { /* CINFER_CUDA_SKINNY (gemm_mma.cu) */
         cu_skinny(c, y, x, w, M, N, K, NULL, 0.0f, CU_EPI_STORE);
@@ -403,7 +416,12 @@ extern "C" void cu_gemm(cu_ctx *c, float *y, const float *x, const uint16_t *w, 
         int r = (M + CU_GEMM_PAD_ROWS - 1) / CU_GEMM_PAD_ROWS * CU_GEMM_PAD_ROWS;
         if (r <= c->xb_rows && (size_t)2 * r * N <= c->ytmp_floats) Mb = r;
     }
-    split_bf16_kernel<<<g, 256, 0, c->stream>>>(xb, x, n, stacked ? (size_t)Mb * K : n);
+    /* past 64 rows the two products write y itself: padded to CU_GEMM_PAD_BIG rows where y and xb hold them */
+    if (!stacked && g_gemm_pad) {
+        int r = (M + CU_GEMM_PAD_BIG - 1) / CU_GEMM_PAD_BIG * CU_GEMM_PAD_BIG;
+        if (r <= c->xb_rows && r <= y_rows) Mb = r;
+    }
+    split_bf16_kernel<<<g, 256, 0, c->stream>>>(xb, x, n, (size_t)Mb * K);
     if (stacked) {
         blas(c, c->ytmp, xb, w, 2 * Mb, N, K, 0.0f);
         size_t ny = (size_t)M * N;
@@ -411,8 +429,8 @@ extern "C" void cu_gemm(cu_ctx *c, float *y, const float *x, const uint16_t *w, 
         if (gy > 65535u * 16u) gy = 65535u * 16u;
         add_halves_kernel<<<gy, 256, 0, c->stream>>>(y, c->ytmp, ny, (size_t)Mb * N);
     } else {
-        blas(c, y, xb, w, M, N, K, 0.0f);
-        blas(c, y, xb + n, w, M, N, K, 1.0f);
+        blas(c, y, xb, w, Mb, N, K, 0.0f);
+        blas(c, y, xb + (size_t)Mb * K, w, Mb, N, K, 1.0f);
     }
 }
 
