@@ -677,6 +677,8 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     /* "1" / "2": under PDL the decode GEMVs request their weights into L2 while the kernel before runs */
     const char *l2 = getenv("CINFER_CUDA_GEMV_L2PF");
     cu_set_gemv_l2pf(l2 ? atoi(l2) : 0);
+    const char *ge = getenv("CINFER_CUDA_GEMV_EARLY"); /* "1": the GEMVs' early PDL trigger */
+    cu_set_gemv_early(ge && !strcmp(ge, "1"));
     /* "1": the fused DeltaNet decode kernel's tail from registers (the same bits) */
     const char *gt = getenv("CINFER_CUDA_GDN_TAIL");
     cu_set_gdn_tail(gt && !strcmp(gt, "1"));

@@ -71,15 +71,18 @@ static int run_seqs(cinfer_model *m, int B, int P, int D, int V, int prof, float
 }
 
 /* one run under the given switches (NULL: unset); pf: CINFER_CUDA_ATTN_PF=1 unless "0", and "2" also the
- * GEMVs' L2 prefetch CINFER_CUDA_GEMV_L2PF=2 and the DeltaNet tail from registers CINFER_CUDA_GDN_TAIL=1 */
+ * GEMVs' L2 prefetch CINFER_CUDA_GEMV_L2PF=2, the DeltaNet tail from registers CINFER_CUDA_GDN_TAIL=1 and the
+ * GEMVs' early trigger CINFER_CUDA_GEMV_EARLY=1 */
 static int run_with(cinfer_model *m, const char *pdl, const char *graphs, const char *pf, int B, int prof,
                     int V, float *out) {
     if (pf && !strcmp(pf, "2")) {
         setenv("CINFER_CUDA_GEMV_L2PF", "2", 1);
         setenv("CINFER_CUDA_GDN_TAIL", "1", 1);
+        setenv("CINFER_CUDA_GEMV_EARLY", "1", 1);
     } else {
         unsetenv("CINFER_CUDA_GEMV_L2PF");
         unsetenv("CINFER_CUDA_GDN_TAIL");
+        unsetenv("CINFER_CUDA_GEMV_EARLY");
     }
     if (pdl)
         setenv("CINFER_CUDA_PDL", pdl, 1);
@@ -99,6 +102,7 @@ static int run_with(cinfer_model *m, const char *pdl, const char *graphs, const 
     unsetenv("CINFER_CUDA_ATTN_PF");
     unsetenv("CINFER_CUDA_GEMV_L2PF");
     unsetenv("CINFER_CUDA_GDN_TAIL");
+    unsetenv("CINFER_CUDA_GEMV_EARLY");
     return rc;
 }
 

@@ -99,6 +99,9 @@ void cu_set_attn_decode_pf(int on);
 /* 1 / 2 (CINFER_CUDA_GEMV_L2PF, with PDL only): each decode GEMV block requests its weight slice (2: and a
  * second-wave block's) into L2 before waiting for the kernel before it; 0 off. The same bits */
 void cu_set_gemv_l2pf(int mode);
+/* 1 (CINFER_CUDA_GEMV_EARLY=1): a decode GEMV lets the next kernel start right after its own wait instead of
+ * after its loads; the same bits */
+void cu_set_gemv_early(int on);
 /* 1 (CINFER_CUDA_GDN_TAIL=1): the fused DeltaNet decode kernel's last block of a key-head group works from
  * registers (conv windows, the gated norm's z / weights / o) instead of going back to memory; the same bits
  */

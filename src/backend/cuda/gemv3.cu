@@ -50,7 +50,9 @@ __device__ __forceinline__ void l2_prefetch(const void *p, size_t bytes) {
 template <int MR, int NR, int U, bool NORM, int EPI, int VAR, int W = VAR & 2 ? 4 : G3_WARPS>
 __global__ void __launch_bounds__(W * 32, (MR == 1 ? 3 : 2) * 8 / W)
     gemv3_kernel(float *__restrict__ y, const float *__restrict__ x, const uint16_t *__restrict__ w, int N,
-                 int K, int KS, const float *__restrict__ g, float eps, int l2pf) {
+                 int K, int KS, const float *__restrict__ g, float eps, int fl) {
+    /* fl (cu_set_gemv_l2pf, cu_set_gemv_early): bits 0-1 the L2 prefetch mode, bit 2 the early trigger */
+    const int l2pf = fl & 3;
     constexpr int ROWS = EPI == EPI_SWIGLU ? 2 * NR : NR;
     __shared__ float red[W][ROWS * MR + (NORM ? MR : 0)];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -96,6 +98,10 @@ __global__ void __launch_bounds__(W * 32, (MR == 1 ? 3 : 2) * 8 / W)
         }
     }
     griddep_wait();
+    /* fl & 4 (CINFER_CUDA_GEMV_EARLY=1): the next kernel may start its blocks as soon as every block of this
+     * one is past its wait (they then fill the SMs this one's last wave leaves and request their weights),
+     * rather than once every block is past its loads */
+    if (fl & 4) griddep_launch();
     for (int c0 = ks; c0 < nch; c0 += step) {
         /* VAR bit 2: the next U chunks are requested before this batch's FMAs (twice the registers) */
         constexpr int UP = VAR & 4 ? U : 1;
@@ -159,7 +165,7 @@ __global__ void __launch_bounds__(W * 32, (MR == 1 ? 3 : 2) * 8 / W)
     }
     /* every load of this block is out: a GEMV launched after this one with programmatic dependent launch
      * may start its blocks (and their weight requests) once all blocks got here, during this one's tail */
-    griddep_launch();
+    if (!(fl & 4)) griddep_launch();
 #pragma unroll
     for (int r = 0; r < ROWS; r++)
 #pragma unroll
@@ -201,10 +207,13 @@ __global__ void __launch_bounds__(W * 32, (MR == 1 ? 3 : 2) * 8 / W)
 /* ---- configuration ---- */
 
 static int g_ks = 0, g_nr = 0, g_u = 0, g_var = -1; /* 0 / -1: automatic (cu_set_gemv3_config) */
-static int g_l2pf = 0;                              /* gemv3_kernel's l2pf (cu_set_gemv_l2pf) */
+static int g_l2pf = 0, g_early = 0; /* gemv3_kernel's fl (cu_set_gemv_l2pf, cu_set_gemv_early) */
 
 extern "C" void cu_set_gemv_l2pf(int mode) {
     g_l2pf = mode == 1 || mode == 2 ? mode : 0;
+}
+extern "C" void cu_set_gemv_early(int on) {
+    g_early = on != 0;
 }
 
 extern "C" void cu_set_gemv3_config(int ks, int nr, int u, int var) {
@@ -240,7 +249,7 @@ static void g3_launch(cu_ctx *c, float *y, const float *x, const uint16_t *w, in
     int per_block = W / KS * NR;
     dim3 grid(cdiv((size_t)N, (size_t)per_block), (unsigned)tiles);
     /* the L2 prefetch only pays while a kernel before still runs, i.e. under PDL */
-    int pf = cu_pdl_on() ? g_l2pf : 0;
+    int pf = (cu_pdl_on() ? g_l2pf : 0) | (g_early ? 4 : 0);
     cu_launch_gemv(c, gemv3_kernel<MR, NR, U, NORM, EPI, VAR>, grid, dim3(W * 32), y, x, w, N, K, KS, g, eps,
                    pf);
 }
