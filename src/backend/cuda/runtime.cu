@@ -146,6 +146,7 @@ extern "C" size_t cu_mem_free(void) {
     return f;
 }
 extern "C" void cu_copy_async(cu_ctx *c, void *dst, const void *src, size_t bytes) {
+    pdl_break(c);
     cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, c->stream);
 }
 extern "C" void cu_memset_async(cu_ctx *c, void *d, size_t bytes) {
@@ -248,6 +249,7 @@ extern "C" float cu_timer_between_ms(cu_timer *a, cu_timer *b) {
 
 extern "C" int cu_measure_roofline(cu_ctx *c, double *copy_gbs, double *gemm_tflops, char *err,
                                    size_t errlen) {
+    pdl_break(c); /* copies and memsets follow */
     /* copy: 1 GiB device-to-device, best of 5 (bytes read + bytes written) */
     size_t bytes = (size_t)1 << 30;
     void *a = NULL, *b = NULL;
