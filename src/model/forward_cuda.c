@@ -840,12 +840,13 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * that and the prep's products on mma.sync; "mma3": and the inverse's off-diagonal blocks; "mma4": that
      * with Dekker's split instead of TF32 conversions; "mma5": mma4 with the output O = Qg S + QK D in its
      * own pass, parallel over chunks, after a sequential pass that only carries the state; "mma6": mma4 with
-     * the sequential pass compiled for dk = 128 (every run of K unrolled; the same bits). Session 5's first
-     * H200 call: "mma2" within the op tests' bounds (4B heads over 4096 rows vs phased/16 3.1e-7), fixture
-     * parity worst 3.72e-4 per position (text fixture, len 150), prefix cache passing; one 4B layer over 4096
-     * rows 1.70 -> 1.28 ms (prep 0.49
-     * -> 0.38, sequential pass 0.96 -> 0.65 ms), "deltanet core" of the 4B 4096-token chunk 43.6 -> 33.7 ms:
-     * so "mma2" is the default, "stage" the WMMA pass before it */
+     * the prep and the sequential pass compiled for dk = 128 (every run of K unrolled; the same bits);
+     * "mma7": that with the pass scaling Q and K from conv_out itself (the prep writes no Qg, Kf; the same
+     * bits). Session 5's first H200 call: "mma2" within the op tests' bounds (4B heads over 4096 rows vs
+     * phased/16 3.1e-7), fixture parity worst 3.72e-4 per position (text fixture, len 150), prefix cache
+     * passing; one 4B layer over 4096 rows 1.70 -> 1.28 ms (prep 0.49 -> 0.38, sequential pass 0.96 -> 0.65
+     * ms), "deltanet core" of the 4B 4096-token chunk 43.6 -> 33.7 ms: so "mma2" is the default, "stage" the
+     * WMMA pass before it */
     const char *pf = getenv("CINFER_CUDA_PREFILL");
     const char *pfv = pf ? pf : "tc";
     int phased = !strcmp(pfv, "tc") || !strcmp(pfv, "gdn") || !strcmp(pfv, "gdn2") || !strcmp(pfv, "tc2") ||
@@ -893,6 +894,7 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
                       : !strcmp(gdt, "mma4")  ? 6
                       : !strcmp(gdt, "mma5")  ? 7
                       : !strcmp(gdt, "mma6")  ? 8
+                      : !strcmp(gdt, "mma7")  ? 9
                                               : 4;
     /* decode MoE blocks (device_only) as three launches (router + selection, gate_up + SwiGLU, down + combine
      * + shared expert) instead of ~15, the same arithmetic (moe_fused.cu); the default since the H200 run of

@@ -507,7 +507,7 @@ static void gdn_case_ex(int Hk, int Hv, int dk, int dv, int tc, const test_entry
      * but 11's inverse, 12's split: their bits said, not required); 6: the phased form with one TF32 rounding
      * (the form that failed the model parity), which must fail the bound: the bound can catch what it is for.
      * (1 and 2 were the one-kernel form of deltanet_tc.cu and its control, deleted.) */
-    for (int mode = 0; mode <= (tc ? 14 : 0); mode++) {
+    for (int mode = 0; mode <= (tc ? 15 : 0); mode++) {
         if (mode == 1 || mode == 2) continue;
         if (g_gdn_only ? mode && mode != g_gdn_only : mode == 13) continue;
         int phased = mode >= 3, control = mode == 6;
@@ -535,6 +535,7 @@ static void gdn_case_ex(int Hk, int Hv, int dk, int dv, int tc, const test_entry
                                                                 : mode == 12 ? 6
                                                                 : mode == 13 ? 7
                                                                 : mode == 14 ? 8
+                                                                : mode == 15 ? 9
                                                                              : 16;
             g.chunk_scr = nan_dev(c, cu_gdn_chunk_bytes(g.chunk_cap, T, Hv, dk, dv) / 4);
         }
@@ -568,6 +569,7 @@ static void gdn_case_ex(int Hk, int Hv, int dk, int dv, int tc, const test_entry
                            : mode == 12 ? "phased/mma4"
                            : mode == 13 ? "phased/mma5"
                            : mode == 14 ? "phased/mma6"
+                           : mode == 15 ? "phased/mma7"
                                         : "phased/16";
         if (phased) { /* the phased kernels ran (not the fallback): they wrote W of the first chunk */
             float *w0 = get((const float *)g.chunk_scr, 1);
@@ -652,7 +654,8 @@ static void gdn_case_ex(int Hk, int Hv, int dk, int dv, int tc, const test_entry
                 printf("     %s vs the previous form: output %s, states %s\n", kind,
                        memcmp(go, prev_o, (size_t)T * vd * 4) ? "differ" : "bit-identical",
                        memcmp(gr, prev_r, rs_n * 4) ? "differ" : "bit-identical");
-            if (mode == 14 && !g_gdn_only) { /* mma4 with dk a constant: mma4's bits */
+            if ((mode == 14 || mode == 15) && !g_gdn_only) { /* mma4 with dk a constant, and with Q, K
+                                                                 raw: mma4's bits */
                 CHECK_MSG(!memcmp(go, prev_o, (size_t)T * vd * 4),
                           "deltanet dk=%d dv=%d: %s vs mma4: outputs differ", dk, dv, kind);
                 CHECK_MSG(!memcmp(gr, prev_r, rs_n * 4), "deltanet dk=%d dv=%d: %s vs mma4: states differ",
@@ -781,7 +784,8 @@ static void gdn_speed(int Hk, int Hv) {
                  {"phased/mma3", 2, 5, 0, 1},
                  {"phased/mma4", 2, 6, 0, 1},
                  {"phased/mma5", 2, 7, 0, 1},
-                 {"phased/mma6", 2, 8, 0, 1}};
+                 {"phased/mma6", 2, 8, 0, 1},
+                 {"phased/mma7", 2, 9, 0, 1}};
     cu_timer *tm;
     REQUIRE(cu_timer_create(&tm) == 0);
     float *o16 = NULL;
@@ -807,7 +811,7 @@ static void gdn_speed(int Hk, int Hv) {
             if (!o16)
                 o16 = go;
             else if (forms[f].dt >= 3 &&
-                     forms[f].dt <= 8) { /* the same sums on mma.sync: within the tensor-core bound */
+                     forms[f].dt <= 9) { /* the same sums on mma.sync: within the tensor-core bound */
                 double r = rel(go, o16, (size_t)T * vd);
                 printf("     %-44s vs phased/16: %s (%.2e)\n", "", r == 0 ? "bit-identical" : "differ", r);
                 CHECK_MSG(r <= 1e-5, "%s: %.3g from phased/16", forms[f].name, r);
@@ -830,7 +834,7 @@ static void gdn_speed(int Hk, int Hv) {
                 }
             printf("     %-44s prep %.3f ms, sequential pass %.3f ms\n", "", part[0], part[1]);
         }
-        if (forms[f].scr && forms[f].dt <= 8) { /* where the cycles of one block of each go */
+        if (forms[f].scr && forms[f].dt <= 9) { /* where the cycles of one block of each go */
             long long *dp = NULL, hp[16];
             REQUIRE(cu_alloc((void **)&dp, sizeof hp, err, sizeof err) == 0);
             g.chunk_prof = dp;

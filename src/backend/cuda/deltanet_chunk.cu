@@ -196,7 +196,7 @@ static size_t ck_prep_smem_floats(int dk, int dv) {
 /* MM: 0 the products in WMMA; 1 (mma2) on mma.sync, with il's forms of the scaling and of the diagonal
  * blocks' substitution (the same bits); 2 (mma3) that and the off-diagonal blocks of T by mma.sync too; 3
  * (mma4) that with Dekker's split. DK: 0 dk from the arguments, 128 a constant (mma6) */
-template <int P, bool IL, int MM = 0, int DK = 0>
+template <int P, bool IL, int MM = 0, int DK = 0, bool R = false>
 __global__ void __launch_bounds__(256) ck_prep_kernel(cu_gdn_args a) {
     extern __shared__ __align__(128) float smp[];
     const int *tab = ck_table(a);
@@ -294,7 +294,9 @@ __global__ void __launch_bounds__(256) ck_prep_kernel(cu_gdn_args a) {
         Am[r * CK_GLD + s] = s < r ? bet[r] * d * Am[r * CK_GLD + s] : 0.0f;
         QK[idx] = s <= r ? d * Tm[r * CK_GLD + s] : 0.0f; /* tiles above the diagonal were never written */
     }
-    if constexpr (IL || MM) { /* four at a time: the same products, a quarter of the stores */
+    if constexpr (R) { /* mma7: the factors instead of Qg and Kf, in Qg's place (the pass scales Q and K) */
+        if (tid < CK_CH) Qg[tid] = egam[tid], Qg[CK_CH + tid] = fl[tid];
+    } else if constexpr (IL || MM) { /* four at a time: the same products, a quarter of the stores */
         for (int idx = tid; idx < CK_CH * (dk / 4); idx += nt) {
             int t = idx / (dk / 4), i = idx % (dk / 4) * 4;
             float4 q = *(const float4 *)(Xs + t * XLD + i), kk = *(const float4 *)(Ks + t * KLD + i);
@@ -732,16 +734,28 @@ template <int P, int V> __global__ void __launch_bounds__(256) ck_state_stage_ke
  * lo [64][40] */
 static size_t ck_mma_smem_floats(int dk) {
     return 2 * (size_t)CK_CH * (dk + 4) + (size_t)CK_CH * (dk + 8) + (size_t)CK_CH * CK_GLD +
-           (size_t)CK_CH * CKM_SL + 2 * (size_t)dk * CKM_SL + 2 * (size_t)CK_CH * CKM_SL;
+           (size_t)CK_CH * CKM_SL + 2 * (size_t)dk * CKM_SL + 2 * (size_t)CK_CH * CKM_SL + 2 * CK_CH;
+}
+
+/* rows t < L of Q (off 0) or K (off kd) of key head kh from conv_out into shared rows of ld; zeros past L */
+static __device__ __forceinline__ void ck_stage_rows(float *dst, int ld, const cu_gdn_args &a, int row0,
+                                                     int L, size_t off, int dk, int tid, int nt) {
+    for (int idx = tid; idx < CK_CH * (dk / 4); idx += nt) {
+        int t = idx / (dk / 4), i = idx % (dk / 4) * 4, z = t < L ? 0 : 16;
+        __pipeline_memcpy_async(dst + t * ld + i,
+                                a.conv_out + (size_t)(row0 + (t < L ? t : 0)) * a.C + off + i, 16, z);
+    }
 }
 
 /* acc[n] += A[16][K] B[K][n*8 .. n*8 + 7] for the four n-tiles, in runs of TC_KC as tc_mma2. A row-major at
  * A[m * lda + k] (AT: "column-major", at A[k * lda + m]); B split, hi at Bh[k * CKM_SL + n], lo at Bl; neg:
  * A enters negated. */
-template <bool AT, bool FS = false, int NT = 4>
+/* SC: A's elements scaled on the way in (one rounded product, as the prep's): 1 row m by sc[m], 2 column k by
+ * sc[k] (mma7: Qg and Kf from Q and K) */
+template <bool AT, bool FS = false, int NT = 4, int SC = 0>
 static __device__ __forceinline__ void ckm_rowtile(float (&acc)[NT][4], const float *A, int lda,
                                                    const float *Bh, const float *Bl, int K, bool neg, int g,
-                                                   int t) {
+                                                   int t, const float *sc = nullptr) {
     for (int k0 = 0; k0 < K; k0 += TC_KC) {
         float p[NT][4];
 #pragma unroll
@@ -757,6 +771,15 @@ static __device__ __forceinline__ void ckm_rowtile(float (&acc)[NT][4], const fl
                 } else {
                     av[0] = A[(size_t)g * lda + k + t], av[1] = A[(size_t)(g + 8) * lda + k + t];
                     av[2] = A[(size_t)g * lda + k + t + 4], av[3] = A[(size_t)(g + 8) * lda + k + t + 4];
+                }
+                if constexpr (SC == 1) {
+                    float s0 = sc[g], s1 = sc[g + 8];
+                    av[0] = __fmul_rn(av[0], s0), av[1] = __fmul_rn(av[1], s1);
+                    av[2] = __fmul_rn(av[2], s0), av[3] = __fmul_rn(av[3], s1);
+                } else if constexpr (SC == 2) {
+                    float s0 = sc[k + t], s1 = sc[k + t + 4];
+                    av[0] = __fmul_rn(av[0], s0), av[1] = __fmul_rn(av[1], s0);
+                    av[2] = __fmul_rn(av[2], s1), av[3] = __fmul_rn(av[3], s1);
                 }
                 uint32_t ah[4], al[4];
 #pragma unroll
@@ -796,8 +819,11 @@ static __device__ __forceinline__ void ckm_put_split(float *Hs, float *Ls, int m
         }
 }
 
-/* DK: 0 dk from the arguments; 128 (the models' dk) a constant, so every run of K unrolls */
-template <bool FS, int DK = 0> __global__ void __launch_bounds__(256) ck_state_mma_kernel(cu_gdn_args a) {
+/* DK: 0 dk from the arguments; 128 (the models' dk) a constant, so every run of K unrolls. R (mma7): Q and K
+ * rows from conv_out and the prep's e^g, e^(g_L - g) instead of its Qg and Kf (the same products: the scaling
+ * on the fragments' way in, one rounded product as the prep's) */
+template <bool FS, int DK = 0, bool R = false>
+__global__ void __launch_bounds__(256) ck_state_mma_kernel(cu_gdn_args a) {
     extern __shared__ __align__(128) float smm[];
     int e = blockIdx.z;
     if (!ck_entry(a, e)) return;
@@ -807,7 +833,9 @@ template <bool FS, int DK = 0> __global__ void __launch_bounds__(256) ck_state_m
     int r0 = a.meta.e_row0[e];
     float *Wb = smm, *Qb = Wb + CK_CH * KLD, *Kb = Qb + CK_CH * KLD, *QKb = Kb + CK_CH * KBL;
     float *Ub = QKb + CK_CH * CK_GLD, *Sh = Ub + CK_CH * CKM_SL, *Sl = Sh + (size_t)dk * CKM_SL;
-    float *Dh = Sl + (size_t)dk * CKM_SL, *Dl = Dh + CK_CH * CKM_SL;
+    float *Dh = Sl + (size_t)dk * CKM_SL, *Dl = Dh + CK_CH * CKM_SL, *egs = Dl + CK_CH * CKM_SL,
+          *fls = egs + CK_CH;
+    const size_t qoff = (size_t)(h / (a.Hv / a.Hk)) * dk, koff = (size_t)a.Hk * dk + qoff;
     float *Sg = a.rec_state + (((size_t)a.meta.e_slot[e] * a.n_lin + a.lin) * a.Hv + h) * (size_t)dk * dv;
     const bool owns_s = warp < dk / 16; /* S rows 16 warp .. 16 warp + 15 */
     const int ms = warp * 16;
@@ -828,12 +856,23 @@ template <bool FS, int DK = 0> __global__ void __launch_bounds__(256) ck_state_m
     const float *base = (const float *)a.chunk_scr + ((size_t)k * a.Hv + h) * stride;
     CK_PROF_DECL(a.chunk_prof && blockIdx.x == 0 && h == 0 && tid == 0);
     /* group A of chunk 0 (W, Qg, U's columns), then group B (QK, Kf): as ck_state_stage_kernel */
+    const int L0 = CK_CH - pos0 % CK_CH < n ? CK_CH - pos0 % CK_CH : n;
     ck_stage<true>(Wb, KLD, base, CK_CH, dk, tid, nt);
-    ck_stage<true>(Qb, KLD, base + CK_CH * dk, CK_CH, dk, tid, nt);
+    if constexpr (R) {
+        ck_stage_rows(Qb, KLD, a, r0, L0, qoff, dk, tid, nt);
+        ck_stage<true>(egs, CK_CH, base + CK_CH * dk, 1, CK_CH, tid, nt);
+    } else {
+        ck_stage<true>(Qb, KLD, base + CK_CH * dk, CK_CH, dk, tid, nt);
+    }
     ck_stage_u(Ub, CKM_SL, base + 3 * CK_CH * dk, dv, j0, tid, nt);
     __pipeline_commit();
     ck_stage<true>(QKb, CK_GLD, base + 3 * CK_CH * dk + CK_CH * dv, CK_CH, CK_CH, tid, nt);
-    ck_stage<true>(Kb, KBL, base + 2 * CK_CH * dk, CK_CH, dk, tid, nt);
+    if constexpr (R) {
+        ck_stage_rows(Kb, KBL, a, r0, L0, koff, dk, tid, nt);
+        ck_stage<true>(fls, CK_CH, base + CK_CH * dk + CK_CH, 1, CK_CH, tid, nt);
+    } else {
+        ck_stage<true>(Kb, KBL, base + 2 * CK_CH * dk, CK_CH, dk, tid, nt);
+    }
     __pipeline_commit();
     for (int c0 = 0, L; c0 < n; c0 += L, k++) {
         L = CK_CH - (pos0 + c0) % CK_CH;
@@ -841,6 +880,8 @@ template <bool FS, int DK = 0> __global__ void __launch_bounds__(256) ck_state_m
         const float *W = (const float *)a.chunk_scr + ((size_t)k * a.Hv + h) * stride;
         const float *U = W + 3 * CK_CH * dk, *nxt = c0 + L < n ? W + a.Hv * stride : NULL;
         float egl = U[CK_CH * dv + CK_CH * CK_CH];
+        const int c1 = c0 + L,
+                  L1 = CK_CH - (pos0 + c1) % CK_CH < n - c1 ? CK_CH - (pos0 + c1) % CK_CH : n - c1;
         __pipeline_wait_prior(1); /* this chunk's group A */
         __syncthreads();
         CK_MARK(0);
@@ -859,14 +900,20 @@ template <bool FS, int DK = 0> __global__ void __launch_bounds__(256) ck_state_m
             } else {
 #pragma unroll
                 for (int nn = 0; nn < 4; nn++) o[nn][0] = o[nn][1] = o[nn][2] = o[nn][3] = 0.0f;
-                ckm_rowtile<false, FS>(o, Qb + m0 * KLD, KLD, Sh, Sl, dk, false, g, t);
+                ckm_rowtile<false, FS, 4, R ? 1 : 0>(o, Qb + m0 * KLD, KLD, Sh, Sl, dk, false, g, t,
+                                                     egs + m0);
             }
         }
         __syncthreads();
         CK_MARK(1);
         if (nxt) { /* the next chunk's group A over this one's W, Qg and U, read by now */
             ck_stage<true>(Wb, KLD, nxt, CK_CH, dk, tid, nt);
-            ck_stage<true>(Qb, KLD, nxt + CK_CH * dk, CK_CH, dk, tid, nt);
+            if constexpr (R) {
+                ck_stage_rows(Qb, KLD, a, r0 + c1, L1, qoff, dk, tid, nt);
+                ck_stage<true>(egs, CK_CH, nxt + CK_CH * dk, 1, CK_CH, tid, nt);
+            } else {
+                ck_stage<true>(Qb, KLD, nxt + CK_CH * dk, CK_CH, dk, tid, nt);
+            }
             ck_stage_u(Ub, CKM_SL, nxt + 3 * CK_CH * dk, dv, j0, tid, nt);
         }
         __pipeline_commit();
@@ -880,7 +927,7 @@ template <bool FS, int DK = 0> __global__ void __launch_bounds__(256) ck_state_m
             for (int nn = 0; nn < 4; nn++)
 #pragma unroll
                 for (int r = 0; r < 4; r++) s[nn][r] = __fmul_rn(s[nn][r], egl);
-            ckm_rowtile<true, FS>(s, Kb + ms, KBL, Dh, Dl, CK_CH, false, g, t);
+            ckm_rowtile<true, FS, 4, R ? 2 : 0>(s, Kb + ms, KBL, Dh, Dl, CK_CH, false, g, t, fls);
             ckm_put_split<FS>(Sh, Sl, ms, s, g, t);
         }
         if (warp >= 4) {
@@ -900,7 +947,12 @@ template <bool FS, int DK = 0> __global__ void __launch_bounds__(256) ck_state_m
         CK_MARK(3);
         if (nxt) { /* the next chunk's group B over this one's QK and Kf */
             ck_stage<true>(QKb, CK_GLD, nxt + 3 * CK_CH * dk + CK_CH * dv, CK_CH, CK_CH, tid, nt);
-            ck_stage<true>(Kb, KBL, nxt + 2 * CK_CH * dk, CK_CH, dk, tid, nt);
+            if constexpr (R) {
+                ck_stage_rows(Kb, KBL, a, r0 + c1, L1, koff, dk, tid, nt);
+                ck_stage<true>(fls, CK_CH, nxt + CK_CH * dk + CK_CH, 1, CK_CH, tid, nt);
+            } else {
+                ck_stage<true>(Kb, KBL, nxt + 2 * CK_CH * dk, CK_CH, dk, tid, nt);
+            }
         }
         __pipeline_commit();
         CK_MARK(4);
@@ -1131,6 +1183,10 @@ template <int P> static int ck_set_smem(int dk, int dv) {
                                 p) == cudaSuccess &&
            cudaFuncSetAttribute(ck_prep_kernel<P, false, 3, 128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 p) == cudaSuccess &&
+           cudaFuncSetAttribute(ck_prep_kernel<P, false, 3, 128, true>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, p) == cudaSuccess &&
+           cudaFuncSetAttribute(ck_prep_kernel<P, false, 3, 0, true>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, p) == cudaSuccess &&
            cudaFuncSetAttribute(ck_prep_kernel<P, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, p) ==
                cudaSuccess &&
            cudaFuncSetAttribute(ck_state_stage_kernel<P, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -1148,6 +1204,12 @@ template <int P> static int ck_set_smem(int dk, int dv) {
            cudaFuncSetAttribute(ck_state_mma_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)(ck_mma_smem_floats(dk) * sizeof(float))) == cudaSuccess &&
            cudaFuncSetAttribute(ck_state_mma_kernel<true, 128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)(ck_mma_smem_floats(dk) * sizeof(float))) == cudaSuccess &&
+           cudaFuncSetAttribute(ck_state_mma_kernel<true, 128, true>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)(ck_mma_smem_floats(dk) * sizeof(float))) == cudaSuccess &&
+           cudaFuncSetAttribute(ck_state_mma_kernel<true, 0, true>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)(ck_mma_smem_floats(dk) * sizeof(float))) == cudaSuccess &&
            cudaFuncSetAttribute(ck_state_split_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)(ck_split_smem_floats(dk) * sizeof(float))) == cudaSuccess &&
@@ -1175,9 +1237,10 @@ static int ck_launch(cu_ctx *c, const cu_gdn_args *a, int parts) {
     if (!a->chunk_scr || bound > a->chunk_cap) return 0;
     /* chunk_dt: 0 staged, 1 staged with the runs of K side by side (il), 2 staged, padded (pad), 3 on
      * mma.sync (mma; with one TF32 rounding, a diagnostic, the staged pass runs instead), 16 / 32 from L2 */
-    int P = cu_tf32_passes() == 1 ? 1 : 3, dt = a->chunk_dt, mma = dt >= 3 && dt <= 8 && P == 3;
-    int dk128 = dt == 8 && a->dk == 128; /* 8 (mma6): mma4 with the pass's dk a constant (runs unrolled) */
-    if (dt == 8) dt = 6;
+    int P = cu_tf32_passes() == 1 ? 1 : 3, dt = a->chunk_dt, mma = dt >= 3 && dt <= 9 && P == 3;
+    /* 8 (mma6): mma4 with dk a constant (runs unrolled); 9 (mma7): that with Q and K from conv_out (raw) */
+    int dk128 = (dt == 8 || dt == 9) && a->dk == 128, raw = dt == 9;
+    if (dt == 8 || dt == 9) dt = 6;
     /* 4 (mma2): the prep's products on mma.sync too; 5 (mma3): and its inverse's off-diagonal blocks; 6
      * (mma4): that with Dekker's split in both kernels; 7 (mma5): mma4 with the output in its own parallel
      * pass */
@@ -1199,8 +1262,10 @@ static int ck_launch(cu_ctx *c, const cu_gdn_args *a, int parts) {
             ck_out_kernel<true><<<dim3((unsigned)bound, (unsigned)a->Hv, cdiv((size_t)a->dv, CKM_DT)), 256,  \
                                   ck_out_smem_floats(a->dk) * sizeof(float), c->stream>>>(*a);               \
         } else if (mma && mmp == 3)                                                                          \
-            dk128 ? ck_state_mma_kernel<true, 128><<<gs, 256, ss, c->stream>>>(*a)                           \
-                  : ck_state_mma_kernel<true><<<gs, 256, ss, c->stream>>>(*a);                               \
+            raw &&dk128 ? ck_state_mma_kernel<true, 128, true><<<gs, 256, ss, c->stream>>>(*a)               \
+            : raw       ? ck_state_mma_kernel<true, 0, true><<<gs, 256, ss, c->stream>>>(*a)                 \
+            : dk128     ? ck_state_mma_kernel<true, 128><<<gs, 256, ss, c->stream>>>(*a)                     \
+                        : ck_state_mma_kernel<true><<<gs, 256, ss, c->stream>>>(*a);                             \
         else if (mma)                                                                                        \
             ck_state_mma_kernel<false><<<gs, 256, ss, c->stream>>>(*a);                                      \
         else if (staged && dt == 1)                                                                          \
@@ -1217,8 +1282,10 @@ static int ck_launch(cu_ctx *c, const cu_gdn_args *a, int parts) {
     if (parts & 1) {
         ck_plan_kernel<<<1, 32, 0, c->stream>>>(*a);
         if (mmp == 3)
-            dk128 ? ck_prep_kernel<3, false, 3, 128><<<gp, 256, sp, c->stream>>>(*a)
-                  : ck_prep_kernel<3, false, 3><<<gp, 256, sp, c->stream>>>(*a);
+            raw &&dk128 ? ck_prep_kernel<3, false, 3, 128, true><<<gp, 256, sp, c->stream>>>(*a)
+            : raw       ? ck_prep_kernel<3, false, 3, 0, true><<<gp, 256, sp, c->stream>>>(*a)
+            : dk128     ? ck_prep_kernel<3, false, 3, 128><<<gp, 256, sp, c->stream>>>(*a)
+                        : ck_prep_kernel<3, false, 3><<<gp, 256, sp, c->stream>>>(*a);
         else if (mmp == 2)
             ck_prep_kernel<3, false, 2><<<gp, 256, sp, c->stream>>>(*a);
         else if (mmp == 1)
