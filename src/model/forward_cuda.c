@@ -845,8 +845,13 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * bits). Session 5's first H200 call: "mma2" within the op tests' bounds (4B heads over 4096 rows vs
      * phased/16 3.1e-7), fixture parity worst 3.72e-4 per position (text fixture, len 150), prefix cache
      * passing; one 4B layer over 4096 rows 1.70 -> 1.28 ms (prep 0.49 -> 0.38, sequential pass 0.96 -> 0.65
-     * ms), "deltanet core" of the 4B 4096-token chunk 43.6 -> 33.7 ms: so "mma2" is the default, "stage" the
-     * WMMA pass before it */
+     * ms), "deltanet core" of the 4B 4096-token chunk 43.6 -> 33.7 ms: so "mma2" became the default. The
+     * third (13:06): "mma6" bit-identical to "mma4" (op tests, 4B heads over 4096 rows included), "mma4"
+     * within the op tests' bounds (27B heads, ragged entries: 5.3e-7 against the CPU; "stage" 6.0e-7),
+     * fixture parity passing (worst per position 5.1e-4, text fixture len 150: "stage" 2.3e-4, "mma2" 3.7e-4
+     * there; 0 clear top-1 disagreements), graphs vs eager, the batch of 32, speculation and the prefix cache
+     * passing; one 4B layer over 4096 rows 0.99 ms (prep 0.32, pass 0.42), "deltanet core" of the 4B
+     * chunk 32.8 -> 26.5 ms: so "mma6" is the default; "mma2" and "stage" (WMMA) stay as switches */
     const char *pf = getenv("CINFER_CUDA_PREFILL");
     const char *pfv = pf ? pf : "tc";
     int phased = !strcmp(pfv, "tc") || !strcmp(pfv, "gdn") || !strcmp(pfv, "gdn2") || !strcmp(pfv, "tc2") ||
@@ -882,7 +887,7 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
         f->gdn_tc = 2;
     }
     const char *gdt = getenv("CINFER_CUDA_GDN_DT");
-    f->gdn_chunk_dt = !gdt                    ? 4
+    f->gdn_chunk_dt = !gdt                    ? 8
                       : !strcmp(gdt, "stage") ? 0
                       : !strcmp(gdt, "16")    ? 16
                       : !strcmp(gdt, "32")    ? 32
@@ -895,7 +900,7 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
                       : !strcmp(gdt, "mma5")  ? 7
                       : !strcmp(gdt, "mma6")  ? 8
                       : !strcmp(gdt, "mma7")  ? 9
-                                              : 4;
+                                              : 8;
     /* decode MoE blocks (device_only) as three launches (router + selection, gate_up + SwiGLU, down + combine
      * + shared expert) instead of ~15, the same arithmetic (moe_fused.cu); the default since the H200 run of
      * 08:52 (35B-A3B batch 1 188.9 -> 233.6 tok/s, batch 8 721.5 -> 758.3, every test passing); "0": the

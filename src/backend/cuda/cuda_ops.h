@@ -251,10 +251,11 @@ typedef struct cu_gdn_args {
                (else the scalar kernel); 2 also takes the conv by rows */
     void *chunk_scr; /* tc 2: cu_gdn_chunk_bytes(chunk_cap, T, Hv, dk, dv) bytes of device scratch */
     int chunk_cap; /* tc 2: chunks the scratch holds (cu_gdn_chunk_cap); a batch that may span more: scalar */
-    int chunk_dt;  /* tc 2: the sequential pass: 0 (forward_cuda's default) 32 value columns per block with
-                      each chunk's inputs staged in shared memory one chunk ahead; 1 that and the prep with the
+    int chunk_dt;  /* tc 2: the kernels (CINFER_CUDA_GDN_DT): 0 WMMA, 32 value columns per block with each
+                      chunk's inputs staged in shared memory one chunk ahead; 1 that and the prep with the
                       runs of K of each product side by side (tc_mmaq); 2 staged with padded rows; 16 or 32
-                      value columns with fragments read from L2 (all the same bits) */
+                      value columns with fragments read from L2 (all the same bits); 3..9 on mma.sync (mma,
+                      mma2, mma3, mma4, mma5, mma6: forward_cuda's default, mma7: deltanet_chunk.cu) */
     long long *chunk_prof; /* diagnostics, normally NULL: [16] device clock cycles per phase of one prep block
                               ([0..6]) and of one block of the staged pass ([8..12], chunks in [15]) */
     /* speculative windows (meta.e_spec): the conv window and S of the slot stay as they were; each token's
