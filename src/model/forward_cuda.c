@@ -914,11 +914,10 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     /* the fused kernels' variant, all the same bits: default 12 (PDL launches, the router taking the
      * post-attention norm itself under CINFER_CUDA_FUSE). H200 runs: PDL at 09:22 of session 4 (35B-A3B batch
      * 1 292.2 -> 316.4 tok/s), the router's norm at 10:05 (339.5 / 341.2 -> 347.8 tok/s) and, once its loads
-     * were batched, session 5's call 2 (351.7 -> 369.9). 64 (the shared expert's L2 prefetch during the
-     * router) is being measured; session 4's load-batching bits 1, 2, 16 and session 5's 32, 256, 512 are
-     * gone (the chosen forms are the code, the others were slower or no faster) */
+     * were batched, session 5's call 2 (351.7 -> 369.9). Session 4's load-batching bits 1, 2, 16 and session
+     * 5's 32, 64, 256, 512 are gone (the chosen forms are the code; the others were slower or no faster) */
     const char *mv = getenv("CINFER_CUDA_MOE_VARIANT");
-    f->moe_variant = mv ? atoi(mv) & (4 | 8 | 64) : 12;
+    f->moe_variant = mv ? atoi(mv) & (4 | 8) : 12;
     if (mf)
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_MOE_FUSED=%s: %s\n", mf,
                 f->moe_fused ? "fused decode MoE kernels" : "the unfused decode MoE kernels");

@@ -328,9 +328,8 @@ static void moe_case_run(const moe_case *mc) {
         free(raw), free(nw), free(xn_ref);
         cu_free(d_raw), cu_free(d_nw), cu_free(d_xn);
     }
-    /* the variants (CINFER_CUDA_MOE_VARIANT: PDL launches 4, the shared expert's L2 prefetch 64): the same
-     * bits */
-    static const int vlist[] = {4, 64, 68};
+    /* the variants (CINFER_CUDA_MOE_VARIANT: PDL launches 4): the same bits */
+    static const int vlist[] = {4};
     for (size_t vi = 0; vi < sizeof vlist / sizeof vlist[0]; vi++) {
         int v = vlist[vi];
         if (v & 8) continue; /* the router's own norm: its check above */
@@ -534,9 +533,9 @@ TEST(cuda_moe_fused_model_matches_unfused) {
     if (!model_steps(m, V, 3, "1", NULL, "0", NULL, ref) && !model_steps(m, V, 3, "1", NULL, NULL, NULL, got))
         CHECK_MSG(!memcmp(ref, got, n * sizeof(float)), "fused MoE: CUDA graphs differ from eager launches");
     /* in graphs, against the default variant (12: PDL launches, the router taking the norm): 0 (none of it),
-     * 4 (the norm kernel launched), 8, and the shared expert's L2 prefetch (76 = 12 | 64): the same bits */
-    static const char *const vars[4] = {"0", "4", "8", "76"};
-    for (int vi = 0; vi < 4; vi++) {
+     * 4 (the norm kernel launched), 8: the same bits */
+    static const char *const vars[3] = {"0", "4", "8"};
+    for (int vi = 0; vi < 3; vi++) {
         char *ov = env_swap("CINFER_CUDA_MOE_VARIANT", vars[vi]);
         if (!model_steps(m, V, 3, "1", NULL, NULL, NULL, got))
             CHECK_MSG(!memcmp(ref, got, n * sizeof(float)), "fused MoE variant %s differs from the default",
@@ -611,8 +610,7 @@ TEST(cuda_moe_fused_speed) {
         REQUIRE(cu_sync(c, err, sizeof err) == 0);
         double b_rt = (double)E * H * 2, b_gu = (double)T * ((double)k * 2 * Im * H + 2.0 * Is * H + H) * 2,
                b_dn = (double)T * ((double)k * H * Im + (double)H * Is) * 2;
-        /* 64: the shared expert's L2 prefetch (no router beside it here: its cost only) */
-        static const int kv[] = {0, 64};
+        static const int kv[] = {0};
         for (size_t ki = 0; ki < sizeof kv / sizeof kv[0]; ki++) {
             int v = kv[ki];
             a.variant = v;
@@ -647,7 +645,7 @@ TEST(cuda_moe_fused_speed) {
                 T, v, us[0], us[1], b_gu / us[1] / 1e3, us[2], b_dn / us[2] / 1e3, us[0] + us[1] + us[2]);
         }
         /* 4: PDL launches; 8: the router takes the norm before the block (one launch less in the model) */
-        static const int vs[] = {0, 4, 8, 12, 12 | 64};
+        static const int vs[] = {0, 4, 8, 12};
         float *nw = dev((size_t)H * 4), *xn = dev((size_t)T * H * 4);
         cu_fill_f32(c, nw, (size_t)H, 1.0f);
         for (size_t vi = 0; vi < sizeof vs / sizeof vs[0]; vi++) {

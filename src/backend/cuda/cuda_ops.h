@@ -431,10 +431,9 @@ typedef struct cu_moe_args {
                             (add_rmsnorm's arithmetic) into xn itself (H <= 4096: cu_moe_fused_norm_ok) */
     float eps;
     float *xn;   /* [T][H] the normed rows when norm_w (the gate_up kernel reads them) */
-    int variant; /* the same bits by other means: 4: programmatic dependent launch (each kernel lets the next
-                    be scheduled, then waits for the one before); 64: the gate_up kernel's shared-expert warps
-                    ask L2 for the shared expert's weights before that wait (CINFER_CUDA_MOE_VARIANT, default
-                    12; 8 is the caller's: norm_w) */
+    int variant; /* 4: programmatic dependent launch (each kernel lets the next be scheduled, then waits for
+                    the one before; the same bits). CINFER_CUDA_MOE_VARIANT, default 12 (8: the caller's
+                    norm_w) */
 } cu_moe_args;
 /* 1 when the fused kernels serve this shape: H, Im, Is multiples of 8, Im <= 1024, E <= 1024, k <= 32 */
 int cu_moe_fused_supported(int H, int E, int k, int Im, int Is);

@@ -14,11 +14,6 @@
 #define MF_MAX_KD 1024 /* down kernel: Im up to 4 chunks of 256 per lane (one pass) */
 #define MF_NORM_H 4096 /* the router's own RMSNorm (variant 8): rows up to this, in shared memory */
 
-/* the 128-byte line at p requested into L2 (an ordinary instruction: nothing waits for it, no register) */
-__device__ __forceinline__ void l2_line(const void *p) {
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-}
-
 /* acc += the 8 bf16 weights in u times x[0..8), in gemv_indexed_kernel's order (low half, then high) */
 __device__ __forceinline__ float fma8(uint4 u, const float *x, float acc) {
     const float4 *xp = reinterpret_cast<const float4 *>(x);
@@ -254,29 +249,9 @@ __global__ void __launch_bounds__(MF_WARPS * 32)
     mf_gate_up_kernel(const float *__restrict__ x, const uint16_t *__restrict__ e_gu,
                       const int *__restrict__ idx, const uint16_t *__restrict__ sh_gu,
                       const uint16_t *__restrict__ sh_gw, float *act, float *shg, int H, int k, int Im,
-                      int Is, const uint16_t *sh_down, int pf) {
+                      int Is) {
     const int r = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int wg = blockIdx.x * MF_WARPS + warp, A = k * Im + Is;
-    /* variant 64: the shared expert depends on no choice. Under PDL these blocks are resident while the
-     * router still works (DRAM idle then): row 0's shared-expert warps ask L2 for their gate and up rows, and
-     * a 1 / Is share of the shared down matrix each, the gate-logit warp for its row, so the gate_up and down
-     * kernels read them from L2 instead of streaming them with the routed experts */
-    if (pf && r == 0 && wg >= k * Im && wg <= A) {
-        const size_t rb = (size_t)H * 2; /* bytes in a gate / up row, and each warp's share of sh_down */
-        if (wg < A) {
-            int n = wg - k * Im;
-            const char *gp = reinterpret_cast<const char *>(sh_gu + (size_t)n * H),
-                       *dp = reinterpret_cast<const char *>(sh_down) + (size_t)n * rb;
-            for (size_t o = (size_t)lane * 128; o < rb; o += 32 * 128) {
-                l2_line(gp + o);
-                l2_line(gp + (size_t)Is * rb + o);
-                if (sh_down) l2_line(dp + o);
-            }
-        } else if (sh_gw) {
-            for (size_t o = (size_t)lane * 128; o < rb; o += 32 * 128)
-                l2_line(reinterpret_cast<const char *>(sh_gw) + o);
-        }
-    }
     griddep_wait(); /* the router's choices */
     griddep_launch();
     const float *xr = x + (size_t)r * H;
@@ -412,7 +387,7 @@ extern "C" void cu_moe_fused_gate_up(cu_ctx *c, const cu_moe_args *a) {
     /* 2 chunks per row requested at a time: 40 registers, six blocks per SM, the 577 blocks of a 35B-A3B row
      * in one wave (session 4: 4 chunks, four blocks per SM, 14.1 vs 10.9 us) */
     cu_launch_pdl(c, pdl, mf_gate_up_kernel<2>, grid, block, x, a->e_gu, a->idx, a->sh_gu, a->sh_gw, a->act,
-                  a->shg, a->H, a->k, a->Im, Is, a->sh_down, (a->variant & 64) != 0);
+                  a->shg, a->H, a->k, a->Im, Is);
 }
 
 extern "C" void cu_moe_fused_down(cu_ctx *c, const cu_moe_args *a) {
