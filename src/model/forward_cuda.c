@@ -871,11 +871,13 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
                     : atoi(asp) > 1  ? atoi(asp)
                     : atoi(asp) == 1 ? CU_ATTN_MIN_SPAN
                                      : 0;
-    /* CINFER_CUDA_ATTN_KV16=1: the tiles of prefill chunks read K and V split into fp16 hi + lo once per
-     * layer by a pre-pass (one layer's pool of scratch) instead of in every warp; =2: the same with the
-     * fragments loaded by ldmatrix; the same bits */
+    /* CINFER_CUDA_ATTN_KV16 (default 2; "0": off): the tiles of prefill chunks read K and V split into fp16
+     * hi + lo once per layer by a pre-pass (one layer's pool of scratch) instead of in every warp; 2: the
+     * fragments loaded by ldmatrix, 1: by 32-bit loads; the same bits. H200, session 5's third call: bitwise
+     * equal to the per-warp split in every op test (cuda_attention_tc_vs_cpu, 6 head shapes); 4B "attention
+     * core" per 4096-token chunk 22.98 ms -> 19.35 (1) -> 18.07 ms (2) */
     const char *akv = getenv("CINFER_CUDA_ATTN_KV16");
-    f->kv16_form = akv ? atoi(akv) : 0;
+    f->kv16_form = akv ? atoi(akv) : 2;
     if (f->attn_tc && (f->kv16_form == 1 || f->kv16_form == 2) && cu_attn_kv16_ok(m->hd) &&
         (rc = dev_alloc(f, (void **)&f->kv16, cu_attn_kv16_bytes(p->n_blocks, m->Hkv, m->hd),
                         &f->bytes_scratch, err, errlen)))
