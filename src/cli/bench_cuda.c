@@ -189,7 +189,11 @@ int bench_cuda(int argc, char **argv) {
                100.0 * fl / dt / 1e12 / tf);
     }
     if (!rc && profile && np) {
+        /* never longer than the longest prefill asked for: the KV blocks and max_ctx above are sized for that
+         * (a 4096-token profile after --prefill 512 wrote past the prefill's 32 blocks and ended in an
+         * illegal memory access: session 4's "PDL crash" of the profiled bench, PDL or not) */
         long P = chunk < 4096 ? chunk : 4096;
+        if (P > maxP) P = maxP;
         cuda_fwd_slot_reset(f, 0, err, sizeof err);
         cuda_fwd_profile(f, 1);
         fwd_entry e = {.seq_len = 0, .tokens = toks, .n = (int)P, .slot = 0, .blocks = pre_blocks};

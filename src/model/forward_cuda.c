@@ -662,7 +662,7 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * (session 4's "1"); "0" off; the same bits in every form. "1" is the default since the H200 call 2 of
      * session 5: 4B batch 1 353.1 -> 371.8 tok/s, batch 8 1,354 -> 1,392; bit-identical to plain launches at
      * every fixture and at the 4B shape (cuda_pdl), cuda_spec passing. CINFER_CUDA_PDL_BREAK=0
-     * (diagnostics) lets a PDL launch follow a memcpy or event record, as session 4 did */
+     * (diagnostics) lets a PDL launch follow a memcpy or event record */
     const char *pdl = getenv("CINFER_CUDA_PDL"), *pdb = getenv("CINFER_CUDA_PDL_BREAK");
     f->pdl = !pdl || !strcmp(pdl, "1") ? 2 : !strcmp(pdl, "gemv") ? 1 : 0;
     const char *pdm = getenv("CINFER_CUDA_PDL_MASK");
@@ -671,9 +671,11 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     f->pdl_any = pda && !strcmp(pda, "1");
     cu_set_pdl(f->pdl);
     cu_set_pdl_break(!(pdb && !strcmp(pdb, "0")));
-    /* "1": the fused attention decode kernel's k / v loads one position ahead (the same bits) */
+    /* the fused attention decode kernel's k / v loads one position ahead (the same bits); "0" off. On by
+     * default since the H200 call 3 of session 5: 4B batch 1 371.8 -> 380.5 tok/s over PDL; bit-identical in
+     * cuda_pdl (fixtures, 4B shape), cuda_spec passing with it (call 2) */
     const char *apf = getenv("CINFER_CUDA_ATTN_PF");
-    cu_set_attn_decode_pf(apf && !strcmp(apf, "1"));
+    cu_set_attn_decode_pf(!(apf && !strcmp(apf, "0")));
     /* "1" / "2": under PDL the decode GEMVs request their weights into L2 while the kernel before runs */
     const char *l2 = getenv("CINFER_CUDA_GEMV_L2PF");
     cu_set_gemv_l2pf(l2 ? atoi(l2) : 0);
@@ -1340,15 +1342,16 @@ static void image_rows(cuda_fwd *f, const run_shape *rs) {
     }
 }
 
-/* The PDL level of a step (cu_set_pdl, set per step: the level is process-wide). CINFER_CUDA_PDL=1's
- * level 2 only where the H200 showed it exact (calls 1 and 2 of session 5: every fixture and the 4B shape,
- * graphs and eager, alone and batched, bit for bit): steps of decode tokens only, in a context that never
- * verifies speculative windows. Forced into other steps (CINFER_CUDA_PDL_ANY=1) it broke cuda_spec (window
- * rows differing from plain decode rows) and a profiled bench ended in an illegal address: a hazard not yet
- * found (CINFER_CUDA_PDL_MASK narrows it down by kernel kind). */
+/* The PDL level of a step (cu_set_pdl, set per step: the level is process-wide): CINFER_CUDA_PDL's level only
+ * where the H200 showed it exact (session 5, calls 1-3: every fixture and the 4B shape, graphs and eager,
+ * alone and batched, bit for bit): steps of decode tokens only, in a context that never verifies speculative
+ * windows; elsewhere none. In a context that may verify, PDL (even session 4's GEMV-only form, through the
+ * skinny GEMM, which no longer goes by PDL at all) broke cuda_spec_rollback_is_exact; the row kernels alone
+ * did not (CINFER_CUDA_PDL_ANY=1 with CINFER_CUDA_PDL_MASK=1, call 3). CINFER_CUDA_PDL_ANY=1 keeps the
+ * level everywhere (diagnostics). */
 static void pdl_step(cuda_fwd *f, const run_shape *rs) {
     int plain = rs->no_chunked && !rs->has_spec && !rs->tiles && f->p.spec_window == 0;
-    cu_set_pdl(f->pdl == 2 && !plain && !f->pdl_any ? 0 : f->pdl);
+    cu_set_pdl(plain || f->pdl_any ? f->pdl : 0);
 }
 
 /* everything after the metadata upload up to the logits on the device */

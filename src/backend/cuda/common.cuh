@@ -102,11 +102,8 @@ __device__ __forceinline__ void griddep_launch(void) {
  *  - PDL never follows an operation that is not a kernel (cu_ctx.pdl_break): griddep_wait covers the kernel
  *    before, not an event record, memcpy or memset between the two, so the chain "C complete implies
  *    everything before C complete", on which stream completion and every later operation rely, would not
- *    hold across one. Session 4's profiled PDL bench (an event between the final norm and the lm_head GEMV)
- *    ended in an illegal address; with this rule a profiled decode step is exact (cuda_pdl), but a profiled
- *    bench with PDL forced into prefill steps too (CINFER_CUDA_PDL_ANY=1) still ended in one on the H200
- *    (session 5, call 2), as speculative steps under it lost exactness: PDL outside decode-only steps has a
- *    hazard not yet found, so forward_cuda.c's pdl_step keeps it to those. */
+ *    hold across one. (Session 4's "PDL crash" of the profiled bench was not this: the bench profiled a
+ *    4096-token prefill in KV space sized for --prefill 512, PDL or not; bench_cuda.c now caps it.) */
 extern "C" int cu_pdl_on(void);
 /* kern<<<grid, block, smem, stream>>>(args...), by programmatic dependent launch when pdl (and the last
  * operation on the stream was a kernel) */
