@@ -840,8 +840,8 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * from L2: 2.75 / 2.99 ms); all the same bits, all measured slower than the default's 1.70 ms. "mma":
      * the staged pass on mma.sync with S in registers and operands split once (deltanet_chunk.cu); "mma2":
      * that and the prep's products on mma.sync; "mma3": and the inverse's off-diagonal blocks; "mma4": that
-     * with Dekker's split instead of TF32 conversions; "mma5": mma4 with the output O = Qg S + QK D in its
-     * own pass, parallel over chunks, after a sequential pass that only carries the state; "mma6": mma4 with
+     * with Dekker's split instead of TF32 conversions; "mma5" (the output in its own pass after a pass
+     * carrying only the state: measured slower, removed) reads as "mma4"; "mma6": mma4 with
      * the prep and the sequential pass compiled for dk = 128 (every run of K unrolled; the same bits);
      * "mma7": that with the pass scaling Q and K from conv_out itself (the prep writes no Qg, Kf; the same
      * bits). Session 5's first H200 call: "mma2" within the op tests' bounds (4B heads over 4096 rows vs
@@ -901,7 +901,6 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
                       : !strcmp(gdt, "mma2")  ? 4
                       : !strcmp(gdt, "mma3")  ? 5
                       : !strcmp(gdt, "mma4")  ? 6
-                      : !strcmp(gdt, "mma5")  ? 7
                       : !strcmp(gdt, "mma6")  ? 8
                       : !strcmp(gdt, "mma7")  ? 9
                                               : 8;

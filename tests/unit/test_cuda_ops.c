@@ -406,10 +406,6 @@ static const test_entry gdn_long_ents[] = {{0, 1000, 0}, {300, 700, 1}, {1000, 1
 /* tc: also the tensor-core chunked kernel, against the CPU and against the scalar kernel on the same inputs.
  * slow: gates as trained models have them (g = A softplus(a + dt) ~ -0.001..-0.03 per token, so e^g stays
  * near 1 over a chunk and the state keeps long memory) instead of the fast decay of a in [-2, 2]. */
-/* test selection while a form is new: 0 every mode / form but mma5's; else only mode g_gdn_only (and the
- * scalar reference), only the speed forms mma2 and chunk_dt g_speed_only */
-static int g_gdn_only, g_speed_only;
-
 static void gdn_case_ex(int Hk, int Hv, int dk, int dv, int tc, const test_entry *ents, int NE, int slow) {
     char err[256];
     cu_ctx *c;
@@ -509,7 +505,7 @@ static void gdn_case_ex(int Hk, int Hv, int dk, int dv, int tc, const test_entry
      * (1 and 2 were the one-kernel form of deltanet_tc.cu and its control, deleted.) */
     for (int mode = 0; mode <= (tc ? 15 : 0); mode++) {
         if (mode == 1 || mode == 2) continue;
-        if (g_gdn_only ? mode && mode != g_gdn_only : mode == 13) continue;
+        if (mode == 13) continue; /* mma5, removed */
         int phased = mode >= 3, control = mode == 6;
         cu_gdn_args g = {0};
         g.T = T, g.NE = NE, g.Hk = Hk, g.Hv = Hv, g.dk = dk, g.dv = dv, g.K = K, g.C = C, g.n_lin = n_lin,
@@ -533,7 +529,6 @@ static void gdn_case_ex(int Hk, int Hv, int dk, int dv, int tc, const test_entry
                                                                 : mode == 10 ? 4
                                                                 : mode == 11 ? 5
                                                                 : mode == 12 ? 6
-                                                                : mode == 13 ? 7
                                                                 : mode == 14 ? 8
                                                                 : mode == 15 ? 9
                                                                              : 16;
@@ -567,7 +562,6 @@ static void gdn_case_ex(int Hk, int Hv, int dk, int dv, int tc, const test_entry
                            : mode == 10 ? "phased/mma2"
                            : mode == 11 ? "phased/mma3"
                            : mode == 12 ? "phased/mma4"
-                           : mode == 13 ? "phased/mma5"
                            : mode == 14 ? "phased/mma6"
                            : mode == 15 ? "phased/mma7"
                                         : "phased/16";
@@ -654,7 +648,7 @@ static void gdn_case_ex(int Hk, int Hv, int dk, int dv, int tc, const test_entry
                 printf("     %s vs the previous form: output %s, states %s\n", kind,
                        memcmp(go, prev_o, (size_t)T * vd * 4) ? "differ" : "bit-identical",
                        memcmp(gr, prev_r, rs_n * 4) ? "differ" : "bit-identical");
-            if ((mode == 14 || mode == 15) && !g_gdn_only) { /* mma4 with dk a constant, and with Q, K
+            if (mode == 14 || mode == 15) { /* mma4 with dk a constant, and with Q, K
                                                                  raw: mma4's bits */
                 CHECK_MSG(!memcmp(go, prev_o, (size_t)T * vd * 4),
                           "deltanet dk=%d dv=%d: %s vs mma4: outputs differ", dk, dv, kind);
@@ -783,16 +777,12 @@ static void gdn_speed(int Hk, int Hv) {
                  {"phased/mma2", 2, 4, 0, 1},
                  {"phased/mma3", 2, 5, 0, 1},
                  {"phased/mma4", 2, 6, 0, 1},
-                 {"phased/mma5", 2, 7, 0, 1},
                  {"phased/mma6", 2, 8, 0, 1},
                  {"phased/mma7", 2, 9, 0, 1}};
     cu_timer *tm;
     REQUIRE(cu_timer_create(&tm) == 0);
     float *o16 = NULL;
     for (size_t f = 0; f < sizeof forms / sizeof forms[0]; f++) {
-        if (g_speed_only ? !forms[f].scr || (forms[f].dt != 4 && forms[f].dt != g_speed_only)
-                         : forms[f].dt == 7)
-            continue;
         g.tc = forms[f].tc, g.chunk_dt = forms[f].dt, g.no_chunked = forms[f].no_chunked;
         g.chunk_scr = forms[f].scr ? scr : NULL, g.chunk_cap = forms[f].scr ? cu_gdn_chunk_cap(T, 1) : 0;
         float best = 1e30f;
@@ -867,29 +857,6 @@ TEST(cuda_deltanet_prefill_speed) {
     if (NO_DEVICE()) SKIP("no CUDA device: skipped");
     gdn_speed(16, 32); /* 4B */
     gdn_speed(16, 48); /* 27B */
-}
-
-/* mma5 (the output in its own parallel pass after a sequential pass that only carries the state) alone, in
- * its own tests while it is new: against the CPU (mode 13) on the shapes above, and timed against mma2 */
-TEST(cuda_deltanet_mma5_vs_cpu) {
-    if (NO_DEVICE()) SKIP("no CUDA device: skipped");
-    static const test_entry e[] = {{0, 300, 0}, {100, 200, 1}, {64, 64, 2},
-                                   {7, 1, 3},   {0, 1, 4},     {955, 517, 5}};
-    g_gdn_only = 13;
-    gdn_case(2, 4, 32, 32, 1);
-    gdn_case(2, 4, 32, 16, 1);
-    gdn_case(1, 3, 64, 48, 1);
-    gdn_case(2, 4, 128, 128, 1);
-    gdn_case_ex(16, 48, 128, 128, 1, e, 6, 1);
-    g_gdn_only = 0;
-}
-
-TEST(cuda_deltanet_mma5_speed) {
-    if (NO_DEVICE()) SKIP("no CUDA device: skipped");
-    g_speed_only = 7;
-    gdn_speed(16, 32);
-    gdn_speed(16, 48);
-    g_speed_only = 0;
 }
 
 TEST(cuda_next_split) {

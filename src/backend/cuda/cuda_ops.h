@@ -255,7 +255,7 @@ typedef struct cu_gdn_args {
                       chunk's inputs staged in shared memory one chunk ahead; 1 that and the prep with the
                       runs of K of each product side by side (tc_mmaq); 2 staged with padded rows; 16 or 32
                       value columns with fragments read from L2 (all the same bits); 3..9 on mma.sync (mma,
-                      mma2, mma3, mma4, mma5, mma6: forward_cuda's default, mma7: deltanet_chunk.cu) */
+                      mma2, mma3, mma4, mma6: forward_cuda's default, mma7; 7, mma5, removed, reads as mma4) */
     long long *chunk_prof; /* diagnostics, normally NULL: [16] device clock cycles per phase of one prep block
                               ([0..6]) and of one block of the staged pass ([8..12], chunks in [15]) */
     /* speculative windows (meta.e_spec): the conv window and S of the slot stay as they were; each token's

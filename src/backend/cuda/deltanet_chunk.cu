@@ -10,13 +10,15 @@
  * (tf32x3.cuh), the CPU's factor expressions and order of the sums. Two families of kernels
  * (cu_gdn_args.chunk_dt): WMMA (0 stage, 1 il, 2 pad, 16, 32: session 4, all the same bits) and mma.sync
  * m16n8k8 with fragments in registers (3 mma: the pass; 4 mma2: and the prep's products; 5 mma3: and the
- * inverse's off-diagonal blocks; 6 mma4: and Dekker's split instead of TF32 conversions; 7 mma5: the output
- * in its own pass; 8 mma6: mma4 compiled for dk = 128). What the H200 showed (one 4B layer over 4096 rows,
- * cuda_deltanet_prefill_speed): stage 1.67 ms (prep 0.48 + pass 0.93), mma 1.31, mma2 1.20, mma3 1.20,
- * mma4 1.10 (prep 0.33 + pass 0.52), mma5 1.23. In the mma pass a chunk costs ~14k cycles: 6.5k for D and
- * Qg S, 2.5k for O and S, ~4.8k issuing and waiting for the next chunk's 120 KB of W, Qg, Kf, QK and U
- * (the four column blocks of a head each load the same W, Qg, Kf and QK: a cluster multicast would load them
- * once).
+ * inverse's off-diagonal blocks; 6 mma4: and Dekker's split instead of TF32 conversions; 8 mma6, the
+ * default: mma4 compiled for dk = 128; 9 mma7: that with the pass scaling Q and K itself). What the H200
+ * showed (one 4B layer over 4096 rows, cuda_deltanet_prefill_speed): stage 1.67 ms (prep 0.48 + pass 0.93),
+ * mma 1.31, mma2 1.20, mma3 1.20, mma4 1.10 (prep 0.33 + pass 0.52), mma6 0.99 (0.32 + 0.42). (7, mma5 —
+ * the output in its own pass parallel over chunks after a pass carrying only the state, as FLA's chunk_o —
+ * measured 1.23 ms: the output pass cost more than the state pass saved; removed.) In the mma pass a chunk
+ * costs ~14k cycles: 6.5k for D and Qg S, 2.5k for O and S, ~4.8k issuing and waiting for the next chunk's
+ * 120 KB of W, Qg, Kf, QK and U (the four column blocks of a head each load the same W, Qg, Kf and QK: a
+ * cluster multicast would load them once).
  *
  *   plan  (one thread): the chunk table of the batch — (entry, first row, length) per chunk of every entry
  * that takes the chunked form, the first chunk of a prompt continuing a sequence cut at the 64-grid.
@@ -149,10 +151,6 @@ static __device__ __forceinline__ void ckm_tiles(float (&acc)[4][4], int nc, con
 /* floats of one (chunk, value head) in the scratch: W, Qg, Kf [64][dk], U [64][dv], QK [64][64], e^(g_L)
  * (padded to 8 floats: every array starts on 32 bytes, as WMMA loads want) */
 static __host__ __device__ size_t ck_stride(int dk, int dv) {
-    return 3 * (size_t)CK_CH * dk + (size_t)CK_CH * dv + (size_t)CK_CH * CK_CH + 8 + (size_t)dk * dv;
-}
-/* ... then S at the chunk's start [dk][dv] (written by the split pass, mma5, for ck_out_kernel) */
-static __host__ __device__ size_t ck_sc_off(int dk, int dv) {
     return 3 * (size_t)CK_CH * dk + (size_t)CK_CH * dv + (size_t)CK_CH * CK_CH + 8;
 }
 
@@ -972,181 +970,6 @@ __global__ void __launch_bounds__(256) ck_state_mma_kernel(cu_gdn_args a) {
     }
 }
 
-/* ---- mma5 (cu_gdn_args.chunk_dt 7): the output out of the sequential pass (FLA's chunk_o) ----
- * The sequential pass only carries the state: per chunk D = U - W S and S <- e^(g_L) S + Kf^T D, with S at
- * the chunk's start written to the scratch (ck_sc_off) and D over U (each column block reads and writes only
- * its own columns of U); it loads W, Kf and U's columns (72 KB a chunk at dk = dv = 128) instead of also Qg
- * and QK (120 KB), and its first step has 4 row tiles instead of 8. Then ck_out_kernel, parallel over (chunk,
- * head, 32 columns), computes O = Qg S + QK D with the pass's products in the same order (the same bits as
- * ck_state_mma_kernel<FS>). */
-static size_t ck_split_smem_floats(int dk) {
-    return (size_t)CK_CH * (dk + 4) + (size_t)CK_CH * (dk + 8) + (size_t)CK_CH * CKM_SL +
-           2 * (size_t)dk * CKM_SL + 2 * (size_t)CK_CH * CKM_SL;
-}
-
-template <bool FS> __global__ void __launch_bounds__(256) ck_state_split_kernel(cu_gdn_args a) {
-    extern __shared__ __align__(128) float smx[];
-    int e = blockIdx.z;
-    if (!ck_entry(a, e)) return;
-    const int dk = a.dk, dv = a.dv, KLD = dk + 4, KBL = dk + 8, tid = threadIdx.x, nt = blockDim.x;
-    const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    int h = blockIdx.y, j0 = blockIdx.x * CKM_DT, n = a.meta.e_n[e], pos0 = a.meta.e_len[e];
-    float *Wb = smx, *Kb = Wb + CK_CH * KLD, *Ub = Kb + CK_CH * KBL, *Sh = Ub + CK_CH * CKM_SL;
-    float *Sl = Sh + (size_t)dk * CKM_SL, *Dh = Sl + (size_t)dk * CKM_SL, *Dl = Dh + CK_CH * CKM_SL;
-    float *Sg = a.rec_state + (((size_t)a.meta.e_slot[e] * a.n_lin + a.lin) * a.Hv + h) * (size_t)dk * dv;
-    const bool owns_s = warp < dk / 16;
-    const int ms = warp * 16, md = (warp & 3) * 16, nd = (warp >> 2) * 16; /* step 1: D rows md, cols nd */
-    float s[4][4] = {};
-    if (owns_s) {
-#pragma unroll
-        for (int nn = 0; nn < 4; nn++)
-#pragma unroll
-            for (int r = 0; r < 4; r++) {
-                int row = ms + g + (r >> 1) * 8, col = j0 + nn * 8 + 2 * t + (r & 1);
-                s[nn][r] = col < dv ? Sg[(size_t)row * dv + col] : 0.0f;
-            }
-        ckm_put_split<FS>(Sh, Sl, ms, s, g, t);
-    }
-    const int *tab = ck_table(a);
-    int k = tab[1 + 3 * (size_t)a.chunk_cap + e];
-    const size_t stride = ck_stride(dk, dv);
-    const float *base = (const float *)a.chunk_scr + ((size_t)k * a.Hv + h) * stride;
-    CK_PROF_DECL(a.chunk_prof && blockIdx.x == 0 && h == 0 && tid == 0);
-    ck_stage<true>(Wb, KLD, base, CK_CH, dk, tid, nt);
-    ck_stage_u(Ub, CKM_SL, base + 3 * CK_CH * dk, dv, j0, tid, nt);
-    __pipeline_commit();
-    ck_stage<true>(Kb, KBL, base + 2 * CK_CH * dk, CK_CH, dk, tid, nt);
-    __pipeline_commit();
-    for (int c0 = 0, L; c0 < n; c0 += L, k++) {
-        L = CK_CH - (pos0 + c0) % CK_CH;
-        if (L > n - c0) L = n - c0;
-        float *W = (float *)a.chunk_scr + ((size_t)k * a.Hv + h) * stride;
-        float *U = W + 3 * CK_CH * dk, *Sc = W + ck_sc_off(dk, dv);
-        const float *nxt = c0 + L < n ? W + a.Hv * stride : NULL;
-        float egl = U[CK_CH * dv + CK_CH * CK_CH];
-        if (owns_s) /* S at the chunk's start, for ck_out_kernel */
-#pragma unroll
-            for (int nn = 0; nn < 4; nn++)
-#pragma unroll
-                for (int hh = 0; hh < 2; hh++) {
-                    int row = ms + g + hh * 8, col = j0 + nn * 8 + 2 * t;
-                    if (col < dv)
-                        *(float2 *)(Sc + (size_t)row * dv + col) =
-                            make_float2(s[nn][2 * hh], s[nn][2 * hh + 1]);
-                }
-        __pipeline_wait_prior(1); /* W and U's columns */
-        __syncthreads();
-        CK_MARK(0);
-        { /* step 1: D = U - W S, a warp per (row tile, 16 columns); D split for step 2, f32 over U */
-            float d[2][4];
-#pragma unroll
-            for (int nn = 0; nn < 2; nn++)
-#pragma unroll
-                for (int r = 0; r < 4; r++)
-                    d[nn][r] = Ub[(md + g + (r >> 1) * 8) * CKM_SL + nd + nn * 8 + 2 * t + (r & 1)];
-            ckm_rowtile<false, FS, 2>(d, Wb + md * KLD, KLD, Sh + nd, Sl + nd, dk, true, g, t);
-#pragma unroll
-            for (int nn = 0; nn < 2; nn++)
-#pragma unroll
-                for (int r = 0; r < 4; r++) {
-                    int row = md + g + (r >> 1) * 8, col = nd + nn * 8 + 2 * t + (r & 1);
-                    uint32_t hv, lv;
-                    ckm_split<FS>(d[nn][r], hv, lv);
-                    Dh[row * CKM_SL + col] = __uint_as_float(hv);
-                    Dl[row * CKM_SL + col] = __uint_as_float(lv);
-                }
-#pragma unroll
-            for (int nn = 0; nn < 2; nn++)
-#pragma unroll
-                for (int hh = 0; hh < 2; hh++) {
-                    int row = md + g + hh * 8, col = j0 + nd + nn * 8 + 2 * t;
-                    if (col < dv)
-                        *(float2 *)(U + (size_t)row * dv + col) =
-                            make_float2(d[nn][2 * hh], d[nn][2 * hh + 1]);
-                }
-        }
-        __syncthreads();
-        CK_MARK(1);
-        if (nxt) { /* the next chunk's W and U's columns over this one's, read by now */
-            ck_stage<true>(Wb, KLD, nxt, CK_CH, dk, tid, nt);
-            ck_stage_u(Ub, CKM_SL, nxt + 3 * CK_CH * dk, dv, j0, tid, nt);
-        }
-        __pipeline_commit();
-        __pipeline_wait_prior(1); /* this chunk's Kf */
-        __syncthreads();
-        CK_MARK(2);
-        if (owns_s) { /* step 2: S <- e^(g_L) S + Kf^T D */
-#pragma unroll
-            for (int nn = 0; nn < 4; nn++)
-#pragma unroll
-                for (int r = 0; r < 4; r++) s[nn][r] = __fmul_rn(s[nn][r], egl);
-            ckm_rowtile<true, FS>(s, Kb + ms, KBL, Dh, Dl, CK_CH, false, g, t);
-            ckm_put_split<FS>(Sh, Sl, ms, s, g, t);
-        }
-        __syncthreads();
-        CK_MARK(3);
-        if (nxt) ck_stage<true>(Kb, KBL, nxt + 2 * CK_CH * dk, CK_CH, dk, tid, nt);
-        __pipeline_commit();
-        CK_MARK(4);
-        ckp[7]++;
-    }
-    CK_PROF_OUT(8);
-    __pipeline_wait_prior(0);
-    if (owns_s) {
-#pragma unroll
-        for (int nn = 0; nn < 4; nn++)
-#pragma unroll
-            for (int hh = 0; hh < 2; hh++) {
-                int row = ms + g + hh * 8, col = j0 + nn * 8 + 2 * t;
-                if (col < dv)
-                    *(float2 *)(Sg + (size_t)row * dv + col) = make_float2(s[nn][2 * hh], s[nn][2 * hh + 1]);
-            }
-    }
-}
-
-/* shared floats of ck_out_kernel: Qg [64][dk + 4], QK [64][68], S [dk][40], D [64][40] */
-static size_t ck_out_smem_floats(int dk) {
-    return (size_t)CK_CH * (dk + 4) + (size_t)CK_CH * CK_GLD + (size_t)dk * CKM_SL + (size_t)CK_CH * CKM_SL;
-}
-
-/* O = Qg S + QK D of one (chunk, value head, 32 columns): 8 warps, a warp per (row tile, 16 columns) */
-template <bool FS> __global__ void __launch_bounds__(256) ck_out_kernel(cu_gdn_args a) {
-    extern __shared__ __align__(128) float smo[];
-    const int *tab = ck_table(a);
-    int k = blockIdx.x, h = blockIdx.y, j0 = blockIdx.z * CKM_DT;
-    if (k >= tab[0]) return;
-    int e = tab[1 + 3 * k], c0 = tab[2 + 3 * k], L = tab[3 + 3 * k];
-    const int dk = a.dk, dv = a.dv, KLD = dk + 4, tid = threadIdx.x, nt = blockDim.x;
-    const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    const int mi = warp & 3, m0 = mi * 16, nd = (warp >> 2) * 16;
-    float *Qb = smo, *QKb = Qb + CK_CH * KLD, *Sb = QKb + CK_CH * CK_GLD, *Db = Sb + (size_t)dk * CKM_SL;
-    const float *W = (const float *)a.chunk_scr + ((size_t)k * a.Hv + h) * ck_stride(dk, dv);
-    ck_stage<true>(Qb, KLD, W + CK_CH * dk, CK_CH, dk, tid, nt);
-    ck_stage<true>(QKb, CK_GLD, W + 3 * CK_CH * dk + CK_CH * dv, CK_CH, CK_CH, tid, nt);
-    ck_stage_u(Db, CKM_SL, W + 3 * CK_CH * dk, dv, j0, tid, nt); /* D, over U */
-    const float *Sc = W + ck_sc_off(dk, dv);
-    for (int idx = tid; idx < dk * (CKM_DT / 4); idx += nt) {
-        int i = idx / (CKM_DT / 4), c = idx % (CKM_DT / 4) * 4, ok = j0 + c < dv;
-        __pipeline_memcpy_async(Sb + i * CKM_SL + c, ok ? Sc + (size_t)i * dv + j0 + c : Sc, 16, ok ? 0 : 16);
-    }
-    __pipeline_commit();
-    __pipeline_wait_prior(0);
-    __syncthreads();
-    float o[4][4] = {};
-    ckm_tiles<false, FS>(o, 2, Qb + m0 * KLD, KLD, Sb + nd, CKM_SL, dk, g, t);
-    ckm_tiles<false, FS>(o, 2, QKb + m0 * CK_GLD, CK_GLD, Db + nd, CKM_SL, (mi + 1) * 16, g, t);
-    int r0 = a.meta.e_row0[e] + c0;
-#pragma unroll
-    for (int nn = 0; nn < 2; nn++)
-#pragma unroll
-        for (int hh = 0; hh < 2; hh++) {
-            int row = m0 + g + hh * 8, col = j0 + nd + nn * 8 + 2 * t;
-            if (row < L && col < dv)
-                *(float2 *)(a.o + (size_t)(r0 + row) * a.Hv * dv + (size_t)h * dv + col) =
-                    make_float2(o[nn][2 * hh], o[nn][2 * hh + 1]);
-        }
-}
-
 static int g_tf32_passes = 3;
 extern "C" void cu_set_tf32_passes(int p) {
     g_tf32_passes = p == 1 ? 1 : 3;
@@ -1210,11 +1033,7 @@ template <int P> static int ck_set_smem(int dk, int dv) {
                                 (int)(ck_mma_smem_floats(dk) * sizeof(float))) == cudaSuccess &&
            cudaFuncSetAttribute(ck_state_mma_kernel<true, 0, true>,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)(ck_mma_smem_floats(dk) * sizeof(float))) == cudaSuccess &&
-           cudaFuncSetAttribute(ck_state_split_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)(ck_split_smem_floats(dk) * sizeof(float))) == cudaSuccess &&
-           cudaFuncSetAttribute(ck_out_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)(ck_out_smem_floats(dk) * sizeof(float))) == cudaSuccess;
+                                (int)(ck_mma_smem_floats(dk) * sizeof(float))) == cudaSuccess;
 }
 
 extern "C" int cu_gdn_chunk_init(int dk, int dv) {
@@ -1225,8 +1044,7 @@ extern "C" int cu_gdn_chunk_init(int dk, int dv) {
     if (ck_prep_smem_floats(dk, dv) * sizeof(float) > (size_t)optin ||
         ck_state_smem_floats(dk, 32) * sizeof(float) > (size_t)optin ||
         ck_stage_smem_floats(dk, true) * sizeof(float) > (size_t)optin ||
-        ck_mma_smem_floats(dk) * sizeof(float) > (size_t)optin ||
-        ck_split_smem_floats(dk) * sizeof(float) > (size_t)optin)
+        ck_mma_smem_floats(dk) * sizeof(float) > (size_t)optin)
         return 0;
     return ck_set_smem<1>(dk, dv) && ck_set_smem<3>(dk, dv);
 }
@@ -1240,28 +1058,23 @@ static int ck_launch(cu_ctx *c, const cu_gdn_args *a, int parts) {
     int P = cu_tf32_passes() == 1 ? 1 : 3, dt = a->chunk_dt, mma = dt >= 3 && dt <= 9 && P == 3;
     /* 8 (mma6): mma4 with dk a constant (runs unrolled); 9 (mma7): that with Q and K from conv_out (raw) */
     int dk128 = (dt == 8 || dt == 9) && a->dk == 128, raw = dt == 9;
-    if (dt == 8 || dt == 9) dt = 6;
     /* 4 (mma2): the prep's products on mma.sync too; 5 (mma3): and its inverse's off-diagonal blocks; 6
-     * (mma4): that with Dekker's split in both kernels; 7 (mma5): mma4 with the output in its own parallel
-     * pass */
-    int mmp = mma ? (dt == 7 ? 3 : dt - 3) : 0, split = mma && dt == 7;
-    if (dt >= 3 && dt <= 7 && !mma) dt = 0;
+     * (mma4): that with Dekker's split in both kernels; 7 (mma5, the output in its own pass: removed, slower)
+     * reads as mma4 */
+    if (dt >= 7 && dt <= 9) dt = 6;
+    int mmp = mma ? dt - 3 : 0;
+    if (dt >= 3 && dt <= 6 && !mma) dt = 0;
     int staged = dt >= 0 && dt <= 2, il = dt == 1;
     int DT = dt == 16 ? 16 : 32;
     size_t sp = ck_prep_smem_floats(a->dk, a->dv) * sizeof(float);
-    size_t ss = split    ? ck_split_smem_floats(a->dk) * sizeof(float)
-                : mma    ? ck_mma_smem_floats(a->dk) * sizeof(float)
+    size_t ss = mma      ? ck_mma_smem_floats(a->dk) * sizeof(float)
                 : staged ? ck_stage_smem_floats(a->dk, dt == 2) * sizeof(float)
                          : ck_state_smem_floats(a->dk, DT) * sizeof(float);
     dim3 gp((unsigned)bound, (unsigned)a->Hv), gs(cdiv((size_t)a->dv, DT), (unsigned)a->Hv, (unsigned)a->NE);
 #define CK_PREP(P_, IL_) ck_prep_kernel<P_, IL_><<<gp, 256, sp, c->stream>>>(*a)
 #define CK_STATE(P_)                                                                                         \
     do {                                                                                                     \
-        if (split) {                                                                                         \
-            ck_state_split_kernel<true><<<gs, 256, ss, c->stream>>>(*a);                                     \
-            ck_out_kernel<true><<<dim3((unsigned)bound, (unsigned)a->Hv, cdiv((size_t)a->dv, CKM_DT)), 256,  \
-                                  ck_out_smem_floats(a->dk) * sizeof(float), c->stream>>>(*a);               \
-        } else if (mma && mmp == 3)                                                                          \
+        if (mma && mmp == 3)                                                                                 \
             raw &&dk128 ? ck_state_mma_kernel<true, 128, true><<<gs, 256, ss, c->stream>>>(*a)               \
             : raw       ? ck_state_mma_kernel<true, 0, true><<<gs, 256, ss, c->stream>>>(*a)                 \
             : dk128     ? ck_state_mma_kernel<true, 128><<<gs, 256, ss, c->stream>>>(*a)                     \
