@@ -844,16 +844,18 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * carrying only the state: measured slower, removed) reads as "mma4"; "mma6": mma4 with
      * the prep and the sequential pass compiled for dk = 128 (every run of K unrolled; the same bits);
      * "mma7": that with the pass scaling Q and K from conv_out itself (the prep writes no Qg, Kf; the same
-     * bits). Session 5's first H200 call: "mma2" within the op tests' bounds (4B heads over 4096 rows vs
-     * phased/16 3.1e-7), fixture parity worst 3.72e-4 per position (text fixture, len 150), prefix cache
-     * passing; one 4B layer over 4096 rows 1.70 -> 1.28 ms (prep 0.49 -> 0.38, sequential pass 0.96 -> 0.65
-     * ms), "deltanet core" of the 4B 4096-token chunk 43.6 -> 33.7 ms: so "mma2" became the default. The
-     * third (13:06): "mma6" bit-identical to "mma4" (op tests, 4B heads over 4096 rows included), "mma4"
-     * within the op tests' bounds (27B heads, ragged entries: 5.3e-7 against the CPU; "stage" 6.0e-7),
-     * fixture parity passing (worst per position 5.1e-4, text fixture len 150: "stage" 2.3e-4, "mma2" 3.7e-4
-     * there; 0 clear top-1 disagreements), graphs vs eager, the batch of 32, speculation and the prefix cache
-     * passing; one 4B layer over 4096 rows 0.99 ms (prep 0.32, pass 0.42), "deltanet core" of the 4B
-     * chunk 32.8 -> 26.5 ms: so "mma6" is the default; "mma2" and "stage" (WMMA) stay as switches */
+     * bits; the fourth call, 13:35: bit-identical in every op test, prep 0.34 -> 0.31 ms but the pass 0.44 ->
+     * 0.53 ms, 4B deltanet core 26.4 -> 28.3 ms: slower, a switch). Session 5's first H200 call: "mma2"
+     * within the op tests' bounds (4B heads over 4096 rows vs phased/16 3.1e-7), fixture parity worst 3.72e-4
+     * per position (text fixture, len 150), prefix cache passing; one 4B layer over 4096 rows 1.70 -> 1.28 ms
+     * (prep 0.49 -> 0.38, sequential pass 0.96 -> 0.65 ms), "deltanet core" of the 4B 4096-token chunk 43.6
+     * -> 33.7 ms: so "mma2" became the default. The third (13:06): "mma6" bit-identical to "mma4" (op tests,
+     * 4B heads over 4096 rows included), "mma4" within the op tests' bounds (27B heads, ragged
+     * entries: 5.3e-7 against the CPU; "stage" 6.0e-7), fixture parity passing (worst per position 5.1e-4,
+     * text fixture len 150: "stage" 2.3e-4, "mma2" 3.7e-4 there; 0 clear top-1 disagreements), graphs vs
+     * eager, the batch of 32, speculation and the prefix cache passing; one 4B layer over 4096 rows 0.99 ms
+     * (prep 0.32, pass 0.42), "deltanet core" of the 4B chunk 32.8 -> 26.5 ms: so "mma6" is the default;
+     * "mma2" and "stage" (WMMA) stay as switches */
     const char *pf = getenv("CINFER_CUDA_PREFILL");
     const char *pfv = pf ? pf : "tc";
     int phased = !strcmp(pfv, "tc") || !strcmp(pfv, "gdn") || !strcmp(pfv, "gdn2") || !strcmp(pfv, "tc2") ||

@@ -13,7 +13,8 @@
  * inverse's off-diagonal blocks; 6 mma4: and Dekker's split instead of TF32 conversions; 8 mma6, the
  * default: mma4 compiled for dk = 128; 9 mma7: that with the pass scaling Q and K itself). What the H200
  * showed (one 4B layer over 4096 rows, cuda_deltanet_prefill_speed): stage 1.67 ms (prep 0.48 + pass 0.93),
- * mma 1.31, mma2 1.20, mma3 1.20, mma4 1.10 (prep 0.33 + pass 0.52), mma6 0.99 (0.32 + 0.42). (7, mma5 —
+ * mma 1.31, mma2 1.20, mma3 1.20, mma4 1.10 (prep 0.33 + pass 0.52), mma6 0.99 (0.32 + 0.42), mma7 1.10
+ * (0.31 + 0.53: the pass's row loads from conv_out cost more than the prep's writes saved). (7, mma5 —
  * the output in its own pass parallel over chunks after a pass carrying only the state, as FLA's chunk_o —
  * measured 1.23 ms: the output pass cost more than the state pass saved; removed.) In the mma pass a chunk
  * costs ~14k cycles: 6.5k for D and Qg S, 2.5k for O and S, ~4.8k issuing and waiting for the next chunk's
