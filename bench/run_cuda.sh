@@ -3,8 +3,8 @@
 # CUDA backend, run the CUDA tests, then `cinfer bench --like SHAPE --device cuda` for the 4B, 35B-A3B and 27B
 # shapes and the transformers peer. Every stage has its own time limit and goes on past a failure; results
 # land in $OUT (log.txt: build; tests.txt; bench-*.txt; peer.txt).
-# The "old" stage runs the 4B and 35B-A3B shapes again on the kernels of the morning of 2026-11-30 (every
-# switch added since turned off) beside the defaults of the "bench" stage (bench-old.txt). 8 files in $OUT at
+# The "old" stage runs the 4B and 35B-A3B shapes again with session 5's switches turned off (session 4's
+# defaults, as far as switches reach) beside the defaults of the "bench" stage (bench-old.txt). 8 files in $OUT at
 # most.
 # usage: OUT=dir bash bench/run_cuda.sh [STAGES]   (STAGES: any of build tests bench old peer; default all)
 set -u
@@ -90,10 +90,11 @@ if has bench; then
         grep -v "cinfer synth: writing" >> "$OUT/bench-qwen3.5-4b.txt"
 fi
 if has old; then
-    # the kernels of the morning of 2026-11-30 (before the fused decode kernels, the phased DeltaNet prefill, the
-    # flash-attention prefill, the fused MoE and its grouped prefill GEMMs), beside the defaults of the bench
-    # stage: one run says what the new defaults are worth
-    OLD="CINFER_CUDA_FUSE=0 CINFER_CUDA_GDN_FUSED=0 CINFER_CUDA_ATTN_FUSED=0 CINFER_CUDA_PREFILL=gdn1 CINFER_CUDA_MOE_FUSED=0 CINFER_CUDA_MOE_PREFILL=host CINFER_CUDA_SKINNY=0"
+    # session 4's defaults (before PDL across the decode step, the attention decode prefetch, the key split and
+    # the K/V pre-split of the prefill attention, the mma.sync DeltaNet prefill, the padded + warmed GEMM shapes
+    # and device-side prefix snapshots), beside the defaults of the bench stage: one run says what the new
+    # defaults are worth (the MoE router's batched loads have no switch: the same bits, always on)
+    OLD="CINFER_CUDA_PDL=0 CINFER_CUDA_ATTN_PF=0 CINFER_CUDA_ATTN_SPLIT=0 CINFER_CUDA_ATTN_KV16=0 CINFER_CUDA_GDN_DT=stage CINFER_CUDA_GEMM_PAD=0 CINFER_CUDA_WARMUP=0 CINFER_PREFIX_GAP=0 CINFER_PREFIX_DEVICE=0"
     : > "$OUT/bench-old.txt"
     for s in qwen3.5-4b:90 qwen3.5-35b-a3b:120; do
         shape=${s%%:*} lim=${s##*:}
