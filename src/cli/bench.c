@@ -28,7 +28,7 @@ static void like_cleanup(const char *dir) {
 
 int cli_bench(int argc, char **argv) {
     static const char *const vf[] = {"-m", "--model", "-p", "-n", "--threads", "--spec-accept", "--spec-draft", "--batch", "--prefix-turn",
-                                     "--turn-new", "--spec", "--prompt", "--spec-mtp-vocab", "--repeat", "--like", "--layers", NULL};
+                                     "--turn-new", "--spec", "--prompt", "--spec-mtp-vocab", "--repeat", "--like", "--layers", "--draft-model", NULL};
     static const char *const bf[] = {"--help", "-h", "--step-costs", NULL};
     /* rows go out as they are measured: a bench killed by a time limit (stdout to a pipe is otherwise block
      * buffered) keeps every row it finished */
@@ -50,6 +50,9 @@ int cli_bench(int argc, char **argv) {
                "         the drafter's own acceptance and speedup (with --spec-accept: its cost, forced acceptance);\n"
                "         --step-costs: also one verify + rollback round of B windows against a decode step of B rows,\n"
                "         each timed alone (on cuda with a per-phase device breakdown of both)\n"
+               "       cinfer bench -m DIR --spec draft [--draft-model DIR2] [--spec-draft K=3] [--batch B=1] [--repeat R]\n"
+               "         a draft model's acceptance and speedup; without --draft-model the target drafts for itself\n"
+               "         (self-draft: every greedy draft holds, each costs a full decode step of the target)\n"
                "       cinfer bench -m DIR --prefix-turn P [--turn-new N=64]\n"
                "         second-turn time to first token from the prefix cache against cold\n"
                "       cinfer bench --like SHAPE [--layers N] --device cuda --spec-accept A ... | --prefix-turn P ...\n"
@@ -79,8 +82,9 @@ int cli_bench(int argc, char **argv) {
     const char *sv = arg_value(argc, argv, "--spec", NULL);
     int mode = CINFER_SPEC_NGRAM;
     if (sv && !strcmp(sv, "mtp")) mode = CINFER_SPEC_MTP;
+    else if (sv && !strcmp(sv, "draft")) mode = CINFER_SPEC_DRAFT;
     else if (sv && strcmp(sv, "ngram")) {
-        fprintf(stderr, "cinfer bench: --spec must be mtp or ngram\n");
+        fprintf(stderr, "cinfer bench: --spec must be mtp, ngram or draft\n");
         return 2;
     }
     if ((v = arg_value(argc, argv, "--spec-accept", NULL)) || sv) {

@@ -291,6 +291,22 @@ int bench_spec(int argc, char **argv, const char *dir, double accept, int mode) 
         (cinfer_spec_mode)mode; /* with --spec-accept the forced drafter replaces the drafter's tokens */
     sp.spec_mtp_vocab = (int)mv;
     sp.spec_max_draft = (int)K;
+    cinfer_model *dm = NULL; /* --draft-model; without it the target drafts for itself */
+    const char *dd = arg_value(argc, argv, "--draft-model", NULL);
+    if (mode == CINFER_SPEC_DRAFT) {
+        /* the engine's draft model proposes its own tokens: a forced acceptance rate would not reach them */
+        if (accept >= 0 || (dd && cinfer_model_open(dd, &dm, err, sizeof err))) {
+            if (accept >= 0)
+                fprintf(stderr, "cinfer bench: --spec draft measures the draft model's own acceptance; "
+                                "--spec-accept forces drafts with --spec ngram or mtp only\n");
+            else
+                fprintf(stderr, "cinfer bench: --draft-model: %s\n", err);
+            free(o.prompts), free(o.outs);
+            cinfer_model_close(m);
+            return accept >= 0 ? 2 : 1;
+        }
+        sp.draft_model = dm ? dm : m;
+    }
     /* R (plain, speculative) pairs back to back, the median of each and of the pairs' ratios: on a shared
      * machine the load drifts between runs, less within a pair */
     double pl[64], spv[64], ratio[64], epl[64], esp[64], eratio[64];
@@ -302,6 +318,7 @@ int bench_spec(int argc, char **argv, const char *dir, double accept, int mode) 
             spv[i] < 0) { /* an engine could not be made (message printed): no figures to report */
             free(o.prompts);
             free(o.outs);
+            if (dm) cinfer_model_close(dm);
             cinfer_model_close(m);
             return 1;
         }
@@ -320,7 +337,9 @@ int bench_spec(int argc, char **argv, const char *dir, double accept, int mode) 
                K, mode == CINFER_SPEC_MTP ? "MTP head running" : "no drafter", accept);
     else
         printf("batch %ld, prompt %ld, %ld tokens each, drafts <= %ld, %s drafts\n", B, P, N, K,
-               mode == CINFER_SPEC_MTP ? "MTP" : "n-gram");
+               mode == CINFER_SPEC_MTP     ? "MTP"
+               : mode == CINFER_SPEC_DRAFT ? (dm ? "draft-model" : "self-draft (draft model = target)")
+                                           : "n-gram");
     if (mode == CINFER_SPEC_MTP) {
         double dec, ver, head;
         step_costs(m, (int)P, (int)K, 1, (int)mv, 1, &dec, &ver, &head);
@@ -355,6 +374,7 @@ int bench_spec(int argc, char **argv, const char *dir, double accept, int mode) 
            median(epl, (int)R), median(esp, (int)R), median(eratio, (int)R));
     free(o.prompts);
     free(o.outs);
+    if (dm) cinfer_model_close(dm);
     cinfer_model_close(m);
     return mismatch ? 1 : 0;
 }

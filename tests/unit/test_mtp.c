@@ -828,3 +828,31 @@ TEST(mtp_bench_without_head_fails_cleanly) {
     CHECK_MSG(strstr(out, "no mtp.* tensors") != NULL, "no reason given: %s", out);
     CHECK_MSG(strstr(out, "speedup") == NULL, "figures printed after the failure: %s", out);
 }
+
+/* `bench --spec draft` without --draft-model: the target drafts for itself, so every greedy draft holds and
+ * the output is the plain run's; with --spec-accept (which cannot reach a draft model's tokens) it refuses,
+ * exit 2 */
+TEST(bench_self_draft_measures_and_refuses_forced_acceptance) {
+    const char *bin = getenv("CINFER_BIN");
+    if (!bin) bin = "build/cinfer";
+    char cmd[1024], out[8192];
+    snprintf(cmd, sizeof cmd, "%s bench -m %s --spec draft -n 12 -p 8 --batch 2 2>&1", bin, DENSE);
+    FILE *p = popen(cmd, "r");
+    CHECK(p != NULL);
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = 0;
+    int st = pclose(p);
+    CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 0, "exit status %d, output: %s", st, out);
+    CHECK_MSG(strstr(out, "self-draft") != NULL, "no self-draft line: %s", out);
+    CHECK_MSG(strstr(out, "measured acceptance 1.000") != NULL, "greedy self-drafts did not all hold: %s",
+              out);
+    CHECK_MSG(strstr(out, "outputs identical") != NULL, "speculative output differs: %s", out);
+    snprintf(cmd, sizeof cmd, "%s bench -m %s --spec draft --spec-accept 0.7 2>&1", bin, DENSE);
+    p = popen(cmd, "r");
+    CHECK(p != NULL);
+    n = fread(out, 1, sizeof out - 1, p);
+    out[n] = 0;
+    st = pclose(p);
+    CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 2, "exit status %d, output: %s", st, out);
+    CHECK_MSG(strstr(out, "--spec-accept") != NULL, "no reason given: %s", out);
+}
