@@ -619,7 +619,6 @@ static int next_stop(const cinfer_engine *e, const cinfer_request *r, int pos) {
  * (forward.h: chunks align to the absolute grid). With the prefix cache, a piece also stops at each
  * snapshot position (message boundaries, the last prompt token): a later request resuming there then
  * computes exactly the chunks a cold run does. 0 when no allowed end fits in the budget. */
-static int next_stop(const cinfer_engine *e, const cinfer_request *r, int pos);
 static int prefill_piece(const cinfer_engine *e, const cinfer_request *r, int budget) {
     int pos = r->n_fed, limit = r->n_prompt;
     if (e->p.prefix_cache_memory > 0 && pos < r->n_prompt - 1) limit = next_stop(e, r, pos);

@@ -811,20 +811,28 @@ TEST(mtp_through_cli) {
     }
 }
 
+/* Runs `cinfer bench ARGS` (stdout and stderr into out); returns its exit status, -1 when it did not exit. */
+static int bench_cli(const char *args, char *out, size_t cap) {
+    const char *bin = getenv("CINFER_BIN");
+    if (!bin) bin = "build/cinfer";
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "%s bench %s 2>&1", bin, args);
+    out[0] = 0;
+    FILE *p = popen(cmd, "r");
+    if (!p) return -1;
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = 0;
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
 /* `bench --spec mtp` on a checkpoint without an MTP head: the speculative engine cannot be made, so the bench
  * must say why and exit 1 — it printed a "speedup" from uninitialised step counts before */
 TEST(mtp_bench_without_head_fails_cleanly) {
-    const char *bin = getenv("CINFER_BIN");
-    if (!bin) bin = "build/cinfer";
-    char cmd[1024], out[8192];
-    snprintf(cmd, sizeof cmd,
-             "%s bench -m tests/fixtures/qwen35_moe --spec mtp --spec-accept 0.7 -n 8 -p 8 2>&1", bin);
-    FILE *p = popen(cmd, "r");
-    CHECK(p != NULL);
-    size_t n = fread(out, 1, sizeof out - 1, p);
-    out[n] = 0;
-    int st = pclose(p);
-    CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 1, "exit status %d, output: %s", st, out);
+    char out[8192];
+    int rc =
+        bench_cli("-m tests/fixtures/qwen35_moe --spec mtp --spec-accept 0.7 -n 8 -p 8", out, sizeof out);
+    CHECK_MSG(rc == 1, "exit status %d, output: %s", rc, out);
     CHECK_MSG(strstr(out, "no mtp.* tensors") != NULL, "no reason given: %s", out);
     CHECK_MSG(strstr(out, "speedup") == NULL, "figures printed after the failure: %s", out);
 }
@@ -833,26 +841,14 @@ TEST(mtp_bench_without_head_fails_cleanly) {
  * the output is the plain run's; with --spec-accept (which cannot reach a draft model's tokens) it refuses,
  * exit 2 */
 TEST(bench_self_draft_measures_and_refuses_forced_acceptance) {
-    const char *bin = getenv("CINFER_BIN");
-    if (!bin) bin = "build/cinfer";
-    char cmd[1024], out[8192];
-    snprintf(cmd, sizeof cmd, "%s bench -m %s --spec draft -n 12 -p 8 --batch 2 2>&1", bin, DENSE);
-    FILE *p = popen(cmd, "r");
-    CHECK(p != NULL);
-    size_t n = fread(out, 1, sizeof out - 1, p);
-    out[n] = 0;
-    int st = pclose(p);
-    CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 0, "exit status %d, output: %s", st, out);
+    char out[8192];
+    int rc = bench_cli("-m " DENSE " --spec draft -n 12 -p 8 --batch 2", out, sizeof out);
+    CHECK_MSG(rc == 0, "exit status %d, output: %s", rc, out);
     CHECK_MSG(strstr(out, "self-draft") != NULL, "no self-draft line: %s", out);
     CHECK_MSG(strstr(out, "measured acceptance 1.000") != NULL, "greedy self-drafts did not all hold: %s",
               out);
     CHECK_MSG(strstr(out, "outputs identical") != NULL, "speculative output differs: %s", out);
-    snprintf(cmd, sizeof cmd, "%s bench -m %s --spec draft --spec-accept 0.7 2>&1", bin, DENSE);
-    p = popen(cmd, "r");
-    CHECK(p != NULL);
-    n = fread(out, 1, sizeof out - 1, p);
-    out[n] = 0;
-    st = pclose(p);
-    CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 2, "exit status %d, output: %s", st, out);
+    rc = bench_cli("-m " DENSE " --spec draft --spec-accept 0.7", out, sizeof out);
+    CHECK_MSG(rc == 2, "exit status %d, output: %s", rc, out);
     CHECK_MSG(strstr(out, "--spec-accept") != NULL, "no reason given: %s", out);
 }
