@@ -296,6 +296,10 @@ struct cuda_fwd {
     int marking;                      /* this call records marks for the trace (not the profile) */
     double mark_host[PROF_MAX_MARKS]; /* host ms at each mark while marking */
     cu_timer *tr_ev[2];               /* the trace's call start / end events */
+    /* CINFER_CUDA_DIAG_AB=1 (measurements; diag_ab): kernel classes (DG_*) left out of / launched twice in
+     * the decode steps being captured, and the batch sizes already measured (bit B - 1) */
+    int diag_ab, diag_skip, diag_dup;
+    unsigned long long diag_done;
 };
 
 int cuda_built(void) {
@@ -630,6 +634,8 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * waits for a capture (being measured) */
     const char *csec = getenv("CINFER_CUDA_CAPTURE_SECOND");
     f->capture_second = csec && !strcmp(csec, "1");
+    const char *dab = getenv("CINFER_CUDA_DIAG_AB"); /* "1": diag_ab (measurements; wrong outputs) */
+    f->diag_ab = dab && !strcmp(dab, "1");
     const char *g = getenv("CINFER_CUDA_GRAPHS"); /* "0": launch every step eagerly (tests compare the two) */
     if (g && !strcmp(g, "0")) f->p.no_graphs = 1;
     /* diagnostics: f32-activation GEMV for up to this many rows */
@@ -1089,6 +1095,13 @@ static void gemm(cuda_fwd *f, float *y, const float *x, const uint16_t *w, int M
     if (cu_onepass_mask() != -1) cu_set_gemm_class(CU_GC_OTHER);
 }
 
+/* Kernel classes of a decode step for CINFER_CUDA_DIAG_AB (diag_ab): how many times enqueue launches one of
+ * them, 0 (left out), 1 or 2 (twice). Outside the diagnostics always 1. */
+enum { DG_IN = 1, DG_GDN = 2, DG_ATTN = 4, DG_OUT = 8, DG_GU = 16, DG_DOWN = 32, DG_LM = 64 };
+static int diag_n(const cuda_fwd *f, int cls) {
+    return (f->diag_skip & cls) ? 0 : (f->diag_dup & cls) ? 2 : 1;
+}
+
 /* The layer's input projection: from f->xn (normed by the caller), or with fz from the raw residual f->x,
  * normed inside the GEMV by the layer's input norm */
 static void in_proj(cuda_fwd *f, const cu_layer *cl, int T, int fz) {
@@ -1115,7 +1128,7 @@ static void deltanet(cuda_fwd *f, const cu_layer *cl, const layer_weights *lw, i
     const model *m = f->m;
     int T = rs->T, kd = m->Hk * m->dk, vd = m->Hv * m->dv, C = m->C;
     mark(f, CP_GEMM_IN);
-    in_proj(f, cl, T, fin);
+    for (int n = diag_n(f, DG_IN); n > 0; n--) in_proj(f, cl, T, fin);
     mark(f, CP_GDN);
     cu_gdn_args a = {0};
     a.T = T, a.NE = rs->NE, a.Hk = m->Hk, a.Hv = m->Hv, a.dk = m->dk, a.dv = m->dv, a.K = m->K, a.C = C;
@@ -1138,9 +1151,9 @@ static void deltanet(cuda_fwd *f, const cu_layer *cl, const layer_weights *lw, i
     a.spec_buf = f->spec_fuse ? spec_buf_floats(f) : 0;
     a.no_chunked = rs->no_chunked, a.dec_cnt = rs->gdn_fused ? f->gdn_cnt : NULL;
     a.win_cnt = rs->has_spec && rs->no_chunked ? f->win_cnt : NULL, a.win_v2 = f->win_v2;
-    cu_gdn_layer(f->cu, &a);
+    for (int n = diag_n(f, DG_GDN); n > 0; n--) cu_gdn_layer(f->cu, &a);
     mark(f, CP_GEMM_OUT);
-    out_proj(f, cl, T, vd, fz);
+    for (int n = diag_n(f, DG_OUT); n > 0; n--) out_proj(f, cl, T, vd, fz);
 }
 
 /* kpool / vpool: the model's pools (layer full of f->p.n_blocks blocks each) or the MTP head's (full 0) */
@@ -1149,7 +1162,7 @@ static void attention(cuda_fwd *f, const cu_layer *cl, int full, const run_shape
     const model *m = f->m;
     int T = rs->T;
     mark(f, CP_GEMM_IN);
-    in_proj(f, cl, T, fin);
+    for (int n = diag_n(f, DG_IN); n > 0; n--) in_proj(f, cl, T, fin);
     mark(f, CP_ATTN);
     cu_attn_args a = {0};
     a.T = T, a.Hq = m->Hq, a.Hkv = m->Hkv, a.hd = m->hd, a.rope_dim = m->cfg.rope_dim, a.n_blocks = n_blocks;
@@ -1164,9 +1177,9 @@ static void attention(cuda_fwd *f, const cu_layer *cl, int full, const run_shape
     a.rope3 = rs->rope3, a.mrope_h = m->cfg.mrope_section[1], a.mrope_w = m->cfg.mrope_section[2];
     /* decode-only steps of the model (the MTP head's calls leave no_chunked 0) */
     a.dec_cnt = rs->no_chunked && !rs->has_spec && !rs->tiles ? f->attn_cnt : NULL;
-    cu_attn_layer(f->cu, &a);
+    for (int n = diag_n(f, DG_ATTN); n > 0; n--) cu_attn_layer(f->cu, &a);
     mark(f, CP_GEMM_OUT);
-    out_proj(f, cl, T, m->Hq * m->hd, fz);
+    for (int n = diag_n(f, DG_OUT); n > 0; n--) out_proj(f, cl, T, m->Hq * m->hd, fz);
 }
 
 static void mlp(cuda_fwd *f, float *y, const float *x, const uint16_t *gu, const uint16_t *down, int M,
@@ -1185,9 +1198,11 @@ static void mlp_fused(cuda_fwd *f, const cu_layer *cl, int M) {
     const model *m = f->m;
     int I = m->cfg.intermediate_size;
     mark(f, CP_FFN_GEMM);
-    cu_gemv_fused(f->cu, f->act, f->x, cl->w_gu, M, I, m->H, cl->post_norm, (float)m->cfg.rms_norm_eps,
-                  CU_EPI_SWIGLU);
-    cu_gemv_fused(f->cu, f->x, f->act, cl->w_down, M, m->H, I, NULL, 0.0f, CU_EPI_ADD);
+    for (int n = diag_n(f, DG_GU); n > 0; n--)
+        cu_gemv_fused(f->cu, f->act, f->x, cl->w_gu, M, I, m->H, cl->post_norm, (float)m->cfg.rms_norm_eps,
+                      CU_EPI_SWIGLU);
+    for (int n = diag_n(f, DG_DOWN); n > 0; n--)
+        cu_gemv_fused(f->cu, f->x, f->act, cl->w_down, M, m->H, I, NULL, 0.0f, CU_EPI_ADD);
 }
 
 /* 1 when moe() runs this batch's MoE block on the fused decode kernels */
@@ -1415,8 +1430,77 @@ static int enqueue(cuda_fwd *f, const run_shape *rs, int moe_device, char *err, 
     /* final norm of the rows that need logits (gathered), then lm_head */
     cu_gather_rmsnorm(f->cu, f->xn, f->x, rs->meta.lrow, f->final_norm, rs->nl, H, eps);
     mark(f, CP_LM_HEAD);
-    gemm(f, f->logits, f->xn, f->lm_head, rs->nl, m->V, H);
+    for (int n = diag_n(f, DG_LM); n > 0; n--) gemm(f, f->logits, f->xn, f->lm_head, rs->nl, m->V, H);
     return 0;
+}
+
+/* CINFER_CUDA_DIAG_AB=1 (measurements only: the state and the KV of the batch's sequences advance by every
+ * replay, so what follows the diagnostics is not the model's output): at the first replay of a decode graph
+ * of B rows (once per B), the same step captured again with one kernel class left out or launched twice
+ * (or without PDL), each graph replayed back to back between two events; a line per variant on stderr. The
+ * difference to the base is that class's cost inside the graph, overlap included. */
+static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
+    static const struct {
+        const char *name;
+        int skip, dup, nopdl;
+    } v[] = {
+        {"base", 0, 0, 0},
+        {"pdl off", 0, 0, 1},
+        {"skip in_proj", DG_IN, 0, 0},
+        {"skip deltanet", DG_GDN, 0, 0},
+        {"skip attention", DG_ATTN, 0, 0},
+        {"skip out_proj", DG_OUT, 0, 0},
+        {"skip gate_up", DG_GU, 0, 0},
+        {"skip down", DG_DOWN, 0, 0},
+        {"skip lm_head", DG_LM, 0, 0},
+        {"skip deltanet+attn", DG_GDN | DG_ATTN, 0, 0},
+        {"skip all gemv", DG_IN | DG_OUT | DG_GU | DG_DOWN | DG_LM, 0, 0},
+        {"skip everything", 127, 0, 0},
+        {"dup in_proj", 0, DG_IN, 0},
+        {"dup deltanet", 0, DG_GDN, 0},
+        {"dup attention", 0, DG_ATTN, 0},
+        {"dup out_proj", 0, DG_OUT, 0},
+        {"dup gate_up", 0, DG_GU, 0},
+        {"dup down", 0, DG_DOWN, 0},
+        {"dup lm_head", 0, DG_LM, 0},
+        {"base again", 0, 0, 0},
+    };
+    enum { REPS = 40 };
+    cu_timer *t0 = NULL, *t1 = NULL;
+    char err[256];
+    if (cu_timer_create(&t0) || cu_timer_create(&t1)) goto done;
+    double base = 0;
+    int pdl = f->pdl;
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+        f->diag_skip = v[i].skip, f->diag_dup = v[i].dup;
+        if (v[i].nopdl) f->pdl = 0;
+        void *exec = NULL;
+        int rc = cu_capture_begin(f->cu, err, sizeof err);
+        int rc2 = rc ? rc : enqueue(f, rs, moe_device, err, sizeof err);
+        if (!rc) rc = cu_capture_end(f->cu, &exec, err, sizeof err);
+        f->pdl = pdl, f->diag_skip = f->diag_dup = 0;
+        if (rc || rc2) {
+            fprintf(stderr, "cinfer diag: %s: %s\n", v[i].name, err);
+            cu_graph_destroy(exec);
+            break;
+        }
+        for (int r = 0; r < 3 && !rc; r++) rc = cu_graph_launch(f->cu, exec, err, sizeof err);
+        cu_timer_start(f->cu, t0);
+        for (int r = 0; r < REPS && !rc; r++) rc = cu_graph_launch(f->cu, exec, err, sizeof err);
+        cu_timer_start(f->cu, t1);
+        if (!rc) rc = cu_sync(f->cu, err, sizeof err);
+        cu_graph_destroy(exec);
+        if (rc) {
+            fprintf(stderr, "cinfer diag: %s: %s\n", v[i].name, err);
+            break;
+        }
+        double ms = cu_timer_between_ms(t0, t1) / REPS;
+        if (i == 0) base = ms;
+        fprintf(stderr, "cinfer diag: B=%d %-20s %8.4f ms/step %+8.4f\n", rs->NE, v[i].name, ms, ms - base);
+    }
+done:
+    if (t0) cu_timer_destroy(t0);
+    if (t1) cu_timer_destroy(t1);
 }
 
 /* attention position splits: enough (rows x heads x splits) blocks to fill the device at decode, none when
@@ -1741,6 +1825,11 @@ static int fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, int s
         }
         g->used = ++f->graph_clock;
         if ((rc = cu_graph_launch(f->cu, g->exec, err, errlen))) return rc;
+        if (f->diag_ab && !strcmp(tr_mode, "replay") && T == NE && NE <= 64 && !has_spec &&
+            !(f->diag_done >> (NE - 1) & 1)) {
+            f->diag_done |= 1ull << (NE - 1);
+            diag_ab(f, &rs, moe_device);
+        }
     } else {
         f->n_marks = 0;
         int pdl_was = 0;
