@@ -539,6 +539,60 @@ int cinfer_seq_commit(cinfer_ctx *c, int id, int n_keep, char *err, size_t errle
 }
 
 /* ---- for the engine (ctx_internal.h) ---- */
+int ctx_seq_state_stash(cinfer_ctx *c, int id, float *dst, char *err, size_t errlen) {
+    if (!c || id < 0 || id >= c->p.max_seqs || !c->seqs[id].active)
+        return ci_err(err, errlen, CINFER_EINVAL, "ctx_seq_state_stash: sequence %d is not open", id);
+    if (c->seqs[id].pending)
+        return ci_err(err, errlen, CINFER_ESTATE,
+                      "sequence %d has a speculative window awaiting cinfer_seq_commit", id);
+    if (c->m->n_lin <= 0) return 0;
+    if (!dst) return ci_err(err, errlen, CINFER_EINVAL, "ctx_seq_state_stash: no destination");
+    int slot = c->seqs[id].slot;
+    if (c->cf) return cuda_fwd_state_save(c->cf, slot, dst, err, errlen);
+    for (int l = 0; l < c->st.n_layers; l++, dst += c->st.conv_floats)
+        memcpy(dst, state_conv(&c->st, slot, l), c->st.conv_floats * sizeof(float));
+    for (int l = 0; l < c->st.n_layers; l++, dst += c->st.rec_floats)
+        memcpy(dst, state_rec(&c->st, slot, l), c->st.rec_floats * sizeof(float));
+    return 0;
+}
+
+int ctx_seq_rewind(cinfer_ctx *c, int id, int len, const float *src, char *err, size_t errlen) {
+    if (!c || id < 0 || id >= c->p.max_seqs || !c->seqs[id].active)
+        return ci_err(err, errlen, CINFER_EINVAL, "ctx_seq_rewind: sequence %d is not open", id);
+    seq_rec *s = &c->seqs[id];
+    if (s->pending)
+        return ci_err(err, errlen, CINFER_ESTATE,
+                      "sequence %d has a speculative window awaiting cinfer_seq_commit", id);
+    if (len < 0 || len > s->len)
+        return ci_err(err, errlen, CINFER_EINVAL, "ctx_seq_rewind: sequence %d has %d tokens, not %d", id,
+                      s->len, len);
+    if (c->m->n_lin > 0 && !src)
+        return ci_err(err, errlen, CINFER_EINVAL, "ctx_seq_rewind: no state to load");
+    if (len == s->len) return 0; /* the state is already the one at len */
+    if (len % KV_BLOCK && prefix_block_refs(c->pc, s->blocks[len / KV_BLOCK]) > 1)
+        return ci_err(err, errlen, CINFER_ESTATE,
+                      "ctx_seq_rewind: position %d lies in a block the prefix cache shares", len);
+    if (c->m->n_lin > 0) {
+        int slot = s->slot, rc;
+        if (c->cf) {
+            if ((rc = cuda_fwd_state_load(c->cf, slot, src, err, errlen))) return rc;
+        } else {
+            for (int l = 0; l < c->st.n_layers; l++, src += c->st.conv_floats)
+                memcpy(state_conv(&c->st, slot, l), src, c->st.conv_floats * sizeof(float));
+            for (int l = 0; l < c->st.n_layers; l++, src += c->st.rec_floats)
+                memcpy(state_rec(&c->st, slot, l), src, c->st.rec_floats * sizeof(float));
+        }
+    }
+    s->len = len;
+    int keep_blocks = (len + KV_BLOCK - 1) / KV_BLOCK;
+    while (s->n_blocks > keep_blocks) {
+        s->n_blocks--;
+        prefix_release_blocks(c->pc, &s->blocks[s->n_blocks], 1);
+    }
+    if (c->mtp_on) mtp_drop(c, s, len);
+    return 0;
+}
+
 int ctx_sync(cinfer_ctx *c, char *err, size_t errlen) {
     return c->cf ? cuda_fwd_sync(c->cf, err, errlen) : 0;
 }

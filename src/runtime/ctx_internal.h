@@ -60,6 +60,14 @@ const float *ctx_seq_state(const cinfer_ctx *c, int seq, int layer, int recurren
  * ([ctx_seq_state_floats] f32) on either device, for tests (a cuda context waits for its stream). */
 size_t ctx_seq_state_floats(const cinfer_ctx *c);
 int ctx_seq_state_copy(cinfer_ctx *c, int seq, float *dst, char *err, size_t errlen);
+/* A draft model's exact rollback without speculative windows (engine.c, draft_model_step): stash copies the
+ * sequence's committed DeltaNet state into dst ([ctx_seq_state_floats] f32; device memory on a cuda context,
+ * where the copy is queued on the context's stream and nothing waits); rewind drops the sequence back to its
+ * first len tokens (len <= its length, no window pending), loading src (a stash taken at len; NULL when the
+ * model has no DeltaNet layers). KV rows past len are overwritten later; blocks wholly past it go back. A
+ * rewind into a block the prefix cache shares is refused (CINFER_ESTATE): later rows would write into it. */
+int ctx_seq_state_stash(cinfer_ctx *c, int seq, float *dst, char *err, size_t errlen);
+int ctx_seq_rewind(cinfer_ctx *c, int seq, int len, const float *src, char *err, size_t errlen);
 
 /* The MTP head (spec §5; model/mtp.h): ctx_mtp_init sizes its KV pool with the others (once, before any
  * decoding); each sequence then holds head rows at positions [start, len). A forward entry's rows start at pos:

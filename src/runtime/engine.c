@@ -85,7 +85,10 @@ struct cinfer_request {
     int n_drafts;
     int dseq;             /* draft model: the request's sequence in the draft context (-1: none) */
     int d_fed;            /* draft model: prompt tokens it has read */
-    int d_window;         /* draft model: tokens in its pending window ([last, d1..], uncommitted) */
+    int d_window;         /* draft model: window tokens ([last, d1..]) it read this step: a pending speculative
+                             window (CINFER_SPEC_DRAFT_WINDOWS=1), else plain steps its rewind undoes */
+    int32_t dread[64];    /* draft model: the window tokens it read (drafts[0, d_window) before a test's or
+                             benchmark's drafter replaced them) */
     int32_t catchup[64];  /* draft model: kept tokens it has yet to read (fed at the next step) */
     int n_catchup;
     int mtp_off;          /* MTP: the head lost its rows for this request (no KV block): no more drafts */
@@ -125,7 +128,14 @@ struct cinfer_engine {
     atomic_int stat_px_blocks;
     atomic_llong stat_px_kv_bytes;
     cinfer_ctx *dctx;               /* CINFER_SPEC_DRAFT: the draft model's context (same max_seqs, ctx_size) */
-    float *dlogits;                 /* [max_seqs][V] the draft model's rows */
+    float *dlogits;                 /* [max_seqs][V] the draft model's rows (NULL when the device chooses) */
+    int dwin;                       /* CINFER_SPEC_DRAFT_WINDOWS=1: drafts as speculative windows (the old form) */
+    float *dsnap;                   /* [max_seqs][spec_max_draft - 1][dsnap_floats] f32: draft states after 1..k-1
+                                       window tokens (device memory on cuda), or NULL */
+    size_t dsnap_floats;            /* ctx_seq_state_floats of the draft context */
+    int dsnap_dev;                  /* dsnap is cuda_dev_alloc'd */
+    cuda_sample *ddsmp;             /* [max_seqs] greedy choices of the draft's rows on the device, or NULL */
+    int32_t *ddids;                 /* [max_seqs] the draft's argmax per row */
     cinfer_batch_entry *dentries;   /* [max_seqs] */
     cinfer_request **dreq;          /* [max_seqs] */
     /* CINFER_SPEC_MTP: the head reads the target's final-normed hidden rows of each step */
@@ -672,16 +682,48 @@ static double now_ms(void) {
     return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
 }
 
+/* The draft model's forward: its rows' argmax into dids[0, n) — on cuda chosen on the device, only the ids
+ * coming back (a row of logits is 1 MB at Qwen3.5's vocabulary) */
+static int draft_forward(cinfer_engine *e, int n, int32_t *dids, char *err, size_t errlen) {
+    if (e->ddsmp) {
+        for (int i = 0; i < n; i++) e->ddsmp[i] = (cuda_sample){0.0f, 0, 0.0, 0};
+        return ctx_forward_sample(e->dctx, e->dentries, n, e->ddsmp, dids, NULL, err, errlen);
+    }
+    int rc = cinfer_forward(e->dctx, e->dentries, n, e->dlogits, err, errlen);
+    for (int i = 0; !rc && i < n; i++) dids[i] = argmax_row(e->dlogits + (size_t)i * e->m->V, e->m->V);
+    return rc;
+}
+
+static float *draft_snap(cinfer_engine *e, const cinfer_request *r, int j) {
+    return e->dsnap +
+           ((size_t)r->dseq * (size_t)(e->p.spec_max_draft - 1) + (size_t)(j - 1)) * e->dsnap_floats;
+}
+
 /* Draft model (CINFER_SPEC_DRAFT): first bring every draft sequence up to what its target has read (prompt
- * pieces, and the tokens the last step kept), in one batch; then grow each decoding request's window
- * [last, d1, ...] one greedy draft at a time, every request in one batch per draft position. Windows leave
- * the draft's state untouched (forward.h), so the kept prefix is committed after verification. */
+ * pieces, and the kept tokens it has not read: after a window kept whole, its last draft), in one batch; then
+ * grow each decoding request's window [last, d1, ...] one greedy draft at a time, every request in one batch
+ * per draft position. Each draft position is a plain decode step of the draft context (one row per request:
+ * the draft runs exactly as that model decodes alone — CUDA graphs, PDL, the decode GEMVs), and before
+ * reading window token j (j >= 1) the draft's DeltaNet state is stashed (a device copy), so that
+ * draft_model_sync can rewind it exactly to any kept length. CINFER_SPEC_DRAFT_WINDOWS=1: the old form,
+ * where draft position j is a speculative window of j + 1 rows that leaves the state untouched and the kept
+ * prefix is committed after verification (on cuda such steps run eagerly, without PDL, through the skinny
+ * GEMM: the H200 of session 5 measured a draft step at ~1.9x a plain step of the same model). */
 static void draft_model_step(cinfer_engine *e) {
     char err[512];
     int n = 0, budget = e->p.step_tokens;
     for (int i = 0; i < e->n_running; i++) {
         cinfer_request *r = e->running[i];
         if (r->dseq < 0) continue;
+        if (r->d_window && !e->dwin) {
+            /* drafts no verification answered (never so far: every decode entry fits a step): the draft
+             * cannot tell how far to go back, so it stops drafting for this request */
+            LOG_W("draft model: a window went unverified; request drafts no more");
+            cinfer_seq_close(e->dctx, r->dseq);
+            r->dseq = -1;
+            r->d_window = r->n_catchup = 0;
+            continue;
+        }
         if (r->n_catchup && r->d_fed >= r->n_prompt) {
             if (r->n_catchup > budget) continue;
             e->dentries[n] = (cinfer_batch_entry){r->dseq, r->catchup, r->n_catchup, 0};
@@ -694,7 +736,7 @@ static void draft_model_step(cinfer_engine *e) {
             budget -= cnt;
         }
     }
-    if (n && cinfer_forward(e->dctx, e->dentries, n, e->dlogits, err, sizeof err)) {
+    if (n && draft_forward(e, n, e->ddids, err, sizeof err)) {
         LOG_E("draft model: %s", err); /* nothing was read: try again next step */
         n = 0;
     }
@@ -722,30 +764,66 @@ static void draft_model_step(cinfer_engine *e) {
             int k = r->draft_len < room ? r->draft_len : room;
             if (r->dseq < 0 || r->n_fed < r->n_prompt || r->d_fed < r->n_prompt || r->n_catchup || r->n_drafts != j || j >= k)
                 continue;
-            e->dentries[n] = (cinfer_batch_entry){r->dseq, r->drafts, j + 1, 0, 1};
+            if (e->dwin) {
+                e->dentries[n] = (cinfer_batch_entry){r->dseq, r->drafts, j + 1, 0, 1};
+            } else {
+                if (j && e->dsnap &&
+                    ctx_seq_state_stash(e->dctx, r->dseq, draft_snap(e, r, j), err, sizeof err)) {
+                    LOG_E("draft model: %s", err);
+                    continue; /* its drafts so far stand */
+                }
+                e->dentries[n] = (cinfer_batch_entry){r->dseq, r->drafts + j, 1, 0, 0};
+            }
             e->dreq[n++] = r;
         }
         if (!n) break;
-        if (cinfer_forward(e->dctx, e->dentries, n, e->dlogits, err, sizeof err)) {
+        if (draft_forward(e, n, e->ddids, err, sizeof err)) {
             LOG_E("draft model: %s", err);
             break;
         }
         for (int i = 0; i < n; i++) {
             cinfer_request *r = e->dreq[i];
-            r->drafts[j + 1] = argmax_row(e->dlogits + (size_t)i * e->m->V, e->m->V);
+            r->drafts[j + 1] = e->ddids[i];
             r->n_drafts = j + 1;
             r->d_window = j + 1;
         }
     }
+    /* a test or benchmark drafter (bench --spec draft --spec-accept) replaces the tokens, the draft model's
+     * steps staying in the step's cost; draft_model_sync then keeps only what the draft read and the target
+     * kept alike */
+    for (int i = 0; i < e->n_running; i++) {
+        cinfer_request *r = e->running[i];
+        memcpy(r->dread, r->drafts, sizeof(int32_t) * (size_t)r->d_window);
+        if (e->drafter && r->n_drafts) {
+            int c = e->drafter(e->drafter_ud, r->hist, r->n_hist, r->drafts + 1, r->n_drafts);
+            r->n_drafts = c < 0 || c > r->n_drafts ? 0 : c;
+        }
+    }
 }
 
-/* After the target kept `kept` window tokens of r ([last, d1..]): the draft model keeps the same ones —
- * commit what its pending window holds of them, and read the rest at the next step. */
+/* After the target kept `kept` window tokens of r ([last, d1..]): the draft model keeps the same ones. It
+ * read d_window of them: a window commits what it holds of the kept ones; plain steps rewind to the stash
+ * taken at the kept length when fewer were kept. Kept tokens it has not read are read at the next step. */
 static void draft_model_sync(cinfer_engine *e, cinfer_request *r, int kept) {
     char err[256];
     if (r->dseq < 0) return;
-    int c = kept < r->d_window ? kept : r->d_window;
-    if (r->d_window && cinfer_seq_commit(e->dctx, r->dseq, c, err, sizeof err)) LOG_E("draft model: %s", err);
+    int c = 0; /* the tokens it read that the target kept: a prefix of both */
+    while (c < r->d_window && c < kept && r->dread[c] == r->drafts[c]) c++;
+    if (e->dwin) {
+        if (r->d_window && cinfer_seq_commit(e->dctx, r->dseq, c, err, sizeof err))
+            LOG_E("draft model: %s", err);
+    } else if (c < r->d_window) {
+        /* c >= 1 (a window's first token, r->last, is always kept): the stash before reading token c */
+        int len = cinfer_seq_len(e->dctx, r->dseq) - (r->d_window - c);
+        if (ctx_seq_rewind(e->dctx, r->dseq, len, e->dsnap ? draft_snap(e, r, c) : NULL, err, sizeof err)) {
+            LOG_E("draft model: %s; this request drafts no more", err);
+            cinfer_seq_close(e->dctx, r->dseq);
+            r->dseq = -1;
+            r->n_catchup = 0;
+            r->d_window = 0;
+            return;
+        }
+    }
     r->d_window = 0;
     for (int t = c; t < kept; t++) {
         if (r->n_catchup == (int)(sizeof r->catchup / sizeof r->catchup[0])) {
@@ -1160,15 +1238,38 @@ int cinfer_engine_create(cinfer_model *cm, const cinfer_engine_params *pp, cinfe
     if (p.spec == CINFER_SPEC_DRAFT) {
         cinfer_ctx_params dp = cp;
         dp.prefix_cache_memory = 0;
+        const char *dw = getenv("CINFER_SPEC_DRAFT_WINDOWS");
+        e->dwin = dw && !strcmp(dw, "1");
+        if (!e->dwin) dp.spec_window = 0; /* plain decode steps: the context is made as for decoding alone */
         if ((rc = cinfer_ctx_create(p.draft_model, &dp, &e->dctx, err, errlen))) {
             ci_err_prefix(err, errlen, "draft model");
             cinfer_ctx_destroy(e->ctx);
             free(e);
             return rc;
         }
-        e->dlogits = xmalloc((size_t)p.max_seqs * e->m->V * sizeof(float));
         e->dentries = xcalloc((size_t)p.max_seqs, sizeof *e->dentries);
         e->dreq = xcalloc((size_t)p.max_seqs, sizeof *e->dreq);
+        e->ddids = xcalloc((size_t)p.max_seqs, sizeof *e->ddids);
+        if (cinfer_ctx_device(e->dctx) == CINFER_DEVICE_CUDA &&
+            !(getenv("CINFER_CUDA_SAMPLE") && !strcmp(getenv("CINFER_CUDA_SAMPLE"), "0")))
+            e->ddsmp = xcalloc((size_t)p.max_seqs, sizeof *e->ddsmp);
+        else
+            e->dlogits = xmalloc((size_t)p.max_seqs * e->m->V * sizeof(float));
+        /* the rewind's stashes: spec_max_draft - 1 states per sequence (a 4B draft: 50 MB each) */
+        e->dsnap_floats = ctx_seq_state_floats(e->dctx);
+        size_t nsnap = (size_t)p.max_seqs * (size_t)(p.spec_max_draft > 1 ? p.spec_max_draft - 1 : 0);
+        if (!e->dwin && nsnap && e->dsnap_floats) {
+            size_t bytes = nsnap * e->dsnap_floats * sizeof(float);
+            e->dsnap_dev = cinfer_ctx_device(e->dctx) == CINFER_DEVICE_CUDA;
+            e->dsnap = e->dsnap_dev ? cuda_dev_alloc(bytes) : ci_try_alloc(bytes);
+            if (!e->dsnap) {
+                cinfer_ctx_destroy(e->dctx);
+                cinfer_ctx_destroy(e->ctx);
+                free(e->dentries), free(e->dreq), free(e->ddids), free(e->ddsmp), free(e->dlogits), free(e);
+                return ci_err(err, errlen, CINFER_ENOMEM,
+                              "draft model: cannot allocate %zu MB of state stashes", bytes >> 20);
+            }
+        }
     }
     if (p.spec == CINFER_SPEC_MTP) {
         /* the head's KV pool and buffers, sized here with the others: nothing grows while decoding */
@@ -1256,7 +1357,9 @@ void cinfer_engine_destroy(cinfer_engine *e) {
     pthread_join(e->thread, NULL);
     cinfer_ctx_destroy(e->ctx);
     cinfer_ctx_destroy(e->dctx);
-    free(e->dlogits), free(e->dentries), free(e->dreq);
+    free(e->dlogits), free(e->dentries), free(e->dreq), free(e->ddids), free(e->ddsmp);
+    if (e->dsnap_dev) cuda_dev_free(e->dsnap);
+    else free(e->dsnap);
     free(e->hid), free(e->mtp_h), free(e->mlogits), free(e->entry_hrow), free(e->entry_pos), free(e->entry_keep);
     free(e->mids);
     free(e->ment), free(e->mreq);
