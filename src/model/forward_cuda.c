@@ -203,7 +203,6 @@ struct cuda_fwd {
     size_t apart_floats;
     int attn_split;    /* 0: off, else the least keys per span (CINFER_CUDA_ATTN_SPLIT) */
     uint16_t *kv16;    /* the tiles' K, V split once (cu_attn_args.kv16; CINFER_CUDA_ATTN_KV16), or NULL */
-    int kv16_form;     /* cu_attn_args.kv16_form */
     float *logits;     /* [T][V] */
     float *moe_logits; /* [T][E] */
     int *moe_idx;      /* [S] */
@@ -644,17 +643,6 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     /* 1: activations rounded to bf16 once before the tensor cores (faster, coarser); default 2 (hi + lo) */
     const char *bp = getenv("CINFER_CUDA_BF16_PASSES");
     cu_set_bf16_passes(bp ? atoi(bp) : 2);
-    /* diagnostics: "in,out,ffn,moe,other" (any of them): CINFER_CUDA_BF16_PASSES=1 only for those matrices */
-    const char *op = getenv("CINFER_CUDA_ONEPASS");
-    int opm = -1;
-    if (op) {
-        opm = (strstr(op, "other") ? 1 << CU_GC_OTHER : 0) | (strstr(op, "in") ? 1 << CU_GC_IN : 0) |
-              (strstr(op, "out") ? 1 << CU_GC_OUT : 0) | (strstr(op, "ffn") ? 1 << CU_GC_FFN : 0) |
-              (strstr(op, "moe") ? 1 << CU_GC_MOE : 0);
-        fprintf(stderr, "cinfer cuda: CINFER_CUDA_ONEPASS=%s: one bf16 pass only for class mask 0x%x\n", op,
-                opm);
-    }
-    cu_set_onepass_mask(opm);
     /* GEMV: "v2", the default since the H200 run of 07:17 (4B batch 1 227 -> 243 tok/s, batch 8 unchanged,
      * every test passing with it), takes the split-K kernel where it measured faster and v1 elsewhere; "v1"
      * the warp-per-2-rows kernel everywhere; "v2all" the split-K kernel wherever it serves; "v3" the kernel
@@ -839,29 +827,16 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * gives the one kernel's bits in every op test (4B and 27B heads, ragged entries, 4096 rows) and passes
      * fixture parity, graphs vs eager, the batch of 32, speculation and the prefix cache; one layer over 4096
      * rows at the 4B heads 7.88 -> 1.70 ms (27B heads 13.2 -> 2.95 ms), "deltanet core" of a 4096-token chunk
-     * 199 -> 43 ms (4B), 663 -> 167 ms (27B), 249 -> 52 ms (35B-A3B). CINFER_CUDA_GDN_DT: its sequential pass
-     * — "stage" (the default: 32 value columns, each chunk's inputs staged in shared memory one chunk ahead),
-     * "il" (that, and the prep, with the runs of K of each product side by side: measured slower, 2.05 ms),
-     * "pad" (the staged pass's shared rows padded against bank conflicts: 1.87 ms), "16" or "32" (fragments
-     * from L2: 2.75 / 2.99 ms); all the same bits, all measured slower than the default's 1.70 ms. "mma":
-     * the staged pass on mma.sync with S in registers and operands split once (deltanet_chunk.cu); "mma2":
-     * that and the prep's products on mma.sync; "mma3": and the inverse's off-diagonal blocks; "mma4": that
-     * with Dekker's split instead of TF32 conversions; "mma5" (the output in its own pass after a pass
-     * carrying only the state: measured slower, removed) reads as "mma4"; "mma6": mma4 with
-     * the prep and the sequential pass compiled for dk = 128 (every run of K unrolled; the same bits);
-     * "mma7": that with the pass scaling Q and K from conv_out itself (the prep writes no Qg, Kf; the same
-     * bits; the fourth call, 13:35: bit-identical in every op test, prep 0.34 -> 0.31 ms but the pass 0.44 ->
-     * 0.53 ms, 4B deltanet core 26.4 -> 28.3 ms: slower, a switch). Session 5's first H200 call: "mma2"
-     * within the op tests' bounds (4B heads over 4096 rows vs phased/16 3.1e-7), fixture parity worst 3.72e-4
-     * per position (text fixture, len 150), prefix cache passing; one 4B layer over 4096 rows 1.70 -> 1.28 ms
-     * (prep 0.49 -> 0.38, sequential pass 0.96 -> 0.65 ms), "deltanet core" of the 4B 4096-token chunk 43.6
-     * -> 33.7 ms: so "mma2" became the default. The third (13:06): "mma6" bit-identical to "mma4" (op tests,
-     * 4B heads over 4096 rows included), "mma4" within the op tests' bounds (27B heads, ragged
-     * entries: 5.3e-7 against the CPU; "stage" 6.0e-7), fixture parity passing (worst per position 5.1e-4,
-     * text fixture len 150: "stage" 2.3e-4, "mma2" 3.7e-4 there; 0 clear top-1 disagreements), graphs vs
-     * eager, the batch of 32, speculation and the prefix cache passing; one 4B layer over 4096 rows 0.99 ms
-     * (prep 0.32, pass 0.42), "deltanet core" of the 4B chunk 32.8 -> 26.5 ms: so "mma6" is the default;
-     * "mma2" and "stage" (WMMA) stay as switches */
+     * 199 -> 43 ms (4B), 663 -> 167 ms (27B), 249 -> 52 ms (35B-A3B). Two forms (CINFER_CUDA_GDN_DT below):
+     * "stage" (session 4's: WMMA, each chunk's inputs staged in shared memory one chunk ahead; one 4B layer
+     * over 4096 rows 1.70 ms) and, the default since session 5's third H200 call (13:06), "mma6": the prep
+     * and the sequential pass on mma.sync with S in registers, Dekker's split, compiled for dk = 128 (op
+     * tests within their bounds: 27B heads, ragged entries 5.3e-7 against the CPU, "stage" 6.0e-7; fixture
+     * parity worst per position 5.1e-4, text fixture len 150, "stage" 2.3e-4 there; graphs vs eager, the
+     * batch of 32, speculation and the prefix cache passing; one 4B layer 0.99 ms, "deltanet core" of the 4B
+     * chunk 43.6 -> 26.5 ms). Session 5's steps between (mma, mma2, mma3, mma4, mma7) and session 4's other
+     * staged forms (il, pad, 16, 32) all measured slower and were deleted in session 6 (names now mean the
+     * default). */
     const char *pf = getenv("CINFER_CUDA_PREFILL");
     const char *pfv = pf ? pf : "tc";
     int phased = !strcmp(pfv, "tc") || !strcmp(pfv, "gdn") || !strcmp(pfv, "gdn2") || !strcmp(pfv, "tc2") ||
@@ -881,14 +856,13 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
                     : atoi(asp) > 1  ? atoi(asp)
                     : atoi(asp) == 1 ? CU_ATTN_MIN_SPAN
                                      : 0;
-    /* CINFER_CUDA_ATTN_KV16 (default 2; "0": off): the tiles of prefill chunks read K and V split into fp16
-     * hi + lo once per layer by a pre-pass (one layer's pool of scratch) instead of in every warp; 2: the
-     * fragments loaded by ldmatrix, 1: by 32-bit loads; the same bits. H200, session 5's third call: bitwise
-     * equal to the per-warp split in every op test (cuda_attention_tc_vs_cpu, 6 head shapes); 4B "attention
-     * core" per 4096-token chunk 22.98 ms -> 19.35 (1) -> 18.07 ms (2) */
+    /* CINFER_CUDA_ATTN_KV16 (default on; "0": off): the tiles of prefill chunks read K and V split into fp16
+     * hi + lo once per layer by a pre-pass (one layer's pool of scratch) instead of in every warp, the
+     * fragments loaded by ldmatrix; the same bits. H200, session 5's third call: bitwise equal to the
+     * per-warp split in every op test (cuda_attention_tc_vs_cpu, 6 head shapes); 4B "attention core" per
+     * 4096-token chunk 22.98 ms -> 18.07 ms (the form with 32-bit loads, 19.35 ms, is gone) */
     const char *akv = getenv("CINFER_CUDA_ATTN_KV16");
-    f->kv16_form = akv ? atoi(akv) : 2;
-    if (f->attn_tc && (f->kv16_form == 1 || f->kv16_form == 2) && cu_attn_kv16_ok(m->hd) &&
+    if (f->attn_tc && !(akv && !strcmp(akv, "0")) && cu_attn_kv16_ok(m->hd) &&
         (rc = dev_alloc(f, (void **)&f->kv16, cu_attn_kv16_bytes(p->n_blocks, m->Hkv, m->hd),
                         &f->bytes_scratch, err, errlen)))
         goto fail;
@@ -898,20 +872,10 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
         if ((rc = dev_alloc(f, &f->gdn_chunk, cb, &f->bytes_scratch, err, errlen))) goto fail;
         f->gdn_tc = 2;
     }
+    /* CINFER_CUDA_GDN_DT: "stage" the WMMA form of the phased DeltaNet prefill (session 4's; run_cuda.sh
+     * old), anything else the mma.sync form ("mma6", the default) */
     const char *gdt = getenv("CINFER_CUDA_GDN_DT");
-    f->gdn_chunk_dt = !gdt                    ? 8
-                      : !strcmp(gdt, "stage") ? 0
-                      : !strcmp(gdt, "16")    ? 16
-                      : !strcmp(gdt, "32")    ? 32
-                      : !strcmp(gdt, "il")    ? 1
-                      : !strcmp(gdt, "pad")   ? 2
-                      : !strcmp(gdt, "mma")   ? 3
-                      : !strcmp(gdt, "mma2")  ? 4
-                      : !strcmp(gdt, "mma3")  ? 5
-                      : !strcmp(gdt, "mma4")  ? 6
-                      : !strcmp(gdt, "mma6")  ? 8
-                      : !strcmp(gdt, "mma7")  ? 9
-                                              : 8;
+    f->gdn_chunk_dt = gdt && !strcmp(gdt, "stage") ? 0 : 1;
     /* decode MoE blocks (device_only) as three launches (router + selection, gate_up + SwiGLU, down + combine
      * + shared expert) instead of ~15, the same arithmetic (moe_fused.cu); the default since the H200 run of
      * 08:52 (35B-A3B batch 1 188.9 -> 233.6 tok/s, batch 8 721.5 -> 758.3, every test passing); "0": the
@@ -1068,31 +1032,12 @@ typedef struct run_shape {
     int max_nb;          /* KV blocks of the longest entry (cu_attn_args.kv16_nb) */
 } run_shape;
 
-/* the class of matrix w for CINFER_CUDA_ONEPASS (diagnostics): found among the layers' matrices */
-static int gemm_class(const cuda_fwd *f, const uint16_t *w) {
-    for (int l = 0; l < f->m->L; l++) {
-        const cu_layer *cl = &f->L[l];
-        if (w == cl->w_in) return CU_GC_IN;
-        if (w == cl->w_out) return CU_GC_OUT;
-        if (w == cl->w_gu || w == cl->w_down || (w && (w == cl->sh_gu || w == cl->sh_down))) return CU_GC_FFN;
-        if (cl->e_gu && w >= cl->e_gu &&
-            w < cl->e_gu + (size_t)f->m->cfg.n_experts * 2 * f->m->cfg.moe_intermediate_size * f->m->H)
-            return CU_GC_MOE;
-        if (cl->e_down && w >= cl->e_down &&
-            w < cl->e_down + (size_t)f->m->cfg.n_experts * f->m->H * f->m->cfg.moe_intermediate_size)
-            return CU_GC_MOE;
-    }
-    return CU_GC_OTHER;
-}
-
 static void gemm(cuda_fwd *f, float *y, const float *x, const uint16_t *w, int M, int N, int K) {
-    if (cu_onepass_mask() != -1) cu_set_gemm_class(gemm_class(f, w));
     /* y one of the [max_tokens][*] scratch buffers (not a slice, as the MoE experts' rows are): the GEMM may
      * pad its rows (cu_gemm_rows, CINFER_CUDA_GEMM_PAD) */
     int whole =
         y == f->proj || y == f->out || y == f->logits || y == f->x || y == f->shy || y == f->moe_logits;
     cu_gemm_rows(f->cu, y, x, w, M, N, K, f->xb, whole ? f->p.max_tokens : M);
-    if (cu_onepass_mask() != -1) cu_set_gemm_class(CU_GC_OTHER);
 }
 
 /* Kernel classes of a decode step for CINFER_CUDA_DIAG_AB (diag_ab): how many times enqueue launches one of
@@ -1173,7 +1118,7 @@ static void attention(cuda_fwd *f, const cu_layer *cl, int full, const run_shape
     /* K and V split once per layer for tiles of many rows on the model's pool (the pre-pass reads every key
      * of the launch's entries: with few rows the tiles' own splits cost less); the same bits either way */
     if (f->kv16 && rs->tiles && !rs->split.work && T >= 256 && kpool == f->kpool)
-        a.kv16 = f->kv16, a.kv16_NE = rs->NE, a.kv16_nb = rs->max_nb, a.kv16_form = f->kv16_form;
+        a.kv16 = f->kv16, a.kv16_NE = rs->NE, a.kv16_nb = rs->max_nb;
     a.rope3 = rs->rope3, a.mrope_h = m->cfg.mrope_section[1], a.mrope_w = m->cfg.mrope_section[2];
     /* decode-only steps of the model (the MTP head's calls leave no_chunked 0) */
     a.dec_cnt = rs->no_chunked && !rs->has_spec && !rs->tiles ? f->attn_cnt : NULL;

@@ -12,6 +12,7 @@
 
 #include "cinfer.h"
 #include "model/forward_cuda.h"
+#include "cuda_ctx.h"
 #include "test.h"
 #include "util/file.h"
 #include "util/npy.h"
@@ -20,22 +21,6 @@
 
 static int no_device(void) {
     return !cuda_built() || cuda_devices() < 1;
-}
-
-static cinfer_ctx *make_ctx(cinfer_model *m, int seqs, int ctx, int batch) {
-    cinfer_ctx_params p = cinfer_ctx_default_params();
-    p.max_seqs = seqs;
-    p.max_ctx = ctx;
-    p.max_batch = batch;
-    p.n_threads = 2;
-    p.device = CINFER_DEVICE_CUDA;
-    cinfer_ctx *c = NULL;
-    char err[512];
-    if (cinfer_ctx_create(m, &p, &c, err, sizeof err)) {
-        test_fail(__FILE__, __LINE__, "cuda context: %s", err);
-        return NULL;
-    }
-    return c;
 }
 
 /* worst per-position ||d||/||ref|| and top-1 disagreements where the reference margin is clear */
@@ -111,7 +96,7 @@ static void run_fixture(const char *name, const char *model_dir) {
         char where[300];
         int bad;
         /* one prefill */
-        cinfer_ctx *ctx = make_ctx(m, 1, n, n);
+        cinfer_ctx *ctx = test_ctx(m, CINFER_DEVICE_CUDA, 1, n, n, 2);
         if (ctx) {
             int seq = cinfer_seq_open(ctx, err, sizeof err);
             cinfer_batch_entry e = {seq, toks, n, 1};
@@ -127,7 +112,7 @@ static void run_fixture(const char *name, const char *model_dir) {
         }
         /* half prefill, then one token per step */
         int h = n / 2 > 0 ? n / 2 : 1;
-        ctx = n > 1 ? make_ctx(m, 1, n, n) : NULL;
+        ctx = n > 1 ? test_ctx(m, CINFER_DEVICE_CUDA, 1, n, n, 2) : NULL;
         if (ctx) {
             int seq = cinfer_seq_open(ctx, err, sizeof err);
             cinfer_batch_entry e = {seq, toks, h, 1};
@@ -192,7 +177,7 @@ static void batch_case(const char *fixture, int graphs) {
     float *alone = malloc(sizeof(float) * (size_t)(D + 1) * V),
           *inb = malloc(sizeof(float) * (size_t)B * 64 * V);
     /* alone */
-    cinfer_ctx *c = make_ctx(m, B, 64, 2048);
+    cinfer_ctx *c = test_ctx(m, CINFER_DEVICE_CUDA, B, 64, 2048, 2);
     REQUIRE(c);
     int seq = cinfer_seq_open(c, err, sizeof err);
     cinfer_batch_entry e = {seq, toks[0], P, 0};
@@ -203,7 +188,7 @@ static void batch_case(const char *fixture, int graphs) {
     }
     cinfer_ctx_destroy(c);
     /* in a batch: the others' prompts are 5..55 tokens */
-    c = make_ctx(m, B, 64, 2048);
+    c = test_ctx(m, CINFER_DEVICE_CUDA, B, 64, 2048, 2);
     REQUIRE(c);
     int seqs[32], lens[32];
     cinfer_batch_entry be[32];
@@ -271,7 +256,7 @@ TEST(cuda_graphs_match_eager) {
         else
             unsetenv("CINFER_CUDA_GRAPHS");
         out[g] = malloc(sizeof(float) * (size_t)N * B * V);
-        cinfer_ctx *c = make_ctx(m, B, 64, 64);
+        cinfer_ctx *c = test_ctx(m, CINFER_DEVICE_CUDA, B, 64, 64, 2);
         REQUIRE(c);
         int seqs[3];
         for (int s = 0; s < B; s++) seqs[s] = cinfer_seq_open(c, err, sizeof err);
@@ -367,9 +352,9 @@ TEST(cuda_cli_device_flag) {
     json_decref(root);
 }
 
-/* `cinfer bench --like SHAPE --device cuda` with no other flag: the default --logits once crashed it before any
- * output (arg_value's last argument is an alias, not a default). Without a device it exits 1 saying so; with
- * one, the whole default bench of the smallest shape runs to the end. */
+/* `cinfer bench --like SHAPE --device cuda` with no other flag: the default --logits once crashed it before
+ * any output (arg_value's last argument is an alias, not a default). Without a device it exits 1 saying so;
+ * with one, the whole default bench of the smallest shape runs to the end. */
 TEST(cuda_bench_like_defaults_run) {
     const char *bin = getenv("CINFER_BIN");
     if (!bin) bin = "build/cinfer";
@@ -378,9 +363,11 @@ TEST(cuda_bench_like_defaults_run) {
     /* --prefill 0 / --batches 0 skip that part (a bad list is a usage error, exit 2) */
     char cmd0[1024], bad[1024];
     snprintf(cmd0, sizeof cmd0,
-             "%s bench --like qwen3.5-0.8b --device cuda --prefill 0 --batches 1 -n 2 --no-profile > /dev/null 2>&1",
+             "%s bench --like qwen3.5-0.8b --device cuda --prefill 0 --batches 1 -n 2 --no-profile > "
+             "/dev/null 2>&1",
              bin);
-    snprintf(bad, sizeof bad, "%s bench --like qwen3.5-0.8b --device cuda --prefill 0,5 > /dev/null 2>&1", bin);
+    snprintf(bad, sizeof bad, "%s bench --like qwen3.5-0.8b --device cuda --prefill 0,5 > /dev/null 2>&1",
+             bin);
 #ifdef CINFER_CUDA
     /* (a build without the CUDA backend refuses --like before reading its lists: exit 1, checked below) */
     int rb = system(bad);
@@ -390,14 +377,16 @@ TEST(cuda_bench_like_defaults_run) {
 #endif
     if (no_device()) {
         int rc = system(cmd);
-        CHECK_MSG(WIFEXITED(rc) && WEXITSTATUS(rc) == 1, "bench --like without a device: status %d, want exit 1", rc);
+        CHECK_MSG(WIFEXITED(rc) && WEXITSTATUS(rc) == 1,
+                  "bench --like without a device: status %d, want exit 1", rc);
         rc = system(cmd0);
-        CHECK_MSG(WIFEXITED(rc) && WEXITSTATUS(rc) == 1, "bench --prefill 0 without a device: status %d, want exit 1",
-                  rc);
+        CHECK_MSG(WIFEXITED(rc) && WEXITSTATUS(rc) == 1,
+                  "bench --prefill 0 without a device: status %d, want exit 1", rc);
         return;
     }
     int rc = system(cmd);
-    CHECK_MSG(WIFEXITED(rc) && WEXITSTATUS(rc) == 0, "bench --like qwen3.5-0.8b --device cuda: status %d", rc);
+    CHECK_MSG(WIFEXITED(rc) && WEXITSTATUS(rc) == 0, "bench --like qwen3.5-0.8b --device cuda: status %d",
+              rc);
     rc = system(cmd0);
     CHECK_MSG(WIFEXITED(rc) && WEXITSTATUS(rc) == 0, "bench --prefill 0 --batches 1: status %d", rc);
 }

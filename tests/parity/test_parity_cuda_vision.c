@@ -18,6 +18,7 @@
 #include "model/vision_cuda.h"
 #include "runtime/ctx_internal.h"
 #include "runtime/mm.h"
+#include "cuda_ctx.h"
 #include "test.h"
 #include "util/bf16.h"
 #include "util/file.h"
@@ -357,18 +358,6 @@ static cinfer_image *load_image(cinfer_model *m, const char *dir, json_t *meta, 
     return NULL;
 }
 
-static cinfer_ctx *make_ctx(cinfer_model *m, int device, int seqs, int n_ctx, int batch) {
-    cinfer_ctx_params p = cinfer_ctx_default_params();
-    p.max_seqs = seqs, p.max_ctx = n_ctx, p.max_batch = batch, p.n_threads = 4, p.device = device;
-    cinfer_ctx *c = NULL;
-    char err[512];
-    if (cinfer_ctx_create(m, &p, &c, err, sizeof err)) {
-        test_fail(__FILE__, __LINE__, "context: %s", err);
-        return NULL;
-    }
-    return c;
-}
-
 /* prompt in chunks of `chunk` (all logits), then the given tokens one step each; rows [n + n_dec][V] */
 static int run_seq(cinfer_ctx *ctx, const int32_t *ids, int n, cinfer_image **ims, int ni, int chunk,
                    const int32_t *dec, int n_dec, float *rows, int V, char *err, size_t errlen) {
@@ -434,14 +423,14 @@ TEST(cuda_vision_logits_fixture) {
         float *g = malloc(sizeof(float) * (size_t)(n + nd) * V),
               *cp = malloc(sizeof(float) * (size_t)(n + nd) * V);
         if (ok && ref && lr == n && lc == V) {
-            cinfer_ctx *cc = make_ctx(m, CINFER_DEVICE_CPU, 1, n + nd + 1, n);
+            cinfer_ctx *cc = test_ctx(m, CINFER_DEVICE_CPU, 1, n + nd + 1, n, 4);
             REQUIRE(cc);
             /* decode steps take generate()'s ids (all but the last, whose logits nothing checks) */
             CHECK_EQ_INT(run_seq(cc, ids, n, ci_, ni, n, dec, nd - 1, cp, V, err, sizeof err), 0);
             cinfer_ctx_destroy(cc);
             int chunks[2] = {n, 7};
             for (int k = 0; k < 2; k++) {
-                cinfer_ctx *gc = make_ctx(m, CINFER_DEVICE_CUDA, 1, n + nd + 1, n);
+                cinfer_ctx *gc = test_ctx(m, CINFER_DEVICE_CUDA, 1, n + nd + 1, n, 4);
                 REQUIRE(gc);
                 int rc = run_seq(gc, ids, n, gi, ni, chunks[k], dec, nd - 1, g, V, err, sizeof err);
                 CHECK_MSG(rc == 0, "%s: %s", cname, err);
@@ -505,7 +494,7 @@ TEST(cuda_vision_text_rows_unchanged) {
                                   json_string_value(json_array_get(json_object_get(c, "images"), 0)));
     REQUIRE(im);
     int32_t text[12] = {100, 2000, 31, 4000, 577, 8, 1234, 99, 300, 4321, 17, 2500};
-    cinfer_ctx *ctx = make_ctx(m, CINFER_DEVICE_CUDA, 3, n + 16, n + 16);
+    cinfer_ctx *ctx = test_ctx(m, CINFER_DEVICE_CUDA, 3, n + 16, n + 16, 4);
     REQUIRE(ctx);
     float *a = malloc(sizeof(float) * 12 * V), *b = malloc(sizeof(float) * 12 * V),
           *img = malloc(sizeof(float) * (size_t)n * V), *two = malloc(sizeof(float) * 2 * V);

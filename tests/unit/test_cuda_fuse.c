@@ -15,6 +15,7 @@
 #include "backend/cpu/ops.h"
 #include "cinfer.h"
 #include "model/forward_cuda.h"
+#include "cuda_ctx.h"
 #include "test.h"
 #include "util/bf16.h"
 
@@ -202,43 +203,6 @@ TEST(cuda_gemv3_fused_vs_cpu) {
 
 /* ---- the whole forward ---- */
 
-static cinfer_ctx *make_ctx(cinfer_model *m, int seqs, int ctx, int batch) {
-    cinfer_ctx_params p = cinfer_ctx_default_params();
-    p.max_seqs = seqs, p.max_ctx = ctx, p.max_batch = batch, p.n_threads = 2;
-    p.device = CINFER_DEVICE_CUDA;
-    cinfer_ctx *c = NULL;
-    char err[512];
-    if (cinfer_ctx_create(m, &p, &c, err, sizeof err)) {
-        test_fail(__FILE__, __LINE__, "cuda context: %s", err);
-        return NULL;
-    }
-    return c;
-}
-
-/* B sequences: a prefill of P tokens each (one call), then D decode steps of all B at once; out gets
- * [D + 1][B][V] (the prefill's last rows, then each step's) */
-static int run_seqs(cinfer_model *m, int B, int P, int D, int V, float *out) {
-    char err[512];
-    cinfer_ctx *c = make_ctx(m, B, 64, 64);
-    if (!c) return -1;
-    int seqs[8];
-    int32_t toks[8][64];
-    for (int s = 0; s < B; s++) {
-        seqs[s] = cinfer_seq_open(c, err, sizeof err);
-        for (int i = 0; i < P + D; i++) toks[s][i] = (int32_t)((i * 37 + s * 11 + 5) % V);
-    }
-    cinfer_batch_entry be[8];
-    for (int s = 0; s < B; s++) be[s] = (cinfer_batch_entry){seqs[s], toks[s], P, 0};
-    int rc = cinfer_forward(c, be, B, out, err, sizeof err);
-    for (int t = 0; t < D && !rc; t++) {
-        for (int s = 0; s < B; s++) be[s] = (cinfer_batch_entry){seqs[s], toks[s] + P + t, 1, 0};
-        rc = cinfer_forward(c, be, B, out + (size_t)(t + 1) * B * V, err, sizeof err);
-    }
-    if (rc) test_fail(__FILE__, __LINE__, "forward: %s", err);
-    cinfer_ctx_destroy(c);
-    return rc;
-}
-
 static double worst_row(const float *got, const float *ref, int rows, int V) {
     double worst = 0;
     for (int t = 0; t < rows; t++) {
@@ -267,13 +231,13 @@ static void fuse_case(const char *fixture) {
     size_t n = (size_t)(D + 1) * B * V;
     float *unf = malloc(n * 4), *fz = malloc(n * 4), *eager = malloc(n * 4), *alone = malloc(n * 4);
     setenv("CINFER_CUDA_FUSE", "0", 1);
-    int rc = run_seqs(m, B, P, D, V, unf);
+    int rc = test_run_seqs(m, B, P, D, V, 0, unf);
     setenv("CINFER_CUDA_FUSE", "1", 1);
-    rc |= run_seqs(m, B, P, D, V, fz);
+    rc |= test_run_seqs(m, B, P, D, V, 0, fz);
     setenv("CINFER_CUDA_GRAPHS", "0", 1);
-    rc |= run_seqs(m, B, P, D, V, eager);
+    rc |= test_run_seqs(m, B, P, D, V, 0, eager);
     unsetenv("CINFER_CUDA_GRAPHS");
-    rc |= run_seqs(m, 1, P, D, V, alone);
+    rc |= test_run_seqs(m, 1, P, D, V, 0, alone);
     unsetenv("CINFER_CUDA_FUSE");
     if (!rc) {
         double w = worst_row(fz, unf, (D + 1) * B, V);

@@ -20,55 +20,12 @@
 #include "cinfer.h"
 #include "model/forward_cuda.h"
 #include "runtime/ctx_internal.h"
+#include "cuda_ctx.h"
 #include "test.h"
 
 #ifdef CINFER_CUDA
 
 #define NO_DEVICE() (!cuda_built() || cuda_devices() < 1)
-
-static cinfer_ctx *make_ctx(cinfer_model *m, int seqs) {
-    cinfer_ctx_params p = cinfer_ctx_default_params();
-    p.max_seqs = seqs, p.max_ctx = 64, p.max_batch = 64, p.n_threads = 2;
-    p.device = CINFER_DEVICE_CUDA;
-    cinfer_ctx *c = NULL;
-    char err[512];
-    if (cinfer_ctx_create(m, &p, &c, err, sizeof err)) {
-        test_fail(__FILE__, __LINE__, "cuda context: %s", err);
-        return NULL;
-    }
-    return c;
-}
-
-/* B sequences: a prefill of P tokens each (one call), then D decode steps of all B at once; out gets
- * [D + 1][B][V] (the prefill's last rows, then each step's). prof: the profile on for the whole run */
-static int run_seqs(cinfer_model *m, int B, int P, int D, int V, int prof, float *out) {
-    char err[512];
-    cinfer_ctx *c = make_ctx(m, B);
-    if (!c) return -1;
-    int seqs[4];
-    int32_t toks[4][64];
-    for (int s = 0; s < B; s++) {
-        seqs[s] = cinfer_seq_open(c, err, sizeof err);
-        for (int i = 0; i < P + D; i++) toks[s][i] = (int32_t)((i * 37 + s * 11 + 5) % V);
-    }
-    if (prof) ctx_profile(c, 1, NULL, NULL);
-    cinfer_batch_entry be[4];
-    for (int s = 0; s < B; s++) be[s] = (cinfer_batch_entry){seqs[s], toks[s], P, 0};
-    int rc = cinfer_forward(c, be, B, out, err, sizeof err);
-    for (int t = 0; t < D && !rc; t++) {
-        for (int s = 0; s < B; s++) be[s] = (cinfer_batch_entry){seqs[s], toks[s] + P + t, 1, 0};
-        rc = cinfer_forward(c, be, B, out + (size_t)(t + 1) * B * V, err, sizeof err);
-    }
-    if (!rc) rc = ctx_sync(c, err, sizeof err);
-    if (prof) {
-        double ms[CP_N];
-        int calls = 0;
-        ctx_profile(c, 0, ms, &calls);
-    }
-    if (rc) test_fail(__FILE__, __LINE__, "forward: %s", err);
-    cinfer_ctx_destroy(c);
-    return rc;
-}
 
 /* one run under the given switches (NULL: unset); pf: CINFER_CUDA_ATTN_PF=1 unless "0", and "2" also the
  * GEMVs' L2 prefetch CINFER_CUDA_GEMV_L2PF=2, the DeltaNet tail from registers CINFER_CUDA_GDN_TAIL=1 and the
@@ -96,7 +53,7 @@ static int run_with(cinfer_model *m, const char *pdl, const char *graphs, const 
         setenv("CINFER_CUDA_ATTN_PF", strcmp(pf, "0") ? "1" : "0", 1);
     else
         unsetenv("CINFER_CUDA_ATTN_PF");
-    int rc = run_seqs(m, B, 2, 8, V, prof, out);
+    int rc = test_run_seqs(m, B, 2, 8, V, prof, out);
     unsetenv("CINFER_CUDA_PDL");
     unsetenv("CINFER_CUDA_GRAPHS");
     unsetenv("CINFER_CUDA_ATTN_PF");

@@ -170,7 +170,7 @@ __device__ __forceinline__ void fh_load_v16(__half *Vh, const cu_attn_args &a, c
  * apart), V [FA_BN][HD + 4] f32 (rows 2t and 2t + 1 of a fragment 4 words apart); or (S16) K hi | lo
  * [FA_BN][HD + 8], V hi | lo [HD][FA_BN + 8] fp16 (rows 20 words apart: a fragment's 8 dims x 4 key pairs in
  * distinct banks) */
-template <int HD, int S16> constexpr size_t fh_smem_bytes() {
+template <int HD, bool S16> constexpr size_t fh_smem_bytes() {
     return (size_t)2 * FA_ROWS * (HD + 8) * 2 +
            (S16 ? (size_t)2 * FA_BN * (HD + 8) * 2 + (size_t)2 * HD * (FA_BN + 8) * 2
                 : (size_t)FA_BN * (HD + 8) * 4 + (size_t)FA_BN * (HD + 4) * 4);
@@ -185,9 +185,10 @@ __device__ __forceinline__ void fh_ldsm4(uint32_t (&r)[4], const __half *p) {
                  : "r"(s));
 }
 
-/* S16: 0 K and V f32, split by each warp; 1 split once (cu_attn_args.kv16), 32-bit fragment loads; 2 the
- * same by ldmatrix (4 fragments an instruction) */
-template <int HD, int P, int S16>
+/* S16: false K and V f32, split by each warp; true split once (cu_attn_args.kv16), the fragments by ldmatrix
+ * (4 an instruction). (Session 5's third form, the split halves by 32-bit loads, measured slower: removed.)
+ */
+template <int HD, int P, bool S16>
 __global__ void __launch_bounds__(256, HD >= 128 ? 1 : 2) attn_fh_kernel(cu_attn_args a, int QH) {
     extern __shared__ __align__(16) float fsm[];
     constexpr int LDQ = HD + 8, LDK = HD + 8, LDV = HD + 4, NBT = FA_BN / 8;
@@ -262,9 +263,8 @@ __global__ void __launch_bounds__(256, HD >= 128 ? 1 : 2) attn_fh_kernel(cu_attn
                 for (int n = 0; n < NBT; n++) part[n][0] = part[n][1] = part[n][2] = part[n][3] = 0.0f;
 #pragma unroll
                 for (int ks = kc; ks < kc + SKC && ks < HD / 16; ks++) {
-                    const int k = ks * 16 + 2 * t;
                     uint32_t ah[4], al[4];
-                    if constexpr (S16 == 2) {
+                    if constexpr (S16) {
                         /* matrices: rows 0-7 / 8-15 x dims 0-7 / 8-15 of the k-step */
                         const int mo = ((lane >> 3) & 1) * 8 + (lane & 7), co = ks * 16 + (lane >> 4) * 8;
                         fh_ldsm4(ah, Qwh + mo * LDQ + co);
@@ -280,33 +280,26 @@ __global__ void __launch_bounds__(256, HD >= 128 ? 1 : 2) attn_fh_kernel(cu_attn
                             fh_mma3<P>(part[n], ah, al, bh[0], bh[1], bl[0], bl[1]);
                             fh_mma3<P>(part[n + 1], ah, al, bh[2], bh[3], bl[2], bl[3]);
                         }
-                        continue;
-                    }
-                    ah[0] = *reinterpret_cast<const uint32_t *>(Qwh + g * LDQ + k);
-                    ah[1] = *reinterpret_cast<const uint32_t *>(Qwh + (g + 8) * LDQ + k);
-                    ah[2] = *reinterpret_cast<const uint32_t *>(Qwh + g * LDQ + k + 8);
-                    ah[3] = *reinterpret_cast<const uint32_t *>(Qwh + (g + 8) * LDQ + k + 8);
-                    al[0] = *reinterpret_cast<const uint32_t *>(Qwl + g * LDQ + k);
-                    al[1] = *reinterpret_cast<const uint32_t *>(Qwl + (g + 8) * LDQ + k);
-                    al[2] = *reinterpret_cast<const uint32_t *>(Qwl + g * LDQ + k + 8);
-                    al[3] = *reinterpret_cast<const uint32_t *>(Qwl + (g + 8) * LDQ + k + 8);
+                    } else {
+                        const int k = ks * 16 + 2 * t;
+                        ah[0] = *reinterpret_cast<const uint32_t *>(Qwh + g * LDQ + k);
+                        ah[1] = *reinterpret_cast<const uint32_t *>(Qwh + (g + 8) * LDQ + k);
+                        ah[2] = *reinterpret_cast<const uint32_t *>(Qwh + g * LDQ + k + 8);
+                        ah[3] = *reinterpret_cast<const uint32_t *>(Qwh + (g + 8) * LDQ + k + 8);
+                        al[0] = *reinterpret_cast<const uint32_t *>(Qwl + g * LDQ + k);
+                        al[1] = *reinterpret_cast<const uint32_t *>(Qwl + (g + 8) * LDQ + k);
+                        al[2] = *reinterpret_cast<const uint32_t *>(Qwl + g * LDQ + k + 8);
+                        al[3] = *reinterpret_cast<const uint32_t *>(Qwl + (g + 8) * LDQ + k + 8);
 #pragma unroll
-                    for (int n = 0; n < NBT; n++) {
-                        uint32_t bh0, bl0, bh1, bl1;
-                        if constexpr (S16) {
-                            const __half *kr = K16 + (n * 8 + g) * LK16 + k;
-                            bh0 = *reinterpret_cast<const uint32_t *>(kr);
-                            bh1 = *reinterpret_cast<const uint32_t *>(kr + 8);
-                            bl0 = *reinterpret_cast<const uint32_t *>(kr + FA_BN * LK16);
-                            bl1 = *reinterpret_cast<const uint32_t *>(kr + FA_BN * LK16 + 8);
-                        } else {
+                        for (int n = 0; n < NBT; n++) {
                             const float *kr = Ks + (n * 8 + g) * LDK + k;
                             float2 k0 = *reinterpret_cast<const float2 *>(kr),
                                    k1 = *reinterpret_cast<const float2 *>(kr + 8);
+                            uint32_t bh0, bl0, bh1, bl1;
                             h2_split(k0.x, k0.y, bh0, bl0);
                             h2_split(k1.x, k1.y, bh1, bl1);
+                            fh_mma3<P>(part[n], ah, al, bh0, bh1, bl0, bl1);
                         }
-                        fh_mma3<P>(part[n], ah, al, bh0, bh1, bl0, bl1);
                     }
                 }
 #pragma unroll
@@ -375,7 +368,7 @@ __global__ void __launch_bounds__(256, HD >= 128 ? 1 : 2) attn_fh_kernel(cu_attn
                     h2_split(s[2 * j][2], s[2 * j][3], ah[1], al[1]);
                     h2_split(s[2 * j + 1][0], s[2 * j + 1][1], ah[2], al[2]);
                     h2_split(s[2 * j + 1][2], s[2 * j + 1][3], ah[3], al[3]);
-                    if constexpr (S16 == 2) {
+                    if constexpr (S16) {
 #pragma unroll
                         for (int n = 0; n < NC; n += 2) {
                             /* matrices: dims of n-tiles n, n + 1 x keys 0-7 / 8-15 of the k-step */
@@ -387,24 +380,15 @@ __global__ void __launch_bounds__(256, HD >= 128 ? 1 : 2) attn_fh_kernel(cu_attn
                             fh_mma3<P>(part[n], ah, al, bh[0], bh[1], bl[0], bl[1]);
                             fh_mma3<P>(part[n + 1], ah, al, bh[2], bh[3], bl[2], bl[3]);
                         }
-                        continue;
-                    }
-                    const float *v0 = Vs + (j * 16 + 2 * t) * LDV + dc * 8 + g;
-                    const __half *w0 = V16 + (dc * 8 + g) * LV16 + j * 16 + 2 * t;
+                    } else {
+                        const float *v0 = Vs + (j * 16 + 2 * t) * LDV + dc * 8 + g;
 #pragma unroll
-                    for (int n = 0; n < NC; n++) {
-                        uint32_t bh0, bl0, bh1, bl1;
-                        if constexpr (S16) {
-                            const __half *w = w0 + n * 8 * LV16;
-                            bh0 = *reinterpret_cast<const uint32_t *>(w);
-                            bh1 = *reinterpret_cast<const uint32_t *>(w + 8);
-                            bl0 = *reinterpret_cast<const uint32_t *>(w + HD * LV16);
-                            bl1 = *reinterpret_cast<const uint32_t *>(w + HD * LV16 + 8);
-                        } else {
+                        for (int n = 0; n < NC; n++) {
+                            uint32_t bh0, bl0, bh1, bl1;
                             h2_split(v0[n * 8], v0[LDV + n * 8], bh0, bl0);
                             h2_split(v0[8 * LDV + n * 8], v0[9 * LDV + n * 8], bh1, bl1);
+                            fh_mma3<P>(part[n], ah, al, bh0, bh1, bl0, bl1);
                         }
-                        fh_mma3<P>(part[n], ah, al, bh0, bh1, bl0, bl1);
                     }
                 }
 #pragma unroll
@@ -499,17 +483,16 @@ extern "C" int cu_attn_tc_split(int Hq, int Hkv, int hd, int n, int keys, int mi
     return *ns > 1 ? span : 0;
 }
 
-template <int HD, int P, int S16> static int fa_attr1(int optin) {
+template <int HD, int P, bool S16> static int fa_attr1(int optin) {
     size_t sm = fh_smem_bytes<HD, S16>();
     return sm <= (size_t)optin &&
            cudaFuncSetAttribute(attn_fh_kernel<HD, P, S16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)sm) == cudaSuccess;
 }
 template <int HD> static int fa_attr(int optin) {
-    if (!fa_attr1<HD, 3, 0>(optin) || !fa_attr1<HD, 1, 0>(optin)) return 0;
-    /* the split-once forms where they fit (cu_attn_kv16_ok) */
-    fa_kv16_ok[HD / 32] = fa_attr1<HD, 3, 1>(optin) && fa_attr1<HD, 1, 1>(optin) &&
-                          fa_attr1<HD, 3, 2>(optin) && fa_attr1<HD, 1, 2>(optin);
+    if (!fa_attr1<HD, 3, false>(optin) || !fa_attr1<HD, 1, false>(optin)) return 0;
+    /* the split-once form where it fits (cu_attn_kv16_ok) */
+    fa_kv16_ok[HD / 32] = fa_attr1<HD, 3, true>(optin) && fa_attr1<HD, 1, true>(optin);
     return 1;
 }
 
@@ -531,7 +514,7 @@ extern "C" int cu_attn_tc_init(int hd) {
     }
 }
 
-template <int HD, int S16> static void fa_launch2(cu_ctx *c, const cu_attn_args *a, dim3 grid, int QH) {
+template <int HD, bool S16> static void fa_launch2(cu_ctx *c, const cu_attn_args *a, dim3 grid, int QH) {
     if (cu_tf32_passes() == 1)
         attn_fh_kernel<HD, 1, S16><<<grid, 256, fh_smem_bytes<HD, S16>(), c->stream>>>(*a, QH);
     else
@@ -543,12 +526,10 @@ template <int HD> static void fa_launch(cu_ctx *c, const cu_attn_args *a) {
     dim3 grid((unsigned)(a->Hq / QH), (unsigned)(a->split.work ? a->split.n_work : a->n_tiles));
     if (a->kv16)
         attn_kv16_kernel<<<dim3((unsigned)a->kv16_nb, (unsigned)a->kv16_NE), 256, 0, c->stream>>>(*a);
-    if (a->kv16 && a->kv16_form == 2)
-        fa_launch2<HD, 2>(c, a, grid, QH);
-    else if (a->kv16)
-        fa_launch2<HD, 1>(c, a, grid, QH);
+    if (a->kv16)
+        fa_launch2<HD, true>(c, a, grid, QH);
     else
-        fa_launch2<HD, 0>(c, a, grid, QH);
+        fa_launch2<HD, false>(c, a, grid, QH);
 }
 
 extern "C" void cu_attn_tiled_tc(cu_ctx *c, const cu_attn_args *a) {

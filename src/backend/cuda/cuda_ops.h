@@ -123,13 +123,6 @@ int cu_gemm_pad(void);
 /* 2 (default): activations as bf16 hi + lo through the tensor cores; 1: one bf16 rounding
  * (CINFER_CUDA_BF16_PASSES) */
 void cu_set_bf16_passes(int passes);
-/* diagnostics (CINFER_CUDA_ONEPASS): which matrices one bf16 pass (CINFER_CUDA_BF16_PASSES=1) serves: bit c
- * of mask for class c (default all), the others keep hi + lo; the caller names the class of each cu_gemm by
- * cu_set_gemm_class before it */
-enum { CU_GC_OTHER, CU_GC_IN, CU_GC_OUT, CU_GC_FFN, CU_GC_MOE };
-void cu_set_onepass_mask(int mask);
-int cu_onepass_mask(void);
-void cu_set_gemm_class(int cls);
 /* Same, but every row m uses its own matrix w + widx[m] * N * K (MoE experts at decode; M <= any). */
 void cu_gemv_indexed(cu_ctx *c, float *d_y, const float *d_x, int x_row_div, const uint16_t *d_w,
                      const int *d_widx, int M, int N, int K);
@@ -251,11 +244,8 @@ typedef struct cu_gdn_args {
                (else the scalar kernel); 2 also takes the conv by rows */
     void *chunk_scr; /* tc 2: cu_gdn_chunk_bytes(chunk_cap, T, Hv, dk, dv) bytes of device scratch */
     int chunk_cap; /* tc 2: chunks the scratch holds (cu_gdn_chunk_cap); a batch that may span more: scalar */
-    int chunk_dt;  /* tc 2: the kernels (CINFER_CUDA_GDN_DT): 0 WMMA, 32 value columns per block with each
-                      chunk's inputs staged in shared memory one chunk ahead; 1 that and the prep with the
-                      runs of K of each product side by side (tc_mmaq); 2 staged with padded rows; 16 or 32
-                      value columns with fragments read from L2 (all the same bits); 3..9 on mma.sync (mma,
-                      mma2, mma3, mma4, mma6: forward_cuda's default, mma7; 7, mma5, removed, reads as mma4) */
+    int chunk_dt;  /* tc 2: the kernels (CINFER_CUDA_GDN_DT): 0 "stage" (WMMA, each chunk's inputs staged in
+                      shared memory one chunk ahead), else the mma.sync form (forward_cuda's default) */
     long long *chunk_prof; /* diagnostics, normally NULL: [16] device clock cycles per phase of one prep block
                               ([0..6]) and of one block of the staged pass ([8..12], chunks in [15]) */
     /* speculative windows (meta.e_spec): the conv window and S of the slot stay as they were; each token's
@@ -367,10 +357,10 @@ typedef struct cu_attn_args {
     cu_attn_split split; /* zero: no key splits */
     /* NULL, or cu_attn_kv16_bytes(n_blocks, Hkv, hd) of device scratch: the tensor-core tiles' K and V split
      * into fp16 hi + lo once by a pre-pass over the blocks of the launch's entries (kv16_NE entries, at most
-     * kv16_nb blocks each) instead of in every warp; the same bits (CINFER_CUDA_ATTN_KV16) */
+     * kv16_nb blocks each) instead of in every warp, fragments by ldmatrix; the same bits
+     * (CINFER_CUDA_ATTN_KV16) */
     uint16_t *kv16;
     int kv16_NE, kv16_nb;
-    int kv16_form; /* 2: the fragments by ldmatrix; else 32-bit loads (the same bits) */
 } cu_attn_args;
 #define CU_ATTN_TILE 16
 void cu_attn_layer(cu_ctx *c, const cu_attn_args *a);

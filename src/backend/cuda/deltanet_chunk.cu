@@ -7,19 +7,17 @@
  * the same sums, is gone.)
  *
  * Every product on the tensor cores, TF32 hi + lo, three MMAs, runs of 32 of K in fresh accumulators
- * (tf32x3.cuh), the CPU's factor expressions and order of the sums. Two families of kernels
- * (cu_gdn_args.chunk_dt): WMMA (0 stage, 1 il, 2 pad, 16, 32: session 4, all the same bits) and mma.sync
- * m16n8k8 with fragments in registers (3 mma: the pass; 4 mma2: and the prep's products; 5 mma3: and the
- * inverse's off-diagonal blocks; 6 mma4: and Dekker's split instead of TF32 conversions; 8 mma6, the
- * default: mma4 compiled for dk = 128; 9 mma7: that with the pass scaling Q and K itself). What the H200
- * showed (one 4B layer over 4096 rows, cuda_deltanet_prefill_speed): stage 1.67 ms (prep 0.48 + pass 0.93),
- * mma 1.31, mma2 1.20, mma3 1.20, mma4 1.10 (prep 0.33 + pass 0.52), mma6 0.99 (0.32 + 0.42), mma7 1.10
- * (0.31 + 0.53: the pass's row loads from conv_out cost more than the prep's writes saved). (7, mma5 —
- * the output in its own pass parallel over chunks after a pass carrying only the state, as FLA's chunk_o —
- * measured 1.23 ms: the output pass cost more than the state pass saved; removed.) In the mma pass a chunk
- * costs ~14k cycles: 6.5k for D and Qg S, 2.5k for O and S, ~4.8k issuing and waiting for the next chunk's
- * 120 KB of W, Qg, Kf, QK and U (the four column blocks of a head each load the same W, Qg, Kf and QK: a
- * cluster multicast would load them once).
+ * (tf32x3.cuh), the CPU's factor expressions and order of the sums. Two forms (cu_gdn_args.chunk_dt): 0
+ * ("stage", session 4's) on WMMA with each chunk's inputs staged in shared memory one chunk ahead, and 1
+ * (the default, "mma6") on mma.sync m16n8k8 with fragments in registers, the state in registers, Dekker's
+ * split, the prep's products and its inverse's off-diagonal blocks on mma.sync too, compiled for dk = 128
+ * where dk is 128. What the H200 showed (one 4B layer over 4096 rows, cuda_deltanet_prefill_speed): stage
+ * 1.67 ms (prep 0.48 + pass 0.93), mma6 0.99 (0.32 + 0.42). Session 5's other forms (L2 fragments 16 / 32,
+ * runs of K side by side "il", padded rows "pad", the mma.sync steps mma / mma2 / mma3 / mma4, the pass
+ * scaling Q and K itself mma7, the output in its own pass mma5) all measured slower and are gone. In the mma
+ * pass a chunk costs ~14k cycles: 6.5k for D and Qg S, 2.5k for O and S, ~4.8k issuing and waiting for the
+ * next chunk's 120 KB of W, Qg, Kf, QK and U (the four column blocks of a head each load the same W, Qg, Kf
+ * and QK: a cluster multicast would load them once).
  *
  *   plan  (one thread): the chunk table of the batch — (entry, first row, length) per chunk of every entry
  * that takes the chunked form, the first chunk of a prompt continuing a sequence cut at the 64-grid.
@@ -58,42 +56,13 @@ using namespace nvcuda;
 #define CK_CH  64 /* chunk length, = GDN_CHUNK */
 #define CK_GLD (CK_CH + 4)
 
-/* the products of prep and of the staged pass: tc_mma / tc_mma2, or (IL, CINFER_CUDA_GDN_DT=il) tc_mmaq with
- * up to Q runs of 32 of K side by side — the same bits. The H200 call of 10:06 measured il slower (4B layer
- * over 4096 rows 2.05 vs 1.70 ms; cycles per chunk of the staged pass's first step 18.2k vs 10.6k): a step of
- * K is not waiting on one MMA chain's latency, so more chains only added registers (182 vs 109) */
-template <int P, int Q, bool IL, class LA, class LB>
-__device__ __forceinline__ void ck_mm1(tc_facc &a0, const float *A, int lda, const float *B, int ldb, int K,
-                                       bool neg = false) {
-    if constexpr (IL)
-        tc_mmaq<P, Q, false, LA, LB>(a0, a0, A, lda, B, B, ldb, K, neg);
-    else
-        tc_mma<P, LA, LB>(a0, A, lda, B, ldb, K, neg);
-}
-template <int P, int Q, bool IL, class LA, class LB>
-__device__ __forceinline__ void ck_mm2(tc_facc &a0, tc_facc &a1, const float *A, int lda, const float *B0,
-                                       const float *B1, int ldb, int K, bool neg = false) {
-    if constexpr (IL)
-        tc_mmaq<P, Q, true, LA, LB>(a0, a1, A, lda, B0, B1, ldb, K, neg);
-    else
-        tc_mma2<P, LA, LB>(a0, a1, A, lda, B0, B1, ldb, K, neg);
-}
-
-/* x -> TF32 hi (as its bits) and lo = tf32(x - hi): tc_mma's conversion (wmma::__float_to_tf32) */
-template <bool FS = false>
+/* Dekker's split (FP32 adds at full rate instead of two conversions): hi = x rounded to 11 significant bits
+ * (a TF32 value, as its bits), lo = x - hi exactly (13 bits: the tensor cores keep its top 11, x to ~2^-22
+ * as with tf32 conversions); rounded operations, never contracted into an FMA */
 static __device__ __forceinline__ void ckm_split(float x, uint32_t &hi, uint32_t &lo) {
-    if constexpr (FS) { /* Dekker's split (FP32 adds at full rate instead of two conversions): hi = x rounded
-                           to 11 significant bits (a TF32 value), lo = x - hi exactly (13 bits: the tensor
-                           cores keep its top 11, x to ~2^-22 as with the conversions); rounded operations,
-                           never contracted into an FMA */
-        float t = __fmul_rn(x, 8193.0f), h = __fsub_rn(t, __fsub_rn(t, x));
-        hi = __float_as_uint(h);
-        lo = __float_as_uint(__fsub_rn(x, h));
-    } else {
-        float h = wmma::__float_to_tf32(x);
-        hi = __float_as_uint(h);
-        lo = __float_as_uint(wmma::__float_to_tf32(x - h));
-    }
+    float t = __fmul_rn(x, 8193.0f), h = __fsub_rn(t, __fsub_rn(t, x));
+    hi = __float_as_uint(h);
+    lo = __float_as_uint(__fsub_rn(x, h));
 }
 
 /* d += A B, m16n8k8 TF32: A 16x8 (a0 (g, t), a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4)), B 8x8 (b0 (k
@@ -110,7 +79,7 @@ static __device__ __forceinline__ void ckm_mma(float (&d)[4], const uint32_t (&a
 /* acc[n] += A[16][K] B[K][n0 + n*8 .. + 7] for the first nc (<= 4) n-tiles, with tc_mma's split of both
  * operands (on the fly) and its runs of TC_KC: the prep's products on mma.sync. A at A[m * lda + k]; B at
  * B[k * ldb + n] or (BT) B[n * ldb + k], n counted from the unit's first column. */
-template <bool BT, bool FS = false>
+template <bool BT>
 static __device__ __forceinline__ void ckm_tiles(float (&acc)[4][4], int nc, const float *A, int lda,
                                                  const float *B, int ldb, int K, int g, int t) {
     for (int k0 = 0; k0 < K; k0 += TC_KC) {
@@ -122,10 +91,10 @@ static __device__ __forceinline__ void ckm_tiles(float (&acc)[4][4], int nc, con
             int k = k0 + kk;
             if (k < K) {
                 uint32_t ah[4], al[4];
-                ckm_split<FS>(A[(size_t)g * lda + k + t], ah[0], al[0]);
-                ckm_split<FS>(A[(size_t)(g + 8) * lda + k + t], ah[1], al[1]);
-                ckm_split<FS>(A[(size_t)g * lda + k + t + 4], ah[2], al[2]);
-                ckm_split<FS>(A[(size_t)(g + 8) * lda + k + t + 4], ah[3], al[3]);
+                ckm_split(A[(size_t)g * lda + k + t], ah[0], al[0]);
+                ckm_split(A[(size_t)(g + 8) * lda + k + t], ah[1], al[1]);
+                ckm_split(A[(size_t)g * lda + k + t + 4], ah[2], al[2]);
+                ckm_split(A[(size_t)(g + 8) * lda + k + t + 4], ah[3], al[3]);
 #pragma unroll
                 for (int n = 0; n < 4; n++)
                     if (n < nc) {
@@ -134,8 +103,8 @@ static __device__ __forceinline__ void ckm_tiles(float (&acc)[4][4], int nc, con
                         float x1 = BT ? B[(size_t)(n * 8 + g) * ldb + k + t + 4]
                                       : B[(size_t)(k + t + 4) * ldb + n * 8 + g];
                         uint32_t bh0, bl0, bh1, bl1;
-                        ckm_split<FS>(x0, bh0, bl0);
-                        ckm_split<FS>(x1, bh1, bl1);
+                        ckm_split(x0, bh0, bl0);
+                        ckm_split(x1, bh1, bl1);
                         ckm_mma(p[n], al, bh0, bh1);
                         ckm_mma(p[n], ah, bl0, bl1);
                         ckm_mma(p[n], ah, bh0, bh1);
@@ -192,10 +161,10 @@ static size_t ck_prep_smem_floats(int dk, int dv) {
            4 * CK_CH;
 }
 
-/* MM: 0 the products in WMMA; 1 (mma2) on mma.sync, with il's forms of the scaling and of the diagonal
- * blocks' substitution (the same bits); 2 (mma3) that and the off-diagonal blocks of T by mma.sync too; 3
- * (mma4) that with Dekker's split. DK: 0 dk from the arguments, 128 a constant (mma6) */
-template <int P, bool IL, int MM = 0, int DK = 0, bool R = false>
+/* MM: false the products in WMMA ("stage"); true on mma.sync with Dekker's split, the scaling four at a time,
+ * the diagonal blocks' substitution in registers and the off-diagonal blocks of T on mma.sync (the default).
+ * DK: 0 dk from the arguments, 128 a constant (every run of K unrolled) */
+template <int P, bool MM = false, int DK = 0>
 __global__ void __launch_bounds__(256) ck_prep_kernel(cu_gdn_args a) {
     extern __shared__ __align__(128) float smp[];
     const int *tab = ck_table(a);
@@ -252,7 +221,7 @@ __global__ void __launch_bounds__(256) ck_prep_kernel(cu_gdn_args a) {
      * diagonal (the mask below zeroes the rest and writes the decayed Q K^T out), spread evenly over the
      * warps
      */
-    if constexpr (MM) { /* mma.sync (CINFER_CUDA_GDN_DT=mma2): warp w takes matrix w & 1, and of row tiles
+    if constexpr (MM) { /* mma.sync: warp w takes matrix w & 1, and of row tiles
                            3 - w / 4 and w / 4 the half (w / 2 & 1) of the 8-column tiles on and below the
                            diagonal: 5 n-tiles a warp, each A fragment split once for its row's tiles */
         const int lane = tid & 31, g = lane >> 2, t4 = lane & 3;
@@ -261,8 +230,8 @@ __global__ void __launch_bounds__(256) ck_prep_kernel(cu_gdn_args a) {
             for (int u = 0; u < 2; u++) {
                 int mi = u ? grp : 3 - grp, nc = mi + 1, n0 = hb * nc;
                 float acc[4][4] = {};
-                ckm_tiles<true, (MM >= 3)>(acc, nc, which ? Xs + mi * 16 * XLD : Ks + mi * 16 * KLD,
-                                           which ? XLD : KLD, Ks + n0 * 8 * KLD, KLD, dk, g, t4);
+                ckm_tiles<true>(acc, nc, which ? Xs + mi * 16 * XLD : Ks + mi * 16 * KLD, which ? XLD : KLD,
+                                Ks + n0 * 8 * KLD, KLD, dk, g, t4);
                 float *dst = (which ? Tm : Am) + mi * 16 * CK_GLD + n0 * 8;
 #pragma unroll
                 for (int n = 0; n < 4; n++)
@@ -279,9 +248,8 @@ __global__ void __launch_bounds__(256) ck_prep_kernel(cu_gdn_args a) {
         int ni = u - mi * (mi + 1) / 2;
         tc_facc acc;
         wmma::fill_fragment(acc, 0.0f);
-        ck_mm1<P, 4, IL, wmma::row_major, wmma::col_major>(acc,
-                                                           (which ? Xs + mi * 16 * XLD : Ks + mi * 16 * KLD),
-                                                           which ? XLD : KLD, Ks + ni * 16 * KLD, KLD, dk);
+        tc_mma<P, wmma::row_major, wmma::col_major>(acc, (which ? Xs + mi * 16 * XLD : Ks + mi * 16 * KLD),
+                                                    which ? XLD : KLD, Ks + ni * 16 * KLD, KLD, dk);
         wmma::store_matrix_sync((which ? Tm : Am) + mi * 16 * CK_GLD + ni * 16, acc, CK_GLD,
                                 wmma::mem_row_major);
     }
@@ -293,9 +261,7 @@ __global__ void __launch_bounds__(256) ck_prep_kernel(cu_gdn_args a) {
         Am[r * CK_GLD + s] = s < r ? bet[r] * d * Am[r * CK_GLD + s] : 0.0f;
         QK[idx] = s <= r ? d * Tm[r * CK_GLD + s] : 0.0f; /* tiles above the diagonal were never written */
     }
-    if constexpr (R) { /* mma7: the factors instead of Qg and Kf, in Qg's place (the pass scales Q and K) */
-        if (tid < CK_CH) Qg[tid] = egam[tid], Qg[CK_CH + tid] = fl[tid];
-    } else if constexpr (IL || MM) { /* four at a time: the same products, a quarter of the stores */
+    if constexpr (MM) { /* four at a time: the same products, a quarter of the stores */
         for (int idx = tid; idx < CK_CH * (dk / 4); idx += nt) {
             int t = idx / (dk / 4), i = idx % (dk / 4) * 4;
             float4 q = *(const float4 *)(Xs + t * XLD + i), kk = *(const float4 *)(Ks + t * KLD + i);
@@ -318,7 +284,7 @@ __global__ void __launch_bounds__(256) ck_prep_kernel(cu_gdn_args a) {
      * the rest zero the blocks above the diagonal and bring V in over Q (read by the Q K^T products above) */
     if (tid < 64) {
         int base = (tid >> 4) * 16, c = tid & 15;
-        if constexpr (IL || MM) { /* the column in registers (unrolled): the same fmaf chain without the
+        if constexpr (MM) { /* the column in registers (unrolled): the same fmaf chain without the
                                stores and loads of T between its steps */
             float tc[16];
 #pragma unroll
@@ -351,13 +317,12 @@ __global__ void __launch_bounds__(256) ck_prep_kernel(cu_gdn_args a) {
     }
     __pipeline_commit();
     __syncthreads();
-    for (int bi = 1; bi < 4 && MM >= 2;
-         bi++) { /* the rounds below on mma.sync: warp j < bi takes X_j, T_{bi,j} */
+    for (int bi = 1; bi < 4 && MM; bi++) { /* the rounds below on mma.sync: warp j < bi takes X_j, T_{bi,j} */
         const int lane = tid & 31, g = lane >> 2, t4 = lane & 3;
         if (warp < bi) {
             float acc[4][4] = {};
-            ckm_tiles<false, (MM >= 3)>(acc, 2, Am + bi * 16 * CK_GLD + warp * 16, CK_GLD,
-                                        Tm + warp * 16 * CK_GLD + warp * 16, CK_GLD, (bi - warp) * 16, g, t4);
+            ckm_tiles<false>(acc, 2, Am + bi * 16 * CK_GLD + warp * 16, CK_GLD,
+                             Tm + warp * 16 * CK_GLD + warp * 16, CK_GLD, (bi - warp) * 16, g, t4);
 #pragma unroll
             for (int n = 0; n < 2; n++)
 #pragma unroll
@@ -368,8 +333,7 @@ __global__ void __launch_bounds__(256) ck_prep_kernel(cu_gdn_args a) {
         __syncthreads();
         if (warp < bi) {
             float acc[4][4] = {};
-            ckm_tiles<false, (MM >= 3)>(acc, 2, Tm + bi * 16 * CK_GLD + bi * 16, CK_GLD, X + warp * 256, 16,
-                                        16, g, t4);
+            ckm_tiles<false>(acc, 2, Tm + bi * 16 * CK_GLD + bi * 16, CK_GLD, X + warp * 256, 16, 16, g, t4);
 #pragma unroll
             for (int n = 0; n < 2; n++)
 #pragma unroll
@@ -379,7 +343,7 @@ __global__ void __launch_bounds__(256) ck_prep_kernel(cu_gdn_args a) {
         }
         __syncthreads();
     }
-    for (int bi = 1; bi < 4 && MM < 2; bi++) {
+    for (int bi = 1; bi < 4 && !MM; bi++) {
         /* X_j = sum_{k=j}^{bi-1} A_{bi,k} T_{k,j} for j < bi */
         for (int idx = tid; idx < bi * 256; idx += nt) {
             int bj = idx >> 8, rr = (idx >> 4) & 15, cc = idx & 15;
@@ -421,9 +385,8 @@ __global__ void __launch_bounds__(256) ck_prep_kernel(cu_gdn_args a) {
             int cols = isv ? dv : dk, nc = (cols - cb * 32) / 8;
             if (nc > 4) nc = 4;
             float acc[4][4] = {};
-            ckm_tiles<false, (MM >= 3)>(acc, nc, (isv ? Tm : Am) + mi * 16 * CK_GLD, CK_GLD,
-                                        (isv ? Xs : Ks) + cb * 32, isv ? XLD : KLD, mi < 2 ? 32 : CK_CH, g,
-                                        t4);
+            ckm_tiles<false>(acc, nc, (isv ? Tm : Am) + mi * 16 * CK_GLD, CK_GLD, (isv ? Xs : Ks) + cb * 32,
+                             isv ? XLD : KLD, mi < 2 ? 32 : CK_CH, g, t4);
             float *dst = (isv ? U : W) + (size_t)mi * 16 * cols + cb * 32;
 #pragma unroll
             for (int n = 0; n < 4; n++)
@@ -445,11 +408,11 @@ __global__ void __launch_bounds__(256) ck_prep_kernel(cu_gdn_args a) {
         wmma::fill_fragment(a0, 0.0f);
         if ((ni + 1) * 16 < cols) { /* tile ni + 1 exists */
             wmma::fill_fragment(a1, 0.0f);
-            ck_mm2<P, 2, IL, wmma::row_major, wmma::row_major>(a0, a1, Aop, CK_GLD, Bop + ni * 16,
-                                                               Bop + ni * 16 + 16, ldb, CK_CH);
+            tc_mma2<P, wmma::row_major, wmma::row_major>(a0, a1, Aop, CK_GLD, Bop + ni * 16,
+                                                         Bop + ni * 16 + 16, ldb, CK_CH);
             wmma::store_matrix_sync(dst + 16, a1, cols, wmma::mem_row_major);
         } else {
-            ck_mm1<P, 2, IL, wmma::row_major, wmma::row_major>(a0, Aop, CK_GLD, Bop + ni * 16, ldb, CK_CH);
+            tc_mma<P, wmma::row_major, wmma::row_major>(a0, Aop, CK_GLD, Bop + ni * 16, ldb, CK_CH);
         }
         wmma::store_matrix_sync(dst, a0, cols, wmma::mem_row_major);
     }
@@ -457,108 +420,14 @@ __global__ void __launch_bounds__(256) ck_prep_kernel(cu_gdn_args a) {
     CK_PROF_OUT(0);
 }
 
-/* shared memory of state in floats: S [dk][DT + 4], D and O [64][DT + 4] */
-static size_t ck_state_smem_floats(int dk, int DT) {
-    return ((size_t)dk + 2 * CK_CH) * (DT + 4);
-}
-
-/* DT value columns per block, DT / 4 warps: 2 x (64 / 16) x (DT / 16) tiles in the first step of a chunk,
- * (4 + dk / 16) x (DT / 16) in the second, 2 and 3 a warp at dk 128 */
-template <int P, int DT> __global__ void __launch_bounds__(DT * 8) ck_state_kernel(cu_gdn_args a) {
-    extern __shared__ __align__(128) float sms[];
-    int e = blockIdx.z;
-    if (!ck_entry(a, e)) return;
-    const int NT = DT / 16, VLD = DT + 4;
-    const int dk = a.dk, dv = a.dv, tid = threadIdx.x, nt = blockDim.x, warp = tid >> 5, nw = nt >> 5;
-    int h = blockIdx.y, j0 = blockIdx.x * DT, n = a.meta.e_n[e], pos0 = a.meta.e_len[e];
-    int r0 = a.meta.e_row0[e];
-    float *Ss = sms, *Ds = Ss + (size_t)dk * VLD, *Os = Ds + CK_CH * VLD;
-    float *Sg = a.rec_state + (((size_t)a.meta.e_slot[e] * a.n_lin + a.lin) * a.Hv + h) * (size_t)dk * dv;
-    for (int idx = tid; idx < dk * DT; idx += nt) {
-        int i = idx / DT, jj = idx % DT;
-        Ss[i * VLD + jj] = j0 + jj < dv ? Sg[(size_t)i * dv + j0 + jj] : 0.0f;
-    }
-    const int *tab = ck_table(a);
-    int k = tab[1 + 3 * (size_t)a.chunk_cap + e];
-    const size_t stride = ck_stride(dk, dv);
-    const int mt_k = dk / 16;
-    for (int c0 = 0, L; c0 < n; c0 += L, k++) {
-        L = CK_CH - (pos0 + c0) % CK_CH;
-        if (L > n - c0) L = n - c0;
-        const float *W = (const float *)a.chunk_scr + ((size_t)k * a.Hv + h) * stride;
-        const float *Qg = W + CK_CH * dk, *Kf = Qg + CK_CH * dk, *U = Kf + CK_CH * dk, *QK = U + CK_CH * dv;
-        float egl = QK[CK_CH * CK_CH];
-        __syncthreads(); /* the previous chunk's readers of Ds and Os are done */
-        for (int idx = tid; idx < CK_CH * DT; idx += nt) {
-            int t = idx / DT, jj = idx % DT;
-            Ds[t * VLD + jj] = j0 + jj < dv ? U[(size_t)t * dv + j0 + jj] : 0.0f;
-        }
-        __syncthreads();
-        /* D = U - W S (each warp its own tiles of D in place), Qg S into Os */
-        for (int t = warp; t < 8 * NT; t += nw) {
-            int t2 = t % (4 * NT), mi = t2 / NT, ni = t2 % NT;
-            tc_facc acc;
-            if (t < 4 * NT) {
-                wmma::load_matrix_sync(acc, Ds + mi * 16 * VLD + ni * 16, VLD, wmma::mem_row_major);
-                tc_mma<P, wmma::row_major, wmma::row_major>(acc, W + mi * 16 * dk, dk, Ss + ni * 16, VLD, dk,
-                                                            true);
-                wmma::store_matrix_sync(Ds + mi * 16 * VLD + ni * 16, acc, VLD, wmma::mem_row_major);
-            } else {
-                wmma::fill_fragment(acc, 0.0f);
-                tc_mma<P, wmma::row_major, wmma::row_major>(acc, Qg + mi * 16 * dk, dk, Ss + ni * 16, VLD,
-                                                            dk);
-                wmma::store_matrix_sync(Os + mi * 16 * VLD + ni * 16, acc, VLD, wmma::mem_row_major);
-            }
-        }
-        __syncthreads();
-        /* O += QK D (tiles of QK above the diagonal are zeros: K stops at the diagonal tile); S <- e^(g_L) S
-         * + Kf^T D, each warp its own tiles of S in place */
-        for (int t = warp; t < (4 + mt_k) * NT; t += nw) {
-            tc_facc acc;
-            if (t < 4 * NT) {
-                int mi = t / NT, ni = t % NT;
-                wmma::load_matrix_sync(acc, Os + mi * 16 * VLD + ni * 16, VLD, wmma::mem_row_major);
-                tc_mma<P, wmma::row_major, wmma::row_major>(acc, QK + mi * 16 * CK_CH, CK_CH, Ds + ni * 16,
-                                                            VLD, (mi + 1) * 16);
-                wmma::store_matrix_sync(Os + mi * 16 * VLD + ni * 16, acc, VLD, wmma::mem_row_major);
-            } else {
-                int t2 = t - 4 * NT, mi = t2 / NT, ni = t2 % NT;
-                wmma::load_matrix_sync(acc, Ss + mi * 16 * VLD + ni * 16, VLD, wmma::mem_row_major);
-#pragma unroll
-                for (int u = 0; u < acc.num_elements; u++) /* never contracted with tc_mma's adds */
-                    acc.x[u] = __fmul_rn(acc.x[u], egl);
-                tc_mma<P, wmma::col_major, wmma::row_major>(acc, Kf + mi * 16, dk, Ds + ni * 16, VLD, CK_CH);
-                wmma::store_matrix_sync(Ss + mi * 16 * VLD + ni * 16, acc, VLD, wmma::mem_row_major);
-            }
-        }
-        __syncthreads();
-        for (int idx = tid; idx < L * DT; idx += nt) {
-            int r = idx / DT, jj = idx % DT;
-            if (j0 + jj < dv)
-                a.o[(size_t)(r0 + c0 + r) * a.Hv * dv + (size_t)h * dv + j0 + jj] = Os[r * VLD + jj];
-        }
-    }
-    __syncthreads();
-    for (int idx = tid; idx < dk * DT; idx += nt) {
-        int i = idx / DT, jj = idx % DT;
-        if (j0 + jj < dv) Sg[(size_t)i * dv + j0 + jj] = Ss[i * VLD + jj];
-    }
-}
-
-/* The same pass with each chunk's W, Qg, U's columns, Kf and QK staged in shared memory by cp.async, one step
- * ahead: W, Qg and U of chunk i + 1 load while the second step of chunk i runs, QK and Kf of chunk i + 1
- * while the first step of chunk i + 1 runs (the global-memory fragment loads of ck_state_kernel wait on L2
- * latency at every step of K). 32 value columns, 8 warps, each on both 16-column tiles of a row tile at once
- * (tc_mma2: the A fragment loaded and split once, two independent MMA chains); the tiles and sums of
- * ck_state_kernel, so the same bits. */
+/* The sequential pass ("stage", WMMA): each chunk's W, Qg, U's columns, Kf and QK staged in shared memory by
+ * cp.async, one step ahead: W, Qg and U of chunk i + 1 load while the second step of chunk i runs, QK and Kf
+ * of chunk i + 1 while the first step of chunk i + 1 runs. 32 value columns, 8 warps, each on both
+ * 16-column tiles of a row tile at once (tc_mma2: the A fragment loaded and split once, two independent MMA
+ * chains). */
 #define CKS_DT 32
-/* pad: the layout of V 2 (rows of S, D, O, U padded to 40 floats and of Kf to dk + 8 instead of 36 and dk +
- * 4: the fragments these feed as B, or as column-major A, then fall in 32 different banks). The H200 call of
- * 10:26: the first step of a chunk 10.6k -> 9.9k cycles, but waiting for QK / Kf 2.9k -> 6.5k and the second
- * step 9.2k -> 11.0k: a 4B layer over 4096 rows 1.70 -> 1.87 ms, so it stays a switch */
-static size_t ck_stage_smem_floats(int dk, bool pad = false) {
-    return 2 * (size_t)CK_CH * (dk + 4) + (size_t)CK_CH * (dk + (pad ? 8 : 4)) + (size_t)CK_CH * CK_GLD +
-           ((size_t)dk + 3 * CK_CH) * (CKS_DT + (pad ? 8 : 4));
+static size_t ck_stage_smem_floats(int dk) {
+    return 3 * (size_t)CK_CH * (dk + 4) + (size_t)CK_CH * CK_GLD + ((size_t)dk + 3 * CK_CH) * (CKS_DT + 4);
 }
 
 /* rows x cols floats (cols a multiple of 4) from global (row stride cols) to shared (row stride ld), 16 bytes
@@ -588,20 +457,35 @@ static __device__ __forceinline__ void ck_stage_u(float *dst, int ld, const floa
     }
 }
 
-/* V: 0 the default, 1 the products' runs of K side by side (il), 2 the padded layout (pad); the same bits */
-template <int P, int V> __global__ void __launch_bounds__(256) ck_state_stage_kernel(cu_gdn_args a) {
-    constexpr bool IL = V == 1, PAD = V == 2;
+/* the two staging groups of both passes from one (chunk, value head)'s scratch at src: group A (W, Qg
+ * [64][dk] at rows of KLD, U's block columns at rows of ULD), read by a chunk's first step; group B (QK at
+ * rows of CK_GLD, Kf at rows of KBL), read by its second. Each committed as its own cp.async group. */
+template <bool FAST>
+static __device__ __forceinline__ void ck_stage_a(float *Wb, float *Qb, int KLD, float *Ub, int ULD,
+                                                  const float *src, int dk, int dv, int j0, int tid, int nt) {
+    ck_stage<FAST>(Wb, KLD, src, CK_CH, dk, tid, nt);
+    ck_stage<FAST>(Qb, KLD, src + CK_CH * dk, CK_CH, dk, tid, nt);
+    ck_stage_u(Ub, ULD, src + 3 * CK_CH * dk, dv, j0, tid, nt);
+    __pipeline_commit();
+}
+template <bool FAST>
+static __device__ __forceinline__ void ck_stage_b(float *QKb, float *Kb, int KBL, const float *src, int dk,
+                                                  int dv, int tid, int nt) {
+    ck_stage<FAST>(QKb, CK_GLD, src + 3 * CK_CH * dk + CK_CH * dv, CK_CH, CK_CH, tid, nt);
+    ck_stage<FAST>(Kb, KBL, src + 2 * CK_CH * dk, CK_CH, dk, tid, nt);
+    __pipeline_commit();
+}
+
+template <int P> __global__ void __launch_bounds__(256) ck_state_stage_kernel(cu_gdn_args a) {
     extern __shared__ __align__(128) float smg[];
     int e = blockIdx.z;
     if (!ck_entry(a, e)) return;
-    const int DT = CKS_DT,
-              VLD = DT + (PAD ? 8 : 4); /* DT = 32: two column tiles, taken together by tc_mma2 */
+    const int DT = CKS_DT, VLD = DT + 4; /* DT = 32: two column tiles, taken together by tc_mma2 */
     const int dk = a.dk, dv = a.dv, KLD = dk + 4, tid = threadIdx.x, nt = blockDim.x, warp = tid >> 5,
               nw = nt >> 5;
     int h = blockIdx.y, j0 = blockIdx.x * DT, n = a.meta.e_n[e], pos0 = a.meta.e_len[e];
     int r0 = a.meta.e_row0[e];
-    const int KBL = PAD ? dk + 8 : KLD; /* Kf's rows */
-    float *Wb = smg, *Qb = Wb + CK_CH * KLD, *Kb = Qb + CK_CH * KLD, *QKb = Kb + CK_CH * KBL;
+    float *Wb = smg, *Qb = Wb + CK_CH * KLD, *Kb = Qb + CK_CH * KLD, *QKb = Kb + CK_CH * KLD;
     float *Ss = QKb + CK_CH * CK_GLD, *Ds = Ss + (size_t)dk * VLD, *Os = Ds + CK_CH * VLD,
           *Ub = Os + CK_CH * VLD;
     float *Sg = a.rec_state + (((size_t)a.meta.e_slot[e] * a.n_lin + a.lin) * a.Hv + h) * (size_t)dk * dv;
@@ -616,13 +500,8 @@ template <int P, int V> __global__ void __launch_bounds__(256) ck_state_stage_ke
     const float *base = (const float *)a.chunk_scr + ((size_t)k * a.Hv + h) * stride;
     CK_PROF_DECL(a.chunk_prof && blockIdx.x == 0 && h == 0 && tid == 0);
     /* group A of chunk 0 (W, Qg, U's columns), then group B (QK, Kf) */
-    ck_stage<IL>(Wb, KLD, base, CK_CH, dk, tid, nt);
-    ck_stage<IL>(Qb, KLD, base + CK_CH * dk, CK_CH, dk, tid, nt);
-    ck_stage_u(Ub, VLD, base + 3 * CK_CH * dk, dv, j0, tid, nt);
-    __pipeline_commit();
-    ck_stage<IL>(QKb, CK_GLD, base + 3 * CK_CH * dk + CK_CH * dv, CK_CH, CK_CH, tid, nt);
-    ck_stage<IL>(Kb, KBL, base + 2 * CK_CH * dk, CK_CH, dk, tid, nt);
-    __pipeline_commit();
+    ck_stage_a<false>(Wb, Qb, KLD, Ub, VLD, base, dk, dv, j0, tid, nt);
+    ck_stage_b<false>(QKb, Kb, KLD, base, dk, dv, tid, nt);
     for (int c0 = 0, L; c0 < n; c0 += L, k++) {
         L = CK_CH - (pos0 + c0) % CK_CH;
         if (L > n - c0) L = n - c0;
@@ -639,27 +518,25 @@ template <int P, int V> __global__ void __launch_bounds__(256) ck_state_stage_ke
             if (t < 4) {
                 wmma::load_matrix_sync(a0, Ub + mi * 16 * VLD, VLD, wmma::mem_row_major);
                 wmma::load_matrix_sync(a1, Ub + mi * 16 * VLD + 16, VLD, wmma::mem_row_major);
-                ck_mm2<P, 4, IL, wmma::row_major, wmma::row_major>(a0, a1, Wb + mi * 16 * KLD, KLD, Ss,
-                                                                   Ss + 16, VLD, dk, true);
+                tc_mma2<P, wmma::row_major, wmma::row_major>(a0, a1, Wb + mi * 16 * KLD, KLD, Ss, Ss + 16,
+                                                             VLD, dk, true);
                 wmma::store_matrix_sync(Ds + mi * 16 * VLD, a0, VLD, wmma::mem_row_major);
                 wmma::store_matrix_sync(Ds + mi * 16 * VLD + 16, a1, VLD, wmma::mem_row_major);
             } else {
                 wmma::fill_fragment(a0, 0.0f);
                 wmma::fill_fragment(a1, 0.0f);
-                ck_mm2<P, 4, IL, wmma::row_major, wmma::row_major>(a0, a1, Qb + mi * 16 * KLD, KLD, Ss,
-                                                                   Ss + 16, VLD, dk);
+                tc_mma2<P, wmma::row_major, wmma::row_major>(a0, a1, Qb + mi * 16 * KLD, KLD, Ss, Ss + 16,
+                                                             VLD, dk);
                 wmma::store_matrix_sync(Os + mi * 16 * VLD, a0, VLD, wmma::mem_row_major);
                 wmma::store_matrix_sync(Os + mi * 16 * VLD + 16, a1, VLD, wmma::mem_row_major);
             }
         }
         __syncthreads();
         CK_MARK(1);
-        if (nxt) { /* the next chunk's group A over this one's W, Qg and U, read by now */
-            ck_stage<IL>(Wb, KLD, nxt, CK_CH, dk, tid, nt);
-            ck_stage<IL>(Qb, KLD, nxt + CK_CH * dk, CK_CH, dk, tid, nt);
-            ck_stage_u(Ub, VLD, nxt + 3 * CK_CH * dk, dv, j0, tid, nt);
-        }
-        __pipeline_commit();
+        if (nxt) /* the next chunk's group A over this one's W, Qg and U, read by now */
+            ck_stage_a<false>(Wb, Qb, KLD, Ub, VLD, nxt, dk, dv, j0, tid, nt);
+        else
+            __pipeline_commit();
         __pipeline_wait_prior(1); /* this chunk's group B */
         __syncthreads();
         CK_MARK(2);
@@ -669,8 +546,8 @@ template <int P, int V> __global__ void __launch_bounds__(256) ck_state_stage_ke
             if (t < 4) {
                 wmma::load_matrix_sync(a0, Os + t * 16 * VLD, VLD, wmma::mem_row_major);
                 wmma::load_matrix_sync(a1, Os + t * 16 * VLD + 16, VLD, wmma::mem_row_major);
-                ck_mm2<P, 2, IL, wmma::row_major, wmma::row_major>(a0, a1, QKb + t * 16 * CK_GLD, CK_GLD, Ds,
-                                                                   Ds + 16, VLD, (t + 1) * 16);
+                tc_mma2<P, wmma::row_major, wmma::row_major>(a0, a1, QKb + t * 16 * CK_GLD, CK_GLD, Ds,
+                                                             Ds + 16, VLD, (t + 1) * 16);
                 wmma::store_matrix_sync(Os + t * 16 * VLD, a0, VLD, wmma::mem_row_major);
                 wmma::store_matrix_sync(Os + t * 16 * VLD + 16, a1, VLD, wmma::mem_row_major);
             } else {
@@ -680,19 +557,18 @@ template <int P, int V> __global__ void __launch_bounds__(256) ck_state_stage_ke
 #pragma unroll
                 for (int u = 0; u < a0.num_elements; u++) /* never contracted with tc_mma2's adds */
                     a0.x[u] = __fmul_rn(a0.x[u], egl), a1.x[u] = __fmul_rn(a1.x[u], egl);
-                ck_mm2<P, 2, IL, wmma::col_major, wmma::row_major>(a0, a1, Kb + mi * 16, KBL, Ds, Ds + 16,
-                                                                   VLD, CK_CH);
+                tc_mma2<P, wmma::col_major, wmma::row_major>(a0, a1, Kb + mi * 16, KLD, Ds, Ds + 16, VLD,
+                                                             CK_CH);
                 wmma::store_matrix_sync(Ss + mi * 16 * VLD, a0, VLD, wmma::mem_row_major);
                 wmma::store_matrix_sync(Ss + mi * 16 * VLD + 16, a1, VLD, wmma::mem_row_major);
             }
         }
         __syncthreads();
         CK_MARK(3);
-        if (nxt) { /* the next chunk's group B over this one's QK and Kf */
-            ck_stage<IL>(QKb, CK_GLD, nxt + 3 * CK_CH * dk + CK_CH * dv, CK_CH, CK_CH, tid, nt);
-            ck_stage<IL>(Kb, KBL, nxt + 2 * CK_CH * dk, CK_CH, dk, tid, nt);
-        }
-        __pipeline_commit();
+        if (nxt) /* the next chunk's group B over this one's QK and Kf */
+            ck_stage_b<false>(QKb, Kb, KLD, nxt, dk, dv, tid, nt);
+        else
+            __pipeline_commit();
         for (int idx = tid; idx < L * DT; idx += nt) {
             int r = idx / DT, jj = idx % DT;
             if (j0 + jj < dv)
@@ -710,11 +586,11 @@ template <int P, int V> __global__ void __launch_bounds__(256) ck_state_stage_ke
     }
 }
 
-/* ---- the sequential pass on mma.sync (cu_gdn_args.chunk_dt 3, CINFER_CUDA_GDN_DT=mma) ----
- * The staged pass's products with fragments in registers instead of WMMA: mma.sync m16n8k8 TF32 with exactly
- * tc_mma2's arithmetic (each operand split hi = tf32(x), lo = tf32(x - hi) by the same conversion, per step
- * of 8 of K the MMAs lo hi, hi lo, hi hi, each run of 32 of K in a fresh accumulator joined by f32 adds, the
- * same runs in the same order), so the same bits; what changes is the data movement:
+/* ---- the sequential pass on mma.sync (cu_gdn_args.chunk_dt 1, the default) ----
+ * The staged pass's products with fragments in registers instead of WMMA: mma.sync m16n8k8 TF32 with
+ * tc_mma2's order of the sums (each operand split hi + lo, here by Dekker's split, per step of 8 of K the
+ * MMAs lo hi, hi lo, hi hi, each run of 32 of K in a fresh accumulator joined by f32 adds, the same runs in
+ * the same order); what changes is the data movement:
  *   - S's column slice lives in registers (warp w owns rows 16w .. 16w + 15, all 32 columns, as accumulator
  *     fragments) across all chunks: its update never loads or stores it; what the first step reads as its B
  *     operand is S split once per chunk (Sh, Sl in shared memory), not re-split by every warp at every step;
@@ -733,28 +609,17 @@ template <int P, int V> __global__ void __launch_bounds__(256) ck_state_stage_ke
  * lo [64][40] */
 static size_t ck_mma_smem_floats(int dk) {
     return 2 * (size_t)CK_CH * (dk + 4) + (size_t)CK_CH * (dk + 8) + (size_t)CK_CH * CK_GLD +
-           (size_t)CK_CH * CKM_SL + 2 * (size_t)dk * CKM_SL + 2 * (size_t)CK_CH * CKM_SL + 2 * CK_CH;
-}
-
-/* rows t < L of Q (off 0) or K (off kd) of key head kh from conv_out into shared rows of ld; zeros past L */
-static __device__ __forceinline__ void ck_stage_rows(float *dst, int ld, const cu_gdn_args &a, int row0,
-                                                     int L, size_t off, int dk, int tid, int nt) {
-    for (int idx = tid; idx < CK_CH * (dk / 4); idx += nt) {
-        int t = idx / (dk / 4), i = idx % (dk / 4) * 4, z = t < L ? 0 : 16;
-        __pipeline_memcpy_async(dst + t * ld + i,
-                                a.conv_out + (size_t)(row0 + (t < L ? t : 0)) * a.C + off + i, 16, z);
-    }
+           (size_t)CK_CH * CKM_SL + 2 * (size_t)dk * CKM_SL + 2 * (size_t)CK_CH * CKM_SL;
 }
 
 /* acc[n] += A[16][K] B[K][n*8 .. n*8 + 7] for the four n-tiles, in runs of TC_KC as tc_mma2. A row-major at
  * A[m * lda + k] (AT: "column-major", at A[k * lda + m]); B split, hi at Bh[k * CKM_SL + n], lo at Bl; neg:
  * A enters negated. */
-/* SC: A's elements scaled on the way in (one rounded product, as the prep's): 1 row m by sc[m], 2 column k by
- * sc[k] (mma7: Qg and Kf from Q and K) */
-template <bool AT, bool FS = false, int NT = 4, int SC = 0>
-static __device__ __forceinline__ void ckm_rowtile(float (&acc)[NT][4], const float *A, int lda,
+template <bool AT>
+static __device__ __forceinline__ void ckm_rowtile(float (&acc)[4][4], const float *A, int lda,
                                                    const float *Bh, const float *Bl, int K, bool neg, int g,
-                                                   int t, const float *sc = nullptr) {
+                                                   int t) {
+    constexpr int NT = 4;
     for (int k0 = 0; k0 < K; k0 += TC_KC) {
         float p[NT][4];
 #pragma unroll
@@ -771,18 +636,9 @@ static __device__ __forceinline__ void ckm_rowtile(float (&acc)[NT][4], const fl
                     av[0] = A[(size_t)g * lda + k + t], av[1] = A[(size_t)(g + 8) * lda + k + t];
                     av[2] = A[(size_t)g * lda + k + t + 4], av[3] = A[(size_t)(g + 8) * lda + k + t + 4];
                 }
-                if constexpr (SC == 1) {
-                    float s0 = sc[g], s1 = sc[g + 8];
-                    av[0] = __fmul_rn(av[0], s0), av[1] = __fmul_rn(av[1], s1);
-                    av[2] = __fmul_rn(av[2], s0), av[3] = __fmul_rn(av[3], s1);
-                } else if constexpr (SC == 2) {
-                    float s0 = sc[k + t], s1 = sc[k + t + 4];
-                    av[0] = __fmul_rn(av[0], s0), av[1] = __fmul_rn(av[1], s0);
-                    av[2] = __fmul_rn(av[2], s1), av[3] = __fmul_rn(av[3], s1);
-                }
                 uint32_t ah[4], al[4];
 #pragma unroll
-                for (int r = 0; r < 4; r++) ckm_split<FS>(neg ? -av[r] : av[r], ah[r], al[r]);
+                for (int r = 0; r < 4; r++) ckm_split(neg ? -av[r] : av[r], ah[r], al[r]);
 #pragma unroll
                 for (int n = 0; n < NT; n++) {
                     int o0 = (k + t) * CKM_SL + n * 8 + g, o1 = o0 + 4 * CKM_SL;
@@ -803,7 +659,6 @@ static __device__ __forceinline__ void ckm_rowtile(float (&acc)[NT][4], const fl
 
 /* a row tile's fragments (rows m0 + g, m0 + g + 8; columns n*8 + 2t, + 1) split into hi / lo at [row][CKM_SL]
  */
-template <bool FS = false>
 static __device__ __forceinline__ void ckm_put_split(float *Hs, float *Ls, int m0, const float (&acc)[4][4],
                                                      int g, int t) {
 #pragma unroll
@@ -812,17 +667,14 @@ static __device__ __forceinline__ void ckm_put_split(float *Hs, float *Ls, int m
         for (int r = 0; r < 4; r++) {
             int row = m0 + g + (r >> 1) * 8, col = n * 8 + 2 * t + (r & 1);
             uint32_t h, l;
-            ckm_split<FS>(acc[n][r], h, l);
+            ckm_split(acc[n][r], h, l);
             Hs[row * CKM_SL + col] = __uint_as_float(h);
             Ls[row * CKM_SL + col] = __uint_as_float(l);
         }
 }
 
-/* DK: 0 dk from the arguments; 128 (the models' dk) a constant, so every run of K unrolls. R (mma7): Q and K
- * rows from conv_out and the prep's e^g, e^(g_L - g) instead of its Qg and Kf (the same products: the scaling
- * on the fragments' way in, one rounded product as the prep's) */
-template <bool FS, int DK = 0, bool R = false>
-__global__ void __launch_bounds__(256) ck_state_mma_kernel(cu_gdn_args a) {
+/* DK: 0 dk from the arguments; 128 (the models' dk) a constant, so every run of K unrolls */
+template <int DK = 0> __global__ void __launch_bounds__(256) ck_state_mma_kernel(cu_gdn_args a) {
     extern __shared__ __align__(128) float smm[];
     int e = blockIdx.z;
     if (!ck_entry(a, e)) return;
@@ -832,9 +684,7 @@ __global__ void __launch_bounds__(256) ck_state_mma_kernel(cu_gdn_args a) {
     int r0 = a.meta.e_row0[e];
     float *Wb = smm, *Qb = Wb + CK_CH * KLD, *Kb = Qb + CK_CH * KLD, *QKb = Kb + CK_CH * KBL;
     float *Ub = QKb + CK_CH * CK_GLD, *Sh = Ub + CK_CH * CKM_SL, *Sl = Sh + (size_t)dk * CKM_SL;
-    float *Dh = Sl + (size_t)dk * CKM_SL, *Dl = Dh + CK_CH * CKM_SL, *egs = Dl + CK_CH * CKM_SL,
-          *fls = egs + CK_CH;
-    const size_t qoff = (size_t)(h / (a.Hv / a.Hk)) * dk, koff = (size_t)a.Hk * dk + qoff;
+    float *Dh = Sl + (size_t)dk * CKM_SL, *Dl = Dh + CK_CH * CKM_SL;
     float *Sg = a.rec_state + (((size_t)a.meta.e_slot[e] * a.n_lin + a.lin) * a.Hv + h) * (size_t)dk * dv;
     const bool owns_s = warp < dk / 16; /* S rows 16 warp .. 16 warp + 15 */
     const int ms = warp * 16;
@@ -847,7 +697,7 @@ __global__ void __launch_bounds__(256) ck_state_mma_kernel(cu_gdn_args a) {
                 int row = ms + g + (r >> 1) * 8, col = j0 + nn * 8 + 2 * t + (r & 1);
                 s[nn][r] = col < dv ? Sg[(size_t)row * dv + col] : 0.0f;
             }
-        ckm_put_split<FS>(Sh, Sl, ms, s, g, t);
+        ckm_put_split(Sh, Sl, ms, s, g, t);
     }
     const int *tab = ck_table(a);
     int k = tab[1 + 3 * (size_t)a.chunk_cap + e];
@@ -855,32 +705,14 @@ __global__ void __launch_bounds__(256) ck_state_mma_kernel(cu_gdn_args a) {
     const float *base = (const float *)a.chunk_scr + ((size_t)k * a.Hv + h) * stride;
     CK_PROF_DECL(a.chunk_prof && blockIdx.x == 0 && h == 0 && tid == 0);
     /* group A of chunk 0 (W, Qg, U's columns), then group B (QK, Kf): as ck_state_stage_kernel */
-    const int L0 = CK_CH - pos0 % CK_CH < n ? CK_CH - pos0 % CK_CH : n;
-    ck_stage<true>(Wb, KLD, base, CK_CH, dk, tid, nt);
-    if constexpr (R) {
-        ck_stage_rows(Qb, KLD, a, r0, L0, qoff, dk, tid, nt);
-        ck_stage<true>(egs, CK_CH, base + CK_CH * dk, 1, CK_CH, tid, nt);
-    } else {
-        ck_stage<true>(Qb, KLD, base + CK_CH * dk, CK_CH, dk, tid, nt);
-    }
-    ck_stage_u(Ub, CKM_SL, base + 3 * CK_CH * dk, dv, j0, tid, nt);
-    __pipeline_commit();
-    ck_stage<true>(QKb, CK_GLD, base + 3 * CK_CH * dk + CK_CH * dv, CK_CH, CK_CH, tid, nt);
-    if constexpr (R) {
-        ck_stage_rows(Kb, KBL, a, r0, L0, koff, dk, tid, nt);
-        ck_stage<true>(fls, CK_CH, base + CK_CH * dk + CK_CH, 1, CK_CH, tid, nt);
-    } else {
-        ck_stage<true>(Kb, KBL, base + 2 * CK_CH * dk, CK_CH, dk, tid, nt);
-    }
-    __pipeline_commit();
+    ck_stage_a<true>(Wb, Qb, KLD, Ub, CKM_SL, base, dk, dv, j0, tid, nt);
+    ck_stage_b<true>(QKb, Kb, KBL, base, dk, dv, tid, nt);
     for (int c0 = 0, L; c0 < n; c0 += L, k++) {
         L = CK_CH - (pos0 + c0) % CK_CH;
         if (L > n - c0) L = n - c0;
         const float *W = (const float *)a.chunk_scr + ((size_t)k * a.Hv + h) * stride;
         const float *U = W + 3 * CK_CH * dk, *nxt = c0 + L < n ? W + a.Hv * stride : NULL;
         float egl = U[CK_CH * dv + CK_CH * CK_CH];
-        const int c1 = c0 + L,
-                  L1 = CK_CH - (pos0 + c1) % CK_CH < n - c1 ? CK_CH - (pos0 + c1) % CK_CH : n - c1;
         __pipeline_wait_prior(1); /* this chunk's group A */
         __syncthreads();
         CK_MARK(0);
@@ -894,28 +726,20 @@ __global__ void __launch_bounds__(256) ck_state_mma_kernel(cu_gdn_args a) {
 #pragma unroll
                     for (int r = 0; r < 4; r++)
                         d[nn][r] = Ub[(m0 + g + (r >> 1) * 8) * CKM_SL + nn * 8 + 2 * t + (r & 1)];
-                ckm_rowtile<false, FS>(d, Wb + m0 * KLD, KLD, Sh, Sl, dk, true, g, t);
-                ckm_put_split<FS>(Dh, Dl, m0, d, g, t);
+                ckm_rowtile<false>(d, Wb + m0 * KLD, KLD, Sh, Sl, dk, true, g, t);
+                ckm_put_split(Dh, Dl, m0, d, g, t);
             } else {
 #pragma unroll
                 for (int nn = 0; nn < 4; nn++) o[nn][0] = o[nn][1] = o[nn][2] = o[nn][3] = 0.0f;
-                ckm_rowtile<false, FS, 4, R ? 1 : 0>(o, Qb + m0 * KLD, KLD, Sh, Sl, dk, false, g, t,
-                                                     egs + m0);
+                ckm_rowtile<false>(o, Qb + m0 * KLD, KLD, Sh, Sl, dk, false, g, t);
             }
         }
         __syncthreads();
         CK_MARK(1);
-        if (nxt) { /* the next chunk's group A over this one's W, Qg and U, read by now */
-            ck_stage<true>(Wb, KLD, nxt, CK_CH, dk, tid, nt);
-            if constexpr (R) {
-                ck_stage_rows(Qb, KLD, a, r0 + c1, L1, qoff, dk, tid, nt);
-                ck_stage<true>(egs, CK_CH, nxt + CK_CH * dk, 1, CK_CH, tid, nt);
-            } else {
-                ck_stage<true>(Qb, KLD, nxt + CK_CH * dk, CK_CH, dk, tid, nt);
-            }
-            ck_stage_u(Ub, CKM_SL, nxt + 3 * CK_CH * dk, dv, j0, tid, nt);
-        }
-        __pipeline_commit();
+        if (nxt) /* the next chunk's group A over this one's W, Qg and U, read by now */
+            ck_stage_a<true>(Wb, Qb, KLD, Ub, CKM_SL, nxt, dk, dv, j0, tid, nt);
+        else
+            __pipeline_commit();
         __pipeline_wait_prior(1); /* this chunk's group B */
         __syncthreads();
         CK_MARK(2);
@@ -926,12 +750,12 @@ __global__ void __launch_bounds__(256) ck_state_mma_kernel(cu_gdn_args a) {
             for (int nn = 0; nn < 4; nn++)
 #pragma unroll
                 for (int r = 0; r < 4; r++) s[nn][r] = __fmul_rn(s[nn][r], egl);
-            ckm_rowtile<true, FS, 4, R ? 2 : 0>(s, Kb + ms, KBL, Dh, Dl, CK_CH, false, g, t, fls);
-            ckm_put_split<FS>(Sh, Sl, ms, s, g, t);
+            ckm_rowtile<true>(s, Kb + ms, KBL, Dh, Dl, CK_CH, false, g, t);
+            ckm_put_split(Sh, Sl, ms, s, g, t);
         }
         if (warp >= 4) {
             const int mi = warp - 4, m0 = mi * 16;
-            ckm_rowtile<false, FS>(o, QKb + m0 * CK_GLD, CK_GLD, Dh, Dl, (mi + 1) * 16, false, g, t);
+            ckm_rowtile<false>(o, QKb + m0 * CK_GLD, CK_GLD, Dh, Dl, (mi + 1) * 16, false, g, t);
 #pragma unroll
             for (int nn = 0; nn < 4; nn++)
 #pragma unroll
@@ -944,16 +768,10 @@ __global__ void __launch_bounds__(256) ck_state_mma_kernel(cu_gdn_args a) {
         }
         __syncthreads();
         CK_MARK(3);
-        if (nxt) { /* the next chunk's group B over this one's QK and Kf */
-            ck_stage<true>(QKb, CK_GLD, nxt + 3 * CK_CH * dk + CK_CH * dv, CK_CH, CK_CH, tid, nt);
-            if constexpr (R) {
-                ck_stage_rows(Kb, KBL, a, r0 + c1, L1, koff, dk, tid, nt);
-                ck_stage<true>(fls, CK_CH, nxt + CK_CH * dk + CK_CH, 1, CK_CH, tid, nt);
-            } else {
-                ck_stage<true>(Kb, KBL, nxt + 2 * CK_CH * dk, CK_CH, dk, tid, nt);
-            }
-        }
-        __pipeline_commit();
+        if (nxt) /* the next chunk's group B over this one's QK and Kf */
+            ck_stage_b<true>(QKb, Kb, KBL, nxt, dk, dv, tid, nt);
+        else
+            __pipeline_commit();
         CK_MARK(4);
         ckp[7]++;
     }
@@ -993,48 +811,17 @@ extern "C" size_t cu_gdn_chunk_bytes(int cap, int T, int Hv, int dk, int dv) {
            (1 + 3 * (size_t)cap + (size_t)T) * sizeof(int);
 }
 
+template <class F> static int ck_attr(F *kern, size_t floats) {
+    return cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)(floats * sizeof(float))) == cudaSuccess;
+}
+
 template <int P> static int ck_set_smem(int dk, int dv) {
-    int p = (int)(ck_prep_smem_floats(dk, dv) * sizeof(float)),
-        st = (int)(ck_stage_smem_floats(dk) * sizeof(float)),
-        stp = (int)(ck_stage_smem_floats(dk, true) * sizeof(float));
-    return cudaFuncSetAttribute(ck_prep_kernel<P, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, p) ==
-               cudaSuccess &&
-           cudaFuncSetAttribute(ck_prep_kernel<P, false, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                p) == cudaSuccess &&
-           cudaFuncSetAttribute(ck_prep_kernel<P, false, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                p) == cudaSuccess &&
-           cudaFuncSetAttribute(ck_prep_kernel<P, false, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                p) == cudaSuccess &&
-           cudaFuncSetAttribute(ck_prep_kernel<P, false, 3, 128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                p) == cudaSuccess &&
-           cudaFuncSetAttribute(ck_prep_kernel<P, false, 3, 128, true>,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, p) == cudaSuccess &&
-           cudaFuncSetAttribute(ck_prep_kernel<P, false, 3, 0, true>,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, p) == cudaSuccess &&
-           cudaFuncSetAttribute(ck_prep_kernel<P, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, p) ==
-               cudaSuccess &&
-           cudaFuncSetAttribute(ck_state_stage_kernel<P, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                st) == cudaSuccess &&
-           cudaFuncSetAttribute(ck_state_stage_kernel<P, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                st) == cudaSuccess &&
-           cudaFuncSetAttribute(ck_state_stage_kernel<P, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                stp) == cudaSuccess &&
-           cudaFuncSetAttribute(ck_state_kernel<P, 16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)(ck_state_smem_floats(dk, 16) * sizeof(float))) == cudaSuccess &&
-           cudaFuncSetAttribute(ck_state_kernel<P, 32>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)(ck_state_smem_floats(dk, 32) * sizeof(float))) == cudaSuccess &&
-           cudaFuncSetAttribute(ck_state_mma_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)(ck_mma_smem_floats(dk) * sizeof(float))) == cudaSuccess &&
-           cudaFuncSetAttribute(ck_state_mma_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)(ck_mma_smem_floats(dk) * sizeof(float))) == cudaSuccess &&
-           cudaFuncSetAttribute(ck_state_mma_kernel<true, 128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)(ck_mma_smem_floats(dk) * sizeof(float))) == cudaSuccess &&
-           cudaFuncSetAttribute(ck_state_mma_kernel<true, 128, true>,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)(ck_mma_smem_floats(dk) * sizeof(float))) == cudaSuccess &&
-           cudaFuncSetAttribute(ck_state_mma_kernel<true, 0, true>,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)(ck_mma_smem_floats(dk) * sizeof(float))) == cudaSuccess;
+    size_t p = ck_prep_smem_floats(dk, dv);
+    return ck_attr(ck_prep_kernel<P>, p) && ck_attr(ck_state_stage_kernel<P>, ck_stage_smem_floats(dk)) &&
+           (P == 1 || (ck_attr(ck_prep_kernel<P, true>, p) && ck_attr(ck_prep_kernel<P, true, 128>, p) &&
+                       ck_attr(ck_state_mma_kernel<>, ck_mma_smem_floats(dk)) &&
+                       ck_attr(ck_state_mma_kernel<128>, ck_mma_smem_floats(dk))));
 }
 
 extern "C" int cu_gdn_chunk_init(int dk, int dv) {
@@ -1043,8 +830,7 @@ extern "C" int cu_gdn_chunk_init(int dk, int dv) {
     if (cudaGetDevice(&dev) != cudaSuccess) return 0;
     cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
     if (ck_prep_smem_floats(dk, dv) * sizeof(float) > (size_t)optin ||
-        ck_state_smem_floats(dk, 32) * sizeof(float) > (size_t)optin ||
-        ck_stage_smem_floats(dk, true) * sizeof(float) > (size_t)optin ||
+        ck_stage_smem_floats(dk) * sizeof(float) > (size_t)optin ||
         ck_mma_smem_floats(dk) * sizeof(float) > (size_t)optin)
         return 0;
     return ck_set_smem<1>(dk, dv) && ck_set_smem<3>(dk, dv);
@@ -1054,69 +840,34 @@ extern "C" int cu_gdn_chunk_init(int dk, int dv) {
 static int ck_launch(cu_ctx *c, const cu_gdn_args *a, int parts) {
     long bound = (long)a->T / CK_CH + 2L * a->NE; /* an entry of n rows spans at most n / 64 + 2 chunks */
     if (!a->chunk_scr || bound > a->chunk_cap) return 0;
-    /* chunk_dt: 0 staged, 1 staged with the runs of K side by side (il), 2 staged, padded (pad), 3 on
-     * mma.sync (mma; with one TF32 rounding, a diagnostic, the staged pass runs instead), 16 / 32 from L2 */
-    int P = cu_tf32_passes() == 1 ? 1 : 3, dt = a->chunk_dt, mma = dt >= 3 && dt <= 9 && P == 3;
-    /* 8 (mma6): mma4 with dk a constant (runs unrolled); 9 (mma7): that with Q and K from conv_out (raw) */
-    int dk128 = (dt == 8 || dt == 9) && a->dk == 128, raw = dt == 9;
-    /* 4 (mma2): the prep's products on mma.sync too; 5 (mma3): and its inverse's off-diagonal blocks; 6
-     * (mma4): that with Dekker's split in both kernels; 7 (mma5, the output in its own pass: removed, slower)
-     * reads as mma4 */
-    if (dt >= 7 && dt <= 9) dt = 6;
-    int mmp = mma ? dt - 3 : 0;
-    if (dt >= 3 && dt <= 6 && !mma) dt = 0;
-    int staged = dt >= 0 && dt <= 2, il = dt == 1;
-    int DT = dt == 16 ? 16 : 32;
+    /* chunk_dt 0: the WMMA form ("stage"); else the mma.sync form (with one TF32 rounding, a diagnostic, the
+     * WMMA form runs instead), its kernels compiled for dk = 128 where dk is 128 */
+    const int one = cu_tf32_passes() == 1, mma = a->chunk_dt != 0 && !one, dk128 = a->dk == 128;
     size_t sp = ck_prep_smem_floats(a->dk, a->dv) * sizeof(float);
-    size_t ss = mma      ? ck_mma_smem_floats(a->dk) * sizeof(float)
-                : staged ? ck_stage_smem_floats(a->dk, dt == 2) * sizeof(float)
-                         : ck_state_smem_floats(a->dk, DT) * sizeof(float);
-    dim3 gp((unsigned)bound, (unsigned)a->Hv), gs(cdiv((size_t)a->dv, DT), (unsigned)a->Hv, (unsigned)a->NE);
-#define CK_PREP(P_, IL_) ck_prep_kernel<P_, IL_><<<gp, 256, sp, c->stream>>>(*a)
-#define CK_STATE(P_)                                                                                         \
-    do {                                                                                                     \
-        if (mma && mmp == 3)                                                                                 \
-            raw &&dk128 ? ck_state_mma_kernel<true, 128, true><<<gs, 256, ss, c->stream>>>(*a)               \
-            : raw       ? ck_state_mma_kernel<true, 0, true><<<gs, 256, ss, c->stream>>>(*a)                 \
-            : dk128     ? ck_state_mma_kernel<true, 128><<<gs, 256, ss, c->stream>>>(*a)                     \
-                        : ck_state_mma_kernel<true><<<gs, 256, ss, c->stream>>>(*a);                             \
-        else if (mma)                                                                                        \
-            ck_state_mma_kernel<false><<<gs, 256, ss, c->stream>>>(*a);                                      \
-        else if (staged && dt == 1)                                                                          \
-            ck_state_stage_kernel<P_, 1><<<gs, 256, ss, c->stream>>>(*a);                                    \
-        else if (staged && dt == 2)                                                                          \
-            ck_state_stage_kernel<P_, 2><<<gs, 256, ss, c->stream>>>(*a);                                    \
-        else if (staged)                                                                                     \
-            ck_state_stage_kernel<P_, 0><<<gs, 256, ss, c->stream>>>(*a);                                    \
-        else if (DT == 32)                                                                                   \
-            ck_state_kernel<P_, 32><<<gs, 256, ss, c->stream>>>(*a);                                         \
-        else                                                                                                 \
-            ck_state_kernel<P_, 16><<<gs, 128, ss, c->stream>>>(*a);                                         \
-    } while (0)
+    size_t ss = (mma ? ck_mma_smem_floats(a->dk) : ck_stage_smem_floats(a->dk)) * sizeof(float);
+    dim3 gp((unsigned)bound, (unsigned)a->Hv),
+        gs(cdiv((size_t)a->dv, CKS_DT), (unsigned)a->Hv, (unsigned)a->NE);
     if (parts & 1) {
         ck_plan_kernel<<<1, 32, 0, c->stream>>>(*a);
-        if (mmp == 3)
-            raw &&dk128 ? ck_prep_kernel<3, false, 3, 128, true><<<gp, 256, sp, c->stream>>>(*a)
-            : raw       ? ck_prep_kernel<3, false, 3, 0, true><<<gp, 256, sp, c->stream>>>(*a)
-            : dk128     ? ck_prep_kernel<3, false, 3, 128><<<gp, 256, sp, c->stream>>>(*a)
-                        : ck_prep_kernel<3, false, 3><<<gp, 256, sp, c->stream>>>(*a);
-        else if (mmp == 2)
-            ck_prep_kernel<3, false, 2><<<gp, 256, sp, c->stream>>>(*a);
-        else if (mmp == 1)
-            ck_prep_kernel<3, false, 1><<<gp, 256, sp, c->stream>>>(*a);
-        else if (P == 1)
-            il ? CK_PREP(1, true) : CK_PREP(1, false);
+        if (mma && dk128)
+            ck_prep_kernel<3, true, 128><<<gp, 256, sp, c->stream>>>(*a);
+        else if (mma)
+            ck_prep_kernel<3, true><<<gp, 256, sp, c->stream>>>(*a);
+        else if (one)
+            ck_prep_kernel<1><<<gp, 256, sp, c->stream>>>(*a);
         else
-            il ? CK_PREP(3, true) : CK_PREP(3, false);
+            ck_prep_kernel<3><<<gp, 256, sp, c->stream>>>(*a);
     }
     if (parts & 2) {
-        if (P == 1)
-            CK_STATE(1);
+        if (mma && dk128)
+            ck_state_mma_kernel<128><<<gs, 256, ss, c->stream>>>(*a);
+        else if (mma)
+            ck_state_mma_kernel<><<<gs, 256, ss, c->stream>>>(*a);
+        else if (one)
+            ck_state_stage_kernel<1><<<gs, 256, ss, c->stream>>>(*a);
         else
-            CK_STATE(3);
+            ck_state_stage_kernel<3><<<gs, 256, ss, c->stream>>>(*a);
     }
-#undef CK_PREP
-#undef CK_STATE
     return 1;
 }
 

@@ -328,22 +328,6 @@ extern "C" void cu_set_bf16_passes(int p) {
     g_bf16_passes = p == 1 ? 1 : 2;
 }
 
-/* diagnostics (CINFER_CUDA_ONEPASS): one bf16 pass only for the classes of matrices in the mask; the others
- * keep the hi + lo passes. H200, session 5, fixture parity with one pass on one class only (the others hi +
- * lo): in_proj 0.28-0.70 at the logits, out_proj 0.05-0.39, the FFN 0.03-0.15, the MoE experts (through
- * cu_gemm with CINFER_CUDA_MOE_PREFILL=host) 0.05-0.13 (bound 1e-2; hi + lo everywhere 3.4e-4): each class
- * alone is amplified past the bound. */
-static int g_onepass_mask = -1, g_gemm_class = CU_GC_OTHER;
-extern "C" void cu_set_onepass_mask(int mask) {
-    g_onepass_mask = mask;
-}
-extern "C" int cu_onepass_mask(void) {
-    return g_onepass_mask;
-}
-extern "C" void cu_set_gemm_class(int cls) {
-    g_gemm_class = cls;
-}
-
 extern "C" void cu_set_gemm_scratch(cu_ctx *c, float *t, size_t floats) {
     c->ytmp = t;
     c->ytmp_floats = floats;
@@ -354,11 +338,11 @@ extern "C" void cu_set_gemm_xb_rows(cu_ctx *c, int rows) {
 
 /* CINFER_CUDA_GEMM_PAD (default 1): cuBLAS picks (and loads) a kernel for every new shape the first time it
  * meets it, on the host, 5-17 ms per GEMM shape on the H200 (call of 12:12: a first 63-row prefill's launches
- * blocked the host for 39 ms, a first 64-row one 14 ms): with the stacked products' M rounded up to a multiple
- * of CU_GEMM_PAD_ROWS, 9-64 rows make four shapes per weight matrix, and past 64 rows M is rounded up to a
- * multiple of CU_GEMM_PAD_BIG where the caller's y holds the rows (cu_gemm_rows); forward_cuda.c's warm-up
- * meets those shapes once at creation. The pad rows' outputs are never read; a row's bits depend only on its
- * bucket. */
+ * blocked the host for 39 ms, a first 64-row one 14 ms): with the stacked products' M rounded up to a
+ * multiple of CU_GEMM_PAD_ROWS, 9-64 rows make four shapes per weight matrix, and past 64 rows M is rounded
+ * up to a multiple of CU_GEMM_PAD_BIG where the caller's y holds the rows (cu_gemm_rows); forward_cuda.c's
+ * warm-up meets those shapes once at creation. The pad rows' outputs are never read; a row's bits depend only
+ * on its bucket. */
 static int g_gemm_pad = 0;
 extern "C" void cu_set_gemm_pad(int on) {
     g_gemm_pad = on;
@@ -402,11 +386,10 @@ static void gemm_impl(cu_ctx *c, float *y, const float *x, const uint16_t *w, in
         gemv_any(c, y, x, w, M, N, K);
         return;
     }
-    const int onepass = (g_onepass_mask >> g_gemm_class) & 1;
     size_t n = (size_t)M * K;
     unsigned g = cdiv(n, 256);
     if (g > 65535u * 16u) g = 65535u * 16u;
-    if (g_bf16_passes == 1 && onepass) {
+    if (g_bf16_passes == 1) {
         cu_f32_to_bf16(c, xb, x, n);
         blas(c, y, xb, w, M, N, K, 0.0f);
         return;
@@ -416,7 +399,8 @@ static void gemm_impl(cu_ctx *c, float *y, const float *x, const uint16_t *w, in
         int r = (M + CU_GEMM_PAD_ROWS - 1) / CU_GEMM_PAD_ROWS * CU_GEMM_PAD_ROWS;
         if (r <= c->xb_rows && (size_t)2 * r * N <= c->ytmp_floats) Mb = r;
     }
-    /* past 64 rows the two products write y itself: padded to CU_GEMM_PAD_BIG rows where y and xb hold them */
+    /* past 64 rows the two products write y itself: padded to CU_GEMM_PAD_BIG rows where y and xb hold them
+     */
     if (!stacked && g_gemm_pad) {
         int r = (M + CU_GEMM_PAD_BIG - 1) / CU_GEMM_PAD_BIG * CU_GEMM_PAD_BIG;
         if (r <= c->xb_rows && r <= y_rows) Mb = r;
