@@ -298,6 +298,7 @@ struct cuda_fwd {
     /* CINFER_CUDA_DIAG_AB=1 (measurements; diag_ab): kernel classes (DG_*) left out of / launched twice in
      * the decode steps being captured, and the batch sizes already measured (bit B - 1) */
     int diag_ab, diag_skip, diag_dup;
+    int gemv_stream; /* CINFER_CUDA_GEMV_STREAM=1 (cu_set_gemv_stream) */
     unsigned long long diag_done;
 };
 
@@ -673,6 +674,10 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     /* "1" / "2": under PDL the decode GEMVs request their weights into L2 while the kernel before runs */
     const char *l2 = getenv("CINFER_CUDA_GEMV_L2PF");
     cu_set_gemv_l2pf(l2 ? atoi(l2) : 0);
+    /* "1": the decode GEMVs at one row stream their weights through shared memory (gemv3.cu) */
+    const char *gst = getenv("CINFER_CUDA_GEMV_STREAM");
+    f->gemv_stream = gst && !strcmp(gst, "1");
+    cu_set_gemv_stream(f->gemv_stream);
     const char *ge = getenv("CINFER_CUDA_GEMV_EARLY"); /* "1": the GEMVs' early PDL trigger */
     cu_set_gemv_early(ge && !strcmp(ge, "1"));
     /* "1": the fused DeltaNet decode kernel's tail from registers (the same bits) */
@@ -1387,9 +1392,11 @@ static int enqueue(cuda_fwd *f, const run_shape *rs, int moe_device, char *err, 
 static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
     static const struct {
         const char *name;
-        int skip, dup, nopdl;
+        int skip, dup, nopdl, stream; /* stream: the GEMVs' streaming form on (1) / off (-1) */
     } v[] = {
         {"base", 0, 0, 0},
+        {"gemv stream on", 0, 0, 0, 1},
+        {"gemv stream off", 0, 0, 0, -1},
         {"pdl off", 0, 0, 1},
         {"skip in_proj", DG_IN, 0, 0},
         {"skip deltanet", DG_GDN, 0, 0},
@@ -1419,11 +1426,13 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
         f->diag_skip = v[i].skip, f->diag_dup = v[i].dup;
         if (v[i].nopdl) f->pdl = 0;
+        if (v[i].stream) cu_set_gemv_stream(v[i].stream > 0);
         void *exec = NULL;
         int rc = cu_capture_begin(f->cu, err, sizeof err);
         int rc2 = rc ? rc : enqueue(f, rs, moe_device, err, sizeof err);
         if (!rc) rc = cu_capture_end(f->cu, &exec, err, sizeof err);
         f->pdl = pdl, f->diag_skip = f->diag_dup = 0;
+        cu_set_gemv_stream(f->gemv_stream);
         if (rc || rc2) {
             fprintf(stderr, "cinfer diag: %s: %s\n", v[i].name, err);
             cu_graph_destroy(exec);

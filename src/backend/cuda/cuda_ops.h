@@ -102,6 +102,9 @@ void cu_set_gemv_l2pf(int mode);
 /* 1 (CINFER_CUDA_GEMV_EARLY=1): a decode GEMV lets the next kernel start right after its own wait instead of
  * after its loads; the same bits */
 void cu_set_gemv_early(int on);
+/* 1 (CINFER_CUDA_GEMV_STREAM=1): the decode GEMVs at one row of x stream their weights through shared memory
+ * by bulk copies, requested before the PDL wait (gemv3.cu); the same bits */
+void cu_set_gemv_stream(int on);
 /* 1 (CINFER_CUDA_GDN_TAIL=1): the fused DeltaNet decode kernel's last block of a key-head group works from
  * registers (conv windows, the gated norm's z / weights / o) instead of going back to memory; the same bits
  */

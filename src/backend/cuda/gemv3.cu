@@ -204,6 +204,252 @@ __global__ void __launch_bounds__(W * 32, (MR == 1 ? 3 : 2) * 8 / W)
     }
 }
 
+/* ---- the streaming form at one row of x (CINFER_CUDA_GEMV_STREAM) ----
+ *
+ * gemv3_kernel holds its weights in registers: before griddep_wait each warp can request only its first U
+ * chunks (~3 MB over the device for out_proj), so every kernel boundary of the decode step leaves DRAM idle
+ * while the kernel before drains, completes, and this one's x loads and first FMAs follow. Here each block
+ * (one per SM, persistent over tiles of RT output rows) streams its rows' weights into a ring of NS shared
+ * memory stages by bulk copies (cp.async.bulk, completion on an mbarrier per stage): NS stages (~96 KB an SM,
+ * ~12 MB over the device) are requested before the wait, and the ring keeps NS - 1 in flight after it; the
+ * block lets the next kernel start right after its wait (every block of this grid is resident by then, and
+ * the next one's blocks only request weights), so the next GEMV's stages fill during this one's tail.
+ *
+ * The sums are gemv3_kernel's: output o, split s is one warp's task, lane l summing chunks s, s + KS, ... (8
+ * elements at 256 c + 8 l each, in order, x scaled by the norm weight first), then the butterfly, the splits
+ * in order, the norm's scale and the epilogue; the sum of squares per split the same way. So every output
+ * has the same bits as gemv3_kernel's (and as a row among others there): only where the weights wait
+ * changes. */
+#define GS_WARPS       8
+#define GS_STAGE_BYTES 20480 /* a stage: RT output rows (x2 SwiGLU) of K bf16, RT = this / row bytes */
+#define GS_SMEM_BYTES  98304 /* the ring, so that two GEMVs fit on an SM at once */
+#define GS_UNROLL      4     /* chunks a warp loads before their FMAs */
+
+__device__ __forceinline__ unsigned gs_smem(const void *p) {
+    return (unsigned)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void gs_bar_init(uint64_t *bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(gs_smem(bar)) : "memory");
+#endif
+}
+/* one thread: expect `bytes` on bar, then the copies of (src, bytes) pieces complete it */
+__device__ __forceinline__ void gs_expect(uint64_t *bar, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(gs_smem(bar)), "r"(bytes)
+                 : "memory");
+#endif
+}
+__device__ __forceinline__ void gs_copy(void *dst, const void *src, unsigned bytes, uint64_t *bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+            gs_smem(dst)),
+        "l"(src), "r"(bytes), "r"(gs_smem(bar))
+        : "memory");
+#endif
+}
+__device__ __forceinline__ void gs_wait(uint64_t *bar, unsigned parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    unsigned done = 0;
+    while (!done)
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     " selp.u32 %0, 1, 0, p;\n}"
+                     : "=r"(done)
+                     : "r"(gs_smem(bar)), "r"(parity)
+                     : "memory");
+#endif
+}
+
+/* RT output rows a tile (a stage holds their weight rows, x2 for SwiGLU) */
+static int gs_rows_per_tile(int K, int epi) {
+    int row = (epi == CU_EPI_SWIGLU ? 2 : 1) * K * 2, rt = GS_STAGE_BYTES / row;
+    return rt < 1 ? 1 : rt > 8 ? 8 : rt;
+}
+
+template <bool NORM, int EPI>
+__global__ void __launch_bounds__(GS_WARPS * 32, 1)
+    gemv_stream_kernel(float *__restrict__ y, const float *__restrict__ x, const uint16_t *__restrict__ w,
+                       int N, int K, int KS, int RT, int NS, const float *__restrict__ g, float eps) {
+    extern __shared__ __align__(128) unsigned char gs_ring[];
+    constexpr int NW = EPI == EPI_SWIGLU ? 2 : 1; /* weight rows per output */
+    __shared__ uint64_t full[8];
+    __shared__ float red[2][8 * 8][NW]; /* [tile parity][task = o KS + s][gate, up] */
+    __shared__ float ssq[8];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, tid = threadIdx.x;
+    const int ntiles = (N + RT - 1) / RT,
+              mine = ntiles > (int)blockIdx.x ? (ntiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
+    const size_t row_el = (size_t)K, stage_el = (size_t)NW * RT * K;
+    uint16_t *ring = reinterpret_cast<uint16_t *>(gs_ring);
+    /* tile i of this block: output rows t RT .. ; its stage i % NS */
+    auto issue = [&](int i) {
+        int t = blockIdx.x + i * gridDim.x, j0 = t * RT, n = N - j0 < RT ? N - j0 : RT;
+        uint64_t *bar = &full[i % NS];
+        uint16_t *dst = ring + (size_t)(i % NS) * stage_el;
+        unsigned bytes = (unsigned)((size_t)n * K * 2);
+        gs_expect(bar, NW * bytes);
+        gs_copy(dst, w + (size_t)j0 * row_el, bytes, bar);
+        if (NW == 2) gs_copy(dst + (size_t)RT * K, w + ((size_t)N + j0) * row_el, bytes, bar);
+    };
+    if (tid == 0) {
+        for (int b = 0; b < NS; b++) gs_bar_init(&full[b]);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+        /* the weights depend on nothing before this kernel */
+        for (int i = 0; i < NS && i < mine; i++) issue(i);
+    }
+    __syncthreads();
+    griddep_wait();
+    griddep_launch(); /* every block of this grid is resident: the next kernel may start its copies */
+    const int nch = (K + 255) >> 8;
+    if (NORM && warp < KS) { /* the sum of squares of split `warp`, gemv3_kernel's order */
+        float ss = 0.0f;
+        for (int c = warp; c < nch; c += KS) {
+            int k = c * 256 + lane * 8;
+            if (k >= K) break;
+            const float4 *xp = reinterpret_cast<const float4 *>(x + k);
+            float4 a = __ldg(xp), b = __ldg(xp + 1);
+            float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+            for (int q = 0; q < 8; q++) ss = fmaf(xv[q], xv[q], ss);
+        }
+        ss = warp_sum(ss);
+        if (lane == 0) ssq[warp] = ss;
+    }
+    const int tasks = RT * KS;
+    for (int i = 0; i < mine; i++) {
+        const int t = blockIdx.x + i * gridDim.x, j0 = t * RT, n = N - j0 < RT ? N - j0 : RT;
+        gs_wait(&full[i % NS], (unsigned)(i / NS) & 1u);
+        const uint16_t *st = ring + (size_t)(i % NS) * stage_el;
+        for (int task = warp; task < n * KS; task += GS_WARPS) {
+            const int o = task / KS, ks = task % KS;
+            const uint16_t *wr0 = st + (size_t)o * K, *wr1 = st + ((size_t)RT + o) * K;
+            float acc0 = 0.0f, acc1 = 0.0f;
+            /* GS_UNROLL chunks' loads (x, the norm weight, the stage's weights) before their FMAs */
+            for (int c0 = ks; c0 < nch; c0 += GS_UNROLL * KS) {
+                float xv[GS_UNROLL][8];
+                uint4 wv[GS_UNROLL][2];
+#pragma unroll
+                for (int u = 0; u < GS_UNROLL; u++) {
+                    int c = c0 + u * KS, k = c * 256 + lane * 8;
+                    if (c >= nch || k >= K) break;
+                    const float4 *xp = reinterpret_cast<const float4 *>(x + k);
+                    float4 a = __ldg(xp), b = __ldg(xp + 1);
+                    xv[u][0] = a.x, xv[u][1] = a.y, xv[u][2] = a.z, xv[u][3] = a.w;
+                    xv[u][4] = b.x, xv[u][5] = b.y, xv[u][6] = b.z, xv[u][7] = b.w;
+                    if (NORM) {
+                        const float4 *gp = reinterpret_cast<const float4 *>(g + k);
+                        float4 ga = __ldg(gp), gb = __ldg(gp + 1);
+                        xv[u][0] *= ga.x, xv[u][1] *= ga.y, xv[u][2] *= ga.z, xv[u][3] *= ga.w;
+                        xv[u][4] *= gb.x, xv[u][5] *= gb.y, xv[u][6] *= gb.z, xv[u][7] *= gb.w;
+                    }
+                    wv[u][0] = *reinterpret_cast<const uint4 *>(wr0 + k);
+                    if (NW == 2) wv[u][1] = *reinterpret_cast<const uint4 *>(wr1 + k);
+                }
+#pragma unroll
+                for (int u = 0; u < GS_UNROLL; u++) {
+                    int c = c0 + u * KS, k = c * 256 + lane * 8;
+                    if (c >= nch || k >= K) break;
+                    const uint32_t p0[4] = {wv[u][0].x, wv[u][0].y, wv[u][0].z, wv[u][0].w};
+#pragma unroll
+                    for (int q = 0; q < 4; q++) {
+                        acc0 = fmaf(__uint_as_float(p0[q] << 16), xv[u][2 * q], acc0);
+                        acc0 = fmaf(__uint_as_float(p0[q] & 0xffff0000u), xv[u][2 * q + 1], acc0);
+                    }
+                    if (NW == 2) {
+                        const uint32_t p1[4] = {wv[u][1].x, wv[u][1].y, wv[u][1].z, wv[u][1].w};
+#pragma unroll
+                        for (int q = 0; q < 4; q++) {
+                            acc1 = fmaf(__uint_as_float(p1[q] << 16), xv[u][2 * q], acc1);
+                            acc1 = fmaf(__uint_as_float(p1[q] & 0xffff0000u), xv[u][2 * q + 1], acc1);
+                        }
+                    }
+                }
+            }
+            acc0 = warp_sum(acc0);
+            if (NW == 2) acc1 = warp_sum(acc1);
+            if (lane == 0) {
+                red[i & 1][task][0] = acc0;
+                if (NW == 2) red[i & 1][task][NW - 1] = acc1;
+            }
+        }
+        (void)tasks;
+        __syncthreads(); /* the stage is read, red and ssq written */
+        if (tid == 0 && i + NS < mine) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+            issue(i + NS);
+        }
+        if (tid < n) {
+            const int o = tid;
+            float inv = 1.0f;
+            if (NORM) {
+                float s = ssq[0];
+                for (int q = 1; q < KS; q++) s += ssq[q];
+                inv = gf_rms_inv(s, K, eps);
+            }
+            float v = red[i & 1][o * KS][0];
+            for (int q = 1; q < KS; q++) v += red[i & 1][o * KS + q][0];
+            if (NORM) v *= inv;
+            float u = 0.0f;
+            if (EPI == EPI_SWIGLU) {
+                u = red[i & 1][o * KS][NW - 1];
+                for (int q = 1; q < KS; q++) u += red[i & 1][o * KS + q][NW - 1];
+                if (NORM) u *= inv;
+            }
+            gf_store<EPI>(y + j0 + o, v, u);
+        }
+    }
+}
+
+static int g_stream = 0, g_sms = 0; /* CINFER_CUDA_GEMV_STREAM (cu_set_gemv_stream), the device's SMs */
+
+template <bool NORM, int EPI> static void gs_attrs(void) {
+    cudaFuncSetAttribute(gemv_stream_kernel<NORM, EPI>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         GS_SMEM_BYTES);
+    /* all of the SM's unified memory as shared memory: two of these blocks fit beside each other */
+    cudaFuncSetAttribute(gemv_stream_kernel<NORM, EPI>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                         (int)cudaSharedmemCarveoutMaxShared);
+}
+
+/* on: the kernels' attributes are set here, outside any graph capture */
+extern "C" void cu_set_gemv_stream(int on) {
+    if (on && !g_sms) {
+        int dev = 0, sms = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms <= 0)
+            return;
+        gs_attrs<true, EPI_STORE>(), gs_attrs<true, EPI_SWIGLU>(), gs_attrs<false, EPI_STORE>(),
+            gs_attrs<false, EPI_ADD>();
+        g_sms = sms;
+    }
+    g_stream = on && g_sms;
+}
+
+template <bool NORM, int EPI>
+static int gs_launch(cu_ctx *c, float *y, const float *x, const uint16_t *w, int N, int K, int KS,
+                     const float *g, float eps) {
+    int RT = gs_rows_per_tile(K, EPI);
+    size_t stage = (size_t)(EPI == EPI_SWIGLU ? 2 : 1) * RT * K * 2;
+    int NS = (int)(GS_SMEM_BYTES / stage);
+    if (NS > 8) NS = 8;
+    if (NS < 2 || RT * KS > 64) return -1; /* a row too wide for two stages: the register form */
+    int tiles = (N + RT - 1) / RT, grid = tiles < g_sms ? tiles : g_sms;
+    cu_launch_pdl_smem(c, cu_pdl_on() >= 1 && (cu_pdl_mask() & PDL_GEMV), gemv_stream_kernel<NORM, EPI>,
+                       dim3(grid), dim3(GS_WARPS * 32), (size_t)NS * stage, y, x, w, N, K, KS, RT, NS, g,
+                       eps);
+    return 0;
+}
+
+template <bool NORM, int EPI>
+static int gs_try(cu_ctx *c, float *y, const float *x, const uint16_t *w, int M, int N, int K, int KS,
+                  const float *g, float eps) {
+    if (!g_stream || M != 1 || KS > 8) return -1;
+    return gs_launch<NORM, EPI>(c, y, x, w, N, K, KS, g, eps);
+}
+
 /* ---- configuration ---- */
 
 static int g_ks = 0, g_nr = 0, g_u = 0, g_var = -1; /* 0 / -1: automatic (cu_set_gemv3_config) */
@@ -342,6 +588,12 @@ extern "C" int cu_gemv_fused(cu_ctx *c, float *y, const float *x, const uint16_t
     if (M <= 0 || N <= 0) return 0;
     if (cu_skinny_takes(c, M, K)) return cu_skinny(c, y, x, w, M, N, K, norm_w, eps, epi); /* gemm_mma.cu */
     int KS = cu_gemv3_splits(epi == CU_EPI_SWIGLU ? 2 * N : N, K);
+    /* one row with CINFER_CUDA_GEMV_STREAM=1: the streaming form (the same bits) */
+    if (norm_w && epi == CU_EPI_SWIGLU ? !gs_try<true, EPI_SWIGLU>(c, y, x, w, M, N, K, KS, norm_w, eps)
+        : norm_w                       ? !gs_try<true, EPI_STORE>(c, y, x, w, M, N, K, KS, norm_w, eps)
+        : epi == CU_EPI_ADD            ? !gs_try<false, EPI_ADD>(c, y, x, w, M, N, K, KS, NULL, eps)
+                                       : !gs_try<false, EPI_STORE>(c, y, x, w, M, N, K, KS, NULL, eps))
+        return 0;
     if (norm_w && epi == CU_EPI_SWIGLU)
         g3_rows<true, EPI_SWIGLU>(c, y, x, w, M, N, K, KS, norm_w, eps);
     else if (norm_w)
