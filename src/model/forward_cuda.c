@@ -214,7 +214,10 @@ struct cuda_fwd {
     int *moe_grp;             /* device: slots grouped by expert, off [E + 1] | perm [S] (cu_moe_gemm*) */
     int moe_fused;            /* the decode MoE block by cu_moe_fused (CINFER_CUDA_MOE_FUSED=0: off) */
     float *moe_fa;            /* [T][k Im + Is]: the fused path's SwiGLU outputs */
-    unsigned *moe_cnt;        /* [T]: the fused router's finished-block counters (zeroed, kept zeroed) */
+    unsigned *moe_cnt;        /* [2T]: the fused router's finished-block counters, then its per-row flags
+                                 (variant 16), both zeroed and left zeroed */
+    int moe_cnt_rows;         /* T of moe_cnt: the flags start there */
+    int moe_diag;             /* CINFER_CUDA_MOE_DIAG (timing only, wrong results): 1 skip, 2 no router */
     int moe_variant;          /* cu_moe_args.variant (CINFER_CUDA_MOE_VARIANT, measurements) */
     int moe_pf_grouped;       /* prefill experts by cu_moe_gemm* (CINFER_CUDA_MOE_PREFILL=host: off) */
     int moe_gemm_rows; /* with it, decode batches of at least this many rows too (CINFER_CUDA_MOE_GEMM_ROWS)
@@ -530,12 +533,13 @@ static int alloc_scratch(cuda_fwd *f, char *err, size_t errlen) {
             (rc = dev_alloc(f, (void **)&f->moe_host, 3 * S * 4, a, err, errlen)) ||
             (rc = dev_alloc(f, (void **)&f->moe_grp, (E + 1 + S) * 4, a, err, errlen)) ||
             (rc = dev_alloc(f, (void **)&f->moe_fa, (S * Im + T * Is) * 4, a, err, errlen)) ||
-            (rc = dev_alloc(f, (void **)&f->moe_cnt, T * 4, a, err, errlen)) ||
+            (rc = dev_alloc(f, (void **)&f->moe_cnt, 2 * T * 4, a, err, errlen)) ||
             (rc = dev_alloc(f, (void **)&f->moe_tiles, (E + 1) * 4, a, err, errlen)) ||
             (rc = cu_alloc_host((void **)&f->h_moe_idx, S * 4, err, errlen)) ||
             (rc = cu_alloc_host((void **)&f->h_moe_w, S * 4, err, errlen)) ||
             (rc = cu_alloc_host((void **)&f->h_moe_up, 3 * S * 4, err, errlen)))
             return rc;
+        f->moe_cnt_rows = (int)T;
         f->h_cnt = xcalloc(E + 1, sizeof(int));
         f->h_off = xcalloc(E + 1, sizeof(int));
         f->h_fill = xcalloc(E + 1, sizeof(int));
@@ -897,7 +901,13 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * were batched, session 5's call 2 (351.7 -> 369.9). Session 4's load-batching bits 1, 2, 16 and session
      * 5's 32, 64, 256, 512 are gone (the chosen forms are the code; the others were slower or no faster) */
     const char *mv = getenv("CINFER_CUDA_MOE_VARIANT");
-    f->moe_variant = mv ? atoi(mv) & (4 | 8) : 12;
+    f->moe_variant = mv ? atoi(mv) & (4 | 8 | 16) : 12;
+    /* diagnostics, wrong results: "skip" leaves the decode MoE blocks out, "noroute" their router (the
+     * experts of the last routing run), to measure what the block and its router cost inside a step */
+    const char *md = getenv("CINFER_CUDA_MOE_DIAG");
+    f->moe_diag = !md ? 0 : !strcmp(md, "skip") ? 1 : !strcmp(md, "noroute") ? 2 : 0;
+    if (f->moe_diag)
+        fprintf(stderr, "cinfer cuda: CINFER_CUDA_MOE_DIAG=%s: timing only, wrong outputs\n", md);
     if (mf)
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_MOE_FUSED=%s: %s\n", mf,
                 f->moe_fused ? "fused decode MoE kernels" : "the unfused decode MoE kernels");
@@ -1181,13 +1191,16 @@ static int moe(cuda_fwd *f, const cu_layer *cl, const run_shape *rs, int device_
         a.e_down = cl->e_down;
         a.sh_gu = cl->sh_gu, a.sh_down = cl->sh_down, a.sh_gw = cl->sh_gw;
         a.logits = f->moe_logits, a.idx = f->moe_idx, a.w = f->moe_w, a.count = f->moe_cnt, a.act = f->moe_fa;
+        a.ready = f->moe_cnt + f->moe_cnt_rows;
         a.shg = f->shg, a.out = f->out, a.resid = into_x ? f->x : NULL,
         a.variant =
             f->profile ? f->moe_variant & ~4 : f->moe_variant; /* no PDL beside the profile's events */
         *added = into_x;
         if (norm_w) a.x = f->x, a.norm_w = norm_w, a.eps = (float)m->cfg.rms_norm_eps, a.xn = f->xn;
+        if (f->moe_diag == 1) return 0;
+        if (f->moe_diag == 2) a.variant &= ~16; /* no router: nothing would raise the flag */
         mark(f, CP_MOE_ROUTE);
-        cu_moe_fused_route(f->cu, &a);
+        if (f->moe_diag != 2) cu_moe_fused_route(f->cu, &a);
         mark(f, CP_MOE_EXPERTS);
         cu_moe_fused_gate_up(f->cu, &a);
         cu_moe_fused_down(f->cu, &a);

@@ -416,6 +416,8 @@ typedef struct cu_moe_args {
     int *idx;                                /* [T][k] chosen experts, ascending */
     float *w;                                /* [T][k] their weights, same order */
     unsigned *count;     /* [T] zeroed once at allocation; every launch leaves it zeroed */
+    unsigned *ready;     /* [T] zeroed once at allocation (variant 16: the router's per-row flag, set by the
+                            router, cleared by the down kernel) */
     float *act;          /* [T][k Im + Is]: SwiGLU outputs of the k experts, then the shared one */
     float *shg;          /* [T] the shared expert's gate logit (before the sigmoid) */
     float *out;          /* [T][H] Σ_j w_j expert_j(x) + sigmoid(shg) shared(x) */
@@ -426,7 +428,8 @@ typedef struct cu_moe_args {
     float *xn;   /* [T][H] the normed rows when norm_w (the gate_up kernel reads them) */
     int variant; /* 4: programmatic dependent launch (each kernel lets the next be scheduled, then waits for
                     the one before; the same bits). CINFER_CUDA_MOE_VARIANT, default 12 (8: the caller's
-                    norm_w) */
+                    norm_w). 16 (with ready): the gate_up kernel does not wait for the router's completion:
+                    the shared expert's warps start at once, the experts' on the router's flag */
 } cu_moe_args;
 /* 1 when the fused kernels serve this shape: H, Im, Is multiples of 8, Im <= 1024, E <= 1024, k <= 32 */
 int cu_moe_fused_supported(int H, int E, int k, int Im, int Is);

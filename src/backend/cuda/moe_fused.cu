@@ -77,6 +77,52 @@ __device__ __forceinline__ void fma_rows(float (&acc)[R], const uint4 (&u)[R][KC
     }
 }
 
+/* acquire / release on a global flag (variant 16: the router publishes a row's choices, the gate_up kernel's
+ * expert warps spin on it instead of waiting for the router kernel's completion) */
+__device__ __forceinline__ unsigned ld_acquire(const unsigned *p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void st_release(unsigned *p, unsigned v) {
+    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ unsigned long long globaltimer_ns(void) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+/* Row xr's RMSNorm as add_rmsnorm_kernel takes it (blockDim.x == 256: its sums in its order, its expression)
+ * into shared xs [H] and, when xn, into xn too; nv: thread t's norm weights (elements t + 256 j). Every
+ * block that calls it gets the same bits (the router's and, variant 16, the gate_up kernel's). */
+template <int NJ>
+__device__ __forceinline__ void mf_norm_row(const float *xr, const float (&nv)[NJ], int H, float eps,
+                                            float *xs, float *sh, float *xn) {
+    float xv[NJ];
+#pragma unroll
+    for (int j = 0; j < NJ; j++) {
+        int i = threadIdx.x + 256 * j;
+        xv[j] = i < H ? xr[i] : 0.0f;
+    }
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NJ; j++)
+        if (threadIdx.x + 256 * j < H) ss += xv[j] * xv[j];
+    ss = block_sum(ss, sh);
+    float inv = 1.0f / sqrtf(ss / (float)H + eps);
+#pragma unroll
+    for (int j = 0; j < NJ; j++) {
+        int i = threadIdx.x + 256 * j;
+        if (i < H) {
+            float v = (xv[j] * inv) * nv[j];
+            xs[i] = v;
+            if (xn) xn[i] = v;
+        }
+    }
+    __syncthreads();
+}
+
 /* The routing of one row in one warp, as route_kernel + sort_slots_kernel do: softmax of the E logits lg
  * (read from L2, where other blocks wrote) with per-lane sums joined by the butterfly, k rounds of a warp
  * argmax on (p, lowest index), the k weights summed in selection order. Lane j < k gets the j-th choice:
@@ -152,7 +198,7 @@ template <int NB, int NORM, int EW>
 __global__ void __launch_bounds__(NORM ? 256 : RT_WARPS * 32)
     mf_route_kernel(const float *__restrict__ x, const uint16_t *__restrict__ wr, float *logits, int *idx,
                     float *wout, unsigned *count, int H, int E, int k, int norm, const float *__restrict__ nw,
-                    float eps, float *xn) {
+                    float eps, float *xn, unsigned *ready) {
     __shared__ int last;
     __shared__ float sh[32];
     __shared__ __align__(16) float xs[NORM ? MF_NORM_H : 4];
@@ -169,7 +215,7 @@ __global__ void __launch_bounds__(NORM ? 256 : RT_WARPS * 32)
      * registers before the wait, and its x elements are all requested at once after it (one round trip;
      * the loops over i below issued one load per step) */
     constexpr int NJ = NORM ? MF_NORM_H / 256 : 1;
-    [[maybe_unused]] float nv[NJ], xv[NJ];
+    [[maybe_unused]] float nv[NJ];
     if constexpr (NORM) {
 #pragma unroll
         for (int j = 0; j < NJ; j++) {
@@ -185,28 +231,8 @@ __global__ void __launch_bounds__(NORM ? 256 : RT_WARPS * 32)
     griddep_launch();
     float *lg = logits + (size_t)r * E;
     const float *xr = x + (size_t)r * H;
-    if constexpr (NORM) { /* blockDim.x == 256: add_rmsnorm_kernel's sums in its order, its expression */
-#pragma unroll
-        for (int j = 0; j < NJ; j++) {
-            int i = threadIdx.x + 256 * j;
-            xv[j] = i < H ? xr[i] : 0.0f;
-        }
-        float ss = 0.0f;
-#pragma unroll
-        for (int j = 0; j < NJ; j++)
-            if (threadIdx.x + 256 * j < H) ss += xv[j] * xv[j];
-        ss = block_sum(ss, sh);
-        float inv = 1.0f / sqrtf(ss / (float)H + eps);
-#pragma unroll
-        for (int j = 0; j < NJ; j++) {
-            int i = threadIdx.x + 256 * j;
-            if (i < H) {
-                float v = (xv[j] * inv) * nv[j];
-                xs[i] = v;
-                if (blockIdx.x == 0) xn[(size_t)r * H + i] = v;
-            }
-        }
-        __syncthreads();
+    if constexpr (NORM) {
+        mf_norm_row<NJ>(xr, nv, H, eps, xs, sh, blockIdx.x == 0 ? xn + (size_t)r * H : nullptr);
         xr = xs;
     }
     if (e < E) {
@@ -237,51 +263,100 @@ __global__ void __launch_bounds__(NORM ? 256 : RT_WARPS * 32)
     if (lane < k) {
         idx[(size_t)r * k + rank] = my_e;
         wout[(size_t)r * k + rank] = my_w;
+        __threadfence();
     }
+    /* variant 16: the row's choices are published (each writer fenced, then the warp joined, then a release)
+     * for the gate_up kernel's expert warps; the down kernel sets the flag back to 0 */
+    __syncwarp();
+    if (ready && lane == 0) st_release(ready + r, 1u);
 }
 
 /* gate_up + SwiGLU, grid (warps / MF_WARPS, T). Warp w < k Im: gate row n and up row Im + n of the row's
  * j-th chosen expert (j = w / Im, n = w % Im) -> act[r][w]; then Is warps for the shared expert's rows ->
  * act[r][k Im + n]; then one warp for the shared expert's gate logit -> shg[r]. NB: chunks per row requested
- * at once (2: 40 registers, six blocks per SM, so the 577 blocks of a 35B-A3B row are one wave). */
-template <int NB>
+ * at once (2: 40 registers, six blocks per SM, so the 577 blocks of a 35B-A3B row are one wave).
+ * EARLY (variant 16): no wait for the router kernel's completion. x is complete when this kernel starts
+ * (under PDL the router lets it be scheduled only after its own wait, so the kernel before the router, which
+ * wrote x, has completed), so the shared expert's warps start at once; the expert warps' blocks (k Im % 8 ==
+ * 0: a block holds expert warps only, or none) spin on the router's flag ready[r], which it releases once the
+ * row's choices are written. A block lets the down kernel be scheduled once its choices are known (the down
+ * kernel reads them before its wait), and every block waits for the router's completion before it exits, so
+ * the chain "when kernel N starts, every kernel before N - 1 has completed" holds. NORM (EARLY with the
+ * router's own norm): x is the raw residual and every block takes the row's RMSNorm itself with the router's
+ * arithmetic (mf_norm_row: the same bits as the xn the router writes) into shared memory. */
+template <int NB, int EARLY, int NORM>
 __global__ void __launch_bounds__(MF_WARPS * 32)
     mf_gate_up_kernel(const float *__restrict__ x, const uint16_t *__restrict__ e_gu,
                       const int *__restrict__ idx, const uint16_t *__restrict__ sh_gu,
                       const uint16_t *__restrict__ sh_gw, float *act, float *shg, int H, int k, int Im,
-                      int Is) {
+                      int Is, const unsigned *ready, const float *__restrict__ nw, float eps) {
+    [[maybe_unused]] __shared__ float sh[32];
+    [[maybe_unused]] __shared__ __align__(16) float xs[NORM ? MF_NORM_H : 4];
+    [[maybe_unused]] __shared__ int ok_sh;
     const int r = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int wg = blockIdx.x * MF_WARPS + warp, A = k * Im + Is;
-    griddep_wait(); /* the router's choices */
-    griddep_launch();
+    const bool expert_block = blockIdx.x * MF_WARPS < k * Im;
     const float *xr = x + (size_t)r * H;
-    const uint16_t *g;
-    size_t up; /* elements from the gate row to the up row */
+    if constexpr (EARLY) {
+        if constexpr (NORM) {
+            constexpr int NJ = MF_NORM_H / 256;
+            float nv[NJ];
+#pragma unroll
+            for (int j = 0; j < NJ; j++) {
+                int i = threadIdx.x + 256 * j;
+                nv[j] = i < H ? __ldg(nw + i) : 0.0f;
+            }
+            mf_norm_row<NJ>(xr, nv, H, eps, xs, sh, nullptr);
+            xr = xs;
+        }
+        if (expert_block) {
+            /* one poller a block; past 20 ms (never, unless the router did not run before this kernel) it
+             * falls back to waiting for the router kernel's completion */
+            if (threadIdx.x == 0) {
+                unsigned ok = ld_acquire(ready + r);
+                unsigned long long t0 = ok ? 0 : globaltimer_ns();
+                while (!ok && globaltimer_ns() - t0 < 20000000ull) {
+                    __nanosleep(64);
+                    ok = ld_acquire(ready + r);
+                }
+                ok_sh = (int)ok;
+            }
+            __syncthreads();
+            if (!ok_sh) griddep_wait();
+        }
+        griddep_launch();
+    } else {
+        griddep_wait(); /* the router's choices */
+        griddep_launch();
+    }
+    const uint16_t *g = nullptr;
+    size_t up = 0; /* elements from the gate row to the up row */
     if (wg < k * Im) {
-        int j = wg / Im, n = wg - j * Im, e = idx[(size_t)r * k + j];
+        int j = wg / Im, n = wg - j * Im;
+        int e = EARLY ? __ldcg(idx + (size_t)r * k + j) : idx[(size_t)r * k + j];
         g = e_gu + ((size_t)e * 2 * Im + n) * H;
         up = (size_t)Im * H;
     } else if (wg < A) {
         int n = wg - k * Im;
         g = sh_gu + (size_t)n * H;
         up = (size_t)Is * H;
-    } else {
-        if (wg == A && sh_gw) {
-            float acc[1] = {0.0f};
-            const uint16_t *w1[1] = {sh_gw};
-            const float *x1[1] = {xr};
-            dot_rows<1, 4>(acc, w1, x1, H, lane);
-            float v = warp_sum(acc[0]);
-            if (lane == 0) shg[r] = v;
-        }
-        return;
+    } else if (wg == A && sh_gw) {
+        float acc[1] = {0.0f};
+        const uint16_t *w1[1] = {sh_gw};
+        const float *x1[1] = {xr};
+        dot_rows<1, 4>(acc, w1, x1, H, lane);
+        float v = warp_sum(acc[0]);
+        if (lane == 0) shg[r] = v;
     }
-    float acc[2] = {0.0f, 0.0f};
-    const uint16_t *w2[2] = {g, g + up};
-    const float *x2[2] = {xr, xr};
-    dot_rows<2, NB>(acc, w2, x2, H, lane);
-    float gs = warp_sum(acc[0]), us = warp_sum(acc[1]);
-    if (lane == 0) act[(size_t)r * A + wg] = dev_silu(gs) * us; /* cu_swiglu's expression */
+    if (g) {
+        float acc[2] = {0.0f, 0.0f};
+        const uint16_t *w2[2] = {g, g + up};
+        const float *x2[2] = {xr, xr};
+        dot_rows<2, NB>(acc, w2, x2, H, lane);
+        float gs = warp_sum(acc[0]), us = warp_sum(acc[1]);
+        if (lane == 0) act[(size_t)r * A + wg] = dev_silu(gs) * us; /* cu_swiglu's expression */
+    }
+    if constexpr (EARLY) griddep_wait(); /* the router complete before this kernel completes */
 }
 
 /* down + combine, grid (H / MF_WARPS, T). Warp h: out[r][h] = Σ_j w_j (down_{e_j}[h] · act_j) over the
@@ -293,7 +368,7 @@ __global__ void __launch_bounds__(MF_WARPS * 32)
     mf_down_kernel(const float *__restrict__ act, const uint16_t *__restrict__ e_down,
                    const int *__restrict__ idx, const float *__restrict__ wt,
                    const uint16_t *__restrict__ sh_down, const float *__restrict__ shg, float *out,
-                   float *resid, int H, int k, int Im, int Is) {
+                   float *resid, int H, int k, int Im, int Is, unsigned *ready) {
     const int r = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int h = blockIdx.x * MF_WARPS + warp, A = k * Im + Is;
     if (h >= H) {
@@ -326,6 +401,8 @@ __global__ void __launch_bounds__(MF_WARPS * 32)
         if (j0 == 0) {
             griddep_wait(); /* act */
             griddep_launch();
+            /* variant 16: every gate_up block has seen the router's flag (that kernel completed): clear it */
+            if (ready && blockIdx.x == 0 && threadIdx.x == 0) ready[r] = 0u;
         }
         fma_rows<G, KC>(y, u, xa, Im, lane);
 #pragma unroll
@@ -367,14 +444,14 @@ extern "C" void cu_moe_fused_route(cu_ctx *c, const cu_moe_args *a) {
     int warps = nrm ? 8 : RT_WARPS;
     dim3 grid(cdiv((size_t)a->E, (size_t)warps), (unsigned)a->T), block(warps * 32);
     void (*kern)(const float *, const uint16_t *, float *, int *, float *, unsigned *, int, int, int, int,
-                 const float *, float, float *);
+                 const float *, float, float *, unsigned *);
     /* 8 chunks of a router row requested at once: H = 2048 in one round trip (session 4's 4: no faster) */
     if (a->E <= 256)
         kern = nrm ? mf_route_kernel<8, 1, 8> : mf_route_kernel<8, 0, 8>;
     else
         kern = nrm ? mf_route_kernel<8, 1, 32> : mf_route_kernel<8, 0, 32>;
     cu_launch_pdl(c, pdl, kern, grid, block, a->x, a->router, a->logits, a->idx, a->w, a->count, a->H, a->E,
-                  a->k, a->norm, a->norm_w, a->eps, a->xn);
+                  a->k, a->norm, a->norm_w, a->eps, a->xn, (a->variant & 16) ? a->ready : (unsigned *)NULL);
 }
 
 extern "C" void cu_moe_fused_gate_up(cu_ctx *c, const cu_moe_args *a) {
@@ -382,12 +459,17 @@ extern "C" void cu_moe_fused_gate_up(cu_ctx *c, const cu_moe_args *a) {
     int Is = a->sh_gu ? a->Is : 0;
     size_t warps = (size_t)a->k * a->Im + (size_t)Is + (a->sh_gw ? 1 : 0);
     dim3 grid(cdiv(warps, MF_WARPS), (unsigned)a->T), block(MF_WARPS * 32);
-    int pdl = (a->variant & 4) != 0;
-    const float *x = a->norm_w ? a->xn : a->x; /* the router's normed rows */
+    int pdl = (a->variant & 4) != 0, early = (a->variant & 16) && a->ready, nrm = early && a->norm_w;
+    const float *x = a->norm_w && !nrm ? a->xn : a->x; /* the router's normed rows, or raw ones (nrm) */
     /* 2 chunks per row requested at a time: 40 registers, six blocks per SM, the 577 blocks of a 35B-A3B row
      * in one wave (session 4: 4 chunks, four blocks per SM, 14.1 vs 10.9 us) */
-    cu_launch_pdl(c, pdl, mf_gate_up_kernel<2>, grid, block, x, a->e_gu, a->idx, a->sh_gu, a->sh_gw, a->act,
-                  a->shg, a->H, a->k, a->Im, Is);
+    void (*kern)(const float *, const uint16_t *, const int *, const uint16_t *, const uint16_t *, float *,
+                 float *, int, int, int, int, const unsigned *, const float *, float) =
+        nrm     ? mf_gate_up_kernel<2, 1, 1>
+        : early ? mf_gate_up_kernel<2, 1, 0>
+                : mf_gate_up_kernel<2, 0, 0>;
+    cu_launch_pdl(c, pdl, kern, grid, block, x, a->e_gu, a->idx, a->sh_gu, a->sh_gw, a->act, a->shg, a->H,
+                  a->k, a->Im, Is, (const unsigned *)a->ready, a->norm_w, a->eps);
 }
 
 extern "C" void cu_moe_fused_down(cu_ctx *c, const cu_moe_args *a) {
@@ -398,9 +480,11 @@ extern "C" void cu_moe_fused_down(cu_ctx *c, const cu_moe_args *a) {
     /* Im up to 512: 2 chunks per row and lane; up to 1024 (122B-A10B, 397B-A17B): 4. (Session 4's eight
      * experts' rows at once and session 5's shared row with the first group: no faster, the same bits.) */
     void (*kern)(const float *, const uint16_t *, const int *, const float *, const uint16_t *, const float *,
-                 float *, float *, int, int, int, int) = a->Im > 512 ? mf_down_kernel<4> : mf_down_kernel<2>;
+                 float *, float *, int, int, int, int, unsigned *) =
+        a->Im > 512 ? mf_down_kernel<4> : mf_down_kernel<2>;
     cu_launch_pdl(c, (a->variant & 4) != 0, kern, grid, block, a->act, a->e_down, a->idx, a->w, sh_down,
-                  a->shg, a->out, a->resid, a->H, a->k, a->Im, Is);
+                  a->shg, a->out, a->resid, a->H, a->k, a->Im, Is,
+                  (a->variant & 16) ? a->ready : (unsigned *)NULL);
 }
 
 extern "C" void cu_moe_fused(cu_ctx *c, const cu_moe_args *a) {
