@@ -217,7 +217,6 @@ struct cuda_fwd {
     unsigned *moe_cnt;        /* [2T]: the fused router's finished-block counters, then its per-row flags
                                  (variant 16), both zeroed and left zeroed */
     int moe_cnt_rows;         /* T of moe_cnt: the flags start there */
-    int moe_diag;             /* CINFER_CUDA_MOE_DIAG (timing only, wrong results): 1 skip, 2 no router */
     int moe_variant;          /* cu_moe_args.variant (CINFER_CUDA_MOE_VARIANT, measurements) */
     int moe_pf_grouped;       /* prefill experts by cu_moe_gemm* (CINFER_CUDA_MOE_PREFILL=host: off) */
     int moe_gemm_rows; /* with it, decode batches of at least this many rows too (CINFER_CUDA_MOE_GEMM_ROWS)
@@ -902,12 +901,6 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * 5's 32, 64, 256, 512 are gone (the chosen forms are the code; the others were slower or no faster) */
     const char *mv = getenv("CINFER_CUDA_MOE_VARIANT");
     f->moe_variant = mv ? atoi(mv) & (4 | 8 | 16) : 12;
-    /* diagnostics, wrong results: "skip" leaves the decode MoE blocks out, "noroute" their router (the
-     * experts of the last routing run), to measure what the block and its router cost inside a step */
-    const char *md = getenv("CINFER_CUDA_MOE_DIAG");
-    f->moe_diag = !md ? 0 : !strcmp(md, "skip") ? 1 : !strcmp(md, "noroute") ? 2 : 0;
-    if (f->moe_diag)
-        fprintf(stderr, "cinfer cuda: CINFER_CUDA_MOE_DIAG=%s: timing only, wrong outputs\n", md);
     if (mf)
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_MOE_FUSED=%s: %s\n", mf,
                 f->moe_fused ? "fused decode MoE kernels" : "the unfused decode MoE kernels");
@@ -1057,7 +1050,7 @@ static void gemm(cuda_fwd *f, float *y, const float *x, const uint16_t *w, int M
 
 /* Kernel classes of a decode step for CINFER_CUDA_DIAG_AB (diag_ab): how many times enqueue launches one of
  * them, 0 (left out), 1 or 2 (twice). Outside the diagnostics always 1. */
-enum { DG_IN = 1, DG_GDN = 2, DG_ATTN = 4, DG_OUT = 8, DG_GU = 16, DG_DOWN = 32, DG_LM = 64 };
+enum { DG_IN = 1, DG_GDN = 2, DG_ATTN = 4, DG_OUT = 8, DG_GU = 16, DG_DOWN = 32, DG_LM = 64, DG_ROUTE = 128 };
 static int diag_n(const cuda_fwd *f, int cls) {
     return (f->diag_skip & cls) ? 0 : (f->diag_dup & cls) ? 2 : 1;
 }
@@ -1197,13 +1190,15 @@ static int moe(cuda_fwd *f, const cu_layer *cl, const run_shape *rs, int device_
             f->profile ? f->moe_variant & ~4 : f->moe_variant; /* no PDL beside the profile's events */
         *added = into_x;
         if (norm_w) a.x = f->x, a.norm_w = norm_w, a.eps = (float)m->cfg.rms_norm_eps, a.xn = f->xn;
-        if (f->moe_diag == 1) return 0;
-        if (f->moe_diag == 2) a.variant &= ~16; /* no router: nothing would raise the flag */
+        /* CINFER_CUDA_DIAG_AB's classes: the router (DG_ROUTE), gate_up (DG_GU), down (DG_DOWN); without the
+         * router or the down kernel nothing raises or clears the flag of variant 16 */
+        int nr = diag_n(f, DG_ROUTE), ng = diag_n(f, DG_GU), nd = diag_n(f, DG_DOWN);
+        if (!nr || !nd) a.variant &= ~16;
         mark(f, CP_MOE_ROUTE);
-        if (f->moe_diag != 2) cu_moe_fused_route(f->cu, &a);
+        for (int n = nr; n > 0; n--) cu_moe_fused_route(f->cu, &a);
         mark(f, CP_MOE_EXPERTS);
-        cu_moe_fused_gate_up(f->cu, &a);
-        cu_moe_fused_down(f->cu, &a);
+        for (int n = ng; n > 0; n--) cu_moe_fused_gate_up(f->cu, &a);
+        for (int n = nd; n > 0; n--) cu_moe_fused_down(f->cu, &a);
         return 0;
     }
     mark(f, CP_MOE_ROUTE);
@@ -1420,7 +1415,9 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
         {"skip lm_head", DG_LM, 0, 0},
         {"skip deltanet+attn", DG_GDN | DG_ATTN, 0, 0},
         {"skip all gemv", DG_IN | DG_OUT | DG_GU | DG_DOWN | DG_LM, 0, 0},
-        {"skip everything", 127, 0, 0},
+        {"skip moe router", DG_ROUTE, 0, 0},
+        {"skip moe block", DG_ROUTE | DG_GU | DG_DOWN, 0, 0},
+        {"skip everything", 255, 0, 0},
         {"dup in_proj", 0, DG_IN, 0},
         {"dup deltanet", 0, DG_GDN, 0},
         {"dup attention", 0, DG_ATTN, 0},
@@ -1428,6 +1425,7 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
         {"dup gate_up", 0, DG_GU, 0},
         {"dup down", 0, DG_DOWN, 0},
         {"dup lm_head", 0, DG_LM, 0},
+        {"dup moe router", 0, DG_ROUTE, 0},
         {"base again", 0, 0, 0},
     };
     enum { REPS = 40 };
