@@ -1174,6 +1174,8 @@ long long engine_pad_rows(cinfer_engine *e) {
     return atomic_load(&e->stat_pad_rows);
 }
 
+int engine_draft_slots_used(cinfer_engine *e) { return e->dctx ? ctx_slots_used(e->dctx) : 0; }
+
 void engine_set_drafter(cinfer_engine *e, engine_draft_fn fn, void *ud) {
     e->drafter = fn;
     e->drafter_ud = ud;

@@ -13,5 +13,7 @@ typedef int (*engine_draft_fn)(void *ud, const int32_t *hist, int n_hist, int32_
 void engine_set_drafter(cinfer_engine *e, engine_draft_fn fn, void *ud);
 /* Pad rows verify windows have carried so far (CINFER_SPEC_PAD=1): rows past each window's drafts. */
 long long engine_pad_rows(cinfer_engine *e);
+/* Sequences open in the draft model's context (0 without one; tests: read while the engine is idle). */
+int engine_draft_slots_used(cinfer_engine *e);
 
 #endif
