@@ -588,6 +588,87 @@ test('requests beyond the queue get 429 while /health answers', async () => {
   throw new Fail('queue did not drain');
 });
 
+// ---- tests: speculation and the prefix cache through the server (issue 6) ----
+// Two more servers with the prefix cache on, one drafting with a draft model (the model itself: every greedy
+// draft holds), one with n-gram lookup: greedy, seeded, stopped and logprob answers are the plain server's; a
+// second turn reports its cached prefix (OpenAI cached_tokens, Anthropic cache_read_input_tokens);
+// /metrics counts hits, misses, snapshot bytes and drafts; a stream cancelled mid-way leaves nothing behind.
+test('speculation with the prefix cache: same answers, cached tokens, metrics, cancellation', async () => {
+  if (MOCK) throw new Skip('the real engine only');
+  const specs = await Promise.all([
+    startServer(['--max-seqs', '4', '--ctx-size', '2048', '--prefix-cache-memory', '64M', '--spec', 'draft', '--draft-model', MODEL, ...NOTHINK]),
+    startServer(['--max-seqs', '4', '--ctx-size', '2048', '--prefix-cache-memory', '64M', '--spec', 'ngram', ...NOTHINK]),
+  ]);
+  await Promise.all(specs.map((s) => waitReady(s)));
+  const turn1 = user('Tell me a story about a cat and a dog. The cat and the dog were friends, and the cat and the dog played.');
+  const plain1 = await oai(main).chat.completions.create({ model: 'default', messages: turn1, max_tokens: 24, ...greedy });
+  const turn2 = [...turn1, { role: 'assistant', content: plain1.choices[0].message.content }, { role: 'user', content: 'What did they do next?' }];
+  const plain2 = await oai(main).chat.completions.create({ model: 'default', messages: turn2, max_tokens: 24, ...greedy });
+  const seeded = { model: 'default', messages: user('Name three colours.'), max_tokens: 16, temperature: 0.8, seed: 7 };
+  const plainSeeded = await oai(main).chat.completions.create(seeded);
+  const lpBody = { model: 'default', messages: user('Count from one to ten.'), max_tokens: 12, ...greedy, logprobs: true, top_logprobs: 3 };
+  const plainLp = await oai(main).chat.completions.create(lpBody);
+  const text1 = plain1.choices[0].message.content;
+  const stopAt = text1.length > 8 ? text1.slice(5, 8) : null;
+  const plainStop = stopAt ? await oai(main).chat.completions.create({ model: 'default', messages: turn1, max_tokens: 24, ...greedy, stop: [stopAt] }) : null;
+  for (const [k, s] of specs.entries()) {
+    const tag = k ? 'ngram' : 'draft model';
+    const m0 = await metrics(s);
+    const r1 = await oai(s).chat.completions.create({ model: 'default', messages: turn1, max_tokens: 24, ...greedy });
+    eq(r1.choices[0].message.content, text1, `${tag}: turn 1`);
+    const r2 = await oai(s).chat.completions.create({ model: 'default', messages: turn2, max_tokens: 24, ...greedy });
+    eq(r2.choices[0].message.content, plain2.choices[0].message.content, `${tag}: turn 2`);
+    const cached = r2.usage.prompt_tokens_details.cached_tokens;
+    assert(cached > 0 && cached < r2.usage.prompt_tokens, `${tag}: turn 2 cached_tokens ${cached} of ${r2.usage.prompt_tokens}`);
+    eq(plain2.usage.prompt_tokens_details.cached_tokens, 0, 'no prefix cache on the plain server');
+    // Anthropic: the same second turn, its cached prefix as cache_read_input_tokens
+    const a2 = await ant(s).messages.create({ model: 'default', max_tokens: 24, messages: turn2, temperature: 0 });
+    assert(a2.usage.cache_read_input_tokens > 0, `${tag}: cache_read_input_tokens ${a2.usage.cache_read_input_tokens}`);
+    const ct = await ant(s).messages.countTokens({ model: 'default', messages: turn2 });
+    eq(a2.usage.input_tokens + a2.usage.cache_read_input_tokens, ct.input_tokens, `${tag}: input + cache read = count_tokens`);
+    eq(a2.content.filter((b) => b.type === 'text').map((b) => b.text).join(''), plain2.choices[0].message.content, `${tag}: Anthropic turn 2`);
+    // seeds, stop strings, logprobs
+    eq((await oai(s).chat.completions.create(seeded)).choices[0].message.content, plainSeeded.choices[0].message.content, `${tag}: seeded`);
+    if (plainStop) {
+      const st = await oai(s).chat.completions.create({ model: 'default', messages: turn1, max_tokens: 24, ...greedy, stop: [stopAt] });
+      eq(st.choices[0].message.content, plainStop.choices[0].message.content, `${tag}: stop string`);
+      eq(st.choices[0].finish_reason, plainStop.choices[0].finish_reason, `${tag}: stop finish`);
+    }
+    const lp = await oai(s).chat.completions.create(lpBody);
+    const a = plainLp.choices[0].logprobs.content, b = lp.choices[0].logprobs.content;
+    eq(b.map((t) => t.token), a.map((t) => t.token), `${tag}: logprob tokens`);
+    for (let i = 0; i < a.length; i++) {
+      assert(Math.abs(a[i].logprob - b[i].logprob) < 1e-4, `${tag}: token ${i} logprob ${b[i].logprob} vs ${a[i].logprob}`);
+      eq(b[i].top_logprobs.map((t) => t.token), a[i].top_logprobs.map((t) => t.token), `${tag}: token ${i} top logprobs`);
+    }
+    // a stream cancelled after 3 chunks
+    const ac = new AbortController();
+    try {
+      const stream = await oai(s).chat.completions.create({ model: 'default', messages: user('endless spec'), max_tokens: 100000, ...greedy, ignore_eos: true, stream: true }, { signal: ac.signal });
+      let n = 0;
+      for await (const ch of stream) if (++n === 3) ac.abort();
+    } catch { /* aborted */ }
+    let m;
+    for (let i = 0; i < 100; i++) {
+      m = await metrics(s);
+      if (m.cinfer_requests_running === 0 && m.cinfer_kv_blocks_used === 0) break;
+      await sleep(50);
+    }
+    eq(m.cinfer_requests_running, 0, `${tag}: nothing running after the cancel`);
+    eq(m.cinfer_kv_blocks_used, 0, `${tag}: no KV block in use after the cancel`);
+    eq(m.cinfer_state_slots_used, 0, `${tag}: no state slot in use after the cancel`);
+    assert(m.cinfer_requests_cancelled_total > m0.cinfer_requests_cancelled_total, `${tag}: the cancel counted`);
+    // metrics
+    assert(m.cinfer_prefix_cache_hits_total >= 2, `${tag}: prefix hits ${m.cinfer_prefix_cache_hits_total}`);
+    assert(m.cinfer_prefix_cache_misses_total >= 1, `${tag}: prefix misses ${m.cinfer_prefix_cache_misses_total}`);
+    eq(m.cinfer_prefix_cache_lookups_total, m.cinfer_prefix_cache_hits_total + m.cinfer_prefix_cache_misses_total, `${tag}: lookups`);
+    assert(m.cinfer_prefix_cache_bytes > 0, `${tag}: snapshot bytes ${m.cinfer_prefix_cache_bytes}`);
+    assert(m.cinfer_prefix_cache_evictions_total >= 0 && m.cinfer_prefix_cache_tokens_total >= cached, `${tag}: evictions / tokens`);
+    assert(m.cinfer_spec_draft_tokens_total > 0, `${tag}: drafts ${m.cinfer_spec_draft_tokens_total}`);
+    assert(m.cinfer_spec_accepted_tokens_total > 0 && m.cinfer_spec_accepted_tokens_total <= m.cinfer_spec_draft_tokens_total, `${tag}: accepted ${m.cinfer_spec_accepted_tokens_total}`);
+  }
+});
+
 if (MOCK) {
   // The stand-in engine answers a prompt containing CALLTOOL with a scripted call to the first tool:
   // this checks the tool-call shapes against the SDKs' own parsers and accumulators.
