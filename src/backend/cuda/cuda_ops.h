@@ -429,7 +429,8 @@ typedef struct cu_moe_args {
     int variant; /* 4: programmatic dependent launch (each kernel lets the next be scheduled, then waits for
                     the one before; the same bits). CINFER_CUDA_MOE_VARIANT, default 12 (8: the caller's
                     norm_w). 16 (with ready): the gate_up kernel does not wait for the router's completion:
-                    the shared expert's warps start at once, the experts' on the router's flag */
+                    the shared expert's warps start at once, the experts' on the router's flag. 32: the
+                    gate_up blocks request the down weights into L2 (64: the same with evict-last) */
 } cu_moe_args;
 /* 1 when the fused kernels serve this shape: H, Im, Is multiples of 8, Im <= 1024, E <= 1024, k <= 32 */
 int cu_moe_fused_supported(int H, int E, int k, int Im, int Is);

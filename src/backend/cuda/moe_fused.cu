@@ -93,6 +93,24 @@ __device__ __forceinline__ unsigned long long globaltimer_ns(void) {
     return t;
 }
 
+/* bytes (a multiple of 16, 16-byte aligned, < 4 GB) of global memory requested into L2 without registers
+ * (sm_90's bulk prefetch); EVL: with an evict-last policy */
+template <int EVL> __device__ __forceinline__ void mf_l2_prefetch(const void *p, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if constexpr (EVL) {
+        unsigned long long pol;
+        asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
+        asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;" ::"l"(p), "r"(bytes),
+                     "l"(pol)
+                     : "memory");
+    } else {
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+    }
+#else
+    (void)p, (void)bytes;
+#endif
+}
+
 /* Row xr's RMSNorm as add_rmsnorm_kernel takes it (blockDim.x == 256: its sums in its order, its expression)
  * into shared xs [H] and, when xn, into xn too; nv: thread t's norm weights (elements t + 256 j). Every
  * block that calls it gets the same bits (the router's and, variant 16, the gate_up kernel's). */
@@ -284,12 +302,13 @@ __global__ void __launch_bounds__(NORM ? 256 : RT_WARPS * 32)
  * the chain "when kernel N starts, every kernel before N - 1 has completed" holds. NORM (EARLY with the
  * router's own norm): x is the raw residual and every block takes the row's RMSNorm itself with the router's
  * arithmetic (mf_norm_row: the same bits as the xn the router writes) into shared memory. */
-template <int NB, int EARLY, int NORM>
+template <int NB, int EARLY, int NORM, int PF>
 __global__ void __launch_bounds__(MF_WARPS * 32)
     mf_gate_up_kernel(const float *__restrict__ x, const uint16_t *__restrict__ e_gu,
                       const int *__restrict__ idx, const uint16_t *__restrict__ sh_gu,
                       const uint16_t *__restrict__ sh_gw, float *act, float *shg, int H, int k, int Im,
-                      int Is, const unsigned *ready, const float *__restrict__ nw, float eps) {
+                      int Is, const unsigned *ready, const float *__restrict__ nw, float eps,
+                      const uint16_t *__restrict__ e_down, const uint16_t *__restrict__ sh_down) {
     [[maybe_unused]] __shared__ float sh[32];
     [[maybe_unused]] __shared__ __align__(16) float xs[NORM ? MF_NORM_H : 4];
     [[maybe_unused]] __shared__ int ok_sh;
@@ -297,6 +316,11 @@ __global__ void __launch_bounds__(MF_WARPS * 32)
     const int wg = blockIdx.x * MF_WARPS + warp, A = k * Im + Is;
     const bool expert_block = blockIdx.x * MF_WARPS < k * Im;
     const float *xr = x + (size_t)r * H;
+    /* PF (variants 32 / 64): each block requests 1 / (width / 8) of its matrix's down weights into L2 (16 H
+     * bytes: a 35B-A3B expert's 2 MB in 64 pieces), the shared blocks at once, the experts' once chosen, so
+     * the down kernel reads them from L2 (64: with an evict-last policy) */
+    if (PF && !expert_block && threadIdx.x == 0 && sh_down && blockIdx.x * MF_WARPS < k * Im + Is)
+        mf_l2_prefetch<PF == 2>(sh_down + (size_t)(blockIdx.x * MF_WARPS - k * Im) * H, 16u * (unsigned)H);
     if constexpr (EARLY) {
         if constexpr (NORM) {
             constexpr int NJ = MF_NORM_H / 256;
@@ -335,6 +359,8 @@ __global__ void __launch_bounds__(MF_WARPS * 32)
         int j = wg / Im, n = wg - j * Im;
         int e = EARLY ? __ldcg(idx + (size_t)r * k + j) : idx[(size_t)r * k + j];
         g = e_gu + ((size_t)e * 2 * Im + n) * H;
+        if (PF && threadIdx.x == 0) /* n is the block's first row: a multiple of 8 (Im % 8 == 0) */
+            mf_l2_prefetch<PF == 2>(e_down + ((size_t)e * Im + n) * H, 16u * (unsigned)H);
         up = (size_t)Im * H;
     } else if (wg < A) {
         int n = wg - k * Im;
@@ -460,16 +486,21 @@ extern "C" void cu_moe_fused_gate_up(cu_ctx *c, const cu_moe_args *a) {
     size_t warps = (size_t)a->k * a->Im + (size_t)Is + (a->sh_gw ? 1 : 0);
     dim3 grid(cdiv(warps, MF_WARPS), (unsigned)a->T), block(MF_WARPS * 32);
     int pdl = (a->variant & 4) != 0, early = (a->variant & 16) && a->ready, nrm = early && a->norm_w;
+    int pf = (a->variant & 64) ? 2 : (a->variant & 32) ? 1 : 0;
     const float *x = a->norm_w && !nrm ? a->xn : a->x; /* the router's normed rows, or raw ones (nrm) */
     /* 2 chunks per row requested at a time: 40 registers, six blocks per SM, the 577 blocks of a 35B-A3B row
      * in one wave (session 4: 4 chunks, four blocks per SM, 14.1 vs 10.9 us) */
-    void (*kern)(const float *, const uint16_t *, const int *, const uint16_t *, const uint16_t *, float *,
-                 float *, int, int, int, int, const unsigned *, const float *, float) =
-        nrm     ? mf_gate_up_kernel<2, 1, 1>
-        : early ? mf_gate_up_kernel<2, 1, 0>
-                : mf_gate_up_kernel<2, 0, 0>;
+    typedef void (*gu_kern)(const float *, const uint16_t *, const int *, const uint16_t *, const uint16_t *,
+                            float *, float *, int, int, int, int, const unsigned *, const float *, float,
+                            const uint16_t *, const uint16_t *);
+    static const gu_kern kerns[3][3] = {
+        {mf_gate_up_kernel<2, 0, 0, 0>, mf_gate_up_kernel<2, 1, 0, 0>, mf_gate_up_kernel<2, 1, 1, 0>},
+        {mf_gate_up_kernel<2, 0, 0, 1>, mf_gate_up_kernel<2, 1, 0, 1>, mf_gate_up_kernel<2, 1, 1, 1>},
+        {mf_gate_up_kernel<2, 0, 0, 2>, mf_gate_up_kernel<2, 1, 0, 2>, mf_gate_up_kernel<2, 1, 1, 2>}};
+    gu_kern kern = kerns[pf][nrm ? 2 : early ? 1 : 0];
     cu_launch_pdl(c, pdl, kern, grid, block, x, a->e_gu, a->idx, a->sh_gu, a->sh_gw, a->act, a->shg, a->H,
-                  a->k, a->Im, Is, (const unsigned *)a->ready, a->norm_w, a->eps);
+                  a->k, a->Im, Is, (const unsigned *)a->ready, a->norm_w, a->eps, a->e_down,
+                  Is ? a->sh_down : (const uint16_t *)NULL);
 }
 
 extern "C" void cu_moe_fused_down(cu_ctx *c, const cu_moe_args *a) {
