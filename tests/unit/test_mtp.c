@@ -397,7 +397,7 @@ TEST(mtp_oracle_default_model) {
 
 #include "runtime/engine_internal.h"
 
-enum { ENR = 12, EMAXP = 64, EMAXG = 40 };
+enum { ENR = 16, EMAXP = 64, EMAXG = 40 }; /* issue 6: a batch of 16 mixed requests */
 
 typedef struct erun {
     int32_t prompts[ENR][EMAXP];
@@ -486,7 +486,7 @@ static void engine_run(cinfer_model *cm, cinfer_spec_mode spec, erun *r, int hoo
     cinfer_engine_destroy(e);
 }
 
-/* --spec mtp on a checkpoint with a head: 12 mixed requests at once, greedy and seeded, prompts that
+/* --spec mtp on a checkpoint with a head: 16 mixed requests at once, greedy and seeded, prompts that
  * end mid-chunk, windows that hit max_tokens — the output is the plain output token for token; the head's
  * first draft at every step is the argmax of its teacher-forced logits over the final sequence (so the engine
  * pairs tokens, hidden rows and positions right, and rewrites rejected rows); with drafts forced to the plain
