@@ -222,6 +222,8 @@ struct cuda_fwd {
     int moe_gemm_rows; /* with it, decode batches of at least this many rows too (CINFER_CUDA_MOE_GEMM_ROWS)
                         */
     int *moe_tiles;    /* [E + 1]: 64-slot tiles before each expert (cu_moe_tiles) */
+    int moe_pf;        /* CINFER_CUDA_MOE_PF's bits (moe(); where it is read says what each does) */
+    size_t xb_elems;   /* bf16 elements of xb */
     int pdl;           /* cu_set_pdl's level: CINFER_CUDA_PDL=1 2 (every decode kernel), =gemv 1, else 0 */
     int pdl_any;       /* CINFER_CUDA_PDL_ANY=1: level 2 in every step, not only pdl_step()'s (diagnostics) */
     int fuse;          /* norms, adds, SwiGLU in the GEMVs (enqueue; CINFER_CUDA_FUSE=0: off) */
@@ -501,7 +503,7 @@ static int alloc_scratch(cuda_fwd *f, char *err, size_t errlen) {
         (rc = dev_alloc(f, (void **)&f->out, T * H * 4, a, err, errlen)) ||
         (rc = dev_alloc(f, (void **)&f->proj, T * Wp * 4, a, err, errlen)) ||
         (rc = dev_alloc(f, (void **)&f->act, T * Wa * 4, a, err, errlen)) ||
-        (rc = dev_alloc(f, (void **)&f->xb, 2 * zmax(T, S) * Kmax * 2, a, err, errlen)) ||
+        (rc = dev_alloc(f, (void **)&f->xb, (f->xb_elems = 2 * zmax(T, S) * Kmax) * 2, a, err, errlen)) ||
         (rc = dev_alloc(f, (void **)&f->ytmp,
                         (f->ytmp_floats = (size_t)128 * zmax(Wp, zmax(H, (size_t)m->V))) * 4, a, err,
                         errlen)) ||
@@ -916,6 +918,14 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     if (mp)
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_MOE_PREFILL=%s: prefill experts %s\n", mp,
                 f->moe_pf_grouped ? "by grouped GEMMs on the device" : "grouped on the host");
+    /* CINFER_CUDA_MOE_PF: the prefill MoE forms under measurement (default 0, today's): 1 the router's logits
+     * on the tensor cores (cu_moe_router), 2 cu_moe_route2 (sorted: no cu_moe_sort_slots), 4 cu_moe_gemm*'s
+     * 256-row tiles, 8 the SwiGLU GEMM writing the down GEMM's split input (cu_moe_gemm_swiglu_split) */
+    const char *mpf = getenv("CINFER_CUDA_MOE_PF");
+    f->moe_pf = mpf ? atoi(mpf) & 15 : 0;
+    cu_set_moe_pf(f->moe_pf);
+    if (m->cfg.n_experts > 0) cu_moe_gemm_prepare();
+    if (mpf) fprintf(stderr, "cinfer cuda: CINFER_CUDA_MOE_PF=%d\n", f->moe_pf);
     /* N: decode-sized batches (<= 64 rows) of N rows or more take the grouped GEMMs too (each chosen expert
      * streamed once for all its rows; the indexed and fused paths stream it once per row). Default 64: the
      * H200 run of 09:22 (35B-A3B, 128-token prompts): batch 32 1,220.5 tok/s fused vs 992.2 grouped, batch 64
@@ -1202,25 +1212,42 @@ static int moe(cuda_fwd *f, const cu_layer *cl, const run_shape *rs, int device_
         return 0;
     }
     mark(f, CP_MOE_ROUTE);
-    cu_gemm(f->cu, f->moe_logits, f->xn, cl->router, T, E, H, f->xb,
-            1); /* f32 activations: routing is exact-ish */
-    cu_moe_route(f->cu, f->moe_logits, f->moe_idx, f->moe_w, T, E, k, c->norm_topk_prob);
+    /* f32 activations (routing is exact-ish): the f32 GEMV, or (moe_pf & 1, chunks of 64 rows or more) the
+     * tensor cores on x split in three bf16 parts */
+    if ((f->moe_pf & 1) && T >= 64 && H % 8 == 0 && (size_t)3 * T * H <= f->xb_elems)
+        cu_moe_router(f->cu, f->moe_logits, f->xn, cl->router, T, E, H, f->xb);
+    else
+        cu_gemm(f->cu, f->moe_logits, f->xn, cl->router, T, E, H, f->xb, 1);
+    /* every path below wants each row's choices in ascending expert order (the host path sorts again) */
+    int sorted = (f->moe_pf & 2) && E <= 1024 && k <= 32;
+    if (sorted)
+        cu_moe_route2(f->cu, f->moe_logits, f->moe_idx, f->moe_w, T, E, k, c->norm_topk_prob, 1);
+    else
+        cu_moe_route(f->cu, f->moe_logits, f->moe_idx, f->moe_w, T, E, k, c->norm_topk_prob);
     const int *pos;
     const float *wts;
     if (gemm_path) {
         /* slots grouped by expert and counted in 64-slot tiles on the device; two grouped GEMMs (SwiGLU in
          * the first's epilogue) write each slot's row; the combine reads slots in ascending expert order */
-        cu_moe_sort_slots(f->cu, f->moe_idx, f->moe_w, T, k);
+        if (!sorted) cu_moe_sort_slots(f->cu, f->moe_idx, f->moe_w, T, k);
         cu_moe_group(f->cu, f->moe_idx, S, E, f->moe_grp);
         cu_moe_tiles(f->cu, f->moe_grp, E, f->moe_tiles);
         mark(f, CP_MOE_EXPERTS);
-        cu_moe_gemm_swiglu(f->cu, f->ea, f->xn, k, cl->e_gu, f->moe_grp, f->moe_tiles, S, E, Im, H, f->xb);
-        cu_moe_gemm(f->cu, f->ey, f->ea, 1, cl->e_down, f->moe_grp, f->moe_tiles, S, E, H, Im, f->xb);
+        if (f->moe_pf & 8) { /* ea's S Im floats hold the down GEMM's bf16 hi + lo rows (2 S Im halves) */
+            uint16_t *eas = (uint16_t *)f->ea;
+            cu_moe_gemm_swiglu_split(f->cu, eas, f->xn, k, cl->e_gu, f->moe_grp, f->moe_tiles, S, E, Im, H,
+                                     f->xb);
+            cu_moe_gemm_presplit(f->cu, f->ey, eas, cl->e_down, f->moe_grp, f->moe_tiles, S, E, H, Im);
+        } else {
+            cu_moe_gemm_swiglu(f->cu, f->ea, f->xn, k, cl->e_gu, f->moe_grp, f->moe_tiles, S, E, Im, H,
+                               f->xb);
+            cu_moe_gemm(f->cu, f->ey, f->ea, 1, cl->e_down, f->moe_grp, f->moe_tiles, S, E, H, Im, f->xb);
+        }
         pos = f->moe_ident;
         wts = f->moe_w;
     } else if (device_only) {
         /* decode: every (row, choice) slot streams its expert through the indexed GEMV, no host round trip */
-        cu_moe_sort_slots(f->cu, f->moe_idx, f->moe_w, T, k);
+        if (!sorted) cu_moe_sort_slots(f->cu, f->moe_idx, f->moe_w, T, k);
         mark(f, CP_MOE_EXPERTS);
         cu_gemv_indexed(f->cu, f->gu, f->xn, k, cl->e_gu, f->moe_idx, S, 2 * Im, H);
         cu_swiglu(f->cu, f->ea, f->gu, S, Im);

@@ -877,6 +877,96 @@ TEST(cuda_moe_prefill_speed) {
     cu_ctx_destroy(c);
 }
 
+/* Device time of each launch of one 35B-A3B MoE layer's prefill chunk of 4096 tokens (cuda events around 5
+ * repetitions each), today's forms and CINFER_CUDA_MOE_PF's side by side. Prints only. */
+TEST(cuda_moe_prefill_kernels) {
+    if (NO_DEVICE()) SKIP("no CUDA device: skipped");
+    char err[256];
+    cu_ctx *c;
+    REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
+    int T = 4096, H = 2048, E = 256, k = 8, I = 512, S = T * k;
+    size_t ngu = (size_t)E * 2 * I * H, ndn = (size_t)E * H * I;
+    uint16_t *gu = dev(ngu * 2), *dn = dev(ndn * 2), *rt = dev((size_t)E * H * 2), *sgw = dev((size_t)H * 2);
+    cu_fill_random_bf16(c, gu, ngu, 0.03f, 51);
+    cu_fill_random_bf16(c, dn, ndn, 0.03f, 52);
+    cu_fill_random_bf16(c, rt, (size_t)E * H, 0.05f, 53);
+    cu_fill_random_bf16(c, sgw, (size_t)H, 0.05f, 54);
+    float *hx = malloc((size_t)T * H * 4);
+    for (size_t i = 0; i < (size_t)T * H; i++) hx[i] = frand();
+    float *x = dup_dev(hx, (size_t)T * H * 4), *lg = dev((size_t)T * E * 4), *wt = dev((size_t)S * 4);
+    free(hx);
+    float *ea = dev((size_t)S * I * 4), *ey = dev((size_t)S * H * 4), *out = dev((size_t)T * H * 4);
+    float *sh = dev((size_t)T * H * 4), *shg = dev((size_t)T * 4);
+    cu_fill_f32(c, sh, (size_t)T * H, 0.25f);
+    uint16_t *xs = dev((size_t)2 * S * I * 2);
+    int *idx = dev((size_t)S * 4), *grp = dev((size_t)(E + 1 + S) * 4), *tiles = dev((size_t)(E + 1) * 4);
+    int *ident = malloc((size_t)S * 4);
+    for (int i = 0; i < S; i++) ident[i] = i;
+    int *d_ident = dup_dev(ident, (size_t)S * 4);
+    free(ident);
+    cu_timer *tm;
+    REQUIRE(cu_timer_create(&tm) == 0);
+    int old = cu_moe_pf();
+    double fl_gu = 2.0 * 2 * S * 2.0 * I * H, fl_dn = 2.0 * 2 * S * (double)H * I; /* x2: hi and lo */
+    enum { R = 5 };
+    double sum0 = 0, sum1 = 0; /* today's launches, the new forms' */
+#define TIME(label, acc0, acc1, call)                                                                        \
+    do {                                                                                                     \
+        call;                                                                                                \
+        cu_timer_start(c, tm);                                                                               \
+        for (int r_ = 0; r_ < R; r_++) call;                                                                 \
+        double ms_ = cu_timer_stop_ms(c, tm) / R;                                                            \
+        if (acc0) sum0 += ms_;                                                                               \
+        if (acc1) sum1 += ms_;                                                                               \
+        printf("     %-44s %8.1f us\n", label, ms_ * 1000.0);                                                \
+    } while (0)
+    TIME("router GEMV (f32, cu_gemm precise)", 1, 0, cu_gemm(c, lg, x, rt, T, E, H, xs, 1));
+    TIME("router tensor cores (cu_moe_router)", 0, 1, cu_moe_router(c, lg, x, rt, T, E, H, xs));
+    TIME("shared gate GEMV (N = 1)", 1, 1, cu_gemm(c, shg, x, sgw, T, 1, H, xs, 1));
+    TIME("route (softmax + top-8)", 1, 0, cu_moe_route(c, lg, idx, wt, T, E, k, 1));
+    TIME("sort_slots", 1, 0, cu_moe_sort_slots(c, idx, wt, T, k));
+    TIME("route2 sorted", 0, 1, cu_moe_route2(c, lg, idx, wt, T, E, k, 1, 1));
+    TIME("group", 1, 1, cu_moe_group(c, idx, S, E, grp));
+    TIME("tiles", 1, 1, cu_moe_tiles(c, grp, E, tiles));
+    char lab[96];
+    for (int wide = 0; wide < 2; wide++) {
+        cu_set_moe_pf(wide ? 4 : 0);
+        cu_timer_start(c, tm);
+        for (int r = 0; r < R; r++) cu_moe_gemm_swiglu(c, ea, x, k, gu, grp, tiles, S, E, I, H, xs);
+        double t1 = cu_timer_stop_ms(c, tm) / R;
+        cu_timer_start(c, tm);
+        for (int r = 0; r < R; r++) cu_moe_gemm(c, ey, ea, 1, dn, grp, tiles, S, E, H, I, xs);
+        double t2 = cu_timer_stop_ms(c, tm) / R;
+        uint16_t *as = (uint16_t *)ea;
+        cu_timer_start(c, tm);
+        for (int r = 0; r < R; r++) cu_moe_gemm_swiglu_split(c, as, x, k, gu, grp, tiles, S, E, I, H, xs);
+        double t3 = cu_timer_stop_ms(c, tm) / R;
+        cu_timer_start(c, tm);
+        for (int r = 0; r < R; r++) cu_moe_gemm_presplit(c, ey, as, dn, grp, tiles, S, E, H, I);
+        double t4 = cu_timer_stop_ms(c, tm) / R;
+        snprintf(lab, sizeof lab, "%d-row tiles", wide ? 256 : 128);
+        printf("     %-14s gate_up+SwiGLU %7.1f us (%3.0f TFLOP/s), down %7.1f us (%3.0f TFLOP/s); split "
+               "out %7.1f us, split in %7.1f us: %7.1f us\n",
+               lab, t1 * 1e3, fl_gu / t1 / 1e9, t2 * 1e3, fl_dn / t2 / 1e9, t3 * 1e3, t4 * 1e3,
+               (t3 + t4) * 1e3);
+        if (!wide) sum0 += t1 + t2;
+        if (wide) sum1 += t3 + t4;
+    }
+    cu_set_moe_pf(old);
+    TIME("combine (+ shared expert)", 1, 1, cu_moe_combine(c, out, ey, d_ident, wt, T, k, H, sh, shg));
+#undef TIME
+    printf("     one MoE layer (4096 rows, shared expert's GEMMs apart): today's %.3f ms, "
+           "CINFER_CUDA_MOE_PF=15's "
+           "%.3f ms\n",
+           sum0, sum1);
+    REQUIRE(cu_sync(c, err, sizeof err) == 0);
+    cu_timer_destroy(tm);
+    cu_free(gu), cu_free(dn), cu_free(rt), cu_free(sgw), cu_free(x), cu_free(lg), cu_free(wt), cu_free(ea);
+    cu_free(ey), cu_free(out), cu_free(sh), cu_free(shg), cu_free(xs), cu_free(idx), cu_free(grp),
+        cu_free(tiles), cu_free(d_ident);
+    cu_ctx_destroy(c);
+}
+
 /* The MoE fixtures through the whole cuda forward with a 150-token prefill (the path past 64 rows) with
  * CINFER_CUDA_MOE_PREFILL=grouped against the host-grouped cuBLAS path: both tensor-core hi + lo products, in
  * other orders (within 1e-4) */
@@ -913,6 +1003,253 @@ TEST(cuda_moe_prefill_grouped_model) {
         printf("     %-12s prefill of %d: grouped vs host-grouped ||d||/||ref|| = %.2e\n", fx[fi], P, r);
         CHECK_MSG(r <= 1e-4, "%s: grouped prefill experts differ by %.3g", fx[fi], r);
         free(out[0]), free(out[1]);
+        cinfer_model_close(m);
+    }
+}
+
+/* ---- the prefill forms behind CINFER_CUDA_MOE_PF ---- */
+
+/* The grouped GEMMs' forms against today's (128-row tiles, f32 SwiGLU rows split again by the down GEMM):
+ * 256-row tiles (bit 4) and the SwiGLU GEMM writing the down GEMM's split input (bit 8) give the same bits:
+ * the split rows equal bf16 hi / lo of today's f32 rows, and the down rows are identical. */
+static void pf_forms_case(const char *name, int T, int H, int E, int k, int I) {
+    char err[256];
+    cu_ctx *c;
+    REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
+    int S = T * k;
+    int *idx = malloc((size_t)S * 4);
+    for (int r = 0; r < T; r++)
+        for (int j = 0; j < k; j++) {
+            int e;
+            for (;;) {
+                e = j == 0 ? 1 : (int)((frand() * 0.5f + 0.5f) * (float)E) % E; /* expert 1: many tiles */
+                int dup = 0;
+                for (int q = 0; q < j; q++) dup |= idx[r * k + q] == e;
+                if (!dup) break;
+            }
+            idx[r * k + j] = e;
+        }
+    size_t ngu = (size_t)E * 2 * I * H, ndn = (size_t)E * H * I;
+    uint16_t *d_gu = dev(ngu * 2), *d_dn = dev(ndn * 2);
+    cu_fill_random_bf16(c, d_gu, ngu, 0.03f, 31);
+    cu_fill_random_bf16(c, d_dn, ndn, 0.03f, 32);
+    float *x = malloc((size_t)T * H * 4);
+    for (size_t i = 0; i < (size_t)T * H; i++) x[i] = frand() * 1.5f;
+    float *d_x = dup_dev(x, (size_t)T * H * 4);
+    int *d_idx = dup_dev(idx, (size_t)S * 4), *d_grp = dev((size_t)(E + 1 + S) * 4),
+        *d_tiles = dev((size_t)(E + 1) * 4);
+    float *d_a = dev((size_t)S * I * 4), *d_y = dev((size_t)S * H * 4);
+    size_t nxs = (size_t)T * H > (size_t)S * I ? (size_t)T * H : (size_t)S * I;
+    uint16_t *d_xs = dev(2 * nxs * 2), *d_as = dev((size_t)2 * S * I * 2);
+    int old = cu_moe_pf();
+    cu_moe_group(c, d_idx, S, E, d_grp);
+    cu_moe_tiles(c, d_grp, E, d_tiles);
+    float *ra = NULL, *ry = NULL;
+    for (int form = 0; form < 4; form++) { /* bit 4 (wide tiles) x bit 8 (split SwiGLU output) */
+        cu_set_moe_pf(form & 1 ? 4 : 0);
+        cu_fill_f32(c, d_a, (size_t)S * I, NAN);
+        cu_fill_f32(c, d_y, (size_t)S * H, NAN);
+        if (form & 2) {
+            cu_moe_gemm_swiglu_split(c, d_as, d_x, k, d_gu, d_grp, d_tiles, S, E, I, H, d_xs);
+            cu_moe_gemm_presplit(c, d_y, d_as, d_dn, d_grp, d_tiles, S, E, H, I);
+        } else {
+            cu_moe_gemm_swiglu(c, d_a, d_x, k, d_gu, d_grp, d_tiles, S, E, I, H, d_xs);
+            cu_moe_gemm(c, d_y, d_a, 1, d_dn, d_grp, d_tiles, S, E, H, I, d_xs);
+        }
+        REQUIRE(cu_sync(c, err, sizeof err) == 0);
+        float *y = get(d_y, (size_t)S * H * 4);
+        if (!form) {
+            ra = get(d_a, (size_t)S * I * 4), ry = y;
+            CHECK_MSG(rel(ra, ra, (size_t)S * I) == 0 && rel(ry, ry, (size_t)S * H) == 0,
+                      "%s: an output slot unwritten", name);
+            continue;
+        }
+        int same = !memcmp(y, ry, (size_t)S * H * 4);
+        if (form & 2) { /* the split SwiGLU rows: hi and lo of today's f32 rows */
+            uint16_t *as = get(d_as, (size_t)2 * S * I * 2);
+            for (size_t i = 0; i < (size_t)S * I && same; i++) {
+                uint16_t h = f32_to_bf16(ra[i]);
+                same = as[i] == h && as[(size_t)S * I + i] == f32_to_bf16(ra[i] - bf16_to_f32(h));
+            }
+            free(as);
+        } else {
+            float *a = get(d_a, (size_t)S * I * 4);
+            same &= !memcmp(a, ra, (size_t)S * I * 4);
+            free(a);
+        }
+        printf("     %-24s %s%s vs 128-row tiles, f32 rows: %s\n", name,
+               form & 1 ? "256-row tiles" : "128-row tiles", form & 2 ? ", split SwiGLU rows" : "",
+               same ? "bit-identical" : "DIFFERENT");
+        CHECK_MSG(same, "%s: form %d differs", name, form);
+        free(y);
+    }
+    cu_set_moe_pf(old);
+    free(idx), free(x), free(ra), free(ry);
+    cu_free(d_gu), cu_free(d_dn), cu_free(d_x), cu_free(d_idx), cu_free(d_grp), cu_free(d_tiles);
+    cu_free(d_a), cu_free(d_y), cu_free(d_xs), cu_free(d_as);
+    cu_ctx_destroy(c);
+}
+
+TEST(cuda_moe_pf_gemm_forms_bitwise) {
+    if (NO_DEVICE()) SKIP("no CUDA device: skipped");
+    pf_forms_case("tiny (fixture shape)", 150, 64, 8, 2, 32);
+    pf_forms_case("odd widths", 90, 72, 9, 3, 40);
+    pf_forms_case("35B-A3B shape", 200, 2048, 256, 8, 512);
+}
+
+/* The router's logits on the tensor cores (x in three bf16 parts) against the CPU's f32 product (1e-5, an
+ * f32 path) and against the f32 GEMV; the first rows alone give the bits they have among all; every logit
+ * written; the top-k chosen from them equals the CPU's choice wherever the CPU's k-th and k+1-th
+ * probabilities are apart by more than 1e-5 relative. */
+TEST(cuda_moe_router_tc) {
+    if (NO_DEVICE()) SKIP("no CUDA device: skipped");
+    static const int shapes[][4] = {{130, 2048, 256, 8}, {64, 64, 8, 2}, {97, 72, 9, 3}, {300, 512, 512, 10}};
+    char err[256];
+    cu_ctx *c;
+    REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        int T = shapes[si][0], H = shapes[si][1], E = shapes[si][2], k = shapes[si][3];
+        uint16_t *w = malloc((size_t)E * H * 2);
+        for (size_t i = 0; i < (size_t)E * H; i++) w[i] = f32_to_bf16(frand() * 0.05f);
+        float *x = malloc((size_t)T * H * 4);
+        for (size_t i = 0; i < (size_t)T * H; i++) x[i] = frand() * 2.0f;
+        uint16_t *d_w = dup_dev(w, (size_t)E * H * 2), *d_xs = dev((size_t)3 * T * H * 2);
+        float *d_x = dup_dev(x, (size_t)T * H * 4), *d_lg = dev((size_t)T * E * 4),
+              *d_lg2 = dev((size_t)T * E * 4);
+        int *d_idx = dev((size_t)T * k * 4);
+        float *d_wt = dev((size_t)T * k * 4);
+        cu_fill_f32(c, d_lg, (size_t)T * E, NAN);
+        int Th = T / 2 + 1;
+        cu_moe_router(c, d_lg, d_x, d_w, Th, E, H, d_xs);
+        REQUIRE(cu_sync(c, err, sizeof err) == 0);
+        float *half = get(d_lg, (size_t)Th * E * 4);
+        cu_fill_f32(c, d_lg, (size_t)T * E, NAN);
+        cu_moe_router(c, d_lg, d_x, d_w, T, E, H, d_xs);
+        cu_gemm(c, d_lg2, d_x, d_w, T, E, H, d_xs, 1);
+        cu_moe_route2(c, d_lg, d_idx, d_wt, T, E, k, 1, 0);
+        REQUIRE(cu_sync(c, err, sizeof err) == 0);
+        float *lg = get(d_lg, (size_t)T * E * 4), *lg2 = get(d_lg2, (size_t)T * E * 4);
+        int *idx = get(d_idx, (size_t)T * k * 4);
+        float *ref = malloc((size_t)T * E * 4);
+        cpu_matmul_ref(ref, x, w, WT_BF16, T, E, H);
+        char what[160];
+        snprintf(what, sizeof what, "router T=%d H=%d E=%d: tensor cores vs CPU", T, H, E);
+        check_rel(what, lg, ref, (size_t)T * E, 1e-5);
+        snprintf(what, sizeof what, "router T=%d H=%d E=%d: f32 GEMV vs CPU", T, H, E);
+        check_rel(what, lg2, ref, (size_t)T * E, 1e-5);
+        int same = !memcmp(half, lg, (size_t)Th * E * 4);
+        printf("     router: the first %d rows alone vs among %d: %s\n", Th, T,
+               same ? "bit-identical" : "DIFFERENT");
+        CHECK_MSG(same, "router: rows depend on the others");
+        /* top-k on the CPU's logits (softmax is monotone: rank the logits; ties to the lower index) */
+        int agree = 0, clear = 0;
+        for (int r = 0; r < T; r++) {
+            const float *q = ref + (size_t)r * E;
+            int ch[64];
+            float kth = 0, next = -INFINITY;
+            for (int j = 0; j <= k && j < E; j++) {
+                int b = -1;
+                for (int e = 0; e < E; e++) {
+                    int taken = 0;
+                    for (int t = 0; t < j; t++) taken |= ch[t] == e;
+                    if (!taken && (b < 0 || q[e] > q[b])) b = e;
+                }
+                ch[j] = b;
+                if (j == k - 1) kth = q[b];
+                if (j == k) next = q[b];
+            }
+            if (!(kth - next > 1e-5f * fabsf(kth) + 1e-6f)) continue;
+            clear++;
+            int ok = 1;
+            for (int j = 0; j < k; j++) ok &= idx[(size_t)r * k + j] == ch[j];
+            agree += ok;
+        }
+        printf("     router: top-%d equal to the CPU's in %d of %d rows with a clear k-th choice\n", k, agree,
+               clear);
+        CHECK_MSG(agree == clear && clear > T / 2, "router: top-k differs (%d of %d)", agree, clear);
+        free(w), free(x), free(half), free(lg), free(lg2), free(idx), free(ref);
+        cu_free(d_w), cu_free(d_xs), cu_free(d_x), cu_free(d_lg), cu_free(d_lg2), cu_free(d_idx),
+            cu_free(d_wt);
+    }
+    cu_ctx_destroy(c);
+}
+
+/* cu_moe_route2 against cu_moe_route (+ cu_moe_sort_slots for its sorted form): the same indices and weights,
+ * bit for bit, with ties (logits drawn from few values), both normalisations, E up to 1024 */
+TEST(cuda_moe_route2_matches_route) {
+    if (NO_DEVICE()) SKIP("no CUDA device: skipped");
+    static const int shapes[][3] = {{300, 256, 8}, {77, 9, 3}, {50, 512, 10}, {33, 1024, 32}, {40, 40, 1}};
+    char err[256];
+    cu_ctx *c;
+    REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        int T = shapes[si][0], E = shapes[si][1], k = shapes[si][2];
+        float *lg = malloc((size_t)T * E * 4);
+        for (size_t i = 0; i < (size_t)T * E; i++)
+            lg[i] = i % 3 ? frand() * 4.0f : (float)((int)((frand() + 1.0f) * 4.0f)) * 0.5f; /* ties */
+        float *d_lg = dup_dev(lg, (size_t)T * E * 4);
+        int *i1 = dev((size_t)T * k * 4), *i2 = dev((size_t)T * k * 4);
+        float *w1 = dev((size_t)T * k * 4), *w2 = dev((size_t)T * k * 4);
+        for (int form = 0; form < 4; form++) {
+            int norm = form & 1, sorted = form >> 1;
+            cu_moe_route(c, d_lg, i1, w1, T, E, k, norm);
+            if (sorted) cu_moe_sort_slots(c, i1, w1, T, k);
+            cu_moe_route2(c, d_lg, i2, w2, T, E, k, norm, sorted);
+            REQUIRE(cu_sync(c, err, sizeof err) == 0);
+            int *a = get(i1, (size_t)T * k * 4), *b = get(i2, (size_t)T * k * 4);
+            float *wa = get(w1, (size_t)T * k * 4), *wb = get(w2, (size_t)T * k * 4);
+            int same = !memcmp(a, b, (size_t)T * k * 4) && !memcmp(wa, wb, (size_t)T * k * 4);
+            printf("     route2 T=%d E=%d k=%d norm %d sorted %d: %s\n", T, E, k, norm, sorted,
+                   same ? "bit-identical" : "DIFFERENT");
+            CHECK_MSG(same, "route2 E=%d k=%d norm %d sorted %d differs", E, k, norm, sorted);
+            free(a), free(b), free(wa), free(wb);
+        }
+        free(lg);
+        cu_free(d_lg), cu_free(i1), cu_free(i2), cu_free(w1), cu_free(w2);
+    }
+    cu_ctx_destroy(c);
+}
+
+/* The MoE fixtures through the whole cuda forward (a 150-token prefill) with every CINFER_CUDA_MOE_PF form on
+ * against them off: the router's tensor-core logits differ from the f32 GEMV's in the last bits only */
+TEST(cuda_moe_pf_model) {
+    if (NO_DEVICE()) SKIP("no CUDA device: skipped");
+    static const char *const fx[] = {"qwen35_moe", "qwen3_next"};
+    for (int fi = 0; fi < 2; fi++) {
+        char dir[512], err[512];
+        snprintf(dir, sizeof dir, "%s/%s", test_fixtures_dir(), fx[fi]);
+        cinfer_model *m;
+        REQUIRE(cinfer_model_open(dir, &m, err, sizeof err) == 0);
+        cinfer_model_info info;
+        cinfer_model_get_info(m, &info);
+        int V = info.vocab_size, P = 150;
+        int32_t toks[150];
+        for (int i = 0; i < P; i++) toks[i] = (int32_t)((i * 31 + 7) % V);
+        static const char *const forms[] = {"0", "15", "14"};
+        float *out[3];
+        char *old = env_swap("CINFER_CUDA_MOE_PF", "0");
+        for (int g = 0; g < 3; g++) {
+            setenv("CINFER_CUDA_MOE_PF", forms[g], 1);
+            out[g] = malloc(sizeof(float) * (size_t)P * V);
+            cinfer_ctx_params p = cinfer_ctx_default_params();
+            p.max_seqs = 1, p.max_ctx = 256, p.max_batch = 256, p.n_threads = 2,
+            p.device = CINFER_DEVICE_CUDA;
+            cinfer_ctx *c = NULL;
+            REQUIRE(cinfer_ctx_create(m, &p, &c, err, sizeof err) == 0);
+            int seq = cinfer_seq_open(c, err, sizeof err);
+            cinfer_batch_entry be = {seq, toks, P, 1};
+            REQUIRE(cinfer_forward(c, &be, 1, out[g], err, sizeof err) == 0);
+            cinfer_ctx_destroy(c);
+        }
+        env_restore("CINFER_CUDA_MOE_PF", old);
+        double r = rel(out[1], out[0], (size_t)P * V);
+        int same = !memcmp(out[2], out[0], sizeof(float) * (size_t)P * V);
+        printf(
+            "     %-12s prefill of %d: CINFER_CUDA_MOE_PF=15 vs 0 ||d||/||ref|| = %.2e; =14 (no router) %s\n",
+            fx[fi], P, r, same ? "bit-identical" : "DIFFERENT");
+        CHECK_MSG(r <= 1e-4, "%s: MOE_PF=15 differs by %.3g", fx[fi], r);
+        CHECK_MSG(same, "%s: MOE_PF=14 not bit-identical to 0", fx[fi]);
+        free(out[0]), free(out[1]), free(out[2]);
         cinfer_model_close(m);
     }
 }

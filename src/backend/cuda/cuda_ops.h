@@ -390,6 +390,11 @@ size_t cu_attn_kv16_bytes(int n_blocks, int Hkv, int hd);
 /* ---- MoE (moe.cu) ---- */
 /* per row: softmax over E logits, top-k (ties to the lower index), renormalised when norm; idx/w [T][k] */
 void cu_moe_route(cu_ctx *c, const float *d_logits, int *d_idx, float *d_w, int T, int E, int k, int norm);
+/* cu_moe_route's values (the same softmax and selection, bit for bit), a warp per row with the probabilities
+ * in registers (E <= 1024, k <= 32); sorted: each row's choices then in ascending expert order, as
+ * cu_moe_sort_slots leaves them (the weights' renormalisation still sums in selection order) */
+void cu_moe_route2(cu_ctx *c, const float *d_logits, int *d_idx, float *d_w, int T, int E, int k, int norm,
+                   int sorted);
 /* xg[p] = x[src[p]] for p < n (rows of H) */
 void cu_gather_rows(cu_ctx *c, float *d_xg, const float *d_x, const int *d_src, int n, int H);
 /* out[r] = Σ_j w[r][j] * y[pos[r][j]] over j in the given order (pos: slot positions, [T][k]); then
@@ -452,6 +457,25 @@ void cu_moe_gemm_swiglu(cu_ctx *c, float *d_y, const float *d_x, int div, const 
 /* y[s][n] = x_s · w_e[n] for n < N; w [E][N][K] */
 void cu_moe_gemm(cu_ctx *c, float *d_y, const float *d_x, int div, const uint16_t *d_w, const int *d_grp,
                  const int *d_tile_off, int S, int E, int N, int K, uint16_t *d_xs);
+/* cu_moe_gemm_swiglu with y written split, as the next GEMM reads it: bf16 hi rows [S][I] at d_ys, lo rows
+ * [S][I] at d_ys + S I (what cu_moe_gemm's own split of an f32 y would make, bit for bit) */
+void cu_moe_gemm_swiglu_split(cu_ctx *c, uint16_t *d_ys, const float *d_x, int div, const uint16_t *d_w_gu,
+                              const int *d_grp, const int *d_tile_off, int S, int E, int I, int K,
+                              uint16_t *d_xs);
+/* cu_moe_gemm (div 1) on an x already split: d_xs2 = hi [S][K] then lo [S][K] */
+void cu_moe_gemm_presplit(cu_ctx *c, float *d_y, const uint16_t *d_xs2, const uint16_t *d_w, const int *d_grp,
+                          const int *d_tile_off, int S, int E, int N, int K);
+/* A prefill chunk's router logits [T][E] = x [T][K] · w [E][K]^T on the tensor cores, x split into three bf16
+ * parts (hi, lo, rest: x to ~2^-25, about f32's own rounding), bf16 w, f32 accumulation in a fixed K order: a
+ * row's logits never depend on the other rows or on T. d_xs: scratch for 3 T K bf16. K % 8 == 0. */
+void cu_moe_router(cu_ctx *c, float *d_logits, const float *d_x, const uint16_t *d_w, int T, int E, int K,
+                   uint16_t *d_xs);
+/* the forms behind CINFER_CUDA_MOE_PF (a bitmask, forward_cuda.c reads it): 4 = the grouped GEMMs with 256
+ * weight rows per block tile (the same bits as 128); the other bits are the caller's */
+void cu_set_moe_pf(int mask);
+int cu_moe_pf(void);
+/* the kernels' shared-memory limits, set once before any graph capture */
+void cu_moe_gemm_prepare(void);
 
 /* ---- sampling (sample.cu) ---- */
 #define CU_SAMPLE_MAX_K 64

@@ -61,6 +61,83 @@ extern "C" void cu_moe_route(cu_ctx *c, const float *logits, int *idx, float *w,
     if (T > 0) route_kernel<<<T, 32, 0, c->stream>>>(logits, idx, w, E, k, norm);
 }
 
+/* route_kernel's arithmetic with each lane's probabilities in registers (NPL per lane: expert lane + 32 i)
+ * and a warp per row, four rows a block: the same max, sum (same order), division and selection (greater
+ * probability, then lower index; a chosen expert drops out as -inf, so NaN is never chosen as before) */
+template <int NPL>
+__global__ void __launch_bounds__(128)
+    route2_kernel(const float *logits, int *idx, float *w, int T, int E, int k, int norm, int sorted) {
+    int r = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (r >= T) return;
+    const float *lg = logits + (size_t)r * E;
+    float p[NPL];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < NPL; i++) {
+        int e = lane + 32 * i;
+        p[i] = e < E ? lg[e] : -INFINITY;
+        if (e < E) mx = fmaxf(mx, p[i]);
+    }
+    mx = warp_max(mx);
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NPL; i++)
+        if (lane + 32 * i < E) {
+            float v = expf(p[i] - mx);
+            p[i] = v;
+            s += v;
+        }
+    s = warp_sum(s);
+#pragma unroll
+    for (int i = 0; i < NPL; i++)
+        if (lane + 32 * i < E) p[i] /= s;
+    int ci = 0; /* lane j < k: choice j's expert and probability */
+    float cv = 0.0f;
+    for (int j = 0; j < k; j++) {
+        float bv = -1.0f;
+        int bi = E;
+#pragma unroll
+        for (int i = 0; i < NPL; i++) /* ascending e: strictly greater keeps the lower index */
+            if (p[i] > bv) bv = p[i], bi = lane + 32 * i;
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > bv || (ov == bv && oi < bi)) {
+                bv = ov;
+                bi = oi;
+            }
+        }
+        if (lane == j) ci = bi, cv = bv;
+        if (bi < E && (bi & 31) == lane) {
+#pragma unroll
+            for (int i = 0; i < NPL; i++)
+                if (lane + 32 * i == bi) p[i] = -INFINITY;
+        }
+    }
+    /* the renormalisation's sum in selection order, as route_kernel */
+    float ws = 0.0f;
+    for (int j = 0; j < k; j++) ws += __shfl_sync(0xffffffffu, cv, j);
+    /* output slot of choice lane: its rank among the choices by expert index (distinct) when sorted */
+    int slot = lane;
+    if (sorted) {
+        slot = 0;
+        for (int j = 0; j < k; j++) slot += __shfl_sync(0xffffffffu, ci, j) < ci;
+    }
+    if (lane < k) {
+        idx[(size_t)r * k + slot] = ci;
+        w[(size_t)r * k + slot] = norm ? cv / ws : cv;
+    }
+}
+
+extern "C" void cu_moe_route2(cu_ctx *c, const float *logits, int *idx, float *w, int T, int E, int k,
+                              int norm, int sorted) {
+    if (T <= 0) return;
+    if (E <= 256)
+        route2_kernel<8><<<cdiv((size_t)T, 4), 128, 0, c->stream>>>(logits, idx, w, T, E, k, norm, sorted);
+    else
+        route2_kernel<32><<<cdiv((size_t)T, 4), 128, 0, c->stream>>>(logits, idx, w, T, E, k, norm, sorted);
+}
+
 __global__ void gather_rows_kernel(float *xg, const float *x, const int *src, int H) {
     int p = blockIdx.x;
     const float *s = x + (size_t)src[p] * H;

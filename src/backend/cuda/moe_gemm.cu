@@ -1,13 +1,14 @@
 /* moe_gemm.cu — the MoE experts of a prefill chunk as two grouped GEMMs on the tensor cores
  * (CINFER_CUDA_MOE_PREFILL=grouped), launched from device-side offsets: no host round trip and no per-expert
  * cuBLAS calls. The slots (row, choice) are grouped by expert (cu_moe_group); each block computes a 64-slot
- * by 64- or 128-column tile of one expert's product with bf16 weights and the f32 activations split into bf16
+ * by BW-weight-row tile of one expert's product with bf16 weights and the f32 activations split into bf16
  * hi + lo (as cu_gemm does for cuBLAS: x to ~2^-17), f32 accumulation (mma.sync m16n8k16). Every slot's
- * output depends only on its own row and the expert's weights (fixed K order), never on the others. */
+ * output depends only on its own row and the expert's weights (fixed K order), never on the others. The same
+ * kernel in its dense form computes a prefill chunk's router logits (cu_moe_router: x in three bf16 parts).
+ */
 #include "backend/cuda/common.cuh"
 
-#define MG_BM      64  /* slots per block tile */
-#define MG_BW      128 /* weight rows per block tile: 64 gate + 64 up (SwiGLU), or 128 output columns */
+#define MG_BM      64 /* slots per block tile */
 #define MG_BK      32
 #define MG_LD      (MG_BK + 8) /* shared row stride in bf16: 80 bytes, so fragment reads hit distinct banks */
 #define MG_THREADS 256
@@ -57,92 +58,114 @@ __device__ __forceinline__ void cp_wait1(void) { /* all but the newest group com
     asm volatile("cp.async.wait_group 1;" ::: "memory");
 }
 
-/* hi[i] = bf16(x[i]), lo[i] = bf16(x[i] - hi[i]): split_bf16_kernel's split, once per GEMM */
-__global__ void mg_split_kernel(uint16_t *hi, uint16_t *lo, const float *x, size_t n) {
+/* hi[i] = bf16(x[i]), lo[i] = bf16(x[i] - hi[i]) (split_bf16_kernel's split, once per GEMM), and for nx 3
+ * lo2[i] = bf16(x[i] - hi[i] - lo[i]); the parts stride apart */
+__global__ void mg_split_kernel(uint16_t *y, size_t stride, const float *x, size_t n, int nx) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
         float v = x[i];
         uint16_t h = f32_bf16(v);
-        hi[i] = h;
-        lo[i] = f32_bf16(v - bf16_f32(h));
+        float r = v - bf16_f32(h);
+        uint16_t l = f32_bf16(r);
+        y[i] = h;
+        y[stride + i] = l;
+        if (nx > 2) y[2 * stride + i] = f32_bf16(r - bf16_f32(l));
     }
 }
 
-/* Block (t, c): row tile t of the expert it falls in (tile_off), weight rows c * 64 .. (SwiGLU: gate rows
- * n and up rows up_off + n, output column n) or c * 128 .. (output column = weight row). Slot p's input row
- * is x[perm[p] / div], already split into bf16 hi / lo rows (xh, xl: mg_split_kernel); its output row is
- * y[perm[p]] (ldy floats apart). 8 warps: 2 along the slots (32 each) x 4 along the weight rows (4 tiles of 8
- * each: SwiGLU 2 gate + the 2 matching up tiles). K % 8 == 0. Two shared-memory stages filled by cp.async
- * (one barrier pair per step of K), fragments by ldmatrix. (Session 4's other forms — 32-bit fragment loads
- * with one stage, registers in between, four stages — ran slower with the same bits; removed.) */
-template <int SWIGLU>
-__global__ void __launch_bounds__(MG_THREADS)
-    moe_gemm_kernel(float *__restrict__ y, int ldy, const uint16_t *__restrict__ xh,
-                    const uint16_t *__restrict__ xl, int div, const uint16_t *__restrict__ w, size_t w_expert,
-                    int up_off, const int *__restrict__ grp, const int *__restrict__ tile_off, int E, int N,
-                    int K) {
-    __shared__ __align__(16) uint16_t xs[2][2][MG_BM][MG_LD]; /* [stage][hi, lo][row][k] */
-    __shared__ __align__(16) uint16_t ws[2][MG_BW][MG_LD];
+/* Block (t, c): row tile t of the expert it falls in (tile_off) — or, DENSE, rows t * 64 .. of one matrix —
+ * and weight rows c * BW .. (OUT >= 1, SwiGLU: BW / 2 gate rows n and the matching up rows up_off + n, output
+ * column n; OUT 0: output column = weight row). Slot p's input row is x[perm[p] / div] (DENSE: row p), split
+ * into NX bf16 rows (xs + i * xstride: hi, lo, and for NX 3 the remainder; mg_split_kernel); its output row
+ * is y[perm[p]] (ldy apart): f32 (OUT 0, 1), or (OUT 2) the SwiGLU value split into bf16 hi / lo rows at ys
+ * and ys + ystride, the next GEMM's input as mg_split_kernel would make it. 8 warps: 2 along the slots (32
+ * each) x 4 along the weight rows (BW / 32 tiles of 8 each: SwiGLU half gate, half the matching up). K % 8 ==
+ * 0. Two shared-memory stages filled by cp.async (one barrier pair per step of K), fragments by ldmatrix. A
+ * slot's value is the same for every BW (per 16 of K, the splits smallest first, each an independent MMA
+ * into that slot's accumulators). (Session 4's other forms — 32-bit fragment loads with one stage, registers
+ * in between, four stages — ran slower with the same bits; removed.) */
+template <int OUT, int NX, int BW, int DENSE>
+__global__ void __launch_bounds__(MG_THREADS, BW > 128 ? 2 : 3) /* 2 or 3 blocks an SM */
+    moe_gemm_kernel(float *__restrict__ y, uint16_t *__restrict__ ys, size_t ystride, int ldy,
+                    const uint16_t *__restrict__ xs, size_t xstride, int div, const uint16_t *__restrict__ w,
+                    size_t w_expert, int up_off, const int *__restrict__ grp,
+                    const int *__restrict__ tile_off, int E, int M, int N, int K) {
+    constexpr int NT = BW / 32;           /* n-tiles of 8 per warp */
+    constexpr int WH = BW / 64;           /* weight rows per thread per stage (64 rows a pass) */
+    constexpr int XS = 2 * MG_BM * MG_LD; /* one split's two stages, bf16 elements */
+    extern __shared__ __align__(16) uint16_t mg_smem[];
+    uint16_t(*xsm)[MG_BM][MG_LD] = reinterpret_cast<uint16_t(*)[MG_BM][MG_LD]>(mg_smem); /* [st * NX + i] */
+    uint16_t(*wsm)[BW][MG_LD] = reinterpret_cast<uint16_t(*)[BW][MG_LD]>(mg_smem + NX * XS); /* [st] */
     const int t = blockIdx.x, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    if (t >= tile_off[E]) return;
-    int lo = 0, hi = E; /* the largest e with tile_off[e] <= t (it has tiles: tile_off[e + 1] > t) */
-    while (hi - lo > 1) {
-        int mid = (lo + hi) >> 1;
-        if (tile_off[mid] <= t)
-            lo = mid;
-        else
-            hi = mid;
+    int e = 0, p0, cnt;
+    const int *perm = NULL;
+    if (DENSE) {
+        p0 = t * MG_BM;
+        if (p0 >= M) return;
+        cnt = min(MG_BM, M - p0);
+    } else {
+        if (t >= tile_off[E]) return;
+        int lo = 0, hi = E; /* the largest e with tile_off[e] <= t (it has tiles: tile_off[e + 1] > t) */
+        while (hi - lo > 1) {
+            int mid = (lo + hi) >> 1;
+            if (tile_off[mid] <= t)
+                lo = mid;
+            else
+                hi = mid;
+        }
+        e = lo, p0 = grp[e] + (t - tile_off[e]) * MG_BM;
+        cnt = min(MG_BM, grp[e + 1] - p0);
+        perm = grp + E + 1;
     }
-    const int e = lo, p0 = grp[e] + (t - tile_off[e]) * MG_BM;
-    const int cnt = min(MG_BM, grp[e + 1] - p0);
-    const int *perm = grp + E + 1;
     const uint16_t *we = w + (size_t)e * w_expert;
-    const int ncols = SWIGLU ? MG_BW / 2 : MG_BW, n0 = blockIdx.y * ncols;
-    /* loads: thread tid takes 8 consecutive k of slot row tid / 4 and of weight rows tid / 4, tid / 4 + 64 */
+    const int ncols = OUT ? BW / 2 : BW, n0 = blockIdx.y * ncols;
+    /* loads: thread tid takes 8 consecutive k of slot row tid / 4 and of weight rows tid / 4 + 64 h */
     const int lrow = tid >> 2, lk = (tid & 3) * 8;
-    const size_t xoff = lrow < cnt ? (size_t)(perm[p0 + lrow] / div) * K : 0;
-    const uint16_t *wrow[2];
+    const size_t xoff = lrow < cnt ? (size_t)((DENSE ? p0 + lrow : perm[p0 + lrow]) / div) * K : 0;
+    const uint16_t *wrow[WH];
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
+    for (int h = 0; h < WH; h++) {
         int r = lrow + 64 * h; /* weight-tile row */
-        int n = SWIGLU ? n0 + lrow : n0 + r;
-        size_t off = SWIGLU && h ? (size_t)up_off : 0;
+        int up = OUT && r >= BW / 2;
+        int n = n0 + (OUT ? r - (up ? BW / 2 : 0) : r);
+        size_t off = up ? (size_t)up_off : 0;
         wrow[h] = n < N ? we + (off + (size_t)n) * K : NULL;
     }
     const int wm = warp & 1, wn = warp >> 1, g = lane >> 2, tq = lane & 3;
-    float acc[2][4][4];
+    float acc[2][NT][4];
 #pragma unroll
     for (int i = 0; i < 2; i++)
 #pragma unroll
-        for (int s = 0; s < 4; s++)
+        for (int s = 0; s < NT; s++)
 #pragma unroll
             for (int q = 0; q < 4; q++) acc[i][s][q] = 0.0f;
     /* weight-tile row of the warp's n-tile s */
-    int wbase[4];
+    int wbase[NT];
 #pragma unroll
-    for (int s = 0; s < 4; s++)
-        wbase[s] = SWIGLU ? (s < 2 ? wn * 16 + s * 8 : 64 + wn * 16 + (s - 2) * 8) : wn * 32 + s * 8;
-    /* the MMAs of one stage: per 16 of K, lo then hi (the small terms first), slot tiles, weight tiles */
+    for (int s = 0; s < NT; s++)
+        wbase[s] = OUT ? (s < NT / 2 ? wn * (BW / 8) + s * 8 : BW / 2 + wn * (BW / 8) + (s - NT / 2) * 8)
+                       : wn * (BW / 4) + s * 8;
+    /* the MMAs of one stage: per 16 of K, the splits smallest first, slot tiles, weight tiles */
     auto compute = [&](int st) {
 #pragma unroll
         for (int kk = 0; kk < MG_BK; kk += 16) {
-            uint32_t b[4][2];
+            uint32_t b[NT][2];
 #pragma unroll
-            for (int sp = 0; sp < 2; sp++) {
+            for (int sp = 0; sp < NT / 2; sp++) {
                 uint32_t r[4];
                 int wr = (lane >> 4) ? wbase[2 * sp + 1] : wbase[2 * sp];
-                ldsm_x4(r, &ws[st][wr + (lane & 7)][kk + ((lane >> 3) & 1) * 8]);
+                ldsm_x4(r, &wsm[st][wr + (lane & 7)][kk + ((lane >> 3) & 1) * 8]);
                 b[2 * sp][0] = r[0], b[2 * sp][1] = r[1], b[2 * sp + 1][0] = r[2], b[2 * sp + 1][1] = r[3];
             }
 #pragma unroll
-            for (int half = 1; half >= 0; half--)
+            for (int half = NX - 1; half >= 0; half--)
 #pragma unroll
                 for (int i = 0; i < 2; i++) {
                     int m = wm * 32 + i * 16;
                     uint32_t a[4];
-                    ldsm_x4(a, &xs[st][half][m + (lane & 15)][kk + (lane >> 4) * 8]);
+                    ldsm_x4(a, &xsm[st * NX + half][m + (lane & 15)][kk + (lane >> 4) * 8]);
 #pragma unroll
-                    for (int s = 0; s < 4; s++) mma_bf16(acc[i][s], a, b[s][0], b[s][1]);
+                    for (int s = 0; s < NT; s++) mma_bf16(acc[i][s], a, b[s][0], b[s][1]);
                 }
         }
     };
@@ -150,11 +173,12 @@ __global__ void __launch_bounds__(MG_THREADS)
     auto issue = [&](int st, int k0) {
         int k = k0 + lk;
         bool in = k < K, xin = lrow < cnt && in;
-        cp16(&xs[st][0][lrow][lk], xin ? xh + xoff + k : w, xin);
-        cp16(&xs[st][1][lrow][lk], xin ? xl + xoff + k : w, xin);
 #pragma unroll
-        for (int h = 0; h < 2; h++)
-            cp16(&ws[st][lrow + 64 * h][lk], wrow[h] && in ? wrow[h] + k : w, wrow[h] && in);
+        for (int i = 0; i < NX; i++)
+            cp16(&xsm[st * NX + i][lrow][lk], xin ? xs + i * xstride + xoff + k : w, xin);
+#pragma unroll
+        for (int h = 0; h < WH; h++)
+            cp16(&wsm[st][lrow + 64 * h][lk], wrow[h] && in ? wrow[h] + k : w, wrow[h] && in);
     };
     issue(0, 0);
     cp_commit();
@@ -173,16 +197,23 @@ __global__ void __launch_bounds__(MG_THREADS)
         for (int hr = 0; hr < 2; hr++) {
             int row = wm * 32 + i * 16 + g + 8 * hr;
             if (row >= cnt) continue;
-            float *yr = y + (size_t)perm[p0 + row] * ldy;
+            size_t yo = (size_t)(DENSE ? p0 + row : perm[p0 + row]) * ldy;
 #pragma unroll
-            for (int s = 0; s < (SWIGLU ? 2 : 4); s++)
+            for (int s = 0; s < (OUT ? NT / 2 : NT); s++)
 #pragma unroll
                 for (int q = 0; q < 2; q++) {
-                    int col = SWIGLU ? n0 + wn * 16 + s * 8 + 2 * tq + q : n0 + wn * 32 + s * 8 + 2 * tq + q;
+                    int col = OUT ? n0 + wn * (BW / 8) + s * 8 + 2 * tq + q
+                                  : n0 + wn * (BW / 4) + s * 8 + 2 * tq + q;
                     if (col >= N) continue;
                     float v = acc[i][s][2 * hr + q];
-                    if (SWIGLU) v = dev_silu(v) * acc[i][s + 2][2 * hr + q];
-                    yr[col] = v;
+                    if (OUT) v = dev_silu(v) * acc[i][s + NT / 2][2 * hr + q];
+                    if (OUT == 2) {
+                        uint16_t h = f32_bf16(v);
+                        ys[yo + col] = h;
+                        ys[ystride + yo + col] = f32_bf16(v - bf16_f32(h));
+                    } else {
+                        y[yo + col] = v;
+                    }
                 }
         }
 }
@@ -195,30 +226,111 @@ static unsigned max_tiles(int S, int E) {
     return cdiv((size_t)S, MG_BM) + (unsigned)(E < S ? E : S);
 }
 
-/* x's rows split into bf16 hi (xs) and lo (xs + n) */
-static void mg_split(cu_ctx *c, uint16_t *xs, const float *x, size_t n) {
+/* x's n values split into nx bf16 parts, n apart from xs on */
+static void mg_split(cu_ctx *c, uint16_t *xs, const float *x, size_t n, int nx) {
     unsigned g = cdiv(n, 256);
     if (g > 65535u * 16u) g = 65535u * 16u;
-    mg_split_kernel<<<g, 256, 0, c->stream>>>(xs, xs + n, x, n);
+    mg_split_kernel<<<g, 256, 0, c->stream>>>(xs, n, x, n, nx);
+}
+
+/* CINFER_CUDA_MOE_PF (forward_cuda.c): 4 = 256 weight rows per block tile instead of 128 (the same bits) */
+static int g_moe_pf;
+extern "C" void cu_set_moe_pf(int mask) {
+    g_moe_pf = mask;
+}
+extern "C" int cu_moe_pf(void) {
+    return g_moe_pf;
+}
+
+template <int OUT, int NX, int BW, int DENSE> static size_t mg_smem_bytes(void) {
+    return (size_t)(2 * NX * MG_BM + 2 * BW) * MG_LD * sizeof(uint16_t);
+}
+/* the dynamic shared memory past 48 KB, once per form (before any graph capture: cu_moe_gemm_prepare) */
+template <int OUT, int NX, int BW, int DENSE> static void mg_attr(void) {
+    static int done;
+    size_t b = mg_smem_bytes<OUT, NX, BW, DENSE>();
+    if (!done && b > 48 * 1024)
+        cudaFuncSetAttribute(moe_gemm_kernel<OUT, NX, BW, DENSE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)b);
+    done = 1;
+}
+template <int OUT, int NX, int BW, int DENSE>
+static void mg_launch(cu_ctx *c, unsigned tiles, int N, float *y, uint16_t *ys, size_t ystride, int ldy,
+                      const uint16_t *xs, size_t xstride, int div, const uint16_t *w, size_t w_expert,
+                      int up_off, const int *grp, const int *tile_off, int E, int M, int K) {
+    mg_attr<OUT, NX, BW, DENSE>();
+    dim3 grid(tiles, cdiv((size_t)N, OUT ? BW / 2 : BW));
+    moe_gemm_kernel<OUT, NX, BW, DENSE><<<grid, MG_THREADS, mg_smem_bytes<OUT, NX, BW, DENSE>(), c->stream>>>(
+        y, ys, ystride, ldy, xs, xstride, div, w, w_expert, up_off, grp, tile_off, E, M, N, K);
+}
+
+extern "C" void cu_moe_gemm_prepare(void) {
+    mg_attr<1, 2, 128, 0>(), mg_attr<1, 2, 256, 0>(), mg_attr<2, 2, 128, 0>(), mg_attr<2, 2, 256, 0>();
+    mg_attr<0, 2, 128, 0>(), mg_attr<0, 2, 256, 0>(), mg_attr<0, 3, 128, 1>();
+}
+
+/* the grouped gate_up + SwiGLU from x's split (xs: nx rows of S / div x K); y f32 (OUT 1) or ys split (OUT 2)
+ */
+template <int OUT>
+static void swiglu_any(cu_ctx *c, float *y, uint16_t *ys, int div, const uint16_t *w_gu, const int *grp,
+                       const int *tile_off, int S, int E, int I, int K, const uint16_t *xs, size_t nx) {
+    size_t ysd = (size_t)S * I;
+    if (g_moe_pf & 4)
+        mg_launch<OUT, 2, 256, 0>(c, max_tiles(S, E), I, y, ys, ysd, I, xs, nx, div, w_gu, (size_t)2 * I * K,
+                                  I, grp, tile_off, E, S, K);
+    else
+        mg_launch<OUT, 2, 128, 0>(c, max_tiles(S, E), I, y, ys, ysd, I, xs, nx, div, w_gu, (size_t)2 * I * K,
+                                  I, grp, tile_off, E, S, K);
 }
 
 extern "C" void cu_moe_gemm_swiglu(cu_ctx *c, float *y, const float *x, int div, const uint16_t *w_gu,
                                    const int *grp, const int *tile_off, int S, int E, int I, int K,
                                    uint16_t *xs) {
     if (S <= 0 || I <= 0) return;
-    dim3 grid(max_tiles(S, E), cdiv((size_t)I, MG_BW / 2));
     size_t nx = (size_t)cdiv((size_t)S, (size_t)div) * K; /* x rows: slot s reads row s / div */
-    mg_split(c, xs, x, nx);
-    moe_gemm_kernel<1><<<grid, MG_THREADS, 0, c->stream>>>(y, I, xs, xs + nx, div, w_gu, (size_t)2 * I * K, I,
-                                                           grp, tile_off, E, I, K);
+    mg_split(c, xs, x, nx, 2);
+    swiglu_any<1>(c, y, NULL, div, w_gu, grp, tile_off, S, E, I, K, xs, nx);
+}
+
+extern "C" void cu_moe_gemm_swiglu_split(cu_ctx *c, uint16_t *ys, const float *x, int div,
+                                         const uint16_t *w_gu, const int *grp, const int *tile_off, int S,
+                                         int E, int I, int K, uint16_t *xs) {
+    if (S <= 0 || I <= 0) return;
+    size_t nx = (size_t)cdiv((size_t)S, (size_t)div) * K;
+    mg_split(c, xs, x, nx, 2);
+    swiglu_any<2>(c, NULL, ys, div, w_gu, grp, tile_off, S, E, I, K, xs, nx);
+}
+
+/* y from x already split into hi [S][K] and lo [S][K] (xs2) */
+static void gemm_split_in(cu_ctx *c, float *y, const uint16_t *xs2, size_t nx, int div, const uint16_t *w,
+                          const int *grp, const int *tile_off, int S, int E, int N, int K) {
+    if (g_moe_pf & 4)
+        mg_launch<0, 2, 256, 0>(c, max_tiles(S, E), N, y, NULL, 0, N, xs2, nx, div, w, (size_t)N * K, 0, grp,
+                                tile_off, E, S, K);
+    else
+        mg_launch<0, 2, 128, 0>(c, max_tiles(S, E), N, y, NULL, 0, N, xs2, nx, div, w, (size_t)N * K, 0, grp,
+                                tile_off, E, S, K);
 }
 
 extern "C" void cu_moe_gemm(cu_ctx *c, float *y, const float *x, int div, const uint16_t *w, const int *grp,
                             const int *tile_off, int S, int E, int N, int K, uint16_t *xs) {
     if (S <= 0 || N <= 0) return;
-    dim3 grid(max_tiles(S, E), cdiv((size_t)N, MG_BW));
     size_t nx = (size_t)cdiv((size_t)S, (size_t)div) * K;
-    mg_split(c, xs, x, nx);
-    moe_gemm_kernel<0><<<grid, MG_THREADS, 0, c->stream>>>(y, N, xs, xs + nx, div, w, (size_t)N * K, 0, grp,
-                                                           tile_off, E, N, K);
+    mg_split(c, xs, x, nx, 2);
+    gemm_split_in(c, y, xs, nx, div, w, grp, tile_off, S, E, N, K);
+}
+
+extern "C" void cu_moe_gemm_presplit(cu_ctx *c, float *y, const uint16_t *xs2, const uint16_t *w,
+                                     const int *grp, const int *tile_off, int S, int E, int N, int K) {
+    if (S <= 0 || N <= 0) return;
+    gemm_split_in(c, y, xs2, (size_t)S * K, 1, w, grp, tile_off, S, E, N, K);
+}
+
+extern "C" void cu_moe_router(cu_ctx *c, float *logits, const float *x, const uint16_t *w, int T, int E,
+                              int K, uint16_t *xs) {
+    if (T <= 0 || E <= 0) return;
+    size_t nx = (size_t)T * K;
+    mg_split(c, xs, x, nx, 3);
+    mg_launch<0, 3, 128, 1>(c, cdiv((size_t)T, MG_BM), E, logits, NULL, 0, E, xs, nx, 1, w, 0, 0, NULL, NULL,
+                            0, T, K);
 }
