@@ -10,7 +10,6 @@
 
 #define MG_BM      64 /* slots per block tile */
 #define MG_BK      32
-#define MG_LD      (MG_BK + 8) /* shared row stride in bf16: 80 bytes, so fragment reads hit distinct banks */
 #define MG_THREADS 256
 
 __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -57,6 +56,9 @@ __device__ __forceinline__ void cp_commit(void) {
 __device__ __forceinline__ void cp_wait1(void) { /* all but the newest group complete */
     asm volatile("cp.async.wait_group 1;" ::: "memory");
 }
+template <int N> __device__ __forceinline__ void cp_wait(void) { /* all but the N newest groups complete */
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
 
 /* hi[i] = bf16(x[i]), lo[i] = bf16(x[i] - hi[i]) (split_bf16_kernel's split, once per GEMM), and for nx 3
  * lo2[i] = bf16(x[i] - hi[i] - lo[i]); the parts stride apart */
@@ -84,18 +86,20 @@ __global__ void mg_split_kernel(uint16_t *y, size_t stride, const float *x, size
  * slot's value is the same for every BW (per 16 of K, the splits smallest first, each an independent MMA
  * into that slot's accumulators). (Session 4's other forms — 32-bit fragment loads with one stage, registers
  * in between, four stages — ran slower with the same bits; removed.) */
-template <int OUT, int NX, int BW, int DENSE>
+template <int OUT, int NX, int BW, int DENSE, int BK = MG_BK, int ST = 2>
 __global__ void __launch_bounds__(MG_THREADS, BW > 128 ? 2 : 3) /* 2 or 3 blocks an SM */
     moe_gemm_kernel(float *__restrict__ y, uint16_t *__restrict__ ys, size_t ystride, int ldy,
                     const uint16_t *__restrict__ xs, size_t xstride, int div, const uint16_t *__restrict__ w,
                     size_t w_expert, int up_off, const int *__restrict__ grp,
                     const int *__restrict__ tile_off, int E, int M, int N, int K) {
-    constexpr int NT = BW / 32;           /* n-tiles of 8 per warp */
-    constexpr int WH = BW / 64;           /* weight rows per thread per stage (64 rows a pass) */
-    constexpr int XS = 2 * MG_BM * MG_LD; /* one split's two stages, bf16 elements */
+    constexpr int NT = BW / 32; /* n-tiles of 8 per warp */
+    constexpr int LD = BK + 8;  /* shared row stride: 80 or 144 bytes, fragment reads conflict-free */
+    constexpr int CPR = BK / 8; /* 16-byte chunks a row of a stage */
+    constexpr int RPP = MG_THREADS / CPR;          /* rows a pass of the block's loads */
+    constexpr int XP = MG_BM / RPP, WP = BW / RPP; /* passes over the slot rows, the weight rows */
     extern __shared__ __align__(16) uint16_t mg_smem[];
-    uint16_t(*xsm)[MG_BM][MG_LD] = reinterpret_cast<uint16_t(*)[MG_BM][MG_LD]>(mg_smem); /* [st * NX + i] */
-    uint16_t(*wsm)[BW][MG_LD] = reinterpret_cast<uint16_t(*)[BW][MG_LD]>(mg_smem + NX * XS); /* [st] */
+    uint16_t(*xsm)[MG_BM][LD] = reinterpret_cast<uint16_t(*)[MG_BM][LD]>(mg_smem); /* [st * NX + i] */
+    uint16_t(*wsm)[BW][LD] = reinterpret_cast<uint16_t(*)[BW][LD]>(mg_smem + ST * NX * MG_BM * LD); /* [st] */
     const int t = blockIdx.x, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     int e = 0, p0, cnt;
     const int *perm = NULL;
@@ -119,17 +123,21 @@ __global__ void __launch_bounds__(MG_THREADS, BW > 128 ? 2 : 3) /* 2 or 3 blocks
     }
     const uint16_t *we = w + (size_t)e * w_expert;
     const int ncols = OUT ? BW / 2 : BW, n0 = blockIdx.y * ncols;
-    /* loads: thread tid takes 8 consecutive k of slot row tid / 4 and of weight rows tid / 4 + 64 h */
-    const int lrow = tid >> 2, lk = (tid & 3) * 8;
-    const size_t xoff = lrow < cnt ? (size_t)((DENSE ? p0 + lrow : perm[p0 + lrow]) / div) * K : 0;
-    const uint16_t *wrow[WH];
+    /* loads: thread tid takes 8 consecutive k of slot rows tid / CPR + RPP j and of weight rows
+     * tid / CPR + RPP h (their source rows; -1: none, zeros) */
+    const int lrow = tid / CPR, lk = (tid % CPR) * 8;
+    int xrow[XP], wrow[WP];
 #pragma unroll
-    for (int h = 0; h < WH; h++) {
-        int r = lrow + 64 * h; /* weight-tile row */
+    for (int j = 0; j < XP; j++) {
+        int r = lrow + RPP * j;
+        xrow[j] = r < cnt ? (DENSE ? p0 + r : perm[p0 + r]) / div : -1;
+    }
+#pragma unroll
+    for (int h = 0; h < WP; h++) {
+        int r = lrow + RPP * h; /* weight-tile row */
         int up = OUT && r >= BW / 2;
         int n = n0 + (OUT ? r - (up ? BW / 2 : 0) : r);
-        size_t off = up ? (size_t)up_off : 0;
-        wrow[h] = n < N ? we + (off + (size_t)n) * K : NULL;
+        wrow[h] = n < N ? (up ? up_off : 0) + n : -1;
     }
     const int wm = warp & 1, wn = warp >> 1, g = lane >> 2, tq = lane & 3;
     float acc[2][NT][4];
@@ -148,7 +156,7 @@ __global__ void __launch_bounds__(MG_THREADS, BW > 128 ? 2 : 3) /* 2 or 3 blocks
     /* the MMAs of one stage: per 16 of K, the splits smallest first, slot tiles, weight tiles */
     auto compute = [&](int st) {
 #pragma unroll
-        for (int kk = 0; kk < MG_BK; kk += 16) {
+        for (int kk = 0; kk < BK; kk += 16) {
             uint32_t b[NT][2];
 #pragma unroll
             for (int sp = 0; sp < NT / 2; sp++) {
@@ -172,23 +180,46 @@ __global__ void __launch_bounds__(MG_THREADS, BW > 128 ? 2 : 3) /* 2 or 3 blocks
     /* stage st <- rows at k0 (zeros past cnt, N or K) */
     auto issue = [&](int st, int k0) {
         int k = k0 + lk;
-        bool in = k < K, xin = lrow < cnt && in;
+        bool in = k < K;
 #pragma unroll
-        for (int i = 0; i < NX; i++)
-            cp16(&xsm[st * NX + i][lrow][lk], xin ? xs + i * xstride + xoff + k : w, xin);
+        for (int j = 0; j < XP; j++) {
+            bool v = in && xrow[j] >= 0;
 #pragma unroll
-        for (int h = 0; h < WH; h++)
-            cp16(&wsm[st][lrow + 64 * h][lk], wrow[h] && in ? wrow[h] + k : w, wrow[h] && in);
+            for (int i = 0; i < NX; i++)
+                cp16(&xsm[st * NX + i][lrow + RPP * j][lk],
+                     v ? xs + i * xstride + (size_t)xrow[j] * K + k : w, v);
+        }
+#pragma unroll
+        for (int h = 0; h < WP; h++) {
+            bool v = in && wrow[h] >= 0;
+            cp16(&wsm[st][lrow + RPP * h][lk], v ? we + (size_t)wrow[h] * K + k : w, v);
+        }
     };
-    issue(0, 0);
-    cp_commit();
-    for (int k0 = 0, st = 0; k0 < K; k0 += MG_BK, st ^= 1) {
-        if (k0 + MG_BK < K) issue(st ^ 1, k0 + MG_BK); /* the other stage: read before the last barrier */
+    if (ST == 2) { /* one stage loads while the other computes, a barrier pair per step of K */
+        issue(0, 0);
         cp_commit();
-        cp_wait1();
-        __syncthreads();
-        compute(st);
-        __syncthreads();
+        for (int k0 = 0, st = 0; k0 < K; k0 += BK, st ^= 1) {
+            if (k0 + BK < K) issue(st ^ 1, k0 + BK); /* the other stage: read before the last barrier */
+            cp_commit();
+            cp_wait1();
+            __syncthreads();
+            compute(st);
+            __syncthreads();
+        }
+    } else { /* ST - 1 stages in flight, one barrier per step: the stage refilled is the one computed last */
+#pragma unroll
+        for (int q = 0; q < ST - 1; q++) {
+            if (q * BK < K) issue(q, q * BK);
+            cp_commit();
+        }
+        for (int k0 = 0, st = 0; k0 < K; k0 += BK, st = st + 1 == ST ? 0 : st + 1) {
+            cp_wait<ST - 2>();
+            __syncthreads();
+            int nk = k0 + (ST - 1) * BK;
+            if (nk < K) issue(st == 0 ? ST - 1 : st - 1, nk);
+            cp_commit();
+            compute(st);
+        }
     }
     /* C fragment: c0, c1 at (row g, cols 2tq, 2tq + 1), c2, c3 at row g + 8 */
 #pragma unroll
@@ -233,7 +264,9 @@ static void mg_split(cu_ctx *c, uint16_t *xs, const float *x, size_t n, int nx) 
     mg_split_kernel<<<g, 256, 0, c->stream>>>(xs, n, x, n, nx);
 }
 
-/* CINFER_CUDA_MOE_PF (forward_cuda.c): 4 = 256 weight rows per block tile instead of 128 (the same bits) */
+/* CINFER_CUDA_MOE_PF (forward_cuda.c): 4 = 256 weight rows per block tile instead of 128; with it 16 = 64 of
+ * K a stage instead of 32, 32 = three stages with one barrier a step instead of two with two (all the same
+ * bits) */
 static int g_moe_pf;
 extern "C" void cu_set_moe_pf(int mask) {
     g_moe_pf = mask;
@@ -242,45 +275,83 @@ extern "C" int cu_moe_pf(void) {
     return g_moe_pf;
 }
 
-template <int OUT, int NX, int BW, int DENSE> static size_t mg_smem_bytes(void) {
-    return (size_t)(2 * NX * MG_BM + 2 * BW) * MG_LD * sizeof(uint16_t);
+#define MG_TP int OUT, int NX, int BW, int DENSE, int BK, int ST
+#define MG_TA OUT, NX, BW, DENSE, BK, ST
+template <MG_TP> static size_t mg_smem_bytes(void) {
+    return (size_t)ST * (NX * MG_BM + BW) * (BK + 8) * sizeof(uint16_t);
 }
 /* the dynamic shared memory past 48 KB, once per form (before any graph capture: cu_moe_gemm_prepare) */
-template <int OUT, int NX, int BW, int DENSE> static void mg_attr(void) {
+template <MG_TP> static void mg_attr(void) {
     static int done;
-    size_t b = mg_smem_bytes<OUT, NX, BW, DENSE>();
+    size_t b = mg_smem_bytes<MG_TA>();
     if (!done && b > 48 * 1024)
-        cudaFuncSetAttribute(moe_gemm_kernel<OUT, NX, BW, DENSE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             (int)b);
+        cudaFuncSetAttribute(moe_gemm_kernel<MG_TA>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)b);
     done = 1;
 }
-template <int OUT, int NX, int BW, int DENSE>
-static void mg_launch(cu_ctx *c, unsigned tiles, int N, float *y, uint16_t *ys, size_t ystride, int ldy,
-                      const uint16_t *xs, size_t xstride, int div, const uint16_t *w, size_t w_expert,
-                      int up_off, const int *grp, const int *tile_off, int E, int M, int K) {
-    mg_attr<OUT, NX, BW, DENSE>();
-    dim3 grid(tiles, cdiv((size_t)N, OUT ? BW / 2 : BW));
-    moe_gemm_kernel<OUT, NX, BW, DENSE><<<grid, MG_THREADS, mg_smem_bytes<OUT, NX, BW, DENSE>(), c->stream>>>(
-        y, ys, ystride, ldy, xs, xstride, div, w, w_expert, up_off, grp, tile_off, E, M, N, K);
+/* the launch's arguments past the form */
+typedef struct mg_args {
+    unsigned tiles;
+    int N;
+    float *y;
+    uint16_t *ys;
+    size_t ystride;
+    int ldy;
+    const uint16_t *xs;
+    size_t xstride;
+    int div;
+    const uint16_t *w;
+    size_t w_expert;
+    int up_off;
+    const int *grp, *tile_off;
+    int E, M, K;
+} mg_args;
+template <MG_TP> static void mg_launch(cu_ctx *c, const mg_args &a) {
+    mg_attr<MG_TA>();
+    dim3 grid(a.tiles, cdiv((size_t)a.N, OUT ? BW / 2 : BW));
+    moe_gemm_kernel<MG_TA><<<grid, MG_THREADS, mg_smem_bytes<MG_TA>(), c->stream>>>(
+        a.y, a.ys, a.ystride, a.ldy, a.xs, a.xstride, a.div, a.w, a.w_expert, a.up_off, a.grp, a.tile_off,
+        a.E, a.M, a.N, a.K);
+}
+/* the grouped form g_moe_pf picks (c NULL: only the shared-memory limits set) */
+template <int OUT> static void mg_grouped(cu_ctx *c, const mg_args &a) {
+    int f = g_moe_pf & 4 ? g_moe_pf & (4 | 16 | 32) : 0;
+    if (!c) {
+        mg_attr<OUT, 2, 128, 0, 32, 2>(), mg_attr<OUT, 2, 256, 0, 32, 2>(), mg_attr<OUT, 2, 256, 0, 64, 2>();
+        mg_attr<OUT, 2, 256, 0, 32, 3>(), mg_attr<OUT, 2, 256, 0, 64, 3>();
+        return;
+    }
+    switch (f) {
+    case 4:
+        mg_launch<OUT, 2, 256, 0, 32, 2>(c, a);
+        break;
+    case 4 | 16:
+        mg_launch<OUT, 2, 256, 0, 64, 2>(c, a);
+        break;
+    case 4 | 32:
+        mg_launch<OUT, 2, 256, 0, 32, 3>(c, a);
+        break;
+    case 4 | 16 | 32:
+        mg_launch<OUT, 2, 256, 0, 64, 3>(c, a);
+        break;
+    default:
+        mg_launch<OUT, 2, 128, 0, 32, 2>(c, a);
+    }
 }
 
 extern "C" void cu_moe_gemm_prepare(void) {
-    mg_attr<1, 2, 128, 0>(), mg_attr<1, 2, 256, 0>(), mg_attr<2, 2, 128, 0>(), mg_attr<2, 2, 256, 0>();
-    mg_attr<0, 2, 128, 0>(), mg_attr<0, 2, 256, 0>(), mg_attr<0, 3, 128, 1>();
+    mg_args a = {};
+    mg_grouped<0>(NULL, a), mg_grouped<1>(NULL, a), mg_grouped<2>(NULL, a);
+    mg_attr<0, 3, 128, 1, 32, 2>();
 }
 
-/* the grouped gate_up + SwiGLU from x's split (xs: nx rows of S / div x K); y f32 (OUT 1) or ys split (OUT 2)
- */
+/* the grouped gate_up + SwiGLU from x's split (xs: hi, lo rows of S / div x K, nx apart); y f32 (OUT 1) or
+ * ys split (OUT 2) */
 template <int OUT>
 static void swiglu_any(cu_ctx *c, float *y, uint16_t *ys, int div, const uint16_t *w_gu, const int *grp,
                        const int *tile_off, int S, int E, int I, int K, const uint16_t *xs, size_t nx) {
-    size_t ysd = (size_t)S * I;
-    if (g_moe_pf & 4)
-        mg_launch<OUT, 2, 256, 0>(c, max_tiles(S, E), I, y, ys, ysd, I, xs, nx, div, w_gu, (size_t)2 * I * K,
-                                  I, grp, tile_off, E, S, K);
-    else
-        mg_launch<OUT, 2, 128, 0>(c, max_tiles(S, E), I, y, ys, ysd, I, xs, nx, div, w_gu, (size_t)2 * I * K,
-                                  I, grp, tile_off, E, S, K);
+    mg_args a = {max_tiles(S, E), I, y, ys, (size_t)S * I, I, xs, nx, div, w_gu, (size_t)2 * I * K, I, grp,
+                 tile_off,        E, S, K};
+    mg_grouped<OUT>(c, a);
 }
 
 extern "C" void cu_moe_gemm_swiglu(cu_ctx *c, float *y, const float *x, int div, const uint16_t *w_gu,
@@ -301,15 +372,12 @@ extern "C" void cu_moe_gemm_swiglu_split(cu_ctx *c, uint16_t *ys, const float *x
     swiglu_any<2>(c, NULL, ys, div, w_gu, grp, tile_off, S, E, I, K, xs, nx);
 }
 
-/* y from x already split into hi [S][K] and lo [S][K] (xs2) */
+/* y from x already split into hi and lo rows, nx apart (xs2) */
 static void gemm_split_in(cu_ctx *c, float *y, const uint16_t *xs2, size_t nx, int div, const uint16_t *w,
                           const int *grp, const int *tile_off, int S, int E, int N, int K) {
-    if (g_moe_pf & 4)
-        mg_launch<0, 2, 256, 0>(c, max_tiles(S, E), N, y, NULL, 0, N, xs2, nx, div, w, (size_t)N * K, 0, grp,
-                                tile_off, E, S, K);
-    else
-        mg_launch<0, 2, 128, 0>(c, max_tiles(S, E), N, y, NULL, 0, N, xs2, nx, div, w, (size_t)N * K, 0, grp,
-                                tile_off, E, S, K);
+    mg_args a = {max_tiles(S, E), N, y,   NULL,     0, N, xs2, nx, div, w,
+                 (size_t)N * K,   0, grp, tile_off, E, S, K};
+    mg_grouped<0>(c, a);
 }
 
 extern "C" void cu_moe_gemm(cu_ctx *c, float *y, const float *x, int div, const uint16_t *w, const int *grp,
@@ -331,6 +399,7 @@ extern "C" void cu_moe_router(cu_ctx *c, float *logits, const float *x, const ui
     if (T <= 0 || E <= 0) return;
     size_t nx = (size_t)T * K;
     mg_split(c, xs, x, nx, 3);
-    mg_launch<0, 3, 128, 1>(c, cdiv((size_t)T, MG_BM), E, logits, NULL, 0, E, xs, nx, 1, w, 0, 0, NULL, NULL,
-                            0, T, K);
+    mg_args a = {
+        (unsigned)cdiv((size_t)T, MG_BM), E, logits, NULL, 0, E, xs, nx, 1, w, 0, 0, NULL, NULL, 0, T, K};
+    mg_launch<0, 3, 128, 1, 32, 2>(c, a);
 }
