@@ -243,6 +243,10 @@ struct cuda_fwd {
     unsigned *gdn_cnt, *attn_cnt;
     void *gdn_chunk; /* the phased DeltaNet prefill's scratch (cu_gdn_chunk_bytes), or NULL */
     int gdn_chunk_cap, gdn_chunk_dt;
+    /* CINFER_CUDA_PF_SPLIT: prefill norms and SwiGLU write the next GEMM's bf16 halves themselves (pf_split);
+     * xb_for: f->xn while f->xb holds the halves of what a norm would have written there, else NULL */
+    int pf_split;
+    const float *xb_for;
     int attn_rows; /* rows per prefill attention tile: CU_ATTN_TILE, or cu_attn_tc_rows with attn_tc */
     /* device sampling (cuda_fwd_sample) of the last call's logits rows */
     int last_nl;          /* logits rows the last cuda_fwd_run left in f->logits */
@@ -884,6 +888,10 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     }
     /* CINFER_CUDA_GDN_DT: "stage" the WMMA form of the phased DeltaNet prefill (session 4's; run_cuda.sh
      * old), anything else the mma.sync form ("mma6", the default) */
+    /* CINFER_CUDA_PF_SPLIT=1: prefill norms (dense layers) and SwiGLU write the bf16 hi + lo halves of the
+     * GEMM after them instead of f32 rows it splits (norm_for_gemm, mlp; the same bits) */
+    const char *pfs = getenv("CINFER_CUDA_PF_SPLIT");
+    f->pf_split = pfs && !strcmp(pfs, "1");
     const char *gdt = getenv("CINFER_CUDA_GDN_DT");
     f->gdn_chunk_dt = gdt && !strcmp(gdt, "stage") ? 0 : 1;
     /* decode MoE blocks (device_only) as three launches (router + selection, gate_up + SwiGLU, down + combine
@@ -1051,12 +1059,37 @@ typedef struct run_shape {
     int max_nb;          /* KV blocks of the longest entry (cu_attn_args.kv16_nb) */
 } run_shape;
 
-static void gemm(cuda_fwd *f, float *y, const float *x, const uint16_t *w, int M, int N, int K) {
-    /* y one of the [max_tokens][*] scratch buffers (not a slice, as the MoE experts' rows are): the GEMM may
-     * pad its rows (cu_gemm_rows, CINFER_CUDA_GEMM_PAD) */
+/* the rows y holds: one of the [max_tokens][*] scratch buffers (not a slice, as the MoE experts' rows are)
+ * lets the GEMM pad its rows (cu_gemm_rows, CINFER_CUDA_GEMM_PAD) */
+static int y_rows(const cuda_fwd *f, const float *y, int M) {
     int whole =
         y == f->proj || y == f->out || y == f->logits || y == f->x || y == f->shy || y == f->moe_logits;
-    cu_gemm_rows(f->cu, y, x, w, M, N, K, f->xb, whole ? f->p.max_tokens : M);
+    return whole ? f->p.max_tokens : M;
+}
+
+static void gemm(cuda_fwd *f, float *y, const float *x, const uint16_t *w, int M, int N, int K) {
+    int Mb;
+    if (x && x == f->xb_for && (Mb = cu_gemm_presplit_rows(f->cu, M, K, y_rows(f, y, M)))) {
+        cu_gemm_presplit(f->cu, y, f->xb, w, M, N, K, Mb); /* the norm wrote the halves (norm_for_gemm) */
+        return;
+    }
+    cu_gemm_rows(f->cu, y, x, w, M, N, K, f->xb, y_rows(f, y, M));
+}
+
+/* x += add; the RMSNorm of x by w into f->xn for the GEMMs that read it into f->proj, or with
+ * CINFER_CUDA_PF_SPLIT, where those take the two-pass path, straight into their halves in f->xb (f->xb_for)
+ */
+static void norm_for_gemm(cuda_fwd *f, const float *add, const float *w, int T) {
+    const model *m = f->m;
+    float eps = (float)m->cfg.rms_norm_eps;
+    int Mb = f->pf_split ? cu_gemm_presplit_rows(f->cu, T, m->H, y_rows(f, f->proj, T)) : 0;
+    if (Mb) {
+        cu_add_rmsnorm_split(f->cu, f->x, add, f->xb, w, T, m->H, eps, (size_t)Mb * m->H);
+        f->xb_for = f->xn;
+    } else {
+        cu_add_rmsnorm(f->cu, f->x, add, f->xn, w, T, m->H, eps);
+        f->xb_for = NULL;
+    }
 }
 
 /* Kernel classes of a decode step for CINFER_CUDA_DIAG_AB (diag_ab): how many times enqueue launches one of
@@ -1152,6 +1185,14 @@ static void mlp(cuda_fwd *f, float *y, const float *x, const uint16_t *gu, const
     mark(f, CP_FFN_GEMM);
     gemm(f, f->proj, x, gu, M, 2 * I, m->H);
     mark(f, CP_FFN_ACT);
+    /* CINFER_CUDA_PF_SPLIT: SwiGLU straight into the down GEMM's halves where it takes the two-pass path */
+    int Mb = f->pf_split ? cu_gemm_presplit_rows(f->cu, M, I, y_rows(f, y, M)) : 0;
+    if (Mb) {
+        cu_swiglu_split(f->cu, f->xb, f->proj, M, I, (size_t)Mb * I);
+        mark(f, CP_FFN_GEMM);
+        cu_gemm_presplit(f->cu, y, f->xb, down, M, m->H, I, Mb);
+        return;
+    }
     cu_swiglu(f->cu, f->act, f->proj, M, I);
     mark(f, CP_FFN_GEMM);
     gemm(f, y, f->act, down, M, m->H, I);
@@ -1362,6 +1403,7 @@ static int enqueue(cuda_fwd *f, const run_shape *rs, int moe_device, char *err, 
     int T = rs->T, H = m->H, rc;
     float eps = (float)m->cfg.rms_norm_eps;
     pdl_step(f, rs);
+    f->xb_for = NULL;
     mark(f, CP_EMBED_NORM);
     cu_embed(f->cu, f->x, f->embed, rs->meta.ids, T, H);
     /* image rows are copied into x between the embedding and the first GEMV: a memcpy between two kernels,
@@ -1381,12 +1423,13 @@ static int enqueue(cuda_fwd *f, const run_shape *rs, int moe_device, char *err, 
         if (!fin) {
             mark(f, CP_EMBED_NORM);
             /* the previous layer's FFN output joins the residual here (fused with this layer's input norm) */
-            cu_add_rmsnorm(f->cu, f->x, pend ? f->out : NULL, f->xn, cl->in_norm, T, H, eps);
+            norm_for_gemm(f, pend ? f->out : NULL, cl->in_norm, T);
         }
         if (lw->type == LAYER_LINEAR)
             deltanet(f, cl, lw, m->lin_index[l], rs, fin, fz);
         else
             attention(f, cl, m->full_index[l], rs, f->kpool, f->vpool, f->p.n_blocks, fin, fz);
+        f->xb_for = NULL;
         pend = !fz;
         /* CINFER_CUDA_MOE_VARIANT & 8: the fused MoE's router takes this norm itself (nothing pends under fz)
          */
@@ -1394,7 +1437,10 @@ static int enqueue(cuda_fwd *f, const run_shape *rs, int moe_device, char *err, 
                        moe_fused_path(f, T, moe_device);
         if ((lw->moe || !fz) && !moe_norm) {
             mark(f, CP_EMBED_NORM);
-            cu_add_rmsnorm(f->cu, f->x, pend ? f->out : NULL, f->xn, cl->post_norm, T, H, eps);
+            if (lw->moe) /* the router and the experts read f->xn */
+                cu_add_rmsnorm(f->cu, f->x, pend ? f->out : NULL, f->xn, cl->post_norm, T, H, eps);
+            else
+                norm_for_gemm(f, pend ? f->out : NULL, cl->post_norm, T);
         }
         if (lw->moe) {
             /* under CINFER_CUDA_FUSE the fused MoE adds into the residual itself, so the next layer's input
@@ -1410,6 +1456,7 @@ static int enqueue(cuda_fwd *f, const run_shape *rs, int moe_device, char *err, 
             mlp(f, f->out, f->xn, cl->w_gu, cl->w_down, T, m->cfg.intermediate_size);
             pend = 1;
         }
+        f->xb_for = NULL;
     }
     mark(f, CP_EMBED_NORM);
     if (pend) cu_add(f->cu, f->x, f->out, T, H);

@@ -123,6 +123,19 @@ void cu_gemm_rows(cu_ctx *c, float *d_y, const float *d_x, const uint16_t *d_w, 
                   uint16_t *d_xb, int y_rows);
 void cu_set_gemm_pad(int on);
 int cu_gemm_pad(void);
+/* CINFER_CUDA_PF_SPLIT: the producer of a prefill GEMM's input writes its bf16 hi | lo halves (the lo half at
+ * lo = Mb * K halves) instead of f32 rows for cu_gemm to split; the same bits as cu_gemm on those rows.
+ * cu_gemm_presplit_rows: Mb for a product of M rows into a y of y_rows rows where it takes the two-pass path
+ * (more than 64 rows, two bf16 passes), else 0 (then cu_gemm must run); cu_gemm_presplit: that product from
+ * the halves in xb. */
+int cu_gemm_presplit_rows(cu_ctx *c, int M, int K, int y_rows);
+void cu_gemm_presplit(cu_ctx *c, float *d_y, const uint16_t *d_xb, const uint16_t *d_w, int M, int N, int K,
+                      int Mb);
+/* xb = split(silu(gate) * up) of gu [T][2I] (cu_swiglu's values) */
+void cu_swiglu_split(cu_ctx *c, uint16_t *d_xb, const float *d_gu, int T, int I, size_t lo);
+/* x += add (add may be NULL); xb = split(rmsnorm(x) * w) (cu_add_rmsnorm's values) */
+void cu_add_rmsnorm_split(cu_ctx *c, float *d_x, const float *d_add, uint16_t *d_xb, const float *d_w, int T,
+                          int H, float eps, size_t lo);
 /* 2 (default): activations as bf16 hi + lo through the tensor cores; 1: one bf16 rounding
  * (CINFER_CUDA_BF16_PASSES) */
 void cu_set_bf16_passes(int passes);

@@ -307,14 +307,62 @@ extern "C" int cu_gemv_max(void) {
 
 /* x = hi + lo with hi = bf16(x), lo = bf16(x - hi): n values each, hi at y, lo at y + lo (lo >= n: the rows
  * between, padding, are left as they are) */
+__device__ __forceinline__ void split_put(uint16_t *y, size_t i, size_t lo, float v) {
+    uint16_t h = f32_bf16(v);
+    y[i] = h;
+    y[lo + i] = f32_bf16(__fsub_rn(v, bf16_f32(h))); /* never contracted with v's own product */
+}
 __global__ void split_bf16_kernel(uint16_t *y, const float *x, size_t n, size_t lo) {
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        float v = x[i];
-        uint16_t h = f32_bf16(v);
-        y[i] = h;
-        y[lo + i] = f32_bf16(v - bf16_f32(h));
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        split_put(y, i, lo, x[i]);
+}
+
+/* ---- prefill producers writing the next GEMM's halves themselves (CINFER_CUDA_PF_SPLIT) ----
+ * The two-pass path of a product of more than 64 rows splits its f32 input x into bf16 hi | lo (xb, lo
+ * half at Mb K) before the two cuBLAS calls. Where x is a SwiGLU or an RMSNorm output made just for that
+ * product, the kernel making it can write the halves instead: the f32 rows are never written or read back.
+ * The values are the same expressions rounded the same way (products by __fmul_rn, so none is contracted
+ * into the split's subtraction), so the halves, and the product, are the same bits. */
+
+/* xb = split(silu(gate) * up) of gu [T][2I] rows: swiglu_kernel's expression */
+__global__ void swiglu_split_kernel(uint16_t *xb, const float *gu, int I, size_t lo) {
+    int r = blockIdx.x;
+    int i = blockIdx.y * blockDim.x + threadIdx.x;
+    if (i >= I) return;
+    const float *g = gu + (size_t)r * 2 * I;
+    split_put(xb, (size_t)r * I + i, lo, __fmul_rn(dev_silu(g[i]), g[I + i]));
+}
+
+extern "C" void cu_swiglu_split(cu_ctx *c, uint16_t *xb, const float *gu, int T, int I, size_t lo) {
+    if (T <= 0) return;
+    swiglu_split_kernel<<<dim3((unsigned)T, cdiv((size_t)I, 256)), 256, 0, c->stream>>>(xb, gu, I, lo);
+}
+
+/* x += add (when given); xb = split(rmsnorm(x) * w): add_rmsnorm_kernel's sums, in its order, and its
+ * expression (256 threads) */
+__global__ void add_rmsnorm_split_kernel(float *x, const float *add, uint16_t *xb, const float *w, int H,
+                                         float eps, size_t lo) {
+    __shared__ float sh[32];
+    int r = blockIdx.x;
+    float *xr = x + (size_t)r * H;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < H; i += blockDim.x) {
+        float v = xr[i];
+        if (add) {
+            v += add[(size_t)r * H + i];
+            xr[i] = v;
+        }
+        ss += v * v;
     }
+    ss = block_sum(ss, sh);
+    float inv = 1.0f / sqrtf(ss / (float)H + eps);
+    for (int i = threadIdx.x; i < H; i += blockDim.x)
+        split_put(xb, (size_t)r * H + i, lo, __fmul_rn(xr[i] * inv, w[i]));
+}
+
+extern "C" void cu_add_rmsnorm_split(cu_ctx *c, float *x, const float *add, uint16_t *xb, const float *w,
+                                     int T, int H, float eps, size_t lo) {
+    if (T > 0) add_rmsnorm_split_kernel<<<T, 256, 0, c->stream>>>(x, add, xb, w, H, eps, lo);
 }
 
 /* y[m] = t[m] + t[lo + m]: the hi and lo halves of a stacked product (lo: the lo half's offset) */
@@ -374,6 +422,13 @@ extern "C" void cu_gemm_rows(cu_ctx *c, float *y, const float *x, const uint16_t
     gemm_impl(c, y, x, w, M, N, K, xb, 0, y_rows);
 }
 
+/* past 64 rows the two products write y itself: M padded to CU_GEMM_PAD_BIG rows where y and xb hold them */
+static int big_rows(const cu_ctx *c, int M, int y_rows) {
+    if (!g_gemm_pad) return M;
+    int r = (M + CU_GEMM_PAD_BIG - 1) / CU_GEMM_PAD_BIG * CU_GEMM_PAD_BIG;
+    return r <= c->xb_rows && r <= y_rows ? r : M;
+}
+
 static void gemm_impl(cu_ctx *c, float *y, const float *x, const uint16_t *w, int M, int N, int K,
                       uint16_t *xb, int precise, int y_rows) {
     if (M <= 0 || N <= 0) return;
@@ -399,12 +454,7 @@ static void gemm_impl(cu_ctx *c, float *y, const float *x, const uint16_t *w, in
         int r = (M + CU_GEMM_PAD_ROWS - 1) / CU_GEMM_PAD_ROWS * CU_GEMM_PAD_ROWS;
         if (r <= c->xb_rows && (size_t)2 * r * N <= c->ytmp_floats) Mb = r;
     }
-    /* past 64 rows the two products write y itself: padded to CU_GEMM_PAD_BIG rows where y and xb hold them
-     */
-    if (!stacked && g_gemm_pad) {
-        int r = (M + CU_GEMM_PAD_BIG - 1) / CU_GEMM_PAD_BIG * CU_GEMM_PAD_BIG;
-        if (r <= c->xb_rows && r <= y_rows) Mb = r;
-    }
+    if (!stacked) Mb = big_rows(c, M, y_rows);
     split_bf16_kernel<<<g, 256, 0, c->stream>>>(xb, x, n, (size_t)Mb * K);
     if (stacked) {
         blas(c, c->ytmp, xb, w, 2 * Mb, N, K, 0.0f);
@@ -413,9 +463,20 @@ static void gemm_impl(cu_ctx *c, float *y, const float *x, const uint16_t *w, in
         if (gy > 65535u * 16u) gy = 65535u * 16u;
         add_halves_kernel<<<gy, 256, 0, c->stream>>>(y, c->ytmp, ny, (size_t)Mb * N);
     } else {
-        blas(c, y, xb, w, Mb, N, K, 0.0f);
-        blas(c, y, xb + (size_t)Mb * K, w, Mb, N, K, 1.0f);
+        cu_gemm_presplit(c, y, xb, w, M, N, K, Mb);
     }
+}
+
+extern "C" int cu_gemm_presplit_rows(cu_ctx *c, int M, int K, int y_rows) {
+    if (M <= 64 || M <= g_gemv_max || g_bf16_passes != 2 || cu_skinny_takes(c, M, K)) return 0;
+    return big_rows(c, M, y_rows);
+}
+
+extern "C" void cu_gemm_presplit(cu_ctx *c, float *y, const uint16_t *xb, const uint16_t *w, int M, int N,
+                                 int K, int Mb) {
+    (void)M; /* rows M..Mb of y are overwritten (pad rows, never read) */
+    blas(c, y, xb, w, Mb, N, K, 0.0f);
+    blas(c, y, xb + (size_t)Mb * K, w, Mb, N, K, 1.0f);
 }
 
 /* Row m of x (x row m / div) times matrix widx[m] of w: one M = 1 GEMV per block row, for MoE experts. */

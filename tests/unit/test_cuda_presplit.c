@@ -1,0 +1,202 @@
+/* test_cuda_presplit.c — CINFER_CUDA_PF_SPLIT: prefill norms and SwiGLU writing the bf16 hi + lo halves of
+ * the GEMM after them (cu_add_rmsnorm_split, cu_swiglu_split, cu_gemm_presplit) instead of f32 rows cu_gemm
+ * splits. The claim is the same bits, so both are checked bitwise: op by op (the halves, the products, the
+ * residual the norm adds into; padded and unpadded rows, outputs starting as NaN) and through the whole
+ * forward (every fixture, a 150-token prefill with all logits and decode steps after it, the switch on
+ * against off). Skips without a CUDA build or device. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cinfer.h"
+#include "cuda_ctx.h"
+#include "model/forward_cuda.h"
+#include "test.h"
+#include "util/bf16.h"
+
+#ifdef CINFER_CUDA
+#include "backend/cuda/cuda_ops.h"
+
+static uint64_t g_rng = 0x2545f4914f6cdd1dull;
+static float frand(void) { /* [-1, 1) */
+    g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
+    return (float)((g_rng >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
+}
+
+static void *dev_copy(const void *h, size_t bytes) {
+    char err[256];
+    void *d = NULL;
+    if (cu_alloc(&d, bytes, err, sizeof err) || cu_upload(d, h, bytes, err, sizeof err)) {
+        test_fail(__FILE__, __LINE__, "device copy: %s", err);
+        return NULL;
+    }
+    return d;
+}
+
+static void *host_copy(const void *d, size_t bytes) {
+    char err[256];
+    void *h = malloc(bytes);
+    if (cu_download(h, d, bytes, err, sizeof err)) {
+        test_fail(__FILE__, __LINE__, "download: %s", err);
+        free(h);
+        return NULL;
+    }
+    return h;
+}
+
+/* both producers against f32 rows + cu_gemm_rows, at M rows (K = N-side sizes small, real code paths) */
+static void presplit_case(cu_ctx *c, int M, int pad) {
+    enum { K = 320, N = 96, MAXM = 256 };
+    char err[256];
+    int was = cu_gemm_pad();
+    cu_set_gemm_pad(pad);
+    int Mb = cu_gemm_presplit_rows(c, M, K, MAXM);
+    CHECK_MSG(Mb >= M && Mb <= MAXM, "M %d pad %d: presplit rows %d", M, pad, Mb);
+    if (Mb < M || Mb > MAXM) {
+        cu_set_gemm_pad(was);
+        return;
+    }
+    size_t nx = (size_t)MAXM * K, ny = (size_t)MAXM * N;
+    float *hgu = malloc(sizeof(float) * 2 * nx), *hx = malloc(sizeof(float) * nx),
+          *hadd = malloc(sizeof(float) * nx);
+    float *hw = malloc(sizeof(float) * K);
+    uint16_t *hW = malloc(sizeof(uint16_t) * N * K);
+    for (size_t i = 0; i < 2 * nx; i++) hgu[i] = 3.0f * frand();
+    for (size_t i = 0; i < nx; i++) hx[i] = 2.0f * frand(), hadd[i] = frand();
+    for (int i = 0; i < K; i++) hw[i] = 1.0f + 0.3f * frand();
+    for (int i = 0; i < N * K; i++) hW[i] = f32_to_bf16(0.05f * frand());
+    float *gu = dev_copy(hgu, sizeof(float) * 2 * nx), *x0 = dev_copy(hx, sizeof(float) * nx),
+          *x1 = dev_copy(hx, sizeof(float) * nx), *add = dev_copy(hadd, sizeof(float) * nx),
+          *w = dev_copy(hw, sizeof(float) * K);
+    uint16_t *W = dev_copy(hW, sizeof(uint16_t) * N * K);
+    float *act = NULL, *y0 = NULL, *y1 = NULL;
+    uint16_t *xb0 = NULL, *xb1 = NULL;
+    REQUIRE(cu_alloc((void **)&act, sizeof(float) * nx, err, sizeof err) == 0);
+    REQUIRE(cu_alloc((void **)&y0, sizeof(float) * ny, err, sizeof err) == 0);
+    REQUIRE(cu_alloc((void **)&y1, sizeof(float) * ny, err, sizeof err) == 0);
+    REQUIRE(cu_alloc((void **)&xb0, sizeof(uint16_t) * 2 * nx, err, sizeof err) == 0);
+    REQUIRE(cu_alloc((void **)&xb1, sizeof(uint16_t) * 2 * nx, err, sizeof err) == 0);
+    for (int op = 0; op < 2; op++) { /* 0 SwiGLU, 1 residual add + RMSNorm */
+        const char *what = op ? "add + rmsnorm" : "swiglu";
+        cu_fill_f32(c, y0, ny, NAN), cu_fill_f32(c, y1, ny, NAN);
+        cu_fill_f32(c, (float *)xb0, nx, NAN), cu_fill_f32(c, (float *)xb1, nx, NAN);
+        if (op) {
+            cu_add_rmsnorm(c, x0, add, act, w, M, K, 1e-6f);
+            cu_add_rmsnorm_split(c, x1, add, xb1, w, M, K, 1e-6f, (size_t)Mb * K);
+        } else {
+            cu_swiglu(c, act, gu, M, K);
+            cu_swiglu_split(c, xb1, gu, M, K, (size_t)Mb * K);
+        }
+        cu_gemm_rows(c, y0, act, W, M, N, K, xb0, MAXM);
+        cu_gemm_presplit(c, y1, xb1, W, M, N, K, Mb);
+        REQUIRE(cu_sync(c, err, sizeof err) == 0);
+        float *g0 = host_copy(y0, sizeof(float) * ny), *g1 = host_copy(y1, sizeof(float) * ny);
+        uint16_t *b0 = host_copy(xb0, sizeof(uint16_t) * 2 * nx),
+                 *b1 = host_copy(xb1, sizeof(uint16_t) * 2 * nx);
+        REQUIRE(g0 && g1 && b0 && b1);
+        int unwritten = 0;
+        for (size_t i = 0; i < (size_t)M * N; i++) unwritten += !isfinite(g1[i]);
+        int same_y = !memcmp(g0, g1, sizeof(float) * (size_t)M * N);
+        int same_h = !memcmp(b0, b1, sizeof(uint16_t) * (size_t)M * K) &&
+                     !memcmp(b0 + (size_t)Mb * K, b1 + (size_t)Mb * K, sizeof(uint16_t) * (size_t)M * K);
+        int same_x = 1;
+        if (op) {
+            float *a0 = host_copy(x0, sizeof(float) * nx), *a1 = host_copy(x1, sizeof(float) * nx);
+            REQUIRE(a0 && a1);
+            same_x = !memcmp(a0, a1, sizeof(float) * nx);
+            free(a0), free(a1);
+        }
+        printf("     M %3d (halves of %3d rows, pad %d) %-13s: halves %s, product %s%s\n", M, Mb, pad, what,
+               same_h ? "same bits" : "DIFFER", same_y ? "same bits" : "DIFFERS",
+               op ? (same_x ? ", residual same bits" : ", residual DIFFERS") : "");
+        CHECK_EQ_INT(unwritten, 0);
+        CHECK_MSG(same_h, "M %d %s: the producer's halves differ from cu_gemm's split", M, what);
+        CHECK_MSG(same_y, "M %d %s: the product from the producer's halves differs", M, what);
+        CHECK_MSG(same_x, "M %d %s: the residual rows differ", M, what);
+        free(g0), free(g1), free(b0), free(b1);
+    }
+    cu_set_gemm_pad(was);
+    free(hgu), free(hx), free(hadd), free(hw), free(hW);
+    cu_free(gu), cu_free(x0), cu_free(x1), cu_free(add), cu_free(w), cu_free(W), cu_free(act), cu_free(y0),
+        cu_free(y1), cu_free(xb0), cu_free(xb1);
+}
+
+TEST(cuda_presplit_ops_bitwise) {
+    if (cuda_devices() < 1) SKIP("no CUDA device: skipped");
+    char err[256];
+    cu_ctx *c = NULL;
+    REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
+    cu_set_gemm_xb_rows(c, 256);
+    /* where the two-pass path does not serve a product, the producers must not be used */
+    CHECK_EQ_INT(cu_gemm_presplit_rows(c, 64, 320, 256), 0);
+    CHECK_EQ_INT(cu_gemm_presplit_rows(c, cu_gemv_max(), 320, 256), 0);
+    presplit_case(c, 65, 1);
+    presplit_case(c, 150, 1);
+    presplit_case(c, 150, 0);
+    presplit_case(c, 256, 1);
+    cu_ctx_destroy(c);
+}
+
+/* one 150-token prefill with every logit, then 4 decode steps: [154][V] */
+static int run_long(cinfer_model *m, int V, float *out) {
+    enum { P = 150, D = 4 };
+    char err[512];
+    cinfer_ctx *c = test_ctx(m, CINFER_DEVICE_CUDA, 1, P + D + 1, P, 2);
+    if (!c) return -1;
+    int32_t toks[P + D];
+    for (int i = 0; i < P + D; i++) toks[i] = (int32_t)((i * 37 + 5) % V);
+    int seq = cinfer_seq_open(c, err, sizeof err);
+    cinfer_batch_entry e = {seq, toks, P, 1};
+    int rc = cinfer_forward(c, &e, 1, out, err, sizeof err);
+    for (int t = 0; t < D && !rc; t++) {
+        e = (cinfer_batch_entry){seq, toks + P + t, 1, 0};
+        rc = cinfer_forward(c, &e, 1, out + (size_t)(P + t) * V, err, sizeof err);
+    }
+    if (rc) test_fail(__FILE__, __LINE__, "forward: %s", err);
+    cinfer_ctx_destroy(c);
+    return rc;
+}
+
+TEST(cuda_presplit_forward_bitwise) {
+    if (cuda_devices() < 1) SKIP("no CUDA device: skipped");
+    static const char *fx[] = {"qwen35_dense", "qwen35_text", "qwen35_moe", "qwen3_next"};
+    for (size_t i = 0; i < sizeof fx / sizeof fx[0]; i++) {
+        char dir[512], err[512];
+        snprintf(dir, sizeof dir, "%s/%s", test_fixtures_dir(), fx[i]);
+        cinfer_model *m;
+        if (cinfer_model_open(dir, &m, err, sizeof err)) {
+            test_fail(__FILE__, __LINE__, "%s: %s", fx[i], err);
+            continue;
+        }
+        cinfer_model_info info;
+        cinfer_model_get_info(m, &info);
+        size_t n = (size_t)154 * info.vocab_size;
+        float *ref = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
+        for (size_t k = 0; k < n; k++) ref[k] = got[k] = NAN;
+        unsetenv("CINFER_CUDA_PF_SPLIT");
+        int rc = run_long(m, info.vocab_size, ref);
+        setenv("CINFER_CUDA_PF_SPLIT", "1", 1);
+        rc |= run_long(m, info.vocab_size, got);
+        unsetenv("CINFER_CUDA_PF_SPLIT");
+        if (!rc) {
+            int same = !memcmp(ref, got, n * sizeof(float)), nan = 0;
+            for (size_t k = 0; k < n; k++) nan += isnan(got[k]);
+            printf("     %-14s 150-token prefill + 4 steps, CINFER_CUDA_PF_SPLIT=1 vs off: %s\n", fx[i],
+                   same ? "bit-identical" : "DIFFER");
+            CHECK_EQ_INT(nan, 0);
+            CHECK_MSG(same, "%s: CINFER_CUDA_PF_SPLIT=1 changes the logits", fx[i]);
+        }
+        free(ref), free(got);
+        cinfer_model_close(m);
+    }
+}
+
+#else
+
+TEST(cuda_presplit_not_built) {
+    SKIP("no CUDA backend in this build: skipped");
+}
+
+#endif
