@@ -266,9 +266,7 @@ struct cuda_fwd {
     graph_ent graphs[MAX_GRAPHS];
     int n_graphs;
     unsigned long long graph_clock;
-    int verify_graphs;  /* verify steps replay graphs too (CINFER_CUDA_VERIFY_GRAPHS=1) */
-    int capture_second; /* decode shapes too are captured the second time they come
-                           (CINFER_CUDA_CAPTURE_SECOND=1) */
+    int verify_graphs; /* verify steps replay graphs too (CINFER_CUDA_VERIFY_GRAPHS=1) */
     /* verify-step keys met once and run eagerly: a key is captured the second time it comes, so the shapes a
      * run meets once (the shorter windows where an output budget ends) never pay a capture */
     graph_ent seen[16];
@@ -307,6 +305,8 @@ struct cuda_fwd {
      * the decode steps being captured, and the batch sizes already measured (bit B - 1) */
     int diag_ab, diag_skip, diag_dup;
     int gemv_stream; /* CINFER_CUDA_GEMV_STREAM=1 (cu_set_gemv_stream) */
+    int gdn_split; /* CINFER_CUDA_GDN_SPLIT=1: deltanet()'s conv in in_proj, the layer by split_decode_kernel
+                    */
     unsigned long long diag_done;
 };
 
@@ -638,11 +638,6 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     f->graph_update = gu && !strcmp(gu, "1");
     const char *vg = getenv("CINFER_CUDA_VERIFY_GRAPHS");
     f->verify_graphs = vg && !strcmp(vg, "1");
-    /* "1": a decode step whose key is new (a new batch size, or an attention split that changed as positions
-     * grew) runs eagerly the first time and is captured the second: a resumed turn's first token then never
-     * waits for a capture (being measured) */
-    const char *csec = getenv("CINFER_CUDA_CAPTURE_SECOND");
-    f->capture_second = csec && !strcmp(csec, "1");
     const char *dab = getenv("CINFER_CUDA_DIAG_AB"); /* "1": diag_ab (measurements; wrong outputs) */
     f->diag_ab = dab && !strcmp(dab, "1");
     const char *g = getenv("CINFER_CUDA_GRAPHS"); /* "0": launch every step eagerly (tests compare the two) */
@@ -680,18 +675,14 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * cuda_pdl (fixtures, 4B shape), cuda_spec passing with it (call 2) */
     const char *apf = getenv("CINFER_CUDA_ATTN_PF");
     cu_set_attn_decode_pf(!(apf && !strcmp(apf, "0")));
-    /* "1" / "2": under PDL the decode GEMVs request their weights into L2 while the kernel before runs */
-    const char *l2 = getenv("CINFER_CUDA_GEMV_L2PF");
-    cu_set_gemv_l2pf(l2 ? atoi(l2) : 0);
     /* "1": the decode GEMVs at one row stream their weights through shared memory (gemv3.cu) */
     const char *gst = getenv("CINFER_CUDA_GEMV_STREAM");
     f->gemv_stream = gst && !strcmp(gst, "1");
     cu_set_gemv_stream(f->gemv_stream);
-    const char *ge = getenv("CINFER_CUDA_GEMV_EARLY"); /* "1": the GEMVs' early PDL trigger */
-    cu_set_gemv_early(ge && !strcmp(ge, "1"));
-    /* "1": the fused DeltaNet decode kernel's tail from registers (the same bits) */
-    const char *gt = getenv("CINFER_CUDA_GDN_TAIL");
-    cu_set_gdn_tail(gt && !strcmp(gt, "1"));
+    /* "1": a decode batch's DeltaNet conv in in_proj's epilogue and the layer in one block per head, with no
+     * counters or fences (cu_gdn_args.split; the same bits) */
+    const char *gsp = getenv("CINFER_CUDA_GDN_SPLIT");
+    f->gdn_split = gsp && !strcmp(gsp, "1");
     if (pdl || pdb)
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_PDL=%s: programmatic dependent launch %s%s\n",
                 pdl ? pdl : "",
@@ -1125,7 +1116,13 @@ static void deltanet(cuda_fwd *f, const cu_layer *cl, const layer_weights *lw, i
     const model *m = f->m;
     int T = rs->T, kd = m->Hk * m->dk, vd = m->Hv * m->dv, C = m->C;
     mark(f, CP_GEMM_IN);
-    for (int n = diag_n(f, DG_IN); n > 0; n--) in_proj(f, cl, T, fin);
+    /* CINFER_CUDA_GDN_SPLIT: a decode batch's conv in in_proj's epilogue, then the layer without counters */
+    int split = f->gdn_split && rs->gdn_fused && fin && !lw->fused_qkvz && m->dk <= 128 && m->dv <= 128;
+    cu_conv_epi cv = {f->conv_state, cl->conv_w, rs->meta.e_slot, m->n_lin, lin, m->K, C};
+    for (int n = diag_n(f, DG_IN); n > 0; n--)
+        if (!split || cu_gemv_fused_conv(f->cu, f->proj, f->x, cl->w_in, T, cl->n_in, m->H, cl->in_norm,
+                                         (float)m->cfg.rms_norm_eps, &cv))
+            split = 0, in_proj(f, cl, T, fin);
     mark(f, CP_GDN);
     cu_gdn_args a = {0};
     a.T = T, a.NE = rs->NE, a.Hk = m->Hk, a.Hv = m->Hv, a.dk = m->dk, a.dv = m->dv, a.K = m->K, a.C = C;
@@ -1148,6 +1145,7 @@ static void deltanet(cuda_fwd *f, const cu_layer *cl, const layer_weights *lw, i
     a.spec_buf = f->spec_fuse ? spec_buf_floats(f) : 0;
     a.no_chunked = rs->no_chunked, a.dec_cnt = rs->gdn_fused ? f->gdn_cnt : NULL;
     a.win_cnt = rs->has_spec && rs->no_chunked ? f->win_cnt : NULL, a.win_v2 = f->win_v2;
+    a.split = split;
     for (int n = diag_n(f, DG_GDN); n > 0; n--) cu_gdn_layer(f->cu, &a);
     mark(f, CP_GEMM_OUT);
     for (int n = diag_n(f, DG_OUT); n > 0; n--) out_proj(f, cl, T, vd, fz);
@@ -1475,11 +1473,14 @@ static int enqueue(cuda_fwd *f, const run_shape *rs, int moe_device, char *err, 
 static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
     static const struct {
         const char *name;
-        int skip, dup, nopdl, stream; /* stream: the GEMVs' streaming form on (1) / off (-1) */
+        int skip, dup, nopdl, stream, split; /* stream / split: that switch on (1) / off (-1) */
     } v[] = {
-        {"base", 0, 0, 0},
-        {"gemv stream on", 0, 0, 0, 1},
-        {"gemv stream off", 0, 0, 0, -1},
+        {"base", 0, 0, 0, 0, 0},
+        {"gemv stream on", 0, 0, 0, 1, 0},
+        {"gemv stream off", 0, 0, 0, -1, 0},
+        {"gdn split on", 0, 0, 0, 0, 1},
+        {"gdn split off", 0, 0, 0, 0, -1},
+        {"stream + split on", 0, 0, 0, 1, 1},
         {"pdl off", 0, 0, 1},
         {"skip in_proj", DG_IN, 0, 0},
         {"skip deltanet", DG_GDN, 0, 0},
@@ -1513,12 +1514,15 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
         f->diag_skip = v[i].skip, f->diag_dup = v[i].dup;
         if (v[i].nopdl) f->pdl = 0;
         if (v[i].stream) cu_set_gemv_stream(v[i].stream > 0);
+        int split = f->gdn_split;
+        if (v[i].split) f->gdn_split = v[i].split > 0;
         void *exec = NULL;
         int rc = cu_capture_begin(f->cu, err, sizeof err);
         int rc2 = rc ? rc : enqueue(f, rs, moe_device, err, sizeof err);
         if (!rc) rc = cu_capture_end(f->cu, &exec, err, sizeof err);
         f->pdl = pdl, f->diag_skip = f->diag_dup = 0;
         cu_set_gemv_stream(f->gemv_stream);
+        f->gdn_split = split;
         if (rc || rc2) {
             fprintf(stderr, "cinfer diag: %s: %s\n", v[i].name, err);
             cu_graph_destroy(exec);
@@ -1810,8 +1814,7 @@ static int fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, int s
             q->span == rs.span && q->nsplit == rs.nsplit && q->mm == mm)
             g = &f->graphs[i];
     }
-    if (use_graph && !g && (has_spec || f->capture_second) && !seen_before(f, &key))
-        use_graph = 0; /* a verify shape (or with capture_second any shape): eager once */
+    if (use_graph && !g && has_spec && !seen_before(f, &key)) use_graph = 0; /* a verify shape: eager once */
     graph_ent *sib = NULL;
     for (int i = 0; use_graph && !g && f->graph_update && i < f->n_graphs; i++) {
         const graph_ent *q = &f->graphs[i];

@@ -96,19 +96,9 @@ void cu_set_pdl_mask(int mask);
  * before the current one's arithmetic (and its first, under PDL, before waiting for in_proj); the same bits
  */
 void cu_set_attn_decode_pf(int on);
-/* 1 / 2 (CINFER_CUDA_GEMV_L2PF, with PDL only): each decode GEMV block requests its weight slice (2: and a
- * second-wave block's) into L2 before waiting for the kernel before it; 0 off. The same bits */
-void cu_set_gemv_l2pf(int mode);
-/* 1 (CINFER_CUDA_GEMV_EARLY=1): a decode GEMV lets the next kernel start right after its own wait instead of
- * after its loads; the same bits */
-void cu_set_gemv_early(int on);
 /* 1 (CINFER_CUDA_GEMV_STREAM=1): the decode GEMVs at one row of x stream their weights through shared memory
  * by bulk copies, requested before the PDL wait (gemv3.cu); the same bits */
 void cu_set_gemv_stream(int on);
-/* 1 (CINFER_CUDA_GDN_TAIL=1): the fused DeltaNet decode kernel's last block of a key-head group works from
- * registers (conv windows, the gated norm's z / weights / o) instead of going back to memory; the same bits
- */
-void cu_set_gdn_tail(int on);
 /* f32 scratch for the stacked hi/lo product of up to 64 rows (2 x 64 x widest N floats) */
 void cu_set_gemm_scratch(cu_ctx *c, float *d_t, size_t floats);
 /* the rows each half of the xb given to cu_gemm holds (at least the M of any call): with cu_set_gemm_pad on,
@@ -152,6 +142,19 @@ void cu_gemv_indexed(cu_ctx *c, float *d_y, const float *d_x, int x_row_div, con
  * another combination returns -1 and launches nothing. */
 enum { CU_EPI_STORE = 0, CU_EPI_ADD = 1, CU_EPI_SWIGLU = 2 };
 int cu_gemv_fusable(int M, int K);
+/* The DeltaNet conv1d + SiLU as an in_proj epilogue (CINFER_CUDA_GDN_SPLIT): output channel j < C of row m
+ * becomes silu(conv_w . [window | y]) with the window of slot slot[m] advanced (decode rows, one token each),
+ * deltanet.cu's conv arithmetic; channels >= C are stored as they are. */
+typedef struct cu_conv_epi {
+    float *state;    /* [slots][n_lin][K-1][C] */
+    const float *w;  /* [K][C] */
+    const int *slot; /* [M] device: each row's slot */
+    int n_lin, lin, K, C;
+} cu_conv_epi;
+/* cu_gemv_fused with the norm prologue and the conv epilogue above; -1 (nothing launched) where the skinny
+ * GEMM would take the product, K % 8 != 0 or cv->K > 8 */
+int cu_gemv_fused_conv(cu_ctx *c, float *d_y, const float *d_x, const uint16_t *d_w, int M, int N, int K,
+                       const float *d_norm_w, float eps, const cu_conv_epi *cv);
 int cu_gemv_fused(cu_ctx *c, float *d_y, const float *d_x, const uint16_t *d_w, int M, int N, int K,
                   const float *d_norm_w, float eps, int epi);
 /* K-splits of the v3 kernel for a matrix of `rows` weight rows (2N for SwiGLU) and width K: a function of
@@ -290,6 +293,10 @@ typedef struct cu_gdn_args {
     /* with win_cnt: 1 the kernel's second form (fewer dependent loads; the same bits),
      * CINFER_CUDA_SPEC_WINFUSED=2 */
     int win_v2;
+    /* 1 (CINFER_CUDA_GDN_SPLIT; with dec_cnt, dv <= 128): the decode batch's conv already ran in in_proj's
+     * epilogue (cu_gemv_fused_conv: qkv holds post-conv rows, the windows advanced), and each (entry, value
+     * head) is one block of dv / 32 x 256 threads that gated-norms its own head: no counters, no fences */
+    int split;
     cu_meta meta;
 } cu_gdn_args;
 #define CU_SPEC_REC(C, Hv) (2 * (size_t)(C) + 2 * (size_t)(Hv))

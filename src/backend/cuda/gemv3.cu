@@ -22,7 +22,8 @@
 #define G3_WARPS 8
 #define G3_MAXR  8 /* weight rows per warp at most (NR outputs, x2 for SwiGLU) */
 
-enum { EPI_STORE = GF_STORE, EPI_ADD = GF_ADD, EPI_SWIGLU = GF_SWIGLU };
+/* EPI_CONV: EPI_STORE with the DeltaNet conv on channels < cv.C (cu_gemv_fused_conv) */
+enum { EPI_STORE = GF_STORE, EPI_ADD = GF_ADD, EPI_SWIGLU = GF_SWIGLU, EPI_CONV = 3 };
 
 /* weights are read once per step: streamed past L1 (ld.global.cs). A 256-byte L2 prefetch hint with no L1
  * allocation (ld.global.nc.L1::no_allocate.L2::256B) measured the same or slower on the H200 (call 1 of
@@ -31,28 +32,12 @@ __device__ __forceinline__ uint4 g3_ld(const uint16_t *p) {
     return __ldcs(reinterpret_cast<const uint4 *>(p));
 }
 
-/* bytes (a multiple of 16, 16-byte aligned) of global memory into L2, no registers held: sm_90's bulk
- * prefetch, in pieces the instruction's 32-bit size takes */
-__device__ __forceinline__ void l2_prefetch(const void *p, size_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const char *c = static_cast<const char *>(p);
-    for (size_t o = 0; o < bytes; o += (size_t)1 << 30) {
-        unsigned n = (unsigned)(bytes - o < ((size_t)1 << 30) ? bytes - o : (size_t)1 << 30);
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(c + o), "r"(n) : "memory");
-    }
-#else
-    (void)p, (void)bytes;
-#endif
-}
-
 /* VAR: bit 1 blocks of 4 warps instead of G3_WARPS = 8 (finer grains over the SMs), bit 2 the next chunks'
  * loads issued before the current ones' FMAs (as v2); the same sums either way */
 template <int MR, int NR, int U, bool NORM, int EPI, int VAR, int W = VAR & 2 ? 4 : G3_WARPS>
 __global__ void __launch_bounds__(W * 32, (MR == 1 ? 3 : 2) * 8 / W)
     gemv3_kernel(float *__restrict__ y, const float *__restrict__ x, const uint16_t *__restrict__ w, int N,
-                 int K, int KS, const float *__restrict__ g, float eps, int fl) {
-    /* fl (cu_set_gemv_l2pf, cu_set_gemv_early): bits 0-1 the L2 prefetch mode, bit 2 the early trigger */
-    const int l2pf = fl & 3;
+                 int K, int KS, const float *__restrict__ g, float eps, cu_conv_epi cv) {
     constexpr int ROWS = EPI == EPI_SWIGLU ? 2 * NR : NR;
     __shared__ float red[W][ROWS * MR + (NORM ? MR : 0)];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -85,23 +70,7 @@ __global__ void __launch_bounds__(W * 32, (MR == 1 ? 3 : 2) * 8 / W)
 #pragma unroll
             for (int r = 0; r < ROWS; r++) wv[u][r] = g3_ld(wr[r] + k);
     }
-    /* l2pf (CINFER_CUDA_GEMV_L2PF, under PDL): while the kernel before still runs, this block's whole weight
-     * slice (1), and with 2 that of block b + ceil(G / 2) too (for b below that: the blocks of a second wave,
-     * which cannot start yet), is requested into L2 by one bulk prefetch per slice: the loads after the wait
-     * then hit L2. Weights only, so no value changes. */
-    if (l2pf && threadIdx.x == 0 && blockIdx.y == 0) {
-        int half = (gridDim.x + 1) / 2;
-        for (int q = 0; q < (l2pf == 2 && (int)blockIdx.x < half ? 2 : 1); q++) {
-            int b = blockIdx.x + q * half, jb = b * RG * NR, je = jb + RG * NR < N ? jb + RG * NR : N;
-            for (int up = 0; up < (EPI == EPI_SWIGLU ? 2 : 1) && jb < je; up++)
-                l2_prefetch(w + ((size_t)jb + (up ? (size_t)N : 0)) * K, (size_t)(je - jb) * K * 2);
-        }
-    }
     griddep_wait();
-    /* fl & 4 (CINFER_CUDA_GEMV_EARLY=1): the next kernel may start its blocks as soon as every block of this
-     * one is past its wait (they then fill the SMs this one's last wave leaves and request their weights),
-     * rather than once every block is past its loads */
-    if (fl & 4) griddep_launch();
     for (int c0 = ks; c0 < nch; c0 += step) {
         /* VAR bit 2: the next U chunks are requested before this batch's FMAs (twice the registers) */
         constexpr int UP = VAR & 4 ? U : 1;
@@ -165,7 +134,7 @@ __global__ void __launch_bounds__(W * 32, (MR == 1 ? 3 : 2) * 8 / W)
     }
     /* every load of this block is out: a GEMV launched after this one with programmatic dependent launch
      * may start its blocks (and their weight requests) once all blocks got here, during this one's tail */
-    if (!(fl & 4)) griddep_launch();
+    griddep_launch();
 #pragma unroll
     for (int r = 0; r < ROWS; r++)
 #pragma unroll
@@ -200,7 +169,16 @@ __global__ void __launch_bounds__(W * 32, (MR == 1 ? 3 : 2) * 8 / W)
             for (int q = 1; q < KS; q++) u += red[grp * KS + q][(NR + o) * MR + m];
             if (NORM) u *= inv;
         }
-        gf_store<EPI>(y + (size_t)m * N + j, v, u);
+        if (EPI == EPI_CONV) {
+            if (j < cv.C) {
+                gf_conv_in ci;
+                gf_conv_load(ci, cv, blockIdx.y * MR + m, j);
+                v = gf_conv_apply(ci, cv, v);
+            }
+            y[(size_t)m * N + j] = v;
+        } else {
+            gf_store<EPI>(y + (size_t)m * N + j, v, u);
+        }
     }
 }
 
@@ -270,7 +248,8 @@ static int gs_rows_per_tile(int K, int epi) {
 template <bool NORM, int EPI>
 __global__ void __launch_bounds__(GS_WARPS * 32, 1)
     gemv_stream_kernel(float *__restrict__ y, const float *__restrict__ x, const uint16_t *__restrict__ w,
-                       int N, int K, int KS, int RT, int NS, const float *__restrict__ g, float eps) {
+                       int N, int K, int KS, int RT, int NS, const float *__restrict__ g, float eps,
+                       cu_conv_epi cv) {
     extern __shared__ __align__(128) unsigned char gs_ring[];
     constexpr int NW = EPI == EPI_SWIGLU ? 2 : 1; /* weight rows per output */
     __shared__ uint64_t full[8];
@@ -320,6 +299,9 @@ __global__ void __launch_bounds__(GS_WARPS * 32, 1)
     const int tasks = RT * KS;
     for (int i = 0; i < mine; i++) {
         const int t = blockIdx.x + i * gridDim.x, j0 = t * RT, n = N - j0 < RT ? N - j0 : RT;
+        /* the conv epilogue's window and weights of this tile's outputs, loaded under the stage's wait */
+        gf_conv_in ci;
+        if (EPI == EPI_CONV && tid < n && j0 + tid < cv.C) gf_conv_load(ci, cv, 0, j0 + tid);
         gs_wait(&full[i % NS], (unsigned)(i / NS) & 1u);
         const uint16_t *st = ring + (size_t)(i % NS) * stage_el;
         for (int task = warp; task < n * KS; task += GS_WARPS) {
@@ -399,7 +381,12 @@ __global__ void __launch_bounds__(GS_WARPS * 32, 1)
                 for (int q = 1; q < KS; q++) u += red[i & 1][o * KS + q][NW - 1];
                 if (NORM) u *= inv;
             }
-            gf_store<EPI>(y + j0 + o, v, u);
+            if (EPI == EPI_CONV) {
+                if (j0 + o < cv.C) v = gf_conv_apply(ci, cv, v);
+                y[j0 + o] = v;
+            } else {
+                gf_store<EPI>(y + j0 + o, v, u);
+            }
         }
     }
 }
@@ -422,7 +409,7 @@ extern "C" void cu_set_gemv_stream(int on) {
             cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms <= 0)
             return;
         gs_attrs<true, EPI_STORE>(), gs_attrs<true, EPI_SWIGLU>(), gs_attrs<false, EPI_STORE>(),
-            gs_attrs<false, EPI_ADD>();
+            gs_attrs<false, EPI_ADD>(), gs_attrs<true, EPI_CONV>();
         g_sms = sms;
     }
     g_stream = on && g_sms;
@@ -430,7 +417,7 @@ extern "C" void cu_set_gemv_stream(int on) {
 
 template <bool NORM, int EPI>
 static int gs_launch(cu_ctx *c, float *y, const float *x, const uint16_t *w, int N, int K, int KS,
-                     const float *g, float eps) {
+                     const float *g, float eps, const cu_conv_epi &cv) {
     int RT = gs_rows_per_tile(K, EPI);
     size_t stage = (size_t)(EPI == EPI_SWIGLU ? 2 : 1) * RT * K * 2;
     int NS = (int)(GS_SMEM_BYTES / stage);
@@ -438,29 +425,21 @@ static int gs_launch(cu_ctx *c, float *y, const float *x, const uint16_t *w, int
     if (NS < 2 || RT * KS > 64) return -1; /* a row too wide for two stages: the register form */
     int tiles = (N + RT - 1) / RT, grid = tiles < g_sms ? tiles : g_sms;
     cu_launch_pdl_smem(c, cu_pdl_on() >= 1 && (cu_pdl_mask() & PDL_GEMV), gemv_stream_kernel<NORM, EPI>,
-                       dim3(grid), dim3(GS_WARPS * 32), (size_t)NS * stage, y, x, w, N, K, KS, RT, NS, g,
-                       eps);
+                       dim3(grid), dim3(GS_WARPS * 32), (size_t)NS * stage, y, x, w, N, K, KS, RT, NS, g, eps,
+                       cv);
     return 0;
 }
 
 template <bool NORM, int EPI>
 static int gs_try(cu_ctx *c, float *y, const float *x, const uint16_t *w, int M, int N, int K, int KS,
-                  const float *g, float eps) {
+                  const float *g, float eps, const cu_conv_epi &cv = cu_conv_epi()) {
     if (!g_stream || M != 1 || KS > 8) return -1;
-    return gs_launch<NORM, EPI>(c, y, x, w, N, K, KS, g, eps);
+    return gs_launch<NORM, EPI>(c, y, x, w, N, K, KS, g, eps, cv);
 }
 
 /* ---- configuration ---- */
 
 static int g_ks = 0, g_nr = 0, g_u = 0, g_var = -1; /* 0 / -1: automatic (cu_set_gemv3_config) */
-static int g_l2pf = 0, g_early = 0; /* gemv3_kernel's fl (cu_set_gemv_l2pf, cu_set_gemv_early) */
-
-extern "C" void cu_set_gemv_l2pf(int mode) {
-    g_l2pf = mode == 1 || mode == 2 ? mode : 0;
-}
-extern "C" void cu_set_gemv_early(int on) {
-    g_early = on != 0;
-}
 
 extern "C" void cu_set_gemv3_config(int ks, int nr, int u, int var) {
     g_var = var == 0 || var == 2 || var == 4 || var == 6 ? var : -1;
@@ -489,36 +468,34 @@ extern "C" int cu_gemv_fusable(int M, int K) {
 
 template <int MR, int NR, int U, bool NORM, int EPI, int VAR = 0>
 static void g3_launch(cu_ctx *c, float *y, const float *x, const uint16_t *w, int tiles, int N, int K, int KS,
-                      const float *g, float eps) {
+                      const float *g, float eps, const cu_conv_epi &cv) {
     constexpr int W = VAR & 2 ? 4 : G3_WARPS;
     if (KS > W) KS = W; /* a forced 8 splits with 4-warp blocks (measurements only) */
     int per_block = W / KS * NR;
     dim3 grid(cdiv((size_t)N, (size_t)per_block), (unsigned)tiles);
-    /* the L2 prefetch only pays while a kernel before still runs, i.e. under PDL */
-    int pf = (cu_pdl_on() ? g_l2pf : 0) | (g_early ? 4 : 0);
     cu_launch_gemv(c, gemv3_kernel<MR, NR, U, NORM, EPI, VAR>, grid, dim3(W * 32), y, x, w, N, K, KS, g, eps,
-                   pf);
+                   cv);
 }
 
 template <int VAR, bool NORM, int EPI>
 static void g3_mr1(cu_ctx *c, float *y, const float *x, const uint16_t *w, int nr, int u, int tiles, int N,
-                   int K, int KS, const float *g, float eps) {
+                   int K, int KS, const float *g, float eps, const cu_conv_epi &cv) {
     if (nr == 1 && u == 1)
-        g3_launch<1, 1, 1, NORM, EPI, VAR>(c, y, x, w, tiles, N, K, KS, g, eps);
+        g3_launch<1, 1, 1, NORM, EPI, VAR>(c, y, x, w, tiles, N, K, KS, g, eps, cv);
     else if (nr == 1 && u == 2)
-        g3_launch<1, 1, 2, NORM, EPI, VAR>(c, y, x, w, tiles, N, K, KS, g, eps);
+        g3_launch<1, 1, 2, NORM, EPI, VAR>(c, y, x, w, tiles, N, K, KS, g, eps, cv);
     else if (nr == 1)
-        g3_launch<1, 1, 4, NORM, EPI, VAR>(c, y, x, w, tiles, N, K, KS, g, eps);
+        g3_launch<1, 1, 4, NORM, EPI, VAR>(c, y, x, w, tiles, N, K, KS, g, eps, cv);
     else if (nr == 2 && u == 1)
-        g3_launch<1, 2, 1, NORM, EPI, VAR>(c, y, x, w, tiles, N, K, KS, g, eps);
+        g3_launch<1, 2, 1, NORM, EPI, VAR>(c, y, x, w, tiles, N, K, KS, g, eps, cv);
     else if (nr == 2 && u == 2)
-        g3_launch<1, 2, 2, NORM, EPI, VAR>(c, y, x, w, tiles, N, K, KS, g, eps);
+        g3_launch<1, 2, 2, NORM, EPI, VAR>(c, y, x, w, tiles, N, K, KS, g, eps, cv);
     else if (nr == 2)
-        g3_launch<1, 2, 4, NORM, EPI, VAR>(c, y, x, w, tiles, N, K, KS, g, eps);
+        g3_launch<1, 2, 4, NORM, EPI, VAR>(c, y, x, w, tiles, N, K, KS, g, eps, cv);
     else if (u == 1)
-        g3_launch<1, 4, 1, NORM, EPI, VAR>(c, y, x, w, tiles, N, K, KS, g, eps);
+        g3_launch<1, 4, 1, NORM, EPI, VAR>(c, y, x, w, tiles, N, K, KS, g, eps, cv);
     else
-        g3_launch<1, 4, 2, NORM, EPI, VAR>(c, y, x, w, tiles, N, K, KS, g, eps);
+        g3_launch<1, 4, 2, NORM, EPI, VAR>(c, y, x, w, tiles, N, K, KS, g, eps, cv);
 }
 
 /* At one row of x (batch-1 decode), from the H200 sweeps of session 4 (call 2: every rows-per-warp /
@@ -532,54 +509,67 @@ static void g3_mr1(cu_ctx *c, float *y, const float *x, const uint16_t *w, int n
  * these changes a bit (the splits alone fix the sums). */
 template <bool NORM, int EPI>
 static void g3_tile(cu_ctx *c, float *y, const float *x, const uint16_t *w, int MR, int tiles, int N, int K,
-                    int KS, const float *g, float eps) {
+                    int KS, const float *g, float eps, const cu_conv_epi &cv) {
     constexpr int NR4 = EPI == EPI_SWIGLU ? 2 : 4;
     switch (MR) {
     case 1: {
         int small = N <= 8192, nr = g_nr ? g_nr : small ? 1 : EPI == EPI_SWIGLU ? 2 : 4;
         int u = g_u ? g_u : small ? 2 : 1, var = g_var >= 0 ? g_var : small ? 0 : 2;
         if (var == 2)
-            g3_mr1<2, NORM, EPI>(c, y, x, w, nr, u, tiles, N, K, KS, g, eps);
+            g3_mr1<2, NORM, EPI>(c, y, x, w, nr, u, tiles, N, K, KS, g, eps, cv);
         else if (var == 4)
-            g3_mr1<4, NORM, EPI>(c, y, x, w, nr, u, tiles, N, K, KS, g, eps);
+            g3_mr1<4, NORM, EPI>(c, y, x, w, nr, u, tiles, N, K, KS, g, eps, cv);
         else if (var == 6)
-            g3_mr1<6, NORM, EPI>(c, y, x, w, nr, u, tiles, N, K, KS, g, eps);
+            g3_mr1<6, NORM, EPI>(c, y, x, w, nr, u, tiles, N, K, KS, g, eps, cv);
         else
-            g3_mr1<0, NORM, EPI>(c, y, x, w, nr, u, tiles, N, K, KS, g, eps);
+            g3_mr1<0, NORM, EPI>(c, y, x, w, nr, u, tiles, N, K, KS, g, eps, cv);
         break;
     }
     case 2:
-        g3_launch<2, 2, 2, NORM, EPI>(c, y, x, w, tiles, N, K, KS, g, eps);
+        g3_launch<2, 2, 2, NORM, EPI>(c, y, x, w, tiles, N, K, KS, g, eps, cv);
         break;
     case 3:
-        g3_launch<3, 2, 2, NORM, EPI>(c, y, x, w, tiles, N, K, KS, g, eps);
+        g3_launch<3, 2, 2, NORM, EPI>(c, y, x, w, tiles, N, K, KS, g, eps, cv);
         break;
     case 4:
-        g3_launch<4, NR4, 1, NORM, EPI>(c, y, x, w, tiles, N, K, KS, g, eps);
+        g3_launch<4, NR4, 1, NORM, EPI>(c, y, x, w, tiles, N, K, KS, g, eps, cv);
         break;
     case 5:
-        g3_launch<5, NR4, 1, NORM, EPI>(c, y, x, w, tiles, N, K, KS, g, eps);
+        g3_launch<5, NR4, 1, NORM, EPI>(c, y, x, w, tiles, N, K, KS, g, eps, cv);
         break;
     case 6:
-        g3_launch<6, NR4, 1, NORM, EPI>(c, y, x, w, tiles, N, K, KS, g, eps);
+        g3_launch<6, NR4, 1, NORM, EPI>(c, y, x, w, tiles, N, K, KS, g, eps, cv);
         break;
     case 7:
-        g3_launch<7, NR4, 1, NORM, EPI>(c, y, x, w, tiles, N, K, KS, g, eps);
+        g3_launch<7, NR4, 1, NORM, EPI>(c, y, x, w, tiles, N, K, KS, g, eps, cv);
         break;
     default:
-        g3_launch<8, NR4, 1, NORM, EPI>(c, y, x, w, tiles, N, K, KS, g, eps);
+        g3_launch<8, NR4, 1, NORM, EPI>(c, y, x, w, tiles, N, K, KS, g, eps, cv);
         break;
     }
 }
 
 template <bool NORM, int EPI>
 static void g3_rows(cu_ctx *c, float *y, const float *x, const uint16_t *w, int M, int N, int K, int KS,
-                    const float *g, float eps) {
+                    const float *g, float eps, const cu_conv_epi &cv = cu_conv_epi()) {
     int full = M / 8, rest = M % 8;
-    if (full) g3_tile<NORM, EPI>(c, y, x, w, 8, full, N, K, KS, g, eps);
-    if (rest)
+    if (full) g3_tile<NORM, EPI>(c, y, x, w, 8, full, N, K, KS, g, eps, cv);
+    if (rest) {
+        cu_conv_epi cr = cv; /* the rest's rows start at row full * 8 */
+        if (cr.slot) cr.slot += full * 8;
         g3_tile<NORM, EPI>(c, y + (size_t)full * 8 * N, x + (size_t)full * 8 * K, w, rest, 1, N, K, KS, g,
-                           eps);
+                           eps, cr);
+    }
+}
+
+extern "C" int cu_gemv_fused_conv(cu_ctx *c, float *y, const float *x, const uint16_t *w, int M, int N, int K,
+                                  const float *norm_w, float eps, const cu_conv_epi *cv) {
+    if ((K & 7) || !norm_w || !cv || cv->K < 1 || cv->K > CONV_MAXK || cu_skinny_takes(c, M, K)) return -1;
+    if (M <= 0 || N <= 0) return 0;
+    int KS = cu_gemv3_splits(N, K);
+    if (!gs_try<true, EPI_CONV>(c, y, x, w, M, N, K, KS, norm_w, eps, *cv)) return 0;
+    g3_rows<true, EPI_CONV>(c, y, x, w, M, N, K, KS, norm_w, eps, *cv);
+    return 0;
 }
 
 extern "C" int cu_gemv_fused(cu_ctx *c, float *y, const float *x, const uint16_t *w, int M, int N, int K,
