@@ -8,9 +8,8 @@
  */
 #include "backend/cuda/common.cuh"
 
-#define MG_BM      64 /* slots per block tile */
-#define MG_BK      32
-#define MG_THREADS 256
+#define MG_BM 64 /* slots per block tile */
+#define MG_BK 32
 
 __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -86,16 +85,17 @@ __global__ void mg_split_kernel(uint16_t *y, size_t stride, const float *x, size
  * slot's value is the same for every BW (per 16 of K, the splits smallest first, each an independent MMA
  * into that slot's accumulators). (Session 4's other forms — 32-bit fragment loads with one stage, registers
  * in between, four stages — ran slower with the same bits; removed.) */
-template <int OUT, int NX, int BW, int DENSE, int BK = MG_BK, int ST = 2>
-__global__ void __launch_bounds__(MG_THREADS, BW > 128 ? 2 : 3) /* 2 or 3 blocks an SM */
+template <int OUT, int NX, int BW, int DENSE, int BK = MG_BK, int ST = 2, int WM = 2>
+__global__ void __launch_bounds__(128 * WM, BW > 128 ? 2 : 3) /* 2 or 3 blocks an SM */
     moe_gemm_kernel(float *__restrict__ y, uint16_t *__restrict__ ys, size_t ystride, int ldy,
                     const uint16_t *__restrict__ xs, size_t xstride, int div, const uint16_t *__restrict__ w,
                     size_t w_expert, int up_off, const int *__restrict__ grp,
                     const int *__restrict__ tile_off, int E, int M, int N, int K) {
-    constexpr int NT = BW / 32; /* n-tiles of 8 per warp */
-    constexpr int LD = BK + 8;  /* shared row stride: 80 or 144 bytes, fragment reads conflict-free */
-    constexpr int CPR = BK / 8; /* 16-byte chunks a row of a stage */
-    constexpr int RPP = MG_THREADS / CPR;          /* rows a pass of the block's loads */
+    constexpr int NT = BW / 32;         /* n-tiles of 8 per warp */
+    constexpr int LD = BK + 8;          /* shared row stride: 80 or 144 bytes, fragment reads conflict-free */
+    constexpr int CPR = BK / 8;         /* 16-byte chunks a row of a stage */
+    constexpr int RPP = 128 * WM / CPR; /* rows a pass of the block's loads */
+    constexpr int MT = 4 / WM;          /* m-tiles of 16 per warp */
     constexpr int XP = MG_BM / RPP, WP = BW / RPP; /* passes over the slot rows, the weight rows */
     extern __shared__ __align__(16) uint16_t mg_smem[];
     uint16_t(*xsm)[MG_BM][LD] = reinterpret_cast<uint16_t(*)[MG_BM][LD]>(mg_smem); /* [st * NX + i] */
@@ -139,10 +139,10 @@ __global__ void __launch_bounds__(MG_THREADS, BW > 128 ? 2 : 3) /* 2 or 3 blocks
         int n = n0 + (OUT ? r - (up ? BW / 2 : 0) : r);
         wrow[h] = n < N ? (up ? up_off : 0) + n : -1;
     }
-    const int wm = warp & 1, wn = warp >> 1, g = lane >> 2, tq = lane & 3;
-    float acc[2][NT][4];
+    const int wm = warp % WM, wn = warp / WM, g = lane >> 2, tq = lane & 3;
+    float acc[MT][NT][4];
 #pragma unroll
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < MT; i++)
 #pragma unroll
         for (int s = 0; s < NT; s++)
 #pragma unroll
@@ -168,8 +168,8 @@ __global__ void __launch_bounds__(MG_THREADS, BW > 128 ? 2 : 3) /* 2 or 3 blocks
 #pragma unroll
             for (int half = NX - 1; half >= 0; half--)
 #pragma unroll
-                for (int i = 0; i < 2; i++) {
-                    int m = wm * 32 + i * 16;
+                for (int i = 0; i < MT; i++) {
+                    int m = wm * (MG_BM / WM) + i * 16;
                     uint32_t a[4];
                     ldsm_x4(a, &xsm[st * NX + half][m + (lane & 15)][kk + (lane >> 4) * 8]);
 #pragma unroll
@@ -223,10 +223,10 @@ __global__ void __launch_bounds__(MG_THREADS, BW > 128 ? 2 : 3) /* 2 or 3 blocks
     }
     /* C fragment: c0, c1 at (row g, cols 2tq, 2tq + 1), c2, c3 at row g + 8 */
 #pragma unroll
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < MT; i++)
 #pragma unroll
         for (int hr = 0; hr < 2; hr++) {
-            int row = wm * 32 + i * 16 + g + 8 * hr;
+            int row = wm * (MG_BM / WM) + i * 16 + g + 8 * hr;
             if (row >= cnt) continue;
             size_t yo = (size_t)(DENSE ? p0 + row : perm[p0 + row]) * ldy;
 #pragma unroll
@@ -275,8 +275,8 @@ extern "C" int cu_moe_pf(void) {
     return g_moe_pf;
 }
 
-#define MG_TP int OUT, int NX, int BW, int DENSE, int BK, int ST
-#define MG_TA OUT, NX, BW, DENSE, BK, ST
+#define MG_TP int OUT, int NX, int BW, int DENSE, int BK, int ST, int WM
+#define MG_TA OUT, NX, BW, DENSE, BK, ST, WM
 template <MG_TP> static size_t mg_smem_bytes(void) {
     return (size_t)ST * (NX * MG_BM + BW) * (BK + 8) * sizeof(uint16_t);
 }
@@ -308,40 +308,33 @@ typedef struct mg_args {
 template <MG_TP> static void mg_launch(cu_ctx *c, const mg_args &a) {
     mg_attr<MG_TA>();
     dim3 grid(a.tiles, cdiv((size_t)a.N, OUT ? BW / 2 : BW));
-    moe_gemm_kernel<MG_TA><<<grid, MG_THREADS, mg_smem_bytes<MG_TA>(), c->stream>>>(
+    moe_gemm_kernel<MG_TA><<<grid, 128 * WM, mg_smem_bytes<MG_TA>(), c->stream>>>(
         a.y, a.ys, a.ystride, a.ldy, a.xs, a.xstride, a.div, a.w, a.w_expert, a.up_off, a.grp, a.tile_off,
         a.E, a.M, a.N, a.K);
 }
 /* the grouped form g_moe_pf picks (c NULL: only the shared-memory limits set) */
 template <int OUT> static void mg_grouped(cu_ctx *c, const mg_args &a) {
-    int f = g_moe_pf & 4 ? g_moe_pf & (4 | 16 | 32) : 0;
-    if (!c) {
-        mg_attr<OUT, 2, 128, 0, 32, 2>(), mg_attr<OUT, 2, 256, 0, 32, 2>(), mg_attr<OUT, 2, 256, 0, 64, 2>();
-        mg_attr<OUT, 2, 256, 0, 32, 3>(), mg_attr<OUT, 2, 256, 0, 64, 3>();
-        return;
+    int f = g_moe_pf & 4 ? g_moe_pf & (16 | 32 | 64) : -1;
+#define MG_FORM(bk, st, wm)                                                                                  \
+    if (!c)                                                                                                  \
+        mg_attr<OUT, 2, 256, 0, bk, st, wm>();                                                               \
+    else if (f == ((bk) == 64 ? 16 : 0) + ((st) == 3 ? 32 : 0) + ((wm) == 1 ? 64 : 0)) {                     \
+        mg_launch<OUT, 2, 256, 0, bk, st, wm>(c, a);                                                         \
+        return;                                                                                              \
     }
-    switch (f) {
-    case 4:
-        mg_launch<OUT, 2, 256, 0, 32, 2>(c, a);
-        break;
-    case 4 | 16:
-        mg_launch<OUT, 2, 256, 0, 64, 2>(c, a);
-        break;
-    case 4 | 32:
-        mg_launch<OUT, 2, 256, 0, 32, 3>(c, a);
-        break;
-    case 4 | 16 | 32:
-        mg_launch<OUT, 2, 256, 0, 64, 3>(c, a);
-        break;
-    default:
-        mg_launch<OUT, 2, 128, 0, 32, 2>(c, a);
-    }
+    MG_FORM(32, 2, 2) MG_FORM(64, 2, 2) MG_FORM(32, 3, 2) MG_FORM(64, 3, 2);
+    MG_FORM(32, 2, 1) MG_FORM(64, 2, 1) MG_FORM(32, 3, 1) MG_FORM(64, 3, 1);
+#undef MG_FORM
+    if (!c)
+        mg_attr<OUT, 2, 128, 0, 32, 2, 2>();
+    else
+        mg_launch<OUT, 2, 128, 0, 32, 2, 2>(c, a);
 }
 
 extern "C" void cu_moe_gemm_prepare(void) {
     mg_args a = {};
     mg_grouped<0>(NULL, a), mg_grouped<1>(NULL, a), mg_grouped<2>(NULL, a);
-    mg_attr<0, 3, 128, 1, 32, 2>();
+    mg_attr<0, 3, 128, 1, 32, 2, 2>();
 }
 
 /* the grouped gate_up + SwiGLU from x's split (xs: hi, lo rows of S / div x K, nx apart); y f32 (OUT 1) or
@@ -401,5 +394,5 @@ extern "C" void cu_moe_router(cu_ctx *c, float *logits, const float *x, const ui
     mg_split(c, xs, x, nx, 3);
     mg_args a = {
         (unsigned)cdiv((size_t)T, MG_BM), E, logits, NULL, 0, E, xs, nx, 1, w, 0, 0, NULL, NULL, 0, T, K};
-    mg_launch<0, 3, 128, 1, 32, 2>(c, a);
+    mg_launch<0, 3, 128, 1, 32, 2, 2>(c, a);
 }
