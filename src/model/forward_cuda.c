@@ -217,6 +217,7 @@ struct cuda_fwd {
     unsigned *moe_cnt;        /* [2T]: the fused router's finished-block counters, then its per-row flags
                                  (variant 16), both zeroed and left zeroed */
     int moe_cnt_rows;         /* T of moe_cnt: the flags start there */
+    unsigned *moe_sync;       /* variant 128's counters (cu_moe_fused_sync_words), zeroed, left zeroed */
     int moe_variant;          /* cu_moe_args.variant (CINFER_CUDA_MOE_VARIANT, measurements) */
     int moe_pf_grouped;       /* prefill experts by cu_moe_gemm* (CINFER_CUDA_MOE_PREFILL=host: off) */
     int moe_gemm_rows; /* with it, decode batches of at least this many rows too (CINFER_CUDA_MOE_GEMM_ROWS)
@@ -539,6 +540,9 @@ static int alloc_scratch(cuda_fwd *f, char *err, size_t errlen) {
             (rc = dev_alloc(f, (void **)&f->moe_grp, (E + 1 + S) * 4, a, err, errlen)) ||
             (rc = dev_alloc(f, (void **)&f->moe_fa, (S * Im + T * Is) * 4, a, err, errlen)) ||
             (rc = dev_alloc(f, (void **)&f->moe_cnt, 2 * T * 4, a, err, errlen)) ||
+            (rc = dev_alloc(f, (void **)&f->moe_sync,
+                            cu_moe_fused_sync_words((int)T, (int)H, c->n_experts_per_tok) * 4, a, err,
+                            errlen)) ||
             (rc = dev_alloc(f, (void **)&f->moe_tiles, (E + 1) * 4, a, err, errlen)) ||
             (rc = cu_alloc_host((void **)&f->h_moe_idx, S * 4, err, errlen)) ||
             (rc = cu_alloc_host((void **)&f->h_moe_w, S * 4, err, errlen)) ||
@@ -901,7 +905,7 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * were batched, session 5's call 2 (351.7 -> 369.9). Session 4's load-batching bits 1, 2, 16 and session
      * 5's 32, 64, 256, 512 are gone (the chosen forms are the code; the others were slower or no faster) */
     const char *mv = getenv("CINFER_CUDA_MOE_VARIANT");
-    f->moe_variant = mv ? atoi(mv) & (4 | 8 | 16 | 32 | 64) : 12;
+    f->moe_variant = mv ? atoi(mv) & (4 | 8 | 16 | 32 | 64 | 128) : 12;
     if (mf)
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_MOE_FUSED=%s: %s\n", mf,
                 f->moe_fused ? "fused decode MoE kernels" : "the unfused decode MoE kernels");
@@ -1234,7 +1238,7 @@ static int moe(cuda_fwd *f, const cu_layer *cl, const run_shape *rs, int device_
         a.e_down = cl->e_down;
         a.sh_gu = cl->sh_gu, a.sh_down = cl->sh_down, a.sh_gw = cl->sh_gw;
         a.logits = f->moe_logits, a.idx = f->moe_idx, a.w = f->moe_w, a.count = f->moe_cnt, a.act = f->moe_fa;
-        a.ready = f->moe_cnt + f->moe_cnt_rows;
+        a.ready = f->moe_cnt + f->moe_cnt_rows, a.sync = f->moe_sync, a.ey = f->ey, a.shy = f->shy;
         a.shg = f->shg, a.out = f->out, a.resid = into_x ? f->x : NULL,
         a.variant =
             f->profile ? f->moe_variant & ~4 : f->moe_variant; /* no PDL beside the profile's events */
@@ -1243,10 +1247,15 @@ static int moe(cuda_fwd *f, const cu_layer *cl, const run_shape *rs, int device_
         /* CINFER_CUDA_DIAG_AB's classes: the router (DG_ROUTE), gate_up (DG_GU), down (DG_DOWN); without the
          * router or the down kernel nothing raises or clears the flag of variant 16 */
         int nr = diag_n(f, DG_ROUTE), ng = diag_n(f, DG_GU), nd = diag_n(f, DG_DOWN);
-        if (!nr || !nd) a.variant &= ~16;
+        if (!nr || !nd) a.variant &= ~(16 | 128);
+        if (ng != 1 || nd != 1) a.variant &= ~128; /* the diagnostics' lines by the two-kernel form */
         mark(f, CP_MOE_ROUTE);
         for (int n = nr; n > 0; n--) cu_moe_fused_route(f->cu, &a);
         mark(f, CP_MOE_EXPERTS);
+        if (a.variant & 128) { /* one launch: the gate_up class stands for it */
+            for (int n = ng; n > 0; n--) cu_moe_fused_experts(f->cu, &a);
+            return 0;
+        }
         for (int n = ng; n > 0; n--) cu_moe_fused_gate_up(f->cu, &a);
         for (int n = nd; n > 0; n--) cu_moe_fused_down(f->cu, &a);
         return 0;

@@ -303,7 +303,7 @@ __global__ void __launch_bounds__(NORM ? 256 : RT_WARPS * 32)
  * router's own norm): x is the raw residual and every block takes the row's RMSNorm itself with the router's
  * arithmetic (mf_norm_row: the same bits as the xn the router writes) into shared memory. */
 template <int NB, int EARLY, int NORM, int PF>
-__global__ void __launch_bounds__(MF_WARPS * 32)
+__global__ void __launch_bounds__(MF_WARPS * 32, EARLY ? 6 : 0) /* 6: 577 blocks a row in one wave */
     mf_gate_up_kernel(const float *__restrict__ x, const uint16_t *__restrict__ e_gu,
                       const int *__restrict__ idx, const uint16_t *__restrict__ sh_gu,
                       const uint16_t *__restrict__ sh_gw, float *act, float *shg, int H, int k, int Im,
@@ -455,6 +455,232 @@ __global__ void __launch_bounds__(MF_WARPS * 32)
     }
 }
 
+/* ---- variant 128: gate_up and down in one launch, blocks taking work in ticket order ----
+ * Each block takes a ticket (a global counter) and does that piece of work: first the shared expert's gate_up
+ * blocks (they need no routing), then the experts' gate_up blocks (on the router's flag, as variant 16), then
+ * the down pieces, matrix by matrix (shared, then expert slot 0, 1, ...): RD rows h of one matrix per warp,
+ * whose weights are requested once the routing is known and whose FMAs wait on a count of that matrix's
+ * finished gate_up blocks. A piece waits only on work of lower tickets, which running blocks hold, so no
+ * block waits on one that cannot be scheduled. The last piece of rows h0..h0 + 8 RD of a row combines them
+ * (Σ_j w_j y_j in slot order, then + sigmoid(shg) y_sh: the down kernel's expression) into out or resid. The
+ * dot products are the three-kernel path's (lane order, butterfly), so the bits are its bits. */
+struct mf_ex {
+    const float *x;  /* [T][H]: raw rows (NORM, with nw) or the normed rows */
+    const float *nw; /* [H] the post-attention norm (NORM) */
+    float eps;
+    const uint16_t *e_gu, *e_down, *sh_gu, *sh_down, *sh_gw;
+    const int *idx;        /* [T][k] */
+    const float *wt;       /* [T][k] */
+    const unsigned *ready; /* [T] the router's flags */
+    float *act, *shg;      /* [T][k Im + Is], [T] */
+    float *ey, *shy;       /* [T][k][H], [T][H]: each matrix's down rows before the combine */
+    float *out, *resid;    /* as mf_down_kernel */
+    unsigned *sync;        /* [2 + T (k + 1) + T nb], zero between launches: ticket, blocks done, finished
+                              gate_up blocks per (row, matrix), finished down pieces per (row, h-block) */
+    int T, H, k, Im, Is, ng_sh, ng_ex, nb;
+    unsigned total;
+};
+
+__device__ __forceinline__ float fma8_cg(uint4 u, const float *x, float acc) {
+    /* fma8 with x read from L2 (other blocks of this launch wrote it) */
+    const float4 *xp = reinterpret_cast<const float4 *>(x);
+    float4 a = __ldcg(xp), b = __ldcg(xp + 1);
+    const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    const uint32_t p[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        acc = fmaf(__uint_as_float(p[q] << 16), xv[2 * q], acc);
+        acc = fmaf(__uint_as_float(p[q] & 0xffff0000u), xv[2 * q + 1], acc);
+    }
+    return acc;
+}
+
+/* thread 0 waits until *p >= want (acquire), then the block; past 20 ms (never unless misused) it gives up */
+__device__ __forceinline__ void mf_block_wait_ge(const unsigned *p, unsigned want) {
+    if (threadIdx.x == 0) {
+        unsigned v = ld_acquire(p);
+        unsigned long long t0 = v >= want ? 0 : globaltimer_ns();
+        while (v < want && globaltimer_ns() - t0 < 20000000ull) {
+            __nanosleep(64);
+            v = ld_acquire(p);
+        }
+    }
+    __syncthreads();
+}
+
+template <int KC, int NORM>
+__global__ void __launch_bounds__(MF_WARPS * 32, KC == 2 ? 5 : 4) mf_experts_kernel(const mf_ex a) {
+    constexpr int RD = KC == 2 ? 2 : 1; /* down rows a warp */
+    [[maybe_unused]] __shared__ float sh[32];
+    [[maybe_unused]] __shared__ __align__(16) float xs[NORM ? MF_NORM_H : 4];
+    __shared__ unsigned tk, lastp;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int H = a.H, k = a.k, Im = a.Im, Is = a.Is, A = k * Im + Is, T = a.T;
+    if (threadIdx.x == 0) tk = atomicAdd(a.sync, 1u);
+    __syncthreads();
+    unsigned t = tk;
+    unsigned *gcnt = a.sync + 2, *dcnt = a.sync + 2 + (size_t)T * (k + 1);
+    const unsigned nsh = (unsigned)(T * a.ng_sh), nex = (unsigned)(T * a.ng_ex);
+    if (t < nsh + nex) {
+        /* gate_up: block gb of row r, as mf_gate_up_kernel<.., EARLY 1, NORM> */
+        int r, gb;
+        if (t < nsh)
+            r = (int)(t / a.ng_sh), gb = (k * Im) / MF_WARPS + (int)(t % a.ng_sh);
+        else
+            r = (int)((t - nsh) / a.ng_ex), gb = (int)((t - nsh) % a.ng_ex);
+        const int wg = gb * MF_WARPS + warp;
+        const float *xr = a.x + (size_t)r * H;
+        if constexpr (NORM) {
+            constexpr int NJ = MF_NORM_H / 256;
+            float nv[NJ];
+#pragma unroll
+            for (int j = 0; j < NJ; j++) {
+                int i = threadIdx.x + 256 * j;
+                nv[j] = i < H ? __ldg(a.nw + i) : 0.0f;
+            }
+            mf_norm_row<NJ>(xr, nv, H, a.eps, xs, sh, nullptr);
+            xr = xs;
+        }
+        const bool expert_block = gb * MF_WARPS < k * Im;
+        if (expert_block) mf_block_wait_ge(a.ready + r, 1u);
+        const uint16_t *g = nullptr;
+        size_t up = 0;
+        if (wg < k * Im) {
+            int j = wg / Im, n = wg - j * Im;
+            int e = __ldcg(a.idx + (size_t)r * k + j);
+            g = a.e_gu + ((size_t)e * 2 * Im + n) * H;
+            up = (size_t)Im * H;
+        } else if (wg < A) {
+            g = a.sh_gu + (size_t)(wg - k * Im) * H;
+            up = (size_t)Is * H;
+        } else if (wg == A && a.sh_gw) {
+            float acc[1] = {0.0f};
+            const uint16_t *w1[1] = {a.sh_gw};
+            const float *x1[1] = {xr};
+            dot_rows<1, 4>(acc, w1, x1, H, lane);
+            float v = warp_sum(acc[0]);
+            if (lane == 0) a.shg[r] = v;
+        }
+        if (g) {
+            float acc[2] = {0.0f, 0.0f};
+            const uint16_t *w2[2] = {g, g + up};
+            const float *x2[2] = {xr, xr};
+            dot_rows<2, 2>(acc, w2, x2, H, lane);
+            float gs = warp_sum(acc[0]), us = warp_sum(acc[1]);
+            if (lane == 0) a.act[(size_t)r * A + wg] = dev_silu(gs) * us;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            __threadfence();
+            atomicAdd(gcnt + (size_t)r * (k + 1) + (expert_block ? (gb * MF_WARPS) / Im : k), 1u);
+        }
+        griddep_wait(); /* the router complete before this kernel completes */
+        griddep_launch();
+    } else {
+        /* down: matrix m (k: the shared expert) of row r, rows h0 + RD warp + q */
+        unsigned u0 = t - nsh - nex, per = (unsigned)(T * a.nb);
+        int m, r, b;
+        if (Is && u0 < per) {
+            m = k;
+        } else {
+            if (Is) u0 -= per;
+            m = (int)(u0 / per);
+            u0 -= (unsigned)m * per;
+        }
+        r = (int)(u0 / a.nb), b = (int)(u0 % a.nb);
+        const uint16_t *W;
+        const float *xa;
+        int K;
+        if (m < k) {
+            mf_block_wait_ge(a.ready + r, 1u);
+            int e = __ldcg(a.idx + (size_t)r * k + m);
+            W = a.e_down + (size_t)e * H * Im, xa = a.act + (size_t)r * A + (size_t)m * Im, K = Im;
+        } else {
+            W = a.sh_down, xa = a.act + (size_t)r * A + (size_t)k * Im, K = Is;
+        }
+        const int h0 = b * MF_WARPS * RD + warp * RD;
+        float acc[RD];
+        uint4 u[RD][KC];
+#pragma unroll
+        for (int q = 0; q < RD; q++) {
+            acc[q] = 0.0f;
+            int h = h0 + q < H ? h0 + q : H - 1; /* past H: a repeat, never written */
+#pragma unroll
+            for (int c = 0; c < KC; c++) {
+                int kk = lane * 8 + 256 * c;
+                u[q][c] = kk < K ? __ldg(reinterpret_cast<const uint4 *>(W + (size_t)h * K + kk))
+                                 : make_uint4(0, 0, 0, 0);
+            }
+        }
+        /* the matrix's gate_up blocks all done: its act is complete */
+        mf_block_wait_ge(gcnt + (size_t)r * (k + 1) + m,
+                         m < k ? (unsigned)(Im / MF_WARPS) : (unsigned)a.ng_sh);
+        griddep_wait();
+        griddep_launch();
+        for (int c0 = 0;; c0 += KC) {
+#pragma unroll
+            for (int c = 0; c < KC; c++) {
+                int kk = lane * 8 + 256 * (c0 + c);
+                if (kk < K)
+#pragma unroll
+                    for (int q = 0; q < RD; q++) acc[q] = fma8_cg(u[q][c], xa + kk, acc[q]);
+            }
+            if (256 * (c0 + KC) >= K) break;
+                /* K past 256 KC (a shared expert wider than the experts): the next chunks */
+#pragma unroll
+            for (int q = 0; q < RD; q++) {
+                int h = h0 + q < H ? h0 + q : H - 1;
+#pragma unroll
+                for (int c = 0; c < KC; c++) {
+                    int kk = lane * 8 + 256 * (c0 + KC + c);
+                    u[q][c] = kk < K ? __ldg(reinterpret_cast<const uint4 *>(W + (size_t)h * K + kk))
+                                     : make_uint4(0, 0, 0, 0);
+                }
+            }
+        }
+        float *y = m < k ? a.ey + ((size_t)r * k + m) * H : a.shy + (size_t)r * H;
+#pragma unroll
+        for (int q = 0; q < RD; q++) {
+            float v = warp_sum(acc[q]);
+            if (lane == 0 && h0 + q < H) y[h0 + q] = v;
+        }
+        __syncthreads();
+        const unsigned nmat = (unsigned)(k + (Is ? 1 : 0));
+        if (threadIdx.x == 0) {
+            __threadfence();
+            unsigned old = atomicAdd(dcnt + (size_t)r * a.nb + b, 1u);
+            lastp = old == nmat - 1;
+            if (lastp) dcnt[(size_t)r * a.nb + b] = 0u; /* no other piece of this launch counts it again */
+        }
+        __syncthreads();
+        if (lastp) {
+            __threadfence();
+            int h = b * MF_WARPS * RD + (int)threadIdx.x;
+            if ((int)threadIdx.x < MF_WARPS * RD && h < H) {
+                float s = 0.0f;
+                for (int j = 0; j < k; j++)
+                    s = fmaf(__ldcg(a.ey + ((size_t)r * k + j) * H + h), __ldcg(a.wt + (size_t)r * k + j), s);
+                if (Is && a.sh_down)
+                    s = fmaf(dev_sigmoid(__ldcg(a.shg + r)), __ldcg(a.shy + (size_t)r * H + h), s);
+                if (a.resid)
+                    a.resid[(size_t)r * H + h] += s;
+                else
+                    a.out[(size_t)r * H + h] = s;
+            }
+        }
+    }
+    /* the last block to finish leaves the counters and the router's flags at zero for the next launch */
+    if (threadIdx.x == 0) {
+        __threadfence();
+        if (atomicAdd(a.sync + 1, 1u) == a.total - 1) {
+            __threadfence();
+            a.sync[0] = 0u, a.sync[1] = 0u;
+            for (int i = 0; i < T * (k + 1); i++) gcnt[i] = 0u;
+            for (int r = 0; r < T; r++) const_cast<unsigned *>(a.ready)[r] = 0u;
+        }
+    }
+}
+
 extern "C" int cu_moe_fused_norm_ok(int H) {
     return H <= MF_NORM_H;
 }
@@ -477,7 +703,8 @@ extern "C" void cu_moe_fused_route(cu_ctx *c, const cu_moe_args *a) {
     else
         kern = nrm ? mf_route_kernel<8, 1, 32> : mf_route_kernel<8, 0, 32>;
     cu_launch_pdl(c, pdl, kern, grid, block, a->x, a->router, a->logits, a->idx, a->w, a->count, a->H, a->E,
-                  a->k, a->norm, a->norm_w, a->eps, a->xn, (a->variant & 16) ? a->ready : (unsigned *)NULL);
+                  a->k, a->norm, a->norm_w, a->eps, a->xn,
+                  (a->variant & (16 | 128)) ? a->ready : (unsigned *)NULL);
 }
 
 extern "C" void cu_moe_fused_gate_up(cu_ctx *c, const cu_moe_args *a) {
@@ -515,11 +742,46 @@ extern "C" void cu_moe_fused_down(cu_ctx *c, const cu_moe_args *a) {
         a->Im > 512 ? mf_down_kernel<4> : mf_down_kernel<2>;
     cu_launch_pdl(c, (a->variant & 4) != 0, kern, grid, block, a->act, a->e_down, a->idx, a->w, sh_down,
                   a->shg, a->out, a->resid, a->H, a->k, a->Im, Is,
-                  (a->variant & 16) ? a->ready : (unsigned *)NULL);
+                  (a->variant & (16 | 128)) ? a->ready : (unsigned *)NULL);
+}
+
+/* 1 when the args take the one-launch experts kernel (variant 128): its scratch given, the flag */
+static int mf_one_launch(const cu_moe_args *a) {
+    return (a->variant & 128) && a->ready && a->sync && a->ey && (a->shy || !a->sh_gu);
+}
+
+extern "C" size_t cu_moe_fused_sync_words(int T, int H, int k) {
+    return 2 + (size_t)T * (k + 1) + (size_t)T * cdiv((size_t)H, MF_WARPS); /* h-blocks of RD >= 1 rows */
+}
+
+/* gate_up + down in one launch (variant 128): mf_experts_kernel */
+extern "C" void cu_moe_fused_experts(cu_ctx *c, const cu_moe_args *a) {
+    if (a->T <= 0) return;
+    if (!mf_one_launch(a)) {
+        cu_moe_fused_gate_up(c, a);
+        cu_moe_fused_down(c, a);
+        return;
+    }
+    mf_ex p;
+    int Is = a->sh_gu ? a->Is : 0, KC = a->Im > 512 ? 4 : 2, RD = KC == 2 ? 2 : 1;
+    p.x = a->x, p.nw = a->norm_w, p.eps = a->eps; /* raw rows with norm_w, else normed ones */
+    p.e_gu = a->e_gu, p.e_down = a->e_down, p.sh_gu = a->sh_gu, p.sh_down = Is ? a->sh_down : NULL,
+    p.sh_gw = a->sh_gw;
+    p.idx = a->idx, p.wt = a->w, p.ready = a->ready, p.act = a->act, p.shg = a->shg, p.ey = a->ey,
+    p.shy = a->shy;
+    p.out = a->out, p.resid = a->resid, p.sync = a->sync;
+    p.T = a->T, p.H = a->H, p.k = a->k, p.Im = a->Im, p.Is = Is;
+    p.ng_ex = a->k * a->Im / MF_WARPS;
+    p.ng_sh = (int)cdiv((size_t)Is + (a->sh_gw ? 1 : 0), MF_WARPS);
+    p.nb = (int)cdiv((size_t)a->H, (size_t)MF_WARPS * RD);
+    p.total = (unsigned)(a->T * (p.ng_sh + p.ng_ex + (Is ? p.nb : 0) + a->k * p.nb));
+    int nrm = a->norm_w != NULL;
+    void (*kern)(const mf_ex) = KC == 2 ? (nrm ? mf_experts_kernel<2, 1> : mf_experts_kernel<2, 0>)
+                                        : (nrm ? mf_experts_kernel<4, 1> : mf_experts_kernel<4, 0>);
+    cu_launch_pdl(c, (a->variant & 4) != 0, kern, dim3(p.total), dim3(MF_WARPS * 32), p);
 }
 
 extern "C" void cu_moe_fused(cu_ctx *c, const cu_moe_args *a) {
     cu_moe_fused_route(c, a);
-    cu_moe_fused_gate_up(c, a);
-    cu_moe_fused_down(c, a);
+    cu_moe_fused_experts(c, a);
 }
