@@ -1114,6 +1114,20 @@ static void out_proj(cuda_fwd *f, const cu_layer *cl, int T, int K, int fz) {
         gemm(f, f->out, f->act, cl->w_out, T, f->m->H, K);
 }
 
+/* CINFER_CUDA_PF_SPLIT: Mb when the layer's core kernel (ok: it writes every output row itself) can write the
+ * halves of its out_proj GEMM of K columns, else 0 */
+static int out_split_rows(cuda_fwd *f, int T, int K, int fz, int ok) {
+    return f->pf_split && !fz && ok ? cu_gemm_presplit_rows(f->cu, T, K, y_rows(f, f->out, T)) : 0;
+}
+
+/* out_proj, or with Mb from the halves the core kernel wrote into f->xb */
+static void out_proj_from(cuda_fwd *f, const cu_layer *cl, int T, int K, int fz, int Mb) {
+    if (Mb)
+        cu_gemm_presplit(f->cu, f->out, f->xb, cl->w_out, T, f->m->H, K, Mb);
+    else
+        out_proj(f, cl, T, K, fz);
+}
+
 /* fin: the input norm inside in_proj (else f->xn is the normed input); fz: out_proj adds into f->x */
 static void deltanet(cuda_fwd *f, const cu_layer *cl, const layer_weights *lw, int lin, const run_shape *rs,
                      int fin, int fz) {
@@ -1148,11 +1162,15 @@ static void deltanet(cuda_fwd *f, const cu_layer *cl, const layer_weights *lw, i
     a.spec_rec = f->spec_rec, a.spec_win = f->p.spec_window, a.has_spec = rs->has_spec;
     a.spec_buf = f->spec_fuse ? spec_buf_floats(f) : 0;
     a.no_chunked = rs->no_chunked, a.dec_cnt = rs->gdn_fused ? f->gdn_cnt : NULL;
+    /* CINFER_CUDA_PF_SPLIT: a step with prefill rows ends in gnorm_kernel, which then writes out_proj's
+     * halves */
+    int Mb = out_split_rows(f, T, vd, fz, !rs->no_chunked);
+    if (Mb) a.o_xb = f->xb, a.o_lo = (size_t)Mb * vd;
     a.win_cnt = rs->has_spec && rs->no_chunked ? f->win_cnt : NULL, a.win_v2 = f->win_v2;
     a.split = split;
     for (int n = diag_n(f, DG_GDN); n > 0; n--) cu_gdn_layer(f->cu, &a);
     mark(f, CP_GEMM_OUT);
-    for (int n = diag_n(f, DG_OUT); n > 0; n--) out_proj(f, cl, T, vd, fz);
+    for (int n = diag_n(f, DG_OUT); n > 0; n--) out_proj_from(f, cl, T, vd, fz, Mb);
 }
 
 /* kpool / vpool: the model's pools (layer full of f->p.n_blocks blocks each) or the MTP head's (full 0) */
@@ -1176,9 +1194,12 @@ static void attention(cuda_fwd *f, const cu_layer *cl, int full, const run_shape
     a.rope3 = rs->rope3, a.mrope_h = m->cfg.mrope_section[1], a.mrope_w = m->cfg.mrope_section[2];
     /* decode-only steps of the model (the MTP head's calls leave no_chunked 0) */
     a.dec_cnt = rs->no_chunked && !rs->has_spec && !rs->tiles ? f->attn_cnt : NULL;
+    /* CINFER_CUDA_PF_SPLIT: tensor-core tiles without key splits write every row's output themselves */
+    int Mb = out_split_rows(f, T, m->Hq * m->hd, fz, a.tiles && a.tc && !a.split.work);
+    if (Mb) a.o_xb = f->xb, a.o_lo = (size_t)Mb * m->Hq * m->hd;
     for (int n = diag_n(f, DG_ATTN); n > 0; n--) cu_attn_layer(f->cu, &a);
     mark(f, CP_GEMM_OUT);
-    for (int n = diag_n(f, DG_OUT); n > 0; n--) out_proj(f, cl, T, m->Hq * m->hd, fz);
+    for (int n = diag_n(f, DG_OUT); n > 0; n--) out_proj_from(f, cl, T, m->Hq * m->hd, fz, Mb);
 }
 
 static void mlp(cuda_fwd *f, float *y, const float *x, const uint16_t *gu, const uint16_t *down, int M,

@@ -1,9 +1,10 @@
-/* test_cuda_presplit.c — CINFER_CUDA_PF_SPLIT: prefill norms and SwiGLU writing the bf16 hi + lo halves of
- * the GEMM after them (cu_add_rmsnorm_split, cu_swiglu_split, cu_gemm_presplit) instead of f32 rows cu_gemm
- * splits. The claim is the same bits, so both are checked bitwise: op by op (the halves, the products, the
- * residual the norm adds into; padded and unpadded rows, outputs starting as NaN) and through the whole
- * forward (every fixture, a 150-token prefill with all logits and decode steps after it, the switch on
- * against off). Skips without a CUDA build or device. */
+/* test_cuda_presplit.c — CINFER_CUDA_PF_SPLIT: prefill norms and SwiGLU (and, through the forward, the
+ * DeltaNet gated norm and the attention tiles) writing the bf16 hi + lo halves of the GEMM after them
+ * (cu_add_rmsnorm_split, cu_swiglu_split, cu_gemm_presplit) instead of f32 rows cu_gemm splits. The claim is
+ * the same bits, so both are checked bitwise: op by op (the halves, the products, the residual the norm adds
+ * into; padded and unpadded rows, outputs starting as NaN) and through the whole forward (every fixture, a
+ * 150-token prefill with all logits and decode steps after it, and prefills beside a decode row in one batch,
+ * the switch on against off). Skips without a CUDA build or device. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -159,6 +160,32 @@ static int run_long(cinfer_model *m, int V, float *out) {
     return rc;
 }
 
+/* three sequences: prefills of 100 and 80 tokens in one call (all logits), then a mixed step: sequence 0's
+ * next token beside sequence 2's 90-token prefill (a decode row in the tiles and the DeltaNet batch); then
+ * a step of the three: [180 + 91 + 3][V] */
+static int run_mixed(cinfer_model *m, int V, float *out) {
+    char err[512];
+    cinfer_ctx *c = test_ctx(m, CINFER_DEVICE_CUDA, 3, 200, 200, 2);
+    if (!c) return -1;
+    int32_t toks[3][128];
+    for (int s = 0; s < 3; s++)
+        for (int i = 0; i < 128; i++) toks[s][i] = (int32_t)((i * 29 + s * 13 + 3) % V);
+    int sq[3];
+    for (int s = 0; s < 3; s++) sq[s] = cinfer_seq_open(c, err, sizeof err);
+    cinfer_batch_entry be[3] = {{sq[0], toks[0], 100, 1}, {sq[1], toks[1], 80, 1}};
+    int rc = cinfer_forward(c, be, 2, out, err, sizeof err);
+    be[0] = (cinfer_batch_entry){sq[0], toks[0] + 100, 1, 1};
+    be[1] = (cinfer_batch_entry){sq[2], toks[2], 90, 1};
+    if (!rc) rc = cinfer_forward(c, be, 2, out + (size_t)180 * V, err, sizeof err);
+    be[0] = (cinfer_batch_entry){sq[0], toks[0] + 101, 1, 0};
+    be[1] = (cinfer_batch_entry){sq[1], toks[1] + 80, 1, 0};
+    be[2] = (cinfer_batch_entry){sq[2], toks[2] + 90, 1, 0};
+    if (!rc) rc = cinfer_forward(c, be, 3, out + (size_t)271 * V, err, sizeof err);
+    if (rc) test_fail(__FILE__, __LINE__, "forward: %s", err);
+    cinfer_ctx_destroy(c);
+    return rc;
+}
+
 TEST(cuda_presplit_forward_bitwise) {
     if (cuda_devices() < 1) SKIP("no CUDA device: skipped");
     static const char *fx[] = {"qwen35_dense", "qwen35_text", "qwen35_moe", "qwen3_next"};
@@ -172,23 +199,27 @@ TEST(cuda_presplit_forward_bitwise) {
         }
         cinfer_model_info info;
         cinfer_model_get_info(m, &info);
-        size_t n = (size_t)154 * info.vocab_size;
-        float *ref = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
-        for (size_t k = 0; k < n; k++) ref[k] = got[k] = NAN;
-        unsetenv("CINFER_CUDA_PF_SPLIT");
-        int rc = run_long(m, info.vocab_size, ref);
-        setenv("CINFER_CUDA_PF_SPLIT", "1", 1);
-        rc |= run_long(m, info.vocab_size, got);
-        unsetenv("CINFER_CUDA_PF_SPLIT");
-        if (!rc) {
-            int same = !memcmp(ref, got, n * sizeof(float)), nan = 0;
-            for (size_t k = 0; k < n; k++) nan += isnan(got[k]);
-            printf("     %-14s 150-token prefill + 4 steps, CINFER_CUDA_PF_SPLIT=1 vs off: %s\n", fx[i],
-                   same ? "bit-identical" : "DIFFER");
-            CHECK_EQ_INT(nan, 0);
-            CHECK_MSG(same, "%s: CINFER_CUDA_PF_SPLIT=1 changes the logits", fx[i]);
+        for (int kind = 0; kind < 2; kind++) {
+            size_t n = (size_t)(kind ? 274 : 154) * info.vocab_size;
+            float *ref = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
+            for (size_t k = 0; k < n; k++) ref[k] = got[k] = NAN;
+            unsetenv("CINFER_CUDA_PF_SPLIT");
+            int rc = kind ? run_mixed(m, info.vocab_size, ref) : run_long(m, info.vocab_size, ref);
+            setenv("CINFER_CUDA_PF_SPLIT", "1", 1);
+            rc |= kind ? run_mixed(m, info.vocab_size, got) : run_long(m, info.vocab_size, got);
+            unsetenv("CINFER_CUDA_PF_SPLIT");
+            if (!rc) {
+                int same = !memcmp(ref, got, n * sizeof(float)), nan = 0;
+                for (size_t k = 0; k < n; k++) nan += isnan(got[k]);
+                printf("     %-14s %-44s CINFER_CUDA_PF_SPLIT=1 vs off: %s\n", fx[i],
+                       kind ? "3 sequences, prefills beside a decode row" : "150-token prefill + 4 steps",
+                       same ? "bit-identical" : "DIFFER");
+                CHECK_EQ_INT(nan, 0);
+                CHECK_MSG(same, "%s: CINFER_CUDA_PF_SPLIT=1 changes the logits (%s)", fx[i],
+                          kind ? "mixed batch" : "long prefill");
+            }
+            free(ref), free(got);
         }
-        free(ref), free(got);
         cinfer_model_close(m);
     }
 }

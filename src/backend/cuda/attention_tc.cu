@@ -426,14 +426,20 @@ __global__ void __launch_bounds__(256, HD >= 128 ? 1 : 2) attn_fh_kernel(cu_attn
             continue;
         }
         const float *gate = a.qkv + (size_t)(r0 + p) * a.ld + (size_t)h * 2 * HD + HD;
-        float *orow = a.o + (size_t)(r0 + p) * a.Hq * HD + (size_t)h * HD;
+        const size_t obase = (size_t)(r0 + p) * a.Hq * HD + (size_t)h * HD;
+        float *orow = a.o + obase;
 #pragma unroll
         for (int n = 0; n < ONT; n++) {
             int d = n * 8 + 2 * t;
             float2 gv = *reinterpret_cast<const float2 *>(gate + d);
-            float2 ov = make_float2((o[n][2 * hr] / l) * dev_sigmoid(gv.x),
-                                    (o[n][2 * hr + 1] / l) * dev_sigmoid(gv.y));
-            *reinterpret_cast<float2 *>(orow + d) = ov;
+            float2 ov = make_float2(__fmul_rn(o[n][2 * hr] / l, dev_sigmoid(gv.x)),
+                                    __fmul_rn(o[n][2 * hr + 1] / l, dev_sigmoid(gv.y)));
+            if (a.o_xb) { /* the out_proj GEMM's halves (CINFER_CUDA_PF_SPLIT) */
+                split_put(a.o_xb, obase + d, a.o_lo, ov.x);
+                split_put(a.o_xb, obase + d + 1, a.o_lo, ov.y);
+            } else {
+                *reinterpret_cast<float2 *>(orow + d) = ov;
+            }
         }
     }
 }

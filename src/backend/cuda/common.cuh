@@ -37,6 +37,15 @@ __device__ __forceinline__ uint16_t f32_bf16(float f) {
     return (uint16_t)(u >> 16);
 }
 
+/* v as bf16 hi = bf16(v) at y[i] and lo = bf16(v - hi) at y[lo + i]: the halves of cu_gemm's two-pass path
+ * (gemm.cu), for the kernels that write them for it (CINFER_CUDA_PF_SPLIT); the subtraction never contracted
+ * with a product making v */
+__device__ __forceinline__ void split_put(uint16_t *y, size_t i, size_t lo, float v) {
+    uint16_t h = f32_bf16(v);
+    y[i] = h;
+    y[lo + i] = f32_bf16(__fsub_rn(v, bf16_f32(h)));
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;

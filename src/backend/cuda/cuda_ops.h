@@ -252,9 +252,13 @@ typedef struct cu_gdn_args {
     int ba_ld;           /* [T][Hv] each */
     const float *conv_w; /* [K][C] */
     const float *A, *dt_bias, *gnorm;
-    float *conv_out;   /* [T][C] scratch */
-    float *bg;         /* [T][2Hv] scratch: beta | g */
-    float *o;          /* [T][Hv*dv] output (gated-normed) */
+    float *conv_out; /* [T][C] scratch */
+    float *bg;       /* [T][2Hv] scratch: beta | g */
+    float *o;        /* [T][Hv*dv] output (gated-normed) */
+    /* NULL, or (CINFER_CUDA_PF_SPLIT) the out_proj GEMM's bf16 halves [2][Mb][Hv*dv] (lo at o_lo halves) that
+     * the gated norm writes instead of o (o then holds the pass's un-normed rows) */
+    uint16_t *o_xb;
+    size_t o_lo;
     float *conv_state; /* [slots][n_lin][K-1][C] */
     float *rec_state;  /* [slots][n_lin][Hv][dk][dv] */
     float eps;
@@ -358,8 +362,12 @@ typedef struct cu_attn_args {
     const float *q_norm, *k_norm, *inv_freq;
     float *kpool, *vpool; /* [n_full][n_blocks][16][Hkv*hd] */
     float *o;             /* [T][Hq*hd] */
-    float *part;          /* split-softmax partials [T][Hq][nsplit][hd + 2] */
-    int span, nsplit;     /* positions per split, splits */
+    /* NULL, or (CINFER_CUDA_PF_SPLIT; tensor-core tiles without key splits only) the out_proj GEMM's bf16
+     * halves [2][Mb][Hq*hd] (lo at o_lo halves), written instead of o */
+    uint16_t *o_xb;
+    size_t o_lo;
+    float *part;      /* split-softmax partials [T][Hq][nsplit][hd + 2] */
+    int span, nsplit; /* positions per split, splits */
     const int *tiles; /* NULL: a block per (row, head[, span]); else prefill tiles: first rows of runs of up
                          to CU_ATTN_TILE rows of one entry (tc: cu_attn_tc_rows rows), [n_tiles], each
                          block sharing its K/V loads */

@@ -971,7 +971,17 @@ __global__ void gnorm_kernel(cu_gdn_args a) {
     for (int h = warp; h < a.Hv; h += nw) {
         float *o = a.o + (size_t)r * a.Hv * dv + (size_t)h * dv;
         const float *z = a.z + (size_t)r * a.z_ld + (size_t)h * dv;
-        gnorm_warp<false>(o, o, z, a.gnorm, dv, a.eps, lane);
+        if (a.o_xb) { /* gnorm_warp's values into the out_proj GEMM's halves (CINFER_CUDA_PF_SPLIT) */
+            float ss = 0.0f;
+            for (int j = lane; j < dv; j += 32) ss = fmaf(o[j], o[j], ss);
+            ss = warp_sum(ss);
+            float inv = 1.0f / sqrtf(ss / (float)dv + a.eps);
+            size_t base = (size_t)r * a.Hv * dv + (size_t)h * dv;
+            for (int j = lane; j < dv; j += 32)
+                split_put(a.o_xb, base + j, a.o_lo, __fmul_rn((o[j] * inv) * a.gnorm[j], dev_silu(z[j])));
+        } else {
+            gnorm_warp<false>(o, o, z, a.gnorm, dv, a.eps, lane);
+        }
     }
 }
 

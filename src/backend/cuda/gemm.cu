@@ -307,11 +307,6 @@ extern "C" int cu_gemv_max(void) {
 
 /* x = hi + lo with hi = bf16(x), lo = bf16(x - hi): n values each, hi at y, lo at y + lo (lo >= n: the rows
  * between, padding, are left as they are) */
-__device__ __forceinline__ void split_put(uint16_t *y, size_t i, size_t lo, float v) {
-    uint16_t h = f32_bf16(v);
-    y[i] = h;
-    y[lo + i] = f32_bf16(__fsub_rn(v, bf16_f32(h))); /* never contracted with v's own product */
-}
 __global__ void split_bf16_kernel(uint16_t *y, const float *x, size_t n, size_t lo) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         split_put(y, i, lo, x[i]);
