@@ -619,8 +619,8 @@ int ctx_prefix_peek(const cinfer_ctx *c, const int32_t *tokens, int n, int *n_sh
 int ctx_seq_resume(cinfer_ctx *c, int id, const int32_t *prompt, int n_prompt, int *cached, char *err, size_t errlen) {
     *cached = 0;
     seq_rec *s = &c->seqs[id];
-    if (!s->active || s->len || s->n_blocks || n_prompt < 2) return 0;
-    prefix_hit hit;
+    if (!s->active || s->len || s->n_blocks || n_prompt < 1) return 0;
+    prefix_hit hit; /* (a 1-token prompt: a lookup of nothing, a miss) */
     int rc = prefix_lookup(c->pc, prompt, n_prompt - 1, s->blocks, c->blocks_per_seq, s->slot, &hit, err, errlen);
     if (rc) return rc;
     s->len = hit.n_tokens;

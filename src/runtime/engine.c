@@ -178,6 +178,7 @@ struct cinfer_engine {
     int cost_on;
     int trace;                      /* CINFER_TTFT_TRACE: stderr lines timing admission, steps and snapshots */
     int px_gap;                     /* next_stop: interval snapshots this close past a resume point are skipped */
+    int px_exact;                   /* resume only where the request's own cold prefill ends a piece (resume_len) */
     double *cost_ms[2];             /* [max_seqs + 1] each: 0 plain, 1 padded windows; 0: not measured yet */
     int *cost_n[2];                 /* [max_seqs + 1] samples seen */
     long cost_steps;                /* decisions made (every COST_PROBE-th re-measures the kind not chosen) */
@@ -510,6 +511,8 @@ static int32_t device_choice(const cinfer_engine *e, cinfer_request *r, int row)
 static double now_ms(void);
 
 /* Admits waiting requests while a slot and KV blocks for their whole budget are free. */
+static int resume_len(const cinfer_engine *e, const cinfer_request *r, int *shared);
+
 static void admit(cinfer_engine *e) {
     pthread_mutex_lock(&e->mu);
     while (e->wait_head && e->n_running < e->p.max_seqs) {
@@ -524,7 +527,7 @@ static void admit(cinfer_engine *e) {
             continue;
         }
         int need = (r->n_prompt + r->max_tokens + KV_BLOCK - 1) / KV_BLOCK, shared = 0;
-        if (e->p.prefix_cache_memory > 0) ctx_prefix_peek(e->ctx, cache_key(r), r->n_prompt - 1, &shared);
+        int at = e->p.prefix_cache_memory > 0 ? resume_len(e, r, &shared) : 0;
         if (need - shared > ctx_kv_free_blocks(e->ctx)) break; /* FIFO: wait for blocks to come back */
         char err[256];
         int seq = cinfer_seq_open(e->ctx, err, sizeof err);
@@ -565,7 +568,7 @@ static void admit(cinfer_engine *e) {
              * chunked prefill would. */
             int cached = 0;
             double t0 = e->trace ? now_ms() : 0;
-            if (ctx_seq_resume(e->ctx, seq, cache_key(r), r->n_prompt, &cached, err, sizeof err) == 0) {
+            if (ctx_seq_resume(e->ctx, seq, cache_key(r), at + 1, &cached, err, sizeof err) == 0) {
                 r->n_fed = cached;
                 r->cached = cached;
             }
@@ -613,15 +616,50 @@ static int ngram_draft(const int32_t *h, int n, int32_t *out, int k) {
  * snapshot there would save a later request at most px_gap tokens of prefill, and costs this one a piece
  * boundary (a one-row step when the resume point sits just before an interval multiple), a state copy and a
  * snapshot's memory. CINFER_PREFIX_GAP sets px_gap. */
+/* The next stop after pos: ctx_prefix_next's (marks, interval, the last prompt token), and with px_exact, for a
+ * prompt without chat marks (raw tokens: completions, benchmarks), also the last multiple of GDN_CHUNK before
+ * its last token — a later prompt that extends this one can then resume at a point where its own cold prefill
+ * has a chunk boundary too (resume_len), bit for bit, at most GDN_CHUNK - 1 rows earlier than the end. */
+static int stop_after(const cinfer_engine *e, const cinfer_request *r, int pos, int end) {
+    int q = ctx_prefix_next(e->ctx, r->marks, r->n_marks, pos, end), g = end / GDN_CHUNK * GDN_CHUNK;
+    return e->px_exact && !r->n_marks && g > pos && g < q ? g : q;
+}
+
 static int next_stop(const cinfer_engine *e, const cinfer_request *r, int pos) {
-    int end = r->n_prompt - 1, q = ctx_prefix_next(e->ctx, r->marks, r->n_marks, pos, end);
+    int end = r->n_prompt - 1, q = stop_after(e, r, pos, end);
     while (q < end && r->cached > 0 && q - r->cached < e->px_gap) {
         int mark = 0;
         for (int i = 0; i < r->n_marks && !mark; i++) mark = r->marks[i] == q;
         if (mark) break;
-        q = ctx_prefix_next(e->ctx, r->marks, r->n_marks, q, end);
+        q = stop_after(e, r, q, end);
     }
     return q;
+}
+
+/* Where a cold prefill of r ends a piece, so that its DeltaNet chunks (aligned to the absolute grid within a
+ * piece, forward.h) start again: multiples of GDN_CHUNK, r's chat marks, its last prompt token. Resumed there,
+ * r's suffix runs exactly the cold run's arithmetic. */
+static int cold_boundary(const cinfer_request *r, int L) {
+    if (L % GDN_CHUNK == 0 || L == r->n_prompt - 1) return 1;
+    for (int i = 0; i < r->n_marks; i++)
+        if (r->marks[i] == L) return 1;
+    return 0;
+}
+
+/* The cached length r resumes after: the deepest snapshot on its prompt's path (ctx_prefix_peek), with px_exact
+ * the deepest at a cold_boundary of r. A second chat turn resumes at the message boundary before the last
+ * reply, where turn 1 left a snapshot (prefix_chat_second_turn_is_bitwise_cold); a raw prompt that extends an
+ * earlier one at the earlier one's last chunk-grid point (stop_after). Without px_exact a resume at the earlier
+ * prompt's last token is a few rows shorter but differs from cold by rounding (~5e-6 in logprobs at 4k, CPU).
+ * *shared: the blocks it maps by reference. */
+static int resume_len(const cinfer_engine *e, const cinfer_request *r, int *shared) {
+    int n = r->n_prompt - 1;
+    for (;;) {
+        int L = n > 0 ? ctx_prefix_peek(e->ctx, cache_key(r), n, shared) : 0;
+        if (L <= 0) *shared = 0;
+        if (L <= 0 || !e->px_exact || cold_boundary(r, L)) return L > 0 ? L : 0;
+        n = L - 1;
+    }
 }
 
 /* This step's prefill piece for r, in tokens. Pieces end on the DeltaNet chunk grid (multiples of
@@ -1321,6 +1359,11 @@ int cinfer_engine_create(cinfer_model *cm, const cinfer_engine_params *pp, cinfe
     const char *tv = getenv("CINFER_TTFT_TRACE"); /* diagnostics: stderr lines timing admission, steps, snapshots */
     e->trace = tv && atoi(tv) > 0;
     const char *pg = getenv("CINFER_PREFIX_GAP");
+    /* CINFER_PREFIX_EXACT: unset = on for the CPU, off on cuda, where a prefill piece's GEMM bits depend on its
+     * row count anyway (cuBLAS picks per shape), so no resume point makes a suffix the cold run's bit for bit
+     * and the rows it would add buy nothing; "1" / "0" force it */
+    const char *pxe = getenv("CINFER_PREFIX_EXACT");
+    e->px_exact = pxe ? !strcmp(pxe, "1") : cinfer_ctx_device(e->ctx) != CINFER_DEVICE_CUDA;
     e->px_gap = pg ? atoi(pg) : GDN_CHUNK; /* H200 call of 12:12: the 16k second turn 0.093 -> 0.055 s with the
                                               other fixes of then, one piece instead of a row, a snapshot, 63 rows */
     const char *cv = getenv("CINFER_SPEC_COST");
