@@ -681,7 +681,7 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     cu_set_attn_decode_pf(!(apf && !strcmp(apf, "0")));
     /* "1": the decode GEMVs at one row stream their weights through shared memory (gemv3.cu) */
     const char *gst = getenv("CINFER_CUDA_GEMV_STREAM");
-    f->gemv_stream = gst && !strcmp(gst, "1");
+    f->gemv_stream = gst ? atoi(gst) : 0; /* "2": the form with a task for every warp (gemv3.cu) */
     cu_set_gemv_stream(f->gemv_stream);
     /* "1": a decode batch's DeltaNet conv in in_proj's epilogue and the layer in one block per head, with no
      * counters or fences (cu_gdn_args.split; the same bits) */
@@ -1507,10 +1507,12 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
     } v[] = {
         {"base", 0, 0, 0, 0, 0},
         {"gemv stream on", 0, 0, 0, 1, 0},
+        {"gemv stream form 2", 0, 0, 0, 2, 0},
         {"gemv stream off", 0, 0, 0, -1, 0},
         {"gdn split on", 0, 0, 0, 0, 1},
         {"gdn split off", 0, 0, 0, 0, -1},
         {"stream + split on", 0, 0, 0, 1, 1},
+        {"stream 2 + split on", 0, 0, 0, 2, 1},
         {"pdl off", 0, 0, 1},
         {"skip in_proj", DG_IN, 0, 0},
         {"skip deltanet", DG_GDN, 0, 0},
@@ -1543,7 +1545,7 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
         f->diag_skip = v[i].skip, f->diag_dup = v[i].dup;
         if (v[i].nopdl) f->pdl = 0;
-        if (v[i].stream) cu_set_gemv_stream(v[i].stream > 0);
+        if (v[i].stream) cu_set_gemv_stream(v[i].stream > 0 ? v[i].stream : 0);
         int split = f->gdn_split;
         if (v[i].split) f->gdn_split = v[i].split > 0;
         void *exec = NULL;

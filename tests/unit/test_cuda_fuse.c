@@ -181,15 +181,16 @@ TEST(cuda_gemv3_fused_vs_cpu) {
             }
             /* the streaming form (CINFER_CUDA_GEMV_STREAM) at one row: the same bits at every split count,
              * launched plainly and by PDL */
-            for (int pdl = 0; pdl <= 1; pdl++) {
-                cu_set_gemv_stream(1), cu_set_pdl(pdl);
-                float *y = run_fused(c, s, dx, dw, dg, dy0, 1);
-                cu_set_gemv_stream(0), cu_set_pdl(0);
-                REQUIRE(y);
-                CHECK_MSG(!memcmp(y, ya, (size_t)N * 4), "%s %d splits: the streaming form differs (PDL %d)",
-                          s->what, ks, pdl);
-                free(y);
-            }
+            for (int form = 1; form <= 2; form++)
+                for (int pdl = 0; pdl <= 1; pdl++) {
+                    cu_set_gemv_stream(form), cu_set_pdl(pdl);
+                    float *y = run_fused(c, s, dx, dw, dg, dy0, 1);
+                    cu_set_gemv_stream(0), cu_set_pdl(0);
+                    REQUIRE(y);
+                    CHECK_MSG(!memcmp(y, ya, (size_t)N * 4),
+                              "%s %d splits: the streaming form %d differs (PDL %d)", s->what, ks, form, pdl);
+                    free(y);
+                }
             free(ya);
         }
         cu_set_gemv3_config(0, 0, 0, -1);

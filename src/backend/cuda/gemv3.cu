@@ -198,10 +198,13 @@ __global__ void __launch_bounds__(W * 32, (MR == 1 ? 3 : 2) * 8 / W)
  * in order, the norm's scale and the epilogue; the sum of squares per split the same way. So every output
  * has the same bits as gemv3_kernel's (and as a row among others there): only where the weights wait
  * changes. */
-#define GS_WARPS       8
-#define GS_STAGE_BYTES 20480 /* a stage: RT output rows (x2 SwiGLU) of K bf16, RT = this / row bytes */
-#define GS_SMEM_BYTES  98304 /* the ring, so that two GEMVs fit on an SM at once */
-#define GS_UNROLL      4     /* chunks a warp loads before their FMAs */
+#define GS_WARPS 8
+#define GS_STAGE_BYTES                                                                                       \
+    20480 /* form 1: a stage of RT output rows (x2 SwiGLU) of K bf16, RT = this / row bytes */
+#define GS_STAGE_MAX  36864  /* form 2: RT = 8 tasks / KS rows where a stage stays within this */
+#define GS_SMEM_BYTES 110592 /* the ring at most (form 2), so that two GEMVs fit on an SM at once */
+#define GS_SMEM_1     98304  /* form 1's ring */
+#define GS_UNROLL     4      /* chunks a warp loads before their FMAs */
 
 __device__ __forceinline__ unsigned gs_smem(const void *p) {
     return (unsigned)__cvta_generic_to_shared(p);
@@ -239,9 +242,17 @@ __device__ __forceinline__ void gs_wait(uint64_t *bar, unsigned parity) {
 #endif
 }
 
-/* RT output rows a tile (a stage holds their weight rows, x2 for SwiGLU) */
-static int gs_rows_per_tile(int K, int epi) {
-    int row = (epi == CU_EPI_SWIGLU ? 2 : 1) * K * 2, rt = GS_STAGE_BYTES / row;
+/* RT output rows a tile (a stage holds their weight rows, x2 for SwiGLU): form 1 ~20 KB stages; form 2 enough
+ * rows for every warp to have a task (RT KS >= 8) within GS_STAGE_MAX, since a task's FMAs are one
+ * dependent chain (the order of the register form's sums) and few warps leave the SM idle waiting on it */
+static int gs_rows_per_tile(int K, int KS, int epi, int form) {
+    int row = (epi == CU_EPI_SWIGLU ? 2 : 1) * K * 2, rt;
+    if (form == 2) {
+        int want = (8 + KS - 1) / KS, cap = GS_STAGE_MAX / row;
+        rt = want < cap ? want : cap;
+    } else {
+        rt = GS_STAGE_BYTES / row;
+    }
     return rt < 1 ? 1 : rt > 8 ? 8 : rt;
 }
 
@@ -401,7 +412,7 @@ template <bool NORM, int EPI> static void gs_attrs(void) {
                          (int)cudaSharedmemCarveoutMaxShared);
 }
 
-/* on: the kernels' attributes are set here, outside any graph capture */
+/* on: 1 or 2, the form (gs_rows_per_tile); the kernels' attributes are set here, outside any graph capture */
 extern "C" void cu_set_gemv_stream(int on) {
     if (on && !g_sms) {
         int dev = 0, sms = 0;
@@ -412,15 +423,15 @@ extern "C" void cu_set_gemv_stream(int on) {
             gs_attrs<false, EPI_ADD>(), gs_attrs<true, EPI_CONV>();
         g_sms = sms;
     }
-    g_stream = on && g_sms;
+    g_stream = g_sms && (on == 1 || on == 2) ? on : 0;
 }
 
 template <bool NORM, int EPI>
 static int gs_launch(cu_ctx *c, float *y, const float *x, const uint16_t *w, int N, int K, int KS,
                      const float *g, float eps, const cu_conv_epi &cv) {
-    int RT = gs_rows_per_tile(K, EPI);
+    int RT = gs_rows_per_tile(K, KS, EPI, g_stream);
     size_t stage = (size_t)(EPI == EPI_SWIGLU ? 2 : 1) * RT * K * 2;
-    int NS = (int)(GS_SMEM_BYTES / stage);
+    int NS = (int)((g_stream == 2 ? GS_SMEM_BYTES : GS_SMEM_1) / stage);
     if (NS > 8) NS = 8;
     if (NS < 2 || RT * KS > 64) return -1; /* a row too wide for two stages: the register form */
     int tiles = (N + RT - 1) / RT, grid = tiles < g_sms ? tiles : g_sms;
