@@ -923,10 +923,11 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
                 f->moe_pf_grouped ? "by grouped GEMMs on the device" : "grouped on the host");
     /* CINFER_CUDA_MOE_PF: the prefill MoE forms under measurement (default 0, today's): 1 the router's logits
      * on the tensor cores (cu_moe_router), 2 cu_moe_route2 (sorted: no cu_moe_sort_slots), 4 cu_moe_gemm*'s
-     * 256-row tiles, with 4: 16 of them taking 64 of K a stage, 32 three stages, 64 four warps of 64 x 64
-     * (moe_gemm.cu), 8 the SwiGLU GEMM writing the down GEMM's split input (cu_moe_gemm_swiglu_split) */
+     * 256-row tiles, with 4: 16 of them taking 64 of K a stage, 32 three stages, 64 four warps of 64 x 64;
+     * 128 no MMAs past a tile's last slot (moe_gemm.cu), 8 the SwiGLU GEMM writing the down GEMM's split
+     * input (cu_moe_gemm_swiglu_split) */
     const char *mpf = getenv("CINFER_CUDA_MOE_PF");
-    f->moe_pf = mpf ? atoi(mpf) & 127 : 0;
+    f->moe_pf = mpf ? atoi(mpf) & 255 : 0;
     cu_set_moe_pf(f->moe_pf);
     if (m->cfg.n_experts > 0) cu_moe_gemm_prepare();
     if (mpf) fprintf(stderr, "cinfer cuda: CINFER_CUDA_MOE_PF=%d\n", f->moe_pf);

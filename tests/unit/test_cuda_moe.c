@@ -953,7 +953,8 @@ TEST(cuda_moe_prefill_kernels) {
     TIME("route2 sorted", 0, 1, cu_moe_route2(c, lg, idx, wt, T, E, k, 1, 1));
     TIME("group", 1, 1, cu_moe_group(c, idx, S, E, grp));
     TIME("tiles", 1, 1, cu_moe_tiles(c, grp, E, tiles));
-    static const int tf[] = {0, 4, 4 | 16, 4 | 32, 4 | 16 | 32, 68, 68 | 16, 68 | 32, 68 | 16 | 32};
+    static const int tf[] = {0,   4,   20,  36,  52,  68, 84,
+                             100, 116, 128, 132, 196, 244}; /* sums of MOE_PF bits */
     double best = 1e30;
     for (size_t fi = 0; fi < sizeof tf / sizeof tf[0]; fi++) {
         cu_set_moe_pf(tf[fi]);
@@ -1073,9 +1074,10 @@ static void pf_forms_case(const char *name, int T, int H, int E, int k, int I) {
     cu_moe_group(c, d_idx, S, E, d_grp);
     cu_moe_tiles(c, d_grp, E, d_tiles);
     float *ra = NULL, *ry = NULL;
-    /* the tile forms (CINFER_CUDA_MOE_PF 4, 16, 32, 64) x bit 8 (split SwiGLU output) */
-    static const int tf[] = {0, 4, 4 | 16, 4 | 32, 4 | 16 | 32, 68, 68 | 16, 68 | 32, 68 | 16 | 32};
-    for (int form = 0; form < 18; form++) {
+    /* the tile forms (CINFER_CUDA_MOE_PF 4, 16, 32, 64, 128) x bit 8 (split SwiGLU output) */
+    static const int tf[] = {0,   4,   20,  36,  52,  68, 84,
+                             100, 116, 128, 132, 196, 244}; /* sums of MOE_PF bits */
+    for (int form = 0; form < 26; form++) {
         int pf = tf[form >> 1], split = form & 1;
         cu_set_moe_pf(pf);
         cu_fill_f32(c, d_a, (size_t)S * I, NAN);
@@ -1108,7 +1110,7 @@ static void pf_forms_case(const char *name, int T, int H, int E, int k, int I) {
             same &= !memcmp(a, ra, (size_t)S * I * 4);
             free(a);
         }
-        printf("     %-22s CINFER_CUDA_MOE_PF=%2d%s vs 0, f32 rows: %s\n", name, pf | (split ? 8 : 0),
+        printf("     %-22s CINFER_CUDA_MOE_PF=%3d%s vs 0, f32 rows: %s\n", name, pf | (split ? 8 : 0),
                split ? " (split SwiGLU rows)" : "", same ? "bit-identical" : "DIFFERENT");
         CHECK_MSG(same, "%s: MOE_PF %d split %d differs", name, pf, split);
         free(y);

@@ -90,7 +90,7 @@ __global__ void __launch_bounds__(128 * WM, BW > 128 ? 2 : 3) /* 2 or 3 blocks a
     moe_gemm_kernel(float *__restrict__ y, uint16_t *__restrict__ ys, size_t ystride, int ldy,
                     const uint16_t *__restrict__ xs, size_t xstride, int div, const uint16_t *__restrict__ w,
                     size_t w_expert, int up_off, const int *__restrict__ grp,
-                    const int *__restrict__ tile_off, int E, int M, int N, int K) {
+                    const int *__restrict__ tile_off, int E, int M, int N, int K, int skip) {
     constexpr int NT = BW / 32;         /* n-tiles of 8 per warp */
     constexpr int LD = BK + 8;          /* shared row stride: 80 or 144 bytes, fragment reads conflict-free */
     constexpr int CPR = BK / 8;         /* 16-byte chunks a row of a stage */
@@ -154,7 +154,9 @@ __global__ void __launch_bounds__(128 * WM, BW > 128 ? 2 : 3) /* 2 or 3 blocks a
         wbase[s] = OUT ? (s < NT / 2 ? wn * (BW / 8) + s * 8 : BW / 2 + wn * (BW / 8) + (s - NT / 2) * 8)
                        : wn * (BW / 4) + s * 8;
     /* the MMAs of one stage: per 16 of K, the splits smallest first, slot tiles, weight tiles */
+    const int mlim = skip ? cnt : MG_BM; /* m-tiles from here on hold no slot */
     auto compute = [&](int st) {
+        if (wm * (MG_BM / WM) >= mlim) return; /* the warp's slots all past cnt */
 #pragma unroll
         for (int kk = 0; kk < BK; kk += 16) {
             uint32_t b[NT][2];
@@ -170,6 +172,7 @@ __global__ void __launch_bounds__(128 * WM, BW > 128 ? 2 : 3) /* 2 or 3 blocks a
 #pragma unroll
                 for (int i = 0; i < MT; i++) {
                     int m = wm * (MG_BM / WM) + i * 16;
+                    if (m >= mlim) continue; /* no slot in this m-tile (skip) */
                     uint32_t a[4];
                     ldsm_x4(a, &xsm[st * NX + half][m + (lane & 15)][kk + (lane >> 4) * 8]);
 #pragma unroll
@@ -304,17 +307,20 @@ typedef struct mg_args {
     int up_off;
     const int *grp, *tile_off;
     int E, M, K;
+    int skip; /* MMAs of m-tiles without slots left out */
 } mg_args;
 template <MG_TP> static void mg_launch(cu_ctx *c, const mg_args &a) {
     mg_attr<MG_TA>();
     dim3 grid(a.tiles, cdiv((size_t)a.N, OUT ? BW / 2 : BW));
     moe_gemm_kernel<MG_TA><<<grid, 128 * WM, mg_smem_bytes<MG_TA>(), c->stream>>>(
         a.y, a.ys, a.ystride, a.ldy, a.xs, a.xstride, a.div, a.w, a.w_expert, a.up_off, a.grp, a.tile_off,
-        a.E, a.M, a.N, a.K);
+        a.E, a.M, a.N, a.K, a.skip);
 }
 /* the grouped form g_moe_pf picks (c NULL: only the shared-memory limits set) */
-template <int OUT> static void mg_grouped(cu_ctx *c, const mg_args &a) {
+template <int OUT> static void mg_grouped(cu_ctx *c, const mg_args &a0) {
     int f = g_moe_pf & 4 ? g_moe_pf & (16 | 32 | 64) : -1;
+    mg_args a = a0;
+    a.skip = (g_moe_pf & 128) != 0;
 #define MG_FORM(bk, st, wm)                                                                                  \
     if (!c)                                                                                                  \
         mg_attr<OUT, 2, 256, 0, bk, st, wm>();                                                               \
@@ -332,7 +338,7 @@ template <int OUT> static void mg_grouped(cu_ctx *c, const mg_args &a) {
 }
 
 extern "C" void cu_moe_gemm_prepare(void) {
-    mg_args a = {};
+    mg_args a = {0, 0, NULL, NULL, 0, 0, NULL, 0, 0, NULL, 0, 0, NULL, NULL, 0, 0, 0, 0};
     mg_grouped<0>(NULL, a), mg_grouped<1>(NULL, a), mg_grouped<2>(NULL, a);
     mg_attr<0, 3, 128, 1, 32, 2, 2>();
 }
@@ -342,8 +348,24 @@ extern "C" void cu_moe_gemm_prepare(void) {
 template <int OUT>
 static void swiglu_any(cu_ctx *c, float *y, uint16_t *ys, int div, const uint16_t *w_gu, const int *grp,
                        const int *tile_off, int S, int E, int I, int K, const uint16_t *xs, size_t nx) {
-    mg_args a = {max_tiles(S, E), I, y, ys, (size_t)S * I, I, xs, nx, div, w_gu, (size_t)2 * I * K, I, grp,
-                 tile_off,        E, S, K};
+    mg_args a = {max_tiles(S, E),
+                 I,
+                 y,
+                 ys,
+                 (size_t)S * I,
+                 I,
+                 xs,
+                 nx,
+                 div,
+                 w_gu,
+                 (size_t)2 * I * K,
+                 I,
+                 grp,
+                 tile_off,
+                 E,
+                 S,
+                 K,
+                 0};
     mg_grouped<OUT>(c, a);
 }
 
@@ -369,7 +391,7 @@ extern "C" void cu_moe_gemm_swiglu_split(cu_ctx *c, uint16_t *ys, const float *x
 static void gemm_split_in(cu_ctx *c, float *y, const uint16_t *xs2, size_t nx, int div, const uint16_t *w,
                           const int *grp, const int *tile_off, int S, int E, int N, int K) {
     mg_args a = {max_tiles(S, E), N, y,   NULL,     0, N, xs2, nx, div, w,
-                 (size_t)N * K,   0, grp, tile_off, E, S, K};
+                 (size_t)N * K,   0, grp, tile_off, E, S, K,   0};
     mg_grouped<0>(c, a);
 }
 
@@ -393,6 +415,6 @@ extern "C" void cu_moe_router(cu_ctx *c, float *logits, const float *x, const ui
     size_t nx = (size_t)T * K;
     mg_split(c, xs, x, nx, 3);
     mg_args a = {
-        (unsigned)cdiv((size_t)T, MG_BM), E, logits, NULL, 0, E, xs, nx, 1, w, 0, 0, NULL, NULL, 0, T, K};
+        (unsigned)cdiv((size_t)T, MG_BM), E, logits, NULL, 0, E, xs, nx, 1, w, 0, 0, NULL, NULL, 0, T, K, 0};
     mg_launch<0, 3, 128, 1, 32, 2, 2>(c, a);
 }
