@@ -85,8 +85,8 @@ struct cinfer_request {
     int n_drafts;
     int dseq;             /* draft model: the request's sequence in the draft context (-1: none) */
     int d_fed;            /* draft model: prompt tokens it has read */
-    int d_window;         /* draft model: window tokens ([last, d1..]) it read this step: a pending speculative
-                             window (CINFER_SPEC_DRAFT_WINDOWS=1), else plain steps its rewind undoes */
+    int d_window;         /* draft model: window tokens ([last, d1..]) it read this step, as plain decode steps
+                             that draft_model_sync keeps or rewinds */
     int32_t dread[64];    /* draft model: the window tokens it read (drafts[0, d_window) before a test's or
                              benchmark's drafter replaced them) */
     int32_t catchup[64];  /* draft model: kept tokens it has yet to read (fed at the next step) */
@@ -129,7 +129,6 @@ struct cinfer_engine {
     atomic_llong stat_px_kv_bytes;
     cinfer_ctx *dctx;               /* CINFER_SPEC_DRAFT: the draft model's context (same max_seqs, ctx_size) */
     float *dlogits;                 /* [max_seqs][V] the draft model's rows (NULL when the device chooses) */
-    int dwin;                       /* CINFER_SPEC_DRAFT_WINDOWS=1: drafts as speculative windows (the old form) */
     float *dsnap;                   /* [max_seqs][spec_max_draft - 1][dsnap_floats] f32: draft states after 1..k-1
                                        window tokens (device memory on cuda), or NULL */
     size_t dsnap_floats;            /* ctx_seq_state_floats of the draft context */
@@ -743,17 +742,17 @@ static float *draft_snap(cinfer_engine *e, const cinfer_request *r, int j) {
  * per draft position. Each draft position is a plain decode step of the draft context (one row per request:
  * the draft runs exactly as that model decodes alone — CUDA graphs, PDL, the decode GEMVs), and before
  * reading window token j (j >= 1) the draft's DeltaNet state is stashed (a device copy), so that
- * draft_model_sync can rewind it exactly to any kept length. CINFER_SPEC_DRAFT_WINDOWS=1: the old form,
- * where draft position j is a speculative window of j + 1 rows that leaves the state untouched and the kept
- * prefix is committed after verification (on cuda such steps run eagerly, without PDL, through the skinny
- * GEMM: the H200 of session 5 measured a draft step at ~1.9x a plain step of the same model). */
+ * draft_model_sync can rewind it exactly to any kept length. (Until session 6 draft position j was a
+ * speculative window of j + 1 rows committed after verification; on cuda such steps run eagerly, without
+ * PDL, through the skinny GEMM: a draft step cost ~1.9x a plain step, self-draft 0.54x / 0.31x at batch 1 /
+ * 16 on the H200. With plain steps, the call of 14:53: 0.78x / 0.72x, the windows 0.65x at batch 1.) */
 static void draft_model_step(cinfer_engine *e) {
     char err[512];
     int n = 0, budget = e->p.step_tokens;
     for (int i = 0; i < e->n_running; i++) {
         cinfer_request *r = e->running[i];
         if (r->dseq < 0) continue;
-        if (r->d_window && !e->dwin) {
+        if (r->d_window) {
             /* drafts no verification answered (never so far: every decode entry fits a step): the draft
              * cannot tell how far to go back, so it stops drafting for this request */
             LOG_W("draft model: a window went unverified; request drafts no more");
@@ -802,16 +801,11 @@ static void draft_model_step(cinfer_engine *e) {
             int k = r->draft_len < room ? r->draft_len : room;
             if (r->dseq < 0 || r->n_fed < r->n_prompt || r->d_fed < r->n_prompt || r->n_catchup || r->n_drafts != j || j >= k)
                 continue;
-            if (e->dwin) {
-                e->dentries[n] = (cinfer_batch_entry){r->dseq, r->drafts, j + 1, 0, 1};
-            } else {
-                if (j && e->dsnap &&
-                    ctx_seq_state_stash(e->dctx, r->dseq, draft_snap(e, r, j), err, sizeof err)) {
-                    LOG_E("draft model: %s", err);
-                    continue; /* its drafts so far stand */
-                }
-                e->dentries[n] = (cinfer_batch_entry){r->dseq, r->drafts + j, 1, 0, 0};
+            if (j && e->dsnap && ctx_seq_state_stash(e->dctx, r->dseq, draft_snap(e, r, j), err, sizeof err)) {
+                LOG_E("draft model: %s", err);
+                continue; /* its drafts so far stand */
             }
+            e->dentries[n] = (cinfer_batch_entry){r->dseq, r->drafts + j, 1, 0, 0};
             e->dreq[n++] = r;
         }
         if (!n) break;
@@ -840,17 +834,14 @@ static void draft_model_step(cinfer_engine *e) {
 }
 
 /* After the target kept `kept` window tokens of r ([last, d1..]): the draft model keeps the same ones. It
- * read d_window of them: a window commits what it holds of the kept ones; plain steps rewind to the stash
- * taken at the kept length when fewer were kept. Kept tokens it has not read are read at the next step. */
+ * read d_window of them and rewinds to the stash taken at the kept length when fewer were kept (or when a
+ * test's drafter replaced what it read); kept tokens it has not read are read at the next step. */
 static void draft_model_sync(cinfer_engine *e, cinfer_request *r, int kept) {
     char err[256];
     if (r->dseq < 0) return;
     int c = 0; /* the tokens it read that the target kept: a prefix of both */
     while (c < r->d_window && c < kept && r->dread[c] == r->drafts[c]) c++;
-    if (e->dwin) {
-        if (r->d_window && cinfer_seq_commit(e->dctx, r->dseq, c, err, sizeof err))
-            LOG_E("draft model: %s", err);
-    } else if (c < r->d_window) {
+    if (c < r->d_window) {
         /* c >= 1 (a window's first token, r->last, is always kept): the stash before reading token c */
         int len = cinfer_seq_len(e->dctx, r->dseq) - (r->d_window - c);
         if (ctx_seq_rewind(e->dctx, r->dseq, len, e->dsnap ? draft_snap(e, r, c) : NULL, err, sizeof err)) {
@@ -1278,9 +1269,7 @@ int cinfer_engine_create(cinfer_model *cm, const cinfer_engine_params *pp, cinfe
     if (p.spec == CINFER_SPEC_DRAFT) {
         cinfer_ctx_params dp = cp;
         dp.prefix_cache_memory = 0;
-        const char *dw = getenv("CINFER_SPEC_DRAFT_WINDOWS");
-        e->dwin = dw && !strcmp(dw, "1");
-        if (!e->dwin) dp.spec_window = 0; /* plain decode steps: the context is made as for decoding alone */
+        dp.spec_window = 0; /* plain decode steps: the context is made as for decoding alone */
         if ((rc = cinfer_ctx_create(p.draft_model, &dp, &e->dctx, err, errlen))) {
             ci_err_prefix(err, errlen, "draft model");
             cinfer_ctx_destroy(e->ctx);
@@ -1298,7 +1287,7 @@ int cinfer_engine_create(cinfer_model *cm, const cinfer_engine_params *pp, cinfe
         /* the rewind's stashes: spec_max_draft - 1 states per sequence (a 4B draft: 50 MB each) */
         e->dsnap_floats = ctx_seq_state_floats(e->dctx);
         size_t nsnap = (size_t)p.max_seqs * (size_t)(p.spec_max_draft > 1 ? p.spec_max_draft - 1 : 0);
-        if (!e->dwin && nsnap && e->dsnap_floats) {
+        if (nsnap && e->dsnap_floats) {
             size_t bytes = nsnap * e->dsnap_floats * sizeof(float);
             e->dsnap_dev = cinfer_ctx_device(e->dctx) == CINFER_DEVICE_CUDA;
             e->dsnap = e->dsnap_dev ? cuda_dev_alloc(bytes) : ci_try_alloc(bytes);
