@@ -6,6 +6,10 @@
  * row, so a row's result never depends on the rows beside it in the launch. */
 #include "backend/cuda/common.cuh"
 
+#include <cooperative_groups.h>
+
+namespace cg = cooperative_groups;
+
 #define MF_WARPS  8 /* warps per block of the expert kernels: one output each */
 #define RT_WARPS  4 /* router: one logit per warp, so E / 4 blocks per row spread the matrix over the SMs */
 #define MF_GROUP  4 /* down kernel: experts whose weights are requested together */
@@ -145,7 +149,7 @@ __device__ __forceinline__ void mf_norm_row(const float *xr, const float (&nv)[N
  * (read from L2, where other blocks wrote) with per-lane sums joined by the butterfly, k rounds of a warp
  * argmax on (p, lowest index), the k weights summed in selection order. Lane j < k gets the j-th choice:
  * *e, its weight *w (renormalised when norm) and *rank, its place in ascending expert order. */
-template <int EW>
+template <int EW, int SMEM = 0>
 __device__ __forceinline__ void mf_select(const float *lg, int E, int k, int norm, int lane, int *oe,
                                           float *ow, int *orank) {
     /* lane l owns experts l + 32i (i < EW: E <= 32 EW, 8 or 32, so E = 256 unrolls 8 steps, not 32); logits
@@ -154,13 +158,13 @@ __device__ __forceinline__ void mf_select(const float *lg, int E, int k, int nor
     float mx = -INFINITY;
 #pragma unroll
     for (int i = 0; i < EW; i++)
-        if (lane + 32 * i < E) mx = fmaxf(mx, __ldcg(lg + lane + 32 * i));
+        if (lane + 32 * i < E) mx = fmaxf(mx, SMEM ? lg[lane + 32 * i] : __ldcg(lg + lane + 32 * i));
     mx = warp_max(mx);
     float s = 0.0f;
 #pragma unroll
     for (int i = 0; i < EW; i++)
         if (lane + 32 * i < E) {
-            p[i] = expf(__ldcg(lg + lane + 32 * i) - mx);
+            p[i] = expf((SMEM ? lg[lane + 32 * i] : __ldcg(lg + lane + 32 * i)) - mx);
             s += p[i];
         }
     s = warp_sum(s);
@@ -285,6 +289,89 @@ __global__ void __launch_bounds__(NORM ? 256 : RT_WARPS * 32)
     }
     /* variant 16: the row's choices are published (each writer fenced, then the warp joined, then a release)
      * for the gate_up kernel's expert warps; the down kernel sets the flag back to 0 */
+    __syncwarp();
+    if (ready && lane == 0) st_release(ready + r, 1u);
+}
+
+/* ---- variant 256: the router as one cluster of RC_CTAS blocks a row ----
+ * Block c of the cluster holds router rows RC_PER c .. RC_PER (c + 1) in shared memory, copied there before
+ * the PDL wait (cp.async: no registers held); warp w computes logits RC_PER c + 4 w + q (q < 4) with x's lane
+ * slice read once per chunk, each logit's sum in dot_rows' lane order, so the values are mf_route_kernel's.
+ * The logits go to block 0's shared memory (distributed shared memory) and after the cluster barrier block
+ * 0's warp 0 selects as mf_route_kernel's last block does: no fences, counters or L2 round trips between the
+ * dot products and the selection. E <= RC_CTAS RC_PER. */
+#define RC_CTAS 8
+#define RC_PER  32
+
+__device__ __forceinline__ void cp_async16(void *s, const void *g) {
+    unsigned sa = (unsigned)__cvta_generic_to_shared(s);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa), "l"(g) : "memory");
+}
+
+template <int NORM>
+__global__ void __launch_bounds__(256)
+    mf_route_cl_kernel(const float *__restrict__ x, const uint16_t *__restrict__ wr, int *idx, float *wout,
+                       int H, int E, int k, int norm, const float *__restrict__ nw, float eps, float *xn,
+                       unsigned *ready) {
+    extern __shared__ __align__(16) unsigned char rc_smem[];
+    uint16_t *ws = reinterpret_cast<uint16_t *>(rc_smem);                    /* [RC_PER][H] bf16 */
+    float *xs = reinterpret_cast<float *>(rc_smem + (size_t)RC_PER * H * 2); /* [H] */
+    __shared__ float lg_s[RC_CTAS * RC_PER];                                 /* block 0's: the row's logits */
+    __shared__ float sh[32];
+    cg::cluster_group cl = cg::this_cluster();
+    const int r = blockIdx.y, rank = (int)cl.block_rank(), warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int e0 = rank * RC_PER, nrows = E - e0 < RC_PER ? E - e0 : RC_PER;
+    /* the weights depend on no kernel: requested before the wait */
+    if (nrows > 0) {
+        const size_t n16 = (size_t)nrows * H / 8;
+        const uint4 *src = reinterpret_cast<const uint4 *>(wr + (size_t)e0 * H);
+        for (size_t i = threadIdx.x; i < n16; i += 256) cp_async16(ws + i * 8, src + i);
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+    constexpr int NJ = NORM ? MF_NORM_H / 256 : 1;
+    [[maybe_unused]] float nv[NJ];
+    if constexpr (NORM) {
+#pragma unroll
+        for (int j = 0; j < NJ; j++) {
+            int i = threadIdx.x + 256 * j;
+            nv[j] = i < H ? __ldg(nw + i) : 0.0f;
+        }
+    }
+    griddep_wait();
+    griddep_launch();
+    const float *xr = x + (size_t)r * H;
+    if constexpr (NORM) {
+        mf_norm_row<NJ>(xr, nv, H, eps, xs, sh, rank == 0 ? xn + (size_t)r * H : nullptr);
+    } else {
+        for (int i = threadIdx.x; i < H; i += 256) xs[i] = xr[i];
+    }
+    asm volatile("cp.async.wait_all;" ::: "memory");
+    __syncthreads();
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    const int q0 = warp * 4;
+    for (int kk = lane * 8; kk < H; kk += 256) {
+        const float *xk = xs + kk;
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+            if (q0 + q < nrows)
+                acc[q] = fma8(*reinterpret_cast<const uint4 *>(ws + (size_t)(q0 + q) * H + kk), xk, acc[q]);
+    }
+    float *lg0 = cl.map_shared_rank(lg_s, 0);
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        float v = warp_sum(acc[q]);
+        if (lane == 0 && q0 + q < nrows) lg0[e0 + q0 + q] = v;
+    }
+    cl.sync(); /* every logit in block 0's shared memory */
+    if (rank != 0 || warp != 0) return;
+    int my_e, rank_e;
+    float my_w;
+    mf_select<8, 1>(lg_s, E, k, norm, lane, &my_e, &my_w, &rank_e);
+    if (lane < k) {
+        idx[(size_t)r * k + rank_e] = my_e;
+        wout[(size_t)r * k + rank_e] = my_w;
+        __threadfence();
+    }
     __syncwarp();
     if (ready && lane == 0) st_release(ready + r, 1u);
 }
@@ -690,8 +777,50 @@ extern "C" int cu_moe_fused_supported(int H, int E, int k, int Im, int Is) {
            Im % 8 == 0 && Im <= MF_MAX_KD && Is >= 0 && Is % 8 == 0;
 }
 
+/* cluster launch (variant 256), by PDL when pdl and the last operation on the stream was a kernel */
+template <class... KA, class... A>
+static void mf_launch_cluster(cu_ctx *c, int pdl, void (*kern)(KA...), dim3 grid, dim3 block, size_t smem,
+                              unsigned cx, A... args) {
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[2];
+    unsigned n = 0;
+    at[n].id = cudaLaunchAttributeClusterDimension;
+    at[n].val.clusterDim.x = cx, at[n].val.clusterDim.y = 1, at[n].val.clusterDim.z = 1;
+    n++;
+    if (pdl && !c->pdl_break) {
+        at[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[n].val.programmaticStreamSerializationAllowed = 1;
+        n++;
+    }
+    c->pdl_break = 0;
+    cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = c->stream;
+    cfg.attrs = at, cfg.numAttrs = n;
+    cudaLaunchKernelEx(&cfg, kern, args...);
+}
+
+/* the cluster router's shared memory (0: it does not serve this shape) */
+static size_t mf_route_cl_smem(int H, int E) {
+    size_t b = (size_t)RC_PER * H * 2 + (size_t)H * 4;
+    return E <= RC_CTAS * RC_PER && H <= MF_NORM_H && b <= 200 * 1024 ? b : 0;
+}
+
 extern "C" void cu_moe_fused_route(cu_ctx *c, const cu_moe_args *a) {
     if (a->T <= 0) return;
+    size_t clsm = (a->variant & 256) ? mf_route_cl_smem(a->H, a->E) : 0;
+    if (clsm) {
+        int nrm = a->norm_w != NULL;
+        void (*kc)(const float *, const uint16_t *, int *, float *, int, int, int, int, const float *, float,
+                   float *, unsigned *) = nrm ? mf_route_cl_kernel<1> : mf_route_cl_kernel<0>;
+        static size_t set[2];
+        if (set[nrm] < clsm) { /* past 48 KB of dynamic shared memory: once per size */
+            cudaFuncSetAttribute(kc, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)clsm);
+            set[nrm] = clsm;
+        }
+        mf_launch_cluster(c, (a->variant & 4) != 0, kc, dim3(RC_CTAS, (unsigned)a->T), dim3(256), clsm,
+                          (unsigned)RC_CTAS, a->x, a->router, a->idx, a->w, a->H, a->E, a->k, a->norm,
+                          a->norm_w, a->eps, a->xn, (a->variant & (16 | 128)) ? a->ready : (unsigned *)NULL);
+        return;
+    }
     int pdl = (a->variant & 4) != 0, nrm = a->norm_w != NULL;
     int warps = nrm ? 8 : RT_WARPS;
     dim3 grid(cdiv((size_t)a->E, (size_t)warps), (unsigned)a->T), block(warps * 32);
