@@ -306,6 +306,7 @@ struct cuda_fwd {
      * the decode steps being captured, and the batch sizes already measured (bit B - 1) */
     int diag_ab, diag_skip, diag_dup;
     int gemv_stream; /* CINFER_CUDA_GEMV_STREAM=1 (cu_set_gemv_stream) */
+    int attn_pf;     /* CINFER_CUDA_ATTN_PF (cu_set_attn_decode_pf) */
     int gdn_split; /* CINFER_CUDA_GDN_SPLIT=1: deltanet()'s conv in in_proj, the layer by split_decode_kernel
                     */
     unsigned long long diag_done;
@@ -678,7 +679,8 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * default since the H200 call 3 of session 5: 4B batch 1 371.8 -> 380.5 tok/s over PDL; bit-identical in
      * cuda_pdl (fixtures, 4B shape), cuda_spec passing with it (call 2) */
     const char *apf = getenv("CINFER_CUDA_ATTN_PF");
-    cu_set_attn_decode_pf(!(apf && !strcmp(apf, "0")));
+    f->attn_pf = apf ? atoi(apf) : 1; /* "2" / "3": two / three positions ahead (the same bits) */
+    cu_set_attn_decode_pf(f->attn_pf);
     /* "1": the decode GEMVs at one row stream their weights through shared memory (gemv3.cu) */
     const char *gst = getenv("CINFER_CUDA_GEMV_STREAM");
     f->gemv_stream = gst ? atoi(gst) : 0; /* "2": the form with a task for every warp (gemv3.cu) */
@@ -1504,7 +1506,7 @@ static int enqueue(cuda_fwd *f, const run_shape *rs, int moe_device, char *err, 
 static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
     static const struct {
         const char *name;
-        int skip, dup, nopdl, stream, split; /* stream / split: that switch on (1) / off (-1) */
+        int skip, dup, nopdl, stream, split, apf; /* stream / split: on (1, 2) / off (-1); apf: ATTN_PF */
     } v[] = {
         {"base", 0, 0, 0, 0, 0},
         {"gemv stream on", 0, 0, 0, 1, 0},
@@ -1514,6 +1516,9 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
         {"gdn split off", 0, 0, 0, 0, -1},
         {"stream + split on", 0, 0, 0, 1, 1},
         {"stream 2 + split on", 0, 0, 0, 2, 1},
+        {"attn pf 2", 0, 0, 0, 0, 0, 2},
+        {"attn pf 3", 0, 0, 0, 0, 0, 3},
+        {"stream 2 + split + pf 2", 0, 0, 0, 2, 1, 2},
         {"pdl off", 0, 0, 1},
         {"skip in_proj", DG_IN, 0, 0},
         {"skip deltanet", DG_GDN, 0, 0},
@@ -1549,6 +1554,7 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
         if (v[i].stream) cu_set_gemv_stream(v[i].stream > 0 ? v[i].stream : 0);
         int split = f->gdn_split;
         if (v[i].split) f->gdn_split = v[i].split > 0;
+        if (v[i].apf) cu_set_attn_decode_pf(v[i].apf);
         void *exec = NULL;
         int rc = cu_capture_begin(f->cu, err, sizeof err);
         int rc2 = rc ? rc : enqueue(f, rs, moe_device, err, sizeof err);
@@ -1556,6 +1562,7 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
         f->pdl = pdl, f->diag_skip = f->diag_dup = 0;
         cu_set_gemv_stream(f->gemv_stream);
         f->gdn_split = split;
+        cu_set_attn_decode_pf(f->attn_pf);
         if (rc || rc2) {
             fprintf(stderr, "cinfer diag: %s: %s\n", v[i].name, err);
             cu_graph_destroy(exec);

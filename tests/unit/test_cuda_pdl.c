@@ -28,8 +28,9 @@
 
 #define NO_DEVICE() (!cuda_built() || cuda_devices() < 1)
 
-/* one run under the given switches (NULL: unset); pf: CINFER_CUDA_ATTN_PF=1 unless "0", and "2" also the
- * streaming GEMVs CINFER_CUDA_GEMV_STREAM=1 and the split DeltaNet layer CINFER_CUDA_GDN_SPLIT=1 */
+/* one run under the given switches (NULL: unset); pf: CINFER_CUDA_ATTN_PF=1 unless "0", and "2" the attention
+ * prefetch two positions ahead (CINFER_CUDA_ATTN_PF=2), the streaming GEMVs CINFER_CUDA_GEMV_STREAM=1 and the
+ * split DeltaNet layer CINFER_CUDA_GDN_SPLIT=1 */
 static int run_with(cinfer_model *m, const char *pdl, const char *graphs, const char *pf, int B, int prof,
                     int V, float *out) {
     if (pf && !strcmp(pf, "2")) {
@@ -48,7 +49,7 @@ static int run_with(cinfer_model *m, const char *pdl, const char *graphs, const 
     else
         unsetenv("CINFER_CUDA_GRAPHS");
     if (pf)
-        setenv("CINFER_CUDA_ATTN_PF", strcmp(pf, "0") ? "1" : "0", 1);
+        setenv("CINFER_CUDA_ATTN_PF", !strcmp(pf, "0") ? "0" : !strcmp(pf, "2") ? "2" : "1", 1);
     else
         unsetenv("CINFER_CUDA_ATTN_PF");
     int rc = test_run_seqs(m, B, 2, 8, V, prof, out);

@@ -101,11 +101,11 @@ __device__ __forceinline__ void kv_load(float (&k)[NPL], float (&v)[NPL], const 
     for (int i = 0; i < NPL; i++) k[i] = kp[lane + 32 * i], v[i] = vp[lane + 32 * i];
 }
 
-/* PF (CINFER_CUDA_ATTN_PF=1): each warp's next position's k and v are requested before the current one's
- * dot product and update (one memory round trip a position instead of ~three: the block table, then k, then
- * v after the softmax), and under PDL a warp's first position, a row of an earlier step, before waiting for
- * in_proj. The same values in the same order: the same bits. */
-template <int NPL, bool FUSED, bool PF = false>
+/* PF (CINFER_CUDA_ATTN_PF=1 or 2): each warp's next PF positions' k and v are requested before the current
+ * one's dot product and update (one memory round trip a position instead of ~three: the block table, then k,
+ * then v after the softmax), and under PDL a warp's first PF positions, rows of earlier steps, before waiting
+ * for in_proj. The same values in the same order: the same bits. */
+template <int NPL, bool FUSED, int PF = 0>
 __global__ void __launch_bounds__(128) attn_kernel(cu_attn_args a) {
     __shared__ float sm_m[4], sm_l[4], sm_acc[4][NPL * 32];
     __shared__ float qk_s[FUSED ? 2 : 1][FUSED ? NPL * 32 : 1];
@@ -114,16 +114,21 @@ __global__ void __launch_bounds__(128) attn_kernel(cu_attn_args a) {
         hd = a.hd;
     int pos = a.meta.row_pos[r], start = sp * a.span;
     /* PF: the metadata (uploaded before the step) and this warp's first position of an earlier step */
-    float kc[NPL], vc[NPL];
+    constexpr int D = PF > 0 ? PF : 1; /* positions a warp holds ahead */
+    float kc[D][NPL], vc[D][NPL];
     int u0 = 0;
     if (PF && start <= pos) {
         const int *bl = a.meta.blocks + a.meta.e_boff[a.meta.row_entry[r]];
         int fr = a.meta.e_astart ? a.meta.e_astart[a.meta.row_entry[r]] : 0;
         int en = pos + 1 < start + a.span ? pos + 1 : start + a.span, kh = h / (a.Hq / a.Hkv);
         u0 = (fr < start ? start : fr) + warp;
-        if (u0 < en && !(FUSED && u0 == pos))
-            kv_load<NPL>(kc, vc, kv_row(a.kpool, a, bl, u0) + (size_t)kh * hd,
-                         kv_row(a.vpool, a, bl, u0) + (size_t)kh * hd, lane);
+#pragma unroll
+        for (int d = 0; d < D; d++) {
+            int u = u0 + 4 * d;
+            if (u < en && !(FUSED && u == pos))
+                kv_load<NPL>(kc[d], vc[d], kv_row(a.kpool, a, bl, u) + (size_t)kh * hd,
+                             kv_row(a.vpool, a, bl, u) + (size_t)kh * hd, lane);
+        }
     }
     /* FUSED under CINFER_CUDA_PDL=1: the q/k/v row comes from the in_proj GEMV before this kernel, and every
      * block waits for it, even one with no positions (common.cuh) */
@@ -163,25 +168,31 @@ __global__ void __launch_bounds__(128) attn_kernel(cu_attn_args a) {
     int from = a.meta.e_astart ? a.meta.e_astart[a.meta.row_entry[r]] : 0;
     if (from < start) from = start;
     if (PF) {
-        if (FUSED && u0 == pos && u0 < end) kv_load<NPL>(kc, vc, kcur, vcur, lane);
+#pragma unroll
+        for (int d = 0; d < D; d++)
+            if (FUSED && u0 + 4 * d == pos && u0 + 4 * d < end) kv_load<NPL>(kc[d], vc[d], kcur, vcur, lane);
         for (int u = u0; u < end; u += 4) {
             float kn[NPL], vn[NPL];
-            int un = u + 4;
+            int un = u + 4 * D;
             if (un < end)
                 kv_load<NPL>(
                     kn, vn, FUSED && un == pos ? kcur : kv_row(a.kpool, a, blocks, un) + (size_t)kvh * hd,
                     FUSED && un == pos ? vcur : kv_row(a.vpool, a, blocks, un) + (size_t)kvh * hd, lane);
             float s = 0.0f;
 #pragma unroll
-            for (int i = 0; i < NPL; i++) s = fmaf(qv[i], kc[i], s);
+            for (int i = 0; i < NPL; i++) s = fmaf(qv[i], kc[0][i], s);
             s = warp_sum(s) * scale;
             float mn = fmaxf(m, s), corr = expf(m - mn), p = expf(s - mn);
             l = fmaf(l, corr, p);
 #pragma unroll
-            for (int i = 0; i < NPL; i++) acc[i] = fmaf(p, vc[i], acc[i] * corr);
+            for (int i = 0; i < NPL; i++) acc[i] = fmaf(p, vc[0][i], acc[i] * corr);
             m = mn;
 #pragma unroll
-            for (int i = 0; i < NPL; i++) kc[i] = kn[i], vc[i] = vn[i];
+            for (int d = 0; d + 1 < D; d++)
+#pragma unroll
+                for (int i = 0; i < NPL; i++) kc[d][i] = kc[d + 1][i], vc[d][i] = vc[d + 1][i];
+#pragma unroll
+            for (int i = 0; i < NPL; i++) kc[D - 1][i] = kn[i], vc[D - 1][i] = vn[i];
         }
     } else
         for (int u = from + warp; u < end; u += 4) {
@@ -301,11 +312,15 @@ extern "C" void cu_attn_layer(cu_ctx *c, const cu_attn_args *a) {
 /* decode-only batches (dec_cnt): one launch, prep and combine folded into attn_kernel */
 static int g_attn_pf = 0;
 extern "C" void cu_set_attn_decode_pf(int on) {
-    g_attn_pf = on != 0;
+    g_attn_pf = on >= 0 && on <= 3 ? on : 1;
 }
 template <int NPL> static void attn_decode_npl(cu_ctx *c, const cu_attn_args *a, dim3 grid) {
-    if (g_attn_pf)
-        cu_launch_step(c, PDL_ATTN, attn_kernel<NPL, true, true>, grid, dim3(128), *a);
+    if (g_attn_pf == 3)
+        cu_launch_step(c, PDL_ATTN, attn_kernel<NPL, true, 3>, grid, dim3(128), *a);
+    else if (g_attn_pf == 2)
+        cu_launch_step(c, PDL_ATTN, attn_kernel<NPL, true, 2>, grid, dim3(128), *a);
+    else if (g_attn_pf)
+        cu_launch_step(c, PDL_ATTN, attn_kernel<NPL, true, 1>, grid, dim3(128), *a);
     else
         cu_launch_step(c, PDL_ATTN, attn_kernel<NPL, true>, grid, dim3(128), *a);
 }

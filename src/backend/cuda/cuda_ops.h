@@ -92,9 +92,9 @@ int cu_pdl_break_on(void);
 /* which kernels go by PDL (CINFER_CUDA_PDL_MASK, diagnostics; default 31, all): 1 embedding / norms / SwiGLU
  * / adds, 2 the fused DeltaNet decode kernel, 4 the fused attention decode kernel, 8 sampling, 16 GEMVs */
 void cu_set_pdl_mask(int mask);
-/* 1 (CINFER_CUDA_ATTN_PF=1): the fused attention decode kernel requests each warp's next position's k / v
- * before the current one's arithmetic (and its first, under PDL, before waiting for in_proj); the same bits
- */
+/* 1 (CINFER_CUDA_ATTN_PF=1, the default), 2, 3: the fused attention decode kernel requests each warp's next
+ * 1 / 2 / 3 positions' k / v before the current one's arithmetic (and its first ones, under PDL, before
+ * waiting for in_proj); 0 off; the same bits */
 void cu_set_attn_decode_pf(int on);
 /* 1 / 2 (CINFER_CUDA_GEMV_STREAM): the decode GEMVs at one row of x stream their weights through shared
  * memory by bulk copies, requested before the PDL wait (gemv3.cu; 2: stages sized so every warp has a task);
