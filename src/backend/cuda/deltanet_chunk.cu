@@ -818,10 +818,12 @@ template <class F> static int ck_attr(F *kern, size_t floats) {
 
 template <int P> static int ck_set_smem(int dk, int dv) {
     size_t p = ck_prep_smem_floats(dk, dv);
-    return ck_attr(ck_prep_kernel<P>, p) && ck_attr(ck_state_stage_kernel<P>, ck_stage_smem_floats(dk)) &&
-           (P == 1 || (ck_attr(ck_prep_kernel<P, true>, p) && ck_attr(ck_prep_kernel<P, true, 128>, p) &&
-                       ck_attr(ck_state_mma_kernel<>, ck_mma_smem_floats(dk)) &&
-                       ck_attr(ck_state_mma_kernel<128>, ck_mma_smem_floats(dk))));
+    int ok = ck_attr(ck_prep_kernel<P>, p) && ck_attr(ck_state_stage_kernel<P>, ck_stage_smem_floats(dk));
+    if constexpr (P == 3) /* the mma.sync form (one TF32 rounding runs the WMMA one) */
+        ok = ok && ck_attr(ck_prep_kernel<P, true>, p) && ck_attr(ck_prep_kernel<P, true, 128>, p) &&
+             ck_attr(ck_state_mma_kernel<>, ck_mma_smem_floats(dk)) &&
+             ck_attr(ck_state_mma_kernel<128>, ck_mma_smem_floats(dk));
+    return ok;
 }
 
 extern "C" int cu_gdn_chunk_init(int dk, int dv) {
