@@ -135,6 +135,7 @@ struct cinfer_engine {
     int dsnap_dev;                  /* dsnap is cuda_dev_alloc'd */
     cuda_sample *ddsmp;             /* [max_seqs] greedy choices of the draft's rows on the device, or NULL */
     int32_t *ddids;                 /* [max_seqs] the draft's argmax per row */
+    long long d_prompt_read;        /* prompt tokens the draft model read (tests: engine_draft_prompt_tokens) */
     cinfer_batch_entry *dentries;   /* [max_seqs] */
     cinfer_request **dreq;          /* [max_seqs] */
     /* CINFER_SPEC_MTP: the head reads the target's final-normed hidden rows of each step */
@@ -571,6 +572,11 @@ static void admit(cinfer_engine *e) {
                 r->n_fed = cached;
                 r->cached = cached;
             }
+            /* the draft model resumes from its own cache (snapshots at the same stops, draft_model_step): a
+             * second turn does not make it read the whole conversation again */
+            int dc = 0;
+            if (e->dctx && r->dseq >= 0 && ctx_seq_resume(e->dctx, r->dseq, cache_key(r), r->n_prompt, &dc, err, sizeof err) == 0)
+                r->d_fed = dc;
             if (e->trace) { /* the restore's copies are enqueued: wait for them here to see what they cost */
                 double t1 = now_ms();
                 char e2[128];
@@ -768,6 +774,10 @@ static void draft_model_step(cinfer_engine *e) {
             budget -= r->n_catchup;
         } else if (r->d_fed < r->n_prompt && budget > 0) {
             int cnt = r->n_prompt - r->d_fed < budget ? r->n_prompt - r->d_fed : budget;
+            if (e->p.prefix_cache_memory > 0 && r->d_fed < r->n_prompt - 1) { /* its snapshots: the target's stops */
+                int q = next_stop(e, r, r->d_fed) - r->d_fed;
+                if (q > 0 && q < cnt) cnt = q;
+            }
             e->dentries[n] = (cinfer_batch_entry){r->dseq, r->prompt + r->d_fed, cnt, 0};
             e->dreq[n++] = r;
             budget -= cnt;
@@ -779,8 +789,15 @@ static void draft_model_step(cinfer_engine *e) {
     }
     for (int i = 0; i < n; i++) {
         cinfer_request *r = e->dreq[i];
-        if (e->dentries[i].tokens == r->catchup) r->n_catchup = 0;
-        else r->d_fed += e->dentries[i].n_tokens;
+        if (e->dentries[i].tokens == r->catchup) {
+            r->n_catchup = 0;
+            continue;
+        }
+        r->d_fed += e->dentries[i].n_tokens;
+        e->d_prompt_read += e->dentries[i].n_tokens;
+        if (e->p.prefix_cache_memory > 0 && r->d_fed < r->n_prompt && next_stop(e, r, r->d_fed - 1) == r->d_fed &&
+            ctx_seq_snapshot(e->dctx, r->dseq, cache_key(r), err, sizeof err))
+            LOG_W("draft model: prefix cache: %s", err);
     }
     int kmax = 0;
     for (int i = 0; i < e->n_running; i++) {
@@ -1204,6 +1221,7 @@ long long engine_pad_rows(cinfer_engine *e) {
 }
 
 int engine_draft_slots_used(cinfer_engine *e) { return e->dctx ? ctx_slots_used(e->dctx) : 0; }
+long long engine_draft_prompt_tokens(cinfer_engine *e) { return e->d_prompt_read; }
 
 void engine_set_drafter(cinfer_engine *e, engine_draft_fn fn, void *ud) {
     e->drafter = fn;
@@ -1267,8 +1285,7 @@ int cinfer_engine_create(cinfer_model *cm, const cinfer_engine_params *pp, cinfe
         return rc;
     }
     if (p.spec == CINFER_SPEC_DRAFT) {
-        cinfer_ctx_params dp = cp;
-        dp.prefix_cache_memory = 0;
+        cinfer_ctx_params dp = cp; /* its prefix cache: a budget of the same size (its snapshots are smaller) */
         dp.spec_window = 0; /* plain decode steps: the context is made as for decoding alone */
         if ((rc = cinfer_ctx_create(p.draft_model, &dp, &e->dctx, err, errlen))) {
             ci_err_prefix(err, errlen, "draft model");

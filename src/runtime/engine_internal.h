@@ -15,5 +15,7 @@ void engine_set_drafter(cinfer_engine *e, engine_draft_fn fn, void *ud);
 long long engine_pad_rows(cinfer_engine *e);
 /* Sequences open in the draft model's context (0 without one; tests: read while the engine is idle). */
 int engine_draft_slots_used(cinfer_engine *e);
+/* Prompt tokens the draft model has read (0 without one; tests, engine idle). */
+long long engine_draft_prompt_tokens(cinfer_engine *e);
 
 #endif

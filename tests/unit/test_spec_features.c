@@ -352,7 +352,8 @@ static void drain_lp(cinfer_request *r, lpev *o) {
 
 /* 8 requests (greedy and seeded at 0.7, 5 top logprobs each), twice on one engine with the prefix cache on:
  * with the target as its own draft model every token's logprob events are plain decode's, and the second
- * round, resumed from the cache, too; then requests cancelled mid-stream give back every slot of both
+ * round, resumed from the cache (the draft model from its own), too; then requests cancelled mid-stream give
+ * back every slot of both
  * contexts (with 8 sequences, later requests could not start otherwise). */
 TEST(spec_draft_model_keeps_logprobs_prefix_cache_and_cancel) {
     cinfer_model *m = open_fixture("qwen35_text"), *dm = open_fixture("qwen35_text");
@@ -376,7 +377,9 @@ TEST(spec_draft_model_keeps_logprobs_prefix_cache_and_cancel) {
         ep.draft_model = pass ? dm : NULL;
         cinfer_engine *e;
         REQUIRE(cinfer_engine_create(m, &ep, &e, err, sizeof err) == 0);
+        long long dread[2] = {0, 0};
         for (int round = 0; round < (pass ? 2 : 1); round++) {
+            long long d0 = engine_draft_prompt_tokens(e);
             cinfer_request *rq[NR];
             for (int i = 0; i < NR; i++) {
                 cinfer_request_params rp;
@@ -392,6 +395,15 @@ TEST(spec_draft_model_keeps_logprobs_prefix_cache_and_cancel) {
                 drain_lp(rq[i], pass ? &spec[round][i] : &plain[i]);
                 cinfer_request_free(rq[i]);
             }
+            dread[round] = engine_draft_prompt_tokens(e) - d0;
+        }
+        if (pass) {
+            /* the draft model resumed from its own prefix cache: one prompt token each the second time */
+            int all = 0;
+            for (int i = 0; i < NR; i++) all += lens[i];
+            printf("     the draft model read %lld prompt tokens cold, %lld resumed\n", dread[0], dread[1]);
+            CHECK_EQ_INT((int)dread[0], all);
+            CHECK_EQ_INT((int)dread[1], NR);
         }
         if (pass) {
             /* cancellation: 3 waves of 8 long requests, each cancelled after its third token */
