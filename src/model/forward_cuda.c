@@ -214,10 +214,10 @@ struct cuda_fwd {
     int *moe_grp;             /* device: slots grouped by expert, off [E + 1] | perm [S] (cu_moe_gemm*) */
     int moe_fused;            /* the decode MoE block by cu_moe_fused (CINFER_CUDA_MOE_FUSED=0: off) */
     float *moe_fa;            /* [T][k Im + Is]: the fused path's SwiGLU outputs */
-    unsigned *moe_cnt;        /* [2T]: the fused router's finished-block counters, then its per-row flags
-                                 (variant 16), both zeroed and left zeroed */
-    int moe_cnt_rows;         /* T of moe_cnt: the flags start there */
+    unsigned *moe_cnt;        /* [T]: the fused router's finished-block counters (zeroed, kept zeroed) */
     unsigned *moe_sync;       /* variant 128's counters (cu_moe_fused_sync_words), zeroed, left zeroed */
+    unsigned *moe_ready;      /* [T] the router's flags (variants 16 / 128): their own allocation, so the
+                                 blocks polling them do not share a line with the router's counters */
     int moe_variant;          /* cu_moe_args.variant (CINFER_CUDA_MOE_VARIANT, measurements) */
     int moe_pf_grouped;       /* prefill experts by cu_moe_gemm* (CINFER_CUDA_MOE_PREFILL=host: off) */
     int moe_gemm_rows; /* with it, decode batches of at least this many rows too (CINFER_CUDA_MOE_GEMM_ROWS)
@@ -540,7 +540,8 @@ static int alloc_scratch(cuda_fwd *f, char *err, size_t errlen) {
             (rc = dev_alloc(f, (void **)&f->moe_host, 3 * S * 4, a, err, errlen)) ||
             (rc = dev_alloc(f, (void **)&f->moe_grp, (E + 1 + S) * 4, a, err, errlen)) ||
             (rc = dev_alloc(f, (void **)&f->moe_fa, (S * Im + T * Is) * 4, a, err, errlen)) ||
-            (rc = dev_alloc(f, (void **)&f->moe_cnt, 2 * T * 4, a, err, errlen)) ||
+            (rc = dev_alloc(f, (void **)&f->moe_cnt, T * 4, a, err, errlen)) ||
+            (rc = dev_alloc(f, (void **)&f->moe_ready, T * 4, a, err, errlen)) ||
             (rc = dev_alloc(f, (void **)&f->moe_sync,
                             cu_moe_fused_sync_words((int)T, (int)H, c->n_experts_per_tok) * 4, a, err,
                             errlen)) ||
@@ -549,7 +550,6 @@ static int alloc_scratch(cuda_fwd *f, char *err, size_t errlen) {
             (rc = cu_alloc_host((void **)&f->h_moe_w, S * 4, err, errlen)) ||
             (rc = cu_alloc_host((void **)&f->h_moe_up, 3 * S * 4, err, errlen)))
             return rc;
-        f->moe_cnt_rows = (int)T;
         f->h_cnt = xcalloc(E + 1, sizeof(int));
         f->h_off = xcalloc(E + 1, sizeof(int));
         f->h_fill = xcalloc(E + 1, sizeof(int));
@@ -1262,7 +1262,7 @@ static int moe(cuda_fwd *f, const cu_layer *cl, const run_shape *rs, int device_
         a.e_down = cl->e_down;
         a.sh_gu = cl->sh_gu, a.sh_down = cl->sh_down, a.sh_gw = cl->sh_gw;
         a.logits = f->moe_logits, a.idx = f->moe_idx, a.w = f->moe_w, a.count = f->moe_cnt, a.act = f->moe_fa;
-        a.ready = f->moe_cnt + f->moe_cnt_rows, a.sync = f->moe_sync, a.ey = f->ey, a.shy = f->shy;
+        a.ready = f->moe_ready, a.sync = f->moe_sync, a.ey = f->ey, a.shy = f->shy;
         a.shg = f->shg, a.out = f->out, a.resid = into_x ? f->x : NULL,
         a.variant =
             f->profile ? f->moe_variant & ~4 : f->moe_variant; /* no PDL beside the profile's events */

@@ -17,6 +17,7 @@ namespace cg = cooperative_groups;
 #define MF_MAX_K  32
 #define MF_MAX_KD 1024 /* down kernel: Im up to 4 chunks of 256 per lane (one pass) */
 #define MF_NORM_H 4096 /* the router's own RMSNorm (variant 8): rows up to this, in shared memory */
+#define MF_PAD    32   /* words between polled counters (one 128-byte line each) */
 
 /* acc += the 8 bf16 weights in u times x[0..8), in gemv_indexed_kernel's order (low half, then high) */
 __device__ __forceinline__ float fma8(uint4 u, const float *x, float acc) {
@@ -426,8 +427,9 @@ __global__ void __launch_bounds__(MF_WARPS * 32, EARLY ? 6 : 0) /* 6: 577 blocks
             if (threadIdx.x == 0) {
                 unsigned ok = ld_acquire(ready + r);
                 unsigned long long t0 = ok ? 0 : globaltimer_ns();
-                while (!ok && globaltimer_ns() - t0 < 20000000ull) {
-                    __nanosleep(64);
+                for (unsigned ns = 32; !ok && globaltimer_ns() - t0 < 20000000ull;
+                     ns = ns < 256 ? 2 * ns : ns) {
+                    __nanosleep(ns); /* backing off: hundreds of pollers share the flag's line */
                     ok = ld_acquire(ready + r);
                 }
                 ok_sh = (int)ok;
@@ -562,8 +564,9 @@ struct mf_ex {
     float *act, *shg;      /* [T][k Im + Is], [T] */
     float *ey, *shy;       /* [T][k][H], [T][H]: each matrix's down rows before the combine */
     float *out, *resid;    /* as mf_down_kernel */
-    unsigned *sync;        /* [2 + T (k + 1) + T nb], zero between launches: ticket, blocks done, finished
-                              gate_up blocks per (row, matrix), finished down pieces per (row, h-block) */
+    unsigned *sync;        /* [cu_moe_fused_sync_words], zero between launches: ticket, blocks done; finished
+                              gate_up blocks per (row, matrix), MF_PAD apart; finished down pieces per (row,
+                              h-block) */
     int T, H, k, Im, Is, ng_sh, ng_ex, nb;
     unsigned total;
 };
@@ -587,8 +590,8 @@ __device__ __forceinline__ void mf_block_wait_ge(const unsigned *p, unsigned wan
     if (threadIdx.x == 0) {
         unsigned v = ld_acquire(p);
         unsigned long long t0 = v >= want ? 0 : globaltimer_ns();
-        while (v < want && globaltimer_ns() - t0 < 20000000ull) {
-            __nanosleep(64);
+        for (unsigned ns = 32; v < want && globaltimer_ns() - t0 < 20000000ull; ns = ns < 256 ? 2 * ns : ns) {
+            __nanosleep(ns); /* backing off: many pollers share a line */
             v = ld_acquire(p);
         }
     }
@@ -606,7 +609,8 @@ __global__ void __launch_bounds__(MF_WARPS * 32, KC == 2 ? 5 : 4) mf_experts_ker
     if (threadIdx.x == 0) tk = atomicAdd(a.sync, 1u);
     __syncthreads();
     unsigned t = tk;
-    unsigned *gcnt = a.sync + 2, *dcnt = a.sync + 2 + (size_t)T * (k + 1);
+    /* each polled counter on a 128-byte line of its own (MF_PAD words), away from the ticket's */
+    unsigned *gcnt = a.sync + MF_PAD, *dcnt = a.sync + MF_PAD + (size_t)T * (k + 1) * MF_PAD;
     const unsigned nsh = (unsigned)(T * a.ng_sh), nex = (unsigned)(T * a.ng_ex);
     if (t < nsh + nex) {
         /* gate_up: block gb of row r, as mf_gate_up_kernel<.., EARLY 1, NORM> */
@@ -659,7 +663,7 @@ __global__ void __launch_bounds__(MF_WARPS * 32, KC == 2 ? 5 : 4) mf_experts_ker
         __syncthreads();
         if (threadIdx.x == 0) {
             __threadfence();
-            atomicAdd(gcnt + (size_t)r * (k + 1) + (expert_block ? (gb * MF_WARPS) / Im : k), 1u);
+            atomicAdd(gcnt + ((size_t)r * (k + 1) + (expert_block ? (gb * MF_WARPS) / Im : k)) * MF_PAD, 1u);
         }
         griddep_wait(); /* the router complete before this kernel completes */
         griddep_launch();
@@ -700,7 +704,7 @@ __global__ void __launch_bounds__(MF_WARPS * 32, KC == 2 ? 5 : 4) mf_experts_ker
             }
         }
         /* the matrix's gate_up blocks all done: its act is complete */
-        mf_block_wait_ge(gcnt + (size_t)r * (k + 1) + m,
+        mf_block_wait_ge(gcnt + ((size_t)r * (k + 1) + m) * MF_PAD,
                          m < k ? (unsigned)(Im / MF_WARPS) : (unsigned)a.ng_sh);
         griddep_wait();
         griddep_launch();
@@ -762,7 +766,7 @@ __global__ void __launch_bounds__(MF_WARPS * 32, KC == 2 ? 5 : 4) mf_experts_ker
         if (atomicAdd(a.sync + 1, 1u) == a.total - 1) {
             __threadfence();
             a.sync[0] = 0u, a.sync[1] = 0u;
-            for (int i = 0; i < T * (k + 1); i++) gcnt[i] = 0u;
+            for (int i = 0; i < T * (k + 1); i++) gcnt[(size_t)i * MF_PAD] = 0u;
             for (int r = 0; r < T; r++) const_cast<unsigned *>(a.ready)[r] = 0u;
         }
     }
@@ -880,7 +884,8 @@ static int mf_one_launch(const cu_moe_args *a) {
 }
 
 extern "C" size_t cu_moe_fused_sync_words(int T, int H, int k) {
-    return 2 + (size_t)T * (k + 1) + (size_t)T * cdiv((size_t)H, MF_WARPS); /* h-blocks of RD >= 1 rows */
+    return MF_PAD + (size_t)T * (k + 1) * MF_PAD +
+           (size_t)T * cdiv((size_t)H, MF_WARPS); /* h-blocks: RD >= 1 */
 }
 
 /* gate_up + down in one launch (variant 128): mf_experts_kernel */
