@@ -342,8 +342,8 @@ static void moe_case_run(const moe_case *mc) {
         int rc1 = run_fused(c, mc, &w, d_xn, T, 0, NULL, &on),
             rc2 = run_fused(c, mc, &w, d_raw, T, 8, d_nw, &onn);
         /* variant 16 with the norm: the gate_up kernel takes it too (and the router's flag), PDL or not */
-        static const int ev[7] = {24, 28, 60, 136, 140, 268, 396};
-        for (int i = 0; i < 7 && !rc2; i++) {
+        static const int ev[8] = {24, 28, 60, 136, 140, 268, 396, 908};
+        for (int i = 0; i < 8 && !rc2; i++) {
             if (run_fused(c, mc, &w, d_raw, T, ev[i], d_nw, &one)) continue;
             int same =
                 !memcmp(one.idx, onn.idx, (size_t)T * k * 4) && !memcmp(one.w, onn.w, (size_t)T * k * 4) &&
@@ -370,7 +370,7 @@ static void moe_case_run(const moe_case *mc) {
         cu_free(d_raw), cu_free(d_nw), cu_free(d_xn);
     }
     /* the variants (CINFER_CUDA_MOE_VARIANT: PDL launches 4): the same bits */
-    static const int vlist[] = {4, 16, 20, 32, 52, 84, 128, 132, 256, 260, 388};
+    static const int vlist[] = {4, 16, 20, 32, 52, 84, 128, 132, 256, 260, 388, 640};
     for (size_t vi = 0; vi < sizeof vlist / sizeof vlist[0]; vi++) {
         int v = vlist[vi];
         if (v & 8) continue; /* the router's own norm: its check above */
@@ -576,9 +576,9 @@ TEST(cuda_moe_fused_model_matches_unfused) {
     /* in graphs, against the default variant (12: PDL launches, the router taking the norm): 0 (none of it),
      * 4 (the norm kernel launched), 8, and with 16 (the gate_up kernel on the router's flag): the same bits
      */
-    static const char *const vars[12] = {"0",  "4",  "8",   "16",  "24",  "28",
-                                         "60", "92", "136", "140", "268", "396"};
-    for (int vi = 0; vi < 12; vi++) {
+    static const char *const vars[13] = {"0",  "4",   "8",   "16",  "24",  "28", "60",
+                                         "92", "136", "140", "268", "396", "908"};
+    for (int vi = 0; vi < 13; vi++) {
         char *ov = env_swap("CINFER_CUDA_MOE_VARIANT", vars[vi]);
         if (!model_steps(m, V, 3, "1", NULL, NULL, NULL, got))
             CHECK_MSG(!memcmp(ref, got, n * sizeof(float)), "fused MoE variant %s differs from the default",
@@ -690,7 +690,7 @@ TEST(cuda_moe_fused_speed) {
                 T, v, us[0], us[1], b_gu / us[1] / 1e3, us[2], b_dn / us[2] / 1e3, us[0] + us[1] + us[2]);
         }
         /* 4: PDL launches; 8: the router takes the norm before the block (one launch less in the model) */
-        static const int vs[] = {0, 4, 8, 12, 28, 60, 140, 268, 396, 12, 28, 60, 140, 268, 396};
+        static const int vs[] = {0, 4, 8, 12, 28, 60, 140, 268, 396, 908, 12, 28, 60, 140, 268, 396, 908};
         float *nw = dev((size_t)H * 4), *xn = dev((size_t)T * H * 4);
         cu_fill_f32(c, nw, (size_t)H, 1.0f);
         for (size_t vi = 0; vi < sizeof vs / sizeof vs[0]; vi++) {

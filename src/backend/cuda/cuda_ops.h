@@ -468,7 +468,8 @@ typedef struct cu_moe_args {
                     the shared expert's warps start at once, the experts' on the router's flag. 32: the
                     gate_up blocks request the down weights into L2 (64: the same with evict-last). 128 (with
                     ready, sync, ey, shy): gate_up and down in one launch (cu_moe_fused_experts). 256: the
-                    router as one 8-block cluster a row (E <= 256), logits through distributed shared memory */
+                    router as one 8-block cluster a row (E <= 256), logits through distributed shared memory.
+                    512 (with 128): the shared expert's down pieces ticketed before the experts' gate_up */
 } cu_moe_args;
 /* 1 when the fused kernels serve this shape: H, Im, Is multiples of 8, Im <= 1024, E <= 1024, k <= 32 */
 int cu_moe_fused_supported(int H, int E, int k, int Im, int Is);

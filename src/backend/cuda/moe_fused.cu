@@ -568,6 +568,7 @@ struct mf_ex {
                               gate_up blocks per (row, matrix), MF_PAD apart; finished down pieces per (row,
                               h-block) */
     int T, H, k, Im, Is, ng_sh, ng_ex, nb;
+    int sd_first; /* variant 512: the shared expert's down pieces ticketed right after its gate_up blocks */
     unsigned total;
 };
 
@@ -612,6 +613,13 @@ __global__ void __launch_bounds__(MF_WARPS * 32, KC == 2 ? 5 : 4) mf_experts_ker
     /* each polled counter on a 128-byte line of its own (MF_PAD words), away from the ticket's */
     unsigned *gcnt = a.sync + MF_PAD, *dcnt = a.sync + MF_PAD + (size_t)T * (k + 1) * MF_PAD;
     const unsigned nsh = (unsigned)(T * a.ng_sh), nex = (unsigned)(T * a.ng_ex);
+    if (a.sd_first && Is) { /* variant 512: the order shared gate_up, shared down, experts' gate_up, down */
+        const unsigned nshd = (unsigned)(T * a.nb);
+        if (t >= nsh && t < nsh + nshd)
+            t += nex;
+        else if (t >= nsh + nshd && t < nsh + nshd + nex)
+            t -= nshd;
+    }
     if (t < nsh + nex) {
         /* gate_up: block gb of row r, as mf_gate_up_kernel<.., EARLY 1, NORM> */
         int r, gb;
@@ -909,6 +917,7 @@ extern "C" void cu_moe_fused_experts(cu_ctx *c, const cu_moe_args *a) {
     p.ng_sh = (int)cdiv((size_t)Is + (a->sh_gw ? 1 : 0), MF_WARPS);
     p.nb = (int)cdiv((size_t)a->H, (size_t)MF_WARPS * RD);
     p.total = (unsigned)(a->T * (p.ng_sh + p.ng_ex + (Is ? p.nb : 0) + a->k * p.nb));
+    p.sd_first = (a->variant & 512) != 0;
     int nrm = a->norm_w != NULL;
     void (*kern)(const mf_ex) = KC == 2 ? (nrm ? mf_experts_kernel<2, 1> : mf_experts_kernel<2, 0>)
                                         : (nrm ? mf_experts_kernel<4, 1> : mf_experts_kernel<4, 0>);
