@@ -70,6 +70,15 @@ __global__ void __launch_bounds__(W * 32, (MR == 1 ? 3 : 2) * 8 / W)
 #pragma unroll
             for (int r = 0; r < ROWS; r++) wv[u][r] = g3_ld(wr[r] + k);
     }
+    /* EPI_CONV: the conv windows and weights of this thread's output (the finishing loop below gives a
+     * thread one output when they fit), loaded with the weights: the state of this layer, written one step
+     * earlier by this kernel, and weights */
+    gf_conv_in ci;
+    const bool ci_pre = EPI == EPI_CONV && RG * NR * MR <= W * 32;
+    if (ci_pre && (int)threadIdx.x < RG * NR * MR) {
+        int t = threadIdx.x, o = (t / MR) % NR, m = t % MR, j = (blockIdx.x * RG + t / (NR * MR)) * NR + o;
+        if (j < N && j < cv.C) gf_conv_load(ci, cv, blockIdx.y * MR + m, j);
+    }
     griddep_wait();
     for (int c0 = ks; c0 < nch; c0 += step) {
         /* VAR bit 2: the next U chunks are requested before this batch's FMAs (twice the registers) */
@@ -171,8 +180,7 @@ __global__ void __launch_bounds__(W * 32, (MR == 1 ? 3 : 2) * 8 / W)
         }
         if (EPI == EPI_CONV) {
             if (j < cv.C) {
-                gf_conv_in ci;
-                gf_conv_load(ci, cv, blockIdx.y * MR + m, j);
+                if (!ci_pre) gf_conv_load(ci, cv, blockIdx.y * MR + m, j);
                 v = gf_conv_apply(ci, cv, v);
             }
             y[(size_t)m * N + j] = v;
@@ -293,6 +301,17 @@ __global__ void __launch_bounds__(GS_WARPS * 32, 1)
     griddep_wait();
     griddep_launch(); /* every block of this grid is resident: the next kernel may start its copies */
     const int nch = (K + 255) >> 8;
+    /* x (times the norm weight with NORM, the register form's x * g) into shared memory after the ring: every
+     * task reads it there instead of through L1, which the ring leaves small */
+    float *xs = reinterpret_cast<float *>(gs_ring + (size_t)NS * stage_el * 2);
+    for (int k = tid * 4; k < K; k += GS_WARPS * 32 * 4) {
+        float4 a = __ldg(reinterpret_cast<const float4 *>(x + k));
+        if (NORM) {
+            float4 ga = __ldg(reinterpret_cast<const float4 *>(g + k));
+            a.x *= ga.x, a.y *= ga.y, a.z *= ga.z, a.w *= ga.w;
+        }
+        *reinterpret_cast<float4 *>(xs + k) = a;
+    }
     if (NORM && warp < KS) { /* the sum of squares of split `warp`, gemv3_kernel's order */
         float ss = 0.0f;
         for (int c = warp; c < nch; c += KS) {
@@ -308,6 +327,7 @@ __global__ void __launch_bounds__(GS_WARPS * 32, 1)
         if (lane == 0) ssq[warp] = ss;
     }
     const int tasks = RT * KS;
+    __syncthreads(); /* xs */
     for (int i = 0; i < mine; i++) {
         const int t = blockIdx.x + i * gridDim.x, j0 = t * RT, n = N - j0 < RT ? N - j0 : RT;
         /* the conv epilogue's window and weights of this tile's outputs, loaded under the stage's wait */
@@ -327,16 +347,10 @@ __global__ void __launch_bounds__(GS_WARPS * 32, 1)
                 for (int u = 0; u < GS_UNROLL; u++) {
                     int c = c0 + u * KS, k = c * 256 + lane * 8;
                     if (c >= nch || k >= K) break;
-                    const float4 *xp = reinterpret_cast<const float4 *>(x + k);
-                    float4 a = __ldg(xp), b = __ldg(xp + 1);
+                    const float4 *xp = reinterpret_cast<const float4 *>(xs + k);
+                    float4 a = xp[0], b = xp[1];
                     xv[u][0] = a.x, xv[u][1] = a.y, xv[u][2] = a.z, xv[u][3] = a.w;
                     xv[u][4] = b.x, xv[u][5] = b.y, xv[u][6] = b.z, xv[u][7] = b.w;
-                    if (NORM) {
-                        const float4 *gp = reinterpret_cast<const float4 *>(g + k);
-                        float4 ga = __ldg(gp), gb = __ldg(gp + 1);
-                        xv[u][0] *= ga.x, xv[u][1] *= ga.y, xv[u][2] *= ga.z, xv[u][3] *= ga.w;
-                        xv[u][4] *= gb.x, xv[u][5] *= gb.y, xv[u][6] *= gb.z, xv[u][7] *= gb.w;
-                    }
                     wv[u][0] = *reinterpret_cast<const uint4 *>(wr0 + k);
                     if (NW == 2) wv[u][1] = *reinterpret_cast<const uint4 *>(wr1 + k);
                 }
@@ -431,13 +445,15 @@ static int gs_launch(cu_ctx *c, float *y, const float *x, const uint16_t *w, int
                      const float *g, float eps, const cu_conv_epi &cv) {
     int RT = gs_rows_per_tile(K, KS, EPI, g_stream);
     size_t stage = (size_t)(EPI == EPI_SWIGLU ? 2 : 1) * RT * K * 2;
-    int NS = (int)((g_stream == 2 ? GS_SMEM_BYTES : GS_SMEM_1) / stage);
+    size_t xbytes = (size_t)K * 4; /* x in shared memory after the ring */
+    if (xbytes > GS_SMEM_1 / 2) return -1;
+    int NS = (int)(((g_stream == 2 ? GS_SMEM_BYTES : GS_SMEM_1) - xbytes) / stage);
     if (NS > 8) NS = 8;
     if (NS < 2 || RT * KS > 64) return -1; /* a row too wide for two stages: the register form */
     int tiles = (N + RT - 1) / RT, grid = tiles < g_sms ? tiles : g_sms;
     cu_launch_pdl_smem(c, cu_pdl_on() >= 1 && (cu_pdl_mask() & PDL_GEMV), gemv_stream_kernel<NORM, EPI>,
-                       dim3(grid), dim3(GS_WARPS * 32), (size_t)NS * stage, y, x, w, N, K, KS, RT, NS, g, eps,
-                       cv);
+                       dim3(grid), dim3(GS_WARPS * 32), (size_t)NS * stage + xbytes, y, x, w, N, K, KS, RT,
+                       NS, g, eps, cv);
     return 0;
 }
 
