@@ -480,7 +480,13 @@ template <int R> __global__ void __launch_bounds__(1024, 1) split_decode_kernel(
     __syncthreads();
     float decay = expf(bgs[1]), beta = bgs[0];
     rec_token<R>(sv, q, k, vj, decay, beta, g, jj, ok, dk, red[sub], fin[sub], os + j);
-    /* rec_token ends with a barrier: os holds the head's dv outputs */
+    /* S is final: its stores drain while the head is normed. rec_token ends with a barrier: os holds the
+     * head's dv outputs */
+#pragma unroll
+    for (int t = 0; t < R; t++) {
+        int i = g + REC_GROUPS * t;
+        if (i < dk && ok) S[(size_t)i * dv] = sv[t];
+    }
     if (tid < 32) { /* gnorm_warp's arithmetic on os, with z and the weights in shared memory */
         float ss = 0.0f;
         for (int c = jj; c < dv; c += 32) ss = fmaf(os[c], os[c], ss);
@@ -491,11 +497,6 @@ template <int R> __global__ void __launch_bounds__(1024, 1) split_decode_kernel(
     if (tid < dv) {
         float inv = fin[0][0];
         a.o[(size_t)r * a.Hv * dv + (size_t)h * dv + tid] = ((os[tid] * inv) * gws[tid]) * dev_silu(zs[tid]);
-    }
-#pragma unroll
-    for (int t = 0; t < R; t++) {
-        int i = g + REC_GROUPS * t;
-        if (i < dk && ok) S[(size_t)i * dv] = sv[t];
     }
 }
 
