@@ -883,14 +883,16 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
         if ((rc = dev_alloc(f, &f->gdn_chunk, cb, &f->bytes_scratch, err, errlen))) goto fail;
         f->gdn_tc = 2;
     }
-    /* CINFER_CUDA_GDN_DT: "stage" the WMMA form of the phased DeltaNet prefill (session 4's; run_cuda.sh
-     * old), anything else the mma.sync form ("mma6", the default) */
-    /* CINFER_CUDA_PF_SPLIT=1: prefill norms (dense layers) and SwiGLU write the bf16 hi + lo halves of the
-     * GEMM after them instead of f32 rows it splits (norm_for_gemm, mlp; the same bits) */
+    /* CINFER_CUDA_PF_SPLIT=1: prefill norms (dense layers), SwiGLU, the DeltaNet gated norm and the attention
+     * tiles write the bf16 hi + lo halves of the GEMM after them instead of f32 rows it splits
+     * (norm_for_gemm, mlp, out_split_rows; the same bits) */
     const char *pfs = getenv("CINFER_CUDA_PF_SPLIT");
     f->pf_split = pfs && !strcmp(pfs, "1");
+    /* CINFER_CUDA_GDN_DT: "stage" the WMMA form of the phased DeltaNet prefill (session 4's; run_cuda.sh
+     * old), "mma6g" the mma.sync form with its prep reading Q and V from conv_out (three blocks an SM; the
+     * same bits; being measured), anything else the mma.sync form ("mma6", the default) */
     const char *gdt = getenv("CINFER_CUDA_GDN_DT");
-    f->gdn_chunk_dt = gdt && !strcmp(gdt, "stage") ? 0 : 1;
+    f->gdn_chunk_dt = gdt && !strcmp(gdt, "stage") ? 0 : gdt && !strcmp(gdt, "mma6g") ? 2 : 1;
     /* decode MoE blocks (device_only) as three launches (router + selection, gate_up + SwiGLU, down + combine
      * + shared expert) instead of ~15, the same arithmetic (moe_fused.cu); the default since the H200 run of
      * 08:52 (35B-A3B batch 1 188.9 -> 233.6 tok/s, batch 8 721.5 -> 758.3, every test passing); "0": the
