@@ -215,9 +215,6 @@ struct cuda_fwd {
     int moe_fused;            /* the decode MoE block by cu_moe_fused (CINFER_CUDA_MOE_FUSED=0: off) */
     float *moe_fa;            /* [T][k Im + Is]: the fused path's SwiGLU outputs */
     unsigned *moe_cnt;        /* [T]: the fused router's finished-block counters (zeroed, kept zeroed) */
-    unsigned *moe_sync;       /* variant 128's counters (cu_moe_fused_sync_words), zeroed, left zeroed */
-    unsigned *moe_ready;      /* [T] the router's flags (variants 16 / 128): their own allocation, so the
-                                 blocks polling them do not share a line with the router's counters */
     int moe_variant;          /* cu_moe_args.variant (CINFER_CUDA_MOE_VARIANT, measurements) */
     int moe_pf_grouped;       /* prefill experts by cu_moe_gemm* (CINFER_CUDA_MOE_PREFILL=host: off) */
     int moe_gemm_rows; /* with it, decode batches of at least this many rows too (CINFER_CUDA_MOE_GEMM_ROWS)
@@ -541,10 +538,6 @@ static int alloc_scratch(cuda_fwd *f, char *err, size_t errlen) {
             (rc = dev_alloc(f, (void **)&f->moe_grp, (E + 1 + S) * 4, a, err, errlen)) ||
             (rc = dev_alloc(f, (void **)&f->moe_fa, (S * Im + T * Is) * 4, a, err, errlen)) ||
             (rc = dev_alloc(f, (void **)&f->moe_cnt, T * 4, a, err, errlen)) ||
-            (rc = dev_alloc(f, (void **)&f->moe_ready, T * 4, a, err, errlen)) ||
-            (rc = dev_alloc(f, (void **)&f->moe_sync,
-                            cu_moe_fused_sync_words((int)T, (int)H, c->n_experts_per_tok) * 4, a, err,
-                            errlen)) ||
             (rc = dev_alloc(f, (void **)&f->moe_tiles, (E + 1) * 4, a, err, errlen)) ||
             (rc = cu_alloc_host((void **)&f->h_moe_idx, S * 4, err, errlen)) ||
             (rc = cu_alloc_host((void **)&f->h_moe_w, S * 4, err, errlen)) ||
@@ -912,7 +905,7 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * were batched, session 5's call 2 (351.7 -> 369.9). Session 4's load-batching bits 1, 2, 16 and session
      * 5's 32, 64, 256, 512 are gone (the chosen forms are the code; the others were slower or no faster) */
     const char *mv = getenv("CINFER_CUDA_MOE_VARIANT");
-    f->moe_variant = mv ? atoi(mv) & (4 | 8 | 16 | 32 | 64 | 128 | 256 | 512) : 12;
+    f->moe_variant = mv ? atoi(mv) & (4 | 8 | 1024) : 12;
     if (mf)
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_MOE_FUSED=%s: %s\n", mf,
                 f->moe_fused ? "fused decode MoE kernels" : "the unfused decode MoE kernels");
@@ -1267,24 +1260,16 @@ static int moe(cuda_fwd *f, const cu_layer *cl, const run_shape *rs, int device_
         a.e_down = cl->e_down;
         a.sh_gu = cl->sh_gu, a.sh_down = cl->sh_down, a.sh_gw = cl->sh_gw;
         a.logits = f->moe_logits, a.idx = f->moe_idx, a.w = f->moe_w, a.count = f->moe_cnt, a.act = f->moe_fa;
-        a.ready = f->moe_ready, a.sync = f->moe_sync, a.ey = f->ey, a.shy = f->shy;
         a.shg = f->shg, a.out = f->out, a.resid = into_x ? f->x : NULL,
         a.variant =
             f->profile ? f->moe_variant & ~4 : f->moe_variant; /* no PDL beside the profile's events */
         *added = into_x;
         if (norm_w) a.x = f->x, a.norm_w = norm_w, a.eps = (float)m->cfg.rms_norm_eps, a.xn = f->xn;
-        /* CINFER_CUDA_DIAG_AB's classes: the router (DG_ROUTE), gate_up (DG_GU), down (DG_DOWN); without the
-         * router or the down kernel nothing raises or clears the flag of variant 16 */
+        /* CINFER_CUDA_DIAG_AB's classes: the router (DG_ROUTE), gate_up (DG_GU), down (DG_DOWN) */
         int nr = diag_n(f, DG_ROUTE), ng = diag_n(f, DG_GU), nd = diag_n(f, DG_DOWN);
-        if (!nr || !nd) a.variant &= ~(16 | 128);
-        if (ng != 1 || nd != 1) a.variant &= ~128; /* the diagnostics' lines by the two-kernel form */
         mark(f, CP_MOE_ROUTE);
         for (int n = nr; n > 0; n--) cu_moe_fused_route(f->cu, &a);
         mark(f, CP_MOE_EXPERTS);
-        if (a.variant & 128) { /* one launch: the gate_up class stands for it */
-            for (int n = ng; n > 0; n--) cu_moe_fused_experts(f->cu, &a);
-            return 0;
-        }
         for (int n = ng; n > 0; n--) cu_moe_fused_gate_up(f->cu, &a);
         for (int n = nd; n > 0; n--) cu_moe_fused_down(f->cu, &a);
         return 0;

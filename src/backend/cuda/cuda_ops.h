@@ -450,27 +450,19 @@ typedef struct cu_moe_args {
     float *logits;                           /* [T][E] router logits (scratch) */
     int *idx;                                /* [T][k] chosen experts, ascending */
     float *w;                                /* [T][k] their weights, same order */
-    unsigned *count; /* [T] zeroed once at allocation; every launch leaves it zeroed */
-    unsigned *ready; /* [T] zeroed once at allocation (variants 16 / 128: the router's per-row flag, set by
-                        the router, cleared by the down / experts kernel) */
-    unsigned *sync;  /* variant 128: [cu_moe_fused_sync_words(T, H, k)] zeroed once, left zeroed */
-    float *ey, *shy; /* variant 128: [T][k][H], [T][H] scratch (each matrix's down rows) */
-    float *act;      /* [T][k Im + Is]: SwiGLU outputs of the k experts, then the shared one */
-    float *shg;      /* [T] the shared expert's gate logit (before the sigmoid) */
-    float *out;      /* [T][H] Σ_j w_j expert_j(x) + sigmoid(shg) shared(x) */
-    float *resid;    /* NULL, or [T][H]: resid += that sum (the residual add) and out untouched */
+    unsigned *count;     /* [T] zeroed once at allocation; every launch leaves it zeroed */
+    float *act;          /* [T][k Im + Is]: SwiGLU outputs of the k experts, then the shared one */
+    float *shg;          /* [T] the shared expert's gate logit (before the sigmoid) */
+    float *out;          /* [T][H] Σ_j w_j expert_j(x) + sigmoid(shg) shared(x) */
+    float *resid;        /* NULL, or [T][H]: resid += that sum (the residual add) and out untouched */
     const float *norm_w; /* NULL, or [H] (1 + weight): x is the raw residual and the router takes its RMSNorm
                             (add_rmsnorm's arithmetic) into xn itself (H <= 4096: cu_moe_fused_norm_ok) */
     float eps;
     float *xn;   /* [T][H] the normed rows when norm_w (the gate_up kernel reads them) */
     int variant; /* 4: programmatic dependent launch (each kernel lets the next be scheduled, then waits for
                     the one before; the same bits). CINFER_CUDA_MOE_VARIANT, default 12 (8: the caller's
-                    norm_w). 16 (with ready): the gate_up kernel does not wait for the router's completion:
-                    the shared expert's warps start at once, the experts' on the router's flag. 32: the
-                    gate_up blocks request the down weights into L2 (64: the same with evict-last). 128 (with
-                    ready, sync, ey, shy): gate_up and down in one launch (cu_moe_fused_experts). 256: the
-                    router as one 8-block cluster a row (E <= 256), logits through distributed shared memory.
-                    512 (with 128): the shared expert's down pieces ticketed before the experts' gate_up */
+                    norm_w). 1024 (k <= 8, Im <= 512): the down kernel requests all its rows (the k experts'
+                    and the shared one) before its wait */
 } cu_moe_args;
 /* 1 when the fused kernels serve this shape: H, Im, Is multiples of 8, Im <= 1024, E <= 1024, k <= 32 */
 int cu_moe_fused_supported(int H, int E, int k, int Im, int Is);
@@ -478,10 +470,7 @@ int cu_moe_fused_norm_ok(int H);
 void cu_moe_fused_route(cu_ctx *c, const cu_moe_args *a);   /* logits, idx, w */
 void cu_moe_fused_gate_up(cu_ctx *c, const cu_moe_args *a); /* act, shg (reads idx) */
 void cu_moe_fused_down(cu_ctx *c, const cu_moe_args *a);    /* out (reads idx, w, act, shg) */
-void cu_moe_fused(cu_ctx *c, const cu_moe_args *a);         /* router, then cu_moe_fused_experts */
-/* gate_up + down: one launch under variant 128 (blocks in ticket order: mf_experts_kernel), else the two */
-void cu_moe_fused_experts(cu_ctx *c, const cu_moe_args *a);
-size_t cu_moe_fused_sync_words(int T, int H, int k); /* cu_moe_args.sync's size in words */
+void cu_moe_fused(cu_ctx *c, const cu_moe_args *a);         /* the three in order */
 
 /* Prefill experts without the host (moe_gemm.cu, CINFER_CUDA_MOE_PREFILL=grouped): grouped GEMMs on the
  * tensor cores (bf16 weights, activations split into bf16 hi + lo, f32 accumulation) over every expert in one
