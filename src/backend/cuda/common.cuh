@@ -72,6 +72,23 @@ __device__ __forceinline__ float block_sum(float v, float *sh /* [32] */) {
     return sh[0];
 }
 
+/* one row of the residual stream x (H floats): x += add when add is given, then 1 / sqrt(mean(x^2) + eps),
+ * each thread summing elements threadIdx.x + k blockDim.x in order, the block's sums joined by block_sum: the
+ * RMSNorm's scale of add_rmsnorm_kernel (rownorm.cu) and add_rmsnorm_split_kernel (gemm.cu), the same bits */
+__device__ __forceinline__ float row_add_rms_inv(float *xr, const float *add, int H, float eps, float *sh) {
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < H; i += blockDim.x) {
+        float v = xr[i];
+        if (add) {
+            v += add[i];
+            xr[i] = v;
+        }
+        ss += v * v;
+    }
+    ss = block_sum(ss, sh);
+    return 1.0f / sqrtf(ss / (float)H + eps);
+}
+
 __device__ __forceinline__ float dev_sigmoid(float x) {
     return 1.0f / (1.0f + expf(-x));
 }

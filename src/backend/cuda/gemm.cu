@@ -354,24 +354,14 @@ extern "C" void cu_swiglu_split(cu_ctx *c, uint16_t *xb, const float *gu, int T,
             <<<dim3((unsigned)T, cdiv((size_t)I, 256)), 256, 0, c->stream>>>(xb, gu, I, lo);
 }
 
-/* x += add (when given); xb = split(rmsnorm(x) * w): add_rmsnorm_kernel's sums, in its order, and its
+/* x += add (when given); xb = split(rmsnorm(x) * w): add_rmsnorm_kernel's scale (row_add_rms_inv) and
  * expression (256 threads) */
 __global__ void add_rmsnorm_split_kernel(float *x, const float *add, uint16_t *xb, const float *w, int H,
                                          float eps, size_t lo) {
     __shared__ float sh[32];
     int r = blockIdx.x;
     float *xr = x + (size_t)r * H;
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < H; i += blockDim.x) {
-        float v = xr[i];
-        if (add) {
-            v += add[(size_t)r * H + i];
-            xr[i] = v;
-        }
-        ss += v * v;
-    }
-    ss = block_sum(ss, sh);
-    float inv = 1.0f / sqrtf(ss / (float)H + eps);
+    float inv = row_add_rms_inv(xr, add ? add + (size_t)r * H : NULL, H, eps, sh);
     for (int i = threadIdx.x; i < H; i += blockDim.x)
         split_put(xb, (size_t)r * H + i, lo, __fmul_rn(xr[i] * inv, w[i]));
 }

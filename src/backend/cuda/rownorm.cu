@@ -24,17 +24,7 @@ __global__ void add_rmsnorm_kernel(float *x, const float *add, float *y, const f
     griddep_launch(); /* a GEMV launched with PDL after this may start fetching its weights */
     int r = blockIdx.x;
     float *xr = x + (size_t)(src ? src[r] : r) * H;
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < H; i += blockDim.x) {
-        float v = xr[i];
-        if (add) {
-            v += add[(size_t)r * H + i];
-            xr[i] = v;
-        }
-        ss += v * v;
-    }
-    ss = block_sum(ss, sh);
-    float inv = 1.0f / sqrtf(ss / (float)H + eps);
+    float inv = row_add_rms_inv(xr, add ? add + (size_t)r * H : NULL, H, eps, sh);
     for (int i = threadIdx.x; i < H; i += blockDim.x) y[(size_t)r * H + i] = (xr[i] * inv) * w[i];
 }
 
