@@ -168,7 +168,9 @@ __global__ void __launch_bounds__(NORM ? 256 : RT_WARPS * 32)
     /* NORM: thread t's norm weights (elements t + 256 j, add_rmsnorm_kernel's split) are weights too: in
      * registers before the wait, and its x elements are all requested at once after it (one round trip;
      * the loops over i below issued one load per step) */
-    constexpr int NJ = NORM ? MF_NORM_H / 256 : 1;
+    /* NORM 2 (variant 2048, rows up to 2048): half the norm's registers (its elements past H are never used)
+     */
+    constexpr int NJ = NORM == 2 ? 2048 / 256 : NORM ? MF_NORM_H / 256 : 1;
     [[maybe_unused]] float nv[NJ], xv[NJ];
     if constexpr (NORM) {
 #pragma unroll
@@ -387,7 +389,9 @@ extern "C" void cu_moe_fused_route(cu_ctx *c, const cu_moe_args *a) {
                  const float *, float, float *);
     /* 8 chunks of a router row requested at once: H = 2048 in one round trip (session 4's 4: no faster) */
     if (a->E <= 256)
-        kern = nrm ? mf_route_kernel<8, 1, 8> : mf_route_kernel<8, 0, 8>;
+        kern =
+            nrm ? ((a->variant & 2048) && a->H <= 2048 ? mf_route_kernel<8, 2, 8> : mf_route_kernel<8, 1, 8>)
+                : mf_route_kernel<8, 0, 8>;
     else
         kern = nrm ? mf_route_kernel<8, 1, 32> : mf_route_kernel<8, 0, 32>;
     cu_launch_pdl(c, pdl, kern, grid, block, a->x, a->router, a->logits, a->idx, a->w, a->count, a->H, a->E,
