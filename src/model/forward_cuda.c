@@ -303,7 +303,9 @@ struct cuda_fwd {
      * the decode steps being captured, and the batch sizes already measured (bit B - 1) */
     int diag_ab, diag_skip, diag_dup;
     int gemv_stream; /* CINFER_CUDA_GEMV_STREAM=1 (cu_set_gemv_stream) */
-    int attn_pf;     /* CINFER_CUDA_ATTN_PF (cu_set_attn_decode_pf) */
+    int l2pf_out;    /* CINFER_CUDA_L2PF_OUT=1: cu_gdn_args.l2pf / cu_attn_args.l2pf = the layer's out_proj */
+    size_t l2pf_next; /* CINFER_CUDA_L2PF_NEXT=MB: bytes of the next GEMV's head each fused GEMV prefetches */
+    int attn_pf;      /* CINFER_CUDA_ATTN_PF (cu_set_attn_decode_pf) */
     int gdn_split; /* CINFER_CUDA_GDN_SPLIT=1: deltanet()'s conv in in_proj, the layer by split_decode_kernel
                     */
     unsigned long long diag_done;
@@ -680,6 +682,10 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     cu_set_gemv_stream(f->gemv_stream);
     /* "1": a decode batch's DeltaNet conv in in_proj's epilogue and the layer in one block per head, with no
      * counters or fences (cu_gdn_args.split; the same bits) */
+    const char *l2o = getenv("CINFER_CUDA_L2PF_OUT"); /* "1": out_proj's weights into L2 during the layer */
+    f->l2pf_out = l2o && !strcmp(l2o, "1");
+    const char *l2n = getenv("CINFER_CUDA_L2PF_NEXT"); /* MB of the next GEMV's head into L2 (gemv_next) */
+    f->l2pf_next = l2n && atoi(l2n) > 0 ? (size_t)atoi(l2n) << 20 : 0;
     const char *gsp = getenv("CINFER_CUDA_GDN_SPLIT");
     f->gdn_split = gsp && !strcmp(gsp, "1");
     if (pdl || pdb)
@@ -1108,10 +1114,36 @@ static void in_proj(cuda_fwd *f, const cu_layer *cl, int T, int fz) {
 
 /* The layer's output projection of f->act: into f->out (the caller adds it to the residual), or with fz
  * added to the residual f->x by the GEMV itself */
+/* CINFER_CUDA_L2PF_NEXT: the next fused GEMV requests the head (up to f->l2pf_next bytes) of w, the matrix of
+ * the GEMV after it, into L2 (cu_set_gemv_next); w NULL: nothing */
+static void gemv_next(cuda_fwd *f, const uint16_t *w, size_t bytes) {
+    if (!f->l2pf_next || !w) {
+        cu_set_gemv_next(f->cu, NULL, 0);
+        return;
+    }
+    cu_set_gemv_next(f->cu, w, bytes < f->l2pf_next ? bytes : f->l2pf_next);
+}
+/* the matrix of the GEMV after layer cl's FFN: the next layer's in_proj, lm_head after the last */
+static const uint16_t *after_ffn(const cuda_fwd *f, const cu_layer *cl, size_t *bytes) {
+    const model *m = f->m;
+    *bytes = 0;
+    if (cl >= f->L && cl + 1 < f->L + m->L) {
+        *bytes = (size_t)cl[1].n_in * m->H * 2;
+        return cl[1].w_in;
+    }
+    if (cl == f->L + m->L - 1) {
+        *bytes = (size_t)m->V * m->H * 2;
+        return f->lm_head;
+    }
+    return NULL;
+}
+
 static void out_proj(cuda_fwd *f, const cu_layer *cl, int T, int K, int fz) {
-    if (fz)
+    if (fz) {
+        gemv_next(f, cl->w_gu, (size_t)2 * f->m->cfg.intermediate_size * f->m->H * 2);
         cu_gemv_fused(f->cu, f->x, f->act, cl->w_out, T, f->m->H, K, NULL, 0.0f, CU_EPI_ADD);
-    else
+        gemv_next(f, NULL, 0);
+    } else
         gemm(f, f->out, f->act, cl->w_out, T, f->m->H, K);
 }
 
@@ -1169,6 +1201,8 @@ static void deltanet(cuda_fwd *f, const cu_layer *cl, const layer_weights *lw, i
     if (Mb) a.o_xb = f->xb, a.o_lo = (size_t)Mb * vd;
     a.win_cnt = rs->has_spec && rs->no_chunked ? f->win_cnt : NULL, a.win_v2 = f->win_v2;
     a.split = split;
+    /* CINFER_CUDA_L2PF_OUT: out_proj's weights into L2 while the decode layer runs */
+    if (f->l2pf_out && rs->gdn_fused) a.l2pf = cl->w_out, a.l2pf_bytes = (size_t)m->H * vd * 2;
     for (int n = diag_n(f, DG_GDN); n > 0; n--) cu_gdn_layer(f->cu, &a);
     mark(f, CP_GEMM_OUT);
     for (int n = diag_n(f, DG_OUT); n > 0; n--) out_proj_from(f, cl, T, vd, fz, Mb);
@@ -1195,6 +1229,7 @@ static void attention(cuda_fwd *f, const cu_layer *cl, int full, const run_shape
     a.rope3 = rs->rope3, a.mrope_h = m->cfg.mrope_section[1], a.mrope_w = m->cfg.mrope_section[2];
     /* decode-only steps of the model (the MTP head's calls leave no_chunked 0) */
     a.dec_cnt = rs->no_chunked && !rs->has_spec && !rs->tiles ? f->attn_cnt : NULL;
+    if (f->l2pf_out && a.dec_cnt) a.l2pf = cl->w_out, a.l2pf_bytes = (size_t)m->H * m->Hq * m->hd * 2;
     /* CINFER_CUDA_PF_SPLIT: tensor-core tiles without key splits write every row's output themselves */
     int Mb = out_split_rows(f, T, m->Hq * m->hd, fz, a.tiles && a.tc && !a.split.work);
     if (Mb) a.o_xb = f->xb, a.o_lo = (size_t)Mb * m->Hq * m->hd;
@@ -1227,11 +1262,18 @@ static void mlp_fused(cuda_fwd *f, const cu_layer *cl, int M) {
     const model *m = f->m;
     int I = m->cfg.intermediate_size;
     mark(f, CP_FFN_GEMM);
-    for (int n = diag_n(f, DG_GU); n > 0; n--)
+    size_t nb = 0;
+    const uint16_t *nw = after_ffn(f, cl, &nb);
+    for (int n = diag_n(f, DG_GU); n > 0; n--) {
+        gemv_next(f, cl->w_down, (size_t)m->H * I * 2);
         cu_gemv_fused(f->cu, f->act, f->x, cl->w_gu, M, I, m->H, cl->post_norm, (float)m->cfg.rms_norm_eps,
                       CU_EPI_SWIGLU);
-    for (int n = diag_n(f, DG_DOWN); n > 0; n--)
+    }
+    for (int n = diag_n(f, DG_DOWN); n > 0; n--) {
+        gemv_next(f, nw, nb);
         cu_gemv_fused(f->cu, f->x, f->act, cl->w_down, M, m->H, I, NULL, 0.0f, CU_EPI_ADD);
+    }
+    gemv_next(f, NULL, 0);
 }
 
 /* 1 when moe() runs this batch's MoE block on the fused decode kernels */
@@ -1497,6 +1539,8 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
     static const struct {
         const char *name;
         int skip, dup, nopdl, stream, split, apf; /* stream / split: on (1, 2) / off (-1); apf: ATTN_PF */
+        const char *g3; /* "u_small,var_small,u_big,var_big" for cu_set_gemv3_one, or NULL */
+        int l2o, l2n;   /* CINFER_CUDA_L2PF_OUT on (1) / off (-1); CINFER_CUDA_L2PF_NEXT MB (-1: 0) */
     } v[] = {
         {"base", 0, 0, 0, 0, 0},
         {"gemv stream on", 0, 0, 0, 1, 0},
@@ -1506,6 +1550,22 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
         {"gdn split off", 0, 0, 0, 0, -1},
         {"stream + split on", 0, 0, 0, 1, 1},
         {"stream 2 + split on", 0, 0, 0, 2, 1},
+        {"l2pf next 4", 0, 0, 0, 0, 0, 0, NULL, 0, 4},
+        {"l2pf next 8", 0, 0, 0, 0, 0, 0, NULL, 0, 8},
+        {"l2pf next 16", 0, 0, 0, 0, 0, 0, NULL, 0, 16},
+        {"l2pf next 8 + out", 0, 0, 0, 0, 0, 0, NULL, 1, 8},
+        {"l2pf next 8 + out + pf 3", 0, 0, 0, 0, 0, 3, NULL, 1, 8},
+        {"l2pf out on", 0, 0, 0, 0, 0, 0, NULL, 1},
+        {"l2pf out off", 0, 0, 0, 0, 0, 0, NULL, -1},
+        {"l2pf out + split", 0, 0, 0, 0, 1, 0, NULL, 1},
+        {"l2pf out + pf 3", 0, 0, 0, 0, 0, 3, NULL, 1},
+        {"l2pf out + g3 small u4", 0, 0, 0, 0, 0, 0, "4,-1,0,-1", 1},
+        {"g3 small u4", 0, 0, 0, 0, 0, 0, "4,-1,0,-1"},
+        {"g3 small var4", 0, 0, 0, 0, 0, 0, "0,4,0,-1"},
+        {"g3 small u4 var4", 0, 0, 0, 0, 0, 0, "4,4,0,-1"},
+        {"g3 big u2", 0, 0, 0, 0, 0, 0, "0,-1,2,-1"},
+        {"g3 big var6", 0, 0, 0, 0, 0, 0, "0,-1,0,6"},
+        {"g3 small u4 big u2", 0, 0, 0, 0, 0, 0, "4,-1,2,-1"},
         {"attn pf 2", 0, 0, 0, 0, 0, 2},
         {"attn pf 3", 0, 0, 0, 0, 0, 3},
         {"stream 2 + split + pf 2", 0, 0, 0, 2, 1, 2},
@@ -1532,7 +1592,7 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
         {"dup moe router", 0, DG_ROUTE, 0},
         {"base again", 0, 0, 0},
     };
-    enum { REPS = 40 };
+    enum { REPS = 30 };
     cu_timer *t0 = NULL, *t1 = NULL;
     char err[256];
     if (cu_timer_create(&t0) || cu_timer_create(&t1)) goto done;
@@ -1544,15 +1604,23 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
         if (v[i].stream) cu_set_gemv_stream(v[i].stream > 0 ? v[i].stream : 0);
         int split = f->gdn_split;
         if (v[i].split) f->gdn_split = v[i].split > 0;
+        int l2o = f->l2pf_out;
+        if (v[i].l2o) f->l2pf_out = v[i].l2o > 0;
+        size_t l2n = f->l2pf_next;
+        if (v[i].l2n) f->l2pf_next = v[i].l2n > 0 ? (size_t)v[i].l2n << 20 : 0;
         if (v[i].apf) cu_set_attn_decode_pf(v[i].apf);
+        int g3[4] = {0, -1, 0, -1};
+        if (v[i].g3 && sscanf(v[i].g3, "%d,%d,%d,%d", &g3[0], &g3[1], &g3[2], &g3[3]) == 4)
+            cu_set_gemv3_one(g3[0], g3[1], g3[2], g3[3]);
         void *exec = NULL;
         int rc = cu_capture_begin(f->cu, err, sizeof err);
         int rc2 = rc ? rc : enqueue(f, rs, moe_device, err, sizeof err);
         if (!rc) rc = cu_capture_end(f->cu, &exec, err, sizeof err);
         f->pdl = pdl, f->diag_skip = f->diag_dup = 0;
         cu_set_gemv_stream(f->gemv_stream);
-        f->gdn_split = split;
+        f->gdn_split = split, f->l2pf_out = l2o, f->l2pf_next = l2n;
         cu_set_attn_decode_pf(f->attn_pf);
+        cu_set_gemv3_one(0, -1, 0, -1);
         if (rc || rc2) {
             fprintf(stderr, "cinfer diag: %s: %s\n", v[i].name, err);
             cu_graph_destroy(exec);

@@ -23,6 +23,11 @@ struct cu_ctx {
      * event record or graph launch (runtime.cu sets it). The next launch then goes without the PDL attribute
      * (cu_launch_pdl) and clears it: see there why PDL must never follow such an operation. */
     int pdl_break;
+    /* CINFER_CUDA_L2PF_NEXT: the next decode GEMV launched (gemv3_kernel) requests these bytes — the head of
+     * the GEMV after it — into L2 from the blocks of its second half once their loads are out; NULL none. Set
+     * by cu_set_gemv_next (forward_cuda.c sets it before a fused GEMV and clears it after) */
+    const void *gemv_next;
+    size_t gemv_next_bytes;
 };
 
 __device__ __forceinline__ float bf16_f32(uint16_t h) {
@@ -169,6 +174,26 @@ static void cu_launch_gemv(cu_ctx *c, void (*kern)(KA...), dim3 grid, dim3 block
 template <class... KA, class... A>
 static void cu_launch_step(cu_ctx *c, int cls, void (*kern)(KA...), dim3 grid, dim3 block, A... args) {
     cu_launch_pdl(c, cu_pdl_on() >= 2 && (cu_pdl_mask() & cls), kern, grid, block, args...);
+}
+
+/* part b of n of [p, p + bytes) (16-byte aligned, bytes a multiple of 16) into L2 by sm_90's bulk prefetch,
+ * no registers held; one thread calls it */
+__device__ __forceinline__ void l2_prefetch_part(const void *p, size_t bytes, size_t b, size_t nb) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    size_t per = ((bytes / 16 + nb - 1) / nb) * 16, o = b * per, e = o + per < bytes ? o + per : bytes;
+    const char *c = static_cast<const char *>(p);
+    for (; o < e; o += 65536) {
+        unsigned n = (unsigned)(e - o < 65536 ? e - o : 65536);
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(c + o), "r"(n) : "memory");
+    }
+#else
+    (void)p, (void)bytes, (void)b, (void)nb;
+#endif
+}
+/* this block's share of [p, p + bytes): the blocks of the grid split the range */
+__device__ __forceinline__ void l2_prefetch_share(const void *p, size_t bytes) {
+    l2_prefetch_part(p, bytes, ((size_t)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x,
+                     (size_t)gridDim.x * gridDim.y * gridDim.z);
 }
 
 static inline unsigned cdiv(size_t a, size_t b) {

@@ -166,6 +166,13 @@ int cu_gemv3_splits(int rows, int K);
  * requested before the current ones' FMAs) at one row of x; 0 (-1 for var) = automatic. The splits change
  * f32 rounding; the others never change a bit. */
 void cu_set_gemv3_config(int ks, int nr, int u, int var);
+/* measurements: at one row, the chunks in flight (1, 2, 4) and the variant (0, 2, 4, 6) of the <= 8192-output
+ * matrices and of the wider ones (0 / -1: automatic); never a changed bit */
+void cu_set_gemv3_one(int u_small, int var_small, int u_big, int var_big);
+/* CINFER_CUDA_L2PF_NEXT: the next cu_gemv_fused (register form) requests bytes at w — the head of the matrix
+ * of the GEMV after it — into L2 from the blocks of its second half once their loads are out; w NULL: none.
+ * Weights only: no value changes */
+void cu_set_gemv_next(cu_ctx *c, const void *w, size_t bytes);
 /* ---- the skinny GEMM on tensor cores (gemm_mma.cu) ---- */
 /* cu_gemv_fused's interface and fusions for up to 32 rows of x at a time (more in tiles of 32): bf16 weights
  * as the MMA's A operand, x split into bf16 hi + lo as its B operand (x to ~2^-17: ||dy|| / ||y|| ~ 1e-6),
@@ -303,6 +310,9 @@ typedef struct cu_gdn_args {
      * epilogue (cu_gemv_fused_conv: qkv holds post-conv rows, the windows advanced), and each (entry, value
      * head) is one block of dv / 32 x 256 threads that gated-norms its own head: no counters, no fences */
     int split;
+    /* with dec_cnt: as cu_attn_args.l2pf (CINFER_CUDA_L2PF_OUT) */
+    const void *l2pf;
+    size_t l2pf_bytes;
     cu_meta meta;
 } cu_gdn_args;
 #define CU_SPEC_REC(C, Hv) (2 * (size_t)(C) + 2 * (size_t)(Hv))
@@ -394,6 +404,11 @@ typedef struct cu_attn_args {
      * (CINFER_CUDA_ATTN_KV16) */
     uint16_t *kv16;
     int kv16_NE, kv16_nb;
+    /* with dec_cnt (CINFER_CUDA_L2PF_OUT): l2pf_bytes (a multiple of 16) at l2pf — the out_proj weights that
+     * follow — requested into L2 by the blocks at their start, while the layer's latency leaves DRAM idle;
+     * NULL: none. Weights only: no value changes */
+    const void *l2pf;
+    size_t l2pf_bytes;
 } cu_attn_args;
 #define CU_ATTN_TILE 16
 void cu_attn_layer(cu_ctx *c, const cu_attn_args *a);

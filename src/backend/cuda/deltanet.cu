@@ -323,6 +323,7 @@ template <int R> __global__ void __launch_bounds__(256) fused_decode_kernel(cu_g
     __shared__ float q[256], k[256], red[REC_GROUPS][32], fin[32];
     __shared__ float xs[512], vs[32], bgs[2];
     __shared__ int last;
+    if (a.l2pf && threadIdx.x == 0) l2_prefetch_share(a.l2pf, a.l2pf_bytes); /* out_proj's weights */
     int e = blockIdx.z;
     /* every block waits, even one with nothing to do (common.cuh: else the next kernel could see this one
      * complete before the in_proj it waits for) */
@@ -442,6 +443,7 @@ template <int R> __global__ void __launch_bounds__(256) fused_decode_kernel(cu_g
  * bits. */
 template <int R> __global__ void __launch_bounds__(1024, 1) split_decode_kernel(cu_gdn_args a) {
     __shared__ float q[256], k[256], red[4][REC_GROUPS][32], fin[4][32], os[128], gws[128], zs[128], bgs[2];
+    if (a.l2pf && threadIdx.x == 0) l2_prefetch_share(a.l2pf, a.l2pf_bytes); /* out_proj's weights */
     int e = blockIdx.y;
     if (!(a.meta.e_n[e] == 1 && a.meta.e_len[e] > 0)) { /* launched only when none is otherwise */
         griddep_wait();

@@ -37,7 +37,8 @@ __device__ __forceinline__ uint4 g3_ld(const uint16_t *p) {
 template <int MR, int NR, int U, bool NORM, int EPI, int VAR, int W = VAR & 2 ? 4 : G3_WARPS>
 __global__ void __launch_bounds__(W * 32, (MR == 1 ? 3 : 2) * 8 / W)
     gemv3_kernel(float *__restrict__ y, const float *__restrict__ x, const uint16_t *__restrict__ w, int N,
-                 int K, int KS, const float *__restrict__ g, float eps, cu_conv_epi cv) {
+                 int K, int KS, const float *__restrict__ g, float eps, cu_conv_epi cv, const void *nx,
+                 size_t nx_bytes) {
     constexpr int ROWS = EPI == EPI_SWIGLU ? 2 * NR : NR;
     __shared__ float red[W][ROWS * MR + (NORM ? MR : 0)];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -144,6 +145,10 @@ __global__ void __launch_bounds__(W * 32, (MR == 1 ? 3 : 2) * 8 / W)
     /* every load of this block is out: a GEMV launched after this one with programmatic dependent launch
      * may start its blocks (and their weight requests) once all blocks got here, during this one's tail */
     griddep_launch();
+    /* the next GEMV's head into L2 (CINFER_CUDA_L2PF_NEXT), from the blocks of the second half: the last
+     * to run, while this kernel's DRAM demand falls off */
+    if (nx && threadIdx.x == 0 && blockIdx.y == 0 && blockIdx.x >= gridDim.x / 2)
+        l2_prefetch_part(nx, nx_bytes, blockIdx.x - gridDim.x / 2, gridDim.x - gridDim.x / 2);
 #pragma unroll
     for (int r = 0; r < ROWS; r++)
 #pragma unroll
@@ -468,6 +473,17 @@ static int gs_try(cu_ctx *c, float *y, const float *x, const uint16_t *w, int M,
 
 static int g_ks = 0, g_nr = 0, g_u = 0, g_var = -1; /* 0 / -1: automatic (cu_set_gemv3_config) */
 
+/* measurements (CINFER_CUDA_DIAG_AB): at one row, the chunks in flight and the variant of the wide ([0]) and
+ * the
+ * <= 8192-output ([1]) matrices; 0 / -1: automatic. Neither changes a bit. */
+static int g_one_u[2] = {0, 0}, g_one_var[2] = {-1, -1};
+extern "C" void cu_set_gemv3_one(int u_small, int var_small, int u_big, int var_big) {
+    g_one_u[1] = u_small == 1 || u_small == 2 || u_small == 4 ? u_small : 0;
+    g_one_u[0] = u_big == 1 || u_big == 2 || u_big == 4 ? u_big : 0;
+    g_one_var[1] = var_small == 0 || var_small == 2 || var_small == 4 || var_small == 6 ? var_small : -1;
+    g_one_var[0] = var_big == 0 || var_big == 2 || var_big == 4 || var_big == 6 ? var_big : -1;
+}
+
 extern "C" void cu_set_gemv3_config(int ks, int nr, int u, int var) {
     g_var = var == 0 || var == 2 || var == 4 || var == 6 ? var : -1;
     g_ks = ks == 1 || ks == 2 || ks == 4 || ks == 8 ? ks : 0;
@@ -501,7 +517,7 @@ static void g3_launch(cu_ctx *c, float *y, const float *x, const uint16_t *w, in
     int per_block = W / KS * NR;
     dim3 grid(cdiv((size_t)N, (size_t)per_block), (unsigned)tiles);
     cu_launch_gemv(c, gemv3_kernel<MR, NR, U, NORM, EPI, VAR>, grid, dim3(W * 32), y, x, w, N, K, KS, g, eps,
-                   cv);
+                   cv, c->gemv_next, c->gemv_next_bytes);
 }
 
 template <int VAR, bool NORM, int EPI>
@@ -542,6 +558,8 @@ static void g3_tile(cu_ctx *c, float *y, const float *x, const uint16_t *w, int 
     case 1: {
         int small = N <= 8192, nr = g_nr ? g_nr : small ? 1 : EPI == EPI_SWIGLU ? 2 : 4;
         int u = g_u ? g_u : small ? 2 : 1, var = g_var >= 0 ? g_var : small ? 0 : 2;
+        if (!g_u && g_one_u[small]) u = g_one_u[small];
+        if (g_var < 0 && g_one_var[small] >= 0) var = g_one_var[small];
         if (var == 2)
             g3_mr1<2, NORM, EPI>(c, y, x, w, nr, u, tiles, N, K, KS, g, eps, cv);
         else if (var == 4)
@@ -587,6 +605,11 @@ static void g3_rows(cu_ctx *c, float *y, const float *x, const uint16_t *w, int 
         g3_tile<NORM, EPI>(c, y + (size_t)full * 8 * N, x + (size_t)full * 8 * K, w, rest, 1, N, K, KS, g,
                            eps, cr);
     }
+}
+
+extern "C" void cu_set_gemv_next(cu_ctx *c, const void *w, size_t bytes) {
+    c->gemv_next = bytes >= 16 ? w : NULL;
+    c->gemv_next_bytes = bytes & ~(size_t)15;
 }
 
 extern "C" int cu_gemv_fused_conv(cu_ctx *c, float *y, const float *x, const uint16_t *w, int M, int N, int K,
