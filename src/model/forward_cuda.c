@@ -221,6 +221,7 @@ struct cuda_fwd {
                         */
     int *moe_tiles;    /* [E + 1]: 64-slot tiles before each expert (cu_moe_tiles) */
     int moe_pf;        /* CINFER_CUDA_MOE_PF's bits (moe(); where it is read says what each does) */
+    int *moe_gscr;     /* [E]: cu_moe_group_tiles' scratch */
     size_t xb_elems;   /* bf16 elements of xb */
     int pdl;           /* cu_set_pdl's level: CINFER_CUDA_PDL=1 2 (every decode kernel), =gemv 1, else 0 */
     int pdl_any;       /* CINFER_CUDA_PDL_ANY=1: level 2 in every step, not only pdl_step()'s (diagnostics) */
@@ -541,6 +542,7 @@ static int alloc_scratch(cuda_fwd *f, char *err, size_t errlen) {
             (rc = dev_alloc(f, (void **)&f->moe_fa, (S * Im + T * Is) * 4, a, err, errlen)) ||
             (rc = dev_alloc(f, (void **)&f->moe_cnt, T * 4, a, err, errlen)) ||
             (rc = dev_alloc(f, (void **)&f->moe_tiles, (E + 1) * 4, a, err, errlen)) ||
+            (rc = dev_alloc(f, (void **)&f->moe_gscr, E * 4, a, err, errlen)) ||
             (rc = cu_alloc_host((void **)&f->h_moe_idx, S * 4, err, errlen)) ||
             (rc = cu_alloc_host((void **)&f->h_moe_w, S * 4, err, errlen)) ||
             (rc = cu_alloc_host((void **)&f->h_moe_up, 3 * S * 4, err, errlen)))
@@ -927,13 +929,16 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     if (mp)
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_MOE_PREFILL=%s: prefill experts %s\n", mp,
                 f->moe_pf_grouped ? "by grouped GEMMs on the device" : "grouped on the host");
-    /* CINFER_CUDA_MOE_PF: the prefill MoE forms under measurement (default 0, today's): 1 the router's logits
-     * on the tensor cores (cu_moe_router), 2 cu_moe_route2 (sorted: no cu_moe_sort_slots), 4 cu_moe_gemm*'s
-     * 256-row tiles, with 4: 16 of them taking 64 of K a stage, 32 three stages, 64 four warps of 64 x 64;
-     * 128 no MMAs past a tile's last slot (moe_gemm.cu), 8 the SwiGLU GEMM writing the down GEMM's split
-     * input (cu_moe_gemm_swiglu_split) */
+    /* CINFER_CUDA_MOE_PF: the MoE forms of prefill chunks (the grouped path), bits: 1 the router's logits on
+     * the tensor cores (cu_moe_router, chunks of more than 64 rows), 2 cu_moe_route2 (sorted: no
+     * cu_moe_sort_slots), 4 the grouped GEMMs in tiles of 256 weight rows x 64 of K, 8 the SwiGLU GEMM
+     * writing the down GEMM's split input (cu_moe_gemm_swiglu_split), 32 the router in tiles of 64 weight
+     * rows, 64 cu_moe_group_tiles (the grouping over many blocks). Default 15: H200 session 6 call 2, every
+     * form exact (2, 4, 8 bit-identical to 0; the MoE fixtures at 150 rows 7e-6 from 0, parity 1.70e-4
+     * against 1.81e-4), one 4096-row layer's router 202 -> 98 us, top-k + sort 35 -> 11 us, experts 2.11
+     * -> 1.66 ms; 0: the forms before */
     const char *mpf = getenv("CINFER_CUDA_MOE_PF");
-    f->moe_pf = mpf ? atoi(mpf) & 255 : 0;
+    f->moe_pf = mpf ? atoi(mpf) & (1 | 2 | 4 | 8 | 32 | 64) : 15;
     cu_set_moe_pf(f->moe_pf);
     if (m->cfg.n_experts > 0) cu_moe_gemm_prepare();
     if (mpf) fprintf(stderr, "cinfer cuda: CINFER_CUDA_MOE_PF=%d\n", f->moe_pf);
@@ -1317,9 +1322,9 @@ static int moe(cuda_fwd *f, const cu_layer *cl, const run_shape *rs, int device_
         return 0;
     }
     mark(f, CP_MOE_ROUTE);
-    /* f32 activations (routing is exact-ish): the f32 GEMV, or (moe_pf & 1, chunks of 64 rows or more) the
-     * tensor cores on x split in three bf16 parts */
-    if ((f->moe_pf & 1) && T >= 64 && H % 8 == 0 && (size_t)3 * T * H <= f->xb_elems)
+    /* f32 activations (routing is exact-ish): the f32 GEMV, or (moe_pf & 1, chunks of more than 64 rows) the
+     * tensor cores on x split in three bf16 parts (at 64 rows, decode, the GEMV was faster: H200 call 2) */
+    if ((f->moe_pf & 1) && T > 64 && H % 8 == 0 && (size_t)3 * T * H <= f->xb_elems)
         cu_moe_router(f->cu, f->moe_logits, f->xn, cl->router, T, E, H, f->xb);
     else
         cu_gemm(f->cu, f->moe_logits, f->xn, cl->router, T, E, H, f->xb, 1);
@@ -1335,8 +1340,12 @@ static int moe(cuda_fwd *f, const cu_layer *cl, const run_shape *rs, int device_
         /* slots grouped by expert and counted in 64-slot tiles on the device; two grouped GEMMs (SwiGLU in
          * the first's epilogue) write each slot's row; the combine reads slots in ascending expert order */
         if (!sorted) cu_moe_sort_slots(f->cu, f->moe_idx, f->moe_w, T, k);
-        cu_moe_group(f->cu, f->moe_idx, S, E, f->moe_grp);
-        cu_moe_tiles(f->cu, f->moe_grp, E, f->moe_tiles);
+        if (f->moe_pf & 64) {
+            cu_moe_group_tiles(f->cu, f->moe_idx, S, E, f->moe_grp, f->moe_tiles, 64, f->moe_gscr);
+        } else {
+            cu_moe_group(f->cu, f->moe_idx, S, E, f->moe_grp);
+            cu_moe_tiles(f->cu, f->moe_grp, E, f->moe_tiles);
+        }
         mark(f, CP_MOE_EXPERTS);
         if (f->moe_pf & 8) { /* ea's S Im floats hold the down GEMM's bf16 hi + lo rows (2 S Im halves) */
             uint16_t *eas = (uint16_t *)f->ea;

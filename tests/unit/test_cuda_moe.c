@@ -915,15 +915,21 @@ TEST(cuda_moe_prefill_kernels) {
         printf("     %-44s %8.1f us\n", label, ms_ * 1000.0);                                                \
     } while (0)
     TIME("router GEMV (f32, cu_gemm precise)", 1, 0, cu_gemm(c, lg, x, rt, T, E, H, xs, 1));
+    cu_set_moe_pf(0);
     TIME("router tensor cores (cu_moe_router)", 0, 1, cu_moe_router(c, lg, x, rt, T, E, H, xs));
+    cu_set_moe_pf(32);
+    TIME("router tensor cores, 64-row tiles (MOE_PF 32)", 0, 0, cu_moe_router(c, lg, x, rt, T, E, H, xs));
+    cu_set_moe_pf(old);
     TIME("shared gate GEMV (N = 1)", 1, 1, cu_gemm(c, shg, x, sgw, T, 1, H, xs, 1));
     TIME("route (softmax + top-8)", 1, 0, cu_moe_route(c, lg, idx, wt, T, E, k, 1));
     TIME("sort_slots", 1, 0, cu_moe_sort_slots(c, idx, wt, T, k));
     TIME("route2 sorted", 0, 1, cu_moe_route2(c, lg, idx, wt, T, E, k, 1, 1));
     TIME("group", 1, 1, cu_moe_group(c, idx, S, E, grp));
     TIME("tiles", 1, 1, cu_moe_tiles(c, grp, E, tiles));
-    static const int tf[] = {0,   4,   20,  36,  52,  68, 84,
-                             100, 116, 128, 132, 196, 244}; /* sums of MOE_PF bits */
+    int *gscr = dev((size_t)E * 4);
+    TIME("group + tiles, many blocks (MOE_PF 64)", 0, 0,
+         cu_moe_group_tiles(c, idx, S, E, grp, tiles, 64, gscr));
+    static const int tf[] = {0, 4};
     double best = 1e30;
     for (size_t fi = 0; fi < sizeof tf / sizeof tf[0]; fi++) {
         cu_set_moe_pf(tf[fi]);
@@ -961,7 +967,7 @@ TEST(cuda_moe_prefill_kernels) {
     cu_timer_destroy(tm);
     cu_free(gu), cu_free(dn), cu_free(rt), cu_free(sgw), cu_free(x), cu_free(lg), cu_free(wt), cu_free(ea);
     cu_free(ey), cu_free(out), cu_free(sh), cu_free(shg), cu_free(xs), cu_free(idx), cu_free(grp),
-        cu_free(tiles), cu_free(d_ident);
+        cu_free(tiles), cu_free(d_ident), cu_free(gscr);
     cu_ctx_destroy(c);
 }
 
@@ -1043,10 +1049,9 @@ static void pf_forms_case(const char *name, int T, int H, int E, int k, int I) {
     cu_moe_group(c, d_idx, S, E, d_grp);
     cu_moe_tiles(c, d_grp, E, d_tiles);
     float *ra = NULL, *ry = NULL;
-    /* the tile forms (CINFER_CUDA_MOE_PF 4, 16, 32, 64, 128) x bit 8 (split SwiGLU output) */
-    static const int tf[] = {0,   4,   20,  36,  52,  68, 84,
-                             100, 116, 128, 132, 196, 244}; /* sums of MOE_PF bits */
-    for (int form = 0; form < 26; form++) {
+    /* the tile forms (CINFER_CUDA_MOE_PF 4) x bit 8 (split SwiGLU output) */
+    static const int tf[] = {0, 4};
+    for (int form = 0; form < 4; form++) {
         int pf = tf[form >> 1], split = form & 1;
         cu_set_moe_pf(pf);
         cu_fill_f32(c, d_a, (size_t)S * I, NAN);
@@ -1083,6 +1088,36 @@ static void pf_forms_case(const char *name, int T, int H, int E, int k, int I) {
                split ? " (split SwiGLU rows)" : "", same ? "bit-identical" : "DIFFERENT");
         CHECK_MSG(same, "%s: MOE_PF %d split %d differs", name, pf, split);
         free(y);
+    }
+    /* cu_moe_group_tiles: the same offsets and tiles as cu_moe_group + cu_moe_tiles, each slot once under its
+     * expert, and the GEMMs from its grouping give the same bits */
+    {
+        int *g1 = get(d_grp, (size_t)(E + 1 + S) * 4), *t1 = get(d_tiles, (size_t)(E + 1) * 4);
+        int *d_scr = dev((size_t)E * 4);
+        cu_fill_f32(c, (float *)d_grp, (size_t)(E + 1 + S), NAN);
+        cu_fill_f32(c, (float *)d_tiles, (size_t)(E + 1), NAN);
+        cu_moe_group_tiles(c, d_idx, S, E, d_grp, d_tiles, 64, d_scr);
+        cu_set_moe_pf(0);
+        cu_fill_f32(c, d_y, (size_t)S * H, NAN);
+        cu_moe_gemm_swiglu(c, d_a, d_x, k, d_gu, d_grp, d_tiles, S, E, I, H, d_xs);
+        cu_moe_gemm(c, d_y, d_a, 1, d_dn, d_grp, d_tiles, S, E, H, I, d_xs);
+        REQUIRE(cu_sync(c, err, sizeof err) == 0);
+        int *g2 = get(d_grp, (size_t)(E + 1 + S) * 4), *t2 = get(d_tiles, (size_t)(E + 1) * 4);
+        float *y = get(d_y, (size_t)S * H * 4);
+        int ok = !memcmp(g1, g2, (size_t)(E + 1) * 4) && !memcmp(t1, t2, (size_t)(E + 1) * 4);
+        char *seen = calloc((size_t)S, 1);
+        for (int e = 0; e < E && ok; e++)
+            for (int q = g2[e]; q < g2[e + 1] && ok; q++) {
+                int sl = g2[E + 1 + q];
+                ok = sl >= 0 && sl < S && !seen[sl] && idx[sl] == e;
+                if (ok) seen[sl] = 1;
+            }
+        int same = !memcmp(y, ry, (size_t)S * H * 4);
+        printf("     %-22s cu_moe_group_tiles: grouping %s, down rows %s\n", name, ok ? "right" : "WRONG",
+               same ? "bit-identical" : "DIFFERENT");
+        CHECK_MSG(ok && same, "%s: cu_moe_group_tiles: grouping %d, rows %d", name, ok, same);
+        free(g1), free(t1), free(g2), free(t2), free(y), free(seen);
+        cu_free(d_scr);
     }
     cu_set_moe_pf(old);
     free(idx), free(x), free(ra), free(ry);

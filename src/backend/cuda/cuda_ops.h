@@ -448,6 +448,10 @@ void cu_moe_combine(cu_ctx *c, float *d_out, const float *d_y, const int *d_pos,
                     int k, int H, const float *d_sh, const float *d_shg);
 /* grp [E + 1 + S] = off | perm: the S slots of idx grouped by expert (E <= 1024), for cu_moe_gemm* */
 void cu_moe_group(cu_ctx *c, const int *d_idx, int S, int E, int *d_grp);
+/* cu_moe_group then cu_moe_tiles (tiles of tile_rows slots; tile_off [E + 1]) in launches over many blocks
+ * (CINFER_CUDA_MOE_PF 64); d_scr: [E] ints of scratch */
+void cu_moe_group_tiles(cu_ctx *c, const int *d_idx, int S, int E, int *d_grp, int *d_tile_off, int tile_rows,
+                        int *d_scr);
 /* decode form without the host: slot (r, j) reads row r; order of accumulation is by ascending expert id */
 void cu_moe_sort_slots(cu_ctx *c, int *d_idx, float *d_w, int T, int k);
 
@@ -513,8 +517,9 @@ void cu_moe_gemm_presplit(cu_ctx *c, float *d_y, const uint16_t *d_xs2, const ui
  * row's logits never depend on the other rows or on T. d_xs: scratch for 3 T K bf16. K % 8 == 0. */
 void cu_moe_router(cu_ctx *c, float *d_logits, const float *d_x, const uint16_t *d_w, int T, int E, int K,
                    uint16_t *d_xs);
-/* the forms behind CINFER_CUDA_MOE_PF (a bitmask, forward_cuda.c reads it): 4 = the grouped GEMMs with 256
- * weight rows per block tile (the same bits as 128); the other bits are the caller's */
+/* the forms behind CINFER_CUDA_MOE_PF (a bitmask, forward_cuda.c reads it): 4 = the grouped GEMMs in tiles of
+ * 256 weight rows x 64 of K (the same bits as 128 x 32), 32 = the router in tiles of 64 weight rows (the same
+ * bits); the other bits are the caller's */
 void cu_set_moe_pf(int mask);
 int cu_moe_pf(void);
 /* the kernels' shared-memory limits, set once before any graph capture */

@@ -222,3 +222,56 @@ __global__ void __launch_bounds__(1024) moe_group_kernel(const int *idx, int S, 
 extern "C" void cu_moe_group(cu_ctx *c, const int *d_idx, int S, int E, int *d_grp) {
     if (S > 0 && E > 0 && E <= 1024) moe_group_kernel<<<1, 1024, 0, c->stream>>>(d_idx, S, E, d_grp);
 }
+
+/* cu_moe_group_tiles: cu_moe_group's grouping over many blocks (a histogram per block, one block's prefix, a
+ * scatter), with cu_moe_tiles' tile offsets from the same prefix; scr [E] ints of scratch */
+__global__ void __launch_bounds__(256) group_count_kernel(const int *idx, int S, int E, int *cnt) {
+    __shared__ int h[1024];
+    for (int e = threadIdx.x; e < E; e += blockDim.x) h[e] = 0;
+    __syncthreads();
+    int p0 = blockIdx.x * 1024;
+    for (int p = p0 + threadIdx.x; p < p0 + 1024 && p < S; p += blockDim.x) {
+        int e = idx[p];
+        atomicAdd(&h[e >= 0 && e < E ? e : 0], 1);
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x)
+        if (h[e]) atomicAdd(&cnt[e], h[e]);
+}
+
+__global__ void __launch_bounds__(1024)
+    group_prefix_kernel(int E, int tile_rows, int *cnt, int *grp, int *tile_off) {
+    __shared__ int c[1024], t[1024];
+    for (int e = threadIdx.x; e < E; e += blockDim.x)
+        c[e] = cnt[e], t[e] = (cnt[e] + tile_rows - 1) / tile_rows;
+    __syncthreads();
+    if (threadIdx.x == 0) { /* exclusive prefixes, E <= 1024 */
+        int acc = 0, tacc = 0;
+        for (int e = 0; e < E; e++) {
+            int v = c[e], tv = t[e];
+            c[e] = acc, t[e] = tacc;
+            acc += v, tacc += tv;
+        }
+        grp[E] = acc;
+        tile_off[E] = tacc;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) grp[e] = c[e], tile_off[e] = t[e], cnt[e] = c[e];
+}
+
+__global__ void group_scatter_kernel(const int *idx, int S, int E, int *cursor, int *grp) {
+    int p = blockIdx.x * blockDim.x + threadIdx.x;
+    if (p >= S) return;
+    int e = idx[p];
+    e = e >= 0 && e < E ? e : 0;
+    grp[E + 1 + atomicAdd(&cursor[e], 1)] = p;
+}
+
+extern "C" void cu_moe_group_tiles(cu_ctx *c, const int *d_idx, int S, int E, int *d_grp, int *d_tile_off,
+                                   int tile_rows, int *d_scr) {
+    if (S <= 0 || E <= 0 || E > 1024) return;
+    cu_memset_async(c, d_scr, (size_t)E * sizeof(int)); /* marks the PDL break */
+    group_count_kernel<<<cdiv((size_t)S, 1024), 256, 0, c->stream>>>(d_idx, S, E, d_scr);
+    group_prefix_kernel<<<1, 1024, 0, c->stream>>>(E, tile_rows, d_scr, d_grp, d_tile_off);
+    group_scatter_kernel<<<cdiv((size_t)S, 256), 256, 0, c->stream>>>(d_idx, S, E, d_scr, d_grp);
+}

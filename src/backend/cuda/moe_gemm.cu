@@ -8,8 +8,9 @@
  */
 #include "backend/cuda/common.cuh"
 
-#define MG_BM 64 /* slots per block tile */
-#define MG_BK 32
+#define MG_BM      64 /* slots per block tile */
+#define MG_BK      32
+#define MG_THREADS 256
 
 __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -55,9 +56,6 @@ __device__ __forceinline__ void cp_commit(void) {
 __device__ __forceinline__ void cp_wait1(void) { /* all but the newest group complete */
     asm volatile("cp.async.wait_group 1;" ::: "memory");
 }
-template <int N> __device__ __forceinline__ void cp_wait(void) { /* all but the N newest groups complete */
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
 
 /* hi[i] = bf16(x[i]), lo[i] = bf16(x[i] - hi[i]) (split_bf16_kernel's split, once per GEMM), and for nx 3
  * lo2[i] = bf16(x[i] - hi[i] - lo[i]); the parts stride apart */
@@ -85,21 +83,20 @@ __global__ void mg_split_kernel(uint16_t *y, size_t stride, const float *x, size
  * slot's value is the same for every BW (per 16 of K, the splits smallest first, each an independent MMA
  * into that slot's accumulators). (Session 4's other forms — 32-bit fragment loads with one stage, registers
  * in between, four stages — ran slower with the same bits; removed.) */
-template <int OUT, int NX, int BW, int DENSE, int BK = MG_BK, int ST = 2, int WM = 2>
-__global__ void __launch_bounds__(128 * WM, BW > 128 ? 2 : 3) /* 2 or 3 blocks an SM */
+template <int OUT, int NX, int BW, int DENSE, int BK>
+__global__ void __launch_bounds__(MG_THREADS, BW > 128 ? 2 : 3) /* 2 or 3 blocks an SM */
     moe_gemm_kernel(float *__restrict__ y, uint16_t *__restrict__ ys, size_t ystride, int ldy,
                     const uint16_t *__restrict__ xs, size_t xstride, int div, const uint16_t *__restrict__ w,
                     size_t w_expert, int up_off, const int *__restrict__ grp,
-                    const int *__restrict__ tile_off, int E, int M, int N, int K, int skip) {
-    constexpr int NT = BW / 32;         /* n-tiles of 8 per warp */
-    constexpr int LD = BK + 8;          /* shared row stride: 80 or 144 bytes, fragment reads conflict-free */
-    constexpr int CPR = BK / 8;         /* 16-byte chunks a row of a stage */
-    constexpr int RPP = 128 * WM / CPR; /* rows a pass of the block's loads */
-    constexpr int MT = 4 / WM;          /* m-tiles of 16 per warp */
+                    const int *__restrict__ tile_off, int E, int M, int N, int K) {
+    constexpr int NT = BW / 32; /* n-tiles of 8 per warp */
+    constexpr int LD = BK + 8;  /* shared row stride: 80 or 144 bytes, fragment reads conflict-free */
+    constexpr int CPR = BK / 8; /* 16-byte chunks a row of a stage */
+    constexpr int RPP = MG_THREADS / CPR;          /* rows a pass of the block's loads */
     constexpr int XP = MG_BM / RPP, WP = BW / RPP; /* passes over the slot rows, the weight rows */
     extern __shared__ __align__(16) uint16_t mg_smem[];
     uint16_t(*xsm)[MG_BM][LD] = reinterpret_cast<uint16_t(*)[MG_BM][LD]>(mg_smem); /* [st * NX + i] */
-    uint16_t(*wsm)[BW][LD] = reinterpret_cast<uint16_t(*)[BW][LD]>(mg_smem + ST * NX * MG_BM * LD); /* [st] */
+    uint16_t(*wsm)[BW][LD] = reinterpret_cast<uint16_t(*)[BW][LD]>(mg_smem + 2 * NX * MG_BM * LD); /* [st] */
     const int t = blockIdx.x, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     int e = 0, p0, cnt;
     const int *perm = NULL;
@@ -139,10 +136,10 @@ __global__ void __launch_bounds__(128 * WM, BW > 128 ? 2 : 3) /* 2 or 3 blocks a
         int n = n0 + (OUT ? r - (up ? BW / 2 : 0) : r);
         wrow[h] = n < N ? (up ? up_off : 0) + n : -1;
     }
-    const int wm = warp % WM, wn = warp / WM, g = lane >> 2, tq = lane & 3;
-    float acc[MT][NT][4];
+    const int wm = warp & 1, wn = warp >> 1, g = lane >> 2, tq = lane & 3;
+    float acc[2][NT][4];
 #pragma unroll
-    for (int i = 0; i < MT; i++)
+    for (int i = 0; i < 2; i++)
 #pragma unroll
         for (int s = 0; s < NT; s++)
 #pragma unroll
@@ -154,9 +151,7 @@ __global__ void __launch_bounds__(128 * WM, BW > 128 ? 2 : 3) /* 2 or 3 blocks a
         wbase[s] = OUT ? (s < NT / 2 ? wn * (BW / 8) + s * 8 : BW / 2 + wn * (BW / 8) + (s - NT / 2) * 8)
                        : wn * (BW / 4) + s * 8;
     /* the MMAs of one stage: per 16 of K, the splits smallest first, slot tiles, weight tiles */
-    const int mlim = skip ? cnt : MG_BM; /* m-tiles from here on hold no slot */
     auto compute = [&](int st) {
-        if (wm * (MG_BM / WM) >= mlim) return; /* the warp's slots all past cnt */
 #pragma unroll
         for (int kk = 0; kk < BK; kk += 16) {
             uint32_t b[NT][2];
@@ -170,9 +165,8 @@ __global__ void __launch_bounds__(128 * WM, BW > 128 ? 2 : 3) /* 2 or 3 blocks a
 #pragma unroll
             for (int half = NX - 1; half >= 0; half--)
 #pragma unroll
-                for (int i = 0; i < MT; i++) {
-                    int m = wm * (MG_BM / WM) + i * 16;
-                    if (m >= mlim) continue; /* no slot in this m-tile (skip) */
+                for (int i = 0; i < 2; i++) {
+                    int m = wm * 32 + i * 16;
                     uint32_t a[4];
                     ldsm_x4(a, &xsm[st * NX + half][m + (lane & 15)][kk + (lane >> 4) * 8]);
 #pragma unroll
@@ -198,38 +192,22 @@ __global__ void __launch_bounds__(128 * WM, BW > 128 ? 2 : 3) /* 2 or 3 blocks a
             cp16(&wsm[st][lrow + RPP * h][lk], v ? we + (size_t)wrow[h] * K + k : w, v);
         }
     };
-    if (ST == 2) { /* one stage loads while the other computes, a barrier pair per step of K */
-        issue(0, 0);
+    issue(0, 0);
+    cp_commit();
+    for (int k0 = 0, st = 0; k0 < K; k0 += BK, st ^= 1) {
+        if (k0 + BK < K) issue(st ^ 1, k0 + BK); /* the other stage: read before the last barrier */
         cp_commit();
-        for (int k0 = 0, st = 0; k0 < K; k0 += BK, st ^= 1) {
-            if (k0 + BK < K) issue(st ^ 1, k0 + BK); /* the other stage: read before the last barrier */
-            cp_commit();
-            cp_wait1();
-            __syncthreads();
-            compute(st);
-            __syncthreads();
-        }
-    } else { /* ST - 1 stages in flight, one barrier per step: the stage refilled is the one computed last */
-#pragma unroll
-        for (int q = 0; q < ST - 1; q++) {
-            if (q * BK < K) issue(q, q * BK);
-            cp_commit();
-        }
-        for (int k0 = 0, st = 0; k0 < K; k0 += BK, st = st + 1 == ST ? 0 : st + 1) {
-            cp_wait<ST - 2>();
-            __syncthreads();
-            int nk = k0 + (ST - 1) * BK;
-            if (nk < K) issue(st == 0 ? ST - 1 : st - 1, nk);
-            cp_commit();
-            compute(st);
-        }
+        cp_wait1();
+        __syncthreads();
+        compute(st);
+        __syncthreads();
     }
     /* C fragment: c0, c1 at (row g, cols 2tq, 2tq + 1), c2, c3 at row g + 8 */
 #pragma unroll
-    for (int i = 0; i < MT; i++)
+    for (int i = 0; i < 2; i++)
 #pragma unroll
         for (int hr = 0; hr < 2; hr++) {
-            int row = wm * (MG_BM / WM) + i * 16 + g + 8 * hr;
+            int row = wm * 32 + i * 16 + g + 8 * hr;
             if (row >= cnt) continue;
             size_t yo = (size_t)(DENSE ? p0 + row : perm[p0 + row]) * ldy;
 #pragma unroll
@@ -267,9 +245,10 @@ static void mg_split(cu_ctx *c, uint16_t *xs, const float *x, size_t n, int nx) 
     mg_split_kernel<<<g, 256, 0, c->stream>>>(xs, n, x, n, nx);
 }
 
-/* CINFER_CUDA_MOE_PF (forward_cuda.c): 4 = 256 weight rows per block tile instead of 128; with it 16 = 64 of
- * K a stage instead of 32, 32 = three stages with one barrier a step instead of two with two (all the same
- * bits) */
+/* CINFER_CUDA_MOE_PF (forward_cuda.c): 4 = the grouped GEMMs in 256 weight rows x 64 of K per block step
+ * instead of 128 x 32 (the same bits; H200, one 4096-token layer: 2.11 -> 1.66 ms with 8), 32 = the router in
+ * 64 weight rows per block (twice the blocks; the same bits), 64 = cu_moe_group in three launches over many
+ * blocks */
 static int g_moe_pf;
 extern "C" void cu_set_moe_pf(int mask) {
     g_moe_pf = mask;
@@ -278,10 +257,10 @@ extern "C" int cu_moe_pf(void) {
     return g_moe_pf;
 }
 
-#define MG_TP int OUT, int NX, int BW, int DENSE, int BK, int ST, int WM
-#define MG_TA OUT, NX, BW, DENSE, BK, ST, WM
+#define MG_TP int OUT, int NX, int BW, int DENSE, int BK
+#define MG_TA OUT, NX, BW, DENSE, BK
 template <MG_TP> static size_t mg_smem_bytes(void) {
-    return (size_t)ST * (NX * MG_BM + BW) * (BK + 8) * sizeof(uint16_t);
+    return (size_t)2 * (NX * MG_BM + BW) * (BK + 8) * sizeof(uint16_t);
 }
 /* the dynamic shared memory past 48 KB, once per form (before any graph capture: cu_moe_gemm_prepare) */
 template <MG_TP> static void mg_attr(void) {
@@ -307,40 +286,28 @@ typedef struct mg_args {
     int up_off;
     const int *grp, *tile_off;
     int E, M, K;
-    int skip; /* MMAs of m-tiles without slots left out */
 } mg_args;
 template <MG_TP> static void mg_launch(cu_ctx *c, const mg_args &a) {
     mg_attr<MG_TA>();
     dim3 grid(a.tiles, cdiv((size_t)a.N, OUT ? BW / 2 : BW));
-    moe_gemm_kernel<MG_TA><<<grid, 128 * WM, mg_smem_bytes<MG_TA>(), c->stream>>>(
+    moe_gemm_kernel<MG_TA><<<grid, MG_THREADS, mg_smem_bytes<MG_TA>(), c->stream>>>(
         a.y, a.ys, a.ystride, a.ldy, a.xs, a.xstride, a.div, a.w, a.w_expert, a.up_off, a.grp, a.tile_off,
-        a.E, a.M, a.N, a.K, a.skip);
+        a.E, a.M, a.N, a.K);
 }
 /* the grouped form g_moe_pf picks (c NULL: only the shared-memory limits set) */
-template <int OUT> static void mg_grouped(cu_ctx *c, const mg_args &a0) {
-    int f = g_moe_pf & 4 ? g_moe_pf & (16 | 32 | 64) : -1;
-    mg_args a = a0;
-    a.skip = (g_moe_pf & 128) != 0;
-#define MG_FORM(bk, st, wm)                                                                                  \
-    if (!c)                                                                                                  \
-        mg_attr<OUT, 2, 256, 0, bk, st, wm>();                                                               \
-    else if (f == ((bk) == 64 ? 16 : 0) + ((st) == 3 ? 32 : 0) + ((wm) == 1 ? 64 : 0)) {                     \
-        mg_launch<OUT, 2, 256, 0, bk, st, wm>(c, a);                                                         \
-        return;                                                                                              \
-    }
-    MG_FORM(32, 2, 2) MG_FORM(64, 2, 2) MG_FORM(32, 3, 2) MG_FORM(64, 3, 2);
-    MG_FORM(32, 2, 1) MG_FORM(64, 2, 1) MG_FORM(32, 3, 1) MG_FORM(64, 3, 1);
-#undef MG_FORM
+template <int OUT> static void mg_grouped(cu_ctx *c, const mg_args &a) {
     if (!c)
-        mg_attr<OUT, 2, 128, 0, 32, 2, 2>();
+        mg_attr<OUT, 2, 256, 0, 64>(), mg_attr<OUT, 2, 128, 0, 32>();
+    else if (g_moe_pf & 4)
+        mg_launch<OUT, 2, 256, 0, 64>(c, a);
     else
-        mg_launch<OUT, 2, 128, 0, 32, 2, 2>(c, a);
+        mg_launch<OUT, 2, 128, 0, 32>(c, a);
 }
 
 extern "C" void cu_moe_gemm_prepare(void) {
-    mg_args a = {0, 0, NULL, NULL, 0, 0, NULL, 0, 0, NULL, 0, 0, NULL, NULL, 0, 0, 0, 0};
+    mg_args a = {0, 0, NULL, NULL, 0, 0, NULL, 0, 0, NULL, 0, 0, NULL, NULL, 0, 0, 0};
     mg_grouped<0>(NULL, a), mg_grouped<1>(NULL, a), mg_grouped<2>(NULL, a);
-    mg_attr<0, 3, 128, 1, 32, 2, 2>();
+    mg_attr<0, 3, 128, 1, 32>(), mg_attr<0, 3, 64, 1, 32>();
 }
 
 /* the grouped gate_up + SwiGLU from x's split (xs: hi, lo rows of S / div x K, nx apart); y f32 (OUT 1) or
@@ -348,24 +315,8 @@ extern "C" void cu_moe_gemm_prepare(void) {
 template <int OUT>
 static void swiglu_any(cu_ctx *c, float *y, uint16_t *ys, int div, const uint16_t *w_gu, const int *grp,
                        const int *tile_off, int S, int E, int I, int K, const uint16_t *xs, size_t nx) {
-    mg_args a = {max_tiles(S, E),
-                 I,
-                 y,
-                 ys,
-                 (size_t)S * I,
-                 I,
-                 xs,
-                 nx,
-                 div,
-                 w_gu,
-                 (size_t)2 * I * K,
-                 I,
-                 grp,
-                 tile_off,
-                 E,
-                 S,
-                 K,
-                 0};
+    mg_args a = {max_tiles(S, E), I, y, ys, (size_t)S * I, I, xs, nx, div, w_gu, (size_t)2 * I * K, I, grp,
+                 tile_off,        E, S, K};
     mg_grouped<OUT>(c, a);
 }
 
@@ -391,7 +342,7 @@ extern "C" void cu_moe_gemm_swiglu_split(cu_ctx *c, uint16_t *ys, const float *x
 static void gemm_split_in(cu_ctx *c, float *y, const uint16_t *xs2, size_t nx, int div, const uint16_t *w,
                           const int *grp, const int *tile_off, int S, int E, int N, int K) {
     mg_args a = {max_tiles(S, E), N, y,   NULL,     0, N, xs2, nx, div, w,
-                 (size_t)N * K,   0, grp, tile_off, E, S, K,   0};
+                 (size_t)N * K,   0, grp, tile_off, E, S, K};
     mg_grouped<0>(c, a);
 }
 
@@ -415,6 +366,9 @@ extern "C" void cu_moe_router(cu_ctx *c, float *logits, const float *x, const ui
     size_t nx = (size_t)T * K;
     mg_split(c, xs, x, nx, 3);
     mg_args a = {
-        (unsigned)cdiv((size_t)T, MG_BM), E, logits, NULL, 0, E, xs, nx, 1, w, 0, 0, NULL, NULL, 0, T, K, 0};
-    mg_launch<0, 3, 128, 1, 32, 2, 2>(c, a);
+        (unsigned)cdiv((size_t)T, MG_BM), E, logits, NULL, 0, E, xs, nx, 1, w, 0, 0, NULL, NULL, 0, T, K};
+    if (g_moe_pf & 32)
+        mg_launch<0, 3, 64, 1, 32>(c, a);
+    else
+        mg_launch<0, 3, 128, 1, 32>(c, a);
 }
