@@ -290,14 +290,15 @@ __global__ void __launch_bounds__(MF_WARPS * 32)
  * choices in ascending expert order, then + sigmoid(shg) (sh_down[h] · act_sh): cu_moe_combine's order. With
  * resid, resid[r][h] += that sum instead (the residual add cu_add_rmsnorm would make, the same f32 add) and
  * out is not written. */
-template <int KC, int G = MF_GROUP, int SHPRE = 0>
-__global__ void __launch_bounds__(MF_WARPS * 32, SHPRE ? 2 : 0) /* 2: 256 blocks in one wave */
+template <int KC, int G = MF_GROUP, int SHPRE = 0, int W = MF_WARPS>
+__global__ void __launch_bounds__(W * 32,
+                                  SHPRE ? 16 / W : 0) /* SHPRE: 128 registers, H / W blocks in a wave */
     mf_down_kernel(const float *__restrict__ act, const uint16_t *__restrict__ e_down,
                    const int *__restrict__ idx, const float *__restrict__ wt,
                    const uint16_t *__restrict__ sh_down, const float *__restrict__ shg, float *out,
                    float *resid, int H, int k, int Im, int Is) {
     const int r = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int h = blockIdx.x * MF_WARPS + warp, A = k * Im + Is;
+    const int h = blockIdx.x * W + warp, A = k * Im + Is;
     if (h >= H) {
         griddep_wait();
         griddep_launch();
@@ -414,14 +415,16 @@ extern "C" void cu_moe_fused_gate_up(cu_ctx *c, const cu_moe_args *a) {
 extern "C" void cu_moe_fused_down(cu_ctx *c, const cu_moe_args *a) {
     if (a->T <= 0) return;
     int Is = a->sh_gu ? a->Is : 0;
-    dim3 grid(cdiv((size_t)a->H, MF_WARPS), (unsigned)a->T), block(MF_WARPS * 32);
+    /* variant 4096 (with 1024): blocks of 4 warps, which fit beside four gate_up blocks on an SM */
+    int W = (a->variant & 4096) && (a->variant & 1024) && a->k <= 8 && a->Im <= 512 ? 4 : MF_WARPS;
+    dim3 grid(cdiv((size_t)a->H, (size_t)W), (unsigned)a->T), block(W * 32);
     const uint16_t *sh_down = Is ? a->sh_down : NULL;
     /* Im up to 512: 2 chunks per row and lane; up to 1024 (122B-A10B, 397B-A17B): 4. (Session 4's eight
      * experts' rows at once and session 5's shared row with the first group: no faster, the same bits.) */
     void (*kern)(const float *, const uint16_t *, const int *, const float *, const uint16_t *, const float *,
                  float *, float *, int, int, int, int) = a->Im > 512 ? mf_down_kernel<4> : mf_down_kernel<2>;
     if ((a->variant & 1024) && a->k <= 8 && a->Im <= 512) /* 1024: every row requested before the wait */
-        kern = mf_down_kernel<2, 8, 1>;
+        kern = W == 4 ? mf_down_kernel<2, 8, 1, 4> : mf_down_kernel<2, 8, 1>;
     cu_launch_pdl(c, (a->variant & 4) != 0, kern, grid, block, a->act, a->e_down, a->idx, a->w, sh_down,
                   a->shg, a->out, a->resid, a->H, a->k, a->Im, Is);
 }
