@@ -303,8 +303,7 @@ struct cuda_fwd {
     /* CINFER_CUDA_DIAG_AB=1 (measurements; diag_ab): kernel classes (DG_*) left out of / launched twice in
      * the decode steps being captured, and the batch sizes already measured (bit B - 1) */
     int diag_ab, diag_skip, diag_dup;
-    int gemv_stream; /* CINFER_CUDA_GEMV_STREAM=1 (cu_set_gemv_stream) */
-    int l2pf_out;    /* CINFER_CUDA_L2PF_OUT=1: cu_gdn_args.l2pf / cu_attn_args.l2pf = the layer's out_proj */
+    int l2pf_out; /* CINFER_CUDA_L2PF_OUT=1: cu_gdn_args.l2pf / cu_attn_args.l2pf = the layer's out_proj */
     size_t l2pf_next; /* CINFER_CUDA_L2PF_NEXT=MB: bytes of the next GEMV's head each fused GEMV prefetches */
     int attn_pf;      /* CINFER_CUDA_ATTN_PF (cu_set_attn_decode_pf) */
     int gdn_split; /* CINFER_CUDA_GDN_SPLIT=1: deltanet()'s conv in in_proj, the layer by split_decode_kernel
@@ -678,10 +677,6 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     const char *apf = getenv("CINFER_CUDA_ATTN_PF");
     f->attn_pf = apf ? atoi(apf) : 1; /* "2" / "3": two / three positions ahead (the same bits) */
     cu_set_attn_decode_pf(f->attn_pf);
-    /* "1": the decode GEMVs at one row stream their weights through shared memory (gemv3.cu) */
-    const char *gst = getenv("CINFER_CUDA_GEMV_STREAM");
-    f->gemv_stream = gst ? atoi(gst) : 0; /* "2": the form with a task for every warp (gemv3.cu) */
-    cu_set_gemv_stream(f->gemv_stream);
     /* "1": a decode batch's DeltaNet conv in in_proj's epilogue and the layer in one block per head, with no
      * counters or fences (cu_gdn_args.split; the same bits) */
     const char *l2o = getenv("CINFER_CUDA_L2PF_OUT"); /* "1": out_proj's weights into L2 during the layer */
@@ -1547,37 +1542,31 @@ static int enqueue(cuda_fwd *f, const run_shape *rs, int moe_device, char *err, 
 static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
     static const struct {
         const char *name;
-        int skip, dup, nopdl, stream, split, apf; /* stream / split: on (1, 2) / off (-1); apf: ATTN_PF */
+        int skip, dup, nopdl, split, apf; /* split: on (1) / off (-1); apf: CINFER_CUDA_ATTN_PF */
         const char *g3; /* "u_small,var_small,u_big,var_big" for cu_set_gemv3_one, or NULL */
         int l2o, l2n;   /* CINFER_CUDA_L2PF_OUT on (1) / off (-1); CINFER_CUDA_L2PF_NEXT MB (-1: 0) */
     } v[] = {
-        {"base", 0, 0, 0, 0, 0},
-        {"gemv stream on", 0, 0, 0, 1, 0},
-        {"gemv stream form 2", 0, 0, 0, 2, 0},
-        {"gemv stream off", 0, 0, 0, -1, 0},
-        {"gdn split on", 0, 0, 0, 0, 1},
-        {"gdn split off", 0, 0, 0, 0, -1},
-        {"stream + split on", 0, 0, 0, 1, 1},
-        {"stream 2 + split on", 0, 0, 0, 2, 1},
-        {"l2pf next 4", 0, 0, 0, 0, 0, 0, NULL, 0, 4},
-        {"l2pf next 8", 0, 0, 0, 0, 0, 0, NULL, 0, 8},
-        {"l2pf next 16", 0, 0, 0, 0, 0, 0, NULL, 0, 16},
-        {"l2pf next 8 + out", 0, 0, 0, 0, 0, 0, NULL, 1, 8},
-        {"l2pf next 8 + out + pf 3", 0, 0, 0, 0, 0, 3, NULL, 1, 8},
-        {"l2pf out on", 0, 0, 0, 0, 0, 0, NULL, 1},
-        {"l2pf out off", 0, 0, 0, 0, 0, 0, NULL, -1},
-        {"l2pf out + split", 0, 0, 0, 0, 1, 0, NULL, 1},
-        {"l2pf out + pf 3", 0, 0, 0, 0, 0, 3, NULL, 1},
-        {"l2pf out + g3 small u4", 0, 0, 0, 0, 0, 0, "4,-1,0,-1", 1},
-        {"g3 small u4", 0, 0, 0, 0, 0, 0, "4,-1,0,-1"},
-        {"g3 small var4", 0, 0, 0, 0, 0, 0, "0,4,0,-1"},
-        {"g3 small u4 var4", 0, 0, 0, 0, 0, 0, "4,4,0,-1"},
-        {"g3 big u2", 0, 0, 0, 0, 0, 0, "0,-1,2,-1"},
-        {"g3 big var6", 0, 0, 0, 0, 0, 0, "0,-1,0,6"},
-        {"g3 small u4 big u2", 0, 0, 0, 0, 0, 0, "4,-1,2,-1"},
-        {"attn pf 2", 0, 0, 0, 0, 0, 2},
-        {"attn pf 3", 0, 0, 0, 0, 0, 3},
-        {"stream 2 + split + pf 2", 0, 0, 0, 2, 1, 2},
+        {"base", 0, 0, 0, 0},
+        {"gdn split on", 0, 0, 0, 1},
+        {"gdn split off", 0, 0, 0, -1},
+        {"l2pf next 4", 0, 0, 0, 0, 0, NULL, 0, 4},
+        {"l2pf next 8", 0, 0, 0, 0, 0, NULL, 0, 8},
+        {"l2pf next 16", 0, 0, 0, 0, 0, NULL, 0, 16},
+        {"l2pf next 8 + out", 0, 0, 0, 0, 0, NULL, 1, 8},
+        {"l2pf next 8 + out + pf 3", 0, 0, 0, 0, 3, NULL, 1, 8},
+        {"l2pf out on", 0, 0, 0, 0, 0, NULL, 1},
+        {"l2pf out off", 0, 0, 0, 0, 0, NULL, -1},
+        {"l2pf out + split", 0, 0, 0, 1, 0, NULL, 1},
+        {"l2pf out + pf 3", 0, 0, 0, 0, 3, NULL, 1},
+        {"l2pf out + g3 small u4", 0, 0, 0, 0, 0, "4,-1,0,-1", 1},
+        {"g3 small u4", 0, 0, 0, 0, 0, "4,-1,0,-1"},
+        {"g3 small var4", 0, 0, 0, 0, 0, "0,4,0,-1"},
+        {"g3 small u4 var4", 0, 0, 0, 0, 0, "4,4,0,-1"},
+        {"g3 big u2", 0, 0, 0, 0, 0, "0,-1,2,-1"},
+        {"g3 big var6", 0, 0, 0, 0, 0, "0,-1,0,6"},
+        {"g3 small u4 big u2", 0, 0, 0, 0, 0, "4,-1,2,-1"},
+        {"attn pf 2", 0, 0, 0, 0, 2},
+        {"attn pf 3", 0, 0, 0, 0, 3},
         {"pdl off", 0, 0, 1},
         {"skip in_proj", DG_IN, 0, 0},
         {"skip deltanet", DG_GDN, 0, 0},
@@ -1610,7 +1599,6 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
         f->diag_skip = v[i].skip, f->diag_dup = v[i].dup;
         if (v[i].nopdl) f->pdl = 0;
-        if (v[i].stream) cu_set_gemv_stream(v[i].stream > 0 ? v[i].stream : 0);
         int split = f->gdn_split;
         if (v[i].split) f->gdn_split = v[i].split > 0;
         int l2o = f->l2pf_out;
@@ -1626,7 +1614,6 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
         int rc2 = rc ? rc : enqueue(f, rs, moe_device, err, sizeof err);
         if (!rc) rc = cu_capture_end(f->cu, &exec, err, sizeof err);
         f->pdl = pdl, f->diag_skip = f->diag_dup = 0;
-        cu_set_gemv_stream(f->gemv_stream);
         f->gdn_split = split, f->l2pf_out = l2o, f->l2pf_next = l2n;
         cu_set_attn_decode_pf(f->attn_pf);
         cu_set_gemv3_one(0, -1, 0, -1);

@@ -96,10 +96,6 @@ void cu_set_pdl_mask(int mask);
  * 1 / 2 / 3 positions' k / v before the current one's arithmetic (and its first ones, under PDL, before
  * waiting for in_proj); 0 off; the same bits */
 void cu_set_attn_decode_pf(int on);
-/* 1 / 2 (CINFER_CUDA_GEMV_STREAM): the decode GEMVs at one row of x stream their weights through shared
- * memory by bulk copies, requested before the PDL wait (gemv3.cu; 2: stages sized so every warp has a task);
- * the same bits */
-void cu_set_gemv_stream(int on);
 /* f32 scratch for the stacked hi/lo product of up to 64 rows (2 x 64 x widest N floats) */
 void cu_set_gemm_scratch(cu_ctx *c, float *d_t, size_t floats);
 /* the rows each half of the xb given to cu_gemm holds (at least the M of any call): with cu_set_gemm_pad on,
