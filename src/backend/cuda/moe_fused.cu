@@ -168,9 +168,7 @@ __global__ void __launch_bounds__(NORM ? 256 : RT_WARPS * 32)
     /* NORM: thread t's norm weights (elements t + 256 j, add_rmsnorm_kernel's split) are weights too: in
      * registers before the wait, and its x elements are all requested at once after it (one round trip;
      * the loops over i below issued one load per step) */
-    /* NORM 2 (variant 2048, rows up to 2048): half the norm's registers (its elements past H are never used)
-     */
-    constexpr int NJ = NORM == 2 ? 2048 / 256 : NORM ? MF_NORM_H / 256 : 1;
+    constexpr int NJ = NORM ? MF_NORM_H / 256 : 1;
     [[maybe_unused]] float nv[NJ], xv[NJ];
     if constexpr (NORM) {
 #pragma unroll
@@ -290,15 +288,14 @@ __global__ void __launch_bounds__(MF_WARPS * 32)
  * choices in ascending expert order, then + sigmoid(shg) (sh_down[h] · act_sh): cu_moe_combine's order. With
  * resid, resid[r][h] += that sum instead (the residual add cu_add_rmsnorm would make, the same f32 add) and
  * out is not written. */
-template <int KC, int G = MF_GROUP, int SHPRE = 0, int W = MF_WARPS>
-__global__ void __launch_bounds__(W * 32,
-                                  SHPRE ? 16 / W : 0) /* SHPRE: 128 registers, H / W blocks in a wave */
+template <int KC>
+__global__ void __launch_bounds__(MF_WARPS * 32)
     mf_down_kernel(const float *__restrict__ act, const uint16_t *__restrict__ e_down,
                    const int *__restrict__ idx, const float *__restrict__ wt,
                    const uint16_t *__restrict__ sh_down, const float *__restrict__ shg, float *out,
                    float *resid, int H, int k, int Im, int Is) {
     const int r = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int h = blockIdx.x * W + warp, A = k * Im + Is;
+    const int h = blockIdx.x * MF_WARPS + warp, A = k * Im + Is;
     if (h >= H) {
         griddep_wait();
         griddep_launch();
@@ -311,17 +308,7 @@ __global__ void __launch_bounds__(W * 32,
     const int my_e = lane < k ? __ldcg(idx + (size_t)r * k + lane) : 0;
     const float my_w = lane < k ? __ldcg(wt + (size_t)r * k + lane) : 0.0f;
     float acc = 0.0f;
-    /* G experts' rows requested together; variant 1024 (G 8, SHPRE): a 35B-A3B row's eight and the shared
-     * expert's row all before the wait (the same sums in the same order) */
-    [[maybe_unused]] bool shpre = false;
-    [[maybe_unused]] uint4 us[1][KC];
-    if constexpr (SHPRE) {
-        shpre = sh_down && Is <= 256 * KC;
-        if (shpre) {
-            const uint16_t *w1[1] = {sh_down + (size_t)h * Is};
-            load_rows<1, KC>(us, w1, Is, lane);
-        }
-    }
+    constexpr int G = MF_GROUP;
     uint4 u[G][KC];
     for (int j0 = 0; j0 < k; j0 += G) {
         float y[G];
@@ -352,14 +339,7 @@ __global__ void __launch_bounds__(W * 32,
         float ys[1] = {0.0f};
         const uint16_t *w1[1] = {sh_down + (size_t)h * Is};
         const float *x1[1] = {ar + (size_t)k * Im};
-        if constexpr (SHPRE) {
-            if (shpre)
-                fma_rows<1, KC>(ys, us, x1, Is, lane); /* dot_rows' order: chunk by chunk */
-            else
-                dot_rows<1, 2>(ys, w1, x1, Is, lane);
-        } else {
-            dot_rows<1, 2>(ys, w1, x1, Is, lane);
-        }
+        dot_rows<1, 2>(ys, w1, x1, Is, lane);
         float v = warp_sum(ys[0]);
         float gt = dev_sigmoid(shg[r]);
         acc += gt * v;
@@ -390,9 +370,7 @@ extern "C" void cu_moe_fused_route(cu_ctx *c, const cu_moe_args *a) {
                  const float *, float, float *);
     /* 8 chunks of a router row requested at once: H = 2048 in one round trip (session 4's 4: no faster) */
     if (a->E <= 256)
-        kern =
-            nrm ? ((a->variant & 2048) && a->H <= 2048 ? mf_route_kernel<8, 2, 8> : mf_route_kernel<8, 1, 8>)
-                : mf_route_kernel<8, 0, 8>;
+        kern = nrm ? mf_route_kernel<8, 1, 8> : mf_route_kernel<8, 0, 8>;
     else
         kern = nrm ? mf_route_kernel<8, 1, 32> : mf_route_kernel<8, 0, 32>;
     cu_launch_pdl(c, pdl, kern, grid, block, a->x, a->router, a->logits, a->idx, a->w, a->count, a->H, a->E,
@@ -415,16 +393,12 @@ extern "C" void cu_moe_fused_gate_up(cu_ctx *c, const cu_moe_args *a) {
 extern "C" void cu_moe_fused_down(cu_ctx *c, const cu_moe_args *a) {
     if (a->T <= 0) return;
     int Is = a->sh_gu ? a->Is : 0;
-    /* variant 4096 (with 1024): blocks of 4 warps, which fit beside four gate_up blocks on an SM */
-    int W = (a->variant & 4096) && (a->variant & 1024) && a->k <= 8 && a->Im <= 512 ? 4 : MF_WARPS;
-    dim3 grid(cdiv((size_t)a->H, (size_t)W), (unsigned)a->T), block(W * 32);
+    dim3 grid(cdiv((size_t)a->H, MF_WARPS), (unsigned)a->T), block(MF_WARPS * 32);
     const uint16_t *sh_down = Is ? a->sh_down : NULL;
     /* Im up to 512: 2 chunks per row and lane; up to 1024 (122B-A10B, 397B-A17B): 4. (Session 4's eight
      * experts' rows at once and session 5's shared row with the first group: no faster, the same bits.) */
     void (*kern)(const float *, const uint16_t *, const int *, const float *, const uint16_t *, const float *,
                  float *, float *, int, int, int, int) = a->Im > 512 ? mf_down_kernel<4> : mf_down_kernel<2>;
-    if ((a->variant & 1024) && a->k <= 8 && a->Im <= 512) /* 1024: every row requested before the wait */
-        kern = W == 4 ? mf_down_kernel<2, 8, 1, 4> : mf_down_kernel<2, 8, 1>;
     cu_launch_pdl(c, (a->variant & 4) != 0, kern, grid, block, a->act, a->e_down, a->idx, a->w, sh_down,
                   a->shg, a->out, a->resid, a->H, a->k, a->Im, Is);
 }
