@@ -90,6 +90,9 @@ struct cinfer_request {
     int32_t dread[64];    /* draft model: the window tokens it read (drafts[0, d_window) before a test's or
                              benchmark's drafter replaced them) */
     int32_t catchup[64];  /* draft model: kept tokens it has yet to read (fed at the next step) */
+    int32_t forced[64];   /* draft model under a test's or benchmark's drafter: the tokens it reads instead of
+                             its own argmax (bench --spec draft --spec-accept) */
+    int dk;               /* draft model: drafts this step (draft_len, the output budget, the forced count) */
     int n_catchup;
     int mtp_off;          /* MTP: the head lost its rows for this request (no KV block): no more drafts */
     int mtp_next;         /* MTP: the head's first chained position (its rows below are the target's) */
@@ -151,6 +154,8 @@ struct cinfer_engine {
     int mtp_vocab;                  /* the head drafts among ids [0, mtp_vocab) */
     engine_draft_fn drafter;        /* NULL: the built-in n-gram drafter */
     void *drafter_ud;
+    engine_draft_observer_fn dobs;  /* tests: told each window the draft model proposed */
+    void *dobs_ud;
     cinfer_batch_entry *entries;    /* [max_seqs] */
     cinfer_request **entry_req;     /* [max_seqs] */
     cinfer_request **running;       /* [max_seqs] */
@@ -806,18 +811,22 @@ static void draft_model_step(cinfer_engine *e) {
         r->d_window = 0;
         r->drafts[0] = r->last;
         int room = r->max_tokens - r->n_gen - 1;
+        r->dk = 0;
         if (r->dseq < 0 || r->n_fed < r->n_prompt || r->d_fed < r->n_prompt || r->n_catchup || room <= 0) continue;
         int k = r->draft_len < room ? r->draft_len : room;
+        if (e->drafter) { /* forced drafts: the draft model reads them in place of its own, as it would read
+                             its own tokens at that acceptance (so it rewinds and catches up as a real one) */
+            int c = e->drafter(e->drafter_ud, r->hist, r->n_hist, r->forced, k);
+            k = c < 0 ? 0 : c < k ? c : k;
+        }
+        r->dk = k;
         if (k > kmax) kmax = k;
     }
     for (int j = 0; j < kmax; j++) {
         n = 0;
         for (int i = 0; i < e->n_running; i++) {
             cinfer_request *r = e->running[i];
-            int room = r->max_tokens - r->n_gen - 1;
-            int k = r->draft_len < room ? r->draft_len : room;
-            if (r->dseq < 0 || r->n_fed < r->n_prompt || r->d_fed < r->n_prompt || r->n_catchup || r->n_drafts != j || j >= k)
-                continue;
+            if (r->dseq < 0 || r->n_drafts != j || j >= r->dk) continue;
             if (j && e->dsnap && ctx_seq_state_stash(e->dctx, r->dseq, draft_snap(e, r, j), err, sizeof err)) {
                 LOG_E("draft model: %s", err);
                 continue; /* its drafts so far stand */
@@ -832,21 +841,15 @@ static void draft_model_step(cinfer_engine *e) {
         }
         for (int i = 0; i < n; i++) {
             cinfer_request *r = e->dreq[i];
-            r->drafts[j + 1] = e->ddids[i];
+            r->drafts[j + 1] = e->drafter ? r->forced[j] : e->ddids[i];
             r->n_drafts = j + 1;
             r->d_window = j + 1;
         }
     }
-    /* a test or benchmark drafter (bench --spec draft --spec-accept) replaces the tokens, the draft model's
-     * steps staying in the step's cost; draft_model_sync then keeps only what the draft read and the target
-     * kept alike */
     for (int i = 0; i < e->n_running; i++) {
         cinfer_request *r = e->running[i];
         memcpy(r->dread, r->drafts, sizeof(int32_t) * (size_t)r->d_window);
-        if (e->drafter && r->n_drafts) {
-            int c = e->drafter(e->drafter_ud, r->hist, r->n_hist, r->drafts + 1, r->n_drafts);
-            r->n_drafts = c < 0 || c > r->n_drafts ? 0 : c;
-        }
+        if (e->dobs && r->n_drafts) e->dobs(e->dobs_ud, r->hist, r->n_hist, r->drafts + 1, r->n_drafts);
     }
 }
 
@@ -1222,6 +1225,11 @@ long long engine_pad_rows(cinfer_engine *e) {
 
 int engine_draft_slots_used(cinfer_engine *e) { return e->dctx ? ctx_slots_used(e->dctx) : 0; }
 long long engine_draft_prompt_tokens(cinfer_engine *e) { return e->d_prompt_read; }
+
+void engine_set_draft_observer(cinfer_engine *e, engine_draft_observer_fn fn, void *ud) {
+    e->dobs = fn;
+    e->dobs_ud = ud;
+}
 
 void engine_set_drafter(cinfer_engine *e, engine_draft_fn fn, void *ud) {
     e->drafter = fn;

@@ -11,6 +11,9 @@
  * the engine must have speculation enabled). Called on the scheduler thread. */
 typedef int (*engine_draft_fn)(void *ud, const int32_t *hist, int n_hist, int32_t *out, int k);
 void engine_set_drafter(cinfer_engine *e, engine_draft_fn fn, void *ud);
+/* Tests: told each window the draft model (CINFER_SPEC_DRAFT) proposed, with the history it drafted from. */
+typedef void (*engine_draft_observer_fn)(void *ud, const int32_t *hist, int n_hist, const int32_t *drafts, int n);
+void engine_set_draft_observer(cinfer_engine *e, engine_draft_observer_fn fn, void *ud);
 /* Pad rows verify windows have carried so far (CINFER_SPEC_PAD=1): rows past each window's drafts. */
 long long engine_pad_rows(cinfer_engine *e);
 /* Sequences open in the draft model's context (0 without one; tests: read while the engine is idle). */

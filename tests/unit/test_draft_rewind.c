@@ -201,8 +201,7 @@ typedef struct got {
     int n;
 } got;
 
-/* Every window the draft model proposed, with the history it drafted from (a drafter hook that keeps the
- * draft model's tokens: the engine hands them in out[]) */
+/* Every window the draft model proposed, with the history it drafted from (engine_set_draft_observer) */
 enum { NREC = 600, RH = 96 };
 typedef struct recorder {
     int n;
@@ -212,7 +211,7 @@ typedef struct recorder {
     int nd[NREC];
 } recorder;
 
-static int record_draft(void *ud, const int32_t *hist, int n_hist, int32_t *out, int k) {
+static void record_draft(void *ud, const int32_t *hist, int n_hist, const int32_t *out, int k) {
     recorder *r = ud;
     if (r->n < NREC && n_hist <= RH && k <= 8) {
         memcpy(r->hist[r->n], hist, sizeof(int32_t) * (size_t)n_hist);
@@ -220,7 +219,6 @@ static int record_draft(void *ud, const int32_t *hist, int n_hist, int32_t *out,
         memcpy(r->d[r->n], out, sizeof(int32_t) * (size_t)k);
         r->nd[r->n++] = k;
     }
-    return k;
 }
 
 static void run_draft_engine(cinfer_model *m, cinfer_model *draft, cinfer_spec_mode spec, int n,
@@ -241,7 +239,7 @@ static void run_draft_engine(cinfer_model *m, cinfer_model *draft, cinfer_spec_m
         test_fail(__FILE__, __LINE__, "%s", err);
         return;
     }
-    if (rec) engine_set_drafter(e, record_draft, rec);
+    if (rec) engine_set_draft_observer(e, record_draft, rec);
     cinfer_request *rq[16];
     for (int i = 0; i < n; i++) {
         cinfer_request_params rp;
