@@ -305,6 +305,7 @@ struct cuda_fwd {
     int diag_ab, diag_skip, diag_dup;
     int l2pf_out; /* CINFER_CUDA_L2PF_OUT=1: cu_gdn_args.l2pf / cu_attn_args.l2pf = the layer's out_proj */
     size_t l2pf_next; /* CINFER_CUDA_L2PF_NEXT=MB: bytes of the next GEMV's head each fused GEMV prefetches */
+    int l2pf_state;   /* CINFER_CUDA_L2PF_STATE=1: a DeltaNet layer's in_proj prefetches the batch's S */
     int attn_pf;      /* CINFER_CUDA_ATTN_PF (cu_set_attn_decode_pf) */
     int gdn_split; /* CINFER_CUDA_GDN_SPLIT=1: deltanet()'s conv in in_proj, the layer by split_decode_kernel
                     */
@@ -681,8 +682,14 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * counters or fences (cu_gdn_args.split; the same bits) */
     const char *l2o = getenv("CINFER_CUDA_L2PF_OUT"); /* "1": out_proj's weights into L2 during the layer */
     f->l2pf_out = l2o && !strcmp(l2o, "1");
+    const char *l2s = getenv("CINFER_CUDA_L2PF_STATE"); /* "1": in_proj prefetches the layer's S */
+    f->l2pf_state = l2s && !strcmp(l2s, "1");
     const char *l2n = getenv("CINFER_CUDA_L2PF_NEXT"); /* MB of the next GEMV's head into L2 (gemv_next) */
-    f->l2pf_next = l2n && atoi(l2n) > 0 ? (size_t)atoi(l2n) << 20 : 0;
+    f->l2pf_next = (size_t)(l2n ? (atoi(l2n) > 0 ? atoi(l2n) : 0) : 4) << 20; /* default 4 MB */
+    const char *gv4 = getenv("CINFER_CUDA_GEMV_VAR4"); /* "0": the small GEMVs' earlier variant at one row */
+    cu_set_gemv3_small_var4(!(gv4 && !strcmp(gv4, "0")));
+    const char *apr = getenv("CINFER_CUDA_ATTN_PF_ROWS"); /* the attention prefetch up to this many rows */
+    cu_set_attn_decode_pf_rows(apr ? atoi(apr) : 32);
     const char *gsp = getenv("CINFER_CUDA_GDN_SPLIT");
     f->gdn_split = gsp && !strcmp(gsp, "1");
     if (pdl || pdb)
@@ -1170,10 +1177,16 @@ static void deltanet(cuda_fwd *f, const cu_layer *cl, const layer_weights *lw, i
     /* CINFER_CUDA_GDN_SPLIT: a decode batch's conv in in_proj's epilogue, then the layer without counters */
     int split = f->gdn_split && rs->gdn_fused && fin && !lw->fused_qkvz && m->dk <= 128 && m->dv <= 128;
     cu_conv_epi cv = {f->conv_state, cl->conv_w, rs->meta.e_slot, m->n_lin, lin, m->K, C};
+    /* CINFER_CUDA_L2PF_STATE: in_proj's last blocks request the batch's S of this layer into L2 */
+    size_t sbytes = (size_t)m->Hv * m->dk * m->dv * sizeof(float);
+    cu_pf_slots ps = {f->rec_state + (size_t)lin * m->Hv * m->dk * m->dv, rs->meta.e_slot, rs->NE,
+                      sbytes * m->n_lin, sbytes};
+    cu_set_gemv_next_slots(f->cu, f->l2pf_state && rs->gdn_fused && fin ? &ps : NULL);
     for (int n = diag_n(f, DG_IN); n > 0; n--)
         if (!split || cu_gemv_fused_conv(f->cu, f->proj, f->x, cl->w_in, T, cl->n_in, m->H, cl->in_norm,
                                          (float)m->cfg.rms_norm_eps, &cv))
             split = 0, in_proj(f, cl, T, fin);
+    cu_set_gemv_next_slots(f->cu, NULL);
     mark(f, CP_GDN);
     cu_gdn_args a = {0};
     a.T = T, a.NE = rs->NE, a.Hk = m->Hk, a.Hv = m->Hv, a.dk = m->dk, a.dv = m->dv, a.K = m->K, a.C = C;
@@ -1542,31 +1555,26 @@ static int enqueue(cuda_fwd *f, const run_shape *rs, int moe_device, char *err, 
 static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
     static const struct {
         const char *name;
-        int skip, dup, nopdl, split, apf; /* split: on (1) / off (-1); apf: CINFER_CUDA_ATTN_PF */
+        int skip, dup, nopdl, split, apf; /* split: on (1) / off (-1); apf: CINFER_CUDA_ATTN_PF (-1: 0) */
         const char *g3; /* "u_small,var_small,u_big,var_big" for cu_set_gemv3_one, or NULL */
         int l2o, l2n;   /* CINFER_CUDA_L2PF_OUT on (1) / off (-1); CINFER_CUDA_L2PF_NEXT MB (-1: 0) */
+        int l2s;        /* CINFER_CUDA_L2PF_STATE on (1) / off (-1) */
     } v[] = {
         {"base", 0, 0, 0, 0},
+        {"l2pf next off", 0, 0, 0, 0, 0, NULL, 0, -1},
+        {"l2pf next 2", 0, 0, 0, 0, 0, NULL, 0, 2},
+        {"l2pf next 3", 0, 0, 0, 0, 0, NULL, 0, 3},
+        {"l2pf next 6", 0, 0, 0, 0, 0, NULL, 0, 6},
+        {"g3 small var0", 0, 0, 0, 0, 0, "0,0,0,-1"},
+        {"g3 small var0 + next off", 0, 0, 0, 0, 0, "0,0,0,-1", 0, -1},
+        {"l2pf state", 0, 0, 0, 0, 0, NULL, 0, 0, 1},
+        {"l2pf state + split", 0, 0, 0, 1, 0, NULL, 0, 0, 1},
         {"gdn split on", 0, 0, 0, 1},
-        {"gdn split off", 0, 0, 0, -1},
-        {"l2pf next 4", 0, 0, 0, 0, 0, NULL, 0, 4},
-        {"l2pf next 8", 0, 0, 0, 0, 0, NULL, 0, 8},
-        {"l2pf next 16", 0, 0, 0, 0, 0, NULL, 0, 16},
-        {"l2pf next 8 + out", 0, 0, 0, 0, 0, NULL, 1, 8},
-        {"l2pf next 8 + out + pf 3", 0, 0, 0, 0, 3, NULL, 1, 8},
         {"l2pf out on", 0, 0, 0, 0, 0, NULL, 1},
-        {"l2pf out off", 0, 0, 0, 0, 0, NULL, -1},
-        {"l2pf out + split", 0, 0, 0, 1, 0, NULL, 1},
-        {"l2pf out + pf 3", 0, 0, 0, 0, 3, NULL, 1},
-        {"l2pf out + g3 small u4", 0, 0, 0, 0, 0, "4,-1,0,-1", 1},
-        {"g3 small u4", 0, 0, 0, 0, 0, "4,-1,0,-1"},
-        {"g3 small var4", 0, 0, 0, 0, 0, "0,4,0,-1"},
-        {"g3 small u4 var4", 0, 0, 0, 0, 0, "4,4,0,-1"},
-        {"g3 big u2", 0, 0, 0, 0, 0, "0,-1,2,-1"},
-        {"g3 big var6", 0, 0, 0, 0, 0, "0,-1,0,6"},
-        {"g3 small u4 big u2", 0, 0, 0, 0, 0, "4,-1,2,-1"},
+        {"attn pf 0", 0, 0, 0, 0, -1},
         {"attn pf 2", 0, 0, 0, 0, 2},
         {"attn pf 3", 0, 0, 0, 0, 3},
+        {"attn pf 3 + split + state", 0, 0, 0, 1, 3, NULL, 0, 0, 1},
         {"pdl off", 0, 0, 1},
         {"skip in_proj", DG_IN, 0, 0},
         {"skip deltanet", DG_GDN, 0, 0},
@@ -1603,9 +1611,11 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
         if (v[i].split) f->gdn_split = v[i].split > 0;
         int l2o = f->l2pf_out;
         if (v[i].l2o) f->l2pf_out = v[i].l2o > 0;
+        int l2s = f->l2pf_state;
+        if (v[i].l2s) f->l2pf_state = v[i].l2s > 0;
         size_t l2n = f->l2pf_next;
         if (v[i].l2n) f->l2pf_next = v[i].l2n > 0 ? (size_t)v[i].l2n << 20 : 0;
-        if (v[i].apf) cu_set_attn_decode_pf(v[i].apf);
+        if (v[i].apf) cu_set_attn_decode_pf(v[i].apf > 0 ? v[i].apf : 0);
         int g3[4] = {0, -1, 0, -1};
         if (v[i].g3 && sscanf(v[i].g3, "%d,%d,%d,%d", &g3[0], &g3[1], &g3[2], &g3[3]) == 4)
             cu_set_gemv3_one(g3[0], g3[1], g3[2], g3[3]);
@@ -1614,7 +1624,7 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
         int rc2 = rc ? rc : enqueue(f, rs, moe_device, err, sizeof err);
         if (!rc) rc = cu_capture_end(f->cu, &exec, err, sizeof err);
         f->pdl = pdl, f->diag_skip = f->diag_dup = 0;
-        f->gdn_split = split, f->l2pf_out = l2o, f->l2pf_next = l2n;
+        f->gdn_split = split, f->l2pf_out = l2o, f->l2pf_next = l2n, f->l2pf_state = l2s;
         cu_set_attn_decode_pf(f->attn_pf);
         cu_set_gemv3_one(0, -1, 0, -1);
         if (rc || rc2) {

@@ -5,11 +5,10 @@
  * eager, GEMV-only PDL, a profiled run with PDL (an event recorded between the phases: session 4's illegal
  * address), the attention decode kernel's prefetch (CINFER_CUDA_ATTN_PF=1) without and with PDL, that
  * with the attention prefetch two positions ahead, the split DeltaNet decode layer (CINFER_CUDA_GDN_SPLIT=1)
- * and the L2 prefetches of the next weights (CINFER_CUDA_L2PF_OUT / _NEXT), and sequence 0 alone under all of
- * them against the batch reference. PDL's level
- * 2 covers decode steps of contexts that do not speculate (pdl_step in forward_cuda.c). At the fixtures, and
- * at the 4B shape with few layers when CINFER_TEST_PDL_MODEL names such a checkpoint (`cinfer synth --like
- * qwen3.5-4b
+ * and the L2 prefetches of the next weights (CINFER_CUDA_L2PF_OUT / _NEXT / _STATE), and sequence 0 alone
+ * under all of them against the batch reference. PDL's level 2 covers decode steps of contexts that do not
+ * speculate (pdl_step in forward_cuda.c). At the fixtures, and at the 4B shape with few layers when
+ * CINFER_TEST_PDL_MODEL names such a checkpoint (`cinfer synth --like qwen3.5-4b
  * --layers 4 --vocab 2048 --out DIR`; the GPU script makes one). Without a CUDA build or device every test
  * skips. */
 #include <math.h>
@@ -30,17 +29,19 @@
 
 /* one run under the given switches (NULL: unset); pf: CINFER_CUDA_ATTN_PF=1 unless "0", and "2" the attention
  * prefetch two positions ahead (CINFER_CUDA_ATTN_PF=2), the split DeltaNet layer CINFER_CUDA_GDN_SPLIT=1 and
- * the L2 prefetches CINFER_CUDA_L2PF_OUT=1, CINFER_CUDA_L2PF_NEXT=8 */
+ * the L2 prefetches CINFER_CUDA_L2PF_OUT=1, CINFER_CUDA_L2PF_NEXT=8, CINFER_CUDA_L2PF_STATE=1 */
 static int run_with(cinfer_model *m, const char *pdl, const char *graphs, const char *pf, int B, int prof,
                     int V, float *out) {
     if (pf && !strcmp(pf, "2")) {
         setenv("CINFER_CUDA_GDN_SPLIT", "1", 1);
         setenv("CINFER_CUDA_L2PF_OUT", "1", 1);
         setenv("CINFER_CUDA_L2PF_NEXT", "8", 1);
+        setenv("CINFER_CUDA_L2PF_STATE", "1", 1);
     } else {
         unsetenv("CINFER_CUDA_GDN_SPLIT");
         unsetenv("CINFER_CUDA_L2PF_OUT");
         unsetenv("CINFER_CUDA_L2PF_NEXT");
+        unsetenv("CINFER_CUDA_L2PF_STATE");
     }
     if (pdl)
         setenv("CINFER_CUDA_PDL", pdl, 1);
@@ -61,6 +62,7 @@ static int run_with(cinfer_model *m, const char *pdl, const char *graphs, const 
     unsetenv("CINFER_CUDA_GDN_SPLIT");
     unsetenv("CINFER_CUDA_L2PF_OUT");
     unsetenv("CINFER_CUDA_L2PF_NEXT");
+    unsetenv("CINFER_CUDA_L2PF_STATE");
     return rc;
 }
 

@@ -96,6 +96,8 @@ void cu_set_pdl_mask(int mask);
  * 1 / 2 / 3 positions' k / v before the current one's arithmetic (and its first ones, under PDL, before
  * waiting for in_proj); 0 off; the same bits */
 void cu_set_attn_decode_pf(int on);
+/* the prefetch above only in batches of at most rows rows (default 32; 0: any batch); the same bits */
+void cu_set_attn_decode_pf_rows(int rows);
 /* f32 scratch for the stacked hi/lo product of up to 64 rows (2 x 64 x widest N floats) */
 void cu_set_gemm_scratch(cu_ctx *c, float *d_t, size_t floats);
 /* the rows each half of the xb given to cu_gemm holds (at least the M of any call): with cu_set_gemm_pad on,
@@ -165,10 +167,21 @@ void cu_set_gemv3_config(int ks, int nr, int u, int var);
 /* measurements: at one row, the chunks in flight (1, 2, 4) and the variant (0, 2, 4, 6) of the <= 8192-output
  * matrices and of the wider ones (0 / -1: automatic); never a changed bit */
 void cu_set_gemv3_one(int u_small, int var_small, int u_big, int var_big);
+/* 1 (default; CINFER_CUDA_GEMV_VAR4=0: 0): the <= 4096-output matrices at one row take variant 4 */
+void cu_set_gemv3_small_var4(int on);
 /* CINFER_CUDA_L2PF_NEXT: the next cu_gemv_fused (register form) requests bytes at w — the head of the matrix
  * of the GEMV after it — into L2 from the blocks of its second half once their loads are out; w NULL: none.
  * Weights only: no value changes */
 void cu_set_gemv_next(cu_ctx *c, const void *w, size_t bytes);
+/* CINFER_CUDA_L2PF_STATE: as cu_set_gemv_next, for per-sequence state: bytes at base + slot[e] * stride for
+ * each of the n entries (slot: device ints, read by the kernel); base NULL: none */
+typedef struct cu_pf_slots {
+    const void *base;
+    const int *slot;
+    int n;
+    size_t stride, bytes;
+} cu_pf_slots;
+void cu_set_gemv_next_slots(cu_ctx *c, const cu_pf_slots *p);
 /* ---- the skinny GEMM on tensor cores (gemm_mma.cu) ---- */
 /* cu_gemv_fused's interface and fusions for up to 32 rows of x at a time (more in tiles of 32): bf16 weights
  * as the MMA's A operand, x split into bf16 hi + lo as its B operand (x to ~2^-17: ||dy|| / ||y|| ~ 1e-6),

@@ -38,7 +38,7 @@ template <int MR, int NR, int U, bool NORM, int EPI, int VAR, int W = VAR & 2 ? 
 __global__ void __launch_bounds__(W * 32, (MR == 1 ? 3 : 2) * 8 / W)
     gemv3_kernel(float *__restrict__ y, const float *__restrict__ x, const uint16_t *__restrict__ w, int N,
                  int K, int KS, const float *__restrict__ g, float eps, cu_conv_epi cv, const void *nx,
-                 size_t nx_bytes) {
+                 size_t nx_bytes, cu_pf_slots ps) {
     constexpr int ROWS = EPI == EPI_SWIGLU ? 2 * NR : NR;
     __shared__ float red[W][ROWS * MR + (NORM ? MR : 0)];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -149,6 +149,10 @@ __global__ void __launch_bounds__(W * 32, (MR == 1 ? 3 : 2) * 8 / W)
      * to run, while this kernel's DRAM demand falls off */
     if (nx && threadIdx.x == 0 && blockIdx.y == 0 && blockIdx.x >= gridDim.x / 2)
         l2_prefetch_part(nx, nx_bytes, blockIdx.x - gridDim.x / 2, gridDim.x - gridDim.x / 2);
+    if (ps.base && threadIdx.x == 0 && blockIdx.y == 0 && blockIdx.x >= gridDim.x / 2)
+        for (int e = 0; e < ps.n; e++)
+            l2_prefetch_part(static_cast<const char *>(ps.base) + (size_t)ps.slot[e] * ps.stride, ps.bytes,
+                             blockIdx.x - gridDim.x / 2, gridDim.x - gridDim.x / 2);
 #pragma unroll
     for (int r = 0; r < ROWS; r++)
 #pragma unroll
@@ -203,6 +207,14 @@ static int g_ks = 0, g_nr = 0, g_u = 0, g_var = -1; /* 0 / -1: automatic (cu_set
  * the
  * <= 8192-output ([1]) matrices; 0 / -1: automatic. Neither changes a bit. */
 static int g_one_u[2] = {0, 0}, g_one_var[2] = {-1, -1};
+/* the <= 4096-output matrices at one row (the 4B / 35B-A3B out_proj and down; the 27B's, unmeasured, keep 0):
+ * variant 4 (the next chunks' loads before the current ones' FMAs), the default since the H200 call 3 of
+ * session 6 (4B batch-1 step in the graph -0.019 ms: 2.584 -> 2.565), CINFER_CUDA_GEMV_VAR4=0 the earlier 0;
+ * the same bits */
+static int g_small_var = 4;
+extern "C" void cu_set_gemv3_small_var4(int on) {
+    g_small_var = on ? 4 : 0;
+}
 extern "C" void cu_set_gemv3_one(int u_small, int var_small, int u_big, int var_big) {
     g_one_u[1] = u_small == 1 || u_small == 2 || u_small == 4 ? u_small : 0;
     g_one_u[0] = u_big == 1 || u_big == 2 || u_big == 4 ? u_big : 0;
@@ -243,7 +255,7 @@ static void g3_launch(cu_ctx *c, float *y, const float *x, const uint16_t *w, in
     int per_block = W / KS * NR;
     dim3 grid(cdiv((size_t)N, (size_t)per_block), (unsigned)tiles);
     cu_launch_gemv(c, gemv3_kernel<MR, NR, U, NORM, EPI, VAR>, grid, dim3(W * 32), y, x, w, N, K, KS, g, eps,
-                   cv, c->gemv_next, c->gemv_next_bytes);
+                   cv, c->gemv_next, c->gemv_next_bytes, c->gemv_next_slots);
 }
 
 template <int VAR, bool NORM, int EPI>
@@ -283,7 +295,12 @@ static void g3_tile(cu_ctx *c, float *y, const float *x, const uint16_t *w, int 
     switch (MR) {
     case 1: {
         int small = N <= 8192, nr = g_nr ? g_nr : small ? 1 : EPI == EPI_SWIGLU ? 2 : 4;
-        int u = g_u ? g_u : small ? 2 : 1, var = g_var >= 0 ? g_var : small ? 0 : 2;
+        int u = g_u     ? g_u
+                : small ? 2
+                        : 1,
+            var = g_var >= 0 ? g_var
+                  : small    ? (N <= 4096 ? g_small_var : 0)
+                             : 2;
         if (!g_u && g_one_u[small]) u = g_one_u[small];
         if (g_var < 0 && g_one_var[small] >= 0) var = g_one_var[small];
         if (var == 2)
@@ -336,6 +353,13 @@ static void g3_rows(cu_ctx *c, float *y, const float *x, const uint16_t *w, int 
 extern "C" void cu_set_gemv_next(cu_ctx *c, const void *w, size_t bytes) {
     c->gemv_next = bytes >= 16 ? w : NULL;
     c->gemv_next_bytes = bytes & ~(size_t)15;
+}
+extern "C" void cu_set_gemv_next_slots(cu_ctx *c, const cu_pf_slots *p) {
+    c->gemv_next_slots = cu_pf_slots();
+    if (p && p->base && p->slot && p->n > 0 && p->bytes >= 16 && !(p->stride & 15)) {
+        c->gemv_next_slots = *p;
+        c->gemv_next_slots.bytes &= ~(size_t)15;
+    }
 }
 
 extern "C" int cu_gemv_fused_conv(cu_ctx *c, float *y, const float *x, const uint16_t *w, int M, int N, int K,
