@@ -915,7 +915,7 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * were batched, session 5's call 2 (351.7 -> 369.9). Session 4's load-batching bits 1, 2, 16 and session
      * 5's 32, 64, 256, 512 are gone (the chosen forms are the code; the others were slower or no faster) */
     const char *mv = getenv("CINFER_CUDA_MOE_VARIANT");
-    f->moe_variant = mv ? atoi(mv) & (4 | 8) : 12;
+    f->moe_variant = mv ? atoi(mv) & (4 | 8 | 8192) : 12;
     if (mf)
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_MOE_FUSED=%s: %s\n", mf,
                 f->moe_fused ? "fused decode MoE kernels" : "the unfused decode MoE kernels");

@@ -77,6 +77,16 @@ __device__ __forceinline__ void fma_rows(float (&acc)[R], const uint4 (&u)[R][KC
     }
 }
 
+/* bytes (a multiple of 16, 16-byte aligned) of global memory requested into L2 without registers (sm_90's
+ * bulk prefetch) */
+__device__ __forceinline__ void mf_l2_prefetch(const void *p, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#else
+    (void)p, (void)bytes;
+#endif
+}
+
 /* The routing of one row in one warp, as route_kernel + sort_slots_kernel do: softmax of the E logits lg
  * (read from L2, where other blocks wrote) with per-lane sums joined by the butterfly, k rounds of a warp
  * argmax on (p, lowest index), the k weights summed in selection order. Lane j < k gets the j-th choice:
@@ -148,11 +158,12 @@ __device__ __forceinline__ void mf_select(const float *lg, int E, int k, int nor
  * block first takes the row's RMSNorm exactly as add_rmsnorm_kernel does (256 threads, the same sums, the
  * same expression) into shared memory, and block 0 writes it to xn for the gate_up kernel: the norm kernel
  * before the MoE block is not launched. */
-template <int NB, int NORM, int EW>
+template <int NB, int NORM, int EW, int PFS = 0>
 __global__ void __launch_bounds__(NORM ? 256 : RT_WARPS * 32)
     mf_route_kernel(const float *__restrict__ x, const uint16_t *__restrict__ wr, float *logits, int *idx,
                     float *wout, unsigned *count, int H, int E, int k, int norm, const float *__restrict__ nw,
-                    float eps, float *xn) {
+                    float eps, float *xn, const uint16_t *pf0, unsigned pf0_bytes, const uint16_t *pf1,
+                    unsigned pf1_bytes) {
     __shared__ int last;
     __shared__ float sh[32];
     __shared__ __align__(16) float xs[NORM ? MF_NORM_H : 4];
@@ -175,6 +186,20 @@ __global__ void __launch_bounds__(NORM ? 256 : RT_WARPS * 32)
         for (int j = 0; j < NJ; j++) {
             int i = threadIdx.x + 256 * j;
             nv[j] = i < H ? __ldg(nw + i) : 0.0f;
+        }
+    }
+    /* variant 8192: the shared expert's weights (pf0, pf1: they depend on no routing) requested into L2 while
+     * the kernel before still runs, a slice per block of row 0 (one bulk prefetch each, no registers held) */
+    if constexpr (PFS) {
+        if (blockIdx.y == 0 && threadIdx.x == 0) {
+            unsigned per = (pf0_bytes / gridDim.x + 15u) & ~15u, off = blockIdx.x * per;
+            if (off < pf0_bytes)
+                mf_l2_prefetch(reinterpret_cast<const char *>(pf0) + off,
+                               pf0_bytes - off < per ? pf0_bytes - off : per);
+            per = (pf1_bytes / gridDim.x + 15u) & ~15u, off = blockIdx.x * per;
+            if (off < pf1_bytes)
+                mf_l2_prefetch(reinterpret_cast<const char *>(pf1) + off,
+                               pf1_bytes - off < per ? pf1_bytes - off : per);
         }
     }
     /* programmatic dependent launch (variant 4): wait for the kernel before (the norm that writes x), then
@@ -367,14 +392,23 @@ extern "C" void cu_moe_fused_route(cu_ctx *c, const cu_moe_args *a) {
     int warps = nrm ? 8 : RT_WARPS;
     dim3 grid(cdiv((size_t)a->E, (size_t)warps), (unsigned)a->T), block(warps * 32);
     void (*kern)(const float *, const uint16_t *, float *, int *, float *, unsigned *, int, int, int, int,
-                 const float *, float, float *);
+                 const float *, float, float *, const uint16_t *, unsigned, const uint16_t *, unsigned);
+    /* variant 8192: the shared expert's gate_up and down rows into L2 before the wait */
+    const uint16_t *pf0 = NULL, *pf1 = NULL;
+    unsigned b0 = 0, b1 = 0;
+    if ((a->variant & 8192) && a->sh_gu && a->Is > 0)
+        pf0 = a->sh_gu, b0 = (unsigned)((size_t)2 * a->Is * a->H * 2), pf1 = a->sh_down,
+        b1 = (unsigned)((size_t)a->H * a->Is * 2);
     /* 8 chunks of a router row requested at once: H = 2048 in one round trip (session 4's 4: no faster) */
-    if (a->E <= 256)
+    if (pf0)
+        kern = a->E <= 256 ? (nrm ? mf_route_kernel<8, 1, 8, 1> : mf_route_kernel<8, 0, 8, 1>)
+                           : (nrm ? mf_route_kernel<8, 1, 32, 1> : mf_route_kernel<8, 0, 32, 1>);
+    else if (a->E <= 256)
         kern = nrm ? mf_route_kernel<8, 1, 8> : mf_route_kernel<8, 0, 8>;
     else
         kern = nrm ? mf_route_kernel<8, 1, 32> : mf_route_kernel<8, 0, 32>;
     cu_launch_pdl(c, pdl, kern, grid, block, a->x, a->router, a->logits, a->idx, a->w, a->count, a->H, a->E,
-                  a->k, a->norm, a->norm_w, a->eps, a->xn);
+                  a->k, a->norm, a->norm_w, a->eps, a->xn, pf0, b0, pf1, b1);
 }
 
 extern "C" void cu_moe_fused_gate_up(cu_ctx *c, const cu_moe_args *a) {
