@@ -891,14 +891,18 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * it splits (norm_for_gemm, mlp, out_split_rows). H200, session 6's second call: bit-identical in every
      * op test and through the forward (cuda_presplit: 4 fixtures, long prefills, prefills beside a decode
      * row); 4B prefill 4096 27,247 -> 28,013 tok/s, device time of a 4096 chunk 146.6 -> 137.0 ms (ffn
-     * act 6.5 -> 3.6, ffn GEMMs 56.3 -> 51.0, out_proj 9.7 -> 7.8 ms) */
+     * act 6.5 -> 3.6, ffn GEMMs 56.3 -> 51.0, out_proj 9.7 -> 7.8 ms); the third call, as the default:
+     * 26,814 ("0") -> 29,601 tok/s, 143.5 -> 134.2 ms, parity, batch of 32, graphs, prefix cache and vision
+     * tests passing */
     const char *pfs = getenv("CINFER_CUDA_PF_SPLIT");
     f->pf_split = !(pfs && !strcmp(pfs, "0"));
     /* CINFER_CUDA_GDN_DT: "stage" the WMMA form of the phased DeltaNet prefill (session 4's; run_cuda.sh
-     * old), "mma6g" the mma.sync form with its prep reading Q and V from conv_out (three blocks an SM; the
-     * same bits; being measured), anything else the mma.sync form ("mma6", the default) */
+     * old), anything else the mma.sync form ("mma6", the default). ("mma6g", its prep reading Q and V from
+     * conv_out to fit three blocks an SM, gave the same bits but measured slower in session 6's third H200
+     * call: prep 0.308 -> 0.380 ms per 4B layer, its W and U products' V loads from L2 2.5x the cycles;
+     * removed.) */
     const char *gdt = getenv("CINFER_CUDA_GDN_DT");
-    f->gdn_chunk_dt = gdt && !strcmp(gdt, "stage") ? 0 : gdt && !strcmp(gdt, "mma6g") ? 2 : 1;
+    f->gdn_chunk_dt = gdt && !strcmp(gdt, "stage") ? 0 : 1;
     /* decode MoE blocks (device_only) as three launches (router + selection, gate_up + SwiGLU, down + combine
      * + shared expert) instead of ~15, the same arithmetic (moe_fused.cu); the default since the H200 run of
      * 08:52 (35B-A3B batch 1 188.9 -> 233.6 tok/s, batch 8 721.5 -> 758.3, every test passing); "0": the

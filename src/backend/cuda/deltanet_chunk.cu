@@ -78,12 +78,10 @@ static __device__ __forceinline__ void ckm_mma(float (&d)[4], const uint32_t (&a
 
 /* acc[n] += A[16][K] B[K][n0 + n*8 .. + 7] for the first nc (<= 4) n-tiles, with tc_mma's split of both
  * operands (on the fly) and its runs of TC_KC: the prep's products on mma.sync. A at A[m * lda + k]; B at
- * B[k * ldb + n] or (BT) B[n * ldb + k], n counted from the unit's first column. Rows m >= arows of A and
- * (not BT) k >= brows of B read as zeros (operands read from conv_out, past the chunk's rows) */
-template <bool BT, bool MASK = false>
+ * B[k * ldb + n] or (BT) B[n * ldb + k], n counted from the unit's first column. */
+template <bool BT>
 static __device__ __forceinline__ void ckm_tiles(float (&acc)[4][4], int nc, const float *A, int lda,
-                                                 const float *B, int ldb, int K, int g, int t,
-                                                 int arows = 1 << 30, int brows = 1 << 30) {
+                                                 const float *B, int ldb, int K, int g, int t) {
     for (int k0 = 0; k0 < K; k0 += TC_KC) {
         float p[4][4];
 #pragma unroll
@@ -93,20 +91,17 @@ static __device__ __forceinline__ void ckm_tiles(float (&acc)[4][4], int nc, con
             int k = k0 + kk;
             if (k < K) {
                 uint32_t ah[4], al[4];
-                const bool a0 = !MASK || g < arows, a1 = !MASK || g + 8 < arows;
-                ckm_split(a0 ? A[(size_t)g * lda + k + t] : 0.0f, ah[0], al[0]);
-                ckm_split(a1 ? A[(size_t)(g + 8) * lda + k + t] : 0.0f, ah[1], al[1]);
-                ckm_split(a0 ? A[(size_t)g * lda + k + t + 4] : 0.0f, ah[2], al[2]);
-                ckm_split(a1 ? A[(size_t)(g + 8) * lda + k + t + 4] : 0.0f, ah[3], al[3]);
+                ckm_split(A[(size_t)g * lda + k + t], ah[0], al[0]);
+                ckm_split(A[(size_t)(g + 8) * lda + k + t], ah[1], al[1]);
+                ckm_split(A[(size_t)g * lda + k + t + 4], ah[2], al[2]);
+                ckm_split(A[(size_t)(g + 8) * lda + k + t + 4], ah[3], al[3]);
 #pragma unroll
                 for (int n = 0; n < 4; n++)
                     if (n < nc) {
-                        float x0 = BT                       ? B[(size_t)(n * 8 + g) * ldb + k + t]
-                                   : !MASK || k + t < brows ? B[(size_t)(k + t) * ldb + n * 8 + g]
-                                                            : 0.0f;
-                        float x1 = BT                           ? B[(size_t)(n * 8 + g) * ldb + k + t + 4]
-                                   : !MASK || k + t + 4 < brows ? B[(size_t)(k + t + 4) * ldb + n * 8 + g]
-                                                                : 0.0f;
+                        float x0 =
+                            BT ? B[(size_t)(n * 8 + g) * ldb + k + t] : B[(size_t)(k + t) * ldb + n * 8 + g];
+                        float x1 = BT ? B[(size_t)(n * 8 + g) * ldb + k + t + 4]
+                                      : B[(size_t)(k + t + 4) * ldb + n * 8 + g];
                         uint32_t bh0, bl0, bh1, bl1;
                         ckm_split(x0, bh0, bl0);
                         ckm_split(x1, bh1, bl1);
@@ -158,22 +153,19 @@ __global__ void ck_plan_kernel(cu_gdn_args a) {
     tab[0] = cnt < a.chunk_cap ? cnt : a.chunk_cap; /* cu_gdn_chunked_phased launches only when all fit */
 }
 
-/* shared memory of prep in floats: K [64][dk + 4], Q then V [64][max(dk, dv) + 4] (not with G), A, T
- * [64][68], X [3][256], gam, bet, egam, fl [64] */
-static size_t ck_prep_smem_floats(int dk, int dv, bool G = false) {
+/* shared memory of prep in floats: K [64][dk + 4], Q then V [64][max(dk, dv) + 4], A, T [64][68], X [3][256],
+ * gam, bet, egam, fl [64] */
+static size_t ck_prep_smem_floats(int dk, int dv) {
     int xw = dk > dv ? dk : dv;
-    return (size_t)CK_CH * (dk + 4) + (G ? 0 : (size_t)CK_CH * (xw + 4)) + 2 * (size_t)CK_CH * CK_GLD +
-           3 * 256 + 4 * CK_CH;
+    return (size_t)CK_CH * (dk + 4) + (size_t)CK_CH * (xw + 4) + 2 * (size_t)CK_CH * CK_GLD + 3 * 256 +
+           4 * CK_CH;
 }
 
 /* MM: false the products in WMMA ("stage"); true on mma.sync with Dekker's split, the scaling four at a time,
  * the diagonal blocks' substitution in registers and the off-diagonal blocks of T on mma.sync (the default).
- * DK: 0 dk from the arguments, 128 a constant (every run of K unrolled). G (with MM;
- * CINFER_CUDA_GDN_DT=mma6g): Q and V read from conv_out where they are used instead of staged in shared
- * memory (the same values into the same arithmetic): 73 KB of shared memory instead of 107, so three blocks
- * an SM instead of two */
-template <int P, bool MM = false, int DK = 0, bool G = false>
-__global__ void __launch_bounds__(256, G ? 3 : 1) ck_prep_kernel(cu_gdn_args a) {
+ * DK: 0 dk from the arguments, 128 a constant (every run of K unrolled) */
+template <int P, bool MM = false, int DK = 0>
+__global__ void __launch_bounds__(256) ck_prep_kernel(cu_gdn_args a) {
     extern __shared__ __align__(128) float smp[];
     const int *tab = ck_table(a);
     int k = blockIdx.x, h = blockIdx.y;
@@ -183,10 +175,7 @@ __global__ void __launch_bounds__(256, G ? 3 : 1) ck_prep_kernel(cu_gdn_args a) 
               nw = nt >> 5;
     const int KLD = dk + 4, XLD = (dk > dv ? dk : dv) + 4;
     int r0 = a.meta.e_row0[e] + c0, kh = h / (a.Hv / a.Hk), kd = a.Hk * dk, C = a.C;
-    float *Ks = smp, *Xs = Ks + CK_CH * KLD, *Am = Xs + (G ? 0 : CK_CH * XLD), *Tm = Am + CK_CH * CK_GLD;
-    /* G: Q and V rows of the chunk in conv_out (row stride C; rows >= L read as zeros) */
-    const float *Qgl = a.conv_out + (size_t)r0 * C + (size_t)kh * dk,
-                *Vgl = a.conv_out + (size_t)r0 * C + 2 * (size_t)kd + (size_t)h * dv;
+    float *Ks = smp, *Xs = Ks + CK_CH * KLD, *Am = Xs + CK_CH * XLD, *Tm = Am + CK_CH * CK_GLD;
     float *X = Tm + CK_CH * CK_GLD, *gam = X + 3 * 256, *bet = gam + CK_CH, *egam = bet + CK_CH,
           *fl = egam + CK_CH;
     float *W = (float *)a.chunk_scr + ((size_t)k * a.Hv + h) * ck_stride(dk, dv);
@@ -197,7 +186,7 @@ __global__ void __launch_bounds__(256, G ? 3 : 1) ck_prep_kernel(cu_gdn_args a) 
     for (int idx = tid; idx < CK_CH * (dk / 4); idx += nt) {
         int t = idx / (dk / 4), i = idx % (dk / 4) * 4, z = t < L ? 0 : 16;
         const float *row = a.conv_out + (size_t)(r0 + (t < L ? t : 0)) * C + (size_t)kh * dk + i;
-        if constexpr (!G) __pipeline_memcpy_async(Xs + t * XLD + i, row, 16, z);
+        __pipeline_memcpy_async(Xs + t * XLD + i, row, 16, z);
         __pipeline_memcpy_async(Ks + t * KLD + i, row + kd, 16, z);
     }
     __pipeline_commit();
@@ -241,9 +230,8 @@ __global__ void __launch_bounds__(256, G ? 3 : 1) ck_prep_kernel(cu_gdn_args a) 
             for (int u = 0; u < 2; u++) {
                 int mi = u ? grp : 3 - grp, nc = mi + 1, n0 = hb * nc;
                 float acc[4][4] = {};
-                const float *Aq = G ? Qgl + (size_t)mi * 16 * C : Xs + mi * 16 * XLD;
-                ckm_tiles<true, G>(acc, nc, which ? Aq : Ks + mi * 16 * KLD, which ? (G ? C : XLD) : KLD,
-                                   Ks + n0 * 8 * KLD, KLD, dk, g, t4, which && G ? L - mi * 16 : 1 << 30);
+                ckm_tiles<true>(acc, nc, which ? Xs + mi * 16 * XLD : Ks + mi * 16 * KLD, which ? XLD : KLD,
+                                Ks + n0 * 8 * KLD, KLD, dk, g, t4);
                 float *dst = (which ? Tm : Am) + mi * 16 * CK_GLD + n0 * 8;
 #pragma unroll
                 for (int n = 0; n < 4; n++)
@@ -276,10 +264,7 @@ __global__ void __launch_bounds__(256, G ? 3 : 1) ck_prep_kernel(cu_gdn_args a) 
     if constexpr (MM) { /* four at a time: the same products, a quarter of the stores */
         for (int idx = tid; idx < CK_CH * (dk / 4); idx += nt) {
             int t = idx / (dk / 4), i = idx % (dk / 4) * 4;
-            float4 q = !G      ? *(const float4 *)(Xs + t * XLD + i)
-                       : t < L ? *(const float4 *)(Qgl + (size_t)t * C + i)
-                               : make_float4(0.0f, 0.0f, 0.0f, 0.0f),
-                   kk = *(const float4 *)(Ks + t * KLD + i);
+            float4 q = *(const float4 *)(Xs + t * XLD + i), kk = *(const float4 *)(Ks + t * KLD + i);
             float eg = egam[t], f = fl[t];
             q.x *= eg, q.y *= eg, q.z *= eg, q.w *= eg;
             kk.x *= f, kk.y *= f, kk.z *= f, kk.w *= f;
@@ -324,7 +309,7 @@ __global__ void __launch_bounds__(256, G ? 3 : 1) ck_prep_kernel(cu_gdn_args a) 
         int r = idx / CK_CH, s = idx % CK_CH;
         if (s / 16 > r / 16) Tm[r * CK_GLD + s] = 0.0f;
     }
-    for (int idx = tid; idx < (G ? 0 : CK_CH * (dv / 4)); idx += nt) { /* V, in flight during the inversion */
+    for (int idx = tid; idx < CK_CH * (dv / 4); idx += nt) { /* V, in flight during the inversion */
         int t = idx / (dv / 4), j = idx % (dv / 4) * 4, z = t < L ? 0 : 16;
         const float *row =
             a.conv_out + (size_t)(r0 + (t < L ? t : 0)) * C + 2 * (size_t)kd + (size_t)h * dv + j;
@@ -400,10 +385,8 @@ __global__ void __launch_bounds__(256, G ? 3 : 1) ck_prep_kernel(cu_gdn_args a) 
             int cols = isv ? dv : dk, nc = (cols - cb * 32) / 8;
             if (nc > 4) nc = 4;
             float acc[4][4] = {};
-            const float *Bv = G ? Vgl : Xs;
-            ckm_tiles<false, G>(acc, nc, (isv ? Tm : Am) + mi * 16 * CK_GLD, CK_GLD,
-                                (isv ? Bv : Ks) + cb * 32, isv ? (G ? C : XLD) : KLD, mi < 2 ? 32 : CK_CH, g,
-                                t4, 1 << 30, isv && G ? L : 1 << 30);
+            ckm_tiles<false>(acc, nc, (isv ? Tm : Am) + mi * 16 * CK_GLD, CK_GLD, (isv ? Xs : Ks) + cb * 32,
+                             isv ? XLD : KLD, mi < 2 ? 32 : CK_CH, g, t4);
             float *dst = (isv ? U : W) + (size_t)mi * 16 * cols + cb * 32;
 #pragma unroll
             for (int n = 0; n < 4; n++)
@@ -838,8 +821,6 @@ template <int P> static int ck_set_smem(int dk, int dv) {
     int ok = ck_attr(ck_prep_kernel<P>, p) && ck_attr(ck_state_stage_kernel<P>, ck_stage_smem_floats(dk));
     if constexpr (P == 3) /* the mma.sync form (one TF32 rounding runs the WMMA one) */
         ok = ok && ck_attr(ck_prep_kernel<P, true>, p) && ck_attr(ck_prep_kernel<P, true, 128>, p) &&
-             ck_attr(ck_prep_kernel<P, true, 0, true>, ck_prep_smem_floats(dk, dv, true)) &&
-             ck_attr(ck_prep_kernel<P, true, 128, true>, ck_prep_smem_floats(dk, dv, true)) &&
              ck_attr(ck_state_mma_kernel<>, ck_mma_smem_floats(dk)) &&
              ck_attr(ck_state_mma_kernel<128>, ck_mma_smem_floats(dk));
     return ok;
@@ -862,21 +843,15 @@ static int ck_launch(cu_ctx *c, const cu_gdn_args *a, int parts) {
     long bound = (long)a->T / CK_CH + 2L * a->NE; /* an entry of n rows spans at most n / 64 + 2 chunks */
     if (!a->chunk_scr || bound > a->chunk_cap) return 0;
     /* chunk_dt 0: the WMMA form ("stage"); else the mma.sync form (with one TF32 rounding, a diagnostic, the
-     * WMMA form runs instead), its kernels compiled for dk = 128 where dk is 128; 2 ("mma6g"): its prep
-     * reading Q and V from conv_out (G) */
+     * WMMA form runs instead), its kernels compiled for dk = 128 where dk is 128 */
     const int one = cu_tf32_passes() == 1, mma = a->chunk_dt != 0 && !one, dk128 = a->dk == 128;
-    const int G = mma && a->chunk_dt == 2;
-    size_t sp = ck_prep_smem_floats(a->dk, a->dv, G) * sizeof(float);
+    size_t sp = ck_prep_smem_floats(a->dk, a->dv) * sizeof(float);
     size_t ss = (mma ? ck_mma_smem_floats(a->dk) : ck_stage_smem_floats(a->dk)) * sizeof(float);
     dim3 gp((unsigned)bound, (unsigned)a->Hv),
         gs(cdiv((size_t)a->dv, CKS_DT), (unsigned)a->Hv, (unsigned)a->NE);
     if (parts & 1) {
         ck_plan_kernel<<<1, 32, 0, c->stream>>>(*a);
-        if (G && dk128)
-            ck_prep_kernel<3, true, 128, true><<<gp, 256, sp, c->stream>>>(*a);
-        else if (G)
-            ck_prep_kernel<3, true, 0, true><<<gp, 256, sp, c->stream>>>(*a);
-        else if (mma && dk128)
+        if (mma && dk128)
             ck_prep_kernel<3, true, 128><<<gp, 256, sp, c->stream>>>(*a);
         else if (mma)
             ck_prep_kernel<3, true><<<gp, 256, sp, c->stream>>>(*a);
