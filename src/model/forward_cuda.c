@@ -306,6 +306,7 @@ struct cuda_fwd {
     int l2pf_out; /* CINFER_CUDA_L2PF_OUT=1: cu_gdn_args.l2pf / cu_attn_args.l2pf = the layer's out_proj */
     size_t l2pf_next; /* CINFER_CUDA_L2PF_NEXT=MB: bytes of the next GEMV's head each fused GEMV prefetches */
     int l2pf_state;   /* CINFER_CUDA_L2PF_STATE=1: a DeltaNet layer's in_proj prefetches the batch's S */
+    int attn_round;   /* CINFER_CUDA_ATTN_ROUND (default 1): attn_split rounds nsplit up */
     int attn_pf;      /* CINFER_CUDA_ATTN_PF (cu_set_attn_decode_pf) */
     int gdn_split; /* CINFER_CUDA_GDN_SPLIT=1: deltanet()'s conv in in_proj, the layer by split_decode_kernel
                     */
@@ -686,6 +687,8 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     f->l2pf_state = l2s && !strcmp(l2s, "1");
     const char *l2n = getenv("CINFER_CUDA_L2PF_NEXT"); /* MB of the next GEMV's head into L2 (gemv_next) */
     f->l2pf_next = (size_t)(l2n ? (atoi(l2n) > 0 ? atoi(l2n) : 0) : 4) << 20; /* default 4 MB */
+    const char *aro = getenv("CINFER_CUDA_ATTN_ROUND"); /* "0": nsplit exact (a capture every 64 positions) */
+    f->attn_round = !(aro && !strcmp(aro, "0"));
     const char *gv4 = getenv("CINFER_CUDA_GEMV_VAR4"); /* "0": the small GEMVs' earlier variant at one row */
     cu_set_gemv3_small_var4(!(gv4 && !strcmp(gv4, "0")));
     const char *apr = getenv("CINFER_CUDA_ATTN_PF_ROWS"); /* the attention prefetch up to this many rows */
@@ -1663,6 +1666,15 @@ static void attn_split(const cuda_fwd *f, int T, int maxpos, int *span, int *nsp
     while ((maxpos + 1 + s - 1) / s > want) s *= 2;
     *span = s;
     *nsplit = (maxpos + 1 + s - 1) / s;
+    /* CINFER_CUDA_ATTN_ROUND (default on): more than one split launches a multiple of 8 of them (within
+     * want), the ones past the row's position returning at once, so a decode graph (whose key holds nsplit)
+     * serves 512 positions instead of 64 before the next capture (~1.4 ms at the 4B shape, one in the 64
+     * timed steps of the bench); every split's span and the merge's count (row_pos / span + 1) are unchanged:
+     * the same bits */
+    if (f->attn_round && *nsplit > 1) {
+        int r = (*nsplit + 7) & ~7, cap = want > *nsplit ? want : *nsplit;
+        *nsplit = r < cap ? r : cap;
+    }
 }
 
 /* Lays out and uploads one call's metadata (cu_meta) and fills rs. lmode: per entry 0 no logits row, 1 its

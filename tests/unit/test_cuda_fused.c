@@ -442,22 +442,26 @@ static void attn_fused_case(int Hq, int Hkv, int hd, int span, const int *lens, 
         int *dm = dup_dev(hm, (tot + 1) * sizeof(int));
         cu_meta meta = {dm,          dm + o_pos,  dm + o_ent,  dm + o_len, dm + o_n,    dm + o_r0,
                         dm + o_slot, dm + o_boff, dm + o_lrow, dm + o_blk, dm + o_spec, NULL};
-        float *out[2] = {NULL, NULL}, *qkv_after[2] = {NULL, NULL};
-        for (int fused = 0; fused < 2; fused++) {
+        float *out[3] = {NULL, NULL, NULL}, *qkv_after[3] = {NULL, NULL, NULL};
+        /* pass 2: the fused kernel again with more splits launched than the positions need (forward_cuda's
+         * CINFER_CUDA_ATTN_ROUND): the same bits */
+        for (int pass = 0; pass < 3; pass++) {
+            int fused = pass > 0, ns = pass == 2 ? ((nsplit + 7) & ~7) + 8 : nsplit;
+            if (pass == 2 && nsplit == 1) break; /* one split is never rounded */
             cu_attn_args a = {0};
             a.T = NE, a.Hq = Hq, a.Hkv = Hkv, a.hd = hd, a.rope_dim = R, a.n_blocks = n_blocks, a.full = full;
             a.qkv = dup_dev(qkv, (size_t)NE * ld * 4), a.ld = ld, a.q_norm = dqn, a.k_norm = dkn;
             a.inv_freq = dinv, a.kpool = fused ? dkp_f : dkp_u, a.vpool = fused ? dvp_f : dvp_u;
             a.o = NULL, a.part = NULL;
             cu_alloc((void **)&a.o, no * 4, err, sizeof err);
-            cu_alloc((void **)&a.part, (size_t)NE * Hq * nsplit * (hd + 2) * 4, err, sizeof err);
-            cu_fill_f32(c, a.o, no, NAN), cu_fill_f32(c, a.part, (size_t)NE * Hq * nsplit * (hd + 2), NAN);
-            a.span = span, a.nsplit = nsplit, a.eps = eps, a.meta = meta;
+            cu_alloc((void **)&a.part, (size_t)NE * Hq * ns * (hd + 2) * 4, err, sizeof err);
+            cu_fill_f32(c, a.o, no, NAN), cu_fill_f32(c, a.part, (size_t)NE * Hq * ns * (hd + 2), NAN);
+            a.span = span, a.nsplit = ns, a.eps = eps, a.meta = meta;
             a.dec_cnt = fused ? cnt : NULL;
             cu_attn_layer(c, &a);
             if (cu_sync(c, err, sizeof err)) test_fail(__FILE__, __LINE__, "cu_attn_layer: %s", err);
-            out[fused] = get(a.o, no);
-            qkv_after[fused] = get(a.qkv, (size_t)NE * ld);
+            out[pass] = get(a.o, no);
+            qkv_after[pass] = get(a.qkv, (size_t)NE * ld);
             cu_free(a.qkv), cu_free(a.o), cu_free(a.part);
         }
         /* the three kernels norm q in place in the row; the fused kernel leaves the row as it was */
@@ -471,7 +475,11 @@ static void attn_fused_case(int Hq, int Hkv, int hd, int span, const int *lens, 
         double r = rel(out[1], o_r, no);
         worst = r > worst ? r : worst;
         CHECK_MSG(r <= 1e-5, "attention hd=%d span %d step %d: fused vs cpu %.3g", hd, span, s, r);
-        for (int t = 0; t < 2; t++) free(out[t]), free(qkv_after[t]);
+        if (out[2])
+            CHECK_MSG(same_bits(out[2], out[1], no, &at),
+                      "attention hd=%d span %d step %d: %d splits launched for %d differ at %zu", hd, span, s,
+                      ((nsplit + 7) & ~7) + 8, nsplit, at);
+        for (int t = 0; t < 3; t++) free(out[t]), free(qkv_after[t]);
         free(hm), free(qkv);
         cu_free(dm);
     }
