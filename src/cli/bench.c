@@ -53,7 +53,7 @@ int cli_bench(int argc, char **argv) {
                "       cinfer bench -m DIR --spec draft [--draft-model DIR2] [--spec-accept A] [--spec-draft K=3] [--batch B=1] [--repeat R]\n"
                "         a draft model's acceptance and speedup; without --draft-model the target drafts for itself\n"
                "         (self-draft: every greedy draft holds, each costs a full decode step of the target); with\n"
-               "         --spec-accept the draft model's steps run and forced drafts replace its tokens\n"
+               "         --spec-accept the draft model's steps run, reading forced drafts in place of its own\n"
                "       cinfer bench -m DIR --prefix-turn P [--turn-new N=64]\n"
                "         second-turn time to first token from the prefix cache against cold\n"
                "       cinfer bench --like SHAPE [--layers N] --device cuda --spec-accept A ... | --prefix-turn P ...\n"

@@ -296,8 +296,8 @@ int bench_spec(int argc, char **argv, const char *dir, double accept, int mode) 
     cinfer_model *dm = NULL; /* --draft-model; without it the target drafts for itself */
     const char *dd = arg_value(argc, argv, "--draft-model", NULL);
     if (mode == CINFER_SPEC_DRAFT) {
-        /* with --spec-accept the draft model still runs its steps (their cost is in the figure) and the forced
-         * drafter replaces its tokens: the speedup a draft model of this size would give at acceptance A */
+        /* with --spec-accept the draft model still runs its steps (their cost is in the figure), reading the
+         * forced drafts in place of its own: the speedup a draft model of this size would give at acceptance A */
         if (dd && cinfer_model_open(dd, &dm, err, sizeof err)) {
             fprintf(stderr, "cinfer bench: --draft-model: %s\n", err);
             free(o.prompts), free(o.outs);

@@ -87,8 +87,7 @@ struct cinfer_request {
     int d_fed;            /* draft model: prompt tokens it has read */
     int d_window;         /* draft model: window tokens ([last, d1..]) it read this step, as plain decode steps
                              that draft_model_sync keeps or rewinds */
-    int32_t dread[64];    /* draft model: the window tokens it read (drafts[0, d_window) before a test's or
-                             benchmark's drafter replaced them) */
+    int32_t dread[64];    /* draft model: the window tokens it read (drafts[0, d_window)) */
     int32_t catchup[64];  /* draft model: kept tokens it has yet to read (fed at the next step) */
     int32_t forced[64];   /* draft model under a test's or benchmark's drafter: the tokens it reads instead of
                              its own argmax (bench --spec draft --spec-accept) */
