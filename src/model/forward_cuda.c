@@ -303,13 +303,10 @@ struct cuda_fwd {
     /* CINFER_CUDA_DIAG_AB=1 (measurements; diag_ab): kernel classes (DG_*) left out of / launched twice in
      * the decode steps being captured, and the batch sizes already measured (bit B - 1) */
     int diag_ab, diag_skip, diag_dup;
-    int l2pf_out; /* CINFER_CUDA_L2PF_OUT=1: cu_gdn_args.l2pf / cu_attn_args.l2pf = the layer's out_proj */
     size_t l2pf_next; /* CINFER_CUDA_L2PF_NEXT=MB: bytes of the next GEMV's head each fused GEMV prefetches */
     int l2pf_state;   /* CINFER_CUDA_L2PF_STATE=1: a DeltaNet layer's in_proj prefetches the batch's S */
     int attn_round;   /* CINFER_CUDA_ATTN_ROUND (default 1): attn_split rounds nsplit up */
     int attn_pf;      /* CINFER_CUDA_ATTN_PF (cu_set_attn_decode_pf) */
-    int gdn_split; /* CINFER_CUDA_GDN_SPLIT=1: deltanet()'s conv in in_proj, the layer by split_decode_kernel
-                    */
     unsigned long long diag_done;
 };
 
@@ -679,10 +676,6 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     const char *apf = getenv("CINFER_CUDA_ATTN_PF");
     f->attn_pf = apf ? atoi(apf) : 1; /* "2" / "3": two / three positions ahead (the same bits) */
     cu_set_attn_decode_pf(f->attn_pf);
-    /* "1": a decode batch's DeltaNet conv in in_proj's epilogue and the layer in one block per head, with no
-     * counters or fences (cu_gdn_args.split; the same bits) */
-    const char *l2o = getenv("CINFER_CUDA_L2PF_OUT"); /* "1": out_proj's weights into L2 during the layer */
-    f->l2pf_out = l2o && !strcmp(l2o, "1");
     const char *l2s = getenv("CINFER_CUDA_L2PF_STATE"); /* "1": in_proj prefetches the layer's S */
     f->l2pf_state = l2s && !strcmp(l2s, "1");
     const char *l2n = getenv("CINFER_CUDA_L2PF_NEXT"); /* MB of the next GEMV's head into L2 (gemv_next) */
@@ -693,8 +686,6 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     cu_set_gemv3_small_var4(!(gv4 && !strcmp(gv4, "0")));
     const char *apr = getenv("CINFER_CUDA_ATTN_PF_ROWS"); /* the attention prefetch up to this many rows */
     cu_set_attn_decode_pf_rows(apr ? atoi(apr) : 32);
-    const char *gsp = getenv("CINFER_CUDA_GDN_SPLIT");
-    f->gdn_split = gsp && !strcmp(gsp, "1");
     if (pdl || pdb)
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_PDL=%s: programmatic dependent launch %s%s\n",
                 pdl ? pdl : "",
@@ -1181,18 +1172,12 @@ static void deltanet(cuda_fwd *f, const cu_layer *cl, const layer_weights *lw, i
     const model *m = f->m;
     int T = rs->T, kd = m->Hk * m->dk, vd = m->Hv * m->dv, C = m->C;
     mark(f, CP_GEMM_IN);
-    /* CINFER_CUDA_GDN_SPLIT: a decode batch's conv in in_proj's epilogue, then the layer without counters */
-    int split = f->gdn_split && rs->gdn_fused && fin && !lw->fused_qkvz && m->dk <= 128 && m->dv <= 128;
-    cu_conv_epi cv = {f->conv_state, cl->conv_w, rs->meta.e_slot, m->n_lin, lin, m->K, C};
     /* CINFER_CUDA_L2PF_STATE: in_proj's last blocks request the batch's S of this layer into L2 */
     size_t sbytes = (size_t)m->Hv * m->dk * m->dv * sizeof(float);
     cu_pf_slots ps = {f->rec_state + (size_t)lin * m->Hv * m->dk * m->dv, rs->meta.e_slot, rs->NE,
                       sbytes * m->n_lin, sbytes};
     cu_set_gemv_next_slots(f->cu, f->l2pf_state && rs->gdn_fused && fin ? &ps : NULL);
-    for (int n = diag_n(f, DG_IN); n > 0; n--)
-        if (!split || cu_gemv_fused_conv(f->cu, f->proj, f->x, cl->w_in, T, cl->n_in, m->H, cl->in_norm,
-                                         (float)m->cfg.rms_norm_eps, &cv))
-            split = 0, in_proj(f, cl, T, fin);
+    for (int n = diag_n(f, DG_IN); n > 0; n--) in_proj(f, cl, T, fin);
     cu_set_gemv_next_slots(f->cu, NULL);
     mark(f, CP_GDN);
     cu_gdn_args a = {0};
@@ -1220,9 +1205,6 @@ static void deltanet(cuda_fwd *f, const cu_layer *cl, const layer_weights *lw, i
     int Mb = out_split_rows(f, T, vd, fz, !rs->no_chunked);
     if (Mb) a.o_xb = f->xb, a.o_lo = (size_t)Mb * vd;
     a.win_cnt = rs->has_spec && rs->no_chunked ? f->win_cnt : NULL, a.win_v2 = f->win_v2;
-    a.split = split;
-    /* CINFER_CUDA_L2PF_OUT: out_proj's weights into L2 while the decode layer runs */
-    if (f->l2pf_out && rs->gdn_fused) a.l2pf = cl->w_out, a.l2pf_bytes = (size_t)m->H * vd * 2;
     for (int n = diag_n(f, DG_GDN); n > 0; n--) cu_gdn_layer(f->cu, &a);
     mark(f, CP_GEMM_OUT);
     for (int n = diag_n(f, DG_OUT); n > 0; n--) out_proj_from(f, cl, T, vd, fz, Mb);
@@ -1249,7 +1231,6 @@ static void attention(cuda_fwd *f, const cu_layer *cl, int full, const run_shape
     a.rope3 = rs->rope3, a.mrope_h = m->cfg.mrope_section[1], a.mrope_w = m->cfg.mrope_section[2];
     /* decode-only steps of the model (the MTP head's calls leave no_chunked 0) */
     a.dec_cnt = rs->no_chunked && !rs->has_spec && !rs->tiles ? f->attn_cnt : NULL;
-    if (f->l2pf_out && a.dec_cnt) a.l2pf = cl->w_out, a.l2pf_bytes = (size_t)m->H * m->Hq * m->hd * 2;
     /* CINFER_CUDA_PF_SPLIT: tensor-core tiles without key splits write every row's output themselves */
     int Mb = out_split_rows(f, T, m->Hq * m->hd, fz, a.tiles && a.tc && !a.split.work);
     if (Mb) a.o_xb = f->xb, a.o_lo = (size_t)Mb * m->Hq * m->hd;
@@ -1562,26 +1543,22 @@ static int enqueue(cuda_fwd *f, const run_shape *rs, int moe_device, char *err, 
 static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
     static const struct {
         const char *name;
-        int skip, dup, nopdl, split, apf; /* split: on (1) / off (-1); apf: CINFER_CUDA_ATTN_PF (-1: 0) */
-        const char *g3; /* "u_small,var_small,u_big,var_big" for cu_set_gemv3_one, or NULL */
-        int l2o, l2n;   /* CINFER_CUDA_L2PF_OUT on (1) / off (-1); CINFER_CUDA_L2PF_NEXT MB (-1: 0) */
-        int l2s;        /* CINFER_CUDA_L2PF_STATE on (1) / off (-1) */
+        int skip, dup, nopdl, apf; /* apf: CINFER_CUDA_ATTN_PF (-1: 0) */
+        const char *g3;            /* "u_small,var_small,u_big,var_big" for cu_set_gemv3_one, or NULL */
+        int l2n;                   /* CINFER_CUDA_L2PF_NEXT MB (-1: 0) */
+        int l2s;                   /* CINFER_CUDA_L2PF_STATE on (1) / off (-1) */
     } v[] = {
-        {"base", 0, 0, 0, 0},
-        {"l2pf next off", 0, 0, 0, 0, 0, NULL, 0, -1},
-        {"l2pf next 2", 0, 0, 0, 0, 0, NULL, 0, 2},
-        {"l2pf next 3", 0, 0, 0, 0, 0, NULL, 0, 3},
-        {"l2pf next 6", 0, 0, 0, 0, 0, NULL, 0, 6},
-        {"g3 small var0", 0, 0, 0, 0, 0, "0,0,0,-1"},
-        {"g3 small var0 + next off", 0, 0, 0, 0, 0, "0,0,0,-1", 0, -1},
-        {"l2pf state", 0, 0, 0, 0, 0, NULL, 0, 0, 1},
-        {"l2pf state + split", 0, 0, 0, 1, 0, NULL, 0, 0, 1},
-        {"gdn split on", 0, 0, 0, 1},
-        {"l2pf out on", 0, 0, 0, 0, 0, NULL, 1},
-        {"attn pf 0", 0, 0, 0, 0, -1},
-        {"attn pf 2", 0, 0, 0, 0, 2},
-        {"attn pf 3", 0, 0, 0, 0, 3},
-        {"attn pf 3 + split + state", 0, 0, 0, 1, 3, NULL, 0, 0, 1},
+        {"base", 0, 0, 0},
+        {"l2pf next off", 0, 0, 0, 0, NULL, -1},
+        {"l2pf next 2", 0, 0, 0, 0, NULL, 2},
+        {"l2pf next 3", 0, 0, 0, 0, NULL, 3},
+        {"l2pf next 6", 0, 0, 0, 0, NULL, 6},
+        {"g3 small var0", 0, 0, 0, 0, "0,0,0,-1"},
+        {"g3 small var0 + next off", 0, 0, 0, 0, "0,0,0,-1", -1},
+        {"l2pf state", 0, 0, 0, 0, NULL, 0, 1},
+        {"attn pf 0", 0, 0, 0, -1},
+        {"attn pf 2", 0, 0, 0, 2},
+        {"attn pf 3", 0, 0, 0, 3},
         {"pdl off", 0, 0, 1},
         {"skip in_proj", DG_IN, 0, 0},
         {"skip deltanet", DG_GDN, 0, 0},
@@ -1614,10 +1591,6 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
         f->diag_skip = v[i].skip, f->diag_dup = v[i].dup;
         if (v[i].nopdl) f->pdl = 0;
-        int split = f->gdn_split;
-        if (v[i].split) f->gdn_split = v[i].split > 0;
-        int l2o = f->l2pf_out;
-        if (v[i].l2o) f->l2pf_out = v[i].l2o > 0;
         int l2s = f->l2pf_state;
         if (v[i].l2s) f->l2pf_state = v[i].l2s > 0;
         size_t l2n = f->l2pf_next;
@@ -1631,7 +1604,7 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
         int rc2 = rc ? rc : enqueue(f, rs, moe_device, err, sizeof err);
         if (!rc) rc = cu_capture_end(f->cu, &exec, err, sizeof err);
         f->pdl = pdl, f->diag_skip = f->diag_dup = 0;
-        f->gdn_split = split, f->l2pf_out = l2o, f->l2pf_next = l2n, f->l2pf_state = l2s;
+        f->l2pf_next = l2n, f->l2pf_state = l2s;
         cu_set_attn_decode_pf(f->attn_pf);
         cu_set_gemv3_one(0, -1, 0, -1);
         if (rc || rc2) {

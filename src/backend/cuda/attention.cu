@@ -110,7 +110,6 @@ __global__ void __launch_bounds__(128) attn_kernel(cu_attn_args a) {
     __shared__ float sm_m[4], sm_l[4], sm_acc[4][NPL * 32];
     __shared__ float qk_s[FUSED ? 2 : 1][FUSED ? NPL * 32 : 1];
     __shared__ int last;
-    if (FUSED && a.l2pf && threadIdx.x == 0) l2_prefetch_share(a.l2pf, a.l2pf_bytes); /* out_proj's weights */
     int h = blockIdx.x, r = blockIdx.y, sp = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31,
         hd = a.hd;
     int pos = a.meta.row_pos[r], start = sp * a.span;

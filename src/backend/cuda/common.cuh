@@ -191,12 +191,6 @@ __device__ __forceinline__ void l2_prefetch_part(const void *p, size_t bytes, si
     (void)p, (void)bytes, (void)b, (void)nb;
 #endif
 }
-/* this block's share of [p, p + bytes): the blocks of the grid split the range */
-__device__ __forceinline__ void l2_prefetch_share(const void *p, size_t bytes) {
-    l2_prefetch_part(p, bytes, ((size_t)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x,
-                     (size_t)gridDim.x * gridDim.y * gridDim.z);
-}
-
 static inline unsigned cdiv(size_t a, size_t b) {
     return (unsigned)((a + b - 1) / b);
 }

@@ -141,19 +141,6 @@ void cu_gemv_indexed(cu_ctx *c, float *d_y, const float *d_x, int x_row_div, con
  * another combination returns -1 and launches nothing. */
 enum { CU_EPI_STORE = 0, CU_EPI_ADD = 1, CU_EPI_SWIGLU = 2 };
 int cu_gemv_fusable(int M, int K);
-/* The DeltaNet conv1d + SiLU as an in_proj epilogue (CINFER_CUDA_GDN_SPLIT): output channel j < C of row m
- * becomes silu(conv_w . [window | y]) with the window of slot slot[m] advanced (decode rows, one token each),
- * deltanet.cu's conv arithmetic; channels >= C are stored as they are. */
-typedef struct cu_conv_epi {
-    float *state;    /* [slots][n_lin][K-1][C] */
-    const float *w;  /* [K][C] */
-    const int *slot; /* [M] device: each row's slot */
-    int n_lin, lin, K, C;
-} cu_conv_epi;
-/* cu_gemv_fused with the norm prologue and the conv epilogue above; -1 (nothing launched) where the skinny
- * GEMM would take the product, K % 8 != 0 or cv->K > 8 */
-int cu_gemv_fused_conv(cu_ctx *c, float *d_y, const float *d_x, const uint16_t *d_w, int M, int N, int K,
-                       const float *d_norm_w, float eps, const cu_conv_epi *cv);
 int cu_gemv_fused(cu_ctx *c, float *d_y, const float *d_x, const uint16_t *d_w, int M, int N, int K,
                   const float *d_norm_w, float eps, int epi);
 /* K-splits of the v3 kernel for a matrix of `rows` weight rows (2N for SwiGLU) and width K: a function of
@@ -314,13 +301,6 @@ typedef struct cu_gdn_args {
     /* with win_cnt: 1 the kernel's second form (fewer dependent loads; the same bits),
      * CINFER_CUDA_SPEC_WINFUSED=2 */
     int win_v2;
-    /* 1 (CINFER_CUDA_GDN_SPLIT; with dec_cnt, dv <= 128): the decode batch's conv already ran in in_proj's
-     * epilogue (cu_gemv_fused_conv: qkv holds post-conv rows, the windows advanced), and each (entry, value
-     * head) is one block of dv / 32 x 256 threads that gated-norms its own head: no counters, no fences */
-    int split;
-    /* with dec_cnt: as cu_attn_args.l2pf (CINFER_CUDA_L2PF_OUT) */
-    const void *l2pf;
-    size_t l2pf_bytes;
     cu_meta meta;
 } cu_gdn_args;
 #define CU_SPEC_REC(C, Hv) (2 * (size_t)(C) + 2 * (size_t)(Hv))
@@ -412,11 +392,6 @@ typedef struct cu_attn_args {
      * (CINFER_CUDA_ATTN_KV16) */
     uint16_t *kv16;
     int kv16_NE, kv16_nb;
-    /* with dec_cnt (CINFER_CUDA_L2PF_OUT): l2pf_bytes (a multiple of 16) at l2pf — the out_proj weights that
-     * follow — requested into L2 by the blocks at their start, while the layer's latency leaves DRAM idle;
-     * NULL: none. Weights only: no value changes */
-    const void *l2pf;
-    size_t l2pf_bytes;
 } cu_attn_args;
 #define CU_ATTN_TILE 16
 void cu_attn_layer(cu_ctx *c, const cu_attn_args *a);

@@ -13,7 +13,6 @@
  * traffic is the cost, the replay is the cheaper of the two (verify: S read once; commit: S read and written
  * once, plus n_keep tokens of arithmetic on registers). */
 #include "backend/cuda/common.cuh"
-#include "backend/cuda/gemv_fuse.cuh"
 
 #define GDN_CH 64 /* chunk length, = GDN_CHUNK of forward.h */
 #define GDN_DT 32 /* value columns per chunked block: U, D, O and S split by columns */
@@ -22,7 +21,20 @@
  * recurrent_kernel, gnorm_kernel) and the fused decode kernel: both run the same device code in the same
  * order, so a decode step gives the same bits either way (tests/unit/test_cuda_fused.c). */
 
-/* conv_tap (gemv_fuse.cuh): one channel, one token, shared with the in_proj GEMVs' conv epilogue */
+#define CONV_MAXK 8
+
+/* one channel, one token: silu(w . [window | xin]); win holds the K-1 earlier inputs, oldest first, wt their
+ * weights, wl the current input's (the loop is unrolled with constant indices, so arrays filled the same way
+ * stay in registers) */
+template <int N>
+__device__ __forceinline__ float conv_tap(const float (&wt)[N], const float (&win)[N], float wl, float xin,
+                                          int K) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < N - 1; j++)
+        if (j < K - 1) acc = fmaf(wt[j], win[j], acc);
+    return dev_silu(fmaf(wl, xin, acc));
+}
 
 /* l2norm (eps 1e-6) of one dk-vector by one warp, times 1/sqrt(dk) for a query head; x and y may alias */
 __device__ __forceinline__ void l2norm_warp(const float *x, float *y, int dk, int isq, int lane) {
@@ -323,7 +335,6 @@ template <int R> __global__ void __launch_bounds__(256) fused_decode_kernel(cu_g
     __shared__ float q[256], k[256], red[REC_GROUPS][32], fin[32];
     __shared__ float xs[512], vs[32], bgs[2];
     __shared__ int last;
-    if (a.l2pf && threadIdx.x == 0) l2_prefetch_share(a.l2pf, a.l2pf_bytes); /* out_proj's weights */
     int e = blockIdx.z;
     /* every block waits, even one with nothing to do (common.cuh: else the next kernel could see this one
      * complete before the in_proj it waits for) */
@@ -432,74 +443,6 @@ template <int R> __global__ void __launch_bounds__(256) fused_decode_kernel(cu_g
         gnorm_warp<true>(o, o, a.z + (size_t)r * a.z_ld + (size_t)hh * dv, a.gnorm, dv, a.eps, jj);
     }
     if (tid == 0) *cnt = 0u; /* ready for the next launch (kernel boundaries order it) */
-}
-
-/* The split decode layer (cu_gdn_args.split, CINFER_CUDA_GDN_SPLIT): the conv ran in in_proj's epilogue
- * (cu_gemv_fused_conv), so qkv holds post-conv rows and the windows are advanced; one block per (entry, value
- * head) of dv / 32 column groups x 256 threads, each group fused_decode_kernel's block (8 row groups x 32
- * columns, rec_token on its own red / fin) over the same q and k, then one warp gated-norms the head from
- * shared memory. No block reads what another writes, so no counter and no fence; the arithmetic (conv_tap in
- * the epilogue, l2norm_warp, gdn_beta / gdn_gate, rec_token, gnorm_warp) is fused_decode_kernel's: the same
- * bits. */
-template <int R> __global__ void __launch_bounds__(1024, 1) split_decode_kernel(cu_gdn_args a) {
-    __shared__ float q[256], k[256], red[4][REC_GROUPS][32], fin[4][32], os[128], gws[128], zs[128], bgs[2];
-    if (a.l2pf && threadIdx.x == 0) l2_prefetch_share(a.l2pf, a.l2pf_bytes); /* out_proj's weights */
-    int e = blockIdx.y;
-    if (!(a.meta.e_n[e] == 1 && a.meta.e_len[e] > 0)) { /* launched only when none is otherwise */
-        griddep_wait();
-        return;
-    }
-    int h = blockIdx.x, tid = threadIdx.x, sub = tid >> 8, jj = tid & 31, g = (tid >> 5) & 7;
-    int j = sub * 32 + jj, dk = a.dk, dv = a.dv, rr = a.Hv / a.Hk, kh = h / rr, kd = a.Hk * dk;
-    int r = a.meta.e_row0[e], slot = a.meta.e_slot[e], ok = j < dv;
-    /* before griddep_wait: this layer's slice of S (written by this kernel one step earlier) */
-    float *S = a.rec_state + (((size_t)slot * a.n_lin + a.lin) * a.Hv + h) * (size_t)dk * dv + j;
-    float sv[R];
-#pragma unroll
-    for (int t = 0; t < R; t++) {
-        int i = g + REC_GROUPS * t;
-        sv[t] = i < dk && ok ? S[(size_t)i * dv] : 0.0f;
-    }
-    if (tid < dv) gws[tid] = a.gnorm[tid];
-    griddep_wait();   /* the in_proj row */
-    griddep_launch(); /* out_proj may start requesting its weights */
-    const float *xrow = a.qkv + (size_t)r * a.qkv_ld;
-    for (int i = tid; i < 2 * dk; i += blockDim.x) {
-        if (i < dk)
-            q[i] = xrow[(size_t)kh * dk + i];
-        else
-            k[i - dk] = xrow[kd + (size_t)kh * dk + (i - dk)];
-    }
-    if (tid == (int)blockDim.x - 1) {
-        bgs[0] = gdn_beta(a.b[(size_t)r * a.ba_ld + h]);
-        bgs[1] = gdn_gate(a, a.a[(size_t)r * a.ba_ld + h], h);
-    }
-    float vj = ok ? xrow[2 * (size_t)kd + (size_t)h * dv + j] : 0.0f;
-    if (tid < dv) zs[tid] = a.z[(size_t)r * a.z_ld + (size_t)h * dv + tid];
-    __syncthreads();
-    if (tid < 32) l2norm_warp(q, q, dk, 1, jj);
-    if (tid >= 32 && tid < 64) l2norm_warp(k, k, dk, 0, jj);
-    __syncthreads();
-    float decay = expf(bgs[1]), beta = bgs[0];
-    rec_token<R>(sv, q, k, vj, decay, beta, g, jj, ok, dk, red[sub], fin[sub], os + j);
-    /* S is final: its stores drain while the head is normed. rec_token ends with a barrier: os holds the
-     * head's dv outputs */
-#pragma unroll
-    for (int t = 0; t < R; t++) {
-        int i = g + REC_GROUPS * t;
-        if (i < dk && ok) S[(size_t)i * dv] = sv[t];
-    }
-    if (tid < 32) { /* gnorm_warp's arithmetic on os, with z and the weights in shared memory */
-        float ss = 0.0f;
-        for (int c = jj; c < dv; c += 32) ss = fmaf(os[c], os[c], ss);
-        ss = warp_sum(ss);
-        if (jj == 0) fin[0][0] = 1.0f / sqrtf(ss / (float)dv + a.eps);
-    }
-    __syncthreads();
-    if (tid < dv) {
-        float inv = fin[0][0];
-        a.o[(size_t)r * a.Hv * dv + (size_t)h * dv + tid] = ((os[tid] * inv) * gws[tid]) * dev_silu(zs[tid]);
-    }
 }
 
 /* Fused verify layer (cu_gdn_args.win_cnt): a whole layer in one launch when every entry is a speculative
@@ -1003,14 +946,6 @@ extern "C" int cu_gdn_chunked_phased(cu_ctx *c, const cu_gdn_args *a); /* deltan
 extern "C" void cu_gdn_layer(cu_ctx *c, const cu_gdn_args *a) {
     if (a->T <= 0) return;
     size_t smem = chunk_smem_floats(a->dk) * sizeof(float);
-    if (a->split && a->dec_cnt && a->no_chunked && !a->has_spec && a->dk <= 128 && a->dv <= 128) {
-        dim3 grid((unsigned)a->Hv, (unsigned)a->NE);
-        unsigned threads = cdiv((size_t)a->dv, 32) * 256;
-#define SPK(R_) cu_launch_step(c, PDL_GDN, split_decode_kernel<R_>, grid, dim3(threads), *a)
-        REC_DISPATCH(a->dk, SPK);
-#undef SPK
-        return;
-    }
     if (a->dec_cnt && a->no_chunked && !a->has_spec && 2 * a->dk <= 512) {
         dim3 grid(cdiv((size_t)a->dv, 32), (unsigned)a->Hv, (unsigned)a->NE);
 #define DECK(R_) cu_launch_step(c, PDL_GDN, fused_decode_kernel<R_>, grid, dim3(256), *a)

@@ -22,8 +22,7 @@
 #define G3_WARPS 8
 #define G3_MAXR  8 /* weight rows per warp at most (NR outputs, x2 for SwiGLU) */
 
-/* EPI_CONV: EPI_STORE with the DeltaNet conv on channels < cv.C (cu_gemv_fused_conv) */
-enum { EPI_STORE = GF_STORE, EPI_ADD = GF_ADD, EPI_SWIGLU = GF_SWIGLU, EPI_CONV = 3 };
+enum { EPI_STORE = GF_STORE, EPI_ADD = GF_ADD, EPI_SWIGLU = GF_SWIGLU };
 
 /* weights are read once per step: streamed past L1 (ld.global.cs). A 256-byte L2 prefetch hint with no L1
  * allocation (ld.global.nc.L1::no_allocate.L2::256B) measured the same or slower on the H200 (call 1 of
@@ -37,8 +36,8 @@ __device__ __forceinline__ uint4 g3_ld(const uint16_t *p) {
 template <int MR, int NR, int U, bool NORM, int EPI, int VAR, int W = VAR & 2 ? 4 : G3_WARPS>
 __global__ void __launch_bounds__(W * 32, (MR == 1 ? 3 : 2) * 8 / W)
     gemv3_kernel(float *__restrict__ y, const float *__restrict__ x, const uint16_t *__restrict__ w, int N,
-                 int K, int KS, const float *__restrict__ g, float eps, cu_conv_epi cv, const void *nx,
-                 size_t nx_bytes, cu_pf_slots ps) {
+                 int K, int KS, const float *__restrict__ g, float eps, const void *nx, size_t nx_bytes,
+                 cu_pf_slots ps) {
     constexpr int ROWS = EPI == EPI_SWIGLU ? 2 * NR : NR;
     __shared__ float red[W][ROWS * MR + (NORM ? MR : 0)];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -70,15 +69,6 @@ __global__ void __launch_bounds__(W * 32, (MR == 1 ? 3 : 2) * 8 / W)
         if (c < nch && k < K)
 #pragma unroll
             for (int r = 0; r < ROWS; r++) wv[u][r] = g3_ld(wr[r] + k);
-    }
-    /* EPI_CONV: the conv windows and weights of this thread's output (the finishing loop below gives a
-     * thread one output when they fit), loaded with the weights: the state of this layer, written one step
-     * earlier by this kernel, and weights */
-    gf_conv_in ci;
-    const bool ci_pre = EPI == EPI_CONV && RG * NR * MR <= W * 32;
-    if (ci_pre && (int)threadIdx.x < RG * NR * MR) {
-        int t = threadIdx.x, o = (t / MR) % NR, m = t % MR, j = (blockIdx.x * RG + t / (NR * MR)) * NR + o;
-        if (j < N && j < cv.C) gf_conv_load(ci, cv, blockIdx.y * MR + m, j);
     }
     griddep_wait();
     for (int c0 = ks; c0 < nch; c0 += step) {
@@ -187,15 +177,7 @@ __global__ void __launch_bounds__(W * 32, (MR == 1 ? 3 : 2) * 8 / W)
             for (int q = 1; q < KS; q++) u += red[grp * KS + q][(NR + o) * MR + m];
             if (NORM) u *= inv;
         }
-        if (EPI == EPI_CONV) {
-            if (j < cv.C) {
-                if (!ci_pre) gf_conv_load(ci, cv, blockIdx.y * MR + m, j);
-                v = gf_conv_apply(ci, cv, v);
-            }
-            y[(size_t)m * N + j] = v;
-        } else {
-            gf_store<EPI>(y + (size_t)m * N + j, v, u);
-        }
+        gf_store<EPI>(y + (size_t)m * N + j, v, u);
     }
 }
 
@@ -249,34 +231,34 @@ extern "C" int cu_gemv_fusable(int M, int K) {
 
 template <int MR, int NR, int U, bool NORM, int EPI, int VAR = 0>
 static void g3_launch(cu_ctx *c, float *y, const float *x, const uint16_t *w, int tiles, int N, int K, int KS,
-                      const float *g, float eps, const cu_conv_epi &cv) {
+                      const float *g, float eps) {
     constexpr int W = VAR & 2 ? 4 : G3_WARPS;
     if (KS > W) KS = W; /* a forced 8 splits with 4-warp blocks (measurements only) */
     int per_block = W / KS * NR;
     dim3 grid(cdiv((size_t)N, (size_t)per_block), (unsigned)tiles);
     cu_launch_gemv(c, gemv3_kernel<MR, NR, U, NORM, EPI, VAR>, grid, dim3(W * 32), y, x, w, N, K, KS, g, eps,
-                   cv, c->gemv_next, c->gemv_next_bytes, c->gemv_next_slots);
+                   c->gemv_next, c->gemv_next_bytes, c->gemv_next_slots);
 }
 
 template <int VAR, bool NORM, int EPI>
 static void g3_mr1(cu_ctx *c, float *y, const float *x, const uint16_t *w, int nr, int u, int tiles, int N,
-                   int K, int KS, const float *g, float eps, const cu_conv_epi &cv) {
+                   int K, int KS, const float *g, float eps) {
     if (nr == 1 && u == 1)
-        g3_launch<1, 1, 1, NORM, EPI, VAR>(c, y, x, w, tiles, N, K, KS, g, eps, cv);
+        g3_launch<1, 1, 1, NORM, EPI, VAR>(c, y, x, w, tiles, N, K, KS, g, eps);
     else if (nr == 1 && u == 2)
-        g3_launch<1, 1, 2, NORM, EPI, VAR>(c, y, x, w, tiles, N, K, KS, g, eps, cv);
+        g3_launch<1, 1, 2, NORM, EPI, VAR>(c, y, x, w, tiles, N, K, KS, g, eps);
     else if (nr == 1)
-        g3_launch<1, 1, 4, NORM, EPI, VAR>(c, y, x, w, tiles, N, K, KS, g, eps, cv);
+        g3_launch<1, 1, 4, NORM, EPI, VAR>(c, y, x, w, tiles, N, K, KS, g, eps);
     else if (nr == 2 && u == 1)
-        g3_launch<1, 2, 1, NORM, EPI, VAR>(c, y, x, w, tiles, N, K, KS, g, eps, cv);
+        g3_launch<1, 2, 1, NORM, EPI, VAR>(c, y, x, w, tiles, N, K, KS, g, eps);
     else if (nr == 2 && u == 2)
-        g3_launch<1, 2, 2, NORM, EPI, VAR>(c, y, x, w, tiles, N, K, KS, g, eps, cv);
+        g3_launch<1, 2, 2, NORM, EPI, VAR>(c, y, x, w, tiles, N, K, KS, g, eps);
     else if (nr == 2)
-        g3_launch<1, 2, 4, NORM, EPI, VAR>(c, y, x, w, tiles, N, K, KS, g, eps, cv);
+        g3_launch<1, 2, 4, NORM, EPI, VAR>(c, y, x, w, tiles, N, K, KS, g, eps);
     else if (u == 1)
-        g3_launch<1, 4, 1, NORM, EPI, VAR>(c, y, x, w, tiles, N, K, KS, g, eps, cv);
+        g3_launch<1, 4, 1, NORM, EPI, VAR>(c, y, x, w, tiles, N, K, KS, g, eps);
     else
-        g3_launch<1, 4, 2, NORM, EPI, VAR>(c, y, x, w, tiles, N, K, KS, g, eps, cv);
+        g3_launch<1, 4, 2, NORM, EPI, VAR>(c, y, x, w, tiles, N, K, KS, g, eps);
 }
 
 /* At one row of x (batch-1 decode), from the H200 sweeps of session 4 (call 2: every rows-per-warp /
@@ -290,7 +272,7 @@ static void g3_mr1(cu_ctx *c, float *y, const float *x, const uint16_t *w, int n
  * these changes a bit (the splits alone fix the sums). */
 template <bool NORM, int EPI>
 static void g3_tile(cu_ctx *c, float *y, const float *x, const uint16_t *w, int MR, int tiles, int N, int K,
-                    int KS, const float *g, float eps, const cu_conv_epi &cv) {
+                    int KS, const float *g, float eps) {
     constexpr int NR4 = EPI == EPI_SWIGLU ? 2 : 4;
     switch (MR) {
     case 1: {
@@ -304,50 +286,47 @@ static void g3_tile(cu_ctx *c, float *y, const float *x, const uint16_t *w, int 
         if (!g_u && g_one_u[small]) u = g_one_u[small];
         if (g_var < 0 && g_one_var[small] >= 0) var = g_one_var[small];
         if (var == 2)
-            g3_mr1<2, NORM, EPI>(c, y, x, w, nr, u, tiles, N, K, KS, g, eps, cv);
+            g3_mr1<2, NORM, EPI>(c, y, x, w, nr, u, tiles, N, K, KS, g, eps);
         else if (var == 4)
-            g3_mr1<4, NORM, EPI>(c, y, x, w, nr, u, tiles, N, K, KS, g, eps, cv);
+            g3_mr1<4, NORM, EPI>(c, y, x, w, nr, u, tiles, N, K, KS, g, eps);
         else if (var == 6)
-            g3_mr1<6, NORM, EPI>(c, y, x, w, nr, u, tiles, N, K, KS, g, eps, cv);
+            g3_mr1<6, NORM, EPI>(c, y, x, w, nr, u, tiles, N, K, KS, g, eps);
         else
-            g3_mr1<0, NORM, EPI>(c, y, x, w, nr, u, tiles, N, K, KS, g, eps, cv);
+            g3_mr1<0, NORM, EPI>(c, y, x, w, nr, u, tiles, N, K, KS, g, eps);
         break;
     }
     case 2:
-        g3_launch<2, 2, 2, NORM, EPI>(c, y, x, w, tiles, N, K, KS, g, eps, cv);
+        g3_launch<2, 2, 2, NORM, EPI>(c, y, x, w, tiles, N, K, KS, g, eps);
         break;
     case 3:
-        g3_launch<3, 2, 2, NORM, EPI>(c, y, x, w, tiles, N, K, KS, g, eps, cv);
+        g3_launch<3, 2, 2, NORM, EPI>(c, y, x, w, tiles, N, K, KS, g, eps);
         break;
     case 4:
-        g3_launch<4, NR4, 1, NORM, EPI>(c, y, x, w, tiles, N, K, KS, g, eps, cv);
+        g3_launch<4, NR4, 1, NORM, EPI>(c, y, x, w, tiles, N, K, KS, g, eps);
         break;
     case 5:
-        g3_launch<5, NR4, 1, NORM, EPI>(c, y, x, w, tiles, N, K, KS, g, eps, cv);
+        g3_launch<5, NR4, 1, NORM, EPI>(c, y, x, w, tiles, N, K, KS, g, eps);
         break;
     case 6:
-        g3_launch<6, NR4, 1, NORM, EPI>(c, y, x, w, tiles, N, K, KS, g, eps, cv);
+        g3_launch<6, NR4, 1, NORM, EPI>(c, y, x, w, tiles, N, K, KS, g, eps);
         break;
     case 7:
-        g3_launch<7, NR4, 1, NORM, EPI>(c, y, x, w, tiles, N, K, KS, g, eps, cv);
+        g3_launch<7, NR4, 1, NORM, EPI>(c, y, x, w, tiles, N, K, KS, g, eps);
         break;
     default:
-        g3_launch<8, NR4, 1, NORM, EPI>(c, y, x, w, tiles, N, K, KS, g, eps, cv);
+        g3_launch<8, NR4, 1, NORM, EPI>(c, y, x, w, tiles, N, K, KS, g, eps);
         break;
     }
 }
 
 template <bool NORM, int EPI>
 static void g3_rows(cu_ctx *c, float *y, const float *x, const uint16_t *w, int M, int N, int K, int KS,
-                    const float *g, float eps, const cu_conv_epi &cv = cu_conv_epi()) {
+                    const float *g, float eps) {
     int full = M / 8, rest = M % 8;
-    if (full) g3_tile<NORM, EPI>(c, y, x, w, 8, full, N, K, KS, g, eps, cv);
-    if (rest) {
-        cu_conv_epi cr = cv; /* the rest's rows start at row full * 8 */
-        if (cr.slot) cr.slot += full * 8;
+    if (full) g3_tile<NORM, EPI>(c, y, x, w, 8, full, N, K, KS, g, eps);
+    if (rest)
         g3_tile<NORM, EPI>(c, y + (size_t)full * 8 * N, x + (size_t)full * 8 * K, w, rest, 1, N, K, KS, g,
-                           eps, cr);
-    }
+                           eps);
 }
 
 extern "C" void cu_set_gemv_next(cu_ctx *c, const void *w, size_t bytes) {
@@ -360,15 +339,6 @@ extern "C" void cu_set_gemv_next_slots(cu_ctx *c, const cu_pf_slots *p) {
         c->gemv_next_slots = *p;
         c->gemv_next_slots.bytes &= ~(size_t)15;
     }
-}
-
-extern "C" int cu_gemv_fused_conv(cu_ctx *c, float *y, const float *x, const uint16_t *w, int M, int N, int K,
-                                  const float *norm_w, float eps, const cu_conv_epi *cv) {
-    if ((K & 7) || !norm_w || !cv || cv->K < 1 || cv->K > CONV_MAXK || cu_skinny_takes(c, M, K)) return -1;
-    if (M <= 0 || N <= 0) return 0;
-    int KS = cu_gemv3_splits(N, K);
-    g3_rows<true, EPI_CONV>(c, y, x, w, M, N, K, KS, norm_w, eps, *cv);
-    return 0;
 }
 
 extern "C" int cu_gemv_fused(cu_ctx *c, float *y, const float *x, const uint16_t *w, int M, int N, int K,

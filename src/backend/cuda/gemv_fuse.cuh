@@ -23,43 +23,4 @@ template <int EPI> __device__ __forceinline__ void gf_store(float *out, float v,
         *out = v;
 }
 
-/* conv1d + SiLU of one channel for one token: silu(w . [window | xin]); win holds the K-1 earlier inputs,
- * oldest first, wt their weights, wl the current input's (the loop is unrolled with constant indices, so
- * arrays filled the same way stay in registers). DeltaNet's conv, wherever it runs (deltanet.cu's kernels,
- * the in_proj GEMVs' conv epilogue) */
-#define CONV_MAXK 8
-template <int N>
-__device__ __forceinline__ float conv_tap(const float (&wt)[N], const float (&win)[N], float wl, float xin,
-                                          int K) {
-    float acc = 0.0f;
-#pragma unroll
-    for (int j = 0; j < N - 1; j++)
-        if (j < K - 1) acc = fmaf(wt[j], win[j], acc);
-    return dev_silu(fmaf(wl, xin, acc));
-}
-
-/* the conv epilogue's inputs for output channel j of row m (j < cv.C): window and weights, loaded ahead */
-struct gf_conv_in {
-    float win[CONV_MAXK], wt[CONV_MAXK], wl;
-    float *cst; /* the row's window base, channel j */
-};
-__device__ __forceinline__ void gf_conv_load(gf_conv_in &ci, const cu_conv_epi &cv, int m, int j) {
-    ci.cst = cv.state + ((size_t)cv.slot[m] * cv.n_lin + cv.lin) * (size_t)(cv.K - 1) * cv.C + j;
-#pragma unroll
-    for (int t = 0; t < CONV_MAXK - 1; t++) {
-        ci.win[t] = t < cv.K - 1 ? ci.cst[(size_t)t * cv.C] : 0.0f;
-        ci.wt[t] = t < cv.K - 1 ? cv.w[(size_t)t * cv.C + j] : 0.0f;
-    }
-    ci.win[CONV_MAXK - 1] = ci.wt[CONV_MAXK - 1] = 0.0f;
-    ci.wl = cv.w[(size_t)(cv.K - 1) * cv.C + j];
-}
-/* y = the channel's conv output of the GEMV value v; the window advanced by v */
-__device__ __forceinline__ float gf_conv_apply(const gf_conv_in &ci, const cu_conv_epi &cv, float v) {
-    float y = conv_tap(ci.wt, ci.win, ci.wl, v, cv.K);
-#pragma unroll
-    for (int t = 0; t < CONV_MAXK - 1; t++)
-        if (t < cv.K - 1) ci.cst[(size_t)t * cv.C] = t + 1 < cv.K - 1 ? ci.win[t + 1] : v;
-    return y;
-}
-
 #endif
