@@ -306,6 +306,7 @@ struct cuda_fwd {
     size_t l2pf_next; /* CINFER_CUDA_L2PF_NEXT=MB: bytes of the next GEMV's head each fused GEMV prefetches */
     int l2pf_state;   /* CINFER_CUDA_L2PF_STATE=1: a DeltaNet layer's in_proj prefetches the batch's S */
     int attn_round;   /* CINFER_CUDA_ATTN_ROUND (default 1): attn_split rounds nsplit up */
+    int l2pf_inout;   /* CINFER_CUDA_L2PF_INOUT=1: in_proj prefetches out_proj's head (gemv_next) */
     int attn_pf;      /* CINFER_CUDA_ATTN_PF (cu_set_attn_decode_pf) */
     unsigned long long diag_done;
 };
@@ -680,6 +681,8 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     f->l2pf_state = l2s && !strcmp(l2s, "1");
     const char *l2n = getenv("CINFER_CUDA_L2PF_NEXT"); /* MB of the next GEMV's head into L2 (gemv_next) */
     f->l2pf_next = (size_t)(l2n ? (atoi(l2n) > 0 ? atoi(l2n) : 0) : 4) << 20; /* default 4 MB */
+    const char *lio = getenv("CINFER_CUDA_L2PF_INOUT"); /* "1": in_proj prefetches out_proj's head */
+    f->l2pf_inout = lio && !strcmp(lio, "1");
     const char *aro = getenv("CINFER_CUDA_ATTN_ROUND"); /* "0": nsplit exact (a capture every 64 positions) */
     f->attn_round = !(aro && !strcmp(aro, "0"));
     const char *gv4 = getenv("CINFER_CUDA_GEMV_VAR4"); /* "0": the small GEMVs' earlier variant at one row */
@@ -1177,7 +1180,10 @@ static void deltanet(cuda_fwd *f, const cu_layer *cl, const layer_weights *lw, i
     cu_pf_slots ps = {f->rec_state + (size_t)lin * m->Hv * m->dk * m->dv, rs->meta.e_slot, rs->NE,
                       sbytes * m->n_lin, sbytes};
     cu_set_gemv_next_slots(f->cu, f->l2pf_state && rs->gdn_fused && fin ? &ps : NULL);
+    /* CINFER_CUDA_L2PF_INOUT: in_proj's last blocks request out_proj's head (past the DeltaNet kernel) */
+    if (f->l2pf_inout && fin) gemv_next(f, cl->w_out, (size_t)m->H * vd * 2);
     for (int n = diag_n(f, DG_IN); n > 0; n--) in_proj(f, cl, T, fin);
+    gemv_next(f, NULL, 0);
     cu_set_gemv_next_slots(f->cu, NULL);
     mark(f, CP_GDN);
     cu_gdn_args a = {0};
@@ -1216,7 +1222,9 @@ static void attention(cuda_fwd *f, const cu_layer *cl, int full, const run_shape
     const model *m = f->m;
     int T = rs->T;
     mark(f, CP_GEMM_IN);
+    if (f->l2pf_inout && fin) gemv_next(f, cl->w_out, (size_t)m->H * m->Hq * m->hd * 2);
     for (int n = diag_n(f, DG_IN); n > 0; n--) in_proj(f, cl, T, fin);
+    gemv_next(f, NULL, 0);
     mark(f, CP_ATTN);
     cu_attn_args a = {0};
     a.T = T, a.Hq = m->Hq, a.Hkv = m->Hkv, a.hd = m->hd, a.rope_dim = m->cfg.rope_dim, a.n_blocks = n_blocks;
@@ -1547,6 +1555,7 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
         const char *g3;            /* "u_small,var_small,u_big,var_big" for cu_set_gemv3_one, or NULL */
         int l2n;                   /* CINFER_CUDA_L2PF_NEXT MB (-1: 0) */
         int l2s;                   /* CINFER_CUDA_L2PF_STATE on (1) / off (-1) */
+        int l2io;                  /* CINFER_CUDA_L2PF_INOUT on (1) / off (-1) */
     } v[] = {
         {"base", 0, 0, 0},
         {"l2pf next off", 0, 0, 0, 0, NULL, -1},
@@ -1556,6 +1565,9 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
         {"g3 small var0", 0, 0, 0, 0, "0,0,0,-1"},
         {"g3 small var0 + next off", 0, 0, 0, 0, "0,0,0,-1", -1},
         {"l2pf state", 0, 0, 0, 0, NULL, 0, 1},
+        {"l2pf in->out", 0, 0, 0, 0, NULL, 0, 0, 1},
+        {"l2pf in->out + state", 0, 0, 0, 0, NULL, 0, 1, 1},
+        {"l2pf in->out + state + next 3", 0, 0, 0, 0, NULL, 3, 1, 1},
         {"attn pf 0", 0, 0, 0, -1},
         {"attn pf 2", 0, 0, 0, 2},
         {"attn pf 3", 0, 0, 0, 3},
@@ -1593,6 +1605,8 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
         if (v[i].nopdl) f->pdl = 0;
         int l2s = f->l2pf_state;
         if (v[i].l2s) f->l2pf_state = v[i].l2s > 0;
+        int l2io = f->l2pf_inout;
+        if (v[i].l2io) f->l2pf_inout = v[i].l2io > 0;
         size_t l2n = f->l2pf_next;
         if (v[i].l2n) f->l2pf_next = v[i].l2n > 0 ? (size_t)v[i].l2n << 20 : 0;
         if (v[i].apf) cu_set_attn_decode_pf(v[i].apf > 0 ? v[i].apf : 0);
@@ -1604,7 +1618,7 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
         int rc2 = rc ? rc : enqueue(f, rs, moe_device, err, sizeof err);
         if (!rc) rc = cu_capture_end(f->cu, &exec, err, sizeof err);
         f->pdl = pdl, f->diag_skip = f->diag_dup = 0;
-        f->l2pf_next = l2n, f->l2pf_state = l2s;
+        f->l2pf_next = l2n, f->l2pf_state = l2s, f->l2pf_inout = l2io;
         cu_set_attn_decode_pf(f->attn_pf);
         cu_set_gemv3_one(0, -1, 0, -1);
         if (rc || rc2) {
