@@ -5,9 +5,9 @@
  * eager, GEMV-only PDL, a profiled run with PDL (an event recorded between the phases: session 4's illegal
  * address), the attention decode kernel's prefetch (CINFER_CUDA_ATTN_PF=1) without and with PDL, that
  * with the attention prefetch two positions ahead and the L2 prefetches of the next weights and of the
- * DeltaNet state (CINFER_CUDA_L2PF_NEXT=8, CINFER_CUDA_L2PF_STATE=1), and sequence 0 alone
- * under all of them against the batch reference. PDL's level 2 covers decode steps of contexts that do not
- * speculate (pdl_step in forward_cuda.c). At the fixtures, and at the 4B shape with few layers when
+ * DeltaNet state (CINFER_CUDA_L2PF_NEXT=8, CINFER_CUDA_L2PF_STATE=1, CINFER_CUDA_L2PF_INOUT=1), and sequence
+ * 0 alone under all of them against the batch reference. PDL's level 2 covers decode steps of contexts that
+ * do not speculate (pdl_step in forward_cuda.c). At the fixtures, and at the 4B shape with few layers when
  * CINFER_TEST_PDL_MODEL names such a checkpoint (`cinfer synth --like qwen3.5-4b
  * --layers 4 --vocab 2048 --out DIR`; the GPU script makes one). Without a CUDA build or device every test
  * skips. */
@@ -29,15 +29,17 @@
 
 /* one run under the given switches (NULL: unset); pf: CINFER_CUDA_ATTN_PF=1 unless "0", and "2" the attention
  * prefetch two positions ahead (CINFER_CUDA_ATTN_PF=2) and the L2 prefetches CINFER_CUDA_L2PF_NEXT=8,
- * CINFER_CUDA_L2PF_STATE=1 */
+ * CINFER_CUDA_L2PF_STATE=1, CINFER_CUDA_L2PF_INOUT=1 */
 static int run_with(cinfer_model *m, const char *pdl, const char *graphs, const char *pf, int B, int prof,
                     int V, float *out) {
     if (pf && !strcmp(pf, "2")) {
         setenv("CINFER_CUDA_L2PF_NEXT", "8", 1);
         setenv("CINFER_CUDA_L2PF_STATE", "1", 1);
+        setenv("CINFER_CUDA_L2PF_INOUT", "1", 1);
     } else {
         unsetenv("CINFER_CUDA_L2PF_NEXT");
         unsetenv("CINFER_CUDA_L2PF_STATE");
+        unsetenv("CINFER_CUDA_L2PF_INOUT");
     }
     if (pdl)
         setenv("CINFER_CUDA_PDL", pdl, 1);
@@ -57,6 +59,7 @@ static int run_with(cinfer_model *m, const char *pdl, const char *graphs, const 
     unsetenv("CINFER_CUDA_ATTN_PF");
     unsetenv("CINFER_CUDA_L2PF_NEXT");
     unsetenv("CINFER_CUDA_L2PF_STATE");
+    unsetenv("CINFER_CUDA_L2PF_INOUT");
     return rc;
 }
 
