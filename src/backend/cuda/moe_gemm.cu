@@ -202,9 +202,7 @@ __global__ void __launch_bounds__(MG_THREADS, BW > 128 ? 2 : 3) /* 2 or 3 blocks
         compute(st);
         __syncthreads();
     }
-    /* C fragment: c0, c1 at (row g, cols 2tq, 2tq + 1), c2, c3 at row g + 8; the two columns stored at once
-     * where the rows are an even number of values apart (col is even) */
-    const bool pairs = !(ldy & 1) && !(ystride & 1);
+    /* C fragment: c0, c1 at (row g, cols 2tq, 2tq + 1), c2, c3 at row g + 8 */
 #pragma unroll
     for (int i = 0; i < 2; i++)
 #pragma unroll
@@ -213,38 +211,22 @@ __global__ void __launch_bounds__(MG_THREADS, BW > 128 ? 2 : 3) /* 2 or 3 blocks
             if (row >= cnt) continue;
             size_t yo = (size_t)(DENSE ? p0 + row : perm[p0 + row]) * ldy;
 #pragma unroll
-            for (int s = 0; s < (OUT ? NT / 2 : NT); s++) {
-                int col = OUT ? n0 + wn * (BW / 8) + s * 8 + 2 * tq : n0 + wn * (BW / 4) + s * 8 + 2 * tq;
-                float v[2];
+            for (int s = 0; s < (OUT ? NT / 2 : NT); s++)
 #pragma unroll
                 for (int q = 0; q < 2; q++) {
-                    v[q] = acc[i][s][2 * hr + q];
-                    if (OUT) v[q] = dev_silu(v[q]) * acc[i][s + NT / 2][2 * hr + q];
-                }
-                if (pairs && col + 1 < N) {
+                    int col = OUT ? n0 + wn * (BW / 8) + s * 8 + 2 * tq + q
+                                  : n0 + wn * (BW / 4) + s * 8 + 2 * tq + q;
+                    if (col >= N) continue;
+                    float v = acc[i][s][2 * hr + q];
+                    if (OUT) v = dev_silu(v) * acc[i][s + NT / 2][2 * hr + q];
                     if (OUT == 2) {
-                        uint16_t h0 = f32_bf16(v[0]), h1 = f32_bf16(v[1]);
-                        uint16_t l0 = f32_bf16(v[0] - bf16_f32(h0)), l1 = f32_bf16(v[1] - bf16_f32(h1));
-                        *reinterpret_cast<uint32_t *>(ys + yo + col) = (uint32_t)h0 | (uint32_t)h1 << 16;
-                        *reinterpret_cast<uint32_t *>(ys + ystride + yo + col) = (uint32_t)l0 | (uint32_t)l1
-                                                                                                    << 16;
+                        uint16_t h = f32_bf16(v);
+                        ys[yo + col] = h;
+                        ys[ystride + yo + col] = f32_bf16(v - bf16_f32(h));
                     } else {
-                        *reinterpret_cast<float2 *>(y + yo + col) = make_float2(v[0], v[1]);
-                    }
-                    continue;
-                }
-#pragma unroll
-                for (int q = 0; q < 2; q++) {
-                    if (col + q >= N) continue;
-                    if (OUT == 2) {
-                        uint16_t h = f32_bf16(v[q]);
-                        ys[yo + col + q] = h;
-                        ys[ystride + yo + col + q] = f32_bf16(v[q] - bf16_f32(h));
-                    } else {
-                        y[yo + col + q] = v[q];
+                        y[yo + col] = v;
                     }
                 }
-            }
         }
 }
 
