@@ -935,13 +935,14 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     /* CINFER_CUDA_MOE_PF: the MoE forms of prefill chunks (the grouped path), bits: 1 the router's logits on
      * the tensor cores (cu_moe_router, chunks of more than 64 rows), 2 cu_moe_route2 (sorted: no
      * cu_moe_sort_slots), 4 the grouped GEMMs in tiles of 256 weight rows x 64 of K, 8 the SwiGLU GEMM
-     * writing the down GEMM's split input (cu_moe_gemm_swiglu_split), 32 the router in tiles of 64 weight
-     * rows, 64 cu_moe_group_tiles (the grouping over many blocks). Default 15: H200 session 6 call 2, every
-     * form exact (2, 4, 8 bit-identical to 0; the MoE fixtures at 150 rows 7e-6 from 0, parity 1.70e-4
-     * against 1.81e-4), one 4096-row layer's router 202 -> 98 us, top-k + sort 35 -> 11 us, experts 2.11
-     * -> 1.66 ms; 0: the forms before */
+     * writing the down GEMM's split input (cu_moe_gemm_swiglu_split), 64 cu_moe_group_tiles (the grouping
+     * over many blocks). Default 79 (all five): H200 session 6, every form exact (2, 4, 8, 64 bit-identical
+     * to 0; the MoE fixtures at 150 rows 7e-6 from 0, parity 1.70e-4 against 1.81e-4); one 4096-row layer:
+     * router 202 -> 96 us, top-k + sort 30 -> 11 us, grouping 45 -> 22 us, experts 1.94 -> 1.57 ms; 35B-A3B
+     * prefill 4096 20,706
+     * -> 23,120 tok/s, decode batch 64 (grouped too) 1,701 -> 2,028 (call 3). 0: the forms before */
     const char *mpf = getenv("CINFER_CUDA_MOE_PF");
-    f->moe_pf = mpf ? atoi(mpf) & (1 | 2 | 4 | 8 | 32 | 64) : 15;
+    f->moe_pf = mpf ? atoi(mpf) & (1 | 2 | 4 | 8 | 64) : 79;
     cu_set_moe_pf(f->moe_pf);
     if (m->cfg.n_experts > 0) cu_moe_gemm_prepare();
     if (mpf) fprintf(stderr, "cinfer cuda: CINFER_CUDA_MOE_PF=%d\n", f->moe_pf);

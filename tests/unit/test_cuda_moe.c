@@ -904,17 +904,15 @@ TEST(cuda_moe_prefill_kernels) {
     TIME("router GEMV (f32, cu_gemm precise)", 1, 0, cu_gemm(c, lg, x, rt, T, E, H, xs, 1));
     cu_set_moe_pf(0);
     TIME("router tensor cores (cu_moe_router)", 0, 1, cu_moe_router(c, lg, x, rt, T, E, H, xs));
-    cu_set_moe_pf(32);
-    TIME("router tensor cores, 64-row tiles (MOE_PF 32)", 0, 0, cu_moe_router(c, lg, x, rt, T, E, H, xs));
     cu_set_moe_pf(old);
     TIME("shared gate GEMV (N = 1)", 1, 1, cu_gemm(c, shg, x, sgw, T, 1, H, xs, 1));
     TIME("route (softmax + top-8)", 1, 0, cu_moe_route(c, lg, idx, wt, T, E, k, 1));
     TIME("sort_slots", 1, 0, cu_moe_sort_slots(c, idx, wt, T, k));
     TIME("route2 sorted", 0, 1, cu_moe_route2(c, lg, idx, wt, T, E, k, 1, 1));
-    TIME("group", 1, 1, cu_moe_group(c, idx, S, E, grp));
-    TIME("tiles", 1, 1, cu_moe_tiles(c, grp, E, tiles));
+    TIME("group", 1, 0, cu_moe_group(c, idx, S, E, grp));
+    TIME("tiles", 1, 0, cu_moe_tiles(c, grp, E, tiles));
     int *gscr = dev((size_t)E * 4);
-    TIME("group + tiles, many blocks (MOE_PF 64)", 0, 0,
+    TIME("group + tiles, many blocks (MOE_PF 64)", 0, 1,
          cu_moe_group_tiles(c, idx, S, E, grp, tiles, 64, gscr));
     static const int tf[] = {0, 4};
     double best = 1e30;

@@ -500,8 +500,7 @@ void cu_moe_gemm_presplit(cu_ctx *c, float *d_y, const uint16_t *d_xs2, const ui
 void cu_moe_router(cu_ctx *c, float *d_logits, const float *d_x, const uint16_t *d_w, int T, int E, int K,
                    uint16_t *d_xs);
 /* the forms behind CINFER_CUDA_MOE_PF (a bitmask, forward_cuda.c reads it): 4 = the grouped GEMMs in tiles of
- * 256 weight rows x 64 of K (the same bits as 128 x 32), 32 = the router in tiles of 64 weight rows (the same
- * bits); the other bits are the caller's */
+ * 256 weight rows x 64 of K (the same bits as 128 x 32); the other bits are the caller's */
 void cu_set_moe_pf(int mask);
 int cu_moe_pf(void);
 /* the kernels' shared-memory limits, set once before any graph capture */

@@ -246,9 +246,8 @@ static void mg_split(cu_ctx *c, uint16_t *xs, const float *x, size_t n, int nx) 
 }
 
 /* CINFER_CUDA_MOE_PF (forward_cuda.c): 4 = the grouped GEMMs in 256 weight rows x 64 of K per block step
- * instead of 128 x 32 (the same bits; H200, one 4096-token layer: 2.11 -> 1.66 ms with 8), 32 = the router in
- * 64 weight rows per block (twice the blocks; the same bits), 64 = cu_moe_group in three launches over many
- * blocks */
+ * instead of 128 x 32 (the same bits; H200, one 4096-token layer: 2.11 -> 1.66 ms with 8). (The router in
+ * 64-row tiles, twice the blocks, measured no faster than 128: 98.6 against 95.7 us a layer; removed.) */
 static int g_moe_pf;
 extern "C" void cu_set_moe_pf(int mask) {
     g_moe_pf = mask;
@@ -307,7 +306,7 @@ template <int OUT> static void mg_grouped(cu_ctx *c, const mg_args &a) {
 extern "C" void cu_moe_gemm_prepare(void) {
     mg_args a = {0, 0, NULL, NULL, 0, 0, NULL, 0, 0, NULL, 0, 0, NULL, NULL, 0, 0, 0};
     mg_grouped<0>(NULL, a), mg_grouped<1>(NULL, a), mg_grouped<2>(NULL, a);
-    mg_attr<0, 3, 128, 1, 32>(), mg_attr<0, 3, 64, 1, 32>();
+    mg_attr<0, 3, 128, 1, 32>();
 }
 
 /* the grouped gate_up + SwiGLU from x's split (xs: hi, lo rows of S / div x K, nx apart); y f32 (OUT 1) or
@@ -367,8 +366,5 @@ extern "C" void cu_moe_router(cu_ctx *c, float *logits, const float *x, const ui
     mg_split(c, xs, x, nx, 3);
     mg_args a = {
         (unsigned)cdiv((size_t)T, MG_BM), E, logits, NULL, 0, E, xs, nx, 1, w, 0, 0, NULL, NULL, 0, T, K};
-    if (g_moe_pf & 32)
-        mg_launch<0, 3, 64, 1, 32>(c, a);
-    else
-        mg_launch<0, 3, 128, 1, 32>(c, a);
+    mg_launch<0, 3, 128, 1, 32>(c, a);
 }
