@@ -306,8 +306,11 @@ struct cuda_fwd {
     size_t l2pf_next; /* CINFER_CUDA_L2PF_NEXT=MB: bytes of the next GEMV's head each fused GEMV prefetches */
     int l2pf_state;   /* CINFER_CUDA_L2PF_STATE=1: a DeltaNet layer's in_proj prefetches the batch's S */
     int attn_round;   /* CINFER_CUDA_ATTN_ROUND (default 1): attn_split rounds nsplit up */
-    int l2pf_inout;   /* CINFER_CUDA_L2PF_INOUT=1: in_proj prefetches out_proj's head (gemv_next) */
-    int attn_pf;      /* CINFER_CUDA_ATTN_PF (cu_set_attn_decode_pf) */
+    int l2pf_next_rows; /* CINFER_CUDA_L2PF_NEXT_ROWS (default 32): L2PF_NEXT only in steps of at most this
+                           many rows */
+    int step_rows;      /* the rows of the step enqueue() is building */
+    int l2pf_inout;     /* CINFER_CUDA_L2PF_INOUT=1: in_proj prefetches out_proj's head (gemv_next) */
+    int attn_pf;        /* CINFER_CUDA_ATTN_PF (cu_set_attn_decode_pf) */
     unsigned long long diag_done;
 };
 
@@ -680,7 +683,13 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     const char *l2s = getenv("CINFER_CUDA_L2PF_STATE"); /* "1": in_proj prefetches the layer's S */
     f->l2pf_state = l2s && !strcmp(l2s, "1");
     const char *l2n = getenv("CINFER_CUDA_L2PF_NEXT"); /* MB of the next GEMV's head into L2 (gemv_next) */
-    f->l2pf_next = (size_t)(l2n ? (atoi(l2n) > 0 ? atoi(l2n) : 0) : 4) << 20; /* default 4 MB */
+    /* default 6 MB: the H200's call 4 of session 6 (diag, 4B batch 1): off +0.050 ms, 2 MB +0.039, 3 +0.021,
+     * 6 -0.014 against 4 (call 3: 8 MB worse than 4, 16 worse than none); only in steps of at most
+     * CINFER_CUDA_L2PF_NEXT_ROWS rows (default 32; 0 any): at 64 rows the step was 3% slower with it (and the
+     * attention prefetch off), at 32 even */
+    f->l2pf_next = (size_t)(l2n ? (atoi(l2n) > 0 ? atoi(l2n) : 0) : 6) << 20;
+    const char *l2r = getenv("CINFER_CUDA_L2PF_NEXT_ROWS");
+    f->l2pf_next_rows = l2r ? (atoi(l2r) > 0 ? atoi(l2r) : 0) : 32;
     const char *lio = getenv("CINFER_CUDA_L2PF_INOUT"); /* "1": in_proj prefetches out_proj's head */
     f->l2pf_inout = lio && !strcmp(lio, "1");
     const char *aro = getenv("CINFER_CUDA_ATTN_ROUND"); /* "0": nsplit exact (a capture every 64 positions) */
@@ -1126,7 +1135,7 @@ static void in_proj(cuda_fwd *f, const cu_layer *cl, int T, int fz) {
 /* CINFER_CUDA_L2PF_NEXT: the next fused GEMV requests the head (up to f->l2pf_next bytes) of w, the matrix of
  * the GEMV after it, into L2 (cu_set_gemv_next); w NULL: nothing */
 static void gemv_next(cuda_fwd *f, const uint16_t *w, size_t bytes) {
-    if (!f->l2pf_next || !w) {
+    if (!f->l2pf_next || !w || (f->l2pf_next_rows && f->step_rows > f->l2pf_next_rows)) {
         cu_set_gemv_next(f->cu, NULL, 0);
         return;
     }
@@ -1480,6 +1489,7 @@ static int enqueue(cuda_fwd *f, const run_shape *rs, int moe_device, char *err, 
     int T = rs->T, H = m->H, rc;
     float eps = (float)m->cfg.rms_norm_eps;
     pdl_step(f, rs);
+    f->step_rows = T;
     f->xb_for = NULL;
     mark(f, CP_EMBED_NORM);
     cu_embed(f->cu, f->x, f->embed, rs->meta.ids, T, H);
@@ -1560,15 +1570,15 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
     } v[] = {
         {"base", 0, 0, 0},
         {"l2pf next off", 0, 0, 0, 0, NULL, -1},
-        {"l2pf next 2", 0, 0, 0, 0, NULL, 2},
-        {"l2pf next 3", 0, 0, 0, 0, NULL, 3},
-        {"l2pf next 6", 0, 0, 0, 0, NULL, 6},
+        {"l2pf next 4", 0, 0, 0, 0, NULL, 4},
+        {"l2pf next 5", 0, 0, 0, 0, NULL, 5},
+        {"l2pf next 8", 0, 0, 0, 0, NULL, 8},
         {"g3 small var0", 0, 0, 0, 0, "0,0,0,-1"},
         {"g3 small var0 + next off", 0, 0, 0, 0, "0,0,0,-1", -1},
         {"l2pf state", 0, 0, 0, 0, NULL, 0, 1},
         {"l2pf in->out", 0, 0, 0, 0, NULL, 0, 0, 1},
         {"l2pf in->out + state", 0, 0, 0, 0, NULL, 0, 1, 1},
-        {"l2pf in->out + state + next 3", 0, 0, 0, 0, NULL, 3, 1, 1},
+        {"l2pf in->out + next 8", 0, 0, 0, 0, NULL, 8, 0, 1},
         {"attn pf 0", 0, 0, 0, -1},
         {"attn pf 2", 0, 0, 0, 2},
         {"attn pf 3", 0, 0, 0, 3},
