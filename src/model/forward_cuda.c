@@ -919,13 +919,18 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
         f->moe_fused = cu_moe_fused_supported(m->H, mc->n_experts, mc->n_experts_per_tok,
                                               mc->moe_intermediate_size, mc->shared_expert_intermediate_size);
     }
-    /* the fused kernels' variant, all the same bits: default 12 (PDL launches, the router taking the
-     * post-attention norm itself under CINFER_CUDA_FUSE). H200 runs: PDL at 09:22 of session 4 (35B-A3B batch
-     * 1 292.2 -> 316.4 tok/s), the router's norm at 10:05 (339.5 / 341.2 -> 347.8 tok/s) and, once its loads
-     * were batched, session 5's call 2 (351.7 -> 369.9). Session 4's load-batching bits 1, 2, 16 and session
-     * 5's 32, 64, 256, 512 are gone (the chosen forms are the code; the others were slower or no faster) */
+    /* the fused kernels' variant, all the same bits: default 8204 (PDL launches, the router taking the
+     * post-attention norm itself under CINFER_CUDA_FUSE, and requesting the shared expert's weights into L2
+     * before its PDL wait). H200 runs: PDL at 09:22 of session 4 (35B-A3B batch 1 292.2 -> 316.4 tok/s), the
+     * router's norm at 10:05 (339.5 / 341.2 -> 347.8 tok/s) and, once its loads were batched, session 5's
+     * call 2 (351.7 -> 369.9); the shared-expert prefetch in session 6's call 4 (15:53, alternating: 396.3 /
+     * 397.7
+     * -> 401.7 / 401.8; batch 8 969.1 / 968.2 -> 972.6 / 973.1). Session 4's load-batching bits 1, 2, 16,
+     * session 5's 32, 64, 256, 512 and session 6's flag-started gate_up, L2 prefetch of down, one-launch
+     * gate_up + down, cluster router, down rows all before the wait and router in fewer registers are gone
+     * (bit-identical, slower or no faster in session 6's H200 calls 1-3: their commits give the figures) */
     const char *mv = getenv("CINFER_CUDA_MOE_VARIANT");
-    f->moe_variant = mv ? atoi(mv) & (4 | 8 | 8192) : 12;
+    f->moe_variant = mv ? atoi(mv) & (4 | 8 | 8192) : 12 | 8192;
     if (mf)
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_MOE_FUSED=%s: %s\n", mf,
                 f->moe_fused ? "fused decode MoE kernels" : "the unfused decode MoE kernels");

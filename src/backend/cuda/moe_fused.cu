@@ -393,7 +393,7 @@ extern "C" void cu_moe_fused_route(cu_ctx *c, const cu_moe_args *a) {
     dim3 grid(cdiv((size_t)a->E, (size_t)warps), (unsigned)a->T), block(warps * 32);
     void (*kern)(const float *, const uint16_t *, float *, int *, float *, unsigned *, int, int, int, int,
                  const float *, float, float *, const uint16_t *, unsigned, const uint16_t *, unsigned);
-    /* variant 8192: the shared expert's gate_up and down rows into L2 before the wait */
+    /* variant 8192 (default): the shared expert's gate_up and down rows into L2 before the wait */
     const uint16_t *pf0 = NULL, *pf1 = NULL;
     unsigned b0 = 0, b1 = 0;
     if ((a->variant & 8192) && a->sh_gu && a->Is > 0)
