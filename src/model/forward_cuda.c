@@ -930,7 +930,7 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * gate_up + down, cluster router, down rows all before the wait and router in fewer registers are gone
      * (bit-identical, slower or no faster in session 6's H200 calls 1-3: their commits give the figures) */
     const char *mv = getenv("CINFER_CUDA_MOE_VARIANT");
-    f->moe_variant = mv ? atoi(mv) & (4 | 8 | 8192 | 16384) : 12 | 8192;
+    f->moe_variant = mv ? atoi(mv) & (4 | 8 | 8192) : 12 | 8192;
     if (mf)
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_MOE_FUSED=%s: %s\n", mf,
                 f->moe_fused ? "fused decode MoE kernels" : "the unfused decode MoE kernels");
@@ -1331,13 +1331,6 @@ static int moe(cuda_fwd *f, const cu_layer *cl, const run_shape *rs, int device_
             f->profile ? f->moe_variant & ~4 : f->moe_variant; /* no PDL beside the profile's events */
         *added = into_x;
         if (norm_w) a.x = f->x, a.norm_w = norm_w, a.eps = (float)m->cfg.rms_norm_eps, a.xn = f->xn;
-        /* variant 16384: the head (6 MB at most) of the next layer's in_proj, or of lm_head after the last */
-        int li = (int)(cl - f->L);
-        if (li + 1 < m->L)
-            a.next_w = f->L[li + 1].w_in, a.next_bytes = (size_t)f->L[li + 1].n_in * H * 2;
-        else
-            a.next_w = f->lm_head, a.next_bytes = (size_t)m->V * H * 2;
-        if (a.next_bytes > ((size_t)6 << 20)) a.next_bytes = (size_t)6 << 20;
         /* CINFER_CUDA_DIAG_AB's classes: the router (DG_ROUTE), gate_up (DG_GU), down (DG_DOWN) */
         int nr = diag_n(f, DG_ROUTE), ng = diag_n(f, DG_GU), nd = diag_n(f, DG_DOWN);
         mark(f, CP_MOE_ROUTE);

@@ -460,14 +460,10 @@ typedef struct cu_moe_args {
     const float *norm_w; /* NULL, or [H] (1 + weight): x is the raw residual and the router takes its RMSNorm
                             (add_rmsnorm's arithmetic) into xn itself (H <= 4096: cu_moe_fused_norm_ok) */
     float eps;
-    float *xn; /* [T][H] the normed rows when norm_w (the gate_up kernel reads them) */
-    const void
-        *next_w; /* NULL, or the next kernel's weights (variant 16384: their first next_bytes into L2) */
-    size_t next_bytes;
+    float *xn;   /* [T][H] the normed rows when norm_w (the gate_up kernel reads them) */
     int variant; /* 4: programmatic dependent launch (each kernel lets the next be scheduled, then waits for
                     the one before; the same bits). CINFER_CUDA_MOE_VARIANT, default 8204 (8: the caller's
-                    norm_w; 8192: the router requests the shared expert's weights into L2 before its wait).
-                    16384 (being measured): the down kernel requests next_w's head into L2 */
+                    norm_w; 8192: the router requests the shared expert's weights into L2 before its wait) */
 } cu_moe_args;
 /* 1 when the fused kernels serve this shape: H, Im, Is multiples of 8, Im <= 1024, E <= 1024, k <= 32 */
 int cu_moe_fused_supported(int H, int E, int k, int Im, int Is);

@@ -313,21 +313,13 @@ __global__ void __launch_bounds__(MF_WARPS * 32)
  * choices in ascending expert order, then + sigmoid(shg) (sh_down[h] · act_sh): cu_moe_combine's order. With
  * resid, resid[r][h] += that sum instead (the residual add cu_add_rmsnorm would make, the same f32 add) and
  * out is not written. */
-template <int KC, int PFN = 0>
+template <int KC>
 __global__ void __launch_bounds__(MF_WARPS * 32)
     mf_down_kernel(const float *__restrict__ act, const uint16_t *__restrict__ e_down,
                    const int *__restrict__ idx, const float *__restrict__ wt,
                    const uint16_t *__restrict__ sh_down, const float *__restrict__ shg, float *out,
-                   float *resid, int H, int k, int Im, int Is, const char *pfn, unsigned pfn_bytes) {
+                   float *resid, int H, int k, int Im, int Is) {
     const int r = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    /* PFN (variant 16384): the head of the next kernel's matrix (the next layer's in_proj, or lm_head) into
-     * L2, a slice per block of row 0, while this kernel's own loads leave HBM time to spare */
-    if constexpr (PFN) {
-        if (blockIdx.y == 0 && threadIdx.x == 0) {
-            unsigned per = (pfn_bytes / gridDim.x + 15u) & ~15u, off = blockIdx.x * per;
-            if (off < pfn_bytes) mf_l2_prefetch(pfn + off, pfn_bytes - off < per ? pfn_bytes - off : per);
-        }
-    }
     const int h = blockIdx.x * MF_WARPS + warp, A = k * Im + Is;
     if (h >= H) {
         griddep_wait();
@@ -440,16 +432,9 @@ extern "C" void cu_moe_fused_down(cu_ctx *c, const cu_moe_args *a) {
     /* Im up to 512: 2 chunks per row and lane; up to 1024 (122B-A10B, 397B-A17B): 4. (Session 4's eight
      * experts' rows at once and session 5's shared row with the first group: no faster, the same bits.) */
     void (*kern)(const float *, const uint16_t *, const int *, const float *, const uint16_t *, const float *,
-                 float *, float *, int, int, int, int, const char *, unsigned) =
-        a->Im > 512 ? mf_down_kernel<4> : mf_down_kernel<2>;
-    /* variant 16384: the next kernel's weights' head into L2 (a->next_w, a->next_bytes) */
-    int pfn = (a->variant & 16384) && a->next_w && a->next_bytes >= 16;
-    if (pfn) kern = a->Im > 512 ? mf_down_kernel<4, 1> : mf_down_kernel<2, 1>;
-    unsigned nb =
-        pfn ? (unsigned)((a->next_bytes < ((size_t)1 << 30) ? a->next_bytes : (size_t)1 << 30) & ~(size_t)15)
-            : 0u;
+                 float *, float *, int, int, int, int) = a->Im > 512 ? mf_down_kernel<4> : mf_down_kernel<2>;
     cu_launch_pdl(c, (a->variant & 4) != 0, kern, grid, block, a->act, a->e_down, a->idx, a->w, sh_down,
-                  a->shg, a->out, a->resid, a->H, a->k, a->Im, Is, (const char *)a->next_w, nb);
+                  a->shg, a->out, a->resid, a->H, a->k, a->Im, Is);
 }
 
 extern "C" void cu_moe_fused(cu_ctx *c, const cu_moe_args *a) {
