@@ -304,12 +304,10 @@ struct cuda_fwd {
      * the decode steps being captured, and the batch sizes already measured (bit B - 1) */
     int diag_ab, diag_skip, diag_dup;
     size_t l2pf_next; /* CINFER_CUDA_L2PF_NEXT=MB: bytes of the next GEMV's head each fused GEMV prefetches */
-    int l2pf_state;   /* CINFER_CUDA_L2PF_STATE=1: a DeltaNet layer's in_proj prefetches the batch's S */
     int attn_round;   /* CINFER_CUDA_ATTN_ROUND (default 1): attn_split rounds nsplit up */
     int l2pf_next_rows; /* CINFER_CUDA_L2PF_NEXT_ROWS (default 32): L2PF_NEXT only in steps of at most this
                            many rows */
     int step_rows;      /* the rows of the step enqueue() is building */
-    int l2pf_inout;     /* CINFER_CUDA_L2PF_INOUT=1: in_proj prefetches out_proj's head (gemv_next) */
     int attn_pf;        /* CINFER_CUDA_ATTN_PF (cu_set_attn_decode_pf) */
     unsigned long long diag_done;
 };
@@ -678,10 +676,8 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * default since the H200 call 3 of session 5: 4B batch 1 371.8 -> 380.5 tok/s over PDL; bit-identical in
      * cuda_pdl (fixtures, 4B shape), cuda_spec passing with it (call 2) */
     const char *apf = getenv("CINFER_CUDA_ATTN_PF");
-    f->attn_pf = apf ? atoi(apf) : 1; /* "2" / "3": two / three positions ahead (the same bits) */
+    f->attn_pf = !(apf && !strcmp(apf, "0"));
     cu_set_attn_decode_pf(f->attn_pf);
-    const char *l2s = getenv("CINFER_CUDA_L2PF_STATE"); /* "1": in_proj prefetches the layer's S */
-    f->l2pf_state = l2s && !strcmp(l2s, "1");
     const char *l2n = getenv("CINFER_CUDA_L2PF_NEXT"); /* MB of the next GEMV's head into L2 (gemv_next) */
     /* default 6 MB: the H200's call 4 of session 6 (diag, 4B batch 1): off +0.050 ms, 2 MB +0.039, 3 +0.021,
      * 6 -0.014 against 4 (call 3: 8 MB worse than 4, 16 worse than none); only in steps of at most
@@ -690,8 +686,6 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     f->l2pf_next = (size_t)(l2n ? (atoi(l2n) > 0 ? atoi(l2n) : 0) : 6) << 20;
     const char *l2r = getenv("CINFER_CUDA_L2PF_NEXT_ROWS");
     f->l2pf_next_rows = l2r ? (atoi(l2r) > 0 ? atoi(l2r) : 0) : 32;
-    const char *lio = getenv("CINFER_CUDA_L2PF_INOUT"); /* "1": in_proj prefetches out_proj's head */
-    f->l2pf_inout = lio && !strcmp(lio, "1");
     const char *aro = getenv("CINFER_CUDA_ATTN_ROUND"); /* "0": nsplit exact (a capture every 64 positions) */
     f->attn_round = !(aro && !strcmp(aro, "0"));
     const char *gv4 = getenv("CINFER_CUDA_GEMV_VAR4"); /* "0": the small GEMVs' earlier variant at one row */
@@ -1190,16 +1184,7 @@ static void deltanet(cuda_fwd *f, const cu_layer *cl, const layer_weights *lw, i
     const model *m = f->m;
     int T = rs->T, kd = m->Hk * m->dk, vd = m->Hv * m->dv, C = m->C;
     mark(f, CP_GEMM_IN);
-    /* CINFER_CUDA_L2PF_STATE: in_proj's last blocks request the batch's S of this layer into L2 */
-    size_t sbytes = (size_t)m->Hv * m->dk * m->dv * sizeof(float);
-    cu_pf_slots ps = {f->rec_state + (size_t)lin * m->Hv * m->dk * m->dv, rs->meta.e_slot, rs->NE,
-                      sbytes * m->n_lin, sbytes};
-    cu_set_gemv_next_slots(f->cu, f->l2pf_state && rs->gdn_fused && fin ? &ps : NULL);
-    /* CINFER_CUDA_L2PF_INOUT: in_proj's last blocks request out_proj's head (past the DeltaNet kernel) */
-    if (f->l2pf_inout && fin) gemv_next(f, cl->w_out, (size_t)m->H * vd * 2);
     for (int n = diag_n(f, DG_IN); n > 0; n--) in_proj(f, cl, T, fin);
-    gemv_next(f, NULL, 0);
-    cu_set_gemv_next_slots(f->cu, NULL);
     mark(f, CP_GDN);
     cu_gdn_args a = {0};
     a.T = T, a.NE = rs->NE, a.Hk = m->Hk, a.Hv = m->Hv, a.dk = m->dk, a.dv = m->dv, a.K = m->K, a.C = C;
@@ -1237,9 +1222,7 @@ static void attention(cuda_fwd *f, const cu_layer *cl, int full, const run_shape
     const model *m = f->m;
     int T = rs->T;
     mark(f, CP_GEMM_IN);
-    if (f->l2pf_inout && fin) gemv_next(f, cl->w_out, (size_t)m->H * m->Hq * m->hd * 2);
     for (int n = diag_n(f, DG_IN); n > 0; n--) in_proj(f, cl, T, fin);
-    gemv_next(f, NULL, 0);
     mark(f, CP_ATTN);
     cu_attn_args a = {0};
     a.T = T, a.Hq = m->Hq, a.Hkv = m->Hkv, a.hd = m->hd, a.rope_dim = m->cfg.rope_dim, a.n_blocks = n_blocks;
@@ -1570,8 +1553,6 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
         int skip, dup, nopdl, apf; /* apf: CINFER_CUDA_ATTN_PF (-1: 0) */
         const char *g3;            /* "u_small,var_small,u_big,var_big" for cu_set_gemv3_one, or NULL */
         int l2n;                   /* CINFER_CUDA_L2PF_NEXT MB (-1: 0) */
-        int l2s;                   /* CINFER_CUDA_L2PF_STATE on (1) / off (-1) */
-        int l2io;                  /* CINFER_CUDA_L2PF_INOUT on (1) / off (-1) */
     } v[] = {
         {"base", 0, 0, 0},
         {"l2pf next off", 0, 0, 0, 0, NULL, -1},
@@ -1580,13 +1561,7 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
         {"l2pf next 8", 0, 0, 0, 0, NULL, 8},
         {"g3 small var0", 0, 0, 0, 0, "0,0,0,-1"},
         {"g3 small var0 + next off", 0, 0, 0, 0, "0,0,0,-1", -1},
-        {"l2pf state", 0, 0, 0, 0, NULL, 0, 1},
-        {"l2pf in->out", 0, 0, 0, 0, NULL, 0, 0, 1},
-        {"l2pf in->out + state", 0, 0, 0, 0, NULL, 0, 1, 1},
-        {"l2pf in->out + next 8", 0, 0, 0, 0, NULL, 8, 0, 1},
         {"attn pf 0", 0, 0, 0, -1},
-        {"attn pf 2", 0, 0, 0, 2},
-        {"attn pf 3", 0, 0, 0, 3},
         {"pdl off", 0, 0, 1},
         {"skip in_proj", DG_IN, 0, 0},
         {"skip deltanet", DG_GDN, 0, 0},
@@ -1619,10 +1594,6 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
         f->diag_skip = v[i].skip, f->diag_dup = v[i].dup;
         if (v[i].nopdl) f->pdl = 0;
-        int l2s = f->l2pf_state;
-        if (v[i].l2s) f->l2pf_state = v[i].l2s > 0;
-        int l2io = f->l2pf_inout;
-        if (v[i].l2io) f->l2pf_inout = v[i].l2io > 0;
         size_t l2n = f->l2pf_next;
         if (v[i].l2n) f->l2pf_next = v[i].l2n > 0 ? (size_t)v[i].l2n << 20 : 0;
         if (v[i].apf) cu_set_attn_decode_pf(v[i].apf > 0 ? v[i].apf : 0);
@@ -1634,7 +1605,7 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
         int rc2 = rc ? rc : enqueue(f, rs, moe_device, err, sizeof err);
         if (!rc) rc = cu_capture_end(f->cu, &exec, err, sizeof err);
         f->pdl = pdl, f->diag_skip = f->diag_dup = 0;
-        f->l2pf_next = l2n, f->l2pf_state = l2s, f->l2pf_inout = l2io;
+        f->l2pf_next = l2n;
         cu_set_attn_decode_pf(f->attn_pf);
         cu_set_gemv3_one(0, -1, 0, -1);
         if (rc || rc2) {

@@ -4,8 +4,7 @@
  * decode steps at batch 3), eager launches without PDL as the reference against PDL from CUDA graphs, PDL
  * eager, GEMV-only PDL, a profiled run with PDL (an event recorded between the phases: session 4's illegal
  * address), the attention decode kernel's prefetch (CINFER_CUDA_ATTN_PF=1) without and with PDL, that
- * with the attention prefetch two positions ahead and the L2 prefetches of the next weights and of the
- * DeltaNet state (CINFER_CUDA_L2PF_NEXT=8, CINFER_CUDA_L2PF_STATE=1, CINFER_CUDA_L2PF_INOUT=1), and sequence
+ * with the L2 prefetch of the next GEMV's weights at 8 MB (CINFER_CUDA_L2PF_NEXT=8), and sequence
  * 0 alone under all of them against the batch reference. PDL's level 2 covers decode steps of contexts that
  * do not speculate (pdl_step in forward_cuda.c). At the fixtures, and at the 4B shape with few layers when
  * CINFER_TEST_PDL_MODEL names such a checkpoint (`cinfer synth --like qwen3.5-4b
@@ -28,18 +27,13 @@
 #define NO_DEVICE() (!cuda_built() || cuda_devices() < 1)
 
 /* one run under the given switches (NULL: unset); pf: CINFER_CUDA_ATTN_PF=1 unless "0", and "2" the attention
- * prefetch two positions ahead (CINFER_CUDA_ATTN_PF=2) and the L2 prefetches CINFER_CUDA_L2PF_NEXT=8,
- * CINFER_CUDA_L2PF_STATE=1, CINFER_CUDA_L2PF_INOUT=1 */
+ * prefetch and the next GEMV's weights prefetched at 8 MB (CINFER_CUDA_L2PF_NEXT=8) */
 static int run_with(cinfer_model *m, const char *pdl, const char *graphs, const char *pf, int B, int prof,
                     int V, float *out) {
     if (pf && !strcmp(pf, "2")) {
         setenv("CINFER_CUDA_L2PF_NEXT", "8", 1);
-        setenv("CINFER_CUDA_L2PF_STATE", "1", 1);
-        setenv("CINFER_CUDA_L2PF_INOUT", "1", 1);
     } else {
         unsetenv("CINFER_CUDA_L2PF_NEXT");
-        unsetenv("CINFER_CUDA_L2PF_STATE");
-        unsetenv("CINFER_CUDA_L2PF_INOUT");
     }
     if (pdl)
         setenv("CINFER_CUDA_PDL", pdl, 1);
@@ -50,7 +44,7 @@ static int run_with(cinfer_model *m, const char *pdl, const char *graphs, const 
     else
         unsetenv("CINFER_CUDA_GRAPHS");
     if (pf)
-        setenv("CINFER_CUDA_ATTN_PF", !strcmp(pf, "0") ? "0" : !strcmp(pf, "2") ? "2" : "1", 1);
+        setenv("CINFER_CUDA_ATTN_PF", strcmp(pf, "0") ? "1" : "0", 1);
     else
         unsetenv("CINFER_CUDA_ATTN_PF");
     int rc = test_run_seqs(m, B, 2, 8, V, prof, out);
@@ -58,8 +52,6 @@ static int run_with(cinfer_model *m, const char *pdl, const char *graphs, const 
     unsetenv("CINFER_CUDA_GRAPHS");
     unsetenv("CINFER_CUDA_ATTN_PF");
     unsetenv("CINFER_CUDA_L2PF_NEXT");
-    unsetenv("CINFER_CUDA_L2PF_STATE");
-    unsetenv("CINFER_CUDA_L2PF_INOUT");
     return rc;
 }
 

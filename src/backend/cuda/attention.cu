@@ -101,10 +101,11 @@ __device__ __forceinline__ void kv_load(float (&k)[NPL], float (&v)[NPL], const 
     for (int i = 0; i < NPL; i++) k[i] = kp[lane + 32 * i], v[i] = vp[lane + 32 * i];
 }
 
-/* PF (CINFER_CUDA_ATTN_PF=1 or 2): each warp's next PF positions' k and v are requested before the current
- * one's dot product and update (one memory round trip a position instead of ~three: the block table, then k,
- * then v after the softmax), and under PDL a warp's first PF positions, rows of earlier steps, before waiting
- * for in_proj. The same values in the same order: the same bits. */
+/* PF (CINFER_CUDA_ATTN_PF=1): each warp's next PF positions' k and v (one: deeper measured no faster, H200
+ * session 6) are requested before the current one's dot product and update (one memory round trip a position
+ * instead of ~three: the block table, then k, then v after the softmax), and under PDL a warp's first PF
+ * positions, rows of earlier steps, before waiting for in_proj. The same values in the same order: the same
+ * bits. */
 template <int NPL, bool FUSED, int PF = 0>
 __global__ void __launch_bounds__(128) attn_kernel(cu_attn_args a) {
     __shared__ float sm_m[4], sm_l[4], sm_acc[4][NPL * 32];
@@ -312,7 +313,7 @@ extern "C" void cu_attn_layer(cu_ctx *c, const cu_attn_args *a) {
 /* decode-only batches (dec_cnt): one launch, prep and combine folded into attn_kernel */
 static int g_attn_pf = 0;
 extern "C" void cu_set_attn_decode_pf(int on) {
-    g_attn_pf = on >= 0 && on <= 3 ? on : 1;
+    g_attn_pf = on != 0;
 }
 /* the prefetch only for batches of at most g_attn_pf_rows rows (0: any; CINFER_CUDA_ATTN_PF_ROWS): H200
  * session 5, PDL on, 4B: +2% at batch 1, +4% at 32, -3% at 64. The same bits either way, so a row's result
@@ -324,10 +325,6 @@ extern "C" void cu_set_attn_decode_pf_rows(int rows) {
 template <int NPL> static void attn_decode_npl(cu_ctx *c, const cu_attn_args *a, dim3 grid) {
     if (g_attn_pf_rows && a->T > g_attn_pf_rows)
         cu_launch_step(c, PDL_ATTN, attn_kernel<NPL, true>, grid, dim3(128), *a);
-    else if (g_attn_pf == 3)
-        cu_launch_step(c, PDL_ATTN, attn_kernel<NPL, true, 3>, grid, dim3(128), *a);
-    else if (g_attn_pf == 2)
-        cu_launch_step(c, PDL_ATTN, attn_kernel<NPL, true, 2>, grid, dim3(128), *a);
     else if (g_attn_pf)
         cu_launch_step(c, PDL_ATTN, attn_kernel<NPL, true, 1>, grid, dim3(128), *a);
     else

@@ -28,7 +28,6 @@ struct cu_ctx {
      * by cu_set_gemv_next (forward_cuda.c sets it before a fused GEMV and clears it after) */
     const void *gemv_next;
     size_t gemv_next_bytes;
-    cu_pf_slots gemv_next_slots; /* CINFER_CUDA_L2PF_STATE: cu_set_gemv_next_slots, the same way */
 };
 
 __device__ __forceinline__ float bf16_f32(uint16_t h) {

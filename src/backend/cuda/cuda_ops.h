@@ -92,9 +92,9 @@ int cu_pdl_break_on(void);
 /* which kernels go by PDL (CINFER_CUDA_PDL_MASK, diagnostics; default 31, all): 1 embedding / norms / SwiGLU
  * / adds, 2 the fused DeltaNet decode kernel, 4 the fused attention decode kernel, 8 sampling, 16 GEMVs */
 void cu_set_pdl_mask(int mask);
-/* 1 (CINFER_CUDA_ATTN_PF=1, the default), 2, 3: the fused attention decode kernel requests each warp's next
- * 1 / 2 / 3 positions' k / v before the current one's arithmetic (and its first ones, under PDL, before
- * waiting for in_proj); 0 off; the same bits */
+/* 1 (CINFER_CUDA_ATTN_PF=1, the default): the fused attention decode kernel requests each warp's next
+ * position's k / v before the current one's arithmetic (and its first, under PDL, before waiting for
+ * in_proj); 0 off; the same bits */
 void cu_set_attn_decode_pf(int on);
 /* the prefetch above only in batches of at most rows rows (default 32; 0: any batch); the same bits */
 void cu_set_attn_decode_pf_rows(int rows);
@@ -160,15 +160,6 @@ void cu_set_gemv3_small_var4(int on);
  * of the GEMV after it — into L2 from the blocks of its second half once their loads are out; w NULL: none.
  * Weights only: no value changes */
 void cu_set_gemv_next(cu_ctx *c, const void *w, size_t bytes);
-/* CINFER_CUDA_L2PF_STATE: as cu_set_gemv_next, for per-sequence state: bytes at base + slot[e] * stride for
- * each of the n entries (slot: device ints, read by the kernel); base NULL: none */
-typedef struct cu_pf_slots {
-    const void *base;
-    const int *slot;
-    int n;
-    size_t stride, bytes;
-} cu_pf_slots;
-void cu_set_gemv_next_slots(cu_ctx *c, const cu_pf_slots *p);
 /* ---- the skinny GEMM on tensor cores (gemm_mma.cu) ---- */
 /* cu_gemv_fused's interface and fusions for up to 32 rows of x at a time (more in tiles of 32): bf16 weights
  * as the MMA's A operand, x split into bf16 hi + lo as its B operand (x to ~2^-17: ||dy|| / ||y|| ~ 1e-6),

@@ -36,8 +36,7 @@ __device__ __forceinline__ uint4 g3_ld(const uint16_t *p) {
 template <int MR, int NR, int U, bool NORM, int EPI, int VAR, int W = VAR & 2 ? 4 : G3_WARPS>
 __global__ void __launch_bounds__(W * 32, (MR == 1 ? 3 : 2) * 8 / W)
     gemv3_kernel(float *__restrict__ y, const float *__restrict__ x, const uint16_t *__restrict__ w, int N,
-                 int K, int KS, const float *__restrict__ g, float eps, const void *nx, size_t nx_bytes,
-                 cu_pf_slots ps) {
+                 int K, int KS, const float *__restrict__ g, float eps, const void *nx, size_t nx_bytes) {
     constexpr int ROWS = EPI == EPI_SWIGLU ? 2 * NR : NR;
     __shared__ float red[W][ROWS * MR + (NORM ? MR : 0)];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -139,10 +138,6 @@ __global__ void __launch_bounds__(W * 32, (MR == 1 ? 3 : 2) * 8 / W)
      * to run, while this kernel's DRAM demand falls off */
     if (nx && threadIdx.x == 0 && blockIdx.y == 0 && blockIdx.x >= gridDim.x / 2)
         l2_prefetch_part(nx, nx_bytes, blockIdx.x - gridDim.x / 2, gridDim.x - gridDim.x / 2);
-    if (ps.base && threadIdx.x == 0 && blockIdx.y == 0 && blockIdx.x >= gridDim.x / 2)
-        for (int e = 0; e < ps.n; e++)
-            l2_prefetch_part(static_cast<const char *>(ps.base) + (size_t)ps.slot[e] * ps.stride, ps.bytes,
-                             blockIdx.x - gridDim.x / 2, gridDim.x - gridDim.x / 2);
 #pragma unroll
     for (int r = 0; r < ROWS; r++)
 #pragma unroll
@@ -237,7 +232,7 @@ static void g3_launch(cu_ctx *c, float *y, const float *x, const uint16_t *w, in
     int per_block = W / KS * NR;
     dim3 grid(cdiv((size_t)N, (size_t)per_block), (unsigned)tiles);
     cu_launch_gemv(c, gemv3_kernel<MR, NR, U, NORM, EPI, VAR>, grid, dim3(W * 32), y, x, w, N, K, KS, g, eps,
-                   c->gemv_next, c->gemv_next_bytes, c->gemv_next_slots);
+                   c->gemv_next, c->gemv_next_bytes);
 }
 
 template <int VAR, bool NORM, int EPI>
@@ -332,13 +327,6 @@ static void g3_rows(cu_ctx *c, float *y, const float *x, const uint16_t *w, int 
 extern "C" void cu_set_gemv_next(cu_ctx *c, const void *w, size_t bytes) {
     c->gemv_next = bytes >= 16 ? w : NULL;
     c->gemv_next_bytes = bytes & ~(size_t)15;
-}
-extern "C" void cu_set_gemv_next_slots(cu_ctx *c, const cu_pf_slots *p) {
-    c->gemv_next_slots = cu_pf_slots();
-    if (p && p->base && p->slot && p->n > 0 && p->bytes >= 16 && !(p->stride & 15)) {
-        c->gemv_next_slots = *p;
-        c->gemv_next_slots.bytes &= ~(size_t)15;
-    }
 }
 
 extern "C" int cu_gemv_fused(cu_ctx *c, float *y, const float *x, const uint16_t *w, int M, int N, int K,
