@@ -3,7 +3,7 @@
 # CUDA backend, run the CUDA tests, then `cinfer bench --like SHAPE --device cuda` for the 4B, 35B-A3B and 27B
 # shapes and the transformers peer. Every stage has its own time limit and goes on past a failure; results
 # land in $OUT (log.txt: build; tests.txt; bench-*.txt; peer.txt).
-# The "old" stage runs the 4B and 35B-A3B shapes again with session 5's switches turned off (session 4's
+# The "old" stage runs the 4B and 35B-A3B shapes again with session 6's switches turned off (session 5's
 # defaults, as far as switches reach) beside the defaults of the "bench" stage (bench-old.txt). 8 files in $OUT at
 # most.
 # usage: OUT=dir bash bench/run_cuda.sh [STAGES]   (STAGES: any of build tests bench old peer; default all)
@@ -90,11 +90,11 @@ if has bench; then
         grep -v "cinfer synth: writing" >> "$OUT/bench-qwen3.5-4b.txt"
 fi
 if has old; then
-    # session 4's defaults (before PDL across the decode step, the attention decode prefetch, the key split and
-    # the K/V pre-split of the prefill attention, the mma.sync DeltaNet prefill, the padded + warmed GEMM shapes
-    # and device-side prefix snapshots), beside the defaults of the bench stage: one run says what the new
-    # defaults are worth (the MoE router's batched loads have no switch: the same bits, always on)
-    OLD="CINFER_CUDA_PDL=0 CINFER_CUDA_ATTN_PF=0 CINFER_CUDA_ATTN_SPLIT=0 CINFER_CUDA_ATTN_KV16=0 CINFER_CUDA_GDN_DT=stage CINFER_CUDA_GEMM_PAD=0 CINFER_CUDA_WARMUP=0 CINFER_PREFIX_GAP=0 CINFER_PREFIX_DEVICE=0"
+    # session 5's defaults (before the L2 prefetch of the next GEMV's weights, the early chunk requests of the
+    # <= 4096-output GEMVs, the attention prefetch only up to 32 rows, the attention splits rounded to 8, the
+    # MoE router's L2 prefetch of the shared expert, the MoE prefill forms and the pre-split prefill GEMM
+    # inputs), beside the defaults of the bench stage: one run says what the new defaults are worth
+    OLD="CINFER_CUDA_L2PF_NEXT=0 CINFER_CUDA_GEMV_VAR4=0 CINFER_CUDA_ATTN_PF_ROWS=0 CINFER_CUDA_ATTN_ROUND=0 CINFER_CUDA_MOE_VARIANT=12 CINFER_CUDA_MOE_PF=0 CINFER_CUDA_PF_SPLIT=0"
     : > "$OUT/bench-old.txt"
     for s in qwen3.5-4b:90 qwen3.5-35b-a3b:120; do
         shape=${s%%:*} lim=${s##*:}
