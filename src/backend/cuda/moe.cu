@@ -5,6 +5,18 @@
 #define ROUTE_MAX_E 1024
 #define ROUTE_MAX_K 32
 
+/* the warp's largest (bv, bi) into every lane, ties to the lower index (both routers' selection step) */
+__device__ __forceinline__ void warp_argmax(float &bv, int &bi) {
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ov > bv || (ov == bv && oi < bi)) {
+            bv = ov;
+            bi = oi;
+        }
+    }
+}
+
 /* a warp per row; ties go to the lower expert index, as the CPU's stable descending selection */
 __global__ void route_kernel(const float *logits, int *idx, float *w, int E, int k, int norm) {
     __shared__ float p[ROUTE_MAX_E];
@@ -35,14 +47,7 @@ __global__ void route_kernel(const float *logits, int *idx, float *w, int E, int
                 bi = e;
             }
         }
-        for (int o = 16; o > 0; o >>= 1) {
-            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ov > bv || (ov == bv && oi < bi)) {
-                bv = ov;
-                bi = oi;
-            }
-        }
+        warp_argmax(bv, bi);
         if (lane == 0) chosen[j] = bi;
         __syncwarp();
     }
@@ -99,14 +104,7 @@ __global__ void __launch_bounds__(128)
 #pragma unroll
         for (int i = 0; i < NPL; i++) /* ascending e: strictly greater keeps the lower index */
             if (p[i] > bv) bv = p[i], bi = lane + 32 * i;
-        for (int o = 16; o > 0; o >>= 1) {
-            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ov > bv || (ov == bv && oi < bi)) {
-                bv = ov;
-                bi = oi;
-            }
-        }
+        warp_argmax(bv, bi);
         if (lane == j) ci = bi, cv = bv;
         if (bi < E && (bi & 31) == lane) {
 #pragma unroll
