@@ -15,15 +15,8 @@
 #include "model/forward_cuda.h"
 #include "runtime/ctx_internal.h"
 #include "runtime/engine_internal.h"
+#include "fixture.h"
 #include "test.h"
-
-static cinfer_model *open_fixture(const char *name) {
-    char dir[512], err[512];
-    snprintf(dir, sizeof dir, "%s/%s", test_fixtures_dir(), name);
-    cinfer_model *m = NULL;
-    if (cinfer_model_open(dir, &m, err, sizeof err)) test_fail(__FILE__, __LINE__, "%s", err);
-    return m;
-}
 
 static int argmax(const float *x, int n) {
     int b = 0;
