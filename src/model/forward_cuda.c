@@ -305,6 +305,7 @@ struct cuda_fwd {
     int diag_ab, diag_skip, diag_dup;
     size_t l2pf_next; /* CINFER_CUDA_L2PF_NEXT=MB: bytes of the next GEMV's head each fused GEMV prefetches */
     int attn_round;   /* CINFER_CUDA_ATTN_ROUND (default 1): attn_split rounds nsplit up */
+    int attn_dec_ns;  /* CINFER_CUDA_ATTN_DEC=2: cu_attn_args.dec_nsmax (CINFER_CUDA_ATTN_DEC_NS), else 0 */
     int l2pf_next_rows; /* CINFER_CUDA_L2PF_NEXT_ROWS (default 32): L2PF_NEXT only in steps of at most this
                            many rows */
     int step_rows;      /* the rows of the step enqueue() is building */
@@ -502,6 +503,9 @@ static int alloc_scratch(cuda_fwd *f, char *err, size_t errlen) {
     (void)kvd;
     /* attention partials: splits are only used while rows x heads < ATTN_TARGET_BLOCKS (see attn_split) */
     f->part_floats = (size_t)2 * ATTN_TARGET_BLOCKS * (size_t)(m->hd + 2);
+    /* CINFER_CUDA_ATTN_DEC=2: up to attn_dec_ns spans for any row (a row's spans follow its own position) */
+    if (f->attn_dec_ns)
+        f->part_floats = zmax(f->part_floats, T * m->Hq * (size_t)f->attn_dec_ns * (size_t)(m->hd + 2));
     size_t *a = &f->bytes_scratch;
     int rc;
     if ((rc = dev_alloc(f, (void **)&f->x, T * H * 4, a, err, errlen)) ||
@@ -688,6 +692,12 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     f->l2pf_next_rows = l2r ? (atoi(l2r) > 0 ? atoi(l2r) : 0) : 32;
     const char *aro = getenv("CINFER_CUDA_ATTN_ROUND"); /* "0": nsplit exact (a capture every 64 positions) */
     f->attn_round = !(aro && !strcmp(aro, "0"));
+    /* CINFER_CUDA_ATTN_DEC=2: decode rows (and verify windows' rows, no tiles) by attn_dec_kernel, a block per
+     * (kv head, row, span) for the GQA group, spans from the row's own position, at most
+     * CINFER_CUDA_ATTN_DEC_NS (default 32) a row; another summation order than attn_kernel */
+    const char *adec = getenv("CINFER_CUDA_ATTN_DEC"), *adns = getenv("CINFER_CUDA_ATTN_DEC_NS");
+    f->attn_dec_ns = adec && !strcmp(adec, "2") ? (adns && atoi(adns) > 0 ? atoi(adns) : 32) : 0;
+    if (f->attn_dec_ns > 256) f->attn_dec_ns = 256;
     const char *gv4 = getenv("CINFER_CUDA_GEMV_VAR4"); /* "0": the small GEMVs' earlier variant at one row */
     cu_set_gemv3_small_var4(!(gv4 && !strcmp(gv4, "0")));
     const char *apr = getenv("CINFER_CUDA_ATTN_PF_ROWS"); /* the attention prefetch up to this many rows */
@@ -1237,6 +1247,7 @@ static void attention(cuda_fwd *f, const cu_layer *cl, int full, const run_shape
     a.rope3 = rs->rope3, a.mrope_h = m->cfg.mrope_section[1], a.mrope_w = m->cfg.mrope_section[2];
     /* decode-only steps of the model (the MTP head's calls leave no_chunked 0) */
     a.dec_cnt = rs->no_chunked && !rs->has_spec && !rs->tiles ? f->attn_cnt : NULL;
+    a.dec_nsmax = f->attn_dec_ns;
     /* CINFER_CUDA_PF_SPLIT: tensor-core tiles without key splits write every row's output themselves */
     int Mb = out_split_rows(f, T, m->Hq * m->hd, fz, a.tiles && a.tc && !a.split.work);
     if (Mb) a.o_xb = f->xb, a.o_lo = (size_t)Mb * m->Hq * m->hd;
@@ -1635,6 +1646,11 @@ done:
 /* attention position splits: enough (rows x heads x splits) blocks to fill the device at decode, none when
  * the rows alone do; spans are powers of two times 64 so a decode graph stays valid for many steps */
 static void attn_split(const cuda_fwd *f, int T, int maxpos, int *span, int *nsplit) {
+    if (f->attn_dec_ns) { /* attn_dec_kernel: spans per row from its own position; span is not used */
+        *span = CU_ATTN_DEC_CH;
+        *nsplit = cu_attn_dec_grid(maxpos, f->attn_dec_ns);
+        return;
+    }
     int rows = T * f->m->Hq, want = rows >= ATTN_TARGET_BLOCKS ? 1 : (ATTN_TARGET_BLOCKS + rows - 1) / rows;
     int s = 64;
     while ((maxpos + 1 + s - 1) / s > want) s *= 2;

@@ -355,7 +355,8 @@ static void rope_ref(float *x, int R, int pos, const float *inv) {
  * on one copy of the pools, the fused kernel on another (outputs and pools bitwise equal), an f64 CPU
  * reference (within 1e-5). span: positions per split (1 << 20: one split); the splits are counted from the
  * longest entry, so shorter ones have empty splits (as in a decode graph kept over several steps) */
-static void attn_fused_case(int Hq, int Hkv, int hd, int span, const int *lens, int NE, int steps) {
+static void attn_fused_case(int Hq, int Hkv, int hd, int span, const int *lens, int NE, int steps,
+                            int nsmax) {
     char err[256];
     cu_ctx *c;
     REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
@@ -391,7 +392,7 @@ static void attn_fused_case(int Hq, int Hkv, int hd, int span, const int *lens, 
 #define KROW(P, i, pos) (P + (((size_t)full * n_blocks + tables[i][(pos) / 16]) * 16 + (pos) % 16) * kvd)
     for (int s = 0; s < steps; s++) {
         int maxpos = maxlen + s;
-        nsplit = (maxpos + span) / span;
+        nsplit = nsmax ? cu_attn_dec_grid(maxpos, nsmax) : (maxpos + span) / span;
         float *qkv = rnd((size_t)NE * ld, 1.0f);
         /* CPU: the rows' k and v into the pools, then softmax attention in f64 */
         for (int i = 0; i < NE; i++) {
@@ -458,6 +459,7 @@ static void attn_fused_case(int Hq, int Hkv, int hd, int span, const int *lens, 
             cu_fill_f32(c, a.o, no, NAN), cu_fill_f32(c, a.part, (size_t)NE * Hq * ns * (hd + 2), NAN);
             a.span = span, a.nsplit = ns, a.eps = eps, a.meta = meta;
             a.dec_cnt = fused ? cnt : NULL;
+            a.dec_nsmax = nsmax;
             cu_attn_layer(c, &a);
             if (cu_sync(c, err, sizeof err)) test_fail(__FILE__, __LINE__, "cu_attn_layer: %s", err);
             out[pass] = get(a.o, no);
@@ -495,9 +497,9 @@ static void attn_fused_case(int Hq, int Hkv, int hd, int span, const int *lens, 
     int zero = 1;
     for (int i = 0; i < NE * Hq; i++) zero &= hc[i] == 0;
     CHECK_MSG(zero, "attention hd=%d: the fused kernel's counters were not set back to 0", hd);
-    printf("     attention Hq %d Hkv %d hd %d, %d rows, %d splits, %d steps: fused == three kernels bitwise "
+    printf("     attention Hq %d Hkv %d hd %d%s, %d rows, %d splits, %d steps: fused == unfused bitwise "
            "(outputs, pools); vs cpu <= %.2e, K pool %.2e\n",
-           Hq, Hkv, hd, NE, nsplit, steps, worst, rk);
+           Hq, Hkv, hd, nsmax ? " (dec kernel)" : "", NE, nsplit, steps, worst, rk);
 #undef KROW
     free(hc), free(ku), free(kf), free(vu), free(vf);
     for (int i = 0; i < NE; i++) free(tables[i]);
@@ -510,10 +512,24 @@ static void attn_fused_case(int Hq, int Hkv, int hd, int span, const int *lens, 
 TEST(cuda_fused_attention_decode) {
     if (cuda_devices() < 1) SKIP("no CUDA device: skipped");
     static const int l1[] = {517}, l4[] = {20, 300, 100, 70};
-    attn_fused_case(16, 4, 256, 64, l1, 1, 3);      /* the 4B shape at batch 1: 9 splits */
-    attn_fused_case(16, 4, 256, 1 << 20, l1, 1, 2); /* one split: no merge */
-    attn_fused_case(4, 2, 64, 64, l4, 4, 3);        /* empty splits for the shorter rows */
-    attn_fused_case(8, 1, 128, 1 << 20, l4, 4, 2);
+    attn_fused_case(16, 4, 256, 64, l1, 1, 3, 0);      /* the 4B shape at batch 1: 9 splits */
+    attn_fused_case(16, 4, 256, 1 << 20, l1, 1, 2, 0); /* one split: no merge */
+    attn_fused_case(4, 2, 64, 64, l4, 4, 3, 0);        /* empty splits for the shorter rows */
+    attn_fused_case(8, 1, 128, 1 << 20, l4, 4, 2, 0);
+}
+
+/* the same for CINFER_CUDA_ATTN_DEC=2's kernel (cu_attn_args.dec_nsmax): fused (prep, merge in the last
+ * block, PDL's early loads) against its unfused form bitwise and the CPU; spans of 32 (17 at 517 positions),
+ * three long spans, one span of many chunks; rows whose spans differ in one launch; G = 4, 2, 8, 6 */
+TEST(cuda_fused_attention_dec) {
+    if (cuda_devices() < 1) SKIP("no CUDA device: skipped");
+    static const int l1[] = {517}, l4[] = {20, 300, 100, 70}, l3[] = {1000, 31, 64};
+    attn_fused_case(16, 4, 256, 0, l1, 1, 3, 32);
+    attn_fused_case(16, 4, 256, 0, l1, 1, 2, 3);
+    attn_fused_case(16, 4, 256, 0, l1, 1, 2, 1);
+    attn_fused_case(4, 2, 64, 0, l4, 4, 3, 32);
+    attn_fused_case(8, 1, 128, 0, l4, 4, 2, 4);
+    attn_fused_case(24, 4, 256, 0, l3, 3, 2, 32);
 }
 
 #else

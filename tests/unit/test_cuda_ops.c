@@ -858,6 +858,9 @@ static const test_entry attn_ents[] = {{0, 40, 0},  {20, 1, 0},  {100, 3, 0},
 /* long prefills: 600 rows from 0, 300 rows after 500 */
 static const test_entry attn_long_ents[] = {{0, 600, 0}, {500, 300, 0}, {900, 1, 0}};
 
+/* > 0: the untiled cases run attn_dec_kernel (cu_attn_args.dec_nsmax) with at most this many spans a row */
+static int g_dec_ns = 0;
+
 /* tiled: 0 a block per (row, head[, span]); 1 the prefill tiles; 2 the prefill tiles by the scalar kernel,
  * then on the tensor cores from the same inputs (against the CPU and against the scalar tiles).
  * gain: q_norm / k_norm weights scaled by it (scores gain^2 larger: the peaked softmax of trained models) */
@@ -967,6 +970,7 @@ static void attn_case_ex(int Hq, int Hkv, int hd, int span, int tiled, const tes
         a.vpool = dup_dev(vp, pool_n * 4);
         a.o = nan_dev(c, (size_t)T * Hq * hd);
         a.span = span, a.nsplit = (maxpos + span) / span;
+        if (g_dec_ns && !tiled) a.dec_nsmax = g_dec_ns, a.nsplit = cu_attn_dec_grid(maxpos, g_dec_ns);
         a.part = nan_dev(c, (size_t)T * Hq * a.nsplit * (hd + 2));
         if (tiled) a.tiles = mode ? dtc : dtiles, a.n_tiles = mode ? ntc : nt;
         a.tc = mode > 0;
@@ -996,6 +1000,9 @@ static void attn_case_ex(int Hq, int Hkv, int hd, int span, int tiled, const tes
         else if (tiled)
             snprintf(what, sizeof what, "attention Hq=%d Hkv=%d hd=%d gain %g tiles of %d rows: output", Hq,
                      Hkv, hd, gain, CU_ATTN_TILE);
+        else if (g_dec_ns)
+            snprintf(what, sizeof what, "attention Hq=%d Hkv=%d hd=%d dec kernel (<= %d spans a row): output",
+                     Hq, Hkv, hd, g_dec_ns);
         else
             snprintf(what, sizeof what, "attention hd=%d span=%d (%d splits): output", hd, span, a.nsplit);
         /* against the f64 reference: the f32 paths' bound; the tensor cores (TF32 hi + lo): the scalar
@@ -1094,6 +1101,24 @@ TEST(cuda_attention_layer_vs_cpu) {
     attn_case(4, 2, 64, 1 << 20, 1); /* prefill tiles */
     attn_case(8, 2, 256, 1 << 20, 1);
     attn_case(2, 1, 32, 1 << 20, 1);
+}
+
+/* CINFER_CUDA_ATTN_DEC=2's kernel (a block per kv head serving its q heads, spans from each row's position)
+ * on the same untiled batches (rows of windows, decode rows): one span (several chunks of 32 positions), a
+ * few long spans, spans of 32; GQA 1, 2, 4, 6, 8; f32 bound against the f64 reference */
+TEST(cuda_attention_dec_vs_cpu) {
+    if (NO_DEVICE()) SKIP("no CUDA device: skipped");
+    static const int nss[] = {1, 3, 32};
+    for (int i = 0; i < 3; i++) {
+        g_dec_ns = nss[i];
+        attn_case(4, 2, 64, 1 << 20, 0);
+        attn_case(8, 2, 256, 1 << 20, 0);
+        attn_case(16, 4, 256, 1 << 20, 0);
+        attn_case(12, 2, 256, 1 << 20, 0);
+        attn_case(8, 1, 128, 1 << 20, 0);
+        attn_case(3, 3, 32, 1 << 20, 0);
+    }
+    g_dec_ns = 0;
 }
 
 /* the tensor-core prefill tiles (CINFER_CUDA_PREFILL=tc|attn): GQA ratios 1, 2, 3, 4, 6, 8 (query heads per

@@ -265,6 +265,318 @@ __global__ void attn_split_merge_kernel(cu_attn_args a) {
         ns);
 }
 
+/* ---- CINFER_CUDA_ATTN_DEC=2 (cu_attn_args.dec_nsmax > 0): the GQA decode kernel ----
+ * A block per (kv head, row, span) serves the G = Hq / Hkv q heads sharing the kv head: each K / V row is
+ * read once for all of them (attn_kernel reads it once per q head). The span's positions go through shared
+ * memory in chunks of CU_ATTN_DEC_CH rows requested at once by cp.async, double-buffered (one memory latency
+ * a chunk, not one a position), and under PDL the first chunk (rows of earlier steps) before waiting for
+ * in_proj. Per chunk: the (q head, position) scores in parallel (a thread a dot product), per head the
+ * chunk's max and sum over the lanes of one warp (an online softmax over the chunks), then P.V with each
+ * thread owning 4 output dims of some heads. A row's span count follows its own position (cu_attn_dec_span),
+ * so its bits do not depend on the other rows of the launch. FUSED (dec_cnt): q / k norm + RoPE and the own
+ * position's K / V write folded in as in attn_kernel, and the last block of a (row, kv head) merges the spans
+ * of its G heads (dec_merge); else attn_prep_kernel before and attn_dec_combine_kernel after, the same
+ * arithmetic. */
+#define DEC_NT   128 /* threads */
+#define DEC_GMAX 8   /* q heads per thread in P.V (G <= DEC_GMAX x threads per output column) */
+
+__device__ __forceinline__ void cp_async16(void *dst, const void *src) {
+    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit(void) {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void cp_async_wait(void) {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ int dec_span(int pos, int nsmax, int *ns) {
+    int n = pos + 1, s = CU_ATTN_DEC_CH;
+    while ((n + s - 1) / s > nsmax) s *= 2;
+    *ns = (n + s - 1) / s;
+    return s;
+}
+
+/* shared memory of attn_dec_kernel: two stages of K [CH][hd + 4] (padded: the CH rows' float4 at one column
+ * fall in distinct banks) and V [CH][hd], q [G][hd], p [G][CH], the own k [hd], per head m, l, corr [G] */
+static size_t dec_smem(int hd, int G) {
+    return ((size_t)2 * CU_ATTN_DEC_CH * (2 * hd + 4) + (size_t)G * hd + (size_t)G * CU_ATTN_DEC_CH + hd +
+            3 * (size_t)G) *
+           sizeof(float);
+}
+
+/* the merge of a (row, kv head)'s ns spans for its G heads into o (gate applied): per head the weights
+ * expf(m_s - M) and L = sum_s l_s w_s in order of s, then each thread its 4 dims of some heads, sum_s w_s
+ * acc_s in order of s. sw: [G][ns] + [G] floats of shared memory */
+__device__ __forceinline__ void dec_merge(const cu_attn_args &a, int kvh, int r, int ns, float *sw) {
+    int hd = a.hd, G = a.Hq / a.Hkv, tid = threadIdx.x;
+    size_t st = (size_t)(hd + 2);
+    const float *p0 = a.part + ((size_t)r * a.Hq + (size_t)kvh * G) * a.nsplit * st;
+    float *sL = sw + G * ns;
+    for (int g = tid; g < G; g += DEC_NT) {
+        const float *pg = p0 + (size_t)g * a.nsplit * st;
+        float M = -INFINITY;
+        for (int s = 0; s < ns; s++) M = fmaxf(M, __ldcg(pg + s * st));
+        float L = 0.0f;
+        for (int s = 0; s < ns; s++) {
+            float l = __ldcg(pg + s * st + 1), w = l > 0.0f ? expf(__ldcg(pg + s * st) - M) : 0.0f;
+            sw[g * ns + s] = w;
+            L = fmaf(l, w, L);
+        }
+        sL[g] = L;
+    }
+    __syncthreads();
+    int C4 = hd / 4;
+    for (int i = tid; i < G * C4; i += DEC_NT) {
+        int g = i / C4, d = 4 * (i % C4), h = kvh * G + g;
+        const float *pg = p0 + (size_t)g * a.nsplit * st + 2 + d;
+        float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 4
+        for (int s = 0; s < ns; s++) {
+            float w = sw[g * ns + s];
+            const float *q = pg + s * st;
+            o.x = fmaf(__ldcg(q), w, o.x), o.y = fmaf(__ldcg(q + 1), w, o.y);
+            o.z = fmaf(__ldcg(q + 2), w, o.z), o.w = fmaf(__ldcg(q + 3), w, o.w);
+        }
+        float L = sL[g];
+        const float *gate = a.qkv + (size_t)r * a.ld + (size_t)h * 2 * hd + hd + d;
+        float *out = a.o + (size_t)r * a.Hq * hd + (size_t)h * hd + d;
+        out[0] = (o.x / L) * dev_sigmoid(gate[0]), out[1] = (o.y / L) * dev_sigmoid(gate[1]);
+        out[2] = (o.z / L) * dev_sigmoid(gate[2]), out[3] = (o.w / L) * dev_sigmoid(gate[3]);
+    }
+}
+
+template <int NPL, bool FUSED> __global__ void __launch_bounds__(DEC_NT) attn_dec_kernel(cu_attn_args a) {
+    extern __shared__ float4 dec_sm4[];
+    constexpr int hd = NPL * 32, CH = CU_ATTN_DEC_CH, KS = hd + 4, C4 = hd / 4;
+    constexpr int TPC = DEC_NT / C4 > 0 ? DEC_NT / C4 : 1; /* threads per output column in P.V */
+    const int G = a.Hq / a.Hkv, kvh = blockIdx.x, r = blockIdx.y, sp = blockIdx.z, tid = threadIdx.x,
+              warp = tid >> 5, lane = tid & 31;
+    float *sm = reinterpret_cast<float *>(dec_sm4);
+    float *Ks = sm, *Vs = Ks + 2 * CH * KS, *Qs = Vs + 2 * CH * hd, *Ps = Qs + G * hd, *Kc = Ps + G * CH,
+          *Sm = Kc + hd, *Sl = Sm + G, *Sc = Sl + G;
+    __shared__ int last;
+    const int pos = a.meta.row_pos[r], e = a.meta.row_entry[r];
+    int ns, span = dec_span(pos, a.dec_nsmax < a.nsplit ? a.dec_nsmax : a.nsplit, &ns);
+    const int start = sp * span, end = pos + 1 < start + span ? pos + 1 : start + span;
+    const int *blocks = a.meta.blocks + a.meta.e_boff[e];
+    /* an MTP head resumed mid-sequence attends only to its own rows (meta.e_astart) */
+    int from = a.meta.e_astart ? a.meta.e_astart[e] : 0;
+    if (from < start) from = start;
+    const int nch = sp < ns && from < end ? (end - from + CH - 1) / CH : 0;
+    /* chunk c's rows into stage c & 1 (FUSED: not the own position, which no kernel has written yet) */
+    auto issue = [&](int c) {
+        int c0 = from + c * CH, nj = end - c0 < CH ? end - c0 : CH;
+        float *kb = Ks + (c & 1) * CH * KS, *vb = Vs + (c & 1) * CH * hd;
+        for (int i = tid; i < nj * C4; i += DEC_NT) {
+            int j = i / C4, d = 4 * (i % C4), u = c0 + j;
+            if (FUSED && u == pos) continue;
+            size_t o = (size_t)kvh * hd + d;
+            cp_async16(kb + j * KS + d, kv_row(a.kpool, a, blocks, u) + o);
+            cp_async16(vb + j * hd + d, kv_row(a.vpool, a, blocks, u) + o);
+        }
+        cp_async_commit();
+    };
+    if (FUSED && nch > 0) issue(0); /* rows of earlier steps: before the wait under PDL (common.cuh) */
+    if (FUSED) {
+        griddep_wait();
+        griddep_launch();
+    }
+    if (sp >= ns) return;
+    const float *row = a.qkv + (size_t)r * a.ld;
+    const float *vcur = row + (size_t)a.Hq * 2 * hd + (size_t)(a.Hkv + kvh) * hd;
+    const int own = end == pos + 1; /* this span holds the row's own position */
+    if (!FUSED && nch > 0) issue(0);
+    if (FUSED) {
+        for (int w = warp; w < G + own; w += DEC_NT / 32) {
+            if (w < G)
+                norm_rope_warp(a, row + (size_t)(kvh * G + w) * 2 * hd, a.q_norm, Qs + w * hd, r, pos, lane);
+            else
+                norm_rope_warp(a, row + (size_t)a.Hq * 2 * hd + (size_t)kvh * hd, a.k_norm, Kc, r, pos, lane);
+        }
+        __syncthreads();
+        if (own) {
+            float *kd = kv_row(a.kpool, a, blocks, pos) + (size_t)kvh * hd;
+            float *vd = kv_row(a.vpool, a, blocks, pos) + (size_t)kvh * hd;
+            for (int i = tid; i < hd; i += DEC_NT) kd[i] = Kc[i], vd[i] = vcur[i];
+        }
+    } else {
+        for (int i = tid; i < G * hd; i += DEC_NT) Qs[i] = row[(size_t)(kvh * G + i / hd) * 2 * hd + i % hd];
+    }
+    for (int g = tid; g < G; g += DEC_NT) Sm[g] = -INFINITY, Sl[g] = 0.0f;
+    __syncthreads();
+    const float scale = (float)(1.0 / sqrt((double)hd));
+    /* P.V: thread tid owns dims 4 (tid % C4) .. + 3 of heads tid / C4, + TPC, ... */
+    const int pc = tid % C4, pg0 = tid / C4;
+    float4 acc[DEC_GMAX];
+#pragma unroll
+    for (int i = 0; i < DEC_GMAX; i++) acc[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int c = 0; c < nch; c++) {
+        int c0 = from + c * CH, nj = end - c0 < CH ? end - c0 : CH;
+        if (c + 1 < nch) {
+            issue(c + 1);
+            cp_async_wait<1>();
+        } else
+            cp_async_wait<0>();
+        float *kb = Ks + (c & 1) * CH * KS, *vb = Vs + (c & 1) * CH * hd;
+        if (FUSED && pos >= c0 && pos < c0 + nj) {
+            int j = pos - c0;
+            for (int i = tid; i < hd; i += DEC_NT) kb[j * KS + i] = Kc[i], vb[j * hd + i] = vcur[i];
+        }
+        __syncthreads();
+        /* scores: thread (g, j) of index g * CH + j; a warp's lanes are the CH positions of one head */
+        for (int i = tid; i < G * CH; i += DEC_NT) {
+            int g = i / CH, j = i % CH;
+            float s = -INFINITY;
+            if (j < nj) {
+                const float4 *q4 = reinterpret_cast<const float4 *>(Qs + g * hd),
+                             *k4 = reinterpret_cast<const float4 *>(kb + j * KS);
+                float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+#pragma unroll 8
+                for (int d = 0; d < C4; d++) {
+                    float4 q = q4[d], k = k4[d];
+                    s0 = fmaf(q.x, k.x, s0), s1 = fmaf(q.y, k.y, s1);
+                    s2 = fmaf(q.z, k.z, s2), s3 = fmaf(q.w, k.w, s3);
+                }
+                s = ((s0 + s1) + (s2 + s3)) * scale;
+            }
+            /* the chunk's max and sum over the head's CH lanes (CH = 32: one warp) */
+            float mc = warp_max(s), mo = Sm[g], mn = fmaxf(mo, mc);
+            float p = j < nj ? expf(s - mn) : 0.0f, ps = warp_sum(p);
+            Ps[g * CH + j] = p;
+            __syncwarp();
+            if (j == 0) {
+                float corr = expf(mo - mn); /* mo = -inf on the first chunk: 0 */
+                Sc[g] = corr;
+                Sl[g] = fmaf(Sl[g], corr, ps);
+                Sm[g] = mn;
+            }
+        }
+        __syncthreads();
+        if (pc < C4) {
+            const float4 *v4 = reinterpret_cast<const float4 *>(vb) + pc;
+#pragma unroll
+            for (int gi = 0; gi < DEC_GMAX; gi++) {
+                int g = pg0 + gi * TPC;
+                if (g >= G) break;
+                float corr = Sc[g];
+                float4 o = acc[gi];
+                o.x *= corr, o.y *= corr, o.z *= corr, o.w *= corr;
+                const float *pp = Ps + g * CH;
+                for (int j = 0; j < nj; j++) {
+                    float p = pp[j];
+                    float4 v = v4[j * C4];
+                    o.x = fmaf(p, v.x, o.x), o.y = fmaf(p, v.y, o.y);
+                    o.z = fmaf(p, v.z, o.z), o.w = fmaf(p, v.w, o.w);
+                }
+                acc[gi] = o;
+            }
+        }
+        __syncthreads();
+    }
+    /* the span's result: the output (one span) or its partial */
+    const size_t st = (size_t)(hd + 2);
+#pragma unroll
+    for (int gi = 0; gi < DEC_GMAX; gi++) {
+        int g = pg0 + gi * TPC, h = kvh * G + g, d = 4 * pc;
+        if (g >= G) break;
+        float4 o = acc[gi];
+        if (ns == 1) {
+            float L = Sl[g];
+            const float *gate = row + (size_t)h * 2 * hd + hd + d;
+            float *out = a.o + (size_t)r * a.Hq * hd + (size_t)h * hd + d;
+            out[0] = (o.x / L) * dev_sigmoid(gate[0]), out[1] = (o.y / L) * dev_sigmoid(gate[1]);
+            out[2] = (o.z / L) * dev_sigmoid(gate[2]), out[3] = (o.w / L) * dev_sigmoid(gate[3]);
+        } else {
+            float *p = a.part + (((size_t)r * a.Hq + h) * a.nsplit + sp) * st;
+            p[2 + d] = o.x, p[3 + d] = o.y, p[4 + d] = o.z, p[5 + d] = o.w;
+            if (d == 0) p[0] = Sm[g], p[1] = Sl[g];
+        }
+    }
+    if (!FUSED || ns == 1) return;
+    __threadfence();
+    __syncthreads();
+    unsigned *cnt = a.dec_cnt + (size_t)r * a.Hq + kvh;
+    if (tid == 0) last = atomicAdd(cnt, 1u) == (unsigned)(ns - 1);
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    dec_merge(a, kvh, r, ns, Ks); /* the stages are free now */
+    if (tid == 0) *cnt = 0u;      /* ready for the next launch */
+}
+
+/* the unfused form's merge: a block per (kv head, row) with more than one span */
+__global__ void __launch_bounds__(DEC_NT) attn_dec_combine_kernel(cu_attn_args a) {
+    extern __shared__ float sw[]; /* [G][nsplit] + [G] */
+    int kvh = blockIdx.x, r = blockIdx.y, ns;
+    dec_span(a.meta.row_pos[r], a.dec_nsmax < a.nsplit ? a.dec_nsmax : a.nsplit, &ns);
+    if (ns > 1) dec_merge(a, kvh, r, ns, sw);
+}
+
+/* 1 when attn_dec_kernel serves the shape: G within the heads a thread holds in P.V, the fused merge's
+ * weights within the stages' shared memory, and the shared memory within the device (the kernels' limit
+ * raised once, for the largest G served) */
+template <int NPL> static int dec_ready(int G, int nsplit) {
+    static int ok = 0; /* 1 yes, -1 no, 0 not asked yet */
+    constexpr int hd = NPL * 32, tpc = DEC_NT / (hd / 4) > 0 ? DEC_NT / (hd / 4) : 1;
+    if (hd / 4 > DEC_NT || G > DEC_GMAX * tpc ||
+        (size_t)G * (nsplit + 1) > (size_t)2 * CU_ATTN_DEC_CH * (hd + 4))
+        return 0;
+    if (!ok) {
+        int dev = 0, optin = 0;
+        size_t need = dec_smem(hd, DEC_GMAX * tpc);
+        cudaGetDevice(&dev);
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+        ok = need <= (size_t)optin &&
+                     cudaFuncSetAttribute(attn_dec_kernel<NPL, true>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          (int)need) == cudaSuccess &&
+                     cudaFuncSetAttribute(attn_dec_kernel<NPL, false>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          (int)need) == cudaSuccess
+                 ? 1
+                 : -1;
+    }
+    return ok > 0;
+}
+
+/* the decode rows by attn_dec_kernel; 0 when it does not serve the shape (the caller then runs attn_kernel)
+ */
+template <int NPL> static int attn_dec_npl(cu_ctx *c, const cu_attn_args *a) {
+    int G = a->Hq / a->Hkv;
+    if (!dec_ready<NPL>(G, a->nsplit)) return 0;
+    dim3 grid((unsigned)a->Hkv, (unsigned)a->T, (unsigned)a->nsplit);
+    size_t sm = dec_smem(NPL * 32, G);
+    if (a->dec_cnt) {
+        cu_launch_pdl_smem(c, cu_pdl_on() >= 2 && (cu_pdl_mask() & PDL_ATTN), attn_dec_kernel<NPL, true>,
+                           grid, dim3(DEC_NT), sm, *a);
+        return 1;
+    }
+    attn_prep_kernel<<<a->T, 128, 0, c->stream>>>(*a);
+    attn_dec_kernel<NPL, false><<<grid, DEC_NT, sm, c->stream>>>(*a);
+    if (a->nsplit > 1)
+        attn_dec_combine_kernel<<<dim3((unsigned)a->Hkv, (unsigned)a->T), DEC_NT,
+                                  (size_t)G *(a->nsplit + 1) * sizeof(float), c->stream>>>(*a);
+    return 1;
+}
+static int attn_dec(cu_ctx *c, const cu_attn_args *a) {
+    switch (a->hd / 32) {
+    case 1:
+        return attn_dec_npl<1>(c, a);
+    case 2:
+        return attn_dec_npl<2>(c, a);
+    case 4:
+        return attn_dec_npl<4>(c, a);
+    case 8:
+        return attn_dec_npl<8>(c, a);
+    case 16:
+        return attn_dec_npl<16>(c, a);
+    default:
+        return 0;
+    }
+}
+
 extern "C" void cu_attn_tiled(cu_ctx *c, const cu_attn_args *a);
 extern "C" void cu_attn_tiled_tc(cu_ctx *c, const cu_attn_args *a); /* attention_tc.cu */
 
@@ -272,6 +584,7 @@ static void attn_decode_fused(cu_ctx *c, const cu_attn_args *a);
 
 extern "C" void cu_attn_layer(cu_ctx *c, const cu_attn_args *a) {
     if (a->T <= 0) return;
+    if (a->dec_nsmax > 0 && !a->tiles && attn_dec(c, a)) return;
     if (a->dec_cnt && !a->tiles) {
         attn_decode_fused(c, a);
         return;

@@ -383,7 +383,30 @@ typedef struct cu_attn_args {
      * (CINFER_CUDA_ATTN_KV16) */
     uint16_t *kv16;
     int kv16_NE, kv16_nb;
+    /* 0: the decode rows (no tiles) by attn_kernel, a block per (q head, row, span of span positions). > 0
+     * (CINFER_CUDA_ATTN_DEC=2): by attn_dec_kernel, a block per (kv head, row, span) serving the kv head's q
+     * heads together; a row at position pos splits into cu_attn_dec_span(pos, min(dec_nsmax, nsplit)) spans
+     * (span ignored), so with nsplit = cu_attn_dec_grid(maxpos, dec_nsmax) its bits depend on its own
+     * position alone; partials [T][Hq][nsplit][hd + 2] as for attn_kernel, dec_cnt [T][Hkv] used */
+    int dec_nsmax;
 } cu_attn_args;
+/* attn_dec_kernel's positions per span of a row at position pos: the least CU_ATTN_DEC_CH * 2^k giving at
+ * most nsmax spans; *ns the spans */
+#define CU_ATTN_DEC_CH 32
+static inline int cu_attn_dec_span(int pos, int nsmax, int *ns) {
+    int n = pos + 1, s = CU_ATTN_DEC_CH;
+    while ((n + s - 1) / s > nsmax) s *= 2;
+    *ns = (n + s - 1) / s;
+    return s;
+}
+/* splits to launch for rows up to maxpos: at least every row's spans, a multiple of 8 within nsmax (a decode
+ * graph then serves many steps) */
+static inline int cu_attn_dec_grid(int maxpos, int nsmax) {
+    int n = (maxpos + CU_ATTN_DEC_CH) / CU_ATTN_DEC_CH, r;
+    n = n < nsmax ? n : nsmax;
+    r = (n + 7) & ~7;
+    return r < nsmax ? r : nsmax;
+}
 #define CU_ATTN_TILE 16
 void cu_attn_layer(cu_ctx *c, const cu_attn_args *a);
 /* raises the tiled kernels' shared-memory limit (before any graph capture); 0 when hd does not fit */
