@@ -155,6 +155,8 @@ typedef struct cu_layer {
     uint16_t *router;                    /* [E][H] */
     uint16_t *e_gu, *e_down;             /* [E][2Im][H], [E][H][Im] */
     uint16_t *sh_gu, *sh_down, *sh_gw;   /* [2Is][H], [H][Is], [1][H]; NULL without a shared expert */
+    void *wfold; /* [E][D] router diag(post_norm) w_out (CINFER_CUDA_MOE_FOLD; bf16, or f32 with its bit 2),
+                    D = w_out's width; NULL: this layer's router is not folded */
 } cu_layer;
 
 #define MAX_GRAPHS         64
@@ -222,6 +224,9 @@ struct cuda_fwd {
     int *moe_tiles;    /* [E + 1]: 64-slot tiles before each expert (cu_moe_tiles) */
     int moe_pf;        /* CINFER_CUDA_MOE_PF's bits (moe(); where it is read says what each does) */
     int *moe_gscr;     /* [E]: cu_moe_group_tiles' scratch */
+    int moe_fold;      /* CINFER_CUDA_MOE_FOLD's bits (1 on, 2 W' in f32, 8 chosen experts into L2) */
+    int fold_layer;    /* enqueue: this layer's out_proj makes the router's choice (moe_fold.cu) */
+    float *moe_inv;    /* [T]: 1 / rms(h') from the fold path's gate_up kernel */
     size_t xb_elems;   /* bf16 elements of xb */
     int pdl;           /* cu_set_pdl's level: CINFER_CUDA_PDL=1 2 (every decode kernel), =gemv 1, else 0 */
     int pdl_any;       /* CINFER_CUDA_PDL_ANY=1: level 2 in every step, not only pdl_step()'s (diagnostics) */
@@ -454,6 +459,14 @@ static int upload_layer(cuda_fwd *f, upload_ctx *u, cu_layer *cl, const layer_we
                 (rc = upload_cat(f, u, &cl->sh_gw, sgw, 1, NULL, err, errlen)))
                 return rc;
         }
+        /* CINFER_CUDA_MOE_FOLD: W' = router diag(1 + w_post) w_out, once, on the device (moe_fold.cu) */
+        int D = lw->type == LAYER_LINEAR ? m->Hv * m->dv : m->Hq * m->hd, f32 = (f->moe_fold & 2) != 0;
+        if ((f->moe_fold & 1) && cu_moe_fold_supported(H, D, E, m->cfg.n_experts_per_tok)) {
+            if ((rc = dev_alloc(f, &cl->wfold, (size_t)E * D * (f32 ? 4 : 2), &f->bytes_w, err, errlen)))
+                return rc;
+            cu_moe_fold_weights(f->cu, cl->wfold, f32, cl->router, cl->post_norm, cl->w_out, E, H, D);
+            if ((rc = cu_sync(f->cu, err, errlen))) return rc;
+        }
     }
     return 0;
 }
@@ -545,6 +558,7 @@ static int alloc_scratch(cuda_fwd *f, char *err, size_t errlen) {
             (rc = dev_alloc(f, (void **)&f->moe_grp, (E + 1 + S) * 4, a, err, errlen)) ||
             (rc = dev_alloc(f, (void **)&f->moe_fa, (S * Im + T * Is) * 4, a, err, errlen)) ||
             (rc = dev_alloc(f, (void **)&f->moe_cnt, T * 4, a, err, errlen)) ||
+            (rc = dev_alloc(f, (void **)&f->moe_inv, T * 4, a, err, errlen)) ||
             (rc = dev_alloc(f, (void **)&f->moe_tiles, (E + 1) * 4, a, err, errlen)) ||
             (rc = dev_alloc(f, (void **)&f->moe_gscr, E * 4, a, err, errlen)) ||
             (rc = cu_alloc_host((void **)&f->h_moe_idx, S * 4, err, errlen)) ||
@@ -714,6 +728,12 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * 8 1,190 -> 1,219, 27B batch 1 58.9 -> 59.0; fixture parity unchanged (3.37e-4), speculation exact */
     const char *fz = getenv("CINFER_CUDA_FUSE");
     f->fuse = !(fz && !strcmp(fz, "0"));
+    /* CINFER_CUDA_MOE_FOLD (bits; default 0, off): 1 the decode MoE layers' router folded into their out_proj
+     * launch (moe_fold.cu: the choice from z = router (g h) + W' a, W' made at upload; no router launch), 2
+     * W' in f32 (else bf16), 8 the chosen experts' gate_up rows requested into L2 as soon as chosen */
+    const char *mfo = getenv("CINFER_CUDA_MOE_FOLD");
+    f->moe_fold = mfo ? atoi(mfo) & (1 | 2 | 8) : 0;
+    if (mfo) fprintf(stderr, "cinfer cuda: CINFER_CUDA_MOE_FOLD=%d\n", f->moe_fold);
     if (fz)
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_FUSE=%s: fused decode GEMVs %s\n", fz,
                 f->fuse ? "on" : "off");
@@ -1166,6 +1186,27 @@ static const uint16_t *after_ffn(const cuda_fwd *f, const cu_layer *cl, size_t *
 }
 
 static void out_proj(cuda_fwd *f, const cu_layer *cl, int T, int K, int fz) {
+    if (fz && f->fold_layer) {
+        /* the MoE router folded in: h' into xn (the residual x stays h until the down kernel writes
+         * h' + the MoE block), the choice into moe_idx / moe_w, z into moe_logits */
+        const model *m = f->m;
+        cu_moe_fold_args a = {0};
+        a.T = T, a.H = m->H, a.D = K, a.E = m->cfg.n_experts, a.k = m->cfg.n_experts_per_tok;
+        a.Im = m->cfg.moe_intermediate_size, a.KS = cu_gemv3_splits(m->H, K),
+        a.wf_f32 = (f->moe_fold & 2) != 0;
+        a.variant = f->moe_fold & 8;
+        a.x = f->x, a.a = f->act, a.w_o = cl->w_out, a.router = cl->router, a.g = cl->post_norm,
+        a.wf = cl->wfold;
+        a.y = f->xn, a.z = f->moe_logits, a.idx = f->moe_idx, a.zsel = f->moe_w, a.count = f->moe_cnt;
+        a.e_gu = cl->e_gu;
+        if ((f->moe_variant & 8192) && cl->sh_gu) {
+            size_t Is = (size_t)m->cfg.shared_expert_intermediate_size;
+            a.pf0 = cl->sh_gu, a.pf0_bytes = 2 * Is * m->H * 2, a.pf1 = cl->sh_down,
+            a.pf1_bytes = Is * m->H * 2;
+        }
+        cu_moe_fold_outproj(f->cu, &a);
+        return;
+    }
     if (fz) {
         gemv_next(f, cl->w_gu, (size_t)2 * f->m->cfg.intermediate_size * f->m->H * 2);
         cu_gemv_fused(f->cu, f->x, f->act, cl->w_out, T, f->m->H, K, NULL, 0.0f, CU_EPI_ADD);
@@ -1325,6 +1366,8 @@ static int moe(cuda_fwd *f, const cu_layer *cl, const run_shape *rs, int device_
             f->profile ? f->moe_variant & ~4 : f->moe_variant; /* no PDL beside the profile's events */
         *added = into_x;
         if (norm_w) a.x = f->x, a.norm_w = norm_w, a.eps = (float)m->cfg.rms_norm_eps, a.xn = f->xn;
+        /* fold: out_proj chose (moe_fold.cu); xn holds h', the down kernel writes x = h' + the block */
+        if (f->fold_layer && norm_w && into_x) a.fold = 1, a.inv = f->moe_inv;
         /* CINFER_CUDA_DIAG_AB's classes: the router (DG_ROUTE), gate_up (DG_GU), down (DG_DOWN) */
         int nr = diag_n(f, DG_ROUTE), ng = diag_n(f, DG_GU), nd = diag_n(f, DG_DOWN);
         mark(f, CP_MOE_ROUTE);
@@ -1506,6 +1549,11 @@ static int enqueue(cuda_fwd *f, const run_shape *rs, int moe_device, char *err, 
         const cu_layer *cl = &f->L[l];
         const layer_weights *lw = &m->layers[l];
         int fin = fz && !pend; /* this layer's input norm inside its in_proj */
+        /* CINFER_CUDA_MOE_FOLD: the router's choice comes with out_proj (out_proj, moe); never where the
+         * skinny GEMM would take out_proj (its bits are not gemv3's) or its splits are not 1 or 2 */
+        int Dl = lw->type == LAYER_LINEAR ? m->Hv * m->dv : m->Hq * m->hd;
+        f->fold_layer = lw->moe && fz && cl->wfold && (f->moe_fold & 1) && moe_fused_path(f, T, moe_device) &&
+                        !cu_skinny_takes(f->cu, T, Dl) && cu_gemv3_splits(H, Dl) <= 2;
         if (!fin) {
             mark(f, CP_EMBED_NORM);
             /* the previous layer's FFN output joins the residual here (fused with this layer's input norm) */
@@ -1519,7 +1567,8 @@ static int enqueue(cuda_fwd *f, const run_shape *rs, int moe_device, char *err, 
         pend = !fz;
         /* CINFER_CUDA_MOE_VARIANT & 8: the fused MoE's router takes this norm itself (nothing pends under fz)
          */
-        int moe_norm = lw->moe && fz && (f->moe_variant & 8) && cu_moe_fused_norm_ok(H) &&
+        int moe_norm = lw->moe && fz &&
+                       (((f->moe_variant & 8) && cu_moe_fused_norm_ok(H)) || f->fold_layer) &&
                        moe_fused_path(f, T, moe_device);
         if ((lw->moe || !fz) && !moe_norm) {
             mark(f, CP_EMBED_NORM);
@@ -1535,6 +1584,7 @@ static int enqueue(cuda_fwd *f, const run_shape *rs, int moe_device, char *err, 
             if ((rc = moe(f, cl, rs, moe_device, fz, moe_norm ? cl->post_norm : NULL, &added, err, errlen)))
                 return rc;
             pend = !added;
+            f->fold_layer = 0;
         } else if (fz) {
             mlp_fused(f, cl, T);
             pend = 0;
@@ -1564,6 +1614,7 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
         int skip, dup, nopdl, apf; /* apf: CINFER_CUDA_ATTN_PF (-1: 0) */
         const char *g3;            /* "u_small,var_small,u_big,var_big" for cu_set_gemv3_one, or NULL */
         int l2n;                   /* CINFER_CUDA_L2PF_NEXT MB (-1: 0) */
+        int mfold;                 /* CINFER_CUDA_MOE_FOLD: 1 the fold off, 2 its bit 8 toggled */
     } v[] = {
         {"base", 0, 0, 0},
         {"l2pf next off", 0, 0, 0, 0, NULL, -1},
@@ -1594,6 +1645,8 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
         {"dup down", 0, DG_DOWN, 0},
         {"dup lm_head", 0, DG_LM, 0},
         {"dup moe router", 0, DG_ROUTE, 0},
+        {"moe fold off", 0, 0, 0, 0, NULL, 0, 1},
+        {"moe fold pf8 toggled", 0, 0, 0, 0, NULL, 0, 2},
         {"base again", 0, 0, 0},
     };
     enum { REPS = 30 };
@@ -1608,6 +1661,9 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
         size_t l2n = f->l2pf_next;
         if (v[i].l2n) f->l2pf_next = v[i].l2n > 0 ? (size_t)v[i].l2n << 20 : 0;
         if (v[i].apf) cu_set_attn_decode_pf(v[i].apf > 0 ? v[i].apf : 0);
+        int mfold = f->moe_fold;
+        if (v[i].mfold == 1) f->moe_fold = 0;
+        if (v[i].mfold == 2) f->moe_fold ^= 8;
         int g3[4] = {0, -1, 0, -1};
         if (v[i].g3 && sscanf(v[i].g3, "%d,%d,%d,%d", &g3[0], &g3[1], &g3[2], &g3[3]) == 4)
             cu_set_gemv3_one(g3[0], g3[1], g3[2], g3[3]);
@@ -1616,7 +1672,7 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
         int rc2 = rc ? rc : enqueue(f, rs, moe_device, err, sizeof err);
         if (!rc) rc = cu_capture_end(f->cu, &exec, err, sizeof err);
         f->pdl = pdl, f->diag_skip = f->diag_dup = 0;
-        f->l2pf_next = l2n;
+        f->l2pf_next = l2n, f->moe_fold = mfold;
         cu_set_attn_decode_pf(f->attn_pf);
         cu_set_gemv3_one(0, -1, 0, -1);
         if (rc || rc2) {

@@ -441,6 +441,284 @@ TEST(cuda_moe_fused_supported_shapes) {
     CHECK(!cu_moe_fused_supported(64, 64, 33, 32, 64));
 }
 
+/* ---- the router folded into out_proj (moe_fold.cu, CINFER_CUDA_MOE_FOLD) ---- */
+
+/* one fold-path run on the host: out_proj's h' (y), the residual after the block (xo = h' + MoE), z, the
+ * choice (idx ascending) and its z */
+typedef struct fold_out {
+    float *y, *xo, *z, *zsel;
+    int *idx;
+} fold_out;
+
+static void free_fold(fold_out *o) {
+    free(o->y), free(o->xo), free(o->z), free(o->zsel), free(o->idx);
+}
+
+typedef struct fold_in {
+    int D, wf32;
+    const void *d_wf;       /* [E][D] W' */
+    const uint16_t *d_wo;   /* [H][D] */
+    const float *d_g;       /* [H] (1 + w) */
+    const float *d_h, *d_a; /* [T][H], [T][D] */
+} fold_in;
+
+/* cu_moe_fold_outproj, then (moe: 1) the gate_up and down kernels on its choice; every output starts NaN */
+static int run_fold(cu_ctx *c, const moe_case *mc, const moe_w *w, const fold_in *in, int T, int variant,
+                    int moe, fold_out *o) {
+    int H = mc->H, E = mc->E, k = mc->k, A = mc->k * mc->Im + mc->Is;
+    char err[256];
+    float *y = dev((size_t)T * H * 4), *z = dev((size_t)T * E * 4), *zsel = dev((size_t)T * k * 4);
+    int *idx = dev((size_t)T * k * 4);
+    unsigned *cnt = dev((size_t)T * 4);
+    float *xo = dev((size_t)T * H * 4), *act = dev((size_t)T * A * 4), *shg = dev((size_t)T * 4);
+    float *inv = dev((size_t)T * 4), *out = dev((size_t)T * H * 4);
+    cu_fill_f32(c, y, (size_t)T * H, NAN), cu_fill_f32(c, z, (size_t)T * E, NAN);
+    cu_fill_f32(c, zsel, (size_t)T * k, NAN), cu_fill_f32(c, (float *)idx, (size_t)T * k, NAN);
+    cu_fill_f32(c, (float *)cnt, (size_t)T, 0.0f), cu_fill_f32(c, act, (size_t)T * A, NAN);
+    cu_fill_f32(c, shg, (size_t)T, NAN), cu_fill_f32(c, inv, (size_t)T, NAN);
+    cu_fill_f32(c, out, (size_t)T * H, 7.0f);
+    cu_d2d_async(c, xo, in->d_h, (size_t)T * H * 4);
+    cu_moe_fold_args f = {0};
+    f.T = T, f.H = H, f.D = in->D, f.E = E, f.k = k, f.Im = mc->Im, f.KS = cu_gemv3_splits(H, in->D);
+    f.wf_f32 = in->wf32, f.variant = variant & 8;
+    f.x = in->d_h, f.a = in->d_a, f.w_o = in->d_wo, f.router = w->d_router, f.g = in->d_g, f.wf = in->d_wf;
+    f.y = y, f.z = z, f.idx = idx, f.zsel = zsel, f.count = cnt, f.e_gu = w->d_gu;
+    if (variant & 8192) f.pf0 = w->d_sgu, f.pf0_bytes = (size_t)2 * mc->Is * H * 2;
+    cu_moe_fold_outproj(c, &f);
+    if (moe) {
+        cu_moe_args a = {0};
+        a.T = T, a.H = H, a.E = E, a.k = k, a.Im = mc->Im, a.Is = mc->Is, a.norm = mc->norm;
+        a.router = w->d_router, a.e_gu = w->d_gu, a.e_down = w->d_down, a.variant = variant & 4;
+        a.sh_gu = w->d_sgu, a.sh_down = w->d_sdown, a.sh_gw = w->d_sgw;
+        a.logits = z, a.idx = idx, a.w = zsel, a.count = cnt, a.act = act, a.shg = shg, a.out = out;
+        a.resid = xo, a.x = in->d_h, a.norm_w = in->d_g, a.eps = 1e-6f, a.xn = y, a.fold = 1, a.inv = inv;
+        cu_moe_fused(c, &a);
+    }
+    int rc = cu_sync(c, err, sizeof err);
+    CHECK_MSG(rc == 0, "fold %s T=%d: %s", mc->name, T, err);
+    o->y = get(y, (size_t)T * H * 4), o->xo = get(xo, (size_t)T * H * 4), o->z = get(z, (size_t)T * E * 4);
+    o->zsel = get(zsel, (size_t)T * k * 4), o->idx = get(idx, (size_t)T * k * 4);
+    unsigned *hc = get(cnt, (size_t)T * 4);
+    for (int r = 0; r < T; r++) CHECK_MSG(hc[r] == 0, "fold counter of row %d left at %u", r, hc[r]);
+    if (moe) {
+        float *ho = get(out, (size_t)T * H * 4);
+        int bad = 0;
+        for (size_t i = 0; i < (size_t)T * H; i++) bad += ho[i] != 7.0f;
+        CHECK_MSG(!bad, "fold %s: %d elements of out written (the residual form leaves it)", mc->name, bad);
+        free(ho);
+    }
+    free(hc);
+    cu_free(y), cu_free(z), cu_free(zsel), cu_free(idx), cu_free(cnt), cu_free(xo), cu_free(act);
+    cu_free(shg), cu_free(inv), cu_free(out);
+    return rc;
+}
+
+/* the router's logits in double from h' (a positive multiple of the true ones: the same order), and whether
+ * the k-th and (k+1)-th of them are within rel of each other (a near-tie, where f32 rounding may pick
+ * either) */
+static int near_tie(const moe_case *mc, const moe_w *w, const float *g, const float *hp, double rel_tol) {
+    int H = mc->H, E = mc->E, k = mc->k;
+    double *l = malloc((size_t)E * sizeof(double)), mx = 0;
+    for (int e = 0; e < E; e++) {
+        double s = 0;
+        for (int i = 0; i < H; i++) s += (double)bf16_to_f32(w->router[(size_t)e * H + i]) * g[i] * hp[i];
+        l[e] = s;
+        mx = fabs(s) > mx ? fabs(s) : mx;
+    }
+    /* the k-th and (k+1)-th largest */
+    double kth = 0, next = 0;
+    for (int j = 0; j <= k && j < E; j++) {
+        int b = -1;
+        for (int e = 0; e < E; e++)
+            if (l[e] > -INFINITY && (b < 0 || l[e] > l[b])) b = e;
+        if (j == k - 1) kth = l[b];
+        if (j == k) next = l[b];
+        l[b] = -INFINITY;
+    }
+    free(l);
+    return k >= E || kth - next <= rel_tol * mx;
+}
+
+static void fold_case_run(const moe_case *mc, int D, int wf_lo, int wf_hi, int nflip) {
+    char err[256], what[200];
+    cu_ctx *c;
+    REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
+    REQUIRE(cu_moe_fold_supported(mc->H, D, mc->E, mc->k));
+    int H = mc->H, E = mc->E, k = mc->k, T = 8;
+    moe_w w;
+    make_weights(c, mc, &w);
+    float *g = malloc((size_t)H * 4);
+    for (int i = 0; i < H; i++) g[i] = 1.0f + 0.2f * frand();
+    float *d_g = dup_dev(g, (size_t)H * 4);
+    uint16_t *d_wo = dev((size_t)H * D * 2);
+    cu_fill_random_bf16(c, d_wo, (size_t)H * D, 0.02f, 21);
+    for (int wf32 = wf_lo; wf32 <= wf_hi; wf32++) {
+        void *d_wf = dev((size_t)E * D * (wf32 ? 4 : 2));
+        cu_moe_fold_weights(c, d_wf, wf32, w.d_router, d_g, d_wo, E, H, D);
+        REQUIRE(cu_sync(c, err, sizeof err) == 0);
+        uint16_t *wo = get(d_wo, (size_t)H * D * 2);
+        /* W' against the CPU in double at sampled entries */
+        {
+            void *wf = get(d_wf, (size_t)E * D * (wf32 ? 4 : 2));
+            double dd = 0, rr = 0;
+            for (int t = 0; t < 256; t++) {
+                int e = (t * 37) % E, d = (t * 1237 + 5) % D;
+                double s = 0;
+                for (int i = 0; i < H; i++)
+                    s += (double)bf16_to_f32(w.router[(size_t)e * H + i]) * g[i] *
+                         bf16_to_f32(wo[(size_t)i * D + d]);
+                double v = wf32 ? ((float *)wf)[(size_t)e * D + d]
+                                : bf16_to_f32(((uint16_t *)wf)[(size_t)e * D + d]);
+                dd += (v - s) * (v - s), rr += s * s;
+            }
+            double r = sqrt(dd / rr);
+            printf("     %-52s ||d||/||ref|| = %.2e\n", wf32 ? "  W' (f32) vs CPU" : "  W' (bf16) vs CPU", r);
+            CHECK_MSG(r <= (wf32 ? 1e-5 : 5e-3), "%s: W' off the CPU's by %.3g", mc->name, r);
+            free(wf);
+        }
+        int NT = nflip > T ? nflip : T;
+        float *h = malloc((size_t)NT * H * 4), *a = malloc((size_t)NT * D * 4);
+        for (size_t i = 0; i < (size_t)NT * H; i++) h[i] = frand() * 1.5f;
+        for (size_t i = 0; i < (size_t)NT * D; i++) a[i] = frand();
+        float *d_h = dup_dev(h, (size_t)NT * H * 4), *d_a = dup_dev(a, (size_t)NT * D * 4);
+        fold_in in = {D, wf32, d_wf, d_wo, d_g, d_h, d_a};
+        /* today's path: out_proj by cu_gemv_fused (residual form), then the fused block with the router's
+         * norm */
+        float *d_yr = dev((size_t)T * H * 4);
+        cu_d2d_async(c, d_yr, d_h, (size_t)T * H * 4);
+        REQUIRE(cu_gemv_fused(c, d_yr, d_a, d_wo, T, H, D, NULL, 0.0f, CU_EPI_ADD) == 0);
+        fused_out ref;
+        REQUIRE(run_fused(c, mc, &w, d_yr, T, 8, d_g, &ref) == 0);
+        float *yr = get(d_yr, (size_t)T * H * 4);
+        fold_out o8;
+        REQUIRE(run_fold(c, mc, &w, &in, T, 0, 1, &o8) == 0);
+        CHECK_MSG(!memcmp(o8.y, yr, (size_t)T * H * 4), "%s: out_proj's h' differs from cu_gemv_fused's",
+                  mc->name);
+        printf("     %-52s %s\n", "  out_proj rows vs cu_gemv_fused",
+               memcmp(o8.y, yr, (size_t)T * H * 4) ? "DIFFERENT" : "bit-identical");
+        /* z against the CPU's W_r (g h') in double */
+        {
+            double dd = 0, rr = 0;
+            for (int r = 0; r < T; r++)
+                for (int e = 0; e < E; e++) {
+                    double s = 0;
+                    for (int i = 0; i < H; i++)
+                        s += (double)bf16_to_f32(w.router[(size_t)e * H + i]) * g[i] * yr[(size_t)r * H + i];
+                    double v = o8.z[(size_t)r * E + e];
+                    dd += isfinite(v) ? (v - s) * (v - s) : INFINITY, rr += s * s;
+                }
+            double r = sqrt(dd / rr);
+            snprintf(what, sizeof what, "%s z vs W_r (g h') in double (W' %s)", mc->name,
+                     wf32 ? "f32" : "bf16");
+            printf("     %-52s ||d||/||ref|| = %.2e\n", what, r);
+            CHECK_MSG(r <= (wf32 ? 1e-5 : 5e-3), "%s: z off by %.3g", mc->name, r);
+        }
+        /* the choice: today's except at near-ties; the block's output where the choice agrees */
+        int flips = 0, far = 0;
+        for (int r = 0; r < T; r++) {
+            int same = !memcmp(o8.idx + (size_t)r * k, ref.idx + (size_t)r * k, (size_t)k * 4);
+            if (!same) {
+                flips++;
+                far += !near_tie(mc, &w, g, yr + (size_t)r * H, wf32 ? 1e-4 : 5e-3);
+                continue;
+            }
+            float *mo = malloc((size_t)H * 4);
+            for (int i = 0; i < H; i++) mo[i] = o8.xo[(size_t)r * H + i] - o8.y[(size_t)r * H + i];
+            float *mr = malloc((size_t)H * 4);
+            for (int i = 0; i < H; i++)
+                mr[i] = (yr[(size_t)r * H + i] + ref.out[(size_t)r * H + i]) - yr[(size_t)r * H + i];
+            if (r == 0 || r == T - 1) {
+                snprintf(what, sizeof what, "%s row %d MoE output vs today's", mc->name, r);
+                check_rel(what, mo, mr, (size_t)H, 1e-4);
+            } else {
+                CHECK_MSG(rel(mo, mr, (size_t)H) <= 1e-4, "%s row %d: MoE output off today's", mc->name, r);
+            }
+            free(mo), free(mr);
+        }
+        printf("     %-52s %d of %d rows (%d not near-ties)\n", "  choice differs from today's router", flips,
+               T, far);
+        CHECK_MSG(far == 0, "%s: %d rows chose other experts without a near-tie", mc->name, far);
+        /* a row alone and among 3 holds its bits among 8; the variants (PDL 4, chosen experts into L2 8, the
+         * shared expert into L2 8192) the same bits */
+        static const int rows[2] = {1, 3};
+        for (int q = 0; q < 2; q++) {
+            int t = rows[q];
+            fold_out o;
+            if (run_fold(c, mc, &w, &in, t, 0, 1, &o)) continue;
+            int same = !memcmp(o.y, o8.y, (size_t)t * H * 4) && !memcmp(o.xo, o8.xo, (size_t)t * H * 4) &&
+                       !memcmp(o.z, o8.z, (size_t)t * E * 4) && !memcmp(o.idx, o8.idx, (size_t)t * k * 4) &&
+                       !memcmp(o.zsel, o8.zsel, (size_t)t * k * 4);
+            CHECK_MSG(same, "%s: fold, the first %d rows differ from the same rows among 8", mc->name, t);
+            free_fold(&o);
+        }
+        static const int vars[3] = {4, 8, 8192 | 8 | 4};
+        for (int q = 0; q < 3; q++) {
+            fold_out o;
+            if (run_fold(c, mc, &w, &in, T, vars[q], 1, &o)) continue;
+            CHECK_MSG(!memcmp(o.xo, o8.xo, (size_t)T * H * 4) && !memcmp(o.idx, o8.idx, (size_t)T * k * 4),
+                      "%s: fold variant %d differs", mc->name, vars[q]);
+            free_fold(&o);
+        }
+        /* the flip rate over nflip rows: the fold's choice against today's decode router (norm, f32 logits,
+         * cu_moe_route2) on the same h' */
+        if (nflip > 0) {
+            int NF = nflip;
+            float *d_yf = dev((size_t)NF * H * 4), *d_xn = dev((size_t)NF * H * 4),
+                  *d_lg = dev((size_t)NF * E * 4);
+            float *d_w = dev((size_t)NF * k * 4);
+            int *d_idx = dev((size_t)NF * k * 4);
+            cu_d2d_async(c, d_yf, d_h, (size_t)NF * H * 4);
+            cu_gemv_fused(c, d_yf, d_a, d_wo, NF, H, D, NULL, 0.0f, CU_EPI_ADD);
+            cu_add_rmsnorm(c, d_yf, NULL, d_xn, d_g, NF, H, 1e-6f);
+            cu_gemm(c, d_lg, d_xn, w.d_router, NF, E, H, NULL, 1);
+            cu_moe_route2(c, d_lg, d_idx, d_w, NF, E, k, mc->norm, 1);
+            fold_out of;
+            if (!run_fold(c, mc, &w, &in, NF, 0, 0, &of)) {
+                int *ri = get(d_idx, (size_t)NF * k * 4);
+                float *yf = get(d_yf, (size_t)NF * H * 4);
+                int fl = 0, farf = 0;
+                for (int r = 0; r < NF; r++)
+                    if (memcmp(ri + (size_t)r * k, of.idx + (size_t)r * k, (size_t)k * 4)) {
+                        fl++;
+                        farf += !near_tie(mc, &w, g, yf + (size_t)r * H, wf32 ? 1e-4 : 5e-3);
+                    }
+                printf("     %s (W' %s): the fold picks another set than today's router in %d of %d rows "
+                       "(%.3f%%), "
+                       "%d not near-ties\n",
+                       mc->name, wf32 ? "f32" : "bf16", fl, NF, 100.0 * fl / NF, farf);
+                CHECK_MSG(farf == 0, "%s: %d of %d rows chose other experts without a near-tie", mc->name,
+                          farf, NF);
+                free(ri), free(yf);
+                free_fold(&of);
+            }
+            cu_free(d_yf), cu_free(d_xn), cu_free(d_lg), cu_free(d_w), cu_free(d_idx);
+        }
+        free_fold(&o8), free_out(&ref);
+        free(h), free(a), free(wo), free(yr);
+        cu_free(d_wf), cu_free(d_h), cu_free(d_a), cu_free(d_yr);
+    }
+    free(g);
+    cu_free(d_g), cu_free(d_wo);
+    free_weights(&w);
+    cu_ctx_destroy(c);
+}
+
+TEST(cuda_moe_fold_35b_shape) {
+    if (NO_DEVICE()) SKIP("no CUDA device: skipped");
+    moe_case mc = {"35B-A3B fold", 2048, 256, 8, 512, 512, 1, 0};
+    fold_case_run(&mc, 4096, 0, 1, 2048);
+}
+
+TEST(cuda_moe_fold_tiny_shapes) {
+    if (NO_DEVICE()) SKIP("no CUDA device: skipped");
+    moe_case fixture = {"fixture shape fold", 64, 8, 2, 32, 64, 1, 0};
+    fold_case_run(&fixture, 128, 0, 1, 256);
+    moe_case noshared = {"no shared, no renorm fold", 200, 40, 5, 24, 0, 0, 0};
+    fold_case_run(&noshared, 136, 0, 0, 64);
+    moe_case wide = {"1024 experts top-32 fold", 136, 1024, 32, 48, 0, 1, 0};
+    fold_case_run(&wide, 264, 1, 1, 64);
+}
+
 /* sets (value) or unsets (NULL) an environment variable, returning its old value (strdup'd, or NULL) */
 static char *env_swap(const char *name, const char *value) {
     const char *o = getenv(name);
@@ -559,6 +837,47 @@ TEST(cuda_moe_fused_model_matches_unfused) {
                       "grouped GEMM decode: CUDA graphs differ from eager launches");
     }
     free(ref), free(got), free(big), free(big2);
+    cinfer_model_close(m);
+}
+
+/* The MoE fixture through the whole cuda forward with the router folded into out_proj
+ * (CINFER_CUDA_MOE_FOLD=1, and =3: W' in f32; =9: the chosen experts into L2) against it off: the logits
+ * within 1e-3 (f32 rounding of the router's weights and the norm; a different choice would show far above);
+ * graphs against eager launches bit for bit; a sequence alone against the same sequence among 3 bit for bit
+ */
+TEST(cuda_moe_fold_model) {
+    if (NO_DEVICE()) SKIP("no CUDA device: skipped");
+    char dir[512], err[512];
+    snprintf(dir, sizeof dir, "%s/qwen35_moe", test_fixtures_dir());
+    cinfer_model *m;
+    REQUIRE(cinfer_model_open(dir, &m, err, sizeof err) == 0);
+    cinfer_model_info info;
+    cinfer_model_get_info(m, &info);
+    int V = info.vocab_size;
+    size_t n = (size_t)11 * 3 * V;
+    float *ref = malloc(n * 4), *got = malloc(n * 4), *eag = malloc(n * 4), *one = malloc((size_t)11 * V * 4);
+    char *of = env_swap("CINFER_CUDA_MOE_FOLD", "0");
+    int rc = model_steps(m, V, 3, NULL, NULL, NULL, NULL, ref);
+    static const char *const folds[3] = {"1", "3", "9"};
+    for (int q = 0; q < 3 && !rc; q++) {
+        setenv("CINFER_CUDA_MOE_FOLD", folds[q], 1);
+        if (model_steps(m, V, 3, NULL, NULL, NULL, NULL, got)) break;
+        double r = rel(got, ref, n);
+        printf("     qwen35_moe 3 x (2 + 10 steps): CINFER_CUDA_MOE_FOLD=%s vs 0 ||d||/||ref|| = %.2e\n",
+               folds[q], r);
+        CHECK_MSG(r <= 1e-3, "fold %s: the forward differs from the router's by %.3g", folds[q], r);
+        if (q) continue;
+        if (!model_steps(m, V, 3, NULL, NULL, "0", NULL, eag))
+            CHECK_MSG(!memcmp(eag, got, n * sizeof(float)), "fold: CUDA graphs differ from eager launches");
+        if (!model_steps(m, V, 1, NULL, NULL, NULL, NULL, one)) {
+            int same = 1;
+            for (int t = 0; t < 11; t++)
+                same &= !memcmp(one + (size_t)t * V, got + (size_t)t * 3 * V, (size_t)V * 4);
+            CHECK_MSG(same, "fold: a sequence alone differs from the same sequence among 3");
+        }
+    }
+    env_restore("CINFER_CUDA_MOE_FOLD", of);
+    free(ref), free(got), free(eag), free(one);
     cinfer_model_close(m);
 }
 

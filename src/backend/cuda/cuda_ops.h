@@ -478,6 +478,13 @@ typedef struct cu_moe_args {
     int variant; /* 4: programmatic dependent launch (each kernel lets the next be scheduled, then waits for
                     the one before; the same bits). CINFER_CUDA_MOE_VARIANT, default 8204 (8: the caller's
                     norm_w; 8192: the router requests the shared expert's weights into L2 before its wait) */
+    /* fold (CINFER_CUDA_MOE_FOLD, moe_fold.cu): the choice came with out_proj (cu_moe_fold_outproj): no
+       router launch; xn holds the raw rows h' (not normed), norm_w their norm's (1 + w), which the gate_up
+       kernel applies itself (Σ w (h' g) / rms(h')), writing 1 / rms(h') to inv; idx holds the choice and
+       w the chosen z (ascending expert order), logits all E z when !norm; the down kernel makes the weights
+       softmax(inv z) and writes resid = xn + the block's output (resid required) */
+    int fold;
+    float *inv; /* [T] 1 / rms(h') (fold) */
 } cu_moe_args;
 /* 1 when the fused kernels serve this shape: H, Im, Is multiples of 8, Im <= 1024, E <= 1024, k <= 32 */
 int cu_moe_fused_supported(int H, int E, int k, int Im, int Is);
@@ -486,6 +493,35 @@ void cu_moe_fused_route(cu_ctx *c, const cu_moe_args *a);   /* logits, idx, w */
 void cu_moe_fused_gate_up(cu_ctx *c, const cu_moe_args *a); /* act, shg (reads idx) */
 void cu_moe_fused_down(cu_ctx *c, const cu_moe_args *a);    /* out (reads idx, w, act, shg) */
 void cu_moe_fused(cu_ctx *c, const cu_moe_args *a);         /* the three in order */
+
+/* The router folded into a MoE layer's out_proj (moe_fold.cu, CINFER_CUDA_MOE_FOLD): y = x + a w_o^T (the
+ * bits of cu_gemv_fused's residual form at KS = cu_gemv3_splits(H, D) splits) and, in the same launch,
+ * z = router (g x) + wf a, whose k largest per row are the router's choice (idx, ascending; zsel their z) */
+typedef struct cu_moe_fold_args {
+    int T, H, D, E, k, Im;  /* rows, hidden, out_proj width, experts, top-k, expert width */
+    int KS;                 /* out_proj's K-splits (1 or 2: cu_gemv3_splits(H, D)) */
+    int wf_f32;             /* wf is f32 (else bf16) */
+    int variant;            /* 4: PDL (as cu_launch_gemv); 8: the chosen experts' gate_up rows into L2 */
+    const float *x;         /* [T][H] the residual h */
+    const float *a;         /* [T][D] out_proj's input */
+    const uint16_t *w_o;    /* [H][D] bf16 */
+    const uint16_t *router; /* [E][H] bf16 */
+    const float *g;         /* [H] the post-attention norm's (1 + w) */
+    const void *wf;         /* [E][D] W' = router diag(g) w_o (cu_moe_fold_weights), bf16 or f32 */
+    float *y;               /* [T][H] h' = x + a w_o^T */
+    float *z;               /* [T][E] */
+    int *idx;               /* [T][k] chosen experts, ascending */
+    float *zsel;            /* [T][k] their z */
+    unsigned *count;        /* [T] zeroed once; every launch leaves it zeroed */
+    const uint16_t *e_gu;   /* [E][2Im][H] (variant 8) */
+    const void *pf0, *pf1;  /* NULL, or bytes into L2 from the z blocks (the shared expert's weights) */
+    size_t pf0_bytes, pf1_bytes;
+} cu_moe_fold_args;
+int cu_moe_fold_supported(int H, int D, int E, int k);
+void cu_moe_fold_outproj(cu_ctx *c, const cu_moe_fold_args *f);
+/* W' [E][D] = Σ_i router[e][i] g[i] w_o[i][d] (f32 sums; stored f32 when f32, else bf16) */
+void cu_moe_fold_weights(cu_ctx *c, void *out, int f32, const uint16_t *router, const float *g,
+                         const uint16_t *w_o, int E, int H, int D);
 
 /* Prefill experts without the host (moe_gemm.cu, CINFER_CUDA_MOE_PREFILL=grouped): grouped GEMMs on the
  * tensor cores (bf16 weights, activations split into bf16 hi + lo, f32 accumulation) over every expert in one

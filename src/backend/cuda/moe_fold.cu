@@ -1,0 +1,349 @@
+/* moe_fold.cu — the MoE router off the decode step's critical path (CINFER_CUDA_MOE_FOLD): a MoE layer's
+ * out_proj launch also computes the router's choice.
+ *
+ * With h the residual before out_proj, a its input, h' = h + W_o a, g = (1 + w_post) and s = 1 / rms(h'), the
+ * router's logits are s W_r (g h'). s > 0 does not change which k are largest, so the choice needs only
+ * z = W_r (g h) + W' a with W' = W_r diag(g) W_o, a [E][D] matrix made once at upload
+ * (cu_moe_fold_weights): z needs neither h' nor its norm, so its rows go in the same launch as out_proj's (z
+ * blocks first in the grid, out_proj blocks after), and the last z block of a tile of rows selects the k
+ * experts while the out_proj blocks still stream. The weights softmax(s z) over the chosen k are made by the
+ * down kernel (moe_fused.cu), when s is known: the gate_up kernel takes the norm of h' itself.
+ *
+ * out_proj's rows are gemv3.cu's at the same splits (cu_gemv3_splits): per lane the chunks of a split in
+ * increasing order, the butterfly, the splits summed in order, then h + v: the same bits as cu_gemv_fused's
+ * residual form at every row count. Here h' goes to y (not into h in place: the z blocks read h while the
+ * out_proj blocks run), and the down kernel writes h' + the MoE output into the residual. Every block works
+ * on whole rows of its tile and every sum has a fixed order, so a row's result never depends on the rows
+ * beside it in the launch. */
+#include "backend/cuda/common.cuh"
+
+#define FO_WARPS 8
+#define FO_NB    8 /* chunks of 256 per lane requested at once */
+#define FO_MAX_E 1024
+#define FO_MAX_K 32
+
+/* acc += w (8 bf16 in u) . x (8 floats), low half then high (gemv3's order) */
+__device__ __forceinline__ float fo_fma8(uint4 u, const float (&x)[8], float acc) {
+    const uint32_t p[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        acc = fmaf(__uint_as_float(p[q] << 16), x[2 * q], acc);
+        acc = fmaf(__uint_as_float(p[q] & 0xffff0000u), x[2 * q + 1], acc);
+    }
+    return acc;
+}
+
+__device__ __forceinline__ void fo_ld8(float (&v)[8], const float *p) {
+    const float4 *q = reinterpret_cast<const float4 *>(p);
+    float4 a = __ldg(q), b = __ldg(q + 1);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+
+/* f32 keys whose unsigned order is the floats' order, 0 reserved (taken) */
+__device__ __forceinline__ unsigned fo_key(float f) {
+    unsigned u = __float_as_uint(f);
+    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    return u ? u : 1u;
+}
+
+/* acc[m] += the bf16 row w (K elements, one lane's chunks c = c0, c0 + step, ...) times rows m of x
+ * (x + m ldx, scaled elementwise by gsc when given); up to FO_NB chunks requested before their FMAs. Lane l
+ * takes elements 256 c + 8 l. */
+template <int MR, bool WAIT = false>
+__device__ __forceinline__ void fo_dot(float (&acc)[MR], const uint16_t *w, const float *x, size_t ldx,
+                                       const float *gsc, int K, int c0, int step, int lane) {
+    const int nch = (K + 255) >> 8;
+    for (int cb = c0; cb < nch; cb += step * FO_NB) {
+        uint4 u[FO_NB];
+#pragma unroll
+        for (int i = 0; i < FO_NB; i++) {
+            int c = cb + i * step, k = c * 256 + lane * 8;
+            u[i] = c < nch && k < K ? __ldcs(reinterpret_cast<const uint4 *>(w + k)) : make_uint4(0, 0, 0, 0);
+        }
+        /* WAIT: the first batch of weights is requested before waiting for the kernel that writes x */
+        if (WAIT && cb == c0) griddep_wait();
+#pragma unroll
+        for (int i = 0; i < FO_NB; i++) {
+            int c = cb + i * step, k = c * 256 + lane * 8;
+            if (c >= nch || k >= K) break;
+            float gv[8];
+            if (gsc) fo_ld8(gv, gsc + k);
+#pragma unroll
+            for (int m = 0; m < MR; m++) {
+                float xv[8];
+                fo_ld8(xv, x + (size_t)m * ldx + k);
+                if (gsc)
+#pragma unroll
+                    for (int q = 0; q < 8; q++) xv[q] *= gv[q];
+                acc[m] = fo_fma8(u[i], xv, acc[m]);
+            }
+        }
+    }
+}
+
+/* the f32 row form (W' in f32): 8 floats per lane and chunk */
+template <int MR>
+__device__ __forceinline__ void fo_dot_f32(float (&acc)[MR], const float *w, const float *x, size_t ldx,
+                                           int K, int lane) {
+    const int nch = (K + 255) >> 8;
+    for (int cb = 0; cb < nch; cb += FO_NB / 2) {
+        float4 u[FO_NB / 2][2];
+#pragma unroll
+        for (int i = 0; i < FO_NB / 2; i++) {
+            int k = (cb + i) * 256 + lane * 8;
+            if (cb + i < nch && k < K) {
+                const float4 *p = reinterpret_cast<const float4 *>(w + k);
+                u[i][0] = __ldcs(p), u[i][1] = __ldcs(p + 1);
+            } else {
+                u[i][0] = u[i][1] = make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < FO_NB / 2; i++) {
+            int k = (cb + i) * 256 + lane * 8;
+            if (cb + i >= nch || k >= K) break;
+            const float wv[8] = {u[i][0].x, u[i][0].y, u[i][0].z, u[i][0].w,
+                                 u[i][1].x, u[i][1].y, u[i][1].z, u[i][1].w};
+#pragma unroll
+            for (int m = 0; m < MR; m++) {
+                float xv[8];
+                fo_ld8(xv, x + (size_t)m * ldx + k);
+#pragma unroll
+                for (int q = 0; q < 8; q++) acc[m] = fmaf(wv[q], xv[q], acc[m]);
+            }
+        }
+    }
+}
+
+/* Grid (ZB + OB, tiles), FO_WARPS warps. Blocks < ZB: warp w of block b computes z[e] for e = 8 b + w of
+ * the tile's MR rows; the last of them to finish (count[tile], left at 0 again) selects each row's k largest
+ * (ties to the lower expert, the CPU's stable selection) in warp m for row m: idx in ascending expert order,
+ * zsel their z. Blocks >= ZB: out_proj, 8 / KS rows a block, KS warps a row. */
+template <int MR, bool WF32, int EW>
+__global__ void __launch_bounds__(FO_WARPS * 32)
+    fo_kernel(const float *__restrict__ x, const float *__restrict__ a, const uint16_t *__restrict__ w_o,
+              const uint16_t *__restrict__ router, const float *__restrict__ g, const void *__restrict__ wf,
+              float *__restrict__ y, float *z, int *idx, float *zsel, unsigned *count, int H, int D, int E,
+              int k, int KS, int ZB, const uint16_t *e_gu, size_t e_gu_bytes, const void *pf0,
+              size_t pf0_bytes, const void *pf1, size_t pf1_bytes) {
+    __shared__ float red[FO_WARPS][MR];
+    __shared__ int last;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const size_t r0 = (size_t)blockIdx.y * MR;
+    x += r0 * H, a += r0 * D, y += r0 * H, z += r0 * E;
+    if ((int)blockIdx.x >= ZB) { /* out_proj: gemv3's splits and order */
+        const int RG = FO_WARPS / KS, rg = warp / KS, ks = warp % KS;
+        const int j = ((int)blockIdx.x - ZB) * RG + rg;
+        float acc[MR];
+#pragma unroll
+        for (int m = 0; m < MR; m++) acc[m] = 0.0f;
+        if (j < H) fo_dot<MR, true>(acc, w_o + (size_t)j * D, a, (size_t)D, NULL, D, ks, KS, lane);
+        griddep_wait(); /* again for warps without a row: every thread waits (common.cuh) */
+        griddep_launch();
+#pragma unroll
+        for (int m = 0; m < MR; m++) {
+            float v = warp_sum(acc[m]);
+            if (lane == 0) red[warp][m] = v;
+        }
+        __syncthreads();
+        if (threadIdx.x < RG * MR) {
+            int grp = threadIdx.x / MR, m = threadIdx.x % MR, jj = ((int)blockIdx.x - ZB) * RG + grp;
+            if (jj < H) {
+                float v = red[grp * KS][m];
+                for (int q = 1; q < KS; q++) v += red[grp * KS + q][m];
+                y[(size_t)m * H + jj] = x[(size_t)m * H + jj] + v;
+            }
+        }
+        return;
+    }
+    /* z rows. The residual h was written two kernels back or earlier (the kernel before this one writes a):
+     * under PDL complete when this kernel starts (common.cuh's chain), so its part is summed before the wait
+     */
+    const int e = blockIdx.x * FO_WARPS + warp;
+    float acc[MR];
+#pragma unroll
+    for (int m = 0; m < MR; m++) acc[m] = 0.0f;
+    if (e < E) fo_dot<MR>(acc, router + (size_t)e * H, x, (size_t)H, g, H, 0, 1, lane);
+    griddep_wait();
+    if (e < E) {
+        float acc2[MR];
+#pragma unroll
+        for (int m = 0; m < MR; m++) acc2[m] = 0.0f;
+        if (WF32)
+            fo_dot_f32<MR>(acc2, static_cast<const float *>(wf) + (size_t)e * D, a, (size_t)D, D, lane);
+        else
+            fo_dot<MR>(acc2, static_cast<const uint16_t *>(wf) + (size_t)e * D, a, (size_t)D, NULL, D, 0, 1,
+                       lane);
+#pragma unroll
+        for (int m = 0; m < MR; m++) {
+            float v = warp_sum(acc[m]) + warp_sum(acc2[m]);
+            if (lane == 0) z[(size_t)m * E + e] = v;
+        }
+        if (lane == 0) __threadfence(); /* visible device-wide before this block counts itself done */
+    }
+    griddep_launch();
+    /* bytes the next kernels read whatever the choice (the shared expert's weights) into L2, a slice per z
+     * block of the first tile */
+    if (threadIdx.x == 0 && blockIdx.y == 0) {
+        if (pf0) l2_prefetch_part(pf0, pf0_bytes, blockIdx.x, ZB);
+        if (pf1) l2_prefetch_part(pf1, pf1_bytes, blockIdx.x, ZB);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        last = atomicAdd(&count[blockIdx.y], 1u) == (unsigned)ZB - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    if (threadIdx.x == 0) count[blockIdx.y] = 0; /* ready for the next launch (stream order) */
+    __threadfence();
+    for (int m = warp; m < MR; m += FO_WARPS) {
+        const float *zr = z + (size_t)m * E;
+        unsigned kv[EW];
+#pragma unroll
+        for (int i = 0; i < EW; i++) kv[i] = lane + 32 * i < E ? fo_key(__ldcg(zr + lane + 32 * i)) : 0u;
+        /* k rounds: the largest key, then the lowest expert holding it; the winner's lane drops it */
+        int my_e = 0;
+        for (int j = 0; j < k; j++) {
+            unsigned bv = 0;
+            int bi = 0;
+#pragma unroll
+            for (int i = 0; i < EW; i++)
+                if (kv[i] > bv) bv = kv[i], bi = i;
+            unsigned mx = __reduce_max_sync(0xffffffffu, bv);
+            unsigned be = __reduce_min_sync(0xffffffffu, bv == mx ? (unsigned)(lane + 32 * bi) : 0xffffffffu);
+            if (lane == j) my_e = (int)be;
+            if ((int)(be & 31u) == lane) {
+#pragma unroll
+                for (int i = 0; i < EW; i++)
+                    if (lane + 32 * i == (int)be) kv[i] = 0u;
+            }
+        }
+        int rank = 0;
+        for (int j = 0; j < k; j++) rank += __shfl_sync(0xffffffffu, my_e, j) < my_e;
+        if (lane < k) {
+            idx[(r0 + m) * k + rank] = my_e;
+            zsel[(r0 + m) * k + rank] = __ldcg(zr + my_e);
+            /* the chosen experts' gate_up rows into L2 while out_proj still streams (FOLD bit 8) */
+            if (e_gu && m == 0 && blockIdx.y == 0)
+                l2_prefetch_part(reinterpret_cast<const char *>(e_gu) + (size_t)my_e * e_gu_bytes, e_gu_bytes,
+                                 0, 1);
+        }
+    }
+}
+
+/* W' [E][D] = Σ_i bf16(router[e][i]) g[i] bf16(w_o[i][d]), f32 sums in increasing i; grid (D / 256, E / 16)
+ */
+#define FW_E 16
+template <bool F32>
+__global__ void __launch_bounds__(256) fold_weights_kernel(void *out, const uint16_t *router, const float *g,
+                                                           const uint16_t *w_o, int E, int H, int D) {
+    __shared__ float rg[FW_E][32];
+    const int d = blockIdx.x * 256 + threadIdx.x, e0 = blockIdx.y * FW_E;
+    float acc[FW_E];
+#pragma unroll
+    for (int q = 0; q < FW_E; q++) acc[q] = 0.0f;
+    for (int i0 = 0; i0 < H; i0 += 32) {
+        __syncthreads();
+        for (int t = threadIdx.x; t < FW_E * 32; t += 256) {
+            int q = t / 32, i = i0 + t % 32;
+            rg[q][t % 32] = e0 + q < E && i < H ? bf16_f32(router[(size_t)(e0 + q) * H + i]) * g[i] : 0.0f;
+        }
+        __syncthreads();
+        if (d < D)
+            for (int i = i0; i < i0 + 32 && i < H; i++) {
+                float wv = bf16_f32(w_o[(size_t)i * D + d]);
+#pragma unroll
+                for (int q = 0; q < FW_E; q++) acc[q] = fmaf(rg[q][i - i0], wv, acc[q]);
+            }
+    }
+    if (d >= D) return;
+#pragma unroll
+    for (int q = 0; q < FW_E; q++)
+        if (e0 + q < E) {
+            size_t o = (size_t)(e0 + q) * D + d;
+            if (F32)
+                static_cast<float *>(out)[o] = acc[q];
+            else
+                static_cast<uint16_t *>(out)[o] = f32_bf16(acc[q]);
+        }
+}
+
+extern "C" int cu_moe_fold_supported(int H, int D, int E, int k) {
+    return H > 0 && H % 8 == 0 && D > 0 && D % 8 == 0 && E > 0 && E <= FO_MAX_E && k > 0 && k <= FO_MAX_K &&
+           k <= E;
+}
+
+extern "C" void cu_moe_fold_weights(cu_ctx *c, void *out, int f32, const uint16_t *router, const float *g,
+                                    const uint16_t *w_o, int E, int H, int D) {
+    dim3 grid(cdiv((size_t)D, 256), cdiv((size_t)E, FW_E));
+    if (f32)
+        fold_weights_kernel<true><<<grid, 256, 0, c->stream>>>(out, router, g, w_o, E, H, D);
+    else
+        fold_weights_kernel<false><<<grid, 256, 0, c->stream>>>(out, router, g, w_o, E, H, D);
+}
+
+template <int MR, bool WF32, int EW>
+static void fo_launch(cu_ctx *c, const cu_moe_fold_args *f, size_t r0, int tiles) {
+    int RG = FO_WARPS / f->KS, ZB = (int)cdiv((size_t)f->E, FO_WARPS);
+    dim3 grid((unsigned)ZB + cdiv((size_t)f->H, (size_t)RG), (unsigned)tiles);
+    size_t eb = (size_t)2 * f->Im * f->H * 2;
+    cu_launch_gemv(c, fo_kernel<MR, WF32, EW>, grid, dim3(FO_WARPS * 32), f->x + r0 * f->H, f->a + r0 * f->D,
+                   f->w_o, f->router, f->g, f->wf, f->y + r0 * f->H, f->z + r0 * f->E, f->idx, f->zsel,
+                   f->count + r0, f->H, f->D, f->E, f->k, f->KS, ZB,
+                   (f->variant & 8) ? f->e_gu : (const uint16_t *)NULL, eb, f->pf0, f->pf0_bytes, f->pf1,
+                   f->pf1_bytes);
+    (void)r0;
+}
+
+/* idx / zsel rows are indexed from the start of the launch's first tile: shift them per call */
+template <int MR, bool WF32> static void fo_ew(cu_ctx *c, const cu_moe_fold_args *f, size_t r0, int tiles) {
+    cu_moe_fold_args s = *f;
+    s.idx = f->idx + r0 * f->k, s.zsel = f->zsel + r0 * f->k;
+    if (f->E <= 256)
+        fo_launch<MR, WF32, 8>(c, &s, r0, tiles);
+    else
+        fo_launch<MR, WF32, 32>(c, &s, r0, tiles);
+}
+
+template <bool WF32> static void fo_rows(cu_ctx *c, const cu_moe_fold_args *f, size_t r0, int mr, int tiles) {
+    switch (mr) {
+    case 1:
+        fo_ew<1, WF32>(c, f, r0, tiles);
+        break;
+    case 2:
+        fo_ew<2, WF32>(c, f, r0, tiles);
+        break;
+    case 3:
+        fo_ew<3, WF32>(c, f, r0, tiles);
+        break;
+    case 4:
+        fo_ew<4, WF32>(c, f, r0, tiles);
+        break;
+    case 5:
+        fo_ew<5, WF32>(c, f, r0, tiles);
+        break;
+    case 6:
+        fo_ew<6, WF32>(c, f, r0, tiles);
+        break;
+    case 7:
+        fo_ew<7, WF32>(c, f, r0, tiles);
+        break;
+    default:
+        fo_ew<8, WF32>(c, f, r0, tiles);
+        break;
+    }
+}
+
+extern "C" void cu_moe_fold_outproj(cu_ctx *c, const cu_moe_fold_args *f) {
+    if (f->T <= 0) return;
+    /* tiles of 8 rows, then one tile of the rest (as gemv3's g3_rows) */
+    int full = f->T / 8, rest = f->T % 8;
+    if (f->wf_f32) {
+        if (full) fo_rows<true>(c, f, 0, 8, full);
+        if (rest) fo_rows<true>(c, f, (size_t)full * 8, rest, 1);
+    } else {
+        if (full) fo_rows<false>(c, f, 0, 8, full);
+        if (rest) fo_rows<false>(c, f, (size_t)full * 8, rest, 1);
+    }
+}
