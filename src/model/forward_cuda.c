@@ -245,6 +245,7 @@ struct cuda_fwd {
     /* the fused decode kernels' counters, or NULL when off: [max_tokens][Hk] DeltaNet
      * (CINFER_CUDA_GDN_FUSED), [max_tokens][Hq] attention (CINFER_CUDA_ATTN_FUSED) */
     unsigned *gdn_cnt, *attn_cnt;
+    int gdn_cluster; /* the fused DeltaNet decode kernel as thread block clusters (cu_gdn_args.dec_cluster) */
     void *gdn_chunk; /* the phased DeltaNet prefill's scratch (cu_gdn_chunk_bytes), or NULL */
     int gdn_chunk_cap, gdn_chunk_dt;
     /* CINFER_CUDA_PF_SPLIT: prefill norms and SwiGLU write the next GEMM's bf16 halves themselves (pf_split);
@@ -801,6 +802,14 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     if (gf)
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_GDN_FUSED=%s: fused deltanet decode %s\n", gf,
                 f->gdn_cnt ? "on" : "off");
+    /* CINFER_CUDA_GDN_CLUSTER=1: that kernel as thread block clusters, a key head's group one cluster (the
+     * same bits, fewer dependent round trips; cu_gdn_cluster_init says whether the shape and device take it)
+     */
+    const char *gc = getenv("CINFER_CUDA_GDN_CLUSTER");
+    f->gdn_cluster = f->gdn_cnt && gc && !strcmp(gc, "1") && cu_gdn_cluster_init(m->Hk, m->Hv, m->dk, m->dv);
+    if (gc)
+        fprintf(stderr, "cinfer cuda: CINFER_CUDA_GDN_CLUSTER=%s: clustered deltanet decode %s\n", gc,
+                f->gdn_cluster ? "on" : "off");
     /* CINFER_CUDA_ATTN_FUSED: decode-only steps run each attention layer as one kernel (q/k norm, RoPE and
      * the KV write in its prologue, the merge of the splits in the last split's block) — the default ("0":
      * three kernels). H200, 4B (session 4 call 1): attention core 0.316 -> 0.240 ms at batch 1, 1.36 -> 1.30
@@ -1257,6 +1266,7 @@ static void deltanet(cuda_fwd *f, const cu_layer *cl, const layer_weights *lw, i
     a.spec_rec = f->spec_rec, a.spec_win = f->p.spec_window, a.has_spec = rs->has_spec;
     a.spec_buf = f->spec_fuse ? spec_buf_floats(f) : 0;
     a.no_chunked = rs->no_chunked, a.dec_cnt = rs->gdn_fused ? f->gdn_cnt : NULL;
+    a.dec_cluster = f->gdn_cluster;
     /* CINFER_CUDA_PF_SPLIT: a step with prefill rows ends in gnorm_kernel, which then writes out_proj's
      * halves */
     int Mb = out_split_rows(f, T, vd, fz, !rs->no_chunked);

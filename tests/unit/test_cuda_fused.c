@@ -182,11 +182,12 @@ static void cpu_layer(const layer *L, const float *proj, const ent *e, int NE, f
     free(co), free(bg), free(tmp);
 }
 
-/* one device layer call on the given states; cnt NULL: the four kernels, else the fused decode kernel. The
+/* one device layer call on the given states; cnt NULL: the four kernels, else the fused decode kernel (as
+ * thread block clusters when cluster: cu_gdn_args.dec_cluster). The
  * scratch starts as NaN; returns o [T][vd] (host), and *scratch_nan whether conv_out and bg stayed NaN (the
  * four kernels write them, the fused kernel never does: proof of which path ran) */
 static float *dev_layer(cu_ctx *c, const layer *L, const float *dproj, const ent *e, int NE, float *dcst,
-                        float *drst, unsigned *cnt, int tc, int *scratch_nan) {
+                        float *drst, unsigned *cnt, int cluster, int tc, int *scratch_nan) {
     int T = 0, decode = 1;
     for (int i = 0; i < NE; i++) T += e[i].n, decode &= e[i].n == 1 && e[i].len > 0;
     cu_meta meta;
@@ -204,7 +205,7 @@ static float *dev_layer(cu_ctx *c, const layer *L, const float *dproj, const ent
     g.b = dproj + L->C + L->vd, g.a = dproj + L->C + L->vd + L->Hv, g.ba_ld = L->ld;
     g.conv_w = L->dcw, g.A = L->dA, g.dt_bias = L->ddt, g.gnorm = L->dgn;
     g.conv_out = dco, g.bg = dbg, g.o = dout, g.conv_state = dcst, g.rec_state = drst, g.eps = 1e-6f;
-    g.tc = tc, g.no_chunked = decode, g.dec_cnt = cnt, g.meta = meta;
+    g.tc = tc, g.no_chunked = decode, g.dec_cnt = cnt, g.dec_cluster = cluster, g.meta = meta;
     cu_gdn_layer(c, &g);
     float *o = NULL;
     if (cu_sync(c, err, sizeof err)) {
@@ -232,7 +233,8 @@ static int same_bits(const float *a, const float *b, size_t n, size_t *first) {
 }
 
 /* prefill of each entry (pre[i] tokens from 0, the chunked form), then `steps` decode steps of every entry:
- * the four kernels on one copy of the states, the fused kernel on another, the CPU on a third */
+ * the four kernels on one copy of the states, the fused kernel on another, the fused kernel as clusters
+ * (CINFER_CUDA_GDN_CLUSTER) on a third, the CPU on a fourth */
 static void fused_case(const char *name, int Hk, int Hv, int dk, int dv, const ent *pre, int NE, int steps) {
     char err[256];
     cu_ctx *c;
@@ -252,6 +254,10 @@ static void fused_case(const char *name, int Hk, int Hv, int dk, int dv, const e
     }
     float *dcst_u = dup_dev(cst, cs_n * 4), *drst_u = dup_dev(rst, rs_n * 4);
     float *dcst_f = dup_dev(cst, cs_n * 4), *drst_f = dup_dev(rst, rs_n * 4);
+    float *dcst_k = dup_dev(cst, cs_n * 4), *drst_k = dup_dev(rst, rs_n * 4);
+    /* every shape here takes the clustered form on sm_90 (at most 16 blocks a group) */
+    int ck = cu_gdn_cluster_init(Hk, Hv, dk, dv);
+    CHECK_MSG(ck, "%s: cu_gdn_cluster_init refused %d/%d heads, dk %d, dv %d", name, Hk, Hv, dk, dv);
     unsigned *cnt = NULL;
     REQUIRE(cu_alloc((void **)&cnt, (size_t)NE * Hk * sizeof(unsigned), err, sizeof err) == 0);
     int T = 0;
@@ -260,10 +266,12 @@ static void fused_case(const char *name, int Hk, int Hv, int dk, int dv, const e
     float *proj = proj_rows(&L, T), *dproj = dup_dev(proj, (size_t)T * L.ld * 4);
     float *o_ref = malloc((size_t)T * L.vd * 4);
     cpu_layer(&L, proj, pre, NE, cst, rst, o_ref);
-    int nan_u = 0, nan_f = 0;
-    float *ou = dev_layer(c, &L, dproj, pre, NE, dcst_u, drst_u, NULL, tc, &nan_u);
-    float *of = dev_layer(c, &L, dproj, pre, NE, dcst_f, drst_f, cnt, tc, &nan_f);
-    REQUIRE(ou && of);
+    int nan_u = 0, nan_f = 0, nan_k = 0;
+    float *ou = dev_layer(c, &L, dproj, pre, NE, dcst_u, drst_u, NULL, 0, tc, &nan_u);
+    float *of = dev_layer(c, &L, dproj, pre, NE, dcst_f, drst_f, cnt, 0, tc, &nan_f);
+    float *ok_ = dev_layer(c, &L, dproj, pre, NE, dcst_k, drst_k, cnt, ck, tc, &nan_k);
+    REQUIRE(ou && of && ok_);
+    free(ok_);
     double r = rel(ou, o_ref, (size_t)T * L.vd);
     printf("     %-5s NE %d prefill (%s) vs cpu: %.2e\n", name, NE, tc ? "tensor cores" : "scalar", r);
     CHECK_MSG(r <= 1e-5, "%s prefill vs cpu %.3g", name, r);
@@ -275,14 +283,30 @@ static void fused_case(const char *name, int Hk, int Hv, int dk, int dv, const e
         proj = proj_rows(&L, NE), dproj = dup_dev(proj, (size_t)NE * L.ld * 4);
         o_ref = malloc((size_t)NE * L.vd * 4);
         cpu_layer(&L, proj, dec, NE, cst, rst, o_ref);
-        ou = dev_layer(c, &L, dproj, dec, NE, dcst_u, drst_u, NULL, tc, &nan_u);
-        of = dev_layer(c, &L, dproj, dec, NE, dcst_f, drst_f, cnt, tc, &nan_f);
-        REQUIRE(ou && of);
-        CHECK_MSG(!nan_u && nan_f, "%s step %d: the fused kernel did not run (scratch written: %d / %d)",
-                  name, s, !nan_u, !nan_f);
+        ou = dev_layer(c, &L, dproj, dec, NE, dcst_u, drst_u, NULL, 0, tc, &nan_u);
+        of = dev_layer(c, &L, dproj, dec, NE, dcst_f, drst_f, cnt, 0, tc, &nan_f);
+        float *ok2 = dev_layer(c, &L, dproj, dec, NE, dcst_k, drst_k, cnt, ck, tc, &nan_k);
+        REQUIRE(ou && of && ok2);
+        CHECK_MSG(!nan_u && nan_f && nan_k,
+                  "%s step %d: the fused kernels did not run (scratch written: %d / %d / %d)", name, s,
+                  !nan_u, !nan_f, !nan_k);
         size_t at = 0;
         CHECK_MSG(same_bits(of, ou, (size_t)NE * L.vd, &at),
                   "%s step %d: fused output differs at %zu: %.9g vs %.9g", name, s, at, of[at], ou[at]);
+        CHECK_MSG(same_bits(ok2, ou, (size_t)NE * L.vd, &at),
+                  "%s step %d: clustered output differs at %zu: %.9g vs %.9g", name, s, at, ok2[at], ou[at]);
+        {
+            float *ck_ = get(dcst_k, cs_n), *rk = get(drst_k, rs_n), *cu2 = get(dcst_u, cs_n),
+                  *ru2 = get(drst_u, rs_n);
+            CHECK_MSG(same_bits(ck_, cu2, cs_n, &at),
+                      "%s step %d: clustered conv windows differ at %zu: %.9g vs %.9g", name, s, at, ck_[at],
+                      cu2[at]);
+            CHECK_MSG(same_bits(rk, ru2, rs_n, &at),
+                      "%s step %d: clustered recurrent states differ at %zu: %.9g vs %.9g", name, s, at,
+                      rk[at], ru2[at]);
+            free(ck_), free(rk), free(cu2), free(ru2);
+        }
+        free(ok2);
         r = rel(of, o_ref, (size_t)NE * L.vd);
         if (r > worst) worst = r;
         CHECK_MSG(r <= 1e-5, "%s step %d: fused output vs cpu %.3g", name, s, r);
@@ -294,10 +318,11 @@ static void fused_case(const char *name, int Hk, int Hv, int dk, int dv, const e
                   name, s, at, rf[at], ru[at]);
         if (s == steps - 1) {
             double rc = rel(cf, cst, cs_n), rr = rel(rf, rst, rs_n);
-            printf(
-                "     %-5s NE %d %d decode steps: fused == four kernels bitwise (outputs, windows, states); "
-                "vs cpu: outputs <= %.2e, windows %.2e, states %.2e\n",
-                name, NE, steps, worst, rc, rr);
+            printf("     %-5s NE %d %d decode steps: fused == clustered == four kernels bitwise (outputs, "
+                   "windows, "
+                   "states); "
+                   "vs cpu: outputs <= %.2e, windows %.2e, states %.2e\n",
+                   name, NE, steps, worst, rc, rr);
             CHECK_MSG(rc <= 1e-6 && rr <= 1e-5, "%s: states vs cpu %.3g / %.3g", name, rc, rr);
         }
         free(cu_), free(cf), free(ru), free(rf);
@@ -311,7 +336,8 @@ static void fused_case(const char *name, int Hk, int Hv, int dk, int dv, const e
     for (int i = 0; i < NE * Hk; i++) zero &= hc[i] == 0;
     CHECK_MSG(zero, "%s: the fused kernel's counters were not set back to 0", name);
     free(hc), free(dec), free(cst), free(rst);
-    cu_free(dcst_u), cu_free(drst_u), cu_free(dcst_f), cu_free(drst_f), cu_free(cnt);
+    cu_free(dcst_u), cu_free(drst_u), cu_free(dcst_f), cu_free(drst_f), cu_free(dcst_k), cu_free(drst_k);
+    cu_free(cnt);
     layer_free(&L);
     cu_ctx_destroy(c);
 }

@@ -4,8 +4,9 @@
  * decode steps at batch 3), eager launches without PDL as the reference against PDL from CUDA graphs, PDL
  * eager, GEMV-only PDL, a profiled run with PDL (an event recorded between the phases: session 4's illegal
  * address), the attention decode kernel's prefetch (CINFER_CUDA_ATTN_PF=1) without and with PDL, that
- * with the L2 prefetch of the next GEMV's weights at 8 MB (CINFER_CUDA_L2PF_NEXT=8), and sequence
- * 0 alone under all of them against the batch reference. PDL's level 2 covers decode steps of contexts that
+ * with the L2 prefetch of the next GEMV's weights at 8 MB (CINFER_CUDA_L2PF_NEXT=8), the DeltaNet decode
+ * kernel as clusters (CINFER_CUDA_GDN_CLUSTER=1) eager and from graphs with PDL, and sequence 0 alone under
+ * all of them against the batch reference. PDL's level 2 covers decode steps of contexts that
  * do not speculate (pdl_step in forward_cuda.c). At the fixtures, and at the 4B shape with few layers when
  * CINFER_TEST_PDL_MODEL names such a checkpoint (`cinfer synth --like qwen3.5-4b
  * --layers 4 --vocab 2048 --out DIR`; the GPU script makes one). Without a CUDA build or device every test
@@ -27,9 +28,14 @@
 #define NO_DEVICE() (!cuda_built() || cuda_devices() < 1)
 
 /* one run under the given switches (NULL: unset); pf: CINFER_CUDA_ATTN_PF=1 unless "0", and "2" the attention
- * prefetch and the next GEMV's weights prefetched at 8 MB (CINFER_CUDA_L2PF_NEXT=8) */
-static int run_with(cinfer_model *m, const char *pdl, const char *graphs, const char *pf, int B, int prof,
-                    int V, float *out) {
+ * prefetch and the next GEMV's weights prefetched at 8 MB (CINFER_CUDA_L2PF_NEXT=8); gdnc: the value of
+ * CINFER_CUDA_GDN_CLUSTER (NULL unset) */
+static int run_with(cinfer_model *m, const char *pdl, const char *graphs, const char *pf, const char *gdnc,
+                    int B, int prof, int V, float *out) {
+    if (gdnc)
+        setenv("CINFER_CUDA_GDN_CLUSTER", gdnc, 1);
+    else
+        unsetenv("CINFER_CUDA_GDN_CLUSTER");
     if (pf && !strcmp(pf, "2")) {
         setenv("CINFER_CUDA_L2PF_NEXT", "8", 1);
     } else {
@@ -52,6 +58,7 @@ static int run_with(cinfer_model *m, const char *pdl, const char *graphs, const 
     unsetenv("CINFER_CUDA_GRAPHS");
     unsetenv("CINFER_CUDA_ATTN_PF");
     unsetenv("CINFER_CUDA_L2PF_NEXT");
+    unsetenv("CINFER_CUDA_GDN_CLUSTER");
     return rc;
 }
 
@@ -69,22 +76,25 @@ static void pdl_case(const char *dir, const char *name) {
     float *ref = malloc(nb), *got = malloc(nb);
     /* NaN everywhere first: a run that leaves a logit unwritten differs from the reference */
     for (size_t i = 0; i < n; i++) ref[i] = NAN;
-    int rc = run_with(m, "0", "0", "0", B, 0, V, ref);
+    int rc = run_with(m, "0", "0", "0", "0", B, 0, V, ref);
     static const struct {
-        const char *what, *pdl, *graphs, *pf;
+        const char *what, *pdl, *graphs, *pf, *gdnc;
         int prof;
     } runs[] = {
-        {"PDL graphs", "1", NULL, NULL, 0},
-        {"PDL eager", "1", "0", NULL, 0},
-        {"GEMV-only PDL graphs", "gemv", NULL, NULL, 0},
-        {"PDL profiled", "1", "0", NULL, 1},
-        {"attention prefetch", "0", NULL, "1", 0},
-        {"PDL + attn prefetch", "1", NULL, "1", 0},
-        {"PDL + every new form", "1", NULL, "2", 0},
+        {"PDL graphs", "1", NULL, NULL, NULL, 0},
+        {"PDL eager", "1", "0", NULL, NULL, 0},
+        {"GEMV-only PDL graphs", "gemv", NULL, NULL, NULL, 0},
+        {"PDL profiled", "1", "0", NULL, NULL, 1},
+        {"attention prefetch", "0", NULL, "1", NULL, 0},
+        {"PDL + attn prefetch", "1", NULL, "1", NULL, 0},
+        {"GDN clusters eager", "0", "0", "0", "1", 0},
+        {"GDN clusters PDL graph", "1", NULL, NULL, "1", 0},
+        {"PDL + every new form", "1", NULL, "2", "1", 0},
     };
     for (size_t k = 0; !rc && k < sizeof runs / sizeof runs[0]; k++) {
         for (size_t i = 0; i < n; i++) got[i] = NAN;
-        if (run_with(m, runs[k].pdl, runs[k].graphs, runs[k].pf, B, runs[k].prof, V, got)) break;
+        if (run_with(m, runs[k].pdl, runs[k].graphs, runs[k].pf, runs[k].gdnc, B, runs[k].prof, V, got))
+            break;
         int same = !memcmp(got, ref, nb);
         printf("     %-14s %-22s vs plain eager: %s\n", name, runs[k].what,
                same ? "bit-identical" : "DIFFER");
@@ -93,7 +103,7 @@ static void pdl_case(const char *dir, const char *name) {
     if (!rc) {
         /* sequence 0 alone, PDL from graphs, against its row in the plain batch */
         for (size_t i = 0; i < n; i++) got[i] = NAN;
-        if (!run_with(m, "1", NULL, "2", 1, 0, V, got)) {
+        if (!run_with(m, "1", NULL, "2", "1", 1, 0, V, got)) {
             int same = 1;
             for (int t = 0; t <= D; t++)
                 same &= !memcmp(got + (size_t)t * V, ref + (size_t)t * B * V, (size_t)V * sizeof(float));

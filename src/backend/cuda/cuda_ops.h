@@ -292,6 +292,9 @@ typedef struct cu_gdn_args {
     /* with win_cnt: 1 the kernel's second form (fewer dependent loads; the same bits),
      * CINFER_CUDA_SPEC_WINFUSED=2 */
     int win_v2;
+    /* with dec_cnt: 1 the decode kernel as thread block clusters, a key head's group one cluster (the same
+     * bits; cu_gdn_cluster_init must have said yes), CINFER_CUDA_GDN_CLUSTER */
+    int dec_cluster;
     cu_meta meta;
 } cu_gdn_args;
 #define CU_SPEC_REC(C, Hv) (2 * (size_t)(C) + 2 * (size_t)(Hv))
@@ -306,6 +309,10 @@ void cu_gdn_spec_commit(cu_ctx *c, float *d_conv_state, float *d_rec_state, cons
 /* Qwen3-Next: per key-head groups of in_proj_qkvz | in_proj_ba ([T][ld] rows) into q|k|v, z, b, a */
 void cu_next_split(cu_ctx *c, const float *d_in, int ld, float *d_qkv, float *d_z, float *d_b, float *d_a,
                    int T, int Hk, int Hv, int dk, int dv);
+/* 1 when the clustered decode kernel (cu_gdn_args.dec_cluster) serves this shape on this device (a key
+ * head's rr x dv/32 blocks, at most 16, as one cluster); sets its attributes (call before any graph capture)
+ */
+int cu_gdn_cluster_init(int Hk, int Hv, int dk, int dv);
 /* 1 when the chunked kernel's shared memory for this dk fits the device; raises the kernel's opt-in limit
  * (call before any graph capture) */
 int cu_gdn_init(int dk);

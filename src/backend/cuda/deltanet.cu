@@ -12,6 +12,8 @@
  * read-modify-write at the commit, and k+1 times the state memory per slot — so on the GPU, where this
  * traffic is the cost, the replay is the cheaper of the two (verify: S read once; commit: S read and written
  * once, plus n_keep tokens of arithmetic on registers). */
+#include <cooperative_groups.h>
+
 #include "backend/cuda/common.cuh"
 
 #define GDN_CH 64 /* chunk length, = GDN_CHUNK of forward.h */
@@ -36,13 +38,18 @@ __device__ __forceinline__ float conv_tap(const float (&wt)[N], const float (&wi
     return dev_silu(fmaf(wl, xin, acc));
 }
 
-/* l2norm (eps 1e-6) of one dk-vector by one warp, times 1/sqrt(dk) for a query head; x and y may alias */
-__device__ __forceinline__ void l2norm_warp(const float *x, float *y, int dk, int isq, int lane) {
-    float scale = (float)(1.0 / sqrt((double)dk));
+/* 1 / sqrt(sum x^2 + 1e-6) of one dk-vector by one warp (every lane gets it): l2norm_warp's factor */
+__device__ __forceinline__ float l2inv_warp(const float *x, int dk, int lane) {
     float ss = 0.0f;
     for (int i = lane; i < dk; i += 32) ss = fmaf(x[i], x[i], ss);
     ss = warp_sum(ss);
-    float inv = 1.0f / sqrtf(ss + 1e-6f);
+    return 1.0f / sqrtf(ss + 1e-6f);
+}
+
+/* l2norm (eps 1e-6) of one dk-vector by one warp, times 1/sqrt(dk) for a query head; x and y may alias */
+__device__ __forceinline__ void l2norm_warp(const float *x, float *y, int dk, int isq, int lane) {
+    float scale = (float)(1.0 / sqrt((double)dk));
+    float inv = l2inv_warp(x, dk, lane);
     for (int i = lane; i < dk; i += 32) {
         float v = x[i] * inv;
         y[i] = isq ? v * scale : v;
@@ -443,6 +450,196 @@ template <int R> __global__ void __launch_bounds__(256) fused_decode_kernel(cu_g
         gnorm_warp<true>(o, o, a.z + (size_t)r * a.z_ld + (size_t)hh * dv, a.gnorm, dv, a.eps, jj);
     }
     if (tid == 0) *cnt = 0u; /* ready for the next launch (kernel boundaries order it) */
+}
+
+/* The fused decode kernel as thread block clusters (sm_90; cu_gdn_args.dec_cluster, CINFER_CUDA_GDN_CLUSTER):
+ * fused_decode_kernel's grid and block layout, the rr x dv/32 blocks of a key head's group one cluster
+ * (dims dv/32 x rr). What changes is the chain of dependent steps at batch 1 (one block per SM, nothing
+ * hides a round trip), never a value: the same conv_tap, l2norm factor, gates, per-token update and gated
+ * norm on the same operands in the same order, so the same bits (tests/unit/test_cuda_fused.c):
+ *  - every channel's window and weights (the second iteration's too: 2 dk + 32 channels over 256 threads)
+ *    and the gated norm's weight are loaded before griddep_wait; after it one round of loads (the in_proj
+ *    row's inputs, b, a, z);
+ *  - q / k stay un-normed in shared memory: each warp forms the two l2norm factors itself (l2inv_warp, as
+ *    l2norm_warp does) and each thread scales its rows on the fly (the same products), one barrier fewer;
+ *  - the single-token update: every thread sums the read-out's 8 partials itself (g == 0's sum, in its
+ *    order), and the output's partials go to a second buffer: 2 barriers where rec_token has 4;
+ *  - the gated norm's sum of squares: warp 0 of each block puts its 32 outputs into the shared memory of
+ *    every column block of its head (distributed shared memory), one cluster barrier, then lane l sums
+ *    o[l], o[l + 32], ... by fmaf as gnorm_warp does and each block normalizes its own columns; o is written
+ *    once, normed (was: written, fenced, a global counter, the last block re-reading it);
+ *  - the q / k conv windows: every block of the cluster has read them before the cluster barrier; after it
+ *    the group's first block writes the new ones from its registers (no loads). */
+template <int R> struct gdn_cl {
+    /* channels per thread: 2 dk + 32 over 256 threads, dk <= 8 R */
+    static constexpr int NIT = (16 * R + 32 + 255) / 256;
+};
+
+/* the row-scaled products of the update (rec_token's, with q / k normed on the fly: qn = (q inv_q) scale,
+ * kn = k inv_k, l2norm_warp's products) for one token, S in registers; returns the output column (warp 0's
+ * lanes; others 0) */
+template <int R>
+__device__ __forceinline__ float rec_token1(float *sv, const float *q, const float *k, float invq, float invk,
+                                            float scale, float vj, float decay, float beta, int g, int jj,
+                                            int ok, int dk, float (*red)[32], float (*red2)[32]) {
+    float kn[R], m = 0.0f;
+#pragma unroll
+    for (int t = 0; t < R; t++) {
+        int i = g + REC_GROUPS * t;
+        kn[t] = 0.0f;
+        if (i < dk && ok) {
+            kn[t] = __fmul_rn(k[i], invk);
+            sv[t] = __fmul_rn(sv[t], decay);
+            m = fmaf(kn[t], sv[t], m);
+        }
+    }
+    red[g][jj] = m;
+    __syncthreads();
+    float mm = 0.0f;
+    for (int t = 0; t < REC_GROUPS; t++) mm += red[t][jj];
+    float mj = beta * ((ok ? vj : 0.0f) - mm), o = 0.0f;
+#pragma unroll
+    for (int t = 0; t < R; t++) {
+        int i = g + REC_GROUPS * t;
+        if (i < dk && ok) {
+            float qn = __fmul_rn(__fmul_rn(q[i], invq), scale);
+            sv[t] = fmaf(kn[t], mj, sv[t]);
+            o = fmaf(qn, sv[t], o);
+        }
+    }
+    red2[g][jj] = o;
+    __syncthreads();
+    float oo = 0.0f;
+    if (g == 0)
+        for (int t = 0; t < REC_GROUPS; t++) oo += red2[t][jj];
+    return oo;
+}
+
+/* the split cluster barrier (every thread of every block of the cluster executes both, converged) */
+__device__ __forceinline__ void cl_arrive_relaxed(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cl_wait(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+#endif
+}
+
+#define GDN_CL_MAXX 8 /* column blocks of a head a cluster holds: dv <= 256 */
+/* KW: the conv arrays' size (4 for Qwen3.5's K = 4: registers for 3 taps, not CONV_MAXK - 1) */
+template <int R, int KW>
+__global__ void __launch_bounds__(256, R <= 16 ? 3 : 0) fused_decode_cluster_kernel(cu_gdn_args a) {
+    constexpr int NIT = gdn_cl<R>::NIT;
+    __shared__ float q[256], k[256], red[REC_GROUPS][32], red2[REC_GROUPS][32];
+    __shared__ float vs[32], bgs[2], ob[GDN_CL_MAXX][32];
+    int e = blockIdx.z;
+    /* a cluster is one entry: all its blocks return here or none */
+    if (!(a.meta.e_n[e] == 1 && a.meta.e_len[e] > 0)) {
+        griddep_wait();
+        return;
+    }
+    int h = blockIdx.y, jj = threadIdx.x & 31, g = threadIdx.x >> 5, j0 = blockIdx.x * 32, j = j0 + jj;
+    int dk = a.dk, dv = a.dv, K = a.K, C = a.C, tid = threadIdx.x, rr = a.Hv / a.Hk;
+    int r = a.meta.e_row0[e], slot = a.meta.e_slot[e], kh = h / rr, kd = a.Hk * dk;
+    int ok = j < dv, nv = dv - j0 < 32 ? dv - j0 : 32, nc = 2 * dk + nv;
+    /* before griddep_wait: S, the windows, the conv and norm weights (fused_decode_kernel's rule) */
+    float *S = a.rec_state + (((size_t)slot * a.n_lin + a.lin) * a.Hv + h) * (size_t)dk * dv + j;
+    float sv[R];
+#pragma unroll
+    for (int t = 0; t < R; t++) {
+        int i = g + REC_GROUPS * t;
+        sv[t] = i < dk && ok ? S[(size_t)i * dv] : 0.0f;
+    }
+    float *cst = a.conv_state + ((size_t)slot * a.n_lin + a.lin) * (size_t)(K - 1) * C;
+    const float *xrow = a.qkv + (size_t)r * a.qkv_ld;
+    float win[NIT][KW], wt[NIT][KW], wl[NIT], xin[NIT];
+    int ch[NIT];
+#pragma unroll
+    for (int it = 0; it < NIT; it++) {
+        int idx = tid + 256 * it, in = idx < nc;
+        ch[it] = !in            ? 0
+                 : idx < dk     ? kh * dk + idx
+                 : idx < 2 * dk ? kd + kh * dk + (idx - dk)
+                                : 2 * kd + h * dv + j0 + (idx - 2 * dk);
+#pragma unroll
+        for (int t = 0; t < KW; t++) {
+            win[it][t] = t < K - 1 && in ? cst[(size_t)t * C + ch[it]] : 0.0f;
+            wt[it][t] = t < K - 1 && in ? a.conv_w[(size_t)t * C + ch[it]] : 0.0f;
+        }
+        wl[it] = in ? a.conv_w[(size_t)(K - 1) * C + ch[it]] : 0.0f;
+    }
+    float gw = g == 0 && ok ? a.gnorm[j] : 0.0f;
+    /* the cluster's first barrier phase: every block has started before any writes into another's shared
+     * memory (arrive now, wait just before those writes) */
+    cl_arrive_relaxed();
+    griddep_wait();   /* the in_proj row */
+    griddep_launch(); /* out_proj may start requesting its weights */
+#pragma unroll
+    for (int it = 0; it < NIT; it++) xin[it] = tid + 256 * it < nc ? xrow[ch[it]] : 0.0f;
+    float zj = g == 0 && ok ? a.z[(size_t)r * a.z_ld + (size_t)h * dv + j] : 0.0f;
+    if (tid == 64) {
+        bgs[0] = gdn_beta(a.b[(size_t)r * a.ba_ld + h]);
+        bgs[1] = gdn_gate(a, a.a[(size_t)r * a.ba_ld + h], h);
+    }
+#pragma unroll
+    for (int it = 0; it < NIT; it++) {
+        int idx = tid + 256 * it;
+        if (idx >= nc) continue;
+        float y = conv_tap(wt[it], win[it], wl[it], xin[it], K);
+        if (idx < dk) {
+            q[idx] = y;
+        } else if (idx < 2 * dk) {
+            k[idx - dk] = y;
+        } else {
+            vs[idx - 2 * dk] = y;
+#pragma unroll
+            for (int t = 0; t < KW - 1; t++) /* this block's own value channels: no other reads them */
+                if (t < K - 1) cst[(size_t)t * C + ch[it]] = t + 1 < K - 1 ? win[it][t + 1] : xin[it];
+        }
+    }
+    __syncthreads();
+    float invq = l2inv_warp(q, dk, jj), invk = l2inv_warp(k, dk, jj);
+    float scale = (float)(1.0 / sqrt((double)dk));
+    float decay = expf(bgs[1]), beta = bgs[0];
+    float vj = ok ? vs[jj] : 0.0f;
+    float oo = rec_token1<R>(sv, q, k, invq, invk, scale, vj, decay, beta, g, jj, ok, dk, red, red2);
+    /* warp 0: this block's 32 outputs into slot blockIdx.x of every column block of the head (x fastest in
+     * the cluster's block rank) */
+    namespace cg = cooperative_groups;
+    cg::cluster_group cl = cg::this_cluster();
+    cl_wait();
+    if (g == 0) {
+        unsigned me = cl.block_rank(), nbx = gridDim.x;
+        for (unsigned b = 0; b < nbx; b++) {
+            float *dst = cl.map_shared_rank(&ob[blockIdx.x][jj], me - blockIdx.x + b);
+            *dst = oo;
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < R; t++) {
+        int i = g + REC_GROUPS * t;
+        if (i < dk && ok) S[(size_t)i * dv] = sv[t];
+    }
+    cl.sync(); /* every output of the group in place; every block has read the q / k windows */
+    if (g == 0) {
+        float ss = 0.0f;
+        for (int b = 0; b * 32 + jj < dv; b++) ss = fmaf(ob[b][jj], ob[b][jj], ss); /* gnorm_warp's order */
+        ss = warp_sum(ss);
+        float inv = 1.0f / sqrtf(ss / (float)dv + a.eps);
+        if (ok) a.o[(size_t)r * a.Hv * dv + (size_t)h * dv + j] = ((oo * inv) * gw) * dev_silu(zj);
+    }
+    if (blockIdx.x == 0 && h == kh * rr) {
+#pragma unroll
+        for (int it = 0; it < NIT; it++) {
+            int idx = tid + 256 * it;
+            if (idx >= 2 * dk) continue;
+#pragma unroll
+            for (int t = 0; t < KW - 1; t++)
+                if (t < K - 1) cst[(size_t)t * C + ch[it]] = t + 1 < K - 1 ? win[it][t + 1] : xin[it];
+        }
+    }
 }
 
 /* Fused verify layer (cu_gdn_args.win_cnt): a whole layer in one launch when every entry is a speculative
@@ -941,6 +1138,57 @@ extern "C" int cu_gdn_init(int dk) {
            cudaSuccess;
 }
 
+/* a decode step's kernel as clusters of cdims (cu_launch_step's PDL choice for PDL_GDN) */
+static void launch_cluster(cu_ctx *c, void (*kern)(cu_gdn_args), dim3 grid, dim3 cdims, cu_gdn_args a) {
+    int pdl = cu_pdl_on() >= 2 && (cu_pdl_mask() & PDL_GDN) && !c->pdl_break;
+    c->pdl_break = 0;
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[2];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = cdims.x, at[0].val.clusterDim.y = cdims.y, at[0].val.clusterDim.z = cdims.z;
+    at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[1].val.programmaticStreamSerializationAllowed = 1;
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(256);
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = c->stream;
+    cfg.attrs = at;
+    cfg.numAttrs = pdl ? 2 : 1;
+    cudaLaunchKernelEx(&cfg, kern, a);
+}
+
+extern "C" int cu_gdn_cluster_init(int Hk, int Hv, int dk, int dv) {
+    int dev = 0, cc = 0, nbx = (dv + 31) / 32, rr = Hk > 0 ? Hv / Hk : 0;
+    if (Hk <= 0 || Hv % Hk || dk > 256 || nbx > GDN_CL_MAXX || nbx * rr > 16) return 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return 0;
+    if (cudaDeviceGetAttribute(&cc, cudaDevAttrClusterLaunch, dev) != cudaSuccess || !cc) return 0;
+    /* clusters of more than 8 blocks (27B: 3 heads x 4 column blocks) are "non-portable": sm_90 takes 16 */
+    int n = 0;
+#define CLI(R_)                                                                                              \
+    do {                                                                                                     \
+        void (*kern)(cu_gdn_args) = fused_decode_cluster_kernel<R_, 4>;                                      \
+        void (*kern8)(cu_gdn_args) = fused_decode_cluster_kernel<R_, CONV_MAXK>;                             \
+        if (nbx * rr > 8 &&                                                                                  \
+            (cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess || \
+             cudaFuncSetAttribute(kern8, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)) \
+            break;                                                                                           \
+        cudaLaunchConfig_t cfg = {};                                                                         \
+        cudaLaunchAttribute at[1];                                                                           \
+        at[0].id = cudaLaunchAttributeClusterDimension;                                                      \
+        at[0].val.clusterDim.x = (unsigned)nbx, at[0].val.clusterDim.y = (unsigned)rr;                       \
+        at[0].val.clusterDim.z = 1;                                                                          \
+        cfg.gridDim = dim3((unsigned)nbx, (unsigned)Hv, 1);                                                  \
+        cfg.blockDim = dim3(256);                                                                            \
+        cfg.attrs = at;                                                                                      \
+        cfg.numAttrs = 1;                                                                                    \
+        if (cudaOccupancyMaxActiveClusters(&n, kern, &cfg) != cudaSuccess) n = 0;                            \
+    } while (0)
+    REC_DISPATCH(dk, CLI);
+#undef CLI
+    cudaGetLastError(); /* a refusal above is an answer, not a sticky error */
+    return n > 0;
+}
+
 extern "C" int cu_gdn_chunked_phased(cu_ctx *c, const cu_gdn_args *a); /* deltanet_chunk.cu */
 
 extern "C" void cu_gdn_layer(cu_ctx *c, const cu_gdn_args *a) {
@@ -948,6 +1196,15 @@ extern "C" void cu_gdn_layer(cu_ctx *c, const cu_gdn_args *a) {
     size_t smem = chunk_smem_floats(a->dk) * sizeof(float);
     if (a->dec_cnt && a->no_chunked && !a->has_spec && 2 * a->dk <= 512) {
         dim3 grid(cdiv((size_t)a->dv, 32), (unsigned)a->Hv, (unsigned)a->NE);
+        if (a->dec_cluster) {
+#define DECC(R_)                                                                                             \
+    launch_cluster(                                                                                          \
+        c, a->K == 4 ? fused_decode_cluster_kernel<R_, 4> : fused_decode_cluster_kernel<R_, CONV_MAXK>,      \
+        grid, dim3(grid.x, a->Hv / a->Hk, 1), *a)
+            REC_DISPATCH(a->dk, DECC);
+#undef DECC
+            return;
+        }
 #define DECK(R_) cu_launch_step(c, PDL_GDN, fused_decode_kernel<R_>, grid, dim3(256), *a)
         REC_DISPATCH(a->dk, DECK);
 #undef DECK
