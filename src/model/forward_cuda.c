@@ -707,8 +707,8 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     f->l2pf_next_rows = l2r ? (atoi(l2r) > 0 ? atoi(l2r) : 0) : 32;
     const char *aro = getenv("CINFER_CUDA_ATTN_ROUND"); /* "0": nsplit exact (a capture every 64 positions) */
     f->attn_round = !(aro && !strcmp(aro, "0"));
-    /* CINFER_CUDA_ATTN_DEC=2: decode rows (and verify windows' rows, no tiles) by attn_dec_kernel, a block per
-     * (kv head, row, span) for the GQA group, spans from the row's own position, at most
+    /* CINFER_CUDA_ATTN_DEC=2: decode rows (and verify windows' rows, no tiles) by attn_dec_kernel, a block
+     * per (kv head, row, span) for the GQA group, spans from the row's own position, at most
      * CINFER_CUDA_ATTN_DEC_NS (default 32) a row; another summation order than attn_kernel */
     const char *adec = getenv("CINFER_CUDA_ATTN_DEC"), *adns = getenv("CINFER_CUDA_ATTN_DEC_NS");
     f->attn_dec_ns = adec && !strcmp(adec, "2") ? (adns && atoi(adns) > 0 ? atoi(adns) : 32) : 0;
@@ -1712,9 +1712,11 @@ done:
 /* attention position splits: enough (rows x heads x splits) blocks to fill the device at decode, none when
  * the rows alone do; spans are powers of two times 64 so a decode graph stays valid for many steps */
 static void attn_split(const cuda_fwd *f, int T, int maxpos, int *span, int *nsplit) {
-    if (f->attn_dec_ns) { /* attn_dec_kernel: spans per row from its own position; span is not used */
-        *span = CU_ATTN_DEC_CH;
+    if (f->attn_dec_ns) { /* attn_dec_kernel: spans per row from its own position; span says whether every
+                             row's spans are one chunk (one stage of shared memory; cu_attn_args.dec_nsmax) */
         *nsplit = cu_attn_dec_grid(maxpos, f->attn_dec_ns);
+        *span = (maxpos + CU_ATTN_DEC_CH) / CU_ATTN_DEC_CH <= f->attn_dec_ns ? CU_ATTN_DEC_CH
+                                                                             : 2 * CU_ATTN_DEC_CH;
         return;
     }
     int rows = T * f->m->Hq, want = rows >= ATTN_TARGET_BLOCKS ? 1 : (ATTN_TARGET_BLOCKS + rows - 1) / rows;

@@ -546,16 +546,17 @@ TEST(cuda_fused_attention_decode) {
 
 /* the same for CINFER_CUDA_ATTN_DEC=2's kernel (cu_attn_args.dec_nsmax): fused (prep, merge in the last
  * block, PDL's early loads) against its unfused form bitwise and the CPU; spans of 32 (17 at 517 positions),
- * three long spans, one span of many chunks; rows whose spans differ in one launch; G = 4, 2, 8, 6 */
+ * three long spans, one span of many chunks; rows whose spans differ in one launch; G = 4, 2, 8, 6; one and
+ * two stages of shared memory (span <= 32 or not) */
 TEST(cuda_fused_attention_dec) {
     if (cuda_devices() < 1) SKIP("no CUDA device: skipped");
     static const int l1[] = {517}, l4[] = {20, 300, 100, 70}, l3[] = {1000, 31, 64};
-    attn_fused_case(16, 4, 256, 0, l1, 1, 3, 32);
-    attn_fused_case(16, 4, 256, 0, l1, 1, 2, 3);
-    attn_fused_case(16, 4, 256, 0, l1, 1, 2, 1);
-    attn_fused_case(4, 2, 64, 0, l4, 4, 3, 32);
+    attn_fused_case(16, 4, 256, 0, l1, 1, 3, 32); /* span 0: one stage of shared memory */
+    attn_fused_case(16, 4, 256, 64, l1, 1, 2, 3); /* 64: two, chunks double-buffered */
+    attn_fused_case(16, 4, 256, 0, l1, 1, 2, 1);  /* one stage, 17 chunks one after another */
+    attn_fused_case(4, 2, 64, 64, l4, 4, 3, 32);
     attn_fused_case(8, 1, 128, 0, l4, 4, 2, 4);
-    attn_fused_case(24, 4, 256, 0, l3, 3, 2, 32);
+    attn_fused_case(24, 4, 256, 64, l3, 3, 2, 32);
 }
 
 #else

@@ -1067,6 +1067,31 @@ static void attn_case_ex(int Hq, int Hkv, int hd, int span, int tiled, const tes
             }
             printf("     each entry alone vs in the batch: %s\n", same ? "bit-identical" : "DIFFERENT");
         }
+        if (g_dec_ns && !tiled) {
+            /* each entry alone (its own grid of spans) gives the bits it has in the batch: a row's spans
+             * follow its own position */
+            int same = 1;
+            for (int i = 0, r0 = 0; i < NE; r0 += ents[i].n, i++) {
+                cu_meta m1;
+                int *dm1, n = ents[i].n;
+                int *hm1 = pack_meta(&ents[i], 1, &tables[i], &m1, &dm1);
+                cu_attn_args b = a;
+                b.T = n, b.meta = m1, b.nsplit = cu_attn_dec_grid(ents[i].len + n - 1, g_dec_ns);
+                b.qkv = dup_dev(qkv + (size_t)r0 * ld, (size_t)n * ld * 4);
+                b.o = nan_dev(c, (size_t)n * Hq * hd);
+                cu_attn_layer(c, &b);
+                REQUIRE(cu_sync(c, err, sizeof err) == 0);
+                float *g1 = get(b.o, (size_t)n * Hq * hd);
+                if (memcmp(g1, go + (size_t)r0 * Hq * hd, (size_t)n * Hq * hd * 4)) {
+                    same = 0;
+                    CHECK_MSG(0, "attention dec hd=%d: entry len=%d n=%d alone differs from in the batch", hd,
+                              ents[i].len, n);
+                }
+                free(g1), free(hm1);
+                cu_free(dm1), cu_free(b.qkv), cu_free(b.o);
+            }
+            printf("     each entry alone vs in the batch: %s\n", same ? "bit-identical" : "DIFFERENT");
+        }
         snprintf(what, sizeof what, "attention hd=%d: K pool", hd);
         check_rel(what, gk, kp_r, pool_n, 1e-5);
         CHECK_MSG(!memcmp(gv, vp_r, pool_n * 4), "attention hd=%d: V pool differs", hd);

@@ -298,10 +298,14 @@ __device__ __forceinline__ int dec_span(int pos, int nsmax, int *ns) {
     return s;
 }
 
-/* shared memory of attn_dec_kernel: two stages of K [CH][hd + 4] (padded: the CH rows' float4 at one column
+/* stages of attn_dec_kernel's chunks: one when every row's spans are one chunk (cu_attn_args.span) */
+__host__ __device__ __forceinline__ int dec_stages(const cu_attn_args &a) {
+    return a.span <= CU_ATTN_DEC_CH ? 1 : 2;
+}
+/* shared memory of attn_dec_kernel: nst stages of K [CH][hd + 4] (padded: the CH rows' float4 at one column
  * fall in distinct banks) and V [CH][hd], q [G][hd], p [G][CH], the own k [hd], per head m, l, corr [G] */
-static size_t dec_smem(int hd, int G) {
-    return ((size_t)2 * CU_ATTN_DEC_CH * (2 * hd + 4) + (size_t)G * hd + (size_t)G * CU_ATTN_DEC_CH + hd +
+static size_t dec_smem(int hd, int G, int nst) {
+    return ((size_t)nst * CU_ATTN_DEC_CH * (2 * hd + 4) + (size_t)G * hd + (size_t)G * CU_ATTN_DEC_CH + hd +
             3 * (size_t)G) *
            sizeof(float);
 }
@@ -354,7 +358,8 @@ template <int NPL, bool FUSED> __global__ void __launch_bounds__(DEC_NT) attn_de
     const int G = a.Hq / a.Hkv, kvh = blockIdx.x, r = blockIdx.y, sp = blockIdx.z, tid = threadIdx.x,
               warp = tid >> 5, lane = tid & 31;
     float *sm = reinterpret_cast<float *>(dec_sm4);
-    float *Ks = sm, *Vs = Ks + 2 * CH * KS, *Qs = Vs + 2 * CH * hd, *Ps = Qs + G * hd, *Kc = Ps + G * CH,
+    const int nst = dec_stages(a);
+    float *Ks = sm, *Vs = Ks + nst * CH * KS, *Qs = Vs + nst * CH * hd, *Ps = Qs + G * hd, *Kc = Ps + G * CH,
           *Sm = Kc + hd, *Sl = Sm + G, *Sc = Sl + G;
     __shared__ int last;
     const int pos = a.meta.row_pos[r], e = a.meta.row_entry[r];
@@ -365,10 +370,11 @@ template <int NPL, bool FUSED> __global__ void __launch_bounds__(DEC_NT) attn_de
     int from = a.meta.e_astart ? a.meta.e_astart[e] : 0;
     if (from < start) from = start;
     const int nch = sp < ns && from < end ? (end - from + CH - 1) / CH : 0;
-    /* chunk c's rows into stage c & 1 (FUSED: not the own position, which no kernel has written yet) */
+    /* chunk c's rows into its stage (FUSED: not the own position, which no kernel has written yet); with one
+     * stage (every row's spans one chunk, or else chunk after chunk) */
     auto issue = [&](int c) {
-        int c0 = from + c * CH, nj = end - c0 < CH ? end - c0 : CH;
-        float *kb = Ks + (c & 1) * CH * KS, *vb = Vs + (c & 1) * CH * hd;
+        int c0 = from + c * CH, nj = end - c0 < CH ? end - c0 : CH, b = nst == 2 ? c & 1 : 0;
+        float *kb = Ks + b * CH * KS, *vb = Vs + b * CH * hd;
         for (int i = tid; i < nj * C4; i += DEC_NT) {
             int j = i / C4, d = 4 * (i % C4), u = c0 + j;
             if (FUSED && u == pos) continue;
@@ -414,12 +420,13 @@ template <int NPL, bool FUSED> __global__ void __launch_bounds__(DEC_NT) attn_de
     for (int i = 0; i < DEC_GMAX; i++) acc[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     for (int c = 0; c < nch; c++) {
         int c0 = from + c * CH, nj = end - c0 < CH ? end - c0 : CH;
-        if (c + 1 < nch) {
+        if (nst == 2 && c + 1 < nch) {
             issue(c + 1);
             cp_async_wait<1>();
         } else
             cp_async_wait<0>();
-        float *kb = Ks + (c & 1) * CH * KS, *vb = Vs + (c & 1) * CH * hd;
+        int b = nst == 2 ? c & 1 : 0;
+        float *kb = Ks + b * CH * KS, *vb = Vs + b * CH * hd;
         if (FUSED && pos >= c0 && pos < c0 + nj) {
             int j = pos - c0;
             for (int i = tid; i < hd; i += DEC_NT) kb[j * KS + i] = Kc[i], vb[j * hd + i] = vcur[i];
@@ -474,6 +481,7 @@ template <int NPL, bool FUSED> __global__ void __launch_bounds__(DEC_NT) attn_de
             }
         }
         __syncthreads();
+        if (nst == 1 && c + 1 < nch) issue(c + 1);
     }
     /* the span's result: the output (one span) or its partial */
     const size_t st = (size_t)(hd + 2);
@@ -502,7 +510,7 @@ template <int NPL, bool FUSED> __global__ void __launch_bounds__(DEC_NT) attn_de
     __syncthreads();
     if (!last) return;
     __threadfence();
-    dec_merge(a, kvh, r, ns, Ks); /* the stages are free now */
+    dec_merge(a, kvh, r, ns, Ks); /* the first stage's K is free now */
     if (tid == 0) *cnt = 0u;      /* ready for the next launch */
 }
 
@@ -520,12 +528,11 @@ __global__ void __launch_bounds__(DEC_NT) attn_dec_combine_kernel(cu_attn_args a
 template <int NPL> static int dec_ready(int G, int nsplit) {
     static int ok = 0; /* 1 yes, -1 no, 0 not asked yet */
     constexpr int hd = NPL * 32, tpc = DEC_NT / (hd / 4) > 0 ? DEC_NT / (hd / 4) : 1;
-    if (hd / 4 > DEC_NT || G > DEC_GMAX * tpc ||
-        (size_t)G * (nsplit + 1) > (size_t)2 * CU_ATTN_DEC_CH * (hd + 4))
+    if (hd / 4 > DEC_NT || G > DEC_GMAX * tpc || (size_t)G * (nsplit + 1) > (size_t)CU_ATTN_DEC_CH * (hd + 4))
         return 0;
     if (!ok) {
         int dev = 0, optin = 0;
-        size_t need = dec_smem(hd, DEC_GMAX * tpc);
+        size_t need = dec_smem(hd, DEC_GMAX * tpc, 2);
         cudaGetDevice(&dev);
         cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
         ok = need <= (size_t)optin &&
@@ -547,7 +554,7 @@ template <int NPL> static int attn_dec_npl(cu_ctx *c, const cu_attn_args *a) {
     int G = a->Hq / a->Hkv;
     if (!dec_ready<NPL>(G, a->nsplit)) return 0;
     dim3 grid((unsigned)a->Hkv, (unsigned)a->T, (unsigned)a->nsplit);
-    size_t sm = dec_smem(NPL * 32, G);
+    size_t sm = dec_smem(NPL * 32, G, dec_stages(*a));
     if (a->dec_cnt) {
         cu_launch_pdl_smem(c, cu_pdl_on() >= 2 && (cu_pdl_mask() & PDL_ATTN), attn_dec_kernel<NPL, true>,
                            grid, dim3(DEC_NT), sm, *a);

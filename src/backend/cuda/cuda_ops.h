@@ -393,7 +393,8 @@ typedef struct cu_attn_args {
     /* 0: the decode rows (no tiles) by attn_kernel, a block per (q head, row, span of span positions). > 0
      * (CINFER_CUDA_ATTN_DEC=2): by attn_dec_kernel, a block per (kv head, row, span) serving the kv head's q
      * heads together; a row at position pos splits into cu_attn_dec_span(pos, min(dec_nsmax, nsplit)) spans
-     * (span ignored), so with nsplit = cu_attn_dec_grid(maxpos, dec_nsmax) its bits depend on its own
+     * (span: <= CU_ATTN_DEC_CH when every row's spans are one chunk, then one stage of shared memory; the
+     * same bits either way), so with nsplit = cu_attn_dec_grid(maxpos, dec_nsmax) its bits depend on its own
      * position alone; partials [T][Hq][nsplit][hd + 2] as for attn_kernel, dec_cnt [T][Hkv] used */
     int dec_nsmax;
 } cu_attn_args;
