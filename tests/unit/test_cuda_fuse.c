@@ -201,6 +201,72 @@ TEST(cuda_gemv3_fused_vs_cpu) {
     cu_ctx_destroy(c);
 }
 
+/* The persistent form (CINFER_CUDA_GEMV_PERSIST) against gemv3_kernel (checked against the CPU above) at one
+ * row: the same bits at every shape (the odd ones take the shallow rings), K-split count, blocks per SM and
+ * release point, with and without PDL; outputs start as NaN; and it must actually serve every shape whose
+ * splits divide its chunks (x within 48 KB of shared memory). */
+TEST(cuda_gemv3_persist_bitwise) {
+    if (NO_DEVICE()) SKIP("no CUDA device: skipped");
+    char err[256];
+    cu_ctx *c;
+    REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
+    int served = 0, runs = 0;
+    for (size_t si = 0; si < sizeof g_shapes / sizeof g_shapes[0]; si++) {
+        const fshape *s = &g_shapes[si];
+        int N = s->N, K = s->K, rows = s->epi == CU_EPI_SWIGLU ? 2 * N : N;
+        if (K > 10240) continue; /* x does not fit: gemv3_kernel serves it (nothing to compare) */
+        size_t nw = (size_t)rows * K;
+        uint16_t *w = malloc(nw * 2);
+        for (size_t i = 0; i < nw; i++) w[i] = f32_to_bf16(frand() * 0.05f);
+        float *x = malloc((size_t)K * 4), *g = malloc((size_t)K * 4), *y0 = malloc((size_t)N * 4);
+        for (int k = 0; k < K; k++) x[k] = frand() * 3.0f, g[k] = 1.0f + 0.5f * frand();
+        for (int n = 0; n < N; n++) y0[n] = frand();
+        uint16_t *dw = dup_dev(w, nw * 2);
+        float *dx = dup_dev(x, (size_t)K * 4), *dg = dup_dev(g, (size_t)K * 4),
+              *dy0 = dup_dev(y0, (size_t)N * 4);
+        REQUIRE(dw && dx && dg && dy0);
+        for (int ks = 0; ks <= 8; ks = ks ? 2 * ks : 1) {
+            cu_set_gemv3_config(ks, 0, 0, -1);
+            int KS = cu_gemv3_splits(rows, K);
+            float *ya = run_fused(c, s, dx, dw, dg, dy0, 1);
+            REQUIRE(ya);
+            int finite = 1;
+            for (int n = 0; n < N; n++) finite &= isfinite(ya[n]) != 0;
+            CHECK_MSG(finite, "%s: the default form left a non-finite output", s->what);
+            for (int pp = 1; pp <= 4; pp++)
+                for (int e = 0; e <= 2; e++) {
+                    long n0 = cu_gemv3_persist_count();
+                    cu_set_pdl(e == 2);
+                    cu_set_gemv3_persist(pp, e != 0, 3);
+                    float *y = run_fused(c, s, dx, dw, dg, dy0, 1);
+                    cu_set_gemv3_persist(0, 0, 3);
+                    cu_set_pdl(0);
+                    REQUIRE(y);
+                    runs++;
+                    if (((K + 255) / 256) % KS == 0) {
+                        CHECK_MSG(cu_gemv3_persist_count() == n0 + 1,
+                                  "%s %d splits: persistent form not taken", s->what, KS);
+                        served += cu_gemv3_persist_count() == n0 + 1;
+                    }
+                    CHECK_MSG(!memcmp(y, ya, (size_t)N * 4), "%s %d splits: persistent %d/SM %s differs",
+                              s->what, KS, pp,
+                              e == 2 ? "early + PDL"
+                              : e    ? "early"
+                                     : "late");
+                    free(y);
+                }
+            free(ya);
+        }
+        cu_set_gemv3_config(0, 0, 0, -1);
+        printf("     %-28s N=%5d K=%5d: bit-identical\n", s->what, N, K);
+        free(w), free(x), free(g), free(y0);
+        cu_free(dw), cu_free(dx), cu_free(dg), cu_free(dy0);
+    }
+    printf("     persistent form served %d of %d runs\n", served, runs);
+    CHECK(served > 0);
+    cu_ctx_destroy(c);
+}
+
 /* ---- the whole forward ---- */
 
 static double worst_row(const float *got, const float *ref, int rows, int V) {
