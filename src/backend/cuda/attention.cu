@@ -270,15 +270,16 @@ __global__ void attn_split_merge_kernel(cu_attn_args a) {
  * read once for all of them (attn_kernel reads it once per q head). The span's positions go through shared
  * memory in chunks of CU_ATTN_DEC_CH rows requested at once by cp.async, double-buffered (one memory latency
  * a chunk, not one a position), and under PDL the first chunk (rows of earlier steps) before waiting for
- * in_proj. Per chunk: the (q head, position) scores in parallel (a thread a dot product), per head the
- * chunk's max and sum over the lanes of one warp (an online softmax over the chunks), then P.V with each
- * thread owning 4 output dims of some heads. A row's span count follows its own position (cu_attn_dec_span),
- * so its bits do not depend on the other rows of the launch. FUSED (dec_cnt): q / k norm + RoPE and the own
- * position's K / V write folded in as in attn_kernel, and the last block of a (row, kv head) merges the spans
- * of its G heads (dec_merge); else attn_prep_kernel before and attn_dec_combine_kernel after, the same
- * arithmetic. */
+ * in_proj. Per chunk: the (q head, position) scores in parallel (4 threads a position, every head), per head
+ * the chunk's max and sum over the lanes of one warp (an online softmax over the chunks), then P.V with each
+ * thread owning 4 output dims of every head over a part of the positions. A row's span count follows its own
+ * position (cu_attn_dec_span), so its bits do not depend on the other rows of the launch. FUSED (dec_cnt): q
+ * / k norm + RoPE and the own position's K / V write folded in as in attn_kernel, and the last block of a
+ * (row, kv head) merges the spans of its G heads (dec_merge); else attn_prep_kernel before and
+ * attn_dec_combine_kernel after, the same arithmetic. */
 #define DEC_NT   128 /* threads */
-#define DEC_GMAX 8   /* q heads per thread in P.V (G <= DEC_GMAX x threads per output column) */
+#define DEC_GMAX 16  /* q heads a thread holds (scores, P.V) */
+#define DEC_KPAD 16  /* K rows padded: a warp's 8 positions x 4 quarters of float4 hit distinct banks */
 
 __device__ __forceinline__ void cp_async16(void *dst, const void *src) {
     unsigned d = (unsigned)__cvta_generic_to_shared(dst);
@@ -302,11 +303,11 @@ __device__ __forceinline__ int dec_span(int pos, int nsmax, int *ns) {
 __host__ __device__ __forceinline__ int dec_stages(const cu_attn_args &a) {
     return a.span <= CU_ATTN_DEC_CH ? 1 : 2;
 }
-/* shared memory of attn_dec_kernel: nst stages of K [CH][hd + 4] (padded: the CH rows' float4 at one column
- * fall in distinct banks) and V [CH][hd], q [G][hd], p [G][CH], the own k [hd], per head m, l, corr [G] */
+/* shared memory of attn_dec_kernel: nst stages of K [CH][hd + DEC_KPAD] and V [CH][hd], q [G][hd], scores
+ * then p [G][CH], the own k [hd], per head m, l, corr [G] */
 static size_t dec_smem(int hd, int G, int nst) {
-    return ((size_t)nst * CU_ATTN_DEC_CH * (2 * hd + 4) + (size_t)G * hd + (size_t)G * CU_ATTN_DEC_CH + hd +
-            3 * (size_t)G) *
+    return ((size_t)nst * CU_ATTN_DEC_CH * (2 * hd + DEC_KPAD) + (size_t)G * hd + (size_t)G * CU_ATTN_DEC_CH +
+            hd + 3 * (size_t)G) *
            sizeof(float);
 }
 
@@ -353,8 +354,8 @@ __device__ __forceinline__ void dec_merge(const cu_attn_args &a, int kvh, int r,
 
 template <int NPL, bool FUSED> __global__ void __launch_bounds__(DEC_NT) attn_dec_kernel(cu_attn_args a) {
     extern __shared__ float4 dec_sm4[];
-    constexpr int hd = NPL * 32, CH = CU_ATTN_DEC_CH, KS = hd + 4, C4 = hd / 4;
-    constexpr int TPC = DEC_NT / C4 > 0 ? DEC_NT / C4 : 1; /* threads per output column in P.V */
+    constexpr int hd = NPL * 32, CH = CU_ATTN_DEC_CH, KS = hd + DEC_KPAD, C4 = hd / 4;
+    constexpr int TPC = DEC_NT / C4; /* P.V: threads sharing an output column, each a part of the positions */
     const int G = a.Hq / a.Hkv, kvh = blockIdx.x, r = blockIdx.y, sp = blockIdx.z, tid = threadIdx.x,
               warp = tid >> 5, lane = tid & 31;
     float *sm = reinterpret_cast<float *>(dec_sm4);
@@ -413,8 +414,11 @@ template <int NPL, bool FUSED> __global__ void __launch_bounds__(DEC_NT) attn_de
     for (int g = tid; g < G; g += DEC_NT) Sm[g] = -INFINITY, Sl[g] = 0.0f;
     __syncthreads();
     const float scale = (float)(1.0 / sqrt((double)hd));
-    /* P.V: thread tid owns dims 4 (tid % C4) .. + 3 of heads tid / C4, + TPC, ... */
-    const int pc = tid % C4, pg0 = tid / C4;
+    /* scores: thread (j = tid / 4, quarter dq = tid % 4) takes float4 columns dq, dq + 4, ... of position j
+     * for every head (each K float4 read once for the G heads; the 4 quarters' q reads one 64-byte line), the
+     * quarters joined by two shuffles. P.V: thread (column pc = tid % C4, part pj = tid / C4) sums positions
+     * pj, pj + TPC, ... for every head; the parts joined at the end */
+    const int sj = tid >> 2, dq = tid & 3, pc = tid % C4, pj = tid / C4;
     float4 acc[DEC_GMAX];
 #pragma unroll
     for (int i = 0; i < DEC_GMAX; i++) acc[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -432,26 +436,41 @@ template <int NPL, bool FUSED> __global__ void __launch_bounds__(DEC_NT) attn_de
             for (int i = tid; i < hd; i += DEC_NT) kb[j * KS + i] = Kc[i], vb[j * hd + i] = vcur[i];
         }
         __syncthreads();
-        /* scores: thread (g, j) of index g * CH + j; a warp's lanes are the CH positions of one head */
+        {
+            float s[DEC_GMAX];
+#pragma unroll
+            for (int g = 0; g < DEC_GMAX; g++) s[g] = 0.0f;
+            const float4 *k4 = reinterpret_cast<const float4 *>(kb + sj * KS) + dq;
+            const float4 *q4 = reinterpret_cast<const float4 *>(Qs) + dq;
+#pragma unroll 4
+            for (int i = 0; i < C4 / 4; i++) {
+                float4 k = k4[4 * i];
+#pragma unroll
+                for (int g = 0; g < DEC_GMAX; g++) {
+                    if (g >= G) break;
+                    float4 q = q4[g * C4 + 4 * i];
+                    s[g] = fmaf(q.x, k.x, s[g]), s[g] = fmaf(q.y, k.y, s[g]);
+                    s[g] = fmaf(q.z, k.z, s[g]), s[g] = fmaf(q.w, k.w, s[g]);
+                }
+            }
+#pragma unroll
+            for (int g = 0; g < DEC_GMAX; g++) {
+                if (g >= G) break;
+                float v = s[g];
+                v += __shfl_xor_sync(0xffffffffu, v, 1);
+                v += __shfl_xor_sync(0xffffffffu, v, 2);
+                if (dq == 0) Ps[g * CH + sj] = sj < nj ? v * scale : -INFINITY;
+            }
+        }
+        __syncthreads();
+        /* per head: the chunk's max and sum over one warp's CH = 32 lanes, an online softmax over the chunks
+         */
         for (int i = tid; i < G * CH; i += DEC_NT) {
             int g = i / CH, j = i % CH;
-            float s = -INFINITY;
-            if (j < nj) {
-                const float4 *q4 = reinterpret_cast<const float4 *>(Qs + g * hd),
-                             *k4 = reinterpret_cast<const float4 *>(kb + j * KS);
-                float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
-#pragma unroll 8
-                for (int d = 0; d < C4; d++) {
-                    float4 q = q4[d], k = k4[d];
-                    s0 = fmaf(q.x, k.x, s0), s1 = fmaf(q.y, k.y, s1);
-                    s2 = fmaf(q.z, k.z, s2), s3 = fmaf(q.w, k.w, s3);
-                }
-                s = ((s0 + s1) + (s2 + s3)) * scale;
-            }
-            /* the chunk's max and sum over the head's CH lanes (CH = 32: one warp) */
-            float mc = warp_max(s), mo = Sm[g], mn = fmaxf(mo, mc);
-            float p = j < nj ? expf(s - mn) : 0.0f, ps = warp_sum(p);
-            Ps[g * CH + j] = p;
+            float sc = Ps[i];
+            float mc = warp_max(sc), mo = Sm[g], mn = fmaxf(mo, mc);
+            float p = j < nj ? expf(sc - mn) : 0.0f, ps = warp_sum(p);
+            Ps[i] = p;
             __syncwarp();
             if (j == 0) {
                 float corr = expf(mo - mn); /* mo = -inf on the first chunk: 0 */
@@ -461,35 +480,45 @@ template <int NPL, bool FUSED> __global__ void __launch_bounds__(DEC_NT) attn_de
             }
         }
         __syncthreads();
-        if (pc < C4) {
+        {
             const float4 *v4 = reinterpret_cast<const float4 *>(vb) + pc;
 #pragma unroll
-            for (int gi = 0; gi < DEC_GMAX; gi++) {
-                int g = pg0 + gi * TPC;
+            for (int g = 0; g < DEC_GMAX; g++) {
                 if (g >= G) break;
                 float corr = Sc[g];
-                float4 o = acc[gi];
-                o.x *= corr, o.y *= corr, o.z *= corr, o.w *= corr;
-                const float *pp = Ps + g * CH;
-                for (int j = 0; j < nj; j++) {
-                    float p = pp[j];
-                    float4 v = v4[j * C4];
-                    o.x = fmaf(p, v.x, o.x), o.y = fmaf(p, v.y, o.y);
-                    o.z = fmaf(p, v.z, o.z), o.w = fmaf(p, v.w, o.w);
+                acc[g].x *= corr, acc[g].y *= corr, acc[g].z *= corr, acc[g].w *= corr;
+            }
+            for (int j = pj; j < nj; j += TPC) {
+                float4 v = v4[j * C4];
+#pragma unroll
+                for (int g = 0; g < DEC_GMAX; g++) {
+                    if (g >= G) break;
+                    float p = Ps[g * CH + j];
+                    acc[g].x = fmaf(p, v.x, acc[g].x), acc[g].y = fmaf(p, v.y, acc[g].y);
+                    acc[g].z = fmaf(p, v.z, acc[g].z), acc[g].w = fmaf(p, v.w, acc[g].w);
                 }
-                acc[gi] = o;
             }
         }
         __syncthreads();
         if (nst == 1 && c + 1 < nch) issue(c + 1);
     }
-    /* the span's result: the output (one span) or its partial */
-    const size_t st = (size_t)(hd + 2);
+    /* the parts of each column joined in order of part (the first stage's K holds them: dec_ready) */
+    float4 *red = reinterpret_cast<float4 *>(Ks);
 #pragma unroll
-    for (int gi = 0; gi < DEC_GMAX; gi++) {
-        int g = pg0 + gi * TPC, h = kvh * G + g, d = 4 * pc;
+    for (int g = 0; g < DEC_GMAX; g++) {
         if (g >= G) break;
-        float4 o = acc[gi];
+        red[((size_t)pj * G + g) * C4 + pc] = acc[g];
+    }
+    __syncthreads();
+    /* the span's result: the output (one span) or its partial; thread i: head i / C4, column i % C4 */
+    const size_t st = (size_t)(hd + 2);
+    for (int i = tid; i < G * C4; i += DEC_NT) {
+        int g = i / C4, d = 4 * (i % C4), h = kvh * G + g;
+        float4 o = red[(size_t)g * C4 + i % C4];
+        for (int t = 1; t < TPC; t++) {
+            float4 q = red[((size_t)t * G + g) * C4 + i % C4];
+            o.x += q.x, o.y += q.y, o.z += q.z, o.w += q.w;
+        }
         if (ns == 1) {
             float L = Sl[g];
             const float *gate = row + (size_t)h * 2 * hd + hd + d;
@@ -522,17 +551,19 @@ __global__ void __launch_bounds__(DEC_NT) attn_dec_combine_kernel(cu_attn_args a
     if (ns > 1) dec_merge(a, kvh, r, ns, sw);
 }
 
-/* 1 when attn_dec_kernel serves the shape: G within the heads a thread holds in P.V, the fused merge's
- * weights within the stages' shared memory, and the shared memory within the device (the kernels' limit
- * raised once, for the largest G served) */
+/* 1 when attn_dec_kernel serves the shape: G within the heads a thread holds, the P.V parts [TPC][G][hd] and
+ * the fused merge's weights [G][nsplit + 1] within the first stage's K, and the shared memory within the
+ * device (the kernels' limit raised once, for DEC_GMAX heads) */
 template <int NPL> static int dec_ready(int G, int nsplit) {
     static int ok = 0; /* 1 yes, -1 no, 0 not asked yet */
-    constexpr int hd = NPL * 32, tpc = DEC_NT / (hd / 4) > 0 ? DEC_NT / (hd / 4) : 1;
-    if (hd / 4 > DEC_NT || G > DEC_GMAX * tpc || (size_t)G * (nsplit + 1) > (size_t)CU_ATTN_DEC_CH * (hd + 4))
+    constexpr int hd = NPL * 32;
+    const size_t k1 = (size_t)CU_ATTN_DEC_CH * (hd + DEC_KPAD);
+    if (hd / 4 > DEC_NT || G > DEC_GMAX || (size_t)(DEC_NT / (hd / 4)) * G * hd > k1 ||
+        (size_t)G * (nsplit + 1) > k1)
         return 0;
     if (!ok) {
         int dev = 0, optin = 0;
-        size_t need = dec_smem(hd, DEC_GMAX * tpc, 2);
+        size_t need = dec_smem(hd, DEC_GMAX, 2);
         cudaGetDevice(&dev);
         cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
         ok = need <= (size_t)optin &&
