@@ -540,11 +540,167 @@ TEST(cuda_gemv3_chain) {
                 "     4B GEMV chain, %d layers, graph: %-7s %-8s %7.1f us per step, %4.0f GB/s (%.2f GB)\n",
                 L, fused ? "fused" : "unfused", pdl ? "+ PDL" : "", us, bytes / us / 1e3, bytes / 1e9);
         }
+    /* the persistent form (CINFER_CUDA_GEMV_PERSIST) against gemv3_kernel, fused, with PDL: the whole layer
+     * chain and each kind of GEMV alone over the 8 layers (kind bit 1 in_proj, 2 out_proj, 4 gate_up, 8 down)
+     */
+    static const struct {
+        int kinds, per_sm, early;
+    } pv[] = {{15, 0, 0}, {15, 1, 0}, {15, 2, 0}, {15, 3, 0}, {15, 1, 1}, {15, 2, 1}, {15, 3, 1},
+              {1, 0, 0},  {1, 2, 0},  {1, 2, 1},  {2, 0, 0},  {2, 2, 0},  {2, 2, 1},  {4, 0, 0},
+              {4, 2, 0},  {4, 2, 1},  {8, 0, 0},  {8, 2, 0},  {8, 2, 1}};
+    for (size_t k = 0; k < sizeof pv / sizeof pv[0]; k++) {
+        int kd = pv[k].kinds;
+        cu_set_gemv_version(2);
+        cu_set_pdl(1);
+        cu_set_gemv3_persist(pv[k].per_sm, pv[k].early, 3);
+        cu_fill_f32(c, x, H, 0.01f);
+        REQUIRE(cu_sync(c, err, sizeof err) == 0);
+        long n0 = cu_gemv3_persist_count();
+        REQUIRE(cu_capture_begin(c, err, sizeof err) == 0);
+        double kb = 0;
+        for (int l = 0; l < L; l++) {
+            if (kd & 1) cu_gemv_fused(c, proj, x, w_in[l], 1, NIN, H, g, 1e-6f, CU_EPI_STORE);
+            if (kd & 2) cu_gemv_fused(c, x, act, w_out[l], 1, H, VD, NULL, 0.0f, CU_EPI_ADD);
+            if (kd & 4) cu_gemv_fused(c, act, x, w_gu[l], 1, I, H, g, 1e-6f, CU_EPI_SWIGLU);
+            if (kd & 8) cu_gemv_fused(c, x, act, w_dn[l], 1, H, I, NULL, 0.0f, CU_EPI_ADD);
+            kb += 2.0 * ((kd & 1 ? (double)NIN * H : 0) + (kd & 2 ? (double)H * VD : 0) +
+                         (kd & 4 ? 2.0 * I * H : 0) + (kd & 8 ? (double)H * I : 0));
+        }
+        void *exec = NULL;
+        REQUIRE(cu_capture_end(c, &exec, err, sizeof err) == 0);
+        long served = cu_gemv3_persist_count() - n0;
+        cu_set_gemv3_persist(0, 0, 3);
+        for (int i = 0; i < 3; i++) REQUIRE(cu_graph_launch(c, exec, err, sizeof err) == 0);
+        cu_timer_start(c, t);
+        for (int i = 0; i < 20; i++) REQUIRE(cu_graph_launch(c, exec, err, sizeof err) == 0);
+        double us = cu_timer_stop_ms(c, t) * 1e3 / 20;
+        REQUIRE(cu_sync(c, err, sizeof err) == 0);
+        cu_graph_destroy(exec);
+        printf(
+            "     4B GEMV chain, graph + PDL, kinds %2d, persistent %d/SM%s (%2ld launches): %7.1f us, %4.0f "
+            "GB/s (%.2f GB)\n",
+            kd, pv[k].per_sm, pv[k].early ? " early" : "      ", served, us, kb / us / 1e3, kb / 1e9);
+    }
     cu_set_pdl(0);
     cu_set_gemv_version(ver0);
     cu_timer_destroy(t);
     for (int l = 0; l < L; l++) cu_free(w_in[l]), cu_free(w_out[l]), cu_free(w_gu[l]), cu_free(w_dn[l]);
     cu_free(x), cu_free(xn), cu_free(proj), cu_free(act), cu_free(out), cu_free(g);
+    cu_ctx_destroy(c);
+}
+
+/* one launch's blocks (stamps of one tag), times in us from t0: starts, waits done and ends at the first /
+ * 10% / 50% / 90% / last block, the SMs used and the most blocks one SM held */
+static int cmp_u64(const void *a, const void *b) {
+    unsigned long long x = *(const unsigned long long *)a, y = *(const unsigned long long *)b;
+    return x < y ? -1 : x > y;
+}
+static void tl_row(const char *what, int print, const cu_g3_stamp *st, long n, unsigned tag,
+                   unsigned long long t0, unsigned long long *prev_end, double acc[4]) {
+    unsigned long long *v[3];
+    long k = 0;
+    int sms[1024] = {0}, nsm = 0, most = 0;
+    for (int i = 0; i < 3; i++) v[i] = malloc((size_t)n * sizeof **v);
+    for (long i = 0; i < n; i++)
+        if (st[i].tag == tag) {
+            for (int j = 0; j < 3; j++) v[j][k] = st[i].t[j];
+            if (st[i].sm < 1024 && !sms[st[i].sm]++) nsm++;
+            if (st[i].sm < 1024 && sms[st[i].sm] > most) most = sms[st[i].sm];
+            k++;
+        }
+    if (k) {
+        for (int j = 0; j < 3; j++) qsort(v[j], (size_t)k, sizeof **v, cmp_u64);
+#define TL_AT(j, q) (((double)v[j][(size_t)((k - 1) * (q))] - (double)t0) / 1e3)
+        double s0 = TL_AT(0, 0), e9 = TL_AT(2, 0.9), e1 = TL_AT(2, 1),
+               gap = ((double)v[0][0] - (double)*prev_end) / 1e3;
+        if (print)
+            printf("       %-9s %5ld blocks on %3d SMs (<= %2d each): start %7.2f / %7.2f / %7.2f, waited "
+                   "%7.2f / %7.2f, "
+                   "end %7.2f / %7.2f / %7.2f / %7.2f | len %6.2f, from the last end %+6.2f, tail %5.2f us\n",
+                   what, k, nsm, most, s0, TL_AT(0, 0.5), TL_AT(0, 1), TL_AT(1, 0), TL_AT(1, 1), TL_AT(2, 0),
+                   TL_AT(2, 0.5), e9, e1, e1 - s0, *prev_end ? gap : 0.0, e1 - e9);
+        acc[0] += e1 - s0, acc[1] += *prev_end ? gap : 0.0, acc[2] += e1 - e9, acc[3] += 1;
+        *prev_end = v[2][k - 1];
+#undef TL_AT
+    }
+    for (int i = 0; i < 3; i++) free(v[i]);
+}
+
+/* Where a decode GEMV's time goes inside a stream with PDL (issue 5): every block's start, PDL wait and end
+ * (%globaltimer) over 4 layers of the 4B GEMV chain (in_proj, out_proj, gate_up, down; 0.9 GB, nothing in
+ * L2) launched eagerly with PDL, gemv3_kernel against the persistent form; per launch the block counts, the
+ * SMs, the ramp (first to last start), the tail (90% of the blocks done to the last) and the gap from the
+ * previous launch's last block. Prints only (the arithmetic is checked above). */
+TEST(cuda_gemv3_chain_timeline) {
+    if (NO_DEVICE()) SKIP("no CUDA device: skipped");
+    const char *ev = getenv("CINFER_FUSE_BENCH");
+    if (ev && !strcmp(ev, "0")) SKIP("CINFER_FUSE_BENCH=0: skipped");
+    enum { L = 4, H = 2560, NIN = 12352, VD = 4096, I = 9216, CAP = 1 << 18 };
+    char err[256];
+    cu_ctx *c;
+    REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
+    uint16_t *w[L][4];
+    const int rows[4] = {NIN, H, 2 * I, H}, ks[4] = {H, VD, H, I};
+    for (int l = 0; l < L; l++)
+        for (int q = 0; q < 4; q++) {
+            REQUIRE(cu_alloc((void **)&w[l][q], (size_t)rows[q] * ks[q] * 2, err, sizeof err) == 0);
+            cu_fill_random_bf16(c, w[l][q], (size_t)rows[q] * ks[q], 0.02f, 700 + 4 * (uint64_t)l + q);
+        }
+    float *x, *proj, *act, *g;
+    REQUIRE(cu_alloc((void **)&x, (size_t)H * 4, err, sizeof err) == 0);
+    REQUIRE(cu_alloc((void **)&proj, (size_t)2 * I * 4 + (size_t)NIN * 4, err, sizeof err) == 0);
+    REQUIRE(cu_alloc((void **)&act, (size_t)I * 4, err, sizeof err) == 0);
+    REQUIRE(cu_alloc((void **)&g, (size_t)H * 4, err, sizeof err) == 0);
+    cu_fill_f32(c, g, H, 1.0f);
+    cu_fill_f32(c, x, H, 0.01f);
+    cu_fill_f32(c, act, I, 0.01f);
+    cu_g3_stamp *st = malloc((size_t)CAP * sizeof *st);
+    REQUIRE(st);
+    static const char *kind[4] = {"in_proj", "out_proj", "gate_up", "down"};
+    static const struct { int per_sm, early; } cfg[] = {{0, 0}, {2, 0}, {2, 1}, {1, 0}, {3, 0}};
+    for (size_t ci = 0; ci < sizeof cfg / sizeof cfg[0]; ci++) {
+        cu_set_pdl(1);
+        cu_set_gemv3_persist(cfg[ci].per_sm, cfg[ci].early, 3);
+        long n = 0;
+        for (int pass = 0; pass < 2; pass++) { /* the first warms up */
+            REQUIRE(cu_sync(c, err, sizeof err) == 0);
+            if (pass) REQUIRE(cu_gemv3_stamps_begin(c, CAP, err, sizeof err) == 0);
+            for (int l = 0; l < L; l++) {
+                cu_gemv_fused(c, proj, x, w[l][0], 1, NIN, H, g, 1e-6f, CU_EPI_STORE);
+                cu_gemv_fused(c, x, act, w[l][1], 1, H, VD, NULL, 0.0f, CU_EPI_ADD);
+                cu_gemv_fused(c, act, x, w[l][2], 1, I, H, g, 1e-6f, CU_EPI_SWIGLU);
+                cu_gemv_fused(c, x, act, w[l][3], 1, H, I, NULL, 0.0f, CU_EPI_ADD);
+            }
+            if (pass) n = cu_gemv3_stamps_end(c, st, CAP, err, sizeof err);
+        }
+        cu_set_gemv3_persist(0, 0, 3);
+        cu_set_pdl(0);
+        CHECK_MSG(n > 0, "no stamps: %s", n < 0 ? err : "none recorded");
+        if (n <= 0) break;
+        unsigned long long t0 = ~0ull, prev = 0, tend = 0;
+        for (long i = 0; i < n; i++) {
+            if (st[i].t[0] < t0) t0 = st[i].t[0];
+            if (st[i].t[2] > tend) tend = st[i].t[2];
+        }
+        printf("     persistent %d/SM%s: %ld blocks over %d launches, %.2f us first start to last end "
+               "(times in us: first / 50%% / last start, first / last wait done, first / 50%% / 90%% / last "
+               "end)\n",
+               cfg[ci].per_sm, cfg[ci].early ? " early" : "", n, 4 * L, (double)(tend - t0) / 1e3);
+        double acc[4][4] = {{0}};
+        for (int tag = 0; tag < 4 * L; tag++) {
+            /* layers 0 and 2 printed; the means over every layer */
+            tl_row(kind[tag % 4], tag / 4 == 0 || tag / 4 == 2, st, n, (unsigned)tag, t0, &prev,
+                   acc[tag % 4]);
+        }
+        for (int q = 0; q < 4; q++)
+            if (acc[q][3] > 0)
+                printf("       mean %-9s len %6.2f us, from the last end %+6.2f, tail %5.2f\n", kind[q],
+                       acc[q][0] / acc[q][3], acc[q][1] / acc[q][3], acc[q][2] / acc[q][3]);
+    }
+    free(st);
+    for (int l = 0; l < L; l++)
+        for (int q = 0; q < 4; q++) cu_free(w[l][q]);
+    cu_free(x), cu_free(proj), cu_free(act), cu_free(g);
     cu_ctx_destroy(c);
 }
 

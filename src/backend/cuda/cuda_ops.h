@@ -161,6 +161,17 @@ void cu_set_gemv3_small_var4(int on);
  * matrices, bit 2 the others; the same bits as the default form */
 void cu_set_gemv3_persist(int per_sm, int early, int mask);
 long cu_gemv3_persist_count(void); /* its launches so far (tests) */
+/* diagnostics (tests): every block of the decode GEMVs launched between _begin and _end records %globaltimer
+ * (ns) at its start, after its PDL wait and at its end, its SM, the launch's tag (0, 1, ... in launch order
+ * from _begin; cu_gemv3_stamp_tag: the next one), its block and the grid's size; _end waits for the device
+ * and returns how many stamps it copied into out (at most cap) */
+typedef struct cu_g3_stamp {
+    unsigned long long t[3];
+    unsigned sm, tag, block, grid;
+} cu_g3_stamp;
+int cu_gemv3_stamps_begin(cu_ctx *c, size_t cap, char *err, size_t errlen);
+long cu_gemv3_stamps_end(cu_ctx *c, cu_g3_stamp *out, size_t cap, char *err, size_t errlen);
+int cu_gemv3_stamp_tag(void);
 /* CINFER_CUDA_L2PF_NEXT: the next cu_gemv_fused (register form) requests bytes at w — the head of the matrix
  * of the GEMV after it — into L2 from the blocks of its second half once their loads are out; w NULL: none.
  * Weights only: no value changes */

@@ -16,8 +16,13 @@
  * block accumulates the row's sum of squares alongside its dot products (the same chunks, lanes and order
  * in every block, so the same value everywhere) and applies it at the end: y = (Σ w · (x · g)) / rms(x),
  * equal to the CPU's Σ w · ((x / rms) · g) up to f32 rounding. */
+#include <stdio.h>
+
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/gemv_fuse.cuh"
+
+#define G3_EINVAL (-1) /* CINFER_EINVAL */
+#define G3_EIO    (-2) /* CINFER_EIO */
 
 #define G3_WARPS 8
 #define G3_MAXR  8 /* weight rows per warp at most (NR outputs, x2 for SwiGLU) */
@@ -31,12 +36,39 @@ __device__ __forceinline__ uint4 g3_ld(const uint16_t *p) {
     return __ldcs(reinterpret_cast<const uint4 *>(p));
 }
 
+/* Diagnostics (cu_gemv3_stamps_begin / _end, the timeline test): with tag >= 0 each block of a decode GEMV
+ * records %globaltimer at its start, after griddep_wait and at its end, with its SM, into g3s_buf; tag -1
+ * (always outside the diagnostics) records nothing and costs a compare */
+__device__ cu_g3_stamp *g3s_buf;
+__device__ unsigned g3s_n, g3s_cap;
+__device__ __forceinline__ unsigned long long g3_now(void) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+__device__ __forceinline__ void g3_stamp_put(int tag, unsigned long long t0, unsigned long long t1) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned long long t2 = g3_now();
+        unsigned sm, i = atomicAdd(&g3s_n, 1u);
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+        if (i < g3s_cap) {
+            cu_g3_stamp *e = g3s_buf + i;
+            e->t[0] = t0, e->t[1] = t1, e->t[2] = t2;
+            e->sm = sm, e->tag = (unsigned)tag, e->block = blockIdx.x + blockIdx.y * gridDim.x;
+            e->grid = gridDim.x * gridDim.y;
+        }
+    }
+}
+
 /* VAR: bit 1 blocks of 4 warps instead of G3_WARPS = 8 (finer grains over the SMs), bit 2 the next chunks'
  * loads issued before the current ones' FMAs (as v2); the same sums either way */
 template <int MR, int NR, int U, bool NORM, int EPI, int VAR, int W = VAR & 2 ? 4 : G3_WARPS>
 __global__ void __launch_bounds__(W * 32, (MR == 1 ? 3 : 2) * 8 / W)
     gemv3_kernel(float *__restrict__ y, const float *__restrict__ x, const uint16_t *__restrict__ w, int N,
-                 int K, int KS, const float *__restrict__ g, float eps, const void *nx, size_t nx_bytes) {
+                 int K, int KS, const float *__restrict__ g, float eps, const void *nx, size_t nx_bytes,
+                 int tag) {
+    const unsigned long long ts0 = tag >= 0 ? g3_now() : 0;
     constexpr int ROWS = EPI == EPI_SWIGLU ? 2 * NR : NR;
     __shared__ float red[W][ROWS * MR + (NORM ? MR : 0)];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -70,6 +102,7 @@ __global__ void __launch_bounds__(W * 32, (MR == 1 ? 3 : 2) * 8 / W)
             for (int r = 0; r < ROWS; r++) wv[u][r] = g3_ld(wr[r] + k);
     }
     griddep_wait();
+    const unsigned long long ts1 = tag >= 0 ? g3_now() : 0;
     for (int c0 = ks; c0 < nch; c0 += step) {
         /* VAR bit 2: the next U chunks are requested before this batch's FMAs (twice the registers) */
         constexpr int UP = VAR & 4 ? U : 1;
@@ -174,6 +207,7 @@ __global__ void __launch_bounds__(W * 32, (MR == 1 ? 3 : 2) * 8 / W)
         }
         gf_store<EPI>(y + (size_t)m * N + j, v, u);
     }
+    if (tag >= 0) g3_stamp_put(tag, ts0, ts1);
 }
 
 /* ---- the persistent form (CINFER_CUDA_GEMV_PERSIST; one row of x) ----
@@ -193,7 +227,8 @@ template <bool NORM, int EPI, int D>
 __global__ void __launch_bounds__(G3P_WARPS * 32, 1)
     gemv3p_kernel(float *__restrict__ y, const float *__restrict__ x, const uint16_t *__restrict__ w, int N,
                   int K, int KS, const float *__restrict__ g, float eps, const void *nx, size_t nx_bytes,
-                  int early) {
+                  int early, int tag) {
+    const unsigned long long ts0 = tag >= 0 ? g3_now() : 0;
     constexpr int R = EPI == EPI_SWIGLU ? 2 : 1; /* weight rows of an output: gate and up under SwiGLU */
     constexpr int W = G3P_WARPS;
     /* [K] x (times g under NORM), [(outputs of the block) x KS x R] the units' sums, [KS] Σ x² per split */
@@ -217,6 +252,7 @@ __global__ void __launch_bounds__(G3P_WARPS * 32, 1)
 #pragma unroll
                 for (int r = 0; r < R; r++) buf[d][r] = g3_ld(cur + r * up + d * KS * 256);
     griddep_wait();
+    const unsigned long long ts1 = tag >= 0 ? g3_now() : 0;
     if (early) griddep_launch();
     {
         const float4 *x4 = reinterpret_cast<const float4 *>(x);
@@ -312,9 +348,62 @@ __global__ void __launch_bounds__(G3P_WARPS * 32, 1)
         }
         gf_store<EPI>(y + j0 + t, vv, u);
     }
+    if (tag >= 0) g3_stamp_put(tag, ts0, ts1);
 }
 
 /* ---- configuration ---- */
+
+/* the next launch's tag for the stamps (diagnostics), -1 off */
+static int g_stamp_tag = -1;
+static cu_g3_stamp *g_stamp_dev = NULL;
+static size_t g_stamp_cap = 0;
+
+extern "C" int cu_gemv3_stamps_begin(cu_ctx *c, size_t cap, char *err, size_t errlen) {
+    (void)c;
+    if (g_stamp_dev || !cap) return G3_EINVAL;
+    unsigned zero = 0, ucap = (unsigned)cap;
+    if (cudaMalloc((void **)&g_stamp_dev, cap * sizeof(cu_g3_stamp)) != cudaSuccess ||
+        cudaMemcpyToSymbol(g3s_buf, &g_stamp_dev, sizeof g_stamp_dev) != cudaSuccess ||
+        cudaMemcpyToSymbol(g3s_n, &zero, sizeof zero) != cudaSuccess ||
+        cudaMemcpyToSymbol(g3s_cap, &ucap, sizeof ucap) != cudaSuccess) {
+        snprintf(err, errlen, "cu_gemv3_stamps_begin: %s", cudaGetErrorString(cudaGetLastError()));
+        if (g_stamp_dev) cudaFree(g_stamp_dev);
+        g_stamp_dev = NULL;
+        return G3_EIO;
+    }
+    g_stamp_cap = cap;
+    g_stamp_tag = 0;
+    return 0;
+}
+
+/* waits for the device, copies up to cap stamps into out, returns how many were recorded (or < 0) */
+extern "C" long cu_gemv3_stamps_end(cu_ctx *c, cu_g3_stamp *out, size_t cap, char *err, size_t errlen) {
+    (void)c;
+    if (!g_stamp_dev) return G3_EINVAL;
+    unsigned n = 0;
+    long rc = 0;
+    if (cudaDeviceSynchronize() != cudaSuccess || cudaMemcpyFromSymbol(&n, g3s_n, sizeof n) != cudaSuccess) {
+        snprintf(err, errlen, "cu_gemv3_stamps_end: %s", cudaGetErrorString(cudaGetLastError()));
+        rc = G3_EIO;
+    } else {
+        size_t k = n < g_stamp_cap ? n : g_stamp_cap;
+        if (k > cap) k = cap;
+        if (cudaMemcpy(out, g_stamp_dev, k * sizeof(cu_g3_stamp), cudaMemcpyDeviceToHost) != cudaSuccess) {
+            snprintf(err, errlen, "cu_gemv3_stamps_end: %s", cudaGetErrorString(cudaGetLastError()));
+            rc = G3_EIO;
+        } else
+            rc = (long)k;
+    }
+    cu_g3_stamp *nul = NULL;
+    cudaMemcpyToSymbol(g3s_buf, &nul, sizeof nul);
+    cudaFree(g_stamp_dev);
+    g_stamp_dev = NULL;
+    g_stamp_tag = -1;
+    return rc;
+}
+extern "C" int cu_gemv3_stamp_tag(void) {
+    return g_stamp_tag;
+}
 
 static int g_ks = 0, g_nr = 0, g_u = 0, g_var = -1; /* 0 / -1: automatic (cu_set_gemv3_config) */
 
@@ -384,7 +473,7 @@ static void g3_launch(cu_ctx *c, float *y, const float *x, const uint16_t *w, in
     int per_block = W / KS * NR;
     dim3 grid(cdiv((size_t)N, (size_t)per_block), (unsigned)tiles);
     cu_launch_gemv(c, gemv3_kernel<MR, NR, U, NORM, EPI, VAR>, grid, dim3(W * 32), y, x, w, N, K, KS, g, eps,
-                   c->gemv_next, c->gemv_next_bytes);
+                   c->gemv_next, c->gemv_next_bytes, g_stamp_tag >= 0 ? g_stamp_tag++ : -1);
 }
 
 template <int VAR, bool NORM, int EPI>
@@ -445,7 +534,7 @@ static int g3p_launch(cu_ctx *c, float *y, const float *x, const uint16_t *w, in
         g_persist_count++;
         cu_launch_pdl_smem(c, cu_pdl_on() >= 1 && (cu_pdl_mask() & PDL_GEMV), kern, dim3((unsigned)P),
                            dim3(G3P_WARPS * 32), smem, y, x, w, N, K, KS, g, eps, c->gemv_next,
-                           c->gemv_next_bytes, g_persist_early);
+                           c->gemv_next_bytes, g_persist_early, g_stamp_tag >= 0 ? g_stamp_tag++ : -1);
         return 0;
     }
 }
