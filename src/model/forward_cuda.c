@@ -219,21 +219,22 @@ struct cuda_fwd {
     unsigned *moe_cnt;        /* [T]: the fused router's finished-block counters (zeroed, kept zeroed) */
     int moe_variant;          /* cu_moe_args.variant (CINFER_CUDA_MOE_VARIANT, measurements) */
     int moe_pf_grouped;       /* prefill experts by cu_moe_gemm* (CINFER_CUDA_MOE_PREFILL=host: off) */
-    int moe_gemm_rows; /* with it, decode batches of at least this many rows too (CINFER_CUDA_MOE_GEMM_ROWS)
-                        */
-    int *moe_tiles;    /* [E + 1]: 64-slot tiles before each expert (cu_moe_tiles) */
-    int moe_pf;        /* CINFER_CUDA_MOE_PF's bits (moe(); where it is read says what each does) */
-    int *moe_gscr;     /* [E]: cu_moe_group_tiles' scratch */
-    int moe_fold;      /* CINFER_CUDA_MOE_FOLD's bits (1 on, 2 W' in f32, 8 chosen experts into L2) */
-    int fold_layer;    /* enqueue: this layer's out_proj makes the router's choice (moe_fold.cu) */
-    float *moe_inv;    /* [T]: 1 / rms(h') from the fold path's gate_up kernel */
-    size_t xb_elems;   /* bf16 elements of xb */
-    int pdl;           /* cu_set_pdl's level: CINFER_CUDA_PDL=1 2 (every decode kernel), =gemv 1, else 0 */
-    int pdl_any;       /* CINFER_CUDA_PDL_ANY=1: level 2 in every step, not only pdl_step()'s (diagnostics) */
-    int fuse;          /* norms, adds, SwiGLU in the GEMVs (enqueue; CINFER_CUDA_FUSE=0: off) */
-    int *h_moe_idx;    /* pinned [S] */
-    float *h_moe_w;    /* pinned [S] */
-    int *h_moe_up;     /* pinned [3S] */
+    int moe_gemm_rows;   /* with it, decode batches of at least this many rows too (CINFER_CUDA_MOE_GEMM_ROWS)
+                          */
+    int *moe_tiles;      /* [E + 1]: 64-slot tiles before each expert (cu_moe_tiles) */
+    int moe_pf;          /* CINFER_CUDA_MOE_PF's bits (moe(); where it is read says what each does) */
+    int *moe_gscr;       /* [E]: cu_moe_group_tiles' scratch */
+    int moe_fold;        /* CINFER_CUDA_MOE_FOLD's bits (1 on, 2 W' in f32, 8 chosen experts into L2) */
+    int fold_layer;      /* enqueue: this layer's out_proj makes the router's choice (moe_fold.cu) */
+    float *moe_inv;      /* [T]: 1 / rms(h') from the fold path's gate_up kernel */
+    unsigned *moe_ready; /* [T]: the fold's choice-published flags (CINFER_CUDA_MOE_FOLD bit 16) */
+    size_t xb_elems;     /* bf16 elements of xb */
+    int pdl;             /* cu_set_pdl's level: CINFER_CUDA_PDL=1 2 (every decode kernel), =gemv 1, else 0 */
+    int pdl_any;    /* CINFER_CUDA_PDL_ANY=1: level 2 in every step, not only pdl_step()'s (diagnostics) */
+    int fuse;       /* norms, adds, SwiGLU in the GEMVs (enqueue; CINFER_CUDA_FUSE=0: off) */
+    int *h_moe_idx; /* pinned [S] */
+    float *h_moe_w; /* pinned [S] */
+    int *h_moe_up;  /* pinned [3S] */
     int *h_cnt, *h_off, *h_fill; /* [E + 1] each: rows per expert, their offsets, filled so far */
     int *meta;                   /* device ints */
     int *h_meta;                 /* pinned */
@@ -561,6 +562,7 @@ static int alloc_scratch(cuda_fwd *f, char *err, size_t errlen) {
             (rc = dev_alloc(f, (void **)&f->moe_fa, (S * Im + T * Is) * 4, a, err, errlen)) ||
             (rc = dev_alloc(f, (void **)&f->moe_cnt, T * 4, a, err, errlen)) ||
             (rc = dev_alloc(f, (void **)&f->moe_inv, T * 4, a, err, errlen)) ||
+            (rc = dev_alloc(f, (void **)&f->moe_ready, T * 4, a, err, errlen)) ||
             (rc = dev_alloc(f, (void **)&f->moe_tiles, (E + 1) * 4, a, err, errlen)) ||
             (rc = dev_alloc(f, (void **)&f->moe_gscr, E * 4, a, err, errlen)) ||
             (rc = cu_alloc_host((void **)&f->h_moe_idx, S * 4, err, errlen)) ||
@@ -570,6 +572,7 @@ static int alloc_scratch(cuda_fwd *f, char *err, size_t errlen) {
         f->h_cnt = xcalloc(E + 1, sizeof(int));
         f->h_off = xcalloc(E + 1, sizeof(int));
         f->h_fill = xcalloc(E + 1, sizeof(int));
+        cu_fill_f32(f->cu, (float *)f->moe_ready, T, 0.0f); /* flags at 0 (the down kernel leaves them so) */
         for (size_t i = 0; i < S; i++) f->h_moe_up[i] = (int)i;
         if ((rc = cu_upload(f->moe_ident, f->h_moe_up, S * 4, err, errlen))) return rc;
     }
@@ -739,9 +742,11 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     f->fuse = !(fz && !strcmp(fz, "0"));
     /* CINFER_CUDA_MOE_FOLD (bits; default 0, off): 1 the decode MoE layers' router folded into their out_proj
      * launch (moe_fold.cu: the choice from z = router (g h) + W' a, W' made at upload; no router launch), 2
-     * W' in f32 (else bf16), 8 the chosen experts' gate_up rows requested into L2 as soon as chosen */
+     * W' in f32 (else bf16), 8 the chosen experts' gate_up rows requested into L2 as soon as chosen (by the
+     * selecting block), 16 the same by each gate_up warp for its own rows, from a flag, before its PDL wait
+     */
     const char *mfo = getenv("CINFER_CUDA_MOE_FOLD");
-    f->moe_fold = mfo ? atoi(mfo) & (1 | 2 | 8) : 0;
+    f->moe_fold = mfo ? atoi(mfo) & (1 | 2 | 8 | 16) : 0;
     if (mfo) fprintf(stderr, "cinfer cuda: CINFER_CUDA_MOE_FOLD=%d\n", f->moe_fold);
     if (fz)
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_FUSE=%s: fused decode GEMVs %s\n", fz,
@@ -1215,7 +1220,7 @@ static void out_proj(cuda_fwd *f, const cu_layer *cl, int T, int K, int fz) {
         a.x = f->x, a.a = f->act, a.w_o = cl->w_out, a.router = cl->router, a.g = cl->post_norm,
         a.wf = cl->wfold;
         a.y = f->xn, a.z = f->moe_logits, a.idx = f->moe_idx, a.zsel = f->moe_w, a.count = f->moe_cnt;
-        a.e_gu = cl->e_gu;
+        a.e_gu = cl->e_gu, a.ready = (f->moe_fold & 16) ? f->moe_ready : NULL;
         if ((f->moe_variant & 8192) && cl->sh_gu) {
             size_t Is = (size_t)m->cfg.shared_expert_intermediate_size;
             a.pf0 = cl->sh_gu, a.pf0_bytes = 2 * Is * m->H * 2, a.pf1 = cl->sh_down,
@@ -1385,7 +1390,8 @@ static int moe(cuda_fwd *f, const cu_layer *cl, const run_shape *rs, int device_
         *added = into_x;
         if (norm_w) a.x = f->x, a.norm_w = norm_w, a.eps = (float)m->cfg.rms_norm_eps, a.xn = f->xn;
         /* fold: out_proj chose (moe_fold.cu); xn holds h', the down kernel writes x = h' + the block */
-        if (f->fold_layer && norm_w && into_x) a.fold = 1, a.inv = f->moe_inv;
+        if (f->fold_layer && norm_w && into_x)
+            a.fold = 1, a.inv = f->moe_inv, a.ready = (f->moe_fold & 16) ? f->moe_ready : NULL;
         /* CINFER_CUDA_DIAG_AB's classes: the router (DG_ROUTE), gate_up (DG_GU), down (DG_DOWN) */
         int nr = diag_n(f, DG_ROUTE), ng = diag_n(f, DG_GU), nd = diag_n(f, DG_DOWN);
         mark(f, CP_MOE_ROUTE);
@@ -1632,8 +1638,8 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
         int skip, dup, nopdl, apf; /* apf: CINFER_CUDA_ATTN_PF (-1: 0) */
         const char *g3;            /* "u_small,var_small,u_big,var_big" for cu_set_gemv3_one, or NULL */
         int l2n;                   /* CINFER_CUDA_L2PF_NEXT MB (-1: 0) */
-        int mfold;                 /* CINFER_CUDA_MOE_FOLD: 1 the fold off, 2 its bit 8 toggled */
-        const char *gp;            /* CINFER_CUDA_GEMV_PERSIST for this variant, or NULL */
+        int mfold;      /* CINFER_CUDA_MOE_FOLD: 1 the fold off, 2 its bit 8 toggled, 3 its bit 16 toggled */
+        const char *gp; /* CINFER_CUDA_GEMV_PERSIST for this variant, or NULL */
     } v[] = {
         {"base", 0, 0, 0},
         {"persist 0", 0, 0, 0, 0, NULL, 0, 0, "0"},
@@ -1680,6 +1686,7 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
         {"dup moe router", 0, DG_ROUTE, 0},
         {"moe fold off", 0, 0, 0, 0, NULL, 0, 1},
         {"moe fold pf8 toggled", 0, 0, 0, 0, NULL, 0, 2},
+        {"moe fold pf16 toggled", 0, 0, 0, 0, NULL, 0, 3},
         {"base again", 0, 0, 0},
     };
     enum { REPS = 30 };
@@ -1697,6 +1704,7 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
         int mfold = f->moe_fold;
         if (v[i].mfold == 1) f->moe_fold = 0;
         if (v[i].mfold == 2) f->moe_fold ^= 8;
+        if (v[i].mfold == 3) f->moe_fold ^= 16;
         int g3[4] = {0, -1, 0, -1};
         if (v[i].g3 && sscanf(v[i].g3, "%d,%d,%d,%d", &g3[0], &g3[1], &g3[2], &g3[3]) == 4)
             cu_set_gemv3_one(g3[0], g3[1], g3[2], g3[3]);

@@ -472,6 +472,8 @@ static int run_fold(cu_ctx *c, const moe_case *mc, const moe_w *w, const fold_in
     unsigned *cnt = dev((size_t)T * 4);
     float *xo = dev((size_t)T * H * 4), *act = dev((size_t)T * A * 4), *shg = dev((size_t)T * 4);
     float *inv = dev((size_t)T * 4), *out = dev((size_t)T * H * 4);
+    unsigned *ready = dev((size_t)T * 4);
+    cu_fill_f32(c, (float *)ready, (size_t)T, 0.0f);
     cu_fill_f32(c, y, (size_t)T * H, NAN), cu_fill_f32(c, z, (size_t)T * E, NAN);
     cu_fill_f32(c, zsel, (size_t)T * k, NAN), cu_fill_f32(c, (float *)idx, (size_t)T * k, NAN);
     cu_fill_f32(c, (float *)cnt, (size_t)T, 0.0f), cu_fill_f32(c, act, (size_t)T * A, NAN);
@@ -483,6 +485,7 @@ static int run_fold(cu_ctx *c, const moe_case *mc, const moe_w *w, const fold_in
     f.wf_f32 = in->wf32, f.variant = variant & 8;
     f.x = in->d_h, f.a = in->d_a, f.w_o = in->d_wo, f.router = w->d_router, f.g = in->d_g, f.wf = in->d_wf;
     f.y = y, f.z = z, f.idx = idx, f.zsel = zsel, f.count = cnt, f.e_gu = w->d_gu;
+    f.ready = (variant & 16) ? ready : NULL;
     if (variant & 8192) f.pf0 = w->d_sgu, f.pf0_bytes = (size_t)2 * mc->Is * H * 2;
     cu_moe_fold_outproj(c, &f);
     if (moe) {
@@ -492,6 +495,7 @@ static int run_fold(cu_ctx *c, const moe_case *mc, const moe_w *w, const fold_in
         a.sh_gu = w->d_sgu, a.sh_down = w->d_sdown, a.sh_gw = w->d_sgw;
         a.logits = z, a.idx = idx, a.w = zsel, a.count = cnt, a.act = act, a.shg = shg, a.out = out;
         a.resid = xo, a.x = in->d_h, a.norm_w = in->d_g, a.eps = 1e-6f, a.xn = y, a.fold = 1, a.inv = inv;
+        a.ready = f.ready;
         cu_moe_fused(c, &a);
     }
     int rc = cu_sync(c, err, sizeof err);
@@ -507,8 +511,14 @@ static int run_fold(cu_ctx *c, const moe_case *mc, const moe_w *w, const fold_in
         CHECK_MSG(!bad, "fold %s: %d elements of out written (the residual form leaves it)", mc->name, bad);
         free(ho);
     }
+    if (moe) { /* the down kernel leaves the flags at 0 */
+        unsigned *hr = get(ready, (size_t)T * 4);
+        for (int r = 0; r < T; r++) CHECK_MSG(hr[r] == 0, "fold ready flag of row %d left at %u", r, hr[r]);
+        free(hr);
+    }
     free(hc);
-    cu_free(y), cu_free(z), cu_free(zsel), cu_free(idx), cu_free(cnt), cu_free(xo), cu_free(act);
+    cu_free(ready), cu_free(y), cu_free(z), cu_free(zsel), cu_free(idx), cu_free(cnt), cu_free(xo),
+        cu_free(act);
     cu_free(shg), cu_free(inv), cu_free(out);
     return rc;
 }
@@ -651,8 +661,8 @@ static void fold_case_run(const moe_case *mc, int D, int wf_lo, int wf_hi, int n
             CHECK_MSG(same, "%s: fold, the first %d rows differ from the same rows among 8", mc->name, t);
             free_fold(&o);
         }
-        static const int vars[3] = {4, 8, 8192 | 8 | 4};
-        for (int q = 0; q < 3; q++) {
+        static const int vars[4] = {4, 8, 16 | 4, 8192 | 16 | 8 | 4};
+        for (int q = 0; q < 4; q++) {
             fold_out o;
             if (run_fold(c, mc, &w, &in, T, vars[q], 1, &o)) continue;
             CHECK_MSG(!memcmp(o.xo, o8.xo, (size_t)T * H * 4) && !memcmp(o.idx, o8.idx, (size_t)T * k * 4),
@@ -858,8 +868,8 @@ TEST(cuda_moe_fold_model) {
     float *ref = malloc(n * 4), *got = malloc(n * 4), *eag = malloc(n * 4), *one = malloc((size_t)11 * V * 4);
     char *of = env_swap("CINFER_CUDA_MOE_FOLD", "0");
     int rc = model_steps(m, V, 3, NULL, NULL, NULL, NULL, ref);
-    static const char *const folds[3] = {"1", "3", "9"};
-    for (int q = 0; q < 3 && !rc; q++) {
+    static const char *const folds[4] = {"1", "3", "9", "17"};
+    for (int q = 0; q < 4 && !rc; q++) {
         setenv("CINFER_CUDA_MOE_FOLD", folds[q], 1);
         if (model_steps(m, V, 3, NULL, NULL, NULL, NULL, got)) break;
         double r = rel(got, ref, n);

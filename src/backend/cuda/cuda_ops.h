@@ -508,7 +508,10 @@ typedef struct cu_moe_args {
        w the chosen z (ascending expert order), logits all E z when !norm; the down kernel makes the weights
        softmax(inv z) and writes resid = xn + the block's output (resid required) */
     int fold;
-    float *inv; /* [T] 1 / rms(h') (fold) */
+    float *inv;      /* [T] 1 / rms(h') (fold) */
+    unsigned *ready; /* fold, NULL or [T] flags cu_moe_fold_outproj sets once a row's choice is out: the
+                        gate_up kernel's warps then request their rows into L2 before their PDL wait; the down
+                        kernel clears them */
 } cu_moe_args;
 /* 1 when the fused kernels serve this shape: H, Im, Is multiples of 8, Im <= 1024, E <= 1024, k <= 32 */
 int cu_moe_fused_supported(int H, int E, int k, int Im, int Is);
@@ -540,6 +543,7 @@ typedef struct cu_moe_fold_args {
     const uint16_t *e_gu;   /* [E][2Im][H] (variant 8) */
     const void *pf0, *pf1;  /* NULL, or bytes into L2 from the z blocks (the shared expert's weights) */
     size_t pf0_bytes, pf1_bytes;
+    unsigned *ready; /* NULL, or [T]: set to 1 once a row's choice is written (cu_moe_args.ready) */
 } cu_moe_fold_args;
 int cu_moe_fold_supported(int H, int D, int E, int k);
 void cu_moe_fold_outproj(cu_ctx *c, const cu_moe_fold_args *f);

@@ -125,7 +125,7 @@ __global__ void __launch_bounds__(FO_WARPS * 32)
               const uint16_t *__restrict__ router, const float *__restrict__ g, const void *__restrict__ wf,
               float *__restrict__ y, float *z, int *idx, float *zsel, unsigned *count, int H, int D, int E,
               int k, int KS, int ZB, const uint16_t *e_gu, size_t e_gu_bytes, const void *pf0,
-              size_t pf0_bytes, const void *pf1, size_t pf1_bytes) {
+              size_t pf0_bytes, const void *pf1, size_t pf1_bytes, unsigned *ready) {
     __shared__ float red[FO_WARPS][MR];
     __shared__ int last;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -229,6 +229,15 @@ __global__ void __launch_bounds__(FO_WARPS * 32)
                 l2_prefetch_part(reinterpret_cast<const char *>(e_gu) + (size_t)my_e * e_gu_bytes, e_gu_bytes,
                                  0, 1);
         }
+        /* FOLD bit 16: the row's choice is out; the gate_up kernel's blocks, resident before this kernel
+         * completes, may request their rows (a hint only: they compute after their PDL wait) */
+        if (ready) {
+            __syncwarp();
+            if (lane == 0) {
+                __threadfence();
+                atomicExch(ready + r0 + m, 1u);
+            }
+        }
     }
 }
 
@@ -292,14 +301,14 @@ static void fo_launch(cu_ctx *c, const cu_moe_fold_args *f, size_t r0, int tiles
                    f->w_o, f->router, f->g, f->wf, f->y + r0 * f->H, f->z + r0 * f->E, f->idx, f->zsel,
                    f->count + r0, f->H, f->D, f->E, f->k, f->KS, ZB,
                    (f->variant & 8) ? f->e_gu : (const uint16_t *)NULL, eb, f->pf0, f->pf0_bytes, f->pf1,
-                   f->pf1_bytes);
+                   f->pf1_bytes, f->ready);
     (void)r0;
 }
 
 /* idx / zsel rows are indexed from the start of the launch's first tile: shift them per call */
 template <int MR, bool WF32> static void fo_ew(cu_ctx *c, const cu_moe_fold_args *f, size_t r0, int tiles) {
     cu_moe_fold_args s = *f;
-    s.idx = f->idx + r0 * f->k, s.zsel = f->zsel + r0 * f->k;
+    s.idx = f->idx + r0 * f->k, s.zsel = f->zsel + r0 * f->k, s.ready = f->ready ? f->ready + r0 : NULL;
     if (f->E <= 256)
         fo_launch<MR, WF32, 8>(c, &s, r0, tiles);
     else

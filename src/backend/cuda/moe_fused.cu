@@ -319,9 +319,26 @@ __global__ void __launch_bounds__(MF_WARPS * 32)
     mf_gate_up_kernel(const float *__restrict__ x, const uint16_t *__restrict__ e_gu,
                       const int *__restrict__ idx, const uint16_t *__restrict__ sh_gu,
                       const uint16_t *__restrict__ sh_gw, float *act, float *shg, int H, int k, int Im,
-                      int Is, const float *__restrict__ nw, float eps, float *inv) {
+                      int Is, const float *__restrict__ nw, float eps, float *inv, const unsigned *ready) {
     const int r = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int wg = blockIdx.x * MF_WARPS + warp, A = k * Im + Is;
+    /* fold with ready: once the fold kernel's selection has published this row's choice (it runs before
+     * that kernel completes), this warp's expert rows are requested into L2 before the PDL wait; a bounded
+     * wait, a hint only (the rows are read again after the wait) */
+    if (FOLD && ready && wg < k * Im && lane == 0) {
+        unsigned v = 0;
+        for (int n = 0; n < 2048; n++) {
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(ready + r) : "memory");
+            if (v) break;
+            __nanosleep(100);
+        }
+        if (v) {
+            int j = wg / Im, n = wg - j * Im, e = __ldcg(idx + (size_t)r * k + j);
+            const uint16_t *gr = e_gu + ((size_t)e * 2 * Im + n) * H;
+            mf_l2_prefetch(gr, (unsigned)H * 2);
+            mf_l2_prefetch(gr + (size_t)Im * H, (unsigned)H * 2);
+        }
+    }
     griddep_wait(); /* the router's choices */
     griddep_launch();
     const float *xr = x + (size_t)r * H;
@@ -380,7 +397,8 @@ __global__ void __launch_bounds__(MF_WARPS * 32)
                    const int *__restrict__ idx, const float *__restrict__ wt,
                    const uint16_t *__restrict__ sh_down, const float *__restrict__ shg, float *out,
                    float *resid, int H, int k, int Im, int Is, const float *__restrict__ zall,
-                   const float *__restrict__ inv, const float *__restrict__ base, int E, int norm) {
+                   const float *__restrict__ inv, const float *__restrict__ base, int E, int norm,
+                   unsigned *ready) {
     const int r = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int h = blockIdx.x * MF_WARPS + warp, A = k * Im + Is;
     if (h >= H) {
@@ -414,7 +432,9 @@ __global__ void __launch_bounds__(MF_WARPS * 32)
         if (j0 == 0) {
             griddep_wait(); /* act */
             griddep_launch();
-            if (FOLD) { /* softmax(s z) at the chosen k (norm), or over all E, then the chosen */
+            if (FOLD && ready && blockIdx.x == 0 && threadIdx.x == 0)
+                ready[r] = 0u; /* every gate_up warp has read it (complete: the wait above) */
+            if (FOLD) {        /* softmax(s z) at the chosen k (norm), or over all E, then the chosen */
                 const float s = __ldcg(inv + r);
                 float t = lane < k ? my_w * s : -INFINITY, mx = warp_max(t);
                 float ev = lane < k ? expf(t - mx) : 0.0f, den = 0.0f;
@@ -504,7 +524,7 @@ extern "C" void cu_moe_fused_gate_up(cu_ctx *c, const cu_moe_args *a) {
      * in one wave (session 4: 4 chunks, four blocks per SM, 14.1 vs 10.9 us) */
     cu_launch_pdl(c, pdl, a->fold ? mf_gate_up_kernel<2, true> : mf_gate_up_kernel<2, false>, grid, block, x,
                   a->e_gu, a->idx, a->sh_gu, a->sh_gw, a->act, a->shg, a->H, a->k, a->Im, Is, a->norm_w,
-                  a->eps, a->inv);
+                  a->eps, a->inv, (const unsigned *)a->ready);
 }
 
 extern "C" void cu_moe_fused_down(cu_ctx *c, const cu_moe_args *a) {
@@ -515,12 +535,12 @@ extern "C" void cu_moe_fused_down(cu_ctx *c, const cu_moe_args *a) {
     /* Im up to 512: 2 chunks per row and lane; up to 1024 (122B-A10B, 397B-A17B): 4. (Session 4's eight
      * experts' rows at once and session 5's shared row with the first group: no faster, the same bits.) */
     void (*kern)(const float *, const uint16_t *, const int *, const float *, const uint16_t *, const float *,
-                 float *, float *, int, int, int, int, const float *, const float *, const float *, int,
-                 int) = a->fold ? (a->Im > 512 ? mf_down_kernel<4, true> : mf_down_kernel<2, true>)
-                                : (a->Im > 512 ? mf_down_kernel<4, false> : mf_down_kernel<2, false>);
+                 float *, float *, int, int, int, int, const float *, const float *, const float *, int, int,
+                 unsigned *) = a->fold ? (a->Im > 512 ? mf_down_kernel<4, true> : mf_down_kernel<2, true>)
+                                       : (a->Im > 512 ? mf_down_kernel<4, false> : mf_down_kernel<2, false>);
     cu_launch_pdl(c, (a->variant & 4) != 0, kern, grid, block, a->act, a->e_down, a->idx, a->w, sh_down,
                   a->shg, a->out, a->resid, a->H, a->k, a->Im, Is, (const float *)a->logits,
-                  (const float *)a->inv, (const float *)a->xn, a->E, a->norm);
+                  (const float *)a->inv, (const float *)a->xn, a->E, a->norm, a->ready);
 }
 
 extern "C" void cu_moe_fused(cu_ctx *c, const cu_moe_args *a) {
