@@ -521,7 +521,7 @@ static int alloc_scratch(cuda_fwd *f, char *err, size_t errlen) {
     f->part_floats = (size_t)2 * ATTN_TARGET_BLOCKS * (size_t)(m->hd + 2);
     /* CINFER_CUDA_ATTN_DEC=2: up to attn_dec_ns spans for any row (a row's spans follow its own position) */
     if (f->attn_dec_ns)
-        f->part_floats = zmax(f->part_floats, T * m->Hq * (size_t)f->attn_dec_ns * (size_t)(m->hd + 2));
+        f->part_floats = zmax(f->part_floats, T * m->Hq * (size_t)f->attn_dec_ns * (size_t)(m->hd + 4));
     size_t *a = &f->bytes_scratch;
     int rc;
     if ((rc = dev_alloc(f, (void **)&f->x, T * H * 4, a, err, errlen)) ||

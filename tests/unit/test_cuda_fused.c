@@ -481,8 +481,8 @@ static void attn_fused_case(int Hq, int Hkv, int hd, int span, const int *lens, 
             a.inv_freq = dinv, a.kpool = fused ? dkp_f : dkp_u, a.vpool = fused ? dvp_f : dvp_u;
             a.o = NULL, a.part = NULL;
             cu_alloc((void **)&a.o, no * 4, err, sizeof err);
-            cu_alloc((void **)&a.part, (size_t)NE * Hq * ns * (hd + 2) * 4, err, sizeof err);
-            cu_fill_f32(c, a.o, no, NAN), cu_fill_f32(c, a.part, (size_t)NE * Hq * ns * (hd + 2), NAN);
+            cu_alloc((void **)&a.part, (size_t)NE * Hq * ns * (hd + 4) * 4, err, sizeof err);
+            cu_fill_f32(c, a.o, no, NAN), cu_fill_f32(c, a.part, (size_t)NE * Hq * ns * (hd + 4), NAN);
             a.span = span, a.nsplit = ns, a.eps = eps, a.meta = meta;
             a.dec_cnt = fused ? cnt : NULL;
             a.dec_nsmax = nsmax;

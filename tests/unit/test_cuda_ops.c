@@ -971,7 +971,7 @@ static void attn_case_ex(int Hq, int Hkv, int hd, int span, int tiled, const tes
         a.o = nan_dev(c, (size_t)T * Hq * hd);
         a.span = span, a.nsplit = (maxpos + span) / span;
         if (g_dec_ns && !tiled) a.dec_nsmax = g_dec_ns, a.nsplit = cu_attn_dec_grid(maxpos, g_dec_ns);
-        a.part = nan_dev(c, (size_t)T * Hq * a.nsplit * (hd + 2));
+        a.part = nan_dev(c, (size_t)T * Hq * a.nsplit * (hd + 4)); /* attn_dec_kernel: hd + 4 a partial */
         if (tiled) a.tiles = mode ? dtc : dtiles, a.n_tiles = mode ? ntc : nt;
         a.tc = mode > 0;
         a.eps = eps, a.meta = meta;

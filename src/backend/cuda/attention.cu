@@ -311,38 +311,45 @@ static size_t dec_smem(int hd, int G, int nst) {
            sizeof(float);
 }
 
-/* the merge of a (row, kv head)'s ns spans for its G heads into o (gate applied): per head the weights
- * expf(m_s - M) and L = sum_s l_s w_s in order of s, then each thread its 4 dims of some heads, sum_s w_s
- * acc_s in order of s. sw: [G][ns] + [G] floats of shared memory */
+/* the merge of a (row, kv head)'s ns spans for its G heads into o (gate applied): every span's (m, l) read at
+ * once into shared memory, per head the weights expf(m_s - M) and L = sum_s l_s w_s in order of s, then each
+ * thread 4 dims of a head, sum_s w_s acc_s in order of s (float4 loads, unrolled: the spans' loads in flight
+ * together). Partials of DEC_PST(hd) floats, (m, l) then acc from float 4. sw: [G][ns] x 2 + [G] floats of
+ * shared memory */
+#define DEC_PST(hd) ((size_t)(hd) + 4)
 __device__ __forceinline__ void dec_merge(const cu_attn_args &a, int kvh, int r, int ns, float *sw) {
-    int hd = a.hd, G = a.Hq / a.Hkv, tid = threadIdx.x;
-    size_t st = (size_t)(hd + 2);
+    int hd = a.hd, G = a.Hq / a.Hkv, tid = threadIdx.x, C4 = hd / 4;
+    size_t st = DEC_PST(hd);
     const float *p0 = a.part + ((size_t)r * a.Hq + (size_t)kvh * G) * a.nsplit * st;
-    float *sL = sw + G * ns;
+    float *sl = sw + G * ns, *sL = sl + G * ns;
+    for (int i = tid; i < G * ns; i += DEC_NT) {
+        const float2 ml =
+            __ldcg(reinterpret_cast<const float2 *>(p0 + ((size_t)(i / ns) * a.nsplit + i % ns) * st));
+        sw[i] = ml.x, sl[i] = ml.y;
+    }
+    __syncthreads();
     for (int g = tid; g < G; g += DEC_NT) {
-        const float *pg = p0 + (size_t)g * a.nsplit * st;
-        float M = -INFINITY;
-        for (int s = 0; s < ns; s++) M = fmaxf(M, __ldcg(pg + s * st));
-        float L = 0.0f;
+        float M = -INFINITY, L = 0.0f;
+        for (int s = 0; s < ns; s++) M = fmaxf(M, sw[g * ns + s]);
         for (int s = 0; s < ns; s++) {
-            float l = __ldcg(pg + s * st + 1), w = l > 0.0f ? expf(__ldcg(pg + s * st) - M) : 0.0f;
+            float l = sl[g * ns + s], w = l > 0.0f ? expf(sw[g * ns + s] - M) : 0.0f;
             sw[g * ns + s] = w;
             L = fmaf(l, w, L);
         }
         sL[g] = L;
     }
     __syncthreads();
-    int C4 = hd / 4;
     for (int i = tid; i < G * C4; i += DEC_NT) {
         int g = i / C4, d = 4 * (i % C4), h = kvh * G + g;
-        const float *pg = p0 + (size_t)g * a.nsplit * st + 2 + d;
+        const float4 *pg = reinterpret_cast<const float4 *>(p0 + (size_t)g * a.nsplit * st + 4 + d);
+        const size_t st4 = st / 4;
         float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 4
+#pragma unroll 8
         for (int s = 0; s < ns; s++) {
             float w = sw[g * ns + s];
-            const float *q = pg + s * st;
-            o.x = fmaf(__ldcg(q), w, o.x), o.y = fmaf(__ldcg(q + 1), w, o.y);
-            o.z = fmaf(__ldcg(q + 2), w, o.z), o.w = fmaf(__ldcg(q + 3), w, o.w);
+            float4 q = __ldcg(pg + s * st4);
+            o.x = fmaf(q.x, w, o.x), o.y = fmaf(q.y, w, o.y);
+            o.z = fmaf(q.z, w, o.z), o.w = fmaf(q.w, w, o.w);
         }
         float L = sL[g];
         const float *gate = a.qkv + (size_t)r * a.ld + (size_t)h * 2 * hd + hd + d;
@@ -511,7 +518,7 @@ template <int NPL, bool FUSED> __global__ void __launch_bounds__(DEC_NT) attn_de
     }
     __syncthreads();
     /* the span's result: the output (one span) or its partial; thread i: head i / C4, column i % C4 */
-    const size_t st = (size_t)(hd + 2);
+    const size_t st = DEC_PST(hd);
     for (int i = tid; i < G * C4; i += DEC_NT) {
         int g = i / C4, d = 4 * (i % C4), h = kvh * G + g;
         float4 o = red[(size_t)g * C4 + i % C4];
@@ -527,7 +534,7 @@ template <int NPL, bool FUSED> __global__ void __launch_bounds__(DEC_NT) attn_de
             out[2] = (o.z / L) * dev_sigmoid(gate[2]), out[3] = (o.w / L) * dev_sigmoid(gate[3]);
         } else {
             float *p = a.part + (((size_t)r * a.Hq + h) * a.nsplit + sp) * st;
-            p[2 + d] = o.x, p[3 + d] = o.y, p[4 + d] = o.z, p[5 + d] = o.w;
+            *reinterpret_cast<float4 *>(p + 4 + d) = o;
             if (d == 0) p[0] = Sm[g], p[1] = Sl[g];
         }
     }
@@ -545,21 +552,21 @@ template <int NPL, bool FUSED> __global__ void __launch_bounds__(DEC_NT) attn_de
 
 /* the unfused form's merge: a block per (kv head, row) with more than one span */
 __global__ void __launch_bounds__(DEC_NT) attn_dec_combine_kernel(cu_attn_args a) {
-    extern __shared__ float sw[]; /* [G][nsplit] + [G] */
+    extern __shared__ float sw[]; /* [G][nsplit] x 2 + [G] */
     int kvh = blockIdx.x, r = blockIdx.y, ns;
     dec_span(a.meta.row_pos[r], a.dec_nsmax < a.nsplit ? a.dec_nsmax : a.nsplit, &ns);
     if (ns > 1) dec_merge(a, kvh, r, ns, sw);
 }
 
 /* 1 when attn_dec_kernel serves the shape: G within the heads a thread holds, the P.V parts [TPC][G][hd] and
- * the fused merge's weights [G][nsplit + 1] within the first stage's K, and the shared memory within the
+ * the fused merge's [G][2 nsplit + 1] within the first stage's K, and the shared memory within the
  * device (the kernels' limit raised once, for DEC_GMAX heads) */
 template <int NPL> static int dec_ready(int G, int nsplit) {
     static int ok = 0; /* 1 yes, -1 no, 0 not asked yet */
     constexpr int hd = NPL * 32;
     const size_t k1 = (size_t)CU_ATTN_DEC_CH * (hd + DEC_KPAD);
     if (hd / 4 > DEC_NT || G > DEC_GMAX || (size_t)(DEC_NT / (hd / 4)) * G * hd > k1 ||
-        (size_t)G * (nsplit + 1) > k1)
+        (size_t)G * (2 * nsplit + 1) > k1)
         return 0;
     if (!ok) {
         int dev = 0, optin = 0;
@@ -595,7 +602,7 @@ template <int NPL> static int attn_dec_npl(cu_ctx *c, const cu_attn_args *a) {
     attn_dec_kernel<NPL, false><<<grid, DEC_NT, sm, c->stream>>>(*a);
     if (a->nsplit > 1)
         attn_dec_combine_kernel<<<dim3((unsigned)a->Hkv, (unsigned)a->T), DEC_NT,
-                                  (size_t)G *(a->nsplit + 1) * sizeof(float), c->stream>>>(*a);
+                                  (size_t)G *(2 * a->nsplit + 1) * sizeof(float), c->stream>>>(*a);
     return 1;
 }
 static int attn_dec(cu_ctx *c, const cu_attn_args *a) {

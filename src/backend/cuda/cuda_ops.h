@@ -411,7 +411,7 @@ typedef struct cu_attn_args {
      * heads together; a row at position pos splits into cu_attn_dec_span(pos, min(dec_nsmax, nsplit)) spans
      * (span: <= CU_ATTN_DEC_CH when every row's spans are one chunk, then one stage of shared memory; the
      * same bits either way), so with nsplit = cu_attn_dec_grid(maxpos, dec_nsmax) its bits depend on its own
-     * position alone; partials [T][Hq][nsplit][hd + 2] as for attn_kernel, dec_cnt [T][Hkv] used */
+     * position alone; partials [T][Hq][nsplit][hd + 4] (attn_kernel's: hd + 2), dec_cnt [T][Hkv] used */
     int dec_nsmax;
 } cu_attn_args;
 /* attn_dec_kernel's positions per span of a row at position pos: the least CU_ATTN_DEC_CH * 2^k giving at
