@@ -383,12 +383,24 @@ template <int NPL, bool FUSED> __global__ void __launch_bounds__(DEC_NT) attn_de
     auto issue = [&](int c) {
         int c0 = from + c * CH, nj = end - c0 < CH ? end - c0 : CH, b = nst == 2 ? c & 1 : 0;
         float *kb = Ks + b * CH * KS, *vb = Vs + b * CH * hd;
-        for (int i = tid; i < nj * C4; i += DEC_NT) {
-            int j = i / C4, d = 4 * (i % C4), u = c0 + j;
+        /* the chunk's (at most 3) KV blocks looked up once, all together; thread: column d, rows j0 + TPC k
+         */
+        int b0 = c0 / KVB, nb = (c0 + nj - 1) / KVB - b0 + 1;
+        int id0 = blocks[b0], id1 = nb > 1 ? blocks[b0 + 1] : 0, id2 = nb > 2 ? blocks[b0 + 2] : 0;
+        const int d = 4 * (tid % C4);
+        const size_t kvd = (size_t)a.Hkv * hd, o = (size_t)kvh * hd + d;
+        for (int j = tid / C4; j < nj; j += TPC) {
+            int u = c0 + j, bi = u / KVB - b0;
             if (FUSED && u == pos) continue;
-            size_t o = (size_t)kvh * hd + d;
-            cp_async16(kb + j * KS + d, kv_row(a.kpool, a, blocks, u) + o);
-            cp_async16(vb + j * hd + d, kv_row(a.vpool, a, blocks, u) + o);
+            size_t ro = (((size_t)a.full * a.n_blocks + (size_t)(bi == 0   ? id0
+                                                                 : bi == 1 ? id1
+                                                                           : id2)) *
+                             KVB +
+                         (size_t)(u % KVB)) *
+                            kvd +
+                        o;
+            cp_async16(kb + j * KS + d, a.kpool + ro);
+            cp_async16(vb + j * hd + d, a.vpool + ro);
         }
         cp_async_commit();
     };
