@@ -228,6 +228,7 @@ struct cuda_fwd {
     int fold_layer;      /* enqueue: this layer's out_proj makes the router's choice (moe_fold.cu) */
     float *moe_inv;      /* [T]: 1 / rms(h') from the fold path's gate_up kernel */
     unsigned *moe_ready; /* [T]: the fold's choice-published flags (CINFER_CUDA_MOE_FOLD bit 16) */
+    float *moe_zp;       /* the fold kernel's z parts (cu_moe_fold_scratch), with CINFER_CUDA_MOE_FOLD only */
     size_t xb_elems;     /* bf16 elements of xb */
     int pdl;             /* cu_set_pdl's level: CINFER_CUDA_PDL=1 2 (every decode kernel), =gemv 1, else 0 */
     int pdl_any;    /* CINFER_CUDA_PDL_ANY=1: level 2 in every step, not only pdl_step()'s (diagnostics) */
@@ -573,6 +574,12 @@ static int alloc_scratch(cuda_fwd *f, char *err, size_t errlen) {
         f->h_off = xcalloc(E + 1, sizeof(int));
         f->h_fill = xcalloc(E + 1, sizeof(int));
         cu_fill_f32(f->cu, (float *)f->moe_ready, T, 0.0f); /* flags at 0 (the down kernel leaves them so) */
+        size_t Dm = zmax(vd, (size_t)m->Hq * m->hd);
+        if ((f->moe_fold & 1) &&
+            (rc = dev_alloc(f, (void **)&f->moe_zp,
+                            cu_moe_fold_scratch((int)T, (int)Dm, (int)E, (f->moe_fold & 2) != 0) * 4, a, err,
+                            errlen)))
+            return rc;
         for (size_t i = 0; i < S; i++) f->h_moe_up[i] = (int)i;
         if ((rc = cu_upload(f->moe_ident, f->h_moe_up, S * 4, err, errlen))) return rc;
     }
@@ -1219,7 +1226,8 @@ static void out_proj(cuda_fwd *f, const cu_layer *cl, int T, int K, int fz) {
         a.variant = f->moe_fold & 8;
         a.x = f->x, a.a = f->act, a.w_o = cl->w_out, a.router = cl->router, a.g = cl->post_norm,
         a.wf = cl->wfold;
-        a.y = f->xn, a.z = f->moe_logits, a.idx = f->moe_idx, a.zsel = f->moe_w, a.count = f->moe_cnt;
+        a.y = f->xn, a.z = f->moe_logits, a.zpart = f->moe_zp, a.idx = f->moe_idx, a.zsel = f->moe_w,
+        a.count = f->moe_cnt;
         a.e_gu = cl->e_gu, a.ready = (f->moe_fold & 16) ? f->moe_ready : NULL;
         if ((f->moe_variant & 8192) && cl->sh_gu) {
             size_t Is = (size_t)m->cfg.shared_expert_intermediate_size;

@@ -473,6 +473,7 @@ static int run_fold(cu_ctx *c, const moe_case *mc, const moe_w *w, const fold_in
     float *xo = dev((size_t)T * H * 4), *act = dev((size_t)T * A * 4), *shg = dev((size_t)T * 4);
     float *inv = dev((size_t)T * 4), *out = dev((size_t)T * H * 4);
     unsigned *ready = dev((size_t)T * 4);
+    float *zp = dev(cu_moe_fold_scratch(T, in->D, E, in->wf32) * 4);
     cu_fill_f32(c, (float *)ready, (size_t)T, 0.0f);
     cu_fill_f32(c, y, (size_t)T * H, NAN), cu_fill_f32(c, z, (size_t)T * E, NAN);
     cu_fill_f32(c, zsel, (size_t)T * k, NAN), cu_fill_f32(c, (float *)idx, (size_t)T * k, NAN);
@@ -484,7 +485,7 @@ static int run_fold(cu_ctx *c, const moe_case *mc, const moe_w *w, const fold_in
     f.T = T, f.H = H, f.D = in->D, f.E = E, f.k = k, f.Im = mc->Im, f.KS = cu_gemv3_splits(H, in->D);
     f.wf_f32 = in->wf32, f.variant = variant & 8;
     f.x = in->d_h, f.a = in->d_a, f.w_o = in->d_wo, f.router = w->d_router, f.g = in->d_g, f.wf = in->d_wf;
-    f.y = y, f.z = z, f.idx = idx, f.zsel = zsel, f.count = cnt, f.e_gu = w->d_gu;
+    f.y = y, f.z = z, f.zpart = zp, f.idx = idx, f.zsel = zsel, f.count = cnt, f.e_gu = w->d_gu;
     f.ready = (variant & 16) ? ready : NULL;
     if (variant & 8192) f.pf0 = w->d_sgu, f.pf0_bytes = (size_t)2 * mc->Is * H * 2;
     cu_moe_fold_outproj(c, &f);
@@ -517,8 +518,8 @@ static int run_fold(cu_ctx *c, const moe_case *mc, const moe_w *w, const fold_in
         free(hr);
     }
     free(hc);
-    cu_free(ready), cu_free(y), cu_free(z), cu_free(zsel), cu_free(idx), cu_free(cnt), cu_free(xo),
-        cu_free(act);
+    cu_free(ready), cu_free(zp), cu_free(y), cu_free(z), cu_free(zsel), cu_free(idx), cu_free(cnt),
+        cu_free(xo), cu_free(act);
     cu_free(shg), cu_free(inv), cu_free(out);
     return rc;
 }

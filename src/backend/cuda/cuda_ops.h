@@ -537,6 +537,7 @@ typedef struct cu_moe_fold_args {
     const void *wf;         /* [E][D] W' = router diag(g) w_o (cu_moe_fold_weights), bf16 or f32 */
     float *y;               /* [T][H] h' = x + a w_o^T */
     float *z;               /* [T][E] */
+    float *zpart;           /* scratch, cu_moe_fold_scratch(T, D, E, wf_f32) floats */
     int *idx;               /* [T][k] chosen experts, ascending */
     float *zsel;            /* [T][k] their z */
     unsigned *count;        /* [T] zeroed once; every launch leaves it zeroed */
@@ -546,6 +547,7 @@ typedef struct cu_moe_fold_args {
     unsigned *ready; /* NULL, or [T]: set to 1 once a row's choice is written (cu_moe_args.ready) */
 } cu_moe_fold_args;
 int cu_moe_fold_supported(int H, int D, int E, int k);
+size_t cu_moe_fold_scratch(int T, int D, int E, int wf32); /* floats of cu_moe_fold_args.zpart */
 void cu_moe_fold_outproj(cu_ctx *c, const cu_moe_fold_args *f);
 /* W' [E][D] = Σ_i router[e][i] g[i] w_o[i][d] (f32 sums; stored f32 when f32, else bf16) */
 void cu_moe_fold_weights(cu_ctx *c, void *out, int f32, const uint16_t *router, const float *g,

@@ -46,13 +46,13 @@ __device__ __forceinline__ unsigned fo_key(float f) {
     return u ? u : 1u;
 }
 
-/* acc[m] += the bf16 row w (K elements, one lane's chunks c = c0, c0 + step, ...) times rows m of x
- * (x + m ldx, scaled elementwise by gsc when given); up to FO_NB chunks requested before their FMAs. Lane l
- * takes elements 256 c + 8 l. */
+/* acc[m] += the bf16 row w (K elements, one lane's chunks c = c0, c0 + step, ... below c1) times rows m
+ * of x (x + m ldx, scaled elementwise by gsc when given); up to FO_NB chunks requested before their FMAs.
+ * Lane l takes elements 256 c + 8 l. */
 template <int MR, bool WAIT = false>
 __device__ __forceinline__ void fo_dot(float (&acc)[MR], const uint16_t *w, const float *x, size_t ldx,
-                                       const float *gsc, int K, int c0, int step, int lane) {
-    const int nch = (K + 255) >> 8;
+                                       const float *gsc, int K, int c0, int c1, int step, int lane) {
+    const int nch = c1;
     for (int cb = c0; cb < nch; cb += step * FO_NB) {
         uint4 u[FO_NB];
 #pragma unroll
@@ -81,12 +81,12 @@ __device__ __forceinline__ void fo_dot(float (&acc)[MR], const uint16_t *w, cons
     }
 }
 
-/* the f32 row form (W' in f32): 8 floats per lane and chunk */
-template <int MR>
+/* the f32 row form (W' in f32): 8 floats per lane and chunk, chunks c0 .. c1 - 1 */
+template <int MR, bool WAIT = false>
 __device__ __forceinline__ void fo_dot_f32(float (&acc)[MR], const float *w, const float *x, size_t ldx,
-                                           int K, int lane) {
-    const int nch = (K + 255) >> 8;
-    for (int cb = 0; cb < nch; cb += FO_NB / 2) {
+                                           int K, int c0, int c1, int lane) {
+    const int nch = c1;
+    for (int cb = c0; cb < nch; cb += FO_NB / 2) {
         float4 u[FO_NB / 2][2];
 #pragma unroll
         for (int i = 0; i < FO_NB / 2; i++) {
@@ -98,6 +98,7 @@ __device__ __forceinline__ void fo_dot_f32(float (&acc)[MR], const float *w, con
                 u[i][0] = u[i][1] = make_float4(0.f, 0.f, 0.f, 0.f);
             }
         }
+        if (WAIT && cb == c0) griddep_wait();
 #pragma unroll
         for (int i = 0; i < FO_NB / 2; i++) {
             int k = (cb + i) * 256 + lane * 8;
@@ -115,29 +116,30 @@ __device__ __forceinline__ void fo_dot_f32(float (&acc)[MR], const float *w, con
     }
 }
 
-/* Grid (ZB + OB, tiles), FO_WARPS warps. Blocks < ZB: warp w of block b computes z[e] for e = 8 b + w of
- * the tile's MR rows; the last of them to finish (count[tile], left at 0 again) selects each row's k largest
- * (ties to the lower expert, the CPU's stable selection) in warp m for row m: idx in ascending expert order,
- * zsel their z. Blocks >= ZB: out_proj, 8 / KS rows a block, KS warps a row. */
+/* Grid (ZB + OB, tiles), FO_WARPS warps. Blocks < ZB: z in parts, a warp per (part, expert) of the tile's MR
+ * rows (below); the last of them to finish (count[tile], left at 0 again) sums each row's parts, writes z
+ * and selects the k largest (ties to the lower expert, the CPU's stable selection) in warp m for row m: idx
+ * in ascending expert order, zsel their z. Blocks >= ZB: out_proj, 8 / KS rows a block, KS warps a row. */
 template <int MR, bool WF32, int EW>
 __global__ void __launch_bounds__(FO_WARPS * 32)
     fo_kernel(const float *__restrict__ x, const float *__restrict__ a, const uint16_t *__restrict__ w_o,
               const uint16_t *__restrict__ router, const float *__restrict__ g, const void *__restrict__ wf,
-              float *__restrict__ y, float *z, int *idx, float *zsel, unsigned *count, int H, int D, int E,
-              int k, int KS, int ZB, const uint16_t *e_gu, size_t e_gu_bytes, const void *pf0,
-              size_t pf0_bytes, const void *pf1, size_t pf1_bytes, unsigned *ready) {
+              float *__restrict__ y, float *z, float *zpart, int *idx, float *zsel, unsigned *count, int H,
+              int D, int E, int k, int KS, int ZB, int P, int PC, const uint16_t *e_gu, size_t e_gu_bytes,
+              const void *pf0, size_t pf0_bytes, const void *pf1, size_t pf1_bytes, unsigned *ready) {
     __shared__ float red[FO_WARPS][MR];
     __shared__ int last;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const size_t r0 = (size_t)blockIdx.y * MR;
-    x += r0 * H, a += r0 * D, y += r0 * H, z += r0 * E;
+    x += r0 * H, a += r0 * D, y += r0 * H, z += r0 * E, zpart += r0 * (1 + P) * E;
     if ((int)blockIdx.x >= ZB) { /* out_proj: gemv3's splits and order */
         const int RG = FO_WARPS / KS, rg = warp / KS, ks = warp % KS;
         const int j = ((int)blockIdx.x - ZB) * RG + rg;
         float acc[MR];
 #pragma unroll
         for (int m = 0; m < MR; m++) acc[m] = 0.0f;
-        if (j < H) fo_dot<MR, true>(acc, w_o + (size_t)j * D, a, (size_t)D, NULL, D, ks, KS, lane);
+        if (j < H)
+            fo_dot<MR, true>(acc, w_o + (size_t)j * D, a, (size_t)D, NULL, D, ks, (D + 255) >> 8, KS, lane);
         griddep_wait(); /* again for warps without a row: every thread waits (common.cuh) */
         griddep_launch();
 #pragma unroll
@@ -156,28 +158,32 @@ __global__ void __launch_bounds__(FO_WARPS * 32)
         }
         return;
     }
-    /* z rows. The residual h was written two kernels back or earlier (the kernel before this one writes a):
-     * under PDL complete when this kernel starts (common.cuh's chain), so its part is summed before the wait
-     */
-    const int e = blockIdx.x * FO_WARPS + warp;
+    /* z in parts, a warp each: part 0 the router's row times g h (the residual h was written two kernels back
+     * or earlier, the kernel before this one writes a: under PDL complete when this kernel starts,
+     * common.cuh's chain, so it is summed before the wait), part p >= 1 chunks PC (p - 1) .. PC p - 1 of W'
+     * times a (their weights requested before the wait), so that every z warp is one round trip after the
+     * wait; the parts go to zpart [MR][1 + P][E] and the selecting block sums them in part order */
+    const int item = blockIdx.x * FO_WARPS + warp, e = item % E, part = item / E;
     float acc[MR];
 #pragma unroll
     for (int m = 0; m < MR; m++) acc[m] = 0.0f;
-    if (e < E) fo_dot<MR>(acc, router + (size_t)e * H, x, (size_t)H, g, H, 0, 1, lane);
-    griddep_wait();
-    if (e < E) {
-        float acc2[MR];
-#pragma unroll
-        for (int m = 0; m < MR; m++) acc2[m] = 0.0f;
+    if (part == 0)
+        fo_dot<MR>(acc, router + (size_t)e * H, x, (size_t)H, g, H, 0, (H + 255) >> 8, 1, lane);
+    else if (part <= P) {
+        int c0 = (part - 1) * PC, c1 = c0 + PC < ((D + 255) >> 8) ? c0 + PC : ((D + 255) >> 8);
         if (WF32)
-            fo_dot_f32<MR>(acc2, static_cast<const float *>(wf) + (size_t)e * D, a, (size_t)D, D, lane);
+            fo_dot_f32<MR, true>(acc, static_cast<const float *>(wf) + (size_t)e * D, a, (size_t)D, D, c0, c1,
+                                 lane);
         else
-            fo_dot<MR>(acc2, static_cast<const uint16_t *>(wf) + (size_t)e * D, a, (size_t)D, NULL, D, 0, 1,
-                       lane);
+            fo_dot<MR, true>(acc, static_cast<const uint16_t *>(wf) + (size_t)e * D, a, (size_t)D, NULL, D,
+                             c0, c1, 1, lane);
+    }
+    griddep_wait(); /* again: every thread waits (common.cuh) */
+    if (part <= P) {
 #pragma unroll
         for (int m = 0; m < MR; m++) {
-            float v = warp_sum(acc[m]) + warp_sum(acc2[m]);
-            if (lane == 0) z[(size_t)m * E + e] = v;
+            float v = warp_sum(acc[m]);
+            if (lane == 0) zpart[((size_t)m * (1 + P) + part) * E + e] = v;
         }
         if (lane == 0) __threadfence(); /* visible device-wide before this block counts itself done */
     }
@@ -198,10 +204,22 @@ __global__ void __launch_bounds__(FO_WARPS * 32)
     if (threadIdx.x == 0) count[blockIdx.y] = 0; /* ready for the next launch (stream order) */
     __threadfence();
     for (int m = warp; m < MR; m += FO_WARPS) {
-        const float *zr = z + (size_t)m * E;
+        float *zr = z + (size_t)m * E;
+        const float *zp = zpart + (size_t)m * (1 + P) * E;
         unsigned kv[EW];
+        float zv[EW];
 #pragma unroll
-        for (int i = 0; i < EW; i++) kv[i] = lane + 32 * i < E ? fo_key(__ldcg(zr + lane + 32 * i)) : 0u;
+        for (int i = 0; i < EW; i++) {
+            int ee = lane + 32 * i;
+            if (ee < E) {
+                float v = __ldcg(zp + ee);
+                for (int p = 1; p <= P; p++) v += __ldcg(zp + (size_t)p * E + ee);
+                zv[i] = v, zr[ee] = v;
+                kv[i] = fo_key(v);
+            } else {
+                zv[i] = 0.0f, kv[i] = 0u;
+            }
+        }
         /* k rounds: the largest key, then the lowest expert holding it; the winner's lane drops it */
         int my_e = 0;
         for (int j = 0; j < k; j++) {
@@ -221,9 +239,20 @@ __global__ void __launch_bounds__(FO_WARPS * 32)
         }
         int rank = 0;
         for (int j = 0; j < k; j++) rank += __shfl_sync(0xffffffffu, my_e, j) < my_e;
+        /* the chosen z from the lane holding it */
+        float my_z = 0.0f;
+        for (int j = 0; j < k; j++) {
+            int ej = __shfl_sync(0xffffffffu, my_e, j);
+            float vj = 0.0f;
+#pragma unroll
+            for (int i = 0; i < EW; i++)
+                if (lane + 32 * i == ej) vj = zv[i];
+            vj = __shfl_sync(0xffffffffu, vj, ej & 31);
+            if (lane == j) my_z = vj;
+        }
         if (lane < k) {
             idx[(r0 + m) * k + rank] = my_e;
-            zsel[(r0 + m) * k + rank] = __ldcg(zr + my_e);
+            zsel[(r0 + m) * k + rank] = my_z;
             /* the chosen experts' gate_up rows into L2 while out_proj still streams (FOLD bit 8) */
             if (e_gu && m == 0 && blockIdx.y == 0)
                 l2_prefetch_part(reinterpret_cast<const char *>(e_gu) + (size_t)my_e * e_gu_bytes, e_gu_bytes,
@@ -278,6 +307,11 @@ __global__ void __launch_bounds__(256) fold_weights_kernel(void *out, const uint
         }
 }
 
+extern "C" size_t cu_moe_fold_scratch(int T, int D, int E, int wf32) {
+    int nchd = (D + 255) / 256, PC = wf32 ? FO_NB / 2 : FO_NB;
+    return (size_t)T * (1 + (nchd + PC - 1) / PC) * E;
+}
+
 extern "C" int cu_moe_fold_supported(int H, int D, int E, int k) {
     return H > 0 && H % 8 == 0 && D > 0 && D % 8 == 0 && E > 0 && E <= FO_MAX_E && k > 0 && k <= FO_MAX_K &&
            k <= E;
@@ -294,14 +328,15 @@ extern "C" void cu_moe_fold_weights(cu_ctx *c, void *out, int f32, const uint16_
 
 template <int MR, bool WF32, int EW>
 static void fo_launch(cu_ctx *c, const cu_moe_fold_args *f, size_t r0, int tiles) {
-    int RG = FO_WARPS / f->KS, ZB = (int)cdiv((size_t)f->E, FO_WARPS);
+    int nchd = (f->D + 255) / 256, PC = WF32 ? FO_NB / 2 : FO_NB, P = (nchd + PC - 1) / PC;
+    int RG = FO_WARPS / f->KS, ZB = (int)cdiv((size_t)f->E * (1 + P), FO_WARPS);
     dim3 grid((unsigned)ZB + cdiv((size_t)f->H, (size_t)RG), (unsigned)tiles);
     size_t eb = (size_t)2 * f->Im * f->H * 2;
     cu_launch_gemv(c, fo_kernel<MR, WF32, EW>, grid, dim3(FO_WARPS * 32), f->x + r0 * f->H, f->a + r0 * f->D,
-                   f->w_o, f->router, f->g, f->wf, f->y + r0 * f->H, f->z + r0 * f->E, f->idx, f->zsel,
-                   f->count + r0, f->H, f->D, f->E, f->k, f->KS, ZB,
-                   (f->variant & 8) ? f->e_gu : (const uint16_t *)NULL, eb, f->pf0, f->pf0_bytes, f->pf1,
-                   f->pf1_bytes, f->ready);
+                   f->w_o, f->router, f->g, f->wf, f->y + r0 * f->H, f->z + r0 * f->E,
+                   f->zpart + r0 * (1 + P) * f->E, f->idx, f->zsel, f->count + r0, f->H, f->D, f->E, f->k,
+                   f->KS, ZB, P, PC, (f->variant & 8) ? f->e_gu : (const uint16_t *)NULL, eb, f->pf0,
+                   f->pf0_bytes, f->pf1, f->pf1_bytes, f->ready);
     (void)r0;
 }
 
