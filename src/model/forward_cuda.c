@@ -983,7 +983,7 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * gate_up + down, cluster router, down rows all before the wait and router in fewer registers are gone
      * (bit-identical, slower or no faster in session 6's H200 calls 1-3: their commits give the figures) */
     const char *mv = getenv("CINFER_CUDA_MOE_VARIANT");
-    f->moe_variant = mv ? atoi(mv) & (4 | 8 | 8192) : 12 | 8192;
+    f->moe_variant = mv ? atoi(mv) & (4 | 8 | 16 | 8192) : 12 | 8192;
     if (mf)
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_MOE_FUSED=%s: %s\n", mf,
                 f->moe_fused ? "fused decode MoE kernels" : "the unfused decode MoE kernels");
@@ -1646,7 +1646,8 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
         int skip, dup, nopdl, apf; /* apf: CINFER_CUDA_ATTN_PF (-1: 0) */
         const char *g3;            /* "u_small,var_small,u_big,var_big" for cu_set_gemv3_one, or NULL */
         int l2n;                   /* CINFER_CUDA_L2PF_NEXT MB (-1: 0) */
-        int mfold;      /* CINFER_CUDA_MOE_FOLD: 1 the fold off, 2 its bit 8 toggled, 3 its bit 16 toggled */
+        int mfold;      /* CINFER_CUDA_MOE_FOLD: 1 the fold off, 2 its bit 8 toggled, 3 its bit 16 toggled; 4:
+                           CINFER_CUDA_MOE_VARIANT's bit 16 toggled */
         const char *gp; /* CINFER_CUDA_GEMV_PERSIST for this variant, or NULL */
     } v[] = {
         {"base", 0, 0, 0},
@@ -1695,6 +1696,7 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
         {"moe fold off", 0, 0, 0, 0, NULL, 0, 1},
         {"moe fold pf8 toggled", 0, 0, 0, 0, NULL, 0, 2},
         {"moe fold pf16 toggled", 0, 0, 0, 0, NULL, 0, 3},
+        {"moe variant 16 toggled", 0, 0, 0, 0, NULL, 0, 4},
         {"base again", 0, 0, 0},
     };
     enum { REPS = 30 };
@@ -1713,6 +1715,8 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
         if (v[i].mfold == 1) f->moe_fold = 0;
         if (v[i].mfold == 2) f->moe_fold ^= 8;
         if (v[i].mfold == 3) f->moe_fold ^= 16;
+        int mvar = f->moe_variant;
+        if (v[i].mfold == 4) f->moe_variant ^= 16;
         int g3[4] = {0, -1, 0, -1};
         if (v[i].g3 && sscanf(v[i].g3, "%d,%d,%d,%d", &g3[0], &g3[1], &g3[2], &g3[3]) == 4)
             cu_set_gemv3_one(g3[0], g3[1], g3[2], g3[3]);
@@ -1726,7 +1730,7 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
         int rc2 = rc ? rc : enqueue(f, rs, moe_device, err, sizeof err);
         if (!rc) rc = cu_capture_end(f->cu, &exec, err, sizeof err);
         f->pdl = pdl, f->diag_skip = f->diag_dup = 0;
-        f->l2pf_next = l2n, f->moe_fold = mfold;
+        f->l2pf_next = l2n, f->moe_fold = mfold, f->moe_variant = mvar;
         cu_set_attn_decode_pf(f->attn_pf);
         cu_set_gemv3_one(0, -1, 0, -1);
         cu_set_gemv3_persist(f->gemv_persist[0], f->gemv_persist[1], f->gemv_persist[2]);
