@@ -116,43 +116,86 @@ __device__ __forceinline__ void fo_dot_f32(float (&acc)[MR], const float *w, con
     }
 }
 
+/* out_proj's form of fo_dot: NR weight rows a warp (each x chunk loaded once for them), FO_NB / NR chunks
+ * of each requested at once; per row and lane the same chunks in the same order as fo_dot (and gemv3) */
+template <int MR, int NR, bool WAIT>
+__device__ __forceinline__ void fo_rows(float (&acc)[NR][MR], const uint16_t *const (&w)[NR], const float *x,
+                                        size_t ldx, int K, int c0, int c1, int step, int lane) {
+    constexpr int NB = FO_NB / NR > 0 ? FO_NB / NR : 1;
+    for (int cb = c0; cb < c1; cb += step * NB) {
+        uint4 u[NB][NR];
+#pragma unroll
+        for (int i = 0; i < NB; i++) {
+            int c = cb + i * step, k = c * 256 + lane * 8;
+#pragma unroll
+            for (int q = 0; q < NR; q++)
+                u[i][q] = c < c1 && k < K ? __ldcs(reinterpret_cast<const uint4 *>(w[q] + k))
+                                          : make_uint4(0, 0, 0, 0);
+        }
+        if (WAIT && cb == c0) griddep_wait();
+#pragma unroll
+        for (int i = 0; i < NB; i++) {
+            int c = cb + i * step, k = c * 256 + lane * 8;
+            if (c >= c1 || k >= K) break;
+#pragma unroll
+            for (int m = 0; m < MR; m++) {
+                float xv[8];
+                fo_ld8(xv, x + (size_t)m * ldx + k);
+#pragma unroll
+                for (int q = 0; q < NR; q++) acc[q][m] = fo_fma8(u[i][q], xv, acc[q][m]);
+            }
+        }
+    }
+}
+
 /* Grid (ZB + OB, tiles), FO_WARPS warps. Blocks < ZB: z in parts, a warp per (part, expert) of the tile's MR
  * rows (below); the last of them to finish (count[tile], left at 0 again) sums each row's parts, writes z
  * and selects the k largest (ties to the lower expert, the CPU's stable selection) in warp m for row m: idx
  * in ascending expert order, zsel their z. Blocks >= ZB: out_proj, 8 / KS rows a block, KS warps a row. */
-template <int MR, bool WF32, int EW>
-__global__ void __launch_bounds__(FO_WARPS * 32)
-    fo_kernel(const float *__restrict__ x, const float *__restrict__ a, const uint16_t *__restrict__ w_o,
-              const uint16_t *__restrict__ router, const float *__restrict__ g, const void *__restrict__ wf,
-              float *__restrict__ y, float *z, float *zpart, int *idx, float *zsel, unsigned *count, int H,
-              int D, int E, int k, int KS, int ZB, int P, int PC, const uint16_t *e_gu, size_t e_gu_bytes,
-              const void *pf0, size_t pf0_bytes, const void *pf1, size_t pf1_bytes, unsigned *ready) {
-    __shared__ float red[FO_WARPS][MR];
+template <int MR, bool WF32, int EW,
+          int NR = MR == 1 ? 1
+                           : MR<4 ? 2 : 4>
+                                 __global__ void __launch_bounds__(FO_WARPS * 32) fo_kernel(
+                                     const float *__restrict__ x, const float *__restrict__ a,
+                                     const uint16_t *__restrict__ w_o, const uint16_t *__restrict__ router,
+                                     const float *__restrict__ g, const void *__restrict__ wf,
+                                     float *__restrict__ y, float *z, float *zpart, int *idx, float *zsel,
+                                     unsigned *count, int H, int D, int E, int k, int KS, int ZB, int P,
+                                     int PC, const uint16_t *e_gu, size_t e_gu_bytes, const void *pf0,
+                                     size_t pf0_bytes, const void *pf1, size_t pf1_bytes, unsigned *ready) {
+    __shared__ float red[FO_WARPS][NR * MR];
     __shared__ int last;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const size_t r0 = (size_t)blockIdx.y * MR;
     x += r0 * H, a += r0 * D, y += r0 * H, z += r0 * E, zpart += r0 * (1 + P) * E;
-    if ((int)blockIdx.x >= ZB) { /* out_proj: gemv3's splits and order */
+    if ((int)blockIdx.x >= ZB) { /* out_proj: gemv3's splits and order, NR rows a warp */
         const int RG = FO_WARPS / KS, rg = warp / KS, ks = warp % KS;
-        const int j = ((int)blockIdx.x - ZB) * RG + rg;
-        float acc[MR];
+        const int j0 = (((int)blockIdx.x - ZB) * RG + rg) * NR;
+        float acc[NR][MR];
+        const uint16_t *wr[NR];
 #pragma unroll
-        for (int m = 0; m < MR; m++) acc[m] = 0.0f;
-        if (j < H)
-            fo_dot<MR, true>(acc, w_o + (size_t)j * D, a, (size_t)D, NULL, D, ks, (D + 255) >> 8, KS, lane);
+        for (int q = 0; q < NR; q++) {
+#pragma unroll
+            for (int m = 0; m < MR; m++) acc[q][m] = 0.0f;
+            wr[q] = w_o + (size_t)(j0 + q < H ? j0 + q : H - 1) * D;
+        }
+        if (j0 < H) fo_rows<MR, NR, true>(acc, wr, a, (size_t)D, D, ks, (D + 255) >> 8, KS, lane);
         griddep_wait(); /* again for warps without a row: every thread waits (common.cuh) */
         griddep_launch();
 #pragma unroll
-        for (int m = 0; m < MR; m++) {
-            float v = warp_sum(acc[m]);
-            if (lane == 0) red[warp][m] = v;
-        }
+        for (int q = 0; q < NR; q++)
+#pragma unroll
+            for (int m = 0; m < MR; m++) {
+                float v = warp_sum(acc[q][m]);
+                if (lane == 0) red[warp][q * MR + m] = v;
+            }
         __syncthreads();
-        if (threadIdx.x < RG * MR) {
-            int grp = threadIdx.x / MR, m = threadIdx.x % MR, jj = ((int)blockIdx.x - ZB) * RG + grp;
+        for (int t = threadIdx.x; t < RG * NR * MR; t += blockDim.x) {
+            int grp = t / (NR * MR), q = (t / MR) % NR, m = t % MR;
+            int jj = (((int)blockIdx.x - ZB) * RG + grp) * NR + q;
             if (jj < H) {
-                float v = red[grp * KS][m];
-                for (int q = 1; q < KS; q++) v += red[grp * KS + q][m];
+                float v = red[grp * KS][q * MR + m];
+                for (int s2 = 1; s2 < KS; s2++) v += red[grp * KS + s2][q * MR + m];
                 y[(size_t)m * H + jj] = x[(size_t)m * H + jj] + v;
             }
         }
@@ -329,8 +372,9 @@ extern "C" void cu_moe_fold_weights(cu_ctx *c, void *out, int f32, const uint16_
 template <int MR, bool WF32, int EW>
 static void fo_launch(cu_ctx *c, const cu_moe_fold_args *f, size_t r0, int tiles) {
     int nchd = (f->D + 255) / 256, PC = WF32 ? FO_NB / 2 : FO_NB, P = (nchd + PC - 1) / PC;
+    constexpr int NR = MR == 1 ? 1 : MR < 4 ? 2 : 4; /* fo_kernel's out_proj rows a warp */
     int RG = FO_WARPS / f->KS, ZB = (int)cdiv((size_t)f->E * (1 + P), FO_WARPS);
-    dim3 grid((unsigned)ZB + cdiv((size_t)f->H, (size_t)RG), (unsigned)tiles);
+    dim3 grid((unsigned)ZB + cdiv((size_t)f->H, (size_t)RG * NR), (unsigned)tiles);
     size_t eb = (size_t)2 * f->Im * f->H * 2;
     cu_launch_gemv(c, fo_kernel<MR, WF32, EW>, grid, dim3(FO_WARPS * 32), f->x + r0 * f->H, f->a + r0 * f->D,
                    f->w_o, f->router, f->g, f->wf, f->y + r0 * f->H, f->z + r0 * f->E,
