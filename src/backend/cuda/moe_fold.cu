@@ -116,6 +116,11 @@ __device__ __forceinline__ void fo_dot_f32(float (&acc)[MR], const float *w, con
     }
 }
 
+/* out_proj's weight rows a warp at MR rows of x (gemv3's choice: 1, 2 at 2-3 rows, 4 from 4) */
+__host__ __device__ constexpr int fo_nr(int mr) {
+    return mr == 1 ? 1 : mr < 4 ? 2 : 4;
+}
+
 /* out_proj's form of fo_dot: NR weight rows a warp (each x chunk loaded once for them), FO_NB / NR chunks
  * of each requested at once; per row and lane the same chunks in the same order as fo_dot (and gemv3) */
 template <int MR, int NR, bool WAIT>
@@ -152,17 +157,13 @@ __device__ __forceinline__ void fo_rows(float (&acc)[NR][MR], const uint16_t *co
  * rows (below); the last of them to finish (count[tile], left at 0 again) sums each row's parts, writes z
  * and selects the k largest (ties to the lower expert, the CPU's stable selection) in warp m for row m: idx
  * in ascending expert order, zsel their z. Blocks >= ZB: out_proj, 8 / KS rows a block, KS warps a row. */
-template <int MR, bool WF32, int EW,
-          int NR = MR == 1 ? 1
-                           : MR<4 ? 2 : 4>
-                                 __global__ void __launch_bounds__(FO_WARPS * 32) fo_kernel(
-                                     const float *__restrict__ x, const float *__restrict__ a,
-                                     const uint16_t *__restrict__ w_o, const uint16_t *__restrict__ router,
-                                     const float *__restrict__ g, const void *__restrict__ wf,
-                                     float *__restrict__ y, float *z, float *zpart, int *idx, float *zsel,
-                                     unsigned *count, int H, int D, int E, int k, int KS, int ZB, int P,
-                                     int PC, const uint16_t *e_gu, size_t e_gu_bytes, const void *pf0,
-                                     size_t pf0_bytes, const void *pf1, size_t pf1_bytes, unsigned *ready) {
+template <int MR, bool WF32, int EW, int NR = fo_nr(MR)>
+__global__ void __launch_bounds__(FO_WARPS * 32)
+    fo_kernel(const float *__restrict__ x, const float *__restrict__ a, const uint16_t *__restrict__ w_o,
+              const uint16_t *__restrict__ router, const float *__restrict__ g, const void *__restrict__ wf,
+              float *__restrict__ y, float *z, float *zpart, int *idx, float *zsel, unsigned *count, int H,
+              int D, int E, int k, int KS, int ZB, int P, int PC, const uint16_t *e_gu, size_t e_gu_bytes,
+              const void *pf0, size_t pf0_bytes, const void *pf1, size_t pf1_bytes, unsigned *ready) {
     __shared__ float red[FO_WARPS][NR * MR];
     __shared__ int last;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -372,7 +373,7 @@ extern "C" void cu_moe_fold_weights(cu_ctx *c, void *out, int f32, const uint16_
 template <int MR, bool WF32, int EW>
 static void fo_launch(cu_ctx *c, const cu_moe_fold_args *f, size_t r0, int tiles) {
     int nchd = (f->D + 255) / 256, PC = WF32 ? FO_NB / 2 : FO_NB, P = (nchd + PC - 1) / PC;
-    constexpr int NR = MR == 1 ? 1 : MR < 4 ? 2 : 4; /* fo_kernel's out_proj rows a warp */
+    constexpr int NR = fo_nr(MR); /* fo_kernel's out_proj rows a warp */
     int RG = FO_WARPS / f->KS, ZB = (int)cdiv((size_t)f->E * (1 + P), FO_WARPS);
     dim3 grid((unsigned)ZB + cdiv((size_t)f->H, (size_t)RG * NR), (unsigned)tiles);
     size_t eb = (size_t)2 * f->Im * f->H * 2;
