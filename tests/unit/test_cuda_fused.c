@@ -559,6 +559,118 @@ TEST(cuda_fused_attention_dec) {
     attn_fused_case(24, 4, 256, 64, l3, 3, 2, 32);
 }
 
+/* Timing, not a bound: the attention decode layer at the 4B shape (Hq 16, Hkv 4, hd 256), fused form, plain
+ * launches back to back (CUDA events over 50), rows x positions 1 x 512, 1 x 4096, 1 x 32768, 64 x 512, 64 x
+ * 4096: attn_kernel with forward_cuda's split choice against attn_dec_kernel at several span counts
+ * (CINFER_CUDA_ATTN_DEC_NS). Fails only when a form leaves NaN in its output. */
+static int g_dec_diag = 0; /* cu_attn_args.dec_diag of the new form's timings */
+static void attn_speed_case(cu_ctx *c, int T, int P, const int *nss, int nns) {
+    const int Hq = 16, Hkv = 4, hd = 256, R = 64, kvd = Hkv * hd, ld = Hq * 2 * hd + 2 * kvd;
+    int nbr = (P + 16) / 16, n_blocks = T * nbr;
+    char err[256];
+    size_t pool_n = (size_t)n_blocks * 16 * kvd;
+    float *kp = NULL, *vp = NULL, *qkv = NULL, *o = NULL, *part = NULL, *qn = NULL, *inv = NULL;
+    unsigned *cnt = NULL;
+    int maxns = 64;
+    for (int i = 0; i < nns; i++) maxns = nss[i] > maxns ? nss[i] : maxns;
+    if (cu_alloc((void **)&kp, pool_n * 4, err, sizeof err) ||
+        cu_alloc((void **)&vp, pool_n * 4, err, sizeof err) ||
+        cu_alloc((void **)&qkv, (size_t)T * ld * 4, err, sizeof err) ||
+        cu_alloc((void **)&o, (size_t)T * Hq * hd * 4, err, sizeof err) ||
+        cu_alloc((void **)&part, (size_t)T * Hq * maxns * (hd + 4) * 4, err, sizeof err) ||
+        cu_alloc((void **)&qn, (size_t)hd * 4, err, sizeof err) ||
+        cu_alloc((void **)&inv, 32 * 4, err, sizeof err) ||
+        cu_alloc((void **)&cnt, (size_t)T * Hq * 4, err, sizeof err))
+        test_fail(__FILE__, __LINE__, "alloc: %s", err);
+    cu_fill_f32(c, kp, pool_n, 0.01f), cu_fill_f32(c, vp, pool_n, 0.02f),
+        cu_fill_f32(c, qkv, (size_t)T * ld, 0.5f);
+    cu_fill_f32(c, qn, (size_t)hd, 1.0f), cu_fill_f32(c, inv, 32, 0.001f),
+        cu_fill_f32(c, (float *)cnt, (size_t)T * Hq, 0.0f);
+    /* metadata: T entries of one decode row at position P, block tables consecutive */
+    size_t o_pos = T, o_ent = 2 * (size_t)T, o_len = 3 * (size_t)T, o_n = o_len + T, o_r0 = o_n + T,
+           o_slot = o_r0 + T, o_boff = o_slot + T, o_lrow = o_boff + T, o_spec = o_lrow + T,
+           o_blk = o_spec + T, tot = o_blk + (size_t)n_blocks;
+    int *hm = calloc(tot + 1, sizeof(int));
+    for (int i = 0; i < T; i++) {
+        hm[o_pos + i] = P, hm[o_ent + i] = i, hm[o_len + i] = P, hm[o_n + i] = 1, hm[o_r0 + i] = i;
+        hm[o_boff + i] = i * nbr, hm[o_lrow + i] = i;
+    }
+    for (int b = 0; b < n_blocks; b++) hm[o_blk + b] = b;
+    int *dm = dup_dev(hm, (tot + 1) * sizeof(int));
+    cu_meta meta = {dm,          dm + o_pos,  dm + o_ent,  dm + o_len, dm + o_n,    dm + o_r0,
+                    dm + o_slot, dm + o_boff, dm + o_lrow, dm + o_blk, dm + o_spec, NULL};
+    cu_timer *t0, *t1;
+    REQUIRE(cu_timer_create(&t0) == 0 && cu_timer_create(&t1) == 0);
+    double gb = (double)T * (P + 1) * kvd * 8.0 / 1e9;
+    for (int f = g_dec_diag ? 0 : -1; f < nns; f++) {
+        cu_attn_args a = {0};
+        a.T = T, a.Hq = Hq, a.Hkv = Hkv, a.hd = hd, a.rope_dim = R, a.n_blocks = n_blocks, a.full = 0;
+        a.qkv = qkv, a.ld = ld, a.q_norm = qn, a.k_norm = qn, a.inv_freq = inv, a.kpool = kp, a.vpool = vp;
+        a.o = o, a.part = part, a.eps = 1e-6f, a.meta = meta, a.dec_cnt = cnt;
+        if (f < 0) { /* forward_cuda's attn_split for attn_kernel (ATTN_ROUND on) */
+            int rows = T * Hq, want = rows >= 1024 ? 1 : (1024 + rows - 1) / rows, sp = 64;
+            while ((P + sp) / sp > want) sp *= 2;
+            int ns = (P + sp) / sp;
+            if (ns > 1) {
+                int r8 = (ns + 7) & ~7, cap = want > ns ? want : ns;
+                ns = r8 < cap ? r8 : cap;
+            }
+            a.span = sp, a.nsplit = ns;
+        } else {
+            a.dec_nsmax = nss[f], a.nsplit = cu_attn_dec_grid(P, nss[f]), a.dec_diag = g_dec_diag;
+            a.span = (P + CU_ATTN_DEC_CH) / CU_ATTN_DEC_CH <= nss[f] ? CU_ATTN_DEC_CH : 2 * CU_ATTN_DEC_CH;
+        }
+        cu_fill_f32(c, o, (size_t)T * Hq * hd, NAN);
+        cu_attn_layer(c, &a); /* warm-up */
+        cu_timer_start(c, t0);
+        for (int i = 0; i < 50; i++) cu_attn_layer(c, &a);
+        cu_timer_start(c, t1);
+        REQUIRE(cu_sync(c, err, sizeof err) == 0);
+        double us = cu_timer_between_ms(t0, t1) * 1000.0 / 50;
+        float *go = get(o, (size_t)T * Hq * hd);
+        int nan = 0;
+        for (size_t i = 0; i < (size_t)T * Hq * hd; i++) nan |= isnan(go[i]);
+        free(go);
+        if (f < 0)
+            printf("     rows %2d pos %5d attn_kernel (%2d splits of %5d): %8.2f us  %6.0f GB/s\n", T, P,
+                   a.nsplit, a.span, us, gb / us * 1e6);
+        else
+            printf("     rows %2d pos %5d attn_dec_kernel (ns <= %2d, grid %2d, diag %d): %8.2f us  %6.0f "
+                   "GB/s\n",
+                   T, P, nss[f], a.nsplit, g_dec_diag, us, gb / us * 1e6);
+        if (f >= 0 && g_dec_diag)
+            printf("       (diag %d: outputs not checked)\n", g_dec_diag);
+        else
+            CHECK_MSG(!nan, "rows %d pos %d form %d: NaN in the output", T, P, f);
+    }
+    cu_timer_destroy(t0), cu_timer_destroy(t1);
+    free(hm);
+    cu_free(dm), cu_free(kp), cu_free(vp), cu_free(qkv), cu_free(o), cu_free(part), cu_free(qn), cu_free(inv),
+        cu_free(cnt);
+}
+
+TEST(cuda_attention_dec_speed) {
+    if (cuda_devices() < 1) SKIP("no CUDA device: skipped");
+    char err[256];
+    cu_ctx *c;
+    REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
+    static const int ns[] = {8, 16, 32, 64};
+    /* where the time of one launch goes (wrong outputs): without the merge, the norms, the arithmetic, the
+     * fence and counter; all four (loads alone) */
+    static const int diag[] = {1, 2, 4, 8, 15};
+    for (int i = 0; i < 5; i++) {
+        g_dec_diag = diag[i];
+        attn_speed_case(c, 1, 512, &ns[2], 1);
+    }
+    g_dec_diag = 0;
+    attn_speed_case(c, 1, 512, ns, 4);
+    attn_speed_case(c, 1, 4096, ns, 4);
+    attn_speed_case(c, 1, 32768, ns, 4);
+    attn_speed_case(c, 64, 512, ns, 4);
+    attn_speed_case(c, 64, 4096, ns, 4);
+    cu_ctx_destroy(c);
+}
+
 #else
 
 TEST(cuda_fused_gdn_not_built) {

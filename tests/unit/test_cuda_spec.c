@@ -842,12 +842,16 @@ TEST(cuda_graph_update_matches_eager) {
     cinfer_ctx *c[2];
     setenv("CINFER_CUDA_GRAPH_UPDATE", "1", 1);
     setenv("CINFER_CUDA_VERIFY_GRAPHS", "1", 1);
+    /* under CINFER_CUDA_ATTN_DEC=2 at most 4 spans a row: the key changes at 128 positions (one span of 32 per
+     * row up to there, two stages of chunks after); no effect otherwise */
+    setenv("CINFER_CUDA_ATTN_DEC_NS", "4", 1);
     c[0] = cuda_ctx(m, 1, 256, 64, W, 0);
     unsetenv("CINFER_CUDA_GRAPH_UPDATE");
     setenv("CINFER_CUDA_GRAPHS", "0", 1);
     c[1] = cuda_ctx(m, 1, 256, 64, W, 0);
     unsetenv("CINFER_CUDA_GRAPHS");
     unsetenv("CINFER_CUDA_VERIFY_GRAPHS");
+    unsetenv("CINFER_CUDA_ATTN_DEC_NS");
     REQUIRE(c[0] && c[1]);
     float *lg[2];
     int32_t x[256], win[8];

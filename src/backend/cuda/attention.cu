@@ -414,7 +414,10 @@ template <int NPL, bool FUSED> __global__ void __launch_bounds__(DEC_NT) attn_de
     const float *vcur = row + (size_t)a.Hq * 2 * hd + (size_t)(a.Hkv + kvh) * hd;
     const int own = end == pos + 1; /* this span holds the row's own position */
     if (!FUSED && nch > 0) issue(0);
-    if (FUSED) {
+    if (FUSED && (a.dec_diag & 2)) { /* diagnostics: q unnormed, no k */
+        for (int i = tid; i < G * hd; i += DEC_NT) Qs[i] = row[(size_t)(kvh * G + i / hd) * 2 * hd + i % hd];
+        for (int i = tid; i < hd; i += DEC_NT) Kc[i] = 0.0f;
+    } else if (FUSED) {
         for (int w = warp; w < G + own; w += DEC_NT / 32) {
             if (w < G)
                 norm_rope_warp(a, row + (size_t)(kvh * G + w) * 2 * hd, a.q_norm, Qs + w * hd, r, pos, lane);
@@ -455,6 +458,10 @@ template <int NPL, bool FUSED> __global__ void __launch_bounds__(DEC_NT) attn_de
             for (int i = tid; i < hd; i += DEC_NT) kb[j * KS + i] = Kc[i], vb[j * hd + i] = vcur[i];
         }
         __syncthreads();
+        if (a.dec_diag & 4) { /* diagnostics: loads only */
+            if (nst == 1 && c + 1 < nch) issue(c + 1);
+            continue;
+        }
         {
             float s[DEC_GMAX];
 #pragma unroll
@@ -550,7 +557,7 @@ template <int NPL, bool FUSED> __global__ void __launch_bounds__(DEC_NT) attn_de
             if (d == 0) p[0] = Sm[g], p[1] = Sl[g];
         }
     }
-    if (!FUSED || ns == 1) return;
+    if (!FUSED || ns == 1 || (a.dec_diag & 8)) return;
     __threadfence();
     __syncthreads();
     unsigned *cnt = a.dec_cnt + (size_t)r * a.Hq + kvh;
@@ -558,8 +565,8 @@ template <int NPL, bool FUSED> __global__ void __launch_bounds__(DEC_NT) attn_de
     __syncthreads();
     if (!last) return;
     __threadfence();
-    dec_merge(a, kvh, r, ns, Ks); /* the first stage's K is free now */
-    if (tid == 0) *cnt = 0u;      /* ready for the next launch */
+    if (!(a.dec_diag & 1)) dec_merge(a, kvh, r, ns, Ks); /* the first stage's K is free now */
+    if (tid == 0) *cnt = 0u;                             /* ready for the next launch */
 }
 
 /* the unfused form's merge: a block per (kv head, row) with more than one span */

@@ -413,6 +413,9 @@ typedef struct cu_attn_args {
      * same bits either way), so with nsplit = cu_attn_dec_grid(maxpos, dec_nsmax) its bits depend on its own
      * position alone; partials [T][Hq][nsplit][hd + 4] (attn_kernel's: hd + 2), dec_cnt [T][Hkv] used */
     int dec_nsmax;
+    /* measurements only (wrong outputs), 0 otherwise: attn_dec_kernel's fused form leaves out 1 the merge, 2
+     * the q / k norm + RoPE, 4 the arithmetic of the chunks, 8 the partials' fence and counter */
+    int dec_diag;
 } cu_attn_args;
 /* attn_dec_kernel's positions per span of a row at position pos: the least CU_ATTN_DEC_CH * 2^k giving at
  * most nsmax spans; *ns the spans */
