@@ -527,6 +527,12 @@ __device__ __forceinline__ void cl_wait(void) {
 #endif
 }
 
+__device__ __forceinline__ unsigned long long gdn_now(void) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
 #define GDN_CL_MAXX 8 /* column blocks of a head a cluster holds: dv <= 256 */
 /* KW: the conv arrays' size (4 for Qwen3.5's K = 4: registers for 3 taps, not CONV_MAXK - 1) */
 template <int R, int KW>
@@ -535,14 +541,20 @@ __global__ void __launch_bounds__(256, R <= 16 ? 3 : 0) fused_decode_cluster_ker
     __shared__ float q[256], k[256], red[REC_GROUPS][32], red2[REC_GROUPS][32];
     __shared__ float vs[32], bgs[2], ob[GDN_CL_MAXX][32];
     int e = blockIdx.z;
+    /* CINFER_CUDA_GDN_STAMPS: thread 0 of block (0, 0, 0) reads the clock at the phase boundaries */
+    int stamp = a.dec_stamps && !(blockIdx.x | blockIdx.y | blockIdx.z | threadIdx.x);
+    unsigned long long ts[CU_GDN_STAMPS] = {0};
+    if (stamp) ts[0] = gdn_now();
+    /* the entry's metadata in one round of loads (the state's address waits for the slot) */
+    int en = a.meta.e_n[e], elen = a.meta.e_len[e], r = a.meta.e_row0[e], slot = a.meta.e_slot[e];
     /* a cluster is one entry: all its blocks return here or none */
-    if (!(a.meta.e_n[e] == 1 && a.meta.e_len[e] > 0)) {
+    if (!(en == 1 && elen > 0)) {
         griddep_wait();
         return;
     }
     int h = blockIdx.y, jj = threadIdx.x & 31, g = threadIdx.x >> 5, j0 = blockIdx.x * 32, j = j0 + jj;
     int dk = a.dk, dv = a.dv, K = a.K, C = a.C, tid = threadIdx.x, rr = a.Hv / a.Hk;
-    int r = a.meta.e_row0[e], slot = a.meta.e_slot[e], kh = h / rr, kd = a.Hk * dk;
+    int kh = h / rr, kd = a.Hk * dk;
     int ok = j < dv, nv = dv - j0 < 32 ? dv - j0 : 32, nc = 2 * dk + nv;
     /* before griddep_wait: S, the windows, the conv and norm weights (fused_decode_kernel's rule) */
     float *S = a.rec_state + (((size_t)slot * a.n_lin + a.lin) * a.Hv + h) * (size_t)dk * dv + j;
@@ -576,6 +588,7 @@ __global__ void __launch_bounds__(256, R <= 16 ? 3 : 0) fused_decode_cluster_ker
     cl_arrive_relaxed();
     griddep_wait();   /* the in_proj row */
     griddep_launch(); /* out_proj may start requesting its weights */
+    if (stamp) ts[1] = gdn_now();
 #pragma unroll
     for (int it = 0; it < NIT; it++) xin[it] = tid + 256 * it < nc ? xrow[ch[it]] : 0.0f;
     float zj = g == 0 && ok ? a.z[(size_t)r * a.z_ld + (size_t)h * dv + j] : 0.0f;
@@ -600,11 +613,13 @@ __global__ void __launch_bounds__(256, R <= 16 ? 3 : 0) fused_decode_cluster_ker
         }
     }
     __syncthreads();
+    if (stamp) ts[2] = gdn_now();
     float invq = l2inv_warp(q, dk, jj), invk = l2inv_warp(k, dk, jj);
     float scale = (float)(1.0 / sqrt((double)dk));
     float decay = expf(bgs[1]), beta = bgs[0];
     float vj = ok ? vs[jj] : 0.0f;
     float oo = rec_token1<R>(sv, q, k, invq, invk, scale, vj, decay, beta, g, jj, ok, dk, red, red2);
+    if (stamp) ts[3] = gdn_now();
     /* warp 0: this block's 32 outputs into slot blockIdx.x of every column block of the head (x fastest in
      * the cluster's block rank) */
     namespace cg = cooperative_groups;
@@ -623,6 +638,7 @@ __global__ void __launch_bounds__(256, R <= 16 ? 3 : 0) fused_decode_cluster_ker
         if (i < dk && ok) S[(size_t)i * dv] = sv[t];
     }
     cl.sync(); /* every output of the group in place; every block has read the q / k windows */
+    if (stamp) ts[4] = gdn_now();
     if (g == 0) {
         float ss = 0.0f;
         for (int b = 0; b * 32 + jj < dv; b++) ss = fmaf(ob[b][jj], ob[b][jj], ss); /* gnorm_warp's order */
@@ -639,6 +655,12 @@ __global__ void __launch_bounds__(256, R <= 16 ? 3 : 0) fused_decode_cluster_ker
             for (int t = 0; t < KW - 1; t++)
                 if (t < K - 1) cst[(size_t)t * C + ch[it]] = t + 1 < K - 1 ? win[it][t + 1] : xin[it];
         }
+    }
+    if (stamp) {
+        ts[5] = gdn_now();
+        unsigned long long i = atomicAdd(a.dec_stamps, 1ull);
+        if (i < CU_GDN_STAMP_CAP)
+            for (int x = 0; x < CU_GDN_STAMPS; x++) a.dec_stamps[1 + i * CU_GDN_STAMPS + x] = ts[x];
     }
 }
 
@@ -1196,7 +1218,7 @@ extern "C" void cu_gdn_layer(cu_ctx *c, const cu_gdn_args *a) {
     size_t smem = chunk_smem_floats(a->dk) * sizeof(float);
     if (a->dec_cnt && a->no_chunked && !a->has_spec && 2 * a->dk <= 512) {
         dim3 grid(cdiv((size_t)a->dv, 32), (unsigned)a->Hv, (unsigned)a->NE);
-        if (a->dec_cluster) {
+        if (a->dec_cluster && (a->dec_cluster_max <= 0 || a->NE <= a->dec_cluster_max)) {
 #define DECC(R_)                                                                                             \
     launch_cluster(                                                                                          \
         c, a->K == 4 ? fused_decode_cluster_kernel<R_, 4> : fused_decode_cluster_kernel<R_, CONV_MAXK>,      \
