@@ -746,8 +746,12 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * per (kv head, row, span) for the GQA group, spans from the row's own position, at most
      * CINFER_CUDA_ATTN_DEC_NS (default 32) a row; another summation order than attn_kernel */
     const char *adec = getenv("CINFER_CUDA_ATTN_DEC"), *adns = getenv("CINFER_CUDA_ATTN_DEC_NS");
-    f->attn_dec_ns = adec && !strcmp(adec, "2") ? (adns && atoi(adns) > 0 ? atoi(adns) : 32) : 0;
+    f->attn_dec_ns = adec && !strcmp(adec, "2") ? (adns && atoi(adns) > 0 ? atoi(adns) : 16) : 0;
     if (f->attn_dec_ns > 256) f->attn_dec_ns = 256;
+    /* CINFER_CUDA_ATTN_DEC_CL ("0": off): with at most 16 splits a launch, a (row, kv head)'s spans merge in
+     * one thread block cluster (distributed shared memory) instead of through partials and the last block */
+    const char *adcl = getenv("CINFER_CUDA_ATTN_DEC_CL");
+    cu_set_attn_dec_cluster(!(adcl && !strcmp(adcl, "0")));
     const char *gv4 = getenv("CINFER_CUDA_GEMV_VAR4"); /* "0": the small GEMVs' earlier variant at one row */
     cu_set_gemv3_small_var4(!(gv4 && !strcmp(gv4, "0")));
     /* the persistent decode GEMV at one row (gemv3.cu): "N[,E[,M]]" N blocks per SM (0 off), E 1: the next
