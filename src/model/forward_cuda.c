@@ -321,7 +321,6 @@ struct cuda_fwd {
                             many rows */
     int step_rows;       /* the rows of the step enqueue() is building */
     int attn_pf;         /* CINFER_CUDA_ATTN_PF (cu_set_attn_decode_pf) */
-    int gemv_persist[3]; /* CINFER_CUDA_GEMV_PERSIST "per_sm[,early[,mask]]" (cu_set_gemv3_persist) */
     unsigned long long diag_done;
 };
 
@@ -754,13 +753,6 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     cu_set_attn_dec_cluster(!(adcl && !strcmp(adcl, "0")));
     const char *gv4 = getenv("CINFER_CUDA_GEMV_VAR4"); /* "0": the small GEMVs' earlier variant at one row */
     cu_set_gemv3_small_var4(!(gv4 && !strcmp(gv4, "0")));
-    /* the persistent decode GEMV at one row (gemv3.cu): "N[,E[,M]]" N blocks per SM (0 off), E 1: the next
-     * kernel released at the PDL wait, M which matrices (1 the > 8192-output ones, 2 the others); the
-     * same bits */
-    const char *gps = getenv("CINFER_CUDA_GEMV_PERSIST");
-    f->gemv_persist[0] = 0, f->gemv_persist[1] = 0, f->gemv_persist[2] = 3;
-    if (gps) sscanf(gps, "%d,%d,%d", &f->gemv_persist[0], &f->gemv_persist[1], &f->gemv_persist[2]);
-    cu_set_gemv3_persist(f->gemv_persist[0], f->gemv_persist[1], f->gemv_persist[2]);
     const char *apr = getenv("CINFER_CUDA_ATTN_PF_ROWS"); /* the attention prefetch up to this many rows */
     cu_set_attn_decode_pf_rows(apr ? atoi(apr) : 32);
     if (pdl || pdb)
@@ -1687,10 +1679,8 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
         int l2n;                   /* CINFER_CUDA_L2PF_NEXT MB (-1: 0) */
         int mfold;      /* CINFER_CUDA_MOE_FOLD: 1 the fold off, 2 its bit 8 toggled, 3 its bit 16 toggled; 4:
                            CINFER_CUDA_MOE_VARIANT's bit 16 toggled */
-        const char *gp; /* CINFER_CUDA_GEMV_PERSIST for this variant, or NULL */
     } v[] = {
         {"base", 0, 0, 0},
-        {"persist 3", 0, 0, 0, 0, NULL, 0, 0, "3,0,3"},
         {"g3 big u2", 0, 0, 0, 0, "0,-1,2,-1"},
         {"g3 big var6", 0, 0, 0, 0, "0,-1,0,6"},
         {"g3 big var6 u2", 0, 0, 0, 0, "0,-1,2,6"},
@@ -1754,11 +1744,6 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
         int g3[4] = {0, -1, 0, -1};
         if (v[i].g3 && sscanf(v[i].g3, "%d,%d,%d,%d", &g3[0], &g3[1], &g3[2], &g3[3]) == 4)
             cu_set_gemv3_one(g3[0], g3[1], g3[2], g3[3]);
-        if (v[i].gp) {
-            int gp[3] = {0, 0, 3};
-            sscanf(v[i].gp, "%d,%d,%d", &gp[0], &gp[1], &gp[2]);
-            cu_set_gemv3_persist(gp[0], gp[1], gp[2]);
-        }
         void *exec = NULL;
         int rc = cu_capture_begin(f->cu, err, sizeof err);
         int rc2 = rc ? rc : enqueue(f, rs, moe_device, err, sizeof err);
@@ -1767,7 +1752,6 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
         f->l2pf_next = l2n, f->moe_fold = mfold, f->moe_variant = mvar;
         cu_set_attn_decode_pf(f->attn_pf);
         cu_set_gemv3_one(0, -1, 0, -1);
-        cu_set_gemv3_persist(f->gemv_persist[0], f->gemv_persist[1], f->gemv_persist[2]);
         if (rc || rc2) {
             fprintf(stderr, "cinfer diag: %s: %s\n", v[i].name, err);
             cu_graph_destroy(exec);

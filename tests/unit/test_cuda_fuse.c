@@ -201,72 +201,6 @@ TEST(cuda_gemv3_fused_vs_cpu) {
     cu_ctx_destroy(c);
 }
 
-/* The persistent form (CINFER_CUDA_GEMV_PERSIST) against gemv3_kernel (checked against the CPU above) at one
- * row: the same bits at every shape (the odd ones take the shallow rings), K-split count, blocks per SM and
- * release point, with and without PDL; outputs start as NaN; and it must actually serve every shape whose
- * splits divide its chunks (x within 48 KB of shared memory). */
-TEST(cuda_gemv3_persist_bitwise) {
-    if (NO_DEVICE()) SKIP("no CUDA device: skipped");
-    char err[256];
-    cu_ctx *c;
-    REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
-    int served = 0, runs = 0;
-    for (size_t si = 0; si < sizeof g_shapes / sizeof g_shapes[0]; si++) {
-        const fshape *s = &g_shapes[si];
-        int N = s->N, K = s->K, rows = s->epi == CU_EPI_SWIGLU ? 2 * N : N;
-        if (K > 10240) continue; /* x does not fit: gemv3_kernel serves it (nothing to compare) */
-        size_t nw = (size_t)rows * K;
-        uint16_t *w = malloc(nw * 2);
-        for (size_t i = 0; i < nw; i++) w[i] = f32_to_bf16(frand() * 0.05f);
-        float *x = malloc((size_t)K * 4), *g = malloc((size_t)K * 4), *y0 = malloc((size_t)N * 4);
-        for (int k = 0; k < K; k++) x[k] = frand() * 3.0f, g[k] = 1.0f + 0.5f * frand();
-        for (int n = 0; n < N; n++) y0[n] = frand();
-        uint16_t *dw = dup_dev(w, nw * 2);
-        float *dx = dup_dev(x, (size_t)K * 4), *dg = dup_dev(g, (size_t)K * 4),
-              *dy0 = dup_dev(y0, (size_t)N * 4);
-        REQUIRE(dw && dx && dg && dy0);
-        for (int ks = 0; ks <= 8; ks = ks ? 2 * ks : 1) {
-            cu_set_gemv3_config(ks, 0, 0, -1);
-            int KS = cu_gemv3_splits(rows, K);
-            float *ya = run_fused(c, s, dx, dw, dg, dy0, 1);
-            REQUIRE(ya);
-            int finite = 1;
-            for (int n = 0; n < N; n++) finite &= isfinite(ya[n]) != 0;
-            CHECK_MSG(finite, "%s: the default form left a non-finite output", s->what);
-            for (int pp = 1; pp <= 4; pp++)
-                for (int e = 0; e <= 2; e++) {
-                    long n0 = cu_gemv3_persist_count();
-                    cu_set_pdl(e == 2);
-                    cu_set_gemv3_persist(pp, e != 0, 3);
-                    float *y = run_fused(c, s, dx, dw, dg, dy0, 1);
-                    cu_set_gemv3_persist(0, 0, 3);
-                    cu_set_pdl(0);
-                    REQUIRE(y);
-                    runs++;
-                    if (((K + 255) / 256) % KS == 0) {
-                        CHECK_MSG(cu_gemv3_persist_count() == n0 + 1,
-                                  "%s %d splits: persistent form not taken", s->what, KS);
-                        served += cu_gemv3_persist_count() == n0 + 1;
-                    }
-                    CHECK_MSG(!memcmp(y, ya, (size_t)N * 4), "%s %d splits: persistent %d/SM %s differs",
-                              s->what, KS, pp,
-                              e == 2 ? "early + PDL"
-                              : e    ? "early"
-                                     : "late");
-                    free(y);
-                }
-            free(ya);
-        }
-        cu_set_gemv3_config(0, 0, 0, -1);
-        printf("     %-28s N=%5d K=%5d: bit-identical\n", s->what, N, K);
-        free(w), free(x), free(g), free(y0);
-        cu_free(dw), cu_free(dx), cu_free(dg), cu_free(dy0);
-    }
-    printf("     persistent form served %d of %d runs\n", served, runs);
-    CHECK(served > 0);
-    cu_ctx_destroy(c);
-}
-
 /* ---- the whole forward ---- */
 
 static double worst_row(const float *got, const float *ref, int rows, int V) {
@@ -540,47 +474,6 @@ TEST(cuda_gemv3_chain) {
                 "     4B GEMV chain, %d layers, graph: %-7s %-8s %7.1f us per step, %4.0f GB/s (%.2f GB)\n",
                 L, fused ? "fused" : "unfused", pdl ? "+ PDL" : "", us, bytes / us / 1e3, bytes / 1e9);
         }
-    /* the persistent form (CINFER_CUDA_GEMV_PERSIST) against gemv3_kernel, fused, with PDL: the whole layer
-     * chain and each kind of GEMV alone over the 8 layers (kind bit 1 in_proj, 2 out_proj, 4 gate_up, 8 down)
-     */
-    static const struct {
-        int kinds, per_sm, early;
-    } pv[] = {{15, 0, 0}, {15, 1, 0}, {15, 2, 0}, {15, 3, 0}, {15, 1, 1}, {15, 2, 1}, {15, 3, 1},
-              {1, 0, 0},  {1, 2, 0},  {1, 2, 1},  {2, 0, 0},  {2, 2, 0},  {2, 2, 1},  {4, 0, 0},
-              {4, 2, 0},  {4, 2, 1},  {8, 0, 0},  {8, 2, 0},  {8, 2, 1}};
-    for (size_t k = 0; k < sizeof pv / sizeof pv[0]; k++) {
-        int kd = pv[k].kinds;
-        cu_set_gemv_version(2);
-        cu_set_pdl(1);
-        cu_set_gemv3_persist(pv[k].per_sm, pv[k].early, 3);
-        cu_fill_f32(c, x, H, 0.01f);
-        REQUIRE(cu_sync(c, err, sizeof err) == 0);
-        long n0 = cu_gemv3_persist_count();
-        REQUIRE(cu_capture_begin(c, err, sizeof err) == 0);
-        double kb = 0;
-        for (int l = 0; l < L; l++) {
-            if (kd & 1) cu_gemv_fused(c, proj, x, w_in[l], 1, NIN, H, g, 1e-6f, CU_EPI_STORE);
-            if (kd & 2) cu_gemv_fused(c, x, act, w_out[l], 1, H, VD, NULL, 0.0f, CU_EPI_ADD);
-            if (kd & 4) cu_gemv_fused(c, act, x, w_gu[l], 1, I, H, g, 1e-6f, CU_EPI_SWIGLU);
-            if (kd & 8) cu_gemv_fused(c, x, act, w_dn[l], 1, H, I, NULL, 0.0f, CU_EPI_ADD);
-            kb += 2.0 * ((kd & 1 ? (double)NIN * H : 0) + (kd & 2 ? (double)H * VD : 0) +
-                         (kd & 4 ? 2.0 * I * H : 0) + (kd & 8 ? (double)H * I : 0));
-        }
-        void *exec = NULL;
-        REQUIRE(cu_capture_end(c, &exec, err, sizeof err) == 0);
-        long served = cu_gemv3_persist_count() - n0;
-        cu_set_gemv3_persist(0, 0, 3);
-        for (int i = 0; i < 3; i++) REQUIRE(cu_graph_launch(c, exec, err, sizeof err) == 0);
-        cu_timer_start(c, t);
-        for (int i = 0; i < 20; i++) REQUIRE(cu_graph_launch(c, exec, err, sizeof err) == 0);
-        double us = cu_timer_stop_ms(c, t) * 1e3 / 20;
-        REQUIRE(cu_sync(c, err, sizeof err) == 0);
-        cu_graph_destroy(exec);
-        printf(
-            "     4B GEMV chain, graph + PDL, kinds %2d, persistent %d/SM%s (%2ld launches): %7.1f us, %4.0f "
-            "GB/s (%.2f GB)\n",
-            kd, pv[k].per_sm, pv[k].early ? " early" : "      ", served, us, kb / us / 1e3, kb / 1e9);
-    }
     cu_set_pdl(0);
     cu_set_gemv_version(ver0);
     cu_timer_destroy(t);
@@ -696,9 +589,10 @@ static void tl_row(const char *what, int print, const cu_g3_stamp *st, long n, u
 
 /* Where a decode GEMV's time goes inside a stream with PDL (issue 5): every block's start, PDL wait and end
  * (%globaltimer) over 4 layers of the 4B GEMV chain (in_proj, out_proj, gate_up, down; 0.9 GB, nothing in
- * L2) launched eagerly with PDL, gemv3_kernel against the persistent form; per launch the block counts, the
- * SMs, the ramp (first to last start), the tail (90% of the blocks done to the last) and the gap from the
- * previous launch's last block. Prints only (the arithmetic is checked above). */
+ * L2) launched eagerly with PDL, at the default configuration and a few others (cu_set_gemv3_one: chunks in
+ * flight / variant of the wide and the <= 8192-output matrices; none changes a bit); per launch the block
+ * counts, the SMs, the ramp (first to last start), the tail (90% of the blocks done to the last) and the gap
+ * from the previous launch's last block. Prints only (the arithmetic is checked above). */
 TEST(cuda_gemv3_chain_timeline) {
     if (NO_DEVICE()) SKIP("no CUDA device: skipped");
     const char *ev = getenv("CINFER_FUSE_BENCH");
@@ -725,10 +619,16 @@ TEST(cuda_gemv3_chain_timeline) {
     cu_g3_stamp *st = malloc((size_t)CAP * sizeof *st);
     REQUIRE(st);
     static const char *kind[4] = {"in_proj", "out_proj", "gate_up", "down"};
-    static const struct { int per_sm, early; } cfg[] = {{0, 0}, {3, 0}};
+    static const struct {
+        const char *what;
+        int u_small, var_small, u_big, var_big;
+    } cfg[] = {{"default", 0, -1, 0, -1},
+               {"big var6", 0, -1, 0, 6},
+               {"big u2", 0, -1, 2, -1},
+               {"small u4", 4, -1, 0, -1}};
     for (size_t ci = 0; ci < sizeof cfg / sizeof cfg[0]; ci++) {
         cu_set_pdl(1);
-        cu_set_gemv3_persist(cfg[ci].per_sm, cfg[ci].early, 3);
+        cu_set_gemv3_one(cfg[ci].u_small, cfg[ci].var_small, cfg[ci].u_big, cfg[ci].var_big);
         long n = 0;
         for (int pass = 0; pass < 2; pass++) { /* the first warms up */
             REQUIRE(cu_sync(c, err, sizeof err) == 0);
@@ -741,7 +641,7 @@ TEST(cuda_gemv3_chain_timeline) {
             }
             if (pass) n = cu_gemv3_stamps_end(c, st, CAP, err, sizeof err);
         }
-        cu_set_gemv3_persist(0, 0, 3);
+        cu_set_gemv3_one(0, -1, 0, -1);
         cu_set_pdl(0);
         CHECK_MSG(n > 0, "no stamps: %s", n < 0 ? err : "none recorded");
         if (n <= 0) break;
@@ -750,10 +650,10 @@ TEST(cuda_gemv3_chain_timeline) {
             if (st[i].t[0] < t0) t0 = st[i].t[0];
             if (st[i].t[2] > tend) tend = st[i].t[2];
         }
-        printf("     persistent %d/SM%s: %ld blocks over %d launches, %.2f us first start to last end "
+        printf("     %s: %ld blocks over %d launches, %.2f us first start to last end "
                "(times in us: first / 50%% / last start, first / last wait done, first / 50%% / 90%% / last "
                "end)\n",
-               cfg[ci].per_sm, cfg[ci].early ? " early" : "", n, 4 * L, (double)(tend - t0) / 1e3);
+               cfg[ci].what, n, 4 * L, (double)(tend - t0) / 1e3);
         double acc[4][4] = {{0}};
         for (int tag = 0; tag < 4 * L; tag++) {
             /* layers 0 and 2 printed; the means over every layer */

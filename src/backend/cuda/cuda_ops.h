@@ -160,11 +160,6 @@ void cu_set_gemv3_config(int ks, int nr, int u, int var);
 void cu_set_gemv3_one(int u_small, int var_small, int u_big, int var_big);
 /* 1 (default; CINFER_CUDA_GEMV_VAR4=0: 0): the <= 4096-output matrices at one row take variant 4 */
 void cu_set_gemv3_small_var4(int on);
-/* CINFER_CUDA_GEMV_PERSIST: the persistent decode GEMV at one row of x (gemv3.cu) with per_sm blocks per SM
- * (0: off), early: the next kernel released right after the PDL wait, mask: bit 1 the > 8192-output
- * matrices, bit 2 the others; the same bits as the default form */
-void cu_set_gemv3_persist(int per_sm, int early, int mask);
-long cu_gemv3_persist_count(void); /* its launches so far (tests) */
 /* diagnostics (tests): every block of the decode GEMVs launched between _begin and _end records %globaltimer
  * (ns) at its start, after its PDL wait and at its end, its SM, the launch's tag (0, 1, ... in launch order
  * from _begin; cu_gemv3_stamp_tag: the next one), its block and the grid's size; _end waits for the device

@@ -210,147 +210,6 @@ __global__ void __launch_bounds__(W * 32, (MR == 1 ? 3 : 2) * 8 / W)
     if (tag >= 0) g3_stamp_put(tag, ts0, ts1);
 }
 
-/* ---- the persistent form (CINFER_CUDA_GEMV_PERSIST; one row of x) ----
- * A grid of exactly (CTAs per SM x SMs) blocks of G3P_WARPS warps, each walking a balanced static share of
- * the outputs: block b owns outputs [b N / P, (b + 1) N / P), cut into (output, split) units of L = nch / KS
- * chunks (split s: chunks s, s + KS, ..., as gemv3_kernel's warp of split s); warp w takes units w, w + W,
- * ... and streams them through a ring of D chunks in flight (D divides L, so a ring slot holds the same
- * chunk position in every unit and the next unit's first chunks are requested during this one's last): no
- * block waves, no ramp between blocks, every block finishing together. x (times the norm weight) is staged
- * once in shared memory; the first D chunks are requested before griddep_wait.
- * The sums are gemv3_kernel's: per lane in chunk order within a split, the warp's butterfly, the splits in
- * split order (here through shared memory by output), the norm's Σ x² per split the same way — the same
- * bits as gemv3_kernel for every output. */
-#define G3P_WARPS 8
-
-template <bool NORM, int EPI, int D>
-__global__ void __launch_bounds__(G3P_WARPS * 32, 1)
-    gemv3p_kernel(float *__restrict__ y, const float *__restrict__ x, const uint16_t *__restrict__ w, int N,
-                  int K, int KS, const float *__restrict__ g, float eps, const void *nx, size_t nx_bytes,
-                  int early, int tag) {
-    const unsigned long long ts0 = tag >= 0 ? g3_now() : 0;
-    constexpr int R = EPI == EPI_SWIGLU ? 2 : 1; /* weight rows of an output: gate and up under SwiGLU */
-    constexpr int W = G3P_WARPS;
-    /* [K] x (times g under NORM), [(outputs of the block) x KS x R] the units' sums, [KS] Σ x² per split */
-    extern __shared__ __align__(16) float g3p_sh[];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int P = gridDim.x, b = blockIdx.x;
-    const int j0 = (int)((long long)b * N / P), j1 = (int)((long long)(b + 1) * N / P);
-    const int nch = (K + 255) >> 8, L = nch / KS, nu = (j1 - j0) * KS;
-    float *xs = g3p_sh, *red = g3p_sh + K, *shss = red + (size_t)((N + P - 1) / P + 1) * KS * R;
-    const size_t up = (size_t)N * K; /* the up row of output j under SwiGLU: row j + N */
-    uint4 buf[D][R];
-    int v = warp;
-    /* the unit's weights at lane offset: row j, chunk s (item t at + t KS 256) */
-    const uint16_t *cur = v < nu ? w + (size_t)(j0 + v / KS) * K + (v % KS) * 256 + lane * 8 : nullptr;
-    int cs = v < nu ? v % KS : 0;
-    /* the weights depend on nothing before this kernel: the first D chunks before the wait */
-    if (cur)
-#pragma unroll
-        for (int d = 0; d < D; d++)
-            if ((cs + d * KS) * 256 + lane * 8 < K)
-#pragma unroll
-                for (int r = 0; r < R; r++) buf[d][r] = g3_ld(cur + r * up + d * KS * 256);
-    griddep_wait();
-    const unsigned long long ts1 = tag >= 0 ? g3_now() : 0;
-    if (early) griddep_launch();
-    {
-        const float4 *x4 = reinterpret_cast<const float4 *>(x);
-        float4 *xs4 = reinterpret_cast<float4 *>(xs);
-        for (int i = threadIdx.x; i < K / 4; i += blockDim.x) {
-            float4 a = __ldg(x4 + i);
-            if (NORM) {
-                float4 gg = __ldg(reinterpret_cast<const float4 *>(g) + i);
-                a.x *= gg.x, a.y *= gg.y, a.z *= gg.z, a.w *= gg.w;
-            }
-            xs4[i] = a;
-        }
-    }
-    if (NORM && warp < KS) {
-        /* Σ x² of split `warp`'s chunks, per lane in chunk order, as every warp of gemv3_kernel */
-        float ss = 0.0f;
-        for (int c = warp; c < nch; c += KS) {
-            int k = c * 256 + lane * 8;
-            if (k >= K) break;
-            const float4 *xp = reinterpret_cast<const float4 *>(x + k);
-            float4 a = __ldg(xp), bb = __ldg(xp + 1);
-            float xv[8] = {a.x, a.y, a.z, a.w, bb.x, bb.y, bb.z, bb.w};
-#pragma unroll
-            for (int q = 0; q < 8; q++) ss = fmaf(xv[q], xv[q], ss);
-        }
-        ss = warp_sum(ss);
-        if (lane == 0) shss[warp] = ss;
-    }
-    __syncthreads();
-    for (; v < nu; v += W) {
-        const int s = v % KS, vn = v + W, sn = vn < nu ? vn % KS : 0;
-        const uint16_t *nxt = vn < nu ? w + (size_t)(j0 + vn / KS) * K + sn * 256 + lane * 8 : nullptr;
-        float acc[R];
-#pragma unroll
-        for (int r = 0; r < R; r++) acc[r] = 0.0f;
-        for (int t0 = 0; t0 < L; t0 += D) {
-            /* the slots refill with this unit's chunks t0 + D ... or the next unit's first D */
-            const bool here = t0 + D < L;
-            const uint16_t *src = here ? cur + (size_t)(t0 + D) * KS * 256 : nxt;
-            const int ss0 = here ? s + (t0 + D) * KS : sn;
-#pragma unroll
-            for (int d = 0; d < D; d++) {
-                const int k = (s + (t0 + d) * KS) * 256 + lane * 8;
-                uint4 cw[R];
-#pragma unroll
-                for (int r = 0; r < R; r++) cw[r] = buf[d][r];
-                if (src && (ss0 + d * KS) * 256 + lane * 8 < K)
-#pragma unroll
-                    for (int r = 0; r < R; r++) buf[d][r] = g3_ld(src + r * up + d * KS * 256);
-                if (k < K) {
-                    const float4 *xp = reinterpret_cast<const float4 *>(xs + k);
-                    float4 a = xp[0], bb = xp[1];
-                    float xv[8] = {a.x, a.y, a.z, a.w, bb.x, bb.y, bb.z, bb.w};
-#pragma unroll
-                    for (int r = 0; r < R; r++) {
-                        const uint32_t p[4] = {cw[r].x, cw[r].y, cw[r].z, cw[r].w};
-#pragma unroll
-                        for (int q = 0; q < 4; q++) {
-                            acc[r] = fmaf(__uint_as_float(p[q] << 16), xv[2 * q], acc[r]);
-                            acc[r] = fmaf(__uint_as_float(p[q] & 0xffff0000u), xv[2 * q + 1], acc[r]);
-                        }
-                    }
-                }
-            }
-        }
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            float sv = warp_sum(acc[r]);
-            if (lane == 0) red[(size_t)v * R + r] = sv;
-        }
-        cur = nxt;
-    }
-    /* every load of this warp is out (late form: the next kernel's blocks may become resident now) */
-    if (!early) griddep_launch();
-    if (nx && threadIdx.x == 0) l2_prefetch_part(nx, nx_bytes, b, P);
-    __syncthreads();
-    float inv = 1.0f;
-    if (NORM) {
-        float sq = shss[0];
-        for (int q = 1; q < KS; q++) sq += shss[q];
-        inv = gf_rms_inv(sq, K, eps);
-    }
-    for (int t = threadIdx.x; t < j1 - j0; t += blockDim.x) {
-        const float *rt = red + (size_t)t * KS * R;
-        float vv = rt[0];
-        for (int q = 1; q < KS; q++) vv += rt[q * R];
-        if (NORM) vv *= inv;
-        float u = 0.0f;
-        if (EPI == EPI_SWIGLU) {
-            u = rt[1];
-            for (int q = 1; q < KS; q++) u += rt[q * R + 1];
-            if (NORM) u *= inv;
-        }
-        gf_store<EPI>(y + j0 + t, vv, u);
-    }
-    if (tag >= 0) g3_stamp_put(tag, ts0, ts1);
-}
-
 /* ---- configuration ---- */
 
 /* the next launch's tag for the stamps (diagnostics), -1 off */
@@ -433,20 +292,6 @@ extern "C" void cu_set_gemv3_config(int ks, int nr, int u, int var) {
     g_u = u == 1 || u == 2 || u == 4 ? u : 0;
 }
 
-/* CINFER_CUDA_GEMV_PERSIST (cu_set_gemv3_persist): the persistent form at one row of x with this many blocks
- * per SM (0: off; fewer when fewer fit), `early`: the next kernel released right after the wait instead of
- * after the last loads, `mask`: bit 1 the > 8192-output matrices, bit 2 the others. The same bits. */
-static int g_persist = 0, g_persist_early = 0, g_persist_mask = 3;
-static long g_persist_count = 0; /* launches of the persistent form (tests: that it served) */
-extern "C" long cu_gemv3_persist_count(void) {
-    return g_persist_count;
-}
-extern "C" void cu_set_gemv3_persist(int per_sm, int early, int mask) {
-    g_persist = per_sm > 0 && per_sm <= 8 ? per_sm : 0;
-    g_persist_early = early != 0;
-    g_persist_mask = mask;
-}
-
 /* K-splits for a matrix of `rows` weight rows (2N for SwiGLU) and width K: 2 where K <= 4096 or the matrix
  * has few rows, else 1 (each split keeping >= 2 chunks of 256). From the H200 sweep of call 1 (session 4,
  * every configuration of every real matrix at one row): 2 splits were best or within 1% for all the 4B and
@@ -506,63 +351,12 @@ static void g3_mr1(cu_ctx *c, float *y, const float *x, const uint16_t *w, int n
  * pipelining) never won: fewer warps fit. cu_set_gemv3_config overrides each (measurements). With more rows
  * of x the x loads weigh more (4 weight rows per warp from 4 rows of x, as v1) and registers less. None of
  * these changes a bit (the splits alone fix the sums). */
-template <bool NORM, int EPI, int D>
-static int g3p_launch(cu_ctx *c, float *y, const float *x, const uint16_t *w, int N, int K, int KS,
-                      const float *g, float eps) {
-    constexpr int R = EPI == EPI_SWIGLU ? 2 : 1;
-    static int sms = 0;
-    if (!sms) {
-        int dev = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess ||
-            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms < 1)
-            return -1;
-    }
-    auto kern = gemv3p_kernel<NORM, EPI, D>;
-    int per = g_persist;
-    for (;;) {
-        int P = per * sms;
-        size_t smem = ((size_t)K + (size_t)((N + P - 1) / P + 1) * KS * R + 8) * sizeof(float);
-        if (smem > 48 * 1024) return -1;
-        int occ = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern, G3P_WARPS * 32, smem) != cudaSuccess)
-            return -1;
-        if (occ < 1) return -1;
-        if (occ < per) {
-            per = occ; /* what fits (the smem then grows a little: computed again) */
-            continue;
-        }
-        g_persist_count++;
-        cu_launch_pdl_smem(c, cu_pdl_on() >= 1 && (cu_pdl_mask() & PDL_GEMV), kern, dim3((unsigned)P),
-                           dim3(G3P_WARPS * 32), smem, y, x, w, N, K, KS, g, eps, c->gemv_next,
-                           c->gemv_next_bytes, g_persist_early, g_stamp_tag >= 0 ? g_stamp_tag++ : -1);
-        return 0;
-    }
-}
-
-/* the persistent form where it is on and serves the shape (the splits dividing the chunks, a ring depth
- * dividing a split's chunks, x in shared memory); -1: the caller launches gemv3_kernel */
-template <bool NORM, int EPI>
-static int g3p_try(cu_ctx *c, float *y, const float *x, const uint16_t *w, int N, int K, int KS,
-                   const float *g, float eps) {
-    int nch = (K + 255) / 256;
-    if (!g_persist || !(g_persist_mask & (N <= 8192 ? 2 : 1)) || nch % KS) return -1;
-    int L = nch / KS;
-    if (L % 8 == 0) return g3p_launch<NORM, EPI, 8>(c, y, x, w, N, K, KS, g, eps);
-    if (L % 6 == 0) return g3p_launch<NORM, EPI, 6>(c, y, x, w, N, K, KS, g, eps);
-    if (L % 5 == 0) return g3p_launch<NORM, EPI, 5>(c, y, x, w, N, K, KS, g, eps);
-    if (L % 4 == 0) return g3p_launch<NORM, EPI, 4>(c, y, x, w, N, K, KS, g, eps);
-    /* shallow rings: only small matrices (the tests' odd shapes) get here */
-    if (L % 2 == 0) return g3p_launch<NORM, EPI, 2>(c, y, x, w, N, K, KS, g, eps);
-    return g3p_launch<NORM, EPI, 1>(c, y, x, w, N, K, KS, g, eps);
-}
-
 template <bool NORM, int EPI>
 static void g3_tile(cu_ctx *c, float *y, const float *x, const uint16_t *w, int MR, int tiles, int N, int K,
                     int KS, const float *g, float eps) {
     constexpr int NR4 = EPI == EPI_SWIGLU ? 2 : 4;
     switch (MR) {
     case 1: {
-        if (tiles == 1 && !g3p_try<NORM, EPI>(c, y, x, w, N, K, KS, g, eps)) break;
         int small = N <= 8192, nr = g_nr ? g_nr : small ? 1 : EPI == EPI_SWIGLU ? 2 : 4;
         int u = g_u     ? g_u
                 : small ? 2
