@@ -609,7 +609,67 @@ template <int P> __global__ void __launch_bounds__(256) ck_state_stage_kernel(cu
  * lo [64][40] */
 static size_t ck_mma_smem_floats(int dk) {
     return 2 * (size_t)CK_CH * (dk + 4) + (size_t)CK_CH * (dk + 8) + (size_t)CK_CH * CK_GLD +
-           (size_t)CK_CH * CKM_SL + 2 * (size_t)dk * CKM_SL + 2 * (size_t)CK_CH * CKM_SL;
+           (size_t)CK_CH * CKM_SL + 2 * (size_t)dk * CKM_SL + 2 * (size_t)CK_CH * CKM_SL + 4;
+}
+
+/* ---- bulk copies (cu_gdn_args.chunk_dt 2, CINFER_CUDA_GDN_DT=bulk) ----
+ * The H200 (session 7, call 1) showed the mma pass issuing its staging copies for ~4k of a chunk's ~11.4k
+ * cycles: 7,680 16-byte cp.async a chunk, ~1.2 an SM cycle. Here one warp asks the copy engine for each row
+ * (cp.async.bulk, 128-512 bytes; 320 a chunk) and the block waits on an mbarrier per group, so the other
+ * warps go straight on. The same bytes in the same places: the same bits as mma6. */
+static __device__ __forceinline__ unsigned ckb_sa(const void *p) {
+    return (unsigned)__cvta_generic_to_shared(p);
+}
+static __device__ __forceinline__ void ckb_init(uint64_t *bar) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(ckb_sa(bar)) : "memory");
+}
+/* the one arrival of the phase, with the bytes the copies will bring */
+static __device__ __forceinline__ void ckb_expect(uint64_t *bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(ckb_sa(bar)), "r"(bytes)
+                 : "memory");
+}
+static __device__ __forceinline__ void ckb_copy(float *dst, const float *src, unsigned bytes, uint64_t *bar) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+            ckb_sa(dst)),
+        "l"(src), "r"(bytes), "r"(ckb_sa(bar))
+        : "memory");
+}
+static __device__ __forceinline__ void ckb_wait(uint64_t *bar, unsigned parity) {
+    unsigned ok = 0;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(ok)
+                     : "r"(ckb_sa(bar)), "r"(parity)
+                     : "memory");
+    } while (!ok);
+}
+/* group A (W, Qg rows at KLD, U's CKM_DT block columns at CKM_SL) by the lanes of one warp; the block's
+ * generic reads of the buffers are behind a __syncthreads, the fence orders them before the copy engine's
+ * writes */
+static __device__ __forceinline__ void ckb_stage_a(float *Wb, float *Qb, int KLD, float *Ub, const float *src,
+                                                   int dk, int dv, int j0, uint64_t *bar, int lane) {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    if (lane == 0) ckb_expect(bar, (unsigned)(2 * CK_CH * dk + CK_CH * CKM_DT) * 4u);
+    __syncwarp();
+    for (int r = lane; r < CK_CH; r += 32) {
+        ckb_copy(Wb + r * KLD, src + (size_t)r * dk, (unsigned)dk * 4u, bar);
+        ckb_copy(Qb + r * KLD, src + (size_t)(CK_CH + r) * dk, (unsigned)dk * 4u, bar);
+        ckb_copy(Ub + r * CKM_SL, src + 3 * (size_t)CK_CH * dk + (size_t)r * dv + j0, CKM_DT * 4u, bar);
+    }
+}
+/* group B (QK rows at CK_GLD, Kf rows at KBL) */
+static __device__ __forceinline__ void ckb_stage_b(float *QKb, float *Kb, int KBL, const float *src, int dk,
+                                                   int dv, uint64_t *bar, int lane) {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    if (lane == 0) ckb_expect(bar, (unsigned)(CK_CH * CK_CH + CK_CH * dk) * 4u);
+    __syncwarp();
+    for (int r = lane; r < CK_CH; r += 32) {
+        ckb_copy(QKb + r * CK_GLD, src + 3 * (size_t)CK_CH * dk + (size_t)CK_CH * dv + (size_t)r * CK_CH,
+                 CK_CH * 4u, bar);
+        ckb_copy(Kb + r * KBL, src + (size_t)(2 * CK_CH + r) * dk, (unsigned)dk * 4u, bar);
+    }
 }
 
 /* acc[n] += A[16][K] B[K][n*8 .. n*8 + 7] for the four n-tiles, in runs of TC_KC as tc_mma2. A row-major at
@@ -673,8 +733,10 @@ static __device__ __forceinline__ void ckm_put_split(float *Hs, float *Ls, int m
         }
 }
 
-/* DK: 0 dk from the arguments; 128 (the models' dk) a constant, so every run of K unrolls */
-template <int DK = 0> __global__ void __launch_bounds__(256) ck_state_mma_kernel(cu_gdn_args a) {
+/* DK: 0 dk from the arguments; 128 (the models' dk) a constant, so every run of K unrolls. BULK: the staging
+ * by bulk copies (above; dv a multiple of CKM_DT) */
+template <int DK = 0, bool BULK = false>
+__global__ void __launch_bounds__(256) ck_state_mma_kernel(cu_gdn_args a) {
     extern __shared__ __align__(128) float smm[];
     int e = blockIdx.z;
     if (!ck_entry(a, e)) return;
@@ -685,6 +747,16 @@ template <int DK = 0> __global__ void __launch_bounds__(256) ck_state_mma_kernel
     float *Wb = smm, *Qb = Wb + CK_CH * KLD, *Kb = Qb + CK_CH * KLD, *QKb = Kb + CK_CH * KBL;
     float *Ub = QKb + CK_CH * CK_GLD, *Sh = Ub + CK_CH * CKM_SL, *Sl = Sh + (size_t)dk * CKM_SL;
     float *Dh = Sl + (size_t)dk * CKM_SL, *Dl = Dh + CK_CH * CKM_SL;
+    uint64_t *bar = reinterpret_cast<uint64_t *>(Dl + CK_CH * CKM_SL); /* BULK: group A, group B */
+    unsigned par_a = 0, par_b = 0;
+    if constexpr (BULK) {
+        if (tid == 0) {
+            ckb_init(bar);
+            ckb_init(bar + 1);
+            asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        }
+        __syncthreads();
+    }
     float *Sg = a.rec_state + (((size_t)a.meta.e_slot[e] * a.n_lin + a.lin) * a.Hv + h) * (size_t)dk * dv;
     const bool owns_s = warp < dk / 16; /* S rows 16 warp .. 16 warp + 15 */
     const int ms = warp * 16;
@@ -705,15 +777,27 @@ template <int DK = 0> __global__ void __launch_bounds__(256) ck_state_mma_kernel
     const float *base = (const float *)a.chunk_scr + ((size_t)k * a.Hv + h) * stride;
     CK_PROF_DECL(a.chunk_prof && blockIdx.x == 0 && h == 0 && tid == 0);
     /* group A of chunk 0 (W, Qg, U's columns), then group B (QK, Kf): as ck_state_stage_kernel */
-    ck_stage_a<true>(Wb, Qb, KLD, Ub, CKM_SL, base, dk, dv, j0, tid, nt);
-    ck_stage_b<true>(QKb, Kb, KBL, base, dk, dv, tid, nt);
+    if constexpr (BULK) {
+        if (warp == 0) {
+            ckb_stage_a(Wb, Qb, KLD, Ub, base, dk, dv, j0, bar, lane);
+            ckb_stage_b(QKb, Kb, KBL, base, dk, dv, bar + 1, lane);
+        }
+    } else {
+        ck_stage_a<true>(Wb, Qb, KLD, Ub, CKM_SL, base, dk, dv, j0, tid, nt);
+        ck_stage_b<true>(QKb, Kb, KBL, base, dk, dv, tid, nt);
+    }
     for (int c0 = 0, L; c0 < n; c0 += L, k++) {
         L = CK_CH - (pos0 + c0) % CK_CH;
         if (L > n - c0) L = n - c0;
         const float *W = (const float *)a.chunk_scr + ((size_t)k * a.Hv + h) * stride;
         const float *U = W + 3 * CK_CH * dk, *nxt = c0 + L < n ? W + a.Hv * stride : NULL;
         float egl = U[CK_CH * dv + CK_CH * CK_CH];
-        __pipeline_wait_prior(1); /* this chunk's group A */
+        if constexpr (BULK) {
+            ckb_wait(bar, par_a);
+            par_a ^= 1u;
+        } else {
+            __pipeline_wait_prior(1); /* this chunk's group A */
+        }
         __syncthreads();
         CK_MARK(0);
         /* step 1: D = U - W S (warps 0-3), O = Qg S (warps 4-7) */
@@ -736,11 +820,17 @@ template <int DK = 0> __global__ void __launch_bounds__(256) ck_state_mma_kernel
         }
         __syncthreads();
         CK_MARK(1);
-        if (nxt) /* the next chunk's group A over this one's W, Qg and U, read by now */
-            ck_stage_a<true>(Wb, Qb, KLD, Ub, CKM_SL, nxt, dk, dv, j0, tid, nt);
-        else
-            __pipeline_commit();
-        __pipeline_wait_prior(1); /* this chunk's group B */
+        if constexpr (BULK) {
+            if (nxt && warp == 0) ckb_stage_a(Wb, Qb, KLD, Ub, nxt, dk, dv, j0, bar, lane);
+            ckb_wait(bar + 1, par_b);
+            par_b ^= 1u;
+        } else {
+            if (nxt) /* the next chunk's group A over this one's W, Qg and U, read by now */
+                ck_stage_a<true>(Wb, Qb, KLD, Ub, CKM_SL, nxt, dk, dv, j0, tid, nt);
+            else
+                __pipeline_commit();
+            __pipeline_wait_prior(1); /* this chunk's group B */
+        }
         __syncthreads();
         CK_MARK(2);
         /* step 2: S <- e^(g_L) S + Kf^T D (owners; S's split for the next chunk's step 1, whose readers of
@@ -768,15 +858,18 @@ template <int DK = 0> __global__ void __launch_bounds__(256) ck_state_mma_kernel
         }
         __syncthreads();
         CK_MARK(3);
-        if (nxt) /* the next chunk's group B over this one's QK and Kf */
+        if constexpr (BULK) {
+            if (nxt && warp == 0) ckb_stage_b(QKb, Kb, KBL, nxt, dk, dv, bar + 1, lane);
+        } else if (nxt) { /* the next chunk's group B over this one's QK and Kf */
             ck_stage_b<true>(QKb, Kb, KBL, nxt, dk, dv, tid, nt);
-        else
+        } else {
             __pipeline_commit();
+        }
         CK_MARK(4);
         ckp[7]++;
     }
     CK_PROF_OUT(8);
-    __pipeline_wait_prior(0);
+    if (!BULK) __pipeline_wait_prior(0); /* (bulk: every copy issued was waited for) */
     if (owns_s) {
 #pragma unroll
         for (int nn = 0; nn < 4; nn++)
@@ -822,7 +915,8 @@ template <int P> static int ck_set_smem(int dk, int dv) {
     if constexpr (P == 3) /* the mma.sync form (one TF32 rounding runs the WMMA one) */
         ok = ok && ck_attr(ck_prep_kernel<P, true>, p) && ck_attr(ck_prep_kernel<P, true, 128>, p) &&
              ck_attr(ck_state_mma_kernel<>, ck_mma_smem_floats(dk)) &&
-             ck_attr(ck_state_mma_kernel<128>, ck_mma_smem_floats(dk));
+             ck_attr(ck_state_mma_kernel<128>, ck_mma_smem_floats(dk)) &&
+             ck_attr(ck_state_mma_kernel<128, true>, ck_mma_smem_floats(dk));
     return ok;
 }
 
@@ -861,7 +955,9 @@ static int ck_launch(cu_ctx *c, const cu_gdn_args *a, int parts) {
             ck_prep_kernel<3><<<gp, 256, sp, c->stream>>>(*a);
     }
     if (parts & 2) {
-        if (mma && dk128)
+        if (mma && dk128 && a->chunk_dt == 2 && a->dv % CKM_DT == 0)
+            ck_state_mma_kernel<128, true><<<gs, 256, ss, c->stream>>>(*a);
+        else if (mma && dk128)
             ck_state_mma_kernel<128><<<gs, 256, ss, c->stream>>>(*a);
         else if (mma)
             ck_state_mma_kernel<><<<gs, 256, ss, c->stream>>>(*a);
