@@ -18,8 +18,6 @@
  * the tiles that cross its diagonal. Blocks run longest tile first. With key splits (cu_attn_split) a block
  * runs one span of keys of a tile. */
 #include <cuda_fp16.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include "backend/cuda/common.cuh"
 
@@ -172,7 +170,7 @@ __device__ __forceinline__ void fh_load_v16(__half *Vh, const cu_attn_args &a, c
  * apart), V [FA_BN][HD + 4] f32 (rows 2t and 2t + 1 of a fragment 4 words apart); or (S16) K hi | lo
  * [FA_BN][HD + 8], V hi | lo [HD][FA_BN + 8] fp16 (rows 20 words apart: a fragment's 8 dims x 4 key pairs in
  * distinct banks) */
-template <int HD, bool S16> __host__ __device__ constexpr size_t fh_smem_bytes() {
+template <int HD, bool S16> constexpr size_t fh_smem_bytes() {
     return (size_t)2 * FA_ROWS * (HD + 8) * 2 +
            (S16 ? (size_t)2 * FA_BN * (HD + 8) * 2 + (size_t)2 * HD * (FA_BN + 8) * 2
                 : (size_t)FA_BN * (HD + 8) * 4 + (size_t)FA_BN * (HD + 4) * 4);
@@ -446,301 +444,6 @@ __global__ void __launch_bounds__(256, HD >= 128 ? 1 : 2) attn_fh_kernel(cu_attn
     }
 }
 
-/* ---- warp pairs (CINFER_CUDA_ATTN_PAIR=1): the same 128 rows a block with 16 warps instead of 8 ----
- * At head_dim 256 a warp's O (16 rows x 256 dims) is 128 registers, so the 8 warps above fill the register
- * file and each SM sub-partition has only two warps to hide the MMAs' and ldmatrix's latencies. Here warps w
- * and w + 8 share w's 16 rows: each takes half of the dims, of Q K^T's sum (S partials over dims 0..HD/2 and
- * HD/2..HD, runs of 32 in fresh accumulators as above, joined half 0 + half 1 through shared memory, so both
- * warps hold the same S bits and run the same softmax) and of O (64 registers at head_dim 256). Four warps a
- * sub-partition, the same MMAs and the same shared-memory traffic; what is added is 2 KB of S a pair and
- * two pair barriers per tile. */
-#define FP_NC 4 /* O n-tiles per fresh P V partial */
-
-template <int HD, bool S16> __host__ __device__ constexpr size_t fp_smem_bytes() {
-    return fh_smem_bytes<HD, S16>() + (size_t)8 * (FA_BN / 8) * 4 * 32 * 4;
-}
-
-/* the 64 threads of pair p (warps p and p + 8) */
-__device__ __forceinline__ void fp_bar(int p) {
-    asm volatile("bar.sync %0, 64;\n" ::"r"(1 + p) : "memory");
-}
-
-template <int HD, int P, bool S16>
-__global__ void __launch_bounds__(512, 1) attn_fp_kernel(cu_attn_args a, int QH) {
-    extern __shared__ __align__(16) float fsm[];
-    constexpr int LDQ = HD + 8, LDK = HD + 8, LDV = HD + 4, NBT = FA_BN / 8, HH = HD / 2;
-    constexpr int ONT = HH / 8, NC = ONT < FP_NC ? ONT : FP_NC, KS0 = HH / 16;
-    constexpr int SKC = 2;
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    const int pw = warp & 7, hf = warp >> 3; /* pair, half of the dims */
-    const int G = a.Hq / a.Hkv, ngrp = G / QH, BP = FA_ROWS / QH;
-    const int kvh = blockIdx.x / ngrp, h0 = kvh * G + (blockIdx.x % ngrp) * QH;
-    const int *wk = a.split.work ? a.split.work + 2 * (a.split.n_work - 1 - (int)blockIdx.y) : NULL;
-    const int r0 = wk ? wk[0] : a.tiles[a.n_tiles - 1 - (int)blockIdx.y];
-    const int e = a.meta.row_entry[r0], end = a.meta.e_row0[e] + a.meta.e_n[e];
-    const int rows = end - r0 < BP ? end - r0 : BP;
-    const int pos0 = a.meta.row_pos[r0], maxpos = pos0 + rows - 1;
-    const int *blocks = a.meta.blocks + a.meta.e_boff[e];
-    const int span = wk ? a.split.e_span[e] : 0, sp = wk ? wk[1] : 0;
-    const int klo = sp * span, khi = span && klo + span - 1 < maxpos ? klo + span - 1 : maxpos;
-    __half *Qh = reinterpret_cast<__half *>(fsm), *Ql = Qh + FA_ROWS * LDQ;
-    float *Ks = reinterpret_cast<float *>(Ql + FA_ROWS * LDQ), *Vs = Ks + FA_BN * LDK;
-    constexpr int LK16 = HD + 8, LV16 = FA_BN + 8;
-    __half *K16 = Ql + FA_ROWS * LDQ, *V16 = K16 + 2 * FA_BN * LK16;
-    float *X = reinterpret_cast<float *>(reinterpret_cast<char *>(fsm) + fh_smem_bytes<HD, S16>()) +
-               pw * (NBT * 4 * 32); /* the pair's S exchange: [n][r][lane] */
-
-    if constexpr (S16)
-        fh_load_k16<HD>(K16, a, blocks, kvh, klo, khi);
-    else
-        fh_load_kv<HD, LDK>(Ks, a.kpool, a, blocks, kvh, klo, khi);
-    fa_commit();
-    for (int i = tid; i < FA_ROWS * HD / 2; i += blockDim.x) {
-        int m = i / (HD / 2), c = 2 * (i % (HD / 2)), p = m % BP;
-        float2 x = make_float2(0.0f, 0.0f);
-        if (p < rows)
-            x = *reinterpret_cast<const float2 *>(a.qkv + (size_t)(r0 + p) * a.ld +
-                                                  (size_t)(h0 + m / BP) * 2 * HD + c);
-        uint32_t hi, lo;
-        h2_split(x.x, x.y, hi, lo);
-        *reinterpret_cast<uint32_t *>(Qh + m * LDQ + c) = hi;
-        *reinterpret_cast<uint32_t *>(Ql + m * LDQ + c) = lo;
-    }
-
-    const int wph = 8 / QH, qi = pw / wph, off = (pw % wph) * 16, h = h0 + qi;
-    const int live = off < rows;
-    const int wmin = pos0 + off, wmax = pos0 + off + 15 < maxpos ? pos0 + off + 15 : maxpos;
-    const int pa = pos0 + off + g < maxpos ? pos0 + off + g : maxpos;
-    const int pb = pos0 + off + g + 8 < maxpos ? pos0 + off + g + 8 : maxpos;
-    const __half *Qwh = Qh + (qi * BP + off) * LDQ, *Qwl = Ql + (qi * BP + off) * LDQ;
-    const float scale = (float)(1.0 / sqrt((double)HD));
-
-    float o[ONT][4];
-#pragma unroll
-    for (int n = 0; n < ONT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-    float ma = -INFINITY, mb = -INFINITY, la = 0.0f, lb = 0.0f;
-
-    for (int c0 = klo; c0 <= khi; c0 += FA_BN) {
-        fa_wait();
-        __syncthreads();
-        if constexpr (S16)
-            fh_load_v16<HD>(V16, a, blocks, kvh, c0, khi);
-        else
-            fh_load_kv<HD, LDV>(Vs, a.vpool, a, blocks, kvh, c0, khi);
-        fa_commit();
-        const int act = live && c0 <= wmax; /* the same in both warps of a pair */
-        float s[NBT][4], ca = 1.0f, cb = 1.0f;
-        if (act) {
-#pragma unroll
-            for (int n = 0; n < NBT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-#pragma unroll
-            for (int kc = 0; kc < KS0; kc += SKC) {
-                float part[NBT][4];
-#pragma unroll
-                for (int n = 0; n < NBT; n++) part[n][0] = part[n][1] = part[n][2] = part[n][3] = 0.0f;
-#pragma unroll
-                for (int kk = kc; kk < kc + SKC && kk < KS0; kk++) {
-                    const int ks = hf * KS0 + kk;
-                    uint32_t ah[4], al[4];
-                    if constexpr (S16) {
-                        const int mo = ((lane >> 3) & 1) * 8 + (lane & 7), co = ks * 16 + (lane >> 4) * 8;
-                        fh_ldsm4(ah, Qwh + mo * LDQ + co);
-                        fh_ldsm4(al, Qwl + mo * LDQ + co);
-#pragma unroll
-                        for (int n = 0; n < NBT; n += 2) {
-                            const __half *kr = K16 + ((n + (lane >> 4)) * 8 + (lane & 7)) * LK16 + ks * 16 +
-                                               ((lane >> 3) & 1) * 8;
-                            uint32_t bh[4], bl[4];
-                            fh_ldsm4(bh, kr);
-                            fh_ldsm4(bl, kr + FA_BN * LK16);
-                            fh_mma3<P>(part[n], ah, al, bh[0], bh[1], bl[0], bl[1]);
-                            fh_mma3<P>(part[n + 1], ah, al, bh[2], bh[3], bl[2], bl[3]);
-                        }
-                    } else {
-                        const int k = ks * 16 + 2 * t;
-                        ah[0] = *reinterpret_cast<const uint32_t *>(Qwh + g * LDQ + k);
-                        ah[1] = *reinterpret_cast<const uint32_t *>(Qwh + (g + 8) * LDQ + k);
-                        ah[2] = *reinterpret_cast<const uint32_t *>(Qwh + g * LDQ + k + 8);
-                        ah[3] = *reinterpret_cast<const uint32_t *>(Qwh + (g + 8) * LDQ + k + 8);
-                        al[0] = *reinterpret_cast<const uint32_t *>(Qwl + g * LDQ + k);
-                        al[1] = *reinterpret_cast<const uint32_t *>(Qwl + (g + 8) * LDQ + k);
-                        al[2] = *reinterpret_cast<const uint32_t *>(Qwl + g * LDQ + k + 8);
-                        al[3] = *reinterpret_cast<const uint32_t *>(Qwl + (g + 8) * LDQ + k + 8);
-#pragma unroll
-                        for (int n = 0; n < NBT; n++) {
-                            const float *kr = Ks + (n * 8 + g) * LDK + k;
-                            float2 k0 = *reinterpret_cast<const float2 *>(kr),
-                                   k1 = *reinterpret_cast<const float2 *>(kr + 8);
-                            uint32_t bh0, bl0, bh1, bl1;
-                            h2_split(k0.x, k0.y, bh0, bl0);
-                            h2_split(k1.x, k1.y, bh1, bl1);
-                            fh_mma3<P>(part[n], ah, al, bh0, bh1, bl0, bl1);
-                        }
-                    }
-                }
-#pragma unroll
-                for (int n = 0; n < NBT; n++)
-#pragma unroll
-                    for (int r = 0; r < 4; r++) s[n][r] += part[n][r];
-            }
-            /* S = half 0 + half 1: warp w + 8 hands its partial over, warp w adds and hands the sum back */
-            if (hf) {
-#pragma unroll
-                for (int n = 0; n < NBT; n++)
-#pragma unroll
-                    for (int r = 0; r < 4; r++) X[(n * 4 + r) * 32 + lane] = s[n][r];
-            }
-            fp_bar(pw);
-            if (!hf) {
-#pragma unroll
-                for (int n = 0; n < NBT; n++)
-#pragma unroll
-                    for (int r = 0; r < 4; r++) {
-                        s[n][r] += X[(n * 4 + r) * 32 + lane];
-                        X[(n * 4 + r) * 32 + lane] = s[n][r];
-                    }
-            }
-            fp_bar(pw);
-            if (hf) {
-#pragma unroll
-                for (int n = 0; n < NBT; n++)
-#pragma unroll
-                    for (int r = 0; r < 4; r++) s[n][r] = X[(n * 4 + r) * 32 + lane];
-            }
-            const int mask = c0 + FA_BN - 1 > wmin;
-            float xa = -INFINITY, xb = -INFINITY;
-#pragma unroll
-            for (int n = 0; n < NBT; n++)
-#pragma unroll
-                for (int r = 0; r < 4; r++) {
-                    int u = c0 + n * 8 + 2 * t + (r & 1);
-                    float v = s[n][r] * scale;
-                    if (mask && u > (r < 2 ? pa : pb)) v = -INFINITY;
-                    s[n][r] = v;
-                    if (r < 2)
-                        xa = fmaxf(xa, v);
-                    else
-                        xb = fmaxf(xb, v);
-                }
-            xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, 1));
-            xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, 2));
-            xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, 1));
-            xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, 2));
-            float na = fmaxf(ma, xa), nb = fmaxf(mb, xb);
-            float sa = na == -INFINITY ? 0.0f : na, sb = nb == -INFINITY ? 0.0f : nb, suma = 0.0f,
-                  sumb = 0.0f;
-            ca = expf(ma - sa), cb = expf(mb - sb);
-#pragma unroll
-            for (int n = 0; n < NBT; n++)
-#pragma unroll
-                for (int r = 0; r < 4; r++) {
-                    float p = expf(s[n][r] - (r < 2 ? sa : sb));
-                    s[n][r] = p;
-                    if (r < 2)
-                        suma += p;
-                    else
-                        sumb += p;
-                }
-            la = la * ca + suma, lb = lb * cb + sumb;
-            ma = na, mb = nb;
-        }
-        fa_wait();
-        __syncthreads();
-        if (c0 + FA_BN <= khi) {
-            if constexpr (S16)
-                fh_load_k16<HD>(K16, a, blocks, kvh, c0 + FA_BN, khi);
-            else
-                fh_load_kv<HD, LDK>(Ks, a.kpool, a, blocks, kvh, c0 + FA_BN, khi);
-        }
-        fa_commit();
-        if (act) {
-#pragma unroll
-            for (int dc = 0; dc < ONT; dc += NC) {
-                float part[NC][4];
-#pragma unroll
-                for (int n = 0; n < NC; n++) part[n][0] = part[n][1] = part[n][2] = part[n][3] = 0.0f;
-#pragma unroll
-                for (int j = 0; j < NBT / 2; j++) {
-                    uint32_t ah[4], al[4];
-                    h2_split(s[2 * j][0], s[2 * j][1], ah[0], al[0]);
-                    h2_split(s[2 * j][2], s[2 * j][3], ah[1], al[1]);
-                    h2_split(s[2 * j + 1][0], s[2 * j + 1][1], ah[2], al[2]);
-                    h2_split(s[2 * j + 1][2], s[2 * j + 1][3], ah[3], al[3]);
-                    if constexpr (S16) {
-#pragma unroll
-                        for (int n = 0; n < NC; n += 2) {
-                            const __half *w = V16 +
-                                              ((hf * ONT + dc + n + (lane >> 4)) * 8 + (lane & 7)) * LV16 +
-                                              j * 16 + ((lane >> 3) & 1) * 8;
-                            uint32_t bh[4], bl[4];
-                            fh_ldsm4(bh, w);
-                            fh_ldsm4(bl, w + HD * LV16);
-                            fh_mma3<P>(part[n], ah, al, bh[0], bh[1], bl[0], bl[1]);
-                            fh_mma3<P>(part[n + 1], ah, al, bh[2], bh[3], bl[2], bl[3]);
-                        }
-                    } else {
-                        const float *v0 = Vs + (j * 16 + 2 * t) * LDV + (hf * ONT + dc) * 8 + g;
-#pragma unroll
-                        for (int n = 0; n < NC; n++) {
-                            uint32_t bh0, bl0, bh1, bl1;
-                            h2_split(v0[n * 8], v0[LDV + n * 8], bh0, bl0);
-                            h2_split(v0[8 * LDV + n * 8], v0[9 * LDV + n * 8], bh1, bl1);
-                            fh_mma3<P>(part[n], ah, al, bh0, bh1, bl0, bl1);
-                        }
-                    }
-                }
-#pragma unroll
-                for (int n = 0; n < NC; n++) {
-                    o[dc + n][0] = fmaf(o[dc + n][0], ca, part[n][0]);
-                    o[dc + n][1] = fmaf(o[dc + n][1], ca, part[n][1]);
-                    o[dc + n][2] = fmaf(o[dc + n][2], cb, part[n][2]);
-                    o[dc + n][3] = fmaf(o[dc + n][3], cb, part[n][3]);
-                }
-            }
-        }
-    }
-    fa_wait();
-    if (!live) return;
-    la += __shfl_xor_sync(0xffffffffu, la, 1);
-    la += __shfl_xor_sync(0xffffffffu, la, 2);
-    lb += __shfl_xor_sync(0xffffffffu, lb, 1);
-    lb += __shfl_xor_sync(0xffffffffu, lb, 2);
-#pragma unroll
-    for (int hr = 0; hr < 2; hr++) {
-        int p = off + g + 8 * hr;
-        if (p >= rows) continue;
-        float l = hr ? lb : la;
-        const int ns = span ? (pos0 + p) / span + 1 : 1;
-        if (sp >= ns) continue;
-        if (ns > 1) {
-            float *pp = a.split.part +
-                        ((size_t)a.split.row_poff[r0 + p] * a.Hq + (size_t)h * ns + sp) * (size_t)(HD + 2);
-            if (t == 0 && !hf) pp[0] = hr ? mb : ma, pp[1] = l;
-#pragma unroll
-            for (int n = 0; n < ONT; n++)
-                *reinterpret_cast<float2 *>(pp + 2 + (hf * ONT + n) * 8 + 2 * t) =
-                    make_float2(o[n][2 * hr], o[n][2 * hr + 1]);
-            continue;
-        }
-        const float *gate = a.qkv + (size_t)(r0 + p) * a.ld + (size_t)h * 2 * HD + HD;
-        const size_t obase = (size_t)(r0 + p) * a.Hq * HD + (size_t)h * HD;
-        float *orow = a.o + obase;
-#pragma unroll
-        for (int n = 0; n < ONT; n++) {
-            int d = (hf * ONT + n) * 8 + 2 * t;
-            float2 gv = *reinterpret_cast<const float2 *>(gate + d);
-            float2 ov = make_float2(__fmul_rn(o[n][2 * hr] / l, dev_sigmoid(gv.x)),
-                                    __fmul_rn(o[n][2 * hr + 1] / l, dev_sigmoid(gv.y)));
-            if (a.o_xb) {
-                split_put(a.o_xb, obase + d, a.o_lo, ov.x);
-                split_put(a.o_xb, obase + d + 1, a.o_lo, ov.y);
-            } else {
-                *reinterpret_cast<float2 *>(orow + d) = ov;
-            }
-        }
-    }
-}
-
 static int fa_kv16_ok[9]; /* by hd / 32: the S16 kernels' shared memory fits (cu_attn_tc_init) */
 
 extern "C" int cu_attn_kv16_ok(int hd) {
@@ -792,29 +495,15 @@ template <int HD, int P, bool S16> static int fa_attr1(int optin) {
            cudaFuncSetAttribute(attn_fh_kernel<HD, P, S16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)sm) == cudaSuccess;
 }
-template <int HD, int P, bool S16> static int fp_attr1(int optin) {
-    size_t sm = fp_smem_bytes<HD, S16>();
-    return sm <= (size_t)optin &&
-           cudaFuncSetAttribute(attn_fp_kernel<HD, P, S16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)sm) == cudaSuccess;
-}
-static int fa_pair_ok[9]; /* by hd / 32: the pair kernels (CINFER_CUDA_ATTN_PAIR) are compiled and fit */
-static int fa_pair_on = -1;
 template <int HD> static int fa_attr(int optin) {
     if (!fa_attr1<HD, 3, false>(optin) || !fa_attr1<HD, 1, false>(optin)) return 0;
     /* the split-once form where it fits (cu_attn_kv16_ok) */
     fa_kv16_ok[HD / 32] = fa_attr1<HD, 3, true>(optin) && fa_attr1<HD, 1, true>(optin);
-    if constexpr (HD >= 128) /* pairs only where one warp's O is 64+ registers */
-        fa_pair_ok[HD / 32] = fa_kv16_ok[HD / 32] && fp_attr1<HD, 3, false>(optin) &&
-                              fp_attr1<HD, 1, false>(optin) && fp_attr1<HD, 3, true>(optin) &&
-                              fp_attr1<HD, 1, true>(optin);
     return 1;
 }
 
 extern "C" int cu_attn_tc_init(int hd) {
     int dev = 0, optin = 0;
-    const char *pe = getenv("CINFER_CUDA_ATTN_PAIR"); /* "1": warp pairs (attn_fp_kernel) at hd 128 / 256 */
-    fa_pair_on = pe && !strcmp(pe, "1");
     if (cudaGetDevice(&dev) != cudaSuccess) return 0;
     cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
     switch (hd) {
@@ -832,15 +521,6 @@ extern "C" int cu_attn_tc_init(int hd) {
 }
 
 template <int HD, bool S16> static void fa_launch2(cu_ctx *c, const cu_attn_args *a, dim3 grid, int QH) {
-    if constexpr (HD >= 128) {
-        if (fa_pair_on > 0 && fa_pair_ok[HD / 32]) {
-            if (cu_tf32_passes() == 1)
-                attn_fp_kernel<HD, 1, S16><<<grid, 512, fp_smem_bytes<HD, S16>(), c->stream>>>(*a, QH);
-            else
-                attn_fp_kernel<HD, 3, S16><<<grid, 512, fp_smem_bytes<HD, S16>(), c->stream>>>(*a, QH);
-            return;
-        }
-    }
     if (cu_tf32_passes() == 1)
         attn_fh_kernel<HD, 1, S16><<<grid, 256, fh_smem_bytes<HD, S16>(), c->stream>>>(*a, QH);
     else
