@@ -375,27 +375,31 @@ __device__ __forceinline__ void dec_cluster_merge(const cu_attn_args &a, int kvh
     for (int i = rank + CS * (int)threadIdx.x; i < G * C4; i += CS * DEC_NT) {
         int g = i / C4, c4 = i % C4, d = 4 * c4, h = kvh * G + g;
         float m[DEC_CLMAX], l[DEC_CLMAX];
-        float4 x[DEC_CLMAX];
 #pragma unroll
         for (int s = 0; s < DEC_CLMAX; s++)
-            if (s < ns) {
-                m[s] = cl.map_shared_rank(Sm, s)[g];
-                l[s] = cl.map_shared_rank(Sl, s)[g];
-                x[s] = cl.map_shared_rank(Xs, s)[i];
-            }
+            if (s < ns) m[s] = cl.map_shared_rank(Sm, s)[g], l[s] = cl.map_shared_rank(Sl, s)[g];
         float M = -INFINITY, L = 0.0f;
 #pragma unroll
         for (int s = 0; s < DEC_CLMAX; s++)
             if (s < ns) M = fmaxf(M, m[s]);
         float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        /* the spans' acc 4 at a time (registers: the whole kernel holds at most what its main loop needs) */
 #pragma unroll
-        for (int s = 0; s < DEC_CLMAX; s++)
-            if (s < ns) {
-                float w = l[s] > 0.0f ? expf(m[s] - M) : 0.0f;
-                L = fmaf(l[s], w, L);
-                o.x = fmaf(x[s].x, w, o.x), o.y = fmaf(x[s].y, w, o.y);
-                o.z = fmaf(x[s].z, w, o.z), o.w = fmaf(x[s].w, w, o.w);
-            }
+        for (int s0 = 0; s0 < DEC_CLMAX; s0 += 4) {
+            float4 x[4];
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                if (s0 + k < ns) x[k] = cl.map_shared_rank(Xs, s0 + k)[i];
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                if (s0 + k < ns) {
+                    int s = s0 + k;
+                    float w = l[s] > 0.0f ? expf(m[s] - M) : 0.0f;
+                    L = fmaf(l[s], w, L);
+                    o.x = fmaf(x[k].x, w, o.x), o.y = fmaf(x[k].y, w, o.y);
+                    o.z = fmaf(x[k].z, w, o.z), o.w = fmaf(x[k].w, w, o.w);
+                }
+        }
         const float *gate = a.qkv + (size_t)r * a.ld + (size_t)h * 2 * hd + hd + d;
         float *out = a.o + (size_t)r * a.Hq * hd + (size_t)h * hd + d;
         out[0] = (o.x / L) * dev_sigmoid(gate[0]), out[1] = (o.y / L) * dev_sigmoid(gate[1]);
@@ -404,7 +408,7 @@ __device__ __forceinline__ void dec_cluster_merge(const cu_attn_args &a, int kvh
 }
 
 template <int NPL, bool FUSED, bool CL = false>
-__global__ void __launch_bounds__(DEC_NT) attn_dec_kernel(cu_attn_args a) {
+__global__ void __launch_bounds__(DEC_NT, 3) attn_dec_kernel(cu_attn_args a) {
     extern __shared__ float4 dec_sm4[];
     constexpr int hd = NPL * 32, CH = CU_ATTN_DEC_CH, KS = hd + DEC_KPAD, C4 = hd / 4;
     constexpr int TPC = DEC_NT / C4; /* P.V: threads sharing an output column, each a part of the positions */
