@@ -155,8 +155,8 @@ typedef struct cu_layer {
     uint16_t *router;                    /* [E][H] */
     uint16_t *e_gu, *e_down;             /* [E][2Im][H], [E][H][Im] */
     uint16_t *sh_gu, *sh_down, *sh_gw;   /* [2Is][H], [H][Is], [1][H]; NULL without a shared expert */
-    void *wfold; /* [E][D] router diag(post_norm) w_out (CINFER_CUDA_MOE_FOLD; bf16, or f32 with its bit 2),
-                    D = w_out's width; NULL: this layer's router is not folded */
+    void *wfold;                         /* [E][D] router diag(post_norm) w_out (CINFER_CUDA_MOE_FOLD), f32,
+                                            D = w_out's width; NULL: this layer's router is not folded */
 } cu_layer;
 
 #define MAX_GRAPHS         64
@@ -219,23 +219,22 @@ struct cuda_fwd {
     unsigned *moe_cnt;        /* [T]: the fused router's finished-block counters (zeroed, kept zeroed) */
     int moe_variant;          /* cu_moe_args.variant (CINFER_CUDA_MOE_VARIANT, measurements) */
     int moe_pf_grouped;       /* prefill experts by cu_moe_gemm* (CINFER_CUDA_MOE_PREFILL=host: off) */
-    int moe_gemm_rows;   /* with it, decode batches of at least this many rows too (CINFER_CUDA_MOE_GEMM_ROWS)
-                          */
-    int *moe_tiles;      /* [E + 1]: 64-slot tiles before each expert (cu_moe_tiles) */
-    int moe_pf;          /* CINFER_CUDA_MOE_PF's bits (moe(); where it is read says what each does) */
-    int *moe_gscr;       /* [E]: cu_moe_group_tiles' scratch */
-    int moe_fold;        /* CINFER_CUDA_MOE_FOLD's bits (1 on, 2 W' in f32, 8 chosen experts into L2) */
-    int fold_layer;      /* enqueue: this layer's out_proj makes the router's choice (moe_fold.cu) */
-    float *moe_inv;      /* [T]: 1 / rms(h') from the fold path's gate_up kernel */
-    unsigned *moe_ready; /* [T]: the fold's choice-published flags (CINFER_CUDA_MOE_FOLD bit 16) */
-    float *moe_zp;       /* the fold kernel's z parts (cu_moe_fold_scratch), with CINFER_CUDA_MOE_FOLD only */
-    size_t xb_elems;     /* bf16 elements of xb */
-    int pdl;             /* cu_set_pdl's level: CINFER_CUDA_PDL=1 2 (every decode kernel), =gemv 1, else 0 */
-    int pdl_any;    /* CINFER_CUDA_PDL_ANY=1: level 2 in every step, not only pdl_step()'s (diagnostics) */
-    int fuse;       /* norms, adds, SwiGLU in the GEMVs (enqueue; CINFER_CUDA_FUSE=0: off) */
-    int *h_moe_idx; /* pinned [S] */
-    float *h_moe_w; /* pinned [S] */
-    int *h_moe_up;  /* pinned [3S] */
+    int moe_gemm_rows; /* with it, decode batches of at least this many rows too (CINFER_CUDA_MOE_GEMM_ROWS)
+                        */
+    int *moe_tiles;    /* [E + 1]: 64-slot tiles before each expert (cu_moe_tiles) */
+    int moe_pf;        /* CINFER_CUDA_MOE_PF's bits (moe(); where it is read says what each does) */
+    int *moe_gscr;     /* [E]: cu_moe_group_tiles' scratch */
+    int moe_fold;      /* CINFER_CUDA_MOE_FOLD=1 */
+    int fold_layer;    /* enqueue: this layer's out_proj makes the router's choice (moe_fold.cu) */
+    float *moe_inv;    /* [T]: 1 / rms(h') from the fold path's gate_up kernel */
+    float *moe_zp;     /* the fold kernel's z parts (cu_moe_fold_scratch), with CINFER_CUDA_MOE_FOLD only */
+    size_t xb_elems;   /* bf16 elements of xb */
+    int pdl;           /* cu_set_pdl's level: CINFER_CUDA_PDL=1 2 (every decode kernel), =gemv 1, else 0 */
+    int pdl_any;       /* CINFER_CUDA_PDL_ANY=1: level 2 in every step, not only pdl_step()'s (diagnostics) */
+    int fuse;          /* norms, adds, SwiGLU in the GEMVs (enqueue; CINFER_CUDA_FUSE=0: off) */
+    int *h_moe_idx;    /* pinned [S] */
+    float *h_moe_w;    /* pinned [S] */
+    int *h_moe_up;     /* pinned [3S] */
     int *h_cnt, *h_off, *h_fill; /* [E + 1] each: rows per expert, their offsets, filled so far */
     int *meta;                   /* device ints */
     int *h_meta;                 /* pinned */
@@ -317,10 +316,10 @@ struct cuda_fwd {
     size_t l2pf_next; /* CINFER_CUDA_L2PF_NEXT=MB: bytes of the next GEMV's head each fused GEMV prefetches */
     int attn_round;   /* CINFER_CUDA_ATTN_ROUND (default 1): attn_split rounds nsplit up */
     int attn_dec_ns;  /* CINFER_CUDA_ATTN_DEC=2: cu_attn_args.dec_nsmax (CINFER_CUDA_ATTN_DEC_NS), else 0 */
-    int l2pf_next_rows;  /* CINFER_CUDA_L2PF_NEXT_ROWS (default 32): L2PF_NEXT only in steps of at most this
-                            many rows */
-    int step_rows;       /* the rows of the step enqueue() is building */
-    int attn_pf;         /* CINFER_CUDA_ATTN_PF (cu_set_attn_decode_pf) */
+    int l2pf_next_rows; /* CINFER_CUDA_L2PF_NEXT_ROWS (default 32): L2PF_NEXT only in steps of at most this
+                           many rows */
+    int step_rows;      /* the rows of the step enqueue() is building */
+    int attn_pf;        /* CINFER_CUDA_ATTN_PF (cu_set_attn_decode_pf) */
     unsigned long long diag_done;
 };
 
@@ -466,7 +465,7 @@ static int upload_layer(cuda_fwd *f, upload_ctx *u, cu_layer *cl, const layer_we
                 return rc;
         }
         /* CINFER_CUDA_MOE_FOLD: W' = router diag(1 + w_post) w_out, once, on the device (moe_fold.cu) */
-        int D = lw->type == LAYER_LINEAR ? m->Hv * m->dv : m->Hq * m->hd, f32 = (f->moe_fold & 2) != 0;
+        int D = lw->type == LAYER_LINEAR ? m->Hv * m->dv : m->Hq * m->hd, f32 = 1;
         if ((f->moe_fold & 1) && cu_moe_fold_supported(H, D, E, m->cfg.n_experts_per_tok)) {
             if ((rc = dev_alloc(f, &cl->wfold, (size_t)E * D * (f32 ? 4 : 2), &f->bytes_w, err, errlen)))
                 return rc;
@@ -565,7 +564,6 @@ static int alloc_scratch(cuda_fwd *f, char *err, size_t errlen) {
             (rc = dev_alloc(f, (void **)&f->moe_fa, (S * Im + T * Is) * 4, a, err, errlen)) ||
             (rc = dev_alloc(f, (void **)&f->moe_cnt, T * 4, a, err, errlen)) ||
             (rc = dev_alloc(f, (void **)&f->moe_inv, T * 4, a, err, errlen)) ||
-            (rc = dev_alloc(f, (void **)&f->moe_ready, T * 4, a, err, errlen)) ||
             (rc = dev_alloc(f, (void **)&f->moe_tiles, (E + 1) * 4, a, err, errlen)) ||
             (rc = dev_alloc(f, (void **)&f->moe_gscr, E * 4, a, err, errlen)) ||
             (rc = cu_alloc_host((void **)&f->h_moe_idx, S * 4, err, errlen)) ||
@@ -575,12 +573,10 @@ static int alloc_scratch(cuda_fwd *f, char *err, size_t errlen) {
         f->h_cnt = xcalloc(E + 1, sizeof(int));
         f->h_off = xcalloc(E + 1, sizeof(int));
         f->h_fill = xcalloc(E + 1, sizeof(int));
-        cu_fill_f32(f->cu, (float *)f->moe_ready, T, 0.0f); /* flags at 0 (the down kernel leaves them so) */
         size_t Dm = zmax(vd, (size_t)m->Hq * m->hd);
         if ((f->moe_fold & 1) &&
-            (rc = dev_alloc(f, (void **)&f->moe_zp,
-                            cu_moe_fold_scratch((int)T, (int)Dm, (int)E, (f->moe_fold & 2) != 0) * 4, a, err,
-                            errlen)))
+            (rc = dev_alloc(f, (void **)&f->moe_zp, cu_moe_fold_scratch((int)T, (int)Dm, (int)E, 1) * 4, a,
+                            err, errlen)))
             return rc;
         for (size_t i = 0; i < S; i++) f->h_moe_up[i] = (int)i;
         if ((rc = cu_upload(f->moe_ident, f->h_moe_up, S * 4, err, errlen))) return rc;
@@ -767,13 +763,15 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * 8 1,190 -> 1,219, 27B batch 1 58.9 -> 59.0; fixture parity unchanged (3.37e-4), speculation exact */
     const char *fz = getenv("CINFER_CUDA_FUSE");
     f->fuse = !(fz && !strcmp(fz, "0"));
-    /* CINFER_CUDA_MOE_FOLD (bits; default 0, off): 1 the decode MoE layers' router folded into their out_proj
-     * launch (moe_fold.cu: the choice from z = router (g h) + W' a, W' made at upload; no router launch), 2
-     * W' in f32 (else bf16), 8 the chosen experts' gate_up rows requested into L2 as soon as chosen (by the
-     * selecting block), 16 the same by each gate_up warp for its own rows, from a flag, before its PDL wait
-     */
+    /* CINFER_CUDA_MOE_FOLD=1 (default 0, off): the decode MoE layers' router folded into their out_proj
+     * launch (moe_fold.cu: the choice from z = router (g h) + W' a, W' made at upload in f32; no router
+     * launch). W' in bf16 chose another expert set than the router in 0.83% of 2048 rows at the 35B-A3B shape
+     * (all near-ties) and moved the MoE fixture's logits by 1.5e-3; in f32 0 of 2048, 4.9e-7 (H200 call 1
+     * of session 7). Gone (the same call, CINFER_CUDA_DIAG_AB in the 35B-A3B batch-1 graph): the chosen
+     * experts' gate_up rows into L2 from the selecting block (+5.3 ms a step: 32 MB a layer through L2) or
+     * from each gate_up warp on a flag before its PDL wait (+0.34 ms) */
     const char *mfo = getenv("CINFER_CUDA_MOE_FOLD");
-    f->moe_fold = mfo ? atoi(mfo) & (1 | 2 | 8 | 16) : 0;
+    f->moe_fold = mfo ? atoi(mfo) & 1 : 0;
     if (mfo) fprintf(stderr, "cinfer cuda: CINFER_CUDA_MOE_FOLD=%d\n", f->moe_fold);
     if (fz)
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_FUSE=%s: fused decode GEMVs %s\n", fz,
@@ -1252,14 +1250,11 @@ static void out_proj(cuda_fwd *f, const cu_layer *cl, int T, int K, int fz) {
         const model *m = f->m;
         cu_moe_fold_args a = {0};
         a.T = T, a.H = m->H, a.D = K, a.E = m->cfg.n_experts, a.k = m->cfg.n_experts_per_tok;
-        a.Im = m->cfg.moe_intermediate_size, a.KS = cu_gemv3_splits(m->H, K),
-        a.wf_f32 = (f->moe_fold & 2) != 0;
-        a.variant = f->moe_fold & 8;
+        a.Im = m->cfg.moe_intermediate_size, a.KS = cu_gemv3_splits(m->H, K), a.wf_f32 = 1;
         a.x = f->x, a.a = f->act, a.w_o = cl->w_out, a.router = cl->router, a.g = cl->post_norm,
         a.wf = cl->wfold;
         a.y = f->xn, a.z = f->moe_logits, a.zpart = f->moe_zp, a.idx = f->moe_idx, a.zsel = f->moe_w,
         a.count = f->moe_cnt;
-        a.e_gu = cl->e_gu, a.ready = (f->moe_fold & 16) ? f->moe_ready : NULL;
         if ((f->moe_variant & 8192) && cl->sh_gu) {
             size_t Is = (size_t)m->cfg.shared_expert_intermediate_size;
             a.pf0 = cl->sh_gu, a.pf0_bytes = 2 * Is * m->H * 2, a.pf1 = cl->sh_down,
@@ -1429,8 +1424,7 @@ static int moe(cuda_fwd *f, const cu_layer *cl, const run_shape *rs, int device_
         *added = into_x;
         if (norm_w) a.x = f->x, a.norm_w = norm_w, a.eps = (float)m->cfg.rms_norm_eps, a.xn = f->xn;
         /* fold: out_proj chose (moe_fold.cu); xn holds h', the down kernel writes x = h' + the block */
-        if (f->fold_layer && norm_w && into_x)
-            a.fold = 1, a.inv = f->moe_inv, a.ready = (f->moe_fold & 16) ? f->moe_ready : NULL;
+        if (f->fold_layer && norm_w && into_x) a.fold = 1, a.inv = f->moe_inv;
         /* CINFER_CUDA_DIAG_AB's classes: the router (DG_ROUTE), gate_up (DG_GU), down (DG_DOWN) */
         int nr = diag_n(f, DG_ROUTE), ng = diag_n(f, DG_GU), nd = diag_n(f, DG_DOWN);
         mark(f, CP_MOE_ROUTE);
@@ -1677,8 +1671,7 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
         int skip, dup, nopdl, apf; /* apf: CINFER_CUDA_ATTN_PF (-1: 0) */
         const char *g3;            /* "u_small,var_small,u_big,var_big" for cu_set_gemv3_one, or NULL */
         int l2n;                   /* CINFER_CUDA_L2PF_NEXT MB (-1: 0) */
-        int mfold;      /* CINFER_CUDA_MOE_FOLD: 1 the fold off, 2 its bit 8 toggled, 3 its bit 16 toggled; 4:
-                           CINFER_CUDA_MOE_VARIANT's bit 16 toggled */
+        int mfold; /* 1: CINFER_CUDA_MOE_FOLD off; 4: CINFER_CUDA_MOE_VARIANT's bit 16 toggled */
     } v[] = {
         {"base", 0, 0, 0},
         {"g3 big u2", 0, 0, 0, 0, "0,-1,2,-1"},
@@ -1718,8 +1711,6 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
         {"dup lm_head", 0, DG_LM, 0},
         {"dup moe router", 0, DG_ROUTE, 0},
         {"moe fold off", 0, 0, 0, 0, NULL, 0, 1},
-        {"moe fold pf8 toggled", 0, 0, 0, 0, NULL, 0, 2},
-        {"moe fold pf16 toggled", 0, 0, 0, 0, NULL, 0, 3},
         {"moe variant 16 toggled", 0, 0, 0, 0, NULL, 0, 4},
         {"base again", 0, 0, 0},
     };
@@ -1737,8 +1728,6 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
         if (v[i].apf) cu_set_attn_decode_pf(v[i].apf > 0 ? v[i].apf : 0);
         int mfold = f->moe_fold;
         if (v[i].mfold == 1) f->moe_fold = 0;
-        if (v[i].mfold == 2) f->moe_fold ^= 8;
-        if (v[i].mfold == 3) f->moe_fold ^= 16;
         int mvar = f->moe_variant;
         if (v[i].mfold == 4) f->moe_variant ^= 16;
         int g3[4] = {0, -1, 0, -1};

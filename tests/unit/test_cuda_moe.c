@@ -472,9 +472,7 @@ static int run_fold(cu_ctx *c, const moe_case *mc, const moe_w *w, const fold_in
     unsigned *cnt = dev((size_t)T * 4);
     float *xo = dev((size_t)T * H * 4), *act = dev((size_t)T * A * 4), *shg = dev((size_t)T * 4);
     float *inv = dev((size_t)T * 4), *out = dev((size_t)T * H * 4);
-    unsigned *ready = dev((size_t)T * 4);
     float *zp = dev(cu_moe_fold_scratch(T, in->D, E, in->wf32) * 4);
-    cu_fill_f32(c, (float *)ready, (size_t)T, 0.0f);
     cu_fill_f32(c, y, (size_t)T * H, NAN), cu_fill_f32(c, z, (size_t)T * E, NAN);
     cu_fill_f32(c, zsel, (size_t)T * k, NAN), cu_fill_f32(c, (float *)idx, (size_t)T * k, NAN);
     cu_fill_f32(c, (float *)cnt, (size_t)T, 0.0f), cu_fill_f32(c, act, (size_t)T * A, NAN);
@@ -483,10 +481,9 @@ static int run_fold(cu_ctx *c, const moe_case *mc, const moe_w *w, const fold_in
     cu_d2d_async(c, xo, in->d_h, (size_t)T * H * 4);
     cu_moe_fold_args f = {0};
     f.T = T, f.H = H, f.D = in->D, f.E = E, f.k = k, f.Im = mc->Im, f.KS = cu_gemv3_splits(H, in->D);
-    f.wf_f32 = in->wf32, f.variant = variant & 8;
+    f.wf_f32 = in->wf32;
     f.x = in->d_h, f.a = in->d_a, f.w_o = in->d_wo, f.router = w->d_router, f.g = in->d_g, f.wf = in->d_wf;
-    f.y = y, f.z = z, f.zpart = zp, f.idx = idx, f.zsel = zsel, f.count = cnt, f.e_gu = w->d_gu;
-    f.ready = (variant & 16) ? ready : NULL;
+    f.y = y, f.z = z, f.zpart = zp, f.idx = idx, f.zsel = zsel, f.count = cnt;
     if (variant & 8192) f.pf0 = w->d_sgu, f.pf0_bytes = (size_t)2 * mc->Is * H * 2;
     cu_moe_fold_outproj(c, &f);
     if (moe) {
@@ -496,7 +493,6 @@ static int run_fold(cu_ctx *c, const moe_case *mc, const moe_w *w, const fold_in
         a.sh_gu = w->d_sgu, a.sh_down = w->d_sdown, a.sh_gw = w->d_sgw;
         a.logits = z, a.idx = idx, a.w = zsel, a.count = cnt, a.act = act, a.shg = shg, a.out = out;
         a.resid = xo, a.x = in->d_h, a.norm_w = in->d_g, a.eps = 1e-6f, a.xn = y, a.fold = 1, a.inv = inv;
-        a.ready = f.ready;
         cu_moe_fused(c, &a);
     }
     int rc = cu_sync(c, err, sizeof err);
@@ -512,14 +508,8 @@ static int run_fold(cu_ctx *c, const moe_case *mc, const moe_w *w, const fold_in
         CHECK_MSG(!bad, "fold %s: %d elements of out written (the residual form leaves it)", mc->name, bad);
         free(ho);
     }
-    if (moe) { /* the down kernel leaves the flags at 0 */
-        unsigned *hr = get(ready, (size_t)T * 4);
-        for (int r = 0; r < T; r++) CHECK_MSG(hr[r] == 0, "fold ready flag of row %d left at %u", r, hr[r]);
-        free(hr);
-    }
     free(hc);
-    cu_free(ready), cu_free(zp), cu_free(y), cu_free(z), cu_free(zsel), cu_free(idx), cu_free(cnt),
-        cu_free(xo), cu_free(act);
+    cu_free(zp), cu_free(y), cu_free(z), cu_free(zsel), cu_free(idx), cu_free(cnt), cu_free(xo), cu_free(act);
     cu_free(shg), cu_free(inv), cu_free(out);
     return rc;
 }
@@ -640,9 +630,10 @@ static void fold_case_run(const moe_case *mc, int D, int wf_lo, int wf_hi, int n
                 mr[i] = (yr[(size_t)r * H + i] + ref.out[(size_t)r * H + i]) - yr[(size_t)r * H + i];
             if (r == 0 || r == T - 1) {
                 snprintf(what, sizeof what, "%s row %d MoE output vs today's", mc->name, r);
-                check_rel(what, mo, mr, (size_t)H, 1e-4);
+                check_rel(what, mo, mr, (size_t)H, wf32 ? 1e-4 : 2e-3);
             } else {
-                CHECK_MSG(rel(mo, mr, (size_t)H) <= 1e-4, "%s row %d: MoE output off today's", mc->name, r);
+                CHECK_MSG(rel(mo, mr, (size_t)H) <= (wf32 ? 1e-4 : 2e-3), "%s row %d: MoE output off today's",
+                          mc->name, r);
             }
             free(mo), free(mr);
         }
@@ -662,7 +653,7 @@ static void fold_case_run(const moe_case *mc, int D, int wf_lo, int wf_hi, int n
             CHECK_MSG(same, "%s: fold, the first %d rows differ from the same rows among 8", mc->name, t);
             free_fold(&o);
         }
-        static const int vars[4] = {4, 8, 16 | 4, 8192 | 16 | 8 | 4}; /* fold bits; 16 also the down form */
+        static const int vars[4] = {4, 16, 16 | 4, 8192 | 16 | 4}; /* cu_moe_args.variant */
         for (int q = 0; q < 4; q++) {
             fold_out o;
             if (run_fold(c, mc, &w, &in, T, vars[q], 1, &o)) continue;
@@ -852,8 +843,8 @@ TEST(cuda_moe_fused_model_matches_unfused) {
 }
 
 /* The MoE fixture through the whole cuda forward with the router folded into out_proj
- * (CINFER_CUDA_MOE_FOLD=1, and =3: W' in f32; =9: the chosen experts into L2) against it off: the logits
- * within 1e-3 (f32 rounding of the router's weights and the norm; a different choice would show far above);
+ * (CINFER_CUDA_MOE_FOLD=1, W' in f32) against it off: the logits within 1e-5 (f32 rounding of the router's
+ * weights and the norm; a different choice would show far above; W' in bf16 measured 1.5e-3 here);
  * graphs against eager launches bit for bit; a sequence alone against the same sequence among 3 bit for bit
  */
 TEST(cuda_moe_fold_model) {
@@ -869,14 +860,14 @@ TEST(cuda_moe_fold_model) {
     float *ref = malloc(n * 4), *got = malloc(n * 4), *eag = malloc(n * 4), *one = malloc((size_t)11 * V * 4);
     char *of = env_swap("CINFER_CUDA_MOE_FOLD", "0");
     int rc = model_steps(m, V, 3, NULL, NULL, NULL, NULL, ref);
-    static const char *const folds[4] = {"1", "3", "9", "17"};
-    for (int q = 0; q < 4 && !rc; q++) {
+    static const char *const folds[1] = {"1"};
+    for (int q = 0; q < 1 && !rc; q++) {
         setenv("CINFER_CUDA_MOE_FOLD", folds[q], 1);
         if (model_steps(m, V, 3, NULL, NULL, NULL, NULL, got)) break;
         double r = rel(got, ref, n);
         printf("     qwen35_moe 3 x (2 + 10 steps): CINFER_CUDA_MOE_FOLD=%s vs 0 ||d||/||ref|| = %.2e\n",
                folds[q], r);
-        CHECK_MSG(r <= 1e-3, "fold %s: the forward differs from the router's by %.3g", folds[q], r);
+        CHECK_MSG(r <= 1e-5, "fold %s: the forward differs from the router's by %.3g", folds[q], r);
         if (q) continue;
         if (!model_steps(m, V, 3, NULL, NULL, "0", NULL, eag))
             CHECK_MSG(!memcmp(eag, got, n * sizeof(float)), "fold: CUDA graphs differ from eager launches");

@@ -518,10 +518,7 @@ typedef struct cu_moe_args {
        w the chosen z (ascending expert order), logits all E z when !norm; the down kernel makes the weights
        softmax(inv z) and writes resid = xn + the block's output (resid required) */
     int fold;
-    float *inv;      /* [T] 1 / rms(h') (fold) */
-    unsigned *ready; /* fold, NULL or [T] flags cu_moe_fold_outproj sets once a row's choice is out: the
-                        gate_up kernel's warps then request their rows into L2 before their PDL wait; the down
-                        kernel clears them */
+    float *inv; /* [T] 1 / rms(h') (fold) */
 } cu_moe_args;
 /* 1 when the fused kernels serve this shape: H, Im, Is multiples of 8, Im <= 1024, E <= 1024, k <= 32 */
 int cu_moe_fused_supported(int H, int E, int k, int Im, int Is);
@@ -538,7 +535,6 @@ typedef struct cu_moe_fold_args {
     int T, H, D, E, k, Im;  /* rows, hidden, out_proj width, experts, top-k, expert width */
     int KS;                 /* out_proj's K-splits (1 or 2: cu_gemv3_splits(H, D)) */
     int wf_f32;             /* wf is f32 (else bf16) */
-    int variant;            /* 4: PDL (as cu_launch_gemv); 8: the chosen experts' gate_up rows into L2 */
     const float *x;         /* [T][H] the residual h */
     const float *a;         /* [T][D] out_proj's input */
     const uint16_t *w_o;    /* [H][D] bf16 */
@@ -551,10 +547,8 @@ typedef struct cu_moe_fold_args {
     int *idx;               /* [T][k] chosen experts, ascending */
     float *zsel;            /* [T][k] their z */
     unsigned *count;        /* [T] zeroed once; every launch leaves it zeroed */
-    const uint16_t *e_gu;   /* [E][2Im][H] (variant 8) */
     const void *pf0, *pf1;  /* NULL, or bytes into L2 from the z blocks (the shared expert's weights) */
     size_t pf0_bytes, pf1_bytes;
-    unsigned *ready; /* NULL, or [T]: set to 1 once a row's choice is written (cu_moe_args.ready) */
 } cu_moe_fold_args;
 int cu_moe_fold_supported(int H, int D, int E, int k);
 size_t cu_moe_fold_scratch(int T, int D, int E, int wf32); /* floats of cu_moe_fold_args.zpart */

@@ -158,12 +158,12 @@ __device__ __forceinline__ void fo_rows(float (&acc)[NR][MR], const uint16_t *co
  * and selects the k largest (ties to the lower expert, the CPU's stable selection) in warp m for row m: idx
  * in ascending expert order, zsel their z. Blocks >= ZB: out_proj, 8 / KS rows a block, KS warps a row. */
 template <int MR, bool WF32, int EW, int NR = fo_nr(MR)>
-__global__ void __launch_bounds__(FO_WARPS * 32)
+__global__ void __launch_bounds__(FO_WARPS * 32, MR == 1 ? 4 : 1) /* one row: 64 registers, 4 blocks an SM */
     fo_kernel(const float *__restrict__ x, const float *__restrict__ a, const uint16_t *__restrict__ w_o,
               const uint16_t *__restrict__ router, const float *__restrict__ g, const void *__restrict__ wf,
               float *__restrict__ y, float *z, float *zpart, int *idx, float *zsel, unsigned *count, int H,
-              int D, int E, int k, int KS, int ZB, int P, int PC, const uint16_t *e_gu, size_t e_gu_bytes,
-              const void *pf0, size_t pf0_bytes, const void *pf1, size_t pf1_bytes, unsigned *ready) {
+              int D, int E, int k, int KS, int ZB, int P, int PC, const void *pf0, size_t pf0_bytes,
+              const void *pf1, size_t pf1_bytes) {
     __shared__ float red[FO_WARPS][NR * MR];
     __shared__ int last;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -297,19 +297,6 @@ __global__ void __launch_bounds__(FO_WARPS * 32)
         if (lane < k) {
             idx[(r0 + m) * k + rank] = my_e;
             zsel[(r0 + m) * k + rank] = my_z;
-            /* the chosen experts' gate_up rows into L2 while out_proj still streams (FOLD bit 8) */
-            if (e_gu && m == 0 && blockIdx.y == 0)
-                l2_prefetch_part(reinterpret_cast<const char *>(e_gu) + (size_t)my_e * e_gu_bytes, e_gu_bytes,
-                                 0, 1);
-        }
-        /* FOLD bit 16: the row's choice is out; the gate_up kernel's blocks, resident before this kernel
-         * completes, may request their rows (a hint only: they compute after their PDL wait) */
-        if (ready) {
-            __syncwarp();
-            if (lane == 0) {
-                __threadfence();
-                atomicExch(ready + r0 + m, 1u);
-            }
         }
     }
 }
@@ -376,19 +363,17 @@ static void fo_launch(cu_ctx *c, const cu_moe_fold_args *f, size_t r0, int tiles
     constexpr int NR = fo_nr(MR); /* fo_kernel's out_proj rows a warp */
     int RG = FO_WARPS / f->KS, ZB = (int)cdiv((size_t)f->E * (1 + P), FO_WARPS);
     dim3 grid((unsigned)ZB + cdiv((size_t)f->H, (size_t)RG * NR), (unsigned)tiles);
-    size_t eb = (size_t)2 * f->Im * f->H * 2;
     cu_launch_gemv(c, fo_kernel<MR, WF32, EW>, grid, dim3(FO_WARPS * 32), f->x + r0 * f->H, f->a + r0 * f->D,
                    f->w_o, f->router, f->g, f->wf, f->y + r0 * f->H, f->z + r0 * f->E,
                    f->zpart + r0 * (1 + P) * f->E, f->idx, f->zsel, f->count + r0, f->H, f->D, f->E, f->k,
-                   f->KS, ZB, P, PC, (f->variant & 8) ? f->e_gu : (const uint16_t *)NULL, eb, f->pf0,
-                   f->pf0_bytes, f->pf1, f->pf1_bytes, f->ready);
+                   f->KS, ZB, P, PC, f->pf0, f->pf0_bytes, f->pf1, f->pf1_bytes);
     (void)r0;
 }
 
 /* idx / zsel rows are indexed from the start of the launch's first tile: shift them per call */
 template <int MR, bool WF32> static void fo_ew(cu_ctx *c, const cu_moe_fold_args *f, size_t r0, int tiles) {
     cu_moe_fold_args s = *f;
-    s.idx = f->idx + r0 * f->k, s.zsel = f->zsel + r0 * f->k, s.ready = f->ready ? f->ready + r0 : NULL;
+    s.idx = f->idx + r0 * f->k, s.zsel = f->zsel + r0 * f->k;
     if (f->E <= 256)
         fo_launch<MR, WF32, 8>(c, &s, r0, tiles);
     else

@@ -85,7 +85,7 @@ __device__ __forceinline__ void dot_rows_norm(float (&acc)[R], float &ss, const 
             if (k < K) {
                 const float4 *xp = reinterpret_cast<const float4 *>(x + k);
                 const float4 *gp = reinterpret_cast<const float4 *>(g + k);
-                float4 a = __ldcg(xp), b = __ldcg(xp + 1), ga = __ldg(gp), gb = __ldg(gp + 1);
+                float4 a = xp[0], b = xp[1], ga = __ldg(gp), gb = __ldg(gp + 1); /* x as fma8 reads it */
                 const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
                 const float gv[8] = {ga.x, ga.y, ga.z, ga.w, gb.x, gb.y, gb.z, gb.w};
                 float xg[8];
@@ -315,30 +315,13 @@ __global__ void __launch_bounds__(NORM ? 256 : RT_WARPS * 32)
  * act[r][k Im + n]; then one warp for the shared expert's gate logit -> shg[r]. NB: chunks per row requested
  * at once (2: 40 registers, six blocks per SM, so the 577 blocks of a 35B-A3B row are one wave). */
 template <int NB, bool FOLD>
-__global__ void __launch_bounds__(MF_WARPS * 32)
+__global__ void __launch_bounds__(MF_WARPS * 32, 6)
     mf_gate_up_kernel(const float *__restrict__ x, const uint16_t *__restrict__ e_gu,
                       const int *__restrict__ idx, const uint16_t *__restrict__ sh_gu,
                       const uint16_t *__restrict__ sh_gw, float *act, float *shg, int H, int k, int Im,
-                      int Is, const float *__restrict__ nw, float eps, float *inv, const unsigned *ready) {
+                      int Is, const float *__restrict__ nw, float eps, float *inv) {
     const int r = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int wg = blockIdx.x * MF_WARPS + warp, A = k * Im + Is;
-    /* fold with ready: once the fold kernel's selection has published this row's choice (it runs before
-     * that kernel completes), this warp's expert rows are requested into L2 before the PDL wait; a bounded
-     * wait, a hint only (the rows are read again after the wait) */
-    if (FOLD && ready && wg < k * Im && lane == 0) {
-        unsigned v = 0;
-        for (int n = 0; n < 2048; n++) {
-            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(ready + r) : "memory");
-            if (v) break;
-            __nanosleep(100);
-        }
-        if (v) {
-            int j = wg / Im, n = wg - j * Im, e = __ldcg(idx + (size_t)r * k + j);
-            const uint16_t *gr = e_gu + ((size_t)e * 2 * Im + n) * H;
-            mf_l2_prefetch(gr, (unsigned)H * 2);
-            mf_l2_prefetch(gr + (size_t)Im * H, (unsigned)H * 2);
-        }
-    }
     griddep_wait(); /* the router's choices */
     griddep_launch();
     const float *xr = x + (size_t)r * H;
@@ -416,8 +399,7 @@ __global__ void __launch_bounds__(MF_WARPS * 32)
                    const int *__restrict__ idx, const float *__restrict__ wt,
                    const uint16_t *__restrict__ sh_down, const float *__restrict__ shg, float *out,
                    float *resid, int H, int k, int Im, int Is, const float *__restrict__ zall,
-                   const float *__restrict__ inv, const float *__restrict__ base, int E, int norm,
-                   unsigned *ready) {
+                   const float *__restrict__ inv, const float *__restrict__ base, int E, int norm) {
     const int r = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int h = blockIdx.x * MF_WARPS + warp, A = k * Im + Is;
     if (h >= H) {
@@ -451,8 +433,6 @@ __global__ void __launch_bounds__(MF_WARPS * 32)
         if (j0 == 0) {
             griddep_wait(); /* act */
             griddep_launch();
-            if (FOLD && ready && blockIdx.x == 0 && threadIdx.x == 0)
-                ready[r] = 0u; /* every gate_up warp has read it (complete: the wait above) */
             if (FOLD) my_w = mf_fold_weight(my_w, lane, k, norm, zall + (size_t)r * E, E, __ldcg(inv + r));
         }
         fma_rows<G, KC>(y, u, xa, Im, lane);
@@ -488,13 +468,12 @@ __global__ void __launch_bounds__(MF_WARPS * 32)
  * dot product is the same warp sum, and warp 0 joins them from shared memory in mf_down_kernel's order
  * (acc += v_j w_j in ascending j, then + sigmoid(shg) v_shared): the same bits. */
 template <int KC, bool FOLD>
-__global__ void __launch_bounds__(MF_WARPS * 32)
+__global__ void __launch_bounds__(MF_WARPS * 32, 4)
     mf_down2_kernel(const float *__restrict__ act, const uint16_t *__restrict__ e_down,
                     const int *__restrict__ idx, const float *__restrict__ wt,
                     const uint16_t *__restrict__ sh_down, const float *__restrict__ shg, float *out,
                     float *resid, int H, int k, int Im, int Is, const float *__restrict__ zall,
-                    const float *__restrict__ inv, const float *__restrict__ base, int E, int norm,
-                    unsigned *ready) {
+                    const float *__restrict__ inv, const float *__restrict__ base, int E, int norm) {
     constexpr int G = MF_GROUP, OB = MF_WARPS / 2;
     __shared__ float vals[OB][2 * G + 1];
     const int r = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -523,8 +502,6 @@ __global__ void __launch_bounds__(MF_WARPS * 32)
     if (live && shr) load_rows<1, KC>(us, w1, Is, lane);
     griddep_wait(); /* act */
     griddep_launch();
-    if (FOLD && ready && blockIdx.x == 0 && threadIdx.x == 0)
-        ready[r] = 0u; /* every gate_up warp has read it (complete: the wait above) */
     if (FOLD) my_w = mf_fold_weight(my_w, lane, k, norm, zall + (size_t)r * E, E, __ldcg(inv + r));
     if (live && j0 < k) {
         fma_rows<G, KC>(y, u, xa, Im, lane);
@@ -607,7 +584,7 @@ extern "C" void cu_moe_fused_gate_up(cu_ctx *c, const cu_moe_args *a) {
      * in one wave (session 4: 4 chunks, four blocks per SM, 14.1 vs 10.9 us) */
     cu_launch_pdl(c, pdl, a->fold ? mf_gate_up_kernel<2, true> : mf_gate_up_kernel<2, false>, grid, block, x,
                   a->e_gu, a->idx, a->sh_gu, a->sh_gw, a->act, a->shg, a->H, a->k, a->Im, Is, a->norm_w,
-                  a->eps, a->inv, (const unsigned *)a->ready);
+                  a->eps, a->inv);
 }
 
 extern "C" void cu_moe_fused_down(cu_ctx *c, const cu_moe_args *a) {
@@ -619,7 +596,7 @@ extern "C" void cu_moe_fused_down(cu_ctx *c, const cu_moe_args *a) {
      * Variant 16 (k <= 2 MF_GROUP): two warps per output (mf_down2_kernel), the same bits. */
     typedef void (*down_fn)(const float *, const uint16_t *, const int *, const float *, const uint16_t *,
                             const float *, float *, float *, int, int, int, int, const float *, const float *,
-                            const float *, int, int, unsigned *);
+                            const float *, int, int);
     int two = (a->variant & 16) && a->k <= 2 * MF_GROUP, k4 = a->Im > 512;
     down_fn kern;
     if (two)
@@ -631,7 +608,7 @@ extern "C" void cu_moe_fused_down(cu_ctx *c, const cu_moe_args *a) {
     dim3 grid(cdiv((size_t)a->H, two ? MF_WARPS / 2 : MF_WARPS), (unsigned)a->T), block(MF_WARPS * 32);
     cu_launch_pdl(c, (a->variant & 4) != 0, kern, grid, block, a->act, a->e_down, a->idx, a->w, sh_down,
                   a->shg, a->out, a->resid, a->H, a->k, a->Im, Is, (const float *)a->logits,
-                  (const float *)a->inv, (const float *)a->xn, a->E, a->norm, a->ready);
+                  (const float *)a->inv, (const float *)a->xn, a->E, a->norm);
 }
 
 extern "C" void cu_moe_fused(cu_ctx *c, const cu_moe_args *a) {
