@@ -18,13 +18,17 @@
  * the tiles that cross its diagonal. Blocks run longest tile first. With key splits (cu_attn_split) a block
  * runs one span of keys of a tile. */
 #include <cuda_fp16.h>
+#include <stdlib.h>
+#include <string.h>
 
+#include "backend/cuda/bulk.cuh"
 #include "backend/cuda/common.cuh"
 
 #define FA_ROWS  128 /* (head, position) rows per block: 8 warps x 16 */
 #define FA_BN    32  /* keys per tile */
 #define FA_KVB   16  /* = KV_BLOCK */
 #define FA_MAXQH 8
+#define FB_VLD   24 /* bulk tiles: halves per V row (16 keys + 8: rows in distinct banks) */
 
 /* 16 bytes global -> shared, bypassing L1; n = 0 fills zeros (rows past the last position: never NaN) */
 __device__ __forceinline__ void fa_cp16(float *dst, const float *src, int n) {
@@ -170,10 +174,97 @@ __device__ __forceinline__ void fh_load_v16(__half *Vh, const cu_attn_args &a, c
  * apart), V [FA_BN][HD + 4] f32 (rows 2t and 2t + 1 of a fragment 4 words apart); or (S16) K hi | lo
  * [FA_BN][HD + 8], V hi | lo [HD][FA_BN + 8] fp16 (rows 20 words apart: a fragment's 8 dims x 4 key pairs in
  * distinct banks) */
-template <int HD, bool S16> constexpr size_t fh_smem_bytes() {
+template <int HD, bool S16, bool BK = false> constexpr size_t fh_smem_bytes() {
     return (size_t)2 * FA_ROWS * (HD + 8) * 2 +
-           (S16 ? (size_t)2 * FA_BN * (HD + 8) * 2 + (size_t)2 * HD * (FA_BN + 8) * 2
-                : (size_t)FA_BN * (HD + 8) * 4 + (size_t)FA_BN * (HD + 4) * 4);
+           (BK    ? (size_t)2 * FA_BN * (HD + 8) * 2 + (size_t)2 * HD * FB_VLD * 2 * 2 + 16
+            : S16 ? (size_t)2 * FA_BN * (HD + 8) * 2 + (size_t)2 * HD * (FA_BN + 8) * 2
+                  : (size_t)FA_BN * (HD + 8) * 4 + (size_t)FA_BN * (HD + 4) * 4);
+}
+
+/* ---- K and V tiles by bulk copies (CINFER_CUDA_ATTN_BULK=1, hd 128 / 256) ----
+ * The H200 (session 7, call 1: ncu of one 4B layer at 4096 rows) showed the tiles' loads costing ~4,100
+ * 16-byte cp.async per 32-key tile (K and V hi + lo), issued by every thread at the tile's two barriers. Here
+ * the pre-pass (attn_kvb_kernel) writes each pool block's halves as the image the tile wants in shared
+ * memory, per (block, KV head): K hi, K lo [16][hd + 8], V hi, V lo [hd][FB_VLD] (keys innermost, 16 of
+ * FB_VLD used), so a tile is 2 to 4 bulk copies per block of 16 keys (bulk.cuh), issued by one thread,
+ * awaited on an mbarrier. V in shared memory is [hi | lo][block of the tile][hd][FB_VLD]: P V's k-step j
+ * reads block j (rows 48 bytes apart: the 8 rows of an ldmatrix matrix in distinct banks). The same halves in
+ * the same fragments: the same bits as kv16. Keys past the tile's last one: V zeroed after the copies (P is 0
+ * there, but 0 x NaN is not), K left as it is (those scores are masked). */
+template <int HD> __host__ __device__ constexpr int fb_img_halves() { /* one (block, KV head) image */
+    return 2 * FA_KVB * (HD + 8) + 2 * HD * FB_VLD;
+}
+
+__global__ void attn_kvb_kernel(cu_attn_args a) {
+    const int e = blockIdx.y, bi = blockIdx.x, L = a.meta.e_len[e] + a.meta.e_n[e];
+    if (bi * FA_KVB >= L) return;
+    const int b = a.meta.blocks[a.meta.e_boff[e] + bi], hd = a.hd, W = a.Hkv * hd, LK = hd + 8;
+    const int KH = FA_KVB * LK, VH = hd * FB_VLD, IMG = 2 * KH + 2 * VH;
+    __half *base = reinterpret_cast<__half *>(a.kv16);
+    const float *kp = a.kpool + ((size_t)a.full * a.n_blocks + b) * FA_KVB * W,
+                *vp = a.vpool + ((size_t)a.full * a.n_blocks + b) * FA_KVB * W;
+    for (int i = threadIdx.x; i < W; i += blockDim.x) {
+        const int kvh = i / hd, d = i % hd;
+        __half *img = base + ((size_t)b * a.Hkv + kvh) * IMG;
+        __align__(16) __half vhi[FA_KVB];
+        __align__(16) __half vlo[FA_KVB];
+#pragma unroll
+        for (int j = 0; j < FA_KVB; j++) {
+            float x = kp[(size_t)j * W + i], y = vp[(size_t)j * W + i];
+            __half h = __float2half_rn(x), hv = __float2half_rn(y);
+            img[j * LK + d] = h;
+            img[KH + j * LK + d] = __float2half_rn(x - __half2float(h));
+            vhi[j] = hv, vlo[j] = __float2half_rn(y - __half2float(hv));
+        }
+        uint4 *dh = reinterpret_cast<uint4 *>(img + 2 * KH + d * FB_VLD),
+              *dl = reinterpret_cast<uint4 *>(img + 2 * KH + VH + d * FB_VLD);
+        dh[0] = *reinterpret_cast<uint4 *>(vhi), dh[1] = *reinterpret_cast<uint4 *>(vhi + 8);
+        dl[0] = *reinterpret_cast<uint4 *>(vlo), dl[1] = *reinterpret_cast<uint4 *>(vlo + 8);
+    }
+}
+
+/* K hi, lo of the tile's blocks (one thread): rows 0-15 from block c0 / 16, rows 16-31 from the next one
+ * unless the tile ends before it */
+template <int HD>
+__device__ __forceinline__ void fb_load_k(__half *K16, const cu_attn_args &a, const int *blocks, int kvh,
+                                          int c0, int khi, uint64_t *bar) {
+    constexpr int LK = HD + 8, KH = FA_KVB * LK;
+    const int nb = c0 + FA_KVB <= khi ? 2 : 1;
+    const __half *base = reinterpret_cast<const __half *>(a.kv16);
+    bk_fence();
+    bk_expect(bar, (unsigned)(2 * nb * KH * 2));
+    for (int j = 0; j < nb; j++) {
+        const __half *img = base + ((size_t)blocks[c0 / FA_KVB + j] * a.Hkv + kvh) * fb_img_halves<HD>();
+        bk_copy(K16 + j * KH, img, KH * 2u, bar);
+        bk_copy(K16 + FA_BN * LK + j * KH, img + KH, KH * 2u, bar);
+    }
+}
+
+/* V hi, lo of the tile's blocks (one thread) */
+template <int HD>
+__device__ __forceinline__ void fb_load_v(__half *V16, const cu_attn_args &a, const int *blocks, int kvh,
+                                          int c0, int khi, uint64_t *bar) {
+    constexpr int KH = FA_KVB * (HD + 8), VH = HD * FB_VLD;
+    const int nb = c0 + FA_KVB <= khi ? 2 : 1;
+    const __half *base = reinterpret_cast<const __half *>(a.kv16);
+    bk_fence();
+    bk_expect(bar, (unsigned)(2 * nb * VH * 2));
+    for (int j = 0; j < nb; j++) {
+        const __half *img =
+            base + ((size_t)blocks[c0 / FA_KVB + j] * a.Hkv + kvh) * fb_img_halves<HD>() + 2 * KH;
+        bk_copy(V16 + j * VH, img, VH * 2u, bar);
+        bk_copy(V16 + 2 * VH + j * VH, img + VH, VH * 2u, bar);
+    }
+}
+
+/* the tile's V past key khi (its last tile only): zeros */
+template <int HD> __device__ __forceinline__ void fb_zero_v(__half *V16, int c0, int khi) {
+    constexpr int VH = HD * FB_VLD;
+    for (int i = threadIdx.x; i < 2 * 2 * HD * FA_KVB; i += blockDim.x) {
+        int k = i % FA_KVB, r = i / FA_KVB, j = (r / HD) % 2;
+        if (c0 + j * FA_KVB + k > khi)
+            V16[(r / HD / 2) * 2 * VH + j * VH + (r % HD) * FB_VLD + k] = __float2half(0.0f);
+    }
 }
 
 /* four 8x8 b16 matrices from shared memory: lane l gives row l % 8 of matrix l / 8; r[j] holds for lane
@@ -188,7 +279,7 @@ __device__ __forceinline__ void fh_ldsm4(uint32_t (&r)[4], const __half *p) {
 /* S16: false K and V f32, split by each warp; true split once (cu_attn_args.kv16), the fragments by ldmatrix
  * (4 an instruction). (Session 5's third form, the split halves by 32-bit loads, measured slower: removed.)
  */
-template <int HD, int P, bool S16>
+template <int HD, int P, bool S16, bool BK = false>
 __global__ void __launch_bounds__(256, HD >= 128 ? 1 : 2) attn_fh_kernel(cu_attn_args a, int QH) {
     extern __shared__ __align__(16) float fsm[];
     constexpr int LDQ = HD + 8, LDK = HD + 8, LDV = HD + 4, NBT = FA_BN / 8;
@@ -212,12 +303,25 @@ __global__ void __launch_bounds__(256, HD >= 128 ? 1 : 2) attn_fh_kernel(cu_attn
     float *Ks = reinterpret_cast<float *>(Ql + FA_ROWS * LDQ), *Vs = Ks + FA_BN * LDK;
     constexpr int LK16 = HD + 8, LV16 = FA_BN + 8; /* S16: halves per K row, per V (dim) row */
     __half *K16 = Ql + FA_ROWS * LDQ, *V16 = K16 + 2 * FA_BN * LK16;
+    /* BK: V [2][2][HD][FB_VLD], then the K and V barriers */
+    uint64_t *bar = reinterpret_cast<uint64_t *>(V16 + 2 * 2 * HD * FB_VLD);
+    unsigned par_k = 0, par_v = 0;
 
-    if constexpr (S16)
-        fh_load_k16<HD>(K16, a, blocks, kvh, klo, khi);
-    else
-        fh_load_kv<HD, LDK>(Ks, a.kpool, a, blocks, kvh, klo, khi);
-    fa_commit();
+    if constexpr (BK) {
+        if (tid == 0) {
+            bk_init(bar);
+            bk_init(bar + 1);
+            bk_init_fence();
+        }
+        __syncthreads();
+        if (tid == 0) fb_load_k<HD>(K16, a, blocks, kvh, klo, khi, bar);
+    } else {
+        if constexpr (S16)
+            fh_load_k16<HD>(K16, a, blocks, kvh, klo, khi);
+        else
+            fh_load_kv<HD, LDK>(Ks, a.kpool, a, blocks, kvh, klo, khi);
+        fa_commit();
+    }
     for (int i = tid; i < FA_ROWS * HD / 2; i += blockDim.x) {
         int m = i / (HD / 2), c = 2 * (i % (HD / 2)), p = m % BP;
         float2 x = make_float2(0.0f, 0.0f);
@@ -244,13 +348,22 @@ __global__ void __launch_bounds__(256, HD >= 128 ? 1 : 2) attn_fh_kernel(cu_attn
     float ma = -INFINITY, mb = -INFINITY, la = 0.0f, lb = 0.0f;
 
     for (int c0 = klo; c0 <= khi; c0 += FA_BN) {
-        fa_wait();
+        if constexpr (BK) {
+            bk_wait(bar, par_k);
+            par_k ^= 1u;
+        } else {
+            fa_wait();
+        }
         __syncthreads(); /* K of this tile (and Q) in place; every warp is done with the last tile's V */
-        if constexpr (S16)
-            fh_load_v16<HD>(V16, a, blocks, kvh, c0, khi);
-        else
-            fh_load_kv<HD, LDV>(Vs, a.vpool, a, blocks, kvh, c0, khi);
-        fa_commit();
+        if constexpr (BK) {
+            if (tid == 0) fb_load_v<HD>(V16, a, blocks, kvh, c0, khi, bar + 1);
+        } else {
+            if constexpr (S16)
+                fh_load_v16<HD>(V16, a, blocks, kvh, c0, khi);
+            else
+                fh_load_kv<HD, LDV>(Vs, a.vpool, a, blocks, kvh, c0, khi);
+            fa_commit();
+        }
         const int act = live && c0 <= wmax;
         float s[NBT][4], ca = 1.0f, cb = 1.0f;
         if (act) {
@@ -344,15 +457,25 @@ __global__ void __launch_bounds__(256, HD >= 128 ? 1 : 2) attn_fh_kernel(cu_attn
             la = la * ca + suma, lb = lb * cb + sumb;
             ma = na, mb = nb;
         }
-        fa_wait();
-        __syncthreads(); /* V of this tile landed; every warp is done with K */
-        if (c0 + FA_BN <= khi) {
-            if constexpr (S16)
-                fh_load_k16<HD>(K16, a, blocks, kvh, c0 + FA_BN, khi);
-            else
-                fh_load_kv<HD, LDK>(Ks, a.kpool, a, blocks, kvh, c0 + FA_BN, khi);
+        if constexpr (BK) {
+            bk_wait(bar + 1, par_v);
+            par_v ^= 1u;
+            if (c0 + FA_BN - 1 > khi) fb_zero_v<HD>(V16, c0, khi);
+        } else {
+            fa_wait();
         }
-        fa_commit();
+        __syncthreads(); /* V of this tile landed; every warp is done with K */
+        if constexpr (BK) {
+            if (c0 + FA_BN <= khi && tid == 0) fb_load_k<HD>(K16, a, blocks, kvh, c0 + FA_BN, khi, bar);
+        } else {
+            if (c0 + FA_BN <= khi) {
+                if constexpr (S16)
+                    fh_load_k16<HD>(K16, a, blocks, kvh, c0 + FA_BN, khi);
+                else
+                    fh_load_kv<HD, LDK>(Ks, a.kpool, a, blocks, kvh, c0 + FA_BN, khi);
+            }
+            fa_commit();
+        }
         if (act) {
             /* O = O c + P V: the k16 A operand is the accumulators of S's n-tiles 2j and 2j + 1 as they lie
              * (keys 2t, 2t + 1 and 8 + 2t, 9 + 2t of the 16) */
@@ -371,12 +494,15 @@ __global__ void __launch_bounds__(256, HD >= 128 ? 1 : 2) attn_fh_kernel(cu_attn
                     if constexpr (S16) {
 #pragma unroll
                         for (int n = 0; n < NC; n += 2) {
-                            /* matrices: dims of n-tiles n, n + 1 x keys 0-7 / 8-15 of the k-step */
-                            const __half *w = V16 + ((dc + n + (lane >> 4)) * 8 + (lane & 7)) * LV16 +
-                                              j * 16 + ((lane >> 3) & 1) * 8;
+                            /* matrices: dims of n-tiles n, n + 1 x keys 0-7 / 8-15 of the k-step (BK: of
+                             * block j of the tile) */
+                            const int dr = (dc + n + (lane >> 4)) * 8 + (lane & 7),
+                                      ko = ((lane >> 3) & 1) * 8;
+                            const __half *w =
+                                BK ? V16 + (j * HD + dr) * FB_VLD + ko : V16 + dr * LV16 + j * 16 + ko;
                             uint32_t bh[4], bl[4];
                             fh_ldsm4(bh, w);
-                            fh_ldsm4(bl, w + HD * LV16);
+                            fh_ldsm4(bl, w + (BK ? 2 * HD * FB_VLD : HD * LV16));
                             fh_mma3<P>(part[n], ah, al, bh[0], bh[1], bl[0], bl[1]);
                             fh_mma3<P>(part[n + 1], ah, al, bh[2], bh[3], bl[2], bl[3]);
                         }
@@ -401,7 +527,7 @@ __global__ void __launch_bounds__(256, HD >= 128 ? 1 : 2) attn_fh_kernel(cu_attn
             }
         }
     }
-    fa_wait();
+    if constexpr (!BK) fa_wait(); /* (BK: every copy issued was awaited) */
     if (!live) return;
     la += __shfl_xor_sync(0xffffffffu, la, 1);
     la += __shfl_xor_sync(0xffffffffu, la, 2);
@@ -445,12 +571,20 @@ __global__ void __launch_bounds__(256, HD >= 128 ? 1 : 2) attn_fh_kernel(cu_attn
 }
 
 static int fa_kv16_ok[9]; /* by hd / 32: the S16 kernels' shared memory fits (cu_attn_tc_init) */
+static int fa_bulk_ok[9]; /* by hd / 32: the BK kernels too (hd 128, 256) */
+static int fa_bulk_on;    /* CINFER_CUDA_ATTN_BULK=1 (read by cu_attn_tc_init) */
 
 extern "C" int cu_attn_kv16_ok(int hd) {
     return hd > 0 && hd % 32 == 0 && hd / 32 < 9 && fa_kv16_ok[hd / 32];
 }
 
+static int fa_bulk(int hd) {
+    return fa_bulk_on && cu_attn_kv16_ok(hd) && fa_bulk_ok[hd / 32];
+}
+
 extern "C" size_t cu_attn_kv16_bytes(int n_blocks, int Hkv, int hd) {
+    if (fa_bulk(hd)) /* the tile images (attn_kvb_kernel) */
+        return (size_t)n_blocks * (size_t)Hkv * (size_t)(2 * FA_KVB * (hd + 8) + 2 * hd * FB_VLD) * 2;
     return (size_t)n_blocks * FA_KVB * (size_t)Hkv * (size_t)hd * 2 * 4;
 }
 
@@ -489,21 +623,26 @@ extern "C" int cu_attn_tc_split(int Hq, int Hkv, int hd, int n, int keys, int mi
     return *ns > 1 ? span : 0;
 }
 
-template <int HD, int P, bool S16> static int fa_attr1(int optin) {
-    size_t sm = fh_smem_bytes<HD, S16>();
+template <int HD, int P, bool S16, bool BK = false> static int fa_attr1(int optin) {
+    size_t sm = fh_smem_bytes<HD, S16, BK>();
     return sm <= (size_t)optin &&
-           cudaFuncSetAttribute(attn_fh_kernel<HD, P, S16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+           cudaFuncSetAttribute(attn_fh_kernel<HD, P, S16, BK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)sm) == cudaSuccess;
 }
 template <int HD> static int fa_attr(int optin) {
     if (!fa_attr1<HD, 3, false>(optin) || !fa_attr1<HD, 1, false>(optin)) return 0;
     /* the split-once form where it fits (cu_attn_kv16_ok) */
     fa_kv16_ok[HD / 32] = fa_attr1<HD, 3, true>(optin) && fa_attr1<HD, 1, true>(optin);
+    if constexpr (HD >= 128)
+        fa_bulk_ok[HD / 32] =
+            fa_kv16_ok[HD / 32] && fa_attr1<HD, 3, true, true>(optin) && fa_attr1<HD, 1, true, true>(optin);
     return 1;
 }
 
 extern "C" int cu_attn_tc_init(int hd) {
     int dev = 0, optin = 0;
+    const char *bk = getenv("CINFER_CUDA_ATTN_BULK"); /* "1": K / V tiles by bulk copies (hd 128 / 256) */
+    fa_bulk_on = bk && !strcmp(bk, "1");
     if (cudaGetDevice(&dev) != cudaSuccess) return 0;
     cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
     switch (hd) {
@@ -520,16 +659,24 @@ extern "C" int cu_attn_tc_init(int hd) {
     }
 }
 
-template <int HD, bool S16> static void fa_launch2(cu_ctx *c, const cu_attn_args *a, dim3 grid, int QH) {
+template <int HD, bool S16, bool BK = false>
+static void fa_launch2(cu_ctx *c, const cu_attn_args *a, dim3 grid, int QH) {
     if (cu_tf32_passes() == 1)
-        attn_fh_kernel<HD, 1, S16><<<grid, 256, fh_smem_bytes<HD, S16>(), c->stream>>>(*a, QH);
+        attn_fh_kernel<HD, 1, S16, BK><<<grid, 256, fh_smem_bytes<HD, S16, BK>(), c->stream>>>(*a, QH);
     else
-        attn_fh_kernel<HD, 3, S16><<<grid, 256, fh_smem_bytes<HD, S16>(), c->stream>>>(*a, QH);
+        attn_fh_kernel<HD, 3, S16, BK><<<grid, 256, fh_smem_bytes<HD, S16, BK>(), c->stream>>>(*a, QH);
 }
 
 template <int HD> static void fa_launch(cu_ctx *c, const cu_attn_args *a) {
     int QH = fa_qh(a->Hq, a->Hkv);
     dim3 grid((unsigned)(a->Hq / QH), (unsigned)(a->split.work ? a->split.n_work : a->n_tiles));
+    if constexpr (HD >= 128) {
+        if (a->kv16 && fa_bulk(HD)) {
+            attn_kvb_kernel<<<dim3((unsigned)a->kv16_nb, (unsigned)a->kv16_NE), 256, 0, c->stream>>>(*a);
+            fa_launch2<HD, true, true>(c, a, grid, QH);
+            return;
+        }
+    }
     if (a->kv16)
         attn_kv16_kernel<<<dim3((unsigned)a->kv16_nb, (unsigned)a->kv16_NE), 256, 0, c->stream>>>(*a);
     if (a->kv16)

@@ -33,6 +33,7 @@
 #include <cuda_pipeline.h>
 #include <mma.h>
 
+#include "backend/cuda/bulk.cuh"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/tf32x3.cuh"
 
@@ -616,59 +617,32 @@ static size_t ck_mma_smem_floats(int dk) {
  * The H200 (session 7, call 1) showed the mma pass issuing its staging copies for ~4k of a chunk's ~11.4k
  * cycles: 7,680 16-byte cp.async a chunk, ~1.2 an SM cycle. Here one warp asks the copy engine for each row
  * (cp.async.bulk, 128-512 bytes; 320 a chunk) and the block waits on an mbarrier per group, so the other
- * warps go straight on. The same bytes in the same places: the same bits as mma6. */
-static __device__ __forceinline__ unsigned ckb_sa(const void *p) {
-    return (unsigned)__cvta_generic_to_shared(p);
-}
-static __device__ __forceinline__ void ckb_init(uint64_t *bar) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(ckb_sa(bar)) : "memory");
-}
-/* the one arrival of the phase, with the bytes the copies will bring */
-static __device__ __forceinline__ void ckb_expect(uint64_t *bar, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(ckb_sa(bar)), "r"(bytes)
-                 : "memory");
-}
-static __device__ __forceinline__ void ckb_copy(float *dst, const float *src, unsigned bytes, uint64_t *bar) {
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-            ckb_sa(dst)),
-        "l"(src), "r"(bytes), "r"(ckb_sa(bar))
-        : "memory");
-}
-static __device__ __forceinline__ void ckb_wait(uint64_t *bar, unsigned parity) {
-    unsigned ok = 0;
-    do {
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(ok)
-                     : "r"(ckb_sa(bar)), "r"(parity)
-                     : "memory");
-    } while (!ok);
-}
+ * warps go straight on (bulk.cuh). The same bytes in the same places: the same bits as mma6. */
+
 /* group A (W, Qg rows at KLD, U's CKM_DT block columns at CKM_SL) by the lanes of one warp; the block's
  * generic reads of the buffers are behind a __syncthreads, the fence orders them before the copy engine's
  * writes */
 static __device__ __forceinline__ void ckb_stage_a(float *Wb, float *Qb, int KLD, float *Ub, const float *src,
                                                    int dk, int dv, int j0, uint64_t *bar, int lane) {
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    if (lane == 0) ckb_expect(bar, (unsigned)(2 * CK_CH * dk + CK_CH * CKM_DT) * 4u);
+    bk_fence();
+    if (lane == 0) bk_expect(bar, (unsigned)(2 * CK_CH * dk + CK_CH * CKM_DT) * 4u);
     __syncwarp();
     for (int r = lane; r < CK_CH; r += 32) {
-        ckb_copy(Wb + r * KLD, src + (size_t)r * dk, (unsigned)dk * 4u, bar);
-        ckb_copy(Qb + r * KLD, src + (size_t)(CK_CH + r) * dk, (unsigned)dk * 4u, bar);
-        ckb_copy(Ub + r * CKM_SL, src + 3 * (size_t)CK_CH * dk + (size_t)r * dv + j0, CKM_DT * 4u, bar);
+        bk_copy(Wb + r * KLD, src + (size_t)r * dk, (unsigned)dk * 4u, bar);
+        bk_copy(Qb + r * KLD, src + (size_t)(CK_CH + r) * dk, (unsigned)dk * 4u, bar);
+        bk_copy(Ub + r * CKM_SL, src + 3 * (size_t)CK_CH * dk + (size_t)r * dv + j0, CKM_DT * 4u, bar);
     }
 }
 /* group B (QK rows at CK_GLD, Kf rows at KBL) */
 static __device__ __forceinline__ void ckb_stage_b(float *QKb, float *Kb, int KBL, const float *src, int dk,
                                                    int dv, uint64_t *bar, int lane) {
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    if (lane == 0) ckb_expect(bar, (unsigned)(CK_CH * CK_CH + CK_CH * dk) * 4u);
+    bk_fence();
+    if (lane == 0) bk_expect(bar, (unsigned)(CK_CH * CK_CH + CK_CH * dk) * 4u);
     __syncwarp();
     for (int r = lane; r < CK_CH; r += 32) {
-        ckb_copy(QKb + r * CK_GLD, src + 3 * (size_t)CK_CH * dk + (size_t)CK_CH * dv + (size_t)r * CK_CH,
-                 CK_CH * 4u, bar);
-        ckb_copy(Kb + r * KBL, src + (size_t)(2 * CK_CH + r) * dk, (unsigned)dk * 4u, bar);
+        bk_copy(QKb + r * CK_GLD, src + 3 * (size_t)CK_CH * dk + (size_t)CK_CH * dv + (size_t)r * CK_CH,
+                CK_CH * 4u, bar);
+        bk_copy(Kb + r * KBL, src + (size_t)(2 * CK_CH + r) * dk, (unsigned)dk * 4u, bar);
     }
 }
 
@@ -751,9 +725,9 @@ __global__ void __launch_bounds__(256) ck_state_mma_kernel(cu_gdn_args a) {
     unsigned par_a = 0, par_b = 0;
     if constexpr (BULK) {
         if (tid == 0) {
-            ckb_init(bar);
-            ckb_init(bar + 1);
-            asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+            bk_init(bar);
+            bk_init(bar + 1);
+            bk_init_fence();
         }
         __syncthreads();
     }
@@ -793,7 +767,7 @@ __global__ void __launch_bounds__(256) ck_state_mma_kernel(cu_gdn_args a) {
         const float *U = W + 3 * CK_CH * dk, *nxt = c0 + L < n ? W + a.Hv * stride : NULL;
         float egl = U[CK_CH * dv + CK_CH * CK_CH];
         if constexpr (BULK) {
-            ckb_wait(bar, par_a);
+            bk_wait(bar, par_a);
             par_a ^= 1u;
         } else {
             __pipeline_wait_prior(1); /* this chunk's group A */
@@ -822,7 +796,7 @@ __global__ void __launch_bounds__(256) ck_state_mma_kernel(cu_gdn_args a) {
         CK_MARK(1);
         if constexpr (BULK) {
             if (nxt && warp == 0) ckb_stage_a(Wb, Qb, KLD, Ub, nxt, dk, dv, j0, bar, lane);
-            ckb_wait(bar + 1, par_b);
+            bk_wait(bar + 1, par_b);
             par_b ^= 1u;
         } else {
             if (nxt) /* the next chunk's group A over this one's W, Qg and U, read by now */
