@@ -320,6 +320,7 @@ struct cuda_fwd {
                            many rows */
     int step_rows;      /* the rows of the step enqueue() is building */
     int attn_pf;        /* CINFER_CUDA_ATTN_PF (cu_set_attn_decode_pf) */
+    int glu_nr;         /* CINFER_CUDA_GEMV_GLU_NR (cu_set_gemv3_glu_nr) */
     unsigned long long diag_done;
 };
 
@@ -749,6 +750,9 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     cu_set_attn_dec_cluster(!(adcl && !strcmp(adcl, "0")));
     const char *gv4 = getenv("CINFER_CUDA_GEMV_VAR4"); /* "0": the small GEMVs' earlier variant at one row */
     cu_set_gemv3_small_var4(!(gv4 && !strcmp(gv4, "0")));
+    const char *gnr = getenv("CINFER_CUDA_GEMV_GLU_NR"); /* gate_up's output rows a warp at one row (2) */
+    f->glu_nr = gnr ? atoi(gnr) : 2;
+    cu_set_gemv3_glu_nr(f->glu_nr);
     const char *apr = getenv("CINFER_CUDA_ATTN_PF_ROWS"); /* the attention prefetch up to this many rows */
     cu_set_attn_decode_pf_rows(apr ? atoi(apr) : 32);
     if (pdl || pdb)
@@ -1669,19 +1673,18 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
     static const struct {
         const char *name;
         int skip, dup, nopdl, apf; /* apf: CINFER_CUDA_ATTN_PF (-1: 0) */
-        const char *g3;            /* "u_small,var_small,u_big,var_big" for cu_set_gemv3_one, or NULL */
+        const char *g3;            /* "u_small,var_small,u_big,var_big[,glu_nr]", or NULL */
         int l2n;                   /* CINFER_CUDA_L2PF_NEXT MB (-1: 0) */
         int mfold; /* 1: CINFER_CUDA_MOE_FOLD off; 4: CINFER_CUDA_MOE_VARIANT's bit 16 toggled */
     } v[] = {
         {"base", 0, 0, 0},
-        {"g3 big u2", 0, 0, 0, 0, "0,-1,2,-1"},
-        {"g3 big var6", 0, 0, 0, 0, "0,-1,0,6"},
-        {"g3 big var6 u2", 0, 0, 0, 0, "0,-1,2,6"},
-        {"g3 big var0", 0, 0, 0, 0, "0,-1,0,0"},
-        {"g3 big var4", 0, 0, 0, 0, "0,-1,0,4"},
-        {"g3 small u1", 0, 0, 0, 0, "1,-1,0,-1"},
-        {"g3 small u4", 0, 0, 0, 0, "4,-1,0,-1"},
-        {"g3 small var6", 0, 0, 0, 0, "0,6,0,-1"},
+        {"g3 big var10", 0, 0, 0, 0, "0,-1,0,10"},
+        {"g3 big var8", 0, 0, 0, 0, "0,-1,0,8"},
+        {"g3 glu nr4", 0, 0, 0, 0, "0,-1,0,-1,4"},
+        {"g3 glu nr4 var10", 0, 0, 0, 0, "0,-1,0,10,4"},
+        {"g3 glu nr4 var0", 0, 0, 0, 0, "0,-1,0,0,4"},
+        {"g3 small var8", 0, 0, 0, 0, "0,8,0,-1"},
+        {"g3 base again", 0, 0, 0, 0, NULL},
         {"l2pf next off", 0, 0, 0, 0, NULL, -1},
         {"l2pf next 4", 0, 0, 0, 0, NULL, 4},
         {"l2pf next 5", 0, 0, 0, 0, NULL, 5},
@@ -1730,9 +1733,10 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
         if (v[i].mfold == 1) f->moe_fold = 0;
         int mvar = f->moe_variant;
         if (v[i].mfold == 4) f->moe_variant ^= 16;
-        int g3[4] = {0, -1, 0, -1};
-        if (v[i].g3 && sscanf(v[i].g3, "%d,%d,%d,%d", &g3[0], &g3[1], &g3[2], &g3[3]) == 4)
+        int g3[5] = {0, -1, 0, -1, 0};
+        if (v[i].g3 && sscanf(v[i].g3, "%d,%d,%d,%d,%d", &g3[0], &g3[1], &g3[2], &g3[3], &g3[4]) >= 4)
             cu_set_gemv3_one(g3[0], g3[1], g3[2], g3[3]);
+        if (g3[4]) cu_set_gemv3_glu_nr(g3[4]);
         void *exec = NULL;
         int rc = cu_capture_begin(f->cu, err, sizeof err);
         int rc2 = rc ? rc : enqueue(f, rs, moe_device, err, sizeof err);
@@ -1741,6 +1745,7 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
         f->l2pf_next = l2n, f->moe_fold = mfold, f->moe_variant = mvar;
         cu_set_attn_decode_pf(f->attn_pf);
         cu_set_gemv3_one(0, -1, 0, -1);
+        cu_set_gemv3_glu_nr(f->glu_nr);
         if (rc || rc2) {
             fprintf(stderr, "cinfer diag: %s: %s\n", v[i].name, err);
             cu_graph_destroy(exec);

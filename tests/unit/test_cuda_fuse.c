@@ -512,9 +512,9 @@ TEST(cuda_gemv3_chain_sweep) {
         double gb = 2.0 * rows[q] * ks[q] / 1e3, best = 1e30;
         int bn = 0, bu = 0, bv = 0;
         printf("     %-8s (nr/u/var: us a launch):", kind[q]);
-        for (int v = -1; v < 36; v++) {
-            int nr = v < 0 ? 0 : 1 << (v / 12), u = v < 0 ? 0 : 1 << (v / 4 % 3),
-                var = v < 0 ? -1 : 2 * (v % 4);
+        for (int v = -1; v < 54; v++) {
+            int nr = v < 0 ? 0 : 1 << (v / 18), u = v < 0 ? 0 : 1 << (v / 6 % 3),
+                var = v < 0 ? -1 : 2 * (v % 6);
             if (u == 4 && nr == 4) continue; /* registers */
             cu_set_gemv3_config(0, nr, u, var);
             cu_set_pdl(1);
@@ -621,14 +621,15 @@ TEST(cuda_gemv3_chain_timeline) {
     static const char *kind[4] = {"in_proj", "out_proj", "gate_up", "down"};
     static const struct {
         const char *what;
-        int u_small, var_small, u_big, var_big;
-    } cfg[] = {{"default", 0, -1, 0, -1},
-               {"big var6", 0, -1, 0, 6},
-               {"big u2", 0, -1, 2, -1},
-               {"small u4", 4, -1, 0, -1}};
+        int u_small, var_small, u_big, var_big, glu_nr;
+    } cfg[] = {{"default", 0, -1, 0, -1, 2},
+               {"big var10", 0, -1, 0, 10, 2},
+               {"gate_up 4 rows a warp", 0, -1, 0, -1, 4},
+               {"gate_up 4 rows var10", 0, -1, 0, 10, 4}};
     for (size_t ci = 0; ci < sizeof cfg / sizeof cfg[0]; ci++) {
         cu_set_pdl(1);
         cu_set_gemv3_one(cfg[ci].u_small, cfg[ci].var_small, cfg[ci].u_big, cfg[ci].var_big);
+        cu_set_gemv3_glu_nr(cfg[ci].glu_nr);
         long n = 0;
         for (int pass = 0; pass < 2; pass++) { /* the first warms up */
             REQUIRE(cu_sync(c, err, sizeof err) == 0);
@@ -642,6 +643,7 @@ TEST(cuda_gemv3_chain_timeline) {
             if (pass) n = cu_gemv3_stamps_end(c, st, CAP, err, sizeof err);
         }
         cu_set_gemv3_one(0, -1, 0, -1);
+        cu_set_gemv3_glu_nr(2);
         cu_set_pdl(0);
         CHECK_MSG(n > 0, "no stamps: %s", n < 0 ? err : "none recorded");
         if (n <= 0) break;

@@ -62,9 +62,10 @@ __device__ __forceinline__ void g3_stamp_put(int tag, unsigned long long t0, uns
 }
 
 /* VAR: bit 1 blocks of 4 warps instead of G3_WARPS = 8 (finer grains over the SMs), bit 2 the next chunks'
- * loads issued before the current ones' FMAs (as v2); the same sums either way */
+ * loads issued before the current ones' FMAs (as v2), bit 3 registers capped for 40 resident warps an SM (10
+ * blocks of 4 warps, 5 of 8; without it the big matrices' 62 registers allow 32); the same sums either way */
 template <int MR, int NR, int U, bool NORM, int EPI, int VAR, int W = VAR & 2 ? 4 : G3_WARPS>
-__global__ void __launch_bounds__(W * 32, (MR == 1 ? 3 : 2) * 8 / W)
+__global__ void __launch_bounds__(W * 32, VAR & 8 ? 40 / W : (MR == 1 ? 3 : 2) * 8 / W)
     gemv3_kernel(float *__restrict__ y, const float *__restrict__ x, const uint16_t *__restrict__ w, int N,
                  int K, int KS, const float *__restrict__ g, float eps, const void *nx, size_t nx_bytes,
                  int tag) {
@@ -281,12 +282,18 @@ extern "C" void cu_set_gemv3_small_var4(int on) {
 extern "C" void cu_set_gemv3_one(int u_small, int var_small, int u_big, int var_big) {
     g_one_u[1] = u_small == 1 || u_small == 2 || u_small == 4 ? u_small : 0;
     g_one_u[0] = u_big == 1 || u_big == 2 || u_big == 4 ? u_big : 0;
-    g_one_var[1] = var_small == 0 || var_small == 2 || var_small == 4 || var_small == 6 ? var_small : -1;
-    g_one_var[0] = var_big == 0 || var_big == 2 || var_big == 4 || var_big == 6 ? var_big : -1;
+    g_one_var[1] = var_small >= 0 && var_small <= 10 && !(var_small & 1) ? var_small : -1;
+    g_one_var[0] = var_big >= 0 && var_big <= 10 && !(var_big & 1) ? var_big : -1;
+}
+/* output rows a warp of the SwiGLU GEMV (gate_up) takes at one row of x (1, 2, 4; CINFER_CUDA_GEMV_GLU_NR):
+ * never a changed bit */
+static int g_glu_nr = 2;
+extern "C" void cu_set_gemv3_glu_nr(int nr) {
+    g_glu_nr = nr == 1 || nr == 4 ? nr : 2;
 }
 
 extern "C" void cu_set_gemv3_config(int ks, int nr, int u, int var) {
-    g_var = var == 0 || var == 2 || var == 4 || var == 6 ? var : -1;
+    g_var = var >= 0 && var <= 10 && !(var & 1) ? var : -1;
     g_ks = ks == 1 || ks == 2 || ks == 4 || ks == 8 ? ks : 0;
     g_nr = nr == 1 || nr == 2 || nr == 4 ? nr : 0;
     g_u = u == 1 || u == 2 || u == 4 ? u : 0;
@@ -357,7 +364,7 @@ static void g3_tile(cu_ctx *c, float *y, const float *x, const uint16_t *w, int 
     constexpr int NR4 = EPI == EPI_SWIGLU ? 2 : 4;
     switch (MR) {
     case 1: {
-        int small = N <= 8192, nr = g_nr ? g_nr : small ? 1 : EPI == EPI_SWIGLU ? 2 : 4;
+        int small = N <= 8192, nr = g_nr ? g_nr : small ? 1 : EPI == EPI_SWIGLU ? g_glu_nr : 4;
         int u = g_u     ? g_u
                 : small ? 2
                         : 1,
@@ -372,6 +379,10 @@ static void g3_tile(cu_ctx *c, float *y, const float *x, const uint16_t *w, int 
             g3_mr1<4, NORM, EPI>(c, y, x, w, nr, u, tiles, N, K, KS, g, eps);
         else if (var == 6)
             g3_mr1<6, NORM, EPI>(c, y, x, w, nr, u, tiles, N, K, KS, g, eps);
+        else if (var == 8)
+            g3_mr1<8, NORM, EPI>(c, y, x, w, nr, u, tiles, N, K, KS, g, eps);
+        else if (var == 10)
+            g3_mr1<10, NORM, EPI>(c, y, x, w, nr, u, tiles, N, K, KS, g, eps);
         else
             g3_mr1<0, NORM, EPI>(c, y, x, w, nr, u, tiles, N, K, KS, g, eps);
         break;
