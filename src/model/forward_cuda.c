@@ -619,8 +619,10 @@ static void gdn_stamps_report(cuda_fwd *f) {
         if (used)
             fprintf(stderr,
                     "cinfer cuda: gdn stamps over %zu of %llu launches (block 0, us): start->wait %.3f, "
-                    "wait->conv %.3f, conv->update %.3f, update->cluster barrier %.3f, barrier->end %.3f\n",
-                    used, h[0], acc[1] / used, acc[2] / used, acc[3] / used, acc[4] / used, acc[5] / used);
+                    "wait->conv %.3f, conv->l2norm %.3f, l2norm->read-out %.3f, read-out->update %.3f, "
+                    "update->sent %.3f, sent->cluster barrier %.3f, barrier->end %.3f\n",
+                    used, h[0], acc[1] / used, acc[2] / used, acc[3] / used, acc[4] / used, acc[5] / used,
+                    acc[6] / used, acc[7] / used, acc[8] / used);
     }
     free(h);
 }
@@ -844,25 +846,28 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     if (gf)
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_GDN_FUSED=%s: fused deltanet decode %s\n", gf,
                 f->gdn_cnt ? "on" : "off");
-    /* CINFER_CUDA_GDN_CLUSTER=1: that kernel as thread block clusters, a key head's group one cluster (the
-     * same bits, fewer dependent round trips; cu_gdn_cluster_init says whether the shape and device take it)
-     */
+    /* CINFER_CUDA_GDN_CLUSTER: that kernel as thread block clusters, a key head's group one cluster (the same
+     * bits, fewer dependent round trips; cu_gdn_cluster_init says whether the shape and device take it) — the
+     * default ("0": off) in steps of at most CINFER_CUDA_GDN_CLUSTER_MAX entries (default 2; 0 any). H200,
+     * session 7: ncu at the 4B shape 10.7 -> 8.6 us; call 2, batch 1: 4B 384.6 -> 392.3 tok/s (2.600 -> 2.549
+     * ms a step; the DIAG_AB "skip deltanet" delta 0.26 -> 0.18 ms), 35B-A3B 397.2 -> 406.0; but clusters at
+     * every batch lost at 8 / 32 / 64: 1,397 -> 1,387, 4,281 -> 4,094, 5,975 -> 5,568 (more blocks than one
+     * wave: each cluster waits for its slowest block) */
     const char *gc = getenv("CINFER_CUDA_GDN_CLUSTER");
-    f->gdn_cluster = f->gdn_cnt && gc && !strcmp(gc, "1") && cu_gdn_cluster_init(m->Hk, m->Hv, m->dk, m->dv);
-    /* CINFER_CUDA_GDN_CLUSTER_MAX=N: only steps of at most N entries (default 16; 0 any): H200 call 1, 4B,
-     * clusters at every batch: batch 1 384.0 -> 389.7 tok/s, batch 64 5,942 -> 5,558 */
+    f->gdn_cluster =
+        f->gdn_cnt && !(gc && !strcmp(gc, "0")) && cu_gdn_cluster_init(m->Hk, m->Hv, m->dk, m->dv);
     const char *gcm = getenv("CINFER_CUDA_GDN_CLUSTER_MAX");
-    f->gdn_cluster_max = gcm ? atoi(gcm) : 16;
+    f->gdn_cluster_max = gcm ? atoi(gcm) : 2;
     const char *gst = getenv("CINFER_CUDA_GDN_STAMPS");
     if (f->gdn_cluster && gst && !strcmp(gst, "1")) {
         size_t sb = (1 + (size_t)CU_GDN_STAMP_CAP * CU_GDN_STAMPS) * sizeof(unsigned long long);
         if ((rc = dev_alloc(f, (void **)&f->gdn_stamps, sb, &f->bytes_scratch, err, errlen))) goto fail;
         cu_memset_async(f->cu, f->gdn_stamps, sb);
     }
-    if (gc)
+    if (gc || gcm)
         fprintf(stderr,
-                "cinfer cuda: CINFER_CUDA_GDN_CLUSTER=%s: clustered deltanet decode %s (batches <= %d)\n", gc,
-                f->gdn_cluster ? "on" : "off", f->gdn_cluster_max);
+                "cinfer cuda: CINFER_CUDA_GDN_CLUSTER=%s: clustered deltanet decode %s (batches <= %d)\n",
+                gc ? gc : "(default)", f->gdn_cluster ? "on" : "off", f->gdn_cluster_max);
     /* CINFER_CUDA_ATTN_FUSED: decode-only steps run each attention layer as one kernel (q/k norm, RoPE and
      * the KV write in its prologue, the merge of the splits in the last split's block) — the default ("0":
      * three kernels). H200, 4B (session 4 call 1): attention core 0.316 -> 0.240 ms at batch 1, 1.36 -> 1.30

@@ -32,10 +32,13 @@
  * CINFER_CUDA_GDN_CLUSTER (NULL unset) */
 static int run_with(cinfer_model *m, const char *pdl, const char *graphs, const char *pf, const char *gdnc,
                     int B, int prof, int V, float *out) {
-    if (gdnc)
+    if (gdnc) { /* at every batch size (its default covers only the smallest) */
         setenv("CINFER_CUDA_GDN_CLUSTER", gdnc, 1);
-    else
+        setenv("CINFER_CUDA_GDN_CLUSTER_MAX", "0", 1);
+    } else {
         unsetenv("CINFER_CUDA_GDN_CLUSTER");
+        unsetenv("CINFER_CUDA_GDN_CLUSTER_MAX");
+    }
     if (pf && !strcmp(pf, "2")) {
         setenv("CINFER_CUDA_L2PF_NEXT", "8", 1);
     } else {
@@ -59,6 +62,7 @@ static int run_with(cinfer_model *m, const char *pdl, const char *graphs, const 
     unsetenv("CINFER_CUDA_ATTN_PF");
     unsetenv("CINFER_CUDA_L2PF_NEXT");
     unsetenv("CINFER_CUDA_GDN_CLUSTER");
+    unsetenv("CINFER_CUDA_GDN_CLUSTER_MAX");
     return rc;
 }
 

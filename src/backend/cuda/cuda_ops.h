@@ -316,11 +316,12 @@ typedef struct cu_gdn_args {
     int dec_cluster_max; /* with dec_cluster: batches of at most this many entries only (<= 0: any) */
     /* diagnostics, normally NULL (CINFER_CUDA_GDN_STAMPS): [0] a counter, then per launch of the clustered
      * kernel up to CU_GDN_STAMP_CAP records of CU_GDN_STAMPS %globaltimer values of its block (0, 0, 0):
-     * start, PDL wait done, conv done, update done, cluster barrier done, end */
+     * start, PDL wait done, conv done, l2norm factors done, the read-out joined, update done, outputs sent
+     * and state stored, cluster barrier done, end */
     unsigned long long *dec_stamps;
     cu_meta meta;
 } cu_gdn_args;
-#define CU_GDN_STAMPS      6
+#define CU_GDN_STAMPS      9
 #define CU_GDN_STAMP_CAP   8192
 #define CU_SPEC_REC(C, Hv) (2 * (size_t)(C) + 2 * (size_t)(Hv))
 /* conv1d + SiLU (window advanced), l2norm q/k + scale, beta/g, recurrent (decode) or chunked (prefill)

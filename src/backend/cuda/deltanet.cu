@@ -470,6 +470,13 @@ template <int R> __global__ void __launch_bounds__(256) fused_decode_kernel(cu_g
  *    once, normed (was: written, fenced, a global counter, the last block re-reading it);
  *  - the q / k conv windows: every block of the cluster has read them before the cluster barrier; after it
  *    the group's first block writes the new ones from its registers (no loads). */
+/* %globaltimer (ns), for CINFER_CUDA_GDN_STAMPS */
+__device__ __forceinline__ unsigned long long gdn_now(void) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
 template <int R> struct gdn_cl {
     /* channels per thread: 2 dk + 32 over 256 threads, dk <= 8 R */
     static constexpr int NIT = (16 * R + 32 + 255) / 256;
@@ -481,7 +488,8 @@ template <int R> struct gdn_cl {
 template <int R>
 __device__ __forceinline__ float rec_token1(float *sv, const float *q, const float *k, float invq, float invk,
                                             float scale, float vj, float decay, float beta, int g, int jj,
-                                            int ok, int dk, float (*red)[32], float (*red2)[32]) {
+                                            int ok, int dk, float (*red)[32], float (*red2)[32], int stamp,
+                                            unsigned long long &t_mid) {
     float kn[R], m = 0.0f;
 #pragma unroll
     for (int t = 0; t < R; t++) {
@@ -495,6 +503,7 @@ __device__ __forceinline__ float rec_token1(float *sv, const float *q, const flo
     }
     red[g][jj] = m;
     __syncthreads();
+    if (stamp) t_mid = gdn_now(); /* CINFER_CUDA_GDN_STAMPS: the read-out's partials joined */
     float mm = 0.0f;
     for (int t = 0; t < REC_GROUPS; t++) mm += red[t][jj];
     float mj = beta * ((ok ? vj : 0.0f) - mm), o = 0.0f;
@@ -525,12 +534,6 @@ __device__ __forceinline__ void cl_wait(void) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
 #endif
-}
-
-__device__ __forceinline__ unsigned long long gdn_now(void) {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
 }
 
 #define GDN_CL_MAXX 8 /* column blocks of a head a cluster holds: dv <= 256 */
@@ -618,8 +621,10 @@ __global__ void __launch_bounds__(256, R <= 16 ? 3 : 0) fused_decode_cluster_ker
     float scale = (float)(1.0 / sqrt((double)dk));
     float decay = expf(bgs[1]), beta = bgs[0];
     float vj = ok ? vs[jj] : 0.0f;
-    float oo = rec_token1<R>(sv, q, k, invq, invk, scale, vj, decay, beta, g, jj, ok, dk, red, red2);
     if (stamp) ts[3] = gdn_now();
+    float oo =
+        rec_token1<R>(sv, q, k, invq, invk, scale, vj, decay, beta, g, jj, ok, dk, red, red2, stamp, ts[4]);
+    if (stamp) ts[5] = gdn_now();
     /* warp 0: this block's 32 outputs into slot blockIdx.x of every column block of the head (x fastest in
      * the cluster's block rank) */
     namespace cg = cooperative_groups;
@@ -637,8 +642,9 @@ __global__ void __launch_bounds__(256, R <= 16 ? 3 : 0) fused_decode_cluster_ker
         int i = g + REC_GROUPS * t;
         if (i < dk && ok) S[(size_t)i * dv] = sv[t];
     }
+    if (stamp) ts[6] = gdn_now();
     cl.sync(); /* every output of the group in place; every block has read the q / k windows */
-    if (stamp) ts[4] = gdn_now();
+    if (stamp) ts[7] = gdn_now();
     if (g == 0) {
         float ss = 0.0f;
         for (int b = 0; b * 32 + jj < dv; b++) ss = fmaf(ob[b][jj], ob[b][jj], ss); /* gnorm_warp's order */
@@ -657,7 +663,7 @@ __global__ void __launch_bounds__(256, R <= 16 ? 3 : 0) fused_decode_cluster_ker
         }
     }
     if (stamp) {
-        ts[5] = gdn_now();
+        ts[8] = gdn_now();
         unsigned long long i = atomicAdd(a.dec_stamps, 1ull);
         if (i < CU_GDN_STAMP_CAP)
             for (int x = 0; x < CU_GDN_STAMPS; x++) a.dec_stamps[1 + i * CU_GDN_STAMPS + x] = ts[x];
