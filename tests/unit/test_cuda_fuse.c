@@ -484,7 +484,8 @@ TEST(cuda_gemv3_chain) {
 
 /* Each kind of 4B GEMV alone, 8 layers of distinct weights back to back in a graph with PDL (as in the decode
  * graph: the previous launch's tail and the PDL wait included), at every rows-per-warp / chunks-in-flight /
- * variant of gemv3_kernel (none changes a bit): us per launch and GB/s, the best per kind. */
+ * variant of gemv3_kernel: us per launch and GB/s, the best per kind; and that none changes a bit (the graph
+ * once more from y = 0 against the default configuration's output). */
 TEST(cuda_gemv3_chain_sweep) {
     if (NO_DEVICE()) SKIP("no CUDA device: skipped");
     const char *ev = getenv("CINFER_FUSE_BENCH");
@@ -495,6 +496,9 @@ TEST(cuda_gemv3_chain_sweep) {
     REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
     const int rows[4] = {NIN, H, 2 * I, H}, ks[4] = {H, VD, H, I};
     static const char *kind[4] = {"in_proj", "out_proj", "gate_up", "down"};
+    const int n_out[4] = {NIN, H, I, H};
+    float *ref = malloc((size_t)NIN * 4);
+    REQUIRE(ref);
     float *x, *y, *g;
     REQUIRE(cu_alloc((void **)&x, (size_t)I * 4, err, sizeof err) == 0);
     REQUIRE(cu_alloc((void **)&y, (size_t)2 * I * 4, err, sizeof err) == 0);
@@ -534,8 +538,18 @@ TEST(cuda_gemv3_chain_sweep) {
             cu_timer_start(c, t);
             for (int i = 0; i < 12; i++) REQUIRE(cu_graph_launch(c, exec, err, sizeof err) == 0);
             double us = cu_timer_stop_ms(c, t) * 1e3 / 12 / L;
+            /* the bits: the graph once more from y = 0 (the adds accumulate into y), against the default's */
+            cu_fill_f32(c, y, (size_t)2 * I, 0.0f);
+            REQUIRE(cu_graph_launch(c, exec, err, sizeof err) == 0);
             REQUIRE(cu_sync(c, err, sizeof err) == 0);
             cu_graph_destroy(exec);
+            float *got = get(y, (size_t)n_out[q]);
+            if (v < 0)
+                memcpy(ref, got, (size_t)n_out[q] * 4);
+            else
+                CHECK_MSG(!memcmp(got, ref, (size_t)n_out[q] * 4), "%s %d/%d/%d: not the default's bits",
+                          kind[q], nr, u, var);
+            free(got);
             if (v < 0)
                 printf(" default %.2f (%.0f GB/s) |", us, gb / us);
             else
@@ -546,6 +560,7 @@ TEST(cuda_gemv3_chain_sweep) {
         for (int l = 0; l < L; l++) cu_free(w[l]);
     }
     cu_timer_destroy(t);
+    free(ref);
     cu_free(x), cu_free(y), cu_free(g);
     cu_ctx_destroy(c);
 }
