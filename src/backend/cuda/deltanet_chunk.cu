@@ -33,7 +33,6 @@
 #include <cuda_pipeline.h>
 #include <mma.h>
 
-#include "backend/cuda/bulk.cuh"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/tf32x3.cuh"
 
@@ -610,40 +609,7 @@ template <int P> __global__ void __launch_bounds__(256) ck_state_stage_kernel(cu
  * lo [64][40] */
 static size_t ck_mma_smem_floats(int dk) {
     return 2 * (size_t)CK_CH * (dk + 4) + (size_t)CK_CH * (dk + 8) + (size_t)CK_CH * CK_GLD +
-           (size_t)CK_CH * CKM_SL + 2 * (size_t)dk * CKM_SL + 2 * (size_t)CK_CH * CKM_SL + 4;
-}
-
-/* ---- bulk copies (cu_gdn_args.chunk_dt 2, CINFER_CUDA_GDN_DT=bulk) ----
- * The H200 (session 7, call 1) showed the mma pass issuing its staging copies for ~4k of a chunk's ~11.4k
- * cycles: 7,680 16-byte cp.async a chunk, ~1.2 an SM cycle. Here one warp asks the copy engine for each row
- * (cp.async.bulk, 128-512 bytes; 320 a chunk) and the block waits on an mbarrier per group, so the other
- * warps go straight on (bulk.cuh). The same bytes in the same places: the same bits as mma6. */
-
-/* group A (W, Qg rows at KLD, U's CKM_DT block columns at CKM_SL) by the lanes of one warp; the block's
- * generic reads of the buffers are behind a __syncthreads, the fence orders them before the copy engine's
- * writes */
-static __device__ __forceinline__ void ckb_stage_a(float *Wb, float *Qb, int KLD, float *Ub, const float *src,
-                                                   int dk, int dv, int j0, uint64_t *bar, int lane) {
-    bk_fence();
-    if (lane == 0) bk_expect(bar, (unsigned)(2 * CK_CH * dk + CK_CH * CKM_DT) * 4u);
-    __syncwarp();
-    for (int r = lane; r < CK_CH; r += 32) {
-        bk_copy(Wb + r * KLD, src + (size_t)r * dk, (unsigned)dk * 4u, bar);
-        bk_copy(Qb + r * KLD, src + (size_t)(CK_CH + r) * dk, (unsigned)dk * 4u, bar);
-        bk_copy(Ub + r * CKM_SL, src + 3 * (size_t)CK_CH * dk + (size_t)r * dv + j0, CKM_DT * 4u, bar);
-    }
-}
-/* group B (QK rows at CK_GLD, Kf rows at KBL) */
-static __device__ __forceinline__ void ckb_stage_b(float *QKb, float *Kb, int KBL, const float *src, int dk,
-                                                   int dv, uint64_t *bar, int lane) {
-    bk_fence();
-    if (lane == 0) bk_expect(bar, (unsigned)(CK_CH * CK_CH + CK_CH * dk) * 4u);
-    __syncwarp();
-    for (int r = lane; r < CK_CH; r += 32) {
-        bk_copy(QKb + r * CK_GLD, src + 3 * (size_t)CK_CH * dk + (size_t)CK_CH * dv + (size_t)r * CK_CH,
-                CK_CH * 4u, bar);
-        bk_copy(Kb + r * KBL, src + (size_t)(2 * CK_CH + r) * dk, (unsigned)dk * 4u, bar);
-    }
+           (size_t)CK_CH * CKM_SL + 2 * (size_t)dk * CKM_SL + 2 * (size_t)CK_CH * CKM_SL;
 }
 
 /* acc[n] += A[16][K] B[K][n*8 .. n*8 + 7] for the four n-tiles, in runs of TC_KC as tc_mma2. A row-major at
@@ -707,10 +673,8 @@ static __device__ __forceinline__ void ckm_put_split(float *Hs, float *Ls, int m
         }
 }
 
-/* DK: 0 dk from the arguments; 128 (the models' dk) a constant, so every run of K unrolls. BULK: the staging
- * by bulk copies (above; dv a multiple of CKM_DT) */
-template <int DK = 0, bool BULK = false>
-__global__ void __launch_bounds__(256) ck_state_mma_kernel(cu_gdn_args a) {
+/* DK: 0 dk from the arguments; 128 (the models' dk) a constant, so every run of K unrolls */
+template <int DK = 0> __global__ void __launch_bounds__(256) ck_state_mma_kernel(cu_gdn_args a) {
     extern __shared__ __align__(128) float smm[];
     int e = blockIdx.z;
     if (!ck_entry(a, e)) return;
@@ -721,16 +685,6 @@ __global__ void __launch_bounds__(256) ck_state_mma_kernel(cu_gdn_args a) {
     float *Wb = smm, *Qb = Wb + CK_CH * KLD, *Kb = Qb + CK_CH * KLD, *QKb = Kb + CK_CH * KBL;
     float *Ub = QKb + CK_CH * CK_GLD, *Sh = Ub + CK_CH * CKM_SL, *Sl = Sh + (size_t)dk * CKM_SL;
     float *Dh = Sl + (size_t)dk * CKM_SL, *Dl = Dh + CK_CH * CKM_SL;
-    uint64_t *bar = reinterpret_cast<uint64_t *>(Dl + CK_CH * CKM_SL); /* BULK: group A, group B */
-    unsigned par_a = 0, par_b = 0;
-    if constexpr (BULK) {
-        if (tid == 0) {
-            bk_init(bar);
-            bk_init(bar + 1);
-            bk_init_fence();
-        }
-        __syncthreads();
-    }
     float *Sg = a.rec_state + (((size_t)a.meta.e_slot[e] * a.n_lin + a.lin) * a.Hv + h) * (size_t)dk * dv;
     const bool owns_s = warp < dk / 16; /* S rows 16 warp .. 16 warp + 15 */
     const int ms = warp * 16;
@@ -751,27 +705,15 @@ __global__ void __launch_bounds__(256) ck_state_mma_kernel(cu_gdn_args a) {
     const float *base = (const float *)a.chunk_scr + ((size_t)k * a.Hv + h) * stride;
     CK_PROF_DECL(a.chunk_prof && blockIdx.x == 0 && h == 0 && tid == 0);
     /* group A of chunk 0 (W, Qg, U's columns), then group B (QK, Kf): as ck_state_stage_kernel */
-    if constexpr (BULK) {
-        if (warp == 0) {
-            ckb_stage_a(Wb, Qb, KLD, Ub, base, dk, dv, j0, bar, lane);
-            ckb_stage_b(QKb, Kb, KBL, base, dk, dv, bar + 1, lane);
-        }
-    } else {
-        ck_stage_a<true>(Wb, Qb, KLD, Ub, CKM_SL, base, dk, dv, j0, tid, nt);
-        ck_stage_b<true>(QKb, Kb, KBL, base, dk, dv, tid, nt);
-    }
+    ck_stage_a<true>(Wb, Qb, KLD, Ub, CKM_SL, base, dk, dv, j0, tid, nt);
+    ck_stage_b<true>(QKb, Kb, KBL, base, dk, dv, tid, nt);
     for (int c0 = 0, L; c0 < n; c0 += L, k++) {
         L = CK_CH - (pos0 + c0) % CK_CH;
         if (L > n - c0) L = n - c0;
         const float *W = (const float *)a.chunk_scr + ((size_t)k * a.Hv + h) * stride;
         const float *U = W + 3 * CK_CH * dk, *nxt = c0 + L < n ? W + a.Hv * stride : NULL;
         float egl = U[CK_CH * dv + CK_CH * CK_CH];
-        if constexpr (BULK) {
-            bk_wait(bar, par_a);
-            par_a ^= 1u;
-        } else {
-            __pipeline_wait_prior(1); /* this chunk's group A */
-        }
+        __pipeline_wait_prior(1); /* this chunk's group A */
         __syncthreads();
         CK_MARK(0);
         /* step 1: D = U - W S (warps 0-3), O = Qg S (warps 4-7) */
@@ -794,17 +736,11 @@ __global__ void __launch_bounds__(256) ck_state_mma_kernel(cu_gdn_args a) {
         }
         __syncthreads();
         CK_MARK(1);
-        if constexpr (BULK) {
-            if (nxt && warp == 0) ckb_stage_a(Wb, Qb, KLD, Ub, nxt, dk, dv, j0, bar, lane);
-            bk_wait(bar + 1, par_b);
-            par_b ^= 1u;
-        } else {
-            if (nxt) /* the next chunk's group A over this one's W, Qg and U, read by now */
-                ck_stage_a<true>(Wb, Qb, KLD, Ub, CKM_SL, nxt, dk, dv, j0, tid, nt);
-            else
-                __pipeline_commit();
-            __pipeline_wait_prior(1); /* this chunk's group B */
-        }
+        if (nxt) /* the next chunk's group A over this one's W, Qg and U, read by now */
+            ck_stage_a<true>(Wb, Qb, KLD, Ub, CKM_SL, nxt, dk, dv, j0, tid, nt);
+        else
+            __pipeline_commit();
+        __pipeline_wait_prior(1); /* this chunk's group B */
         __syncthreads();
         CK_MARK(2);
         /* step 2: S <- e^(g_L) S + Kf^T D (owners; S's split for the next chunk's step 1, whose readers of
@@ -832,18 +768,15 @@ __global__ void __launch_bounds__(256) ck_state_mma_kernel(cu_gdn_args a) {
         }
         __syncthreads();
         CK_MARK(3);
-        if constexpr (BULK) {
-            if (nxt && warp == 0) ckb_stage_b(QKb, Kb, KBL, nxt, dk, dv, bar + 1, lane);
-        } else if (nxt) { /* the next chunk's group B over this one's QK and Kf */
+        if (nxt) /* the next chunk's group B over this one's QK and Kf */
             ck_stage_b<true>(QKb, Kb, KBL, nxt, dk, dv, tid, nt);
-        } else {
+        else
             __pipeline_commit();
-        }
         CK_MARK(4);
         ckp[7]++;
     }
     CK_PROF_OUT(8);
-    if (!BULK) __pipeline_wait_prior(0); /* (bulk: every copy issued was waited for) */
+    __pipeline_wait_prior(0);
     if (owns_s) {
 #pragma unroll
         for (int nn = 0; nn < 4; nn++)
@@ -889,8 +822,7 @@ template <int P> static int ck_set_smem(int dk, int dv) {
     if constexpr (P == 3) /* the mma.sync form (one TF32 rounding runs the WMMA one) */
         ok = ok && ck_attr(ck_prep_kernel<P, true>, p) && ck_attr(ck_prep_kernel<P, true, 128>, p) &&
              ck_attr(ck_state_mma_kernel<>, ck_mma_smem_floats(dk)) &&
-             ck_attr(ck_state_mma_kernel<128>, ck_mma_smem_floats(dk)) &&
-             ck_attr(ck_state_mma_kernel<128, true>, ck_mma_smem_floats(dk));
+             ck_attr(ck_state_mma_kernel<128>, ck_mma_smem_floats(dk));
     return ok;
 }
 
@@ -929,9 +861,7 @@ static int ck_launch(cu_ctx *c, const cu_gdn_args *a, int parts) {
             ck_prep_kernel<3><<<gp, 256, sp, c->stream>>>(*a);
     }
     if (parts & 2) {
-        if (mma && dk128 && a->chunk_dt == 2 && a->dv % CKM_DT == 0)
-            ck_state_mma_kernel<128, true><<<gs, 256, ss, c->stream>>>(*a);
-        else if (mma && dk128)
+        if (mma && dk128)
             ck_state_mma_kernel<128><<<gs, 256, ss, c->stream>>>(*a);
         else if (mma)
             ck_state_mma_kernel<><<<gs, 256, ss, c->stream>>>(*a);
