@@ -219,22 +219,22 @@ struct cuda_fwd {
     unsigned *moe_cnt;        /* [T]: the fused router's finished-block counters (zeroed, kept zeroed) */
     int moe_variant;          /* cu_moe_args.variant (CINFER_CUDA_MOE_VARIANT, measurements) */
     int moe_pf_grouped;       /* prefill experts by cu_moe_gemm* (CINFER_CUDA_MOE_PREFILL=host: off) */
-    int moe_gemm_rows; /* with it, decode batches of at least this many rows too (CINFER_CUDA_MOE_GEMM_ROWS)
-                        */
-    int *moe_tiles;    /* [E + 1]: 64-slot tiles before each expert (cu_moe_tiles) */
-    int moe_pf;        /* CINFER_CUDA_MOE_PF's bits (moe(); where it is read says what each does) */
-    int *moe_gscr;     /* [E]: cu_moe_group_tiles' scratch */
-    int moe_fold;      /* CINFER_CUDA_MOE_FOLD=1 */
-    int fold_layer;    /* enqueue: this layer's out_proj makes the router's choice (moe_fold.cu) */
-    float *moe_inv;    /* [T]: 1 / rms(h') from the fold path's gate_up kernel */
-    float *moe_zp;     /* the fold kernel's z parts (cu_moe_fold_scratch), with CINFER_CUDA_MOE_FOLD only */
-    size_t xb_elems;   /* bf16 elements of xb */
-    int pdl;           /* cu_set_pdl's level: CINFER_CUDA_PDL=1 2 (every decode kernel), =gemv 1, else 0 */
-    int pdl_any;       /* CINFER_CUDA_PDL_ANY=1: level 2 in every step, not only pdl_step()'s (diagnostics) */
-    int fuse;          /* norms, adds, SwiGLU in the GEMVs (enqueue; CINFER_CUDA_FUSE=0: off) */
-    int *h_moe_idx;    /* pinned [S] */
-    float *h_moe_w;    /* pinned [S] */
-    int *h_moe_up;     /* pinned [3S] */
+    int moe_gemm_rows;  /* with it, decode batches of at least this many rows too (CINFER_CUDA_MOE_GEMM_ROWS)
+                         */
+    int *moe_tiles;     /* [E + 1]: 64-slot tiles before each expert (cu_moe_tiles) */
+    int moe_pf;         /* CINFER_CUDA_MOE_PF's bits (moe(); where it is read says what each does) */
+    int *moe_gscr;      /* [E]: cu_moe_group_tiles' scratch */
+    int moe_fold;       /* CINFER_CUDA_MOE_FOLD=1 */
+    int fold_layer;     /* enqueue: this layer's out_proj makes the router's choice (moe_fold.cu) */
+    unsigned *moe_fcnt; /* [2T]: the fold kernel's block counters (zeroed, kept zeroed) */
+    float *moe_zp;      /* the fold kernel's z parts (cu_moe_fold_scratch), with CINFER_CUDA_MOE_FOLD only */
+    size_t xb_elems;    /* bf16 elements of xb */
+    int pdl;            /* cu_set_pdl's level: CINFER_CUDA_PDL=1 2 (every decode kernel), =gemv 1, else 0 */
+    int pdl_any;    /* CINFER_CUDA_PDL_ANY=1: level 2 in every step, not only pdl_step()'s (diagnostics) */
+    int fuse;       /* norms, adds, SwiGLU in the GEMVs (enqueue; CINFER_CUDA_FUSE=0: off) */
+    int *h_moe_idx; /* pinned [S] */
+    float *h_moe_w; /* pinned [S] */
+    int *h_moe_up;  /* pinned [3S] */
     int *h_cnt, *h_off, *h_fill; /* [E + 1] each: rows per expert, their offsets, filled so far */
     int *meta;                   /* device ints */
     int *h_meta;                 /* pinned */
@@ -564,7 +564,7 @@ static int alloc_scratch(cuda_fwd *f, char *err, size_t errlen) {
             (rc = dev_alloc(f, (void **)&f->moe_grp, (E + 1 + S) * 4, a, err, errlen)) ||
             (rc = dev_alloc(f, (void **)&f->moe_fa, (S * Im + T * Is) * 4, a, err, errlen)) ||
             (rc = dev_alloc(f, (void **)&f->moe_cnt, T * 4, a, err, errlen)) ||
-            (rc = dev_alloc(f, (void **)&f->moe_inv, T * 4, a, err, errlen)) ||
+            (rc = dev_alloc(f, (void **)&f->moe_fcnt, 2 * T * 4, a, err, errlen)) ||
             (rc = dev_alloc(f, (void **)&f->moe_tiles, (E + 1) * 4, a, err, errlen)) ||
             (rc = dev_alloc(f, (void **)&f->moe_gscr, E * 4, a, err, errlen)) ||
             (rc = cu_alloc_host((void **)&f->h_moe_idx, S * 4, err, errlen)) ||
@@ -1256,16 +1256,17 @@ static const uint16_t *after_ffn(const cuda_fwd *f, const cu_layer *cl, size_t *
 
 static void out_proj(cuda_fwd *f, const cu_layer *cl, int T, int K, int fz) {
     if (fz && f->fold_layer) {
-        /* the MoE router folded in: h' into xn (the residual x stays h until the down kernel writes
-         * h' + the MoE block), the choice into moe_idx / moe_w, z into moe_logits */
+        /* the MoE router folded in: h' into the residual x, its norm into xn, the choice and its weights
+         * into moe_idx / moe_w (z in moe_logits, h' first in f->out: nothing pends under fz) */
         const model *m = f->m;
         cu_moe_fold_args a = {0};
         a.T = T, a.H = m->H, a.D = K, a.E = m->cfg.n_experts, a.k = m->cfg.n_experts_per_tok;
         a.Im = m->cfg.moe_intermediate_size, a.KS = cu_gemv3_splits(m->H, K), a.wf_f32 = 1;
         a.x = f->x, a.a = f->act, a.w_o = cl->w_out, a.router = cl->router, a.g = cl->post_norm,
         a.wf = cl->wfold;
-        a.y = f->xn, a.z = f->moe_logits, a.zpart = f->moe_zp, a.idx = f->moe_idx, a.zsel = f->moe_w,
-        a.count = f->moe_cnt;
+        a.y = f->out, a.xn = f->xn, a.eps = (float)m->cfg.rms_norm_eps, a.z = f->moe_logits,
+        a.zpart = f->moe_zp, a.idx = f->moe_idx, a.w = f->moe_w, a.norm = m->cfg.norm_topk_prob,
+        a.count = f->moe_fcnt;
         if ((f->moe_variant & 8192) && cl->sh_gu) {
             size_t Is = (size_t)m->cfg.shared_expert_intermediate_size;
             a.pf0 = cl->sh_gu, a.pf0_bytes = 2 * Is * m->H * 2, a.pf1 = cl->sh_down,
@@ -1434,8 +1435,8 @@ static int moe(cuda_fwd *f, const cu_layer *cl, const run_shape *rs, int device_
             f->profile ? f->moe_variant & ~4 : f->moe_variant; /* no PDL beside the profile's events */
         *added = into_x;
         if (norm_w) a.x = f->x, a.norm_w = norm_w, a.eps = (float)m->cfg.rms_norm_eps, a.xn = f->xn;
-        /* fold: out_proj chose (moe_fold.cu); xn holds h', the down kernel writes x = h' + the block */
-        if (f->fold_layer && norm_w && into_x) a.fold = 1, a.inv = f->moe_inv;
+        /* fold: out_proj's launch chose and normed (moe_fold.cu): no router launch */
+        if (f->fold_layer && norm_w) a.fold = 1;
         /* CINFER_CUDA_DIAG_AB's classes: the router (DG_ROUTE), gate_up (DG_GU), down (DG_DOWN) */
         int nr = diag_n(f, DG_ROUTE), ng = diag_n(f, DG_GU), nd = diag_n(f, DG_DOWN);
         mark(f, CP_MOE_ROUTE);

@@ -446,12 +446,13 @@ TEST(cuda_moe_fused_supported_shapes) {
 /* one fold-path run on the host: out_proj's h' (y), the residual after the block (xo = h' + MoE), z, the
  * choice (idx ascending) and its z */
 typedef struct fold_out {
-    float *y, *xo, *z, *zsel;
+    float *y, *xo, *z, *w,
+        *xn; /* xn: the normed h' the gate_up kernel reads; w: the chosen experts' weights */
     int *idx;
 } fold_out;
 
 static void free_fold(fold_out *o) {
-    free(o->y), free(o->xo), free(o->z), free(o->zsel), free(o->idx);
+    free(o->y), free(o->xo), free(o->z), free(o->w), free(o->idx), free(o->xn);
 }
 
 typedef struct fold_in {
@@ -467,40 +468,48 @@ static int run_fold(cu_ctx *c, const moe_case *mc, const moe_w *w, const fold_in
                     int moe, fold_out *o) {
     int H = mc->H, E = mc->E, k = mc->k, A = mc->k * mc->Im + mc->Is;
     char err[256];
-    float *y = dev((size_t)T * H * 4), *z = dev((size_t)T * E * 4), *zsel = dev((size_t)T * k * 4);
+    float *y = dev((size_t)T * H * 4), *z = dev((size_t)T * E * 4), *wt = dev((size_t)T * k * 4);
+    float *xn = dev((size_t)T * H * 4);
     int *idx = dev((size_t)T * k * 4);
-    unsigned *cnt = dev((size_t)T * 4);
+    unsigned *cnt = dev((size_t)T * 2 * 4);
     float *xo = dev((size_t)T * H * 4), *act = dev((size_t)T * A * 4), *shg = dev((size_t)T * 4);
-    float *inv = dev((size_t)T * 4), *out = dev((size_t)T * H * 4);
+    float *out = dev((size_t)T * H * 4);
     float *zp = dev(cu_moe_fold_scratch(T, in->D, E, in->wf32) * 4);
     cu_fill_f32(c, y, (size_t)T * H, NAN), cu_fill_f32(c, z, (size_t)T * E, NAN);
-    cu_fill_f32(c, zsel, (size_t)T * k, NAN), cu_fill_f32(c, (float *)idx, (size_t)T * k, NAN);
-    cu_fill_f32(c, (float *)cnt, (size_t)T, 0.0f), cu_fill_f32(c, act, (size_t)T * A, NAN);
-    cu_fill_f32(c, shg, (size_t)T, NAN), cu_fill_f32(c, inv, (size_t)T, NAN);
+    cu_fill_f32(c, wt, (size_t)T * k, NAN), cu_fill_f32(c, (float *)idx, (size_t)T * k, NAN);
+    cu_fill_f32(c, (float *)cnt, (size_t)T * 2, 0.0f), cu_fill_f32(c, act, (size_t)T * A, NAN);
+    cu_fill_f32(c, shg, (size_t)T, NAN), cu_fill_f32(c, xn, (size_t)T * H, NAN);
     cu_fill_f32(c, out, (size_t)T * H, 7.0f);
     cu_d2d_async(c, xo, in->d_h, (size_t)T * H * 4);
     cu_moe_fold_args f = {0};
     f.T = T, f.H = H, f.D = in->D, f.E = E, f.k = k, f.Im = mc->Im, f.KS = cu_gemv3_splits(H, in->D);
     f.wf_f32 = in->wf32;
-    f.x = in->d_h, f.a = in->d_a, f.w_o = in->d_wo, f.router = w->d_router, f.g = in->d_g, f.wf = in->d_wf;
-    f.y = y, f.z = z, f.zpart = zp, f.idx = idx, f.zsel = zsel, f.count = cnt;
+    f.x = xo, f.a = in->d_a, f.w_o = in->d_wo, f.router = w->d_router, f.g = in->d_g, f.wf = in->d_wf;
+    f.y = y, f.xn = xn, f.eps = 1e-6f, f.z = z, f.zpart = zp, f.idx = idx, f.w = wt, f.norm = mc->norm;
+    f.count = cnt;
     if (variant & 8192) f.pf0 = w->d_sgu, f.pf0_bytes = (size_t)2 * mc->Is * H * 2;
     cu_moe_fold_outproj(c, &f);
+    float *xh = moe ? NULL : get(xo, (size_t)T * H * 4); /* h' in the residual */
     if (moe) {
         cu_moe_args a = {0};
         a.T = T, a.H = H, a.E = E, a.k = k, a.Im = mc->Im, a.Is = mc->Is, a.norm = mc->norm;
         a.router = w->d_router, a.e_gu = w->d_gu, a.e_down = w->d_down, a.variant = variant & (4 | 16);
         a.sh_gu = w->d_sgu, a.sh_down = w->d_sdown, a.sh_gw = w->d_sgw;
-        a.logits = z, a.idx = idx, a.w = zsel, a.count = cnt, a.act = act, a.shg = shg, a.out = out;
-        a.resid = xo, a.x = in->d_h, a.norm_w = in->d_g, a.eps = 1e-6f, a.xn = y, a.fold = 1, a.inv = inv;
+        a.logits = z, a.idx = idx, a.w = wt, a.act = act, a.shg = shg, a.out = out;
+        a.resid = xo, a.x = xo, a.norm_w = in->d_g, a.eps = 1e-6f, a.xn = xn, a.fold = 1;
         cu_moe_fused(c, &a);
     }
     int rc = cu_sync(c, err, sizeof err);
     CHECK_MSG(rc == 0, "fold %s T=%d: %s", mc->name, T, err);
     o->y = get(y, (size_t)T * H * 4), o->xo = get(xo, (size_t)T * H * 4), o->z = get(z, (size_t)T * E * 4);
-    o->zsel = get(zsel, (size_t)T * k * 4), o->idx = get(idx, (size_t)T * k * 4);
-    unsigned *hc = get(cnt, (size_t)T * 4);
-    for (int r = 0; r < T; r++) CHECK_MSG(hc[r] == 0, "fold counter of row %d left at %u", r, hc[r]);
+    o->w = get(wt, (size_t)T * k * 4), o->idx = get(idx, (size_t)T * k * 4),
+    o->xn = get(xn, (size_t)T * H * 4);
+    if (xh) {
+        CHECK_MSG(!memcmp(xh, o->y, (size_t)T * H * 4), "fold %s: the residual does not hold h'", mc->name);
+        free(xh);
+    }
+    unsigned *hc = get(cnt, (size_t)T * 2 * 4);
+    for (int r = 0; r < 2 * T; r++) CHECK_MSG(hc[r] == 0, "fold counter %d left at %u", r, hc[r]);
     if (moe) {
         float *ho = get(out, (size_t)T * H * 4);
         int bad = 0;
@@ -509,8 +518,8 @@ static int run_fold(cu_ctx *c, const moe_case *mc, const moe_w *w, const fold_in
         free(ho);
     }
     free(hc);
-    cu_free(zp), cu_free(y), cu_free(z), cu_free(zsel), cu_free(idx), cu_free(cnt), cu_free(xo), cu_free(act);
-    cu_free(shg), cu_free(inv), cu_free(out);
+    cu_free(zp), cu_free(y), cu_free(z), cu_free(wt), cu_free(idx), cu_free(cnt), cu_free(xo), cu_free(act);
+    cu_free(shg), cu_free(xn), cu_free(out);
     return rc;
 }
 
@@ -597,6 +606,11 @@ static void fold_case_run(const moe_case *mc, int D, int wf_lo, int wf_hi, int n
                   mc->name);
         printf("     %-52s %s\n", "  out_proj rows vs cu_gemv_fused",
                memcmp(o8.y, yr, (size_t)T * H * 4) ? "DIFFERENT" : "bit-identical");
+        /* the norm: cu_add_rmsnorm's rows (the router's own norm gives those bits: run_fused's check) */
+        CHECK_MSG(!memcmp(o8.xn, ref.xn, (size_t)T * H * 4),
+                  "%s: the fold's normed rows differ from the router's", mc->name);
+        printf("     %-52s %s\n", "  normed rows vs the router's",
+               memcmp(o8.xn, ref.xn, (size_t)T * H * 4) ? "DIFFERENT" : "bit-identical");
         /* z against the CPU's W_r (g h') in double */
         {
             double dd = 0, rr = 0;
@@ -623,6 +637,10 @@ static void fold_case_run(const moe_case *mc, int D, int wf_lo, int wf_hi, int n
                 far += !near_tie(mc, &w, g, yr + (size_t)r * H, wf32 ? 1e-4 : 5e-3);
                 continue;
             }
+            snprintf(what, sizeof what, "%s row %d weights vs the router's", mc->name, r);
+            if (r == 0) check_rel(what, o8.w, ref.w, (size_t)k, wf32 ? 1e-5 : 5e-3);
+            CHECK_MSG(rel(o8.w + (size_t)r * k, ref.w + (size_t)r * k, (size_t)k) <= (wf32 ? 1e-5 : 5e-3),
+                      "%s row %d: weights off the router's", mc->name, r);
             float *mo = malloc((size_t)H * 4);
             for (int i = 0; i < H; i++) mo[i] = o8.xo[(size_t)r * H + i] - o8.y[(size_t)r * H + i];
             float *mr = malloc((size_t)H * 4);
@@ -649,7 +667,7 @@ static void fold_case_run(const moe_case *mc, int D, int wf_lo, int wf_hi, int n
             if (run_fold(c, mc, &w, &in, t, 0, 1, &o)) continue;
             int same = !memcmp(o.y, o8.y, (size_t)t * H * 4) && !memcmp(o.xo, o8.xo, (size_t)t * H * 4) &&
                        !memcmp(o.z, o8.z, (size_t)t * E * 4) && !memcmp(o.idx, o8.idx, (size_t)t * k * 4) &&
-                       !memcmp(o.zsel, o8.zsel, (size_t)t * k * 4);
+                       !memcmp(o.w, o8.w, (size_t)t * k * 4) && !memcmp(o.xn, o8.xn, (size_t)t * H * 4);
             CHECK_MSG(same, "%s: fold, the first %d rows differ from the same rows among 8", mc->name, t);
             free_fold(&o);
         }

@@ -514,13 +514,9 @@ typedef struct cu_moe_args {
     int variant; /* 4: programmatic dependent launch (each kernel lets the next be scheduled, then waits for
                     the one before; the same bits). CINFER_CUDA_MOE_VARIANT, default 8204 (8: the caller's
                     norm_w; 8192: the router requests the shared expert's weights into L2 before its wait) */
-    /* fold (CINFER_CUDA_MOE_FOLD, moe_fold.cu): the choice came with out_proj (cu_moe_fold_outproj): no
-       router launch; xn holds the raw rows h' (not normed), norm_w their norm's (1 + w), which the gate_up
-       kernel applies itself (Σ w (h' g) / rms(h')), writing 1 / rms(h') to inv; idx holds the choice and
-       w the chosen z (ascending expert order), logits all E z when !norm; the down kernel makes the weights
-       softmax(inv z) and writes resid = xn + the block's output (resid required) */
+    /* fold (CINFER_CUDA_MOE_FOLD, moe_fold.cu): idx, w and the normed rows xn came with out_proj
+       (cu_moe_fold_outproj): no router launch (cu_moe_fused_route does nothing) */
     int fold;
-    float *inv; /* [T] 1 / rms(h') (fold) */
 } cu_moe_args;
 /* 1 when the fused kernels serve this shape: H, Im, Is multiples of 8, Im <= 1024, E <= 1024, k <= 32 */
 int cu_moe_fused_supported(int H, int E, int k, int Im, int Is);
@@ -537,19 +533,22 @@ typedef struct cu_moe_fold_args {
     int T, H, D, E, k, Im;  /* rows, hidden, out_proj width, experts, top-k, expert width */
     int KS;                 /* out_proj's K-splits (1 or 2: cu_gemv3_splits(H, D)) */
     int wf_f32;             /* wf is f32 (else bf16) */
-    const float *x;         /* [T][H] the residual h */
+    float *x;               /* [T][H] the residual h; h' when the launch is done */
     const float *a;         /* [T][D] out_proj's input */
     const uint16_t *w_o;    /* [H][D] bf16 */
     const uint16_t *router; /* [E][H] bf16 */
     const float *g;         /* [H] the post-attention norm's (1 + w) */
     const void *wf;         /* [E][D] W' = router diag(g) w_o (cu_moe_fold_weights), bf16 or f32 */
-    float *y;               /* [T][H] h' = x + a w_o^T */
-    float *z;               /* [T][E] */
-    float *zpart;           /* scratch, cu_moe_fold_scratch(T, D, E, wf_f32) floats */
-    int *idx;               /* [T][k] chosen experts, ascending */
-    float *zsel;            /* [T][k] their z */
-    unsigned *count;        /* [T] zeroed once; every launch leaves it zeroed */
-    const void *pf0, *pf1;  /* NULL, or bytes into L2 from the z blocks (the shared expert's weights) */
+    float *y;               /* [T][H] scratch: h' = x + a w_o^T */
+    float *xn;              /* [T][H] RMSNorm(h') (1 + w) as cu_add_rmsnorm makes it (g the weights) */
+    float eps;
+    float *z;     /* [T][E] */
+    float *zpart; /* scratch, cu_moe_fold_scratch(T, D, E, wf_f32) floats */
+    int *idx;     /* [T][k] chosen experts, ascending */
+    float *w;     /* [T][k] their weights: softmax(z / rms(h')) (renormalised when norm) */
+    int norm;
+    unsigned *count;       /* [2T] zeroed once; every launch leaves it zeroed */
+    const void *pf0, *pf1; /* NULL, or bytes into L2 from the z blocks (the shared expert's weights) */
     size_t pf0_bytes, pf1_bytes;
 } cu_moe_fold_args;
 int cu_moe_fold_supported(int H, int D, int E, int k);

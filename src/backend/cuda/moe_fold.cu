@@ -6,15 +6,16 @@
  * z = W_r (g h) + W' a with W' = W_r diag(g) W_o, a [E][D] matrix made once at upload
  * (cu_moe_fold_weights): z needs neither h' nor its norm, so its rows go in the same launch as out_proj's (z
  * blocks first in the grid, out_proj blocks after), and the last z block of a tile of rows selects the k
- * experts while the out_proj blocks still stream. The weights softmax(s z) over the chosen k are made by the
- * down kernel (moe_fused.cu), when s is known: the gate_up kernel takes the norm of h' itself.
+ * experts while the out_proj blocks still stream. The last block of the launch, once h' is complete, takes
+ * its RMSNorm exactly as cu_add_rmsnorm would (the gate_up kernel reads those rows), writes h' into the
+ * residual and makes the weights softmax(s z) (renormalised over the k): the gate_up and down kernels run as
+ * they do after the router (moe_fused.cu).
  *
  * out_proj's rows are gemv3.cu's at the same splits (cu_gemv3_splits): per lane the chunks of a split in
  * increasing order, the butterfly, the splits summed in order, then h + v: the same bits as cu_gemv_fused's
- * residual form at every row count. Here h' goes to y (not into h in place: the z blocks read h while the
- * out_proj blocks run), and the down kernel writes h' + the MoE output into the residual. Every block works
- * on whole rows of its tile and every sum has a fixed order, so a row's result never depends on the rows
- * beside it in the launch. */
+ * residual form at every row count. Here h' goes to y first (not into h in place: the z blocks read h while
+ * the out_proj blocks run). Every block works on whole rows of its tile and every sum has a fixed order, so
+ * a row's result never depends on the rows beside it in the launch. */
 #include "backend/cuda/common.cuh"
 
 #define FO_WARPS 8
@@ -157,13 +158,21 @@ __device__ __forceinline__ void fo_rows(float (&acc)[NR][MR], const uint16_t *co
  * rows (below); the last of them to finish (count[tile], left at 0 again) sums each row's parts, writes z
  * and selects the k largest (ties to the lower expert, the CPU's stable selection) in warp m for row m: idx
  * in ascending expert order, zsel their z. Blocks >= ZB: out_proj, 8 / KS rows a block, KS warps a row. */
+template <int MR, int EW>
+__device__ void fo_select(float *z, const float *zpart, int *idx, unsigned *count, int E, int k, int P,
+                          size_t r0);
+template <int MR, int EW>
+__device__ void fo_finish(float *x, const float *y, float *xn, const float *g, float eps, const float *z,
+                          const int *idx, float *wout, int norm, unsigned *count, int H, int E, int k,
+                          size_t r0);
+
 template <int MR, bool WF32, int EW, int NR = fo_nr(MR)>
-__global__ void __launch_bounds__(FO_WARPS * 32, MR == 1 ? 4 : 1) /* one row: 64 registers, 4 blocks an SM */
-    fo_kernel(const float *__restrict__ x, const float *__restrict__ a, const uint16_t *__restrict__ w_o,
+__global__ void __launch_bounds__(FO_WARPS * 32, MR == 1 ? 4 : 2) /* one row: 64 registers, 4 blocks an SM */
+    fo_kernel(float *x, const float *__restrict__ a, const uint16_t *__restrict__ w_o,
               const uint16_t *__restrict__ router, const float *__restrict__ g, const void *__restrict__ wf,
-              float *__restrict__ y, float *z, float *zpart, int *idx, float *zsel, unsigned *count, int H,
-              int D, int E, int k, int KS, int ZB, int P, int PC, const void *pf0, size_t pf0_bytes,
-              const void *pf1, size_t pf1_bytes) {
+              float *y, float *xn, float eps, float *z, float *zpart, int *idx, float *wout, int norm,
+              unsigned *count, int H, int D, int E, int k, int KS, int ZB, int P, int PC, const void *pf0,
+              size_t pf0_bytes, const void *pf1, size_t pf1_bytes) {
     __shared__ float red[FO_WARPS][NR * MR];
     __shared__ int last;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -200,6 +209,7 @@ __global__ void __launch_bounds__(FO_WARPS * 32, MR == 1 ? 4 : 1) /* one row: 64
                 y[(size_t)m * H + jj] = x[(size_t)m * H + jj] + v;
             }
         }
+        fo_finish<MR, EW>(x, y, xn, g, eps, z, idx, wout, norm, count, H, E, k, r0);
         return;
     }
     /* z in parts, a warp each: part 0 the router's row times g h (the residual h was written two kernels back
@@ -241,11 +251,20 @@ __global__ void __launch_bounds__(FO_WARPS * 32, MR == 1 ? 4 : 1) /* one row: 64
     __syncthreads();
     if (threadIdx.x == 0) {
         __threadfence();
-        last = atomicAdd(&count[blockIdx.y], 1u) == (unsigned)ZB - 1;
+        last = atomicAdd(&count[2 * blockIdx.y], 1u) == (unsigned)ZB - 1;
     }
     __syncthreads();
-    if (!last) return;
-    if (threadIdx.x == 0) count[blockIdx.y] = 0; /* ready for the next launch (stream order) */
+    if (last) fo_select<MR, EW>(z, zpart, idx, count, E, k, P, r0);
+    fo_finish<MR, EW>(x, y, xn, g, eps, z, idx, wout, norm, count, H, E, k, r0);
+}
+
+/* the last z block of a tile: each row's z (its parts summed in order) and its k largest (ties to the lower
+ * expert, the CPU's stable selection) in warp m for row m, idx in ascending expert order */
+template <int MR, int EW>
+__device__ void fo_select(float *z, const float *zpart, int *idx, unsigned *count, int E, int k, int P,
+                          size_t r0) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (threadIdx.x == 0) count[2 * blockIdx.y] = 0; /* ready for the next launch (stream order) */
     __threadfence();
     for (int m = warp; m < MR; m += FO_WARPS) {
         float *zr = z + (size_t)m * E;
@@ -283,20 +302,58 @@ __global__ void __launch_bounds__(FO_WARPS * 32, MR == 1 ? 4 : 1) /* one row: 64
         }
         int rank = 0;
         for (int j = 0; j < k; j++) rank += __shfl_sync(0xffffffffu, my_e, j) < my_e;
-        /* the chosen z from the lane holding it */
-        float my_z = 0.0f;
-        for (int j = 0; j < k; j++) {
-            int ej = __shfl_sync(0xffffffffu, my_e, j);
-            float vj = 0.0f;
-#pragma unroll
-            for (int i = 0; i < EW; i++)
-                if (lane + 32 * i == ej) vj = zv[i];
-            vj = __shfl_sync(0xffffffffu, vj, ej & 31);
-            if (lane == j) my_z = vj;
+        if (lane < k) idx[(r0 + m) * k + rank] = my_e;
+    }
+    __threadfence();
+}
+
+/* Every block of the launch ends here; the last of a tile (count[2 tile + 1], left at 0 again), once h' and
+ * the choice are complete, takes each row's RMSNorm as cu_add_rmsnorm does (256 threads, its sums, its
+ * expression) into xn, writes h' into the residual x, and makes the chosen experts' weights the router's
+ * way: softmax over all E of z / rms(h') (the logits of W_r xn up to rounding), renormalised over the k
+ * when norm, in ascending expert order */
+template <int MR, int EW>
+__device__ void fo_finish(float *x, const float *y, float *xn, const float *g, float eps, const float *z,
+                          const int *idx, float *wout, int norm, unsigned *count, int H, int E, int k,
+                          size_t r0) {
+    __shared__ float sh[32];
+    __shared__ int last2;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        last2 = atomicAdd(&count[2 * blockIdx.y + 1], 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last2) return;
+    if (threadIdx.x == 0) count[2 * blockIdx.y + 1] = 0;
+    __threadfence();
+    for (int m = 0; m < MR; m++) {
+        const float *yr = y + (size_t)m * H;
+        float ss = 0.0f;
+        for (int i = threadIdx.x; i < H; i += blockDim.x) {
+            float v = __ldcg(yr + i);
+            ss += v * v;
         }
-        if (lane < k) {
-            idx[(r0 + m) * k + rank] = my_e;
-            zsel[(r0 + m) * k + rank] = my_z;
+        ss = block_sum(ss, sh);
+        const float inv = 1.0f / sqrtf(ss / (float)H + eps);
+        for (int i = threadIdx.x; i < H; i += blockDim.x) {
+            float v = __ldcg(yr + i);
+            x[(size_t)m * H + i] = v;
+            xn[(size_t)m * H + i] = (v * inv) * g[i];
+        }
+        if (warp == 0) {
+            const float *zr = z + (size_t)m * E;
+            float mx = -INFINITY, s = 0.0f;
+            for (int e = lane; e < E; e += 32) mx = fmaxf(mx, __ldcg(zr + e) * inv);
+            mx = warp_max(mx);
+            for (int e = lane; e < E; e += 32) s += expf(__ldcg(zr + e) * inv - mx);
+            s = warp_sum(s);
+            float p = 0.0f;
+            if (lane < k) p = expf(__ldcg(zr + __ldcg(idx + (r0 + m) * k + lane)) * inv - mx) / s;
+            float ws = 0.0f;
+            for (int j = 0; j < k; j++) ws += __shfl_sync(0xffffffffu, p, j);
+            if (lane < k) wout[(r0 + m) * k + lane] = norm ? p / ws : p;
         }
     }
 }
@@ -364,16 +421,16 @@ static void fo_launch(cu_ctx *c, const cu_moe_fold_args *f, size_t r0, int tiles
     int RG = FO_WARPS / f->KS, ZB = (int)cdiv((size_t)f->E * (1 + P), FO_WARPS);
     dim3 grid((unsigned)ZB + cdiv((size_t)f->H, (size_t)RG * NR), (unsigned)tiles);
     cu_launch_gemv(c, fo_kernel<MR, WF32, EW>, grid, dim3(FO_WARPS * 32), f->x + r0 * f->H, f->a + r0 * f->D,
-                   f->w_o, f->router, f->g, f->wf, f->y + r0 * f->H, f->z + r0 * f->E,
-                   f->zpart + r0 * (1 + P) * f->E, f->idx, f->zsel, f->count + r0, f->H, f->D, f->E, f->k,
-                   f->KS, ZB, P, PC, f->pf0, f->pf0_bytes, f->pf1, f->pf1_bytes);
+                   f->w_o, f->router, f->g, f->wf, f->y + r0 * f->H, f->xn + r0 * f->H, f->eps,
+                   f->z + r0 * f->E, f->zpart + r0 * (1 + P) * f->E, f->idx, f->w, f->norm, f->count + 2 * r0,
+                   f->H, f->D, f->E, f->k, f->KS, ZB, P, PC, f->pf0, f->pf0_bytes, f->pf1, f->pf1_bytes);
     (void)r0;
 }
 
 /* idx / zsel rows are indexed from the start of the launch's first tile: shift them per call */
 template <int MR, bool WF32> static void fo_ew(cu_ctx *c, const cu_moe_fold_args *f, size_t r0, int tiles) {
     cu_moe_fold_args s = *f;
-    s.idx = f->idx + r0 * f->k, s.zsel = f->zsel + r0 * f->k;
+    s.idx = f->idx + r0 * f->k, s.w = f->w + r0 * f->k;
     if (f->E <= 256)
         fo_launch<MR, WF32, 8>(c, &s, r0, tiles);
     else

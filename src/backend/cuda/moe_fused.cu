@@ -28,17 +28,6 @@ __device__ __forceinline__ float fma8(uint4 u, const float *x, float acc) {
     return acc;
 }
 
-/* fma8 on 8 values held in registers */
-__device__ __forceinline__ float fma8v(uint4 u, const float (&xv)[8], float acc) {
-    const uint32_t p[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int q = 0; q < 4; q++) {
-        acc = fmaf(__uint_as_float(p[q] << 16), xv[2 * q], acc);
-        acc = fmaf(__uint_as_float(p[q] & 0xffff0000u), xv[2 * q + 1], acc);
-    }
-    return acc;
-}
-
 /* Per-lane partial dot products of R weight rows w[r] (K bf16, K % 8 == 0, 16-byte aligned) with x[r]:
  * lane l takes k = 8l + 256i in increasing i, as every GEMV of gemm.cu, so after warp_sum each value equals
  * theirs bit for bit. NB chunks of every row are requested before their FMAs (loads in flight). */
@@ -60,40 +49,6 @@ __device__ __forceinline__ void dot_rows(float (&acc)[R], const uint16_t *const 
             if (k < K)
 #pragma unroll
                 for (int r = 0; r < R; r++) acc[r] = fma8(u[r][c], x[r] + k, acc[r]);
-        }
-    }
-}
-
-/* dot_rows of x scaled by g (the RMSNorm's weights) with ss += x² alongside, per lane in the same chunk
- * order (fold: the gate_up kernel normalises at the end, Σ w (x g) / rms(x), as gemv3's norm prologue; every
- * warp of a row gets the same ss) */
-template <int R, int NB>
-__device__ __forceinline__ void dot_rows_norm(float (&acc)[R], float &ss, const uint16_t *const (&w)[R],
-                                              const float *x, const float *g, int K, int lane) {
-    for (int k0 = lane * 8; k0 < K; k0 += 256 * NB) {
-        uint4 u[R][NB];
-#pragma unroll
-        for (int r = 0; r < R; r++)
-#pragma unroll
-            for (int c = 0; c < NB; c++) {
-                int k = k0 + 256 * c;
-                u[r][c] = k < K ? __ldg(reinterpret_cast<const uint4 *>(w[r] + k)) : make_uint4(0, 0, 0, 0);
-            }
-#pragma unroll
-        for (int c = 0; c < NB; c++) {
-            int k = k0 + 256 * c;
-            if (k < K) {
-                const float4 *xp = reinterpret_cast<const float4 *>(x + k);
-                const float4 *gp = reinterpret_cast<const float4 *>(g + k);
-                float4 a = xp[0], b = xp[1], ga = __ldg(gp), gb = __ldg(gp + 1); /* x as fma8 reads it */
-                const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-                const float gv[8] = {ga.x, ga.y, ga.z, ga.w, gb.x, gb.y, gb.z, gb.w};
-                float xg[8];
-#pragma unroll
-                for (int q = 0; q < 8; q++) ss = fmaf(xv[q], xv[q], ss), xg[q] = xv[q] * gv[q];
-#pragma unroll
-                for (int r = 0; r < R; r++) acc[r] = fma8v(u[r][c], xg, acc[r]);
-            }
         }
     }
 }
@@ -314,12 +269,12 @@ __global__ void __launch_bounds__(NORM ? 256 : RT_WARPS * 32)
  * j-th chosen expert (j = w / Im, n = w % Im) -> act[r][w]; then Is warps for the shared expert's rows ->
  * act[r][k Im + n]; then one warp for the shared expert's gate logit -> shg[r]. NB: chunks per row requested
  * at once (2: 40 registers, six blocks per SM, so the 577 blocks of a 35B-A3B row are one wave). */
-template <int NB, bool FOLD>
-__global__ void __launch_bounds__(MF_WARPS * 32, 6)
+template <int NB>
+__global__ void __launch_bounds__(MF_WARPS * 32)
     mf_gate_up_kernel(const float *__restrict__ x, const uint16_t *__restrict__ e_gu,
                       const int *__restrict__ idx, const uint16_t *__restrict__ sh_gu,
                       const uint16_t *__restrict__ sh_gw, float *act, float *shg, int H, int k, int Im,
-                      int Is, const float *__restrict__ nw, float eps, float *inv) {
+                      int Is) {
     const int r = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int wg = blockIdx.x * MF_WARPS + warp, A = k * Im + Is;
     griddep_wait(); /* the router's choices */
@@ -339,67 +294,31 @@ __global__ void __launch_bounds__(MF_WARPS * 32, 6)
         if (wg == A && sh_gw) {
             float acc[1] = {0.0f};
             const uint16_t *w1[1] = {sh_gw};
-            float v;
-            if (FOLD) {
-                float ss = 0.0f;
-                dot_rows_norm<1, 4>(acc, ss, w1, xr, nw, H, lane);
-                v = warp_sum(acc[0]) * (1.0f / sqrtf(warp_sum(ss) / (float)H + eps));
-            } else {
-                const float *x1[1] = {xr};
-                dot_rows<1, 4>(acc, w1, x1, H, lane);
-                v = warp_sum(acc[0]);
-            }
+            const float *x1[1] = {xr};
+            dot_rows<1, 4>(acc, w1, x1, H, lane);
+            float v = warp_sum(acc[0]);
             if (lane == 0) shg[r] = v;
         }
         return;
     }
     float acc[2] = {0.0f, 0.0f};
     const uint16_t *w2[2] = {g, g + up};
-    float gs, us;
-    if (FOLD) { /* Σ w (h' g), then / rms(h'): the norm the router kernel no longer takes */
-        float ss = 0.0f;
-        dot_rows_norm<2, NB>(acc, ss, w2, xr, nw, H, lane);
-        float iv = 1.0f / sqrtf(warp_sum(ss) / (float)H + eps);
-        gs = warp_sum(acc[0]) * iv, us = warp_sum(acc[1]) * iv;
-        if (wg == 0 && lane == 0) inv[r] = iv; /* the down kernel's softmax scale */
-    } else {
-        const float *x2[2] = {xr, xr};
-        dot_rows<2, NB>(acc, w2, x2, H, lane);
-        gs = warp_sum(acc[0]), us = warp_sum(acc[1]);
-    }
+    const float *x2[2] = {xr, xr};
+    dot_rows<2, NB>(acc, w2, x2, H, lane);
+    float gs = warp_sum(acc[0]), us = warp_sum(acc[1]);
     if (lane == 0) act[(size_t)r * A + wg] = dev_silu(gs) * us; /* cu_swiglu's expression */
-}
-
-/* fold: lane j < k's weight from the chosen z (my_z) and s = 1 / rms(h'): softmax(s z) over the chosen k
- * (norm), or over all E (zr, the row's z) taken at the chosen; the whole warp calls it */
-__device__ __forceinline__ float mf_fold_weight(float my_z, int lane, int k, int norm, const float *zr, int E,
-                                                float s) {
-    float t = lane < k ? my_z * s : -INFINITY, mx = warp_max(t);
-    float ev = lane < k ? expf(t - mx) : 0.0f, den = 0.0f;
-    if (norm) {
-        for (int j = 0; j < k; j++) den += __shfl_sync(0xffffffffu, ev, j);
-    } else {
-        float ma = -INFINITY;
-        for (int e = lane; e < E; e += 32) ma = fmaxf(ma, __ldcg(zr + e) * s);
-        ma = warp_max(ma);
-        for (int e = lane; e < E; e += 32) den += expf(__ldcg(zr + e) * s - ma);
-        den = warp_sum(den);
-        ev = lane < k ? expf(t - ma) : 0.0f;
-    }
-    return ev / den;
 }
 
 /* down + combine, grid (H / MF_WARPS, T). Warp h: out[r][h] = Σ_j w_j (down_{e_j}[h] · act_j) over the
  * choices in ascending expert order, then + sigmoid(shg) (sh_down[h] · act_sh): cu_moe_combine's order. With
  * resid, resid[r][h] += that sum instead (the residual add cu_add_rmsnorm would make, the same f32 add) and
  * out is not written. */
-template <int KC, bool FOLD>
+template <int KC>
 __global__ void __launch_bounds__(MF_WARPS * 32)
     mf_down_kernel(const float *__restrict__ act, const uint16_t *__restrict__ e_down,
                    const int *__restrict__ idx, const float *__restrict__ wt,
                    const uint16_t *__restrict__ sh_down, const float *__restrict__ shg, float *out,
-                   float *resid, int H, int k, int Im, int Is, const float *__restrict__ zall,
-                   const float *__restrict__ inv, const float *__restrict__ base, int E, int norm) {
+                   float *resid, int H, int k, int Im, int Is) {
     const int r = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int h = blockIdx.x * MF_WARPS + warp, A = k * Im + Is;
     if (h >= H) {
@@ -412,8 +331,7 @@ __global__ void __launch_bounds__(MF_WARPS * 32)
      * scheduled only after waiting for the router): read them from L2 (__ldcg: L1 may hold the previous
      * layer's) and request the first group's weights before waiting for the gate_up kernel's act */
     const int my_e = lane < k ? __ldcg(idx + (size_t)r * k + lane) : 0;
-    /* fold: wt holds the chosen z; the weights need the gate_up kernel's 1 / rms (after the wait) */
-    float my_w = lane < k ? __ldcg(wt + (size_t)r * k + lane) : 0.0f;
+    const float my_w = lane < k ? __ldcg(wt + (size_t)r * k + lane) : 0.0f;
     float acc = 0.0f;
     constexpr int G = MF_GROUP;
     uint4 u[G][KC];
@@ -433,7 +351,6 @@ __global__ void __launch_bounds__(MF_WARPS * 32)
         if (j0 == 0) {
             griddep_wait(); /* act */
             griddep_launch();
-            if (FOLD) my_w = mf_fold_weight(my_w, lane, k, norm, zall + (size_t)r * E, E, __ldcg(inv + r));
         }
         fma_rows<G, KC>(y, u, xa, Im, lane);
 #pragma unroll
@@ -453,9 +370,7 @@ __global__ void __launch_bounds__(MF_WARPS * 32)
         acc += gt * v;
     }
     if (lane == 0) {
-        if (FOLD)
-            resid[(size_t)r * H + h] = base[(size_t)r * H + h] + acc; /* h' + the block: the residual add */
-        else if (resid)
+        if (resid)
             resid[(size_t)r * H + h] += acc;
         else
             out[(size_t)r * H + h] = acc;
@@ -467,13 +382,12 @@ __global__ void __launch_bounds__(MF_WARPS * 32)
  * same round trip (Is <= 256 KC), so each warp waits on one round of loads instead of three. Every per-expert
  * dot product is the same warp sum, and warp 0 joins them from shared memory in mf_down_kernel's order
  * (acc += v_j w_j in ascending j, then + sigmoid(shg) v_shared): the same bits. */
-template <int KC, bool FOLD>
+template <int KC>
 __global__ void __launch_bounds__(MF_WARPS * 32, 4)
     mf_down2_kernel(const float *__restrict__ act, const uint16_t *__restrict__ e_down,
                     const int *__restrict__ idx, const float *__restrict__ wt,
                     const uint16_t *__restrict__ sh_down, const float *__restrict__ shg, float *out,
-                    float *resid, int H, int k, int Im, int Is, const float *__restrict__ zall,
-                    const float *__restrict__ inv, const float *__restrict__ base, int E, int norm) {
+                    float *resid, int H, int k, int Im, int Is) {
     constexpr int G = MF_GROUP, OB = MF_WARPS / 2;
     __shared__ float vals[OB][2 * G + 1];
     const int r = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -482,7 +396,7 @@ __global__ void __launch_bounds__(MF_WARPS * 32, 4)
     const int hh = live ? h : 0;
     const float *ar = act + (size_t)r * A;
     const int my_e = lane < k ? __ldcg(idx + (size_t)r * k + lane) : 0;
-    float my_w = lane < k ? __ldcg(wt + (size_t)r * k + lane) : 0.0f;
+    const float my_w = lane < k ? __ldcg(wt + (size_t)r * k + lane) : 0.0f;
     const int j0 = p * G;
     const bool shr = p == 1 && sh_down && Is <= 256 * KC; /* the shared row in this round trip */
     uint4 u[G][KC], us[1][KC];
@@ -502,7 +416,6 @@ __global__ void __launch_bounds__(MF_WARPS * 32, 4)
     if (live && shr) load_rows<1, KC>(us, w1, Is, lane);
     griddep_wait(); /* act */
     griddep_launch();
-    if (FOLD) my_w = mf_fold_weight(my_w, lane, k, norm, zall + (size_t)r * E, E, __ldcg(inv + r));
     if (live && j0 < k) {
         fma_rows<G, KC>(y, u, xa, Im, lane);
 #pragma unroll
@@ -530,9 +443,7 @@ __global__ void __launch_bounds__(MF_WARPS * 32, 4)
     }
     if (sh_down) acc += dev_sigmoid(shg[r]) * vals[o][2 * G];
     if (lane == 0) {
-        if (FOLD)
-            resid[(size_t)r * H + h] = base[(size_t)r * H + h] + acc;
-        else if (resid)
+        if (resid)
             resid[(size_t)r * H + h] += acc;
         else
             out[(size_t)r * H + h] = acc;
@@ -579,12 +490,11 @@ extern "C" void cu_moe_fused_gate_up(cu_ctx *c, const cu_moe_args *a) {
     size_t warps = (size_t)a->k * a->Im + (size_t)Is + (a->sh_gw ? 1 : 0);
     dim3 grid(cdiv(warps, MF_WARPS), (unsigned)a->T), block(MF_WARPS * 32);
     int pdl = (a->variant & 4) != 0;
-    const float *x = a->norm_w ? a->xn : a->x; /* the router's normed rows (fold: h', not normed) */
+    const float *x = a->norm_w ? a->xn : a->x; /* the router's normed rows */
     /* 2 chunks per row requested at a time: 40 registers, six blocks per SM, the 577 blocks of a 35B-A3B row
      * in one wave (session 4: 4 chunks, four blocks per SM, 14.1 vs 10.9 us) */
-    cu_launch_pdl(c, pdl, a->fold ? mf_gate_up_kernel<2, true> : mf_gate_up_kernel<2, false>, grid, block, x,
-                  a->e_gu, a->idx, a->sh_gu, a->sh_gw, a->act, a->shg, a->H, a->k, a->Im, Is, a->norm_w,
-                  a->eps, a->inv);
+    cu_launch_pdl(c, pdl, mf_gate_up_kernel<2>, grid, block, x, a->e_gu, a->idx, a->sh_gu, a->sh_gw, a->act,
+                  a->shg, a->H, a->k, a->Im, Is);
 }
 
 extern "C" void cu_moe_fused_down(cu_ctx *c, const cu_moe_args *a) {
@@ -595,20 +505,13 @@ extern "C" void cu_moe_fused_down(cu_ctx *c, const cu_moe_args *a) {
      * experts' rows at once and session 5's shared row with the first group: no faster, the same bits.)
      * Variant 16 (k <= 2 MF_GROUP): two warps per output (mf_down2_kernel), the same bits. */
     typedef void (*down_fn)(const float *, const uint16_t *, const int *, const float *, const uint16_t *,
-                            const float *, float *, float *, int, int, int, int, const float *, const float *,
-                            const float *, int, int);
+                            const float *, float *, float *, int, int, int, int);
     int two = (a->variant & 16) && a->k <= 2 * MF_GROUP, k4 = a->Im > 512;
-    down_fn kern;
-    if (two)
-        kern = a->fold ? (k4 ? mf_down2_kernel<4, true> : mf_down2_kernel<2, true>)
-                       : (k4 ? mf_down2_kernel<4, false> : mf_down2_kernel<2, false>);
-    else
-        kern = a->fold ? (k4 ? mf_down_kernel<4, true> : mf_down_kernel<2, true>)
-                       : (k4 ? mf_down_kernel<4, false> : mf_down_kernel<2, false>);
+    down_fn kern =
+        two ? (k4 ? mf_down2_kernel<4> : mf_down2_kernel<2>) : (k4 ? mf_down_kernel<4> : mf_down_kernel<2>);
     dim3 grid(cdiv((size_t)a->H, two ? MF_WARPS / 2 : MF_WARPS), (unsigned)a->T), block(MF_WARPS * 32);
     cu_launch_pdl(c, (a->variant & 4) != 0, kern, grid, block, a->act, a->e_down, a->idx, a->w, sh_down,
-                  a->shg, a->out, a->resid, a->H, a->k, a->Im, Is, (const float *)a->logits,
-                  (const float *)a->inv, (const float *)a->xn, a->E, a->norm);
+                  a->shg, a->out, a->resid, a->H, a->k, a->Im, Is);
 }
 
 extern "C" void cu_moe_fused(cu_ctx *c, const cu_moe_args *a) {
