@@ -1000,8 +1000,8 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * removed. "bulk", the pass staged by one warp's row-sized cp.async.bulk copies (320 a chunk) instead of
      * every thread's 16-byte cp.async, gave the same bits but a 4B layer's pass took 0.947 ms against 0.423
      * in session 7's second H200 call: removed.) */
-    const char *gdt = getenv("CINFER_CUDA_GDN_DT");
-    f->gdn_chunk_dt = gdt && !strcmp(gdt, "stage") ? 0 : 1;
+    const char *gdt = getenv("CINFER_CUDA_GDN_DT"); /* "img": mma6 on the pass's image by bulk copies (test) */
+    f->gdn_chunk_dt = gdt && !strcmp(gdt, "stage") ? 0 : gdt && !strcmp(gdt, "img") ? 2 : 1;
     /* decode MoE blocks (device_only) as three launches (router + selection, gate_up + SwiGLU, down + combine
      * + shared expert) instead of ~15, the same arithmetic (moe_fused.cu); the default since the H200 run of
      * 08:52 (35B-A3B batch 1 188.9 -> 233.6 tok/s, batch 8 721.5 -> 758.3, every test passing); "0": the

@@ -498,9 +498,10 @@ static void gdn_case_ex(int Hk, int Hv, int dk, int dv, int tc, const test_entry
     /* mode 0: the scalar kernel; 1: the phased kernels (deltanet_chunk.cu) in their WMMA form ("stage"); 2:
      * that with one TF32 rounding (the form that failed the model parity), which must fail the bound: the
      * bound can catch what it is for; 3: the mma.sync form (the default: Dekker's split, its own order of
-     * the inverse's sums), within the bound against the CPU and against "stage". (Session 5's other phased
-     * forms, which gave stage's or the default's bits, and session 6's "mma6g", are deleted.) */
-    for (int mode = 0; mode <= (tc ? 3 : 0); mode++) {
+     * the inverse's sums), within the bound against the CPU and against "stage"; 4: mma6 on the image scratch
+     * by bulk copies (chunk_dt 2, "img"), which must give mma6's bits. (Session 5's other phased forms, which
+     * gave stage's or the default's bits, and session 6's "mma6g", are deleted.) */
+    for (int mode = 0; mode <= (tc ? 4 : 0); mode++) {
         int phased = mode >= 1, control = mode == 2;
         cu_gdn_args g = {0};
         g.T = T, g.NE = NE, g.Hk = Hk, g.Hv = Hv, g.dk = dk, g.dv = dv, g.K = K, g.C = C, g.n_lin = n_lin,
@@ -516,7 +517,7 @@ static void gdn_case_ex(int Hk, int Hv, int dk, int dv, int tc, const test_entry
         g.rec_state = dup_dev(rst, rs_n * 4);
         g.eps = eps, g.meta = meta, g.tc = phased ? 2 : 0;
         if (phased) { /* the scratch starts as NaN: nothing may read what the kernels did not write */
-            g.chunk_cap = cu_gdn_chunk_cap(T, NE), g.chunk_dt = mode == 3 ? 1 : 0;
+            g.chunk_cap = cu_gdn_chunk_cap(T, NE), g.chunk_dt = mode == 4 ? 2 : mode == 3 ? 1 : 0;
             g.chunk_scr = nan_dev(c, cu_gdn_chunk_bytes(g.chunk_cap, T, Hv, dk, dv) / 4);
         }
         cu_set_tf32_passes(control ? 1 : 3);
@@ -537,7 +538,10 @@ static void gdn_case_ex(int Hk, int Hv, int dk, int dv, int tc, const test_entry
                       dv, mode);
             free(gx);
         }
-        const char *kind = !mode ? "scalar" : mode == 3 ? "phased/mma6" : "phased/staged";
+        const char *kind = !mode       ? "scalar"
+                           : mode == 4 ? "phased/img"
+                           : mode == 3 ? "phased/mma6"
+                                       : "phased/staged";
         if (phased) { /* the phased kernels ran (not the fallback): they wrote W of the first chunk */
             float *w0 = get((const float *)g.chunk_scr, 1);
             CHECK_MSG(isfinite(w0[0]), "deltanet dk=%d dv=%d %s: the phased kernels did not run", dk, dv,
@@ -621,6 +625,12 @@ static void gdn_case_ex(int Hk, int Hv, int dk, int dv, int tc, const test_entry
                 printf("     %s vs the previous form: output %s, states %s\n", kind,
                        memcmp(go, prev_o, (size_t)T * vd * 4) ? "differ" : "bit-identical",
                        memcmp(gr, prev_r, rs_n * 4) ? "differ" : "bit-identical");
+            if (mode == 4) { /* the same bytes staged another way: mma6's bits */
+                int so = !memcmp(go, prev_o, (size_t)T * vd * 4), sr = !memcmp(gr, prev_r, rs_n * 4);
+                printf("     %s vs phased/mma6: output %s, states %s\n", kind,
+                       so ? "bit-identical" : "DIFFER", sr ? "bit-identical" : "DIFFER");
+                CHECK_MSG(so && sr, "deltanet dk=%d dv=%d: the image staging changed the bits", dk, dv);
+            }
             free(prev_o), free(prev_r), free(gc);
             prev_o = go, prev_r = gr;
         }
@@ -723,11 +733,9 @@ static void gdn_speed(int Hk, int Hv) {
     static const struct {
         const char *name;
         int tc, dt, no_chunked, scr;
-    } forms[] = {{"conv + prep + norm", 0, 0, 1, 0},
-                 {"scalar", 0, 0, 0, 0},
-                 {"scalar, conv by rows", 2, 0, 0, 0},
-                 {"phased/staged", 2, 0, 0, 1},
-                 {"phased/mma6", 2, 1, 0, 1}};
+    } forms[] = {{"conv + prep + norm", 0, 0, 1, 0},   {"scalar", 0, 0, 0, 0},
+                 {"scalar, conv by rows", 2, 0, 0, 0}, {"phased/staged", 2, 0, 0, 1},
+                 {"phased/mma6", 2, 1, 0, 1},          {"phased/img", 2, 2, 0, 1}};
     cu_timer *tm;
     REQUIRE(cu_timer_create(&tm) == 0);
     float *o0 = NULL; /* the staged form's output */

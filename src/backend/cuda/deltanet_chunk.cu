@@ -33,6 +33,7 @@
 #include <cuda_pipeline.h>
 #include <mma.h>
 
+#include "backend/cuda/bulk.cuh"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/tf32x3.cuh"
 
@@ -120,8 +121,19 @@ static __device__ __forceinline__ void ckm_tiles(float (&acc)[4][4], int nc, con
 
 /* floats of one (chunk, value head) in the scratch: W, Qg, Kf [64][dk], U [64][dv], QK [64][64], e^(g_L)
  * (padded to 8 floats: every array starts on 32 bytes, as WMMA loads want) */
-static __host__ __device__ size_t ck_stride(int dk, int dv) {
-    return 3 * (size_t)CK_CH * dk + (size_t)CK_CH * dv + (size_t)CK_CH * CK_CH + 8;
+/* IMG (cu_gdn_args.chunk_dt 2): the same arrays laid out as the mma pass's shared memory wants them, so a
+ * chunk's staging is three bulk copies: [W | Qg] at rows of dk + 4, [Kf | QK] at rows of dk + 8 and 68, U as
+ * dv / 32 column blocks of [64][40], e^(g_L) last */
+static __host__ __device__ size_t ck_img_u(int dk) { /* U's offset */
+    return 2 * (size_t)CK_CH * (dk + 4) + (size_t)CK_CH * (dk + 8) + (size_t)CK_CH * CK_GLD;
+}
+static __host__ __device__ size_t ck_img_misc(int dk, int dv) {
+    return ck_img_u(dk) + (size_t)((dv + 31) / 32) * CK_CH * (32 + 8);
+}
+static __host__ __device__ size_t ck_stride(int dk, int dv) { /* either layout (IMG's is the longer) */
+    size_t plain = 3 * (size_t)CK_CH * dk + (size_t)CK_CH * dv + (size_t)CK_CH * CK_CH + 8,
+           img = ck_img_misc(dk, dv) + 8;
+    return plain > img ? plain : img;
 }
 
 /* the chunk table after the float region: [0] chunks, [1 + 3k ..] (entry, first row, length) of chunk k,
@@ -164,7 +176,7 @@ static size_t ck_prep_smem_floats(int dk, int dv) {
 /* MM: false the products in WMMA ("stage"); true on mma.sync with Dekker's split, the scaling four at a time,
  * the diagonal blocks' substitution in registers and the off-diagonal blocks of T on mma.sync (the default).
  * DK: 0 dk from the arguments, 128 a constant (every run of K unrolled) */
-template <int P, bool MM = false, int DK = 0>
+template <int P, bool MM = false, int DK = 0, bool IMG = false>
 __global__ void __launch_bounds__(256) ck_prep_kernel(cu_gdn_args a) {
     extern __shared__ __align__(128) float smp[];
     const int *tab = ck_table(a);
@@ -179,8 +191,12 @@ __global__ void __launch_bounds__(256) ck_prep_kernel(cu_gdn_args a) {
     float *X = Tm + CK_CH * CK_GLD, *gam = X + 3 * 256, *bet = gam + CK_CH, *egam = bet + CK_CH,
           *fl = egam + CK_CH;
     float *W = (float *)a.chunk_scr + ((size_t)k * a.Hv + h) * ck_stride(dk, dv);
-    float *Qg = W + CK_CH * dk, *Kf = Qg + CK_CH * dk, *U = Kf + CK_CH * dk, *QK = U + CK_CH * dv;
-    float *misc = QK + CK_CH * CK_CH;
+    /* row strides of W and Qg, Kf, QK, U (IMG: U by 32-column blocks of [64][40]) */
+    const int WLD = IMG ? dk + 4 : dk, FLD = IMG ? dk + 8 : dk, QLD = IMG ? CK_GLD : CK_CH,
+              ULD = IMG ? 40 : dv;
+    float *Qg = W + CK_CH * WLD, *Kf = Qg + CK_CH * WLD;
+    float *U = IMG ? W + ck_img_u(dk) : Kf + CK_CH * dk, *QK = IMG ? Kf + CK_CH * FLD : U + CK_CH * dv;
+    float *misc = IMG ? W + ck_img_misc(dk, dv) : QK + CK_CH * CK_CH;
     CK_PROF_DECL(a.chunk_prof && k == 0 && h == 0 && tid == 0);
     /* Q and K rows by cp.async, 16 bytes a copy, all in flight at once (rows past L: zeros) */
     for (int idx = tid; idx < CK_CH * (dk / 4); idx += nt) {
@@ -259,7 +275,8 @@ __global__ void __launch_bounds__(256) ck_prep_kernel(cu_gdn_args a) {
         int r = idx / CK_CH, s = idx % CK_CH;
         float d = r < L && s <= r ? expf(gam[r] - gam[s]) : 0.0f;
         Am[r * CK_GLD + s] = s < r ? bet[r] * d * Am[r * CK_GLD + s] : 0.0f;
-        QK[idx] = s <= r ? d * Tm[r * CK_GLD + s] : 0.0f; /* tiles above the diagonal were never written */
+        QK[r * QLD + s] =
+            s <= r ? d * Tm[r * CK_GLD + s] : 0.0f; /* tiles above the diagonal: never written */
     }
     if constexpr (MM) { /* four at a time: the same products, a quarter of the stores */
         for (int idx = tid; idx < CK_CH * (dk / 4); idx += nt) {
@@ -268,8 +285,8 @@ __global__ void __launch_bounds__(256) ck_prep_kernel(cu_gdn_args a) {
             float eg = egam[t], f = fl[t];
             q.x *= eg, q.y *= eg, q.z *= eg, q.w *= eg;
             kk.x *= f, kk.y *= f, kk.z *= f, kk.w *= f;
-            *(float4 *)(Qg + (size_t)t * dk + i) = q;
-            *(float4 *)(Kf + (size_t)t * dk + i) = kk;
+            *(float4 *)(Qg + (size_t)t * WLD + i) = q;
+            *(float4 *)(Kf + (size_t)t * FLD + i) = kk;
         }
     } else {
         for (int idx = tid; idx < CK_CH * dk; idx += nt) {
@@ -387,13 +404,16 @@ __global__ void __launch_bounds__(256) ck_prep_kernel(cu_gdn_args a) {
             float acc[4][4] = {};
             ckm_tiles<false>(acc, nc, (isv ? Tm : Am) + mi * 16 * CK_GLD, CK_GLD, (isv ? Xs : Ks) + cb * 32,
                              isv ? XLD : KLD, mi < 2 ? 32 : CK_CH, g, t4);
-            float *dst = (isv ? U : W) + (size_t)mi * 16 * cols + cb * 32;
+            const int ld = isv ? ULD : WLD;
+            float *dst = isv ? (IMG ? U + (size_t)cb * CK_CH * 40 + (size_t)mi * 16 * 40
+                                    : U + (size_t)mi * 16 * dv + cb * 32)
+                             : W + (size_t)mi * 16 * WLD + cb * 32;
 #pragma unroll
             for (int n = 0; n < 4; n++)
                 if (n < nc)
 #pragma unroll
                     for (int hh = 0; hh < 2; hh++)
-                        *(float2 *)(dst + (size_t)(g + 8 * hh) * cols + n * 8 + 2 * t4) =
+                        *(float2 *)(dst + (size_t)(g + 8 * hh) * ld + n * 8 + 2 * t4) =
                             make_float2(acc[n][2 * hh], acc[n][2 * hh + 1]);
         }
     }
@@ -609,7 +629,28 @@ template <int P> __global__ void __launch_bounds__(256) ck_state_stage_kernel(cu
  * lo [64][40] */
 static size_t ck_mma_smem_floats(int dk) {
     return 2 * (size_t)CK_CH * (dk + 4) + (size_t)CK_CH * (dk + 8) + (size_t)CK_CH * CK_GLD +
-           (size_t)CK_CH * CKM_SL + 2 * (size_t)dk * CKM_SL + 2 * (size_t)CK_CH * CKM_SL;
+           (size_t)CK_CH * CKM_SL + 2 * (size_t)dk * CKM_SL + 2 * (size_t)CK_CH * CKM_SL + 4;
+}
+
+/* ---- staging by bulk copies (cu_gdn_args.chunk_dt 2, CINFER_CUDA_GDN_DT=img) ----
+ * The H200 (session 7, call 1) showed the mma pass issuing its staging for ~4k of a chunk's ~11.4k cycles:
+ * 7,680 16-byte cp.async a chunk, ~1.2 an SM cycle; copying row by row with cp.async.bulk (320 a chunk) was
+ * 2.2x slower still (call 2). Here the prep writes the scratch as the pass's shared-memory image (IMG above)
+ * and one thread stages a chunk by three bulk copies (bulk.cuh): [W | Qg] and U's column block (group A),
+ * [Kf | QK] (group B), each group on its mbarrier. The same values in the same places: mma6's bits. */
+static __device__ __forceinline__ void ckb_stage_a(float *Wb, float *Ub, const float *src, int dk, int j0,
+                                                   uint64_t *bar) {
+    const unsigned wq = 2u * CK_CH * (dk + 4) * 4u, ub = CK_CH * CKM_SL * 4u;
+    bk_fence();
+    bk_expect(bar, wq + ub);
+    bk_copy(Wb, src, wq, bar);
+    bk_copy(Ub, src + ck_img_u(dk) + (size_t)(j0 / CKM_DT) * CK_CH * CKM_SL, ub, bar);
+}
+static __device__ __forceinline__ void ckb_stage_b(float *Kb, const float *src, int dk, uint64_t *bar) {
+    const unsigned fq = (unsigned)CK_CH * (dk + 8) * 4u + CK_CH * CK_GLD * 4u;
+    bk_fence();
+    bk_expect(bar, fq);
+    bk_copy(Kb, src + 2 * (size_t)CK_CH * (dk + 4), fq, bar);
 }
 
 /* acc[n] += A[16][K] B[K][n*8 .. n*8 + 7] for the four n-tiles, in runs of TC_KC as tc_mma2. A row-major at
@@ -673,8 +714,10 @@ static __device__ __forceinline__ void ckm_put_split(float *Hs, float *Ls, int m
         }
 }
 
-/* DK: 0 dk from the arguments; 128 (the models' dk) a constant, so every run of K unrolls */
-template <int DK = 0> __global__ void __launch_bounds__(256) ck_state_mma_kernel(cu_gdn_args a) {
+/* DK: 0 dk from the arguments; 128 (the models' dk) a constant, so every run of K unrolls. BULK: the scratch
+ * in the IMG layout, staged by bulk copies (above; dv a multiple of CKM_DT) */
+template <int DK = 0, bool BULK = false>
+__global__ void __launch_bounds__(256) ck_state_mma_kernel(cu_gdn_args a) {
     extern __shared__ __align__(128) float smm[];
     int e = blockIdx.z;
     if (!ck_entry(a, e)) return;
@@ -685,6 +728,16 @@ template <int DK = 0> __global__ void __launch_bounds__(256) ck_state_mma_kernel
     float *Wb = smm, *Qb = Wb + CK_CH * KLD, *Kb = Qb + CK_CH * KLD, *QKb = Kb + CK_CH * KBL;
     float *Ub = QKb + CK_CH * CK_GLD, *Sh = Ub + CK_CH * CKM_SL, *Sl = Sh + (size_t)dk * CKM_SL;
     float *Dh = Sl + (size_t)dk * CKM_SL, *Dl = Dh + CK_CH * CKM_SL;
+    uint64_t *bar = reinterpret_cast<uint64_t *>(Dl + CK_CH * CKM_SL); /* BULK: group A, group B */
+    unsigned par_a = 0, par_b = 0;
+    if constexpr (BULK) {
+        if (tid == 0) {
+            bk_init(bar);
+            bk_init(bar + 1);
+            bk_init_fence();
+        }
+        __syncthreads();
+    }
     float *Sg = a.rec_state + (((size_t)a.meta.e_slot[e] * a.n_lin + a.lin) * a.Hv + h) * (size_t)dk * dv;
     const bool owns_s = warp < dk / 16; /* S rows 16 warp .. 16 warp + 15 */
     const int ms = warp * 16;
@@ -705,15 +758,27 @@ template <int DK = 0> __global__ void __launch_bounds__(256) ck_state_mma_kernel
     const float *base = (const float *)a.chunk_scr + ((size_t)k * a.Hv + h) * stride;
     CK_PROF_DECL(a.chunk_prof && blockIdx.x == 0 && h == 0 && tid == 0);
     /* group A of chunk 0 (W, Qg, U's columns), then group B (QK, Kf): as ck_state_stage_kernel */
-    ck_stage_a<true>(Wb, Qb, KLD, Ub, CKM_SL, base, dk, dv, j0, tid, nt);
-    ck_stage_b<true>(QKb, Kb, KBL, base, dk, dv, tid, nt);
+    if constexpr (BULK) {
+        if (tid == 0) {
+            ckb_stage_a(Wb, Ub, base, dk, j0, bar);
+            ckb_stage_b(Kb, base, dk, bar + 1);
+        }
+    } else {
+        ck_stage_a<true>(Wb, Qb, KLD, Ub, CKM_SL, base, dk, dv, j0, tid, nt);
+        ck_stage_b<true>(QKb, Kb, KBL, base, dk, dv, tid, nt);
+    }
     for (int c0 = 0, L; c0 < n; c0 += L, k++) {
         L = CK_CH - (pos0 + c0) % CK_CH;
         if (L > n - c0) L = n - c0;
         const float *W = (const float *)a.chunk_scr + ((size_t)k * a.Hv + h) * stride;
         const float *U = W + 3 * CK_CH * dk, *nxt = c0 + L < n ? W + a.Hv * stride : NULL;
-        float egl = U[CK_CH * dv + CK_CH * CK_CH];
-        __pipeline_wait_prior(1); /* this chunk's group A */
+        float egl = BULK ? W[ck_img_misc(dk, dv)] : U[CK_CH * dv + CK_CH * CK_CH];
+        if constexpr (BULK) {
+            bk_wait(bar, par_a);
+            par_a ^= 1u;
+        } else {
+            __pipeline_wait_prior(1); /* this chunk's group A */
+        }
         __syncthreads();
         CK_MARK(0);
         /* step 1: D = U - W S (warps 0-3), O = Qg S (warps 4-7) */
@@ -736,11 +801,17 @@ template <int DK = 0> __global__ void __launch_bounds__(256) ck_state_mma_kernel
         }
         __syncthreads();
         CK_MARK(1);
-        if (nxt) /* the next chunk's group A over this one's W, Qg and U, read by now */
-            ck_stage_a<true>(Wb, Qb, KLD, Ub, CKM_SL, nxt, dk, dv, j0, tid, nt);
-        else
-            __pipeline_commit();
-        __pipeline_wait_prior(1); /* this chunk's group B */
+        if constexpr (BULK) {
+            if (nxt && tid == 0) ckb_stage_a(Wb, Ub, nxt, dk, j0, bar);
+            bk_wait(bar + 1, par_b);
+            par_b ^= 1u;
+        } else {
+            if (nxt) /* the next chunk's group A over this one's W, Qg and U, read by now */
+                ck_stage_a<true>(Wb, Qb, KLD, Ub, CKM_SL, nxt, dk, dv, j0, tid, nt);
+            else
+                __pipeline_commit();
+            __pipeline_wait_prior(1); /* this chunk's group B */
+        }
         __syncthreads();
         CK_MARK(2);
         /* step 2: S <- e^(g_L) S + Kf^T D (owners; S's split for the next chunk's step 1, whose readers of
@@ -768,15 +839,18 @@ template <int DK = 0> __global__ void __launch_bounds__(256) ck_state_mma_kernel
         }
         __syncthreads();
         CK_MARK(3);
-        if (nxt) /* the next chunk's group B over this one's QK and Kf */
+        if constexpr (BULK) {
+            if (nxt && tid == 0) ckb_stage_b(Kb, nxt, dk, bar + 1);
+        } else if (nxt) { /* the next chunk's group B over this one's QK and Kf */
             ck_stage_b<true>(QKb, Kb, KBL, nxt, dk, dv, tid, nt);
-        else
+        } else {
             __pipeline_commit();
+        }
         CK_MARK(4);
         ckp[7]++;
     }
     CK_PROF_OUT(8);
-    __pipeline_wait_prior(0);
+    if (!BULK) __pipeline_wait_prior(0); /* (bulk: every copy issued was waited for) */
     if (owns_s) {
 #pragma unroll
         for (int nn = 0; nn < 4; nn++)
@@ -822,7 +896,9 @@ template <int P> static int ck_set_smem(int dk, int dv) {
     if constexpr (P == 3) /* the mma.sync form (one TF32 rounding runs the WMMA one) */
         ok = ok && ck_attr(ck_prep_kernel<P, true>, p) && ck_attr(ck_prep_kernel<P, true, 128>, p) &&
              ck_attr(ck_state_mma_kernel<>, ck_mma_smem_floats(dk)) &&
-             ck_attr(ck_state_mma_kernel<128>, ck_mma_smem_floats(dk));
+             ck_attr(ck_state_mma_kernel<128>, ck_mma_smem_floats(dk)) &&
+             ck_attr(ck_state_mma_kernel<128, true>, ck_mma_smem_floats(dk)) &&
+             ck_attr(ck_prep_kernel<P, true, 128, true>, p);
     return ok;
 }
 
@@ -845,13 +921,18 @@ static int ck_launch(cu_ctx *c, const cu_gdn_args *a, int parts) {
     /* chunk_dt 0: the WMMA form ("stage"); else the mma.sync form (with one TF32 rounding, a diagnostic, the
      * WMMA form runs instead), its kernels compiled for dk = 128 where dk is 128 */
     const int one = cu_tf32_passes() == 1, mma = a->chunk_dt != 0 && !one, dk128 = a->dk == 128;
+    /* chunk_dt 2: the IMG scratch and the pass staged by bulk copies, where dk is 128 and dv 32-column blocks
+     */
+    const int img = mma && dk128 && a->chunk_dt == 2 && a->dv % CKM_DT == 0;
     size_t sp = ck_prep_smem_floats(a->dk, a->dv) * sizeof(float);
     size_t ss = (mma ? ck_mma_smem_floats(a->dk) : ck_stage_smem_floats(a->dk)) * sizeof(float);
     dim3 gp((unsigned)bound, (unsigned)a->Hv),
         gs(cdiv((size_t)a->dv, CKS_DT), (unsigned)a->Hv, (unsigned)a->NE);
     if (parts & 1) {
         ck_plan_kernel<<<1, 32, 0, c->stream>>>(*a);
-        if (mma && dk128)
+        if (img)
+            ck_prep_kernel<3, true, 128, true><<<gp, 256, sp, c->stream>>>(*a);
+        else if (mma && dk128)
             ck_prep_kernel<3, true, 128><<<gp, 256, sp, c->stream>>>(*a);
         else if (mma)
             ck_prep_kernel<3, true><<<gp, 256, sp, c->stream>>>(*a);
@@ -861,7 +942,9 @@ static int ck_launch(cu_ctx *c, const cu_gdn_args *a, int parts) {
             ck_prep_kernel<3><<<gp, 256, sp, c->stream>>>(*a);
     }
     if (parts & 2) {
-        if (mma && dk128)
+        if (img)
+            ck_state_mma_kernel<128, true><<<gs, 256, ss, c->stream>>>(*a);
+        else if (mma && dk128)
             ck_state_mma_kernel<128><<<gs, 256, ss, c->stream>>>(*a);
         else if (mma)
             ck_state_mma_kernel<><<<gs, 256, ss, c->stream>>>(*a);
