@@ -320,6 +320,7 @@ typedef struct cu_gdn_args {
      * start, PDL wait done, conv done, l2norm factors done, the read-out joined, update done, outputs sent
      * and state stored, cluster barrier done, end */
     unsigned long long *dec_stamps;
+    float dec_qscale; /* set by cu_gdn_layer for the clustered kernel: (float)(1 / sqrt(dk)) */
     cu_meta meta;
 } cu_gdn_args;
 #define CU_GDN_STAMPS      9

@@ -618,9 +618,11 @@ __global__ void __launch_bounds__(256, R <= 16 ? 3 : 0) fused_decode_cluster_ker
     __syncthreads();
     if (stamp) ts[2] = gdn_now();
     float invq = l2inv_warp(q, dk, jj), invk = l2inv_warp(k, dk, jj);
-    float scale = (float)(1.0 / sqrt((double)dk));
+    float scale =
+        a.dec_qscale; /* l2norm_warp's factor, from the host (no f64 sequence on the critical path) */
     float decay = expf(bgs[1]), beta = bgs[0];
     float vj = ok ? vs[jj] : 0.0f;
+    float sz = dev_silu(zj); /* the gated norm's gate, off the path after the cluster barrier */
     if (stamp) ts[3] = gdn_now();
     float oo =
         rec_token1<R>(sv, q, k, invq, invk, scale, vj, decay, beta, g, jj, ok, dk, red, red2, stamp, ts[4]);
@@ -650,7 +652,7 @@ __global__ void __launch_bounds__(256, R <= 16 ? 3 : 0) fused_decode_cluster_ker
         for (int b = 0; b * 32 + jj < dv; b++) ss = fmaf(ob[b][jj], ob[b][jj], ss); /* gnorm_warp's order */
         ss = warp_sum(ss);
         float inv = 1.0f / sqrtf(ss / (float)dv + a.eps);
-        if (ok) a.o[(size_t)r * a.Hv * dv + (size_t)h * dv + j] = ((oo * inv) * gw) * dev_silu(zj);
+        if (ok) a.o[(size_t)r * a.Hv * dv + (size_t)h * dv + j] = ((oo * inv) * gw) * sz;
     }
     if (blockIdx.x == 0 && h == kh * rr) {
 #pragma unroll
@@ -1225,10 +1227,14 @@ extern "C" void cu_gdn_layer(cu_ctx *c, const cu_gdn_args *a) {
     if (a->dec_cnt && a->no_chunked && !a->has_spec && 2 * a->dk <= 512) {
         dim3 grid(cdiv((size_t)a->dv, 32), (unsigned)a->Hv, (unsigned)a->NE);
         if (a->dec_cluster && (a->dec_cluster_max <= 0 || a->NE <= a->dec_cluster_max)) {
+            /* l2norm_warp's (float)(1 / sqrt(dk)): IEEE double sqrt and division are correctly rounded on
+             * the host as on the device, so the same float */
+            cu_gdn_args b = *a;
+            b.dec_qscale = (float)(1.0 / sqrt((double)a->dk));
 #define DECC(R_)                                                                                             \
     launch_cluster(                                                                                          \
         c, a->K == 4 ? fused_decode_cluster_kernel<R_, 4> : fused_decode_cluster_kernel<R_, CONV_MAXK>,      \
-        grid, dim3(grid.x, a->Hv / a->Hk, 1), *a)
+        grid, dim3(grid.x, a->Hv / a->Hk, 1), b)
             REC_DISPATCH(a->dk, DECC);
 #undef DECC
             return;
