@@ -163,6 +163,7 @@ typedef struct cu_layer {
 #define ATTN_TARGET_BLOCKS 1024 /* split positions until (rows x heads x splits) reaches this */
 #define PROF_MAX_MARKS     4096
 #define ATTN_SPLIT_WORK    512 /* work items an entry split over keys adds at most (cu_attn_tc_split) */
+#define ATTN_DEC_ROWS      64  /* rows a launch of attn_dec_kernel (its partials' bound; CINFER_CUDA_ATTN_DEC=2) */
 
 /* A captured step: every launch of a batch depends only on these (entries, rows, logits rows, whether a
  * speculative window is in it, attention splits, multimodal rotary rows); per-entry lengths, positions, slots
@@ -522,9 +523,11 @@ static int alloc_scratch(cuda_fwd *f, char *err, size_t errlen) {
     (void)kvd;
     /* attention partials: splits are only used while rows x heads < ATTN_TARGET_BLOCKS (see attn_split) */
     f->part_floats = (size_t)2 * ATTN_TARGET_BLOCKS * (size_t)(m->hd + 2);
-    /* CINFER_CUDA_ATTN_DEC=2: up to attn_dec_ns spans for any row (a row's spans follow its own position) */
+    /* CINFER_CUDA_ATTN_DEC=2: up to attn_dec_ns spans for any row (a row's spans follow its own position), for
+     * ATTN_DEC_ROWS rows a launch (attention() launches more rows in groups) */
     if (f->attn_dec_ns)
-        f->part_floats = zmax(f->part_floats, T * m->Hq * (size_t)f->attn_dec_ns * (size_t)(m->hd + 4));
+        f->part_floats = zmax(f->part_floats, (T < ATTN_DEC_ROWS ? T : ATTN_DEC_ROWS) * m->Hq *
+                                                  (size_t)f->attn_dec_ns * (size_t)(m->hd + 4));
     size_t *a = &f->bytes_scratch;
     int rc;
     if ((rc = dev_alloc(f, (void **)&f->x, T * H * 4, a, err, errlen)) ||
@@ -744,12 +747,12 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * per (kv head, row, span) for the GQA group, spans from the row's own position, at most
      * CINFER_CUDA_ATTN_DEC_NS (default 32) a row; another summation order than attn_kernel */
     const char *adec = getenv("CINFER_CUDA_ATTN_DEC"), *adns = getenv("CINFER_CUDA_ATTN_DEC_NS");
-    f->attn_dec_ns = adec && !strcmp(adec, "2") ? (adns && atoi(adns) > 0 ? atoi(adns) : 16) : 0;
+    f->attn_dec_ns = adec && !strcmp(adec, "2") ? (adns && atoi(adns) > 0 ? atoi(adns) : 32) : 0;
     if (f->attn_dec_ns > 256) f->attn_dec_ns = 256;
-    /* CINFER_CUDA_ATTN_DEC_CL ("0": off): with at most 16 splits a launch, a (row, kv head)'s spans merge in
-     * one thread block cluster (distributed shared memory) instead of through partials and the last block */
+    /* CINFER_CUDA_ATTN_DEC_CL=1: with at most 16 splits a launch, a (row, kv head)'s spans merge in one
+     * thread block cluster (distributed shared memory) instead of through partials and the last block */
     const char *adcl = getenv("CINFER_CUDA_ATTN_DEC_CL");
-    cu_set_attn_dec_cluster(!(adcl && !strcmp(adcl, "0")));
+    cu_set_attn_dec_cluster(adcl && !strcmp(adcl, "1"));
     const char *gv4 = getenv("CINFER_CUDA_GEMV_VAR4"); /* "0": the small GEMVs' earlier variant at one row */
     cu_set_gemv3_small_var4(!(gv4 && !strcmp(gv4, "0")));
     const char *gnr = getenv("CINFER_CUDA_GEMV_GLU_NR"); /* gate_up's output rows a warp at one row (2) */
@@ -1361,7 +1364,22 @@ static void attention(cuda_fwd *f, const cu_layer *cl, int full, const run_shape
     /* CINFER_CUDA_PF_SPLIT: tensor-core tiles without key splits write every row's output themselves */
     int Mb = out_split_rows(f, T, m->Hq * m->hd, fz, a.tiles && a.tc && !a.split.work);
     if (Mb) a.o_xb = f->xb, a.o_lo = (size_t)Mb * m->Hq * m->hd;
-    for (int n = diag_n(f, DG_ATTN); n > 0; n--) cu_attn_layer(f->cu, &a);
+    for (int n = diag_n(f, DG_ATTN); n > 0; n--) {
+        if (!a.dec_nsmax || a.tiles || T <= ATTN_DEC_ROWS) {
+            cu_attn_layer(f->cu, &a);
+            continue;
+        }
+        /* attn_dec_kernel: groups of ATTN_DEC_ROWS rows (the partials hold that many); a row's arithmetic
+         * does not depend on its group */
+        for (int r0 = 0; r0 < T; r0 += ATTN_DEC_ROWS) {
+            cu_attn_args b = a;
+            b.T = T - r0 < ATTN_DEC_ROWS ? T - r0 : ATTN_DEC_ROWS;
+            b.meta.row_pos += r0, b.meta.row_entry += r0;
+            b.qkv += (size_t)r0 * a.ld, b.o += (size_t)r0 * m->Hq * m->hd;
+            if (b.rope3) b.rope3 += 3 * (size_t)r0;
+            cu_attn_layer(f->cu, &b);
+        }
+    }
     mark(f, CP_GEMM_OUT);
     for (int n = diag_n(f, DG_OUT); n > 0; n--) out_proj_from(f, cl, T, m->Hq * m->hd, fz, Mb);
 }

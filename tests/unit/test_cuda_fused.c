@@ -477,7 +477,7 @@ static void attn_fused_case(int Hq, int Hkv, int hd, int span, const int *lens, 
             int fused = pass > 0, ns = pass == 2 ? ((nsplit + 7) & ~7) + 8 : nsplit;
             if (pass == 2 && nsplit == 1) continue; /* one split is never rounded */
             if (pass == 3 && !nsmax) break;
-            cu_set_attn_dec_cluster(pass != 3);
+            cu_set_attn_dec_cluster(pass != 3); /* clusters where a launch allows them, then not */
             cu_attn_args a = {0};
             a.T = NE, a.Hq = Hq, a.Hkv = Hkv, a.hd = hd, a.rope_dim = R, a.n_blocks = n_blocks, a.full = full;
             a.qkv = dup_dev(qkv, (size_t)NE * ld * 4), a.ld = ld, a.q_norm = dqn, a.k_norm = dkn;
@@ -495,7 +495,7 @@ static void attn_fused_case(int Hq, int Hkv, int hd, int span, const int *lens, 
             qkv_after[pass] = get(a.qkv, (size_t)NE * ld);
             cu_free(a.qkv), cu_free(a.o), cu_free(a.part);
         }
-        cu_set_attn_dec_cluster(1);
+        cu_set_attn_dec_cluster(0);
         /* the three kernels norm q in place in the row; the fused kernel leaves the row as it was */
         CHECK_MSG(memcmp(qkv_after[0], qkv, (size_t)NE * ld * 4) &&
                       !memcmp(qkv_after[1], qkv, (size_t)NE * ld * 4),
@@ -670,9 +670,9 @@ TEST(cuda_attention_dec_speed) {
         attn_speed_case(c, 1, 512, &ns[2], 1);
     }
     g_dec_diag = 0;
-    cu_set_attn_dec_cluster(0); /* the spans merged through partials and the last block */
+    cu_set_attn_dec_cluster(1); /* the spans merged inside clusters where a launch allows them */
     attn_speed_case(c, 1, 512, &ns[0], 2);
-    cu_set_attn_dec_cluster(1);
+    cu_set_attn_dec_cluster(0);
     attn_speed_case(c, 1, 512, ns, 4);
     attn_speed_case(c, 1, 4096, ns, 4);
     attn_speed_case(c, 1, 32768, ns, 4);

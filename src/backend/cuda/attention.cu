@@ -279,9 +279,10 @@ __global__ void attn_split_merge_kernel(cu_attn_args a) {
  * / k norm + RoPE and the own position's K / V write folded in as in attn_kernel, and the last block of a
  * (row, kv head) merges the spans of its G heads (dec_merge); else attn_prep_kernel before and
  * attn_dec_combine_kernel after, the same arithmetic. */
-#define DEC_NT   128 /* threads */
-#define DEC_GMAX 16  /* q heads a thread holds (scores, P.V) */
-#define DEC_KPAD 16  /* K rows padded: a warp's 8 positions x 4 quarters of float4 hit distinct banks */
+#define DEC_NT   256 /* threads (4 warps measured latency-bound: ~17 cycles an instruction, H200 session 7) */
+#define DEC_GMAX 8   /* q heads a thread holds (scores, P.V) */
+#define DEC_DQ   (DEC_NT / CU_ATTN_DEC_CH) /* threads a position's scores (parts of the dims) */
+#define DEC_KPAD 16 /* K rows padded: a warp's 8 positions x 4 quarters of float4 hit distinct banks */
 
 __device__ __forceinline__ void cp_async16(void *dst, const void *src) {
     unsigned d = (unsigned)__cvta_generic_to_shared(dst);
@@ -408,7 +409,7 @@ __device__ __forceinline__ void dec_cluster_merge(const cu_attn_args &a, int kvh
 }
 
 template <int NPL, bool FUSED, bool CL = false>
-__global__ void __launch_bounds__(DEC_NT, 3) attn_dec_kernel(cu_attn_args a) {
+__global__ void __launch_bounds__(DEC_NT, 2) attn_dec_kernel(cu_attn_args a) {
     extern __shared__ float4 dec_sm4[];
     constexpr int hd = NPL * 32, CH = CU_ATTN_DEC_CH, KS = hd + DEC_KPAD, C4 = hd / 4;
     constexpr int TPC = DEC_NT / C4; /* P.V: threads sharing an output column, each a part of the positions */
@@ -462,7 +463,7 @@ __global__ void __launch_bounds__(DEC_NT, 3) attn_dec_kernel(cu_attn_args a) {
         if (CL && ns > 1) { /* a block past the row's spans still takes its part of the merge */
             namespace cg = cooperative_groups;
             cg::this_cluster().sync();
-            dec_cluster_merge(a, kvh, r, ns, sp, a.nsplit, Sm, Sl, reinterpret_cast<float4 *>(Vs));
+            dec_cluster_merge(a, kvh, r, ns, sp, a.nsplit, Sm, Sl, reinterpret_cast<float4 *>(Qs));
             cg::this_cluster().sync();
         }
         return;
@@ -493,11 +494,11 @@ __global__ void __launch_bounds__(DEC_NT, 3) attn_dec_kernel(cu_attn_args a) {
     for (int g = tid; g < G; g += DEC_NT) Sm[g] = -INFINITY, Sl[g] = 0.0f;
     __syncthreads();
     const float scale = (float)(1.0 / sqrt((double)hd));
-    /* scores: thread (j = tid / 4, quarter dq = tid % 4) takes float4 columns dq, dq + 4, ... of position j
+    /* scores: thread (j = tid / DQ, part dq = tid % DQ) takes float4 columns dq, dq + DQ, ... of position j
      * for every head (each K float4 read once for the G heads; the 4 quarters' q reads one 64-byte line), the
      * quarters joined by two shuffles. P.V: thread (column pc = tid % C4, part pj = tid / C4) sums positions
      * pj, pj + TPC, ... for every head; the parts joined at the end */
-    const int sj = tid >> 2, dq = tid & 3, pc = tid % C4, pj = tid / C4;
+    const int sj = tid / DEC_DQ, dq = tid % DEC_DQ, pc = tid % C4, pj = tid / C4;
     float4 acc[DEC_GMAX];
 #pragma unroll
     for (int i = 0; i < DEC_GMAX; i++) acc[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -526,12 +527,12 @@ __global__ void __launch_bounds__(DEC_NT, 3) attn_dec_kernel(cu_attn_args a) {
             const float4 *k4 = reinterpret_cast<const float4 *>(kb + sj * KS) + dq;
             const float4 *q4 = reinterpret_cast<const float4 *>(Qs) + dq;
 #pragma unroll 4
-            for (int i = 0; i < C4 / 4; i++) {
-                float4 k = k4[4 * i];
+            for (int i = 0; i < C4 / DEC_DQ; i++) {
+                float4 k = k4[DEC_DQ * i];
 #pragma unroll
                 for (int g = 0; g < DEC_GMAX; g++) {
                     if (g >= G) break;
-                    float4 q = q4[g * C4 + 4 * i];
+                    float4 q = q4[g * C4 + DEC_DQ * i];
                     s[g] = fmaf(q.x, k.x, s[g]), s[g] = fmaf(q.y, k.y, s[g]);
                     s[g] = fmaf(q.z, k.z, s[g]), s[g] = fmaf(q.w, k.w, s[g]);
                 }
@@ -540,8 +541,8 @@ __global__ void __launch_bounds__(DEC_NT, 3) attn_dec_kernel(cu_attn_args a) {
             for (int g = 0; g < DEC_GMAX; g++) {
                 if (g >= G) break;
                 float v = s[g];
-                v += __shfl_xor_sync(0xffffffffu, v, 1);
-                v += __shfl_xor_sync(0xffffffffu, v, 2);
+#pragma unroll
+                for (int o = 1; o < DEC_DQ; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
                 if (dq == 0) Ps[g * CH + sj] = sj < nj ? v * scale : -INFINITY;
             }
         }
@@ -585,7 +586,7 @@ __global__ void __launch_bounds__(DEC_NT, 3) attn_dec_kernel(cu_attn_args a) {
         __syncthreads();
         if (nst == 1 && c + 1 < nch) issue(c + 1);
     }
-    /* the parts of each column joined in order of part (the first stage's K holds them: dec_ready) */
+    /* the parts of each column joined in order of part (the stages' K and V hold them: dec_ready) */
     float4 *red = reinterpret_cast<float4 *>(Ks);
 #pragma unroll
     for (int g = 0; g < DEC_GMAX; g++) {
@@ -593,9 +594,9 @@ __global__ void __launch_bounds__(DEC_NT, 3) attn_dec_kernel(cu_attn_args a) {
         red[((size_t)pj * G + g) * C4 + pc] = acc[g];
     }
     __syncthreads();
-    if (CL && ns > 1) { /* the span's acc into the first stage's V, then the cluster's merge */
+    if (CL && ns > 1) { /* the span's acc into q's place, then the cluster's merge */
         namespace cg = cooperative_groups;
-        float4 *Xs = reinterpret_cast<float4 *>(Vs);
+        float4 *Xs = reinterpret_cast<float4 *>(Qs);
         for (int i = tid; i < G * C4; i += DEC_NT) {
             float4 o = red[i];
             for (int t = 1; t < TPC; t++) {
@@ -650,14 +651,15 @@ __global__ void __launch_bounds__(DEC_NT) attn_dec_combine_kernel(cu_attn_args a
     if (ns > 1) dec_merge(a, kvh, r, ns, sw);
 }
 
-/* 1 when attn_dec_kernel serves the shape: G within the heads a thread holds, the P.V parts [TPC][G][hd] and
- * the fused merge's [G][2 nsplit + 1] within the first stage's K, and the shared memory within the
- * device (the kernels' limit raised once, for DEC_GMAX heads) */
+/* 1 when attn_dec_kernel serves the shape: G within the heads a thread holds, the P.V parts [TPC][G][hd]
+ * within one stage's K and V, the fused merge's [G][2 nsplit + 1] within the first stage's K, and the shared
+ * memory within the device (the kernels' limit raised once, for DEC_GMAX heads) */
 template <int NPL> static int dec_ready(int G, int nsplit) {
     static int ok = 0; /* 1 yes, -1 no, 0 not asked yet */
     constexpr int hd = NPL * 32;
-    const size_t k1 = (size_t)CU_ATTN_DEC_CH * (hd + DEC_KPAD);
-    if (hd / 4 > DEC_NT || G > DEC_GMAX || (size_t)(DEC_NT / (hd / 4)) * G * hd > k1 ||
+    /* one stage: K [CH][hd + KPAD] then V [CH][hd] */
+    const size_t k1 = (size_t)CU_ATTN_DEC_CH * (hd + DEC_KPAD), kv1 = k1 + (size_t)CU_ATTN_DEC_CH * hd;
+    if (hd / 4 > DEC_NT || (hd / 4) % DEC_DQ || G > DEC_GMAX || (size_t)4 * DEC_NT * G > kv1 ||
         (size_t)G * (2 * nsplit + 1) > k1)
         return 0;
     if (!ok) {
@@ -676,9 +678,10 @@ template <int NPL> static int dec_ready(int G, int nsplit) {
     return ok > 0;
 }
 
-/* CINFER_CUDA_ATTN_DEC_CL (default 1): the spans of a (row, kv head) as one cluster when the launch has at
- * most DEC_CLMAX splits and such clusters fit the device (cu_set_attn_dec_cluster); the same bits */
-static int g_dec_cl = 1;
+/* CINFER_CUDA_ATTN_DEC_CL=1: the spans of a (row, kv head) as one cluster when the launch has at most
+ * DEC_CLMAX splits and such clusters fit the device (cu_set_attn_dec_cluster); the same bits. Off by default:
+ * H200 session 7 call 2 (128 threads a block), 4B 1 x 512 positions 21.3 us with clusters, 19.8 without */
+static int g_dec_cl = 0;
 extern "C" void cu_set_attn_dec_cluster(int on) {
     g_dec_cl = on != 0;
 }
