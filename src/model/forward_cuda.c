@@ -1026,7 +1026,7 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * gate_up + down, cluster router, down rows all before the wait and router in fewer registers are gone
      * (bit-identical, slower or no faster in session 6's H200 calls 1-3: their commits give the figures) */
     const char *mv = getenv("CINFER_CUDA_MOE_VARIANT");
-    f->moe_variant = mv ? atoi(mv) & (4 | 8 | 16 | 8192) : 12 | 8192;
+    f->moe_variant = mv ? atoi(mv) & (4 | 8 | 8192) : 12 | 8192;
     if (mf)
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_MOE_FUSED=%s: %s\n", mf,
                 f->moe_fused ? "fused decode MoE kernels" : "the unfused decode MoE kernels");
@@ -1701,7 +1701,7 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
         int skip, dup, nopdl, apf; /* apf: CINFER_CUDA_ATTN_PF (-1: 0) */
         const char *g3;            /* "u_small,var_small,u_big,var_big[,glu_nr]", or NULL */
         int l2n;                   /* CINFER_CUDA_L2PF_NEXT MB (-1: 0) */
-        int mfold; /* 1: CINFER_CUDA_MOE_FOLD off; 4: CINFER_CUDA_MOE_VARIANT's bit 16 toggled */
+        int mfold;                 /* 1: CINFER_CUDA_MOE_FOLD off */
     } v[] = {
         {"base", 0, 0, 0},
         {"g3 big var10", 0, 0, 0, 0, "0,-1,0,10"},
@@ -1740,7 +1740,6 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
         {"dup lm_head", 0, DG_LM, 0},
         {"dup moe router", 0, DG_ROUTE, 0},
         {"moe fold off", 0, 0, 0, 0, NULL, 0, 1},
-        {"moe variant 16 toggled", 0, 0, 0, 0, NULL, 0, 4},
         {"base again", 0, 0, 0},
     };
     enum { REPS = 30 };
@@ -1757,8 +1756,6 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
         if (v[i].apf) cu_set_attn_decode_pf(v[i].apf > 0 ? v[i].apf : 0);
         int mfold = f->moe_fold;
         if (v[i].mfold == 1) f->moe_fold = 0;
-        int mvar = f->moe_variant;
-        if (v[i].mfold == 4) f->moe_variant ^= 16;
         int g3[5] = {0, -1, 0, -1, 0};
         if (v[i].g3 && sscanf(v[i].g3, "%d,%d,%d,%d,%d", &g3[0], &g3[1], &g3[2], &g3[3], &g3[4]) >= 4)
             cu_set_gemv3_one(g3[0], g3[1], g3[2], g3[3]);
@@ -1768,7 +1765,7 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
         int rc2 = rc ? rc : enqueue(f, rs, moe_device, err, sizeof err);
         if (!rc) rc = cu_capture_end(f->cu, &exec, err, sizeof err);
         f->pdl = pdl, f->diag_skip = f->diag_dup = 0;
-        f->l2pf_next = l2n, f->moe_fold = mfold, f->moe_variant = mvar;
+        f->l2pf_next = l2n, f->moe_fold = mfold;
         cu_set_attn_decode_pf(f->attn_pf);
         cu_set_gemv3_one(0, -1, 0, -1);
         cu_set_gemv3_glu_nr(f->glu_nr);

@@ -377,79 +377,6 @@ __global__ void __launch_bounds__(MF_WARPS * 32)
     }
 }
 
-/* variant 16: mf_down_kernel with two warps per output (k <= 2 MF_GROUP), grid (H / (MF_WARPS / 2), T):
- * warp 0 of a pair the first MF_GROUP choices, warp 1 the rest with the shared expert's row requested in the
- * same round trip (Is <= 256 KC), so each warp waits on one round of loads instead of three. Every per-expert
- * dot product is the same warp sum, and warp 0 joins them from shared memory in mf_down_kernel's order
- * (acc += v_j w_j in ascending j, then + sigmoid(shg) v_shared): the same bits. */
-template <int KC>
-__global__ void __launch_bounds__(MF_WARPS * 32, 4)
-    mf_down2_kernel(const float *__restrict__ act, const uint16_t *__restrict__ e_down,
-                    const int *__restrict__ idx, const float *__restrict__ wt,
-                    const uint16_t *__restrict__ sh_down, const float *__restrict__ shg, float *out,
-                    float *resid, int H, int k, int Im, int Is) {
-    constexpr int G = MF_GROUP, OB = MF_WARPS / 2;
-    __shared__ float vals[OB][2 * G + 1];
-    const int r = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int o = warp >> 1, p = warp & 1, h = blockIdx.x * OB + o, A = k * Im + Is;
-    const bool live = h < H;
-    const int hh = live ? h : 0;
-    const float *ar = act + (size_t)r * A;
-    const int my_e = lane < k ? __ldcg(idx + (size_t)r * k + lane) : 0;
-    const float my_w = lane < k ? __ldcg(wt + (size_t)r * k + lane) : 0.0f;
-    const int j0 = p * G;
-    const bool shr = p == 1 && sh_down && Is <= 256 * KC; /* the shared row in this round trip */
-    uint4 u[G][KC], us[1][KC];
-    const uint16_t *wd[G];
-    const float *xa[G];
-    float y[G];
-#pragma unroll
-    for (int g = 0; g < G; g++) {
-        int j = j0 + g < k ? j0 + g : 0; /* past k: a repeat of the first, never summed */
-        int e = __shfl_sync(0xffffffffu, my_e, j);
-        wd[g] = e_down + ((size_t)e * H + hh) * Im;
-        xa[g] = ar + (size_t)j * Im;
-        y[g] = 0.0f;
-    }
-    if (live && j0 < k) load_rows<G, KC>(u, wd, Im, lane);
-    const uint16_t *w1[1] = {sh_down ? sh_down + (size_t)hh * Is : sh_down};
-    if (live && shr) load_rows<1, KC>(us, w1, Is, lane);
-    griddep_wait(); /* act */
-    griddep_launch();
-    if (live && j0 < k) {
-        fma_rows<G, KC>(y, u, xa, Im, lane);
-#pragma unroll
-        for (int g = 0; g < G; g++) {
-            float v = warp_sum(y[g]);
-            if (lane == 0 && j0 + g < k) vals[o][j0 + g] = v;
-        }
-    }
-    if (live && p == 1 && sh_down) {
-        float ys[1] = {0.0f};
-        const float *x1[1] = {ar + (size_t)k * Im};
-        if (shr)
-            fma_rows<1, KC>(ys, us, x1, Is, lane);
-        else
-            dot_rows<1, 2>(ys, w1, x1, Is, lane);
-        float v = warp_sum(ys[0]);
-        if (lane == 0) vals[o][2 * G] = v;
-    }
-    __syncthreads();
-    if (!live || p != 0) return;
-    float acc = 0.0f;
-    for (int j = 0; j < k; j++) {
-        float wj = __shfl_sync(0xffffffffu, my_w, j);
-        acc += vals[o][j] * wj;
-    }
-    if (sh_down) acc += dev_sigmoid(shg[r]) * vals[o][2 * G];
-    if (lane == 0) {
-        if (resid)
-            resid[(size_t)r * H + h] += acc;
-        else
-            out[(size_t)r * H + h] = acc;
-    }
-}
-
 extern "C" int cu_moe_fused_norm_ok(int H) {
     return H <= MF_NORM_H;
 }
@@ -500,16 +427,12 @@ extern "C" void cu_moe_fused_gate_up(cu_ctx *c, const cu_moe_args *a) {
 extern "C" void cu_moe_fused_down(cu_ctx *c, const cu_moe_args *a) {
     if (a->T <= 0) return;
     int Is = a->sh_gu ? a->Is : 0;
+    dim3 grid(cdiv((size_t)a->H, MF_WARPS), (unsigned)a->T), block(MF_WARPS * 32);
     const uint16_t *sh_down = Is ? a->sh_down : NULL;
     /* Im up to 512: 2 chunks per row and lane; up to 1024 (122B-A10B, 397B-A17B): 4. (Session 4's eight
-     * experts' rows at once and session 5's shared row with the first group: no faster, the same bits.)
-     * Variant 16 (k <= 2 MF_GROUP): two warps per output (mf_down2_kernel), the same bits. */
-    typedef void (*down_fn)(const float *, const uint16_t *, const int *, const float *, const uint16_t *,
-                            const float *, float *, float *, int, int, int, int);
-    int two = (a->variant & 16) && a->k <= 2 * MF_GROUP, k4 = a->Im > 512;
-    down_fn kern =
-        two ? (k4 ? mf_down2_kernel<4> : mf_down2_kernel<2>) : (k4 ? mf_down_kernel<4> : mf_down_kernel<2>);
-    dim3 grid(cdiv((size_t)a->H, two ? MF_WARPS / 2 : MF_WARPS), (unsigned)a->T), block(MF_WARPS * 32);
+     * experts' rows at once and session 5's shared row with the first group: no faster, the same bits.) */
+    void (*kern)(const float *, const uint16_t *, const int *, const float *, const uint16_t *, const float *,
+                 float *, float *, int, int, int, int) = a->Im > 512 ? mf_down_kernel<4> : mf_down_kernel<2>;
     cu_launch_pdl(c, (a->variant & 4) != 0, kern, grid, block, a->act, a->e_down, a->idx, a->w, sh_down,
                   a->shg, a->out, a->resid, a->H, a->k, a->Im, Is);
 }
