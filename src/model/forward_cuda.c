@@ -163,7 +163,8 @@ typedef struct cu_layer {
 #define ATTN_TARGET_BLOCKS 1024 /* split positions until (rows x heads x splits) reaches this */
 #define PROF_MAX_MARKS     4096
 #define ATTN_SPLIT_WORK    512 /* work items an entry split over keys adds at most (cu_attn_tc_split) */
-#define ATTN_DEC_ROWS      64  /* rows a launch of attn_dec_kernel (its partials' bound; CINFER_CUDA_ATTN_DEC=2) */
+#define ATTN_DEC_ROWS      64 /* rows a launch of attn_dec_kernel (its partials' bound; CINFER_CUDA_ATTN_DEC=2) \
+                               */
 
 /* A captured step: every launch of a batch depends only on these (entries, rows, logits rows, whether a
  * speculative window is in it, attention splits, multimodal rotary rows); per-entry lengths, positions, slots
@@ -523,8 +524,8 @@ static int alloc_scratch(cuda_fwd *f, char *err, size_t errlen) {
     (void)kvd;
     /* attention partials: splits are only used while rows x heads < ATTN_TARGET_BLOCKS (see attn_split) */
     f->part_floats = (size_t)2 * ATTN_TARGET_BLOCKS * (size_t)(m->hd + 2);
-    /* CINFER_CUDA_ATTN_DEC=2: up to attn_dec_ns spans for any row (a row's spans follow its own position), for
-     * ATTN_DEC_ROWS rows a launch (attention() launches more rows in groups) */
+    /* CINFER_CUDA_ATTN_DEC=2: up to attn_dec_ns spans for any row (a row's spans follow its own position),
+     * for ATTN_DEC_ROWS rows a launch (attention() launches more rows in groups) */
     if (f->attn_dec_ns)
         f->part_floats = zmax(f->part_floats, (T < ATTN_DEC_ROWS ? T : ATTN_DEC_ROWS) * m->Hq *
                                                   (size_t)f->attn_dec_ns * (size_t)(m->hd + 4));
@@ -855,7 +856,8 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * session 7: ncu at the 4B shape 10.7 -> 8.6 us; call 2, batch 1: 4B 384.6 -> 392.3 tok/s (2.600 -> 2.549
      * ms a step; the DIAG_AB "skip deltanet" delta 0.26 -> 0.18 ms), 35B-A3B 397.2 -> 406.0; but clusters at
      * every batch lost at 8 / 32 / 64: 1,397 -> 1,387, 4,281 -> 4,094, 5,975 -> 5,568 (more blocks than one
-     * wave: each cluster waits for its slowest block) */
+     * wave: each cluster waits for its slowest block); call 3: 4B batch 1 / 2 / 4 / 8 2.587 / 3.129 / 3.839 /
+     * 5.695 -> 2.532 / 3.082 / 3.845 / 5.727 ms a step, hence 2 */
     const char *gc = getenv("CINFER_CUDA_GDN_CLUSTER");
     f->gdn_cluster =
         f->gdn_cnt && !(gc && !strcmp(gc, "0")) && cu_gdn_cluster_init(m->Hk, m->Hv, m->dk, m->dv);
@@ -1003,7 +1005,8 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * removed. "bulk", the pass staged by one warp's row-sized cp.async.bulk copies (320 a chunk) instead of
      * every thread's 16-byte cp.async, gave the same bits but a 4B layer's pass took 0.947 ms against 0.423
      * in session 7's second H200 call: removed.) */
-    const char *gdt = getenv("CINFER_CUDA_GDN_DT"); /* "img": mma6 on the pass's image by bulk copies (test) */
+    const char *gdt =
+        getenv("CINFER_CUDA_GDN_DT"); /* "img": mma6 on the pass's image by bulk copies (test) */
     f->gdn_chunk_dt = gdt && !strcmp(gdt, "stage") ? 0 : gdt && !strcmp(gdt, "img") ? 2 : 1;
     /* decode MoE blocks (device_only) as three launches (router + selection, gate_up + SwiGLU, down + combine
      * + shared expert) instead of ~15, the same arithmetic (moe_fused.cu); the default since the H200 run of
@@ -2196,7 +2199,7 @@ static int fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, int s
  * time in a process on the H200) happens here and not inside the first request that runs such a step (a
  * resumed turn's suffix, a batch of 9+ decode rows). The lm_head only up to 64 rows (more is a rare
  * all-logits prefill). */
-#define WARM_MAX_ROWS      512
+#define WARM_MAX_ROWS 512
 static int warm_gemms(cuda_fwd *f, char *err, size_t errlen) {
     const model *m = f->m;
     int H = m->H, I = m->cfg.intermediate_size, top = cu_gemm_pad() ? WARM_MAX_ROWS : 64;

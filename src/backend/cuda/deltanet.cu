@@ -469,7 +469,8 @@ template <int R> __global__ void __launch_bounds__(256) fused_decode_kernel(cu_g
  *    o[l], o[l + 32], ... by fmaf as gnorm_warp does and each block normalizes its own columns; o is written
  *    once, normed (was: written, fenced, a global counter, the last block re-reading it);
  *  - the q / k conv windows: every block of the cluster has read them before the cluster barrier; after it
- *    the group's first block writes the new ones from its registers (no loads). */
+ *    the group's first block writes the new ones from its registers (no loads);
+ *  - S is stored after the cluster barrier, whose release would otherwise wait for those stores. */
 /* %globaltimer (ns), for CINFER_CUDA_GDN_STAMPS */
 __device__ __forceinline__ unsigned long long gdn_now(void) {
     unsigned long long t;
@@ -639,14 +640,17 @@ __global__ void __launch_bounds__(256, R <= 16 ? 3 : 0) fused_decode_cluster_ker
             *dst = oo;
         }
     }
+    if (stamp) ts[6] = gdn_now();
+    cl.sync(); /* every output of the group in place; every block has read the q / k windows */
+    if (stamp) ts[7] = gdn_now();
+        /* the state after the barrier: its arrival (a release) would otherwise wait for these 16 stores a
+         * thread (H200 call 3: ~1 us of the kernel's 5 after the PDL wait went to sending the outputs and the
+         * barrier) */
 #pragma unroll
     for (int t = 0; t < R; t++) {
         int i = g + REC_GROUPS * t;
         if (i < dk && ok) S[(size_t)i * dv] = sv[t];
     }
-    if (stamp) ts[6] = gdn_now();
-    cl.sync(); /* every output of the group in place; every block has read the q / k windows */
-    if (stamp) ts[7] = gdn_now();
     if (g == 0) {
         float ss = 0.0f;
         for (int b = 0; b * 32 + jj < dv; b++) ss = fmaf(ob[b][jj], ob[b][jj], ss); /* gnorm_warp's order */
