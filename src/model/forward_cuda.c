@@ -163,8 +163,9 @@ typedef struct cu_layer {
 #define ATTN_TARGET_BLOCKS 1024 /* split positions until (rows x heads x splits) reaches this */
 #define PROF_MAX_MARKS     4096
 #define ATTN_SPLIT_WORK    512 /* work items an entry split over keys adds at most (cu_attn_tc_split) */
-#define ATTN_DEC_ROWS      64 /* rows a launch of attn_dec_kernel (its partials' bound; CINFER_CUDA_ATTN_DEC=2) \
-                               */
+#define ATTN_DEC_ROWS                                                                                        \
+    64 /* rows a launch of attn_dec_kernel (its partials' bound; CINFER_CUDA_ATTN_DEC=2)                     \
+        */
 
 /* A captured step: every launch of a batch depends only on these (entries, rows, logits rows, whether a
  * speculative window is in it, attention splits, multimodal rotary rows); per-entry lengths, positions, slots
@@ -322,7 +323,7 @@ struct cuda_fwd {
                            many rows */
     int step_rows;      /* the rows of the step enqueue() is building */
     int attn_pf;        /* CINFER_CUDA_ATTN_PF (cu_set_attn_decode_pf) */
-    int glu_nr;         /* CINFER_CUDA_GEMV_GLU_NR (cu_set_gemv3_glu_nr) */
+    int glu[2];         /* CINFER_CUDA_GEMV_GLU "nr,var" (cu_set_gemv3_glu) */
     unsigned long long diag_done;
 };
 
@@ -756,9 +757,10 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     cu_set_attn_dec_cluster(adcl && !strcmp(adcl, "1"));
     const char *gv4 = getenv("CINFER_CUDA_GEMV_VAR4"); /* "0": the small GEMVs' earlier variant at one row */
     cu_set_gemv3_small_var4(!(gv4 && !strcmp(gv4, "0")));
-    const char *gnr = getenv("CINFER_CUDA_GEMV_GLU_NR"); /* gate_up's output rows a warp at one row (2) */
-    f->glu_nr = gnr ? atoi(gnr) : 2;
-    cu_set_gemv3_glu_nr(f->glu_nr);
+    const char *glu = getenv("CINFER_CUDA_GEMV_GLU"); /* gate_up at one row: "rows a warp,variant" (2,10) */
+    f->glu[0] = 2, f->glu[1] = 10;
+    if (glu) sscanf(glu, "%d,%d", &f->glu[0], &f->glu[1]);
+    cu_set_gemv3_glu(f->glu[0], f->glu[1]);
     const char *apr = getenv("CINFER_CUDA_ATTN_PF_ROWS"); /* the attention prefetch up to this many rows */
     cu_set_attn_decode_pf_rows(apr ? atoi(apr) : 32);
     if (pdl || pdb)
@@ -1702,17 +1704,17 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
     static const struct {
         const char *name;
         int skip, dup, nopdl, apf; /* apf: CINFER_CUDA_ATTN_PF (-1: 0) */
-        const char *g3;            /* "u_small,var_small,u_big,var_big[,glu_nr]", or NULL */
+        const char *g3;            /* "u_small,var_small,u_big,var_big[,glu_nr,glu_var]", or NULL */
         int l2n;                   /* CINFER_CUDA_L2PF_NEXT MB (-1: 0) */
         int mfold;                 /* 1: CINFER_CUDA_MOE_FOLD off */
     } v[] = {
         {"base", 0, 0, 0},
-        {"g3 big var10", 0, 0, 0, 0, "0,-1,0,10"},
-        {"g3 big var8", 0, 0, 0, 0, "0,-1,0,8"},
-        {"g3 glu nr4", 0, 0, 0, 0, "0,-1,0,-1,4"},
-        {"g3 glu nr4 var10", 0, 0, 0, 0, "0,-1,0,10,4"},
-        {"g3 glu nr4 var0", 0, 0, 0, 0, "0,-1,0,0,4"},
-        {"g3 small var8", 0, 0, 0, 0, "0,8,0,-1"},
+        {"g3 glu old 2,2", 0, 0, 0, 0, "0,-1,0,-1,2,2"},
+        {"g3 glu 4,2", 0, 0, 0, 0, "0,-1,0,-1,4,2"},
+        {"g3 glu 2,8", 0, 0, 0, 0, "0,-1,0,-1,2,8"},
+        {"g3 in_proj var10", 0, 0, 0, 0, "0,-1,0,10"},
+        {"g3 in_proj var8", 0, 0, 0, 0, "0,-1,0,8"},
+        {"g3 in_proj var0", 0, 0, 0, 0, "0,-1,0,0"},
         {"g3 base again", 0, 0, 0, 0, NULL},
         {"l2pf next off", 0, 0, 0, 0, NULL, -1},
         {"l2pf next 4", 0, 0, 0, 0, NULL, 4},
@@ -1759,10 +1761,11 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
         if (v[i].apf) cu_set_attn_decode_pf(v[i].apf > 0 ? v[i].apf : 0);
         int mfold = f->moe_fold;
         if (v[i].mfold == 1) f->moe_fold = 0;
-        int g3[5] = {0, -1, 0, -1, 0};
-        if (v[i].g3 && sscanf(v[i].g3, "%d,%d,%d,%d,%d", &g3[0], &g3[1], &g3[2], &g3[3], &g3[4]) >= 4)
+        int g3[6] = {0, -1, 0, -1, 0, 0};
+        if (v[i].g3 &&
+            sscanf(v[i].g3, "%d,%d,%d,%d,%d,%d", &g3[0], &g3[1], &g3[2], &g3[3], &g3[4], &g3[5]) >= 4)
             cu_set_gemv3_one(g3[0], g3[1], g3[2], g3[3]);
-        if (g3[4]) cu_set_gemv3_glu_nr(g3[4]);
+        if (g3[4]) cu_set_gemv3_glu(g3[4], g3[5]);
         void *exec = NULL;
         int rc = cu_capture_begin(f->cu, err, sizeof err);
         int rc2 = rc ? rc : enqueue(f, rs, moe_device, err, sizeof err);
@@ -1771,7 +1774,7 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
         f->l2pf_next = l2n, f->moe_fold = mfold;
         cu_set_attn_decode_pf(f->attn_pf);
         cu_set_gemv3_one(0, -1, 0, -1);
-        cu_set_gemv3_glu_nr(f->glu_nr);
+        cu_set_gemv3_glu(f->glu[0], f->glu[1]);
         if (rc || rc2) {
             fprintf(stderr, "cinfer diag: %s: %s\n", v[i].name, err);
             cu_graph_destroy(exec);

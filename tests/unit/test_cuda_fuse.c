@@ -636,15 +636,15 @@ TEST(cuda_gemv3_chain_timeline) {
     static const char *kind[4] = {"in_proj", "out_proj", "gate_up", "down"};
     static const struct {
         const char *what;
-        int u_small, var_small, u_big, var_big, glu_nr;
-    } cfg[] = {{"default", 0, -1, 0, -1, 2},
-               {"big var10", 0, -1, 0, 10, 2},
-               {"gate_up 4 rows a warp", 0, -1, 0, -1, 4},
-               {"gate_up 4 rows var10", 0, -1, 0, 10, 4}};
+        int u_small, var_small, u_big, var_big, glu_nr, glu_var;
+    } cfg[] = {{"default", 0, -1, 0, -1, 2, 10},
+               {"gate_up variant 2 (session 6)", 0, -1, 0, -1, 2, 2},
+               {"gate_up 4 rows a warp, variant 2", 0, -1, 0, -1, 4, 2},
+               {"in_proj variant 10", 0, -1, 0, 10, 2, 10}};
     for (size_t ci = 0; ci < sizeof cfg / sizeof cfg[0]; ci++) {
         cu_set_pdl(1);
         cu_set_gemv3_one(cfg[ci].u_small, cfg[ci].var_small, cfg[ci].u_big, cfg[ci].var_big);
-        cu_set_gemv3_glu_nr(cfg[ci].glu_nr);
+        cu_set_gemv3_glu(cfg[ci].glu_nr, cfg[ci].glu_var);
         long n = 0;
         for (int pass = 0; pass < 2; pass++) { /* the first warms up */
             REQUIRE(cu_sync(c, err, sizeof err) == 0);
@@ -658,7 +658,7 @@ TEST(cuda_gemv3_chain_timeline) {
             if (pass) n = cu_gemv3_stamps_end(c, st, CAP, err, sizeof err);
         }
         cu_set_gemv3_one(0, -1, 0, -1);
-        cu_set_gemv3_glu_nr(2);
+        cu_set_gemv3_glu(2, 10);
         cu_set_pdl(0);
         CHECK_MSG(n > 0, "no stamps: %s", n < 0 ? err : "none recorded");
         if (n <= 0) break;

@@ -158,8 +158,9 @@ void cu_set_gemv3_config(int ks, int nr, int u, int var);
 /* measurements: at one row, the chunks in flight (1, 2, 4) and the variant (0, 2, 4, 6) of the <= 8192-output
  * matrices and of the wider ones (0 / -1: automatic); never a changed bit */
 void cu_set_gemv3_one(int u_small, int var_small, int u_big, int var_big);
-/* output rows a warp of the SwiGLU GEMV takes at one row of x (1, 2 default, 4); never a changed bit */
-void cu_set_gemv3_glu_nr(int nr);
+/* the wide SwiGLU GEMV at one row of x: output rows a warp (1, 2 default, 4) and variant (0-10 even, default
+ * 10; where K <= 4096); never a changed bit */
+void cu_set_gemv3_glu(int nr, int var);
 /* 1 (default; CINFER_CUDA_GEMV_VAR4=0: 0): the <= 4096-output matrices at one row take variant 4 */
 void cu_set_gemv3_small_var4(int on);
 /* diagnostics (tests): every block of the decode GEMVs launched between _begin and _end records %globaltimer

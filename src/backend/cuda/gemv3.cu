@@ -267,9 +267,9 @@ extern "C" int cu_gemv3_stamp_tag(void) {
 
 static int g_ks = 0, g_nr = 0, g_u = 0, g_var = -1; /* 0 / -1: automatic (cu_set_gemv3_config) */
 
-/* measurements (CINFER_CUDA_DIAG_AB): at one row, the chunks in flight and the variant of the wide ([0]) and
- * the
- * <= 8192-output ([1]) matrices; 0 / -1: automatic. Neither changes a bit. */
+/* measurements (CINFER_CUDA_DIAG_AB): at one row, the chunks in flight and the variant of the wide ([0]; the
+ * variant not for SwiGLU, see cu_set_gemv3_glu) and the <= 8192-output ([1]) matrices; 0 / -1: automatic.
+ * Neither changes a bit. */
 static int g_one_u[2] = {0, 0}, g_one_var[2] = {-1, -1};
 /* the <= 4096-output matrices at one row (the 4B / 35B-A3B out_proj and down; the 27B's, unmeasured, keep 0):
  * variant 4 (the next chunks' loads before the current ones' FMAs), the default since the H200 call 3 of
@@ -285,11 +285,15 @@ extern "C" void cu_set_gemv3_one(int u_small, int var_small, int u_big, int var_
     g_one_var[1] = var_small >= 0 && var_small <= 10 && !(var_small & 1) ? var_small : -1;
     g_one_var[0] = var_big >= 0 && var_big <= 10 && !(var_big & 1) ? var_big : -1;
 }
-/* output rows a warp of the SwiGLU GEMV (gate_up) takes at one row of x (1, 2, 4; CINFER_CUDA_GEMV_GLU_NR):
- * never a changed bit */
-static int g_glu_nr = 2;
-extern "C" void cu_set_gemv3_glu_nr(int nr) {
+/* the wide SwiGLU GEMV (gate_up) at one row of x (CINFER_CUDA_GEMV_GLU "nr,var"): output rows a warp (1, 2,
+ * 4) and the variant where K <= 4096 (the 27B's K = 5120 keeps 2, unmeasured). Variant 10 (4-warp blocks,
+ * registers for 40 warps an SM) is the default since the H200 call 3 of session 7: 4B gate_up in the chain of
+ * 8 with PDL 24.63 -> 23.35 us (the tail of its 2.18 waves 3.7 -> 1.5 us), the batch-1 decode graph
+ * 2.501 -> 2.458 ms; never a changed bit */
+static int g_glu_nr = 2, g_glu_var = 10;
+extern "C" void cu_set_gemv3_glu(int nr, int var) {
     g_glu_nr = nr == 1 || nr == 4 ? nr : 2;
+    g_glu_var = var >= 0 && var <= 10 && !(var & 1) ? var : 10;
 }
 
 extern "C" void cu_set_gemv3_config(int ks, int nr, int u, int var) {
@@ -364,15 +368,18 @@ static void g3_tile(cu_ctx *c, float *y, const float *x, const uint16_t *w, int 
     constexpr int NR4 = EPI == EPI_SWIGLU ? 2 : 4;
     switch (MR) {
     case 1: {
-        int small = N <= 8192, nr = g_nr ? g_nr : small ? 1 : EPI == EPI_SWIGLU ? g_glu_nr : 4;
+        int small = N <= 8192, glu = EPI == EPI_SWIGLU && !small;
+        int nr = g_nr ? g_nr : small ? 1 : glu ? g_glu_nr : 4;
         int u = g_u     ? g_u
                 : small ? 2
                         : 1,
-            var = g_var >= 0 ? g_var
-                  : small    ? (N <= 4096 ? g_small_var : 0)
-                             : 2;
+            var = g_var >= 0         ? g_var
+                  : small            ? (N <= 4096 ? g_small_var : 0)
+                  : glu && K <= 4096 ? g_glu_var
+                                     : 2;
         if (!g_u && g_one_u[small]) u = g_one_u[small];
-        if (g_var < 0 && g_one_var[small] >= 0) var = g_one_var[small];
+        if (g_var < 0 && g_one_var[small] >= 0 && !glu)
+            var = g_one_var[small]; /* gate_up: cu_set_gemv3_glu */
         if (var == 2)
             g3_mr1<2, NORM, EPI>(c, y, x, w, nr, u, tiles, N, K, KS, g, eps);
         else if (var == 4)
