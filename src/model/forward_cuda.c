@@ -163,9 +163,8 @@ typedef struct cu_layer {
 #define ATTN_TARGET_BLOCKS 1024 /* split positions until (rows x heads x splits) reaches this */
 #define PROF_MAX_MARKS     4096
 #define ATTN_SPLIT_WORK    512 /* work items an entry split over keys adds at most (cu_attn_tc_split) */
-#define ATTN_DEC_ROWS                                                                                        \
-    64 /* rows a launch of attn_dec_kernel (its partials' bound; CINFER_CUDA_ATTN_DEC=2)                     \
-        */
+#define ATTN_DEC_ROWS      64 /* rows a launch of attn_dec_kernel (its partials' bound; CINFER_CUDA_ATTN_DEC=2) \
+                               */
 
 /* A captured step: every launch of a batch depends only on these (entries, rows, logits rows, whether a
  * speculative window is in it, attention splits, multimodal rotary rows); per-entry lengths, positions, slots
