@@ -1000,15 +1000,17 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     const char *pfs = getenv("CINFER_CUDA_PF_SPLIT");
     f->pf_split = !(pfs && !strcmp(pfs, "0"));
     /* CINFER_CUDA_GDN_DT: "stage" the WMMA form of the phased DeltaNet prefill (session 4's; run_cuda.sh
-     * old), anything else the mma.sync form ("mma6", the default). ("mma6g", its prep reading Q and V from
-     * conv_out to fit three blocks an SM, gave the same bits but measured slower in session 6's third H200
+     * old), "mma6" the mma.sync form, anything else that on the image scratch ("img", the default).
+     * ("mma6g", its prep reading Q and V from conv_out to fit three blocks an SM, gave the same bits but measured slower in session 6's third H200
      * call: prep 0.308 -> 0.380 ms per 4B layer, its W and U products' V loads from L2 2.5x the cycles;
      * removed. "bulk", the pass staged by one warp's row-sized cp.async.bulk copies (320 a chunk) instead of
      * every thread's 16-byte cp.async, gave the same bits but a 4B layer's pass took 0.947 ms against 0.423
      * in session 7's second H200 call: removed.) */
-    const char *gdt =
-        getenv("CINFER_CUDA_GDN_DT"); /* "img": mma6 on the pass's image by bulk copies (test) */
-    f->gdn_chunk_dt = gdt && !strcmp(gdt, "stage") ? 0 : gdt && !strcmp(gdt, "img") ? 2 : 1;
+    /* "img" (the default since session 7's third H200 call: the same bits, a 4B layer's pass 0.429 -> 0.320 ms,
+     * prefill 4096 29,978 -> 30,281 tok/s): the mma.sync form on a scratch laid out as the pass's shared
+     * memory, a chunk staged by three bulk copies; "mma6" the mma.sync form staged by cp.async */
+    const char *gdt = getenv("CINFER_CUDA_GDN_DT");
+    f->gdn_chunk_dt = gdt && !strcmp(gdt, "stage") ? 0 : gdt && !strcmp(gdt, "mma6") ? 1 : 2;
     /* decode MoE blocks (device_only) as three launches (router + selection, gate_up + SwiGLU, down + combine
      * + shared expert) instead of ~15, the same arithmetic (moe_fused.cu); the default since the H200 run of
      * 08:52 (35B-A3B batch 1 188.9 -> 233.6 tok/s, batch 8 721.5 -> 758.3, every test passing); "0": the

@@ -281,9 +281,8 @@ typedef struct cu_gdn_args {
     void *chunk_scr; /* tc 2: cu_gdn_chunk_bytes(chunk_cap, T, Hv, dk, dv) bytes of device scratch */
     int chunk_cap; /* tc 2: chunks the scratch holds (cu_gdn_chunk_cap); a batch that may span more: scalar */
     int chunk_dt;  /* tc 2: the kernels (CINFER_CUDA_GDN_DT): 0 "stage" (WMMA, each chunk's inputs staged in
-                      shared memory one chunk ahead), 2 the mma.sync form on its shared-memory image staged by
-                      bulk copies (dk 128, dv a multiple of 32; else 1), else the mma.sync form (forward_cuda's
-                      default) */
+                      shared memory one chunk ahead), 1 the mma.sync form ("mma6"), 2 that on its shared-memory
+                      image staged by bulk copies (dk 128, dv a multiple of 32, else 1; forward_cuda's default) */
     long long *chunk_prof; /* diagnostics, normally NULL: [16] device clock cycles per phase of one prep block
                               ([0..6]) and of one block of the staged pass ([8..12], chunks in [15]) */
     /* speculative windows (meta.e_spec): the conv window and S of the slot stay as they were; each token's

@@ -9,15 +9,16 @@
  * Every product on the tensor cores, TF32 hi + lo, three MMAs, runs of 32 of K in fresh accumulators
  * (tf32x3.cuh), the CPU's factor expressions and order of the sums. Two forms (cu_gdn_args.chunk_dt): 0
  * ("stage", session 4's) on WMMA with each chunk's inputs staged in shared memory one chunk ahead, and 1
- * (the default, "mma6") on mma.sync m16n8k8 with fragments in registers, the state in registers, Dekker's
- * split, the prep's products and its inverse's off-diagonal blocks on mma.sync too, compiled for dk = 128
- * where dk is 128. What the H200 showed (one 4B layer over 4096 rows, cuda_deltanet_prefill_speed): stage
- * 1.67 ms (prep 0.48 + pass 0.93), mma6 0.99 (0.32 + 0.42). Session 5's other forms (L2 fragments 16 / 32,
- * runs of K side by side "il", padded rows "pad", the mma.sync steps mma / mma2 / mma3 / mma4, the pass
- * scaling Q and K itself mma7, the output in its own pass mma5) all measured slower and are gone. In the mma
- * pass a chunk costs ~14k cycles: 6.5k for D and Qg S, 2.5k for O and S, ~4.8k issuing and waiting for the
- * next chunk's 120 KB of W, Qg, Kf, QK and U (the four column blocks of a head each load the same W, Qg, Kf
- * and QK: a cluster multicast would load them once).
+ * ("mma6"; 2, "img", the default since session 7: the same on a scratch laid out as the pass's shared memory,
+ * staged by bulk copies, pass 0.43 -> 0.32 ms a 4B layer) on mma.sync m16n8k8 with fragments in registers,
+ * the state in registers, Dekker's split, the prep's products and its inverse's off-diagonal blocks on
+ * mma.sync too, compiled for dk = 128 where dk is 128. What the H200 showed (one 4B layer over 4096 rows,
+ * cuda_deltanet_prefill_speed): stage 1.67 ms (prep 0.48 + pass 0.93), mma6 0.99 (0.32 + 0.42). Session 5's
+ * other forms (L2 fragments 16 / 32, runs of K side by side "il", padded rows "pad", the mma.sync steps mma /
+ * mma2 / mma3 / mma4, the pass scaling Q and K itself mma7, the output in its own pass mma5) all measured
+ * slower and are gone. In the mma pass a chunk costs ~14k cycles: 6.5k for D and Qg S, 2.5k for O and S,
+ * ~4.8k issuing and waiting for the next chunk's 120 KB of W, Qg, Kf, QK and U (the four column blocks of a
+ * head each load the same W, Qg, Kf and QK: a cluster multicast would load them once).
  *
  *   plan  (one thread): the chunk table of the batch — (entry, first row, length) per chunk of every entry
  * that takes the chunked form, the first chunk of a prompt continuing a sequence cut at the 64-grid.
