@@ -320,11 +320,25 @@ static size_t dec_smem(int hd, int G, int nst) {
  * together). Partials of DEC_PST(hd) floats, (m, l) then acc from float 4. sw: [G][ns] x 2 + [G] floats of
  * shared memory */
 #define DEC_PST(hd) ((size_t)(hd) + 4)
+#define DEC_MPF     16 /* spans of a thread's first output column requested with the (m, l) loads */
 __device__ __forceinline__ void dec_merge(const cu_attn_args &a, int kvh, int r, int ns, float *sw) {
     int hd = a.hd, G = a.Hq / a.Hkv, tid = threadIdx.x, C4 = hd / 4;
     size_t st = DEC_PST(hd);
+    const size_t st4 = st / 4;
     const float *p0 = a.part + ((size_t)r * a.Hq + (size_t)kvh * G) * a.nsplit * st;
     float *sl = sw + G * ns, *sL = sl + G * ns;
+    /* the first column's acc of its first DEC_MPF spans and its gate, in flight with the (m, l) loads: one
+     * L2 round trip for the usual merge (at the 4B shape every thread one column, <= 16 spans) */
+    float4 x[DEC_MPF], gt = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (tid < G * C4) {
+        int g = tid / C4, d = 4 * (tid % C4);
+        const float4 *pg = reinterpret_cast<const float4 *>(p0 + (size_t)g * a.nsplit * st + 4 + d);
+#pragma unroll
+        for (int s = 0; s < DEC_MPF; s++)
+            if (s < ns) x[s] = __ldcg(pg + s * st4);
+        const float *gp = a.qkv + (size_t)r * a.ld + (size_t)(kvh * G + g) * 2 * hd + hd + d;
+        gt = make_float4(gp[0], gp[1], gp[2], gp[3]); /* ld need not be a multiple of 4 */
+    }
     for (int i = tid; i < G * ns; i += DEC_NT) {
         const float2 ml =
             __ldcg(reinterpret_cast<const float2 *>(p0 + ((size_t)(i / ns) * a.nsplit + i % ns) * st));
@@ -345,20 +359,31 @@ __device__ __forceinline__ void dec_merge(const cu_attn_args &a, int kvh, int r,
     for (int i = tid; i < G * C4; i += DEC_NT) {
         int g = i / C4, d = 4 * (i % C4), h = kvh * G + g;
         const float4 *pg = reinterpret_cast<const float4 *>(p0 + (size_t)g * a.nsplit * st + 4 + d);
-        const size_t st4 = st / 4;
-        float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        const float *w = sw + g * ns;
+        float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f), q;
+        int s = 0;
+        if (i == tid) { /* the prefetched spans */
+#pragma unroll
+            for (; s < DEC_MPF; s++) {
+                if (s >= ns) break;
+                o.x = fmaf(x[s].x, w[s], o.x), o.y = fmaf(x[s].y, w[s], o.y);
+                o.z = fmaf(x[s].z, w[s], o.z), o.w = fmaf(x[s].w, w[s], o.w);
+            }
+            q = gt;
+        } else {
+            const float *gp = a.qkv + (size_t)r * a.ld + (size_t)h * 2 * hd + hd + d;
+            q = make_float4(gp[0], gp[1], gp[2], gp[3]);
+        }
 #pragma unroll 8
-        for (int s = 0; s < ns; s++) {
-            float w = sw[g * ns + s];
-            float4 q = __ldcg(pg + s * st4);
-            o.x = fmaf(q.x, w, o.x), o.y = fmaf(q.y, w, o.y);
-            o.z = fmaf(q.z, w, o.z), o.w = fmaf(q.w, w, o.w);
+        for (; s < ns; s++) {
+            float4 v = __ldcg(pg + s * st4);
+            o.x = fmaf(v.x, w[s], o.x), o.y = fmaf(v.y, w[s], o.y);
+            o.z = fmaf(v.z, w[s], o.z), o.w = fmaf(v.w, w[s], o.w);
         }
         float L = sL[g];
-        const float *gate = a.qkv + (size_t)r * a.ld + (size_t)h * 2 * hd + hd + d;
         float *out = a.o + (size_t)r * a.Hq * hd + (size_t)h * hd + d;
-        out[0] = (o.x / L) * dev_sigmoid(gate[0]), out[1] = (o.y / L) * dev_sigmoid(gate[1]);
-        out[2] = (o.z / L) * dev_sigmoid(gate[2]), out[3] = (o.w / L) * dev_sigmoid(gate[3]);
+        out[0] = (o.x / L) * dev_sigmoid(q.x), out[1] = (o.y / L) * dev_sigmoid(q.y);
+        out[2] = (o.z / L) * dev_sigmoid(q.z), out[3] = (o.w / L) * dev_sigmoid(q.w);
     }
 }
 
