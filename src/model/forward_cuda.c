@@ -746,9 +746,9 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     f->attn_round = !(aro && !strcmp(aro, "0"));
     /* CINFER_CUDA_ATTN_DEC=2: decode rows (and verify windows' rows, no tiles) by attn_dec_kernel, a block
      * per (kv head, row, span) for the GQA group, spans from the row's own position, at most
-     * CINFER_CUDA_ATTN_DEC_NS (default 32) a row; another summation order than attn_kernel */
+     * CINFER_CUDA_ATTN_DEC_NS (default 64) a row; another summation order than attn_kernel */
     const char *adec = getenv("CINFER_CUDA_ATTN_DEC"), *adns = getenv("CINFER_CUDA_ATTN_DEC_NS");
-    f->attn_dec_ns = adec && !strcmp(adec, "2") ? (adns && atoi(adns) > 0 ? atoi(adns) : 32) : 0;
+    f->attn_dec_ns = adec && !strcmp(adec, "2") ? (adns && atoi(adns) > 0 ? atoi(adns) : 64) : 0;
     if (f->attn_dec_ns > 256) f->attn_dec_ns = 256;
     /* CINFER_CUDA_ATTN_DEC_CL=1: with at most 16 splits a launch, a (row, kv head)'s spans merge in one
      * thread block cluster (distributed shared memory) instead of through partials and the last block */
