@@ -22,6 +22,7 @@
 #define FO_NB    8 /* chunks of 256 per lane requested at once */
 #define FO_MAX_E 1024
 #define FO_MAX_K 32
+#define FO_NJ    16 /* the last block's row in registers: H <= 4096 */
 
 /* acc += w (8 bf16 in u) . x (8 floats), low half then high (gemv3's order) */
 __device__ __forceinline__ float fo_fma8(uint4 u, const float (&x)[8], float acc) {
@@ -275,8 +276,14 @@ __device__ void fo_select(float *z, const float *zpart, int *idx, unsigned *coun
         for (int i = 0; i < EW; i++) {
             int ee = lane + 32 * i;
             if (ee < E) {
-                float v = __ldcg(zp + ee);
-                for (int p = 1; p <= P; p++) v += __ldcg(zp + (size_t)p * E + ee);
+                float pv[8]; /* the parts requested at once, summed in order */
+#pragma unroll
+                for (int p = 0; p < 8; p++) pv[p] = p <= P ? __ldcg(zp + (size_t)p * E + ee) : 0.0f;
+                float v = pv[0];
+#pragma unroll
+                for (int p = 1; p < 8; p++)
+                    if (p <= P) v += pv[p];
+                for (int p = 8; p <= P; p++) v += __ldcg(zp + (size_t)p * E + ee);
                 zv[i] = v, zr[ee] = v;
                 kv[i] = fo_key(v);
             } else {
@@ -328,29 +335,67 @@ __device__ void fo_finish(float *x, const float *y, float *xn, const float *g, f
     if (!last2) return;
     if (threadIdx.x == 0) count[2 * blockIdx.y + 1] = 0;
     __threadfence();
+    /* every load of a step requested at once (this block is the launch's serial tail): H <= 256 FO_NJ in
+     * registers, the sums in row_add_rms_inv's order */
     for (int m = 0; m < MR; m++) {
         const float *yr = y + (size_t)m * H;
+        float v[FO_NJ];
         float ss = 0.0f;
-        for (int i = threadIdx.x; i < H; i += blockDim.x) {
-            float v = __ldcg(yr + i);
-            ss += v * v;
+        if (H <= 256 * FO_NJ) {
+#pragma unroll
+            for (int j = 0; j < FO_NJ; j++) {
+                int i = threadIdx.x + 256 * j;
+                v[j] = i < H ? __ldcg(yr + i) : 0.0f;
+            }
+#pragma unroll
+            for (int j = 0; j < FO_NJ; j++)
+                if (threadIdx.x + 256 * j < H) ss += v[j] * v[j];
+        } else {
+            for (int i = threadIdx.x; i < H; i += blockDim.x) {
+                float u = __ldcg(yr + i);
+                ss += u * u;
+            }
         }
         ss = block_sum(ss, sh);
         const float inv = 1.0f / sqrtf(ss / (float)H + eps);
-        for (int i = threadIdx.x; i < H; i += blockDim.x) {
-            float v = __ldcg(yr + i);
-            x[(size_t)m * H + i] = v;
-            xn[(size_t)m * H + i] = (v * inv) * g[i];
+        if (H <= 256 * FO_NJ) {
+#pragma unroll
+            for (int j = 0; j < FO_NJ; j++) {
+                int i = threadIdx.x + 256 * j;
+                if (i < H) x[(size_t)m * H + i] = v[j], xn[(size_t)m * H + i] = (v[j] * inv) * g[i];
+            }
+        } else {
+            for (int i = threadIdx.x; i < H; i += blockDim.x) {
+                float u = __ldcg(yr + i);
+                x[(size_t)m * H + i] = u;
+                xn[(size_t)m * H + i] = (u * inv) * g[i];
+            }
         }
-        if (warp == 0) {
+        if (warp == 0) { /* lane l holds z[l + 32 i]; the chosen z by shuffles */
             const float *zr = z + (size_t)m * E;
-            float mx = -INFINITY, s = 0.0f;
-            for (int e = lane; e < E; e += 32) mx = fmaxf(mx, __ldcg(zr + e) * inv);
+            float zl[EW];
+            float mx = -INFINITY, sum = 0.0f;
+#pragma unroll
+            for (int q = 0; q < EW; q++)
+                zl[q] = lane + 32 * q < E ? __ldcg(zr + lane + 32 * q) * inv : -INFINITY;
+            const int my_e = lane < k ? __ldcg(idx + (r0 + m) * k + lane) : 0;
+#pragma unroll
+            for (int q = 0; q < EW; q++) mx = fmaxf(mx, zl[q]);
             mx = warp_max(mx);
-            for (int e = lane; e < E; e += 32) s += expf(__ldcg(zr + e) * inv - mx);
-            s = warp_sum(s);
+#pragma unroll
+            for (int q = 0; q < EW; q++)
+                if (lane + 32 * q < E) sum += expf(zl[q] - mx);
+            sum = warp_sum(sum);
             float p = 0.0f;
-            if (lane < k) p = expf(__ldcg(zr + __ldcg(idx + (r0 + m) * k + lane)) * inv - mx) / s;
+            for (int j = 0; j < k; j++) {
+                int ej = __shfl_sync(0xffffffffu, my_e, j);
+                float zj = 0.0f;
+#pragma unroll
+                for (int q = 0; q < EW; q++)
+                    if (q == (ej >> 5)) zj = zl[q];
+                zj = __shfl_sync(0xffffffffu, zj, ej & 31);
+                if (lane == j) p = expf(zj - mx) / sum;
+            }
             float ws = 0.0f;
             for (int j = 0; j < k; j++) ws += __shfl_sync(0xffffffffu, p, j);
             if (lane < k) wout[(r0 + m) * k + lane] = norm ? p / ws : p;
