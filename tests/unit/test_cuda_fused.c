@@ -469,15 +469,12 @@ static void attn_fused_case(int Hq, int Hkv, int hd, int span, const int *lens, 
         int *dm = dup_dev(hm, (tot + 1) * sizeof(int));
         cu_meta meta = {dm,          dm + o_pos,  dm + o_ent,  dm + o_len, dm + o_n,    dm + o_r0,
                         dm + o_slot, dm + o_boff, dm + o_lrow, dm + o_blk, dm + o_spec, NULL};
-        float *out[4] = {NULL, NULL, NULL, NULL}, *qkv_after[4] = {NULL, NULL, NULL, NULL};
+        float *out[3] = {NULL, NULL, NULL}, *qkv_after[3] = {NULL, NULL, NULL};
         /* pass 2: the fused kernel again with more splits launched than the positions need (forward_cuda's
-         * CINFER_CUDA_ATTN_ROUND): the same bits. Pass 3 (the dec kernel): the spans merged through partials
-         * instead of a cluster (cu_set_attn_dec_cluster): the same bits */
-        for (int pass = 0; pass < 4; pass++) {
+         * CINFER_CUDA_ATTN_ROUND): the same bits */
+        for (int pass = 0; pass < 3; pass++) {
             int fused = pass > 0, ns = pass == 2 ? ((nsplit + 7) & ~7) + 8 : nsplit;
             if (pass == 2 && nsplit == 1) continue; /* one split is never rounded */
-            if (pass == 3 && !nsmax) break;
-            cu_set_attn_dec_cluster(pass != 3); /* clusters where a launch allows them, then not */
             cu_attn_args a = {0};
             a.T = NE, a.Hq = Hq, a.Hkv = Hkv, a.hd = hd, a.rope_dim = R, a.n_blocks = n_blocks, a.full = full;
             a.qkv = dup_dev(qkv, (size_t)NE * ld * 4), a.ld = ld, a.q_norm = dqn, a.k_norm = dkn;
@@ -495,7 +492,6 @@ static void attn_fused_case(int Hq, int Hkv, int hd, int span, const int *lens, 
             qkv_after[pass] = get(a.qkv, (size_t)NE * ld);
             cu_free(a.qkv), cu_free(a.o), cu_free(a.part);
         }
-        cu_set_attn_dec_cluster(0);
         /* the three kernels norm q in place in the row; the fused kernel leaves the row as it was */
         CHECK_MSG(memcmp(qkv_after[0], qkv, (size_t)NE * ld * 4) &&
                       !memcmp(qkv_after[1], qkv, (size_t)NE * ld * 4),
@@ -511,10 +507,7 @@ static void attn_fused_case(int Hq, int Hkv, int hd, int span, const int *lens, 
             CHECK_MSG(same_bits(out[2], out[1], no, &at),
                       "attention hd=%d span %d step %d: %d splits launched for %d differ at %zu", hd, span, s,
                       ((nsplit + 7) & ~7) + 8, nsplit, at);
-        if (out[3])
-            CHECK_MSG(same_bits(out[3], out[1], no, &at),
-                      "attention hd=%d step %d: the spans merged without a cluster differ at %zu", hd, s, at);
-        for (int t = 0; t < 4; t++) free(out[t]), free(qkv_after[t]);
+        for (int t = 0; t < 3; t++) free(out[t]), free(qkv_after[t]);
         free(hm), free(qkv);
         cu_free(dm);
     }
@@ -670,9 +663,6 @@ TEST(cuda_attention_dec_speed) {
         attn_speed_case(c, 1, 512, &ns[2], 1);
     }
     g_dec_diag = 0;
-    cu_set_attn_dec_cluster(1); /* the spans merged inside clusters where a launch allows them */
-    attn_speed_case(c, 1, 512, &ns[0], 2);
-    cu_set_attn_dec_cluster(0);
     attn_speed_case(c, 1, 512, ns, 4);
     attn_speed_case(c, 1, 4096, ns, 4);
     attn_speed_case(c, 1, 32768, ns, 4);

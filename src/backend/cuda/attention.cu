@@ -2,8 +2,6 @@
  * written into the sequence's blocks, then causal softmax attention split over position spans
  * (flash-decoding: each block runs an online softmax over its span, a combine pass merges the spans), and
  * the sigmoid output gate. */
-#include <cooperative_groups.h>
-
 #include "backend/cuda/common.cuh"
 
 #define KVB 16 /* = KV_BLOCK of runtime/kvcache.h */
@@ -387,54 +385,7 @@ __device__ __forceinline__ void dec_merge(const cu_attn_args &a, int kvh, int r,
     }
 }
 
-/* CL: the spans of a (row, kv head) are one thread block cluster (grid z = nsplit <= DEC_CLMAX, the cluster's
- * extent): after a cluster barrier each block merges a slice of the output from the spans' (m, l, acc) in the
- * blocks' shared memory (Sm, Sl, Xs [G][C4] float4), dec_merge's arithmetic in dec_merge's order, without the
- * partials' round trips through L2, the fence and the counter. rank: the block's rank (= blockIdx.z), CS the
- * cluster's size */
-#define DEC_CLMAX 16
-__device__ __forceinline__ void dec_cluster_merge(const cu_attn_args &a, int kvh, int r, int ns, int rank,
-                                                  int CS, float *Sm, float *Sl, float4 *Xs) {
-    namespace cg = cooperative_groups;
-    cg::cluster_group cl = cg::this_cluster();
-    const int hd = a.hd, G = a.Hq / a.Hkv, C4 = hd / 4;
-    for (int i = rank + CS * (int)threadIdx.x; i < G * C4; i += CS * DEC_NT) {
-        int g = i / C4, c4 = i % C4, d = 4 * c4, h = kvh * G + g;
-        float m[DEC_CLMAX], l[DEC_CLMAX];
-#pragma unroll
-        for (int s = 0; s < DEC_CLMAX; s++)
-            if (s < ns) m[s] = cl.map_shared_rank(Sm, s)[g], l[s] = cl.map_shared_rank(Sl, s)[g];
-        float M = -INFINITY, L = 0.0f;
-#pragma unroll
-        for (int s = 0; s < DEC_CLMAX; s++)
-            if (s < ns) M = fmaxf(M, m[s]);
-        float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        /* the spans' acc 4 at a time (registers: the whole kernel holds at most what its main loop needs) */
-#pragma unroll
-        for (int s0 = 0; s0 < DEC_CLMAX; s0 += 4) {
-            float4 x[4];
-#pragma unroll
-            for (int k = 0; k < 4; k++)
-                if (s0 + k < ns) x[k] = cl.map_shared_rank(Xs, s0 + k)[i];
-#pragma unroll
-            for (int k = 0; k < 4; k++)
-                if (s0 + k < ns) {
-                    int s = s0 + k;
-                    float w = l[s] > 0.0f ? expf(m[s] - M) : 0.0f;
-                    L = fmaf(l[s], w, L);
-                    o.x = fmaf(x[k].x, w, o.x), o.y = fmaf(x[k].y, w, o.y);
-                    o.z = fmaf(x[k].z, w, o.z), o.w = fmaf(x[k].w, w, o.w);
-                }
-        }
-        const float *gate = a.qkv + (size_t)r * a.ld + (size_t)h * 2 * hd + hd + d;
-        float *out = a.o + (size_t)r * a.Hq * hd + (size_t)h * hd + d;
-        out[0] = (o.x / L) * dev_sigmoid(gate[0]), out[1] = (o.y / L) * dev_sigmoid(gate[1]);
-        out[2] = (o.z / L) * dev_sigmoid(gate[2]), out[3] = (o.w / L) * dev_sigmoid(gate[3]);
-    }
-}
-
-template <int NPL, bool FUSED, bool CL = false>
-__global__ void __launch_bounds__(DEC_NT, 2) attn_dec_kernel(cu_attn_args a) {
+template <int NPL, bool FUSED> __global__ void __launch_bounds__(DEC_NT, 2) attn_dec_kernel(cu_attn_args a) {
     extern __shared__ float4 dec_sm4[];
     constexpr int hd = NPL * 32, CH = CU_ATTN_DEC_CH, KS = hd + DEC_KPAD, C4 = hd / 4;
     constexpr int TPC = DEC_NT / C4; /* P.V: threads sharing an output column, each a part of the positions */
@@ -485,12 +436,6 @@ __global__ void __launch_bounds__(DEC_NT, 2) attn_dec_kernel(cu_attn_args a) {
         griddep_launch();
     }
     if (sp >= ns) {
-        if (CL && ns > 1) { /* a block past the row's spans still takes its part of the merge */
-            namespace cg = cooperative_groups;
-            cg::this_cluster().sync();
-            dec_cluster_merge(a, kvh, r, ns, sp, a.nsplit, Sm, Sl, reinterpret_cast<float4 *>(Qs));
-            cg::this_cluster().sync();
-        }
         return;
     }
     const float *row = a.qkv + (size_t)r * a.ld;
@@ -619,22 +564,6 @@ __global__ void __launch_bounds__(DEC_NT, 2) attn_dec_kernel(cu_attn_args a) {
         red[((size_t)pj * G + g) * C4 + pc] = acc[g];
     }
     __syncthreads();
-    if (CL && ns > 1) { /* the span's acc into q's place, then the cluster's merge */
-        namespace cg = cooperative_groups;
-        float4 *Xs = reinterpret_cast<float4 *>(Qs);
-        for (int i = tid; i < G * C4; i += DEC_NT) {
-            float4 o = red[i];
-            for (int t = 1; t < TPC; t++) {
-                float4 q = red[(size_t)t * G * C4 + i];
-                o.x += q.x, o.y += q.y, o.z += q.z, o.w += q.w;
-            }
-            Xs[i] = o;
-        }
-        cg::this_cluster().sync();
-        dec_cluster_merge(a, kvh, r, ns, sp, a.nsplit, Sm, Sl, Xs);
-        cg::this_cluster().sync(); /* no block leaves while another reads its shared memory */
-        return;
-    }
     /* the span's result: the output (one span) or its partial; thread i: head i / C4, column i % C4 */
     const size_t st = DEC_PST(hd);
     for (int i = tid; i < G * C4; i += DEC_NT) {
@@ -694,68 +623,11 @@ template <int NPL> static int dec_ready(int G, int nsplit) {
         cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
         const cudaFuncAttribute A = cudaFuncAttributeMaxDynamicSharedMemorySize;
         ok = need <= optin && cudaFuncSetAttribute(attn_dec_kernel<NPL, true>, A, need) == cudaSuccess &&
-                     cudaFuncSetAttribute(attn_dec_kernel<NPL, false>, A, need) == cudaSuccess &&
-                     cudaFuncSetAttribute(attn_dec_kernel<NPL, true, true>, A, need) == cudaSuccess &&
-                     cudaFuncSetAttribute(attn_dec_kernel<NPL, false, true>, A, need) == cudaSuccess
+                     cudaFuncSetAttribute(attn_dec_kernel<NPL, false>, A, need) == cudaSuccess
                  ? 1
                  : -1;
     }
     return ok > 0;
-}
-
-/* CINFER_CUDA_ATTN_DEC_CL=1: the spans of a (row, kv head) as one cluster when the launch has at most
- * DEC_CLMAX splits and such clusters fit the device (cu_set_attn_dec_cluster); the same bits. Off by default:
- * H200 session 7 call 2 (128 threads a block), 4B 1 x 512 positions 21.3 us with clusters, 19.8 without */
-static int g_dec_cl = 0;
-extern "C" void cu_set_attn_dec_cluster(int on) {
-    g_dec_cl = on != 0;
-}
-/* 1 when clusters of cs blocks of the form's shared memory can be resident (asked once per (form, stages,
- * cs)) */
-template <int NPL, bool FUSED> static int dec_cluster_ok(int cs, size_t sm, int nst) {
-    static signed char known[2][DEC_CLMAX + 1];
-    if (cs < 2 || cs > DEC_CLMAX) return 0;
-    if (!known[nst - 1][cs]) {
-        cudaLaunchConfig_t cfg = {};
-        cudaLaunchAttribute at[1];
-        at[0].id = cudaLaunchAttributeClusterDimension;
-        at[0].val.clusterDim.x = 1, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = (unsigned)cs;
-        cfg.gridDim = dim3(1, 1, (unsigned)cs), cfg.blockDim = dim3(DEC_NT), cfg.dynamicSmemBytes = sm;
-        cfg.attrs = at, cfg.numAttrs = 1;
-        int n = 0;
-        known[nst - 1][cs] = (cs <= 8 || cudaFuncSetAttribute(attn_dec_kernel<NPL, FUSED, true>,
-                                                              cudaFuncAttributeNonPortableClusterSizeAllowed,
-                                                              1) == cudaSuccess) &&
-                                     cudaOccupancyMaxActiveClusters(&n, attn_dec_kernel<NPL, FUSED, true>,
-                                                                    &cfg) == cudaSuccess &&
-                                     n > 0
-                                 ? 1
-                                 : -1;
-        cudaGetLastError(); /* a refusal above leaves nothing pending */
-    }
-    return known[nst - 1][cs] > 0;
-}
-/* kern over grid by cudaLaunchKernelEx: the cluster (1, 1, grid.z) when cl, PDL when pdl (and the last
- * operation on the stream was a kernel: cu_ctx.pdl_break) */
-static void dec_launch(cu_ctx *c, void (*kern)(cu_attn_args), dim3 grid, size_t sm, int pdl, int cl,
-                       const cu_attn_args &a) {
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute at[2];
-    int n = 0;
-    if (cl) {
-        at[n].id = cudaLaunchAttributeClusterDimension;
-        at[n].val.clusterDim.x = 1, at[n].val.clusterDim.y = 1, at[n].val.clusterDim.z = grid.z;
-        n++;
-    }
-    if (pdl && !c->pdl_break) {
-        at[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        at[n].val.programmaticStreamSerializationAllowed = 1;
-        n++;
-    }
-    c->pdl_break = 0;
-    cfg.gridDim = grid, cfg.blockDim = dim3(DEC_NT), cfg.dynamicSmemBytes = sm, cfg.stream = c->stream;
-    cfg.attrs = at, cfg.numAttrs = (unsigned)n;
-    cudaLaunchKernelEx(&cfg, kern, a);
 }
 
 /* the decode rows by attn_dec_kernel; 0 when it does not serve the shape (the caller then runs attn_kernel)
@@ -766,18 +638,11 @@ template <int NPL> static int attn_dec_npl(cu_ctx *c, const cu_attn_args *a) {
     dim3 grid((unsigned)a->Hkv, (unsigned)a->T, (unsigned)a->nsplit);
     size_t sm = dec_smem(NPL * 32, G, nst);
     if (a->dec_cnt) {
-        int pdl = cu_pdl_on() >= 2 && (cu_pdl_mask() & PDL_ATTN);
-        if (g_dec_cl && !a->dec_diag && dec_cluster_ok<NPL, true>(a->nsplit, sm, nst))
-            dec_launch(c, attn_dec_kernel<NPL, true, true>, grid, sm, pdl, 1, *a);
-        else
-            dec_launch(c, attn_dec_kernel<NPL, true>, grid, sm, pdl, 0, *a);
+        cu_launch_pdl_smem(c, cu_pdl_on() >= 2 && (cu_pdl_mask() & PDL_ATTN), attn_dec_kernel<NPL, true>,
+                           grid, dim3(DEC_NT), sm, *a);
         return 1;
     }
     attn_prep_kernel<<<a->T, 128, 0, c->stream>>>(*a);
-    if (g_dec_cl && dec_cluster_ok<NPL, false>(a->nsplit, sm, nst)) {
-        dec_launch(c, attn_dec_kernel<NPL, false, true>, grid, sm, 0, 1, *a);
-        return 1;
-    }
     attn_dec_kernel<NPL, false><<<grid, DEC_NT, sm, c->stream>>>(*a);
     if (a->nsplit > 1)
         attn_dec_combine_kernel<<<dim3((unsigned)a->Hkv, (unsigned)a->T), DEC_NT,

@@ -98,10 +98,6 @@ void cu_set_pdl_mask(int mask);
 void cu_set_attn_decode_pf(int on);
 /* the prefetch above only in batches of at most rows rows (default 32; 0: any batch); the same bits */
 void cu_set_attn_decode_pf_rows(int rows);
-/* attn_dec_kernel (cu_attn_args.dec_nsmax): the spans of a (row, kv head) merged inside one thread block
- * cluster when a launch has at most 16 splits (1; CINFER_CUDA_ATTN_DEC_CL=1) or by partials in global memory
- * and the last block (0, the default); the same bits */
-void cu_set_attn_dec_cluster(int on);
 /* f32 scratch for the stacked hi/lo product of up to 64 rows (2 x 64 x widest N floats) */
 void cu_set_gemm_scratch(cu_ctx *c, float *d_t, size_t floats);
 /* the rows each half of the xb given to cu_gemm holds (at least the M of any call): with cu_set_gemm_pad on,
