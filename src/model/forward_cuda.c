@@ -163,9 +163,8 @@ typedef struct cu_layer {
 #define ATTN_TARGET_BLOCKS 1024 /* split positions until (rows x heads x splits) reaches this */
 #define PROF_MAX_MARKS     4096
 #define ATTN_SPLIT_WORK    512 /* work items an entry split over keys adds at most (cu_attn_tc_split) */
-#define ATTN_DEC_ROWS                                                                                        \
-    64 /* rows a launch of attn_dec_kernel (its partials' bound; CINFER_CUDA_ATTN_DEC=2)                     \
-        */
+/* rows a launch of attn_dec_kernel (its partials' bound; CINFER_CUDA_ATTN_DEC=2) */
+#define ATTN_DEC_ROWS 64
 
 /* A captured step: every launch of a batch depends only on these (entries, rows, logits rows, whether a
  * speculative window is in it, attention splits, multimodal rotary rows); per-entry lengths, positions, slots
@@ -998,13 +997,13 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     f->pf_split = !(pfs && !strcmp(pfs, "0"));
     /* CINFER_CUDA_GDN_DT: "stage" the WMMA form of the phased DeltaNet prefill (session 4's; run_cuda.sh
      * old), "mma6" the mma.sync form, anything else that on the image scratch ("img", the default).
-     * ("mma6g", its prep reading Q and V from conv_out to fit three blocks an SM, gave the same bits but
-     * measured slower in session 6's third H200 call: prep 0.308 -> 0.380 ms per 4B layer, its W and U
-     * products' V loads from L2 2.5x the cycles; removed. "bulk", the pass staged by one warp's row-sized
-     * cp.async.bulk copies (320 a chunk) instead of every thread's 16-byte cp.async, gave the same bits but a
-     * 4B layer's pass took 0.947 ms against 0.423 in session 7's second H200 call: removed.) */
-    /* "img" (the default since session 7's third H200 call: the same bits, a 4B layer's pass 0.429 -> 0.320
-     * ms, prefill 4096 29,978 -> 30,281 tok/s): the mma.sync form on a scratch laid out as the pass's shared
+     * ("mma6g", its prep reading Q and V from conv_out to fit three blocks an SM, gave the same bits but measured slower in session 6's third H200
+     * call: prep 0.308 -> 0.380 ms per 4B layer, its W and U products' V loads from L2 2.5x the cycles;
+     * removed. "bulk", the pass staged by one warp's row-sized cp.async.bulk copies (320 a chunk) instead of
+     * every thread's 16-byte cp.async, gave the same bits but a 4B layer's pass took 0.947 ms against 0.423
+     * in session 7's second H200 call: removed.) */
+    /* "img" (the default since session 7's third H200 call: the same bits, a 4B layer's pass 0.429 -> 0.320 ms,
+     * prefill 4096 29,978 -> 30,281 tok/s): the mma.sync form on a scratch laid out as the pass's shared
      * memory, a chunk staged by three bulk copies; "mma6" the mma.sync form staged by cp.async */
     const char *gdt = getenv("CINFER_CUDA_GDN_DT");
     f->gdn_chunk_dt = gdt && !strcmp(gdt, "stage") ? 0 : gdt && !strcmp(gdt, "mma6") ? 1 : 2;
