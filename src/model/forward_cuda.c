@@ -155,8 +155,6 @@ typedef struct cu_layer {
     uint16_t *router;                    /* [E][H] */
     uint16_t *e_gu, *e_down;             /* [E][2Im][H], [E][H][Im] */
     uint16_t *sh_gu, *sh_down, *sh_gw;   /* [2Is][H], [H][Is], [1][H]; NULL without a shared expert */
-    void *wfold;                         /* [E][D] router diag(post_norm) w_out (CINFER_CUDA_MOE_FOLD), f32,
-                                            D = w_out's width; NULL: this layer's router is not folded */
 } cu_layer;
 
 #define MAX_GRAPHS         64
@@ -164,7 +162,7 @@ typedef struct cu_layer {
 #define PROF_MAX_MARKS     4096
 #define ATTN_SPLIT_WORK    512 /* work items an entry split over keys adds at most (cu_attn_tc_split) */
 /* rows a launch of attn_dec_kernel (its partials' bound; CINFER_CUDA_ATTN_DEC=2) */
-#define ATTN_DEC_ROWS 64
+#define ATTN_DEC_ROWS      64
 
 /* A captured step: every launch of a batch depends only on these (entries, rows, logits rows, whether a
  * speculative window is in it, attention splits, multimodal rotary rows); per-entry lengths, positions, slots
@@ -221,22 +219,18 @@ struct cuda_fwd {
     unsigned *moe_cnt;        /* [T]: the fused router's finished-block counters (zeroed, kept zeroed) */
     int moe_variant;          /* cu_moe_args.variant (CINFER_CUDA_MOE_VARIANT, measurements) */
     int moe_pf_grouped;       /* prefill experts by cu_moe_gemm* (CINFER_CUDA_MOE_PREFILL=host: off) */
-    int moe_gemm_rows;  /* with it, decode batches of at least this many rows too (CINFER_CUDA_MOE_GEMM_ROWS)
-                         */
-    int *moe_tiles;     /* [E + 1]: 64-slot tiles before each expert (cu_moe_tiles) */
-    int moe_pf;         /* CINFER_CUDA_MOE_PF's bits (moe(); where it is read says what each does) */
-    int *moe_gscr;      /* [E]: cu_moe_group_tiles' scratch */
-    int moe_fold;       /* CINFER_CUDA_MOE_FOLD=1 */
-    int fold_layer;     /* enqueue: this layer's out_proj makes the router's choice (moe_fold.cu) */
-    unsigned *moe_fcnt; /* [2T]: the fold kernel's block counters (zeroed, kept zeroed) */
-    float *moe_zp;      /* the fold kernel's z parts (cu_moe_fold_scratch), with CINFER_CUDA_MOE_FOLD only */
-    size_t xb_elems;    /* bf16 elements of xb */
-    int pdl;            /* cu_set_pdl's level: CINFER_CUDA_PDL=1 2 (every decode kernel), =gemv 1, else 0 */
-    int pdl_any;    /* CINFER_CUDA_PDL_ANY=1: level 2 in every step, not only pdl_step()'s (diagnostics) */
-    int fuse;       /* norms, adds, SwiGLU in the GEMVs (enqueue; CINFER_CUDA_FUSE=0: off) */
-    int *h_moe_idx; /* pinned [S] */
-    float *h_moe_w; /* pinned [S] */
-    int *h_moe_up;  /* pinned [3S] */
+    int moe_gemm_rows; /* with it, decode batches of at least this many rows too (CINFER_CUDA_MOE_GEMM_ROWS)
+                        */
+    int *moe_tiles;    /* [E + 1]: 64-slot tiles before each expert (cu_moe_tiles) */
+    int moe_pf;        /* CINFER_CUDA_MOE_PF's bits (moe(); where it is read says what each does) */
+    int *moe_gscr;     /* [E]: cu_moe_group_tiles' scratch */
+    size_t xb_elems;   /* bf16 elements of xb */
+    int pdl;           /* cu_set_pdl's level: CINFER_CUDA_PDL=1 2 (every decode kernel), =gemv 1, else 0 */
+    int pdl_any;       /* CINFER_CUDA_PDL_ANY=1: level 2 in every step, not only pdl_step()'s (diagnostics) */
+    int fuse;          /* norms, adds, SwiGLU in the GEMVs (enqueue; CINFER_CUDA_FUSE=0: off) */
+    int *h_moe_idx;    /* pinned [S] */
+    float *h_moe_w;    /* pinned [S] */
+    int *h_moe_up;     /* pinned [3S] */
     int *h_cnt, *h_off, *h_fill; /* [E + 1] each: rows per expert, their offsets, filled so far */
     int *meta;                   /* device ints */
     int *h_meta;                 /* pinned */
@@ -467,14 +461,6 @@ static int upload_layer(cuda_fwd *f, upload_ctx *u, cu_layer *cl, const layer_we
                 (rc = upload_cat(f, u, &cl->sh_gw, sgw, 1, NULL, err, errlen)))
                 return rc;
         }
-        /* CINFER_CUDA_MOE_FOLD: W' = router diag(1 + w_post) w_out, once, on the device (moe_fold.cu) */
-        int D = lw->type == LAYER_LINEAR ? m->Hv * m->dv : m->Hq * m->hd, f32 = 1;
-        if ((f->moe_fold & 1) && cu_moe_fold_supported(H, D, E, m->cfg.n_experts_per_tok)) {
-            if ((rc = dev_alloc(f, &cl->wfold, (size_t)E * D * (f32 ? 4 : 2), &f->bytes_w, err, errlen)))
-                return rc;
-            cu_moe_fold_weights(f->cu, cl->wfold, f32, cl->router, cl->post_norm, cl->w_out, E, H, D);
-            if ((rc = cu_sync(f->cu, err, errlen))) return rc;
-        }
     }
     return 0;
 }
@@ -568,7 +554,6 @@ static int alloc_scratch(cuda_fwd *f, char *err, size_t errlen) {
             (rc = dev_alloc(f, (void **)&f->moe_grp, (E + 1 + S) * 4, a, err, errlen)) ||
             (rc = dev_alloc(f, (void **)&f->moe_fa, (S * Im + T * Is) * 4, a, err, errlen)) ||
             (rc = dev_alloc(f, (void **)&f->moe_cnt, T * 4, a, err, errlen)) ||
-            (rc = dev_alloc(f, (void **)&f->moe_fcnt, 2 * T * 4, a, err, errlen)) ||
             (rc = dev_alloc(f, (void **)&f->moe_tiles, (E + 1) * 4, a, err, errlen)) ||
             (rc = dev_alloc(f, (void **)&f->moe_gscr, E * 4, a, err, errlen)) ||
             (rc = cu_alloc_host((void **)&f->h_moe_idx, S * 4, err, errlen)) ||
@@ -578,11 +563,6 @@ static int alloc_scratch(cuda_fwd *f, char *err, size_t errlen) {
         f->h_cnt = xcalloc(E + 1, sizeof(int));
         f->h_off = xcalloc(E + 1, sizeof(int));
         f->h_fill = xcalloc(E + 1, sizeof(int));
-        size_t Dm = zmax(vd, (size_t)m->Hq * m->hd);
-        if ((f->moe_fold & 1) &&
-            (rc = dev_alloc(f, (void **)&f->moe_zp, cu_moe_fold_scratch((int)T, (int)Dm, (int)E, 1) * 4, a,
-                            err, errlen)))
-            return rc;
         for (size_t i = 0; i < S; i++) f->h_moe_up[i] = (int)i;
         if ((rc = cu_upload(f->moe_ident, f->h_moe_up, S * 4, err, errlen))) return rc;
     }
@@ -772,16 +752,6 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * 8 1,190 -> 1,219, 27B batch 1 58.9 -> 59.0; fixture parity unchanged (3.37e-4), speculation exact */
     const char *fz = getenv("CINFER_CUDA_FUSE");
     f->fuse = !(fz && !strcmp(fz, "0"));
-    /* CINFER_CUDA_MOE_FOLD=1 (default 0, off): the decode MoE layers' router folded into their out_proj
-     * launch (moe_fold.cu: the choice from z = router (g h) + W' a, W' made at upload in f32; no router
-     * launch). W' in bf16 chose another expert set than the router in 0.83% of 2048 rows at the 35B-A3B shape
-     * (all near-ties) and moved the MoE fixture's logits by 1.5e-3; in f32 0 of 2048, 4.9e-7 (H200 call 1
-     * of session 7). Gone (the same call, CINFER_CUDA_DIAG_AB in the 35B-A3B batch-1 graph): the chosen
-     * experts' gate_up rows into L2 from the selecting block (+5.3 ms a step: 32 MB a layer through L2) or
-     * from each gate_up warp on a flag before its PDL wait (+0.34 ms) */
-    const char *mfo = getenv("CINFER_CUDA_MOE_FOLD");
-    f->moe_fold = mfo ? atoi(mfo) & 1 : 0;
-    if (mfo) fprintf(stderr, "cinfer cuda: CINFER_CUDA_MOE_FOLD=%d\n", f->moe_fold);
     if (fz)
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_FUSE=%s: fused decode GEMVs %s\n", fz,
                 f->fuse ? "on" : "off");
@@ -999,13 +969,13 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     f->pf_split = !(pfs && !strcmp(pfs, "0"));
     /* CINFER_CUDA_GDN_DT: "stage" the WMMA form of the phased DeltaNet prefill (session 4's; run_cuda.sh
      * old), "mma6" the mma.sync form, anything else that on the image scratch ("img", the default).
-     * ("mma6g", its prep reading Q and V from conv_out to fit three blocks an SM, gave the same bits but measured slower in session 6's third H200
-     * call: prep 0.308 -> 0.380 ms per 4B layer, its W and U products' V loads from L2 2.5x the cycles;
-     * removed. "bulk", the pass staged by one warp's row-sized cp.async.bulk copies (320 a chunk) instead of
-     * every thread's 16-byte cp.async, gave the same bits but a 4B layer's pass took 0.947 ms against 0.423
-     * in session 7's second H200 call: removed.) */
-    /* "img" (the default since session 7's third H200 call: the same bits, a 4B layer's pass 0.429 -> 0.320 ms,
-     * prefill 4096 29,978 -> 30,281 tok/s): the mma.sync form on a scratch laid out as the pass's shared
+     * ("mma6g", its prep reading Q and V from conv_out to fit three blocks an SM, gave the same bits but
+     * measured slower in session 6's third H200 call: prep 0.308 -> 0.380 ms per 4B layer, its W and U
+     * products' V loads from L2 2.5x the cycles; removed. "bulk", the pass staged by one warp's row-sized
+     * cp.async.bulk copies (320 a chunk) instead of every thread's 16-byte cp.async, gave the same bits but a
+     * 4B layer's pass took 0.947 ms against 0.423 in session 7's second H200 call: removed.) */
+    /* "img" (the default since session 7's third H200 call: the same bits, a 4B layer's pass 0.429 -> 0.320
+     * ms, prefill 4096 29,978 -> 30,281 tok/s): the mma.sync form on a scratch laid out as the pass's shared
      * memory, a chunk staged by three bulk copies; "mma6" the mma.sync form staged by cp.async */
     const char *gdt = getenv("CINFER_CUDA_GDN_DT");
     f->gdn_chunk_dt = gdt && !strcmp(gdt, "stage") ? 0 : gdt && !strcmp(gdt, "mma6") ? 1 : 2;
@@ -1262,26 +1232,6 @@ static const uint16_t *after_ffn(const cuda_fwd *f, const cu_layer *cl, size_t *
 }
 
 static void out_proj(cuda_fwd *f, const cu_layer *cl, int T, int K, int fz) {
-    if (fz && f->fold_layer) {
-        /* the MoE router folded in: h' into the residual x, its norm into xn, the choice and its weights
-         * into moe_idx / moe_w (z in moe_logits, h' first in f->out: nothing pends under fz) */
-        const model *m = f->m;
-        cu_moe_fold_args a = {0};
-        a.T = T, a.H = m->H, a.D = K, a.E = m->cfg.n_experts, a.k = m->cfg.n_experts_per_tok;
-        a.Im = m->cfg.moe_intermediate_size, a.KS = cu_gemv3_splits(m->H, K), a.wf_f32 = 1;
-        a.x = f->x, a.a = f->act, a.w_o = cl->w_out, a.router = cl->router, a.g = cl->post_norm,
-        a.wf = cl->wfold;
-        a.y = f->out, a.xn = f->xn, a.eps = (float)m->cfg.rms_norm_eps, a.z = f->moe_logits,
-        a.zpart = f->moe_zp, a.idx = f->moe_idx, a.w = f->moe_w, a.norm = m->cfg.norm_topk_prob,
-        a.count = f->moe_fcnt;
-        if ((f->moe_variant & 8192) && cl->sh_gu) {
-            size_t Is = (size_t)m->cfg.shared_expert_intermediate_size;
-            a.pf0 = cl->sh_gu, a.pf0_bytes = 2 * Is * m->H * 2, a.pf1 = cl->sh_down,
-            a.pf1_bytes = Is * m->H * 2;
-        }
-        cu_moe_fold_outproj(f->cu, &a);
-        return;
-    }
     if (fz) {
         gemv_next(f, cl->w_gu, (size_t)2 * f->m->cfg.intermediate_size * f->m->H * 2);
         cu_gemv_fused(f->cu, f->x, f->act, cl->w_out, T, f->m->H, K, NULL, 0.0f, CU_EPI_ADD);
@@ -1457,8 +1407,6 @@ static int moe(cuda_fwd *f, const cu_layer *cl, const run_shape *rs, int device_
             f->profile ? f->moe_variant & ~4 : f->moe_variant; /* no PDL beside the profile's events */
         *added = into_x;
         if (norm_w) a.x = f->x, a.norm_w = norm_w, a.eps = (float)m->cfg.rms_norm_eps, a.xn = f->xn;
-        /* fold: out_proj's launch chose and normed (moe_fold.cu): no router launch */
-        if (f->fold_layer && norm_w) a.fold = 1;
         /* CINFER_CUDA_DIAG_AB's classes: the router (DG_ROUTE), gate_up (DG_GU), down (DG_DOWN) */
         int nr = diag_n(f, DG_ROUTE), ng = diag_n(f, DG_GU), nd = diag_n(f, DG_DOWN);
         mark(f, CP_MOE_ROUTE);
@@ -1640,11 +1588,6 @@ static int enqueue(cuda_fwd *f, const run_shape *rs, int moe_device, char *err, 
         const cu_layer *cl = &f->L[l];
         const layer_weights *lw = &m->layers[l];
         int fin = fz && !pend; /* this layer's input norm inside its in_proj */
-        /* CINFER_CUDA_MOE_FOLD: the router's choice comes with out_proj (out_proj, moe); never where the
-         * skinny GEMM would take out_proj (its bits are not gemv3's) or its splits are not 1 or 2 */
-        int Dl = lw->type == LAYER_LINEAR ? m->Hv * m->dv : m->Hq * m->hd;
-        f->fold_layer = lw->moe && fz && cl->wfold && (f->moe_fold & 1) && moe_fused_path(f, T, moe_device) &&
-                        !cu_skinny_takes(f->cu, T, Dl) && cu_gemv3_splits(H, Dl) <= 2;
         if (!fin) {
             mark(f, CP_EMBED_NORM);
             /* the previous layer's FFN output joins the residual here (fused with this layer's input norm) */
@@ -1658,8 +1601,7 @@ static int enqueue(cuda_fwd *f, const run_shape *rs, int moe_device, char *err, 
         pend = !fz;
         /* CINFER_CUDA_MOE_VARIANT & 8: the fused MoE's router takes this norm itself (nothing pends under fz)
          */
-        int moe_norm = lw->moe && fz &&
-                       (((f->moe_variant & 8) && cu_moe_fused_norm_ok(H)) || f->fold_layer) &&
+        int moe_norm = lw->moe && fz && (f->moe_variant & 8) && cu_moe_fused_norm_ok(H) &&
                        moe_fused_path(f, T, moe_device);
         if ((lw->moe || !fz) && !moe_norm) {
             mark(f, CP_EMBED_NORM);
@@ -1675,7 +1617,6 @@ static int enqueue(cuda_fwd *f, const run_shape *rs, int moe_device, char *err, 
             if ((rc = moe(f, cl, rs, moe_device, fz, moe_norm ? cl->post_norm : NULL, &added, err, errlen)))
                 return rc;
             pend = !added;
-            f->fold_layer = 0;
         } else if (fz) {
             mlp_fused(f, cl, T);
             pend = 0;
@@ -1705,7 +1646,6 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
         int skip, dup, nopdl, apf; /* apf: CINFER_CUDA_ATTN_PF (-1: 0) */
         const char *g3;            /* "u_small,var_small,u_big,var_big[,glu_nr,glu_var]", or NULL */
         int l2n;                   /* CINFER_CUDA_L2PF_NEXT MB (-1: 0) */
-        int mfold;                 /* 1: CINFER_CUDA_MOE_FOLD off */
     } v[] = {
         {"base", 0, 0, 0},
         {"g3 glu old 2,2", 0, 0, 0, 0, "0,-1,0,-1,2,2"},
@@ -1743,7 +1683,6 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
         {"dup down", 0, DG_DOWN, 0},
         {"dup lm_head", 0, DG_LM, 0},
         {"dup moe router", 0, DG_ROUTE, 0},
-        {"moe fold off", 0, 0, 0, 0, NULL, 0, 1},
         {"base again", 0, 0, 0},
     };
     enum { REPS = 30 };
@@ -1758,8 +1697,6 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
         size_t l2n = f->l2pf_next;
         if (v[i].l2n) f->l2pf_next = v[i].l2n > 0 ? (size_t)v[i].l2n << 20 : 0;
         if (v[i].apf) cu_set_attn_decode_pf(v[i].apf > 0 ? v[i].apf : 0);
-        int mfold = f->moe_fold;
-        if (v[i].mfold == 1) f->moe_fold = 0;
         int g3[6] = {0, -1, 0, -1, 0, 0};
         if (v[i].g3 &&
             sscanf(v[i].g3, "%d,%d,%d,%d,%d,%d", &g3[0], &g3[1], &g3[2], &g3[3], &g3[4], &g3[5]) >= 4)
@@ -1770,7 +1707,7 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
         int rc2 = rc ? rc : enqueue(f, rs, moe_device, err, sizeof err);
         if (!rc) rc = cu_capture_end(f->cu, &exec, err, sizeof err);
         f->pdl = pdl, f->diag_skip = f->diag_dup = 0;
-        f->l2pf_next = l2n, f->moe_fold = mfold;
+        f->l2pf_next = l2n;
         cu_set_attn_decode_pf(f->attn_pf);
         cu_set_gemv3_one(0, -1, 0, -1);
         cu_set_gemv3_glu(f->glu[0], f->glu[1]);
@@ -2201,7 +2138,7 @@ static int fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, int s
  * time in a process on the H200) happens here and not inside the first request that runs such a step (a
  * resumed turn's suffix, a batch of 9+ decode rows). The lm_head only up to 64 rows (more is a rare
  * all-logits prefill). */
-#define WARM_MAX_ROWS 512
+#define WARM_MAX_ROWS      512
 static int warm_gemms(cuda_fwd *f, char *err, size_t errlen) {
     const model *m = f->m;
     int H = m->H, I = m->cfg.intermediate_size, top = cu_gemm_pad() ? WARM_MAX_ROWS : 64;

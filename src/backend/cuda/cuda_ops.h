@@ -278,7 +278,8 @@ typedef struct cu_gdn_args {
     int chunk_cap; /* tc 2: chunks the scratch holds (cu_gdn_chunk_cap); a batch that may span more: scalar */
     int chunk_dt;  /* tc 2: the kernels (CINFER_CUDA_GDN_DT): 0 "stage" (WMMA, each chunk's inputs staged in
                       shared memory one chunk ahead), 1 the mma.sync form ("mma6"), 2 that on its shared-memory
-                      image staged by bulk copies (dk 128, dv a multiple of 32, else 1; forward_cuda's default) */
+                      image staged by bulk copies (dk 128, dv a multiple of 32, else 1; forward_cuda's default)
+                    */
     long long *chunk_prof; /* diagnostics, normally NULL: [16] device clock cycles per phase of one prep block
                               ([0..6]) and of one block of the staged pass ([8..12], chunks in [15]) */
     /* speculative windows (meta.e_spec): the conv window and S of the slot stay as they were; each token's
@@ -513,9 +514,6 @@ typedef struct cu_moe_args {
     int variant; /* 4: programmatic dependent launch (each kernel lets the next be scheduled, then waits for
                     the one before; the same bits). CINFER_CUDA_MOE_VARIANT, default 8204 (8: the caller's
                     norm_w; 8192: the router requests the shared expert's weights into L2 before its wait) */
-    /* fold (CINFER_CUDA_MOE_FOLD, moe_fold.cu): idx, w and the normed rows xn came with out_proj
-       (cu_moe_fold_outproj): no router launch (cu_moe_fused_route does nothing) */
-    int fold;
 } cu_moe_args;
 /* 1 when the fused kernels serve this shape: H, Im, Is multiples of 8, Im <= 1024, E <= 1024, k <= 32 */
 int cu_moe_fused_supported(int H, int E, int k, int Im, int Is);
@@ -524,38 +522,6 @@ void cu_moe_fused_route(cu_ctx *c, const cu_moe_args *a);   /* logits, idx, w */
 void cu_moe_fused_gate_up(cu_ctx *c, const cu_moe_args *a); /* act, shg (reads idx) */
 void cu_moe_fused_down(cu_ctx *c, const cu_moe_args *a);    /* out (reads idx, w, act, shg) */
 void cu_moe_fused(cu_ctx *c, const cu_moe_args *a);         /* the three in order */
-
-/* The router folded into a MoE layer's out_proj (moe_fold.cu, CINFER_CUDA_MOE_FOLD): y = x + a w_o^T (the
- * bits of cu_gemv_fused's residual form at KS = cu_gemv3_splits(H, D) splits) and, in the same launch,
- * z = router (g x) + wf a, whose k largest per row are the router's choice (idx, ascending; zsel their z) */
-typedef struct cu_moe_fold_args {
-    int T, H, D, E, k, Im;  /* rows, hidden, out_proj width, experts, top-k, expert width */
-    int KS;                 /* out_proj's K-splits (1 or 2: cu_gemv3_splits(H, D)) */
-    int wf_f32;             /* wf is f32 (else bf16) */
-    float *x;               /* [T][H] the residual h; h' when the launch is done */
-    const float *a;         /* [T][D] out_proj's input */
-    const uint16_t *w_o;    /* [H][D] bf16 */
-    const uint16_t *router; /* [E][H] bf16 */
-    const float *g;         /* [H] the post-attention norm's (1 + w) */
-    const void *wf;         /* [E][D] W' = router diag(g) w_o (cu_moe_fold_weights), bf16 or f32 */
-    float *y;               /* [T][H] scratch: h' = x + a w_o^T */
-    float *xn;              /* [T][H] RMSNorm(h') (1 + w) as cu_add_rmsnorm makes it (g the weights) */
-    float eps;
-    float *z;     /* [T][E] */
-    float *zpart; /* scratch, cu_moe_fold_scratch(T, D, E, wf_f32) floats */
-    int *idx;     /* [T][k] chosen experts, ascending */
-    float *w;     /* [T][k] their weights: softmax(z / rms(h')) (renormalised when norm) */
-    int norm;
-    unsigned *count;       /* [2T] zeroed once; every launch leaves it zeroed */
-    const void *pf0, *pf1; /* NULL, or bytes into L2 from the z blocks (the shared expert's weights) */
-    size_t pf0_bytes, pf1_bytes;
-} cu_moe_fold_args;
-int cu_moe_fold_supported(int H, int D, int E, int k);
-size_t cu_moe_fold_scratch(int T, int D, int E, int wf32); /* floats of cu_moe_fold_args.zpart */
-void cu_moe_fold_outproj(cu_ctx *c, const cu_moe_fold_args *f);
-/* W' [E][D] = Σ_i router[e][i] g[i] w_o[i][d] (f32 sums; stored f32 when f32, else bf16) */
-void cu_moe_fold_weights(cu_ctx *c, void *out, int f32, const uint16_t *router, const float *g,
-                         const uint16_t *w_o, int E, int H, int D);
 
 /* Prefill experts without the host (moe_gemm.cu, CINFER_CUDA_MOE_PREFILL=grouped): grouped GEMMs on the
  * tensor cores (bf16 weights, activations split into bf16 hi + lo, f32 accumulation) over every expert in one

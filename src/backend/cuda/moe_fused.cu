@@ -387,7 +387,7 @@ extern "C" int cu_moe_fused_supported(int H, int E, int k, int Im, int Is) {
 }
 
 extern "C" void cu_moe_fused_route(cu_ctx *c, const cu_moe_args *a) {
-    if (a->T <= 0 || a->fold) return; /* fold: the choice came with out_proj (moe_fold.cu) */
+    if (a->T <= 0) return;
     int pdl = (a->variant & 4) != 0, nrm = a->norm_w != NULL;
     int warps = nrm ? 8 : RT_WARPS;
     dim3 grid(cdiv((size_t)a->E, (size_t)warps), (unsigned)a->T), block(warps * 32);
