@@ -3,7 +3,7 @@
 # CUDA backend, run the CUDA tests, then `cinfer bench --like SHAPE --device cuda` for the 4B, 35B-A3B and 27B
 # shapes and the transformers peer. Every stage has its own time limit and goes on past a failure; results
 # land in $OUT (log.txt: build; tests.txt; bench-*.txt; peer.txt).
-# The "old" stage runs the 4B and 35B-A3B shapes again with session 6's switches turned off (session 5's
+# The "old" stage runs the 4B and 35B-A3B shapes again with session 7's switches turned off (session 6's
 # defaults, as far as switches reach) beside the defaults of the "bench" stage (bench-old.txt). 8 files in $OUT at
 # most.
 # usage: OUT=dir bash bench/run_cuda.sh [STAGES]   (STAGES: any of build tests bench old peer; default all)
@@ -90,11 +90,11 @@ if has bench; then
         grep -v "cinfer synth: writing" >> "$OUT/bench-qwen3.5-4b.txt"
 fi
 if has old; then
-    # session 5's defaults (before the L2 prefetch of the next GEMV's weights, the early chunk requests of the
-    # <= 4096-output GEMVs, the attention prefetch only up to 32 rows, the attention splits rounded to 8, the
-    # MoE router's L2 prefetch of the shared expert, the MoE prefill forms and the pre-split prefill GEMM
-    # inputs), beside the defaults of the bench stage: one run says what the new defaults are worth
-    OLD="CINFER_CUDA_L2PF_NEXT=0 CINFER_CUDA_GEMV_VAR4=0 CINFER_CUDA_ATTN_PF_ROWS=0 CINFER_CUDA_ATTN_ROUND=0 CINFER_CUDA_MOE_VARIANT=12 CINFER_CUDA_MOE_PF=0 CINFER_CUDA_PF_SPLIT=0"
+    # session 6's defaults (before the DeltaNet decode kernel as thread block clusters at batch <= 2, the
+    # prefill attention's K / V tiles by bulk copies, the DeltaNet prefill pass on an image-layout scratch and the
+    # one-row gate_up GEMV's 4-warp variant), beside the defaults of the bench stage: one run says what the new
+    # defaults are worth
+    OLD="CINFER_CUDA_GDN_CLUSTER=0 CINFER_CUDA_ATTN_BULK=0 CINFER_CUDA_GDN_DT=mma6 CINFER_CUDA_GEMV_GLU=2,2"
     : > "$OUT/bench-old.txt"
     for s in qwen3.5-4b:90 qwen3.5-35b-a3b:120; do
         shape=${s%%:*} lim=${s##*:}
