@@ -57,6 +57,12 @@ __device__ __forceinline__ void h2_split(float x, float y, uint32_t &hi, uint32_
     lo = *reinterpret_cast<uint32_t *>(&l);
 }
 
+/* h2_split for one value (the K / V pre-passes): the same hi and lo */
+__device__ __forceinline__ void split16(float x, __half &hi, __half &lo) {
+    hi = __float2half_rn(x);
+    lo = __float2half_rn(x - __half2float(hi));
+}
+
 /* d += a b, m16n8k16 fp16: A a0 (g, 2t..2t+1), a1 (g + 8, 2t..), a2 (g, 2t + 8..), a3 (g + 8, 2t + 8..);
  * B b0 (k 2t..2t+1, n g), b1 (k 2t + 8..2t + 9, n g); D as m16n8k8 */
 __device__ __forceinline__ void fh_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -116,10 +122,8 @@ __global__ void attn_kv16_kernel(cu_attn_args a) {
 #pragma unroll
         for (int j = 0; j < FA_KVB; j++) {
             float x = kp[(size_t)j * W + i], y = vp[(size_t)j * W + i];
-            __half h = __float2half_rn(x), hv = __float2half_rn(y);
-            kh[((size_t)b * FA_KVB + j) * W + i] = h;
-            kl[((size_t)b * FA_KVB + j) * W + i] = __float2half_rn(x - __half2float(h));
-            vhi[j] = hv, vlo[j] = __float2half_rn(y - __half2float(hv));
+            split16(x, kh[((size_t)b * FA_KVB + j) * W + i], kl[((size_t)b * FA_KVB + j) * W + i]);
+            split16(y, vhi[j], vlo[j]);
         }
         uint4 *dh = reinterpret_cast<uint4 *>(vh + ((size_t)b * W + i) * FA_KVB),
               *dl = reinterpret_cast<uint4 *>(vl + ((size_t)b * W + i) * FA_KVB);
@@ -213,10 +217,8 @@ __global__ void attn_kvb_kernel(cu_attn_args a) {
 #pragma unroll
         for (int j = 0; j < FA_KVB; j++) {
             float x = kp[(size_t)j * W + i], y = vp[(size_t)j * W + i];
-            __half h = __float2half_rn(x), hv = __float2half_rn(y);
-            img[j * LK + d] = h;
-            img[KH + j * LK + d] = __float2half_rn(x - __half2float(h));
-            vhi[j] = hv, vlo[j] = __float2half_rn(y - __half2float(hv));
+            split16(x, img[j * LK + d], img[KH + j * LK + d]);
+            split16(y, vhi[j], vlo[j]);
         }
         uint4 *dh = reinterpret_cast<uint4 *>(img + 2 * KH + d * FB_VLD),
               *dl = reinterpret_cast<uint4 *>(img + 2 * KH + VH + d * FB_VLD);
@@ -310,12 +312,7 @@ __global__ void __launch_bounds__(256, HD >= 128 ? 1 : 2) attn_fh_kernel(cu_attn
     unsigned par_k = 0, par_v = 0;
 
     if constexpr (BK) {
-        if (tid == 0) {
-            bk_init(bar);
-            bk_init(bar + 1);
-            bk_init_fence();
-        }
-        __syncthreads();
+        bk_init_block(bar, 2);
         if (tid == 0) fb_load_k<HD>(K16, a, blocks, kvh, klo, khi, bar);
     } else {
         if constexpr (S16)

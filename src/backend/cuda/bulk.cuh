@@ -21,6 +21,15 @@ static __device__ __forceinline__ void bk_init(uint64_t *bar) {
 static __device__ __forceinline__ void bk_init_fence(void) {
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }
+/* the block's first n barriers set up by thread 0 (bk_init + bk_init_fence), then a __syncthreads so that no
+ * thread uses one before it exists; every thread of the block calls it */
+static __device__ __forceinline__ void bk_init_block(uint64_t *bar, int n) {
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < n; i++) bk_init(bar + i);
+        bk_init_fence();
+    }
+    __syncthreads();
+}
 /* the phase's arrival, with the bytes its copies will bring */
 static __device__ __forceinline__ void bk_expect(uint64_t *bar, unsigned bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bk_sa(bar)), "r"(bytes)

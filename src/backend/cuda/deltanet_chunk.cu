@@ -732,12 +732,7 @@ __global__ void __launch_bounds__(256) ck_state_mma_kernel(cu_gdn_args a) {
     uint64_t *bar = reinterpret_cast<uint64_t *>(Dl + CK_CH * CKM_SL); /* BULK: group A, group B */
     unsigned par_a = 0, par_b = 0;
     if constexpr (BULK) {
-        if (tid == 0) {
-            bk_init(bar);
-            bk_init(bar + 1);
-            bk_init_fence();
-        }
-        __syncthreads();
+        bk_init_block(bar, 2);
     }
     float *Sg = a.rec_state + (((size_t)a.meta.e_slot[e] * a.n_lin + a.lin) * a.Hv + h) * (size_t)dk * dv;
     const bool owns_s = warp < dk / 16; /* S rows 16 warp .. 16 warp + 15 */
