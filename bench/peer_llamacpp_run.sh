@@ -19,6 +19,9 @@ shift
 SHAPES=${*:-qwen3.5-4b qwen3.5-27b qwen3.5-35b-a3b}
 mkdir -p "$OUT"
 T0=$(date +%s)
+# a GGUF left in /dev/shm would hold tens of GB of RAM after us
+trap 'rm -f /dev/shm/peer-qwen3.5-*.gguf /tmp/peer-qwen3.5-*.gguf' EXIT
+trap 'exit 143' TERM INT
 LOG=$OUT/run.txt
 TAB=$OUT/tables.md
 : > "$TAB"
