@@ -171,7 +171,17 @@ typedef struct graph_ent {
     int B, T, nl, spec, nochunk, span, nsplit, mm; /* mm: captured with multimodal rotary positions */
     unsigned long long used; /* last replay (the least recently used goes when the table is full) */
     void *exec;
+    /* the decode attention's row classes and attn_dec_kernel's span and grid (run_shape: acls, dspan,
+     * dnsplit): the launches a class pattern makes are part of the graph */
+    int acls, dspan, dnsplit;
 } graph_ent;
+
+/* the same key (every field but used and exec) */
+static int graph_key_eq(const graph_ent *q, const graph_ent *k) {
+    return q->B == k->B && q->T == k->T && q->nl == k->nl && q->spec == k->spec && q->nochunk == k->nochunk &&
+           q->span == k->span && q->nsplit == k->nsplit && q->mm == k->mm && q->acls == k->acls &&
+           q->dspan == k->dspan && q->dnsplit == k->dnsplit;
+}
 
 struct cuda_fwd {
     const model *m;
@@ -314,6 +324,8 @@ struct cuda_fwd {
     size_t l2pf_next; /* CINFER_CUDA_L2PF_NEXT=MB: bytes of the next GEMV's head each fused GEMV prefetches */
     int attn_round;   /* CINFER_CUDA_ATTN_ROUND (default 1): attn_split rounds nsplit up */
     int attn_dec_ns;  /* CINFER_CUDA_ATTN_DEC=2: cu_attn_args.dec_nsmax (CINFER_CUDA_ATTN_DEC_NS), else 0 */
+    int attn_dec_p;   /* with attn_dec_ns: cu_attn_args.dec_p (CINFER_CUDA_ATTN_DEC_P) */
+    size_t part_attn; /* floats of part for attn_kernel's partials; attn_dec_kernel's follow them */
     int l2pf_next_rows; /* CINFER_CUDA_L2PF_NEXT_ROWS (default 32): L2PF_NEXT only in steps of at most this
                            many rows */
     int step_rows;      /* the rows of the step enqueue() is building */
@@ -511,12 +523,16 @@ static int alloc_scratch(cuda_fwd *f, char *err, size_t errlen) {
     if (m->mtp.present) Kmax = zmax(Kmax, 2 * H); /* the MTP head's fc reads [embedding | hidden] rows */
     (void)kvd;
     /* attention partials: splits are only used while rows x heads < ATTN_TARGET_BLOCKS (see attn_split) */
-    f->part_floats = (size_t)2 * ATTN_TARGET_BLOCKS * (size_t)(m->hd + 2);
+    f->part_floats = f->part_attn = (size_t)2 * ATTN_TARGET_BLOCKS * (size_t)(m->hd + 2);
     /* CINFER_CUDA_ATTN_DEC=2: up to attn_dec_ns spans for any row (a row's spans follow its own position),
-     * for ATTN_DEC_ROWS rows a launch (attention() launches more rows in groups) */
-    if (f->attn_dec_ns)
-        f->part_floats = zmax(f->part_floats, (T < ATTN_DEC_ROWS ? T : ATTN_DEC_ROWS) * m->Hq *
-                                                  (size_t)f->attn_dec_ns * (size_t)(m->hd + 4));
+     * for ATTN_DEC_ROWS rows a launch (attention() launches more rows in groups), after attn_kernel's (a
+     * batch may hold rows of both) */
+    if (f->attn_dec_ns) {
+        size_t rows = T < ATTN_DEC_ROWS ? T : ATTN_DEC_ROWS;
+        /* attn_kernel's rows below attn_dec_p: up to CU_ATTN_ROW_NS spans each (cu_attn_row_span) */
+        f->part_attn = zmax(f->part_attn, rows * m->Hq * CU_ATTN_ROW_NS * (size_t)(m->hd + 2));
+        f->part_floats = f->part_attn + rows * m->Hq * (size_t)f->attn_dec_ns * (size_t)(m->hd + 4);
+    }
     size_t *a = &f->bytes_scratch;
     int rc;
     if ((rc = dev_alloc(f, (void **)&f->x, T * H * 4, a, err, errlen)) ||
@@ -740,6 +756,11 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     const char *adec = getenv("CINFER_CUDA_ATTN_DEC"), *adns = getenv("CINFER_CUDA_ATTN_DEC_NS");
     f->attn_dec_ns = adec && !strcmp(adec, "2") ? (adns && atoi(adns) > 0 ? atoi(adns) : 64) : 0;
     if (f->attn_dec_ns > 256) f->attn_dec_ns = 256;
+    /* CINFER_CUDA_ATTN_DEC_P=N: with the dec kernel, only rows at positions >= N take it, the others
+     * attn_kernel (a row's kernel follows its own position, never its batch; two launches a layer when a
+     * batch holds both); 0 (the default): every row */
+    const char *adp = getenv("CINFER_CUDA_ATTN_DEC_P");
+    f->attn_dec_p = adp && atoi(adp) > 0 ? atoi(adp) : 0;
     const char *gv4 = getenv("CINFER_CUDA_GEMV_VAR4"); /* "0": the small GEMVs' earlier variant at one row */
     cu_set_gemv3_small_var4(!(gv4 && !strcmp(gv4, "0")));
     const char *glu = getenv("CINFER_CUDA_GEMV_GLU"); /* gate_up at one row: "rows a warp,variant" (2,10) */
@@ -785,6 +806,9 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
         free(f);
         return rc;
     }
+    /* the dec kernel only where it serves the shape (else every row stays on attn_kernel) */
+    if (f->attn_dec_ns && !(m->n_full > 0 && cu_attn_dec_init(m->Hq, m->Hkv, m->hd, f->attn_dec_ns)))
+        f->attn_dec_ns = 0;
     if ((rc = upload_layers(f, err, errlen)) || (rc = alloc_scratch(f, err, errlen))) goto fail;
     cu_set_gemm_scratch(f->cu, f->ytmp, f->ytmp_floats);
     cu_set_gemm_xb_rows(f->cu, (int)zmax((size_t)p->max_tokens, (size_t)f->max_S));
@@ -1148,10 +1172,10 @@ static void spec_flush(cuda_fwd *f, int slot) {
 }
 
 typedef struct run_shape {
-    int T, NE, nl, span, nsplit;
-    int has_spec;     /* a speculative window in the batch */
-    int no_chunked;   /* no entry takes the chunked DeltaNet form (cu_gdn_args.no_chunked) */
-    const int *tiles; /* attention prefill tiles (device), or NULL */
+    int T, NE, nl, span, nsplit; /* span, nsplit: attn_kernel's (attn_split) */
+    int has_spec;                /* a speculative window in the batch */
+    int no_chunked;              /* no entry takes the chunked DeltaNet form (cu_gdn_args.no_chunked) */
+    const int *tiles;            /* attention prefill tiles (device), or NULL */
     int n_tiles;
     cu_meta meta;
     const int *rope3;      /* [T][3] multimodal rotary positions (device), or NULL for text */
@@ -1160,6 +1184,9 @@ typedef struct run_shape {
     int gdn_fused;       /* the DeltaNet layers run the fused decode kernel (cu_gdn_args.dec_cnt) */
     cu_attn_split split; /* the attention tiles split over keys (device lists in meta), or zero */
     int max_nb;          /* KV blocks of the longest entry (cu_attn_args.kv16_nb) */
+    /* with the dec kernel (attn_dec_ns): the row classes the batch holds (cu_attn_args.dec_cls; 0 without),
+     * attn_dec_kernel's span and grid (dec_span, dec_nsplit; 0 when no row takes it) */
+    int acls, dspan, dnsplit;
 } run_shape;
 
 /* the rows y holds: one of the [max_tokens][*] scratch buffers (not a slice, as the MoE experts' rows are)
@@ -1325,6 +1352,8 @@ static void attention(cuda_fwd *f, const cu_layer *cl, int full, const run_shape
     /* decode-only steps of the model (the MTP head's calls leave no_chunked 0) */
     a.dec_cnt = rs->no_chunked && !rs->has_spec && !rs->tiles ? f->attn_cnt : NULL;
     a.dec_nsmax = f->attn_dec_ns;
+    a.dec_p = f->attn_dec_p, a.dec_cls = rs->acls, a.dec_span = rs->dspan, a.dec_nsplit = rs->dnsplit;
+    a.dec_part = f->part + f->part_attn;
     /* CINFER_CUDA_PF_SPLIT: tensor-core tiles without key splits write every row's output themselves */
     int Mb = out_split_rows(f, T, m->Hq * m->hd, fz, a.tiles && a.tc && !a.split.work);
     if (Mb) a.o_xb = f->xb, a.o_lo = (size_t)Mb * m->Hq * m->hd;
@@ -1759,14 +1788,29 @@ done:
 
 /* attention position splits: enough (rows x heads x splits) blocks to fill the device at decode, none when
  * the rows alone do; spans are powers of two times 64 so a decode graph stays valid for many steps */
-static void attn_split(const cuda_fwd *f, int T, int maxpos, int *span, int *nsplit) {
-    if (f->attn_dec_ns) { /* attn_dec_kernel: spans per row from its own position; span says whether every
-                             row's spans are one chunk (one stage of shared memory; cu_attn_args.dec_nsmax) */
-        *nsplit = cu_attn_dec_grid(maxpos, f->attn_dec_ns);
-        *span = (maxpos + CU_ATTN_DEC_CH) / CU_ATTN_DEC_CH <= f->attn_dec_ns ? CU_ATTN_DEC_CH
-                                                                             : 2 * CU_ATTN_DEC_CH;
+static void attn_split_old(const cuda_fwd *f, int T, int maxpos, int *span, int *nsplit);
+/* rows at positions minpos..maxpos: with the dec kernel, the classes they hold (rows at positions >= P =
+ * attn_dec_p: attn_dec_kernel; the others attn_kernel, split as the rows below P alone need), else
+ * attn_kernel's split (acls 0) */
+static void attn_split(const cuda_fwd *f, int T, int minpos, int maxpos, run_shape *rs) {
+    rs->acls = rs->dspan = rs->dnsplit = 0;
+    if (!f->attn_dec_ns) {
+        attn_split_old(f, T, maxpos, &rs->span, &rs->nsplit);
         return;
     }
+    int P = f->attn_dec_p;
+    rs->acls = (minpos < P) | (maxpos >= P) << 1;
+    if (rs->acls & 2) { /* attn_dec_kernel: spans per row from its own position; span says whether every
+                           row's spans are one chunk (one stage of shared memory; cu_attn_args.dec_nsmax) */
+        rs->dnsplit = cu_attn_dec_grid(maxpos, f->attn_dec_ns);
+        rs->dspan = (maxpos + CU_ATTN_DEC_CH) / CU_ATTN_DEC_CH <= f->attn_dec_ns ? CU_ATTN_DEC_CH
+                                                                                 : 2 * CU_ATTN_DEC_CH;
+    }
+    /* attn_kernel's rows: spans from each row's own position (cu_attn_row_span), never from the batch */
+    rs->span = rs->nsplit = 0;
+    if (rs->acls & 1) rs->span = 64, rs->nsplit = cu_attn_row_grid(maxpos < P - 1 ? maxpos : P - 1);
+}
+static void attn_split_old(const cuda_fwd *f, int T, int maxpos, int *span, int *nsplit) {
     int rows = T * f->m->Hq, want = rows >= ATTN_TARGET_BLOCKS ? 1 : (ATTN_TARGET_BLOCKS + rows - 1) / rows;
     int s = 64;
     while ((maxpos + 1 + s - 1) / s > want) s *= 2;
@@ -1895,7 +1939,9 @@ static int pack_meta(cuda_fwd *f, const fwd_entry *e, int NE, const int *lmode, 
     rs->meta.e_astart = astart ? d + o_ast : NULL;
     rs->split = split;
     rs->max_nb = (maxpos + 1 + 15) / 16;
-    attn_split(f, T, maxpos, &rs->span, &rs->nsplit);
+    int minpos = maxpos;
+    for (int i = 0; i < NE; i++) minpos = e[i].seq_len < minpos ? e[i].seq_len : minpos;
+    attn_split(f, T, minpos, maxpos, rs);
     cu_h2d_async(f->cu, f->meta, h, n_meta * sizeof(int));
     return 0;
 }
@@ -1905,10 +1951,7 @@ static int pack_meta(cuda_fwd *f, const fwd_entry *e, int NE, const int *lmode, 
 static int seen_before(cuda_fwd *f, const graph_ent *key) {
     for (int i = 0; i < f->n_seen; i++) {
         const graph_ent *q = &f->seen[i];
-        if (q->B == key->B && q->T == key->T && q->nl == key->nl && q->spec == key->spec &&
-            q->nochunk == key->nochunk && q->span == key->span && q->nsplit == key->nsplit &&
-            q->mm == key->mm)
-            return 1;
+        if (graph_key_eq(q, key)) return 1;
     }
     if (f->n_seen == (int)(sizeof f->seen / sizeof f->seen[0])) {
         memmove(f->seen, f->seen + 1, sizeof f->seen - sizeof f->seen[0]);
@@ -2033,19 +2076,16 @@ static int fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, int s
     int moe_device = T <= 64;
     int use_graph = all_decode && max_n < CU_ATTN_TILE && !mm_rows && !f->profile && !f->p.no_graphs &&
                     (m->cfg.n_experts == 0 || moe_device);
-    graph_ent *g = NULL, key = {NE, T, nl, has_spec, rs.no_chunked, rs.span, rs.nsplit, mm, 0, NULL};
-    for (int i = 0; use_graph && i < f->n_graphs; i++) {
-        const graph_ent *q = &f->graphs[i];
-        if (q->B == NE && q->T == T && q->nl == nl && q->spec == has_spec && q->nochunk == rs.no_chunked &&
-            q->span == rs.span && q->nsplit == rs.nsplit && q->mm == mm)
-            g = &f->graphs[i];
-    }
+    graph_ent *g = NULL, key = {NE, T, nl,   has_spec, rs.no_chunked, rs.span,   rs.nsplit,
+                                mm, 0, NULL, rs.acls,  rs.dspan,      rs.dnsplit};
+    for (int i = 0; use_graph && i < f->n_graphs; i++)
+        if (graph_key_eq(&f->graphs[i], &key)) g = &f->graphs[i];
     if (use_graph && !g && has_spec && !seen_before(f, &key)) use_graph = 0; /* a verify shape: eager once */
     graph_ent *sib = NULL;
     for (int i = 0; use_graph && !g && f->graph_update && i < f->n_graphs; i++) {
         const graph_ent *q = &f->graphs[i];
         if (q->B == NE && q->T == T && q->nl == nl && q->spec == has_spec && q->nochunk == rs.no_chunked &&
-            q->mm == mm)
+            q->mm == mm && q->acls == rs.acls) /* the same launches (a class pattern makes its own) */
             sib = &f->graphs[i];
     }
     if (use_graph && sib) {
@@ -2314,6 +2354,7 @@ static int mtp_run(cuda_fwd *f, const fwd_entry *e, const mtp_io *io, int NE, in
         /* the start is honoured by the untiled kernel on one split: every position of a row in one block */
         rs.tiles = NULL, rs.n_tiles = 0, rs.nsplit = 1;
         rs.span = maxpos + 1;
+        if (rs.acls & 2) rs.dnsplit = 1, rs.dspan = maxpos + 1;
     }
     int H = m->H;
     for (int i = 0, r0 = 0; i < NE; r0 += e[i].n, i++)
@@ -2322,13 +2363,10 @@ static int mtp_run(cuda_fwd *f, const fwd_entry *e, const mtp_io *io, int NE, in
      * split, draft vocabulary), met twice before it is captured (the chained rows repeat; the catch-up rows
      * of a step vary); not for a head resumed mid-sequence (its attention span follows the positions) */
     int use_graph = f->mtp_graphs && !astart && T <= 64 && !f->profile && !f->p.no_graphs;
-    graph_ent key = {NE, T, nl, 0, 0, rs.span, rs.nsplit, -n_vocab, 0, NULL}, *g = NULL;
-    for (int i = 0; use_graph && i < f->n_graphs; i++) {
-        const graph_ent *q = &f->graphs[i];
-        if (q->B == NE && q->T == T && q->nl == nl && q->mm == -n_vocab && q->span == rs.span &&
-            q->nsplit == rs.nsplit)
-            g = &f->graphs[i];
-    }
+    graph_ent key = {NE, T, nl, 0, 0, rs.span, rs.nsplit, -n_vocab, 0, NULL, rs.acls, rs.dspan, rs.dnsplit},
+              *g = NULL;
+    for (int i = 0; use_graph && i < f->n_graphs; i++)
+        if (graph_key_eq(&f->graphs[i], &key)) g = &f->graphs[i];
     if (use_graph && !g && !seen_before(f, &key)) use_graph = 0;
     if (use_graph && !g) {
         int slot = graph_slot(f);

@@ -377,6 +377,17 @@ static void rope_ref(float *x, int R, int pos, const float *inv) {
     }
 }
 
+/* > 0 (with nsmax): rows at positions >= g_fp by attn_dec_kernel, the others by attn_kernel
+ * (cu_attn_args.dec_p, forward_cuda's grids and classes for the rows of the launch); and each row launched
+ * alone (fused, its own grids and class) against its bits in the batch */
+static int g_fp = 0;
+static void fp_grids(cu_attn_args *a, int span, int minpos, int maxpos, int nsmax) {
+    int P = g_fp;
+    a->dec_p = P, a->dec_cls = (minpos < P) | (maxpos >= P) << 1, a->dec_span = span;
+    a->dec_nsplit = maxpos >= P ? cu_attn_dec_grid(maxpos, nsmax) : 0;
+    a->span = 64, a->nsplit = minpos < P ? cu_attn_row_grid(maxpos < P - 1 ? maxpos : P - 1) : 0;
+}
+
 /* decode rows of entries with lens[i] earlier positions (noise in the pool), `steps` steps: the three kernels
  * on one copy of the pools, the fused kernel on another (outputs and pools bitwise equal), an f64 CPU
  * reference (within 1e-5). span: positions per split (1 << 20: one split); the splits are counted from the
@@ -409,8 +420,10 @@ static void attn_fused_case(int Hq, int Hkv, int hd, int span, const int *lens, 
     float *dinv = dup_dev(inv, (size_t)R / 2 * 4);
     unsigned *cnt = NULL;
     REQUIRE(cu_alloc((void **)&cnt, (size_t)NE * Hq * sizeof(unsigned), err, sizeof err) == 0);
-    int maxlen = 0;
+    cu_fill_f32(c, (float *)cnt, (size_t)NE * Hq, 0.0f);
+    int maxlen = 0, minlen = lens[0], n_alone = 0, alone_same = 1;
     for (int i = 0; i < NE; i++) maxlen = lens[i] > maxlen ? lens[i] : maxlen;
+    for (int i = 0; i < NE; i++) minlen = lens[i] < minlen ? lens[i] : minlen;
     size_t no = (size_t)NE * Hq * hd;
     float *o_r = malloc(no * 4), *q = malloc((size_t)hd * 4);
     double worst = 0;
@@ -469,6 +482,7 @@ static void attn_fused_case(int Hq, int Hkv, int hd, int span, const int *lens, 
         int *dm = dup_dev(hm, (tot + 1) * sizeof(int));
         cu_meta meta = {dm,          dm + o_pos,  dm + o_ent,  dm + o_len, dm + o_n,    dm + o_r0,
                         dm + o_slot, dm + o_boff, dm + o_lrow, dm + o_blk, dm + o_spec, NULL};
+        int ndp = nsmax ? cu_attn_dec_grid(maxpos, nsmax) + 8 : 1; /* the dec kernel's partials (per row) */
         float *out[3] = {NULL, NULL, NULL}, *qkv_after[3] = {NULL, NULL, NULL};
         /* pass 2: the fused kernel again with more splits launched than the positions need (forward_cuda's
          * CINFER_CUDA_ATTN_ROUND): the same bits */
@@ -481,16 +495,59 @@ static void attn_fused_case(int Hq, int Hkv, int hd, int span, const int *lens, 
             a.inv_freq = dinv, a.kpool = fused ? dkp_f : dkp_u, a.vpool = fused ? dvp_f : dvp_u;
             a.o = NULL, a.part = NULL;
             cu_alloc((void **)&a.o, no * 4, err, sizeof err);
-            cu_alloc((void **)&a.part, (size_t)NE * Hq * ns * (hd + 4) * 4, err, sizeof err);
-            cu_fill_f32(c, a.o, no, NAN), cu_fill_f32(c, a.part, (size_t)NE * Hq * ns * (hd + 4), NAN);
+            size_t np = (size_t)NE * Hq * (ns > CU_ATTN_ROW_NS + 8 ? ns : CU_ATTN_ROW_NS + 8) * (hd + 4);
+            cu_alloc((void **)&a.part, np * 4, err, sizeof err);
+            cu_fill_f32(c, a.o, no, NAN), cu_fill_f32(c, a.part, np, NAN);
             a.span = span, a.nsplit = ns, a.eps = eps, a.meta = meta;
             a.dec_cnt = fused ? cnt : NULL;
             a.dec_nsmax = nsmax;
+            if (nsmax && g_fp > 0) {
+                fp_grids(&a, span, minlen + s, maxpos, nsmax);
+                if (pass == 2) { /* more splits launched than the positions need: the same bits */
+                    if (a.nsplit > 1) a.nsplit += 8;
+                    if (a.dec_nsplit > 1) a.dec_nsplit += 8;
+                }
+                cu_alloc((void **)&a.dec_part, (size_t)NE * Hq * ndp * (hd + 4) * 4, err, sizeof err);
+                cu_fill_f32(c, a.dec_part, (size_t)NE * Hq * ndp * (hd + 4), NAN);
+            }
             cu_attn_layer(c, &a);
             if (cu_sync(c, err, sizeof err)) test_fail(__FILE__, __LINE__, "cu_attn_layer: %s", err);
             out[pass] = get(a.o, no);
             qkv_after[pass] = get(a.qkv, (size_t)NE * ld);
-            cu_free(a.qkv), cu_free(a.o), cu_free(a.part);
+            cu_free(a.qkv), cu_free(a.o), cu_free(a.part), cu_free(a.dec_part);
+        }
+        /* each row alone, fused, with the grids and class its own position gives (forward_cuda at one row;
+         * its own K and V written again: the same values), against its bits in the batch */
+        for (int i = 0; nsmax && g_fp > 0 && out[1] && i < NE; i++) {
+            int pos = lens[i] + s, k = (lens[i] + s + 16) / 16, *h1 = calloc(16 + (size_t)k, sizeof(int));
+            size_t p_pos = 1, p_ent = 2, p_len = 3, p_n = 4, p_r0 = 5, p_slot = 6, p_boff = 7, p_lrow = 8,
+                   p_spec = 9, p_blk = 10;
+            h1[p_pos] = pos, h1[p_ent] = 0, h1[p_len] = pos, h1[p_n] = 1, h1[p_lrow] = 0;
+            for (int j = 0; j < k; j++) h1[p_blk + j] = tables[i][j];
+            int *d1 = dup_dev(h1, (p_blk + (size_t)k) * sizeof(int));
+            cu_attn_args a = {0};
+            a.T = 1, a.Hq = Hq, a.Hkv = Hkv, a.hd = hd, a.rope_dim = R, a.n_blocks = n_blocks, a.full = full;
+            a.qkv = dup_dev(qkv + (size_t)i * ld, (size_t)ld * 4), a.ld = ld, a.q_norm = dqn, a.k_norm = dkn;
+            a.inv_freq = dinv, a.kpool = dkp_f, a.vpool = dvp_f, a.eps = eps;
+            a.meta = (cu_meta){d1,          d1 + p_pos,  d1 + p_ent,  d1 + p_len, d1 + p_n,    d1 + p_r0,
+                               d1 + p_slot, d1 + p_boff, d1 + p_lrow, d1 + p_blk, d1 + p_spec, NULL};
+            a.dec_cnt = cnt, a.dec_nsmax = nsmax;
+            fp_grids(&a, span, pos, pos, nsmax);
+            size_t np = (size_t)Hq * (CU_ATTN_ROW_NS + 8) * (hd + 4);
+            cu_alloc((void **)&a.o, (size_t)Hq * hd * 4, err, sizeof err);
+            cu_alloc((void **)&a.part, np * 4, err, sizeof err);
+            cu_alloc((void **)&a.dec_part, (size_t)Hq * ndp * (hd + 4) * 4, err, sizeof err);
+            cu_fill_f32(c, a.o, (size_t)Hq * hd, NAN);
+            cu_attn_layer(c, &a);
+            if (cu_sync(c, err, sizeof err)) test_fail(__FILE__, __LINE__, "cu_attn_layer: %s", err);
+            float *g1 = get(a.o, (size_t)Hq * hd);
+            size_t at1 = 0;
+            int same = same_bits(g1, out[1] + (size_t)i * Hq * hd, (size_t)Hq * hd, &at1);
+            CHECK_MSG(same, "attention hd=%d step %d: row %d (position %d, P %d) alone differs at %zu", hd, s,
+                      i, pos, g_fp, at1);
+            alone_same &= same, n_alone++;
+            free(g1), free(h1);
+            cu_free(d1), cu_free(a.qkv), cu_free(a.o), cu_free(a.part), cu_free(a.dec_part);
         }
         /* the three kernels norm q in place in the row; the fused kernel leaves the row as it was */
         CHECK_MSG(memcmp(qkv_after[0], qkv, (size_t)NE * ld * 4) &&
@@ -526,6 +583,10 @@ static void attn_fused_case(int Hq, int Hkv, int hd, int span, const int *lens, 
     printf("     attention Hq %d Hkv %d hd %d%s, %d rows, %d splits, %d steps: fused == unfused bitwise "
            "(outputs, pools); vs cpu <= %.2e, K pool %.2e\n",
            Hq, Hkv, hd, nsmax ? " (dec kernel)" : "", NE, nsplit, steps, worst, rk);
+    if (n_alone)
+        printf(
+            "     rows >= %d by the dec kernel, the others attn_kernel: %d rows alone vs in the batch: %s\n",
+            g_fp, n_alone, alone_same ? "bit-identical" : "DIFFERENT");
 #undef KROW
     free(hc), free(ku), free(kf), free(vu), free(vf);
     for (int i = 0; i < NE; i++) free(tables[i]);
@@ -559,11 +620,34 @@ TEST(cuda_fused_attention_dec) {
     attn_fused_case(24, 4, 256, 64, l3, 3, 2, 32);
 }
 
+/* rows by class (CINFER_CUDA_ATTN_DEC_P): a batch of 32 decode rows at positions 5..1509 (the 4B shape)
+ * with P = 512 (a row at 511 crossing it on the second step), P = 100 at G = 2, P = 1 (every row the dec
+ * kernel) and P = 4096 (none): fused == unfused bitwise, vs the CPU, and every row alone (its own grids and
+ * class: one launch) bit-identical to its bits in the mixed batch (two launches) */
+TEST(cuda_fused_attention_dec_p) {
+    if (cuda_devices() < 1) SKIP("no CUDA device: skipped");
+    int l32[32];
+    for (int i = 0; i < 32; i++) l32[i] = 5 + (i * 47) % 1505;
+    l32[7] = 511;
+    static const int l4[] = {20, 300, 100, 70};
+    g_fp = 512;
+    attn_fused_case(16, 4, 256, 64, l32, 32, 2, 64);
+    g_fp = 100;
+    attn_fused_case(4, 2, 64, 0, l4, 4, 3, 32);
+    g_fp = 1;
+    attn_fused_case(16, 4, 256, 64, l4, 4, 2, 64);
+    g_fp = 4096;
+    attn_fused_case(16, 4, 256, 64, l4, 4, 2, 64);
+    g_fp = 0;
+}
+
 /* Timing, not a bound: the attention decode layer at the 4B shape (Hq 16, Hkv 4, hd 256), fused form, plain
  * launches back to back (CUDA events over 50), rows x positions 1 x 512, 1 x 4096, 1 x 32768, 64 x 512, 64 x
  * 4096: attn_kernel with forward_cuda's split choice against attn_dec_kernel at several span counts
  * (CINFER_CUDA_ATTN_DEC_NS). Fails only when a form leaves NaN in its output. */
 static int g_dec_diag = 0; /* cu_attn_args.dec_diag of the new form's timings */
+static int g_row_form =
+    0; /* 1: also attn_kernel with spans from each row's position (dec_p's rows below P) */
 static void attn_speed_case(cu_ctx *c, int T, int P, const int *nss, int nns) {
     const int Hq = 16, Hkv = 4, hd = 256, R = 64, kvd = Hkv * hd, ld = Hq * 2 * hd + 2 * kvd;
     int nbr = (P + 16) / 16, n_blocks = T * nbr;
@@ -602,12 +686,15 @@ static void attn_speed_case(cu_ctx *c, int T, int P, const int *nss, int nns) {
     cu_timer *t0, *t1;
     REQUIRE(cu_timer_create(&t0) == 0 && cu_timer_create(&t1) == 0);
     double gb = (double)T * (P + 1) * kvd * 8.0 / 1e9;
-    for (int f = g_dec_diag ? 0 : -1; f < nns; f++) {
+    int iters = (double)T * P > 64.0 * 4096 ? 10 : 50;
+    for (int f = g_dec_diag ? 0 : g_row_form ? -2 : -1; f < nns; f++) {
         cu_attn_args a = {0};
         a.T = T, a.Hq = Hq, a.Hkv = Hkv, a.hd = hd, a.rope_dim = R, a.n_blocks = n_blocks, a.full = 0;
         a.qkv = qkv, a.ld = ld, a.q_norm = qn, a.k_norm = qn, a.inv_freq = inv, a.kpool = kp, a.vpool = vp;
         a.o = o, a.part = part, a.eps = 1e-6f, a.meta = meta, a.dec_cnt = cnt;
-        if (f < 0) { /* forward_cuda's attn_split for attn_kernel (ATTN_ROUND on) */
+        if (f == -2) { /* every row below dec_p: attn_kernel, spans from the row's position */
+            a.dec_nsmax = 64, a.dec_p = 1 << 30, a.dec_cls = 1, a.span = 64, a.nsplit = cu_attn_row_grid(P);
+        } else if (f < 0) { /* forward_cuda's attn_split for attn_kernel (ATTN_ROUND on) */
             int rows = T * Hq, want = rows >= 1024 ? 1 : (1024 + rows - 1) / rows, sp = 64;
             while ((P + sp) / sp > want) sp *= 2;
             int ns = (P + sp) / sp;
@@ -623,15 +710,18 @@ static void attn_speed_case(cu_ctx *c, int T, int P, const int *nss, int nns) {
         cu_fill_f32(c, o, (size_t)T * Hq * hd, NAN);
         cu_attn_layer(c, &a); /* warm-up */
         cu_timer_start(c, t0);
-        for (int i = 0; i < 50; i++) cu_attn_layer(c, &a);
+        for (int i = 0; i < iters; i++) cu_attn_layer(c, &a);
         cu_timer_start(c, t1);
         REQUIRE(cu_sync(c, err, sizeof err) == 0);
-        double us = cu_timer_between_ms(t0, t1) * 1000.0 / 50;
+        double us = cu_timer_between_ms(t0, t1) * 1000.0 / iters;
         float *go = get(o, (size_t)T * Hq * hd);
         int nan = 0;
         for (size_t i = 0; i < (size_t)T * Hq * hd; i++) nan |= isnan(go[i]);
         free(go);
-        if (f < 0)
+        if (f == -2)
+            printf("     rows %2d pos %5d attn_kernel, row spans (%2d splits): %8.2f us  %6.0f GB/s\n", T, P,
+                   a.nsplit, us, gb / us * 1e6);
+        else if (f < 0)
             printf("     rows %2d pos %5d attn_kernel (%2d splits of %5d): %8.2f us  %6.0f GB/s\n", T, P,
                    a.nsplit, a.span, us, gb / us * 1e6);
         else
@@ -668,6 +758,24 @@ TEST(cuda_attention_dec_speed) {
     attn_speed_case(c, 1, 32768, ns, 4);
     attn_speed_case(c, 64, 512, ns, 4);
     attn_speed_case(c, 64, 4096, ns, 4);
+    cu_ctx_destroy(c);
+}
+
+/* Timing, not a bound: where attn_dec_kernel (64 spans a row at most, the default) starts to win against
+ * attn_kernel, alone, at 1 and 64 rows (CINFER_CUDA_ATTN_DEC_P's crossover), with attn_kernel both as the
+ * batch's split (today's) and with spans from each row's position (what rows below P take) */
+TEST(cuda_attention_dec_p_speed) {
+    if (cuda_devices() < 1) SKIP("no CUDA device: skipped");
+    char err[256];
+    cu_ctx *c;
+    REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
+    static const int ns[] = {64};
+    static const int p1[] = {256, 512, 1024, 2048, 4096, 8192};
+    static const int p64[] = {512, 1024, 2048, 4096, 8192, 16384, 32768};
+    g_row_form = 1;
+    for (int i = 0; i < 6; i++) attn_speed_case(c, 1, p1[i], ns, 1);
+    for (int i = 0; i < 7; i++) attn_speed_case(c, 64, p64[i], ns, 1);
+    g_row_form = 0;
     cu_ctx_destroy(c);
 }
 

@@ -868,6 +868,19 @@ static const test_entry attn_long_ents[] = {{0, 600, 0}, {500, 300, 0}, {900, 1,
 
 /* > 0: the untiled cases run attn_dec_kernel (cu_attn_args.dec_nsmax) with at most this many spans a row */
 static int g_dec_ns = 0;
+/* with g_dec_ns: rows at positions >= g_dec_p take attn_dec_kernel, the others attn_kernel (its spans from
+ * each row's position: cu_attn_row_span), both launched when a batch holds both (cu_attn_args.dec_p); 0:
+ * every row the dec kernel */
+static int g_dec_p = 0;
+
+/* the two kernels' grids and classes as forward_cuda's attn_split sets them for rows at minpos..maxpos
+ * (g_dec_p > 0); the dec kernel's span (its stages) stays span */
+static void dec_p_grids(cu_attn_args *a, int span, int minpos, int maxpos) {
+    int P = g_dec_p;
+    a->dec_p = P, a->dec_cls = (minpos < P) | (maxpos >= P) << 1, a->dec_span = span;
+    a->dec_nsplit = maxpos >= P ? cu_attn_dec_grid(maxpos, g_dec_ns) : 0;
+    a->span = 64, a->nsplit = minpos < P ? cu_attn_row_grid(maxpos < P - 1 ? maxpos : P - 1) : 0;
+}
 
 /* tiled: 0 a block per (row, head[, span]); 1 the prefill tiles; 2 the prefill tiles by the scalar kernel,
  * then on the tensor cores from the same inputs (against the CPU and against the scalar tiles).
@@ -979,7 +992,15 @@ static void attn_case_ex(int Hq, int Hkv, int hd, int span, int tiled, const tes
         a.o = nan_dev(c, (size_t)T * Hq * hd);
         a.span = span, a.nsplit = (maxpos + span) / span;
         if (g_dec_ns && !tiled) a.dec_nsmax = g_dec_ns, a.nsplit = cu_attn_dec_grid(maxpos, g_dec_ns);
-        a.part = nan_dev(c, (size_t)T * Hq * a.nsplit * (hd + 4)); /* attn_dec_kernel: hd + 4 a partial */
+        int minpos = maxpos;
+        for (int i = 0; i < NE; i++) minpos = ents[i].len < minpos ? ents[i].len : minpos;
+        if (g_dec_ns && !tiled && g_dec_p > 0) {
+            dec_p_grids(&a, span, minpos, maxpos);
+            a.dec_part = nan_dev(c, (size_t)T * Hq * cu_attn_dec_grid(maxpos, g_dec_ns) * (hd + 4));
+        }
+        /* attn_dec_kernel: hd + 4 a partial; attn_kernel's rows below dec_p: up to CU_ATTN_ROW_NS spans */
+        a.part =
+            nan_dev(c, (size_t)T * Hq * (a.nsplit > CU_ATTN_ROW_NS ? a.nsplit : CU_ATTN_ROW_NS) * (hd + 4));
         if (tiled) a.tiles = mode ? dtc : dtiles, a.n_tiles = mode ? ntc : nt;
         a.tc = mode > 0;
         a.eps = eps, a.meta = meta;
@@ -1008,6 +1029,11 @@ static void attn_case_ex(int Hq, int Hkv, int hd, int span, int tiled, const tes
         else if (tiled)
             snprintf(what, sizeof what, "attention Hq=%d Hkv=%d hd=%d gain %g tiles of %d rows: output", Hq,
                      Hkv, hd, gain, CU_ATTN_TILE);
+        else if (g_dec_ns && g_dec_p)
+            snprintf(what, sizeof what,
+                     "attention Hq=%d Hkv=%d hd=%d rows >= %d dec kernel (<= %d spans), others attn_kernel "
+                     "(classes %d): output",
+                     Hq, Hkv, hd, g_dec_p, g_dec_ns, a.dec_cls);
         else if (g_dec_ns)
             snprintf(what, sizeof what, "attention Hq=%d Hkv=%d hd=%d dec kernel (<= %d spans a row): output",
                      Hq, Hkv, hd, g_dec_ns);
@@ -1085,6 +1111,7 @@ static void attn_case_ex(int Hq, int Hkv, int hd, int span, int tiled, const tes
                 int *hm1 = pack_meta(&ents[i], 1, &tables[i], &m1, &dm1);
                 cu_attn_args b = a;
                 b.T = n, b.meta = m1, b.nsplit = cu_attn_dec_grid(ents[i].len + n - 1, g_dec_ns);
+                if (g_dec_p > 0) dec_p_grids(&b, span, ents[i].len, ents[i].len + n - 1);
                 b.qkv = dup_dev(qkv + (size_t)r0 * ld, (size_t)n * ld * 4);
                 b.o = nan_dev(c, (size_t)n * Hq * hd);
                 cu_attn_layer(c, &b);
@@ -1110,7 +1137,7 @@ static void attn_case_ex(int Hq, int Hkv, int hd, int span, int tiled, const tes
             prev = go;
         cu_free(a.qkv), cu_free((void *)a.q_norm), cu_free((void *)a.k_norm), cu_free((void *)a.inv_freq),
             cu_free(a.kpool);
-        cu_free(a.vpool), cu_free(a.o), cu_free(a.part);
+        cu_free(a.vpool), cu_free(a.o), cu_free(a.part), cu_free(a.dec_part);
     }
     free(prev);
 #undef KROW
@@ -1152,6 +1179,26 @@ TEST(cuda_attention_dec_vs_cpu) {
         attn_case(3, 3, 32, 1 << 20, 0);
     }
     g_dec_ns = 0;
+}
+
+/* rows by class (CINFER_CUDA_ATTN_DEC_P): rows at positions >= P by attn_dec_kernel, the others by
+ * attn_kernel with spans from their own positions, in one batch (windows straddling P among them: 70..114
+ * and 33..102 at P = 100); P = 64 and 100 (both classes), 1 (every row the dec kernel but the first row of
+ * 0..39), 4096 (every row attn_kernel); against the f64 reference (f32 bound) and each entry alone bitwise */
+TEST(cuda_attention_dec_p_vs_cpu) {
+    if (NO_DEVICE()) SKIP("no CUDA device: skipped");
+    static const int ps[] = {64, 100, 1, 4096};
+    g_dec_ns = 32;
+    for (int i = 0; i < 4; i++) {
+        g_dec_p = ps[i];
+        attn_case(16, 4, 256, 1 << 20, 0);
+        attn_case(8, 2, 256, 32, 0);
+        attn_case(3, 3, 32, 1 << 20, 0);
+    }
+    g_dec_ns = 3;
+    g_dec_p = 100;
+    attn_case(4, 2, 64, 1 << 20, 0);
+    g_dec_ns = g_dec_p = 0;
 }
 
 /* the tensor-core prefill tiles (CINFER_CUDA_PREFILL=tc|attn): GQA ratios 1, 2, 3, 4, 6, 8 (query heads per

@@ -106,6 +106,15 @@ __device__ __forceinline__ void kv_load(float (&k)[NPL], float (&v)[NPL], const 
  * instead of ~three: the block table, then k, then v after the softmax), and under PDL a warp's first PF
  * positions, rows of earlier steps, before waiting for in_proj. The same values in the same order: the same
  * bits. */
+/* a row's positions per split: the launch's span, or with the dec kernel on its own (cu_attn_row_span; an
+ * MTP head resumed mid-sequence, meta.e_astart, keeps its one split of the launch's span) */
+__device__ __forceinline__ int attn_span(const cu_attn_args &a, int pos) {
+    if (a.dec_nsmax <= 0 || a.meta.e_astart) return a.span;
+    int s = 64;
+    while ((pos + s) / s > CU_ATTN_ROW_NS) s *= 2;
+    return s;
+}
+
 template <int NPL, bool FUSED, int PF = 0>
 __global__ void __launch_bounds__(128) attn_kernel(cu_attn_args a) {
     __shared__ float sm_m[4], sm_l[4], sm_acc[4][NPL * 32];
@@ -113,15 +122,17 @@ __global__ void __launch_bounds__(128) attn_kernel(cu_attn_args a) {
     __shared__ int last;
     int h = blockIdx.x, r = blockIdx.y, sp = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31,
         hd = a.hd;
-    int pos = a.meta.row_pos[r], start = sp * a.span;
+    const int pos = a.meta.row_pos[r], span = attn_span(a, pos), start = sp * span;
+    /* a row of attn_dec_kernel's class (cu_attn_args.dec_p): its blocks only wait (PDL) and return */
+    const bool other = a.dec_nsmax > 0 && pos >= a.dec_p;
     /* PF: the metadata (uploaded before the step) and this warp's first position of an earlier step */
     constexpr int D = PF > 0 ? PF : 1; /* positions a warp holds ahead */
     float kc[D][NPL], vc[D][NPL];
     int u0 = 0;
-    if (PF && start <= pos) {
+    if (PF && start <= pos && !other) {
         const int *bl = a.meta.blocks + a.meta.e_boff[a.meta.row_entry[r]];
         int fr = a.meta.e_astart ? a.meta.e_astart[a.meta.row_entry[r]] : 0;
-        int en = pos + 1 < start + a.span ? pos + 1 : start + a.span, kh = h / (a.Hq / a.Hkv);
+        int en = pos + 1 < start + span ? pos + 1 : start + span, kh = h / (a.Hq / a.Hkv);
         u0 = (fr < start ? start : fr) + warp;
 #pragma unroll
         for (int d = 0; d < D; d++) {
@@ -137,8 +148,8 @@ __global__ void __launch_bounds__(128) attn_kernel(cu_attn_args a) {
         griddep_wait();
         griddep_launch();
     }
-    if (start > pos) return;
-    int end = pos + 1 < start + a.span ? pos + 1 : start + a.span;
+    if (start > pos || other) return;
+    int end = pos + 1 < start + span ? pos + 1 : start + span;
     int kvh = h / (a.Hq / a.Hkv);
     const int *blocks = a.meta.blocks + a.meta.e_boff[a.meta.row_entry[r]];
     const float *row = a.qkv + (size_t)r * a.ld, *qrow = row + (size_t)h * 2 * hd, *q = qrow;
@@ -240,20 +251,21 @@ __global__ void __launch_bounds__(128) attn_kernel(cu_attn_args a) {
     __threadfence();
     __syncthreads();
     unsigned *cnt = a.dec_cnt + (size_t)r * a.Hq + h;
-    if (threadIdx.x == 0) last = atomicAdd(cnt, 1u) == (unsigned)(pos / a.span);
+    if (threadIdx.x == 0) last = atomicAdd(cnt, 1u) == (unsigned)(pos / span);
     __syncthreads();
     if (!last) return;
     __threadfence();
     combine_rowhead<true>(a, h, r, a.part + ((size_t)r * a.Hq + h) * a.nsplit * (size_t)(hd + 2),
-                          pos / a.span + 1);
+                          pos / span + 1);
     if (threadIdx.x == 0) *cnt = 0u; /* ready for the next launch */
 }
 
 /* merges the spans of a (row, head) */
 __global__ void attn_combine_kernel(cu_attn_args a) {
     int h = blockIdx.x, r = blockIdx.y;
+    if (a.dec_nsmax > 0 && a.meta.row_pos[r] >= a.dec_p) return; /* attn_dec_kernel's row */
     combine_rowhead<false>(a, h, r, a.part + ((size_t)r * a.Hq + h) * a.nsplit * (size_t)(a.hd + 2),
-                           a.meta.row_pos[r] / a.span + 1);
+                           a.meta.row_pos[r] / attn_span(a, a.meta.row_pos[r]) + 1);
 }
 
 /* merges the key spans of the tensor-core prefill tiles (cu_attn_split): a block per (head, row of mrows) */
@@ -397,13 +409,14 @@ template <int NPL, bool FUSED> __global__ void __launch_bounds__(DEC_NT, 2) attn
           *Sm = Kc + hd, *Sl = Sm + G, *Sc = Sl + G;
     __shared__ int last;
     const int pos = a.meta.row_pos[r], e = a.meta.row_entry[r];
+    const bool other = pos < a.dec_p; /* a row of attn_kernel's class: its blocks only wait and return */
     int ns, span = dec_span(pos, a.dec_nsmax < a.nsplit ? a.dec_nsmax : a.nsplit, &ns);
     const int start = sp * span, end = pos + 1 < start + span ? pos + 1 : start + span;
     const int *blocks = a.meta.blocks + a.meta.e_boff[e];
     /* an MTP head resumed mid-sequence attends only to its own rows (meta.e_astart) */
     int from = a.meta.e_astart ? a.meta.e_astart[e] : 0;
     if (from < start) from = start;
-    const int nch = sp < ns && from < end ? (end - from + CH - 1) / CH : 0;
+    const int nch = sp < ns && from < end && !other ? (end - from + CH - 1) / CH : 0;
     /* chunk c's rows into its stage (FUSED: not the own position, which no kernel has written yet); with one
      * stage (every row's spans one chunk, or else chunk after chunk) */
     auto issue = [&](int c) {
@@ -435,9 +448,7 @@ template <int NPL, bool FUSED> __global__ void __launch_bounds__(DEC_NT, 2) attn
         griddep_wait();
         griddep_launch();
     }
-    if (sp >= ns) {
-        return;
-    }
+    if (sp >= ns || other) return;
     const float *row = a.qkv + (size_t)r * a.ld;
     const float *vcur = row + (size_t)a.Hq * 2 * hd + (size_t)(a.Hkv + kvh) * hd;
     const int own = end == pos + 1; /* this span holds the row's own position */
@@ -601,6 +612,7 @@ template <int NPL, bool FUSED> __global__ void __launch_bounds__(DEC_NT, 2) attn
 __global__ void __launch_bounds__(DEC_NT) attn_dec_combine_kernel(cu_attn_args a) {
     extern __shared__ float sw[]; /* [G][nsplit] x 2 + [G] */
     int kvh = blockIdx.x, r = blockIdx.y, ns;
+    if (a.meta.row_pos[r] < a.dec_p) return; /* attn_kernel's row */
     dec_span(a.meta.row_pos[r], a.dec_nsmax < a.nsplit ? a.dec_nsmax : a.nsplit, &ns);
     if (ns > 1) dec_merge(a, kvh, r, ns, sw);
 }
@@ -630,8 +642,9 @@ template <int NPL> static int dec_ready(int G, int nsplit) {
     return ok > 0;
 }
 
-/* the decode rows by attn_dec_kernel; 0 when it does not serve the shape (the caller then runs attn_kernel)
- */
+/* the decode rows by attn_dec_kernel; 0 when it does not serve the shape (the caller then runs attn_kernel).
+ * Unfused: attn_prep_kernel first (for every row of the launch: the one prep of a batch whose rows take
+ * both kernels) */
 template <int NPL> static int attn_dec_npl(cu_ctx *c, const cu_attn_args *a) {
     int G = a->Hq / a->Hkv, nst = dec_stages(*a);
     if (!dec_ready<NPL>(G, a->nsplit)) return 0;
@@ -666,29 +679,78 @@ static int attn_dec(cu_ctx *c, const cu_attn_args *a) {
     }
 }
 
+extern "C" int cu_attn_dec_init(int Hq, int Hkv, int hd, int nsmax) {
+    if (Hkv <= 0 || Hq % Hkv || nsmax <= 0) return 0;
+    int G = Hq / Hkv;
+    switch (hd / 32 * (hd % 32 == 0)) {
+    case 1:
+        return dec_ready<1>(G, nsmax);
+    case 2:
+        return dec_ready<2>(G, nsmax);
+    case 4:
+        return dec_ready<4>(G, nsmax);
+    case 8:
+        return dec_ready<8>(G, nsmax);
+    case 16:
+        return dec_ready<16>(G, nsmax);
+    default:
+        return 0;
+    }
+}
+
 extern "C" void cu_attn_tiled(cu_ctx *c, const cu_attn_args *a);
 extern "C" void cu_attn_tiled_tc(cu_ctx *c, const cu_attn_args *a); /* attention_tc.cu */
 
 static void attn_decode_fused(cu_ctx *c, const cu_attn_args *a);
 
+/* the untiled rows by attn_kernel, unfused: the attention and the merge (prep: attn_prep_kernel first) */
+static void attn_rows_unfused(cu_ctx *c, const cu_attn_args *a, int prep);
+
 extern "C" void cu_attn_layer(cu_ctx *c, const cu_attn_args *a) {
     if (a->T <= 0) return;
-    if (a->dec_nsmax > 0 && !a->tiles && attn_dec(c, a)) return;
+    if (a->dec_nsmax > 0 && !a->tiles) {
+        /* rows by class (cu_attn_args.dec_p): attn_dec_kernel's first (its rows the longer ones: their
+         * first chunks requested while in_proj runs, under PDL), then attn_kernel's; each kernel's blocks of
+         * the other class return at once. Under PDL the second launch waits for the first to complete (its
+         * partials may then reuse the same memory) */
+        int cls = a->dec_p <= 0 ? 2 : a->dec_cls ? a->dec_cls : 3;
+        cu_attn_args d = *a;
+        if (a->dec_span) d.span = a->dec_span;
+        if (a->dec_nsplit) d.nsplit = a->dec_nsplit;
+        if (a->dec_part) d.part = a->dec_part;
+        if ((cls & 2) && !attn_dec(c, &d)) { /* not served (callers check cu_attn_dec_init): attn_kernel */
+            d = *a;
+            d.dec_nsmax = 0;
+            cu_attn_layer(c, &d);
+            return;
+        }
+        if (!(cls & 1)) return;
+        if (a->dec_cnt)
+            attn_decode_fused(c, a);
+        else
+            attn_rows_unfused(c, a, !(cls & 2));
+        return;
+    }
     if (a->dec_cnt && !a->tiles) {
         attn_decode_fused(c, a);
         return;
     }
-    attn_prep_kernel<<<a->T, 128, 0, c->stream>>>(*a);
-    if (a->tiles) {
-        if (a->tc) {
-            cu_attn_tiled_tc(c, a);
-            if (a->split.work && a->split.n_mrows > 0)
-                attn_split_merge_kernel<<<dim3((unsigned)a->Hq, (unsigned)a->split.n_mrows), 128, 0,
-                                          c->stream>>>(*a);
-        } else
-            cu_attn_tiled(c, a);
+    if (!a->tiles) {
+        attn_rows_unfused(c, a, 1);
         return;
     }
+    attn_prep_kernel<<<a->T, 128, 0, c->stream>>>(*a);
+    if (a->tc) {
+        cu_attn_tiled_tc(c, a);
+        if (a->split.work && a->split.n_mrows > 0)
+            attn_split_merge_kernel<<<dim3((unsigned)a->Hq, (unsigned)a->split.n_mrows), 128, 0, c->stream>>>(
+                *a);
+    } else
+        cu_attn_tiled(c, a);
+}
+
+static void attn_rows_unfused(cu_ctx *c, const cu_attn_args *a, int prep) {
+    if (prep) attn_prep_kernel<<<a->T, 128, 0, c->stream>>>(*a);
     dim3 grid((unsigned)a->Hq, (unsigned)a->T, (unsigned)a->nsplit);
     switch (a->hd / 32) {
     case 1:

@@ -433,6 +433,15 @@ typedef struct cu_attn_args {
      * same bits either way), so with nsplit = cu_attn_dec_grid(maxpos, dec_nsmax) its bits depend on its own
      * position alone; partials [T][Hq][nsplit][hd + 4] (attn_kernel's: hd + 2), dec_cnt [T][Hkv] used */
     int dec_nsmax;
+    /* with dec_nsmax > 0, the class of a row follows its own position (CINFER_CUDA_ATTN_DEC_P): rows at
+     * positions >= dec_p take attn_dec_kernel, the others attn_kernel (dec_p <= 0: every row the dec kernel).
+     * dec_cls: the classes the batch holds, 1 rows below dec_p, 2 rows at or past it, 3 both (0: both), one
+     * launch of each kernel a class, each kernel's blocks of the other class's rows returning at once (so a
+     * graph captured with both stays right as rows cross dec_p). dec_span / dec_nsplit: the dec kernel's
+     * span (stages) and grid (0: span / nsplit, which are then attn_kernel's); dec_part: its partials (NULL:
+     * part; the two kernels' partials must not overlap when both run) */
+    int dec_p, dec_cls, dec_span, dec_nsplit;
+    float *dec_part;
     /* measurements only (wrong outputs), 0 otherwise: attn_dec_kernel's fused form leaves out 1 the merge, 2
      * the q / k norm + RoPE, 4 the arithmetic of the chunks, 8 the partials' fence and counter */
     int dec_diag;
@@ -446,6 +455,23 @@ static inline int cu_attn_dec_span(int pos, int nsmax, int *ns) {
     *ns = (n + s - 1) / s;
     return s;
 }
+/* attn_kernel's positions per split of a row when the dec kernel is on (dec_nsmax > 0: its rows below
+ * dec_p): the least 64 * 2^k giving at most CU_ATTN_ROW_NS splits, from the row's own position (what the
+ * split of one 16-head row always was), so its bits never depend on its batch; *ns the splits */
+#define CU_ATTN_ROW_NS 64
+static inline int cu_attn_row_span(int pos, int *ns) {
+    int s = 64;
+    while ((pos + s) / s > CU_ATTN_ROW_NS) s *= 2;
+    *ns = (pos + s) / s;
+    return s;
+}
+/* splits to launch for attn_kernel's rows up to maxpos then: a multiple of 8 within CU_ATTN_ROW_NS */
+static inline int cu_attn_row_grid(int maxpos) {
+    int ns, r;
+    cu_attn_row_span(maxpos, &ns);
+    r = ns > 1 ? (ns + 7) & ~7 : 1;
+    return r < CU_ATTN_ROW_NS ? r : CU_ATTN_ROW_NS;
+}
 /* splits to launch for rows up to maxpos: at least every row's spans, a multiple of 8 within nsmax (a decode
  * graph then serves many steps) */
 static inline int cu_attn_dec_grid(int maxpos, int nsmax) {
@@ -456,6 +482,9 @@ static inline int cu_attn_dec_grid(int maxpos, int nsmax) {
 }
 #define CU_ATTN_TILE 16
 void cu_attn_layer(cu_ctx *c, const cu_attn_args *a);
+/* 1 when attn_dec_kernel serves this shape with up to nsmax spans a row on this device (its shared-memory
+ * limit raised once, before any graph capture); 0: the decode rows stay on attn_kernel */
+int cu_attn_dec_init(int Hq, int Hkv, int hd, int nsmax);
 /* raises the tiled kernels' shared-memory limit (before any graph capture); 0 when hd does not fit */
 int cu_attn_init(int hd);
 /* 1 when the tensor-core prefill kernel serves this head dim (32, 64, 128, 256) and fits the device */
