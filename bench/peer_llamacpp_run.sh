@@ -3,7 +3,7 @@
 # on the GPU machine, after bench/peer_llamacpp_build.sh. For each shape: write a random-weight bf16 GGUF with
 # bench/peer_llamacpp_gguf.py (to /dev/shm when it fits, else the disk; the largest tensors left as holes when
 # neither holds it), run llama-bench on it, delete it. The 4B also gets llama-batched-bench (512-token prompts,
-# 1, 8, 32, 64 sequences). Bounded: every command under `timeout -k 5`, the whole within BUDGET seconds.
+# 1, 8, 32, 64 sequences), and so does the 35B-A3B when time is left. Bounded: every command under `timeout -k 5`, the whole within BUDGET seconds.
 # usage: OUT=dir [BUDGET=360] [WAIT=240] bash bench/peer_llamacpp_run.sh LLAMA_DIR [SHAPES...]
 #   (a smoke test of the script on a CPU build: GGUF_ARGS="--layers 4 --vocab 16384" LB_ARGS="-p 32 -n 4 -r 1"
 #   BB_ARGS="-c 1024 -b 256 -ub 128 -npp 64 -ntg 4 -npl 1,2")
@@ -45,6 +45,8 @@ done
 GGUF_ARGS=${GGUF_ARGS:-}
 LB_ARGS=${LB_ARGS:-"-p 512,4096 -n 128 -b 4096 -ub 512,4096 -r 3"}
 BB_ARGS=${BB_ARGS:-"-c 41984 -b 2048 -ub 512 -npp 512 -ntg 128 -npl 1,8,32,64"}
+# batched decode for the 4B, and for the 35B-A3B (the last shape) with whatever time is left
+BB_SHAPES=${BB_SHAPES:-"qwen3.5-4b qwen3.5-35b-a3b"}
 el "start: shapes $SHAPES, budget $BUDGET s; python $PY"
 while [ ! -e "$L/BUILT" ] && [ ! -e "$L.FAILED" ] && [ $(($(date +%s) - T0)) -lt "$WAIT" ]; do sleep 2; done
 if [ ! -e "$L/BUILT" ]; then
@@ -104,7 +106,7 @@ for S in $SHAPES; do
         timeout -k 5 "$(lim ${BCAP[$S]})" "$BIN/llama-bench" -m "$F" -ngl 99 -fa on -lm none $LB_ARGS -o md \
             < /dev/null >> "$TAB" 2> "$OUT/err-$S.txt"
         el "$S: llama-bench rc=$?"
-        if [ "$S" = qwen3.5-4b ] && [ "$(left)" -gt 40 ]; then
+        if [[ " $BB_SHAPES " == *" $S "* ]] && [ "$(left)" -gt 40 ]; then
             echo "\$ llama-batched-bench -m $F -ngl 99 -fa on -lm none $BB_ARGS" >> "$TAB"
             timeout -k 5 "$(lim 60)" "$BIN/llama-batched-bench" -m "$F" -ngl 99 -fa on -lm none $BB_ARGS \
                 < /dev/null 2>> "$OUT/err-$S.txt" |
