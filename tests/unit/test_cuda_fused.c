@@ -687,7 +687,9 @@ static void attn_speed_case(cu_ctx *c, int T, int P, const int *nss, int nns) {
     REQUIRE(cu_timer_create(&t0) == 0 && cu_timer_create(&t1) == 0);
     double gb = (double)T * (P + 1) * kvd * 8.0 / 1e9;
     int iters = (double)T * P > 64.0 * 4096 ? 10 : 50;
-    for (int f = g_dec_diag ? 0 : g_row_form ? -2 : -1; f < nns; f++) {
+    /* g_row_form: one more form, the last span count's dec kernel on one stage of shared memory whatever the
+     * span (cu_attn_args.span <= CU_ATTN_DEC_CH: chunk after chunk, the same bits, 2 blocks an SM) */
+    for (int f = g_dec_diag ? 0 : g_row_form ? -2 : -1; f < nns + g_row_form; f++) {
         cu_attn_args a = {0};
         a.T = T, a.Hq = Hq, a.Hkv = Hkv, a.hd = hd, a.rope_dim = R, a.n_blocks = n_blocks, a.full = 0;
         a.qkv = qkv, a.ld = ld, a.q_norm = qn, a.k_norm = qn, a.inv_freq = inv, a.kpool = kp, a.vpool = vp;
@@ -703,6 +705,8 @@ static void attn_speed_case(cu_ctx *c, int T, int P, const int *nss, int nns) {
                 ns = r8 < cap ? r8 : cap;
             }
             a.span = sp, a.nsplit = ns;
+        } else if (f == nns) {
+            a.dec_nsmax = nss[f - 1], a.nsplit = cu_attn_dec_grid(P, nss[f - 1]), a.span = CU_ATTN_DEC_CH;
         } else {
             a.dec_nsmax = nss[f], a.nsplit = cu_attn_dec_grid(P, nss[f]), a.dec_diag = g_dec_diag;
             a.span = (P + CU_ATTN_DEC_CH) / CU_ATTN_DEC_CH <= nss[f] ? CU_ATTN_DEC_CH : 2 * CU_ATTN_DEC_CH;
@@ -725,9 +729,11 @@ static void attn_speed_case(cu_ctx *c, int T, int P, const int *nss, int nns) {
             printf("     rows %2d pos %5d attn_kernel (%2d splits of %5d): %8.2f us  %6.0f GB/s\n", T, P,
                    a.nsplit, a.span, us, gb / us * 1e6);
         else
-            printf("     rows %2d pos %5d attn_dec_kernel (ns <= %2d, grid %2d, diag %d): %8.2f us  %6.0f "
-                   "GB/s\n",
-                   T, P, nss[f], a.nsplit, g_dec_diag, us, gb / us * 1e6);
+            printf(
+                "     rows %2d pos %5d attn_dec_kernel (ns <= %2d, grid %2d, diag %d, %d stage%s): %8.2f us  "
+                "%6.0f GB/s\n",
+                T, P, a.dec_nsmax, a.nsplit, g_dec_diag, a.span <= CU_ATTN_DEC_CH ? 1 : 2,
+                a.span <= CU_ATTN_DEC_CH ? "" : "s", us, gb / us * 1e6);
         if (f >= 0 && g_dec_diag)
             printf("       (diag %d: outputs not checked)\n", g_dec_diag);
         else
