@@ -7,8 +7,10 @@
  * have waited by a counter (cu_dep_last_waited). And the bookkeeping that keeps a wrong pairing (a silent
  * race) out: a launch that does not post (a row kernel), a copy, cu_dep_end, or a chain without
  * cu_dep_chain leaves the next GEMV on griddep_wait — with 40 residual adds between a poster and a GEMV
- * reading their sum, which a GEMV released by the poster's counter would race. The whole forward with the
- * switch is in test_cuda_pdl.c. Without a CUDA build or device every test skips. */
+ * reading their sum, which a GEMV released by the poster's counter would race. The 35B-A3B layer's chain
+ * through the fused MoE block (out_proj -> router -> gate_up -> down -> in_proj) the same way. The whole
+ * forward with the switch (the DeltaNet decode kernel's boundaries included) is in test_cuda_pdl.c. Without
+ * a CUDA build or device every test skips. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -236,6 +238,148 @@ TEST(cuda_dep_disarm) {
     cu_set_pdl(pdl0);
     cu_free(d);
     free_chain(&b);
+    cu_ctx_destroy(c);
+}
+
+/* The 35B-A3B layer's chain through the fused MoE block: out_proj (adding into x) -> router (taking the
+ * norm of x itself) -> gate_up -> down (adding into x) -> the next in_proj, 2 layers, T = 1 and 3, eager and
+ * from a graph: with the counters bit for bit what griddep_wait gives (x, in_proj's output, the choices), and
+ * every launch after the first waited by a counter. */
+enum { MH = 2048, ME = 256, MK = 8, MIM = 512, MIS = 512, MVD = 4096, MNIN = 8192, MT = 3 };
+typedef struct {
+    uint16_t *w_out, *w_in, *router, *e_gu, *e_down, *sgu, *sdn, *sgw;
+    float *nw, *x, *act_o, *proj;
+    cu_moe_args a;
+} moe_bufs;
+
+static void moe_chain(cu_ctx *c, moe_bufs *b, int T, int dep, int *waited) {
+    if (dep) cu_dep_begin(c);
+    b->a.T = T;
+    for (int l = 0; l < 2; l++) {
+        for (int q = 0; q < 5; q++) {
+            if (dep && (l || q)) cu_dep_chain(c);
+            if (q == 0) cu_gemv_fused(c, b->x, b->act_o, b->w_out, T, MH, MVD, NULL, 0.0f, CU_EPI_ADD);
+            if (q == 1) cu_moe_fused_route(c, &b->a);
+            if (q == 2) cu_moe_fused_gate_up(c, &b->a);
+            if (q == 3) cu_moe_fused_down(c, &b->a);
+            if (q == 4) cu_gemv_fused(c, b->proj, b->x, b->w_in, T, MNIN, MH, b->nw, 1e-6f, CU_EPI_STORE);
+            if (waited) *waited += cu_dep_last_waited(c);
+        }
+    }
+    if (dep) cu_dep_end(c);
+}
+
+static int moe_run(cu_ctx *c, moe_bufs *b, int T, int dep, int graph, int *waited, float **out) {
+    char err[256];
+    void *exec = NULL;
+    if (graph) {
+        if (cu_capture_begin(c, err, sizeof err)) return -1;
+        moe_chain(c, b, T, dep, waited);
+        if (cu_capture_end(c, &exec, err, sizeof err)) return -1;
+    }
+    for (int r = 0; r < (graph ? 2 : 1); r++) {
+        cu_fill_f32(c, b->x, (size_t)T * MH, 0.25f);
+        cu_fill_f32(c, b->proj, (size_t)T * MNIN, NAN);
+        if (graph) {
+            if (cu_graph_launch(c, exec, err, sizeof err)) return -1;
+        } else
+            moe_chain(c, b, T, dep, waited);
+    }
+    if (cu_sync(c, err, sizeof err)) return -1;
+    if (exec) cu_graph_destroy(exec);
+    out[0] = get(b->x, (size_t)T * MH);
+    out[1] = get(b->proj, (size_t)T * MNIN);
+    out[2] = get((const float *)b->a.idx, (size_t)T * MK);
+    return out[0] && out[1] && out[2] ? 0 : -1;
+}
+
+TEST(cuda_dep_moe_chain_bitwise) {
+    if (NO_DEVICE()) SKIP("no CUDA device: skipped");
+    char err[256];
+    cu_ctx *c;
+    REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
+    REQUIRE(cu_moe_fused_supported(MH, ME, MK, MIM, MIS));
+    moe_bufs b;
+    memset(&b, 0, sizeof b);
+    const size_t A = (size_t)MK * MIM + MIS;
+#define DA(p, n) REQUIRE(cu_alloc((void **)&(p), (n), err, sizeof err) == 0)
+    DA(b.w_out, (size_t)MH * MVD * 2);
+    DA(b.w_in, (size_t)MNIN * MH * 2);
+    DA(b.router, (size_t)ME * MH * 2);
+    DA(b.e_gu, (size_t)ME * 2 * MIM * MH * 2);
+    DA(b.e_down, (size_t)ME * MH * MIM * 2);
+    DA(b.sgu, (size_t)2 * MIS * MH * 2);
+    DA(b.sdn, (size_t)MH * MIS * 2);
+    DA(b.sgw, (size_t)MH * 2);
+    DA(b.nw, (size_t)MH * 4);
+    DA(b.x, (size_t)MT * MH * 4);
+    DA(b.act_o, (size_t)MT * MVD * 4);
+    DA(b.proj, (size_t)MT * MNIN * 4);
+    cu_moe_args *a = &b.a;
+    DA(a->logits, (size_t)MT * ME * 4);
+    DA(a->idx, (size_t)MT * MK * 4);
+    DA(a->w, (size_t)MT * MK * 4);
+    DA(a->count, (size_t)MT * 4);
+    DA(a->act, (size_t)MT * A * 4);
+    DA(a->shg, (size_t)MT * 4);
+    DA(a->out, (size_t)MT * MH * 4);
+    DA(a->xn, (size_t)MT * MH * 4);
+#undef DA
+    cu_fill_random_bf16(c, b.w_out, (size_t)MH * MVD, 0.02f, 2001);
+    cu_fill_random_bf16(c, b.w_in, (size_t)MNIN * MH, 0.02f, 2002);
+    cu_fill_random_bf16(c, b.router, (size_t)ME * MH, 0.05f, 2003);
+    cu_fill_random_bf16(c, b.e_gu, (size_t)ME * 2 * MIM * MH, 0.02f, 2004);
+    cu_fill_random_bf16(c, b.e_down, (size_t)ME * MH * MIM, 0.02f, 2005);
+    cu_fill_random_bf16(c, b.sgu, (size_t)2 * MIS * MH, 0.02f, 2006);
+    cu_fill_random_bf16(c, b.sdn, (size_t)MH * MIS, 0.02f, 2007);
+    cu_fill_random_bf16(c, b.sgw, (size_t)MH, 0.02f, 2008);
+    cu_fill_f32(c, b.nw, MH, 1.0f);
+    {
+        float *ah = malloc((size_t)MT * MVD * 4);
+        REQUIRE(ah);
+        for (size_t i = 0; i < (size_t)MT * MVD; i++) ah[i] = (float)((i * 7919) % 2003) / 1001.0f - 1.0f;
+        REQUIRE(cu_upload(b.act_o, ah, (size_t)MT * MVD * 4, err, sizeof err) == 0);
+        free(ah);
+    }
+    a->H = MH, a->E = ME, a->k = MK, a->Im = MIM, a->Is = MIS, a->norm = 1;
+    a->router = b.router, a->e_gu = b.e_gu, a->e_down = b.e_down, a->sh_gu = b.sgu, a->sh_down = b.sdn;
+    a->sh_gw = b.sgw, a->resid = b.x, a->x = b.x, a->norm_w = b.nw, a->eps = 1e-6f;
+    a->variant = 4 | 8 | 8192;
+    const int dep0 = cu_dep_on(), pdl0 = cu_pdl_on();
+    cu_set_pdl_mask(31);
+    cu_set_pdl(2);
+    static const int Ts[] = {1, 3};
+    for (int ti = 0; ti < 2; ti++) {
+        int T = Ts[ti];
+        float *ref[3] = {0};
+        cu_set_dep(0);
+        REQUIRE(moe_run(c, &b, T, 0, 0, NULL, ref) == 0);
+        for (int graph = 0; graph < 2; graph++) {
+            float *got[3] = {0};
+            int waited = 0;
+            cu_set_dep(1);
+            int rc = moe_run(c, &b, T, 1, graph, &waited, got);
+            cu_set_dep(0);
+            CHECK_MSG(rc == 0, "T=%d: the run failed", T);
+            if (rc) break;
+            int same = !memcmp(got[0], ref[0], (size_t)T * MH * 4) &&
+                       !memcmp(got[1], ref[1], (size_t)T * MNIN * 4) &&
+                       !memcmp(got[2], ref[2], (size_t)T * MK * 4);
+            printf("     MoE chain T=%d %-5s dep on vs off: %s, %d of 9 launches waited by a counter\n", T,
+                   graph ? "graph" : "eager", same ? "bit-identical" : "DIFFER", waited);
+            CHECK_MSG(same, "T=%d %s: the MoE chain with counters differs", T, graph ? "graph" : "eager");
+            CHECK_MSG(waited == 9, "T=%d %s: %d of 9 launches waited by a counter", T,
+                      graph ? "graph" : "eager", waited);
+            for (int k = 0; k < 3; k++) free(got[k]);
+        }
+        for (int k = 0; k < 3; k++) free(ref[k]);
+    }
+    cu_set_dep(dep0);
+    cu_set_pdl(pdl0);
+    cu_free(b.w_out), cu_free(b.w_in), cu_free(b.router), cu_free(b.e_gu), cu_free(b.e_down);
+    cu_free(b.sgu), cu_free(b.sdn), cu_free(b.sgw), cu_free(b.nw), cu_free(b.x), cu_free(b.act_o);
+    cu_free(b.proj), cu_free(a->logits), cu_free(a->idx), cu_free(a->w), cu_free(a->count), cu_free(a->act);
+    cu_free(a->shg), cu_free(a->out), cu_free(a->xn);
     cu_ctx_destroy(c);
 }
 
