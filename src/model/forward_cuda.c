@@ -327,6 +327,7 @@ struct cuda_fwd {
     int attn_round;   /* CINFER_CUDA_ATTN_ROUND (default 1): attn_split rounds nsplit up */
     int attn_dec_ns;  /* CINFER_CUDA_ATTN_DEC=2: cu_attn_args.dec_nsmax (CINFER_CUDA_ATTN_DEC_NS), else 0 */
     int attn_dec_p;   /* with attn_dec_ns: cu_attn_args.dec_p (CINFER_CUDA_ATTN_DEC_P) */
+    int attn_dec_1st; /* CINFER_CUDA_ATTN_DEC_1ST: steps of at least this many rows on one stage (0: none) */
     size_t part_attn; /* floats of part for attn_kernel's partials; attn_dec_kernel's follow them */
     int l2pf_next_rows; /* CINFER_CUDA_L2PF_NEXT_ROWS (default 32): L2PF_NEXT only in steps of at most this
                            many rows */
@@ -765,6 +766,10 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * batch holds both); 0 (the default): every row */
     const char *adp = getenv("CINFER_CUDA_ATTN_DEC_P");
     f->attn_dec_p = adp && atoi(adp) > 0 ? atoi(adp) : 0;
+    /* CINFER_CUDA_ATTN_DEC_1ST=N (trial; 0 the default: never): steps of at least N rows run the dec kernel
+     * on one stage of shared memory, chunk after chunk (two blocks an SM instead of one; the same bits) */
+    const char *a1s = getenv("CINFER_CUDA_ATTN_DEC_1ST");
+    f->attn_dec_1st = a1s && atoi(a1s) > 0 ? atoi(a1s) : 0;
     const char *gv4 = getenv("CINFER_CUDA_GEMV_VAR4"); /* "0": the small GEMVs' earlier variant at one row */
     cu_set_gemv3_small_var4(!(gv4 && !strcmp(gv4, "0")));
     const char *glu = getenv("CINFER_CUDA_GEMV_GLU"); /* gate_up at one row: "rows a warp,variant" (2,10) */
@@ -1842,6 +1847,7 @@ static void attn_split(const cuda_fwd *f, int T, int minpos, int maxpos, run_sha
         rs->dnsplit = cu_attn_dec_grid(maxpos, f->attn_dec_ns);
         rs->dspan = (maxpos + CU_ATTN_DEC_CH) / CU_ATTN_DEC_CH <= f->attn_dec_ns ? CU_ATTN_DEC_CH
                                                                                  : 2 * CU_ATTN_DEC_CH;
+        if (f->attn_dec_1st && T >= f->attn_dec_1st) rs->dspan = CU_ATTN_DEC_CH;
     }
     /* attn_kernel's rows: spans from each row's own position (cu_attn_row_span), never from the batch */
     rs->span = rs->nsplit = 0;

@@ -383,7 +383,8 @@ static void rope_ref(float *x, int R, int pos, const float *inv) {
 static int g_fp = 0;
 static void fp_grids(cu_attn_args *a, int span, int minpos, int maxpos, int nsmax) {
     int P = g_fp;
-    a->dec_p = P, a->dec_cls = (minpos < P) | (maxpos >= P) << 1, a->dec_span = span;
+    a->dec_p = P, a->dec_cls = (minpos < P) | (maxpos >= P) << 1;
+    a->dec_span = span > 0 ? span : CU_ATTN_DEC_CH; /* its stages: one up to CU_ATTN_DEC_CH */
     a->dec_nsplit = maxpos >= P ? cu_attn_dec_grid(maxpos, nsmax) : 0;
     a->span = 64, a->nsplit = minpos < P ? cu_attn_row_grid(maxpos < P - 1 ? maxpos : P - 1) : 0;
 }
@@ -532,7 +533,8 @@ static void attn_fused_case(int Hq, int Hkv, int hd, int span, const int *lens, 
             a.meta = (cu_meta){d1,          d1 + p_pos,  d1 + p_ent,  d1 + p_len, d1 + p_n,    d1 + p_r0,
                                d1 + p_slot, d1 + p_boff, d1 + p_lrow, d1 + p_blk, d1 + p_spec, NULL};
             a.dec_cnt = cnt, a.dec_nsmax = nsmax;
-            fp_grids(&a, span, pos, pos, nsmax);
+            /* the other stage count than the batch's (one stage, chunk after chunk, or two): the same bits */
+            fp_grids(&a, span > CU_ATTN_DEC_CH ? CU_ATTN_DEC_CH : 2 * CU_ATTN_DEC_CH, pos, pos, nsmax);
             size_t np = (size_t)Hq * (CU_ATTN_ROW_NS + 8) * (hd + 4);
             cu_alloc((void **)&a.o, (size_t)Hq * hd * 4, err, sizeof err);
             cu_alloc((void **)&a.part, np * 4, err, sizeof err);
@@ -620,14 +622,15 @@ TEST(cuda_fused_attention_dec) {
     attn_fused_case(24, 4, 256, 64, l3, 3, 2, 32);
 }
 
-/* rows by class (CINFER_CUDA_ATTN_DEC_P): a batch of 32 decode rows at positions 5..1509 (the 4B shape)
+/* rows by class (CINFER_CUDA_ATTN_DEC_P): a batch of 32 decode rows at positions 3..638 (the 4B shape)
  * with P = 512 (a row at 511 crossing it on the second step), P = 100 at G = 2, P = 1 (every row the dec
  * kernel) and P = 4096 (none): fused == unfused bitwise, vs the CPU, and every row alone (its own grids and
- * class: one launch) bit-identical to its bits in the mixed batch (two launches) */
+ * class: one launch; the dec kernel on the other stage count, CINFER_CUDA_ATTN_DEC_1ST) bit-identical to its
+ * bits in the mixed batch (two launches) */
 TEST(cuda_fused_attention_dec_p) {
     if (cuda_devices() < 1) SKIP("no CUDA device: skipped");
     int l32[32];
-    for (int i = 0; i < 32; i++) l32[i] = 5 + (i * 47) % 1505;
+    for (int i = 0; i < 32; i++) l32[i] = 3 + (i * 37) % 636;
     l32[7] = 511;
     static const int l4[] = {20, 300, 100, 70};
     g_fp = 512;
@@ -781,6 +784,21 @@ TEST(cuda_attention_dec_p_speed) {
     g_row_form = 1;
     for (int i = 0; i < 6; i++) attn_speed_case(c, 1, p1[i], ns, 1);
     for (int i = 0; i < 7; i++) attn_speed_case(c, 64, p64[i], ns, 1);
+    g_row_form = 0;
+    cu_ctx_destroy(c);
+}
+
+/* Timing, not a bound: the dec kernel on two stages of shared memory against one (CINFER_CUDA_ATTN_DEC_1ST:
+ * the rows from which one stage wins) at 2..32 rows, 2048 and 8192 positions, next to attn_kernel */
+TEST(cuda_attention_dec_stage_speed) {
+    if (cuda_devices() < 1) SKIP("no CUDA device: skipped");
+    char err[256];
+    cu_ctx *c;
+    REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
+    static const int ns[] = {64}, rows[] = {2, 4, 8, 16, 32};
+    g_row_form = 1;
+    for (int i = 0; i < 5; i++) attn_speed_case(c, rows[i], 2048, ns, 1);
+    for (int i = 0; i < 5; i++) attn_speed_case(c, rows[i], 8192, ns, 1);
     g_row_form = 0;
     cu_ctx_destroy(c);
 }
