@@ -119,7 +119,6 @@ static void pdl_case(const char *dir, const char *name) {
         {"dep, GEMV-only PDL", "gemv", NULL, NULL, NULL, "1", 0},
         {"dep profiled", "1", "0", NULL, NULL, "1", 1},
         {"dep + every new form", "1", NULL, "2", "1", "1", 0},
-        {"dep=2 graphs", "1", NULL, NULL, NULL, "2", 0},
     };
     for (size_t k = 0; !rc && k < sizeof runs / sizeof runs[0]; k++) {
         for (size_t i = 0; i < n; i++) got[i] = NAN;
