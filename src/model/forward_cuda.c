@@ -733,7 +733,7 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * waits by a counter the producer's blocks bump (backend/cuda/common.cuh: dep_post / dep_wait) instead
      * of griddepcontrol.wait, which releases it 1-2 us after the producer's last block ends; the same bits */
     const char *dep = getenv("CINFER_CUDA_DEP");
-    f->dep = dep && (!strcmp(dep, "1") || !strcmp(dep, "2")) ? atoi(dep) : 0;
+    f->dep = dep && !strcmp(dep, "1");
     const char *dpm = getenv("CINFER_CUDA_DEP_MASK"); /* measurements: which boundaries (DEP_*) */
     f->dep_mask = dpm ? atoi(dpm) : 7;
     cu_set_dep(f->dep);

@@ -440,10 +440,11 @@ TEST(cuda_gemv3_chain) {
     cu_timer *t;
     REQUIRE(cu_timer_create(&t) == 0);
     for (int fused = 0; fused < 2; fused++)
-        for (int pdl = 0; pdl < 2 + 2 * fused; pdl++) { /* pdl 2, 3: fused, PDL, CINFER_CUDA_DEP=1, 2 */
+        for (int pdl = 0; pdl < 2 + fused;
+             pdl++) { /* pdl 2: fused with PDL and the counters (CINFER_CUDA_DEP) */
             cu_set_gemv_version(2);
             cu_set_pdl(pdl ? 1 : 0);
-            cu_set_dep(pdl >= 2 ? pdl - 1 : 0);
+            cu_set_dep(pdl == 2);
             cu_fill_f32(c, x, H, 0.01f);
             REQUIRE(cu_sync(c, err, sizeof err) == 0);
             REQUIRE(cu_capture_begin(c, err, sizeof err) == 0);
@@ -480,10 +481,9 @@ TEST(cuda_gemv3_chain) {
             printf(
                 "     4B GEMV chain, %d layers, graph: %-7s %-8s %7.1f us per step, %4.0f GB/s (%.2f GB)\n",
                 L, fused ? "fused" : "unfused",
-                pdl == 3   ? "+ PDL + dep=2"
-                : pdl == 2 ? "+ PDL + dep=1"
-                : pdl      ? "+ PDL"
-                           : "",
+                pdl == 2 ? "+ PDL + dep"
+                : pdl    ? "+ PDL"
+                         : "",
                 us, bytes / us / 1e3, bytes / 1e9);
         }
     cu_set_pdl(0);
@@ -653,14 +653,13 @@ TEST(cuda_gemv3_chain_timeline) {
         const char *what;
         int u_small, var_small, u_big, var_big, glu_nr, glu_var, dep;
     } cfg[] = {{"default", 0, -1, 0, -1, 2, 10, 0},
-               {"default + CINFER_CUDA_DEP=1 (counters, x past L1)", 0, -1, 0, -1, 2, 10, 1},
-               {"default + CINFER_CUDA_DEP=2 (counters, x L1-cached)", 0, -1, 0, -1, 2, 10, 2},
+               {"default + CINFER_CUDA_DEP (counters)", 0, -1, 0, -1, 2, 10, 1},
                {"gate_up variant 2 (session 6)", 0, -1, 0, -1, 2, 2, 0},
                {"gate_up 4 rows a warp, variant 2", 0, -1, 0, -1, 4, 2, 0},
                {"in_proj variant 10", 0, -1, 0, 10, 2, 10, 0}};
-    const char *only = getenv("CINFER_TIMELINE_CFG"); /* "dep": the first three only */
+    const char *only = getenv("CINFER_TIMELINE_CFG"); /* "dep": the first two only */
     for (size_t ci = 0; ci < sizeof cfg / sizeof cfg[0]; ci++) {
-        if (only && !strcmp(only, "dep") && ci > 2) break;
+        if (only && !strcmp(only, "dep") && ci > 1) break;
         cu_set_pdl(1);
         cu_set_dep(cfg[ci].dep);
         cu_set_gemv3_one(cfg[ci].u_small, cfg[ci].var_small, cfg[ci].u_big, cfg[ci].var_big);

@@ -87,12 +87,11 @@ void cu_set_pdl(int level);
 int cu_pdl_on(void);
 /* 1 (default): no PDL launch right after a memcpy, memset, event record or graph launch; 0 only to
  * reproduce session 4's illegal address (CINFER_CUDA_PDL_BREAK=0) */
-/* CINFER_CUDA_DEP (1; 2: the GEMVs' x loads L1-cached after a counter, not past L1; 0 off): the decode GEMVs
- * (gemv3.cu), the fused MoE and DeltaNet decode kernels wait for the kernel before them by a counter its
- * blocks bump (common.cuh's dep_post / dep_wait) instead of griddepcontrol.wait; the same bits. Process-wide
- * switch; per forward cu_dep_begin (zeroes the counters: a memset) ... cu_dep_end; cu_dep_chain before a GEMV
- * that reads the output of the launch enqueued just before it. cu_dep_last_waited: whether the last decode
- * GEMV launch waited by a counter (tests). */
+/* CINFER_CUDA_DEP: the decode GEMVs (gemv3.cu) wait for the GEMV before them by a counter its blocks bump
+ * (common.cuh's dep_post / dep_wait) instead of griddepcontrol.wait; the same bits. Process-wide switch;
+ * per forward cu_dep_begin (zeroes the counters: a memset) ... cu_dep_end; cu_dep_chain before a GEMV that
+ * reads the output of the launch enqueued just before it. cu_dep_last_waited: whether the last decode GEMV
+ * launch waited by a counter (tests). */
 void cu_set_dep(int on);
 int cu_dep_on(void);
 void cu_dep_begin(cu_ctx *c);

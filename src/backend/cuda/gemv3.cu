@@ -68,7 +68,7 @@ template <int MR, int NR, int U, bool NORM, int EPI, int VAR, int W = VAR & 2 ? 
 __global__ void __launch_bounds__(W * 32, VAR & 8 ? 40 / W : (MR == 1 ? 3 : 2) * 8 / W)
     gemv3_kernel(float *__restrict__ y, const float *__restrict__ x, const uint16_t *__restrict__ w, int N,
                  int K, int KS, const float *__restrict__ g, float eps, const void *nx, size_t nx_bytes,
-                 int tag, const unsigned *dwait, unsigned dwait_n, unsigned *dpost, int dld) {
+                 int tag, const unsigned *dwait, unsigned dwait_n, unsigned *dpost) {
     const unsigned long long ts0 = tag >= 0 ? g3_now() : 0;
     constexpr int ROWS = EPI == EPI_SWIGLU ? 2 * NR : NR;
     __shared__ float red[W][ROWS * MR + (NORM ? MR : 0)];
@@ -103,9 +103,7 @@ __global__ void __launch_bounds__(W * 32, VAR & 8 ? 40 / W : (MR == 1 ? 3 : 2) *
             for (int r = 0; r < ROWS; r++) wv[u][r] = g3_ld(wr[r] + k);
     }
     /* CINFER_CUDA_DEP: by the producer's counter (dwait, dwait_n blocks), else griddep_wait; after a counter
-     * (common.cuh) the residual y is read past L1, and x with dld 1 past L1 (__ldcg: each of a block's row
-     * groups and splits reads it from L2) or with dld 2 by a plain L1-caching load (ld.global.ca: the PTX
-     * memory model's weak load, ordered after the acquire by the barrier, which ld.global.nc is not) */
+     * x and the residual y are read past L1 (common.cuh) */
     dep_wait(dwait, dwait_n);
     const bool cg = dwait != NULL;
     const unsigned long long ts1 = tag >= 0 ? g3_now() : 0;
@@ -135,13 +133,7 @@ __global__ void __launch_bounds__(W * 32, VAR & 8 ? 40 / W : (MR == 1 ? 3 : 2) *
 #pragma unroll
             for (int m = 0; m < MR; m++) {
                 const float4 *xp = reinterpret_cast<const float4 *>(x + (size_t)m * K + k);
-                float4 a, b;
-                if (dld == 1)
-                    a = __ldcg(xp), b = __ldcg(xp + 1);
-                else if (dld == 2)
-                    a = __ldca(xp), b = __ldca(xp + 1);
-                else
-                    a = __ldg(xp), b = __ldg(xp + 1);
+                float4 a = cg ? __ldcg(xp) : __ldg(xp), b = cg ? __ldcg(xp + 1) : __ldg(xp + 1);
                 float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
                 if (NORM)
 #pragma unroll
@@ -353,7 +345,7 @@ static void g3_launch(cu_ctx *c, g3_dep *d, float *y, const float *x, const uint
     dim3 grid(cdiv((size_t)N, (size_t)per_block), (unsigned)tiles);
     cu_launch_gemv(c, gemv3_kernel<MR, NR, U, NORM, EPI, VAR>, grid, dim3(W * 32), y, x, w, N, K, KS, g, eps,
                    c->gemv_next, c->gemv_next_bytes, g_stamp_tag >= 0 ? g_stamp_tag++ : -1, d->io.wait,
-                   d->io.wait_n, d->io.post, d->io.wait ? (cu_dep_on() == 2 ? 2 : 1) : 0);
+                   d->io.wait_n, d->io.post);
     d->posted += grid.x * grid.y;
 }
 

@@ -164,7 +164,7 @@ extern "C" void cu_memset_async(cu_ctx *c, void *d, size_t bytes) {
 /* CINFER_CUDA_DEP (process-wide, as the PDL level): decode GEMVs hand over by counters (common.cuh) */
 static int g_dep = 0;
 extern "C" void cu_set_dep(int on) {
-    g_dep = on == 1 || on == 2 ? on : 0; /* 2: the decode GEMVs read x L1-cached after a counter */
+    g_dep = on != 0;
 }
 extern "C" int cu_dep_on(void) {
     return g_dep;
