@@ -238,13 +238,11 @@ struct cuda_fwd {
     int pdl;           /* cu_set_pdl's level: CINFER_CUDA_PDL=1 2 (every decode kernel), =gemv 1, else 0 */
     int pdl_any;       /* CINFER_CUDA_PDL_ANY=1: level 2 in every step, not only pdl_step()'s (diagnostics) */
     int dep;           /* CINFER_CUDA_DEP=1: GEMV -> GEMV boundaries by counters (cu_set_dep) */
-    int dep_in;   /* the next in_proj follows the previous layer's down launch directly: its DEP_* class, or 0
-                   */
-    int dep_mask; /* CINFER_CUDA_DEP_MASK: the DEP_* classes of boundaries chained (default all) */
-    int fuse;     /* norms, adds, SwiGLU in the GEMVs (enqueue; CINFER_CUDA_FUSE=0: off) */
-    int *h_moe_idx;              /* pinned [S] */
-    float *h_moe_w;              /* pinned [S] */
-    int *h_moe_up;               /* pinned [3S] */
+    int dep_in;        /* the next in_proj follows the previous layer's down GEMV directly (cu_dep_chain) */
+    int fuse;          /* norms, adds, SwiGLU in the GEMVs (enqueue; CINFER_CUDA_FUSE=0: off) */
+    int *h_moe_idx;    /* pinned [S] */
+    float *h_moe_w;    /* pinned [S] */
+    int *h_moe_up;     /* pinned [3S] */
     int *h_cnt, *h_off, *h_fill; /* [E + 1] each: rows per expert, their offsets, filled so far */
     int *meta;                   /* device ints */
     int *h_meta;                 /* pinned */
@@ -734,8 +732,6 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * of griddepcontrol.wait, which releases it 1-2 us after the producer's last block ends; the same bits */
     const char *dep = getenv("CINFER_CUDA_DEP");
     f->dep = dep && !strcmp(dep, "1");
-    const char *dpm = getenv("CINFER_CUDA_DEP_MASK"); /* measurements: which boundaries (DEP_*) */
-    f->dep_mask = dpm ? atoi(dpm) : 7;
     cu_set_dep(f->dep);
     /* the fused attention decode kernel's k / v loads one position ahead (the same bits); "0" off. On by
      * default since the H200 call 3 of session 5: 4B batch 1 371.8 -> 380.5 tok/s over PDL; bit-identical in
@@ -1238,21 +1234,11 @@ static int diag_n(const cuda_fwd *f, int cls) {
     return (f->diag_skip & cls) ? 0 : (f->diag_dup & cls) ? 2 : 1;
 }
 
-/* CINFER_CUDA_DEP's boundaries by class (CINFER_CUDA_DEP_MASK): the dense FFN's GEMVs (out_proj -> gate_up
- * -> down -> the next in_proj), the fused MoE block's (out_proj -> router -> gate_up -> down -> the next
- * in_proj), the fused DeltaNet decode kernel's (in_proj -> it -> out_proj) */
-enum { DEP_GEMV = 1, DEP_MOE = 2, DEP_GDN = 4 };
-/* the next launch waits by the counter of the launch just enqueued (which the caller knows is its producer,
- * with nothing between); never in the diagnostics' variants that leave kernels out */
-static void dep_chain(cuda_fwd *f, int cls) {
-    if ((f->dep_mask & cls) && !f->diag_skip) cu_dep_chain(f->cu);
-}
-
 /* The layer's input projection: from f->xn (normed by the caller), or with fz from the raw residual f->x,
  * normed inside the GEMV by the layer's input norm */
 static void in_proj(cuda_fwd *f, const cu_layer *cl, int T, int fz) {
     const model *m = f->m;
-    if (fz && f->dep_in) dep_chain(f, f->dep_in); /* right after the previous layer's down launch */
+    if (fz && f->dep_in) cu_dep_chain(f->cu); /* right after the previous layer's down GEMV */
     f->dep_in = 0;
     if (fz)
         cu_gemv_fused(f->cu, f->proj, f->x, cl->w_in, T, cl->n_in, m->H, cl->in_norm,
@@ -1344,18 +1330,9 @@ static void deltanet(cuda_fwd *f, const cu_layer *cl, const layer_weights *lw, i
     int Mb = out_split_rows(f, T, vd, fz, !rs->no_chunked);
     if (Mb) a.o_xb = f->xb, a.o_lo = (size_t)Mb * vd;
     a.win_cnt = rs->has_spec && rs->no_chunked ? f->win_cnt : NULL, a.win_v2 = f->win_v2;
-    /* CINFER_CUDA_DEP: the fused decode kernel right after in_proj's GEMV (not after next_split) waits by
-     * its counter, out_proj right after the decode kernel by that one's (cu_gdn_layer arms only the fused
-     * decode kernels; its other paths disarm) */
-    for (int n = diag_n(f, DG_GDN); n > 0; n--) {
-        if (fin && !lw->fused_qkvz && n == diag_n(f, DG_GDN)) dep_chain(f, DEP_GDN);
-        cu_gdn_layer(f->cu, &a);
-    }
+    for (int n = diag_n(f, DG_GDN); n > 0; n--) cu_gdn_layer(f->cu, &a);
     mark(f, CP_GEMM_OUT);
-    for (int n = diag_n(f, DG_OUT); n > 0; n--) {
-        if (fz && !Mb) dep_chain(f, DEP_GDN);
-        out_proj_from(f, cl, T, vd, fz, Mb);
-    }
+    for (int n = diag_n(f, DG_OUT); n > 0; n--) out_proj_from(f, cl, T, vd, fz, Mb);
 }
 
 /* kpool / vpool: the model's pools (layer full of f->p.n_blocks blocks each) or the MTP head's (full 0) */
@@ -1436,13 +1413,13 @@ static void mlp_fused(cuda_fwd *f, const cu_layer *cl, int M) {
      * kernels, which change what comes before) */
     for (int n = diag_n(f, DG_GU); n > 0; n--) {
         gemv_next(f, cl->w_down, (size_t)m->H * I * 2);
-        dep_chain(f, DEP_GEMV);
+        if (!f->diag_skip) cu_dep_chain(f->cu);
         cu_gemv_fused(f->cu, f->act, f->x, cl->w_gu, M, I, m->H, cl->post_norm, (float)m->cfg.rms_norm_eps,
                       CU_EPI_SWIGLU);
     }
     for (int n = diag_n(f, DG_DOWN); n > 0; n--) {
         gemv_next(f, nw, nb);
-        dep_chain(f, DEP_GEMV);
+        if (!f->diag_skip) cu_dep_chain(f->cu);
         cu_gemv_fused(f->cu, f->x, f->act, cl->w_down, M, m->H, I, NULL, 0.0f, CU_EPI_ADD);
     }
     gemv_next(f, NULL, 0);
@@ -1481,25 +1458,11 @@ static int moe(cuda_fwd *f, const cu_layer *cl, const run_shape *rs, int device_
         if (norm_w) a.x = f->x, a.norm_w = norm_w, a.eps = (float)m->cfg.rms_norm_eps, a.xn = f->xn;
         /* CINFER_CUDA_DIAG_AB's classes: the router (DG_ROUTE), gate_up (DG_GU), down (DG_DOWN) */
         int nr = diag_n(f, DG_ROUTE), ng = diag_n(f, DG_GU), nd = diag_n(f, DG_DOWN);
-        /* CINFER_CUDA_DEP: the router right after out_proj's GEMV when it takes the norm itself (nothing is
-         * launched between; its x is the residual out_proj added into), gate_up right after the router, down
-         * after gate_up, and the next layer's in_proj after down when it added into x: each waits by the
-         * counter of the launch before it (outside the diagnostics' left-out kernels) */
         mark(f, CP_MOE_ROUTE);
-        for (int n = nr; n > 0; n--) {
-            if (norm_w) dep_chain(f, DEP_MOE);
-            cu_moe_fused_route(f->cu, &a);
-        }
+        for (int n = nr; n > 0; n--) cu_moe_fused_route(f->cu, &a);
         mark(f, CP_MOE_EXPERTS);
-        for (int n = ng; n > 0; n--) {
-            dep_chain(f, DEP_MOE);
-            cu_moe_fused_gate_up(f->cu, &a);
-        }
-        for (int n = nd; n > 0; n--) {
-            dep_chain(f, DEP_MOE);
-            cu_moe_fused_down(f->cu, &a);
-        }
-        f->dep_in = into_x ? DEP_MOE : 0;
+        for (int n = ng; n > 0; n--) cu_moe_fused_gate_up(f->cu, &a);
+        for (int n = nd; n > 0; n--) cu_moe_fused_down(f->cu, &a);
         return 0;
     }
     mark(f, CP_MOE_ROUTE);
@@ -1710,7 +1673,7 @@ static int enqueue(cuda_fwd *f, const run_shape *rs, int moe_device, char *err, 
         } else if (fz) {
             mlp_fused(f, cl, T);
             pend = 0;
-            f->dep_in = DEP_GEMV; /* the next layer's in_proj follows this down GEMV */
+            f->dep_in = !f->diag_skip; /* the next layer's in_proj follows this down GEMV */
         } else {
             mlp(f, f->out, f->xn, cl->w_gu, cl->w_down, T, m->cfg.intermediate_size);
             pend = 1;

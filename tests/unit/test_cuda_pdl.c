@@ -5,10 +5,8 @@
  * eager, GEMV-only PDL, a profiled run with PDL (an event recorded between the phases: session 4's illegal
  * address), the attention decode kernel's prefetch (CINFER_CUDA_ATTN_PF=1) without and with PDL, that
  * with the L2 prefetch of the next GEMV's weights at 8 MB (CINFER_CUDA_L2PF_NEXT=8), the DeltaNet decode
- * kernel as clusters (CINFER_CUDA_GDN_CLUSTER=1) eager and from graphs with PDL, the counter handoff
- * between decode kernels (CINFER_CUDA_DEP=1: GEMVs, the fused MoE block, the DeltaNet decode kernel) eager,
- * from graphs, profiled and with every other form, and sequence 0 alone under all of them (with and without
- * the counters) against the batch reference. PDL's level 2 covers decode steps of contexts that
+ * kernel as clusters (CINFER_CUDA_GDN_CLUSTER=1) eager and from graphs with PDL, and sequence 0 alone under
+ * all of them against the batch reference. PDL's level 2 covers decode steps of contexts that
  * do not speculate (pdl_step in forward_cuda.c). At the fixtures, and at the 4B shape with few layers when
  * CINFER_TEST_PDL_MODEL names such a checkpoint (`cinfer synth --like qwen3.5-4b
  * --layers 4 --vocab 2048 --out DIR`; the GPU script makes one). Without a CUDA build or device every test

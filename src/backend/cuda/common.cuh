@@ -244,28 +244,6 @@ __device__ __forceinline__ void dep_wait(const unsigned *ctr, unsigned n) {
     __syncthreads();
 }
 
-/* A posting launch's handoff (host side): the counter it waits for (NULL: griddep_wait) and the blocks that
- * post into it, and the slot its own blocks post into (NULL: none). cu_dep_take before the launch (can_wait:
- * this launch can wait by a counter; it waits only when the caller chained it, cu_dep_chain, right after an
- * armed launch), cu_dep_arm after it with the blocks that post. */
-struct cu_dep_io {
-    const unsigned *wait;
-    unsigned wait_n;
-    unsigned *post;
-};
-static inline cu_dep_io cu_dep_take(cu_ctx *c, int can_wait) {
-    cu_dep_io d = {NULL, 0, NULL};
-    if (can_wait && c->dep_take && c->dep_armed) d.wait = c->dep_armed, d.wait_n = c->dep_armed_n;
-    if (c->dep_live && c->dep_used < CU_DEP_SLOTS) d.post = c->dep_ctr + c->dep_used++;
-    return d;
-}
-static inline void cu_dep_arm(cu_ctx *c, const cu_dep_io *d, unsigned blocks) {
-    c->dep_waited = d->wait != NULL;
-    c->dep_armed = d->post;
-    c->dep_armed_n = d->post ? blocks : 0;
-    c->dep_take = 0;
-}
-
 /* kernel classes for CINFER_CUDA_PDL_MASK (diagnostics: which kinds of kernel go by PDL; default all) */
 enum { PDL_ROWS = 1, PDL_GDN = 2, PDL_ATTN = 4, PDL_SAMPLE = 8, PDL_GEMV = 16 };
 extern "C" int cu_pdl_mask(void);

@@ -329,12 +329,6 @@ typedef struct cu_gdn_args {
      * and state stored, cluster barrier done, end */
     unsigned long long *dec_stamps;
     float dec_qscale; /* set by cu_gdn_layer for the clustered kernel: (float)(1 / sqrt(dk)) */
-    /* set by cu_gdn_layer for the fused decode kernels (CINFER_CUDA_DEP, common.cuh): the counter they wait
-     * for (NULL: griddep_wait) and how many blocks post into it, the slot their blocks post into (NULL: none)
-     */
-    const unsigned *dep_wait;
-    unsigned dep_wait_n;
-    unsigned *dep_post;
     cu_meta meta;
 } cu_gdn_args;
 #define CU_GDN_STAMPS      9

@@ -65,8 +65,7 @@ __device__ __forceinline__ float gdn_gate(const cu_gdn_args &a, float av, int h)
 }
 
 /* rmsnorm(o_h) * gnorm * silu(z_h) of one value head by one warp, o read from src and written to dst (CG:
- * src and z read through L2, for rows other blocks of the same launch wrote and, under CINFER_CUDA_DEP, an
- * in_proj waited for by a counter) */
+ * src read through L2, for rows other blocks of the same launch wrote) */
 template <bool CG>
 __device__ __forceinline__ void gnorm_warp(const float *src, float *dst, const float *z, const float *w,
                                            int dv, float eps, int lane) {
@@ -79,8 +78,7 @@ __device__ __forceinline__ void gnorm_warp(const float *src, float *dst, const f
     float inv = 1.0f / sqrtf(ss / (float)dv + eps);
     for (int j = lane; j < dv; j += 32) {
         float v = CG ? __ldcg(src + j) : src[j];
-        dst[j] =
-            ((v * inv) * w[j]) * dev_silu(CG ? __ldcg(z + j) : z[j]); /* z: in_proj's (CINFER_CUDA_DEP) */
+        dst[j] = ((v * inv) * w[j]) * dev_silu(z[j]);
     }
 }
 
@@ -348,8 +346,7 @@ template <int R> __global__ void __launch_bounds__(256) fused_decode_kernel(cu_g
     /* every block waits, even one with nothing to do (common.cuh: else the next kernel could see this one
      * complete before the in_proj it waits for) */
     if (!(a.meta.e_n[e] == 1 && a.meta.e_len[e] > 0)) { /* launched only when none is otherwise */
-        dep_wait(a.dep_wait, a.dep_wait_n);
-        dep_post(a.dep_post); /* the whole block takes this path: its one post */
+        griddep_wait();
         return;
     }
     int h = blockIdx.y, jj = threadIdx.x & 31, g = threadIdx.x >> 5, j0 = blockIdx.x * 32, j = j0 + jj;
@@ -384,15 +381,12 @@ template <int R> __global__ void __launch_bounds__(256) fused_decode_kernel(cu_g
         }
         if (tid < nc) wl0 = a.conv_w[(size_t)(K - 1) * C + c];
     }
-    /* the in_proj row (CINFER_CUDA_DEP: by in_proj's counter, then its outputs read past L1) */
-    dep_wait(a.dep_wait, a.dep_wait_n);
+    griddep_wait();   /* the in_proj row */
     griddep_launch(); /* out_proj may start requesting its weights */
-    const bool cg = a.dep_wait != NULL;
     /* beta and g of this head, their loads issued with the others (not after a barrier) */
     if (tid == 64) {
-        const float *bp = a.b + (size_t)r * a.ba_ld + h, *ap = a.a + (size_t)r * a.ba_ld + h;
-        bgs[0] = gdn_beta(cg ? __ldcg(bp) : *bp);
-        bgs[1] = gdn_gate(a, cg ? __ldcg(ap) : *ap, h);
+        bgs[0] = gdn_beta(a.b[(size_t)r * a.ba_ld + h]);
+        bgs[1] = gdn_gate(a, a.a[(size_t)r * a.ba_ld + h], h);
     }
     for (int idx = tid; idx < nc; idx += blockDim.x) {
         int c = idx < dk       ? kh * dk + idx
@@ -411,7 +405,7 @@ template <int R> __global__ void __launch_bounds__(256) fused_decode_kernel(cu_g
             }
             wl = a.conv_w[(size_t)(K - 1) * C + c];
         }
-        float xin = cg ? __ldcg(xrow + c) : xrow[c], y = conv_tap(wt, win, wl, xin, K);
+        float xin = xrow[c], y = conv_tap(wt, win, wl, xin, K);
         if (idx < dk) {
             q[idx] = y, xs[idx] = xin;
         } else if (idx < 2 * dk) {
@@ -444,21 +438,18 @@ template <int R> __global__ void __launch_bounds__(256) fused_decode_kernel(cu_g
         if (i < dk && ok) S[(size_t)i * dv] = sv[t];
     }
     __syncthreads();
-    if (last) {
-        __threadfence();
-        for (int idx = tid; idx < 2 * dk; idx += blockDim.x) {
-            int c = idx < dk ? kh * dk + idx : kd + kh * dk + (idx - dk);
-            for (int t = 0; t + 1 < K - 1; t++) cst[(size_t)t * C + c] = cst[(size_t)(t + 1) * C + c];
-            if (K > 1) cst[(size_t)(K - 2) * C + c] = xs[idx];
-        }
-        for (int hh = kh * rr + g; hh < (kh + 1) * rr; hh += REC_GROUPS) {
-            float *o = orow + (size_t)hh * dv;
-            gnorm_warp<true>(o, o, a.z + (size_t)r * a.z_ld + (size_t)hh * dv, a.gnorm, dv, a.eps, jj);
-        }
-        if (tid == 0) *cnt = 0u; /* ready for the next launch (kernel boundaries order it) */
+    if (!last) return;
+    __threadfence();
+    for (int idx = tid; idx < 2 * dk; idx += blockDim.x) {
+        int c = idx < dk ? kh * dk + idx : kd + kh * dk + (idx - dk);
+        for (int t = 0; t + 1 < K - 1; t++) cst[(size_t)t * C + c] = cst[(size_t)(t + 1) * C + c];
+        if (K > 1) cst[(size_t)(K - 2) * C + c] = xs[idx];
     }
-    /* every block once, the group's last after the gated norms: out_proj waits for all (CINFER_CUDA_DEP) */
-    dep_post(a.dep_post);
+    for (int hh = kh * rr + g; hh < (kh + 1) * rr; hh += REC_GROUPS) {
+        float *o = orow + (size_t)hh * dv;
+        gnorm_warp<true>(o, o, a.z + (size_t)r * a.z_ld + (size_t)hh * dv, a.gnorm, dv, a.eps, jj);
+    }
+    if (tid == 0) *cnt = 0u; /* ready for the next launch (kernel boundaries order it) */
 }
 
 /* The fused decode kernel as thread block clusters (sm_90; cu_gdn_args.dec_cluster, CINFER_CUDA_GDN_CLUSTER):
@@ -562,8 +553,7 @@ __global__ void __launch_bounds__(256, R <= 16 ? 3 : 0) fused_decode_cluster_ker
     int en = a.meta.e_n[e], elen = a.meta.e_len[e], r = a.meta.e_row0[e], slot = a.meta.e_slot[e];
     /* a cluster is one entry: all its blocks return here or none */
     if (!(en == 1 && elen > 0)) {
-        dep_wait(a.dep_wait, a.dep_wait_n);
-        dep_post(a.dep_post); /* the whole cluster takes this path: each block's one post */
+        griddep_wait();
         return;
     }
     int h = blockIdx.y, jj = threadIdx.x & 31, g = threadIdx.x >> 5, j0 = blockIdx.x * 32, j = j0 + jj;
@@ -600,20 +590,15 @@ __global__ void __launch_bounds__(256, R <= 16 ? 3 : 0) fused_decode_cluster_ker
     /* the cluster's first barrier phase: every block has started before any writes into another's shared
      * memory (arrive now, wait just before those writes) */
     cl_arrive_relaxed();
-    /* the in_proj row (CINFER_CUDA_DEP: by in_proj's counter, then its outputs read past L1) */
-    dep_wait(a.dep_wait, a.dep_wait_n);
+    griddep_wait();   /* the in_proj row */
     griddep_launch(); /* out_proj may start requesting its weights */
-    const bool cgl = a.dep_wait != NULL;
     if (stamp) ts[1] = gdn_now();
 #pragma unroll
-    for (int it = 0; it < NIT; it++)
-        xin[it] = tid + 256 * it < nc ? (cgl ? __ldcg(xrow + ch[it]) : xrow[ch[it]]) : 0.0f;
-    const float *zp = a.z + (size_t)r * a.z_ld + (size_t)h * dv + j;
-    float zj = g == 0 && ok ? (cgl ? __ldcg(zp) : *zp) : 0.0f;
+    for (int it = 0; it < NIT; it++) xin[it] = tid + 256 * it < nc ? xrow[ch[it]] : 0.0f;
+    float zj = g == 0 && ok ? a.z[(size_t)r * a.z_ld + (size_t)h * dv + j] : 0.0f;
     if (tid == 64) {
-        const float *bp = a.b + (size_t)r * a.ba_ld + h, *ap = a.a + (size_t)r * a.ba_ld + h;
-        bgs[0] = gdn_beta(cgl ? __ldcg(bp) : *bp);
-        bgs[1] = gdn_gate(a, cgl ? __ldcg(ap) : *ap, h);
+        bgs[0] = gdn_beta(a.b[(size_t)r * a.ba_ld + h]);
+        bgs[1] = gdn_gate(a, a.a[(size_t)r * a.ba_ld + h], h);
     }
 #pragma unroll
     for (int it = 0; it < NIT; it++) {
@@ -689,8 +674,6 @@ __global__ void __launch_bounds__(256, R <= 16 ? 3 : 0) fused_decode_cluster_ker
         if (i < CU_GDN_STAMP_CAP)
             for (int x = 0; x < CU_GDN_STAMPS; x++) a.dec_stamps[1 + i * CU_GDN_STAMPS + x] = ts[x];
     }
-    /* every block once, after its output and state: out_proj waits for all (CINFER_CUDA_DEP) */
-    dep_post(a.dep_post);
 }
 
 /* Fused verify layer (cu_gdn_args.win_cnt): a whole layer in one launch when every entry is a speculative
@@ -1248,14 +1231,10 @@ extern "C" void cu_gdn_layer(cu_ctx *c, const cu_gdn_args *a) {
     size_t smem = chunk_smem_floats(a->dk) * sizeof(float);
     if (a->dec_cnt && a->no_chunked && !a->has_spec && 2 * a->dk <= 512) {
         dim3 grid(cdiv((size_t)a->dv, 32), (unsigned)a->Hv, (unsigned)a->NE);
-        /* CINFER_CUDA_DEP: wait for in_proj's counter when chained right after it, post for out_proj (the
-         * launchers disarm: armed after) */
-        cu_gdn_args b = *a;
-        cu_dep_io d = cu_dep_take(c, 1);
-        b.dep_wait = d.wait, b.dep_wait_n = d.wait_n, b.dep_post = d.post;
         if (a->dec_cluster && (a->dec_cluster_max <= 0 || a->NE <= a->dec_cluster_max)) {
             /* l2norm_warp's (float)(1 / sqrt(dk)): IEEE double sqrt and division are correctly rounded on
              * the host as on the device, so the same float */
+            cu_gdn_args b = *a;
             b.dec_qscale = (float)(1.0 / sqrt((double)a->dk));
 #define DECC(R_)                                                                                             \
     launch_cluster(                                                                                          \
@@ -1263,16 +1242,13 @@ extern "C" void cu_gdn_layer(cu_ctx *c, const cu_gdn_args *a) {
         grid, dim3(grid.x, a->Hv / a->Hk, 1), b)
             REC_DISPATCH(a->dk, DECC);
 #undef DECC
-            cu_dep_arm(c, &d, grid.x * grid.y * grid.z);
             return;
         }
-#define DECK(R_) cu_launch_step(c, PDL_GDN, fused_decode_kernel<R_>, grid, dim3(256), b)
+#define DECK(R_) cu_launch_step(c, PDL_GDN, fused_decode_kernel<R_>, grid, dim3(256), *a)
         REC_DISPATCH(a->dk, DECK);
 #undef DECK
-        cu_dep_arm(c, &d, grid.x * grid.y * grid.z);
         return;
     }
-    cu_dep_disarm(c); /* the kernels below post nothing (some are plain launches, which do not disarm) */
     /* the stage (spec_win x (2 dk + 34) floats), with V2 the q / k windows ((K-1) x 2 dk) after it */
     size_t wsm =
         ((size_t)a->spec_win * (2 * (size_t)a->dk + 34) + (a->win_v2 ? (size_t)(a->K - 1) * 2 * a->dk : 0)) *

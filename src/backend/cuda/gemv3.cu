@@ -329,10 +329,13 @@ extern "C" int cu_gemv_fusable(int M, int K) {
 
 /* ---- launchers ---- */
 
-/* the counter handoff of one cu_gemv_fused (one or two launches, common.cuh's cu_dep_io) and how many blocks
- * posted */
+/* the counter handoff of one cu_gemv_fused (one or two launches): the counter it waits for (NULL:
+ * griddep_wait) and the blocks that post into it, the slot its blocks post into (NULL: none) and how many
+ * blocks posted */
 struct g3_dep {
-    cu_dep_io io;
+    const unsigned *wait;
+    unsigned wait_n;
+    unsigned *post;
     unsigned posted;
 };
 
@@ -344,8 +347,8 @@ static void g3_launch(cu_ctx *c, g3_dep *d, float *y, const float *x, const uint
     int per_block = W / KS * NR;
     dim3 grid(cdiv((size_t)N, (size_t)per_block), (unsigned)tiles);
     cu_launch_gemv(c, gemv3_kernel<MR, NR, U, NORM, EPI, VAR>, grid, dim3(W * 32), y, x, w, N, K, KS, g, eps,
-                   c->gemv_next, c->gemv_next_bytes, g_stamp_tag >= 0 ? g_stamp_tag++ : -1, d->io.wait,
-                   d->io.wait_n, d->io.post);
+                   c->gemv_next, c->gemv_next_bytes, g_stamp_tag >= 0 ? g_stamp_tag++ : -1, d->wait,
+                   d->wait_n, d->post);
     d->posted += grid.x * grid.y;
 }
 
@@ -440,14 +443,18 @@ static void g3_tile(cu_ctx *c, g3_dep *d, float *y, const float *x, const uint16
 template <bool NORM, int EPI>
 static void g3_rows(cu_ctx *c, float *y, const float *x, const uint16_t *w, int M, int N, int K, int KS,
                     const float *g, float eps) {
-    g3_dep d = {cu_dep_take(c, 1), 0};
+    g3_dep d = {NULL, 0, NULL, 0};
+    if (c->dep_take && c->dep_armed) d.wait = c->dep_armed, d.wait_n = c->dep_armed_n;
+    if (c->dep_live && c->dep_used < CU_DEP_SLOTS) d.post = c->dep_ctr + c->dep_used++;
     int full = M / 8, rest = M % 8;
     if (full) g3_tile<NORM, EPI>(c, &d, y, x, w, 8, full, N, K, KS, g, eps);
     if (rest)
         g3_tile<NORM, EPI>(c, &d, y + (size_t)full * 8 * N, x + (size_t)full * 8 * K, w, rest, 1, N, K, KS, g,
                            eps);
     /* the launches disarmed (cu_launch_pdl_smem): arm with this call's slot */
-    cu_dep_arm(c, &d.io, d.posted);
+    c->dep_waited = d.wait != NULL;
+    c->dep_armed = d.post;
+    c->dep_armed_n = d.post ? d.posted : 0;
 }
 
 extern "C" void cu_set_gemv_next(cu_ctx *c, const void *w, size_t bytes) {

@@ -163,7 +163,7 @@ __global__ void __launch_bounds__(NORM ? 256 : RT_WARPS * 32)
     mf_route_kernel(const float *__restrict__ x, const uint16_t *__restrict__ wr, float *logits, int *idx,
                     float *wout, unsigned *count, int H, int E, int k, int norm, const float *__restrict__ nw,
                     float eps, float *xn, const uint16_t *pf0, unsigned pf0_bytes, const uint16_t *pf1,
-                    unsigned pf1_bytes, const unsigned *dwait, unsigned dwait_n, unsigned *dpost) {
+                    unsigned pf1_bytes) {
     __shared__ int last;
     __shared__ float sh[32];
     __shared__ __align__(16) float xs[NORM ? MF_NORM_H : 4];
@@ -205,18 +205,16 @@ __global__ void __launch_bounds__(NORM ? 256 : RT_WARPS * 32)
     /* programmatic dependent launch (variant 4): wait for the kernel before (the norm that writes x), then
      * let the next one be scheduled (it waits for this one's completion before reading what it writes); both
      * are no-ops otherwise. Launching only after the wait keeps a chain: when a kernel of the three starts,
-     * every kernel two launches back has completed (or, CINFER_CUDA_DEP, posted). With dwait (NORM only) the
-     * wait is for out_proj's counter and x, the residual it added into, is read past L1 */
-    dep_wait(dwait, dwait_n);
+     * every kernel two launches back has completed. */
+    griddep_wait();
     griddep_launch();
-    const bool cg = dwait != NULL;
     float *lg = logits + (size_t)r * E;
     const float *xr = x + (size_t)r * H;
     if constexpr (NORM) { /* blockDim.x == 256: add_rmsnorm_kernel's sums in its order, its expression */
 #pragma unroll
         for (int j = 0; j < NJ; j++) {
             int i = threadIdx.x + 256 * j;
-            xv[j] = i < H ? (cg ? __ldcg(xr + i) : xr[i]) : 0.0f;
+            xv[j] = i < H ? xr[i] : 0.0f;
         }
         float ss = 0.0f;
 #pragma unroll
@@ -255,94 +253,79 @@ __global__ void __launch_bounds__(NORM ? 256 : RT_WARPS * 32)
         last = atomicAdd(&count[r], 1u) == gridDim.x - 1;
     }
     __syncthreads();
-    if (last && warp == 0) {
-        if (lane == 0) count[r] = 0; /* ready for the next launch (stream order puts it after this one) */
-        __threadfence();
-        int my_e, rank;
-        float my_w;
-        mf_select<EW>(lg, E, k, norm, lane, &my_e, &my_w, &rank);
-        if (lane < k) {
-            idx[(size_t)r * k + rank] = my_e;
-            wout[(size_t)r * k + rank] = my_w;
-        }
+    if (!last || warp != 0) return;
+    if (lane == 0) count[r] = 0; /* ready for the next launch (stream order puts it after this one) */
+    __threadfence();
+    int my_e, rank;
+    float my_w;
+    mf_select<EW>(lg, E, k, norm, lane, &my_e, &my_w, &rank);
+    if (lane < k) {
+        idx[(size_t)r * k + rank] = my_e;
+        wout[(size_t)r * k + rank] = my_w;
     }
-    /* every block once (the selecting one after its choices): CINFER_CUDA_DEP's gate_up waits for all */
-    dep_post(dpost);
 }
 
 /* gate_up + SwiGLU, grid (warps / MF_WARPS, T). Warp w < k Im: gate row n and up row Im + n of the row's
  * j-th chosen expert (j = w / Im, n = w % Im) -> act[r][w]; then Is warps for the shared expert's rows ->
  * act[r][k Im + n]; then one warp for the shared expert's gate logit -> shg[r]. NB: chunks per row requested
  * at once (2: 40 registers, six blocks per SM, so the 577 blocks of a 35B-A3B row are one wave). */
-/* CG (CINFER_CUDA_DEP, dwait given): the router's outputs are read past L1 after its counter, x (its normed
- * rows, H <= MF_NORM_H) once per block into shared memory (each of the 8 warps reads all of it: from L2 eight
- * times over would cost more than the wait saves) */
-template <int NB, bool CG>
+template <int NB>
 __global__ void __launch_bounds__(MF_WARPS * 32)
     mf_gate_up_kernel(const float *__restrict__ x, const uint16_t *__restrict__ e_gu,
                       const int *__restrict__ idx, const uint16_t *__restrict__ sh_gu,
                       const uint16_t *__restrict__ sh_gw, float *act, float *shg, int H, int k, int Im,
-                      int Is, const unsigned *dwait, unsigned dwait_n, unsigned *dpost) {
-    __shared__ __align__(16) float xs[CG ? MF_NORM_H : 4];
+                      int Is) {
     const int r = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int wg = blockIdx.x * MF_WARPS + warp, A = k * Im + Is;
-    dep_wait(dwait, dwait_n); /* the router's choices */
+    griddep_wait(); /* the router's choices */
     griddep_launch();
     const float *xr = x + (size_t)r * H;
-    if constexpr (CG) {
-        for (int i = threadIdx.x * 4; i < H; i += blockDim.x * 4)
-            *reinterpret_cast<float4 *>(xs + i) = __ldcg(reinterpret_cast<const float4 *>(xr + i));
-        __syncthreads();
-        xr = xs;
-    }
-    if (wg < A) {
-        const uint16_t *g;
-        size_t up; /* elements from the gate row to the up row */
-        if (wg < k * Im) {
-            int j = wg / Im, n = wg - j * Im,
-                e = CG ? __ldcg(idx + (size_t)r * k + j) : idx[(size_t)r * k + j];
-            g = e_gu + ((size_t)e * 2 * Im + n) * H;
-            up = (size_t)Im * H;
-        } else {
-            int n = wg - k * Im;
-            g = sh_gu + (size_t)n * H;
-            up = (size_t)Is * H;
+    const uint16_t *g;
+    size_t up; /* elements from the gate row to the up row */
+    if (wg < k * Im) {
+        int j = wg / Im, n = wg - j * Im, e = idx[(size_t)r * k + j];
+        g = e_gu + ((size_t)e * 2 * Im + n) * H;
+        up = (size_t)Im * H;
+    } else if (wg < A) {
+        int n = wg - k * Im;
+        g = sh_gu + (size_t)n * H;
+        up = (size_t)Is * H;
+    } else {
+        if (wg == A && sh_gw) {
+            float acc[1] = {0.0f};
+            const uint16_t *w1[1] = {sh_gw};
+            const float *x1[1] = {xr};
+            dot_rows<1, 4>(acc, w1, x1, H, lane);
+            float v = warp_sum(acc[0]);
+            if (lane == 0) shg[r] = v;
         }
-        float acc[2] = {0.0f, 0.0f};
-        const uint16_t *w2[2] = {g, g + up};
-        const float *x2[2] = {xr, xr};
-        dot_rows<2, NB>(acc, w2, x2, H, lane);
-        float gs = warp_sum(acc[0]), us = warp_sum(acc[1]);
-        if (lane == 0) act[(size_t)r * A + wg] = dev_silu(gs) * us; /* cu_swiglu's expression */
-    } else if (wg == A && sh_gw) {
-        float acc[1] = {0.0f};
-        const uint16_t *w1[1] = {sh_gw};
-        const float *x1[1] = {xr};
-        dot_rows<1, 4>(acc, w1, x1, H, lane);
-        float v = warp_sum(acc[0]);
-        if (lane == 0) shg[r] = v;
+        return;
     }
-    dep_post(dpost); /* every block once, no return above */
+    float acc[2] = {0.0f, 0.0f};
+    const uint16_t *w2[2] = {g, g + up};
+    const float *x2[2] = {xr, xr};
+    dot_rows<2, NB>(acc, w2, x2, H, lane);
+    float gs = warp_sum(acc[0]), us = warp_sum(acc[1]);
+    if (lane == 0) act[(size_t)r * A + wg] = dev_silu(gs) * us; /* cu_swiglu's expression */
 }
 
 /* down + combine, grid (H / MF_WARPS, T). Warp h: out[r][h] = Σ_j w_j (down_{e_j}[h] · act_j) over the
  * choices in ascending expert order, then + sigmoid(shg) (sh_down[h] · act_sh): cu_moe_combine's order. With
  * resid, resid[r][h] += that sum instead (the residual add cu_add_rmsnorm would make, the same f32 add) and
  * out is not written. */
-/* CG (CINFER_CUDA_DEP, dwait given): after gate_up's counter its act row (A floats: dynamic shared memory)
- * is read once per block past L1 into shared memory, shg and the residual past L1. The grid is H / MF_WARPS
- * blocks with H % MF_WARPS == 0 (cu_moe_fused_supported): every warp has an output, so no warp returns
- * early and every block reaches the wait and the post. */
-template <int KC, bool CG>
+template <int KC>
 __global__ void __launch_bounds__(MF_WARPS * 32)
     mf_down_kernel(const float *__restrict__ act, const uint16_t *__restrict__ e_down,
                    const int *__restrict__ idx, const float *__restrict__ wt,
                    const uint16_t *__restrict__ sh_down, const float *__restrict__ shg, float *out,
-                   float *resid, int H, int k, int Im, int Is, const unsigned *dwait, unsigned dwait_n,
-                   unsigned *dpost) {
-    extern __shared__ __align__(16) float as_[];
+                   float *resid, int H, int k, int Im, int Is) {
     const int r = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int h = blockIdx.x * MF_WARPS + warp, A = k * Im + Is;
+    if (h >= H) {
+        griddep_wait();
+        griddep_launch();
+        return;
+    }
     const float *ar = act + (size_t)r * A;
     /* the router's choices are complete when this kernel starts, even under PDL (the gate_up kernel let it be
      * scheduled only after waiting for the router): read them from L2 (__ldcg: L1 may hold the previous
@@ -361,21 +344,14 @@ __global__ void __launch_bounds__(MF_WARPS * 32)
             int j = j0 + g < k ? j0 + g : j0; /* past k: a repeat of the group's first, never summed */
             int e = __shfl_sync(0xffffffffu, my_e, j);
             wd[g] = e_down + ((size_t)e * H + h) * Im;
+            xa[g] = ar + (size_t)j * Im;
             y[g] = 0.0f;
         }
         load_rows<G, KC>(u, wd, Im, lane);
         if (j0 == 0) {
-            dep_wait(dwait, dwait_n); /* act */
+            griddep_wait(); /* act */
             griddep_launch();
-            if constexpr (CG) {
-                for (int i = threadIdx.x * 4; i < A; i += blockDim.x * 4)
-                    *reinterpret_cast<float4 *>(as_ + i) = __ldcg(reinterpret_cast<const float4 *>(ar + i));
-                __syncthreads();
-                ar = as_;
-            }
         }
-#pragma unroll
-        for (int g = 0; g < G; g++) xa[g] = ar + (size_t)(j0 + g < k ? j0 + g : j0) * Im;
         fma_rows<G, KC>(y, u, xa, Im, lane);
 #pragma unroll
         for (int g = 0; g < G; g++) {
@@ -390,18 +366,15 @@ __global__ void __launch_bounds__(MF_WARPS * 32)
         const float *x1[1] = {ar + (size_t)k * Im};
         dot_rows<1, 2>(ys, w1, x1, Is, lane);
         float v = warp_sum(ys[0]);
-        float gt = dev_sigmoid(CG ? __ldcg(shg + r) : shg[r]);
+        float gt = dev_sigmoid(shg[r]);
         acc += gt * v;
     }
     if (lane == 0) {
-        if (resid && CG)
-            resid[(size_t)r * H + h] = __ldcg(resid + (size_t)r * H + h) + acc; /* += past L1 */
-        else if (resid)
+        if (resid)
             resid[(size_t)r * H + h] += acc;
         else
             out[(size_t)r * H + h] = acc;
     }
-    dep_post(dpost); /* every block once, no return above */
 }
 
 extern "C" int cu_moe_fused_norm_ok(int H) {
@@ -419,8 +392,7 @@ extern "C" void cu_moe_fused_route(cu_ctx *c, const cu_moe_args *a) {
     int warps = nrm ? 8 : RT_WARPS;
     dim3 grid(cdiv((size_t)a->E, (size_t)warps), (unsigned)a->T), block(warps * 32);
     void (*kern)(const float *, const uint16_t *, float *, int *, float *, unsigned *, int, int, int, int,
-                 const float *, float, float *, const uint16_t *, unsigned, const uint16_t *, unsigned,
-                 const unsigned *, unsigned, unsigned *);
+                 const float *, float, float *, const uint16_t *, unsigned, const uint16_t *, unsigned);
     /* variant 8192 (default): the shared expert's gate_up and down rows into L2 before the wait */
     const uint16_t *pf0 = NULL, *pf1 = NULL;
     unsigned b0 = 0, b1 = 0;
@@ -435,12 +407,8 @@ extern "C" void cu_moe_fused_route(cu_ctx *c, const cu_moe_args *a) {
         kern = nrm ? mf_route_kernel<8, 1, 8> : mf_route_kernel<8, 0, 8>;
     else
         kern = nrm ? mf_route_kernel<8, 1, 32> : mf_route_kernel<8, 0, 32>;
-    /* CINFER_CUDA_DEP: with its norm (x the residual, read past L1 after a counter) it can wait for
-     * out_proj's counter */
-    cu_dep_io d = cu_dep_take(c, nrm);
     cu_launch_pdl(c, pdl, kern, grid, block, a->x, a->router, a->logits, a->idx, a->w, a->count, a->H, a->E,
-                  a->k, a->norm, a->norm_w, a->eps, a->xn, pf0, b0, pf1, b1, d.wait, d.wait_n, d.post);
-    cu_dep_arm(c, &d, grid.x * grid.y);
+                  a->k, a->norm, a->norm_w, a->eps, a->xn, pf0, b0, pf1, b1);
 }
 
 extern "C" void cu_moe_fused_gate_up(cu_ctx *c, const cu_moe_args *a) {
@@ -452,11 +420,8 @@ extern "C" void cu_moe_fused_gate_up(cu_ctx *c, const cu_moe_args *a) {
     const float *x = a->norm_w ? a->xn : a->x; /* the router's normed rows */
     /* 2 chunks per row requested at a time: 40 registers, six blocks per SM, the 577 blocks of a 35B-A3B row
      * in one wave (session 4: 4 chunks, four blocks per SM, 14.1 vs 10.9 us) */
-    cu_dep_io d = cu_dep_take(c, a->H <= MF_NORM_H); /* CINFER_CUDA_DEP: x staged in shared memory */
-    cu_launch_pdl(c, pdl, d.wait ? mf_gate_up_kernel<2, true> : mf_gate_up_kernel<2, false>, grid, block, x,
-                  a->e_gu, a->idx, a->sh_gu, a->sh_gw, a->act, a->shg, a->H, a->k, a->Im, Is, d.wait,
-                  d.wait_n, d.post);
-    cu_dep_arm(c, &d, grid.x * grid.y);
+    cu_launch_pdl(c, pdl, mf_gate_up_kernel<2>, grid, block, x, a->e_gu, a->idx, a->sh_gu, a->sh_gw, a->act,
+                  a->shg, a->H, a->k, a->Im, Is);
 }
 
 extern "C" void cu_moe_fused_down(cu_ctx *c, const cu_moe_args *a) {
@@ -466,17 +431,10 @@ extern "C" void cu_moe_fused_down(cu_ctx *c, const cu_moe_args *a) {
     const uint16_t *sh_down = Is ? a->sh_down : NULL;
     /* Im up to 512: 2 chunks per row and lane; up to 1024 (122B-A10B, 397B-A17B): 4. (Session 4's eight
      * experts' rows at once and session 5's shared row with the first group: no faster, the same bits.) */
-    /* CINFER_CUDA_DEP: the act row staged in (dynamic) shared memory, up to 48 KB */
-    size_t A = (size_t)a->k * a->Im + (size_t)Is;
-    cu_dep_io d = cu_dep_take(c, A * 4 <= 48 * 1024);
     void (*kern)(const float *, const uint16_t *, const int *, const float *, const uint16_t *, const float *,
-                 float *, float *, int, int, int, int, const unsigned *, unsigned, unsigned *) =
-        a->Im > 512 ? (d.wait ? mf_down_kernel<4, true> : mf_down_kernel<4, false>)
-                    : (d.wait ? mf_down_kernel<2, true> : mf_down_kernel<2, false>);
-    cu_launch_pdl_smem(c, (a->variant & 4) != 0, kern, grid, block, d.wait ? A * 4 : 0, a->act, a->e_down,
-                       a->idx, a->w, sh_down, a->shg, a->out, a->resid, a->H, a->k, a->Im, Is, d.wait,
-                       d.wait_n, d.post);
-    cu_dep_arm(c, &d, grid.x * grid.y);
+                 float *, float *, int, int, int, int) = a->Im > 512 ? mf_down_kernel<4> : mf_down_kernel<2>;
+    cu_launch_pdl(c, (a->variant & 4) != 0, kern, grid, block, a->act, a->e_down, a->idx, a->w, sh_down,
+                  a->shg, a->out, a->resid, a->H, a->k, a->Im, Is);
 }
 
 extern "C" void cu_moe_fused(cu_ctx *c, const cu_moe_args *a) {
