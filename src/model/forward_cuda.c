@@ -237,8 +237,6 @@ struct cuda_fwd {
     size_t xb_elems;   /* bf16 elements of xb */
     int pdl;           /* cu_set_pdl's level: CINFER_CUDA_PDL=1 2 (every decode kernel), =gemv 1, else 0 */
     int pdl_any;       /* CINFER_CUDA_PDL_ANY=1: level 2 in every step, not only pdl_step()'s (diagnostics) */
-    int dep;           /* CINFER_CUDA_DEP=1: GEMV -> GEMV boundaries by counters (cu_set_dep) */
-    int dep_in;        /* the next in_proj follows the previous layer's down GEMV directly (cu_dep_chain) */
     int fuse;          /* norms, adds, SwiGLU in the GEMVs (enqueue; CINFER_CUDA_FUSE=0: off) */
     int *h_moe_idx;    /* pinned [S] */
     float *h_moe_w;    /* pinned [S] */
@@ -727,12 +725,6 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     f->pdl_any = pda && !strcmp(pda, "1");
     cu_set_pdl(f->pdl);
     cu_set_pdl_break(!(pdb && !strcmp(pdb, "0")));
-    /* a decode GEMV that reads the GEMV before it (out_proj -> gate_up -> down -> the next layer's in_proj)
-     * waits by a counter the producer's blocks bump (backend/cuda/common.cuh: dep_post / dep_wait) instead
-     * of griddepcontrol.wait, which releases it 1-2 us after the producer's last block ends; the same bits */
-    const char *dep = getenv("CINFER_CUDA_DEP");
-    f->dep = dep && !strcmp(dep, "1");
-    cu_set_dep(f->dep);
     /* the fused attention decode kernel's k / v loads one position ahead (the same bits); "0" off. On by
      * default since the H200 call 3 of session 5: 4B batch 1 371.8 -> 380.5 tok/s over PDL; bit-identical in
      * cuda_pdl (fixtures, 4B shape), cuda_spec passing with it (call 2) */
@@ -752,8 +744,8 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     /* CINFER_CUDA_ATTN_DEC=2: decode rows (and verify windows' rows, no tiles) by attn_dec_kernel, a block
      * per (kv head, row, span) for the GQA group, spans from the row's own position, at most
      * CINFER_CUDA_ATTN_DEC_NS (default 64) a row; another summation order than attn_kernel. Not the default:
-     * H200 session 7 call 4, 4B: a layer alone 13.2 us at 1 x 512 (attn_kernel 19.7), 136 us at 1 x 32768
-     * (287), but the decode step batch 1 at 512 404.2 vs 403.4 tok/s and batch 64 5887 vs 5963 */
+     * H200 session 7 call 4, 4B: a layer alone 13.2 us at 1 x 512 (attn_kernel 19.7), 136 us at 1 x 32768 (287),
+     * but the decode step batch 1 at 512 404.2 vs 403.4 tok/s and batch 64 5887 vs 5963 */
     const char *adec = getenv("CINFER_CUDA_ATTN_DEC"), *adns = getenv("CINFER_CUDA_ATTN_DEC_NS");
     f->attn_dec_ns = adec && !strcmp(adec, "2") ? (adns && atoi(adns) > 0 ? atoi(adns) : 64) : 0;
     if (f->attn_dec_ns > 256) f->attn_dec_ns = 256;
@@ -1238,8 +1230,6 @@ static int diag_n(const cuda_fwd *f, int cls) {
  * normed inside the GEMV by the layer's input norm */
 static void in_proj(cuda_fwd *f, const cu_layer *cl, int T, int fz) {
     const model *m = f->m;
-    if (fz && f->dep_in) cu_dep_chain(f->cu); /* right after the previous layer's down GEMV */
-    f->dep_in = 0;
     if (fz)
         cu_gemv_fused(f->cu, f->proj, f->x, cl->w_in, T, cl->n_in, m->H, cl->in_norm,
                       (float)m->cfg.rms_norm_eps, CU_EPI_STORE);
@@ -1408,18 +1398,13 @@ static void mlp_fused(cuda_fwd *f, const cu_layer *cl, int M) {
     mark(f, CP_FFN_GEMM);
     size_t nb = 0;
     const uint16_t *nw = after_ffn(f, cl, &nb);
-    /* CINFER_CUDA_DEP: gate_up right after out_proj's GEMV (last in deltanet() / attention()), down right
-     * after gate_up: each waits by the counter of the GEMV before it (outside the diagnostics' left-out
-     * kernels, which change what comes before) */
     for (int n = diag_n(f, DG_GU); n > 0; n--) {
         gemv_next(f, cl->w_down, (size_t)m->H * I * 2);
-        if (!f->diag_skip) cu_dep_chain(f->cu);
         cu_gemv_fused(f->cu, f->act, f->x, cl->w_gu, M, I, m->H, cl->post_norm, (float)m->cfg.rms_norm_eps,
                       CU_EPI_SWIGLU);
     }
     for (int n = diag_n(f, DG_DOWN); n > 0; n--) {
         gemv_next(f, nw, nb);
-        if (!f->diag_skip) cu_dep_chain(f->cu);
         cu_gemv_fused(f->cu, f->x, f->act, cl->w_down, M, m->H, I, NULL, 0.0f, CU_EPI_ADD);
     }
     gemv_next(f, NULL, 0);
@@ -1621,8 +1606,6 @@ static int enqueue(cuda_fwd *f, const run_shape *rs, int moe_device, char *err, 
     pdl_step(f, rs);
     f->step_rows = T;
     f->xb_for = NULL;
-    f->dep_in = 0;
-    cu_dep_begin(f->cu); /* CINFER_CUDA_DEP: the counters zeroed (nothing without it) */
     mark(f, CP_EMBED_NORM);
     cu_embed(f->cu, f->x, f->embed, rs->meta.ids, T, H);
     /* image rows are copied into x between the embedding and the first GEMV: a memcpy between two kernels,
@@ -1665,15 +1648,12 @@ static int enqueue(cuda_fwd *f, const run_shape *rs, int moe_device, char *err, 
             /* under CINFER_CUDA_FUSE the fused MoE adds into the residual itself, so the next layer's input
              * norm can go into its in_proj */
             int added;
-            if ((rc = moe(f, cl, rs, moe_device, fz, moe_norm ? cl->post_norm : NULL, &added, err, errlen))) {
-                cu_dep_end(f->cu);
+            if ((rc = moe(f, cl, rs, moe_device, fz, moe_norm ? cl->post_norm : NULL, &added, err, errlen)))
                 return rc;
-            }
             pend = !added;
         } else if (fz) {
             mlp_fused(f, cl, T);
             pend = 0;
-            f->dep_in = !f->diag_skip; /* the next layer's in_proj follows this down GEMV */
         } else {
             mlp(f, f->out, f->xn, cl->w_gu, cl->w_down, T, m->cfg.intermediate_size);
             pend = 1;
@@ -1686,8 +1666,6 @@ static int enqueue(cuda_fwd *f, const run_shape *rs, int moe_device, char *err, 
     cu_gather_rmsnorm(f->cu, f->xn, f->x, rs->meta.lrow, f->final_norm, rs->nl, H, eps);
     mark(f, CP_LM_HEAD);
     for (int n = diag_n(f, DG_LM); n > 0; n--) gemm(f, f->logits, f->xn, f->lm_head, rs->nl, m->V, H);
-    f->dep_in = 0;
-    cu_dep_end(f->cu);
     return 0;
 }
 

@@ -440,24 +440,17 @@ TEST(cuda_gemv3_chain) {
     cu_timer *t;
     REQUIRE(cu_timer_create(&t) == 0);
     for (int fused = 0; fused < 2; fused++)
-        for (int pdl = 0; pdl < 2 + fused;
-             pdl++) { /* pdl 2: fused with PDL and the counters (CINFER_CUDA_DEP) */
+        for (int pdl = 0; pdl < 2; pdl++) {
             cu_set_gemv_version(2);
-            cu_set_pdl(pdl ? 1 : 0);
-            cu_set_dep(pdl == 2);
+            cu_set_pdl(pdl);
             cu_fill_f32(c, x, H, 0.01f);
             REQUIRE(cu_sync(c, err, sizeof err) == 0);
             REQUIRE(cu_capture_begin(c, err, sizeof err) == 0);
-            cu_dep_begin(c);
             for (int l = 0; l < L; l++) {
                 if (fused) {
-                    if (l) cu_dep_chain(c);
                     cu_gemv_fused(c, proj, x, w_in[l], 1, NIN, H, g, 1e-6f, CU_EPI_STORE);
-                    cu_dep_chain(c);
                     cu_gemv_fused(c, x, act, w_out[l], 1, H, VD, NULL, 0.0f, CU_EPI_ADD);
-                    cu_dep_chain(c);
                     cu_gemv_fused(c, act, x, w_gu[l], 1, I, H, g, 1e-6f, CU_EPI_SWIGLU);
-                    cu_dep_chain(c);
                     cu_gemv_fused(c, x, act, w_dn[l], 1, H, I, NULL, 0.0f, CU_EPI_ADD);
                 } else {
                     cu_add_rmsnorm(c, x, l ? out : NULL, xn, g, 1, H, 1e-6f);
@@ -469,7 +462,6 @@ TEST(cuda_gemv3_chain) {
                     cu_gemm(c, out, act, w_dn[l], 1, H, I, NULL, 0);
                 }
             }
-            cu_dep_end(c);
             void *exec = NULL;
             REQUIRE(cu_capture_end(c, &exec, err, sizeof err) == 0);
             for (int i = 0; i < 3; i++) REQUIRE(cu_graph_launch(c, exec, err, sizeof err) == 0);
@@ -480,14 +472,9 @@ TEST(cuda_gemv3_chain) {
             cu_graph_destroy(exec);
             printf(
                 "     4B GEMV chain, %d layers, graph: %-7s %-8s %7.1f us per step, %4.0f GB/s (%.2f GB)\n",
-                L, fused ? "fused" : "unfused",
-                pdl == 2 ? "+ PDL + dep"
-                : pdl    ? "+ PDL"
-                         : "",
-                us, bytes / us / 1e3, bytes / 1e9);
+                L, fused ? "fused" : "unfused", pdl ? "+ PDL" : "", us, bytes / us / 1e3, bytes / 1e9);
         }
     cu_set_pdl(0);
-    cu_set_dep(0);
     cu_set_gemv_version(ver0);
     cu_timer_destroy(t);
     for (int l = 0; l < L; l++) cu_free(w_in[l]), cu_free(w_out[l]), cu_free(w_gu[l]), cu_free(w_dn[l]);
@@ -503,8 +490,6 @@ TEST(cuda_gemv3_chain_sweep) {
     if (NO_DEVICE()) SKIP("no CUDA device: skipped");
     const char *ev = getenv("CINFER_FUSE_BENCH");
     if (ev && !strcmp(ev, "0")) SKIP("CINFER_FUSE_BENCH=0: skipped");
-    const char *ns = getenv("CINFER_CHAIN_NO_SWEEP"); /* the chain and its timeline only */
-    if (ns && !strcmp(ns, "1")) SKIP("CINFER_CHAIN_NO_SWEEP=1: skipped");
     enum { L = 8, H = 2560, NIN = 12352, VD = 4096, I = 9216 };
     char err[256];
     cu_ctx *c;
@@ -651,42 +636,30 @@ TEST(cuda_gemv3_chain_timeline) {
     static const char *kind[4] = {"in_proj", "out_proj", "gate_up", "down"};
     static const struct {
         const char *what;
-        int u_small, var_small, u_big, var_big, glu_nr, glu_var, dep;
-    } cfg[] = {{"default", 0, -1, 0, -1, 2, 10, 0},
-               {"default + CINFER_CUDA_DEP (counters)", 0, -1, 0, -1, 2, 10, 1},
-               {"gate_up variant 2 (session 6)", 0, -1, 0, -1, 2, 2, 0},
-               {"gate_up 4 rows a warp, variant 2", 0, -1, 0, -1, 4, 2, 0},
-               {"in_proj variant 10", 0, -1, 0, 10, 2, 10, 0}};
-    const char *only = getenv("CINFER_TIMELINE_CFG"); /* "dep": the first two only */
+        int u_small, var_small, u_big, var_big, glu_nr, glu_var;
+    } cfg[] = {{"default", 0, -1, 0, -1, 2, 10},
+               {"gate_up variant 2 (session 6)", 0, -1, 0, -1, 2, 2},
+               {"gate_up 4 rows a warp, variant 2", 0, -1, 0, -1, 4, 2},
+               {"in_proj variant 10", 0, -1, 0, 10, 2, 10}};
     for (size_t ci = 0; ci < sizeof cfg / sizeof cfg[0]; ci++) {
-        if (only && !strcmp(only, "dep") && ci > 1) break;
         cu_set_pdl(1);
-        cu_set_dep(cfg[ci].dep);
         cu_set_gemv3_one(cfg[ci].u_small, cfg[ci].var_small, cfg[ci].u_big, cfg[ci].var_big);
         cu_set_gemv3_glu(cfg[ci].glu_nr, cfg[ci].glu_var);
         long n = 0;
         for (int pass = 0; pass < 2; pass++) { /* the first warms up */
             REQUIRE(cu_sync(c, err, sizeof err) == 0);
             if (pass) REQUIRE(cu_gemv3_stamps_begin(c, CAP, err, sizeof err) == 0);
-            /* with the counters every GEMV after the first waits for the one before it */
-            cu_dep_begin(c);
             for (int l = 0; l < L; l++) {
-                if (l) cu_dep_chain(c);
                 cu_gemv_fused(c, proj, x, w[l][0], 1, NIN, H, g, 1e-6f, CU_EPI_STORE);
-                cu_dep_chain(c);
                 cu_gemv_fused(c, x, act, w[l][1], 1, H, VD, NULL, 0.0f, CU_EPI_ADD);
-                cu_dep_chain(c);
                 cu_gemv_fused(c, act, x, w[l][2], 1, I, H, g, 1e-6f, CU_EPI_SWIGLU);
-                cu_dep_chain(c);
                 cu_gemv_fused(c, x, act, w[l][3], 1, H, I, NULL, 0.0f, CU_EPI_ADD);
             }
-            cu_dep_end(c);
             if (pass) n = cu_gemv3_stamps_end(c, st, CAP, err, sizeof err);
         }
         cu_set_gemv3_one(0, -1, 0, -1);
         cu_set_gemv3_glu(2, 10);
         cu_set_pdl(0);
-        cu_set_dep(0);
         CHECK_MSG(n > 0, "no stamps: %s", n < 0 ? err : "none recorded");
         if (n <= 0) break;
         unsigned long long t0 = ~0ull, prev = 0, tend = 0;

@@ -30,26 +30,8 @@
 /* one run under the given switches (NULL: unset); pf: CINFER_CUDA_ATTN_PF=1 unless "0", and "2" the attention
  * prefetch and the next GEMV's weights prefetched at 8 MB (CINFER_CUDA_L2PF_NEXT=8); gdnc: the value of
  * CINFER_CUDA_GDN_CLUSTER (NULL unset) */
-static int run_with_dep(cinfer_model *m, const char *pdl, const char *graphs, const char *pf,
-                        const char *gdnc, int B, int prof, int V, float *out);
-/* dep: CINFER_CUDA_DEP for this run (the counter handoff between decode GEMVs), NULL as the environment
- * has it */
 static int run_with(cinfer_model *m, const char *pdl, const char *graphs, const char *pf, const char *gdnc,
-                    const char *dep, int B, int prof, int V, float *out) {
-    if (!dep) return run_with_dep(m, pdl, graphs, pf, gdnc, B, prof, V, out);
-    const char *e = getenv("CINFER_CUDA_DEP");
-    char *was = e ? strdup(e) : NULL;
-    setenv("CINFER_CUDA_DEP", dep, 1);
-    int rc = run_with_dep(m, pdl, graphs, pf, gdnc, B, prof, V, out);
-    if (was)
-        setenv("CINFER_CUDA_DEP", was, 1);
-    else
-        unsetenv("CINFER_CUDA_DEP");
-    free(was);
-    return rc;
-}
-static int run_with_dep(cinfer_model *m, const char *pdl, const char *graphs, const char *pf,
-                        const char *gdnc, int B, int prof, int V, float *out) {
+                    int B, int prof, int V, float *out) {
     if (gdnc) { /* at every batch size (its default covers only the smallest) */
         setenv("CINFER_CUDA_GDN_CLUSTER", gdnc, 1);
         setenv("CINFER_CUDA_GDN_CLUSTER_MAX", "0", 1);
@@ -98,44 +80,38 @@ static void pdl_case(const char *dir, const char *name) {
     float *ref = malloc(nb), *got = malloc(nb);
     /* NaN everywhere first: a run that leaves a logit unwritten differs from the reference */
     for (size_t i = 0; i < n; i++) ref[i] = NAN;
-    int rc = run_with(m, "0", "0", "0", "0", "0", B, 0, V, ref);
+    int rc = run_with(m, "0", "0", "0", "0", B, 0, V, ref);
     static const struct {
-        const char *what, *pdl, *graphs, *pf, *gdnc, *dep;
+        const char *what, *pdl, *graphs, *pf, *gdnc;
         int prof;
     } runs[] = {
-        {"PDL graphs", "1", NULL, NULL, NULL, NULL, 0},
-        {"PDL eager", "1", "0", NULL, NULL, NULL, 0},
-        {"GEMV-only PDL graphs", "gemv", NULL, NULL, NULL, NULL, 0},
-        {"PDL profiled", "1", "0", NULL, NULL, NULL, 1},
-        {"attention prefetch", "0", NULL, "1", NULL, NULL, 0},
-        {"PDL + attn prefetch", "1", NULL, "1", NULL, NULL, 0},
-        {"GDN clusters eager", "0", "0", "0", "1", NULL, 0},
-        {"GDN clusters PDL graph", "1", NULL, NULL, "1", NULL, 0},
-        {"PDL + every new form", "1", NULL, "2", "1", NULL, 0},
-        {"dep counters graphs", "1", NULL, NULL, NULL, "1", 0},
-        {"dep counters eager", "1", "0", NULL, NULL, "1", 0},
-        {"dep, GEMV-only PDL", "gemv", NULL, NULL, NULL, "1", 0},
-        {"dep profiled", "1", "0", NULL, NULL, "1", 1},
-        {"dep + every new form", "1", NULL, "2", "1", "1", 0},
+        {"PDL graphs", "1", NULL, NULL, NULL, 0},
+        {"PDL eager", "1", "0", NULL, NULL, 0},
+        {"GEMV-only PDL graphs", "gemv", NULL, NULL, NULL, 0},
+        {"PDL profiled", "1", "0", NULL, NULL, 1},
+        {"attention prefetch", "0", NULL, "1", NULL, 0},
+        {"PDL + attn prefetch", "1", NULL, "1", NULL, 0},
+        {"GDN clusters eager", "0", "0", "0", "1", 0},
+        {"GDN clusters PDL graph", "1", NULL, NULL, "1", 0},
+        {"PDL + every new form", "1", NULL, "2", "1", 0},
     };
     for (size_t k = 0; !rc && k < sizeof runs / sizeof runs[0]; k++) {
         for (size_t i = 0; i < n; i++) got[i] = NAN;
-        if (run_with(m, runs[k].pdl, runs[k].graphs, runs[k].pf, runs[k].gdnc, runs[k].dep, B, runs[k].prof,
-                     V, got))
+        if (run_with(m, runs[k].pdl, runs[k].graphs, runs[k].pf, runs[k].gdnc, B, runs[k].prof, V, got))
             break;
         int same = !memcmp(got, ref, nb);
         printf("     %-14s %-22s vs plain eager: %s\n", name, runs[k].what,
                same ? "bit-identical" : "DIFFER");
         CHECK_MSG(same, "%s: %s differs from plain eager launches", name, runs[k].what);
     }
-    for (int dep = 0; !rc && dep < 2; dep++) {
-        /* sequence 0 alone, PDL from graphs (and the dep counters), against its row in the plain batch */
+    if (!rc) {
+        /* sequence 0 alone, PDL from graphs, against its row in the plain batch */
         for (size_t i = 0; i < n; i++) got[i] = NAN;
-        if (!run_with(m, "1", NULL, "2", "1", dep ? "1" : "0", 1, 0, V, got)) {
+        if (!run_with(m, "1", NULL, "2", "1", 1, 0, V, got)) {
             int same = 1;
             for (int t = 0; t <= D; t++)
                 same &= !memcmp(got + (size_t)t * V, ref + (size_t)t * B * V, (size_t)V * sizeof(float));
-            printf("     %-14s %-22s vs plain batch: %s\n", name, dep ? "PDL + dep alone" : "PDL alone",
+            printf("     %-14s %-22s vs plain batch: %s\n", name, "PDL alone",
                    same ? "bit-identical" : "DIFFER");
             CHECK_MSG(same, "%s: a sequence alone under PDL differs from the same in a plain batch", name);
         }

@@ -28,29 +28,7 @@ struct cu_ctx {
      * by cu_set_gemv_next (forward_cuda.c sets it before a fused GEMV and clears it after) */
     const void *gemv_next;
     size_t gemv_next_bytes;
-    /* CINFER_CUDA_DEP (cu_set_dep): kernel boundaries of the decode step by counters instead of
-     * griddepcontrol.wait (dep_post / dep_wait below). dep_ctr: device [CU_DEP_SLOTS] unsigned, zeroed by
-     * cu_dep_begin at the start of a forward (a memset node in its graph), one slot per posting launch
-     * (dep_used taken); dep_live: between cu_dep_begin and cu_dep_end, the only time a launch posts. The
-     * armed record: the counter the launch enqueued last posts into and how many blocks post (NULL: the last
-     * operation was no posting launch; every other launch path, memcpy, memset, event or graph launch clears
-     * it: cu_dep_disarm). dep_take: the caller vouched (cu_dep_chain) that the next launch reads what the
-     * armed launch wrote and nothing enqueued between; a waiter uses the counter only with both. */
-    unsigned *dep_ctr;
-    int dep_used, dep_live, dep_take;
-    unsigned *dep_armed;
-    unsigned dep_armed_n;
-    int dep_waited; /* 1 when the last dep-capable launch waited by a counter (tests) */
 };
-
-#define CU_DEP_SLOTS 1024
-
-/* nothing posted by the launch before the next one can be waited for (see cu_ctx.dep_armed) */
-static inline void cu_dep_disarm(cu_ctx *c) {
-    c->dep_armed = NULL;
-    c->dep_armed_n = 0;
-    c->dep_take = 0;
-}
 
 __device__ __forceinline__ float bf16_f32(uint16_t h) {
     return __uint_as_float((uint32_t)h << 16);
@@ -163,7 +141,6 @@ extern "C" int cu_pdl_on(void);
 template <class... KA, class... A>
 static void cu_launch_pdl_smem(cu_ctx *c, int pdl, void (*kern)(KA...), dim3 grid, dim3 block, size_t smem,
                                A... args) {
-    cu_dep_disarm(c); /* a launch that does not post: nothing to wait for by counter after it */
     if (!pdl || c->pdl_break) {
         c->pdl_break = 0;
         kern<<<grid, block, smem, c->stream>>>(args...);
@@ -185,65 +162,6 @@ template <class... KA, class... A>
 static void cu_launch_pdl(cu_ctx *c, int pdl, void (*kern)(KA...), dim3 grid, dim3 block, A... args) {
     cu_launch_pdl_smem(c, pdl, kern, grid, block, 0, args...);
 }
-/* Counter handoff between two kernels of a decode step (CINFER_CUDA_DEP, cu_dep_*): griddepcontrol.wait
- * releases a consumer's blocks 1-2 us after the producer's last block ends (the grid's completion and memory
- * flush go through the front end); a counter the producer's blocks bump as they finish releases them a few
- * hundred ns after the last bump. The grid-sync pattern of cooperative groups:
- *  - dep_post(ctr): ALL threads of every producer block, after the block's last global write, exactly once
- *    (no block may return before it). The barrier orders the block's writes before thread 0's fence (the
- *    fence is cumulative), the fence before the bump.
- *  - dep_wait(ctr, n): ALL threads of every consumer block; with ctr NULL plain griddep_wait(). Thread 0
- *    spins on an acquiring load until n blocks posted, fences, and the barrier passes that on to the block.
- *    Everything the consumer then reads that a producer wrote must be loaded past L1 (__ldcg): ld.global.nc
- *    and L1 lines are not coherent with other SMs' writes (a line of y holds the outputs of several blocks).
- * No deadlock: a consumer launched by PDL is scheduled only once every producer block executed
- * griddepcontrol.launch_dependents (so every producer block is resident and runs to its post); one launched
- * without PDL starts after the producer completed. Transitivity: a producer posts only after its own wait,
- * so a consumer past its wait sees everything every earlier kernel of the step wrote, as with griddep_wait.
- * Not bitwise different from griddep_wait: only when blocks start reading changes, never what they compute.
- */
-__device__ __forceinline__ void dep_post(unsigned *ctr) {
-    __syncthreads();
-    if (threadIdx.x == 0 && ctr) {
-        __threadfence();
-        atomicAdd(ctr, 1u);
-    }
-}
-__device__ __forceinline__ unsigned dep_ld_acquire(const unsigned *p) {
-    unsigned v;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-#else
-    v = *(volatile const unsigned *)p;
-#endif
-    return v;
-}
-__device__ __forceinline__ void dep_wait(const unsigned *ctr, unsigned n) {
-    if (!ctr) {
-        griddep_wait();
-        return;
-    }
-    if (threadIdx.x == 0) {
-        /* a counter that never fills is a bug: trap after ~2 s rather than hang the stream */
-        unsigned long long t0 = 0;
-        for (unsigned it = 0; dep_ld_acquire(ctr) < n; it++) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
-            __nanosleep(40);
-#endif
-            if ((it & 1023u) == 1023u) {
-                unsigned long long t;
-                asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-                if (!t0)
-                    t0 = t;
-                else if (t - t0 > 2000000000ull)
-                    __trap();
-            }
-        }
-        __threadfence();
-    }
-    __syncthreads();
-}
-
 /* kernel classes for CINFER_CUDA_PDL_MASK (diagnostics: which kinds of kernel go by PDL; default all) */
 enum { PDL_ROWS = 1, PDL_GDN = 2, PDL_ATTN = 4, PDL_SAMPLE = 8, PDL_GEMV = 16 };
 extern "C" int cu_pdl_mask(void);

@@ -87,17 +87,6 @@ void cu_set_pdl(int level);
 int cu_pdl_on(void);
 /* 1 (default): no PDL launch right after a memcpy, memset, event record or graph launch; 0 only to
  * reproduce session 4's illegal address (CINFER_CUDA_PDL_BREAK=0) */
-/* CINFER_CUDA_DEP: the decode GEMVs (gemv3.cu) wait for the GEMV before them by a counter its blocks bump
- * (common.cuh's dep_post / dep_wait) instead of griddepcontrol.wait; the same bits. Process-wide switch;
- * per forward cu_dep_begin (zeroes the counters: a memset) ... cu_dep_end; cu_dep_chain before a GEMV that
- * reads the output of the launch enqueued just before it. cu_dep_last_waited: whether the last decode GEMV
- * launch waited by a counter (tests). */
-void cu_set_dep(int on);
-int cu_dep_on(void);
-void cu_dep_begin(cu_ctx *c);
-void cu_dep_end(cu_ctx *c);
-void cu_dep_chain(cu_ctx *c);
-int cu_dep_last_waited(const cu_ctx *c);
 void cu_set_pdl_break(int on);
 int cu_pdl_break_on(void);
 /* which kernels go by PDL (CINFER_CUDA_PDL_MASK, diagnostics; default 31, all): 1 embedding / norms / SwiGLU

@@ -1176,7 +1176,6 @@ extern "C" int cu_gdn_init(int dk) {
 static void launch_cluster(cu_ctx *c, void (*kern)(cu_gdn_args), dim3 grid, dim3 cdims, cu_gdn_args a) {
     int pdl = cu_pdl_on() >= 2 && (cu_pdl_mask() & PDL_GDN) && !c->pdl_break;
     c->pdl_break = 0;
-    cu_dep_disarm(c); /* posts no counter (CINFER_CUDA_DEP): nothing after it waits by one */
     cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute at[2];
     at[0].id = cudaLaunchAttributeClusterDimension;

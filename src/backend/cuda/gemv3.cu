@@ -68,7 +68,7 @@ template <int MR, int NR, int U, bool NORM, int EPI, int VAR, int W = VAR & 2 ? 
 __global__ void __launch_bounds__(W * 32, VAR & 8 ? 40 / W : (MR == 1 ? 3 : 2) * 8 / W)
     gemv3_kernel(float *__restrict__ y, const float *__restrict__ x, const uint16_t *__restrict__ w, int N,
                  int K, int KS, const float *__restrict__ g, float eps, const void *nx, size_t nx_bytes,
-                 int tag, const unsigned *dwait, unsigned dwait_n, unsigned *dpost) {
+                 int tag) {
     const unsigned long long ts0 = tag >= 0 ? g3_now() : 0;
     constexpr int ROWS = EPI == EPI_SWIGLU ? 2 * NR : NR;
     __shared__ float red[W][ROWS * MR + (NORM ? MR : 0)];
@@ -102,10 +102,7 @@ __global__ void __launch_bounds__(W * 32, VAR & 8 ? 40 / W : (MR == 1 ? 3 : 2) *
 #pragma unroll
             for (int r = 0; r < ROWS; r++) wv[u][r] = g3_ld(wr[r] + k);
     }
-    /* CINFER_CUDA_DEP: by the producer's counter (dwait, dwait_n blocks), else griddep_wait; after a counter
-     * x and the residual y are read past L1 (common.cuh) */
-    dep_wait(dwait, dwait_n);
-    const bool cg = dwait != NULL;
+    griddep_wait();
     const unsigned long long ts1 = tag >= 0 ? g3_now() : 0;
     for (int c0 = ks; c0 < nch; c0 += step) {
         /* VAR bit 2: the next U chunks are requested before this batch's FMAs (twice the registers) */
@@ -133,7 +130,7 @@ __global__ void __launch_bounds__(W * 32, VAR & 8 ? 40 / W : (MR == 1 ? 3 : 2) *
 #pragma unroll
             for (int m = 0; m < MR; m++) {
                 const float4 *xp = reinterpret_cast<const float4 *>(x + (size_t)m * K + k);
-                float4 a = cg ? __ldcg(xp) : __ldg(xp), b = cg ? __ldcg(xp + 1) : __ldg(xp + 1);
+                float4 a = __ldg(xp), b = __ldg(xp + 1);
                 float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
                 if (NORM)
 #pragma unroll
@@ -209,14 +206,9 @@ __global__ void __launch_bounds__(W * 32, VAR & 8 ? 40 / W : (MR == 1 ? 3 : 2) *
             for (int q = 1; q < KS; q++) u += red[grp * KS + q][(NR + o) * MR + m];
             if (NORM) u *= inv;
         }
-        if (EPI == EPI_ADD && cg)
-            y[(size_t)m * N + j] = __ldcg(y + (size_t)m * N + j) + v; /* gf_store's add, y past L1 */
-        else
-            gf_store<EPI>(y + (size_t)m * N + j, v, u);
+        gf_store<EPI>(y + (size_t)m * N + j, v, u);
     }
     if (tag >= 0) g3_stamp_put(tag, ts0, ts1);
-    /* every block, once, after its last write (no return above) */
-    dep_post(dpost);
 }
 
 /* ---- configuration ---- */
@@ -329,48 +321,36 @@ extern "C" int cu_gemv_fusable(int M, int K) {
 
 /* ---- launchers ---- */
 
-/* the counter handoff of one cu_gemv_fused (one or two launches): the counter it waits for (NULL:
- * griddep_wait) and the blocks that post into it, the slot its blocks post into (NULL: none) and how many
- * blocks posted */
-struct g3_dep {
-    const unsigned *wait;
-    unsigned wait_n;
-    unsigned *post;
-    unsigned posted;
-};
-
 template <int MR, int NR, int U, bool NORM, int EPI, int VAR = 0>
-static void g3_launch(cu_ctx *c, g3_dep *d, float *y, const float *x, const uint16_t *w, int tiles, int N,
-                      int K, int KS, const float *g, float eps) {
+static void g3_launch(cu_ctx *c, float *y, const float *x, const uint16_t *w, int tiles, int N, int K, int KS,
+                      const float *g, float eps) {
     constexpr int W = VAR & 2 ? 4 : G3_WARPS;
     if (KS > W) KS = W; /* a forced 8 splits with 4-warp blocks (measurements only) */
     int per_block = W / KS * NR;
     dim3 grid(cdiv((size_t)N, (size_t)per_block), (unsigned)tiles);
     cu_launch_gemv(c, gemv3_kernel<MR, NR, U, NORM, EPI, VAR>, grid, dim3(W * 32), y, x, w, N, K, KS, g, eps,
-                   c->gemv_next, c->gemv_next_bytes, g_stamp_tag >= 0 ? g_stamp_tag++ : -1, d->wait,
-                   d->wait_n, d->post);
-    d->posted += grid.x * grid.y;
+                   c->gemv_next, c->gemv_next_bytes, g_stamp_tag >= 0 ? g_stamp_tag++ : -1);
 }
 
 template <int VAR, bool NORM, int EPI>
-static void g3_mr1(cu_ctx *c, g3_dep *d, float *y, const float *x, const uint16_t *w, int nr, int u,
-                   int tiles, int N, int K, int KS, const float *g, float eps) {
+static void g3_mr1(cu_ctx *c, float *y, const float *x, const uint16_t *w, int nr, int u, int tiles, int N,
+                   int K, int KS, const float *g, float eps) {
     if (nr == 1 && u == 1)
-        g3_launch<1, 1, 1, NORM, EPI, VAR>(c, d, y, x, w, tiles, N, K, KS, g, eps);
+        g3_launch<1, 1, 1, NORM, EPI, VAR>(c, y, x, w, tiles, N, K, KS, g, eps);
     else if (nr == 1 && u == 2)
-        g3_launch<1, 1, 2, NORM, EPI, VAR>(c, d, y, x, w, tiles, N, K, KS, g, eps);
+        g3_launch<1, 1, 2, NORM, EPI, VAR>(c, y, x, w, tiles, N, K, KS, g, eps);
     else if (nr == 1)
-        g3_launch<1, 1, 4, NORM, EPI, VAR>(c, d, y, x, w, tiles, N, K, KS, g, eps);
+        g3_launch<1, 1, 4, NORM, EPI, VAR>(c, y, x, w, tiles, N, K, KS, g, eps);
     else if (nr == 2 && u == 1)
-        g3_launch<1, 2, 1, NORM, EPI, VAR>(c, d, y, x, w, tiles, N, K, KS, g, eps);
+        g3_launch<1, 2, 1, NORM, EPI, VAR>(c, y, x, w, tiles, N, K, KS, g, eps);
     else if (nr == 2 && u == 2)
-        g3_launch<1, 2, 2, NORM, EPI, VAR>(c, d, y, x, w, tiles, N, K, KS, g, eps);
+        g3_launch<1, 2, 2, NORM, EPI, VAR>(c, y, x, w, tiles, N, K, KS, g, eps);
     else if (nr == 2)
-        g3_launch<1, 2, 4, NORM, EPI, VAR>(c, d, y, x, w, tiles, N, K, KS, g, eps);
+        g3_launch<1, 2, 4, NORM, EPI, VAR>(c, y, x, w, tiles, N, K, KS, g, eps);
     else if (u == 1)
-        g3_launch<1, 4, 1, NORM, EPI, VAR>(c, d, y, x, w, tiles, N, K, KS, g, eps);
+        g3_launch<1, 4, 1, NORM, EPI, VAR>(c, y, x, w, tiles, N, K, KS, g, eps);
     else
-        g3_launch<1, 4, 2, NORM, EPI, VAR>(c, d, y, x, w, tiles, N, K, KS, g, eps);
+        g3_launch<1, 4, 2, NORM, EPI, VAR>(c, y, x, w, tiles, N, K, KS, g, eps);
 }
 
 /* At one row of x (batch-1 decode), from the H200 sweeps of session 4 (call 2: every rows-per-warp /
@@ -383,8 +363,8 @@ static void g3_mr1(cu_ctx *c, g3_dep *d, float *y, const float *x, const uint16_
  * of x the x loads weigh more (4 weight rows per warp from 4 rows of x, as v1) and registers less. None of
  * these changes a bit (the splits alone fix the sums). */
 template <bool NORM, int EPI>
-static void g3_tile(cu_ctx *c, g3_dep *d, float *y, const float *x, const uint16_t *w, int MR, int tiles,
-                    int N, int K, int KS, const float *g, float eps) {
+static void g3_tile(cu_ctx *c, float *y, const float *x, const uint16_t *w, int MR, int tiles, int N, int K,
+                    int KS, const float *g, float eps) {
     constexpr int NR4 = EPI == EPI_SWIGLU ? 2 : 4;
     switch (MR) {
     case 1: {
@@ -401,60 +381,51 @@ static void g3_tile(cu_ctx *c, g3_dep *d, float *y, const float *x, const uint16
         if (g_var < 0 && g_one_var[small] >= 0 && !glu)
             var = g_one_var[small]; /* gate_up: cu_set_gemv3_glu */
         if (var == 2)
-            g3_mr1<2, NORM, EPI>(c, d, y, x, w, nr, u, tiles, N, K, KS, g, eps);
+            g3_mr1<2, NORM, EPI>(c, y, x, w, nr, u, tiles, N, K, KS, g, eps);
         else if (var == 4)
-            g3_mr1<4, NORM, EPI>(c, d, y, x, w, nr, u, tiles, N, K, KS, g, eps);
+            g3_mr1<4, NORM, EPI>(c, y, x, w, nr, u, tiles, N, K, KS, g, eps);
         else if (var == 6)
-            g3_mr1<6, NORM, EPI>(c, d, y, x, w, nr, u, tiles, N, K, KS, g, eps);
+            g3_mr1<6, NORM, EPI>(c, y, x, w, nr, u, tiles, N, K, KS, g, eps);
         else if (var == 8)
-            g3_mr1<8, NORM, EPI>(c, d, y, x, w, nr, u, tiles, N, K, KS, g, eps);
+            g3_mr1<8, NORM, EPI>(c, y, x, w, nr, u, tiles, N, K, KS, g, eps);
         else if (var == 10)
-            g3_mr1<10, NORM, EPI>(c, d, y, x, w, nr, u, tiles, N, K, KS, g, eps);
+            g3_mr1<10, NORM, EPI>(c, y, x, w, nr, u, tiles, N, K, KS, g, eps);
         else
-            g3_mr1<0, NORM, EPI>(c, d, y, x, w, nr, u, tiles, N, K, KS, g, eps);
+            g3_mr1<0, NORM, EPI>(c, y, x, w, nr, u, tiles, N, K, KS, g, eps);
         break;
     }
     case 2:
-        g3_launch<2, 2, 2, NORM, EPI>(c, d, y, x, w, tiles, N, K, KS, g, eps);
+        g3_launch<2, 2, 2, NORM, EPI>(c, y, x, w, tiles, N, K, KS, g, eps);
         break;
     case 3:
-        g3_launch<3, 2, 2, NORM, EPI>(c, d, y, x, w, tiles, N, K, KS, g, eps);
+        g3_launch<3, 2, 2, NORM, EPI>(c, y, x, w, tiles, N, K, KS, g, eps);
         break;
     case 4:
-        g3_launch<4, NR4, 1, NORM, EPI>(c, d, y, x, w, tiles, N, K, KS, g, eps);
+        g3_launch<4, NR4, 1, NORM, EPI>(c, y, x, w, tiles, N, K, KS, g, eps);
         break;
     case 5:
-        g3_launch<5, NR4, 1, NORM, EPI>(c, d, y, x, w, tiles, N, K, KS, g, eps);
+        g3_launch<5, NR4, 1, NORM, EPI>(c, y, x, w, tiles, N, K, KS, g, eps);
         break;
     case 6:
-        g3_launch<6, NR4, 1, NORM, EPI>(c, d, y, x, w, tiles, N, K, KS, g, eps);
+        g3_launch<6, NR4, 1, NORM, EPI>(c, y, x, w, tiles, N, K, KS, g, eps);
         break;
     case 7:
-        g3_launch<7, NR4, 1, NORM, EPI>(c, d, y, x, w, tiles, N, K, KS, g, eps);
+        g3_launch<7, NR4, 1, NORM, EPI>(c, y, x, w, tiles, N, K, KS, g, eps);
         break;
     default:
-        g3_launch<8, NR4, 1, NORM, EPI>(c, d, y, x, w, tiles, N, K, KS, g, eps);
+        g3_launch<8, NR4, 1, NORM, EPI>(c, y, x, w, tiles, N, K, KS, g, eps);
         break;
     }
 }
 
-/* CINFER_CUDA_DEP: both launches of one call wait for the same producer (the second starts after every
- * block of the first passed that wait) and post into one slot; the next launch waits for both */
 template <bool NORM, int EPI>
 static void g3_rows(cu_ctx *c, float *y, const float *x, const uint16_t *w, int M, int N, int K, int KS,
                     const float *g, float eps) {
-    g3_dep d = {NULL, 0, NULL, 0};
-    if (c->dep_take && c->dep_armed) d.wait = c->dep_armed, d.wait_n = c->dep_armed_n;
-    if (c->dep_live && c->dep_used < CU_DEP_SLOTS) d.post = c->dep_ctr + c->dep_used++;
     int full = M / 8, rest = M % 8;
-    if (full) g3_tile<NORM, EPI>(c, &d, y, x, w, 8, full, N, K, KS, g, eps);
+    if (full) g3_tile<NORM, EPI>(c, y, x, w, 8, full, N, K, KS, g, eps);
     if (rest)
-        g3_tile<NORM, EPI>(c, &d, y + (size_t)full * 8 * N, x + (size_t)full * 8 * K, w, rest, 1, N, K, KS, g,
+        g3_tile<NORM, EPI>(c, y + (size_t)full * 8 * N, x + (size_t)full * 8 * K, w, rest, 1, N, K, KS, g,
                            eps);
-    /* the launches disarmed (cu_launch_pdl_smem): arm with this call's slot */
-    c->dep_waited = d.wait != NULL;
-    c->dep_armed = d.post;
-    c->dep_armed_n = d.post ? d.posted : 0;
 }
 
 extern "C" void cu_set_gemv_next(cu_ctx *c, const void *w, size_t bytes) {

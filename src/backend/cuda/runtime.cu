@@ -62,11 +62,6 @@ extern "C" int cu_ctx_create(cu_ctx **out, char *err, size_t errlen) {
         return fail(err, errlen, CU_ENOMEM, "cannot allocate the cuBLAS workspace");
     }
     cublasSetWorkspace(c->blas, c->blas_ws, c->blas_ws_bytes);
-    /* the counters of CINFER_CUDA_DEP (common.cuh): 4 KB once, so capture never allocates */
-    if (cudaMalloc((void **)&c->dep_ctr, CU_DEP_SLOTS * sizeof(unsigned)) != cudaSuccess) {
-        (void)cudaGetLastError();
-        c->dep_ctr = NULL; /* never posts: every boundary keeps griddep_wait */
-    }
     *out = c;
     return 0;
 }
@@ -76,7 +71,6 @@ extern "C" void cu_ctx_destroy(cu_ctx *c) {
     cudaStreamSynchronize(c->stream);
     cublasDestroy(c->blas);
     cudaFree(c->blas_ws);
-    if (c->dep_ctr) cudaFree(c->dep_ctr);
     cudaStreamDestroy(c->stream);
     free(c);
 }
@@ -130,7 +124,6 @@ extern "C" int cu_download(void *dst, const void *src, size_t bytes, char *err, 
 /* an operation that is not a kernel was enqueued: the next launch goes without PDL (common.cuh) */
 static void pdl_break(cu_ctx *c) {
     c->pdl_break = cu_pdl_break_on();
-    cu_dep_disarm(c); /* not a posting launch: never waited for by counter (common.cuh) */
 }
 extern "C" void cu_h2d_async(cu_ctx *c, void *dst, const void *src, size_t bytes) {
     pdl_break(c);
@@ -159,39 +152,6 @@ extern "C" void cu_copy_async(cu_ctx *c, void *dst, const void *src, size_t byte
 extern "C" void cu_memset_async(cu_ctx *c, void *d, size_t bytes) {
     pdl_break(c);
     cudaMemsetAsync(d, 0, bytes, c->stream);
-}
-
-/* CINFER_CUDA_DEP (process-wide, as the PDL level): decode GEMVs hand over by counters (common.cuh) */
-static int g_dep = 0;
-extern "C" void cu_set_dep(int on) {
-    g_dep = on != 0;
-}
-extern "C" int cu_dep_on(void) {
-    return g_dep;
-}
-/* Start of a forward: with the switch on and GEMVs going by PDL, zero the counters (a memset, so the next
- * launch goes without PDL) and start handing out slots; else nothing (no node is added) */
-extern "C" void cu_dep_begin(cu_ctx *c) {
-    c->dep_live = 0;
-    c->dep_used = 0;
-    cu_dep_disarm(c);
-    if (!g_dep || !c->dep_ctr || cu_pdl_on() < 1 || !(cu_pdl_mask() & PDL_GEMV)) return;
-    pdl_break(c);
-    cudaMemsetAsync(c->dep_ctr, 0, CU_DEP_SLOTS * sizeof(unsigned), c->stream);
-    c->dep_live = 1;
-}
-/* End of the forward: no launch posts until the next cu_dep_begin (its slots would not be zeroed) */
-extern "C" void cu_dep_end(cu_ctx *c) {
-    c->dep_live = 0;
-    cu_dep_disarm(c);
-}
-/* the caller vouches that the next launch reads what the launch enqueued last wrote, with nothing
- * enqueued between the two: it may wait by that launch's counter (when it posted one) */
-extern "C" void cu_dep_chain(cu_ctx *c) {
-    c->dep_take = 1;
-}
-extern "C" int cu_dep_last_waited(const cu_ctx *c) {
-    return c->dep_waited;
 }
 
 extern "C" int cu_sync(cu_ctx *c, char *err, size_t errlen) {
