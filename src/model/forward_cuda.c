@@ -766,6 +766,8 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     cu_set_gemv3_glu(f->glu[0], f->glu[1]);
     const char *apr = getenv("CINFER_CUDA_ATTN_PF_ROWS"); /* the attention prefetch up to this many rows */
     cu_set_attn_decode_pf_rows(apr ? atoi(apr) : 32);
+    const char *adpr = getenv("CINFER_CUDA_ATTN_DEC_PDL_ROWS"); /* the dec kernel under PDL up to N rows */
+    cu_set_attn_dec_pdl_rows(adpr ? atoi(adpr) : 0);
     if (pdl || pdb)
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_PDL=%s: programmatic dependent launch %s%s\n",
                 pdl ? pdl : "",

@@ -106,6 +106,10 @@ void cu_set_pdl_mask(int mask);
 void cu_set_attn_decode_pf(int on);
 /* the prefetch above only in batches of at most rows rows (default 32; 0: any batch); the same bits */
 void cu_set_attn_decode_pf_rows(int rows);
+/* attn_dec_kernel's fused form by programmatic dependent launch only in launches of at most rows rows (0, the
+ * default: any; CINFER_CUDA_ATTN_DEC_PDL_ROWS): its blocks, resident early, hold ~106-141 KB of shared memory
+ * each while the GEMV before them runs; the same bits either way */
+void cu_set_attn_dec_pdl_rows(int rows);
 /* f32 scratch for the stacked hi/lo product of up to 64 rows (2 x 64 x widest N floats) */
 void cu_set_gemm_scratch(cu_ctx *c, float *d_t, size_t floats);
 /* the rows each half of the xb given to cu_gemm holds (at least the M of any call): with cu_set_gemm_pad on,
