@@ -161,7 +161,7 @@ typedef struct cu_layer {
 #define ATTN_TARGET_BLOCKS 1024 /* split positions until (rows x heads x splits) reaches this */
 #define PROF_MAX_MARKS     4096
 #define ATTN_SPLIT_WORK    512 /* work items an entry split over keys adds at most (cu_attn_tc_split) */
-/* rows a launch of attn_dec_kernel (its partials' bound; CINFER_CUDA_ATTN_DEC=2) */
+/* rows a launch of attn_dec_kernel (its partials' bound; CINFER_CUDA_ATTN_DEC) */
 #define ATTN_DEC_ROWS      64
 
 /* A captured step: every launch of a batch depends only on these (entries, rows, logits rows, whether a
@@ -321,8 +321,9 @@ struct cuda_fwd {
     int diag_ab, diag_skip, diag_dup;
     size_t l2pf_next; /* CINFER_CUDA_L2PF_NEXT=MB: bytes of the next GEMV's head each fused GEMV prefetches */
     int attn_round;   /* CINFER_CUDA_ATTN_ROUND (default 1): attn_split rounds nsplit up */
-    int attn_dec_ns;  /* CINFER_CUDA_ATTN_DEC=2: cu_attn_args.dec_nsmax (CINFER_CUDA_ATTN_DEC_NS), else 0 */
-    int attn_dec_p;   /* with attn_dec_ns: cu_attn_args.dec_p (CINFER_CUDA_ATTN_DEC_P) */
+    int attn_dec_ns; /* CINFER_CUDA_ATTN_DEC (default): cu_attn_args.dec_nsmax (CINFER_CUDA_ATTN_DEC_NS), else
+                        0 */
+    int attn_dec_p;  /* with attn_dec_ns: cu_attn_args.dec_p (CINFER_CUDA_ATTN_DEC_P) */
     int attn_dec_1st; /* CINFER_CUDA_ATTN_DEC_1ST: steps of at least this many rows on one stage (0: none) */
     size_t part_attn; /* floats of part for attn_kernel's partials; attn_dec_kernel's follow them */
     int l2pf_next_rows; /* CINFER_CUDA_L2PF_NEXT_ROWS (default 32): L2PF_NEXT only in steps of at most this
@@ -523,7 +524,7 @@ static int alloc_scratch(cuda_fwd *f, char *err, size_t errlen) {
     (void)kvd;
     /* attention partials: splits are only used while rows x heads < ATTN_TARGET_BLOCKS (see attn_split) */
     f->part_floats = f->part_attn = (size_t)2 * ATTN_TARGET_BLOCKS * (size_t)(m->hd + 2);
-    /* CINFER_CUDA_ATTN_DEC=2: up to attn_dec_ns spans for any row (a row's spans follow its own position),
+    /* CINFER_CUDA_ATTN_DEC: up to attn_dec_ns spans for any row (a row's spans follow its own position),
      * for ATTN_DEC_ROWS rows a launch (attention() launches more rows in groups), after attn_kernel's (a
      * batch may hold rows of both) */
     if (f->attn_dec_ns) {
@@ -741,23 +742,31 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     f->l2pf_next_rows = l2r ? (atoi(l2r) > 0 ? atoi(l2r) : 0) : 32;
     const char *aro = getenv("CINFER_CUDA_ATTN_ROUND"); /* "0": nsplit exact (a capture every 64 positions) */
     f->attn_round = !(aro && !strcmp(aro, "0"));
-    /* CINFER_CUDA_ATTN_DEC=2: decode rows (and verify windows' rows, no tiles) by attn_dec_kernel, a block
-     * per (kv head, row, span) for the GQA group, spans from the row's own position, at most
-     * CINFER_CUDA_ATTN_DEC_NS (default 64) a row; another summation order than attn_kernel. Not the default:
-     * H200 session 7 call 4, 4B: a layer alone 13.2 us at 1 x 512 (attn_kernel 19.7), 136 us at 1 x 32768 (287),
-     * but the decode step batch 1 at 512 404.2 vs 403.4 tok/s and batch 64 5887 vs 5963 */
+    /* CINFER_CUDA_ATTN_DEC (default "2"; "0": every decode row by attn_kernel split by the batch, session 7's
+     * default): decode rows (and verify windows' rows, no tiles) by attn_dec_kernel, a block per (kv head,
+     * row, span) for the GQA group, spans from the row's own position, at most CINFER_CUDA_ATTN_DEC_NS
+     * (default 64) a row; another summation order than attn_kernel. H200 session 8, 4B, old vs this in one
+     * call (with CINFER_CUDA_ATTN_DEC_1ST=2): decode after 512 positions b1 / 8 / 32 / 64 400.1 / 1387.3 /
+     * 4251.8 / 5588.6 -> 401.7 / 1395.5 / 4283.6 / 5859.9 tok/s, b64 after 4096 2708.2 -> 3964.9; b1 after
+     * 4096 332.6
+     * -> 335.8 (call 1); session 7, b1 after 32768 253.4 -> 290.1. Alone it won at every position measured
+     * (256 - 32768) at 1 to 64 rows, hence CINFER_CUDA_ATTN_DEC_P 0 */
     const char *adec = getenv("CINFER_CUDA_ATTN_DEC"), *adns = getenv("CINFER_CUDA_ATTN_DEC_NS");
-    f->attn_dec_ns = adec && !strcmp(adec, "2") ? (adns && atoi(adns) > 0 ? atoi(adns) : 64) : 0;
+    f->attn_dec_ns = adec && !strcmp(adec, "0") ? 0 : adns && atoi(adns) > 0 ? atoi(adns) : 64;
     if (f->attn_dec_ns > 256) f->attn_dec_ns = 256;
     /* CINFER_CUDA_ATTN_DEC_P=N: with the dec kernel, only rows at positions >= N take it, the others
-     * attn_kernel (a row's kernel follows its own position, never its batch; two launches a layer when a
-     * batch holds both); 0 (the default): every row */
+     * attn_kernel with spans from their own position (a row's kernel follows its own position, never its
+     * batch; two launches a layer when a batch holds both); 0 (the default): every row. The crossover, H200
+     * session 8, one layer alone (4B): the dec kernel ahead from 256 positions on at 1 row (11.7 vs 21.7 us)
+     * and from 512 at 64 rows (166 vs 225 us; 817 vs 1708 at 4096 on one stage) */
     const char *adp = getenv("CINFER_CUDA_ATTN_DEC_P");
     f->attn_dec_p = adp && atoi(adp) > 0 ? atoi(adp) : 0;
-    /* CINFER_CUDA_ATTN_DEC_1ST=N (trial; 0 the default: never): steps of at least N rows run the dec kernel
-     * on one stage of shared memory, chunk after chunk (two blocks an SM instead of one; the same bits) */
+    /* CINFER_CUDA_ATTN_DEC_1ST=N (default 2; 0: never): steps of at least N rows run the dec kernel on one
+     * stage of shared memory, chunk after chunk (two blocks an SM instead of one; the same bits). H200
+     * session 8, alone, 2048 / 8192 positions: one stage faster from 2 rows (27.5 vs 31.9 us, 70.4 vs 81.9),
+     * two at 1 row (20.4 vs 21.7, 46.7 vs 56.8) */
     const char *a1s = getenv("CINFER_CUDA_ATTN_DEC_1ST");
-    f->attn_dec_1st = a1s && atoi(a1s) > 0 ? atoi(a1s) : 0;
+    f->attn_dec_1st = a1s ? (atoi(a1s) > 0 ? atoi(a1s) : 0) : 2;
     const char *gv4 = getenv("CINFER_CUDA_GEMV_VAR4"); /* "0": the small GEMVs' earlier variant at one row */
     cu_set_gemv3_small_var4(!(gv4 && !strcmp(gv4, "0")));
     const char *glu = getenv("CINFER_CUDA_GEMV_GLU"); /* gate_up at one row: "rows a warp,variant" (2,10) */
@@ -766,8 +775,6 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     cu_set_gemv3_glu(f->glu[0], f->glu[1]);
     const char *apr = getenv("CINFER_CUDA_ATTN_PF_ROWS"); /* the attention prefetch up to this many rows */
     cu_set_attn_decode_pf_rows(apr ? atoi(apr) : 32);
-    const char *adpr = getenv("CINFER_CUDA_ATTN_DEC_PDL_ROWS"); /* the dec kernel under PDL up to N rows */
-    cu_set_attn_dec_pdl_rows(adpr ? atoi(adpr) : 0);
     if (pdl || pdb)
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_PDL=%s: programmatic dependent launch %s%s\n",
                 pdl ? pdl : "",

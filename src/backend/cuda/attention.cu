@@ -277,7 +277,7 @@ __global__ void attn_split_merge_kernel(cu_attn_args a) {
         ns);
 }
 
-/* ---- CINFER_CUDA_ATTN_DEC=2 (cu_attn_args.dec_nsmax > 0): the GQA decode kernel ----
+/* ---- CINFER_CUDA_ATTN_DEC (the default; cu_attn_args.dec_nsmax > 0): the GQA decode kernel ----
  * A block per (kv head, row, span) serves the G = Hq / Hkv q heads sharing the kv head: each K / V row is
  * read once for all of them (attn_kernel reads it once per q head). The span's positions go through shared
  * memory in chunks of CU_ATTN_DEC_CH rows requested at once by cp.async, double-buffered (one memory latency
@@ -642,11 +642,6 @@ template <int NPL> static int dec_ready(int G, int nsplit) {
     return ok > 0;
 }
 
-static int g_dec_pdl_rows = 0; /* cu_set_attn_dec_pdl_rows */
-extern "C" void cu_set_attn_dec_pdl_rows(int rows) {
-    g_dec_pdl_rows = rows > 0 ? rows : 0;
-}
-
 /* the decode rows by attn_dec_kernel; 0 when it does not serve the shape (the caller then runs attn_kernel).
  * Unfused: attn_prep_kernel first (for every row of the launch: the one prep of a batch whose rows take
  * both kernels) */
@@ -656,9 +651,8 @@ template <int NPL> static int attn_dec_npl(cu_ctx *c, const cu_attn_args *a) {
     dim3 grid((unsigned)a->Hkv, (unsigned)a->T, (unsigned)a->nsplit);
     size_t sm = dec_smem(NPL * 32, G, nst);
     if (a->dec_cnt) {
-        cu_launch_pdl_smem(
-            c, cu_pdl_on() >= 2 && (cu_pdl_mask() & PDL_ATTN) && (!g_dec_pdl_rows || a->T <= g_dec_pdl_rows),
-            attn_dec_kernel<NPL, true>, grid, dim3(DEC_NT), sm, *a);
+        cu_launch_pdl_smem(c, cu_pdl_on() >= 2 && (cu_pdl_mask() & PDL_ATTN), attn_dec_kernel<NPL, true>,
+                           grid, dim3(DEC_NT), sm, *a);
         return 1;
     }
     attn_prep_kernel<<<a->T, 128, 0, c->stream>>>(*a);

@@ -106,10 +106,6 @@ void cu_set_pdl_mask(int mask);
 void cu_set_attn_decode_pf(int on);
 /* the prefetch above only in batches of at most rows rows (default 32; 0: any batch); the same bits */
 void cu_set_attn_decode_pf_rows(int rows);
-/* attn_dec_kernel's fused form by programmatic dependent launch only in launches of at most rows rows (0, the
- * default: any; CINFER_CUDA_ATTN_DEC_PDL_ROWS): its blocks, resident early, hold ~106-141 KB of shared memory
- * each while the GEMV before them runs; the same bits either way */
-void cu_set_attn_dec_pdl_rows(int rows);
 /* f32 scratch for the stacked hi/lo product of up to 64 rows (2 x 64 x widest N floats) */
 void cu_set_gemm_scratch(cu_ctx *c, float *d_t, size_t floats);
 /* the rows each half of the xb given to cu_gemm holds (at least the M of any call): with cu_set_gemm_pad on,
@@ -428,11 +424,12 @@ typedef struct cu_attn_args {
     uint16_t *kv16;
     int kv16_NE, kv16_nb;
     /* 0: the decode rows (no tiles) by attn_kernel, a block per (q head, row, span of span positions). > 0
-     * (CINFER_CUDA_ATTN_DEC=2): by attn_dec_kernel, a block per (kv head, row, span) serving the kv head's q
-     * heads together; a row at position pos splits into cu_attn_dec_span(pos, min(dec_nsmax, nsplit)) spans
-     * (span: <= CU_ATTN_DEC_CH when every row's spans are one chunk, then one stage of shared memory; the
-     * same bits either way), so with nsplit = cu_attn_dec_grid(maxpos, dec_nsmax) its bits depend on its own
-     * position alone; partials [T][Hq][nsplit][hd + 4] (attn_kernel's: hd + 2), dec_cnt [T][Hkv] used */
+     * (CINFER_CUDA_ATTN_DEC, the default): by attn_dec_kernel, a block per (kv head, row, span) serving the
+     * kv head's q heads together; a row at position pos splits into cu_attn_dec_span(pos, min(dec_nsmax,
+     * nsplit)) spans (span: <= CU_ATTN_DEC_CH when every row's spans are one chunk, then one stage of shared
+     * memory; the same bits either way), so with nsplit = cu_attn_dec_grid(maxpos, dec_nsmax) its bits depend
+     * on its own position alone; partials [T][Hq][nsplit][hd + 4] (attn_kernel's: hd + 2), dec_cnt [T][Hkv]
+     * used */
     int dec_nsmax;
     /* with dec_nsmax > 0, the class of a row follows its own position (CINFER_CUDA_ATTN_DEC_P): rows at
      * positions >= dec_p take attn_dec_kernel, the others attn_kernel (dec_p <= 0: every row the dec kernel).
