@@ -3,7 +3,9 @@
  * H200) and a counter with release / acquire only, in a chain of 16 GEMV-like kernels of 640 blocks, each
  * streaming 20 MB (out_proj-sized; 320 MB in all, nothing stays in L2). Per mode the mean gap from a
  * producer's last block end to its consumer's first block released, the mean kernel length and the chain's
- * time. Fails if a consumer block is released before its producer's last block ended (a broken handoff).
+ * time; and griddepcontrol.wait with the stamps stored at an index taken by atomicAdd on one counter, as the
+ * GEMV timeline test's are (how much of the gap that test shows is its own). Fails if a consumer block is
+ * released before its producer's last block ended (a broken handoff).
  * Without a CUDA build or device it skips. */
 #include <stdint.h>
 #include <stdio.h>
@@ -30,14 +32,15 @@ TEST(cuda_dep_probe_handoff) {
     unsigned *ctr = NULL, *sink = NULL;
     unsigned long long *st = NULL;
     REQUIRE(cu_alloc((void **)&w, each * NL, err, sizeof err) == 0);
-    REQUIRE(cu_alloc((void **)&ctr, NL * sizeof(unsigned), err, sizeof err) == 0);
+    REQUIRE(cu_alloc((void **)&ctr, (NL + 1) * sizeof(unsigned), err, sizeof err) == 0);
     REQUIRE(cu_alloc((void **)&sink, NB * sizeof(unsigned), err, sizeof err) == 0);
     REQUIRE(cu_alloc((void **)&st, (size_t)NL * NB * 3 * 8, err, sizeof err) == 0);
     cu_fill_random_bf16(c, w, each * NL / 2, 0.02f, 4242);
     unsigned long long *h = malloc((size_t)NL * NB * 3 * 8);
     REQUIRE(h);
-    static const char *name[3] = {"griddepcontrol.wait", "counter + fence.sc", "counter, release/acquire"};
-    for (int mode = 0; mode < 3; mode++) {
+    static const char *name[4] = {"griddepcontrol.wait", "counter + fence.sc", "counter, release/acquire",
+                                  "wait, stamps by atomicAdd"};
+    for (int mode = 0; mode < 4; mode++) {
         double gap = 0, len = 0, total = 0;
         int bad = 0;
         for (int rep = 0; rep < 3; rep++) { /* the first warms up */

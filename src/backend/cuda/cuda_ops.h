@@ -90,9 +90,9 @@ int cu_pdl_on(void);
 /* Diagnostics (dep_probe.cu): a chain of `launches` GEMV-like kernels of `blocks` blocks, each streaming
  * bytes_each of w (launch l from w + l bytes_each), each but the first launched by PDL and released by mode 0
  * griddepcontrol.wait, 1 a counter with fences (__threadfence + atomicAdd / ld.acquire + __threadfence), 2 a
- * counter without fence.sc (red.release / ld.acquire). ctr: [launches] device counters; st:
- * [launches][blocks][3] device %globaltimer stamps (start, wait done, end); sink: [blocks] device. 0, or -1
- * on bad arguments. */
+ * counter without fence.sc (red.release / ld.acquire), 3 as 0 with the stamps stored at an index taken by
+ * atomicAdd (as gemv3.cu's timeline). ctr: [launches + 1] device counters; st: [launches][blocks][3] device
+ * %globaltimer stamps (start, wait done, end); sink: [blocks] device. 0, or -1 on bad arguments. */
 int cu_dep_probe(cu_ctx *c, int mode, int launches, const uint16_t *w, size_t bytes_each, int blocks,
                  unsigned *ctr, unsigned long long *st, unsigned *sink);
 void cu_set_pdl_break(int on);

@@ -7,8 +7,10 @@
  *     atomicAdd; the consumer's thread 0 polls with ld.acquire.gpu, then __threadfence() and the barrier
  *     (session 8's CINFER_CUDA_DEP, measured no earlier than mode 0 on the H200 and since removed);
  *  2  the same counter with no fence.sc on either side: red.release.gpu to post, ld.acquire.gpu alone to
- * poll. Each block records %globaltimer at its start, when its wait is done and at its end (before its post).
- */
+ *     poll;
+ *  3  griddepcontrol.wait, each block's stamps stored at an index it takes by atomicAdd on one counter, as
+ *     gemv3.cu's timeline stamps (g3_stamp_put) do: what that diagnostic itself adds to the gap it shows.
+ * Each block records %globaltimer at its start, when its wait is done and at its end (before its post). */
 #include "backend/cuda/common.cuh"
 
 __device__ __forceinline__ unsigned long long dp_now(void) {
@@ -31,12 +33,12 @@ __device__ __forceinline__ unsigned dp_ld_acquire(const unsigned *p) {
  * (keeps the loads) */
 __global__ void __launch_bounds__(256)
     dep_probe_kernel(const uint4 *__restrict__ w, size_t vec, const unsigned *wait, unsigned wait_n,
-                     unsigned *post, int mode, unsigned long long *st, unsigned *sink) {
+                     unsigned *post, int mode, unsigned long long *st, unsigned *sink, unsigned *slot) {
     __shared__ unsigned red[8];
     unsigned long long t0 = dp_now();
     const uint4 *p = w + blockIdx.x * vec;
     uint4 a = threadIdx.x < vec ? __ldcs(p + threadIdx.x) : make_uint4(0, 0, 0, 0);
-    if (mode == 0 || !wait) {
+    if (mode == 0 || mode == 3 || !wait) {
         griddep_wait();
     } else {
         if (threadIdx.x == 0) {
@@ -71,8 +73,12 @@ __global__ void __launch_bounds__(256)
         unsigned v = 0;
         for (int i = 0; i < (int)(blockDim.x >> 5); i++) v ^= red[i];
         if (v == 0x9e3779b9u) sink[blockIdx.x] = v;
-        unsigned long long *s = st + (size_t)blockIdx.x * 3;
-        s[0] = t0, s[1] = t1, s[2] = dp_now();
+        unsigned long long t2 = dp_now();
+        /* mode 3: the slot by atomicAdd (the count runs over launches: modulo the grid, a permutation of this
+         * launch's blocks) */
+        unsigned b = mode == 3 ? atomicAdd(slot, 1u) % gridDim.x : blockIdx.x;
+        unsigned long long *s = st + (size_t)b * 3;
+        s[0] = t0, s[1] = t1, s[2] = t2;
         if (post && mode == 1) {
             __threadfence();
             atomicAdd(post, 1u);
@@ -88,15 +94,16 @@ __global__ void __launch_bounds__(256)
 
 extern "C" int cu_dep_probe(cu_ctx *c, int mode, int launches, const uint16_t *w, size_t bytes_each,
                             int blocks, unsigned *ctr, unsigned long long *st, unsigned *sink) {
-    if (mode < 0 || mode > 2 || launches <= 0 || blocks <= 0 || bytes_each % (16 * (size_t)blocks)) return -1;
+    if (mode < 0 || mode > 3 || launches <= 0 || blocks <= 0 || bytes_each % (16 * (size_t)blocks)) return -1;
     size_t vec = bytes_each / 16 / (size_t)blocks;
-    cudaMemsetAsync(ctr, 0, (size_t)launches * sizeof(unsigned), c->stream);
+    cudaMemsetAsync(ctr, 0, ((size_t)launches + 1) * sizeof(unsigned), c->stream);
     c->pdl_break = 1; /* the first launch follows the memset */
     for (int l = 0; l < launches; l++) {
         const uint4 *wl = reinterpret_cast<const uint4 *>(w + (size_t)l * (bytes_each / 2));
         cu_launch_pdl(c, 1, dep_probe_kernel, dim3((unsigned)blocks), dim3(256), wl, vec,
                       (const unsigned *)(l ? ctr + l - 1 : NULL), (unsigned)blocks,
-                      (unsigned *)(mode ? ctr + l : NULL), mode, st + (size_t)l * blocks * 3, sink);
+                      (unsigned *)(mode == 1 || mode == 2 ? ctr + l : NULL), mode,
+                      st + (size_t)l * blocks * 3, sink, ctr + launches);
     }
     return 0;
 }
