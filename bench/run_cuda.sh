@@ -3,8 +3,8 @@
 # CUDA backend, run the CUDA tests, then `cinfer bench --like SHAPE --device cuda` for the 4B, 35B-A3B and 27B
 # shapes and the transformers peer. Every stage has its own time limit and goes on past a failure; results
 # land in $OUT (log.txt: build; tests.txt; bench-*.txt; peer.txt).
-# The "old" stage runs the 4B and 35B-A3B shapes again with session 7's switches turned off (session 6's
-# defaults, as far as switches reach) beside the defaults of the "bench" stage (bench-old.txt). 8 files in $OUT at
+# The "old" stage runs the 4B and 35B-A3B shapes again with session 8's switch turned off (session 7's
+# defaults) beside the defaults of the "bench" stage (bench-old.txt). 8 files in $OUT at
 # most.
 # usage: OUT=dir bash bench/run_cuda.sh [STAGES]   (STAGES: any of build tests bench old peer; default all)
 set -u
@@ -90,11 +90,9 @@ if has bench; then
         grep -v "cinfer synth: writing" >> "$OUT/bench-qwen3.5-4b.txt"
 fi
 if has old; then
-    # session 6's defaults (before the DeltaNet decode kernel as thread block clusters at batch <= 2, the
-    # prefill attention's K / V tiles by bulk copies, the DeltaNet prefill pass on an image-layout scratch and the
-    # one-row gate_up GEMV's 4-warp variant), beside the defaults of the bench stage: one run says what the new
-    # defaults are worth
-    OLD="CINFER_CUDA_GDN_CLUSTER=0 CINFER_CUDA_ATTN_BULK=0 CINFER_CUDA_GDN_DT=mma6 CINFER_CUDA_GEMV_GLU=2,2"
+    # session 7's defaults (before decode attention by attn_dec_kernel for every row, session 8), beside the
+    # defaults of the bench stage: one run says what the new default is worth
+    OLD="CINFER_CUDA_ATTN_DEC=0"
     : > "$OUT/bench-old.txt"
     for s in qwen3.5-4b:90 qwen3.5-35b-a3b:120; do
         shape=${s%%:*} lim=${s##*:}
