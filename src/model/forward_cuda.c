@@ -748,9 +748,12 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * (default 64) a row; another summation order than attn_kernel. H200 session 8, 4B, old vs this in one
      * call (with CINFER_CUDA_ATTN_DEC_1ST=2): decode after 512 positions b1 / 8 / 32 / 64 400.1 / 1387.3 /
      * 4251.8 / 5588.6 -> 401.7 / 1395.5 / 4283.6 / 5859.9 tok/s, b64 after 4096 2708.2 -> 3964.9; b1 after
-     * 4096 332.6
-     * -> 335.8 (call 1); session 7, b1 after 32768 253.4 -> 290.1. Alone it won at every position measured
-     * (256 - 32768) at 1 to 64 rows, hence CINFER_CUDA_ATTN_DEC_P 0 */
+     * 4096 332.6 -> 335.8 (call 1); final call, b1 after 32768 260.8 -> 286.6. Alone it won at every position
+     * measured (256 - 32768) at 1 to 64 rows, hence CINFER_CUDA_ATTN_DEC_P 0. The exception: the 35B-A3B (2
+     * kv heads, 34 blocks a row after 512 positions) loses 1.7-2.8% at batch 1 from 512 to 8192 positions
+     * (403.3 vs 410.2 tok/s after 512 with CINFER_CUDA_ATTN_DEC_P=1000000) and gains 8% at batch 8 after 4096
+     * (903.6 vs 835.5); a row's kernel may not depend on its batch, so the serving default stays and
+     * CINFER_CUDA_ATTN_DEC_P=1000000 is the single-stream setting (README) */
     const char *adec = getenv("CINFER_CUDA_ATTN_DEC"), *adns = getenv("CINFER_CUDA_ATTN_DEC_NS");
     f->attn_dec_ns = adec && !strcmp(adec, "0") ? 0 : adns && atoi(adns) > 0 ? atoi(adns) : 64;
     if (f->attn_dec_ns > 256) f->attn_dec_ns = 256;

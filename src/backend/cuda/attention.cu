@@ -4,6 +4,8 @@
  * the sigmoid output gate. */
 #include "backend/cuda/common.cuh"
 
+#include <type_traits>
+
 #define KVB 16 /* = KV_BLOCK of runtime/kvcache.h */
 
 __device__ __forceinline__ float *kv_row(float *pool, const cu_attn_args &a, const int *blocks, int pos) {
@@ -662,40 +664,32 @@ template <int NPL> static int attn_dec_npl(cu_ctx *c, const cu_attn_args *a) {
                                   (size_t)G *(2 * a->nsplit + 1) * sizeof(float), c->stream>>>(*a);
     return 1;
 }
-static int attn_dec(cu_ctx *c, const cu_attn_args *a) {
-    switch (a->hd / 32) {
+/* fn(std::integral_constant<int, NPL>) for the head dims attn_dec_kernel is built for (hd = 32 NPL), else 0:
+ * the one dispatch of the launch and of its readiness check, so the two cannot disagree */
+template <class F> static int dec_by_npl(int hd, F fn) {
+    switch (hd % 32 ? 0 : hd / 32) {
     case 1:
-        return attn_dec_npl<1>(c, a);
+        return fn(std::integral_constant<int, 1>());
     case 2:
-        return attn_dec_npl<2>(c, a);
+        return fn(std::integral_constant<int, 2>());
     case 4:
-        return attn_dec_npl<4>(c, a);
+        return fn(std::integral_constant<int, 4>());
     case 8:
-        return attn_dec_npl<8>(c, a);
+        return fn(std::integral_constant<int, 8>());
     case 16:
-        return attn_dec_npl<16>(c, a);
+        return fn(std::integral_constant<int, 16>());
     default:
         return 0;
     }
+}
+static int attn_dec(cu_ctx *c, const cu_attn_args *a) {
+    return dec_by_npl(a->hd, [&](auto n) { return attn_dec_npl<decltype(n)::value>(c, a); });
 }
 
 extern "C" int cu_attn_dec_init(int Hq, int Hkv, int hd, int nsmax) {
     if (Hkv <= 0 || Hq % Hkv || nsmax <= 0) return 0;
     int G = Hq / Hkv;
-    switch (hd / 32 * (hd % 32 == 0)) {
-    case 1:
-        return dec_ready<1>(G, nsmax);
-    case 2:
-        return dec_ready<2>(G, nsmax);
-    case 4:
-        return dec_ready<4>(G, nsmax);
-    case 8:
-        return dec_ready<8>(G, nsmax);
-    case 16:
-        return dec_ready<16>(G, nsmax);
-    default:
-        return 0;
-    }
+    return dec_by_npl(hd, [&](auto n) { return dec_ready<decltype(n)::value>(G, nsmax); });
 }
 
 extern "C" void cu_attn_tiled(cu_ctx *c, const cu_attn_args *a);
