@@ -1046,8 +1046,12 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * session 5's 32, 64, 256, 512 and session 6's flag-started gate_up, L2 prefetch of down, one-launch
      * gate_up + down, cluster router, down rows all before the wait and router in fewer registers are gone
      * (bit-identical, slower or no faster in session 6's H200 calls 1-3: their commits give the figures) */
+    /* 16384 (session 9, on trial): the router writes only its logits; every gate_up block serving a chosen
+     * expert and every down block selects from them itself (mf_select, the same bits), so the chain from
+     * the logits to the experts' weight requests loses the router's fence, counter, last block and the idx
+     * round trip */
     const char *mv = getenv("CINFER_CUDA_MOE_VARIANT");
-    f->moe_variant = mv ? atoi(mv) & (4 | 8 | 8192) : 12 | 8192;
+    f->moe_variant = mv ? atoi(mv) & (4 | 8 | 8192 | 16384) : 12 | 8192;
     if (mf)
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_MOE_FUSED=%s: %s\n", mf,
                 f->moe_fused ? "fused decode MoE kernels" : "the unfused decode MoE kernels");

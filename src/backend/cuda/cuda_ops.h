@@ -553,14 +553,16 @@ typedef struct cu_moe_args {
     float *xn;   /* [T][H] the normed rows when norm_w (the gate_up kernel reads them) */
     int variant; /* 4: programmatic dependent launch (each kernel lets the next be scheduled, then waits for
                     the one before; the same bits). CINFER_CUDA_MOE_VARIANT, default 8204 (8: the caller's
-                    norm_w; 8192: the router requests the shared expert's weights into L2 before its wait) */
+                    norm_w; 8192: the router requests the shared expert's weights into L2 before its wait;
+                    16384: the router writes only logits, the gate_up and down kernels select from them
+                    themselves and gate_up writes idx / w) */
 } cu_moe_args;
 /* 1 when the fused kernels serve this shape: H, Im, Is multiples of 8, Im <= 1024, E <= 1024, k <= 32 */
 int cu_moe_fused_supported(int H, int E, int k, int Im, int Is);
 int cu_moe_fused_norm_ok(int H);
-void cu_moe_fused_route(cu_ctx *c, const cu_moe_args *a);   /* logits, idx, w */
-void cu_moe_fused_gate_up(cu_ctx *c, const cu_moe_args *a); /* act, shg (reads idx) */
-void cu_moe_fused_down(cu_ctx *c, const cu_moe_args *a);    /* out (reads idx, w, act, shg) */
+void cu_moe_fused_route(cu_ctx *c, const cu_moe_args *a);   /* logits, idx, w (16384: logits only) */
+void cu_moe_fused_gate_up(cu_ctx *c, const cu_moe_args *a); /* act, shg (reads idx; 16384: logits -> idx, w) */
+void cu_moe_fused_down(cu_ctx *c, const cu_moe_args *a);    /* out (reads idx, w, act, shg; 16384: logits) */
 void cu_moe_fused(cu_ctx *c, const cu_moe_args *a);         /* the three in order */
 
 /* Prefill experts without the host (moe_gemm.cu, CINFER_CUDA_MOE_PREFILL=grouped): grouped GEMMs on the

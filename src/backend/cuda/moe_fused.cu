@@ -99,14 +99,16 @@ __device__ __forceinline__ void mf_select(const float *lg, int E, int k, int nor
     float p[EW];
     float mx = -INFINITY;
 #pragma unroll
+    for (int i = 0; i < EW; i++) p[i] = lane + 32 * i < E ? __ldcg(lg + lane + 32 * i) : 0.0f;
+#pragma unroll
     for (int i = 0; i < EW; i++)
-        if (lane + 32 * i < E) mx = fmaxf(mx, __ldcg(lg + lane + 32 * i));
+        if (lane + 32 * i < E) mx = fmaxf(mx, p[i]);
     mx = warp_max(mx);
     float s = 0.0f;
 #pragma unroll
     for (int i = 0; i < EW; i++)
         if (lane + 32 * i < E) {
-            p[i] = expf(__ldcg(lg + lane + 32 * i) - mx);
+            p[i] = expf(p[i] - mx);
             s += p[i];
         }
     s = warp_sum(s);
@@ -163,7 +165,7 @@ __global__ void __launch_bounds__(NORM ? 256 : RT_WARPS * 32)
     mf_route_kernel(const float *__restrict__ x, const uint16_t *__restrict__ wr, float *logits, int *idx,
                     float *wout, unsigned *count, int H, int E, int k, int norm, const float *__restrict__ nw,
                     float eps, float *xn, const uint16_t *pf0, unsigned pf0_bytes, const uint16_t *pf1,
-                    unsigned pf1_bytes) {
+                    unsigned pf1_bytes, int sel) {
     __shared__ int last;
     __shared__ float sh[32];
     __shared__ __align__(16) float xs[NORM ? MF_NORM_H : 4];
@@ -244,9 +246,12 @@ __global__ void __launch_bounds__(NORM ? 256 : RT_WARPS * 32)
         float v = warp_sum(acc[0]);
         if (lane == 0) {
             lg[e] = v;
-            __threadfence(); /* visible device-wide before this block counts itself done */
+            if (!sel) __threadfence(); /* visible device-wide before this block counts itself done */
         }
     }
+    /* sel (variant 16384): the expert kernels select from the logits themselves, once this kernel has
+     * completed (their PDL wait): no fence, counter or last block here */
+    if (sel) return;
     __syncthreads();
     if (threadIdx.x == 0) {
         __threadfence();
@@ -268,22 +273,44 @@ __global__ void __launch_bounds__(NORM ? 256 : RT_WARPS * 32)
 /* gate_up + SwiGLU, grid (warps / MF_WARPS, T). Warp w < k Im: gate row n and up row Im + n of the row's
  * j-th chosen expert (j = w / Im, n = w % Im) -> act[r][w]; then Is warps for the shared expert's rows ->
  * act[r][k Im + n]; then one warp for the shared expert's gate logit -> shg[r]. NB: chunks per row requested
- * at once (2: 40 registers, six blocks per SM, so the 577 blocks of a 35B-A3B row are one wave). */
-template <int NB>
+ * at once (2: 40 registers, six blocks per SM, so the 577 blocks of a 35B-A3B row are one wave).
+ * SEL (variant 16384; EW as mf_select's, 0: off): the router wrote only its logits, and warp 0 of every
+ * block serving a chosen expert (Im % 8 == 0: a block serves one j) makes the row's selection itself with
+ * mf_select (the same bits as the router's last block would) and hands its j-th expert in ascending order
+ * to the other warps through shared memory; block 0 also writes idx / w (the down kernel and callers read
+ * them). That drops the router's fence, counter, last block and idx round trip from the chain before the
+ * experts' weights are requested. */
+template <int NB, int SEL>
 __global__ void __launch_bounds__(MF_WARPS * 32)
     mf_gate_up_kernel(const float *__restrict__ x, const uint16_t *__restrict__ e_gu,
                       const int *__restrict__ idx, const uint16_t *__restrict__ sh_gu,
                       const uint16_t *__restrict__ sh_gw, float *act, float *shg, int H, int k, int Im,
-                      int Is) {
+                      int Is, const float *logits, int E, int norm, int *idx_out, float *w_out) {
     const int r = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int wg = blockIdx.x * MF_WARPS + warp, A = k * Im + Is;
     griddep_wait(); /* the router's choices */
     griddep_launch();
+    [[maybe_unused]] __shared__ int s_e;
+    if constexpr (SEL > 0) {
+        if ((int)blockIdx.x * MF_WARPS < k * Im) { /* the whole block serves choice j */
+            if (warp == 0) {
+                int my_e, rank;
+                float my_w;
+                mf_select<SEL>(logits + (size_t)r * E, E, k, norm, lane, &my_e, &my_w, &rank);
+                if (lane < k && rank == (int)blockIdx.x * MF_WARPS / Im) s_e = my_e;
+                if (blockIdx.x == 0 && lane < k) {
+                    idx_out[(size_t)r * k + rank] = my_e;
+                    w_out[(size_t)r * k + rank] = my_w;
+                }
+            }
+            __syncthreads();
+        }
+    }
     const float *xr = x + (size_t)r * H;
     const uint16_t *g;
     size_t up; /* elements from the gate row to the up row */
     if (wg < k * Im) {
-        int j = wg / Im, n = wg - j * Im, e = idx[(size_t)r * k + j];
+        int j = wg / Im, n = wg - j * Im, e = SEL > 0 ? s_e : idx[(size_t)r * k + j];
         g = e_gu + ((size_t)e * 2 * Im + n) * H;
         up = (size_t)Im * H;
     } else if (wg < A) {
@@ -312,13 +339,15 @@ __global__ void __launch_bounds__(MF_WARPS * 32)
 /* down + combine, grid (H / MF_WARPS, T). Warp h: out[r][h] = Σ_j w_j (down_{e_j}[h] · act_j) over the
  * choices in ascending expert order, then + sigmoid(shg) (sh_down[h] · act_sh): cu_moe_combine's order. With
  * resid, resid[r][h] += that sum instead (the residual add cu_add_rmsnorm would make, the same f32 add) and
- * out is not written. */
-template <int KC>
+ * out is not written. SEL (variant 16384, EW as mf_select's): warp 0 selects from the router's logits itself
+ * (complete when this kernel starts, as idx is below) and shares the choices through shared memory: nothing
+ * read from what the gate_up kernel writes before the wait. */
+template <int KC, int SEL>
 __global__ void __launch_bounds__(MF_WARPS * 32)
     mf_down_kernel(const float *__restrict__ act, const uint16_t *__restrict__ e_down,
                    const int *__restrict__ idx, const float *__restrict__ wt,
                    const uint16_t *__restrict__ sh_down, const float *__restrict__ shg, float *out,
-                   float *resid, int H, int k, int Im, int Is) {
+                   float *resid, int H, int k, int Im, int Is, const float *logits, int E, int norm) {
     const int r = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int h = blockIdx.x * MF_WARPS + warp, A = k * Im + Is;
     if (h >= H) {
@@ -330,8 +359,23 @@ __global__ void __launch_bounds__(MF_WARPS * 32)
     /* the router's choices are complete when this kernel starts, even under PDL (the gate_up kernel let it be
      * scheduled only after waiting for the router): read them from L2 (__ldcg: L1 may hold the previous
      * layer's) and request the first group's weights before waiting for the gate_up kernel's act */
-    const int my_e = lane < k ? __ldcg(idx + (size_t)r * k + lane) : 0;
-    const float my_w = lane < k ? __ldcg(wt + (size_t)r * k + lane) : 0.0f;
+    int my_e;
+    float my_w;
+    if constexpr (SEL > 0) {
+        __shared__ int s_e[MF_MAX_K];
+        __shared__ float s_w[MF_MAX_K];
+        if (warp == 0) { /* h < H for the whole block: H % 8 == 0 */
+            int rank;
+            mf_select<SEL>(logits + (size_t)r * E, E, k, norm, lane, &my_e, &my_w, &rank);
+            if (lane < k) s_e[rank] = my_e, s_w[rank] = my_w;
+        }
+        __syncthreads();
+        my_e = lane < k ? s_e[lane] : 0;
+        my_w = lane < k ? s_w[lane] : 0.0f;
+    } else {
+        my_e = lane < k ? __ldcg(idx + (size_t)r * k + lane) : 0;
+        my_w = lane < k ? __ldcg(wt + (size_t)r * k + lane) : 0.0f;
+    }
     float acc = 0.0f;
     constexpr int G = MF_GROUP;
     uint4 u[G][KC];
@@ -392,7 +436,7 @@ extern "C" void cu_moe_fused_route(cu_ctx *c, const cu_moe_args *a) {
     int warps = nrm ? 8 : RT_WARPS;
     dim3 grid(cdiv((size_t)a->E, (size_t)warps), (unsigned)a->T), block(warps * 32);
     void (*kern)(const float *, const uint16_t *, float *, int *, float *, unsigned *, int, int, int, int,
-                 const float *, float, float *, const uint16_t *, unsigned, const uint16_t *, unsigned);
+                 const float *, float, float *, const uint16_t *, unsigned, const uint16_t *, unsigned, int);
     /* variant 8192 (default): the shared expert's gate_up and down rows into L2 before the wait */
     const uint16_t *pf0 = NULL, *pf1 = NULL;
     unsigned b0 = 0, b1 = 0;
@@ -408,7 +452,7 @@ extern "C" void cu_moe_fused_route(cu_ctx *c, const cu_moe_args *a) {
     else
         kern = nrm ? mf_route_kernel<8, 1, 32> : mf_route_kernel<8, 0, 32>;
     cu_launch_pdl(c, pdl, kern, grid, block, a->x, a->router, a->logits, a->idx, a->w, a->count, a->H, a->E,
-                  a->k, a->norm, a->norm_w, a->eps, a->xn, pf0, b0, pf1, b1);
+                  a->k, a->norm, a->norm_w, a->eps, a->xn, pf0, b0, pf1, b1, (a->variant & 16384) != 0);
 }
 
 extern "C" void cu_moe_fused_gate_up(cu_ctx *c, const cu_moe_args *a) {
@@ -420,8 +464,13 @@ extern "C" void cu_moe_fused_gate_up(cu_ctx *c, const cu_moe_args *a) {
     const float *x = a->norm_w ? a->xn : a->x; /* the router's normed rows */
     /* 2 chunks per row requested at a time: 40 registers, six blocks per SM, the 577 blocks of a 35B-A3B row
      * in one wave (session 4: 4 chunks, four blocks per SM, 14.1 vs 10.9 us) */
-    cu_launch_pdl(c, pdl, mf_gate_up_kernel<2>, grid, block, x, a->e_gu, a->idx, a->sh_gu, a->sh_gw, a->act,
-                  a->shg, a->H, a->k, a->Im, Is);
+    void (*kern)(const float *, const uint16_t *, const int *, const uint16_t *, const uint16_t *, float *,
+                 float *, int, int, int, int, const float *, int, int, int *, float *) =
+        !(a->variant & 16384) ? mf_gate_up_kernel<2, 0>
+        : a->E <= 256         ? mf_gate_up_kernel<2, 8>
+                              : mf_gate_up_kernel<2, 32>;
+    cu_launch_pdl(c, pdl, kern, grid, block, x, a->e_gu, a->idx, a->sh_gu, a->sh_gw, a->act, a->shg, a->H,
+                  a->k, a->Im, Is, a->logits, a->E, a->norm, a->idx, a->w);
 }
 
 extern "C" void cu_moe_fused_down(cu_ctx *c, const cu_moe_args *a) {
@@ -432,9 +481,14 @@ extern "C" void cu_moe_fused_down(cu_ctx *c, const cu_moe_args *a) {
     /* Im up to 512: 2 chunks per row and lane; up to 1024 (122B-A10B, 397B-A17B): 4. (Session 4's eight
      * experts' rows at once and session 5's shared row with the first group: no faster, the same bits.) */
     void (*kern)(const float *, const uint16_t *, const int *, const float *, const uint16_t *, const float *,
-                 float *, float *, int, int, int, int) = a->Im > 512 ? mf_down_kernel<4> : mf_down_kernel<2>;
+                 float *, float *, int, int, int, int, const float *, int, int);
+    int sel = (a->variant & 16384) ? (a->E <= 256 ? 8 : 32) : 0;
+    if (a->Im > 512)
+        kern = sel == 8 ? mf_down_kernel<4, 8> : sel ? mf_down_kernel<4, 32> : mf_down_kernel<4, 0>;
+    else
+        kern = sel == 8 ? mf_down_kernel<2, 8> : sel ? mf_down_kernel<2, 32> : mf_down_kernel<2, 0>;
     cu_launch_pdl(c, (a->variant & 4) != 0, kern, grid, block, a->act, a->e_down, a->idx, a->w, sh_down,
-                  a->shg, a->out, a->resid, a->H, a->k, a->Im, Is);
+                  a->shg, a->out, a->resid, a->H, a->k, a->Im, Is, a->logits, a->E, a->norm);
 }
 
 extern "C" void cu_moe_fused(cu_ctx *c, const cu_moe_args *a) {
