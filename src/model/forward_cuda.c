@@ -320,7 +320,6 @@ struct cuda_fwd {
      * the decode steps being captured, and the batch sizes already measured (bit B - 1) */
     int diag_ab, diag_skip, diag_dup;
     size_t l2pf_next; /* CINFER_CUDA_L2PF_NEXT=MB: bytes of the next GEMV's head each fused GEMV prefetches */
-    size_t l2pf_self; /* CINFER_CUDA_L2PF_SELF=MB: bytes of its own matrix out_proj requests before its wait */
     int attn_round;   /* CINFER_CUDA_ATTN_ROUND (default 1): attn_split rounds nsplit up */
     int attn_dec_ns; /* CINFER_CUDA_ATTN_DEC (default): cu_attn_args.dec_nsmax (CINFER_CUDA_ATTN_DEC_NS), else
                         0 */
@@ -739,11 +738,6 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * CINFER_CUDA_L2PF_NEXT_ROWS rows (default 32; 0 any): at 64 rows the step was 3% slower with it (and the
      * attention prefetch off), at 32 even */
     f->l2pf_next = (size_t)(l2n ? (atoi(l2n) > 0 ? atoi(l2n) : 0) : 6) << 20;
-    /* CINFER_CUDA_L2PF_SELF=MB (0: off): out_proj's blocks request their own rows into L2 before their PDL
-     * wait, while the DeltaNet / attention core before them leaves DRAM idle (cu_set_gemv_self); in the
-     * steps L2PF_NEXT takes */
-    const char *l2s = getenv("CINFER_CUDA_L2PF_SELF");
-    f->l2pf_self = (size_t)(l2s ? (atoi(l2s) > 0 ? atoi(l2s) : 0) : 0) << 20;
     const char *l2r = getenv("CINFER_CUDA_L2PF_NEXT_ROWS");
     f->l2pf_next_rows = l2r ? (atoi(l2r) > 0 ? atoi(l2r) : 0) : 32;
     const char *aro = getenv("CINFER_CUDA_ATTN_ROUND"); /* "0": nsplit exact (a capture every 64 positions) */
@@ -1288,10 +1282,7 @@ static const uint16_t *after_ffn(const cuda_fwd *f, const cu_layer *cl, size_t *
 static void out_proj(cuda_fwd *f, const cu_layer *cl, int T, int K, int fz) {
     if (fz) {
         gemv_next(f, cl->w_gu, (size_t)2 * f->m->cfg.intermediate_size * f->m->H * 2);
-        int self = f->l2pf_self && !(f->l2pf_next_rows && f->step_rows > f->l2pf_next_rows);
-        if (self) cu_set_gemv_self(f->cu, f->l2pf_self);
         cu_gemv_fused(f->cu, f->x, f->act, cl->w_out, T, f->m->H, K, NULL, 0.0f, CU_EPI_ADD);
-        if (self) cu_set_gemv_self(f->cu, 0);
         gemv_next(f, NULL, 0);
     } else
         gemm(f, f->out, f->act, cl->w_out, T, f->m->H, K);
@@ -1705,16 +1696,8 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
         int skip, dup, nopdl, apf; /* apf: CINFER_CUDA_ATTN_PF (-1: 0) */
         const char *g3;            /* "u_small,var_small,u_big,var_big[,glu_nr,glu_var]", or NULL */
         int l2n;                   /* CINFER_CUDA_L2PF_NEXT MB (-1: 0) */
-        int l2s;                   /* CINFER_CUDA_L2PF_SELF MB (-1: 0) */
     } v[] = {
         {"base", 0, 0, 0},
-        {"l2pf self off", 0, 0, 0, 0, NULL, 0, -1},
-        {"l2pf self 8", 0, 0, 0, 0, NULL, 0, 8},
-        {"l2pf self 16", 0, 0, 0, 0, NULL, 0, 16},
-        {"l2pf self 24", 0, 0, 0, 0, NULL, 0, 24},
-        {"l2pf self 24 next off", 0, 0, 0, 0, NULL, -1, 24},
-        {"l2pf self 24 next 12", 0, 0, 0, 0, NULL, 12, 24},
-        {"l2pf self off again", 0, 0, 0, 0, NULL, 0, -1},
         {"g3 glu old 2,2", 0, 0, 0, 0, "0,-1,0,-1,2,2"},
         {"g3 glu 4,2", 0, 0, 0, 0, "0,-1,0,-1,4,2"},
         {"g3 glu 2,8", 0, 0, 0, 0, "0,-1,0,-1,2,8"},
@@ -1761,9 +1744,8 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
         f->diag_skip = v[i].skip, f->diag_dup = v[i].dup;
         if (v[i].nopdl) f->pdl = 0;
-        size_t l2n = f->l2pf_next, l2s = f->l2pf_self;
+        size_t l2n = f->l2pf_next;
         if (v[i].l2n) f->l2pf_next = v[i].l2n > 0 ? (size_t)v[i].l2n << 20 : 0;
-        if (v[i].l2s) f->l2pf_self = v[i].l2s > 0 ? (size_t)v[i].l2s << 20 : 0;
         if (v[i].apf) cu_set_attn_decode_pf(v[i].apf > 0 ? v[i].apf : 0);
         int g3[6] = {0, -1, 0, -1, 0, 0};
         if (v[i].g3 &&
@@ -1775,7 +1757,7 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
         int rc2 = rc ? rc : enqueue(f, rs, moe_device, err, sizeof err);
         if (!rc) rc = cu_capture_end(f->cu, &exec, err, sizeof err);
         f->pdl = pdl, f->diag_skip = f->diag_dup = 0;
-        f->l2pf_next = l2n, f->l2pf_self = l2s;
+        f->l2pf_next = l2n;
         cu_set_attn_decode_pf(f->attn_pf);
         cu_set_gemv3_one(0, -1, 0, -1);
         cu_set_gemv3_glu(f->glu[0], f->glu[1]);

@@ -28,11 +28,6 @@ struct cu_ctx {
      * by cu_set_gemv_next (forward_cuda.c sets it before a fused GEMV and clears it after) */
     const void *gemv_next;
     size_t gemv_next_bytes;
-    /* CINFER_CUDA_L2PF_SELF: the next decode GEMV launched requests its own weight rows into L2 before its
-     * PDL wait, each block its own rows, the blocks whose rows start within these bytes of the matrix (0:
-     * none). Set by cu_set_gemv_self around a GEMV that follows a latency-bound kernel (out_proj after the
-     * DeltaNet / attention core), whose DRAM time is otherwise idle */
-    size_t gemv_self_bytes;
 };
 
 __device__ __forceinline__ float bf16_f32(uint16_t h) {

@@ -182,8 +182,6 @@ int cu_gemv3_stamp_tag(void);
  * of the GEMV after it — into L2 from the blocks of its second half once their loads are out; w NULL: none.
  * Weights only: no value changes */
 void cu_set_gemv_next(cu_ctx *c, const void *w, size_t bytes);
-/* the next decode GEMV requests the first `bytes` of its own matrix into L2 before its PDL wait (0: off) */
-void cu_set_gemv_self(cu_ctx *c, size_t bytes);
 /* ---- the skinny GEMM on tensor cores (gemm_mma.cu) ---- */
 /* cu_gemv_fused's interface and fusions for up to 32 rows of x at a time (more in tiles of 32): bf16 weights
  * as the MMA's A operand, x split into bf16 hi + lo as its B operand (x to ~2^-17: ||dy|| / ||y|| ~ 1e-6),

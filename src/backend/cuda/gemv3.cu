@@ -68,7 +68,7 @@ template <int MR, int NR, int U, bool NORM, int EPI, int VAR, int W = VAR & 2 ? 
 __global__ void __launch_bounds__(W * 32, VAR & 8 ? 40 / W : (MR == 1 ? 3 : 2) * 8 / W)
     gemv3_kernel(float *__restrict__ y, const float *__restrict__ x, const uint16_t *__restrict__ w, int N,
                  int K, int KS, const float *__restrict__ g, float eps, const void *nx, size_t nx_bytes,
-                 size_t self_bytes, int tag) {
+                 int tag) {
     const unsigned long long ts0 = tag >= 0 ? g3_now() : 0;
     constexpr int ROWS = EPI == EPI_SWIGLU ? 2 * NR : NR;
     __shared__ float red[W][ROWS * MR + (NORM ? MR : 0)];
@@ -101,17 +101,6 @@ __global__ void __launch_bounds__(W * 32, VAR & 8 ? 40 / W : (MR == 1 ? 3 : 2) *
         if (c < nch && k < K)
 #pragma unroll
             for (int r = 0; r < ROWS; r++) wv[u][r] = g3_ld(wr[r] + k);
-    }
-    /* CINFER_CUDA_L2PF_SELF: this block's whole rows (a contiguous slab; SwiGLU's up rows another) into L2
-     * while the kernel before still runs: after a latency-bound kernel the loop below then reads L2, not
-     * DRAM. Only blocks resident before the wait request anything; no bit changes */
-    if (self_bytes && threadIdx.x == 0 && blockIdx.y == 0) {
-        const size_t rb = (size_t)K * 2, r0 = (size_t)blockIdx.x * RG * NR;
-        if (r0 < (size_t)N && r0 * rb < self_bytes) {
-            size_t nr = (size_t)N - r0 < (size_t)(RG * NR) ? (size_t)N - r0 : (size_t)(RG * NR);
-            l2_prefetch_part(w + r0 * K, nr * rb, 0, 1);
-            if (EPI == EPI_SWIGLU) l2_prefetch_part(w + ((size_t)N + r0) * K, nr * rb, 0, 1);
-        }
     }
     griddep_wait();
     const unsigned long long ts1 = tag >= 0 ? g3_now() : 0;
@@ -340,7 +329,7 @@ static void g3_launch(cu_ctx *c, float *y, const float *x, const uint16_t *w, in
     int per_block = W / KS * NR;
     dim3 grid(cdiv((size_t)N, (size_t)per_block), (unsigned)tiles);
     cu_launch_gemv(c, gemv3_kernel<MR, NR, U, NORM, EPI, VAR>, grid, dim3(W * 32), y, x, w, N, K, KS, g, eps,
-                   c->gemv_next, c->gemv_next_bytes, c->gemv_self_bytes, g_stamp_tag >= 0 ? g_stamp_tag++ : -1);
+                   c->gemv_next, c->gemv_next_bytes, g_stamp_tag >= 0 ? g_stamp_tag++ : -1);
 }
 
 template <int VAR, bool NORM, int EPI>
@@ -442,9 +431,6 @@ static void g3_rows(cu_ctx *c, float *y, const float *x, const uint16_t *w, int 
 extern "C" void cu_set_gemv_next(cu_ctx *c, const void *w, size_t bytes) {
     c->gemv_next = bytes >= 16 ? w : NULL;
     c->gemv_next_bytes = bytes & ~(size_t)15;
-}
-extern "C" void cu_set_gemv_self(cu_ctx *c, size_t bytes) {
-    c->gemv_self_bytes = bytes;
 }
 
 extern "C" int cu_gemv_fused(cu_ctx *c, float *y, const float *x, const uint16_t *w, int M, int N, int K,
