@@ -325,7 +325,8 @@ struct cuda_fwd {
                         0 */
     int attn_dec_p;  /* with attn_dec_ns: cu_attn_args.dec_p (CINFER_CUDA_ATTN_DEC_P) */
     int attn_dec_1st; /* CINFER_CUDA_ATTN_DEC_1ST: steps of at least this many rows on one stage (0: none) */
-    size_t part_attn; /* floats of part for attn_kernel's partials; attn_dec_kernel's follow them */
+    int attn_dec_hs[2]; /* CINFER_CUDA_ATTN_DEC_HS "heads,rows": dec_hs in steps of <= rows rows */
+    size_t part_attn;   /* floats of part for attn_kernel's partials; attn_dec_kernel's follow them */
     int l2pf_next_rows; /* CINFER_CUDA_L2PF_NEXT_ROWS (default 32): L2PF_NEXT only in steps of at most this
                            many rows */
     int step_rows;      /* the rows of the step enqueue() is building */
@@ -770,6 +771,13 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * two at 1 row (20.4 vs 21.7, 46.7 vs 56.8) */
     const char *a1s = getenv("CINFER_CUDA_ATTN_DEC_1ST");
     f->attn_dec_1st = a1s ? (atoi(a1s) > 0 ? atoi(a1s) : 0) : 2;
+    /* CINFER_CUDA_ATTN_DEC_HS="N[,R]" (default off): in steps of at most R rows (default 8) attn_dec_kernel's
+     * blocks serve N q heads each (a divisor of the GQA group), the group over several blocks: more blocks
+     * when a row has few kv heads (the 35B-A3B at one row: 2 kv heads x 17 spans after 512 positions). Every
+     * head's arithmetic is unchanged, so the choice may follow the batch: the same bits */
+    const char *ahs = getenv("CINFER_CUDA_ATTN_DEC_HS");
+    f->attn_dec_hs[0] = 0, f->attn_dec_hs[1] = 8;
+    if (ahs) sscanf(ahs, "%d,%d", &f->attn_dec_hs[0], &f->attn_dec_hs[1]);
     const char *gv4 = getenv("CINFER_CUDA_GEMV_VAR4"); /* "0": the small GEMVs' earlier variant at one row */
     cu_set_gemv3_small_var4(!(gv4 && !strcmp(gv4, "0")));
     const char *glu = getenv("CINFER_CUDA_GEMV_GLU"); /* gate_up at one row: "rows a warp,variant" (2,10) */
@@ -1365,6 +1373,7 @@ static void attention(cuda_fwd *f, const cu_layer *cl, int full, const run_shape
     a.dec_nsmax = f->attn_dec_ns;
     a.dec_p = f->attn_dec_p, a.dec_cls = rs->acls, a.dec_span = rs->dspan, a.dec_nsplit = rs->dnsplit;
     a.dec_part = f->part + f->part_attn;
+    a.dec_hs = T <= f->attn_dec_hs[1] ? f->attn_dec_hs[0] : 0;
     /* CINFER_CUDA_PF_SPLIT: tensor-core tiles without key splits write every row's output themselves */
     int Mb = out_split_rows(f, T, m->Hq * m->hd, fz, a.tiles && a.tc && !a.split.work);
     if (Mb) a.o_xb = f->xb, a.o_lo = (size_t)Mb * m->Hq * m->hd;

@@ -381,6 +381,9 @@ static void rope_ref(float *x, int R, int pos, const float *inv) {
  * (cu_attn_args.dec_p, forward_cuda's grids and classes for the rows of the launch); and each row launched
  * alone (fused, its own grids and class) against its bits in the batch */
 static int g_fp = 0;
+/* > 0: the fused passes and the rows alone run attn_dec_kernel with this many q heads a block
+ * (cu_attn_args.dec_hs), the unfused pass with the whole group: the head split must give the same bits */
+static int g_fhs = 0;
 static void fp_grids(cu_attn_args *a, int span, int minpos, int maxpos, int nsmax) {
     int P = g_fp;
     a->dec_p = P, a->dec_cls = (minpos < P) | (maxpos >= P) << 1;
@@ -502,6 +505,7 @@ static void attn_fused_case(int Hq, int Hkv, int hd, int span, const int *lens, 
             a.span = span, a.nsplit = ns, a.eps = eps, a.meta = meta;
             a.dec_cnt = fused ? cnt : NULL;
             a.dec_nsmax = nsmax;
+            a.dec_hs = fused ? g_fhs : 0;
             if (nsmax && g_fp > 0) {
                 fp_grids(&a, span, minlen + s, maxpos, nsmax);
                 if (pass == 2) { /* more splits launched than the positions need: the same bits */
@@ -532,7 +536,7 @@ static void attn_fused_case(int Hq, int Hkv, int hd, int span, const int *lens, 
             a.inv_freq = dinv, a.kpool = dkp_f, a.vpool = dvp_f, a.eps = eps;
             a.meta = (cu_meta){d1,          d1 + p_pos,  d1 + p_ent,  d1 + p_len, d1 + p_n,    d1 + p_r0,
                                d1 + p_slot, d1 + p_boff, d1 + p_lrow, d1 + p_blk, d1 + p_spec, NULL};
-            a.dec_cnt = cnt, a.dec_nsmax = nsmax;
+            a.dec_cnt = cnt, a.dec_nsmax = nsmax, a.dec_hs = g_fhs;
             /* the other stage count than the batch's (one stage, chunk after chunk, or two): the same bits */
             fp_grids(&a, span > CU_ATTN_DEC_CH ? CU_ATTN_DEC_CH : 2 * CU_ATTN_DEC_CH, pos, pos, nsmax);
             size_t np = (size_t)Hq * (CU_ATTN_ROW_NS + 8) * (hd + 4);
@@ -582,9 +586,10 @@ static void attn_fused_case(int Hq, int Hkv, int hd, int span, const int *lens, 
     int zero = 1;
     for (int i = 0; i < NE * Hq; i++) zero &= hc[i] == 0;
     CHECK_MSG(zero, "attention hd=%d: the fused kernel's counters were not set back to 0", hd);
-    printf("     attention Hq %d Hkv %d hd %d%s, %d rows, %d splits, %d steps: fused == unfused bitwise "
+    printf("     attention Hq %d Hkv %d hd %d%s, %d rows, %d splits, %d steps: fused%s == unfused bitwise "
            "(outputs, pools); vs cpu <= %.2e, K pool %.2e\n",
-           Hq, Hkv, hd, nsmax ? " (dec kernel)" : "", NE, nsplit, steps, worst, rk);
+           Hq, Hkv, hd, nsmax ? " (dec kernel)" : "", NE, nsplit, steps, g_fhs ? " (heads split)" : "", worst,
+           rk);
     if (n_alone)
         printf(
             "     rows >= %d by the dec kernel, the others attn_kernel: %d rows alone vs in the batch: %s\n",
@@ -644,15 +649,44 @@ TEST(cuda_fused_attention_dec_p) {
     g_fp = 0;
 }
 
+/* CINFER_CUDA_ATTN_DEC_HS: attn_dec_kernel with a kv head's q heads over several blocks (cu_attn_args.dec_hs)
+ * against the unfused form with whole groups, bitwise, and the CPU: the 4B shape at one row (17 spans) with 2
+ * and 1 heads a block (two stages too), the 35B-A3B's (G 8) with 4 and 2 (one span: no merge), G 6 with 3,
+ * rows of different spans with each row alone (P = 1), and a value that does not divide G (the whole group)
+ */
+TEST(cuda_fused_attention_dec_hs) {
+    if (cuda_devices() < 1) SKIP("no CUDA device: skipped");
+    static const int l1[] = {517}, l4[] = {20, 300, 100, 70}, l3[] = {1000, 31, 64};
+    g_fhs = 2;
+    attn_fused_case(16, 4, 256, 0, l1, 1, 3, 32);
+    g_fhs = 1;
+    attn_fused_case(16, 4, 256, 64, l1, 1, 2, 3);
+    g_fhs = 4;
+    attn_fused_case(16, 2, 256, 0, l1, 1, 3, 32);
+    g_fhs = 2;
+    attn_fused_case(16, 2, 256, 0, l1, 1, 2, 1);
+    g_fhs = 3;
+    attn_fused_case(24, 4, 256, 64, l3, 3, 2, 32);
+    g_fp = 1, g_fhs = 2;
+    attn_fused_case(16, 4, 256, 64, l4, 4, 2, 64);
+    g_fhs = 4;
+    attn_fused_case(16, 2, 256, 0, l4, 4, 2, 64);
+    g_fp = 0, g_fhs = 3;
+    attn_fused_case(4, 2, 64, 64, l4, 4, 2, 32);
+    g_fhs = 0;
+}
+
 /* Timing, not a bound: the attention decode layer at the 4B shape (Hq 16, Hkv 4, hd 256), fused form, plain
  * launches back to back (CUDA events over 50), rows x positions 1 x 512, 1 x 4096, 1 x 32768, 64 x 512, 64 x
  * 4096: attn_kernel with forward_cuda's split choice against attn_dec_kernel at several span counts
  * (CINFER_CUDA_ATTN_DEC_NS). Fails only when a form leaves NaN in its output. */
 static int g_dec_diag = 0; /* cu_attn_args.dec_diag of the new form's timings */
 static int g_row_form =
-    0; /* 1: also attn_kernel with spans from each row's position (dec_p's rows below P) */
+    0;                   /* 1: also attn_kernel with spans from each row's position (dec_p's rows below P) */
+static int g_sp_hkv = 4; /* the speed cases' kv heads (Hq 16): 4 the 4B shape, 2 the 35B-A3B's */
+static int g_sp_hs = 0;  /* the dec kernel's q heads a block (cu_attn_args.dec_hs) */
 static void attn_speed_case(cu_ctx *c, int T, int P, const int *nss, int nns) {
-    const int Hq = 16, Hkv = 4, hd = 256, R = 64, kvd = Hkv * hd, ld = Hq * 2 * hd + 2 * kvd;
+    const int Hq = 16, Hkv = g_sp_hkv, hd = 256, R = 64, kvd = Hkv * hd, ld = Hq * 2 * hd + 2 * kvd;
     int nbr = (P + 16) / 16, n_blocks = T * nbr;
     char err[256];
     size_t pool_n = (size_t)n_blocks * 16 * kvd;
@@ -696,7 +730,7 @@ static void attn_speed_case(cu_ctx *c, int T, int P, const int *nss, int nns) {
         cu_attn_args a = {0};
         a.T = T, a.Hq = Hq, a.Hkv = Hkv, a.hd = hd, a.rope_dim = R, a.n_blocks = n_blocks, a.full = 0;
         a.qkv = qkv, a.ld = ld, a.q_norm = qn, a.k_norm = qn, a.inv_freq = inv, a.kpool = kp, a.vpool = vp;
-        a.o = o, a.part = part, a.eps = 1e-6f, a.meta = meta, a.dec_cnt = cnt;
+        a.o = o, a.part = part, a.eps = 1e-6f, a.meta = meta, a.dec_cnt = cnt, a.dec_hs = g_sp_hs;
         if (f == -2) { /* every row below dec_p: attn_kernel, spans from the row's position */
             a.dec_nsmax = 64, a.dec_p = 1 << 30, a.dec_cls = 1, a.span = 64, a.nsplit = cu_attn_row_grid(P);
         } else if (f < 0) { /* forward_cuda's attn_split for attn_kernel (ATTN_ROUND on) */
@@ -732,11 +766,12 @@ static void attn_speed_case(cu_ctx *c, int T, int P, const int *nss, int nns) {
             printf("     rows %2d pos %5d attn_kernel (%2d splits of %5d): %8.2f us  %6.0f GB/s\n", T, P,
                    a.nsplit, a.span, us, gb / us * 1e6);
         else
-            printf(
-                "     rows %2d pos %5d attn_dec_kernel (ns <= %2d, grid %2d, diag %d, %d stage%s): %8.2f us  "
-                "%6.0f GB/s\n",
-                T, P, a.dec_nsmax, a.nsplit, g_dec_diag, a.span <= CU_ATTN_DEC_CH ? 1 : 2,
-                a.span <= CU_ATTN_DEC_CH ? "" : "s", us, gb / us * 1e6);
+            printf("     rows %2d pos %5d attn_dec_kernel (Hkv %d, heads a block %d, ns <= %2d, grid %2d, "
+                   "diag %d, "
+                   "%d stage%s): %8.2f us  %6.0f GB/s\n",
+                   T, P, Hkv, g_sp_hs > 0 && (Hq / Hkv) % g_sp_hs == 0 ? g_sp_hs : Hq / Hkv, a.dec_nsmax,
+                   a.nsplit, g_dec_diag, a.span <= CU_ATTN_DEC_CH ? 1 : 2,
+                   a.span <= CU_ATTN_DEC_CH ? "" : "s", us, gb / us * 1e6);
         if (f >= 0 && g_dec_diag)
             printf("       (diag %d: outputs not checked)\n", g_dec_diag);
         else
@@ -800,6 +835,40 @@ TEST(cuda_attention_dec_stage_speed) {
     for (int i = 0; i < 5; i++) attn_speed_case(c, rows[i], 2048, ns, 1);
     for (int i = 0; i < 5; i++) attn_speed_case(c, rows[i], 8192, ns, 1);
     g_row_form = 0;
+    cu_ctx_destroy(c);
+}
+
+/* Timing, not a bound: CINFER_CUDA_ATTN_DEC_HS (q heads a block of attn_dec_kernel) at the 4B shape (G 4, 4
+ * kv heads) and the 35B-A3B's (G 8, 2 kv heads): 1 row at 512 / 4096 / 32768 positions and 64 rows at 512
+ * with each divisor of G, attn_kernel first; then at 1 x 512 where the time goes (diag: without the merge,
+ * the norms, the arithmetic, the fence and counter; all four) with the whole group and with 2 heads a block
+ */
+TEST(cuda_attention_dec_hs_speed) {
+    if (cuda_devices() < 1) SKIP("no CUDA device: skipped");
+    char err[256];
+    cu_ctx *c;
+    REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
+    static const int ns[] = {64}, hkv[] = {4, 2}, pos[] = {512, 4096, 32768}, diag[] = {1, 2, 4, 8, 15};
+    for (int k = 0; k < 2; k++) {
+        g_sp_hkv = hkv[k];
+        for (int p = 0; p < 3; p++)
+            for (int hs = 16 / hkv[k]; hs >= 1; hs /= 2) {
+                g_sp_hs = hs, g_row_form = hs == 16 / hkv[k];
+                attn_speed_case(c, 1, pos[p], ns, 1);
+            }
+        g_row_form = 0;
+        for (int hs = 16 / hkv[k]; hs >= 1; hs /= 2) {
+            g_sp_hs = hs;
+            attn_speed_case(c, 64, 512, ns, 1);
+        }
+        for (int hs = 16 / hkv[k]; hs >= 2; hs = hs > 2 ? 2 : 1)
+            for (int i = 0; i < 5; i++) {
+                g_sp_hs = hs, g_dec_diag = diag[i];
+                attn_speed_case(c, 1, 512, ns, 1);
+            }
+        g_dec_diag = 0;
+    }
+    g_sp_hkv = 4, g_sp_hs = 0;
     cu_ctx_destroy(c);
 }
 

@@ -314,6 +314,12 @@ __device__ __forceinline__ int dec_span(int pos, int nsmax, int *ns) {
     return s;
 }
 
+/* q heads a block of attn_dec_kernel serves (cu_attn_args.dec_hs): a divisor of the GQA group G, else G */
+__host__ __device__ __forceinline__ int dec_gb(const cu_attn_args &a) {
+    const int G = a.Hq / a.Hkv;
+    return a.dec_hs > 0 && a.dec_hs < G && G % a.dec_hs == 0 ? a.dec_hs : G;
+}
+
 /* stages of attn_dec_kernel's chunks: one when every row's spans are one chunk (cu_attn_args.span) */
 __host__ __device__ __forceinline__ int dec_stages(const cu_attn_args &a) {
     return a.span <= CU_ATTN_DEC_CH ? 1 : 2;
@@ -333,11 +339,11 @@ static size_t dec_smem(int hd, int G, int nst) {
  * shared memory */
 #define DEC_PST(hd) ((size_t)(hd) + 4)
 #define DEC_MPF     16 /* spans of a thread's first output column requested with the (m, l) loads */
-__device__ __forceinline__ void dec_merge(const cu_attn_args &a, int kvh, int r, int ns, float *sw) {
-    int hd = a.hd, G = a.Hq / a.Hkv, tid = threadIdx.x, C4 = hd / 4;
+__device__ __forceinline__ void dec_merge(const cu_attn_args &a, int h0, int G, int r, int ns, float *sw) {
+    int hd = a.hd, tid = threadIdx.x, C4 = hd / 4;
     size_t st = DEC_PST(hd);
     const size_t st4 = st / 4;
-    const float *p0 = a.part + ((size_t)r * a.Hq + (size_t)kvh * G) * a.nsplit * st;
+    const float *p0 = a.part + ((size_t)r * a.Hq + (size_t)h0) * a.nsplit * st;
     float *sl = sw + G * ns, *sL = sl + G * ns;
     /* the first column's acc of its first DEC_MPF spans and its gate, in flight with the (m, l) loads: one
      * L2 round trip for the usual merge (at the 4B shape every thread one column, <= 16 spans) */
@@ -348,7 +354,7 @@ __device__ __forceinline__ void dec_merge(const cu_attn_args &a, int kvh, int r,
 #pragma unroll
         for (int s = 0; s < DEC_MPF; s++)
             if (s < ns) x[s] = __ldcg(pg + s * st4);
-        const float *gp = a.qkv + (size_t)r * a.ld + (size_t)(kvh * G + g) * 2 * hd + hd + d;
+        const float *gp = a.qkv + (size_t)r * a.ld + (size_t)(h0 + g) * 2 * hd + hd + d;
         gt = make_float4(gp[0], gp[1], gp[2], gp[3]); /* ld need not be a multiple of 4 */
     }
     for (int i = tid; i < G * ns; i += DEC_NT) {
@@ -357,19 +363,27 @@ __device__ __forceinline__ void dec_merge(const cu_attn_args &a, int kvh, int r,
         sw[i] = ml.x, sl[i] = ml.y;
     }
     __syncthreads();
-    for (int g = tid; g < G; g += DEC_NT) {
-        float M = -INFINITY, L = 0.0f;
-        for (int s = 0; s < ns; s++) M = fmaxf(M, sw[g * ns + s]);
-        for (int s = 0; s < ns; s++) {
-            float l = sl[g * ns + s], w = l > 0.0f ? expf(sw[g * ns + s] - M) : 0.0f;
-            sw[g * ns + s] = w;
-            L = fmaf(l, w, L);
+    /* per head a warp: the max and the weights over its lanes (max is exact in any order; each weight one
+     * expf), then L by lane 0 in order of s: the bits of one thread doing all three */
+    for (int g = tid >> 5; g < G; g += DEC_NT / 32) {
+        const int lane = tid & 31;
+        float M = -INFINITY;
+        for (int s = lane; s < ns; s += 32) M = fmaxf(M, sw[g * ns + s]);
+        M = warp_max(M);
+        for (int s = lane; s < ns; s += 32) {
+            float l = sl[g * ns + s];
+            sw[g * ns + s] = l > 0.0f ? expf(sw[g * ns + s] - M) : 0.0f;
         }
-        sL[g] = L;
+        __syncwarp();
+        if (lane == 0) {
+            float L = 0.0f;
+            for (int s = 0; s < ns; s++) L = fmaf(sl[g * ns + s], sw[g * ns + s], L);
+            sL[g] = L;
+        }
     }
     __syncthreads();
     for (int i = tid; i < G * C4; i += DEC_NT) {
-        int g = i / C4, d = 4 * (i % C4), h = kvh * G + g;
+        int g = i / C4, d = 4 * (i % C4), h = h0 + g;
         const float4 *pg = reinterpret_cast<const float4 *>(p0 + (size_t)g * a.nsplit * st + 4 + d);
         const float *w = sw + g * ns;
         float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f), q;
@@ -403,8 +417,10 @@ template <int NPL, bool FUSED> __global__ void __launch_bounds__(DEC_NT, 2) attn
     extern __shared__ float4 dec_sm4[];
     constexpr int hd = NPL * 32, CH = CU_ATTN_DEC_CH, KS = hd + DEC_KPAD, C4 = hd / 4;
     constexpr int TPC = DEC_NT / C4; /* P.V: threads sharing an output column, each a part of the positions */
-    const int G = a.Hq / a.Hkv, kvh = blockIdx.x, r = blockIdx.y, sp = blockIdx.z, tid = threadIdx.x,
-              warp = tid >> 5, lane = tid & 31;
+    /* G: the q heads of this block, h0 the first (the kv head's group split over Hq / Hkv / G blocks) */
+    const int G = dec_gb(a), nsub = a.Hq / a.Hkv / G, kvh = blockIdx.x / nsub, r = blockIdx.y,
+              sp = blockIdx.z, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int h0 = kvh * (a.Hq / a.Hkv) + (int)(blockIdx.x % nsub) * G;
     float *sm = reinterpret_cast<float *>(dec_sm4);
     const int nst = dec_stages(a);
     float *Ks = sm, *Vs = Ks + nst * CH * KS, *Qs = Vs + nst * CH * hd, *Ps = Qs + G * hd, *Kc = Ps + G * CH,
@@ -456,23 +472,23 @@ template <int NPL, bool FUSED> __global__ void __launch_bounds__(DEC_NT, 2) attn
     const int own = end == pos + 1; /* this span holds the row's own position */
     if (!FUSED && nch > 0) issue(0);
     if (FUSED && (a.dec_diag & 2)) { /* diagnostics: q unnormed, no k */
-        for (int i = tid; i < G * hd; i += DEC_NT) Qs[i] = row[(size_t)(kvh * G + i / hd) * 2 * hd + i % hd];
+        for (int i = tid; i < G * hd; i += DEC_NT) Qs[i] = row[(size_t)(h0 + i / hd) * 2 * hd + i % hd];
         for (int i = tid; i < hd; i += DEC_NT) Kc[i] = 0.0f;
     } else if (FUSED) {
         for (int w = warp; w < G + own; w += DEC_NT / 32) {
             if (w < G)
-                norm_rope_warp(a, row + (size_t)(kvh * G + w) * 2 * hd, a.q_norm, Qs + w * hd, r, pos, lane);
+                norm_rope_warp(a, row + (size_t)(h0 + w) * 2 * hd, a.q_norm, Qs + w * hd, r, pos, lane);
             else
                 norm_rope_warp(a, row + (size_t)a.Hq * 2 * hd + (size_t)kvh * hd, a.k_norm, Kc, r, pos, lane);
         }
         __syncthreads();
-        if (own) {
+        if (own && h0 == kvh * (a.Hq / a.Hkv)) { /* the group's first block writes the pool */
             float *kd = kv_row(a.kpool, a, blocks, pos) + (size_t)kvh * hd;
             float *vd = kv_row(a.vpool, a, blocks, pos) + (size_t)kvh * hd;
             for (int i = tid; i < hd; i += DEC_NT) kd[i] = Kc[i], vd[i] = vcur[i];
         }
     } else {
-        for (int i = tid; i < G * hd; i += DEC_NT) Qs[i] = row[(size_t)(kvh * G + i / hd) * 2 * hd + i % hd];
+        for (int i = tid; i < G * hd; i += DEC_NT) Qs[i] = row[(size_t)(h0 + i / hd) * 2 * hd + i % hd];
     }
     for (int g = tid; g < G; g += DEC_NT) Sm[g] = -INFINITY, Sl[g] = 0.0f;
     __syncthreads();
@@ -580,7 +596,7 @@ template <int NPL, bool FUSED> __global__ void __launch_bounds__(DEC_NT, 2) attn
     /* the span's result: the output (one span) or its partial; thread i: head i / C4, column i % C4 */
     const size_t st = DEC_PST(hd);
     for (int i = tid; i < G * C4; i += DEC_NT) {
-        int g = i / C4, d = 4 * (i % C4), h = kvh * G + g;
+        int g = i / C4, d = 4 * (i % C4), h = h0 + g;
         float4 o = red[(size_t)g * C4 + i % C4];
         for (int t = 1; t < TPC; t++) {
             float4 q = red[((size_t)t * G + g) * C4 + i % C4];
@@ -601,13 +617,13 @@ template <int NPL, bool FUSED> __global__ void __launch_bounds__(DEC_NT, 2) attn
     if (!FUSED || ns == 1 || (a.dec_diag & 8)) return;
     __threadfence();
     __syncthreads();
-    unsigned *cnt = a.dec_cnt + (size_t)r * a.Hq + kvh;
+    unsigned *cnt = a.dec_cnt + (size_t)r * a.Hq + blockIdx.x; /* blockIdx.x < Hq */
     if (tid == 0) last = atomicAdd(cnt, 1u) == (unsigned)(ns - 1);
     __syncthreads();
     if (!last) return;
     __threadfence();
-    if (!(a.dec_diag & 1)) dec_merge(a, kvh, r, ns, Ks); /* the first stage's K is free now */
-    if (tid == 0) *cnt = 0u;                             /* ready for the next launch */
+    if (!(a.dec_diag & 1)) dec_merge(a, h0, G, r, ns, Ks); /* the first stage's K is free now */
+    if (tid == 0) *cnt = 0u;                               /* ready for the next launch */
 }
 
 /* the unfused form's merge: a block per (kv head, row) with more than one span */
@@ -616,7 +632,7 @@ __global__ void __launch_bounds__(DEC_NT) attn_dec_combine_kernel(cu_attn_args a
     int kvh = blockIdx.x, r = blockIdx.y, ns;
     if (a.meta.row_pos[r] < a.dec_p) return; /* attn_kernel's row */
     dec_span(a.meta.row_pos[r], a.dec_nsmax < a.nsplit ? a.dec_nsmax : a.nsplit, &ns);
-    if (ns > 1) dec_merge(a, kvh, r, ns, sw);
+    if (ns > 1) dec_merge(a, kvh * (a.Hq / a.Hkv), a.Hq / a.Hkv, r, ns, sw);
 }
 
 /* 1 when attn_dec_kernel serves the shape: G within the heads a thread holds, the P.V parts [TPC][G][hd]
@@ -648,10 +664,10 @@ template <int NPL> static int dec_ready(int G, int nsplit) {
  * Unfused: attn_prep_kernel first (for every row of the launch: the one prep of a batch whose rows take
  * both kernels) */
 template <int NPL> static int attn_dec_npl(cu_ctx *c, const cu_attn_args *a) {
-    int G = a->Hq / a->Hkv, nst = dec_stages(*a);
+    int G = a->Hq / a->Hkv, GB = dec_gb(*a), nst = dec_stages(*a);
     if (!dec_ready<NPL>(G, a->nsplit)) return 0;
-    dim3 grid((unsigned)a->Hkv, (unsigned)a->T, (unsigned)a->nsplit);
-    size_t sm = dec_smem(NPL * 32, G, nst);
+    dim3 grid((unsigned)(a->Hkv * (G / GB)), (unsigned)a->T, (unsigned)a->nsplit);
+    size_t sm = dec_smem(NPL * 32, GB, nst);
     if (a->dec_cnt) {
         cu_launch_pdl_smem(c, cu_pdl_on() >= 2 && (cu_pdl_mask() & PDL_ATTN), attn_dec_kernel<NPL, true>,
                            grid, dim3(DEC_NT), sm, *a);

@@ -440,6 +440,10 @@ typedef struct cu_attn_args {
      * part; the two kernels' partials must not overlap when both run) */
     int dec_p, dec_cls, dec_span, dec_nsplit;
     float *dec_part;
+    /* attn_dec_kernel's q heads a block (CINFER_CUDA_ATTN_DEC_HS): a divisor of Hq / Hkv splits each kv
+     * head's group over Hq / Hkv / dec_hs blocks (more blocks when a row has few kv heads); anything else
+     * (0): the whole group. Every head's arithmetic is the same either way: the same bits */
+    int dec_hs;
     /* measurements only (wrong outputs), 0 otherwise: attn_dec_kernel's fused form leaves out 1 the merge, 2
      * the q / k norm + RoPE, 4 the arithmetic of the chunks, 8 the partials' fence and counter */
     int dec_diag;
