@@ -329,8 +329,9 @@ static void moe_case_run(const moe_case *mc) {
         cu_free(d_raw), cu_free(d_nw), cu_free(d_xn);
     }
     /* the variants (CINFER_CUDA_MOE_VARIANT: PDL launches 4, shared expert into L2 8192, selection in the
-     * expert kernels 16384): the same bits, idx / w included (16384: written by gate_up's block 0) */
-    static const int vlist[] = {4, 8192, 8196, 16384, 16388, 24580};
+     * expert kernels 16384, there in fewer dependent steps 32768): the same bits, idx / w included (16384:
+     * written by gate_up's block 0) */
+    static const int vlist[] = {4, 8192, 8196, 16384, 16388, 24580, 49152, 49156, 57348};
     for (size_t vi = 0; vi < sizeof vlist / sizeof vlist[0]; vi++) {
         int v = vlist[vi];
         if (v & 8) continue; /* the router's own norm: its check above */
@@ -342,13 +343,13 @@ static void moe_case_run(const moe_case *mc) {
                       "%s: variant %d differs from variant 0", mc->name, v);
         free_out(&ov);
     }
-    /* the selection in the expert kernels (16388), row 0 alone: the bits it has among T rows */
-    if (T > 1) {
+    /* the selection in the expert kernels (16388, 49156), row 0 alone: the bits it has among T rows */
+    for (int sv = 16388; T > 1 && sv <= 49156; sv += 32768) {
         fused_out o1;
-        if (!run_fused(c, mc, &w, d_x, 1, 16388, NULL, &o1))
+        if (!run_fused(c, mc, &w, d_x, 1, sv, NULL, &o1))
             CHECK_MSG(!memcmp(o1.idx, o8.idx, (size_t)k * 4) && !memcmp(o1.w, o8.w, (size_t)k * 4) &&
                           !memcmp(o1.act, o8.act, (size_t)A * 4) && !memcmp(o1.out, o8.out, (size_t)H * 4),
-                      "%s: variant 16388, row 0 alone differs from row 0 among %d", mc->name, T);
+                      "%s: variant %d, row 0 alone differs from row 0 among %d", mc->name, sv, T);
         free_out(&o1);
     }
     char what[160];
@@ -545,7 +546,7 @@ TEST(cuda_moe_fused_model_matches_unfused) {
     /* in graphs, against the default variant (8204: PDL launches, the router taking the norm and requesting
      * the shared expert into L2): 0 (none of it), 4 (the norm kernel launched), 8, 12 (no shared-expert
      * prefetch): the same bits */
-    static const char *const vars[] = {"0", "4", "8", "12", "16384", "16396", "24588"};
+    static const char *const vars[] = {"0", "4", "8", "12", "16384", "16396", "24588", "49164", "57356"};
     for (int vi = 0; vi < (int)(sizeof vars / sizeof vars[0]); vi++) {
         char *ov = env_swap("CINFER_CUDA_MOE_VARIANT", vars[vi]);
         if (!model_steps(m, V, 3, "1", NULL, NULL, NULL, got))
@@ -656,8 +657,8 @@ TEST(cuda_moe_fused_speed) {
                 T, v, us[0], us[1], b_gu / us[1] / 1e3, us[2], b_dn / us[2] / 1e3, us[0] + us[1] + us[2]);
         }
         /* 4: PDL launches; 8: the router takes the norm before the block (one launch less in the model);
-         * 16384: the selection in the expert kernels (alternating with 8204 for the A/B) */
-        static const int vs[] = {0, 4, 8, 12, 8204, 24588, 8204, 24588, 8204, 24588};
+         * 16384: the selection in the expert kernels, 32768: in fewer steps (alternating with 8204) */
+        static const int vs[] = {0, 4, 8, 12, 8204, 24588, 57356, 8204, 24588, 57356, 8204, 24588, 57356};
         float *nw = dev((size_t)H * 4), *xn = dev((size_t)T * H * 4);
         cu_fill_f32(c, nw, (size_t)H, 1.0f);
         for (size_t vi = 0; vi < sizeof vs / sizeof vs[0]; vi++) {

@@ -151,6 +151,85 @@ __device__ __forceinline__ void mf_select(const float *lg, int E, int k, int nor
     *oe = my_e, *ow = norm ? my_p / ws : my_p, *orank = rank;
 }
 
+/* mf_select<8>'s choices, weights and ranks, bit for bit, in fewer dependent steps (E <= 256; variant 32768
+ * with 16384): the row's maximum logit by one integer warp reduction on an order-preserving map of the
+ * lanes' maxima (fmaxf's value: -0 and +0 give the same differences below); the same exponentials, the
+ * same sums in the same order, the same divisions; then each lane sorts its 8 keys (bits(p) + 1, then the
+ * lower expert first) once by a 19-exchange network, so a round's winning lane shifts its list instead of
+ * rescanning its 8 values (the round's two warp reductions are unchanged: the largest head, then the lowest
+ * expert holding it, so the same choices in the same order). */
+__device__ __forceinline__ void mf_select8_fast(const float *lg, int E, int k, int norm, int lane, int *oe,
+                                                float *ow, int *orank) {
+    float p[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) p[i] = lane + 32 * i < E ? __ldcg(lg + lane + 32 * i) : 0.0f;
+    float lm = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        if (lane + 32 * i < E) lm = fmaxf(lm, p[i]);
+    /* order-preserving map of the float bits to unsigned (negative: all bits flipped; else the sign set) */
+    unsigned lb = __float_as_uint(lm);
+    unsigned mb = __reduce_max_sync(0xffffffffu, lb & 0x80000000u ? ~lb : lb | 0x80000000u);
+    const float mx = __uint_as_float(mb & 0x80000000u ? mb & 0x7fffffffu : ~mb);
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        if (lane + 32 * i < E) {
+            p[i] = expf(p[i] - mx);
+            s += p[i];
+        }
+    s = warp_sum(s);
+    unsigned long long
+        key[8]; /* bits(p) + 1 in the high word, 7 - i in the low: descending = mf_select's order */
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        key[i] = lane + 32 * i < E ? (unsigned long long)(__float_as_uint(p[i] / s) + 1u) << 32 |
+                                         (unsigned long long)(7 - i)
+                                   : 0ull;
+#define MF_CX(a, b)                                                                                          \
+    {                                                                                                        \
+        unsigned long long hi_ = key[a] > key[b] ? key[a] : key[b], lo_ = key[a] > key[b] ? key[b] : key[a]; \
+        key[a] = hi_, key[b] = lo_;                                                                          \
+    }
+    MF_CX(0, 2) MF_CX(1, 3) MF_CX(4, 6) MF_CX(5, 7);
+    MF_CX(0, 4) MF_CX(1, 5) MF_CX(2, 6) MF_CX(3, 7);
+    MF_CX(0, 1) MF_CX(2, 3) MF_CX(4, 5) MF_CX(6, 7);
+    MF_CX(2, 4) MF_CX(3, 5);
+    MF_CX(1, 4) MF_CX(3, 6);
+    MF_CX(1, 2) MF_CX(3, 4) MF_CX(5, 6);
+#undef MF_CX
+    int my_e = 0;
+    float my_p = 0.0f;
+    for (int j = 0; j < k; j++) {
+        unsigned hv = (unsigned)(key[0] >> 32);
+        unsigned m = __reduce_max_sync(0xffffffffu, hv);
+        unsigned gi = (unsigned)lane + 32u * (7u - (unsigned)(key[0] & 7u));
+        unsigned be = __reduce_min_sync(0xffffffffu, hv == m ? gi : 0xffffffffu);
+        if (lane == j) my_e = (int)be, my_p = __uint_as_float(m - 1u);
+        if ((int)(be & 31u) == lane) {
+#pragma unroll
+            for (int i = 0; i < 7; i++) key[i] = key[i + 1];
+            key[7] = 0ull;
+        }
+    }
+    float ws = 0.0f;
+    for (int j = 0; j < k; j++) ws += __shfl_sync(0xffffffffu, my_p, j);
+    int rank = 0;
+    for (int j = 0; j < k; j++) rank += __shfl_sync(0xffffffffu, my_e, j) < my_e;
+    *oe = my_e, *ow = norm ? my_p / ws : my_p, *orank = rank;
+}
+
+/* SEL (the expert kernels' template argument): 0 no selection there; 8 / 32 mf_select<SEL>; 9
+ * mf_select8_fast */
+template <int SEL>
+__device__ __forceinline__ void mf_select_sel(const float *lg, int E, int k, int norm, int lane, int *oe,
+                                              float *ow, int *orank) {
+    if constexpr (SEL == 9)
+        mf_select8_fast(lg, E, k, norm, lane, oe, ow, orank);
+    else
+        mf_select<SEL>(lg, E, k, norm, lane, oe, ow, orank);
+}
+
 /* Router, grid (E / RT_WARPS, T). Warp w of block b computes logit e = RT_WARPS b + w of row blockIdx.y with
  * f32 activations (the values cu_gemm(precise) gives); the block that finishes a row last (count[r], left
  * at 0 again) selects in one warp exactly as route_kernel + sort_slots_kernel do: softmax with per-lane sums
@@ -274,11 +353,11 @@ __global__ void __launch_bounds__(NORM ? 256 : RT_WARPS * 32)
  * j-th chosen expert (j = w / Im, n = w % Im) -> act[r][w]; then Is warps for the shared expert's rows ->
  * act[r][k Im + n]; then one warp for the shared expert's gate logit -> shg[r]. NB: chunks per row requested
  * at once (2: 40 registers, six blocks per SM, so the 577 blocks of a 35B-A3B row are one wave).
- * SEL (variant 16384; EW as mf_select's, 0: off): the router wrote only its logits, and warp 0 of every
- * block serving a chosen expert (Im % 8 == 0: a block serves one j) makes the row's selection itself with
- * mf_select (the same bits as the router's last block would) and hands its j-th expert in ascending order
- * to the other warps through shared memory; block 0 also writes idx / w (the down kernel and callers read
- * them). That drops the router's fence, counter, last block and idx round trip from the chain before the
+ * SEL (variant 16384; mf_select_sel's argument, 0: off): the router wrote only its logits, and warp 0 of
+ * every block serving a chosen expert (Im % 8 == 0: a block serves one j) makes the row's selection itself
+ * with mf_select (the same bits as the router's last block would) and hands its j-th expert in ascending
+ * order to the other warps through shared memory; block 0 also writes idx / w (the down kernel and callers
+ * read them). That drops the router's fence, counter, last block and idx round trip from the chain before the
  * experts' weights are requested. */
 template <int NB, int SEL>
 __global__ void __launch_bounds__(MF_WARPS * 32)
@@ -296,7 +375,7 @@ __global__ void __launch_bounds__(MF_WARPS * 32)
             if (warp == 0) {
                 int my_e, rank;
                 float my_w;
-                mf_select<SEL>(logits + (size_t)r * E, E, k, norm, lane, &my_e, &my_w, &rank);
+                mf_select_sel<SEL>(logits + (size_t)r * E, E, k, norm, lane, &my_e, &my_w, &rank);
                 if (lane < k && rank == (int)blockIdx.x * MF_WARPS / Im) s_e = my_e;
                 if (blockIdx.x == 0 && lane < k) {
                     idx_out[(size_t)r * k + rank] = my_e;
@@ -339,9 +418,9 @@ __global__ void __launch_bounds__(MF_WARPS * 32)
 /* down + combine, grid (H / MF_WARPS, T). Warp h: out[r][h] = Σ_j w_j (down_{e_j}[h] · act_j) over the
  * choices in ascending expert order, then + sigmoid(shg) (sh_down[h] · act_sh): cu_moe_combine's order. With
  * resid, resid[r][h] += that sum instead (the residual add cu_add_rmsnorm would make, the same f32 add) and
- * out is not written. SEL (variant 16384, EW as mf_select's): warp 0 selects from the router's logits itself
- * (complete when this kernel starts, as idx is below) and shares the choices through shared memory: nothing
- * read from what the gate_up kernel writes before the wait. */
+ * out is not written. SEL (variant 16384, mf_select_sel's argument): warp 0 selects from the router's logits
+ * itself (complete when this kernel starts, as idx is below) and shares the choices through shared memory:
+ * nothing read from what the gate_up kernel writes before the wait. */
 template <int KC, int SEL>
 __global__ void __launch_bounds__(MF_WARPS * 32)
     mf_down_kernel(const float *__restrict__ act, const uint16_t *__restrict__ e_down,
@@ -366,7 +445,7 @@ __global__ void __launch_bounds__(MF_WARPS * 32)
         __shared__ float s_w[MF_MAX_K];
         if (warp == 0) { /* h < H for the whole block: H % 8 == 0 */
             int rank;
-            mf_select<SEL>(logits + (size_t)r * E, E, k, norm, lane, &my_e, &my_w, &rank);
+            mf_select_sel<SEL>(logits + (size_t)r * E, E, k, norm, lane, &my_e, &my_w, &rank);
             if (lane < k) s_e[rank] = my_e, s_w[rank] = my_w;
         }
         __syncthreads();
@@ -467,8 +546,9 @@ extern "C" void cu_moe_fused_gate_up(cu_ctx *c, const cu_moe_args *a) {
     void (*kern)(const float *, const uint16_t *, const int *, const uint16_t *, const uint16_t *, float *,
                  float *, int, int, int, int, const float *, int, int, int *, float *) =
         !(a->variant & 16384) ? mf_gate_up_kernel<2, 0>
-        : a->E <= 256         ? mf_gate_up_kernel<2, 8>
-                              : mf_gate_up_kernel<2, 32>;
+        : a->E > 256          ? mf_gate_up_kernel<2, 32>
+        : a->variant & 32768  ? mf_gate_up_kernel<2, 9>
+                              : mf_gate_up_kernel<2, 8>;
     cu_launch_pdl(c, pdl, kern, grid, block, x, a->e_gu, a->idx, a->sh_gu, a->sh_gw, a->act, a->shg, a->H,
                   a->k, a->Im, Is, a->logits, a->E, a->norm, a->idx, a->w);
 }
@@ -482,11 +562,17 @@ extern "C" void cu_moe_fused_down(cu_ctx *c, const cu_moe_args *a) {
      * experts' rows at once and session 5's shared row with the first group: no faster, the same bits.) */
     void (*kern)(const float *, const uint16_t *, const int *, const float *, const uint16_t *, const float *,
                  float *, float *, int, int, int, int, const float *, int, int);
-    int sel = (a->variant & 16384) ? (a->E <= 256 ? 8 : 32) : 0;
+    int sel = !(a->variant & 16384) ? 0 : a->E > 256 ? 32 : a->variant & 32768 ? 9 : 8;
     if (a->Im > 512)
-        kern = sel == 8 ? mf_down_kernel<4, 8> : sel ? mf_down_kernel<4, 32> : mf_down_kernel<4, 0>;
+        kern = sel == 8   ? mf_down_kernel<4, 8>
+               : sel == 9 ? mf_down_kernel<4, 9>
+               : sel      ? mf_down_kernel<4, 32>
+                          : mf_down_kernel<4, 0>;
     else
-        kern = sel == 8 ? mf_down_kernel<2, 8> : sel ? mf_down_kernel<2, 32> : mf_down_kernel<2, 0>;
+        kern = sel == 8   ? mf_down_kernel<2, 8>
+               : sel == 9 ? mf_down_kernel<2, 9>
+               : sel      ? mf_down_kernel<2, 32>
+                          : mf_down_kernel<2, 0>;
     cu_launch_pdl(c, (a->variant & 4) != 0, kern, grid, block, a->act, a->e_down, a->idx, a->w, sh_down,
                   a->shg, a->out, a->resid, a->H, a->k, a->Im, Is, a->logits, a->E, a->norm);
 }
