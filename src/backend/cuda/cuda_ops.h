@@ -444,6 +444,9 @@ typedef struct cu_attn_args {
      * head's group over Hq / Hkv / dec_hs blocks (more blocks when a row has few kv heads); anything else
      * (0): the whole group. Every head's arithmetic is the same either way: the same bits */
     int dec_hs;
+    /* nonzero (CINFER_CUDA_ATTN_DEC_MST): the fused merge stages the spans past its register prefetch in
+     * shared memory by cp.async, in flight with the (m, l) loads; the same bits */
+    int dec_mst;
     /* measurements only (wrong outputs), 0 otherwise: attn_dec_kernel's fused form leaves out 1 the merge, 2
      * the q / k norm + RoPE, 4 the arithmetic of the chunks, 8 the partials' fence and counter */
     int dec_diag;
@@ -563,10 +566,11 @@ typedef struct cu_moe_args {
 /* 1 when the fused kernels serve this shape: H, Im, Is multiples of 8, Im <= 1024, E <= 1024, k <= 32 */
 int cu_moe_fused_supported(int H, int E, int k, int Im, int Is);
 int cu_moe_fused_norm_ok(int H);
-void cu_moe_fused_route(cu_ctx *c, const cu_moe_args *a);   /* logits, idx, w (16384: logits only) */
-void cu_moe_fused_gate_up(cu_ctx *c, const cu_moe_args *a); /* act, shg (reads idx; 16384: logits -> idx, w) */
-void cu_moe_fused_down(cu_ctx *c, const cu_moe_args *a);    /* out (reads idx, w, act, shg; 16384: logits) */
-void cu_moe_fused(cu_ctx *c, const cu_moe_args *a);         /* the three in order */
+void cu_moe_fused_route(cu_ctx *c, const cu_moe_args *a); /* logits, idx, w (16384: logits only) */
+void cu_moe_fused_gate_up(cu_ctx *c,
+                          const cu_moe_args *a);         /* act, shg (reads idx; 16384: logits -> idx, w) */
+void cu_moe_fused_down(cu_ctx *c, const cu_moe_args *a); /* out (reads idx, w, act, shg; 16384: logits) */
+void cu_moe_fused(cu_ctx *c, const cu_moe_args *a);      /* the three in order */
 
 /* Prefill experts without the host (moe_gemm.cu, CINFER_CUDA_MOE_PREFILL=grouped): grouped GEMMs on the
  * tensor cores (bf16 weights, activations split into bf16 hi + lo, f32 accumulation) over every expert in one
