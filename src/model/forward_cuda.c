@@ -885,6 +885,8 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     const char *gc = getenv("CINFER_CUDA_GDN_CLUSTER");
     f->gdn_cluster =
         f->gdn_cnt && !(gc && !strcmp(gc, "0")) && cu_gdn_cluster_init(m->Hk, m->Hv, m->dk, m->dv);
+    /* 2 / 3: the kernel's second form, registers capped for 3 / 2 blocks an SM */
+    if (f->gdn_cluster && gc && (!strcmp(gc, "2") || !strcmp(gc, "3"))) f->gdn_cluster = atoi(gc);
     const char *gcm = getenv("CINFER_CUDA_GDN_CLUSTER_MAX");
     f->gdn_cluster_max = gcm ? atoi(gcm) : 2;
     const char *gst = getenv("CINFER_CUDA_GDN_STAMPS");

@@ -234,7 +234,9 @@ static int same_bits(const float *a, const float *b, size_t n, size_t *first) {
 
 /* prefill of each entry (pre[i] tokens from 0, the chunked form), then `steps` decode steps of every entry:
  * the four kernels on one copy of the states, the fused kernel on another, the fused kernel as clusters
- * (CINFER_CUDA_GDN_CLUSTER) on a third, the CPU on a fourth */
+ * (CINFER_CUDA_GDN_CLUSTER) on a third, the clustered kernel's second form (dec_cluster 2 and 3: registers
+ * for 3 / 2 blocks an SM) on a fourth and fifth, the CPU on a sixth */
+#define N_CL2 2
 static void fused_case(const char *name, int Hk, int Hv, int dk, int dv, const ent *pre, int NE, int steps) {
     char err[256];
     cu_ctx *c;
@@ -255,6 +257,8 @@ static void fused_case(const char *name, int Hk, int Hv, int dk, int dv, const e
     float *dcst_u = dup_dev(cst, cs_n * 4), *drst_u = dup_dev(rst, rs_n * 4);
     float *dcst_f = dup_dev(cst, cs_n * 4), *drst_f = dup_dev(rst, rs_n * 4);
     float *dcst_k = dup_dev(cst, cs_n * 4), *drst_k = dup_dev(rst, rs_n * 4);
+    float *dcst_2[N_CL2], *drst_2[N_CL2];
+    for (int v = 0; v < N_CL2; v++) dcst_2[v] = dup_dev(cst, cs_n * 4), drst_2[v] = dup_dev(rst, rs_n * 4);
     /* every shape here takes the clustered form on sm_90 (at most 16 blocks a group) */
     int ck = cu_gdn_cluster_init(Hk, Hv, dk, dv);
     CHECK_MSG(ck, "%s: cu_gdn_cluster_init refused %d/%d heads, dk %d, dv %d", name, Hk, Hv, dk, dv);
@@ -272,6 +276,11 @@ static void fused_case(const char *name, int Hk, int Hv, int dk, int dv, const e
     float *ok_ = dev_layer(c, &L, dproj, pre, NE, dcst_k, drst_k, cnt, ck, tc, &nan_k);
     REQUIRE(ou && of && ok_);
     free(ok_);
+    for (int v = 0; v < N_CL2; v++) {
+        ok_ = dev_layer(c, &L, dproj, pre, NE, dcst_2[v], drst_2[v], cnt, 2 + v, tc, &nan_k);
+        REQUIRE(ok_);
+        free(ok_);
+    }
     double r = rel(ou, o_ref, (size_t)T * L.vd);
     printf("     %-5s NE %d prefill (%s) vs cpu: %.2e\n", name, NE, tc ? "tensor cores" : "scalar", r);
     CHECK_MSG(r <= 1e-5, "%s prefill vs cpu %.3g", name, r);
@@ -304,6 +313,23 @@ static void fused_case(const char *name, int Hk, int Hv, int dk, int dv, const e
             CHECK_MSG(same_bits(rk, ru2, rs_n, &at),
                       "%s step %d: clustered recurrent states differ at %zu: %.9g vs %.9g", name, s, at,
                       rk[at], ru2[at]);
+            for (int v = 0; v < N_CL2; v++) {
+                /* the second form: the same bits again (outputs, windows, states) */
+                float *o2 = dev_layer(c, &L, dproj, dec, NE, dcst_2[v], drst_2[v], cnt, 2 + v, tc, &nan_k);
+                REQUIRE(o2);
+                CHECK_MSG(nan_k, "%s step %d: form %d did not run fused", name, s, 2 + v);
+                float *c2 = get(dcst_2[v], cs_n), *r2 = get(drst_2[v], rs_n);
+                CHECK_MSG(same_bits(o2, ou, (size_t)NE * L.vd, &at),
+                          "%s step %d: clustered form %d output differs at %zu: %.9g vs %.9g", name, s, 2 + v,
+                          at, o2[at], ou[at]);
+                CHECK_MSG(same_bits(c2, cu2, cs_n, &at),
+                          "%s step %d: clustered form %d conv windows differ at %zu: %.9g vs %.9g", name, s,
+                          2 + v, at, c2[at], cu2[at]);
+                CHECK_MSG(same_bits(r2, ru2, rs_n, &at),
+                          "%s step %d: clustered form %d recurrent states differ at %zu: %.9g vs %.9g", name,
+                          s, 2 + v, at, r2[at], ru2[at]);
+                free(o2), free(c2), free(r2);
+            }
             free(ck_), free(rk), free(cu2), free(ru2);
         }
         free(ok2);
@@ -318,7 +344,8 @@ static void fused_case(const char *name, int Hk, int Hv, int dk, int dv, const e
                   name, s, at, rf[at], ru[at]);
         if (s == steps - 1) {
             double rc = rel(cf, cst, cs_n), rr = rel(rf, rst, rs_n);
-            printf("     %-5s NE %d %d decode steps: fused == clustered == four kernels bitwise (outputs, "
+            printf("     %-5s NE %d %d decode steps: fused == clustered (forms 1, 2, 3) == four kernels "
+                   "bitwise (outputs, "
                    "windows, "
                    "states); "
                    "vs cpu: outputs <= %.2e, windows %.2e, states %.2e\n",
@@ -337,6 +364,7 @@ static void fused_case(const char *name, int Hk, int Hv, int dk, int dv, const e
     CHECK_MSG(zero, "%s: the fused kernel's counters were not set back to 0", name);
     free(hc), free(dec), free(cst), free(rst);
     cu_free(dcst_u), cu_free(drst_u), cu_free(dcst_f), cu_free(drst_f), cu_free(dcst_k), cu_free(drst_k);
+    for (int v = 0; v < N_CL2; v++) cu_free(dcst_2[v]), cu_free(drst_2[v]);
     cu_free(cnt);
     layer_free(&L);
     cu_ctx_destroy(c);

@@ -93,6 +93,9 @@ static void pdl_case(const char *dir, const char *name) {
         {"PDL + attn prefetch", "1", NULL, "1", NULL, 0},
         {"GDN clusters eager", "0", "0", "0", "1", 0},
         {"GDN clusters PDL graph", "1", NULL, NULL, "1", 0},
+        {"GDN clusters 2 eager", "0", "0", "0", "2", 0},
+        {"GDN clusters 2 PDL graph", "1", NULL, NULL, "2", 0},
+        {"GDN clusters 3 PDL graph", "1", NULL, NULL, "3", 0},
         {"PDL + every new form", "1", NULL, "2", "1", 0},
     };
     for (size_t k = 0; !rc && k < sizeof runs / sizeof runs[0]; k++) {

@@ -676,6 +676,290 @@ __global__ void __launch_bounds__(256, R <= 16 ? 3 : 0) fused_decode_cluster_ker
     }
 }
 
+/* rec_token1's arithmetic with kn = k inv_k formed again in the second half (the same product: no registers
+ * held across the barrier for it), for fused_decode_cluster2_kernel */
+template <int R>
+__device__ __forceinline__ float rec_token1r(float *sv, const float *q, const float *k, float invq,
+                                             float invk, float scale, float vj, float decay, float beta,
+                                             int g, int jj, int ok, int dk, float (*red)[32],
+                                             float (*red2)[32], int stamp, unsigned long long &t_mid) {
+    float m = 0.0f;
+#pragma unroll
+    for (int t = 0; t < R; t++) {
+        int i = g + REC_GROUPS * t;
+        if (i < dk && ok) {
+            sv[t] = __fmul_rn(sv[t], decay);
+            m = fmaf(__fmul_rn(k[i], invk), sv[t], m);
+        }
+    }
+    red[g][jj] = m;
+    __syncthreads();
+    if (stamp) t_mid = gdn_now();
+    float mm = 0.0f;
+    for (int t = 0; t < REC_GROUPS; t++) mm += red[t][jj];
+    float mj = beta * ((ok ? vj : 0.0f) - mm), o = 0.0f;
+#pragma unroll
+    for (int t = 0; t < R; t++) {
+        int i = g + REC_GROUPS * t;
+        if (i < dk && ok) {
+            float qn = __fmul_rn(__fmul_rn(q[i], invq), scale);
+            sv[t] = fmaf(__fmul_rn(k[i], invk), mj, sv[t]);
+            o = fmaf(qn, sv[t], o);
+        }
+    }
+    red2[g][jj] = o;
+    __syncthreads();
+    float oo = 0.0f;
+    if (g == 0)
+        for (int t = 0; t < REC_GROUPS; t++) oo += red2[t][jj];
+    return oo;
+}
+
+/* The clustered kernel's second form (cu_gdn_args.dec_cluster == 2, CINFER_CUDA_GDN_CLUSTER=2): the same
+ * values in the same order (conv_tap, l2inv_warp's sums, gdn_beta / gdn_gate, rec_token1, gnorm_warp's sums),
+ * with a shorter chain after the PDL wait:
+ *  - warp 0 runs the conv of the key head's dk q channels (lane l: channels l, l + 32, ..., l2inv_warp's
+ *    order) and forms the l2norm factor from its registers, warp 1 the same for k, warp 2 the block's value
+ *    channels, warp 3 the gates: one barrier joins them (was: the conv, a barrier, every warp re-reading q
+ * and k for the two factors);
+ *  - every kernel parameter, pointer and weight the post-wait part uses (A, dt_bias, the gated norm's weight)
+ *    is read before the wait;
+ *  - the outputs go to the head's column blocks by st.async onto an mbarrier in each (complete_tx), and a
+ *    block waits only for its own 32 x dv/32 words: no cluster-wide barrier after the update, so no release
+ *    waits for the state's stores, which are issued right after the update;
+ *  - the group's q / k conv windows are written by its first block once every block of the cluster has
+ *    arrived (release) on that block's second mbarrier after its last read of them. */
+__device__ __forceinline__ unsigned gdn_smem_addr(const void *p) {
+    return (unsigned)__cvta_generic_to_shared(p);
+}
+/* the same shared-memory word in block `rank` of the cluster */
+__device__ __forceinline__ unsigned gdn_mapa(unsigned addr, unsigned rank) {
+    unsigned r = addr;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
+#endif
+    return r;
+}
+__device__ __forceinline__ void gdn_mb_init(unsigned bar, unsigned count) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+#endif
+}
+__device__ __forceinline__ void gdn_mb_init_fence(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void gdn_mb_expect(unsigned bar, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+#endif
+}
+/* 4 bytes into another block's shared memory, counted on that block's mbarrier */
+__device__ __forceinline__ void gdn_st_async(unsigned raddr, float v, unsigned rbar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(raddr),
+                 "r"(__float_as_uint(v)), "r"(rbar)
+                 : "memory");
+#endif
+}
+__device__ __forceinline__ void gdn_mb_arrive_remote(unsigned rbar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(rbar) : "memory");
+#endif
+}
+/* wait for phase 0 of a local mbarrier (CL: acquire at cluster scope, for remote arrivals' releases) */
+template <bool CL> __device__ __forceinline__ void gdn_mb_wait0(unsigned bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    unsigned done = 0;
+    while (!done) {
+        if (CL)
+            asm volatile("{\n\t.reg .pred p;\n\t"
+                         "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], 0;\n\t"
+                         "selp.u32 %0, 1, 0, p;\n\t}"
+                         : "=r"(done)
+                         : "r"(bar)
+                         : "memory");
+        else
+            asm volatile("{\n\t.reg .pred p;\n\t"
+                         "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n\t"
+                         "selp.u32 %0, 1, 0, p;\n\t}"
+                         : "=r"(done)
+                         : "r"(bar)
+                         : "memory");
+    }
+#endif
+}
+/* keep a value computed (kernel parameters: constant-bank reads) before the PDL wait */
+template <class T> __device__ __forceinline__ void gdn_pin(T *&p) {
+    asm volatile("" : "+l"(p));
+}
+__device__ __forceinline__ void gdn_pin(float &x) {
+    asm volatile("" : "+f"(x));
+}
+__device__ __forceinline__ void gdn_pin(int &x) {
+    asm volatile("" : "+r"(x));
+}
+
+/* MB: blocks an SM the registers are capped for where R <= 16 (3: fused_decode_cluster_kernel's cap, a few
+ * words spilled at dk 128; 2: none spilled, CINFER_CUDA_GDN_CLUSTER=3) */
+template <int R, int KW, int MB>
+__global__ void __launch_bounds__(256, R <= 16 ? MB : 0) fused_decode_cluster2_kernel(cu_gdn_args a) {
+    constexpr int NQ = (REC_GROUPS * R + 31) / 32; /* q (k) channels per lane of warp 0 (1): dk <= 8 R */
+    __shared__ float q[256], k[256], red[REC_GROUPS][32], red2[REC_GROUPS][32];
+    __shared__ float vs[32], bgs[2], invs[2], ob[GDN_CL_MAXX][32];
+    __shared__ __align__(8) unsigned long long mb[2]; /* [0] the head's outputs arrived, [1] windows read */
+    int e = blockIdx.z;
+    int stamp = a.dec_stamps && !(blockIdx.x | blockIdx.y | blockIdx.z | threadIdx.x);
+    unsigned long long ts[CU_GDN_STAMPS] = {0};
+    if (stamp) ts[0] = gdn_now();
+    int en = a.meta.e_n[e], elen = a.meta.e_len[e], r = a.meta.e_row0[e], slot = a.meta.e_slot[e];
+    if (!(en == 1 && elen > 0)) { /* a cluster is one entry: all its blocks return here or none */
+        griddep_wait();
+        return;
+    }
+    int h = blockIdx.y, jj = threadIdx.x & 31, g = threadIdx.x >> 5, j0 = blockIdx.x * 32, j = j0 + jj;
+    /* KW 4 is launched for K = 4 only: a constant, so the unused fourth tap takes no registers */
+    int dk = a.dk, dv = a.dv, K = KW == 4 ? 4 : a.K, C = a.C, tid = threadIdx.x, rr = a.Hv / a.Hk;
+    int kh = h / rr, kd = a.Hk * dk, nbx = gridDim.x;
+    int ok = j < dv, nv = dv - j0 < 32 ? dv - j0 : 32;
+    unsigned mb_out = gdn_smem_addr(&mb[0]), mb_rd = gdn_smem_addr(&mb[1]);
+    if (tid == 0) {
+        gdn_mb_init(mb_out, 1);
+        gdn_mb_init(mb_rd, (unsigned)(rr * nbx));
+        gdn_mb_init_fence();
+        gdn_mb_expect(mb_out, (unsigned)(nbx * 32 * 4)); /* every column block of the head sends 32 words */
+    }
+    float *S = a.rec_state + (((size_t)slot * a.n_lin + a.lin) * a.Hv + h) * (size_t)dk * dv + j;
+    float sv[R];
+#pragma unroll
+    for (int t = 0; t < R; t++) {
+        int i = g + REC_GROUPS * t;
+        sv[t] = i < dk && ok ? S[(size_t)i * dv] : 0.0f;
+    }
+    float *cst = a.conv_state + ((size_t)slot * a.n_lin + a.lin) * (size_t)(K - 1) * C;
+    const float *xrow = a.qkv + (size_t)r * a.qkv_ld;
+    /* warps 0 / 1: q / k channel kh dk + l + 32 u; warp 2: value channel j (lane < nv) in slot 0 */
+    float win[NQ][KW], wt[NQ][KW], wl[NQ], xin[NQ];
+    int ch[NQ];
+#pragma unroll
+    for (int u = 0; u < NQ; u++) {
+        int i = jj + 32 * u, in = g == 2 ? u == 0 && jj < nv : g < 2 && i < dk;
+        ch[u] = !in ? 0 : g == 0 ? kh * dk + i : g == 1 ? kd + kh * dk + i : 2 * kd + h * dv + j;
+#pragma unroll
+        for (int t = 0; t < KW; t++) {
+            win[u][t] = t < K - 1 && in ? cst[(size_t)t * C + ch[u]] : 0.0f;
+            wt[u][t] = t < K - 1 && in ? a.conv_w[(size_t)t * C + ch[u]] : 0.0f;
+        }
+        wl[u] = in ? a.conv_w[(size_t)(K - 1) * C + ch[u]] : 0.0f;
+    }
+    float gw = g == 0 && ok ? a.gnorm[j] : 0.0f;
+    float Ah = 0.0f, dth = 0.0f;
+    if (g == 3 && jj == 0) Ah = a.A[h], dth = a.dt_bias[h];
+    const void *zp = a.z + (size_t)r * a.z_ld + (size_t)h * dv + j;
+    const void *bp = a.b + (size_t)r * a.ba_ld + h, *ap = a.a + (size_t)r * a.ba_ld + h;
+    const void *op = a.o + (size_t)r * a.Hv * dv + (size_t)h * dv + j;
+    float eps = a.eps, scale = a.dec_qscale;
+    gdn_pin(zp), gdn_pin(bp), gdn_pin(ap), gdn_pin(eps), gdn_pin(scale);
+    /* the first barrier phase: every block has started and set up its mbarriers before any remote write */
+    cl_arrive_relaxed();
+    griddep_wait();   /* the in_proj row */
+    griddep_launch(); /* out_proj may start requesting its weights */
+    if (stamp) ts[1] = gdn_now();
+    float zj = 0.0f;
+    if (g < 3) {
+#pragma unroll
+        for (int u = 0; u < NQ; u++) {
+            int i = jj + 32 * u, in = g == 2 ? u == 0 && jj < nv : i < dk;
+            xin[u] = in ? xrow[ch[u]] : 0.0f;
+        }
+        if (g == 0 && ok) zj = *(const float *)zp;
+    }
+    if (g < 2) {
+        float ss = 0.0f;
+        float *dst = g == 0 ? q : k;
+#pragma unroll
+        for (int u = 0; u < NQ; u++) {
+            int i = jj + 32 * u;
+            if (i < dk) {
+                float y = conv_tap(wt[u], win[u], wl[u], xin[u], K);
+                dst[i] = y;
+                ss = fmaf(y, y, ss); /* l2inv_warp's order: i = lane, lane + 32, ... */
+            }
+        }
+        ss = warp_sum(ss);
+        if (jj == 0) invs[g] = 1.0f / sqrtf(ss + 1e-6f);
+    } else if (g == 2) {
+        if (jj < nv) {
+            float y = conv_tap(wt[0], win[0], wl[0], xin[0], K);
+            vs[jj] = y;
+#pragma unroll
+            for (int t = 0; t < KW - 1; t++) /* this block's own value channels: no other reads them */
+                if (t < K - 1) cst[(size_t)t * C + ch[0]] = t + 1 < K - 1 ? win[0][t + 1] : xin[0];
+        }
+    } else if (g == 3 && jj == 0) {
+        float bv = *(const float *)bp, av = *(const float *)ap;
+        bgs[0] = gdn_beta(bv);
+        bgs[1] = expf(Ah * dev_softplus(av + dth)); /* gdn_gate's value, then the decay */
+    }
+    if (stamp) ts[2] = gdn_now();
+    __syncthreads();
+    if (stamp) ts[3] = gdn_now();
+    float invq = invs[0], invk = invs[1], decay = bgs[1], beta = bgs[0];
+    float vj = ok ? vs[jj] : 0.0f;
+    float sz = dev_silu(zj);
+    float oo =
+        rec_token1r<R>(sv, q, k, invq, invk, scale, vj, decay, beta, g, jj, ok, dk, red, red2, stamp, ts[4]);
+    if (stamp) ts[5] = gdn_now();
+    namespace cg = cooperative_groups;
+    cg::cluster_group cl = cg::this_cluster();
+    unsigned me = cl.block_rank(), first = me - blockIdx.x - (unsigned)nbx * (unsigned)(h - kh * rr);
+    cl_wait(); /* the first phase: every block's mbarriers are set up */
+    if (g == 0) {
+        /* this block's 32 outputs into slot blockIdx.x of every column block of the head */
+        unsigned src = gdn_smem_addr(&ob[blockIdx.x][jj]);
+        for (int b = 0; b < nbx; b++) {
+            unsigned rank = me - blockIdx.x + (unsigned)b;
+            gdn_st_async(gdn_mapa(src, rank), oo, gdn_mapa(mb_out, rank));
+        }
+        if (stamp) ts[6] = gdn_now();
+    } else if (g == 1 && jj == 0) {
+        /* this block's reads of the q / k windows are done (its update used them) */
+        gdn_mb_arrive_remote(gdn_mapa(mb_rd, first));
+    }
+#pragma unroll
+    for (int t = 0; t < R; t++) {
+        int i = g + REC_GROUPS * t;
+        if (i < dk && ok) S[(size_t)i * dv] = sv[t];
+    }
+    int writer = me == first;
+    if (g == 0) {
+        gdn_mb_wait0<true>(mb_out);
+        if (stamp) ts[7] = gdn_now();
+        float ss = 0.0f;
+        for (int b = 0; b * 32 + jj < dv; b++) ss = fmaf(ob[b][jj], ob[b][jj], ss); /* gnorm_warp's order */
+        ss = warp_sum(ss);
+        float inv = 1.0f / sqrtf(ss / (float)dv + eps);
+        if (ok) *(float *)op = ((oo * inv) * gw) * sz;
+    }
+    if (writer && g < 2) {
+        gdn_mb_wait0<true>(mb_rd);
+#pragma unroll
+        for (int u = 0; u < NQ; u++) {
+            if (jj + 32 * u >= dk) continue;
+#pragma unroll
+            for (int t = 0; t < KW - 1; t++)
+                if (t < K - 1) cst[(size_t)t * C + ch[u]] = t + 1 < K - 1 ? win[u][t + 1] : xin[u];
+        }
+    }
+    if (stamp) {
+        ts[8] = gdn_now();
+        unsigned long long i = atomicAdd(a.dec_stamps, 1ull);
+        if (i < CU_GDN_STAMP_CAP)
+            for (int x = 0; x < CU_GDN_STAMPS; x++) a.dec_stamps[1 + i * CU_GDN_STAMPS + x] = ts[x];
+    }
+}
+
 /* Fused verify layer (cu_gdn_args.win_cnt): a whole layer in one launch when every entry is a speculative
  * window or one token continuing its sequence — the four kernels and the record kernel cost a verify step
  * four times the DeltaNet time of a decode step at the 4B shape (H200, 1.43 vs 0.35 ms).
@@ -1202,8 +1486,16 @@ extern "C" int cu_gdn_cluster_init(int Hk, int Hv, int dk, int dv) {
     do {                                                                                                     \
         void (*kern)(cu_gdn_args) = fused_decode_cluster_kernel<R_, 4>;                                      \
         void (*kern8)(cu_gdn_args) = fused_decode_cluster_kernel<R_, CONV_MAXK>;                             \
+        void (*k2[4])(cu_gdn_args) = {                                                                       \
+            fused_decode_cluster2_kernel<R_, 4, 3>, fused_decode_cluster2_kernel<R_, CONV_MAXK, 3>,          \
+            fused_decode_cluster2_kernel<R_, 4, 2>, fused_decode_cluster2_kernel<R_, CONV_MAXK, 2>};         \
+        int bad = 0;                                                                                         \
+        for (int q_ = 0; q_ < 4 && nbx * rr > 8; q_++)                                                       \
+            bad |= cudaFuncSetAttribute(k2[q_], cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=        \
+                   cudaSuccess;                                                                              \
         if (nbx * rr > 8 &&                                                                                  \
-            (cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess || \
+            (bad ||                                                                                          \
+             cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess || \
              cudaFuncSetAttribute(kern8, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)) \
             break;                                                                                           \
         cudaLaunchConfig_t cfg = {};                                                                         \
@@ -1236,9 +1528,14 @@ extern "C" void cu_gdn_layer(cu_ctx *c, const cu_gdn_args *a) {
             cu_gdn_args b = *a;
             b.dec_qscale = (float)(1.0 / sqrt((double)a->dk));
 #define DECC(R_)                                                                                             \
-    launch_cluster(                                                                                          \
-        c, a->K == 4 ? fused_decode_cluster_kernel<R_, 4> : fused_decode_cluster_kernel<R_, CONV_MAXK>,      \
-        grid, dim3(grid.x, a->Hv / a->Hk, 1), b)
+    launch_cluster(c,                                                                                        \
+                   a->dec_cluster == 2   ? (a->K == 4 ? fused_decode_cluster2_kernel<R_, 4, 3>               \
+                                                      : fused_decode_cluster2_kernel<R_, CONV_MAXK, 3>)      \
+                   : a->dec_cluster == 3 ? (a->K == 4 ? fused_decode_cluster2_kernel<R_, 4, 2>               \
+                                                      : fused_decode_cluster2_kernel<R_, CONV_MAXK, 2>)      \
+                                         : (a->K == 4 ? fused_decode_cluster_kernel<R_, 4>                   \
+                                                      : fused_decode_cluster_kernel<R_, CONV_MAXK>),         \
+                   grid, dim3(grid.x, a->Hv / a->Hk, 1), b)
             REC_DISPATCH(a->dk, DECC);
 #undef DECC
             return;
