@@ -803,14 +803,15 @@ __device__ __forceinline__ void gdn_pin(int &x) {
 
 /* MB: blocks an SM the registers are capped for where R <= 16 (3: fused_decode_cluster_kernel's cap, a few
  * words spilled at dk 128; 2: none spilled, CINFER_CUDA_GDN_CLUSTER=3) */
-template <int R, int KW, int MB>
+template <int R, int KW, int MB, bool ST>
 __global__ void __launch_bounds__(256, R <= 16 ? MB : 0) fused_decode_cluster2_kernel(cu_gdn_args a) {
     constexpr int NQ = (REC_GROUPS * R + 31) / 32; /* q (k) channels per lane of warp 0 (1): dk <= 8 R */
     __shared__ float q[256], k[256], red[REC_GROUPS][32], red2[REC_GROUPS][32];
     __shared__ float vs[32], bgs[2], invs[2], ob[GDN_CL_MAXX][32];
     __shared__ __align__(8) unsigned long long mb[2]; /* [0] the head's outputs arrived, [1] windows read */
     int e = blockIdx.z;
-    int stamp = a.dec_stamps && !(blockIdx.x | blockIdx.y | blockIdx.z | threadIdx.x);
+    /* ST: the CINFER_CUDA_GDN_STAMPS instantiation (else no clock reads and no registers for them) */
+    int stamp = ST && a.dec_stamps && !(blockIdx.x | blockIdx.y | blockIdx.z | threadIdx.x);
     unsigned long long ts[CU_GDN_STAMPS] = {0};
     if (stamp) ts[0] = gdn_now();
     int en = a.meta.e_n[e], elen = a.meta.e_len[e], r = a.meta.e_row0[e], slot = a.meta.e_slot[e];
@@ -1456,6 +1457,20 @@ extern "C" int cu_gdn_init(int dk) {
            cudaSuccess;
 }
 
+/* fused_decode_cluster2_kernel for conv width K (4: its own instantiation), registers for mb blocks an SM
+ * (3 or 2), with the stamps or without */
+template <int R> static void (*cl2_kernel(int K, int mb, int st))(cu_gdn_args) {
+    if (K == 4)
+        return mb == 3 ? (st ? fused_decode_cluster2_kernel<R, 4, 3, true>
+                             : fused_decode_cluster2_kernel<R, 4, 3, false>)
+                       : (st ? fused_decode_cluster2_kernel<R, 4, 2, true>
+                             : fused_decode_cluster2_kernel<R, 4, 2, false>);
+    return mb == 3 ? (st ? fused_decode_cluster2_kernel<R, CONV_MAXK, 3, true>
+                         : fused_decode_cluster2_kernel<R, CONV_MAXK, 3, false>)
+                   : (st ? fused_decode_cluster2_kernel<R, CONV_MAXK, 2, true>
+                         : fused_decode_cluster2_kernel<R, CONV_MAXK, 2, false>);
+}
+
 /* a decode step's kernel as clusters of cdims (cu_launch_step's PDL choice for PDL_GDN) */
 static void launch_cluster(cu_ctx *c, void (*kern)(cu_gdn_args), dim3 grid, dim3 cdims, cu_gdn_args a) {
     int pdl = cu_pdl_on() >= 2 && (cu_pdl_mask() & PDL_GDN) && !c->pdl_break;
@@ -1486,11 +1501,10 @@ extern "C" int cu_gdn_cluster_init(int Hk, int Hv, int dk, int dv) {
     do {                                                                                                     \
         void (*kern)(cu_gdn_args) = fused_decode_cluster_kernel<R_, 4>;                                      \
         void (*kern8)(cu_gdn_args) = fused_decode_cluster_kernel<R_, CONV_MAXK>;                             \
-        void (*k2[4])(cu_gdn_args) = {                                                                       \
-            fused_decode_cluster2_kernel<R_, 4, 3>, fused_decode_cluster2_kernel<R_, CONV_MAXK, 3>,          \
-            fused_decode_cluster2_kernel<R_, 4, 2>, fused_decode_cluster2_kernel<R_, CONV_MAXK, 2>};         \
+        void (*k2[8])(cu_gdn_args);                                                                          \
+        for (int q_ = 0; q_ < 8; q_++) k2[q_] = cl2_kernel<R_>(q_ & 1 ? 8 : 4, q_ & 2 ? 3 : 2, q_ & 4);      \
         int bad = 0;                                                                                         \
-        for (int q_ = 0; q_ < 4 && nbx * rr > 8; q_++)                                                       \
+        for (int q_ = 0; q_ < 8 && nbx * rr > 8; q_++)                                                       \
             bad |= cudaFuncSetAttribute(k2[q_], cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=        \
                    cudaSuccess;                                                                              \
         if (nbx * rr > 8 &&                                                                                  \
@@ -1528,14 +1542,12 @@ extern "C" void cu_gdn_layer(cu_ctx *c, const cu_gdn_args *a) {
             cu_gdn_args b = *a;
             b.dec_qscale = (float)(1.0 / sqrt((double)a->dk));
 #define DECC(R_)                                                                                             \
-    launch_cluster(c,                                                                                        \
-                   a->dec_cluster == 2   ? (a->K == 4 ? fused_decode_cluster2_kernel<R_, 4, 3>               \
-                                                      : fused_decode_cluster2_kernel<R_, CONV_MAXK, 3>)      \
-                   : a->dec_cluster == 3 ? (a->K == 4 ? fused_decode_cluster2_kernel<R_, 4, 2>               \
-                                                      : fused_decode_cluster2_kernel<R_, CONV_MAXK, 2>)      \
-                                         : (a->K == 4 ? fused_decode_cluster_kernel<R_, 4>                   \
-                                                      : fused_decode_cluster_kernel<R_, CONV_MAXK>),         \
-                   grid, dim3(grid.x, a->Hv / a->Hk, 1), b)
+    launch_cluster(                                                                                          \
+        c,                                                                                                   \
+        a->dec_cluster >= 2                                                                                  \
+            ? cl2_kernel<R_>(a->K, a->dec_cluster == 2 ? 3 : 2, a->dec_stamps != NULL)                       \
+            : (a->K == 4 ? fused_decode_cluster_kernel<R_, 4> : fused_decode_cluster_kernel<R_, CONV_MAXK>), \
+        grid, dim3(grid.x, a->Hv / a->Hk, 1), b)
             REC_DISPATCH(a->dk, DECC);
 #undef DECC
             return;
