@@ -327,6 +327,7 @@ struct cuda_fwd {
     int attn_dec_1st; /* CINFER_CUDA_ATTN_DEC_1ST: steps of at least this many rows on one stage (0: none) */
     int attn_dec_hs[2]; /* CINFER_CUDA_ATTN_DEC_HS "heads,rows": dec_hs in steps of <= rows rows */
     int attn_dec_mst;   /* CINFER_CUDA_ATTN_DEC_MST: cu_attn_args.dec_mst */
+    int attn_dec_pre;   /* CINFER_CUDA_ATTN_DEC_PRE: cu_attn_args.dec_pre */
     size_t part_attn;   /* floats of part for attn_kernel's partials; attn_dec_kernel's follow them */
     int l2pf_next_rows; /* CINFER_CUDA_L2PF_NEXT_ROWS (default 32): L2PF_NEXT only in steps of at most this
                            many rows */
@@ -784,6 +785,11 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * 512 positions 17 spans a row: one L2 round trip fewer; from 4096 on 64: several); the same bits */
     const char *amst = getenv("CINFER_CUDA_ATTN_DEC_MST");
     f->attn_dec_mst = amst && atoi(amst) > 0;
+    /* CINFER_CUDA_ATTN_DEC_PRE=1 (default off): the fused dec kernel reads the q / k norms' weights and
+     * computes the RoPE rotation before its PDL wait (two dependent loads and the sines off the path after
+     * in_proj); the same bits */
+    const char *apre = getenv("CINFER_CUDA_ATTN_DEC_PRE");
+    f->attn_dec_pre = apre && atoi(apre) > 0;
     const char *gv4 = getenv("CINFER_CUDA_GEMV_VAR4"); /* "0": the small GEMVs' earlier variant at one row */
     cu_set_gemv3_small_var4(!(gv4 && !strcmp(gv4, "0")));
     const char *glu = getenv("CINFER_CUDA_GEMV_GLU"); /* gate_up at one row: "rows a warp,variant" (2,10) */
@@ -1382,7 +1388,7 @@ static void attention(cuda_fwd *f, const cu_layer *cl, int full, const run_shape
     a.dec_p = f->attn_dec_p, a.dec_cls = rs->acls, a.dec_span = rs->dspan, a.dec_nsplit = rs->dnsplit;
     a.dec_part = f->part + f->part_attn;
     a.dec_hs = T <= f->attn_dec_hs[1] ? f->attn_dec_hs[0] : 0;
-    a.dec_mst = f->attn_dec_mst;
+    a.dec_mst = f->attn_dec_mst, a.dec_pre = f->attn_dec_pre;
     /* CINFER_CUDA_PF_SPLIT: tensor-core tiles without key splits write every row's output themselves */
     int Mb = out_split_rows(f, T, m->Hq * m->hd, fz, a.tiles && a.tc && !a.split.work);
     if (Mb) a.o_xb = f->xb, a.o_lo = (size_t)Mb * m->Hq * m->hd;

@@ -42,6 +42,39 @@ __device__ __forceinline__ void norm_rope_warp(const cu_attn_args &a, const floa
     __syncwarp();
 }
 
+/* norm_rope_warp with the norm's weights (w: lane + 32 k) and the rotation's cosines and sines (cs, sn: pair
+ * lane + 32 k) in registers, read and computed before the kernel's PDL wait (weights and positions are known
+ * before the step; the rotary streams of a multimodal row are not: those rows take norm_rope_warp). The same
+ * operations in the same order: the same bits (attn_dec_kernel, cu_attn_args.dec_pre) */
+template <int NPL>
+__device__ __forceinline__ void norm_rope_warp_pre(const cu_attn_args &a, const float *x,
+                                                   const float (&w)[NPL], const float (&cs)[(NPL + 1) / 2],
+                                                   const float (&sn)[(NPL + 1) / 2], float *y, int lane) {
+    constexpr int hd = NPL * 32;
+    const int half = a.rope_dim / 2;
+    float v[NPL], ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < NPL; k++) {
+        v[k] = x[lane + 32 * k];
+        ss = fmaf(v[k], v[k], ss);
+    }
+    ss = warp_sum(ss);
+    float inv = 1.0f / sqrtf(ss / (float)hd + a.eps);
+#pragma unroll
+    for (int k = 0; k < NPL; k++) y[lane + 32 * k] = (v[k] * inv) * w[k];
+    __syncwarp();
+#pragma unroll
+    for (int k = 0; k < (NPL + 1) / 2; k++) {
+        int i = lane + 32 * k;
+        if (i < half) {
+            float p = y[i], q = y[i + half];
+            y[i] = p * cs[k] - q * sn[k];
+            y[i + half] = q * cs[k] + p * sn[k];
+        }
+    }
+    __syncwarp();
+}
+
 /* per row, a warp per head: q heads in place, k heads into the pool, v copied */
 __global__ void attn_prep_kernel(cu_attn_args a) {
     __shared__ float buf[4][CU_ATTN_MAX_HD];
@@ -489,6 +522,23 @@ template <int NPL, bool FUSED> __global__ void __launch_bounds__(DEC_NT, 2) attn
         cp_async_commit();
     };
     if (FUSED && nch > 0) issue(0); /* rows of earlier steps: before the wait under PDL (common.cuh) */
+    /* dec_pre: the norms' weights and the rotation of this position into registers before the wait (warp
+     * G % 8 the k head's weights: the warp that norms the own k when this span holds the own position) */
+    const bool pre = FUSED && a.dec_pre && !a.rope3 && !(a.dec_diag & 2) && sp < ns && !other;
+    float pwq[NPL], pwk[NPL], pcs[(NPL + 1) / 2], psn[(NPL + 1) / 2];
+    if (pre) {
+#pragma unroll
+        for (int k = 0; k < NPL; k++) pwq[k] = a.q_norm[lane + 32 * k];
+        if (warp == G % (DEC_NT / 32))
+#pragma unroll
+            for (int k = 0; k < NPL; k++) pwk[k] = a.k_norm[lane + 32 * k];
+#pragma unroll
+        for (int k = 0; k < (NPL + 1) / 2; k++) {
+            int i = lane + 32 * k;
+            float ang = i < a.rope_dim / 2 ? (float)pos * a.inv_freq[i] : 0.0f;
+            pcs[k] = cosf(ang), psn[k] = sinf(ang);
+        }
+    }
     if (FUSED) {
         griddep_wait();
         griddep_launch();
@@ -503,10 +553,15 @@ template <int NPL, bool FUSED> __global__ void __launch_bounds__(DEC_NT, 2) attn
         for (int i = tid; i < hd; i += DEC_NT) Kc[i] = 0.0f;
     } else if (FUSED) {
         for (int w = warp; w < G + own; w += DEC_NT / 32) {
-            if (w < G)
-                norm_rope_warp(a, row + (size_t)(h0 + w) * 2 * hd, a.q_norm, Qs + w * hd, r, pos, lane);
+            const float *x =
+                w < G ? row + (size_t)(h0 + w) * 2 * hd : row + (size_t)a.Hq * 2 * hd + (size_t)kvh * hd;
+            float *y = w < G ? Qs + w * hd : Kc;
+            if (pre && w < G) /* two calls: an array chosen at run time would go to local memory */
+                norm_rope_warp_pre<NPL>(a, x, pwq, pcs, psn, y, lane);
+            else if (pre)
+                norm_rope_warp_pre<NPL>(a, x, pwk, pcs, psn, y, lane);
             else
-                norm_rope_warp(a, row + (size_t)a.Hq * 2 * hd + (size_t)kvh * hd, a.k_norm, Kc, r, pos, lane);
+                norm_rope_warp(a, x, w < G ? a.q_norm : a.k_norm, y, r, pos, lane);
         }
         __syncthreads();
         if (own && h0 == kvh * (a.Hq / a.Hkv)) { /* the group's first block writes the pool */

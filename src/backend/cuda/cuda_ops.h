@@ -449,6 +449,10 @@ typedef struct cu_attn_args {
     /* nonzero (CINFER_CUDA_ATTN_DEC_MST): the fused merge stages the spans past its register prefetch in
      * shared memory by cp.async, in flight with the (m, l) loads; the same bits */
     int dec_mst;
+    /* nonzero (CINFER_CUDA_ATTN_DEC_PRE): the fused dec kernel reads the q / k norms' weights and computes
+     * the RoPE rotation of the row's position before its PDL wait (rows without multimodal streams); the same
+     * bits */
+    int dec_pre;
     /* measurements only (wrong outputs), 0 otherwise: attn_dec_kernel's fused form leaves out 1 the merge, 2
      * the q / k norm + RoPE, 4 the arithmetic of the chunks, 8 the partials' fence and counter */
     int dec_diag;
