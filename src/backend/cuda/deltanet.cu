@@ -676,59 +676,22 @@ __global__ void __launch_bounds__(256, R <= 16 ? 3 : 0) fused_decode_cluster_ker
     }
 }
 
-/* rec_token1's arithmetic with kn = k inv_k formed again in the second half (the same product: no registers
- * held across the barrier for it), for fused_decode_cluster2_kernel */
-template <int R>
-__device__ __forceinline__ float rec_token1r(float *sv, const float *q, const float *k, float invq,
-                                             float invk, float scale, float vj, float decay, float beta,
-                                             int g, int jj, int ok, int dk, float (*red)[32],
-                                             float (*red2)[32], int stamp, unsigned long long &t_mid) {
-    float m = 0.0f;
-#pragma unroll
-    for (int t = 0; t < R; t++) {
-        int i = g + REC_GROUPS * t;
-        if (i < dk && ok) {
-            sv[t] = __fmul_rn(sv[t], decay);
-            m = fmaf(__fmul_rn(k[i], invk), sv[t], m);
-        }
-    }
-    red[g][jj] = m;
-    __syncthreads();
-    if (stamp) t_mid = gdn_now();
-    float mm = 0.0f;
-    for (int t = 0; t < REC_GROUPS; t++) mm += red[t][jj];
-    float mj = beta * ((ok ? vj : 0.0f) - mm), o = 0.0f;
-#pragma unroll
-    for (int t = 0; t < R; t++) {
-        int i = g + REC_GROUPS * t;
-        if (i < dk && ok) {
-            float qn = __fmul_rn(__fmul_rn(q[i], invq), scale);
-            sv[t] = fmaf(__fmul_rn(k[i], invk), mj, sv[t]);
-            o = fmaf(qn, sv[t], o);
-        }
-    }
-    red2[g][jj] = o;
-    __syncthreads();
-    float oo = 0.0f;
-    if (g == 0)
-        for (int t = 0; t < REC_GROUPS; t++) oo += red2[t][jj];
-    return oo;
-}
-
 /* The clustered kernel's second form (cu_gdn_args.dec_cluster == 2, CINFER_CUDA_GDN_CLUSTER=2): the same
  * values in the same order (conv_tap, l2inv_warp's sums, gdn_beta / gdn_gate, rec_token1, gnorm_warp's sums),
  * with a shorter chain after the PDL wait:
  *  - warp 0 runs the conv of the key head's dk q channels (lane l: channels l, l + 32, ..., l2inv_warp's
  *    order) and forms the l2norm factor from its registers, warp 1 the same for k, warp 2 the block's value
- *    channels, warp 3 the gates: one barrier joins them (was: the conv, a barrier, every warp re-reading q
- * and k for the two factors);
+ *    channels, warps 3 / 4 beta / the decay: one barrier joins them (was: the conv, a barrier, every warp
+ *    re-reading q and k for the two factors);
  *  - every kernel parameter, pointer and weight the post-wait part uses (A, dt_bias, the gated norm's weight)
  *    is read before the wait;
  *  - the outputs go to the head's column blocks by st.async onto an mbarrier in each (complete_tx), and a
- *    block waits only for its own 32 x dv/32 words: no cluster-wide barrier after the update, so no release
- *    waits for the state's stores, which are issued right after the update;
+ *    block waits only for its own 32 x dv/32 words: no cluster-wide barrier after the update (cl.sync() is
+ *    a MEMBAR.ALL.GPU and a cluster arrive / wait in SASS), so nothing waits for the state's stores, which
+ *    are issued right after the update;
  *  - the group's q / k conv windows are written by its first block once every block of the cluster has
- *    arrived (release) on that block's second mbarrier after its last read of them. */
+ *    arrived on that block's second mbarrier after its last use of them;
+ *  - S walked by one pointer without predicates where every row and column exists (FULL). */
 __device__ __forceinline__ unsigned gdn_smem_addr(const void *p) {
     return (unsigned)__cvta_generic_to_shared(p);
 }
@@ -763,9 +726,12 @@ __device__ __forceinline__ void gdn_st_async(unsigned raddr, float v, unsigned r
                  : "memory");
 #endif
 }
+/* relaxed: a release here is a GPU-scope MEMBAR (H200 call 1: cl.sync()'s MEMBAR.ALL.GPU held the first
+ * form's warps); what it announces, loads whose values were consumed before a __syncthreads, is done without
+ * one */
 __device__ __forceinline__ void gdn_mb_arrive_remote(unsigned rbar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(rbar) : "memory");
+    asm volatile("mbarrier.arrive.relaxed.cluster.shared::cluster.b64 _, [%0];" ::"r"(rbar) : "memory");
 #endif
 }
 /* wait for phase 0 of a local mbarrier (CL: acquire at cluster scope, for remote arrivals' releases) */
@@ -801,14 +767,60 @@ __device__ __forceinline__ void gdn_pin(int &x) {
     asm volatile("" : "+r"(x));
 }
 
-/* MB: blocks an SM the registers are capped for where R <= 16 (3: fused_decode_cluster_kernel's cap, a few
- * words spilled at dk 128; 2: none spilled, CINFER_CUDA_GDN_CLUSTER=3) */
-template <int R, int KW, int MB, bool ST>
-__global__ void __launch_bounds__(256, R <= 16 ? MB : 0) fused_decode_cluster2_kernel(cu_gdn_args a) {
+/* fused_decode_cluster2_kernel's shared memory */
+struct gdn_cl2_smem {
+    float q[256], k[256], red[REC_GROUPS][32], red2[REC_GROUPS][32];
+    float vs[32], bgs[2], invs[2], ob[GDN_CL_MAXX][32];
+    unsigned long long mb[2]; /* [0] the head's outputs arrived, [1] the group's windows read */
+};
+
+/* rec_token1's arithmetic with kn = k inv_k formed again in the second half (the same product: no registers
+ * held across the barrier for it); FULL: every row of the block's columns exists (dk = 8 R, 32 columns), no
+ * predicates */
+template <int R, bool FULL>
+__device__ __forceinline__ float rec_token1f(float *sv, const float *q, const float *k, float invq,
+                                             float invk, float scale, float vj, float decay, float beta,
+                                             int g, int jj, int ok, int dk, float (*red)[32],
+                                             float (*red2)[32], int stamp, unsigned long long &t_mid) {
+    float m = 0.0f;
+#pragma unroll
+    for (int t = 0; t < R; t++) {
+        int i = g + REC_GROUPS * t;
+        if (FULL || (i < dk && ok)) {
+            sv[t] = __fmul_rn(sv[t], decay);
+            m = fmaf(__fmul_rn(k[i], invk), sv[t], m);
+        }
+    }
+    red[g][jj] = m;
+    __syncthreads();
+    if (stamp) t_mid = gdn_now();
+    float mm = 0.0f;
+    for (int t = 0; t < REC_GROUPS; t++) mm += red[t][jj];
+    float mj = beta * ((ok ? vj : 0.0f) - mm), o = 0.0f;
+#pragma unroll
+    for (int t = 0; t < R; t++) {
+        int i = g + REC_GROUPS * t;
+        if (FULL || (i < dk && ok)) {
+            float qn = __fmul_rn(__fmul_rn(q[i], invq), scale);
+            sv[t] = fmaf(__fmul_rn(k[i], invk), mj, sv[t]);
+            o = fmaf(qn, sv[t], o);
+        }
+    }
+    red2[g][jj] = o;
+    __syncthreads();
+    float oo = 0.0f;
+    if (g == 0)
+        for (int t = 0; t < REC_GROUPS; t++) oo += red2[t][jj];
+    return oo;
+}
+
+/* one block of fused_decode_cluster2_kernel; FULL: dk = 8 R and 32 value columns (every Qwen3.5 shape), so
+ * the state's rows are walked by one pointer without predicates (H200 call 1, ncu source counters of the
+ * first form: each predicated store of S re-formed its 64-bit address, ~23 instructions, 370 of the ~510
+ * after the cluster barrier) */
+template <int R, int KW, bool ST, bool FULL>
+__device__ __forceinline__ void gdn_cl2_body(const cu_gdn_args &a, gdn_cl2_smem &sm) {
     constexpr int NQ = (REC_GROUPS * R + 31) / 32; /* q (k) channels per lane of warp 0 (1): dk <= 8 R */
-    __shared__ float q[256], k[256], red[REC_GROUPS][32], red2[REC_GROUPS][32];
-    __shared__ float vs[32], bgs[2], invs[2], ob[GDN_CL_MAXX][32];
-    __shared__ __align__(8) unsigned long long mb[2]; /* [0] the head's outputs arrived, [1] windows read */
     int e = blockIdx.z;
     /* ST: the CINFER_CUDA_GDN_STAMPS instantiation (else no clock reads and no registers for them) */
     int stamp = ST && a.dec_stamps && !(blockIdx.x | blockIdx.y | blockIdx.z | threadIdx.x);
@@ -821,22 +833,29 @@ __global__ void __launch_bounds__(256, R <= 16 ? MB : 0) fused_decode_cluster2_k
     }
     int h = blockIdx.y, jj = threadIdx.x & 31, g = threadIdx.x >> 5, j0 = blockIdx.x * 32, j = j0 + jj;
     /* KW 4 is launched for K = 4 only: a constant, so the unused fourth tap takes no registers */
-    int dk = a.dk, dv = a.dv, K = KW == 4 ? 4 : a.K, C = a.C, tid = threadIdx.x, rr = a.Hv / a.Hk;
-    int kh = h / rr, kd = a.Hk * dk, nbx = gridDim.x;
-    int ok = j < dv, nv = dv - j0 < 32 ? dv - j0 : 32;
-    unsigned mb_out = gdn_smem_addr(&mb[0]), mb_rd = gdn_smem_addr(&mb[1]);
+    int dk = FULL ? REC_GROUPS * R : a.dk, dv = a.dv, K = KW == 4 ? 4 : a.K, C = a.C, tid = threadIdx.x;
+    int rr = a.Hv / a.Hk, kh = h / rr, kd = a.Hk * dk, nbx = gridDim.x;
+    int ok = FULL || j < dv, nv = FULL ? 32 : (dv - j0 < 32 ? dv - j0 : 32);
+    unsigned mb_out = gdn_smem_addr(&sm.mb[0]), mb_rd = gdn_smem_addr(&sm.mb[1]);
     if (tid == 0) {
         gdn_mb_init(mb_out, 1);
         gdn_mb_init(mb_rd, (unsigned)(rr * nbx));
         gdn_mb_init_fence();
         gdn_mb_expect(mb_out, (unsigned)(nbx * 32 * 4)); /* every column block of the head sends 32 words */
     }
-    float *S = a.rec_state + (((size_t)slot * a.n_lin + a.lin) * a.Hv + h) * (size_t)dk * dv + j;
+    /* row g of this thread's column; rows g + 8 t follow at a stride of 8 dv */
+    float *Sp =
+        a.rec_state + (((size_t)slot * a.n_lin + a.lin) * a.Hv + h) * (size_t)dk * dv + j + (size_t)g * dv;
+    const size_t sst = (size_t)REC_GROUPS * dv;
+    gdn_pin(Sp); /* one address kept in registers, not formed again per row */
     float sv[R];
+    {
+        const float *p = Sp;
 #pragma unroll
-    for (int t = 0; t < R; t++) {
-        int i = g + REC_GROUPS * t;
-        sv[t] = i < dk && ok ? S[(size_t)i * dv] : 0.0f;
+        for (int t = 0; t < R; t++, p += sst) {
+            int i = g + REC_GROUPS * t;
+            sv[t] = FULL || (i < dk && ok) ? *p : 0.0f;
+        }
     }
     float *cst = a.conv_state + ((size_t)slot * a.n_lin + a.lin) * (size_t)(K - 1) * C;
     const float *xrow = a.qkv + (size_t)r * a.qkv_ld;
@@ -856,10 +875,9 @@ __global__ void __launch_bounds__(256, R <= 16 ? MB : 0) fused_decode_cluster2_k
     }
     float gw = g == 0 && ok ? a.gnorm[j] : 0.0f;
     float Ah = 0.0f, dth = 0.0f;
-    if (g == 3 && jj == 0) Ah = a.A[h], dth = a.dt_bias[h];
+    if (g == 4 && jj == 0) Ah = a.A[h], dth = a.dt_bias[h];
     const void *zp = a.z + (size_t)r * a.z_ld + (size_t)h * dv + j;
     const void *bp = a.b + (size_t)r * a.ba_ld + h, *ap = a.a + (size_t)r * a.ba_ld + h;
-    const void *op = a.o + (size_t)r * a.Hv * dv + (size_t)h * dv + j;
     float eps = a.eps, scale = a.dec_qscale;
     gdn_pin(zp), gdn_pin(bp), gdn_pin(ap), gdn_pin(eps), gdn_pin(scale);
     /* the first barrier phase: every block has started and set up its mbarriers before any remote write */
@@ -878,7 +896,7 @@ __global__ void __launch_bounds__(256, R <= 16 ? MB : 0) fused_decode_cluster2_k
     }
     if (g < 2) {
         float ss = 0.0f;
-        float *dst = g == 0 ? q : k;
+        float *dst = g == 0 ? sm.q : sm.k;
 #pragma unroll
         for (int u = 0; u < NQ; u++) {
             int i = jj + 32 * u;
@@ -889,61 +907,66 @@ __global__ void __launch_bounds__(256, R <= 16 ? MB : 0) fused_decode_cluster2_k
             }
         }
         ss = warp_sum(ss);
-        if (jj == 0) invs[g] = 1.0f / sqrtf(ss + 1e-6f);
+        if (jj == 0) sm.invs[g] = 1.0f / sqrtf(ss + 1e-6f);
     } else if (g == 2) {
         if (jj < nv) {
             float y = conv_tap(wt[0], win[0], wl[0], xin[0], K);
-            vs[jj] = y;
+            sm.vs[jj] = y;
 #pragma unroll
             for (int t = 0; t < KW - 1; t++) /* this block's own value channels: no other reads them */
                 if (t < K - 1) cst[(size_t)t * C + ch[0]] = t + 1 < K - 1 ? win[0][t + 1] : xin[0];
         }
-    } else if (g == 3 && jj == 0) {
-        float bv = *(const float *)bp, av = *(const float *)ap;
-        bgs[0] = gdn_beta(bv);
-        bgs[1] = expf(Ah * dev_softplus(av + dth)); /* gdn_gate's value, then the decay */
+    } else if (g == 3 && jj == 0) { /* beta and the decay in two warps: two chains side by side */
+        sm.bgs[0] = gdn_beta(*(const float *)bp);
+    } else if (g == 4 && jj == 0) {
+        sm.bgs[1] = expf(Ah * dev_softplus(*(const float *)ap + dth)); /* gdn_gate's value, then the decay */
     }
     if (stamp) ts[2] = gdn_now();
     __syncthreads();
     if (stamp) ts[3] = gdn_now();
-    float invq = invs[0], invk = invs[1], decay = bgs[1], beta = bgs[0];
-    float vj = ok ? vs[jj] : 0.0f;
+    float invq = sm.invs[0], invk = sm.invs[1], decay = sm.bgs[1], beta = sm.bgs[0];
+    float vj = ok ? sm.vs[jj] : 0.0f;
     float sz = dev_silu(zj);
-    float oo =
-        rec_token1r<R>(sv, q, k, invq, invk, scale, vj, decay, beta, g, jj, ok, dk, red, red2, stamp, ts[4]);
+    float oo = rec_token1f<R, FULL>(sv, sm.q, sm.k, invq, invk, scale, vj, decay, beta, g, jj, ok, dk, sm.red,
+                                    sm.red2, stamp, ts[4]);
     if (stamp) ts[5] = gdn_now();
     namespace cg = cooperative_groups;
     cg::cluster_group cl = cg::this_cluster();
-    unsigned me = cl.block_rank(), first = me - blockIdx.x - (unsigned)nbx * (unsigned)(h - kh * rr);
+    /* the group's first block is the cluster's rank 0 (x fastest, then the group's heads) */
+    unsigned me = cl.block_rank();
     cl_wait(); /* the first phase: every block's mbarriers are set up */
     if (g == 0) {
         /* this block's 32 outputs into slot blockIdx.x of every column block of the head */
-        unsigned src = gdn_smem_addr(&ob[blockIdx.x][jj]);
+        unsigned src = gdn_smem_addr(&sm.ob[blockIdx.x][jj]);
         for (int b = 0; b < nbx; b++) {
             unsigned rank = me - blockIdx.x + (unsigned)b;
             gdn_st_async(gdn_mapa(src, rank), oo, gdn_mapa(mb_out, rank));
         }
         if (stamp) ts[6] = gdn_now();
     } else if (g == 1 && jj == 0) {
-        /* this block's reads of the q / k windows are done (its update used them) */
-        gdn_mb_arrive_remote(gdn_mapa(mb_rd, first));
+        /* this block's reads of the q / k windows are done: warps 0 / 1 consumed their values in the conv,
+         * before the barriers since */
+        gdn_mb_arrive_remote(gdn_mapa(mb_rd, 0));
     }
+    {
+        float *p = Sp;
 #pragma unroll
-    for (int t = 0; t < R; t++) {
-        int i = g + REC_GROUPS * t;
-        if (i < dk && ok) S[(size_t)i * dv] = sv[t];
+        for (int t = 0; t < R; t++, p += sst) {
+            int i = g + REC_GROUPS * t;
+            if (FULL || (i < dk && ok)) *p = sv[t];
+        }
     }
-    int writer = me == first;
     if (g == 0) {
         gdn_mb_wait0<true>(mb_out);
         if (stamp) ts[7] = gdn_now();
         float ss = 0.0f;
-        for (int b = 0; b * 32 + jj < dv; b++) ss = fmaf(ob[b][jj], ob[b][jj], ss); /* gnorm_warp's order */
+        for (int b = 0; b * 32 + jj < dv; b++)
+            ss = fmaf(sm.ob[b][jj], sm.ob[b][jj], ss); /* gnorm_warp's order */
         ss = warp_sum(ss);
         float inv = 1.0f / sqrtf(ss / (float)dv + eps);
-        if (ok) *(float *)op = ((oo * inv) * gw) * sz;
+        if (ok) a.o[(size_t)r * a.Hv * dv + (size_t)h * dv + j] = ((oo * inv) * gw) * sz;
     }
-    if (writer && g < 2) {
+    if (me == 0 && g < 2) {
         gdn_mb_wait0<true>(mb_rd);
 #pragma unroll
         for (int u = 0; u < NQ; u++) {
@@ -959,6 +982,17 @@ __global__ void __launch_bounds__(256, R <= 16 ? MB : 0) fused_decode_cluster2_k
         if (i < CU_GDN_STAMP_CAP)
             for (int x = 0; x < CU_GDN_STAMPS; x++) a.dec_stamps[1 + i * CU_GDN_STAMPS + x] = ts[x];
     }
+}
+
+/* MB: blocks an SM the registers are capped for where R <= 16 (3: fused_decode_cluster_kernel's cap; 2:
+ * CINFER_CUDA_GDN_CLUSTER=3) */
+template <int R, int KW, int MB, bool ST>
+__global__ void __launch_bounds__(256, R <= 16 ? MB : 0) fused_decode_cluster2_kernel(cu_gdn_args a) {
+    __shared__ __align__(16) gdn_cl2_smem sm;
+    if (a.dk == REC_GROUPS * R && (int)(blockIdx.x + 1) * 32 <= a.dv)
+        gdn_cl2_body<R, KW, ST, true>(a, sm);
+    else
+        gdn_cl2_body<R, KW, ST, false>(a, sm);
 }
 
 /* Fused verify layer (cu_gdn_args.win_cnt): a whole layer in one launch when every entry is a speculative
