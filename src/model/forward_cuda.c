@@ -827,6 +827,11 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     int sk_auto = !sk || !strcmp(sk, "auto");
     if (!sk_auto) cu_set_skinny(sk ? atoi(sk) : 0);
     cu_set_skinny_max(skm ? atoi(skm) : 0);
+    /* CINFER_CUDA_SKINNY_VAR: the skinny kernel's forms under measurement (cu_set_skinny_var; default 0) */
+    const char *skv = getenv("CINFER_CUDA_SKINNY_VAR");
+    cu_set_skinny_var(skv ? atoi(skv) : 0);
+    if (skv)
+        fprintf(stderr, "cinfer cuda: CINFER_CUDA_SKINNY_VAR=%s: skinny variant %d\n", skv, cu_skinny_var());
     /* 1: the tensor-core prefill kernels round operands to TF32 once (~4e-4 per product); default 3 */
     const char *tp = getenv("CINFER_CUDA_TF32_PASSES");
     cu_set_tf32_passes(tp ? atoi(tp) : 3);

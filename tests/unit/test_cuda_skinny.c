@@ -181,6 +181,52 @@ TEST(cuda_skinny_vs_cpu) {
                           cfg[ci][0], cfg[ci][1], cfg[ci][2], cfg[ci][3], M);
                 free(yc);
             }
+        /* CINFER_CUDA_SKINNY_VAR: bits 1 and 2 the same bits as 0 (here no PDL: the level is 0 outside a
+         * step); bit 4 other sums, as exact against the CPU, each row's bits independent of M, and bits 1 / 2
+         * on top of it the same bits again */
+        {
+            float *y4 = NULL;
+            for (int var = 1; var <= 7; var++) {
+                cu_set_skinny_var(var);
+                float *yv = run(c, s, dx, dw, dg, dy0, SK_M, 0);
+                REQUIRE(yv != NULL);
+                if (var == 4) {
+                    double d4 = 0, r4 = 0;
+                    int nan4 = 0;
+                    for (int n = 0; n < N; n += stride)
+                        for (int m = 0; m < SK_M; m++) {
+                            double r = ref_out(s, xn + (size_t)m * K, w, y0, m, n), v = yv[(size_t)m * N + n];
+                            if (!isfinite(v)) nan4 = 1;
+                            d4 += (v - r) * (v - r), r4 += r * r;
+                        }
+                    double e4 = nan4 ? INFINITY : sqrt(d4 / (r4 > 0 ? r4 : 1));
+                    printf("       var 4 (contiguous splits): rel %.2e\n", e4);
+                    CHECK_MSG(e4 <= 1e-5, "%s: var 4: rel %.3e > 1e-5", s->what, e4);
+                    y4 = yv;
+                } else {
+                    CHECK_MSG(!memcmp(yv, var < 4 ? y32 : y4, (size_t)SK_M * N * 4),
+                              "%s: CINFER_CUDA_SKINNY_VAR=%d: other bits than %d at 32 rows", s->what, var,
+                              var & 4);
+                }
+                for (int M = 1; M <= 8; M += 7) { /* bit 2 serves up to 8 rows */
+                    float *yM = run(c, s, dx, dw, dg, dy0, M, 0);
+                    REQUIRE(yM != NULL);
+                    CHECK_MSG(!memcmp(yM, var < 4 ? y32 : y4, (size_t)M * N * 4),
+                              "%s: CINFER_CUDA_SKINNY_VAR=%d: the first %d rows differ from the same rows "
+                              "among 32",
+                              s->what, var, M);
+                    free(yM);
+                }
+                if (var != 4) free(yv);
+            }
+            cu_set_skinny_var(4);
+            float *y5 = run(c, s, dx + (size_t)5 * K, dw, dg, dy0 + (size_t)5 * N, 1, 0);
+            REQUIRE(y5 != NULL);
+            CHECK_MSG(!memcmp(y5, y4 + (size_t)5 * N, (size_t)N * 4),
+                      "%s: var 4: row 5 alone differs from row 5 among 32", s->what);
+            free(y5), free(y4);
+            cu_set_skinny_var(0);
+        }
         {
             sshape one = *s;
             float *y5 = run(c, &one, dx + (size_t)5 * K, dw, dg, dy0 + (size_t)5 * N, 1, 0);
@@ -254,6 +300,8 @@ TEST(cuda_skinny_routing) {
     cu_ctx_destroy(c);
 }
 
+static int g_reps = 20; /* launches per timed pass (CINFER_SKINNY_ONE: 1, for a profiler) */
+
 /* us per product of M rows, weights rotated through copies (> 400 MB: L2 holds 50). what: 0 v3 (cu_gemv_fused
  * with the switch off), 1 skinny, 2 cuBLAS on hi + lo (cu_gemm past the GEMV rows: the plain product, without
  * the norm / epilogue kernels it would need) */
@@ -261,7 +309,7 @@ static double bench_us(cu_ctx *c, int what, const sshape *s, uint16_t **dw, int 
                        const float *dg, int M, uint16_t *xb) {
     cu_timer *t;
     if (cu_timer_create(&t)) return 0;
-    int reps = 20;
+    int reps = g_reps;
     double us = 0;
     for (int pass = 0; pass < 2; pass++) { /* the first pass warms up */
         cu_timer_start(c, t);
@@ -278,6 +326,79 @@ static double bench_us(cu_ctx *c, int what, const sshape *s, uint16_t **dw, int 
     }
     cu_timer_destroy(t);
     return us;
+}
+
+/* CINFER_SKINNY_BENCH=quick: each matrix at M = 1, 2, 8: v3 and the skinny kernel's CINFER_CUDA_SKINNY_VAR
+ * forms 0 / 2 / 4 / 6, plain launches; then v3 and forms 1 / 3 / 7 with every launch by programmatic
+ * dependent launch (cu_set_pdl(1): the next product's weights requested during this one's tail, as in a
+ * decode step); the sums over the matrices at the end */
+static void speed_quick(cu_ctx *c, const sshape *bs, size_t nbs) {
+    static const int Ms[] = {1, 2, 8}, vars[] = {0, 2, 4, 6}, pvars[] = {1, 3, 7};
+    /* CINFER_SKINNY_ONE=1: the first matrix at M = 1, each form launched twice (profiling) */
+    const char *one = getenv("CINFER_SKINNY_ONE");
+    int nm = 3;
+    if (one && !strcmp(one, "1")) nbs = 1, nm = 1, g_reps = 1;
+    double sum[3][9] = {{0}};
+    char err[256];
+    for (size_t si = 0; si < nbs; si++) {
+        const sshape *s = &bs[si];
+        int N = s->N, K = s->K, rows = s->epi == CU_EPI_SWIGLU ? 2 * N : N;
+        size_t nw = (size_t)rows * K, bytes = nw * 2;
+        int ncopy = (int)(((size_t)400 << 20) / (bytes + 1)) + 1;
+        if (ncopy > 24) ncopy = 24;
+        uint16_t *dw[24];
+        for (int i = 0; i < ncopy; i++) {
+            if (cu_alloc((void **)&dw[i], bytes, err, sizeof err)) return;
+            cu_fill_random_bf16(c, dw[i], nw, 0.02f, 91 + (uint64_t)si * 31 + (uint64_t)i);
+        }
+        float *dx, *dy, *dg;
+        if (cu_alloc((void **)&dx, (size_t)32 * K * 4, err, sizeof err) ||
+            cu_alloc((void **)&dy, (size_t)32 * rows * 4, err, sizeof err) ||
+            cu_alloc((void **)&dg, (size_t)K * 4, err, sizeof err))
+            return;
+        cu_fill_f32(c, dx, (size_t)32 * K, 0.5f);
+        cu_fill_f32(c, dy, (size_t)32 * rows, 0.0f);
+        cu_fill_f32(c, dg, (size_t)K, 1.0f);
+        double gb = (double)bytes / 1e3;
+        printf("     %-22s %6dx%-5d splits %d:", s->what, rows, K, cu_skinny_splits(N, K, s->epi));
+        cu_set_skinny(0);
+        for (int mi = 0; mi < nm; mi++) {
+            int M = Ms[mi];
+            double v3 = bench_us(c, 0, s, dw, ncopy, dx, dy, dg, M, NULL);
+            sum[mi][0] += v3;
+            printf(" | M=%d v3 %.1f us (%.0f GB/s) sk", M, v3, gb / v3);
+            for (int v = 0; v < 4; v++) {
+                cu_set_skinny_var(vars[v]);
+                double t = bench_us(c, 1, s, dw, ncopy, dx, dy, dg, M, NULL);
+                sum[mi][1 + v] += t;
+                printf(" v%d %.1f", vars[v], t);
+            }
+            cu_set_pdl(1);
+            cu_set_skinny_var(0);
+            double p3 = bench_us(c, 0, s, dw, ncopy, dx, dy, dg, M, NULL);
+            sum[mi][8] += p3;
+            printf(" ; PDL v3 %.1f sk", p3);
+            for (int v = 0; v < 3; v++) {
+                cu_set_skinny_var(pvars[v]);
+                double t = bench_us(c, 1, s, dw, ncopy, dx, dy, dg, M, NULL);
+                sum[mi][5 + v] += t;
+                printf(" v%d %.1f", pvars[v], t);
+            }
+            cu_set_pdl(0);
+            cu_set_skinny_var(0);
+        }
+        printf("\n");
+        cu_sync(c, err, sizeof err);
+        for (int i = 0; i < ncopy; i++) cu_free(dw[i]);
+        cu_free(dx), cu_free(dy), cu_free(dg);
+    }
+    g_reps = 20;
+    for (int mi = 0; mi < nm; mi++)
+        printf("     summed us M=%d: v3 %.1f, skinny v0 %.1f v2 %.1f v4 %.1f v6 %.1f; by PDL: v3 %.1f, "
+               "skinny v1 "
+               "%.1f v3 %.1f v7 %.1f\n",
+               Ms[mi], sum[mi][0], sum[mi][1], sum[mi][2], sum[mi][3], sum[mi][4], sum[mi][8], sum[mi][5],
+               sum[mi][6], sum[mi][7]);
 }
 
 /* Prints each real matrix's us and GB/s at M = 1, 4, 8, 16, 32: v3 (cu_gemv_fused with the switch off),
@@ -303,6 +424,12 @@ TEST(cuda_skinny_speed) {
     cu_ctx *c;
     REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
     int mode0 = cu_skinny_mode();
+    if (ev && !strcmp(ev, "quick")) {
+        speed_quick(c, bs, sizeof bs / sizeof bs[0]);
+        cu_set_skinny(mode0);
+        cu_ctx_destroy(c);
+        return;
+    }
     static const int Ms[] = {1, 4, 8, 16, 32};
     double sum[3][5] = {{0}};
     for (size_t si = 0; si < sizeof bs / sizeof bs[0]; si++) {

@@ -64,9 +64,9 @@ __device__ __forceinline__ uint32_t sk_word(const uint4 (&v)[2], int i) { /* wor
  * K or past the last chunk) */
 template <int TR>
 __device__ __forceinline__ void sk_load_w(uint4 (&v)[TR][2][2], const uint16_t *const (&wp)[TR][2], int c,
-                                          int nch, int K, int tq) {
+                                          bool on, int K, int tq) {
     const int kb = c * 64 + tq * 8;
-    const bool ok0 = c < nch && kb < K, ok1 = c < nch && kb + 32 < K;
+    const bool ok0 = on && kb < K, ok1 = on && kb + 32 < K;
     const uint4 z = make_uint4(0, 0, 0, 0);
 #pragma unroll
     for (int r = 0; r < TR; r++)
@@ -79,10 +79,10 @@ __device__ __forceinline__ void sk_load_w(uint4 (&v)[TR][2][2], const uint16_t *
 
 /* the chunk's x: row 8j + g (zeros past the launch tile's rows, past K or past the last chunk) */
 template <int MT>
-__device__ __forceinline__ void sk_load_x(float4 (&v)[MT][4], const float *x, int c, int nch, int K, int Mt,
+__device__ __forceinline__ void sk_load_x(float4 (&v)[MT][4], const float *x, int c, bool on, int K, int Mt,
                                           int gq, int tq) {
     const int kb = c * 64 + tq * 8;
-    const bool ok0 = c < nch && kb < K, ok1 = c < nch && kb + 32 < K;
+    const bool ok0 = on && kb < K, ok1 = on && kb + 32 < K;
     const float4 z = make_float4(0, 0, 0, 0);
 #pragma unroll
     for (int j = 0; j < MT; j++) {
@@ -98,11 +98,17 @@ __device__ __forceinline__ void sk_load_x(float4 (&v)[MT][4], const float *x, in
 
 /* MT: 8-row tiles of x per launch tile (1, 2, 4); TR: 16-row weight tiles per warp (SwiGLU: gate and up rows
  * of 16 outputs (2) or of 8 (1)); U: chunks in flight per warp; XP: each chunk's x requested with its
- * weights, U chunks ahead, rather than when the chunk is consumed; W: warps per block */
-template <int MT, int TR, int U, bool XP, bool NORM, int EPI, int W>
+ * weights, U chunks ahead, rather than when the chunk is consumed; W: warps per block; PF
+ * (CINFER_CUDA_SKINNY_VAR bit 2): a slot's next chunk requested before its current chunk's MMAs rather than
+ * after them (U + 1 chunks in flight during the arithmetic; the same sums). CS (bit 4): split s takes the
+ * contiguous chunks [s * P, s * P + P), P = ceil(chunks / KS), instead of s, s + KS, s + 2 KS, ... (each warp
+ * then streams one run of every row; another grouping of the sums, still a function of the shape only). nx:
+ * the next GEMV's head into L2 as the GEMV v3 does (bit 1; NULL none) */
+template <int MT, int TR, int U, bool XP, bool NORM, int EPI, int W, bool PF>
 __global__ void __launch_bounds__(W * 32, (MT * TR >= 8 ? 8 : 16) / W)
     skinny_kernel(float *__restrict__ y, const float *__restrict__ x, const uint16_t *__restrict__ w, int M,
-                  int N, int K, int KS, const float *__restrict__ g, float eps) {
+                  int N, int K, int KS, const float *__restrict__ g, float eps, int CS, const void *nx,
+                  size_t nx_bytes) {
     /* SwiGLU, TR 2: a tile of 16 gate rows and one of the 16 up rows of the same outputs; TR 1: one tile of 8
      * gate rows (fragment rows 0..7) and their 8 up rows (8..15). Either way the up row of output o is red
      * row OUTS + o. */
@@ -134,21 +140,33 @@ __global__ void __launch_bounds__(W * 32, (MT * TR >= 8 ? 8 : 16) / W)
 #pragma unroll
             for (int q = 0; q < 4; q++) acc[r][j][q] = 0.0f;
     }
-    const int nch = (K + 63) >> 6, step = U * KS;
+    /* this warp's chunks: cnt of them, the i-th at c0 + i * cs */
+    const int nch = (K + 63) >> 6;
+    int c0, cs, cnt;
+    if (CS) {
+        const int per = (nch + KS - 1) / KS;
+        c0 = ks * per, cs = 1, cnt = nch - c0 < per ? nch - c0 : per;
+        if (cnt < 0) cnt = 0;
+    } else
+        c0 = ks, cs = KS, cnt = ks < nch ? (nch - ks + KS - 1) / KS : 0;
     uint4 wv[U][TR][2][2];                 /* [chunk in flight][tile][row g, g + 8][k 0..7, 8..15] */
     float4 xq[XP ? U : 1][XP ? MT : 1][4]; /* XP: [chunk in flight][8-row tile of x][16 k] */
     /* the weights depend on nothing before this kernel: requested before waiting for the one writing x */
 #pragma unroll
-    for (int u = 0; u < U; u++) sk_load_w<TR>(wv[u], wp, ks + u * KS, nch, K, tq);
+    for (int u = 0; u < U; u++) sk_load_w<TR>(wv[u], wp, c0 + u * cs, u < cnt, K, tq);
     griddep_wait();
     if constexpr (XP)
 #pragma unroll
-        for (int u = 0; u < U; u++) sk_load_x<MT>(xq[u], x, ks + u * KS, nch, K, Mt, gq, tq);
-    for (int c0 = ks; c0 < nch; c0 += step) {
+        for (int u = 0; u < U; u++) sk_load_x<MT>(xq[u], x, c0 + u * cs, u < cnt, K, Mt, gq, tq);
+    for (int i0 = 0; i0 < cnt; i0 += U) {
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            const int c = c0 + u * KS;
-            if (c >= nch) break;
+            const int i = i0 + u;
+            if (i >= cnt) break;
+            const int c = c0 + i * cs, cn = c + U * cs; /* this chunk, this slot's next */
+            const bool onn = i + U < cnt;
+            uint4 wn[PF ? TR : 1][2][2];
+            if constexpr (PF) sk_load_w<TR>(wn, wp, cn, onn, K, tq);
             const int kb = c * 64 + tq * 8;
             const bool ok0 = kb < K, ok1 = kb + 32 < K;
             float gv[16];
@@ -163,7 +181,7 @@ __global__ void __launch_bounds__(W * 32, (MT * TR >= 8 ? 8 : 16) / W)
                            gv[4 * q + 3] = v[q].w;
             }
             float4 xl[XP ? 1 : MT][4];
-            if constexpr (!XP) sk_load_x<MT>(xl, x, c, nch, K, Mt, gq, tq);
+            if constexpr (!XP) sk_load_x<MT>(xl, x, c, true, K, Mt, gq, tq);
 #pragma unroll
             for (int j = 0; j < MT; j++) {
                 float xv[16];
@@ -206,14 +224,25 @@ __global__ void __launch_bounds__(W * 32, (MT * TR >= 8 ? 8 : 16) / W)
 #pragma unroll
                     for (int q = 0; q < 4; q++) acc[r][j][q] += part[r][q];
             }
-            /* this slot's next chunk: U - 1 chunks stay in flight while this one is consumed */
-            sk_load_w<TR>(wv[u], wp, c + step, nch, K, tq);
-            if constexpr (XP) sk_load_x<MT>(xq[u], x, c + step, nch, K, Mt, gq, tq);
+            /* this slot's next chunk: U - 1 chunks stay in flight while this one is consumed (PF: requested
+             * above, U of them) */
+            if constexpr (PF) {
+#pragma unroll
+                for (int r = 0; r < TR; r++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) wv[u][r][h][0] = wn[r][h][0], wv[u][r][h][1] = wn[r][h][1];
+            } else
+                sk_load_w<TR>(wv[u], wp, cn, onn, K, tq);
+            if constexpr (XP) sk_load_x<MT>(xq[u], x, cn, onn, K, Mt, gq, tq);
         }
     }
     griddep_launch();
-    /* C fragment of tile (r, j): lane (g, t) holds weight rows g (0, 1) and g + 8 (2, 3), x rows 2t, 2t + 1
-     */
+    /* the next GEMV's head into L2 (CINFER_CUDA_L2PF_NEXT, bit 1), from the blocks of the second half */
+    if (nx && threadIdx.x == 0 && blockIdx.y == 0 && blockIdx.x >= gridDim.x / 2)
+        l2_prefetch_part(nx, nx_bytes, blockIdx.x - gridDim.x / 2, gridDim.x - gridDim.x / 2);
+        /* C fragment of tile (r, j): lane (g, t) holds weight rows g (0, 1) and g + 8 (2, 3), x rows 2t, 2t +
+         * 1
+         */
 #pragma unroll
     for (int r = 0; r < TR; r++)
 #pragma unroll
@@ -260,6 +289,14 @@ static int g_mode = 0;             /* 0 off, 1 every M <= g_max, 2 only M >= 2 (
 static int g_any = 0;              /* some context has its own mode (cu_ctx_set_skinny) */
 static int g_max = SK_DEFAULT_MAX; /* rows up to which the switch takes the skinny kernel */
 static int g_tr = 0, g_u = 0, g_xp = -1, g_w = 0, g_ks = 0; /* 0 / -1: automatic (cu_set_skinny_config) */
+static int g_var = 0; /* CINFER_CUDA_SKINNY_VAR (cu_set_skinny_var): bits 1, 2, 4, see skinny_kernel */
+
+extern "C" void cu_set_skinny_var(int var) {
+    g_var = var & 7;
+}
+extern "C" int cu_skinny_var(void) {
+    return g_var;
+}
 
 extern "C" void cu_set_skinny(int mode) {
     g_mode = mode == 1 || mode == 2 ? mode : 0;
@@ -305,25 +342,43 @@ extern "C" int cu_skinny_splits(int N, int K, int epi) {
     return ks;
 }
 
-template <int MT, int TR, int U, bool XP, bool NORM, int EPI>
+/* the launch: bit 1 of CINFER_CUDA_SKINNY_VAR by cu_launch_gemv (programmatic dependent launch where the
+ * step allows it, as the GEMV v3) with the next GEMV's head into L2; else as below */
+template <class... KA, class... A>
+static void sk_go(cu_ctx *c, void (*kern)(KA...), dim3 grid, dim3 block, A... args) {
+    if (g_var & 1)
+        cu_launch_gemv(c, kern, grid, block, args..., (int)((g_var & 4) != 0), c->gemv_next,
+                       c->gemv_next_bytes);
+    else
+        cu_launch_pdl(c, 0, kern, grid, block, args..., (int)((g_var & 4) != 0), (const void *)NULL,
+                      (size_t)0);
+}
+
+template <int MT, int TR, int U, bool XP, bool NORM, int EPI, bool PF = false>
 static void sk_launch(cu_ctx *c, float *y, const float *x, const uint16_t *w, int M, int N, int K, int KS,
                       const float *g, float eps) {
+    if constexpr (MT == 1 && U == 1 && !PF)
+        if (g_var & 2) {
+            sk_launch<MT, TR, U, XP, NORM, EPI, true>(c, y, x, w, M, N, K, KS, g, eps);
+            return;
+        }
     constexpr int OUTS = EPI == GF_SWIGLU ? TR * 8 : TR * 16;
-    /* Never by programmatic dependent launch (cu_launch_pdl with 0): under CINFER_CUDA_PDL=gemv, which
-     * launched this kernel so, cuda_spec_rollback_is_exact failed on the H200 (session 5, call 3: window rows
-     * and the state far from plain decode, |d| up to 5.7), while the GEMV v3 under PDL stays bit-identical;
-     * why is not found. The griddep calls inside stay (no-ops then). */
+    /* Not by programmatic dependent launch unless CINFER_CUDA_SKINNY_VAR bit 1 (sk_go): under
+     * CINFER_CUDA_PDL=gemv, which launched this kernel so, cuda_spec_rollback_is_exact failed on the H200
+     * (session 5, call 3: window rows and the state far from plain decode, |d| up to 5.7), while the GEMV v3
+     * under PDL stays bit-identical; why is not found. Bit 1 takes PDL only where the step's level allows it
+     * (pdl_step: plain decode steps of contexts that never verify, where no speculation is to roll back). */
     /* blocks of 4 warps where the splits allow (finer grains over the SMs: the same sums) */
     if (KS <= 4 && (g_w ? g_w : SK_DEFAULT_W) == 4) {
         dim3 grid(cdiv((size_t)N, (size_t)(4 / KS * OUTS)), cdiv((size_t)M, (size_t)MT * 8));
-        cu_launch_pdl(c, 0, skinny_kernel<MT, TR, U, XP, NORM, EPI, 4>, grid, dim3(4 * 32), y, x, w, M, N, K,
-                      KS, g, eps);
+        sk_go(c, skinny_kernel<MT, TR, U, XP, NORM, EPI, 4, PF>, grid, dim3(4 * 32), y, x, w, M, N, K, KS, g,
+              eps);
         return;
     }
     int per_block = SK_WARPS / KS * OUTS;
     dim3 grid(cdiv((size_t)N, (size_t)per_block), cdiv((size_t)M, (size_t)MT * 8));
-    cu_launch_pdl(c, 0, skinny_kernel<MT, TR, U, XP, NORM, EPI, SK_WARPS>, grid, dim3(SK_WARPS * 32), y, x, w,
-                  M, N, K, KS, g, eps);
+    sk_go(c, skinny_kernel<MT, TR, U, XP, NORM, EPI, SK_WARPS, PF>, grid, dim3(SK_WARPS * 32), y, x, w, M, N,
+          K, KS, g, eps);
 }
 
 template <int MT, int TR, bool NORM, int EPI>
