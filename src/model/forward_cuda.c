@@ -1070,7 +1070,10 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     /* 16384 (session 9, on trial): the router writes only its logits; every gate_up block serving a chosen
      * expert and every down block selects from them itself (mf_select, the same bits), so the chain from
      * the logits to the experts' weight requests loses the router's fence, counter, last block and the idx
-     * round trip; 32768 (with 16384, E <= 256): that selection in fewer dependent steps (mf_select8_fast) */
+     * round trip (decode steps of one row only: moe()); 32768 (E <= 256): the selection, wherever it is made,
+     * in fewer dependent steps (mf_select8_fast). H200, session 9's first call (35B-A3B, tok/s b1 / b8, two
+     * runs each): 8204 391.6 / 964.4, 392.1 / 965.4; 24588 387.3 / 909.7, 385.6 / 910.2; 57356 399.5 / 917.0,
+     * 399.1 / 913.4 */
     const char *mv = getenv("CINFER_CUDA_MOE_VARIANT");
     f->moe_variant = mv ? atoi(mv) & (4 | 8 | 8192 | 16384 | 32768) : 12 | 8192;
     if (mf)
@@ -1484,6 +1487,10 @@ static int moe(cuda_fwd *f, const cu_layer *cl, const run_shape *rs, int device_
         a.shg = f->shg, a.out = f->out, a.resid = into_x ? f->x : NULL,
         a.variant =
             f->profile ? f->moe_variant & ~4 : f->moe_variant; /* no PDL beside the profile's events */
+        /* the selection in the expert kernels (16384) at one row only: with more, every block of every row
+         * selects before its loads, wave after wave (H200, session 9's first call: 35B-A3B batch 8 964.4 ->
+         * 917.0 tok/s); either form gives the same bits */
+        if (T > 1) a.variant &= ~16384;
         *added = into_x;
         if (norm_w) a.x = f->x, a.norm_w = norm_w, a.eps = (float)m->cfg.rms_norm_eps, a.xn = f->xn;
         /* CINFER_CUDA_DIAG_AB's classes: the router (DG_ROUTE), gate_up (DG_GU), down (DG_DOWN) */

@@ -331,7 +331,7 @@ static void moe_case_run(const moe_case *mc) {
     /* the variants (CINFER_CUDA_MOE_VARIANT: PDL launches 4, shared expert into L2 8192, selection in the
      * expert kernels 16384, there in fewer dependent steps 32768): the same bits, idx / w included (16384:
      * written by gate_up's block 0) */
-    static const int vlist[] = {4, 8192, 8196, 16384, 16388, 24580, 49152, 49156, 57348};
+    static const int vlist[] = {4, 8192, 8196, 16384, 16388, 24580, 49152, 49156, 57348, 32768, 32772, 40964};
     for (size_t vi = 0; vi < sizeof vlist / sizeof vlist[0]; vi++) {
         int v = vlist[vi];
         if (v & 8) continue; /* the router's own norm: its check above */
@@ -546,13 +546,27 @@ TEST(cuda_moe_fused_model_matches_unfused) {
     /* in graphs, against the default variant (8204: PDL launches, the router taking the norm and requesting
      * the shared expert into L2): 0 (none of it), 4 (the norm kernel launched), 8, 12 (no shared-expert
      * prefetch): the same bits */
-    static const char *const vars[] = {"0", "4", "8", "12", "16384", "16396", "24588", "49164", "57356"};
+    static const char *const vars[] = {"0",     "4",     "8",     "12",    "16384",
+                                       "16396", "24588", "49164", "57356", "40972"};
     for (int vi = 0; vi < (int)(sizeof vars / sizeof vars[0]); vi++) {
         char *ov = env_swap("CINFER_CUDA_MOE_VARIANT", vars[vi]);
         if (!model_steps(m, V, 3, "1", NULL, NULL, NULL, got))
             CHECK_MSG(!memcmp(ref, got, n * sizeof(float)), "fused MoE variant %s differs from the default",
                       vars[vi]);
         env_restore("CINFER_CUDA_MOE_VARIANT", ov);
+    }
+    /* one sequence (decode steps of one row: where moe() lets the expert kernels select, 16384) in graphs:
+     * those variants against the default, bit for bit */
+    size_t n1 = (size_t)11 * V;
+    if (!model_steps(m, V, 1, "1", NULL, NULL, NULL, ref)) {
+        static const char *const vars1[] = {"24588", "57356", "40972", "16384"};
+        for (int vi = 0; vi < 4; vi++) {
+            char *ov = env_swap("CINFER_CUDA_MOE_VARIANT", vars1[vi]);
+            if (!model_steps(m, V, 1, "1", NULL, NULL, NULL, got))
+                CHECK_MSG(!memcmp(ref, got, n1 * sizeof(float)),
+                          "fused MoE variant %s differs from the default at one row", vars1[vi]);
+            env_restore("CINFER_CUDA_MOE_VARIANT", ov);
+        }
     }
     /* 12 sequences (24 prefill rows, then 12-row decode steps) on the grouped tensor-core GEMMs
      * (CINFER_CUDA_MOE_GEMM_ROWS=9) against the default device path (1e-4: tensor cores, hi + lo), and their
@@ -657,8 +671,9 @@ TEST(cuda_moe_fused_speed) {
                 T, v, us[0], us[1], b_gu / us[1] / 1e3, us[2], b_dn / us[2] / 1e3, us[0] + us[1] + us[2]);
         }
         /* 4: PDL launches; 8: the router takes the norm before the block (one launch less in the model);
-         * 16384: the selection in the expert kernels, 32768: in fewer steps (alternating with 8204) */
-        static const int vs[] = {0, 4, 8, 12, 8204, 24588, 57356, 8204, 24588, 57356, 8204, 24588, 57356};
+         * 16384: the selection in the expert kernels, 32768: any selection in fewer steps (alternating) */
+        static const int vs[] = {0,    4,     8,     12,   8204,  40972, 57356,
+                                 8204, 40972, 57356, 8204, 40972, 57356, 24588};
         float *nw = dev((size_t)H * 4), *xn = dev((size_t)T * H * 4);
         cu_fill_f32(c, nw, (size_t)H, 1.0f);
         for (size_t vi = 0; vi < sizeof vs / sizeof vs[0]; vi++) {

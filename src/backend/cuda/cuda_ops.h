@@ -573,8 +573,8 @@ typedef struct cu_moe_args {
                     the one before; the same bits). CINFER_CUDA_MOE_VARIANT, default 8204 (8: the caller's
                     norm_w; 8192: the router requests the shared expert's weights into L2 before its wait;
                     16384: the router writes only logits, the gate_up and down kernels select from them
-                    themselves and gate_up writes idx / w; 32768 with it: that selection in fewer
-                    dependent steps, E <= 256) */
+                    themselves and gate_up writes idx / w; 32768: the selection, wherever it is made, in
+                    fewer dependent steps, E <= 256) */
 } cu_moe_args;
 /* 1 when the fused kernels serve this shape: H, Im, Is multiples of 8, Im <= 1024, E <= 1024, k <= 32 */
 int cu_moe_fused_supported(int H, int E, int k, int Im, int Is);

@@ -238,7 +238,8 @@ __device__ __forceinline__ void mf_select_sel(const float *lg, int E, int k, int
  * H = 2048 in one round trip). NORM (cu_moe_args.norm_w): x is the raw residual; every
  * block first takes the row's RMSNorm exactly as add_rmsnorm_kernel does (256 threads, the same sums, the
  * same expression) into shared memory, and block 0 writes it to xn for the gate_up kernel: the norm kernel
- * before the MoE block is not launched. */
+ * before the MoE block is not launched. EW: mf_select_sel's argument (8 or 32: mf_select<EW>; 9: its fast
+ * form, variant 32768). */
 template <int NB, int NORM, int EW, int PFS = 0>
 __global__ void __launch_bounds__(NORM ? 256 : RT_WARPS * 32)
     mf_route_kernel(const float *__restrict__ x, const uint16_t *__restrict__ wr, float *logits, int *idx,
@@ -342,7 +343,7 @@ __global__ void __launch_bounds__(NORM ? 256 : RT_WARPS * 32)
     __threadfence();
     int my_e, rank;
     float my_w;
-    mf_select<EW>(lg, E, k, norm, lane, &my_e, &my_w, &rank);
+    mf_select_sel<EW>(lg, E, k, norm, lane, &my_e, &my_w, &rank); /* EW 9: mf_select8_fast */
     if (lane < k) {
         idx[(size_t)r * k + rank] = my_e;
         wout[(size_t)r * k + rank] = my_w;
@@ -522,14 +523,17 @@ extern "C" void cu_moe_fused_route(cu_ctx *c, const cu_moe_args *a) {
     if ((a->variant & 8192) && a->sh_gu && a->Is > 0)
         pf0 = a->sh_gu, b0 = (unsigned)((size_t)2 * a->Is * a->H * 2), pf1 = a->sh_down,
         b1 = (unsigned)((size_t)a->H * a->Is * 2);
-    /* 8 chunks of a router row requested at once: H = 2048 in one round trip (session 4's 4: no faster) */
+    /* 8 chunks of a router row requested at once: H = 2048 in one round trip (session 4's 4: no faster);
+     * variant 32768 (E <= 256): the last block's selection by mf_select8_fast (EW 9) */
+    int ew = a->E > 256 ? 32 : (a->variant & 32768) ? 9 : 8;
     if (pf0)
-        kern = a->E <= 256 ? (nrm ? mf_route_kernel<8, 1, 8, 1> : mf_route_kernel<8, 0, 8, 1>)
-                           : (nrm ? mf_route_kernel<8, 1, 32, 1> : mf_route_kernel<8, 0, 32, 1>);
-    else if (a->E <= 256)
-        kern = nrm ? mf_route_kernel<8, 1, 8> : mf_route_kernel<8, 0, 8>;
+        kern = ew == 8   ? (nrm ? mf_route_kernel<8, 1, 8, 1> : mf_route_kernel<8, 0, 8, 1>)
+               : ew == 9 ? (nrm ? mf_route_kernel<8, 1, 9, 1> : mf_route_kernel<8, 0, 9, 1>)
+                         : (nrm ? mf_route_kernel<8, 1, 32, 1> : mf_route_kernel<8, 0, 32, 1>);
     else
-        kern = nrm ? mf_route_kernel<8, 1, 32> : mf_route_kernel<8, 0, 32>;
+        kern = ew == 8   ? (nrm ? mf_route_kernel<8, 1, 8> : mf_route_kernel<8, 0, 8>)
+               : ew == 9 ? (nrm ? mf_route_kernel<8, 1, 9> : mf_route_kernel<8, 0, 9>)
+                         : (nrm ? mf_route_kernel<8, 1, 32> : mf_route_kernel<8, 0, 32>);
     cu_launch_pdl(c, pdl, kern, grid, block, a->x, a->router, a->logits, a->idx, a->w, a->count, a->H, a->E,
                   a->k, a->norm, a->norm_w, a->eps, a->xn, pf0, b0, pf1, b1, (a->variant & 16384) != 0);
 }
