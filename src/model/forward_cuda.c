@@ -832,6 +832,18 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     cu_set_skinny_var(skv ? atoi(skv) : 0);
     if (skv)
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_SKINNY_VAR=%s: skinny variant %d\n", skv, cu_skinny_var());
+    /* CINFER_CUDA_SKINNY_CFG="tr,u,xp,w,ks" (measurements: cu_set_skinny_config; 0 / -1 automatic; ks other
+     * sums, the rest the same bits) */
+    const char *skc = getenv("CINFER_CUDA_SKINNY_CFG");
+    if (skc) {
+        int cv[5] = {0, 0, -1, 0, 0};
+        sscanf(skc, "%d,%d,%d,%d,%d", &cv[0], &cv[1], &cv[2], &cv[3], &cv[4]);
+        cu_set_skinny_config(cv[0], cv[1], cv[2], cv[3], cv[4]);
+        fprintf(stderr,
+                "cinfer cuda: CINFER_CUDA_SKINNY_CFG=%s: tiles %d, in flight %d, x ahead %d, warps %d, "
+                "splits %d\n",
+                skc, cv[0], cv[1], cv[2], cv[3], cv[4]);
+    }
     /* 1: the tensor-core prefill kernels round operands to TF32 once (~4e-4 per product); default 3 */
     const char *tp = getenv("CINFER_CUDA_TF32_PASSES");
     cu_set_tf32_passes(tp ? atoi(tp) : 3);
