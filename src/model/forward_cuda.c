@@ -256,6 +256,7 @@ struct cuda_fwd {
      * gdn_cluster_max entries a step (dec_cluster_max) */
     int gdn_cluster, gdn_cluster_max;
     unsigned long long *gdn_stamps; /* CINFER_CUDA_GDN_STAMPS=1 (cu_gdn_args.dec_stamps), else NULL */
+    unsigned long long *astamps;    /* CINFER_CUDA_ATTN_STAMPS=1 (cu_attn_args.dec_stamps), else NULL */
     void *gdn_chunk;                /* the phased DeltaNet prefill's scratch (cu_gdn_chunk_bytes), or NULL */
     int gdn_chunk_cap, gdn_chunk_dt;
     /* CINFER_CUDA_PF_SPLIT: prefill norms and SwiGLU write the next GEMM's bf16 halves themselves (pf_split);
@@ -326,7 +327,6 @@ struct cuda_fwd {
     int attn_dec_p;  /* with attn_dec_ns: cu_attn_args.dec_p (CINFER_CUDA_ATTN_DEC_P) */
     int attn_dec_1st; /* CINFER_CUDA_ATTN_DEC_1ST: steps of at least this many rows on one stage (0: none) */
     int attn_dec_hs[2]; /* CINFER_CUDA_ATTN_DEC_HS "heads,rows": dec_hs in steps of <= rows rows */
-    int attn_dec_mst;   /* CINFER_CUDA_ATTN_DEC_MST: cu_attn_args.dec_mst */
     int attn_dec_pre;   /* CINFER_CUDA_ATTN_DEC_PRE: cu_attn_args.dec_pre */
     size_t part_attn;   /* floats of part for attn_kernel's partials; attn_dec_kernel's follow them */
     int l2pf_next_rows; /* CINFER_CUDA_L2PF_NEXT_ROWS (default 32): L2PF_NEXT only in steps of at most this
@@ -632,8 +632,31 @@ static void gdn_stamps_report(cuda_fwd *f) {
     free(h);
 }
 
+/* CINFER_CUDA_ATTN_STAMPS: the fused dec kernel's merging blocks' phases, mean over the records (stderr) */
+static void attn_stamps_report(cuda_fwd *f) {
+    size_t n = 1 + (size_t)CU_ATTN_STAMP_CAP * CU_ATTN_STAMPS;
+    unsigned long long *h = malloc(n * sizeof *h);
+    char err[256];
+    if (h && !cu_download(h, f->astamps, n * sizeof *h, err, sizeof err)) {
+        size_t cnt = h[0] < CU_ATTN_STAMP_CAP ? (size_t)h[0] : CU_ATTN_STAMP_CAP, used = 0;
+        double acc[CU_ATTN_STAMPS] = {0};
+        for (size_t i = cnt / 4; i < cnt; i++, used++) /* the last three quarters: warm */
+            for (int x = 1; x < CU_ATTN_STAMPS; x++)
+                acc[x] += (double)(h[1 + i * CU_ATTN_STAMPS + x] - h[1 + i * CU_ATTN_STAMPS + x - 1]) / 1e3;
+        if (used)
+            fprintf(stderr,
+                    "cinfer cuda: attn stamps over %zu of %llu merges (merging block, us): start->wait %.3f, "
+                    "wait->norms %.3f, norms->chunks %.3f, chunks->partials %.3f, partials->counter %.3f, "
+                    "counter->(m,l) %.3f, (m,l)->weights %.3f, weights->end %.3f\n",
+                    used, h[0], acc[1] / used, acc[2] / used, acc[3] / used, acc[4] / used, acc[5] / used,
+                    acc[6] / used, acc[7] / used, acc[8] / used);
+    }
+    free(h);
+}
+
 void cuda_fwd_destroy(cuda_fwd *f) {
     if (!f) return;
+    if (f->astamps) attn_stamps_report(f);
     if (f->gdn_stamps) gdn_stamps_report(f);
     for (int i = 0; i < f->n_graphs; i++) cu_graph_destroy(f->graphs[i].exec);
     for (int i = 0; i < PROF_MAX_MARKS; i++) cu_timer_destroy(f->marks[i]);
@@ -773,18 +796,18 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * two at 1 row (20.4 vs 21.7, 46.7 vs 56.8) */
     const char *a1s = getenv("CINFER_CUDA_ATTN_DEC_1ST");
     f->attn_dec_1st = a1s ? (atoi(a1s) > 0 ? atoi(a1s) : 0) : 2;
-    /* CINFER_CUDA_ATTN_DEC_HS="N[,R]" (default off): in steps of at most R rows (default 8) attn_dec_kernel's
-     * blocks serve N q heads each (a divisor of the GQA group), the group over several blocks: more blocks
-     * when a row has few kv heads (the 35B-A3B at one row: 2 kv heads x 17 spans after 512 positions). Every
-     * head's arithmetic is unchanged, so the choice may follow the batch: the same bits */
+    /* CINFER_CUDA_ATTN_DEC_HS="N[,R]": in steps of at most R rows (default: any) attn_dec_kernel's blocks
+     * serve N q heads each (a divisor of the GQA group), the group over several blocks: more blocks when a
+     * row has few kv heads (the 35B-A3B at one row: 2 kv heads x 17 spans after 512 positions); 0 the whole
+     * group (session 8's); the default -1: the launch picks the fewest heads a block (the most blocks) within
+     * two blocks an SM (cu_attn_args.dec_hs). Every head's arithmetic is unchanged, so the choice may follow
+     * the batch: the same bits. H200 call 1 (22:45), one layer alone, the 35B-A3B's shape at 1 row, whole
+     * group vs 4 heads a block: 16.6 vs 13.0 us at 512 positions, 36.0 vs 26.8 at 4096, 184 vs 135 at 32768
+     * (2 heads: 12.9, 38.8, 200); batch 1 in the graph 392.1 -> 401.0 tok/s (2 heads, R 8); the 4B's shape (G
+     * 4) 12.8 / 27.1 / 135 whole, 12.7 / 38.8 / 201 with 2; at 64 rows the whole group (113.8 vs 170 us) */
     const char *ahs = getenv("CINFER_CUDA_ATTN_DEC_HS");
-    f->attn_dec_hs[0] = 0, f->attn_dec_hs[1] = 8;
+    f->attn_dec_hs[0] = -1, f->attn_dec_hs[1] = 1 << 30;
     if (ahs) sscanf(ahs, "%d,%d", &f->attn_dec_hs[0], &f->attn_dec_hs[1]);
-    /* CINFER_CUDA_ATTN_DEC_MST=1 (default off): the fused merge stages the spans past its register prefetch
-     * (16) in shared memory, requested with the (m, l) loads instead of 8 at a time after the weights (after
-     * 512 positions 17 spans a row: one L2 round trip fewer; from 4096 on 64: several); the same bits */
-    const char *amst = getenv("CINFER_CUDA_ATTN_DEC_MST");
-    f->attn_dec_mst = amst && atoi(amst) > 0;
     /* CINFER_CUDA_ATTN_DEC_PRE=1 (default off): the fused dec kernel reads the q / k norms' weights and
      * computes the RoPE rotation before its PDL wait (two dependent loads and the sines off the path after
      * in_proj); the same bits */
@@ -912,6 +935,14 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     if (f->gdn_cluster && gc && (!strcmp(gc, "2") || !strcmp(gc, "3"))) f->gdn_cluster = atoi(gc);
     const char *gcm = getenv("CINFER_CUDA_GDN_CLUSTER_MAX");
     f->gdn_cluster_max = gcm ? atoi(gcm) : 2;
+    /* CINFER_CUDA_ATTN_STAMPS=1 (measurements): the fused dec kernel's merging blocks stamp their phases
+     * (%globaltimer), printed at teardown */
+    const char *ast = getenv("CINFER_CUDA_ATTN_STAMPS");
+    if (ast && !strcmp(ast, "1")) {
+        size_t sb = (1 + (size_t)CU_ATTN_STAMP_CAP * CU_ATTN_STAMPS) * sizeof(unsigned long long);
+        if ((rc = dev_alloc(f, (void **)&f->astamps, sb, &f->bytes_scratch, err, errlen))) goto fail;
+        cu_memset_async(f->cu, f->astamps, sb);
+    }
     const char *gst = getenv("CINFER_CUDA_GDN_STAMPS");
     if (f->gdn_cluster && gst && !strcmp(gst, "1")) {
         size_t sb = (1 + (size_t)CU_GDN_STAMP_CAP * CU_GDN_STAMPS) * sizeof(unsigned long long);
@@ -1408,7 +1439,7 @@ static void attention(cuda_fwd *f, const cu_layer *cl, int full, const run_shape
     a.dec_p = f->attn_dec_p, a.dec_cls = rs->acls, a.dec_span = rs->dspan, a.dec_nsplit = rs->dnsplit;
     a.dec_part = f->part + f->part_attn;
     a.dec_hs = T <= f->attn_dec_hs[1] ? f->attn_dec_hs[0] : 0;
-    a.dec_mst = f->attn_dec_mst, a.dec_pre = f->attn_dec_pre;
+    a.dec_pre = f->attn_dec_pre, a.dec_stamps = f->astamps;
     /* CINFER_CUDA_PF_SPLIT: tensor-core tiles without key splits write every row's output themselves */
     int Mb = out_split_rows(f, T, m->Hq * m->hd, fz, a.tiles && a.tc && !a.split.work);
     if (Mb) a.o_xb = f->xb, a.o_lo = (size_t)Mb * m->Hq * m->hd;

@@ -359,7 +359,7 @@ __host__ __device__ __forceinline__ int dec_stages(const cu_attn_args &a) {
 }
 /* shared memory of attn_dec_kernel: nst stages of K [CH][hd + DEC_KPAD] and V [CH][hd], q [G][hd], scores
  * then p [G][CH], the own k [hd], per head m, l, corr [G] */
-__host__ __device__ __forceinline__ size_t dec_smem(int hd, int G, int nst) {
+static size_t dec_smem(int hd, int G, int nst) {
     return ((size_t)nst * CU_ATTN_DEC_CH * (2 * hd + DEC_KPAD) + (size_t)G * hd + (size_t)G * CU_ATTN_DEC_CH +
             hd + 3 * (size_t)G) *
            sizeof(float);
@@ -369,28 +369,22 @@ __host__ __device__ __forceinline__ size_t dec_smem(int hd, int G, int nst) {
  * once into shared memory, per head the weights expf(m_s - M) and L = sum_s l_s w_s in order of s, then each
  * thread 4 dims of a head, sum_s w_s acc_s in order of s (float4 loads, unrolled: the spans' loads in flight
  * together). Partials of DEC_PST(hd) floats, (m, l) then acc from float 4. sw: [G][ns] x 2 + [G] floats of
- * shared memory. stg (cu_attn_args.dec_mst; NULL: none): nstg float4 of shared memory after sw into which the
- * spans past the first DEC_MPF go by cp.async, in flight with the (m, l) loads (else each group of 8 of them
- * one more L2 round trip after the weights); the same values in the same order */
+ * shared memory */
 #define DEC_PST(hd) ((size_t)(hd) + 4)
 #define DEC_MPF     16 /* spans of a thread's first output column requested with the (m, l) loads */
+__device__ __forceinline__ unsigned long long dec_now(void) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+/* sts: NULL, or the stamps of CINFER_CUDA_ATTN_STAMPS (shared memory, thread 0 writes [6] and [7]) */
 __device__ __forceinline__ void dec_merge(const cu_attn_args &a, int h0, int G, int r, int ns, float *sw,
-                                          float4 *stg = nullptr, int nstg = 0) {
-    int hd = a.hd, tid = threadIdx.x, C4 = hd / 4, GC4 = G * C4;
+                                          unsigned long long *sts = nullptr) {
+    int hd = a.hd, tid = threadIdx.x, C4 = hd / 4;
     size_t st = DEC_PST(hd);
     const size_t st4 = st / 4;
     const float *p0 = a.part + ((size_t)r * a.Hq + (size_t)h0) * a.nsplit * st;
     float *sl = sw + G * ns, *sL = sl + G * ns;
-    /* spans DEC_MPF .. DEC_MPF + ns2 - 1 of every column staged: [s - DEC_MPF][G * C4] float4 */
-    int ns2 = stg && ns > DEC_MPF ? ns - DEC_MPF : 0;
-    if (ns2 > nstg / GC4) ns2 = nstg / GC4;
-    if (ns2 > 0) {
-        for (int i = tid; i < ns2 * GC4; i += DEC_NT) {
-            int s = DEC_MPF + i / GC4, col = i % GC4;
-            cp_async16(stg + i, p0 + ((size_t)(col / C4) * a.nsplit + s) * st + 4 + 4 * (col % C4));
-        }
-        cp_async_commit();
-    }
     /* the first column's acc of its first DEC_MPF spans and its gate, in flight with the (m, l) loads: one
      * L2 round trip for the usual merge (at the 4B shape every thread one column, <= 16 spans) */
     float4 x[DEC_MPF], gt = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -408,8 +402,8 @@ __device__ __forceinline__ void dec_merge(const cu_attn_args &a, int h0, int G, 
             __ldcg(reinterpret_cast<const float2 *>(p0 + ((size_t)(i / ns) * a.nsplit + i % ns) * st));
         sw[i] = ml.x, sl[i] = ml.y;
     }
-    if (ns2 > 0) cp_async_wait<0>();
     __syncthreads();
+    if (sts && threadIdx.x == 0) sts[6] = dec_now();
     /* per head a warp: the max and the weights over its lanes (max is exact in any order; each weight one
      * expf), then L by lane 0 in order of s: the bits of one thread doing all three */
     for (int g = tid >> 5; g < G; g += DEC_NT / 32) {
@@ -429,6 +423,7 @@ __device__ __forceinline__ void dec_merge(const cu_attn_args &a, int h0, int G, 
         }
     }
     __syncthreads();
+    if (sts && threadIdx.x == 0) sts[7] = dec_now();
     for (int i = tid; i < G * C4; i += DEC_NT) {
         int g = i / C4, d = 4 * (i % C4), h = h0 + g;
         const float4 *pg = reinterpret_cast<const float4 *>(p0 + (size_t)g * a.nsplit * st + 4 + d);
@@ -446,19 +441,6 @@ __device__ __forceinline__ void dec_merge(const cu_attn_args &a, int h0, int G, 
         } else {
             const float *gp = a.qkv + (size_t)r * a.ld + (size_t)h * 2 * hd + hd + d;
             q = make_float4(gp[0], gp[1], gp[2], gp[3]);
-            if (ns2 > 0) { /* the spans before the staged ones */
-#pragma unroll 8
-                for (; s < DEC_MPF; s++) {
-                    float4 v = __ldcg(pg + s * st4);
-                    o.x = fmaf(v.x, w[s], o.x), o.y = fmaf(v.y, w[s], o.y);
-                    o.z = fmaf(v.z, w[s], o.z), o.w = fmaf(v.w, w[s], o.w);
-                }
-            }
-        }
-        for (; ns2 > 0 && s < DEC_MPF + ns2; s++) { /* the staged spans (s == DEC_MPF here first) */
-            float4 v = stg[(s - DEC_MPF) * GC4 + i];
-            o.x = fmaf(v.x, w[s], o.x), o.y = fmaf(v.y, w[s], o.y);
-            o.z = fmaf(v.z, w[s], o.z), o.w = fmaf(v.w, w[s], o.w);
         }
 #pragma unroll 8
         for (; s < ns; s++) {
@@ -486,6 +468,9 @@ template <int NPL, bool FUSED> __global__ void __launch_bounds__(DEC_NT, 2) attn
     float *Ks = sm, *Vs = Ks + nst * CH * KS, *Qs = Vs + nst * CH * hd, *Ps = Qs + G * hd, *Kc = Ps + G * CH,
           *Sm = Kc + hd, *Sl = Sm + G, *Sc = Sl + G;
     __shared__ int last;
+    __shared__ unsigned long long sts[CU_ATTN_STAMPS]; /* CINFER_CUDA_ATTN_STAMPS, thread 0 */
+    const bool stamp = FUSED && a.dec_stamps && tid == 0;
+    if (stamp) sts[0] = dec_now();
     const int pos = a.meta.row_pos[r], e = a.meta.row_entry[r];
     const bool other = pos < a.dec_p; /* a row of attn_kernel's class: its blocks only wait and return */
     int ns, span = dec_span(pos, a.dec_nsmax < a.nsplit ? a.dec_nsmax : a.nsplit, &ns);
@@ -543,6 +528,7 @@ template <int NPL, bool FUSED> __global__ void __launch_bounds__(DEC_NT, 2) attn
         griddep_wait();
         griddep_launch();
     }
+    if (stamp) sts[1] = dec_now();
     if (sp >= ns || other) return;
     const float *row = a.qkv + (size_t)r * a.ld;
     const float *vcur = row + (size_t)a.Hq * 2 * hd + (size_t)(a.Hkv + kvh) * hd;
@@ -574,6 +560,7 @@ template <int NPL, bool FUSED> __global__ void __launch_bounds__(DEC_NT, 2) attn
     }
     for (int g = tid; g < G; g += DEC_NT) Sm[g] = -INFINITY, Sl[g] = 0.0f;
     __syncthreads();
+    if (stamp) sts[2] = dec_now();
     const float scale = (float)(1.0 / sqrt((double)hd));
     /* scores: thread (j = tid / DQ, part dq = tid % DQ) takes float4 columns dq, dq + DQ, ... of position j
      * for every head (each K float4 read once for the G heads; the 4 quarters' q reads one 64-byte line), the
@@ -667,6 +654,7 @@ template <int NPL, bool FUSED> __global__ void __launch_bounds__(DEC_NT, 2) attn
         __syncthreads();
         if (nst == 1 && c + 1 < nch) issue(c + 1);
     }
+    if (stamp) sts[3] = dec_now();
     /* the parts of each column joined in order of part (the stages' K and V hold them: dec_ready) */
     float4 *red = reinterpret_cast<float4 *>(Ks);
 #pragma unroll
@@ -699,16 +687,22 @@ template <int NPL, bool FUSED> __global__ void __launch_bounds__(DEC_NT, 2) attn
     if (!FUSED || ns == 1 || (a.dec_diag & 8)) return;
     __threadfence();
     __syncthreads();
+    if (stamp) sts[4] = dec_now();
     unsigned *cnt = a.dec_cnt + (size_t)r * a.Hq + blockIdx.x; /* blockIdx.x < Hq */
     if (tid == 0) last = atomicAdd(cnt, 1u) == (unsigned)(ns - 1);
     __syncthreads();
     if (!last) return;
     __threadfence();
-    if (!(a.dec_diag & 1)) { /* the shared memory is free now: (m, l) and the weights, then the staging */
-        const int o4 = (G * (2 * ns + 1) + 3) / 4, n4 = (int)(dec_smem(hd, G, nst) / sizeof(float4));
-        dec_merge(a, h0, G, r, ns, Ks, a.dec_mst ? dec_sm4 + o4 : nullptr, n4 - o4);
+    if (stamp) sts[5] = dec_now();
+    if (!(a.dec_diag & 1))
+        dec_merge(a, h0, G, r, ns, Ks, stamp ? sts : nullptr); /* the first stage's K is free now */
+    if (tid == 0) *cnt = 0u;                                   /* ready for the next launch */
+    if (stamp) {
+        sts[8] = dec_now();
+        unsigned long long i = atomicAdd(a.dec_stamps, 1ull);
+        if (i < CU_ATTN_STAMP_CAP)
+            for (int x = 0; x < CU_ATTN_STAMPS; x++) a.dec_stamps[1 + i * CU_ATTN_STAMPS + x] = sts[x];
     }
-    if (tid == 0) *cnt = 0u; /* ready for the next launch */
 }
 
 /* the unfused form's merge: a block per (kv head, row) with more than one span */
@@ -748,7 +742,28 @@ template <int NPL> static int dec_ready(int G, int nsplit) {
 /* the decode rows by attn_dec_kernel; 0 when it does not serve the shape (the caller then runs attn_kernel).
  * Unfused: attn_prep_kernel first (for every row of the launch: the one prep of a batch whose rows take
  * both kernels) */
-template <int NPL> static int attn_dec_npl(cu_ctx *c, const cu_attn_args *a) {
+/* dec_hs < 0: the fewest q heads a block (a divisor of G) whose grid holds at most two blocks an SM (the
+ * kernel's residency), else the whole group; the same bits whatever the choice */
+static int dec_auto_hs(const cu_attn_args *a) {
+    static int n_sm = 0;
+    if (!n_sm) {
+        int dev = 0, v = 0;
+        n_sm = cudaGetDevice(&dev) == cudaSuccess &&
+                       cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && v > 0
+                   ? v
+                   : 132;
+    }
+    const int G = a->Hq / a->Hkv;
+    const long per = (long)a->T * a->Hkv * a->nsplit; /* blocks with whole groups */
+    for (int hs = 1; hs < G; hs++)
+        if (G % hs == 0 && per * (G / hs) <= 2L * n_sm) return hs;
+    return G;
+}
+
+template <int NPL> static int attn_dec_npl(cu_ctx *c, const cu_attn_args *a0) {
+    cu_attn_args hs_a = *a0;
+    if (hs_a.dec_hs < 0) hs_a.dec_hs = dec_auto_hs(a0);
+    const cu_attn_args *a = &hs_a;
     int G = a->Hq / a->Hkv, GB = dec_gb(*a), nst = dec_stages(*a);
     if (!dec_ready<NPL>(G, a->nsplit)) return 0;
     dim3 grid((unsigned)(a->Hkv * (G / GB)), (unsigned)a->T, (unsigned)a->nsplit);

@@ -453,20 +453,24 @@ typedef struct cu_attn_args {
      * head's group over Hq / Hkv / dec_hs blocks (more blocks when a row has few kv heads); anything else
      * (0): the whole group. Every head's arithmetic is the same either way: the same bits */
     int dec_hs;
-    /* nonzero (CINFER_CUDA_ATTN_DEC_MST): the fused merge stages the spans past its register prefetch in
-     * shared memory by cp.async, in flight with the (m, l) loads; the same bits */
-    int dec_mst;
     /* nonzero (CINFER_CUDA_ATTN_DEC_PRE): the fused dec kernel reads the q / k norms' weights and computes
      * the RoPE rotation of the row's position before its PDL wait (rows without multimodal streams); the same
      * bits */
     int dec_pre;
+    /* diagnostics, normally NULL (CINFER_CUDA_ATTN_STAMPS): [0] a counter, then per (row, kv head group)
+     * merge of the fused dec kernel up to CU_ATTN_STAMP_CAP records of CU_ATTN_STAMPS %globaltimer values of
+     * the merging block's thread 0: entry, PDL wait done, norms done, chunks done, partials written, counter
+     * passed, (m, l) loaded, weights done, merge done */
+    unsigned long long *dec_stamps;
     /* measurements only (wrong outputs), 0 otherwise: attn_dec_kernel's fused form leaves out 1 the merge, 2
      * the q / k norm + RoPE, 4 the arithmetic of the chunks, 8 the partials' fence and counter */
     int dec_diag;
 } cu_attn_args;
 /* attn_dec_kernel's positions per span of a row at position pos: the least CU_ATTN_DEC_CH * 2^k giving at
  * most nsmax spans; *ns the spans */
-#define CU_ATTN_DEC_CH 32
+#define CU_ATTN_DEC_CH    32
+#define CU_ATTN_STAMPS    9
+#define CU_ATTN_STAMP_CAP (1 << 16)
 static inline int cu_attn_dec_span(int pos, int nsmax, int *ns) {
     int n = pos + 1, s = CU_ATTN_DEC_CH;
     while ((n + s - 1) / s > nsmax) s *= 2;
