@@ -181,12 +181,14 @@ TEST(cuda_skinny_vs_cpu) {
                           cfg[ci][0], cfg[ci][1], cfg[ci][2], cfg[ci][3], M);
                 free(yc);
             }
-        /* CINFER_CUDA_SKINNY_VAR: bits 1 and 2 the same bits as 0 (here no PDL: the level is 0 outside a
-         * step); bit 4 other sums, as exact against the CPU, each row's bits independent of M, and bits 1 / 2
-         * on top of it the same bits again */
+        /* CINFER_CUDA_SKINNY_VAR: bits 1, 2, 8, 16 the same bits as 0 (here no PDL: the level is 0 outside
+         * a step); bit 4 other sums, as exact against the CPU, each row's bits independent of M, and bits 1 /
+         * 2 on top of it the same bits again */
         {
             float *y4 = NULL;
-            for (int var = 1; var <= 7; var++) {
+            static const int vars[] = {1, 2, 3, 4, 5, 6, 7, 8, 10, 16, 18, 12, 22, 30};
+            for (size_t vi = 0; vi < sizeof vars / sizeof vars[0]; vi++) {
+                const int var = vars[vi];
                 cu_set_skinny_var(var);
                 float *yv = run(c, s, dx, dw, dg, dy0, SK_M, 0);
                 REQUIRE(yv != NULL);
@@ -204,14 +206,14 @@ TEST(cuda_skinny_vs_cpu) {
                     CHECK_MSG(e4 <= 1e-5, "%s: var 4: rel %.3e > 1e-5", s->what, e4);
                     y4 = yv;
                 } else {
-                    CHECK_MSG(!memcmp(yv, var < 4 ? y32 : y4, (size_t)SK_M * N * 4),
+                    CHECK_MSG(!memcmp(yv, (var & 4) ? y4 : y32, (size_t)SK_M * N * 4),
                               "%s: CINFER_CUDA_SKINNY_VAR=%d: other bits than %d at 32 rows", s->what, var,
                               var & 4);
                 }
                 for (int M = 1; M <= 8; M += 7) { /* bit 2 serves up to 8 rows */
                     float *yM = run(c, s, dx, dw, dg, dy0, M, 0);
                     REQUIRE(yM != NULL);
-                    CHECK_MSG(!memcmp(yM, var < 4 ? y32 : y4, (size_t)M * N * 4),
+                    CHECK_MSG(!memcmp(yM, (var & 4) ? y4 : y32, (size_t)M * N * 4),
                               "%s: CINFER_CUDA_SKINNY_VAR=%d: the first %d rows differ from the same rows "
                               "among 32",
                               s->what, var, M);
@@ -329,16 +331,17 @@ static double bench_us(cu_ctx *c, int what, const sshape *s, uint16_t **dw, int 
 }
 
 /* CINFER_SKINNY_BENCH=quick: each matrix at M = 1, 2, 8: v3 and the skinny kernel's CINFER_CUDA_SKINNY_VAR
- * forms 0 / 2 / 4 / 6, plain launches; then v3 and forms 1 / 3 / 7 with every launch by programmatic
- * dependent launch (cu_set_pdl(1): the next product's weights requested during this one's tail, as in a
- * decode step); the sums over the matrices at the end */
+ * forms (vars: plain launches); then v3 and the forms of pvars with every launch by programmatic dependent
+ * launch (cu_set_pdl(1): the next product's weights requested during this one's tail, as in a decode step);
+ * the sums over the matrices at the end. CINFER_SKINNY_ONE=1: the first matrix at M = 1, each form launched
+ * twice (profiling) */
 static void speed_quick(cu_ctx *c, const sshape *bs, size_t nbs) {
-    static const int Ms[] = {1, 2, 8}, vars[] = {0, 2, 4, 6}, pvars[] = {1, 3, 7};
-    /* CINFER_SKINNY_ONE=1: the first matrix at M = 1, each form launched twice (profiling) */
+    static const int Ms[] = {1, 2, 8}, vars[] = {0, 2, 4, 8, 10, 16, 18}, pvars[] = {1, 3, 9, 11, 17};
+    enum { NV = sizeof vars / sizeof vars[0], NP = sizeof pvars / sizeof pvars[0] };
     const char *one = getenv("CINFER_SKINNY_ONE");
     int nm = 3;
     if (one && !strcmp(one, "1")) nbs = 1, nm = 1, g_reps = 1;
-    double sum[3][9] = {{0}};
+    double sum[3][2 + NV + NP] = {{0}}; /* v3, vars, PDL v3, pvars */
     char err[256];
     for (size_t si = 0; si < nbs; si++) {
         const sshape *s = &bs[si];
@@ -366,8 +369,8 @@ static void speed_quick(cu_ctx *c, const sshape *bs, size_t nbs) {
             int M = Ms[mi];
             double v3 = bench_us(c, 0, s, dw, ncopy, dx, dy, dg, M, NULL);
             sum[mi][0] += v3;
-            printf(" | M=%d v3 %.1f us (%.0f GB/s) sk", M, v3, gb / v3);
-            for (int v = 0; v < 4; v++) {
+            printf("\n       M=%d v3 %.1f us (%.0f GB/s) sk", M, v3, gb / v3);
+            for (int v = 0; v < NV; v++) {
                 cu_set_skinny_var(vars[v]);
                 double t = bench_us(c, 1, s, dw, ncopy, dx, dy, dg, M, NULL);
                 sum[mi][1 + v] += t;
@@ -376,12 +379,12 @@ static void speed_quick(cu_ctx *c, const sshape *bs, size_t nbs) {
             cu_set_pdl(1);
             cu_set_skinny_var(0);
             double p3 = bench_us(c, 0, s, dw, ncopy, dx, dy, dg, M, NULL);
-            sum[mi][8] += p3;
+            sum[mi][1 + NV] += p3;
             printf(" ; PDL v3 %.1f sk", p3);
-            for (int v = 0; v < 3; v++) {
+            for (int v = 0; v < NP; v++) {
                 cu_set_skinny_var(pvars[v]);
                 double t = bench_us(c, 1, s, dw, ncopy, dx, dy, dg, M, NULL);
-                sum[mi][5 + v] += t;
+                sum[mi][2 + NV + v] += t;
                 printf(" v%d %.1f", pvars[v], t);
             }
             cu_set_pdl(0);
@@ -393,12 +396,13 @@ static void speed_quick(cu_ctx *c, const sshape *bs, size_t nbs) {
         cu_free(dx), cu_free(dy), cu_free(dg);
     }
     g_reps = 20;
-    for (int mi = 0; mi < nm; mi++)
-        printf("     summed us M=%d: v3 %.1f, skinny v0 %.1f v2 %.1f v4 %.1f v6 %.1f; by PDL: v3 %.1f, "
-               "skinny v1 "
-               "%.1f v3 %.1f v7 %.1f\n",
-               Ms[mi], sum[mi][0], sum[mi][1], sum[mi][2], sum[mi][3], sum[mi][4], sum[mi][8], sum[mi][5],
-               sum[mi][6], sum[mi][7]);
+    for (int mi = 0; mi < nm; mi++) {
+        printf("     summed us M=%d: v3 %.1f, skinny", Ms[mi], sum[mi][0]);
+        for (int v = 0; v < NV; v++) printf(" v%d %.1f", vars[v], sum[mi][1 + v]);
+        printf("; by PDL: v3 %.1f, skinny", sum[mi][1 + NV]);
+        for (int v = 0; v < NP; v++) printf(" v%d %.1f", pvars[v], sum[mi][2 + NV + v]);
+        printf("\n");
+    }
 }
 
 /* Prints each real matrix's us and GB/s at M = 1, 4, 8, 16, 32: v3 (cu_gemv_fused with the switch off),

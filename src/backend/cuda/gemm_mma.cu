@@ -103,12 +103,19 @@ __device__ __forceinline__ void sk_load_x(float4 (&v)[MT][4], const float *x, in
  * after them (U + 1 chunks in flight during the arithmetic; the same sums). CS (bit 4): split s takes the
  * contiguous chunks [s * P, s * P + P), P = ceil(chunks / KS), instead of s, s + KS, s + 2 KS, ... (each warp
  * then streams one run of every row; another grouping of the sums, still a function of the shape only). nx:
- * the next GEMV's head into L2 as the GEMV v3 does (bit 1; NULL none) */
-template <int MT, int TR, int U, bool XP, bool NORM, int EPI, int W, bool PF>
-__global__ void __launch_bounds__(W * 32, (MT * TR >= 8 ? 8 : 16) / W)
+ * the next GEMV's head into L2 as the GEMV v3 does (bit 1; NULL none). FM: bit 1 PF; bit 2 registers capped
+ * for 24 resident warps an SM, bit 4 for 32 (bits 8 / 16 of the switch; else 16 at <= 8 rows: at one row each
+ * warp has one chunk of 32 weight rows in flight, so the warps an SM holds bound the bytes in flight) */
+template <int MT, int TR, int U, bool XP, bool NORM, int EPI, int W, int FM>
+__global__ void __launch_bounds__(W * 32, (FM & 2         ? 24
+                                           : FM & 4       ? 32
+                                           : MT * TR >= 8 ? 8
+                                                          : 16) /
+                                              W)
     skinny_kernel(float *__restrict__ y, const float *__restrict__ x, const uint16_t *__restrict__ w, int M,
                   int N, int K, int KS, const float *__restrict__ g, float eps, int CS, const void *nx,
                   size_t nx_bytes) {
+    constexpr bool PF = FM & 1;
     /* SwiGLU, TR 2: a tile of 16 gate rows and one of the 16 up rows of the same outputs; TR 1: one tile of 8
      * gate rows (fragment rows 0..7) and their 8 up rows (8..15). Either way the up row of output o is red
      * row OUTS + o. */
@@ -289,10 +296,10 @@ static int g_mode = 0;             /* 0 off, 1 every M <= g_max, 2 only M >= 2 (
 static int g_any = 0;              /* some context has its own mode (cu_ctx_set_skinny) */
 static int g_max = SK_DEFAULT_MAX; /* rows up to which the switch takes the skinny kernel */
 static int g_tr = 0, g_u = 0, g_xp = -1, g_w = 0, g_ks = 0; /* 0 / -1: automatic (cu_set_skinny_config) */
-static int g_var = 0; /* CINFER_CUDA_SKINNY_VAR (cu_set_skinny_var): bits 1, 2, 4, see skinny_kernel */
+static int g_var = 0; /* CINFER_CUDA_SKINNY_VAR (cu_set_skinny_var): bits 1, 2, 4, 8, 16, see skinny_kernel */
 
 extern "C" void cu_set_skinny_var(int var) {
-    g_var = var & 7;
+    g_var = var & 31;
 }
 extern "C" int cu_skinny_var(void) {
     return g_var;
@@ -354,14 +361,37 @@ static void sk_go(cu_ctx *c, void (*kern)(KA...), dim3 grid, dim3 block, A... ar
                       (size_t)0);
 }
 
-template <int MT, int TR, int U, bool XP, bool NORM, int EPI, bool PF = false>
+template <int MT, int TR, int U, bool XP, bool NORM, int EPI, int FM = 0>
 static void sk_launch(cu_ctx *c, float *y, const float *x, const uint16_t *w, int M, int N, int K, int KS,
                       const float *g, float eps) {
-    if constexpr (MT == 1 && U == 1 && !PF)
-        if (g_var & 2) {
-            sk_launch<MT, TR, U, XP, NORM, EPI, true>(c, y, x, w, M, N, K, KS, g, eps);
+    /* the forms of CINFER_CUDA_SKINNY_VAR bits 2 / 8 / 16 at up to 8 rows (the same bits): the occupancy
+     * forms only in 4-warp blocks and with x read when consumed (its registers) */
+    if constexpr (MT == 1 && FM == 0) {
+        const bool w4 = KS <= 4 && (g_w ? g_w : SK_DEFAULT_W) == 4;
+        const int oc = w4 ? (g_var & 8 ? 2 : g_var & 16 ? 4 : 0) : 0;
+        const bool pf = U == 1 && (g_var & 2);
+        if constexpr (U == 1)
+            if (pf && oc) {
+                if (oc == 2)
+                    sk_launch<MT, TR, U, false, NORM, EPI, 3>(c, y, x, w, M, N, K, KS, g, eps);
+                else
+                    sk_launch<MT, TR, U, false, NORM, EPI, 5>(c, y, x, w, M, N, K, KS, g, eps);
+                return;
+            }
+        if (oc == 2) {
+            sk_launch<MT, TR, U, false, NORM, EPI, 2>(c, y, x, w, M, N, K, KS, g, eps);
             return;
         }
+        if (oc == 4) {
+            sk_launch<MT, TR, U, false, NORM, EPI, 4>(c, y, x, w, M, N, K, KS, g, eps);
+            return;
+        }
+        if constexpr (U == 1)
+            if (pf) {
+                sk_launch<MT, TR, U, XP, NORM, EPI, 1>(c, y, x, w, M, N, K, KS, g, eps);
+                return;
+            }
+    }
     constexpr int OUTS = EPI == GF_SWIGLU ? TR * 8 : TR * 16;
     /* Not by programmatic dependent launch unless CINFER_CUDA_SKINNY_VAR bit 1 (sk_go): under
      * CINFER_CUDA_PDL=gemv, which launched this kernel so, cuda_spec_rollback_is_exact failed on the H200
@@ -369,16 +399,18 @@ static void sk_launch(cu_ctx *c, float *y, const float *x, const uint16_t *w, in
      * under PDL stays bit-identical; why is not found. Bit 1 takes PDL only where the step's level allows it
      * (pdl_step: plain decode steps of contexts that never verify, where no speculation is to roll back). */
     /* blocks of 4 warps where the splits allow (finer grains over the SMs: the same sums) */
-    if (KS <= 4 && (g_w ? g_w : SK_DEFAULT_W) == 4) {
+    if (FM & 6 || (KS <= 4 && (g_w ? g_w : SK_DEFAULT_W) == 4)) {
         dim3 grid(cdiv((size_t)N, (size_t)(4 / KS * OUTS)), cdiv((size_t)M, (size_t)MT * 8));
-        sk_go(c, skinny_kernel<MT, TR, U, XP, NORM, EPI, 4, PF>, grid, dim3(4 * 32), y, x, w, M, N, K, KS, g,
+        sk_go(c, skinny_kernel<MT, TR, U, XP, NORM, EPI, 4, FM>, grid, dim3(4 * 32), y, x, w, M, N, K, KS, g,
               eps);
         return;
     }
-    int per_block = SK_WARPS / KS * OUTS;
-    dim3 grid(cdiv((size_t)N, (size_t)per_block), cdiv((size_t)M, (size_t)MT * 8));
-    sk_go(c, skinny_kernel<MT, TR, U, XP, NORM, EPI, SK_WARPS, PF>, grid, dim3(SK_WARPS * 32), y, x, w, M, N,
-          K, KS, g, eps);
+    if constexpr (!(FM & 6)) {
+        int per_block = SK_WARPS / KS * OUTS;
+        dim3 grid(cdiv((size_t)N, (size_t)per_block), cdiv((size_t)M, (size_t)MT * 8));
+        sk_go(c, skinny_kernel<MT, TR, U, XP, NORM, EPI, SK_WARPS, FM>, grid, dim3(SK_WARPS * 32), y, x, w, M,
+              N, K, KS, g, eps);
+    }
 }
 
 template <int MT, int TR, bool NORM, int EPI>
