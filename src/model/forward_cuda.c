@@ -1100,9 +1100,9 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
         f->moe_fused = cu_moe_fused_supported(m->H, mc->n_experts, mc->n_experts_per_tok,
                                               mc->moe_intermediate_size, mc->shared_expert_intermediate_size);
     }
-    /* the fused kernels' variant, all the same bits: default 8204 (PDL launches, the router taking the
+    /* the fused kernels' variant, all the same bits: default 57356 (PDL launches, the router taking the
      * post-attention norm itself under CINFER_CUDA_FUSE, and requesting the shared expert's weights into L2
-     * before its PDL wait). H200 runs: PDL at 09:22 of session 4 (35B-A3B batch 1 292.2 -> 316.4 tok/s), the
+     * before its PDL wait; 16384 and 32768 below). H200 runs: PDL at 09:22 of session 4 (35B-A3B batch 1 292.2 -> 316.4 tok/s), the
      * router's norm at 10:05 (339.5 / 341.2 -> 347.8 tok/s) and, once its loads were batched, session 5's
      * call 2 (351.7 -> 369.9); the shared-expert prefetch in session 6's call 4 (15:53, alternating: 396.3 /
      * 397.7
@@ -1110,15 +1110,20 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * session 5's 32, 64, 256, 512 and session 6's flag-started gate_up, L2 prefetch of down, one-launch
      * gate_up + down, cluster router, down rows all before the wait and router in fewer registers are gone
      * (bit-identical, slower or no faster in session 6's H200 calls 1-3: their commits give the figures) */
-    /* 16384 (session 9, on trial): the router writes only its logits; every gate_up block serving a chosen
-     * expert and every down block selects from them itself (mf_select, the same bits), so the chain from
-     * the logits to the experts' weight requests loses the router's fence, counter, last block and the idx
-     * round trip (decode steps of one row only: moe()); 32768 (E <= 256): the selection, wherever it is made,
-     * in fewer dependent steps (mf_select8_fast). H200, session 9's first call (35B-A3B, tok/s b1 / b8, two
-     * runs each): 8204 391.6 / 964.4, 392.1 / 965.4; 24588 387.3 / 909.7, 385.6 / 910.2; 57356 399.5 / 917.0,
-     * 399.1 / 913.4 */
+    /* 16384 (default since session 9): the router writes only its logits; every gate_up block serving a
+     * chosen expert and every down block selects from them itself (mf_select, the same bits), so the chain
+     * from the logits to the experts' weight requests loses the router's fence, counter, last block and the
+     * idx round trip (decode steps of one row only: moe()); 32768 (default since session 9; E <= 256): the
+     * selection, wherever it is made, in fewer dependent steps (mf_select8_fast). H200, session 9's first
+     * call (35B-A3B, tok/s b1 / b8, two runs each): 8204 391.6 / 964.4, 392.1 / 965.4; 24588 387.3 / 909.7,
+     * 385.6 / 910.2; 57356 399.5 / 917.0, 399.1 / 913.4 (16384 at 8 rows: every block of every row selects
+     * before its loads, hence one row only); second call, three runs each alternating: 8204 400.4 / 958.8,
+     * 400.6 / 957.7, 400.6 / 956.8; 40972 407.2 / 963.6, 405.0 / 964.1, 407.3 / 964.5; 57356 412.9 / 963.5,
+     * 412.9 / 964.4, 413.2 / 963.6; CINFER_CUDA_DIAG_AB's batch-1 graph 2.4503 -> 2.4082 -> 2.3771 ms, "skip
+     * moe router" -0.2874 -> -0.2448 -> -0.1063 ms. 65536 (on trial, with 16384): gate_up lets the down
+     * kernel start only after its selection (down's own selection and loads not beside it) */
     const char *mv = getenv("CINFER_CUDA_MOE_VARIANT");
-    f->moe_variant = mv ? atoi(mv) & (4 | 8 | 8192 | 16384 | 32768) : 12 | 8192;
+    f->moe_variant = mv ? atoi(mv) & (4 | 8 | 8192 | 16384 | 32768 | 65536) : 12 | 8192 | 16384 | 32768;
     if (mf)
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_MOE_FUSED=%s: %s\n", mf,
                 f->moe_fused ? "fused decode MoE kernels" : "the unfused decode MoE kernels");

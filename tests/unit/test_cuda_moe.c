@@ -331,7 +331,8 @@ static void moe_case_run(const moe_case *mc) {
     /* the variants (CINFER_CUDA_MOE_VARIANT: PDL launches 4, shared expert into L2 8192, selection in the
      * expert kernels 16384, there in fewer dependent steps 32768): the same bits, idx / w included (16384:
      * written by gate_up's block 0) */
-    static const int vlist[] = {4, 8192, 8196, 16384, 16388, 24580, 49152, 49156, 57348, 32768, 32772, 40964};
+    static const int vlist[] = {4,     8192,  8196,  16384, 16388, 24580, 49152,
+                                49156, 57348, 32768, 32772, 40964, 122884};
     for (size_t vi = 0; vi < sizeof vlist / sizeof vlist[0]; vi++) {
         int v = vlist[vi];
         if (v & 8) continue; /* the router's own norm: its check above */
@@ -543,11 +544,12 @@ TEST(cuda_moe_fused_model_matches_unfused) {
     /* graphs against eager launches, the fused MoE on */
     if (!model_steps(m, V, 3, "1", NULL, "0", NULL, ref) && !model_steps(m, V, 3, "1", NULL, NULL, NULL, got))
         CHECK_MSG(!memcmp(ref, got, n * sizeof(float)), "fused MoE: CUDA graphs differ from eager launches");
-    /* in graphs, against the default variant (8204: PDL launches, the router taking the norm and requesting
-     * the shared expert into L2): 0 (none of it), 4 (the norm kernel launched), 8, 12 (no shared-expert
-     * prefetch): the same bits */
-    static const char *const vars[] = {"0",     "4",     "8",     "12",    "16384",
-                                       "16396", "24588", "49164", "57356", "40972"};
+    /* in graphs, against the default variant (57356: PDL launches, the router taking the norm and
+     * requesting the shared expert into L2, the selection in the expert kernels at one row, its fast form):
+     * 0 (none of it), 4 (the norm kernel launched), 8, 12 (no shared-expert prefetch), 8204 (the form before
+     * session 9), ...: the same bits */
+    static const char *const vars[] = {"0",     "4",     "8",    "12",    "16384", "16396",
+                                       "24588", "49164", "8204", "40972", "122892"};
     for (int vi = 0; vi < (int)(sizeof vars / sizeof vars[0]); vi++) {
         char *ov = env_swap("CINFER_CUDA_MOE_VARIANT", vars[vi]);
         if (!model_steps(m, V, 3, "1", NULL, NULL, NULL, got))
@@ -559,8 +561,8 @@ TEST(cuda_moe_fused_model_matches_unfused) {
      * those variants against the default, bit for bit */
     size_t n1 = (size_t)11 * V;
     if (!model_steps(m, V, 1, "1", NULL, NULL, NULL, ref)) {
-        static const char *const vars1[] = {"24588", "57356", "40972", "16384"};
-        for (int vi = 0; vi < 4; vi++) {
+        static const char *const vars1[] = {"24588", "8204", "40972", "16384", "122892"};
+        for (int vi = 0; vi < 5; vi++) {
             char *ov = env_swap("CINFER_CUDA_MOE_VARIANT", vars1[vi]);
             if (!model_steps(m, V, 1, "1", NULL, NULL, NULL, got))
                 CHECK_MSG(!memcmp(ref, got, n1 * sizeof(float)),
@@ -671,9 +673,10 @@ TEST(cuda_moe_fused_speed) {
                 T, v, us[0], us[1], b_gu / us[1] / 1e3, us[2], b_dn / us[2] / 1e3, us[0] + us[1] + us[2]);
         }
         /* 4: PDL launches; 8: the router takes the norm before the block (one launch less in the model);
-         * 16384: the selection in the expert kernels, 32768: any selection in fewer steps (alternating) */
-        static const int vs[] = {0,    4,     8,     12,   8204,  40972, 57356,
-                                 8204, 40972, 57356, 8204, 40972, 57356, 24588};
+         * 16384: the selection in the expert kernels, 32768: any selection in fewer steps, 65536: down
+         * released after gate_up's selection (alternating) */
+        static const int vs[] = {0,     4,     8,      12,   8204,  57356,  122892,
+                                 40972, 57356, 122892, 8204, 57356, 122892, 24588};
         float *nw = dev((size_t)H * 4), *xn = dev((size_t)T * H * 4);
         cu_fill_f32(c, nw, (size_t)H, 1.0f);
         for (size_t vi = 0; vi < sizeof vs / sizeof vs[0]; vi++) {

@@ -575,11 +575,12 @@ typedef struct cu_moe_args {
     float eps;
     float *xn;   /* [T][H] the normed rows when norm_w (the gate_up kernel reads them) */
     int variant; /* 4: programmatic dependent launch (each kernel lets the next be scheduled, then waits for
-                    the one before; the same bits). CINFER_CUDA_MOE_VARIANT, default 8204 (8: the caller's
+                    the one before; the same bits). CINFER_CUDA_MOE_VARIANT, default 57356 (8: the caller's
                     norm_w; 8192: the router requests the shared expert's weights into L2 before its wait;
                     16384: the router writes only logits, the gate_up and down kernels select from them
                     themselves and gate_up writes idx / w; 32768: the selection, wherever it is made, in
-                    fewer dependent steps, E <= 256) */
+                    fewer dependent steps, E <= 256; 65536 with 16384: gate_up releases the down kernel
+                    (griddep_launch) after its selection instead of right after its wait) */
 } cu_moe_args;
 /* 1 when the fused kernels serve this shape: H, Im, Is multiples of 8, Im <= 1024, E <= 1024, k <= 32 */
 int cu_moe_fused_supported(int H, int E, int k, int Im, int Is);

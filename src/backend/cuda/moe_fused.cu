@@ -365,11 +365,15 @@ __global__ void __launch_bounds__(MF_WARPS * 32)
     mf_gate_up_kernel(const float *__restrict__ x, const uint16_t *__restrict__ e_gu,
                       const int *__restrict__ idx, const uint16_t *__restrict__ sh_gu,
                       const uint16_t *__restrict__ sh_gw, float *act, float *shg, int H, int k, int Im,
-                      int Is, const float *logits, int E, int norm, int *idx_out, float *w_out) {
+                      int Is, const float *logits, int E, int norm, int *idx_out, float *w_out,
+                      int late_launch) {
     const int r = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int wg = blockIdx.x * MF_WARPS + warp, A = k * Im + Is;
     griddep_wait(); /* the router's choices */
-    griddep_launch();
+    /* late_launch (variant 65536, SEL only): the down kernel, whose blocks select from the same logits
+     * before their wait, is let start only once this block has made its selection (every block still
+     * executes griddep_launch, after its wait) */
+    if (!late_launch) griddep_launch();
     [[maybe_unused]] __shared__ int s_e;
     if constexpr (SEL > 0) {
         if ((int)blockIdx.x * MF_WARPS < k * Im) { /* the whole block serves choice j */
@@ -386,6 +390,7 @@ __global__ void __launch_bounds__(MF_WARPS * 32)
             __syncthreads();
         }
     }
+    if (late_launch) griddep_launch();
     const float *xr = x + (size_t)r * H;
     const uint16_t *g;
     size_t up; /* elements from the gate row to the up row */
@@ -548,13 +553,14 @@ extern "C" void cu_moe_fused_gate_up(cu_ctx *c, const cu_moe_args *a) {
     /* 2 chunks per row requested at a time: 40 registers, six blocks per SM, the 577 blocks of a 35B-A3B row
      * in one wave (session 4: 4 chunks, four blocks per SM, 14.1 vs 10.9 us) */
     void (*kern)(const float *, const uint16_t *, const int *, const uint16_t *, const uint16_t *, float *,
-                 float *, int, int, int, int, const float *, int, int, int *, float *) =
+                 float *, int, int, int, int, const float *, int, int, int *, float *, int) =
         !(a->variant & 16384) ? mf_gate_up_kernel<2, 0>
         : a->E > 256          ? mf_gate_up_kernel<2, 32>
         : a->variant & 32768  ? mf_gate_up_kernel<2, 9>
                               : mf_gate_up_kernel<2, 8>;
     cu_launch_pdl(c, pdl, kern, grid, block, x, a->e_gu, a->idx, a->sh_gu, a->sh_gw, a->act, a->shg, a->H,
-                  a->k, a->Im, Is, a->logits, a->E, a->norm, a->idx, a->w);
+                  a->k, a->Im, Is, a->logits, a->E, a->norm, a->idx, a->w,
+                  (a->variant & (16384 | 65536)) == (16384 | 65536));
 }
 
 extern "C" void cu_moe_fused_down(cu_ctx *c, const cu_moe_args *a) {
