@@ -893,6 +893,11 @@ __device__ __forceinline__ void gdn_cl2_body(const cu_gdn_args &a, gdn_cl2_smem 
             xin[u] = in ? xrow[ch[u]] : 0.0f;
         }
         if (g == 0 && ok) zj = *(const float *)zp;
+        if (stamp) { /* the stamps: the row's first word arrived (a MOV that reads it waits for it) */
+            float x0;
+            asm volatile("mov.b32 %0, %1;" : "=f"(x0) : "f"(xin[0]));
+            ts[2] = gdn_now() + (x0 != x0 ? 1 : 0);
+        }
     }
     if (g < 2) {
         float ss = 0.0f;
@@ -921,9 +926,8 @@ __device__ __forceinline__ void gdn_cl2_body(const cu_gdn_args &a, gdn_cl2_smem 
     } else if (g == 4 && jj == 0) {
         sm.bgs[1] = expf(Ah * dev_softplus(*(const float *)ap + dth)); /* gdn_gate's value, then the decay */
     }
-    if (stamp) ts[2] = gdn_now();
     __syncthreads();
-    if (stamp) ts[3] = gdn_now();
+    if (stamp) ts[3] = gdn_now(); /* warp 0's conv and l2norm factor, and the barrier that joins the warps */
     float invq = sm.invs[0], invk = sm.invs[1], decay = sm.bgs[1], beta = sm.bgs[0];
     float vj = ok ? sm.vs[jj] : 0.0f;
     float sz = dev_silu(zj);
@@ -984,10 +988,10 @@ __device__ __forceinline__ void gdn_cl2_body(const cu_gdn_args &a, gdn_cl2_smem 
     }
 }
 
-/* MB: blocks an SM the registers are capped for where R <= 16 (3: fused_decode_cluster_kernel's cap; 2:
- * CINFER_CUDA_GDN_CLUSTER=3) */
-template <int R, int KW, int MB, bool ST>
-__global__ void __launch_bounds__(256, R <= 16 ? MB : 0) fused_decode_cluster2_kernel(cu_gdn_args a) {
+/* registers capped for 3 blocks an SM where R <= 16, as fused_decode_cluster_kernel (H200 call 2: capped for
+ * 2, no spills, 4B b1 / b2 406.2 / 635.9 tok/s against 403.3 / 646.5 and 400.5 / 641.4 with 3) */
+template <int R, int KW, bool ST>
+__global__ void __launch_bounds__(256, R <= 16 ? 3 : 0) fused_decode_cluster2_kernel(cu_gdn_args a) {
     __shared__ __align__(16) gdn_cl2_smem sm;
     if (a.dk == REC_GROUPS * R && (int)(blockIdx.x + 1) * 32 <= a.dv)
         gdn_cl2_body<R, KW, ST, true>(a, sm);
@@ -1491,18 +1495,12 @@ extern "C" int cu_gdn_init(int dk) {
            cudaSuccess;
 }
 
-/* fused_decode_cluster2_kernel for conv width K (4: its own instantiation), registers for mb blocks an SM
- * (3 or 2), with the stamps or without */
-template <int R> static void (*cl2_kernel(int K, int mb, int st))(cu_gdn_args) {
+/* fused_decode_cluster2_kernel for conv width K (4: its own instantiation), with the stamps or without */
+template <int R> static void (*cl2_kernel(int K, int st))(cu_gdn_args) {
     if (K == 4)
-        return mb == 3 ? (st ? fused_decode_cluster2_kernel<R, 4, 3, true>
-                             : fused_decode_cluster2_kernel<R, 4, 3, false>)
-                       : (st ? fused_decode_cluster2_kernel<R, 4, 2, true>
-                             : fused_decode_cluster2_kernel<R, 4, 2, false>);
-    return mb == 3 ? (st ? fused_decode_cluster2_kernel<R, CONV_MAXK, 3, true>
-                         : fused_decode_cluster2_kernel<R, CONV_MAXK, 3, false>)
-                   : (st ? fused_decode_cluster2_kernel<R, CONV_MAXK, 2, true>
-                         : fused_decode_cluster2_kernel<R, CONV_MAXK, 2, false>);
+        return st ? fused_decode_cluster2_kernel<R, 4, true> : fused_decode_cluster2_kernel<R, 4, false>;
+    return st ? fused_decode_cluster2_kernel<R, CONV_MAXK, true>
+              : fused_decode_cluster2_kernel<R, CONV_MAXK, false>;
 }
 
 /* a decode step's kernel as clusters of cdims (cu_launch_step's PDL choice for PDL_GDN) */
@@ -1535,10 +1533,10 @@ extern "C" int cu_gdn_cluster_init(int Hk, int Hv, int dk, int dv) {
     do {                                                                                                     \
         void (*kern)(cu_gdn_args) = fused_decode_cluster_kernel<R_, 4>;                                      \
         void (*kern8)(cu_gdn_args) = fused_decode_cluster_kernel<R_, CONV_MAXK>;                             \
-        void (*k2[8])(cu_gdn_args);                                                                          \
-        for (int q_ = 0; q_ < 8; q_++) k2[q_] = cl2_kernel<R_>(q_ & 1 ? 8 : 4, q_ & 2 ? 3 : 2, q_ & 4);      \
+        void (*k2[4])(cu_gdn_args);                                                                          \
+        for (int q_ = 0; q_ < 4; q_++) k2[q_] = cl2_kernel<R_>(q_ & 1 ? 8 : 4, q_ & 2);                      \
         int bad = 0;                                                                                         \
-        for (int q_ = 0; q_ < 8 && nbx * rr > 8; q_++)                                                       \
+        for (int q_ = 0; q_ < 4 && nbx * rr > 8; q_++)                                                       \
             bad |= cudaFuncSetAttribute(k2[q_], cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=        \
                    cudaSuccess;                                                                              \
         if (nbx * rr > 8 &&                                                                                  \
@@ -1576,12 +1574,11 @@ extern "C" void cu_gdn_layer(cu_ctx *c, const cu_gdn_args *a) {
             cu_gdn_args b = *a;
             b.dec_qscale = (float)(1.0 / sqrt((double)a->dk));
 #define DECC(R_)                                                                                             \
-    launch_cluster(                                                                                          \
-        c,                                                                                                   \
-        a->dec_cluster >= 2                                                                                  \
-            ? cl2_kernel<R_>(a->K, a->dec_cluster == 2 ? 3 : 2, a->dec_stamps != NULL)                       \
-            : (a->K == 4 ? fused_decode_cluster_kernel<R_, 4> : fused_decode_cluster_kernel<R_, CONV_MAXK>), \
-        grid, dim3(grid.x, a->Hv / a->Hk, 1), b)
+    launch_cluster(c,                                                                                        \
+                   a->dec_cluster >= 2 ? cl2_kernel<R_>(a->K, a->dec_stamps != NULL)                         \
+                                       : (a->K == 4 ? fused_decode_cluster_kernel<R_, 4>                     \
+                                                    : fused_decode_cluster_kernel<R_, CONV_MAXK>),           \
+                   grid, dim3(grid.x, a->Hv / a->Hk, 1), b)
             REC_DISPATCH(a->dk, DECC);
 #undef DECC
             return;
