@@ -931,8 +931,11 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     const char *gc = getenv("CINFER_CUDA_GDN_CLUSTER");
     f->gdn_cluster =
         f->gdn_cnt && !(gc && !strcmp(gc, "0")) && cu_gdn_cluster_init(m->Hk, m->Hv, m->dk, m->dv);
-    /* 2 / 3: the kernel's second form, registers capped for 3 / 2 blocks an SM */
-    if (f->gdn_cluster && gc && (!strcmp(gc, "2") || !strcmp(gc, "3"))) f->gdn_cluster = atoi(gc);
+    /* the second form (fused_decode_cluster2_kernel) unless CINFER_CUDA_GDN_CLUSTER=1 (the first): the same
+     * bits, a shorter chain after the PDL wait. H200 session 9 call 2, first -> second form: 4B b1 397.7 ->
+     * 403.3 / 400.5 tok/s, b2 639.6 -> 646.5 / 641.4, 35B-A3B b1 398.0 -> 403.4; DIAG_AB "dup deltanet"
+     * 0.102 ms a step (call 1, the first form: 0.145); block 0's stamps after the PDL wait 4.9 -> 3.3 us */
+    if (f->gdn_cluster && !(gc && !strcmp(gc, "1"))) f->gdn_cluster = 2;
     const char *gcm = getenv("CINFER_CUDA_GDN_CLUSTER_MAX");
     f->gdn_cluster_max = gcm ? atoi(gcm) : 2;
     /* CINFER_CUDA_ATTN_STAMPS=1 (measurements): the fused dec kernel's merging blocks stamp their phases

@@ -325,9 +325,9 @@ typedef struct cu_gdn_args {
      * CINFER_CUDA_SPEC_WINFUSED=2 */
     int win_v2;
     /* with dec_cnt: 1 the decode kernel as thread block clusters, a key head's group one cluster (the same
-     * bits; cu_gdn_cluster_init must have said yes), CINFER_CUDA_GDN_CLUSTER; 2 / 3 its second
-     * form (fused_decode_cluster2_kernel: the same bits, a shorter chain after the PDL wait; registers for 3
-     * / 2 blocks an SM) */
+     * bits; cu_gdn_cluster_init must have said yes), CINFER_CUDA_GDN_CLUSTER; 2 its second
+     * form (fused_decode_cluster2_kernel: the same bits, a shorter chain after the PDL wait; forward_cuda's
+     * default) */
     int dec_cluster;
     int dec_cluster_max; /* with dec_cluster: batches of at most this many entries only (<= 0: any) */
     /* diagnostics, normally NULL (CINFER_CUDA_GDN_STAMPS): [0] a counter, then per launch of the clustered
