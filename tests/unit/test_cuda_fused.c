@@ -415,6 +415,8 @@ static int g_fhs = 0;
 /* nonzero: the fused passes and the rows alone norm with weights and rotation read before the wait (dec_pre)
  */
 static int g_fpre = 0;
+/* nonzero: the fused passes and the rows alone stage the merge's later spans (cu_attn_args.dec_mst) */
+static int g_fmst = 0;
 static void fp_grids(cu_attn_args *a, int span, int minpos, int maxpos, int nsmax) {
     int P = g_fp;
     a->dec_p = P, a->dec_cls = (minpos < P) | (maxpos >= P) << 1;
@@ -537,6 +539,7 @@ static void attn_fused_case(int Hq, int Hkv, int hd, int span, const int *lens, 
             a.dec_cnt = fused ? cnt : NULL;
             a.dec_nsmax = nsmax;
             a.dec_hs = fused ? g_fhs : 0, a.dec_pre = fused ? g_fpre : 0;
+            a.dec_mst = fused ? g_fmst : 0;
             if (nsmax && g_fp > 0) {
                 fp_grids(&a, span, minlen + s, maxpos, nsmax);
                 if (pass == 2) { /* more splits launched than the positions need: the same bits */
@@ -568,6 +571,7 @@ static void attn_fused_case(int Hq, int Hkv, int hd, int span, const int *lens, 
             a.meta = (cu_meta){d1,          d1 + p_pos,  d1 + p_ent,  d1 + p_len, d1 + p_n,    d1 + p_r0,
                                d1 + p_slot, d1 + p_boff, d1 + p_lrow, d1 + p_blk, d1 + p_spec, NULL};
             a.dec_cnt = cnt, a.dec_nsmax = nsmax, a.dec_hs = g_fhs, a.dec_pre = g_fpre;
+            a.dec_mst = g_fmst;
             /* the other stage count than the batch's (one stage, chunk after chunk, or two): the same bits */
             fp_grids(&a, span > CU_ATTN_DEC_CH ? CU_ATTN_DEC_CH : 2 * CU_ATTN_DEC_CH, pos, pos, nsmax);
             size_t np = (size_t)Hq * (CU_ATTN_ROW_NS + 8) * (hd + 4);
@@ -620,7 +624,10 @@ static void attn_fused_case(int Hq, int Hkv, int hd, int span, const int *lens, 
     printf("     attention Hq %d Hkv %d hd %d%s, %d rows, %d splits, %d steps: fused%s%s == unfused "
            "bitwise (outputs, pools); vs cpu <= %.2e, K pool %.2e\n",
            Hq, Hkv, hd, nsmax ? " (dec kernel)" : "", NE, nsplit, steps, g_fhs ? " (heads split)" : "",
-           g_fpre ? " (norms pre-wait)" : "", worst, rk);
+           g_fpre   ? " (norms pre-wait)"
+           : g_fmst ? " (merge staged)"
+                    : "",
+           worst, rk);
     if (n_alone)
         printf(
             "     rows >= %d by the dec kernel, the others attn_kernel: %d rows alone vs in the batch: %s\n",
@@ -710,6 +717,27 @@ TEST(cuda_fused_attention_dec_hs) {
     g_fhs = 3;
     attn_fused_case(4, 2, 64, 64, l4, 4, 2, 32);
     g_fhs = 0;
+}
+
+/* CINFER_CUDA_ATTN_DEC_MST: the fused merge with the spans past its register prefetch staged in shared memory
+ * (cu_attn_args.dec_mst) against the unfused merge, bitwise, and the CPU: 17 spans (one staged) at the 4B
+ * shape, the 35B-A3B's (G 8: columns past the block's threads) and with 2 heads a block; 32 spans of rows of
+ * different lengths (rows alone vs in the batch); 63 spans of 64 positions (more than the shared memory
+ * holds: the rest from L2) at G 4 and 8 */
+TEST(cuda_fused_attention_dec_mst) {
+    if (cuda_devices() < 1) SKIP("no CUDA device: skipped");
+    static const int l1[] = {517}, l3[] = {1000, 31, 64}, l5[] = {4000};
+    g_fmst = 1;
+    attn_fused_case(16, 4, 256, 0, l1, 1, 3, 32);
+    attn_fused_case(16, 2, 256, 0, l1, 1, 2, 32);
+    g_fhs = 2;
+    attn_fused_case(16, 2, 256, 0, l1, 1, 2, 32);
+    g_fhs = 0, g_fp = 1;
+    attn_fused_case(16, 4, 256, 64, l3, 3, 2, 32);
+    g_fp = 0;
+    attn_fused_case(16, 4, 256, 64, l5, 1, 2, 64);
+    attn_fused_case(16, 2, 256, 64, l5, 1, 2, 64);
+    g_fmst = 0;
 }
 
 /* CINFER_CUDA_ATTN_DEC_PRE: the fused dec kernel with the norms' weights and the RoPE rotation read and

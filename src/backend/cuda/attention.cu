@@ -359,7 +359,7 @@ __host__ __device__ __forceinline__ int dec_stages(const cu_attn_args &a) {
 }
 /* shared memory of attn_dec_kernel: nst stages of K [CH][hd + DEC_KPAD] and V [CH][hd], q [G][hd], scores
  * then p [G][CH], the own k [hd], per head m, l, corr [G] */
-static size_t dec_smem(int hd, int G, int nst) {
+__host__ __device__ __forceinline__ size_t dec_smem(int hd, int G, int nst) {
     return ((size_t)nst * CU_ATTN_DEC_CH * (2 * hd + DEC_KPAD) + (size_t)G * hd + (size_t)G * CU_ATTN_DEC_CH +
             hd + 3 * (size_t)G) *
            sizeof(float);
@@ -369,7 +369,9 @@ static size_t dec_smem(int hd, int G, int nst) {
  * once into shared memory, per head the weights expf(m_s - M) and L = sum_s l_s w_s in order of s, then each
  * thread 4 dims of a head, sum_s w_s acc_s in order of s (float4 loads, unrolled: the spans' loads in flight
  * together). Partials of DEC_PST(hd) floats, (m, l) then acc from float 4. sw: [G][ns] x 2 + [G] floats of
- * shared memory */
+ * shared memory. stg (cu_attn_args.dec_mst; NULL: none): nstg float4 of shared memory after sw into which the
+ * spans past the first DEC_MPF go by cp.async, in flight with the (m, l) loads (else each group of 8 of them
+ * one more L2 round trip after the weights); the same values in the same order */
 #define DEC_PST(hd) ((size_t)(hd) + 4)
 #define DEC_MPF     16 /* spans of a thread's first output column requested with the (m, l) loads */
 __device__ __forceinline__ unsigned long long dec_now(void) {
@@ -379,12 +381,23 @@ __device__ __forceinline__ unsigned long long dec_now(void) {
 }
 /* sts: NULL, or the stamps of CINFER_CUDA_ATTN_STAMPS (shared memory, thread 0 writes [6] and [7]) */
 __device__ __forceinline__ void dec_merge(const cu_attn_args &a, int h0, int G, int r, int ns, float *sw,
-                                          unsigned long long *sts = nullptr) {
-    int hd = a.hd, tid = threadIdx.x, C4 = hd / 4;
+                                          unsigned long long *sts = nullptr, float4 *stg = nullptr,
+                                          int nstg = 0) {
+    int hd = a.hd, tid = threadIdx.x, C4 = hd / 4, GC4 = G * C4;
     size_t st = DEC_PST(hd);
     const size_t st4 = st / 4;
     const float *p0 = a.part + ((size_t)r * a.Hq + (size_t)h0) * a.nsplit * st;
     float *sl = sw + G * ns, *sL = sl + G * ns;
+    /* spans DEC_MPF .. DEC_MPF + ns2 - 1 of every column staged: [s - DEC_MPF][G * C4] float4 */
+    int ns2 = stg && ns > DEC_MPF ? ns - DEC_MPF : 0;
+    if (ns2 > nstg / GC4) ns2 = nstg / GC4;
+    if (ns2 > 0) {
+        for (int i = tid; i < ns2 * GC4; i += DEC_NT) {
+            int s = DEC_MPF + i / GC4, col = i % GC4;
+            cp_async16(stg + i, p0 + ((size_t)(col / C4) * a.nsplit + s) * st + 4 + 4 * (col % C4));
+        }
+        cp_async_commit();
+    }
     /* the first column's acc of its first DEC_MPF spans and its gate, in flight with the (m, l) loads: one
      * L2 round trip for the usual merge (at the 4B shape every thread one column, <= 16 spans) */
     float4 x[DEC_MPF], gt = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -402,6 +415,7 @@ __device__ __forceinline__ void dec_merge(const cu_attn_args &a, int h0, int G, 
             __ldcg(reinterpret_cast<const float2 *>(p0 + ((size_t)(i / ns) * a.nsplit + i % ns) * st));
         sw[i] = ml.x, sl[i] = ml.y;
     }
+    if (ns2 > 0) cp_async_wait<0>();
     __syncthreads();
     if (sts && threadIdx.x == 0) sts[6] = dec_now();
     /* per head a warp: the max and the weights over its lanes (max is exact in any order; each weight one
@@ -441,6 +455,19 @@ __device__ __forceinline__ void dec_merge(const cu_attn_args &a, int h0, int G, 
         } else {
             const float *gp = a.qkv + (size_t)r * a.ld + (size_t)h * 2 * hd + hd + d;
             q = make_float4(gp[0], gp[1], gp[2], gp[3]);
+            if (ns2 > 0) { /* the spans before the staged ones */
+#pragma unroll 8
+                for (; s < DEC_MPF; s++) {
+                    float4 v = __ldcg(pg + s * st4);
+                    o.x = fmaf(v.x, w[s], o.x), o.y = fmaf(v.y, w[s], o.y);
+                    o.z = fmaf(v.z, w[s], o.z), o.w = fmaf(v.w, w[s], o.w);
+                }
+            }
+        }
+        for (; ns2 > 0 && s < DEC_MPF + ns2; s++) { /* the staged spans (s == DEC_MPF here first) */
+            float4 v = stg[(s - DEC_MPF) * GC4 + i];
+            o.x = fmaf(v.x, w[s], o.x), o.y = fmaf(v.y, w[s], o.y);
+            o.z = fmaf(v.z, w[s], o.z), o.w = fmaf(v.w, w[s], o.w);
         }
 #pragma unroll 8
         for (; s < ns; s++) {
@@ -526,7 +553,7 @@ template <int NPL, bool FUSED> __global__ void __launch_bounds__(DEC_NT, 2) attn
     }
     if (FUSED) {
         griddep_wait();
-        griddep_launch();
+        if (a.dec_late == 0) griddep_launch(); /* dec_late 1: after the chunks, 2: at exit */
     }
     if (stamp) sts[1] = dec_now();
     if (sp >= ns || other) return;
@@ -655,6 +682,7 @@ template <int NPL, bool FUSED> __global__ void __launch_bounds__(DEC_NT, 2) attn
         if (nst == 1 && c + 1 < nch) issue(c + 1);
     }
     if (stamp) sts[3] = dec_now();
+    if (FUSED && a.dec_late == 1) griddep_launch();
     /* the parts of each column joined in order of part (the stages' K and V hold them: dec_ready) */
     float4 *red = reinterpret_cast<float4 *>(Ks);
 #pragma unroll
@@ -694,9 +722,11 @@ template <int NPL, bool FUSED> __global__ void __launch_bounds__(DEC_NT, 2) attn
     if (!last) return;
     __threadfence();
     if (stamp) sts[5] = dec_now();
-    if (!(a.dec_diag & 1))
-        dec_merge(a, h0, G, r, ns, Ks, stamp ? sts : nullptr); /* the first stage's K is free now */
-    if (tid == 0) *cnt = 0u;                                   /* ready for the next launch */
+    if (!(a.dec_diag & 1)) { /* the shared memory is free now: (m, l) and the weights, then the staging */
+        const int o4 = (G * (2 * ns + 1) + 3) / 4, n4 = (int)(dec_smem(hd, G, nst) / sizeof(float4));
+        dec_merge(a, h0, G, r, ns, Ks, stamp ? sts : nullptr, a.dec_mst ? dec_sm4 + o4 : nullptr, n4 - o4);
+    }
+    if (tid == 0) *cnt = 0u; /* ready for the next launch */
     if (stamp) {
         sts[8] = dec_now();
         unsigned long long i = atomicAdd(a.dec_stamps, 1ull);
