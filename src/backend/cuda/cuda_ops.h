@@ -213,10 +213,8 @@ int cu_skinny_splits(int N, int K, int epi);
 void cu_set_skinny_config(int tr, int u, int xp, int w, int ks);
 /* CINFER_CUDA_SKINNY_VAR (measurements, default 0): bit 1 the skinny kernel by programmatic dependent launch
  * where the step's level allows it (as the GEMV v3), with the next GEMV's head into L2
- * (CINFER_CUDA_L2PF_NEXT); bit 2 at up to 8 rows with one chunk in flight, a chunk's successor requested
- * before its MMAs; bits 8 / 16 at up to 8 rows in 4-warp blocks, registers capped for 24 / 32 warps an SM (x
- * read when consumed); none of these changes a bit. Bit 4: each K-split takes a contiguous run of chunks
- * (other sums, still independent of M) */
+ * (CINFER_CUDA_L2PF_NEXT); bit 2 at up to 8 rows the weights by cp.async through a ring of chunks in shared
+ * memory (more bytes in flight, no registers for them); neither changes a bit */
 void cu_set_skinny_var(int var);
 int cu_skinny_var(void);
 /* Fills n bf16 values with uniform noise of the given std (random weights built on the device). */
