@@ -214,7 +214,8 @@ void cu_set_skinny_config(int tr, int u, int xp, int w, int ks);
 /* CINFER_CUDA_SKINNY_VAR (measurements, default 0): bit 1 the skinny kernel by programmatic dependent launch
  * where the step's level allows it (as the GEMV v3), with the next GEMV's head into L2
  * (CINFER_CUDA_L2PF_NEXT); bit 2 at up to 8 rows the weights by cp.async through a ring of chunks in shared
- * memory (more bytes in flight, no registers for them); neither changes a bit */
+ * memory (more bytes in flight, no registers for them), with 4 a deeper ring in 4-warp blocks; none changes a
+ * bit */
 void cu_set_skinny_var(int var);
 int cu_skinny_var(void);
 /* Fills n bf16 values with uniform noise of the given std (random weights built on the device). */

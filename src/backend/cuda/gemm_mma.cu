@@ -127,14 +127,15 @@ __device__ __forceinline__ void sk_stage_w(uint4 *st, const uint16_t *const (&wp
 }
 
 /* stages of the ST form: 12 KB a warp (TR 2: 3 chunks of 32 rows; TR 1: 6 of 16) */
-#define SK_STAGES(TR) ((TR) == 2 ? 3 : 6)
+/* FM bit 4 (the deep ring, CINFER_CUDA_SKINNY_VAR bit 4, 4-warp blocks only): 20 KB a warp, 2 blocks an SM */
+#define SK_STAGES(TR, FM) ((FM)&4 ? ((TR) == 2 ? 5 : 10) : (TR) == 2 ? 3 : 6)
 
 /* MT: 8-row tiles of x per launch tile (1, 2, 4); TR: 16-row weight tiles per warp (SwiGLU: gate and up rows
  * of 16 outputs (2) or of 8 (1)); U: chunks in flight per warp; XP: each chunk's x requested with its
  * weights, U chunks ahead, rather than when the chunk is consumed; W: warps per block. nx: the next GEMV's
  * head into L2 as the GEMV v3 does (CINFER_CUDA_SKINNY_VAR bit 1; NULL none). FM bit 2 (the ST form,
- * CINFER_CUDA_SKINNY_VAR bit 2; with U 1): the weights go by cp.async into a ring of SK_STAGES(TR) chunks in
- * shared memory (dynamic, 12 KB a warp), each lane reading back only its own slots, so that the chunks in
+ * CINFER_CUDA_SKINNY_VAR bit 2; with U 1): the weights go by cp.async into a ring of SK_STAGES(TR, FM) chunks
+ * in shared memory (dynamic, 12 KB a warp), each lane reading back only its own slots, so that the chunks in
  * flight cost no registers: at one row the register form holds 128 registers a thread, 16 warps an SM (ncu,
  * H200: 17.5% achieved occupancy against v3's 40%), and with one chunk of 4 KB each in flight, fewer bytes in
  * flight than v3; here 2 chunks ahead of the one consumed. The same values into the same MMAs: the same bits.
@@ -145,7 +146,7 @@ __global__ void __launch_bounds__(W * 32, (MT * TR >= 8 ? 8 : 16) / W)
                   int N, int K, int KS, const float *__restrict__ g, float eps, const void *nx,
                   size_t nx_bytes) {
     constexpr bool ST = FM & 2;
-    constexpr int SS = ST ? SK_STAGES(TR) : 1, Q = TR * 4; /* stages; 16-byte slots a lane a chunk */
+    constexpr int SS = ST ? SK_STAGES(TR, FM) : 1, Q = TR * 4; /* stages; 16-byte slots a lane a chunk */
     static_assert(!ST || U == 1, "the ST form keeps one chunk in registers");
     /* SwiGLU, TR 2: a tile of 16 gate rows and one of the 16 up rows of the same outputs; TR 1: one tile of 8
      * gate rows (fragment rows 0..7) and their 8 up rows (8..15). Either way the up row of output o is red
@@ -336,10 +337,10 @@ static int g_mode = 0;             /* 0 off, 1 every M <= g_max, 2 only M >= 2 (
 static int g_any = 0;              /* some context has its own mode (cu_ctx_set_skinny) */
 static int g_max = SK_DEFAULT_MAX; /* rows up to which the switch takes the skinny kernel */
 static int g_tr = 0, g_u = 0, g_xp = -1, g_w = 0, g_ks = 0; /* 0 / -1: automatic (cu_set_skinny_config) */
-static int g_var = 0; /* CINFER_CUDA_SKINNY_VAR (cu_set_skinny_var): bits 1, 2, see skinny_kernel */
+static int g_var = 0; /* CINFER_CUDA_SKINNY_VAR (cu_set_skinny_var): bits 1, 2, 4, see skinny_kernel */
 
 extern "C" void cu_set_skinny_var(int var) {
-    g_var = var & 3;
+    g_var = var & 7;
 }
 extern "C" int cu_skinny_var(void) {
     return g_var;
@@ -413,7 +414,10 @@ static void sk_launch(cu_ctx *c, float *y, const float *x, const uint16_t *w, in
      * consumed */
     if constexpr (MT == 1 && FM == 0)
         if (g_var & 2) {
-            sk_launch<MT, TR, 1, false, NORM, EPI, 2>(c, y, x, w, M, N, K, KS, g, eps);
+            if ((g_var & 4) && KS <= 4 && (g_w ? g_w : SK_DEFAULT_W) == 4)
+                sk_launch<MT, TR, 1, false, NORM, EPI, 6>(c, y, x, w, M, N, K, KS, g, eps);
+            else
+                sk_launch<MT, TR, 1, false, NORM, EPI, 2>(c, y, x, w, M, N, K, KS, g, eps);
             return;
         }
     constexpr int OUTS = EPI == GF_SWIGLU ? TR * 8 : TR * 16;
@@ -423,17 +427,19 @@ static void sk_launch(cu_ctx *c, float *y, const float *x, const uint16_t *w, in
      * under PDL stays bit-identical; why is not found. Bit 1 takes PDL only where the step's level allows it
      * (pdl_step: plain decode steps of contexts that never verify, where no speculation is to roll back). */
     /* blocks of 4 warps where the splits allow (finer grains over the SMs: the same sums) */
-    constexpr size_t RING = FM & 2 ? (size_t)SK_STAGES(TR) * TR * 4 * 32 * 16 : 0; /* bytes a warp */
-    if (KS <= 4 && (g_w ? g_w : SK_DEFAULT_W) == 4) {
+    constexpr size_t RING = FM & 2 ? (size_t)SK_STAGES(TR, FM) * TR * 4 * 32 * 16 : 0; /* bytes a warp */
+    if (FM & 4 || (KS <= 4 && (g_w ? g_w : SK_DEFAULT_W) == 4)) {
         dim3 grid(cdiv((size_t)N, (size_t)(4 / KS * OUTS)), cdiv((size_t)M, (size_t)MT * 8));
         sk_go(c, skinny_kernel<MT, TR, U, XP, NORM, EPI, 4, FM>, grid, dim3(4 * 32), 4 * RING, y, x, w, M, N,
               K, KS, g, eps);
         return;
     }
-    int per_block = SK_WARPS / KS * OUTS;
-    dim3 grid(cdiv((size_t)N, (size_t)per_block), cdiv((size_t)M, (size_t)MT * 8));
-    sk_go(c, skinny_kernel<MT, TR, U, XP, NORM, EPI, SK_WARPS, FM>, grid, dim3(SK_WARPS * 32),
-          SK_WARPS * RING, y, x, w, M, N, K, KS, g, eps);
+    if constexpr (!(FM & 4)) {
+        int per_block = SK_WARPS / KS * OUTS;
+        dim3 grid(cdiv((size_t)N, (size_t)per_block), cdiv((size_t)M, (size_t)MT * 8));
+        sk_go(c, skinny_kernel<MT, TR, U, XP, NORM, EPI, SK_WARPS, FM>, grid, dim3(SK_WARPS * 32),
+              SK_WARPS * RING, y, x, w, M, N, K, KS, g, eps);
+    }
 }
 
 template <int MT, int TR, bool NORM, int EPI>
