@@ -327,9 +327,6 @@ struct cuda_fwd {
     int attn_dec_p;  /* with attn_dec_ns: cu_attn_args.dec_p (CINFER_CUDA_ATTN_DEC_P) */
     int attn_dec_1st; /* CINFER_CUDA_ATTN_DEC_1ST: steps of at least this many rows on one stage (0: none) */
     int attn_dec_hs[2]; /* CINFER_CUDA_ATTN_DEC_HS "heads,rows": dec_hs in steps of <= rows rows */
-    int attn_dec_pre;   /* CINFER_CUDA_ATTN_DEC_PRE: cu_attn_args.dec_pre */
-    int attn_dec_mst;   /* CINFER_CUDA_ATTN_DEC_MST: cu_attn_args.dec_mst */
-    int attn_dec_late;  /* CINFER_CUDA_ATTN_DEC_LATE: cu_attn_args.dec_late */
     size_t part_attn;   /* floats of part for attn_kernel's partials; attn_dec_kernel's follow them */
     int l2pf_next_rows; /* CINFER_CUDA_L2PF_NEXT_ROWS (default 32): L2PF_NEXT only in steps of at most this
                            many rows */
@@ -810,21 +807,6 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     const char *ahs = getenv("CINFER_CUDA_ATTN_DEC_HS");
     f->attn_dec_hs[0] = -1, f->attn_dec_hs[1] = 1 << 30;
     if (ahs) sscanf(ahs, "%d,%d", &f->attn_dec_hs[0], &f->attn_dec_hs[1]);
-    /* CINFER_CUDA_ATTN_DEC_PRE=1 (default off): the fused dec kernel reads the q / k norms' weights and
-     * computes the RoPE rotation before its PDL wait (two dependent loads and the sines off the path after
-     * in_proj); the same bits */
-    const char *apre = getenv("CINFER_CUDA_ATTN_DEC_PRE");
-    f->attn_dec_pre = apre && atoi(apre) > 0;
-    /* CINFER_CUDA_ATTN_DEC_MST=1 (default off): the fused merge stages the spans past its register prefetch
-     * (16) in shared memory, requested with the (m, l) loads (after 512 positions 17 spans: one L2 round trip
-     * fewer); no gain alone (H200 call 1), measured again in the graph, where the stamps show the merge's L2
-     * round trips slower; the same bits */
-    const char *amst = getenv("CINFER_CUDA_ATTN_DEC_MST");
-    f->attn_dec_mst = amst && atoi(amst) > 0;
-    /* CINFER_CUDA_ATTN_DEC_LATE=N (default 0): the fused dec kernel lets out_proj's blocks start (and request
-     * their first weights) 0 after its wait, 1 after its chunks, 2 at its blocks' exit; the same bits */
-    const char *alate = getenv("CINFER_CUDA_ATTN_DEC_LATE");
-    f->attn_dec_late = alate ? atoi(alate) : 0;
     const char *gv4 = getenv("CINFER_CUDA_GEMV_VAR4"); /* "0": the small GEMVs' earlier variant at one row */
     cu_set_gemv3_small_var4(!(gv4 && !strcmp(gv4, "0")));
     const char *glu = getenv("CINFER_CUDA_GEMV_GLU"); /* gate_up at one row: "rows a warp,variant" (2,10) */
@@ -1459,8 +1441,7 @@ static void attention(cuda_fwd *f, const cu_layer *cl, int full, const run_shape
     a.dec_p = f->attn_dec_p, a.dec_cls = rs->acls, a.dec_span = rs->dspan, a.dec_nsplit = rs->dnsplit;
     a.dec_part = f->part + f->part_attn;
     a.dec_hs = T <= f->attn_dec_hs[1] ? f->attn_dec_hs[0] : 0;
-    a.dec_pre = f->attn_dec_pre, a.dec_stamps = f->astamps, a.dec_mst = f->attn_dec_mst;
-    a.dec_late = f->attn_dec_late;
+    a.dec_stamps = f->astamps;
     /* CINFER_CUDA_PF_SPLIT: tensor-core tiles without key splits write every row's output themselves */
     int Mb = out_split_rows(f, T, m->Hq * m->hd, fz, a.tiles && a.tc && !a.split.work);
     if (Mb) a.o_xb = f->xb, a.o_lo = (size_t)Mb * m->Hq * m->hd;

@@ -412,11 +412,6 @@ static int g_fp = 0;
 /* > 0: the fused passes and the rows alone run attn_dec_kernel with this many q heads a block
  * (cu_attn_args.dec_hs), the unfused pass with the whole group: the head split must give the same bits */
 static int g_fhs = 0;
-/* nonzero: the fused passes and the rows alone norm with weights and rotation read before the wait (dec_pre)
- */
-static int g_fpre = 0;
-/* nonzero: the fused passes and the rows alone stage the merge's later spans (cu_attn_args.dec_mst) */
-static int g_fmst = 0;
 static void fp_grids(cu_attn_args *a, int span, int minpos, int maxpos, int nsmax) {
     int P = g_fp;
     a->dec_p = P, a->dec_cls = (minpos < P) | (maxpos >= P) << 1;
@@ -538,8 +533,7 @@ static void attn_fused_case(int Hq, int Hkv, int hd, int span, const int *lens, 
             a.span = span, a.nsplit = ns, a.eps = eps, a.meta = meta;
             a.dec_cnt = fused ? cnt : NULL;
             a.dec_nsmax = nsmax;
-            a.dec_hs = fused ? g_fhs : 0, a.dec_pre = fused ? g_fpre : 0;
-            a.dec_mst = fused ? g_fmst : 0;
+            a.dec_hs = fused ? g_fhs : 0;
             if (nsmax && g_fp > 0) {
                 fp_grids(&a, span, minlen + s, maxpos, nsmax);
                 if (pass == 2) { /* more splits launched than the positions need: the same bits */
@@ -570,8 +564,7 @@ static void attn_fused_case(int Hq, int Hkv, int hd, int span, const int *lens, 
             a.inv_freq = dinv, a.kpool = dkp_f, a.vpool = dvp_f, a.eps = eps;
             a.meta = (cu_meta){d1,          d1 + p_pos,  d1 + p_ent,  d1 + p_len, d1 + p_n,    d1 + p_r0,
                                d1 + p_slot, d1 + p_boff, d1 + p_lrow, d1 + p_blk, d1 + p_spec, NULL};
-            a.dec_cnt = cnt, a.dec_nsmax = nsmax, a.dec_hs = g_fhs, a.dec_pre = g_fpre;
-            a.dec_mst = g_fmst;
+            a.dec_cnt = cnt, a.dec_nsmax = nsmax, a.dec_hs = g_fhs;
             /* the other stage count than the batch's (one stage, chunk after chunk, or two): the same bits */
             fp_grids(&a, span > CU_ATTN_DEC_CH ? CU_ATTN_DEC_CH : 2 * CU_ATTN_DEC_CH, pos, pos, nsmax);
             size_t np = (size_t)Hq * (CU_ATTN_ROW_NS + 8) * (hd + 4);
@@ -621,13 +614,10 @@ static void attn_fused_case(int Hq, int Hkv, int hd, int span, const int *lens, 
     int zero = 1;
     for (int i = 0; i < NE * Hq; i++) zero &= hc[i] == 0;
     CHECK_MSG(zero, "attention hd=%d: the fused kernel's counters were not set back to 0", hd);
-    printf("     attention Hq %d Hkv %d hd %d%s, %d rows, %d splits, %d steps: fused%s%s == unfused "
+    printf("     attention Hq %d Hkv %d hd %d%s, %d rows, %d splits, %d steps: fused%s == unfused "
            "bitwise (outputs, pools); vs cpu <= %.2e, K pool %.2e\n",
-           Hq, Hkv, hd, nsmax ? " (dec kernel)" : "", NE, nsplit, steps, g_fhs ? " (heads split)" : "",
-           g_fpre   ? " (norms pre-wait)"
-           : g_fmst ? " (merge staged)"
-                    : "",
-           worst, rk);
+           Hq, Hkv, hd, nsmax ? " (dec kernel)" : "", NE, nsplit, steps, g_fhs ? " (heads split)" : "", worst,
+           rk);
     if (n_alone)
         printf(
             "     rows >= %d by the dec kernel, the others attn_kernel: %d rows alone vs in the batch: %s\n",
@@ -719,49 +709,6 @@ TEST(cuda_fused_attention_dec_hs) {
     g_fhs = 0;
 }
 
-/* CINFER_CUDA_ATTN_DEC_MST: the fused merge with the spans past its register prefetch staged in shared memory
- * (cu_attn_args.dec_mst) against the unfused merge, bitwise, and the CPU: 17 spans (one staged) at the 4B
- * shape, the 35B-A3B's (G 8: columns past the block's threads) and with 2 heads a block; 32 spans of rows of
- * different lengths (rows alone vs in the batch); 63 spans of 64 positions (more than the shared memory
- * holds: the rest from L2) at G 4 and 8 */
-TEST(cuda_fused_attention_dec_mst) {
-    if (cuda_devices() < 1) SKIP("no CUDA device: skipped");
-    static const int l1[] = {517}, l3[] = {1000, 31, 64}, l5[] = {4000};
-    g_fmst = 1;
-    attn_fused_case(16, 4, 256, 0, l1, 1, 3, 32);
-    attn_fused_case(16, 2, 256, 0, l1, 1, 2, 32);
-    g_fhs = 2;
-    attn_fused_case(16, 2, 256, 0, l1, 1, 2, 32);
-    g_fhs = 0, g_fp = 1;
-    attn_fused_case(16, 4, 256, 64, l3, 3, 2, 32);
-    g_fp = 0;
-    attn_fused_case(16, 4, 256, 64, l5, 1, 2, 64);
-    attn_fused_case(16, 2, 256, 64, l5, 1, 2, 64);
-    g_fmst = 0;
-}
-
-/* CINFER_CUDA_ATTN_DEC_PRE: the fused dec kernel with the norms' weights and the RoPE rotation read and
- * computed before its wait (cu_attn_args.dec_pre) against the unfused form (attn_prep_kernel's
- * norm_rope_warp), bitwise, and the CPU: the 4B shape at one row (17 spans), the 35B-A3B's, head dims 128 and
- * 64 (rotary pairs fewer than a warp's lanes), rows alone vs in the batch; then with
- * CINFER_CUDA_ATTN_DEC_HS's launch choice */
-TEST(cuda_fused_attention_dec_pre) {
-    if (cuda_devices() < 1) SKIP("no CUDA device: skipped");
-    static const int l1[] = {517}, l4[] = {20, 300, 100, 70};
-    g_fpre = 1;
-    attn_fused_case(16, 4, 256, 0, l1, 1, 3, 32);
-    attn_fused_case(16, 2, 256, 0, l1, 1, 2, 32);
-    attn_fused_case(8, 1, 128, 0, l4, 4, 2, 4);
-    g_fp = 1;
-    attn_fused_case(4, 2, 64, 64, l4, 4, 3, 32);
-    attn_fused_case(16, 4, 256, 64, l4, 4, 2, 64);
-    g_fhs = -1;
-    attn_fused_case(16, 2, 256, 64, l4, 4, 2, 64);
-    g_fp = 0;
-    attn_fused_case(16, 4, 256, 0, l1, 1, 3, 32);
-    g_fhs = g_fpre = 0;
-}
-
 /* Timing, not a bound: the attention decode layer at the 4B shape (Hq 16, Hkv 4, hd 256), fused form, plain
  * launches back to back (CUDA events over 50), rows x positions 1 x 512, 1 x 4096, 1 x 32768, 64 x 512, 64 x
  * 4096: attn_kernel with forward_cuda's split choice against attn_dec_kernel at several span counts
@@ -771,7 +718,6 @@ static int g_row_form =
     0;                   /* 1: also attn_kernel with spans from each row's position (dec_p's rows below P) */
 static int g_sp_hkv = 4; /* the speed cases' kv heads (Hq 16): 4 the 4B shape, 2 the 35B-A3B's */
 static int g_sp_hs = 0;  /* the dec kernel's q heads a block (cu_attn_args.dec_hs) */
-static int g_sp_pre = 0; /* the norms' weights and rotation before the wait (cu_attn_args.dec_pre) */
 static void attn_speed_case(cu_ctx *c, int T, int P, const int *nss, int nns) {
     const int Hq = 16, Hkv = g_sp_hkv, hd = 256, R = 64, kvd = Hkv * hd, ld = Hq * 2 * hd + 2 * kvd;
     int nbr = (P + 16) / 16, n_blocks = T * nbr;
@@ -818,7 +764,6 @@ static void attn_speed_case(cu_ctx *c, int T, int P, const int *nss, int nns) {
         a.T = T, a.Hq = Hq, a.Hkv = Hkv, a.hd = hd, a.rope_dim = R, a.n_blocks = n_blocks, a.full = 0;
         a.qkv = qkv, a.ld = ld, a.q_norm = qn, a.k_norm = qn, a.inv_freq = inv, a.kpool = kp, a.vpool = vp;
         a.o = o, a.part = part, a.eps = 1e-6f, a.meta = meta, a.dec_cnt = cnt, a.dec_hs = g_sp_hs;
-        a.dec_pre = g_sp_pre;
         if (f == -2) { /* every row below dec_p: attn_kernel, spans from the row's position */
             a.dec_nsmax = 64, a.dec_p = 1 << 30, a.dec_cls = 1, a.span = 64, a.nsplit = cu_attn_row_grid(P);
         } else if (f < 0) { /* forward_cuda's attn_split for attn_kernel (ATTN_ROUND on) */
@@ -854,11 +799,10 @@ static void attn_speed_case(cu_ctx *c, int T, int P, const int *nss, int nns) {
             printf("     rows %2d pos %5d attn_kernel (%2d splits of %5d): %8.2f us  %6.0f GB/s\n", T, P,
                    a.nsplit, a.span, us, gb / us * 1e6);
         else
-            printf("     rows %2d pos %5d attn_dec_kernel (Hkv %d, heads a block %d, pre %d, ns <= "
-                   "%2d, grid "
-                   "%2d, diag %d, %d stage%s): %8.2f us  %6.0f GB/s\n",
-                   T, P, Hkv, g_sp_hs > 0 && (Hq / Hkv) % g_sp_hs == 0 ? g_sp_hs : Hq / Hkv, g_sp_pre,
-                   a.dec_nsmax, a.nsplit, g_dec_diag, a.span <= CU_ATTN_DEC_CH ? 1 : 2,
+            printf("     rows %2d pos %5d attn_dec_kernel (Hkv %d, heads a block %d, ns <= %2d, grid %2d, "
+                   "diag %d, %d stage%s): %8.2f us  %6.0f GB/s\n",
+                   T, P, Hkv, g_sp_hs > 0 && (Hq / Hkv) % g_sp_hs == 0 ? g_sp_hs : Hq / Hkv, a.dec_nsmax,
+                   a.nsplit, g_dec_diag, a.span <= CU_ATTN_DEC_CH ? 1 : 2,
                    a.span <= CU_ATTN_DEC_CH ? "" : "s", us, gb / us * 1e6);
         if (f >= 0 && g_dec_diag)
             printf("       (diag %d: outputs not checked)\n", g_dec_diag);
@@ -928,10 +872,9 @@ TEST(cuda_attention_dec_stage_speed) {
 
 /* Timing, not a bound: CINFER_CUDA_ATTN_DEC_HS (q heads a block of attn_dec_kernel) at the 4B shape (G 4, 4
  * kv heads) and the 35B-A3B's (G 8, 2 kv heads): 1 row at 512 / 4096 / 32768 positions and 64 rows at 512
- * with each divisor of G, each as today and with the norms before the wait (CINFER_CUDA_ATTN_DEC_PRE),
- * attn_kernel first; then at 1 x 512, with PRE, where the time goes
- * (diag: without the merge, the norms, the arithmetic, the fence and counter; all four) with the whole group
- * and with 2 heads a block */
+ * with each divisor of G, attn_kernel first; then at 1 x 512 where the time goes (diag: without the merge,
+ * the norms, the arithmetic, the fence and counter; all four) with the whole group and with 2 heads a block
+ */
 TEST(cuda_attention_dec_hs_speed) {
     if (cuda_devices() < 1) SKIP("no CUDA device: skipped");
     char err[256];
@@ -941,18 +884,15 @@ TEST(cuda_attention_dec_hs_speed) {
     for (int k = 0; k < 2; k++) {
         g_sp_hkv = hkv[k];
         for (int p = 0; p < 3; p++)
-            for (int hs = 16 / hkv[k]; hs >= 1; hs /= 2)
-                for (int v = 0; v < 2; v++) {
-                    g_sp_hs = hs, g_sp_pre = v, g_row_form = hs == 16 / hkv[k] && !v;
-                    attn_speed_case(c, 1, pos[p], ns, 1);
-                }
-        g_row_form = 0;
-        for (int hs = 16 / hkv[k]; hs >= 1; hs /= 2)
-            for (int v = 0; v < 2; v++) {
-                g_sp_hs = hs, g_sp_pre = v;
-                attn_speed_case(c, 64, 512, ns, 1);
+            for (int hs = 16 / hkv[k]; hs >= 1; hs /= 2) {
+                g_sp_hs = hs, g_row_form = hs == 16 / hkv[k];
+                attn_speed_case(c, 1, pos[p], ns, 1);
             }
-        g_sp_pre = 1;
+        g_row_form = 0;
+        for (int hs = 16 / hkv[k]; hs >= 1; hs /= 2) {
+            g_sp_hs = hs;
+            attn_speed_case(c, 64, 512, ns, 1);
+        }
         for (int hs = 16 / hkv[k]; hs >= 2; hs = hs > 2 ? 2 : 1)
             for (int i = 0; i < 5; i++) {
                 g_sp_hs = hs, g_dec_diag = diag[i];
@@ -960,7 +900,7 @@ TEST(cuda_attention_dec_hs_speed) {
             }
         g_dec_diag = 0;
     }
-    g_sp_hkv = 4, g_sp_hs = g_sp_pre = 0;
+    g_sp_hkv = 4, g_sp_hs = 0;
     cu_ctx_destroy(c);
 }
 

@@ -42,39 +42,6 @@ __device__ __forceinline__ void norm_rope_warp(const cu_attn_args &a, const floa
     __syncwarp();
 }
 
-/* norm_rope_warp with the norm's weights (w: lane + 32 k) and the rotation's cosines and sines (cs, sn: pair
- * lane + 32 k) in registers, read and computed before the kernel's PDL wait (weights and positions are known
- * before the step; the rotary streams of a multimodal row are not: those rows take norm_rope_warp). The same
- * operations in the same order: the same bits (attn_dec_kernel, cu_attn_args.dec_pre) */
-template <int NPL>
-__device__ __forceinline__ void norm_rope_warp_pre(const cu_attn_args &a, const float *x,
-                                                   const float (&w)[NPL], const float (&cs)[(NPL + 1) / 2],
-                                                   const float (&sn)[(NPL + 1) / 2], float *y, int lane) {
-    constexpr int hd = NPL * 32;
-    const int half = a.rope_dim / 2;
-    float v[NPL], ss = 0.0f;
-#pragma unroll
-    for (int k = 0; k < NPL; k++) {
-        v[k] = x[lane + 32 * k];
-        ss = fmaf(v[k], v[k], ss);
-    }
-    ss = warp_sum(ss);
-    float inv = 1.0f / sqrtf(ss / (float)hd + a.eps);
-#pragma unroll
-    for (int k = 0; k < NPL; k++) y[lane + 32 * k] = (v[k] * inv) * w[k];
-    __syncwarp();
-#pragma unroll
-    for (int k = 0; k < (NPL + 1) / 2; k++) {
-        int i = lane + 32 * k;
-        if (i < half) {
-            float p = y[i], q = y[i + half];
-            y[i] = p * cs[k] - q * sn[k];
-            y[i + half] = q * cs[k] + p * sn[k];
-        }
-    }
-    __syncwarp();
-}
-
 /* per row, a warp per head: q heads in place, k heads into the pool, v copied */
 __global__ void attn_prep_kernel(cu_attn_args a) {
     __shared__ float buf[4][CU_ATTN_MAX_HD];
@@ -359,7 +326,7 @@ __host__ __device__ __forceinline__ int dec_stages(const cu_attn_args &a) {
 }
 /* shared memory of attn_dec_kernel: nst stages of K [CH][hd + DEC_KPAD] and V [CH][hd], q [G][hd], scores
  * then p [G][CH], the own k [hd], per head m, l, corr [G] */
-__host__ __device__ __forceinline__ size_t dec_smem(int hd, int G, int nst) {
+static size_t dec_smem(int hd, int G, int nst) {
     return ((size_t)nst * CU_ATTN_DEC_CH * (2 * hd + DEC_KPAD) + (size_t)G * hd + (size_t)G * CU_ATTN_DEC_CH +
             hd + 3 * (size_t)G) *
            sizeof(float);
@@ -369,9 +336,7 @@ __host__ __device__ __forceinline__ size_t dec_smem(int hd, int G, int nst) {
  * once into shared memory, per head the weights expf(m_s - M) and L = sum_s l_s w_s in order of s, then each
  * thread 4 dims of a head, sum_s w_s acc_s in order of s (float4 loads, unrolled: the spans' loads in flight
  * together). Partials of DEC_PST(hd) floats, (m, l) then acc from float 4. sw: [G][ns] x 2 + [G] floats of
- * shared memory. stg (cu_attn_args.dec_mst; NULL: none): nstg float4 of shared memory after sw into which the
- * spans past the first DEC_MPF go by cp.async, in flight with the (m, l) loads (else each group of 8 of them
- * one more L2 round trip after the weights); the same values in the same order */
+ * shared memory */
 #define DEC_PST(hd) ((size_t)(hd) + 4)
 #define DEC_MPF     16 /* spans of a thread's first output column requested with the (m, l) loads */
 __device__ __forceinline__ unsigned long long dec_now(void) {
@@ -381,23 +346,12 @@ __device__ __forceinline__ unsigned long long dec_now(void) {
 }
 /* sts: NULL, or the stamps of CINFER_CUDA_ATTN_STAMPS (shared memory, thread 0 writes [6] and [7]) */
 __device__ __forceinline__ void dec_merge(const cu_attn_args &a, int h0, int G, int r, int ns, float *sw,
-                                          unsigned long long *sts = nullptr, float4 *stg = nullptr,
-                                          int nstg = 0) {
-    int hd = a.hd, tid = threadIdx.x, C4 = hd / 4, GC4 = G * C4;
+                                          unsigned long long *sts = nullptr) {
+    int hd = a.hd, tid = threadIdx.x, C4 = hd / 4;
     size_t st = DEC_PST(hd);
     const size_t st4 = st / 4;
     const float *p0 = a.part + ((size_t)r * a.Hq + (size_t)h0) * a.nsplit * st;
     float *sl = sw + G * ns, *sL = sl + G * ns;
-    /* spans DEC_MPF .. DEC_MPF + ns2 - 1 of every column staged: [s - DEC_MPF][G * C4] float4 */
-    int ns2 = stg && ns > DEC_MPF ? ns - DEC_MPF : 0;
-    if (ns2 > nstg / GC4) ns2 = nstg / GC4;
-    if (ns2 > 0) {
-        for (int i = tid; i < ns2 * GC4; i += DEC_NT) {
-            int s = DEC_MPF + i / GC4, col = i % GC4;
-            cp_async16(stg + i, p0 + ((size_t)(col / C4) * a.nsplit + s) * st + 4 + 4 * (col % C4));
-        }
-        cp_async_commit();
-    }
     /* the first column's acc of its first DEC_MPF spans and its gate, in flight with the (m, l) loads: one
      * L2 round trip for the usual merge (at the 4B shape every thread one column, <= 16 spans) */
     float4 x[DEC_MPF], gt = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -415,7 +369,6 @@ __device__ __forceinline__ void dec_merge(const cu_attn_args &a, int h0, int G, 
             __ldcg(reinterpret_cast<const float2 *>(p0 + ((size_t)(i / ns) * a.nsplit + i % ns) * st));
         sw[i] = ml.x, sl[i] = ml.y;
     }
-    if (ns2 > 0) cp_async_wait<0>();
     __syncthreads();
     if (sts && threadIdx.x == 0) sts[6] = dec_now();
     /* per head a warp: the max and the weights over its lanes (max is exact in any order; each weight one
@@ -455,19 +408,6 @@ __device__ __forceinline__ void dec_merge(const cu_attn_args &a, int h0, int G, 
         } else {
             const float *gp = a.qkv + (size_t)r * a.ld + (size_t)h * 2 * hd + hd + d;
             q = make_float4(gp[0], gp[1], gp[2], gp[3]);
-            if (ns2 > 0) { /* the spans before the staged ones */
-#pragma unroll 8
-                for (; s < DEC_MPF; s++) {
-                    float4 v = __ldcg(pg + s * st4);
-                    o.x = fmaf(v.x, w[s], o.x), o.y = fmaf(v.y, w[s], o.y);
-                    o.z = fmaf(v.z, w[s], o.z), o.w = fmaf(v.w, w[s], o.w);
-                }
-            }
-        }
-        for (; ns2 > 0 && s < DEC_MPF + ns2; s++) { /* the staged spans (s == DEC_MPF here first) */
-            float4 v = stg[(s - DEC_MPF) * GC4 + i];
-            o.x = fmaf(v.x, w[s], o.x), o.y = fmaf(v.y, w[s], o.y);
-            o.z = fmaf(v.z, w[s], o.z), o.w = fmaf(v.w, w[s], o.w);
         }
 #pragma unroll 8
         for (; s < ns; s++) {
@@ -534,26 +474,9 @@ template <int NPL, bool FUSED> __global__ void __launch_bounds__(DEC_NT, 2) attn
         cp_async_commit();
     };
     if (FUSED && nch > 0) issue(0); /* rows of earlier steps: before the wait under PDL (common.cuh) */
-    /* dec_pre: the norms' weights and the rotation of this position into registers before the wait (warp
-     * G % 8 the k head's weights: the warp that norms the own k when this span holds the own position) */
-    const bool pre = FUSED && a.dec_pre && !a.rope3 && !(a.dec_diag & 2) && sp < ns && !other;
-    float pwq[NPL], pwk[NPL], pcs[(NPL + 1) / 2], psn[(NPL + 1) / 2];
-    if (pre) {
-#pragma unroll
-        for (int k = 0; k < NPL; k++) pwq[k] = a.q_norm[lane + 32 * k];
-        if (warp == G % (DEC_NT / 32))
-#pragma unroll
-            for (int k = 0; k < NPL; k++) pwk[k] = a.k_norm[lane + 32 * k];
-#pragma unroll
-        for (int k = 0; k < (NPL + 1) / 2; k++) {
-            int i = lane + 32 * k;
-            float ang = i < a.rope_dim / 2 ? (float)pos * a.inv_freq[i] : 0.0f;
-            pcs[k] = cosf(ang), psn[k] = sinf(ang);
-        }
-    }
     if (FUSED) {
         griddep_wait();
-        if (a.dec_late == 0) griddep_launch(); /* dec_late 1: after the chunks, 2: at exit */
+        griddep_launch();
     }
     if (stamp) sts[1] = dec_now();
     if (sp >= ns || other) return;
@@ -566,15 +489,10 @@ template <int NPL, bool FUSED> __global__ void __launch_bounds__(DEC_NT, 2) attn
         for (int i = tid; i < hd; i += DEC_NT) Kc[i] = 0.0f;
     } else if (FUSED) {
         for (int w = warp; w < G + own; w += DEC_NT / 32) {
-            const float *x =
-                w < G ? row + (size_t)(h0 + w) * 2 * hd : row + (size_t)a.Hq * 2 * hd + (size_t)kvh * hd;
-            float *y = w < G ? Qs + w * hd : Kc;
-            if (pre && w < G) /* two calls: an array chosen at run time would go to local memory */
-                norm_rope_warp_pre<NPL>(a, x, pwq, pcs, psn, y, lane);
-            else if (pre)
-                norm_rope_warp_pre<NPL>(a, x, pwk, pcs, psn, y, lane);
+            if (w < G)
+                norm_rope_warp(a, row + (size_t)(h0 + w) * 2 * hd, a.q_norm, Qs + w * hd, r, pos, lane);
             else
-                norm_rope_warp(a, x, w < G ? a.q_norm : a.k_norm, y, r, pos, lane);
+                norm_rope_warp(a, row + (size_t)a.Hq * 2 * hd + (size_t)kvh * hd, a.k_norm, Kc, r, pos, lane);
         }
         __syncthreads();
         if (own && h0 == kvh * (a.Hq / a.Hkv)) { /* the group's first block writes the pool */
@@ -682,7 +600,6 @@ template <int NPL, bool FUSED> __global__ void __launch_bounds__(DEC_NT, 2) attn
         if (nst == 1 && c + 1 < nch) issue(c + 1);
     }
     if (stamp) sts[3] = dec_now();
-    if (FUSED && a.dec_late == 1) griddep_launch();
     /* the parts of each column joined in order of part (the stages' K and V hold them: dec_ready) */
     float4 *red = reinterpret_cast<float4 *>(Ks);
 #pragma unroll
@@ -722,11 +639,9 @@ template <int NPL, bool FUSED> __global__ void __launch_bounds__(DEC_NT, 2) attn
     if (!last) return;
     __threadfence();
     if (stamp) sts[5] = dec_now();
-    if (!(a.dec_diag & 1)) { /* the shared memory is free now: (m, l) and the weights, then the staging */
-        const int o4 = (G * (2 * ns + 1) + 3) / 4, n4 = (int)(dec_smem(hd, G, nst) / sizeof(float4));
-        dec_merge(a, h0, G, r, ns, Ks, stamp ? sts : nullptr, a.dec_mst ? dec_sm4 + o4 : nullptr, n4 - o4);
-    }
-    if (tid == 0) *cnt = 0u; /* ready for the next launch */
+    if (!(a.dec_diag & 1))
+        dec_merge(a, h0, G, r, ns, Ks, stamp ? sts : nullptr); /* the first stage's K is free now */
+    if (tid == 0) *cnt = 0u;                                   /* ready for the next launch */
     if (stamp) {
         sts[8] = dec_now();
         unsigned long long i = atomicAdd(a.dec_stamps, 1ull);

@@ -453,17 +453,6 @@ typedef struct cu_attn_args {
      * head's group over Hq / Hkv / dec_hs blocks (more blocks when a row has few kv heads); anything else
      * (0): the whole group. Every head's arithmetic is the same either way: the same bits */
     int dec_hs;
-    /* nonzero (CINFER_CUDA_ATTN_DEC_PRE): the fused dec kernel reads the q / k norms' weights and computes
-     * the RoPE rotation of the row's position before its PDL wait (rows without multimodal streams); the same
-     * bits */
-    int dec_pre;
-    /* nonzero (CINFER_CUDA_ATTN_DEC_MST): the fused merge stages the spans past its register prefetch in
-     * shared memory by cp.async, in flight with the (m, l) loads; the same bits */
-    int dec_mst;
-    /* where the fused dec kernel lets the next kernel (out_proj, whose blocks request their first weights
-     * before their own wait) start (CINFER_CUDA_ATTN_DEC_LATE): 0 after its wait, 1 after its chunks, 2 at
-     * its blocks' exit; the same bits */
-    int dec_late;
     /* diagnostics, normally NULL (CINFER_CUDA_ATTN_STAMPS): [0] a counter, then per (row, kv head group)
      * merge of the fused dec kernel up to CU_ATTN_STAMP_CAP records of CU_ATTN_STAMPS %globaltimer values of
      * the merging block's thread 0: entry, PDL wait done, norms done, chunks done, partials written, counter
