@@ -95,6 +95,7 @@ static void pdl_case(const char *dir, const char *name) {
         {"GDN clusters PDL graph", "1", NULL, NULL, "1", 0},
         {"GDN clusters 2 eager", "0", "0", "0", "2", 0},
         {"GDN clusters 2 PDL graph", "1", NULL, NULL, "2", 0},
+        {"GDN clusters 3 PDL graph", "1", NULL, NULL, "3", 0},
         {"PDL + every new form", "1", NULL, "2", "2", 0},
     };
     for (size_t k = 0; !rc && k < sizeof runs / sizeof runs[0]; k++) {
