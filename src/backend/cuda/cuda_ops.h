@@ -450,8 +450,9 @@ typedef struct cu_attn_args {
     int dec_p, dec_cls, dec_span, dec_nsplit;
     float *dec_part;
     /* attn_dec_kernel's q heads a block (CINFER_CUDA_ATTN_DEC_HS): a divisor of Hq / Hkv splits each kv
-     * head's group over Hq / Hkv / dec_hs blocks (more blocks when a row has few kv heads); anything else
-     * (0): the whole group. Every head's arithmetic is the same either way: the same bits */
+     * head's group over Hq / Hkv / dec_hs blocks (more blocks when a row has few kv heads); < 0: the launch
+     * picks the fewest heads a block whose grid stays within two blocks an SM; anything else (0): the whole
+     * group. Every head's arithmetic is the same either way: the same bits */
     int dec_hs;
     /* diagnostics, normally NULL (CINFER_CUDA_ATTN_STAMPS): [0] a counter, then per (row, kv head group)
      * merge of the fused dec kernel up to CU_ATTN_STAMP_CAP records of CU_ATTN_STAMPS %globaltimer values of
