@@ -1097,12 +1097,12 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
         f->moe_fused = cu_moe_fused_supported(m->H, mc->n_experts, mc->n_experts_per_tok,
                                               mc->moe_intermediate_size, mc->shared_expert_intermediate_size);
     }
-    /* the fused kernels' variant, all the same bits: default 57356 (PDL launches, the router taking the
+    /* the fused kernels' variant, all the same bits: default 122892 (PDL launches, the router taking the
      * post-attention norm itself under CINFER_CUDA_FUSE, and requesting the shared expert's weights into L2
-     * before its PDL wait; 16384 and 32768 below). H200 runs: PDL at 09:22 of session 4 (35B-A3B batch 1 292.2 -> 316.4 tok/s), the
-     * router's norm at 10:05 (339.5 / 341.2 -> 347.8 tok/s) and, once its loads were batched, session 5's
-     * call 2 (351.7 -> 369.9); the shared-expert prefetch in session 6's call 4 (15:53, alternating: 396.3 /
-     * 397.7
+     * before its PDL wait; 16384, 32768 and 65536 below). H200 runs: PDL at 09:22 of session 4 (35B-A3B batch
+     * 1 292.2 -> 316.4 tok/s), the router's norm at 10:05 (339.5 / 341.2 -> 347.8 tok/s) and, once its loads
+     * were batched, session 5's call 2 (351.7 -> 369.9); the shared-expert prefetch in session 6's call 4
+     * (15:53, alternating: 396.3 / 397.7
      * -> 401.7 / 401.8; batch 8 969.1 / 968.2 -> 972.6 / 973.1). Session 4's load-batching bits 1, 2, 16,
      * session 5's 32, 64, 256, 512 and session 6's flag-started gate_up, L2 prefetch of down, one-launch
      * gate_up + down, cluster router, down rows all before the wait and router in fewer registers are gone
@@ -1117,10 +1117,13 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * before its loads, hence one row only); second call, three runs each alternating: 8204 400.4 / 958.8,
      * 400.6 / 957.7, 400.6 / 956.8; 40972 407.2 / 963.6, 405.0 / 964.1, 407.3 / 964.5; 57356 412.9 / 963.5,
      * 412.9 / 964.4, 413.2 / 963.6; CINFER_CUDA_DIAG_AB's batch-1 graph 2.4503 -> 2.4082 -> 2.3771 ms, "skip
-     * moe router" -0.2874 -> -0.2448 -> -0.1063 ms. 65536 (on trial, with 16384): gate_up lets the down
-     * kernel start only after its selection (down's own selection and loads not beside it) */
+     * moe router" -0.2874 -> -0.2448 -> -0.1063 ms. 65536 (default since session 9's third call; with
+     * 16384): gate_up lets the down kernel start only after its selection (down's own selection and loads
+     * not beside it); that call, two alternating runs, b1 / b8: 57356 415.8 / 961.3, 413.5 / 960.3; 8204
+     * 402.1 / 958.9, 394.0 / 954.1; 122892 416.7 / 964.3, 416.6 / 960.8 (DIAG_AB graph 2.3644 ms) */
     const char *mv = getenv("CINFER_CUDA_MOE_VARIANT");
-    f->moe_variant = mv ? atoi(mv) & (4 | 8 | 8192 | 16384 | 32768 | 65536) : 12 | 8192 | 16384 | 32768;
+    f->moe_variant =
+        mv ? atoi(mv) & (4 | 8 | 8192 | 16384 | 32768 | 65536) : 12 | 8192 | 16384 | 32768 | 65536;
     if (mf)
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_MOE_FUSED=%s: %s\n", mf,
                 f->moe_fused ? "fused decode MoE kernels" : "the unfused decode MoE kernels");

@@ -571,7 +571,7 @@ typedef struct cu_moe_args {
     float eps;
     float *xn;   /* [T][H] the normed rows when norm_w (the gate_up kernel reads them) */
     int variant; /* 4: programmatic dependent launch (each kernel lets the next be scheduled, then waits for
-                    the one before; the same bits). CINFER_CUDA_MOE_VARIANT, default 57356 (8: the caller's
+                    the one before; the same bits). CINFER_CUDA_MOE_VARIANT, default 122892 (8: the caller's
                     norm_w; 8192: the router requests the shared expert's weights into L2 before its wait;
                     16384: the router writes only logits, the gate_up and down kernels select from them
                     themselves and gate_up writes idx / w; 32768: the selection, wherever it is made, in
