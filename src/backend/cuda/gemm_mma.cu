@@ -395,16 +395,23 @@ extern "C" int cu_skinny_splits(int N, int K, int epi) {
  */
 template <class... KA, class... A>
 static void sk_go(cu_ctx *c, void (*kern)(KA...), dim3 grid, dim3 block, size_t smem, A... args) {
-    if (smem) {
-        static bool once = false; /* one per instantiation: the opt-in (static + dynamic past 48 KB) */
-        if (!once)
-            cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), once = true;
-    }
     if (g_var & 1)
         cu_launch_pdl_smem(c, cu_pdl_on() >= 1 && (cu_pdl_mask() & PDL_GEMV), kern, grid, block, smem,
                            args..., c->gemv_next, c->gemv_next_bytes);
     else
         cu_launch_pdl_smem(c, 0, kern, grid, block, smem, args..., (const void *)NULL, (size_t)0);
+}
+
+/* the ST form's opt-in past 48 KB of shared memory (static + dynamic), once per kernel (a static here: every
+ * instantiation of sk_go has the same signature, so a static there was one for all, and the call of 23:20
+ * failed every ST kernel but the first) */
+template <int MT, int TR, int U, bool XP, bool NORM, int EPI, int W, int FM>
+static void sk_optin(size_t smem) {
+    static bool once = false;
+    if (!once)
+        cudaFuncSetAttribute(skinny_kernel<MT, TR, U, XP, NORM, EPI, W, FM>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+            once = true;
 }
 
 template <int MT, int TR, int U, bool XP, bool NORM, int EPI, int FM = 0>
@@ -430,6 +437,7 @@ static void sk_launch(cu_ctx *c, float *y, const float *x, const uint16_t *w, in
     constexpr size_t RING = FM & 2 ? (size_t)SK_STAGES(TR, FM) * TR * 4 * 32 * 16 : 0; /* bytes a warp */
     if (FM & 4 || (KS <= 4 && (g_w ? g_w : SK_DEFAULT_W) == 4)) {
         dim3 grid(cdiv((size_t)N, (size_t)(4 / KS * OUTS)), cdiv((size_t)M, (size_t)MT * 8));
+        if constexpr (RING > 0) sk_optin<MT, TR, U, XP, NORM, EPI, 4, FM>(4 * RING);
         sk_go(c, skinny_kernel<MT, TR, U, XP, NORM, EPI, 4, FM>, grid, dim3(4 * 32), 4 * RING, y, x, w, M, N,
               K, KS, g, eps);
         return;
@@ -437,6 +445,7 @@ static void sk_launch(cu_ctx *c, float *y, const float *x, const uint16_t *w, in
     if constexpr (!(FM & 4)) {
         int per_block = SK_WARPS / KS * OUTS;
         dim3 grid(cdiv((size_t)N, (size_t)per_block), cdiv((size_t)M, (size_t)MT * 8));
+        if constexpr (RING > 0) sk_optin<MT, TR, U, XP, NORM, EPI, SK_WARPS, FM>(SK_WARPS * RING);
         sk_go(c, skinny_kernel<MT, TR, U, XP, NORM, EPI, SK_WARPS, FM>, grid, dim3(SK_WARPS * 32),
               SK_WARPS * RING, y, x, w, M, N, K, KS, g, eps);
     }
