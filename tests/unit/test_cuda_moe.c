@@ -548,8 +548,8 @@ TEST(cuda_moe_fused_model_matches_unfused) {
      * requesting the shared expert into L2, the selection in the expert kernels at one row, its fast form):
      * 0 (none of it), 4 (the norm kernel launched), 8, 12 (no shared-expert prefetch), 8204 (the form before
      * session 9), 253964 (+ the down kernel's L2 request of the next GEMV's head), ...: the same bits */
-    static const char *const vars[] = {"0",     "4",     "8",     "12",    "16384", "16396",
-                                       "24588", "49164", "8204",  "40972", "57356", "253964"};
+    static const char *const vars[] = {"0",     "4",     "8",    "12",    "16384", "16396",
+                                       "24588", "49164", "8204", "40972", "57356", "253964"};
     for (int vi = 0; vi < (int)(sizeof vars / sizeof vars[0]); vi++) {
         char *ov = env_swap("CINFER_CUDA_MOE_VARIANT", vars[vi]);
         if (!model_steps(m, V, 3, "1", NULL, NULL, NULL, got))
