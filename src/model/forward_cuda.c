@@ -1120,12 +1120,10 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * moe router" -0.2874 -> -0.2448 -> -0.1063 ms. 65536 (default since session 9's third call; with
      * 16384): gate_up lets the down kernel start only after its selection (down's own selection and loads
      * not beside it); that call, two alternating runs, b1 / b8: 57356 415.8 / 961.3, 413.5 / 960.3; 8204
-     * 402.1 / 958.9, 394.0 / 954.1; 122892 416.7 / 964.3, 416.6 / 960.8 (DIAG_AB graph 2.3644 ms).
-     * 131072 (off, for the A/B): the down kernel requests the next GEMV's head into L2 as the dense decode
-     * GEMVs do (CINFER_CUDA_L2PF_NEXT; a MoE layer's in_proj otherwise starts cold) */
+     * 402.1 / 958.9, 394.0 / 954.1; 122892 416.7 / 964.3, 416.6 / 960.8 (DIAG_AB graph 2.3644 ms) */
     const char *mv = getenv("CINFER_CUDA_MOE_VARIANT");
     f->moe_variant =
-        mv ? atoi(mv) & (4 | 8 | 8192 | 16384 | 32768 | 65536 | 131072) : 12 | 8192 | 16384 | 32768 | 65536;
+        mv ? atoi(mv) & (4 | 8 | 8192 | 16384 | 32768 | 65536) : 12 | 8192 | 16384 | 32768 | 65536;
     if (mf)
         fprintf(stderr, "cinfer cuda: CINFER_CUDA_MOE_FUSED=%s: %s\n", mf,
                 f->moe_fused ? "fused decode MoE kernels" : "the unfused decode MoE kernels");
@@ -1549,12 +1547,7 @@ static int moe(cuda_fwd *f, const cu_layer *cl, const run_shape *rs, int device_
         for (int n = nr; n > 0; n--) cu_moe_fused_route(f->cu, &a);
         mark(f, CP_MOE_EXPERTS);
         for (int n = ng; n > 0; n--) cu_moe_fused_gate_up(f->cu, &a);
-        /* variant 131072: the down kernel requests the next GEMV's head into L2 (CINFER_CUDA_L2PF_NEXT) */
-        size_t nb = 0;
-        const uint16_t *nw = (a.variant & 131072) ? after_ffn(f, cl, &nb) : NULL;
-        gemv_next(f, nw, nb);
         for (int n = nd; n > 0; n--) cu_moe_fused_down(f->cu, &a);
-        gemv_next(f, NULL, 0);
         return 0;
     }
     mark(f, CP_MOE_ROUTE);

@@ -432,8 +432,7 @@ __global__ void __launch_bounds__(MF_WARPS * 32)
     mf_down_kernel(const float *__restrict__ act, const uint16_t *__restrict__ e_down,
                    const int *__restrict__ idx, const float *__restrict__ wt,
                    const uint16_t *__restrict__ sh_down, const float *__restrict__ shg, float *out,
-                   float *resid, int H, int k, int Im, int Is, const float *logits, int E, int norm,
-                   const void *nx, size_t nx_bytes) {
+                   float *resid, int H, int k, int Im, int Is, const float *logits, int E, int norm) {
     const int r = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int h = blockIdx.x * MF_WARPS + warp, A = k * Im + Is;
     if (h >= H) {
@@ -490,11 +489,6 @@ __global__ void __launch_bounds__(MF_WARPS * 32)
             if (j0 + g < k) acc += v * wj;
         }
     }
-    /* variant 131072 (nx): the next GEMV's head (the next layer's in_proj, lm_head after the last) into L2
-     * from the blocks of the second half once their experts' loads are out, as gemv3_kernel does under
-     * CINFER_CUDA_L2PF_NEXT: in_proj's first chunks then come from L2 */
-    if (nx && threadIdx.x == 0 && blockIdx.y == 0 && blockIdx.x >= gridDim.x / 2)
-        l2_prefetch_part(nx, nx_bytes, blockIdx.x - gridDim.x / 2, gridDim.x - gridDim.x / 2);
     if (sh_down) {
         float ys[1] = {0.0f};
         const uint16_t *w1[1] = {sh_down + (size_t)h * Is};
@@ -577,7 +571,7 @@ extern "C" void cu_moe_fused_down(cu_ctx *c, const cu_moe_args *a) {
     /* Im up to 512: 2 chunks per row and lane; up to 1024 (122B-A10B, 397B-A17B): 4. (Session 4's eight
      * experts' rows at once and session 5's shared row with the first group: no faster, the same bits.) */
     void (*kern)(const float *, const uint16_t *, const int *, const float *, const uint16_t *, const float *,
-                 float *, float *, int, int, int, int, const float *, int, int, const void *, size_t);
+                 float *, float *, int, int, int, int, const float *, int, int);
     int sel = !(a->variant & 16384) ? 0 : a->E > 256 ? 32 : a->variant & 32768 ? 9 : 8;
     if (a->Im > 512)
         kern = sel == 8   ? mf_down_kernel<4, 8>
@@ -590,8 +584,7 @@ extern "C" void cu_moe_fused_down(cu_ctx *c, const cu_moe_args *a) {
                : sel      ? mf_down_kernel<2, 32>
                           : mf_down_kernel<2, 0>;
     cu_launch_pdl(c, (a->variant & 4) != 0, kern, grid, block, a->act, a->e_down, a->idx, a->w, sh_down,
-                  a->shg, a->out, a->resid, a->H, a->k, a->Im, Is, a->logits, a->E, a->norm,
-                  (a->variant & 131072) ? c->gemv_next : NULL, c->gemv_next_bytes);
+                  a->shg, a->out, a->resid, a->H, a->k, a->Im, Is, a->logits, a->E, a->norm);
 }
 
 extern "C" void cu_moe_fused(cu_ctx *c, const cu_moe_args *a) {
