@@ -767,11 +767,11 @@ __device__ __forceinline__ void gdn_pin(int &x) {
     asm volatile("" : "+r"(x));
 }
 
-/* ORD (CINFER_CUDA_GDN_CLUSTER=3): the conv windows, conv weights and the small per-head weights read with an
- * L2 evict_last policy (and the windows written with it), before S: the kernel's blocks become resident in
- * in_proj's tail, when DRAM is busy with its weights (H200 call 3: 0.06 us from the PDL wait to the in_proj
- * row, an L2 hit, then 1.29 us to warp 0's conv + l2norm factor, whose inputs were requested ~2 us earlier)
- */
+/* ORD (CINFER_CUDA_GDN_CLUSTER=3, forward_cuda's default): the conv windows, conv weights and the small
+ * per-head weights read with an L2 evict_last policy (and the windows written with it), before S: the
+ * kernel's blocks become resident in in_proj's tail, when DRAM is busy with its weights (H200 call 3: 0.06 us
+ * from the PDL wait to the in_proj row, an L2 hit, then 1.29 us to warp 0's conv + l2norm factor, whose
+ * inputs were requested ~2 us earlier; call 4: 4B b1 +0.8%, 35B-A3B +0.7% against the form without it) */
 template <bool ORD> __device__ __forceinline__ float gdn_ld(const float *p, unsigned long long pol) {
     if (ORD) {
         float v;
