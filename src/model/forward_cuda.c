@@ -839,16 +839,19 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * tok/s, batch 1 unchanged; 27B batch 8 274 -> 448): a sequence's row alone (one row, the GEMV) and in a
      * batch (the skinny GEMM) would then differ in bits, which cuda_gemv3_forward_fused_vs_unfused and
      * cuda_vision_text_rows_unchanged refuse (H200 10:52). With speculation every row takes the skinny GEMM:
-     * 4B at forced acceptance 0.7, 3 drafts, batch 1: 1.71x -> 1.96x (650 tok/s), rollback bitwise exact */
+     * 4B at forced acceptance 0.7, 3 drafts, batch 1: 1.71x -> 1.96x (650 tok/s), rollback bitwise exact.
+     * Session 9 (H200, same calls): mode 1 everywhere, the kernel by PDL and with the next GEMV's head into
+     * L2 as v3, against the default: 4B b1 / 2 / 4 / 8 356.8 / 688.9 / 1,226.8 / 2,129.0 vs 407.7 / 651.7 /
+     * 1,020.9 / 1,382.0 tok/s; with the (lost, removed) cp.async form too, 27B b1 / 8 65.2 / 445.7 vs 75.6 /
+     * 273.7, 35B-A3B 383.1 / 1,076.5 vs 419.4 / 967.4. One row stays 9-14% slower, so "auto" stays: at one
+     * row the kernel holds 128 registers a thread, 16 warps an SM (ncu: 17.5% achieved occupancy against
+     * v3's 40%), too few bytes in flight (summed over 10 real matrices at one row, by PDL: v3 531.6 us,
+     * skinny 602.4; gate_up 23.7 vs 27.9, down 13.2 vs 16.4); registers capped for 24 / 32 warps (spills)
+     * and a cp.async ring in shared memory (12 / 20 KB a warp) were slower still */
     const char *sk = getenv("CINFER_CUDA_SKINNY"), *skm = getenv("CINFER_CUDA_SKINNY_MAX");
     int sk_auto = !sk || !strcmp(sk, "auto");
     if (!sk_auto) cu_set_skinny(sk ? atoi(sk) : 0);
     cu_set_skinny_max(skm ? atoi(skm) : 0);
-    /* CINFER_CUDA_SKINNY_VAR: the skinny kernel's forms under measurement (cu_set_skinny_var; default 0) */
-    const char *skv = getenv("CINFER_CUDA_SKINNY_VAR");
-    cu_set_skinny_var(skv ? atoi(skv) : 0);
-    if (skv)
-        fprintf(stderr, "cinfer cuda: CINFER_CUDA_SKINNY_VAR=%s: skinny variant %d\n", skv, cu_skinny_var());
     /* CINFER_CUDA_SKINNY_CFG="tr,u,xp,w,ks" (measurements: cu_set_skinny_config; 0 / -1 automatic; ks other
      * sums, the rest the same bits) */
     const char *skc = getenv("CINFER_CUDA_SKINNY_CFG");
@@ -1693,9 +1696,9 @@ static void image_rows(cuda_fwd *f, const run_shape *rs) {
  * where the H200 showed it exact (session 5, calls 1-3: every fixture and the 4B shape, graphs and eager,
  * alone and batched, bit for bit): steps of decode tokens only, in a context that never verifies speculative
  * windows; elsewhere none. In a context that may verify, PDL (even session 4's GEMV-only form, through the
- * skinny GEMM, which no longer goes by PDL at all) broke cuda_spec_rollback_is_exact; the row kernels alone
- * did not (CINFER_CUDA_PDL_ANY=1 with CINFER_CUDA_PDL_MASK=1, call 3). CINFER_CUDA_PDL_ANY=1 keeps the
- * level everywhere (diagnostics). */
+ * skinny GEMM, which goes by PDL again since session 9, here only) broke cuda_spec_rollback_is_exact; the row
+ * kernels alone did not (CINFER_CUDA_PDL_ANY=1 with CINFER_CUDA_PDL_MASK=1, call 3). CINFER_CUDA_PDL_ANY=1
+ * keeps the level everywhere (diagnostics). */
 static void pdl_step(cuda_fwd *f, const run_shape *rs) {
     int plain = rs->no_chunked && !rs->has_spec && !rs->tiles && f->p.spec_window == 0;
     cu_set_pdl(plain || f->pdl_any ? f->pdl : 0);

@@ -181,41 +181,6 @@ TEST(cuda_skinny_vs_cpu) {
                           cfg[ci][0], cfg[ci][1], cfg[ci][2], cfg[ci][3], M);
                 free(yc);
             }
-        /* CINFER_CUDA_SKINNY_VAR 1, 2, 3, 6, 7: the same bits as 0 (here no PDL: the level is 0 outside a
-         * step) at 1, 2, 3, 8 and 32 rows, with either weight tiling and block size in the cp.async form (2),
-         * and row 5 alone */
-        for (int var = 1; var <= 7; var++) {
-            if (var == 4 || var == 5) continue; /* 4 needs 2 */
-            cu_set_skinny_var(var);
-            static const int Mv[] = {1, 2, 3, 8, 32};
-            for (size_t mi = 0; mi < sizeof Mv / sizeof Mv[0]; mi++) {
-                float *yM = run(c, s, dx, dw, dg, dy0, Mv[mi], 0);
-                REQUIRE(yM != NULL);
-                CHECK_MSG(
-                    !memcmp(yM, y32, (size_t)Mv[mi] * N * 4),
-                    "%s: CINFER_CUDA_SKINNY_VAR=%d: the first %d rows differ from the same rows among 32 "
-                    "(var 0)",
-                    s->what, var, Mv[mi]);
-                free(yM);
-            }
-            static const int cv[][2] = {{1, 4}, {2, 8}, {1, 8}, {2, 4}};
-            for (size_t ci = 0; ci < sizeof cv / sizeof cv[0]; ci++) {
-                cu_set_skinny_config(cv[ci][0], 0, -1, cv[ci][1], 0);
-                float *yc = run(c, s, dx, dw, dg, dy0, 4, 0);
-                cu_set_skinny_config(0, 0, -1, 0, 0);
-                REQUIRE(yc != NULL);
-                CHECK_MSG(!memcmp(yc, y32, (size_t)4 * N * 4),
-                          "%s: CINFER_CUDA_SKINNY_VAR=%d, tiles %d, warps %d at M = 4: other bits", s->what,
-                          var, cv[ci][0], cv[ci][1]);
-                free(yc);
-            }
-            float *y5 = run(c, s, dx + (size_t)5 * K, dw, dg, dy0 + (size_t)5 * N, 1, 0);
-            REQUIRE(y5 != NULL);
-            CHECK_MSG(!memcmp(y5, y32 + (size_t)5 * N, (size_t)N * 4),
-                      "%s: CINFER_CUDA_SKINNY_VAR=%d: row 5 alone differs from row 5 among 32", s->what, var);
-            free(y5);
-        }
-        cu_set_skinny_var(0);
         {
             sshape one = *s;
             float *y5 = run(c, &one, dx + (size_t)5 * K, dw, dg, dy0 + (size_t)5 * N, 1, 0);
@@ -317,18 +282,16 @@ static double bench_us(cu_ctx *c, int what, const sshape *s, uint16_t **dw, int 
     return us;
 }
 
-/* CINFER_SKINNY_BENCH=quick: each matrix at M = 1, 2, 8: v3 and the skinny kernel's CINFER_CUDA_SKINNY_VAR
- * forms (vars: plain launches); then v3 and the forms of pvars with every launch by programmatic dependent
- * launch (cu_set_pdl(1): the next product's weights requested during this one's tail, as in a decode step);
- * the sums over the matrices at the end. CINFER_SKINNY_ONE=1: the first matrix at M = 1, each form launched
- * twice (profiling) */
+/* CINFER_SKINNY_BENCH=quick: each matrix at M = 1, 2, 8: v3 and the skinny kernel, plain launches, then both
+ * with every launch by programmatic dependent launch (cu_set_pdl(1): the next product's weights requested
+ * during this one's tail, as in a decode step); the sums over the matrices at the end. CINFER_SKINNY_ONE=1:
+ * the first matrix at M = 1, each launched twice (profiling) */
 static void speed_quick(cu_ctx *c, const sshape *bs, size_t nbs) {
-    static const int Ms[] = {1, 2, 8}, vars[] = {0, 2, 6}, pvars[] = {1, 3, 7};
-    enum { NV = sizeof vars / sizeof vars[0], NP = sizeof pvars / sizeof pvars[0] };
+    static const int Ms[] = {1, 2, 8};
     const char *one = getenv("CINFER_SKINNY_ONE");
     int nm = 3;
     if (one && !strcmp(one, "1")) nbs = 1, nm = 1, g_reps = 1;
-    double sum[3][2 + NV + NP] = {{0}}; /* v3, vars, PDL v3, pvars */
+    double sum[3][4] = {{0}}; /* v3, skinny, by PDL v3, skinny */
     char err[256];
     for (size_t si = 0; si < nbs; si++) {
         const sshape *s = &bs[si];
@@ -354,28 +317,16 @@ static void speed_quick(cu_ctx *c, const sshape *bs, size_t nbs) {
         cu_set_skinny(0);
         for (int mi = 0; mi < nm; mi++) {
             int M = Ms[mi];
-            double v3 = bench_us(c, 0, s, dw, ncopy, dx, dy, dg, M, NULL);
-            sum[mi][0] += v3;
-            printf("\n       M=%d v3 %.1f us (%.0f GB/s) sk", M, v3, gb / v3);
-            for (int v = 0; v < NV; v++) {
-                cu_set_skinny_var(vars[v]);
-                double t = bench_us(c, 1, s, dw, ncopy, dx, dy, dg, M, NULL);
-                sum[mi][1 + v] += t;
-                printf(" v%d %.1f", vars[v], t);
-            }
-            cu_set_pdl(1);
-            cu_set_skinny_var(0);
-            double p3 = bench_us(c, 0, s, dw, ncopy, dx, dy, dg, M, NULL);
-            sum[mi][1 + NV] += p3;
-            printf(" ; PDL v3 %.1f sk", p3);
-            for (int v = 0; v < NP; v++) {
-                cu_set_skinny_var(pvars[v]);
-                double t = bench_us(c, 1, s, dw, ncopy, dx, dy, dg, M, NULL);
-                sum[mi][2 + NV + v] += t;
-                printf(" v%d %.1f", pvars[v], t);
+            double t[4];
+            for (int p = 0; p < 2; p++) {
+                cu_set_pdl(p);
+                t[2 * p] = bench_us(c, 0, s, dw, ncopy, dx, dy, dg, M, NULL);
+                t[2 * p + 1] = bench_us(c, 1, s, dw, ncopy, dx, dy, dg, M, NULL);
             }
             cu_set_pdl(0);
-            cu_set_skinny_var(0);
+            for (int q = 0; q < 4; q++) sum[mi][q] += t[q];
+            printf(" | M=%d v3 %.1f us (%.0f GB/s) skinny %.1f; by PDL %.1f / %.1f", M, t[0], gb / t[0], t[1],
+                   t[2], t[3]);
         }
         printf("\n");
         cu_sync(c, err, sizeof err);
@@ -383,13 +334,9 @@ static void speed_quick(cu_ctx *c, const sshape *bs, size_t nbs) {
         cu_free(dx), cu_free(dy), cu_free(dg);
     }
     g_reps = 20;
-    for (int mi = 0; mi < nm; mi++) {
-        printf("     summed us M=%d: v3 %.1f, skinny", Ms[mi], sum[mi][0]);
-        for (int v = 0; v < NV; v++) printf(" v%d %.1f", vars[v], sum[mi][1 + v]);
-        printf("; by PDL: v3 %.1f, skinny", sum[mi][1 + NV]);
-        for (int v = 0; v < NP; v++) printf(" v%d %.1f", pvars[v], sum[mi][2 + NV + v]);
-        printf("\n");
-    }
+    for (int mi = 0; mi < nm; mi++)
+        printf("     summed us M=%d: v3 %.1f, skinny %.1f; by PDL: v3 %.1f, skinny %.1f\n", Ms[mi],
+               sum[mi][0], sum[mi][1], sum[mi][2], sum[mi][3]);
 }
 
 /* Prints each real matrix's us and GB/s at M = 1, 4, 8, 16, 32: v3 (cu_gemv_fused with the switch off),

@@ -211,13 +211,6 @@ int cu_skinny_splits(int N, int K, int epi);
  * per block (4, 8; 8 with 8 splits), none of which changes a bit; and the K-splits (1, 2, 4, 8), which do
  * (every sum's order); 0 / -1 = automatic */
 void cu_set_skinny_config(int tr, int u, int xp, int w, int ks);
-/* CINFER_CUDA_SKINNY_VAR (measurements, default 0): bit 1 the skinny kernel by programmatic dependent launch
- * where the step's level allows it (as the GEMV v3), with the next GEMV's head into L2
- * (CINFER_CUDA_L2PF_NEXT); bit 2 at up to 8 rows the weights by cp.async through a ring of chunks in shared
- * memory (more bytes in flight, no registers for them), with 4 a deeper ring in 4-warp blocks; none changes a
- * bit */
-void cu_set_skinny_var(int var);
-int cu_skinny_var(void);
 /* Fills n bf16 values with uniform noise of the given std (random weights built on the device). */
 void cu_fill_random_bf16(cu_ctx *c, uint16_t *d, size_t n, float std, uint64_t seed);
 void cu_fill_f32(cu_ctx *c, float *d, size_t n, float v);

@@ -64,9 +64,9 @@ __device__ __forceinline__ uint32_t sk_word(const uint4 (&v)[2], int i) { /* wor
  * K or past the last chunk) */
 template <int TR>
 __device__ __forceinline__ void sk_load_w(uint4 (&v)[TR][2][2], const uint16_t *const (&wp)[TR][2], int c,
-                                          bool on, int K, int tq) {
+                                          int nch, int K, int tq) {
     const int kb = c * 64 + tq * 8;
-    const bool ok0 = on && kb < K, ok1 = on && kb + 32 < K;
+    const bool ok0 = c < nch && kb < K, ok1 = c < nch && kb + 32 < K;
     const uint4 z = make_uint4(0, 0, 0, 0);
 #pragma unroll
     for (int r = 0; r < TR; r++)
@@ -79,10 +79,10 @@ __device__ __forceinline__ void sk_load_w(uint4 (&v)[TR][2][2], const uint16_t *
 
 /* the chunk's x: row 8j + g (zeros past the launch tile's rows, past K or past the last chunk) */
 template <int MT>
-__device__ __forceinline__ void sk_load_x(float4 (&v)[MT][4], const float *x, int c, bool on, int K, int Mt,
+__device__ __forceinline__ void sk_load_x(float4 (&v)[MT][4], const float *x, int c, int nch, int K, int Mt,
                                           int gq, int tq) {
     const int kb = c * 64 + tq * 8;
-    const bool ok0 = on && kb < K, ok1 = on && kb + 32 < K;
+    const bool ok0 = c < nch && kb < K, ok1 = c < nch && kb + 32 < K;
     const float4 z = make_float4(0, 0, 0, 0);
 #pragma unroll
     for (int j = 0; j < MT; j++) {
@@ -96,58 +96,15 @@ __device__ __forceinline__ void sk_load_x(float4 (&v)[MT][4], const float *x, in
     }
 }
 
-/* cp.async of 16 bytes (n: the bytes read, 16 or 0 = zeros) into this thread's stage slot */
-__device__ __forceinline__ void sk_cp16(uint4 *dst, const void *src, int n) {
-    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(n) : "memory");
-}
-__device__ __forceinline__ void sk_cp_commit(void) {
-    asm volatile("cp.async.commit_group;" ::: "memory");
-}
-template <int N> __device__ __forceinline__ void sk_cp_wait(void) {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
-/* ST form: the chunk's weights (as sk_load_w) into this lane's slots of a stage, st[q * 32], q = (r * 2 + h)
- * * 2 + e (zeros where sk_load_w has them; the address then the row's start, never read) */
-template <int TR>
-__device__ __forceinline__ void sk_stage_w(uint4 *st, const uint16_t *const (&wp)[TR][2], int c, bool on,
-                                           int K, int tq) {
-    const int kb = c * 64 + tq * 8;
-    const bool ok0 = on && kb < K, ok1 = on && kb + 32 < K;
-#pragma unroll
-    for (int r = 0; r < TR; r++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const uint16_t *row = wp[r][h] - tq * 8;
-            sk_cp16(st + ((r * 2 + h) * 2) * 32, ok0 ? wp[r][h] + (size_t)c * 64 : row, ok0 ? 16 : 0);
-            sk_cp16(st + ((r * 2 + h) * 2 + 1) * 32, ok1 ? wp[r][h] + (size_t)c * 64 + 32 : row,
-                    ok1 ? 16 : 0);
-        }
-}
-
-/* stages of the ST form: 12 KB a warp (TR 2: 3 chunks of 32 rows; TR 1: 6 of 16) */
-/* FM bit 4 (the deep ring, CINFER_CUDA_SKINNY_VAR bit 4, 4-warp blocks only): 20 KB a warp, 2 blocks an SM */
-#define SK_STAGES(TR, FM) ((FM)&4 ? ((TR) == 2 ? 5 : 10) : (TR) == 2 ? 3 : 6)
-
 /* MT: 8-row tiles of x per launch tile (1, 2, 4); TR: 16-row weight tiles per warp (SwiGLU: gate and up rows
  * of 16 outputs (2) or of 8 (1)); U: chunks in flight per warp; XP: each chunk's x requested with its
  * weights, U chunks ahead, rather than when the chunk is consumed; W: warps per block. nx: the next GEMV's
- * head into L2 as the GEMV v3 does (CINFER_CUDA_SKINNY_VAR bit 1; NULL none). FM bit 2 (the ST form,
- * CINFER_CUDA_SKINNY_VAR bit 2; with U 1): the weights go by cp.async into a ring of SK_STAGES(TR, FM) chunks
- * in shared memory (dynamic, 12 KB a warp), each lane reading back only its own slots, so that the chunks in
- * flight cost no registers: at one row the register form holds 128 registers a thread, 16 warps an SM (ncu,
- * H200: 17.5% achieved occupancy against v3's 40%), and with one chunk of 4 KB each in flight, fewer bytes in
- * flight than v3; here 2 chunks ahead of the one consumed. The same values into the same MMAs: the same bits.
- */
-template <int MT, int TR, int U, bool XP, bool NORM, int EPI, int W, int FM>
+ * head into L2 (CINFER_CUDA_L2PF_NEXT) as the GEMV v3 requests it; NULL none */
+template <int MT, int TR, int U, bool XP, bool NORM, int EPI, int W>
 __global__ void __launch_bounds__(W * 32, (MT * TR >= 8 ? 8 : 16) / W)
     skinny_kernel(float *__restrict__ y, const float *__restrict__ x, const uint16_t *__restrict__ w, int M,
                   int N, int K, int KS, const float *__restrict__ g, float eps, const void *nx,
                   size_t nx_bytes) {
-    constexpr bool ST = FM & 2;
-    constexpr int SS = ST ? SK_STAGES(TR, FM) : 1, Q = TR * 4; /* stages; 16-byte slots a lane a chunk */
-    static_assert(!ST || U == 1, "the ST form keeps one chunk in registers");
     /* SwiGLU, TR 2: a tile of 16 gate rows and one of the 16 up rows of the same outputs; TR 1: one tile of 8
      * gate rows (fragment rows 0..7) and their 8 up rows (8..15). Either way the up row of output o is red
      * row OUTS + o. */
@@ -179,47 +136,21 @@ __global__ void __launch_bounds__(W * 32, (MT * TR >= 8 ? 8 : 16) / W)
 #pragma unroll
             for (int q = 0; q < 4; q++) acc[r][j][q] = 0.0f;
     }
-    /* this warp's chunks: cnt of them, the i-th at c0 + i * cs */
-    const int nch = (K + 63) >> 6;
-    const int c0 = ks, cs = KS, cnt = ks < nch ? (nch - ks + KS - 1) / KS : 0;
+    const int nch = (K + 63) >> 6, step = U * KS;
     uint4 wv[U][TR][2][2];                 /* [chunk in flight][tile][row g, g + 8][k 0..7, 8..15] */
     float4 xq[XP ? U : 1][XP ? MT : 1][4]; /* XP: [chunk in flight][8-row tile of x][16 k] */
-    extern __shared__ uint4 sk_ring[];     /* ST: [warp][stage][slot q][lane] */
-    uint4 *ring = sk_ring + (size_t)warp * SS * Q * 32 + lane;
     /* the weights depend on nothing before this kernel: requested before waiting for the one writing x */
-    if constexpr (ST) {
 #pragma unroll
-        for (int s = 0; s < SS - 1; s++) {
-            sk_stage_w<TR>(ring + s * Q * 32, wp, c0 + s * cs, s < cnt, K, tq);
-            sk_cp_commit();
-        }
-    } else
-#pragma unroll
-        for (int u = 0; u < U; u++) sk_load_w<TR>(wv[u], wp, c0 + u * cs, u < cnt, K, tq);
+    for (int u = 0; u < U; u++) sk_load_w<TR>(wv[u], wp, ks + u * KS, nch, K, tq);
     griddep_wait();
     if constexpr (XP)
 #pragma unroll
-        for (int u = 0; u < U; u++) sk_load_x<MT>(xq[u], x, c0 + u * cs, u < cnt, K, Mt, gq, tq);
-    for (int i0 = 0; i0 < cnt; i0 += U) {
+        for (int u = 0; u < U; u++) sk_load_x<MT>(xq[u], x, ks + u * KS, nch, K, Mt, gq, tq);
+    for (int c0 = ks; c0 < nch; c0 += step) {
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            const int i = i0 + u;
-            if (i >= cnt) break;
-            const int c = c0 + i * cs, cn = c + U * cs; /* this chunk, this slot's next */
-            const bool onn = i + U < cnt;
-            if constexpr (ST) { /* chunk i + SS - 1 into the ring; chunk i out of it */
-                const int ia = i + SS - 1;
-                sk_stage_w<TR>(ring + (ia % SS) * Q * 32, wp, c0 + ia * cs, ia < cnt, K, tq);
-                sk_cp_commit();
-                sk_cp_wait<SS - 1>();
-                const uint4 *st = ring + (i % SS) * Q * 32;
-#pragma unroll
-                for (int r = 0; r < TR; r++)
-#pragma unroll
-                    for (int h = 0; h < 2; h++)
-                        wv[u][r][h][0] = st[((r * 2 + h) * 2) * 32],
-                        wv[u][r][h][1] = st[((r * 2 + h) * 2 + 1) * 32];
-            }
+            const int c = c0 + u * KS;
+            if (c >= nch) break;
             const int kb = c * 64 + tq * 8;
             const bool ok0 = kb < K, ok1 = kb + 32 < K;
             float gv[16];
@@ -234,7 +165,7 @@ __global__ void __launch_bounds__(W * 32, (MT * TR >= 8 ? 8 : 16) / W)
                            gv[4 * q + 3] = v[q].w;
             }
             float4 xl[XP ? 1 : MT][4];
-            if constexpr (!XP) sk_load_x<MT>(xl, x, c, true, K, Mt, gq, tq);
+            if constexpr (!XP) sk_load_x<MT>(xl, x, c, nch, K, Mt, gq, tq);
 #pragma unroll
             for (int j = 0; j < MT; j++) {
                 float xv[16];
@@ -277,20 +208,18 @@ __global__ void __launch_bounds__(W * 32, (MT * TR >= 8 ? 8 : 16) / W)
 #pragma unroll
                     for (int q = 0; q < 4; q++) acc[r][j][q] += part[r][q];
             }
-            /* this slot's next chunk: U - 1 chunks stay in flight while this one is consumed (ST: in the
-             * ring) */
-            if constexpr (!ST) sk_load_w<TR>(wv[u], wp, cn, onn, K, tq);
-            if constexpr (XP) sk_load_x<MT>(xq[u], x, cn, onn, K, Mt, gq, tq);
+            /* this slot's next chunk: U - 1 chunks stay in flight while this one is consumed */
+            sk_load_w<TR>(wv[u], wp, c + step, nch, K, tq);
+            if constexpr (XP) sk_load_x<MT>(xq[u], x, c + step, nch, K, Mt, gq, tq);
         }
     }
-    if constexpr (ST) sk_cp_wait<0>(); /* the zero-filled stages past the end: none left in flight */
     griddep_launch();
-    /* the next GEMV's head into L2 (CINFER_CUDA_L2PF_NEXT, bit 1), from the blocks of the second half */
-    if (nx && threadIdx.x == 0 && blockIdx.y == 0 && blockIdx.x >= gridDim.x / 2)
+    /* the next GEMV's head into L2, from the blocks of the second half */
+    if (nx && threadIdx.x == 0 && blockIdx.y == 0 && blockIdx.x >= gridDim.x / 2) {
         l2_prefetch_part(nx, nx_bytes, blockIdx.x - gridDim.x / 2, gridDim.x - gridDim.x / 2);
-        /* C fragment of tile (r, j): lane (g, t) holds weight rows g (0, 1) and g + 8 (2, 3), x rows 2t, 2t +
-         * 1
-         */
+    }
+    /* C fragment of tile (r, j): lane (g, t) holds weight rows g (0, 1) and g + 8 (2, 3), x rows 2t, 2t + 1
+     */
 #pragma unroll
     for (int r = 0; r < TR; r++)
 #pragma unroll
@@ -337,14 +266,6 @@ static int g_mode = 0;             /* 0 off, 1 every M <= g_max, 2 only M >= 2 (
 static int g_any = 0;              /* some context has its own mode (cu_ctx_set_skinny) */
 static int g_max = SK_DEFAULT_MAX; /* rows up to which the switch takes the skinny kernel */
 static int g_tr = 0, g_u = 0, g_xp = -1, g_w = 0, g_ks = 0; /* 0 / -1: automatic (cu_set_skinny_config) */
-static int g_var = 0; /* CINFER_CUDA_SKINNY_VAR (cu_set_skinny_var): bits 1, 2, 4, see skinny_kernel */
-
-extern "C" void cu_set_skinny_var(int var) {
-    g_var = var & 7;
-}
-extern "C" int cu_skinny_var(void) {
-    return g_var;
-}
 
 extern "C" void cu_set_skinny(int mode) {
     g_mode = mode == 1 || mode == 2 ? mode : 0;
@@ -390,65 +311,30 @@ extern "C" int cu_skinny_splits(int N, int K, int epi) {
     return ks;
 }
 
-/* the launch: bit 1 of CINFER_CUDA_SKINNY_VAR by cu_launch_gemv (programmatic dependent launch where the
- * step allows it, as the GEMV v3) with the next GEMV's head into L2; else as below. smem: the ST form's ring
- */
-template <class... KA, class... A>
-static void sk_go(cu_ctx *c, void (*kern)(KA...), dim3 grid, dim3 block, size_t smem, A... args) {
-    if (g_var & 1)
-        cu_launch_pdl_smem(c, cu_pdl_on() >= 1 && (cu_pdl_mask() & PDL_GEMV), kern, grid, block, smem,
-                           args..., c->gemv_next, c->gemv_next_bytes);
-    else
-        cu_launch_pdl_smem(c, 0, kern, grid, block, smem, args..., (const void *)NULL, (size_t)0);
-}
-
-/* the ST form's opt-in past 48 KB of shared memory (static + dynamic), once per kernel (a static here: every
- * instantiation of sk_go has the same signature, so a static there was one for all, and the call of 23:20
- * failed every ST kernel but the first) */
-template <int MT, int TR, int U, bool XP, bool NORM, int EPI, int W, int FM>
-static void sk_optin(size_t smem) {
-    static bool once = false;
-    if (!once)
-        cudaFuncSetAttribute(skinny_kernel<MT, TR, U, XP, NORM, EPI, W, FM>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
-            once = true;
-}
-
-template <int MT, int TR, int U, bool XP, bool NORM, int EPI, int FM = 0>
+template <int MT, int TR, int U, bool XP, bool NORM, int EPI>
 static void sk_launch(cu_ctx *c, float *y, const float *x, const uint16_t *w, int M, int N, int K, int KS,
                       const float *g, float eps) {
-    /* the ST form (CINFER_CUDA_SKINNY_VAR bit 2) at up to 8 rows: one chunk in registers, x read when
-     * consumed */
-    if constexpr (MT == 1 && FM == 0)
-        if (g_var & 2) {
-            if ((g_var & 4) && KS <= 4 && (g_w ? g_w : SK_DEFAULT_W) == 4)
-                sk_launch<MT, TR, 1, false, NORM, EPI, 6>(c, y, x, w, M, N, K, KS, g, eps);
-            else
-                sk_launch<MT, TR, 1, false, NORM, EPI, 2>(c, y, x, w, M, N, K, KS, g, eps);
-            return;
-        }
     constexpr int OUTS = EPI == GF_SWIGLU ? TR * 8 : TR * 16;
-    /* Not by programmatic dependent launch unless CINFER_CUDA_SKINNY_VAR bit 1 (sk_go): under
-     * CINFER_CUDA_PDL=gemv, which launched this kernel so, cuda_spec_rollback_is_exact failed on the H200
-     * (session 5, call 3: window rows and the state far from plain decode, |d| up to 5.7), while the GEMV v3
-     * under PDL stays bit-identical; why is not found. Bit 1 takes PDL only where the step's level allows it
-     * (pdl_step: plain decode steps of contexts that never verify, where no speculation is to roll back). */
+    /* By programmatic dependent launch where the step's level allows it, as the GEMV v3 (cu_launch_gemv),
+     * with the next GEMV's head into L2. pdl_step allows it only in plain decode steps of contexts that never
+     * verify speculative windows: in contexts that verify, PDL (session 4's CINFER_CUDA_PDL=gemv, which
+     * launched this kernel so) broke cuda_spec_rollback_is_exact (session 5, call 3: window rows and the
+     * state far from plain decode, |d| up to 5.7), and still does with CINFER_CUDA_PDL_ANY=1 (H200, session
+     * 9, call 4: |d| up to 4.1); why is not found. In plain contexts with CINFER_CUDA_SKINNY=1 it is exact
+     * (batch of 32 vs alone, graphs vs eager, cuda_pdl_bitwise_fixtures: session 9, call 1) and faster at
+     * every batch: 4B b1 / 2 / 4 / 8 318.3 / 616.4 / 1,109.5 / 1,964.2 -> 346.6 / 666.0 / 1,194.7 / 2,057.9
+     * tok/s (before, this kernel never went by PDL). */
     /* blocks of 4 warps where the splits allow (finer grains over the SMs: the same sums) */
-    constexpr size_t RING = FM & 2 ? (size_t)SK_STAGES(TR, FM) * TR * 4 * 32 * 16 : 0; /* bytes a warp */
-    if (FM & 4 || (KS <= 4 && (g_w ? g_w : SK_DEFAULT_W) == 4)) {
+    if (KS <= 4 && (g_w ? g_w : SK_DEFAULT_W) == 4) {
         dim3 grid(cdiv((size_t)N, (size_t)(4 / KS * OUTS)), cdiv((size_t)M, (size_t)MT * 8));
-        if constexpr (RING > 0) sk_optin<MT, TR, U, XP, NORM, EPI, 4, FM>(4 * RING);
-        sk_go(c, skinny_kernel<MT, TR, U, XP, NORM, EPI, 4, FM>, grid, dim3(4 * 32), 4 * RING, y, x, w, M, N,
-              K, KS, g, eps);
+        cu_launch_gemv(c, skinny_kernel<MT, TR, U, XP, NORM, EPI, 4>, grid, dim3(4 * 32), y, x, w, M, N, K,
+                       KS, g, eps, c->gemv_next, c->gemv_next_bytes);
         return;
     }
-    if constexpr (!(FM & 4)) {
-        int per_block = SK_WARPS / KS * OUTS;
-        dim3 grid(cdiv((size_t)N, (size_t)per_block), cdiv((size_t)M, (size_t)MT * 8));
-        if constexpr (RING > 0) sk_optin<MT, TR, U, XP, NORM, EPI, SK_WARPS, FM>(SK_WARPS * RING);
-        sk_go(c, skinny_kernel<MT, TR, U, XP, NORM, EPI, SK_WARPS, FM>, grid, dim3(SK_WARPS * 32),
-              SK_WARPS * RING, y, x, w, M, N, K, KS, g, eps);
-    }
+    int per_block = SK_WARPS / KS * OUTS;
+    dim3 grid(cdiv((size_t)N, (size_t)per_block), cdiv((size_t)M, (size_t)MT * 8));
+    cu_launch_gemv(c, skinny_kernel<MT, TR, U, XP, NORM, EPI, SK_WARPS>, grid, dim3(SK_WARPS * 32), y, x, w,
+                   M, N, K, KS, g, eps, c->gemv_next, c->gemv_next_bytes);
 }
 
 template <int MT, int TR, bool NORM, int EPI>
