@@ -3,7 +3,7 @@
 # CUDA backend, run the CUDA tests, then `cinfer bench --like SHAPE --device cuda` for the 4B, 35B-A3B and 27B
 # shapes and the transformers peer. Every stage has its own time limit and goes on past a failure; results
 # land in $OUT (log.txt: build; tests.txt; bench-*.txt; peer.txt).
-# The "old" stage runs the 4B and 35B-A3B shapes again with session 8's switch turned off (session 7's
+# The "old" stage runs the 4B and 35B-A3B shapes again with session 9's switches turned off (session 8's
 # defaults) beside the defaults of the "bench" stage (bench-old.txt). 8 files in $OUT at
 # most.
 # usage: OUT=dir bash bench/run_cuda.sh [STAGES]   (STAGES: any of build tests bench old peer; default all)
@@ -90,9 +90,10 @@ if has bench; then
         grep -v "cinfer synth: writing" >> "$OUT/bench-qwen3.5-4b.txt"
 fi
 if has old; then
-    # session 7's defaults (before decode attention by attn_dec_kernel for every row, session 8), beside the
-    # defaults of the bench stage: one run says what the new default is worth
-    OLD="CINFER_CUDA_ATTN_DEC=0"
+    # session 8's defaults (before session 9's MoE selection in the expert kernels, split attention groups and
+    # the second clustered DeltaNet decode kernel), beside the defaults of the bench stage: one run says what the
+    # new defaults are worth
+    OLD="CINFER_CUDA_MOE_VARIANT=8204 CINFER_CUDA_ATTN_DEC_HS=0 CINFER_CUDA_GDN_CLUSTER=1"
     : > "$OUT/bench-old.txt"
     for s in qwen3.5-4b:90 qwen3.5-35b-a3b:120; do
         shape=${s%%:*} lim=${s##*:}
