@@ -609,48 +609,43 @@ static int alloc_scratch(cuda_fwd *f, char *err, size_t errlen) {
     return 0;
 }
 
-/* CINFER_CUDA_GDN_STAMPS: the clustered DeltaNet kernel's phases, mean over its recorded launches (stderr) */
-static void gdn_stamps_report(cuda_fwd *f) {
-    size_t n = 1 + (size_t)CU_GDN_STAMP_CAP * CU_GDN_STAMPS;
+/* A kernel's phase stamps (CINFER_CUDA_GDN_STAMPS, CINFER_CUDA_ATTN_STAMPS): dev holds a count, then up to
+ * cap records of ns %globaltimer stamps; the mean of each phase (stamp x - stamp x-1, named phase[x - 1])
+ * over the last three quarters of the records (warm) goes to stderr */
+static void stamps_report(const char *what, const void *dev, size_t cap, int ns, const char *const *phase) {
+    size_t n = 1 + cap * (size_t)ns;
     unsigned long long *h = malloc(n * sizeof *h);
+    double *acc = calloc((size_t)ns, sizeof *acc);
     char err[256];
-    if (h && !cu_download(h, f->gdn_stamps, n * sizeof *h, err, sizeof err)) {
-        size_t cnt = h[0] < CU_GDN_STAMP_CAP ? (size_t)h[0] : CU_GDN_STAMP_CAP, used = 0;
-        double acc[CU_GDN_STAMPS] = {0};
-        for (size_t i = cnt / 4; i < cnt; i++, used++) /* the last three quarters: warm */
-            for (int x = 1; x < CU_GDN_STAMPS; x++)
-                acc[x] += (double)(h[1 + i * CU_GDN_STAMPS + x] - h[1 + i * CU_GDN_STAMPS + x - 1]) / 1e3;
-        if (used)
-            fprintf(stderr,
-                    "cinfer cuda: gdn stamps over %zu of %llu launches (block 0, us): start->wait %.3f, "
-                    "wait->conv %.3f, conv->l2norm %.3f, l2norm->read-out %.3f, read-out->update %.3f, "
-                    "update->sent %.3f, sent->cluster barrier %.3f, barrier->end %.3f\n",
-                    used, h[0], acc[1] / used, acc[2] / used, acc[3] / used, acc[4] / used, acc[5] / used,
-                    acc[6] / used, acc[7] / used, acc[8] / used);
+    if (h && acc && !cu_download(h, dev, n * sizeof *h, err, sizeof err)) {
+        size_t cnt = h[0] < cap ? (size_t)h[0] : cap, used = 0;
+        for (size_t i = cnt / 4; i < cnt; i++, used++)
+            for (int x = 1; x < ns; x++) acc[x] += (double)(h[1 + i * ns + x] - h[1 + i * ns + x - 1]) / 1e3;
+        if (used) {
+            fprintf(stderr, "cinfer cuda: %s stamps over %zu of %llu records (us):", what, used, h[0]);
+            for (int x = 1; x < ns; x++)
+                fprintf(stderr, "%s %s %.3f", x > 1 ? "," : "", phase[x - 1], acc[x] / used);
+            fputc('\n', stderr);
+        }
     }
+    free(acc);
     free(h);
 }
 
-/* CINFER_CUDA_ATTN_STAMPS: the fused dec kernel's merging blocks' phases, mean over the records (stderr) */
+/* CINFER_CUDA_GDN_STAMPS: the clustered DeltaNet kernel's phases (block 0) */
+static void gdn_stamps_report(cuda_fwd *f) {
+    static const char *const ph[CU_GDN_STAMPS - 1] = {
+        "start->wait",      "wait->conv",   "conv->l2norm",          "l2norm->read-out",
+        "read-out->update", "update->sent", "sent->cluster barrier", "barrier->end"};
+    stamps_report("gdn (block 0)", f->gdn_stamps, CU_GDN_STAMP_CAP, CU_GDN_STAMPS, ph);
+}
+
+/* CINFER_CUDA_ATTN_STAMPS: the fused dec kernel's merging blocks' phases */
 static void attn_stamps_report(cuda_fwd *f) {
-    size_t n = 1 + (size_t)CU_ATTN_STAMP_CAP * CU_ATTN_STAMPS;
-    unsigned long long *h = malloc(n * sizeof *h);
-    char err[256];
-    if (h && !cu_download(h, f->astamps, n * sizeof *h, err, sizeof err)) {
-        size_t cnt = h[0] < CU_ATTN_STAMP_CAP ? (size_t)h[0] : CU_ATTN_STAMP_CAP, used = 0;
-        double acc[CU_ATTN_STAMPS] = {0};
-        for (size_t i = cnt / 4; i < cnt; i++, used++) /* the last three quarters: warm */
-            for (int x = 1; x < CU_ATTN_STAMPS; x++)
-                acc[x] += (double)(h[1 + i * CU_ATTN_STAMPS + x] - h[1 + i * CU_ATTN_STAMPS + x - 1]) / 1e3;
-        if (used)
-            fprintf(stderr,
-                    "cinfer cuda: attn stamps over %zu of %llu merges (merging block, us): start->wait %.3f, "
-                    "wait->norms %.3f, norms->chunks %.3f, chunks->partials %.3f, partials->counter %.3f, "
-                    "counter->(m,l) %.3f, (m,l)->weights %.3f, weights->end %.3f\n",
-                    used, h[0], acc[1] / used, acc[2] / used, acc[3] / used, acc[4] / used, acc[5] / used,
-                    acc[6] / used, acc[7] / used, acc[8] / used);
-    }
-    free(h);
+    static const char *const ph[CU_ATTN_STAMPS - 1] = {
+        "start->wait",       "wait->norms",    "norms->chunks",  "chunks->partials",
+        "partials->counter", "counter->(m,l)", "(m,l)->weights", "weights->end"};
+    stamps_report("attn (merging block)", f->astamps, CU_ATTN_STAMP_CAP, CU_ATTN_STAMPS, ph);
 }
 
 void cuda_fwd_destroy(cuda_fwd *f) {
