@@ -926,11 +926,11 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     /* the second form (fused_decode_cluster2_kernel) unless CINFER_CUDA_GDN_CLUSTER=1 (the first): the same
      * bits, a shorter chain after the PDL wait. H200 session 9 call 2, first -> second form: 4B b1 397.7 ->
      * 403.3 / 400.5 tok/s, b2 639.6 -> 646.5 / 641.4, 35B-A3B b1 398.0 -> 403.4; DIAG_AB "dup deltanet"
-     * 0.102 ms a step (call 1, the first form: 0.145); block 0's stamps after the PDL wait 4.9 -> 3.3 us */
-    /* 3 (the default): that form with its conv inputs read before S under an L2 evict_last policy; call 4,
-     * alternating 2 / 3: 4B b1 407.4 / 404.7 -> 409.5 / 409.0, b2 651.9 / 649.2 -> 655.2 / 654.0, 35B-A3B b1
-     * 418.8 -> 421.6 (first form 403.6 / 642.3); =2 the second form without it */
-    if (f->gdn_cluster && !(gc && !strcmp(gc, "1"))) f->gdn_cluster = gc && !strcmp(gc, "2") ? 2 : 3;
+     * 0.102 ms a step (call 1, the first form: 0.145); block 0's stamps after the PDL wait 4.9 -> 3.3 us; its
+     * conv inputs read before S under an L2 evict_last policy: call 4, alternating without / with: 4B b1 407.4
+     * / 404.7 -> 409.5 / 409.0, b2 651.9 / 649.2 -> 655.2 / 654.0, 35B-A3B b1 418.8 -> 421.6 (first form 403.6 /
+     * 642.3; the form without the policy is gone) */
+    if (f->gdn_cluster && !(gc && !strcmp(gc, "1"))) f->gdn_cluster = 2;
     const char *gcm = getenv("CINFER_CUDA_GDN_CLUSTER_MAX");
     f->gdn_cluster_max = gcm ? atoi(gcm) : 2;
     /* CINFER_CUDA_ATTN_STAMPS=1 (measurements): the fused dec kernel's merging blocks stamp their phases

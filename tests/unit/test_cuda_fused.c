@@ -234,9 +234,9 @@ static int same_bits(const float *a, const float *b, size_t n, size_t *first) {
 
 /* prefill of each entry (pre[i] tokens from 0, the chunked form), then `steps` decode steps of every entry:
  * the four kernels on one copy of the states, the fused kernel on another, the fused kernel as clusters
- * (CINFER_CUDA_GDN_CLUSTER) on a third, the clustered kernel's second form (dec_cluster 2; 3, forward_cuda's
- * default: its conv inputs first, with an L2 evict_last policy) on a fourth and fifth, the CPU on a sixth */
-#define N_CL2 2
+ * (CINFER_CUDA_GDN_CLUSTER) on a third, the clustered kernel's second form (dec_cluster 2, forward_cuda's
+ * default: its conv inputs first, with an L2 evict_last policy) on a fourth, the CPU on a fifth */
+#define N_CL2 1
 static void fused_case(const char *name, int Hk, int Hv, int dk, int dv, const ent *pre, int NE, int steps) {
     char err[256];
     cu_ctx *c;

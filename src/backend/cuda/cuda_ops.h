@@ -318,8 +318,8 @@ typedef struct cu_gdn_args {
     int win_v2;
     /* with dec_cnt: 1 the decode kernel as thread block clusters, a key head's group one cluster (the same
      * bits; cu_gdn_cluster_init must have said yes), CINFER_CUDA_GDN_CLUSTER; 2 its second
-     * form (fused_decode_cluster2_kernel: the same bits, a shorter chain after the PDL wait); 3 that with its
-     * conv inputs read first under an L2 evict_last policy (forward_cuda's default) */
+     * form (fused_decode_cluster2_kernel: the same bits, a shorter chain after the PDL wait, its conv inputs
+     * read first under an L2 evict_last policy; forward_cuda's default) */
     int dec_cluster;
     int dec_cluster_max; /* with dec_cluster: batches of at most this many entries only (<= 0: any) */
     /* diagnostics, normally NULL (CINFER_CUDA_GDN_STAMPS): [0] a counter, then per launch of the clustered

@@ -676,7 +676,7 @@ __global__ void __launch_bounds__(256, R <= 16 ? 3 : 0) fused_decode_cluster_ker
     }
 }
 
-/* The clustered kernel's second form (cu_gdn_args.dec_cluster == 2, CINFER_CUDA_GDN_CLUSTER=2): the same
+/* The clustered kernel's second form (cu_gdn_args.dec_cluster == 2, forward_cuda's default): the same
  * values in the same order (conv_tap, l2inv_warp's sums, gdn_beta / gdn_gate, rec_token1, gnorm_warp's sums),
  * with a shorter chain after the PDL wait:
  *  - warp 0 runs the conv of the key head's dk q channels (lane l: channels l, l + 32, ..., l2inv_warp's
@@ -767,24 +767,18 @@ __device__ __forceinline__ void gdn_pin(int &x) {
     asm volatile("" : "+r"(x));
 }
 
-/* ORD (CINFER_CUDA_GDN_CLUSTER=3, forward_cuda's default): the conv windows, conv weights and the small
- * per-head weights read with an L2 evict_last policy (and the windows written with it), before S: the
- * kernel's blocks become resident in in_proj's tail, when DRAM is busy with its weights (H200 call 3: 0.06 us
- * from the PDL wait to the in_proj row, an L2 hit, then 1.29 us to warp 0's conv + l2norm factor, whose
- * inputs were requested ~2 us earlier; call 4: 4B b1 +0.8%, 35B-A3B +0.7% against the form without it) */
-template <bool ORD> __device__ __forceinline__ float gdn_ld(const float *p, unsigned long long pol) {
-    if (ORD) {
-        float v;
-        asm volatile("ld.global.L2::cache_hint.f32 %0, [%1], %2;" : "=f"(v) : "l"(p), "l"(pol) : "memory");
-        return v;
-    }
-    return *p;
+/* The conv windows, conv weights and the small per-head weights are read with an L2 evict_last policy (and
+ * the windows written with it), before S: the kernel's blocks become resident in in_proj's tail, when DRAM is
+ * busy with its weights (H200 session 9 call 3: 0.06 us from the PDL wait to the in_proj row, an L2 hit,
+ * then 1.29 us to warp 0's conv + l2norm factor, whose inputs were requested ~2 us earlier; call 4: 4B b1
+ * +0.8%, 35B-A3B +0.7% against the same form without the policy and with S read first, since removed) */
+__device__ __forceinline__ float gdn_ld(const float *p, unsigned long long pol) {
+    float v;
+    asm volatile("ld.global.L2::cache_hint.f32 %0, [%1], %2;" : "=f"(v) : "l"(p), "l"(pol) : "memory");
+    return v;
 }
-template <bool ORD> __device__ __forceinline__ void gdn_st(float *p, float v, unsigned long long pol) {
-    if (ORD)
-        asm volatile("st.global.L2::cache_hint.f32 [%0], %1, %2;" ::"l"(p), "f"(v), "l"(pol) : "memory");
-    else
-        *p = v;
+__device__ __forceinline__ void gdn_st(float *p, float v, unsigned long long pol) {
+    asm volatile("st.global.L2::cache_hint.f32 [%0], %1, %2;" ::"l"(p), "f"(v), "l"(pol) : "memory");
 }
 
 /* fused_decode_cluster2_kernel's shared memory */
@@ -838,7 +832,7 @@ __device__ __forceinline__ float rec_token1f(float *sv, const float *q, const fl
  * the state's rows are walked by one pointer without predicates (H200 call 1, ncu source counters of the
  * first form: each predicated store of S re-formed its 64-bit address, ~23 instructions, 370 of the ~510
  * after the cluster barrier) */
-template <int R, int KW, bool ST, bool FULL, bool ORD>
+template <int R, int KW, bool ST, bool FULL>
 __device__ __forceinline__ void gdn_cl2_body(const cu_gdn_args &a, gdn_cl2_smem &sm) {
     constexpr int NQ = (REC_GROUPS * R + 31) / 32; /* q (k) channels per lane of warp 0 (1): dk <= 8 R */
     int e = blockIdx.z;
@@ -869,16 +863,8 @@ __device__ __forceinline__ void gdn_cl2_body(const cu_gdn_args &a, gdn_cl2_smem 
     const size_t sst = (size_t)REC_GROUPS * dv;
     gdn_pin(Sp); /* one address kept in registers, not formed again per row */
     float sv[R];
-    unsigned long long pol = 0;
-    if (ORD) asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
-    if (!ORD) {
-        const float *p = Sp;
-#pragma unroll
-        for (int t = 0; t < R; t++, p += sst) {
-            int i = g + REC_GROUPS * t;
-            sv[t] = FULL || (i < dk && ok) ? *p : 0.0f;
-        }
-    }
+    unsigned long long pol;
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
     float *cst = a.conv_state + ((size_t)slot * a.n_lin + a.lin) * (size_t)(K - 1) * C;
     const float *xrow = a.qkv + (size_t)r * a.qkv_ld;
     /* warps 0 / 1: q / k channel kh dk + l + 32 u; warp 2: value channel j (lane < nv) in slot 0 */
@@ -890,15 +876,15 @@ __device__ __forceinline__ void gdn_cl2_body(const cu_gdn_args &a, gdn_cl2_smem 
         ch[u] = !in ? 0 : g == 0 ? kh * dk + i : g == 1 ? kd + kh * dk + i : 2 * kd + h * dv + j;
 #pragma unroll
         for (int t = 0; t < KW; t++) {
-            win[u][t] = t < K - 1 && in ? gdn_ld<ORD>(cst + (size_t)t * C + ch[u], pol) : 0.0f;
-            wt[u][t] = t < K - 1 && in ? gdn_ld<ORD>(a.conv_w + (size_t)t * C + ch[u], pol) : 0.0f;
+            win[u][t] = t < K - 1 && in ? gdn_ld(cst + (size_t)t * C + ch[u], pol) : 0.0f;
+            wt[u][t] = t < K - 1 && in ? gdn_ld(a.conv_w + (size_t)t * C + ch[u], pol) : 0.0f;
         }
-        wl[u] = in ? gdn_ld<ORD>(a.conv_w + (size_t)(K - 1) * C + ch[u], pol) : 0.0f;
+        wl[u] = in ? gdn_ld(a.conv_w + (size_t)(K - 1) * C + ch[u], pol) : 0.0f;
     }
-    float gw = g == 0 && ok ? gdn_ld<ORD>(a.gnorm + j, pol) : 0.0f;
+    float gw = g == 0 && ok ? gdn_ld(a.gnorm + j, pol) : 0.0f;
     float Ah = 0.0f, dth = 0.0f;
-    if (g == 4 && jj == 0) Ah = gdn_ld<ORD>(a.A + h, pol), dth = gdn_ld<ORD>(a.dt_bias + h, pol);
-    if (ORD) { /* S after the conv's inputs */
+    if (g == 4 && jj == 0) Ah = gdn_ld(a.A + h, pol), dth = gdn_ld(a.dt_bias + h, pol);
+    { /* S after the conv's inputs */
         const float *p = Sp;
 #pragma unroll
         for (int t = 0; t < R; t++, p += sst) {
@@ -950,7 +936,7 @@ __device__ __forceinline__ void gdn_cl2_body(const cu_gdn_args &a, gdn_cl2_smem 
 #pragma unroll
             for (int t = 0; t < KW - 1; t++) /* this block's own value channels: no other reads them */
                 if (t < K - 1)
-                    gdn_st<ORD>(cst + (size_t)t * C + ch[0], t + 1 < K - 1 ? win[0][t + 1] : xin[0], pol);
+                    gdn_st(cst + (size_t)t * C + ch[0], t + 1 < K - 1 ? win[0][t + 1] : xin[0], pol);
         }
     } else if (g == 3 && jj == 0) { /* beta and the decay in two warps: two chains side by side */
         sm.bgs[0] = gdn_beta(*(const float *)bp);
@@ -1009,7 +995,7 @@ __device__ __forceinline__ void gdn_cl2_body(const cu_gdn_args &a, gdn_cl2_smem 
 #pragma unroll
             for (int t = 0; t < KW - 1; t++)
                 if (t < K - 1)
-                    gdn_st<ORD>(cst + (size_t)t * C + ch[u], t + 1 < K - 1 ? win[u][t + 1] : xin[u], pol);
+                    gdn_st(cst + (size_t)t * C + ch[u], t + 1 < K - 1 ? win[u][t + 1] : xin[u], pol);
         }
     }
     if (stamp) {
@@ -1022,13 +1008,13 @@ __device__ __forceinline__ void gdn_cl2_body(const cu_gdn_args &a, gdn_cl2_smem 
 
 /* registers capped for 3 blocks an SM where R <= 16, as fused_decode_cluster_kernel (H200 call 2: capped for
  * 2, no spills, 4B b1 / b2 406.2 / 635.9 tok/s against 403.3 / 646.5 and 400.5 / 641.4 with 3) */
-template <int R, int KW, bool ST, bool ORD>
+template <int R, int KW, bool ST>
 __global__ void __launch_bounds__(256, R <= 16 ? 3 : 0) fused_decode_cluster2_kernel(cu_gdn_args a) {
     __shared__ __align__(16) gdn_cl2_smem sm;
     if (a.dk == REC_GROUPS * R && (int)(blockIdx.x + 1) * 32 <= a.dv)
-        gdn_cl2_body<R, KW, ST, true, ORD>(a, sm);
+        gdn_cl2_body<R, KW, ST, true>(a, sm);
     else
-        gdn_cl2_body<R, KW, ST, false, ORD>(a, sm);
+        gdn_cl2_body<R, KW, ST, false>(a, sm);
 }
 
 /* Fused verify layer (cu_gdn_args.win_cnt): a whole layer in one launch when every entry is a speculative
@@ -1527,17 +1513,12 @@ extern "C" int cu_gdn_init(int dk) {
            cudaSuccess;
 }
 
-/* fused_decode_cluster2_kernel for conv width K (4: its own instantiation), with the stamps or without, ORD
- * or not */
-template <int R, bool ORD> static void (*cl2_kernel_o(int K, int st))(cu_gdn_args) {
+/* fused_decode_cluster2_kernel for conv width K (4: its own instantiation), with the stamps or without */
+template <int R> static void (*cl2_kernel(int K, int st))(cu_gdn_args) {
     if (K == 4)
-        return st ? fused_decode_cluster2_kernel<R, 4, true, ORD>
-                  : fused_decode_cluster2_kernel<R, 4, false, ORD>;
-    return st ? fused_decode_cluster2_kernel<R, CONV_MAXK, true, ORD>
-              : fused_decode_cluster2_kernel<R, CONV_MAXK, false, ORD>;
-}
-template <int R> static void (*cl2_kernel(int K, int st, int ord))(cu_gdn_args) {
-    return ord ? cl2_kernel_o<R, true>(K, st) : cl2_kernel_o<R, false>(K, st);
+        return st ? fused_decode_cluster2_kernel<R, 4, true> : fused_decode_cluster2_kernel<R, 4, false>;
+    return st ? fused_decode_cluster2_kernel<R, CONV_MAXK, true>
+              : fused_decode_cluster2_kernel<R, CONV_MAXK, false>;
 }
 
 /* a decode step's kernel as clusters of cdims (cu_launch_step's PDL choice for PDL_GDN) */
@@ -1570,10 +1551,10 @@ extern "C" int cu_gdn_cluster_init(int Hk, int Hv, int dk, int dv) {
     do {                                                                                                     \
         void (*kern)(cu_gdn_args) = fused_decode_cluster_kernel<R_, 4>;                                      \
         void (*kern8)(cu_gdn_args) = fused_decode_cluster_kernel<R_, CONV_MAXK>;                             \
-        void (*k2[8])(cu_gdn_args);                                                                          \
-        for (int q_ = 0; q_ < 8; q_++) k2[q_] = cl2_kernel<R_>(q_ & 1 ? 8 : 4, q_ & 2, q_ & 4);              \
+        void (*k2[4])(cu_gdn_args);                                                                          \
+        for (int q_ = 0; q_ < 4; q_++) k2[q_] = cl2_kernel<R_>(q_ & 1 ? 8 : 4, q_ & 2);                      \
         int bad = 0;                                                                                         \
-        for (int q_ = 0; q_ < 8 && nbx * rr > 8; q_++)                                                       \
+        for (int q_ = 0; q_ < 4 && nbx * rr > 8; q_++)                                                       \
             bad |= cudaFuncSetAttribute(k2[q_], cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=        \
                    cudaSuccess;                                                                              \
         if (nbx * rr > 8 &&                                                                                  \
@@ -1612,7 +1593,7 @@ extern "C" void cu_gdn_layer(cu_ctx *c, const cu_gdn_args *a) {
             b.dec_qscale = (float)(1.0 / sqrt((double)a->dk));
 #define DECC(R_)                                                                                             \
     launch_cluster(c,                                                                                        \
-                   a->dec_cluster >= 2 ? cl2_kernel<R_>(a->K, a->dec_stamps != NULL, a->dec_cluster == 3)    \
+                   a->dec_cluster >= 2 ? cl2_kernel<R_>(a->K, a->dec_stamps != NULL)                         \
                                        : (a->K == 4 ? fused_decode_cluster_kernel<R_, 4>                     \
                                                     : fused_decode_cluster_kernel<R_, CONV_MAXK>),           \
                    grid, dim3(grid.x, a->Hv / a->Hk, 1), b)
