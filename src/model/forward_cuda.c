@@ -263,6 +263,10 @@ struct cuda_fwd {
      * xb_for: f->xn while f->xb holds the halves of what a norm would have written there, else NULL */
     int pf_split;
     const float *xb_for;
+    /* precision "fast" (CINFER_PRECISION=fast for now; the context parameter replaces it): the prefill's
+     * tensor-core work on activations rounded to bf16 once, as llama.cpp and vLLM run it, instead of the
+     * near-f32 products of "exact" (the default, which every random fixture needs) */
+    int fast;
     int attn_rows; /* rows per prefill attention tile: CU_ATTN_TILE, or cu_attn_tc_rows with attn_tc */
     /* device sampling (cuda_fwd_sample) of the last call's logits rows */
     int last_nl;          /* logits rows the last cuda_fwd_run left in f->logits */
@@ -722,8 +726,10 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     const char *gm = getenv("CINFER_CUDA_GEMV_MAX");
     cu_set_gemv_max(gm ? atoi(gm) : 0);
     /* 1: activations rounded to bf16 once before the tensor cores (faster, coarser); default 2 (hi + lo) */
+    const char *prec = getenv("CINFER_PRECISION");
+    f->fast = prec && !strcmp(prec, "fast");
     const char *bp = getenv("CINFER_CUDA_BF16_PASSES");
-    cu_set_bf16_passes(bp ? atoi(bp) : 2);
+    cu_set_bf16_passes(bp ? atoi(bp) : f->fast ? 1 : 2);
     /* GEMV: "v2", the default since the H200 run of 07:17 (4B batch 1 227 -> 243 tok/s, batch 8 unchanged,
      * every test passing with it), takes the split-K kernel where it measured faster and v1 elsewhere; "v1"
      * the warp-per-2-rows kernel everywhere; "v2all" the split-K kernel wherever it serves; "v3" the kernel
