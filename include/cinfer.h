@@ -75,6 +75,20 @@ typedef struct cinfer_ctx cinfer_ctx;
  * AUTO: CUDA when a device is visible, else CPU. */
 typedef enum { CINFER_DEVICE_CPU = 0, CINFER_DEVICE_CUDA = 1, CINFER_DEVICE_AUTO = 2 } cinfer_device;
 
+/* Numerics of the CUDA forward's tensor-core work (prefill GEMMs, attention, DeltaNet chunks).
+ * EXACT (the default): near-f32 products (activations split into bf16 hi + lo halves, two passes), within 1e-2
+ *   of transformers' float32 forward on every fixture, the tiny random ones included.
+ * FAST: activations rounded to bf16 once before the tensor cores (one pass) and bf16 operands in the prefill's
+ *   attention and DeltaNet MMAs, f32 accumulation and f32 state kept (what llama.cpp and vLLM run): faster
+ *   prefill, validated on the trained default model (tests/fixtures/default_model), not on the random fixtures.
+ * The CPU backend takes FAST and runs EXACT (it has one path): cinfer_ctx_precision() says what runs. */
+typedef enum { CINFER_PRECISION_EXACT = 0, CINFER_PRECISION_FAST = 1 } cinfer_precision;
+
+/* "exact" / "fast" to a cinfer_precision; -1 for anything else (NULL included). */
+int cinfer_precision_parse(const char *s);
+/* "exact", "fast", or "?" for a value that is neither. */
+const char *cinfer_precision_name(int precision);
+
 typedef struct cinfer_ctx_params {
     int max_seqs;    /* sequences alive at once (state slots) */
     int max_ctx;     /* tokens per sequence */
@@ -84,6 +98,8 @@ typedef struct cinfer_ctx_params {
     int spec_window;   /* longest speculative window (tokens per verify entry); 0: no speculation */
     int64_t prefix_cache_memory; /* bytes of DeltaNet state snapshots the prefix cache may keep; 0: no caching */
     int device;        /* cinfer_device: where the forward runs (default: $CINFER_DEVICE = cpu|cuda|auto, else cpu) */
+    int precision;     /* cinfer_precision (default: $CINFER_PRECISION = exact|fast, else exact; any other value
+                          there makes cinfer_ctx_create fail with CINFER_EINVAL naming it) */
 } cinfer_ctx_params;
 
 cinfer_ctx_params cinfer_ctx_default_params(void);
@@ -91,6 +107,8 @@ int cinfer_ctx_create(cinfer_model *m, const cinfer_ctx_params *p, cinfer_ctx **
 void cinfer_ctx_destroy(cinfer_ctx *c);
 /* The device the context runs on (CINFER_DEVICE_CPU or CINFER_DEVICE_CUDA, AUTO resolved). */
 int cinfer_ctx_device(const cinfer_ctx *c);
+/* The precision the context's forward runs: its parameter on CUDA, CINFER_PRECISION_EXACT on the CPU. */
+int cinfer_ctx_precision(const cinfer_ctx *c);
 
 /* A sequence is an id in [0, max_seqs): its KV blocks and DeltaNet state slot. */
 int cinfer_seq_open(cinfer_ctx *c, char *err, size_t errlen);   /* >= 0: the id; < 0: error */
@@ -210,6 +228,7 @@ typedef struct cinfer_engine_params {
     int spec_mtp_vocab;    /* CINFER_SPEC_MTP: the head drafts among token ids [0, N) only, so each draft step
                               multiplies N rows of the lm_head instead of the whole vocabulary (BPE ids are in
                               merge order, roughly by frequency); output is exact either way. 0: all ids */
+    int precision;         /* cinfer_precision of the contexts (default as cinfer_ctx_default_params) */
 } cinfer_engine_params;
 
 cinfer_engine_params cinfer_engine_default_params(void);
@@ -338,6 +357,7 @@ typedef struct cinfer_engine_stats {
     int64_t prefix_kv_bytes;   /* bytes of the KV blocks the prefix cache references */
     int prefix_blocks_cached;  /* KV blocks the prefix cache references */
     int device;                /* cinfer_device the engine's context runs on (CPU or CUDA) */
+    int precision;             /* cinfer_precision the engine's context runs (cinfer_ctx_precision) */
 } cinfer_engine_stats;
 
 void cinfer_engine_get_stats(cinfer_engine *e, cinfer_engine_stats *out);

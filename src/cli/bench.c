@@ -170,6 +170,8 @@ int cli_bench(int argc, char **argv) {
     printf("model            %s (%s, %d layers, %.2f GB decode bytes/token)\n", dir, info.arch, info.n_layers,
            info.bytes_per_token / 1e9);
     printf("threads          %d\n", nth);
+    printf("device           %s, precision %s\n", cinfer_ctx_device(c) == CINFER_DEVICE_CUDA ? "cuda" : "cpu",
+           cinfer_precision_name(cinfer_ctx_precision(c)));
     printf("memory read      %.1f GB/s (1 GiB buffer, best of 5)\n", bw);
     printf("prefill          %ld tokens: %.1f tok/s, %.1f GFLOP/s in matmuls\n", P, pf_tps, gflops);
     printf("decode           %ld tokens: %.2f tok/s, %.1f GB/s of weights = %.0f%% of measured bandwidth "

@@ -93,6 +93,12 @@ int bench_cuda(int argc, char **argv) {
         fprintf(stderr, "cinfer bench --like: no CUDA device\n");
         return 1;
     }
+    /* --precision (main.c) arrives as CINFER_PRECISION, the contexts' default: the same for this forward */
+    int prec = cinfer_ctx_default_params().precision;
+    if (prec < 0) {
+        fprintf(stderr, "cinfer bench: CINFER_PRECISION='%s': must be exact or fast\n", getenv("CINFER_PRECISION"));
+        return 1;
+    }
     /* the shape's checkpoint as a sparse file */
     char dir[] = "/tmp/cinfer-like-XXXXXX";
     if (!mkdtemp(dir)) {
@@ -117,7 +123,8 @@ int bench_cuda(int argc, char **argv) {
                           .n_slots = (int)maxB,
                           .n_blocks = (int)(maxB * bps_dec + bps_pre),
                           .random_weights = 1,
-                          .seed = 7};
+                          .seed = 7,
+                          .fast = prec == CINFER_PRECISION_FAST};
     cuda_fwd *f = NULL;
     double t0 = now_s();
     if (cuda_fwd_create(m, &fp, &f, err, sizeof err)) {
@@ -142,7 +149,7 @@ int bench_cuda(int argc, char **argv) {
     if (m->cfg.n_experts)
         printf("experts          %d, top-%d, %d MoE layers\n", m->cfg.n_experts, m->cfg.n_experts_per_tok,
                n_moe);
-    printf("device           %s\n", devname);
+    printf("device           %s (precision %s)\n", devname, cinfer_precision_name(prec));
     printf("device memory    weights %.2f GB (random bf16, made on the device in %.1f s), KV + states %.2f "
            "GB, scratch %.2f GB\n",
            wb / 1e9, t_up, pb / 1e9, sb / 1e9);

@@ -31,7 +31,9 @@ static void usage(FILE *f) {
             CINFER_VERSION);
     for (size_t i = 0; i < sizeof verbs / sizeof verbs[0]; i++) fprintf(f, "  %-10s %s\n", verbs[i].name, verbs[i].help);
     fprintf(f, "\nEvery verb that runs the model takes --device cpu|cuda|auto (default cpu; auto: the GPU when one is\n"
-               "visible and nothing CUDA lacks is asked for).\n`cinfer VERB --help` for a verb's options.\n");
+               "visible and nothing CUDA lacks is asked for) and --precision exact|fast (default exact: near-f32\n"
+               "products on the GPU; fast: activations rounded to bf16 once before the tensor cores, a faster prefill;\n"
+               "the CPU runs exact either way).\n`cinfer VERB --help` for a verb's options.\n");
 }
 
 int main(int argc, char **argv) {
@@ -56,6 +58,24 @@ int main(int argc, char **argv) {
         for (int j = i; j + 2 <= argc; j++) argv[j] = argv[j + 2];
         argc -= 2;
         i--;
+    }
+    /* --precision exact|fast likewise becomes CINFER_PRECISION (cinfer_precision's default) */
+    for (int i = 2; i < argc; i++) {
+        if (strcmp(argv[i], "--precision")) continue;
+        const char *d = i + 1 < argc ? argv[i + 1] : "";
+        if (cinfer_precision_parse(d) < 0) {
+            fprintf(stderr, "cinfer: --precision must be exact or fast, got '%s'\n", d);
+            return 2;
+        }
+        setenv("CINFER_PRECISION", d, 1);
+        for (int j = i; j + 2 <= argc; j++) argv[j] = argv[j + 2];
+        argc -= 2;
+        i--;
+    }
+    const char *pe = getenv("CINFER_PRECISION");
+    if (pe && cinfer_precision_parse(pe) < 0) {
+        fprintf(stderr, "cinfer: CINFER_PRECISION must be exact or fast, got '%s'\n", pe);
+        return 2;
     }
     for (size_t i = 0; i < sizeof verbs / sizeof verbs[0]; i++)
         if (!strcmp(argv[1], verbs[i].name)) return verbs[i].fn(argc - 1, argv + 1);

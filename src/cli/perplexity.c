@@ -28,6 +28,7 @@ typedef struct {
     int64_t scored;  /* tokens whose NLL was summed */
     int64_t windows; /* windows of >= 2 tokens */
     double nll_sum;
+    int device, precision; /* what the context ran (cinfer_ctx_device / cinfer_ctx_precision) */
 } ppl_result;
 
 /* -log softmax(row)[target] in double. */
@@ -67,6 +68,8 @@ static int score_windows(cinfer_model *m, const int32_t *ids, int64_t n, int ctx
     }
     memset(r, 0, sizeof *r);
     r->tokens = n;
+    r->device = cinfer_ctx_device(c);
+    r->precision = cinfer_ctx_precision(c);
     for (int64_t w0 = 0; w0 < n && !rc; w0 += ctx) {
         int wl = n - w0 < ctx ? (int)(n - w0) : ctx;
         if (wl < 2) break; /* only the last window can be this short: nothing to score */
@@ -161,9 +164,10 @@ int cli_perplexity(int argc, char **argv) {
     double mean = r.nll_sum / (double)r.scored, ppl = exp(mean);
     if (as_json) {
         json_t *o =
-            json_pack("{s:s, s:I, s:I, s:I, s:I, s:i, s:f, s:f}", "file", path, "bytes", (json_int_t)len,
+            json_pack("{s:s, s:I, s:I, s:I, s:I, s:i, s:f, s:f, s:s, s:s}", "file", path, "bytes", (json_int_t)len,
                       "tokens", (json_int_t)r.tokens, "windows", (json_int_t)r.windows, "tokens_scored",
-                      (json_int_t)r.scored, "ctx", (int)ctx, "mean_nll", mean, "perplexity", ppl);
+                      (json_int_t)r.scored, "ctx", (int)ctx, "mean_nll", mean, "perplexity", ppl, "device",
+                      r.device == CINFER_DEVICE_CUDA ? "cuda" : "cpu", "precision", cinfer_precision_name(r.precision));
         char *s = o ? json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(17)) : NULL;
         if (!s) {
             json_decref(o);
@@ -180,6 +184,7 @@ int cli_perplexity(int argc, char **argv) {
         printf("tokens scored: %lld\n", (long long)r.scored);
         printf("mean NLL: %.6f\n", mean);
         printf("perplexity: %.4f\n", ppl);
+        printf("device: %s, precision %s\n", r.device == CINFER_DEVICE_CUDA ? "cuda" : "cpu", cinfer_precision_name(r.precision));
     }
     rc = 0;
 done:

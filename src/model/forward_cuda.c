@@ -263,7 +263,7 @@ struct cuda_fwd {
      * xb_for: f->xn while f->xb holds the halves of what a norm would have written there, else NULL */
     int pf_split;
     const float *xb_for;
-    /* precision "fast" (CINFER_PRECISION=fast for now; the context parameter replaces it): the prefill's
+    /* precision "fast" (cuda_fwd_params.fast, from the context's cinfer_precision): the prefill's
      * tensor-core work on activations rounded to bf16 once, as llama.cpp and vLLM run it, instead of the
      * near-f32 products of "exact" (the default, which every random fixture needs) */
     int fast;
@@ -725,9 +725,10 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     /* diagnostics: f32-activation GEMV for up to this many rows */
     const char *gm = getenv("CINFER_CUDA_GEMV_MAX");
     cu_set_gemv_max(gm ? atoi(gm) : 0);
-    /* 1: activations rounded to bf16 once before the tensor cores (faster, coarser); default 2 (hi + lo) */
-    const char *prec = getenv("CINFER_PRECISION");
-    f->fast = prec && !strcmp(prec, "fast");
+    /* precision fast (the context's parameter): activations rounded to bf16 once before the tensor cores
+     * (faster, coarser); exact: hi + lo, two passes. CINFER_CUDA_BF16_PASSES overrides the GEMMs' count (a
+     * measurement switch) */
+    f->fast = p->fast != 0;
     const char *bp = getenv("CINFER_CUDA_BF16_PASSES");
     cu_set_bf16_passes(bp ? atoi(bp) : f->fast ? 1 : 2);
     /* GEMV: "v2", the default since the H200 run of 07:17 (4B batch 1 227 -> 243 tok/s, batch 8 unchanged,

@@ -28,6 +28,7 @@ typedef struct cuda_fwd_params {
     uint64_t seed;
     int no_graphs;   /* 1: never capture (tests compare both) */
     int spec_window; /* tokens a speculative window may hold (0: none; records take n_slots x n_lin x this) */
+    int fast;        /* precision fast (cinfer_precision): the prefill's tensor-core work on bf16-rounded activations */
 } cuda_fwd_params;
 
 int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, char *err, size_t errlen);

@@ -128,9 +128,27 @@ static int default_device(void) {
     return CINFER_DEVICE_CPU;
 }
 
+int cinfer_precision_parse(const char *s) {
+    if (s && !strcmp(s, "exact")) return CINFER_PRECISION_EXACT;
+    if (s && !strcmp(s, "fast")) return CINFER_PRECISION_FAST;
+    return -1;
+}
+
+const char *cinfer_precision_name(int p) {
+    return p == CINFER_PRECISION_EXACT ? "exact" : p == CINFER_PRECISION_FAST ? "fast" : "?";
+}
+
+/* CINFER_PRECISION=exact|fast chooses the default precision (the CLI's --precision sets it); unset: exact. A
+ * value that is neither stays -1 here, so cinfer_ctx_create refuses it by name instead of running exact
+ * silently when fast was meant (a typo in a benchmark's environment would otherwise measure the wrong mode) */
+static int default_precision(void) {
+    const char *s = getenv("CINFER_PRECISION");
+    return s ? cinfer_precision_parse(s) : CINFER_PRECISION_EXACT;
+}
+
 cinfer_ctx_params cinfer_ctx_default_params(void) {
     cinfer_ctx_params p = {.max_seqs = 4, .max_ctx = 4096, .max_batch = 512, .n_threads = 0, .kv_memory = 0, .spec_window = 0,
-                           .device = default_device()};
+                           .device = default_device(), .precision = default_precision()};
     return p;
 }
 
@@ -194,6 +212,12 @@ int cinfer_ctx_create(cinfer_model *cm, const cinfer_ctx_params *pp, cinfer_ctx 
         p.device = cuda_devices() > 0 ? CINFER_DEVICE_CUDA : CINFER_DEVICE_CPU;
     if (p.device != CINFER_DEVICE_CPU && p.device != CINFER_DEVICE_CUDA)
         return ci_err(err, errlen, CINFER_EINVAL, "device %d: must be cpu, cuda or auto", p.device);
+    if (p.precision != CINFER_PRECISION_EXACT && p.precision != CINFER_PRECISION_FAST) {
+        const char *env = getenv("CINFER_PRECISION");
+        if (env && cinfer_precision_parse(env) < 0)
+            return ci_err(err, errlen, CINFER_EINVAL, "CINFER_PRECISION='%s': must be exact or fast", env);
+        return ci_err(err, errlen, CINFER_EINVAL, "precision %d: must be exact (0) or fast (1)", p.precision);
+    }
     int cuda = p.device == CINFER_DEVICE_CUDA;
     if (cuda && !cuda_built()) return ci_err(err, errlen, CINFER_EUNSUPPORTED, "device cuda: this build has no CUDA backend (make CUDA=1)");
     if (cuda && cuda_devices() < 1) return ci_err(err, errlen, CINFER_EUNSUPPORTED, "device cuda: no CUDA device is visible");
@@ -223,7 +247,8 @@ int cinfer_ctx_create(cinfer_model *cm, const cinfer_ctx_params *pp, cinfer_ctx 
     }
     if (cuda) {
         cuda_fwd_params cp = {.max_tokens = p.max_batch, .max_ctx = p.max_ctx, .n_slots = p.max_seqs, .n_blocks = (int)n_blocks,
-                              .spec_window = p.spec_window >= 0 && p.spec_window <= 64 ? p.spec_window : 0};
+                              .spec_window = p.spec_window >= 0 && p.spec_window <= 64 ? p.spec_window : 0,
+                              .fast = p.precision == CINFER_PRECISION_FAST};
         if ((rc = cuda_fwd_create(m, &cp, &c->cf, err, errlen))) {
             cinfer_ctx_destroy(c);
             return rc;
@@ -273,6 +298,9 @@ int cinfer_ctx_create(cinfer_model *cm, const cinfer_ctx_params *pp, cinfer_ctx 
 }
 
 int cinfer_ctx_device(const cinfer_ctx *c) { return c->cf ? CINFER_DEVICE_CUDA : CINFER_DEVICE_CPU; }
+
+/* the CPU backend has one path, f32 activations: it takes fast and runs exact, and says so here */
+int cinfer_ctx_precision(const cinfer_ctx *c) { return c->cf ? c->p.precision : CINFER_PRECISION_EXACT; }
 
 int cinfer_seq_open(cinfer_ctx *c, char *err, size_t errlen) {
     for (int i = 0; i < c->p.max_seqs; i++) {

@@ -1214,7 +1214,9 @@ static void *sched_main(void *arg) {
 cinfer_engine_params cinfer_engine_default_params(void) {
     cinfer_engine_params p = {.max_seqs = 8, .ctx_size = 4096, .step_tokens = 512, .queue_limit = 64, .n_threads = 0,
                               .kv_memory = 0, .spec = CINFER_SPEC_NONE, .spec_max_draft = 4};
-    p.device = cinfer_ctx_default_params().device;
+    cinfer_ctx_params cp = cinfer_ctx_default_params();
+    p.device = cp.device;
+    p.precision = cp.precision;
     return p;
 }
 
@@ -1286,6 +1288,7 @@ int cinfer_engine_create(cinfer_model *cm, const cinfer_engine_params *pp, cinfe
     cp.spec_window = p.spec_max_draft ? p.spec_max_draft + 1 : 0;
     cp.prefix_cache_memory = p.prefix_cache_memory;
     cp.device = p.device;
+    cp.precision = p.precision; /* the draft context (below) copies it: its drafts are checked by the target anyway */
     int rc = cinfer_ctx_create(cm, &cp, &e->ctx, err, errlen);
     if (rc) {
         free(e);
@@ -1688,6 +1691,7 @@ void cinfer_engine_get_stats(cinfer_engine *e, cinfer_engine_stats *o) {
     o->kv_blocks_used = atomic_load(&e->stat_kv_used);
     o->kv_blocks_total = ctx_kv_total_blocks(e->ctx);
     o->device = cinfer_ctx_device(e->ctx);
+    o->precision = cinfer_ctx_precision(e->ctx);
     o->slots_used = atomic_load(&e->stat_slots_used);
     o->slots_total = e->p.max_seqs;
     o->requests_total = atomic_load(&e->requests_total);

@@ -52,6 +52,7 @@ typedef struct server {
     srv_watch *watch;    /* client hang-ups of waiting generations; NULL: handlers poll their socket */
     char model_id[256];
     int vocab_size, ctx_size;
+    int device, precision; /* what the engine's forward runs (cinfer_engine_stats), set before ready */
     cinfer_tool_format tool_format;
     long long started;
     metrics m;
@@ -785,6 +786,9 @@ static enum MHD_Result handle_models(server *s, struct MHD_Connection *c, conn *
     json_t *meta = json_object();
     json_object_set_new(meta, "n_ctx", json_integer(s->ctx_size));
     json_object_set_new(meta, "n_vocab", json_integer(s->vocab_size));
+    /* what the forward runs (cinfer_engine_stats), so a client can tell exact from fast numerics */
+    json_object_set_new(meta, "device", json_string(s->device == CINFER_DEVICE_CUDA ? "cuda" : "cpu"));
+    json_object_set_new(meta, "precision", json_string(cinfer_precision_name(s->precision)));
     json_object_set_new(m, "meta", meta);
     json_t *data = json_array();
     json_array_append_new(data, m);
@@ -1112,9 +1116,14 @@ int srv_run(const srv_config *cfg, volatile sig_atomic_t *stop, char *err, size_
     rc = cinfer_engine_create(s->model, &ep, &s->engine, err, errlen);
     if (rc < 0) goto out;
     s->ctx_size = ep.ctx_size;
+    cinfer_engine_stats est;
+    cinfer_engine_get_stats(s->engine, &est);
+    s->device = est.device, s->precision = est.precision;
     atomic_store(&s->ready, 1);
-    printf("cinfer serve: ready on http://%s%s%s:%d (model %s: %s, %d layers, ctx %d, %d sequences)\n", v6 ? "[" : "", h, v6 ? "]" : "",
-           port, s->model_id, info.arch, info.n_layers, ep.ctx_size, ep.max_seqs);
+    printf("cinfer serve: ready on http://%s%s%s:%d (model %s: %s, %d layers, ctx %d, %d sequences, %s, precision %s%s)\n",
+           v6 ? "[" : "", h, v6 ? "]" : "", port, s->model_id, info.arch, info.n_layers, ep.ctx_size, ep.max_seqs,
+           s->device == CINFER_DEVICE_CUDA ? "cuda" : "cpu", cinfer_precision_name(s->precision),
+           ep.precision == CINFER_PRECISION_FAST && s->precision != CINFER_PRECISION_FAST ? " (fast asked: the CPU runs exact)" : "");
     fflush(stdout);
 
     while (!*stop) {
