@@ -2,7 +2,10 @@
  * oracle fixture: ||logits - ref|| / ||ref|| <= 1e-2 at every position and the same top-1 wherever the
  * reference's top-2 margin exceeds 0.05 x std; once as one prefill, once as a prefill followed by decode
  * steps (the recurrent kernel, CUDA graphs). Then: a sequence alone vs inside a batch of 32, graphs vs eager
- * (bit for bit), and the device choice (runs without a GPU too). */
+ * (bit for bit), and the device choice (runs without a GPU too). Precision fast (cinfer_precision) is held to
+ * the same bound on the trained default model (the oracle one bf16 rounding is meant for), batch and graph
+ * identities within the mode; the random fixtures' fast errors are printed, not asserted (they amplify one
+ * GEMM's rounding ~500x by construction). */
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -18,6 +21,9 @@
 #include "util/npy.h"
 
 #define CUDA_BOUND 1e-2
+
+/* 1 while the random fixtures run in fast mode: compare_rows prints, never fails */
+static int g_diag_only;
 
 static int no_device(void) {
     return !cuda_built() || cuda_devices() < 1;
@@ -46,6 +52,7 @@ static double compare_rows(const char *where, const float *got, const float *ref
         if (!(rel <= worst)) worst = rel;
         if (rb >= 0 && r[ra] - r[rb] > 0.05 * sd && ga != ra) (*bad_top1)++;
     }
+    if (g_diag_only) return worst;
     CHECK_MSG(worst <= CUDA_BOUND, "%s: ||d||/||ref|| = %.3g at worst (bound %g)", where, worst, CUDA_BOUND);
     CHECK_MSG(*bad_top1 == 0, "%s: %d positions with a clear reference top-1 disagree", where, *bad_top1);
     return worst;
@@ -159,9 +166,10 @@ TEST(cuda_parity_default_model) {
 
 /* Sequence A's logits (a prefill of 40 then 8 decode steps) alone and among 31 other sequences of other
  * lengths; returns the worst row ||d||/||ref|| and whether every row is bit-identical. */
-static void batch_case(const char *fixture, int graphs) {
+static void batch_case(const char *fixture, const char *model_dir, int graphs) {
     char dir[512], err[512];
     snprintf(dir, sizeof dir, "%s/%s", test_fixtures_dir(), fixture);
+    if (model_dir) snprintf(dir, sizeof dir, "%s", model_dir);
     cinfer_model *m;
     REQUIRE(cinfer_model_open(dir, &m, err, sizeof err) == 0);
     cinfer_model_info info;
@@ -234,16 +242,14 @@ static void batch_case(const char *fixture, int graphs) {
 
 TEST(cuda_batch_of_32_matches_alone) {
     if (no_device()) SKIP("no CUDA device: skipped");
-    batch_case("qwen35_dense", 1);
-    batch_case("qwen35_moe", 1);
-    batch_case("qwen3_next", 1);
+    batch_case("qwen35_dense", NULL, 1);
+    batch_case("qwen35_moe", NULL, 1);
+    batch_case("qwen3_next", NULL, 1);
 }
 
 /* decode replayed from captured graphs gives the same bits as the same launches made one by one */
-TEST(cuda_graphs_match_eager) {
-    if (no_device()) SKIP("no CUDA device: skipped");
-    char dir[512], err[512];
-    snprintf(dir, sizeof dir, "%s/qwen35_dense", test_fixtures_dir());
+static void graphs_case(const char *dir) {
+    char err[512];
     cinfer_model *m;
     REQUIRE(cinfer_model_open(dir, &m, err, sizeof err) == 0);
     cinfer_model_info info;
@@ -272,8 +278,141 @@ TEST(cuda_graphs_match_eager) {
         cinfer_ctx_destroy(c);
     }
     CHECK_MSG(!memcmp(out[0], out[1], sizeof(float) * (size_t)N * B * V),
-              "decode from CUDA graphs differs from eager launches");
+              "%s: decode from CUDA graphs differs from eager launches", dir);
     free(out[0]), free(out[1]);
+    cinfer_model_close(m);
+}
+
+TEST(cuda_graphs_match_eager) {
+    if (no_device()) SKIP("no CUDA device: skipped");
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/qwen35_dense", test_fixtures_dir());
+    graphs_case(dir);
+}
+
+/* ---- precision fast: CINFER_PRECISION=fast makes test_ctx's contexts fast (cinfer_ctx_default_params) ---- */
+
+#define DEFAULT_WEIGHTS "models/default/model.safetensors"
+
+static char *fast_on(void) {
+    const char *old = getenv("CINFER_PRECISION");
+    char *keep = old ? strdup(old) : NULL;
+    setenv("CINFER_PRECISION", "fast", 1);
+    return keep;
+}
+static void fast_off(char *keep) {
+    if (keep)
+        setenv("CINFER_PRECISION", keep, 1);
+    else
+        unsetenv("CINFER_PRECISION");
+    free(keep);
+}
+
+/* the oracle of fast mode: the trained default model against transformers' float32 logits, the exact
+ * mode's bound and top-1 rule; then the random fixtures' fast errors as a diagnostic only */
+TEST(cuda_fast_parity_default_model) {
+    if (no_device()) SKIP("no CUDA device: skipped");
+    if (!file_exists(DEFAULT_WEIGHTS)) SKIP(DEFAULT_WEIGHTS " is not there: skipped");
+    char *keep = fast_on();
+    char err[512];
+    cinfer_model *m;
+    if (cinfer_model_open("models/default", &m, err, sizeof err) == 0) {
+        cinfer_ctx *c = test_ctx(m, CINFER_DEVICE_CUDA, 1, 64, 64, 2);
+        if (c) CHECK_EQ_INT(cinfer_ctx_precision(c), CINFER_PRECISION_FAST);
+        cinfer_ctx_destroy(c);
+        cinfer_model_close(m);
+    }
+    run_fixture("default_model", "models/default");
+    printf("     (fast on the random fixtures: a diagnostic, not asserted)\n");
+    g_diag_only = 1;
+    run_fixture("qwen35_dense", NULL);
+    run_fixture("qwen35_moe", NULL);
+    run_fixture("qwen3_next", NULL);
+    g_diag_only = 0;
+    fast_off(keep);
+}
+
+TEST(cuda_fast_batch_of_32_matches_alone) {
+    if (no_device()) SKIP("no CUDA device: skipped");
+    if (!file_exists(DEFAULT_WEIGHTS)) SKIP(DEFAULT_WEIGHTS " is not there: skipped");
+    char *keep = fast_on();
+    batch_case("default_model", "models/default", 1);
+    fast_off(keep);
+}
+
+TEST(cuda_fast_graphs_match_eager) {
+    if (no_device()) SKIP("no CUDA device: skipped");
+    if (!file_exists(DEFAULT_WEIGHTS)) SKIP(DEFAULT_WEIGHTS " is not there: skipped");
+    char *keep = fast_on();
+    graphs_case("models/default");
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/qwen35_dense", test_fixtures_dir());
+    graphs_case(dir);
+    fast_off(keep);
+}
+
+/* fast against exact on real text at prefill sizes the 12-token fixture does not reach (the chunked DeltaNet
+ * and attention kernels' multi-tile paths): the first 1024 ids of the held-out sample as one prefill, every
+ * row's logits. Printed (worst and median row ||d||/||exact||, top-1 agreement); asserted at the fixture's
+ * bound against the exact mode, which itself sits within 1e-2 of transformers */
+TEST(cuda_fast_heldout_vs_exact) {
+    if (no_device()) SKIP("no CUDA device: skipped");
+    if (!file_exists(DEFAULT_WEIGHTS)) SKIP(DEFAULT_WEIGHTS " is not there: skipped");
+    char err[512], path[600];
+    cinfer_model *m;
+    REQUIRE(cinfer_model_open("models/default", &m, err, sizeof err) == 0);
+    snprintf(path, sizeof path, "%s/default_model/heldout_sample.txt", test_fixtures_dir());
+    char *text = NULL;
+    size_t len = 0;
+    REQUIRE(file_read_all(path, (size_t)1 << 26, &text, &len, err, sizeof err) == 0);
+    int32_t *ids = NULL;
+    int n = 0;
+    REQUIRE(cinfer_tokenize(m, text, len, 0, &ids, &n, err, sizeof err) == 0);
+    free(text);
+    REQUIRE(n >= 64);
+    int T = n < 1024 ? n : 1024;
+    cinfer_model_info info;
+    cinfer_model_get_info(m, &info);
+    int V = info.vocab_size;
+    float *out[2];
+    for (int f = 0; f < 2; f++) {
+        char *keep = f ? fast_on() : NULL;
+        out[f] = malloc(sizeof(float) * (size_t)T * V);
+        cinfer_ctx *c = test_ctx(m, CINFER_DEVICE_CUDA, 1, T, T, 2);
+        if (f) fast_off(keep);
+        REQUIRE(c);
+        int seq = cinfer_seq_open(c, err, sizeof err);
+        cinfer_batch_entry e = {seq, ids, T, 1};
+        REQUIRE(cinfer_forward(c, &e, 1, out[f], err, sizeof err) == 0);
+        cinfer_ctx_destroy(c);
+    }
+    double worst = 0, *rel = calloc((size_t)T, sizeof(double));
+    int agree = 0;
+    for (int t = 0; t < T; t++) {
+        const float *g = out[1] + (size_t)t * V, *r = out[0] + (size_t)t * V;
+        double d = 0, q = 0;
+        int ga = 0, ra = 0;
+        for (int v = 0; v < V; v++) {
+            double e = (double)g[v] - r[v];
+            if (!isfinite(g[v])) e = INFINITY;
+            d += e * e, q += (double)r[v] * r[v];
+            if (g[v] > g[ga]) ga = v;
+            if (r[v] > r[ra]) ra = v;
+        }
+        rel[t] = sqrt(d / (q > 0 ? q : 1));
+        if (!(rel[t] <= worst)) worst = rel[t];
+        agree += ga == ra;
+    }
+    for (int i = 1; i < T; i++) /* insertion sort: T is small */
+        for (int j = i; j > 0 && rel[j] < rel[j - 1]; j--) {
+            double x = rel[j];
+            rel[j] = rel[j - 1], rel[j - 1] = x;
+        }
+    printf("     default model, %d held-out tokens as one prefill: fast vs exact ||d||/||exact|| worst %.2e, "
+           "median %.2e; top-1 agrees at %d of %d\n",
+           T, worst, rel[T / 2], agree, T);
+    CHECK_MSG(worst <= CUDA_BOUND, "fast vs exact on %d held-out tokens: ||d||/||exact|| = %.3g at worst", T, worst);
+    free(rel), free(ids), free(out[0]), free(out[1]);
     cinfer_model_close(m);
 }
 

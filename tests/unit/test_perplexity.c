@@ -2,7 +2,8 @@
  * that `cinfer logits` writes for each window, summed here independently (windows cut here from the library's
  * tokenization); the window rules (short last window, a one-token tail dropped, --max-tokens); usage and
  * input errors; and, once the trained default model's fixture is there, the held-out perplexity within 0.5%
- * of transformers' figure (tests/fixtures/default_model/perplexity.json). */
+ * of transformers' figure (tests/fixtures/default_model/perplexity.json); on a GPU, precision fast's within
+ * 1% of exact's. */
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -11,6 +12,7 @@
 #include <sys/wait.h>
 
 #include "cinfer.h"
+#include "model/forward_cuda.h"
 #include "test.h"
 #include "util/file.h"
 #include "util/npy.h"
@@ -224,4 +226,42 @@ TEST(perplexity_heldout_matches_transformers) {
               got, hf, 100 * fabs(got / hf - 1));
     json_decref(o);
     json_decref(ref);
+}
+
+/* Precision fast on the GPU: the held-out perplexity within 1% of the exact mode's (same windows, same
+ * scored tokens), and the JSON says which precision ran. Skipped without a device or the trained weights. */
+TEST(perplexity_cuda_fast_within_1pct_of_exact) {
+    const char *bin = getenv("CINFER_BIN");
+    if (!bin) SKIP("CINFER_BIN not set");
+    if (!cuda_built() || cuda_devices() < 1) SKIP("no CUDA device: skipped");
+    char path[600], sample[600], extra[2][128];
+    snprintf(path, sizeof path, "%s/default_model/perplexity.json", test_fixtures_dir());
+    if (!file_exists(path) || !file_exists(MODEL "/model.safetensors"))
+        SKIP("the default model's weights or perplexity.json are not there");
+    json_error_t je;
+    json_t *ref = json_load_file(path, 0, &je);
+    REQUIRE(ref);
+    snprintf(sample, sizeof sample, "%s/default_model/%s", test_fixtures_dir(),
+             json_string_value(json_object_get(ref, "file")));
+    long ctx = (long)json_integer_value(json_object_get(ref, "ctx"));
+    double hf = json_real_value(json_object_get(ref, "perplexity"));
+    json_decref(ref);
+    double ppl[2] = {0, 0};
+    long long scored[2] = {0, 0};
+    for (int f = 0; f < 2; f++) {
+        snprintf(extra[f], sizeof extra[f], "--ctx %ld --device cuda --precision %s", ctx, f ? "fast" : "exact");
+        json_t *o = ppl_json(bin, sample, extra[f]);
+        if (!o) return;
+        ppl[f] = json_real_value(json_object_get(o, "perplexity"));
+        scored[f] = (long long)json_integer_value(json_object_get(o, "tokens_scored"));
+        const char *pr = json_string_value(json_object_get(o, "precision"));
+        CHECK_MSG(pr && !strcmp(pr, f ? "fast" : "exact"), "perplexity --precision %s ran %s", f ? "fast" : "exact",
+                  pr ? pr : "(none)");
+        json_decref(o);
+    }
+    printf("     held-out perplexity on cuda: exact %.4f, fast %.4f (%+.3f%%), transformers %.4f; %lld tokens\n",
+           ppl[0], ppl[1], 100 * (ppl[1] / ppl[0] - 1), hf, scored[1]);
+    CHECK_EQ_INT(scored[0], scored[1]);
+    CHECK_MSG(fabs(ppl[1] / ppl[0] - 1) <= 0.01, "fast perplexity %.6g vs exact %.6g: %.3f%% apart (bound 1%%)",
+              ppl[1], ppl[0], 100 * fabs(ppl[1] / ppl[0] - 1));
 }
