@@ -215,6 +215,7 @@ struct cuda_fwd {
     size_t apart_floats;
     int attn_split;    /* 0: off, else the least keys per span (CINFER_CUDA_ATTN_SPLIT) */
     uint16_t *kv16;    /* the tiles' K, V split once (cu_attn_args.kv16; CINFER_CUDA_ATTN_KV16), or NULL */
+    int attn_fast;     /* the tiles' fast form (cu_attn_args.fast; precision fast, CINFER_CUDA_ATTN_FAST) */
     float *logits;     /* [T][V] */
     float *moe_logits; /* [T][E] */
     int *moe_idx;      /* [S] */
@@ -1067,6 +1068,11 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
         (rc = dev_alloc(f, (void **)&f->kv16, cu_attn_kv16_bytes(p->n_blocks, m->Hkv, m->hd),
                         &f->bytes_scratch, err, errlen)))
         goto fail;
+    /* CINFER_CUDA_ATTN_FAST=1 (precision fast only; off until an H200 call shows it faster): the prefill
+     * tiles on Q, K, V and P rounded to fp16 once, one MMA a product (attention_tc.cu's attn_ff_kernel),
+     * chunks' key splits included */
+    const char *afs = getenv("CINFER_CUDA_ATTN_FAST");
+    f->attn_fast = f->fast && f->kv16 && cu_attn_fast_ok(m->hd) && afs && !strcmp(afs, "1");
     if (phased && m->n_lin > 0 && cu_gdn_tc_init(m->dk) && cu_gdn_chunk_init(m->dk, m->dv)) {
         f->gdn_chunk_cap = cu_gdn_chunk_cap(p->max_tokens, p->n_slots);
         size_t cb = cu_gdn_chunk_bytes(f->gdn_chunk_cap, p->max_tokens, m->Hv, m->dk, m->dv);
@@ -1442,9 +1448,10 @@ static void attention(cuda_fwd *f, const cu_layer *cl, int full, const run_shape
     a.span = rs->span, a.nsplit = rs->nsplit, a.eps = (float)m->cfg.rms_norm_eps, a.meta = rs->meta;
     a.tiles = rs->tiles, a.n_tiles = rs->n_tiles, a.tc = f->attn_tc, a.split = rs->split;
     /* K and V split once per layer for tiles of many rows on the model's pool (the pre-pass reads every key
-     * of the launch's entries: with few rows the tiles' own splits cost less); the same bits either way */
-    if (f->kv16 && rs->tiles && !rs->split.work && T >= 256 && kpool == f->kpool)
-        a.kv16 = f->kv16, a.kv16_NE = rs->NE, a.kv16_nb = rs->max_nb;
+     * of the launch's entries: with few rows the tiles' own splits cost less); the same bits either way.
+     * The fast form reads only the pre-pass's images: with key splits too */
+    if (f->kv16 && rs->tiles && (!rs->split.work || f->attn_fast) && T >= 256 && kpool == f->kpool)
+        a.kv16 = f->kv16, a.kv16_NE = rs->NE, a.kv16_nb = rs->max_nb, a.fast = f->attn_fast;
     a.rope3 = rs->rope3, a.mrope_h = m->cfg.mrope_section[1], a.mrope_w = m->cfg.mrope_section[2];
     /* decode-only steps of the model (the MTP head's calls leave no_chunked 0) */
     a.dec_cnt = rs->no_chunked && !rs->has_spec && !rs->tiles ? f->attn_cnt : NULL;

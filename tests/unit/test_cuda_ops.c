@@ -873,6 +873,65 @@ static int g_dec_ns = 0;
  * every row the dec kernel */
 static int g_dec_p = 0;
 
+/* 1: the tensor-core cases also run the fast form (cu_attn_args.fast: fp16 operands, one MMA a product) */
+static int g_fast = 0;
+/* the bound of the fast form against the f64 reference: bf16-level (one fp16 rounding measures ~1e-3) */
+#define FAST_BOUND 1e-2
+
+/* The fast form from the same inputs as a (the tensor-core tiles' launch just run; the prep rewrites the same
+ * K / V rows): against the f64 reference o_r, per entry, and each entry alone bit for bit as in the batch.
+ * Its K / V images start as NaN, as do the outputs. */
+static void attn_fast_check(cu_ctx *c, const cu_attn_args *a, const float *qkv, int ld, const test_entry *ents,
+                            int NE, int **tables, const float *o_r, int tcr) {
+    char err[256], what[128];
+    const int T = a->T, Hq = a->Hq, hd = a->hd;
+    const size_t kvb = cu_attn_kv16_bytes(a->n_blocks, a->Hkv, hd);
+    REQUIRE(cu_attn_fast_ok(hd));
+    int nbmax = 0;
+    for (int i = 0; i < NE; i++)
+        if ((ents[i].len + ents[i].n + 15) / 16 > nbmax) nbmax = (ents[i].len + ents[i].n + 15) / 16;
+    cu_attn_args b = *a;
+    b.qkv = dup_dev(qkv, (size_t)T * ld * 4), b.o = nan_dev(c, (size_t)T * Hq * hd);
+    REQUIRE(cu_alloc((void **)&b.kv16, kvb, err, sizeof err) == 0);
+    cu_fill_f32(c, (float *)b.kv16, kvb / 4, NAN);
+    b.kv16_NE = NE, b.kv16_nb = nbmax, b.fast = 1;
+    cu_attn_layer(c, &b);
+    REQUIRE(cu_sync(c, err, sizeof err) == 0);
+    float *gf = get(b.o, (size_t)T * Hq * hd);
+    snprintf(what, sizeof what, "attention Hq=%d Hkv=%d hd=%d fast (fp16 x1): output", Hq, a->Hkv, hd);
+    check_rel(what, gf, o_r, (size_t)T * Hq * hd, FAST_BOUND);
+    for (int i = 0, r0 = 0; i < NE; r0 += ents[i].n, i++) {
+        snprintf(what, sizeof what, "  fast: entry len=%d n=%d output", ents[i].len, ents[i].n);
+        check_rel(what, gf + (size_t)r0 * Hq * hd, o_r + (size_t)r0 * Hq * hd, (size_t)ents[i].n * Hq * hd,
+                  FAST_BOUND);
+    }
+    int same = 1;
+    for (int i = 0, r0 = 0; i < NE; r0 += ents[i].n, i++) {
+        cu_meta m1;
+        int *dm1, n = ents[i].n, nt1 = 0;
+        int *hm1 = pack_meta(&ents[i], 1, &tables[i], &m1, &dm1), *ht1 = malloc(((size_t)n + 1) * 4);
+        for (int t = 0; t < n; t += tcr) ht1[nt1++] = t;
+        cu_attn_args e = b;
+        e.T = n, e.meta = m1, e.n_tiles = nt1, e.tiles = dup_dev(ht1, (size_t)nt1 * 4);
+        e.kv16_NE = 1, e.kv16_nb = (ents[i].len + n + 15) / 16;
+        e.qkv = dup_dev(qkv + (size_t)r0 * ld, (size_t)n * ld * 4);
+        e.o = nan_dev(c, (size_t)n * Hq * hd);
+        cu_attn_layer(c, &e);
+        REQUIRE(cu_sync(c, err, sizeof err) == 0);
+        float *g1 = get(e.o, (size_t)n * Hq * hd);
+        if (memcmp(g1, gf + (size_t)r0 * Hq * hd, (size_t)n * Hq * hd * 4)) {
+            same = 0;
+            CHECK_MSG(0, "attention fast hd=%d: entry len=%d n=%d alone differs from in the batch", hd,
+                      ents[i].len, n);
+        }
+        free(g1), free(hm1), free(ht1);
+        cu_free(dm1), cu_free((void *)e.tiles), cu_free(e.qkv), cu_free(e.o);
+    }
+    printf("     fast: each entry alone vs in the batch: %s\n", same ? "bit-identical" : "DIFFERENT");
+    free(gf);
+    cu_free(b.qkv), cu_free(b.o), cu_free(b.kv16);
+}
+
 /* the two kernels' grids and classes as forward_cuda's attn_split sets them for rows at minpos..maxpos
  * (g_dec_p > 0); the dec kernel's span (its stages) stays span */
 static void dec_p_grids(cu_attn_args *a, int span, int minpos, int maxpos) {
@@ -1076,6 +1135,7 @@ static void attn_case_ex(int Hq, int Hkv, int hd, int span, int tiled, const tes
                 free(g16);
                 cu_free(b.qkv), cu_free(b.o), cu_free(b.kv16);
             }
+            if (mode == 1 && g_fast) attn_fast_check(c, &a, qkv, ld, ents, NE, tables, o_r, tcr);
             /* each entry launched alone gives the same bits as in the batch: a row's arithmetic must not
              * depend on which rows share its launch or its tile (the key tiles sit on a fixed grid) */
             int same = 1;
@@ -1372,6 +1432,12 @@ static void attn_split_case(int n, int len, float gain, int *span_out) {
         a.o = nan_dev(c, (size_t)Tm * Hq * hd);
         a.span = 1 << 30, a.nsplit = 1, a.tc = 1, a.eps = eps;
         a.meta = mode == 2 ? bmeta : meta, a.tiles = mode == 2 ? dbt : dt, a.n_tiles = mode == 2 ? nbt : nt;
+        if (g_fast) { /* the fast form: its K / V images (NaN to start) by the pre-pass */
+            size_t kvb = cu_attn_kv16_bytes(n_blocks, Hkv, hd);
+            REQUIRE(cu_alloc((void **)&a.kv16, kvb, err, sizeof err) == 0);
+            cu_fill_f32(c, (float *)a.kv16, kvb / 4, NAN);
+            a.kv16_NE = mode == 2 ? 2 : 1, a.kv16_nb = mode == 2 && nbB > nb ? nbB : nb, a.fast = 1;
+        }
         if (mode) {
             a.split = mode == 2 ? spb : sp1;
             int npm = mode == 2 ? npb : np;
@@ -1394,19 +1460,19 @@ static void attn_split_case(int n, int len, float gain, int *span_out) {
             for (int ci = 0; ci < nchk; ci++)
                 memcpy(sel + (size_t)ci * Hq * hd, go + (size_t)chk[ci] * Hq * hd, (size_t)Hq * hd * 4);
             char what[128];
-            snprintf(what, sizeof what, "%d rows after %d keys gain %g %s: output", n, len, gain,
-                     mode ? "split" : "unsplit");
+            snprintf(what, sizeof what, "%d rows after %d keys gain %g %s%s: output", n, len, gain,
+                     mode ? "split" : "unsplit", g_fast ? " fast" : "");
             if (mode)
                 printf("     %d spans of %d keys, %d blocks, %d rows merged\n", ns, span,
                        sp1.n_work * (Hq / 4), sp1.n_mrows);
-            check_rel(what, sel, o_r, (size_t)nchk * Hq * hd, 1e-5);
+            check_rel(what, sel, o_r, (size_t)nchk * Hq * hd, g_fast ? FAST_BOUND : 1e-5);
             /* every row written, none NaN (rel is inf on a NaN) */
             check_rel(mode ? "  split vs unsplit, every row" : "  unsplit: every row finite", go, got[0],
-                      (size_t)n * Hq * hd, mode ? 1e-5 : 0);
+                      (size_t)n * Hq * hd, mode ? (g_fast ? FAST_BOUND : 1e-5) : 0);
             free(sel);
         }
         cu_free(a.qkv), cu_free((void *)a.q_norm), cu_free((void *)a.k_norm), cu_free((void *)a.inv_freq);
-        cu_free(a.kpool), cu_free(a.vpool), cu_free(a.o), cu_free(a.split.part);
+        cu_free(a.kpool), cu_free(a.vpool), cu_free(a.o), cu_free(a.split.part), cu_free(a.kv16);
     }
     free(hbm), free(qkvb);
     cu_free(dbmeta), cu_free(dblist), cu_free(dbt), cu_free(dlist);
@@ -1432,6 +1498,116 @@ TEST(cuda_attention_tc_split_vs_cpu) {
     /* a cold prefill of 4096 rows fills the device: never split */
     int ns = 0;
     CHECK_EQ_INT(cu_attn_tc_split(16, 4, 256, 4096, 4096, CU_ATTN_MIN_SPAN, &ns), 0);
+}
+
+/* The fast form (cu_attn_args.fast, precision fast: fp16 operands, one MMA a product) within FAST_BOUND of
+ * the f64 reference on the tensor-core tests' head shapes and entries (ragged batches, entries continuing
+ * cached prefixes, decode rows among them), each entry alone bit for bit as in its batch; the key splits
+ * (64 and 1 rows behind 1k / 4k / 16k keys) against the reference and the unsplit fast form, and bit for bit
+ * in a batch beside a cold prefill */
+TEST(cuda_attention_fast_vs_cpu) {
+    if (NO_DEVICE()) SKIP("no CUDA device: skipped");
+    g_fast = 1;
+    attn_case(4, 2, 64, 1 << 20, 2);
+    attn_case(3, 3, 32, 1 << 20, 2);
+    attn_case(3, 1, 128, 1 << 20, 2);
+    attn_case(8, 2, 256, 1 << 20, 2);
+    attn_case(6, 1, 256, 1 << 20, 2);
+    attn_case(16, 2, 256, 1 << 20, 2);
+    g_fast = 0;
+}
+
+TEST(cuda_long_attention_fast_vs_cpu) {
+    if (NO_DEVICE()) SKIP("no CUDA device: skipped");
+    int ne = (int)(sizeof attn_fa_ents / sizeof attn_fa_ents[0]);
+    g_fast = 1;
+    attn_case_ex(2, 2, 256, 1 << 20, 2, attn_fa_ents, ne, 1.0f);
+    attn_case_ex(4, 2, 128, 1 << 20, 2, attn_fa_ents, ne, 1.0f);
+    attn_case_ex(4, 1, 256, 1 << 20, 2, attn_fa_ents, ne, 2.5f);
+    attn_case_ex(8, 1, 128, 1 << 20, 2, attn_fa_ents, ne, 1.0f);
+    g_fast = 0;
+}
+
+TEST(cuda_attention_fast_split_vs_cpu) {
+    if (NO_DEVICE()) SKIP("no CUDA device: skipped");
+    static const int lens[] = {1000, 4096, 16383};
+    g_fast = 1;
+    for (int i = 0; i < 3; i++) {
+        int s64 = -1, s1 = -1;
+        attn_split_case(64, lens[i], i == 2 ? 2.5f : 1.0f, &s64);
+        attn_split_case(1, lens[i], 1.0f, &s1);
+        CHECK_MSG(s64 > 0 && s1 > 0, "after %d keys: not split (spans %d, %d)", lens[i], s64, s1);
+    }
+    g_fast = 0;
+}
+
+/* Device time of one attention layer's prefill (q / k norm + RoPE and the K / V write, the pre-pass, the
+ * tiles) for n rows after len cached keys at hd 256, exact and fast, with TFLOP/s over the causal products
+ * (4 hd FLOP per (q head, row, key)); the fast output within FAST_BOUND of the exact one */
+static void attn_pf_speed(const char *name, int Hq, int Hkv, int len, int n) {
+    char err[256];
+    cu_ctx *c;
+    REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
+    const int hd = 256, R = hd / 4, kvd = Hkv * hd, ld = Hq * 2 * hd + 2 * kvd, L = len + n;
+    int n_blocks = (L + 15) / 16;
+    REQUIRE(cu_attn_init(hd) && cu_attn_tc_init(hd) && cu_attn_fast_ok(hd));
+    int *table = malloc((size_t)n_blocks * sizeof(int));
+    for (int j = 0; j < n_blocks; j++) table[j] = j;
+    size_t pool_n = (size_t)n_blocks * 16 * kvd;
+    float *kp = rnd(pool_n, 1.0f), *qkv = rnd((size_t)n * ld, 1.0f);
+    float *qn = rnd((size_t)hd, 0.3f), *inv = malloc((size_t)R / 2 * 4);
+    for (int i = 0; i < hd; i++) qn[i] += 1.0f;
+    for (int j = 0; j < R / 2; j++) inv[j] = 1.0f / (float)pow(1e7, (double)((float)(2 * j) / (float)R));
+    test_entry ent = {len, n, 0};
+    cu_meta meta;
+    int *dmeta, *tp = table, *hm = pack_meta(&ent, 1, &tp, &meta, &dmeta);
+    int tcr = cu_attn_tc_rows(Hq, Hkv), nt = 0, *ht = malloc(((size_t)n / tcr + 2) * sizeof(int));
+    for (int t = 0; t < n; t += tcr) ht[nt++] = t;
+    cu_attn_args a = {0};
+    a.T = n, a.Hq = Hq, a.Hkv = Hkv, a.hd = hd, a.rope_dim = R, a.n_blocks = n_blocks, a.full = 0;
+    a.qkv = dup_dev(qkv, (size_t)n * ld * 4), a.ld = ld;
+    a.q_norm = dup_dev(qn, (size_t)hd * 4), a.k_norm = a.q_norm, a.inv_freq = dup_dev(inv, (size_t)R / 2 * 4);
+    a.kpool = dup_dev(kp, pool_n * 4), a.vpool = dup_dev(kp, pool_n * 4);
+    a.o = nan_dev(c, (size_t)n * Hq * hd);
+    a.span = 1 << 30, a.nsplit = 1, a.tc = 1, a.eps = 1e-6f, a.meta = meta;
+    a.tiles = dup_dev(ht, (size_t)nt * sizeof(int)), a.n_tiles = nt;
+    REQUIRE(cu_alloc((void **)&a.kv16, cu_attn_kv16_bytes(n_blocks, Hkv, hd), err, sizeof err) == 0);
+    a.kv16_NE = 1, a.kv16_nb = n_blocks;
+    double flop = 4.0 * hd * Hq * ((double)n * len + (double)n * (n + 1) / 2);
+    cu_timer *tm;
+    REQUIRE(cu_timer_create(&tm) == 0);
+    float *out[2] = {NULL, NULL}, best[2] = {1e30f, 1e30f};
+    for (int f = 0; f < 2; f++) {
+        a.fast = f;
+        for (int rep = 0; rep < 4; rep++) {
+            /* fresh q rows each time: the prep norms and ropes them in place */
+            REQUIRE(cu_upload(a.qkv, qkv, (size_t)n * ld * 4, err, sizeof err) == 0);
+            cu_timer_start(c, tm);
+            cu_attn_layer(c, &a);
+            float ms = cu_timer_stop_ms(c, tm);
+            if (rep && ms < best[f]) best[f] = ms; /* the first is a warm-up */
+        }
+        REQUIRE(cu_sync(c, err, sizeof err) == 0);
+        out[f] = get(a.o, (size_t)n * Hq * hd);
+        printf("     %-8s %2d q / %d kv heads, %5d rows after %5d: %-5s %8.3f ms %6.1f TFLOP/s\n", name, Hq, Hkv,
+               n, len, f ? "fast" : "exact", best[f], flop / (best[f] * 1e-3) / 1e12);
+    }
+    double r = rel(out[1], out[0], (size_t)n * Hq * hd);
+    printf("     %-8s fast vs exact ||d||/||ref|| = %.2e, %.2fx\n", name, r, best[0] / best[1]);
+    CHECK_MSG(r <= FAST_BOUND, "%s: fast vs exact %.3g", name, r);
+    cu_timer_destroy(tm);
+    free(out[0]), free(out[1]), free(table), free(kp), free(qkv), free(qn), free(inv), free(hm), free(ht);
+    cu_free(a.qkv), cu_free((void *)a.q_norm), cu_free((void *)a.inv_freq), cu_free(a.kpool), cu_free(a.vpool);
+    cu_free(a.o), cu_free((void *)a.tiles), cu_free(a.kv16), cu_free(dmeta);
+    cu_ctx_destroy(c);
+}
+
+TEST(cuda_attention_prefill_speed) {
+    if (NO_DEVICE()) SKIP("no CUDA device: skipped");
+    attn_pf_speed("4B", 16, 4, 0, 4096);
+    attn_pf_speed("27B", 24, 4, 0, 4096);
+    attn_pf_speed("35B-A3B", 16, 2, 0, 4096);
+    attn_pf_speed("4B 32k", 16, 4, 28672, 4096); /* the last chunk of a 32k prompt */
 }
 
 TEST(cuda_moe_route_vs_cpu) {

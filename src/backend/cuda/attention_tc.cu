@@ -569,12 +569,285 @@ __global__ void __launch_bounds__(256, HD >= 128 ? 1 : 2) attn_fh_kernel(cu_attn
     }
 }
 
+/* ---- fast mode (cu_attn_args.fast; CINFER_PRECISION=fast): one fp16 rounding of Q, K, V and P ----
+ * What FlashAttention-2 does: S = Q K^T and O += P V each one m16n8k16 MMA with f32 accumulation, the online
+ * softmax in f32 (exp2 on log2e-prescaled scores). fp16 rather than bf16: the same MMA rate and the same
+ * range assumption as the exact form's hi halves (|x| < 65504: q and k are RMS-normed, P is in [0, 1], v rows
+ * are activations), with 3 more significant bits (a rounding of 2^-11 instead of 2^-8). The pre-pass
+ * (attn_kvf_kernel) rounds each pool block's keys and values once into the image a tile wants in shared
+ * memory, per (block, KV head): K [16][hd + 8] (rows 16 bytes apart mod 128: ldmatrix rows in distinct
+ * banks), then V [hd][16] (keys innermost; the two 16-byte halves of a dim row swapped when (d / 4) is odd,
+ * so the 8 dim rows of an ldmatrix matrix hit distinct banks without padding). One bulk copy an image.
+ * The kernel: the exact form's block (FA_ROWS rows = QH heads x positions, 8 warps x 16 rows, Q in shared
+ * memory), FF_BN = 64 keys a tile (4 pool blocks), FF_NS = 2 stages: thread 0 issues tile i + 1 while the
+ * warps compute tile i, each stage with a full barrier (the copies' bytes) and an empty one (a warp's arrival
+ * when it is done reading), so no block-wide barrier runs per tile and the warps drift apart. Rows never see
+ * other rows' values (keys past a row's position have P = 0 exactly; O is rescaled only by factors that are
+ * exactly 1 for rows whose maximum did not move): a row's bits do not depend on its batch. */
+#define FF_BN 64 /* keys per tile */
+#define FF_NS 2  /* stages */
+
+template <int HD> __host__ __device__ constexpr int ff_img_halves() { /* one (block, KV head) image */
+    return FA_KVB * (HD + 8) + HD * FA_KVB;
+}
+template <int HD> constexpr size_t ff_smem_bytes() {
+    return (size_t)FA_ROWS * (HD + 8) * 2 + (size_t)FF_NS * (FF_BN / FA_KVB) * ff_img_halves<HD>() * 2 +
+           2 * FF_NS * 8;
+}
+
+/* every block of the launch's entries: the images (all 16 positions: the tiles never use keys past a span's
+ * end unmasked, and an entry sharing the block writes the same halves) */
+template <int HD> __global__ void attn_kvf_kernel(cu_attn_args a) {
+    const int e = blockIdx.y, bi = blockIdx.x, L = a.meta.e_len[e] + a.meta.e_n[e];
+    if (bi * FA_KVB >= L) return;
+    constexpr int LK = HD + 8, KH = FA_KVB * LK;
+    const int b = a.meta.blocks[a.meta.e_boff[e] + bi], W = a.Hkv * HD;
+    __half *base = reinterpret_cast<__half *>(a.kv16);
+    const float *kp = a.kpool + ((size_t)a.full * a.n_blocks + b) * FA_KVB * W,
+                *vp = a.vpool + ((size_t)a.full * a.n_blocks + b) * FA_KVB * W;
+    for (int i = threadIdx.x; i < W; i += blockDim.x) {
+        const int kvh = i / HD, d = i % HD;
+        __half *img = base + ((size_t)b * a.Hkv + kvh) * ff_img_halves<HD>();
+        __align__(16) __half v[FA_KVB];
+#pragma unroll
+        for (int j = 0; j < FA_KVB; j++) {
+            img[j * LK + d] = __float2half_rn(kp[(size_t)j * W + i]);
+            v[j] = __float2half_rn(vp[(size_t)j * W + i]);
+        }
+        uint4 *dv = reinterpret_cast<uint4 *>(img + KH + d * FA_KVB);
+        const int sw = (d >> 2) & 1;
+        dv[sw] = *reinterpret_cast<uint4 *>(v), dv[sw ^ 1] = *reinterpret_cast<uint4 *>(v + 8);
+    }
+}
+
+__device__ __forceinline__ void ff_bar_init(uint64_t *bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bk_sa(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void ff_arrive(uint64_t *bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bk_sa(bar)) : "memory");
+}
+__device__ __forceinline__ uint32_t ff_h2(float x, float y) { /* x in the low half: the lower k index */
+    __half2 h = __floats2half2_rn(x, y);
+    return *reinterpret_cast<uint32_t *>(&h);
+}
+
+template <int HD> __global__ void __launch_bounds__(256, 1) attn_ff_kernel(cu_attn_args a, int QH) {
+    extern __shared__ __align__(16) float fsm[];
+    constexpr int LDQ = HD + 8, LK = HD + 8, KH = FA_KVB * LK, IMG = ff_img_halves<HD>();
+    constexpr int NBT = FF_BN / 8, ONT = HD / 8, NB = FF_BN / FA_KVB, STG = NB * IMG;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int G = a.Hq / a.Hkv, ngrp = G / QH, BP = FA_ROWS / QH;
+    const int kvh = blockIdx.x / ngrp, h0 = kvh * G + (blockIdx.x % ngrp) * QH;
+    const int *wk = a.split.work ? a.split.work + 2 * (a.split.n_work - 1 - (int)blockIdx.y) : NULL;
+    const int r0 = wk ? wk[0] : a.tiles[a.n_tiles - 1 - (int)blockIdx.y];
+    const int e = a.meta.row_entry[r0], end = a.meta.e_row0[e] + a.meta.e_n[e];
+    const int rows = end - r0 < BP ? end - r0 : BP;
+    const int pos0 = a.meta.row_pos[r0], maxpos = pos0 + rows - 1;
+    const int *blocks = a.meta.blocks + a.meta.e_boff[e];
+    const int span = wk ? a.split.e_span[e] : 0, sp = wk ? wk[1] : 0;
+    const int klo = sp * span, khi = span && klo + span - 1 < maxpos ? klo + span - 1 : maxpos;
+    const int ntile = (khi - klo) / FF_BN + 1;
+    __half *Q = reinterpret_cast<__half *>(fsm), *KV = Q + FA_ROWS * LDQ;
+    uint64_t *full = reinterpret_cast<uint64_t *>(KV + FF_NS * STG), *empty = full + FF_NS;
+    const __half *img0 = reinterpret_cast<const __half *>(a.kv16);
+
+    /* tile i into stage i % FF_NS (thread 0): the images of its blocks up to khi */
+    auto issue = [&](int i) {
+        const int s = i % FF_NS, c0 = klo + i * FF_BN, nb = (khi - c0) / FA_KVB + 1 < NB ? (khi - c0) / FA_KVB + 1
+                                                                                        : NB;
+        bk_fence();
+        bk_expect(full + s, (unsigned)(nb * IMG * 2));
+        for (int j = 0; j < nb; j++)
+            bk_copy(KV + s * STG + j * IMG, img0 + ((size_t)blocks[c0 / FA_KVB + j] * a.Hkv + kvh) * IMG,
+                    IMG * 2u, full + s);
+    };
+    if (tid == 0) {
+        for (int s = 0; s < FF_NS; s++) ff_bar_init(full + s, 1), ff_bar_init(empty + s, 8);
+        bk_init_fence();
+    }
+    __syncthreads();
+    if (tid == 0)
+        for (int i = 0; i < FF_NS - 1 && i < ntile; i++) issue(i);
+    for (int i = tid; i < FA_ROWS * HD / 2; i += blockDim.x) {
+        int m = i / (HD / 2), c = 2 * (i % (HD / 2)), p = m % BP;
+        float2 x = make_float2(0.0f, 0.0f);
+        if (p < rows)
+            x = *reinterpret_cast<const float2 *>(a.qkv + (size_t)(r0 + p) * a.ld +
+                                                  (size_t)(h0 + m / BP) * 2 * HD + c);
+        *reinterpret_cast<uint32_t *>(Q + m * LDQ + c) = ff_h2(x.x, x.y);
+    }
+    __syncthreads();
+
+    const int wph = 8 / QH, qi = warp / wph, off = (warp % wph) * 16, h = h0 + qi;
+    const int live = off < rows;
+    const int wmin = pos0 + off, wmax = pos0 + off + 15 < maxpos ? pos0 + off + 15 : maxpos;
+    const int pa = pos0 + off + g < maxpos ? pos0 + off + g : maxpos;
+    const int pb = pos0 + off + g + 8 < maxpos ? pos0 + off + g + 8 : maxpos;
+    /* a row's last key: its position, or the span's end */
+    const int la_k = pa < khi ? pa : khi, lb_k = pb < khi ? pb : khi, wlim = wmin < khi ? wmin : khi;
+    const __half *Qw = Q + (qi * BP + off) * LDQ;
+    const float sl2 = (float)(1.4426950408889634 / sqrt((double)HD)); /* log2(e) / sqrt(hd) */
+    /* ldmatrix lane offsets (halves): Q rows 0-7 / 8-15 x dims 0-7 / 8-15 of a k-step; K keys of n-tiles n,
+     * n + 1 x dims 0-7 / 8-15; V dims of n-tiles n, n + 1 x keys 0-7 / 8-15 (swizzled as the pre-pass wrote) */
+    const int qo = (((lane >> 3) & 1) * 8 + (lane & 7)) * LDQ + (lane >> 4) * 8;
+    const int kr = (lane >> 4) * 8 + (lane & 7), ko = ((lane >> 3) & 1) * 8;
+    const int vr = (lane >> 4) * 8 + (lane & 7), vk = (lane >> 3) & 1;
+
+    float o[ONT][4];
+#pragma unroll
+    for (int n = 0; n < ONT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float ma = -INFINITY, mb = -INFINITY, la = 0.0f, lb = 0.0f;
+
+    for (int i = 0; i < ntile; i++) {
+        const int s = i % FF_NS, c0 = klo + i * FF_BN;
+        if (tid == 0 && i + FF_NS - 1 < ntile) {
+            const int k = i + FF_NS - 1;
+            if (k >= FF_NS) bk_wait(empty + k % FF_NS, (unsigned)((k / FF_NS - 1) & 1));
+            issue(k);
+        }
+        bk_wait(full + s, (unsigned)((i / FF_NS) & 1));
+        __syncwarp(); /* the lanes' spins ended apart: ldmatrix and mma.sync want the warp whole */
+        const __half *St = KV + s * STG;
+        if (c0 + FF_BN - 1 > khi) {
+            /* the last tile, past khi: V zeroed (P is 0 there, but 0 x NaN is not; blocks past khi were not
+             * loaded at all). Block-uniform: every thread comes here once, after the copies landed */
+            __half *Vz = KV + s * STG;
+            for (int x = tid; x < NB * HD * FA_KVB; x += blockDim.x) {
+                const int jb = x / (HD * FA_KVB), d = (x / FA_KVB) % HD, k = x % FA_KVB;
+                if (c0 + jb * FA_KVB + k > khi)
+                    Vz[jb * IMG + KH + d * FA_KVB + ((((k >> 3) ^ (d >> 2)) & 1) << 3) + (k & 7)] =
+                        __float2half(0.0f);
+            }
+            __syncthreads();
+        }
+        if (live && c0 <= wmax) {
+            float sc[NBT][4];
+#pragma unroll
+            for (int n = 0; n < NBT; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+#pragma unroll
+            for (int ks = 0; ks < HD / 16; ks++) {
+                uint32_t aq[4];
+                fh_ldsm4(aq, Qw + qo + ks * 16);
+#pragma unroll
+                for (int n = 0; n < NBT; n += 2) {
+                    const int key = n * 8 + kr; /* within the tile: block key / 16 */
+                    uint32_t b[4];
+                    fh_ldsm4(b, St + (key >> 4) * IMG + (key & 15) * LK + ks * 16 + ko);
+                    fh_mma(sc[n], aq, b[0], b[1]);
+                    fh_mma(sc[n + 1], aq, b[2], b[3]);
+                }
+            }
+            const int mask = c0 + FF_BN - 1 > wlim;
+            float xa = -INFINITY, xb = -INFINITY;
+#pragma unroll
+            for (int n = 0; n < NBT; n++)
+#pragma unroll
+                for (int r = 0; r < 4; r++) {
+                    int u = c0 + n * 8 + 2 * t + (r & 1);
+                    float v = sc[n][r] * sl2;
+                    if (mask && u > (r < 2 ? la_k : lb_k)) v = -INFINITY;
+                    sc[n][r] = v;
+                    if (r < 2)
+                        xa = fmaxf(xa, v);
+                    else
+                        xb = fmaxf(xb, v);
+                }
+            xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, 1));
+            xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, 2));
+            xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, 1));
+            xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, 2));
+            const float na = fmaxf(ma, xa), nb = fmaxf(mb, xb);
+            const float sa = na == -INFINITY ? 0.0f : na, sb = nb == -INFINITY ? 0.0f : nb;
+            const float ca = exp2f(ma - sa), cb = exp2f(mb - sb);
+            float suma = 0.0f, sumb = 0.0f;
+#pragma unroll
+            for (int n = 0; n < NBT; n++) {
+                sc[n][0] = exp2f(sc[n][0] - sa), sc[n][1] = exp2f(sc[n][1] - sa);
+                sc[n][2] = exp2f(sc[n][2] - sb), sc[n][3] = exp2f(sc[n][3] - sb);
+                suma += sc[n][0] + sc[n][1], sumb += sc[n][2] + sc[n][3];
+            }
+            la = la * ca + suma, lb = lb * cb + sumb;
+            ma = na, mb = nb;
+            /* O rescaled only when some row's maximum moved (ca, cb are then exactly 1 elsewhere) */
+            if (__any_sync(0xffffffffu, ca != 1.0f || cb != 1.0f)) {
+#pragma unroll
+                for (int n = 0; n < ONT; n++) o[n][0] *= ca, o[n][1] *= ca, o[n][2] *= cb, o[n][3] *= cb;
+            }
+#pragma unroll
+            for (int j = 0; j < NB; j++) {
+                /* the k16 A operand: the probabilities of n-tiles 2j, 2j + 1 as they lie (block j's keys) */
+                uint32_t ap[4];
+                ap[0] = ff_h2(sc[2 * j][0], sc[2 * j][1]);
+                ap[1] = ff_h2(sc[2 * j][2], sc[2 * j][3]);
+                ap[2] = ff_h2(sc[2 * j + 1][0], sc[2 * j + 1][1]);
+                ap[3] = ff_h2(sc[2 * j + 1][2], sc[2 * j + 1][3]);
+                const __half *Vb = St + j * IMG + KH;
+#pragma unroll
+                for (int n = 0; n < ONT; n += 2) {
+                    const int d = n * 8 + vr;
+                    uint32_t b[4];
+                    fh_ldsm4(b, Vb + d * FA_KVB + ((vk ^ (d >> 2)) & 1) * 8);
+                    fh_mma(o[n], ap, b[0], b[1]);
+                    fh_mma(o[n + 1], ap, b[2], b[3]);
+                }
+            }
+        }
+        __syncwarp();
+        if (lane == 0) ff_arrive(empty + s);
+    }
+    if (!live) return;
+    la += __shfl_xor_sync(0xffffffffu, la, 1);
+    la += __shfl_xor_sync(0xffffffffu, la, 2);
+    lb += __shfl_xor_sync(0xffffffffu, lb, 1);
+    lb += __shfl_xor_sync(0xffffffffu, lb, 2);
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        int p = off + g + 8 * hr;
+        if (p >= rows) continue;
+        float l = hr ? lb : la;
+        const int ns = span ? (pos0 + p) / span + 1 : 1; /* the row's spans */
+        if (sp >= ns) continue;                          /* no key of this span is the row's */
+        if (ns > 1) {
+            /* a span's partial as the exact form writes it: the maximum in natural-log units */
+            float *pp = a.split.part +
+                        ((size_t)a.split.row_poff[r0 + p] * a.Hq + (size_t)h * ns + sp) * (size_t)(HD + 2);
+            if (t == 0) pp[0] = (hr ? mb : ma) * 0.6931471805599453f, pp[1] = l;
+#pragma unroll
+            for (int n = 0; n < ONT; n++)
+                *reinterpret_cast<float2 *>(pp + 2 + n * 8 + 2 * t) =
+                    make_float2(o[n][2 * hr], o[n][2 * hr + 1]);
+            continue;
+        }
+        const float *gate = a.qkv + (size_t)(r0 + p) * a.ld + (size_t)h * 2 * HD + HD;
+        const size_t obase = (size_t)(r0 + p) * a.Hq * HD + (size_t)h * HD;
+        float *orow = a.o + obase;
+#pragma unroll
+        for (int n = 0; n < ONT; n++) {
+            int d = n * 8 + 2 * t;
+            float2 gv = *reinterpret_cast<const float2 *>(gate + d);
+            float2 ov = make_float2(__fmul_rn(o[n][2 * hr] / l, dev_sigmoid(gv.x)),
+                                    __fmul_rn(o[n][2 * hr + 1] / l, dev_sigmoid(gv.y)));
+            if (a.o_xb) { /* the out_proj GEMM's halves (CINFER_CUDA_PF_SPLIT) */
+                split_put(a.o_xb, obase + d, a.o_lo, ov.x);
+                split_put(a.o_xb, obase + d + 1, a.o_lo, ov.y);
+            } else {
+                *reinterpret_cast<float2 *>(orow + d) = ov;
+            }
+        }
+    }
+}
+
 static int fa_kv16_ok[9];  /* by hd / 32: the S16 kernels' shared memory fits (cu_attn_tc_init) */
 static int fa_bulk_ok[9];  /* by hd / 32: the BK kernels too (hd 128, 256) */
 static int fa_bulk_on = 1; /* CINFER_CUDA_ATTN_BULK, default on (read by cu_attn_tc_init) */
+static int fa_fast_ok[9];  /* by hd / 32: attn_ff_kernel's shared memory fits */
 
 extern "C" int cu_attn_kv16_ok(int hd) {
     return hd > 0 && hd % 32 == 0 && hd / 32 < 9 && fa_kv16_ok[hd / 32];
+}
+
+extern "C" int cu_attn_fast_ok(int hd) {
+    return hd > 0 && hd % 32 == 0 && hd / 32 < 9 && fa_fast_ok[hd / 32];
 }
 
 static int fa_bulk(int hd) {
@@ -630,6 +903,9 @@ template <int HD, int P, bool S16, bool BK = false> static int fa_attr1(int opti
 }
 template <int HD> static int fa_attr(int optin) {
     if (!fa_attr1<HD, 3, false>(optin) || !fa_attr1<HD, 1, false>(optin)) return 0;
+    fa_fast_ok[HD / 32] = ff_smem_bytes<HD>() <= (size_t)optin &&
+                          cudaFuncSetAttribute(attn_ff_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               (int)ff_smem_bytes<HD>()) == cudaSuccess;
     /* the split-once form where it fits (cu_attn_kv16_ok) */
     fa_kv16_ok[HD / 32] = fa_attr1<HD, 3, true>(optin) && fa_attr1<HD, 1, true>(optin);
     if constexpr (HD >= 128)
@@ -669,6 +945,11 @@ static void fa_launch2(cu_ctx *c, const cu_attn_args *a, dim3 grid, int QH) {
 template <int HD> static void fa_launch(cu_ctx *c, const cu_attn_args *a) {
     int QH = fa_qh(a->Hq, a->Hkv);
     dim3 grid((unsigned)(a->Hq / QH), (unsigned)(a->split.work ? a->split.n_work : a->n_tiles));
+    if (a->fast && a->kv16 && fa_fast_ok[HD / 32]) {
+        attn_kvf_kernel<HD><<<dim3((unsigned)a->kv16_nb, (unsigned)a->kv16_NE), 256, 0, c->stream>>>(*a);
+        attn_ff_kernel<HD><<<grid, 256, ff_smem_bytes<HD>(), c->stream>>>(*a, QH);
+        return;
+    }
     if constexpr (HD >= 128) {
         if (a->kv16 && fa_bulk(HD)) {
             attn_kvb_kernel<<<dim3((unsigned)a->kv16_nb, (unsigned)a->kv16_NE), 256, 0, c->stream>>>(*a);

@@ -425,6 +425,10 @@ typedef struct cu_attn_args {
      * (CINFER_CUDA_ATTN_KV16) */
     uint16_t *kv16;
     int kv16_NE, kv16_nb;
+    /* nonzero (precision "fast"), with kv16 and cu_attn_fast_ok(hd): the tiles (key splits too) on Q, K, V
+     * and P rounded to fp16 once, one MMA a product (attention_tc.cu's attn_ff_kernel; kv16 then holds
+     * its images, which fit in cu_attn_kv16_bytes); the bits differ from the exact form's by ~1e-3 */
+    int fast;
     /* 0: the decode rows (no tiles) by attn_kernel, a block per (q head, row, span of span positions). > 0
      * (CINFER_CUDA_ATTN_DEC, the default): by attn_dec_kernel, a block per (kv head, row, span) serving the
      * kv head's q heads together; a row at position pos splits into cu_attn_dec_span(pos, min(dec_nsmax,
@@ -514,6 +518,8 @@ int cu_attn_tc_split(int Hq, int Hkv, int hd, int n, int keys, int min_span, int
 /* 1 when the tiles' split-once form (cu_attn_args.kv16) serves hd (after cu_attn_tc_init); its scratch */
 int cu_attn_kv16_ok(int hd);
 size_t cu_attn_kv16_bytes(int n_blocks, int Hkv, int hd);
+/* 1 when the fast form (cu_attn_args.fast) serves hd (after cu_attn_tc_init) */
+int cu_attn_fast_ok(int hd);
 /* Largest supported head dim (hd must be a multiple of 32 up to this) */
 #define CU_ATTN_MAX_HD 512
 
