@@ -260,6 +260,8 @@ struct cuda_fwd {
     unsigned long long *astamps;    /* CINFER_CUDA_ATTN_STAMPS=1 (cu_attn_args.dec_stamps), else NULL */
     void *gdn_chunk;                /* the phased DeltaNet prefill's scratch (cu_gdn_chunk_bytes), or NULL */
     int gdn_chunk_cap, gdn_chunk_dt;
+    int gdn_fast; /* cu_gdn_args.chunk_fast: fast mode's DeltaNet prefill (bf16 operands, one MMA a product)
+                   */
     /* CINFER_CUDA_PF_SPLIT: prefill norms and SwiGLU write the next GEMM's bf16 halves themselves (pf_split);
      * xb_for: f->xn while f->xb holds the halves of what a norm would have written there, else NULL */
     int pf_split;
@@ -935,9 +937,9 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * bits, a shorter chain after the PDL wait. H200 session 9 call 2, first -> second form: 4B b1 397.7 ->
      * 403.3 / 400.5 tok/s, b2 639.6 -> 646.5 / 641.4, 35B-A3B b1 398.0 -> 403.4; DIAG_AB "dup deltanet"
      * 0.102 ms a step (call 1, the first form: 0.145); block 0's stamps after the PDL wait 4.9 -> 3.3 us; its
-     * conv inputs read before S under an L2 evict_last policy: call 4, alternating without / with: 4B b1 407.4
-     * / 404.7 -> 409.5 / 409.0, b2 651.9 / 649.2 -> 655.2 / 654.0, 35B-A3B b1 418.8 -> 421.6 (first form 403.6 /
-     * 642.3; the form without the policy is gone) */
+     * conv inputs read before S under an L2 evict_last policy: call 4, alternating without / with: 4B b1
+     * 407.4 / 404.7 -> 409.5 / 409.0, b2 651.9 / 649.2 -> 655.2 / 654.0, 35B-A3B b1 418.8 -> 421.6 (first
+     * form 403.6 / 642.3; the form without the policy is gone) */
     if (f->gdn_cluster && !(gc && !strcmp(gc, "1"))) f->gdn_cluster = 2;
     const char *gcm = getenv("CINFER_CUDA_GDN_CLUSTER_MAX");
     f->gdn_cluster_max = gcm ? atoi(gcm) : 2;
@@ -1101,6 +1103,10 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * memory, a chunk staged by three bulk copies; "mma6" the mma.sync form staged by cp.async */
     const char *gdt = getenv("CINFER_CUDA_GDN_DT");
     f->gdn_chunk_dt = gdt && !strcmp(gdt, "stage") ? 0 : gdt && !strcmp(gdt, "mma6") ? 1 : 2;
+    /* fast mode's chunked DeltaNet prefill (deltanet_chunk.cu, FLA's bf16 form), CINFER_CUDA_GDN_FAST=1 until
+     * an H200 run shows it within bounds and faster; exact mode never takes it */
+    const char *gfa = getenv("CINFER_CUDA_GDN_FAST");
+    f->gdn_fast = f->fast && gfa && !strcmp(gfa, "1");
     /* decode MoE blocks (device_only) as three launches (router + selection, gate_up + SwiGLU, down + combine
      * + shared expert) instead of ~15, the same arithmetic (moe_fused.cu); the default since the H200 run of
      * 08:52 (35B-A3B batch 1 188.9 -> 233.6 tok/s, batch 8 721.5 -> 758.3, every test passing); "0": the
@@ -1419,6 +1425,7 @@ static void deltanet(cuda_fwd *f, const cu_layer *cl, const layer_weights *lw, i
     a.conv_state = f->conv_state, a.rec_state = f->rec_state, a.eps = (float)m->cfg.rms_norm_eps;
     a.meta = rs->meta, a.tc = f->gdn_tc;
     a.chunk_scr = f->gdn_chunk, a.chunk_cap = f->gdn_chunk_cap, a.chunk_dt = f->gdn_chunk_dt;
+    a.chunk_fast = f->gdn_fast;
     a.spec_rec = f->spec_rec, a.spec_win = f->p.spec_window, a.has_spec = rs->has_spec;
     a.spec_buf = f->spec_fuse ? spec_buf_floats(f) : 0;
     a.no_chunked = rs->no_chunked, a.dec_cnt = rs->gdn_fused ? f->gdn_cnt : NULL;

@@ -288,6 +288,10 @@ typedef struct cu_gdn_args {
                       shared memory one chunk ahead), 1 the mma.sync form ("mma6"), 2 that on its shared-memory
                       image staged by bulk copies (dk 128, dv a multiple of 32, else 1; forward_cuda's default)
                     */
+    /* tc 2: 1 fast mode's form (deltanet_chunk.cu: bf16 operands rounded once, one mma.sync m16n8k16 a
+     * product, f32 accumulation, decays and T = (I + A)^-1 in f32, the state f32) where it serves (dk 128,
+     * dv a multiple of 32 up to 128), else the form chunk_dt names; 0 chunk_dt's */
+    int chunk_fast;
     long long *chunk_prof; /* diagnostics, normally NULL: [16] device clock cycles per phase of one prep block
                               ([0..6]) and of one block of the staged pass ([8..12], chunks in [15]) */
     /* speculative windows (meta.e_spec): the conv window and S of the slot stay as they were; each token's
@@ -366,6 +370,8 @@ size_t cu_gdn_chunk_bytes(int cap, int T, int Hv, int dk, int dv);
  * and gates already ran (conv_out, bg filled) — parts 1: the chunk table and the parallel prep, 2: the
  * sequential pass (after a 1), 3: both; 0 when the scratch cannot hold the batch */
 int cu_gdn_chunk_part(cu_ctx *c, const cu_gdn_args *a, int parts);
+/* 1 when fast mode's chunked form (cu_gdn_args.chunk_fast) serves a's shapes (after cu_gdn_chunk_init) */
+int cu_gdn_chunk_fast_serves(const cu_gdn_args *a);
 /* The tensor-core prefill kernels (DeltaNet and attention) split each f32 operand into TF32 hi + lo and run
  * three MMAs per product (3, the default: f32-accurate); 1: one TF32 rounding (CINFER_CUDA_TF32_PASSES=1, to
  * measure what the split costs: ~4e-4 per product, past the model parity bound; the fp16 attention then

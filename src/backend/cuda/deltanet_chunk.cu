@@ -859,6 +859,470 @@ __global__ void __launch_bounds__(256) ck_state_mma_kernel(cu_gdn_args a) {
     }
 }
 
+/* ---- fast mode (cu_gdn_args.chunk_fast: CINFER_PRECISION=fast) ----
+ * The same phases in the form FLA's chunk_gated_delta_rule runs for bf16 models: every product's operands
+ * (K, Q, V, W, U's partner T, the decayed Q K^T, D and the state's copy) rounded to bf16 once, one mma.sync
+ * m16n8k16 per product, f32 accumulation; the decay, beta, A = beta e^(g_r - g_s) K K^T and its inverse T =
+ * (I + A)^-1 in f32 (FLA computes A and solve_tril in f32 and rounds T only as the operand of W and U); the
+ * state kept in f32 registers and stored in f32 (the decode kernel and the prefix cache read it). bf16, not
+ * fp16: S, D, U and V are activations of no bounded range (fp16 would overflow at 65504), and a product's two
+ * operands share one type; K and Q are normalized and would fit fp16, but their partners in the pass do not.
+ * As in FLA the decays are applied in f32 outside the products, so Q and K are stored once per key head: O =
+ * e^gam (Q S) + QK D and S <- e^(g_L) S + K^T (e^(g_L - gam) D), D rounded twice (as D and as the decayed D).
+ * dk = 128, dv a multiple of 32 up to 128 (the Qwen3.5 heads); elsewhere fast mode runs the exact form.
+ *
+ * The scratch is the exact form's (the same chunk table, the same allocation): a (chunk, value head)'s
+ * region holds, as the pass's shared memory wants them (rows padded so that ldmatrix's 8 rows of 16 bytes
+ * fall in distinct bank groups): W bf16 [64][136], QK bf16 [64][72], f32 e^gam [64] | e^(g_L - gam) [64] |
+ * e^(g_L) (132 floats), U bf16 as dv / 32 column blocks of [64][40]; a (chunk, key head kh)'s Q and K bf16
+ * [64][136] each sit after that in the region of (chunk, value head kh), written by its key head's first
+ * value head's prep block. A chunk of the pass is three bulk copies: [W | QK | gates], U's block, [Q | K]. */
+#define FK_DK   128
+#define FK_LD   136                         /* bf16 row stride of the [64][128] operands: 272 bytes */
+#define FK_QL   72                          /* of QK and T (144 bytes) */
+#define FK_UL   40                          /* of U's column blocks, S and D in the pass (80 bytes) */
+#define FK_QK   (CK_CH * FK_LD * 2)         /* byte offsets in a region: QK */
+#define FK_MISC (FK_QK + CK_CH * FK_QL * 2) /* the gates */
+#define FK_U    (FK_MISC + 132 * 4)         /* U's blocks */
+#define FK_UB   (CK_CH * FK_UL * 2)         /* bytes of one U block */
+#define FK_QKB  (2 * CK_CH * FK_LD * 2)     /* bytes of [Q | K] */
+static __host__ __device__ size_t fk_qk_off(int dv) { /* [Q | K] in the region of (chunk, kh) */
+    return FK_U + (size_t)(dv / 32) * FK_UB;
+}
+/* prep's shared memory: K, Q then V bf16 [64][136], A and T f32 [64][68], T diag(beta e^gam) and T diag(beta)
+ * bf16 [64][72], X f32 [3][256], gam, beta, e^gam, e^(g_L - gam) [64] */
+#define FK_PREP_SMEM                                                                                         \
+    (2 * FK_QK + 2 * CK_CH * CK_GLD * 4 + 2 * CK_CH * FK_QL * 2 + 3 * 256 * 4 + 4 * CK_CH * 4)
+/* the pass's: two stages of [W | QK | gates], U's block, [Q | K]; S bf16 [128][40], D and the decayed D bf16
+ * [64][40]; two mbarriers */
+#define FK_STAGE     (FK_U + FK_UB + FK_QKB)
+#define FK_PASS_SMEM (2 * FK_STAGE + FK_DK * FK_UL * 2 + 2 * FK_UB + 16)
+
+static __device__ __forceinline__ uint32_t fk_pack(float lo, float hi) { /* bf16x2, round to nearest even */
+    uint32_t d;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+}
+static __device__ __forceinline__ float fk_lo(uint32_t v) {
+    return __uint_as_float(v << 16);
+}
+static __device__ __forceinline__ float fk_hi(uint32_t v) {
+    return __uint_as_float(v & 0xffff0000u);
+}
+/* d += A B, m16n8k16 bf16: A 16x16 (a0 (g, 2t..), a1 (g + 8, 2t..), a2 (g, 2t + 8..), a3 (g + 8, 2t + 8..)),
+ * B 16x8 (b0 (k 2t.., n g), b1 (k 2t + 8.., n g)), D as m16n8k8's */
+static __device__ __forceinline__ void fk_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                              uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+/* four 8x8 b16 matrices, lane l giving the address of row l % 8 of matrix l / 8 (TR: transposed) */
+template <bool TR> static __device__ __forceinline__ void fk_ldm(uint32_t (&r)[4], const uint16_t *p) {
+    if constexpr (TR)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(bk_sa(p))
+                     : "memory");
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(bk_sa(p))
+                     : "memory");
+}
+/* fragment addresses for lane l: A 16x16 at (m0, k0) of a row-major [m][k]; of A stored [k][m] (transposed,
+ * with fk_ldm<true>); B 16x16 (two n-tiles) at (k0, n0) of a row-major [k][n] (fk_ldm<true>: r0, r1 the
+ * first n-tile's b0, b1, r2, r3 the second's); of B stored [n][k] (fk_ldm<false>) */
+static __device__ __forceinline__ const uint16_t *fk_a(const uint16_t *A, int ld, int m0, int k0, int l) {
+    return A + (size_t)(m0 + (l & 15)) * ld + k0 + (l >> 4) * 8;
+}
+static __device__ __forceinline__ const uint16_t *fk_at(const uint16_t *A, int ld, int m0, int k0, int l) {
+    return A + (size_t)(k0 + (l & 7) + (l >> 4) * 8) * ld + m0 + ((l >> 3) & 1) * 8;
+}
+static __device__ __forceinline__ const uint16_t *fk_b(const uint16_t *B, int ld, int k0, int n0, int l) {
+    return B + (size_t)(k0 + (l & 7) + ((l >> 3) & 1) * 8) * ld + n0 + (l >> 4) * 8;
+}
+static __device__ __forceinline__ const uint16_t *fk_bt(const uint16_t *B, int ld, int k0, int n0, int l) {
+    return B + (size_t)(n0 + (l & 7) + (l >> 4) * 8) * ld + k0 + ((l >> 3) & 1) * 8;
+}
+
+/* prep, a block per (chunk, value head): Q, K (and V) rounded once, A and Q K^T on the tensor cores, the
+ * masks, decays and T in f32, W = T diag(beta e^gam) K and U = T diag(beta) V on the tensor cores */
+__global__ void __launch_bounds__(256, 2) fk_prep_kernel(cu_gdn_args a) {
+    extern __shared__ __align__(128) unsigned char fsp[];
+    const int *tab = ck_table(a);
+    int k = blockIdx.x, h = blockIdx.y;
+    if (k >= tab[0]) return;
+    const int e = tab[1 + 3 * k], c0 = tab[2 + 3 * k], L = tab[3 + 3 * k];
+    const int dv = a.dv, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    const int rr = a.Hv / a.Hk, kh = h / rr, kd = a.Hk * FK_DK, C = a.C, r0 = a.meta.e_row0[e] + c0;
+    uint16_t *Kb = (uint16_t *)fsp, *QV = Kb + CK_CH * FK_LD;
+    float *Am = (float *)(QV + CK_CH * FK_LD), *Tm = Am + CK_CH * CK_GLD;
+    uint16_t *Tp = (uint16_t *)(Tm + CK_CH * CK_GLD), *Tb = Tp + CK_CH * FK_QL;
+    float *X = (float *)(Tb + CK_CH * FK_QL), *gam = X + 3 * 256, *bet = gam + CK_CH, *egam = bet + CK_CH,
+          *fl = egam + CK_CH;
+    const size_t stride = ck_stride(FK_DK, dv) * sizeof(float);
+    unsigned char *reg = (unsigned char *)a.chunk_scr + ((size_t)k * a.Hv + h) * stride;
+    uint16_t *qkg =
+        h % rr
+            ? NULL
+            : (uint16_t *)((unsigned char *)a.chunk_scr + ((size_t)k * a.Hv + kh) * stride + fk_qk_off(dv));
+    /* Q and K rows (a warp a row, 16 bytes a lane), all loads in flight at once; rows past L: zeros */
+    {
+        float4 qv[8], kv[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            int t = (tid >> 5) + 8 * i, c = lane * 4;
+            const float *row = a.conv_out + (size_t)(r0 + (t < L ? t : 0)) * C + (size_t)kh * FK_DK + c;
+            qv[i] = t < L ? *(const float4 *)row : make_float4(0.f, 0.f, 0.f, 0.f);
+            kv[i] = t < L ? *(const float4 *)(row + kd) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+        if (tid < CK_CH) {
+            const float *bg = a.bg + (size_t)(r0 + (tid < L ? tid : 0)) * 2 * a.Hv;
+            gam[tid] = tid < L ? bg[a.Hv + h] : 0.0f;
+            bet[tid] = tid < L ? bg[h] : 0.0f;
+        }
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            int t = (tid >> 5) + 8 * i, c = lane * 4;
+            uint2 qb = make_uint2(fk_pack(qv[i].x, qv[i].y), fk_pack(qv[i].z, qv[i].w));
+            uint2 kb = make_uint2(fk_pack(kv[i].x, kv[i].y), fk_pack(kv[i].z, kv[i].w));
+            *(uint2 *)(QV + t * FK_LD + c) = qb;
+            *(uint2 *)(Kb + t * FK_LD + c) = kb;
+            if (qkg) {
+                *(uint2 *)(qkg + t * FK_LD + c) = qb;
+                *(uint2 *)(qkg + CK_CH * FK_LD + t * FK_LD + c) = kb;
+            }
+        }
+    }
+    /* V's rows into registers now, into shared memory (over Q) once the Q K^T products are done */
+    float4 vv[8];
+    const int vq = dv / 4; /* float4 per row */
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        int idx = tid + 256 * i, t = idx / vq, c = idx % vq * 4;
+        bool ok = idx < CK_CH * vq && t < L;
+        vv[i] =
+            ok ? *(const float4 *)(a.conv_out + (size_t)(r0 + t) * C + 2 * (size_t)kd + (size_t)h * dv + c)
+               : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    __syncthreads();
+    /* warp 0: the cumulative sum of the log-decays (a scan; fast mode does not keep the CPU's order) and
+     * the decay factors; every warp: the 10 + 10 tiles of K K^T and Q K^T on and below the diagonal */
+    if (warp == 0) {
+        float x0 = gam[lane], x1 = gam[lane + 32];
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            float y0 = __shfl_up_sync(0xffffffffu, x0, o), y1 = __shfl_up_sync(0xffffffffu, x1, o);
+            if (lane >= o) x0 += y0, x1 += y1;
+        }
+        x1 += __shfl_sync(0xffffffffu, x0, 31);
+        float gl = L > 32 ? __shfl_sync(0xffffffffu, x1, (L - 1) & 31) : __shfl_sync(0xffffffffu, x0, L - 1);
+        float *misc = (float *)(reg + FK_MISC);
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            int t = lane + 32 * u;
+            float x = u ? x1 : x0, eg = t < L ? expf(x) : 0.0f, f = t < L ? expf(gl - x) : 0.0f;
+            gam[t] = t < L ? x : 0.0f;
+            egam[t] = eg, fl[t] = f;
+            misc[t] = eg, misc[CK_CH + t] = f;
+        }
+        if (lane == 0) misc[2 * CK_CH] = expf(gl);
+    }
+    for (int u = warp; u < 20; u += 8) {
+        int which = u / 10, v = u % 10,
+            mi = v >= 6   ? 3
+                 : v >= 3 ? 2
+                 : v >= 1 ? 1
+                          : 0,
+            ni = v - mi * (mi + 1) / 2;
+        const uint16_t *As = which ? QV : Kb;
+        float acc[2][4] = {};
+#pragma unroll
+        for (int ks = 0; ks < FK_DK / 16; ks++) {
+            uint32_t af[4], bf[4];
+            fk_ldm<false>(af, fk_a(As, FK_LD, mi * 16, ks * 16, lane));
+            fk_ldm<false>(bf, fk_bt(Kb, FK_LD, ks * 16, ni * 16, lane));
+            fk_mma(acc[0], af, bf[0], bf[1]);
+            fk_mma(acc[1], af, bf[2], bf[3]);
+        }
+        float *dst = (which ? Tm : Am) + mi * 16 * CK_GLD + ni * 16;
+#pragma unroll
+        for (int n = 0; n < 2; n++)
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++)
+                *(float2 *)(dst + (g + 8 * hh) * CK_GLD + n * 8 + 2 * t4) =
+                    make_float2(acc[n][2 * hh], acc[n][2 * hh + 1]);
+    }
+    __syncthreads();
+    /* the masks and decays: A = beta_r e^(gam_r - gam_s) k_r.k_s (s < r), QK = e^(gam_r - gam_s) q_r.k_s (s
+     * <= r) to the scratch as bf16 (rows past L: zeros); V over Q */
+    {
+        uint16_t *QKg = (uint16_t *)(reg + FK_QK);
+        for (int idx = tid; idx < CK_CH * CK_CH / 2; idx += 256) {
+            int r = idx >> 5, s = (idx & 31) * 2;
+            float d0 = r < L && s <= r ? expf(gam[r] - gam[s]) : 0.0f;
+            float d1 = r < L && s + 1 <= r ? expf(gam[r] - gam[s + 1]) : 0.0f;
+            float *ar = Am + r * CK_GLD + s, *tr = Tm + r * CK_GLD + s;
+            ar[0] = s < r ? bet[r] * d0 * ar[0] : 0.0f;
+            ar[1] = s + 1 < r ? bet[r] * d1 * ar[1] : 0.0f;
+            *(uint32_t *)(QKg + r * FK_QL + s) =
+                fk_pack(s <= r ? d0 * tr[0] : 0.0f, s + 1 <= r ? d1 * tr[1] : 0.0f);
+        }
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            int idx = tid + 256 * i, t = idx / vq, c = idx % vq * 4;
+            if (idx < CK_CH * vq)
+                *(uint2 *)(QV + t * FK_LD + c) =
+                    make_uint2(fk_pack(vv[i].x, vv[i].y), fk_pack(vv[i].z, vv[i].w));
+        }
+    }
+    __syncthreads();
+    /* T = (I + A)^-1 in f32: the diagonal blocks by substitution (a thread a column, in registers), then the
+     * blocks below them in three rounds, T_{bi,j} = -T_{bi,bi} sum_{m=j}^{bi-1} A_{bi,m} T_{m,j} */
+    if (tid < 64) {
+        int base = (tid >> 4) * 16, c = tid & 15;
+        float tc[16];
+#pragma unroll
+        for (int r = 0; r < 16; r++) {
+            float v = r == c ? 1.0f : 0.0f;
+#pragma unroll
+            for (int s = 0; s < r; s++)
+                if (s >= c) v = fmaf(-Am[(base + r) * CK_GLD + base + s], tc[s], v);
+            tc[r] = v;
+            Tm[(base + r) * CK_GLD + base + c] = v;
+        }
+    }
+    for (int idx = tid; idx < CK_CH * CK_CH; idx += 256) {
+        int r = idx / CK_CH, s = idx % CK_CH;
+        if (s / 16 > r / 16) Tm[r * CK_GLD + s] = 0.0f;
+    }
+    __syncthreads();
+    for (int bi = 1; bi < 4; bi++) {
+        for (int idx = tid; idx < bi * 256; idx += 256) {
+            int bj = idx >> 8, rr2 = (idx >> 4) & 15, cc = idx & 15;
+            float x = 0.0f;
+            for (int m = bj * 16; m < bi * 16; m++)
+                x = fmaf(Am[(bi * 16 + rr2) * CK_GLD + m], Tm[m * CK_GLD + bj * 16 + cc], x);
+            X[idx] = x;
+        }
+        __syncthreads();
+        for (int idx = tid; idx < bi * 256; idx += 256) {
+            int bj = idx >> 8, rr2 = (idx >> 4) & 15, cc = idx & 15;
+            float v = 0.0f;
+#pragma unroll
+            for (int m = 0; m < 16; m++)
+                v = fmaf(Tm[(bi * 16 + rr2) * CK_GLD + bi * 16 + m], X[bj * 256 + m * 16 + cc], v);
+            Tm[(bi * 16 + rr2) * CK_GLD + bj * 16 + cc] = -v;
+        }
+        __syncthreads();
+    }
+    /* the operands of W and U: T diag(beta e^gam), T diag(beta), rounded once */
+    for (int idx = tid; idx < CK_CH * CK_CH / 2; idx += 256) {
+        int r = idx >> 5, s = (idx & 31) * 2;
+        float t0 = Tm[r * CK_GLD + s], t1 = Tm[r * CK_GLD + s + 1];
+        *(uint32_t *)(Tp + r * FK_QL + s) = fk_pack(t0 * (bet[s] * egam[s]), t1 * (bet[s + 1] * egam[s + 1]));
+        *(uint32_t *)(Tb + r * FK_QL + s) = fk_pack(t0 * bet[s], t1 * bet[s + 1]);
+    }
+    __syncthreads();
+    /* W = Tp K [64][128], U = Tb V [64][dv]: tasks (matrix, row tile mi, 64-column group), row tile mi
+     * needing k-steps 0..mi (T is block lower triangular); warp w takes row tiles w % 4 and 3 - w % 4 */
+#pragma unroll 1
+    for (int pass = 0; pass < 2; pass++) {
+        int isv = pass, cg = warp >> 2, mi = pass ? 3 - (warp & 3) : warp & 3;
+        int cols = isv ? dv : FK_DK, nc = (cols - cg * 64) / 8;
+        if (nc <= 0) continue;
+        if (nc > 8) nc = 8;
+        const uint16_t *As = isv ? Tb : Tp, *Bs = isv ? QV : Kb;
+        float acc[8][4] = {};
+        for (int ks = 0; ks <= mi; ks++) {
+            uint32_t af[4];
+            fk_ldm<false>(af, fk_a(As, FK_QL, mi * 16, ks * 16, lane));
+#pragma unroll
+            for (int np = 0; np < 4; np++)
+                if (2 * np < nc) {
+                    uint32_t bf[4];
+                    fk_ldm<true>(bf, fk_b(Bs, FK_LD, ks * 16, cg * 64 + np * 16, lane));
+                    fk_mma(acc[2 * np], af, bf[0], bf[1]);
+                    fk_mma(acc[2 * np + 1], af, bf[2], bf[3]);
+                }
+        }
+#pragma unroll
+        for (int n = 0; n < 8; n++)
+            if (n < nc)
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    int row = mi * 16 + g + 8 * hh, col = cg * 64 + n * 8 + 2 * t4;
+                    uint32_t v = fk_pack(acc[n][2 * hh], acc[n][2 * hh + 1]);
+                    if (isv)
+                        *(uint32_t *)(reg + FK_U + (size_t)(col >> 5) * FK_UB +
+                                      (row * FK_UL + (col & 31)) * 2) = v;
+                    else
+                        *(uint32_t *)(reg + (row * FK_LD + col) * 2) = v;
+                }
+    }
+}
+
+/* a chunk's three bulk copies into stage buffer sp (thread 0; the block's reads of it done, past a barrier)
+ */
+static __device__ __forceinline__ void fk_stage(unsigned char *sp, const cu_gdn_args &a, size_t stride, int k,
+                                                int h, int kh, int cb, uint64_t *bar) {
+    const unsigned char *base = (const unsigned char *)a.chunk_scr;
+    const unsigned char *rv = base + ((size_t)k * a.Hv + h) * stride,
+                        *rk = base + ((size_t)k * a.Hv + kh) * stride;
+    bk_fence();
+    bk_expect(bar, FK_STAGE);
+    bk_copy(sp, rv, FK_U, bar);
+    bk_copy(sp + FK_U, rv + FK_U + (size_t)cb * FK_UB, FK_UB, bar);
+    bk_copy(sp + FK_U + FK_UB, rk + fk_qk_off(a.dv), FK_QKB, bar);
+}
+
+/* the sequential pass, a block per (entry, value head, 32 value columns), chunks in order, two stages (the
+ * chunk after next loads while this one runs); warp w owns S's rows 16w .. 16w + 15 in f32 registers.
+ *   step 1: warps 0-3 D = U - W S (row tile w), warps 4-7 O = e^gam (Q S) (row tile w - 4), S read as its
+ *           bf16 copy; D and e^(g_L - gam) D to shared memory as bf16
+ *   step 2: every warp S <- e^(g_L) S + K^T (e^(g_L - gam) D) and its bf16 copy; warps 4-7 O += QK D, out */
+__global__ void __launch_bounds__(256, 1) fk_pass_kernel(cu_gdn_args a) {
+    extern __shared__ __align__(128) unsigned char fss[];
+    const int e = blockIdx.z;
+    if (!ck_entry(a, e)) return;
+    const int dv = a.dv, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    const int h = blockIdx.y, cb = blockIdx.x, j0 = cb * 32, n = a.meta.e_n[e], pos0 = a.meta.e_len[e];
+    const int r0 = a.meta.e_row0[e], kh = h / (a.Hv / a.Hk);
+    uint16_t *Sb = (uint16_t *)(fss + 2 * FK_STAGE), *Db = Sb + FK_DK * FK_UL, *Dl = Db + CK_CH * FK_UL;
+    uint64_t *bar = (uint64_t *)(Dl + CK_CH * FK_UL);
+    bk_init_block(bar, 2);
+    const size_t stride = ck_stride(FK_DK, dv) * sizeof(float);
+    int k = ck_table(a)[1 + 3 * (size_t)a.chunk_cap + e];
+    if (tid == 0) {
+        fk_stage(fss, a, stride, k, h, kh, cb, bar);
+        int L0 = CK_CH - pos0 % CK_CH;
+        if (L0 < n) fk_stage(fss + FK_STAGE, a, stride, k + 1, h, kh, cb, bar + 1);
+    }
+    float *Sg = a.rec_state + (((size_t)a.meta.e_slot[e] * a.n_lin + a.lin) * a.Hv + h) * (size_t)FK_DK * dv;
+    const int ms = warp * 16;
+    float s[4][4], o[4][4] = {};
+#pragma unroll
+    for (int nn = 0; nn < 4; nn++)
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            int row = ms + g + 8 * hh, col = nn * 8 + 2 * t4;
+            float2 v = *(const float2 *)(Sg + (size_t)row * dv + j0 + col);
+            s[nn][2 * hh] = v.x, s[nn][2 * hh + 1] = v.y;
+            *(uint32_t *)(Sb + row * FK_UL + col) = fk_pack(v.x, v.y);
+        }
+    __syncthreads();
+    for (int c0 = 0, L, i = 0; c0 < n; c0 += L, i++, k++) {
+        L = CK_CH - (pos0 + c0) % CK_CH;
+        if (L > n - c0) L = n - c0;
+        unsigned char *sp = fss + (i & 1) * FK_STAGE;
+        const uint16_t *Wb = (const uint16_t *)sp, *QKb = (const uint16_t *)(sp + FK_QK);
+        const float *misc = (const float *)(sp + FK_MISC);
+        const uint16_t *Ub = (const uint16_t *)(sp + FK_U), *Qb = (const uint16_t *)(sp + FK_U + FK_UB),
+                       *Kb = Qb + CK_CH * FK_LD;
+        bk_wait(bar + (i & 1), (unsigned)(i >> 1) & 1u);
+        { /* step 1 */
+            const int m0 = (warp & 3) * 16;
+            const uint16_t *As = warp < 4 ? Wb : Qb;
+            float p[4][4] = {};
+#pragma unroll
+            for (int ks = 0; ks < FK_DK / 16; ks++) {
+                uint32_t af[4], b0[4], b1[4];
+                fk_ldm<false>(af, fk_a(As, FK_LD, m0, ks * 16, lane));
+                fk_ldm<true>(b0, fk_b(Sb, FK_UL, ks * 16, 0, lane));
+                fk_ldm<true>(b1, fk_b(Sb, FK_UL, ks * 16, 16, lane));
+                fk_mma(p[0], af, b0[0], b0[1]);
+                fk_mma(p[1], af, b0[2], b0[3]);
+                fk_mma(p[2], af, b1[0], b1[1]);
+                fk_mma(p[3], af, b1[2], b1[3]);
+            }
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                int row = m0 + g + 8 * hh;
+                if (warp < 4) {
+                    float f = misc[CK_CH + row];
+#pragma unroll
+                    for (int nn = 0; nn < 4; nn++) {
+                        int col = nn * 8 + 2 * t4;
+                        uint32_t u = *(const uint32_t *)(Ub + row * FK_UL + col);
+                        float d0 = fk_lo(u) - p[nn][2 * hh], d1 = fk_hi(u) - p[nn][2 * hh + 1];
+                        *(uint32_t *)(Db + row * FK_UL + col) = fk_pack(d0, d1);
+                        *(uint32_t *)(Dl + row * FK_UL + col) = fk_pack(f * d0, f * d1);
+                    }
+                } else {
+                    float eg = misc[row];
+#pragma unroll
+                    for (int nn = 0; nn < 4; nn++)
+                        o[nn][2 * hh] = eg * p[nn][2 * hh], o[nn][2 * hh + 1] = eg * p[nn][2 * hh + 1];
+                }
+            }
+        }
+        __syncthreads();
+        { /* step 2 */
+            const float egl = misc[2 * CK_CH];
+#pragma unroll
+            for (int nn = 0; nn < 4; nn++)
+#pragma unroll
+                for (int r = 0; r < 4; r++) s[nn][r] *= egl;
+#pragma unroll
+            for (int ks = 0; ks < CK_CH / 16; ks++) {
+                uint32_t af[4], b0[4], b1[4];
+                fk_ldm<true>(af, fk_at(Kb, FK_LD, ms, ks * 16, lane));
+                fk_ldm<true>(b0, fk_b(Dl, FK_UL, ks * 16, 0, lane));
+                fk_ldm<true>(b1, fk_b(Dl, FK_UL, ks * 16, 16, lane));
+                fk_mma(s[0], af, b0[0], b0[1]);
+                fk_mma(s[1], af, b0[2], b0[3]);
+                fk_mma(s[2], af, b1[0], b1[1]);
+                fk_mma(s[3], af, b1[2], b1[3]);
+            }
+            if (warp >= 4) {
+                const int mi = warp - 4, m0 = mi * 16;
+                for (int ks = 0; ks <= mi; ks++) {
+                    uint32_t af[4], b0[4], b1[4];
+                    fk_ldm<false>(af, fk_a(QKb, FK_QL, m0, ks * 16, lane));
+                    fk_ldm<true>(b0, fk_b(Db, FK_UL, ks * 16, 0, lane));
+                    fk_ldm<true>(b1, fk_b(Db, FK_UL, ks * 16, 16, lane));
+                    fk_mma(o[0], af, b0[0], b0[1]);
+                    fk_mma(o[1], af, b0[2], b0[3]);
+                    fk_mma(o[2], af, b1[0], b1[1]);
+                    fk_mma(o[3], af, b1[2], b1[3]);
+                }
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    int row = m0 + g + 8 * hh;
+                    if (row < L)
+#pragma unroll
+                        for (int nn = 0; nn < 4; nn++)
+                            *(float2 *)(a.o + (size_t)(r0 + c0 + row) * a.Hv * dv + (size_t)h * dv + j0 +
+                                        nn * 8 + 2 * t4) = make_float2(o[nn][2 * hh], o[nn][2 * hh + 1]);
+                }
+            }
+            /* S's copy for the next chunk's step 1 (every read of the old one is past the barrier above) */
+#pragma unroll
+            for (int nn = 0; nn < 4; nn++)
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++)
+                    *(uint32_t *)(Sb + (ms + g + 8 * hh) * FK_UL + nn * 8 + 2 * t4) =
+                        fk_pack(s[nn][2 * hh], s[nn][2 * hh + 1]);
+        }
+        __syncthreads();
+        /* this stage is free: the chunk after next into it */
+        if (tid == 0 && n - (c0 + L) > CK_CH) fk_stage(sp, a, stride, k + 2, h, kh, cb, bar + (i & 1));
+    }
+#pragma unroll
+    for (int nn = 0; nn < 4; nn++)
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++)
+            *(float2 *)(Sg + (size_t)(ms + g + 8 * hh) * dv + j0 + nn * 8 + 2 * t4) =
+                make_float2(s[nn][2 * hh], s[nn][2 * hh + 1]);
+}
+static int g_fk_ok = 0; /* cu_gdn_chunk_init: the fast kernels' shared memory fits and is set */
+static bool fk_serves(const cu_gdn_args *a) {
+    return g_fk_ok && a->dk == FK_DK && a->dv % 32 == 0 && a->dv <= 128 && a->Hv % a->Hk == 0 &&
+           fk_qk_off(a->dv) + FK_QKB <= ck_stride(a->dk, a->dv) * sizeof(float);
+}
+
 static int g_tf32_passes = 3;
 extern "C" void cu_set_tf32_passes(int p) {
     g_tf32_passes = p == 1 ? 1 : 3;
@@ -907,13 +1371,28 @@ extern "C" int cu_gdn_chunk_init(int dk, int dv) {
         ck_stage_smem_floats(dk) * sizeof(float) > (size_t)optin ||
         ck_mma_smem_floats(dk) * sizeof(float) > (size_t)optin)
         return 0;
-    return ck_set_smem<1>(dk, dv) && ck_set_smem<3>(dk, dv);
+    int ok = ck_set_smem<1>(dk, dv) && ck_set_smem<3>(dk, dv);
+    /* fast mode's kernels where they serve (dk 128; their shared memory does not depend on dv) */
+    if (ok && dk == FK_DK && (size_t)FK_PASS_SMEM <= (size_t)optin)
+        g_fk_ok = ck_attr(fk_prep_kernel, FK_PREP_SMEM / sizeof(float)) &&
+                  ck_attr(fk_pass_kernel, FK_PASS_SMEM / sizeof(float));
+    return ok;
 }
 
 /* parts: 1 the chunk table and prep, 2 the sequential pass, 3 both */
 static int ck_launch(cu_ctx *c, const cu_gdn_args *a, int parts) {
     long bound = (long)a->T / CK_CH + 2L * a->NE; /* an entry of n rows spans at most n / 64 + 2 chunks */
     if (!a->chunk_scr || bound > a->chunk_cap) return 0;
+    if (a->chunk_fast && fk_serves(a)) { /* fast mode: bf16 operands, one MMA a product */
+        dim3 gp((unsigned)bound, (unsigned)a->Hv),
+            gs((unsigned)(a->dv / 32), (unsigned)a->Hv, (unsigned)a->NE);
+        if (parts & 1) {
+            ck_plan_kernel<<<1, 32, 0, c->stream>>>(*a);
+            fk_prep_kernel<<<gp, 256, FK_PREP_SMEM, c->stream>>>(*a);
+        }
+        if (parts & 2) fk_pass_kernel<<<gs, 256, FK_PASS_SMEM, c->stream>>>(*a);
+        return 1;
+    }
     /* chunk_dt 0: the WMMA form ("stage"); else the mma.sync form (with one TF32 rounding, a diagnostic, the
      * WMMA form runs instead), its kernels compiled for dk = 128 where dk is 128 */
     const int one = cu_tf32_passes() == 1, mma = a->chunk_dt != 0 && !one, dk128 = a->dk == 128;
@@ -960,4 +1439,8 @@ extern "C" int cu_gdn_chunked_phased(cu_ctx *c, const cu_gdn_args *a) {
 
 extern "C" int cu_gdn_chunk_part(cu_ctx *c, const cu_gdn_args *a, int parts) {
     return ck_launch(c, a, parts);
+}
+
+extern "C" int cu_gdn_chunk_fast_serves(const cu_gdn_args *a) {
+    return fk_serves(a);
 }
