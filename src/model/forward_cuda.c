@@ -732,8 +732,8 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * (faster, coarser); exact: hi + lo, two passes. CINFER_CUDA_BF16_PASSES overrides the GEMMs' count (a
      * measurement switch) */
     f->fast = p->fast != 0;
-    const char *bp = getenv("CINFER_CUDA_BF16_PASSES");
-    cu_set_bf16_passes(bp ? atoi(bp) : f->fast ? 1 : 2);
+    const char *fps = getenv("CINFER_CUDA_FAST_PRESPLIT");
+    cu_set_fast_presplit(fps && !strcmp(fps, "1"));
     /* GEMV: "v2", the default since the H200 run of 07:17 (4B batch 1 227 -> 243 tok/s, batch 8 unchanged,
      * every test passing with it), takes the split-K kernel where it measured faster and v1 elsewhere; "v1"
      * the warp-per-2-rows kernel everywhere; "v2all" the split-K kernel wherever it serves; "v3" the kernel
@@ -877,6 +877,9 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
         free(f);
         return rc;
     }
+    /* this context's GEMM passes (cu_ctx: per context, so contexts of one process may differ) */
+    const char *bp = getenv("CINFER_CUDA_BF16_PASSES");
+    cu_set_bf16_passes(f->cu, bp ? atoi(bp) : f->fast ? 1 : 2);
     /* the dec kernel only where it serves the shape (else every row stays on attn_kernel) */
     if (f->attn_dec_ns && !(m->n_full > 0 && cu_attn_dec_init(m->Hq, m->Hkv, m->hd, f->attn_dec_ns)))
         f->attn_dec_ns = 0;
@@ -1325,7 +1328,7 @@ static void norm_for_gemm(cuda_fwd *f, const float *add, const float *w, int T) 
     float eps = (float)m->cfg.rms_norm_eps;
     int Mb = f->pf_split ? cu_gemm_presplit_rows(f->cu, T, m->H, y_rows(f, f->proj, T)) : 0;
     if (Mb) {
-        cu_add_rmsnorm_split(f->cu, f->x, add, f->xb, w, T, m->H, eps, (size_t)Mb * m->H);
+        cu_add_rmsnorm_split(f->cu, f->x, add, f->xb, w, T, m->H, eps, cu_gemm_presplit_lo(f->cu, Mb, m->H));
         f->xb_for = f->xn;
     } else {
         cu_add_rmsnorm(f->cu, f->x, add, f->xn, w, T, m->H, eps);
@@ -1433,7 +1436,7 @@ static void deltanet(cuda_fwd *f, const cu_layer *cl, const layer_weights *lw, i
     /* CINFER_CUDA_PF_SPLIT: a step with prefill rows ends in gnorm_kernel, which then writes out_proj's
      * halves */
     int Mb = out_split_rows(f, T, vd, fz, !rs->no_chunked);
-    if (Mb) a.o_xb = f->xb, a.o_lo = (size_t)Mb * vd;
+    if (Mb) a.o_xb = f->xb, a.o_lo = cu_gemm_presplit_lo(f->cu, Mb, vd);
     a.win_cnt = rs->has_spec && rs->no_chunked ? f->win_cnt : NULL, a.win_v2 = f->win_v2;
     for (int n = diag_n(f, DG_GDN); n > 0; n--) cu_gdn_layer(f->cu, &a);
     mark(f, CP_GEMM_OUT);
@@ -1469,7 +1472,7 @@ static void attention(cuda_fwd *f, const cu_layer *cl, int full, const run_shape
     a.dec_stamps = f->astamps;
     /* CINFER_CUDA_PF_SPLIT: tensor-core tiles without key splits write every row's output themselves */
     int Mb = out_split_rows(f, T, m->Hq * m->hd, fz, a.tiles && a.tc && !a.split.work);
-    if (Mb) a.o_xb = f->xb, a.o_lo = (size_t)Mb * m->Hq * m->hd;
+    if (Mb) a.o_xb = f->xb, a.o_lo = cu_gemm_presplit_lo(f->cu, Mb, m->Hq * m->hd);
     for (int n = diag_n(f, DG_ATTN); n > 0; n--) {
         if (!a.dec_nsmax || a.tiles || T <= ATTN_DEC_ROWS) {
             cu_attn_layer(f->cu, &a);
@@ -1499,7 +1502,7 @@ static void mlp(cuda_fwd *f, float *y, const float *x, const uint16_t *gu, const
     /* CINFER_CUDA_PF_SPLIT: SwiGLU straight into the down GEMM's halves where it takes the two-pass path */
     int Mb = f->pf_split ? cu_gemm_presplit_rows(f->cu, M, I, y_rows(f, y, M)) : 0;
     if (Mb) {
-        cu_swiglu_split(f->cu, f->xb, f->proj, M, I, (size_t)Mb * I);
+        cu_swiglu_split(f->cu, f->xb, f->proj, M, I, cu_gemm_presplit_lo(f->cu, Mb, I));
         mark(f, CP_FFN_GEMM);
         cu_gemm_presplit(f->cu, y, f->xb, down, M, m->H, I, Mb);
         return;

@@ -47,18 +47,24 @@ static void *host_copy(const void *d, size_t bytes) {
     return h;
 }
 
-/* both producers against f32 rows + cu_gemm_rows, at M rows (K = N-side sizes small, real code paths) */
-static void presplit_case(cu_ctx *c, int M, int pad) {
+/* both producers against f32 rows + cu_gemm_rows, at M rows (K = N-side sizes small, real code paths);
+ * passes 1 (precision fast): the producers write one bf16 copy (lo 0) and the product is one pass */
+static void presplit_case(cu_ctx *c, int M, int pad, int passes) {
     enum { K = 320, N = 96, MAXM = 256 };
     char err[256];
     int was = cu_gemm_pad();
     cu_set_gemm_pad(pad);
+    cu_set_bf16_passes(c, passes);
+    size_t lo = cu_gemm_presplit_lo(c, M, K);
+    CHECK_MSG(passes == 1 ? lo == 0 : lo == (size_t)M * K, "passes %d: lo offset %zu", passes, lo);
     int Mb = cu_gemm_presplit_rows(c, M, K, MAXM);
     CHECK_MSG(Mb >= M && Mb <= MAXM, "M %d pad %d: presplit rows %d", M, pad, Mb);
     if (Mb < M || Mb > MAXM) {
         cu_set_gemm_pad(was);
+        cu_set_bf16_passes(c, 2);
         return;
     }
+    lo = cu_gemm_presplit_lo(c, Mb, K);
     size_t nx = (size_t)MAXM * K, ny = (size_t)MAXM * N;
     float *hgu = malloc(sizeof(float) * 2 * nx), *hx = malloc(sizeof(float) * nx),
           *hadd = malloc(sizeof(float) * nx);
@@ -85,10 +91,10 @@ static void presplit_case(cu_ctx *c, int M, int pad) {
         cu_fill_f32(c, (float *)xb0, nx, NAN), cu_fill_f32(c, (float *)xb1, nx, NAN);
         if (op) {
             cu_add_rmsnorm(c, x0, add, act, w, M, K, 1e-6f);
-            cu_add_rmsnorm_split(c, x1, add, xb1, w, M, K, 1e-6f, (size_t)Mb * K);
+            cu_add_rmsnorm_split(c, x1, add, xb1, w, M, K, 1e-6f, lo);
         } else {
             cu_swiglu(c, act, gu, M, K);
-            cu_swiglu_split(c, xb1, gu, M, K, (size_t)Mb * K);
+            cu_swiglu_split(c, xb1, gu, M, K, lo);
         }
         cu_gemm_rows(c, y0, act, W, M, N, K, xb0, MAXM);
         cu_gemm_presplit(c, y1, xb1, W, M, N, K, Mb);
@@ -101,7 +107,10 @@ static void presplit_case(cu_ctx *c, int M, int pad) {
         for (size_t i = 0; i < (size_t)M * N; i++) unwritten += !isfinite(g1[i]);
         int same_y = !memcmp(g0, g1, sizeof(float) * (size_t)M * N);
         int same_h = !memcmp(b0, b1, sizeof(uint16_t) * (size_t)M * K) &&
-                     !memcmp(b0 + (size_t)Mb * K, b1 + (size_t)Mb * K, sizeof(uint16_t) * (size_t)M * K);
+                     (passes == 1 || !memcmp(b0 + (size_t)Mb * K, b1 + (size_t)Mb * K, sizeof(uint16_t) * (size_t)M * K));
+        int lo_kept = 1; /* one pass: nothing written past the one copy's rows */
+        if (passes == 1)
+            for (size_t i = (size_t)Mb * K; i < 2 * nx; i++) lo_kept &= b1[i] == b0[i] || (isnan(bf16_to_f32(b1[i])) && isnan(bf16_to_f32(b0[i])));
         int same_x = 1;
         if (op) {
             float *a0 = host_copy(x0, sizeof(float) * nx), *a1 = host_copy(x1, sizeof(float) * nx);
@@ -109,16 +118,19 @@ static void presplit_case(cu_ctx *c, int M, int pad) {
             same_x = !memcmp(a0, a1, sizeof(float) * nx);
             free(a0), free(a1);
         }
-        printf("     M %3d (halves of %3d rows, pad %d) %-13s: halves %s, product %s%s\n", M, Mb, pad, what,
+        printf("     M %3d (%s of %3d rows, pad %d) %-13s: halves %s, product %s%s\n", M,
+               passes == 1 ? "one copy" : "halves", Mb, pad, what,
                same_h ? "same bits" : "DIFFER", same_y ? "same bits" : "DIFFERS",
                op ? (same_x ? ", residual same bits" : ", residual DIFFERS") : "");
         CHECK_EQ_INT(unwritten, 0);
         CHECK_MSG(same_h, "M %d %s: the producer's halves differ from cu_gemm's split", M, what);
         CHECK_MSG(same_y, "M %d %s: the product from the producer's halves differs", M, what);
         CHECK_MSG(same_x, "M %d %s: the residual rows differ", M, what);
+        CHECK_MSG(lo_kept, "M %d %s: one pass wrote past its one copy", M, what);
         free(g0), free(g1), free(b0), free(b1);
     }
     cu_set_gemm_pad(was);
+    cu_set_bf16_passes(c, 2);
     free(hgu), free(hx), free(hadd), free(hw), free(hW);
     cu_free(gu), cu_free(x0), cu_free(x1), cu_free(add), cu_free(w), cu_free(W), cu_free(act), cu_free(y0),
         cu_free(y1), cu_free(xb0), cu_free(xb1);
@@ -133,10 +145,14 @@ TEST(cuda_presplit_ops_bitwise) {
     /* where the two-pass path does not serve a product, the producers must not be used */
     CHECK_EQ_INT(cu_gemm_presplit_rows(c, 64, 320, 256), 0);
     CHECK_EQ_INT(cu_gemm_presplit_rows(c, cu_gemv_max(), 320, 256), 0);
-    presplit_case(c, 65, 1);
-    presplit_case(c, 150, 1);
-    presplit_case(c, 150, 0);
-    presplit_case(c, 256, 1);
+    for (int passes = 2; passes >= 1; passes--) {
+        cu_set_fast_presplit(passes == 1); /* one pass: the producers' one copy (CINFER_CUDA_FAST_PRESPLIT=1) */
+        presplit_case(c, 65, 1, passes);
+        presplit_case(c, 150, 1, passes);
+        presplit_case(c, 150, 0, passes);
+        presplit_case(c, 256, 1, passes);
+    }
+    cu_set_fast_presplit(0);
     cu_ctx_destroy(c);
 }
 
@@ -222,6 +238,54 @@ TEST(cuda_presplit_forward_bitwise) {
         }
         cinfer_model_close(m);
     }
+}
+
+/* precision fast: the producers' one bf16 copy (CINFER_CUDA_FAST_PRESPLIT=1) against f32 rows that cu_gemm
+ * converts (=0), through the whole forward: the same bits */
+TEST(cuda_fast_presplit_forward_bitwise) {
+    if (cuda_devices() < 1) SKIP("no CUDA device: skipped");
+    static const char *fx[] = {"qwen35_dense", "qwen3_next"};
+    const char *old = getenv("CINFER_PRECISION");
+    char *keep = old ? strdup(old) : NULL;
+    setenv("CINFER_PRECISION", "fast", 1);
+    for (size_t i = 0; i < sizeof fx / sizeof fx[0]; i++) {
+        char dir[512], err[512];
+        snprintf(dir, sizeof dir, "%s/%s", test_fixtures_dir(), fx[i]);
+        cinfer_model *m;
+        if (cinfer_model_open(dir, &m, err, sizeof err)) {
+            test_fail(__FILE__, __LINE__, "%s: %s", fx[i], err);
+            continue;
+        }
+        cinfer_model_info info;
+        cinfer_model_get_info(m, &info);
+        for (int kind = 0; kind < 2; kind++) {
+            size_t n = (size_t)(kind ? 274 : 154) * info.vocab_size;
+            float *ref = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
+            for (size_t k = 0; k < n; k++) ref[k] = got[k] = NAN;
+            setenv("CINFER_CUDA_FAST_PRESPLIT", "0", 1);
+            int rc = kind ? run_mixed(m, info.vocab_size, ref) : run_long(m, info.vocab_size, ref);
+            setenv("CINFER_CUDA_FAST_PRESPLIT", "1", 1);
+            rc |= kind ? run_mixed(m, info.vocab_size, got) : run_long(m, info.vocab_size, got);
+            unsetenv("CINFER_CUDA_FAST_PRESPLIT");
+            if (!rc) {
+                int same = !memcmp(ref, got, n * sizeof(float)), nan = 0;
+                for (size_t k = 0; k < n; k++) nan += isnan(got[k]);
+                printf("     %-14s %-44s fast, one bf16 copy vs f32 rows: %s\n", fx[i],
+                       kind ? "3 sequences, prefills beside a decode row" : "150-token prefill + 4 steps",
+                       same ? "bit-identical" : "DIFFER");
+                CHECK_EQ_INT(nan, 0);
+                CHECK_MSG(same, "%s: fast mode's one-copy producers change the logits (%s)", fx[i],
+                          kind ? "mixed batch" : "long prefill");
+            }
+            free(ref), free(got);
+        }
+        cinfer_model_close(m);
+    }
+    if (keep)
+        setenv("CINFER_PRECISION", keep, 1);
+    else
+        unsetenv("CINFER_PRECISION");
+    free(keep);
 }
 
 #else

@@ -28,6 +28,10 @@ struct cu_ctx {
      * by cu_set_gemv_next (forward_cuda.c sets it before a fused GEMV and clears it after) */
     const void *gemv_next;
     size_t gemv_next_bytes;
+    /* bf16 passes of this context's tensor-core GEMMs (cu_set_bf16_passes): 1 one rounding of the activations
+     * (precision fast), anything else (0 as created) hi + lo, two (exact). Per context, so two contexts of one
+     * process (a fast server beside an exact test, a draft model) run their own mode */
+    int bf16_passes;
 };
 
 __device__ __forceinline__ float bf16_f32(uint16_t h) {
@@ -48,7 +52,7 @@ __device__ __forceinline__ uint16_t f32_bf16(float f) {
 __device__ __forceinline__ void split_put(uint16_t *y, size_t i, size_t lo, float v) {
     uint16_t h = f32_bf16(v);
     y[i] = h;
-    y[lo + i] = f32_bf16(__fsub_rn(v, bf16_f32(h)));
+    if (lo) y[lo + i] = f32_bf16(__fsub_rn(v, bf16_f32(h))); /* lo 0: the one-pass GEMM reads hi only */
 }
 
 __device__ __forceinline__ float warp_sum(float v) {

@@ -122,9 +122,9 @@ void cu_set_gemm_pad(int on);
 int cu_gemm_pad(void);
 /* CINFER_CUDA_PF_SPLIT: the producer of a prefill GEMM's input writes its bf16 hi | lo halves (the lo half at
  * lo = Mb * K halves) instead of f32 rows for cu_gemm to split; the same bits as cu_gemm on those rows.
- * cu_gemm_presplit_rows: Mb for a product of M rows into a y of y_rows rows where it takes the two-pass path
- * (more than 64 rows, two bf16 passes), else 0 (then cu_gemm must run); cu_gemm_presplit: that product from
- * the halves in xb. */
+ * cu_gemm_presplit_rows: Mb for a product of M rows into a y of y_rows rows where it takes the tensor-core
+ * path (more than 64 rows; two bf16 passes, or one with cu_set_fast_presplit on), else 0 (then cu_gemm
+ * must run); cu_gemm_presplit: that product from the halves (one pass: the one copy) in xb. */
 int cu_gemm_presplit_rows(cu_ctx *c, int M, int K, int y_rows);
 void cu_gemm_presplit(cu_ctx *c, float *d_y, const uint16_t *d_xb, const uint16_t *d_w, int M, int N, int K,
                       int Mb);
@@ -133,9 +133,14 @@ void cu_swiglu_split(cu_ctx *c, uint16_t *d_xb, const float *d_gu, int T, int I,
 /* x += add (add may be NULL); xb = split(rmsnorm(x) * w) (cu_add_rmsnorm's values) */
 void cu_add_rmsnorm_split(cu_ctx *c, float *d_x, const float *d_add, uint16_t *d_xb, const float *d_w, int T,
                           int H, float eps, size_t lo);
-/* 2 (default): activations as bf16 hi + lo through the tensor cores; 1: one bf16 rounding
- * (CINFER_CUDA_BF16_PASSES) */
-void cu_set_bf16_passes(int passes);
+/* this context's GEMMs: 2 (default): activations as bf16 hi + lo through the tensor cores; 1: one bf16
+ * rounding (precision fast, or CINFER_CUDA_BF16_PASSES) */
+void cu_set_bf16_passes(cu_ctx *c, int passes);
+/* where the producers write for cu_gemm_presplit: the lo half's offset Mb * K with two passes, 0 with one
+ * (one bf16 copy, split_put writes hi only) */
+size_t cu_gemm_presplit_lo(cu_ctx *c, int Mb, int K);
+/* CINFER_CUDA_FAST_PRESPLIT=1: with one pass, producers write the GEMM's one bf16 copy; 0 (default): f32 */
+void cu_set_fast_presplit(int on);
 /* Same, but every row m uses its own matrix w + widx[m] * N * K (MoE experts at decode; M <= any). */
 void cu_gemv_indexed(cu_ctx *c, float *d_y, const float *d_x, int x_row_div, const uint16_t *d_w,
                      const int *d_widx, int M, int N, int K);

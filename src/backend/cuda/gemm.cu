@@ -338,7 +338,8 @@ template <bool V4> __global__ void swiglu_split_kernel(uint16_t *xb, const float
             l[q] = f32_bf16(__fsub_rn(v[q], bf16_f32(h[q])));
         }
         *reinterpret_cast<ushort4 *>(xb + (size_t)r * I + i) = make_ushort4(h[0], h[1], h[2], h[3]);
-        *reinterpret_cast<ushort4 *>(xb + lo + (size_t)r * I + i) = make_ushort4(l[0], l[1], l[2], l[3]);
+        if (lo) /* lo 0: one bf16 copy (precision fast's one-pass GEMM) */
+            *reinterpret_cast<ushort4 *>(xb + lo + (size_t)r * I + i) = make_ushort4(l[0], l[1], l[2], l[3]);
     } else {
         split_put(xb, (size_t)r * I + i, lo, __fmul_rn(dev_silu(g[i]), g[I + i]));
     }
@@ -377,9 +378,11 @@ __global__ void add_halves_kernel(float *y, const float *t, size_t n, size_t lo)
         y[i] = t[i] + t[lo + i];
 }
 
-static int g_bf16_passes = 2;
-extern "C" void cu_set_bf16_passes(int p) {
-    g_bf16_passes = p == 1 ? 1 : 2;
+extern "C" void cu_set_bf16_passes(cu_ctx *c, int p) {
+    c->bf16_passes = p == 1 ? 1 : 2;
+}
+static int one_pass(const cu_ctx *c) {
+    return c->bf16_passes == 1;
 }
 
 extern "C" void cu_set_gemm_scratch(cu_ctx *c, float *t, size_t floats) {
@@ -450,9 +453,18 @@ static void gemm_impl(cu_ctx *c, float *y, const float *x, const uint16_t *w, in
     size_t n = (size_t)M * K;
     unsigned g = cdiv(n, 256);
     if (g > 65535u * 16u) g = 65535u * 16u;
-    if (g_bf16_passes == 1) {
+    if (one_pass(c)) {
+        /* rows padded as the two-pass path pads them (16s up to 64, then 64s), so the warm-up's shapes are
+         * the ones met later and a row's bits depend only on its bucket; the pad rows' outputs are not read */
+        int Mb = M;
+        if (M <= 64 && g_gemm_pad) {
+            int r = (M + CU_GEMM_PAD_ROWS - 1) / CU_GEMM_PAD_ROWS * CU_GEMM_PAD_ROWS;
+            if (r <= c->xb_rows && r <= y_rows) Mb = r;
+        } else if (M > 64) {
+            Mb = big_rows(c, M, y_rows);
+        }
         cu_f32_to_bf16(c, xb, x, n);
-        blas(c, y, xb, w, M, N, K, 0.0f);
+        blas(c, y, xb, w, Mb, N, K, 0.0f);
         return;
     }
     int stacked = M <= 64 && c->ytmp && (size_t)2 * M * N <= c->ytmp_floats, Mb = M;
@@ -473,16 +485,29 @@ static void gemm_impl(cu_ctx *c, float *y, const float *x, const uint16_t *w, in
     }
 }
 
+/* precision fast (one pass), CINFER_CUDA_FAST_PRESPLIT=1: the producers write one bf16 copy (lo 0) instead
+ * of f32 rows that cu_gemm would convert, half the bytes of exact's halves and no conversion kernel; 0 (the
+ * default until an H200 call measures it): one pass from f32 rows */
+static int g_fast_presplit = 0;
+extern "C" void cu_set_fast_presplit(int on) {
+    g_fast_presplit = on;
+}
+
 extern "C" int cu_gemm_presplit_rows(cu_ctx *c, int M, int K, int y_rows) {
-    if (M <= 64 || M <= g_gemv_max || g_bf16_passes != 2 || cu_skinny_takes(c, M, K)) return 0;
+    if (M <= 64 || M <= g_gemv_max || cu_skinny_takes(c, M, K)) return 0;
+    if (one_pass(c) && !g_fast_presplit) return 0;
     return big_rows(c, M, y_rows);
+}
+
+extern "C" size_t cu_gemm_presplit_lo(cu_ctx *c, int Mb, int K) {
+    return one_pass(c) ? 0 : (size_t)Mb * K;
 }
 
 extern "C" void cu_gemm_presplit(cu_ctx *c, float *y, const uint16_t *xb, const uint16_t *w, int M, int N,
                                  int K, int Mb) {
     (void)M; /* rows M..Mb of y are overwritten (pad rows, never read) */
     blas(c, y, xb, w, Mb, N, K, 0.0f);
-    blas(c, y, xb + (size_t)Mb * K, w, Mb, N, K, 1.0f);
+    if (!one_pass(c)) blas(c, y, xb + (size_t)Mb * K, w, Mb, N, K, 1.0f);
 }
 
 /* Row m of x (x row m / div) times matrix widx[m] of w: one M = 1 GEMV per block row, for MoE experts. */
