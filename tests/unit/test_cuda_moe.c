@@ -717,12 +717,16 @@ TEST(cuda_moe_fused_speed) {
 
 /* T rows choose k distinct experts each; expert hot (when >= 0) is in every row (more than one 64-slot tile),
  * expert 0 in none. Slots grouped on the device, then both GEMMs against the CPU (check: every check-th slot
- * and all of hot's; bf16 tensor-core path with hi + lo activations: 1e-4 as cu_gemm's test), every output
- * written, and the slots of the first T / 2 rows bit-identical when only those rows run. */
-static void prefill_case(const char *name, int T, int H, int E, int k, int I, int hot, int check) {
+ * and all of hot's; bf16 tensor-core path with hi + lo activations: 1e-4 as cu_gemm's test; passes 1, precision
+ * fast's activations rounded to bf16 once: 1e-2), every output written, the slots of the first T / 2 rows
+ * bit-identical when only those rows run, and the forward's pre-split pair (gate_up writing the down GEMM's
+ * bf16 input rows, cu_moe_gemm_swiglu_split + cu_moe_gemm_presplit) bit-identical to the f32 pair. */
+static void prefill_case(const char *name, int T, int H, int E, int k, int I, int hot, int check, int passes) {
     char err[256];
     cu_ctx *c;
     REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
+    cu_set_bf16_passes(c, passes);
+    double bound = passes == 1 ? 1e-2 : 1e-4;
     int S = T * k;
     int *idx = malloc((size_t)S * 4);
     for (int r = 0; r < T; r++)
@@ -772,6 +776,20 @@ static void prefill_case(const char *name, int T, int H, int E, int k, int I, in
         CHECK_MSG(same, "%s: %s differ", name, what[half]);
         free(a), free(y);
     }
+    /* the pre-split pair over all T rows (the tiles of the last run): its down output equals the f32 pair's */
+    {
+        uint16_t *d_ys = dev((size_t)2 * S * I * 2);
+        cu_fill_f32(c, d_y, (size_t)S * H, NAN);
+        cu_moe_gemm_swiglu_split(c, d_ys, d_x, k, d_gu, d_grp, d_tiles, S, E, I, H, d_xs);
+        cu_moe_gemm_presplit(c, d_y, d_ys, d_dn, d_grp, d_tiles, S, E, H, I);
+        REQUIRE(cu_sync(c, err, sizeof err) == 0);
+        float *y = get(d_y, (size_t)S * H * 4);
+        int same = !memcmp(y, gy, (size_t)S * H * 4);
+        printf("     %-52s %s\n", "  pre-split pair vs f32 pair", same ? "bit-identical" : "DIFFERENT");
+        CHECK_MSG(same, "%s: the pre-split pair differs from the f32 pair", name);
+        free(y);
+        cu_free(d_ys);
+    }
     /* the grouping: offsets count each expert's slots, perm holds each slot once under its expert */
     int *grp = get(d_grp, (size_t)(E + 1 + S) * 4);
     int bad = grp[0] != 0 || grp[E] != S;
@@ -803,9 +821,9 @@ static void prefill_case(const char *name, int T, int H, int E, int k, int I, in
     }
     char what[160];
     snprintf(what, sizeof what, "%s gate_up+SwiGLU (%zu slots) vs CPU", name, na / (size_t)I);
-    check_rel(what, ca, ra, na, 1e-4);
+    check_rel(what, ca, ra, na, bound);
     snprintf(what, sizeof what, "%s down vs CPU", name);
-    check_rel(what, cy, ry, ny, 1e-4);
+    check_rel(what, cy, ry, ny, bound);
     /* every slot written (NaN never passes): the whole outputs are finite */
     CHECK_MSG(rel(ga, ga, (size_t)S * I) == 0 && rel(gy, gy, (size_t)S * H) == 0,
               "%s: an output slot unwritten", name);
@@ -828,9 +846,17 @@ static void prefill_case(const char *name, int T, int H, int E, int k, int I, in
 
 TEST(cuda_moe_prefill_gemm_vs_cpu) {
     if (NO_DEVICE()) SKIP("no CUDA device: skipped");
-    prefill_case("tiny (fixture shape)", 150, 64, 8, 2, 32, 3, 1);
-    prefill_case("odd widths", 90, 72, 9, 3, 40, 4, 1);
-    prefill_case("35B-A3B shape", 130, 2048, 256, 8, 512, 5, 9);
+    prefill_case("tiny (fixture shape)", 150, 64, 8, 2, 32, 3, 1, 2);
+    prefill_case("odd widths", 90, 72, 9, 3, 40, 4, 1, 2);
+    prefill_case("35B-A3B shape", 130, 2048, 256, 8, 512, 5, 9, 2);
+}
+
+/* precision fast: the grouped GEMMs on the activations' hi part alone (NX 1) */
+TEST(cuda_moe_prefill_gemm_fast_vs_cpu) {
+    if (NO_DEVICE()) SKIP("no CUDA device: skipped");
+    prefill_case("fast: tiny (fixture shape)", 150, 64, 8, 2, 32, 3, 1, 1);
+    prefill_case("fast: odd widths", 90, 72, 9, 3, 40, 4, 1, 1);
+    prefill_case("fast: 35B-A3B shape", 130, 2048, 256, 8, 512, 5, 9, 1);
 }
 
 /* Device time of the two grouped GEMMs of a 4096-token 35B-A3B prefill chunk (32768 slots over 256 experts,
@@ -866,19 +892,22 @@ TEST(cuda_moe_prefill_speed) {
     cu_moe_tiles(c, grp, E, tiles);
     cu_timer *tm;
     REQUIRE(cu_timer_create(&tm) == 0);
-    double fl_gu = 2.0 * 2 * S * 2.0 * I * H, fl_dn = 2.0 * 2 * S * (double)H * I; /* x2: hi and lo */
-    cu_moe_gemm_swiglu(c, ea, x, k, gu, grp, tiles, S, E, I, H, xs);               /* warm */
-    cu_moe_gemm(c, ey, ea, 1, dn, grp, tiles, S, E, H, I, xs);
-    cu_timer_start(c, tm);
-    for (int r = 0; r < 5; r++) cu_moe_gemm_swiglu(c, ea, x, k, gu, grp, tiles, S, E, I, H, xs);
-    double t1 = cu_timer_stop_ms(c, tm) / 5;
-    cu_timer_start(c, tm);
-    for (int r = 0; r < 5; r++) cu_moe_gemm(c, ey, ea, 1, dn, grp, tiles, S, E, H, I, xs);
-    double t2 = cu_timer_stop_ms(c, tm) / 5;
-    printf(
-        "     35B-A3B 4096-token chunk: gate_up+SwiGLU %.3f ms (%.0f TFLOP/s), down %.3f ms (%.0f TFLOP/s): "
-        "%.2f ms per layer\n",
-        t1, fl_gu / t1 / 1e9, t2, fl_dn / t2 / 1e9, t1 + t2);
+    for (int passes = 2; passes >= 1; passes--) { /* exact's hi + lo, then precision fast's one pass */
+        cu_set_bf16_passes(c, passes);
+        double fl_gu = 2.0 * passes * S * 2.0 * I * H, fl_dn = 2.0 * passes * S * (double)H * I; /* all passes */
+        cu_moe_gemm_swiglu(c, ea, x, k, gu, grp, tiles, S, E, I, H, xs); /* warm */
+        cu_moe_gemm(c, ey, ea, 1, dn, grp, tiles, S, E, H, I, xs);
+        cu_timer_start(c, tm);
+        for (int r = 0; r < 5; r++) cu_moe_gemm_swiglu(c, ea, x, k, gu, grp, tiles, S, E, I, H, xs);
+        double t1 = cu_timer_stop_ms(c, tm) / 5;
+        cu_timer_start(c, tm);
+        for (int r = 0; r < 5; r++) cu_moe_gemm(c, ey, ea, 1, dn, grp, tiles, S, E, H, I, xs);
+        double t2 = cu_timer_stop_ms(c, tm) / 5;
+        printf("     35B-A3B 4096-token chunk, %s: gate_up+SwiGLU %.3f ms (%.0f TFLOP/s), down %.3f ms (%.0f "
+               "TFLOP/s): %.2f ms per layer\n",
+               passes == 2 ? "exact (hi + lo)" : "fast (one pass)", t1, fl_gu / t1 / 1e9, t2, fl_dn / t2 / 1e9,
+               t1 + t2);
+    }
     REQUIRE(cu_sync(c, err, sizeof err) == 0);
     cu_timer_destroy(tm);
     free(idx);

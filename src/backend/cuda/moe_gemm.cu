@@ -67,7 +67,7 @@ __global__ void mg_split_kernel(uint16_t *y, size_t stride, const float *x, size
         float r = v - bf16_f32(h);
         uint16_t l = f32_bf16(r);
         y[i] = h;
-        y[stride + i] = l;
+        if (nx > 1) y[stride + i] = l;
         if (nx > 2) y[2 * stride + i] = f32_bf16(r - bf16_f32(l));
     }
 }
@@ -222,7 +222,7 @@ __global__ void __launch_bounds__(MG_THREADS, BW > 128 ? 2 : 3) /* 2 or 3 blocks
                     if (OUT == 2) {
                         uint16_t h = f32_bf16(v);
                         ys[yo + col] = h;
-                        ys[ystride + yo + col] = f32_bf16(v - bf16_f32(h));
+                        if (NX > 1) ys[ystride + yo + col] = f32_bf16(v - bf16_f32(h));
                     } else {
                         y[yo + col] = v;
                     }
@@ -293,14 +293,25 @@ template <MG_TP> static void mg_launch(cu_ctx *c, const mg_args &a) {
         a.y, a.ys, a.ystride, a.ldy, a.xs, a.xstride, a.div, a.w, a.w_expert, a.up_off, a.grp, a.tile_off,
         a.E, a.M, a.N, a.K);
 }
-/* the grouped form g_moe_pf picks (c NULL: only the shared-memory limits set) */
+/* the grouped form g_moe_pf picks (c NULL: only the shared-memory limits set). Precision fast (the context's
+ * one bf16 pass, cu_set_bf16_passes): NX 1, the activations' hi part alone, as cu_gemm's one pass; OUT 2 then
+ * writes only the hi rows the down GEMM reads */
 template <int OUT> static void mg_grouped(cu_ctx *c, const mg_args &a) {
     if (!c)
-        mg_attr<OUT, 2, 256, 0, 64>(), mg_attr<OUT, 2, 128, 0, 32>();
+        mg_attr<OUT, 2, 256, 0, 64>(), mg_attr<OUT, 2, 128, 0, 32>(), mg_attr<OUT, 1, 256, 0, 64>(),
+            mg_attr<OUT, 1, 128, 0, 32>();
+    else if (c->bf16_passes == 1 && (g_moe_pf & 4))
+        mg_launch<OUT, 1, 256, 0, 64>(c, a);
+    else if (c->bf16_passes == 1)
+        mg_launch<OUT, 1, 128, 0, 32>(c, a);
     else if (g_moe_pf & 4)
         mg_launch<OUT, 2, 256, 0, 64>(c, a);
     else
         mg_launch<OUT, 2, 128, 0, 32>(c, a);
+}
+/* the activation parts the grouped GEMMs read: hi + lo, or hi alone in precision fast */
+static int mg_nx(const cu_ctx *c) {
+    return c->bf16_passes == 1 ? 1 : 2;
 }
 
 extern "C" void cu_moe_gemm_prepare(void) {
@@ -324,7 +335,7 @@ extern "C" void cu_moe_gemm_swiglu(cu_ctx *c, float *y, const float *x, int div,
                                    uint16_t *xs) {
     if (S <= 0 || I <= 0) return;
     size_t nx = (size_t)cdiv((size_t)S, (size_t)div) * K; /* x rows: slot s reads row s / div */
-    mg_split(c, xs, x, nx, 2);
+    mg_split(c, xs, x, nx, mg_nx(c));
     swiglu_any<1>(c, y, NULL, div, w_gu, grp, tile_off, S, E, I, K, xs, nx);
 }
 
@@ -333,7 +344,7 @@ extern "C" void cu_moe_gemm_swiglu_split(cu_ctx *c, uint16_t *ys, const float *x
                                          int E, int I, int K, uint16_t *xs) {
     if (S <= 0 || I <= 0) return;
     size_t nx = (size_t)cdiv((size_t)S, (size_t)div) * K;
-    mg_split(c, xs, x, nx, 2);
+    mg_split(c, xs, x, nx, mg_nx(c));
     swiglu_any<2>(c, NULL, ys, div, w_gu, grp, tile_off, S, E, I, K, xs, nx);
 }
 
@@ -349,7 +360,7 @@ extern "C" void cu_moe_gemm(cu_ctx *c, float *y, const float *x, int div, const 
                             const int *tile_off, int S, int E, int N, int K, uint16_t *xs) {
     if (S <= 0 || N <= 0) return;
     size_t nx = (size_t)cdiv((size_t)S, (size_t)div) * K;
-    mg_split(c, xs, x, nx, 2);
+    mg_split(c, xs, x, nx, mg_nx(c));
     gemm_split_in(c, y, xs, nx, div, w, grp, tile_off, S, E, N, K);
 }
 
