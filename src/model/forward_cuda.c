@@ -341,6 +341,16 @@ struct cuda_fwd {
     int attn_pf;        /* CINFER_CUDA_ATTN_PF (cu_set_attn_decode_pf) */
     int glu[2];         /* CINFER_CUDA_GEMV_GLU "nr,var" (cu_set_gemv3_glu) */
     unsigned long long diag_done;
+    /* CINFER_CUDA_GEMV_STAGE="bits[,rows]" (measurements until an H200 A/B decides; off by default): bit 1
+     * out_proj at one row by the staged form (weights into shared memory before its PDL wait,
+     * cu_set_gemv_stage), 2 the DeltaNet decode kernel lets out_proj place its blocks before its own wait
+     * (cu_gdn_args.dec_early), 4 a max-shared carveout preference for the decode GEMVs and that kernel;
+     * stage_rows: rows a staged block takes for the DeltaNet / attention out_proj (0: the register form) */
+    int stage_bits, stage_rows[2];
+    /* CINFER_CUDA_G3_STAMPS=1 (measurements): every block of in_proj and out_proj in one-row steps records
+     * its start, PDL wait and end (cu_gemv3_stamps_begin); g3st_kind[tag]: layer * 4 + 2 (attention) + 1
+     * (out_proj); the timeline goes to stderr at teardown */
+    int g3st_on, *g3st_kind;
 };
 
 int cuda_built(void) {
@@ -639,6 +649,92 @@ static void stamps_report(const char *what, const void *dev, size_t cap, int ns,
     free(h);
 }
 
+/* CINFER_CUDA_G3_STAMPS: records kept (cu_gemv3_stamps_begin) and tags whose kind is remembered */
+#define G3ST_CAP           (1u << 21)
+#define G3ST_KINDS         8192
+
+/* one launch of a stamped GEMV in one step (the graph replays a tag once a step) */
+typedef struct g3_occ {
+    int tag;
+    unsigned long long s0, smed, w0, e1,
+        d1;       /* first / median start, first wait done, last end, last landed */
+    int n, early; /* blocks, blocks started before the first wait was done */
+} g3_occ;
+static int g3st_cmp(const void *a, const void *b) {
+    const cu_g3_stamp *x = a, *y = b;
+    if (x->tag != y->tag) return x->tag < y->tag ? -1 : 1;
+    return x->t[0] < y->t[0] ? -1 : x->t[0] > y->t[0];
+}
+/* The timeline of out_proj against in_proj in the one-row steps, per layer kind (DeltaNet, attention): from
+ * in_proj's last block end E (the core kernel's PDL wait is released about then), when out_proj's blocks
+ * start, how many start before the core kernel ends (out_proj's first wait done), when they are done; the
+ * staged form's last row landed. Means over every replay but each tag's first */
+static void g3_timeline_report(cuda_fwd *f) {
+    cu_g3_stamp *st = malloc((size_t)G3ST_CAP * sizeof *st);
+    g3_occ *oc = st ? malloc((size_t)G3ST_CAP / 16 * sizeof *oc) : NULL;
+    char err[256];
+    long n = st ? cu_gemv3_stamps_end(f->cu, st, G3ST_CAP, err, sizeof err) : -1;
+    if (!oc || n <= 0) {
+        fprintf(stderr, "cinfer cuda: g3 stamps: none (%ld)\n", n);
+        free(st), free(oc);
+        return;
+    }
+    qsort(st, (size_t)n, sizeof *st, g3st_cmp);
+    long no = 0, cap = (long)G3ST_CAP / 16;
+    for (long i = 0; i < n && no < cap;) { /* occurrences: a tag's blocks, split where starts jump > 200 us */
+        long j = i + 1;
+        while (j < n && st[j].tag == st[i].tag && st[j].t[0] - st[j - 1].t[0] < 200000) j++;
+        g3_occ *o = &oc[no++];
+        o->tag = (int)st[i].tag, o->n = (int)(j - i), o->s0 = st[i].t[0], o->smed = st[i + (j - i) / 2].t[0];
+        o->w0 = ~0ull, o->e1 = 0, o->d1 = 0, o->early = 0;
+        for (long k = i; k < j; k++) {
+            if (st[k].t[1] < o->w0) o->w0 = st[k].t[1];
+            if (st[k].t[2] > o->e1) o->e1 = st[k].t[2];
+            if (st[k].t[3] > o->d1) o->d1 = st[k].t[3];
+        }
+        for (long k = i; k < j; k++) o->early += st[k].t[0] < o->w0;
+        i = j;
+    }
+    /* per kind: in_proj length, out start first / median after E, early share, core end, landed, out end */
+    double acc[2][8] = {{0}};
+    int cnt[2] = {0, 0};
+    for (long a = 0; a < no; a++) {
+        int kd = oc[a].tag < G3ST_KINDS ? f->g3st_kind[oc[a].tag] : 0;
+        if (!(kd & 1) || a == 0 || oc[a - 1].tag != oc[a].tag) continue; /* out_proj, not its tag's first */
+        const g3_occ *in = NULL; /* the in_proj launch of the same step: tag - 1, ended last before */
+        for (long b = 0; b < no; b++)
+            if (oc[b].tag == oc[a].tag - 1 && oc[b].e1 <= oc[a].w0 && oc[a].w0 - oc[b].e1 < 100000 &&
+                (!in || oc[b].e1 > in->e1))
+                in = &oc[b];
+        if (!in) continue;
+        int at = (kd & 2) != 0;
+        double E = (double)in->e1;
+        acc[at][0] += (E - (double)in->s0) / 1e3;
+        acc[at][1] += ((double)oc[a].s0 - E) / 1e3;
+        acc[at][2] += ((double)oc[a].smed - E) / 1e3;
+        acc[at][3] += (double)oc[a].early / oc[a].n;
+        acc[at][4] += ((double)oc[a].w0 - E) / 1e3;
+        acc[at][5] += oc[a].d1 ? ((double)oc[a].d1 - E) / 1e3 : 0.0;
+        acc[at][6] += ((double)oc[a].e1 - E) / 1e3;
+        acc[at][7] += oc[a].n;
+        cnt[at]++;
+    }
+    for (int at = 0; at < 2; at++) {
+        if (!cnt[at]) continue;
+        double *v = acc[at];
+        int c = cnt[at];
+        fprintf(
+            stderr,
+            "cinfer cuda: g3 timeline %s (%d launches, %.0f blocks; us from in_proj's last end E): in_proj "
+            "%.2f long; out_proj first start %+.2f, median start %+.2f, %.0f%% of blocks started before "
+            "the core ended; core ended (out_proj's first wait done) %+.2f; rows landed %+.2f; out_proj "
+            "done %+.2f (%.2f after the core)\n",
+            at ? "attention" : "deltanet", c, v[7] / c, v[0] / c, v[1] / c, v[2] / c, 100.0 * v[3] / c,
+            v[4] / c, v[5] / c, v[6] / c, (v[6] - v[4]) / c);
+    }
+    free(st), free(oc);
+}
+
 /* CINFER_CUDA_GDN_STAMPS: the clustered DeltaNet kernel's phases (block 0) */
 static void gdn_stamps_report(cuda_fwd *f) {
     static const char *const ph[CU_GDN_STAMPS - 1] = {
@@ -659,6 +755,8 @@ void cuda_fwd_destroy(cuda_fwd *f) {
     if (!f) return;
     if (f->astamps) attn_stamps_report(f);
     if (f->gdn_stamps) gdn_stamps_report(f);
+    if (f->g3st_on) g3_timeline_report(f);
+    free(f->g3st_kind);
     for (int i = 0; i < f->n_graphs; i++) cu_graph_destroy(f->graphs[i].exec);
     for (int i = 0; i < PROF_MAX_MARKS; i++) cu_timer_destroy(f->marks[i]);
     cu_timer_destroy(f->tr_ev[0]);
@@ -883,6 +981,31 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     /* the dec kernel only where it serves the shape (else every row stays on attn_kernel) */
     if (f->attn_dec_ns && !(m->n_full > 0 && cu_attn_dec_init(m->Hq, m->Hkv, m->hd, f->attn_dec_ns)))
         f->attn_dec_ns = 0;
+    /* CINFER_CUDA_GEMV_STAGE="bits[,rows]" (measurements, off by default; cuda_fwd.stage_bits): out_proj's
+     * weights on chip before its PDL wait, where a block of rows rows (0: one block an SM) fits */
+    const char *gst3 = getenv("CINFER_CUDA_GEMV_STAGE");
+    if (gst3) {
+        int rows = 0;
+        sscanf(gst3, "%d,%d", &f->stage_bits, &rows);
+        if (f->stage_bits & 1) {
+            f->stage_rows[0] = m->n_lin ? cu_gemv_stage_rows(m->H, m->Hv * m->dv, rows) : 0;
+            f->stage_rows[1] = m->n_full ? cu_gemv_stage_rows(m->H, m->Hq * m->hd, rows) : 0;
+        }
+        if (f->stage_bits & 4) cu_set_gemv3_carveout(100);
+        fprintf(stderr,
+                "cinfer cuda: CINFER_CUDA_GEMV_STAGE=%s: staged out_proj rows a block %d (deltanet) / %d "
+                "(attention), deltanet lets it start %s its wait, carveout %s\n",
+                gst3, f->stage_rows[0], f->stage_rows[1], f->stage_bits & 2 ? "before" : "after",
+                f->stage_bits & 4 ? "max shared" : "the driver's");
+    }
+    const char *g3s = getenv("CINFER_CUDA_G3_STAMPS");
+    if (g3s && !strcmp(g3s, "1")) {
+        f->g3st_kind = calloc(G3ST_KINDS, sizeof *f->g3st_kind);
+        if (f->g3st_kind && !cu_gemv3_stamps_begin(f->cu, G3ST_CAP, err, errlen)) {
+            f->g3st_on = 1;
+            cu_gemv3_stamps_pause(1);
+        }
+    }
     if ((rc = upload_layers(f, err, errlen)) || (rc = alloc_scratch(f, err, errlen))) goto fail;
     cu_set_gemm_scratch(f->cu, f->ytmp, f->ytmp_floats);
     cu_set_gemm_xb_rows(f->cu, (int)zmax((size_t)p->max_tokens, (size_t)f->max_S));
@@ -1343,14 +1466,32 @@ static int diag_n(const cuda_fwd *f, int cls) {
     return (f->diag_skip & cls) ? 0 : (f->diag_dup & cls) ? 2 : 1;
 }
 
+/* the model's layer cl is a full-attention one (the MTP head's layers: no) */
+static int cl_attn(const cuda_fwd *f, const cu_layer *cl) {
+    return cl >= f->L && cl < f->L + f->m->L && f->m->full_index[cl - f->L] >= 0;
+}
+/* CINFER_CUDA_G3_STAMPS: the next decode GEMV of layer cl records its blocks' stamps (what: 1 out_proj) */
+static void g3st_mark(cuda_fwd *f, const cu_layer *cl, int T, int what) {
+    if (!f->g3st_on || T != 1) return;
+    int tag = cu_gemv3_stamp_tag(), l = (int)(cl - f->L);
+    if (tag < 0 || tag >= G3ST_KINDS || l < 0 || l >= f->m->L) return;
+    f->g3st_kind[tag] = l * 4 + (cl_attn(f, cl) ? 2 : 0) + what;
+    cu_gemv3_stamps_pause(0);
+}
+static void g3st_unmark(cuda_fwd *f) {
+    if (f->g3st_on) cu_gemv3_stamps_pause(1);
+}
+
 /* The layer's input projection: from f->xn (normed by the caller), or with fz from the raw residual f->x,
  * normed inside the GEMV by the layer's input norm */
 static void in_proj(cuda_fwd *f, const cu_layer *cl, int T, int fz) {
     const model *m = f->m;
-    if (fz)
+    if (fz) {
+        g3st_mark(f, cl, T, 0);
         cu_gemv_fused(f->cu, f->proj, f->x, cl->w_in, T, cl->n_in, m->H, cl->in_norm,
                       (float)m->cfg.rms_norm_eps, CU_EPI_STORE);
-    else
+        g3st_unmark(f);
+    } else
         gemm(f, f->proj, f->xn, cl->w_in, T, cl->n_in, m->H);
 }
 
@@ -1383,7 +1524,13 @@ static const uint16_t *after_ffn(const cuda_fwd *f, const cu_layer *cl, size_t *
 static void out_proj(cuda_fwd *f, const cu_layer *cl, int T, int K, int fz) {
     if (fz) {
         gemv_next(f, cl->w_gu, (size_t)2 * f->m->cfg.intermediate_size * f->m->H * 2);
+        /* CINFER_CUDA_GEMV_STAGE bit 1: at one row from shared memory filled before the PDL wait */
+        int rows = T == 1 ? f->stage_rows[cl_attn(f, cl)] : 0;
+        cu_set_gemv_stage(f->cu, rows);
+        g3st_mark(f, cl, T, 1);
         cu_gemv_fused(f->cu, f->x, f->act, cl->w_out, T, f->m->H, K, NULL, 0.0f, CU_EPI_ADD);
+        g3st_unmark(f);
+        cu_set_gemv_stage(f->cu, 0);
         gemv_next(f, NULL, 0);
     } else
         gemm(f, f->out, f->act, cl->w_out, T, f->m->H, K);
@@ -1433,6 +1580,7 @@ static void deltanet(cuda_fwd *f, const cu_layer *cl, const layer_weights *lw, i
     a.spec_buf = f->spec_fuse ? spec_buf_floats(f) : 0;
     a.no_chunked = rs->no_chunked, a.dec_cnt = rs->gdn_fused ? f->gdn_cnt : NULL;
     a.dec_cluster = f->gdn_cluster, a.dec_cluster_max = f->gdn_cluster_max, a.dec_stamps = f->gdn_stamps;
+    a.dec_early = (f->stage_bits & 2) != 0, a.dec_carve = f->stage_bits & 4 ? 100 : 0;
     /* CINFER_CUDA_PF_SPLIT: a step with prefill rows ends in gnorm_kernel, which then writes out_proj's
      * halves */
     int Mb = out_split_rows(f, T, vd, fz, !rs->no_chunked);

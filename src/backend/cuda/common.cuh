@@ -32,6 +32,10 @@ struct cu_ctx {
      * (precision fast), anything else (0 as created) hi + lo, two (exact). Per context, so two contexts of one
      * process (a fast server beside an exact test, a draft model) run their own mode */
     int bf16_passes;
+    /* CINFER_CUDA_GEMV_STAGE: rows a block of the staged form (gemv3_stage_kernel) takes for the decode GEMVs
+     * launched while set (one row of x, the residual epilogue: out_proj), 0 the register form. Set by
+     * cu_set_gemv_stage around out_proj */
+    int gemv_stage_rows;
 };
 
 __device__ __forceinline__ float bf16_f32(uint16_t h) {
