@@ -395,6 +395,12 @@ size_t cu_gdn_chunk_bytes(int cap, int T, int Hv, int dk, int dv);
 int cu_gdn_chunk_part(cu_ctx *c, const cu_gdn_args *a, int parts);
 /* 1 when fast mode's chunked form (cu_gdn_args.chunk_fast) serves a's shapes (after cu_gdn_chunk_init) */
 int cu_gdn_chunk_fast_serves(const cu_gdn_args *a);
+/* fast mode's sequential pass as clusters of cl (1, 2, 4) blocks of a head sharing each chunk's loads by
+ * multicast (CINFER_CUDA_GDN_FAST_CL; 1: none) */
+void cu_gdn_fast_set_cluster(int cl);
+/* clusters of cl of the pass's blocks the device holds at once (cudaOccupancyMaxActiveClusters; printed by
+ * cuda_deltanet_prefill_fast_speed) */
+int cu_gdn_fast_max_clusters(int cl);
 /* The tensor-core prefill kernels (DeltaNet and attention) split each f32 operand into TF32 hi + lo and run
  * three MMAs per product (3, the default: f32-accurate); 1: one TF32 rounding (CINFER_CUDA_TF32_PASSES=1, to
  * measure what the split costs: ~4e-4 per product, past the model parity bound; the fp16 attention then

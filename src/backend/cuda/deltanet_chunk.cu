@@ -31,6 +31,7 @@
  *   state (a block per (entry, value head, 32 value columns), chunks in order, S's column slice from the slot
  * and back): D = U - W S,  O = Qg S + QK D,  S <- e^(g_L) S + Kf^T D.
  */
+#include <cuda_fp16.h>
 #include <cuda_pipeline.h>
 #include <mma.h>
 
@@ -889,18 +890,24 @@ __global__ void __launch_bounds__(256) ck_state_mma_kernel(cu_gdn_args a) {
 static __host__ __device__ size_t fk_qk_off(int dv) { /* [Q | K] in the region of (chunk, kh) */
     return FK_U + (size_t)(dv / 32) * FK_UB;
 }
-/* prep's shared memory: K, Q then V bf16 [64][136], A and T f32 [64][68], T diag(beta e^gam) and T diag(beta)
- * bf16 [64][72], X f32 [3][256], gam, beta, e^gam, e^(g_L - gam) [64] */
-#define FK_PREP_SMEM                                                                                         \
-    (2 * FK_QK + 2 * CK_CH * CK_GLD * 4 + 2 * CK_CH * FK_QL * 2 + 3 * 256 * 4 + 4 * CK_CH * 4)
+/* prep's shared memory (72 KB: three blocks an SM): K (fp16, then bf16), Q (fp16) then V (bf16) [64][136], A
+ * f32 [64][68] and X f32 [3][256] (after the inverse: T diag(beta e^gam) and T diag(beta) bf16 [64][72]), T
+ * f32 [64][68], gam, beta, e^gam, e^(g_L - gam) [64] */
+#define FK_PREP_SMEM (2 * FK_QK + 2 * CK_CH * CK_GLD * 4 + 3 * 256 * 4 + 4 * CK_CH * 4)
 /* the pass's: two stages of [W | QK | gates], U's block, [Q | K]; S bf16 [128][40], D and the decayed D bf16
  * [64][40]; two mbarriers */
 #define FK_STAGE     (FK_U + FK_UB + FK_QKB)
-#define FK_PASS_SMEM (2 * FK_STAGE + FK_DK * FK_UL * 2 + 2 * FK_UB + 16)
+#define FK_NST       3 /* stages: a chunk's loads have two chunks' time to land */
+#define FK_PASS_SMEM (FK_NST * FK_STAGE + FK_DK * FK_UL * 2 + 2 * FK_UB + 2 * FK_NST * 8)
 
 static __device__ __forceinline__ uint32_t fk_pack(float lo, float hi) { /* bf16x2, round to nearest even */
     uint32_t d;
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+}
+static __device__ __forceinline__ uint32_t fk_pack_h(float lo, float hi) { /* fp16x2 */
+    uint32_t d;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));
     return d;
 }
 static __device__ __forceinline__ float fk_lo(uint32_t v) {
@@ -914,6 +921,14 @@ static __device__ __forceinline__ float fk_hi(uint32_t v) {
 static __device__ __forceinline__ void fk_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
                                               uint32_t b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+/* the same on fp16 operands */
+static __device__ __forceinline__ void fk_mma_h(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
                  "{%0,%1,%2,%3};\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
@@ -947,9 +962,13 @@ static __device__ __forceinline__ const uint16_t *fk_bt(const uint16_t *B, int l
     return B + (size_t)(n0 + (l & 7) + (l >> 4) * 8) * ld + k0 + ((l >> 3) & 1) * 8;
 }
 
-/* prep, a block per (chunk, value head): Q, K (and V) rounded once, A and Q K^T on the tensor cores, the
- * masks, decays and T in f32, W = T diag(beta e^gam) K and U = T diag(beta) V on the tensor cores */
-__global__ void __launch_bounds__(256, 2) fk_prep_kernel(cu_gdn_args a) {
+/* prep, a block per (chunk, value head): A and Q K^T on the tensor cores from Q and K rounded to fp16 (they
+ * are l2-normalized, |x| <= 1: fp16's range holds them, and its 11 bits keep a dot product that nearly
+ * cancels - the single-row entries' q.k, which the gated norm's eps does not scale away - within the bound,
+ * where bf16 operands missed it: 1.08e-2 in session 10's call 2), the masks, decays and T in f32, W = T
+ * diag(beta e^gam) K and U = T diag(beta) V on the tensor cores from bf16 operands (V has no bounded range)
+ */
+__global__ void __launch_bounds__(256, 3) fk_prep_kernel(cu_gdn_args a) {
     extern __shared__ __align__(128) unsigned char fsp[];
     const int *tab = ck_table(a);
     int k = blockIdx.x, h = blockIdx.y;
@@ -958,10 +977,9 @@ __global__ void __launch_bounds__(256, 2) fk_prep_kernel(cu_gdn_args a) {
     const int dv = a.dv, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int rr = a.Hv / a.Hk, kh = h / rr, kd = a.Hk * FK_DK, C = a.C, r0 = a.meta.e_row0[e] + c0;
     uint16_t *Kb = (uint16_t *)fsp, *QV = Kb + CK_CH * FK_LD;
-    float *Am = (float *)(QV + CK_CH * FK_LD), *Tm = Am + CK_CH * CK_GLD;
-    uint16_t *Tp = (uint16_t *)(Tm + CK_CH * CK_GLD), *Tb = Tp + CK_CH * FK_QL;
-    float *X = (float *)(Tb + CK_CH * FK_QL), *gam = X + 3 * 256, *bet = gam + CK_CH, *egam = bet + CK_CH,
-          *fl = egam + CK_CH;
+    float *Am = (float *)(QV + CK_CH * FK_LD), *X = Am + CK_CH * CK_GLD, *Tm = X + 3 * 256;
+    uint16_t *Tp = (uint16_t *)Am, *Tb = Tp + CK_CH * FK_QL; /* over A and X, once both are done */
+    float *gam = Tm + CK_CH * CK_GLD, *bet = gam + CK_CH, *egam = bet + CK_CH, *fl = egam + CK_CH;
     const size_t stride = ck_stride(FK_DK, dv) * sizeof(float);
     unsigned char *reg = (unsigned char *)a.chunk_scr + ((size_t)k * a.Hv + h) * stride;
     uint16_t *qkg =
@@ -988,8 +1006,10 @@ __global__ void __launch_bounds__(256, 2) fk_prep_kernel(cu_gdn_args a) {
             int t = (tid >> 5) + 8 * i, c = lane * 4;
             uint2 qb = make_uint2(fk_pack(qv[i].x, qv[i].y), fk_pack(qv[i].z, qv[i].w));
             uint2 kb = make_uint2(fk_pack(kv[i].x, kv[i].y), fk_pack(kv[i].z, kv[i].w));
-            *(uint2 *)(QV + t * FK_LD + c) = qb;
-            *(uint2 *)(Kb + t * FK_LD + c) = kb;
+            *(uint2 *)(QV + t * FK_LD + c) =
+                make_uint2(fk_pack_h(qv[i].x, qv[i].y), fk_pack_h(qv[i].z, qv[i].w));
+            *(uint2 *)(Kb + t * FK_LD + c) =
+                make_uint2(fk_pack_h(kv[i].x, kv[i].y), fk_pack_h(kv[i].z, kv[i].w));
             if (qkg) {
                 *(uint2 *)(qkg + t * FK_LD + c) = qb;
                 *(uint2 *)(qkg + CK_CH * FK_LD + t * FK_LD + c) = kb;
@@ -1044,8 +1064,8 @@ __global__ void __launch_bounds__(256, 2) fk_prep_kernel(cu_gdn_args a) {
             uint32_t af[4], bf[4];
             fk_ldm<false>(af, fk_a(As, FK_LD, mi * 16, ks * 16, lane));
             fk_ldm<false>(bf, fk_bt(Kb, FK_LD, ks * 16, ni * 16, lane));
-            fk_mma(acc[0], af, bf[0], bf[1]);
-            fk_mma(acc[1], af, bf[2], bf[3]);
+            fk_mma_h(acc[0], af, bf[0], bf[1]);
+            fk_mma_h(acc[1], af, bf[2], bf[3]);
         }
         float *dst = (which ? Tm : Am) + mi * 16 * CK_GLD + ni * 16;
 #pragma unroll
@@ -1076,6 +1096,13 @@ __global__ void __launch_bounds__(256, 2) fk_prep_kernel(cu_gdn_args a) {
             if (idx < CK_CH * vq)
                 *(uint2 *)(QV + t * FK_LD + c) =
                     make_uint2(fk_pack(vv[i].x, vv[i].y), fk_pack(vv[i].z, vv[i].w));
+        }
+        /* K, fp16 for the products above, to bf16 in place for W's (its partner T diag(beta e^gam) is
+         * bounded only as T is) */
+        for (int idx = tid; idx < CK_CH * FK_DK / 2; idx += 256) {
+            uint32_t *p = (uint32_t *)(Kb + (idx >> 6) * FK_LD + (idx & 63) * 2);
+            __half2 v = *(__half2 *)p;
+            *p = fk_pack(__low2float(v), __high2float(v));
         }
     }
     __syncthreads();
@@ -1164,41 +1191,110 @@ __global__ void __launch_bounds__(256, 2) fk_prep_kernel(cu_gdn_args a) {
     }
 }
 
-/* a chunk's three bulk copies into stage buffer sp (thread 0; the block's reads of it done, past a barrier)
- */
+/* CL > 1: the pass's blocks of a head (its dv / 32 column blocks, CL of them) as one thread block cluster,
+ * the stage's shared part ([W | QK | gates], [Q | K]: 62 of its 67 KB) loaded once for the cluster: each
+ * block copies a CL-th of it into the same place of every block's shared memory (multicast), its U block
+ * alone. A stage is refilled only once every block of the cluster has released it ("empty" mbarriers, one
+ * arrival from each block) */
+static __device__ __forceinline__ void fk_mcopy(void *dst, const void *src, unsigned bytes, uint64_t *bar,
+                                                unsigned short mask) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], "
+        "%2, [%3], %4;\n" ::"r"(bk_sa(dst)),
+        "l"(src), "r"(bytes), "r"(bk_sa(bar)), "h"(mask)
+        : "memory");
+}
+static __device__ __forceinline__ unsigned fk_rank(void) {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+static __device__ __forceinline__ void fk_cluster_sync(void) {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::
+                     : "memory");
+}
+static __device__ __forceinline__ void fk_arrive_remote(uint64_t *bar, unsigned rank) {
+    unsigned ra;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(ra) : "r"(bk_sa(bar)), "r"(rank));
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(ra) : "memory");
+}
+static __device__ __forceinline__ void fk_wait_cluster(uint64_t *bar, unsigned parity) {
+    unsigned ok = 0;
+    do {
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+            "selp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(ok)
+            : "r"(bk_sa(bar)), "r"(parity)
+            : "memory");
+    } while (!ok);
+}
+/* the 16-byte units [u0, u1) of this block's CL-th of a region of `units` units */
+template <int CL>
+static __device__ __forceinline__ void fk_piece(unsigned units, unsigned rank, unsigned &u0, unsigned &u1) {
+    unsigned per = (units + CL - 1) / CL;
+    u0 = rank * per < units ? rank * per : units;
+    u1 = u0 + per < units ? u0 + per : units;
+}
+
+/* a chunk's copies into stage buffer sp (thread 0; every block that reads it has released it): [W | QK |
+ * gates], U's block, [Q | K]; CL > 1: this block's part of the shared ones to the whole cluster */
+template <int CL>
 static __device__ __forceinline__ void fk_stage(unsigned char *sp, const cu_gdn_args &a, size_t stride, int k,
                                                 int h, int kh, int cb, uint64_t *bar) {
     const unsigned char *base = (const unsigned char *)a.chunk_scr;
     const unsigned char *rv = base + ((size_t)k * a.Hv + h) * stride,
-                        *rk = base + ((size_t)k * a.Hv + kh) * stride;
+                        *rk = base + ((size_t)k * a.Hv + kh) * stride + fk_qk_off(a.dv);
     bk_fence();
     bk_expect(bar, FK_STAGE);
-    bk_copy(sp, rv, FK_U, bar);
     bk_copy(sp + FK_U, rv + FK_U + (size_t)cb * FK_UB, FK_UB, bar);
-    bk_copy(sp + FK_U + FK_UB, rk + fk_qk_off(a.dv), FK_QKB, bar);
+    if constexpr (CL == 1) {
+        bk_copy(sp, rv, FK_U, bar);
+        bk_copy(sp + FK_U + FK_UB, rk, FK_QKB, bar);
+    } else {
+        unsigned r = fk_rank(), u0, u1;
+        const unsigned short mask = (unsigned short)((1u << CL) - 1);
+        fk_piece<CL>(FK_U / 16, r, u0, u1);
+        if (u1 > u0) fk_mcopy(sp + 16 * u0, rv + 16 * u0, 16 * (u1 - u0), bar, mask);
+        fk_piece<CL>(FK_QKB / 16, r, u0, u1);
+        if (u1 > u0) fk_mcopy(sp + FK_U + FK_UB + 16 * u0, rk + 16 * u0, 16 * (u1 - u0), bar, mask);
+    }
 }
 
-/* the sequential pass, a block per (entry, value head, 32 value columns), chunks in order, two stages (the
- * chunk after next loads while this one runs); warp w owns S's rows 16w .. 16w + 15 in f32 registers.
+/* the sequential pass, a block per (entry, value head, 32 value columns), chunks in order, three stages
+ * (chunk i + 3 loads into chunk i's stage once it is released); warp w owns S's rows 16w .. 16w + 15 in f32
+ * registers.
  *   step 1: warps 0-3 D = U - W S (row tile w), warps 4-7 O = e^gam (Q S) (row tile w - 4), S read as its
  *           bf16 copy; D and e^(g_L - gam) D to shared memory as bf16
- *   step 2: every warp S <- e^(g_L) S + K^T (e^(g_L - gam) D) and its bf16 copy; warps 4-7 O += QK D, out */
-__global__ void __launch_bounds__(256, 1) fk_pass_kernel(cu_gdn_args a) {
+ *   step 2: every warp S <- e^(g_L) S + K^T (e^(g_L - gam) D) and its bf16 copy; warps 4-7 O += QK D, out
+ * CL: blocks a cluster (above), 1 none. */
+template <int CL> __global__ void __launch_bounds__(256, 1) fk_pass_kernel(cu_gdn_args a) {
     extern __shared__ __align__(128) unsigned char fss[];
     const int e = blockIdx.z;
-    if (!ck_entry(a, e)) return;
+    if (!ck_entry(a, e)) return; /* (a cluster's blocks share e) */
     const int dv = a.dv, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int h = blockIdx.y, cb = blockIdx.x, j0 = cb * 32, n = a.meta.e_n[e], pos0 = a.meta.e_len[e];
     const int r0 = a.meta.e_row0[e], kh = h / (a.Hv / a.Hk);
-    uint16_t *Sb = (uint16_t *)(fss + 2 * FK_STAGE), *Db = Sb + FK_DK * FK_UL, *Dl = Db + CK_CH * FK_UL;
-    uint64_t *bar = (uint64_t *)(Dl + CK_CH * FK_UL);
-    bk_init_block(bar, 2);
+    uint16_t *Sb = (uint16_t *)(fss + FK_NST * FK_STAGE), *Db = Sb + FK_DK * FK_UL, *Dl = Db + CK_CH * FK_UL;
+    uint64_t *full = (uint64_t *)(Dl + CK_CH * FK_UL), *empty = full + FK_NST;
+    if (tid == 0) {
+        for (int i = 0; i < FK_NST; i++) bk_init(full + i);
+        if constexpr (CL > 1)
+            for (int i = 0; i < FK_NST; i++)
+                asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bk_sa(empty + i)), "r"(CL)
+                             : "memory");
+        bk_init_fence();
+    }
+    if constexpr (CL > 1)
+        fk_cluster_sync(); /* every block's barriers exist before any copy or arrival reaches them */
+    else
+        __syncthreads();
     const size_t stride = ck_stride(FK_DK, dv) * sizeof(float);
     int k = ck_table(a)[1 + 3 * (size_t)a.chunk_cap + e];
-    if (tid == 0) {
-        fk_stage(fss, a, stride, k, h, kh, cb, bar);
-        int L0 = CK_CH - pos0 % CK_CH;
-        if (L0 < n) fk_stage(fss + FK_STAGE, a, stride, k + 1, h, kh, cb, bar + 1);
+    if (tid == 0) { /* chunks 0, 1, 2 (the first may be short: it ends on the 64-grid) */
+        int rem = n - (CK_CH - pos0 % CK_CH);
+        for (int i = 0; i < FK_NST && (i == 0 || rem > (i - 1) * CK_CH); i++)
+            fk_stage<CL>(fss + i * FK_STAGE, a, stride, k + i, h, kh, cb, full + i);
     }
     float *Sg = a.rec_state + (((size_t)a.meta.e_slot[e] * a.n_lin + a.lin) * a.Hv + h) * (size_t)FK_DK * dv;
     const int ms = warp * 16;
@@ -1216,12 +1312,13 @@ __global__ void __launch_bounds__(256, 1) fk_pass_kernel(cu_gdn_args a) {
     for (int c0 = 0, L, i = 0; c0 < n; c0 += L, i++, k++) {
         L = CK_CH - (pos0 + c0) % CK_CH;
         if (L > n - c0) L = n - c0;
-        unsigned char *sp = fss + (i & 1) * FK_STAGE;
+        const int st = i % FK_NST, rem = n - (c0 + L); /* rows after this chunk */
+        unsigned char *sp = fss + st * FK_STAGE;
         const uint16_t *Wb = (const uint16_t *)sp, *QKb = (const uint16_t *)(sp + FK_QK);
         const float *misc = (const float *)(sp + FK_MISC);
         const uint16_t *Ub = (const uint16_t *)(sp + FK_U), *Qb = (const uint16_t *)(sp + FK_U + FK_UB),
                        *Kb = Qb + CK_CH * FK_LD;
-        bk_wait(bar + (i & 1), (unsigned)(i >> 1) & 1u);
+        bk_wait(full + st, (unsigned)(i / FK_NST) & 1u);
         { /* step 1 */
             const int m0 = (warp & 3) * 16;
             const uint16_t *As = warp < 4 ? Wb : Qb;
@@ -1307,8 +1404,24 @@ __global__ void __launch_bounds__(256, 1) fk_pass_kernel(cu_gdn_args a) {
                         fk_pack(s[nn][2 * hh], s[nn][2 * hh + 1]);
         }
         __syncthreads();
-        /* this stage is free: the chunk after next into it */
-        if (tid == 0 && n - (c0 + L) > CK_CH) fk_stage(sp, a, stride, k + 2, h, kh, cb, bar + (i & 1));
+        if (tid == 0) {
+            if constexpr (CL == 1) { /* this stage is free: chunk i + 3 into it */
+                if (rem > 2 * CK_CH) fk_stage<CL>(sp, a, stride, k + 3, h, kh, cb, full + st);
+            } else {
+                /* this stage released to every block of the cluster (chunk i + 3 will come into it); chunk
+                 * i + 2 into the stage the cluster released after chunk i - 1 (a chunk ago: no wait, as a
+                 * rule) */
+                if (rem > 2 * CK_CH) {
+                    bk_fence();
+                    for (int r = 0; r < CL; r++) fk_arrive_remote(empty + st, (unsigned)r);
+                }
+                if (i >= 1 && rem > CK_CH) {
+                    const int sq = (i - 1) % FK_NST;
+                    fk_wait_cluster(empty + sq, (unsigned)((i - 1) / FK_NST) & 1u);
+                    fk_stage<CL>(fss + sq * FK_STAGE, a, stride, k + 2, h, kh, cb, full + sq);
+                }
+            }
+        }
     }
 #pragma unroll
     for (int nn = 0; nn < 4; nn++)
@@ -1316,8 +1429,33 @@ __global__ void __launch_bounds__(256, 1) fk_pass_kernel(cu_gdn_args a) {
         for (int hh = 0; hh < 2; hh++)
             *(float2 *)(Sg + (size_t)(ms + g + 8 * hh) * dv + j0 + nn * 8 + 2 * t4) =
                 make_float2(s[nn][2 * hh], s[nn][2 * hh + 1]);
+    if constexpr (CL > 1)
+        fk_cluster_sync(); /* no block leaves while another may still arrive on its barriers */
 }
 static int g_fk_ok = 0; /* cu_gdn_chunk_init: the fast kernels' shared memory fits and is set */
+/* the pass's cluster size (CINFER_CUDA_GDN_FAST_CL: 1, 2 or 4 blocks of a head; clusters only where the
+ * head's dv / 32 column blocks divide by it) */
+static int g_fk_cl = 1;
+extern "C" void cu_gdn_fast_set_cluster(int cl) {
+    g_fk_cl = cl == 2 || cl == 4 ? cl : 1;
+}
+extern "C" int cu_gdn_fast_max_clusters(int cl) {
+    if (!g_fk_ok) return 0;
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = (unsigned)cl, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
+    cfg.gridDim = dim3(4, 32, 1), cfg.blockDim = dim3(256), cfg.dynamicSmemBytes = FK_PASS_SMEM;
+    cfg.attrs = at, cfg.numAttrs = 1;
+    int n = 0;
+    if (cudaOccupancyMaxActiveClusters(&n,
+                                       cl == 4   ? fk_pass_kernel<4>
+                                       : cl == 2 ? fk_pass_kernel<2>
+                                                 : fk_pass_kernel<1>,
+                                       &cfg) != cudaSuccess)
+        n = -1;
+    return n;
+}
 static bool fk_serves(const cu_gdn_args *a) {
     return g_fk_ok && a->dk == FK_DK && a->dv % 32 == 0 && a->dv <= 128 && a->Hv % a->Hk == 0 &&
            fk_qk_off(a->dv) + FK_QKB <= ck_stride(a->dk, a->dv) * sizeof(float);
@@ -1375,7 +1513,9 @@ extern "C" int cu_gdn_chunk_init(int dk, int dv) {
     /* fast mode's kernels where they serve (dk 128; their shared memory does not depend on dv) */
     if (ok && dk == FK_DK && (size_t)FK_PASS_SMEM <= (size_t)optin)
         g_fk_ok = ck_attr(fk_prep_kernel, FK_PREP_SMEM / sizeof(float)) &&
-                  ck_attr(fk_pass_kernel, FK_PASS_SMEM / sizeof(float));
+                  ck_attr(fk_pass_kernel<1>, FK_PASS_SMEM / sizeof(float)) &&
+                  ck_attr(fk_pass_kernel<2>, FK_PASS_SMEM / sizeof(float)) &&
+                  ck_attr(fk_pass_kernel<4>, FK_PASS_SMEM / sizeof(float));
     return ok;
 }
 
@@ -1390,7 +1530,20 @@ static int ck_launch(cu_ctx *c, const cu_gdn_args *a, int parts) {
             ck_plan_kernel<<<1, 32, 0, c->stream>>>(*a);
             fk_prep_kernel<<<gp, 256, FK_PREP_SMEM, c->stream>>>(*a);
         }
-        if (parts & 2) fk_pass_kernel<<<gs, 256, FK_PASS_SMEM, c->stream>>>(*a);
+        if (parts & 2) {
+            int cl = g_fk_cl > 1 && (a->dv / 32) % g_fk_cl == 0 ? g_fk_cl : 1;
+            if (cl == 1) {
+                fk_pass_kernel<1><<<gs, 256, FK_PASS_SMEM, c->stream>>>(*a);
+            } else {
+                cudaLaunchConfig_t cfg = {};
+                cudaLaunchAttribute at[1];
+                at[0].id = cudaLaunchAttributeClusterDimension;
+                at[0].val.clusterDim.x = (unsigned)cl, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
+                cfg.gridDim = gs, cfg.blockDim = dim3(256), cfg.dynamicSmemBytes = FK_PASS_SMEM;
+                cfg.stream = c->stream, cfg.attrs = at, cfg.numAttrs = 1;
+                cudaLaunchKernelEx(&cfg, cl == 2 ? fk_pass_kernel<2> : fk_pass_kernel<4>, *a);
+            }
+        }
         return 1;
     }
     /* chunk_dt 0: the WMMA form ("stage"); else the mma.sync form (with one TF32 rounding, a diagnostic, the
