@@ -668,13 +668,24 @@ template <int HD> __global__ void __launch_bounds__(256, 1) attn_ff_kernel(cu_at
     __syncthreads();
     if (tid == 0)
         for (int i = 0; i < FF_NS - 1 && i < ntile; i++) issue(i);
-    for (int i = tid; i < FA_ROWS * HD / 2; i += blockDim.x) {
-        int m = i / (HD / 2), c = 2 * (i % (HD / 2)), p = m % BP;
-        float2 x = make_float2(0.0f, 0.0f);
-        if (p < rows)
-            x = *reinterpret_cast<const float2 *>(a.qkv + (size_t)(r0 + p) * a.ld +
-                                                  (size_t)(h0 + m / BP) * 2 * HD + c);
-        *reinterpret_cast<uint32_t *>(Q + m * LDQ + c) = ff_h2(x.x, x.y);
+    /* Q rounded into shared memory: a thread's QN pairs in batches of up to 32 loads in flight (one loop
+     * iteration a load waited for each pair: ~64 memory latencies, ~50 us a block, H200 call 2) */
+    constexpr int QN = FA_ROWS * HD / 2 / 256, QB = QN < 32 ? QN : 32;
+    for (int b0 = 0; b0 < QN; b0 += QB) {
+        float2 x[QB];
+#pragma unroll
+        for (int k = 0; k < QB; k++) {
+            const int i = tid + (b0 + k) * 256, m = i / (HD / 2), c = 2 * (i % (HD / 2)), p = m % BP;
+            x[k] = make_float2(0.0f, 0.0f);
+            if (p < rows)
+                x[k] = *reinterpret_cast<const float2 *>(a.qkv + (size_t)(r0 + p) * a.ld +
+                                                         (size_t)(h0 + m / BP) * 2 * HD + c);
+        }
+#pragma unroll
+        for (int k = 0; k < QB; k++) {
+            const int i = tid + (b0 + k) * 256, m = i / (HD / 2), c = 2 * (i % (HD / 2));
+            *reinterpret_cast<uint32_t *>(Q + m * LDQ + c) = ff_h2(x[k].x, x[k].y);
+        }
     }
     __syncthreads();
 
