@@ -266,6 +266,7 @@ struct cuda_fwd {
      * xb_for: f->xn while f->xb holds the halves of what a norm would have written there, else NULL */
     int pf_split;
     const float *xb_for;
+    int gu16; /* CINFER_CUDA_FAST_GU16 (fast only): mlp's gate_up product in bf16 (cu_gemm_presplit_out16) */
     /* precision "fast" (cuda_fwd_params.fast, from the context's cinfer_precision): the prefill's
      * tensor-core work on activations rounded to bf16 once, as llama.cpp and vLLM run it, instead of the
      * near-f32 products of "exact" (the default, which every random fixture needs) */
@@ -831,7 +832,11 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * measurement switch) */
     f->fast = p->fast != 0;
     const char *fps = getenv("CINFER_CUDA_FAST_PRESPLIT");
-    cu_set_fast_presplit(fps && !strcmp(fps, "1"));
+    cu_set_fast_presplit(!(fps && !strcmp(fps, "0")));
+    const char *g16 = getenv("CINFER_CUDA_FAST_GU16");
+    f->gu16 = f->fast && g16 && !strcmp(g16, "1");
+    const char *ltt = getenv("CINFER_CUDA_LT_TUNE");
+    cu_set_lt_tune(ltt && !strcmp(ltt, "1"));
     /* GEMV: "v2", the default since the H200 run of 07:17 (4B batch 1 227 -> 243 tok/s, batch 8 unchanged,
      * every test passing with it), takes the split-K kernel where it measured faster and v1 elsewhere; "v1"
      * the warp-per-2-rows kernel everywhere; "v2all" the split-K kernel wherever it serves; "v3" the kernel
@@ -1650,6 +1655,18 @@ static void mlp(cuda_fwd *f, float *y, const float *x, const uint16_t *gu, const
                 int I) {
     const model *m = f->m;
     mark(f, CP_FFN_GEMM);
+    /* CINFER_CUDA_FAST_GU16 (fast, the norm wrote gate_up's one bf16 copy): gate_up into bf16, SwiGLU from it
+     * into the down GEMM's copy: the [M][2I] product moves in half the bytes */
+    int Mg, Md;
+    if (f->gu16 && x && x == f->xb_for && (Mg = cu_gemm_presplit_rows(f->cu, M, m->H, y_rows(f, f->proj, M))) &&
+        !cu_gemm_presplit_lo(f->cu, Mg, m->H) && (Md = cu_gemm_presplit_rows(f->cu, M, I, y_rows(f, y, M)))) {
+        cu_gemm_presplit_out16(f->cu, (uint16_t *)f->proj, f->xb, gu, 2 * I, m->H, Mg);
+        mark(f, CP_FFN_ACT);
+        cu_swiglu16(f->cu, f->xb, (const uint16_t *)f->proj, M, I);
+        mark(f, CP_FFN_GEMM);
+        cu_gemm_presplit(f->cu, y, f->xb, down, M, m->H, I, Md);
+        return;
+    }
     gemm(f, f->proj, x, gu, M, 2 * I, m->H);
     mark(f, CP_FFN_ACT);
     /* CINFER_CUDA_PF_SPLIT: SwiGLU straight into the down GEMM's halves where it takes the two-pass path */
@@ -2493,6 +2510,26 @@ static int warm_gemms(cuda_fwd *f, char *err, size_t errlen) {
             }
         }
         if (M <= 64) gemm(f, f->logits, f->xn, f->lm_head, M, m->V, H);
+    }
+    /* CINFER_CUDA_LT_TUNE in fast mode: the full chunk's shapes timed here, at creation, not in the first
+     * long prefill (gemm.cu's lt_gemm: once per shape class in the process) */
+    if (cu_lt_tune() && f->fast && f->p.max_tokens >= 1024) {
+        int M = f->p.max_tokens;
+        for (int l = 0, lin = 0, full = 0, ffn = 0; l < m->L; l++) {
+            const cu_layer *cl = &f->L[l];
+            const layer_weights *lw = &m->layers[l];
+            int is_lin = lw->type == LAYER_LINEAR;
+            if (is_lin ? !lin : !full) {
+                gemm(f, f->proj, f->xn, cl->w_in, M, cl->n_in, H);
+                gemm(f, f->out, f->act, cl->w_out, M, H, is_lin ? m->Hv * m->dv : m->Hq * m->hd);
+                lin |= is_lin, full |= !is_lin;
+            }
+            if (!lw->moe && !ffn && I > 0) {
+                gemm(f, f->proj, f->xn, cl->w_gu, M, 2 * I, H);
+                gemm(f, f->out, f->act, cl->w_down, M, H, I);
+                ffn = 1;
+            }
+        }
     }
     int rc = cu_sync(f->cu, err, errlen);
     if (f->trace) fprintf(stderr, "ttft-trace gemm warm-up: %.3f ms\n", host_ms() - t0);

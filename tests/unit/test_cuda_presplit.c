@@ -146,13 +146,12 @@ TEST(cuda_presplit_ops_bitwise) {
     CHECK_EQ_INT(cu_gemm_presplit_rows(c, 64, 320, 256), 0);
     CHECK_EQ_INT(cu_gemm_presplit_rows(c, cu_gemv_max(), 320, 256), 0);
     for (int passes = 2; passes >= 1; passes--) {
-        cu_set_fast_presplit(passes == 1); /* one pass: the producers' one copy (CINFER_CUDA_FAST_PRESPLIT=1) */
+        cu_set_fast_presplit(1); /* one pass: the producers' one copy (CINFER_CUDA_FAST_PRESPLIT) */
         presplit_case(c, 65, 1, passes);
         presplit_case(c, 150, 1, passes);
         presplit_case(c, 150, 0, passes);
         presplit_case(c, 256, 1, passes);
     }
-    cu_set_fast_presplit(0);
     cu_ctx_destroy(c);
 }
 
@@ -240,8 +239,8 @@ TEST(cuda_presplit_forward_bitwise) {
     }
 }
 
-/* precision fast: the producers' one bf16 copy (CINFER_CUDA_FAST_PRESPLIT=1) against f32 rows that cu_gemm
- * converts (=0), through the whole forward: the same bits */
+/* precision fast: the producers' one bf16 copy (CINFER_CUDA_FAST_PRESPLIT, default on) against f32 rows that
+ * cu_gemm converts (=0), through the whole forward: the same bits */
 TEST(cuda_fast_presplit_forward_bitwise) {
     if (cuda_devices() < 1) SKIP("no CUDA device: skipped");
     static const char *fx[] = {"qwen35_dense", "qwen3_next"};

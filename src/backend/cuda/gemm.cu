@@ -1,5 +1,10 @@
 /* gemm.cu — y = x · w^T with bf16 weights: a GEMV for decode-sized M that streams each weight row once for
  * all rows of x (kept in f32), and cuBLAS bf16 x bf16 -> f32 on tensor cores for everything larger. */
+#include <cublasLt.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
 #include "backend/cuda/common.cuh"
 
 #define GEMV_WARPS 8
@@ -355,6 +360,40 @@ extern "C" void cu_swiglu_split(cu_ctx *c, uint16_t *xb, const float *gu, int T,
             <<<dim3((unsigned)T, cdiv((size_t)I, 256)), 256, 0, c->stream>>>(xb, gu, I, lo);
 }
 
+/* CINFER_CUDA_FAST_GU16 (precision fast): xb = bf16(silu(gate) * up) of gu16 [T][2I] bf16, the gate_up
+ * product cuBLAS wrote in bf16 (cu_gemm_presplit_out16): half the bytes of the f32 product written and read
+ * back, one more bf16 rounding (of gate and up) than fast's f32 SwiGLU input; eight elements a thread where
+ * I % 8 == 0 (16-byte loads of each half, one 16-byte store) */
+template <bool V8> __global__ void swiglu16_kernel(uint16_t *xb, const uint16_t *gu, int I) {
+    int r = blockIdx.x;
+    int i = (blockIdx.y * blockDim.x + threadIdx.x) * (V8 ? 8 : 1);
+    if (i >= I) return;
+    const uint16_t *g = gu + (size_t)r * 2 * I;
+    if constexpr (V8) {
+        uint4 gv = *reinterpret_cast<const uint4 *>(g + i), uv = *reinterpret_cast<const uint4 *>(g + I + i);
+        const uint32_t gp[4] = {gv.x, gv.y, gv.z, gv.w}, up[4] = {uv.x, uv.y, uv.z, uv.w};
+        uint32_t o[4];
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            float a0 = __uint_as_float(gp[q] << 16), a1 = __uint_as_float(gp[q] & 0xffff0000u);
+            float b0 = __uint_as_float(up[q] << 16), b1 = __uint_as_float(up[q] & 0xffff0000u);
+            o[q] = (uint32_t)f32_bf16(__fmul_rn(dev_silu(a0), b0)) |
+                   ((uint32_t)f32_bf16(__fmul_rn(dev_silu(a1), b1)) << 16);
+        }
+        *reinterpret_cast<uint4 *>(xb + (size_t)r * I + i) = make_uint4(o[0], o[1], o[2], o[3]);
+    } else {
+        xb[(size_t)r * I + i] = f32_bf16(__fmul_rn(dev_silu(bf16_f32(g[i])), bf16_f32(g[I + i])));
+    }
+}
+
+extern "C" void cu_swiglu16(cu_ctx *c, uint16_t *xb, const uint16_t *gu, int T, int I) {
+    if (T <= 0) return;
+    if (I % 8 == 0)
+        swiglu16_kernel<true><<<dim3((unsigned)T, cdiv((size_t)I / 8, 256)), 256, 0, c->stream>>>(xb, gu, I);
+    else
+        swiglu16_kernel<false><<<dim3((unsigned)T, cdiv((size_t)I, 256)), 256, 0, c->stream>>>(xb, gu, I);
+}
+
 /* x += add (when given); xb = split(rmsnorm(x) * w): add_rmsnorm_kernel's scale (row_add_rms_inv) and
  * expression (256 threads) */
 __global__ void add_rmsnorm_split_kernel(float *x, const float *add, uint16_t *xb, const float *w, int H,
@@ -408,8 +447,163 @@ extern "C" int cu_gemm_pad(void) {
     return g_gemm_pad;
 }
 
+/* ---- CINFER_CUDA_LT_TUNE=1: precision fast's one-pass products of >= 1024 rows on the cuBLASLt algorithm
+ * that measured fastest for their shape ----
+ * cublasGemmEx's default takes cuBLAS's heuristic pick, which on the H200 left the 4B prefill GEMMs at 530-670
+ * TFLOP/s against 866 for a big square product (wave quantisation of N = 2560 products). The first product of
+ * each (N, K, M's power-of-two class) times the default and up to 16 heuristic candidates on the context's
+ * stream (a few ms each, once per shape in the process; never while a graph is captured) and keeps the fastest;
+ * later products of that class run it (checked against their M by cublasLtMatmulAlgoCheck, else the default).
+ * The choice is per shape, not per batch, so a row's bits still depend only on its bucket. Exact mode's
+ * two-pass products never take this path. */
+static int g_lt_tune = 0;
+extern "C" void cu_set_lt_tune(int on) {
+    g_lt_tune = on;
+}
+extern "C" int cu_lt_tune(void) {
+    return g_lt_tune;
+}
+
+#define LT_MAX   64
+#define LT_CANDS 16
+typedef struct lt_entry {
+    int N, K, mcls; /* the shape: N, K and floor(log2(M)) */
+    int use;        /* 1: algo beat GemmEx's default when timed */
+    cublasLtMatmulAlgo_t algo;
+} lt_entry;
+static lt_entry g_lt[LT_MAX];
+static int g_nlt;
+static pthread_mutex_t g_lt_mu = PTHREAD_MUTEX_INITIALIZER;
+static cublasLtHandle_t g_lth;
+
+typedef struct lt_descs {
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t a, b, c;
+} lt_descs;
+
+/* blas()'s product as cuBLASLt descriptors: Y^T [N x M] = W [K x N]^T · X^T [K x M], bf16 in, f32 out */
+static int lt_make(lt_descs *d, int M, int N, int K) {
+    memset(d, 0, sizeof *d);
+    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    if (cublasLtMatmulDescCreate(&d->op, CUBLAS_COMPUTE_32F, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS) return -1;
+    cublasLtMatmulDescSetAttribute(d->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
+    cublasLtMatmulDescSetAttribute(d->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
+    if (cublasLtMatrixLayoutCreate(&d->a, CUDA_R_16BF, K, N, K) != CUBLAS_STATUS_SUCCESS ||
+        cublasLtMatrixLayoutCreate(&d->b, CUDA_R_16BF, K, M, K) != CUBLAS_STATUS_SUCCESS ||
+        cublasLtMatrixLayoutCreate(&d->c, CUDA_R_32F, N, M, N) != CUBLAS_STATUS_SUCCESS)
+        return -1;
+    return 0;
+}
+static void lt_free(lt_descs *d) {
+    if (d->c) cublasLtMatrixLayoutDestroy(d->c);
+    if (d->b) cublasLtMatrixLayoutDestroy(d->b);
+    if (d->a) cublasLtMatrixLayoutDestroy(d->a);
+    if (d->op) cublasLtMatmulDescDestroy(d->op);
+}
+
+static int mclass(int M) {
+    int k = 0;
+    while ((2 << k) <= M) k++;
+    return k;
+}
+
+static void blas_default(cu_ctx *c, float *y, const uint16_t *xb, const uint16_t *w, int M, int N, int K,
+                         float beta);
+
+/* mean ms of reps runs of one product on c's stream (one warm run first) */
+template <typename F> static float lt_time(cu_ctx *c, F run) {
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0), cudaEventCreate(&e1);
+    run();
+    cudaEventRecord(e0, c->stream);
+    const int reps = 4;
+    for (int i = 0; i < reps; i++) run();
+    cudaEventRecord(e1, c->stream);
+    float ms = -1.0f;
+    if (cudaEventSynchronize(e1) == cudaSuccess) cudaEventElapsedTime(&ms, e0, e1);
+    cudaEventDestroy(e0), cudaEventDestroy(e1);
+    return ms < 0 ? 1e30f : ms / reps;
+}
+
+/* times GemmEx's default and the heuristic's candidates for this shape into e (g_lt_mu held) */
+static void lt_tune_shape(cu_ctx *c, lt_entry *e, float *y, const uint16_t *xb, const uint16_t *w, int M, int N,
+                          int K) {
+    e->use = 0;
+    if (!g_lth && cublasLtCreate(&g_lth) != CUBLAS_STATUS_SUCCESS) return;
+    lt_descs d;
+    if (lt_make(&d, M, N, K)) {
+        lt_free(&d);
+        return;
+    }
+    cublasLtMatmulPreference_t pref;
+    cublasLtMatmulPreferenceCreate(&pref);
+    size_t wsb = c->blas_ws_bytes;
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb);
+    cublasLtMatmulHeuristicResult_t res[LT_CANDS];
+    int n = 0;
+    if (cublasLtMatmulAlgoGetHeuristic(g_lth, d.op, d.a, d.b, d.c, d.c, pref, LT_CANDS, res, &n) !=
+        CUBLAS_STATUS_SUCCESS)
+        n = 0;
+    cublasLtMatmulPreferenceDestroy(pref);
+    float base = lt_time(c, [&] { blas_default(c, y, xb, w, M, N, K, 0.0f); }), best = base;
+    int bi = -1;
+    const float one = 1.0f, zero = 0.0f;
+    for (int i = 0; i < n; i++) {
+        if (res[i].state != CUBLAS_STATUS_SUCCESS || res[i].workspaceSize > wsb) continue;
+        float ms = lt_time(c, [&] {
+            cublasLtMatmul(g_lth, d.op, &one, w, d.a, xb, d.b, &zero, y, d.c, y, d.c, &res[i].algo, c->blas_ws, wsb,
+                           c->stream);
+        });
+        if (ms < best) best = ms, bi = i;
+    }
+    lt_free(&d);
+    if (bi >= 0 && best < 0.98f * base) e->use = 1, e->algo = res[bi].algo;
+    fprintf(stderr, "cinfer cuda: CINFER_CUDA_LT_TUNE M %d N %d K %d: default %.3f ms (%.0f TFLOP/s), %s %.3f ms (%.0f "
+                    "TFLOP/s) of %d candidates\n",
+            M, N, K, base, 2e-9 * M * N * K / base, e->use ? "takes" : "keeps the default; best", best,
+            2e-9 * M * N * K / best, n);
+}
+
+/* the tuned product when LT_TUNE serves it; 0: the caller runs GemmEx */
+static int lt_gemm(cu_ctx *c, float *y, const uint16_t *xb, const uint16_t *w, int M, int N, int K, float beta) {
+    if (!g_lt_tune || !one_pass(c) || M < 1024 || beta != 0.0f) return 0;
+    cudaStreamCaptureStatus cs;
+    if (cudaStreamIsCapturing(c->stream, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) return 0;
+    int mc = mclass(M);
+    lt_entry *e = NULL;
+    pthread_mutex_lock(&g_lt_mu);
+    for (int i = 0; i < g_nlt && !e; i++)
+        if (g_lt[i].N == N && g_lt[i].K == K && g_lt[i].mcls == mc) e = &g_lt[i];
+    if (!e && g_nlt < LT_MAX) {
+        e = &g_lt[g_nlt++];
+        e->N = N, e->K = K, e->mcls = mc;
+        lt_tune_shape(c, e, y, xb, w, M, N, K);
+    }
+    lt_entry got = e ? *e : lt_entry{};
+    pthread_mutex_unlock(&g_lt_mu);
+    if (!got.use) return 0;
+    lt_descs d;
+    int ok = 0;
+    if (!lt_make(&d, M, N, K)) {
+        cublasLtMatmulHeuristicResult_t chk;
+        const float one = 1.0f;
+        ok = cublasLtMatmulAlgoCheck(g_lth, d.op, d.a, d.b, d.c, d.c, &got.algo, &chk) == CUBLAS_STATUS_SUCCESS &&
+             chk.workspaceSize <= c->blas_ws_bytes &&
+             cublasLtMatmul(g_lth, d.op, &one, w, d.a, xb, d.b, &beta, y, d.c, y, d.c, &got.algo, c->blas_ws,
+                            c->blas_ws_bytes, c->stream) == CUBLAS_STATUS_SUCCESS;
+    }
+    lt_free(&d);
+    return ok;
+}
+
 static void blas(cu_ctx *c, float *y, const uint16_t *xb, const uint16_t *w, int M, int N, int K,
                  float beta) {
+    if (lt_gemm(c, y, xb, w, M, N, K, beta)) return;
+    blas_default(c, y, xb, w, M, N, K, beta);
+}
+
+static void blas_default(cu_ctx *c, float *y, const uint16_t *xb, const uint16_t *w, int M, int N, int K,
+                         float beta) {
     const float one = 1.0f;
     /* column-major view: Y^T [N x M] = W [K x N]^T · X^T [K x M] */
     cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, w, CUDA_R_16BF, K, xb, CUDA_R_16BF, K,
@@ -485,10 +679,12 @@ static void gemm_impl(cu_ctx *c, float *y, const float *x, const uint16_t *w, in
     }
 }
 
-/* precision fast (one pass), CINFER_CUDA_FAST_PRESPLIT=1: the producers write one bf16 copy (lo 0) instead
- * of f32 rows that cu_gemm would convert, half the bytes of exact's halves and no conversion kernel; 0 (the
- * default until an H200 call measures it): one pass from f32 rows */
-static int g_fast_presplit = 0;
+/* precision fast (one pass), CINFER_CUDA_FAST_PRESPLIT (default on; "0": off): the producers write one bf16
+ * copy (lo 0) instead of f32 rows that cu_gemm would convert, half the bytes of exact's halves and no
+ * conversion kernel; the same bits (test_cuda_presplit). H200, session 10's second call, 4B 4096-token chunk
+ * in fast mode: 93.6 -> 84.0 ms of device time (out_proj 5.2 -> 3.7, ffn GEMMs 29.0 -> 24.4, ffn act 6.4 ->
+ * 3.0), 40,885 -> 47,592 tok/s */
+static int g_fast_presplit = 1;
 extern "C" void cu_set_fast_presplit(int on) {
     g_fast_presplit = on;
 }
@@ -508,6 +704,15 @@ extern "C" void cu_gemm_presplit(cu_ctx *c, float *y, const uint16_t *xb, const 
     (void)M; /* rows M..Mb of y are overwritten (pad rows, never read) */
     blas(c, y, xb, w, Mb, N, K, 0.0f);
     if (!one_pass(c)) blas(c, y, xb + (size_t)Mb * K, w, Mb, N, K, 1.0f);
+}
+
+/* one pass from the producer's bf16 copy into a bf16 y [Mb][N] (CINFER_CUDA_FAST_GU16): f32 accumulation,
+ * the output rounded once */
+extern "C" void cu_gemm_presplit_out16(cu_ctx *c, uint16_t *y, const uint16_t *xb, const uint16_t *w, int N, int K,
+                                       int Mb) {
+    const float one = 1.0f, zero = 0.0f;
+    cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, Mb, K, &one, w, CUDA_R_16BF, K, xb, CUDA_R_16BF, K, &zero, y,
+                 CUDA_R_16BF, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
 }
 
 /* Row m of x (x row m / div) times matrix widx[m] of w: one M = 1 GEMV per block row, for MoE experts. */
