@@ -631,7 +631,16 @@ __device__ __forceinline__ uint32_t ff_h2(float x, float y) { /* x in the low ha
     return *reinterpret_cast<uint32_t *>(&h);
 }
 
-template <int HD> __global__ void __launch_bounds__(256, 1) attn_ff_kernel(cu_attn_args a, int QH) {
+__device__ __forceinline__ float ff_ex2(float x) { /* 2^x, flushing subnormal results (P < 2^-126: 0) */
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+/* V (CINFER_CUDA_ATTN_FAST_V, an A/B of the H200 calls): 1 log2(e) / sqrt(hd) folded into Q before its
+ * rounding, ex2.approx.ftz, the masked and plain tiles' softmax apart, one reciprocal of l a row */
+template <int HD, int V = 0>
+__global__ void __launch_bounds__(256, 1) attn_ff_kernel(cu_attn_args a, int QH) {
     extern __shared__ __align__(16) float fsm[];
     constexpr int LDQ = HD + 8, LK = HD + 8, KH = FA_KVB * LK, IMG = ff_img_halves<HD>();
     constexpr int NBT = FF_BN / 8, ONT = HD / 8, NB = FF_BN / FA_KVB, STG = NB * IMG;
@@ -670,6 +679,7 @@ template <int HD> __global__ void __launch_bounds__(256, 1) attn_ff_kernel(cu_at
         for (int i = 0; i < FF_NS - 1 && i < ntile; i++) issue(i);
     /* Q rounded into shared memory: a thread's QN pairs in batches of up to 32 loads in flight (one loop
      * iteration a load waited for each pair: ~64 memory latencies, ~50 us a block, H200 call 2) */
+    const float sl2 = (float)(1.4426950408889634 / sqrt((double)HD)); /* log2(e) / sqrt(hd) */
     constexpr int QN = FA_ROWS * HD / 2 / 256, QB = QN < 32 ? QN : 32;
     for (int b0 = 0; b0 < QN; b0 += QB) {
         float2 x[QB];
@@ -684,6 +694,7 @@ template <int HD> __global__ void __launch_bounds__(256, 1) attn_ff_kernel(cu_at
 #pragma unroll
         for (int k = 0; k < QB; k++) {
             const int i = tid + (b0 + k) * 256, m = i / (HD / 2), c = 2 * (i % (HD / 2));
+            if constexpr (V == 1) x[k].x *= sl2, x[k].y *= sl2;
             *reinterpret_cast<uint32_t *>(Q + m * LDQ + c) = ff_h2(x[k].x, x[k].y);
         }
     }
@@ -697,7 +708,6 @@ template <int HD> __global__ void __launch_bounds__(256, 1) attn_ff_kernel(cu_at
     /* a row's last key: its position, or the span's end */
     const int la_k = pa < khi ? pa : khi, lb_k = pb < khi ? pb : khi, wlim = wmin < khi ? wmin : khi;
     const __half *Qw = Q + (qi * BP + off) * LDQ;
-    const float sl2 = (float)(1.4426950408889634 / sqrt((double)HD)); /* log2(e) / sqrt(hd) */
     /* ldmatrix lane offsets (halves): Q rows 0-7 / 8-15 x dims 0-7 / 8-15 of a k-step; K keys of n-tiles n,
      * n + 1 x dims 0-7 / 8-15; V dims of n-tiles n, n + 1 x keys 0-7 / 8-15 (swizzled as the pre-pass wrote) */
     const int qo = (((lane >> 3) & 1) * 8 + (lane & 7)) * LDQ + (lane >> 4) * 8;
@@ -750,31 +760,45 @@ template <int HD> __global__ void __launch_bounds__(256, 1) attn_ff_kernel(cu_at
             }
             const int mask = c0 + FF_BN - 1 > wlim;
             float xa = -INFINITY, xb = -INFINITY;
+            if (V == 0 || mask) {
 #pragma unroll
-            for (int n = 0; n < NBT; n++)
+                for (int n = 0; n < NBT; n++)
 #pragma unroll
-                for (int r = 0; r < 4; r++) {
-                    int u = c0 + n * 8 + 2 * t + (r & 1);
-                    float v = sc[n][r] * sl2;
-                    if (mask && u > (r < 2 ? la_k : lb_k)) v = -INFINITY;
-                    sc[n][r] = v;
-                    if (r < 2)
-                        xa = fmaxf(xa, v);
-                    else
-                        xb = fmaxf(xb, v);
+                    for (int r = 0; r < 4; r++) {
+                        int u = c0 + n * 8 + 2 * t + (r & 1);
+                        float v = V == 1 ? sc[n][r] : sc[n][r] * sl2;
+                        if (mask && u > (r < 2 ? la_k : lb_k)) v = -INFINITY;
+                        sc[n][r] = v;
+                        if (r < 2)
+                            xa = fmaxf(xa, v);
+                        else
+                            xb = fmaxf(xb, v);
+                    }
+            } else {
+#pragma unroll
+                for (int n = 0; n < NBT; n++) {
+                    xa = fmaxf(xa, fmaxf(sc[n][0], sc[n][1]));
+                    xb = fmaxf(xb, fmaxf(sc[n][2], sc[n][3]));
                 }
+            }
             xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, 1));
             xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, 2));
             xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, 1));
             xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, 2));
             const float na = fmaxf(ma, xa), nb = fmaxf(mb, xb);
             const float sa = na == -INFINITY ? 0.0f : na, sb = nb == -INFINITY ? 0.0f : nb;
-            const float ca = exp2f(ma - sa), cb = exp2f(mb - sb);
+            const float ca = V == 1 ? ff_ex2(ma - sa) : exp2f(ma - sa);
+            const float cb = V == 1 ? ff_ex2(mb - sb) : exp2f(mb - sb);
             float suma = 0.0f, sumb = 0.0f;
 #pragma unroll
             for (int n = 0; n < NBT; n++) {
-                sc[n][0] = exp2f(sc[n][0] - sa), sc[n][1] = exp2f(sc[n][1] - sa);
-                sc[n][2] = exp2f(sc[n][2] - sb), sc[n][3] = exp2f(sc[n][3] - sb);
+                if constexpr (V == 1) {
+                    sc[n][0] = ff_ex2(sc[n][0] - sa), sc[n][1] = ff_ex2(sc[n][1] - sa);
+                    sc[n][2] = ff_ex2(sc[n][2] - sb), sc[n][3] = ff_ex2(sc[n][3] - sb);
+                } else {
+                    sc[n][0] = exp2f(sc[n][0] - sa), sc[n][1] = exp2f(sc[n][1] - sa);
+                    sc[n][2] = exp2f(sc[n][2] - sb), sc[n][3] = exp2f(sc[n][3] - sb);
+                }
                 suma += sc[n][0] + sc[n][1], sumb += sc[n][2] + sc[n][3];
             }
             la = la * ca + suma, lb = lb * cb + sumb;
@@ -816,6 +840,7 @@ template <int HD> __global__ void __launch_bounds__(256, 1) attn_ff_kernel(cu_at
         int p = off + g + 8 * hr;
         if (p >= rows) continue;
         float l = hr ? lb : la;
+        const float il = 1.0f / l;
         const int ns = span ? (pos0 + p) / span + 1 : 1; /* the row's spans */
         if (sp >= ns) continue;                          /* no key of this span is the row's */
         if (ns > 1) {
@@ -836,8 +861,10 @@ template <int HD> __global__ void __launch_bounds__(256, 1) attn_ff_kernel(cu_at
         for (int n = 0; n < ONT; n++) {
             int d = n * 8 + 2 * t;
             float2 gv = *reinterpret_cast<const float2 *>(gate + d);
-            float2 ov = make_float2(__fmul_rn(o[n][2 * hr] / l, dev_sigmoid(gv.x)),
-                                    __fmul_rn(o[n][2 * hr + 1] / l, dev_sigmoid(gv.y)));
+            float2 ov = V == 1 ? make_float2(o[n][2 * hr] * il * dev_sigmoid(gv.x),
+                                              o[n][2 * hr + 1] * il * dev_sigmoid(gv.y))
+                                : make_float2(__fmul_rn(o[n][2 * hr] / l, dev_sigmoid(gv.x)),
+                                              __fmul_rn(o[n][2 * hr + 1] / l, dev_sigmoid(gv.y)));
             if (a.o_xb) { /* the out_proj GEMM's halves (CINFER_CUDA_PF_SPLIT) */
                 split_put(a.o_xb, obase + d, a.o_lo, ov.x);
                 split_put(a.o_xb, obase + d + 1, a.o_lo, ov.y);
@@ -852,6 +879,7 @@ static int fa_kv16_ok[9];  /* by hd / 32: the S16 kernels' shared memory fits (c
 static int fa_bulk_ok[9];  /* by hd / 32: the BK kernels too (hd 128, 256) */
 static int fa_bulk_on = 1; /* CINFER_CUDA_ATTN_BULK, default on (read by cu_attn_tc_init) */
 static int fa_fast_ok[9];  /* by hd / 32: attn_ff_kernel's shared memory fits */
+static int ff_v;           /* CINFER_CUDA_ATTN_FAST_V (read by cu_attn_tc_init): attn_ff_kernel's V */
 
 extern "C" int cu_attn_kv16_ok(int hd) {
     return hd > 0 && hd % 32 == 0 && hd / 32 < 9 && fa_kv16_ok[hd / 32];
@@ -915,7 +943,9 @@ template <int HD, int P, bool S16, bool BK = false> static int fa_attr1(int opti
 template <int HD> static int fa_attr(int optin) {
     if (!fa_attr1<HD, 3, false>(optin) || !fa_attr1<HD, 1, false>(optin)) return 0;
     fa_fast_ok[HD / 32] = ff_smem_bytes<HD>() <= (size_t)optin &&
-                          cudaFuncSetAttribute(attn_ff_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                          cudaFuncSetAttribute(attn_ff_kernel<HD, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               (int)ff_smem_bytes<HD>()) == cudaSuccess &&
+                          cudaFuncSetAttribute(attn_ff_kernel<HD, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                (int)ff_smem_bytes<HD>()) == cudaSuccess;
     /* the split-once form where it fits (cu_attn_kv16_ok) */
     fa_kv16_ok[HD / 32] = fa_attr1<HD, 3, true>(optin) && fa_attr1<HD, 1, true>(optin);
@@ -929,6 +959,8 @@ extern "C" int cu_attn_tc_init(int hd) {
     int dev = 0, optin = 0;
     const char *bk = getenv("CINFER_CUDA_ATTN_BULK"); /* "0": the kv16 tiles by cp.async (hd 128 / 256) */
     fa_bulk_on = !(bk && !strcmp(bk, "0"));
+    const char *fv = getenv("CINFER_CUDA_ATTN_FAST_V");
+    ff_v = fv ? atoi(fv) : 0;
     if (cudaGetDevice(&dev) != cudaSuccess) return 0;
     cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
     switch (hd) {
@@ -958,7 +990,10 @@ template <int HD> static void fa_launch(cu_ctx *c, const cu_attn_args *a) {
     dim3 grid((unsigned)(a->Hq / QH), (unsigned)(a->split.work ? a->split.n_work : a->n_tiles));
     if (a->fast && a->kv16 && fa_fast_ok[HD / 32]) {
         attn_kvf_kernel<HD><<<dim3((unsigned)a->kv16_nb, (unsigned)a->kv16_NE), 256, 0, c->stream>>>(*a);
-        attn_ff_kernel<HD><<<grid, 256, ff_smem_bytes<HD>(), c->stream>>>(*a, QH);
+        if (ff_v == 1)
+            attn_ff_kernel<HD, 1><<<grid, 256, ff_smem_bytes<HD>(), c->stream>>>(*a, QH);
+        else
+            attn_ff_kernel<HD, 0><<<grid, 256, ff_smem_bytes<HD>(), c->stream>>>(*a, QH);
         return;
     }
     if constexpr (HD >= 128) {
