@@ -1243,6 +1243,8 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     /* its sequential pass as clusters of 2 or 4 blocks of a head sharing each chunk's loads (1: none) */
     const char *gfc = getenv("CINFER_CUDA_GDN_FAST_CL");
     cu_gdn_fast_set_cluster(gfc ? atoi(gfc) : 1);
+    const char *gfn = getenv("CINFER_CUDA_GDN_FAST_NB"); /* 2: 64 value columns a block of the pass */
+    cu_gdn_fast_set_cols(gfn ? atoi(gfn) : 1);
     /* decode MoE blocks (device_only) as three launches (router + selection, gate_up + SwiGLU, down + combine
      * + shared expert) instead of ~15, the same arithmetic (moe_fused.cu); the default since the H200 run of
      * 08:52 (35B-A3B batch 1 188.9 -> 233.6 tok/s, batch 8 721.5 -> 758.3, every test passing); "0": the

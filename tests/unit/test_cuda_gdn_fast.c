@@ -316,44 +316,50 @@ static void fast_case(int Hk, int Hv, const fent *ents, int NE, int slow) {
 /* the existing chunk tests' batches: prefills from 0 and from ragged grid offsets (first chunks of 27 and 4
  * rows), lengths not multiples of 64, one-token prefills, decode tokens; long prefills at trained decay; the
  * 4B's heads over 4096 rows; the 27B's (GQA 3) over a ragged batch */
-/* each with the pass alone and as clusters of 2 and 4 blocks (CINFER_CUDA_GDN_FAST_CL) */
-static const int fast_cls[] = {1, 2, 4};
+/* each with every form of the pass: 32 columns a block alone and as clusters of 2 and 4 blocks
+ * (CINFER_CUDA_GDN_FAST_CL), 64 columns a block (CINFER_CUDA_GDN_FAST_NB=2) */
+static const int fast_cls[] = {1, 2, 4, 1}, fast_nbs[] = {1, 1, 1, 2};
+#define N_FORMS 4
+static void fast_form(int f) {
+    printf("     pass: cluster %d, %d columns a block\n", fast_cls[f], 32 * fast_nbs[f]);
+    cu_gdn_fast_set_cluster(fast_cls[f]);
+    cu_gdn_fast_set_cols(fast_nbs[f]);
+}
 
 TEST(cuda_deltanet_fast_vs_cpu) {
     if (NO_DEVICE()) SKIP("no CUDA device: skipped");
     static const fent e[] = {{0, 100, 0}, {37, 50, 1}, {5, 1, 2}, {0, 1, 3}, {64, 1, 4}, {60, 200, 5}};
     static const fent el[] = {{0, 1000, 0}, {300, 700, 1}, {1000, 1, 3}, {0, 1, 2}};
-    for (int ci = 0; ci < 3; ci++) {
-        printf("     pass cluster %d\n", fast_cls[ci]);
-        cu_gdn_fast_set_cluster(fast_cls[ci]);
+    for (int ci = 0; ci < N_FORMS; ci++) {
+        fast_form(ci);
         fast_case(2, 4, e, 6, 0);
         fast_case(2, 2, e, 6, 1);
         fast_case(2, 4, el, 4, 1);
         fast_case(2, 4, el, 4, 0);
     }
-    cu_gdn_fast_set_cluster(1);
+    fast_form(0);
 }
 
 TEST(cuda_deltanet_fast_4b_4096) {
     if (NO_DEVICE()) SKIP("no CUDA device: skipped");
     static const fent e[] = {{0, 4096, 0}};
-    for (int ci = 0; ci < 3; ci++) {
-        printf("     pass cluster %d\n", fast_cls[ci]);
-        cu_gdn_fast_set_cluster(fast_cls[ci]);
+    for (int ci = 0; ci < N_FORMS; ci++) { /* (clusters of 2: in the test above) */
+        if (ci == 1) continue;
+        fast_form(ci);
         fast_case(16, 32, e, 1, 1);
     }
-    cu_gdn_fast_set_cluster(1);
+    fast_form(0);
 }
 
 TEST(cuda_deltanet_fast_27b_heads) {
     if (NO_DEVICE()) SKIP("no CUDA device: skipped");
     static const fent e[] = {{0, 300, 0}, {100, 200, 1}, {64, 64, 2}, {7, 1, 3}, {0, 1, 4}, {955, 517, 5}};
-    for (int ci = 0; ci < 3; ci++) {
-        printf("     pass cluster %d\n", fast_cls[ci]);
-        cu_gdn_fast_set_cluster(fast_cls[ci]);
+    for (int ci = 0; ci < N_FORMS; ci++) { /* (clusters: in the tests above) */
+        if (ci == 1 || ci == 2) continue;
+        fast_form(ci);
         fast_case(16, 48, e, 6, 1);
     }
-    cu_gdn_fast_set_cluster(1);
+    fast_form(0);
 }
 
 /* Device time of one DeltaNet layer over a 4096-token prefill at the 4B and 27B heads: the layer without its
@@ -391,18 +397,20 @@ static void fast_speed(int Hk, int Hv) {
     REQUIRE(cu_timer_create(&tm) == 0);
     static const struct {
         const char *name;
-        int no_chunked, fast, cl;
-    } forms[] = {{"conv + prep + norm", 1, 0, 1},
-                 {"exact (img)", 0, 0, 1},
-                 {"fast", 0, 1, 1},
-                 {"fast, pass clusters of 2", 0, 1, 2},
-                 {"fast, pass clusters of 4", 0, 1, 4}};
+        int no_chunked, fast, cl, nb;
+    } forms[] = {{"conv + prep + norm", 1, 0, 1, 1},
+                 {"exact (img)", 0, 0, 1, 1},
+                 {"fast", 0, 1, 1, 1},
+                 {"fast, pass clusters of 2", 0, 1, 2, 1},
+                 {"fast, pass clusters of 4", 0, 1, 4, 1},
+                 {"fast, pass 64 columns a block", 0, 1, 1, 2}};
     printf("     the pass's clusters held at once: of 2 %d, of 4 %d\n", cu_gdn_fast_max_clusters(2),
            cu_gdn_fast_max_clusters(4));
     float *o_exact = NULL, *s_exact = NULL;
     for (size_t f = 0; f < sizeof forms / sizeof forms[0]; f++) {
         g.no_chunked = forms[f].no_chunked, g.chunk_fast = forms[f].fast;
         cu_gdn_fast_set_cluster(forms[f].cl);
+        cu_gdn_fast_set_cols(forms[f].nb);
         float best = 1e30f;
         for (int rep = 0; rep < 5; rep++) {
             REQUIRE(cu_upload(g.rec_state, zero, rs_n * 4, err, sizeof err) == 0);
@@ -435,6 +443,7 @@ static void fast_speed(int Hk, int Hv) {
         printf("     %-40s prep %.3f ms, sequential pass %.3f ms\n", "", part[0], part[1]);
     }
     cu_gdn_fast_set_cluster(1);
+    cu_gdn_fast_set_cols(1);
     cu_timer_destroy(tm);
     free(o_exact), free(s_exact);
     free(qkv), free(a), free(cw), free(A), free(zero), free(hm);

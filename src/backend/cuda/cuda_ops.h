@@ -407,6 +407,9 @@ int cu_gdn_chunk_fast_serves(const cu_gdn_args *a);
 /* fast mode's sequential pass as clusters of cl (1, 2, 4) blocks of a head sharing each chunk's loads by
  * multicast (CINFER_CUDA_GDN_FAST_CL; 1: none) */
 void cu_gdn_fast_set_cluster(int cl);
+/* the pass's value columns a block: 1 32 (256 threads), 2 64 (512 threads, one stage's shared loads for both
+ * halves; clusters off), CINFER_CUDA_GDN_FAST_NB */
+void cu_gdn_fast_set_cols(int nb);
 /* clusters of cl of the pass's blocks the device holds at once (cudaOccupancyMaxActiveClusters; printed by
  * cuda_deltanet_prefill_fast_speed) */
 int cu_gdn_fast_max_clusters(int cl);

@@ -896,9 +896,12 @@ static __host__ __device__ size_t fk_qk_off(int dv) { /* [Q | K] in the region o
 #define FK_PREP_SMEM (2 * FK_QK + 2 * CK_CH * CK_GLD * 4 + 3 * 256 * 4 + 4 * CK_CH * 4)
 /* the pass's: two stages of [W | QK | gates], U's block, [Q | K]; S bf16 [128][40], D and the decayed D bf16
  * [64][40]; two mbarriers */
-#define FK_STAGE     (FK_U + FK_UB + FK_QKB)
-#define FK_NST       3 /* stages: a chunk's loads have two chunks' time to land */
-#define FK_PASS_SMEM (FK_NST * FK_STAGE + FK_DK * FK_UL * 2 + 2 * FK_UB + 2 * FK_NST * 8)
+/* NB: 32-column blocks a thread block runs (256 NB threads); NB 1 takes three stages (a chunk's loads have
+ * two chunks' time to land), NB 2 two (three would not fit) */
+#define FK_STAGE(NB) (FK_U + (NB)*FK_UB + FK_QKB)
+#define FK_NST(NB)   ((NB) == 1 ? 3 : 2)
+#define FK_PASS_SMEM(NB)                                                                                     \
+    (FK_NST(NB) * FK_STAGE(NB) + (NB) * (FK_DK * FK_UL * 2 + 2 * FK_UB) + 2 * FK_NST(NB) * 8)
 
 static __device__ __forceinline__ uint32_t fk_pack(float lo, float hi) { /* bf16x2, round to nearest even */
     uint32_t d;
@@ -1239,18 +1242,18 @@ static __device__ __forceinline__ void fk_piece(unsigned units, unsigned rank, u
 
 /* a chunk's copies into stage buffer sp (thread 0; every block that reads it has released it): [W | QK |
  * gates], U's block, [Q | K]; CL > 1: this block's part of the shared ones to the whole cluster */
-template <int CL>
+template <int CL, int NB>
 static __device__ __forceinline__ void fk_stage(unsigned char *sp, const cu_gdn_args &a, size_t stride, int k,
                                                 int h, int kh, int cb, uint64_t *bar) {
     const unsigned char *base = (const unsigned char *)a.chunk_scr;
     const unsigned char *rv = base + ((size_t)k * a.Hv + h) * stride,
                         *rk = base + ((size_t)k * a.Hv + kh) * stride + fk_qk_off(a.dv);
     bk_fence();
-    bk_expect(bar, FK_STAGE);
-    bk_copy(sp + FK_U, rv + FK_U + (size_t)cb * FK_UB, FK_UB, bar);
+    bk_expect(bar, FK_STAGE(NB));
+    bk_copy(sp + FK_U, rv + FK_U + (size_t)cb * NB * FK_UB, NB * FK_UB, bar);
     if constexpr (CL == 1) {
         bk_copy(sp, rv, FK_U, bar);
-        bk_copy(sp + FK_U + FK_UB, rk, FK_QKB, bar);
+        bk_copy(sp + FK_U + NB * FK_UB, rk, FK_QKB, bar);
     } else {
         unsigned r = fk_rank(), u0, u1;
         const unsigned short mask = (unsigned short)((1u << CL) - 1);
@@ -1261,26 +1264,31 @@ static __device__ __forceinline__ void fk_stage(unsigned char *sp, const cu_gdn_
     }
 }
 
-/* the sequential pass, a block per (entry, value head, 32 value columns), chunks in order, three stages
- * (chunk i + 3 loads into chunk i's stage once it is released); warp w owns S's rows 16w .. 16w + 15 in f32
- * registers.
+/* the sequential pass, a block per (entry, value head, 32 NB value columns), chunks in order, FK_NST(NB)
+ * stages (chunk i + FK_NST loads into chunk i's stage once it is released); 256 threads per 32 columns, whose
+ * warp w owns S's rows 16w .. 16w + 15 in f32 registers.
  *   step 1: warps 0-3 D = U - W S (row tile w), warps 4-7 O = e^gam (Q S) (row tile w - 4), S read as its
  *           bf16 copy; D and e^(g_L - gam) D to shared memory as bf16
  *   step 2: every warp S <- e^(g_L) S + K^T (e^(g_L - gam) D) and its bf16 copy; warps 4-7 O += QK D, out
  * CL: blocks a cluster (above), 1 none. */
-template <int CL> __global__ void __launch_bounds__(256, 1) fk_pass_kernel(cu_gdn_args a) {
+template <int CL, int NB> __global__ void __launch_bounds__(256 * NB, 1) fk_pass_kernel(cu_gdn_args a) {
     extern __shared__ __align__(128) unsigned char fss[];
+    constexpr int NST = FK_NST(NB), STG = FK_STAGE(NB);
     const int e = blockIdx.z;
     if (!ck_entry(a, e)) return; /* (a cluster's blocks share e) */
-    const int dv = a.dv, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-    const int h = blockIdx.y, cb = blockIdx.x, j0 = cb * 32, n = a.meta.e_n[e], pos0 = a.meta.e_len[e];
+    const int dv = a.dv, tid = threadIdx.x, half = tid >> 8, warp = (tid >> 5) & 7, lane = tid & 31,
+              g = lane >> 2, t4 = lane & 3;
+    const int h = blockIdx.y, cb = blockIdx.x, j0 = (cb * NB + half) * 32, n = a.meta.e_n[e],
+              pos0 = a.meta.e_len[e];
     const int r0 = a.meta.e_row0[e], kh = h / (a.Hv / a.Hk);
-    uint16_t *Sb = (uint16_t *)(fss + FK_NST * FK_STAGE), *Db = Sb + FK_DK * FK_UL, *Dl = Db + CK_CH * FK_UL;
-    uint64_t *full = (uint64_t *)(Dl + CK_CH * FK_UL), *empty = full + FK_NST;
+    uint16_t *Sb = (uint16_t *)(fss + NST * STG) + half * (FK_DK + 2 * CK_CH) * FK_UL,
+             *Db = Sb + FK_DK * FK_UL, *Dl = Db + CK_CH * FK_UL;
+    uint64_t *full = (uint64_t *)((uint16_t *)(fss + NST * STG) + NB * (FK_DK + 2 * CK_CH) * FK_UL),
+             *empty = full + NST;
     if (tid == 0) {
-        for (int i = 0; i < FK_NST; i++) bk_init(full + i);
+        for (int i = 0; i < NST; i++) bk_init(full + i);
         if constexpr (CL > 1)
-            for (int i = 0; i < FK_NST; i++)
+            for (int i = 0; i < NST; i++)
                 asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bk_sa(empty + i)), "r"(CL)
                              : "memory");
         bk_init_fence();
@@ -1293,8 +1301,8 @@ template <int CL> __global__ void __launch_bounds__(256, 1) fk_pass_kernel(cu_gd
     int k = ck_table(a)[1 + 3 * (size_t)a.chunk_cap + e];
     if (tid == 0) { /* chunks 0, 1, 2 (the first may be short: it ends on the 64-grid) */
         int rem = n - (CK_CH - pos0 % CK_CH);
-        for (int i = 0; i < FK_NST && (i == 0 || rem > (i - 1) * CK_CH); i++)
-            fk_stage<CL>(fss + i * FK_STAGE, a, stride, k + i, h, kh, cb, full + i);
+        for (int i = 0; i < NST && (i == 0 || rem > (i - 1) * CK_CH); i++)
+            fk_stage<CL, NB>(fss + i * STG, a, stride, k + i, h, kh, cb, full + i);
     }
     float *Sg = a.rec_state + (((size_t)a.meta.e_slot[e] * a.n_lin + a.lin) * a.Hv + h) * (size_t)FK_DK * dv;
     const int ms = warp * 16;
@@ -1312,13 +1320,13 @@ template <int CL> __global__ void __launch_bounds__(256, 1) fk_pass_kernel(cu_gd
     for (int c0 = 0, L, i = 0; c0 < n; c0 += L, i++, k++) {
         L = CK_CH - (pos0 + c0) % CK_CH;
         if (L > n - c0) L = n - c0;
-        const int st = i % FK_NST, rem = n - (c0 + L); /* rows after this chunk */
-        unsigned char *sp = fss + st * FK_STAGE;
+        const int st = i % NST, rem = n - (c0 + L); /* rows after this chunk */
+        unsigned char *sp = fss + st * STG;
         const uint16_t *Wb = (const uint16_t *)sp, *QKb = (const uint16_t *)(sp + FK_QK);
         const float *misc = (const float *)(sp + FK_MISC);
-        const uint16_t *Ub = (const uint16_t *)(sp + FK_U), *Qb = (const uint16_t *)(sp + FK_U + FK_UB),
-                       *Kb = Qb + CK_CH * FK_LD;
-        bk_wait(full + st, (unsigned)(i / FK_NST) & 1u);
+        const uint16_t *Ub = (const uint16_t *)(sp + FK_U + half * FK_UB),
+                       *Qb = (const uint16_t *)(sp + FK_U + NB * FK_UB), *Kb = Qb + CK_CH * FK_LD;
+        bk_wait(full + st, (unsigned)(i / NST) & 1u);
         { /* step 1 */
             const int m0 = (warp & 3) * 16;
             const uint16_t *As = warp < 4 ? Wb : Qb;
@@ -1405,9 +1413,9 @@ template <int CL> __global__ void __launch_bounds__(256, 1) fk_pass_kernel(cu_gd
         }
         __syncthreads();
         if (tid == 0) {
-            if constexpr (CL == 1) { /* this stage is free: chunk i + 3 into it */
-                if (rem > 2 * CK_CH) fk_stage<CL>(sp, a, stride, k + 3, h, kh, cb, full + st);
-            } else {
+            if constexpr (CL == 1) { /* this stage is free: chunk i + NST into it */
+                if (rem > (NST - 1) * CK_CH) fk_stage<CL, NB>(sp, a, stride, k + NST, h, kh, cb, full + st);
+            } else { /* (NB 1, three stages) */
                 /* this stage released to every block of the cluster (chunk i + 3 will come into it); chunk
                  * i + 2 into the stage the cluster released after chunk i - 1 (a chunk ago: no wait, as a
                  * rule) */
@@ -1416,9 +1424,9 @@ template <int CL> __global__ void __launch_bounds__(256, 1) fk_pass_kernel(cu_gd
                     for (int r = 0; r < CL; r++) fk_arrive_remote(empty + st, (unsigned)r);
                 }
                 if (i >= 1 && rem > CK_CH) {
-                    const int sq = (i - 1) % FK_NST;
-                    fk_wait_cluster(empty + sq, (unsigned)((i - 1) / FK_NST) & 1u);
-                    fk_stage<CL>(fss + sq * FK_STAGE, a, stride, k + 2, h, kh, cb, full + sq);
+                    const int sq = (i - 1) % NST;
+                    fk_wait_cluster(empty + sq, (unsigned)((i - 1) / NST) & 1u);
+                    fk_stage<CL, NB>(fss + sq * STG, a, stride, k + 2, h, kh, cb, full + sq);
                 }
             }
         }
@@ -1435,9 +1443,12 @@ template <int CL> __global__ void __launch_bounds__(256, 1) fk_pass_kernel(cu_gd
 static int g_fk_ok = 0; /* cu_gdn_chunk_init: the fast kernels' shared memory fits and is set */
 /* the pass's cluster size (CINFER_CUDA_GDN_FAST_CL: 1, 2 or 4 blocks of a head; clusters only where the
  * head's dv / 32 column blocks divide by it) */
-static int g_fk_cl = 1;
+static int g_fk_cl = 1, g_fk_nb = 1;
 extern "C" void cu_gdn_fast_set_cluster(int cl) {
     g_fk_cl = cl == 2 || cl == 4 ? cl : 1;
+}
+extern "C" void cu_gdn_fast_set_cols(int nb) {
+    g_fk_nb = nb == 2 ? 2 : 1;
 }
 extern "C" int cu_gdn_fast_max_clusters(int cl) {
     if (!g_fk_ok) return 0;
@@ -1445,13 +1456,13 @@ extern "C" int cu_gdn_fast_max_clusters(int cl) {
     cudaLaunchAttribute at[1];
     at[0].id = cudaLaunchAttributeClusterDimension;
     at[0].val.clusterDim.x = (unsigned)cl, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
-    cfg.gridDim = dim3(4, 32, 1), cfg.blockDim = dim3(256), cfg.dynamicSmemBytes = FK_PASS_SMEM;
+    cfg.gridDim = dim3(4, 32, 1), cfg.blockDim = dim3(256), cfg.dynamicSmemBytes = FK_PASS_SMEM(1);
     cfg.attrs = at, cfg.numAttrs = 1;
     int n = 0;
     if (cudaOccupancyMaxActiveClusters(&n,
-                                       cl == 4   ? fk_pass_kernel<4>
-                                       : cl == 2 ? fk_pass_kernel<2>
-                                                 : fk_pass_kernel<1>,
+                                       cl == 4   ? fk_pass_kernel<4, 1>
+                                       : cl == 2 ? fk_pass_kernel<2, 1>
+                                                 : fk_pass_kernel<1, 1>,
                                        &cfg) != cudaSuccess)
         n = -1;
     return n;
@@ -1511,11 +1522,13 @@ extern "C" int cu_gdn_chunk_init(int dk, int dv) {
         return 0;
     int ok = ck_set_smem<1>(dk, dv) && ck_set_smem<3>(dk, dv);
     /* fast mode's kernels where they serve (dk 128; their shared memory does not depend on dv) */
-    if (ok && dk == FK_DK && (size_t)FK_PASS_SMEM <= (size_t)optin)
+    if (ok && dk == FK_DK && (size_t)FK_PASS_SMEM(1) <= (size_t)optin &&
+        (size_t)FK_PASS_SMEM(2) <= (size_t)optin)
         g_fk_ok = ck_attr(fk_prep_kernel, FK_PREP_SMEM / sizeof(float)) &&
-                  ck_attr(fk_pass_kernel<1>, FK_PASS_SMEM / sizeof(float)) &&
-                  ck_attr(fk_pass_kernel<2>, FK_PASS_SMEM / sizeof(float)) &&
-                  ck_attr(fk_pass_kernel<4>, FK_PASS_SMEM / sizeof(float));
+                  ck_attr(fk_pass_kernel<1, 1>, FK_PASS_SMEM(1) / sizeof(float)) &&
+                  ck_attr(fk_pass_kernel<2, 1>, FK_PASS_SMEM(1) / sizeof(float)) &&
+                  ck_attr(fk_pass_kernel<4, 1>, FK_PASS_SMEM(1) / sizeof(float)) &&
+                  ck_attr(fk_pass_kernel<1, 2>, FK_PASS_SMEM(2) / sizeof(float));
     return ok;
 }
 
@@ -1531,17 +1544,21 @@ static int ck_launch(cu_ctx *c, const cu_gdn_args *a, int parts) {
             fk_prep_kernel<<<gp, 256, FK_PREP_SMEM, c->stream>>>(*a);
         }
         if (parts & 2) {
-            int cl = g_fk_cl > 1 && (a->dv / 32) % g_fk_cl == 0 ? g_fk_cl : 1;
-            if (cl == 1) {
-                fk_pass_kernel<1><<<gs, 256, FK_PASS_SMEM, c->stream>>>(*a);
+            int nb = g_fk_nb == 2 && (a->dv / 32) % 2 == 0 ? 2 : 1;
+            int cl = nb == 1 && g_fk_cl > 1 && (a->dv / 32) % g_fk_cl == 0 ? g_fk_cl : 1;
+            if (nb == 2) {
+                gs.x /= 2;
+                fk_pass_kernel<1, 2><<<gs, 512, FK_PASS_SMEM(2), c->stream>>>(*a);
+            } else if (cl == 1) {
+                fk_pass_kernel<1, 1><<<gs, 256, FK_PASS_SMEM(1), c->stream>>>(*a);
             } else {
                 cudaLaunchConfig_t cfg = {};
                 cudaLaunchAttribute at[1];
                 at[0].id = cudaLaunchAttributeClusterDimension;
                 at[0].val.clusterDim.x = (unsigned)cl, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
-                cfg.gridDim = gs, cfg.blockDim = dim3(256), cfg.dynamicSmemBytes = FK_PASS_SMEM;
+                cfg.gridDim = gs, cfg.blockDim = dim3(256), cfg.dynamicSmemBytes = FK_PASS_SMEM(1);
                 cfg.stream = c->stream, cfg.attrs = at, cfg.numAttrs = 1;
-                cudaLaunchKernelEx(&cfg, cl == 2 ? fk_pass_kernel<2> : fk_pass_kernel<4>, *a);
+                cudaLaunchKernelEx(&cfg, cl == 2 ? fk_pass_kernel<2, 1> : fk_pass_kernel<4, 1>, *a);
             }
         }
         return 1;
