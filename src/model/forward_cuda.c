@@ -2528,6 +2528,7 @@ static int warm_gemms(cuda_fwd *f, char *err, size_t errlen) {
             }
             if (!lw->moe && !ffn && I > 0) {
                 gemm(f, f->proj, f->xn, cl->w_gu, M, 2 * I, H);
+                if (f->gu16) cu_gemm_presplit_out16(f->cu, (uint16_t *)f->proj, f->xb, cl->w_gu, 2 * I, H, M);
                 gemm(f, f->out, f->act, cl->w_down, M, H, I);
                 ffn = 1;
             }

@@ -155,6 +155,65 @@ TEST(cuda_presplit_ops_bitwise) {
     cu_ctx_destroy(c);
 }
 
+/* CINFER_CUDA_FAST_GU16's two ops: cu_swiglu16 (bf16 gate | up rows in, one bf16 copy out) against the host's
+ * bf16(silu(g) * u), within one bf16 rounding (expf may differ in the last f32 bit), both kernel forms (I % 8
+ * == 0 or not); cu_gemm_presplit_out16 against the f32 product rounded once */
+TEST(cuda_fast_gu16_ops) {
+    if (cuda_devices() < 1) SKIP("no CUDA device: skipped");
+    char err[256];
+    cu_ctx *c = NULL;
+    REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
+    cu_set_bf16_passes(c, 1);
+    static const int Is[] = {264, 260};
+    for (int q = 0; q < 2; q++) {
+        int T = 70, I = Is[q];
+        size_t n = (size_t)T * 2 * I;
+        uint16_t *hgu = malloc(n * 2), *hout = malloc((size_t)T * I * 2);
+        for (size_t i = 0; i < n; i++) hgu[i] = f32_to_bf16(4.0f * frand());
+        uint16_t *gu = dev_copy(hgu, n * 2), *out = NULL;
+        REQUIRE(cu_alloc((void **)&out, (size_t)T * I * 2, err, sizeof err) == 0);
+        cu_swiglu16(c, out, gu, T, I);
+        REQUIRE(cu_sync(c, err, sizeof err) == 0);
+        REQUIRE(cu_download(hout, out, (size_t)T * I * 2, err, sizeof err) == 0);
+        double worst = 0;
+        for (int r = 0; r < T; r++)
+            for (int i = 0; i < I; i++) {
+                float g = bf16_to_f32(hgu[(size_t)r * 2 * I + i]), u = bf16_to_f32(hgu[(size_t)r * 2 * I + I + i]);
+                float want = g / (1.0f + expf(-g)) * u, got = bf16_to_f32(hout[(size_t)r * I + i]);
+                double e = fabs((double)got - want) / (fabs(want) + 1e-6);
+                if (!(e <= worst)) worst = e;
+            }
+        printf("     cu_swiglu16 T %d I %d: worst relative error %.2e (one bf16 rounding: 3.9e-3)\n", T, I, worst);
+        CHECK_MSG(worst <= 4.0e-3, "cu_swiglu16 I %d: relative error %.3g", I, worst);
+        free(hgu), free(hout);
+        cu_free(gu), cu_free(out);
+    }
+    enum { M = 96, N = 80, K = 128 };
+    uint16_t hx[M * K], hw[N * K], hy[M * N];
+    for (int i = 0; i < M * K; i++) hx[i] = f32_to_bf16(frand());
+    for (int i = 0; i < N * K; i++) hw[i] = f32_to_bf16(0.1f * frand());
+    uint16_t *x = dev_copy(hx, sizeof hx), *w = dev_copy(hw, sizeof hw), *y = NULL;
+    REQUIRE(cu_alloc((void **)&y, sizeof hy, err, sizeof err) == 0);
+    cu_gemm_presplit_out16(c, y, x, w, N, K, M);
+    REQUIRE(cu_sync(c, err, sizeof err) == 0);
+    REQUIRE(cu_download(hy, y, sizeof hy, err, sizeof err) == 0);
+    double worst = 0;
+    for (int m = 0; m < M; m++)
+        for (int j = 0; j < N; j++) {
+            double acc = 0, mag = 0;
+            for (int k = 0; k < K; k++) {
+                double p = (double)bf16_to_f32(hx[m * K + k]) * bf16_to_f32(hw[j * K + k]);
+                acc += p, mag += fabs(p);
+            }
+            double e = fabs(bf16_to_f32(hy[m * N + j]) - acc) / (fabs(acc) + 1e-3 * mag + 1e-9);
+            if (!(e <= worst)) worst = e;
+        }
+    printf("     cu_gemm_presplit_out16 %dx%dx%d: worst relative error %.2e\n", M, N, K, worst);
+    CHECK_MSG(worst <= 5e-3, "cu_gemm_presplit_out16: relative error %.3g", worst);
+    cu_free(x), cu_free(w), cu_free(y);
+    cu_ctx_destroy(c);
+}
+
 /* one 150-token prefill with every logit, then 4 decode steps: [154][V] */
 static int run_long(cinfer_model *m, int V, float *out) {
     enum { P = 150, D = 4 };

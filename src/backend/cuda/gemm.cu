@@ -468,6 +468,7 @@ extern "C" int cu_lt_tune(void) {
 #define LT_CANDS 16
 typedef struct lt_entry {
     int N, K, mcls; /* the shape: N, K and floor(log2(M)) */
+    int out16;      /* y in bf16 (cu_gemm_presplit_out16), else f32 */
     int use;        /* 1: algo beat GemmEx's default when timed */
     cublasLtMatmulAlgo_t algo;
 } lt_entry;
@@ -481,8 +482,9 @@ typedef struct lt_descs {
     cublasLtMatrixLayout_t a, b, c;
 } lt_descs;
 
-/* blas()'s product as cuBLASLt descriptors: Y^T [N x M] = W [K x N]^T · X^T [K x M], bf16 in, f32 out */
-static int lt_make(lt_descs *d, int M, int N, int K) {
+/* blas()'s product as cuBLASLt descriptors: Y^T [N x M] = W [K x N]^T · X^T [K x M], bf16 in, f32 (or with
+ * out16 bf16) out */
+static int lt_make(lt_descs *d, int M, int N, int K, int out16) {
     memset(d, 0, sizeof *d);
     cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
     if (cublasLtMatmulDescCreate(&d->op, CUBLAS_COMPUTE_32F, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS) return -1;
@@ -490,7 +492,7 @@ static int lt_make(lt_descs *d, int M, int N, int K) {
     cublasLtMatmulDescSetAttribute(d->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
     if (cublasLtMatrixLayoutCreate(&d->a, CUDA_R_16BF, K, N, K) != CUBLAS_STATUS_SUCCESS ||
         cublasLtMatrixLayoutCreate(&d->b, CUDA_R_16BF, K, M, K) != CUBLAS_STATUS_SUCCESS ||
-        cublasLtMatrixLayoutCreate(&d->c, CUDA_R_32F, N, M, N) != CUBLAS_STATUS_SUCCESS)
+        cublasLtMatrixLayoutCreate(&d->c, out16 ? CUDA_R_16BF : CUDA_R_32F, N, M, N) != CUBLAS_STATUS_SUCCESS)
         return -1;
     return 0;
 }
@@ -507,8 +509,8 @@ static int mclass(int M) {
     return k;
 }
 
-static void blas_default(cu_ctx *c, float *y, const uint16_t *xb, const uint16_t *w, int M, int N, int K,
-                         float beta);
+static void blas_default(cu_ctx *c, void *y, const uint16_t *xb, const uint16_t *w, int M, int N, int K,
+                         float beta, int out16);
 
 /* mean ms of reps runs of one product on c's stream (one warm run first) */
 template <typename F> static float lt_time(cu_ctx *c, F run) {
@@ -526,12 +528,12 @@ template <typename F> static float lt_time(cu_ctx *c, F run) {
 }
 
 /* times GemmEx's default and the heuristic's candidates for this shape into e (g_lt_mu held) */
-static void lt_tune_shape(cu_ctx *c, lt_entry *e, float *y, const uint16_t *xb, const uint16_t *w, int M, int N,
+static void lt_tune_shape(cu_ctx *c, lt_entry *e, void *y, const uint16_t *xb, const uint16_t *w, int M, int N,
                           int K) {
     e->use = 0;
     if (!g_lth && cublasLtCreate(&g_lth) != CUBLAS_STATUS_SUCCESS) return;
     lt_descs d;
-    if (lt_make(&d, M, N, K)) {
+    if (lt_make(&d, M, N, K, e->out16)) {
         lt_free(&d);
         return;
     }
@@ -545,7 +547,7 @@ static void lt_tune_shape(cu_ctx *c, lt_entry *e, float *y, const uint16_t *xb, 
         CUBLAS_STATUS_SUCCESS)
         n = 0;
     cublasLtMatmulPreferenceDestroy(pref);
-    float base = lt_time(c, [&] { blas_default(c, y, xb, w, M, N, K, 0.0f); }), best = base;
+    float base = lt_time(c, [&] { blas_default(c, y, xb, w, M, N, K, 0.0f, e->out16); }), best = base;
     int bi = -1;
     const float one = 1.0f, zero = 0.0f;
     for (int i = 0; i < n; i++) {
@@ -558,14 +560,15 @@ static void lt_tune_shape(cu_ctx *c, lt_entry *e, float *y, const uint16_t *xb, 
     }
     lt_free(&d);
     if (bi >= 0 && best < 0.98f * base) e->use = 1, e->algo = res[bi].algo;
-    fprintf(stderr, "cinfer cuda: CINFER_CUDA_LT_TUNE M %d N %d K %d: default %.3f ms (%.0f TFLOP/s), %s %.3f ms (%.0f "
+    fprintf(stderr, "cinfer cuda: CINFER_CUDA_LT_TUNE M %d N %d K %d%s: default %.3f ms (%.0f TFLOP/s), %s %.3f ms (%.0f "
                     "TFLOP/s) of %d candidates\n",
-            M, N, K, base, 2e-9 * M * N * K / base, e->use ? "takes" : "keeps the default; best", best,
+            M, N, K, e->out16 ? " (bf16 out)" : "", base, 2e-9 * M * N * K / base, e->use ? "takes" : "keeps the default; best", best,
             2e-9 * M * N * K / best, n);
 }
 
 /* the tuned product when LT_TUNE serves it; 0: the caller runs GemmEx */
-static int lt_gemm(cu_ctx *c, float *y, const uint16_t *xb, const uint16_t *w, int M, int N, int K, float beta) {
+static int lt_gemm(cu_ctx *c, void *y, const uint16_t *xb, const uint16_t *w, int M, int N, int K, float beta,
+                   int out16) {
     if (!g_lt_tune || !one_pass(c) || M < 1024 || beta != 0.0f) return 0;
     cudaStreamCaptureStatus cs;
     if (cudaStreamIsCapturing(c->stream, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) return 0;
@@ -573,10 +576,10 @@ static int lt_gemm(cu_ctx *c, float *y, const uint16_t *xb, const uint16_t *w, i
     lt_entry *e = NULL;
     pthread_mutex_lock(&g_lt_mu);
     for (int i = 0; i < g_nlt && !e; i++)
-        if (g_lt[i].N == N && g_lt[i].K == K && g_lt[i].mcls == mc) e = &g_lt[i];
+        if (g_lt[i].N == N && g_lt[i].K == K && g_lt[i].mcls == mc && g_lt[i].out16 == out16) e = &g_lt[i];
     if (!e && g_nlt < LT_MAX) {
         e = &g_lt[g_nlt++];
-        e->N = N, e->K = K, e->mcls = mc;
+        e->N = N, e->K = K, e->mcls = mc, e->out16 = out16;
         lt_tune_shape(c, e, y, xb, w, M, N, K);
     }
     lt_entry got = e ? *e : lt_entry{};
@@ -584,7 +587,7 @@ static int lt_gemm(cu_ctx *c, float *y, const uint16_t *xb, const uint16_t *w, i
     if (!got.use) return 0;
     lt_descs d;
     int ok = 0;
-    if (!lt_make(&d, M, N, K)) {
+    if (!lt_make(&d, M, N, K, out16)) {
         cublasLtMatmulHeuristicResult_t chk;
         const float one = 1.0f;
         ok = cublasLtMatmulAlgoCheck(g_lth, d.op, d.a, d.b, d.c, d.c, &got.algo, &chk) == CUBLAS_STATUS_SUCCESS &&
@@ -598,16 +601,16 @@ static int lt_gemm(cu_ctx *c, float *y, const uint16_t *xb, const uint16_t *w, i
 
 static void blas(cu_ctx *c, float *y, const uint16_t *xb, const uint16_t *w, int M, int N, int K,
                  float beta) {
-    if (lt_gemm(c, y, xb, w, M, N, K, beta)) return;
-    blas_default(c, y, xb, w, M, N, K, beta);
+    if (lt_gemm(c, y, xb, w, M, N, K, beta, 0)) return;
+    blas_default(c, y, xb, w, M, N, K, beta, 0);
 }
 
-static void blas_default(cu_ctx *c, float *y, const uint16_t *xb, const uint16_t *w, int M, int N, int K,
-                         float beta) {
+static void blas_default(cu_ctx *c, void *y, const uint16_t *xb, const uint16_t *w, int M, int N, int K,
+                         float beta, int out16) {
     const float one = 1.0f;
     /* column-major view: Y^T [N x M] = W [K x N]^T · X^T [K x M] */
     cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, w, CUDA_R_16BF, K, xb, CUDA_R_16BF, K,
-                 &beta, y, CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+                 &beta, y, out16 ? CUDA_R_16BF : CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
 }
 
 /* Tensor cores take bf16 activations; one rounding of the activations costs ~1e-3 relative per product, which
@@ -710,9 +713,7 @@ extern "C" void cu_gemm_presplit(cu_ctx *c, float *y, const uint16_t *xb, const 
  * the output rounded once */
 extern "C" void cu_gemm_presplit_out16(cu_ctx *c, uint16_t *y, const uint16_t *xb, const uint16_t *w, int N, int K,
                                        int Mb) {
-    const float one = 1.0f, zero = 0.0f;
-    cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, Mb, K, &one, w, CUDA_R_16BF, K, xb, CUDA_R_16BF, K, &zero, y,
-                 CUDA_R_16BF, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (!lt_gemm(c, y, xb, w, Mb, N, K, 0.0f, 1)) blas_default(c, y, xb, w, Mb, N, K, 0.0f, 1);
 }
 
 /* Row m of x (x row m / div) times matrix widx[m] of w: one M = 1 GEMV per block row, for MoE experts. */
