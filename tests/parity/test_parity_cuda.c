@@ -332,6 +332,57 @@ TEST(cuda_fast_parity_default_model) {
     fast_off(keep);
 }
 
+/* the pass count is per context (cu_ctx.bf16_passes): an exact context beside a fast one in the same process
+ * gives the bits of an exact context alone, and the fast one runs fast (its logits differ) */
+static int prefill150(cinfer_ctx *c, int V, float *out) {
+    char err[512];
+    int32_t toks[150];
+    for (int i = 0; i < 150; i++) toks[i] = (int32_t)((i * 37 + 5) % V);
+    int seq = cinfer_seq_open(c, err, sizeof err);
+    cinfer_batch_entry e = {seq, toks, 150, 1};
+    int rc = cinfer_forward(c, &e, 1, out, err, sizeof err);
+    if (rc) test_fail(__FILE__, __LINE__, "forward: %s", err);
+    cinfer_seq_close(c, seq);
+    return rc;
+}
+
+TEST(cuda_fast_and_exact_contexts_side_by_side) {
+    if (no_device()) SKIP("no CUDA device: skipped");
+    char dir[512], err[512];
+    snprintf(dir, sizeof dir, "%s/qwen35_dense", test_fixtures_dir());
+    cinfer_model *m;
+    REQUIRE(cinfer_model_open(dir, &m, err, sizeof err) == 0);
+    cinfer_model_info info;
+    cinfer_model_get_info(m, &info);
+    int V = info.vocab_size;
+    size_t n = (size_t)150 * V;
+    float *alone = malloc(n * sizeof(float)), *beside = malloc(n * sizeof(float)), *fast = malloc(n * sizeof(float));
+    cinfer_ctx *e = test_ctx(m, CINFER_DEVICE_CUDA, 1, 160, 160, 2);
+    REQUIRE(e);
+    int rc = prefill150(e, V, alone);
+    cinfer_ctx_destroy(e);
+    REQUIRE(rc == 0);
+    char *keep = fast_on();
+    cinfer_ctx *f = test_ctx(m, CINFER_DEVICE_CUDA, 1, 160, 160, 2);
+    fast_off(keep);
+    e = test_ctx(m, CINFER_DEVICE_CUDA, 1, 160, 160, 2);
+    REQUIRE(f && e);
+    CHECK_EQ_INT(cinfer_ctx_precision(f), CINFER_PRECISION_FAST);
+    CHECK_EQ_INT(cinfer_ctx_precision(e), CINFER_PRECISION_EXACT);
+    rc = prefill150(f, V, fast) || prefill150(e, V, beside);
+    cinfer_ctx_destroy(f);
+    cinfer_ctx_destroy(e);
+    if (!rc) {
+        int same = !memcmp(alone, beside, n * sizeof(float)), differs = !!memcmp(alone, fast, n * sizeof(float));
+        printf("     exact beside fast: %s; fast context: %s\n", same ? "bit-identical to exact alone" : "DIFFERS",
+               differs ? "its own bits" : "THE EXACT BITS");
+        CHECK_MSG(same, "an exact context beside a fast one differs from an exact one alone");
+        CHECK_MSG(differs, "a fast context gave the exact bits (did it run one pass?)");
+    }
+    free(alone), free(beside), free(fast);
+    cinfer_model_close(m);
+}
+
 TEST(cuda_fast_batch_of_32_matches_alone) {
     if (no_device()) SKIP("no CUDA device: skipped");
     if (!file_exists(DEFAULT_WEIGHTS)) SKIP(DEFAULT_WEIGHTS " is not there: skipped");
