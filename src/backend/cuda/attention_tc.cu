@@ -637,9 +637,13 @@ __device__ __forceinline__ float ff_ex2(float x) { /* 2^x, flushing subnormal re
     return y;
 }
 
-/* V (CINFER_CUDA_ATTN_FAST_V, an A/B of the H200 calls): 1 log2(e) / sqrt(hd) folded into Q before its
- * rounding, ex2.approx.ftz, the masked and plain tiles' softmax apart, one reciprocal of l a row */
-template <int HD, int V = 0>
+/* log2(e) / sqrt(hd) is folded into Q before its rounding (scores come out in log2 units), the masked and
+ * plain tiles' softmax run apart, P = ex2.approx.ftz, one reciprocal of l a row (H200 call 3, 4B layer at 4096
+ * rows 0.828 -> 0.790 ms, 32k chunk 7.06 -> 6.71 ms). V (CINFER_CUDA_ATTN_FAST_V, an A/B of the next call):
+ * 2 a row's maximum moves only when a tile's exceeds it by more than FF_LAZY (P then <= 2^FF_LAZY, O and l in
+ * f32 against the older maximum): O's rescale runs on few tiles instead of on most of a short row's */
+#define FF_LAZY 8.0f
+template <int HD, int V = 1>
 __global__ void __launch_bounds__(256, 1) attn_ff_kernel(cu_attn_args a, int QH) {
     extern __shared__ __align__(16) float fsm[];
     constexpr int LDQ = HD + 8, LK = HD + 8, KH = FA_KVB * LK, IMG = ff_img_halves<HD>();
@@ -694,7 +698,7 @@ __global__ void __launch_bounds__(256, 1) attn_ff_kernel(cu_attn_args a, int QH)
 #pragma unroll
         for (int k = 0; k < QB; k++) {
             const int i = tid + (b0 + k) * 256, m = i / (HD / 2), c = 2 * (i % (HD / 2));
-            if constexpr (V == 1) x[k].x *= sl2, x[k].y *= sl2;
+            x[k].x *= sl2, x[k].y *= sl2;
             *reinterpret_cast<uint32_t *>(Q + m * LDQ + c) = ff_h2(x[k].x, x[k].y);
         }
     }
@@ -760,14 +764,14 @@ __global__ void __launch_bounds__(256, 1) attn_ff_kernel(cu_attn_args a, int QH)
             }
             const int mask = c0 + FF_BN - 1 > wlim;
             float xa = -INFINITY, xb = -INFINITY;
-            if (V == 0 || mask) {
+            if (mask) {
 #pragma unroll
                 for (int n = 0; n < NBT; n++)
 #pragma unroll
                     for (int r = 0; r < 4; r++) {
                         int u = c0 + n * 8 + 2 * t + (r & 1);
-                        float v = V == 1 ? sc[n][r] : sc[n][r] * sl2;
-                        if (mask && u > (r < 2 ? la_k : lb_k)) v = -INFINITY;
+                        float v = sc[n][r];
+                        if (u > (r < 2 ? la_k : lb_k)) v = -INFINITY;
                         sc[n][r] = v;
                         if (r < 2)
                             xa = fmaxf(xa, v);
@@ -785,20 +789,17 @@ __global__ void __launch_bounds__(256, 1) attn_ff_kernel(cu_attn_args a, int QH)
             xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, 2));
             xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, 1));
             xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, 2));
-            const float na = fmaxf(ma, xa), nb = fmaxf(mb, xb);
+            /* V 2: -inf + FF_LAZY is -inf, so a row's first finite tile always sets its maximum */
+            const float na = V == 2 ? (xa > ma + FF_LAZY ? xa : ma) : fmaxf(ma, xa);
+            const float nb = V == 2 ? (xb > mb + FF_LAZY ? xb : mb) : fmaxf(mb, xb);
             const float sa = na == -INFINITY ? 0.0f : na, sb = nb == -INFINITY ? 0.0f : nb;
-            const float ca = V == 1 ? ff_ex2(ma - sa) : exp2f(ma - sa);
-            const float cb = V == 1 ? ff_ex2(mb - sb) : exp2f(mb - sb);
+            /* exactly 1 where the maximum stayed (the warp's rescale then leaves the row's bits alone) */
+            const float ca = ma == sa ? 1.0f : ff_ex2(ma - sa), cb = mb == sb ? 1.0f : ff_ex2(mb - sb);
             float suma = 0.0f, sumb = 0.0f;
 #pragma unroll
             for (int n = 0; n < NBT; n++) {
-                if constexpr (V == 1) {
-                    sc[n][0] = ff_ex2(sc[n][0] - sa), sc[n][1] = ff_ex2(sc[n][1] - sa);
-                    sc[n][2] = ff_ex2(sc[n][2] - sb), sc[n][3] = ff_ex2(sc[n][3] - sb);
-                } else {
-                    sc[n][0] = exp2f(sc[n][0] - sa), sc[n][1] = exp2f(sc[n][1] - sa);
-                    sc[n][2] = exp2f(sc[n][2] - sb), sc[n][3] = exp2f(sc[n][3] - sb);
-                }
+                sc[n][0] = ff_ex2(sc[n][0] - sa), sc[n][1] = ff_ex2(sc[n][1] - sa);
+                sc[n][2] = ff_ex2(sc[n][2] - sb), sc[n][3] = ff_ex2(sc[n][3] - sb);
                 suma += sc[n][0] + sc[n][1], sumb += sc[n][2] + sc[n][3];
             }
             la = la * ca + suma, lb = lb * cb + sumb;
@@ -857,14 +858,17 @@ __global__ void __launch_bounds__(256, 1) attn_ff_kernel(cu_attn_args a, int QH)
         const float *gate = a.qkv + (size_t)(r0 + p) * a.ld + (size_t)h * 2 * HD + HD;
         const size_t obase = (size_t)(r0 + p) * a.Hq * HD + (size_t)h * HD;
         float *orow = a.o + obase;
+        /* every gate pair loaded before the first store (a.o may alias a.qkv for the compiler: a load after
+         * a store waits for it: one memory latency a pair; call 3 put the 4B layer at 4096 rows ~0.24 ms over
+         * its tiles' rate at 32k) */
+        float2 gv[ONT];
+#pragma unroll
+        for (int n = 0; n < ONT; n++) gv[n] = *reinterpret_cast<const float2 *>(gate + n * 8 + 2 * t);
 #pragma unroll
         for (int n = 0; n < ONT; n++) {
             int d = n * 8 + 2 * t;
-            float2 gv = *reinterpret_cast<const float2 *>(gate + d);
-            float2 ov = V == 1 ? make_float2(o[n][2 * hr] * il * dev_sigmoid(gv.x),
-                                              o[n][2 * hr + 1] * il * dev_sigmoid(gv.y))
-                                : make_float2(__fmul_rn(o[n][2 * hr] / l, dev_sigmoid(gv.x)),
-                                              __fmul_rn(o[n][2 * hr + 1] / l, dev_sigmoid(gv.y)));
+            float2 ov = make_float2(o[n][2 * hr] * il * dev_sigmoid(gv[n].x),
+                                    o[n][2 * hr + 1] * il * dev_sigmoid(gv[n].y));
             if (a.o_xb) { /* the out_proj GEMM's halves (CINFER_CUDA_PF_SPLIT) */
                 split_put(a.o_xb, obase + d, a.o_lo, ov.x);
                 split_put(a.o_xb, obase + d + 1, a.o_lo, ov.y);
@@ -943,9 +947,9 @@ template <int HD, int P, bool S16, bool BK = false> static int fa_attr1(int opti
 template <int HD> static int fa_attr(int optin) {
     if (!fa_attr1<HD, 3, false>(optin) || !fa_attr1<HD, 1, false>(optin)) return 0;
     fa_fast_ok[HD / 32] = ff_smem_bytes<HD>() <= (size_t)optin &&
-                          cudaFuncSetAttribute(attn_ff_kernel<HD, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               (int)ff_smem_bytes<HD>()) == cudaSuccess &&
                           cudaFuncSetAttribute(attn_ff_kernel<HD, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               (int)ff_smem_bytes<HD>()) == cudaSuccess &&
+                          cudaFuncSetAttribute(attn_ff_kernel<HD, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                (int)ff_smem_bytes<HD>()) == cudaSuccess;
     /* the split-once form where it fits (cu_attn_kv16_ok) */
     fa_kv16_ok[HD / 32] = fa_attr1<HD, 3, true>(optin) && fa_attr1<HD, 1, true>(optin);
@@ -990,10 +994,10 @@ template <int HD> static void fa_launch(cu_ctx *c, const cu_attn_args *a) {
     dim3 grid((unsigned)(a->Hq / QH), (unsigned)(a->split.work ? a->split.n_work : a->n_tiles));
     if (a->fast && a->kv16 && fa_fast_ok[HD / 32]) {
         attn_kvf_kernel<HD><<<dim3((unsigned)a->kv16_nb, (unsigned)a->kv16_NE), 256, 0, c->stream>>>(*a);
-        if (ff_v == 1)
-            attn_ff_kernel<HD, 1><<<grid, 256, ff_smem_bytes<HD>(), c->stream>>>(*a, QH);
+        if (ff_v == 2)
+            attn_ff_kernel<HD, 2><<<grid, 256, ff_smem_bytes<HD>(), c->stream>>>(*a, QH);
         else
-            attn_ff_kernel<HD, 0><<<grid, 256, ff_smem_bytes<HD>(), c->stream>>>(*a, QH);
+            attn_ff_kernel<HD, 1><<<grid, 256, ff_smem_bytes<HD>(), c->stream>>>(*a, QH);
         return;
     }
     if constexpr (HD >= 128) {
