@@ -42,8 +42,7 @@ CFLAGS  += -DCINFER_CUDA=1
 LDLIBS_CUDA := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcublasLt -lcudart -lstdc++
 NVCCFLAGS := -std=c++17 -O3 -Iinclude -Isrc -DCINFER_CUDA=1 \
              -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 \
-             -Werror all-warnings -Xptxas -suppress-async-bulk-multicast-advisory-warning \
-             -Xcompiler -Wall,-Wextra,-Werror,-Wno-unused-parameter,-fPIC -MMD -MP
+             -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror,-Wno-unused-parameter,-fPIC -MMD -MP
 LDLIBS  += $(LDLIBS_CUDA)
 endif
 

@@ -260,7 +260,8 @@ struct cuda_fwd {
     unsigned long long *astamps;    /* CINFER_CUDA_ATTN_STAMPS=1 (cu_attn_args.dec_stamps), else NULL */
     void *gdn_chunk;                /* the phased DeltaNet prefill's scratch (cu_gdn_chunk_bytes), or NULL */
     int gdn_chunk_cap, gdn_chunk_dt;
-    int gdn_fast; /* cu_gdn_args.chunk_fast: fast mode's DeltaNet prefill (bf16 operands, one MMA a product)
+    int gdn_fast; /* cu_gdn_args.chunk_fast: fast mode's DeltaNet prefill (bf16 operands, one MMA a product);
+                     2 also the fused layer (cu_gdn_layer_fast) for batches of prefills only
                    */
     /* CINFER_CUDA_PF_SPLIT: prefill norms and SwiGLU write the next GEMM's bf16 halves themselves (pf_split);
      * xb_for: f->xn while f->xb holds the halves of what a norm would have written there, else NULL */
@@ -1237,14 +1238,10 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     const char *gdt = getenv("CINFER_CUDA_GDN_DT");
     f->gdn_chunk_dt = gdt && !strcmp(gdt, "stage") ? 0 : gdt && !strcmp(gdt, "mma6") ? 1 : 2;
     /* fast mode's chunked DeltaNet prefill (deltanet_chunk.cu, FLA's bf16 form), CINFER_CUDA_GDN_FAST=1 until
-     * an H200 run shows it within bounds and faster; exact mode never takes it */
+     * an H200 run shows it within bounds and faster; =2 also the fused layer (cu_gdn_layer_fast: its conv,
+     * norms and gates inside the prep) for batches of prefills only; exact mode never takes either */
     const char *gfa = getenv("CINFER_CUDA_GDN_FAST");
-    f->gdn_fast = f->fast && gfa && !strcmp(gfa, "1");
-    /* its sequential pass as clusters of 2 or 4 blocks of a head sharing each chunk's loads (1: none) */
-    const char *gfc = getenv("CINFER_CUDA_GDN_FAST_CL");
-    cu_gdn_fast_set_cluster(gfc ? atoi(gfc) : 1);
-    const char *gfn = getenv("CINFER_CUDA_GDN_FAST_NB"); /* 2: 64 value columns a block of the pass */
-    cu_gdn_fast_set_cols(gfn ? atoi(gfn) : 1);
+    f->gdn_fast = f->fast && gfa ? (!strcmp(gfa, "1") ? 1 : !strcmp(gfa, "2") ? 2 : 0) : 0;
     /* decode MoE blocks (device_only) as three launches (router + selection, gate_up + SwiGLU, down + combine
      * + shared expert) instead of ~15, the same arithmetic (moe_fused.cu); the default since the H200 run of
      * 08:52 (35B-A3B batch 1 188.9 -> 233.6 tok/s, batch 8 721.5 -> 758.3, every test passing); "0": the
@@ -1436,6 +1433,8 @@ typedef struct run_shape {
     /* with the dec kernel (attn_dec_ns): the row classes the batch holds (cu_attn_args.dec_cls; 0 without),
      * attn_dec_kernel's span and grid (dec_span, dec_nsplit; 0 when no row takes it) */
     int acls, dspan, dnsplit;
+    int all_chunked; /* every entry takes the chunked DeltaNet form (no decode token, no speculative window)
+                      */
 } run_shape;
 
 /* the rows y holds: one of the [max_tokens][*] scratch buffers (not a slice, as the MoE experts' rows are)
@@ -1598,7 +1597,10 @@ static void deltanet(cuda_fwd *f, const cu_layer *cl, const layer_weights *lw, i
     int Mb = out_split_rows(f, T, vd, fz, !rs->no_chunked);
     if (Mb) a.o_xb = f->xb, a.o_lo = cu_gemm_presplit_lo(f->cu, Mb, vd);
     a.win_cnt = rs->has_spec && rs->no_chunked ? f->win_cnt : NULL, a.win_v2 = f->win_v2;
-    for (int n = diag_n(f, DG_GDN); n > 0; n--) cu_gdn_layer(f->cu, &a);
+    /* fast mode, a batch of prefills only: the fused layer where it serves (CINFER_CUDA_GDN_FAST=2) */
+    int lf = f->gdn_fast == 2 && rs->all_chunked;
+    for (int n = diag_n(f, DG_GDN); n > 0; n--)
+        if (!(lf && cu_gdn_layer_fast(f->cu, &a))) cu_gdn_layer(f->cu, &a);
     mark(f, CP_GEMM_OUT);
     for (int n = diag_n(f, DG_OUT); n > 0; n--) out_proj_from(f, cl, T, vd, fz, Mb);
 }
@@ -1660,7 +1662,8 @@ static void mlp(cuda_fwd *f, float *y, const float *x, const uint16_t *gu, const
     /* CINFER_CUDA_FAST_GU16 (fast, the norm wrote gate_up's one bf16 copy): gate_up into bf16, SwiGLU from it
      * into the down GEMM's copy: the [M][2I] product moves in half the bytes */
     int Mg, Md;
-    if (f->gu16 && x && x == f->xb_for && (Mg = cu_gemm_presplit_rows(f->cu, M, m->H, y_rows(f, f->proj, M))) &&
+    if (f->gu16 && x && x == f->xb_for &&
+        (Mg = cu_gemm_presplit_rows(f->cu, M, m->H, y_rows(f, f->proj, M))) &&
         !cu_gemm_presplit_lo(f->cu, Mg, m->H) && (Md = cu_gemm_presplit_rows(f->cu, M, I, y_rows(f, y, M)))) {
         cu_gemm_presplit_out16(f->cu, (uint16_t *)f->proj, f->xb, gu, 2 * I, m->H, Mg);
         mark(f, CP_FFN_ACT);
@@ -2294,7 +2297,7 @@ static int fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, int s
                    size_t errlen) {
     const model *m = f->m;
     int T = 0, nl = 0, maxpos = 0, all_decode = 1, max_n = 0, has_spec = 0, nh = 0, mm = 0, mm_rows = 0,
-        any_chunked = 0;
+        any_chunked = 0, all_chunked = 1;
     for (int i = 0; i < NE; i++) {
         /* a prompt with images: its own rotary positions, and feature rows in place of embeddings */
         if (e[i].rope_pos || e[i].rope_delta) mm = 1;
@@ -2310,7 +2313,10 @@ static int fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, int s
         nl += e[i].all_logits ? e[i].n : 1;
         if (e[i].hidden) nh += e[i].n;
         if (e[i].spec_rec) has_spec = 1;
-        if (!e[i].spec_rec && !(e[i].n == 1 && e[i].seq_len > 0)) any_chunked = 1;
+        if (!e[i].spec_rec && !(e[i].n == 1 && e[i].seq_len > 0))
+            any_chunked = 1;
+        else
+            all_chunked = 0;
         if (e[i].seq_len + e[i].n - 1 > maxpos) maxpos = e[i].seq_len + e[i].n - 1;
         /* graphs hold decode entries and speculative windows (no prefill: its tiles and chunk shapes vary) */
         if (!(e[i].n == 1 && !e[i].all_logits && !e[i].spec_rec) && !(e[i].spec_rec && f->verify_graphs))
@@ -2349,7 +2355,7 @@ static int fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, int s
         }
         return rc;
     }
-    rs.no_chunked = !any_chunked, rs.gdn_fused = gdn_fused;
+    rs.no_chunked = !any_chunked, rs.gdn_fused = gdn_fused, rs.all_chunked = all_chunked && any_chunked;
     if (f->trace) tr_pack = host_ms();
     int *d = f->meta;
     /* MoE decode without the host (graph-capturable): every (row, choice) slot through the indexed GEMV; past

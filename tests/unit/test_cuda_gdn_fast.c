@@ -66,6 +66,8 @@ static void check_rel(const char *what, const float *got, const float *ref, size
     CHECK_MSG(r <= tol, "%s: ||d||/||ref|| = %.3g > %g", what, r, tol);
 }
 
+static int g_fused; /* batches of prefills only through cu_gdn_layer_fast (CINFER_CUDA_GDN_FAST=2) */
+
 typedef struct fent {
     int len, n, slot;
 } fent;
@@ -207,7 +209,12 @@ static float *dev_layer(cu_ctx *c, gdn_t *L, const fent *ents, int NE, const gdn
     g.eps = 1e-6f, g.meta = meta, g.tc = 2, g.chunk_dt = 2, g.chunk_fast = 1;
     g.chunk_cap = cu_gdn_chunk_cap(in->T, NE);
     g.chunk_scr = nan_dev(c, cu_gdn_chunk_bytes(g.chunk_cap, in->T, L->Hv, L->dk, L->dv) / 4);
-    cu_gdn_layer(c, &g);
+    int all_chunked = 1;
+    for (int i = 0; i < NE; i++) all_chunked &= !(ents[i].n == 1 && ents[i].len > 0);
+    if (g_fused && all_chunked)
+        CHECK_MSG(cu_gdn_layer_fast(c, &g), "the fused layer refused a batch of prefills");
+    else
+        cu_gdn_layer(c, &g);
     CHECK_MSG(cu_sync(c, err, sizeof err) == 0, "%s", err);
     float *o = get(g.o, (size_t)in->T * vd);
     uint16_t w0[2] = {
@@ -316,22 +323,23 @@ static void fast_case(int Hk, int Hv, const fent *ents, int NE, int slow) {
 /* the existing chunk tests' batches: prefills from 0 and from ragged grid offsets (first chunks of 27 and 4
  * rows), lengths not multiples of 64, one-token prefills, decode tokens; long prefills at trained decay; the
  * 4B's heads over 4096 rows; the 27B's (GQA 3) over a ragged batch */
-/* each with every form of the pass: 32 columns a block alone and as clusters of 2 and 4 blocks
- * (CINFER_CUDA_GDN_FAST_CL), 64 columns a block (CINFER_CUDA_GDN_FAST_NB=2) */
-static const int fast_cls[] = {1, 2, 4, 1}, fast_nbs[] = {1, 1, 1, 2};
-#define N_FORMS 4
+/* each through cu_gdn_layer and through the fused layer (cu_gdn_layer_fast, CINFER_CUDA_GDN_FAST=2) where
+ * the batch has prefills only */
+#define N_FORMS 2
 static void fast_form(int f) {
-    printf("     pass: cluster %d, %d columns a block\n", fast_cls[f], 32 * fast_nbs[f]);
-    cu_gdn_fast_set_cluster(fast_cls[f]);
-    cu_gdn_fast_set_cols(fast_nbs[f]);
+    printf("     %s\n", f ? "the fused layer" : "cu_gdn_layer");
+    g_fused = f;
 }
 
 TEST(cuda_deltanet_fast_vs_cpu) {
     if (NO_DEVICE()) SKIP("no CUDA device: skipped");
     static const fent e[] = {{0, 100, 0}, {37, 50, 1}, {5, 1, 2}, {0, 1, 3}, {64, 1, 4}, {60, 200, 5}};
     static const fent el[] = {{0, 1000, 0}, {300, 700, 1}, {1000, 1, 3}, {0, 1, 2}};
+    /* prefills only (the fused layer takes its first round too): a one-token and a two-token prompt */
+    static const fent ep[] = {{0, 100, 0}, {37, 50, 1}, {0, 1, 3}, {60, 200, 5}, {5, 2, 2}};
     for (int ci = 0; ci < N_FORMS; ci++) {
         fast_form(ci);
+        fast_case(2, 4, ep, 5, 1);
         fast_case(2, 4, e, 6, 0);
         fast_case(2, 2, e, 6, 1);
         fast_case(2, 4, el, 4, 1);
@@ -343,8 +351,7 @@ TEST(cuda_deltanet_fast_vs_cpu) {
 TEST(cuda_deltanet_fast_4b_4096) {
     if (NO_DEVICE()) SKIP("no CUDA device: skipped");
     static const fent e[] = {{0, 4096, 0}};
-    for (int ci = 0; ci < N_FORMS; ci++) { /* (clusters of 2: in the test above) */
-        if (ci == 1) continue;
+    for (int ci = 0; ci < N_FORMS; ci++) {
         fast_form(ci);
         fast_case(16, 32, e, 1, 1);
     }
@@ -354,8 +361,7 @@ TEST(cuda_deltanet_fast_4b_4096) {
 TEST(cuda_deltanet_fast_27b_heads) {
     if (NO_DEVICE()) SKIP("no CUDA device: skipped");
     static const fent e[] = {{0, 300, 0}, {100, 200, 1}, {64, 64, 2}, {7, 1, 3}, {0, 1, 4}, {955, 517, 5}};
-    for (int ci = 0; ci < N_FORMS; ci++) { /* (clusters: in the tests above) */
-        if (ci == 1 || ci == 2) continue;
+    for (int ci = 0; ci < N_FORMS; ci++) {
         fast_form(ci);
         fast_case(16, 48, e, 6, 1);
     }
@@ -397,26 +403,17 @@ static void fast_speed(int Hk, int Hv) {
     REQUIRE(cu_timer_create(&tm) == 0);
     static const struct {
         const char *name;
-        int no_chunked, fast, cl, nb;
-    } forms[] = {{"conv + prep + norm", 1, 0, 1, 1},
-                 {"exact (img)", 0, 0, 1, 1},
-                 {"fast", 0, 1, 1, 1},
-                 {"fast, pass clusters of 2", 0, 1, 2, 1},
-                 {"fast, pass clusters of 4", 0, 1, 4, 1},
-                 {"fast, pass 64 columns a block", 0, 1, 1, 2}};
-    printf("     the pass's clusters held at once: of 2 %d, of 4 %d\n", cu_gdn_fast_max_clusters(2),
-           cu_gdn_fast_max_clusters(4));
+        int no_chunked, fast, fused;
+    } forms[] = {{"exact (img)", 0, 0, 0}, {"fast", 0, 1, 0}, {"fast, the fused layer", 0, 1, 1}};
     float *o_exact = NULL, *s_exact = NULL;
     for (size_t f = 0; f < sizeof forms / sizeof forms[0]; f++) {
         g.no_chunked = forms[f].no_chunked, g.chunk_fast = forms[f].fast;
-        cu_gdn_fast_set_cluster(forms[f].cl);
-        cu_gdn_fast_set_cols(forms[f].nb);
         float best = 1e30f;
         for (int rep = 0; rep < 5; rep++) {
             REQUIRE(cu_upload(g.rec_state, zero, rs_n * 4, err, sizeof err) == 0);
             REQUIRE(cu_upload(g.conv_state, zero, cs_n * 4, err, sizeof err) == 0);
             cu_timer_start(c, tm);
-            cu_gdn_layer(c, &g);
+            if (!(forms[f].fused && cu_gdn_layer_fast(c, &g))) cu_gdn_layer(c, &g);
             float ms = cu_timer_stop_ms(c, tm);
             if (rep && ms < best) best = ms; /* the first is a warm-up */
         }
@@ -432,6 +429,7 @@ static void fast_speed(int Hk, int Hv) {
                    rel(gs, s_exact, rs_n));
             free(go), free(gs);
         }
+        if (forms[f].fused) continue; /* (its parts: those of "fast" with the conv inside the prep) */
         float part[2] = {1e30f, 1e30f};
         for (int pi = 0; pi < 2; pi++)
             for (int rep = 0; rep < 4; rep++) {
@@ -441,9 +439,26 @@ static void fast_speed(int Hk, int Hv) {
                 if (rep && ms < part[pi]) part[pi] = ms;
             }
         printf("     %-40s prep %.3f ms, sequential pass %.3f ms\n", "", part[0], part[1]);
+        if (forms[f].fast) { /* where the cycles of prep's first block and one pass block go */
+            long long *dp = NULL, hp[16];
+            REQUIRE(cu_alloc((void **)&dp, sizeof hp, err, sizeof err) == 0);
+            REQUIRE(cu_upload(dp, (long long[16]){0}, sizeof hp, err, sizeof err) == 0);
+            g.chunk_prof = dp;
+            REQUIRE(cu_gdn_chunk_part(c, &g, 3));
+            REQUIRE(cu_sync(c, err, sizeof err) == 0);
+            REQUIRE(cu_download(hp, dp, sizeof hp, err, sizeof err) == 0);
+            g.chunk_prof = NULL;
+            cu_free(dp);
+            long long nch = hp[15] > 0 ? hp[15] : 1;
+            printf(
+                "     %-40s prep block cycles: loads %lld, A/QK %lld, masks %lld, T diag %lld, T rounds "
+                "%lld, "
+                "operands %lld, W/U %lld; pass per chunk (%lld): wait %lld, step 1 %lld, step 2 %lld, issue "
+                "%lld\n",
+                "", hp[0], hp[1], hp[2], hp[3], hp[4], hp[5], hp[6], hp[15], hp[8] / nch, hp[9] / nch,
+                hp[10] / nch, hp[11] / nch);
+        }
     }
-    cu_gdn_fast_set_cluster(1);
-    cu_gdn_fast_set_cols(1);
     cu_timer_destroy(tm);
     free(o_exact), free(s_exact);
     free(qkv), free(a), free(cw), free(A), free(zero), free(hm);

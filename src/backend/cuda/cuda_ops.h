@@ -404,12 +404,10 @@ size_t cu_gdn_chunk_bytes(int cap, int T, int Hv, int dk, int dv);
 int cu_gdn_chunk_part(cu_ctx *c, const cu_gdn_args *a, int parts);
 /* 1 when fast mode's chunked form (cu_gdn_args.chunk_fast) serves a's shapes (after cu_gdn_chunk_init) */
 int cu_gdn_chunk_fast_serves(const cu_gdn_args *a);
-/* fast mode's sequential pass as clusters of cl (1, 2, 4) blocks of a head sharing each chunk's loads by
- * multicast (CINFER_CUDA_GDN_FAST_CL; 1: none) */
-void cu_gdn_fast_set_cluster(int cl);
-/* the pass's value columns a block: 1 32 (256 threads), 2 64 (512 threads, one stage's shared loads for both
- * halves; clusters off), CINFER_CUDA_GDN_FAST_NB */
-void cu_gdn_fast_set_cols(int nb);
+/* fast mode's whole DeltaNet layer for a batch whose every entry takes the chunked form (no decode token, no
+ * speculative window): the conv, norms and gates inside its prep from the pre-conv rows (no conv_out), the
+ * window advance, the pass, the gated norm; 0 (nothing enqueued) where it does not serve: run cu_gdn_layer */
+int cu_gdn_layer_fast(cu_ctx *c, const cu_gdn_args *a);
 /* clusters of cl of the pass's blocks the device holds at once (cudaOccupancyMaxActiveClusters; printed by
  * cuda_deltanet_prefill_fast_speed) */
 int cu_gdn_fast_max_clusters(int cl);

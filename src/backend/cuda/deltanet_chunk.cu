@@ -965,13 +965,79 @@ static __device__ __forceinline__ const uint16_t *fk_bt(const uint16_t *B, int l
     return B + (size_t)(n0 + (l & 7) + (l >> 4) * 8) * ld + k0 + ((l >> 3) & 1) * 8;
 }
 
+/* the fused layer's front (cu_gdn_layer_fast, FUSED prep): for the chunk's rows, the causal conv (K = 4: the
+ * three inputs before a row from the entry's earlier rows or the slot's window) and SiLU of the key head's q
+ * and k channels and the value head's v channels, q and k l2-normalized (q scaled by dk^-1/2) as prep_kernel
+ * does, straight from the pre-conv rows (no conv_out round trip); beta and g of the value head. Warp w takes
+ * rows 8w .. 8w + 7, a lane 4 channels, the inputs sliding in registers. Q, K to shared memory as fp16 and
+ * (qkg) to the scratch as bf16; V's rows into vv (row 8w + i, channels 4 lane ..); rows past L: zeros. */
+static __device__ __forceinline__ float4 fk_in(const cu_gdn_args &a, const float *st, int row0, int p,
+                                               int ch) {
+    return p >= 0 ? *(const float4 *)(a.qkv + (size_t)(row0 + p) * a.qkv_ld + ch)
+                  : *(const float4 *)(st + (size_t)(p + 3) * a.C + ch);
+}
+static __device__ __forceinline__ float fk_tap(float w0, float w1, float w2, float w3, float x0, float x1,
+                                               float x2, float x3) { /* conv_tap's order */
+    return dev_silu(fmaf(w3, x3, fmaf(w2, x2, fmaf(w1, x1, w0 * x0))));
+}
+static __device__ __forceinline__ void fk_conv(const cu_gdn_args &a, int e, int c0, int L, int h, int kh,
+                                               uint16_t *Qs, uint16_t *Ks, uint16_t *qkg, float4 (&vv)[8],
+                                               float *gam, float *bet) {
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, C = a.C, kd = a.Hk * FK_DK;
+    const int row0 = a.meta.e_row0[e], p0 = c0 + 8 * warp; /* entry position of the warp's first row */
+    const float *st = a.conv_state + ((size_t)a.meta.e_slot[e] * a.n_lin + a.lin) * 3 * (size_t)C;
+    const float qscale = (float)(1.0 / sqrt((double)FK_DK));
+    if (tid < CK_CH) {
+        int r = row0 + c0 + (tid < L ? tid : 0);
+        float b = a.b[(size_t)r * a.ba_ld + h], av = a.a[(size_t)r * a.ba_ld + h];
+        gam[tid] = tid < L ? a.A[h] * dev_softplus(av + a.dt_bias[h]) : 0.0f;
+        bet[tid] = tid < L ? dev_sigmoid(b) : 0.0f;
+    }
+#pragma unroll 1
+    for (int m = 0; m < 3; m++) { /* q, k, v */
+        const int ch = (m == 0 ? kh * FK_DK : m == 1 ? kd + kh * FK_DK : 2 * kd + h * FK_DK) + lane * 4;
+        float4 w[4], x[11];
+#pragma unroll
+        for (int j = 0; j < 4; j++) w[j] = *(const float4 *)(a.conv_w + (size_t)j * C + ch);
+#pragma unroll
+        for (int i = 0; i < 11; i++) /* rows p0 - 3 .. p0 + 7, all in flight */
+            x[i] =
+                8 * warp + i - 3 < L ? fk_in(a, st, row0, p0 + i - 3, ch) : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int t = 8 * warp + i;
+            float4 y;
+            y.x = fk_tap(w[0].x, w[1].x, w[2].x, w[3].x, x[i].x, x[i + 1].x, x[i + 2].x, x[i + 3].x);
+            y.y = fk_tap(w[0].y, w[1].y, w[2].y, w[3].y, x[i].y, x[i + 1].y, x[i + 2].y, x[i + 3].y);
+            y.z = fk_tap(w[0].z, w[1].z, w[2].z, w[3].z, x[i].z, x[i + 1].z, x[i + 2].z, x[i + 3].z);
+            y.w = fk_tap(w[0].w, w[1].w, w[2].w, w[3].w, x[i].w, x[i + 1].w, x[i + 2].w, x[i + 3].w);
+            if (m < 2) {
+                float ss = warp_sum(y.x * y.x + y.y * y.y + y.z * y.z + y.w * y.w);
+                float inv = 1.0f / sqrtf(ss + 1e-6f);
+                if (m == 0) inv *= qscale;
+                y.x *= inv, y.y *= inv, y.z *= inv, y.w *= inv;
+            }
+            if (t >= L) y = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (m == 2) {
+                vv[i] = y;
+                continue;
+            }
+            uint16_t *dsm = m ? Ks : Qs;
+            *(uint2 *)(dsm + t * FK_LD + lane * 4) = make_uint2(fk_pack_h(y.x, y.y), fk_pack_h(y.z, y.w));
+            if (qkg)
+                *(uint2 *)(qkg + (m ? CK_CH * FK_LD : 0) + t * FK_LD + lane * 4) =
+                    make_uint2(fk_pack(y.x, y.y), fk_pack(y.z, y.w));
+        }
+    }
+}
+
 /* prep, a block per (chunk, value head): A and Q K^T on the tensor cores from Q and K rounded to fp16 (they
  * are l2-normalized, |x| <= 1: fp16's range holds them, and its 11 bits keep a dot product that nearly
  * cancels - the single-row entries' q.k, which the gated norm's eps does not scale away - within the bound,
  * where bf16 operands missed it: 1.08e-2 in session 10's call 2), the masks, decays and T in f32, W = T
  * diag(beta e^gam) K and U = T diag(beta) V on the tensor cores from bf16 operands (V has no bounded range)
  */
-__global__ void __launch_bounds__(256, 3) fk_prep_kernel(cu_gdn_args a) {
+template <bool FUSED> __global__ void __launch_bounds__(256, FUSED ? 2 : 3) fk_prep_kernel(cu_gdn_args a) {
     extern __shared__ __align__(128) unsigned char fsp[];
     const int *tab = ck_table(a);
     int k = blockIdx.x, h = blockIdx.y;
@@ -989,48 +1055,53 @@ __global__ void __launch_bounds__(256, 3) fk_prep_kernel(cu_gdn_args a) {
         h % rr
             ? NULL
             : (uint16_t *)((unsigned char *)a.chunk_scr + ((size_t)k * a.Hv + kh) * stride + fk_qk_off(dv));
-    /* Q and K rows (a warp a row, 16 bytes a lane), all loads in flight at once; rows past L: zeros */
-    {
-        float4 qv[8], kv[8];
+    CK_PROF_DECL(a.chunk_prof && k == 0 && h == 0 && tid == 0);
+    float4 vv[8]; /* V's rows in registers, into shared memory (over Q) once the Q K^T products are done */
+    const int vq = dv / 4; /* float4 per row */
+    if constexpr (FUSED) { /* the conv, SiLU, l2 norms and gates of the chunk's rows here (fk_conv) */
+        fk_conv(a, e, c0, L, h, kh, QV, Kb, qkg, vv, gam, bet);
+    } else {
+        /* Q and K rows (a warp a row, 16 bytes a lane), all loads in flight at once; rows past L: zeros */
+        {
+            float4 qv[8], kv[8];
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            int t = (tid >> 5) + 8 * i, c = lane * 4;
-            const float *row = a.conv_out + (size_t)(r0 + (t < L ? t : 0)) * C + (size_t)kh * FK_DK + c;
-            qv[i] = t < L ? *(const float4 *)row : make_float4(0.f, 0.f, 0.f, 0.f);
-            kv[i] = t < L ? *(const float4 *)(row + kd) : make_float4(0.f, 0.f, 0.f, 0.f);
-        }
-        if (tid < CK_CH) {
-            const float *bg = a.bg + (size_t)(r0 + (tid < L ? tid : 0)) * 2 * a.Hv;
-            gam[tid] = tid < L ? bg[a.Hv + h] : 0.0f;
-            bet[tid] = tid < L ? bg[h] : 0.0f;
-        }
+            for (int i = 0; i < 8; i++) {
+                int t = (tid >> 5) + 8 * i, c = lane * 4;
+                const float *row = a.conv_out + (size_t)(r0 + (t < L ? t : 0)) * C + (size_t)kh * FK_DK + c;
+                qv[i] = t < L ? *(const float4 *)row : make_float4(0.f, 0.f, 0.f, 0.f);
+                kv[i] = t < L ? *(const float4 *)(row + kd) : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+            if (tid < CK_CH) {
+                const float *bg = a.bg + (size_t)(r0 + (tid < L ? tid : 0)) * 2 * a.Hv;
+                gam[tid] = tid < L ? bg[a.Hv + h] : 0.0f;
+                bet[tid] = tid < L ? bg[h] : 0.0f;
+            }
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            int t = (tid >> 5) + 8 * i, c = lane * 4;
-            uint2 qb = make_uint2(fk_pack(qv[i].x, qv[i].y), fk_pack(qv[i].z, qv[i].w));
-            uint2 kb = make_uint2(fk_pack(kv[i].x, kv[i].y), fk_pack(kv[i].z, kv[i].w));
-            *(uint2 *)(QV + t * FK_LD + c) =
-                make_uint2(fk_pack_h(qv[i].x, qv[i].y), fk_pack_h(qv[i].z, qv[i].w));
-            *(uint2 *)(Kb + t * FK_LD + c) =
-                make_uint2(fk_pack_h(kv[i].x, kv[i].y), fk_pack_h(kv[i].z, kv[i].w));
-            if (qkg) {
-                *(uint2 *)(qkg + t * FK_LD + c) = qb;
-                *(uint2 *)(qkg + CK_CH * FK_LD + t * FK_LD + c) = kb;
+            for (int i = 0; i < 8; i++) {
+                int t = (tid >> 5) + 8 * i, c = lane * 4;
+                uint2 qb = make_uint2(fk_pack(qv[i].x, qv[i].y), fk_pack(qv[i].z, qv[i].w));
+                uint2 kb = make_uint2(fk_pack(kv[i].x, kv[i].y), fk_pack(kv[i].z, kv[i].w));
+                *(uint2 *)(QV + t * FK_LD + c) =
+                    make_uint2(fk_pack_h(qv[i].x, qv[i].y), fk_pack_h(qv[i].z, qv[i].w));
+                *(uint2 *)(Kb + t * FK_LD + c) =
+                    make_uint2(fk_pack_h(kv[i].x, kv[i].y), fk_pack_h(kv[i].z, kv[i].w));
+                if (qkg) {
+                    *(uint2 *)(qkg + t * FK_LD + c) = qb;
+                    *(uint2 *)(qkg + CK_CH * FK_LD + t * FK_LD + c) = kb;
+                }
             }
         }
-    }
-    /* V's rows into registers now, into shared memory (over Q) once the Q K^T products are done */
-    float4 vv[8];
-    const int vq = dv / 4; /* float4 per row */
 #pragma unroll
-    for (int i = 0; i < 8; i++) {
-        int idx = tid + 256 * i, t = idx / vq, c = idx % vq * 4;
-        bool ok = idx < CK_CH * vq && t < L;
-        vv[i] =
-            ok ? *(const float4 *)(a.conv_out + (size_t)(r0 + t) * C + 2 * (size_t)kd + (size_t)h * dv + c)
-               : make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int i = 0; i < 8; i++) {
+            int idx = tid + 256 * i, t = idx / vq, c = idx % vq * 4;
+            bool ok = idx < CK_CH * vq && t < L;
+            vv[i] = ok ? *(const float4 *)(a.conv_out + (size_t)(r0 + t) * C + 2 * (size_t)kd +
+                                           (size_t)h * dv + c)
+                       : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
     }
     __syncthreads();
+    CK_MARK(0);
     /* warp 0: the cumulative sum of the log-decays (a scan; fast mode does not keep the CPU's order) and
      * the decay factors; every warp: the 10 + 10 tiles of K K^T and Q K^T on and below the diagonal */
     if (warp == 0) {
@@ -1079,6 +1150,7 @@ __global__ void __launch_bounds__(256, 3) fk_prep_kernel(cu_gdn_args a) {
                     make_float2(acc[n][2 * hh], acc[n][2 * hh + 1]);
     }
     __syncthreads();
+    CK_MARK(1);
     /* the masks and decays: A = beta_r e^(gam_r - gam_s) k_r.k_s (s < r), QK = e^(gam_r - gam_s) q_r.k_s (s
      * <= r) to the scratch as bf16 (rows past L: zeros); V over Q */
     {
@@ -1095,8 +1167,8 @@ __global__ void __launch_bounds__(256, 3) fk_prep_kernel(cu_gdn_args a) {
         }
 #pragma unroll
         for (int i = 0; i < 8; i++) {
-            int idx = tid + 256 * i, t = idx / vq, c = idx % vq * 4;
-            if (idx < CK_CH * vq)
+            int idx = tid + 256 * i, t = FUSED ? 8 * warp + i : idx / vq, c = FUSED ? lane * 4 : idx % vq * 4;
+            if (FUSED || idx < CK_CH * vq)
                 *(uint2 *)(QV + t * FK_LD + c) =
                     make_uint2(fk_pack(vv[i].x, vv[i].y), fk_pack(vv[i].z, vv[i].w));
         }
@@ -1109,6 +1181,7 @@ __global__ void __launch_bounds__(256, 3) fk_prep_kernel(cu_gdn_args a) {
         }
     }
     __syncthreads();
+    CK_MARK(2);
     /* T = (I + A)^-1 in f32: the diagonal blocks by substitution (a thread a column, in registers), then the
      * blocks below them in three rounds, T_{bi,j} = -T_{bi,bi} sum_{m=j}^{bi-1} A_{bi,m} T_{m,j} */
     if (tid < 64) {
@@ -1129,6 +1202,7 @@ __global__ void __launch_bounds__(256, 3) fk_prep_kernel(cu_gdn_args a) {
         if (s / 16 > r / 16) Tm[r * CK_GLD + s] = 0.0f;
     }
     __syncthreads();
+    CK_MARK(3);
     for (int bi = 1; bi < 4; bi++) {
         for (int idx = tid; idx < bi * 256; idx += 256) {
             int bj = idx >> 8, rr2 = (idx >> 4) & 15, cc = idx & 15;
@@ -1148,6 +1222,7 @@ __global__ void __launch_bounds__(256, 3) fk_prep_kernel(cu_gdn_args a) {
         }
         __syncthreads();
     }
+    CK_MARK(4);
     /* the operands of W and U: T diag(beta e^gam), T diag(beta), rounded once */
     for (int idx = tid; idx < CK_CH * CK_CH / 2; idx += 256) {
         int r = idx >> 5, s = (idx & 31) * 2;
@@ -1156,6 +1231,7 @@ __global__ void __launch_bounds__(256, 3) fk_prep_kernel(cu_gdn_args a) {
         *(uint32_t *)(Tb + r * FK_QL + s) = fk_pack(t0 * bet[s], t1 * bet[s + 1]);
     }
     __syncthreads();
+    CK_MARK(5);
     /* W = Tp K [64][128], U = Tb V [64][dv]: tasks (matrix, row tile mi, 64-column group), row tile mi
      * needing k-steps 0..mi (T is block lower triangular); warp w takes row tiles w % 4 and 3 - w % 4 */
 #pragma unroll 1
@@ -1192,57 +1268,13 @@ __global__ void __launch_bounds__(256, 3) fk_prep_kernel(cu_gdn_args a) {
                         *(uint32_t *)(reg + (row * FK_LD + col) * 2) = v;
                 }
     }
+    CK_MARK(6);
+    CK_PROF_OUT(0);
 }
 
-/* CL > 1: the pass's blocks of a head (its dv / 32 column blocks, CL of them) as one thread block cluster,
- * the stage's shared part ([W | QK | gates], [Q | K]: 62 of its 67 KB) loaded once for the cluster: each
- * block copies a CL-th of it into the same place of every block's shared memory (multicast), its U block
- * alone. A stage is refilled only once every block of the cluster has released it ("empty" mbarriers, one
- * arrival from each block) */
-static __device__ __forceinline__ void fk_mcopy(void *dst, const void *src, unsigned bytes, uint64_t *bar,
-                                                unsigned short mask) {
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], "
-        "%2, [%3], %4;\n" ::"r"(bk_sa(dst)),
-        "l"(src), "r"(bytes), "r"(bk_sa(bar)), "h"(mask)
-        : "memory");
-}
-static __device__ __forceinline__ unsigned fk_rank(void) {
-    unsigned r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-    return r;
-}
-static __device__ __forceinline__ void fk_cluster_sync(void) {
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::
-                     : "memory");
-}
-static __device__ __forceinline__ void fk_arrive_remote(uint64_t *bar, unsigned rank) {
-    unsigned ra;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(ra) : "r"(bk_sa(bar)), "r"(rank));
-    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(ra) : "memory");
-}
-static __device__ __forceinline__ void fk_wait_cluster(uint64_t *bar, unsigned parity) {
-    unsigned ok = 0;
-    do {
-        asm volatile(
-            "{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-            "selp.u32 %0, 1, 0, p;\n}\n"
-            : "=r"(ok)
-            : "r"(bk_sa(bar)), "r"(parity)
-            : "memory");
-    } while (!ok);
-}
-/* the 16-byte units [u0, u1) of this block's CL-th of a region of `units` units */
-template <int CL>
-static __device__ __forceinline__ void fk_piece(unsigned units, unsigned rank, unsigned &u0, unsigned &u1) {
-    unsigned per = (units + CL - 1) / CL;
-    u0 = rank * per < units ? rank * per : units;
-    u1 = u0 + per < units ? u0 + per : units;
-}
-
-/* a chunk's copies into stage buffer sp (thread 0; every block that reads it has released it): [W | QK |
- * gates], U's block, [Q | K]; CL > 1: this block's part of the shared ones to the whole cluster */
-template <int CL, int NB>
+/* a chunk's three bulk copies into stage buffer sp (thread 0; the block's reads of it done, past a
+ * barrier): [W | QK | gates], U's NB blocks, [Q | K] */
+template <int NB>
 static __device__ __forceinline__ void fk_stage(unsigned char *sp, const cu_gdn_args &a, size_t stride, int k,
                                                 int h, int kh, int cb, uint64_t *bar) {
     const unsigned char *base = (const unsigned char *)a.chunk_scr;
@@ -1250,18 +1282,9 @@ static __device__ __forceinline__ void fk_stage(unsigned char *sp, const cu_gdn_
                         *rk = base + ((size_t)k * a.Hv + kh) * stride + fk_qk_off(a.dv);
     bk_fence();
     bk_expect(bar, FK_STAGE(NB));
+    bk_copy(sp, rv, FK_U, bar);
     bk_copy(sp + FK_U, rv + FK_U + (size_t)cb * NB * FK_UB, NB * FK_UB, bar);
-    if constexpr (CL == 1) {
-        bk_copy(sp, rv, FK_U, bar);
-        bk_copy(sp + FK_U + NB * FK_UB, rk, FK_QKB, bar);
-    } else {
-        unsigned r = fk_rank(), u0, u1;
-        const unsigned short mask = (unsigned short)((1u << CL) - 1);
-        fk_piece<CL>(FK_U / 16, r, u0, u1);
-        if (u1 > u0) fk_mcopy(sp + 16 * u0, rv + 16 * u0, 16 * (u1 - u0), bar, mask);
-        fk_piece<CL>(FK_QKB / 16, r, u0, u1);
-        if (u1 > u0) fk_mcopy(sp + FK_U + FK_UB + 16 * u0, rk + 16 * u0, 16 * (u1 - u0), bar, mask);
-    }
+    bk_copy(sp + FK_U + NB * FK_UB, rk, FK_QKB, bar);
 }
 
 /* the sequential pass, a block per (entry, value head, 32 NB value columns), chunks in order, FK_NST(NB)
@@ -1270,12 +1293,14 @@ static __device__ __forceinline__ void fk_stage(unsigned char *sp, const cu_gdn_
  *   step 1: warps 0-3 D = U - W S (row tile w), warps 4-7 O = e^gam (Q S) (row tile w - 4), S read as its
  *           bf16 copy; D and e^(g_L - gam) D to shared memory as bf16
  *   step 2: every warp S <- e^(g_L) S + K^T (e^(g_L - gam) D) and its bf16 copy; warps 4-7 O += QK D, out
- * CL: blocks a cluster (above), 1 none. */
-template <int CL, int NB> __global__ void __launch_bounds__(256 * NB, 1) fk_pass_kernel(cu_gdn_args a) {
+ * (Tried in session 10's call 3 and removed: the four blocks of a head as a thread block cluster loading each
+ * chunk's shared 62 KB once by multicast, pass 0.105 -> 0.305 ms a 4B layer (30 clusters of 4 fit at once:
+ * two waves), clusters of 2 0.138.) */
+template <int NB> __global__ void __launch_bounds__(256 * NB, 1) fk_pass_kernel(cu_gdn_args a) {
     extern __shared__ __align__(128) unsigned char fss[];
     constexpr int NST = FK_NST(NB), STG = FK_STAGE(NB);
     const int e = blockIdx.z;
-    if (!ck_entry(a, e)) return; /* (a cluster's blocks share e) */
+    if (!ck_entry(a, e)) return;
     const int dv = a.dv, tid = threadIdx.x, half = tid >> 8, warp = (tid >> 5) & 7, lane = tid & 31,
               g = lane >> 2, t4 = lane & 3;
     const int h = blockIdx.y, cb = blockIdx.x, j0 = (cb * NB + half) * 32, n = a.meta.e_n[e],
@@ -1283,27 +1308,16 @@ template <int CL, int NB> __global__ void __launch_bounds__(256 * NB, 1) fk_pass
     const int r0 = a.meta.e_row0[e], kh = h / (a.Hv / a.Hk);
     uint16_t *Sb = (uint16_t *)(fss + NST * STG) + half * (FK_DK + 2 * CK_CH) * FK_UL,
              *Db = Sb + FK_DK * FK_UL, *Dl = Db + CK_CH * FK_UL;
-    uint64_t *full = (uint64_t *)((uint16_t *)(fss + NST * STG) + NB * (FK_DK + 2 * CK_CH) * FK_UL),
-             *empty = full + NST;
-    if (tid == 0) {
-        for (int i = 0; i < NST; i++) bk_init(full + i);
-        if constexpr (CL > 1)
-            for (int i = 0; i < NST; i++)
-                asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bk_sa(empty + i)), "r"(CL)
-                             : "memory");
-        bk_init_fence();
-    }
-    if constexpr (CL > 1)
-        fk_cluster_sync(); /* every block's barriers exist before any copy or arrival reaches them */
-    else
-        __syncthreads();
+    uint64_t *full = (uint64_t *)((uint16_t *)(fss + NST * STG) + NB * (FK_DK + 2 * CK_CH) * FK_UL);
+    bk_init_block(full, NST);
     const size_t stride = ck_stride(FK_DK, dv) * sizeof(float);
     int k = ck_table(a)[1 + 3 * (size_t)a.chunk_cap + e];
     if (tid == 0) { /* chunks 0, 1, 2 (the first may be short: it ends on the 64-grid) */
         int rem = n - (CK_CH - pos0 % CK_CH);
         for (int i = 0; i < NST && (i == 0 || rem > (i - 1) * CK_CH); i++)
-            fk_stage<CL, NB>(fss + i * STG, a, stride, k + i, h, kh, cb, full + i);
+            fk_stage<NB>(fss + i * STG, a, stride, k + i, h, kh, cb, full + i);
     }
+    CK_PROF_DECL(a.chunk_prof && blockIdx.x == 0 && h == 0 && tid == 0);
     float *Sg = a.rec_state + (((size_t)a.meta.e_slot[e] * a.n_lin + a.lin) * a.Hv + h) * (size_t)FK_DK * dv;
     const int ms = warp * 16;
     float s[4][4], o[4][4] = {};
@@ -1327,6 +1341,7 @@ template <int CL, int NB> __global__ void __launch_bounds__(256 * NB, 1) fk_pass
         const uint16_t *Ub = (const uint16_t *)(sp + FK_U + half * FK_UB),
                        *Qb = (const uint16_t *)(sp + FK_U + NB * FK_UB), *Kb = Qb + CK_CH * FK_LD;
         bk_wait(full + st, (unsigned)(i / NST) & 1u);
+        CK_MARK(0);
         { /* step 1 */
             const int m0 = (warp & 3) * 16;
             const uint16_t *As = warp < 4 ? Wb : Qb;
@@ -1364,6 +1379,7 @@ template <int CL, int NB> __global__ void __launch_bounds__(256 * NB, 1) fk_pass
             }
         }
         __syncthreads();
+        CK_MARK(1);
         { /* step 2 */
             const float egl = misc[2 * CK_CH];
 #pragma unroll
@@ -1412,61 +1428,22 @@ template <int CL, int NB> __global__ void __launch_bounds__(256 * NB, 1) fk_pass
                         fk_pack(s[nn][2 * hh], s[nn][2 * hh + 1]);
         }
         __syncthreads();
-        if (tid == 0) {
-            if constexpr (CL == 1) { /* this stage is free: chunk i + NST into it */
-                if (rem > (NST - 1) * CK_CH) fk_stage<CL, NB>(sp, a, stride, k + NST, h, kh, cb, full + st);
-            } else { /* (NB 1, three stages) */
-                /* this stage released to every block of the cluster (chunk i + 3 will come into it); chunk
-                 * i + 2 into the stage the cluster released after chunk i - 1 (a chunk ago: no wait, as a
-                 * rule) */
-                if (rem > 2 * CK_CH) {
-                    bk_fence();
-                    for (int r = 0; r < CL; r++) fk_arrive_remote(empty + st, (unsigned)r);
-                }
-                if (i >= 1 && rem > CK_CH) {
-                    const int sq = (i - 1) % NST;
-                    fk_wait_cluster(empty + sq, (unsigned)((i - 1) / NST) & 1u);
-                    fk_stage<CL, NB>(fss + sq * STG, a, stride, k + 2, h, kh, cb, full + sq);
-                }
-            }
-        }
+        CK_MARK(2);
+        /* this stage is free: chunk i + NST into it */
+        if (tid == 0 && rem > (NST - 1) * CK_CH) fk_stage<NB>(sp, a, stride, k + NST, h, kh, cb, full + st);
+        CK_MARK(3);
+        ckp[7]++;
     }
+    CK_PROF_OUT(8);
 #pragma unroll
     for (int nn = 0; nn < 4; nn++)
 #pragma unroll
         for (int hh = 0; hh < 2; hh++)
             *(float2 *)(Sg + (size_t)(ms + g + 8 * hh) * dv + j0 + nn * 8 + 2 * t4) =
                 make_float2(s[nn][2 * hh], s[nn][2 * hh + 1]);
-    if constexpr (CL > 1)
-        fk_cluster_sync(); /* no block leaves while another may still arrive on its barriers */
 }
-static int g_fk_ok = 0; /* cu_gdn_chunk_init: the fast kernels' shared memory fits and is set */
-/* the pass's cluster size (CINFER_CUDA_GDN_FAST_CL: 1, 2 or 4 blocks of a head; clusters only where the
- * head's dv / 32 column blocks divide by it) */
-static int g_fk_cl = 1, g_fk_nb = 1;
-extern "C" void cu_gdn_fast_set_cluster(int cl) {
-    g_fk_cl = cl == 2 || cl == 4 ? cl : 1;
-}
-extern "C" void cu_gdn_fast_set_cols(int nb) {
-    g_fk_nb = nb == 2 ? 2 : 1;
-}
-extern "C" int cu_gdn_fast_max_clusters(int cl) {
-    if (!g_fk_ok) return 0;
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = (unsigned)cl, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
-    cfg.gridDim = dim3(4, 32, 1), cfg.blockDim = dim3(256), cfg.dynamicSmemBytes = FK_PASS_SMEM(1);
-    cfg.attrs = at, cfg.numAttrs = 1;
-    int n = 0;
-    if (cudaOccupancyMaxActiveClusters(&n,
-                                       cl == 4   ? fk_pass_kernel<4, 1>
-                                       : cl == 2 ? fk_pass_kernel<2, 1>
-                                                 : fk_pass_kernel<1, 1>,
-                                       &cfg) != cudaSuccess)
-        n = -1;
-    return n;
-}
+static int g_fk_ok = 0;    /* cu_gdn_chunk_init: the fast kernels' shared memory fits and is set */
+static int g_fk_sms = 132; /* the device's SMs (cu_gdn_chunk_init) */
 static bool fk_serves(const cu_gdn_args *a) {
     return g_fk_ok && a->dk == FK_DK && a->dv % 32 == 0 && a->dv <= 128 && a->Hv % a->Hk == 0 &&
            fk_qk_off(a->dv) + FK_QKB <= ck_stride(a->dk, a->dv) * sizeof(float);
@@ -1524,12 +1501,41 @@ extern "C" int cu_gdn_chunk_init(int dk, int dv) {
     /* fast mode's kernels where they serve (dk 128; their shared memory does not depend on dv) */
     if (ok && dk == FK_DK && (size_t)FK_PASS_SMEM(1) <= (size_t)optin &&
         (size_t)FK_PASS_SMEM(2) <= (size_t)optin)
-        g_fk_ok = ck_attr(fk_prep_kernel, FK_PREP_SMEM / sizeof(float)) &&
-                  ck_attr(fk_pass_kernel<1, 1>, FK_PASS_SMEM(1) / sizeof(float)) &&
-                  ck_attr(fk_pass_kernel<2, 1>, FK_PASS_SMEM(1) / sizeof(float)) &&
-                  ck_attr(fk_pass_kernel<4, 1>, FK_PASS_SMEM(1) / sizeof(float)) &&
-                  ck_attr(fk_pass_kernel<1, 2>, FK_PASS_SMEM(2) / sizeof(float));
+        g_fk_ok = ck_attr(fk_prep_kernel<false>, FK_PREP_SMEM / sizeof(float)) &&
+                  ck_attr(fk_prep_kernel<true>, FK_PREP_SMEM / sizeof(float)) &&
+                  ck_attr(fk_pass_kernel<1>, FK_PASS_SMEM(1) / sizeof(float)) &&
+                  ck_attr(fk_pass_kernel<2>, FK_PASS_SMEM(2) / sizeof(float));
+    cudaDeviceGetAttribute(&g_fk_sms, cudaDevAttrMultiProcessorCount, dev);
     return ok;
+}
+
+__global__ void fk_window_kernel(cu_gdn_args a);
+
+/* fast mode's phases (parts as ck_launch's); fused: the prep also runs the conv, norms and gates from the
+ * pre-conv rows (cu_gdn_layer_fast), then the slots' conv windows advance */
+static void fk_launch(cu_ctx *c, const cu_gdn_args *a, int parts, bool fused) {
+    long bound = (long)a->T / CK_CH + 2L * a->NE;
+    dim3 gp((unsigned)bound, (unsigned)a->Hv), gs((unsigned)(a->dv / 32), (unsigned)a->Hv, (unsigned)a->NE);
+    if (parts & 1) {
+        ck_plan_kernel<<<1, 32, 0, c->stream>>>(*a);
+        if (fused)
+            fk_prep_kernel<true><<<gp, 256, FK_PREP_SMEM, c->stream>>>(*a);
+        else
+            fk_prep_kernel<false><<<gp, 256, FK_PREP_SMEM, c->stream>>>(*a);
+        if (fused)
+            fk_window_kernel<<<dim3(cdiv((size_t)a->C, 128), (unsigned)a->NE), 128, 0, c->stream>>>(*a);
+    }
+    if (parts & 2) {
+        /* 64 columns a block where 32 would take more than one wave of the SMs (one block an SM): the 27B's
+         * 48 heads, 0.838 -> 0.801 ms a layer in H200 call 3 (cuda_deltanet_prefill_fast_speed), where the
+         * 4B's 32 take 0.584 with 32 and 0.636 with 64; each column's sums are the same either way */
+        if ((long)gs.x * gs.y * gs.z > g_fk_sms && (a->dv / 32) % 2 == 0) {
+            gs.x /= 2;
+            fk_pass_kernel<2><<<gs, 512, FK_PASS_SMEM(2), c->stream>>>(*a);
+        } else {
+            fk_pass_kernel<1><<<gs, 256, FK_PASS_SMEM(1), c->stream>>>(*a);
+        }
+    }
 }
 
 /* parts: 1 the chunk table and prep, 2 the sequential pass, 3 both */
@@ -1537,30 +1543,7 @@ static int ck_launch(cu_ctx *c, const cu_gdn_args *a, int parts) {
     long bound = (long)a->T / CK_CH + 2L * a->NE; /* an entry of n rows spans at most n / 64 + 2 chunks */
     if (!a->chunk_scr || bound > a->chunk_cap) return 0;
     if (a->chunk_fast && fk_serves(a)) { /* fast mode: bf16 operands, one MMA a product */
-        dim3 gp((unsigned)bound, (unsigned)a->Hv),
-            gs((unsigned)(a->dv / 32), (unsigned)a->Hv, (unsigned)a->NE);
-        if (parts & 1) {
-            ck_plan_kernel<<<1, 32, 0, c->stream>>>(*a);
-            fk_prep_kernel<<<gp, 256, FK_PREP_SMEM, c->stream>>>(*a);
-        }
-        if (parts & 2) {
-            int nb = g_fk_nb == 2 && (a->dv / 32) % 2 == 0 ? 2 : 1;
-            int cl = nb == 1 && g_fk_cl > 1 && (a->dv / 32) % g_fk_cl == 0 ? g_fk_cl : 1;
-            if (nb == 2) {
-                gs.x /= 2;
-                fk_pass_kernel<1, 2><<<gs, 512, FK_PASS_SMEM(2), c->stream>>>(*a);
-            } else if (cl == 1) {
-                fk_pass_kernel<1, 1><<<gs, 256, FK_PASS_SMEM(1), c->stream>>>(*a);
-            } else {
-                cudaLaunchConfig_t cfg = {};
-                cudaLaunchAttribute at[1];
-                at[0].id = cudaLaunchAttributeClusterDimension;
-                at[0].val.clusterDim.x = (unsigned)cl, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
-                cfg.gridDim = gs, cfg.blockDim = dim3(256), cfg.dynamicSmemBytes = FK_PASS_SMEM(1);
-                cfg.stream = c->stream, cfg.attrs = at, cfg.numAttrs = 1;
-                cudaLaunchKernelEx(&cfg, cl == 2 ? fk_pass_kernel<2, 1> : fk_pass_kernel<4, 1>, *a);
-            }
-        }
+        fk_launch(c, a, parts, false);
         return 1;
     }
     /* chunk_dt 0: the WMMA form ("stage"); else the mma.sync form (with one TF32 rounding, a diagnostic, the
@@ -1613,4 +1596,52 @@ extern "C" int cu_gdn_chunk_part(cu_ctx *c, const cu_gdn_args *a, int parts) {
 
 extern "C" int cu_gdn_chunk_fast_serves(const cu_gdn_args *a) {
     return fk_serves(a);
+}
+
+/* the fused layer's tail: the slots' conv windows advance by the entries' last K - 1 pre-conv rows (after
+ * every prep block read the old ones; deltanet.cu's conv_window_kernel), and the gated RMSNorm of each (row,
+ * value head) output, rmsnorm(o) * gnorm * silu(z) (deltanet.cu's gnorm_kernel, with its out_proj halves for
+ * CINFER_CUDA_PF_SPLIT) */
+__global__ void fk_window_kernel(cu_gdn_args a) {
+    int e = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= a.C) return;
+    int n = a.meta.e_n[e], r0 = a.meta.e_row0[e], K = a.K, C = a.C;
+    float *st = a.conv_state + ((size_t)a.meta.e_slot[e] * a.n_lin + a.lin) * (size_t)(K - 1) * C + c;
+    float x[3];
+#pragma unroll
+    for (int j = 0; j < 3; j++) {
+        int i = n - 3 + j;
+        x[j] = i >= 0 ? a.qkv[(size_t)(r0 + i) * a.qkv_ld + c] : st[(size_t)(i + 3) * C];
+    }
+#pragma unroll
+    for (int j = 0; j < 3; j++) st[(size_t)j * C] = x[j];
+}
+__global__ void fk_gnorm_kernel(cu_gdn_args a) {
+    int r = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5, dv = a.dv;
+    for (int h = warp; h < a.Hv; h += nw) {
+        float *o = a.o + (size_t)r * a.Hv * dv + (size_t)h * dv;
+        const float *z = a.z + (size_t)r * a.z_ld + (size_t)h * dv;
+        float ss = 0.0f;
+        for (int j = lane; j < dv; j += 32) ss = fmaf(o[j], o[j], ss);
+        ss = warp_sum(ss);
+        float inv = 1.0f / sqrtf(ss / (float)dv + a.eps);
+        size_t base = (size_t)r * a.Hv * dv + (size_t)h * dv;
+        for (int j = lane; j < dv; j += 32) {
+            float v = ((o[j] * inv) * a.gnorm[j]) * dev_silu(z[j]);
+            if (a.o_xb)
+                split_put(a.o_xb, base + j, a.o_lo, v);
+            else
+                o[j] = v;
+        }
+    }
+}
+
+extern "C" int cu_gdn_layer_fast(cu_ctx *c, const cu_gdn_args *a) {
+    long bound = (long)a->T / CK_CH + 2L * a->NE;
+    if (a->T <= 0 || !a->chunk_fast || !fk_serves(a) || a->has_spec || a->K != 4 || a->dv != FK_DK ||
+        a->qkv_ld % 4 || a->C % 4 || ((uintptr_t)a->qkv & 15) || !a->chunk_scr || bound > a->chunk_cap)
+        return 0;
+    fk_launch(c, a, 3, true);
+    fk_gnorm_kernel<<<a->T, 128, 0, c->stream>>>(*a);
+    return 1;
 }
