@@ -50,7 +50,10 @@ static void usage(FILE *f) {
             "  --spec-mtp-vocab N         mtp: draft among token ids [0, N) only (a cheaper head step on a large\n"
             "                             vocabulary; output unchanged; default 0: all ids)\n"
             "  --max-images N             images per request (default 16; models with a vision tower)\n"
-            "  --max-image-pixels N       decoded width x height of one image (default 33554432)\n");
+            "  --max-image-pixels N       decoded width x height of one image (default 33554432)\n"
+            "  --device cpu|cuda|auto     where the model runs (default cpu)\n"
+            "  --precision exact|fast     the GPU's numerics (default exact; fast: activations rounded to bf16 once\n"
+            "                             before the tensor cores, a faster prefill; the CPU runs exact either way)\n");
 }
 
 static int parse_size(const char *s, const char *what, long long *out) {
