@@ -267,7 +267,7 @@ struct cuda_fwd {
      * xb_for: f->xn while f->xb holds the halves of what a norm would have written there, else NULL */
     int pf_split;
     const float *xb_for;
-    int gu16; /* CINFER_CUDA_FAST_GU16 (fast only): mlp's gate_up product in bf16 (cu_gemm_presplit_out16) */
+    int gu16; /* fast mode (CINFER_CUDA_FAST_GU16, default on): mlp's gate_up product in bf16 (cu_gemm_presplit_out16) */
     /* precision "fast" (cuda_fwd_params.fast, from the context's cinfer_precision): the prefill's
      * tensor-core work on activations rounded to bf16 once, as llama.cpp and vLLM run it, instead of the
      * near-f32 products of "exact" (the default, which every random fixture needs) */
@@ -834,10 +834,11 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     f->fast = p->fast != 0;
     const char *fps = getenv("CINFER_CUDA_FAST_PRESPLIT");
     cu_set_fast_presplit(!(fps && !strcmp(fps, "0")));
+    /* fast mode's gate_up in bf16 and cuBLASLt algorithms timed per shape (gemm.cu: the figures; "0" off) */
     const char *g16 = getenv("CINFER_CUDA_FAST_GU16");
-    f->gu16 = f->fast && g16 && !strcmp(g16, "1");
+    f->gu16 = f->fast && !(g16 && !strcmp(g16, "0"));
     const char *ltt = getenv("CINFER_CUDA_LT_TUNE");
-    cu_set_lt_tune(ltt && !strcmp(ltt, "1"));
+    cu_set_lt_tune(!(ltt && !strcmp(ltt, "0")), ltt && !strcmp(ltt, "1"));
     /* GEMV: "v2", the default since the H200 run of 07:17 (4B batch 1 227 -> 243 tok/s, batch 8 unchanged,
      * every test passing with it), takes the split-K kernel where it measured faster and v1 elsewhere; "v1"
      * the warp-per-2-rows kernel everywhere; "v2all" the split-K kernel wherever it serves; "v3" the kernel

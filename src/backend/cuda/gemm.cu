@@ -360,10 +360,13 @@ extern "C" void cu_swiglu_split(cu_ctx *c, uint16_t *xb, const float *gu, int T,
             <<<dim3((unsigned)T, cdiv((size_t)I, 256)), 256, 0, c->stream>>>(xb, gu, I, lo);
 }
 
-/* CINFER_CUDA_FAST_GU16 (precision fast): xb = bf16(silu(gate) * up) of gu16 [T][2I] bf16, the gate_up
- * product cuBLAS wrote in bf16 (cu_gemm_presplit_out16): half the bytes of the f32 product written and read
- * back, one more bf16 rounding (of gate and up) than fast's f32 SwiGLU input; eight elements a thread where
- * I % 8 == 0 (16-byte loads of each half, one 16-byte store) */
+/* CINFER_CUDA_FAST_GU16 (precision fast; default on; "0": off): xb = bf16(silu(gate) * up) of gu16 [T][2I]
+ * bf16, the gate_up product cuBLAS wrote in bf16 (cu_gemm_presplit_out16): half the bytes of the f32 product
+ * written and read back, one more bf16 rounding (of gate and up) than an f32 SwiGLU input, as vLLM runs it;
+ * eight elements a thread where I % 8 == 0 (16-byte loads of each half, one 16-byte store). H200, session
+ * 10's third call, 4B 4096-token chunk in fast mode: 68.7 -> 67.0 ms (ffn act 3.0 -> 1.8 ms), with LT_TUNE
+ * 65.7 ms, 64,405 tok/s = 55% of the GEMM rate; the default model's 1024 held-out tokens, every fast form on:
+ * fast vs exact worst 4.8e-3, perplexity 7.5110 vs 7.5111 */
 template <bool V8> __global__ void swiglu16_kernel(uint16_t *xb, const uint16_t *gu, int I) {
     int r = blockIdx.x;
     int i = (blockIdx.y * blockDim.x + threadIdx.x) * (V8 ? 8 : 1);
@@ -447,18 +450,21 @@ extern "C" int cu_gemm_pad(void) {
     return g_gemm_pad;
 }
 
-/* ---- CINFER_CUDA_LT_TUNE=1: precision fast's one-pass products of >= 1024 rows on the cuBLASLt algorithm
- * that measured fastest for their shape ----
- * cublasGemmEx's default takes cuBLAS's heuristic pick, which on the H200 left the 4B prefill GEMMs at 530-670
- * TFLOP/s against 866 for a big square product (wave quantisation of N = 2560 products). The first product of
- * each (N, K, M's power-of-two class) times the default and up to 16 heuristic candidates on the context's
- * stream (a few ms each, once per shape in the process; never while a graph is captured) and keeps the fastest;
+/* ---- CINFER_CUDA_LT_TUNE (precision fast; default on; "0": off; "1": on, each choice reported on stderr):
+ * one-pass products of >= 1024 rows on the cuBLASLt algorithm that measured fastest for their shape ----
+ * cublasGemmEx's default takes cuBLAS's heuristic pick, which on the H200 left the 4B prefill GEMMs at 790-870
+ * TFLOP/s at 4096 rows where another of its candidates runs 890-930. The first product of each (N, K, M's
+ * power-of-two class, output type) times the default and up to 16 heuristic candidates on the context's stream
+ * (4 runs each, ~15 ms a shape, once per shape in the process; never while a graph is captured; forward_cuda.c's
+ * warm-up meets the full chunk's shapes at creation) and keeps the fastest when it beats the default by 2%;
  * later products of that class run it (checked against their M by cublasLtMatmulAlgoCheck, else the default).
  * The choice is per shape, not per batch, so a row's bits still depend only on its bucket. Exact mode's
- * two-pass products never take this path. */
-static int g_lt_tune = 0;
-extern "C" void cu_set_lt_tune(int on) {
+ * two-pass products never take this path. H200, session 10's third call, 4B 4096-token chunk in fast mode:
+ * 68.7 -> 67.1 ms of device time, 55,854 -> 62,759 tok/s (in_proj 10.8 -> 10.1 ms, ffn GEMMs 24.6 -> 23.5) */
+static int g_lt_tune = 0, g_lt_report = 0;
+extern "C" void cu_set_lt_tune(int on, int report) {
     g_lt_tune = on;
+    g_lt_report = report;
 }
 extern "C" int cu_lt_tune(void) {
     return g_lt_tune;
@@ -560,7 +566,8 @@ static void lt_tune_shape(cu_ctx *c, lt_entry *e, void *y, const uint16_t *xb, c
     }
     lt_free(&d);
     if (bi >= 0 && best < 0.98f * base) e->use = 1, e->algo = res[bi].algo;
-    fprintf(stderr, "cinfer cuda: CINFER_CUDA_LT_TUNE M %d N %d K %d%s: default %.3f ms (%.0f TFLOP/s), %s %.3f ms (%.0f "
+    if (g_lt_report)
+        fprintf(stderr, "cinfer cuda: CINFER_CUDA_LT_TUNE M %d N %d K %d%s: default %.3f ms (%.0f TFLOP/s), %s %.3f ms (%.0f "
                     "TFLOP/s) of %d candidates\n",
             M, N, K, e->out16 ? " (bf16 out)" : "", base, 2e-9 * M * N * K / base, e->use ? "takes" : "keeps the default; best", best,
             2e-9 * M * N * K / best, n);
