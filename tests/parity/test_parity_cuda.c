@@ -383,6 +383,84 @@ TEST(cuda_fast_and_exact_contexts_side_by_side) {
     cinfer_model_close(m);
 }
 
+/* The long oracle case (tools/oracle/make_default_long.py): 512 held-out ids of the trained default model, the
+ * reference's logits at 56 positions; run as one prefill and as two chunks (300 + 212, the second resuming the
+ * first's KV and DeltaNet state), both at the fixture bound. It is what reaches the prefill paths precision fast
+ * changes (the tensor-core GEMMs past 64 rows, the chunked DeltaNet, the attention tiles). */
+static void long_case(int fast) {
+    if (no_device()) SKIP("no CUDA device: skipped");
+    if (!file_exists(DEFAULT_WEIGHTS)) SKIP(DEFAULT_WEIGHTS " is not there: skipped");
+    char path[600], err[512];
+    snprintf(path, sizeof path, "%s/default_model/long_cases.json", test_fixtures_dir());
+    if (!file_exists(path)) SKIP("tests/fixtures/default_model/long_cases.json is not there (tools/oracle/make_default_long.py)");
+    json_error_t je;
+    json_t *root = json_load_file(path, 0, &je);
+    REQUIRE(root);
+    json_t *c = json_array_get(json_object_get(root, "cases"), 0);
+    json_t *tk = json_object_get(c, "tokens"), *ps = json_object_get(c, "positions");
+    int n = (int)json_array_size(tk), P = (int)json_array_size(ps);
+    REQUIRE(n > 300 && P > 0);
+    int32_t *toks = malloc(sizeof(int32_t) * (size_t)n);
+    int *pos = malloc(sizeof(int) * (size_t)P);
+    for (int i = 0; i < n; i++) toks[i] = (int32_t)json_integer_value(json_array_get(tk, i));
+    for (int i = 0; i < P; i++) pos[i] = (int)json_integer_value(json_array_get(ps, i));
+    snprintf(path, sizeof path, "%s/default_model/%s", test_fixtures_dir(), json_string_value(json_object_get(c, "logits")));
+    char *buf = NULL;
+    size_t len;
+    npy_array a;
+    cinfer_model *m = NULL;
+    REQUIRE(cinfer_model_open("models/default", &m, err, sizeof err) == 0);
+    cinfer_model_info info;
+    cinfer_model_get_info(m, &info);
+    int V = info.vocab_size;
+    if (file_read_all(path, (size_t)1 << 28, &buf, &len, err, sizeof err) || npy_parse_f32(buf, len, &a, err, sizeof err) ||
+        a.ndim != 2 || a.shape[0] != P || a.shape[1] != V) {
+        test_fail(__FILE__, __LINE__, "%s: %s", path, err);
+    } else {
+        const float *ref = a.data;
+        double s1 = 0, s2 = 0;
+        for (size_t i = 0; i < (size_t)P * V; i++) s1 += ref[i], s2 += (double)ref[i] * ref[i];
+        double mean = s1 / ((double)P * V), sd = sqrt(s2 / ((double)P * V) - mean * mean);
+        float *all = malloc(sizeof(float) * (size_t)n * V), *got = malloc(sizeof(float) * (size_t)P * V);
+        char *keep = fast ? fast_on() : NULL;
+        for (int split = 0; split < 2; split++) {
+            cinfer_ctx *ctx = test_ctx(m, CINFER_DEVICE_CUDA, 1, n, n, 2);
+            if (!ctx) break;
+            if (split == 0) CHECK_EQ_INT(cinfer_ctx_precision(ctx), fast ? CINFER_PRECISION_FAST : CINFER_PRECISION_EXACT);
+            int seq = cinfer_seq_open(ctx, err, sizeof err), h = split ? 300 : n, rc;
+            cinfer_batch_entry e = {seq, toks, h, 1};
+            rc = cinfer_forward(ctx, &e, 1, all, err, sizeof err);
+            if (!rc && split) {
+                e = (cinfer_batch_entry){seq, toks + h, n - h, 1};
+                rc = cinfer_forward(ctx, &e, 1, all + (size_t)h * V, err, sizeof err);
+            }
+            cinfer_ctx_destroy(ctx);
+            CHECK_MSG(rc == 0, "forward: %s", err);
+            if (rc) break;
+            for (int i = 0; i < P; i++) memcpy(got + (size_t)i * V, all + (size_t)pos[i] * V, sizeof(float) * V);
+            char where[160];
+            int bad;
+            snprintf(where, sizeof where, "default_model/heldout%d %s%s", n, fast ? "fast" : "exact",
+                     split ? " 300 + rest" : " one prefill");
+            double worst = compare_rows(where, got, ref, P, V, sd, &bad);
+            printf("     %-44s %d rows of T=%d: max ||d||/||ref|| = %.2e, clear top-1 disagreements %d\n", where, P, n,
+                   worst, bad);
+        }
+        if (fast) fast_off(keep);
+        free(all), free(got);
+    }
+    free(buf), free(toks), free(pos);
+    cinfer_model_close(m);
+    json_decref(root);
+}
+
+TEST(cuda_parity_default_long) {
+    long_case(0);
+}
+TEST(cuda_fast_parity_default_long) {
+    long_case(1);
+}
+
 TEST(cuda_fast_batch_of_32_matches_alone) {
     if (no_device()) SKIP("no CUDA device: skipped");
     if (!file_exists(DEFAULT_WEIGHTS)) SKIP(DEFAULT_WEIGHTS " is not there: skipped");
