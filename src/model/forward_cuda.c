@@ -345,9 +345,11 @@ struct cuda_fwd {
     unsigned long long diag_done;
     /* CINFER_CUDA_GEMV_STAGE="bits[,rows]" (measurements until an H200 A/B decides; off by default): bit 1
      * out_proj at one row by the staged form (weights into shared memory before its PDL wait,
-     * cu_set_gemv_stage), 2 the DeltaNet decode kernel lets out_proj place its blocks before its own wait
-     * (cu_gdn_args.dec_early), 4 a max-shared carveout preference for the decode GEMVs and that kernel;
-     * stage_rows: rows a staged block takes for the DeltaNet / attention out_proj (0: the register form) */
+     * cu_set_gemv_stage), 2 / 8 by the register form with 8 / 4 chunks a warp requested before that wait
+     * (with 1: in the DeltaNet layers, the staged form in the attention ones), 4 a max-shared carveout
+     * preference for the DeltaNet decode kernel (cu_gdn_args.dec_carve), 16 / 32 the attention / DeltaNet
+     * layers only; stage_rows: what cu_set_gemv_stage gets for the DeltaNet / attention out_proj (0: the
+     * default form) */
     int stage_bits, stage_rows[2];
     /* CINFER_CUDA_G3_STAMPS=1 (measurements): every block of in_proj and out_proj in one-row steps records
      * its start, PDL wait and end (cu_gemv3_stamps_begin); g3st_kind[tag]: layer * 4 + 2 (attention) + 1
@@ -998,12 +1000,19 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
             f->stage_rows[0] = m->n_lin ? cu_gemv_stage_rows(m->H, m->Hv * m->dv, rows) : 0;
             f->stage_rows[1] = m->n_full ? cu_gemv_stage_rows(m->H, m->Hq * m->hd, rows) : 0;
         }
-        if (f->stage_bits & 4) cu_set_gemv3_carveout(100);
-        fprintf(stderr,
-                "cinfer cuda: CINFER_CUDA_GEMV_STAGE=%s: staged out_proj rows a block %d (deltanet) / %d "
-                "(attention), deltanet lets it start %s its wait, carveout %s\n",
-                gst3, f->stage_rows[0], f->stage_rows[1], f->stage_bits & 2 ? "before" : "after",
-                f->stage_bits & 4 ? "max shared" : "the driver's");
+        if (f->stage_bits & 10) { /* with bit 1: the DeltaNet layers' only */
+            int u = f->stage_bits & 2 ? -8 : -4;
+            f->stage_rows[0] = u;
+            if (!(f->stage_bits & 1)) f->stage_rows[1] = u;
+        }
+        if (f->stage_bits & 16) f->stage_rows[0] = 0; /* the attention layers' out_proj only */
+        if (f->stage_bits & 32) f->stage_rows[1] = 0; /* the DeltaNet layers' only */
+        fprintf(
+            stderr,
+            "cinfer cuda: CINFER_CUDA_GEMV_STAGE=%s: out_proj at one row %d / %d (deltanet / attention; rows "
+            "a staged block, or -chunks a warp of the register form before its wait), deltanet carveout "
+            "%s\n",
+            gst3, f->stage_rows[0], f->stage_rows[1], f->stage_bits & 4 ? "max shared" : "the driver's");
     }
     const char *g3s = getenv("CINFER_CUDA_G3_STAMPS");
     if (g3s && !strcmp(g3s, "1")) {
@@ -1592,7 +1601,7 @@ static void deltanet(cuda_fwd *f, const cu_layer *cl, const layer_weights *lw, i
     a.spec_buf = f->spec_fuse ? spec_buf_floats(f) : 0;
     a.no_chunked = rs->no_chunked, a.dec_cnt = rs->gdn_fused ? f->gdn_cnt : NULL;
     a.dec_cluster = f->gdn_cluster, a.dec_cluster_max = f->gdn_cluster_max, a.dec_stamps = f->gdn_stamps;
-    a.dec_early = (f->stage_bits & 2) != 0, a.dec_carve = f->stage_bits & 4 ? 100 : 0;
+    a.dec_carve = f->stage_bits & 4 ? 100 : 0;
     /* CINFER_CUDA_PF_SPLIT: a step with prefill rows ends in gnorm_kernel, which then writes out_proj's
      * halves */
     int Mb = out_split_rows(f, T, vd, fz, !rs->no_chunked);

@@ -85,11 +85,14 @@ TEST(cuda_gemv_stage_bitwise) {
         REQUIRE(cu_upload(dy0, y0, (size_t)N * 4, err, sizeof err) == 0);
         REQUIRE(cu_upload(dw, w, (size_t)N * K * 2, err, sizeof err) == 0);
         float *ref = run_add(c, dx, dw, dy0, N, K, 0);
+        int nrun = 0;
         CHECK(ref != NULL);
-        const int rows[] = {0, 1, 3, 7, 20, 33};
+        /* rows a staged block (0: one block an SM), then the register form with 8 / 4 chunks early */
+        const int rows[] = {0, 1, 3, 7, 10, 20, 33, -8, -4};
         for (size_t ri = 0; ref && ri < sizeof rows / sizeof rows[0]; ri++) {
-            int RB = cu_gemv_stage_rows(N, K, rows[ri]);
+            int RB = rows[ri] < 0 ? rows[ri] : cu_gemv_stage_rows(N, K, rows[ri]);
             if (!RB) continue; /* too big a block for shared memory */
+            nrun++;
             for (int pdl = 0; pdl < 2; pdl++) {
                 cu_set_pdl(pdl);
                 float *got = run_add(c, dx, dw, dy0, N, K, RB);
@@ -102,7 +105,7 @@ TEST(cuda_gemv_stage_bitwise) {
                 free(got);
             }
         }
-        printf("     %-20s staged vs register form: checked\n", sh[si].what);
+        printf("     %-20s staged vs register form: %d forms checked\n", sh[si].what, nrun);
         free(ref);
         cu_free(dx), cu_free(dy0), cu_free(dw);
         free(x), free(y0), free(w);
@@ -132,7 +135,7 @@ TEST(cuda_gemv_stage_forward) {
     /* the fixtures, then the 4B shape with few layers where CINFER_TEST_PDL_MODEL names one (test_cuda_pdl)
      */
     static const char *fx[] = {"qwen35_dense", "qwen35_text", "qwen35_moe", "qwen3_next", "4b-shape"};
-    static const char *forms[] = {"1", "3", "7", "1,1", "7,2"};
+    static const char *forms[] = {"1", "5", "2", "8", "1,1", "1,10", "17", "33"};
     const char *m4 = getenv("CINFER_TEST_PDL_MODEL");
     for (size_t fi = 0; fi < sizeof fx / sizeof fx[0]; fi++) {
         char dir[512], err[512];

@@ -195,15 +195,14 @@ int cu_gemv3_stamp_tag(void);
 /* 1: launches take no tag and record nothing until called with 0 (a forward stamps only the GEMVs it picks)
  */
 void cu_gemv3_stamps_pause(int on);
-/* measurements (CINFER_CUDA_GEMV_STAGE bit 4): the decode GEMVs' preferred shared-memory carveout in percent
- * (0: the driver's choice); never a changed bit */
-void cu_set_gemv3_carveout(int pct);
 /* The staged form (CINFER_CUDA_GEMV_STAGE): while rows > 0, a cu_gemv_fused of one row of x with the residual
  * epilogue (out_proj) runs as blocks of that many weight rows copied whole into shared memory before the PDL
  * wait — the weights stream while the kernel before (DeltaNet / attention) still runs. The same sums, bit for
  * bit. cu_gemv_stage_rows: the rows a block takes for an N x K matrix (rows > 0 as asked, 0 the fewest for
  * one block an SM), 0 where the block would not fit in shared memory */
 int cu_gemv_stage_rows(int N, int K, int rows);
+/* rows > 0: the staged form at that many rows a block; -8 / -4: the register form with 8 / 4 chunks a warp
+ * requested before the PDL wait (the same sums: chunks in flight never change one); 0 the default form */
 void cu_set_gemv_stage(cu_ctx *c, int rows);
 /* CINFER_CUDA_L2PF_NEXT: the next cu_gemv_fused (register form) requests bytes at w — the head of the matrix
  * of the GEMV after it — into L2 from the blocks of its second half once their loads are out; w NULL: none.
@@ -359,11 +358,10 @@ typedef struct cu_gdn_args {
      * and state stored, cluster barrier done, end */
     unsigned long long *dec_stamps;
     float dec_qscale; /* set by cu_gdn_layer for the clustered kernel: (float)(1 / sqrt(dk)) */
-    /* measurements (CINFER_CUDA_GEMV_STAGE bits 2 / 4): 1 the clustered kernel's second form lets the kernel
-     * after it (out_proj, whose blocks read only weights before their own wait) place its blocks before
-     * this one's PDL wait instead of after it; dec_carve: its preferred shared-memory carveout in percent (0:
-     * the driver's choice). Neither changes a bit */
-    int dec_early, dec_carve;
+    /* measurements (CINFER_CUDA_GEMV_STAGE bit 4): the clustered kernel's preferred shared-memory carveout in
+     * percent (0: the driver's choice), so that out_proj's staged blocks may share its SMs; never a changed
+     * bit */
+    int dec_carve;
     cu_meta meta;
 } cu_gdn_args;
 #define CU_GDN_STAMPS      9

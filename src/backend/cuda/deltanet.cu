@@ -898,10 +898,6 @@ __device__ __forceinline__ void gdn_cl2_body(const cu_gdn_args &a, gdn_cl2_smem 
     gdn_pin(zp), gdn_pin(bp), gdn_pin(ap), gdn_pin(eps), gdn_pin(scale);
     /* the first barrier phase: every block has started and set up its mbarriers before any remote write */
     cl_arrive_relaxed();
-    /* dec_early: out_proj's blocks may be placed (and request their weights) now, while in_proj ends: they
-     * read nothing before their own wait, which this kernel's completion — after every block's wait below —
-     * still orders after in_proj */
-    if (a.dec_early) griddep_launch();
     griddep_wait();   /* the in_proj row */
     griddep_launch(); /* out_proj may start requesting its weights */
     if (stamp) ts[1] = gdn_now();

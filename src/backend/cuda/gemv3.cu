@@ -379,13 +379,6 @@ static int g3_next_tag(void) {
     return g_stamp_tag >= 0 && !g_stamp_pause ? g_stamp_tag++ : -1;
 }
 
-/* CINFER_CUDA_GEMV_STAGE bit 4 (measurements): the decode GEMVs' preferred shared-memory carveout (percent, 0
- * the driver's choice), so that the staged form's big blocks may share an SM with them */
-static int g_carve = 0;
-extern "C" void cu_set_gemv3_carveout(int pct) {
-    g_carve = pct > 0 && pct <= 100 ? pct : 0;
-}
-
 static int g_ks = 0, g_nr = 0, g_u = 0, g_var = -1; /* 0 / -1: automatic (cu_set_gemv3_config) */
 
 /* measurements (CINFER_CUDA_DIAG_AB): at one row, the chunks in flight and the variant of the wide ([0]; the
@@ -449,12 +442,6 @@ static void g3_launch(cu_ctx *c, float *y, const float *x, const uint16_t *w, in
     if (KS > W) KS = W; /* a forced 8 splits with 4-warp blocks (measurements only) */
     int per_block = W / KS * NR;
     dim3 grid(cdiv((size_t)N, (size_t)per_block), (unsigned)tiles);
-    static int carved = 0; /* this instantiation's carveout preference set */
-    if (g_carve && !carved) {
-        cudaFuncSetAttribute(gemv3_kernel<MR, NR, U, NORM, EPI, VAR>,
-                             cudaFuncAttributePreferredSharedMemoryCarveout, g_carve);
-        carved = 1;
-    }
     cu_launch_gemv(c, gemv3_kernel<MR, NR, U, NORM, EPI, VAR>, grid, dim3(W * 32), y, x, w, N, K, KS, g, eps,
                    c->gemv_next, c->gemv_next_bytes, g3_next_tag());
 }
@@ -573,11 +560,13 @@ static int g3s_optin(void) {
                     cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess
                 ? v
                 : 0;
-        if (optin > 0 &&
+        /* the limit less 1 KB: the stamps instantiation's static shared memory counts against it too (the
+         * whole opt-in was refused in the H200 call 3 of session 10, so the form never ran there) */
+        if (optin > 1024 &&
             (cudaFuncSetAttribute(gemv3_stage_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  optin) != cudaSuccess ||
+                                  optin - 1024) != cudaSuccess ||
              cudaFuncSetAttribute(gemv3_stage_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  optin) != cudaSuccess ||
+                                  optin - 1024) != cudaSuccess ||
              cudaFuncSetAttribute(gemv3_stage_kernel<false>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                   100) != cudaSuccess ||
              cudaFuncSetAttribute(gemv3_stage_kernel<true>, cudaFuncAttributePreferredSharedMemoryCarveout,
@@ -605,7 +594,7 @@ extern "C" int cu_gemv_stage_rows(int N, int K, int rows) {
 }
 
 extern "C" void cu_set_gemv_stage(cu_ctx *c, int rows) {
-    c->gemv_stage_rows = rows > 0 ? rows : 0;
+    c->gemv_stage_rows = rows > 0 || rows == -4 || rows == -8 ? rows : 0;
 }
 
 extern "C" int cu_gemv_fused(cu_ctx *c, float *y, const float *x, const uint16_t *w, int M, int N, int K,
@@ -615,12 +604,20 @@ extern "C" int cu_gemv_fused(cu_ctx *c, float *y, const float *x, const uint16_t
     if (cu_skinny_takes(c, M, K)) return cu_skinny(c, y, x, w, M, N, K, norm_w, eps, epi); /* gemm_mma.cu */
     int KS = cu_gemv3_splits(epi == CU_EPI_SWIGLU ? 2 * N : N, K);
     int RB = c->gemv_stage_rows;
-    if (RB && M == 1 && !norm_w && epi == CU_EPI_ADD && g3s_bytes(RB, K, KS) + 1024 <= (size_t)g3s_optin()) {
+    if (RB > 0 && M == 1 && !norm_w && epi == CU_EPI_ADD &&
+        g3s_bytes(RB, K, KS) + 1024 <= (size_t)g3s_optin()) {
         int tag = g3_next_tag();
         cu_launch_pdl_smem(c, cu_pdl_on() >= 1 && (cu_pdl_mask() & PDL_GEMV),
                            g_stamp_tag >= 0 ? gemv3_stage_kernel<true> : gemv3_stage_kernel<false>,
                            dim3(cdiv((size_t)N, (size_t)RB)), dim3(G3S_WARPS * 32), g3s_bytes(RB, K, KS), y,
                            x, w, N, K, KS, RB, c->gemv_next, c->gemv_next_bytes, tag);
+        return 0;
+    }
+    if (RB < 0 && M == 1 && !norm_w && epi == CU_EPI_ADD) { /* -U: the register form, U chunks a warp early */
+        if (RB == -8)
+            g3_launch<1, 1, 8, false, EPI_ADD, 0>(c, y, x, w, 1, N, K, KS, NULL, eps);
+        else
+            g3_launch<1, 1, 4, false, EPI_ADD, 0>(c, y, x, w, 1, N, K, KS, NULL, eps);
         return 0;
     }
     if (norm_w && epi == CU_EPI_SWIGLU)
