@@ -1318,6 +1318,16 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     cu_set_moe_pf(f->moe_pf);
     if (m->cfg.n_experts > 0) cu_moe_gemm_prepare();
     if (mpf) fprintf(stderr, "cinfer cuda: CINFER_CUDA_MOE_PF=%d\n", f->moe_pf);
+    /* CINFER_CUDA_MOE_FORM=g,d: the block forms of the grouped gate_up and down GEMMs (cu_set_moe_form: 0 the
+     * 64-slot tiles, 1 .. 5 bigger tiles and deeper pipelines, every one the same bits; being measured) */
+    const char *mfm = getenv("CINFER_CUDA_MOE_FORM");
+    if (mfm) {
+        const char *comma = strchr(mfm, ',');
+        cu_set_moe_form(atoi(mfm), comma ? atoi(comma + 1) : atoi(mfm));
+        int fg, fd;
+        cu_moe_form(&fg, &fd);
+        fprintf(stderr, "cinfer cuda: CINFER_CUDA_MOE_FORM=%s: gate_up form %d, down form %d\n", mfm, fg, fd);
+    }
     /* N: decode-sized batches (<= 64 rows) of N rows or more take the grouped GEMMs too (each chosen expert
      * streamed once for all its rows; the indexed and fused paths stream it once per row). Default 64: the
      * H200 run of 09:22 (35B-A3B, 128-token prompts): batch 32 1,220.5 tok/s fused vs 992.2 grouped, batch 64

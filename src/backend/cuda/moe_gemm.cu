@@ -230,6 +230,167 @@ __global__ void __launch_bounds__(MG_THREADS, BW > 128 ? 2 : 3) /* 2 or 3 blocks
         }
 }
 
+/* ---- the grouped forms of session 10 (cu_set_moe_form; form 0 is moe_gemm_kernel above) ----
+ * The same products, each slot's accumulation in the same order (per 16 of K, the splits smallest first, one
+ * independent MMA each into that slot's accumulators from zero), so the same bits as moe_gemm_kernel for every
+ * form; what changes is how much work a warp and a block hold. A block takes R of cu_moe_tiles' 64-slot tiles
+ * of one expert (BM = 64 R slots: the weight tile streamed once for all of them; the grid still counts 64-slot
+ * tiles and the blocks of a tile that is not the first of its group of R leave at once) by BW weight rows (OUT
+ * >= 1: BW / 2 gate rows and the matching up rows). 8 warps: WM along the slots x 8 / WM along the weight
+ * rows, each an (BM / WM) x (BW / (8 / WM)) tile of MT x NT mma tiles; the m-tiles past the expert's last slot
+ * are skipped (the warp's branch is uniform: a short tile costs the MMAs of its own rows only). ST stages of
+ * BK columns of K filled by cp.async, one barrier a step; slot rows past the last slot are never loaded (their
+ * rows of the product are never written), columns past K are zero-filled. */
+__device__ __forceinline__ void cp16_cond(void *smem, const void *gmem, bool valid) {
+    unsigned a = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(a), "l"(gmem), "r"(valid ? 16 : 0));
+}
+template <int N> __device__ __forceinline__ void cp_wait_n(void) { /* all but the newest N groups complete */
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+template <int OUT, int NX, int R, int BW, int WM, int BK, int ST, int MINB>
+__global__ void __launch_bounds__(MG_THREADS, MINB)
+    mg2_kernel(float *__restrict__ y, uint16_t *__restrict__ ys, size_t ystride, int ldy,
+               const uint16_t *__restrict__ xs, size_t xstride, int div, const uint16_t *__restrict__ w,
+               size_t w_expert, int up_off, const int *__restrict__ grp, const int *__restrict__ tile_off, int E,
+               int N, int K) {
+    constexpr int BM = 64 * R, WN = 8 / WM, TM = BM / WM, MT = TM / 16, TN = BW / WN, NT = TN / 8;
+    constexpr int LD = BK + 8; /* shared row stride (80 or 144 bytes): ldmatrix rows conflict-free */
+    constexpr int CPR = BK / 8, RPP = MG_THREADS / CPR, XP = BM / RPP, WP = BW / RPP;
+    static_assert(TM % 16 == 0 && (OUT ? NT % 4 == 0 : NT % 2 == 0) && BM % RPP == 0 && BW % RPP == 0,
+                  "mg2 form");
+    extern __shared__ __align__(16) uint16_t mg_smem[];
+    /* stage st: NX slot tiles [BM][LD] then the weight tile [BW][LD] */
+    constexpr int SX = BM * LD, SS = NX * SX + BW * LD;
+    const int t = blockIdx.x, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    if (t >= tile_off[E]) return;
+    int lo = 0, hi = E; /* the largest e with tile_off[e] <= t */
+    while (hi - lo > 1) {
+        int mid = (lo + hi) >> 1;
+        if (tile_off[mid] <= t)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    const int e = lo, lt = t - tile_off[e];
+    if (lt % R) return; /* a later tile of this block's group */
+    const int p0 = grp[e] + lt * 64, cnt = min(BM, grp[e + 1] - p0);
+    const int *perm = grp + E + 1;
+    const uint16_t *we = w + (size_t)e * w_expert;
+    const int ncols = OUT ? BW / 2 : BW, n0 = blockIdx.y * ncols;
+    const int lrow = tid / CPR, lk = (tid % CPR) * 8;
+    int xrow[XP], wrow[WP];
+#pragma unroll
+    for (int j = 0; j < XP; j++) {
+        int r = lrow + RPP * j;
+        xrow[j] = r < cnt ? perm[p0 + r] / div : -1;
+    }
+#pragma unroll
+    for (int h = 0; h < WP; h++) {
+        int r = lrow + RPP * h;
+        int up = OUT && r >= BW / 2;
+        int n = n0 + (OUT ? r - (up ? BW / 2 : 0) : r);
+        wrow[h] = n < N ? (up ? up_off : 0) + n : -1;
+    }
+    const int wm = warp % WM, wn = warp / WM, g = lane >> 2, tq = lane & 3;
+    const int mv = min(MT, max(0, (cnt - wm * TM + 15) / 16)); /* the warp's m-tiles holding slots */
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int s = 0; s < NT; s++)
+#pragma unroll
+            for (int q = 0; q < 4; q++) acc[i][s][q] = 0.0f;
+    int wbase[NT];
+#pragma unroll
+    for (int s = 0; s < NT; s++)
+        wbase[s] = OUT ? (s < NT / 2 ? wn * (TN / 2) + s * 8 : BW / 2 + wn * (TN / 2) + (s - NT / 2) * 8)
+                       : wn * TN + s * 8;
+    auto compute = [&](int st) {
+        const uint16_t *sx = mg_smem + st * SS, *sw = sx + NX * SX;
+#pragma unroll
+        for (int kk = 0; kk < BK; kk += 16) {
+            uint32_t b[NT][2];
+#pragma unroll
+            for (int sp = 0; sp < NT / 2; sp++) {
+                uint32_t r[4];
+                int wr = (lane >> 4) ? wbase[2 * sp + 1] : wbase[2 * sp];
+                ldsm_x4(r, sw + (wr + (lane & 7)) * LD + kk + ((lane >> 3) & 1) * 8);
+                b[2 * sp][0] = r[0], b[2 * sp][1] = r[1], b[2 * sp + 1][0] = r[2], b[2 * sp + 1][1] = r[3];
+            }
+#pragma unroll
+            for (int half = NX - 1; half >= 0; half--)
+#pragma unroll
+                for (int i = 0; i < MT; i++) {
+                    if (i >= mv) break;
+                    uint32_t a[4];
+                    ldsm_x4(a, sx + half * SX + (wm * TM + i * 16 + (lane & 15)) * LD + kk + (lane >> 4) * 8);
+#pragma unroll
+                    for (int s = 0; s < NT; s++) mma_bf16(acc[i][s], a, b[s][0], b[s][1]);
+                }
+        }
+    };
+    auto issue = [&](int st, int k0) {
+        uint16_t *sx = mg_smem + st * SS, *sw = sx + NX * SX;
+        int k = k0 + lk;
+        bool in = k < K;
+#pragma unroll
+        for (int j = 0; j < XP; j++)
+            if (xrow[j] >= 0)
+#pragma unroll
+                for (int i = 0; i < NX; i++)
+                    cp16_cond(sx + i * SX + (lrow + RPP * j) * LD + lk,
+                              in ? xs + i * xstride + (size_t)xrow[j] * K + k : w, in);
+#pragma unroll
+        for (int h = 0; h < WP; h++)
+            if (wrow[h] >= 0)
+                cp16_cond(sw + (lrow + RPP * h) * LD + lk, in ? we + (size_t)wrow[h] * K + k : w, in);
+    };
+    const int nk = (K + BK - 1) / BK;
+#pragma unroll
+    for (int s = 0; s < ST - 1; s++) {
+        if (s < nk) issue(s, s * BK);
+        cp_commit();
+    }
+    for (int kt = 0; kt < nk; kt++) {
+        cp_wait_n<ST - 2>();
+        __syncthreads(); /* step kt landed for every thread; every warp is past step kt - 1's reads */
+        int nx = kt + ST - 1;
+        if (nx < nk) issue(nx % ST, nx * BK);
+        cp_commit();
+        compute(kt % ST);
+    }
+    /* C fragment: c0, c1 at (row g, cols 2tq, 2tq + 1), c2, c3 at row g + 8; N even: pairs stored whole */
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            int row = wm * TM + i * 16 + g + 8 * hr;
+            if (row >= cnt) continue;
+            size_t yo = (size_t)perm[p0 + row] * ldy;
+#pragma unroll
+            for (int s = 0; s < (OUT ? NT / 2 : NT); s++) {
+                int col = n0 + (OUT ? wn * (TN / 2) : wn * TN) + s * 8 + 2 * tq;
+                if (col >= N) continue;
+                float v0 = acc[i][s][2 * hr], v1 = acc[i][s][2 * hr + 1];
+                if (OUT) {
+                    v0 = dev_silu(v0) * acc[i][s + NT / 2][2 * hr];
+                    v1 = dev_silu(v1) * acc[i][s + NT / 2][2 * hr + 1];
+                }
+                if (OUT == 2) {
+                    uint16_t h0 = f32_bf16(v0), h1 = f32_bf16(v1);
+                    *reinterpret_cast<uint32_t *>(ys + yo + col) = (uint32_t)h0 | ((uint32_t)h1 << 16);
+                    if (NX > 1)
+                        *reinterpret_cast<uint32_t *>(ys + ystride + yo + col) =
+                            (uint32_t)f32_bf16(v0 - bf16_f32(h0)) | ((uint32_t)f32_bf16(v1 - bf16_f32(h1)) << 16);
+                } else {
+                    *reinterpret_cast<float2 *>(y + yo + col) = make_float2(v0, v1);
+                }
+            }
+        }
+}
+
 extern "C" void cu_moe_tiles(cu_ctx *c, const int *grp, int E, int *tile_off) {
     if (E > 0 && E <= 1024) moe_tiles_kernel<<<1, 1024, 0, c->stream>>>(grp, E, tile_off);
 }
@@ -293,14 +454,64 @@ template <MG_TP> static void mg_launch(cu_ctx *c, const mg_args &a) {
         a.y, a.ys, a.ystride, a.ldy, a.xs, a.xstride, a.div, a.w, a.w_expert, a.up_off, a.grp, a.tile_off,
         a.E, a.M, a.N, a.K);
 }
-/* the grouped form g_moe_pf picks (c NULL: only the shared-memory limits set). Precision fast (the context's
- * one bf16 pass, cu_set_bf16_passes): NX 1, the activations' hi part alone, as cu_gemm's one pass; OUT 2 then
- * writes only the hi rows the down GEMM reads */
+/* the session-10 forms (mg2_kernel): R 64-slot tiles x BW weight rows a block, WM warps along the slots, BK,
+ * ST stages, MINB blocks an SM at least (the registers' bound) */
+#define MG2_TP int OUT, int NX, int R, int BW, int WM, int BK, int ST, int MINB
+#define MG2_TA OUT, NX, R, BW, WM, BK, ST, MINB
+template <MG2_TP> static size_t mg2_smem_bytes(void) {
+    return (size_t)ST * (NX * 64 * R + BW) * (BK + 8) * sizeof(uint16_t);
+}
+template <MG2_TP> static void mg2_attr(void) {
+    static int done;
+    size_t b = mg2_smem_bytes<MG2_TA>();
+    if (!done && b > 48 * 1024)
+        cudaFuncSetAttribute(mg2_kernel<MG2_TA>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)b);
+    done = 1;
+}
+template <MG2_TP> static void mg2_launch(cu_ctx *c, const mg_args &a) {
+    mg2_attr<MG2_TA>();
+    if (!c) return;
+    dim3 grid(a.tiles, cdiv((size_t)a.N, OUT ? BW / 2 : BW));
+    mg2_kernel<MG2_TA><<<grid, MG_THREADS, mg2_smem_bytes<MG2_TA>(), c->stream>>>(
+        a.y, a.ys, a.ystride, a.ldy, a.xs, a.xstride, a.div, a.w, a.w_expert, a.up_off, a.grp, a.tile_off, a.E,
+        a.N, a.K);
+}
+#define MG2_FORMS 6 /* forms 1 .. 5 (0: moe_gemm_kernel) */
+template <int OUT, int NX> static void mg2_form(int form, cu_ctx *c, const mg_args &a) {
+    switch (form) {
+    case 1: mg2_launch<OUT, NX, 2, 256, 2, 32, 4, 1>(c, a); break; /* warps of 64 x 64 */
+    case 2: mg2_launch<OUT, NX, 2, 256, 2, 64, 3, 1>(c, a); break;
+    case 3: mg2_launch<OUT, NX, 2, 128, 2, 32, 4, 2>(c, a); break; /* 64 x 32 */
+    case 4: mg2_launch<OUT, NX, 3, 128, 2, 32, 4, 1>(c, a); break; /* 96 x 32, 192 slots a block */
+    case 5: mg2_launch<OUT, NX, 1, 256, 1, 32, 4, 2>(c, a); break; /* 64 x 32, 64 slots a block */
+    default: break;
+    }
+}
+/* cu_set_moe_form: the form of the gate_up (OUT 1, 2) and of the down (OUT 0) GEMMs */
+static int g_form_gu, g_form_dn;
+extern "C" void cu_set_moe_form(int gate_up, int down) {
+    g_form_gu = gate_up >= 0 && gate_up < MG2_FORMS ? gate_up : 0;
+    g_form_dn = down >= 0 && down < MG2_FORMS ? down : 0;
+}
+extern "C" void cu_moe_form(int *gate_up, int *down) {
+    *gate_up = g_form_gu, *down = g_form_dn;
+}
+
+/* the grouped form g_moe_pf and cu_set_moe_form pick (c NULL: only the shared-memory limits set). Precision
+ * fast (the context's one bf16 pass, cu_set_bf16_passes): NX 1, the activations' hi part alone, as cu_gemm's
+ * one pass; OUT 2 then writes only the hi rows the down GEMM reads */
 template <int OUT> static void mg_grouped(cu_ctx *c, const mg_args &a) {
-    if (!c)
+    int form = OUT ? g_form_gu : g_form_dn;
+    if (!c) {
         mg_attr<OUT, 2, 256, 0, 64>(), mg_attr<OUT, 2, 128, 0, 32>(), mg_attr<OUT, 1, 256, 0, 64>(),
             mg_attr<OUT, 1, 128, 0, 32>();
-    else if (c->bf16_passes == 1 && (g_moe_pf & 4))
+        for (int f = 1; f < MG2_FORMS; f++) mg2_form<OUT, 1>(f, NULL, a), mg2_form<OUT, 2>(f, NULL, a);
+    } else if (form && a.N % 8 == 0 && a.K % 8 == 0 && a.ldy % 8 == 0) {
+        if (c->bf16_passes == 1)
+            mg2_form<OUT, 1>(form, c, a);
+        else
+            mg2_form<OUT, 2>(form, c, a);
+    } else if (c->bf16_passes == 1 && (g_moe_pf & 4))
         mg_launch<OUT, 1, 256, 0, 64>(c, a);
     else if (c->bf16_passes == 1)
         mg_launch<OUT, 1, 128, 0, 32>(c, a);
