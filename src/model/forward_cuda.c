@@ -348,9 +348,10 @@ struct cuda_fwd {
      * cu_set_gemv_stage), 2 / 8 by the register form with 8 / 4 chunks a warp requested before that wait
      * (with 1: in the DeltaNet layers, the staged form in the attention ones), 4 a max-shared carveout
      * preference for the DeltaNet decode kernel (cu_gdn_args.dec_carve), 16 / 32 the attention / DeltaNet
-     * layers only; stage_rows: what cu_set_gemv_stage gets for the DeltaNet / attention out_proj (0: the
-     * default form) */
+     * layers only, 64 in_proj requests out_proj's head into L2 (",rows" then MB of it); stage_rows: what
+     * cu_set_gemv_stage gets for the DeltaNet / attention out_proj (0: the default form) */
     int stage_bits, stage_rows[2];
+    size_t stage_l2; /* bit 64: bytes of out_proj in_proj requests into L2 (",MB", default all) */
     /* CINFER_CUDA_G3_STAMPS=1 (measurements): every block of in_proj and out_proj in one-row steps records
      * its start, PDL wait and end (cu_gemv3_stamps_begin); g3st_kind[tag]: layer * 4 + 2 (attention) + 1
      * (out_proj); the timeline goes to stderr at teardown */
@@ -997,6 +998,8 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     if (gst3) {
         int rows = 0;
         sscanf(gst3, "%d,%d", &f->stage_bits, &rows);
+        f->stage_l2 = f->stage_bits & 64 ? (rows > 0 ? (size_t)rows << 20 : (size_t)1 << 30) : 0;
+        if (f->stage_bits & 64) rows = 0; /* the staged form, if any, at its own choice of rows */
         if (f->stage_bits & 1) {
             f->stage_rows[0] = m->n_lin ? cu_gemv_stage_rows(m->H, m->Hv * m->dv, rows) : 0;
             f->stage_rows[1] = m->n_full ? cu_gemv_stage_rows(m->H, m->Hq * m->hd, rows) : 0;
@@ -1012,8 +1015,9 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
             stderr,
             "cinfer cuda: CINFER_CUDA_GEMV_STAGE=%s: out_proj at one row %d / %d (deltanet / attention; rows "
             "a staged block, or -chunks a warp of the register form before its wait), deltanet carveout "
-            "%s\n",
-            gst3, f->stage_rows[0], f->stage_rows[1], f->stage_bits & 4 ? "max shared" : "the driver's");
+            "%s, in_proj requests %zu MB of out_proj into L2\n",
+            gst3, f->stage_rows[0], f->stage_rows[1], f->stage_bits & 4 ? "max shared" : "the driver's",
+            f->stage_l2 >> 20);
     }
     const char *g3s = getenv("CINFER_CUDA_G3_STAMPS");
     if (g3s && !strcmp(g3s, "1")) {
@@ -1519,10 +1523,20 @@ static void g3st_unmark(cuda_fwd *f) {
 static void in_proj(cuda_fwd *f, const cu_layer *cl, int T, int fz) {
     const model *m = f->m;
     if (fz) {
+        /* CINFER_CUDA_GEMV_STAGE bit 64: at one row in_proj's second-half blocks request out_proj's first
+         * stage_l2 bytes into L2 once their loads are out (the L2PF_NEXT mechanism), while in_proj's tail and
+         * the DeltaNet / attention kernel leave DRAM idle: out_proj's blocks are placed only after in_proj
+         * has completed (H200 call 3's stamps: +3 us, after most of the core kernel's time) */
+        int l2o = T == 1 && (f->stage_bits & 64);
+        if (l2o) {
+            size_t ob = (size_t)m->H * (cl_attn(f, cl) ? m->Hq * m->hd : m->Hv * m->dv) * 2;
+            cu_set_gemv_next(f->cu, cl->w_out, ob < f->stage_l2 ? ob : f->stage_l2);
+        }
         g3st_mark(f, cl, T, 0);
         cu_gemv_fused(f->cu, f->proj, f->x, cl->w_in, T, cl->n_in, m->H, cl->in_norm,
                       (float)m->cfg.rms_norm_eps, CU_EPI_STORE);
         g3st_unmark(f);
+        if (l2o) cu_set_gemv_next(f->cu, NULL, 0);
     } else
         gemm(f, f->proj, f->xn, cl->w_in, T, cl->n_in, m->H);
 }
