@@ -608,11 +608,16 @@ template <int HD> __global__ void attn_kvf_kernel(cu_attn_args a) {
     for (int i = threadIdx.x; i < W; i += blockDim.x) {
         const int kvh = i / HD, d = i % HD;
         __half *img = base + ((size_t)b * a.Hkv + kvh) * ff_img_halves<HD>();
+        /* the 32 loads before any store (the image may alias the pool for the compiler: each load waited for
+         * the store before it, 34 us a 4B layer in H200 call 4's ncu) */
+        float kx[FA_KVB], vx[FA_KVB];
+#pragma unroll
+        for (int j = 0; j < FA_KVB; j++) kx[j] = kp[(size_t)j * W + i], vx[j] = vp[(size_t)j * W + i];
         __align__(16) __half v[FA_KVB];
 #pragma unroll
         for (int j = 0; j < FA_KVB; j++) {
-            img[j * LK + d] = __float2half_rn(kp[(size_t)j * W + i]);
-            v[j] = __float2half_rn(vp[(size_t)j * W + i]);
+            img[j * LK + d] = __float2half_rn(kx[j]);
+            v[j] = __float2half_rn(vx[j]);
         }
         uint4 *dv = reinterpret_cast<uint4 *>(img + KH + d * FA_KVB);
         const int sw = (d >> 2) & 1;
@@ -639,11 +644,9 @@ __device__ __forceinline__ float ff_ex2(float x) { /* 2^x, flushing subnormal re
 
 /* log2(e) / sqrt(hd) is folded into Q before its rounding (scores come out in log2 units), the masked and
  * plain tiles' softmax run apart, P = ex2.approx.ftz, one reciprocal of l a row (H200 call 3, 4B layer at 4096
- * rows 0.828 -> 0.790 ms, 32k chunk 7.06 -> 6.71 ms). V (CINFER_CUDA_ATTN_FAST_V, an A/B of the next call):
- * 2 a row's maximum moves only when a tile's exceeds it by more than FF_LAZY (P then <= 2^FF_LAZY, O and l in
- * f32 against the older maximum): O's rescale runs on few tiles instead of on most of a short row's */
-#define FF_LAZY 8.0f
-template <int HD, int V = 1>
+ * rows 0.828 -> 0.790 ms, 32k chunk 7.06 -> 6.71 ms). (A lazy maximum, moved only when a tile's exceeded it
+ * by 2^8, so that O's rescale skips most tiles: no faster in call 4, 0.717 vs 0.720 ms; removed.) */
+template <int HD>
 __global__ void __launch_bounds__(256, 1) attn_ff_kernel(cu_attn_args a, int QH) {
     extern __shared__ __align__(16) float fsm[];
     constexpr int LDQ = HD + 8, LK = HD + 8, KH = FA_KVB * LK, IMG = ff_img_halves<HD>();
@@ -789,9 +792,7 @@ __global__ void __launch_bounds__(256, 1) attn_ff_kernel(cu_attn_args a, int QH)
             xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, 2));
             xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, 1));
             xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, 2));
-            /* V 2: -inf + FF_LAZY is -inf, so a row's first finite tile always sets its maximum */
-            const float na = V == 2 ? (xa > ma + FF_LAZY ? xa : ma) : fmaxf(ma, xa);
-            const float nb = V == 2 ? (xb > mb + FF_LAZY ? xb : mb) : fmaxf(mb, xb);
+            const float na = fmaxf(ma, xa), nb = fmaxf(mb, xb);
             const float sa = na == -INFINITY ? 0.0f : na, sb = nb == -INFINITY ? 0.0f : nb;
             /* exactly 1 where the maximum stayed (the warp's rescale then leaves the row's bits alone) */
             const float ca = ma == sa ? 1.0f : ff_ex2(ma - sa), cb = mb == sb ? 1.0f : ff_ex2(mb - sb);
@@ -879,7 +880,7 @@ __global__ void __launch_bounds__(256, 1) attn_ff_kernel(cu_attn_args a, int QH)
     }
 }
 
-/* ---- the pair form (CINFER_CUDA_ATTN_FAST_V=3, 4 with V 2's lazy maximum; an A/B of the H200 calls) ----
+/* ---- the pair form (CINFER_CUDA_ATTN_FAST_V=3; an A/B of the H200 calls) ----
  * attn_ff_kernel is bound by shared-memory reads: every warp reads the whole K and V tile by ldmatrix for its
  * 16 rows (144 ldmatrix.x4 a warp a 64-key tile). Here two warps share 32 rows: each computes S for the 32
  * rows over its half of the tile's keys (K fragments serve two m-tiles: half the K reads, twice the Q reads),
@@ -895,8 +896,7 @@ template <int HD> constexpr size_t fp_smem_bytes() {
     return ff_smem_bytes<HD>() + (size_t)4 * 2 * 32 * FP_LP * 2 + (size_t)4 * 2 * 32 * 4;
 }
 
-template <int HD, bool LZ>
-__global__ void __launch_bounds__(256, 1) attn_fp_kernel(cu_attn_args a, int QH) {
+template <int HD> __global__ void __launch_bounds__(256, 1) attn_fp_kernel(cu_attn_args a, int QH) {
     extern __shared__ __align__(16) float fsm[];
     constexpr int LDQ = HD + 8, LK = HD + 8, KH = FA_KVB * LK, IMG = ff_img_halves<HD>();
     constexpr int NB = FF_BN / FA_KVB, STG = NB * IMG, HO = HD / 16; /* HO: 8-dim n-tiles of a half */
@@ -1065,7 +1065,7 @@ __global__ void __launch_bounds__(256, 1) attn_fp_kernel(cu_attn_args a, int QH)
 #pragma unroll
                 for (int hh = 0; hh < 2; hh++) {
                     const float xx = fmaxf(x[mt][hh], Xpar[16 * mt + g + 8 * hh]), mo = m_[mt][hh];
-                    const float na = LZ ? (xx > mo + FF_LAZY ? xx : mo) : fmaxf(mo, xx);
+                    const float na = fmaxf(mo, xx);
                     const float sa = na == -INFINITY ? 0.0f : na;
                     c[mt][hh] = mo == sa ? 1.0f : ff_ex2(mo - sa);
                     moved |= c[mt][hh] != 1.0f;
@@ -1186,7 +1186,8 @@ static int fa_kv16_ok[9];  /* by hd / 32: the S16 kernels' shared memory fits (c
 static int fa_bulk_ok[9];  /* by hd / 32: the BK kernels too (hd 128, 256) */
 static int fa_bulk_on = 1; /* CINFER_CUDA_ATTN_BULK, default on (read by cu_attn_tc_init) */
 static int fa_fast_ok[9];  /* by hd / 32: attn_ff_kernel's shared memory fits */
-static int ff_v;           /* CINFER_CUDA_ATTN_FAST_V (read by cu_attn_tc_init): attn_ff_kernel's V */
+static int ff_v;           /* CINFER_CUDA_ATTN_FAST_V (read by cu_attn_tc_init): 3 the pair form */
+static int fp_ok[9];       /* by hd / 32: attn_fp_kernel's shared memory fits */
 
 extern "C" int cu_attn_kv16_ok(int hd) {
     return hd > 0 && hd % 32 == 0 && hd / 32 < 9 && fa_kv16_ok[hd / 32];
@@ -1250,16 +1251,11 @@ template <int HD, int P, bool S16, bool BK = false> static int fa_attr1(int opti
 template <int HD> static int fa_attr(int optin) {
     if (!fa_attr1<HD, 3, false>(optin) || !fa_attr1<HD, 1, false>(optin)) return 0;
     fa_fast_ok[HD / 32] = ff_smem_bytes<HD>() <= (size_t)optin &&
-                          cudaFuncSetAttribute(attn_ff_kernel<HD, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               (int)ff_smem_bytes<HD>()) == cudaSuccess &&
-                          cudaFuncSetAttribute(attn_ff_kernel<HD, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                          cudaFuncSetAttribute(attn_ff_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                (int)ff_smem_bytes<HD>()) == cudaSuccess;
-    if (fp_smem_bytes<HD>() <= (size_t)optin) {
-        cudaFuncSetAttribute(attn_fp_kernel<HD, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             (int)fp_smem_bytes<HD>());
-        cudaFuncSetAttribute(attn_fp_kernel<HD, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             (int)fp_smem_bytes<HD>());
-    }
+    fp_ok[HD / 32] = fp_smem_bytes<HD>() <= (size_t)optin &&
+                     cudaFuncSetAttribute(attn_fp_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          (int)fp_smem_bytes<HD>()) == cudaSuccess;
     /* the split-once form where it fits (cu_attn_kv16_ok) */
     fa_kv16_ok[HD / 32] = fa_attr1<HD, 3, true>(optin) && fa_attr1<HD, 1, true>(optin);
     if constexpr (HD >= 128)
@@ -1303,15 +1299,10 @@ template <int HD> static void fa_launch(cu_ctx *c, const cu_attn_args *a) {
     dim3 grid((unsigned)(a->Hq / QH), (unsigned)(a->split.work ? a->split.n_work : a->n_tiles));
     if (a->fast && a->kv16 && fa_fast_ok[HD / 32]) {
         attn_kvf_kernel<HD><<<dim3((unsigned)a->kv16_nb, (unsigned)a->kv16_NE), 256, 0, c->stream>>>(*a);
-        if (ff_v == 3 || ff_v == 4) {
-            if (ff_v == 4)
-                attn_fp_kernel<HD, true><<<grid, 256, fp_smem_bytes<HD>(), c->stream>>>(*a, QH);
-            else
-                attn_fp_kernel<HD, false><<<grid, 256, fp_smem_bytes<HD>(), c->stream>>>(*a, QH);
-        } else if (ff_v == 2)
-            attn_ff_kernel<HD, 2><<<grid, 256, ff_smem_bytes<HD>(), c->stream>>>(*a, QH);
+        if (ff_v == 3 && fp_ok[HD / 32])
+            attn_fp_kernel<HD><<<grid, 256, fp_smem_bytes<HD>(), c->stream>>>(*a, QH);
         else
-            attn_ff_kernel<HD, 1><<<grid, 256, ff_smem_bytes<HD>(), c->stream>>>(*a, QH);
+            attn_ff_kernel<HD><<<grid, 256, ff_smem_bytes<HD>(), c->stream>>>(*a, QH);
         return;
     }
     if constexpr (HD >= 128) {
