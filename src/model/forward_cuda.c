@@ -841,8 +841,7 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     const char *g16 = getenv("CINFER_CUDA_FAST_GU16");
     f->gu16 = f->fast && !(g16 && !strcmp(g16, "0"));
     const char *ltt = getenv("CINFER_CUDA_LT_TUNE");
-    const char *ltr = getenv("CINFER_CUDA_LT_MIN_ROWS"); /* measurements: products of fewer rows keep GemmEx */
-    cu_set_lt_tune(!(ltt && !strcmp(ltt, "0")), ltt && !strcmp(ltt, "1"), ltr ? atoi(ltr) : 1024);
+    cu_set_lt_tune(!(ltt && !strcmp(ltt, "0")), ltt && !strcmp(ltt, "1"));
     /* GEMV: "v2", the default since the H200 run of 07:17 (4B batch 1 227 -> 243 tok/s, batch 8 unchanged,
      * every test passing with it), takes the split-K kernel where it measured faster and v1 elsewhere; "v1"
      * the warp-per-2-rows kernel everywhere; "v2all" the split-K kernel wherever it serves; "v3" the kernel
@@ -2560,7 +2559,7 @@ static int warm_gemms(cuda_fwd *f, char *err, size_t errlen) {
     }
     /* CINFER_CUDA_LT_TUNE in fast mode: the full chunk's shapes timed here, at creation, not in the first
      * long prefill (gemm.cu's lt_gemm: once per shape class in the process) */
-    if (cu_lt_tune() && f->fast && f->p.max_tokens >= cu_lt_min_rows()) {
+    if (cu_lt_tune() && f->fast && f->p.max_tokens >= CU_LT_MIN_ROWS) {
         int M = f->p.max_tokens;
         for (int l = 0, lin = 0, full = 0, ffn = 0; l < m->L; l++) {
             const cu_layer *cl = &f->L[l];

@@ -183,6 +183,56 @@ TEST(parity_qwen35_moe_fused_experts) { run_fixture("qwen35_moe_fused", NULL); }
 TEST(parity_qwen3_next) { run_fixture("qwen3_next", NULL); }
 TEST(parity_default_model) { run_fixture("default_model", "models/default"); }
 
+/* the long case of the trained default model (tools/oracle/make_default_long.py): 512 held-out ids as one
+ * prefill, the reference's logits at 56 positions, the same bound */
+TEST(parity_default_model_long) {
+    char dir[512], path[700], err[1024] = "";
+    snprintf(dir, sizeof dir, "%s/default_model", test_fixtures_dir());
+    snprintf(path, sizeof path, "%s/long_cases.json", dir);
+    json_error_t je;
+    json_t *root = json_load_file(path, 0, &je);
+    if (!root) {
+        test_fail(__FILE__, __LINE__, "%s: %s (made by tools/oracle/make_default_long.py)", path, je.text);
+        return;
+    }
+    json_t *c = json_array_get(json_object_get(root, "cases"), 0);
+    int32_t *toks, *pos;
+    int n = load_ids(json_object_get(c, "tokens"), &toks), P = load_ids(json_object_get(c, "positions"), &pos);
+    int T, V;
+    char *keep = NULL;
+    const float *ref = read_npy(dir, json_string_value(json_object_get(c, "logits")), &T, &V, &keep);
+    cinfer_model *m = NULL;
+    if (ref && T == P && cinfer_model_open("models/default", &m, err, sizeof err) == 0) {
+        cinfer_ctx_params p = cinfer_ctx_default_params();
+        p.max_seqs = 1, p.max_ctx = n, p.max_batch = n, p.n_threads = 2, p.device = CINFER_DEVICE_CPU;
+        cinfer_ctx *ctx;
+        if (cinfer_ctx_create(m, &p, &ctx, err, sizeof err) == 0) {
+            int seq = cinfer_seq_open(ctx, err, sizeof err);
+            float *all = malloc(sizeof(float) * (size_t)n * V), *got = malloc(sizeof(float) * (size_t)P * V);
+            cinfer_batch_entry e = {seq, toks, n, 1};
+            if (cinfer_forward(ctx, &e, 1, all, err, sizeof err) == 0) {
+                for (int i = 0; i < P; i++) memcpy(got + (size_t)i * V, all + (size_t)pos[i] * V, sizeof(float) * V);
+                char where[64];
+                snprintf(where, sizeof where, "default_model/%s", json_string_value(json_object_get(c, "name")));
+                double w = compare_logits(where, got, ref, P, V);
+                printf("     %-28s T=%-4d %d rows: max|d|/std = %.2e\n", where, n, P, w);
+            } else {
+                test_fail(__FILE__, __LINE__, "forward: %s", err);
+            }
+            free(all), free(got);
+            cinfer_ctx_destroy(ctx);
+        } else {
+            test_fail(__FILE__, __LINE__, "context: %s", err);
+        }
+        cinfer_model_close(m);
+    } else {
+        test_fail(__FILE__, __LINE__, "%s: the logits (%d rows, %d positions) or models/default did not load: %s", path,
+                  ref ? T : -1, P, err);
+    }
+    free(keep), free(toks), free(pos);
+    json_decref(root);
+}
+
 TEST(parity_worst_figure) {
     /* runs after the parity_* tests (sorted by name within the file): reports the worst figure seen */
     if (g_worst == 0.0) SKIP("no parity case ran before this one");

@@ -141,12 +141,13 @@ void cu_set_bf16_passes(cu_ctx *c, int passes);
 size_t cu_gemm_presplit_lo(cu_ctx *c, int Mb, int K);
 /* CINFER_CUDA_FAST_PRESPLIT (default on): with one pass, producers write the GEMM's one bf16 copy; 0: f32 */
 void cu_set_fast_presplit(int on);
-/* CINFER_CUDA_LT_TUNE (default on; report: each choice on stderr): one-pass products of at least min_rows
- * (CINFER_CUDA_LT_MIN_ROWS, default 1024) rows on the cuBLASLt algorithm timed fastest for their shape
- * (gemm.cu); cu_lt_tune: whether it is on */
-void cu_set_lt_tune(int on, int report, int min_rows);
+/* CINFER_CUDA_LT_TUNE (default on; report: each choice on stderr): one-pass products of at least
+ * CU_LT_MIN_ROWS rows on the cuBLASLt algorithm timed fastest for their shape (gemm.cu); cu_lt_tune: whether
+ * it is on. Not below 1024: at the engine's 512-row chunks (4B, H200, session 10's fourth call) the choice
+ * measured within noise of GemmEx's (42,657 tok/s without it, 42,880 from 256 rows up) */
+#define CU_LT_MIN_ROWS 1024
+void cu_set_lt_tune(int on, int report);
 int cu_lt_tune(void);
-int cu_lt_min_rows(void);
 /* CINFER_CUDA_FAST_GU16 (precision fast, default on): the gate_up product from the norm's bf16 copy into bf16 y [Mb][N]
  * (cu_gemm_presplit_out16), and xb = bf16(silu(gate) * up) from it (cu_swiglu16), the down GEMM's one copy */
 void cu_gemm_presplit_out16(cu_ctx *c, uint16_t *d_y, const uint16_t *d_xb, const uint16_t *d_w, int N, int K,

@@ -451,7 +451,7 @@ extern "C" int cu_gemm_pad(void) {
 }
 
 /* ---- CINFER_CUDA_LT_TUNE (precision fast; default on; "0": off; "1": on, each choice reported on stderr):
- * one-pass products of >= cu_lt_min_rows() rows on the cuBLASLt algorithm that measured fastest for their shape ----
+ * one-pass products of >= 1024 rows on the cuBLASLt algorithm that measured fastest for their shape ----
  * cublasGemmEx's default takes cuBLAS's heuristic pick, which on the H200 left the 4B prefill GEMMs at 790-870
  * TFLOP/s at 4096 rows where another of its candidates runs 890-930. The first product of each (N, K, M's
  * power-of-two class, output type) times the default and up to 16 heuristic candidates on the context's stream
@@ -461,14 +461,10 @@ extern "C" int cu_gemm_pad(void) {
  * The choice is per shape, not per batch, so a row's bits still depend only on its bucket. Exact mode's
  * two-pass products never take this path. H200, session 10's third call, 4B 4096-token chunk in fast mode:
  * 68.7 -> 67.1 ms of device time, 55,854 -> 62,759 tok/s (in_proj 10.8 -> 10.1 ms, ffn GEMMs 24.6 -> 23.5) */
-static int g_lt_tune = 0, g_lt_report = 0, g_lt_min_rows = 1024;
-extern "C" void cu_set_lt_tune(int on, int report, int min_rows) {
+static int g_lt_tune = 0, g_lt_report = 0;
+extern "C" void cu_set_lt_tune(int on, int report) {
     g_lt_tune = on;
     g_lt_report = report;
-    g_lt_min_rows = min_rows > 0 ? min_rows : 1024;
-}
-extern "C" int cu_lt_min_rows(void) {
-    return g_lt_min_rows;
 }
 extern "C" int cu_lt_tune(void) {
     return g_lt_tune;
@@ -580,7 +576,7 @@ static void lt_tune_shape(cu_ctx *c, lt_entry *e, void *y, const uint16_t *xb, c
 /* the tuned product when LT_TUNE serves it; 0: the caller runs GemmEx */
 static int lt_gemm(cu_ctx *c, void *y, const uint16_t *xb, const uint16_t *w, int M, int N, int K, float beta,
                    int out16) {
-    if (!g_lt_tune || !one_pass(c) || M < g_lt_min_rows || beta != 0.0f) return 0;
+    if (!g_lt_tune || !one_pass(c) || M < CU_LT_MIN_ROWS || beta != 0.0f) return 0;
     cudaStreamCaptureStatus cs;
     if (cudaStreamIsCapturing(c->stream, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) return 0;
     int mc = mclass(M);
