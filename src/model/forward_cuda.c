@@ -343,15 +343,6 @@ struct cuda_fwd {
     int attn_pf;        /* CINFER_CUDA_ATTN_PF (cu_set_attn_decode_pf) */
     int glu[2];         /* CINFER_CUDA_GEMV_GLU "nr,var" (cu_set_gemv3_glu) */
     unsigned long long diag_done;
-    /* CINFER_CUDA_GEMV_STAGE="bits[,rows]" (measurements until an H200 A/B decides; off by default): bit 1
-     * out_proj at one row by the staged form (weights into shared memory before its PDL wait,
-     * cu_set_gemv_stage), 2 / 8 by the register form with 8 / 4 chunks a warp requested before that wait
-     * (with 1: in the DeltaNet layers, the staged form in the attention ones), 4 a max-shared carveout
-     * preference for the DeltaNet decode kernel (cu_gdn_args.dec_carve), 16 / 32 the attention / DeltaNet
-     * layers only, 64 in_proj requests out_proj's head into L2 (",rows" then MB of it); stage_rows: what
-     * cu_set_gemv_stage gets for the DeltaNet / attention out_proj (0: the default form) */
-    int stage_bits, stage_rows[2];
-    size_t stage_l2; /* bit 64: bytes of out_proj in_proj requests into L2 (",MB", default all) */
     /* CINFER_CUDA_G3_STAMPS=1 (measurements): every block of in_proj and out_proj in one-row steps records
      * its start, PDL wait and end (cu_gemv3_stamps_begin); g3st_kind[tag]: layer * 4 + 2 (attention) + 1
      * (out_proj); the timeline goes to stderr at teardown */
@@ -661,9 +652,8 @@ static void stamps_report(const char *what, const void *dev, size_t cap, int ns,
 /* one launch of a stamped GEMV in one step (the graph replays a tag once a step) */
 typedef struct g3_occ {
     int tag;
-    unsigned long long s0, smed, w0, e1,
-        d1;       /* first / median start, first wait done, last end, last landed */
-    int n, early; /* blocks, blocks started before the first wait was done */
+    unsigned long long s0, smed, w0, e1; /* first / median start, first wait done, last end */
+    int n, early;                        /* blocks, blocks started before the first wait was done */
 } g3_occ;
 static int g3st_cmp(const void *a, const void *b) {
     const cu_g3_stamp *x = a, *y = b;
@@ -671,9 +661,20 @@ static int g3st_cmp(const void *a, const void *b) {
     return x->t[0] < y->t[0] ? -1 : x->t[0] > y->t[0];
 }
 /* The timeline of out_proj against in_proj in the one-row steps, per layer kind (DeltaNet, attention): from
- * in_proj's last block end E (the core kernel's PDL wait is released about then), when out_proj's blocks
- * start, how many start before the core kernel ends (out_proj's first wait done), when they are done; the
- * staged form's last row landed. Means over every replay but each tag's first */
+ * in_proj's last block end E, when out_proj's blocks start, how many start before the core kernel between
+ * them ends (out_proj's first wait done), when they are done. Means over every replay but each tag's first.
+ * What it showed (H200, session 10 calls 3-4, 4B batch 1 after 512 positions, us from E): DeltaNet layers -
+ * out_proj's 640 blocks all start before the core ends (first +2.6-3.0, median +2.8-3.2), the core ends
+ * +5.9-6.2 (its block 0: 3.3 after its own wait), out_proj done 6.0 after the core, as long as a cold
+ * 21 MB GEMV; attention layers - first +4.6, median +8.8, core end +17.9, done 6.3 after it. A kernel's
+ * dependents are placed only once the kernel before it has completed: moving the DeltaNet kernel's
+ * launch_dependents before its PDL wait left out_proj's first block at +3.05 (+3.03), so out_proj gets ~3
+ * us beside the DeltaNet kernel, in which its resident blocks hold only their first 2 chunks a warp (5 MB).
+ * Lost there (same bits, removed): out_proj's rows copied whole into shared memory before the wait (bulk
+ * copies, 128 / 256 blocks: the rows landed +13.2, 7 us after the core; 4B b1 407.5 -> 359.6 / 366.6
+ * tok/s), 8 / 4 chunks a warp before the wait (62% / 82% of the blocks resident early, 7.9 / 9.1 us after
+ * the core; 397.8 / 393.6), a max-shared carveout (GEMVs: in_proj 17.3 -> 20.0 us, the L1 left holds too
+ * few loads in flight, 404 -> 363; the DeltaNet kernel: its end +6.1 -> +9.2) */
 static void g3_timeline_report(cuda_fwd *f) {
     cu_g3_stamp *st = malloc((size_t)G3ST_CAP * sizeof *st);
     g3_occ *oc = st ? malloc((size_t)G3ST_CAP / 16 * sizeof *oc) : NULL;
@@ -691,17 +692,16 @@ static void g3_timeline_report(cuda_fwd *f) {
         while (j < n && st[j].tag == st[i].tag && st[j].t[0] - st[j - 1].t[0] < 200000) j++;
         g3_occ *o = &oc[no++];
         o->tag = (int)st[i].tag, o->n = (int)(j - i), o->s0 = st[i].t[0], o->smed = st[i + (j - i) / 2].t[0];
-        o->w0 = ~0ull, o->e1 = 0, o->d1 = 0, o->early = 0;
+        o->w0 = ~0ull, o->e1 = 0, o->early = 0;
         for (long k = i; k < j; k++) {
             if (st[k].t[1] < o->w0) o->w0 = st[k].t[1];
             if (st[k].t[2] > o->e1) o->e1 = st[k].t[2];
-            if (st[k].t[3] > o->d1) o->d1 = st[k].t[3];
         }
         for (long k = i; k < j; k++) o->early += st[k].t[0] < o->w0;
         i = j;
     }
-    /* per kind: in_proj length, out start first / median after E, early share, core end, landed, out end */
-    double acc[2][8] = {{0}};
+    /* per kind: in_proj length, out start first / median after E, early share, core end, out end, blocks */
+    double acc[2][7] = {{0}};
     int cnt[2] = {0, 0};
     for (long a = 0; a < no; a++) {
         int kd = oc[a].tag < G3ST_KINDS ? f->g3st_kind[oc[a].tag] : 0;
@@ -719,9 +719,8 @@ static void g3_timeline_report(cuda_fwd *f) {
         acc[at][2] += ((double)oc[a].smed - E) / 1e3;
         acc[at][3] += (double)oc[a].early / oc[a].n;
         acc[at][4] += ((double)oc[a].w0 - E) / 1e3;
-        acc[at][5] += oc[a].d1 ? ((double)oc[a].d1 - E) / 1e3 : 0.0;
-        acc[at][6] += ((double)oc[a].e1 - E) / 1e3;
-        acc[at][7] += oc[a].n;
+        acc[at][5] += ((double)oc[a].e1 - E) / 1e3;
+        acc[at][6] += oc[a].n;
         cnt[at]++;
     }
     for (int at = 0; at < 2; at++) {
@@ -732,10 +731,10 @@ static void g3_timeline_report(cuda_fwd *f) {
             stderr,
             "cinfer cuda: g3 timeline %s (%d launches, %.0f blocks; us from in_proj's last end E): in_proj "
             "%.2f long; out_proj first start %+.2f, median start %+.2f, %.0f%% of blocks started before "
-            "the core ended; core ended (out_proj's first wait done) %+.2f; rows landed %+.2f; out_proj "
-            "done %+.2f (%.2f after the core)\n",
-            at ? "attention" : "deltanet", c, v[7] / c, v[0] / c, v[1] / c, v[2] / c, 100.0 * v[3] / c,
-            v[4] / c, v[5] / c, v[6] / c, (v[6] - v[4]) / c);
+            "the core ended; core ended (out_proj's first wait done) %+.2f; out_proj done %+.2f (%.2f "
+            "after the core)\n",
+            at ? "attention" : "deltanet", c, v[6] / c, v[0] / c, v[1] / c, v[2] / c, 100.0 * v[3] / c,
+            v[4] / c, v[5] / c, (v[5] - v[4]) / c);
     }
     free(st), free(oc);
 }
@@ -991,33 +990,6 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     /* the dec kernel only where it serves the shape (else every row stays on attn_kernel) */
     if (f->attn_dec_ns && !(m->n_full > 0 && cu_attn_dec_init(m->Hq, m->Hkv, m->hd, f->attn_dec_ns)))
         f->attn_dec_ns = 0;
-    /* CINFER_CUDA_GEMV_STAGE="bits[,rows]" (measurements, off by default; cuda_fwd.stage_bits): out_proj's
-     * weights on chip before its PDL wait, where a block of rows rows (0: one block an SM) fits */
-    const char *gst3 = getenv("CINFER_CUDA_GEMV_STAGE");
-    if (gst3) {
-        int rows = 0;
-        sscanf(gst3, "%d,%d", &f->stage_bits, &rows);
-        f->stage_l2 = f->stage_bits & 64 ? (rows > 0 ? (size_t)rows << 20 : (size_t)1 << 30) : 0;
-        if (f->stage_bits & 64) rows = 0; /* the staged form, if any, at its own choice of rows */
-        if (f->stage_bits & 1) {
-            f->stage_rows[0] = m->n_lin ? cu_gemv_stage_rows(m->H, m->Hv * m->dv, rows) : 0;
-            f->stage_rows[1] = m->n_full ? cu_gemv_stage_rows(m->H, m->Hq * m->hd, rows) : 0;
-        }
-        if (f->stage_bits & 10) { /* with bit 1: the DeltaNet layers' only */
-            int u = f->stage_bits & 2 ? -8 : -4;
-            f->stage_rows[0] = u;
-            if (!(f->stage_bits & 1)) f->stage_rows[1] = u;
-        }
-        if (f->stage_bits & 16) f->stage_rows[0] = 0; /* the attention layers' out_proj only */
-        if (f->stage_bits & 32) f->stage_rows[1] = 0; /* the DeltaNet layers' only */
-        fprintf(
-            stderr,
-            "cinfer cuda: CINFER_CUDA_GEMV_STAGE=%s: out_proj at one row %d / %d (deltanet / attention; rows "
-            "a staged block, or -chunks a warp of the register form before its wait), deltanet carveout "
-            "%s, in_proj requests %zu MB of out_proj into L2\n",
-            gst3, f->stage_rows[0], f->stage_rows[1], f->stage_bits & 4 ? "max shared" : "the driver's",
-            f->stage_l2 >> 20);
-    }
     const char *g3s = getenv("CINFER_CUDA_G3_STAMPS");
     if (g3s && !strcmp(g3s, "1")) {
         f->g3st_kind = calloc(G3ST_KINDS, sizeof *f->g3st_kind);
@@ -1526,20 +1498,10 @@ static void g3st_unmark(cuda_fwd *f) {
 static void in_proj(cuda_fwd *f, const cu_layer *cl, int T, int fz) {
     const model *m = f->m;
     if (fz) {
-        /* CINFER_CUDA_GEMV_STAGE bit 64: at one row in_proj's second-half blocks request out_proj's first
-         * stage_l2 bytes into L2 once their loads are out (the L2PF_NEXT mechanism), while in_proj's tail and
-         * the DeltaNet / attention kernel leave DRAM idle: out_proj's blocks are placed only after in_proj
-         * has completed (H200 call 3's stamps: +3 us, after most of the core kernel's time) */
-        int l2o = T == 1 && (f->stage_bits & 64);
-        if (l2o) {
-            size_t ob = (size_t)m->H * (cl_attn(f, cl) ? m->Hq * m->hd : m->Hv * m->dv) * 2;
-            cu_set_gemv_next(f->cu, cl->w_out, ob < f->stage_l2 ? ob : f->stage_l2);
-        }
         g3st_mark(f, cl, T, 0);
         cu_gemv_fused(f->cu, f->proj, f->x, cl->w_in, T, cl->n_in, m->H, cl->in_norm,
                       (float)m->cfg.rms_norm_eps, CU_EPI_STORE);
         g3st_unmark(f);
-        if (l2o) cu_set_gemv_next(f->cu, NULL, 0);
     } else
         gemm(f, f->proj, f->xn, cl->w_in, T, cl->n_in, m->H);
 }
@@ -1573,13 +1535,9 @@ static const uint16_t *after_ffn(const cuda_fwd *f, const cu_layer *cl, size_t *
 static void out_proj(cuda_fwd *f, const cu_layer *cl, int T, int K, int fz) {
     if (fz) {
         gemv_next(f, cl->w_gu, (size_t)2 * f->m->cfg.intermediate_size * f->m->H * 2);
-        /* CINFER_CUDA_GEMV_STAGE bit 1: at one row from shared memory filled before the PDL wait */
-        int rows = T == 1 ? f->stage_rows[cl_attn(f, cl)] : 0;
-        cu_set_gemv_stage(f->cu, rows);
         g3st_mark(f, cl, T, 1);
         cu_gemv_fused(f->cu, f->x, f->act, cl->w_out, T, f->m->H, K, NULL, 0.0f, CU_EPI_ADD);
         g3st_unmark(f);
-        cu_set_gemv_stage(f->cu, 0);
         gemv_next(f, NULL, 0);
     } else
         gemm(f, f->out, f->act, cl->w_out, T, f->m->H, K);
@@ -1629,7 +1587,6 @@ static void deltanet(cuda_fwd *f, const cu_layer *cl, const layer_weights *lw, i
     a.spec_buf = f->spec_fuse ? spec_buf_floats(f) : 0;
     a.no_chunked = rs->no_chunked, a.dec_cnt = rs->gdn_fused ? f->gdn_cnt : NULL;
     a.dec_cluster = f->gdn_cluster, a.dec_cluster_max = f->gdn_cluster_max, a.dec_stamps = f->gdn_stamps;
-    a.dec_carve = f->stage_bits & 4 ? 100 : 0;
     /* CINFER_CUDA_PF_SPLIT: a step with prefill rows ends in gnorm_kernel, which then writes out_proj's
      * halves */
     int Mb = out_split_rows(f, T, vd, fz, !rs->no_chunked);

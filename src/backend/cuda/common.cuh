@@ -29,13 +29,9 @@ struct cu_ctx {
     const void *gemv_next;
     size_t gemv_next_bytes;
     /* bf16 passes of this context's tensor-core GEMMs (cu_set_bf16_passes): 1 one rounding of the activations
-     * (precision fast), anything else (0 as created) hi + lo, two (exact). Per context, so two contexts of
-     * one process (a fast server beside an exact test, a draft model) run their own mode */
+     * (precision fast), anything else (0 as created) hi + lo, two (exact). Per context, so two contexts of one
+     * process (a fast server beside an exact test, a draft model) run their own mode */
     int bf16_passes;
-    /* CINFER_CUDA_GEMV_STAGE: rows a block of the staged form (gemv3_stage_kernel) takes for the decode GEMVs
-     * launched while set (one row of x, the residual epilogue: out_proj); -8 / -4 the register form with 8 /
-     * 4 chunks a warp before the PDL wait; 0 the default form. Set by cu_set_gemv_stage around out_proj */
-    int gemv_stage_rows;
 };
 
 __device__ __forceinline__ float bf16_f32(uint16_t h) {

@@ -189,24 +189,15 @@ void cu_set_gemv3_small_var4(int on);
  * from _begin; cu_gemv3_stamp_tag: the next one), its block and the grid's size; _end waits for the device
  * and returns how many stamps it copied into out (at most cap) */
 typedef struct cu_g3_stamp {
-    unsigned long long t[4]; /* start, PDL wait done, end; [3] the staged form's last row landed (else 0) */
+    unsigned long long t[3];
     unsigned sm, tag, block, grid;
 } cu_g3_stamp;
 int cu_gemv3_stamps_begin(cu_ctx *c, size_t cap, char *err, size_t errlen);
 long cu_gemv3_stamps_end(cu_ctx *c, cu_g3_stamp *out, size_t cap, char *err, size_t errlen);
 int cu_gemv3_stamp_tag(void);
-/* 1: launches take no tag and record nothing until called with 0 (a forward stamps only the GEMVs it picks)
- */
+/* 1: launches take no tag and record nothing until called with 0 (CINFER_CUDA_G3_STAMPS: a forward stamps
+ * only the GEMVs it picks, in_proj and out_proj) */
 void cu_gemv3_stamps_pause(int on);
-/* The staged form (CINFER_CUDA_GEMV_STAGE): while rows > 0, a cu_gemv_fused of one row of x with the residual
- * epilogue (out_proj) runs as blocks of that many weight rows copied whole into shared memory before the PDL
- * wait — the weights stream while the kernel before (DeltaNet / attention) still runs. The same sums, bit for
- * bit. cu_gemv_stage_rows: the rows a block takes for an N x K matrix (rows > 0 as asked, 0 the fewest for
- * one block an SM), 0 where the block would not fit in shared memory */
-int cu_gemv_stage_rows(int N, int K, int rows);
-/* rows > 0: the staged form at that many rows a block; -8 / -4: the register form with 8 / 4 chunks a warp
- * requested before the PDL wait (the same sums: chunks in flight never change one); 0 the default form */
-void cu_set_gemv_stage(cu_ctx *c, int rows);
 /* CINFER_CUDA_L2PF_NEXT: the next cu_gemv_fused (register form) requests bytes at w — the head of the matrix
  * of the GEMV after it — into L2 from the blocks of its second half once their loads are out; w NULL: none.
  * Weights only: no value changes */
@@ -361,10 +352,6 @@ typedef struct cu_gdn_args {
      * and state stored, cluster barrier done, end */
     unsigned long long *dec_stamps;
     float dec_qscale; /* set by cu_gdn_layer for the clustered kernel: (float)(1 / sqrt(dk)) */
-    /* measurements (CINFER_CUDA_GEMV_STAGE bit 4): the clustered kernel's preferred shared-memory carveout in
-     * percent (0: the driver's choice), so that out_proj's staged blocks may share its SMs; never a changed
-     * bit */
-    int dec_carve;
     cu_meta meta;
 } cu_gdn_args;
 #define CU_GDN_STAMPS      9

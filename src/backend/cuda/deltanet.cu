@@ -1537,11 +1537,6 @@ static void launch_cluster(cu_ctx *c, void (*kern)(cu_gdn_args), dim3 grid, dim3
     cfg.stream = c->stream;
     cfg.attrs = at;
     cfg.numAttrs = pdl ? 2 : 1;
-    static void (*carved)(cu_gdn_args) = NULL; /* dec_carve: the kernel whose preference was set last */
-    if (a.dec_carve && kern != carved) {
-        cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout, a.dec_carve);
-        carved = kern;
-    }
     cudaLaunchKernelEx(&cfg, kern, a);
 }
 

@@ -46,8 +46,7 @@ __device__ __forceinline__ unsigned long long g3_now(void) {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
 }
-__device__ __forceinline__ void g3_stamp_put(int tag, unsigned long long t0, unsigned long long t1,
-                                             unsigned long long t3 = 0) {
+__device__ __forceinline__ void g3_stamp_put(int tag, unsigned long long t0, unsigned long long t1) {
     __syncthreads();
     if (threadIdx.x == 0) {
         unsigned long long t2 = g3_now();
@@ -55,7 +54,7 @@ __device__ __forceinline__ void g3_stamp_put(int tag, unsigned long long t0, uns
         asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
         if (i < g3s_cap) {
             cu_g3_stamp *e = g3s_buf + i;
-            e->t[0] = t0, e->t[1] = t1, e->t[2] = t2, e->t[3] = t3;
+            e->t[0] = t0, e->t[1] = t1, e->t[2] = t2;
             e->sm = sm, e->tag = (unsigned)tag, e->block = blockIdx.x + blockIdx.y * gridDim.x;
             e->grid = gridDim.x * gridDim.y;
         }
@@ -212,113 +211,6 @@ __global__ void __launch_bounds__(W * 32, VAR & 8 ? 40 / W : (MR == 1 ? 3 : 2) *
     if (tag >= 0) g3_stamp_put(tag, ts0, ts1);
 }
 
-/* ---- the staged form (CINFER_CUDA_GEMV_STAGE, cu_set_gemv_stage): out_proj's weights on chip before its
- * PDL wait ----
- * After the DeltaNet / attention decode kernel (latency-bound: DRAM idles while it runs) the register form's
- * blocks can hold only their first chunks before the wait. Here a grid of at most one or two blocks an SM
- * copies its whole slab of RB rows into shared memory (one bulk copy and one mbarrier a row) before the wait,
- * so the weights stream while the kernel before still runs; after it each warp takes (row, split) tasks from
- * shared memory. The sums are the register form's: lane l of split s adds chunks s, s + KS, ... of 256 in
- * chunk order (8 products each, element k then k + 1 of every word), the warp's butterfly, then the KS
- * partials in split order, added to y; only where the weights come from changes. One row of x, no norm, the
- * residual epilogue (out_proj) only. */
-#define G3S_WARPS 16
-
-__device__ __forceinline__ unsigned g3_smem_addr(const void *p) {
-    return (unsigned)__cvta_generic_to_shared(p);
-}
-/* mbarrier try_wait on phase 0: 1 once the row's bytes have all landed */
-__device__ __forceinline__ int g3_mb_done(unsigned bar) {
-    unsigned ok = 1;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n\t"
-                 "selp.u32 %0, 1, 0, p;\n\t}"
-                 : "=r"(ok)
-                 : "r"(bar)
-                 : "memory");
-#endif
-    return (int)ok;
-}
-
-template <bool ST>
-__global__ void __launch_bounds__(G3S_WARPS * 32, 1)
-    gemv3_stage_kernel(float *__restrict__ y, const float *__restrict__ x, const uint16_t *__restrict__ w,
-                       int N, int K, int KS, int RB, const void *nx, size_t nx_bytes, int tag) {
-    extern __shared__ __align__(128) unsigned char g3s_smem[];
-    const unsigned long long ts0 = ST ? g3_now() : 0;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int j0 = blockIdx.x * RB, nr = N - j0 < RB ? N - j0 : RB, nch = (K + 255) >> 8;
-    const size_t rowb = (size_t)K * 2; /* a multiple of 16: K % 8 == 0 */
-    uint16_t *ws = reinterpret_cast<uint16_t *>(g3s_smem);
-    unsigned long long *mb = reinterpret_cast<unsigned long long *>(g3s_smem + (size_t)RB * rowb);
-    float *part = reinterpret_cast<float *>(mb + RB); /* [RB][KS] the splits' sums */
-    __shared__ unsigned long long tsd_sm[1];          /* ST: when the block's last row landed */
-    /* the weights depend on nothing before this kernel: lane r of warp 0 requests row r (r + 32, ...) */
-    if (warp == 0)
-        for (int r = lane; r < nr; r += 32) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-            unsigned bar = g3_smem_addr(mb + r), dst = g3_smem_addr(ws + (size_t)r * K);
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
-            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
-                         "r"((unsigned)rowb)
-                         : "memory");
-            asm volatile(
-                "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
-                    "r"(dst),
-                "l"(w + (size_t)(j0 + r) * K), "r"((unsigned)rowb), "r"(bar)
-                : "memory");
-#endif
-        }
-    /* the next GEMV's head into L2 (CINFER_CUDA_L2PF_NEXT, as the register form's second half does after its
-     * loads): here too while the kernel before runs, after this block's own rows were requested */
-    if (nx && threadIdx.x == 0 && blockIdx.x >= gridDim.x / 2)
-        l2_prefetch_part(nx, nx_bytes, blockIdx.x - gridDim.x / 2, gridDim.x - gridDim.x / 2);
-    __syncthreads();                                /* the mbarriers initialised before anyone polls them */
-    if (ST && warp == G3S_WARPS - 1 && lane == 0) { /* the stamps: when the last row landed (not waiting) */
-        for (int r = 0; r < nr; r++)
-            while (!g3_mb_done(g3_smem_addr(mb + r))) {
-            }
-        *tsd_sm = g3_now();
-    }
-    griddep_wait();
-    const unsigned long long ts1 = ST ? g3_now() : 0;
-    /* the kernel after (the FFN's gate_up) may place its blocks and request its first weights */
-    griddep_launch();
-    for (int t = warp; t < nr * KS; t += G3S_WARPS) {
-        const int r = t / KS, s = t % KS;
-        const unsigned bar = g3_smem_addr(mb + r);
-        while (!g3_mb_done(bar)) {
-        }
-        const uint16_t *wr = ws + (size_t)r * K;
-        float acc = 0.0f;
-        for (int c = s; c < nch; c += KS) {
-            int k = c * 256 + lane * 8;
-            if (k >= K) break;
-            const uint4 wv = *reinterpret_cast<const uint4 *>(wr + k);
-            const float4 *xp = reinterpret_cast<const float4 *>(x + k);
-            float4 a = __ldg(xp), b = __ldg(xp + 1);
-            const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-            const uint32_t p[4] = {wv.x, wv.y, wv.z, wv.w};
-#pragma unroll
-            for (int q = 0; q < 4; q++) {
-                acc = fmaf(__uint_as_float(p[q] << 16), xv[2 * q], acc);
-                acc = fmaf(__uint_as_float(p[q] & 0xffff0000u), xv[2 * q + 1], acc);
-            }
-        }
-        acc = warp_sum(acc);
-        if (lane == 0) part[t] = acc;
-    }
-    __syncthreads();
-    for (int r = threadIdx.x; r < nr; r += blockDim.x) {
-        float v = part[r * KS];
-        for (int q = 1; q < KS; q++) v += part[r * KS + q];
-        gf_store<EPI_ADD>(y + j0 + r, v, 0.0f);
-    }
-    if (ST && tag >= 0) g3_stamp_put(tag, ts0, ts1, *tsd_sm);
-}
-
 /* ---- configuration ---- */
 
 /* the next launch's tag for the stamps (diagnostics), -1 off; while paused launches take no tag */
@@ -374,9 +266,6 @@ extern "C" int cu_gemv3_stamp_tag(void) {
 }
 extern "C" void cu_gemv3_stamps_pause(int on) {
     g_stamp_pause = on;
-}
-static int g3_next_tag(void) {
-    return g_stamp_tag >= 0 && !g_stamp_pause ? g_stamp_tag++ : -1;
 }
 
 static int g_ks = 0, g_nr = 0, g_u = 0, g_var = -1; /* 0 / -1: automatic (cu_set_gemv3_config) */
@@ -443,7 +332,7 @@ static void g3_launch(cu_ctx *c, float *y, const float *x, const uint16_t *w, in
     int per_block = W / KS * NR;
     dim3 grid(cdiv((size_t)N, (size_t)per_block), (unsigned)tiles);
     cu_launch_gemv(c, gemv3_kernel<MR, NR, U, NORM, EPI, VAR>, grid, dim3(W * 32), y, x, w, N, K, KS, g, eps,
-                   c->gemv_next, c->gemv_next_bytes, g3_next_tag());
+                   c->gemv_next, c->gemv_next_bytes, g_stamp_tag >= 0 && !g_stamp_pause ? g_stamp_tag++ : -1);
 }
 
 template <int VAR, bool NORM, int EPI>
@@ -547,79 +436,12 @@ extern "C" void cu_set_gemv_next(cu_ctx *c, const void *w, size_t bytes) {
     c->gemv_next_bytes = bytes & ~(size_t)15;
 }
 
-/* shared memory of the staged form's block of RB rows of K (weights, mbarriers, the splits' sums) */
-static size_t g3s_bytes(int RB, int K, int KS) {
-    return (size_t)RB * K * 2 + (size_t)RB * 8 + (size_t)RB * KS * 4;
-}
-static int g3s_optin(void) {
-    static int optin = -1;
-    if (optin < 0) {
-        int dev = 0, v = 0;
-        optin =
-            cudaGetDevice(&dev) == cudaSuccess &&
-                    cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess
-                ? v
-                : 0;
-        /* the limit less 1 KB: the stamps instantiation's static shared memory counts against it too (the
-         * whole opt-in was refused in the H200 call 3 of session 10, so the form never ran there) */
-        if (optin > 1024 &&
-            (cudaFuncSetAttribute(gemv3_stage_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  optin - 1024) != cudaSuccess ||
-             cudaFuncSetAttribute(gemv3_stage_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  optin - 1024) != cudaSuccess ||
-             cudaFuncSetAttribute(gemv3_stage_kernel<false>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                  100) != cudaSuccess ||
-             cudaFuncSetAttribute(gemv3_stage_kernel<true>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                  100) != cudaSuccess))
-            optin = 0;
-        cudaGetLastError(); /* a refusal is an answer, not a sticky error */
-    }
-    return optin;
-}
-
-/* rows a block of the staged form takes for an N x K matrix: rows (> 0) as asked, else the fewest that keep
- * the grid within one block an SM; 0 where that block's shared memory does not fit */
-extern "C" int cu_gemv_stage_rows(int N, int K, int rows) {
-    if (N <= 0 || K <= 0 || (K & 7)) return 0;
-    int RB = rows;
-    if (RB <= 0) {
-        int dev = 0, nsm = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess ||
-            cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || nsm <= 0)
-            return 0;
-        RB = (N + nsm - 1) / nsm;
-    }
-    int optin = g3s_optin();
-    return optin > 1024 && g3s_bytes(RB, K, cu_gemv3_splits(N, K)) <= (size_t)optin - 1024 ? RB : 0;
-}
-
-extern "C" void cu_set_gemv_stage(cu_ctx *c, int rows) {
-    c->gemv_stage_rows = rows > 0 || rows == -4 || rows == -8 ? rows : 0;
-}
-
 extern "C" int cu_gemv_fused(cu_ctx *c, float *y, const float *x, const uint16_t *w, int M, int N, int K,
                              const float *norm_w, float eps, int epi) {
     if ((K & 7) || (norm_w && epi == CU_EPI_ADD) || (!norm_w && epi == CU_EPI_SWIGLU)) return -1;
     if (M <= 0 || N <= 0) return 0;
     if (cu_skinny_takes(c, M, K)) return cu_skinny(c, y, x, w, M, N, K, norm_w, eps, epi); /* gemm_mma.cu */
     int KS = cu_gemv3_splits(epi == CU_EPI_SWIGLU ? 2 * N : N, K);
-    int RB = c->gemv_stage_rows;
-    if (RB > 0 && M == 1 && !norm_w && epi == CU_EPI_ADD &&
-        g3s_bytes(RB, K, KS) + 1024 <= (size_t)g3s_optin()) {
-        int tag = g3_next_tag();
-        cu_launch_pdl_smem(c, cu_pdl_on() >= 1 && (cu_pdl_mask() & PDL_GEMV),
-                           g_stamp_tag >= 0 ? gemv3_stage_kernel<true> : gemv3_stage_kernel<false>,
-                           dim3(cdiv((size_t)N, (size_t)RB)), dim3(G3S_WARPS * 32), g3s_bytes(RB, K, KS), y,
-                           x, w, N, K, KS, RB, c->gemv_next, c->gemv_next_bytes, tag);
-        return 0;
-    }
-    if (RB < 0 && M == 1 && !norm_w && epi == CU_EPI_ADD) { /* -U: the register form, U chunks a warp early */
-        if (RB == -8)
-            g3_launch<1, 1, 8, false, EPI_ADD, 0>(c, y, x, w, 1, N, K, KS, NULL, eps);
-        else
-            g3_launch<1, 1, 4, false, EPI_ADD, 0>(c, y, x, w, 1, N, K, KS, NULL, eps);
-        return 0;
-    }
     if (norm_w && epi == CU_EPI_SWIGLU)
         g3_rows<true, EPI_SWIGLU>(c, y, x, w, M, N, K, KS, norm_w, eps);
     else if (norm_w)
