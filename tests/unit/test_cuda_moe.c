@@ -900,11 +900,15 @@ static void forms_case(const char *name, int T, int H, int E, int k, int I, int 
     float *ra = NULL, *ry = NULL, *ry2 = NULL;
     uint16_t *ras = NULL;
     size_t nas = passes == 1 ? nsi : 2 * nsi; /* fast writes the hi rows alone */
-    for (int form = 0;; form++) {
+    for (int form = 0, hints = 0;; form++) {
         int fg, fd;
         cu_set_moe_form(form, form);
         cu_moe_form(&fg, &fd);
-        if (fg != form) break;
+        if (fg != form) { /* past the last form: the L2 hints (+ 16) on two of them, then done */
+            if (hints == 2) break;
+            form = hints++ ? 16 + 9 : 16 + 2;
+            cu_set_moe_form(form, form);
+        }
         cu_fill_f32(c, d_a, nsi, NAN);
         cu_fill_f32(c, d_y, nsh, NAN);
         cu_fill_f32(c, d_y2, nsh, NAN);
@@ -985,8 +989,16 @@ TEST(cuda_moe_prefill_speed) {
     for (int passes = 2; passes >= 1; passes--) { /* exact's hi + lo, then precision fast's one pass */
         cu_set_bf16_passes(c, passes);
         double fl_gu = 2.0 * passes * S * 2.0 * I * H, fl_dn = 2.0 * passes * S * (double)H * I; /* all passes */
-        /* every block form (cu_set_moe_form; 0 first, then until one is out of range) */
-        for (int form = 0;; form++) {
+        /* the block forms of CINFER_TEST_MOE_FORMS (a comma list), else every one (cu_set_moe_form; 0 first,
+         * then until one is out of range) */
+        const char *fl = getenv("CINFER_TEST_MOE_FORMS");
+        for (int form = 0, fi = 0;; form++, fi++) {
+            if (fl) {
+                const char *q = fl;
+                for (int j = 0; j < fi && q; j++) q = strchr(q, ','), q = q ? q + 1 : NULL;
+                if (!q || !*q) break;
+                form = atoi(q);
+            }
             int fg, fd;
             cu_set_moe_form(form, form);
             cu_moe_form(&fg, &fd);

@@ -237,24 +237,25 @@ __global__ void __launch_bounds__(MG_THREADS, BW > 128 ? 2 : 3) /* 2 or 3 blocks
  * of one expert (BM = 64 R slots: the weight tile streamed once for all of them; the grid still counts 64-slot
  * tiles and the blocks of a tile that is not the first of its group of R leave at once) by BW weight rows (OUT
  * >= 1: BW / 2 gate rows and the matching up rows). 8 warps: WM along the slots x 8 / WM along the weight
- * rows, each an (BM / WM) x (BW / (8 / WM)) tile of MT x NT mma tiles; the m-tiles past the expert's last slot
+ * rows, each MT 16-row tiles (every WM-th) x NT 8-column tiles; the m-tiles past the expert's last slot
  * are skipped (the warp's branch is uniform: a short tile costs the MMAs of its own rows only). ST stages of
  * BK columns of K filled by cp.async, one barrier a step; slot rows past the last slot are never loaded (their
  * rows of the product are never written), columns past K are zero-filled. */
-__device__ __forceinline__ void cp16_cond(void *smem, const void *gmem, bool valid) {
+__device__ __forceinline__ void cp16_pol(void *smem, const void *gmem, bool valid, uint64_t pol) {
     unsigned a = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(a), "l"(gmem), "r"(valid ? 16 : 0));
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;" ::"r"(a), "l"(gmem),
+                 "r"(valid ? 16 : 0), "l"(pol));
 }
 template <int N> __device__ __forceinline__ void cp_wait_n(void) { /* all but the newest N groups complete */
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
-template <int OUT, int NX, int R, int BW, int WM, int BK, int ST, int MINB>
+template <int OUT, int NX, int R, int BW, int WM, int BK, int ST, int MINB, int FP>
 __global__ void __launch_bounds__(MG_THREADS, MINB)
     mg2_kernel(float *__restrict__ y, uint16_t *__restrict__ ys, size_t ystride, int ldy,
                const uint16_t *__restrict__ xs, size_t xstride, int div, const uint16_t *__restrict__ w,
                size_t w_expert, int up_off, const int *__restrict__ grp, const int *__restrict__ tile_off, int E,
-               int N, int K) {
+               int N, int K, int hint) {
     constexpr int BM = 64 * R, WN = 8 / WM, TM = BM / WM, MT = TM / 16, TN = BW / WN, NT = TN / 8;
     constexpr int LD = BK + 8; /* shared row stride (80 or 144 bytes): ldmatrix rows conflict-free */
     constexpr int CPR = BK / 8, RPP = MG_THREADS / CPR, XP = BM / RPP, WP = BW / RPP;
@@ -294,7 +295,9 @@ __global__ void __launch_bounds__(MG_THREADS, MINB)
         wrow[h] = n < N ? (up ? up_off : 0) + n : -1;
     }
     const int wm = warp % WM, wn = warp / WM, g = lane >> 2, tq = lane & 3;
-    const int mv = min(MT, max(0, (cnt - wm * TM + 15) / 16)); /* the warp's m-tiles holding slots */
+    /* the warp's m-tile i is the block's 16-row tile i WM + wm (interleaved: a short tile's rows spread over
+     * every warp and so every SM sub-partition); mv of them hold slots */
+    const int mv = min(MT, max(0, ((cnt + 15) / 16 - wm + WM - 1) / WM));
     float acc[MT][NT][4];
 #pragma unroll
     for (int i = 0; i < MT; i++)
@@ -307,30 +310,63 @@ __global__ void __launch_bounds__(MG_THREADS, MINB)
     for (int s = 0; s < NT; s++)
         wbase[s] = OUT ? (s < NT / 2 ? wn * (TN / 2) + s * 8 : BW / 2 + wn * (TN / 2) + (s - NT / 2) * 8)
                        : wn * TN + s * 8;
+    /* the fragments of one 16 of K: B for every n-tile, A for every split and held m-tile */
+    auto frags = [&](const uint16_t *sx, const uint16_t *sw, int kk, uint32_t(&b)[NT][2],
+                     uint32_t(&a)[NX][MT][4]) {
+#pragma unroll
+        for (int sp = 0; sp < NT / 2; sp++) {
+            uint32_t r[4];
+            int wr = (lane >> 4) ? wbase[2 * sp + 1] : wbase[2 * sp];
+            ldsm_x4(r, sw + (wr + (lane & 7)) * LD + kk + ((lane >> 3) & 1) * 8);
+            b[2 * sp][0] = r[0], b[2 * sp][1] = r[1], b[2 * sp + 1][0] = r[2], b[2 * sp + 1][1] = r[3];
+        }
+#pragma unroll
+        for (int half = 0; half < NX; half++)
+#pragma unroll
+            for (int i = 0; i < MT; i++)
+                if (i < mv)
+                    ldsm_x4(a[half][i], sx + half * SX + ((i * WM + wm) * 16 + (lane & 15)) * LD + kk +
+                                            (lane >> 4) * 8);
+    };
+    auto mmas = [&](const uint32_t(&b)[NT][2], const uint32_t(&a)[NX][MT][4]) {
+#pragma unroll
+        for (int half = NX - 1; half >= 0; half--)
+#pragma unroll
+            for (int i = 0; i < MT; i++) {
+                if (i >= mv) break;
+#pragma unroll
+                for (int s = 0; s < NT; s++) mma_bf16(acc[i][s], a[half][i], b[s][0], b[s][1]);
+            }
+    };
     auto compute = [&](int st) {
         const uint16_t *sx = mg_smem + st * SS, *sw = sx + NX * SX;
+        if (FP) { /* the next 16 of K's fragments loaded before this one's MMAs (asm volatile keeps order) */
+            uint32_t b[2][NT][2], a[2][NX][MT][4];
+            frags(sx, sw, 0, b[0], a[0]);
 #pragma unroll
-        for (int kk = 0; kk < BK; kk += 16) {
-            uint32_t b[NT][2];
-#pragma unroll
-            for (int sp = 0; sp < NT / 2; sp++) {
-                uint32_t r[4];
-                int wr = (lane >> 4) ? wbase[2 * sp + 1] : wbase[2 * sp];
-                ldsm_x4(r, sw + (wr + (lane & 7)) * LD + kk + ((lane >> 3) & 1) * 8);
-                b[2 * sp][0] = r[0], b[2 * sp][1] = r[1], b[2 * sp + 1][0] = r[2], b[2 * sp + 1][1] = r[3];
+            for (int j = 0; j < BK / 16; j++) {
+                if (j + 1 < BK / 16) frags(sx, sw, (j + 1) * 16, b[(j + 1) & 1], a[(j + 1) & 1]);
+                mmas(b[j & 1], a[j & 1]);
             }
+        } else {
 #pragma unroll
-            for (int half = NX - 1; half >= 0; half--)
-#pragma unroll
-                for (int i = 0; i < MT; i++) {
-                    if (i >= mv) break;
-                    uint32_t a[4];
-                    ldsm_x4(a, sx + half * SX + (wm * TM + i * 16 + (lane & 15)) * LD + kk + (lane >> 4) * 8);
-#pragma unroll
-                    for (int s = 0; s < NT; s++) mma_bf16(acc[i][s], a, b[s][0], b[s][1]);
-                }
+            for (int kk = 0; kk < BK; kk += 16) {
+                uint32_t b[NT][2], a[NX][MT][4];
+                frags(sx, sw, kk, b, a);
+                mmas(b, a);
+            }
         }
     };
+    /* L2: the weights streamed once (evict first), the activation rows read by every column block (evict
+     * last); hint 0: the default policy for both */
+    uint64_t wpol, xpol;
+    if (hint) {
+        asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(wpol));
+        asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(xpol));
+    } else {
+        asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(wpol));
+        xpol = wpol;
+    }
     auto issue = [&](int st, int k0) {
         uint16_t *sx = mg_smem + st * SS, *sw = sx + NX * SX;
         int k = k0 + lk;
@@ -340,12 +376,12 @@ __global__ void __launch_bounds__(MG_THREADS, MINB)
             if (xrow[j] >= 0)
 #pragma unroll
                 for (int i = 0; i < NX; i++)
-                    cp16_cond(sx + i * SX + (lrow + RPP * j) * LD + lk,
-                              in ? xs + i * xstride + (size_t)xrow[j] * K + k : w, in);
+                    cp16_pol(sx + i * SX + (lrow + RPP * j) * LD + lk,
+                             in ? xs + i * xstride + (size_t)xrow[j] * K + k : w, in, xpol);
 #pragma unroll
         for (int h = 0; h < WP; h++)
             if (wrow[h] >= 0)
-                cp16_cond(sw + (lrow + RPP * h) * LD + lk, in ? we + (size_t)wrow[h] * K + k : w, in);
+                cp16_pol(sw + (lrow + RPP * h) * LD + lk, in ? we + (size_t)wrow[h] * K + k : w, in, wpol);
     };
     const int nk = (K + BK - 1) / BK;
 #pragma unroll
@@ -366,7 +402,7 @@ __global__ void __launch_bounds__(MG_THREADS, MINB)
     for (int i = 0; i < MT; i++)
 #pragma unroll
         for (int hr = 0; hr < 2; hr++) {
-            int row = wm * TM + i * 16 + g + 8 * hr;
+            int row = (i * WM + wm) * 16 + g + 8 * hr;
             if (row >= cnt) continue;
             size_t yo = (size_t)perm[p0 + row] * ldy;
 #pragma unroll
@@ -454,10 +490,11 @@ template <MG_TP> static void mg_launch(cu_ctx *c, const mg_args &a) {
         a.y, a.ys, a.ystride, a.ldy, a.xs, a.xstride, a.div, a.w, a.w_expert, a.up_off, a.grp, a.tile_off,
         a.E, a.M, a.N, a.K);
 }
+static int g_form_gu, g_form_dn, g_form_hint;
 /* the session-10 forms (mg2_kernel): R 64-slot tiles x BW weight rows a block, WM warps along the slots, BK,
  * ST stages, MINB blocks an SM at least (the registers' bound) */
-#define MG2_TP int OUT, int NX, int R, int BW, int WM, int BK, int ST, int MINB
-#define MG2_TA OUT, NX, R, BW, WM, BK, ST, MINB
+#define MG2_TP int OUT, int NX, int R, int BW, int WM, int BK, int ST, int MINB, int FP
+#define MG2_TA OUT, NX, R, BW, WM, BK, ST, MINB, FP
 template <MG2_TP> static size_t mg2_smem_bytes(void) {
     return (size_t)ST * (NX * 64 * R + BW) * (BK + 8) * sizeof(uint16_t);
 }
@@ -474,27 +511,33 @@ template <MG2_TP> static void mg2_launch(cu_ctx *c, const mg_args &a) {
     dim3 grid(a.tiles, cdiv((size_t)a.N, OUT ? BW / 2 : BW));
     mg2_kernel<MG2_TA><<<grid, MG_THREADS, mg2_smem_bytes<MG2_TA>(), c->stream>>>(
         a.y, a.ys, a.ystride, a.ldy, a.xs, a.xstride, a.div, a.w, a.w_expert, a.up_off, a.grp, a.tile_off, a.E,
-        a.N, a.K);
+        a.N, a.K, g_form_hint);
 }
-#define MG2_FORMS 6 /* forms 1 .. 5 (0: moe_gemm_kernel) */
+#define MG2_FORMS 10 /* forms 1 .. 9 (0: moe_gemm_kernel) */
 template <int OUT, int NX> static void mg2_form(int form, cu_ctx *c, const mg_args &a) {
     switch (form) {
-    case 1: mg2_launch<OUT, NX, 2, 256, 2, 32, 4, 1>(c, a); break; /* warps of 64 x 64 */
-    case 2: mg2_launch<OUT, NX, 2, 256, 2, 64, 3, 1>(c, a); break;
-    case 3: mg2_launch<OUT, NX, 2, 128, 2, 32, 4, 2>(c, a); break; /* 64 x 32 */
-    case 4: mg2_launch<OUT, NX, 3, 128, 2, 32, 4, 1>(c, a); break; /* 96 x 32, 192 slots a block */
-    case 5: mg2_launch<OUT, NX, 1, 256, 1, 32, 4, 2>(c, a); break; /* 64 x 32, 64 slots a block */
+    case 1: mg2_launch<OUT, NX, 2, 256, 2, 32, 4, 1, 0>(c, a); break; /* warps of 64 x 64 */
+    case 2: mg2_launch<OUT, NX, 2, 256, 2, 64, 3, 1, 0>(c, a); break;
+    case 3: mg2_launch<OUT, NX, 2, 128, 2, 32, 4, 2, 0>(c, a); break; /* 64 x 32 */
+    case 4: mg2_launch<OUT, NX, 3, 128, 2, 32, 4, 1, 0>(c, a); break; /* 96 x 32, 192 slots a block */
+    case 5: mg2_launch<OUT, NX, 1, 256, 1, 32, 4, 2, 0>(c, a); break; /* 64 x 32, 64 slots a block */
+    case 6: mg2_launch<OUT, NX, 2, 256, 2, 64, NX == 1 ? 4 : 3, 1, 0>(c, a); break; /* 2's, 4 stages in fast */
+    case 7: mg2_launch<OUT, NX, 2, 128, 2, 64, 3, 2, 0>(c, a); break; /* 3's in steps of 64 of K */
+    case 8: mg2_launch<OUT, NX, 2, 256, 2, 64, 3, 1, 1>(c, a); break; /* 2 + fragments loaded ahead */
+    case 9: mg2_launch<OUT, NX, 2, 256, 2, 64, NX == 1 ? 4 : 3, 1, 1>(c, a); break; /* 6 + the same */
     default: break;
     }
 }
-/* cu_set_moe_form: the form of the gate_up (OUT 1, 2) and of the down (OUT 0) GEMMs */
-static int g_form_gu, g_form_dn;
+/* cu_set_moe_form: the form of the gate_up (OUT 1, 2) and of the down (OUT 0) GEMMs, + 16: L2 hints */
 extern "C" void cu_set_moe_form(int gate_up, int down) {
+    int h = (gate_up | down) & 16;
+    gate_up &= 15, down &= 15;
     g_form_gu = gate_up >= 0 && gate_up < MG2_FORMS ? gate_up : 0;
     g_form_dn = down >= 0 && down < MG2_FORMS ? down : 0;
+    g_form_hint = h && (g_form_gu || g_form_dn);
 }
 extern "C" void cu_moe_form(int *gate_up, int *down) {
-    *gate_up = g_form_gu, *down = g_form_dn;
+    *gate_up = g_form_gu | (g_form_hint ? 16 : 0), *down = g_form_dn | (g_form_hint ? 16 : 0);
 }
 
 /* the grouped form g_moe_pf and cu_set_moe_form pick (c NULL: only the shared-memory limits set). Precision
