@@ -1299,7 +1299,8 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     if (m->cfg.n_experts > 0) cu_moe_gemm_prepare();
     if (mpf) fprintf(stderr, "cinfer cuda: CINFER_CUDA_MOE_PF=%d\n", f->moe_pf);
     /* CINFER_CUDA_MOE_FORM=g,d: the block forms of the grouped gate_up and down GEMMs (cu_set_moe_form: 0 the
-     * 64-slot tiles, 1 .. 7 bigger tiles and deeper pipelines, every one the same bits; being measured) */
+     * 64-slot tiles, 1 .. 9 bigger tiles and deeper pipelines, + 16 L2 hints, + 32 column blocks fastest;
+     * every one the same bits; being measured) */
     const char *mfm = getenv("CINFER_CUDA_MOE_FORM");
     if (mfm) {
         const char *comma = strchr(mfm, ',');

@@ -900,14 +900,21 @@ static void forms_case(const char *name, int T, int H, int E, int k, int I, int 
     float *ra = NULL, *ry = NULL, *ry2 = NULL;
     uint16_t *ras = NULL;
     size_t nas = passes == 1 ? nsi : 2 * nsi; /* fast writes the hi rows alone */
-    for (int form = 0, hints = 0;; form++) {
+    /* every form, 0 first, until one is out of range; then the flags (+ 16 L2 hints, + 32 column blocks
+     * fastest) on some */
+    static const int extra[] = {16 + 2, 32 + 9, 48 + 9, 48 + 2};
+    for (int form = 0, xi = -1;; form++) {
         int fg, fd;
+        if (xi >= 0) {
+            if (xi == (int)(sizeof extra / sizeof extra[0])) break;
+            form = extra[xi++];
+        }
         cu_set_moe_form(form, form);
         cu_moe_form(&fg, &fd);
-        if (fg != form) { /* past the last form: the L2 hints (+ 16) on two of them, then done */
-            if (hints == 2) break;
-            form = hints++ ? 16 + 9 : 16 + 2;
-            cu_set_moe_form(form, form);
+        if (fg != form) {
+            CHECK_MSG(xi < 0, "%s: form %d refused", name, form);
+            xi = 0, form--;
+            continue;
         }
         cu_fill_f32(c, d_a, nsi, NAN);
         cu_fill_f32(c, d_y, nsh, NAN);

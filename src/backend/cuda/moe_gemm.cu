@@ -255,7 +255,7 @@ __global__ void __launch_bounds__(MG_THREADS, MINB)
     mg2_kernel(float *__restrict__ y, uint16_t *__restrict__ ys, size_t ystride, int ldy,
                const uint16_t *__restrict__ xs, size_t xstride, int div, const uint16_t *__restrict__ w,
                size_t w_expert, int up_off, const int *__restrict__ grp, const int *__restrict__ tile_off, int E,
-               int N, int K, int hint) {
+               int N, int K, int flags) {
     constexpr int BM = 64 * R, WN = 8 / WM, TM = BM / WM, MT = TM / 16, TN = BW / WN, NT = TN / 8;
     constexpr int LD = BK + 8; /* shared row stride (80 or 144 bytes): ldmatrix rows conflict-free */
     constexpr int CPR = BK / 8, RPP = MG_THREADS / CPR, XP = BM / RPP, WP = BW / RPP;
@@ -264,7 +264,10 @@ __global__ void __launch_bounds__(MG_THREADS, MINB)
     extern __shared__ __align__(16) uint16_t mg_smem[];
     /* stage st: NX slot tiles [BM][LD] then the weight tile [BW][LD] */
     constexpr int SX = BM * LD, SS = NX * SX + BW * LD;
-    const int t = blockIdx.x, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    /* flags 1: L2 hints; 2: the column blocks fastest in the grid (x; the slot tiles along y), so the blocks
+     * that read one tile's activation rows run together and find them in L2 */
+    const int nfast = flags & 2, t = nfast ? blockIdx.y : blockIdx.x, nb = nfast ? blockIdx.x : blockIdx.y;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     if (t >= tile_off[E]) return;
     int lo = 0, hi = E; /* the largest e with tile_off[e] <= t */
     while (hi - lo > 1) {
@@ -279,7 +282,7 @@ __global__ void __launch_bounds__(MG_THREADS, MINB)
     const int p0 = grp[e] + lt * 64, cnt = min(BM, grp[e + 1] - p0);
     const int *perm = grp + E + 1;
     const uint16_t *we = w + (size_t)e * w_expert;
-    const int ncols = OUT ? BW / 2 : BW, n0 = blockIdx.y * ncols;
+    const int ncols = OUT ? BW / 2 : BW, n0 = nb * ncols;
     const int lrow = tid / CPR, lk = (tid % CPR) * 8;
     int xrow[XP], wrow[WP];
 #pragma unroll
@@ -360,7 +363,7 @@ __global__ void __launch_bounds__(MG_THREADS, MINB)
     /* L2: the weights streamed once (evict first), the activation rows read by every column block (evict
      * last); hint 0: the default policy for both */
     uint64_t wpol, xpol;
-    if (hint) {
+    if (flags & 1) {
         asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(wpol));
         asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(xpol));
     } else {
@@ -490,7 +493,7 @@ template <MG_TP> static void mg_launch(cu_ctx *c, const mg_args &a) {
         a.y, a.ys, a.ystride, a.ldy, a.xs, a.xstride, a.div, a.w, a.w_expert, a.up_off, a.grp, a.tile_off,
         a.E, a.M, a.N, a.K);
 }
-static int g_form_gu, g_form_dn, g_form_hint;
+static int g_form_gu, g_form_dn, g_form_flags; /* flags: mg2_kernel's (1 L2 hints, 2 column blocks fastest) */
 /* the session-10 forms (mg2_kernel): R 64-slot tiles x BW weight rows a block, WM warps along the slots, BK,
  * ST stages, MINB blocks an SM at least (the registers' bound) */
 #define MG2_TP int OUT, int NX, int R, int BW, int WM, int BK, int ST, int MINB, int FP
@@ -508,10 +511,11 @@ template <MG2_TP> static void mg2_attr(void) {
 template <MG2_TP> static void mg2_launch(cu_ctx *c, const mg_args &a) {
     mg2_attr<MG2_TA>();
     if (!c) return;
-    dim3 grid(a.tiles, cdiv((size_t)a.N, OUT ? BW / 2 : BW));
+    unsigned nb = cdiv((size_t)a.N, OUT ? BW / 2 : BW);
+    dim3 grid = g_form_flags & 2 ? dim3(nb, a.tiles) : dim3(a.tiles, nb);
     mg2_kernel<MG2_TA><<<grid, MG_THREADS, mg2_smem_bytes<MG2_TA>(), c->stream>>>(
         a.y, a.ys, a.ystride, a.ldy, a.xs, a.xstride, a.div, a.w, a.w_expert, a.up_off, a.grp, a.tile_off, a.E,
-        a.N, a.K, g_form_hint);
+        a.N, a.K, g_form_flags);
 }
 #define MG2_FORMS 10 /* forms 1 .. 9 (0: moe_gemm_kernel) */
 template <int OUT, int NX> static void mg2_form(int form, cu_ctx *c, const mg_args &a) {
@@ -528,16 +532,18 @@ template <int OUT, int NX> static void mg2_form(int form, cu_ctx *c, const mg_ar
     default: break;
     }
 }
-/* cu_set_moe_form: the form of the gate_up (OUT 1, 2) and of the down (OUT 0) GEMMs, + 16: L2 hints */
+/* cu_set_moe_form: the form of the gate_up (OUT 1, 2) and of the down (OUT 0) GEMMs, + 16: L2 hints, + 32:
+ * the column blocks fastest in the grid (both GEMMs; forms 1 .. only) */
 extern "C" void cu_set_moe_form(int gate_up, int down) {
-    int h = (gate_up | down) & 16;
+    int fl = ((gate_up | down) >> 4) & 3;
+    if (gate_up < 0 || down < 0) gate_up = down = 0, fl = 0;
     gate_up &= 15, down &= 15;
-    g_form_gu = gate_up >= 0 && gate_up < MG2_FORMS ? gate_up : 0;
-    g_form_dn = down >= 0 && down < MG2_FORMS ? down : 0;
-    g_form_hint = h && (g_form_gu || g_form_dn);
+    g_form_gu = gate_up < MG2_FORMS ? gate_up : 0;
+    g_form_dn = down < MG2_FORMS ? down : 0;
+    g_form_flags = g_form_gu || g_form_dn ? fl : 0;
 }
 extern "C" void cu_moe_form(int *gate_up, int *down) {
-    *gate_up = g_form_gu | (g_form_hint ? 16 : 0), *down = g_form_dn | (g_form_hint ? 16 : 0);
+    *gate_up = g_form_gu | g_form_flags << 4, *down = g_form_dn | g_form_flags << 4;
 }
 
 /* the grouped form g_moe_pf and cu_set_moe_form pick (c NULL: only the shared-memory limits set). Precision
