@@ -1227,11 +1227,13 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * since H200 call 4 of session 10 (every fast op test within 4.5e-3 of the CPU, 1e-2 the bound; one 4B
      * layer over 4096 rows 0.907 -> 0.579 ms, 27B heads 1.452 -> 0.797; 4B 4096 chunk 57,201 -> 63,708 tok/s
      * with the other fast defaults of that call); CINFER_CUDA_GDN_FAST=0 the exact form, =2 also the fused
-     * layer (cu_gdn_layer_fast: the conv, norms and gates inside the prep) for batches of prefills only (0.534
-     * ms a 4B layer in the op test, no gain in the bench's chunk: 16.08 vs 16.13 ms). Exact mode never takes
-     * either. */
+     * layer (cu_gdn_layer_fast: the conv, norms and gates inside the prep) for batches of prefills only
+     * (0.534 ms a 4B layer in the op test, no gain in the bench's chunk: 16.08 vs 16.13 ms). Exact mode never
+     * takes either. */
     const char *gfa = getenv("CINFER_CUDA_GDN_FAST");
     f->gdn_fast = !f->fast ? 0 : !gfa ? 1 : !strcmp(gfa, "0") ? 0 : !strcmp(gfa, "2") ? 2 : 1;
+    const char *gtr = getenv("CINFER_CUDA_GDN_FAST_TR"); /* its prep's inverse rounds on the tensor cores */
+    cu_gdn_fast_set_tr(gtr && !strcmp(gtr, "1"));
     /* decode MoE blocks (device_only) as three launches (router + selection, gate_up + SwiGLU, down + combine
      * + shared expert) instead of ~15, the same arithmetic (moe_fused.cu); the default since the H200 run of
      * 08:52 (35B-A3B batch 1 188.9 -> 233.6 tok/s, batch 8 721.5 -> 758.3, every test passing); "0": the

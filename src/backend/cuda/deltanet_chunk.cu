@@ -965,6 +965,24 @@ static __device__ __forceinline__ const uint16_t *fk_bt(const uint16_t *B, int l
     return B + (size_t)(n0 + (l & 7) + (l >> 4) * 8) * ld + k0 + ((l >> 3) & 1) * 8;
 }
 
+/* acc[n] (n < 2) += A[16][K] B[K][n*8 .. n*8 + 7], f32 in shared memory, one TF32 rounding (m16n8k8) */
+static __device__ __forceinline__ uint32_t fk_tf32(float x) {
+    uint32_t r;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+    return r;
+}
+static __device__ __forceinline__ void fk_tiles_tf32(float (&acc)[2][4], const float *A, int lda,
+                                                     const float *B, int ldb, int K, int g, int t) {
+    for (int k = 0; k < K; k += 8) {
+        uint32_t af[4] = {fk_tf32(A[g * lda + k + t]), fk_tf32(A[(g + 8) * lda + k + t]),
+                          fk_tf32(A[g * lda + k + t + 4]), fk_tf32(A[(g + 8) * lda + k + t + 4])};
+#pragma unroll
+        for (int n = 0; n < 2; n++)
+            ckm_mma(acc[n], af, fk_tf32(B[(k + t) * ldb + n * 8 + g]),
+                    fk_tf32(B[(k + t + 4) * ldb + n * 8 + g]));
+    }
+}
+
 /* the fused layer's front (cu_gdn_layer_fast, FUSED prep): for the chunk's rows, the causal conv (K = 4: the
  * three inputs before a row from the entry's earlier rows or the slot's window) and SiLU of the key head's q
  * and k channels and the value head's v channels, q and k l2-normalized (q scaled by dk^-1/2) as prep_kernel
@@ -1037,7 +1055,8 @@ static __device__ __forceinline__ void fk_conv(const cu_gdn_args &a, int e, int 
  * where bf16 operands missed it: 1.08e-2 in session 10's call 2), the masks, decays and T in f32, W = T
  * diag(beta e^gam) K and U = T diag(beta) V on the tensor cores from bf16 operands (V has no bounded range)
  */
-template <bool FUSED> __global__ void __launch_bounds__(256, FUSED ? 2 : 3) fk_prep_kernel(cu_gdn_args a) {
+template <bool FUSED, bool TR>
+__global__ void __launch_bounds__(256, FUSED ? 2 : 3) fk_prep_kernel(cu_gdn_args a) {
     extern __shared__ __align__(128) unsigned char fsp[];
     const int *tab = ck_table(a);
     int k = blockIdx.x, h = blockIdx.y;
@@ -1203,7 +1222,34 @@ template <bool FUSED> __global__ void __launch_bounds__(256, FUSED ? 2 : 3) fk_p
     }
     __syncthreads();
     CK_MARK(3);
-    for (int bi = 1; bi < 4; bi++) {
+    for (int bi = 1; bi < 4 && TR; bi++) { /* the same rounds on the tensor cores, one TF32 rounding (as FLA's
+                                              solve_tril's tl.dot; T is rounded to bf16 right after): warp j <
+                                              bi takes X_j, then T_{bi,j} */
+        if (warp < bi) {
+            float acc[2][4] = {};
+            fk_tiles_tf32(acc, Am + bi * 16 * CK_GLD + warp * 16, CK_GLD, Tm + warp * 16 * CK_GLD + warp * 16,
+                          CK_GLD, (bi - warp) * 16, g, t4);
+#pragma unroll
+            for (int n = 0; n < 2; n++)
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++)
+                    *(float2 *)(X + warp * 256 + (g + 8 * hh) * 16 + n * 8 + 2 * t4) =
+                        make_float2(acc[n][2 * hh], acc[n][2 * hh + 1]);
+        }
+        __syncthreads();
+        if (warp < bi) {
+            float acc[2][4] = {};
+            fk_tiles_tf32(acc, Tm + bi * 16 * CK_GLD + bi * 16, CK_GLD, X + warp * 256, 16, 16, g, t4);
+#pragma unroll
+            for (int n = 0; n < 2; n++)
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++)
+                    *(float2 *)(Tm + (bi * 16 + g + 8 * hh) * CK_GLD + warp * 16 + n * 8 + 2 * t4) =
+                        make_float2(-acc[n][2 * hh], -acc[n][2 * hh + 1]);
+        }
+        __syncthreads();
+    }
+    for (int bi = 1; bi < 4 && !TR; bi++) {
         for (int idx = tid; idx < bi * 256; idx += 256) {
             int bj = idx >> 8, rr2 = (idx >> 4) & 15, cc = idx & 15;
             float x = 0.0f;
@@ -1444,6 +1490,10 @@ template <int NB> __global__ void __launch_bounds__(256 * NB, 1) fk_pass_kernel(
 }
 static int g_fk_ok = 0;    /* cu_gdn_chunk_init: the fast kernels' shared memory fits and is set */
 static int g_fk_sms = 132; /* the device's SMs (cu_gdn_chunk_init) */
+static int g_fk_tr = 0;    /* the prep's inverse rounds on the tensor cores (CINFER_CUDA_GDN_FAST_TR=1) */
+extern "C" void cu_gdn_fast_set_tr(int on) {
+    g_fk_tr = on != 0;
+}
 static bool fk_serves(const cu_gdn_args *a) {
     return g_fk_ok && a->dk == FK_DK && a->dv % 32 == 0 && a->dv <= 128 && a->Hv % a->Hk == 0 &&
            fk_qk_off(a->dv) + FK_QKB <= ck_stride(a->dk, a->dv) * sizeof(float);
@@ -1501,8 +1551,10 @@ extern "C" int cu_gdn_chunk_init(int dk, int dv) {
     /* fast mode's kernels where they serve (dk 128; their shared memory does not depend on dv) */
     if (ok && dk == FK_DK && (size_t)FK_PASS_SMEM(1) <= (size_t)optin &&
         (size_t)FK_PASS_SMEM(2) <= (size_t)optin)
-        g_fk_ok = ck_attr(fk_prep_kernel<false>, FK_PREP_SMEM / sizeof(float)) &&
-                  ck_attr(fk_prep_kernel<true>, FK_PREP_SMEM / sizeof(float)) &&
+        g_fk_ok = ck_attr(fk_prep_kernel<false, false>, FK_PREP_SMEM / sizeof(float)) &&
+                  ck_attr(fk_prep_kernel<true, false>, FK_PREP_SMEM / sizeof(float)) &&
+                  ck_attr(fk_prep_kernel<false, true>, FK_PREP_SMEM / sizeof(float)) &&
+                  ck_attr(fk_prep_kernel<true, true>, FK_PREP_SMEM / sizeof(float)) &&
                   ck_attr(fk_pass_kernel<1>, FK_PASS_SMEM(1) / sizeof(float)) &&
                   ck_attr(fk_pass_kernel<2>, FK_PASS_SMEM(2) / sizeof(float));
     cudaDeviceGetAttribute(&g_fk_sms, cudaDevAttrMultiProcessorCount, dev);
@@ -1519,9 +1571,11 @@ static void fk_launch(cu_ctx *c, const cu_gdn_args *a, int parts, bool fused) {
     if (parts & 1) {
         ck_plan_kernel<<<1, 32, 0, c->stream>>>(*a);
         if (fused)
-            fk_prep_kernel<true><<<gp, 256, FK_PREP_SMEM, c->stream>>>(*a);
+            (g_fk_tr ? fk_prep_kernel<true, true>
+                     : fk_prep_kernel<true, false>)<<<gp, 256, FK_PREP_SMEM, c->stream>>>(*a);
         else
-            fk_prep_kernel<false><<<gp, 256, FK_PREP_SMEM, c->stream>>>(*a);
+            (g_fk_tr ? fk_prep_kernel<false, true>
+                     : fk_prep_kernel<false, false>)<<<gp, 256, FK_PREP_SMEM, c->stream>>>(*a);
         if (fused)
             fk_window_kernel<<<dim3(cdiv((size_t)a->C, 128), (unsigned)a->NE), 128, 0, c->stream>>>(*a);
     }
