@@ -609,7 +609,7 @@ template <int HD> __global__ void attn_kvf_kernel(cu_attn_args a) {
         const int kvh = i / HD, d = i % HD;
         __half *img = base + ((size_t)b * a.Hkv + kvh) * ff_img_halves<HD>();
         /* the 32 loads before any store (the image may alias the pool for the compiler: each load waited for
-         * the store before it, 34 us a 4B layer in H200 call 4's ncu) */
+         * the store before it): 34 -> 15 us a 4B layer at 4096 rows (ncu, H200 calls 4 and 5) */
         float kx[FA_KVB], vx[FA_KVB];
 #pragma unroll
         for (int j = 0; j < FA_KVB; j++) kx[j] = kp[(size_t)j * W + i], vx[j] = vp[(size_t)j * W + i];
@@ -644,8 +644,11 @@ __device__ __forceinline__ float ff_ex2(float x) { /* 2^x, flushing subnormal re
 
 /* log2(e) / sqrt(hd) is folded into Q before its rounding (scores come out in log2 units), the masked and
  * plain tiles' softmax run apart, P = ex2.approx.ftz, one reciprocal of l a row (H200 call 3, 4B layer at 4096
- * rows 0.828 -> 0.790 ms, 32k chunk 7.06 -> 6.71 ms). (A lazy maximum, moved only when a tile's exceeded it
- * by 2^8, so that O's rescale skips most tiles: no faster in call 4, 0.717 vs 0.720 ms; removed.) */
+ * rows 0.828 -> 0.790 ms, 32k chunk 7.06 -> 6.71 ms). Tried and removed: a lazy maximum, moved only when a
+ * tile's exceeded it by 2^8 so that O's rescale skips most tiles (call 4: 0.717 vs 0.720 ms); warp pairs
+ * sharing 32 rows, each S over half the keys and O over half the dims (~100 instead of 144 ldmatrix a warp a
+ * tile; call 5: 4B layer 0.725 vs 0.708 / 0.726 ms, 27B 1.07 vs 1.03, only the 32k chunk faster, 6.4 vs 6.7:
+ * the kernel waits on MMA and ldmatrix latencies with two warps a scheduler, not on shared-memory bandwidth) */
 template <int HD>
 __global__ void __launch_bounds__(256, 1) attn_ff_kernel(cu_attn_args a, int QH) {
     extern __shared__ __align__(16) float fsm[];
@@ -880,314 +883,10 @@ __global__ void __launch_bounds__(256, 1) attn_ff_kernel(cu_attn_args a, int QH)
     }
 }
 
-/* ---- the pair form (CINFER_CUDA_ATTN_FAST_V=3; an A/B of the H200 calls) ----
- * attn_ff_kernel is bound by shared-memory reads: every warp reads the whole K and V tile by ldmatrix for its
- * 16 rows (144 ldmatrix.x4 a warp a 64-key tile). Here two warps share 32 rows: each computes S for the 32
- * rows over its half of the tile's keys (K fragments serve two m-tiles: half the K reads, twice the Q reads),
- * the row maxima meet through shared memory, each writes its P for the other, and each computes O for the 32
- * rows over its half of the dims (V fragments serve two m-tiles: half the V reads): ~100 ldmatrix a warp a
- * tile, and two 64-thread barriers. Both warps take the same maxima and factors (the same inputs, the same
- * operations), so a row's O halves and partial sums l agree; rows still never see other rows' values. */
-__device__ __forceinline__ void ff_pair_bar(int id) {
-    asm volatile("bar.sync %0, 64;\n" ::"r"(id) : "memory");
-}
-#define FP_LP 40 /* halves per row of a warp's P in shared memory (32 keys + 8: ldmatrix rows apart) */
-template <int HD> constexpr size_t fp_smem_bytes() {
-    return ff_smem_bytes<HD>() + (size_t)4 * 2 * 32 * FP_LP * 2 + (size_t)4 * 2 * 32 * 4;
-}
-
-template <int HD> __global__ void __launch_bounds__(256, 1) attn_fp_kernel(cu_attn_args a, int QH) {
-    extern __shared__ __align__(16) float fsm[];
-    constexpr int LDQ = HD + 8, LK = HD + 8, KH = FA_KVB * LK, IMG = ff_img_halves<HD>();
-    constexpr int NB = FF_BN / FA_KVB, STG = NB * IMG, HO = HD / 16; /* HO: 8-dim n-tiles of a half */
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    const int G = a.Hq / a.Hkv, ngrp = G / QH, BP = FA_ROWS / QH;
-    const int kvh = blockIdx.x / ngrp, h0 = kvh * G + (blockIdx.x % ngrp) * QH;
-    const int *wk = a.split.work ? a.split.work + 2 * (a.split.n_work - 1 - (int)blockIdx.y) : NULL;
-    const int r0 = wk ? wk[0] : a.tiles[a.n_tiles - 1 - (int)blockIdx.y];
-    const int e = a.meta.row_entry[r0], end = a.meta.e_row0[e] + a.meta.e_n[e];
-    const int rows = end - r0 < BP ? end - r0 : BP;
-    const int pos0 = a.meta.row_pos[r0], maxpos = pos0 + rows - 1;
-    const int *blocks = a.meta.blocks + a.meta.e_boff[e];
-    const int span = wk ? a.split.e_span[e] : 0, sp = wk ? wk[1] : 0;
-    const int klo = sp * span, khi = span && klo + span - 1 < maxpos ? klo + span - 1 : maxpos;
-    const int ntile = (khi - klo) / FF_BN + 1;
-    __half *Q = reinterpret_cast<__half *>(fsm), *KV = Q + FA_ROWS * LDQ;
-    uint64_t *full = reinterpret_cast<uint64_t *>(KV + FF_NS * STG), *empty = full + FF_NS;
-    __half *Pb = reinterpret_cast<__half *>(empty + FF_NS); /* [4 pairs][2 halves][32 rows][FP_LP] */
-    float *Xm = reinterpret_cast<float *>(Pb + 4 * 2 * 32 * FP_LP); /* [4][2][32]: maxima, then sums */
-    const __half *img0 = reinterpret_cast<const __half *>(a.kv16);
-
-    auto issue = [&](int i) {
-        const int s = i % FF_NS, c0 = klo + i * FF_BN, nb = (khi - c0) / FA_KVB + 1 < NB ? (khi - c0) / FA_KVB + 1
-                                                                                        : NB;
-        bk_fence();
-        bk_expect(full + s, (unsigned)(nb * IMG * 2));
-        for (int j = 0; j < nb; j++)
-            bk_copy(KV + s * STG + j * IMG, img0 + ((size_t)blocks[c0 / FA_KVB + j] * a.Hkv + kvh) * IMG,
-                    IMG * 2u, full + s);
-    };
-    if (tid == 0) {
-        for (int s = 0; s < FF_NS; s++) ff_bar_init(full + s, 1), ff_bar_init(empty + s, 8);
-        bk_init_fence();
-    }
-    __syncthreads();
-    if (tid == 0)
-        for (int i = 0; i < FF_NS - 1 && i < ntile; i++) issue(i);
-    const float sl2 = (float)(1.4426950408889634 / sqrt((double)HD)); /* log2(e) / sqrt(hd) */
-    constexpr int QN = FA_ROWS * HD / 2 / 256, QB = QN < 32 ? QN : 32;
-    for (int b0 = 0; b0 < QN; b0 += QB) {
-        float2 x[QB];
-#pragma unroll
-        for (int k = 0; k < QB; k++) {
-            const int i = tid + (b0 + k) * 256, m = i / (HD / 2), c = 2 * (i % (HD / 2)), p = m % BP;
-            x[k] = make_float2(0.0f, 0.0f);
-            if (p < rows)
-                x[k] = *reinterpret_cast<const float2 *>(a.qkv + (size_t)(r0 + p) * a.ld +
-                                                         (size_t)(h0 + m / BP) * 2 * HD + c);
-        }
-#pragma unroll
-        for (int k = 0; k < QB; k++) {
-            const int i = tid + (b0 + k) * 256, m = i / (HD / 2), c = 2 * (i % (HD / 2));
-            x[k].x *= sl2, x[k].y *= sl2;
-            *reinterpret_cast<uint32_t *>(Q + m * LDQ + c) = ff_h2(x[k].x, x[k].y);
-        }
-    }
-    __syncthreads();
-
-    /* the pair: warps 2 pi and 2 pi + 1 share block rows R0 .. R0 + 31 (one head's consecutive positions, or
-     * with 16 positions a head two heads' at the same positions); hf: this warp's half of keys and dims */
-    const int pi = warp >> 1, hf = warp & 1, R0 = 32 * pi, bid = 1 + pi;
-    const int ppmin = BP >= 32 ? R0 % BP : 0, ppmax = BP >= 32 ? R0 % BP + 31 : BP - 1;
-    const int live = ppmin < rows;
-    const int pmax = pos0 + (ppmax < rows - 1 ? ppmax : rows - 1);
-    const int wlim = pos0 + ppmin < khi ? pos0 + ppmin : khi;
-    /* each lane's rows (m-tile mt, g + 8 hh): their last keys */
-    int lim[2][2];
-#pragma unroll
-    for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-        for (int hh = 0; hh < 2; hh++) {
-            const int pp = (R0 + 16 * mt + g + 8 * hh) % BP, pc = pos0 + (pp < rows ? pp : rows - 1);
-            lim[mt][hh] = pc < khi ? pc : khi;
-        }
-    const int qo = (((lane >> 3) & 1) * 8 + (lane & 7)) * LDQ + (lane >> 4) * 8;
-    const int po = (((lane >> 3) & 1) * 8 + (lane & 7)) * FP_LP + (lane >> 4) * 8;
-    const int kr = (lane >> 4) * 8 + (lane & 7), ko = ((lane >> 3) & 1) * 8;
-    const int vr = (lane >> 4) * 8 + (lane & 7), vk = (lane >> 3) & 1;
-    const __half *Qp = Q + R0 * LDQ;
-    __half *Pown = Pb + (pi * 2 + hf) * 32 * FP_LP;
-    const __half *Ppar = Pb + (pi * 2 + (hf ^ 1)) * 32 * FP_LP;
-    float *Xown = Xm + (pi * 2 + hf) * 32;
-    const float *Xpar = Xm + (pi * 2 + (hf ^ 1)) * 32;
-
-    float o[2][HO][4];
-#pragma unroll
-    for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-        for (int n = 0; n < HO; n++) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.0f;
-    float m_[2][2], l_[2][2];
-#pragma unroll
-    for (int mt = 0; mt < 2; mt++) m_[mt][0] = m_[mt][1] = -INFINITY, l_[mt][0] = l_[mt][1] = 0.0f;
-
-    for (int i = 0; i < ntile; i++) {
-        const int s = i % FF_NS, c0 = klo + i * FF_BN;
-        if (tid == 0 && i + FF_NS - 1 < ntile) {
-            const int k = i + FF_NS - 1;
-            if (k >= FF_NS) bk_wait(empty + k % FF_NS, (unsigned)((k / FF_NS - 1) & 1));
-            issue(k);
-        }
-        bk_wait(full + s, (unsigned)((i / FF_NS) & 1));
-        __syncwarp();
-        const __half *St = KV + s * STG;
-        if (c0 + FF_BN - 1 > khi) { /* as attn_ff_kernel: V past khi zeroed, block-uniform */
-            __half *Vz = KV + s * STG;
-            for (int x = tid; x < NB * HD * FA_KVB; x += blockDim.x) {
-                const int jb = x / (HD * FA_KVB), d = (x / FA_KVB) % HD, k = x % FA_KVB;
-                if (c0 + jb * FA_KVB + k > khi)
-                    Vz[jb * IMG + KH + d * FA_KVB + ((((k >> 3) ^ (d >> 2)) & 1) << 3) + (k & 7)] =
-                        __float2half(0.0f);
-            }
-            __syncthreads();
-        }
-        if (live && c0 <= pmax) { /* pair-uniform */
-            float sc[2][4][4];
-#pragma unroll
-            for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                for (int n = 0; n < 4; n++) sc[mt][n][0] = sc[mt][n][1] = sc[mt][n][2] = sc[mt][n][3] = 0.0f;
-#pragma unroll
-            for (int ks = 0; ks < HD / 16; ks++) {
-                uint32_t aq0[4], aq1[4];
-                fh_ldsm4(aq0, Qp + qo + ks * 16);
-                fh_ldsm4(aq1, Qp + 16 * LDQ + qo + ks * 16);
-#pragma unroll
-                for (int n = 0; n < 4; n += 2) {
-                    const int key = hf * 32 + n * 8 + kr;
-                    uint32_t b[4];
-                    fh_ldsm4(b, St + (key >> 4) * IMG + (key & 15) * LK + ks * 16 + ko);
-                    fh_mma(sc[0][n], aq0, b[0], b[1]);
-                    fh_mma(sc[0][n + 1], aq0, b[2], b[3]);
-                    fh_mma(sc[1][n], aq1, b[0], b[1]);
-                    fh_mma(sc[1][n + 1], aq1, b[2], b[3]);
-                }
-            }
-            float x[2][2];
-#pragma unroll
-            for (int mt = 0; mt < 2; mt++) {
-                x[mt][0] = x[mt][1] = -INFINITY;
-                if (c0 + FF_BN - 1 > wlim) {
-#pragma unroll
-                    for (int n = 0; n < 4; n++)
-#pragma unroll
-                        for (int r = 0; r < 4; r++)
-                            if (c0 + hf * 32 + n * 8 + 2 * t + (r & 1) > lim[mt][r >> 1]) sc[mt][n][r] = -INFINITY;
-                }
-#pragma unroll
-                for (int n = 0; n < 4; n++) {
-                    x[mt][0] = fmaxf(x[mt][0], fmaxf(sc[mt][n][0], sc[mt][n][1]));
-                    x[mt][1] = fmaxf(x[mt][1], fmaxf(sc[mt][n][2], sc[mt][n][3]));
-                }
-#pragma unroll
-                for (int hh = 0; hh < 2; hh++) {
-                    x[mt][hh] = fmaxf(x[mt][hh], __shfl_xor_sync(0xffffffffu, x[mt][hh], 1));
-                    x[mt][hh] = fmaxf(x[mt][hh], __shfl_xor_sync(0xffffffffu, x[mt][hh], 2));
-                }
-            }
-            if (t == 0)
-#pragma unroll
-                for (int mt = 0; mt < 2; mt++) Xown[16 * mt + g] = x[mt][0], Xown[16 * mt + g + 8] = x[mt][1];
-            ff_pair_bar(bid);
-            float c[2][2];
-            bool moved = false;
-#pragma unroll
-            for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                for (int hh = 0; hh < 2; hh++) {
-                    const float xx = fmaxf(x[mt][hh], Xpar[16 * mt + g + 8 * hh]), mo = m_[mt][hh];
-                    const float na = fmaxf(mo, xx);
-                    const float sa = na == -INFINITY ? 0.0f : na;
-                    c[mt][hh] = mo == sa ? 1.0f : ff_ex2(mo - sa);
-                    moved |= c[mt][hh] != 1.0f;
-                    float sum = 0.0f;
-#pragma unroll
-                    for (int n = 0; n < 4; n++) {
-                        sc[mt][n][2 * hh] = ff_ex2(sc[mt][n][2 * hh] - sa);
-                        sc[mt][n][2 * hh + 1] = ff_ex2(sc[mt][n][2 * hh + 1] - sa);
-                        sum += sc[mt][n][2 * hh] + sc[mt][n][2 * hh + 1];
-                    }
-                    l_[mt][hh] = l_[mt][hh] * c[mt][hh] + sum;
-                    m_[mt][hh] = na;
-                }
-            if (__any_sync(0xffffffffu, moved)) {
-#pragma unroll
-                for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                    for (int n = 0; n < HO; n++)
-                        o[mt][n][0] *= c[mt][0], o[mt][n][1] *= c[mt][0], o[mt][n][2] *= c[mt][1],
-                            o[mt][n][3] *= c[mt][1];
-            }
-            /* this half's P for the other warp: rows x 32 keys, half2 stores (banks apart: rows 20 words) */
-            uint32_t pw[2][4][2];
-#pragma unroll
-            for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                for (int n = 0; n < 4; n++) {
-                    pw[mt][n][0] = ff_h2(sc[mt][n][0], sc[mt][n][1]);
-                    pw[mt][n][1] = ff_h2(sc[mt][n][2], sc[mt][n][3]);
-                    *reinterpret_cast<uint32_t *>(Pown + (16 * mt + g) * FP_LP + n * 8 + 2 * t) = pw[mt][n][0];
-                    *reinterpret_cast<uint32_t *>(Pown + (16 * mt + g + 8) * FP_LP + n * 8 + 2 * t) = pw[mt][n][1];
-                }
-            ff_pair_bar(bid);
-#pragma unroll
-            for (int jb = 0; jb < NB; jb++) {
-                const int jj = jb & 1;
-                uint32_t ap[2][4];
-                if ((jb >> 1) == hf) {
-#pragma unroll
-                    for (int mt = 0; mt < 2; mt++) {
-                        ap[mt][0] = pw[mt][2 * jj][0], ap[mt][1] = pw[mt][2 * jj][1];
-                        ap[mt][2] = pw[mt][2 * jj + 1][0], ap[mt][3] = pw[mt][2 * jj + 1][1];
-                    }
-                } else {
-#pragma unroll
-                    for (int mt = 0; mt < 2; mt++) fh_ldsm4(ap[mt], Ppar + 16 * mt * FP_LP + po + jj * 16);
-                }
-                const __half *Vb = St + jb * IMG + KH;
-#pragma unroll
-                for (int n = 0; n < HO; n += 2) {
-                    const int d = hf * (HD / 2) + n * 8 + vr;
-                    uint32_t b[4];
-                    fh_ldsm4(b, Vb + d * FA_KVB + ((vk ^ (d >> 2)) & 1) * 8);
-                    fh_mma(o[0][n], ap[0], b[0], b[1]);
-                    fh_mma(o[0][n + 1], ap[0], b[2], b[3]);
-                    fh_mma(o[1][n], ap[1], b[0], b[1]);
-                    fh_mma(o[1][n + 1], ap[1], b[2], b[3]);
-                }
-            }
-        }
-        __syncwarp();
-        if (lane == 0) ff_arrive(empty + s);
-    }
-    if (!live) return;
-    /* the rows' sums: this half's keys, then the other's (a + b: the same in both warps) */
-#pragma unroll
-    for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-        for (int hh = 0; hh < 2; hh++) {
-            l_[mt][hh] += __shfl_xor_sync(0xffffffffu, l_[mt][hh], 1);
-            l_[mt][hh] += __shfl_xor_sync(0xffffffffu, l_[mt][hh], 2);
-        }
-    if (t == 0)
-#pragma unroll
-        for (int mt = 0; mt < 2; mt++) Xown[16 * mt + g] = l_[mt][0], Xown[16 * mt + g + 8] = l_[mt][1];
-    ff_pair_bar(bid);
-#pragma unroll
-    for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-        for (int hh = 0; hh < 2; hh++) {
-            const int m = R0 + 16 * mt + g + 8 * hh, qi = m / BP, p = m % BP, h = h0 + qi;
-            if (p >= rows) continue;
-            const float l = hf ? Xpar[16 * mt + g + 8 * hh] + l_[mt][hh] : l_[mt][hh] + Xpar[16 * mt + g + 8 * hh];
-            const float il = 1.0f / l;
-            const int ns = span ? (pos0 + p) / span + 1 : 1;
-            if (sp >= ns) continue;
-            if (ns > 1) {
-                float *pp = a.split.part +
-                            ((size_t)a.split.row_poff[r0 + p] * a.Hq + (size_t)h * ns + sp) * (size_t)(HD + 2);
-                if (t == 0 && hf == 0) pp[0] = m_[mt][hh] * 0.6931471805599453f, pp[1] = l;
-#pragma unroll
-                for (int n = 0; n < HO; n++)
-                    *reinterpret_cast<float2 *>(pp + 2 + hf * (HD / 2) + n * 8 + 2 * t) =
-                        make_float2(o[mt][n][2 * hh], o[mt][n][2 * hh + 1]);
-                continue;
-            }
-            const float *gate = a.qkv + (size_t)(r0 + p) * a.ld + (size_t)h * 2 * HD + HD + hf * (HD / 2);
-            const size_t obase = (size_t)(r0 + p) * a.Hq * HD + (size_t)h * HD + hf * (HD / 2);
-            float2 gv[HO];
-#pragma unroll
-            for (int n = 0; n < HO; n++) gv[n] = *reinterpret_cast<const float2 *>(gate + n * 8 + 2 * t);
-#pragma unroll
-            for (int n = 0; n < HO; n++) {
-                const int d = n * 8 + 2 * t;
-                float2 ov = make_float2(o[mt][n][2 * hh] * il * dev_sigmoid(gv[n].x),
-                                        o[mt][n][2 * hh + 1] * il * dev_sigmoid(gv[n].y));
-                if (a.o_xb) {
-                    split_put(a.o_xb, obase + d, a.o_lo, ov.x);
-                    split_put(a.o_xb, obase + d + 1, a.o_lo, ov.y);
-                } else {
-                    *reinterpret_cast<float2 *>(a.o + obase + d) = ov;
-                }
-            }
-        }
-}
-
 static int fa_kv16_ok[9];  /* by hd / 32: the S16 kernels' shared memory fits (cu_attn_tc_init) */
 static int fa_bulk_ok[9];  /* by hd / 32: the BK kernels too (hd 128, 256) */
 static int fa_bulk_on = 1; /* CINFER_CUDA_ATTN_BULK, default on (read by cu_attn_tc_init) */
 static int fa_fast_ok[9];  /* by hd / 32: attn_ff_kernel's shared memory fits */
-static int ff_v;           /* CINFER_CUDA_ATTN_FAST_V (read by cu_attn_tc_init): 3 the pair form */
-static int fp_ok[9];       /* by hd / 32: attn_fp_kernel's shared memory fits */
 
 extern "C" int cu_attn_kv16_ok(int hd) {
     return hd > 0 && hd % 32 == 0 && hd / 32 < 9 && fa_kv16_ok[hd / 32];
@@ -1253,9 +952,6 @@ template <int HD> static int fa_attr(int optin) {
     fa_fast_ok[HD / 32] = ff_smem_bytes<HD>() <= (size_t)optin &&
                           cudaFuncSetAttribute(attn_ff_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                (int)ff_smem_bytes<HD>()) == cudaSuccess;
-    fp_ok[HD / 32] = fp_smem_bytes<HD>() <= (size_t)optin &&
-                     cudaFuncSetAttribute(attn_fp_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          (int)fp_smem_bytes<HD>()) == cudaSuccess;
     /* the split-once form where it fits (cu_attn_kv16_ok) */
     fa_kv16_ok[HD / 32] = fa_attr1<HD, 3, true>(optin) && fa_attr1<HD, 1, true>(optin);
     if constexpr (HD >= 128)
@@ -1268,8 +964,6 @@ extern "C" int cu_attn_tc_init(int hd) {
     int dev = 0, optin = 0;
     const char *bk = getenv("CINFER_CUDA_ATTN_BULK"); /* "0": the kv16 tiles by cp.async (hd 128 / 256) */
     fa_bulk_on = !(bk && !strcmp(bk, "0"));
-    const char *fv = getenv("CINFER_CUDA_ATTN_FAST_V");
-    ff_v = fv ? atoi(fv) : 0;
     if (cudaGetDevice(&dev) != cudaSuccess) return 0;
     cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
     switch (hd) {
@@ -1299,10 +993,7 @@ template <int HD> static void fa_launch(cu_ctx *c, const cu_attn_args *a) {
     dim3 grid((unsigned)(a->Hq / QH), (unsigned)(a->split.work ? a->split.n_work : a->n_tiles));
     if (a->fast && a->kv16 && fa_fast_ok[HD / 32]) {
         attn_kvf_kernel<HD><<<dim3((unsigned)a->kv16_nb, (unsigned)a->kv16_NE), 256, 0, c->stream>>>(*a);
-        if (ff_v == 3 && fp_ok[HD / 32])
-            attn_fp_kernel<HD><<<grid, 256, fp_smem_bytes<HD>(), c->stream>>>(*a, QH);
-        else
-            attn_ff_kernel<HD><<<grid, 256, ff_smem_bytes<HD>(), c->stream>>>(*a, QH);
+        attn_ff_kernel<HD><<<grid, 256, ff_smem_bytes<HD>(), c->stream>>>(*a, QH);
         return;
     }
     if constexpr (HD >= 128) {
