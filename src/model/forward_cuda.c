@@ -1223,17 +1223,15 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
      * memory, a chunk staged by three bulk copies; "mma6" the mma.sync form staged by cp.async */
     const char *gdt = getenv("CINFER_CUDA_GDN_DT");
     f->gdn_chunk_dt = gdt && !strcmp(gdt, "stage") ? 0 : gdt && !strcmp(gdt, "mma6") ? 1 : 2;
-    /* fast mode's chunked DeltaNet prefill (deltanet_chunk.cu, FLA's bf16 form): the default in fast mode
-     * since H200 call 4 of session 10 (every fast op test within 4.5e-3 of the CPU, 1e-2 the bound; one 4B
-     * layer over 4096 rows 0.907 -> 0.579 ms, 27B heads 1.452 -> 0.797; 4B 4096 chunk 57,201 -> 63,708 tok/s
-     * with the other fast defaults of that call); CINFER_CUDA_GDN_FAST=0 the exact form, =2 also the fused
-     * layer (cu_gdn_layer_fast: the conv, norms and gates inside the prep) for batches of prefills only
-     * (0.534 ms a 4B layer in the op test, no gain in the bench's chunk: 16.08 vs 16.13 ms). Exact mode never
+    /* fast mode's chunked DeltaNet prefill (deltanet_chunk.cu, FLA's bf16 form), the default in fast mode
+     * since H200 call 4 of session 10, with the fused layer (cu_gdn_layer_fast: the conv, norms and gates
+     * inside the prep; batches of prefills only) and the prep's inverse rounds on the tensor cores since call
+     * 5: every fast op test within 4.5e-3 of the CPU (1e-2 the bound), one 4B layer over 4096 rows 0.921 ->
+     * 0.496 ms (unfused 0.589), 27B heads 1.461 -> 0.723, the 4B 4096 chunk's deltanet core 15.70 / 15.93 ->
+     * 15.06 / 15.00 ms. CINFER_CUDA_GDN_FAST=0: the exact form; =1: without the fused layer. Exact mode never
      * takes either. */
     const char *gfa = getenv("CINFER_CUDA_GDN_FAST");
-    f->gdn_fast = !f->fast ? 0 : !gfa ? 1 : !strcmp(gfa, "0") ? 0 : !strcmp(gfa, "2") ? 2 : 1;
-    const char *gtr = getenv("CINFER_CUDA_GDN_FAST_TR"); /* its prep's inverse rounds on the tensor cores */
-    cu_gdn_fast_set_tr(gtr && !strcmp(gtr, "1"));
+    f->gdn_fast = !f->fast ? 0 : !gfa ? 2 : !strcmp(gfa, "0") ? 0 : !strcmp(gfa, "1") ? 1 : 2;
     /* decode MoE blocks (device_only) as three launches (router + selection, gate_up + SwiGLU, down + combine
      * + shared expert) instead of ~15, the same arithmetic (moe_fused.cu); the default since the H200 run of
      * 08:52 (35B-A3B batch 1 188.9 -> 233.6 tok/s, batch 8 721.5 -> 758.3, every test passing); "0": the
@@ -1595,7 +1593,8 @@ static void deltanet(cuda_fwd *f, const cu_layer *cl, const layer_weights *lw, i
     int Mb = out_split_rows(f, T, vd, fz, !rs->no_chunked);
     if (Mb) a.o_xb = f->xb, a.o_lo = cu_gemm_presplit_lo(f->cu, Mb, vd);
     a.win_cnt = rs->has_spec && rs->no_chunked ? f->win_cnt : NULL, a.win_v2 = f->win_v2;
-    /* fast mode, a batch of prefills only: the fused layer where it serves (CINFER_CUDA_GDN_FAST=2) */
+    /* fast mode, a batch of prefills only: the fused layer where it serves (the default; not with
+     * CINFER_CUDA_GDN_FAST=1) */
     int lf = f->gdn_fast == 2 && rs->all_chunked;
     for (int n = diag_n(f, DG_GDN); n > 0; n--)
         if (!(lf && cu_gdn_layer_fast(f->cu, &a))) cu_gdn_layer(f->cu, &a);

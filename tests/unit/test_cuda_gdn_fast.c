@@ -323,16 +323,12 @@ static void fast_case(int Hk, int Hv, const fent *ents, int NE, int slow) {
 /* the existing chunk tests' batches: prefills from 0 and from ragged grid offsets (first chunks of 27 and 4
  * rows), lengths not multiples of 64, one-token prefills, decode tokens; long prefills at trained decay; the
  * 4B's heads over 4096 rows; the 27B's (GQA 3) over a ragged batch */
-/* each through cu_gdn_layer, through the fused layer (cu_gdn_layer_fast, CINFER_CUDA_GDN_FAST=2) where the
- * batch has prefills only, and that with the prep's inverse rounds on the tensor cores
- * (CINFER_CUDA_GDN_FAST_TR) */
-#define N_FORMS 3
+/* each through cu_gdn_layer and through the fused layer (cu_gdn_layer_fast, forward_cuda's default in fast
+ * mode) where the batch has prefills only */
+#define N_FORMS 2
 static void fast_form(int f) {
-    printf("     %s\n", f == 2 ? "the fused layer, inverse rounds on the tensor cores"
-                        : f    ? "the fused layer"
-                               : "cu_gdn_layer");
-    g_fused = f != 0;
-    cu_gdn_fast_set_tr(f == 2);
+    printf("     %s\n", f ? "the fused layer" : "cu_gdn_layer");
+    g_fused = f;
 }
 
 TEST(cuda_deltanet_fast_vs_cpu) {
@@ -355,7 +351,7 @@ TEST(cuda_deltanet_fast_vs_cpu) {
 TEST(cuda_deltanet_fast_4b_4096) {
     if (NO_DEVICE()) SKIP("no CUDA device: skipped");
     static const fent e[] = {{0, 4096, 0}};
-    for (int ci = 0; ci < N_FORMS; ci += 2) {
+    for (int ci = 0; ci < N_FORMS; ci++) {
         fast_form(ci);
         fast_case(16, 32, e, 1, 1);
     }
@@ -365,7 +361,7 @@ TEST(cuda_deltanet_fast_4b_4096) {
 TEST(cuda_deltanet_fast_27b_heads) {
     if (NO_DEVICE()) SKIP("no CUDA device: skipped");
     static const fent e[] = {{0, 300, 0}, {100, 200, 1}, {64, 64, 2}, {7, 1, 3}, {0, 1, 4}, {955, 517, 5}};
-    for (int ci = 0; ci < N_FORMS; ci += 2) {
+    for (int ci = 0; ci < N_FORMS; ci++) {
         fast_form(ci);
         fast_case(16, 48, e, 6, 1);
     }
@@ -407,16 +403,11 @@ static void fast_speed(int Hk, int Hv) {
     REQUIRE(cu_timer_create(&tm) == 0);
     static const struct {
         const char *name;
-        int no_chunked, fast, fused, tr;
-    } forms[] = {{"exact (img)", 0, 0, 0, 0},
-                 {"fast", 0, 1, 0, 0},
-                 {"fast, TC inverse rounds", 0, 1, 0, 1},
-                 {"fast, the fused layer", 0, 1, 1, 0},
-                 {"fast, fused, TC rounds", 0, 1, 1, 1}};
+        int no_chunked, fast, fused;
+    } forms[] = {{"exact (img)", 0, 0, 0}, {"fast", 0, 1, 0}, {"fast, the fused layer", 0, 1, 1}};
     float *o_exact = NULL, *s_exact = NULL;
     for (size_t f = 0; f < sizeof forms / sizeof forms[0]; f++) {
         g.no_chunked = forms[f].no_chunked, g.chunk_fast = forms[f].fast;
-        cu_gdn_fast_set_tr(forms[f].tr);
         float best = 1e30f;
         for (int rep = 0; rep < 5; rep++) {
             REQUIRE(cu_upload(g.rec_state, zero, rs_n * 4, err, sizeof err) == 0);
@@ -468,7 +459,6 @@ static void fast_speed(int Hk, int Hv) {
                 hp[10] / nch, hp[11] / nch);
         }
     }
-    cu_gdn_fast_set_tr(0);
     cu_timer_destroy(tm);
     free(o_exact), free(s_exact);
     free(qkv), free(a), free(cw), free(A), free(zero), free(hm);

@@ -392,9 +392,6 @@ size_t cu_gdn_chunk_bytes(int cap, int T, int Hv, int dk, int dv);
 int cu_gdn_chunk_part(cu_ctx *c, const cu_gdn_args *a, int parts);
 /* 1 when fast mode's chunked form (cu_gdn_args.chunk_fast) serves a's shapes (after cu_gdn_chunk_init) */
 int cu_gdn_chunk_fast_serves(const cu_gdn_args *a);
-/* the fast prep's inverse rounds on the tensor cores, one TF32 rounding (CINFER_CUDA_GDN_FAST_TR=1), or in
- * f32 on the CUDA cores (0) */
-void cu_gdn_fast_set_tr(int on);
 /* fast mode's whole DeltaNet layer for a batch whose every entry takes the chunked form (no decode token, no
  * speculative window): the conv, norms and gates inside its prep from the pre-conv rows (no conv_out), the
  * window advance, the pass, the gated norm; 0 (nothing enqueued) where it does not serve: run cu_gdn_layer */

@@ -1055,8 +1055,7 @@ static __device__ __forceinline__ void fk_conv(const cu_gdn_args &a, int e, int 
  * where bf16 operands missed it: 1.08e-2 in session 10's call 2), the masks, decays and T in f32, W = T
  * diag(beta e^gam) K and U = T diag(beta) V on the tensor cores from bf16 operands (V has no bounded range)
  */
-template <bool FUSED, bool TR>
-__global__ void __launch_bounds__(256, FUSED ? 2 : 3) fk_prep_kernel(cu_gdn_args a) {
+template <bool FUSED> __global__ void __launch_bounds__(256, FUSED ? 2 : 3) fk_prep_kernel(cu_gdn_args a) {
     extern __shared__ __align__(128) unsigned char fsp[];
     const int *tab = ck_table(a);
     int k = blockIdx.x, h = blockIdx.y;
@@ -1201,8 +1200,8 @@ __global__ void __launch_bounds__(256, FUSED ? 2 : 3) fk_prep_kernel(cu_gdn_args
     }
     __syncthreads();
     CK_MARK(2);
-    /* T = (I + A)^-1 in f32: the diagonal blocks by substitution (a thread a column, in registers), then the
-     * blocks below them in three rounds, T_{bi,j} = -T_{bi,bi} sum_{m=j}^{bi-1} A_{bi,m} T_{m,j} */
+    /* T = (I + A)^-1: the diagonal blocks by substitution in f32 (a thread a column, in registers), then the
+     * blocks below them (below) */
     if (tid < 64) {
         int base = (tid >> 4) * 16, c = tid & 15;
         float tc[16];
@@ -1222,9 +1221,11 @@ __global__ void __launch_bounds__(256, FUSED ? 2 : 3) fk_prep_kernel(cu_gdn_args
     }
     __syncthreads();
     CK_MARK(3);
-    for (int bi = 1; bi < 4 && TR; bi++) { /* the same rounds on the tensor cores, one TF32 rounding (as FLA's
-                                              solve_tril's tl.dot; T is rounded to bf16 right after): warp j <
-                                              bi takes X_j, then T_{bi,j} */
+    /* the blocks below them in three rounds, X_j = sum_{m=j}^{bi-1} A_{bi,m} T_{m,j}, T_{bi,j} = -T_{bi,bi}
+     * X_j, warp j < bi taking X_j, on the tensor cores with one TF32 rounding (as FLA's solve_tril's tl.dot;
+     * T is rounded to bf16 right after): H200 call 5 of session 10, a 4B layer 0.546 -> 0.496 ms with the
+     * fused layer (the rounds in f32 on the CUDA cores took 6.5k cycles of a prep block, these 2.8k) */
+    for (int bi = 1; bi < 4; bi++) {
         if (warp < bi) {
             float acc[2][4] = {};
             fk_tiles_tf32(acc, Am + bi * 16 * CK_GLD + warp * 16, CK_GLD, Tm + warp * 16 * CK_GLD + warp * 16,
@@ -1246,25 +1247,6 @@ __global__ void __launch_bounds__(256, FUSED ? 2 : 3) fk_prep_kernel(cu_gdn_args
                 for (int hh = 0; hh < 2; hh++)
                     *(float2 *)(Tm + (bi * 16 + g + 8 * hh) * CK_GLD + warp * 16 + n * 8 + 2 * t4) =
                         make_float2(-acc[n][2 * hh], -acc[n][2 * hh + 1]);
-        }
-        __syncthreads();
-    }
-    for (int bi = 1; bi < 4 && !TR; bi++) {
-        for (int idx = tid; idx < bi * 256; idx += 256) {
-            int bj = idx >> 8, rr2 = (idx >> 4) & 15, cc = idx & 15;
-            float x = 0.0f;
-            for (int m = bj * 16; m < bi * 16; m++)
-                x = fmaf(Am[(bi * 16 + rr2) * CK_GLD + m], Tm[m * CK_GLD + bj * 16 + cc], x);
-            X[idx] = x;
-        }
-        __syncthreads();
-        for (int idx = tid; idx < bi * 256; idx += 256) {
-            int bj = idx >> 8, rr2 = (idx >> 4) & 15, cc = idx & 15;
-            float v = 0.0f;
-#pragma unroll
-            for (int m = 0; m < 16; m++)
-                v = fmaf(Tm[(bi * 16 + rr2) * CK_GLD + bi * 16 + m], X[bj * 256 + m * 16 + cc], v);
-            Tm[(bi * 16 + rr2) * CK_GLD + bj * 16 + cc] = -v;
         }
         __syncthreads();
     }
@@ -1490,10 +1472,6 @@ template <int NB> __global__ void __launch_bounds__(256 * NB, 1) fk_pass_kernel(
 }
 static int g_fk_ok = 0;    /* cu_gdn_chunk_init: the fast kernels' shared memory fits and is set */
 static int g_fk_sms = 132; /* the device's SMs (cu_gdn_chunk_init) */
-static int g_fk_tr = 0;    /* the prep's inverse rounds on the tensor cores (CINFER_CUDA_GDN_FAST_TR=1) */
-extern "C" void cu_gdn_fast_set_tr(int on) {
-    g_fk_tr = on != 0;
-}
 static bool fk_serves(const cu_gdn_args *a) {
     return g_fk_ok && a->dk == FK_DK && a->dv % 32 == 0 && a->dv <= 128 && a->Hv % a->Hk == 0 &&
            fk_qk_off(a->dv) + FK_QKB <= ck_stride(a->dk, a->dv) * sizeof(float);
@@ -1551,10 +1529,8 @@ extern "C" int cu_gdn_chunk_init(int dk, int dv) {
     /* fast mode's kernels where they serve (dk 128; their shared memory does not depend on dv) */
     if (ok && dk == FK_DK && (size_t)FK_PASS_SMEM(1) <= (size_t)optin &&
         (size_t)FK_PASS_SMEM(2) <= (size_t)optin)
-        g_fk_ok = ck_attr(fk_prep_kernel<false, false>, FK_PREP_SMEM / sizeof(float)) &&
-                  ck_attr(fk_prep_kernel<true, false>, FK_PREP_SMEM / sizeof(float)) &&
-                  ck_attr(fk_prep_kernel<false, true>, FK_PREP_SMEM / sizeof(float)) &&
-                  ck_attr(fk_prep_kernel<true, true>, FK_PREP_SMEM / sizeof(float)) &&
+        g_fk_ok = ck_attr(fk_prep_kernel<false>, FK_PREP_SMEM / sizeof(float)) &&
+                  ck_attr(fk_prep_kernel<true>, FK_PREP_SMEM / sizeof(float)) &&
                   ck_attr(fk_pass_kernel<1>, FK_PASS_SMEM(1) / sizeof(float)) &&
                   ck_attr(fk_pass_kernel<2>, FK_PASS_SMEM(2) / sizeof(float));
     cudaDeviceGetAttribute(&g_fk_sms, cudaDevAttrMultiProcessorCount, dev);
@@ -1571,11 +1547,9 @@ static void fk_launch(cu_ctx *c, const cu_gdn_args *a, int parts, bool fused) {
     if (parts & 1) {
         ck_plan_kernel<<<1, 32, 0, c->stream>>>(*a);
         if (fused)
-            (g_fk_tr ? fk_prep_kernel<true, true>
-                     : fk_prep_kernel<true, false>)<<<gp, 256, FK_PREP_SMEM, c->stream>>>(*a);
+            fk_prep_kernel<true><<<gp, 256, FK_PREP_SMEM, c->stream>>>(*a);
         else
-            (g_fk_tr ? fk_prep_kernel<false, true>
-                     : fk_prep_kernel<false, false>)<<<gp, 256, FK_PREP_SMEM, c->stream>>>(*a);
+            fk_prep_kernel<false><<<gp, 256, FK_PREP_SMEM, c->stream>>>(*a);
         if (fused)
             fk_window_kernel<<<dim3(cdiv((size_t)a->C, 128), (unsigned)a->NE), 128, 0, c->stream>>>(*a);
     }
