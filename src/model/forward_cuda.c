@@ -1299,7 +1299,7 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     if (m->cfg.n_experts > 0) cu_moe_gemm_prepare();
     if (mpf) fprintf(stderr, "cinfer cuda: CINFER_CUDA_MOE_PF=%d\n", f->moe_pf);
     /* CINFER_CUDA_MOE_FORM=g,d: the block forms of the grouped gate_up and down GEMMs (cu_set_moe_form: 0 the
-     * 64-slot tiles, 1 .. 9 bigger tiles and deeper pipelines, + 16 L2 hints, + 32 column blocks fastest;
+     * 64-slot tiles, 1 .. 7 bigger tiles and deeper pipelines, + 16 L2 hints, + 32 column blocks fastest;
      * every one the same bits; being measured) */
     const char *mfm = getenv("CINFER_CUDA_MOE_FORM");
     if (mfm) {
@@ -1774,7 +1774,7 @@ static int moe(cuda_fwd *f, const cu_layer *cl, const run_shape *rs, int device_
         }
         mark(f, CP_MOE_EXPERTS);
         static int hist_done; /* CINFER_CUDA_MOE_HIST=1: the first grouped layer's slots an expert (stderr) */
-        if (!hist_done && S >= 4096 && getenv("CINFER_CUDA_MOE_HIST") && 3 * S >= E + 1) {
+        if (!hist_done && S >= 16384 && getenv("CINFER_CUDA_MOE_HIST") && 3 * S >= E + 1) {
             hist_done = 1;
             cu_d2h_async(f->cu, f->h_moe_up, f->moe_grp, (size_t)(E + 1) * 4);
             if ((rc = cu_sync(f->cu, err, errlen))) return rc;

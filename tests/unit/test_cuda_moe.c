@@ -902,7 +902,7 @@ static void forms_case(const char *name, int T, int H, int E, int k, int I, int 
     size_t nas = passes == 1 ? nsi : 2 * nsi; /* fast writes the hi rows alone */
     /* every form, 0 first, until one is out of range; then the flags (+ 16 L2 hints, + 32 column blocks
      * fastest) on some */
-    static const int extra[] = {16 + 2, 32 + 9, 48 + 9, 48 + 2};
+    static const int extra[] = {16 + 2, 32 + 3, 48 + 7, 48 + 5};
     for (int form = 0, xi = -1;; form++) {
         int fg, fd;
         if (xi >= 0) {
@@ -991,8 +991,9 @@ TEST(cuda_moe_prefill_speed) {
     cu_moe_tiles(c, grp, E, tiles);
     cu_timer *tm;
     REQUIRE(cu_timer_create(&tm) == 0);
-    int og, od;
+    int og, od, opf = cu_moe_pf();
     cu_moe_form(&og, &od);
+    cu_set_moe_pf(opf | 4); /* form 0 as the forward runs it: 256 weight rows x 64 of K (CINFER_CUDA_MOE_PF 4) */
     for (int passes = 2; passes >= 1; passes--) { /* exact's hi + lo, then precision fast's one pass */
         cu_set_bf16_passes(c, passes);
         double fl_gu = 2.0 * passes * S * 2.0 * I * H, fl_dn = 2.0 * passes * S * (double)H * I; /* all passes */
@@ -1025,6 +1026,7 @@ TEST(cuda_moe_prefill_speed) {
         }
     }
     cu_set_moe_form(og, od);
+    cu_set_moe_pf(opf);
     REQUIRE(cu_sync(c, err, sizeof err) == 0);
     cu_timer_destroy(tm);
     free(idx);

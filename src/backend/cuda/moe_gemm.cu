@@ -236,7 +236,7 @@ __global__ void __launch_bounds__(MG_THREADS, BW > 128 ? 2 : 3) /* 2 or 3 blocks
  * form; what changes is how much work a warp and a block hold. A block takes R of cu_moe_tiles' 64-slot tiles
  * of one expert (BM = 64 R slots: the weight tile streamed once for all of them; the grid still counts 64-slot
  * tiles and the blocks of a tile that is not the first of its group of R leave at once) by BW weight rows (OUT
- * >= 1: BW / 2 gate rows and the matching up rows). 8 warps: WM along the slots x 8 / WM along the weight
+ * >= 1: BW / 2 gate rows and the matching up rows). NTH / 32 warps: WM along the slots x the rest along the weight
  * rows, each MT 16-row tiles (every WM-th) x NT 8-column tiles; the m-tiles past the expert's last slot
  * are skipped (the warp's branch is uniform: a short tile costs the MMAs of its own rows only). ST stages of
  * BK columns of K filled by cp.async, one barrier a step; slot rows past the last slot are never loaded (their
@@ -250,15 +250,15 @@ template <int N> __device__ __forceinline__ void cp_wait_n(void) { /* all but th
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
-template <int OUT, int NX, int R, int BW, int WM, int BK, int ST, int MINB, int FP>
-__global__ void __launch_bounds__(MG_THREADS, MINB)
+template <int OUT, int NX, int R, int BW, int WM, int BK, int ST, int MINB, int FP, int NTH>
+__global__ void __launch_bounds__(NTH, MINB)
     mg2_kernel(float *__restrict__ y, uint16_t *__restrict__ ys, size_t ystride, int ldy,
                const uint16_t *__restrict__ xs, size_t xstride, int div, const uint16_t *__restrict__ w,
                size_t w_expert, int up_off, const int *__restrict__ grp, const int *__restrict__ tile_off, int E,
                int N, int K, int flags) {
-    constexpr int BM = 64 * R, WN = 8 / WM, TM = BM / WM, MT = TM / 16, TN = BW / WN, NT = TN / 8;
+    constexpr int BM = 64 * R, WN = NTH / 32 / WM, TM = BM / WM, MT = TM / 16, TN = BW / WN, NT = TN / 8;
     constexpr int LD = BK + 8; /* shared row stride (80 or 144 bytes): ldmatrix rows conflict-free */
-    constexpr int CPR = BK / 8, RPP = MG_THREADS / CPR, XP = BM / RPP, WP = BW / RPP;
+    constexpr int CPR = BK / 8, RPP = NTH / CPR, XP = BM / RPP, WP = BW / RPP;
     static_assert(TM % 16 == 0 && (OUT ? NT % 4 == 0 : NT % 2 == 0) && BM % RPP == 0 && BW % RPP == 0,
                   "mg2 form");
     extern __shared__ __align__(16) uint16_t mg_smem[];
@@ -496,8 +496,8 @@ template <MG_TP> static void mg_launch(cu_ctx *c, const mg_args &a) {
 static int g_form_gu, g_form_dn, g_form_flags; /* flags: mg2_kernel's (1 L2 hints, 2 column blocks fastest) */
 /* the session-10 forms (mg2_kernel): R 64-slot tiles x BW weight rows a block, WM warps along the slots, BK,
  * ST stages, MINB blocks an SM at least (the registers' bound) */
-#define MG2_TP int OUT, int NX, int R, int BW, int WM, int BK, int ST, int MINB, int FP
-#define MG2_TA OUT, NX, R, BW, WM, BK, ST, MINB, FP
+#define MG2_TP int OUT, int NX, int R, int BW, int WM, int BK, int ST, int MINB, int FP, int NTH
+#define MG2_TA OUT, NX, R, BW, WM, BK, ST, MINB, FP, NTH
 template <MG2_TP> static size_t mg2_smem_bytes(void) {
     return (size_t)ST * (NX * 64 * R + BW) * (BK + 8) * sizeof(uint16_t);
 }
@@ -513,22 +513,21 @@ template <MG2_TP> static void mg2_launch(cu_ctx *c, const mg_args &a) {
     if (!c) return;
     unsigned nb = cdiv((size_t)a.N, OUT ? BW / 2 : BW);
     dim3 grid = g_form_flags & 2 ? dim3(nb, a.tiles) : dim3(a.tiles, nb);
-    mg2_kernel<MG2_TA><<<grid, MG_THREADS, mg2_smem_bytes<MG2_TA>(), c->stream>>>(
+    mg2_kernel<MG2_TA><<<grid, NTH, mg2_smem_bytes<MG2_TA>(), c->stream>>>(
         a.y, a.ys, a.ystride, a.ldy, a.xs, a.xstride, a.div, a.w, a.w_expert, a.up_off, a.grp, a.tile_off, a.E,
         a.N, a.K, g_form_flags);
 }
-#define MG2_FORMS 10 /* forms 1 .. 9 (0: moe_gemm_kernel) */
+#define MG2_FORMS 8 /* forms 1 .. 7 (0: moe_gemm_kernel) */
+/* stages: fast's (NX 1) where the exact's (NX 2) would not fit in shared memory, one fewer for exact */
 template <int OUT, int NX> static void mg2_form(int form, cu_ctx *c, const mg_args &a) {
     switch (form) {
-    case 1: mg2_launch<OUT, NX, 2, 256, 2, 32, 4, 1, 0>(c, a); break; /* warps of 64 x 64 */
-    case 2: mg2_launch<OUT, NX, 2, 256, 2, 64, 3, 1, 0>(c, a); break;
-    case 3: mg2_launch<OUT, NX, 2, 128, 2, 32, 4, 2, 0>(c, a); break; /* 64 x 32 */
-    case 4: mg2_launch<OUT, NX, 3, 128, 2, 32, 4, 1, 0>(c, a); break; /* 96 x 32, 192 slots a block */
-    case 5: mg2_launch<OUT, NX, 1, 256, 1, 32, 4, 2, 0>(c, a); break; /* 64 x 32, 64 slots a block */
-    case 6: mg2_launch<OUT, NX, 2, 256, 2, 64, NX == 1 ? 4 : 3, 1, 0>(c, a); break; /* 2's, 4 stages in fast */
-    case 7: mg2_launch<OUT, NX, 2, 128, 2, 64, 3, 2, 0>(c, a); break; /* 3's in steps of 64 of K */
-    case 8: mg2_launch<OUT, NX, 2, 256, 2, 64, 3, 1, 1>(c, a); break; /* 2 + fragments loaded ahead */
-    case 9: mg2_launch<OUT, NX, 2, 256, 2, 64, NX == 1 ? 4 : 3, 1, 1>(c, a); break; /* 6 + the same */
+    case 1: mg2_launch<OUT, NX, 2, 256, 2, 64, 3, 1, 0, 256>(c, a); break; /* 8 warps of 64 x 64 */
+    case 2: mg2_launch<OUT, NX, 2, 256, 2, 64, 3, 1, 1, 256>(c, a); break; /* 1 + fragments loaded ahead */
+    case 3: mg2_launch<OUT, NX, 2, 256, 4, 32, NX == 1 ? 6 : 5, 1, 0, 512>(c, a); break; /* 16 of 32 x 64 */
+    case 4: mg2_launch<OUT, NX, 2, 256, 4, 64, NX == 1 ? 4 : 3, 1, 0, 512>(c, a); break; /* 3 by 64 of K */
+    case 5: mg2_launch<OUT, NX, 1, 256, 2, 32, NX == 1 ? 4 : 3, 2, 0, 256>(c, a); break; /* 2 x 8 of 32 x 64 */
+    case 6: mg2_launch<OUT, NX, 2, 256, 2, 32, NX == 1 ? 6 : 5, 1, 0, 512>(c, a); break; /* 16 of 64 x 32 */
+    case 7: mg2_launch<OUT, NX, 2, 256, 4, 32, NX == 1 ? 6 : 5, 1, 1, 512>(c, a); break; /* 3 + ahead */
     default: break;
     }
 }
