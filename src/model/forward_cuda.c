@@ -1298,17 +1298,6 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     cu_set_moe_pf(f->moe_pf);
     if (m->cfg.n_experts > 0) cu_moe_gemm_prepare();
     if (mpf) fprintf(stderr, "cinfer cuda: CINFER_CUDA_MOE_PF=%d\n", f->moe_pf);
-    /* CINFER_CUDA_MOE_FORM=g,d: the block forms of the grouped gate_up and down GEMMs (cu_set_moe_form: 0 the
-     * 64-slot tiles, 1 .. 7 bigger tiles and deeper pipelines, + 16 L2 hints, + 32 column blocks fastest;
-     * every one the same bits; being measured) */
-    const char *mfm = getenv("CINFER_CUDA_MOE_FORM");
-    if (mfm) {
-        const char *comma = strchr(mfm, ',');
-        cu_set_moe_form(atoi(mfm), comma ? atoi(comma + 1) : atoi(mfm));
-        int fg, fd;
-        cu_moe_form(&fg, &fd);
-        fprintf(stderr, "cinfer cuda: CINFER_CUDA_MOE_FORM=%s: gate_up form %d, down form %d\n", mfm, fg, fd);
-    }
     /* N: decode-sized batches (<= 64 rows) of N rows or more take the grouped GEMMs too (each chosen expert
      * streamed once for all its rows; the indexed and fused paths stream it once per row). Default 64: the
      * H200 run of 09:22 (35B-A3B, 128-token prompts): batch 32 1,220.5 tok/s fused vs 992.2 grouped, batch 64
@@ -1773,22 +1762,6 @@ static int moe(cuda_fwd *f, const cu_layer *cl, const run_shape *rs, int device_
             cu_moe_tiles(f->cu, f->moe_grp, E, f->moe_tiles);
         }
         mark(f, CP_MOE_EXPERTS);
-        static int hist_done; /* CINFER_CUDA_MOE_HIST=1: the first grouped layer's slots an expert (stderr) */
-        if (!hist_done && S >= 16384 && getenv("CINFER_CUDA_MOE_HIST") && 3 * S >= E + 1) {
-            hist_done = 1;
-            cu_d2h_async(f->cu, f->h_moe_up, f->moe_grp, (size_t)(E + 1) * 4);
-            if ((rc = cu_sync(f->cu, err, errlen))) return rc;
-            int mx = 0, zero = 0, t64 = 0, t128 = 0, c32 = 0, c256 = 0;
-            for (int e = 0; e < E; e++) {
-                int ce = f->h_moe_up[e + 1] - f->h_moe_up[e];
-                mx = ce > mx ? ce : mx, zero += !ce, t64 += (ce + 63) / 64, t128 += (ce + 127) / 128;
-                c32 += ce < 32, c256 += ce > 256;
-            }
-            fprintf(stderr,
-                    "cinfer cuda: MoE slots an expert (%d slots, %d experts): max %d, empty %d, < 32: %d, > 256: "
-                    "%d; 64-slot tiles %d, 128-slot tiles %d\n",
-                    S, E, mx, zero, c32, c256, t64, t128);
-        }
         if (f->moe_pf & 8) { /* ea's S Im floats hold the down GEMM's bf16 hi + lo rows (2 S Im halves) */
             uint16_t *eas = (uint16_t *)f->ea;
             cu_moe_gemm_swiglu_split(f->cu, eas, f->xn, k, cl->e_gu, f->moe_grp, f->moe_tiles, S, E, Im, H,

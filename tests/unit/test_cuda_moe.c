@@ -859,107 +859,8 @@ TEST(cuda_moe_prefill_gemm_fast_vs_cpu) {
     prefill_case("fast: 35B-A3B shape", 130, 2048, 256, 8, 512, 5, 9, 1);
 }
 
-/* Every block form of the grouped GEMMs (cu_set_moe_form 1 ..) against form 0 (the 64-slot tiles), exact and
- * fast: the f32 pair (gate_up + SwiGLU rows, down rows) and the pre-split pair (the split SwiGLU rows, the down
- * rows) bit-identical. Expert 1 is in every row (many tiles a block's group of tiles spans), the rest random
- * (short tiles, experts with no slot). */
-static void forms_case(const char *name, int T, int H, int E, int k, int I, int passes) {
-    char err[256];
-    cu_ctx *c;
-    REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
-    cu_set_bf16_passes(c, passes);
-    int S = T * k;
-    int *idx = malloc((size_t)S * 4);
-    for (int r = 0; r < T; r++)
-        for (int j = 0; j < k; j++) {
-            int e;
-            for (;;) {
-                e = j == 0 ? 1 : (int)((frand() * 0.5f + 0.5f) * (float)E) % E;
-                int dup = 0;
-                for (int q = 0; q < j; q++) dup |= idx[r * k + q] == e;
-                if (!dup) break;
-            }
-            idx[r * k + j] = e;
-        }
-    size_t ngu = (size_t)E * 2 * I * H, ndn = (size_t)E * H * I, nsi = (size_t)S * I, nsh = (size_t)S * H;
-    uint16_t *d_gu = dev(ngu * 2), *d_dn = dev(ndn * 2);
-    cu_fill_random_bf16(c, d_gu, ngu, 0.03f, 61);
-    cu_fill_random_bf16(c, d_dn, ndn, 0.03f, 62);
-    float *x = malloc((size_t)T * H * 4);
-    for (size_t i = 0; i < (size_t)T * H; i++) x[i] = frand() * 1.5f;
-    float *d_x = dup_dev(x, (size_t)T * H * 4);
-    int *d_idx = dup_dev(idx, (size_t)S * 4), *d_grp = dev((size_t)(E + 1 + S) * 4),
-        *d_tiles = dev((size_t)(E + 1) * 4);
-    float *d_a = dev(nsi * 4), *d_y = dev(nsh * 4), *d_y2 = dev(nsh * 4);
-    size_t nxs = (size_t)T * H > nsi ? (size_t)T * H : nsi;
-    uint16_t *d_xs = dev(2 * nxs * 2), *d_as = dev(2 * nsi * 2);
-    int og, od;
-    cu_moe_form(&og, &od);
-    cu_moe_group(c, d_idx, S, E, d_grp);
-    cu_moe_tiles(c, d_grp, E, d_tiles);
-    float *ra = NULL, *ry = NULL, *ry2 = NULL;
-    uint16_t *ras = NULL;
-    size_t nas = passes == 1 ? nsi : 2 * nsi; /* fast writes the hi rows alone */
-    /* every form, 0 first, until one is out of range; then the flags (+ 16 L2 hints, + 32 column blocks
-     * fastest) on some */
-    static const int extra[] = {16 + 2, 32 + 3, 48 + 7, 48 + 5};
-    for (int form = 0, xi = -1;; form++) {
-        int fg, fd;
-        if (xi >= 0) {
-            if (xi == (int)(sizeof extra / sizeof extra[0])) break;
-            form = extra[xi++];
-        }
-        cu_set_moe_form(form, form);
-        cu_moe_form(&fg, &fd);
-        if (fg != form) {
-            CHECK_MSG(xi < 0, "%s: form %d refused", name, form);
-            xi = 0, form--;
-            continue;
-        }
-        cu_fill_f32(c, d_a, nsi, NAN);
-        cu_fill_f32(c, d_y, nsh, NAN);
-        cu_fill_f32(c, d_y2, nsh, NAN);
-        cu_fill_f32(c, (float *)d_as, nsi, NAN);
-        cu_moe_gemm_swiglu(c, d_a, d_x, k, d_gu, d_grp, d_tiles, S, E, I, H, d_xs);
-        cu_moe_gemm(c, d_y, d_a, 1, d_dn, d_grp, d_tiles, S, E, H, I, d_xs);
-        cu_moe_gemm_swiglu_split(c, d_as, d_x, k, d_gu, d_grp, d_tiles, S, E, I, H, d_xs);
-        cu_moe_gemm_presplit(c, d_y2, d_as, d_dn, d_grp, d_tiles, S, E, H, I);
-        REQUIRE(cu_sync(c, err, sizeof err) == 0);
-        float *a = get(d_a, nsi * 4), *y = get(d_y, nsh * 4), *y2 = get(d_y2, nsh * 4);
-        uint16_t *as = get(d_as, nas * 2);
-        if (!form) {
-            CHECK_MSG(rel(a, a, nsi) == 0 && rel(y, y, nsh) == 0 && rel(y2, y2, nsh) == 0,
-                      "%s: an output slot unwritten", name);
-            ra = a, ry = y, ry2 = y2, ras = as;
-            continue;
-        }
-        int same_f = !memcmp(a, ra, nsi * 4) && !memcmp(y, ry, nsh * 4);
-        int same_s = !memcmp(as, ras, nas * 2) && !memcmp(y2, ry2, nsh * 4);
-        printf("     %-28s %s form %d vs 0: f32 pair %s, pre-split pair %s\n", name, passes == 1 ? "fast " : "exact",
-               form, same_f ? "bit-identical" : "DIFFERENT", same_s ? "bit-identical" : "DIFFERENT");
-        CHECK_MSG(same_f && same_s, "%s: form %d differs (f32 pair %d, pre-split pair %d)", name, form, same_f,
-                  same_s);
-        free(a), free(y), free(y2), free(as);
-    }
-    cu_set_moe_form(og, od);
-    free(idx), free(x), free(ra), free(ry), free(ry2), free(ras);
-    cu_free(d_gu), cu_free(d_dn), cu_free(d_x), cu_free(d_idx), cu_free(d_grp), cu_free(d_tiles);
-    cu_free(d_a), cu_free(d_y), cu_free(d_y2), cu_free(d_xs), cu_free(d_as);
-    cu_ctx_destroy(c);
-}
-
-TEST(cuda_moe_prefill_forms_bitwise) {
-    if (NO_DEVICE()) SKIP("no CUDA device: skipped");
-    for (int passes = 2; passes >= 1; passes--) {
-        forms_case("tiny (fixture shape)", 150, 64, 8, 2, 32, passes);
-        forms_case("odd widths", 90, 72, 9, 3, 40, passes);
-        forms_case("35B-A3B shape", 300, 2048, 256, 8, 512, passes);
-    }
-}
-
 /* Device time of the two grouped GEMMs of a 4096-token 35B-A3B prefill chunk (32768 slots over 256 experts,
- * random choices), with the rate of the products (hi and lo halves counted), every block form
- * (cu_set_moe_form). Prints only. */
+ * random choices), with the rate of the products (hi and lo halves counted). Prints only. */
 TEST(cuda_moe_prefill_speed) {
     if (NO_DEVICE()) SKIP("no CUDA device: skipped");
     char err[256];
@@ -991,42 +892,26 @@ TEST(cuda_moe_prefill_speed) {
     cu_moe_tiles(c, grp, E, tiles);
     cu_timer *tm;
     REQUIRE(cu_timer_create(&tm) == 0);
-    int og, od, opf = cu_moe_pf();
-    cu_moe_form(&og, &od);
-    cu_set_moe_pf(opf | 4); /* form 0 as the forward runs it: 256 weight rows x 64 of K (CINFER_CUDA_MOE_PF 4) */
+    /* the forward's form (CINFER_CUDA_MOE_PF's default has 4: 256 weight rows x 64 of K a block step) */
+    int pf0 = cu_moe_pf();
+    cu_set_moe_pf(pf0 | 4);
     for (int passes = 2; passes >= 1; passes--) { /* exact's hi + lo, then precision fast's one pass */
         cu_set_bf16_passes(c, passes);
         double fl_gu = 2.0 * passes * S * 2.0 * I * H, fl_dn = 2.0 * passes * S * (double)H * I; /* all passes */
-        /* the block forms of CINFER_TEST_MOE_FORMS (a comma list), else every one (cu_set_moe_form; 0 first,
-         * then until one is out of range) */
-        const char *fl = getenv("CINFER_TEST_MOE_FORMS");
-        for (int form = 0, fi = 0;; form++, fi++) {
-            if (fl) {
-                const char *q = fl;
-                for (int j = 0; j < fi && q; j++) q = strchr(q, ','), q = q ? q + 1 : NULL;
-                if (!q || !*q) break;
-                form = atoi(q);
-            }
-            int fg, fd;
-            cu_set_moe_form(form, form);
-            cu_moe_form(&fg, &fd);
-            if (fg != form) break;
-            cu_moe_gemm_swiglu(c, ea, x, k, gu, grp, tiles, S, E, I, H, xs); /* warm */
-            cu_moe_gemm(c, ey, ea, 1, dn, grp, tiles, S, E, H, I, xs);
-            cu_timer_start(c, tm);
-            for (int r = 0; r < 5; r++) cu_moe_gemm_swiglu(c, ea, x, k, gu, grp, tiles, S, E, I, H, xs);
-            double t1 = cu_timer_stop_ms(c, tm) / 5;
-            cu_timer_start(c, tm);
-            for (int r = 0; r < 5; r++) cu_moe_gemm(c, ey, ea, 1, dn, grp, tiles, S, E, H, I, xs);
-            double t2 = cu_timer_stop_ms(c, tm) / 5;
-            printf("     35B-A3B 4096-token chunk, %s, form %d: gate_up+SwiGLU %.3f ms (%.0f TFLOP/s), down %.3f ms "
-                   "(%.0f TFLOP/s): %.2f ms per layer\n",
-                   passes == 2 ? "exact (hi + lo)" : "fast (one pass)", form, t1, fl_gu / t1 / 1e9, t2,
-                   fl_dn / t2 / 1e9, t1 + t2);
-        }
+        cu_moe_gemm_swiglu(c, ea, x, k, gu, grp, tiles, S, E, I, H, xs); /* warm */
+        cu_moe_gemm(c, ey, ea, 1, dn, grp, tiles, S, E, H, I, xs);
+        cu_timer_start(c, tm);
+        for (int r = 0; r < 5; r++) cu_moe_gemm_swiglu(c, ea, x, k, gu, grp, tiles, S, E, I, H, xs);
+        double t1 = cu_timer_stop_ms(c, tm) / 5;
+        cu_timer_start(c, tm);
+        for (int r = 0; r < 5; r++) cu_moe_gemm(c, ey, ea, 1, dn, grp, tiles, S, E, H, I, xs);
+        double t2 = cu_timer_stop_ms(c, tm) / 5;
+        printf("     35B-A3B 4096-token chunk, %s: gate_up+SwiGLU %.3f ms (%.0f TFLOP/s), down %.3f ms (%.0f "
+               "TFLOP/s): %.2f ms per layer\n",
+               passes == 2 ? "exact (hi + lo)" : "fast (one pass)", t1, fl_gu / t1 / 1e9, t2, fl_dn / t2 / 1e9,
+               t1 + t2);
     }
-    cu_set_moe_form(og, od);
-    cu_set_moe_pf(opf);
+    cu_set_moe_pf(pf0);
     REQUIRE(cu_sync(c, err, sizeof err) == 0);
     cu_timer_destroy(tm);
     free(idx);

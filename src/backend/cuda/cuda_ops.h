@@ -648,11 +648,6 @@ void cu_moe_router(cu_ctx *c, float *d_logits, const float *d_x, const uint16_t 
  * 256 weight rows x 64 of K (the same bits as 128 x 32); the other bits are the caller's */
 void cu_set_moe_pf(int mask);
 int cu_moe_pf(void);
-/* the grouped GEMMs' block forms (CINFER_CUDA_MOE_FORM=gate_up,down; forward_cuda.c reads it): 0 the 64-slot
- * tiles above, 1 .. 7 moe_gemm.cu's mg2 forms (bigger warp and block tiles, deeper pipelines); every form gives
- * the same bits; + 16 L2 hints, + 32 the column blocks fastest in the grid. Out of range: 0 */
-void cu_set_moe_form(int gate_up, int down);
-void cu_moe_form(int *gate_up, int *down);
 /* the kernels' shared-memory limits, set once before any graph capture */
 void cu_moe_gemm_prepare(void);
 
