@@ -2474,58 +2474,47 @@ static int fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, int s
  * resumed turn's suffix, a batch of 9+ decode rows). The lm_head only up to 64 rows (more is a rare
  * all-logits prefill). */
 #define WARM_MAX_ROWS      512
+/* one product of every distinct weight shape at M rows: a DeltaNet and an attention layer's in_proj / out_proj,
+ * the dense FFN's gate_up / down, the shared expert's; gu16: gate_up's bf16-out form too (precision fast) */
+static void warm_shapes(cuda_fwd *f, int M, int gu16) {
+    const model *m = f->m;
+    int H = m->H, I = m->cfg.intermediate_size;
+    for (int l = 0, lin = 0, full = 0, ffn = 0, moe = 0; l < m->L; l++) {
+        const cu_layer *cl = &f->L[l];
+        const layer_weights *lw = &m->layers[l];
+        int is_lin = lw->type == LAYER_LINEAR;
+        if (is_lin ? !lin : !full) {
+            gemm(f, f->proj, f->xn, cl->w_in, M, cl->n_in, H);
+            gemm(f, f->out, f->act, cl->w_out, M, H, is_lin ? m->Hv * m->dv : m->Hq * m->hd);
+            lin |= is_lin, full |= !is_lin;
+        }
+        if (!lw->moe && !ffn && I > 0) {
+            gemm(f, f->proj, f->xn, cl->w_gu, M, 2 * I, H);
+            if (gu16) cu_gemm_presplit_out16(f->cu, (uint16_t *)f->proj, f->xb, cl->w_gu, 2 * I, H, M);
+            gemm(f, f->out, f->act, cl->w_down, M, H, I);
+            ffn = 1;
+        }
+        if (lw->moe && !moe && cl->sh_gu) {
+            int Is = m->cfg.shared_expert_intermediate_size;
+            gemm(f, f->proj, f->xn, cl->sh_gu, M, 2 * Is, H);
+            gemm(f, f->shy, f->act, cl->sh_down, M, H, Is);
+            moe = 1;
+        }
+    }
+}
 static int warm_gemms(cuda_fwd *f, char *err, size_t errlen) {
     const model *m = f->m;
-    int H = m->H, I = m->cfg.intermediate_size, top = cu_gemm_pad() ? WARM_MAX_ROWS : 64;
+    int H = m->H, top = cu_gemm_pad() ? WARM_MAX_ROWS : 64;
     double t0 = host_ms();
     for (int M = CU_GEMM_PAD_ROWS; M <= top && M <= f->p.max_tokens;
          M += M < 64 ? CU_GEMM_PAD_ROWS : CU_GEMM_PAD_BIG) {
         if (M > f->p.max_tokens) break;
-        int lin = 0, full = 0, ffn = 0, moe = 0;
-        for (int l = 0; l < m->L; l++) {
-            const cu_layer *cl = &f->L[l];
-            const layer_weights *lw = &m->layers[l];
-            int is_lin = lw->type == LAYER_LINEAR;
-            if (is_lin ? !lin : !full) {
-                gemm(f, f->proj, f->xn, cl->w_in, M, cl->n_in, H);
-                gemm(f, f->out, f->act, cl->w_out, M, H, is_lin ? m->Hv * m->dv : m->Hq * m->hd);
-                lin |= is_lin, full |= !is_lin;
-            }
-            if (!lw->moe && !ffn && I > 0) {
-                gemm(f, f->proj, f->xn, cl->w_gu, M, 2 * I, H);
-                gemm(f, f->out, f->act, cl->w_down, M, H, I);
-                ffn = 1;
-            }
-            if (lw->moe && !moe && cl->sh_gu) {
-                int Is = m->cfg.shared_expert_intermediate_size;
-                gemm(f, f->proj, f->xn, cl->sh_gu, M, 2 * Is, H);
-                gemm(f, f->shy, f->act, cl->sh_down, M, H, Is);
-                moe = 1;
-            }
-        }
+        warm_shapes(f, M, 0);
         if (M <= 64) gemm(f, f->logits, f->xn, f->lm_head, M, m->V, H);
     }
     /* CINFER_CUDA_LT_TUNE in fast mode: the full chunk's shapes timed here, at creation, not in the first
      * long prefill (gemm.cu's lt_gemm: once per shape class in the process) */
-    if (cu_lt_tune() && f->fast && f->p.max_tokens >= CU_LT_MIN_ROWS) {
-        int M = f->p.max_tokens;
-        for (int l = 0, lin = 0, full = 0, ffn = 0; l < m->L; l++) {
-            const cu_layer *cl = &f->L[l];
-            const layer_weights *lw = &m->layers[l];
-            int is_lin = lw->type == LAYER_LINEAR;
-            if (is_lin ? !lin : !full) {
-                gemm(f, f->proj, f->xn, cl->w_in, M, cl->n_in, H);
-                gemm(f, f->out, f->act, cl->w_out, M, H, is_lin ? m->Hv * m->dv : m->Hq * m->hd);
-                lin |= is_lin, full |= !is_lin;
-            }
-            if (!lw->moe && !ffn && I > 0) {
-                gemm(f, f->proj, f->xn, cl->w_gu, M, 2 * I, H);
-                if (f->gu16) cu_gemm_presplit_out16(f->cu, (uint16_t *)f->proj, f->xb, cl->w_gu, 2 * I, H, M);
-                gemm(f, f->out, f->act, cl->w_down, M, H, I);
-                ffn = 1;
-            }
-        }
-    }
+    if (cu_lt_tune() && f->fast && f->p.max_tokens >= CU_LT_MIN_ROWS) warm_shapes(f, f->p.max_tokens, f->gu16);
     int rc = cu_sync(f->cu, err, errlen);
     if (f->trace) fprintf(stderr, "ttft-trace gemm warm-up: %.3f ms\n", host_ms() - t0);
     return rc;

@@ -965,6 +965,19 @@ static __device__ __forceinline__ const uint16_t *fk_bt(const uint16_t *B, int l
     return B + (size_t)(n0 + (l & 7) + (l >> 4) * 8) * ld + k0 + ((l >> 3) & 1) * 8;
 }
 
+/* acc[n] (n < 4) += the A fragment af (16 x 16) x B[k0 .. k0 + 15][n*8 .. n*8 + 7], B's rows by ldmatrix.trans: the
+ * pass's 16 x 32 products (W S, Q S; Kf^T D; QK D) */
+static __device__ __forceinline__ void fk_mma_n32(float (&acc)[4][4], const uint32_t (&af)[4], const uint16_t *B,
+                                                  int ld, int k0, int l) {
+    uint32_t b0[4], b1[4];
+    fk_ldm<true>(b0, fk_b(B, ld, k0, 0, l));
+    fk_ldm<true>(b1, fk_b(B, ld, k0, 16, l));
+    fk_mma(acc[0], af, b0[0], b0[1]);
+    fk_mma(acc[1], af, b0[2], b0[3]);
+    fk_mma(acc[2], af, b1[0], b1[1]);
+    fk_mma(acc[3], af, b1[2], b1[3]);
+}
+
 /* acc[n] (n < 2) += A[16][K] B[K][n*8 .. n*8 + 7], f32 in shared memory, one TF32 rounding (m16n8k8) */
 static __device__ __forceinline__ uint32_t fk_tf32(float x) {
     uint32_t r;
@@ -1376,14 +1389,9 @@ template <int NB> __global__ void __launch_bounds__(256 * NB, 1) fk_pass_kernel(
             float p[4][4] = {};
 #pragma unroll
             for (int ks = 0; ks < FK_DK / 16; ks++) {
-                uint32_t af[4], b0[4], b1[4];
+                uint32_t af[4];
                 fk_ldm<false>(af, fk_a(As, FK_LD, m0, ks * 16, lane));
-                fk_ldm<true>(b0, fk_b(Sb, FK_UL, ks * 16, 0, lane));
-                fk_ldm<true>(b1, fk_b(Sb, FK_UL, ks * 16, 16, lane));
-                fk_mma(p[0], af, b0[0], b0[1]);
-                fk_mma(p[1], af, b0[2], b0[3]);
-                fk_mma(p[2], af, b1[0], b1[1]);
-                fk_mma(p[3], af, b1[2], b1[3]);
+                fk_mma_n32(p, af, Sb, FK_UL, ks * 16, lane);
             }
 #pragma unroll
             for (int hh = 0; hh < 2; hh++) {
@@ -1416,26 +1424,16 @@ template <int NB> __global__ void __launch_bounds__(256 * NB, 1) fk_pass_kernel(
                 for (int r = 0; r < 4; r++) s[nn][r] *= egl;
 #pragma unroll
             for (int ks = 0; ks < CK_CH / 16; ks++) {
-                uint32_t af[4], b0[4], b1[4];
+                uint32_t af[4];
                 fk_ldm<true>(af, fk_at(Kb, FK_LD, ms, ks * 16, lane));
-                fk_ldm<true>(b0, fk_b(Dl, FK_UL, ks * 16, 0, lane));
-                fk_ldm<true>(b1, fk_b(Dl, FK_UL, ks * 16, 16, lane));
-                fk_mma(s[0], af, b0[0], b0[1]);
-                fk_mma(s[1], af, b0[2], b0[3]);
-                fk_mma(s[2], af, b1[0], b1[1]);
-                fk_mma(s[3], af, b1[2], b1[3]);
+                fk_mma_n32(s, af, Dl, FK_UL, ks * 16, lane);
             }
             if (warp >= 4) {
                 const int mi = warp - 4, m0 = mi * 16;
                 for (int ks = 0; ks <= mi; ks++) {
-                    uint32_t af[4], b0[4], b1[4];
+                    uint32_t af[4];
                     fk_ldm<false>(af, fk_a(QKb, FK_QL, m0, ks * 16, lane));
-                    fk_ldm<true>(b0, fk_b(Db, FK_UL, ks * 16, 0, lane));
-                    fk_ldm<true>(b1, fk_b(Db, FK_UL, ks * 16, 16, lane));
-                    fk_mma(o[0], af, b0[0], b0[1]);
-                    fk_mma(o[1], af, b0[2], b0[3]);
-                    fk_mma(o[2], af, b1[0], b1[1]);
-                    fk_mma(o[3], af, b1[2], b1[3]);
+                    fk_mma_n32(o, af, Db, FK_UL, ks * 16, lane);
                 }
 #pragma unroll
                 for (int hh = 0; hh < 2; hh++) {
