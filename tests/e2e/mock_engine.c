@@ -485,6 +485,11 @@ void cinfer_request_free(cinfer_request *r) {
     pthread_mutex_unlock(&e->mu);
 }
 
+/* the server names the precision the engine runs (its stats' precision: 0 here, exact, as on the CPU) */
+const char *cinfer_precision_name(int p) {
+    return p == CINFER_PRECISION_EXACT ? "exact" : p == CINFER_PRECISION_FAST ? "fast" : "?";
+}
+
 void cinfer_engine_get_stats(cinfer_engine *e, cinfer_engine_stats *out) {
     memset(out, 0, sizeof *out);
     pthread_mutex_lock(&e->mu);
