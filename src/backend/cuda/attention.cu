@@ -13,20 +13,44 @@ __device__ __forceinline__ float *kv_row(float *pool, const cu_attn_args &a, con
     return pool + (((size_t)a.full * a.n_blocks + b) * KVB + (size_t)(pos % KVB)) * (size_t)(a.Hkv * a.hd);
 }
 
+#define NR_REG 8 /* norm_rope_warp: head dims up to 256 through registers */
+
 /* rmsnorm(x) * w, then the partial RoPE at position pos (row r's streams when multimodal), of one head by
  * one warp into y (hd floats). attn_prep_kernel and the fused decode kernel both run it: the same bits. */
 __device__ __forceinline__ void norm_rope_warp(const cu_attn_args &a, const float *x, const float *w,
                                                float *y, int r, int pos, int lane) {
     int hd = a.hd, half = a.rope_dim / 2;
     float ss = 0.0f;
-    for (int i = lane; i < hd; i += 32) {
-        float v = x[i];
-        y[i] = v;
-        ss = fmaf(v, v, ss);
+    if (hd <= NR_REG * 32) {
+        /* the head's values and norm weights requested all at once into registers: in the loop below each
+         * load waits for the store before it (y may alias x), one L2 round trip per 32 values (H200 session
+         * 11: 2.66 us from the decode kernel's PDL wait to its normed q at hd 256). The same sums in the same
+         * order, so the same bits. */
+        float v[NR_REG], wv[NR_REG];
+#pragma unroll
+        for (int u = 0; u < NR_REG; u++) {
+            int i = lane + 32 * u;
+            v[u] = i < hd ? x[i] : 0.0f;
+            wv[u] = i < hd ? w[i] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < NR_REG; u++)
+            if (lane + 32 * u < hd) ss = fmaf(v[u], v[u], ss);
+        ss = warp_sum(ss);
+        float inv = 1.0f / sqrtf(ss / (float)hd + a.eps);
+#pragma unroll
+        for (int u = 0; u < NR_REG; u++)
+            if (lane + 32 * u < hd) y[lane + 32 * u] = (v[u] * inv) * wv[u];
+    } else {
+        for (int i = lane; i < hd; i += 32) {
+            float v = x[i];
+            y[i] = v;
+            ss = fmaf(v, v, ss);
+        }
+        ss = warp_sum(ss);
+        float inv = 1.0f / sqrtf(ss / (float)hd + a.eps);
+        for (int i = lane; i < hd; i += 32) y[i] = (y[i] * inv) * w[i];
     }
-    ss = warp_sum(ss);
-    float inv = 1.0f / sqrtf(ss / (float)hd + a.eps);
-    for (int i = lane; i < hd; i += 32) y[i] = (y[i] * inv) * w[i];
     __syncwarp();
     for (int i = lane; i < half; i += 32) {
         int rp = pos;
