@@ -280,6 +280,103 @@ __device__ __forceinline__ void fh_ldsm4(uint32_t (&r)[4], const __half *p) {
                  : "r"(s));
 }
 
+/* ---- a block's work, a warp's results: the exact (attn_fh_kernel) and fast (attn_ff_kernel) forms' ---- */
+
+/* What blockIdx says: a tile, or with key splits a (tile, span) work item; either way the longest first */
+struct fa_work {
+    int BP;            /* positions per query head: FA_ROWS / QH */
+    int kvh, h0;       /* the KV head; the block's first query head (QH of them) */
+    int r0, rows;      /* the block's first batch row, its rows (<= BP, of one entry) */
+    int pos0, maxpos;  /* the positions of rows r0 and r0 + rows - 1 */
+    const int *blocks; /* the entry's block table */
+    int span, sp;      /* key splits: keys per span (0: unsplit) and this block's span */
+    int klo, khi;      /* this block's keys */
+};
+
+__device__ __forceinline__ fa_work fa_work_of(const cu_attn_args &a, int QH) {
+    fa_work w;
+    const int G = a.Hq / a.Hkv, ngrp = G / QH;
+    w.BP = FA_ROWS / QH;
+    w.kvh = blockIdx.x / ngrp, w.h0 = w.kvh * G + (blockIdx.x % ngrp) * QH;
+    const int *wk = a.split.work ? a.split.work + 2 * (a.split.n_work - 1 - (int)blockIdx.y) : NULL;
+    w.r0 = wk ? wk[0] : a.tiles[a.n_tiles - 1 - (int)blockIdx.y];
+    const int e = a.meta.row_entry[w.r0], end = a.meta.e_row0[e] + a.meta.e_n[e];
+    w.rows = end - w.r0 < w.BP ? end - w.r0 : w.BP;
+    w.pos0 = a.meta.row_pos[w.r0], w.maxpos = w.pos0 + w.rows - 1;
+    w.blocks = a.meta.blocks + a.meta.e_boff[e];
+    /* klo .. khi: a span on the 32-key grid, so a row's key tiles are those of the unsplit kernel; a row with
+     * one span sees exactly the tiles it would unsplit */
+    w.span = wk ? a.split.e_span[e] : 0, w.sp = wk ? wk[1] : 0;
+    w.klo = w.sp * w.span;
+    w.khi = w.span && w.klo + w.span - 1 < w.maxpos ? w.klo + w.span - 1 : w.maxpos;
+    return w;
+}
+
+/* A warp's 16 rows (head h, the block's rows off .. off + 15; lane (g, t) holds rows off + g and off + g + 8
+ * as la, ma, o[][0..1] and lb, mb, o[][2..3]) when its keys are done: the row sums over the quad, then per
+ * row a span's partial (maximum, sum, unnormalised O: combine_rowhead merges them) when the row has more
+ * than one span, else O / l times sigmoid(gate) into a.o, or as the out_proj GEMM's halves (a.o_xb,
+ * CINFER_CUDA_PF_SPLIT). FAST: the maximum came in log2 units (to natural-log units for the partial, as the
+ * exact form writes it), O times 1 / l, and every gate pair loaded before the first store (a.o may alias
+ * a.qkv for the compiler: a load after a store waits for it, one memory latency a pair; call 3 put the 4B
+ * layer at 4096 rows ~0.24 ms over its tiles' rate at 32k). */
+template <int HD, bool FAST>
+__device__ __forceinline__ void fa_finish(const cu_attn_args &a, const fa_work &w, int h, int off, int g,
+                                          int t, const float (&o)[HD / 8][4], float la, float lb, float ma,
+                                          float mb) {
+    constexpr int ONT = HD / 8;
+    la += __shfl_xor_sync(0xffffffffu, la, 1);
+    la += __shfl_xor_sync(0xffffffffu, la, 2);
+    lb += __shfl_xor_sync(0xffffffffu, lb, 1);
+    lb += __shfl_xor_sync(0xffffffffu, lb, 2);
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        int p = off + g + 8 * hr;
+        if (p >= w.rows) continue;
+        float l = hr ? lb : la;
+        const int ns = w.span ? (w.pos0 + p) / w.span + 1 : 1; /* the row's spans */
+        if (w.sp >= ns) continue;                              /* no key of this span is the row's */
+        if (ns > 1) {
+            float *pp = a.split.part + ((size_t)a.split.row_poff[w.r0 + p] * a.Hq + (size_t)h * ns + w.sp) *
+                                           (size_t)(HD + 2);
+            const float m = hr ? mb : ma;
+            if (t == 0) pp[0] = FAST ? m * 0.6931471805599453f : m, pp[1] = l;
+#pragma unroll
+            for (int n = 0; n < ONT; n++)
+                *reinterpret_cast<float2 *>(pp + 2 + n * 8 + 2 * t) =
+                    make_float2(o[n][2 * hr], o[n][2 * hr + 1]);
+            continue;
+        }
+        const float *gate = a.qkv + (size_t)(w.r0 + p) * a.ld + (size_t)h * 2 * HD + HD;
+        const size_t obase = (size_t)(w.r0 + p) * a.Hq * HD + (size_t)h * HD;
+        float *orow = a.o + obase;
+        float2 gv[ONT];
+        if constexpr (FAST) {
+#pragma unroll
+            for (int n = 0; n < ONT; n++) gv[n] = *reinterpret_cast<const float2 *>(gate + n * 8 + 2 * t);
+        }
+        const float il = 1.0f / l;
+#pragma unroll
+        for (int n = 0; n < ONT; n++) {
+            int d = n * 8 + 2 * t;
+            if constexpr (!FAST) gv[n] = *reinterpret_cast<const float2 *>(gate + d);
+            float2 ov;
+            if constexpr (FAST)
+                ov = make_float2(o[n][2 * hr] * il * dev_sigmoid(gv[n].x),
+                                 o[n][2 * hr + 1] * il * dev_sigmoid(gv[n].y));
+            else
+                ov = make_float2(__fmul_rn(o[n][2 * hr] / l, dev_sigmoid(gv[n].x)),
+                                 __fmul_rn(o[n][2 * hr + 1] / l, dev_sigmoid(gv[n].y)));
+            if (a.o_xb) {
+                split_put(a.o_xb, obase + d, a.o_lo, ov.x);
+                split_put(a.o_xb, obase + d + 1, a.o_lo, ov.y);
+            } else {
+                *reinterpret_cast<float2 *>(orow + d) = ov;
+            }
+        }
+    }
+}
+
 /* S16: false K and V f32, split by each warp; true split once (cu_attn_args.kv16), the fragments by ldmatrix
  * (4 an instruction). (Session 5's third form, the split halves by 32-bit loads, measured slower: removed.)
  */
@@ -290,19 +387,9 @@ __global__ void __launch_bounds__(256, HD >= 128 ? 1 : 2) attn_fh_kernel(cu_attn
     constexpr int ONT = HD / 8, NC = ONT < 8 ? ONT : 8;
     constexpr int SKC = 2; /* k16-steps of S per fresh partial (32 of hd) */
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    const int G = a.Hq / a.Hkv, ngrp = G / QH, BP = FA_ROWS / QH;
-    const int kvh = blockIdx.x / ngrp, h0 = kvh * G + (blockIdx.x % ngrp) * QH;
-    /* a tile, or with key splits a (tile, span) work item; either way the longest first */
-    const int *wk = a.split.work ? a.split.work + 2 * (a.split.n_work - 1 - (int)blockIdx.y) : NULL;
-    const int r0 = wk ? wk[0] : a.tiles[a.n_tiles - 1 - (int)blockIdx.y];
-    const int e = a.meta.row_entry[r0], end = a.meta.e_row0[e] + a.meta.e_n[e];
-    const int rows = end - r0 < BP ? end - r0 : BP;
-    const int pos0 = a.meta.row_pos[r0], maxpos = pos0 + rows - 1;
-    const int *blocks = a.meta.blocks + a.meta.e_boff[e];
-    /* this block's keys: klo .. khi (a span on the 32-key grid, so a row's key tiles are those of the
-     * unsplit kernel; a row with one span sees exactly the tiles it would unsplit) */
-    const int span = wk ? a.split.e_span[e] : 0, sp = wk ? wk[1] : 0;
-    const int klo = sp * span, khi = span && klo + span - 1 < maxpos ? klo + span - 1 : maxpos;
+    const fa_work w = fa_work_of(a, QH);
+    const int BP = w.BP, kvh = w.kvh, h0 = w.h0, r0 = w.r0, rows = w.rows, pos0 = w.pos0, maxpos = w.maxpos;
+    const int *blocks = w.blocks, klo = w.klo, khi = w.khi;
     __half *Qh = reinterpret_cast<__half *>(fsm), *Ql = Qh + FA_ROWS * LDQ;
     float *Ks = reinterpret_cast<float *>(Ql + FA_ROWS * LDQ), *Vs = Ks + FA_BN * LDK;
     constexpr int LK16 = HD + 8, LV16 = FA_BN + 8; /* S16: halves per K row, per V (dim) row */
@@ -528,45 +615,7 @@ __global__ void __launch_bounds__(256, HD >= 128 ? 1 : 2) attn_fh_kernel(cu_attn
     }
     if constexpr (!BK) fa_wait(); /* (BK: every copy issued was awaited) */
     if (!live) return;
-    la += __shfl_xor_sync(0xffffffffu, la, 1);
-    la += __shfl_xor_sync(0xffffffffu, la, 2);
-    lb += __shfl_xor_sync(0xffffffffu, lb, 1);
-    lb += __shfl_xor_sync(0xffffffffu, lb, 2);
-#pragma unroll
-    for (int hr = 0; hr < 2; hr++) {
-        int p = off + g + 8 * hr;
-        if (p >= rows) continue;
-        float l = hr ? lb : la;
-        const int ns = span ? (pos0 + p) / span + 1 : 1; /* the row's spans */
-        if (sp >= ns) continue;                          /* no key of this span is the row's */
-        if (ns > 1) {
-            /* a span's partial: its max, sum and unnormalised O (combine_rowhead merges them) */
-            float *pp = a.split.part +
-                        ((size_t)a.split.row_poff[r0 + p] * a.Hq + (size_t)h * ns + sp) * (size_t)(HD + 2);
-            if (t == 0) pp[0] = hr ? mb : ma, pp[1] = l;
-#pragma unroll
-            for (int n = 0; n < ONT; n++)
-                *reinterpret_cast<float2 *>(pp + 2 + n * 8 + 2 * t) =
-                    make_float2(o[n][2 * hr], o[n][2 * hr + 1]);
-            continue;
-        }
-        const float *gate = a.qkv + (size_t)(r0 + p) * a.ld + (size_t)h * 2 * HD + HD;
-        const size_t obase = (size_t)(r0 + p) * a.Hq * HD + (size_t)h * HD;
-        float *orow = a.o + obase;
-#pragma unroll
-        for (int n = 0; n < ONT; n++) {
-            int d = n * 8 + 2 * t;
-            float2 gv = *reinterpret_cast<const float2 *>(gate + d);
-            float2 ov = make_float2(__fmul_rn(o[n][2 * hr] / l, dev_sigmoid(gv.x)),
-                                    __fmul_rn(o[n][2 * hr + 1] / l, dev_sigmoid(gv.y)));
-            if (a.o_xb) { /* the out_proj GEMM's halves (CINFER_CUDA_PF_SPLIT) */
-                split_put(a.o_xb, obase + d, a.o_lo, ov.x);
-                split_put(a.o_xb, obase + d + 1, a.o_lo, ov.y);
-            } else {
-                *reinterpret_cast<float2 *>(orow + d) = ov;
-            }
-        }
-    }
+    fa_finish<HD, false>(a, w, h, off, g, t, o, la, lb, ma, mb);
 }
 
 /* ---- fast mode (cu_attn_args.fast; CINFER_PRECISION=fast): one fp16 rounding of Q, K, V and P ----
@@ -655,16 +704,9 @@ __global__ void __launch_bounds__(256, 1) attn_ff_kernel(cu_attn_args a, int QH)
     constexpr int LDQ = HD + 8, LK = HD + 8, KH = FA_KVB * LK, IMG = ff_img_halves<HD>();
     constexpr int NBT = FF_BN / 8, ONT = HD / 8, NB = FF_BN / FA_KVB, STG = NB * IMG;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    const int G = a.Hq / a.Hkv, ngrp = G / QH, BP = FA_ROWS / QH;
-    const int kvh = blockIdx.x / ngrp, h0 = kvh * G + (blockIdx.x % ngrp) * QH;
-    const int *wk = a.split.work ? a.split.work + 2 * (a.split.n_work - 1 - (int)blockIdx.y) : NULL;
-    const int r0 = wk ? wk[0] : a.tiles[a.n_tiles - 1 - (int)blockIdx.y];
-    const int e = a.meta.row_entry[r0], end = a.meta.e_row0[e] + a.meta.e_n[e];
-    const int rows = end - r0 < BP ? end - r0 : BP;
-    const int pos0 = a.meta.row_pos[r0], maxpos = pos0 + rows - 1;
-    const int *blocks = a.meta.blocks + a.meta.e_boff[e];
-    const int span = wk ? a.split.e_span[e] : 0, sp = wk ? wk[1] : 0;
-    const int klo = sp * span, khi = span && klo + span - 1 < maxpos ? klo + span - 1 : maxpos;
+    const fa_work w = fa_work_of(a, QH);
+    const int BP = w.BP, kvh = w.kvh, h0 = w.h0, r0 = w.r0, rows = w.rows, pos0 = w.pos0, maxpos = w.maxpos;
+    const int *blocks = w.blocks, klo = w.klo, khi = w.khi;
     const int ntile = (khi - klo) / FF_BN + 1;
     __half *Q = reinterpret_cast<__half *>(fsm), *KV = Q + FA_ROWS * LDQ;
     uint64_t *full = reinterpret_cast<uint64_t *>(KV + FF_NS * STG), *empty = full + FF_NS;
@@ -836,51 +878,7 @@ __global__ void __launch_bounds__(256, 1) attn_ff_kernel(cu_attn_args a, int QH)
         if (lane == 0) ff_arrive(empty + s);
     }
     if (!live) return;
-    la += __shfl_xor_sync(0xffffffffu, la, 1);
-    la += __shfl_xor_sync(0xffffffffu, la, 2);
-    lb += __shfl_xor_sync(0xffffffffu, lb, 1);
-    lb += __shfl_xor_sync(0xffffffffu, lb, 2);
-#pragma unroll
-    for (int hr = 0; hr < 2; hr++) {
-        int p = off + g + 8 * hr;
-        if (p >= rows) continue;
-        float l = hr ? lb : la;
-        const float il = 1.0f / l;
-        const int ns = span ? (pos0 + p) / span + 1 : 1; /* the row's spans */
-        if (sp >= ns) continue;                          /* no key of this span is the row's */
-        if (ns > 1) {
-            /* a span's partial as the exact form writes it: the maximum in natural-log units */
-            float *pp = a.split.part +
-                        ((size_t)a.split.row_poff[r0 + p] * a.Hq + (size_t)h * ns + sp) * (size_t)(HD + 2);
-            if (t == 0) pp[0] = (hr ? mb : ma) * 0.6931471805599453f, pp[1] = l;
-#pragma unroll
-            for (int n = 0; n < ONT; n++)
-                *reinterpret_cast<float2 *>(pp + 2 + n * 8 + 2 * t) =
-                    make_float2(o[n][2 * hr], o[n][2 * hr + 1]);
-            continue;
-        }
-        const float *gate = a.qkv + (size_t)(r0 + p) * a.ld + (size_t)h * 2 * HD + HD;
-        const size_t obase = (size_t)(r0 + p) * a.Hq * HD + (size_t)h * HD;
-        float *orow = a.o + obase;
-        /* every gate pair loaded before the first store (a.o may alias a.qkv for the compiler: a load after
-         * a store waits for it: one memory latency a pair; call 3 put the 4B layer at 4096 rows ~0.24 ms over
-         * its tiles' rate at 32k) */
-        float2 gv[ONT];
-#pragma unroll
-        for (int n = 0; n < ONT; n++) gv[n] = *reinterpret_cast<const float2 *>(gate + n * 8 + 2 * t);
-#pragma unroll
-        for (int n = 0; n < ONT; n++) {
-            int d = n * 8 + 2 * t;
-            float2 ov = make_float2(o[n][2 * hr] * il * dev_sigmoid(gv[n].x),
-                                    o[n][2 * hr + 1] * il * dev_sigmoid(gv[n].y));
-            if (a.o_xb) { /* the out_proj GEMM's halves (CINFER_CUDA_PF_SPLIT) */
-                split_put(a.o_xb, obase + d, a.o_lo, ov.x);
-                split_put(a.o_xb, obase + d + 1, a.o_lo, ov.y);
-            } else {
-                *reinterpret_cast<float2 *>(orow + d) = ov;
-            }
-        }
-    }
+    fa_finish<HD, true>(a, w, h, off, g, t, o, la, lb, ma, mb);
 }
 
 static int fa_kv16_ok[9];  /* by hd / 32: the S16 kernels' shared memory fits (cu_attn_tc_init) */

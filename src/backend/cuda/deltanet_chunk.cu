@@ -121,6 +121,67 @@ static __device__ __forceinline__ void ckm_tiles(float (&acc)[4][4], int nc, con
     }
 }
 
+/* T = (I + A)^-1 of a chunk (A strictly lower triangular, f32 [64][CK_GLD] in shared memory), shared by the
+ * exact prep (MM) and the fast one: */
+
+/* column c of diagonal block base / 16 of T by substitution (one thread), the column in registers (unrolled):
+ * the same fmaf chain as through T in shared memory, without its stores and loads between the steps */
+static __device__ __forceinline__ void ck_diag_col(const float *Am, float *Tm, int base, int c) {
+    float tc[16];
+#pragma unroll
+    for (int r = 0; r < 16; r++) {
+        float v = r == c ? 1.0f : 0.0f;
+#pragma unroll
+        for (int s = 0; s < r; s++)
+            if (s >= c) v = fmaf(-Am[(base + r) * CK_GLD + base + s], tc[s], v);
+        tc[r] = v;
+        Tm[(base + r) * CK_GLD + base + c] = v;
+    }
+}
+
+/* the blocks below the diagonal (the diagonal ones done, those above zero) in three rounds on mma.sync, warp
+ * j < bi taking X_j = sum_{m=j}^{bi-1} A_{bi,m} T_{m,j} (into X, f32 [3][16][16]), then T_{bi,j} = -T_{bi,bi}
+ * X_j. Tiles is the 16 x 16 product, acc[n] (n < 2) += A[16][K] B[K][n*8 ..] (A at A[m * lda + k], B at B[k *
+ * ldb + n]): the exact prep's TF32 x3 (ck_tiles_x3) or the fast one's single TF32 rounding (fk_tiles_1x); NA,
+ * the n-tiles of its accumulator (ckm_tiles' holds 4, of which these products use 2). */
+template <int NA, class Tiles>
+static __device__ __forceinline__ void ck_inverse_rounds(const float *Am, float *Tm, float *X, int tid,
+                                                         Tiles tiles) {
+    const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    for (int bi = 1; bi < 4; bi++) {
+        if (warp < bi) {
+            float acc[NA][4] = {};
+            tiles(acc, Am + bi * 16 * CK_GLD + warp * 16, CK_GLD, Tm + warp * 16 * CK_GLD + warp * 16, CK_GLD,
+                  (bi - warp) * 16, g, t4);
+#pragma unroll
+            for (int n = 0; n < 2; n++)
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++)
+                    *(float2 *)(X + warp * 256 + (g + 8 * hh) * 16 + n * 8 + 2 * t4) =
+                        make_float2(acc[n][2 * hh], acc[n][2 * hh + 1]);
+        }
+        __syncthreads();
+        if (warp < bi) {
+            float acc[NA][4] = {};
+            tiles(acc, Tm + bi * 16 * CK_GLD + bi * 16, CK_GLD, X + warp * 256, 16, 16, g, t4);
+#pragma unroll
+            for (int n = 0; n < 2; n++)
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++)
+                    *(float2 *)(Tm + (bi * 16 + g + 8 * hh) * CK_GLD + warp * 16 + n * 8 + 2 * t4) =
+                        make_float2(-acc[n][2 * hh], -acc[n][2 * hh + 1]);
+        }
+        __syncthreads();
+    }
+}
+
+struct ck_tiles_x3 { /* the exact prep's products: TF32 x3 (ckm_tiles) */
+    __device__ __forceinline__ void operator()(float (&acc)[4][4], const float *A, int lda, const float *B,
+                                               int ldb, int K, int g, int t) const {
+        ckm_tiles<false>(acc, 2, A, lda, B, ldb, K, g, t);
+    }
+};
+
 /* floats of one (chunk, value head) in the scratch: W, Qg, Kf [64][dk], U [64][dv], QK [64][64], e^(g_L)
  * (padded to 8 floats: every array starts on 32 bytes, as WMMA loads want) */
 /* IMG (cu_gdn_args.chunk_dt 2): the same arrays laid out as the mma pass's shared memory wants them, so a
@@ -303,18 +364,8 @@ __global__ void __launch_bounds__(256) ck_prep_kernel(cu_gdn_args a) {
      * the rest zero the blocks above the diagonal and bring V in over Q (read by the Q K^T products above) */
     if (tid < 64) {
         int base = (tid >> 4) * 16, c = tid & 15;
-        if constexpr (MM) { /* the column in registers (unrolled): the same fmaf chain without the
-                               stores and loads of T between its steps */
-            float tc[16];
-#pragma unroll
-            for (int r = 0; r < 16; r++) {
-                float v = r == c ? 1.0f : 0.0f;
-#pragma unroll
-                for (int s = 0; s < r; s++)
-                    if (s >= c) v = fmaf(-Am[(base + r) * CK_GLD + base + s], tc[s], v);
-                tc[r] = v;
-                Tm[(base + r) * CK_GLD + base + c] = v;
-            }
+        if constexpr (MM) {
+            ck_diag_col(Am, Tm, base, c);
         } else {
             for (int r = 0; r < 16; r++) {
                 float v = r == c ? 1.0f : 0.0f;
@@ -336,32 +387,8 @@ __global__ void __launch_bounds__(256) ck_prep_kernel(cu_gdn_args a) {
     }
     __pipeline_commit();
     __syncthreads();
-    for (int bi = 1; bi < 4 && MM; bi++) { /* the rounds below on mma.sync: warp j < bi takes X_j, T_{bi,j} */
-        const int lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-        if (warp < bi) {
-            float acc[4][4] = {};
-            ckm_tiles<false>(acc, 2, Am + bi * 16 * CK_GLD + warp * 16, CK_GLD,
-                             Tm + warp * 16 * CK_GLD + warp * 16, CK_GLD, (bi - warp) * 16, g, t4);
-#pragma unroll
-            for (int n = 0; n < 2; n++)
-#pragma unroll
-                for (int hh = 0; hh < 2; hh++)
-                    *(float2 *)(X + warp * 256 + (g + 8 * hh) * 16 + n * 8 + 2 * t4) =
-                        make_float2(acc[n][2 * hh], acc[n][2 * hh + 1]);
-        }
-        __syncthreads();
-        if (warp < bi) {
-            float acc[4][4] = {};
-            ckm_tiles<false>(acc, 2, Tm + bi * 16 * CK_GLD + bi * 16, CK_GLD, X + warp * 256, 16, 16, g, t4);
-#pragma unroll
-            for (int n = 0; n < 2; n++)
-#pragma unroll
-                for (int hh = 0; hh < 2; hh++)
-                    *(float2 *)(Tm + (bi * 16 + g + 8 * hh) * CK_GLD + warp * 16 + n * 8 + 2 * t4) =
-                        make_float2(-acc[n][2 * hh], -acc[n][2 * hh + 1]);
-        }
-        __syncthreads();
-    }
+    if constexpr (MM) /* the rounds below on mma.sync, TF32 x3 */
+        ck_inverse_rounds<4>(Am, Tm, X, tid, ck_tiles_x3());
     for (int bi = 1; bi < 4 && !MM; bi++) {
         /* X_j = sum_{k=j}^{bi-1} A_{bi,k} T_{k,j} for j < bi */
         for (int idx = tid; idx < bi * 256; idx += nt) {
@@ -996,6 +1023,13 @@ static __device__ __forceinline__ void fk_tiles_tf32(float (&acc)[2][4], const f
     }
 }
 
+struct fk_tiles_1x { /* the fast prep's products for ck_inverse_rounds: one TF32 rounding */
+    __device__ __forceinline__ void operator()(float (&acc)[2][4], const float *A, int lda, const float *B,
+                                               int ldb, int K, int g, int t) const {
+        fk_tiles_tf32(acc, A, lda, B, ldb, K, g, t);
+    }
+};
+
 /* the fused layer's front (cu_gdn_layer_fast, FUSED prep): for the chunk's rows, the causal conv (K = 4: the
  * three inputs before a row from the entry's earlier rows or the slot's window) and SiLU of the key head's q
  * and k channels and the value head's v channels, q and k l2-normalized (q scaled by dk^-1/2) as prep_kernel
@@ -1215,19 +1249,7 @@ template <bool FUSED> __global__ void __launch_bounds__(256, FUSED ? 2 : 3) fk_p
     CK_MARK(2);
     /* T = (I + A)^-1: the diagonal blocks by substitution in f32 (a thread a column, in registers), then the
      * blocks below them (below) */
-    if (tid < 64) {
-        int base = (tid >> 4) * 16, c = tid & 15;
-        float tc[16];
-#pragma unroll
-        for (int r = 0; r < 16; r++) {
-            float v = r == c ? 1.0f : 0.0f;
-#pragma unroll
-            for (int s = 0; s < r; s++)
-                if (s >= c) v = fmaf(-Am[(base + r) * CK_GLD + base + s], tc[s], v);
-            tc[r] = v;
-            Tm[(base + r) * CK_GLD + base + c] = v;
-        }
-    }
+    if (tid < 64) ck_diag_col(Am, Tm, (tid >> 4) * 16, tid & 15);
     for (int idx = tid; idx < CK_CH * CK_CH; idx += 256) {
         int r = idx / CK_CH, s = idx % CK_CH;
         if (s / 16 > r / 16) Tm[r * CK_GLD + s] = 0.0f;
@@ -1238,31 +1260,7 @@ template <bool FUSED> __global__ void __launch_bounds__(256, FUSED ? 2 : 3) fk_p
      * X_j, warp j < bi taking X_j, on the tensor cores with one TF32 rounding (as FLA's solve_tril's tl.dot;
      * T is rounded to bf16 right after): H200 call 5 of session 10, a 4B layer 0.546 -> 0.496 ms with the
      * fused layer (the rounds in f32 on the CUDA cores took 6.5k cycles of a prep block, these 2.8k) */
-    for (int bi = 1; bi < 4; bi++) {
-        if (warp < bi) {
-            float acc[2][4] = {};
-            fk_tiles_tf32(acc, Am + bi * 16 * CK_GLD + warp * 16, CK_GLD, Tm + warp * 16 * CK_GLD + warp * 16,
-                          CK_GLD, (bi - warp) * 16, g, t4);
-#pragma unroll
-            for (int n = 0; n < 2; n++)
-#pragma unroll
-                for (int hh = 0; hh < 2; hh++)
-                    *(float2 *)(X + warp * 256 + (g + 8 * hh) * 16 + n * 8 + 2 * t4) =
-                        make_float2(acc[n][2 * hh], acc[n][2 * hh + 1]);
-        }
-        __syncthreads();
-        if (warp < bi) {
-            float acc[2][4] = {};
-            fk_tiles_tf32(acc, Tm + bi * 16 * CK_GLD + bi * 16, CK_GLD, X + warp * 256, 16, 16, g, t4);
-#pragma unroll
-            for (int n = 0; n < 2; n++)
-#pragma unroll
-                for (int hh = 0; hh < 2; hh++)
-                    *(float2 *)(Tm + (bi * 16 + g + 8 * hh) * CK_GLD + warp * 16 + n * 8 + 2 * t4) =
-                        make_float2(-acc[n][2 * hh], -acc[n][2 * hh + 1]);
-        }
-        __syncthreads();
-    }
+    ck_inverse_rounds<2>(Am, Tm, X, tid, fk_tiles_1x());
     CK_MARK(4);
     /* the operands of W and U: T diag(beta e^gam), T diag(beta), rounded once */
     for (int idx = tid; idx < CK_CH * CK_CH / 2; idx += 256) {
