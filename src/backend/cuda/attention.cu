@@ -67,6 +67,61 @@ __device__ __forceinline__ void norm_rope_warp(const cu_attn_args &a, const floa
     __syncwarp();
 }
 
+/* the cluster form's inputs of norm_rope_pre that do not depend on in_proj, read before its PDL wait: the
+ * RoPE's cos / sin of pairs lane + 32 u (from the position or the multimodal streams, uploaded before the
+ * step) and the q / k norm weights of dims lane + 32 u */
+struct nr_pre {
+    float c[NR_REG / 2], s[NR_REG / 2], qw[NR_REG], kw[NR_REG];
+};
+__device__ __forceinline__ void nr_pre_load(const cu_attn_args &a, int r, int pos, int lane, nr_pre &p) {
+    const int hd = a.hd, half = a.rope_dim / 2;
+#pragma unroll
+    for (int u = 0; u < NR_REG; u++) {
+        int i = lane + 32 * u;
+        p.qw[u] = i < hd ? a.q_norm[i] : 0.0f, p.kw[u] = i < hd ? a.k_norm[i] : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < NR_REG / 2; u++) {
+        int i = lane + 32 * u, rp = pos;
+        p.c[u] = p.s[u] = 0.0f;
+        if (i >= half) continue;
+        if (a.rope3) {
+            int st = (i % 3 == 1 && i < 3 * a.mrope_h) ? 1 : (i % 3 == 2 && i < 3 * a.mrope_w) ? 2 : 0;
+            rp = a.rope3[3 * r + st];
+        }
+        float ang = (float)rp * a.inv_freq[i];
+        p.c[u] = cosf(ang), p.s[u] = sinf(ang);
+    }
+}
+/* norm_rope_warp with nr_pre's weights (wv: its qw or kw) and cos / sin (hd <= 32 NR_REG): the same
+ * arithmetic in the same order, so the same bits, and after the wait only x's loads and the arithmetic */
+__device__ __forceinline__ void norm_rope_pre(const cu_attn_args &a, const float *x,
+                                              const float (&wv)[NR_REG], const nr_pre &p, float *y,
+                                              int lane) {
+    const int hd = a.hd, half = a.rope_dim / 2;
+    float v[NR_REG], ss = 0.0f;
+#pragma unroll
+    for (int u = 0; u < NR_REG; u++) v[u] = lane + 32 * u < hd ? x[lane + 32 * u] : 0.0f;
+#pragma unroll
+    for (int u = 0; u < NR_REG; u++)
+        if (lane + 32 * u < hd) ss = fmaf(v[u], v[u], ss);
+    ss = warp_sum(ss);
+    float inv = 1.0f / sqrtf(ss / (float)hd + a.eps);
+#pragma unroll
+    for (int u = 0; u < NR_REG; u++)
+        if (lane + 32 * u < hd) y[lane + 32 * u] = (v[u] * inv) * wv[u];
+    __syncwarp();
+#pragma unroll
+    for (int u = 0; u < NR_REG / 2; u++) {
+        int i = lane + 32 * u;
+        if (i >= half) continue;
+        float cs = p.c[u], sn = p.s[u], pv = y[i], q = y[i + half];
+        y[i] = pv * cs - q * sn;
+        y[i + half] = q * cs + pv * sn;
+    }
+    __syncwarp();
+}
+
 /* per row, a warp per head: q heads in place, k heads into the pool, v copied */
 __global__ void attn_prep_kernel(cu_attn_args a) {
     __shared__ float buf[4][CU_ATTN_MAX_HD];
@@ -589,6 +644,10 @@ __global__ void __launch_bounds__(DEC_NT, CL ? 1 : 2) attn_dec_kernel(cu_attn_ar
     };
     if (FUSED && nch > 0) issue(0);       /* rows of earlier steps: before the wait under PDL (common.cuh) */
     if (CL && FUSED && nch > 1) issue(1); /* CL: two stages always */
+    /* CL: the norms' weights and the RoPE's cos / sin before the wait too (norm_rope_pre) */
+    constexpr bool PRE = CL && FUSED && hd <= NR_REG * 32;
+    nr_pre npre;
+    if (PRE && !other) nr_pre_load(a, r, pos, lane, npre);
     if (FUSED) {
         griddep_wait();
         griddep_launch();
@@ -604,7 +663,11 @@ __global__ void __launch_bounds__(DEC_NT, CL ? 1 : 2) attn_dec_kernel(cu_attn_ar
         for (int i = tid; i < hd; i += DEC_NT) Kc[i] = 0.0f;
     } else if (FUSED) {
         for (int w = warp; w < G + own; w += DEC_NT / 32) {
-            if (w < G)
+            if (PRE && w < G)
+                norm_rope_pre(a, row + (size_t)(h0 + w) * 2 * hd, npre.qw, npre, Qs + w * hd, lane);
+            else if (PRE)
+                norm_rope_pre(a, row + (size_t)a.Hq * 2 * hd + (size_t)kvh * hd, npre.kw, npre, Kc, lane);
+            else if (w < G)
                 norm_rope_warp(a, row + (size_t)(h0 + w) * 2 * hd, a.q_norm, Qs + w * hd, r, pos, lane);
             else
                 norm_rope_warp(a, row + (size_t)a.Hq * 2 * hd + (size_t)kvh * hd, a.k_norm, Kc, r, pos, lane);
