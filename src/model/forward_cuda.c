@@ -336,7 +336,6 @@ struct cuda_fwd {
     int attn_dec_p;  /* with attn_dec_ns: cu_attn_args.dec_p (CINFER_CUDA_ATTN_DEC_P) */
     int attn_dec_1st; /* CINFER_CUDA_ATTN_DEC_1ST: steps of at least this many rows on one stage (0: none) */
     int attn_dec_hs[2]; /* CINFER_CUDA_ATTN_DEC_HS "heads,rows": dec_hs in steps of <= rows rows */
-    int attn_cl[3];     /* CINFER_CUDA_ATTN_CL "P,blocks,heads": cu_attn_args.cl_p, cl_n, cl_hs (P 0: off) */
     size_t part_attn;   /* floats of part for attn_kernel's partials; attn_dec_kernel's follow them */
     int l2pf_next_rows; /* CINFER_CUDA_L2PF_NEXT_ROWS (default 32): L2PF_NEXT only in steps of at most this
                            many rows */
@@ -753,15 +752,7 @@ static void attn_stamps_report(cuda_fwd *f) {
     static const char *const ph[CU_ATTN_STAMPS - 1] = {
         "start->wait",       "wait->norms",    "norms->chunks",  "chunks->partials",
         "partials->counter", "counter->(m,l)", "(m,l)->weights", "weights->end"};
-    /* CINFER_CUDA_ATTN_CL: the rows below its P stamp the cluster's rank-0 block (cl_merge's phases) */
-    static const char *const pc[CU_ATTN_STAMPS - 1] = {
-        "start->wait",      "wait->norms",      "norms->chunks",  "chunks->partial",
-        "partial->barrier", "barrier->merged", "merged->stored", "stored->end"};
-    if (f->attn_cl[0] > 0)
-        stamps_report("attn (cluster rank 0; rows past CL's P: merging block)", f->astamps, CU_ATTN_STAMP_CAP,
-                      CU_ATTN_STAMPS, pc);
-    else
-        stamps_report("attn (merging block)", f->astamps, CU_ATTN_STAMP_CAP, CU_ATTN_STAMPS, ph);
+    stamps_report("attn (merging block)", f->astamps, CU_ATTN_STAMP_CAP, CU_ATTN_STAMPS, ph);
 }
 
 void cuda_fwd_destroy(cuda_fwd *f) {
@@ -928,17 +919,6 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     const char *ahs = getenv("CINFER_CUDA_ATTN_DEC_HS");
     f->attn_dec_hs[0] = -1, f->attn_dec_hs[1] = 1 << 30;
     if (ahs) sscanf(ahs, "%d,%d", &f->attn_dec_hs[0], &f->attn_dec_hs[1]);
-    /* CINFER_CUDA_ATTN_CL="P[,N[,HS]]" ("1": 1024,8): with the dec kernel, rows at positions below P (and at
-     * or past CINFER_CUDA_ATTN_DEC_P) by its cluster form, N blocks (spans) a cluster, HS q heads a block (0:
-     * the launch's choice), each span's partial merged through distributed shared memory instead of global
-     * partials, a fence and a counter (cu_attn_args.cl_p); other bits than the usual form's, fixed by the
-     * row's position. Off by default until an H200 A/B shows it faster */
-    const char *acl = getenv("CINFER_CUDA_ATTN_CL");
-    f->attn_cl[0] = f->attn_cl[1] = f->attn_cl[2] = 0;
-    if (acl && strcmp(acl, "0")) {
-        f->attn_cl[0] = 1024, f->attn_cl[1] = 8;
-        if (strcmp(acl, "1")) sscanf(acl, "%d,%d,%d", &f->attn_cl[0], &f->attn_cl[1], &f->attn_cl[2]);
-    }
     const char *gv4 = getenv("CINFER_CUDA_GEMV_VAR4"); /* "0": the small GEMVs' earlier variant at one row */
     cu_set_gemv3_small_var4(!(gv4 && !strcmp(gv4, "0")));
     const char *gsm = getenv("CINFER_CUDA_GEMV_SMEM");
@@ -947,6 +927,10 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     f->glu[0] = 2, f->glu[1] = 10;
     if (glu) sscanf(glu, "%d,%d", &f->glu[0], &f->glu[1]);
     cu_set_gemv3_glu(f->glu[0], f->glu[1]);
+    /* CINFER_CUDA_ATTN_PRE=1: the fused attention decode kernel's RoPE cos / sin before its PDL wait (the
+     * same bits); off until an H200 A/B shows it faster */
+    const char *apre = getenv("CINFER_CUDA_ATTN_PRE");
+    cu_set_attn_dec_pre(apre && !strcmp(apre, "1"));
     const char *apr = getenv("CINFER_CUDA_ATTN_PF_ROWS"); /* the attention prefetch up to this many rows */
     cu_set_attn_decode_pf_rows(apr ? atoi(apr) : 32);
     if (pdl || pdb)
@@ -1012,16 +996,6 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     /* the dec kernel only where it serves the shape (else every row stays on attn_kernel) */
     if (f->attn_dec_ns && !(m->n_full > 0 && cu_attn_dec_init(m->Hq, m->Hkv, m->hd, f->attn_dec_ns)))
         f->attn_dec_ns = 0;
-    /* the cluster form only with the dec kernel and where it serves the shape */
-    if (f->attn_cl[0] > 0 && !(f->attn_dec_ns && f->attn_cl[0] > f->attn_dec_p &&
-                               cu_attn_cl_init(m->Hq, m->Hkv, m->hd, f->attn_cl[1]))) {
-        fprintf(stderr, "cinfer cuda: CINFER_CUDA_ATTN_CL=%d,%d not served here: off\n", f->attn_cl[0],
-                f->attn_cl[1]);
-        f->attn_cl[0] = 0;
-    } else if (f->attn_cl[0] > 0)
-        fprintf(stderr,
-                "cinfer cuda: CINFER_CUDA_ATTN_CL: positions below %d by clusters of %d blocks (%d heads)\n",
-                f->attn_cl[0], f->attn_cl[1], f->attn_cl[2]);
     const char *g3s = getenv("CINFER_CUDA_G3_STAMPS");
     if (g3s && !strcmp(g3s, "1")) {
         f->g3st_kind = calloc(G3ST_KINDS, sizeof *f->g3st_kind);
@@ -1650,7 +1624,6 @@ static void attention(cuda_fwd *f, const cu_layer *cl, int full, const run_shape
     a.dec_part = f->part + f->part_attn;
     a.dec_hs = T <= f->attn_dec_hs[1] ? f->attn_dec_hs[0] : 0;
     a.dec_stamps = f->astamps;
-    a.cl_p = f->attn_cl[0], a.cl_n = f->attn_cl[1], a.cl_hs = f->attn_cl[2];
     /* CINFER_CUDA_PF_SPLIT: tensor-core tiles without key splits write every row's output themselves */
     int Mb = out_split_rows(f, T, m->Hq * m->hd, fz, a.tiles && a.tc && !a.split.work);
     if (Mb) a.o_xb = f->xb, a.o_lo = cu_gemm_presplit_lo(f->cu, Mb, m->Hq * m->hd);
@@ -2104,8 +2077,8 @@ static void attn_split(const cuda_fwd *f, int T, int minpos, int maxpos, run_sha
         attn_split_old(f, T, maxpos, &rs->span, &rs->nsplit);
         return;
     }
-    int P = f->attn_dec_p, Pc = f->attn_cl[0] > P ? f->attn_cl[0] : P; /* the cluster form: P <= pos < Pc */
-    rs->acls = (minpos < P) | (maxpos >= Pc) << 1 | (minpos < Pc && maxpos >= P && Pc > P) << 2;
+    int P = f->attn_dec_p;
+    rs->acls = (minpos < P) | (maxpos >= P) << 1;
     if (rs->acls & 2) { /* attn_dec_kernel: spans per row from its own position; span says whether every
                            row's spans are one chunk (one stage of shared memory; cu_attn_args.dec_nsmax) */
         rs->dnsplit = cu_attn_dec_grid(maxpos, f->attn_dec_ns);

@@ -4,7 +4,6 @@
  * the sigmoid output gate. */
 #include "backend/cuda/common.cuh"
 
-#include <cooperative_groups.h>
 #include <type_traits>
 
 #define KVB 16 /* = KV_BLOCK of runtime/kvcache.h */
@@ -67,19 +66,13 @@ __device__ __forceinline__ void norm_rope_warp(const cu_attn_args &a, const floa
     __syncwarp();
 }
 
-/* the cluster form's inputs of norm_rope_pre that do not depend on in_proj, read before its PDL wait: the
- * RoPE's cos / sin of pairs lane + 32 u (from the position or the multimodal streams, uploaded before the
- * step) and the q / k norm weights of dims lane + 32 u */
+/* RoPE's cos / sin of pairs lane + 32 u for norm_rope_pre, from the position or the multimodal streams (both
+ * uploaded before the step): computed before the decode kernel's PDL wait (cu_set_attn_dec_pre) */
 struct nr_pre {
-    float c[NR_REG / 2], s[NR_REG / 2], qw[NR_REG], kw[NR_REG];
+    float c[NR_REG / 2], s[NR_REG / 2];
 };
 __device__ __forceinline__ void nr_pre_load(const cu_attn_args &a, int r, int pos, int lane, nr_pre &p) {
-    const int hd = a.hd, half = a.rope_dim / 2;
-#pragma unroll
-    for (int u = 0; u < NR_REG; u++) {
-        int i = lane + 32 * u;
-        p.qw[u] = i < hd ? a.q_norm[i] : 0.0f, p.kw[u] = i < hd ? a.k_norm[i] : 0.0f;
-    }
+    const int half = a.rope_dim / 2;
 #pragma unroll
     for (int u = 0; u < NR_REG / 2; u++) {
         int i = lane + 32 * u, rp = pos;
@@ -93,15 +86,18 @@ __device__ __forceinline__ void nr_pre_load(const cu_attn_args &a, int r, int po
         p.c[u] = cosf(ang), p.s[u] = sinf(ang);
     }
 }
-/* norm_rope_warp with nr_pre's weights (wv: its qw or kw) and cos / sin (hd <= 32 NR_REG): the same
- * arithmetic in the same order, so the same bits, and after the wait only x's loads and the arithmetic */
-__device__ __forceinline__ void norm_rope_pre(const cu_attn_args &a, const float *x,
-                                              const float (&wv)[NR_REG], const nr_pre &p, float *y,
-                                              int lane) {
+/* norm_rope_warp (hd <= 32 NR_REG) with nr_pre's cos / sin: the same arithmetic in the same order, so the
+ * same bits, and after the wait no inv_freq load (an L2 round trip) nor cosf / sinf */
+__device__ __forceinline__ void norm_rope_pre(const cu_attn_args &a, const float *x, const float *w,
+                                              const nr_pre &p, float *y, int lane) {
     const int hd = a.hd, half = a.rope_dim / 2;
-    float v[NR_REG], ss = 0.0f;
+    float v[NR_REG], wv[NR_REG], ss = 0.0f;
 #pragma unroll
-    for (int u = 0; u < NR_REG; u++) v[u] = lane + 32 * u < hd ? x[lane + 32 * u] : 0.0f;
+    for (int u = 0; u < NR_REG; u++) {
+        int i = lane + 32 * u;
+        v[u] = i < hd ? x[i] : 0.0f;
+        wv[u] = i < hd ? w[i] : 0.0f;
+    }
 #pragma unroll
     for (int u = 0; u < NR_REG; u++)
         if (lane + 32 * u < hd) ss = fmaf(v[u], v[u], ss);
@@ -394,13 +390,6 @@ __device__ __forceinline__ int dec_span(int pos, int nsmax, int *ns) {
     return s;
 }
 
-/* cu_attn_cl_span on the device */
-__device__ __forceinline__ int cl_span(int pos, int cln, int *ns) {
-    int n = pos + 1, s = CU_ATTN_DEC_CH * ((n + cln * CU_ATTN_DEC_CH - 1) / (cln * CU_ATTN_DEC_CH));
-    *ns = (n + s - 1) / s;
-    return s;
-}
-
 /* q heads a block of attn_dec_kernel serves (cu_attn_args.dec_hs): a divisor of the GQA group G, else G */
 __host__ __device__ __forceinline__ int dec_gb(const cu_attn_args &a) {
     const int G = a.Hq / a.Hkv;
@@ -509,86 +498,9 @@ __device__ __forceinline__ void dec_merge(const cu_attn_args &a, int h0, int G, 
     }
 }
 
-/* the cluster barrier's halves (every thread of every block of the cluster executes both, converged).
- * release / acquire: the partials a block stored in its shared memory visible to the cluster's readers */
-__device__ __forceinline__ void cl_arrive_release(void) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-#endif
-}
-/* relaxed: nothing to publish (the second barrier: the remote loads' values were consumed before it) */
-__device__ __forceinline__ void cl_arrive_relaxed_a(void) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void cl_wait_acquire(void) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-#endif
-}
-
-/* the cluster form's merge: after the barrier, thread mi >= 0 (head mi / C4, float4 column mi % C4 of the
- * block's G heads) reads every span's m, l and its column of acc from the blocks of rank s < ns (their shared
- * memory at the word offsets oacc [G][hd], om [G], ol [G]), all requested at once, then dec_merge's
- * arithmetic: M the max, w_s = expf(m_s - M) (0 for an empty span), L and the column summed in order of s,
- * gate applied. A second barrier before returning: no block leaves while another reads its shared memory */
-template <int hd>
-__device__ __forceinline__ void cl_merge(const cu_attn_args &a, int r, int h0, int G, int ns, int mi,
-                                         float4 gt, size_t oacc, size_t om, size_t ol,
-                                         unsigned long long *sts) {
-    namespace cg = cooperative_groups;
-    extern __shared__ float4 dec_sm4[];
-    cg::cluster_group cl = cg::this_cluster();
-    float *sm = reinterpret_cast<float *>(dec_sm4);
-    cl_arrive_release();
-    cl_wait_acquire();
-    if (sts) sts[5] = dec_now();
-    if (mi >= 0) {
-        constexpr int C4 = hd / 4;
-        const int g = mi / C4, c = mi % C4;
-        float mv[CU_ATTN_CL_MAX], lv[CU_ATTN_CL_MAX];
-        float4 xv[CU_ATTN_CL_MAX];
-#pragma unroll
-        for (int s = 0; s < CU_ATTN_CL_MAX; s++)
-            if (s < ns) {
-                const float *rb = cl.map_shared_rank(sm, s);
-                mv[s] = rb[om + g], lv[s] = rb[ol + g];
-                xv[s] = reinterpret_cast<const float4 *>(rb + oacc + (size_t)g * hd)[c];
-            }
-        float M = -INFINITY;
-#pragma unroll
-        for (int s = 0; s < CU_ATTN_CL_MAX; s++)
-            if (s < ns) M = fmaxf(M, mv[s]);
-        float L = 0.0f;
-        float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-        for (int s = 0; s < CU_ATTN_CL_MAX; s++)
-            if (s < ns) {
-                float w = lv[s] > 0.0f ? expf(mv[s] - M) : 0.0f;
-                L = fmaf(lv[s], w, L);
-                o.x = fmaf(xv[s].x, w, o.x), o.y = fmaf(xv[s].y, w, o.y);
-                o.z = fmaf(xv[s].z, w, o.z), o.w = fmaf(xv[s].w, w, o.w);
-            }
-        if (sts) sts[6] = dec_now();
-        float *out = a.o + (size_t)r * a.Hq * hd + (size_t)(h0 + g) * hd + 4 * c;
-        out[0] = (o.x / L) * dev_sigmoid(gt.x), out[1] = (o.y / L) * dev_sigmoid(gt.y);
-        out[2] = (o.z / L) * dev_sigmoid(gt.z), out[3] = (o.w / L) * dev_sigmoid(gt.w);
-    }
-    if (sts) sts[7] = dec_now();
-    cl_arrive_relaxed_a();
-    cl_wait_acquire();
-}
-
-/* CL (cu_attn_args.cl_p, launched as clusters of cl_n blocks along z): the cluster form. Block s of the
- * cluster takes span s of cu_attn_cl_span (blocks past the row's spans hold nothing but stay for the
- * barriers); under PDL both stages' chunks are requested before the wait (spans of up to two chunks are then
- * wholly in flight while in_proj runs); the span's partial (acc, m, l of its heads) stays in the block's
- * shared memory (acc where q was), one cluster barrier, then each block merges a slice of the G x hd outputs
- * reading every span's partial through distributed shared memory (cl_merge: dec_merge's arithmetic), and a
- * second barrier keeps each block's shared memory alive until the others have read it. */
-template <int NPL, bool FUSED, bool CL = false>
-__global__ void __launch_bounds__(DEC_NT, CL ? 1 : 2) attn_dec_kernel(cu_attn_args a) {
+/* PRE (fused only, cu_set_attn_dec_pre): the RoPE's cos / sin before the PDL wait (norm_rope_pre) */
+template <int NPL, bool FUSED, bool PRE = false>
+__global__ void __launch_bounds__(DEC_NT, 2) attn_dec_kernel(cu_attn_args a) {
     extern __shared__ float4 dec_sm4[];
     constexpr int hd = NPL * 32, CH = CU_ATTN_DEC_CH, KS = hd + DEC_KPAD, C4 = hd / 4;
     constexpr int TPC = DEC_NT / C4; /* P.V: threads sharing an output column, each a part of the positions */
@@ -602,14 +514,11 @@ __global__ void __launch_bounds__(DEC_NT, CL ? 1 : 2) attn_dec_kernel(cu_attn_ar
           *Sm = Kc + hd, *Sl = Sm + G, *Sc = Sl + G;
     __shared__ int last;
     __shared__ unsigned long long sts[CU_ATTN_STAMPS]; /* CINFER_CUDA_ATTN_STAMPS, thread 0 */
-    const bool stamp = FUSED && a.dec_stamps && tid == 0 && (!CL || sp == 0);
+    const bool stamp = FUSED && a.dec_stamps && tid == 0;
     if (stamp) sts[0] = dec_now();
     const int pos = a.meta.row_pos[r], e = a.meta.row_entry[r];
-    /* a row of another class (attn_kernel's below dec_p; the cluster form's below cl_p, or this form's at or
-     * past it): its blocks only wait and return (a cluster's blocks all together: one row) */
-    const bool other = CL ? pos < a.dec_p || pos >= a.cl_p : pos < a.dec_p || pos < a.cl_p;
-    int ns, span = CL ? cl_span(pos, (int)gridDim.z, &ns)
-                      : dec_span(pos, a.dec_nsmax < a.nsplit ? a.dec_nsmax : a.nsplit, &ns);
+    const bool other = pos < a.dec_p; /* a row of attn_kernel's class: its blocks only wait and return */
+    int ns, span = dec_span(pos, a.dec_nsmax < a.nsplit ? a.dec_nsmax : a.nsplit, &ns);
     const int start = sp * span, end = pos + 1 < start + span ? pos + 1 : start + span;
     const int *blocks = a.meta.blocks + a.meta.e_boff[e];
     /* an MTP head resumed mid-sequence attends only to its own rows (meta.e_astart) */
@@ -642,35 +551,39 @@ __global__ void __launch_bounds__(DEC_NT, CL ? 1 : 2) attn_dec_kernel(cu_attn_ar
         }
         cp_async_commit();
     };
-    if (FUSED && nch > 0) issue(0);       /* rows of earlier steps: before the wait under PDL (common.cuh) */
-    if (CL && FUSED && nch > 1) issue(1); /* CL: two stages always */
-    /* CL: the norms' weights and the RoPE's cos / sin before the wait too (norm_rope_pre) */
-    constexpr bool PRE = CL && FUSED && hd <= NR_REG * 32;
+    if (FUSED && nch > 0) issue(0); /* rows of earlier steps: before the wait under PDL (common.cuh) */
     nr_pre npre;
-    if (PRE && !other) nr_pre_load(a, r, pos, lane, npre);
+    if (PRE && hd <= NR_REG * 32 && !other && sp < ns) nr_pre_load(a, r, pos, lane, npre);
     if (FUSED) {
         griddep_wait();
         griddep_launch();
     }
     if (stamp) sts[1] = dec_now();
-    if (other || (!CL && sp >= ns)) return;
+    if (sp >= ns || other) return;
     const float *row = a.qkv + (size_t)r * a.ld;
     const float *vcur = row + (size_t)a.Hq * 2 * hd + (size_t)(a.Hkv + kvh) * hd;
-    const int own = (!CL || sp < ns) && end == pos + 1; /* this span holds the row's own position */
+    const int own = end == pos + 1; /* this span holds the row's own position */
     if (!FUSED && nch > 0) issue(0);
     if (FUSED && (a.dec_diag & 2)) { /* diagnostics: q unnormed, no k */
         for (int i = tid; i < G * hd; i += DEC_NT) Qs[i] = row[(size_t)(h0 + i / hd) * 2 * hd + i % hd];
         for (int i = tid; i < hd; i += DEC_NT) Kc[i] = 0.0f;
     } else if (FUSED) {
-        for (int w = warp; w < G + own; w += DEC_NT / 32) {
-            if (PRE && w < G)
-                norm_rope_pre(a, row + (size_t)(h0 + w) * 2 * hd, npre.qw, npre, Qs + w * hd, lane);
-            else if (PRE)
-                norm_rope_pre(a, row + (size_t)a.Hq * 2 * hd + (size_t)kvh * hd, npre.kw, npre, Kc, lane);
-            else if (w < G)
-                norm_rope_warp(a, row + (size_t)(h0 + w) * 2 * hd, a.q_norm, Qs + w * hd, r, pos, lane);
-            else
-                norm_rope_warp(a, row + (size_t)a.Hq * 2 * hd + (size_t)kvh * hd, a.k_norm, Kc, r, pos, lane);
+        if constexpr (PRE && hd <= NR_REG * 32) {
+            for (int w = warp; w < G + own; w += DEC_NT / 32) {
+                if (w < G)
+                    norm_rope_pre(a, row + (size_t)(h0 + w) * 2 * hd, a.q_norm, npre, Qs + w * hd, lane);
+                else
+                    norm_rope_pre(a, row + (size_t)a.Hq * 2 * hd + (size_t)kvh * hd, a.k_norm, npre, Kc,
+                                  lane);
+            }
+        } else {
+            for (int w = warp; w < G + own; w += DEC_NT / 32) {
+                if (w < G)
+                    norm_rope_warp(a, row + (size_t)(h0 + w) * 2 * hd, a.q_norm, Qs + w * hd, r, pos, lane);
+                else
+                    norm_rope_warp(a, row + (size_t)a.Hq * 2 * hd + (size_t)kvh * hd, a.k_norm, Kc, r, pos,
+                                   lane);
+            }
         }
         __syncthreads();
         if (own && h0 == kvh * (a.Hq / a.Hkv)) { /* the group's first block writes the pool */
@@ -682,15 +595,6 @@ __global__ void __launch_bounds__(DEC_NT, CL ? 1 : 2) attn_dec_kernel(cu_attn_ar
         for (int i = tid; i < G * hd; i += DEC_NT) Qs[i] = row[(size_t)(h0 + i / hd) * 2 * hd + i % hd];
     }
     for (int g = tid; g < G; g += DEC_NT) Sm[g] = -INFINITY, Sl[g] = 0.0f;
-    /* CL: this thread's output slice of the merge (mi < 0: none) and its gate, requested now (in_proj wrote
-     * it) and first needed after the cluster barrier */
-    const int cper = CL ? (G * C4 + (int)gridDim.z - 1) / (int)gridDim.z : 0,
-              mi = CL && tid < cper && sp * cper + tid < G * C4 ? sp * cper + tid : -1;
-    float4 cgate = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (CL && mi >= 0) {
-        const float *gp = row + (size_t)(h0 + mi / C4) * 2 * hd + hd + 4 * (mi % C4);
-        cgate = make_float4(gp[0], gp[1], gp[2], gp[3]); /* ld need not be a multiple of 4 */
-    }
     __syncthreads();
     if (stamp) sts[2] = dec_now();
     const float scale = (float)(1.0 / sqrt((double)hd));
@@ -704,13 +608,7 @@ __global__ void __launch_bounds__(DEC_NT, CL ? 1 : 2) attn_dec_kernel(cu_attn_ar
     for (int i = 0; i < DEC_GMAX; i++) acc[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     for (int c = 0; c < nch; c++) {
         int c0 = from + c * CH, nj = end - c0 < CH ? end - c0 : CH;
-        if (CL) { /* chunk 1 already requested when fused (before the PDL wait) */
-            if (c + 1 < nch) {
-                if (c > 0 || !FUSED) issue(c + 1);
-                cp_async_wait<1>();
-            } else
-                cp_async_wait<0>();
-        } else if (nst == 2 && c + 1 < nch) {
+        if (nst == 2 && c + 1 < nch) {
             issue(c + 1);
             cp_async_wait<1>();
         } else
@@ -810,9 +708,7 @@ __global__ void __launch_bounds__(DEC_NT, CL ? 1 : 2) attn_dec_kernel(cu_attn_ar
             float4 q = red[((size_t)t * G + g) * C4 + i % C4];
             o.x += q.x, o.y += q.y, o.z += q.z, o.w += q.w;
         }
-        if (CL) { /* the span's partial in place of q (read by the other blocks after the barrier) */
-            *reinterpret_cast<float4 *>(Qs + (size_t)g * hd + d) = o;
-        } else if (ns == 1) {
+        if (ns == 1) {
             float L = Sl[g];
             const float *gate = row + (size_t)h * 2 * hd + hd + d;
             float *out = a.o + (size_t)r * a.Hq * hd + (size_t)h * hd + d;
@@ -823,17 +719,6 @@ __global__ void __launch_bounds__(DEC_NT, CL ? 1 : 2) attn_dec_kernel(cu_attn_ar
             *reinterpret_cast<float4 *>(p + 4 + d) = o;
             if (d == 0) p[0] = Sm[g], p[1] = Sl[g];
         }
-    }
-    if constexpr (CL) {
-        if (stamp) sts[4] = dec_now();
-        cl_merge<hd>(a, r, h0, G, ns, mi, cgate, Qs - sm, Sm - sm, Sl - sm, stamp ? sts : nullptr);
-        if (stamp) {
-            sts[8] = dec_now();
-            unsigned long long i = atomicAdd(a.dec_stamps, 1ull);
-            if (i < CU_ATTN_STAMP_CAP)
-                for (int x = 0; x < CU_ATTN_STAMPS; x++) a.dec_stamps[1 + i * CU_ATTN_STAMPS + x] = sts[x];
-        }
-        return;
     }
     if (!FUSED || ns == 1 || (a.dec_diag & 8)) return;
     __threadfence();
@@ -860,7 +745,7 @@ __global__ void __launch_bounds__(DEC_NT, CL ? 1 : 2) attn_dec_kernel(cu_attn_ar
 __global__ void __launch_bounds__(DEC_NT) attn_dec_combine_kernel(cu_attn_args a) {
     extern __shared__ float sw[]; /* [G][nsplit] x 2 + [G] */
     int kvh = blockIdx.x, r = blockIdx.y, ns;
-    if (a.meta.row_pos[r] < a.dec_p || a.meta.row_pos[r] < a.cl_p) return; /* another kernel's row */
+    if (a.meta.row_pos[r] < a.dec_p) return; /* attn_kernel's row */
     dec_span(a.meta.row_pos[r], a.dec_nsmax < a.nsplit ? a.dec_nsmax : a.nsplit, &ns);
     if (ns > 1) dec_merge(a, kvh * (a.Hq / a.Hkv), a.Hq / a.Hkv, r, ns, sw);
 }
@@ -883,6 +768,7 @@ template <int NPL> static int dec_ready(int G, int nsplit) {
         cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
         const cudaFuncAttribute A = cudaFuncAttributeMaxDynamicSharedMemorySize;
         ok = need <= optin && cudaFuncSetAttribute(attn_dec_kernel<NPL, true>, A, need) == cudaSuccess &&
+                     cudaFuncSetAttribute(attn_dec_kernel<NPL, true, true>, A, need) == cudaSuccess &&
                      cudaFuncSetAttribute(attn_dec_kernel<NPL, false>, A, need) == cudaSuccess
                  ? 1
                  : -1;
@@ -911,6 +797,12 @@ static int dec_auto_hs(const cu_attn_args *a) {
     return G;
 }
 
+/* the fused form with the RoPE's cos / sin before the PDL wait (CINFER_CUDA_ATTN_PRE): the same bits */
+static int g_attn_dec_pre = 0;
+extern "C" void cu_set_attn_dec_pre(int on) {
+    g_attn_dec_pre = on != 0;
+}
+
 template <int NPL> static int attn_dec_npl(cu_ctx *c, const cu_attn_args *a0) {
     cu_attn_args hs_a = *a0;
     if (hs_a.dec_hs < 0) hs_a.dec_hs = dec_auto_hs(a0);
@@ -920,7 +812,8 @@ template <int NPL> static int attn_dec_npl(cu_ctx *c, const cu_attn_args *a0) {
     dim3 grid((unsigned)(a->Hkv * (G / GB)), (unsigned)a->T, (unsigned)a->nsplit);
     size_t sm = dec_smem(NPL * 32, GB, nst);
     if (a->dec_cnt) {
-        cu_launch_pdl_smem(c, cu_pdl_on() >= 2 && (cu_pdl_mask() & PDL_ATTN), attn_dec_kernel<NPL, true>,
+        cu_launch_pdl_smem(c, cu_pdl_on() >= 2 && (cu_pdl_mask() & PDL_ATTN),
+                           g_attn_dec_pre ? attn_dec_kernel<NPL, true, true> : attn_dec_kernel<NPL, true>,
                            grid, dim3(DEC_NT), sm, *a);
         return 1;
     }
@@ -953,103 +846,6 @@ static int attn_dec(cu_ctx *c, const cu_attn_args *a) {
     return dec_by_npl(a->hd, [&](auto n) { return attn_dec_npl<decltype(n)::value>(c, a); });
 }
 
-/* ---- the cluster form (cu_attn_args.cl_p, CINFER_CUDA_ATTN_CL) ---- */
-
-/* 1 when the cluster form serves G heads a block with clusters of cln blocks: dec_ready's limits (two stages,
- * the merge's slice within the block's threads), the shared memory and cluster-size limits raised once for
- * both forms (fused, unfused), and such a cluster resident on this device */
-template <int NPL> static int cl_ready(int G, int cln) {
-    constexpr int hd = NPL * 32;
-    const size_t k1 = (size_t)CU_ATTN_DEC_CH * (hd + DEC_KPAD), kv1 = k1 + (size_t)CU_ATTN_DEC_CH * hd;
-    if (cln < 2 || cln > CU_ATTN_CL_MAX || hd / 4 > DEC_NT || (hd / 4) % DEC_DQ || G > DEC_GMAX ||
-        (size_t)4 * DEC_NT * G > kv1 || (G * hd / 4 + cln - 1) / cln > DEC_NT)
-        return 0;
-    static int ok[CU_ATTN_CL_MAX + 1]; /* per cluster size: 1 yes, -1 no, 0 not asked yet */
-    if (!ok[cln]) {
-        int dev = 0, optin = 0, ncl = 0;
-        int need = (int)dec_smem(hd, DEC_GMAX, 2);
-        cudaGetDevice(&dev);
-        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-        void (*kf)(cu_attn_args) = attn_dec_kernel<NPL, true, true>;
-        void (*ku)(cu_attn_args) = attn_dec_kernel<NPL, false, true>;
-        const cudaFuncAttribute A = cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                NP = cudaFuncAttributeNonPortableClusterSizeAllowed;
-        int good = need <= optin && cudaFuncSetAttribute(kf, A, need) == cudaSuccess &&
-                   cudaFuncSetAttribute(ku, A, need) == cudaSuccess;
-        if (good && cln > 8)
-            good = cudaFuncSetAttribute(kf, NP, 1) == cudaSuccess &&
-                   cudaFuncSetAttribute(ku, NP, 1) == cudaSuccess;
-        if (good) { /* one cluster of cln blocks at the most shared memory a launch asks for */
-            cudaLaunchConfig_t cfg = {};
-            cudaLaunchAttribute at[1];
-            at[0].id = cudaLaunchAttributeClusterDimension;
-            at[0].val.clusterDim.x = 1, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = (unsigned)cln;
-            cfg.gridDim = dim3(1, 1, (unsigned)cln);
-            cfg.blockDim = dim3(DEC_NT);
-            cfg.dynamicSmemBytes = (size_t)need;
-            cfg.attrs = at;
-            cfg.numAttrs = 1;
-            good = cudaOccupancyMaxActiveClusters(&ncl, kf, &cfg) == cudaSuccess && ncl > 0;
-        }
-        cudaGetLastError(); /* a refused attribute leaves no sticky error behind */
-        ok[cln] = good ? 1 : -1;
-    }
-    return ok[cln] > 0;
-}
-
-/* cl_hs <= 0: the fewest q heads a block (a divisor of G) whose clusters fit one block an SM (two stages of
- * shared memory: one block an SM), else the whole group; the same bits whatever the choice */
-static int cl_auto_hs(const cu_attn_args *a) {
-    static int n_sm = 0;
-    if (!n_sm) {
-        int dev = 0, v = 0;
-        n_sm = cudaGetDevice(&dev) == cudaSuccess &&
-                       cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && v > 0
-                   ? v
-                   : 132;
-    }
-    const int G = a->Hq / a->Hkv;
-    const long per = (long)a->T * a->Hkv * a->cl_n;
-    for (int hs = 1; hs < G; hs++)
-        if (G % hs == 0 && per * (G / hs) <= n_sm) return hs;
-    return G;
-}
-
-/* the cluster form's rows: a cluster per (kv head, cl_hs q heads, row), cl_n blocks along z. prep: the
- * unfused form's attn_prep_kernel first (no other launch of the layer ran it) */
-template <int NPL> static int attn_cl_npl(cu_ctx *c, const cu_attn_args *a0, int prep) {
-    cu_attn_args d = *a0;
-    const int G = d.Hq / d.Hkv;
-    d.dec_hs = d.cl_hs > 0 ? d.cl_hs : cl_auto_hs(&d);
-    d.span = 2 * CU_ATTN_DEC_CH; /* two stages of shared memory (dec_stages) */
-    const int GB = dec_gb(d);
-    if (!cl_ready<NPL>(G, d.cl_n)) return 0;
-    const int fused = d.dec_cnt != NULL;
-    if (!fused && prep) attn_prep_kernel<<<d.T, 128, 0, c->stream>>>(d);
-    int pdl = fused && cu_pdl_on() >= 2 && (cu_pdl_mask() & PDL_ATTN) && !c->pdl_break;
-    if (fused) c->pdl_break = 0;
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute at[2];
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = 1, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = (unsigned)d.cl_n;
-    at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[1].val.programmaticStreamSerializationAllowed = 1;
-    cfg.gridDim = dim3((unsigned)(d.Hkv * (G / GB)), (unsigned)d.T, (unsigned)d.cl_n);
-    cfg.blockDim = dim3(DEC_NT);
-    cfg.dynamicSmemBytes = dec_smem(NPL * 32, GB, 2);
-    cfg.stream = c->stream;
-    cfg.attrs = at;
-    cfg.numAttrs = pdl ? 2 : 1;
-    cudaLaunchKernelEx(&cfg, fused ? attn_dec_kernel<NPL, true, true> : attn_dec_kernel<NPL, false, true>, d);
-    return 1;
-}
-
-extern "C" int cu_attn_cl_init(int Hq, int Hkv, int hd, int cln) {
-    if (Hkv <= 0 || Hq % Hkv) return 0;
-    int G = Hq / Hkv;
-    return dec_by_npl(hd, [&](auto n) { return cl_ready<decltype(n)::value>(G, cln); });
-}
-
 extern "C" int cu_attn_dec_init(int Hq, int Hkv, int hd, int nsmax) {
     if (Hkv <= 0 || Hq % Hkv || nsmax <= 0) return 0;
     int G = Hq / Hkv;
@@ -1071,36 +867,22 @@ extern "C" void cu_attn_layer(cu_ctx *c, const cu_attn_args *a) {
          * first chunks requested while in_proj runs, under PDL), then attn_kernel's; each kernel's blocks of
          * the other class return at once. Under PDL the second launch waits for the first to complete (its
          * partials may then reuse the same memory) */
-        int cls = a->dec_p <= 0 ? 2 : a->dec_cls ? a->dec_cls & 3 : 3;
-        /* the cluster form's rows (cl_p > dec_p): class 4, after attn_dec_kernel's (dec_cls then says
-         * whether the batch holds rows of that class too) */
-        if (a->cl_p > 0 && a->cl_p > a->dec_p)
-            cls = a->dec_cls ? a->dec_cls & (a->dec_p <= 0 ? 6 : 7) : cls | 4;
+        int cls = a->dec_p <= 0 ? 2 : a->dec_cls ? a->dec_cls : 3;
         cu_attn_args d = *a;
         if (a->dec_span) d.span = a->dec_span;
         if (a->dec_nsplit) d.nsplit = a->dec_nsplit;
         if (a->dec_part) d.part = a->dec_part;
         if ((cls & 2) && !attn_dec(c, &d)) { /* not served (callers check cu_attn_dec_init): attn_kernel */
             d = *a;
-            d.dec_nsmax = 0, d.cl_p = 0;
+            d.dec_nsmax = 0;
             cu_attn_layer(c, &d);
             return;
-        }
-        int prepped = (cls & 2) && !a->dec_cnt; /* the unfused form's prep ran (for every row) */
-        if (cls & 4) {
-            if (!dec_by_npl(a->hd, [&](auto n) { return attn_cl_npl<decltype(n)::value>(c, a, !prepped); })) {
-                /* not served (callers check cu_attn_cl_init): a configuration error, not a fallback (the
-                 * rows' bits must follow their position alone) */
-                cudaGetLastError();
-                return;
-            }
-            prepped |= !a->dec_cnt;
         }
         if (!(cls & 1)) return;
         if (a->dec_cnt)
             attn_decode_fused(c, a);
         else
-            attn_rows_unfused(c, a, !prepped);
+            attn_rows_unfused(c, a, !(cls & 2));
         return;
     }
     if (a->dec_cnt && !a->tiles) {

@@ -106,6 +106,9 @@ void cu_set_pdl_mask(int mask);
 void cu_set_attn_decode_pf(int on);
 /* the prefetch above only in batches of at most rows rows (default 32; 0: any batch); the same bits */
 void cu_set_attn_decode_pf_rows(int rows);
+/* 1 (CINFER_CUDA_ATTN_PRE=1): the fused attn_dec_kernel computes the RoPE's cos / sin before its PDL wait
+ * (norm_rope_pre) instead of after the q / k loads; the same bits */
+void cu_set_attn_dec_pre(int on);
 /* f32 scratch for the stacked hi/lo product of up to 64 rows (2 x 64 x widest N floats) */
 void cu_set_gemm_scratch(cu_ctx *c, float *d_t, size_t floats);
 /* the rows each half of the xb given to cu_gemm holds (at least the M of any call): with cu_set_gemm_pad on,
@@ -487,15 +490,6 @@ typedef struct cu_attn_args {
      * picks the fewest heads a block whose grid stays within two blocks an SM; anything else (0): the whole
      * group. Every head's arithmetic is the same either way: the same bits */
     int dec_hs;
-    /* the cluster form (CINFER_CUDA_ATTN_CL), 0 off: rows at positions dec_p <= pos < cl_p (a row's class
-     * from its own position, as dec_p's) by attn_dec_kernel's cluster form: the cl_n blocks of a (row, kv
-     * head, cl_hs q heads) are one thread block cluster, block s taking span s of cu_attn_cl_span(pos, cl_n),
-     * its partial kept in its own shared memory and merged by the cluster through distributed shared memory
-     * (no partials in global memory, no counter). The rows at or past max(dec_p, cl_p) stay on
-     * attn_dec_kernel's usual form. cl_hs: q heads a block (a divisor of Hq / Hkv; <= 0 the launch's choice:
-     * the fewest whose grid fits one block an SM); the same bits whatever cl_hs. dec_cls bit 4: the batch
-     * holds rows of this class (with dec_cls 0: assumed) */
-    int cl_p, cl_n, cl_hs;
     /* diagnostics, normally NULL (CINFER_CUDA_ATTN_STAMPS): [0] a counter, then per (row, kv head group)
      * merge of the fused dec kernel up to CU_ATTN_STAMP_CAP records of CU_ATTN_STAMPS %globaltimer values of
      * the merging block's thread 0: entry, PDL wait done, norms done, chunks done, partials written, counter
@@ -513,14 +507,6 @@ typedef struct cu_attn_args {
 static inline int cu_attn_dec_span(int pos, int nsmax, int *ns) {
     int n = pos + 1, s = CU_ATTN_DEC_CH;
     while ((n + s - 1) / s > nsmax) s *= 2;
-    *ns = (n + s - 1) / s;
-    return s;
-}
-/* the cluster form's positions per span of a row at position pos with cln spans (blocks) a cluster: the least
- * multiple of CU_ATTN_DEC_CH giving at most cln spans; *ns the spans holding positions */
-#define CU_ATTN_CL_MAX 16 /* blocks a cluster at most (more than 8: a non-portable cluster size) */
-static inline int cu_attn_cl_span(int pos, int cln, int *ns) {
-    int n = pos + 1, s = CU_ATTN_DEC_CH * ((n + cln * CU_ATTN_DEC_CH - 1) / (cln * CU_ATTN_DEC_CH));
     *ns = (n + s - 1) / s;
     return s;
 }
@@ -554,10 +540,6 @@ void cu_attn_layer(cu_ctx *c, const cu_attn_args *a);
 /* 1 when attn_dec_kernel serves this shape with up to nsmax spans a row on this device (its shared-memory
  * limit raised once, before any graph capture); 0: the decode rows stay on attn_kernel */
 int cu_attn_dec_init(int Hq, int Hkv, int hd, int nsmax);
-/* 1 when the cluster form serves this shape with clusters of cln blocks (2..CU_ATTN_CL_MAX) on this device
- * (shared-memory and cluster-size limits raised once, before any graph capture; a cluster of cln blocks at
- * this shared memory can be resident); 0: cl_p must stay 0 */
-int cu_attn_cl_init(int Hq, int Hkv, int hd, int cln);
 /* raises the tiled kernels' shared-memory limit (before any graph capture); 0 when hd does not fit */
 int cu_attn_init(int hd);
 /* 1 when the tensor-core prefill kernel serves this head dim (32, 64, 128, 256) and fits the device */

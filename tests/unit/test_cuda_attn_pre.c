@@ -1,10 +1,8 @@
-/* test_cuda_attn_cluster.c — the decode attention's cluster form (cu_attn_args.cl_p, CINFER_CUDA_ATTN_CL):
- * rows at positions below cl_p by clusters of cl_n blocks that merge their spans through distributed shared
- * memory. Against an f64 CPU reference (within 1e-5), fused (norms, RoPE, the KV write folded in) against
- * unfused (attn_prep_kernel first) bit for bit (outputs and pools), every row alone (one launch, another
- * heads-a-block choice) against its bits in a batch whose rows take two or three kernels (attn_kernel below
- * dec_p, the cluster form, attn_dec_kernel's usual form at or past cl_p), and a timing of one layer at the 4B
- * shape. GPU only: skips without a CUDA build or device. */
+/* test_cuda_attn_pre.c — the fused decode attention kernel with the RoPE's cos / sin computed before its PDL
+ * wait (cu_set_attn_dec_pre, CINFER_CUDA_ATTN_PRE): against an f64 CPU reference (within 1e-5), fused against
+ * unfused (attn_prep_kernel's norm_rope_warp) bit for bit (outputs and pools), and every row alone against
+ * its bits in a batch whose rows take both attn_kernel (below dec_p) and attn_dec_kernel. GPU only: skips
+ * without a CUDA build or device. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -68,29 +66,26 @@ static void rope_ref(float *x, int R, int pos, const float *inv) {
 
 #define NSMAX 64 /* the dec kernel's spans at most (forward_cuda's default) */
 
-/* forward_cuda's attn_split for rows at minpos..maxpos: the classes (attn_kernel below P, the cluster form
- * P <= pos < Pc, attn_dec_kernel at or past max(P, Pc)) and each kernel's grid */
-static void grids(cu_attn_args *a, int minpos, int maxpos, int P, int Pc) {
-    int Pm = Pc > P ? Pc : P;
-    a->dec_nsmax = NSMAX, a->dec_p = P, a->cl_p = Pc;
-    a->dec_cls = (minpos < P) | (maxpos >= Pm) << 1 | (minpos < Pm && maxpos >= P && Pc > P) << 2;
-    a->dec_nsplit = maxpos >= Pm ? cu_attn_dec_grid(maxpos, NSMAX) : 0;
+/* forward_cuda's attn_split for rows at minpos..maxpos: the classes (attn_kernel below P, attn_dec_kernel at
+ * or past it) and each kernel's grid */
+static void grids(cu_attn_args *a, int minpos, int maxpos, int P) {
+    a->dec_nsmax = NSMAX, a->dec_p = P;
+    a->dec_cls = (minpos < P) | (maxpos >= P) << 1;
+    a->dec_nsplit = maxpos >= P ? cu_attn_dec_grid(maxpos, NSMAX) : 0;
     a->dec_span = (maxpos + CU_ATTN_DEC_CH) / CU_ATTN_DEC_CH <= NSMAX ? CU_ATTN_DEC_CH : 2 * CU_ATTN_DEC_CH;
     a->span = 64, a->nsplit = minpos < P ? cu_attn_row_grid(maxpos < P - 1 ? maxpos : P - 1) : 0;
 }
 
-/* decode rows of entries with lens[i] earlier positions (noise in the pool), `steps` steps, the cluster form
- * for positions P <= pos < Pc in clusters of cln blocks: unfused (whole groups a block) on one copy of the
- * pools, fused (hs heads a block) on another, bitwise; each row alone (fused, the launch's own heads a block)
- * against its bits in the batch; the CPU within 1e-5 */
-static void cl_case(int Hq, int Hkv, int hd, const int *lens, int NE, int steps, int P, int Pc, int cln,
-                    int hs) {
+/* decode rows of entries with lens[i] earlier positions (noise in the pool), `steps` steps, rows at P or past
+ * by attn_dec_kernel (hs q heads a block when fused): unfused (whole groups a block) on one copy of the
+ * pools, fused with the cos / sin before the wait on another, bitwise; each row alone (fused, the launch's
+ * own heads a block) against its bits in the batch; the CPU within 1e-5 */
+static void pre_case(int Hq, int Hkv, int hd, const int *lens, int NE, int steps, int P, int hs) {
     char err[256];
     cu_ctx *c;
     REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
-    if (!cu_attn_cl_init(Hq, Hkv, hd, cln) || !cu_attn_dec_init(Hq, Hkv, hd, NSMAX)) {
-        printf("     Hq %d Hkv %d hd %d, clusters of %d: not served on this device\n", Hq, Hkv, hd, cln);
-        CHECK_MSG(0, "the cluster form does not serve Hq %d Hkv %d hd %d at %d blocks", Hq, Hkv, hd, cln);
+    if (!cu_attn_dec_init(Hq, Hkv, hd, NSMAX)) {
+        CHECK_MSG(0, "attn_dec_kernel does not serve Hq %d Hkv %d hd %d", Hq, Hkv, hd);
         cu_ctx_destroy(c);
         return;
     }
@@ -182,8 +177,8 @@ static void cl_case(int Hq, int Hkv, int hd, const int *lens, int NE, int steps,
             a.T = NE, a.Hq = Hq, a.Hkv = Hkv, a.hd = hd, a.rope_dim = R, a.n_blocks = n_blocks, a.full = full;
             a.qkv = dup_dev(qkv, (size_t)NE * ld * 4), a.ld = ld, a.q_norm = dqn, a.k_norm = dkn;
             a.inv_freq = dinv, a.kpool = dkp[pass], a.vpool = dvp[pass], a.eps = eps, a.meta = meta;
-            a.dec_cnt = pass ? cnt : NULL, a.dec_hs = -1, a.cl_n = cln, a.cl_hs = pass ? hs : Hq / Hkv;
-            grids(&a, minpos, maxpos, P, Pc);
+            a.dec_cnt = pass ? cnt : NULL, a.dec_hs = pass ? hs : 0;
+            grids(&a, minpos, maxpos, P);
             cu_alloc((void **)&a.o, no * 4, err, sizeof err);
             cu_alloc((void **)&a.part, np * 4, err, sizeof err);
             cu_alloc((void **)&a.dec_part, np * 4, err, sizeof err);
@@ -196,11 +191,11 @@ static void cl_case(int Hq, int Hkv, int hd, const int *lens, int NE, int steps,
         }
         size_t at = 0;
         CHECK_MSG(same_bits(out[1], out[0], no, &at),
-                  "cluster hd=%d step %d: fused vs unfused differ at %zu (row %zu): %.9g vs %.9g", hd, s, at,
+                  "pre hd=%d step %d: fused vs unfused differ at %zu (row %zu): %.9g vs %.9g", hd, s, at,
                   at / ((size_t)Hq * hd), out[1][at], out[0][at]);
         double r = rel(out[1], o_r, no);
         worst = r > worst ? r : worst;
-        CHECK_MSG(r <= 1e-5, "cluster hd=%d step %d: vs cpu %.3g", hd, s, r);
+        CHECK_MSG(r <= 1e-5, "pre hd=%d step %d: vs cpu %.3g", hd, s, r);
         for (int i = 0; i < NE; i++) { /* each row alone: its own class, grids and heads a block */
             int pos = lens[i] + s, k = (lens[i] + s + 16) / 16, *h1 = calloc(16 + (size_t)k, sizeof(int));
             h1[1] = pos, h1[2] = 0, h1[3] = pos, h1[4] = 1, h1[8] = 0;
@@ -212,8 +207,8 @@ static void cl_case(int Hq, int Hkv, int hd, const int *lens, int NE, int steps,
             a.inv_freq = dinv, a.kpool = dkp[1], a.vpool = dvp[1], a.eps = eps;
             a.meta = (cu_meta){d1,     d1 + 1, d1 + 2, d1 + 3,  d1 + 4, d1 + 5,
                                d1 + 6, d1 + 7, d1 + 8, d1 + 10, d1 + 9, NULL};
-            a.dec_cnt = cnt, a.dec_hs = -1, a.cl_n = cln, a.cl_hs = 0;
-            grids(&a, pos, pos, P, Pc);
+            a.dec_cnt = cnt, a.dec_hs = -1;
+            grids(&a, pos, pos, P);
             cu_alloc((void **)&a.o, (size_t)Hq * hd * 4, err, sizeof err);
             cu_alloc((void **)&a.part, np * 4, err, sizeof err);
             cu_alloc((void **)&a.dec_part, np * 4, err, sizeof err);
@@ -223,7 +218,7 @@ static void cl_case(int Hq, int Hkv, int hd, const int *lens, int NE, int steps,
             float *g1 = get(a.o, (size_t)Hq * hd);
             size_t at1 = 0;
             int same = same_bits(g1, out[1] + (size_t)i * Hq * hd, (size_t)Hq * hd, &at1);
-            CHECK_MSG(same, "cluster hd=%d step %d: row %d (position %d) alone differs at %zu", hd, s, i, pos,
+            CHECK_MSG(same, "pre hd=%d step %d: row %d (position %d) alone differs at %zu", hd, s, i, pos,
                       at1);
             alone_same &= same, n_alone++;
             free(g1), free(h1);
@@ -235,18 +230,19 @@ static void cl_case(int Hq, int Hkv, int hd, const int *lens, int NE, int steps,
     float *ku = get(dkp[0], pool_n), *kf = get(dkp[1], pool_n), *vu = get(dvp[0], pool_n),
           *vf = get(dvp[1], pool_n);
     size_t at = 0;
-    CHECK_MSG(same_bits(kf, ku, pool_n, &at), "cluster hd=%d: K pools differ at %zu", hd, at);
-    CHECK_MSG(same_bits(vf, vu, pool_n, &at), "cluster hd=%d: V pools differ at %zu", hd, at);
+    CHECK_MSG(same_bits(kf, ku, pool_n, &at), "pre hd=%d: K pools differ at %zu", hd, at);
+    CHECK_MSG(same_bits(vf, vu, pool_n, &at), "pre hd=%d: V pools differ at %zu", hd, at);
     double rk = rel(kf, kp, pool_n);
-    CHECK_MSG(rk <= 1e-5 && !memcmp(vf, vp, pool_n * 4), "cluster hd=%d: pools vs cpu %.3g", hd, rk);
+    CHECK_MSG(rk <= 1e-5 && !memcmp(vf, vp, pool_n * 4), "pre hd=%d: pools vs cpu %.3g", hd, rk);
     unsigned *hc = malloc((size_t)NE * Hq * sizeof(unsigned));
     REQUIRE(cu_download(hc, cnt, (size_t)NE * Hq * sizeof(unsigned), err, sizeof err) == 0);
     int zero = 1;
     for (int i = 0; i < NE * Hq; i++) zero &= hc[i] == 0;
-    CHECK_MSG(zero, "cluster hd=%d: the dec kernel's counters were not set back to 0", hd);
-    printf("     Hq %d Hkv %d hd %d, %d rows at %d..%d, %d steps, P %d, cluster form below %d (%d blocks, %d "
-           "heads): fused == unfused bitwise, vs cpu <= %.2e; %d rows alone: %s\n",
-           Hq, Hkv, hd, NE, minlen, maxlen, steps, P, Pc, cln, hs, worst, n_alone,
+    CHECK_MSG(zero, "pre hd=%d: the dec kernel's counters were not set back to 0", hd);
+    printf("     Hq %d Hkv %d hd %d, %d rows at %d..%d, %d steps, P %d, %d heads a block: fused (cos / sin "
+           "before "
+           "the wait) == unfused bitwise, vs cpu <= %.2e; %d rows alone: %s\n",
+           Hq, Hkv, hd, NE, minlen, maxlen, steps, P, hs, worst, n_alone,
            alone_same ? "bit-identical" : "DIFFERENT");
 #undef KROW
     free(hc), free(ku), free(kf), free(vu), free(vf);
@@ -257,119 +253,28 @@ static void cl_case(int Hq, int Hkv, int hd, const int *lens, int NE, int steps,
     cu_ctx_destroy(c);
 }
 
-/* the 4B shape (Hq 16, Hkv 4, hd 256) at one row: 517 positions in clusters of 8 (spans of 96: three chunks,
- * two requested before the wait) and of 16 (spans of 64), heads a block 1, 2, 4; a short row (one span, idle
- * blocks); the 35B-A3B's group (G 8); small head dims; clusters of 4 */
-TEST(cuda_attn_cluster_one_row) {
+/* the 4B shape (Hq 16, Hkv 4, hd 256) at one row (17 spans after 517 positions), whole groups and 2 heads a
+ * block; a short row; the 35B-A3B's group (G 8); small head dims; rows of both classes in one batch (P = 100;
+ * each row alone takes one); a batch of 32 */
+TEST(cuda_attn_pre_rows) {
     if (cuda_devices() < 1) SKIP("no CUDA device: skipped");
-    static const int l517[] = {517}, l5[] = {5}, l1000[] = {1000};
-    cl_case(16, 4, 256, l517, 1, 3, 0, 1024, 8, 2);
-    cl_case(16, 4, 256, l517, 1, 2, 0, 1024, 16, 1);
-    cl_case(16, 4, 256, l517, 1, 2, 0, 1024, 8, 4);
-    cl_case(16, 4, 256, l5, 1, 2, 0, 1024, 8, 1);
-    cl_case(16, 4, 256, l1000, 1, 2, 0, 2048, 8, 2); /* spans of 128: four chunks */
-    cl_case(16, 2, 256, l517, 1, 2, 0, 1024, 8, 4);
-    cl_case(4, 2, 64, l517, 1, 2, 0, 1024, 4, 1);
-    cl_case(8, 1, 128, l517, 1, 2, 0, 1024, 8, 8);
-}
-
-/* rows of every class in one batch (rows alone each take one): the cluster form below 1024 and the usual
- * dec kernel past it (a row at 1023 crossing on the second step); attn_kernel below P = 100 too; a batch of
- * 32 at the 4B shape */
-TEST(cuda_attn_cluster_classes) {
-    if (cuda_devices() < 1) SKIP("no CUDA device: skipped");
-    static const int l6[] = {3, 1023, 300, 100, 1500, 31};
-    cl_case(16, 4, 256, l6, 6, 2, 0, 1024, 8, 2);
-    cl_case(16, 4, 256, l6, 6, 2, 100, 1024, 8, 1);
-    cl_case(4, 2, 64, l6, 6, 2, 0, 512, 16, 2);
+    static const int l517[] = {517}, l5[] = {5}, l6[] = {3, 1023, 300, 100, 1500, 31};
+    cu_set_attn_dec_pre(1);
+    pre_case(16, 4, 256, l517, 1, 3, 0, 0);
+    pre_case(16, 4, 256, l517, 1, 2, 0, 2);
+    pre_case(16, 4, 256, l5, 1, 2, 0, -1);
+    pre_case(16, 2, 256, l517, 1, 2, 0, 4);
+    pre_case(4, 2, 64, l517, 1, 2, 0, 1);
+    pre_case(8, 1, 128, l6, 6, 2, 0, 8);
+    pre_case(16, 4, 256, l6, 6, 2, 100, -1);
     int l32[32];
     for (int i = 0; i < 32; i++) l32[i] = 3 + (i * 37) % 1100;
-    cl_case(16, 4, 256, l32, 32, 2, 0, 1024, 8, -1);
-}
-
-/* Timing, not a bound: one layer at the 4B shape (Hq 16, Hkv 4, hd 256), fused, plain launches back to back
- * (CUDA events over 50), one row at 512 / 768 / 1024 positions: the usual dec kernel (forward_cuda's grid and
- * heads a block) against the cluster form at 8 and 16 blocks, 1 / 2 / 4 heads a block. Fails only on NaN */
-TEST(cuda_attn_cluster_speed) {
-    if (cuda_devices() < 1) SKIP("no CUDA device: skipped");
-    char err[256];
-    cu_ctx *c;
-    REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
-    const int Hq = 16, Hkv = 4, hd = 256, R = 64, kvd = Hkv * hd, ld = Hq * 2 * hd + 2 * kvd;
-    static const int Ps[] = {512, 768, 1023};
-    for (int pi = 0; pi < 3; pi++) {
-        int P = Ps[pi], nbr = (P + 16) / 16, n_blocks = nbr;
-        size_t pool_n = (size_t)n_blocks * 16 * kvd, np = (size_t)Hq * NSMAX * (hd + 4);
-        float *kp = NULL, *vp = NULL, *qkv = NULL, *o = NULL, *part = NULL, *qn = NULL, *inv = NULL;
-        unsigned *cnt = NULL;
-        if (cu_alloc((void **)&kp, pool_n * 4, err, sizeof err) ||
-            cu_alloc((void **)&vp, pool_n * 4, err, sizeof err) ||
-            cu_alloc((void **)&qkv, (size_t)ld * 4, err, sizeof err) ||
-            cu_alloc((void **)&o, (size_t)Hq * hd * 4, err, sizeof err) ||
-            cu_alloc((void **)&part, np * 4, err, sizeof err) ||
-            cu_alloc((void **)&qn, (size_t)hd * 4, err, sizeof err) ||
-            cu_alloc((void **)&inv, 32 * 4, err, sizeof err) ||
-            cu_alloc((void **)&cnt, (size_t)Hq * 4, err, sizeof err))
-            test_fail(__FILE__, __LINE__, "alloc: %s", err);
-        cu_fill_f32(c, kp, pool_n, 0.01f), cu_fill_f32(c, vp, pool_n, 0.02f),
-            cu_fill_f32(c, qkv, (size_t)ld, 0.5f);
-        cu_fill_f32(c, qn, (size_t)hd, 1.0f), cu_fill_f32(c, inv, 32, 0.001f),
-            cu_fill_f32(c, (float *)cnt, (size_t)Hq, 0.0f);
-        int *hm = calloc(16 + (size_t)n_blocks, sizeof(int));
-        hm[1] = P, hm[3] = P, hm[4] = 1;
-        for (int b = 0; b < n_blocks; b++) hm[10 + b] = b;
-        int *d1 = dup_dev(hm, (10 + (size_t)n_blocks) * sizeof(int));
-        cu_meta meta = {d1,     d1 + 1, d1 + 2, d1 + 3,  d1 + 4, d1 + 5,
-                        d1 + 6, d1 + 7, d1 + 8, d1 + 10, d1 + 9, NULL};
-        cu_timer *t0, *t1;
-        REQUIRE(cu_timer_create(&t0) == 0 && cu_timer_create(&t1) == 0);
-        static const int forms[][2] = {{0, 0}, {8, 1}, {8, 2}, {8, 4}, {16, 1}, {16, 2}, {16, 4}};
-        for (int f = 0; f < 7; f++) {
-            int cln = forms[f][0], hs = forms[f][1];
-            if (cln && !cu_attn_cl_init(Hq, Hkv, hd, cln)) {
-                printf("     pos %4d clusters of %2d: not served\n", P, cln);
-                continue;
-            }
-            cu_attn_args a = {0};
-            a.T = 1, a.Hq = Hq, a.Hkv = Hkv, a.hd = hd, a.rope_dim = R, a.n_blocks = n_blocks, a.full = 0;
-            a.qkv = qkv, a.ld = ld, a.q_norm = qn, a.k_norm = qn, a.inv_freq = inv, a.kpool = kp,
-            a.vpool = vp;
-            a.o = o, a.part = part, a.dec_part = part, a.eps = 1e-6f, a.meta = meta, a.dec_cnt = cnt;
-            a.dec_hs = -1, a.cl_n = cln, a.cl_hs = hs;
-            grids(&a, P, P, 0, cln ? 1 << 20 : 0);
-            cu_fill_f32(c, o, (size_t)Hq * hd, NAN);
-            cu_attn_layer(c, &a); /* warm-up */
-            cu_timer_start(c, t0);
-            for (int i = 0; i < 50; i++) cu_attn_layer(c, &a);
-            cu_timer_start(c, t1);
-            REQUIRE(cu_sync(c, err, sizeof err) == 0);
-            double us = cu_timer_between_ms(t0, t1) * 1000.0 / 50;
-            float *go = get(o, (size_t)Hq * hd);
-            int nan = 0;
-            for (int i = 0; i < Hq * hd; i++) nan |= isnan(go[i]);
-            free(go);
-            if (cln)
-                printf("     pos %4d cluster form, %2d blocks, %d heads a block: %7.2f us\n", P, cln, hs, us);
-            else
-                printf("     pos %4d dec kernel (grid %d): %7.2f us\n", P, a.dec_nsplit, us);
-            CHECK_MSG(!nan, "pos %d form %d: NaN in the output", P, f);
-        }
-        cu_timer_destroy(t0), cu_timer_destroy(t1);
-        free(hm);
-        cu_free(d1), cu_free(kp), cu_free(vp), cu_free(qkv), cu_free(o), cu_free(part), cu_free(qn),
-            cu_free(inv), cu_free(cnt);
-    }
-    cu_ctx_destroy(c);
+    pre_case(16, 4, 256, l32, 32, 2, 0, -1);
+    cu_set_attn_dec_pre(0);
 }
 
 #else
-TEST(cuda_attn_cluster_one_row) {
-    SKIP("no CUDA device: skipped");
-}
-TEST(cuda_attn_cluster_classes) {
-    SKIP("no CUDA device: skipped");
-}
-TEST(cuda_attn_cluster_speed) {
+TEST(cuda_attn_pre_rows) {
     SKIP("no CUDA device: skipped");
 }
 #endif
