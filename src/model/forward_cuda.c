@@ -921,8 +921,6 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     if (ahs) sscanf(ahs, "%d,%d", &f->attn_dec_hs[0], &f->attn_dec_hs[1]);
     const char *gv4 = getenv("CINFER_CUDA_GEMV_VAR4"); /* "0": the small GEMVs' earlier variant at one row */
     cu_set_gemv3_small_var4(!(gv4 && !strcmp(gv4, "0")));
-    const char *gsm = getenv("CINFER_CUDA_GEMV_SMEM");
-    cu_set_gemv3_smem(gsm && !strcmp(gsm, "1"));
     const char *glu = getenv("CINFER_CUDA_GEMV_GLU"); /* gate_up at one row: "rows a warp,variant" (2,10) */
     f->glu[0] = 2, f->glu[1] = 10;
     if (glu) sscanf(glu, "%d,%d", &f->glu[0], &f->glu[1]);
@@ -1987,10 +1985,6 @@ static void diag_ab(cuda_fwd *f, const run_shape *rs, int moe_device) {
         {"l2pf next 8", 0, 0, 0, 0, NULL, 8},
         {"g3 small var0", 0, 0, 0, 0, "0,0,0,-1"},
         {"g3 small var0 + next off", 0, 0, 0, 0, "0,0,0,-1", -1},
-        {"g3 small smem var20", 0, 0, 0, 0, "2,20,0,-1"},
-        {"g3 small smem var16", 0, 0, 0, 0, "2,16,0,-1"},
-        {"g3 small smem u1 var20", 0, 0, 0, 0, "1,20,0,-1"},
-        {"g3 small smem u4 var16", 0, 0, 0, 0, "4,16,0,-1"},
         {"attn pf 0", 0, 0, 0, -1},
         {"pdl off", 0, 0, 1},
         {"skip in_proj", DG_IN, 0, 0},

@@ -6,8 +6,7 @@
  * address), the attention decode kernel's prefetch (CINFER_CUDA_ATTN_PF=1) without and with PDL, that
  * with the L2 prefetch of the next GEMV's weights at 8 MB (CINFER_CUDA_L2PF_NEXT=8), the DeltaNet decode
  * kernel as clusters (CINFER_CUDA_GDN_CLUSTER=1 the first form, =2 the second) eager and from graphs with
- * PDL, and sequence 0 alone under all of them against the batch reference, also with out_proj / down staging
- * their first chunks in shared memory (CINFER_CUDA_GEMV_SMEM=1). PDL's level 2 covers decode steps
+ * PDL, and sequence 0 alone under all of them against the batch reference. PDL's level 2 covers decode steps
  * of contexts that do not speculate (pdl_step in forward_cuda.c). At the fixtures, and at the 4B shape with
  * few layers when CINFER_TEST_PDL_MODEL names such a checkpoint (`cinfer synth --like qwen3.5-4b
  * --layers 4 --vocab 2048 --out DIR`; the GPU script makes one). Without a CUDA build or device every test
@@ -118,22 +117,6 @@ static void pdl_case(const char *dir, const char *name) {
                    same ? "bit-identical" : "DIFFER");
             CHECK_MSG(same, "%s: a sequence alone under PDL differs from the same in a plain batch", name);
         }
-        /* CINFER_CUDA_GEMV_SMEM=1 (one decode row: out_proj / down stage their first chunks in shared memory
-         * before the PDL wait): sequence 0 alone, eager without PDL, eager and from graphs with PDL */
-        static const struct {
-            const char *what, *pdl, *graphs;
-        } sr[] = {{"smem alone eager", "0", "0"}, {"smem alone PDL", "1", "0"}, {"smem alone PDL graph", "1", NULL}};
-        setenv("CINFER_CUDA_GEMV_SMEM", "1", 1);
-        for (size_t k = 0; k < sizeof sr / sizeof sr[0]; k++) {
-            for (size_t i = 0; i < n; i++) got[i] = NAN;
-            if (run_with(m, sr[k].pdl, sr[k].graphs, NULL, NULL, 1, 0, V, got)) break;
-            int same = 1;
-            for (int t = 0; t <= D; t++)
-                same &= !memcmp(got + (size_t)t * V, ref + (size_t)t * B * V, (size_t)V * sizeof(float));
-            printf("     %-14s %-22s vs plain batch: %s\n", name, sr[k].what, same ? "bit-identical" : "DIFFER");
-            CHECK_MSG(same, "%s: %s differs from the same sequence in a plain batch", name, sr[k].what);
-        }
-        unsetenv("CINFER_CUDA_GEMV_SMEM");
     }
     free(ref), free(got);
     cinfer_model_close(m);

@@ -187,9 +187,6 @@ void cu_set_gemv3_one(int u_small, int var_small, int u_big, int var_big);
 void cu_set_gemv3_glu(int nr, int var);
 /* 1 (default; CINFER_CUDA_GEMV_VAR4=0: 0): the <= 4096-output matrices at one row take variant 4 */
 void cu_set_gemv3_small_var4(int on);
-/* 1: the <= 4096-output GEMVs without a norm (out_proj, down) at one row stage a warp's first chunks in shared
- * memory before the PDL wait (CINFER_CUDA_GEMV_SMEM); the same bits */
-void cu_set_gemv3_smem(int on);
 /* diagnostics (tests): every block of the decode GEMVs launched between _begin and _end records %globaltimer
  * (ns) at its start, after its PDL wait and at its end, its SM, the launch's tag (0, 1, ... in launch order
  * from _begin; cu_gemv3_stamp_tag: the next one), its block and the grid's size; _end waits for the device

@@ -61,23 +61,16 @@ __device__ __forceinline__ void g3_stamp_put(int tag, unsigned long long t0, uns
     }
 }
 
-/* bit 16 of VAR (one output row a warp, no norm, K <= G3_PFK: out_proj): before the PDL wait each warp also
- * requests the rest of its rows' chunks into L2 (prefetch.global.L2, a line a lane, no registers held), while
- * the layer's latency-bound core leaves DRAM idle; after the wait the loop's loads then hit L2 */
-#define G3_PFK 4096
-
 /* VAR: bit 1 blocks of 4 warps instead of G3_WARPS = 8 (finer grains over the SMs), bit 2 the next chunks'
  * loads issued before the current ones' FMAs (as v2), bit 3 registers capped for 40 resident warps an SM (10
- * blocks of 4 warps, 5 of 8; without it the big matrices' 62 registers allow 32), bit 4 (16) the staging
- * above; the same sums either way */
+ * blocks of 4 warps, 5 of 8; without it the big matrices' 62 registers allow 32); the same sums either way */
 template <int MR, int NR, int U, bool NORM, int EPI, int VAR, int W = VAR & 2 ? 4 : G3_WARPS>
-__global__ void __launch_bounds__(W * 32, VAR & 8 ? 40 / W : VAR & 16 ? 40 / W : (MR == 1 ? 3 : 2) * 8 / W)
+__global__ void __launch_bounds__(W * 32, VAR & 8 ? 40 / W : (MR == 1 ? 3 : 2) * 8 / W)
     gemv3_kernel(float *__restrict__ y, const float *__restrict__ x, const uint16_t *__restrict__ w, int N,
                  int K, int KS, const float *__restrict__ g, float eps, const void *nx, size_t nx_bytes,
                  int tag) {
     const unsigned long long ts0 = tag >= 0 ? g3_now() : 0;
     constexpr int ROWS = EPI == EPI_SWIGLU ? 2 * NR : NR;
-    constexpr bool PF = (VAR & 16) && ROWS == 1 && MR == 1 && !NORM && EPI == EPI_ADD;
     __shared__ float red[W][ROWS * MR + (NORM ? MR : 0)];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int RG = W / KS, rg = warp / KS, ks = warp % KS;
@@ -108,14 +101,6 @@ __global__ void __launch_bounds__(W * 32, VAR & 8 ? 40 / W : VAR & 16 ? 40 / W :
         if (c < nch && k < K)
 #pragma unroll
             for (int r = 0; r < ROWS; r++) wv[u][r] = g3_ld(wr[r] + k);
-    }
-    if (PF) { /* VAR bit 16: chunk ordinals U.. of this warp, 4 lines of 128 bytes each */
-        const int nw = (nch - ks + KS - 1) / KS;
-        for (int i = lane; i < (nw - U) * 4; i += 32) {
-            int c = ks + (U + i / 4) * KS;
-            const uint16_t *p = wr[0] + (size_t)c * 256 + (i % 4) * 64;
-            asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(p));
-        }
     }
     griddep_wait();
     const unsigned long long ts1 = tag >= 0 ? g3_now() : 0;
@@ -295,19 +280,12 @@ static int g_one_u[2] = {0, 0}, g_one_var[2] = {-1, -1};
  * the same bits */
 static int g_small_var = 4;
 extern "C" void cu_set_gemv3_small_var4(int on) {
-    g_small_var = (on ? 4 : 0) | (g_small_var & 16);
-}
-/* CINFER_CUDA_GEMV_SMEM=1 (the name kept from a lost form): the <= 4096-output GEMVs without a norm and K <=
- * G3_PFK (out_proj) at one row request their rows into L2 before the PDL wait (VAR bit 16); the same bits */
-extern "C" void cu_set_gemv3_smem(int on) {
-    g_small_var = (g_small_var & ~16) | (on ? 16 : 0);
+    g_small_var = on ? 4 : 0;
 }
 extern "C" void cu_set_gemv3_one(int u_small, int var_small, int u_big, int var_big) {
     g_one_u[1] = u_small == 1 || u_small == 2 || u_small == 4 ? u_small : 0;
     g_one_u[0] = u_big == 1 || u_big == 2 || u_big == 4 ? u_big : 0;
-    g_one_var[1] = var_small >= 0 && (var_small <= 10 || var_small == 16 || var_small == 20) && !(var_small & 1)
-                       ? var_small
-                       : -1;
+    g_one_var[1] = var_small >= 0 && var_small <= 10 && !(var_small & 1) ? var_small : -1;
     g_one_var[0] = var_big >= 0 && var_big <= 10 && !(var_big & 1) ? var_big : -1;
 }
 /* the wide SwiGLU GEMV (gate_up) at one row of x (CINFER_CUDA_GEMV_GLU "nr,var"): output rows a warp (1, 2,
@@ -405,7 +383,6 @@ static void g3_tile(cu_ctx *c, float *y, const float *x, const uint16_t *w, int 
         if (!g_u && g_one_u[small]) u = g_one_u[small];
         if (g_var < 0 && g_one_var[small] >= 0 && !glu)
             var = g_one_var[small]; /* gate_up: cu_set_gemv3_glu */
-        if ((var & 16) && K > G3_PFK) var &= ~16; /* out_proj only (down: K = I) */
         if (var == 2)
             g3_mr1<2, NORM, EPI>(c, y, x, w, nr, u, tiles, N, K, KS, g, eps);
         else if (var == 4)
@@ -416,10 +393,6 @@ static void g3_tile(cu_ctx *c, float *y, const float *x, const uint16_t *w, int 
             g3_mr1<8, NORM, EPI>(c, y, x, w, nr, u, tiles, N, K, KS, g, eps);
         else if (var == 10)
             g3_mr1<10, NORM, EPI>(c, y, x, w, nr, u, tiles, N, K, KS, g, eps);
-        else if (var == 20) /* staged where built (out_proj, down), else its register form */
-            g3_mr1 < !NORM && EPI == EPI_ADD ? 20 : 4, NORM, EPI > (c, y, x, w, nr, u, tiles, N, K, KS, g, eps);
-        else if (var == 16)
-            g3_mr1 < !NORM && EPI == EPI_ADD ? 16 : 0, NORM, EPI > (c, y, x, w, nr, u, tiles, N, K, KS, g, eps);
         else
             g3_mr1<0, NORM, EPI>(c, y, x, w, nr, u, tiles, N, K, KS, g, eps);
         break;
