@@ -21,29 +21,12 @@
 
 #ifdef CINFER_CUDA
 #include "backend/cuda/cuda_ops.h"
+#include "cuda_test_util.h"
 
 #define NO_DEVICE() (!cuda_built() || cuda_devices() < 1)
 
-static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
-static float frand(void) { /* [-1, 1) */
-    g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
-    return (float)((g_rng >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
-}
-
-static void *dup_dev(const void *h, size_t bytes) {
-    void *d = NULL;
-    char err[256];
-    if (cu_alloc(&d, bytes, err, sizeof err) || cu_upload(d, h, bytes, err, sizeof err)) return NULL;
-    return d;
-}
-static float *get(const float *d, size_t n) {
-    float *h = malloc(n * sizeof(float) + 16);
-    char err[256];
-    if (cu_download(h, d, n * sizeof(float), err, sizeof err)) memset(h, 0xff, n * sizeof(float)); /* NaN */
-    return h;
-}
-/* ||got - ref|| / ||ref||; a NaN or inf anywhere gives +inf */
-static double rel(const float *got, const double *ref, size_t n) {
+/* rel (cuda_test_util.h) against a double reference: a NaN or inf anywhere gives +inf */
+static double rel64(const float *got, const double *ref, size_t n) {
     double d = 0, r = 0;
     for (size_t i = 0; i < n; i++) {
         if (!isfinite(got[i])) return INFINITY;
@@ -148,7 +131,7 @@ TEST(cuda_gemv3_fused_vs_cpu) {
         for (int M = 1; M <= 8; M++) {
             float *y = M == 8 ? y8 : run_fused(c, s, dx, dw, dg, dy0, M);
             REQUIRE(y);
-            double r = rel(y, ref, (size_t)M * N);
+            double r = rel64(y, ref, (size_t)M * N);
             if (!(r <= worst)) worst = r;
             CHECK_MSG(r <= 1e-5, "%s M=%d: ||d||/||ref|| = %.3g", s->what, M, r);
             CHECK_MSG(!memcmp(y, y8, (size_t)M * N * 4), "%s: the first %d rows differ alone and among 8",
@@ -169,7 +152,7 @@ TEST(cuda_gemv3_fused_vs_cpu) {
                 REQUIRE(y);
                 if (!ya) {
                     ya = y;
-                    double r = rel(y, ref, (size_t)N);
+                    double r = rel64(y, ref, (size_t)N);
                     CHECK_MSG(r <= 1e-5, "%s %d splits: ||d||/||ref|| = %.3g", s->what, ks, r);
                     printf(" | %d: %.1e", ks, r);
                 } else {

@@ -20,42 +20,7 @@
 
 #ifdef CINFER_CUDA
 #include "backend/cuda/cuda_ops.h"
-
-static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
-static float frand(void) { /* [-1, 1) */
-    g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
-    return (float)((g_rng >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
-}
-static float *rnd(size_t n, float scale) {
-    float *p = malloc(n * sizeof(float) + 16);
-    for (size_t i = 0; i < n; i++) p[i] = frand() * scale;
-    return p;
-}
-
-/* ||got - ref|| / ||ref||; any NaN or inf in got gives +inf */
-static double rel(const float *got, const float *ref, size_t n) {
-    double d = 0, r = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (!isfinite(got[i])) return INFINITY;
-        double e = (double)got[i] - ref[i];
-        d += e * e;
-        r += (double)ref[i] * ref[i];
-    }
-    return r > 0 ? sqrt(d / r) : sqrt(d);
-}
-
-static void *dup_dev(const void *h, size_t bytes) {
-    void *d = NULL;
-    char err[256];
-    if (cu_alloc(&d, bytes, err, sizeof err) || cu_upload(d, h, bytes, err, sizeof err)) return NULL;
-    return d;
-}
-static float *get(const float *d, size_t n) {
-    float *h = malloc(n * sizeof(float) + 16);
-    char err[256];
-    if (cu_download(h, d, n * sizeof(float), err, sizeof err)) memset(h, 0xff, n * sizeof(float)); /* NaN */
-    return h;
-}
+#include "cuda_test_util.h"
 
 typedef struct ent {
     int len, n, slot;
@@ -122,7 +87,7 @@ static float *proj_rows(const layer *L, int T) {
  * o [T][vd] */
 static void cpu_layer(const layer *L, const float *proj, const ent *e, int NE, float *cst, float *rst,
                       float *o) {
-    int Hk = L->Hk, Hv = L->Hv, dk = L->dk, dv = L->dv, K = L->K, C = L->C, vd = L->vd, kd = Hk * dk;
+    int Hk = L->Hk, Hv = L->Hv, dk = L->dk, dv = L->dv, K = L->K, C = L->C, vd = L->vd;
     size_t cs_per = (size_t)(K - 1) * C, rs_per = (size_t)Hv * dk * dv;
     int T = 0;
     for (int i = 0; i < NE; i++) T += e[i].n;
@@ -130,47 +95,19 @@ static void cpu_layer(const layer *L, const float *proj, const ent *e, int NE, f
     float *tmp = malloc(gdn_chunk_scratch_floats(dk, dv) * 4);
     for (int i = 0, r0 = 0; i < NE; r0 += e[i].n, i++) {
         int n = e[i].n;
-        float *st = cst + ((size_t)e[i].slot * L->n_lin + L->lin) * cs_per;
-        float *X = malloc((size_t)(K - 1 + n) * sizeof(float));
-        for (int ch = 0; ch < C; ch++) {
-            for (int j = 0; j < K - 1; j++) X[j] = st[(size_t)j * C + ch];
-            for (int t = 0; t < n; t++) X[K - 1 + t] = proj[(size_t)(r0 + t) * L->ld + ch];
-            for (int t = 0; t < n; t++) {
-                float acc = 0.0f;
-                for (int j = 0; j < K; j++) acc += L->cw[(size_t)j * C + ch] * X[t + j];
-                co[(size_t)(r0 + t) * C + ch] = ops_silu(acc);
-            }
-            for (int j = 0; j < K - 1; j++) st[(size_t)j * C + ch] = X[n + j];
-        }
-        free(X);
+        ref_conv_silu(co + (size_t)r0 * C, cst + ((size_t)e[i].slot * L->n_lin + L->lin) * cs_per, L->cw,
+                      proj + (size_t)r0 * L->ld, L->ld, n, K, C);
         for (int t = r0; t < r0 + n; t++) {
-            for (int h = 0; h < 2 * Hk; h++) {
-                float *xx = co + (size_t)t * C + (size_t)h * dk;
-                ops_l2norm(xx, xx, dk, 1e-6f);
-                if (h < Hk)
-                    for (int q = 0; q < dk; q++) xx[q] *= (float)(1.0 / sqrt((double)dk));
-            }
+            ref_qk_norm(co + (size_t)t * C, Hk, dk);
             const float *row = proj + (size_t)t * L->ld;
             for (int h = 0; h < Hv; h++) {
                 bg[(size_t)t * 2 * Hv + h] = ops_sigmoid(row[C + vd + h]);
                 bg[(size_t)t * 2 * Hv + Hv + h] = L->A[h] * ops_softplus(row[C + vd + Hv + h] + L->dt[h]);
             }
         }
-        for (int h = 0; h < Hv; h++) {
-            int kh = h / (Hv / Hk);
-            const float *base = co + (size_t)r0 * C;
-            float *S = rst + ((size_t)e[i].slot * L->n_lin + L->lin) * rs_per + (size_t)h * dk * dv;
-            float *oh = o + (size_t)r0 * vd + (size_t)h * dv;
-            const float *bb = bg + (size_t)r0 * 2 * Hv;
-            if (n == 1 && e[i].len > 0)
-                gdn_recurrent(1, base + (size_t)kh * dk, C, base + kd + (size_t)kh * dk, C,
-                              base + 2 * kd + (size_t)h * dv, C, bb + Hv + h, 2 * Hv, bb + h, 2 * Hv, S, dk,
-                              dv, oh, vd);
-            else
-                gdn_chunked(n, e[i].len, base + (size_t)kh * dk, C, base + kd + (size_t)kh * dk, C,
-                            base + 2 * kd + (size_t)h * dv, C, bb + Hv + h, 2 * Hv, bb + h, 2 * Hv, S, dk, dv,
-                            oh, vd, tmp);
-        }
+        ref_gdn_core(co + (size_t)r0 * C, bg + (size_t)r0 * 2 * Hv,
+                     rst + ((size_t)e[i].slot * L->n_lin + L->lin) * rs_per, o + (size_t)r0 * vd, n, e[i].len,
+                     Hk, Hv, dk, dv, tmp);
         for (int t = r0; t < r0 + n; t++)
             for (int h = 0; h < Hv; h++) {
                 float *oh = o + (size_t)t * vd + (size_t)h * dv;
@@ -221,15 +158,6 @@ static float *dev_layer(cu_ctx *c, const layer *L, const float *dproj, const ent
     }
     cu_free(dco), cu_free(dbg), cu_free(dout), cu_free(dm);
     return o;
-}
-
-static int same_bits(const float *a, const float *b, size_t n, size_t *first) {
-    for (size_t i = 0; i < n; i++)
-        if (memcmp(a + i, b + i, 4)) {
-            *first = i;
-            return 0;
-        }
-    return 1;
 }
 
 /* prefill of each entry (pre[i] tokens from 0, the chunked form), then `steps` decode steps of every entry:

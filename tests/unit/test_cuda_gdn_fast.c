@@ -16,87 +16,12 @@
 
 #ifdef CINFER_CUDA
 #include "backend/cuda/cuda_ops.h"
+#include "cuda_test_util.h"
 
 #define NO_DEVICE() (cuda_devices() < 1)
 #define FAST_BOUND  1e-2
 
-static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
-static float frand(void) { /* [-1, 1) */
-    g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
-    return (float)((g_rng >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
-}
-static float *rnd(size_t n, float scale) {
-    float *p = malloc(n * sizeof(float) + 16);
-    for (size_t i = 0; i < n; i++) p[i] = frand() * scale;
-    return p;
-}
-/* ||got - ref|| / ||ref||; any NaN or inf in got gives +inf */
-static double rel(const float *got, const float *ref, size_t n) {
-    double d = 0, r = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (!isfinite(got[i])) return INFINITY;
-        double e = (double)got[i] - ref[i];
-        d += e * e;
-        r += (double)ref[i] * ref[i];
-    }
-    return r > 0 ? sqrt(d / r) : sqrt(d);
-}
-static void *dup_dev(const void *h, size_t bytes) {
-    void *d = NULL;
-    char err[256];
-    if (cu_alloc(&d, bytes, err, sizeof err) || cu_upload(d, h, bytes, err, sizeof err)) return NULL;
-    return d;
-}
-static float *nan_dev(cu_ctx *c, size_t n) {
-    float *d = NULL;
-    char err[256];
-    if (cu_alloc((void **)&d, n * sizeof(float), err, sizeof err)) return NULL;
-    cu_fill_f32(c, d, n, NAN);
-    return d;
-}
-static float *get(const float *d, size_t n) {
-    float *h = malloc(n * sizeof(float) + 16);
-    char err[256];
-    if (cu_download(h, d, n * sizeof(float), err, sizeof err)) memset(h, 0xff, n * sizeof(float)); /* NaN */
-    return h;
-}
-static void check_rel(const char *what, const float *got, const float *ref, size_t n, double tol) {
-    double r = rel(got, ref, n);
-    printf("     %-52s ||d||/||ref|| = %.2e (bound %.0e)\n", what, r, tol);
-    CHECK_MSG(r <= tol, "%s: ||d||/||ref|| = %.3g > %g", what, r, tol);
-}
-
 static int g_fused; /* batches of prefills only through cu_gdn_layer_fast (CINFER_CUDA_GDN_FAST=2) */
-
-typedef struct fent {
-    int len, n, slot;
-} fent;
-
-/* forward_cuda.c's packed metadata for these entries (no block tables: DeltaNet reads none) */
-static int *pack_meta(const fent *e, int NE, cu_meta *m, int **dev) {
-    int T = 0;
-    for (int i = 0; i < NE; i++) T += e[i].n;
-    size_t nb = 0;
-    for (int i = 0; i < NE; i++) nb += (size_t)(e[i].len + e[i].n + 15) / 16;
-    size_t o_pos = T, o_ent = 2 * (size_t)T, o_len = 3 * (size_t)T, o_n = o_len + NE, o_r0 = o_n + NE,
-           o_slot = o_r0 + NE;
-    size_t o_boff = o_slot + NE, o_lrow = o_boff + NE, o_blk = o_lrow + T, tot = o_blk + nb;
-    int *h = calloc(tot + 1, sizeof(int));
-    int r = 0;
-    size_t bo = 0;
-    for (int i = 0; i < NE; i++) {
-        h[o_len + i] = e[i].len, h[o_n + i] = e[i].n, h[o_r0 + i] = r, h[o_slot + i] = e[i].slot,
-                  h[o_boff + i] = (int)bo;
-        bo += (size_t)(e[i].len + e[i].n + 15) / 16;
-        for (int t = 0; t < e[i].n; t++, r++)
-            h[o_pos + r] = e[i].len + t, h[o_ent + r] = i, h[o_lrow + r] = r;
-    }
-    int *d = dup_dev(h, (tot + 1) * sizeof(int));
-    *dev = d;
-    *m = (cu_meta){d,        d + o_pos,  d + o_ent,  d + o_len,  d + o_n,
-                   d + o_r0, d + o_slot, d + o_boff, d + o_lrow, d + o_blk};
-    return h;
-}
 
 /* one layer's shapes and weights, and the slots' states (host: the CPU's; device: the kernels') */
 typedef struct gdn_t {
@@ -113,7 +38,7 @@ typedef struct gdn_in {
     float *qkv, *z, *b, *a;
 } gdn_in;
 
-static gdn_in make_in(const gdn_t *L, const fent *ents, int NE) {
+static gdn_in make_in(const gdn_t *L, const test_entry *ents, int NE) {
     gdn_in in = {0};
     for (int i = 0; i < NE; i++) in.T += ents[i].n;
     in.ld = L->C + 16;
@@ -130,52 +55,25 @@ static void free_in(gdn_in *in) {
 
 /* the CPU's layer (f32): conv, norms, gates, the chunked form for prefills and the recurrence for decode
  * tokens, gated norm; moves the host states on; o [T][Hv dv] */
-static void cpu_layer(gdn_t *L, const fent *ents, int NE, const gdn_in *in, float *o) {
-    int Hk = L->Hk, Hv = L->Hv, dk = L->dk, dv = L->dv, K = L->K, C = L->C, kd = Hk * dk, vd = Hv * dv;
+static void cpu_layer(gdn_t *L, const test_entry *ents, int NE, const gdn_in *in, float *o) {
+    int Hk = L->Hk, Hv = L->Hv, dk = L->dk, dv = L->dv, K = L->K, C = L->C, vd = Hv * dv;
     float *co = malloc((size_t)in->T * C * 4), *bg = malloc((size_t)in->T * 2 * Hv * 4);
     float *tmp = malloc(gdn_chunk_scratch_floats(dk, dv) * 4);
     for (int i = 0, r0 = 0; i < NE; r0 += ents[i].n, i++) {
         int n = ents[i].n;
-        float *st = L->cst + ((size_t)ents[i].slot * L->n_lin + L->lin) * L->cs_per;
-        float *X = malloc((size_t)(K - 1 + n) * sizeof(float));
-        for (int ch = 0; ch < C; ch++) {
-            for (int j = 0; j < K - 1; j++) X[j] = st[(size_t)j * C + ch];
-            for (int t = 0; t < n; t++) X[K - 1 + t] = in->qkv[(size_t)(r0 + t) * in->ld + ch];
-            for (int t = 0; t < n; t++) {
-                float acc = 0.0f;
-                for (int j = 0; j < K; j++) acc += L->cw[(size_t)j * C + ch] * X[t + j];
-                co[(size_t)(r0 + t) * C + ch] = ops_silu(acc);
-            }
-            for (int j = 0; j < K - 1; j++) st[(size_t)j * C + ch] = X[n + j];
-        }
-        free(X);
+        ref_conv_silu(co + (size_t)r0 * C, L->cst + ((size_t)ents[i].slot * L->n_lin + L->lin) * L->cs_per,
+                      L->cw, in->qkv + (size_t)r0 * in->ld, in->ld, n, K, C);
         for (int t = r0; t < r0 + n; t++) {
-            for (int h = 0; h < 2 * Hk; h++) {
-                float *xx = co + (size_t)t * C + (size_t)h * dk;
-                ops_l2norm(xx, xx, dk, 1e-6f);
-                if (h < Hk)
-                    for (int q = 0; q < dk; q++) xx[q] *= (float)(1.0 / sqrt((double)dk));
-            }
+            ref_qk_norm(co + (size_t)t * C, Hk, dk);
             for (int h = 0; h < Hv; h++) {
                 bg[(size_t)t * 2 * Hv + h] = ops_sigmoid(in->b[(size_t)t * Hv + h]);
                 bg[(size_t)t * 2 * Hv + Hv + h] =
                     L->A[h] * ops_softplus(in->a[(size_t)t * Hv + h] + L->dt[h]);
             }
         }
-        for (int h = 0; h < Hv; h++) {
-            int kh = h / (Hv / Hk);
-            const float *base = co + (size_t)r0 * C, *bb = bg + (size_t)r0 * 2 * Hv;
-            float *S = L->rst + ((size_t)ents[i].slot * L->n_lin + L->lin) * L->rs_per + (size_t)h * dk * dv;
-            float *oh = o + (size_t)r0 * vd + (size_t)h * dv;
-            if (n == 1 && ents[i].len > 0)
-                gdn_recurrent(1, base + (size_t)kh * dk, C, base + kd + (size_t)kh * dk, C,
-                              base + 2 * kd + (size_t)h * dv, C, bb + Hv + h, 2 * Hv, bb + h, 2 * Hv, S, dk,
-                              dv, oh, vd);
-            else
-                gdn_chunked(n, ents[i].len, base + (size_t)kh * dk, C, base + kd + (size_t)kh * dk, C,
-                            base + 2 * kd + (size_t)h * dv, C, bb + Hv + h, 2 * Hv, bb + h, 2 * Hv, S, dk, dv,
-                            oh, vd, tmp);
-        }
+        ref_gdn_core(co + (size_t)r0 * C, bg + (size_t)r0 * 2 * Hv,
+                     L->rst + ((size_t)ents[i].slot * L->n_lin + L->lin) * L->rs_per, o + (size_t)r0 * vd, n,
+                     ents[i].len, Hk, Hv, dk, dv, tmp);
         for (int t = r0; t < r0 + n; t++)
             for (int h = 0; h < Hv; h++) {
                 float *oh = o + (size_t)t * vd + (size_t)h * dv;
@@ -189,11 +87,12 @@ static void cpu_layer(gdn_t *L, const fent *ents, int NE, const gdn_in *in, floa
 /* the device's layer on the same inputs, fast mode's chunked form (the phased exact one where it does not
  * serve); moves the device states on; returns o [T][Hv dv] (host) and whether the fast kernels wrote the
  * scratch */
-static float *dev_layer(cu_ctx *c, gdn_t *L, const fent *ents, int NE, const gdn_in *in, int *fast_ran) {
+static float *dev_layer(cu_ctx *c, gdn_t *L, const test_entry *ents, int NE, const gdn_in *in,
+                        int *fast_ran) {
     char err[256];
     int vd = L->Hv * L->dv;
     cu_meta meta;
-    int *dmeta, *hm = pack_meta(ents, NE, &meta, &dmeta);
+    int *dmeta, *hm = pack_meta(ents, NE, NULL, &meta, &dmeta);
     cu_gdn_args g = {0};
     g.T = in->T, g.NE = NE, g.Hk = L->Hk, g.Hv = L->Hv, g.dk = L->dk, g.dv = L->dv, g.K = L->K, g.C = L->C,
     g.n_lin = L->n_lin, g.lin = L->lin;
@@ -230,7 +129,7 @@ static float *dev_layer(cu_ctx *c, gdn_t *L, const fent *ents, int NE, const gdn
 
 /* outputs (all, per entry) and the states of every (entry, head) against the CPU's; the slots and layers no
  * entry uses keep their bits */
-static void compare(const char *round, gdn_t *L, const fent *ents, int NE, int T, const float *o,
+static void compare(const char *round, gdn_t *L, const test_entry *ents, int NE, int T, const float *o,
                     const float *o_ref, const float *rst0) {
     char what[160];
     int vd = L->Hv * L->dv;
@@ -271,7 +170,7 @@ static void compare(const char *round, gdn_t *L, const fent *ents, int NE, int T
 
 /* a fast prefill of ents from random states (zeros where len is 0), then a second prefill of 70 rows and a
  * decode token continuing every entry from the states the fast kernels left */
-static void fast_case(int Hk, int Hv, const fent *ents, int NE, int slow) {
+static void fast_case(int Hk, int Hv, const test_entry *ents, int NE, int slow) {
     char err[256];
     cu_ctx *c;
     REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
@@ -296,12 +195,12 @@ static void fast_case(int Hk, int Hv, const fent *ents, int NE, int slow) {
     float *rst0 = malloc(L.rs_n * 4);
     memcpy(rst0, L.rst, L.rs_n * 4);
     L.d_cst = dup_dev(L.cst, L.cs_n * 4), L.d_rst = dup_dev(L.rst, L.rs_n * 4);
-    fent *e2 = malloc((size_t)NE * sizeof *e2), *e3 = malloc((size_t)NE * sizeof *e3);
+    test_entry *e2 = malloc((size_t)NE * sizeof *e2), *e3 = malloc((size_t)NE * sizeof *e3);
     for (int i = 0; i < NE; i++) {
-        e2[i] = (fent){ents[i].len + ents[i].n, 70, ents[i].slot};
-        e3[i] = (fent){e2[i].len + 70, 1, ents[i].slot};
+        e2[i] = (test_entry){ents[i].len + ents[i].n, 70, ents[i].slot};
+        e3[i] = (test_entry){e2[i].len + 70, 1, ents[i].slot};
     }
-    const fent *rounds[3] = {ents, e2, e3};
+    const test_entry *rounds[3] = {ents, e2, e3};
     static const char *names[3] = {"fast prefill", "2nd prefill", "decode after"};
     for (int rd = 0; rd < 3; rd++) {
         gdn_in in = make_in(&L, rounds[rd], NE);
@@ -333,10 +232,10 @@ static void fast_form(int f) {
 
 TEST(cuda_deltanet_fast_vs_cpu) {
     if (NO_DEVICE()) SKIP("no CUDA device: skipped");
-    static const fent e[] = {{0, 100, 0}, {37, 50, 1}, {5, 1, 2}, {0, 1, 3}, {64, 1, 4}, {60, 200, 5}};
-    static const fent el[] = {{0, 1000, 0}, {300, 700, 1}, {1000, 1, 3}, {0, 1, 2}};
+    static const test_entry e[] = {{0, 100, 0}, {37, 50, 1}, {5, 1, 2}, {0, 1, 3}, {64, 1, 4}, {60, 200, 5}};
+    static const test_entry el[] = {{0, 1000, 0}, {300, 700, 1}, {1000, 1, 3}, {0, 1, 2}};
     /* prefills only (the fused layer takes its first round too): a one-token and a two-token prompt */
-    static const fent ep[] = {{0, 100, 0}, {37, 50, 1}, {0, 1, 3}, {60, 200, 5}, {5, 2, 2}};
+    static const test_entry ep[] = {{0, 100, 0}, {37, 50, 1}, {0, 1, 3}, {60, 200, 5}, {5, 2, 2}};
     for (int ci = 0; ci < N_FORMS; ci++) {
         fast_form(ci);
         fast_case(2, 4, ep, 5, 1);
@@ -350,7 +249,7 @@ TEST(cuda_deltanet_fast_vs_cpu) {
 
 TEST(cuda_deltanet_fast_4b_4096) {
     if (NO_DEVICE()) SKIP("no CUDA device: skipped");
-    static const fent e[] = {{0, 4096, 0}};
+    static const test_entry e[] = {{0, 4096, 0}};
     for (int ci = 0; ci < N_FORMS; ci++) {
         fast_form(ci);
         fast_case(16, 32, e, 1, 1);
@@ -360,7 +259,8 @@ TEST(cuda_deltanet_fast_4b_4096) {
 
 TEST(cuda_deltanet_fast_27b_heads) {
     if (NO_DEVICE()) SKIP("no CUDA device: skipped");
-    static const fent e[] = {{0, 300, 0}, {100, 200, 1}, {64, 64, 2}, {7, 1, 3}, {0, 1, 4}, {955, 517, 5}};
+    static const test_entry e[] = {{0, 300, 0}, {100, 200, 1}, {64, 64, 2},
+                                   {7, 1, 3},   {0, 1, 4},     {955, 517, 5}};
     for (int ci = 0; ci < N_FORMS; ci++) {
         fast_form(ci);
         fast_case(16, 48, e, 6, 1);
@@ -377,9 +277,9 @@ static void fast_speed(int Hk, int Hv) {
     REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
     int dk = 128, dv = 128, T = 4096, K = 4, kd = Hk * dk, vd = Hv * dv, C = 2 * kd + vd;
     REQUIRE(cu_gdn_init(dk) && cu_gdn_tc_init(dk) && cu_gdn_chunk_init(dk, dv));
-    fent ent = {0, T, 0};
+    test_entry ent = {0, T, 0};
     cu_meta meta;
-    int *dmeta, *hm = pack_meta(&ent, 1, &meta, &dmeta);
+    int *dmeta, *hm = pack_meta(&ent, 1, NULL, &meta, &dmeta);
     float *qkv = rnd((size_t)T * C, 1.0f), *a = rnd((size_t)T * Hv, 2.0f), *cw = rnd((size_t)K * C, 0.5f);
     for (size_t i = 0; i < (size_t)T * Hv; i++) a[i] = a[i] * 0.5f - 5.0f; /* trained-model decay */
     float *A = rnd((size_t)Hv, 1.0f);

@@ -15,23 +15,7 @@
 
 #ifdef CINFER_CUDA
 #include "backend/cuda/cuda_ops.h"
-
-static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
-static float frand(void) { /* [-1, 1) */
-    g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
-    return (float)((g_rng >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
-}
-
-/* y[M][N] (device) back on the host */
-static float *fetch(const float *d, size_t n) {
-    float *h = malloc(n * sizeof(float));
-    char err[256];
-    if (cu_download(h, d, n * sizeof(float), err, sizeof err)) {
-        free(h);
-        return NULL;
-    }
-    return h;
-}
+#include "cuda_test_util.h"
 
 TEST(cuda_gemm_pad_rows_match_cpu_and_their_bucket) {
     if (cuda_devices() < 1) SKIP("no CUDA device: skipped");
@@ -73,14 +57,14 @@ TEST(cuda_gemm_pad_rows_match_cpu_and_their_bucket) {
             cu_fill_f32(c, dy, (size_t)MAXM * N, NAN);
             cu_gemm_rows(c, dy, dx, dw, M, N, K, xb, MAXM);
             REQUIRE(cu_sync(c, err, sizeof err) == 0);
-            y[pad] = fetch(dy, (size_t)MAXM * N);
+            y[pad] = get(dy, (size_t)MAXM * N);
             REQUIRE(y[pad]);
         }
         /* the bucket's full rows in one call, with the switch: the first M rows must be the same bits */
         cu_fill_f32(c, dy64, (size_t)MAXM * N, NAN);
         cu_gemm_rows(c, dy64, dx, dw, B, N, K, xb, MAXM);
         REQUIRE(cu_sync(c, err, sizeof err) == 0);
-        yb = fetch(dy64, (size_t)MAXM * N);
+        yb = get(dy64, (size_t)MAXM * N);
         REQUIRE(yb);
         double worst[2] = {0, 0};
         int unwritten = 0, beyond = 0, same = 1;

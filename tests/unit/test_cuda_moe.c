@@ -19,54 +19,10 @@
 
 #ifdef CINFER_CUDA
 #include "backend/cuda/cuda_ops.h"
+#define CUDA_TEST_SEED 0x9e3779b9ull /* this file's inputs as before the shared helpers */
+#include "cuda_test_util.h"
 
 #define NO_DEVICE() (cuda_devices() < 1)
-
-static uint64_t g_rng = 0x9e3779b9ull;
-static float frand(void) { /* [-1, 1) */
-    g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
-    return (float)((g_rng >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
-}
-
-/* ||got - ref|| / ||ref||; any NaN or inf in got gives +inf */
-static double rel(const float *got, const float *ref, size_t n) {
-    double d = 0, r = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (!isfinite(got[i])) return INFINITY;
-        double e = (double)got[i] - ref[i];
-        d += e * e;
-        r += (double)ref[i] * ref[i];
-    }
-    return r > 0 ? sqrt(d / r) : sqrt(d);
-}
-
-static void check_rel(const char *what, const float *got, const float *ref, size_t n, double tol) {
-    double r = rel(got, ref, n);
-    printf("     %-52s ||d||/||ref|| = %.2e (bound %.0e)\n", what, r, tol);
-    CHECK_MSG(r <= tol, "%s: ||d||/||ref|| = %.3g > %g", what, r, tol);
-}
-
-static void *dev(size_t bytes) {
-    void *d = NULL;
-    char err[256];
-    if (cu_alloc(&d, bytes, err, sizeof err)) {
-        test_fail(__FILE__, __LINE__, "cu_alloc %zu: %s", bytes, err);
-        return NULL;
-    }
-    return d;
-}
-static void *dup_dev(const void *h, size_t bytes) {
-    void *d = dev(bytes);
-    char err[256];
-    if (d && cu_upload(d, h, bytes, err, sizeof err)) test_fail(__FILE__, __LINE__, "upload: %s", err);
-    return d;
-}
-static void *get(const void *d, size_t bytes) {
-    void *h = malloc(bytes + 16);
-    char err[256];
-    if (cu_download(h, d, bytes, err, sizeof err)) memset(h, 0xff, bytes); /* NaN, index -1 */
-    return h;
-}
 
 /* one MoE block's weights: router on the host (ties are made there), experts made on the device and copied
  * back for the reference */
@@ -107,10 +63,11 @@ static void make_weights(cu_ctx *c, const moe_case *mc, moe_w *w) {
     }
     char err[256];
     CHECK(cu_sync(c, err, sizeof err) == 0);
-    w->gu = get(w->d_gu, ngu * 2), w->down = get(w->d_down, ndn * 2);
+    w->gu = get_bytes(w->d_gu, ngu * 2), w->down = get_bytes(w->d_down, ndn * 2);
     if (Is) {
-        w->sgu = get(w->d_sgu, (size_t)2 * Is * H * 2), w->sdown = get(w->d_sdown, (size_t)H * Is * 2);
-        w->sgw = get(w->d_sgw, (size_t)H * 2);
+        w->sgu = get_bytes(w->d_sgu, (size_t)2 * Is * H * 2),
+        w->sdown = get_bytes(w->d_sdown, (size_t)H * Is * 2);
+        w->sgw = get_bytes(w->d_sgw, (size_t)H * 2);
     }
 }
 
@@ -214,10 +171,10 @@ static int run_fused(cu_ctx *c, const moe_case *mc, const moe_w *w, const float 
     cu_moe_fused_down(c, &a);
     int rc = cu_sync(c, err, sizeof err);
     CHECK_MSG(rc == 0, "fused MoE %s T=%d: %s", mc->name, T, err);
-    o->idx = get(a.idx, (size_t)T * k * 4), o->w = get(a.w, (size_t)T * k * 4);
-    o->act = get(a.act, (size_t)T * A * 4), o->shg = get(a.shg, (size_t)T * 4);
-    o->out = get(a.out, (size_t)T * mc->H * 4);
-    o->xn = d_nw ? get(a.xn, (size_t)T * mc->H * 4) : NULL;
+    o->idx = get_bytes(a.idx, (size_t)T * k * 4), o->w = get_bytes(a.w, (size_t)T * k * 4);
+    o->act = get_bytes(a.act, (size_t)T * A * 4), o->shg = get_bytes(a.shg, (size_t)T * 4);
+    o->out = get_bytes(a.out, (size_t)T * mc->H * 4);
+    o->xn = d_nw ? get_bytes(a.xn, (size_t)T * mc->H * 4) : NULL;
     /* the residual form: resid += the same sums, bit for bit the host's f32 add, and out left alone */
     float *res = malloc((size_t)T * mc->H * 4);
     for (size_t i = 0; i < (size_t)T * mc->H; i++) res[i] = frand() * 4.0f;
@@ -225,7 +182,7 @@ static int run_fused(cu_ctx *c, const moe_case *mc, const moe_w *w, const float 
     cu_fill_f32(c, a.out, (size_t)T * mc->H, 7.0f);
     cu_moe_fused_down(c, &a);
     CHECK(cu_sync(c, err, sizeof err) == 0);
-    float *res2 = get(a.resid, (size_t)T * mc->H * 4), *out2 = get(a.out, (size_t)T * mc->H * 4);
+    float *res2 = get_bytes(a.resid, (size_t)T * mc->H * 4), *out2 = get_bytes(a.out, (size_t)T * mc->H * 4);
     int bad = 0;
     for (size_t i = 0; i < (size_t)T * mc->H; i++) {
         float want = res[i] + o->out[i];
@@ -234,7 +191,7 @@ static int run_fused(cu_ctx *c, const moe_case *mc, const moe_w *w, const float 
     CHECK_MSG(!bad, "fused MoE %s T=%d: %d elements of the residual form wrong", mc->name, T, bad);
     free(res), free(res2), free(out2);
     cu_free(a.resid);
-    unsigned *cnt = get(a.count, (size_t)T * 4);
+    unsigned *cnt = get_bytes(a.count, (size_t)T * 4);
     for (int r = 0; r < T; r++) CHECK_MSG(cnt[r] == 0, "router counter of row %d left at %u", r, cnt[r]);
     free(cnt);
     cu_free(a.logits), cu_free(a.idx), cu_free(a.w), cu_free(a.count), cu_free(a.act), cu_free(a.shg);
@@ -268,7 +225,7 @@ static float *run_unfused(cu_ctx *c, const moe_case *mc, const moe_w *w, const f
     }
     cu_moe_combine(c, out, ey, ident, wt, T, k, H, shy, shg);
     CHECK(cu_sync(c, err, sizeof err) == 0);
-    float *h = get(out, (size_t)T * H * 4);
+    float *h = get_bytes(out, (size_t)T * H * 4);
     cu_free(lg), cu_free(wt), cu_free(gu), cu_free(ea), cu_free(ey), cu_free(out), cu_free(idx);
     cu_free(ident), cu_free(shp), cu_free(sha), cu_free(shy), cu_free(shg);
     free(hid);
@@ -313,7 +270,7 @@ static void moe_case_run(const moe_case *mc) {
         fused_out on, onn;
         int rc1 = run_fused(c, mc, &w, d_xn, T, 0, NULL, &on),
             rc2 = run_fused(c, mc, &w, d_raw, T, 8, d_nw, &onn);
-        float *xn_ref = get(d_xn, (size_t)T * H * 4);
+        float *xn_ref = get_bytes(d_xn, (size_t)T * H * 4);
         if (!rc1 && !rc2) {
             int same =
                 !memcmp(onn.xn, xn_ref, (size_t)T * H * 4) && !memcmp(on.idx, onn.idx, (size_t)T * k * 4) &&
@@ -764,7 +721,7 @@ static void prefill_case(const char *name, int T, int H, int E, int k, int I, in
         cu_moe_gemm_swiglu(c, d_a, d_x, k, d_gu, d_grp, d_tiles, Sh, E, I, H, d_xs);
         cu_moe_gemm(c, d_y, d_a, 1, d_dn, d_grp, d_tiles, Sh, E, H, I, d_xs);
         REQUIRE(cu_sync(c, err, sizeof err) == 0);
-        float *a = get(d_a, (size_t)Sh * I * 4), *y = get(d_y, (size_t)Sh * H * 4);
+        float *a = get_bytes(d_a, (size_t)Sh * I * 4), *y = get_bytes(d_y, (size_t)Sh * H * 4);
         if (!half) {
             ga = a, gy = y;
             continue;
@@ -783,7 +740,7 @@ static void prefill_case(const char *name, int T, int H, int E, int k, int I, in
         cu_moe_gemm_swiglu_split(c, d_ys, d_x, k, d_gu, d_grp, d_tiles, S, E, I, H, d_xs);
         cu_moe_gemm_presplit(c, d_y, d_ys, d_dn, d_grp, d_tiles, S, E, H, I);
         REQUIRE(cu_sync(c, err, sizeof err) == 0);
-        float *y = get(d_y, (size_t)S * H * 4);
+        float *y = get_bytes(d_y, (size_t)S * H * 4);
         int same = !memcmp(y, gy, (size_t)S * H * 4);
         printf("     %-52s %s\n", "  pre-split pair vs f32 pair", same ? "bit-identical" : "DIFFERENT");
         CHECK_MSG(same, "%s: the pre-split pair differs from the f32 pair", name);
@@ -791,7 +748,7 @@ static void prefill_case(const char *name, int T, int H, int E, int k, int I, in
         cu_free(d_ys);
     }
     /* the grouping: offsets count each expert's slots, perm holds each slot once under its expert */
-    int *grp = get(d_grp, (size_t)(E + 1 + S) * 4);
+    int *grp = get_bytes(d_grp, (size_t)(E + 1 + S) * 4);
     int bad = grp[0] != 0 || grp[E] != S;
     for (int e = 0; e < E && !bad; e++) {
         int cnt = 0;
@@ -802,9 +759,9 @@ static void prefill_case(const char *name, int T, int H, int E, int k, int I, in
     }
     CHECK_MSG(!bad, "%s: cu_moe_group: wrong offsets or slots", name);
     free(grp);
-    int *tiles = get(d_tiles, (size_t)(E + 1) * 4);
+    int *tiles = get_bytes(d_tiles, (size_t)(E + 1) * 4);
     /* the CPU, slot by slot, against the run over all T rows */
-    uint16_t *hgu = get(d_gu, ngu * 2), *hdn = get(d_dn, ndn * 2);
+    uint16_t *hgu = get_bytes(d_gu, ngu * 2), *hdn = get_bytes(d_dn, ndn * 2);
     float *ra = malloc((size_t)S * I * 4), *ry = malloc((size_t)S * H * 4), *g = malloc((size_t)2 * I * 4);
     float *ca = malloc((size_t)S * I * 4), *cy = malloc((size_t)S * H * 4);
     size_t na = 0, ny = 0;
@@ -1112,23 +1069,23 @@ static void pf_forms_case(const char *name, int T, int H, int E, int k, int I) {
             cu_moe_gemm(c, d_y, d_a, 1, d_dn, d_grp, d_tiles, S, E, H, I, d_xs);
         }
         REQUIRE(cu_sync(c, err, sizeof err) == 0);
-        float *y = get(d_y, (size_t)S * H * 4);
+        float *y = get_bytes(d_y, (size_t)S * H * 4);
         if (!form) {
-            ra = get(d_a, (size_t)S * I * 4), ry = y;
+            ra = get_bytes(d_a, (size_t)S * I * 4), ry = y;
             CHECK_MSG(rel(ra, ra, (size_t)S * I) == 0 && rel(ry, ry, (size_t)S * H) == 0,
                       "%s: an output slot unwritten", name);
             continue;
         }
         int same = !memcmp(y, ry, (size_t)S * H * 4);
         if (split) { /* the split SwiGLU rows: hi and lo of today's f32 rows */
-            uint16_t *as = get(d_as, (size_t)2 * S * I * 2);
+            uint16_t *as = get_bytes(d_as, (size_t)2 * S * I * 2);
             for (size_t i = 0; i < (size_t)S * I && same; i++) {
                 uint16_t h = f32_to_bf16(ra[i]);
                 same = as[i] == h && as[(size_t)S * I + i] == f32_to_bf16(ra[i] - bf16_to_f32(h));
             }
             free(as);
         } else {
-            float *a = get(d_a, (size_t)S * I * 4);
+            float *a = get_bytes(d_a, (size_t)S * I * 4);
             same &= !memcmp(a, ra, (size_t)S * I * 4);
             free(a);
         }
@@ -1140,7 +1097,7 @@ static void pf_forms_case(const char *name, int T, int H, int E, int k, int I) {
     /* cu_moe_group_tiles: the same offsets and tiles as cu_moe_group + cu_moe_tiles, each slot once under its
      * expert, and the GEMMs from its grouping give the same bits */
     {
-        int *g1 = get(d_grp, (size_t)(E + 1 + S) * 4), *t1 = get(d_tiles, (size_t)(E + 1) * 4);
+        int *g1 = get_bytes(d_grp, (size_t)(E + 1 + S) * 4), *t1 = get_bytes(d_tiles, (size_t)(E + 1) * 4);
         int *d_scr = dev((size_t)E * 4);
         cu_fill_f32(c, (float *)d_grp, (size_t)(E + 1 + S), NAN);
         cu_fill_f32(c, (float *)d_tiles, (size_t)(E + 1), NAN);
@@ -1150,8 +1107,8 @@ static void pf_forms_case(const char *name, int T, int H, int E, int k, int I) {
         cu_moe_gemm_swiglu(c, d_a, d_x, k, d_gu, d_grp, d_tiles, S, E, I, H, d_xs);
         cu_moe_gemm(c, d_y, d_a, 1, d_dn, d_grp, d_tiles, S, E, H, I, d_xs);
         REQUIRE(cu_sync(c, err, sizeof err) == 0);
-        int *g2 = get(d_grp, (size_t)(E + 1 + S) * 4), *t2 = get(d_tiles, (size_t)(E + 1) * 4);
-        float *y = get(d_y, (size_t)S * H * 4);
+        int *g2 = get_bytes(d_grp, (size_t)(E + 1 + S) * 4), *t2 = get_bytes(d_tiles, (size_t)(E + 1) * 4);
+        float *y = get_bytes(d_y, (size_t)S * H * 4);
         int ok = !memcmp(g1, g2, (size_t)(E + 1) * 4) && !memcmp(t1, t2, (size_t)(E + 1) * 4);
         char *seen = calloc((size_t)S, 1);
         for (int e = 0; e < E && ok; e++)
@@ -1206,14 +1163,14 @@ TEST(cuda_moe_router_tc) {
         int Th = T / 2 + 1;
         cu_moe_router(c, d_lg, d_x, d_w, Th, E, H, d_xs);
         REQUIRE(cu_sync(c, err, sizeof err) == 0);
-        float *half = get(d_lg, (size_t)Th * E * 4);
+        float *half = get_bytes(d_lg, (size_t)Th * E * 4);
         cu_fill_f32(c, d_lg, (size_t)T * E, NAN);
         cu_moe_router(c, d_lg, d_x, d_w, T, E, H, d_xs);
         cu_gemm(c, d_lg2, d_x, d_w, T, E, H, d_xs, 1);
         cu_moe_route2(c, d_lg, d_idx, d_wt, T, E, k, 1, 0);
         REQUIRE(cu_sync(c, err, sizeof err) == 0);
-        float *lg = get(d_lg, (size_t)T * E * 4), *lg2 = get(d_lg2, (size_t)T * E * 4);
-        int *idx = get(d_idx, (size_t)T * k * 4);
+        float *lg = get_bytes(d_lg, (size_t)T * E * 4), *lg2 = get_bytes(d_lg2, (size_t)T * E * 4);
+        int *idx = get_bytes(d_idx, (size_t)T * k * 4);
         float *ref = malloc((size_t)T * E * 4);
         cpu_matmul_ref(ref, x, w, WT_BF16, T, E, H);
         char what[160];
@@ -1280,8 +1237,8 @@ TEST(cuda_moe_route2_matches_route) {
             if (sorted) cu_moe_sort_slots(c, i1, w1, T, k);
             cu_moe_route2(c, d_lg, i2, w2, T, E, k, norm, sorted);
             REQUIRE(cu_sync(c, err, sizeof err) == 0);
-            int *a = get(i1, (size_t)T * k * 4), *b = get(i2, (size_t)T * k * 4);
-            float *wa = get(w1, (size_t)T * k * 4), *wb = get(w2, (size_t)T * k * 4);
+            int *a = get_bytes(i1, (size_t)T * k * 4), *b = get_bytes(i2, (size_t)T * k * 4);
+            float *wa = get_bytes(w1, (size_t)T * k * 4), *wb = get_bytes(w2, (size_t)T * k * 4);
             int same = !memcmp(a, b, (size_t)T * k * 4) && !memcmp(wa, wb, (size_t)T * k * 4);
             printf("     route2 T=%d E=%d k=%d norm %d sorted %d: %s\n", T, E, k, norm, sorted,
                    same ? "bit-identical" : "DIFFERENT");

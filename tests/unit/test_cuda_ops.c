@@ -16,57 +16,10 @@
 
 #ifdef CINFER_CUDA
 #include "backend/cuda/cuda_ops.h"
+#define CUDA_TEST_SEED 0x1234567ull /* this file's inputs as before the shared helpers */
+#include "cuda_test_util.h"
 
 #define NO_DEVICE() (cuda_devices() < 1)
-
-static uint64_t g_rng = 0x1234567ull;
-static float frand(void) { /* [-1, 1) */
-    g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
-    return (float)((g_rng >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
-}
-static float *rnd(size_t n, float scale) {
-    float *p = malloc(n * sizeof(float) + 16);
-    for (size_t i = 0; i < n; i++) p[i] = frand() * scale;
-    return p;
-}
-
-/* ||got - ref|| / ||ref||; any NaN or inf in got gives +inf */
-static double rel(const float *got, const float *ref, size_t n) {
-    double d = 0, r = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (!isfinite(got[i])) return INFINITY;
-        double e = (double)got[i] - ref[i];
-        d += e * e;
-        r += (double)ref[i] * ref[i];
-    }
-    return r > 0 ? sqrt(d / r) : sqrt(d);
-}
-
-static void *dup_dev(const void *h, size_t bytes) {
-    void *d = NULL;
-    char err[256];
-    if (cu_alloc(&d, bytes, err, sizeof err) || cu_upload(d, h, bytes, err, sizeof err)) return NULL;
-    return d;
-}
-static float *nan_dev(cu_ctx *c, size_t n) {
-    float *d = NULL;
-    char err[256];
-    if (cu_alloc((void **)&d, n * sizeof(float), err, sizeof err)) return NULL;
-    cu_fill_f32(c, d, n, NAN);
-    return d;
-}
-static float *get(const float *d, size_t n) {
-    float *h = malloc(n * sizeof(float) + 16);
-    char err[256];
-    if (cu_download(h, d, n * sizeof(float), err, sizeof err)) memset(h, 0xff, n * sizeof(float)); /* NaN */
-    return h;
-}
-
-static void check_rel(const char *what, const float *got, const float *ref, size_t n, double tol) {
-    double r = rel(got, ref, n);
-    printf("     %-44s ||d||/||ref|| = %.2e (bound %.0e)\n", what, r, tol);
-    CHECK_MSG(r <= tol, "%s: ||d||/||ref|| = %.3g > %g", what, r, tol);
-}
 
 TEST(cuda_gemm_vs_cpu) {
     if (NO_DEVICE()) SKIP("no CUDA device: skipped");
@@ -351,40 +304,6 @@ TEST(cuda_row_ops_vs_cpu) {
     cu_ctx_destroy(c);
 }
 
-/* ---- metadata for layer-level kernels ---- */
-
-typedef struct test_entry {
-    int len, n, slot;
-} test_entry;
-
-/* builds the packed metadata of forward_cuda.c for these entries (block table of entry i: blocks[i]) */
-static int *pack_meta(const test_entry *e, int NE, int *const *blocks, cu_meta *m, int **dev) {
-    int T = 0;
-    for (int i = 0; i < NE; i++) T += e[i].n;
-    size_t nb = 0;
-    for (int i = 0; i < NE; i++) nb += (size_t)(e[i].len + e[i].n + 15) / 16;
-    size_t o_pos = T, o_ent = 2 * (size_t)T, o_len = 3 * (size_t)T, o_n = o_len + NE, o_r0 = o_n + NE,
-           o_slot = o_r0 + NE;
-    size_t o_boff = o_slot + NE, o_lrow = o_boff + NE, o_blk = o_lrow + T, tot = o_blk + nb;
-    int *h = calloc(tot + 1, sizeof(int));
-    int r = 0;
-    size_t bo = 0;
-    for (int i = 0; i < NE; i++) {
-        h[o_len + i] = e[i].len, h[o_n + i] = e[i].n, h[o_r0 + i] = r, h[o_slot + i] = e[i].slot,
-                  h[o_boff + i] = (int)bo;
-        int k = (e[i].len + e[i].n + 15) / 16;
-        for (int j = 0; j < k; j++) h[o_blk + bo + j] = blocks ? blocks[i][j] : 0;
-        bo += (size_t)k;
-        for (int t = 0; t < e[i].n; t++, r++)
-            h[o_pos + r] = e[i].len + t, h[o_ent + r] = i, h[o_lrow + r] = r;
-    }
-    int *d = dup_dev(h, (tot + 1) * sizeof(int));
-    *dev = d;
-    *m = (cu_meta){d,        d + o_pos,  d + o_ent,  d + o_len,  d + o_n,
-                   d + o_r0, d + o_slot, d + o_boff, d + o_lrow, d + o_blk};
-    return h;
-}
-
 /* ---- Gated DeltaNet layer ---- */
 
 /* The bound of the tensor-core kernels: their products split into TF32 hi + lo (tf32x3.cuh) are meant to be
@@ -440,46 +359,18 @@ static void gdn_case_ex(int Hk, int Hv, int dk, int dv, int tc, const test_entry
     memcpy(rst_r, rst, rs_n * 4);
     for (int i = 0, r0 = 0; i < NE; r0 += ents[i].n, i++) {
         int n = ents[i].n;
-        float *st = cst_r + ((size_t)ents[i].slot * n_lin + lin) * cs_per;
-        float *X = malloc((size_t)(K - 1 + n) * sizeof(float));
-        for (int ch = 0; ch < C; ch++) {
-            for (int j = 0; j < K - 1; j++) X[j] = st[(size_t)j * C + ch];
-            for (int t = 0; t < n; t++) X[K - 1 + t] = qkv[(size_t)(r0 + t) * ld + ch];
-            for (int t = 0; t < n; t++) {
-                float acc = 0.0f;
-                for (int j = 0; j < K; j++) acc += cw[(size_t)j * C + ch] * X[t + j];
-                co[(size_t)(r0 + t) * C + ch] = ops_silu(acc);
-            }
-            for (int j = 0; j < K - 1; j++) st[(size_t)j * C + ch] = X[n + j];
-        }
-        free(X);
+        ref_conv_silu(co + (size_t)r0 * C, cst_r + ((size_t)ents[i].slot * n_lin + lin) * cs_per, cw,
+                      qkv + (size_t)r0 * ld, ld, n, K, C);
         for (int t = r0; t < r0 + n; t++) {
-            for (int h = 0; h < 2 * Hk; h++) {
-                float *xx = co + (size_t)t * C + (size_t)h * dk;
-                ops_l2norm(xx, xx, dk, 1e-6f);
-                if (h < Hk)
-                    for (int q = 0; q < dk; q++) xx[q] *= (float)(1.0 / sqrt((double)dk));
-            }
+            ref_qk_norm(co + (size_t)t * C, Hk, dk);
             for (int h = 0; h < Hv; h++) {
                 bg[(size_t)t * 2 * Hv + h] = ops_sigmoid(b[(size_t)t * Hv + h]);
                 bg[(size_t)t * 2 * Hv + Hv + h] = A[h] * ops_softplus(a[(size_t)t * Hv + h] + dt[h]);
             }
         }
-        for (int h = 0; h < Hv; h++) {
-            int kh = h / (Hv / Hk);
-            const float *base = co + (size_t)r0 * C;
-            float *S = rst_r + ((size_t)ents[i].slot * n_lin + lin) * rs_per + (size_t)h * dk * dv;
-            float *o = o_r + (size_t)r0 * vd + (size_t)h * dv;
-            const float *bb = bg + (size_t)r0 * 2 * Hv;
-            if (n == 1 && ents[i].len > 0)
-                gdn_recurrent(1, base + (size_t)kh * dk, C, base + kd + (size_t)kh * dk, C,
-                              base + 2 * kd + (size_t)h * dv, C, bb + Hv + h, 2 * Hv, bb + h, 2 * Hv, S, dk,
-                              dv, o, vd);
-            else
-                gdn_chunked(n, ents[i].len, base + (size_t)kh * dk, C, base + kd + (size_t)kh * dk, C,
-                            base + 2 * kd + (size_t)h * dv, C, bb + Hv + h, 2 * Hv, bb + h, 2 * Hv, S, dk, dv,
-                            o, vd, tmp);
-        }
+        ref_gdn_core(co + (size_t)r0 * C, bg + (size_t)r0 * 2 * Hv,
+                     rst_r + ((size_t)ents[i].slot * n_lin + lin) * rs_per, o_r + (size_t)r0 * vd, n,
+                     ents[i].len, Hk, Hv, dk, dv, tmp);
         for (int t = r0; t < r0 + n; t++)
             for (int h = 0; h < Hv; h++) {
                 float *oh = o_r + (size_t)t * vd + (size_t)h * dv;

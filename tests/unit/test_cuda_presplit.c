@@ -19,33 +19,8 @@
 
 #ifdef CINFER_CUDA
 #include "backend/cuda/cuda_ops.h"
-
-static uint64_t g_rng = 0x2545f4914f6cdd1dull;
-static float frand(void) { /* [-1, 1) */
-    g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
-    return (float)((g_rng >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
-}
-
-static void *dev_copy(const void *h, size_t bytes) {
-    char err[256];
-    void *d = NULL;
-    if (cu_alloc(&d, bytes, err, sizeof err) || cu_upload(d, h, bytes, err, sizeof err)) {
-        test_fail(__FILE__, __LINE__, "device copy: %s", err);
-        return NULL;
-    }
-    return d;
-}
-
-static void *host_copy(const void *d, size_t bytes) {
-    char err[256];
-    void *h = malloc(bytes);
-    if (cu_download(h, d, bytes, err, sizeof err)) {
-        test_fail(__FILE__, __LINE__, "download: %s", err);
-        free(h);
-        return NULL;
-    }
-    return h;
-}
+#define CUDA_TEST_SEED 0x2545f4914f6cdd1dull /* this file's inputs as before the shared helpers */
+#include "cuda_test_util.h"
 
 /* both producers against f32 rows + cu_gemm_rows, at M rows (K = N-side sizes small, real code paths);
  * passes 1 (precision fast): the producers write one bf16 copy (lo 0) and the product is one pass */
@@ -74,10 +49,10 @@ static void presplit_case(cu_ctx *c, int M, int pad, int passes) {
     for (size_t i = 0; i < nx; i++) hx[i] = 2.0f * frand(), hadd[i] = frand();
     for (int i = 0; i < K; i++) hw[i] = 1.0f + 0.3f * frand();
     for (int i = 0; i < N * K; i++) hW[i] = f32_to_bf16(0.05f * frand());
-    float *gu = dev_copy(hgu, sizeof(float) * 2 * nx), *x0 = dev_copy(hx, sizeof(float) * nx),
-          *x1 = dev_copy(hx, sizeof(float) * nx), *add = dev_copy(hadd, sizeof(float) * nx),
-          *w = dev_copy(hw, sizeof(float) * K);
-    uint16_t *W = dev_copy(hW, sizeof(uint16_t) * N * K);
+    float *gu = dup_dev(hgu, sizeof(float) * 2 * nx), *x0 = dup_dev(hx, sizeof(float) * nx),
+          *x1 = dup_dev(hx, sizeof(float) * nx), *add = dup_dev(hadd, sizeof(float) * nx),
+          *w = dup_dev(hw, sizeof(float) * K);
+    uint16_t *W = dup_dev(hW, sizeof(uint16_t) * N * K);
     float *act = NULL, *y0 = NULL, *y1 = NULL;
     uint16_t *xb0 = NULL, *xb1 = NULL;
     REQUIRE(cu_alloc((void **)&act, sizeof(float) * nx, err, sizeof err) == 0);
@@ -99,9 +74,9 @@ static void presplit_case(cu_ctx *c, int M, int pad, int passes) {
         cu_gemm_rows(c, y0, act, W, M, N, K, xb0, MAXM);
         cu_gemm_presplit(c, y1, xb1, W, M, N, K, Mb);
         REQUIRE(cu_sync(c, err, sizeof err) == 0);
-        float *g0 = host_copy(y0, sizeof(float) * ny), *g1 = host_copy(y1, sizeof(float) * ny);
-        uint16_t *b0 = host_copy(xb0, sizeof(uint16_t) * 2 * nx),
-                 *b1 = host_copy(xb1, sizeof(uint16_t) * 2 * nx);
+        float *g0 = get_bytes(y0, sizeof(float) * ny), *g1 = get_bytes(y1, sizeof(float) * ny);
+        uint16_t *b0 = get_bytes(xb0, sizeof(uint16_t) * 2 * nx),
+                 *b1 = get_bytes(xb1, sizeof(uint16_t) * 2 * nx);
         REQUIRE(g0 && g1 && b0 && b1);
         int unwritten = 0;
         for (size_t i = 0; i < (size_t)M * N; i++) unwritten += !isfinite(g1[i]);
@@ -113,7 +88,7 @@ static void presplit_case(cu_ctx *c, int M, int pad, int passes) {
             for (size_t i = (size_t)Mb * K; i < 2 * nx; i++) lo_kept &= b1[i] == b0[i] || (isnan(bf16_to_f32(b1[i])) && isnan(bf16_to_f32(b0[i])));
         int same_x = 1;
         if (op) {
-            float *a0 = host_copy(x0, sizeof(float) * nx), *a1 = host_copy(x1, sizeof(float) * nx);
+            float *a0 = get_bytes(x0, sizeof(float) * nx), *a1 = get_bytes(x1, sizeof(float) * nx);
             REQUIRE(a0 && a1);
             same_x = !memcmp(a0, a1, sizeof(float) * nx);
             free(a0), free(a1);
@@ -170,7 +145,7 @@ TEST(cuda_fast_gu16_ops) {
         size_t n = (size_t)T * 2 * I;
         uint16_t *hgu = malloc(n * 2), *hout = malloc((size_t)T * I * 2);
         for (size_t i = 0; i < n; i++) hgu[i] = f32_to_bf16(4.0f * frand());
-        uint16_t *gu = dev_copy(hgu, n * 2), *out = NULL;
+        uint16_t *gu = dup_dev(hgu, n * 2), *out = NULL;
         REQUIRE(cu_alloc((void **)&out, (size_t)T * I * 2, err, sizeof err) == 0);
         cu_swiglu16(c, out, gu, T, I);
         REQUIRE(cu_sync(c, err, sizeof err) == 0);
@@ -192,7 +167,7 @@ TEST(cuda_fast_gu16_ops) {
     uint16_t hx[M * K], hw[N * K], hy[M * N];
     for (int i = 0; i < M * K; i++) hx[i] = f32_to_bf16(frand());
     for (int i = 0; i < N * K; i++) hw[i] = f32_to_bf16(0.1f * frand());
-    uint16_t *x = dev_copy(hx, sizeof hx), *w = dev_copy(hw, sizeof hw), *y = NULL;
+    uint16_t *x = dup_dev(hx, sizeof hx), *w = dup_dev(hw, sizeof hw), *y = NULL;
     REQUIRE(cu_alloc((void **)&y, sizeof hy, err, sizeof err) == 0);
     cu_gemm_presplit_out16(c, y, x, w, N, K, M);
     REQUIRE(cu_sync(c, err, sizeof err) == 0);
