@@ -235,10 +235,11 @@ static int run_mixed(cinfer_model *m, int V, float *out) {
     return rc;
 }
 
-TEST(cuda_presplit_forward_bitwise) {
-    if (cuda_devices() < 1) SKIP("no CUDA device: skipped");
-    static const char *fx[] = {"qwen35_dense", "qwen35_text", "qwen35_moe", "qwen3_next"};
-    for (size_t i = 0; i < sizeof fx / sizeof fx[0]; i++) {
+/* The fixtures' logits with the switch env at off, then at on (NULL: unset, its default), over a 150-token
+ * prefill + 4 steps and over 3 sequences with prefills beside a decode row: the same bits, no NaN */
+static void switch_bitwise(const char *const *fx, size_t nfx, const char *env, const char *off,
+                           const char *on, const char *what) {
+    for (size_t i = 0; i < nfx; i++) {
         char dir[512], err[512];
         snprintf(dir, sizeof dir, "%s/%s", test_fixtures_dir(), fx[i]);
         cinfer_model *m;
@@ -252,25 +253,35 @@ TEST(cuda_presplit_forward_bitwise) {
             size_t n = (size_t)(kind ? 274 : 154) * info.vocab_size;
             float *ref = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
             for (size_t k = 0; k < n; k++) ref[k] = got[k] = NAN;
-            setenv("CINFER_CUDA_PF_SPLIT", "0", 1);
+            setenv(env, off, 1);
             int rc = kind ? run_mixed(m, info.vocab_size, ref) : run_long(m, info.vocab_size, ref);
-            unsetenv("CINFER_CUDA_PF_SPLIT"); /* the default: on */
+            if (on)
+                setenv(env, on, 1);
+            else
+                unsetenv(env);
             rc |= kind ? run_mixed(m, info.vocab_size, got) : run_long(m, info.vocab_size, got);
-            unsetenv("CINFER_CUDA_PF_SPLIT");
+            unsetenv(env);
             if (!rc) {
                 int same = !memcmp(ref, got, n * sizeof(float)), nan = 0;
                 for (size_t k = 0; k < n; k++) nan += isnan(got[k]);
-                printf("     %-14s %-44s CINFER_CUDA_PF_SPLIT on vs off: %s\n", fx[i],
+                printf("     %-14s %-44s %s: %s\n", fx[i],
                        kind ? "3 sequences, prefills beside a decode row" : "150-token prefill + 4 steps",
-                       same ? "bit-identical" : "DIFFER");
+                       what, same ? "bit-identical" : "DIFFER");
                 CHECK_EQ_INT(nan, 0);
-                CHECK_MSG(same, "%s: CINFER_CUDA_PF_SPLIT changes the logits (%s)", fx[i],
+                CHECK_MSG(same, "%s: %s: the logits differ (%s)", fx[i], what,
                           kind ? "mixed batch" : "long prefill");
             }
             free(ref), free(got);
         }
         cinfer_model_close(m);
     }
+}
+
+TEST(cuda_presplit_forward_bitwise) {
+    if (cuda_devices() < 1) SKIP("no CUDA device: skipped");
+    static const char *fx[] = {"qwen35_dense", "qwen35_text", "qwen35_moe", "qwen3_next"};
+    switch_bitwise(fx, sizeof fx / sizeof fx[0], "CINFER_CUDA_PF_SPLIT", "0", NULL,
+                   "CINFER_CUDA_PF_SPLIT on vs off");
 }
 
 /* precision fast: the producers' one bf16 copy (CINFER_CUDA_FAST_PRESPLIT, default on) against f32 rows that
@@ -283,39 +294,8 @@ TEST(cuda_fast_presplit_forward_bitwise) {
     setenv("CINFER_PRECISION", "fast", 1);
     /* gate_up in bf16 (CINFER_CUDA_FAST_GU16) needs the one copy, so it would run on one side only */
     setenv("CINFER_CUDA_FAST_GU16", "0", 1);
-    for (size_t i = 0; i < sizeof fx / sizeof fx[0]; i++) {
-        char dir[512], err[512];
-        snprintf(dir, sizeof dir, "%s/%s", test_fixtures_dir(), fx[i]);
-        cinfer_model *m;
-        if (cinfer_model_open(dir, &m, err, sizeof err)) {
-            test_fail(__FILE__, __LINE__, "%s: %s", fx[i], err);
-            continue;
-        }
-        cinfer_model_info info;
-        cinfer_model_get_info(m, &info);
-        for (int kind = 0; kind < 2; kind++) {
-            size_t n = (size_t)(kind ? 274 : 154) * info.vocab_size;
-            float *ref = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
-            for (size_t k = 0; k < n; k++) ref[k] = got[k] = NAN;
-            setenv("CINFER_CUDA_FAST_PRESPLIT", "0", 1);
-            int rc = kind ? run_mixed(m, info.vocab_size, ref) : run_long(m, info.vocab_size, ref);
-            setenv("CINFER_CUDA_FAST_PRESPLIT", "1", 1);
-            rc |= kind ? run_mixed(m, info.vocab_size, got) : run_long(m, info.vocab_size, got);
-            unsetenv("CINFER_CUDA_FAST_PRESPLIT");
-            if (!rc) {
-                int same = !memcmp(ref, got, n * sizeof(float)), nan = 0;
-                for (size_t k = 0; k < n; k++) nan += isnan(got[k]);
-                printf("     %-14s %-44s fast, one bf16 copy vs f32 rows: %s\n", fx[i],
-                       kind ? "3 sequences, prefills beside a decode row" : "150-token prefill + 4 steps",
-                       same ? "bit-identical" : "DIFFER");
-                CHECK_EQ_INT(nan, 0);
-                CHECK_MSG(same, "%s: fast mode's one-copy producers change the logits (%s)", fx[i],
-                          kind ? "mixed batch" : "long prefill");
-            }
-            free(ref), free(got);
-        }
-        cinfer_model_close(m);
-    }
+    switch_bitwise(fx, sizeof fx / sizeof fx[0], "CINFER_CUDA_FAST_PRESPLIT", "0", "1",
+                   "fast, one bf16 copy vs f32 rows");
     unsetenv("CINFER_CUDA_FAST_GU16");
     if (keep)
         setenv("CINFER_PRECISION", keep, 1);
