@@ -189,4 +189,52 @@ static inline void ref_gdn_core(const float *co, const float *bg, float *S, floa
     }
 }
 
+/* The speed tests' DeltaNet layer: one entry of T rows at Hk key and Hv value heads (dk = dv = 128, K = 4),
+ * random inputs with trained models' decays (softplus ~ 0.002..0.02), zero states. g: the arguments (device,
+ * the chunked form's switches and scratch left to the test); scr: that scratch for cu_gdn_chunk_cap(T, 1),
+ * NaN; zero: host zeros to reset the states from between runs. */
+typedef struct gdn_bench {
+    cu_gdn_args g;
+    float *scr, *zero;
+    size_t rs_n, cs_n;       /* floats of the recurrent state [Hv][dk][dv] and conv state [K-1][C] */
+    int *hm, *dmeta;         /* pack_meta's */
+    float *qkv, *a, *cw, *A; /* host inputs */
+} gdn_bench;
+
+static inline void gdn_bench_make(cu_ctx *c, gdn_bench *b, int Hk, int Hv, int T) {
+    const int dk = 128, dv = 128, K = 4, kd = Hk * dk, vd = Hv * dv, C = 2 * kd + vd;
+    test_entry ent = {0, T, 0};
+    cu_meta meta;
+    b->hm = pack_meta(&ent, 1, NULL, &meta, &b->dmeta);
+    b->qkv = rnd((size_t)T * C, 1.0f), b->a = rnd((size_t)T * Hv, 2.0f), b->cw = rnd((size_t)K * C, 0.5f);
+    for (size_t i = 0; i < (size_t)T * Hv; i++) b->a[i] = b->a[i] * 0.5f - 5.0f;
+    b->A = rnd((size_t)Hv, 1.0f);
+    for (int h = 0; h < Hv; h++) b->A[h] = -expf(b->A[h]);
+    b->rs_n = (size_t)Hv * dk * dv, b->cs_n = (size_t)(K - 1) * C;
+    b->zero = calloc(b->rs_n > b->cs_n ? b->rs_n : b->cs_n, 4);
+    cu_gdn_args g = {0};
+    g.T = T, g.NE = 1, g.Hk = Hk, g.Hv = Hv, g.dk = dk, g.dv = dv, g.K = K, g.C = C, g.n_lin = 1, g.lin = 0;
+    g.qkv = dup_dev(b->qkv, (size_t)T * C * 4), g.qkv_ld = C, g.z = dup_dev(b->qkv, (size_t)T * vd * 4),
+    g.z_ld = vd;
+    g.b = dup_dev(b->qkv, (size_t)T * Hv * 4), g.a = dup_dev(b->a, (size_t)T * Hv * 4), g.ba_ld = Hv;
+    g.conv_w = dup_dev(b->cw, (size_t)K * C * 4), g.A = dup_dev(b->A, (size_t)Hv * 4),
+    g.dt_bias = dup_dev(b->A, Hv * 4);
+    g.gnorm = dup_dev(b->cw, (size_t)dv * 4), g.conv_out = nan_dev(c, (size_t)T * C),
+    g.bg = nan_dev(c, (size_t)T * 2 * Hv), g.o = nan_dev(c, (size_t)T * vd);
+    g.conv_state = dup_dev(b->zero, b->cs_n * 4), g.rec_state = dup_dev(b->zero, b->rs_n * 4);
+    g.eps = 1e-6f, g.meta = meta;
+    b->g = g;
+    b->scr = nan_dev(c, cu_gdn_chunk_bytes(cu_gdn_chunk_cap(T, 1), T, Hv, dk, dv) / 4);
+}
+
+static inline void gdn_bench_free(gdn_bench *b) {
+    cu_gdn_args *g = &b->g;
+    free(b->qkv), free(b->a), free(b->cw), free(b->A), free(b->zero), free(b->hm);
+    cu_free((void *)g->qkv), cu_free((void *)g->z), cu_free((void *)g->b), cu_free((void *)g->a),
+        cu_free((void *)g->conv_w), cu_free((void *)g->A), cu_free((void *)g->dt_bias),
+        cu_free((void *)g->gnorm);
+    cu_free(g->conv_out), cu_free(g->bg), cu_free(g->o), cu_free(g->conv_state), cu_free(g->rec_state);
+    cu_free(b->scr), cu_free(b->dmeta);
+}
+
 #endif

@@ -597,30 +597,13 @@ static void gdn_speed(int Hk, int Hv) {
     char err[256];
     cu_ctx *c;
     REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
-    int dk = 128, dv = 128, T = 4096, K = 4, n_lin = 1, kd = Hk * dk, vd = Hv * dv, C = 2 * kd + vd;
+    int dk = 128, dv = 128, T = 4096, vd = Hv * dv;
     REQUIRE(cu_gdn_init(dk) && cu_gdn_tc_init(dk) && cu_gdn_chunk_init(dk, dv));
-    test_entry ent = {0, T, 0};
-    cu_meta meta;
-    int *dmeta, *hm = pack_meta(&ent, 1, NULL, &meta, &dmeta);
-    float *qkv = rnd((size_t)T * C, 1.0f), *a = rnd((size_t)T * Hv, 2.0f), *cw = rnd((size_t)K * C, 0.5f);
-    for (size_t i = 0; i < (size_t)T * Hv; i++) a[i] = a[i] * 0.5f - 5.0f; /* trained-model decay */
-    float *A = rnd((size_t)Hv, 1.0f);
-    for (int h = 0; h < Hv; h++) A[h] = -expf(A[h]);
-    size_t rs_n = (size_t)Hv * dk * dv, cs_n = (size_t)(K - 1) * C;
-    float *zero = calloc(rs_n > cs_n ? rs_n : cs_n, 4);
-    cu_gdn_args g = {0};
-    g.T = T, g.NE = 1, g.Hk = Hk, g.Hv = Hv, g.dk = dk, g.dv = dv, g.K = K, g.C = C, g.n_lin = n_lin,
-    g.lin = 0;
-    g.qkv = dup_dev(qkv, (size_t)T * C * 4), g.qkv_ld = C, g.z = dup_dev(qkv, (size_t)T * vd * 4),
-    g.z_ld = vd;
-    g.b = dup_dev(qkv, (size_t)T * Hv * 4), g.a = dup_dev(a, (size_t)T * Hv * 4), g.ba_ld = Hv;
-    g.conv_w = dup_dev(cw, (size_t)K * C * 4), g.A = dup_dev(A, (size_t)Hv * 4),
-    g.dt_bias = dup_dev(A, Hv * 4);
-    g.gnorm = dup_dev(cw, (size_t)dv * 4), g.conv_out = nan_dev(c, (size_t)T * C),
-    g.bg = nan_dev(c, (size_t)T * 2 * Hv), g.o = nan_dev(c, (size_t)T * vd);
-    g.conv_state = dup_dev(zero, cs_n * 4), g.rec_state = dup_dev(zero, rs_n * 4);
-    g.eps = 1e-6f, g.meta = meta;
-    void *scr = nan_dev(c, cu_gdn_chunk_bytes(cu_gdn_chunk_cap(T, 1), T, Hv, dk, dv) / 4);
+    gdn_bench gb;
+    gdn_bench_make(c, &gb, Hk, Hv, T);
+    cu_gdn_args g = gb.g; /* gb's pointers; the forms below set its switches */
+    float *zero = gb.zero, *scr = gb.scr;
+    size_t rs_n = gb.rs_n, cs_n = gb.cs_n;
     static const struct {
         const char *name;
         int tc, dt, no_chunked, scr;
@@ -688,12 +671,8 @@ static void gdn_speed(int Hk, int Hv) {
         }
     }
     cu_timer_destroy(tm);
-    free(o0), free(qkv), free(a), free(cw), free(A), free(zero), free(hm);
-    cu_free((void *)g.qkv), cu_free((void *)g.z), cu_free((void *)g.b), cu_free((void *)g.a),
-        cu_free((void *)g.conv_w), cu_free((void *)g.A), cu_free((void *)g.dt_bias), cu_free((void *)g.gnorm);
-    cu_free(g.conv_out), cu_free(g.bg), cu_free(g.o), cu_free(g.conv_state), cu_free(g.rec_state),
-        cu_free(scr);
-    cu_free(dmeta);
+    free(o0);
+    gdn_bench_free(&gb);
     cu_ctx_destroy(c);
 }
 
