@@ -748,11 +748,61 @@ static int g_fast = 0;
 /* the bound of the fast form against the f64 reference: bf16-level (one fp16 rounding measures ~1e-3) */
 #define FAST_BOUND 1e-2
 
+/* the two kernels' grids and classes as forward_cuda's attn_split sets them for rows at minpos..maxpos
+ * (g_dec_p > 0); the dec kernel's span (its stages) stays span */
+static void dec_p_grids(cu_attn_args *a, int span, int minpos, int maxpos) {
+    int P = g_dec_p;
+    a->dec_p = P, a->dec_cls = (minpos < P) | (maxpos >= P) << 1, a->dec_span = span;
+    a->dec_nsplit = maxpos >= P ? cu_attn_dec_grid(maxpos, g_dec_ns) : 0;
+    a->span = 64, a->nsplit = minpos < P ? cu_attn_row_grid(maxpos < P - 1 ? maxpos : P - 1) : 0;
+}
+
+/* Each entry of a's batch launched alone gives the bits it has in the batch (ob [T][Hq hd]): a row's
+ * arithmetic must not depend on which rows share its launch or its tile (the key tiles sit on a fixed grid),
+ * nor a decode row's spans on anything but its own position. The entry's own launch: tiles of tcr rows (tcr >
+ * 0; with a's kv16, its own blocks of the pre-pass), else the decode kernel's grid of spans (g_dec_ns,
+ * g_dec_p, span). Prints one line; each differing entry fails the test. */
+static void alone_vs_batch(cu_ctx *c, const cu_attn_args *a, const float *qkv, int ld, const test_entry *ents,
+                           int NE, int *const *tables, const float *ob, int tcr, int span, const char *form) {
+    const int Hq = a->Hq, hd = a->hd;
+    char err[256];
+    int same = 1;
+    for (int i = 0, r0 = 0; i < NE; r0 += ents[i].n, i++) {
+        cu_meta m1;
+        int *dm1, n = ents[i].n, nt1 = 0;
+        int *hm1 = pack_meta(&ents[i], 1, &tables[i], &m1, &dm1), *ht1 = malloc(((size_t)n + 1) * 4);
+        cu_attn_args b = *a;
+        b.T = n, b.meta = m1;
+        if (tcr > 0) {
+            for (int t = 0; t < n; t += tcr) ht1[nt1++] = t;
+            b.n_tiles = nt1, b.tiles = dup_dev(ht1, (size_t)nt1 * 4);
+            if (b.kv16) b.kv16_NE = 1, b.kv16_nb = (ents[i].len + n + 15) / 16;
+        } else {
+            b.nsplit = cu_attn_dec_grid(ents[i].len + n - 1, g_dec_ns);
+            if (g_dec_p > 0) dec_p_grids(&b, span, ents[i].len, ents[i].len + n - 1);
+        }
+        b.qkv = dup_dev(qkv + (size_t)r0 * ld, (size_t)n * ld * 4);
+        b.o = nan_dev(c, (size_t)n * Hq * hd);
+        cu_attn_layer(c, &b);
+        REQUIRE(cu_sync(c, err, sizeof err) == 0);
+        float *g1 = get(b.o, (size_t)n * Hq * hd);
+        if (memcmp(g1, ob + (size_t)r0 * Hq * hd, (size_t)n * Hq * hd * 4)) {
+            same = 0;
+            CHECK_MSG(0, "attention %s hd=%d: entry len=%d n=%d alone differs from in the batch", form, hd,
+                      ents[i].len, n);
+        }
+        free(g1), free(hm1), free(ht1);
+        cu_free(dm1), cu_free(b.qkv), cu_free(b.o);
+        if (tcr > 0) cu_free((void *)b.tiles);
+    }
+    printf("     %s: each entry alone vs in the batch: %s\n", form, same ? "bit-identical" : "DIFFERENT");
+}
+
 /* The fast form from the same inputs as a (the tensor-core tiles' launch just run; the prep rewrites the same
  * K / V rows): against the f64 reference o_r, per entry, and each entry alone bit for bit as in the batch.
  * Its K / V images start as NaN, as do the outputs. */
-static void attn_fast_check(cu_ctx *c, const cu_attn_args *a, const float *qkv, int ld, const test_entry *ents,
-                            int NE, int **tables, const float *o_r, int tcr) {
+static void attn_fast_check(cu_ctx *c, const cu_attn_args *a, const float *qkv, int ld,
+                            const test_entry *ents, int NE, int **tables, const float *o_r, int tcr) {
     char err[256], what[128];
     const int T = a->T, Hq = a->Hq, hd = a->hd;
     const size_t kvb = cu_attn_kv16_bytes(a->n_blocks, a->Hkv, hd);
@@ -775,40 +825,9 @@ static void attn_fast_check(cu_ctx *c, const cu_attn_args *a, const float *qkv, 
         check_rel(what, gf + (size_t)r0 * Hq * hd, o_r + (size_t)r0 * Hq * hd, (size_t)ents[i].n * Hq * hd,
                   FAST_BOUND);
     }
-    int same = 1;
-    for (int i = 0, r0 = 0; i < NE; r0 += ents[i].n, i++) {
-        cu_meta m1;
-        int *dm1, n = ents[i].n, nt1 = 0;
-        int *hm1 = pack_meta(&ents[i], 1, &tables[i], &m1, &dm1), *ht1 = malloc(((size_t)n + 1) * 4);
-        for (int t = 0; t < n; t += tcr) ht1[nt1++] = t;
-        cu_attn_args e = b;
-        e.T = n, e.meta = m1, e.n_tiles = nt1, e.tiles = dup_dev(ht1, (size_t)nt1 * 4);
-        e.kv16_NE = 1, e.kv16_nb = (ents[i].len + n + 15) / 16;
-        e.qkv = dup_dev(qkv + (size_t)r0 * ld, (size_t)n * ld * 4);
-        e.o = nan_dev(c, (size_t)n * Hq * hd);
-        cu_attn_layer(c, &e);
-        REQUIRE(cu_sync(c, err, sizeof err) == 0);
-        float *g1 = get(e.o, (size_t)n * Hq * hd);
-        if (memcmp(g1, gf + (size_t)r0 * Hq * hd, (size_t)n * Hq * hd * 4)) {
-            same = 0;
-            CHECK_MSG(0, "attention fast hd=%d: entry len=%d n=%d alone differs from in the batch", hd,
-                      ents[i].len, n);
-        }
-        free(g1), free(hm1), free(ht1);
-        cu_free(dm1), cu_free((void *)e.tiles), cu_free(e.qkv), cu_free(e.o);
-    }
-    printf("     fast: each entry alone vs in the batch: %s\n", same ? "bit-identical" : "DIFFERENT");
+    alone_vs_batch(c, &b, qkv, ld, ents, NE, tables, gf, tcr, 0, "fast");
     free(gf);
     cu_free(b.qkv), cu_free(b.o), cu_free(b.kv16);
-}
-
-/* the two kernels' grids and classes as forward_cuda's attn_split sets them for rows at minpos..maxpos
- * (g_dec_p > 0); the dec kernel's span (its stages) stays span */
-static void dec_p_grids(cu_attn_args *a, int span, int minpos, int maxpos) {
-    int P = g_dec_p;
-    a->dec_p = P, a->dec_cls = (minpos < P) | (maxpos >= P) << 1, a->dec_span = span;
-    a->dec_nsplit = maxpos >= P ? cu_attn_dec_grid(maxpos, g_dec_ns) : 0;
-    a->span = 64, a->nsplit = minpos < P ? cu_attn_row_grid(maxpos < P - 1 ? maxpos : P - 1) : 0;
 }
 
 /* tiled: 0 a block per (row, head[, span]); 1 the prefill tiles; 2 the prefill tiles by the scalar kernel,
@@ -1008,54 +1027,12 @@ static void attn_case_ex(int Hq, int Hkv, int hd, int span, int tiled, const tes
             if (mode == 1 && g_fast) attn_fast_check(c, &a, qkv, ld, ents, NE, tables, o_r, tcr);
             /* each entry launched alone gives the same bits as in the batch: a row's arithmetic must not
              * depend on which rows share its launch or its tile (the key tiles sit on a fixed grid) */
-            int same = 1;
-            for (int i = 0, r0 = 0; i < NE; r0 += ents[i].n, i++) {
-                cu_meta m1;
-                int *dm1, n = ents[i].n, nt1 = 0;
-                int *hm1 = pack_meta(&ents[i], 1, &tables[i], &m1, &dm1), *ht1 = malloc(((size_t)n + 1) * 4);
-                for (int t = 0; t < n; t += tcr) ht1[nt1++] = t;
-                cu_attn_args b = a;
-                b.T = n, b.meta = m1, b.n_tiles = nt1, b.tiles = dup_dev(ht1, (size_t)nt1 * 4);
-                b.qkv = dup_dev(qkv + (size_t)r0 * ld, (size_t)n * ld * 4);
-                b.o = nan_dev(c, (size_t)n * Hq * hd);
-                cu_attn_layer(c, &b);
-                REQUIRE(cu_sync(c, err, sizeof err) == 0);
-                float *g1 = get(b.o, (size_t)n * Hq * hd);
-                if (memcmp(g1, go + (size_t)r0 * Hq * hd, (size_t)n * Hq * hd * 4)) {
-                    same = 0;
-                    CHECK_MSG(0, "attention hd=%d: entry len=%d n=%d alone differs from in the batch", hd,
-                              ents[i].len, n);
-                }
-                free(g1), free(hm1), free(ht1);
-                cu_free(dm1), cu_free((void *)b.tiles), cu_free(b.qkv), cu_free(b.o);
-            }
-            printf("     each entry alone vs in the batch: %s\n", same ? "bit-identical" : "DIFFERENT");
+            alone_vs_batch(c, &a, qkv, ld, ents, NE, tables, go, tcr, 0, "tiles");
         }
         if (g_dec_ns && !tiled) {
             /* each entry alone (its own grid of spans) gives the bits it has in the batch: a row's spans
              * follow its own position */
-            int same = 1;
-            for (int i = 0, r0 = 0; i < NE; r0 += ents[i].n, i++) {
-                cu_meta m1;
-                int *dm1, n = ents[i].n;
-                int *hm1 = pack_meta(&ents[i], 1, &tables[i], &m1, &dm1);
-                cu_attn_args b = a;
-                b.T = n, b.meta = m1, b.nsplit = cu_attn_dec_grid(ents[i].len + n - 1, g_dec_ns);
-                if (g_dec_p > 0) dec_p_grids(&b, span, ents[i].len, ents[i].len + n - 1);
-                b.qkv = dup_dev(qkv + (size_t)r0 * ld, (size_t)n * ld * 4);
-                b.o = nan_dev(c, (size_t)n * Hq * hd);
-                cu_attn_layer(c, &b);
-                REQUIRE(cu_sync(c, err, sizeof err) == 0);
-                float *g1 = get(b.o, (size_t)n * Hq * hd);
-                if (memcmp(g1, go + (size_t)r0 * Hq * hd, (size_t)n * Hq * hd * 4)) {
-                    same = 0;
-                    CHECK_MSG(0, "attention dec hd=%d: entry len=%d n=%d alone differs from in the batch", hd,
-                              ents[i].len, n);
-                }
-                free(g1), free(hm1);
-                cu_free(dm1), cu_free(b.qkv), cu_free(b.o);
-            }
-            printf("     each entry alone vs in the batch: %s\n", same ? "bit-identical" : "DIFFERENT");
+            alone_vs_batch(c, &a, qkv, ld, ents, NE, tables, go, 0, span, "dec");
         }
         snprintf(what, sizeof what, "attention hd=%d: K pool", hd);
         check_rel(what, gk, kp_r, pool_n, 1e-5);
