@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -47,6 +48,11 @@ void test_skip(const char *reason) {
 const char *test_fixtures_dir(void) {
     const char *d = getenv("CINFER_FIXTURES");
     return d ? d : "tests/fixtures";
+}
+
+int test_run(const char *cmd) {
+    int st = system(cmd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
 const char *test_tmpdir(void) {

@@ -16,6 +16,8 @@ void test_skip(const char *reason);
 const char *test_fixtures_dir(void);
 /* A fresh temp directory for this test (removed by the runner at exit). */
 const char *test_tmpdir(void);
+/* Runs cmd through the shell: its exit status, -1 when it did not exit normally. */
+int test_run(const char *cmd);
 
 #define TEST(name)                                                                                        \
     static void name(void);                                                                               \

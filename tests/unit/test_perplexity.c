@@ -9,7 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 
 #include "cinfer.h"
 #include "model/forward_cuda.h"
@@ -42,18 +41,12 @@ static int write_text(const char *path, const char *s) {
     return fclose(f) || bad ? -1 : 0;
 }
 
-/* Runs cmd; returns its exit status (-1 if it did not exit normally). */
-static int run(const char *cmd) {
-    int st = system(cmd);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 /* `cinfer perplexity ... --json` parsed; NULL (with a test failure) when it did not run. */
 static json_t *ppl_json(const char *bin, const char *file, const char *extra) {
     char cmd[4096], out[600];
     snprintf(out, sizeof out, "%s/ppl.json", test_tmpdir());
     snprintf(cmd, sizeof cmd, "%s perplexity -m %s --file %s --json %s > %s", bin, MODEL, file, extra, out);
-    int rc = run(cmd);
+    int rc = test_run(cmd);
     if (rc != 0) {
         test_fail(__FILE__, __LINE__, "`%s` exited %d", cmd, rc);
         return NULL;
@@ -77,7 +70,7 @@ static int reference_nll(const char *bin, const int32_t *ids, int n, int ctx, do
             k += (size_t)snprintf(list + k, sizeof list - k, i ? ",%d" : "%d", ids[w0 + i]);
         snprintf(npy, sizeof npy, "%s/w.npy", test_tmpdir());
         snprintf(cmd, sizeof cmd, "%s logits -m %s --tokens %s --out %s", bin, MODEL, list, npy);
-        if (run(cmd) != 0) return -1;
+        if (test_run(cmd) != 0) return -1;
         char *buf = NULL;
         size_t len;
         npy_array a;
@@ -172,19 +165,40 @@ TEST(perplexity_errors) {
     REQUIRE(write_text(one, "x") == 0);
     REQUIRE(write_text(empty, "") == 0);
     snprintf(cmd, sizeof cmd, "%s perplexity -m %s --file %s/missing.txt 2>/dev/null", bin, MODEL, d);
-    CHECK_EQ_INT(run(cmd), 1);
+    CHECK_EQ_INT(test_run(cmd), 1);
     snprintf(cmd, sizeof cmd, "%s perplexity -m %s --file %s 2>/dev/null", bin, MODEL, one);
-    CHECK_EQ_INT(run(cmd), 1); /* one token: nothing to score */
+    CHECK_EQ_INT(test_run(cmd), 1); /* one token: nothing to score */
     snprintf(cmd, sizeof cmd, "%s perplexity -m %s --file %s 2>/dev/null", bin, MODEL, empty);
-    CHECK_EQ_INT(run(cmd), 1);
+    CHECK_EQ_INT(test_run(cmd), 1);
     snprintf(cmd, sizeof cmd, "%s perplexity -m %s --file %s --ctx 1 2>/dev/null", bin, MODEL, one);
-    CHECK_EQ_INT(run(cmd), 2);
+    CHECK_EQ_INT(test_run(cmd), 2);
     snprintf(cmd, sizeof cmd, "%s perplexity -m %s 2>/dev/null", bin, MODEL);
-    CHECK_EQ_INT(run(cmd), 2);
+    CHECK_EQ_INT(test_run(cmd), 2);
     snprintf(cmd, sizeof cmd, "%s perplexity -m %s --file %s --bogus 2>/dev/null", bin, MODEL, one);
-    CHECK_EQ_INT(run(cmd), 2);
+    CHECK_EQ_INT(test_run(cmd), 2);
     snprintf(cmd, sizeof cmd, "%s perplexity -m %s/nothing-here --file %s 2>/dev/null", bin, d, one);
-    CHECK_EQ_INT(run(cmd), 1);
+    CHECK_EQ_INT(test_run(cmd), 1);
+}
+
+/* The held-out fixture: tests/fixtures/default_model/perplexity.json (transformers' figures) there, and with
+ * weights, the trained default model's weights too */
+static int heldout_there(int weights) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/default_model/perplexity.json", test_fixtures_dir());
+    return file_exists(path) && (!weights || file_exists(MODEL "/model.safetensors"));
+}
+
+/* its JSON (NULL: it did not parse), the path of the text it scored into sample, its window into *ctx */
+static json_t *heldout_ref(char *sample, size_t n, long *ctx) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/default_model/perplexity.json", test_fixtures_dir());
+    json_error_t je;
+    json_t *ref = json_load_file(path, 0, &je);
+    if (!ref) return NULL;
+    snprintf(sample, n, "%s/default_model/%s", test_fixtures_dir(),
+             json_string_value(json_object_get(ref, "file")));
+    *ctx = (long)json_integer_value(json_object_get(ref, "ctx"));
+    return ref;
 }
 
 /* The issue's check: `cinfer perplexity` on the held-out split reports transformers' perplexity within
@@ -192,16 +206,12 @@ TEST(perplexity_errors) {
 TEST(perplexity_heldout_matches_transformers) {
     const char *bin = getenv("CINFER_BIN");
     if (!bin) SKIP("CINFER_BIN not set");
-    char path[600], sample[600], extra[128];
-    snprintf(path, sizeof path, "%s/default_model/perplexity.json", test_fixtures_dir());
-    if (!file_exists(path))
+    char sample[600], extra[128];
+    if (!heldout_there(0))
         SKIP("tests/fixtures/default_model/perplexity.json is not there (random default model)");
-    json_error_t je;
-    json_t *ref = json_load_file(path, 0, &je);
+    long ctx;
+    json_t *ref = heldout_ref(sample, sizeof sample, &ctx);
     REQUIRE(ref);
-    snprintf(sample, sizeof sample, "%s/default_model/%s", test_fixtures_dir(),
-             json_string_value(json_object_get(ref, "file")));
-    long ctx = (long)json_integer_value(json_object_get(ref, "ctx"));
     json_t *want = ref;
     json_t *prefix = json_object_get(ref, "prefix");
     if (SLOW_BUILD && prefix) {
@@ -234,16 +244,11 @@ TEST(perplexity_cuda_fast_within_1pct_of_exact) {
     const char *bin = getenv("CINFER_BIN");
     if (!bin) SKIP("CINFER_BIN not set");
     if (!cuda_built() || cuda_devices() < 1) SKIP("no CUDA device: skipped");
-    char path[600], sample[600], extra[2][128];
-    snprintf(path, sizeof path, "%s/default_model/perplexity.json", test_fixtures_dir());
-    if (!file_exists(path) || !file_exists(MODEL "/model.safetensors"))
-        SKIP("the default model's weights or perplexity.json are not there");
-    json_error_t je;
-    json_t *ref = json_load_file(path, 0, &je);
+    char sample[600], extra[2][128];
+    if (!heldout_there(1)) SKIP("the default model's weights or perplexity.json are not there");
+    long ctx;
+    json_t *ref = heldout_ref(sample, sizeof sample, &ctx);
     REQUIRE(ref);
-    snprintf(sample, sizeof sample, "%s/default_model/%s", test_fixtures_dir(),
-             json_string_value(json_object_get(ref, "file")));
-    long ctx = (long)json_integer_value(json_object_get(ref, "ctx"));
     double hf = json_real_value(json_object_get(ref, "perplexity"));
     json_decref(ref);
     double ppl[2] = {0, 0};

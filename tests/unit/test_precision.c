@@ -6,7 +6,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 
 #include "cinfer.h"
 #include "test.h"
@@ -115,11 +114,6 @@ TEST(precision_cpu_runs_exact) {
     cinfer_model_close(m);
 }
 
-static int run(const char *cmd) {
-    int st = system(cmd);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 /* --precision is taken out for every verb (main.c), like --device; the CPU reports what it ran */
 TEST(precision_cli_flag) {
     const char *bin = getenv("CINFER_BIN");
@@ -133,15 +127,15 @@ TEST(precision_cli_flag) {
     fclose(f);
     snprintf(out, sizeof out, "%s/ppl.json", d);
     snprintf(cmd, sizeof cmd, "%s perplexity --precision bf16 -m %s --file %s 2>/dev/null", bin, MODEL, file);
-    CHECK_EQ_INT(run(cmd), 2);
+    CHECK_EQ_INT(test_run(cmd), 2);
     snprintf(cmd, sizeof cmd, "%s generate -m %s --prompt hi -n 1 --precision 2>/dev/null", bin, MODEL);
-    CHECK_EQ_INT(run(cmd), 2);
+    CHECK_EQ_INT(test_run(cmd), 2);
     snprintf(cmd, sizeof cmd, "CINFER_PRECISION=bf16 %s perplexity -m %s --file %s 2>/dev/null", bin, MODEL,
              file);
-    CHECK_EQ_INT(run(cmd), 2);
+    CHECK_EQ_INT(test_run(cmd), 2);
     snprintf(cmd, sizeof cmd, "%s perplexity -m %s --file %s --device cpu --precision fast --json > %s", bin,
              MODEL, file, out);
-    CHECK_EQ_INT(run(cmd), 0);
+    CHECK_EQ_INT(test_run(cmd), 0);
     char buf[4096] = {0};
     f = fopen(out, "rb");
     REQUIRE(f);
@@ -152,5 +146,5 @@ TEST(precision_cli_flag) {
     CHECK_STR_CONTAINS(buf, "\"device\":\"cpu\"");
     snprintf(cmd, sizeof cmd, "%s generate -m %s --prompt hi -n 1 --precision exact > /dev/null 2>&1", bin,
              MODEL);
-    CHECK_EQ_INT(run(cmd), 0);
+    CHECK_EQ_INT(test_run(cmd), 0);
 }
