@@ -925,10 +925,11 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     f->glu[0] = 2, f->glu[1] = 10;
     if (glu) sscanf(glu, "%d,%d", &f->glu[0], &f->glu[1]);
     cu_set_gemv3_glu(f->glu[0], f->glu[1]);
-    /* CINFER_CUDA_ATTN_PRE=1: the fused attention decode kernel's RoPE cos / sin before its PDL wait (the
-     * same bits); off until an H200 A/B shows it faster */
+    /* CINFER_CUDA_ATTN_PRE (default on; "0" off): the fused attention decode kernel's RoPE cos / sin before its
+     * PDL wait (the same bits). H200 session 11 call 8, 4B b1 after 512, alternating: off 404.3 / 404.6 / 406.1
+     * tok/s, on 404.6 / 404.5 / 408.0; attention core ended +18.55 -> +17.48 us (CINFER_CUDA_G3_STAMPS) */
     const char *apre = getenv("CINFER_CUDA_ATTN_PRE");
-    cu_set_attn_dec_pre(apre && !strcmp(apre, "1"));
+    cu_set_attn_dec_pre(!(apre && !strcmp(apre, "0")));
     const char *apr = getenv("CINFER_CUDA_ATTN_PF_ROWS"); /* the attention prefetch up to this many rows */
     cu_set_attn_decode_pf_rows(apr ? atoi(apr) : 32);
     if (pdl || pdb)

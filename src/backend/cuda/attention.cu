@@ -15,33 +15,39 @@ __device__ __forceinline__ float *kv_row(float *pool, const cu_attn_args &a, con
 
 #define NR_REG 8 /* norm_rope_warp: head dims up to 256 through registers */
 
+/* rmsnorm(x) * w of one head (hd <= 32 NR_REG) by one warp into y: the head's values and norm weights
+ * requested all at once into registers (a loop whose loads each wait for the store before them, y may alias
+ * x, takes one L2 round trip per 32 values: H200 session 11, 2.66 us from the decode kernel's PDL wait to its
+ * normed q at hd 256), then the sum of squares in order of the dims, lane by lane */
+__device__ __forceinline__ void norm_regs(const cu_attn_args &a, const float *x, const float *w, float *y,
+                                          int lane) {
+    const int hd = a.hd;
+    float v[NR_REG], wv[NR_REG], ss = 0.0f;
+#pragma unroll
+    for (int u = 0; u < NR_REG; u++) {
+        int i = lane + 32 * u;
+        v[u] = i < hd ? x[i] : 0.0f;
+        wv[u] = i < hd ? w[i] : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < NR_REG; u++)
+        if (lane + 32 * u < hd) ss = fmaf(v[u], v[u], ss);
+    ss = warp_sum(ss);
+    float inv = 1.0f / sqrtf(ss / (float)hd + a.eps);
+#pragma unroll
+    for (int u = 0; u < NR_REG; u++)
+        if (lane + 32 * u < hd) y[lane + 32 * u] = (v[u] * inv) * wv[u];
+}
+
 /* rmsnorm(x) * w, then the partial RoPE at position pos (row r's streams when multimodal), of one head by
  * one warp into y (hd floats). attn_prep_kernel and the fused decode kernel both run it: the same bits. */
 __device__ __forceinline__ void norm_rope_warp(const cu_attn_args &a, const float *x, const float *w,
                                                float *y, int r, int pos, int lane) {
     int hd = a.hd, half = a.rope_dim / 2;
-    float ss = 0.0f;
     if (hd <= NR_REG * 32) {
-        /* the head's values and norm weights requested all at once into registers: in the loop below each
-         * load waits for the store before it (y may alias x), one L2 round trip per 32 values (H200 session
-         * 11: 2.66 us from the decode kernel's PDL wait to its normed q at hd 256). The same sums in the same
-         * order, so the same bits. */
-        float v[NR_REG], wv[NR_REG];
-#pragma unroll
-        for (int u = 0; u < NR_REG; u++) {
-            int i = lane + 32 * u;
-            v[u] = i < hd ? x[i] : 0.0f;
-            wv[u] = i < hd ? w[i] : 0.0f;
-        }
-#pragma unroll
-        for (int u = 0; u < NR_REG; u++)
-            if (lane + 32 * u < hd) ss = fmaf(v[u], v[u], ss);
-        ss = warp_sum(ss);
-        float inv = 1.0f / sqrtf(ss / (float)hd + a.eps);
-#pragma unroll
-        for (int u = 0; u < NR_REG; u++)
-            if (lane + 32 * u < hd) y[lane + 32 * u] = (v[u] * inv) * wv[u];
+        norm_regs(a, x, w, y, lane);
     } else {
+        float ss = 0.0f;
         for (int i = lane; i < hd; i += 32) {
             float v = x[i];
             y[i] = v;
@@ -67,7 +73,11 @@ __device__ __forceinline__ void norm_rope_warp(const cu_attn_args &a, const floa
 }
 
 /* RoPE's cos / sin of pairs lane + 32 u for norm_rope_pre, from the position or the multimodal streams (both
- * uploaded before the step): computed before the decode kernel's PDL wait (cu_set_attn_dec_pre) */
+ * uploaded before the step): computed before the fused decode kernel's PDL wait (cu_set_attn_dec_pre, the
+ * default), so that after the wait no inv_freq load (an L2 round trip) nor cosf / sinf sits between the q / k
+ * loads and the scores. H200 session 11 call 8, 4B b1 after 512 positions, alternating: without 404.3 / 404.6
+ * / 406.1 tok/s, with 404.6 / 404.5 / 408.0; attention core ended (CINFER_CUDA_G3_STAMPS) +18.55 -> +17.48 us
+ * from in_proj's end; the merging block from its PDL wait to its normed q 2.35 -> 1.27 us */
 struct nr_pre {
     float c[NR_REG / 2], s[NR_REG / 2];
 };
@@ -90,22 +100,8 @@ __device__ __forceinline__ void nr_pre_load(const cu_attn_args &a, int r, int po
  * same bits, and after the wait no inv_freq load (an L2 round trip) nor cosf / sinf */
 __device__ __forceinline__ void norm_rope_pre(const cu_attn_args &a, const float *x, const float *w,
                                               const nr_pre &p, float *y, int lane) {
-    const int hd = a.hd, half = a.rope_dim / 2;
-    float v[NR_REG], wv[NR_REG], ss = 0.0f;
-#pragma unroll
-    for (int u = 0; u < NR_REG; u++) {
-        int i = lane + 32 * u;
-        v[u] = i < hd ? x[i] : 0.0f;
-        wv[u] = i < hd ? w[i] : 0.0f;
-    }
-#pragma unroll
-    for (int u = 0; u < NR_REG; u++)
-        if (lane + 32 * u < hd) ss = fmaf(v[u], v[u], ss);
-    ss = warp_sum(ss);
-    float inv = 1.0f / sqrtf(ss / (float)hd + a.eps);
-#pragma unroll
-    for (int u = 0; u < NR_REG; u++)
-        if (lane + 32 * u < hd) y[lane + 32 * u] = (v[u] * inv) * wv[u];
+    const int half = a.rope_dim / 2;
+    norm_regs(a, x, w, y, lane);
     __syncwarp();
 #pragma unroll
     for (int u = 0; u < NR_REG / 2; u++) {
@@ -797,8 +793,9 @@ static int dec_auto_hs(const cu_attn_args *a) {
     return G;
 }
 
-/* the fused form with the RoPE's cos / sin before the PDL wait (CINFER_CUDA_ATTN_PRE): the same bits */
-static int g_attn_dec_pre = 0;
+/* the fused form with the RoPE's cos / sin before the PDL wait (nr_pre; CINFER_CUDA_ATTN_PRE=0: after it, as
+ * before session 11): the same bits */
+static int g_attn_dec_pre = 1;
 extern "C" void cu_set_attn_dec_pre(int on) {
     g_attn_dec_pre = on != 0;
 }

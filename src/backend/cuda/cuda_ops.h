@@ -106,8 +106,8 @@ void cu_set_pdl_mask(int mask);
 void cu_set_attn_decode_pf(int on);
 /* the prefetch above only in batches of at most rows rows (default 32; 0: any batch); the same bits */
 void cu_set_attn_decode_pf_rows(int rows);
-/* 1 (CINFER_CUDA_ATTN_PRE=1): the fused attn_dec_kernel computes the RoPE's cos / sin before its PDL wait
- * (norm_rope_pre) instead of after the q / k loads; the same bits */
+/* 1 (the default; CINFER_CUDA_ATTN_PRE=0: 0): the fused attn_dec_kernel computes the RoPE's cos / sin before
+ * its PDL wait (norm_rope_pre) instead of after the q / k loads; the same bits */
 void cu_set_attn_dec_pre(int on);
 /* f32 scratch for the stacked hi/lo product of up to 64 rows (2 x 64 x widest N floats) */
 void cu_set_gemm_scratch(cu_ctx *c, float *d_t, size_t floats);
