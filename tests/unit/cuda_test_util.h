@@ -237,4 +237,19 @@ static inline void gdn_bench_free(gdn_bench *b) {
     cu_free(b->scr), cu_free(b->dmeta);
 }
 
+/* The chunked form's cycle counts (cu_gdn_args.chunk_prof, hp [16]: its prep's first block, then a pass
+ * block) over one more run of its two parts on g's inputs; 0 when it ran, else the test failed */
+static inline int gdn_chunk_stamps(cu_ctx *c, cu_gdn_args *g, long long *hp) {
+    long long *dp = dev(16 * sizeof(long long)); /* zeroed */
+    char err[256] = "cu_gdn_chunk_part did not run";
+    if (!dp) return -1;
+    g->chunk_prof = dp;
+    int ok = cu_gdn_chunk_part(c, g, 3) && cu_sync(c, err, sizeof err) == 0 &&
+             cu_download(hp, dp, 16 * sizeof(long long), err, sizeof err) == 0;
+    g->chunk_prof = NULL;
+    cu_free(dp);
+    if (!ok) test_fail(__FILE__, __LINE__, "the chunked form's cycle counts: %s", err);
+    return ok ? 0 : -1;
+}
+
 #endif

@@ -324,15 +324,8 @@ static void fast_speed(int Hk, int Hv) {
             }
         printf("     %-40s prep %.3f ms, sequential pass %.3f ms\n", "", part[0], part[1]);
         if (forms[f].fast) { /* where the cycles of prep's first block and one pass block go */
-            long long *dp = NULL, hp[16];
-            REQUIRE(cu_alloc((void **)&dp, sizeof hp, err, sizeof err) == 0);
-            REQUIRE(cu_upload(dp, (long long[16]){0}, sizeof hp, err, sizeof err) == 0);
-            g.chunk_prof = dp;
-            REQUIRE(cu_gdn_chunk_part(c, &g, 3));
-            REQUIRE(cu_sync(c, err, sizeof err) == 0);
-            REQUIRE(cu_download(hp, dp, sizeof hp, err, sizeof err) == 0);
-            g.chunk_prof = NULL;
-            cu_free(dp);
+            long long hp[16];
+            REQUIRE(gdn_chunk_stamps(c, &g, hp) == 0);
             long long nch = hp[15] > 0 ? hp[15] : 1;
             printf(
                 "     %-40s prep block cycles: loads %lld, A/QK %lld, masks %lld, T diag %lld, T rounds "

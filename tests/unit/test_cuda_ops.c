@@ -652,14 +652,8 @@ static void gdn_speed(int Hk, int Hv) {
             printf("     %-44s prep %.3f ms, sequential pass %.3f ms\n", "", part[0], part[1]);
         }
         if (forms[f].scr) { /* where the cycles of one block of each go */
-            long long *dp = NULL, hp[16];
-            REQUIRE(cu_alloc((void **)&dp, sizeof hp, err, sizeof err) == 0);
-            g.chunk_prof = dp;
-            REQUIRE(cu_gdn_chunk_part(c, &g, 3));
-            REQUIRE(cu_sync(c, err, sizeof err) == 0);
-            REQUIRE(cu_download(hp, dp, sizeof hp, err, sizeof err) == 0);
-            g.chunk_prof = NULL;
-            cu_free(dp);
+            long long hp[16];
+            REQUIRE(gdn_chunk_stamps(c, &g, hp) == 0);
             printf("     prep block, cycles: loads %lld, gates %lld, A and QK %lld, mask %lld, inverse %lld, "
                    "scale + V %lld, W and U %lld\n",
                    hp[0], hp[1], hp[2], hp[3], hp[4], hp[5], hp[6]);
