@@ -252,4 +252,23 @@ static inline int gdn_chunk_stamps(cu_ctx *c, cu_gdn_args *g, long long *hp) {
     return ok ? 0 : -1;
 }
 
+/* The chunked form's two parts alone (prep, sequential pass) on the conv and gates g's last run left: the
+ * best of reps - 1 timed runs each (the first a warm-up) into ms[2]; 0 when they ran (they move the state on)
+ */
+static inline int gdn_part_ms(cu_ctx *c, cu_timer *tm, cu_gdn_args *g, int reps, float *ms) {
+    for (int pi = 0; pi < 2; pi++) {
+        ms[pi] = 1e30f;
+        for (int rep = 0; rep < reps; rep++) {
+            cu_timer_start(c, tm);
+            if (!cu_gdn_chunk_part(c, g, pi + 1)) {
+                test_fail(__FILE__, __LINE__, "cu_gdn_chunk_part %d did not run", pi + 1);
+                return -1;
+            }
+            float t = cu_timer_stop_ms(c, tm);
+            if (rep && t < ms[pi]) ms[pi] = t;
+        }
+    }
+    return 0;
+}
+
 #endif

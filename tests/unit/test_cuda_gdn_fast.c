@@ -314,14 +314,8 @@ static void fast_speed(int Hk, int Hv) {
             free(go), free(gs);
         }
         if (forms[f].fused) continue; /* (its parts: those of "fast" with the conv inside the prep) */
-        float part[2] = {1e30f, 1e30f};
-        for (int pi = 0; pi < 2; pi++)
-            for (int rep = 0; rep < 4; rep++) {
-                cu_timer_start(c, tm);
-                REQUIRE(cu_gdn_chunk_part(c, &g, pi + 1));
-                float ms = cu_timer_stop_ms(c, tm);
-                if (rep && ms < part[pi]) part[pi] = ms;
-            }
+        float part[2];
+        REQUIRE(gdn_part_ms(c, tm, &g, 4, part) == 0);
         printf("     %-40s prep %.3f ms, sequential pass %.3f ms\n", "", part[0], part[1]);
         if (forms[f].fast) { /* where the cycles of prep's first block and one pass block go */
             long long hp[16];

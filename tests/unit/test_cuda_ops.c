@@ -641,14 +641,8 @@ static void gdn_speed(int Hk, int Hv) {
         }
         if (forms[f].scr) { /* its two parts alone, on the conv and gates this run left (after
                              * the bits are read: they move the state on) */
-            float part[2] = {1e30f, 1e30f};
-            for (int pi = 0; pi < 2; pi++)
-                for (int rep = 0; rep < 3; rep++) {
-                    cu_timer_start(c, tm);
-                    REQUIRE(cu_gdn_chunk_part(c, &g, pi + 1));
-                    float ms = cu_timer_stop_ms(c, tm);
-                    if (rep && ms < part[pi]) part[pi] = ms;
-                }
+            float part[2];
+            REQUIRE(gdn_part_ms(c, tm, &g, 3, part) == 0);
             printf("     %-44s prep %.3f ms, sequential pass %.3f ms\n", "", part[0], part[1]);
         }
         if (forms[f].scr) { /* where the cycles of one block of each go */
