@@ -139,6 +139,19 @@ static __device__ __forceinline__ void ck_diag_col(const float *Am, float *Tm, i
     }
 }
 
+/* a warp's 16 x 16 product (two m16n8 accumulators, acc[0..1]) stored as f32 rows of stride ld at dst, negated
+ * with NEG; lane (g, t4) holds rows g and g + 8, columns 2 t4 and 2 t4 + 1 of each n-tile */
+template <bool NEG, int NA>
+static __device__ __forceinline__ void ck_store16(float *dst, int ld, const float (&acc)[NA][4], int g, int t4) {
+#pragma unroll
+    for (int n = 0; n < 2; n++)
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++)
+            *(float2 *)(dst + (g + 8 * hh) * ld + n * 8 + 2 * t4) =
+                NEG ? make_float2(-acc[n][2 * hh], -acc[n][2 * hh + 1])
+                    : make_float2(acc[n][2 * hh], acc[n][2 * hh + 1]);
+}
+
 /* the blocks below the diagonal (the diagonal ones done, those above zero) in three rounds on mma.sync, warp
  * j < bi taking X_j = sum_{m=j}^{bi-1} A_{bi,m} T_{m,j} (into X, f32 [3][16][16]), then T_{bi,j} = -T_{bi,bi}
  * X_j. Tiles is the 16 x 16 product, acc[n] (n < 2) += A[16][K] B[K][n*8 ..] (A at A[m * lda + k], B at B[k *
@@ -153,23 +166,13 @@ static __device__ __forceinline__ void ck_inverse_rounds(const float *Am, float 
             float acc[NA][4] = {};
             tiles(acc, Am + bi * 16 * CK_GLD + warp * 16, CK_GLD, Tm + warp * 16 * CK_GLD + warp * 16, CK_GLD,
                   (bi - warp) * 16, g, t4);
-#pragma unroll
-            for (int n = 0; n < 2; n++)
-#pragma unroll
-                for (int hh = 0; hh < 2; hh++)
-                    *(float2 *)(X + warp * 256 + (g + 8 * hh) * 16 + n * 8 + 2 * t4) =
-                        make_float2(acc[n][2 * hh], acc[n][2 * hh + 1]);
+            ck_store16<false>(X + warp * 256, 16, acc, g, t4);
         }
         __syncthreads();
         if (warp < bi) {
             float acc[NA][4] = {};
             tiles(acc, Tm + bi * 16 * CK_GLD + bi * 16, CK_GLD, X + warp * 256, 16, 16, g, t4);
-#pragma unroll
-            for (int n = 0; n < 2; n++)
-#pragma unroll
-                for (int hh = 0; hh < 2; hh++)
-                    *(float2 *)(Tm + (bi * 16 + g + 8 * hh) * CK_GLD + warp * 16 + n * 8 + 2 * t4) =
-                        make_float2(-acc[n][2 * hh], -acc[n][2 * hh + 1]);
+            ck_store16<true>(Tm + bi * 16 * CK_GLD + warp * 16, CK_GLD, acc, g, t4);
         }
         __syncthreads();
     }
@@ -1206,13 +1209,7 @@ template <bool FUSED> __global__ void __launch_bounds__(256, FUSED ? 2 : 3) fk_p
             fk_mma_h(acc[0], af, bf[0], bf[1]);
             fk_mma_h(acc[1], af, bf[2], bf[3]);
         }
-        float *dst = (which ? Tm : Am) + mi * 16 * CK_GLD + ni * 16;
-#pragma unroll
-        for (int n = 0; n < 2; n++)
-#pragma unroll
-            for (int hh = 0; hh < 2; hh++)
-                *(float2 *)(dst + (g + 8 * hh) * CK_GLD + n * 8 + 2 * t4) =
-                    make_float2(acc[n][2 * hh], acc[n][2 * hh + 1]);
+        ck_store16<false>((which ? Tm : Am) + mi * 16 * CK_GLD + ni * 16, CK_GLD, acc, g, t4);
     }
     __syncthreads();
     CK_MARK(1);
