@@ -139,17 +139,20 @@ static __device__ __forceinline__ void ck_diag_col(const float *Am, float *Tm, i
     }
 }
 
-/* a warp's 16 x 16 product (two m16n8 accumulators, acc[0..1]) stored as f32 rows of stride ld at dst, negated
- * with NEG; lane (g, t4) holds rows g and g + 8, columns 2 t4 and 2 t4 + 1 of each n-tile */
-template <bool NEG, int NA>
-static __device__ __forceinline__ void ck_store16(float *dst, int ld, const float (&acc)[NA][4], int g, int t4) {
+/* a warp's 16-row product stored as f32 at dst, rows of stride ld (int or size_t: each caller's index
+ * arithmetic), negated with NEG: the first nc (<= NT) of its m16n8 accumulators acc[n]; lane (g, t4) holds rows
+ * g and g + 8, columns 2 t4 and 2 t4 + 1 of each n-tile */
+template <bool NEG, int NT, int NA, class LD>
+static __device__ __forceinline__ void ck_store_tiles(float *dst, LD ld, const float (&acc)[NA][4], int nc, int g,
+                                                      int t4) {
 #pragma unroll
-    for (int n = 0; n < 2; n++)
+    for (int n = 0; n < NT; n++)
+        if (n < nc)
 #pragma unroll
-        for (int hh = 0; hh < 2; hh++)
-            *(float2 *)(dst + (g + 8 * hh) * ld + n * 8 + 2 * t4) =
-                NEG ? make_float2(-acc[n][2 * hh], -acc[n][2 * hh + 1])
-                    : make_float2(acc[n][2 * hh], acc[n][2 * hh + 1]);
+            for (int hh = 0; hh < 2; hh++)
+                *(float2 *)(dst + (LD)(g + 8 * hh) * ld + n * 8 + 2 * t4) =
+                    NEG ? make_float2(-acc[n][2 * hh], -acc[n][2 * hh + 1])
+                        : make_float2(acc[n][2 * hh], acc[n][2 * hh + 1]);
 }
 
 /* the blocks below the diagonal (the diagonal ones done, those above zero) in three rounds on mma.sync, warp
@@ -166,13 +169,13 @@ static __device__ __forceinline__ void ck_inverse_rounds(const float *Am, float 
             float acc[NA][4] = {};
             tiles(acc, Am + bi * 16 * CK_GLD + warp * 16, CK_GLD, Tm + warp * 16 * CK_GLD + warp * 16, CK_GLD,
                   (bi - warp) * 16, g, t4);
-            ck_store16<false>(X + warp * 256, 16, acc, g, t4);
+            ck_store_tiles<false, 2>(X + warp * 256, 16, acc, 2, g, t4);
         }
         __syncthreads();
         if (warp < bi) {
             float acc[NA][4] = {};
             tiles(acc, Tm + bi * 16 * CK_GLD + bi * 16, CK_GLD, X + warp * 256, 16, 16, g, t4);
-            ck_store16<true>(Tm + bi * 16 * CK_GLD + warp * 16, CK_GLD, acc, g, t4);
+            ck_store_tiles<true, 2>(Tm + bi * 16 * CK_GLD + warp * 16, CK_GLD, acc, 2, g, t4);
         }
         __syncthreads();
     }
@@ -314,14 +317,7 @@ __global__ void __launch_bounds__(256) ck_prep_kernel(cu_gdn_args a) {
                 float acc[4][4] = {};
                 ckm_tiles<true>(acc, nc, which ? Xs + mi * 16 * XLD : Ks + mi * 16 * KLD, which ? XLD : KLD,
                                 Ks + n0 * 8 * KLD, KLD, dk, g, t4);
-                float *dst = (which ? Tm : Am) + mi * 16 * CK_GLD + n0 * 8;
-#pragma unroll
-                for (int n = 0; n < 4; n++)
-                    if (n < nc)
-#pragma unroll
-                        for (int hh = 0; hh < 2; hh++)
-                            *(float2 *)(dst + (g + 8 * hh) * CK_GLD + n * 8 + 2 * t4) =
-                                make_float2(acc[n][2 * hh], acc[n][2 * hh + 1]);
+                ck_store_tiles<false, 4>((which ? Tm : Am) + mi * 16 * CK_GLD + n0 * 8, CK_GLD, acc, nc, g, t4);
             }
         }
     }
@@ -440,13 +436,7 @@ __global__ void __launch_bounds__(256) ck_prep_kernel(cu_gdn_args a) {
             float *dst = isv ? (IMG ? U + (size_t)cb * CK_CH * 40 + (size_t)mi * 16 * 40
                                     : U + (size_t)mi * 16 * dv + cb * 32)
                              : W + (size_t)mi * 16 * WLD + cb * 32;
-#pragma unroll
-            for (int n = 0; n < 4; n++)
-                if (n < nc)
-#pragma unroll
-                    for (int hh = 0; hh < 2; hh++)
-                        *(float2 *)(dst + (size_t)(g + 8 * hh) * ld + n * 8 + 2 * t4) =
-                            make_float2(acc[n][2 * hh], acc[n][2 * hh + 1]);
+            ck_store_tiles<false, 4>(dst, (size_t)ld, acc, nc, g, t4);
         }
     }
     const int pk = (dk / 16 + 1) / 2, pv = (dv / 16 + 1) / 2;
@@ -1209,7 +1199,7 @@ template <bool FUSED> __global__ void __launch_bounds__(256, FUSED ? 2 : 3) fk_p
             fk_mma_h(acc[0], af, bf[0], bf[1]);
             fk_mma_h(acc[1], af, bf[2], bf[3]);
         }
-        ck_store16<false>((which ? Tm : Am) + mi * 16 * CK_GLD + ni * 16, CK_GLD, acc, g, t4);
+        ck_store_tiles<false, 2>((which ? Tm : Am) + mi * 16 * CK_GLD + ni * 16, CK_GLD, acc, 2, g, t4);
     }
     __syncthreads();
     CK_MARK(1);
