@@ -77,9 +77,9 @@ if has bench; then
         echo "== $(date -u +%H:%M:%S) $B/cinfer bench --like $shape --device cuda" | tee "$OUT/bench-$shape.txt"
         timeout $lim $B/cinfer bench --like $shape --device cuda 2>&1 | grep -v "cinfer synth: writing" | tee -a "$OUT/bench-$shape.txt"
     done
-    # where decode logits go: pageable host memory (how the first figures were taken) and greedy ids chosen on
-    # the device, beside the default (pinned) rows above
-    for lm in pageable device; do
+    # where decode logits go: pinned and pageable host memory (how the first figures were taken), beside the
+    # default rows above (greedy ids chosen on the device, the engine's decode step)
+    for lm in pinned pageable; do
         echo "== $B/cinfer bench --like qwen3.5-4b --device cuda --logits $lm --prefill 512 --no-profile" >> "$OUT/bench-qwen3.5-4b.txt"
         timeout 45 $B/cinfer bench --like qwen3.5-4b --device cuda --logits $lm --prefill 512 --no-profile 2>&1 |
             grep -v "cinfer synth: writing" >> "$OUT/bench-qwen3.5-4b.txt"

@@ -40,8 +40,9 @@ int cli_bench(int argc, char **argv) {
     if (arg_flag(argc, argv, "--help") || arg_flag(argc, argv, "-h")) {
         printf("usage: cinfer bench -m DIR [-p PROMPT_TOKENS=512] [-n DECODE_TOKENS=32] [--threads N]\n"
                "       cinfer bench --like SHAPE --device cuda [--batches 1,8,32,64] [--prefill 512,4096,32768] [-n 32]\n"
-               "         [--ctx 512] [--chunk 4096] [--no-profile] [--logits pinned|pageable|device]: a real model's shapes\n"
-               "         with random weights made on the GPU (--logits: where decode logits go; device = greedy ids on the GPU;\n"
+               "         [--ctx 512] [--chunk 4096] [--no-profile] [--logits device|pinned|pageable]: a real model's shapes\n"
+               "         with random weights made on the GPU (--logits: where decode logits go; device (default) = greedy ids\n"
+               "         chosen on the GPU, the engine's decode step; pinned / pageable = every logit copied to the host;\n"
                "         --batches 0 / --prefill 0: that part skipped)\n"
                "       cinfer bench -m DIR --spec-accept A [--spec-draft K=3] [--batch B=1] [-p 32] [-n 64]\n"
                "         speculative decoding at a forced acceptance rate A, against the same batch without it\n"

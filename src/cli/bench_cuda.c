@@ -79,11 +79,13 @@ int bench_cuda(int argc, char **argv) {
     if ((v = arg_value(argc, argv, "--ctx", NULL)) && parse_int(v, "--ctx", 1, 1 << 20, &ctx)) return 2;
     if ((v = arg_value(argc, argv, "--chunk", NULL)) && parse_int(v, "--chunk", 64, 65535, &chunk)) return 2;
     int profile = !arg_flag(argc, argv, "--no-profile");
-    /* where a decode step's logits go: pinned host memory (default), pageable host memory (malloc, as the
-     * first CUDA figures were taken), or nowhere: greedy ids chosen on the device (cuda_fwd_sample) */
+    /* where a decode step's logits go: nowhere, greedy ids chosen on the device (the default: the engine's
+     * decode step for greedy and top-k requests, cuda_fwd_run_sample), or the whole rows to pinned host
+     * memory (the default until session 12) or to pageable host memory (malloc, as the first CUDA figures
+     * were taken) */
     const char *lmode =
         arg_value(argc, argv, "--logits", NULL); /* arg_value's last argument is an alias, not a default */
-    if (!lmode) lmode = "pinned";
+    if (!lmode) lmode = "device";
     int l_pageable = !strcmp(lmode, "pageable"), l_device = !strcmp(lmode, "device");
     if (!l_pageable && !l_device && strcmp(lmode, "pinned")) {
         fprintf(stderr, "cinfer bench: --logits takes pinned, pageable or device\n");
@@ -252,8 +254,11 @@ int bench_cuda(int argc, char **argv) {
                                     .n = 1,
                                     .slot = s,
                                     .blocks = blocks + (size_t)s * bps_dec};
-            rc = cuda_fwd_run(f, fe, B, l_device ? NULL : logits, err, sizeof err);
-            if (!rc && l_device) rc = cuda_fwd_sample(f, smp, B, ids, NULL, err, sizeof err);
+            /* device: the engine's own call for a decode step (ctx_forward_sample): one sync, after the ids */
+            if (l_device)
+                rc = cuda_fwd_run_sample(f, fe, B, smp, B, ids, NULL, err, sizeof err);
+            else
+                rc = cuda_fwd_run(f, fe, B, logits, err, sizeof err);
         }
         if (rc) break;
         double dt = (now_s() - ts) / N;

@@ -279,6 +279,8 @@ struct cuda_fwd {
     cu_sample_row *h_smp; /* pinned [max_tokens] */
     int *d_ids, *h_ids;   /* [max_tokens] device / pinned */
     float *d_lps, *h_lps; /* [max_tokens] device / pinned */
+    void *d_am_part;      /* cu_argmax's partials: CU_ARGMAX_PART(max_tokens) bytes */
+    unsigned *d_am_cnt;   /* [max_tokens] cu_argmax's counters (zero between launches) */
     /* the MTP head (cuda_fwd_mtp_init): its weights, its one-layer KV pool and its fc input */
     cu_layer *mtp_L;
     uint16_t *mtp_fc;                          /* [H][2H] */
@@ -615,6 +617,8 @@ static int alloc_scratch(cuda_fwd *f, char *err, size_t errlen) {
     if ((rc = dev_alloc(f, (void **)&f->d_smp, T * sizeof(cu_sample_row), a, err, errlen)) ||
         (rc = dev_alloc(f, (void **)&f->d_ids, T * 4, a, err, errlen)) ||
         (rc = dev_alloc(f, (void **)&f->d_lps, T * 4, a, err, errlen)) ||
+        (rc = dev_alloc(f, &f->d_am_part, CU_ARGMAX_PART(T), a, err, errlen)) ||
+        (rc = dev_alloc(f, (void **)&f->d_am_cnt, T * 4, a, err, errlen)) ||
         (rc = cu_alloc_host((void **)&f->h_smp, T * sizeof(cu_sample_row), err, errlen)) ||
         (rc = cu_alloc_host((void **)&f->h_ids, T * 4, err, errlen)) ||
         (rc = cu_alloc_host((void **)&f->h_lps, T * 4, err, errlen)))
@@ -2685,9 +2689,7 @@ static int mtp_run(cuda_fwd *f, const fwd_entry *e, const mtp_io *io, int NE, in
     if (nl) {
         if (logits) cu_d2h_async(f->cu, logits, f->logits, (size_t)nl * n_vocab * sizeof(float));
         if (ids) { /* greedy rows: cuda_fwd_sample's argmax over the head's n_vocab columns */
-            for (int r = 0; r < nl; r++) f->h_smp[r] = (cu_sample_row){0.0, 0.0f, 1, 0, 0};
-            cu_h2d_async(f->cu, f->d_smp, f->h_smp, (size_t)nl * sizeof(cu_sample_row));
-            cu_sample(f->cu, f->logits, n_vocab, f->d_smp, nl, f->d_ids, f->d_lps);
+            cu_argmax(f->cu, f->logits, n_vocab, nl, f->d_ids, f->d_am_part, f->d_am_cnt);
             cu_d2h_async(f->cu, f->h_ids, f->d_ids, (size_t)nl * 4);
         }
     }
@@ -2783,7 +2785,7 @@ int cuda_fwd_sample(cuda_fwd *f, const cuda_sample *rows, int n, int32_t *ids, f
     if (n < 1 || n > f->last_nl)
         return ci_err(err, errlen, CINFER_EINVAL, "cuda_fwd_sample: %d rows, the last call left %d", n,
                       f->last_nl);
-    int V = f->m->V, want_lp = 0;
+    int V = f->m->V, want_lp = 0, all_greedy = 1;
     for (int r = 0; r < n; r++) {
         const cuda_sample *q = &rows[r];
         if (!cuda_sample_eligible(q->temperature, q->top_k, V))
@@ -2795,9 +2797,16 @@ int cuda_fwd_sample(cuda_fwd *f, const cuda_sample *rows, int n, int32_t *ids, f
         f->h_smp[r] = (cu_sample_row){q->u, greedy ? 0.0f : 1.0f / q->temperature, greedy ? 1 : q->top_k,
                                       q->logprob && logprobs, 0};
         want_lp |= q->logprob && logprobs;
+        all_greedy &= greedy;
     }
-    cu_h2d_async(f->cu, f->d_smp, f->h_smp, (size_t)n * sizeof(cu_sample_row));
-    cu_sample(f->cu, f->logits, V, f->d_smp, n, f->d_ids, f->d_lps);
+    /* greedy rows without logprobs (the usual decode step): the argmax over many blocks, nothing uploaded;
+     * else sample_kernel, a block a row (the same greedy ids) */
+    if (all_greedy && !want_lp) {
+        cu_argmax(f->cu, f->logits, V, n, f->d_ids, f->d_am_part, f->d_am_cnt);
+    } else {
+        cu_h2d_async(f->cu, f->d_smp, f->h_smp, (size_t)n * sizeof(cu_sample_row));
+        cu_sample(f->cu, f->logits, V, f->d_smp, n, f->d_ids, f->d_lps);
+    }
     cu_d2h_async(f->cu, f->h_ids, f->d_ids, (size_t)n * 4);
     if (want_lp) cu_d2h_async(f->cu, f->h_lps, f->d_lps, (size_t)n * 4);
     int rc = cu_sync(f->cu, err, errlen);

@@ -1585,6 +1585,79 @@ TEST(cuda_sample_vs_cpu_sampler) {
     cu_ctx_destroy(c);
 }
 
+/* cu_argmax (greedy rows without logprobs: many blocks a row) against the CPU sampler's greedy choice and
+ * cu_sample's, at vocabularies that slice evenly and not, from one row to more rows than the SMs: a tie at
+ * the max in different slices (the lower id), the max at the first and the last id, NaNs (never chosen), a
+ * row all NaN and one all -inf (id 0, as cu_sample), a row whose max is +inf. Run twice on the same buffers:
+ * the counters are set back by the launch. */
+TEST(cuda_argmax_vs_cpu_sampler) {
+    if (NO_DEVICE()) SKIP("no CUDA device: skipped");
+    char err[256];
+    cu_ctx *c;
+    REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
+    static const int Vs[] = {248320, 151936, 5003, 37};
+    static const int Ns[] = {1, 3, 200};
+    int checked = 0;
+    for (size_t vi = 0; vi < sizeof Vs / sizeof Vs[0]; vi++)
+        for (size_t ni = 0; ni < sizeof Ns / sizeof Ns[0]; ni++) {
+            int V = Vs[vi], n = Ns[ni];
+            float *x = rnd((size_t)n * V, 4.0f);
+            for (int r = 0; r < n; r++) {
+                float *row = x + (size_t)r * V;
+                switch (r % 7) {
+                case 0: row[V / 3] = row[V - 2] = 50.0f, row[1] = NAN; break; /* tie across slices */
+                case 1: row[0] = 50.0f; break;
+                case 2: row[V - 1] = 50.0f, row[V / 2] = NAN; break;
+                case 3: for (int i = 0; i < V; i++) row[i] = NAN; break;
+                case 4: for (int i = 0; i < V; i++) row[i] = -INFINITY; break;
+                case 5: row[V / 5 + 1] = INFINITY, row[V / 7] = INFINITY; break;
+                default: break; /* random: its own max */
+                }
+            }
+            float *dx = dup_dev(x, (size_t)n * V * 4);
+            int *dids = NULL, *dids2 = NULL;
+            unsigned *dcnt = NULL;
+            void *dpart = NULL;
+            REQUIRE(cu_alloc((void **)&dids, (size_t)n * 4, err, sizeof err) == 0);
+            REQUIRE(cu_alloc((void **)&dids2, (size_t)n * 4, err, sizeof err) == 0);
+            REQUIRE(cu_alloc((void **)&dcnt, (size_t)n * 4, err, sizeof err) == 0);
+            REQUIRE(cu_alloc(&dpart, CU_ARGMAX_PART(n), err, sizeof err) == 0);
+            cu_sample_row *rows = calloc((size_t)n, sizeof *rows);
+            for (int r = 0; r < n; r++) rows[r] = (cu_sample_row){0.0, 0.0f, 1, 0, 0};
+            cu_sample_row *drows = dup_dev(rows, sizeof(cu_sample_row) * (size_t)n);
+            float *dlp = nan_dev(c, (size_t)n);
+            int *gids = malloc((size_t)n * 4), *sids = malloc((size_t)n * 4);
+            cu_sample(c, dx, V, drows, n, dids2, dlp);
+            REQUIRE(cu_sync(c, err, sizeof err) == 0);
+            REQUIRE(cu_download(sids, dids2, (size_t)n * 4, err, sizeof err) == 0);
+            for (int rep = 0; rep < 2; rep++) {
+                memset(gids, 0xff, (size_t)n * 4); /* -1: an id never written fails */
+                REQUIRE(cu_upload(dids, gids, (size_t)n * 4, err, sizeof err) == 0);
+                cu_argmax(c, dx, V, n, dids, dpart, dcnt);
+                REQUIRE(cu_sync(c, err, sizeof err) == 0);
+                REQUIRE(cu_download(gids, dids, (size_t)n * 4, err, sizeof err) == 0);
+                for (int r = 0; r < n; r++) {
+                    sampler_params sp = sampler_default_params();
+                    sp.temperature = 0.0f;
+                    sampler *sm;
+                    REQUIRE(sampler_create(&sp, V, &sm, err, sizeof err) == 0);
+                    int want = sampler_sample(sm, x + (size_t)r * V, NULL);
+                    sampler_destroy(sm);
+                    if (r % 7 == 0) CHECK_EQ_INT(want, V / 3);
+                    if (r % 7 == 3 || r % 7 == 4) want = 0; /* no finite logit: cu_sample's id 0 */
+                    CHECK_MSG(gids[r] == want && sids[r] == want,
+                              "V %d, %d rows, row %d (pass %d): cu_argmax %d, cu_sample %d, CPU %d", V, n, r, rep,
+                              gids[r], sids[r], want);
+                    checked++;
+                }
+            }
+            free(x), free(rows), free(gids), free(sids);
+            cu_free(dx), cu_free(dids), cu_free(dids2), cu_free(dcnt), cu_free(dpart), cu_free(drows), cu_free(dlp);
+        }
+    printf("     %d rows: cu_argmax's ids = cu_sample's = the CPU sampler's\n", checked);
+    cu_ctx_destroy(c);
+}
+
 #else
 
 TEST(cuda_ops_not_built) {

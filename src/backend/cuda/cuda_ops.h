@@ -666,6 +666,12 @@ typedef struct cu_sample_row {
 /* ids[r] (and lps[r] when asked) for the n logits rows [n][V] */
 void cu_sample(cu_ctx *c, const float *d_logits, int V, const cu_sample_row *d_rows, int n, int *d_ids,
                float *d_lps);
+/* Greedy ids of n rows of V logits (the argmax, ties to the lowest id, NaN never the max: cu_sample's greedy
+ * ids) by many blocks a row. d_part: CU_ARGMAX_PART(n) bytes of scratch; d_cnt: [n] counters, zero before
+ * (device memory zeroed once; the kernel sets them back) */
+#define CU_ARGMAX_MAXNB    64
+#define CU_ARGMAX_PART(n)  ((size_t)(n) * CU_ARGMAX_MAXNB * 8)
+void cu_argmax(cu_ctx *c, const float *d_logits, int V, int n, int *d_ids, void *d_part, unsigned *d_cnt);
 
 #ifdef __cplusplus
 }

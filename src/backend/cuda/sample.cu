@@ -154,3 +154,83 @@ extern "C" void cu_sample(cu_ctx *c, const float *d_logits, int V, const cu_samp
         cu_launch_step(c, PDL_SAMPLE, sample_kernel, dim3((unsigned)n), dim3(SMP_THREADS), d_logits, V,
                        d_rows, d_ids, d_lps);
 }
+
+/* ---- greedy rows without logprobs: the argmax over many blocks ----
+ * sample_kernel gives a row one block, which walks the row's V logits alone: a chain of dependent L2 round
+ * trips (~0.09 ms a decode step at V = 248320 on the H200, more than a whole layer). Here a row is cut into
+ * nb slices, a block each (every lane's loads of a round in flight together); each block writes its best
+ * (logit, id) to part and counts itself in; the row's last block reduces the nb pairs. The maximum with ties
+ * to the lowest id and NaN never the max is the same pair in any order of comparison, so the id is
+ * sample_kernel's. */
+#define AM_THREADS 256
+#define AM_UNROLL  8
+
+__global__ void __launch_bounds__(AM_THREADS)
+    argmax_kernel(const float *logits, int V, int *ids, int2 *part, unsigned *cnt) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    __shared__ bool last;
+    const int row = blockIdx.y, nb = gridDim.x, b = blockIdx.x, tid = threadIdx.x;
+    const float *x = logits + (size_t)row * V;
+    const int per = (V + nb - 1) / nb, i0 = b * per, i1 = i0 + per < V ? i0 + per : V;
+    griddep_wait(); /* the logits (lm_head, under CINFER_CUDA_PDL=1) */
+    griddep_launch();
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int base = i0; base < i1; base += AM_THREADS * AM_UNROLL) {
+        float v[AM_UNROLL];
+#pragma unroll
+        for (int u = 0; u < AM_UNROLL; u++) {
+            int i = base + u * AM_THREADS + tid;
+            v[u] = i < i1 ? __ldcg(x + i) : -INFINITY;
+        }
+#pragma unroll
+        for (int u = 0; u < AM_UNROLL; u++) {
+            int i = base + u * AM_THREADS + tid;
+            float t = v[u] != v[u] ? -INFINITY : v[u];
+            if (i < i1 && smp_better(t, i, bv, bi)) bv = t, bi = i;
+        }
+    }
+    smp_block_best(bv, bi, sv, si);
+    if (tid == 0) {
+        part[(size_t)row * nb + b] = make_int2(__float_as_int(bv), bi);
+        __threadfence();
+        last = atomicAdd(cnt + row, 1u) == (unsigned)(nb - 1);
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    bv = -INFINITY, bi = 0x7fffffff;
+    for (int j = tid; j < nb; j += AM_THREADS) {
+        int2 p = __ldcg(part + (size_t)row * nb + j);
+        float t = __int_as_float(p.x);
+        if (smp_better(t, p.y, bv, bi)) bv = t, bi = p.y;
+    }
+    smp_block_best(bv, bi, sv, si);
+    if (tid == 0) {
+        ids[row] = bi < V ? bi : 0; /* a row of NaN: sample_kernel's 0 */
+        cnt[row] = 0u;              /* ready for the next launch */
+    }
+}
+
+/* slices a row: enough blocks over the rows to cover the SMs twice, each at least a round of loads */
+static int am_blocks(int V, int n) {
+    static int sms = 0;
+    if (!sms) {
+        int dev = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms < 1)
+            sms = 132;
+    }
+    int nb = (2 * sms + n - 1) / n, most = (V + AM_THREADS * AM_UNROLL - 1) / (AM_THREADS * AM_UNROLL);
+    if (nb > most) nb = most;
+    if (nb > CU_ARGMAX_MAXNB) nb = CU_ARGMAX_MAXNB;
+    return nb < 1 ? 1 : nb;
+}
+
+extern "C" void cu_argmax(cu_ctx *c, const float *d_logits, int V, int n, int *d_ids, void *d_part,
+                          unsigned *d_cnt) {
+    if (n > 0)
+        cu_launch_step(c, PDL_SAMPLE, argmax_kernel, dim3((unsigned)am_blocks(V, n), (unsigned)n),
+                       dim3(AM_THREADS), d_logits, V, d_ids, static_cast<int2 *>(d_part), d_cnt);
+}
