@@ -352,6 +352,7 @@ typedef struct cinfer_engine_stats {
     int slots_used, slots_total;
     int64_t requests_total, prompt_tokens_total, generated_tokens_total, steps_total;
     int64_t spec_drafted, spec_accepted; /* speculation: draft tokens proposed and kept */
+    int64_t device_chosen_tokens; /* tokens chosen by the device sampler (only ids came back; cuda) */
     int64_t prefix_lookups, prefix_hits, prefix_tokens_served, prefix_evictions; /* prefix cache */
     int64_t prefix_bytes;      /* snapshot bytes held */
     int64_t prefix_kv_bytes;   /* bytes of the KV blocks the prefix cache references */

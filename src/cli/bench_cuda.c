@@ -60,7 +60,7 @@ static double unique_experts(int E, int k, int B) {
 
 int bench_cuda(int argc, char **argv) {
     static const char *const vf[] = {"--like", "--batches", "--prefill", "-n",
-                                     "--ctx",  "--chunk",   "--logits",  NULL};
+                                     "--ctx",  "--chunk",   "--logits",  "--sample", NULL};
     static const char *const bf[] = {"--help", "-h", "--no-profile", NULL};
     if (arg_check(argc, argv, vf, bf, "bench")) return 2;
     const char *like = arg_value(argc, argv, "--like", NULL), *v;
@@ -89,6 +89,17 @@ int bench_cuda(int argc, char **argv) {
     int l_pageable = !strcmp(lmode, "pageable"), l_device = !strcmp(lmode, "device");
     if (!l_pageable && !l_device && strcmp(lmode, "pinned")) {
         fprintf(stderr, "cinfer bench: --logits takes pinned, pageable or device\n");
+        return 2;
+    }
+    /* how decode tokens are chosen: greedy (default), or chat: the Qwen3.5 generation_config's sampling
+     * (temperature 0.7, top_k 20, top_p 0.8, repetition_penalty 1.1 over prompt + output), by a CPU sampler
+     * per sequence — on the device through sampler_device_row with --logits device (the engine's path),
+     * on the host over the copied rows with --logits pinned / pageable (the engine's path before session 12) */
+    const char *smode = arg_value(argc, argv, "--sample", NULL);
+    if (!smode) smode = "greedy";
+    int s_chat = !strcmp(smode, "chat");
+    if (!s_chat && strcmp(smode, "greedy")) {
+        fprintf(stderr, "cinfer bench: --sample takes greedy or chat\n");
         return 2;
     }
     if (cuda_devices() < 1) {
@@ -164,6 +175,8 @@ int bench_cuda(int argc, char **argv) {
     float *logits = l_pageable ? malloc(lbytes) : cuda_host_alloc(lbytes, 1);
     cuda_sample *smp = calloc((size_t)maxB, sizeof *smp); /* greedy rows */
     int32_t *ids = calloc((size_t)maxB, sizeof *ids);
+    sampler **sms = calloc((size_t)maxB, sizeof *sms); /* --sample chat: one per sequence */
+    cuda_sample_pen *pens = s_chat ? malloc(sizeof *pens * (size_t)maxB * CUDA_SAMPLE_MAX_PEN) : NULL;
     fwd_entry *fe = calloc((size_t)maxB, sizeof *fe);
     for (int i = 0; i < fp.n_blocks; i++) blocks[i] = i;
     uint64_t x = 88172645463325252ull;
@@ -214,10 +227,13 @@ int bench_cuda(int argc, char **argv) {
     }
     /* ---- decode ---- */
     if (nb)
-        printf("\ndecode (%ld steps after a %ld-token prompt per sequence; CUDA graphs; %s)\n", N, ctx,
-               l_device     ? "greedy ids chosen on the device, only ids copied to the host"
+        printf("\ndecode (%ld steps after a %ld-token prompt per sequence; CUDA graphs; %s; %s)\n", N, ctx,
+               l_device     ? "ids chosen on the device, only ids copied to the host"
                : l_pageable ? "logits copied to pageable host memory each step"
-                            : "logits copied to pinned host memory each step");
+                            : "logits copied to pinned host memory each step",
+               !s_chat    ? "greedy"
+               : l_device ? "chat sampling (T 0.7, top_k 20, top_p 0.8, repetition 1.1) on the device"
+                          : "chat sampling (T 0.7, top_k 20, top_p 0.8, repetition 1.1) by the CPU sampler");
     if (nb)
         printf("  %6s %10s %12s %12s %10s %12s\n", "batch", "tok/s", "ms/step", "GB/s moved", "of copy",
                "weights GB");
@@ -245,6 +261,15 @@ int bench_cuda(int argc, char **argv) {
             rc = cuda_fwd_run(f, fe, ne, logits, err, sizeof err);
             s0 += ne;
         }
+        for (int q = 0; s_chat && q < B && !rc; q++) {
+            sampler_params sp = sampler_default_params();
+            sp.temperature = 0.7f, sp.top_k = 20, sp.top_p = 0.8f, sp.repetition_penalty = 1.1f;
+            sp.seed = 1234 + (uint64_t)q;
+            if (sms[q]) sampler_destroy(sms[q]), sms[q] = NULL;
+            if ((rc = sampler_create(&sp, m->V, &sms[q], err, sizeof err)) ||
+                (rc = sampler_set_prompt(sms[q], toks + (size_t)q * dec_ctx, (int)ctx, err, sizeof err)))
+                break;
+        }
         double ts = 0;
         for (long t = 0; t < N + 2 && !rc; t++) {
             if (t == 2) ts = now_s(); /* two warm-up steps capture the graph */
@@ -254,11 +279,30 @@ int bench_cuda(int argc, char **argv) {
                                     .n = 1,
                                     .slot = s,
                                     .blocks = blocks + (size_t)s * bps_dec};
-            /* device: the engine's own call for a decode step (ctx_forward_sample): one sync, after the ids */
-            if (l_device)
+            /* device: the engine's own call for a decode step (ctx_forward_sample): one sync, after the ids.
+             * chat: the previous choice joins each sequence's window first, as the engine does (the fed tokens
+             * stay the prompt's continuation, so every run computes the same rows) */
+            for (int q = 0; s_chat && t > 0 && q < B; q++) sampler_accept(sms[q], ids[q]);
+            for (int q = 0, npen = 0; s_chat && l_device && q < B && !rc; q++) {
+                sampler_dev_row dr;
+                int k = 0;
+                if (sampler_device_row(sms[q], CUDA_SAMPLE_MAX_K, &dr, pens + npen, CUDA_SAMPLE_MAX_PEN, &k)) {
+                    rc = -1;
+                    snprintf(err, sizeof err, "the chat sampler is not for the device");
+                    break;
+                }
+                smp[q] = (cuda_sample){dr.temperature, dr.top_k, dr.u, 0, dr.top_p, dr.min_p,
+                                       dr.repetition_penalty, k ? pens + npen : NULL, k};
+                npen += k;
+            }
+            if (rc) break;
+            if (l_device) {
                 rc = cuda_fwd_run_sample(f, fe, B, smp, B, ids, NULL, err, sizeof err);
-            else
+            } else {
                 rc = cuda_fwd_run(f, fe, B, logits, err, sizeof err);
+                for (int q = 0; s_chat && !rc && q < B; q++)
+                    ids[q] = sampler_sample(sms[q], logits + (size_t)q * m->V, NULL);
+            }
         }
         if (rc) break;
         double dt = (now_s() - ts) / N;
@@ -289,6 +333,9 @@ int bench_cuda(int argc, char **argv) {
         }
     }
     if (rc) fprintf(stderr, "cinfer bench: %s\n", err);
+    for (long q = 0; q < maxB; q++)
+        if (sms[q]) sampler_destroy(sms[q]);
+    free(sms), free(pens);
     free(toks), free(blocks), free(fe), free(smp), free(ids);
     if (l_pageable)
         free(logits);

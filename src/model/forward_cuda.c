@@ -142,6 +142,9 @@ size_t cuda_dev_free_bytes(void) {
 
 #include "backend/cuda/cuda_ops.h"
 
+_Static_assert(CU_PEN_BIAS == SAMPLER_DEV_BIAS && CU_PEN_REP == SAMPLER_DEV_REP && CU_PEN_SUB == SAMPLER_DEV_SUB,
+               "the device sampler's adjusted-token flags are the CPU sampler's");
+
 /* Device weights of one layer. Matrices are bf16 [rows][cols]; vectors f32. */
 typedef struct cu_layer {
     uint16_t *w_in;  /* linear: [C + vd + 2Hv][H] (qkv|z|b|a) or Qwen3-Next [2kd + 2vd + 2Hv][H] (qkvz|ba);
@@ -281,6 +284,9 @@ struct cuda_fwd {
     float *d_lps, *h_lps; /* [max_tokens] device / pinned */
     void *d_am_part;      /* cu_argmax's partials: CU_ARGMAX_PART(max_tokens) bytes */
     unsigned *d_am_cnt;   /* [max_tokens] cu_argmax's counters (zero between launches) */
+    void *d_smp_part;     /* cu_sample's scratch: CU_SAMPLE_PART(V) bytes */
+    unsigned *d_smp_cnt;  /* [CU_SAMPLE_GROUP] cu_sample's counters (zero between launches) */
+    cu_sample_pen *d_pen, *h_pen; /* [CUDA_SAMPLE_PEN_CAP] device / pinned: the rows' adjusted tokens */
     /* the MTP head (cuda_fwd_mtp_init): its weights, its one-layer KV pool and its fc input */
     cu_layer *mtp_L;
     uint16_t *mtp_fc;                          /* [H][2H] */
@@ -619,6 +625,10 @@ static int alloc_scratch(cuda_fwd *f, char *err, size_t errlen) {
         (rc = dev_alloc(f, (void **)&f->d_lps, T * 4, a, err, errlen)) ||
         (rc = dev_alloc(f, &f->d_am_part, CU_ARGMAX_PART(T), a, err, errlen)) ||
         (rc = dev_alloc(f, (void **)&f->d_am_cnt, T * 4, a, err, errlen)) ||
+        (rc = dev_alloc(f, &f->d_smp_part, CU_SAMPLE_PART(f->m->V), a, err, errlen)) ||
+        (rc = dev_alloc(f, (void **)&f->d_smp_cnt, CU_SAMPLE_GROUP * 4, a, err, errlen)) ||
+        (rc = dev_alloc(f, (void **)&f->d_pen, CUDA_SAMPLE_PEN_CAP * sizeof(cu_sample_pen), a, err, errlen)) ||
+        (rc = cu_alloc_host((void **)&f->h_pen, CUDA_SAMPLE_PEN_CAP * sizeof(cu_sample_pen), err, errlen)) ||
         (rc = cu_alloc_host((void **)&f->h_smp, T * sizeof(cu_sample_row), err, errlen)) ||
         (rc = cu_alloc_host((void **)&f->h_ids, T * 4, err, errlen)) ||
         (rc = cu_alloc_host((void **)&f->h_lps, T * 4, err, errlen)))
@@ -776,6 +786,7 @@ void cuda_fwd_destroy(cuda_fwd *f) {
     cu_free_host(f->h_moe_w);
     cu_free_host(f->h_moe_up);
     cu_free_host(f->h_smp);
+    cu_free_host(f->h_pen);
     cu_free_host(f->h_ids);
     cu_free_host(f->h_lps);
     cu_ctx_destroy(f->cu);
@@ -2785,7 +2796,8 @@ int cuda_fwd_sample(cuda_fwd *f, const cuda_sample *rows, int n, int32_t *ids, f
     if (n < 1 || n > f->last_nl)
         return ci_err(err, errlen, CINFER_EINVAL, "cuda_fwd_sample: %d rows, the last call left %d", n,
                       f->last_nl);
-    int V = f->m->V, want_lp = 0, all_greedy = 1;
+    int V = f->m->V, want_lp = 0, plain = 1;
+    size_t np = 0;
     for (int r = 0; r < n; r++) {
         const cuda_sample *q = &rows[r];
         if (!cuda_sample_eligible(q->temperature, q->top_k, V))
@@ -2793,19 +2805,42 @@ int cuda_fwd_sample(cuda_fwd *f, const cuda_sample *rows, int n, int32_t *ids, f
                           "cuda_fwd_sample: row %d: temperature %g, top_k %d is not "
                           "for the device sampler",
                           r, (double)q->temperature, q->top_k);
+        if (q->n_pen < 0 || q->n_pen > CUDA_SAMPLE_MAX_PEN || (q->n_pen && !q->pen))
+            return ci_err(err, errlen, CINFER_EINVAL, "cuda_fwd_sample: row %d: %d adjusted tokens (at most %d)",
+                          r, q->n_pen, CUDA_SAMPLE_MAX_PEN);
         int greedy = q->temperature < CUDA_SAMPLE_GREEDY_TEMP || q->top_k == 1;
-        f->h_smp[r] = (cu_sample_row){q->u, greedy ? 0.0f : 1.0f / q->temperature, greedy ? 1 : q->top_k,
-                                      q->logprob && logprobs, 0};
+        for (int j = 0; j < q->n_pen; j++) {
+            const cuda_sample_pen *e = &q->pen[j];
+            if (e->token < 0 || e->token >= V)
+                return ci_err(err, errlen, CINFER_EINVAL, "cuda_fwd_sample: row %d: adjusted token %d of %d", r,
+                              e->token, V);
+            f->h_pen[np + (size_t)j] = (cu_sample_pen){e->token, e->flags, e->bias, e->sub};
+        }
+        f->h_smp[r] = (cu_sample_row){q->u,
+                                      greedy ? 0.0f : 1.0f / q->temperature,
+                                      greedy ? 1 : q->top_k,
+                                      q->logprob && logprobs,
+                                      greedy ? 1.0f : q->top_p,
+                                      greedy ? 0.0f : q->min_p,
+                                      q->repetition_penalty,
+                                      (int)np,
+                                      q->n_pen};
+        np += (size_t)q->n_pen;
+        if (np > CUDA_SAMPLE_PEN_CAP)
+            return ci_err(err, errlen, CINFER_ERANGE, "cuda_fwd_sample: more than %d adjusted tokens in one call",
+                          CUDA_SAMPLE_PEN_CAP);
         want_lp |= q->logprob && logprobs;
-        all_greedy &= greedy;
+        plain &= greedy && !q->n_pen;
     }
-    /* greedy rows without logprobs (the usual decode step): the argmax over many blocks, nothing uploaded;
-     * else sample_kernel, a block a row (the same greedy ids) */
-    if (all_greedy && !want_lp) {
+    /* greedy rows without adjusted tokens or logprobs (the usual greedy step): the argmax over many blocks,
+     * nothing uploaded; else the sampler kernels (the same greedy ids) */
+    if (plain && !want_lp) {
         cu_argmax(f->cu, f->logits, V, n, f->d_ids, f->d_am_part, f->d_am_cnt);
     } else {
         cu_h2d_async(f->cu, f->d_smp, f->h_smp, (size_t)n * sizeof(cu_sample_row));
-        cu_sample(f->cu, f->logits, V, f->d_smp, n, f->d_ids, f->d_lps);
+        if (np) cu_h2d_async(f->cu, f->d_pen, f->h_pen, np * sizeof(cu_sample_pen));
+        cu_sample(f->cu, f->logits, V, f->d_smp, f->d_pen, np > 0, n, f->d_ids, f->d_lps, f->d_smp_part,
+                  f->d_smp_cnt);
     }
     cu_d2h_async(f->cu, f->h_ids, f->d_ids, (size_t)n * 4);
     if (want_lp) cu_d2h_async(f->cu, f->h_lps, f->d_lps, (size_t)n * 4);

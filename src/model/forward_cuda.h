@@ -11,6 +11,7 @@
 
 #include "model/forward.h"
 #include "model/qwen35.h"
+#include "sample/sampler.h"
 
 typedef struct cuda_fwd cuda_fwd;
 
@@ -68,17 +69,28 @@ int cuda_fwd_mtp_run_ids(cuda_fwd *f, const fwd_entry *e, const struct mtp_io *i
                          int32_t *ids, char *err, size_t errlen);
 
 /* Token choice on the device for the rows the last cuda_fwd_run left there, so that only ids (and logprobs
- * when asked) come back. It follows the CPU sampler (src/sample/sampler.h) for what it accepts: greedy
- * (temperature below 1e-5, or top_k 1: argmax, ties to the lowest id), or top_k in 2..64 (< V) at a
- * temperature; the caller keeps everything else on the host (logit_bias, penalties, top_p, min_p, XTC,
- * grammars, top_logprobs). u is the request's own uniform draw, so the generator stays on the host. */
+ * when asked) come back. It follows the CPU sampler's chain (src/sample/sampler.h) for what it accepts:
+ * logit_bias and the repetition / presence / frequency penalties (pen: the row's adjusted tokens, distinct,
+ * as sampler_device_row lists them), then greedy (temperature below 1e-5, or top_k 1: argmax, ties to the
+ * lowest id), or top_k in 2..64 (< V) at a temperature, then top_p and min_p. The caller keeps the rest on
+ * the host (top_k off or above 64, XTC, grammars, top_logprobs). u is the request's own uniform draw, so the
+ * generator stays on the host. A zeroed row is greedy with every filter off. The logits rows are not
+ * written: a logprob is of the raw distribution, as the CPU sampler reports it. */
 #define CUDA_SAMPLE_MAX_K       64
 #define CUDA_SAMPLE_GREEDY_TEMP 1e-5f
+#define CUDA_SAMPLE_MAX_PEN     4096    /* adjusted tokens a row at most */
+#define CUDA_SAMPLE_PEN_CAP     (1 << 20) /* adjusted tokens of one call at most */
+typedef sampler_dev_pen cuda_sample_pen; /* flags SAMPLER_DEV_*: the device's CU_PEN_* */
 typedef struct cuda_sample {
     float temperature;
     int top_k;
     double u;    /* [0, 1), unused when greedy */
-    int logprob; /* report the chosen token's raw logprob (log_softmax before temperature) */
+    int logprob; /* report the chosen token's raw logprob (log_softmax of the model's logits) */
+    float top_p; /* in (0, 1): on; else off */
+    float min_p; /* > 0: on */
+    float repetition_penalty; /* for the pen entries with flag 2 */
+    const cuda_sample_pen *pen; /* [n_pen] distinct tokens, or NULL */
+    int n_pen;
 } cuda_sample;
 int cuda_sample_eligible(float temperature, int top_k, int V);
 int cuda_fwd_sample(cuda_fwd *f, const cuda_sample *rows, int n, int32_t *ids, float *logprobs, char *err,

@@ -114,6 +114,8 @@ struct cinfer_request {
     float *masked;        /* [V] f32: the row with the rest at -inf, what the sampler sees */
     int dev_greedy;       /* cuda: plain greedy (no bias, penalties, top_logprobs): the device may choose */
     int dev_lp;           /* with the chosen token's logprob */
+    int dev_accepted;     /* this step's sampler_accept of the last token was made before the forward (the
+                             device sampler's penalties had to see it) */
     double t_submit;      /* CINFER_TTFT_TRACE: ms (now_ms) at submit */
 };
 
@@ -166,6 +168,7 @@ struct cinfer_engine {
     int n_waiting, stop;
     int n_admitted;                 /* running requests, as counted under mu (for the queue limit) */
     atomic_llong requests_total, prompt_tokens_total, generated_tokens_total, steps_total;
+    atomic_llong device_chosen_total; /* tokens the device chose (cinfer_engine_stats.device_chosen_tokens) */
     atomic_int stat_running, stat_kv_used, stat_slots_used;
     atomic_llong stat_spec_drafted, stat_spec_accepted;
     /* constrained decoding: each token's bytes, built at the first constrained request (under gv_mu) */
@@ -188,6 +191,7 @@ struct cinfer_engine {
     long cost_steps;                /* decisions made (every COST_PROBE-th re-measures the kind not chosen) */
     int cost_skip; /* first samples of a (kind, B) not counted: on cuda eager, then a capture */
     cuda_sample *dsmp;              /* [max_seqs * (1 + spec_max_draft)]: one per logits row */
+    cuda_sample_pen *dpen;          /* [CUDA_SAMPLE_PEN_CAP]: the sampled rows' adjusted tokens of a step */
     int32_t *dids;                  /* [max_seqs * (1 + spec_max_draft)] */
     float *dlps;                    /* [max_seqs * (1 + spec_max_draft)] */
 };
@@ -503,9 +507,10 @@ static const int32_t *cache_key(const cinfer_request *r) {
     return r->key ? r->key : r->prompt;
 }
 
-/* The token the device chose for logits row `row` of a step (greedy), recorded in r->res as sampler_sample
- * reports a greedy choice. */
-static int32_t device_choice(const cinfer_engine *e, cinfer_request *r, int row) {
+/* The token the device chose for logits row `row` of a step, recorded in r->res as sampler_sample reports
+ * it (the token, and its logprob when asked). */
+static int32_t device_choice(cinfer_engine *e, cinfer_request *r, int row) {
+    atomic_fetch_add(&e->device_chosen_total, 1);
     memset(&r->res, 0, sizeof r->res);
     r->res.token = e->dids[row];
     if (r->dev_lp) r->res.logprob = e->dlps[row];
@@ -1061,14 +1066,39 @@ static void step(cinfer_engine *e) {
             hrows += e->entries[i].n_tokens;
         }
     char err[512];
-    /* cuda: when every row is plain greedy, only the chosen ids come back — a verify window's rows too (greedy
-     * acceptance needs only each row's argmax; the device takes it from the same logits bits) */
-    int dev = e->dev_sample;
+    /* cuda: when every row that samples can be chosen on the device, only the chosen ids come back: plain
+     * greedy rows, a verify window's rows too (greedy acceptance needs only each row's argmax; the device
+     * takes it from the same logits bits); and, in steps without verify windows, the rows whose sampler
+     * chain the device runs (sampler_device_ok: temperature, top_k <= 64, top_p, min_p, logit_bias,
+     * penalties), so that the default chat settings no longer copy every row's logits back and sample on
+     * the host one row after another. A prompt's middle chunks choose nothing and hold no one back. */
+    int dev = e->dev_sample, any_spec = 0;
+    for (int i = 0; i < n; i++) any_spec |= e->entries[i].spec;
     for (int i = 0; dev && i < n; i++) {
         cinfer_request *r = e->entry_req[i];
-        dev = r->dev_greedy && !r->gm;
+        int samples = r->n_fed + e->entries[i].n_tokens >= r->n_prompt;
+        dev = !samples || (!r->gm && (r->dev_greedy || (!any_spec && n <= CUDA_SAMPLE_PEN_CAP / CUDA_SAMPLE_MAX_PEN &&
+                                                        sampler_device_ok(r->smp, CUDA_SAMPLE_MAX_K,
+                                                                          CUDA_SAMPLE_MAX_PEN - 1))));
+    }
+    for (int i = 0, np = 0; dev && i < n; i++) {
+        cinfer_request *r = e->entry_req[i];
         int nr = e->entries[i].all_logits ? e->entries[i].n_tokens : 1;
         for (int j = 0; j < nr; j++) e->dsmp[e->entry_row[i] + j] = (cuda_sample){0.0f, 0, 0.0, r->dev_lp};
+        r->dev_accepted = 0;
+        if (r->dev_greedy || r->n_fed + e->entries[i].n_tokens < r->n_prompt) continue;
+        /* a decode row's previous token joins the penalty window now (after the step, as the host path
+         * does it, would be too late for the device's penalties) */
+        if (r->n_fed >= r->n_prompt) sampler_accept(r->smp, r->last), r->dev_accepted = 1;
+        sampler_dev_row q;
+        int k = 0;
+        if (sampler_device_row(r->smp, CUDA_SAMPLE_MAX_K, &q, e->dpen + np, CUDA_SAMPLE_MAX_PEN, &k)) {
+            LOG_E("engine: a row sampler_device_ok accepted was refused"); /* cannot happen: same checks */
+            k = 0;
+        }
+        e->dsmp[e->entry_row[i]] = (cuda_sample){q.temperature, q.top_k, q.u, q.logprob, q.top_p, q.min_p,
+                                                 q.repetition_penalty, k ? e->dpen + np : NULL, k};
+        np += k;
     }
     double t0 = e->cost_on || e->trace ? now_ms() : 0;
     int rc = dev ? ctx_forward_sample(e->ctx, e->entries, n, e->dsmp, e->dids, e->dlps, err, sizeof err)
@@ -1154,7 +1184,7 @@ static void step(cinfer_engine *e) {
             goto finished;
         } else {
             if (e->dctx) draft_model_sync(e, r, 1); /* a plain decode step: the draft reads the same token */
-            sampler_accept(r->smp, r->last);
+            if (!(dev && r->dev_accepted)) sampler_accept(r->smp, r->last);
         }
         if (!fin) {
             int32_t t = dev ? device_choice(e, r, e->entry_row[i])
@@ -1363,6 +1393,7 @@ int cinfer_engine_create(cinfer_model *cm, const cinfer_engine_params *pp, cinfe
         e->dev_sample = 1;
         size_t rows = (size_t)p.max_seqs * (1 + (size_t)p.spec_max_draft);
         e->dsmp = xcalloc(rows, sizeof *e->dsmp);
+        e->dpen = xcalloc(CUDA_SAMPLE_PEN_CAP, sizeof *e->dpen);
         e->dids = xcalloc(rows, sizeof *e->dids);
         e->dlps = xcalloc(rows, sizeof *e->dlps);
     }
@@ -1399,7 +1430,7 @@ int cinfer_engine_create(cinfer_model *cm, const cinfer_engine_params *pp, cinfe
     pthread_mutex_init(&e->gv_mu, NULL);
     if (pthread_create(&e->thread, NULL, sched_main, e)) {
         cinfer_ctx_destroy(e->ctx);
-        free(e->dsmp), free(e->dids), free(e->dlps);
+        free(e->dsmp), free(e->dpen), free(e->dids), free(e->dlps);
         for (int k = 0; k < 2; k++) free(e->cost_ms[k]), free(e->cost_n[k]);
         cuda_host_free(e->logits), free(e->entries), free(e->entry_req), free(e->running), free(e);
         return ci_err(err, errlen, CINFER_ENOMEM, "cannot start the scheduler thread");
@@ -1431,7 +1462,7 @@ void cinfer_engine_destroy(cinfer_engine *e) {
     if (e->gv_tok)
         for (int t = 0; t < e->m->V; t++) free(e->gv_tok[t]);
     free(e->gv_tok), free(e->gv_len);
-    free(e->dsmp), free(e->dids), free(e->dlps);
+    free(e->dsmp), free(e->dpen), free(e->dids), free(e->dlps);
     for (int k = 0; k < 2; k++) free(e->cost_ms[k]), free(e->cost_n[k]);
     cuda_host_free(e->logits), free(e->entries), free(e->entry_req), free(e->entry_row), free(e->running), free(e);
 }
@@ -1697,6 +1728,7 @@ void cinfer_engine_get_stats(cinfer_engine *e, cinfer_engine_stats *o) {
     o->requests_total = atomic_load(&e->requests_total);
     o->prompt_tokens_total = atomic_load(&e->prompt_tokens_total);
     o->generated_tokens_total = atomic_load(&e->generated_tokens_total);
+    o->device_chosen_tokens = atomic_load(&e->device_chosen_total);
     o->steps_total = atomic_load(&e->steps_total);
     o->spec_drafted = atomic_load(&e->stat_spec_drafted);
     o->spec_accepted = atomic_load(&e->stat_spec_accepted);

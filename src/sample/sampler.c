@@ -878,3 +878,61 @@ int sampler_candidates(sampler *s, const float *logits, int32_t *ids, float *pro
     }
     return n;
 }
+
+/* ---- the chain for a device sampler ---- */
+
+static int dev_n_adjusted(const sampler *s) {
+    return s->p.n_logit_bias + (s->rep_count ? s->n_rep : 0) + (s->out_count ? s->n_out : 0);
+}
+
+int sampler_device_ok(const sampler *s, int max_k, int cap) {
+    const sampler_params *p = &s->p;
+    if (p->top_logprobs || (p->xtc_probability > 0.0f && p->xtc_threshold <= 0.5f)) return 0;
+    if (p->temperature >= SAMPLER_GREEDY_TEMP && !(p->top_k >= 1 && p->top_k <= max_k && p->top_k < s->n_vocab))
+        return 0;
+    int n = dev_n_adjusted(s);
+    if (n > cap) return 0;
+    for (int i = 0; i < p->n_logit_bias; i++) /* a token twice: two roundings the device would fold into one */
+        for (int j = 0; j < i; j++)
+            if (s->bias[i].token == s->bias[j].token) return 0;
+    return 1;
+}
+
+int sampler_device_row(sampler *s, int max_k, sampler_dev_row *row, sampler_dev_pen *pen, int cap, int *n_pen) {
+    if (!sampler_device_ok(s, max_k, cap)) return CINFER_EINVAL;
+    const sampler_params *p = &s->p;
+    /* each adjusted token's entry: its index in pen, kept in the step scratch w (read back only for tokens
+     * marked here first) */
+    int32_t *at = (int32_t *)s->w;
+    int n = 0;
+    for (int i = 0; i < p->n_logit_bias; i++) at[s->bias[i].token] = -1;
+    for (int i = 0; s->rep_count && i < s->n_rep; i++) at[s->rep_ids[i]] = -1;
+    for (int i = 0; s->out_count && i < s->n_out; i++) at[s->out_ids[i]] = -1;
+    for (int i = 0; i < p->n_logit_bias; i++) {
+        at[s->bias[i].token] = n;
+        pen[n++] = (sampler_dev_pen){s->bias[i].token, SAMPLER_DEV_BIAS, s->bias[i].bias, 0.0f};
+    }
+    for (int i = 0; s->rep_count && i < s->n_rep; i++) {
+        int32_t t = s->rep_ids[i];
+        if (at[t] < 0) {
+            at[t] = n;
+            pen[n++] = (sampler_dev_pen){t, 0, 0.0f, 0.0f};
+        }
+        pen[at[t]].flags |= SAMPLER_DEV_REP;
+    }
+    for (int i = 0; s->out_count && i < s->n_out; i++) {
+        int32_t t = s->out_ids[i];
+        if (at[t] < 0) {
+            at[t] = n;
+            pen[n++] = (sampler_dev_pen){t, 0, 0.0f, 0.0f};
+        }
+        pen[at[t]].flags |= SAMPLER_DEV_SUB;
+        /* load_adjusted's value: fp * count + pp in f32 */
+        pen[at[t]].sub = p->frequency_penalty * (float)s->out_count[t] + p->presence_penalty;
+    }
+    *n_pen = n;
+    int greedy = p->temperature < SAMPLER_GREEDY_TEMP;
+    *row = (sampler_dev_row){p->temperature, p->top_k, p->top_p, p->min_p, p->repetition_penalty,
+                             greedy ? 0.0 : rng_uniform(&s->r), p->logprobs};
+    return 0;
+}

@@ -82,4 +82,32 @@ int32_t sampler_sample(sampler *s, const float *logits, sampler_result *res);
 void sampler_adjusted_logits(sampler *s, const float *logits, float *out);
 int sampler_candidates(sampler *s, const float *logits, int32_t *ids, float *probs, int cap);
 
+/* The chain as a device sampler takes it (model/forward_cuda.h's cuda_sample): the filters' settings, and
+ * the adjusted tokens — each distinct token that logit_bias or a penalty touches, with what applies to it,
+ * in load_adjusted's order (+ bias, then the repetition penalty, then - sub). */
+#define SAMPLER_DEV_BIAS 1
+#define SAMPLER_DEV_REP  2
+#define SAMPLER_DEV_SUB  4
+typedef struct sampler_dev_pen {
+    int32_t token;
+    int flags;  /* SAMPLER_DEV_* */
+    float bias; /* with SAMPLER_DEV_BIAS */
+    float sub;  /* with SAMPLER_DEV_SUB: frequency_penalty * count + presence_penalty, in f32 */
+} sampler_dev_pen;
+typedef struct sampler_dev_row {
+    float temperature; /* below SAMPLER_GREEDY_TEMP: greedy */
+    int top_k;
+    float top_p, min_p, repetition_penalty;
+    double u; /* the draw sampler_sample would make, taken from the request's generator (0 when greedy) */
+    int logprob;
+} sampler_dev_row;
+/* 1 when the chain can go to a device sampler taking top_k up to max_k and up to cap adjusted tokens: no
+ * XTC, no top_logprobs, top_k in 1..max_k (below the vocabulary) unless greedy, at most cap adjusted tokens,
+ * no token twice in logit_bias. */
+int sampler_device_ok(const sampler *s, int max_k, int cap);
+/* For a step sampler_device_ok accepted: fills *row and pen[0..*n_pen) (cap entries at most) and, unless
+ * greedy, draws the step's uniform number from the generator, as sampler_sample would. 0, or CINFER_EINVAL
+ * when the chain is not for the device. */
+int sampler_device_row(sampler *s, int max_k, sampler_dev_row *row, sampler_dev_pen *pen, int cap, int *n_pen);
+
 #endif

@@ -156,4 +156,7 @@ void metrics_render(metrics *m, const cinfer_engine_stats *st, int loading, sbuf
     sb_printf(o, "cinfer_spec_draft_tokens_total %lld\n", (long long)st->spec_drafted);
     head(o, "cinfer_spec_accepted_tokens_total", "counter", "Speculative draft tokens accepted.");
     sb_printf(o, "cinfer_spec_accepted_tokens_total %lld\n", (long long)st->spec_accepted);
+    head(o, "cinfer_device_chosen_tokens_total", "counter",
+         "Generated tokens the GPU's sampler chose (only their ids came back to the host).");
+    sb_printf(o, "cinfer_device_chosen_tokens_total %lld\n", (long long)st->device_chosen_tokens);
 }

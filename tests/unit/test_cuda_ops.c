@@ -1532,7 +1532,7 @@ TEST(cuda_sample_vs_cpu_sampler) {
         REQUIRE(sampler_create(&sp, V, &sm, err, sizeof err) == 0);
         want[n] = sampler_sample(sm, x + (size_t)r * V, NULL);
         sampler_destroy(sm);
-        rows[n] = (cu_sample_row){0.0, 0.0f, 1, 1, 0};
+        rows[n] = (cu_sample_row){.u = 0.0, .inv_t = 0.0f, .top_k = 1, .logprob = 1};
         src[n++] = r;
     }
     CHECK_EQ_INT(want[0], 17);
@@ -1552,7 +1552,7 @@ TEST(cuda_sample_vs_cpu_sampler) {
             for (int q = 0; q < 4; q++) {
                 double lo = 0;
                 for (int j = 0; j < js[q]; j++) lo += pr[j];
-                rows[n] = (cu_sample_row){lo + 0.5 * pr[js[q]], 1.0f / temps[ti], ks[ti], q & 1, 0};
+                rows[n] = (cu_sample_row){.u = lo + 0.5 * pr[js[q]], .inv_t = 1.0f / temps[ti], .top_k = ks[ti], .logprob = q & 1};
                 want[n] = ids[js[q]];
                 src[n++] = r;
             }
@@ -1565,8 +1565,13 @@ TEST(cuda_sample_vs_cpu_sampler) {
     int *dids = NULL;
     REQUIRE(cu_alloc((void **)&dids, (size_t)n * 4, err, sizeof err) == 0);
     float *dlp = nan_dev(c, (size_t)n);
-    cu_sample(c, dxr, V, drows, n, dids, dlp);
+    void *dpart = NULL;
+    unsigned *dcnt = NULL;
+    REQUIRE(cu_alloc(&dpart, CU_SAMPLE_PART(V), err, sizeof err) == 0);
+    REQUIRE(cu_alloc((void **)&dcnt, CU_SAMPLE_GROUP * 4, err, sizeof err) == 0);
+    cu_sample(c, dxr, V, drows, NULL, 0, n, dids, dlp, dpart, dcnt);
     REQUIRE(cu_sync(c, err, sizeof err) == 0);
+    cu_free(dpart), cu_free(dcnt);
     int gids[64];
     REQUIRE(cu_download(gids, dids, (size_t)n * 4, err, sizeof err) == 0);
     float *glp = get(dlp, (size_t)n);
@@ -1582,6 +1587,121 @@ TEST(cuda_sample_vs_cpu_sampler) {
     printf("     %d requests (greedy and top-k 5 / 40 at T 0.7 / 1.5): ids as the CPU sampler's\n", n);
     free(x), free(xr), free(glp);
     cu_free(dx), cu_free(dxr), cu_free(drows), cu_free(dids), cu_free(dlp);
+    cu_ctx_destroy(c);
+}
+
+/* The whole chain the device takes (sampler_device_ok / sampler_device_row, cu_sample with its adjusted
+ * tokens) against the CPU sampler on the same logits, prompt and accepted tokens: logit_bias, the
+ * repetition penalty over prompt + output, presence / frequency over the output, temperature, top_k, top_p,
+ * min_p, greedy with penalties. For each setting the CPU's surviving candidates (sampler_candidates: most
+ * likely first, renormalised) must be the device's: u in the middle of candidate j's interval gives
+ * candidate j (the first, second, middle and last with mass > 1e-3). Two settings ask for the logprob: the
+ * raw distribution's (f64 reference), the logits unwritten. At V 5003 (one block a row) and 248320. */
+TEST(cuda_sample_chain_vs_cpu_sampler) {
+    if (NO_DEVICE()) SKIP("no CUDA device: skipped");
+    char err[256];
+    cu_ctx *c;
+    REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
+    static const int Vs[] = {5003, 248320};
+    enum { NSET = 6, NJ = 4, CAPPEN = 4096 };
+    int checked = 0;
+    for (size_t vi = 0; vi < sizeof Vs / sizeof Vs[0]; vi++) {
+        int V = Vs[vi];
+        float *x = rnd((size_t)V, 3.0f);
+        /* a head of close logits, so that top_p and min_p cut inside the top_k */
+        static const int head[] = {11, 400, 401, 2000, 3999, 17, 5, 4242, 123, 321};
+        for (int i = 0; i < 10; i++) x[head[i]] = 9.0f - 0.35f * (float)i;
+        x[77] = NAN;
+        int32_t prompt[] = {11, 400, 400, 17, 5, 9, 77, 1000};
+        int32_t out[] = {401, 401, 2000, 11};
+        sampler_bias bias[] = {{400, 0.75f}, {3999, -1.5f}, {60, 2.0f}};
+        sampler_params ps[NSET];
+        for (int k = 0; k < NSET; k++) ps[k] = sampler_default_params();
+        ps[0].temperature = 0.7f, ps[0].top_k = 20, ps[0].top_p = 0.8f, ps[0].repetition_penalty = 1.1f;
+        ps[0].logit_bias = bias, ps[0].n_logit_bias = 3;
+        ps[1].temperature = 1.0f, ps[1].top_k = 64, ps[1].min_p = 0.05f, ps[1].presence_penalty = 0.5f;
+        ps[1].frequency_penalty = 0.3f;
+        ps[2].temperature = 1.5f, ps[2].top_k = 40, ps[2].top_p = 0.95f, ps[2].min_p = 0.02f;
+        ps[3].temperature = 0.0f, ps[3].repetition_penalty = 1.5f, ps[3].logit_bias = bias + 1;
+        ps[3].n_logit_bias = 1; /* greedy: 11, the raw max, is penalised */
+        ps[4].temperature = 0.6f, ps[4].top_k = 1, ps[4].logit_bias = bias, ps[4].n_logit_bias = 3;
+        ps[5].temperature = 0.8f, ps[5].top_k = 20, ps[5].top_p = 0.9f, ps[5].repetition_penalty = 1.3f;
+        ps[5].repeat_last_n = 3, ps[5].presence_penalty = -0.5f, ps[5].frequency_penalty = 1.0f;
+        cu_sample_row rows[NSET * NJ];
+        cu_sample_pen *pens = malloc(sizeof *pens * NSET * NJ * CAPPEN);
+        int want[NSET * NJ], n = 0, np = 0, pen_set[NSET * NJ];
+        for (int k = 0; k < NSET; k++) {
+            sampler *sm;
+            REQUIRE(sampler_create(&ps[k], V, &sm, err, sizeof err) == 0);
+            REQUIRE(sampler_set_prompt(sm, prompt, 8, err, sizeof err) == 0);
+            for (int i = 0; i < 4; i++) REQUIRE(sampler_accept(sm, out[i]) == 0);
+            CHECK(sampler_device_ok(sm, CU_SAMPLE_MAX_K, CAPPEN));
+            int32_t ids[64];
+            float pr[64];
+            int nc = sampler_candidates(sm, x, ids, pr, 64);
+            sampler_dev_row q;
+            sampler_dev_pen pk[CAPPEN];
+            int kp = 0;
+            REQUIRE(sampler_device_row(sm, CU_SAMPLE_MAX_K, &q, pk, CAPPEN, &kp) == 0);
+            sampler_destroy(sm);
+            if (k == 3) CHECK(nc == 1 && ids[0] != 11);
+            int js[NJ] = {0, 1, nc / 2, nc - 1};
+            for (int t = 0; t < NJ; t++) {
+                int j = js[t];
+                if (j >= nc || (t > 0 && pr[j] <= 1e-3f)) continue;
+                double lo = 0;
+                for (int i = 0; i < j; i++) lo += pr[i];
+                int greedy = q.temperature < SAMPLER_GREEDY_TEMP || q.top_k == 1;
+                rows[n] = (cu_sample_row){.u = lo + 0.5 * pr[j],
+                                          .inv_t = greedy ? 0.0f : 1.0f / q.temperature,
+                                          .top_k = greedy ? 1 : q.top_k,
+                                          .top_p = greedy ? 1.0f : q.top_p,
+                                          .min_p = greedy ? 0.0f : q.min_p,
+                                          .logprob = k == 0 || k == 3,
+                                          .rep = q.repetition_penalty,
+                                          .pen0 = np,
+                                          .n_pen = kp};
+                for (int i = 0; i < kp; i++)
+                    pens[np + i] = (cu_sample_pen){pk[i].token, pk[i].flags, pk[i].bias, pk[i].sub};
+                np += kp;
+                want[n] = ids[j], pen_set[n] = k;
+                n++;
+            }
+        }
+        float *xr = malloc((size_t)n * V * 4);
+        for (int i = 0; i < n; i++) memcpy(xr + (size_t)i * V, x, (size_t)V * 4);
+        float *dxr = dup_dev(xr, (size_t)n * V * 4);
+        cu_sample_row *drows = dup_dev(rows, sizeof(cu_sample_row) * (size_t)n);
+        cu_sample_pen *dpen = dup_dev(pens, sizeof(cu_sample_pen) * (size_t)(np ? np : 1));
+        int *dids = NULL;
+        void *dpart = NULL;
+        unsigned *dcnt = NULL;
+        REQUIRE(cu_alloc((void **)&dids, (size_t)n * 4, err, sizeof err) == 0);
+        REQUIRE(cu_alloc(&dpart, CU_SAMPLE_PART(V), err, sizeof err) == 0);
+        REQUIRE(cu_alloc((void **)&dcnt, CU_SAMPLE_GROUP * 4, err, sizeof err) == 0);
+        float *dlp = nan_dev(c, (size_t)n);
+        cu_sample(c, dxr, V, drows, dpen, np > 0, n, dids, dlp, dpart, dcnt);
+        REQUIRE(cu_sync(c, err, sizeof err) == 0);
+        int gids[NSET * NJ];
+        REQUIRE(cu_download(gids, dids, (size_t)n * 4, err, sizeof err) == 0);
+        float *gx = get(dxr, (size_t)n * V), *glp = get(dlp, (size_t)n);
+        CHECK_MSG(!memcmp(gx, xr, (size_t)n * V * 4), "V %d: the device wrote into the logits", V);
+        for (int i = 0; i < n; i++) {
+            CHECK_MSG(gids[i] == want[i], "V %d, setting %d, request %d: device id %d, CPU %d", V, pen_set[i], i,
+                      gids[i], want[i]);
+            if (rows[i].logprob) {
+                double lp = ref_logprob(x, V, want[i]);
+                CHECK_MSG(fabs(glp[i] - lp) <= 1e-5 * (1 + fabs(lp)), "V %d, setting %d: logprob %g, f64 %g", V,
+                          pen_set[i], (double)glp[i], lp);
+            }
+            checked++;
+        }
+        free(glp);
+        free(x), free(xr), free(pens), free(gx);
+        cu_free(dxr), cu_free(drows), cu_free(dpen), cu_free(dids), cu_free(dpart), cu_free(dcnt), cu_free(dlp);
+    }
+    printf("     %d draws over 6 settings (bias, penalties, top_k / top_p / min_p, greedy): the CPU sampler's tokens\n",
+           checked);
     cu_ctx_destroy(c);
 }
 
@@ -1623,11 +1743,15 @@ TEST(cuda_argmax_vs_cpu_sampler) {
             REQUIRE(cu_alloc((void **)&dcnt, (size_t)n * 4, err, sizeof err) == 0);
             REQUIRE(cu_alloc(&dpart, CU_ARGMAX_PART(n), err, sizeof err) == 0);
             cu_sample_row *rows = calloc((size_t)n, sizeof *rows);
-            for (int r = 0; r < n; r++) rows[r] = (cu_sample_row){0.0, 0.0f, 1, 0, 0};
+            for (int r = 0; r < n; r++) rows[r] = (cu_sample_row){.inv_t = 0.0f, .top_k = 1};
             cu_sample_row *drows = dup_dev(rows, sizeof(cu_sample_row) * (size_t)n);
             float *dlp = nan_dev(c, (size_t)n);
             int *gids = malloc((size_t)n * 4), *sids = malloc((size_t)n * 4);
-            cu_sample(c, dx, V, drows, n, dids2, dlp);
+            void *dspart = NULL;
+            unsigned *dscnt = NULL;
+            REQUIRE(cu_alloc(&dspart, CU_SAMPLE_PART(V), err, sizeof err) == 0);
+            REQUIRE(cu_alloc((void **)&dscnt, CU_SAMPLE_GROUP * 4, err, sizeof err) == 0);
+            cu_sample(c, dx, V, drows, NULL, 0, n, dids2, dlp, dspart, dscnt);
             REQUIRE(cu_sync(c, err, sizeof err) == 0);
             REQUIRE(cu_download(sids, dids2, (size_t)n * 4, err, sizeof err) == 0);
             for (int rep = 0; rep < 2; rep++) {
@@ -1653,6 +1777,7 @@ TEST(cuda_argmax_vs_cpu_sampler) {
             }
             free(x), free(rows), free(gids), free(sids);
             cu_free(dx), cu_free(dids), cu_free(dids2), cu_free(dcnt), cu_free(dpart), cu_free(drows), cu_free(dlp);
+            cu_free(dspart), cu_free(dscnt);
         }
     printf("     %d rows: cu_argmax's ids = cu_sample's = the CPU sampler's\n", checked);
     cu_ctx_destroy(c);

@@ -447,6 +447,90 @@ static void engine_greedy_case(void) {
     cinfer_model_close(m);
 }
 
+/* The engine's device sampler (session 12): requests with logit_bias and the repetition / presence /
+ * frequency penalties. Greedy ones give the host sampler's tokens exactly (the adjusted logits are the CPU's
+ * bit for bit, so their argmax is); sampled ones (T 0.8, top_k 20, top_p 0.9, min_p 0.02) give the same
+ * tokens again with the same seed, alone and in a batch of 16 (the draw order depends on the request only).
+ * The engine's counter shows the device chose them (and chose none with CINFER_CUDA_SAMPLE=0). */
+static void run_sampled(cinfer_model *m, int n, int32_t prompts[][32], const int *lens, const int *gens,
+                        int sampled, got *out, cinfer_engine_stats *st) {
+    cinfer_engine_params ep = cinfer_engine_default_params();
+    ep.max_seqs = NR;
+    ep.ctx_size = 64;
+    ep.step_tokens = 128;
+    ep.n_threads = 2;
+    ep.device = CINFER_DEVICE_CUDA;
+    cinfer_engine *e;
+    char err[1024];
+    memset(st, 0, sizeof *st);
+    if (cinfer_engine_create(m, &ep, &e, err, sizeof err)) {
+        test_fail(__FILE__, __LINE__, "%s", err);
+        return;
+    }
+    cinfer_request *rq[NR];
+    for (int i = 0; i < n; i++) {
+        cinfer_request_params rp = greedy(prompts[i], lens[i], gens[i]);
+        cinfer_logit_bias lb[2] = {{prompts[i][0], -1.5f}, {(prompts[i][1] + 7) % 256, 2.0f}};
+        rp.sampling.repetition_penalty = 1.3f;
+        rp.sampling.presence_penalty = 0.4f;
+        rp.sampling.frequency_penalty = 0.2f;
+        rp.sampling.logit_bias = lb, rp.sampling.n_logit_bias = 2;
+        if (sampled) {
+            rp.sampling.temperature = 0.8f, rp.sampling.top_k = 20, rp.sampling.top_p = 0.9f;
+            rp.sampling.min_p = 0.02f, rp.sampling.seed = 1000 + (uint64_t)i, rp.sampling.has_seed = 1;
+        }
+        if (cinfer_engine_submit(e, &rp, &rq[i], err, sizeof err)) {
+            test_fail(__FILE__, __LINE__, "%s", err);
+            rq[i] = NULL;
+        }
+    }
+    for (int i = 0; i < n; i++)
+        if (rq[i]) {
+            drain(rq[i], &out[i]);
+            cinfer_request_free(rq[i]);
+        }
+    cinfer_engine_get_stats(e, st);
+    cinfer_engine_destroy(e);
+}
+
+TEST(cuda_engine_device_sampler) {
+    if (no_device()) SKIP("no CUDA device: skipped");
+    gemv_on();
+    cinfer_model *m = open_fixture("qwen35_dense");
+    REQUIRE(m);
+    static int32_t prompts[NR][32];
+    int lens[NR], gens[NR];
+    long total = 0;
+    for (int i = 0; i < NR; i++) {
+        lens[i] = 8 + (i * 5) % 8;
+        for (int t = 0; t < lens[i]; t++) prompts[i][t] = (int32_t)(((t % 3) * 53 + i * 17 + 3) % 256);
+        gens[i] = 16 + (i * 3) % 16;
+        total += gens[i];
+    }
+    static got host[NR], dev[NR], again[NR], alone[1];
+    cinfer_engine_stats s0, s1;
+    setenv("CINFER_CUDA_SAMPLE", "0", 1);
+    run_sampled(m, NR, prompts, lens, gens, 0, host, &s0);
+    unsetenv("CINFER_CUDA_SAMPLE");
+    CHECK_EQ_INT((int)s0.device_chosen_tokens, 0);
+    run_sampled(m, NR, prompts, lens, gens, 0, dev, &s1);
+    CHECK_MSG(s1.device_chosen_tokens == total, "greedy with penalties: the device chose %lld of %ld tokens",
+              (long long)s1.device_chosen_tokens, total);
+    compare("greedy with logit_bias and penalties, device vs host", NR, host, dev, gens);
+    run_sampled(m, NR, prompts, lens, gens, 1, dev, &s1);
+    CHECK_MSG(s1.device_chosen_tokens == total, "sampled: the device chose %lld of %ld tokens",
+              (long long)s1.device_chosen_tokens, total);
+    run_sampled(m, NR, prompts, lens, gens, 1, again, &s1);
+    compare("sampled with a seed, run twice", NR, dev, again, gens);
+    run_sampled(m, 1, prompts, lens, gens, 1, alone, &s1);
+    compare("sampled with a seed, alone and in the batch", 1, dev, alone, gens);
+    int differ = 0;
+    for (int i = 0; i < NR; i++) differ |= memcmp(dev[i].ids, host[i].ids, sizeof(int32_t) * (size_t)gens[i]) != 0;
+    CHECK_MSG(differ, "the sampled runs gave the greedy tokens everywhere: the sampler never drew");
+    gemv_off();
+    cinfer_model_close(m);
+}
+
 /* the engine as before padding, deferred commits and verify graphs (each switched off) */
 TEST(cuda_spec_engine_greedy_is_exact) {
     if (no_device()) SKIP("no CUDA device: skipped");

@@ -773,3 +773,124 @@ TEST(sampler_rejects_bad_params) {
     CHECK_STR_CONTAINS(err, "outside the vocabulary");
     sampler_destroy(s);
 }
+
+/* sampler_device_row's adjusted tokens, applied as the device applies them (NaN as -inf, + bias, the
+ * repetition penalty, - sub; src/backend/cuda/sample.cu sample_adjust_kernel), give sampler_adjusted_logits
+ * bit for bit at every listed token, and every token it changed is listed; the draw is the one
+ * sampler_sample would make (the same generator state after); and what stays on the host is refused. */
+static float dev_apply(float v, const sampler_dev_pen *q, float rep) {
+    if (v != v) v = -INFINITY;
+    if (q->flags & SAMPLER_DEV_BIAS) v = v + q->bias;
+    if (q->flags & SAMPLER_DEV_REP) v = v > 0.0f ? v / rep : v * rep;
+    if (q->flags & SAMPLER_DEV_SUB) v = v - q->sub;
+    return v;
+}
+TEST(sampler_device_row_matches_chain) {
+    enum { V = 1000, CAP = 64 };
+    float x[V], y[V];
+    for (int i = 0; i < V; i++) x[i] = (float)((i * 37) % 101) / 10.0f - 5.0f;
+    x[3] = NAN;
+    sampler_bias bias[] = {{7, 1.25f}, {3, 2.0f}, {999, -0.5f}};
+    sampler_params p = sampler_default_params();
+    p.temperature = 0.8f, p.top_k = 20, p.top_p = 0.9f, p.min_p = 0.01f;
+    p.repetition_penalty = 1.3f, p.repeat_last_n = 6, p.presence_penalty = 0.4f, p.frequency_penalty = -0.2f;
+    p.logit_bias = bias, p.n_logit_bias = 3, p.seed = 42;
+    sampler *s = mk(&p, V), *t = mk(&p, V);
+    REQUIRE(s && t);
+    char err[128];
+    int32_t prompt[] = {7, 8, 9, 8, 3, 500};
+    REQUIRE(sampler_set_prompt(s, prompt, 6, err, sizeof err) == 0);
+    REQUIRE(sampler_set_prompt(t, prompt, 6, err, sizeof err) == 0);
+    int32_t out[] = {8, 12, 12, 999, 7};
+    for (int i = 0; i < 5; i++) REQUIRE(sampler_accept(s, out[i]) == 0 && sampler_accept(t, out[i]) == 0);
+    CHECK(sampler_device_ok(s, 64, CAP));
+    sampler_dev_row row;
+    sampler_dev_pen pen[CAP];
+    int n = -1;
+    REQUIRE(sampler_device_row(s, 64, &row, pen, CAP, &n) == 0);
+    sampler_adjusted_logits(s, x, y);
+    int listed[V] = {0};
+    for (int j = 0; j < n; j++) {
+        REQUIRE(pen[j].token >= 0 && pen[j].token < V);
+        CHECK_MSG(!listed[pen[j].token], "token %d listed twice", pen[j].token);
+        listed[pen[j].token] = 1;
+        float a = dev_apply(x[pen[j].token], &pen[j], row.repetition_penalty);
+        CHECK_MSG(memcmp(&a, &y[pen[j].token], 4) == 0, "token %d: %.9g, the CPU's %.9g", pen[j].token, (double)a,
+                  (double)y[pen[j].token]);
+    }
+    for (int i = 0; i < V; i++) {
+        float v = x[i] == x[i] ? x[i] : -INFINITY;
+        if (!listed[i]) CHECK_MSG(memcmp(&v, &y[i], 4) == 0, "token %d changed but not listed", i);
+    }
+    /* 7, 3, 999 (bias), the window 500, 8, 12, 12, 999, 7 (the last 6 of prompt + output) and the output
+     * 8, 12, 999, 7: 3, 7, 8, 12, 500, 999 */
+    CHECK_EQ_INT(n, 6);
+    CHECK(row.temperature == 0.8f && row.top_k == 20 && row.top_p == 0.9f && row.min_p == 0.01f);
+    /* the draw: the same number sampler_sample takes next from the same generator */
+    sampler_result res;
+    sampler_sample(t, x, &res); /* one draw (no XTC) */
+    sampler_dev_row row2;
+    int n2 = 0;
+    REQUIRE(sampler_device_row(t, 64, &row2, pen, CAP, &n2) == 0);
+    sampler_dev_row row3;
+    REQUIRE(sampler_device_row(s, 64, &row3, pen, CAP, &n2) == 0);
+    CHECK(row2.u == row3.u); /* s drew once (device_row), t once (sample): both at their second draw */
+    CHECK(row.u >= 0.0 && row.u < 1.0 && row.u != row3.u);
+    sampler_destroy(s), sampler_destroy(t);
+
+    /* greedy: no draw; what the device does not take */
+    p = sampler_default_params();
+    p.temperature = 0.0f, p.logprobs = 1;
+    s = mk(&p, V);
+    REQUIRE(s);
+    CHECK(sampler_device_ok(s, 64, CAP));
+    REQUIRE(sampler_device_row(s, 64, &row, pen, CAP, &n) == 0);
+    CHECK(n == 0 && row.u == 0.0 && row.logprob);
+    sampler_destroy(s);
+    p.repetition_penalty = 1.2f; /* a logprob with adjusted tokens (of the raw logits, on the device too) */
+    s = mk(&p, V);
+    REQUIRE(sampler_set_prompt(s, prompt, 6, err, sizeof err) == 0);
+    CHECK(sampler_device_ok(s, 64, CAP));
+    REQUIRE(sampler_device_row(s, 64, &row, pen, CAP, &n) == 0);
+    CHECK(n == 5 && row.logprob);
+    sampler_destroy(s);
+    p.top_logprobs = 2; /* alternatives: the host */
+    s = mk(&p, V);
+    REQUIRE(s);
+    CHECK(!sampler_device_ok(s, 64, CAP));
+    CHECK_EQ_INT(sampler_device_row(s, 64, &row, pen, CAP, &n), CINFER_EINVAL);
+    sampler_destroy(s);
+    static const struct {
+        float t;
+        int k, top_logprobs;
+        float xtc;
+    } no[] = {{0.7f, 0, 0, 0.0f}, {0.7f, 65, 0, 0.0f}, {0.7f, V, 0, 0.0f}, {0.0f, 0, 3, 0.0f}, {0.7f, 20, 0, 0.5f}};
+    for (size_t i = 0; i < sizeof no / sizeof no[0]; i++) {
+        p = sampler_default_params();
+        p.temperature = no[i].t, p.top_k = no[i].k, p.top_logprobs = no[i].top_logprobs;
+        p.xtc_probability = no[i].xtc;
+        s = mk(&p, V);
+        REQUIRE(s);
+        CHECK_MSG(!sampler_device_ok(s, 64, CAP), "case %zu accepted", i);
+        sampler_destroy(s);
+    }
+    /* more adjusted tokens than the cap; a token twice in logit_bias */
+    p = sampler_default_params();
+    p.temperature = 0.0f, p.repetition_penalty = 1.1f; /* greedy: top_k off is fine */
+    s = mk(&p, V);
+    REQUIRE(sampler_set_prompt(s, prompt, 6, err, sizeof err) == 0);
+    CHECK(sampler_device_ok(s, 64, 5) && !sampler_device_ok(s, 64, 4));
+    sampler_destroy(s);
+    sampler_bias twice[] = {{5, 1.0f}, {5, 1.0f}};
+    p = sampler_default_params();
+    p.temperature = 0.0f, p.logit_bias = twice + 1, p.n_logit_bias = 1;
+    s = mk(&p, V);
+    REQUIRE(s);
+    CHECK(sampler_device_ok(s, 64, CAP)); /* once: taken */
+    sampler_destroy(s);
+    p.logit_bias = twice, p.n_logit_bias = 2;
+    s = mk(&p, V);
+    REQUIRE(s);
+    CHECK(!sampler_device_ok(s, 64, CAP));
+    sampler_destroy(s);
+}

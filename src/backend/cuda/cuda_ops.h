@@ -661,11 +661,35 @@ typedef struct cu_sample_row {
     float inv_t; /* 1 / temperature as the CPU sampler computes it (1.0f / T); 0: greedy */
     int top_k;   /* 2..CU_SAMPLE_MAX_K when sampling (1 is greedy) */
     int logprob; /* nonzero: lps[row] = the chosen token's raw log_softmax */
-    int pad;
+    float top_p; /* in (0, 1): the smallest best-first prefix of the top_k with that mass; else off */
+    float min_p; /* > 0: keep p >= min_p * p_max; else off */
+    float rep;   /* the repetition penalty of pen entries with CU_PEN_REP */
+    int pen0, n_pen; /* this row's entries of the pen list (cu_sample's pen) */
 } cu_sample_row;
-/* ids[r] (and lps[r] when asked) for the n logits rows [n][V] */
-void cu_sample(cu_ctx *c, const float *d_logits, int V, const cu_sample_row *d_rows, int n, int *d_ids,
-               float *d_lps);
+/* One adjusted token of a row, applied to its logit (NaN read as -inf) in the CPU sampler's order
+ * (sampler.c load_adjusted): + bias, then the repetition penalty (v > 0: v / rep, else v * rep), then - sub
+ * (frequency * count + presence, computed by the host in f32 as the CPU does) */
+#define CU_PEN_BIAS 1
+#define CU_PEN_REP  2
+#define CU_PEN_SUB  4
+typedef struct cu_sample_pen {
+    int token, flags;
+    float bias, sub;
+} cu_sample_pen;
+/* rows cu_sample takes in one launch (its partials' bound; more are launched in groups) */
+#define CU_SAMPLE_GROUP 256
+/* cu_sample's scratch for V logits a row: the slices' candidates, their (max, sum) for logprobs, and a bitmap
+ * of the adjusted tokens per row */
+#define CU_SAMPLE_PART(V)                                                                                     \
+    ((size_t)CU_SAMPLE_GROUP * CU_ARGMAX_MAXNB * CU_SAMPLE_MAX_K * 8 + (size_t)CU_SAMPLE_GROUP * CU_ARGMAX_MAXNB * 16 + \
+     (size_t)CU_SAMPLE_GROUP * (((size_t)(V) + 31) / 32) * 4)
+/* ids[r] (and lps[r] when asked) for the n logits rows [n][V], as the CPU sampler's chain: the row's pen
+ * entries (distinct tokens) adjusted as load_adjusted does, then the top_k best (logit desc, id asc; NaN as
+ * -inf) by many blocks a row, then top_p, min_p and the draw at u walking the candidates best first; the
+ * logprob of the raw logits (never written). d_part: CU_SAMPLE_PART(V) bytes, zero before (the bitmap is
+ * cleared again by each launch); d_cnt: [CU_SAMPLE_GROUP] counters, zero before (set back by the kernel) */
+void cu_sample(cu_ctx *c, const float *d_logits, int V, const cu_sample_row *d_rows, const cu_sample_pen *d_pen,
+               int any_pen, int n, int *d_ids, float *d_lps, void *d_part, unsigned *d_cnt);
 /* Greedy ids of n rows of V logits (the argmax, ties to the lowest id, NaN never the max: cu_sample's greedy
  * ids) by many blocks a row. d_part: CU_ARGMAX_PART(n) bytes of scratch; d_cnt: [n] counters, zero before
  * (device memory zeroed once; the kernel sets them back) */
