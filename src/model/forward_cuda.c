@@ -278,15 +278,15 @@ struct cuda_fwd {
     int attn_rows; /* rows per prefill attention tile: CU_ATTN_TILE, or cu_attn_tc_rows with attn_tc */
     /* device sampling (cuda_fwd_sample) of the last call's logits rows */
     int last_nl;          /* logits rows the last cuda_fwd_run left in f->logits */
-    cu_sample_row *d_smp; /* [max_tokens] */
-    cu_sample_row *h_smp; /* pinned [max_tokens] */
+    /* one upload per sampled step: [n] rows, then their adjusted tokens (at most CUDA_SAMPLE_PEN_CAP) */
+    cu_sample_row *d_smp; /* device [max_tokens] rows + the tokens' room */
+    cu_sample_row *h_smp; /* pinned, the same */
     int *d_ids, *h_ids;   /* [max_tokens] device / pinned */
     float *d_lps, *h_lps; /* [max_tokens] device / pinned */
     void *d_am_part;      /* cu_argmax's partials: CU_ARGMAX_PART(max_tokens) bytes */
     unsigned *d_am_cnt;   /* [max_tokens] cu_argmax's counters (zero between launches) */
     void *d_smp_part;     /* cu_sample's scratch: CU_SAMPLE_PART(V) bytes */
     unsigned *d_smp_cnt;  /* [CU_SAMPLE_GROUP] cu_sample's counters (zero between launches) */
-    cu_sample_pen *d_pen, *h_pen; /* [CUDA_SAMPLE_PEN_CAP] device / pinned: the rows' adjusted tokens */
     /* the MTP head (cuda_fwd_mtp_init): its weights, its one-layer KV pool and its fc input */
     cu_layer *mtp_L;
     uint16_t *mtp_fc;                          /* [H][2H] */
@@ -620,16 +620,15 @@ static int alloc_scratch(cuda_fwd *f, char *err, size_t errlen) {
     if ((rc = dev_alloc(f, (void **)&f->meta, f->meta_cap * 4, a, err, errlen)) ||
         (rc = cu_alloc_host((void **)&f->h_meta, f->meta_cap * 4, err, errlen)))
         return rc;
-    if ((rc = dev_alloc(f, (void **)&f->d_smp, T * sizeof(cu_sample_row), a, err, errlen)) ||
+    size_t up = T * sizeof(cu_sample_row) + CUDA_SAMPLE_PEN_CAP * sizeof(cu_sample_pen);
+    if ((rc = dev_alloc(f, (void **)&f->d_smp, up, a, err, errlen)) ||
         (rc = dev_alloc(f, (void **)&f->d_ids, T * 4, a, err, errlen)) ||
         (rc = dev_alloc(f, (void **)&f->d_lps, T * 4, a, err, errlen)) ||
         (rc = dev_alloc(f, &f->d_am_part, CU_ARGMAX_PART(T), a, err, errlen)) ||
         (rc = dev_alloc(f, (void **)&f->d_am_cnt, T * 4, a, err, errlen)) ||
         (rc = dev_alloc(f, &f->d_smp_part, CU_SAMPLE_PART(f->m->V), a, err, errlen)) ||
         (rc = dev_alloc(f, (void **)&f->d_smp_cnt, CU_SAMPLE_GROUP * 4, a, err, errlen)) ||
-        (rc = dev_alloc(f, (void **)&f->d_pen, CUDA_SAMPLE_PEN_CAP * sizeof(cu_sample_pen), a, err, errlen)) ||
-        (rc = cu_alloc_host((void **)&f->h_pen, CUDA_SAMPLE_PEN_CAP * sizeof(cu_sample_pen), err, errlen)) ||
-        (rc = cu_alloc_host((void **)&f->h_smp, T * sizeof(cu_sample_row), err, errlen)) ||
+        (rc = cu_alloc_host((void **)&f->h_smp, up, err, errlen)) ||
         (rc = cu_alloc_host((void **)&f->h_ids, T * 4, err, errlen)) ||
         (rc = cu_alloc_host((void **)&f->h_lps, T * 4, err, errlen)))
         return rc;
@@ -786,7 +785,6 @@ void cuda_fwd_destroy(cuda_fwd *f) {
     cu_free_host(f->h_moe_w);
     cu_free_host(f->h_moe_up);
     cu_free_host(f->h_smp);
-    cu_free_host(f->h_pen);
     cu_free_host(f->h_ids);
     cu_free_host(f->h_lps);
     cu_ctx_destroy(f->cu);
@@ -2798,6 +2796,7 @@ int cuda_fwd_sample(cuda_fwd *f, const cuda_sample *rows, int n, int32_t *ids, f
                       f->last_nl);
     int V = f->m->V, want_lp = 0, plain = 1;
     size_t np = 0;
+    cu_sample_pen *hpen = (cu_sample_pen *)(f->h_smp + n); /* the tokens follow the rows: one upload */
     for (int r = 0; r < n; r++) {
         const cuda_sample *q = &rows[r];
         if (!cuda_sample_eligible(q->temperature, q->top_k, V))
@@ -2814,7 +2813,7 @@ int cuda_fwd_sample(cuda_fwd *f, const cuda_sample *rows, int n, int32_t *ids, f
             if (e->token < 0 || e->token >= V)
                 return ci_err(err, errlen, CINFER_EINVAL, "cuda_fwd_sample: row %d: adjusted token %d of %d", r,
                               e->token, V);
-            f->h_pen[np + (size_t)j] = (cu_sample_pen){e->token, e->flags, e->bias, e->sub};
+            hpen[np + (size_t)j] = (cu_sample_pen){e->token, e->flags, e->bias, e->sub};
         }
         f->h_smp[r] = (cu_sample_row){q->u,
                                       greedy ? 0.0f : 1.0f / q->temperature,
@@ -2837,9 +2836,9 @@ int cuda_fwd_sample(cuda_fwd *f, const cuda_sample *rows, int n, int32_t *ids, f
     if (plain && !want_lp) {
         cu_argmax(f->cu, f->logits, V, n, f->d_ids, f->d_am_part, f->d_am_cnt);
     } else {
-        cu_h2d_async(f->cu, f->d_smp, f->h_smp, (size_t)n * sizeof(cu_sample_row));
-        if (np) cu_h2d_async(f->cu, f->d_pen, f->h_pen, np * sizeof(cu_sample_pen));
-        cu_sample(f->cu, f->logits, V, f->d_smp, f->d_pen, np > 0, n, f->d_ids, f->d_lps, f->d_smp_part,
+        cu_h2d_async(f->cu, f->d_smp, f->h_smp, (size_t)n * sizeof(cu_sample_row) + np * sizeof(cu_sample_pen));
+        cu_sample(f->cu, f->logits, V, f->d_smp, (const cu_sample_pen *)(f->d_smp + n), np > 0, n, f->d_ids,
+                  f->d_lps, f->d_smp_part,
                   f->d_smp_cnt);
     }
     cu_d2h_async(f->cu, f->h_ids, f->d_ids, (size_t)n * 4);
