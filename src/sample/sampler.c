@@ -898,6 +898,15 @@ int sampler_device_ok(const sampler *s, int max_k, int cap) {
     return 1;
 }
 
+/* token t's entry in pen[0..*n) (at[t]: its index, or -1 when it has none yet: a new, empty one) */
+static sampler_dev_pen *dev_entry(int32_t *at, sampler_dev_pen *pen, int *n, int32_t t) {
+    if (at[t] < 0) {
+        at[t] = *n;
+        pen[(*n)++] = (sampler_dev_pen){t, 0, 0.0f, 0.0f};
+    }
+    return &pen[at[t]];
+}
+
 int sampler_device_row(sampler *s, int max_k, sampler_dev_row *row, sampler_dev_pen *pen, int cap, int *n_pen) {
     if (!sampler_device_ok(s, max_k, cap)) return CINFER_EINVAL;
     const sampler_params *p = &s->p;
@@ -909,26 +918,15 @@ int sampler_device_row(sampler *s, int max_k, sampler_dev_row *row, sampler_dev_
     for (int i = 0; s->rep_count && i < s->n_rep; i++) at[s->rep_ids[i]] = -1;
     for (int i = 0; s->out_count && i < s->n_out; i++) at[s->out_ids[i]] = -1;
     for (int i = 0; i < p->n_logit_bias; i++) {
-        at[s->bias[i].token] = n;
-        pen[n++] = (sampler_dev_pen){s->bias[i].token, SAMPLER_DEV_BIAS, s->bias[i].bias, 0.0f};
+        sampler_dev_pen *q = dev_entry(at, pen, &n, s->bias[i].token);
+        q->flags |= SAMPLER_DEV_BIAS, q->bias = s->bias[i].bias;
     }
-    for (int i = 0; s->rep_count && i < s->n_rep; i++) {
-        int32_t t = s->rep_ids[i];
-        if (at[t] < 0) {
-            at[t] = n;
-            pen[n++] = (sampler_dev_pen){t, 0, 0.0f, 0.0f};
-        }
-        pen[at[t]].flags |= SAMPLER_DEV_REP;
-    }
+    for (int i = 0; s->rep_count && i < s->n_rep; i++) dev_entry(at, pen, &n, s->rep_ids[i])->flags |= SAMPLER_DEV_REP;
     for (int i = 0; s->out_count && i < s->n_out; i++) {
         int32_t t = s->out_ids[i];
-        if (at[t] < 0) {
-            at[t] = n;
-            pen[n++] = (sampler_dev_pen){t, 0, 0.0f, 0.0f};
-        }
-        pen[at[t]].flags |= SAMPLER_DEV_SUB;
-        /* load_adjusted's value: fp * count + pp in f32 */
-        pen[at[t]].sub = p->frequency_penalty * (float)s->out_count[t] + p->presence_penalty;
+        sampler_dev_pen *q = dev_entry(at, pen, &n, t);
+        q->flags |= SAMPLER_DEV_SUB;
+        q->sub = p->frequency_penalty * (float)s->out_count[t] + p->presence_penalty; /* load_adjusted's, in f32 */
     }
     *n_pen = n;
     int greedy = p->temperature < SAMPLER_GREEDY_TEMP;

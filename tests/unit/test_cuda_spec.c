@@ -332,9 +332,12 @@ static int oracle_draft(void *ud, const int32_t *hist, int n_hist, int32_t *out,
     return 0;
 }
 
-static void run_engine(cinfer_model *m, int n, int32_t prompts[][32], const int *lens, const int *gens,
-                       cinfer_spec_mode spec, cinfer_model *draft, oracle *o, got *out,
-                       cinfer_engine_stats *st) {
+/* each request's params past greedy(): request i, room for its logit_bias */
+typedef void (*req_adjust)(cinfer_request_params *rp, int i, cinfer_logit_bias *lb);
+
+static void run_engine_with(cinfer_model *m, int n, int32_t prompts[][32], const int *lens, const int *gens,
+                            cinfer_spec_mode spec, cinfer_model *draft, oracle *o, req_adjust adj, got *out,
+                            cinfer_engine_stats *st) {
     cinfer_engine_params ep = cinfer_engine_default_params();
     ep.max_seqs = NR;
     ep.ctx_size = 64;
@@ -355,6 +358,8 @@ static void run_engine(cinfer_model *m, int n, int32_t prompts[][32], const int 
     cinfer_request *rq[NR];
     for (int i = 0; i < n; i++) {
         cinfer_request_params rp = greedy(prompts[i], lens[i], gens[i]);
+        cinfer_logit_bias lb[4];
+        if (adj) adj(&rp, i, lb);
         if (cinfer_engine_submit(e, &rp, &rq[i], err, sizeof err)) {
             test_fail(__FILE__, __LINE__, "%s", err);
             rq[i] = NULL;
@@ -367,6 +372,12 @@ static void run_engine(cinfer_model *m, int n, int32_t prompts[][32], const int 
         }
     cinfer_engine_get_stats(e, st);
     cinfer_engine_destroy(e);
+}
+
+static void run_engine(cinfer_model *m, int n, int32_t prompts[][32], const int *lens, const int *gens,
+                       cinfer_spec_mode spec, cinfer_model *draft, oracle *o, got *out,
+                       cinfer_engine_stats *st) {
+    run_engine_with(m, n, prompts, lens, gens, spec, draft, o, NULL, out, st);
 }
 
 static void compare(const char *what, int n, const got *plain, const got *spec, const int *gens) {
@@ -452,45 +463,25 @@ static void engine_greedy_case(void) {
  * bit for bit, so their argmax is); sampled ones (T 0.8, top_k 20, top_p 0.9, min_p 0.02) give the same
  * tokens again with the same seed, alone and in a batch of 16 (the draw order depends on the request only).
  * The engine's counter shows the device chose them (and chose none with CINFER_CUDA_SAMPLE=0). */
+/* logit_bias and the three penalties; sampled: T 0.8, top_k 20, top_p 0.9, min_p 0.02 and a seed */
+static void with_penalties(cinfer_request_params *rp, int i, cinfer_logit_bias *lb) {
+    lb[0] = (cinfer_logit_bias){rp->prompt[0], -1.5f};
+    lb[1] = (cinfer_logit_bias){(rp->prompt[1] + 7) % 256, 2.0f};
+    rp->sampling.repetition_penalty = 1.3f;
+    rp->sampling.presence_penalty = 0.4f;
+    rp->sampling.frequency_penalty = 0.2f;
+    rp->sampling.logit_bias = lb, rp->sampling.n_logit_bias = 2;
+    (void)i;
+}
+static void sampled_with_penalties(cinfer_request_params *rp, int i, cinfer_logit_bias *lb) {
+    with_penalties(rp, i, lb);
+    rp->sampling.temperature = 0.8f, rp->sampling.top_k = 20, rp->sampling.top_p = 0.9f;
+    rp->sampling.min_p = 0.02f, rp->sampling.seed = 1000 + (uint64_t)i, rp->sampling.has_seed = 1;
+}
 static void run_sampled(cinfer_model *m, int n, int32_t prompts[][32], const int *lens, const int *gens,
                         int sampled, got *out, cinfer_engine_stats *st) {
-    cinfer_engine_params ep = cinfer_engine_default_params();
-    ep.max_seqs = NR;
-    ep.ctx_size = 64;
-    ep.step_tokens = 128;
-    ep.n_threads = 2;
-    ep.device = CINFER_DEVICE_CUDA;
-    cinfer_engine *e;
-    char err[1024];
-    memset(st, 0, sizeof *st);
-    if (cinfer_engine_create(m, &ep, &e, err, sizeof err)) {
-        test_fail(__FILE__, __LINE__, "%s", err);
-        return;
-    }
-    cinfer_request *rq[NR];
-    for (int i = 0; i < n; i++) {
-        cinfer_request_params rp = greedy(prompts[i], lens[i], gens[i]);
-        cinfer_logit_bias lb[2] = {{prompts[i][0], -1.5f}, {(prompts[i][1] + 7) % 256, 2.0f}};
-        rp.sampling.repetition_penalty = 1.3f;
-        rp.sampling.presence_penalty = 0.4f;
-        rp.sampling.frequency_penalty = 0.2f;
-        rp.sampling.logit_bias = lb, rp.sampling.n_logit_bias = 2;
-        if (sampled) {
-            rp.sampling.temperature = 0.8f, rp.sampling.top_k = 20, rp.sampling.top_p = 0.9f;
-            rp.sampling.min_p = 0.02f, rp.sampling.seed = 1000 + (uint64_t)i, rp.sampling.has_seed = 1;
-        }
-        if (cinfer_engine_submit(e, &rp, &rq[i], err, sizeof err)) {
-            test_fail(__FILE__, __LINE__, "%s", err);
-            rq[i] = NULL;
-        }
-    }
-    for (int i = 0; i < n; i++)
-        if (rq[i]) {
-            drain(rq[i], &out[i]);
-            cinfer_request_free(rq[i]);
-        }
-    cinfer_engine_get_stats(e, st);
-    cinfer_engine_destroy(e);
+    run_engine_with(m, n, prompts, lens, gens, CINFER_SPEC_NONE, NULL, NULL,
+                    sampled ? sampled_with_penalties : with_penalties, out, st);
 }
 
 TEST(cuda_engine_device_sampler) {

@@ -25,6 +25,17 @@ __device__ float smp_exp1(float x) {
     return __fmul_rn(y, __int_as_float(bits));
 }
 
+/* one round of a slice's scan: x[base + u NT + tid] for u < U (-inf past i1), every load in flight before
+ * any is used */
+template <int U, int NT>
+__device__ __forceinline__ void smp_round(float (&v)[U], const float *x, int base, int i1, int tid) {
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        int i = base + u * NT + tid;
+        v[u] = i < i1 ? __ldcg(x + i) : -INFINITY;
+    }
+}
+
 /* (logit, id) ordered as the CPU's better(): larger logit, then lower id */
 __device__ __forceinline__ bool smp_better(float a, int ia, float b, int ib) {
     return a > b || (a == b && ia < ib);
@@ -173,11 +184,7 @@ __global__ void __launch_bounds__(SMP_NT) sample_kernel(const float *logits, int
     float lm = -INFINITY; /* the slice's largest logit (NaN left out) */
     for (int base = i0; base < i1; base += SMP_NT * SMP_U) {
         float v[SMP_U];
-#pragma unroll
-        for (int u = 0; u < SMP_U; u++) {
-            int i = base + u * SMP_NT + tid;
-            v[u] = i < i1 ? __ldcg(x + i) : -INFINITY;
-        }
+        smp_round<SMP_U, SMP_NT>(v, x, base, i1, tid);
         unsigned mk[SMP_U]; /* a warp's 32 consecutive ids share one word of the marks */
 #pragma unroll
         for (int u = 0; u < SMP_U; u++) {
@@ -364,11 +371,7 @@ __global__ void __launch_bounds__(AM_THREADS)
     int bi = 0x7fffffff;
     for (int base = i0; base < i1; base += AM_THREADS * AM_UNROLL) {
         float v[AM_UNROLL];
-#pragma unroll
-        for (int u = 0; u < AM_UNROLL; u++) {
-            int i = base + u * AM_THREADS + tid;
-            v[u] = i < i1 ? __ldcg(x + i) : -INFINITY;
-        }
+        smp_round<AM_UNROLL, AM_THREADS>(v, x, base, i1, tid);
 #pragma unroll
         for (int u = 0; u < AM_UNROLL; u++) {
             int i = base + u * AM_THREADS + tid;
