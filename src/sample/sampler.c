@@ -898,35 +898,34 @@ int sampler_device_ok(const sampler *s, int max_k, int cap) {
     return 1;
 }
 
-/* token t's entry in pen[0..*n) (at[t]: its index, or -1 when it has none yet: a new, empty one) */
-static sampler_dev_pen *dev_entry(int32_t *at, sampler_dev_pen *pen, int *n, int32_t t) {
-    if (at[t] < 0) {
-        at[t] = *n;
-        pen[(*n)++] = (sampler_dev_pen){t, 0, 0.0f, 0.0f};
-    }
-    return &pen[at[t]];
-}
-
 int sampler_device_row(sampler *s, int max_k, sampler_dev_row *row, sampler_dev_pen *pen, int cap, int *n_pen) {
     if (!sampler_device_ok(s, max_k, cap)) return CINFER_EINVAL;
     const sampler_params *p = &s->p;
-    /* each adjusted token's entry: its index in pen, kept in the step scratch w (read back only for tokens
-     * marked here first) */
-    int32_t *at = (int32_t *)s->w;
+    /* The repetition window's tokens first, in rep_ids' order, so that a token's entry is its rep_pos: no
+     * lookup table over the vocabulary (marking one in the scratch w, as this did first, touched a cache line
+     * of a 1 MB array per token each step); the output's tokens outside the window after them, then logit_bias's
+     * (a linear search among the output's own entries, both lists short). */
     int n = 0;
-    for (int i = 0; i < p->n_logit_bias; i++) at[s->bias[i].token] = -1;
-    for (int i = 0; s->rep_count && i < s->n_rep; i++) at[s->rep_ids[i]] = -1;
-    for (int i = 0; s->out_count && i < s->n_out; i++) at[s->out_ids[i]] = -1;
-    for (int i = 0; i < p->n_logit_bias; i++) {
-        sampler_dev_pen *q = dev_entry(at, pen, &n, s->bias[i].token);
-        q->flags |= SAMPLER_DEV_BIAS, q->bias = s->bias[i].bias;
-    }
-    for (int i = 0; s->rep_count && i < s->n_rep; i++) dev_entry(at, pen, &n, s->rep_ids[i])->flags |= SAMPLER_DEV_REP;
+    for (int i = 0; s->rep_count && i < s->n_rep; i++)
+        pen[n++] = (sampler_dev_pen){s->rep_ids[i], SAMPLER_DEV_REP, 0.0f, 0.0f};
+    const int n_win = n;
     for (int i = 0; s->out_count && i < s->n_out; i++) {
         int32_t t = s->out_ids[i];
-        sampler_dev_pen *q = dev_entry(at, pen, &n, t);
-        q->flags |= SAMPLER_DEV_SUB;
-        q->sub = p->frequency_penalty * (float)s->out_count[t] + p->presence_penalty; /* load_adjusted's, in f32 */
+        int at = s->rep_count && s->rep_count[t] > 0 ? s->rep_pos[t] : n;
+        if (at == n) pen[n++] = (sampler_dev_pen){t, 0, 0.0f, 0.0f};
+        pen[at].flags |= SAMPLER_DEV_SUB;
+        pen[at].sub = p->frequency_penalty * (float)s->out_count[t] + p->presence_penalty; /* load_adjusted's, f32 */
+    }
+    for (int i = 0; i < p->n_logit_bias; i++) {
+        int32_t t = s->bias[i].token;
+        int at = n;
+        if (s->rep_count && s->rep_count[t] > 0)
+            at = s->rep_pos[t];
+        else if (s->out_count && s->out_count[t] > 0)
+            for (int j = n_win; j < n; j++)
+                if (pen[j].token == t) at = j;
+        if (at == n) pen[n++] = (sampler_dev_pen){t, 0, 0.0f, 0.0f};
+        pen[at].flags |= SAMPLER_DEV_BIAS, pen[at].bias = s->bias[i].bias;
     }
     *n_pen = n;
     int greedy = p->temperature < SAMPLER_GREEDY_TEMP;

@@ -790,7 +790,39 @@ TEST(sampler_device_row_matches_chain) {
     float x[V], y[V];
     for (int i = 0; i < V; i++) x[i] = (float)((i * 37) % 101) / 10.0f - 5.0f;
     x[3] = NAN;
-    sampler_bias bias[] = {{7, 1.25f}, {3, 2.0f}, {999, -0.5f}};
+    sampler_bias bias[] = {{7, 1.25f}, {3, 2.0f}, {999, -0.5f}, {12, 0.5f}};
+    /* a window of 2: the output's 8 and 12 (12 also in logit_bias) fall outside it */
+    for (int w = 0; w < 2; w++) {
+        sampler_params p = sampler_default_params();
+        p.temperature = 0.8f, p.top_k = 20;
+        p.repetition_penalty = 1.3f, p.repeat_last_n = 2, p.presence_penalty = 0.4f, p.frequency_penalty = -0.2f;
+        p.logit_bias = bias + w, p.n_logit_bias = 4 - w;
+        sampler *s = mk(&p, V);
+        REQUIRE(s);
+        char err[128];
+        int32_t prompt[] = {7, 8, 9, 8, 3, 500}, out[] = {8, 12, 12, 999, 7};
+        REQUIRE(sampler_set_prompt(s, prompt, 6, err, sizeof err) == 0);
+        for (int i = 0; i < 5; i++) REQUIRE(sampler_accept(s, out[i]) == 0);
+        sampler_dev_row row;
+        sampler_dev_pen pen[CAP];
+        int n = -1;
+        REQUIRE(sampler_device_row(s, 64, &row, pen, CAP, &n) == 0);
+        sampler_adjusted_logits(s, x, y);
+        int listed[V] = {0};
+        for (int j = 0; j < n; j++) {
+            CHECK_MSG(!listed[pen[j].token], "token %d listed twice", pen[j].token);
+            listed[pen[j].token] = 1;
+            float a = dev_apply(x[pen[j].token], &pen[j], row.repetition_penalty);
+            CHECK_MSG(memcmp(&a, &y[pen[j].token], 4) == 0, "window 2, token %d: %.9g, the CPU's %.9g", pen[j].token,
+                      (double)a, (double)y[pen[j].token]);
+        }
+        for (int i = 0; i < V; i++) {
+            float v = x[i] == x[i] ? x[i] : -INFINITY;
+            if (!listed[i]) CHECK_MSG(memcmp(&v, &y[i], 4) == 0, "window 2: token %d changed but not listed", i);
+        }
+        CHECK_EQ_INT(n, 5); /* 999, 7 (window), 8, 12 (output: 12 biased too, by a search), 3 (bias) */
+        sampler_destroy(s);
+    }
     sampler_params p = sampler_default_params();
     p.temperature = 0.8f, p.top_k = 20, p.top_p = 0.9f, p.min_p = 0.01f;
     p.repetition_penalty = 1.3f, p.repeat_last_n = 6, p.presence_penalty = 0.4f, p.frequency_penalty = -0.2f;
