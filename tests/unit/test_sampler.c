@@ -785,6 +785,28 @@ static float dev_apply(float v, const sampler_dev_pen *q, float rep) {
     if (q->flags & SAMPLER_DEV_SUB) v = v - q->sub;
     return v;
 }
+/* pen[0..n) against sampler_adjusted_logits y of x[V]: each listed once, dev_apply = y bit for bit, and every
+ * token y changed listed */
+static void check_listed(const float *x, const float *y, int V, const sampler_dev_pen *pen, int n, float rep,
+                         const char *what) {
+    char *listed = calloc((size_t)V, 1);
+    for (int j = 0; j < n; j++) {
+        int t = pen[j].token;
+        if (t < 0 || t >= V) {
+            CHECK_MSG(0, "%s: token %d out of range", what, t);
+            continue;
+        }
+        CHECK_MSG(!listed[t], "%s: token %d listed twice", what, t);
+        listed[t] = 1;
+        float a = dev_apply(x[t], &pen[j], rep);
+        CHECK_MSG(memcmp(&a, &y[t], 4) == 0, "%s, token %d: %.9g, the CPU's %.9g", what, t, (double)a, (double)y[t]);
+    }
+    for (int i = 0; i < V; i++) {
+        float v = x[i] == x[i] ? x[i] : -INFINITY;
+        if (!listed[i]) CHECK_MSG(memcmp(&v, &y[i], 4) == 0, "%s: token %d changed but not listed", what, i);
+    }
+    free(listed);
+}
 TEST(sampler_device_row_matches_chain) {
     enum { V = 1000, CAP = 64 };
     float x[V], y[V];
@@ -808,18 +830,7 @@ TEST(sampler_device_row_matches_chain) {
         int n = -1;
         REQUIRE(sampler_device_row(s, 64, &row, pen, CAP, &n) == 0);
         sampler_adjusted_logits(s, x, y);
-        int listed[V] = {0};
-        for (int j = 0; j < n; j++) {
-            CHECK_MSG(!listed[pen[j].token], "token %d listed twice", pen[j].token);
-            listed[pen[j].token] = 1;
-            float a = dev_apply(x[pen[j].token], &pen[j], row.repetition_penalty);
-            CHECK_MSG(memcmp(&a, &y[pen[j].token], 4) == 0, "window 2, token %d: %.9g, the CPU's %.9g", pen[j].token,
-                      (double)a, (double)y[pen[j].token]);
-        }
-        for (int i = 0; i < V; i++) {
-            float v = x[i] == x[i] ? x[i] : -INFINITY;
-            if (!listed[i]) CHECK_MSG(memcmp(&v, &y[i], 4) == 0, "window 2: token %d changed but not listed", i);
-        }
+        check_listed(x, y, V, pen, n, row.repetition_penalty, "window 2");
         CHECK_EQ_INT(n, 5); /* 999, 7 (window), 8, 12 (output: 12 biased too, by a search), 3 (bias) */
         sampler_destroy(s);
     }
@@ -841,19 +852,7 @@ TEST(sampler_device_row_matches_chain) {
     int n = -1;
     REQUIRE(sampler_device_row(s, 64, &row, pen, CAP, &n) == 0);
     sampler_adjusted_logits(s, x, y);
-    int listed[V] = {0};
-    for (int j = 0; j < n; j++) {
-        REQUIRE(pen[j].token >= 0 && pen[j].token < V);
-        CHECK_MSG(!listed[pen[j].token], "token %d listed twice", pen[j].token);
-        listed[pen[j].token] = 1;
-        float a = dev_apply(x[pen[j].token], &pen[j], row.repetition_penalty);
-        CHECK_MSG(memcmp(&a, &y[pen[j].token], 4) == 0, "token %d: %.9g, the CPU's %.9g", pen[j].token, (double)a,
-                  (double)y[pen[j].token]);
-    }
-    for (int i = 0; i < V; i++) {
-        float v = x[i] == x[i] ? x[i] : -INFINITY;
-        if (!listed[i]) CHECK_MSG(memcmp(&v, &y[i], 4) == 0, "token %d changed but not listed", i);
-    }
+    check_listed(x, y, V, pen, n, row.repetition_penalty, "window 6");
     /* 7, 3, 999 (bias), the window 500, 8, 12, 12, 999, 7 (the last 6 of prompt + output) and the output
      * 8, 12, 999, 7: 3, 7, 8, 12, 500, 999 */
     CHECK_EQ_INT(n, 6);
