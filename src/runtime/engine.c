@@ -114,8 +114,6 @@ struct cinfer_request {
     float *masked;        /* [V] f32: the row with the rest at -inf, what the sampler sees */
     int dev_greedy;       /* cuda: plain greedy (no bias, penalties, top_logprobs): the device may choose */
     int dev_lp;           /* with the chosen token's logprob */
-    int dev_accepted;     /* this step's sampler_accept of the last token was made before the forward (the
-                             device sampler's penalties had to see it) */
     double t_submit;      /* CINFER_TTFT_TRACE: ms (now_ms) at submit */
 };
 
@@ -1073,7 +1071,13 @@ static void step(cinfer_engine *e) {
      * penalties), so that the default chat settings no longer copy every row's logits back and sample on
      * the host one row after another. A prompt's middle chunks choose nothing and hold no one back. */
     int dev = e->dev_sample, any_spec = 0;
-    for (int i = 0; i < n; i++) any_spec |= e->entries[i].spec;
+    for (int i = 0; i < n; i++) {
+        cinfer_request *r = e->entry_req[i];
+        any_spec |= e->entries[i].spec;
+        /* a plain decode row's previous token joins its sampler's windows before the forward, so that a
+         * device sampler's penalties see it as the host's do (nothing reads the sampler in between) */
+        if (r->n_fed >= r->n_prompt && !e->entries[i].spec) sampler_accept(r->smp, r->last);
+    }
     for (int i = 0; dev && i < n; i++) {
         cinfer_request *r = e->entry_req[i];
         int samples = r->n_fed + e->entries[i].n_tokens >= r->n_prompt;
@@ -1085,11 +1089,7 @@ static void step(cinfer_engine *e) {
         cinfer_request *r = e->entry_req[i];
         int nr = e->entries[i].all_logits ? e->entries[i].n_tokens : 1;
         for (int j = 0; j < nr; j++) e->dsmp[e->entry_row[i] + j] = (cuda_sample){0.0f, 0, 0.0, r->dev_lp};
-        r->dev_accepted = 0;
         if (r->dev_greedy || r->n_fed + e->entries[i].n_tokens < r->n_prompt) continue;
-        /* a decode row's previous token joins the penalty window now (after the step, as the host path
-         * does it, would be too late for the device's penalties) */
-        if (r->n_fed >= r->n_prompt) sampler_accept(r->smp, r->last), r->dev_accepted = 1;
         sampler_dev_row q;
         int k = 0;
         if (sampler_device_row(r->smp, CUDA_SAMPLE_MAX_K, &q, e->dpen + np, CUDA_SAMPLE_MAX_PEN, &k)) {
@@ -1183,8 +1183,8 @@ static void step(cinfer_engine *e) {
             }
             goto finished;
         } else {
-            if (e->dctx) draft_model_sync(e, r, 1); /* a plain decode step: the draft reads the same token */
-            if (!(dev && r->dev_accepted)) sampler_accept(r->smp, r->last);
+            if (e->dctx) draft_model_sync(e, r, 1); /* a plain decode step: the draft reads the same token (the
+                                                      sampler took it before the forward) */
         }
         if (!fin) {
             int32_t t = dev ? device_choice(e, r, e->entry_row[i])
