@@ -1,12 +1,11 @@
 /* sample.cu — token choice on the device, so that a decode step returns ids (and logprobs when asked)
  * instead of whole logits rows: greedy (argmax, NaN never the max, ties to the lowest id, as the CPU
- * sampler) and top-k (k <= CU_SAMPLE_MAX_K) at a temperature, with the uniform draw made by the request's
- * generator on the host. The weights use the CPU sampler's exp (Cephes expf, the same float operations,
- * no contraction) and its f64 sums; the candidates are walked best first (logit desc, id asc), where the CPU
- * walks its heap's order — same distribution, but one draw can pick another of the k tokens. */
+ * sampler), and the CPU sampler's chain — logit_bias and penalties, top-k (k <= CU_SAMPLE_MAX_K) at a
+ * temperature, top_p, min_p — with the uniform draw made by the request's generator on the host. The
+ * weights use the CPU sampler's exp (Cephes expf, the same float operations, no contraction) and its f64
+ * sums; the candidates are walked best first (logit desc, id asc), where the CPU walks its heap's order —
+ * same distribution, but one draw can pick another of the candidates. */
 #include "backend/cuda/common.cuh"
-
-#define SMP_THREADS 1024
 
 /* the CPU sampler's exp1 (sampler.c), operation for operation, with no fused multiply-adds */
 __device__ float smp_exp1(float x) {
@@ -67,8 +66,8 @@ __device__ void smp_block_best(float &v, int &id, float *sv, int *si) {
 }
 
 /* ---- the sampler: the row's top_k by many blocks, then top_p, min_p and the draw ----
- * sample_kernel walked a row's V logits with one block, once per candidate (k rounds of an argmax): tens
- * of microseconds a row at V = 248320, so the engine kept everything but greedy on the host (the whole
+ * The first sample_kernel walked a row's V logits with one block, once per candidate (k rounds of an
+ * argmax): tens of microseconds a row at V = 248320, so the engine kept everything but greedy on the host (the whole
  * row copied back, the CPU sampler run on it). Here a row is cut into slices as in argmax_kernel; each
  * warp keeps a best-first list of the K = top_k best (logit desc, id asc; NaN as -inf) of what it read, in
  * registers (lane l holds entries l and 32 + l); a value enters only if it beats entry K - 1, so after the
@@ -209,7 +208,7 @@ __global__ void __launch_bounds__(SMP_NT) sample_kernel(const float *logits, int
         if (32 + lane < K) dst[32 + lane] = make_float2(L.bv, __int_as_float(L.bi));
     }
     if (p.logprob) {
-        /* the slice's (max, sum of exp(v - max)) of the raw logits, as sample_kernel summed them */
+        /* the slice's (max, sum of exp(v - max)) of the raw logits (f64 sums of expf, as the CPU reference) */
         float m = lm;
         for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(SMP_FULL, m, o));
         if (lane == 0) sv[warp] = m;
@@ -348,12 +347,12 @@ extern "C" void cu_sample(cu_ctx *c, const float *d_logits, int V, const cu_samp
 }
 
 /* ---- greedy rows without logprobs: the argmax over many blocks ----
- * sample_kernel gives a row one block, which walks the row's V logits alone: a chain of dependent L2 round
- * trips (~0.09 ms a decode step at V = 248320 on the H200, more than a whole layer). Here a row is cut into
- * nb slices, a block each (every lane's loads of a round in flight together); each block writes its best
- * (logit, id) to part and counts itself in; the row's last block reduces the nb pairs. The maximum with ties
+ * The first device sampler gave a row one block, which walked the row's V logits alone: a chain of
+ * dependent L2 round trips (~0.09 ms a decode step at V = 248320 on the H200, more than a whole layer). Here
+ * a row is cut into nb slices, a block each (every lane's loads of a round in flight together); each block
+ * writes its best (logit, id) to part and counts itself in; the row's last block reduces the nb pairs. The maximum with ties
  * to the lowest id and NaN never the max is the same pair in any order of comparison, so the id is
- * sample_kernel's. */
+ * sample_kernel's at K = 1. */
 #define AM_THREADS 256
 #define AM_UNROLL  8
 
