@@ -22,7 +22,7 @@ const char *const cuda_phase_names[CP_N] = {
     "ffn act/combine", "moe router",   "moe experts",   "lm_head",        "logits to host"};
 
 int cuda_sample_eligible(float temperature, int top_k, int V) {
-    if (!(temperature >= 0.0f)) return 0;
+    if (!(temperature >= 0.0f) || V < 1 || V > CUDA_SAMPLE_MAX_V) return 0;
     if (temperature < CUDA_SAMPLE_GREEDY_TEMP || top_k == 1) return 1;
     return top_k > 1 && top_k <= CUDA_SAMPLE_MAX_K && top_k < V;
 }
@@ -285,7 +285,7 @@ struct cuda_fwd {
     float *d_lps, *h_lps; /* [max_tokens] device / pinned */
     void *d_am_part;      /* cu_argmax's partials: CU_ARGMAX_PART(max_tokens) bytes */
     unsigned *d_am_cnt;   /* [max_tokens] cu_argmax's counters (zero between launches) */
-    void *d_smp_part;     /* cu_sample's scratch: CU_SAMPLE_PART(V) bytes */
+    void *d_smp_part;     /* cu_sample's scratch: CU_SAMPLE_PART bytes */
     unsigned *d_smp_cnt;  /* [CU_SAMPLE_GROUP] cu_sample's counters (zero between launches) */
     /* the MTP head (cuda_fwd_mtp_init): its weights, its one-layer KV pool and its fc input */
     cu_layer *mtp_L;
@@ -626,7 +626,7 @@ static int alloc_scratch(cuda_fwd *f, char *err, size_t errlen) {
         (rc = dev_alloc(f, (void **)&f->d_lps, T * 4, a, err, errlen)) ||
         (rc = dev_alloc(f, &f->d_am_part, CU_ARGMAX_PART(T), a, err, errlen)) ||
         (rc = dev_alloc(f, (void **)&f->d_am_cnt, T * 4, a, err, errlen)) ||
-        (rc = dev_alloc(f, &f->d_smp_part, CU_SAMPLE_PART(f->m->V), a, err, errlen)) ||
+        (rc = dev_alloc(f, &f->d_smp_part, CU_SAMPLE_PART, a, err, errlen)) ||
         (rc = dev_alloc(f, (void **)&f->d_smp_cnt, CU_SAMPLE_GROUP * 4, a, err, errlen)) ||
         (rc = cu_alloc_host((void **)&f->h_smp, up, err, errlen)) ||
         (rc = cu_alloc_host((void **)&f->h_ids, T * 4, err, errlen)) ||
@@ -2542,12 +2542,23 @@ int cuda_fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, char *e
     return fwd_run(f, e, NE, logits, 1, err, errlen);
 }
 
+/* the device sampler's plan of a call (sample_prepare, below) */
+typedef struct sample_plan {
+    int n, plain, want_lp;
+    size_t np; /* adjusted tokens of the call */
+} sample_plan;
+static int sample_prepare(cuda_fwd *f, const cuda_sample *rows, int n, int with_lp, sample_plan *sp, char *err,
+                          size_t errlen);
+static int sample_finish(cuda_fwd *f, const sample_plan *sp, int32_t *ids, float *logprobs, char *err,
+                         size_t errlen);
 int cuda_fwd_run_sample(cuda_fwd *f, const fwd_entry *e, int NE, const cuda_sample *rows, int n, int32_t *ids,
                         float *logprobs, char *err, size_t errlen) {
+    sample_plan sp;
     int rc = fwd_run(f, e, NE, NULL, 0, err, errlen);
     double t0 = f->trace ? host_ms() : 0;
-    if (!rc) rc = cuda_fwd_sample(f, rows, n, ids, logprobs, err, errlen);
+    if (!rc) rc = sample_prepare(f, rows, n, logprobs != NULL, &sp, err, errlen);
     if (f->trace && !rc) fprintf(stderr, "ttft-trace sample %d rows: host %.3f ms\n", n, host_ms() - t0);
+    if (!rc) rc = sample_finish(f, &sp, ids, logprobs, err, errlen);
     if (rc) {
         char e2[64]; /* nothing may still run when the caller's next call refills the pinned buffers */
         cu_sync(f->cu, e2, sizeof e2);
@@ -2789,11 +2800,16 @@ int cuda_fwd_sync(cuda_fwd *f, char *err, size_t errlen) {
     return cu_sync(f->cu, err, errlen);
 }
 
-int cuda_fwd_sample(cuda_fwd *f, const cuda_sample *rows, int n, int32_t *ids, float *logprobs, char *err,
-                    size_t errlen) {
-    if (n < 1 || n > f->last_nl)
-        return ci_err(err, errlen, CINFER_EINVAL, "cuda_fwd_sample: %d rows, the last call left %d", n,
-                      f->last_nl);
+/* A sampled step's choices, checked and put in the pinned buffer, then uploaded in one copy (rows, then their
+ * adjusted tokens) unless every row is plain greedy (cu_argmax then, nothing uploaded). cuda_fwd_run_sample
+ * does this once the step is enqueued: the host's part runs beside the step, and the copy goes on the side
+ * stream, done long before lm_head, so that it no longer stands between lm_head and the sampler. (Made and
+ * copied before the step instead, H200 session 13 call 1: the same at batch 1, but at batch 64 the host's
+ * ~37,000 entries held the step back: 6,360 / 6,393 tok/s against greedy's 6,504 / 6,480) */
+static int sample_prepare(cuda_fwd *f, const cuda_sample *rows, int n, int with_lp, sample_plan *sp, char *err,
+                          size_t errlen) {
+    if (n < 1 || n > f->p.max_tokens)
+        return ci_err(err, errlen, CINFER_EINVAL, "cuda_fwd_sample: %d rows (at most %d)", n, f->p.max_tokens);
     int V = f->m->V, want_lp = 0, plain = 1;
     size_t np = 0;
     cu_sample_pen *hpen = (cu_sample_pen *)(f->h_smp + n); /* the tokens follow the rows: one upload */
@@ -2807,6 +2823,9 @@ int cuda_fwd_sample(cuda_fwd *f, const cuda_sample *rows, int n, int32_t *ids, f
         if (q->n_pen < 0 || q->n_pen > CUDA_SAMPLE_MAX_PEN || (q->n_pen && !q->pen))
             return ci_err(err, errlen, CINFER_EINVAL, "cuda_fwd_sample: row %d: %d adjusted tokens (at most %d)",
                           r, q->n_pen, CUDA_SAMPLE_MAX_PEN);
+        if (np + (size_t)q->n_pen > CUDA_SAMPLE_PEN_CAP)
+            return ci_err(err, errlen, CINFER_ERANGE, "cuda_fwd_sample: more than %d adjusted tokens in one call",
+                          CUDA_SAMPLE_PEN_CAP);
         int greedy = q->temperature < CUDA_SAMPLE_GREEDY_TEMP || q->top_k == 1;
         for (int j = 0; j < q->n_pen; j++) {
             const cuda_sample_pen *e = &q->pen[j];
@@ -2818,31 +2837,46 @@ int cuda_fwd_sample(cuda_fwd *f, const cuda_sample *rows, int n, int32_t *ids, f
         f->h_smp[r] = (cu_sample_row){q->u,
                                       greedy ? 0.0f : 1.0f / q->temperature,
                                       greedy ? 1 : q->top_k,
-                                      q->logprob && logprobs,
+                                      q->logprob && with_lp,
                                       greedy ? 1.0f : q->top_p,
                                       greedy ? 0.0f : q->min_p,
                                       q->repetition_penalty,
                                       (int)np,
                                       q->n_pen};
         np += (size_t)q->n_pen;
-        if (np > CUDA_SAMPLE_PEN_CAP)
-            return ci_err(err, errlen, CINFER_ERANGE, "cuda_fwd_sample: more than %d adjusted tokens in one call",
-                          CUDA_SAMPLE_PEN_CAP);
-        want_lp |= q->logprob && logprobs;
+        want_lp |= q->logprob && with_lp;
         plain &= greedy && !q->n_pen;
     }
-    /* greedy rows without adjusted tokens or logprobs (the usual greedy step): the argmax over many blocks,
-     * nothing uploaded; else the sampler kernels (the same greedy ids) */
-    if (plain && !want_lp) {
-        cu_argmax(f->cu, f->logits, V, n, f->d_ids, f->d_am_part, f->d_am_cnt);
-    } else {
-        cu_h2d_async(f->cu, f->d_smp, f->h_smp, (size_t)n * sizeof(cu_sample_row) + np * sizeof(cu_sample_pen));
-        cu_sample(f->cu, f->logits, V, f->d_smp, (const cu_sample_pen *)(f->d_smp + n), np > 0, n, f->d_ids,
-                  f->d_lps, f->d_smp_part,
-                  f->d_smp_cnt);
+    *sp = (sample_plan){n, plain, want_lp, np};
+    /* CINFER_CUDA_SAMPLE_SIDE=0: the copy in order on the step's stream, between lm_head and the sampler
+     * (H200 session 13 call 5, 4B chat sampling at batch 1: 2.479-2.487 ms a step against 2.462-2.473) */
+    static int side = -1;
+    if (side < 0) {
+        const char *sv = getenv("CINFER_CUDA_SAMPLE_SIDE");
+        side = !(sv && !strcmp(sv, "0"));
     }
+    if (!(plain && !want_lp))
+        (side ? cu_h2d_side : cu_h2d_async)(f->cu, f->d_smp, f->h_smp,
+                                             (size_t)n * sizeof(cu_sample_row) + np * sizeof(cu_sample_pen));
+    return 0;
+}
+
+/* the planned choice of the last call's first sp->n logits rows, then the one wait */
+static int sample_finish(cuda_fwd *f, const sample_plan *sp, int32_t *ids, float *logprobs, char *err,
+                         size_t errlen) {
+    int V = f->m->V, n = sp->n;
+    if (n > f->last_nl)
+        return ci_err(err, errlen, CINFER_EINVAL, "cuda_fwd_sample: %d rows, the last call left %d", n,
+                      f->last_nl);
+    /* greedy rows without adjusted tokens or logprobs (the usual greedy step): the argmax over many blocks;
+     * else the sampler kernel (the same greedy ids) */
+    if (sp->plain && !sp->want_lp)
+        cu_argmax(f->cu, f->logits, V, n, f->d_ids, f->d_am_part, f->d_am_cnt);
+    else if (cu_sample(f->cu, f->logits, V, f->d_smp, (const cu_sample_pen *)(f->d_smp + n), n, f->d_ids,
+                       f->d_lps, f->d_smp_part, f->d_smp_cnt))
+        return ci_err(err, errlen, CINFER_EINVAL, "cuda_fwd_sample: a vocabulary of %d", V);
     cu_d2h_async(f->cu, f->h_ids, f->d_ids, (size_t)n * 4);
-    if (want_lp) cu_d2h_async(f->cu, f->h_lps, f->d_lps, (size_t)n * 4);
+    if (sp->want_lp) cu_d2h_async(f->cu, f->h_lps, f->d_lps, (size_t)n * 4);
     int rc = cu_sync(f->cu, err, errlen);
     if (rc) return rc;
     for (int r = 0; r < n; r++) {
@@ -2850,6 +2884,21 @@ int cuda_fwd_sample(cuda_fwd *f, const cuda_sample *rows, int n, int32_t *ids, f
         if (logprobs) logprobs[r] = f->h_smp[r].logprob ? f->h_lps[r] : 0.0f;
     }
     return 0;
+}
+
+int cuda_fwd_sample(cuda_fwd *f, const cuda_sample *rows, int n, int32_t *ids, float *logprobs, char *err,
+                    size_t errlen) {
+    if (n < 1 || n > f->last_nl)
+        return ci_err(err, errlen, CINFER_EINVAL, "cuda_fwd_sample: %d rows, the last call left %d", n,
+                      f->last_nl);
+    sample_plan sp;
+    int rc = sample_prepare(f, rows, n, logprobs != NULL, &sp, err, errlen);
+    if (!rc) rc = sample_finish(f, &sp, ids, logprobs, err, errlen);
+    if (rc) {
+        char e2[64]; /* nothing may still read the pinned buffer when the caller's next call refills it */
+        cu_sync(f->cu, e2, sizeof e2);
+    }
+    return rc;
 }
 
 /* pinned when a device takes it, else plain memory; a 64-byte header says which */

@@ -80,6 +80,7 @@ int cuda_fwd_mtp_run_ids(cuda_fwd *f, const fwd_entry *e, const struct mtp_io *i
 #define CUDA_SAMPLE_GREEDY_TEMP 1e-5f
 #define CUDA_SAMPLE_MAX_PEN     4096    /* adjusted tokens a row at most */
 #define CUDA_SAMPLE_PEN_CAP     (1 << 20) /* adjusted tokens of one call at most */
+#define CUDA_SAMPLE_MAX_V       524288    /* vocabularies the device sampler takes at most */
 typedef sampler_dev_pen cuda_sample_pen; /* flags SAMPLER_DEV_*: the device's CU_PEN_* */
 typedef struct cuda_sample {
     float temperature;

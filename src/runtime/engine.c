@@ -1389,7 +1389,7 @@ int cinfer_engine_create(cinfer_model *cm, const cinfer_engine_params *pp, cinfe
     /* greedy steps choose on the device unless CINFER_CUDA_SAMPLE=0: on the H200 (session 3) only the ids come
      * back and 4B decode went from 2,816 to 3,563 tok/s at batch 32 and 3,965 to 5,311 at 64 (bench --logits) */
     const char *ds = getenv("CINFER_CUDA_SAMPLE");
-    if (cinfer_ctx_device(e->ctx) == CINFER_DEVICE_CUDA && !(ds && !strcmp(ds, "0"))) {
+    if (cinfer_ctx_device(e->ctx) == CINFER_DEVICE_CUDA && !(ds && !strcmp(ds, "0")) && e->m->V <= CUDA_SAMPLE_MAX_V) {
         e->dev_sample = 1;
         size_t rows = (size_t)p.max_seqs * (1 + (size_t)p.spec_max_draft);
         e->dsmp = xcalloc(rows, sizeof *e->dsmp);

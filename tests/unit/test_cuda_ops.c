@@ -1567,9 +1567,9 @@ TEST(cuda_sample_vs_cpu_sampler) {
     float *dlp = nan_dev(c, (size_t)n);
     void *dpart = NULL;
     unsigned *dcnt = NULL;
-    REQUIRE(cu_alloc(&dpart, CU_SAMPLE_PART(V), err, sizeof err) == 0);
+    REQUIRE(cu_alloc(&dpart, CU_SAMPLE_PART, err, sizeof err) == 0);
     REQUIRE(cu_alloc((void **)&dcnt, CU_SAMPLE_GROUP * 4, err, sizeof err) == 0);
-    cu_sample(c, dxr, V, drows, NULL, 0, n, dids, dlp, dpart, dcnt);
+    REQUIRE(cu_sample(c, dxr, V, drows, NULL, n, dids, dlp, dpart, dcnt) == 0);
     REQUIRE(cu_sync(c, err, sizeof err) == 0);
     cu_free(dpart), cu_free(dcnt);
     int gids[64];
@@ -1677,10 +1677,10 @@ TEST(cuda_sample_chain_vs_cpu_sampler) {
         void *dpart = NULL;
         unsigned *dcnt = NULL;
         REQUIRE(cu_alloc((void **)&dids, (size_t)n * 4, err, sizeof err) == 0);
-        REQUIRE(cu_alloc(&dpart, CU_SAMPLE_PART(V), err, sizeof err) == 0);
+        REQUIRE(cu_alloc(&dpart, CU_SAMPLE_PART, err, sizeof err) == 0);
         REQUIRE(cu_alloc((void **)&dcnt, CU_SAMPLE_GROUP * 4, err, sizeof err) == 0);
         float *dlp = nan_dev(c, (size_t)n);
-        cu_sample(c, dxr, V, drows, dpen, np > 0, n, dids, dlp, dpart, dcnt);
+        REQUIRE(cu_sample(c, dxr, V, drows, dpen, n, dids, dlp, dpart, dcnt) == 0);
         REQUIRE(cu_sync(c, err, sizeof err) == 0);
         int gids[NSET * NJ];
         REQUIRE(cu_download(gids, dids, (size_t)n * 4, err, sizeof err) == 0);
@@ -1702,6 +1702,109 @@ TEST(cuda_sample_chain_vs_cpu_sampler) {
     }
     printf("     %d draws over 6 settings (bias, penalties, top_k / top_p / min_p, greedy): the CPU sampler's tokens\n",
            checked);
+    cu_ctx_destroy(c);
+}
+
+/* cu_sample's top_k set and its order (logit desc, id asc; NaN as -inf) against a sort on the host, on rows
+ * made of ties: every logit equal (the slices' floors reach thousands of pairs: the last block raises its
+ * floor again), three levels, a few finite values among -inf and NaN, and normal logits with adjusted tokens
+ * lifted into the set and its best pushed out. At a temperature so high that every finite candidate weighs
+ * exactly 1, u = (j + 0.5) / f draws the j-th of the f finite candidates, so each draw names one place of the
+ * list. One row alone (the most slices) and 12 rows in one launch (at V 248320 slices of three chunks, the K best
+ * kept from one chunk to the next), at V 248320 and 5003, top_k 64 and 7. */
+typedef struct tk_pair {
+    float v;
+    int id;
+} tk_pair;
+static int tk_cmp(const void *a, const void *b) {
+    const tk_pair *x = a, *y = b;
+    if (x->v != y->v) return x->v > y->v ? -1 : 1;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+TEST(cuda_sample_topk_set_with_ties) {
+    if (NO_DEVICE()) SKIP("no CUDA device: skipped");
+    char err[256];
+    cu_ctx *c;
+    REQUIRE(cu_ctx_create(&c, err, sizeof err) == 0);
+    static const int Vs[] = {248320, 5003}, Ks[] = {64, 7};
+    enum { NPAT = 4, NJ = 3, NPEN = 4 };
+    int checked = 0;
+    for (int vi = 0; vi < 2; vi++)
+        for (int ki = 0; ki < 2; ki++) {
+            const int V = Vs[vi], K = Ks[ki];
+            float *x = malloc((size_t)NPAT * V * 4);
+            tk_pair *pr = malloc((size_t)V * sizeof *pr);
+            cu_sample_pen pens[NPAT * NPEN];
+            cu_sample_row rows[NPAT * NJ];
+            int want[NPAT * NJ], n = 0, np = 0;
+            uint64_t h = 0x9E3779B97F4A7C15ull;
+            for (int pt = 0; pt < NPAT; pt++) {
+                float *r = x + (size_t)pt * V;
+                int pen0 = np;
+                for (int i = 0; i < V; i++) {
+                    h = h * 6364136223846793005ull + 1442695040888963407ull;
+                    unsigned z = (unsigned)(h >> 33);
+                    r[i] = pt == 0   ? 0.25f
+                           : pt == 1 ? (float)(z % 3u)
+                           : pt == 2 ? (z % 97u == 0 ? NAN : -INFINITY)
+                                     : ((float)(z % 20001u) - 10000.0f) * 1e-3f;
+                }
+                if (pt == 2)
+                    for (int i = 0; i < 10; i++) r[(i * 7919 + 13) % V] = (float)(i % 4);
+                if (pt == 3) { /* three tokens lifted in, the best pushed out */
+                    int best = 0;
+                    for (int i = 1; i < V; i++)
+                        if (r[i] > r[best]) best = i;
+                    int lift[3] = {V - 1, V / 2, 3};
+                    for (int i = 0; i < 3; i++) pens[np++] = (cu_sample_pen){lift[i], CU_PEN_BIAS, 10.0f + i, 0.0f};
+                    if (best != V - 1 && best != V / 2 && best != 3)
+                        pens[np++] = (cu_sample_pen){best, CU_PEN_BIAS, -20.0f, 0.0f};
+                }
+                for (int i = 0; i < V; i++) pr[i] = (tk_pair){r[i] != r[i] ? -INFINITY : r[i], i};
+                for (int q = pen0; q < np; q++) pr[pens[q].token].v += pens[q].bias;
+                qsort(pr, (size_t)V, sizeof *pr, tk_cmp);
+                int f = 0;
+                while (f < K && isfinite(pr[f].v)) f++;
+                const int js[NJ] = {0, f / 2, f - 1};
+                for (int t = 0; t < NJ; t++) {
+                    rows[n] = (cu_sample_row){.u = (js[t] + 0.5) / f, .inv_t = 1e-30f, .top_k = K, .top_p = 1.0f,
+                                              .rep = 1.0f, .pen0 = pen0, .n_pen = np - pen0};
+                    want[n++] = pr[js[t]].id;
+                }
+            }
+            /* row i reads the logits of pattern i / NJ */
+            float *xr = malloc((size_t)n * V * 4);
+            for (int i = 0; i < n; i++) memcpy(xr + (size_t)i * V, x + (size_t)(i / NJ) * V, (size_t)V * 4);
+            float *dxr = dup_dev(xr, (size_t)n * V * 4);
+            cu_sample_row *drows = dup_dev(rows, sizeof rows);
+            cu_sample_pen *dpen = dup_dev(pens, sizeof pens);
+            int *dids = NULL;
+            void *dpart = NULL;
+            unsigned *dcnt = NULL;
+            REQUIRE(cu_alloc((void **)&dids, (size_t)n * 4, err, sizeof err) == 0);
+            REQUIRE(cu_alloc(&dpart, CU_SAMPLE_PART, err, sizeof err) == 0);
+            REQUIRE(cu_alloc((void **)&dcnt, CU_SAMPLE_GROUP * 4, err, sizeof err) == 0);
+            float *dlp = nan_dev(c, (size_t)n);
+            int gids[NPAT * NJ];
+            /* every row alone (the most slices a row), then all in one launch */
+            for (int i = 0; i < n; i++)
+                REQUIRE(cu_sample(c, dxr + (size_t)i * V, V, drows + i, dpen, 1, dids + i, dlp, dpart, dcnt) == 0);
+            REQUIRE(cu_sync(c, err, sizeof err) == 0);
+            REQUIRE(cu_download(gids, dids, (size_t)n * 4, err, sizeof err) == 0);
+            for (int i = 0; i < n; i++, checked++)
+                CHECK_MSG(gids[i] == want[i], "V %d, top_k %d, pattern %d, draw %d, alone: device id %d, host %d", V, K,
+                          i / NJ, i % NJ, gids[i], want[i]);
+            REQUIRE(cu_sample(c, dxr, V, drows, dpen, n, dids, dlp, dpart, dcnt) == 0);
+            REQUIRE(cu_sync(c, err, sizeof err) == 0);
+            REQUIRE(cu_download(gids, dids, (size_t)n * 4, err, sizeof err) == 0);
+            for (int i = 0; i < n; i++, checked++)
+                CHECK_MSG(gids[i] == want[i], "V %d, top_k %d, pattern %d, draw %d, batched: device id %d, host %d", V,
+                          K, i / NJ, i % NJ, gids[i], want[i]);
+            free(x), free(pr), free(xr);
+            cu_free(dxr), cu_free(drows), cu_free(dpen), cu_free(dids), cu_free(dpart), cu_free(dcnt), cu_free(dlp);
+        }
+    REQUIRE(cu_sample(c, NULL, CU_SAMPLE_MAX_V + 1, NULL, NULL, 1, NULL, NULL, NULL, NULL) == -1);
+    printf("     %d draws on rows of ties, alone and batched: the host sort's places\n", checked);
     cu_ctx_destroy(c);
 }
 
@@ -1749,9 +1852,9 @@ TEST(cuda_argmax_vs_cpu_sampler) {
             int *gids = malloc((size_t)n * 4), *sids = malloc((size_t)n * 4);
             void *dspart = NULL;
             unsigned *dscnt = NULL;
-            REQUIRE(cu_alloc(&dspart, CU_SAMPLE_PART(V), err, sizeof err) == 0);
+            REQUIRE(cu_alloc(&dspart, CU_SAMPLE_PART, err, sizeof err) == 0);
             REQUIRE(cu_alloc((void **)&dscnt, CU_SAMPLE_GROUP * 4, err, sizeof err) == 0);
-            cu_sample(c, dx, V, drows, NULL, 0, n, dids2, dlp, dspart, dscnt);
+            REQUIRE(cu_sample(c, dx, V, drows, NULL, n, dids2, dlp, dspart, dscnt) == 0);
             REQUIRE(cu_sync(c, err, sizeof err) == 0);
             REQUIRE(cu_download(sids, dids2, (size_t)n * 4, err, sizeof err) == 0);
             for (int rep = 0; rep < 2; rep++) {

@@ -11,6 +11,9 @@
 
 struct cu_ctx {
     cudaStream_t stream;
+    /* cu_h2d_side's copies: a non-blocking stream made at its first use, and the event the stream waits on */
+    cudaStream_t side;
+    cudaEvent_t side_done;
     cublasHandle_t blas;
     void *blas_ws; /* cuBLAS workspace (fixed, so capture never allocates) */
     size_t blas_ws_bytes;

@@ -31,6 +31,10 @@ void cu_free_host(void *p);
 int cu_upload(void *d_dst, const void *src, size_t bytes, char *err, size_t errlen); /* synchronous */
 int cu_download(void *dst, const void *d_src, size_t bytes, char *err, size_t errlen);
 void cu_h2d_async(cu_ctx *c, void *d_dst, const void *src, size_t bytes);
+/* the copy on a side stream, which starts it at once (beside whatever the stream is running); the stream's
+ * next operations wait for it. src (pinned) and d_dst must not be touched by anything the stream runs before
+ * them */
+void cu_h2d_side(cu_ctx *c, void *d_dst, const void *src, size_t bytes);
 void cu_d2h_async(cu_ctx *c, void *dst, const void *d_src, size_t bytes);
 void cu_d2d_async(cu_ctx *c, void *d_dst, const void *d_src, size_t bytes);
 /* either side on the device or the host (unified addressing tells which) */
@@ -678,18 +682,21 @@ typedef struct cu_sample_pen {
 } cu_sample_pen;
 /* rows cu_sample takes in one launch (its partials' bound; more are launched in groups) */
 #define CU_SAMPLE_GROUP 256
-/* cu_sample's scratch for V logits a row: the slices' candidates, their (max, sum) for logprobs, and a bitmap
- * of the adjusted tokens per row */
-#define CU_SAMPLE_PART(V)                                                                                     \
-    ((size_t)CU_SAMPLE_GROUP * CU_ARGMAX_MAXNB * CU_SAMPLE_MAX_K * 8 + (size_t)CU_SAMPLE_GROUP * CU_ARGMAX_MAXNB * 16 + \
-     (size_t)CU_SAMPLE_GROUP * (((size_t)(V) + 31) / 32) * 4)
+/* slices of a row at most (the argmax's); vocabularies cu_sample takes at most (a slice's bitmap of adjusted
+ * tokens fits its shared memory) */
+#define CU_SAMPLE_MAXNB 64
+#define CU_SAMPLE_MAX_V 524288
+/* cu_sample's scratch: the slices' candidates and their (max, sum) for logprobs */
+#define CU_SAMPLE_PART                                                                                        \
+    ((size_t)CU_SAMPLE_GROUP * CU_SAMPLE_MAXNB * CU_SAMPLE_MAX_K * 8 + (size_t)CU_SAMPLE_GROUP * CU_SAMPLE_MAXNB * 16)
 /* ids[r] (and lps[r] when asked) for the n logits rows [n][V], as the CPU sampler's chain: the row's pen
  * entries (distinct tokens) adjusted as load_adjusted does, then the top_k best (logit desc, id asc; NaN as
  * -inf) by many blocks a row, then top_p, min_p and the draw at u walking the candidates best first; the
- * logprob of the raw logits (never written). d_part: CU_SAMPLE_PART(V) bytes, zero before (the bitmap is
- * cleared again by each launch); d_cnt: [CU_SAMPLE_GROUP] counters, zero before (set back by the kernel) */
-void cu_sample(cu_ctx *c, const float *d_logits, int V, const cu_sample_row *d_rows, const cu_sample_pen *d_pen,
-               int any_pen, int n, int *d_ids, float *d_lps, void *d_part, unsigned *d_cnt);
+ * logprob of the raw logits (never written). d_pen: the rows' entries (NULL when none has any); d_part:
+ * CU_SAMPLE_PART bytes; d_cnt: [CU_SAMPLE_GROUP] counters, zero before (set back by the kernel). -1 (nothing
+ * launched) when V is not in 1..CU_SAMPLE_MAX_V */
+int cu_sample(cu_ctx *c, const float *d_logits, int V, const cu_sample_row *d_rows, const cu_sample_pen *d_pen,
+              int n, int *d_ids, float *d_lps, void *d_part, unsigned *d_cnt);
 /* Greedy ids of n rows of V logits (the argmax, ties to the lowest id, NaN never the max: cu_sample's greedy
  * ids) by many blocks a row. d_part: CU_ARGMAX_PART(n) bytes of scratch; d_cnt: [n] counters, zero before
  * (device memory zeroed once; the kernel sets them back) */

@@ -71,6 +71,11 @@ extern "C" void cu_ctx_destroy(cu_ctx *c) {
     cudaStreamSynchronize(c->stream);
     cublasDestroy(c->blas);
     cudaFree(c->blas_ws);
+    if (c->side) {
+        cudaStreamSynchronize(c->side);
+        cudaEventDestroy(c->side_done);
+        cudaStreamDestroy(c->side);
+    }
     cudaStreamDestroy(c->stream);
     free(c);
 }
@@ -128,6 +133,30 @@ static void pdl_break(cu_ctx *c) {
 extern "C" void cu_h2d_async(cu_ctx *c, void *dst, const void *src, size_t bytes) {
     pdl_break(c);
     cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream);
+}
+extern "C" void cu_h2d_side(cu_ctx *c, void *dst, const void *src, size_t bytes) {
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (!c->side) {
+        if (cudaStreamCreateWithFlags(&c->side, cudaStreamNonBlocking) != cudaSuccess) {
+            (void)cudaGetLastError();
+            c->side = NULL;
+        } else if (cudaEventCreateWithFlags(&c->side_done, cudaEventDisableTiming) != cudaSuccess) {
+            (void)cudaGetLastError();
+            cudaStreamDestroy(c->side);
+            c->side = NULL;
+        }
+    }
+    /* no side stream, or a capture in progress (an event recorded outside it cannot be waited on there):
+     * the copy in order on the stream */
+    if (!c->side || cudaStreamIsCapturing(c->stream, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) {
+        (void)cudaGetLastError();
+        cu_h2d_async(c, dst, src, bytes);
+        return;
+    }
+    pdl_break(c);
+    cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->side);
+    cudaEventRecord(c->side_done, c->side);
+    cudaStreamWaitEvent(c->stream, c->side_done, 0);
 }
 extern "C" void cu_d2h_async(cu_ctx *c, void *dst, const void *src, size_t bytes) {
     pdl_break(c);

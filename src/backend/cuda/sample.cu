@@ -67,86 +67,70 @@ __device__ void smp_block_best(float &v, int &id, float *sv, int *si) {
 
 /* ---- the sampler: the row's top_k by many blocks, then top_p, min_p and the draw ----
  * The first sample_kernel walked a row's V logits with one block, once per candidate (k rounds of an
- * argmax): tens of microseconds a row at V = 248320, so the engine kept everything but greedy on the host (the whole
- * row copied back, the CPU sampler run on it). Here a row is cut into slices as in argmax_kernel; each
- * warp keeps a best-first list of the K = top_k best (logit desc, id asc; NaN as -inf) of what it read, in
- * registers (lane l holds entries l and 32 + l); a value enters only if it beats entry K - 1, so after the
- * first few rounds a round of 32 values costs one vote. The block joins its warps' lists, writes K
- * candidates, and the row's last block joins the slices' lists into the row's K best, which are the CPU
- * sampler's top_k set. Then, as run_chain: weights exp1((l - m) / T) (smp_exp1, the CPU's exp), top_p's
- * shortest best-first prefix reaching top_p of their sum (f64, summed best first), min_p's filter, and the
- * draw u * z walked best first (the CPU walks its heap's order: the same distribution, but one u can give
- * another of the candidates). A row's logprob: the blocks' (max, sum of exp) of the raw logits joined.
- * Tokens that logit_bias or a penalty adjusts are marked in a per-row bitmap first (sample_mark_kernel):
- * the slices leave them out and the row's last block adds them with their adjusted values (as the CPU's
- * load_adjusted forms them), so the logits themselves are never written. */
+ * argmax); session 12's kept a best-first list a warp in registers and inserted values one at a time (~70
+ * serial inserts a warp in the slices, as many again in each join: ~0.07 ms a step over greedy's argmax at
+ * batch 1, H200). Here the top_k set is found by floors and ranks. The order (logit desc, id asc; NaN as
+ * -inf) is total over distinct ids, so a pair's place in a set is the count of the set's pairs that beat it,
+ * and every thread counts for its own pairs at once (smp_rank). A row is cut into nb slices as in
+ * argmax_kernel, a block each, which reads its slice in chunks of SMP_SLICE logits, every thread holding
+ * SMP_PT of a chunk. The K-th best of the threads' own bests and of the K best kept from the chunks before is
+ * a floor that K values reach, so the new K best (K = top_k) are among the pairs at or above it, which only
+ * the K threads or kept pairs that reached it hold (at most K (SMP_PT + 1) pairs); their ranks give the new K
+ * best, best first. (At batch 1 a slice is one chunk; from the second chunk on few values reach the kept
+ * K-th.) The row's last block takes the K-th best of the slices' first ceil(K / nb) entries as the row's
+ * floor (K real values reach it again), gathers every slice entry and every adjusted token at or above it,
+ * and ranks them: the row's K best, the set the CPU's heap keeps. Then, as run_chain: weights exp1((l - m) /
+ * T) (smp_exp1, the CPU's exp), top_p's shortest best-first prefix reaching top_p of their sum (f64, summed
+ * best first), min_p's filter, and the draw u * z walked best first (the CPU walks its heap's order: the same
+ * distribution, but one u can give another of the candidates). A row's logprob: the blocks' (max, sum of exp)
+ * of the raw logits joined. Tokens that logit_bias or a penalty adjusts: each slice marks those of the row
+ * that fall in it in a bitmap of its own (shared memory) and leaves them out; the last block adds them with
+ * their adjusted values (as the CPU's load_adjusted forms them), so the logits themselves are never written.
+ */
 #define SMP_NT    256
-#define SMP_U     8
+#define SMP_PT    16                /* logits a thread holds */
+#define SMP_SLICE (SMP_NT * SMP_PT) /* a chunk's logits */
+#define SMP_CAND  1088              /* pairs ranked at once */
 #define SMP_FULL  0xffffffffu
 #define SMP_NONE  0x7fffffff
+static_assert(SMP_CAND >= CU_SAMPLE_MAX_K * (SMP_PT + 1),
+              "a chunk's pairs at its floor and the K best before it are ranked at once");
+static_assert(SMP_CAND >= CU_SAMPLE_MAXNB + CU_SAMPLE_MAX_K, "the slices' first entries are ranked at once");
+/* a slice's bitmap of adjusted tokens at most (dynamic shared memory, with the static ~10 KB under 48 KB) */
+#define SMP_MAX_PER 262144
+static_assert(CU_SAMPLE_MAXNB <= CU_ARGMAX_MAXNB, "cu_sample's slices are the argmax's");
 
-struct smp_list {
-    float av, bv; /* entries lane and 32 + lane */
-    int ai, bi;
-};
-__device__ __forceinline__ void sl_init(smp_list &L) {
-    L.av = L.bv = -INFINITY;
-    L.ai = L.bi = SMP_NONE; /* worse than any real candidate, -inf ones included */
+/* (bv, bi) at or above (av, ai) */
+__device__ __forceinline__ bool smp_reach(float bv, int bi, float av, int ai) {
+    return !smp_better(av, ai, bv, bi);
 }
-/* (v, i) (the same in every lane) into the list at its place if it beats entry K - 1 */
-__device__ __forceinline__ void sl_insert(smp_list &L, int K, float v, int i, int lane) {
-    int p = __popc(__ballot_sync(SMP_FULL, smp_better(L.av, L.ai, v, i))) +
-            __popc(__ballot_sync(SMP_FULL, smp_better(L.bv, L.bi, v, i)));
-    if (p >= K) return;
-    float pav = __shfl_up_sync(SMP_FULL, L.av, 1), pbv = __shfl_up_sync(SMP_FULL, L.bv, 1);
-    int pai = __shfl_up_sync(SMP_FULL, L.ai, 1), pbi = __shfl_up_sync(SMP_FULL, L.bi, 1);
-    float a31v = __shfl_sync(SMP_FULL, L.av, 31);
-    int a31i = __shfl_sync(SMP_FULL, L.ai, 31);
-    if (lane == 0) pbv = a31v, pbi = a31i; /* entry 32's predecessor is entry 31 */
-    int qb = 32 + lane;
-    if (qb == p) L.bv = v, L.bi = i;
-    else if (qb > p) L.bv = pbv, L.bi = pbi;
-    if (lane == p) L.av = v, L.ai = i;
-    else if (lane > p) L.av = pav, L.ai = pai;
+/* the place of (v, i) among c[0..n) (shared memory, distinct pairs): how many of them beat it */
+__device__ __forceinline__ int smp_rank(const float2 *c, int n, float v, int i) {
+    int r = 0;
+    for (int j = 0; j < n; j++) r += smp_better(c[j].x, __float_as_int(c[j].y), v, i);
+    return r;
 }
-/* every lane's (v, i) that beats entry K - 1, lane by lane */
-__device__ __forceinline__ void sl_feed(smp_list &L, int K, float v, int i, int lane) {
-    const int q = K - 1;
-    float tv = __shfl_sync(SMP_FULL, q < 32 ? L.av : L.bv, q & 31);
-    int ti = __shfl_sync(SMP_FULL, q < 32 ? L.ai : L.bi, q & 31);
-    unsigned m = __ballot_sync(SMP_FULL, smp_better(v, i, tv, ti));
-    while (m) {
-        int src = __ffs(m) - 1;
-        m &= m - 1;
-        sl_insert(L, K, __shfl_sync(SMP_FULL, v, src), __shfl_sync(SMP_FULL, i, src), lane);
+/* *fl = the K-th best of c[0..n) when n >= K, else (-inf, SMP_NONE), which every pair reaches. Between two
+ * __syncthreads of the caller's */
+__device__ __forceinline__ void smp_floor(const float2 *c, int n, int K, float2 *fl) {
+    if (n < K) {
+        if (threadIdx.x == 0) *fl = make_float2(-INFINITY, __int_as_float(SMP_NONE));
+        return;
+    }
+    for (int q = threadIdx.x; q < n; q += SMP_NT) {
+        const float2 e = c[q];
+        if (smp_rank(c, n, e.x, __float_as_int(e.y)) == K - 1) *fl = e;
     }
 }
-/* the K best of the warps' lists (in sh, [warps][CU_SAMPLE_MAX_K]) into warp 0's L */
-__device__ __forceinline__ void sl_join(smp_list &L, int K, const float2 *sh, int lane) {
-    for (int w = 1; w < SMP_NT / 32; w++)
-        for (int q0 = 0; q0 < K; q0 += 32) {
-            float2 c = q0 + lane < K ? sh[w * CU_SAMPLE_MAX_K + q0 + lane] : make_float2(-INFINITY, 0.0f);
-            sl_feed(L, K, c.x, q0 + lane < K ? __float_as_int(c.y) : SMP_NONE, lane);
-        }
-}
-__device__ __forceinline__ void sl_store(const smp_list &L, float2 *dst, int lane) {
-    dst[lane] = make_float2(L.av, __int_as_float(L.ai));
-    dst[32 + lane] = make_float2(L.bv, __int_as_float(L.bi));
-}
-
-/* the row's adjusted tokens marked in its bitmap (a block per row), so that the slices' scans leave them
- * out: their adjusted values join the candidates at the row's last block. The raw logits stay as they are
- * (the logprob is of the raw distribution) */
-__global__ void __launch_bounds__(SMP_NT)
-    sample_mark_kernel(const cu_sample_row *rows, const cu_sample_pen *pen, unsigned *bits, int words) {
-    const cu_sample_row p = rows[blockIdx.x]; /* uploaded before the step's kernels: no kernel writes it */
-    griddep_wait(); /* the bitmap's last reader: the previous sample_kernel */
-    griddep_launch();
-    unsigned *b = bits + (size_t)blockIdx.x * words;
-    for (int j = threadIdx.x; j < p.n_pen; j += SMP_NT) {
-        int t = pen[p.pen0 + j].token;
-        atomicOr(b + (t >> 5), 1u << (t & 31));
+/* c[0..n)'s K best, best first, into dst[0..K) (global or shared), (-inf, SMP_NONE) past n */
+__device__ __forceinline__ void smp_rank_out(const float2 *c, int n, int K, float2 *dst) {
+    for (int q = threadIdx.x; q < n; q += SMP_NT) {
+        const float2 e = c[q];
+        const int r = smp_rank(c, n, e.x, __float_as_int(e.y));
+        if (r < K) dst[r] = e;
     }
+    for (int r = n + (int)threadIdx.x; r < K; r += SMP_NT)
+        dst[r] = make_float2(-INFINITY, __int_as_float(SMP_NONE));
 }
 
 /* a token's logit after its adjustments, as load_adjusted forms it (NaN as -inf) */
@@ -158,14 +142,18 @@ __device__ __forceinline__ float smp_adjust(float v, const cu_sample_pen &q, flo
     return v;
 }
 
-__global__ void __launch_bounds__(SMP_NT) sample_kernel(const float *logits, int V, const cu_sample_row *rows,
-                                                        const cu_sample_pen *pen, unsigned *bits, int words,
-                                                        int *ids, float *lps, float2 *part, double2 *lpart,
-                                                        unsigned *cnt) {
-    __shared__ float2 sh[SMP_NT / 32][CU_SAMPLE_MAX_K];
+/* grid (nb, rows); dynamic shared memory: SMP_MK_BYTES(per), the slice's bitmap of adjusted tokens */
+#define SMP_MK_BYTES(per) ((((size_t)(per) + 31) / 32) * 4)
+__global__ void __launch_bounds__(SMP_NT)
+    sample_kernel(const float *logits, int V, const cu_sample_row *rows, const cu_sample_pen *pen, int *ids,
+                  float *lps, float2 *part, double2 *lpart, unsigned *cnt) {
+    extern __shared__ unsigned mk[]; /* this slice's adjusted tokens */
+    __shared__ float2 cand[SMP_CAND];
+    __shared__ float2 top[CU_SAMPLE_MAX_K]; /* the slice's K best so far, then the row's */
     __shared__ float ew[CU_SAMPLE_MAX_K], sv[32];
-    __shared__ int si[32];
+    __shared__ int si[32], nc, nk, nt;
     __shared__ double sd[SMP_NT / 32];
+    __shared__ float2 fl;
     __shared__ bool last;
     const int row = blockIdx.y, nb = gridDim.x, b = blockIdx.x, tid = threadIdx.x, lane = tid & 31,
               warp = tid >> 5;
@@ -175,40 +163,74 @@ __global__ void __launch_bounds__(SMP_NT) sample_kernel(const float *logits, int
     if (K > V) K = V;
     const float *x = logits + (size_t)row * V;
     const int per = (V + nb - 1) / nb, i0 = b * per, i1 = i0 + per < V ? i0 + per : V;
-    unsigned *rb = bits + (size_t)row * words; /* this row's marked tokens (n_pen > 0) */
-    griddep_wait(); /* the logits (lm_head), the marks (sample_mark_kernel) */
-    griddep_launch();
-    smp_list L;
-    sl_init(L);
-    float lm = -INFINITY; /* the slice's largest logit (NaN left out) */
-    for (int base = i0; base < i1; base += SMP_NT * SMP_U) {
-        float v[SMP_U];
-        smp_round<SMP_U, SMP_NT>(v, x, base, i1, tid);
-        unsigned mk[SMP_U]; /* a warp's 32 consecutive ids share one word of the marks */
-#pragma unroll
-        for (int u = 0; u < SMP_U; u++) {
-            int i = base + u * SMP_NT + tid;
-            mk[u] = p.n_pen && i < i1 ? __ldcg(rb + (i >> 5)) : 0u;
-        }
-#pragma unroll
-        for (int u = 0; u < SMP_U; u++) {
-            int i = base + u * SMP_NT + tid;
-            float t = v[u] != v[u] ? -INFINITY : v[u];
-            lm = fmaxf(lm, t);
-            int in = i < i1 && !(mk[u] >> (i & 31) & 1u); /* marked: its adjusted value joins at the end */
-            sl_feed(L, K, in ? t : -INFINITY, in ? i : SMP_NONE, lane);
-        }
-    }
-    sl_store(L, sh[warp], lane);
+    for (int w = tid; w < (per + 31) / 32; w += SMP_NT) mk[w] = 0u;
+    for (int q = tid; q < K; q += SMP_NT) top[q] = make_float2(-INFINITY, __int_as_float(SMP_NONE));
+    if (tid == 0) nc = 0, nk = 0, nt = 0;
     __syncthreads();
-    if (warp == 0) {
-        sl_join(L, K, &sh[0][0], lane);
+    for (int j = tid; j < p.n_pen; j += SMP_NT) { /* the pen list is uploaded too: before the wait */
+        const int t = pen[p.pen0 + j].token - i0;
+        if (t >= 0 && t < i1 - i0) atomicOr(mk + (t >> 5), 1u << (t & 31));
+    }
+    griddep_wait(); /* the logits (lm_head) */
+    griddep_launch();
+    float lm = -INFINITY; /* the slice's largest raw logit (NaN left out) */
+    /* the slice in chunks of SMP_SLICE, a thread SMP_PT logits of each: top holds the K best of the chunks
+     * before (nt of them), so the chunk's floor is the K-th best of its threads' bests and top together */
+    for (int c0 = i0; c0 < i1; c0 += SMP_SLICE) {
+        float v[SMP_PT];
+#pragma unroll
+        for (int u = 0; u < SMP_PT; u++) {
+            const int i = c0 + u * SMP_NT + tid;
+            v[u] = i < i1 ? __ldcg(x + i) : -INFINITY;
+        }
+        __syncthreads(); /* the marks; the chunk before done with cand, top, nc, nk */
+        const float2 f0 = nt == K ? top[K - 1] : make_float2(-INFINITY, __int_as_float(SMP_NONE));
+        const int nt0 = nt;
+        float bv = -INFINITY; /* the thread's best candidate pair that reaches the floor so far */
+        int bi = SMP_NONE;
+        unsigned in = 0u; /* bit u: v[u] is a candidate (in the slice, not adjusted, at or above f0) */
+#pragma unroll
+        for (int u = 0; u < SMP_PT; u++) {
+            const int o = c0 - i0 + u * SMP_NT + tid, i = i0 + o;
+            const float t = v[u] != v[u] ? -INFINITY : v[u];
+            v[u] = t;
+            lm = fmaxf(lm, t);
+            if (i < i1 && !(mk[o >> 5] >> (o & 31) & 1u) && smp_reach(t, i, f0.x, __float_as_int(f0.y))) {
+                in |= 1u << u;
+                if (smp_better(t, i, bv, bi)) bv = t, bi = i;
+            }
+        }
+        if (!__syncthreads_or(bi != SMP_NONE)) continue; /* nothing of this chunk reaches the floor */
+        if (bi != SMP_NONE) cand[atomicAdd(&nc, 1)] = make_float2(bv, __int_as_float(bi));
+        if (tid < nt0) cand[atomicAdd(&nc, 1)] = top[tid];
+        __syncthreads();
+        smp_floor(cand, nc, K, &fl);
+        __syncthreads();
+        {
+            const float fv = fl.x;
+            const int fi = __float_as_int(fl.y);
+#pragma unroll
+            for (int u = 0; u < SMP_PT; u++) {
+                const int i = c0 + u * SMP_NT + tid;
+                if ((in >> u & 1u) && smp_reach(v[u], i, fv, fi))
+                    cand[atomicAdd(&nk, 1)] = make_float2(v[u], __int_as_float(i));
+            }
+            if (tid < nt0 && smp_reach(top[tid].x, __float_as_int(top[tid].y), fv, fi))
+                cand[atomicAdd(&nk, 1)] = top[tid];
+        }
+        __syncthreads();
+        smp_rank_out(cand, nk, K, top);
+        __syncthreads();
+        if (tid == 0) nt = nk < K ? nk : K, nc = 0, nk = 0;
+    }
+    __syncthreads();
+    {
         float2 *dst = part + ((size_t)row * nb + b) * CU_SAMPLE_MAX_K;
-        if (lane < K) dst[lane] = make_float2(L.av, __int_as_float(L.ai));
-        if (32 + lane < K) dst[32 + lane] = make_float2(L.bv, __int_as_float(L.bi));
+        for (int q = tid; q < K; q += SMP_NT) dst[q] = top[q];
     }
     if (p.logprob) {
-        /* the slice's (max, sum of exp(v - max)) of the raw logits (f64 sums of expf, as the CPU reference) */
+        /* the slice's (max, sum of exp(v - max)) of the raw logits (f64 sums of expf, as the CPU reference)
+         */
         float m = lm;
         for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(SMP_FULL, m, o));
         if (lane == 0) sv[warp] = m;
@@ -218,8 +240,8 @@ __global__ void __launch_bounds__(SMP_NT) sample_kernel(const float *logits, int
         double z = 0.0;
         if (isfinite(m))
             for (int i = i0 + tid; i < i1; i += SMP_NT) {
-                float v = __ldcg(x + i);
-                if (v == v) z += (double)expf(v - m);
+                float t = __ldcg(x + i);
+                if (t == t) z += (double)expf(t - m);
             }
         for (int o = 16; o > 0; o >>= 1) z += __shfl_xor_sync(SMP_FULL, z, o);
         if (lane == 0) sd[warp] = z;
@@ -230,47 +252,62 @@ __global__ void __launch_bounds__(SMP_NT) sample_kernel(const float *logits, int
             lpart[(size_t)row * nb + b] = make_double2((double)m, t);
         }
     }
+    __threadfence();
     __syncthreads();
     if (tid == 0) {
-        __threadfence();
         last = atomicAdd(cnt + row, 1u) == (unsigned)(nb - 1);
+        nc = 0, nk = 0;
     }
     __syncthreads();
     if (!last) return;
     __threadfence();
-    /* the row's K best from the slices' lists: the warps take the slices in turn, then warp 0 joins them */
-    sl_init(L);
-    for (int s0 = warp; s0 < nb; s0 += SMP_NT / 32) {
-        const float2 *src = part + ((size_t)row * nb + s0) * CU_SAMPLE_MAX_K;
-        for (int q0 = 0; q0 < K; q0 += 32) {
-            float2 c = q0 + lane < K ? __ldcg(src + q0 + lane) : make_float2(-INFINITY, 0.0f);
-            sl_feed(L, K, c.x, q0 + lane < K ? __float_as_int(c.y) : SMP_NONE, lane);
-        }
+    /* the row's floor: the K-th best of the slices' first m entries (at least K of them) */
+    const float2 *rp = part + (size_t)row * nb * CU_SAMPLE_MAX_K;
+    const int m = (K + nb - 1) / nb;
+    for (int q = tid; q < nb * m; q += SMP_NT) {
+        const float2 e = __ldcg(rp + (size_t)(q / m) * CU_SAMPLE_MAX_K + q % m);
+        if (__float_as_int(e.y) != SMP_NONE) cand[atomicAdd(&nc, 1)] = e;
     }
-    /* the adjusted tokens, with their adjusted values (the warps take them in turn); their marks cleared
-     * for the next launch */
-    for (int j0 = warp * 32; j0 < p.n_pen; j0 += SMP_NT) {
-        cu_sample_pen q = {SMP_NONE, 0, 0.0f, 0.0f};
-        float t = -INFINITY;
-        if (j0 + lane < p.n_pen) {
-            q = pen[p.pen0 + j0 + lane];
-            t = smp_adjust(x[q.token], q, p.rep);
-            rb[q.token >> 5] = 0u;
+    __syncthreads();
+    smp_floor(cand, nc, K, &fl);
+    __syncthreads();
+    /* every slice entry and adjusted token at or above it; more than SMP_CAND: the K-th best of those kept is
+     * a higher floor (they are distinct and reach the old one, so K - 1 of them beat it), and again */
+    for (;;) {
+        const float fv = fl.x;
+        const int fi = __float_as_int(fl.y);
+        for (int q = tid; q < nb * K; q += SMP_NT) {
+            const float2 e = __ldcg(rp + (size_t)(q / K) * CU_SAMPLE_MAX_K + q % K);
+            const int ei = __float_as_int(e.y);
+            if (ei != SMP_NONE && smp_reach(e.x, ei, fv, fi)) {
+                const int s = atomicAdd(&nk, 1);
+                if (s < SMP_CAND) cand[s] = e;
+            }
         }
-        sl_feed(L, K, t, q.token, lane);
+        for (int j = tid; j < p.n_pen; j += SMP_NT) {
+            const cu_sample_pen q = pen[p.pen0 + j];
+            const float t = smp_adjust(x[q.token], q, p.rep);
+            if (smp_reach(t, q.token, fv, fi)) {
+                const int s = atomicAdd(&nk, 1);
+                if (s < SMP_CAND) cand[s] = make_float2(t, __int_as_float(q.token));
+            }
+        }
+        __syncthreads();
+        if (nk <= SMP_CAND) break;
+        smp_floor(cand, SMP_CAND, K, &fl);
+        __syncthreads();
+        if (tid == 0) nk = 0;
+        __syncthreads();
     }
-    sl_store(L, sh[warp], lane);
+    smp_rank_out(cand, nk, K, top);
     __syncthreads();
     if (warp != 0) return;
-    sl_join(L, K, &sh[0][0], lane);
-    const float m = __shfl_sync(SMP_FULL, L.av, 0);
-    const int best = __shfl_sync(SMP_FULL, L.ai, 0);
-    int tok = best;
-    if (!greedy && isfinite(m)) {
+    const float mx = top[0].x;
+    int tok = __float_as_int(top[0].y);
+    if (!greedy && isfinite(mx)) {
         /* each candidate's weight, as the CPU's wexp: exp1((l - m) * (1 / T)) */
-        if (lane < K) ew[lane] = smp_exp1(__fmul_rn(__fsub_rn(L.av, m), p.inv_t));
-        if (32 + lane < K) ew[32 + lane] = smp_exp1(__fmul_rn(__fsub_rn(L.bv, m), p.inv_t));
-        sl_store(L, sh[0], lane);
+        if (lane < K) ew[lane] = smp_exp1(__fmul_rn(__fsub_rn(top[lane].x, mx), p.inv_t));
+        if (32 + lane < K) ew[32 + lane] = smp_exp1(__fmul_rn(__fsub_rn(top[32 + lane].x, mx), p.inv_t));
         __syncwarp();
         if (lane == 0) {
             int n = K;
@@ -286,14 +323,14 @@ __global__ void __launch_bounds__(SMP_NT) sample_kernel(const float *logits, int
                     }
                 }
             }
-            int keep[CU_SAMPLE_MAX_K], nk = 0;
+            int keep[CU_SAMPLE_MAX_K], nkeep = 0;
             for (int j = 0; j < n; j++)
-                if (!(p.min_p > 0.0f) || ew[j] >= p.min_p) keep[nk++] = j;
+                if (!(p.min_p > 0.0f) || ew[j] >= p.min_p) keep[nkeep++] = j;
             double z = 0.0;
-            for (int q = 0; q < nk; q++) z += ew[keep[q]];
+            for (int q = 0; q < nkeep; q++) z += ew[keep[q]];
             double u = p.u * z, acc = 0.0;
             int lastp = keep[0], pick = -1;
-            for (int q = 0; q < nk; q++) {
+            for (int q = 0; q < nkeep; q++) {
                 float w = ew[keep[q]];
                 if (w > 0.0f) lastp = keep[q];
                 acc += w;
@@ -302,7 +339,7 @@ __global__ void __launch_bounds__(SMP_NT) sample_kernel(const float *logits, int
                     break;
                 }
             }
-            si[0] = __float_as_int(sh[0][pick >= 0 ? pick : lastp].y);
+            si[0] = __float_as_int(top[pick >= 0 ? pick : lastp].y);
         }
         __syncwarp();
         tok = si[0];
@@ -327,32 +364,56 @@ __global__ void __launch_bounds__(SMP_NT) sample_kernel(const float *logits, int
 
 static int am_blocks(int V, int n);
 
-extern "C" void cu_sample(cu_ctx *c, const float *d_logits, int V, const cu_sample_row *d_rows,
-                          const cu_sample_pen *d_pen, int any_pen, int n, int *d_ids, float *d_lps, void *d_part,
-                          unsigned *d_cnt) {
+/* A one-block kernel between the step's graph and the sampler (argmax or sample_kernel), so that the sampler
+ * is launched by PDL (the first launch after a graph never is: cu_ctx.pdl_break). Measured, not explained: at
+ * batch 64 the next step's graph then runs ~0.25 ms faster (4B, H200 session 13 calls 8-9: greedy 6,451 /
+ * 6,500 -> 6,598 / 6,628 tok/s, chat 6,370 / 6,373 -> 6,507 / 6,521; the sampler's own time unchanged, SM
+ * clocks and power the same), while at batch 1 the extra launch costs ~0.01-0.03 ms a step. So from
+ * SMP_GATE_ROWS rows on; CINFER_CUDA_SAMPLE_GATE=0 / 1 turns it off / on for every batch */
+#define SMP_GATE_ROWS 32
+__global__ void sample_gate_kernel(void) {
+    griddep_wait();
+    griddep_launch();
+}
+static void sample_gate(cu_ctx *c, int rows) {
+    static int mode = -2; /* -1 by rows, 0 off, 1 on */
+    if (mode == -2) {
+        const char *e = getenv("CINFER_CUDA_SAMPLE_GATE");
+        mode = e && !strcmp(e, "0") ? 0 : e && !strcmp(e, "1") ? 1 : -1;
+    }
+    if (mode == 1 || (mode < 0 && rows >= SMP_GATE_ROWS))
+        cu_launch_step(c, PDL_SAMPLE, sample_gate_kernel, dim3(1), dim3(32));
+}
+
+extern "C" int cu_sample(cu_ctx *c, const float *d_logits, int V, const cu_sample_row *d_rows,
+                         const cu_sample_pen *d_pen, int n, int *d_ids, float *d_lps, void *d_part,
+                         unsigned *d_cnt) {
+    if (V < 1 || V > CU_SAMPLE_MAX_V) return -1;
     float2 *part = static_cast<float2 *>(d_part);
-    char *b = static_cast<char *>(d_part) + (size_t)CU_SAMPLE_GROUP * CU_ARGMAX_MAXNB * CU_SAMPLE_MAX_K * 8;
-    double2 *lpart = reinterpret_cast<double2 *>(b);
-    unsigned *bits = reinterpret_cast<unsigned *>(b + (size_t)CU_SAMPLE_GROUP * CU_ARGMAX_MAXNB * 16);
-    const int words = (V + 31) / 32;
+    double2 *lpart = reinterpret_cast<double2 *>(
+        static_cast<char *>(d_part) + (size_t)CU_SAMPLE_GROUP * CU_SAMPLE_MAXNB * CU_SAMPLE_MAX_K * 8);
     for (int r0 = 0; r0 < n; r0 += CU_SAMPLE_GROUP) {
         int g = n - r0 < CU_SAMPLE_GROUP ? n - r0 : CU_SAMPLE_GROUP;
-        const float *lg = d_logits + (size_t)r0 * V;
-        if (any_pen)
-            cu_launch_step(c, PDL_SAMPLE, sample_mark_kernel, dim3((unsigned)g), dim3(SMP_NT), d_rows + r0, d_pen,
-                           bits, words);
-        cu_launch_step(c, PDL_SAMPLE, sample_kernel, dim3((unsigned)am_blocks(V, g), (unsigned)g), dim3(SMP_NT),
-                       lg, V, d_rows + r0, d_pen, bits, words, d_ids + r0, d_lps + r0, part, lpart, d_cnt);
+        /* the argmax's slices, but none longer than SMP_MAX_PER */
+        int nb = am_blocks(V, g), need = (V + SMP_MAX_PER - 1) / SMP_MAX_PER;
+        if (nb < need) nb = need;
+        const int per = (V + nb - 1) / nb;
+        if (r0 == 0) sample_gate(c, n);
+        cu_launch_pdl_smem(c, cu_pdl_on() >= 2 && (cu_pdl_mask() & PDL_SAMPLE), sample_kernel,
+                           dim3((unsigned)nb, (unsigned)g), dim3(SMP_NT), SMP_MK_BYTES(per),
+                           d_logits + (size_t)r0 * V, V, d_rows + r0, d_pen, d_ids + r0, d_lps + r0, part,
+                           lpart, d_cnt);
     }
+    return 0;
 }
 
 /* ---- greedy rows without logprobs: the argmax over many blocks ----
  * The first device sampler gave a row one block, which walked the row's V logits alone: a chain of
  * dependent L2 round trips (~0.09 ms a decode step at V = 248320 on the H200, more than a whole layer). Here
  * a row is cut into nb slices, a block each (every lane's loads of a round in flight together); each block
- * writes its best (logit, id) to part and counts itself in; the row's last block reduces the nb pairs. The maximum with ties
- * to the lowest id and NaN never the max is the same pair in any order of comparison, so the id is
- * sample_kernel's at K = 1. */
+ * writes its best (logit, id) to part and counts itself in; the row's last block reduces the nb pairs. The
+ * maximum with ties to the lowest id and NaN never the max is the same pair in any order of comparison, so
+ * the id is sample_kernel's at K = 1. */
 #define AM_THREADS 256
 #define AM_UNROLL  8
 
@@ -417,6 +478,7 @@ static int am_blocks(int V, int n) {
 
 extern "C" void cu_argmax(cu_ctx *c, const float *d_logits, int V, int n, int *d_ids, void *d_part,
                           unsigned *d_cnt) {
+    if (n > 0) sample_gate(c, n);
     if (n > 0)
         cu_launch_step(c, PDL_SAMPLE, argmax_kernel, dim3((unsigned)am_blocks(V, n), (unsigned)n),
                        dim3(AM_THREADS), d_logits, V, d_ids, static_cast<int2 *>(d_part), d_cnt);
