@@ -1505,6 +1505,27 @@ static double ref_logprob(const float *x, int V, int tok) {
     return (double)x[tok] - (m + log(z));
 }
 
+/* cu_sample's device side for n rows: ids, logprobs (NaN until written), its scratch and its counters (zero) */
+typedef struct smp_dev {
+    int *ids;
+    float *lp;
+    void *part;
+    unsigned *cnt;
+} smp_dev;
+static int smp_dev_new(cu_ctx *c, int n, smp_dev *d) {
+    char err[256];
+    *d = (smp_dev){0};
+    d->lp = nan_dev(c, (size_t)n);
+    return !d->lp || cu_alloc((void **)&d->ids, (size_t)n * 4, err, sizeof err) ||
+                   cu_alloc(&d->part, CU_SAMPLE_PART, err, sizeof err) ||
+                   cu_alloc((void **)&d->cnt, CU_SAMPLE_GROUP * 4, err, sizeof err)
+               ? -1
+               : 0;
+}
+static void smp_dev_free(smp_dev *d) {
+    cu_free(d->ids), cu_free(d->lp), cu_free(d->part), cu_free(d->cnt);
+}
+
 /* Greedy rows against the CPU sampler (ties to the lowest id, NaN never chosen); top-k rows against the CPU
  * sampler's candidates (best first, renormalised): u in the middle of candidate j's interval must give
  * candidate j, for the first, second, middle and last of k; logprobs against f64. */
@@ -1562,19 +1583,13 @@ TEST(cuda_sample_vs_cpu_sampler) {
     for (int i = 0; i < n; i++) memcpy(xr + (size_t)i * V, x + (size_t)src[i] * V, (size_t)V * 4);
     float *dxr = dup_dev(xr, (size_t)n * V * 4);
     cu_sample_row *drows = dup_dev(rows, sizeof(cu_sample_row) * (size_t)n);
-    int *dids = NULL;
-    REQUIRE(cu_alloc((void **)&dids, (size_t)n * 4, err, sizeof err) == 0);
-    float *dlp = nan_dev(c, (size_t)n);
-    void *dpart = NULL;
-    unsigned *dcnt = NULL;
-    REQUIRE(cu_alloc(&dpart, CU_SAMPLE_PART, err, sizeof err) == 0);
-    REQUIRE(cu_alloc((void **)&dcnt, CU_SAMPLE_GROUP * 4, err, sizeof err) == 0);
-    REQUIRE(cu_sample(c, dxr, V, drows, NULL, n, dids, dlp, dpart, dcnt) == 0);
+    smp_dev sd;
+    REQUIRE(smp_dev_new(c, n, &sd) == 0);
+    REQUIRE(cu_sample(c, dxr, V, drows, NULL, n, sd.ids, sd.lp, sd.part, sd.cnt) == 0);
     REQUIRE(cu_sync(c, err, sizeof err) == 0);
-    cu_free(dpart), cu_free(dcnt);
     int gids[64];
-    REQUIRE(cu_download(gids, dids, (size_t)n * 4, err, sizeof err) == 0);
-    float *glp = get(dlp, (size_t)n);
+    REQUIRE(cu_download(gids, sd.ids, (size_t)n * 4, err, sizeof err) == 0);
+    float *glp = get(sd.lp, (size_t)n);
     for (int i = 0; i < n; i++) {
         CHECK_MSG(gids[i] == want[i], "request %d (row %d, top_k %d): device id %d, CPU %d", i, src[i],
                   rows[i].top_k, gids[i], want[i]);
@@ -1586,7 +1601,8 @@ TEST(cuda_sample_vs_cpu_sampler) {
     }
     printf("     %d requests (greedy and top-k 5 / 40 at T 0.7 / 1.5): ids as the CPU sampler's\n", n);
     free(x), free(xr), free(glp);
-    cu_free(dx), cu_free(dxr), cu_free(drows), cu_free(dids), cu_free(dlp);
+    cu_free(dx), cu_free(dxr), cu_free(drows);
+    smp_dev_free(&sd);
     cu_ctx_destroy(c);
 }
 
@@ -1673,18 +1689,13 @@ TEST(cuda_sample_chain_vs_cpu_sampler) {
         float *dxr = dup_dev(xr, (size_t)n * V * 4);
         cu_sample_row *drows = dup_dev(rows, sizeof(cu_sample_row) * (size_t)n);
         cu_sample_pen *dpen = dup_dev(pens, sizeof(cu_sample_pen) * (size_t)(np ? np : 1));
-        int *dids = NULL;
-        void *dpart = NULL;
-        unsigned *dcnt = NULL;
-        REQUIRE(cu_alloc((void **)&dids, (size_t)n * 4, err, sizeof err) == 0);
-        REQUIRE(cu_alloc(&dpart, CU_SAMPLE_PART, err, sizeof err) == 0);
-        REQUIRE(cu_alloc((void **)&dcnt, CU_SAMPLE_GROUP * 4, err, sizeof err) == 0);
-        float *dlp = nan_dev(c, (size_t)n);
-        REQUIRE(cu_sample(c, dxr, V, drows, dpen, n, dids, dlp, dpart, dcnt) == 0);
+        smp_dev sd;
+        REQUIRE(smp_dev_new(c, n, &sd) == 0);
+        REQUIRE(cu_sample(c, dxr, V, drows, dpen, n, sd.ids, sd.lp, sd.part, sd.cnt) == 0);
         REQUIRE(cu_sync(c, err, sizeof err) == 0);
         int gids[NSET * NJ];
-        REQUIRE(cu_download(gids, dids, (size_t)n * 4, err, sizeof err) == 0);
-        float *gx = get(dxr, (size_t)n * V), *glp = get(dlp, (size_t)n);
+        REQUIRE(cu_download(gids, sd.ids, (size_t)n * 4, err, sizeof err) == 0);
+        float *gx = get(dxr, (size_t)n * V), *glp = get(sd.lp, (size_t)n);
         CHECK_MSG(!memcmp(gx, xr, (size_t)n * V * 4), "V %d: the device wrote into the logits", V);
         for (int i = 0; i < n; i++) {
             CHECK_MSG(gids[i] == want[i], "V %d, setting %d, request %d: device id %d, CPU %d", V, pen_set[i], i,
@@ -1698,7 +1709,8 @@ TEST(cuda_sample_chain_vs_cpu_sampler) {
         }
         free(glp);
         free(x), free(xr), free(pens), free(gx);
-        cu_free(dxr), cu_free(drows), cu_free(dpen), cu_free(dids), cu_free(dpart), cu_free(dcnt), cu_free(dlp);
+        cu_free(dxr), cu_free(drows), cu_free(dpen);
+        smp_dev_free(&sd);
     }
     printf("     %d draws over 6 settings (bias, penalties, top_k / top_p / min_p, greedy): the CPU sampler's tokens\n",
            checked);
@@ -1778,30 +1790,27 @@ TEST(cuda_sample_topk_set_with_ties) {
             float *dxr = dup_dev(xr, (size_t)n * V * 4);
             cu_sample_row *drows = dup_dev(rows, sizeof rows);
             cu_sample_pen *dpen = dup_dev(pens, sizeof pens);
-            int *dids = NULL;
-            void *dpart = NULL;
-            unsigned *dcnt = NULL;
-            REQUIRE(cu_alloc((void **)&dids, (size_t)n * 4, err, sizeof err) == 0);
-            REQUIRE(cu_alloc(&dpart, CU_SAMPLE_PART, err, sizeof err) == 0);
-            REQUIRE(cu_alloc((void **)&dcnt, CU_SAMPLE_GROUP * 4, err, sizeof err) == 0);
-            float *dlp = nan_dev(c, (size_t)n);
+            smp_dev sd;
+            REQUIRE(smp_dev_new(c, n, &sd) == 0);
             int gids[NPAT * NJ];
             /* every row alone (the most slices a row), then all in one launch */
             for (int i = 0; i < n; i++)
-                REQUIRE(cu_sample(c, dxr + (size_t)i * V, V, drows + i, dpen, 1, dids + i, dlp, dpart, dcnt) == 0);
+                REQUIRE(cu_sample(c, dxr + (size_t)i * V, V, drows + i, dpen, 1, sd.ids + i, sd.lp, sd.part,
+                                  sd.cnt) == 0);
             REQUIRE(cu_sync(c, err, sizeof err) == 0);
-            REQUIRE(cu_download(gids, dids, (size_t)n * 4, err, sizeof err) == 0);
+            REQUIRE(cu_download(gids, sd.ids, (size_t)n * 4, err, sizeof err) == 0);
             for (int i = 0; i < n; i++, checked++)
                 CHECK_MSG(gids[i] == want[i], "V %d, top_k %d, pattern %d, draw %d, alone: device id %d, host %d", V, K,
                           i / NJ, i % NJ, gids[i], want[i]);
-            REQUIRE(cu_sample(c, dxr, V, drows, dpen, n, dids, dlp, dpart, dcnt) == 0);
+            REQUIRE(cu_sample(c, dxr, V, drows, dpen, n, sd.ids, sd.lp, sd.part, sd.cnt) == 0);
             REQUIRE(cu_sync(c, err, sizeof err) == 0);
-            REQUIRE(cu_download(gids, dids, (size_t)n * 4, err, sizeof err) == 0);
+            REQUIRE(cu_download(gids, sd.ids, (size_t)n * 4, err, sizeof err) == 0);
             for (int i = 0; i < n; i++, checked++)
                 CHECK_MSG(gids[i] == want[i], "V %d, top_k %d, pattern %d, draw %d, batched: device id %d, host %d", V,
                           K, i / NJ, i % NJ, gids[i], want[i]);
             free(x), free(pr), free(xr);
-            cu_free(dxr), cu_free(drows), cu_free(dpen), cu_free(dids), cu_free(dpart), cu_free(dcnt), cu_free(dlp);
+            cu_free(dxr), cu_free(drows), cu_free(dpen);
+            smp_dev_free(&sd);
         }
     REQUIRE(cu_sample(c, NULL, CU_SAMPLE_MAX_V + 1, NULL, NULL, 1, NULL, NULL, NULL, NULL) == -1);
     printf("     %d draws on rows of ties, alone and batched: the host sort's places\n", checked);
