@@ -142,7 +142,8 @@ size_t cuda_dev_free_bytes(void) {
 
 #include "backend/cuda/cuda_ops.h"
 
-_Static_assert(CU_PEN_BIAS == SAMPLER_DEV_BIAS && CU_PEN_REP == SAMPLER_DEV_REP && CU_PEN_SUB == SAMPLER_DEV_SUB,
+_Static_assert(CU_PEN_BIAS == SAMPLER_DEV_BIAS && CU_PEN_REP == SAMPLER_DEV_REP &&
+                   CU_PEN_SUB == SAMPLER_DEV_SUB,
                "the device sampler's adjusted-token flags are the CPU sampler's");
 
 /* Device weights of one layer. Matrices are bf16 [rows][cols]; vectors f32. */
@@ -259,6 +260,7 @@ struct cuda_fwd {
     /* the fused DeltaNet decode kernel as thread block clusters (cu_gdn_args.dec_cluster) up to
      * gdn_cluster_max entries a step (dec_cluster_max) */
     int gdn_cluster, gdn_cluster_max;
+    int gdn_wide;                   /* cu_gdn_args.dec_wide (CINFER_CUDA_GDN_WIDE, default 1) */
     unsigned long long *gdn_stamps; /* CINFER_CUDA_GDN_STAMPS=1 (cu_gdn_args.dec_stamps), else NULL */
     unsigned long long *astamps;    /* CINFER_CUDA_ATTN_STAMPS=1 (cu_attn_args.dec_stamps), else NULL */
     void *gdn_chunk;                /* the phased DeltaNet prefill's scratch (cu_gdn_chunk_bytes), or NULL */
@@ -270,14 +272,15 @@ struct cuda_fwd {
      * xb_for: f->xn while f->xb holds the halves of what a norm would have written there, else NULL */
     int pf_split;
     const float *xb_for;
-    int gu16; /* fast mode (CINFER_CUDA_FAST_GU16, default on): mlp's gate_up product in bf16 (cu_gemm_presplit_out16) */
+    int gu16; /* fast mode (CINFER_CUDA_FAST_GU16, default on): mlp's gate_up product in bf16
+                 (cu_gemm_presplit_out16) */
     /* precision "fast" (cuda_fwd_params.fast, from the context's cinfer_precision): the prefill's
      * tensor-core work on activations rounded to bf16 once, as llama.cpp and vLLM run it, instead of the
      * near-f32 products of "exact" (the default, which every random fixture needs) */
     int fast;
     int attn_rows; /* rows per prefill attention tile: CU_ATTN_TILE, or cu_attn_tc_rows with attn_tc */
     /* device sampling (cuda_fwd_sample) of the last call's logits rows */
-    int last_nl;          /* logits rows the last cuda_fwd_run left in f->logits */
+    int last_nl; /* logits rows the last cuda_fwd_run left in f->logits */
     /* one upload per sampled step: [n] rows, then their adjusted tokens (at most CUDA_SAMPLE_PEN_CAP) */
     cu_sample_row *d_smp; /* device [max_tokens] rows + the tokens' room */
     cu_sample_row *h_smp; /* pinned, the same */
@@ -938,9 +941,10 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     f->glu[0] = 2, f->glu[1] = 10;
     if (glu) sscanf(glu, "%d,%d", &f->glu[0], &f->glu[1]);
     cu_set_gemv3_glu(f->glu[0], f->glu[1]);
-    /* CINFER_CUDA_ATTN_PRE (default on; "0" off): the fused attention decode kernel's RoPE cos / sin before its
-     * PDL wait (the same bits). H200 session 11 call 8, 4B b1 after 512, alternating: off 404.3 / 404.6 / 406.1
-     * tok/s, on 404.6 / 404.5 / 408.0; attention core ended +18.55 -> +17.48 us (CINFER_CUDA_G3_STAMPS) */
+    /* CINFER_CUDA_ATTN_PRE (default on; "0" off): the fused attention decode kernel's RoPE cos / sin before
+     * its PDL wait (the same bits). H200 session 11 call 8, 4B b1 after 512, alternating: off 404.3 / 404.6 /
+     * 406.1 tok/s, on 404.6 / 404.5 / 408.0; attention core ended +18.55 -> +17.48 us (CINFER_CUDA_G3_STAMPS)
+     */
     const char *apre = getenv("CINFER_CUDA_ATTN_PRE");
     cu_set_attn_dec_pre(!(apre && !strcmp(apre, "0")));
     const char *apr = getenv("CINFER_CUDA_ATTN_PF_ROWS"); /* the attention prefetch up to this many rows */
@@ -1079,6 +1083,16 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     if (f->gdn_cluster && !(gc && !strcmp(gc, "1"))) f->gdn_cluster = 2;
     const char *gcm = getenv("CINFER_CUDA_GDN_CLUSTER_MAX");
     f->gdn_cluster_max = gcm ? atoi(gcm) : 2;
+    /* CINFER_CUDA_GDN_WIDE: the steps the clusters do not take run the fused decode kernel one block a value
+     * head (cu_gdn_args.dec_wide: 4x the state a block, the conv and norms once a head, the gated norm in the
+     * block; the same bits); "0": 32 columns a block (fused_decode_kernel). H200 session 14 call 9, 4B
+     * b4 / b8 / b32 / b64 1,040 / 1,421 / 4,777 / 6,657 -> 1,074 / 1,477 / 5,193 / 7,408 tok/s; call 1:
+     * 27B b32 / b64 1,259 / 1,902 -> 1,341 / 2,074, 35B-A3B 1,450 / 2,169 -> 1,497 / 2,259 */
+    const char *gw = getenv("CINFER_CUDA_GDN_WIDE");
+    f->gdn_wide = !(gw && !strcmp(gw, "0"));
+    if (gw)
+        fprintf(stderr, "cinfer cuda: CINFER_CUDA_GDN_WIDE=%s: wide deltanet decode %s\n", gw,
+                f->gdn_wide ? "on" : "off");
     /* CINFER_CUDA_ATTN_STAMPS=1 (measurements): the fused dec kernel's merging blocks stamp their phases
      * (%globaltimer), printed at teardown */
     const char *ast = getenv("CINFER_CUDA_ATTN_STAMPS");
@@ -1595,6 +1609,7 @@ static void deltanet(cuda_fwd *f, const cu_layer *cl, const layer_weights *lw, i
     a.spec_buf = f->spec_fuse ? spec_buf_floats(f) : 0;
     a.no_chunked = rs->no_chunked, a.dec_cnt = rs->gdn_fused ? f->gdn_cnt : NULL;
     a.dec_cluster = f->gdn_cluster, a.dec_cluster_max = f->gdn_cluster_max, a.dec_stamps = f->gdn_stamps;
+    a.dec_wide = f->gdn_wide;
     /* CINFER_CUDA_PF_SPLIT: a step with prefill rows ends in gnorm_kernel, which then writes out_proj's
      * halves */
     int Mb = out_split_rows(f, T, vd, fz, !rs->no_chunked);
@@ -2492,8 +2507,9 @@ static int fwd_run(cuda_fwd *f, const fwd_entry *e, int NE, float *logits, int s
  * resumed turn's suffix, a batch of 9+ decode rows). The lm_head only up to 64 rows (more is a rare
  * all-logits prefill). */
 #define WARM_MAX_ROWS      512
-/* one product of every distinct weight shape at M rows: a DeltaNet and an attention layer's in_proj / out_proj,
- * the dense FFN's gate_up / down, the shared expert's; gu16: gate_up's bf16-out form too (precision fast) */
+/* one product of every distinct weight shape at M rows: a DeltaNet and an attention layer's in_proj /
+ * out_proj, the dense FFN's gate_up / down, the shared expert's; gu16: gate_up's bf16-out form too (precision
+ * fast) */
 static void warm_shapes(cuda_fwd *f, int M, int gu16) {
     const model *m = f->m;
     int H = m->H, I = m->cfg.intermediate_size;
@@ -2532,7 +2548,8 @@ static int warm_gemms(cuda_fwd *f, char *err, size_t errlen) {
     }
     /* CINFER_CUDA_LT_TUNE in fast mode: the full chunk's shapes timed here, at creation, not in the first
      * long prefill (gemm.cu's lt_gemm: once per shape class in the process) */
-    if (cu_lt_tune() && f->fast && f->p.max_tokens >= CU_LT_MIN_ROWS) warm_shapes(f, f->p.max_tokens, f->gu16);
+    if (cu_lt_tune() && f->fast && f->p.max_tokens >= CU_LT_MIN_ROWS)
+        warm_shapes(f, f->p.max_tokens, f->gu16);
     int rc = cu_sync(f->cu, err, errlen);
     if (f->trace) fprintf(stderr, "ttft-trace gemm warm-up: %.3f ms\n", host_ms() - t0);
     return rc;
@@ -2547,8 +2564,8 @@ typedef struct sample_plan {
     int n, plain, want_lp;
     size_t np; /* adjusted tokens of the call */
 } sample_plan;
-static int sample_prepare(cuda_fwd *f, const cuda_sample *rows, int n, int with_lp, sample_plan *sp, char *err,
-                          size_t errlen);
+static int sample_prepare(cuda_fwd *f, const cuda_sample *rows, int n, int with_lp, sample_plan *sp,
+                          char *err, size_t errlen);
 static int sample_finish(cuda_fwd *f, const sample_plan *sp, int32_t *ids, float *logprobs, char *err,
                          size_t errlen);
 int cuda_fwd_run_sample(cuda_fwd *f, const fwd_entry *e, int NE, const cuda_sample *rows, int n, int32_t *ids,
@@ -2806,10 +2823,11 @@ int cuda_fwd_sync(cuda_fwd *f, char *err, size_t errlen) {
  * stream, done long before lm_head, so that it no longer stands between lm_head and the sampler. (Made and
  * copied before the step instead, H200 session 13 call 1: the same at batch 1, but at batch 64 the host's
  * ~37,000 entries held the step back: 6,360 / 6,393 tok/s against greedy's 6,504 / 6,480) */
-static int sample_prepare(cuda_fwd *f, const cuda_sample *rows, int n, int with_lp, sample_plan *sp, char *err,
-                          size_t errlen) {
+static int sample_prepare(cuda_fwd *f, const cuda_sample *rows, int n, int with_lp, sample_plan *sp,
+                          char *err, size_t errlen) {
     if (n < 1 || n > f->p.max_tokens)
-        return ci_err(err, errlen, CINFER_EINVAL, "cuda_fwd_sample: %d rows (at most %d)", n, f->p.max_tokens);
+        return ci_err(err, errlen, CINFER_EINVAL, "cuda_fwd_sample: %d rows (at most %d)", n,
+                      f->p.max_tokens);
     int V = f->m->V, want_lp = 0, plain = 1;
     size_t np = 0;
     cu_sample_pen *hpen = (cu_sample_pen *)(f->h_smp + n); /* the tokens follow the rows: one upload */
@@ -2821,17 +2839,18 @@ static int sample_prepare(cuda_fwd *f, const cuda_sample *rows, int n, int with_
                           "for the device sampler",
                           r, (double)q->temperature, q->top_k);
         if (q->n_pen < 0 || q->n_pen > CUDA_SAMPLE_MAX_PEN || (q->n_pen && !q->pen))
-            return ci_err(err, errlen, CINFER_EINVAL, "cuda_fwd_sample: row %d: %d adjusted tokens (at most %d)",
-                          r, q->n_pen, CUDA_SAMPLE_MAX_PEN);
+            return ci_err(err, errlen, CINFER_EINVAL,
+                          "cuda_fwd_sample: row %d: %d adjusted tokens (at most %d)", r, q->n_pen,
+                          CUDA_SAMPLE_MAX_PEN);
         if (np + (size_t)q->n_pen > CUDA_SAMPLE_PEN_CAP)
-            return ci_err(err, errlen, CINFER_ERANGE, "cuda_fwd_sample: more than %d adjusted tokens in one call",
-                          CUDA_SAMPLE_PEN_CAP);
+            return ci_err(err, errlen, CINFER_ERANGE,
+                          "cuda_fwd_sample: more than %d adjusted tokens in one call", CUDA_SAMPLE_PEN_CAP);
         int greedy = q->temperature < CUDA_SAMPLE_GREEDY_TEMP || q->top_k == 1;
         for (int j = 0; j < q->n_pen; j++) {
             const cuda_sample_pen *e = &q->pen[j];
             if (e->token < 0 || e->token >= V)
-                return ci_err(err, errlen, CINFER_EINVAL, "cuda_fwd_sample: row %d: adjusted token %d of %d", r,
-                              e->token, V);
+                return ci_err(err, errlen, CINFER_EINVAL, "cuda_fwd_sample: row %d: adjusted token %d of %d",
+                              r, e->token, V);
             hpen[np + (size_t)j] = (cu_sample_pen){e->token, e->flags, e->bias, e->sub};
         }
         f->h_smp[r] = (cu_sample_row){q->u,
@@ -2857,7 +2876,7 @@ static int sample_prepare(cuda_fwd *f, const cuda_sample *rows, int n, int with_
     }
     if (!(plain && !want_lp))
         (side ? cu_h2d_side : cu_h2d_async)(f->cu, f->d_smp, f->h_smp,
-                                             (size_t)n * sizeof(cu_sample_row) + np * sizeof(cu_sample_pen));
+                                            (size_t)n * sizeof(cu_sample_row) + np * sizeof(cu_sample_pen));
     return 0;
 }
 

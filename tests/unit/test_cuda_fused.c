@@ -120,7 +120,8 @@ static void cpu_layer(const layer *L, const float *proj, const ent *e, int NE, f
 }
 
 /* one device layer call on the given states; cnt NULL: the four kernels, else the fused decode kernel (as
- * thread block clusters when cluster: cu_gdn_args.dec_cluster). The
+ * thread block clusters when cluster > 0: cu_gdn_args.dec_cluster; one block a value head when cluster < 0:
+ * cu_gdn_args.dec_wide). The
  * scratch starts as NaN; returns o [T][vd] (host), and *scratch_nan whether conv_out and bg stayed NaN (the
  * four kernels write them, the fused kernel never does: proof of which path ran) */
 static float *dev_layer(cu_ctx *c, const layer *L, const float *dproj, const ent *e, int NE, float *dcst,
@@ -142,7 +143,9 @@ static float *dev_layer(cu_ctx *c, const layer *L, const float *dproj, const ent
     g.b = dproj + L->C + L->vd, g.a = dproj + L->C + L->vd + L->Hv, g.ba_ld = L->ld;
     g.conv_w = L->dcw, g.A = L->dA, g.dt_bias = L->ddt, g.gnorm = L->dgn;
     g.conv_out = dco, g.bg = dbg, g.o = dout, g.conv_state = dcst, g.rec_state = drst, g.eps = 1e-6f;
-    g.tc = tc, g.no_chunked = decode, g.dec_cnt = cnt, g.dec_cluster = cluster, g.meta = meta;
+    g.tc = tc, g.no_chunked = decode, g.dec_cnt = cnt, g.dec_cluster = cluster > 0 ? cluster : 0,
+    g.meta = meta;
+    g.dec_wide = cluster < 0;
     cu_gdn_layer(c, &g);
     float *o = NULL;
     if (cu_sync(c, err, sizeof err)) {
@@ -163,7 +166,8 @@ static float *dev_layer(cu_ctx *c, const layer *L, const float *dproj, const ent
 /* prefill of each entry (pre[i] tokens from 0, the chunked form), then `steps` decode steps of every entry:
  * the four kernels on one copy of the states, the fused kernel on another, the fused kernel as clusters
  * (CINFER_CUDA_GDN_CLUSTER) on a third, the clustered kernel's second form (dec_cluster 2, forward_cuda's
- * default: its conv inputs first, with an L2 evict_last policy) on a fourth, the CPU on a fifth */
+ * default: its conv inputs first, with an L2 evict_last policy) on a fourth, the fused kernel one block a
+ * value head (dec_wide, forward_cuda's default above the clusters' batches) on a fifth, the CPU on a sixth */
 #define N_CL2 1
 static void fused_case(const char *name, int Hk, int Hv, int dk, int dv, const ent *pre, int NE, int steps) {
     char err[256];
@@ -187,6 +191,7 @@ static void fused_case(const char *name, int Hk, int Hv, int dk, int dv, const e
     float *dcst_k = dup_dev(cst, cs_n * 4), *drst_k = dup_dev(rst, rs_n * 4);
     float *dcst_2[N_CL2], *drst_2[N_CL2];
     for (int v = 0; v < N_CL2; v++) dcst_2[v] = dup_dev(cst, cs_n * 4), drst_2[v] = dup_dev(rst, rs_n * 4);
+    float *dcst_w = dup_dev(cst, cs_n * 4), *drst_w = dup_dev(rst, rs_n * 4);
     /* every shape here takes the clustered form on sm_90 (at most 16 blocks a group) */
     int ck = cu_gdn_cluster_init(Hk, Hv, dk, dv);
     CHECK_MSG(ck, "%s: cu_gdn_cluster_init refused %d/%d heads, dk %d, dv %d", name, Hk, Hv, dk, dv);
@@ -209,6 +214,9 @@ static void fused_case(const char *name, int Hk, int Hv, int dk, int dv, const e
         REQUIRE(ok_);
         free(ok_);
     }
+    ok_ = dev_layer(c, &L, dproj, pre, NE, dcst_w, drst_w, cnt, -1, tc, &nan_k);
+    REQUIRE(ok_);
+    free(ok_);
     double r = rel(ou, o_ref, (size_t)T * L.vd);
     printf("     %-5s NE %d prefill (%s) vs cpu: %.2e\n", name, NE, tc ? "tensor cores" : "scalar", r);
     CHECK_MSG(r <= 1e-5, "%s prefill vs cpu %.3g", name, r);
@@ -258,6 +266,20 @@ static void fused_case(const char *name, int Hk, int Hv, int dk, int dv, const e
                           s, 2 + v, at, r2[at], ru2[at]);
                 free(o2), free(c2), free(r2);
             }
+            /* one block a value head: the same bits again */
+            float *ow = dev_layer(c, &L, dproj, dec, NE, dcst_w, drst_w, cnt, -1, tc, &nan_k);
+            REQUIRE(ow);
+            CHECK_MSG(nan_k, "%s step %d: the wide form did not run fused", name, s);
+            float *cw = get(dcst_w, cs_n), *rw = get(drst_w, rs_n);
+            CHECK_MSG(same_bits(ow, ou, (size_t)NE * L.vd, &at),
+                      "%s step %d: wide output differs at %zu: %.9g vs %.9g", name, s, at, ow[at], ou[at]);
+            CHECK_MSG(same_bits(cw, cu2, cs_n, &at),
+                      "%s step %d: wide conv windows differ at %zu: %.9g vs %.9g", name, s, at, cw[at],
+                      cu2[at]);
+            CHECK_MSG(same_bits(rw, ru2, rs_n, &at),
+                      "%s step %d: wide recurrent states differ at %zu: %.9g vs %.9g", name, s, at, rw[at],
+                      ru2[at]);
+            free(ow), free(cw), free(rw);
             free(ck_), free(rk), free(cu2), free(ru2);
         }
         free(ok2);
@@ -272,7 +294,7 @@ static void fused_case(const char *name, int Hk, int Hv, int dk, int dv, const e
                   name, s, at, rf[at], ru[at]);
         if (s == steps - 1) {
             double rc = rel(cf, cst, cs_n), rr = rel(rf, rst, rs_n);
-            printf("     %-5s NE %d %d decode steps: fused == clustered (forms 1, 2, 3) == four kernels "
+            printf("     %-5s NE %d %d decode steps: fused == clustered (forms 1, 2) == wide == four kernels "
                    "bitwise (outputs, "
                    "windows, "
                    "states); "
@@ -293,6 +315,7 @@ static void fused_case(const char *name, int Hk, int Hv, int dk, int dv, const e
     free(hc), free(dec), free(cst), free(rst);
     cu_free(dcst_u), cu_free(drst_u), cu_free(dcst_f), cu_free(drst_f), cu_free(dcst_k), cu_free(drst_k);
     for (int v = 0; v < N_CL2; v++) cu_free(dcst_2[v]), cu_free(drst_2[v]);
+    cu_free(dcst_w), cu_free(drst_w);
     cu_free(cnt);
     layer_free(&L);
     cu_ctx_destroy(c);

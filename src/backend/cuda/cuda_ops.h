@@ -155,8 +155,9 @@ void cu_set_fast_presplit(int on);
 #define CU_LT_MIN_ROWS 1024
 void cu_set_lt_tune(int on, int report);
 int cu_lt_tune(void);
-/* CINFER_CUDA_FAST_GU16 (precision fast, default on): the gate_up product from the norm's bf16 copy into bf16 y [Mb][N]
- * (cu_gemm_presplit_out16), and xb = bf16(silu(gate) * up) from it (cu_swiglu16), the down GEMM's one copy */
+/* CINFER_CUDA_FAST_GU16 (precision fast, default on): the gate_up product from the norm's bf16 copy into bf16
+ * y [Mb][N] (cu_gemm_presplit_out16), and xb = bf16(silu(gate) * up) from it (cu_swiglu16), the down GEMM's
+ * one copy */
 void cu_gemm_presplit_out16(cu_ctx *c, uint16_t *d_y, const uint16_t *d_xb, const uint16_t *d_w, int N, int K,
                             int Mb);
 void cu_swiglu16(cu_ctx *c, uint16_t *d_xb, const uint16_t *d_gu, int T, int I);
@@ -353,6 +354,11 @@ typedef struct cu_gdn_args {
      * read first under an L2 evict_last policy; forward_cuda's default) */
     int dec_cluster;
     int dec_cluster_max; /* with dec_cluster: batches of at most this many entries only (<= 0: any) */
+    /* with dec_cnt, where the clusters do not take the step: 1 the decode kernel one block a value head
+     * (fused_decode_wide_kernel: a thread four columns, float4 state traffic, the head's gated norm in the
+     * block; the same bits) where dk <= 128, dv <= 128, dv % 4 == 0 and K <= 4, CINFER_CUDA_GDN_WIDE; 0 32
+     * columns a block (fused_decode_kernel) */
+    int dec_wide;
     /* diagnostics, normally NULL (CINFER_CUDA_GDN_STAMPS): [0] a counter, then per launch of the clustered
      * kernel up to CU_GDN_STAMP_CAP records of CU_GDN_STAMPS %globaltimer values of its block (0, 0, 0):
      * start, PDL wait done, conv done, l2norm factors done, the read-out joined, update done, outputs sent
@@ -661,13 +667,13 @@ void cu_moe_gemm_prepare(void);
 /* ---- sampling (sample.cu) ---- */
 #define CU_SAMPLE_MAX_K 64
 typedef struct cu_sample_row {
-    double u;    /* the host generator's uniform draw in [0, 1) (unused when greedy) */
-    float inv_t; /* 1 / temperature as the CPU sampler computes it (1.0f / T); 0: greedy */
-    int top_k;   /* 2..CU_SAMPLE_MAX_K when sampling (1 is greedy) */
-    int logprob; /* nonzero: lps[row] = the chosen token's raw log_softmax */
-    float top_p; /* in (0, 1): the smallest best-first prefix of the top_k with that mass; else off */
-    float min_p; /* > 0: keep p >= min_p * p_max; else off */
-    float rep;   /* the repetition penalty of pen entries with CU_PEN_REP */
+    double u;        /* the host generator's uniform draw in [0, 1) (unused when greedy) */
+    float inv_t;     /* 1 / temperature as the CPU sampler computes it (1.0f / T); 0: greedy */
+    int top_k;       /* 2..CU_SAMPLE_MAX_K when sampling (1 is greedy) */
+    int logprob;     /* nonzero: lps[row] = the chosen token's raw log_softmax */
+    float top_p;     /* in (0, 1): the smallest best-first prefix of the top_k with that mass; else off */
+    float min_p;     /* > 0: keep p >= min_p * p_max; else off */
+    float rep;       /* the repetition penalty of pen entries with CU_PEN_REP */
     int pen0, n_pen; /* this row's entries of the pen list (cu_sample's pen) */
 } cu_sample_row;
 /* One adjusted token of a row, applied to its logit (NaN read as -inf) in the CPU sampler's order
@@ -687,21 +693,22 @@ typedef struct cu_sample_pen {
 #define CU_SAMPLE_MAXNB 64
 #define CU_SAMPLE_MAX_V 524288
 /* cu_sample's scratch: the slices' candidates and their (max, sum) for logprobs */
-#define CU_SAMPLE_PART                                                                                        \
-    ((size_t)CU_SAMPLE_GROUP * CU_SAMPLE_MAXNB * CU_SAMPLE_MAX_K * 8 + (size_t)CU_SAMPLE_GROUP * CU_SAMPLE_MAXNB * 16)
+#define CU_SAMPLE_PART                                                                                       \
+    ((size_t)CU_SAMPLE_GROUP * CU_SAMPLE_MAXNB * CU_SAMPLE_MAX_K * 8 +                                       \
+     (size_t)CU_SAMPLE_GROUP * CU_SAMPLE_MAXNB * 16)
 /* ids[r] (and lps[r] when asked) for the n logits rows [n][V], as the CPU sampler's chain: the row's pen
  * entries (distinct tokens) adjusted as load_adjusted does, then the top_k best (logit desc, id asc; NaN as
  * -inf) by many blocks a row, then top_p, min_p and the draw at u walking the candidates best first; the
  * logprob of the raw logits (never written). d_pen: the rows' entries (NULL when none has any); d_part:
  * CU_SAMPLE_PART bytes; d_cnt: [CU_SAMPLE_GROUP] counters, zero before (set back by the kernel). -1 (nothing
  * launched) when V is not in 1..CU_SAMPLE_MAX_V */
-int cu_sample(cu_ctx *c, const float *d_logits, int V, const cu_sample_row *d_rows, const cu_sample_pen *d_pen,
-              int n, int *d_ids, float *d_lps, void *d_part, unsigned *d_cnt);
+int cu_sample(cu_ctx *c, const float *d_logits, int V, const cu_sample_row *d_rows,
+              const cu_sample_pen *d_pen, int n, int *d_ids, float *d_lps, void *d_part, unsigned *d_cnt);
 /* Greedy ids of n rows of V logits (the argmax, ties to the lowest id, NaN never the max: cu_sample's greedy
  * ids) by many blocks a row. d_part: CU_ARGMAX_PART(n) bytes of scratch; d_cnt: [n] counters, zero before
  * (device memory zeroed once; the kernel sets them back) */
-#define CU_ARGMAX_MAXNB    64
-#define CU_ARGMAX_PART(n)  ((size_t)(n) * CU_ARGMAX_MAXNB * 8)
+#define CU_ARGMAX_MAXNB   64
+#define CU_ARGMAX_PART(n) ((size_t)(n)*CU_ARGMAX_MAXNB * 8)
 void cu_argmax(cu_ctx *c, const float *d_logits, int V, int n, int *d_ids, void *d_part, unsigned *d_cnt);
 
 #ifdef __cplusplus

@@ -452,6 +452,175 @@ template <int R> __global__ void __launch_bounds__(256) fused_decode_kernel(cu_g
     if (tid == 0) *cnt = 0u; /* ready for the next launch (kernel boundaries order it) */
 }
 
+/* The fused decode kernel one block a value head (cu_gdn_args.dec_wide, CINFER_CUDA_GDN_WIDE; dk <= 128,
+ * dv <= 128 and a multiple of 4, conv width K <= KW = 4 — Qwen3.5's; wider windows spill): for steps too
+ * large for the clusters, where the state's traffic is the cost. fused_decode_kernel gives a block 32
+ * columns (16 KB of S at the 4B shape): at batch 64 its 8,192 blocks a layer each hold their bytes in flight
+ * only until a chain of barriers (conv, norms, the update, the counter, the last block's gated norm) starts
+ * (DRAM at 29% of its peak, ncu, H200), and the q / k conv and l2norms run once per block, rr x dv/32 times a
+ * key head. Here a thread keeps four adjacent columns (a warp reads a whole 512-byte row of S by one float4
+ * load) for the same row group g (rows g, g + 8, ...), so a block holds the head's whole S (64 KB) and
+ * every column's sums keep rec_token's operands and order: the read-out's partial per group by fmaf over t,
+ * the 8 partials added in group order from 0.0f, the update and the output's partials likewise. The block
+ * owns its head's outputs, so the gated norm (gnorm_warp's order, from shared memory) needs no fence, counter
+ * or re-read; the counter is left only for the key head's q / k conv windows, which the group's rr blocks all
+ * read and its last one writes (from its registers). The same bits as the four kernels
+ * (tests/unit/test_cuda_fused.c). 4B batch 64 6,650 -> 7,400 tok/s (H200 session 14; bench/RESULTS.md).
+ * Measured and not kept (every one the same bits, slower in the step): the blocks persistent, each item's S
+ * brought into shared memory by bulk copies issued while the item before it ran (4B b64 7,350 tok/s: the
+ * time is the per-item chain, 39% of ncu's warp samples at barriers, not the loads' latency); every warp
+ * forming the two l2norm factors itself, z and the norm weight staged in shared memory (one barrier and one
+ * round trip fewer, but 128 registers and a spill: 7,270 / 7,305 against 7,413 / 7,404 in the same call);
+ * __ldcg / __stcg (st.global.cg.v4) for S: 7,210 / 7,220. */
+template <int R, int KW>
+__global__ void __launch_bounds__(256, 2) fused_decode_wide_kernel(cu_gdn_args a) {
+    __shared__ __align__(16) float red[REC_GROUPS][128];
+    __shared__ __align__(16) float red2[REC_GROUPS][128];
+    __shared__ __align__(16) float q[128], k[128], vs[128], ob[128];
+    __shared__ float bgs[2];
+    __shared__ int last;
+    int e = blockIdx.z;
+    int en = a.meta.e_n[e], elen = a.meta.e_len[e], r = a.meta.e_row0[e], slot = a.meta.e_slot[e];
+    if (!(en == 1 && elen > 0)) { /* every block waits (fused_decode_kernel's rule) */
+        griddep_wait();
+        return;
+    }
+    int h = blockIdx.y, tid = threadIdx.x, lane = tid & 31, g = tid >> 5;
+    int dk = a.dk, dv = a.dv, K = a.K, C = a.C, rr = a.Hv / a.Hk, kh = h / rr, kd = a.Hk * dk;
+    int j0 = 4 * lane, ok = j0 < dv; /* dv % 4 == 0: a thread's four columns exist together or not at all */
+    /* before griddep_wait: this layer's S of the head and the conv windows and weights (nothing of the step
+     * writes them before this kernel) */
+    float *S = a.rec_state + (((size_t)slot * a.n_lin + a.lin) * a.Hv + h) * (size_t)dk * dv + j0;
+    float4 sv[R];
+#pragma unroll
+    for (int t = 0; t < R; t++) {
+        int i = g + REC_GROUPS * t;
+        sv[t] = i < dk && ok ? *reinterpret_cast<const float4 *>(S + (size_t)i * dv)
+                             : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    /* conv channels: idx < dk q (key head kh), < 2 dk k, then the head's dv values; idx = tid and tid + 256 */
+    float *cst = a.conv_state + ((size_t)slot * a.n_lin + a.lin) * (size_t)(K - 1) * C;
+    int nc = 2 * dk + dv;
+    float win[2][KW], wt[2][KW], wl[2] = {0.0f, 0.0f};
+    int ch[2];
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+        int idx = tid + 256 * u, in = idx < nc;
+        ch[u] = idx < dk       ? kh * dk + idx
+                : idx < 2 * dk ? kd + kh * dk + (idx - dk)
+                               : 2 * kd + h * dv + (idx - 2 * dk);
+#pragma unroll
+        for (int t = 0; t < KW; t++) {
+            win[u][t] = t < K - 1 && in ? cst[(size_t)t * C + ch[u]] : 0.0f;
+            wt[u][t] = t < K - 1 && in ? a.conv_w[(size_t)t * C + ch[u]] : 0.0f;
+        }
+        if (in) wl[u] = a.conv_w[(size_t)(K - 1) * C + ch[u]];
+    }
+    griddep_wait();   /* the in_proj row */
+    griddep_launch(); /* out_proj may start requesting its weights */
+    if (tid == 64) {
+        bgs[0] = gdn_beta(a.b[(size_t)r * a.ba_ld + h]);
+        bgs[1] = gdn_gate(a, a.a[(size_t)r * a.ba_ld + h], h);
+    }
+    const float *xrow = a.qkv + (size_t)r * a.qkv_ld;
+    float xin[2];
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+        int idx = tid + 256 * u;
+        xin[u] = 0.0f;
+        if (idx >= nc) continue;
+        xin[u] = xrow[ch[u]];
+        float y = conv_tap(wt[u], win[u], wl[u], xin[u], K);
+        if (idx < dk) {
+            q[idx] = y;
+        } else if (idx < 2 * dk) {
+            k[idx - dk] = y;
+        } else {
+            vs[idx - 2 * dk] = y;
+#pragma unroll
+            for (int t = 0; t < KW; t++)
+                if (t < K - 1) cst[(size_t)t * C + ch[u]] = t + 1 < K - 1 ? win[u][t + 1] : xin[u];
+        }
+    }
+    __syncthreads(); /* every q / k window read of this block is consumed */
+    unsigned *cnt = a.dec_cnt + (size_t)e * a.Hk + kh;
+    if (tid == 0) last = atomicAdd(cnt, 1u) == (unsigned)rr - 1u;
+    if (g == 0) l2norm_warp(q, q, dk, 1, lane);
+    if (g == 1) l2norm_warp(k, k, dk, 0, lane);
+    __syncthreads();
+    float decay = expf(bgs[1]), beta = bgs[0];
+    float4 m = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int t = 0; t < R; t++) {
+        int i = g + REC_GROUPS * t;
+        if (i < dk) {
+            float ki = k[i];
+            sv[t].x = __fmul_rn(sv[t].x, decay), m.x = fmaf(ki, sv[t].x, m.x);
+            sv[t].y = __fmul_rn(sv[t].y, decay), m.y = fmaf(ki, sv[t].y, m.y);
+            sv[t].z = __fmul_rn(sv[t].z, decay), m.z = fmaf(ki, sv[t].z, m.z);
+            sv[t].w = __fmul_rn(sv[t].w, decay), m.w = fmaf(ki, sv[t].w, m.w);
+        }
+    }
+    *reinterpret_cast<float4 *>(&red[g][j0]) = m;
+    __syncthreads();
+    float4 mm = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int t = 0; t < REC_GROUPS; t++) {
+        float4 p = *reinterpret_cast<const float4 *>(&red[t][j0]);
+        mm.x += p.x, mm.y += p.y, mm.z += p.z, mm.w += p.w;
+    }
+    float4 v4 = ok ? *reinterpret_cast<const float4 *>(&vs[j0]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float4 mj = make_float4(beta * (v4.x - mm.x), beta * (v4.y - mm.y), beta * (v4.z - mm.z),
+                            beta * (v4.w - mm.w));
+    float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int t = 0; t < R; t++) {
+        int i = g + REC_GROUPS * t;
+        if (i < dk) {
+            float ki = k[i], qi = q[i];
+            sv[t].x = fmaf(ki, mj.x, sv[t].x), o.x = fmaf(qi, sv[t].x, o.x);
+            sv[t].y = fmaf(ki, mj.y, sv[t].y), o.y = fmaf(qi, sv[t].y, o.y);
+            sv[t].z = fmaf(ki, mj.z, sv[t].z), o.z = fmaf(qi, sv[t].z, o.z);
+            sv[t].w = fmaf(ki, mj.w, sv[t].w), o.w = fmaf(qi, sv[t].w, o.w);
+        }
+    }
+    *reinterpret_cast<float4 *>(&red2[g][j0]) = o;
+#pragma unroll
+    for (int t = 0; t < R; t++) {
+        int i = g + REC_GROUPS * t;
+        /* a plain float4 assignment: nvcc 13 emits four scalar stores here (ncu counts 4x the sectors), which
+         * measured faster in the step than one st.global.cg.v4 (__stcg) with __ldcg loads: 4B b64 7,390 /
+         * 7,215 tok/s (H200 session 14, calls 1 and 8) */
+        if (i < dk && ok) *reinterpret_cast<float4 *>(S + (size_t)i * dv) = sv[t];
+    }
+    __syncthreads();
+    if (g == 0) {
+        float4 oo = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+        for (int t = 0; t < REC_GROUPS; t++) {
+            float4 p = *reinterpret_cast<const float4 *>(&red2[t][j0]);
+            oo.x += p.x, oo.y += p.y, oo.z += p.z, oo.w += p.w;
+        }
+        *reinterpret_cast<float4 *>(&ob[j0]) = oo;
+        __syncwarp();
+        gnorm_warp<false>(ob, a.o + (size_t)r * a.Hv * dv + (size_t)h * dv,
+                          a.z + (size_t)r * a.z_ld + (size_t)h * dv, a.gnorm, dv, a.eps, lane);
+    }
+    if (last) {
+        /* the key head's new q / k windows (every block of the group has read the old ones: its counter
+         * add came after its barrier above), from this thread's registers: the same values every block read */
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            int idx = tid + 256 * u;
+            if (idx >= 2 * dk || idx >= nc) continue;
+#pragma unroll
+            for (int t = 0; t < KW; t++)
+                if (t < K - 1) cst[(size_t)t * C + ch[u]] = t + 1 < K - 1 ? win[u][t + 1] : xin[u];
+        }
+        if (tid == 0) *cnt = 0u; /* ready for the next launch (kernel boundaries order it) */
+    }
+}
+
 /* The fused decode kernel as thread block clusters (sm_90; cu_gdn_args.dec_cluster, CINFER_CUDA_GDN_CLUSTER):
  * fused_decode_kernel's grid and block layout, the rr x dv/32 blocks of a key head's group one cluster
  * (dims dv/32 x rr). What changes is the chain of dependent steps at batch 1 (one block per SM, nothing
@@ -1599,6 +1768,19 @@ extern "C" void cu_gdn_layer(cu_ctx *c, const cu_gdn_args *a) {
                    grid, dim3(grid.x, a->Hv / a->Hk, 1), b)
             REC_DISPATCH(a->dk, DECC);
 #undef DECC
+            return;
+        }
+        if (a->dec_wide && a->dk <= 128 && a->dv <= 128 && a->dv % 4 == 0 && a->K <= 4) {
+            void (*kw)(cu_gdn_args);
+#define WIDEK(R_) kw = fused_decode_wide_kernel<R_, 4>
+            if (a->dk <= 32)
+                WIDEK(4);
+            else if (a->dk <= 64)
+                WIDEK(8);
+            else
+                WIDEK(16);
+#undef WIDEK
+            cu_launch_step(c, PDL_GDN, kw, dim3(1, (unsigned)a->Hv, (unsigned)a->NE), dim3(256), *a);
             return;
         }
 #define DECK(R_) cu_launch_step(c, PDL_GDN, fused_decode_kernel<R_>, grid, dim3(256), *a)
