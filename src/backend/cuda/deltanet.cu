@@ -452,6 +452,24 @@ template <int R> __global__ void __launch_bounds__(256) fused_decode_kernel(cu_g
     if (tid == 0) *cnt = 0u; /* ready for the next launch (kernel boundaries order it) */
 }
 
+/* one conv channel's output y (channel idx of the block: q below dk, k below 2 dk, else the block's values)
+ * into shared memory; a value channel's window advanced by its input xin (its block owns it; the q / k windows
+ * are shared by the key head's blocks and written once they have all read them) */
+template <int KW>
+__device__ __forceinline__ void conv_put(int idx, int dk, float y, float *q, float *k, float *vs, float *cst,
+                                         int C, int c, const float (&win)[KW], float xin, int K) {
+    if (idx < dk) {
+        q[idx] = y;
+    } else if (idx < 2 * dk) {
+        k[idx - dk] = y;
+    } else {
+        vs[idx - 2 * dk] = y;
+#pragma unroll
+        for (int t = 0; t < KW - 1; t++)
+            if (t < K - 1) cst[(size_t)t * C + c] = t + 1 < K - 1 ? win[t + 1] : xin;
+    }
+}
+
 /* The fused decode kernel one block a value head (cu_gdn_args.dec_wide, CINFER_CUDA_GDN_WIDE; dk <= 128,
  * dv <= 128 and a multiple of 4, conv width K <= KW = 4 — Qwen3.5's; wider windows spill): for steps too
  * large for the clusters, where the state's traffic is the cost. fused_decode_kernel gives a block 32
@@ -531,16 +549,7 @@ __global__ void __launch_bounds__(256, 2) fused_decode_wide_kernel(cu_gdn_args a
         if (idx >= nc) continue;
         xin[u] = xrow[ch[u]];
         float y = conv_tap(wt[u], win[u], wl[u], xin[u], K);
-        if (idx < dk) {
-            q[idx] = y;
-        } else if (idx < 2 * dk) {
-            k[idx - dk] = y;
-        } else {
-            vs[idx - 2 * dk] = y;
-#pragma unroll
-            for (int t = 0; t < KW; t++)
-                if (t < K - 1) cst[(size_t)t * C + ch[u]] = t + 1 < K - 1 ? win[u][t + 1] : xin[u];
-        }
+        conv_put(idx, dk, y, q, k, vs, cst, C, ch[u], win[u], xin[u], K);
     }
     __syncthreads(); /* every q / k window read of this block is consumed */
     unsigned *cnt = a.dec_cnt + (size_t)e * a.Hk + kh;
@@ -773,17 +782,8 @@ __global__ void __launch_bounds__(256, R <= 16 ? 3 : 0) fused_decode_cluster_ker
     for (int it = 0; it < NIT; it++) {
         int idx = tid + 256 * it;
         if (idx >= nc) continue;
-        float y = conv_tap(wt[it], win[it], wl[it], xin[it], K);
-        if (idx < dk) {
-            q[idx] = y;
-        } else if (idx < 2 * dk) {
-            k[idx - dk] = y;
-        } else {
-            vs[idx - 2 * dk] = y;
-#pragma unroll
-            for (int t = 0; t < KW - 1; t++) /* this block's own value channels: no other reads them */
-                if (t < K - 1) cst[(size_t)t * C + ch[it]] = t + 1 < K - 1 ? win[it][t + 1] : xin[it];
-        }
+        conv_put(idx, dk, conv_tap(wt[it], win[it], wl[it], xin[it], K), q, k, vs, cst, C, ch[it], win[it],
+                 xin[it], K);
     }
     __syncthreads();
     if (stamp) ts[2] = gdn_now();
