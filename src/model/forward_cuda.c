@@ -1085,7 +1085,7 @@ int cuda_fwd_create(const model *m, const cuda_fwd_params *p, cuda_fwd **out, ch
     f->gdn_cluster_max = gcm ? atoi(gcm) : 2;
     /* CINFER_CUDA_GDN_WIDE: the steps the clusters do not take run the fused decode kernel one block a value
      * head (cu_gdn_args.dec_wide: 4x the state a block, the conv and norms once a head, the gated norm in the
-     * block; the same bits); "0": 32 columns a block (fused_decode_kernel). H200 session 14 call 9, 4B
+     * block; the same bits); "0": 32 columns a block (fused_decode_kernel). H200 session 14 call 7, 4B
      * b4 / b8 / b32 / b64 1,040 / 1,421 / 4,777 / 6,657 -> 1,074 / 1,477 / 5,193 / 7,408 tok/s; call 1:
      * 27B b32 / b64 1,259 / 1,902 -> 1,341 / 2,074, 35B-A3B 1,450 / 2,169 -> 1,497 / 2,259 */
     const char *gw = getenv("CINFER_CUDA_GDN_WIDE");

@@ -355,7 +355,7 @@ typedef struct cu_gdn_args {
     int dec_cluster;
     int dec_cluster_max; /* with dec_cluster: batches of at most this many entries only (<= 0: any) */
     /* with dec_cnt, where the clusters do not take the step: 1 the decode kernel one block a value head
-     * (fused_decode_wide_kernel: a thread four columns, float4 state traffic, the head's gated norm in the
+     * (fused_decode_wide_kernel: a thread four columns, float4 state loads, the head's gated norm in the
      * block; the same bits) where dk <= 128, dv <= 128, dv % 4 == 0 and K <= 4, CINFER_CUDA_GDN_WIDE; 0 32
      * columns a block (fused_decode_kernel) */
     int dec_wide;

@@ -452,6 +452,16 @@ template <int R> __global__ void __launch_bounds__(256) fused_decode_kernel(cu_g
     if (tid == 0) *cnt = 0u; /* ready for the next launch (kernel boundaries order it) */
 }
 
+/* channel c's conv window (K - 1 taps of cst, oldest first) advanced by its input xin, from the old window
+ * held in registers */
+template <int KW>
+__device__ __forceinline__ void win_advance(float *cst, int C, int c, const float (&win)[KW], float xin,
+                                            int K) {
+#pragma unroll
+    for (int t = 0; t < KW - 1; t++)
+        if (t < K - 1) cst[(size_t)t * C + c] = t + 1 < K - 1 ? win[t + 1] : xin;
+}
+
 /* one conv channel's output y (channel idx of the block: q below dk, k below 2 dk, else the block's values)
  * into shared memory; a value channel's window advanced by its input xin (its block owns it; the q / k windows
  * are shared by the key head's blocks and written once they have all read them) */
@@ -464,9 +474,7 @@ __device__ __forceinline__ void conv_put(int idx, int dk, float y, float *q, flo
         k[idx - dk] = y;
     } else {
         vs[idx - 2 * dk] = y;
-#pragma unroll
-        for (int t = 0; t < KW - 1; t++)
-            if (t < K - 1) cst[(size_t)t * C + c] = t + 1 < K - 1 ? win[t + 1] : xin;
+        win_advance(cst, C, c, win, xin, K);
     }
 }
 
@@ -599,7 +607,7 @@ __global__ void __launch_bounds__(256, 2) fused_decode_wide_kernel(cu_gdn_args a
         int i = g + REC_GROUPS * t;
         /* a plain float4 assignment: nvcc 13 emits four scalar stores here (ncu counts 4x the sectors), which
          * measured faster in the step than one st.global.cg.v4 (__stcg) with __ldcg loads: 4B b64 7,390 /
-         * 7,215 tok/s (H200 session 14, calls 1 and 8) */
+         * 7,215 tok/s (H200 session 14, calls 1 and 6, bench/cuda-2026-12-02-s14) */
         if (i < dk && ok) *reinterpret_cast<float4 *>(S + (size_t)i * dv) = sv[t];
     }
     __syncthreads();
@@ -621,10 +629,7 @@ __global__ void __launch_bounds__(256, 2) fused_decode_wide_kernel(cu_gdn_args a
 #pragma unroll
         for (int u = 0; u < 2; u++) {
             int idx = tid + 256 * u;
-            if (idx >= 2 * dk || idx >= nc) continue;
-#pragma unroll
-            for (int t = 0; t < KW; t++)
-                if (t < K - 1) cst[(size_t)t * C + ch[u]] = t + 1 < K - 1 ? win[u][t + 1] : xin[u];
+            if (idx < 2 * dk && idx < nc) win_advance(cst, C, ch[u], win[u], xin[u], K);
         }
         if (tid == 0) *cnt = 0u; /* ready for the next launch (kernel boundaries order it) */
     }
